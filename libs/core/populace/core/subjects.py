@@ -1,0 +1,122 @@
+"""Every NATS subject name Populace uses. No subject string is typed anywhere else.
+
+Cardinality is bounded: subjects are per run, round and host (or shard), never per agent.
+"""
+
+from __future__ import annotations
+
+# --- streams -------------------------------------------------------------------------
+CTL_STREAM = "CTL"
+RUN_STREAM = "RUN"
+DLQ_STREAM = "DLQ"
+CTL_SUBJECTS = ["ctl.>"]
+RUN_SUBJECTS = ["run.>"]
+DLQ_SUBJECTS = ["dlq.>"]
+
+# --- KV buckets ----------------------------------------------------------------------
+RUNS_BUCKET = "runs"
+HOSTS_BUCKET = "hosts"
+SERVICES_BUCKET = "services"
+
+# --- control plane -------------------------------------------------------------------
+RUN_START = "ctl.run.start"
+
+# --- inference (core request/reply with a queue group) -------------------------------
+LLM_INFER = "llm.infer"
+GATEWAY_QUEUE = "gateway"
+
+
+def dlq(service: str) -> str:
+    return f"dlq.{service}"
+
+
+# --- run events (all stored in the RUN stream) ---------------------------------------
+def run_all(rid: str) -> str:
+    return f"run.{rid}.>"
+
+
+def run_started(rid: str) -> str:
+    return f"run.{rid}.started"
+
+
+def run_spawn(rid: str, host_id: str) -> str:
+    return f"run.{rid}.spawn.{host_id}"
+
+
+def run_spawned(rid: str, host_id: str) -> str:
+    return f"run.{rid}.spawned.{host_id}"
+
+
+def run_round_open(rid: str, n: int) -> str:
+    return f"run.{rid}.round.{n}.open"
+
+
+def run_guesses(rid: str, n: int, host_id: str) -> str:
+    return f"run.{rid}.guesses.{n}.{host_id}"
+
+
+def run_partial(rid: str, n: int, host_id: str) -> str:
+    return f"run.{rid}.partial.{n}.{host_id}"
+
+
+def run_round_result(rid: str, n: int) -> str:
+    return f"run.{rid}.round.{n}.result"
+
+
+def run_done(rid: str) -> str:
+    return f"run.{rid}.done"
+
+
+def run_recorded(rid: str) -> str:
+    return f"run.{rid}.recorded"
+
+
+# Progress ticks are core NATS only (not stored): one tiny message per guess batch.
+def progress(rid: str, n: int, host_id: str) -> str:
+    return f"progress.{rid}.{n}.{host_id}"
+
+
+def progress_all(rid: str) -> str:
+    return f"progress.{rid}.>"
+
+
+# --- wildcards services subscribe to -------------------------------------------------
+ANY_RUN_SPAWN_FOR = "run.*.spawn.{host_id}"
+ANY_ROUND_OPEN = "run.*.round.*.open"
+ANY_PARTIAL = "run.*.partial.*.*"
+ANY_ROUND_RESULT = "run.*.round.*.result"
+ANY_SPAWNED = "run.*.spawned.*"
+ANY_RUN_DONE = "run.*.done"
+ANY_RUN_EVENT = "run.>"
+
+
+def any_spawn_for(host_id: str) -> str:
+    return ANY_RUN_SPAWN_FOR.format(host_id=host_id)
+
+
+def msg_id(rid: str, n: int, shard: str | int, kind: str) -> str:
+    """JetStream de-duplication id: a retried publish of the same thing is stored once."""
+    return f"{rid}.{n}.{shard}.{kind}"
+
+
+def kind_of(subject: str) -> str:
+    """The event kind of a run subject: 'started', 'spawn', 'guesses', 'round.open' …"""
+    parts = subject.split(".")
+    if len(parts) < 3 or parts[0] != "run":
+        return ""
+    if parts[2] == "round" and len(parts) >= 5:
+        return f"round.{parts[4]}"
+    return parts[2]
+
+
+def valid_token(token: str) -> bool:
+    """A run or host id must be one subject token: no dots, spaces or wildcards."""
+    return bool(token) and not any(c in token for c in ". *>\t\r\n")
+
+
+def run_rounds_any(rid: str) -> str:
+    return f"run.{rid}.round.*.*"
+
+
+def run_spawned_any(rid: str) -> str:
+    return f"run.{rid}.spawned.*"

@@ -1,0 +1,1 @@
+"""The guess-the-ratio game: rules (pure maths), prompts, answer parsing, the player agent."""

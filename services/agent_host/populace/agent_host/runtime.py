@@ -1,0 +1,136 @@
+"""The host's agents and their turns. Every agent runs its own turn as its own asyncio task,
+bounded by a per-host in-flight limit; batching happens only in the transports
+(InferSession towards the gateway, GuessCollector towards the recorder and environment)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+
+from populace.agent_host.collector import GuessCollector
+from populace.agent_host.process_mode import ProcessAgent
+from populace.core import logs
+from populace.core.contracts import RoundOpen, RunConfig, SpawnBatch
+from populace.core.settings import Settings
+from populace.games.player import GuessPlayer, Turn
+from populace.games.prompts import history_text, system_prompt
+from populace.sdk.agent import Agent
+from populace.sdk.llm import InferSession
+
+log = logs.get("populace.agent_host")
+
+# Yield to the event loop every this many task launches so batches leave while agents start.
+LAUNCH_SLICE = 2000
+
+
+@dataclass
+class HostedRun:
+    run_id: str
+    config: RunConfig
+    agents: list[Agent]
+    system: str
+    rounds_played: set[int] = field(default_factory=set)
+
+
+class HostRuntime:
+    def __init__(self, nc: Client, js: JetStreamContext, settings: Settings) -> None:
+        self.nc, self.js, self.settings = nc, js, settings
+        self.host_id = settings.host_id
+        self.runs: dict[str, HostedRun] = {}
+        self._rounds: set[asyncio.Task] = set()
+
+    @property
+    def agent_count(self) -> int:
+        return sum(len(r.agents) for r in self.runs.values())
+
+    def spawn(self, batch: SpawnBatch) -> HostedRun:
+        """Create this host's agents for a run (idempotent: a replayed spawn is a no-op)."""
+        if batch.run_id in self.runs:
+            return self.runs[batch.run_id]
+        one_per_process = batch.config.placement.agents_per_process == 1
+        make = ProcessAgent if one_per_process else GuessPlayer
+        agents: list[Agent] = [make(aid) for first, count in batch.ranges
+                               for aid in range(first, first + count)]
+        run = HostedRun(batch.run_id, batch.config, agents, system_prompt(batch.config.game))
+        self.runs[batch.run_id] = run
+        return run
+
+    def forget(self, run_id: str) -> None:
+        run = self.runs.pop(run_id, None)
+        if run:
+            for a in run.agents:
+                if isinstance(a, ProcessAgent):
+                    a.stop()
+
+    def start_round(self, opened: RoundOpen) -> None:
+        run = self.runs.get(opened.run_id)
+        if run is None or opened.round in run.rounds_played:
+            return  # not ours, or a replay of a round already played
+        run.rounds_played.add(opened.round)
+        task = asyncio.get_running_loop().create_task(self.play_round(run, opened))
+        self._rounds.add(task)
+        task.add_done_callback(self._rounds.discard)
+
+    async def play_round(self, run: HostedRun, opened: RoundOpen) -> None:
+        s = self.settings
+        loop = asyncio.get_running_loop()
+        game = run.config.game
+        t0 = time.perf_counter()
+        session = InferSession(
+            self.nc, run_id=run.run_id, round_=opened.round, model=run.config.model,
+            max_value=game.max_value, system=run.system, batch_size=s.infer_batch_size,
+            flush_s=s.infer_flush_ms / 1000, timeout_s=max(s.infer_timeout_s, run.config.model.latency_s * 4 + 10),
+            attempts=s.infer_attempts, host_id=self.host_id,
+        )
+        turn = Turn(round=opened.round, history_text=history_text(opened.history, game.history_window),
+                    max_value=game.max_value, llm=session)
+        collector = GuessCollector(self.nc, self.js, run_id=run.run_id, round_=opened.round,
+                                   host_id=self.host_id, batch_size=s.guess_batch_size)
+        await self._run_turns(run.agents, turn, collector, loop)
+        batches = await collector.close()
+        p = collector.partial
+        log.info("round_played", run_id=run.run_id, round=opened.round, agents=p.n,
+                 valid=p.n_valid, infer_batches=session.batches_sent, guess_batches=batches,
+                 seconds=round(time.perf_counter() - t0, 3))
+
+    async def _run_turns(self, agents: list[Agent], turn: Turn, collector: GuessCollector,
+                         loop: asyncio.AbstractEventLoop) -> None:
+        total = len(agents)
+        if total == 0:
+            return
+        limit = min(self.settings.max_in_flight, total)
+        finished = loop.create_future()
+        state = {"next": 0, "left": total}
+        now = loop.time
+
+        async def play(agent: Agent) -> None:
+            started = now()
+            try:
+                value, raw = await agent.reply(turn)
+            except Exception as err:  # noqa: BLE001 - a user agent's bug is that agent's invalid answer
+                value, raw = None, f"<agent error: {type(err).__name__}: {err}>"
+            collector.add(agent.agent_id, value, raw, (now() - started) * 1000.0)
+
+        def launch() -> None:
+            i = state["next"]
+            if i < total:
+                state["next"] = i + 1
+                loop.create_task(play(agents[i])).add_done_callback(on_done)
+
+        def on_done(_task: asyncio.Task) -> None:
+            state["left"] -= 1
+            if state["left"] == 0:
+                finished.set_result(None)
+            else:
+                launch()
+
+        for k in range(limit):
+            launch()
+            if k % LAUNCH_SLICE == LAUNCH_SLICE - 1:
+                await asyncio.sleep(0)
+        turn.llm.flush()  # send what is queued now rather than after the flush timer
+        await finished

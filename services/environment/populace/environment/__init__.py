@@ -1,0 +1,1 @@
+"""environment: hosts the root env of each run; reduces partials, decides rounds."""

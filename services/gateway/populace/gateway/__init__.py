@@ -1,0 +1,1 @@
+"""inference-gateway: answers batched `llm.infer` requests through a model backend."""

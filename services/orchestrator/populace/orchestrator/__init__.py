@@ -1,0 +1,1 @@
+"""orchestrator: accepts runs, places agents on agent-hosts, paces rounds, keeps run state."""

@@ -1,0 +1,132 @@
+"""orchestrator service wiring: `ctl.run.start` in; placement, round pacing and run state
+(KV `runs`, compare-and-swap) out. Rounds are the backpressure gate: round n+1 opens only
+after round n's result.
+
+Run with `populace service orchestrator` or `faststream run populace.orchestrator.app:app`."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from faststream.nats import JStream, PullSub
+from faststream.nats.annotations import NatsMessage
+from nats.js.api import DeliverPolicy
+from nats.js.errors import KeyWrongLastSequenceError
+
+from populace.core import bus, subjects
+from populace.core.contracts import (
+    HostInfo, HostSpawned, RoundOpen, RoundResult, RunDone, RunStart, RunStarted, RunState, SpawnBatch,
+)
+from populace.core.service import Service
+from populace.orchestrator import workflow
+from populace.orchestrator.placement import PlacementError, place
+
+svc = Service("orchestrator")
+broker, app = svc.broker, svc.app
+ctl_stream = JStream(subjects.CTL_STREAM, declare=False)
+run_stream = JStream(subjects.RUN_STREAM, declare=False)
+HOST_WAIT_S = 10.0  # how long a run start waits for a first agent-host to register
+
+
+async def runs_kv():
+    return await svc.js.key_value(subjects.RUNS_BUCKET)
+
+
+async def fresh_hosts() -> list[HostInfo]:
+    return await bus.registry_entries(svc.js, subjects.HOSTS_BUCKET, HostInfo,
+                                      fresh_within_s=svc.settings.registry_ttl_s)
+
+
+@broker.subscriber(subjects.RUN_START, stream=ctl_stream, durable="orchestrator-ctl",
+                   pull_sub=PullSub(batch_size=8), deliver_policy=DeliverPolicy.NEW)
+async def on_run_start(msg: NatsMessage) -> None:
+    start = await svc.parse(RunStart, msg.raw_message)
+    if start is None:
+        return
+    rid, cfg = start.run_id, start.config
+    kv = await runs_kv()
+    hosts = await fresh_hosts()
+    deadline = time.monotonic() + HOST_WAIT_S
+    while not hosts and time.monotonic() < deadline:
+        await asyncio.sleep(0.25)
+        hosts = await fresh_hosts()
+    try:
+        placement = place(cfg.agents, hosts)
+    except PlacementError as err:
+        svc.log.warning("run_rejected", run_id=rid, reason=str(err))
+        await finish(rid, workflow.FinishRun("failed", 0, str(err)))
+        return
+    state = workflow.new_run(rid, cfg, placement)
+    try:
+        await kv.create(rid, bus.encode(state))
+    except Exception:  # noqa: BLE001 - key exists: a replayed start of a known run
+        svc.log.info("run_start_replayed", run_id=rid)
+        return
+    await bus.publish_js(svc.js, subjects.run_started(rid),
+                         RunStarted(run_id=rid, config=cfg, started_at=time.time(), hosts=sorted(placement)),
+                         msg_id=subjects.msg_id(rid, 0, "orch", "started"))
+    for host_id, ranges in placement.items():
+        await bus.publish_js(svc.js, subjects.run_spawn(rid, host_id),
+                             SpawnBatch(run_id=rid, host_id=host_id, ranges=ranges, config=cfg),
+                             msg_id=subjects.msg_id(rid, 0, host_id, "spawn"))
+    svc.log.info("run_placed", run_id=rid, agents=cfg.agents, rounds=cfg.rounds,
+                 hosts={h: sum(c for _, c in r) for h, r in placement.items()})
+
+
+async def advance(rid: str, decide: Callable[[RunState], tuple[RunState, list[workflow.Action]]]) -> None:
+    """Compare-and-swap the run state, then perform the actions the decision asked for."""
+    kv = await runs_kv()
+    for _ in range(50):
+        entry = await kv.get(rid)
+        state = RunState.model_validate_json(entry.value)
+        new, actions = decide(state)
+        if new is state:
+            return
+        try:
+            await kv.update(rid, bus.encode(new), last=entry.revision)
+        except KeyWrongLastSequenceError:
+            continue  # someone advanced it first: decide again on the fresh state
+        for action in actions:
+            if isinstance(action, workflow.OpenRound):
+                await open_round(new, action)
+            else:
+                await finish(rid, action)
+        return
+    raise RuntimeError(f"run {rid}: could not update state (contention)")
+
+
+async def open_round(state: RunState, action: workflow.OpenRound) -> None:
+    rid = state.run_id
+    await bus.publish_js(
+        svc.js, subjects.run_round_open(rid, action.round),
+        RoundOpen(run_id=rid, round=action.round, expected=action.expected, history=action.history,
+                  game=state.config.game, opened_at=time.time()),
+        msg_id=subjects.msg_id(rid, action.round, "orch", "open"),
+    )
+    svc.log.info("round_opened", run_id=rid, round=action.round, expected=action.expected)
+
+
+async def finish(rid: str, action: workflow.FinishRun) -> None:
+    await bus.publish_js(svc.js, subjects.run_done(rid),
+                         RunDone(run_id=rid, status=action.status, rounds=action.rounds,
+                                 finished_at=time.time(), reason=action.reason),
+                         msg_id=subjects.msg_id(rid, 0, "orch", "done"))
+    svc.log.info("run_finished", run_id=rid, status=action.status, rounds=action.rounds, reason=action.reason)
+
+
+@broker.subscriber(subjects.ANY_SPAWNED, stream=run_stream, durable="orchestrator-spawned",
+                   pull_sub=PullSub(batch_size=64), deliver_policy=DeliverPolicy.NEW)
+async def on_spawned(msg: NatsMessage) -> None:
+    spawned = await svc.parse(HostSpawned, msg.raw_message)
+    if spawned is not None:
+        await advance(spawned.run_id, lambda s: workflow.on_spawned(s, spawned.host_id))
+
+
+@broker.subscriber(subjects.ANY_ROUND_RESULT, stream=run_stream, durable="orchestrator-result",
+                   pull_sub=PullSub(batch_size=16), deliver_policy=DeliverPolicy.NEW)
+async def on_result(msg: NatsMessage) -> None:
+    result = await svc.parse(RoundResult, msg.raw_message)
+    if result is not None:
+        await advance(result.run_id, lambda s: workflow.on_result(s, result))

@@ -1,0 +1,61 @@
+"""Run workflow, pure (deciding, not doing): given the run state and an event, return the
+next state and the actions to take. The service performs the actions after the new state
+is stored by compare-and-swap, so a replayed event never opens a round twice."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from populace.core.contracts import RoundResult, RunConfig, RunState
+
+
+@dataclass(frozen=True)
+class OpenRound:
+    round: int
+    expected: int
+    history: list[float]
+
+
+@dataclass(frozen=True)
+class FinishRun:
+    status: str  # "completed" | "failed"
+    rounds: int
+    reason: str | None = None
+
+
+Action = OpenRound | FinishRun
+
+
+def new_run(run_id: str, config: RunConfig, placement: dict[str, list[tuple[int, int]]]) -> RunState:
+    return RunState(run_id=run_id, status="spawning", config=config, placement=placement)
+
+
+def on_spawned(state: RunState, host_id: str) -> tuple[RunState, list[Action]]:
+    if state.status != "spawning" or host_id in state.spawned or host_id not in state.placement:
+        return state, []
+    spawned = [*state.spawned, host_id]
+    if len(spawned) < len(state.placement):
+        return state.model_copy(update={"spawned": spawned, "updated_at": time.time()}), []
+    nxt = state.model_copy(update={"spawned": spawned, "status": "running", "round": 1,
+                                   "updated_at": time.time()})
+    return nxt, [OpenRound(1, state.config.agents, [])]
+
+
+def on_result(state: RunState, result: RoundResult) -> tuple[RunState, list[Action]]:
+    if state.status != "running" or result.round != state.round:
+        return state, []  # stale or replayed result
+    history = [*state.history, result.winner_value] if result.winner_value is not None else state.history
+    if state.round >= state.config.rounds:
+        done = state.model_copy(update={"status": "done", "history": history, "updated_at": time.time()})
+        return done, [FinishRun("completed", state.round)]
+    n = state.round + 1
+    nxt = state.model_copy(update={"round": n, "history": history, "updated_at": time.time()})
+    return nxt, [OpenRound(n, state.config.agents, history)]
+
+
+def on_failure(state: RunState, reason: str) -> tuple[RunState, list[Action]]:
+    if state.status in ("done", "failed"):
+        return state, []
+    failed = state.model_copy(update={"status": "failed", "reason": reason, "updated_at": time.time()})
+    return failed, [FinishRun("failed", state.round, reason)]

@@ -1,0 +1,1 @@
+"""recorder: a durable JetStream consumer of every run event, written to DuckDB."""

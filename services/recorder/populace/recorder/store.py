@@ -1,0 +1,151 @@
+"""DuckDB store for run events. Ingestion is exactly-once: each transaction writes a batch of
+stream messages and the stream sequence it reached; a redelivered message at or below that
+sequence is skipped, so a replay never double-counts."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+
+from populace.core.contracts import GuessBatch, RoundResult, RunDone, RunStarted, SpawnBatch
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id VARCHAR PRIMARY KEY, started_at TIMESTAMP, finished_at TIMESTAMP, config_json JSON,
+    status VARCHAR, reason VARCHAR, hosts VARCHAR[]
+);
+CREATE TABLE IF NOT EXISTS agents (
+    run_id VARCHAR, agent_id BIGINT, host_id VARCHAR, persona_json JSON
+);
+CREATE TABLE IF NOT EXISTS guesses (
+    run_id VARCHAR, round INTEGER, agent_id BIGINT, value DOUBLE, valid BOOLEAN, raw VARCHAR,
+    latency_ms DOUBLE
+);
+CREATE TABLE IF NOT EXISTS rounds (
+    run_id VARCHAR, round INTEGER, n_valid BIGINT, mean DOUBLE, target DOUBLE,
+    winner_agent_id BIGINT, winner_value DOUBLE, n BIGINT, n_winners BIGINT, closed_at TIMESTAMP
+);
+CREATE TABLE IF NOT EXISTS _ingest (stream VARCHAR PRIMARY KEY, last_seq BIGINT);
+"""
+
+GUESS_SCHEMA = pa.schema([
+    ("run_id", pa.string()), ("round", pa.int32()), ("agent_id", pa.int64()),
+    ("value", pa.float64()), ("raw", pa.string()), ("latency_ms", pa.float64()),
+])
+
+
+def ts(epoch: float) -> datetime:
+    return datetime.fromtimestamp(epoch, UTC).replace(tzinfo=None)
+
+
+@dataclass
+class Event:
+    seq: int
+    kind: str  # subjects.kind_of(subject)
+    model: object
+
+
+@dataclass
+class IngestResult:
+    guesses: int = 0
+    finished: list[RunDone] = field(default_factory=list)
+
+
+class Store:
+    def __init__(self, path: str | Path, stream: str = "RUN") -> None:
+        self.path = str(path)
+        self.stream = stream
+        self._con: duckdb.DuckDBPyConnection | None = None
+
+    @property
+    def con(self) -> duckdb.DuckDBPyConnection:
+        if self._con is None:
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            self._con = duckdb.connect(self.path)
+            self._con.execute(SCHEMA)
+        return self._con
+
+    def close(self) -> None:
+        """Release the file so readers (`populace results`, reports) can open it."""
+        if self._con is not None:
+            self._con.close()
+            self._con = None
+
+    def last_seq(self) -> int:
+        row = self.con.execute("SELECT last_seq FROM _ingest WHERE stream = ?", [self.stream]).fetchone()
+        return row[0] if row else 0
+
+    def ingest(self, events: list[Event]) -> IngestResult:
+        out = IngestResult()
+        if not events:
+            return out
+        con = self.con
+        done_upto = self.last_seq()
+        fresh = [e for e in events if e.seq > done_upto]
+        if not fresh:
+            return out
+        cols: dict[str, list] = {k: [] for k in GUESS_SCHEMA.names}
+        con.execute("BEGIN TRANSACTION")
+        try:
+            for e in fresh:
+                m = e.model
+                if isinstance(m, GuessBatch):
+                    n = len(m.agent_ids)
+                    cols["run_id"].extend([m.run_id] * n)
+                    cols["round"].extend([m.round] * n)
+                    cols["agent_id"].extend(m.agent_ids)
+                    cols["value"].extend(m.values)
+                    cols["raw"].extend(m.raws)
+                    cols["latency_ms"].extend(m.latency_ms)
+                elif isinstance(m, RunStarted):
+                    con.execute(
+                        "INSERT OR REPLACE INTO runs VALUES (?, ?, NULL, ?, 'running', NULL, ?)",
+                        [m.run_id, ts(m.started_at), m.config.model_dump_json(), m.hosts],
+                    )
+                elif isinstance(m, SpawnBatch):
+                    for first, count in m.ranges:
+                        con.execute(
+                            "INSERT INTO agents SELECT ?, range, ?, NULL FROM range(?, ?)",
+                            [m.run_id, m.host_id, first, first + count],
+                        )
+                elif isinstance(m, RoundResult):
+                    con.execute(
+                        "INSERT INTO rounds VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        [m.run_id, m.round, m.n_valid, m.mean, m.target, m.winner_agent_id,
+                         m.winner_value, m.n, m.n_winners, ts(m.closed_at)],
+                    )
+                elif isinstance(m, RunDone):
+                    con.execute(
+                        "UPDATE runs SET finished_at = ?, status = ?, reason = ? WHERE run_id = ?",
+                        [ts(m.finished_at), m.status, m.reason, m.run_id],
+                    )
+                    out.finished.append(m)
+            if cols["agent_id"]:
+                con.register("guess_rows", pa.Table.from_pydict(cols, schema=GUESS_SCHEMA))
+                con.execute(
+                    "INSERT INTO guesses SELECT run_id, round, agent_id, value, value IS NOT NULL, "
+                    "raw, latency_ms FROM guess_rows"
+                )
+                con.unregister("guess_rows")
+                out.guesses = len(cols["agent_id"])
+            con.execute(
+                "INSERT OR REPLACE INTO _ingest VALUES (?, ?)", [self.stream, fresh[-1].seq]
+            )
+            con.execute("COMMIT")
+        except Exception:
+            con.execute("ROLLBACK")
+            raise
+        return out
+
+    def count_guesses(self, run_id: str) -> int:
+        return self.con.execute("SELECT count(*) FROM guesses WHERE run_id = ?", [run_id]).fetchone()[0]
+
+
+def config_of(con: duckdb.DuckDBPyConnection, run_id: str) -> dict | None:
+    row = con.execute("SELECT config_json FROM runs WHERE run_id = ?", [run_id]).fetchone()
+    return json.loads(row[0]) if row and row[0] else None

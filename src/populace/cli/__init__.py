@@ -1,0 +1,1 @@
+"""The `populace` command line."""

@@ -1,0 +1,3 @@
+from populace.cli.main import app
+
+app()

@@ -1,0 +1,63 @@
+"""Rich output shared by demo, run and results: live progress and the per-round table."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from populace.core.contracts import HostSpawned, Progress as ProgressTick, RoundOpen, RoundResult, RunConfig
+
+console = Console(stderr=True)
+out = Console()
+
+
+def fmt(x: float | None, digits: int = 2) -> str:
+    return "—" if x is None else f"{x:.{digits}f}"
+
+
+def rounds_table(rows: list[dict], title: str) -> Table:
+    t = Table(title=title)
+    for col in ("round", "valid", "mean", "target", "winner", "winning number"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(str(r["round"]), f"{r['n_valid']}/{r['n']}", fmt(r["mean"]), fmt(r["target"]),
+                  "—" if r["winner_agent_id"] is None else str(r["winner_agent_id"]), fmt(r["winner_value"], 1))
+    return t
+
+
+def result_row(r: RoundResult) -> dict:
+    return dict(round=r.round, n_valid=r.n_valid, n=r.n, mean=r.mean, target=r.target,
+                winner_agent_id=r.winner_agent_id, winner_value=r.winner_value)
+
+
+class RunProgress:
+    """Progress bars: agents spawned, then one bar per round (answers received)."""
+
+    def __init__(self, config: RunConfig, enabled: bool = True) -> None:
+        self.config = config
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), console=console, disable=not enabled,
+                                 transient=False)
+        self.spawn = self.progress.add_task("spawning agents", total=config.agents)
+        self.rounds: dict[int, int] = {}
+
+    def __enter__(self) -> RunProgress:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.__exit__(*exc)
+
+    def on_event(self, kind: str, model: object) -> None:
+        p = self.progress
+        if isinstance(model, HostSpawned):
+            p.advance(self.spawn, model.agents)
+        elif isinstance(model, RoundOpen):
+            self.rounds[model.round] = p.add_task(f"round {model.round}", total=model.expected)
+        elif isinstance(model, ProgressTick) and model.round in self.rounds:
+            p.advance(self.rounds[model.round], model.answered)
+        elif isinstance(model, RoundResult) and model.round in self.rounds:
+            task = self.rounds[model.round]
+            p.update(task, completed=model.n,
+                     description=f"round {model.round}: mean {fmt(model.mean)} → target {fmt(model.target)}")

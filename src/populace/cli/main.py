@@ -1,0 +1,224 @@
+"""`populace` — run populations of LLM agents on NATS JetStream."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from pydantic import ValidationError
+
+from populace.cli import display
+from populace.cli.services import SERVICES, run_service
+from populace.core import bus
+from populace.core.contracts import RunConfig
+from populace.core.scenario import ScenarioError, format_validation_error, load_scenario
+
+app = typer.Typer(help="Populace: populations of LLM agents as event-driven microservices on NATS JetStream.",
+                  no_args_is_help=True, pretty_exceptions_enable=False)
+bench_app = typer.Typer(help="Benchmarks (results are printed and optionally saved as JSON).", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+
+def fail(message: str, code: int = 2) -> None:
+    display.console.print(f"[red]error:[/red] {message}")
+    raise typer.Exit(code)
+
+
+def config_or_exit(build) -> RunConfig:
+    try:
+        return build()
+    except ScenarioError as err:
+        fail(str(err))
+    except ValidationError as err:
+        fail(format_validation_error(err))
+    raise AssertionError  # unreachable
+
+
+@app.command()
+def service(name: Annotated[str, typer.Argument(help=f"one of: {', '.join(SERVICES)}")]) -> None:
+    """Run one service in the foreground (POPULACE_* environment variables configure it)."""
+    if name not in SERVICES:
+        fail(f"unknown service {name!r}; choose one of: {', '.join(SERVICES)}")
+    run_service(name)
+
+
+async def _follow(url: str, config: RunConfig, show_progress: bool):
+    from populace.cli.client import play
+
+    nc = await bus.connect(url, "populace-cli")
+    try:
+        with display.RunProgress(config, enabled=show_progress) as progress:
+            return await play(nc, config, on_event=progress.on_event)
+    finally:
+        await nc.close()
+
+
+def _report(outcome, db: str | None) -> None:
+    rows = [display.result_row(r) for r in sorted(outcome.results, key=lambda r: r.round)]
+    display.out.print(display.rounds_table(rows, f"run {outcome.run_id} ({outcome.status})"))
+    if outcome.recorded:
+        display.out.print(f"recorded {outcome.recorded.guesses} guesses in {outcome.recorded.db_path}")
+    if outcome.status != "completed":
+        fail(f"run {outcome.run_id} {outcome.status}: {outcome.reason}", code=1)
+
+
+@app.command()
+def demo(
+    agents: Annotated[int, typer.Option(help="number of agents")] = 1000,
+    rounds: Annotated[int, typer.Option(help="rounds to play")] = 3,
+    model: Annotated[str, typer.Option(help="model backend")] = "dummy",
+    latency: Annotated[float, typer.Option(help="dummy backend: seconds per answer")] = 0.05,
+    ratio: Annotated[str, typer.Option(help="target ratio, e.g. 2/3 or 0.5")] = "2/3",
+    offset: Annotated[float, typer.Option(help="target offset (5 with ratio 1/2 is the paper's variant)")] = 0.0,
+    hosts: Annotated[int, typer.Option(min=1, help="agent-host processes")] = 2,
+    one_per_process: Annotated[bool, typer.Option(help="one OS process per agent")] = False,
+    seed: Annotated[int, typer.Option(help="model seed")] = 0,
+    db: Annotated[str, typer.Option(help="DuckDB file to write")] = "populace.duckdb",
+) -> None:
+    """Start NATS and every service, play one game, print the rounds, leave the DuckDB file."""
+    from populace.cli.stack import Stack, StackError
+
+    config = config_or_exit(lambda: RunConfig.model_validate({
+        "agents": agents, "rounds": rounds,
+        "game": {"ratio": ratio, "offset": offset},
+        "model": {"backend": model, "latency_s": latency, "seed": seed},
+        "placement": {"agents_per_process": 1 if one_per_process else 0},
+    }))
+    stack = Stack(hosts=hosts, db=db)
+    display.console.print(f"starting nats-server and {4 + hosts} services (logs: see below) …")
+    t0 = time.monotonic()
+    try:
+        stack.start()
+        display.console.print(f"logs: {stack.log_dir}")
+        asyncio.run(stack.wait_ready())
+        display.console.print(f"ready in {time.monotonic() - t0:.1f}s; playing {agents} agents × {rounds} rounds")
+        outcome = asyncio.run(_follow(stack.url, config, show_progress=True))
+    except StackError as err:
+        fail(str(err), code=1)
+    finally:
+        stack.stop()
+    _report(outcome, db)
+
+
+@app.command()
+def up(
+    hosts: Annotated[int, typer.Option(min=1, help="agent-host processes")] = 2,
+    port: Annotated[int, typer.Option(help="NATS port")] = 4222,
+    db: Annotated[str, typer.Option(help="DuckDB file the recorder writes")] = "populace.duckdb",
+    store: Annotated[Optional[str], typer.Option(help="JetStream store dir (default: temporary)")] = None,
+) -> None:
+    """Run embedded NATS and every service in the foreground, for `populace run` to talk to."""
+    from populace.cli.stack import Stack, StackError
+    from populace.core.natsserver import EmbeddedNats
+
+    nats = EmbeddedNats(port=port, store_dir=store)
+    stack = Stack(hosts=hosts, db=db)
+    try:
+        nats.log_file = None
+        nats.start()
+        stack.nats_url = nats.url
+        stack.start()
+        asyncio.run(stack.wait_ready())
+        display.console.print(f"[green]ready[/green]: NATS at {nats.url}, {hosts} agent-hosts, "
+                              f"DuckDB {db}, logs {stack.log_dir}. Ctrl-C stops.")
+        stopped = False
+
+        def _stop(*_):
+            nonlocal stopped
+            stopped = True
+
+        signal.signal(signal.SIGTERM, _stop)
+        while not stopped:
+            time.sleep(0.5)
+            stack.check_alive()
+    except KeyboardInterrupt:
+        pass
+    except StackError as err:
+        fail(str(err), code=1)
+    finally:
+        stack.stop()
+        nats.stop()
+
+
+@app.command()
+def run(
+    scenario: Annotated[Path, typer.Argument(help="scenario YAML file")],
+    nats: Annotated[str, typer.Option("--nats", help="NATS URL")] = os.environ.get("POPULACE_NATS_URL", "nats://127.0.0.1:4222"),
+    progress: Annotated[bool, typer.Option(help="show progress bars")] = True,
+) -> None:
+    """Validate a scenario, publish `ctl.run.start`, follow the run until it is recorded."""
+    config = config_or_exit(lambda: load_scenario(scenario))
+    try:
+        outcome = asyncio.run(_follow(nats, config, show_progress=progress))
+    except (OSError, TimeoutError) as err:
+        fail(f"cannot reach NATS at {nats} or the run stalled: {err}", code=1)
+    _report(outcome, None)
+
+
+@app.command()
+def validate(scenario: Annotated[Path, typer.Argument(help="scenario YAML file")]) -> None:
+    """Check a scenario file without running it."""
+    config = config_or_exit(lambda: load_scenario(scenario))
+    display.out.print_json(config.model_dump_json())
+
+
+@app.command()
+def results(
+    run_id: Annotated[str, typer.Argument(help="run id (or 'last')")],
+    db: Annotated[str, typer.Option(help="DuckDB file")] = "populace.duckdb",
+) -> None:
+    """Print the per-round table of a recorded run."""
+    import duckdb
+
+    if not Path(db).exists():
+        fail(f"--db: {db} does not exist")
+    with duckdb.connect(db, read_only=True) as con:
+        if run_id == "last":
+            row = con.execute("SELECT run_id FROM runs ORDER BY started_at DESC LIMIT 1").fetchone()
+            if not row:
+                fail(f"no runs recorded in {db}")
+            run_id = row[0]
+        cur = con.execute("SELECT round, n_valid, n, mean, target, winner_agent_id, winner_value "
+                          "FROM rounds WHERE run_id = ? ORDER BY round", [run_id])
+        names = [d[0] for d in cur.description]
+        rows = [dict(zip(names, r)) for r in cur.fetchall()]
+        status = con.execute("SELECT status FROM runs WHERE run_id = ?", [run_id]).fetchone()
+    if status is None:
+        fail(f"run {run_id!r} is not in {db}", code=1)
+    display.out.print(display.rounds_table(rows, f"run {run_id} ({status[0]})"))
+
+
+@bench_app.command("dummy")
+def bench_dummy(
+    agents: Annotated[int, typer.Option(min=1, help="agents")] = 10_000,
+    latency: Annotated[float, typer.Option(min=0, help="seconds each agent's answer takes")] = 1.0,
+    hosts: Annotated[int, typer.Option(min=1, help="agent-host processes (default: CPU count)")] = 0,
+    rounds: Annotated[int, typer.Option(min=1, help="rounds")] = 1,
+    json_out: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+    out: Annotated[Optional[Path], typer.Option(help="also write the JSON result to this file")] = None,
+    floor: Annotated[bool, typer.Option(help="measure the plain-asyncio floor too")] = True,
+) -> None:
+    """The paper's dummy benchmark through the whole pipeline: every agent's turn waits
+    `latency` seconds for its answer; every guess ends up in DuckDB."""
+    from populace.cli.bench import run_dummy_bench
+
+    result = run_dummy_bench(agents=agents, latency=latency, hosts=hosts or os.cpu_count() or 1,
+                             rounds=rounds, floor=floor, quiet=json_out)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(result.to_json(indent=2) + "\n")
+    if json_out:
+        print(result.to_json())
+    else:
+        display.out.print(result.table())
+    if result.recorded != agents * rounds:
+        fail(f"only {result.recorded} of {agents * rounds} guesses were recorded", code=1)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

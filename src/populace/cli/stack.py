@@ -1,0 +1,138 @@
+"""A local stack: embedded nats-server plus every service as its own OS process. Used by
+`populace up`, `populace demo`, `populace bench` and the end-to-end tests."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from populace.core import bus, subjects
+from populace.core.contracts import HostInfo, ServiceInfo
+from populace.core.natsserver import EmbeddedNats
+
+CORE_SERVICES = ["orchestrator", "environment", "gateway", "recorder"]
+
+
+class StackError(RuntimeError):
+    pass
+
+
+@dataclass
+class Stack:
+    hosts: int = 1
+    db: str = "populace.duckdb"
+    nats_url: str | None = None  # use an existing server instead of an embedded one
+    log_dir: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    host_env: dict[str, str] = field(default_factory=dict)
+    nats: EmbeddedNats | None = None
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return self.nats_url or self.nats.url  # type: ignore[union-attr]
+
+    def start(self) -> Stack:
+        self.log_dir = self.log_dir or tempfile.mkdtemp(prefix="populace-logs-")
+        Path(self.log_dir).mkdir(parents=True, exist_ok=True)
+        if not self.nats_url:
+            self.nats = EmbeddedNats(log_file=str(Path(self.log_dir) / "nats-server.log")).start()
+        base = {**os.environ, "POPULACE_NATS_URL": self.url, "POPULACE_DB": str(Path(self.db).absolute()),
+                "POPULACE_LOG_FORMAT": "json", **self.env}
+        for name in CORE_SERVICES:
+            self._spawn(name, name, base)
+        for i in range(self.hosts):
+            self._spawn(f"agent-host-{i}", "agent-host",
+                        {**base, "POPULACE_HOST_ID": f"host-{i}", **self.host_env})
+        return self
+
+    def _spawn(self, key: str, service: str, env: dict[str, str]) -> None:
+        log = open(Path(self.log_dir) / f"{key}.log", "ab")  # type: ignore[arg-type]
+        self.procs[key] = subprocess.Popen(
+            [sys.executable, "-m", "populace.cli", "service", service],
+            env=env, stdout=log, stderr=log, start_new_session=True,
+        )
+
+    async def wait_ready(self, timeout: float = 60.0) -> None:
+        """Until every service has registered in KV `services` and every host in `hosts`."""
+        nc = await bus.connect(self.url, "populace-stack")
+        try:
+            js = nc.jetstream()
+            deadline = time.monotonic() + timeout
+            while True:
+                self.check_alive()
+                try:
+                    svcs = {s.service for s in await bus.registry_entries(js, subjects.SERVICES_BUCKET, ServiceInfo)}
+                    hosts = await bus.registry_entries(js, subjects.HOSTS_BUCKET, HostInfo)
+                except Exception:  # noqa: BLE001 - buckets not created yet
+                    svcs, hosts = set(), []
+                if set(CORE_SERVICES) <= svcs and len(hosts) >= self.hosts:
+                    return
+                if time.monotonic() > deadline:
+                    missing = sorted(set(CORE_SERVICES) - svcs)
+                    raise StackError(f"services not ready after {timeout}s: missing {missing}, "
+                                     f"{len(hosts)}/{self.hosts} hosts; logs in {self.log_dir}")
+                await asyncio.sleep(0.1)
+        finally:
+            await nc.close()
+
+    def check_alive(self) -> None:
+        for key, p in self.procs.items():
+            if p.poll() is not None:
+                tail = self.log_tail(key)
+                raise StackError(f"service {key} exited with code {p.returncode}; log {self.log_dir}/{key}.log:\n{tail}")
+
+    def log_tail(self, key: str, lines: int = 15) -> str:
+        try:
+            return "\n".join((Path(self.log_dir) / f"{key}.log").read_text().splitlines()[-lines:])  # type: ignore[arg-type]
+        except OSError:
+            return ""
+
+    def pids(self) -> list[int]:
+        pids = [p.pid for p in self.procs.values() if p.poll() is None]
+        if self.nats and self.nats.pid:
+            pids.append(self.nats.pid)
+        return pids
+
+    def rss_bytes(self) -> int:
+        """Resident memory of every process of the stack, children included."""
+        total = 0
+        for pid in self.pids():
+            try:
+                proc = psutil.Process(pid)
+                total += proc.memory_info().rss
+                total += sum(c.memory_info().rss for c in proc.children(recursive=True))
+            except psutil.Error:
+                pass
+        return total
+
+    def stop(self, timeout: float = 15.0) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for p in self.procs.values():
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        self.procs.clear()
+        if self.nats:
+            self.nats.stop()
+            self.nats = None
+
+    def __enter__(self) -> Stack:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
