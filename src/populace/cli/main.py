@@ -197,7 +197,7 @@ def results(
 def bench_dummy(
     agents: Annotated[int, typer.Option(min=1, help="agents")] = 10_000,
     latency: Annotated[float, typer.Option(min=0, help="seconds each agent's answer takes")] = 1.0,
-    hosts: Annotated[int, typer.Option(min=1, help="agent-host processes (default: CPU count)")] = 0,
+    hosts: Annotated[int, typer.Option(min=0, help="agent-host processes (0 = CPU count)")] = 0,
     rounds: Annotated[int, typer.Option(min=1, help="rounds")] = 1,
     json_out: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
     out: Annotated[Optional[Path], typer.Option(help="also write the JSON result to this file")] = None,

@@ -1,5 +1,11 @@
 """recorder service wiring: a durable pull consumer on `run.>` → DuckDB, acked only after
-commit. After a run's `done` is committed it announces `run.<rid>.recorded`.
+commit. Once a run is done *and* every guess its round results counted is in DuckDB, it
+announces `run.<rid>.recorded`.
+
+The fetch loop is our own nats-py pull subscription rather than a FastStream subscriber:
+FastStream 0.7.8's batch pull loop catches `nats.errors.TimeoutError`, while nats-py raises
+`asyncio.TimeoutError` mid-batch, so the loop restarts and already-fetched messages wait
+for redelivery (`ack_wait`). Here both are handled and nothing is dropped.
 
 Run with `populace service recorder` or `faststream run populace.recorder.app:app`."""
 
@@ -8,10 +14,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-from faststream.middlewares import AckPolicy
-from faststream.nats import JStream, PullSub
-from faststream.nats.annotations import NatsMessage
-from nats.js.api import DeliverPolicy
+import nats.errors
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from pydantic import BaseModel, ValidationError
 
 from populace.core import bus, subjects
@@ -21,37 +26,67 @@ from populace.recorder.store import Event, Store
 
 svc = Service("recorder")
 broker, app = svc.broker, svc.app
-store = Store(svc.settings.db, stream=subjects.RUN_STREAM)
-active: set[str] = set()
+store = Store(svc.settings.db)
+active: set[str] = set()  # runs started and not yet announced as recorded
+finished: dict[str, RunDone] = {}  # done, waiting for every guess to be committed
+loop_state: dict = {}
 
 # Events the recorder writes; everything else on `run.>` is acknowledged and skipped.
 RECORDED: dict[str, type[BaseModel]] = {
     "started": RunStarted, "spawn": SpawnBatch, "guesses": GuessBatch,
     "round.result": RoundResult, "done": RunDone,
 }
+ACK_WAIT_S = 120.0
+
+
+@svc.on_ready
+async def _start() -> None:
+    sub = await svc.js.pull_subscribe(
+        subjects.ANY_RUN_EVENT, durable="recorder", stream=subjects.RUN_STREAM,
+        config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL,
+                              ack_wait=ACK_WAIT_S, max_ack_pending=max(1000, 4 * svc.settings.recorder_fetch)),
+    )
+    loop_state["task"] = asyncio.create_task(consume(sub))
 
 
 @svc.on_stop
-async def _close() -> None:
+async def _stop() -> None:
+    if task := loop_state.get("task"):
+        task.cancel()
     store.close()
 
 
-@broker.subscriber(subjects.ANY_RUN_EVENT, stream=JStream(subjects.RUN_STREAM, declare=False),
-                   durable="recorder", deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.MANUAL,
-                   pull_sub=PullSub(batch_size=svc.settings.recorder_fetch, batch=True, timeout=1.0))
-async def on_events(msg: NatsMessage) -> None:
-    raws = msg.raw_message
+async def consume(sub) -> None:
+    while True:
+        try:
+            msgs = await sub.fetch(batch=svc.settings.recorder_fetch, timeout=0.5)
+        except (asyncio.TimeoutError, nats.errors.TimeoutError):
+            continue
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # noqa: BLE001 - reconnects etc.: keep consuming
+            svc.log.warning("fetch_failed", error=str(err))
+            await asyncio.sleep(0.5)
+            continue
+        try:
+            await handle(msgs)
+        except Exception as err:  # noqa: BLE001 - unacked messages are redelivered
+            svc.log.error("ingest_failed", messages=len(msgs), error=str(err))
+            await asyncio.sleep(1.0)
+
+
+async def handle(raws: list[Msg]) -> None:
     t0 = time.perf_counter()
     events: list[Event] = []
     for raw in raws:
         kind = subjects.kind_of(raw.subject)
+        msg_id = (raw.headers or {}).get("Nats-Msg-Id") or f"seq:{raw.metadata.sequence.stream}"
         model = RECORDED.get(kind)
-        seq = raw.metadata.sequence.stream
         if model is None:
-            events.append(Event(seq, kind, None))
+            events.append(Event(msg_id, kind, None))
             continue
         try:
-            events.append(Event(seq, kind, model.model_validate_json(raw.data)))
+            events.append(Event(msg_id, kind, model.model_validate_json(raw.data)))
         except ValidationError as err:
             await bus.dead_letter(svc.nc, svc.name, raw.subject, raw.data, err, raw_msg=raw)
     for e in events:
@@ -65,11 +100,20 @@ async def on_events(msg: NatsMessage) -> None:
         svc.log.info("recorded", messages=len(raws), guesses=result.guesses,
                      seconds=round(time.perf_counter() - t0, 3))
     for done in result.finished:
-        active.discard(done.run_id)
-        count = await asyncio.to_thread(store.count_guesses, done.run_id)
-        if not active:
-            store.close()
-        await bus.publish_js(svc.js, subjects.run_recorded(done.run_id),
-                             RunRecorded(run_id=done.run_id, guesses=count, db_path=store.path),
-                             msg_id=subjects.msg_id(done.run_id, 0, "recorder", "recorded"))
-        svc.log.info("run_recorded", run_id=done.run_id, guesses=count, db=store.path)
+        finished[done.run_id] = done
+    await announce_complete()
+
+
+async def announce_complete() -> None:
+    for rid in list(finished):
+        got, expected = await asyncio.to_thread(store.completeness, rid)
+        if got < expected:
+            continue  # some guess batches are still on their way (redelivery): wait for them
+        finished.pop(rid)
+        active.discard(rid)
+        if not active and not finished:
+            store.close()  # release the file for readers between runs
+        await bus.publish_js(svc.js, subjects.run_recorded(rid),
+                             RunRecorded(run_id=rid, guesses=got, db_path=store.path),
+                             msg_id=subjects.msg_id(rid, 0, "recorder", "recorded"))
+        svc.log.info("run_recorded", run_id=rid, guesses=got, db=store.path)

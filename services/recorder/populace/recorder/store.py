@@ -1,6 +1,7 @@
 """DuckDB store for run events. Ingestion is exactly-once: each transaction writes a batch of
-stream messages and the stream sequence it reached; a redelivered message at or below that
-sequence is skipped, so a replay never double-counts."""
+messages together with their message ids (`Nats-Msg-Id`) in a ledger; a redelivered or
+replayed message whose id is in the ledger is skipped, so a replay never double-counts —
+whatever order redeliveries arrive in."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ CREATE TABLE IF NOT EXISTS rounds (
     run_id VARCHAR, round INTEGER, n_valid BIGINT, mean DOUBLE, target DOUBLE,
     winner_agent_id BIGINT, winner_value DOUBLE, n BIGINT, n_winners BIGINT, closed_at TIMESTAMP
 );
-CREATE TABLE IF NOT EXISTS _ingest (stream VARCHAR PRIMARY KEY, last_seq BIGINT);
+CREATE TABLE IF NOT EXISTS _ingested (msg_id VARCHAR PRIMARY KEY);
 """
 
 GUESS_SCHEMA = pa.schema([
@@ -45,7 +46,7 @@ def ts(epoch: float) -> datetime:
 
 @dataclass
 class Event:
-    seq: int
+    msg_id: str  # Nats-Msg-Id, unique per logical message
     kind: str  # subjects.kind_of(subject)
     model: object
 
@@ -57,9 +58,8 @@ class IngestResult:
 
 
 class Store:
-    def __init__(self, path: str | Path, stream: str = "RUN") -> None:
+    def __init__(self, path: str | Path) -> None:
         self.path = str(path)
-        self.stream = stream
         self._con: duckdb.DuckDBPyConnection | None = None
 
     @property
@@ -76,17 +76,23 @@ class Store:
             self._con.close()
             self._con = None
 
-    def last_seq(self) -> int:
-        row = self.con.execute("SELECT last_seq FROM _ingest WHERE stream = ?", [self.stream]).fetchone()
-        return row[0] if row else 0
+    def _unseen(self, events: list[Event]) -> list[Event]:
+        ids = [e.msg_id for e in events]
+        seen = {r[0] for r in self.con.execute(
+            "SELECT msg_id FROM _ingested WHERE msg_id IN (SELECT unnest(?))", [ids]).fetchall()}
+        fresh, batch_ids = [], set()
+        for e in events:
+            if e.msg_id not in seen and e.msg_id not in batch_ids:
+                batch_ids.add(e.msg_id)
+                fresh.append(e)
+        return fresh
 
     def ingest(self, events: list[Event]) -> IngestResult:
         out = IngestResult()
         if not events:
             return out
         con = self.con
-        done_upto = self.last_seq()
-        fresh = [e for e in events if e.seq > done_upto]
+        fresh = self._unseen(events)
         if not fresh:
             return out
         cols: dict[str, list] = {k: [] for k in GUESS_SCHEMA.names}
@@ -133,9 +139,7 @@ class Store:
                 )
                 con.unregister("guess_rows")
                 out.guesses = len(cols["agent_id"])
-            con.execute(
-                "INSERT OR REPLACE INTO _ingest VALUES (?, ?)", [self.stream, fresh[-1].seq]
-            )
+            con.execute("INSERT INTO _ingested SELECT unnest(?)", [[e.msg_id for e in fresh]])
             con.execute("COMMIT")
         except Exception:
             con.execute("ROLLBACK")
@@ -144,6 +148,13 @@ class Store:
 
     def count_guesses(self, run_id: str) -> int:
         return self.con.execute("SELECT count(*) FROM guesses WHERE run_id = ?", [run_id]).fetchone()[0]
+
+    def completeness(self, run_id: str) -> tuple[int, int]:
+        """(guesses recorded, guesses the environment counted in the run's round results)."""
+        got = self.count_guesses(run_id)
+        expected = self.con.execute("SELECT coalesce(sum(n), 0) FROM rounds WHERE run_id = ?",
+                                    [run_id]).fetchone()[0]
+        return got, int(expected)
 
 
 def config_of(con: duckdb.DuckDBPyConnection, run_id: str) -> dict | None:
