@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import time
 from pathlib import Path
 from typing import Annotated, Optional
@@ -126,14 +125,7 @@ def up(
         asyncio.run(stack.wait_ready())
         display.console.print(f"[green]ready[/green]: NATS at {nats.url}, {hosts} agent-hosts, "
                               f"DuckDB {db}, logs {stack.log_dir}. Ctrl-C stops.")
-        stopped = False
-
-        def _stop(*_):
-            nonlocal stopped
-            stopped = True
-
-        signal.signal(signal.SIGTERM, _stop)
-        while not stopped:
+        while True:  # SIGTERM and Ctrl-C both end this loop with KeyboardInterrupt
             time.sleep(0.5)
             stack.check_alive()
     except KeyboardInterrupt:

@@ -26,6 +26,18 @@ class StackError(RuntimeError):
     pass
 
 
+def _raise_interrupt(*_) -> None:
+    raise KeyboardInterrupt
+
+
+def _sigterm_stops_us() -> None:
+    """SIGTERM unwinds like Ctrl-C, so `finally: stack.stop()` runs."""
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise_interrupt)
+
+
 @dataclass
 class Stack:
     hosts: int = 1
@@ -42,12 +54,13 @@ class Stack:
         return self.nats_url or self.nats.url  # type: ignore[union-attr]
 
     def start(self) -> Stack:
+        _sigterm_stops_us()
         self.log_dir = self.log_dir or tempfile.mkdtemp(prefix="populace-logs-")
         Path(self.log_dir).mkdir(parents=True, exist_ok=True)
         if not self.nats_url:
             self.nats = EmbeddedNats(log_file=str(Path(self.log_dir) / "nats-server.log")).start()
         base = {**os.environ, "POPULACE_NATS_URL": self.url, "POPULACE_DB": str(Path(self.db).absolute()),
-                "POPULACE_LOG_FORMAT": "json", **self.env}
+                "POPULACE_LOG_FORMAT": "json", "POPULACE_PARENT_PID": str(os.getpid()), **self.env}
         for name in CORE_SERVICES:
             self._spawn(name, name, base)
         for i in range(self.hosts):

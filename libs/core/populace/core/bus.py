@@ -23,7 +23,7 @@ from populace.core import logs, subjects
 M = TypeVar("M", bound=BaseModel)
 log = logs.get("populace.bus")
 
-# Malformed messages seen by this process, by service. Exported as a metric later.
+# Malformed messages seen by this process, by service (dead-lettered).
 dlq_counts: Counter[str] = Counter()
 
 
@@ -90,35 +90,15 @@ def decode(model: type[M], data: bytes) -> M:
     return model.model_validate_json(data)
 
 
-async def dead_letter(nc: Client, service: str, subject: str, data: bytes, error: Exception | str,
-                      raw_msg=None) -> None:
-    """Log, count, terminate (if JetStream) and copy a malformed message to dlq.<service>.
-
-    Never raises: a bad message must not take a service down."""
-    reason = _short_error(error)
-    dlq_counts[service] += 1
-    log.warning("dead_letter", service=service, subject=subject, error=reason,
-                bytes=len(data), dlq_total=dlq_counts[service])
-    if is_jetstream(raw_msg) and not raw_msg._ackd:
-        try:
-            await raw_msg.term()
-        except Exception as err:  # noqa: BLE001 - best effort
-            log.warning("dead_letter_term_failed", error=str(err))
-    try:
-        await nc.publish(
-            subjects.dlq(service),
-            data,
-            headers={"Populace-Subject": subject, "Populace-Error": reason[:1000]},
-        )
-    except Exception as err:  # noqa: BLE001
-        log.error("dead_letter_publish_failed", error=str(err))
+def dlq_headers(subject: str, reason: str) -> dict[str, str]:
+    return {"Populace-Subject": subject, "Populace-Error": reason[:1000]}
 
 
 def is_jetstream(raw_msg) -> bool:
     return raw_msg is not None and bool(raw_msg.reply) and raw_msg.reply.startswith("$JS.ACK")
 
 
-def _short_error(error: Exception | str) -> str:
+def short_error(error: Exception | str) -> str:
     if isinstance(error, ValidationError):
         parts = [f"{'.'.join(str(p) for p in e['loc']) or '(body)'}: {e['msg']}" for e in error.errors()[:5]]
         return "; ".join(parts)

@@ -4,8 +4,10 @@ malformed messages. Services add their subscribers to `svc.broker`."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import signal
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -72,7 +74,17 @@ class Service:
             self.settings.heartbeat_s,
         )
         await self._heartbeat.start()
+        if self.settings.parent_pid:
+            self._orphan_watch = asyncio.create_task(self._exit_when_orphaned(self.settings.parent_pid))
         self.log.info("service_ready", nats=self.settings.nats_url)
+
+    async def _exit_when_orphaned(self, parent_pid: int) -> None:
+        """A service started by `populace demo/up/bench` stops when that command dies,
+        so a killed command never leaves services holding ports or the DuckDB file."""
+        while os.getppid() == parent_pid:
+            await asyncio.sleep(1.0)
+        self.log.warning("parent_exited", parent_pid=parent_pid)
+        os.kill(os.getpid(), signal.SIGTERM)
 
     async def _unregister(self) -> None:
         for fn in self._shutdown_hooks:
@@ -89,8 +101,26 @@ class Service:
         try:
             return model.model_validate_json(msg.data)
         except ValidationError as err:
-            await bus.dead_letter(self.nc, self.name, msg.subject, msg.data, err, raw_msg=msg)
+            await self.dead_letter(msg, err)
             return None
+
+    async def dead_letter(self, msg: Msg, error: Exception | str) -> None:
+        """Log, count, terminate (JetStream) and copy a malformed message to dlq.<service>.
+        Never raises: a bad message must not take a service down."""
+        reason = bus.short_error(error)
+        bus.dlq_counts[self.name] += 1
+        self.log.warning("dead_letter", subject=msg.subject, error=reason, bytes=len(msg.data),
+                         dlq_total=bus.dlq_counts[self.name])
+        if bus.is_jetstream(msg) and not msg._ackd:
+            try:
+                await msg.term()
+            except Exception as err:  # noqa: BLE001
+                self.log.warning("dead_letter_term_failed", error=str(err))
+        try:
+            await self.broker.publish(msg.data, subjects.dlq(self.name),
+                                      headers=bus.dlq_headers(msg.subject, reason))
+        except Exception as err:  # noqa: BLE001
+            self.log.error("dead_letter_publish_failed", error=str(err))
 
     async def run(self) -> None:
         await self.app.run()

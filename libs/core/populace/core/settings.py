@@ -17,6 +17,7 @@ class Settings(BaseSettings):
     nats_url: str = "nats://127.0.0.1:4222"
     log_level: str = "INFO"
     log_format: Literal["auto", "json", "console"] = "auto"
+    parent_pid: int | None = None  # set by `populace demo/up/bench`: exit when that process dies
 
     # agent-host
     host_id: str = Field(default_factory=lambda: f"{socket.gethostname().split('.')[0]}-{os.getpid()}")

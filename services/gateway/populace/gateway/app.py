@@ -5,8 +5,6 @@ Run with `populace service gateway` or `faststream run populace.gateway.app:app`
 
 from __future__ import annotations
 
-import time
-
 from faststream.nats.annotations import NatsMessage
 
 from populace.core import bus, subjects
@@ -17,7 +15,7 @@ from populace.gateway.backends import Backend, make_backend
 svc = Service("gateway")
 broker, app = svc.broker, svc.app
 backends: dict[str, Backend] = {}
-stats = {"batches": 0, "prompts": 0, "errors": 0, "since": time.monotonic()}
+stats = {"batches": 0, "prompts": 0, "errors": 0}
 
 
 def backend_for(name: str) -> Backend:
@@ -28,13 +26,11 @@ def backend_for(name: str) -> Backend:
 
 @broker.subscriber(subjects.LLM_INFER, queue=subjects.GATEWAY_QUEUE,
                    max_workers=svc.settings.gateway_max_workers)
-async def on_infer(msg: NatsMessage) -> None:
-    raw = msg.raw_message
-    batch = await svc.parse(InferBatch, raw)
+async def on_infer(msg: NatsMessage) -> bytes:
+    """Returns the reply (FastStream sends it to the request's reply subject)."""
+    batch = await svc.parse(InferBatch, msg.raw_message)
     if batch is None:
-        if raw.reply:
-            await svc.nc.publish(raw.reply, bus.encode(InferReply(batch_id="?", error="malformed request")))
-        return
+        return bus.encode(InferReply(batch_id="?", error="malformed request (dead-lettered)"))
     try:
         texts = await backend_for(batch.model.backend).complete(batch)
         reply = InferReply(batch_id=batch.batch_id, texts=texts)
@@ -44,8 +40,7 @@ async def on_infer(msg: NatsMessage) -> None:
         reply = InferReply(batch_id=batch.batch_id, error=f"{type(err).__name__}: {err}")
     stats["batches"] += 1
     stats["prompts"] += len(batch.keys)
-    if raw.reply:
-        await svc.nc.publish(raw.reply, reply.model_dump_json().encode())
     if stats["batches"] % 200 == 0:
         svc.log.info("gateway_progress", batches=stats["batches"], prompts=stats["prompts"],
                      errors=stats["errors"])
+    return reply.model_dump_json().encode()

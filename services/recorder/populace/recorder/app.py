@@ -83,12 +83,11 @@ async def handle(raws: list[Msg]) -> None:
         msg_id = (raw.headers or {}).get("Nats-Msg-Id") or f"seq:{raw.metadata.sequence.stream}"
         model = RECORDED.get(kind)
         if model is None:
-            events.append(Event(msg_id, kind, None))
-            continue
+            continue  # partials, round opens, our own announcements: acked, not stored
         try:
             events.append(Event(msg_id, kind, model.model_validate_json(raw.data)))
         except ValidationError as err:
-            await bus.dead_letter(svc.nc, svc.name, raw.subject, raw.data, err, raw_msg=raw)
+            await svc.dead_letter(raw, err)
     for e in events:
         if isinstance(e.model, RunStarted):
             active.add(e.model.run_id)

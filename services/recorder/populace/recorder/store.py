@@ -89,8 +89,9 @@ class Store:
 
     def ingest(self, events: list[Event]) -> IngestResult:
         out = IngestResult()
+        events = [e for e in events if e.model is not None]
         if not events:
-            return out
+            return out  # nothing to write: don't even open the file
         con = self.con
         fresh = self._unseen(events)
         if not fresh:

