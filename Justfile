@@ -1,5 +1,6 @@
 # Populace task runner (https://just.systems). `just` alone lists the recipes.
 
+# List the recipes
 default:
     @just --list
 
@@ -13,7 +14,7 @@ demo:
 
 # Test suite; extra arguments go to pytest (e.g. `just test tests/unit -x`)
 test *args:
-    uv run pytest {{args}}
+    uv run pytest {{ args }}
 
 # Dummy benchmark: 100k agents, 1 s per answer
 bench:

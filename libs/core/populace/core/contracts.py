@@ -11,7 +11,7 @@ import time
 from fractions import Fraction
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from populace.core.subjects import valid_token
 
@@ -38,7 +38,7 @@ def parse_ratio(value: object) -> Fraction:
     if isinstance(value, (int, float)):
         if not math.isfinite(value):
             raise ValueError("must be finite")
-        frac = Fraction(value).limit_denominator(10**9)
+        frac = Fraction(value)  # exact: a tiny positive float stays positive
     elif isinstance(value, str):
         try:
             frac = Fraction(value.strip())
@@ -47,11 +47,19 @@ def parse_ratio(value: object) -> Fraction:
     else:
         raise ValueError("must be a number or a fraction string like '2/3'")
     if frac <= 0:
-        raise ValueError(f"must be > 0 (got {value})")
+        raise ValueError("must be > 0")
     return frac
 
 
-FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+def _not_bool(v: object) -> object:
+    # YAML `yes`/`true` must not silently become 1 agent or 1.0 seconds.
+    if isinstance(v, bool):
+        raise ValueError("must be a number, not true/false")
+    return v
+
+
+FiniteFloat = Annotated[float, BeforeValidator(_not_bool), Field(allow_inf_nan=False)]
+Count = Annotated[int, BeforeValidator(_not_bool)]
 
 
 # --- scenario / run configuration ----------------------------------------------------
@@ -61,7 +69,7 @@ class GameConfig(Strict):
     ratio: str = "2/3"
     offset: FiniteFloat = 0.0
     max_value: FiniteFloat = Field(100.0, gt=0)
-    history_window: int = Field(5, ge=0, le=100)
+    history_window: Count = Field(5, ge=0, le=100)
 
     @field_validator("ratio", mode="before")
     @classmethod
@@ -81,7 +89,7 @@ class GameConfig(Strict):
 class ModelConfig(Strict):
     backend: Literal["dummy"] = "dummy"
     latency_s: FiniteFloat = Field(0.05, ge=0, le=3600)
-    seed: int = 0
+    seed: Count = 0
 
 
 class PlacementConfig(Strict):
@@ -94,9 +102,9 @@ class RunConfig(Strict):
     """A scenario file, validated. Later issues add keys such as `population` and `prompt`."""
 
     name: str = Field("guess-two-thirds", min_length=1, max_length=200)
-    agents: int = Field(1000, ge=1, le=100_000_000)
-    rounds: int = Field(3, ge=1, le=10_000)
-    seed: int = 0
+    agents: Count = Field(1000, ge=1, le=100_000_000)
+    rounds: Count = Field(3, ge=1, le=10_000)
+    seed: Count = 0
     game: GameConfig = GameConfig()
     model: ModelConfig = ModelConfig()
     placement: PlacementConfig = PlacementConfig()
@@ -105,7 +113,7 @@ class RunConfig(Strict):
     def _one_per_process_is_bounded(self) -> RunConfig:
         if self.placement.agents_per_process == 1 and self.agents > 10_000:
             raise ValueError(
-                "placement.agents_per_process=1 starts one OS process per agent; "
+                "placement.agents_per_process: 1 starts one OS process per agent; "
                 f"{self.agents} agents is too many (max 10000)"
             )
         return self

@@ -15,13 +15,18 @@ class ScenarioError(ValueError):
 
 
 def format_validation_error(err: ValidationError) -> str:
+    """One line per problem, each starting with the dotted field name."""
     lines = []
     for e in err.errors():
-        field = ".".join(str(p) for p in e["loc"]) or "(scenario)"
         msg = e["msg"].removeprefix("Value error, ")
+        if not e["loc"]:  # a cross-field rule: its message starts with the field it is about
+            lines.append(msg)
+            continue
+        field = ".".join(str(p) for p in e["loc"])
         if e["type"] == "extra_forbidden":
-            msg = "unknown key"
-        lines.append(f"{field}: {msg} (got {e.get('input')!r})" if e["type"] != "extra_forbidden" else f"{field}: {msg}")
+            lines.append(f"{field}: unknown key")
+        else:
+            lines.append(f"{field}: {msg} (got {e.get('input')!r})")
     return "\n".join(lines)
 
 

@@ -8,7 +8,7 @@ import re
 
 from populace.games.rules import finite_in_range
 
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+_NUMBER = re.compile(r"-?[0-9]+(?:\.[0-9]+)?")  # ASCII digits only
 
 
 def parse_guess(text: str, max_value: float) -> float | None:
@@ -27,8 +27,13 @@ def parse_guess(text: str, max_value: float) -> float | None:
         raw = obj.get("guess")
         if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
             return None
-        s = str(raw).strip()
+        if not isinstance(raw, str):  # a JSON number: take it as is (1e-05 is a number)
+            return _in_range(float(raw), max_value)
+        s = raw.strip()
     if not _NUMBER.fullmatch(s):
         return None
-    value = float(s)
-    return value if finite_in_range(value, max_value) else None
+    return _in_range(float(s), max_value)
+
+
+def _in_range(value: float, max_value: float) -> float | None:
+    return value + 0.0 if finite_in_range(value, max_value) else None  # + 0.0 turns -0.0 into 0.0

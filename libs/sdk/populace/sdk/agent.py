@@ -17,8 +17,11 @@ class Agent:
         self.memory: tuple = ()
 
     def remember(self, item: Any) -> None:
+        size = self.memory_size
+        if size <= 0:
+            return
         mem = self.memory + (item,)
-        self.memory = mem[-self.memory_size:] if len(mem) > self.memory_size else mem
+        self.memory = mem[-size:] if len(mem) > size else mem
 
     async def reply(self, msg: Any) -> Any:  # pragma: no cover - abstract
         raise NotImplementedError

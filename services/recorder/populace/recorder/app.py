@@ -51,19 +51,23 @@ async def _start() -> None:
 
 @svc.on_stop
 async def _stop() -> None:
+    # A flag, not only cancel(): nats-py's fetch can turn a cancellation into a timeout,
+    # which the loop would otherwise treat as "no messages yet" and carry on.
+    loop_state["stopping"] = True
     if task := loop_state.get("task"):
-        task.cancel()
+        try:
+            await asyncio.wait_for(task, timeout=5.0)
+        except (asyncio.TimeoutError, asyncio.CancelledError):
+            pass
     store.close()
 
 
 async def consume(sub) -> None:
-    while True:
+    while not loop_state.get("stopping"):
         try:
             msgs = await sub.fetch(batch=svc.settings.recorder_fetch, timeout=0.5)
         except (asyncio.TimeoutError, nats.errors.TimeoutError):
             continue
-        except asyncio.CancelledError:
-            raise
         except Exception as err:  # noqa: BLE001 - reconnects etc.: keep consuming
             svc.log.warning("fetch_failed", error=str(err))
             await asyncio.sleep(0.5)

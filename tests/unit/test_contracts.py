@@ -1,0 +1,275 @@
+"""Wire contracts: every model round-trips through JSON, rejects unknown keys, and validates
+its invariants; subject helpers build bounded, well-formed subjects."""
+
+from __future__ import annotations
+
+import inspect
+from fractions import Fraction
+
+import pytest
+from pydantic import BaseModel, ValidationError
+
+from populace.core import contracts as c
+from populace.core import subjects as s
+
+CONFIG = c.RunConfig(
+    name="unit-run", agents=2500, rounds=4, seed=11,
+    game=c.GameConfig(ratio="1/2", offset=5, max_value=50, history_window=3),
+    model=c.ModelConfig(latency_s=0.0, seed=9),
+    placement=c.PlacementConfig(agents_per_process=0),
+)
+
+INSTANCES: dict[str, BaseModel] = {
+    "GameConfig": c.GameConfig(ratio="51/100", offset=1.5, max_value=200, history_window=0),
+    "ModelConfig": c.ModelConfig(backend="dummy", latency_s=1.25, seed=3),
+    "PlacementConfig": c.PlacementConfig(agents_per_process=1),
+    "RunConfig": CONFIG,
+    "RunStart": c.RunStart(run_id="run-20240101_abc", config=CONFIG, requested_at=1700000000.5),
+    "HostInfo": c.HostInfo(host_id="host-1", capacity=100000, agents=1200, pid=4242,
+                           started_at=1700000000.0, heartbeat_at=1700000005.0),
+    "ServiceInfo": c.ServiceInfo(service="gateway", instance="gw-1", pid=77, heartbeat_at=1700000001.0),
+    "RunState": c.RunState(run_id="r1", status="running", config=CONFIG,
+                           placement={"h1": [(0, 1250)], "h2": [(1250, 1250)]},
+                           spawned=["h1", "h2"], round=2, history=[33.0, 22.5], reason=None,
+                           updated_at=1700000009.0),
+    "RunStarted": c.RunStarted(run_id="r1", config=CONFIG, started_at=1.5, hosts=["h1", "h2"]),
+    "SpawnBatch": c.SpawnBatch(run_id="r1", host_id="h2", ranges=[(1250, 1000), (3000, 250)], config=CONFIG),
+    "HostSpawned": c.HostSpawned(run_id="r1", host_id="h2", agents=1250, seconds=0.75),
+    "RoundOpen": c.RoundOpen(run_id="r1", round=2, expected=2500, game=CONFIG.game,
+                             history=[33.0], opened_at=2.0),
+    "GuessBatch": c.GuessBatch(run_id="r1", round=2, host_id="h1", seq=7, agent_ids=[0, 1, 2],
+                               values=[12.0, None, 99.5], raws=['{"guess": 12}', "no idea", "99.5"],
+                               latency_ms=[50.1, 51.0, 49.9]),
+    "HostPartial": c.HostPartial(run_id="r1", round=2, host_id="h1", n=3, n_valid=2, total=111.5,
+                                 by_value=[(12.0, 1, 0), (99.5, 1, 2)]),
+    "RoundResult": c.RoundResult(run_id="r1", round=2, n=3, n_valid=2, mean=55.75, target=32.875,
+                                 winner_agent_id=0, winner_value=12.0, n_winners=1, closed_at=3.0),
+    "RunDone": c.RunDone(run_id="r1", status="failed", rounds=2, finished_at=4.0, reason="host lost"),
+    "RunRecorded": c.RunRecorded(run_id="r1", guesses=10000, db_path="/tmp/populace.duckdb"),
+    "Progress": c.Progress(run_id="r1", round=2, host_id="h1", answered=640),
+    "InferBatch": c.InferBatch(batch_id="b-1", run_id="r1", round=2, model=CONFIG.model, max_value=50,
+                               system="You are playing a game.", keys=[4, 5],
+                               prompts=["You are player 4.", "You are player 5."]),
+    "InferReply": c.InferReply(batch_id="b-1", texts=['{"guess": 1}', '{"guess": 2}'], error=None),
+}
+
+
+def test_every_wire_model_is_covered():
+    defined = {name for name, obj in vars(c).items()
+               if inspect.isclass(obj) and issubclass(obj, BaseModel)
+               and obj.__module__ == c.__name__ and name not in ("Strict", "Wire")}
+    assert defined == set(INSTANCES)
+
+
+@pytest.mark.parametrize("name", sorted(INSTANCES))
+def test_json_round_trip(name):
+    obj = INSTANCES[name]
+    cls = type(obj)
+    text = obj.model_dump_json()
+    back = cls.model_validate_json(text)
+    assert back == obj
+    assert back.model_dump() == obj.model_dump()
+    assert back.model_dump_json() == text
+
+
+@pytest.mark.parametrize("name", sorted(INSTANCES))
+def test_unknown_field_rejected(name):
+    obj = INSTANCES[name]
+    data = obj.model_dump(mode="json")
+    data["bogus_field"] = 1
+    with pytest.raises(ValidationError) as exc:
+        type(obj).model_validate(data)
+    assert exc.value.errors()[0]["type"] == "extra_forbidden"
+
+
+@pytest.mark.parametrize("name", sorted(n for n, o in INSTANCES.items() if "v" in type(o).model_fields))
+def test_other_schema_version_rejected(name):
+    obj = INSTANCES[name]
+    assert obj.v == c.SCHEMA_VERSION == 1
+    data = obj.model_dump(mode="json")
+    data["v"] = 2
+    with pytest.raises(ValidationError):
+        type(obj).model_validate(data)
+
+
+def test_control_plane_models_are_frozen():
+    with pytest.raises(ValidationError):
+        CONFIG.agents = 5  # type: ignore[misc]
+    assert CONFIG.agents == 2500
+
+
+def test_spawn_batch_count():
+    assert INSTANCES["SpawnBatch"].count == 1250
+
+
+def test_round_trip_keeps_none_values():
+    g = c.GuessBatch.model_validate_json(INSTANCES["GuessBatch"].model_dump_json())
+    assert g.values == [12.0, None, 99.5]
+    r = c.RoundResult(run_id="r", round=1, n=4, n_valid=0, mean=None, target=None,
+                      winner_agent_id=None, winner_value=None, n_winners=0, closed_at=0.0)
+    assert c.RoundResult.model_validate_json(r.model_dump_json()) == r
+
+
+# --- batches: equal-length columns --------------------------------------------------------
+@pytest.mark.parametrize("column", ["agent_ids", "values", "raws", "latency_ms"])
+def test_guess_batch_unequal_lengths_rejected(column):
+    data = INSTANCES["GuessBatch"].model_dump()
+    data[column] = data[column][:-1]
+    with pytest.raises(ValidationError, match="equal length"):
+        c.GuessBatch.model_validate(data)
+
+
+def test_guess_batch_empty_is_fine():
+    g = c.GuessBatch(run_id="r", round=1, host_id="h", seq=0, agent_ids=[], values=[], raws=[], latency_ms=[])
+    assert g.agent_ids == []
+
+
+@pytest.mark.parametrize("keys,prompts", [([1, 2], ["a"]), ([1], ["a", "b"]), ([], ["a"])])
+def test_infer_batch_unequal_lengths_rejected(keys, prompts):
+    data = INSTANCES["InferBatch"].model_dump()
+    data.update(keys=keys, prompts=prompts)
+    with pytest.raises(ValidationError, match="equal length"):
+        c.InferBatch.model_validate(data)
+
+
+# --- ratio ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("raw,value,fraction", [
+    ("2/3", 2 / 3, Fraction(2, 3)),
+    (" 2/3 ", 2 / 3, Fraction(2, 3)),
+    ("51/100", 0.51, Fraction(51, 100)),
+    (0.5, 0.5, Fraction(1, 2)),
+    ("0.5", 0.5, Fraction(1, 2)),
+    (2, 2.0, Fraction(2)),
+    ("1", 1.0, Fraction(1)),
+])
+def test_ratio_accepted(raw, value, fraction):
+    g = c.GameConfig(ratio=raw)
+    assert g.ratio_value == pytest.approx(value, rel=1e-15)
+    assert g.ratio_fraction == fraction
+    assert isinstance(g.ratio, str)
+    assert c.parse_ratio(raw) == fraction
+
+
+@pytest.mark.parametrize("raw", [0, -1, 0.0, -0.5, "0", "-2/3", "0/5", "abc", "", "1/0", "2/3/4",
+                                 True, False, None, [2, 3], float("inf"), float("nan"), "nan", "inf"])
+def test_ratio_rejected(raw):
+    with pytest.raises(ValidationError) as exc:
+        c.GameConfig(ratio=raw)
+    assert exc.value.errors()[0]["loc"] == ("ratio",)
+    with pytest.raises(ValueError):
+        c.parse_ratio(raw)
+
+
+@pytest.mark.parametrize("field,value", [("offset", float("inf")), ("offset", float("nan")),
+                                         ("max_value", 0), ("max_value", -1), ("max_value", float("inf")),
+                                         ("history_window", -1), ("history_window", 101)])
+def test_game_config_bounds(field, value):
+    with pytest.raises(ValidationError):
+        c.GameConfig(**{field: value})
+
+
+# --- run config --------------------------------------------------------------------------------
+def test_run_config_defaults():
+    cfg = c.RunConfig()
+    assert (cfg.agents, cfg.rounds, cfg.game.ratio, cfg.model.backend) == (1000, 3, "2/3", "dummy")
+
+
+@pytest.mark.parametrize("field,value", [("agents", 0), ("agents", -5), ("rounds", 0), ("rounds", -1),
+                                         ("name", ""), ("agents", "many"), ("rounds", 10_001)])
+def test_run_config_rejects(field, value):
+    with pytest.raises(ValidationError) as exc:
+        c.RunConfig(**{field: value})
+    assert exc.value.errors()[0]["loc"] == (field,)
+
+
+def test_one_agent_per_process_is_bounded():
+    one = c.PlacementConfig(agents_per_process=1)
+    assert c.RunConfig(agents=10_000, placement=one).agents == 10_000
+    with pytest.raises(ValidationError, match="too many"):
+        c.RunConfig(agents=10_001, placement=one)
+    # the many-per-process default has no such limit
+    assert c.RunConfig(agents=1_000_000).agents == 1_000_000
+    with pytest.raises(ValidationError):
+        c.PlacementConfig(agents_per_process=2)
+
+
+@pytest.mark.parametrize("run_id", ["a.b", "run 1", "run*", "run>", "", "x\ty", "r\n", "a" * 65])
+def test_run_start_rejects_bad_run_id(run_id):
+    with pytest.raises(ValidationError):
+        c.RunStart(run_id=run_id, config=CONFIG)
+
+
+def test_run_start_accepts_token_and_defaults_requested_at():
+    r = c.RunStart(run_id="run-1_B", config=CONFIG)
+    assert r.requested_at > 1_600_000_000
+
+
+@pytest.mark.parametrize("host_id", ["h.1", "h 1", "h*", "h>"])
+def test_host_info_rejects_bad_host_id(host_id):
+    with pytest.raises(ValidationError):
+        c.HostInfo(host_id=host_id, capacity=1, pid=1, started_at=0, heartbeat_at=0)
+
+
+def test_host_info_capacity_at_least_one():
+    with pytest.raises(ValidationError):
+        c.HostInfo(host_id="h", capacity=0, pid=1, started_at=0, heartbeat_at=0)
+
+
+@pytest.mark.parametrize("field,value", [("round", 0), ("expected", 0)])
+def test_round_open_bounds(field, value):
+    data = INSTANCES["RoundOpen"].model_dump()
+    data[field] = value
+    with pytest.raises(ValidationError):
+        c.RoundOpen.model_validate(data)
+
+
+def test_run_state_status_is_closed_set():
+    data = INSTANCES["RunState"].model_dump()
+    data["status"] = "paused"
+    with pytest.raises(ValidationError):
+        c.RunState.model_validate(data)
+
+
+# --- subjects ----------------------------------------------------------------------------------
+def test_subject_builders():
+    assert s.run_round_open("r1", 3) == "run.r1.round.3.open"
+    assert s.run_round_result("r1", 3) == "run.r1.round.3.result"
+    assert s.run_partial("r1", 2, "h1") == "run.r1.partial.2.h1"
+    assert s.run_guesses("r1", 2, "h1") == "run.r1.guesses.2.h1"
+    assert s.run_spawn("r1", "h1") == "run.r1.spawn.h1"
+    assert s.any_spawn_for("h9") == "run.*.spawn.h9"
+    assert s.run_all("r1") == "run.r1.>"
+    assert s.dlq("gateway") == "dlq.gateway"
+
+
+@pytest.mark.parametrize("subject,kind", [
+    (s.run_started("r"), "started"),
+    (s.run_spawn("r", "h"), "spawn"),
+    (s.run_spawned("r", "h"), "spawned"),
+    (s.run_round_open("r", 1), "round.open"),
+    (s.run_round_result("r", 12), "round.result"),
+    (s.run_guesses("r", 1, "h"), "guesses"),
+    (s.run_partial("r", 1, "h"), "partial"),
+    (s.run_done("r"), "done"),
+    (s.run_recorded("r"), "recorded"),
+    (s.progress("r", 1, "h"), ""),
+    ("ctl.run.start", ""),
+    ("run.r", ""),
+    ("", ""),
+])
+def test_kind_of(subject, kind):
+    assert s.kind_of(subject) == kind
+
+
+@pytest.mark.parametrize("token,ok", [("run-1", True), ("R_2", True), ("h", True), ("", False),
+                                      ("a.b", False), ("a b", False), ("a*", False), ("a>", False),
+                                      ("a\tb", False), ("a\nb", False), ("a\rb", False)])
+def test_valid_token(token, ok):
+    assert s.valid_token(token) is ok
+
+
+def test_msg_id_is_deterministic_and_distinct():
+    assert s.msg_id("r1", 2, "h1", "partial") == "r1.2.h1.partial"
+    assert s.msg_id("r1", 2, 7, "guesses") == "r1.2.7.guesses"
+    ids = {s.msg_id("r1", n, h, k) for n in (1, 2) for h in ("h1", "h2") for k in ("partial", "guesses")}
+    assert len(ids) == 8

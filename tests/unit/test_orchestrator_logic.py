@@ -1,0 +1,263 @@
+"""Orchestrator policy, pure: placement of agent ids on hosts, and the run workflow."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from populace.core.contracts import HostInfo, RoundResult, RunConfig, RunState
+from populace.orchestrator.placement import PlacementError, place
+from populace.orchestrator.workflow import FinishRun, OpenRound, new_run, on_failure, on_result, on_spawned
+
+
+def host(host_id: str, capacity: int, agents: int = 0) -> HostInfo:
+    return HostInfo(host_id=host_id, capacity=capacity, agents=agents, pid=1, started_at=0.0, heartbeat_at=0.0)
+
+
+def check_placement(agents: int, hosts: list[HostInfo], out: dict[str, list[tuple[int, int]]]) -> None:
+    free = {h.host_id: max(0, h.capacity - h.agents) for h in hosts}
+    total_free = sum(free.values())
+    # every agent exactly once: ranges contiguous, non-overlapping, covering 0..agents-1
+    ranges = sorted(r for rs in out.values() for r in rs)
+    assert all(cnt > 0 for _, cnt in ranges)
+    nxt = 0
+    for first, cnt in ranges:
+        assert first == nxt
+        nxt = first + cnt
+    assert nxt == agents
+    for h, rs in out.items():
+        count = sum(cnt for _, cnt in rs)
+        assert free[h] > 0, f"{h} has no free capacity but got agents"
+        assert count <= free[h], f"{h} over capacity"
+        assert abs(count - agents * free[h] / total_free) < 1, f"{h} not proportional"
+    # hosts left out would have had a quota below 1
+    for h, f in free.items():
+        if h not in out:
+            assert agents * f / total_free < 1
+
+
+# --- placement -------------------------------------------------------------------------------
+@pytest.mark.parametrize("agents", [1, 2, 3, 7, 13, 97, 100, 101, 997, 1000, 7919, 10007, 99991])
+@pytest.mark.parametrize("n_hosts", [1, 2, 3, 6, 7])
+def test_equal_hosts_exact_total(agents, n_hosts):
+    hosts = [host(f"h{i}", 100_000) for i in range(n_hosts)]
+    out = place(agents, hosts)
+    check_placement(agents, hosts, out)
+    counts = [sum(c for _, c in out.get(h.host_id, [])) for h in hosts]
+    assert max(counts) - min(counts) <= 1  # equal free capacity: equal shares, give or take one
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_hosts(seed):
+    rng = random.Random(seed)
+    hosts = []
+    for i in range(rng.randint(1, 12)):
+        cap = rng.randint(1, 5000)
+        used = rng.choice([0, 0, rng.randint(0, cap), cap, cap + 10])
+        hosts.append(host(f"host-{i:02d}", cap, used))
+    total_free = sum(max(0, h.capacity - h.agents) for h in hosts)
+    if total_free == 0:
+        with pytest.raises(PlacementError):
+            place(1, hosts)
+        return
+    for agents in {1, total_free, rng.randint(1, total_free), max(1, total_free // 3)}:
+        out = place(agents, hosts)
+        check_placement(agents, hosts, out)
+
+
+def test_proportional_to_free_capacity():
+    hosts = [host("a", 1000, 0), host("b", 1000, 500), host("c", 3000, 1000)]  # free 1000, 500, 2000
+    out = place(700, hosts)
+    assert {h: sum(c for _, c in rs) for h, rs in out.items()} == {"a": 200, "b": 100, "c": 400}
+    assert out == {"a": [(0, 200)], "b": [(200, 100)], "c": [(300, 400)]}
+
+
+def test_largest_remainder_goes_to_biggest_fraction():
+    hosts = [host("a", 10), host("b", 10), host("c", 10)]
+    out = place(10, hosts)
+    counts = sorted(sum(c for _, c in rs) for rs in out.values())
+    assert counts == [3, 3, 4]
+    check_placement(10, hosts, out)
+
+
+def test_full_hosts_are_excluded():
+    hosts = [host("full", 100, 100), host("over", 100, 150), host("free", 100, 0)]
+    out = place(60, hosts)
+    assert out == {"free": [(0, 60)]}
+
+
+def test_fills_all_capacity_exactly():
+    hosts = [host("a", 3), host("b", 5, 1), host("c", 7, 2)]  # free 3 + 4 + 5 = 12
+    out = place(12, hosts)
+    assert {h: sum(c for _, c in rs) for h, rs in out.items()} == {"a": 3, "b": 4, "c": 5}
+
+
+def test_not_enough_capacity():
+    with pytest.raises(PlacementError, match="room for 12"):
+        place(13, [host("a", 3), host("b", 5, 1), host("c", 7, 2)])
+
+
+@pytest.mark.parametrize("hosts", [[], [host("a", 5, 5)], [host("a", 5, 9), host("b", 1, 1)]])
+def test_no_usable_hosts(hosts):
+    with pytest.raises(PlacementError):
+        place(1, hosts)
+
+
+@pytest.mark.parametrize("agents", [0, -1])
+def test_agents_must_be_positive(agents):
+    with pytest.raises(PlacementError):
+        place(agents, [host("a", 10)])
+
+
+def test_placement_error_is_value_error():
+    assert issubclass(PlacementError, ValueError)
+
+
+def test_placement_is_deterministic_regardless_of_host_order():
+    hosts = [host(f"h{i}", 100 + 37 * i, i) for i in range(9)]
+    ref = place(555, hosts)
+    rng = random.Random(3)
+    for _ in range(10):
+        shuffled = hosts[:]
+        rng.shuffle(shuffled)
+        assert place(555, shuffled) == ref
+
+
+# --- workflow ------------------------------------------------------------------------------------
+CONFIG = RunConfig(agents=10, rounds=3)
+PLACEMENT = {"h1": [(0, 6)], "h2": [(6, 4)]}
+
+
+def result(round_: int, winner_value: float | None = 20.0, run_id: str = "r1") -> RoundResult:
+    valid = winner_value is not None
+    return RoundResult(run_id=run_id, round=round_, n=10, n_valid=10 if valid else 0,
+                       mean=30.0 if valid else None, target=20.0 if valid else None,
+                       winner_agent_id=3 if valid else None, winner_value=winner_value,
+                       n_winners=1 if valid else 0, closed_at=float(round_))
+
+
+def running_state() -> RunState:
+    s = new_run("r1", CONFIG, PLACEMENT)
+    s, _ = on_spawned(s, "h1")
+    s, acts = on_spawned(s, "h2")
+    assert acts == [OpenRound(1, 10, [])]
+    return s
+
+
+def test_new_run():
+    s = new_run("r1", CONFIG, PLACEMENT)
+    assert (s.run_id, s.status, s.round, s.spawned, s.history) == ("r1", "spawning", 0, [], [])
+    assert s.placement == PLACEMENT and s.config == CONFIG
+
+
+def test_spawned_from_all_hosts_opens_round_one_exactly_once():
+    s0 = new_run("r1", CONFIG, PLACEMENT)
+    s1, a1 = on_spawned(s0, "h2")
+    assert a1 == []
+    assert s1.status == "spawning" and s1.spawned == ["h2"] and s1.round == 0
+    assert s0.spawned == []  # the input state is not mutated
+
+    again, a = on_spawned(s1, "h2")
+    assert again is s1 and a == []
+
+    s2, a2 = on_spawned(s1, "h1")
+    assert a2 == [OpenRound(round=1, expected=10, history=[])]
+    assert s2.status == "running" and s2.round == 1 and sorted(s2.spawned) == ["h1", "h2"]
+
+    for h in ("h1", "h2"):
+        s3, a3 = on_spawned(s2, h)
+        assert s3 is s2 and a3 == []
+
+
+def test_spawned_from_unknown_host_is_ignored():
+    s0 = new_run("r1", CONFIG, PLACEMENT)
+    s1, acts = on_spawned(s0, "stranger")
+    assert s1 is s0 and acts == []
+
+
+def test_single_host_opens_immediately():
+    s, acts = on_spawned(new_run("r1", CONFIG, {"only": [(0, 10)]}), "only")
+    assert acts == [OpenRound(1, 10, [])] and s.status == "running"
+
+
+def test_results_advance_rounds_and_accumulate_history():
+    s = running_state()
+    s, acts = on_result(s, result(1, 20.0))
+    assert acts == [OpenRound(2, 10, [20.0])] and s.round == 2 and s.history == [20.0]
+    s, acts = on_result(s, result(2, 13.5))
+    assert acts == [OpenRound(3, 10, [20.0, 13.5])] and s.round == 3
+    s, acts = on_result(s, result(3, 9.0))
+    assert acts == [FinishRun("completed", 3)]
+    assert s.status == "done" and s.history == [20.0, 13.5, 9.0] and s.round == 3
+    # nothing happens after the run is done
+    s2, acts = on_result(s, result(3, 9.0))
+    assert s2 is s and acts == []
+    s3, acts = on_result(s, result(4, 1.0))
+    assert s3 is s and acts == []
+
+
+def test_result_for_wrong_round_is_ignored():
+    s = running_state()
+    for r in (0, 2, 3):
+        s2, acts = on_result(s, result(r))
+        assert s2 is s and acts == []
+    s, _ = on_result(s, result(1))
+    replay, acts = on_result(s, result(1))  # replayed result of the previous round
+    assert replay is s and acts == []
+
+
+def test_result_before_running_is_ignored():
+    s = new_run("r1", CONFIG, PLACEMENT)
+    s2, acts = on_result(s, result(0))
+    assert s2 is s and acts == []
+
+
+def test_round_without_winner_keeps_history():
+    s = running_state()
+    s, acts = on_result(s, result(1, None))
+    assert s.history == [] and acts == [OpenRound(2, 10, [])]
+
+
+def test_one_round_run_finishes_on_first_result():
+    s, _ = on_spawned(new_run("r1", RunConfig(agents=10, rounds=1), {"h": [(0, 10)]}), "h")
+    s, acts = on_result(s, result(1, 7.0))
+    assert acts == [FinishRun("completed", 1)] and s.status == "done" and s.history == [7.0]
+
+
+def test_states_stay_valid_models():
+    s = running_state()
+    s, _ = on_result(s, result(1, 20.0))
+    assert RunState.model_validate_json(s.model_dump_json()) == s
+
+
+def test_failure_while_running():
+    s = running_state()
+    s, _ = on_result(s, result(1))
+    f, acts = on_failure(s, "host h2 lost")
+    assert f.status == "failed" and f.reason == "host h2 lost"
+    assert acts == [FinishRun("failed", 2, "host h2 lost")]
+    # failing again, or a late result, does nothing
+    f2, acts = on_failure(f, "again")
+    assert f2 is f and acts == []
+    f3, acts = on_result(f, result(2))
+    assert f3 is f and acts == []
+    f4, acts = on_spawned(f, "h1")
+    assert f4 is f and acts == []
+
+
+def test_failure_while_spawning():
+    s = new_run("r1", CONFIG, PLACEMENT)
+    f, acts = on_failure(s, "spawn timed out")
+    assert f.status == "failed" and acts == [FinishRun("failed", 0, "spawn timed out")]
+    f2, acts = on_spawned(f, "h1")
+    assert f2 is f and acts == []
+
+
+def test_failure_after_done_is_ignored():
+    s = running_state()
+    for r in (1, 2, 3):
+        s, _ = on_result(s, result(r))
+    assert s.status == "done"
+    s2, acts = on_failure(s, "too late")
+    assert s2 is s and acts == [] and s2.reason is None
