@@ -142,3 +142,15 @@ def test_malformed_messages_are_dead_lettered_and_services_keep_serving(stack):
     # and a game still plays to the end
     out = run_game(stack, RunConfig.model_validate({"agents": 50, "rounds": 1, "model": {"latency_s": 0}}))
     assert out.status == "completed" and out.recorded.guesses == 50
+
+
+def test_every_service_stops_on_sigterm(tmp_path):
+    s = Stack(hosts=1, db=str(tmp_path / "x.duckdb"), env={"POPULACE_STORAGE": "memory"})
+    s.start()
+    try:
+        asyncio.run(s.wait_ready(timeout=90))
+        procs = dict(s.procs)
+    finally:
+        killed = s.stop(timeout=10)
+    assert killed == []
+    assert {k: p.returncode for k, p in procs.items() if p.returncode not in (0, -15)} == {}

@@ -128,21 +128,26 @@ class Stack:
                 pass
         return total
 
-    def stop(self, timeout: float = 15.0) -> None:
+    def stop(self, timeout: float = 15.0) -> list[str]:
+        """SIGTERM every service, SIGKILL what is still running after `timeout`.
+        Returns the services that had to be killed (none, when shutdown works)."""
         for p in self.procs.values():
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        for p in self.procs.values():
+        killed = []
+        for key, p in self.procs.items():
             try:
                 p.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
+                killed.append(key)
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
         self.procs.clear()
         if self.nats:
             self.nats.stop()
             self.nats = None
+        return killed
 
     def __enter__(self) -> Stack:
         return self.start()

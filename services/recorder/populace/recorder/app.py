@@ -46,6 +46,7 @@ async def _start() -> None:
         config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL,
                               ack_wait=ACK_WAIT_S, max_ack_pending=max(1000, 4 * svc.settings.recorder_fetch)),
     )
+    loop_state["sub"] = sub
     loop_state["task"] = asyncio.create_task(consume(sub))
 
 
@@ -59,6 +60,13 @@ async def _stop() -> None:
             await asyncio.wait_for(task, timeout=5.0)
         except (asyncio.TimeoutError, asyncio.CancelledError):
             pass
+    if sub := loop_state.get("sub"):
+        # Unsubscribe before the broker drains: draining waits for this subscription's
+        # pending queue to be marked done, which fetch() never does, so it would hang.
+        try:
+            await sub.unsubscribe()
+        except Exception as err:  # noqa: BLE001
+            svc.log.warning("unsubscribe_failed", error=str(err))
     store.close()
 
 
