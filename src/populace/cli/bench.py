@@ -40,6 +40,7 @@ class DummyBenchResult:
     rounds: int
     latency_s: float
     hosts: int
+    storage: str  # JetStream storage of the run
     setup_s: float  # run start → every host has created its agents
     round_s: float  # round open → round result (mean over rounds)
     record_lag_s: float  # last result → every guess committed in DuckDB
@@ -103,14 +104,14 @@ def asyncio_floor(agents: int, latency: float) -> float:
 
 
 def run_dummy_bench(agents: int, latency: float, hosts: int, rounds: int = 1, floor: bool = True,
-                    quiet: bool = False) -> DummyBenchResult:
+                    quiet: bool = False, storage: str = "memory") -> DummyBenchResult:
     config = RunConfig.model_validate({"name": "bench-dummy", "agents": agents, "rounds": rounds,
                                        "model": {"backend": "dummy", "latency_s": latency}})
     workdir = tempfile.mkdtemp(prefix="populace-bench-")
     db = str(Path(workdir) / "bench.duckdb")
-    # Memory storage keeps the benchmark about the pipeline, not about this machine's disk.
+    # Memory storage (the default) keeps the benchmark about the pipeline, not this disk.
     stack = Stack(hosts=hosts, db=db, log_dir=str(Path(workdir) / "logs"),
-                  env={"POPULACE_STORAGE": "memory", "POPULACE_LOG_LEVEL": "INFO"})
+                  env={"POPULACE_STORAGE": storage, "POPULACE_LOG_LEVEL": "INFO"})
     log = display.console.print if not quiet else (lambda *a, **k: None)
     try:
         stack.start()
@@ -142,7 +143,7 @@ def run_dummy_bench(agents: int, latency: float, hosts: int, rounds: int = 1, fl
         log("measuring the plain-asyncio floor …")
         floor_s = asyncio_floor(agents, latency)
     return DummyBenchResult(
-        agents=agents, rounds=rounds, latency_s=latency, hosts=hosts,
+        agents=agents, rounds=rounds, latency_s=latency, hosts=hosts, storage=storage,
         setup_s=m["spawned"] - m["submitted"],
         round_s=sum(round_times) / len(round_times),
         record_lag_s=m["recorded"] - m[f"result.{rounds}"],

@@ -194,13 +194,16 @@ def bench_dummy(
     json_out: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
     out: Annotated[Optional[Path], typer.Option(help="also write the JSON result to this file")] = None,
     floor: Annotated[bool, typer.Option(help="measure the plain-asyncio floor too")] = True,
+    storage: Annotated[str, typer.Option(help="JetStream storage: memory or file")] = "memory",
 ) -> None:
     """The paper's dummy benchmark through the whole pipeline: every agent's turn waits
     `latency` seconds for its answer; every guess ends up in DuckDB."""
     from populace.cli.bench import run_dummy_bench
 
+    if storage not in ("memory", "file"):
+        fail(f"--storage: must be memory or file (got {storage!r})")
     result = run_dummy_bench(agents=agents, latency=latency, hosts=hosts or os.cpu_count() or 1,
-                             rounds=rounds, floor=floor, quiet=json_out)
+                             rounds=rounds, floor=floor, quiet=json_out, storage=storage)
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(result.to_json(indent=2) + "\n")

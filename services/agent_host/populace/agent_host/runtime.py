@@ -5,6 +5,7 @@ bounded by a per-host in-flight limit; batching happens only in the transports
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from dataclasses import dataclass, field
 
@@ -57,10 +58,15 @@ class HostRuntime:
                                for aid in range(first, first + count)]
         run = HostedRun(batch.run_id, batch.config, agents, system_prompt(batch.config.game))
         self.runs[batch.run_id] = run
+        # Agents live for the whole run: move them out of the cyclic GC's generations so
+        # each collection during a round does not walk a million long-lived objects.
+        gc.collect()
+        gc.freeze()
         return run
 
     def forget(self, run_id: str) -> None:
         run = self.runs.pop(run_id, None)
+        gc.unfreeze()  # let the finished run's agents be collected
         if run:
             for a in run.agents:
                 if isinstance(a, ProcessAgent):
