@@ -52,7 +52,8 @@ class HostRuntime:
         """Create this host's agents for a run (idempotent: a replayed spawn is a no-op)."""
         if batch.run_id in self.runs:
             return self.runs[batch.run_id]
-        one_per_process = batch.config.placement.agents_per_process == 1
+        one_per_process = (batch.config.placement.agents_per_process == 1
+                           or self.settings.one_agent_per_process)
         make = ProcessAgent if one_per_process else GuessPlayer
         agents: list[Agent] = [make(aid) for first, count in batch.ranges
                                for aid in range(first, first + count)]
