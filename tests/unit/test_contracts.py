@@ -50,7 +50,15 @@ INSTANCES: dict[str, BaseModel] = {
     "InferBatch": c.InferBatch(batch_id="b-1", run_id="r1", round=2, model=CONFIG.model, max_value=50,
                                system="You are playing a game.", keys=[4, 5],
                                prompts=["You are player 4.", "You are player 5."]),
-    "InferReply": c.InferReply(batch_id="b-1", texts=['{"guess": 1}', '{"guess": 2}'], error=None),
+    "InferReply": c.InferReply(batch_id="b-1", texts=['{"guess": 1}', 'fifty'], error=None,
+                               valid=[True, False], attempts=[1, 2]),
+    "LlmCallBatch": c.LlmCallBatch(run_id="r1", round=2, batch_id="b-1", agent_ids=[4, 5],
+                                   replicas=["llama-0", "llama-1"], prompt_tokens=[90, 95],
+                                   completion_tokens=[6, 14], latency_ms=[120.5, 310.0], attempts=[1, 2],
+                                   valid=[True, False]),
+    "ReplicaInfo": c.ReplicaInfo(replica_id="llama-0", url="http://127.0.0.1:8100", backend="local",
+                                 kind="llamacpp", model="SmolLM2-135M-Instruct", max_concurrency=2,
+                                 pid=99, heartbeat_at=1700000003.0),
 }
 
 

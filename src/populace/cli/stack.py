@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 
 from populace.core import bus, subjects
-from populace.core.contracts import HostInfo, ServiceInfo
+from populace.core.contracts import HostInfo, ReplicaInfo, ServiceInfo
 from populace.core.natsserver import EmbeddedNats
 
 CORE_SERVICES = ["orchestrator", "environment", "gateway", "recorder"]
@@ -46,6 +46,8 @@ class Stack:
     log_dir: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     host_env: dict[str, str] = field(default_factory=dict)
+    extra: dict[str, list[str]] = field(default_factory=dict)  # more `populace …` processes, by name
+    replicas: int = 0  # LLM replicas that must be registered before the stack is ready
     nats: EmbeddedNats | None = None
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
 
@@ -62,16 +64,18 @@ class Stack:
         base = {**os.environ, "POPULACE_NATS_URL": self.url, "POPULACE_DB": str(Path(self.db).absolute()),
                 "POPULACE_LOG_FORMAT": "json", "POPULACE_PARENT_PID": str(os.getpid()), **self.env}
         for name in CORE_SERVICES:
-            self._spawn(name, name, base)
+            self._spawn(name, ["service", name], base)
         for i in range(self.hosts):
-            self._spawn(f"agent-host-{i}", "agent-host",
+            self._spawn(f"agent-host-{i}", ["service", "agent-host"],
                         {**base, "POPULACE_HOST_ID": f"host-{i}", **self.host_env})
+        for key, args in self.extra.items():
+            self._spawn(key, [*args, "--nats", self.url], base)
         return self
 
-    def _spawn(self, key: str, service: str, env: dict[str, str]) -> None:
+    def _spawn(self, key: str, args: list[str], env: dict[str, str]) -> None:
         log = open(Path(self.log_dir) / f"{key}.log", "ab")  # type: ignore[arg-type]
         self.procs[key] = subprocess.Popen(
-            [sys.executable, "-m", "populace.cli", "service", service],
+            [sys.executable, "-m", "populace.cli", *args],
             env=env, stdout=log, stderr=log, start_new_session=True,
         )
 
@@ -86,14 +90,16 @@ class Stack:
                 try:
                     svcs = {s.service for s in await bus.registry_entries(js, subjects.SERVICES_BUCKET, ServiceInfo)}
                     hosts = await bus.registry_entries(js, subjects.HOSTS_BUCKET, HostInfo)
+                    reps = await bus.registry_entries(js, subjects.REPLICAS_BUCKET, ReplicaInfo) if self.replicas else []
                 except Exception:  # noqa: BLE001 - buckets not created yet
-                    svcs, hosts = set(), []
-                if set(CORE_SERVICES) <= svcs and len(hosts) >= self.hosts:
+                    svcs, hosts, reps = set(), [], []
+                if set(CORE_SERVICES) <= svcs and len(hosts) >= self.hosts and len(reps) >= self.replicas:
                     return
                 if time.monotonic() > deadline:
                     missing = sorted(set(CORE_SERVICES) - svcs)
                     raise StackError(f"services not ready after {timeout}s: missing {missing}, "
-                                     f"{len(hosts)}/{self.hosts} hosts; logs in {self.log_dir}")
+                                     f"{len(hosts)}/{self.hosts} hosts, {len(reps)}/{self.replicas} replicas; "
+                                     f"logs in {self.log_dir}")
                 await asyncio.sleep(0.1)
         finally:
             await nc.close()

@@ -67,6 +67,7 @@ async def provision(js: JetStreamContext, storage: str = "file", replicas: int =
         (subjects.RUNS_BUCKET, None),
         (subjects.HOSTS_BUCKET, 30.0),
         (subjects.SERVICES_BUCKET, 30.0),
+        (subjects.REPLICAS_BUCKET, 30.0),
     ):
         await ensure_kv(js, bucket, ttl=ttl, storage=st, replicas=replicas)
 

@@ -87,9 +87,16 @@ class GameConfig(Strict):
 
 
 class ModelConfig(Strict):
-    backend: Literal["dummy"] = "dummy"
-    latency_s: FiniteFloat = Field(0.05, ge=0, le=3600)
+    """Which model answers. `dummy` is the paper's dummy benchmark (a seeded random number
+    after `latency_s`); `local` is SmolLM2 on llama.cpp replicas on this machine; `sim` is
+    simulated vLLM replicas; `openai` is any registered OpenAI-compatible replica (vLLM)."""
+
+    backend: Literal["dummy", "local", "sim", "openai"] = "dummy"
+    latency_s: FiniteFloat = Field(0.05, ge=0, le=3600)  # dummy only
     seed: Count = 0
+    name: str | None = None  # model name sent to replicas; default: the replica's own
+    max_tokens: Count = Field(48, ge=1, le=8192)
+    temperature: FiniteFloat = Field(0.7, ge=0, le=2)
 
 
 class PlacementConfig(Strict):
@@ -283,7 +290,8 @@ class Progress(Wire):
 
 # --- inference -----------------------------------------------------------------------
 class InferBatch(Wire):
-    """Many prompts that share one system prompt (a shared prefix, sent once per batch)."""
+    """Many prompts that share one system prompt (a shared prefix, sent once per batch) and
+    one answer schema: each prompt is one structured call, validated by the gateway."""
 
     batch_id: str
     run_id: str
@@ -293,6 +301,7 @@ class InferBatch(Wire):
     system: str
     keys: list[int]  # request keys (agent ids): correlation and per-agent seeding
     prompts: list[str]
+    response_schema: dict | None = None  # JSON schema every answer must satisfy
 
     @model_validator(mode="after")
     def _same_length(self) -> InferBatch:
@@ -302,6 +311,42 @@ class InferBatch(Wire):
 
 
 class InferReply(Wire):
+    """Answers in request order. `texts[i]` is the model's raw text (kept even when invalid);
+    the per-call columns are filled for real model backends."""
+
     batch_id: str
     texts: list[str] = []
     error: str | None = None
+    valid: list[bool] = []
+    attempts: list[int] = []
+
+
+class LlmCallBatch(Wire):
+    """What the gateway did for each decision of one inference batch (table `llm_calls`)."""
+
+    run_id: str
+    round: int
+    batch_id: str
+    agent_ids: list[int]
+    replicas: list[str]
+    prompt_tokens: list[int]
+    completion_tokens: list[int]
+    latency_ms: list[float]
+    attempts: list[int]
+    valid: list[bool]
+
+
+class ReplicaInfo(Strict):
+    """An LLM replica's registry entry (KV `replicas`), refreshed by heartbeats."""
+
+    v: Literal[1] = SCHEMA_VERSION
+    replica_id: str
+    url: str  # base URL of the OpenAI-compatible server, e.g. http://127.0.0.1:8100
+    backend: Literal["local", "sim", "openai"]  # which ModelConfig.backend it serves
+    kind: Literal["llamacpp", "vllm", "sim", "openai"]  # API dialect and metric names
+    model: str
+    max_concurrency: int = Field(4, ge=1)
+    pid: int | None = None
+    heartbeat_at: float
+
+    _tok = field_validator("replica_id")(_check_token)

@@ -33,7 +33,16 @@ class Settings(BaseSettings):
     registry_ttl_s: float = Field(10.0, gt=0)
 
     # gateway
-    gateway_max_workers: int = Field(4096, ge=1)
+    gateway_max_workers: int = Field(4096, ge=1)  # inference batches handled concurrently
+    gateway_id: str = Field(default_factory=lambda: f"gw-{os.getpid()}")
+    gateway_router: Literal["prefix-affinity", "least-loaded", "round-robin"] = "prefix-affinity"
+    gateway_max_queue: int = Field(100_000, ge=1)  # prompts admitted at once; beyond: explicit error
+    gateway_attempts: int = Field(3, ge=1, le=10)  # tries per call, each on another replica
+    gateway_retry_budget: float = Field(0.2, ge=0, le=1)  # retries allowed as a share of calls
+    gateway_reasks: int = Field(1, ge=0, le=3)  # re-asks after an invalid answer
+    gateway_request_timeout_s: float = Field(120.0, gt=0)
+    gateway_poll_s: float = Field(1.0, gt=0)  # replica registry, health and /metrics polling
+    replicas: str = ""  # static replicas: "id=http://host:port,…" (backend openai)
 
     # recorder
     db: str = "populace.duckdb"

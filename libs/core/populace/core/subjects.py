@@ -17,6 +17,7 @@ DLQ_SUBJECTS = ["dlq.>"]
 RUNS_BUCKET = "runs"
 HOSTS_BUCKET = "hosts"
 SERVICES_BUCKET = "services"
+REPLICAS_BUCKET = "replicas"
 
 # --- control plane -------------------------------------------------------------------
 RUN_START = "ctl.run.start"
@@ -57,6 +58,10 @@ def run_guesses(rid: str, n: int, host_id: str) -> str:
 
 def run_partial(rid: str, n: int, host_id: str) -> str:
     return f"run.{rid}.partial.{n}.{host_id}"
+
+
+def run_calls(rid: str, n: int, gateway_id: str) -> str:
+    return f"run.{rid}.calls.{n}.{gateway_id}"
 
 
 def run_round_result(rid: str, n: int) -> str:

@@ -35,6 +35,15 @@ def user_prompt(agent_id: int, history_text: str, own: tuple) -> str:
     return " ".join(parts)
 
 
+def answer_schema(game: GameConfig) -> dict:
+    """The structured answer every agent gives: one JSON object, one call per decision."""
+    return {
+        "type": "object",
+        "properties": {"guess": {"type": "number", "minimum": 0, "maximum": game.max_value}},
+        "required": ["guess"],
+    }
+
+
 def history_text(history: list[float], window: int) -> str:
     shown = history[-window:] if window else []
     return ", ".join(_num(v) for v in shown)

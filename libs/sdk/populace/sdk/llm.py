@@ -29,12 +29,13 @@ class InferSession:
     """Batches one round's requests from one host. All requests share a system prompt."""
 
     def __init__(self, nc: Client, *, run_id: str, round_: int, model: ModelConfig,
-                 max_value: float, system: str, batch_size: int = 1000, flush_s: float = 0.005,
+                 max_value: float, system: str, response_schema: dict | None = None,
+                 batch_size: int = 1000, flush_s: float = 0.005,
                  timeout_s: float = 60.0, attempts: int = 3, host_id: str = "") -> None:
         self._nc = nc
         self._loop = asyncio.get_running_loop()
         self._header = dict(run_id=run_id, round=round_, model=model, max_value=max_value,
-                            system=system)
+                            system=system, response_schema=response_schema)
         self._prefix = f"{host_id}.{run_id}.{round_}."
         self._batch_size = batch_size
         self._flush_s = flush_s

@@ -18,7 +18,7 @@ from populace.core import logs
 from populace.core.contracts import RoundOpen, RunConfig, SpawnBatch
 from populace.core.settings import Settings
 from populace.games.player import GuessPlayer, Turn
-from populace.games.prompts import history_text, system_prompt
+from populace.games.prompts import answer_schema, history_text, system_prompt
 from populace.sdk.agent import Agent
 from populace.sdk.llm import InferSession
 
@@ -34,6 +34,7 @@ class HostedRun:
     config: RunConfig
     agents: list[Agent]
     system: str
+    schema: dict
     rounds_played: set[int] = field(default_factory=set)
 
 
@@ -57,7 +58,8 @@ class HostRuntime:
         make = ProcessAgent if one_per_process else GuessPlayer
         agents: list[Agent] = [make(aid) for first, count in batch.ranges
                                for aid in range(first, first + count)]
-        run = HostedRun(batch.run_id, batch.config, agents, system_prompt(batch.config.game))
+        game = batch.config.game
+        run = HostedRun(batch.run_id, batch.config, agents, system_prompt(game), answer_schema(game))
         self.runs[batch.run_id] = run
         # Agents live for the whole run: move them out of the cyclic GC's generations so
         # each collection during a round does not walk a million long-lived objects.
@@ -89,7 +91,8 @@ class HostRuntime:
         t0 = time.perf_counter()
         session = InferSession(
             self.nc, run_id=run.run_id, round_=opened.round, model=run.config.model,
-            max_value=game.max_value, system=run.system, batch_size=s.infer_batch_size,
+            max_value=game.max_value, system=run.system, response_schema=run.schema,
+            batch_size=s.infer_batch_size,
             flush_s=s.infer_flush_ms / 1000, timeout_s=max(s.infer_timeout_s, run.config.model.latency_s * 4 + 10),
             attempts=s.infer_attempts, host_id=self.host_id,
         )

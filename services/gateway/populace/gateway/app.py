@@ -1,27 +1,49 @@
 """inference-gateway service wiring: `llm.infer` (core request/reply, queue group) in,
-InferReply out. Every request gets a reply — an explicit error rather than a timeout.
+InferReply out; per-call records (`run.<rid>.calls.<n>.<gateway>`) to the recorder.
+Every request gets a reply — an explicit error rather than a timeout.
 
 Run with `populace service gateway` or `faststream run populace.gateway.app:app`."""
 
 from __future__ import annotations
 
+import httpx
 from faststream.nats.annotations import NatsMessage
 
 from populace.core import bus, subjects
 from populace.core.contracts import InferBatch, InferReply
 from populace.core.service import Service
-from populace.gateway.backends import Backend, make_backend
+from populace.gateway.backends import Backend
+from populace.gateway.backends.dummy import DummyBackend
+from populace.gateway.dispatcher import Dispatcher
+from populace.gateway.replicas import ReplicaPool
+from populace.gateway.routing import make_router
 
 svc = Service("gateway")
 broker, app = svc.broker, svc.app
-backends: dict[str, Backend] = {}
+state: dict = {"dummy": DummyBackend()}
 stats = {"batches": 0, "prompts": 0, "errors": 0}
 
 
+@svc.on_ready
+async def _start() -> None:
+    s = svc.settings
+    http = httpx.AsyncClient(limits=httpx.Limits(max_connections=2048, max_keepalive_connections=512))
+    pool = ReplicaPool(svc.js, http, static=s.replicas, ttl_s=s.registry_ttl_s, poll_s=s.gateway_poll_s)
+    await pool.start()
+    dispatcher = Dispatcher(pool, make_router(s.gateway_router), http, s)
+    state.update(http=http, pool=pool, replicas=dispatcher)
+
+
+@svc.on_stop
+async def _stop() -> None:
+    if pool := state.get("pool"):
+        await pool.stop()
+    if http := state.get("http"):
+        await http.aclose()
+
+
 def backend_for(name: str) -> Backend:
-    if name not in backends:
-        backends[name] = make_backend(name)
-    return backends[name]
+    return state["dummy"] if name == "dummy" else state["replicas"]
 
 
 @broker.subscriber(subjects.LLM_INFER, queue=subjects.GATEWAY_QUEUE,
@@ -32,12 +54,17 @@ async def on_infer(msg: NatsMessage) -> bytes:
     if batch is None:
         return bus.encode(InferReply(batch_id="?", error="malformed request (dead-lettered)"))
     try:
-        texts = await backend_for(batch.model.backend).complete(batch)
-        reply = InferReply(batch_id=batch.batch_id, texts=texts)
+        reply, calls = await backend_for(batch.model.backend).serve(batch)
     except Exception as err:  # noqa: BLE001 - the caller gets an explicit error, not a timeout
         stats["errors"] += 1
         svc.log.warning("infer_failed", batch=batch.batch_id, error=str(err))
-        reply = InferReply(batch_id=batch.batch_id, error=f"{type(err).__name__}: {err}")
+        reply, calls = InferReply(batch_id=batch.batch_id, error=f"{type(err).__name__}: {err}"), None
+    if calls is not None:
+        await bus.publish_js(svc.js, subjects.run_calls(batch.run_id, batch.round, svc.settings.gateway_id),
+                             calls, msg_id=f"{batch.batch_id}.calls")
+        svc.log.info("batch_served", run_id=batch.run_id, round=batch.round, prompts=len(batch.keys),
+                     valid=sum(calls.valid), attempts=sum(calls.attempts),
+                     replicas=sorted(set(calls.replicas)))
     stats["batches"] += 1
     stats["prompts"] += len(batch.keys)
     if stats["batches"] % 200 == 0:

@@ -20,7 +20,9 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from pydantic import BaseModel, ValidationError
 
 from populace.core import bus, subjects
-from populace.core.contracts import GuessBatch, RoundResult, RunDone, RunRecorded, RunStarted, SpawnBatch
+from populace.core.contracts import (
+    GuessBatch, LlmCallBatch, RoundResult, RunDone, RunRecorded, RunStarted, SpawnBatch,
+)
 from populace.core.service import Service
 from populace.recorder.store import Event, Store
 
@@ -34,7 +36,7 @@ loop_state: dict = {}
 # Events the recorder writes; everything else on `run.>` is acknowledged and skipped.
 RECORDED: dict[str, type[BaseModel]] = {
     "started": RunStarted, "spawn": SpawnBatch, "guesses": GuessBatch,
-    "round.result": RoundResult, "done": RunDone,
+    "round.result": RoundResult, "done": RunDone, "calls": LlmCallBatch,
 }
 ACK_WAIT_S = 120.0
 

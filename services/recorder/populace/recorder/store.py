@@ -13,7 +13,7 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
-from populace.core.contracts import GuessBatch, RoundResult, RunDone, RunStarted, SpawnBatch
+from populace.core.contracts import GuessBatch, LlmCallBatch, RoundResult, RunDone, RunStarted, SpawnBatch
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -30,6 +30,10 @@ CREATE TABLE IF NOT EXISTS guesses (
 CREATE TABLE IF NOT EXISTS rounds (
     run_id VARCHAR, round INTEGER, n_valid BIGINT, mean DOUBLE, target DOUBLE,
     winner_agent_id BIGINT, winner_value DOUBLE, n BIGINT, n_winners BIGINT, closed_at TIMESTAMP
+);
+CREATE TABLE IF NOT EXISTS llm_calls (
+    run_id VARCHAR, round INTEGER, agent_id BIGINT, replica VARCHAR, prompt_tokens INTEGER,
+    completion_tokens INTEGER, latency_ms DOUBLE, attempts INTEGER, valid BOOLEAN, batch_id VARCHAR
 );
 CREATE TABLE IF NOT EXISTS _ingested (msg_id VARCHAR PRIMARY KEY);
 """
@@ -54,6 +58,7 @@ class Event:
 @dataclass
 class IngestResult:
     guesses: int = 0
+    calls: int = 0
     finished: list[RunDone] = field(default_factory=list)
 
 
@@ -109,6 +114,15 @@ class Store:
                     cols["value"].extend(m.values)
                     cols["raw"].extend(m.raws)
                     cols["latency_ms"].extend(m.latency_ms)
+                elif isinstance(m, LlmCallBatch):
+                    n = len(m.agent_ids)
+                    con.execute(
+                        "INSERT INTO llm_calls SELECT ?, ?, unnest(?), unnest(?), unnest(?), unnest(?), "
+                        "unnest(?), unnest(?), unnest(?), ?",
+                        [m.run_id, m.round, m.agent_ids, m.replicas, m.prompt_tokens, m.completion_tokens,
+                         m.latency_ms, m.attempts, m.valid, m.batch_id],
+                    )
+                    out.calls += n
                 elif isinstance(m, RunStarted):
                     con.execute(
                         "INSERT OR REPLACE INTO runs VALUES (?, ?, NULL, ?, 'running', NULL, ?)",

@@ -1,21 +1,15 @@
-"""Model backends behind one interface: `await backend.complete(batch) -> list[str]`."""
+"""Model backends behind one interface: `await backend.serve(batch) -> (InferReply, calls)`.
+
+- `dummy`: the paper's dummy benchmark, answered in the gateway itself.
+- `local`, `sim`, `openai`: real OpenAI-compatible replicas (llama.cpp, the simulator,
+  vLLM), served by the Dispatcher with routing, admission control, retries and re-asks."""
 
 from __future__ import annotations
 
 from typing import Protocol
 
-from populace.core.contracts import InferBatch
+from populace.core.contracts import InferBatch, InferReply, LlmCallBatch
 
 
 class Backend(Protocol):
-    name: str
-
-    async def complete(self, batch: InferBatch) -> list[str]: ...
-
-
-def make_backend(name: str) -> Backend:
-    if name == "dummy":
-        from populace.gateway.backends.dummy import DummyBackend
-
-        return DummyBackend()
-    raise ValueError(f"model.backend: unknown backend {name!r}")
+    async def serve(self, batch: InferBatch) -> tuple[InferReply, LlmCallBatch | None]: ...

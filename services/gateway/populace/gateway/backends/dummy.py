@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from populace.core.contracts import InferBatch
+from populace.core.contracts import InferBatch, InferReply, LlmCallBatch
 
 _MASK = (1 << 64) - 1
 
@@ -23,7 +23,10 @@ def seeded_value(seed: int, round_: int, key: int, max_value: int) -> int:
 
 
 class DummyBackend:
-    name = "dummy"
+    """No LLM call happens, so nothing is recorded in `llm_calls`."""
+
+    async def serve(self, batch: InferBatch) -> tuple[InferReply, LlmCallBatch | None]:
+        return InferReply(batch_id=batch.batch_id, texts=await self.complete(batch)), None
 
     async def complete(self, batch: InferBatch) -> list[str]:
         if batch.model.latency_s > 0:

@@ -1,0 +1,50 @@
+"""Checking a structured answer against its JSON schema — the small subset the gateway
+needs (object, required, number/integer/string/boolean, minimum/maximum), with finite
+numbers only. Pure."""
+
+from __future__ import annotations
+
+import json
+import math
+
+
+def check(text: str, schema: dict | None) -> bool:
+    """True when `text` is JSON satisfying `schema` (no schema: any non-empty text)."""
+    if schema is None:
+        return bool(text.strip())
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return False
+    return _ok(value, schema)
+
+
+def _ok(value: object, schema: dict) -> bool:
+    kind = schema.get("type")
+    if kind == "object":
+        if not isinstance(value, dict):
+            return False
+        if any(k not in value for k in schema.get("required", ())):
+            return False
+        props = schema.get("properties", {})
+        return all(_ok(value[k], sub) for k, sub in props.items() if k in value)
+    if kind in ("number", "integer"):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        if not math.isfinite(value) or (kind == "integer" and value != int(value)):
+            return False
+        lo, hi = schema.get("minimum"), schema.get("maximum")
+        return (lo is None or value >= lo) and (hi is None or value <= hi)
+    if kind == "string":
+        return isinstance(value, str)
+    if kind == "boolean":
+        return isinstance(value, bool)
+    return True
+
+
+def reask_message(schema: dict | None) -> str:
+    """The one corrective follow-up after an invalid answer."""
+    if schema is None:
+        return "Please answer."
+    return ("Your answer was not valid. Answer again with JSON only, matching this schema: "
+            + json.dumps(schema, separators=(",", ":")))

@@ -1,0 +1,148 @@
+"""Serving one inference batch on real replicas: every prompt is one structured call,
+routed by the policy, bounded by per-replica caps and a gateway-wide admission limit,
+retried on another replica (jittered backoff, retry budget) when a replica fails, and
+re-asked once when the answer does not satisfy the schema. Nothing is invented: an answer
+that stays invalid is returned as the model wrote it, marked invalid."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass
+
+import httpx
+
+from populace.core import logs
+from populace.core.contracts import InferBatch, InferReply, LlmCallBatch
+from populace.core.settings import Settings
+from populace.gateway import answers
+from populace.gateway.openai_api import ChatResult, ReplicaError, RequestRejected, chat
+from populace.gateway.replicas import ReplicaPool
+from populace.gateway.routing import ReplicaLoad, Router, prefix_key
+
+log = logs.get("populace.gateway.dispatch")
+REGISTRATION_WAIT_S = 60.0  # replicas may still be loading their model when a run starts
+
+
+class CallFailed(RuntimeError):
+    pass
+
+
+@dataclass(slots=True)
+class Decision:
+    text: str
+    valid: bool
+    attempts: int
+    replica: str
+    prompt_tokens: int
+    completion_tokens: int
+    latency_ms: float
+
+
+class Dispatcher:
+    def __init__(self, pool: ReplicaPool, router: Router, http: httpx.AsyncClient, settings: Settings) -> None:
+        self.pool, self.router, self.http, self.s = pool, router, http, settings
+        self.admitted = 0  # prompts being served now
+        self.calls = 0
+        self.retries = 0
+        self._rng = random.Random()
+
+    # -- one batch --------------------------------------------------------------------
+    async def serve(self, batch: InferBatch) -> tuple[InferReply, LlmCallBatch | None]:
+        n = len(batch.prompts)
+        if self.admitted + n > self.s.gateway_max_queue:
+            return InferReply(batch_id=batch.batch_id,
+                              error=f"gateway overloaded: {self.admitted} prompts in service, limit "
+                                    f"{self.s.gateway_max_queue}; retry later"), None
+        self.admitted += n
+        try:
+            decisions = await asyncio.gather(*(self.decide(batch, i) for i in range(n)))
+        finally:
+            self.admitted -= n
+        reply = InferReply(batch_id=batch.batch_id, texts=[d.text for d in decisions],
+                           valid=[d.valid for d in decisions], attempts=[d.attempts for d in decisions])
+        calls = LlmCallBatch(
+            run_id=batch.run_id, round=batch.round, batch_id=batch.batch_id, agent_ids=batch.keys,
+            replicas=[d.replica for d in decisions], prompt_tokens=[d.prompt_tokens for d in decisions],
+            completion_tokens=[d.completion_tokens for d in decisions],
+            latency_ms=[d.latency_ms for d in decisions], attempts=[d.attempts for d in decisions],
+            valid=[d.valid for d in decisions],
+        )
+        return reply, calls
+
+    async def decide(self, batch: InferBatch, i: int) -> Decision:
+        """One decision: one call, plus at most `gateway_reasks` corrective re-asks."""
+        t0 = time.perf_counter()
+        messages = [{"role": "system", "content": batch.system}, {"role": "user", "content": batch.prompts[i]}]
+        key = prefix_key(batch.system, batch.prompts[i])
+        seed = batch.model.seed * 1_000_003 + batch.keys[i] if batch.model.seed else None
+        attempts = ptok = ctok = 0
+        text, replica, valid = "", "", False
+        for _ in range(1 + self.s.gateway_reasks):
+            attempts += 1
+            try:
+                replica, res = await self.call(batch, messages, key, seed)
+            except CallFailed as err:
+                text = text or f"<gateway error: {err}>"
+                break
+            ptok += res.prompt_tokens
+            ctok += res.completion_tokens
+            text = res.text
+            valid = answers.check(text, batch.response_schema)
+            if valid:
+                break
+            messages = [*messages, {"role": "assistant", "content": text},
+                        {"role": "user", "content": answers.reask_message(batch.response_schema)}]
+        return Decision(text, valid, attempts, replica, ptok, ctok, (time.perf_counter() - t0) * 1000)
+
+    # -- one call, with retries on other replicas -----------------------------------
+    async def call(self, batch: InferBatch, messages: list[dict], key: str,
+                   seed: int | None) -> tuple[str, ChatResult]:
+        self.calls += 1
+        tried: set[str] = set()
+        error = "no attempt made"
+        for attempt in range(self.s.gateway_attempts):
+            if attempt:
+                if self.retries >= self.s.gateway_retry_budget * self.calls + 10:
+                    raise CallFailed(f"retry budget exhausted; last error: {error}")
+                self.retries += 1
+                await asyncio.sleep(min(2.0, 0.05 * 2**attempt) * (0.5 + self._rng.random()))
+            load = await self.acquire(batch.model.backend, key, tried)
+            info = self.pool.info(load.replica_id)
+            try:
+                res = await chat(self.http, info, messages, schema=batch.response_schema,
+                                 max_tokens=batch.model.max_tokens, temperature=batch.model.temperature,
+                                 seed=seed, model=batch.model.name, timeout=self.s.gateway_request_timeout_s)
+                return info.replica_id, res
+            except ReplicaError as err:
+                error = str(err)
+                tried.add(info.replica_id)
+                self.pool.mark_failed(info.replica_id, error)
+            except RequestRejected as err:
+                raise CallFailed(str(err)) from None
+            finally:
+                load.in_flight -= 1
+                self.pool.changed.set()
+        raise CallFailed(f"failed on {len(tried)} replica(s): {error}")
+
+    async def acquire(self, backend: str, key: str, tried: set[str]) -> ReplicaLoad:
+        """A replica slot for this call: routed by policy, preferring replicas not tried yet.
+        Waits (bounded) while every replica is at its cap or still loading."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(REGISTRATION_WAIT_S, self.s.gateway_request_timeout_s)
+        while True:
+            loads = self.pool.loads(backend)
+            choice = self.router.choose(key, loads, tried) or self.router.choose(key, loads)
+            if choice is not None:
+                choice.in_flight += 1
+                return choice
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                what = "registered" if not loads else "healthy with a free slot"
+                raise CallFailed(f"no {backend!r} replica {what} (waited {REGISTRATION_WAIT_S:.0f}s)")
+            self.pool.changed.clear()
+            try:
+                await asyncio.wait_for(self.pool.changed.wait(), min(remaining, 0.5))
+            except asyncio.TimeoutError:
+                pass

