@@ -26,14 +26,16 @@ REGISTRATION_WAIT_S = 60.0  # replicas may still be loading their model when a r
 
 
 class CallFailed(RuntimeError):
-    pass
+    def __init__(self, message: str, attempts: int = 0) -> None:
+        super().__init__(message)
+        self.attempts = attempts
 
 
 @dataclass(slots=True)
 class Decision:
     text: str
     valid: bool
-    attempts: int
+    attempts: int  # HTTP calls made: retries on other replicas and re-asks included
     replica: str
     prompt_tokens: int
     completion_tokens: int
@@ -80,12 +82,13 @@ class Dispatcher:
         attempts = ptok = ctok = 0
         text, replica, valid = "", "", False
         for _ in range(1 + self.s.gateway_reasks):
-            attempts += 1
             try:
-                replica, res = await self.call(batch, messages, key, seed)
+                replica, res, tries = await self.call(batch, messages, key, seed)
             except CallFailed as err:
+                attempts += err.attempts
                 text = text or f"<gateway error: {err}>"
                 break
+            attempts += tries
             ptok += res.prompt_tokens
             ctok += res.completion_tokens
             text = res.text
@@ -98,14 +101,15 @@ class Dispatcher:
 
     # -- one call, with retries on other replicas -----------------------------------
     async def call(self, batch: InferBatch, messages: list[dict], key: str,
-                   seed: int | None) -> tuple[str, ChatResult]:
+                   seed: int | None) -> tuple[str, ChatResult, int]:
+        """(replica id, result, HTTP attempts) — retried on other replicas when one fails."""
         self.calls += 1
         tried: set[str] = set()
         error = "no attempt made"
         for attempt in range(self.s.gateway_attempts):
             if attempt:
                 if self.retries >= self.s.gateway_retry_budget * self.calls + 10:
-                    raise CallFailed(f"retry budget exhausted; last error: {error}")
+                    raise CallFailed(f"retry budget exhausted; last error: {error}", attempt)
                 self.retries += 1
                 await asyncio.sleep(min(2.0, 0.05 * 2**attempt) * (0.5 + self._rng.random()))
             load = await self.acquire(batch.model.backend, key, tried)
@@ -114,17 +118,17 @@ class Dispatcher:
                 res = await chat(self.http, info, messages, schema=batch.response_schema,
                                  max_tokens=batch.model.max_tokens, temperature=batch.model.temperature,
                                  seed=seed, model=batch.model.name, timeout=self.s.gateway_request_timeout_s)
-                return info.replica_id, res
+                return info.replica_id, res, attempt + 1
             except ReplicaError as err:
                 error = str(err)
                 tried.add(info.replica_id)
                 self.pool.mark_failed(info.replica_id, error)
             except RequestRejected as err:
-                raise CallFailed(str(err)) from None
+                raise CallFailed(str(err), attempt + 1) from None
             finally:
                 load.in_flight -= 1
                 self.pool.changed.set()
-        raise CallFailed(f"failed on {len(tried)} replica(s): {error}")
+        raise CallFailed(f"failed on {len(tried)} replica(s): {error}", self.s.gateway_attempts)
 
     async def acquire(self, backend: str, key: str, tried: set[str]) -> ReplicaLoad:
         """A replica slot for this call: routed by policy, preferring replicas not tried yet.
