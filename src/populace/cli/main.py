@@ -262,6 +262,26 @@ def replicas_vllm(
                                        max_concurrency=max_concurrency), nats)
 
 
+@bench_app.command("gateway")
+def bench_gateway(
+    llm: Annotated[bool, typer.Option(help="also measure tokens per decision on SmolLM2 (llama.cpp)")] = True,
+    json_out: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+    out: Annotated[Optional[Path], typer.Option(help="also write the JSON result to this file")] = None,
+) -> None:
+    """Gateway overhead, routed throughput, prefix-affinity vs round-robin, share bound,
+    tokens per decision (one structured call vs the paper's two calls)."""
+    from populace.cli.bench_gateway import run_gateway_bench
+
+    result = run_gateway_bench(llm=llm, quiet=json_out)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(result.to_json(indent=2) + "\n")
+    if json_out:
+        print(result.to_json())
+    else:
+        display.out.print(result.table())
+
+
 @bench_app.command("dummy")
 def bench_dummy(
     agents: Annotated[int, typer.Option(min=1, help="agents")] = 10_000,

@@ -22,6 +22,7 @@ from populace.core.contracts import ServiceInfo
 from populace.core.settings import Settings
 
 M = TypeVar("M", bound=BaseModel)
+ORPHAN_GRACE_S = 10.0
 
 
 class Service:
@@ -85,6 +86,11 @@ class Service:
             await asyncio.sleep(1.0)
         self.log.warning("parent_exited", parent_pid=parent_pid)
         os.kill(os.getpid(), signal.SIGTERM)
+        # If graceful shutdown hangs (work in flight that nobody will ever read), leave anyway:
+        # an orphan must never keep burning CPU or holding files.
+        await asyncio.sleep(ORPHAN_GRACE_S)
+        self.log.error("shutdown_hung_exiting", grace_s=ORPHAN_GRACE_S)
+        os._exit(1)
 
     async def _unregister(self) -> None:
         for fn in self._shutdown_hooks:

@@ -42,6 +42,9 @@ class Settings(BaseSettings):
     gateway_reasks: int = Field(1, ge=0, le=3)  # re-asks after an invalid answer
     gateway_request_timeout_s: float = Field(120.0, gt=0)
     gateway_poll_s: float = Field(1.0, gt=0)  # replica registry, health and /metrics polling
+    # HTTP connections to all replicas together; httpcore scans its pool per request, so
+    # more is slower. Calls beyond it wait for a connection (not counted as replica failure).
+    gateway_http_connections: int = Field(128, ge=1)
     replicas: str = ""  # static replicas: "id=http://host:port,…" (backend openai)
 
     # recorder

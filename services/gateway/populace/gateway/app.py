@@ -6,11 +6,13 @@ Run with `populace service gateway` or `faststream run populace.gateway.app:app`
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 from faststream.nats.annotations import NatsMessage
 
 from populace.core import bus, subjects
-from populace.core.contracts import InferBatch, InferReply
+from populace.core.contracts import InferBatch, InferReply, LlmCallBatch
 from populace.core.service import Service
 from populace.gateway.backends import Backend
 from populace.gateway.backends.dummy import DummyBackend
@@ -22,12 +24,14 @@ svc = Service("gateway")
 broker, app = svc.broker, svc.app
 state: dict = {"dummy": DummyBackend()}
 stats = {"batches": 0, "prompts": 0, "errors": 0}
+recording: set[asyncio.Task] = set()
 
 
 @svc.on_ready
 async def _start() -> None:
     s = svc.settings
-    http = httpx.AsyncClient(limits=httpx.Limits(max_connections=2048, max_keepalive_connections=512))
+    http = httpx.AsyncClient(limits=httpx.Limits(max_connections=s.gateway_http_connections,
+                                                   max_keepalive_connections=s.gateway_http_connections))
     pool = ReplicaPool(svc.js, http, static=s.replicas, ttl_s=s.registry_ttl_s, poll_s=s.gateway_poll_s)
     await pool.start()
     dispatcher = Dispatcher(pool, make_router(s.gateway_router), http, s)
@@ -40,6 +44,14 @@ async def _stop() -> None:
         await pool.stop()
     if http := state.get("http"):
         await http.aclose()
+
+
+async def record_calls(batch: InferBatch, calls: LlmCallBatch) -> None:
+    try:
+        await bus.publish_js(svc.js, subjects.run_calls(batch.run_id, batch.round, svc.settings.gateway_id),
+                             calls, msg_id=f"{batch.batch_id}.calls")
+    except Exception as err:  # noqa: BLE001 - the answers went out; losing a record is logged
+        svc.log.error("calls_record_failed", batch=batch.batch_id, error=str(err))
 
 
 def backend_for(name: str) -> Backend:
@@ -60,8 +72,10 @@ async def on_infer(msg: NatsMessage) -> bytes:
         svc.log.warning("infer_failed", batch=batch.batch_id, error=str(err))
         reply, calls = InferReply(batch_id=batch.batch_id, error=f"{type(err).__name__}: {err}"), None
     if calls is not None:
-        await bus.publish_js(svc.js, subjects.run_calls(batch.run_id, batch.round, svc.settings.gateway_id),
-                             calls, msg_id=f"{batch.batch_id}.calls")
+        # Recorded after the reply is on its way: the agents do not wait for the record.
+        task = asyncio.create_task(record_calls(batch, calls))
+        recording.add(task)
+        task.add_done_callback(recording.discard)
         svc.log.info("batch_served", run_id=batch.run_id, round=batch.round, prompts=len(batch.keys),
                      valid=sum(calls.valid), attempts=sum(calls.attempts),
                      replicas=sorted(set(calls.replicas)))

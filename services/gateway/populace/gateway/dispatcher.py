@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import httpx
@@ -49,6 +50,11 @@ class Dispatcher:
         self.calls = 0
         self.retries = 0
         self._rng = random.Random()
+        # Calls waiting for a replica slot, first come first served: a released slot wakes
+        # one waiter (not all of them, which made a burst quadratic); a pool refresh, which
+        # may bring new capacity, wakes everyone.
+        self._waiters: deque[asyncio.Future] = deque()
+        pool.on_refresh = self._wake_all
 
     # -- one batch --------------------------------------------------------------------
     async def serve(self, batch: InferBatch) -> tuple[InferReply, LlmCallBatch | None]:
@@ -58,8 +64,11 @@ class Dispatcher:
                               error=f"gateway overloaded: {self.admitted} prompts in service, limit "
                                     f"{self.s.gateway_max_queue}; retry later"), None
         self.admitted += n
+        # Affinity key: the batch's system prompt is the prefix all its prompts share (the
+        # per-agent prompts differ, so including them would scatter one prefix everywhere).
+        key = prefix_key(batch.system)
         try:
-            decisions = await asyncio.gather(*(self.decide(batch, i) for i in range(n)))
+            decisions = await asyncio.gather(*(self.decide(batch, i, key) for i in range(n)))
         finally:
             self.admitted -= n
         reply = InferReply(batch_id=batch.batch_id, texts=[d.text for d in decisions],
@@ -73,11 +82,10 @@ class Dispatcher:
         )
         return reply, calls
 
-    async def decide(self, batch: InferBatch, i: int) -> Decision:
+    async def decide(self, batch: InferBatch, i: int, key: str) -> Decision:
         """One decision: one call, plus at most `gateway_reasks` corrective re-asks."""
         t0 = time.perf_counter()
         messages = [{"role": "system", "content": batch.system}, {"role": "user", "content": batch.prompts[i]}]
-        key = prefix_key(batch.system, batch.prompts[i])
         seed = batch.model.seed * 1_000_003 + batch.keys[i] if batch.model.seed else None
         attempts = ptok = ctok = 0
         text, replica, valid = "", "", False
@@ -127,12 +135,12 @@ class Dispatcher:
                 raise CallFailed(str(err), attempt + 1) from None
             finally:
                 load.in_flight -= 1
-                self.pool.changed.set()
+                self._wake_one()
         raise CallFailed(f"failed on {len(tried)} replica(s): {error}", self.s.gateway_attempts)
 
     async def acquire(self, backend: str, key: str, tried: set[str]) -> ReplicaLoad:
         """A replica slot for this call: routed by policy, preferring replicas not tried yet.
-        Waits (bounded) while every replica is at its cap or still loading."""
+        Waits (bounded, in FIFO order) while every replica is at its cap or still loading."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(REGISTRATION_WAIT_S, self.s.gateway_request_timeout_s)
         while True:
@@ -145,8 +153,22 @@ class Dispatcher:
             if remaining <= 0:
                 what = "registered" if not loads else "healthy with a free slot"
                 raise CallFailed(f"no {backend!r} replica {what} (waited {REGISTRATION_WAIT_S:.0f}s)")
-            self.pool.changed.clear()
+            fut = loop.create_future()
+            self._waiters.append(fut)
             try:
-                await asyncio.wait_for(self.pool.changed.wait(), min(remaining, 0.5))
+                await asyncio.wait_for(fut, remaining)
             except asyncio.TimeoutError:
                 pass
+
+    def _wake_one(self) -> None:
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
+
+    def _wake_all(self) -> None:
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)

@@ -44,7 +44,10 @@ async def chat(http: httpx.AsyncClient, replica: ReplicaInfo, messages: list[dic
     if schema is not None:
         body["response_format"] = response_format(replica.kind, schema)
     try:
-        r = await http.post(f"{replica.url}/v1/chat/completions", json=body, timeout=timeout)
+        # No pool timeout: waiting for one of our own connections is not the replica's fault
+        # (per-replica caps bound how many calls can wait).
+        r = await http.post(f"{replica.url}/v1/chat/completions", json=body,
+                            timeout=httpx.Timeout(timeout, pool=None))
     except httpx.HTTPError as err:  # connect/read errors, timeouts, dropped connections
         raise ReplicaError(f"{replica.replica_id}: {type(err).__name__}: {err}") from None
     if r.status_code == 429 or r.status_code >= 500:

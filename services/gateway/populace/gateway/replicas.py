@@ -66,7 +66,7 @@ class ReplicaPool:
                  ttl_s: float = 10.0, poll_s: float = 1.0) -> None:
         self._js, self._http, self._ttl, self._poll = js, http, ttl_s, poll_s
         self.replicas: dict[str, Replica] = {}
-        self.changed = asyncio.Event()  # set whenever capacity may have appeared
+        self.on_refresh = lambda: None  # called after each refresh: capacity may have appeared
         for info in static_replicas(static):
             self._add(info, static=True)
         self._task: asyncio.Task | None = None
@@ -108,7 +108,7 @@ class ReplicaPool:
                 log.info("replica_removed", replica=rid)
                 del self.replicas[rid]
         await asyncio.gather(*(self._probe(r) for r in list(self.replicas.values())))
-        self.changed.set()
+        self.on_refresh()
 
     async def _probe(self, r: Replica) -> None:
         healthy = await self._healthy(r.info.url)

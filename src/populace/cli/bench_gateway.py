@@ -1,0 +1,338 @@
+"""`populace bench gateway`: what the inference gateway costs and what its routing buys.
+
+1. Added latency: one prompt at a time, straight to a zero-latency simulated replica over
+   HTTP vs. through NATS and the gateway process to the same replica (p50/p99 difference).
+2. Routed requests per second of one gateway dispatcher against a zero-latency backend
+   (httpx's MockTransport: no server, so the figure is the gateway's own cost), and the same
+   through the gateway process to a zero-latency simulated replica over HTTP.
+3. Prefix-cache hit rate and throughput of prefix-affinity vs. round-robin on 4 simulated
+   vLLM replicas: 128 long persona prefixes, requests interleaved across them; one replica's
+   cache holds ~36 personas, the four together all of them.
+4. Max-replica share over the mean when 100% of requests share one prefix.
+5. Tokens per decision: one structured call vs. the paper's two calls (answer, then
+   "extract the number"), measured on SmolLM2 (llama.cpp) when `--llm`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import random
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+import httpx
+from rich.table import Table
+
+from populace.core import bus, subjects
+from populace.core.contracts import GameConfig, InferBatch, InferReply, ModelConfig, ReplicaInfo, ServiceInfo
+from populace.core.natsserver import EmbeddedNats
+from populace.core.settings import Settings
+from populace.games.prompts import answer_schema, system_prompt
+from populace.gateway.dispatcher import Dispatcher
+from populace.gateway.launch import ReplicaSet, register_forever, start_local, start_sim, wait_healthy
+from populace.gateway.replicas import ReplicaPool
+from populace.gateway.routing import make_router
+
+GAME = GameConfig()
+SYSTEM = system_prompt(GAME)
+SCHEMA = answer_schema(GAME)
+CANNED = json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": '{"guess": 33}'},
+                                  "finish_reason": "stop"}],
+                     "usage": {"prompt_tokens": 90, "completion_tokens": 6, "total_tokens": 96}}).encode()
+
+
+@dataclass
+class GatewayBenchResult:
+    added_latency_p50_ms: float
+    added_latency_p99_ms: float
+    direct_p50_ms: float
+    direct_p99_ms: float
+    gateway_p50_ms: float
+    gateway_p99_ms: float
+    routed_rps: float  # one dispatcher, zero-latency mock transport, 4 replicas
+    routed_rps_e2e: float  # NATS + gateway process + HTTP to a zero-latency simulated replica
+    prefix_hit_rate: float
+    round_robin_hit_rate: float
+    hit_rate_ratio: float
+    prefix_rps: float
+    round_robin_rps: float
+    max_share_over_mean: float
+    tokens_one_call: float | None
+    tokens_two_calls: float | None
+    valid_one_call: float | None
+    valid_two_calls: float | None
+    details: dict = field(default_factory=dict)
+    machine: dict = field(default_factory=dict)
+
+    def to_json(self, **kw) -> str:
+        return json.dumps(asdict(self), **kw)
+
+    def table(self) -> Table:
+        t = Table(title="gateway benchmark")
+        t.add_column("measure")
+        t.add_column("value", justify="right")
+        t.add_column("goal", justify="right")
+        f = lambda x, u="": "—" if x is None else f"{x:,.2f}{u}"  # noqa: E731
+        rows = [
+            ("added latency p50 (gateway − direct)", f(self.added_latency_p50_ms, " ms"), "≤ 2 ms"),
+            ("added latency p99", f(self.added_latency_p99_ms, " ms"), ""),
+            ("routed requests/s, one dispatcher (mock backend)", f(self.routed_rps), "≥ 5,000"),
+            ("routed requests/s, NATS + gateway + HTTP sim", f(self.routed_rps_e2e), ""),
+            ("prefix-cache hit rate, prefix-affinity", f(self.prefix_hit_rate), ""),
+            ("prefix-cache hit rate, round-robin", f(self.round_robin_hit_rate), ""),
+            ("hit-rate ratio", f(self.hit_rate_ratio, "×"), "≥ 3.5×"),
+            ("throughput prefix-affinity / round-robin (req/s)", f"{self.prefix_rps:,.0f} / {self.round_robin_rps:,.0f}", ""),
+            ("max replica share / mean, 100% shared prefix", f(self.max_share_over_mean), "≤ 1.25"),
+            ("tokens per decision, one structured call", f(self.tokens_one_call), ""),
+            ("tokens per decision, two calls (answer + extract)", f(self.tokens_two_calls), ""),
+            ("valid answers, one call / two calls", f"{f(self.valid_one_call)} / {f(self.valid_two_calls)}", ""),
+        ]
+        for r in rows:
+            t.add_row(*r)
+        return t
+
+
+def pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def settings(**kw) -> Settings:
+    return Settings(gateway_poll_s=3600, **kw)  # the benchmarks control health themselves
+
+
+def batch(system: str, prompts: list[str], backend: str = "sim", batch_id: str = "b", keys=None,
+          max_tokens: int = 16) -> InferBatch:
+    return InferBatch(batch_id=batch_id, run_id="bench", round=1,
+                      model=ModelConfig(backend=backend, max_tokens=max_tokens, temperature=0.7),
+                      max_value=GAME.max_value, system=system, response_schema=SCHEMA,
+                      keys=keys or list(range(len(prompts))), prompts=prompts)
+
+
+def pool_of(http: httpx.AsyncClient, infos: list[ReplicaInfo]) -> ReplicaPool:
+    pool = ReplicaPool(None, http)
+    for info in infos:
+        pool._add(info)
+        pool.replicas[info.replica_id].load.healthy = True
+    return pool
+
+
+# -- 2. routed requests per second, mock transport -----------------------------------
+async def routed_rps_mock(total: int = 20_000, batch_size: int = 1000) -> float:
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, content=CANNED))
+    async with httpx.AsyncClient(transport=transport) as http:
+        infos = [ReplicaInfo(replica_id=f"mock-{i}", url=f"http://mock-{i}", backend="sim", kind="sim",
+                             model="mock", max_concurrency=10_000, heartbeat_at=time.time()) for i in range(4)]
+        d = Dispatcher(pool_of(http, infos), make_router("prefix-affinity"), http, settings())
+        prompts = [f"You are player {k}. Report your number." for k in range(batch_size)]
+        await d.serve(batch(SYSTEM, prompts[:50]))  # warm-up
+        t0 = time.perf_counter()
+        replies = await asyncio.gather(*(d.serve(batch(SYSTEM, prompts, batch_id=f"b{i}"))
+                                         for i in range(total // batch_size)))
+        dt = time.perf_counter() - t0
+    assert all(all(r.valid) for r, _ in replies)
+    return total / dt
+
+
+# -- 3./4. routing on simulated replicas ---------------------------------------------
+def personas(k: int, chars: int = 6000) -> list[str]:
+    rng = random.Random(7)
+    words = "curious careful bold patient analytical playful stubborn generous cautious witty".split()
+    out = []
+    for i in range(k):
+        text = " ".join(rng.choice(words) for _ in range(chars // 8))
+        out.append(f"{SYSTEM}\nYou are persona {i}. Background: {text}")
+    return out
+
+
+async def sim_metrics(http: httpx.AsyncClient, rs: ReplicaSet) -> tuple[float, float]:
+    hits = queries = 0.0
+    for r in rs.replicas:
+        text = (await http.get(r.info.url + "/metrics")).text
+        for line in text.splitlines():
+            if line.startswith("vllm:prefix_cache_hits_total"):
+                hits += float(line.rsplit(" ", 1)[1])
+            elif line.startswith("vllm:prefix_cache_queries_total"):
+                queries += float(line.rsplit(" ", 1)[1])
+    return hits, queries
+
+
+async def routing_run(router: str, sim_args: list[str], work: list[tuple[str, list[str]]],
+                      log_dir: str, concurrency: int = 8) -> dict:
+    rs = start_sim(4, extra_args=sim_args, max_concurrency=64, log_dir=log_dir, prefix=f"sim-{router}")
+    try:
+        await wait_healthy(rs)
+        async with httpx.AsyncClient(limits=httpx.Limits(max_connections=512)) as http:
+            d = Dispatcher(pool_of(http, [r.info for r in rs.replicas]), make_router(router), http, settings())
+            queue = list(enumerate(work))
+            counts: Counter[str] = Counter()
+
+            async def worker() -> None:
+                while queue:
+                    i, (system, prompts) = queue.pop(0)
+                    reply, calls = await d.serve(batch(system, prompts, batch_id=f"{router}-{i}"))
+                    counts.update(calls.replicas)
+
+            t0 = time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+            dt = time.perf_counter() - t0
+            hits, queries = await sim_metrics(http, rs)
+    finally:
+        rs.stop()
+    n = sum(len(p) for _, p in work)
+    shares = [counts.get(r.info.replica_id, 0) for r in rs.replicas]
+    return {"router": router, "requests": n, "seconds": dt, "rps": n / dt,
+            "hit_rate": hits / queries if queries else 0.0, "per_replica": shares,
+            "max_share_over_mean": max(shares) / (n / len(shares))}
+
+
+# -- 1./2. through the gateway process ------------------------------------------------
+async def gateway_latency(log_dir: str, n: int = 300) -> dict:
+    with EmbeddedNats() as ns:
+        env = {**os.environ, "POPULACE_NATS_URL": ns.url, "POPULACE_STORAGE": "memory",
+               "POPULACE_PARENT_PID": str(os.getpid()), "POPULACE_LOG_LEVEL": "WARNING"}
+        gw = subprocess.Popen([sys.executable, "-m", "populace.cli", "service", "gateway"], env=env,
+                              stdout=subprocess.DEVNULL, stderr=open(f"{log_dir}/gateway.log", "wb"))
+        rs = start_sim(1, extra_args=["--time-scale", "0"], max_concurrency=256, log_dir=log_dir, prefix="lat")
+        nc = await bus.connect(ns.url, "bench-gateway")
+        try:
+            await wait_healthy(rs)
+            registrar = asyncio.create_task(register_forever(ns.url, rs, every_s=1.0))
+            await wait_for_gateway(nc)
+            url = rs.replicas[0].info.url
+            body = {"model": "sim", "messages": [{"role": "system", "content": SYSTEM},
+                                                 {"role": "user", "content": "You are player 1. Report your number."}],
+                    "max_tokens": 16, "temperature": 0.7,
+                    "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}}}
+            async with httpx.AsyncClient() as http:
+                direct = []
+                for i in range(n + 20):
+                    t0 = time.perf_counter()
+                    (await http.post(url + "/v1/chat/completions", json=body)).raise_for_status()
+                    if i >= 20:
+                        direct.append((time.perf_counter() - t0) * 1000)
+            one = bus.encode(batch(SYSTEM, ["You are player 1. Report your number."]))
+            via = []
+            for i in range(n + 20):
+                t0 = time.perf_counter()
+                msg = await nc.request(subjects.LLM_INFER, one, timeout=30)
+                if i >= 20:
+                    via.append((time.perf_counter() - t0) * 1000)
+                reply = InferReply.model_validate_json(msg.data)
+                assert reply.error is None and reply.valid == [True], reply
+            # throughput through the process: 10 batches of 1,000 prompts at once
+            prompts = [f"You are player {k}. Report your number." for k in range(1000)]
+            t0 = time.perf_counter()
+            msgs = await asyncio.gather(*(nc.request(subjects.LLM_INFER, bus.encode(
+                batch(SYSTEM, prompts, batch_id=f"t{i}")), timeout=120) for i in range(10)))
+            e2e_rps = 10_000 / (time.perf_counter() - t0)
+            assert all(InferReply.model_validate_json(m.data).error is None for m in msgs)
+            registrar.cancel()
+        finally:
+            await nc.close()
+            rs.stop()
+            gw.terminate()
+            gw.wait(15)
+    return {"direct": direct, "via": via, "e2e_rps": e2e_rps}
+
+
+async def wait_for_gateway(nc, timeout: float = 60.0) -> None:
+    js = nc.jetstream()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if any(s.service == "gateway" for s in await bus.registry_entries(js, subjects.SERVICES_BUCKET, ServiceInfo)):
+                return
+        except Exception:  # noqa: BLE001 - buckets not created yet
+            pass
+        await asyncio.sleep(0.1)
+    raise TimeoutError("the gateway did not start")
+
+
+# -- 5. tokens per decision on SmolLM2 -------------------------------------------------
+async def tokens_per_decision(log_dir: str, n: int = 12) -> dict:
+    rs = start_local(1, max_concurrency=1, log_dir=log_dir, prefix="tok")
+    try:
+        await wait_healthy(rs, timeout=180)
+        url, model = rs.replicas[0].info.url, rs.replicas[0].info.model
+        one, two, valid_one, valid_two = [], [], 0, 0
+        from populace.games.parsing import parse_guess
+
+        async with httpx.AsyncClient(timeout=120) as http:
+            async def call(messages, **extra):
+                r = await http.post(url + "/v1/chat/completions",
+                                    json={"model": model, "messages": messages, "temperature": 0.7, **extra})
+                d = r.json()
+                return d["choices"][0]["message"]["content"] or "", d["usage"]["total_tokens"]
+
+            basic_system = SYSTEM.replace(' Answer with JSON only, in the form {"guess": <number>}.', "")
+            for k in range(n):
+                user = f"You are player {k}. Report your number."
+                text, tok = await call([{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
+                                       max_tokens=24, response_format={"type": "json_object", "schema": SCHEMA})
+                one.append(tok)
+                valid_one += parse_guess(text, 100) is not None
+                # the paper's way: a free answer, then a second call to extract the number
+                answer, tok1 = await call([{"role": "system", "content": basic_system},
+                                           {"role": "user", "content": user}], max_tokens=128)
+                extracted, tok2 = await call([{"role": "user", "content":
+                                               f"Extract the number this player reported from the text below. "
+                                               f"Reply with the number only.\n\n{answer}"}], max_tokens=8)
+                two.append(tok1 + tok2)
+                # lenient, as the paper's extraction was: the first number in the reply
+                found = re.search(r"-?[0-9]+(?:\.[0-9]+)?", extracted)
+                valid_two += found is not None and parse_guess(found.group(), 100) is not None
+    finally:
+        rs.stop()
+    return {"one": statistics.mean(one), "two": statistics.mean(two),
+            "valid_one": valid_one / n, "valid_two": valid_two / n}
+
+
+def run_gateway_bench(llm: bool = True, quiet: bool = False) -> GatewayBenchResult:
+    log = (lambda *a: None) if quiet else (lambda m: print(m, file=sys.stderr))
+    log_dir = tempfile.mkdtemp(prefix="populace-bench-gw-")
+    log("1/5 added latency and end-to-end throughput through the gateway process …")
+    lat = asyncio.run(gateway_latency(log_dir))
+    log("2/5 routed requests per second of one dispatcher …")
+    rps = asyncio.run(routed_rps_mock())
+    log("3/5 prefix-affinity vs round-robin on 4 simulated replicas …")
+    # Every agent carries one of K=128 personas (a population generated with --unique K);
+    # requests arrive interleaved across personas. One replica's cache holds about 36
+    # personas, the four together all of them: only routing decides whether they hit.
+    people = personas(128)
+    rng = random.Random(3)
+    work = [(people[rng.randrange(len(people))], [f"You are player {i}. Report your number."])
+            for i in range(1600)]
+    sim_args = ["--cache-blocks", "3400", "--prefill-tokens-per-s", "5000", "--decode-tokens-per-s", "50",
+                "--max-num-seqs", "32", "--time-scale", "0.2"]
+    pa = asyncio.run(routing_run("prefix-affinity", sim_args, work, log_dir, concurrency=32))
+    rr = asyncio.run(routing_run("round-robin", sim_args, work, log_dir, concurrency=32))
+    log("4/5 share bound with one shared prefix …")
+    shared = [(SYSTEM, ["You are a player. Report your number."] * 10) for _ in range(400)]
+    share = asyncio.run(routing_run("prefix-affinity", ["--time-scale", "0.05", "--max-num-seqs", "64"],
+                                    shared, log_dir, concurrency=16))
+    tokens = None
+    if llm:
+        log("5/5 tokens per decision on SmolLM2: one structured call vs answer + extract …")
+        tokens = asyncio.run(tokens_per_decision(log_dir))
+    d50, d99, v50, v99 = pct(lat["direct"], .5), pct(lat["direct"], .99), pct(lat["via"], .5), pct(lat["via"], .99)
+    return GatewayBenchResult(
+        added_latency_p50_ms=v50 - d50, added_latency_p99_ms=v99 - d99, direct_p50_ms=d50, direct_p99_ms=d99,
+        gateway_p50_ms=v50, gateway_p99_ms=v99, routed_rps=rps, routed_rps_e2e=lat["e2e_rps"],
+        prefix_hit_rate=pa["hit_rate"], round_robin_hit_rate=rr["hit_rate"],
+        hit_rate_ratio=pa["hit_rate"] / rr["hit_rate"] if rr["hit_rate"] else float("inf"),
+        prefix_rps=pa["rps"], round_robin_rps=rr["rps"], max_share_over_mean=share["max_share_over_mean"],
+        tokens_one_call=tokens and tokens["one"], tokens_two_calls=tokens and tokens["two"],
+        valid_one_call=tokens and tokens["valid_one"], valid_two_calls=tokens and tokens["valid_two"],
+        details={"prefix_affinity": pa, "round_robin": rr, "shared_prefix": share, "logs": log_dir},
+        machine={"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+    )
