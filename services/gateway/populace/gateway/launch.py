@@ -68,6 +68,11 @@ class ReplicaSet:
             r.stop()
 
 
+def _local(bind: str) -> str:
+    """The address to advertise when none is given: the bind address, or loopback for 0.0.0.0."""
+    return "127.0.0.1" if bind in ("0.0.0.0", "::") else bind
+
+
 def _spawn(args: list[str], env: dict | None, log_dir: str | None, name: str) -> tuple[subprocess.Popen, str | None]:
     out, path = subprocess.DEVNULL, None
     if log_dir:
@@ -78,7 +83,8 @@ def _spawn(args: list[str], env: dict | None, log_dir: str | None, name: str) ->
 
 
 def start_local(count: int = 1, *, threads: int | None = None, ctx: int = 2048,
-                max_concurrency: int = 2, log_dir: str | None = None, prefix: str = "llama") -> ReplicaSet:
+                max_concurrency: int = 2, log_dir: str | None = None, prefix: str = "llama",
+                bind: str = "127.0.0.1", advertise: str | None = None) -> ReplicaSet:
     """`count` llama.cpp servers (llama-cpp-python) on SmolLM2-135M-Instruct."""
     gguf = smollm2_gguf()
     threads = threads or max(1, (os.cpu_count() or 1) // count)
@@ -86,10 +92,10 @@ def start_local(count: int = 1, *, threads: int | None = None, ctx: int = 2048,
     for i in range(count):
         port = free_port()
         rid = f"{prefix}-{i}-{port}"
-        proc, path = _spawn([sys.executable, "-m", "llama_cpp.server", "--model", gguf, "--host", "127.0.0.1",
+        proc, path = _spawn([sys.executable, "-m", "llama_cpp.server", "--model", gguf, "--host", bind,
                              "--port", str(port), "--n_ctx", str(ctx), "--n_threads", str(threads),
                              "--model_alias", SMOLLM2_NAME], None, log_dir, rid)
-        info = ReplicaInfo(replica_id=rid, url=f"http://127.0.0.1:{port}", backend="local", kind="llamacpp",
+        info = ReplicaInfo(replica_id=rid, url=f"http://{advertise or _local(bind)}:{port}", backend="local", kind="llamacpp",
                            model=SMOLLM2_NAME, max_concurrency=max_concurrency, pid=proc.pid,
                            heartbeat_at=time.time())
         rs.replicas.append(ReplicaProcess(info, proc, path))
@@ -97,31 +103,33 @@ def start_local(count: int = 1, *, threads: int | None = None, ctx: int = 2048,
 
 
 def start_sim(count: int = 4, *, extra_args: list[str] | None = None, max_concurrency: int = 64,
-              log_dir: str | None = None, prefix: str = "sim") -> ReplicaSet:
+              log_dir: str | None = None, prefix: str = "sim", bind: str = "127.0.0.1",
+              advertise: str | None = None) -> ReplicaSet:
     """`count` simulated vLLM replicas (populace.gateway.sim)."""
     rs = ReplicaSet()
     for i in range(count):
         port = free_port()
         rid = f"{prefix}-{i}-{port}"
-        proc, path = _spawn([sys.executable, "-m", "populace.gateway.sim", "--port", str(port),
+        proc, path = _spawn([sys.executable, "-m", "populace.gateway.sim", "--host", bind, "--port", str(port),
                              "--replica-id", rid, *(extra_args or [])], None, log_dir, rid)
-        info = ReplicaInfo(replica_id=rid, url=f"http://127.0.0.1:{port}", backend="sim", kind="sim",
+        info = ReplicaInfo(replica_id=rid, url=f"http://{advertise or _local(bind)}:{port}", backend="sim", kind="sim",
                            model="sim", max_concurrency=max_concurrency, pid=proc.pid, heartbeat_at=time.time())
         rs.replicas.append(ReplicaProcess(info, proc, path))
     return rs
 
 
 def start_vllm(model: str, gpus: list[str], *, base_port: int = 8000, max_concurrency: int = 256,
-               extra_args: list[str] | None = None, log_dir: str | None = None) -> ReplicaSet:
+               extra_args: list[str] | None = None, log_dir: str | None = None,
+               bind: str = "127.0.0.1", advertise: str | None = None) -> ReplicaSet:
     """One `vllm serve` per GPU (CUDA_VISIBLE_DEVICES=<gpu>, one port each)."""
     rs = ReplicaSet()
     for i, gpu in enumerate(gpus):
         port = base_port + i
         rid = f"vllm-gpu{gpu}-{port}"
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu}
-        proc, path = _spawn(["vllm", "serve", model, "--host", "127.0.0.1", "--port", str(port),
+        proc, path = _spawn(["vllm", "serve", model, "--host", bind, "--port", str(port),
                              "--enable-prefix-caching", *(extra_args or [])], env, log_dir, rid)
-        info = ReplicaInfo(replica_id=rid, url=f"http://127.0.0.1:{port}", backend="openai", kind="vllm",
+        info = ReplicaInfo(replica_id=rid, url=f"http://{advertise or _local(bind)}:{port}", backend="openai", kind="vllm",
                            model=model, max_concurrency=max_concurrency, pid=proc.pid, heartbeat_at=time.time())
         rs.replicas.append(ReplicaProcess(info, proc, path))
     return rs
