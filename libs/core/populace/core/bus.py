@@ -86,11 +86,6 @@ async def ensure_kv(js: JetStreamContext, bucket: str, ttl: float | None = None,
             return await js.key_value(bucket)
 
 
-def decode(model: type[M], data: bytes) -> M:
-    """Validate a message body. Raises ValidationError (callers dead-letter it)."""
-    return model.model_validate_json(data)
-
-
 def dlq_headers(subject: str, reason: str) -> dict[str, str]:
     return {"Populace-Subject": subject, "Populace-Error": reason[:1000]}
 

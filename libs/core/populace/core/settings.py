@@ -54,7 +54,3 @@ class Settings(BaseSettings):
     # JetStream
     storage: Literal["file", "memory"] = "file"
     publish_async_max_pending: int = Field(4000, ge=1)
-
-
-def load() -> Settings:
-    return Settings()

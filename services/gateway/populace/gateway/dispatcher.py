@@ -54,7 +54,7 @@ class Dispatcher:
         # one waiter (not all of them, which made a burst quadratic); a pool refresh, which
         # may bring new capacity, wakes everyone.
         self._waiters: deque[asyncio.Future] = deque()
-        pool.on_refresh = self._wake_all
+        pool.on_refresh = lambda: self._wake(everyone=True)
 
     # -- one batch --------------------------------------------------------------------
     async def serve(self, batch: InferBatch) -> tuple[InferReply, LlmCallBatch | None]:
@@ -135,7 +135,7 @@ class Dispatcher:
                 raise CallFailed(str(err), attempt + 1) from None
             finally:
                 load.in_flight -= 1
-                self._wake_one()
+                self._wake()
         raise CallFailed(f"failed on {len(tried)} replica(s): {error}", self.s.gateway_attempts)
 
     async def acquire(self, backend: str, key: str, tried: set[str]) -> ReplicaLoad:
@@ -160,15 +160,10 @@ class Dispatcher:
             except asyncio.TimeoutError:
                 pass
 
-    def _wake_one(self) -> None:
+    def _wake(self, everyone: bool = False) -> None:
         while self._waiters:
             fut = self._waiters.popleft()
             if not fut.done():
                 fut.set_result(None)
-                return
-
-    def _wake_all(self) -> None:
-        while self._waiters:
-            fut = self._waiters.popleft()
-            if not fut.done():
-                fut.set_result(None)
+                if not everyone:
+                    return

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ import httpx
 
 from populace.core import bus, logs, subjects
 from populace.core.contracts import ReplicaInfo
-from populace.core.natsserver import free_port
+from populace.core.natsserver import free_port, terminate
 
 log = logs.get("populace.replicas")
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -50,13 +49,7 @@ class ReplicaProcess:
         return self.proc.poll() is None
 
     def stop(self, timeout: float = 10.0) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc, timeout)
 
 
 @dataclass

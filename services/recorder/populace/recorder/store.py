@@ -5,7 +5,6 @@ whatever order redeliveries arrive in."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -171,7 +170,3 @@ class Store:
                                     [run_id]).fetchone()[0]
         return got, int(expected)
 
-
-def config_of(con: duckdb.DuckDBPyConnection, run_id: str) -> dict | None:
-    row = con.execute("SELECT config_json FROM runs WHERE run_id = ?", [run_id]).fetchone()
-    return json.loads(row[0]) if row and row[0] else None

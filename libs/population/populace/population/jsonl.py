@@ -1,0 +1,47 @@
+"""Streaming JSON Lines: one JSON object per line, UTF-8."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+_CHUNK = 2000
+
+
+def write_jsonl(path: str | Path, records: Iterable[dict]) -> int:
+    """Write ``records`` (any iterable, consumed lazily) to ``path``; return how many.
+
+    The file is written next to its destination and renamed into place at the end, so a
+    reader never sees half a file. Parent directories are created.
+    """
+    dest = Path(path)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+    n = 0
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            buf: list[str] = []
+            for rec in records:
+                buf.append(dumps(rec))
+                buf.append("\n")
+                n += 1
+                if len(buf) >= 2 * _CHUNK:
+                    fh.write("".join(buf))
+                    buf.clear()
+            fh.write("".join(buf))
+        os.replace(tmp, dest)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return n
+
+
+def read_jsonl(path: str | Path) -> Iterator[dict]:
+    """Yield the objects of a JSON Lines file (blank lines skipped)."""
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                yield json.loads(line)
