@@ -31,9 +31,24 @@ def encode(model: BaseModel) -> bytes:
     return model.model_dump_json().encode()
 
 
+def servers(url: str) -> list[str]:
+    """POPULACE_NATS_URL may list several servers of a cluster, comma-separated."""
+    return [u.strip() for u in url.split(",") if u.strip()]
+
+
+def credentials(settings=None) -> dict:
+    """User and password from settings (POPULACE_NATS_USER / POPULACE_NATS_PASSWORD), if set."""
+    from populace.core.settings import Settings
+
+    s = settings or Settings()
+    return {"user": s.nats_user, "password": s.nats_password} if s.nats_user else {}
+
+
 async def connect(url: str, name: str, **kw) -> Client:
+    """A nats-py connection that reconnects forever; credentials default to the settings'."""
+    opts = {**credentials(), **kw}
     return await nats.connect(
-        url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5, **kw
+        servers(url), name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5, **opts
     )
 
 

@@ -34,8 +34,9 @@ class Service:
         quiet = logging.getLogger(f"faststream.{name}")
         quiet.setLevel(logging.WARNING)
         self.broker = NatsBroker(
-            self.settings.nats_url, logger=quiet, log_level=logging.DEBUG,
+            bus.servers(self.settings.nats_url), logger=quiet, log_level=logging.DEBUG,
             max_reconnect_attempts=-1, reconnect_time_wait=0.5, name=f"populace-{name}",
+            **bus.credentials(self.settings),
         )
         self.app = FastStream(self.broker, logger=quiet)
         self.app.on_startup(self._connect_and_provision)
@@ -61,7 +62,7 @@ class Service:
     async def _connect_and_provision(self) -> None:
         await self.broker.connect()
         self.js = self.nc.jetstream(publish_async_max_pending=self.settings.publish_async_max_pending)
-        await bus.provision(self.js, storage=self.settings.storage)
+        await bus.provision(self.js, storage=self.settings.storage, replicas=self.settings.stream_replicas)
 
     async def _register(self) -> None:
         for fn in self._startup_hooks:

@@ -14,7 +14,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="POPULACE_", extra="ignore")
 
-    nats_url: str = "nats://127.0.0.1:4222"
+    nats_url: str = "nats://127.0.0.1:4222"  # several servers of a cluster: comma-separated
+    nats_user: str | None = None  # per-service users and permissions: deploy/nats/
+    nats_password: str | None = None
     log_level: str = "INFO"
     log_format: Literal["auto", "json", "console"] = "auto"
     parent_pid: int | None = None  # set by `populace demo/up/bench`: exit when that process dies
@@ -53,4 +55,5 @@ class Settings(BaseSettings):
 
     # JetStream
     storage: Literal["file", "memory"] = "file"
+    stream_replicas: int = Field(1, ge=1, le=5)  # 3 on a 3-node cluster
     publish_async_max_pending: int = Field(4000, ge=1)

@@ -18,6 +18,7 @@ import httpx
 from populace.core import bus, logs, subjects
 from populace.core.contracts import ReplicaInfo
 from populace.core.natsserver import free_port, terminate
+from populace.core.settings import Settings
 
 log = logs.get("populace.replicas")
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -157,7 +158,8 @@ async def register_forever(nats_url: str, rs: ReplicaSet, every_s: float = 2.0) 
     """Heartbeat every live replica into KV `replicas` until cancelled; a dead one drops out."""
     nc = await bus.connect(nats_url, "populace-replicas")
     js = nc.jetstream()
-    await bus.provision(js)
+    s = Settings()
+    await bus.provision(js, storage=s.storage, replicas=s.stream_replicas)
     kv = await js.key_value(subjects.REPLICAS_BUCKET)
     try:
         while True:
