@@ -80,8 +80,11 @@ async def test_admission_queues_beyond_max_num_seqs(start_sim):
     async with httpx.AsyncClient(base_url=srv.url, timeout=10) as client:
         t0 = time.perf_counter()
         burst = asyncio.gather(*(client.post("/v1/chat/completions", json=chat(f"q{i}")) for i in range(6)))
-        await asyncio.sleep(0.08)
-        during = parse_metrics((await client.get("/metrics")).text)
+        for _ in range(100):  # until the whole burst has arrived (no fixed sleep: CI may be slow)
+            await asyncio.sleep(0.01)
+            during = parse_metrics((await client.get("/metrics")).text)
+            if during["vllm:num_requests_running"] + during["vllm:num_requests_waiting"] == 6:
+                break
         rs = await burst
         elapsed = time.perf_counter() - t0
         after = parse_metrics((await client.get("/metrics")).text)

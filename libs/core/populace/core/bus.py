@@ -18,7 +18,7 @@ from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 from pydantic import BaseModel, ValidationError
 
-from populace.core import logs, subjects
+from populace.core import logs, subjects, telemetry
 
 M = TypeVar("M", bound=BaseModel)
 log = logs.get("populace.bus")
@@ -119,7 +119,7 @@ def short_error(error: Exception | str) -> str:
 async def publish_js(js: JetStreamContext, subject: str, model: BaseModel, msg_id: str | None = None,
                      timeout: float = 10.0) -> None:
     """One JetStream publish awaiting its PubAck (control plane). De-duplicated by msg_id."""
-    headers = {"Nats-Msg-Id": msg_id} if msg_id else None
+    headers = telemetry.inject({"Nats-Msg-Id": msg_id} if msg_id else None)
     await js.publish(subject, encode(model), headers=headers, timeout=timeout)
 
 

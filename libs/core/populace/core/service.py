@@ -17,7 +17,7 @@ from faststream.nats import NatsBroker
 from nats.aio.msg import Msg
 from pydantic import BaseModel, ValidationError
 
-from populace.core import bus, logs, subjects
+from populace.core import bus, logs, subjects, telemetry
 from populace.core.contracts import ServiceInfo
 from populace.core.settings import Settings
 
@@ -30,6 +30,7 @@ class Service:
         self.name = name
         self.settings = settings or Settings()
         logs.configure(self.settings.log_level, self.settings.log_format, service=name)
+        telemetry.setup(name)
         self.log = logs.get(f"populace.{name}")
         quiet = logging.getLogger(f"faststream.{name}")
         quiet.setLevel(logging.WARNING)
@@ -101,6 +102,7 @@ class Service:
                 self.log.warning("shutdown_hook_failed", error=str(err))
         if self._heartbeat:
             await self._heartbeat.stop()
+        telemetry.shutdown()
 
     # -- messages ---------------------------------------------------------------------
     async def parse(self, model: type[M], msg: Msg) -> M | None:

@@ -35,6 +35,7 @@ from populace.population.personas import (
 from populace.population.sampling import sample_profiles
 
 __all__ = [
+    "TEMPLATE_PROMPT_VERSION",
     "BinSpec",
     "CategoricalAttribute",
     "ConditionalAttribute",
@@ -42,7 +43,6 @@ __all__ = [
     "NumericAttribute",
     "PopulationConfig",
     "PopulationError",
-    "TEMPLATE_PROMPT_VERSION",
     "UniformSpec",
     "config_hash",
     "largest_remainder",

@@ -68,10 +68,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from itertools import pairwise
 from pathlib import Path
 from statistics import NormalDist
-from typing import Annotated, Any, ClassVar, Union
+from typing import Annotated, Any, ClassVar
 
+import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -87,6 +89,7 @@ from populace.population.errors import PopulationError
 from populace.population.yamlio import DuplicateKeyError, load_strict
 
 __all__ = [
+    "WEIGHT_TOLERANCE",
     "BinSpec",
     "CategoricalAttribute",
     "ConditionalAttribute",
@@ -95,7 +98,6 @@ __all__ = [
     "PopulationConfig",
     "PopulationError",
     "UniformSpec",
-    "WEIGHT_TOLERANCE",
     "config_hash",
     "load_population",
     "parse_population",
@@ -245,7 +247,7 @@ class NumericAttribute(_Strict):
             if not self.integer and not b.min < b.max:
                 raise ValueError(f"bins.{i}: min must be below max (got min={b.min:g}, max={b.max:g})")
         order = sorted(range(len(bins)), key=lambda i: bins[i].min)
-        for prev, cur in zip(order, order[1:]):
+        for prev, cur in pairwise(order):
             a, b = bins[prev], bins[cur]
             if b.min < a.max or (self.integer and b.min <= a.max):
                 raise ValueError(f"bins.{cur}: overlaps bins.{prev}")
@@ -295,7 +297,7 @@ class _InvalidAttribute(_Strict):
     @classmethod
     def _explain(cls, value: Any) -> Any:
         if not isinstance(value, dict):
-            raise ValueError(f"an attribute must be a mapping (got {value!r})")
+            raise ValueError(f"an attribute must be a mapping (got {value!r})")  # noqa: TRY004
         found = {k: [key for key in keys if key in value] for k, keys in _KIND_KEYS.items()}
         found = {k: v for k, v in found.items() if v}
         if not found:
@@ -308,12 +310,12 @@ class _InvalidAttribute(_Strict):
 
 
 Attribute = Annotated[
-    Union[
-        Annotated[CategoricalAttribute, Tag("categorical")],
-        Annotated[NumericAttribute, Tag("numeric")],
-        Annotated[ConditionalAttribute, Tag("conditional")],
-        Annotated[_InvalidAttribute, Tag("invalid")],
-    ],
+    (
+        Annotated[CategoricalAttribute, Tag("categorical")]
+        | Annotated[NumericAttribute, Tag("numeric")]
+        | Annotated[ConditionalAttribute, Tag("conditional")]
+        | Annotated[_InvalidAttribute, Tag("invalid")]
+    ),
     Discriminator(_attribute_kind),
 ]
 _TAGS = {"categorical", "numeric", "conditional", "invalid"}
@@ -356,15 +358,15 @@ class PopulationConfig(_Strict):
         if parent_name == name:
             return [f"{where}.given: an attribute cannot depend on itself"]
         if parent_name not in self.attributes:
-            return [f"{where}.given: unknown attribute {parent_name!r} "
-                    f"(declared: {', '.join(names)})"]
+            return [(f"{where}.given: unknown attribute {parent_name!r} "
+                     f"(declared: {', '.join(names)})")]
         if names.index(parent_name) > pos:
-            return [f"{where}.given: {parent_name!r} is declared after {name!r}; "
-                    "declare the parent attribute first"]
+            return [(f"{where}.given: {parent_name!r} is declared after {name!r}; "
+                     "declare the parent attribute first")]
         parent = self.attributes[parent_name]
         if isinstance(parent, NumericAttribute):
-            return [f"{where}.given: {parent_name!r} is numeric; "
-                    "a condition needs a categorical attribute"]
+            return [(f"{where}.given: {parent_name!r} is numeric; "
+                     "a condition needs a categorical attribute")]
         parent_cats = parent.categories()  # type: ignore[union-attr]
         problems = []
         for key in attr.weights_by:
@@ -485,7 +487,7 @@ def parse_population_yaml(text: str, source: str = "<string>") -> PopulationConf
         data = load_strict(text)
     except DuplicateKeyError as err:
         raise PopulationError(str(err)) from None
-    except Exception as err:  # yaml.YAMLError and constructor errors
+    except yaml.YAMLError as err:
         raise PopulationError(f"{source}: not valid YAML: {err}") from None
     return parse_population(data)
 

@@ -26,7 +26,13 @@ from typing import Any
 
 from populace.population.config import PopulationConfig, config_hash
 from populace.population.jsonl import read_jsonl, write_jsonl
-from populace.population.names import FEMALE_FIRST, LAST, MALE_FIRST, NEUTRAL_FIRST, TRAITS
+from populace.population.names import (
+    FEMALE_FIRST,
+    LAST,
+    MALE_FIRST,
+    NEUTRAL_FIRST,
+    TRAITS,
+)
 from populace.population.sampling import sample_profiles
 
 __all__ = [
@@ -122,7 +128,7 @@ def template_persona(profile: dict, index: int, seed: int) -> dict:
     age_key, age_val = _find(profile, _AGE_KEYS)
     h, a_pick = divmod(h, 63)
     if age_key is not None and isinstance(age_val, (int, float)) and not isinstance(age_val, bool):
-        age = int(round(age_val))
+        age = round(age_val)
     else:
         age = 18 + a_pick
 

@@ -36,14 +36,14 @@ class DuplicateKeyError(yaml.YAMLError):
 class StrictLoader(yaml.SafeLoader):
     """``yaml.SafeLoader`` that rejects duplicate keys and keeps scalar keys as text."""
 
-    def get_single_data(self):  # noqa: D102 - same contract as the base class
+    def get_single_data(self):
         node = self.get_single_node()
         if node is None:
             return None
         _check_duplicates(node, (), set())
         return self.construct_document(node)
 
-    def construct_mapping(self, node, deep=False):  # noqa: D102
+    def construct_mapping(self, node, deep=False):
         if isinstance(node, MappingNode):
             self.flatten_mapping(node)  # resolves `<<: *anchor` merge keys
         mapping = {}
@@ -96,4 +96,4 @@ def _check_duplicates(node: Node, path: tuple[str, ...], seen: set[int]) -> None
 
 def load_strict(text: str):
     """Parse one YAML document with :class:`StrictLoader`."""
-    return yaml.load(text, Loader=StrictLoader)  # noqa: S506 - StrictLoader is a SafeLoader
+    return yaml.load(text, Loader=StrictLoader)

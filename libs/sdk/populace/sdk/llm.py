@@ -11,7 +11,8 @@ import random
 from nats.aio.client import Client
 from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
 
-from populace.core import logs, subjects
+from populace.core import logs, subjects, telemetry
+from populace.core.telemetry import tracer
 from populace.core.contracts import InferBatch, InferReply, ModelConfig
 
 log = logs.get("populace.llm")
@@ -78,10 +79,15 @@ class InferSession:
                            prompts=prompts, **self._header)
         data = batch.model_dump_json().encode()
         self.batches_sent += 1
+        with tracer.start_as_current_span("agent-host.infer", attributes={"populace.prompts": len(keys)}):
+            await self._request(batch.batch_id, data, futs, tracing=telemetry.inject())
+
+    async def _request(self, batch_id: str, data: bytes, futs: list[asyncio.Future], tracing: dict) -> None:
         error: str = ""
         for attempt in range(self._attempts):
             try:
-                msg = await self._nc.request(subjects.LLM_INFER, data, timeout=self._timeout)
+                msg = await self._nc.request(subjects.LLM_INFER, data, timeout=self._timeout,
+                                             headers=tracing or None)
                 reply = InferReply.model_validate_json(msg.data)
                 if reply.error:
                     raise InferError(reply.error)
@@ -93,7 +99,7 @@ class InferSession:
                 return
             except (NatsTimeout, NoRespondersError, InferError, asyncio.TimeoutError) as err:
                 error = f"{type(err).__name__}: {err}"
-                log.warning("infer_retry", batch=batch.batch_id, attempt=attempt + 1, error=error)
+                log.warning("infer_retry", batch=batch_id, attempt=attempt + 1, error=error)
                 # Idempotent retry with jittered backoff: the gateway may be momentarily full.
                 await asyncio.sleep(min(2.0, 0.1 * 2**attempt) * (0.5 + random.random()))
         exc = InferError(error or "gateway unavailable")

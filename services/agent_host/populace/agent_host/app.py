@@ -10,7 +10,7 @@ import time
 from faststream.nats.annotations import NatsMessage
 
 from populace.agent_host.runtime import HostRuntime
-from populace.core import bus, subjects
+from populace.core import bus, subjects, telemetry
 from populace.core.contracts import HostInfo, HostSpawned, RoundOpen, RunDone, SpawnBatch
 from populace.core.service import Service
 
@@ -68,7 +68,8 @@ async def on_spawn(msg: NatsMessage) -> None:
 async def on_round_open(msg: NatsMessage) -> None:
     opened = await svc.parse(RoundOpen, msg.raw_message)
     if opened is not None:
-        state["runtime"].start_round(opened)  # plays in its own task; the handler returns at once
+        # plays in its own task; the handler returns at once
+        state["runtime"].start_round(opened, telemetry.extract(msg.headers))
 
 
 @broker.subscriber(subjects.ANY_RUN_DONE)

@@ -8,7 +8,7 @@ import asyncio
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from populace.core import bus, subjects
+from populace.core import bus, subjects, telemetry
 from populace.core.contracts import GuessBatch, Progress
 from populace.games.rules import PartialBuilder
 
@@ -56,7 +56,7 @@ class GuessCollector:
         data = batch.model_dump_json().encode()
         ack = await self._js.publish_async(
             subjects.run_guesses(self.run_id, self.round, self.host_id), data,
-            headers={"Nats-Msg-Id": subjects.msg_id(self.run_id, self.round, shard, "guesses")},
+            headers=telemetry.inject({"Nats-Msg-Id": subjects.msg_id(self.run_id, self.round, shard, "guesses")}),
         )
         self._acks.append(ack)
         tick = Progress(run_id=self.run_id, round=self.round, host_id=self.host_id,

@@ -14,7 +14,10 @@ from nats.js import JetStreamContext
 
 from populace.agent_host.collector import GuessCollector
 from populace.agent_host.process_mode import ProcessAgent
+from opentelemetry.context import Context
+
 from populace.core import logs
+from populace.core.telemetry import tracer
 from populace.core.contracts import RoundOpen, RunConfig, SpawnBatch
 from populace.core.settings import Settings
 from populace.games.player import GuessPlayer, Turn
@@ -75,16 +78,24 @@ class HostRuntime:
                 if isinstance(a, ProcessAgent):
                     a.stop()
 
-    def start_round(self, opened: RoundOpen) -> None:
+    def start_round(self, opened: RoundOpen, trace_context: Context | None = None) -> None:
         run = self.runs.get(opened.run_id)
         if run is None or opened.round in run.rounds_played:
             return  # not ours, or a replay of a round already played
         run.rounds_played.add(opened.round)
-        task = asyncio.get_running_loop().create_task(self.play_round(run, opened))
+        task = asyncio.get_running_loop().create_task(self.play_round(run, opened, trace_context))
         self._rounds.add(task)
         task.add_done_callback(self._rounds.discard)
 
-    async def play_round(self, run: HostedRun, opened: RoundOpen) -> None:
+    async def play_round(self, run: HostedRun, opened: RoundOpen, trace_context: Context | None = None) -> None:
+        # One span for this host's share of the round; the batches below are its children.
+        with tracer.start_as_current_span(
+                "agent-host.round", context=trace_context,
+                attributes={"populace.run_id": run.run_id, "populace.round": opened.round,
+                            "populace.host_id": self.host_id, "populace.agents": len(run.agents)}):
+            await self._play_round(run, opened)
+
+    async def _play_round(self, run: HostedRun, opened: RoundOpen) -> None:
         s = self.settings
         loop = asyncio.get_running_loop()
         game = run.config.game

@@ -11,7 +11,10 @@ from faststream.nats import JStream, PullSub
 from faststream.nats.annotations import NatsMessage
 from nats.js.api import DeliverPolicy
 
-from populace.core import bus, subjects
+from opentelemetry.context import Context
+
+from populace.core import bus, subjects, telemetry
+from populace.core.telemetry import tracer
 from populace.core.contracts import HostPartial, RoundOpen, RoundResult
 from populace.core.service import Service
 from populace.games.env import RatioGameEnv
@@ -21,6 +24,7 @@ broker, app = svc.broker, svc.app
 run_stream = JStream(subjects.RUN_STREAM, declare=False)
 MAX_RUNS = 1000  # root envs kept in memory; older runs' history lives in the recorder
 envs: OrderedDict[str, RatioGameEnv] = OrderedDict()
+round_contexts: dict[tuple[str, int], Context] = {}  # the orchestrator's round spans, by (run, round)
 
 
 def env_for(run_id: str) -> RatioGameEnv:
@@ -34,8 +38,12 @@ def env_for(run_id: str) -> RatioGameEnv:
 
 
 async def publish_result(_event: str, result: RoundResult) -> None:
-    await bus.publish_js(svc.js, subjects.run_round_result(result.run_id, result.round), result,
-                         msg_id=subjects.msg_id(result.run_id, result.round, "env", "result"))
+    with tracer.start_as_current_span(
+            "environment.decide", context=round_contexts.pop((result.run_id, result.round), None),
+            attributes={"populace.run_id": result.run_id, "populace.round": result.round,
+                        "populace.n_valid": result.n_valid}):
+        await bus.publish_js(svc.js, subjects.run_round_result(result.run_id, result.round), result,
+                             msg_id=subjects.msg_id(result.run_id, result.round, "env", "result"))
     svc.log.info("round_closed", run_id=result.run_id, round=result.round, n=result.n,
                  valid=result.n_valid, mean=result.mean, target=result.target,
                  winner=result.winner_agent_id, winner_value=result.winner_value)
@@ -46,6 +54,9 @@ async def publish_result(_event: str, result: RoundResult) -> None:
 async def on_round_open(msg: NatsMessage) -> None:
     opened = await svc.parse(RoundOpen, msg.raw_message)
     if opened is not None:
+        round_contexts[(opened.run_id, opened.round)] = telemetry.extract(msg.headers)
+        while len(round_contexts) > 10 * MAX_RUNS:  # rounds that never closed
+            round_contexts.pop(next(iter(round_contexts)))
         await env_for(opened.run_id).open_round(opened.round, opened.expected, opened.game)
 
 

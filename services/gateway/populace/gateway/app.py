@@ -11,7 +11,8 @@ import asyncio
 import httpx
 from faststream.nats.annotations import NatsMessage
 
-from populace.core import bus, subjects
+from populace.core import bus, subjects, telemetry
+from populace.core.telemetry import tracer
 from populace.core.contracts import InferBatch, InferReply, LlmCallBatch
 from populace.core.service import Service
 from populace.gateway.backends import Backend
@@ -66,7 +67,11 @@ async def on_infer(msg: NatsMessage) -> bytes:
     if batch is None:
         return bus.encode(InferReply(batch_id="?", error="malformed request (dead-lettered)"))
     try:
-        reply, calls = await backend_for(batch.model.backend).serve(batch)
+        with tracer.start_as_current_span(
+                "gateway.batch", context=telemetry.extract(msg.headers),
+                attributes={"populace.run_id": batch.run_id, "populace.round": batch.round,
+                            "populace.backend": batch.model.backend, "populace.prompts": len(batch.keys)}):
+            reply, calls = await backend_for(batch.model.backend).serve(batch)
     except Exception as err:  # noqa: BLE001 - the caller gets an explicit error, not a timeout
         stats["errors"] += 1
         svc.log.warning("infer_failed", batch=batch.batch_id, error=str(err))

@@ -10,7 +10,11 @@ from dataclasses import dataclass
 
 import httpx
 
+from opentelemetry.trace import SpanKind, StatusCode
+
+from populace.core import telemetry
 from populace.core.contracts import ReplicaInfo
+from populace.core.telemetry import tracer
 
 
 class ReplicaError(RuntimeError):
@@ -43,13 +47,18 @@ async def chat(http: httpx.AsyncClient, replica: ReplicaInfo, messages: list[dic
         body["seed"] = seed
     if schema is not None:
         body["response_format"] = response_format(replica.kind, schema)
-    try:
-        # No pool timeout: waiting for one of our own connections is not the replica's fault
-        # (per-replica caps bound how many calls can wait).
-        r = await http.post(f"{replica.url}/v1/chat/completions", json=body,
-                            timeout=httpx.Timeout(timeout, pool=None))
-    except httpx.HTTPError as err:  # connect/read errors, timeouts, dropped connections
-        raise ReplicaError(f"{replica.replica_id}: {type(err).__name__}: {err}") from None
+    with tracer.start_as_current_span("gateway.http", kind=SpanKind.CLIENT,
+                                      attributes={"http.request.method": "POST", "server.address": replica.url,
+                                                  "populace.replica": replica.replica_id}) as span:
+        try:
+            # No pool timeout: waiting for one of our own connections is not the replica's
+            # fault (per-replica caps bound how many calls can wait).
+            r = await http.post(f"{replica.url}/v1/chat/completions", json=body, headers=telemetry.inject(),
+                                timeout=httpx.Timeout(timeout, pool=None))
+        except httpx.HTTPError as err:  # connect/read errors, timeouts, dropped connections
+            span.set_status(StatusCode.ERROR, type(err).__name__)
+            raise ReplicaError(f"{replica.replica_id}: {type(err).__name__}: {err}") from None
+        span.set_attribute("http.response.status_code", r.status_code)
     if r.status_code == 429 or r.status_code >= 500:
         raise ReplicaError(f"{replica.replica_id}: HTTP {r.status_code}: {r.text[:200]}")
     if r.status_code >= 400:

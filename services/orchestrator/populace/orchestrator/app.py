@@ -15,7 +15,11 @@ from faststream.nats.annotations import NatsMessage
 from nats.js.api import DeliverPolicy
 from nats.js.errors import KeyWrongLastSequenceError
 
-from populace.core import bus, subjects
+from opentelemetry import trace
+from opentelemetry.trace import Span
+
+from populace.core import bus, subjects, telemetry
+from populace.core.telemetry import tracer
 from populace.core.contracts import (
     HostInfo, HostSpawned, RoundOpen, RoundResult, RunDone, RunStart, RunStarted, RunState, SpawnBatch,
 )
@@ -28,6 +32,8 @@ broker, app = svc.broker, svc.app
 ctl_stream = JStream(subjects.CTL_STREAM, declare=False)
 run_stream = JStream(subjects.RUN_STREAM, declare=False)
 HOST_WAIT_S = 10.0  # how long a run start waits for a first agent-host to register
+# Open spans: "<rid>" is the run (the trace's root), "<rid>.<n>" its rounds.
+spans: dict[str, Span] = {}
 
 
 async def runs_kv():
@@ -64,6 +70,14 @@ async def on_run_start(msg: NatsMessage) -> None:
     except Exception:  # noqa: BLE001 - key exists: a replayed start of a known run
         svc.log.info("run_start_replayed", run_id=rid)
         return
+    run_span = spans[rid] = tracer.start_span(
+        "orchestrator.run", context=telemetry.extract(msg.headers),
+        attributes={"populace.run_id": rid, "populace.agents": cfg.agents, "populace.rounds": cfg.rounds})
+    with trace.use_span(run_span, end_on_exit=False):
+        await announce(rid, cfg, placement)
+
+
+async def announce(rid: str, cfg, placement: dict) -> None:
     await bus.publish_js(svc.js, subjects.run_started(rid),
                          RunStarted(run_id=rid, config=cfg, started_at=time.time(), hosts=sorted(placement)),
                          msg_id=subjects.msg_id(rid, 0, "orch", "started"))
@@ -99,6 +113,16 @@ async def advance(rid: str, decide: Callable[[RunState], tuple[RunState, list[wo
 
 async def open_round(state: RunState, action: workflow.OpenRound) -> None:
     rid = state.run_id
+    run_span = spans.get(rid)
+    round_span = spans[f"{rid}.{action.round}"] = tracer.start_span(
+        "orchestrator.round", context=telemetry.context_of(run_span) if run_span else None,
+        attributes={"populace.run_id": rid, "populace.round": action.round})
+    with trace.use_span(round_span, end_on_exit=False):
+        await publish_open(state, action)
+
+
+async def publish_open(state: RunState, action: workflow.OpenRound) -> None:
+    rid = state.run_id
     await bus.publish_js(
         svc.js, subjects.run_round_open(rid, action.round),
         RoundOpen(run_id=rid, round=action.round, expected=action.expected, history=action.history,
@@ -109,6 +133,17 @@ async def open_round(state: RunState, action: workflow.OpenRound) -> None:
 
 
 async def finish(rid: str, action: workflow.FinishRun) -> None:
+    run_span = spans.pop(rid, None)
+    if run_span is None:  # a run rejected before it started: no trace to continue
+        await publish_done(rid, action)
+        return
+    if action.status != "completed":
+        run_span.set_status(trace.StatusCode.ERROR, action.reason or action.status)
+    with trace.use_span(run_span, end_on_exit=True):
+        await publish_done(rid, action)
+
+
+async def publish_done(rid: str, action: workflow.FinishRun) -> None:
     await bus.publish_js(svc.js, subjects.run_done(rid),
                          RunDone(run_id=rid, status=action.status, rounds=action.rounds,
                                  finished_at=time.time(), reason=action.reason),
@@ -129,4 +164,7 @@ async def on_spawned(msg: NatsMessage) -> None:
 async def on_result(msg: NatsMessage) -> None:
     result = await svc.parse(RoundResult, msg.raw_message)
     if result is not None:
+        if round_span := spans.pop(f"{result.run_id}.{result.round}", None):
+            round_span.set_attributes({"populace.n_valid": result.n_valid, "populace.mean": result.mean or 0.0})
+            round_span.end()
         await advance(result.run_id, lambda s: workflow.on_result(s, result))

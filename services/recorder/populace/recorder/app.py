@@ -19,7 +19,8 @@ from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from pydantic import BaseModel, ValidationError
 
-from populace.core import bus, subjects
+from populace.core import bus, subjects, telemetry
+from populace.core.telemetry import tracer
 from populace.core.contracts import (
     GuessBatch, LlmCallBatch, RoundResult, RunDone, RunRecorded, RunStarted, SpawnBatch,
 )
@@ -92,6 +93,7 @@ async def consume(sub) -> None:
 async def handle(raws: list[Msg]) -> None:
     t0 = time.perf_counter()
     events: list[Event] = []
+    first: dict[str, Msg] = {}  # each run's first message here: its trace context parents our span
     for raw in raws:
         kind = subjects.kind_of(raw.subject)
         msg_id = (raw.headers or {}).get("Nats-Msg-Id") or f"seq:{raw.metadata.sequence.stream}"
@@ -99,13 +101,22 @@ async def handle(raws: list[Msg]) -> None:
         if model is None:
             continue  # partials, round opens, our own announcements: acked, not stored
         try:
-            events.append(Event(msg_id, kind, model.model_validate_json(raw.data)))
+            event = Event(msg_id, kind, model.model_validate_json(raw.data))
+            events.append(event)
+            first.setdefault(event.model.run_id, raw)
         except ValidationError as err:
             await svc.dead_letter(raw, err)
     for e in events:
         if isinstance(e.model, RunStarted):
             active.add(e.model.run_id)
-    result = await asyncio.to_thread(store.ingest, events)
+    spans = [tracer.start_span("recorder.ingest", context=telemetry.extract(raw.headers),
+                               attributes={"populace.run_id": rid, "populace.messages": len(raws)})
+             for rid, raw in first.items()]
+    try:
+        result = await asyncio.to_thread(store.ingest, events)
+    finally:
+        for span in spans:
+            span.end()
     for raw in raws:
         if not raw._ackd:
             await raw.ack()

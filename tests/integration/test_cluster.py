@@ -1,0 +1,291 @@
+"""A 3-node NATS cluster on loopback: three nats-server processes configured from the deploy
+configs (deploy/nats/cluster/node-<i>.conf, rewritten to 127.0.0.1, free ports and temporary
+stores), Populace streams and KV buckets with three replicas, and every service as its own
+process connected to a different server of the cluster, playing a game to the end."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import pytest
+import yaml
+
+from populace.cli.client import play
+from populace.core import bus, subjects
+from populace.core.contracts import HostInfo, RunConfig, ServiceInfo
+from populace.core.natsserver import find_binary, free_port, terminate
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+CONFIGS = DEPLOY / "nats" / "cluster"
+NODES = (1, 2, 3)
+CORE = {"orchestrator", "environment", "gateway", "recorder"}
+STREAMS = [subjects.CTL_STREAM, subjects.RUN_STREAM, subjects.DLQ_STREAM]
+BUCKETS = [subjects.RUNS_BUCKET, subjects.HOSTS_BUCKET, subjects.SERVICES_BUCKET, subjects.REPLICAS_BUCKET]
+
+
+# -- the cluster --------------------------------------------------------------------------------
+@dataclass
+class Node:
+    index: int
+    client_port: int
+    cluster_port: int
+    http_port: int
+    conf: Path
+    log: Path
+    proc: subprocess.Popen | None = None
+
+    @property
+    def name(self) -> str:
+        return f"nats-{self.index}"
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.client_port}"
+
+    def http(self, path: str) -> tuple[int, dict]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}{path}", timeout=2) as r:
+                return r.status, json.loads(r.read() or b"{}")
+        except urllib.error.HTTPError as err:
+            return err.code, {}
+
+
+def loopback_config(index: int, nodes: dict[int, Node], store: Path) -> str:
+    """The deploy config of node `index`, with nats-<j>:6222 routes, the 0.0.0.0 listeners and
+    the /data store moved to loopback, free ports and a temporary directory. Every rewrite must
+    apply exactly as expected, so a changed deploy config fails here rather than half-working."""
+    text = (CONFIGS / f"node-{index}.conf").read_text()
+    me = nodes[index]
+    rewrites = [
+        (r"(?m)^listen:\s*0\.0\.0\.0:4222\s*$", f"listen: 127.0.0.1:{me.client_port}", 1),
+        (r"(?m)^http:\s*0\.0\.0\.0:8222\s*$", f"http: 127.0.0.1:{me.http_port}", 1),
+        (r"(?m)^(\s+)listen:\s*0\.0\.0\.0:6222\s*$", rf"\g<1>listen: 127.0.0.1:{me.cluster_port}", 1),
+        (r"(?m)^(\s+)store_dir:\s*/data\s*$", rf'\g<1>store_dir: "{store}"', 1),
+    ]
+    for pattern, repl, expected in rewrites:
+        text, n = re.subn(pattern, repl, text)
+        assert n == expected, f"node-{index}.conf: expected {expected} match(es) of {pattern!r}, got {n}"
+    routes = re.findall(r"nats-route://nats-(\d):6222", text)
+    assert sorted(int(j) for j in routes) == [j for j in NODES if j != index], routes
+    text = re.sub(r"nats-route://nats-(\d):6222",
+                  lambda m: f"nats-route://127.0.0.1:{nodes[int(m.group(1))].cluster_port}", text)
+    assert not re.search(r"nats-\d", re.sub(r"(?m)#.*$|^server_name:.*$", "", text)), "unrewritten host name"
+    return text
+
+
+def wait_for_cluster(nodes: dict[int, Node], timeout: float = 30.0) -> None:
+    """Until every node answers /healthz (JetStream current) and reports the same meta leader
+    with two current peers besides it."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        for n in nodes.values():
+            if n.proc and n.proc.poll() is not None:
+                raise RuntimeError(f"{n.name} exited ({n.proc.returncode}):\n{n.log.read_text()[-3000:]}")
+        try:
+            health = [n.http("/healthz")[0] for n in nodes.values()]
+            metas = [n.http("/jsz")[1].get("meta_cluster", {}) for n in nodes.values()]
+            last = (health, metas)
+            leaders = {m.get("leader") for m in metas}
+            if (health == [200] * 3 and len(leaders) == 1 and None not in leaders and "" not in leaders
+                    and all(m.get("cluster_size") == 3 for m in metas)):
+                return
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"cluster not formed in {timeout}s: {last}")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    base = tmp_path_factory.mktemp("cluster")
+    nodes = {i: Node(i, free_port(), free_port(), free_port(), base / f"node-{i}.conf", base / f"node-{i}.log")
+             for i in NODES}
+    for i, n in nodes.items():
+        store = base / f"store-{i}"
+        store.mkdir()
+        n.conf.write_text(loopback_config(i, nodes, store))
+    try:
+        for n in nodes.values():
+            log = open(n.log, "ab")
+            n.proc = subprocess.Popen([find_binary(), "-c", str(n.conf)], stdout=log, stderr=log,
+                                      start_new_session=True)
+        wait_for_cluster(nodes)
+        yield nodes
+    finally:
+        for n in nodes.values():
+            if n.proc:
+                terminate(n.proc)
+
+
+# -- services, each on its own server --------------------------------------------------------------
+# orchestrator + recorder → nats-1, environment + gateway → nats-2, both agent-hosts → nats-3
+PLACEMENT = {
+    "orchestrator": ("orchestrator", 1),
+    "recorder": ("recorder", 1),
+    "environment": ("environment", 2),
+    "gateway": ("gateway", 2),
+    "agent-host-0": ("agent-host", 3),
+    "agent-host-1": ("agent-host", 3),
+}
+
+
+@pytest.fixture(scope="module")
+def services(cluster, tmp_path_factory):
+    base = tmp_path_factory.mktemp("services")
+    db = base / "populace.duckdb"
+    env = {**os.environ, "POPULACE_DB": str(db), "POPULACE_STREAM_REPLICAS": "3", "POPULACE_STORAGE": "file",
+           "POPULACE_LOG_FORMAT": "json", "POPULACE_PARENT_PID": str(os.getpid())}
+    procs: dict[str, subprocess.Popen] = {}
+    try:
+        for key, (service, node) in PLACEMENT.items():
+            penv = {**env, "POPULACE_NATS_URL": cluster[node].url}
+            if service == "agent-host":
+                penv["POPULACE_HOST_ID"] = key.replace("agent-", "")  # host-0, host-1
+            log = open(base / f"{key}.log", "ab")
+            procs[key] = subprocess.Popen([sys.executable, "-m", "populace.cli", "service", service],
+                                          env=penv, stdout=log, stderr=log, start_new_session=True)
+        asyncio.run(wait_registered(cluster[1].url, procs, base))
+        yield {"db": str(db), "procs": procs, "logs": base}
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs.values():
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+async def wait_registered(url: str, procs: dict[str, subprocess.Popen], logs: Path, timeout: float = 60.0) -> None:
+    """Until KV `services` lists the four core services and KV `hosts` both agent-hosts."""
+    nc = await bus.connect(url, "cluster-test-wait")
+    try:
+        js = nc.jetstream()
+        deadline = time.monotonic() + timeout
+        svcs: set[str] = set()
+        hosts: list[HostInfo] = []
+        while time.monotonic() < deadline:
+            for key, p in procs.items():
+                if p.poll() is not None:
+                    tail = (logs / f"{key}.log").read_text()[-3000:]
+                    raise RuntimeError(f"{key} exited with code {p.returncode}:\n{tail}")
+            try:
+                svcs = {s.service for s in await bus.registry_entries(js, subjects.SERVICES_BUCKET, ServiceInfo)}
+                hosts = await bus.registry_entries(js, subjects.HOSTS_BUCKET, HostInfo)
+            except Exception:  # noqa: BLE001 - buckets not created yet
+                pass
+            if CORE <= svcs and len(hosts) >= 2:
+                return
+            await asyncio.sleep(0.1)
+        raise TimeoutError(f"not registered after {timeout}s: services {sorted(svcs)}, {len(hosts)} hosts; "
+                           f"logs in {logs}")
+    finally:
+        await nc.close()
+
+
+# -- tests ----------------------------------------------------------------------------------------
+def test_deploy_configs_are_valid_and_agree_with_the_worker_compose():
+    for i in NODES:
+        conf = CONFIGS / f"node-{i}.conf"
+        r = subprocess.run([find_binary(), "-t", "-c", str(conf)], capture_output=True, text=True, timeout=10)
+        assert r.returncode == 0, r.stdout + r.stderr
+        text = conf.read_text()
+        assert re.search(rf"(?m)^server_name:\s*nats-{i}\s*$", text)
+        assert re.search(r"(?m)^\s+name:\s*populace\s*$", text)
+    worker = yaml.safe_load((DEPLOY / "compose.worker.yaml").read_text())
+    env = worker["x-populace"]["environment"]
+    assert env["POPULACE_STREAM_REPLICAS"] == "3"
+    assert all(f"nats://nats-{i}:4222" in env["POPULACE_NATS_URL"] for i in NODES)
+    nodes = yaml.safe_load((DEPLOY / "compose.cluster.yaml").read_text())["services"]
+    assert sorted(nodes) == [f"nats-{i}" for i in NODES]
+    for i in NODES:
+        assert f"./nats/cluster/node-{i}.conf:/etc/nats/nats.conf:ro" in nodes[f"nats-{i}"]["volumes"]
+
+
+async def test_streams_and_buckets_get_three_replicas(cluster):
+    # three clients, one per server, provision at the same time (as services starting together do)
+    ncs = [await bus.connect(n.url, f"cluster-test-{n.index}") for n in cluster.values()]
+    try:
+        await asyncio.gather(*(bus.provision(nc.jetstream(), storage="file", replicas=3) for nc in ncs))
+        names = {n.name for n in cluster.values()}
+        for js in (nc.jetstream() for nc in ncs):
+            for stream in STREAMS + [f"KV_{b}" for b in BUCKETS]:
+                info = await js.stream_info(stream)
+                assert info.config.num_replicas == 3, stream
+                assert info.cluster is not None and info.cluster.name == "populace", stream
+                peers = {r.name for r in info.cluster.replicas or []}
+                assert info.cluster.leader in names and len(peers) == 2, (stream, info.cluster)
+                assert peers | {info.cluster.leader} == names, (stream, info.cluster)
+        # a write through one server is read back through another
+        kv0 = await ncs[0].jetstream().key_value(subjects.RUNS_BUCKET)
+        kv2 = await ncs[2].jetstream().key_value(subjects.RUNS_BUCKET)
+        await kv0.put("cluster-probe", b"1")
+        assert (await kv2.get("cluster-probe")).value == b"1"
+        await kv0.delete("cluster-probe")
+    finally:
+        for nc in ncs:
+            await nc.close()
+
+
+async def test_services_on_different_servers_play_a_game(cluster, services):
+    # each service really is connected to the server it was given
+    for key, (service, node) in PLACEMENT.items():
+        _, connz = cluster[node].http("/connz?limit=1024")
+        names = [c.get("name") for c in connz.get("connections", [])]
+        assert f"populace-{service}" in names, (key, cluster[node].name, names)
+    # the streams the services created (or found) are R3
+    nc = await bus.connect(cluster[2].url, "cluster-test-client")  # the client on yet another path
+    try:
+        js = nc.jetstream()
+        for stream in STREAMS + [f"KV_{b}" for b in BUCKETS]:
+            assert (await js.stream_info(stream)).config.num_replicas == 3, stream
+        config = RunConfig.model_validate({"agents": 300, "rounds": 2, "model": {"latency_s": 0.0, "seed": 5}})
+        t0 = time.monotonic()
+        out = await play(nc, config, stall_s=30)
+        elapsed = time.monotonic() - t0
+    finally:
+        await nc.close()
+    assert out.status == "completed", out.reason
+    assert sorted(out.started.hosts) == ["host-0", "host-1"]
+    assert [r.round for r in out.results] == [1, 2]
+    assert out.recorded is not None and out.recorded.guesses == 600
+    print(f"game over the cluster: {elapsed:.2f}s")
+
+    rid = out.run_id
+    with duckdb.connect(services["db"], read_only=True) as con:
+        assert con.execute("SELECT status FROM runs WHERE run_id = ? AND finished_at IS NOT NULL",
+                           [rid]).fetchall() == [("completed",)]
+        assert con.execute("SELECT count(*), count(DISTINCT agent_id), min(agent_id), max(agent_id), "
+                           "count(DISTINCT host_id) FROM agents WHERE run_id = ?", [rid]).fetchone() == (300, 300, 0, 299, 2)
+        assert con.execute("SELECT count(*) FROM guesses WHERE run_id = ?", [rid]).fetchone() == (600,)
+        assert con.execute("SELECT count(*) FROM (SELECT round, agent_id FROM guesses WHERE run_id = ? "
+                           "GROUP BY 1, 2 HAVING count(*) <> 1)", [rid]).fetchone() == (0,)
+        assert con.execute("SELECT round, count(DISTINCT agent_id) FROM guesses WHERE run_id = ? "
+                           "GROUP BY 1 ORDER BY 1", [rid]).fetchall() == [(1, 300), (2, 300)]
+        rounds = con.execute("SELECT round, n, n_valid, mean FROM rounds WHERE run_id = ? ORDER BY round",
+                             [rid]).fetchall()
+        assert [r[0] for r in rounds] == [1, 2]
+        for rnd, n, n_valid, mean in rounds:
+            valid = con.execute("SELECT count(*), avg(value) FROM guesses WHERE run_id = ? AND round = ? AND valid",
+                                [rid, rnd]).fetchone()
+            assert n == 300 and n_valid == valid[0]
+            assert mean == pytest.approx(valid[1], rel=1e-12)
+    for key, p in services["procs"].items():
+        assert p.poll() is None, f"{key} exited"
