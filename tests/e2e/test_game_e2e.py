@@ -154,3 +154,37 @@ def test_every_service_stops_on_sigterm(tmp_path):
         killed = s.stop(timeout=10)
     assert killed == []
     assert {k: p.returncode for k, p in procs.items() if p.returncode not in (0, -15)} == {}
+
+
+def test_every_service_exposes_prometheus_metrics(tmp_path):
+    import httpx
+
+    s = Stack(hosts=1, db=str(tmp_path / "m.duckdb"), env={"POPULACE_STORAGE": "memory"}, metrics=True)
+    s.start()
+    try:
+        asyncio.run(s.wait_ready(timeout=90))
+        out = run_game(s, RunConfig.model_validate({"agents": 120, "rounds": 2, "model": {"latency_s": 0}}))
+        assert out.status == "completed"
+        scraped = {key: httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+                   for key, port in s.metrics_ports.items()}
+    finally:
+        s.stop()
+
+    def value(text: str, series: str) -> float:
+        for line in text.splitlines():
+            name, _, number = line.rpartition(" ")
+            if name == series:
+                return float(number)
+        raise KeyError(f"{series} not exposed")
+
+    assert value(scraped["orchestrator"], 'populace_rounds_total{service="orchestrator"}') == 2
+    assert value(scraped["environment"], 'populace_rounds_total{service="environment"}') == 2
+    host = scraped["agent-host-0"]
+    assert value(host, 'populace_rounds_total{service="agent-host"}') == 2
+    assert value(host, "populace_agents_hosted") == 0  # the run is over: agents released
+    assert value(host, 'populace_items_total{kind="guesses",service="agent-host"}') == 240
+    assert value(host, 'populace_llm_in_flight{service="agent-host"}') == 0
+    assert value(scraped["gateway"], 'populace_items_total{kind="infer",service="gateway"}') == 240
+    assert value(scraped["recorder"], 'populace_items_total{kind="guesses",service="recorder"}') == 240
+    for key in ("orchestrator", "environment", "gateway", "recorder", "agent-host-0"):
+        assert "populace_dead_letters_total" in scraped[key]

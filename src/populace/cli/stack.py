@@ -17,7 +17,7 @@ import psutil
 
 from populace.core import bus, subjects
 from populace.core.contracts import HostInfo, ReplicaInfo, ServiceInfo
-from populace.core.natsserver import EmbeddedNats
+from populace.core.natsserver import EmbeddedNats, free_port
 
 CORE_SERVICES = ["orchestrator", "environment", "gateway", "recorder"]
 
@@ -48,6 +48,8 @@ class Stack:
     host_env: dict[str, str] = field(default_factory=dict)
     extra: dict[str, list[str]] = field(default_factory=dict)  # more `populace …` processes, by name
     replicas: int = 0  # LLM replicas that must be registered before the stack is ready
+    metrics: bool = False  # give every service its own Prometheus port (see metrics_ports)
+    metrics_ports: dict[str, int] = field(default_factory=dict)
     nats: EmbeddedNats | None = None
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
 
@@ -74,6 +76,9 @@ class Stack:
 
     def _spawn(self, key: str, args: list[str], env: dict[str, str]) -> None:
         log = open(Path(self.log_dir) / f"{key}.log", "ab")  # type: ignore[arg-type]
+        if self.metrics and args[0] == "service":
+            self.metrics_ports[key] = free_port()
+            env = {**env, "POPULACE_METRICS_PORT": str(self.metrics_ports[key])}
         self.procs[key] = subprocess.Popen(
             [sys.executable, "-m", "populace.cli", *args],
             env=env, stdout=log, stderr=log, start_new_session=True,

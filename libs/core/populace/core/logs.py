@@ -1,4 +1,6 @@
-"""structlog setup: JSON when not on a TTY, console otherwise. One line per batch, never per agent."""
+"""structlog setup: JSON when not on a TTY, console otherwise; run_id, round and host_id bound
+from context where a service plays a round; trace and span ids on every line inside a span.
+One line per batch, never per agent."""
 
 from __future__ import annotations
 
@@ -6,6 +8,17 @@ import logging
 import sys
 
 import structlog
+
+
+def add_trace_ids(_logger, _method, event: dict) -> dict:
+    """trace_id / span_id of the current OpenTelemetry span on every line inside a span."""
+    from opentelemetry import trace
+
+    ctx = trace.get_current_span().get_span_context()
+    if ctx.is_valid:
+        event["trace_id"] = f"{ctx.trace_id:032x}"
+        event["span_id"] = f"{ctx.span_id:016x}"
+    return event
 
 
 def configure(level: str = "INFO", fmt: str = "auto", service: str | None = None) -> None:
@@ -17,6 +30,7 @@ def configure(level: str = "INFO", fmt: str = "auto", service: str | None = None
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
+            add_trace_ids,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,

@@ -17,7 +17,7 @@ from faststream.nats import NatsBroker
 from nats.aio.msg import Msg
 from pydantic import BaseModel, ValidationError
 
-from populace.core import bus, logs, subjects, telemetry
+from populace.core import bus, logs, metrics, subjects, telemetry
 from populace.core.contracts import ServiceInfo
 from populace.core.settings import Settings
 
@@ -31,6 +31,7 @@ class Service:
         self.settings = settings or Settings()
         logs.configure(self.settings.log_level, self.settings.log_format, service=name)
         telemetry.setup(name)
+        metrics.DEAD_LETTERS.labels(name)  # the series exists (at 0) before the first bad message
         self.log = logs.get(f"populace.{name}")
         quiet = logging.getLogger(f"faststream.{name}")
         quiet.setLevel(logging.WARNING)
@@ -77,6 +78,7 @@ class Service:
             self.settings.heartbeat_s,
         )
         await self._heartbeat.start()
+        metrics.serve(self.settings.metrics_port)
         if self.settings.parent_pid:
             self._orphan_watch = asyncio.create_task(self._exit_when_orphaned(self.settings.parent_pid))
         self.log.info("service_ready", nats=self.settings.nats_url)
@@ -118,6 +120,7 @@ class Service:
         Never raises: a bad message must not take a service down."""
         reason = bus.short_error(error)
         bus.dlq_counts[self.name] += 1
+        metrics.DEAD_LETTERS.labels(self.name).inc()
         self.log.warning("dead_letter", subject=msg.subject, error=reason, bytes=len(msg.data),
                          dlq_total=bus.dlq_counts[self.name])
         if bus.is_jetstream(msg) and not msg._ackd:

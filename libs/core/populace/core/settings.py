@@ -19,6 +19,7 @@ class Settings(BaseSettings):
     nats_password: str | None = None
     log_level: str = "INFO"
     log_format: Literal["auto", "json", "console"] = "auto"
+    metrics_port: int = Field(0, ge=0, le=65535)  # Prometheus /metrics; 0 = off
     parent_pid: int | None = None  # set by `populace demo/up/bench`: exit when that process dies
 
     # agent-host

@@ -11,7 +11,7 @@ import random
 from nats.aio.client import Client
 from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
 
-from populace.core import logs, subjects, telemetry
+from populace.core import logs, metrics, subjects, telemetry
 from populace.core.telemetry import tracer
 from populace.core.contracts import InferBatch, InferReply, ModelConfig
 
@@ -79,8 +79,14 @@ class InferSession:
                            prompts=prompts, **self._header)
         data = batch.model_dump_json().encode()
         self.batches_sent += 1
-        with tracer.start_as_current_span("agent-host.infer", attributes={"populace.prompts": len(keys)}):
-            await self._request(batch.batch_id, data, futs, tracing=telemetry.inject())
+        metrics.batch("agent-host", "infer", len(keys))
+        in_flight = metrics.LLM_IN_FLIGHT.labels("agent-host")
+        in_flight.inc(len(keys))
+        try:
+            with tracer.start_as_current_span("agent-host.infer", attributes={"populace.prompts": len(keys)}):
+                await self._request(batch.batch_id, data, futs, tracing=telemetry.inject())
+        finally:
+            in_flight.dec(len(keys))
 
     async def _request(self, batch_id: str, data: bytes, futs: list[asyncio.Future], tracing: dict) -> None:
         error: str = ""

@@ -8,7 +8,7 @@ import asyncio
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from populace.core import bus, subjects, telemetry
+from populace.core import bus, metrics, subjects, telemetry
 from populace.core.contracts import GuessBatch, Progress
 from populace.games.rules import PartialBuilder
 
@@ -48,6 +48,7 @@ class GuessCollector:
             agent_ids=self._ids, values=self._values, raws=self._raws, latency_ms=self._lat,
         )
         self._seq += 1
+        metrics.batch("agent-host", "guesses", len(self._ids))
         self._new()
         self._publishing.append(asyncio.get_running_loop().create_task(self._publish(batch)))
 

@@ -14,9 +14,10 @@ from nats.js import JetStreamContext
 
 from populace.agent_host.collector import GuessCollector
 from populace.agent_host.process_mode import ProcessAgent
+import structlog
 from opentelemetry.context import Context
 
-from populace.core import logs
+from populace.core import logs, metrics
 from populace.core.telemetry import tracer
 from populace.core.contracts import RoundOpen, RunConfig, SpawnBatch
 from populace.core.settings import Settings
@@ -68,11 +69,13 @@ class HostRuntime:
         # each collection during a round does not walk a million long-lived objects.
         gc.collect()
         gc.freeze()
+        metrics.AGENTS.set(self.agent_count)
         return run
 
     def forget(self, run_id: str) -> None:
         run = self.runs.pop(run_id, None)
         gc.unfreeze()  # let the finished run's agents be collected
+        metrics.AGENTS.set(self.agent_count)
         if run:
             for a in run.agents:
                 if isinstance(a, ProcessAgent):
@@ -89,6 +92,8 @@ class HostRuntime:
 
     async def play_round(self, run: HostedRun, opened: RoundOpen, trace_context: Context | None = None) -> None:
         # One span for this host's share of the round; the batches below are its children.
+        # This task's own context: the bound ids appear on every log line of the round.
+        structlog.contextvars.bind_contextvars(run_id=run.run_id, round=opened.round, host_id=self.host_id)
         with tracer.start_as_current_span(
                 "agent-host.round", context=trace_context,
                 attributes={"populace.run_id": run.run_id, "populace.round": opened.round,
@@ -113,6 +118,7 @@ class HostRuntime:
                                    host_id=self.host_id, batch_size=s.guess_batch_size)
         await self._run_turns(run.agents, turn, collector, loop)
         batches = await collector.close()
+        metrics.ROUNDS.labels("agent-host").inc()
         p = collector.partial
         log.info("round_played", run_id=run.run_id, round=opened.round, agents=p.n,
                  valid=p.n_valid, infer_batches=session.batches_sent, guess_batches=batches,

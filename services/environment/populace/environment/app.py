@@ -13,7 +13,7 @@ from nats.js.api import DeliverPolicy
 
 from opentelemetry.context import Context
 
-from populace.core import bus, subjects, telemetry
+from populace.core import bus, metrics, subjects, telemetry
 from populace.core.telemetry import tracer
 from populace.core.contracts import HostPartial, RoundOpen, RoundResult
 from populace.core.service import Service
@@ -44,6 +44,7 @@ async def publish_result(_event: str, result: RoundResult) -> None:
                         "populace.n_valid": result.n_valid}):
         await bus.publish_js(svc.js, subjects.run_round_result(result.run_id, result.round), result,
                              msg_id=subjects.msg_id(result.run_id, result.round, "env", "result"))
+    metrics.ROUNDS.labels("environment").inc()
     svc.log.info("round_closed", run_id=result.run_id, round=result.round, n=result.n,
                  valid=result.n_valid, mean=result.mean, target=result.target,
                  winner=result.winner_agent_id, winner_value=result.winner_value)

@@ -11,7 +11,7 @@ import asyncio
 import httpx
 from faststream.nats.annotations import NatsMessage
 
-from populace.core import bus, subjects, telemetry
+from populace.core import bus, metrics, subjects, telemetry
 from populace.core.telemetry import tracer
 from populace.core.contracts import InferBatch, InferReply, LlmCallBatch
 from populace.core.service import Service
@@ -86,6 +86,7 @@ async def on_infer(msg: NatsMessage) -> bytes:
                      replicas=sorted(set(calls.replicas)))
     stats["batches"] += 1
     stats["prompts"] += len(batch.keys)
+    metrics.batch("gateway", "infer", len(batch.keys))
     if stats["batches"] % 200 == 0:
         svc.log.info("gateway_progress", batches=stats["batches"], prompts=stats["prompts"],
                      errors=stats["errors"])

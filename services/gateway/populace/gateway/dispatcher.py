@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from populace.core import logs
+from populace.core import logs, metrics
 from populace.core.contracts import InferBatch, InferReply, LlmCallBatch
 from populace.core.settings import Settings
 from populace.gateway import answers
@@ -64,6 +64,7 @@ class Dispatcher:
                               error=f"gateway overloaded: {self.admitted} prompts in service, limit "
                                     f"{self.s.gateway_max_queue}; retry later"), None
         self.admitted += n
+        metrics.LLM_IN_FLIGHT.labels("gateway").set(self.admitted)
         # Affinity key: the batch's system prompt is the prefix all its prompts share (the
         # per-agent prompts differ, so including them would scatter one prefix everywhere).
         key = prefix_key(batch.system)
@@ -71,6 +72,7 @@ class Dispatcher:
             decisions = await asyncio.gather(*(self.decide(batch, i, key) for i in range(n)))
         finally:
             self.admitted -= n
+            metrics.LLM_IN_FLIGHT.labels("gateway").set(self.admitted)
         reply = InferReply(batch_id=batch.batch_id, texts=[d.text for d in decisions],
                            valid=[d.valid for d in decisions], attempts=[d.attempts for d in decisions])
         calls = LlmCallBatch(

@@ -18,7 +18,7 @@ from nats.js.errors import KeyWrongLastSequenceError
 from opentelemetry import trace
 from opentelemetry.trace import Span
 
-from populace.core import bus, subjects, telemetry
+from populace.core import bus, metrics, subjects, telemetry
 from populace.core.telemetry import tracer
 from populace.core.contracts import (
     HostInfo, HostSpawned, RoundOpen, RoundResult, RunDone, RunStart, RunStarted, RunState, SpawnBatch,
@@ -129,6 +129,7 @@ async def publish_open(state: RunState, action: workflow.OpenRound) -> None:
                   game=state.config.game, opened_at=time.time()),
         msg_id=subjects.msg_id(rid, action.round, "orch", "open"),
     )
+    metrics.ROUNDS.labels("orchestrator").inc()
     svc.log.info("round_opened", run_id=rid, round=action.round, expected=action.expected)
 
 

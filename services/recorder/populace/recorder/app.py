@@ -19,7 +19,7 @@ from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from pydantic import BaseModel, ValidationError
 
-from populace.core import bus, subjects, telemetry
+from populace.core import bus, metrics, subjects, telemetry
 from populace.core.telemetry import tracer
 from populace.core.contracts import (
     GuessBatch, LlmCallBatch, RoundResult, RunDone, RunRecorded, RunStarted, SpawnBatch,
@@ -120,6 +120,9 @@ async def handle(raws: list[Msg]) -> None:
     for raw in raws:
         if not raw._ackd:
             await raw.ack()
+    metrics.batch("recorder", "messages", len(raws))
+    if result.guesses:
+        metrics.ITEMS.labels("recorder", "guesses").inc(result.guesses)
     if result.guesses or result.finished:
         svc.log.info("recorded", messages=len(raws), guesses=result.guesses,
                      seconds=round(time.perf_counter() - t0, 3))
