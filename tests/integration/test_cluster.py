@@ -21,6 +21,7 @@ from pathlib import Path
 
 import duckdb
 import nats.errors
+import nats.js.errors
 import pytest
 import yaml
 
@@ -268,17 +269,24 @@ async def test_streams_and_buckets_get_three_replicas(cluster):
             await nc.close()
 
 
-@pytest.mark.xfail(raises=nats.errors.TimeoutError, strict=False,
-                   reason="bus.provision calls stream_info on an R3 stream another client has just "
-                          "created; until its Raft group has a leader nobody answers, and the request "
-                          "times out after 5 s (about one run in three)")
+@pytest.mark.xfail(raises=(nats.errors.TimeoutError, nats.js.errors.NoStreamResponseError), strict=False,
+                   reason="known race (bus.provision / Heartbeat): right after another client creates an "
+                          "R3 stream, its Raft group has no leader for a moment; a stream_info then gets "
+                          "no reply (5 s timeout) and a KV put gets 'no response from stream'. Fails in "
+                          "about one run of three.")
 async def test_concurrent_provisioning_from_three_servers(tmp_path):
-    """Services starting together on a fresh cluster provision concurrently, each through
-    its own server."""
+    """What services starting together on a fresh cluster do, each through its own server:
+    provision, then write their first registry heartbeat."""
     with running_cluster(tmp_path) as nodes:
         ncs = [await bus.connect(n.url, f"cluster-test-{n.index}") for n in nodes.values()]
         try:
-            await asyncio.gather(*(bus.provision(nc.jetstream(), storage="file", replicas=3) for nc in ncs))
+            async def start_like_a_service(nc, i: int) -> None:
+                js = nc.jetstream()
+                await bus.provision(js, storage="file", replicas=3)
+                kv = await js.key_value(subjects.SERVICES_BUCKET)
+                await kv.put(f"probe.{i}", b"{}")
+
+            await asyncio.gather(*(start_like_a_service(nc, i) for i, nc in enumerate(ncs)))
             await assert_r3(ncs[2].jetstream(), {n.name for n in nodes.values()})
         finally:
             for nc in ncs:
