@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from faststream import FastStream
-from faststream.nats import NatsBroker
+from faststream.nats import NatsBroker, NatsUserPassword
 from nats.aio.msg import Msg
 from pydantic import BaseModel, ValidationError
 
@@ -35,10 +35,11 @@ class Service:
         self.log = logs.get(f"populace.{name}")
         quiet = logging.getLogger(f"faststream.{name}")
         quiet.setLevel(logging.WARNING)
+        creds = bus.credentials(self.settings)
         self.broker = NatsBroker(
             bus.servers(self.settings.nats_url), logger=quiet, log_level=logging.DEBUG,
             max_reconnect_attempts=-1, reconnect_time_wait=0.5, name=f"populace-{name}",
-            **bus.credentials(self.settings),
+            security=NatsUserPassword(creds["user"], creds["password"]) if creds else None,
         )
         self.app = FastStream(self.broker, logger=quiet)
         self.app.on_startup(self._connect_and_provision)

@@ -47,7 +47,9 @@ async def _stop() -> None:
             runtime.forget(rid)
 
 
-@broker.subscriber(subjects.any_spawn_for(host_id))
+# no_reply: these are JetStream-published events whose reply subject is the publisher's
+# PubAck inbox; an (empty) handler reply there would race the server's real acknowledgement.
+@broker.subscriber(subjects.any_spawn_for(host_id), no_reply=True)
 async def on_spawn(msg: NatsMessage) -> None:
     batch = await svc.parse(SpawnBatch, msg.raw_message)
     if batch is None:
@@ -64,7 +66,7 @@ async def on_spawn(msg: NatsMessage) -> None:
     )
 
 
-@broker.subscriber(subjects.ANY_ROUND_OPEN)
+@broker.subscriber(subjects.ANY_ROUND_OPEN, no_reply=True)
 async def on_round_open(msg: NatsMessage) -> None:
     opened = await svc.parse(RoundOpen, msg.raw_message)
     if opened is not None:
@@ -72,7 +74,7 @@ async def on_round_open(msg: NatsMessage) -> None:
         state["runtime"].start_round(opened, telemetry.extract(msg.headers))
 
 
-@broker.subscriber(subjects.ANY_RUN_DONE)
+@broker.subscriber(subjects.ANY_RUN_DONE, no_reply=True)
 async def on_done(msg: NatsMessage) -> None:
     done = await svc.parse(RunDone, msg.raw_message)
     if done is not None:
