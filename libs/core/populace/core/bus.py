@@ -11,10 +11,13 @@ from collections import Counter
 from typing import TypeVar
 
 import nats
+import nats.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType, StreamConfig
-from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError
+from nats.js.errors import (
+    BadRequestError, BucketNotFoundError, NoStreamResponseError, NotFoundError, ServiceUnavailableError,
+)
 from nats.js.kv import KeyValue
 from pydantic import BaseModel, ValidationError
 
@@ -70,35 +73,65 @@ async def provision(js: JetStreamContext, storage: str = "file", replicas: int =
                      num_replicas=replicas, max_msgs=100_000),
     ]
     for cfg in streams:
-        try:
-            await js.stream_info(cfg.name)
-        except NotFoundError:
-            try:
-                await js.add_stream(cfg)
-            except BadRequestError as err:  # created concurrently by another service
-                if "already in use" not in str(err):
-                    raise
+        await until_ready(lambda cfg=cfg: _ensure_stream(js, cfg), f"stream {cfg.name}")
     for bucket, ttl in (
         (subjects.RUNS_BUCKET, None),
         (subjects.HOSTS_BUCKET, 30.0),
         (subjects.SERVICES_BUCKET, 30.0),
         (subjects.REPLICAS_BUCKET, 30.0),
     ):
-        await ensure_kv(js, bucket, ttl=ttl, storage=st, replicas=replicas)
+        await until_ready(lambda b=bucket, t=ttl: ensure_kv(js, b, ttl=t, storage=st, replicas=replicas),
+                          f"bucket {bucket}")
+
+
+# A replicated stream that was just created has no Raft leader for a moment: API calls then
+# time out or get "no response from stream". Those are transient; anything else is not.
+TRANSIENT = (nats.errors.TimeoutError, asyncio.TimeoutError, NoStreamResponseError, ServiceUnavailableError)
+
+
+async def until_ready(step, what: str, attempts: int = 12, delay_s: float = 0.25):
+    """Run `step()` until it succeeds, retrying transient JetStream errors (bounded)."""
+    for attempt in range(attempts):
+        try:
+            return await step()
+        except TRANSIENT as err:
+            if attempt == attempts - 1:
+                raise
+            log.info("jetstream_not_ready", what=what, attempt=attempt + 1, error=type(err).__name__)
+            await asyncio.sleep(min(2.0, delay_s * 2**attempt))
+
+
+async def _ensure_stream(js: JetStreamContext, cfg: StreamConfig) -> None:
+    try:
+        info = await js.stream_info(cfg.name)
+    except NotFoundError:
+        try:
+            info = await js.add_stream(cfg)
+        except BadRequestError as err:  # created concurrently by another service
+            if "already in use" not in str(err):
+                raise
+            info = await js.stream_info(cfg.name)
+    if (cfg.num_replicas or 1) > 1 and not (info.cluster and info.cluster.leader):
+        raise nats.errors.TimeoutError  # no leader elected yet: until_ready asks again
 
 
 async def ensure_kv(js: JetStreamContext, bucket: str, ttl: float | None = None,
                     storage: StorageType = StorageType.FILE, replicas: int = 1) -> KeyValue:
     try:
-        return await js.key_value(bucket)
+        kv = await js.key_value(bucket)
     except BucketNotFoundError:
         try:
-            return await js.create_key_value(
+            kv = await js.create_key_value(
                 KeyValueConfig(bucket=bucket, ttl=ttl, history=1, storage=storage,
                                replicas=replicas)
             )
         except BadRequestError:
-            return await js.key_value(bucket)
+            kv = await js.key_value(bucket)
+    if replicas > 1:
+        info = await js.stream_info(f"KV_{bucket}")
+        if not (info.cluster and info.cluster.leader):
+            raise nats.errors.TimeoutError  # no leader elected yet
+    return kv
 
 
 def dlq_headers(subject: str, reason: str) -> dict[str, str]:
@@ -131,7 +164,7 @@ class Heartbeat:
         self._task: asyncio.Task | None = None
 
     async def start(self) -> None:
-        await self._beat()
+        await until_ready(self._beat, f"first heartbeat of {self._key}")
         self._task = asyncio.create_task(self._loop())
 
     async def _beat(self) -> None:
