@@ -125,10 +125,16 @@ async def ensure_kv(js: JetStreamContext, bucket: str, ttl: float | None = None,
                 KeyValueConfig(bucket=bucket, ttl=ttl, history=1, storage=storage,
                                replicas=replicas)
             )
-        except BadRequestError:
-            kv = await js.key_value(bucket)
+        except BadRequestError:  # created concurrently by another service
+            try:
+                kv = await js.key_value(bucket)
+            except BucketNotFoundError:  # just created elsewhere, not visible here yet
+                raise nats.errors.TimeoutError from None
     if replicas > 1:
-        info = await js.stream_info(f"KV_{bucket}")
+        try:
+            info = await js.stream_info(f"KV_{bucket}")
+        except NotFoundError:
+            raise nats.errors.TimeoutError from None  # not visible here yet
         if not (info.cluster and info.cluster.leader):
             raise nats.errors.TimeoutError  # no leader elected yet
     return kv
@@ -150,10 +156,17 @@ def short_error(error: Exception | str) -> str:
 
 
 async def publish_js(js: JetStreamContext, subject: str, model: BaseModel, msg_id: str | None = None,
-                     timeout: float = 10.0) -> None:
-    """One JetStream publish awaiting its PubAck (control plane). De-duplicated by msg_id."""
+                     timeout: float = 5.0, attempts: int = 8) -> None:
+    """One JetStream publish awaiting its PubAck (control plane). De-duplicated by msg_id, so
+    it is retried through transient errors — e.g. the stream's leader being re-elected after a
+    node died (~5–10 s), during which a lost publish would otherwise stall a run."""
     headers = telemetry.inject({"Nats-Msg-Id": msg_id} if msg_id else None)
-    await js.publish(subject, encode(model), headers=headers, timeout=timeout)
+    data = encode(model)
+
+    async def once() -> None:
+        await js.publish(subject, data, headers=headers, timeout=timeout)
+
+    await until_ready(once, f"publish {subject}", attempts=attempts if msg_id else 1)
 
 
 class Heartbeat:

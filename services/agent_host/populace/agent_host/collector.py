@@ -21,7 +21,8 @@ class GuessCollector:
         self._batch_size = batch_size
         self.partial = PartialBuilder()
         self._seq = 0
-        self._acks: list[asyncio.Future] = []
+        # (subject, data, headers, PubAck future) of every batch, until the round closes
+        self._sent: list[tuple[str, bytes, dict, asyncio.Future]] = []
         self._publishing: list[asyncio.Task] = []
         self._new()
 
@@ -55,14 +56,22 @@ class GuessCollector:
     async def _publish(self, batch: GuessBatch) -> None:
         shard = f"{self.host_id}-{batch.seq}"
         data = batch.model_dump_json().encode()
-        ack = await self._js.publish_async(
-            subjects.run_guesses(self.run_id, self.round, self.host_id), data,
-            headers=telemetry.inject({"Nats-Msg-Id": subjects.msg_id(self.run_id, self.round, shard, "guesses")}),
-        )
-        self._acks.append(ack)
+        subject = subjects.run_guesses(self.run_id, self.round, self.host_id)
+        headers = telemetry.inject({"Nats-Msg-Id": subjects.msg_id(self.run_id, self.round, shard, "guesses")})
+        ack = await self._js.publish_async(subject, data, headers=headers)
+        self._sent.append((subject, data, headers, ack))
         tick = Progress(run_id=self.run_id, round=self.round, host_id=self.host_id,
                         answered=len(batch.agent_ids))
         await self._nc.publish(subjects.progress(self.run_id, self.round, self.host_id), bus.encode(tick))
+
+    async def _confirm(self, subject: str, data: bytes, headers: dict, ack: asyncio.Future) -> None:
+        """Wait for a batch's PubAck; republish it if JetStream did not store it (e.g. during a
+        leader election). The same Nats-Msg-Id makes the republish a no-op if it was stored."""
+        try:
+            await ack
+        except bus.TRANSIENT:
+            await bus.until_ready(lambda: self._js.publish(subject, data, headers=headers, timeout=5.0),
+                                  f"republish {subject}")
 
     async def close(self) -> int:
         """Flush, wait until JetStream stored every batch, then publish the partial.
@@ -70,7 +79,8 @@ class GuessCollector:
         result and the run's end) is stored after every guess it summarises."""
         self.flush()
         await asyncio.gather(*self._publishing)
-        await asyncio.gather(*self._acks)
+        await asyncio.gather(*(self._confirm(*sent) for sent in self._sent))
+        self._sent.clear()
         partial = self.partial.build(self.run_id, self.round, self.host_id)
         await bus.publish_js(self._js, subjects.run_partial(self.run_id, self.round, self.host_id),
                              partial, msg_id=subjects.msg_id(self.run_id, self.round, self.host_id, "partial"))
