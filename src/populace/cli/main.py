@@ -26,6 +26,8 @@ replicas_app = typer.Typer(help="Start LLM replicas and register them for the ga
                            no_args_is_help=True)
 app.add_typer(replicas_app, name="replicas")
 NATS_DEFAULT = os.environ.get("POPULACE_NATS_URL", "nats://127.0.0.1:4222")
+personas_app = typer.Typer(help="Populations and personas.", no_args_is_help=True)
+app.add_typer(personas_app, name="personas")
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -212,6 +214,37 @@ def _serve_replicas(start, nats: str) -> None:
         fail(str(err), code=1)
     finally:
         rs.stop()
+
+
+@personas_app.command("generate")
+def personas_generate(
+    config: Annotated[Path, typer.Argument(help="population config (YAML), e.g. examples/population/education.yaml")],
+    out: Annotated[Path, typer.Option(help="JSONL file to write: one {profile, persona, provenance} per line")],
+    count: Annotated[Optional[int], typer.Option(help="agents (overrides the config's total)")] = None,
+    model: Annotated[str, typer.Option(help="template (no LLM), local (SmolLM2), sim or openai")] = "template",
+    unique: Annotated[Optional[int], typer.Option(help="generate K personas and assign them to the agents by profile")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="overrides the config's seed")] = None,
+    nats: Annotated[Optional[str], typer.Option("--nats", help="use a running stack (default: start one)")] = None,
+    concurrency: Annotated[int, typer.Option(min=1, help="prompts per gateway request")] = 16,
+) -> None:
+    """Sample profiles with exact quotas and turn each into a persona (an LLM meta-prompt
+    through the gateway, or templates for very large N)."""
+    from populace.cli.personas import PersonaGenerationError, PopulationError, generate
+
+    try:
+        res = generate(config, out, count, model, unique, seed, nats, concurrency, show_progress=True)
+    except PopulationError as err:
+        fail(str(err))
+    except ValueError as err:
+        fail(str(err))
+    except PersonaGenerationError as err:
+        fail(str(err), code=1)
+    display.out.print(f"wrote {res.count:,} personas to {res.path} in {res.seconds:.1f}s "
+                      f"({res.category_attribute}: {dict(res.categories)})")
+    if model != "template":
+        display.out.print(f"{res.llm}/{res.unique} from {res.model_id} ({res.llm_valid_first_try} on the first try, "
+                          f"{res.regenerated} regenerated, {res.fallbacks} template fallbacks, "
+                          f"{res.duplicates_removed} duplicates regenerated)")
 
 
 @replicas_app.command("local")

@@ -169,9 +169,9 @@ async def register_forever(nats_url: str, rs: ReplicaSet, every_s: float = 2.0) 
                     await kv.put(r.info.replica_id, bus.encode(info))
             await asyncio.sleep(every_s)
     finally:
-        for r in rs.replicas:
+        for r in rs.replicas:  # best effort and quick: the TTL removes what is left
             try:
-                await kv.delete(r.info.replica_id)
-            except Exception:  # noqa: BLE001
+                await asyncio.wait_for(kv.delete(r.info.replica_id), 1.0)
+            except BaseException:  # noqa: BLE001 - cancelled or timed out while shutting down
                 pass
         await nc.close()
