@@ -21,7 +21,8 @@ from populace.cli.client import play
 from populace.cli.stack import Stack
 from populace.core import bus
 from populace.core.contracts import RunConfig
-from populace.core.natsserver import free_port, terminate
+from populace.core.natsserver import free_port
+from populace.core.processes import terminate
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from pathlib import Path
 import nats
 import nats.errors
 import pytest
+from populace.core.processes import stop_all
 from populace.core import bus, subjects
 from populace.core.contracts import HostInfo, RunConfig, RunStart, ServiceInfo
 from populace.core.natsserver import EmbeddedNats
@@ -215,22 +215,6 @@ def start_service(name: str, url: str, tmp_path: Path) -> subprocess.Popen:
     with open(tmp_path / f"{name}.log", "ab") as log:  # the child keeps its own descriptor
         return subprocess.Popen([sys.executable, "-m", "populace.cli", "service", name],
                                 env=env, stdout=log, stderr=log, start_new_session=True)
-
-
-def stop_all(procs: dict[str, subprocess.Popen], timeout: float = 15.0) -> list[str]:
-    for p in procs.values():
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    killed = []
-    for name, p in procs.items():
-        try:
-            p.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            killed.append(name)
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-    return killed
 
 
 def log_tail(tmp_path: Path, name: str, lines: int = 20) -> str:

@@ -9,7 +9,6 @@ import asyncio
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -25,9 +24,11 @@ import pytest
 import yaml
 
 from populace.cli.client import play
+from populace.core.processes import stop_all
 from populace.core import bus, subjects
 from populace.core.contracts import HostInfo, RunConfig, ServiceInfo
-from populace.core.natsserver import find_binary, terminate
+from populace.core.natsserver import find_binary
+from populace.core.processes import terminate
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -191,15 +192,7 @@ def services(cluster, tmp_path_factory):
         asyncio.run(wait_registered(cluster[1].url, procs, base))
         yield {"db": str(db), "procs": procs, "logs": base}
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs.values():
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+        stop_all(procs)
         for log in logs:
             log.close()
 
@@ -273,8 +266,8 @@ async def test_streams_and_buckets_get_three_replicas(cluster):
         # a write through one server is read back through another
         kv0 = await ncs[0].jetstream().key_value(subjects.RUNS_BUCKET)
         kv2 = await ncs[2].jetstream().key_value(subjects.RUNS_BUCKET)
-        await kv0.put("cluster-probe", b"1")
-        assert (await kv2.get("cluster-probe")).value == b"1"
+        await bus.until_ready(lambda: kv0.put("cluster-probe", b"1"), "probe write")
+        assert (await bus.until_ready(lambda: kv2.get("cluster-probe"), "probe read")).value == b"1"
         await kv0.delete("cluster-probe")
     finally:
         for nc in ncs:

@@ -18,6 +18,7 @@ import psutil
 from populace.core import bus, subjects
 from populace.core.contracts import HostInfo, ReplicaInfo, ServiceInfo
 from populace.core.natsserver import EmbeddedNats, free_port
+from populace.core.processes import stop_all
 
 CORE_SERVICES = ["orchestrator", "environment", "gateway", "recorder"]
 
@@ -142,18 +143,7 @@ class Stack:
     def stop(self, timeout: float = 15.0) -> list[str]:
         """SIGTERM every service, SIGKILL what is still running after `timeout`.
         Returns the services that had to be killed (none, when shutdown works)."""
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        killed = []
-        for key, p in self.procs.items():
-            try:
-                p.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                killed.append(key)
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+        killed = stop_all(self.procs, timeout)
         self.procs.clear()
         if self.nats:
             self.nats.stop()

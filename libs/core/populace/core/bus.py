@@ -86,7 +86,8 @@ async def provision(js: JetStreamContext, storage: str = "file", replicas: int =
 
 # A replicated stream that was just created has no Raft leader for a moment: API calls then
 # time out or get "no response from stream". Those are transient; anything else is not.
-TRANSIENT = (nats.errors.TimeoutError, asyncio.TimeoutError, NoStreamResponseError, ServiceUnavailableError)
+TRANSIENT = (nats.errors.TimeoutError, asyncio.TimeoutError, nats.errors.NoRespondersError,
+             NoStreamResponseError, ServiceUnavailableError)
 
 
 async def until_ready(step, what: str, attempts: int = 12, delay_s: float = 0.25):
@@ -156,7 +157,7 @@ def short_error(error: Exception | str) -> str:
 
 
 async def publish_js(js: JetStreamContext, subject: str, model: BaseModel, msg_id: str | None = None,
-                     timeout: float = 5.0, attempts: int = 8) -> None:
+                     timeout: float = 5.0, attempts: int = 12) -> None:
     """One JetStream publish awaiting its PubAck (control plane). De-duplicated by msg_id, so
     it is retried through transient errors — e.g. the stream's leader being re-elected after a
     node died (~5–10 s), during which a lost publish would otherwise stall a run."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -13,23 +12,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from populace.core.processes import terminate
+
 
 class NatsServerError(RuntimeError):
     pass
-
-
-def terminate(proc: subprocess.Popen, timeout: float = 10.0) -> bool:
-    """SIGTERM, wait, SIGKILL if still running. Returns True when it had to be killed."""
-    if proc.poll() is not None:
-        return False
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout)
-        return False
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        return True
 
 
 def find_binary() -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from faststream.middlewares import AckPolicy
 from faststream.nats import JStream, PullSub
 from faststream.nats.annotations import NatsMessage
 from nats.js.api import DeliverPolicy
@@ -51,7 +52,7 @@ async def publish_result(_event: str, result: RoundResult) -> None:
 
 
 @broker.subscriber(subjects.ANY_ROUND_OPEN, stream=run_stream, durable="environment-open",
-                   pull_sub=PullSub(batch_size=16), deliver_policy=DeliverPolicy.NEW)
+                   pull_sub=PullSub(batch_size=16), deliver_policy=DeliverPolicy.NEW, ack_policy=AckPolicy.NACK_ON_ERROR)
 async def on_round_open(msg: NatsMessage) -> None:
     opened = await svc.parse(RoundOpen, msg.raw_message)
     if opened is not None:
@@ -62,7 +63,7 @@ async def on_round_open(msg: NatsMessage) -> None:
 
 
 @broker.subscriber(subjects.ANY_PARTIAL, stream=run_stream, durable="environment-partial",
-                   pull_sub=PullSub(batch_size=64), deliver_policy=DeliverPolicy.NEW)
+                   pull_sub=PullSub(batch_size=64), deliver_policy=DeliverPolicy.NEW, ack_policy=AckPolicy.NACK_ON_ERROR)
 async def on_partial(msg: NatsMessage) -> None:
     partial = await svc.parse(HostPartial, msg.raw_message)
     if partial is not None:

@@ -17,7 +17,8 @@ import httpx
 
 from populace.core import bus, logs, subjects
 from populace.core.contracts import ReplicaInfo
-from populace.core.natsserver import free_port, terminate
+from populace.core.natsserver import free_port
+from populace.core.processes import terminate
 from populace.core.settings import Settings
 
 log = logs.get("populace.replicas")

@@ -10,6 +10,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
+from faststream.middlewares import AckPolicy
 from faststream.nats import JStream, PullSub
 from faststream.nats.annotations import NatsMessage
 from nats.js.api import DeliverPolicy
@@ -29,6 +30,8 @@ from populace.orchestrator.placement import PlacementError, place
 
 svc = Service("orchestrator")
 broker, app = svc.broker, svc.app
+# Subscribers NACK on error: a handler that failed on a transient JetStream error (e.g. during
+# a leader election) gets the message again instead of losing it (which stalled the run).
 ctl_stream = JStream(subjects.CTL_STREAM, declare=False)
 run_stream = JStream(subjects.RUN_STREAM, declare=False)
 HOST_WAIT_S = 10.0  # how long a run start waits for a first agent-host to register
@@ -46,7 +49,7 @@ async def fresh_hosts() -> list[HostInfo]:
 
 
 @broker.subscriber(subjects.RUN_START, stream=ctl_stream, durable="orchestrator-ctl",
-                   pull_sub=PullSub(batch_size=8), deliver_policy=DeliverPolicy.NEW)
+                   pull_sub=PullSub(batch_size=8), deliver_policy=DeliverPolicy.NEW, ack_policy=AckPolicy.NACK_ON_ERROR)
 async def on_run_start(msg: NatsMessage) -> None:
     start = await svc.parse(RunStart, msg.raw_message)
     if start is None:
@@ -91,9 +94,9 @@ async def announce(rid: str, cfg, placement: dict) -> None:
 
 async def advance(rid: str, decide: Callable[[RunState], tuple[RunState, list[workflow.Action]]]) -> None:
     """Compare-and-swap the run state, then perform the actions the decision asked for."""
-    kv = await runs_kv()
+    kv = await bus.until_ready(runs_kv, "KV runs")
     for _ in range(50):
-        entry = await kv.get(rid)
+        entry = await bus.until_ready(lambda: kv.get(rid), f"run state {rid}")
         state = RunState.model_validate_json(entry.value)
         new, actions = decide(state)
         if new is state:
@@ -102,6 +105,13 @@ async def advance(rid: str, decide: Callable[[RunState], tuple[RunState, list[wo
             await kv.update(rid, bus.encode(new), last=entry.revision)
         except KeyWrongLastSequenceError:
             continue  # someone advanced it first: decide again on the fresh state
+        except bus.TRANSIENT:
+            # No answer (e.g. a leader election): the write may have landed. If it did, the
+            # actions are still ours to do (they are idempotent publishes); if not, decide again.
+            now = RunState.model_validate_json(
+                (await bus.until_ready(lambda: kv.get(rid), f"run state {rid}")).value)
+            if not same_state(now, new):
+                continue
         for action in actions:
             if isinstance(action, workflow.OpenRound):
                 await open_round(new, action)
@@ -109,6 +119,10 @@ async def advance(rid: str, decide: Callable[[RunState], tuple[RunState, list[wo
                 await finish(rid, action)
         return
     raise RuntimeError(f"run {rid}: could not update state (contention)")
+
+
+def same_state(a: RunState, b: RunState) -> bool:
+    return a.model_dump(exclude={"updated_at"}) == b.model_dump(exclude={"updated_at"})
 
 
 async def open_round(state: RunState, action: workflow.OpenRound) -> None:
@@ -153,7 +167,7 @@ async def publish_done(rid: str, action: workflow.FinishRun) -> None:
 
 
 @broker.subscriber(subjects.ANY_SPAWNED, stream=run_stream, durable="orchestrator-spawned",
-                   pull_sub=PullSub(batch_size=64), deliver_policy=DeliverPolicy.NEW)
+                   pull_sub=PullSub(batch_size=64), deliver_policy=DeliverPolicy.NEW, ack_policy=AckPolicy.NACK_ON_ERROR)
 async def on_spawned(msg: NatsMessage) -> None:
     spawned = await svc.parse(HostSpawned, msg.raw_message)
     if spawned is not None:
@@ -161,7 +175,7 @@ async def on_spawned(msg: NatsMessage) -> None:
 
 
 @broker.subscriber(subjects.ANY_ROUND_RESULT, stream=run_stream, durable="orchestrator-result",
-                   pull_sub=PullSub(batch_size=16), deliver_policy=DeliverPolicy.NEW)
+                   pull_sub=PullSub(batch_size=16), deliver_policy=DeliverPolicy.NEW, ack_policy=AckPolicy.NACK_ON_ERROR)
 async def on_result(msg: NatsMessage) -> None:
     result = await svc.parse(RoundResult, msg.raw_message)
     if result is not None:

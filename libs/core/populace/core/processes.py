@@ -1,0 +1,37 @@
+"""Stopping child processes: SIGTERM first, SIGKILL what is still running after a grace time."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+
+def terminate(proc: subprocess.Popen, timeout: float = 10.0) -> bool:
+    """Stop one process. Returns True when it had to be killed."""
+    return bool(stop_all({"_": proc}, timeout))
+
+
+def stop_all(procs: dict[str, subprocess.Popen], timeout: float = 15.0) -> list[str]:
+    """SIGTERM every process, then SIGKILL (its whole process group, if it leads one) those
+    still running after `timeout` in total. Returns the names that had to be killed."""
+    for p in procs.values():
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    killed = []
+    for name, p in procs.items():
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            killed.append(name)
+            try:
+                if os.getpgid(p.pid) == p.pid:
+                    os.killpg(p.pid, signal.SIGKILL)
+                else:
+                    p.kill()
+            except ProcessLookupError:
+                pass
+            p.wait()
+    return killed
