@@ -77,6 +77,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from populace.population.personas import AGE_KEYS, GENDER_KEYS, find_attribute, gender_class
 from populace.population import (
     TEMPLATE_PROMPT_VERSION,
     CategoricalAttribute,
@@ -143,10 +144,6 @@ SYSTEM_PROMPT = (
     "must agree with the profile. Answer with JSON only."
 )
 
-_GENDER_KEYS = ("gender", "sex")
-_AGE_KEYS = ("age",)
-_FEMALE = {"female", "f", "woman", "women", "girl", "lady"}
-_MALE = {"male", "m", "man", "men", "boy", "gentleman"}
 _FEMALE_WORDS = {"she", "her", "hers", "herself", "woman", "girl", "lady", "mother", "wife"}
 _MALE_WORDS = {"he", "him", "his", "himself", "man", "boy", "gentleman", "father", "husband"}
 _STATED_AGE = re.compile(r"\b(\d{1,3})[- ]?(?:years?|yrs?)[- ]old\b", re.IGNORECASE)
@@ -192,13 +189,6 @@ class GenerateResult:
 
 # --------------------------------------------------------------------------- pure parts
 
-def _find(profile: dict, keys: tuple[str, ...]) -> tuple[str | None, Any]:
-    for k, v in profile.items():
-        if isinstance(k, str) and k.lower() in keys:
-            return k, v
-    return None, None
-
-
 def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
@@ -210,7 +200,7 @@ def age_bounds(profile: dict) -> tuple[int, int]:
     a categorical one like ``"25-34"``, ``"25 to 34"`` or ``"65+"`` gives its range (``65+``:
     65 to max(65, 90)); no age (or one we cannot read) gives :data:`DEFAULT_AGE_BOUNDS`.
     """
-    _, v = _find(profile, _AGE_KEYS)
+    _, v = find_attribute(profile, AGE_KEYS)
     if _is_number(v):
         return math.floor(v), math.ceil(v)
     if isinstance(v, str):
@@ -225,13 +215,8 @@ def age_bounds(profile: dict) -> tuple[int, int]:
 
 def profile_gender(profile: dict) -> str | None:
     """The profile's gender (key ``gender`` or ``sex``, any case) as text, or None."""
-    _, v = _find(profile, _GENDER_KEYS)
+    _, v = find_attribute(profile, GENDER_KEYS)
     return None if v is None else str(v)
-
-
-def _gender_class(g: str) -> str:
-    s = g.strip().lower()
-    return "female" if s in _FEMALE else "male" if s in _MALE else s
 
 
 def persona_schema(profile: dict) -> dict:
@@ -275,10 +260,10 @@ def _who(profile: dict) -> str:
     """"40-year-old man", "woman", "person" … — repeats age and gender in plain words, which a
     small model follows far more reliably than the attribute list alone."""
     lo, hi = age_bounds(profile)
-    _, v = _find(profile, _AGE_KEYS)
+    _, v = find_attribute(profile, AGE_KEYS)
     age = f"{lo}-year-old " if lo == hi and v is not None else ""
     g = profile_gender(profile)
-    noun = {"female": "woman", "male": "man"}.get(_gender_class(g) if g is not None else "", "person")
+    noun = {"female": "woman", "male": "man"}.get(gender_class(g) if g is not None else "", "person")
     return age + noun
 
 
@@ -328,7 +313,7 @@ def consistency_problem(persona: dict, profile: dict) -> str | None:
         return f"age {age!r} is not the profile's age ({want})"
     g = profile_gender(profile)
     got = str(persona.get("gender", ""))
-    if g is not None and _gender_class(got) != _gender_class(g):
+    if g is not None and gender_class(got) != gender_class(g):
         return f"gender {got!r} is not the profile's ({g!r})"
     name = str(persona.get("name", "")).strip()
     if not (3 <= len(name) <= 60 and _NAME_OK.match(name) and 2 <= len(name.split()) <= 4):
@@ -350,8 +335,8 @@ def consistency_problem(persona: dict, profile: dict) -> str | None:
         decade = int(word[:-1]) if word[0].isdigit() else _DECADES[word]
         if hi < decade or lo > decade + 9:
             return f"description states age {m.group(0).strip()!r}"
-    if g is not None and _gender_class(g) in ("female", "male"):
-        own, other = ((_FEMALE_WORDS, _MALE_WORDS) if _gender_class(g) == "female"
+    if g is not None and gender_class(g) in ("female", "male"):
+        own, other = ((_FEMALE_WORDS, _MALE_WORDS) if gender_class(g) == "female"
                       else (_MALE_WORDS, _FEMALE_WORDS))
         ws = set(words)
         if ws & other and not ws & own:
@@ -492,7 +477,7 @@ def fallback_persona(profile: dict, index: int, seed: int) -> dict:
     """The template persona used when the LLM gave no acceptable answer. A categorical age
     ("25-34") is first replaced by a whole age inside its range (chosen from the seed and
     index), so the fallback is as consistent with the profile as an LLM persona must be."""
-    key, v = _find(profile, _AGE_KEYS)
+    key, v = find_attribute(profile, AGE_KEYS)
     if key is not None and not _is_number(v):
         lo, hi = age_bounds(profile)
         h = int.from_bytes(hashlib.blake2b(f"{seed}:{index}:age".encode(), digest_size=8).digest(), "little")

@@ -48,20 +48,27 @@ __all__ = [
 TEMPLATE_PROMPT_VERSION = "template-v1"
 """Bumped whenever the template rules change the personas they produce."""
 
-_GENDER_KEYS = ("gender", "sex")
-_AGE_KEYS = ("age",)
+GENDER_KEYS = ("gender", "sex")
+AGE_KEYS = ("age",)
 _OCCUPATION_KEYS = ("occupation", "profession", "job")
 _EDUCATION_KEYS = ("education", "education_level", "education level")
 
-_FEMALE = {"female", "f", "woman", "women", "girl"}
-_MALE = {"male", "m", "man", "men", "boy"}
+_FEMALE = {"female", "f", "woman", "women", "girl", "lady"}
+_MALE = {"male", "m", "man", "men", "boy", "gentleman"}
 
 
-def _find(profile: dict, keys: tuple[str, ...]) -> tuple[str | None, Any]:
+def find_attribute(profile: dict, keys: tuple[str, ...]) -> tuple[str | None, Any]:
+    """(key, value) of the first profile attribute named one of `keys`, in any case."""
     for k, v in profile.items():
         if isinstance(k, str) and k.lower() in keys:
             return k, v
     return None, None
+
+
+def gender_class(value: Any) -> str:
+    """'female', 'male', or the value itself (lower-cased) for any other gender."""
+    s = str(value).strip().lower()
+    return "female" if s in _FEMALE else "male" if s in _MALE else s
 
 
 def _article(word: str) -> str:
@@ -105,10 +112,10 @@ def _fmt(value: Any) -> str:
 
 
 def _pronouns(gender: str) -> tuple[str, str]:
-    g = gender.strip().lower()
-    if g in _FEMALE:
+    g = gender_class(gender)
+    if g == "female":
         return "She", "Her"
-    if g in _MALE:
+    if g == "male":
         return "He", "His"
     return "They", "Their"
 
@@ -121,19 +128,19 @@ def template_persona(profile: dict, index: int, seed: int) -> dict:
     digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=16).digest()
     h = int.from_bytes(digest, "little")
 
-    gender_key, gender_val = _find(profile, _GENDER_KEYS)
+    gender_key, gender_val = find_attribute(profile, GENDER_KEYS)
     h, g_pick = divmod(h, 2)
     gender = str(gender_val) if gender_key is not None else ("female", "male")[g_pick]
 
-    age_key, age_val = _find(profile, _AGE_KEYS)
+    age_key, age_val = find_attribute(profile, AGE_KEYS)
     h, a_pick = divmod(h, 63)
     if age_key is not None and isinstance(age_val, (int, float)) and not isinstance(age_val, bool):
         age = round(age_val)
     else:
         age = 18 + a_pick
 
-    g = gender.strip().lower()
-    firsts = FEMALE_FIRST if g in _FEMALE else MALE_FIRST if g in _MALE else NEUTRAL_FIRST
+    g = gender_class(gender)
+    firsts = FEMALE_FIRST if g == "female" else MALE_FIRST if g == "male" else NEUTRAL_FIRST
     h, f_pick = divmod(h, len(firsts))
     h, l_pick = divmod(h, len(LAST))
     name = f"{firsts[f_pick]} {LAST[l_pick]}"
@@ -142,12 +149,12 @@ def template_persona(profile: dict, index: int, seed: int) -> dict:
     h, step = divmod(h, len(TRAITS) - 1)
     t2 = (t1 + 1 + step) % len(TRAITS)
 
-    occ_key, occ_val = _find(profile, _OCCUPATION_KEYS)
-    edu_key, edu_val = _find(profile, _EDUCATION_KEYS)
+    occ_key, occ_val = find_attribute(profile, _OCCUPATION_KEYS)
+    edu_key, edu_val = find_attribute(profile, _EDUCATION_KEYS)
     if occ_key is not None:
         noun = str(occ_val)
     else:
-        noun = "woman" if g in _FEMALE else "man" if g in _MALE else "person"
+        noun = "woman" if g == "female" else "man" if g == "male" else "person"
     age_phrase = f"{age}-year-old"
     parts = [f"{_article(age_phrase).capitalize()} {age_phrase} {noun}"]
     if edu_key is not None:
