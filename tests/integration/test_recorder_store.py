@@ -75,3 +75,30 @@ def test_close_releases_the_file_for_readers(tmp_path):
     store.ingest(events("r2"))  # reopens lazily
     assert store.count_guesses("r2") == 20
     store.close()
+
+
+def test_profiles_and_manifest_are_stored_with_the_run(tmp_path):
+    import json
+
+    blob = "".join(json.dumps({"profile": {"education": e, "age": 20 + i}, "persona": {"name": f"N{i}"},
+                               "provenance": {"persona_index": i % 2}}) + "\n"
+                   for i, e in enumerate(["Ph.D.", "high school", "Ph.D."])).encode()
+    cfg = RunConfig(agents=3, rounds=1)
+    started = RunStarted(run_id="p1", config=cfg, started_at=1e9, hosts=["a"], manifest={"config_hash": "h"})
+    store = Store(tmp_path / "x.duckdb")
+    store.ingest([Event("p1.started", "started", started, blob=blob)])
+    store.ingest([Event("p1.started", "started", started, blob=blob)])  # a replay adds nothing
+    store.close()
+    con = duckdb.connect(str(tmp_path / "x.duckdb"), read_only=True)
+    rows = con.execute("SELECT agent_id, persona_index, profile->>'education', persona->>'name' "
+                       "FROM agent_profiles WHERE run_id = 'p1' ORDER BY agent_id").fetchall()
+    assert rows == [(0, 0, "Ph.D.", "N0"), (1, 1, "high school", "N1"), (2, 0, "Ph.D.", "N2")]
+    assert json.loads(con.execute("SELECT manifest_json FROM runs").fetchone()[0]) == {"config_hash": "h"}
+
+
+def test_a_bad_personas_blob_does_not_block_ingestion(tmp_path):
+    started = RunStarted(run_id="p2", config=RunConfig(agents=2), started_at=1e9, hosts=["a"])
+    store = Store(tmp_path / "x.duckdb")
+    store.ingest([Event("p2.started", "started", started, blob=b"not json\n")])
+    assert store.con.execute("SELECT count(*) FROM runs").fetchone() == (1,)
+    assert store.con.execute("SELECT count(*) FROM agent_profiles").fetchone() == (0,)

@@ -17,14 +17,19 @@ CONFIG = c.RunConfig(
     game=c.GameConfig(ratio="1/2", offset=5, max_value=50, history_window=3),
     model=c.ModelConfig(latency_s=0.0, seed=9),
     placement=c.PlacementConfig(agents_per_process=0),
+    prompt=c.PromptConfig(system="rational", answer="cot", population_note=True),
+    population=c.PopulationRef(personas="personas.jsonl", digest="ab" * 32),
 )
 
 INSTANCES: dict[str, BaseModel] = {
     "GameConfig": c.GameConfig(ratio="51/100", offset=1.5, max_value=200, history_window=0),
     "ModelConfig": c.ModelConfig(backend="dummy", latency_s=1.25, seed=3),
     "PlacementConfig": c.PlacementConfig(agents_per_process=1),
+    "PromptConfig": c.PromptConfig(system="variant", answer="direct", persona=False),
+    "PopulationRef": c.PopulationRef(config="population/education.yaml"),
     "RunConfig": CONFIG,
-    "RunStart": c.RunStart(run_id="run-20240101_abc", config=CONFIG, requested_at=1700000000.5),
+    "RunStart": c.RunStart(run_id="run-20240101_abc", config=CONFIG, requested_at=1700000000.5,
+                           manifest={"config_hash": "x", "seeds": {"run": 11}}),
     "HostInfo": c.HostInfo(host_id="host-1", capacity=100000, agents=1200, pid=4242,
                            started_at=1700000000.0, heartbeat_at=1700000005.0),
     "ServiceInfo": c.ServiceInfo(service="gateway", instance="gw-1", pid=77, heartbeat_at=1700000001.0),

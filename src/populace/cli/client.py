@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 
 from nats.aio.client import Client
 
-from populace.core import bus, subjects
+from populace.core import bus, objects, subjects
 from populace.core.contracts import (
-    HostSpawned, Progress, RoundOpen, RoundResult, RunConfig, RunDone, RunRecorded, RunStart, RunStarted,
+    HostSpawned, Progress, RoundOpen, RoundResult, RunConfig, RunDone, RunRecorded, ReplicaInfo, RunStart, RunStarted,
 )
 
 EVENT_MODELS = {
@@ -42,11 +42,22 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
 
 
+async def replica_identities(js, backend: str) -> list[dict]:
+    """Which replicas (and model ids) serve `backend` right now: the manifest's model identity."""
+    if backend == "dummy":
+        return []
+    entries = await bus.registry_entries(js, subjects.REPLICAS_BUCKET, ReplicaInfo)
+    return sorted(({"replica_id": r.replica_id, "kind": r.kind, "model": r.model}
+                   for r in entries if r.backend == backend), key=lambda r: r["replica_id"])
+
+
 async def play(nc: Client, config: RunConfig, *, run_id: str | None = None,
+               personas: bytes | None = None, manifest: dict | None = None,
                on_event: Callable[[str, object], None] | None = None,
                stall_s: float = 300.0) -> RunOutcome:
     """Submit a run and follow it until it is recorded (or failed). Raises RunStalled when
-    no event arrives for `stall_s` seconds."""
+    no event arrives for `stall_s` seconds. `personas` (the population's JSONL, whose digest
+    the config names) is uploaded to the object store first."""
     rid = run_id or new_run_id()
     out = RunOutcome(rid)
     queue: asyncio.Queue = asyncio.Queue()
@@ -61,8 +72,14 @@ async def play(nc: Client, config: RunConfig, *, run_id: str | None = None,
     spawned: set[str] = set()
     try:
         js = nc.jetstream()
+        if personas is not None:
+            await objects.put_personas(js, personas)
+        if manifest is not None:
+            manifest = {**manifest, "run_id": rid}
+            manifest["model"] = {**manifest.get("model", {}),
+                                 "replicas": await replica_identities(js, config.model.backend)}
         out.marks["submitted"] = time.monotonic()
-        await bus.publish_js(js, subjects.RUN_START, RunStart(run_id=rid, config=config),
+        await bus.publish_js(js, subjects.RUN_START, RunStart(run_id=rid, config=config, manifest=manifest),
                              msg_id=subjects.msg_id(rid, 0, "cli", "start"))
         while True:
             try:

@@ -26,6 +26,40 @@ def rounds_table(rows: list[dict], title: str) -> Table:
     return t
 
 
+def stats_table(rows: list[dict], title: str) -> Table:
+    """The analysis' per-round table: counts, spread, target and winner."""
+    t = Table(title=title)
+    for col in ("round", "valid", "mean", "median", "std", "min", "max", "target", "winner", "winning number"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(str(r["round"]), f"{r['n_valid']}/{r['n']}", fmt(r["mean"]), fmt(r["median"]), fmt(r["std"]),
+                  fmt(r["min"], 1), fmt(r["max"], 1), fmt(r["target"]),
+                  "—" if r["winner_agent_id"] is None else str(r["winner_agent_id"]), fmt(r["winner_value"], 1))
+    return t
+
+
+def _ci(low: float | None, high: float | None) -> str:
+    return "—" if low is None or high is None else f"[{fmt(low)}, {fmt(high)}]"
+
+
+def group_table(rows: list[dict], by: str, title: str, across_runs: bool) -> Table:
+    """Mean per group with a 95% CI across agents and, for several runs, across runs (seeds)."""
+    t = Table(title=title)
+    t.add_column(by)
+    for col in ("agents", "mean", "95% CI (agents)", "median", "std"):
+        t.add_column(col, justify="right")
+    if across_runs:
+        for col in ("runs", "mean of run means", "95% CI (runs)"):
+            t.add_column(col, justify="right")
+    for r in rows:
+        cells = [str(r["group"]), str(r["n"]), fmt(r["mean"]), _ci(r["ci_low"], r["ci_high"]),
+                 fmt(r["median"]), fmt(r["std"])]
+        if across_runs:
+            cells += [str(r["n_runs"]), fmt(r["seed_mean"]), _ci(r["seed_ci_low"], r["seed_ci_high"])]
+        t.add_row(*cells)
+    return t
+
+
 def result_row(r: RoundResult) -> dict:
     return dict(round=r.round, n_valid=r.n_valid, n=r.n, mean=r.mean, target=r.target,
                 winner_agent_id=r.winner_agent_id, winner_value=r.winner_value)

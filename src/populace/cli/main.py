@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -16,7 +17,8 @@ from populace.cli import display
 from populace.cli.services import SERVICES, run_service
 from populace.core import bus
 from populace.core.contracts import RunConfig
-from populace.core.scenario import ScenarioError, format_validation_error, load_scenario
+from populace.core.scenario import ScenarioError, format_validation_error
+from populace.cli.prepare import PreparedRun, prepare, prepare_file
 
 app = typer.Typer(help="Populace: populations of LLM agents as event-driven microservices on NATS JetStream.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -35,7 +37,27 @@ def fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-def config_or_exit(build) -> RunConfig:
+@app.command()
+def service(name: Annotated[str, typer.Argument(help=f"one of: {', '.join(SERVICES)}")]) -> None:
+    """Run one service in the foreground (POPULACE_* environment variables configure it)."""
+    if name not in SERVICES:
+        fail(f"unknown service {name!r}; choose one of: {', '.join(SERVICES)}")
+    run_service(name)
+
+
+async def _follow(url: str, prepared: PreparedRun, show_progress: bool):
+    from populace.cli.client import play
+
+    nc = await bus.connect(url, "populace-cli")
+    try:
+        with display.RunProgress(prepared.config, enabled=show_progress) as progress:
+            return await play(nc, prepared.config, personas=prepared.personas, manifest=prepared.manifest,
+                              on_event=progress.on_event)
+    finally:
+        await nc.close()
+
+
+def prepared_or_exit(build) -> PreparedRun:
     try:
         return build()
     except ScenarioError as err:
@@ -45,25 +67,6 @@ def config_or_exit(build) -> RunConfig:
     raise AssertionError  # unreachable
 
 
-@app.command()
-def service(name: Annotated[str, typer.Argument(help=f"one of: {', '.join(SERVICES)}")]) -> None:
-    """Run one service in the foreground (POPULACE_* environment variables configure it)."""
-    if name not in SERVICES:
-        fail(f"unknown service {name!r}; choose one of: {', '.join(SERVICES)}")
-    run_service(name)
-
-
-async def _follow(url: str, config: RunConfig, show_progress: bool):
-    from populace.cli.client import play
-
-    nc = await bus.connect(url, "populace-cli")
-    try:
-        with display.RunProgress(config, enabled=show_progress) as progress:
-            return await play(nc, config, on_event=progress.on_event)
-    finally:
-        await nc.close()
-
-
 def _report(outcome, db: str | None) -> None:
     rows = [display.result_row(r) for r in sorted(outcome.results, key=lambda r: r.round)]
     display.out.print(display.rounds_table(rows, f"run {outcome.run_id} ({outcome.status})"))
@@ -71,6 +74,29 @@ def _report(outcome, db: str | None) -> None:
         display.out.print(f"recorded {outcome.recorded.guesses} guesses in {outcome.recorded.db_path}")
     if outcome.status != "completed":
         fail(f"run {outcome.run_id} {outcome.status}: {outcome.reason}", code=1)
+
+
+@contextlib.contextmanager
+def _private_stack(backends: set[str], replicas: int, hosts: int, db: str):
+    """Embedded NATS, every service, and `replicas` LLM replicas per local/sim backend used;
+    yields the NATS URL and stops everything on the way out."""
+    from populace.cli.stack import Stack, StackError
+
+    extra = {f"replicas-{b}": ["replicas", b, "--count", str(replicas)]
+             for b in sorted(backends & {"local", "sim"})}
+    stack = Stack(hosts=hosts, db=db, extra=extra, replicas=replicas * len(extra))
+    display.console.print(f"starting nats-server and {4 + hosts + len(extra)} services (logs: see below) …")
+    t0 = time.monotonic()
+    try:
+        stack.start()
+        display.console.print(f"logs: {stack.log_dir}")
+        asyncio.run(stack.wait_ready())
+        display.console.print(f"ready in {time.monotonic() - t0:.1f}s")
+        yield stack.url
+    except StackError as err:
+        fail(str(err), code=1)
+    finally:
+        stack.stop()
 
 
 @app.command()
@@ -86,32 +112,24 @@ def demo(
     one_per_process: Annotated[bool, typer.Option(help="one OS process per agent")] = False,
     seed: Annotated[int, typer.Option(help="model seed")] = 0,
     db: Annotated[str, typer.Option(help="DuckDB file to write")] = "populace.duckdb",
+    scenario: Annotated[Optional[Path], typer.Option(
+        help="play this scenario file instead (its agents, rounds, game, prompt, population and "
+             "model replace the options above)")] = None,
 ) -> None:
     """Start NATS and every service, play one game, print the rounds, leave the DuckDB file."""
-    from populace.cli.stack import Stack, StackError
-
-    config = config_or_exit(lambda: RunConfig.model_validate({
-        "agents": agents, "rounds": rounds,
-        "game": {"ratio": ratio, "offset": offset},
-        "model": {"backend": model, "latency_s": latency, "seed": seed},
-        "placement": {"agents_per_process": 1 if one_per_process else 0},
-    }))
-    extra = {}
-    if model in ("local", "sim"):
-        extra[f"replicas-{model}"] = ["replicas", model, "--count", str(replicas)]
-    stack = Stack(hosts=hosts, db=db, extra=extra, replicas=replicas if extra else 0)
-    display.console.print(f"starting nats-server and {4 + hosts + len(extra)} services (logs: see below) …")
-    t0 = time.monotonic()
-    try:
-        stack.start()
-        display.console.print(f"logs: {stack.log_dir}")
-        asyncio.run(stack.wait_ready())
-        display.console.print(f"ready in {time.monotonic() - t0:.1f}s; playing {agents} agents × {rounds} rounds")
-        outcome = asyncio.run(_follow(stack.url, config, show_progress=True))
-    except StackError as err:
-        fail(str(err), code=1)
-    finally:
-        stack.stop()
+    if scenario is not None:
+        prepared = prepared_or_exit(lambda: prepare_file(scenario))
+    else:
+        prepared = prepared_or_exit(lambda: prepare(RunConfig.model_validate({
+            "agents": agents, "rounds": rounds,
+            "game": {"ratio": ratio, "offset": offset},
+            "model": {"backend": model, "latency_s": latency, "seed": seed},
+            "placement": {"agents_per_process": 1 if one_per_process else 0},
+        })))
+    config = prepared.config
+    with _private_stack({config.model.backend}, replicas, hosts, db) as url:
+        display.console.print(f"playing {config.agents} agents × {config.rounds} rounds")
+        outcome = asyncio.run(_follow(url, prepared, show_progress=True))
     _report(outcome, db)
 
 
@@ -155,9 +173,9 @@ def run(
     progress: Annotated[bool, typer.Option(help="show progress bars")] = True,
 ) -> None:
     """Validate a scenario, publish `ctl.run.start`, follow the run until it is recorded."""
-    config = config_or_exit(lambda: load_scenario(scenario))
+    prepared = prepared_or_exit(lambda: prepare_file(scenario))
     try:
-        outcome = asyncio.run(_follow(nats, config, show_progress=progress))
+        outcome = asyncio.run(_follow(nats, prepared, show_progress=progress))
     except (OSError, TimeoutError) as err:
         fail(f"cannot reach NATS at {nats} or the run stalled: {err}", code=1)
     _report(outcome, None)
@@ -165,35 +183,128 @@ def run(
 
 @app.command()
 def validate(scenario: Annotated[Path, typer.Argument(help="scenario YAML file")]) -> None:
-    """Check a scenario file without running it."""
-    config = config_or_exit(lambda: load_scenario(scenario))
-    display.out.print_json(config.model_dump_json())
+    """Check a scenario file (and the population it names) without running it."""
+    prepared = prepared_or_exit(lambda: prepare_file(scenario))
+    display.out.print_json(prepared.config.model_dump_json())
+
+
+@app.command()
+def sweep(
+    experiments: Annotated[Path, typer.Argument(help="sweep YAML: base scenario, grid, seeds")],
+    nats: Annotated[Optional[str], typer.Option("--nats", help="NATS URL of a running stack "
+                                                "(default: start a private one)")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="results table to write (.csv or .parquet)")] = None,
+    db: Annotated[str, typer.Option(help="DuckDB file (private stack only)")] = "populace.duckdb",
+    hosts: Annotated[int, typer.Option(min=1, help="agent-host processes (private stack only)")] = 2,
+    replicas: Annotated[int, typer.Option(min=1, help="LLM replicas per local/sim backend (private stack)")] = 1,
+    dry_run: Annotated[bool, typer.Option(help="validate and list the runs, run nothing")] = False,
+    progress: Annotated[bool, typer.Option(help="show progress bars")] = True,
+) -> None:
+    """Run every combination of a grid (× seeds) as separate runs; print and save one table."""
+    from populace.cli import sweep as sweeps
+
+    sp = prepared_or_exit(lambda: sweeps.plan(experiments))
+    display.out.print(sweeps.plan_table(sp))
+    if dry_run:
+        return
+    if nats is not None:
+        try:
+            rows = sweeps.run_sweep(nats, sp, progress)
+        except OSError as err:
+            fail(f"cannot reach NATS at {nats}: {err}", code=1)
+    else:
+        with _private_stack(sp.backends, replicas, hosts, db) as url:
+            rows = sweeps.run_sweep(url, sp, progress)
+    display.out.print(sweeps.summary_table(rows, f"{sp.spec.name} ({sp.sweep_id})"))
+    if out is not None:
+        sweeps.write_rows(rows, out)
+        display.out.print(f"wrote {len(rows)} rows to {out}")
+    if bad := sweeps.failed(rows):
+        fail(f"{len(bad)} of {len(sp.cells)} runs did not complete: {', '.join(bad)}", code=1)
+    where = db if nats is None else "the stack's DuckDB"
+    display.out.print(f"runs recorded in {where}; `populace results RUN … --by ATTR` compares seeds")
+
+
+@contextlib.contextmanager
+def _db(db: str):
+    """The DuckDB file, read-only; analysis errors (unknown run, attribute, round) exit 2."""
+    import duckdb
+
+    from populace.analysis import AnalysisError
+
+    if not Path(db).exists():
+        fail(f"--db: {db} does not exist")
+    try:
+        with duckdb.connect(db, read_only=True) as con:
+            yield con
+    except AnalysisError as err:
+        fail(str(err))
+    except duckdb.IOException as err:
+        fail(f"--db: cannot open {db} ({err}); is a recorder still writing it?", code=1)
+
+
+def _run_ids(con, run_ids: list[str]) -> list[str]:
+    from populace.analysis import known_runs
+
+    known = known_runs(con)
+    if "last" in run_ids and not known:
+        fail("no runs recorded in this DuckDB file")
+    return [known[0] if r == "last" else r for r in run_ids]
 
 
 @app.command()
 def results(
-    run_id: Annotated[str, typer.Argument(help="run id (or 'last')")],
+    run_ids: Annotated[list[str], typer.Argument(help="run id(s), or 'last'; several runs (e.g. seeds) "
+                                                      "give CIs across runs too")],
+    by: Annotated[Optional[str], typer.Option(help="group by this profile/persona attribute, e.g. education")] = None,
+    round_: Annotated[Optional[int], typer.Option("--round", help="round for --by (default: each run's last)")] = None,
     db: Annotated[str, typer.Option(help="DuckDB file")] = "populace.duckdb",
 ) -> None:
-    """Print the per-round table of a recorded run."""
-    import duckdb
+    """Per-round statistics of a run, or (--by) the mean per group with 95% CIs."""
+    from populace.analysis import group_table, round_table, run_info
 
-    if not Path(db).exists():
-        fail(f"--db: {db} does not exist")
-    with duckdb.connect(db, read_only=True) as con:
-        if run_id == "last":
-            row = con.execute("SELECT run_id FROM runs ORDER BY started_at DESC LIMIT 1").fetchone()
-            if not row:
-                fail(f"no runs recorded in {db}")
-            run_id = row[0]
-        cur = con.execute("SELECT round, n_valid, n, mean, target, winner_agent_id, winner_value "
-                          "FROM rounds WHERE run_id = ? ORDER BY round", [run_id])
-        names = [d[0] for d in cur.description]
-        rows = [dict(zip(names, r)) for r in cur.fetchall()]
-        status = con.execute("SELECT status FROM runs WHERE run_id = ?", [run_id]).fetchone()
-    if status is None:
-        fail(f"run {run_id!r} is not in {db}", code=1)
-    display.out.print(display.rounds_table(rows, f"run {run_id} ({status[0]})"))
+    with _db(db) as con:
+        ids = _run_ids(con, run_ids)
+        if by is None:
+            for rid in ids:
+                info = run_info(con, rid)
+                display.out.print(display.stats_table(round_table(con, rid), f"run {rid} ({info['status']})"))
+            return
+        rows = group_table(con, ids, by, round=round_)
+    title = f"mean guess by {by}" + (f", round {round_}" if round_ else ", last round") + f" — {', '.join(ids)}"
+    display.out.print(display.group_table(rows, by, title, across_runs=len(ids) > 1))
+
+
+@app.command()
+def report(
+    run_id: Annotated[str, typer.Argument(help="run id, or 'last'")],
+    out: Annotated[Path, typer.Option(help="HTML file to write (self-contained, plots embedded)")] = Path("report.html"),
+    by: Annotated[Optional[list[str]], typer.Option(help="attribute(s) to group by (default: the profile's)")] = None,
+    db: Annotated[str, typer.Option(help="DuckDB file")] = "populace.duckdb",
+) -> None:
+    """Write one self-contained HTML report: per-round histograms with the target, group means
+    with 95% CIs, convergence over rounds, the tables and the run's manifest."""
+    from populace.analysis import write_report
+
+    with _db(db) as con:
+        rid = _run_ids(con, [run_id])[0]
+        path = write_report(con, rid, out, by=by or None)
+    display.out.print(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB)")
+
+
+@app.command()
+def export(
+    run_ids: Annotated[list[str], typer.Argument(help="run id(s), or 'last'")],
+    out: Annotated[Path, typer.Option(help="directory for the Parquet files")] = Path("export"),
+    db: Annotated[str, typer.Option(help="DuckDB file")] = "populace.duckdb",
+) -> None:
+    """Export every table of the given runs as Parquet (for pandas / polars)."""
+    from populace.analysis import export_parquet
+
+    with _db(db) as con:
+        paths = export_parquet(con, _run_ids(con, run_ids), out)
+    for p in paths:
+        display.out.print(str(p))
 
 
 def _serve_replicas(start, nats: str) -> None:

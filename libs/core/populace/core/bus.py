@@ -14,11 +14,12 @@ import nats
 import nats.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
-from nats.js.api import KeyValueConfig, StorageType, StreamConfig
+from nats.js.api import KeyValueConfig, ObjectStoreConfig, StorageType, StreamConfig
 from nats.js.errors import (
     BadRequestError, BucketNotFoundError, NoStreamResponseError, NotFoundError, ServiceUnavailableError,
 )
 from nats.js.kv import KeyValue
+from nats.js.object_store import ObjectStore
 from pydantic import BaseModel, ValidationError
 
 from populace.core import logs, subjects, telemetry
@@ -82,6 +83,8 @@ async def provision(js: JetStreamContext, storage: str = "file", replicas: int =
     ):
         await until_ready(lambda b=bucket, t=ttl: ensure_kv(js, b, ttl=t, storage=st, replicas=replicas),
                           f"bucket {bucket}")
+    await until_ready(lambda: ensure_object_store(js, subjects.PERSONAS_BUCKET, storage=st, replicas=replicas),
+                      f"object store {subjects.PERSONAS_BUCKET}")
 
 
 # A replicated stream that was just created has no Raft leader for a moment: API calls then
@@ -139,6 +142,18 @@ async def ensure_kv(js: JetStreamContext, bucket: str, ttl: float | None = None,
         if not (info.cluster and info.cluster.leader):
             raise nats.errors.TimeoutError  # no leader elected yet
     return kv
+
+
+async def ensure_object_store(js: JetStreamContext, bucket: str, storage: StorageType = StorageType.FILE,
+                              replicas: int = 1) -> ObjectStore:
+    try:
+        return await js.object_store(bucket)
+    except BucketNotFoundError:
+        try:
+            return await js.create_object_store(
+                bucket, config=ObjectStoreConfig(storage=storage, replicas=replicas))
+        except BadRequestError:  # created concurrently by another service
+            raise nats.errors.TimeoutError from None  # until_ready looks again
 
 
 def dlq_headers(subject: str, reason: str) -> dict[str, str]:

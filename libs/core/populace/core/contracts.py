@@ -105,8 +105,51 @@ class PlacementConfig(Strict):
     agents_per_process: Literal[0, 1] = 0
 
 
+class PromptConfig(Strict):
+    """Which of the paper's prompt variants the agents get. The system prompt (shared by every
+    agent, so replicas cache it) is the game's rules plus the `system` family's sentence plus
+    an optional note on the population's make-up; the user prompt carries the agent's persona
+    background, its memory of past rounds and the `answer` instruction."""
+
+    # basic: the rules only; rational: "all players are rational"; strategies: "think about
+    # what the others will guess"; variant: "this is a variant of the guess-2/3 game".
+    system: Literal["basic", "rational", "strategies", "variant"] = "basic"
+    # direct: report the number at once; cot: think step by step first (chain of thought),
+    # still one structured call: {"reasoning": ..., "guess": ...}.
+    answer: Literal["direct", "cot"] = "direct"
+    persona: bool = True  # put the agent's persona background in its prompt (needs a population)
+    population_note: bool = False  # tell every agent the population's make-up (needs a population)
+
+
+SHA256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+class PopulationRef(Strict):
+    """Who the agents are. Exactly one source: `personas`, a JSONL file written by
+    `populace personas generate` (one agent per line, in order), or `config`, a population
+    YAML from which template personas are built for this run (seeded by the run's seed).
+    Paths are relative to the scenario file. The client uploads the personas to the bus's
+    object store before the run and sets `digest`; hosts and the recorder read them from there."""
+
+    personas: str | None = Field(None, min_length=1)
+    config: str | None = Field(None, min_length=1)
+    digest: SHA256 | None = None  # sha256 of the uploaded personas JSONL (set by the client)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> PopulationRef:
+        if (self.personas is None) == (self.config is None):
+            raise ValueError("population: give exactly one of `personas` (a JSONL file) or "
+                             "`config` (a population YAML)")
+        return self
+
+
+# Chain of thought needs room to think: the default answer budget when `model.max_tokens`
+# is not set in the scenario.
+COT_MAX_TOKENS = 256
+
+
 class RunConfig(Strict):
-    """A scenario file, validated. Later issues add keys such as `population` and `prompt`."""
+    """A scenario file, validated."""
 
     name: str = Field("guess-two-thirds", min_length=1, max_length=200)
     agents: Count = Field(1000, ge=1, le=100_000_000)
@@ -115,6 +158,15 @@ class RunConfig(Strict):
     game: GameConfig = GameConfig()
     model: ModelConfig = ModelConfig()
     placement: PlacementConfig = PlacementConfig()
+    prompt: PromptConfig = PromptConfig()
+    population: PopulationRef | None = None
+
+    @model_validator(mode="after")
+    def _cot_budget(self) -> RunConfig:
+        if self.prompt.answer == "cot" and "max_tokens" not in self.model.model_fields_set:
+            # frozen model: bypass __setattr__ once, during validation
+            object.__setattr__(self, "model", self.model.model_copy(update={"max_tokens": COT_MAX_TOKENS}))
+        return self
 
     @model_validator(mode="after")
     def _one_per_process_is_bounded(self) -> RunConfig:
@@ -141,6 +193,7 @@ class RunStart(Strict):
     run_id: RunId
     config: RunConfig
     requested_at: float = Field(default_factory=time.time)
+    manifest: dict | None = None  # reproducibility manifest, stored with the run
 
     _tok = field_validator("run_id")(_check_token)
 
@@ -188,6 +241,7 @@ class RunStarted(Wire):
     config: RunConfig
     started_at: float
     hosts: list[str]
+    manifest: dict | None = None
 
 
 class SpawnBatch(Wire):

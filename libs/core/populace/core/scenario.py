@@ -39,7 +39,8 @@ def parse_scenario(data: object) -> RunConfig:
         raise ScenarioError(format_validation_error(err)) from None
 
 
-def load_scenario(path: str | Path) -> RunConfig:
+def load_scenario_data(path: str | Path) -> tuple[dict, str]:
+    """The scenario file's mapping and its text (kept for the run's manifest)."""
     p = Path(path)
     try:
         text = p.read_text()
@@ -49,4 +50,10 @@ def load_scenario(path: str | Path) -> RunConfig:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
         raise ScenarioError(f"{p}: not valid YAML: {err}") from None
-    return parse_scenario(data)
+    if not isinstance(data, dict):
+        raise ScenarioError("(scenario): the file must hold a mapping of keys to values")
+    return data, text
+
+
+def load_scenario(path: str | Path) -> RunConfig:
+    return parse_scenario(load_scenario_data(path)[0])

@@ -19,6 +19,9 @@ HOSTS_BUCKET = "hosts"
 SERVICES_BUCKET = "services"
 REPLICAS_BUCKET = "replicas"
 
+# --- object store: content-addressed blobs (personas files), named by their sha256 ----
+PERSONAS_BUCKET = "personas"
+
 # --- control plane -------------------------------------------------------------------
 RUN_START = "ctl.run.start"
 

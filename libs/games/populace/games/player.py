@@ -19,13 +19,15 @@ class Turn:
     history_text: str
     max_value: float
     llm: InferSession
+    answer: str = "direct"  # the prompt's answer style: "direct" or "cot"
 
 
 class GuessPlayer(Agent):
     __slots__ = ()
 
     async def reply(self, turn: Turn) -> tuple[float | None, str]:
-        prompt = user_prompt(self.agent_id, turn.history_text, self.memory)
+        # self.persona is the persona's background text, shared by reference (or None)
+        prompt = user_prompt(self.agent_id, turn.history_text, self.memory, self.persona, turn.answer)
         try:
             raw = await turn.llm.ask(self.agent_id, prompt)
         except InferError as err:

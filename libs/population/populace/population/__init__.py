@@ -24,7 +24,7 @@ from populace.population.config import (
     parse_population_yaml,
 )
 from populace.population.errors import PopulationError
-from populace.population.jsonl import read_jsonl, write_jsonl
+from populace.population.jsonl import parse_personas, read_jsonl, write_jsonl
 from populace.population.personas import (
     TEMPLATE_PROMPT_VERSION,
     persona_record,
@@ -49,6 +49,7 @@ __all__ = [
     "load_population",
     "parse_population",
     "parse_population_yaml",
+    "parse_personas",
     "persona_record",
     "read_jsonl",
     "sample_profiles",

@@ -45,3 +45,24 @@ def read_jsonl(path: str | Path) -> Iterator[dict]:
         for line in fh:
             if line.strip():
                 yield json.loads(line)
+
+
+def parse_personas(data: bytes, source: str = "personas") -> list[dict]:
+    """The records of a personas JSONL (as written by ``populace personas generate``), checked:
+    each line is an object with a ``profile`` mapping. Errors name the line."""
+    from populace.population.errors import PopulationError
+
+    records = []
+    for n, line in enumerate(data.decode("utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError as err:
+            raise PopulationError(f"{source}:{n}: not valid JSON ({err})") from None
+        if not isinstance(rec, dict) or not isinstance(rec.get("profile"), dict):
+            raise PopulationError(f"{source}:{n}: each line must be an object with a `profile` mapping")
+        if not isinstance(rec.get("persona", {}), dict):
+            raise PopulationError(f"{source}:{n}: `persona` must be a mapping")
+        records.append(rec)
+    return records

@@ -4,15 +4,18 @@ Run with `populace service agent-host` or `faststream run populace.agent_host.ap
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 
 from faststream.nats.annotations import NatsMessage
 
 from populace.agent_host.runtime import HostRuntime
-from populace.core import bus, subjects, telemetry
+from populace.core import bus, objects, subjects, telemetry
 from populace.core.contracts import HostInfo, HostSpawned, RoundOpen, RunDone, SpawnBatch
 from populace.core.service import Service
+from populace.games.cast import Cast, cast_from_jsonl
+from populace.population.errors import PopulationError
 
 svc = Service("agent-host")
 broker, app = svc.broker, svc.app
@@ -47,6 +50,20 @@ async def _stop() -> None:
             runtime.forget(rid)
 
 
+async def load_cast(batch: SpawnBatch) -> Cast | None:
+    """The run's personas, read once per file from the object store (cached by digest: a
+    sweep reuses one population across many runs)."""
+    pop = batch.config.population
+    if pop is None or pop.digest is None:
+        return None
+    casts: dict[str, Cast] = state.setdefault("casts", {})
+    if pop.digest not in casts:
+        data = await objects.get_personas(svc.js, pop.digest)
+        casts.clear()  # keep one population in memory
+        casts[pop.digest] = await asyncio.to_thread(cast_from_jsonl, data, f"personas {pop.digest[:12]}")
+    return casts[pop.digest]
+
+
 # no_reply: these are JetStream-published events whose reply subject is the publisher's
 # PubAck inbox; an (empty) handler reply there would race the server's real acknowledgement.
 @broker.subscriber(subjects.any_spawn_for(host_id), no_reply=True)
@@ -55,7 +72,12 @@ async def on_spawn(msg: NatsMessage) -> None:
     if batch is None:
         return
     t0 = time.perf_counter()
-    run = state["runtime"].spawn(batch)
+    try:
+        cast = await load_cast(batch)
+        run = state["runtime"].spawn(batch, cast)
+    except (objects.BlobError, PopulationError, ValueError) as err:
+        await svc.dead_letter(msg.raw_message, err)
+        return
     seconds = time.perf_counter() - t0
     svc.log.info("agents_spawned", run_id=batch.run_id, agents=len(run.agents), seconds=round(seconds, 3),
                  one_per_process=batch.config.placement.agents_per_process == 1)

@@ -33,8 +33,8 @@ class _PipeLLM:
         return fut
 
 
-def _child_main(conn: Connection, agent_id: int) -> None:
-    agent = GuessPlayer(agent_id)
+def _child_main(conn: Connection, agent_id: int, persona: str | None) -> None:
+    agent = GuessPlayer(agent_id, persona)
     llm = _PipeLLM(conn)
     while True:
         try:
@@ -43,8 +43,9 @@ def _child_main(conn: Connection, agent_id: int) -> None:
             return
         if msg[0] == "stop":
             return
-        _, round_, history_text, max_value = msg
-        turn = Turn(round=round_, history_text=history_text, max_value=max_value, llm=llm)  # type: ignore[arg-type]
+        _, round_, history_text, max_value, answer = msg
+        turn = Turn(round=round_, history_text=history_text, max_value=max_value, llm=llm,  # type: ignore[arg-type]
+                    answer=answer)
         value, raw = asyncio.run(agent.reply(turn))
         conn.send(("done", value, raw, os.getpid()))
 
@@ -54,10 +55,11 @@ class ProcessAgent(Agent):
 
     __slots__ = ("proc", "conn", "pid")
 
-    def __init__(self, agent_id: int) -> None:
-        super().__init__(agent_id)
+    def __init__(self, agent_id: int, persona: str | None = None) -> None:
+        super().__init__(agent_id, persona)
         parent, child = mp.get_context("fork").Pipe()
-        self.proc = mp.get_context("fork").Process(target=_child_main, args=(child, agent_id), daemon=True)
+        self.proc = mp.get_context("fork").Process(target=_child_main, args=(child, agent_id, persona),
+                                                   daemon=True)
         self.proc.start()
         child.close()
         self.conn = parent
@@ -79,7 +81,7 @@ class ProcessAgent(Agent):
         return await fut
 
     async def reply(self, turn: Turn) -> tuple[float | None, str]:
-        self.conn.send(("turn", turn.round, turn.history_text, turn.max_value))
+        self.conn.send(("turn", turn.round, turn.history_text, turn.max_value, turn.answer))
         while True:
             msg = await self._recv()
             if msg[0] == "ask":

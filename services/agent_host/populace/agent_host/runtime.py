@@ -21,6 +21,7 @@ from populace.core import logs, metrics
 from populace.core.telemetry import tracer
 from populace.core.contracts import RoundOpen, RunConfig, SpawnBatch
 from populace.core.settings import Settings
+from populace.games.cast import Cast
 from populace.games.player import GuessPlayer, Turn
 from populace.games.prompts import answer_schema, history_text, system_prompt
 from populace.sdk.agent import Agent
@@ -53,17 +54,25 @@ class HostRuntime:
     def agent_count(self) -> int:
         return sum(len(r.agents) for r in self.runs.values())
 
-    def spawn(self, batch: SpawnBatch) -> HostedRun:
-        """Create this host's agents for a run (idempotent: a replayed spawn is a no-op)."""
+    def spawn(self, batch: SpawnBatch, cast: Cast | None = None) -> HostedRun:
+        """Create this host's agents for a run (idempotent: a replayed spawn is a no-op).
+        With a cast, agent i speaks from persona i (a reference to a shared string)."""
         if batch.run_id in self.runs:
             return self.runs[batch.run_id]
-        one_per_process = (batch.config.placement.agents_per_process == 1
-                           or self.settings.one_agent_per_process)
+        cfg = batch.config
+        one_per_process = cfg.placement.agents_per_process == 1 or self.settings.one_agent_per_process
         make = ProcessAgent if one_per_process else GuessPlayer
-        agents: list[Agent] = [make(aid) for first, count in batch.ranges
+        if cast is not None and cast.texts and batch.ranges:
+            last = max(first + count for first, count in batch.ranges)
+            if last > len(cast):
+                raise ValueError(f"run {batch.run_id}: {len(cast)} personas for agent ids up to {last - 1}")
+        texts = cast.texts if cast is not None and cfg.prompt.persona else None
+        agents: list[Agent] = [make(aid, texts[aid] if texts else None) for first, count in batch.ranges
                                for aid in range(first, first + count)]
-        game = batch.config.game
-        run = HostedRun(batch.run_id, batch.config, agents, system_prompt(game), answer_schema(game))
+        game = cfg.game
+        note = cast.note if cast is not None else ""
+        run = HostedRun(batch.run_id, cfg, agents, system_prompt(game, cfg.prompt, note),
+                        answer_schema(game, cfg.prompt.answer))
         self.runs[batch.run_id] = run
         # Agents live for the whole run: move them out of the cyclic GC's generations so
         # each collection during a round does not walk a million long-lived objects.
@@ -113,7 +122,7 @@ class HostRuntime:
             attempts=s.infer_attempts, host_id=self.host_id,
         )
         turn = Turn(round=opened.round, history_text=history_text(opened.history, game.history_window),
-                    max_value=game.max_value, llm=session)
+                    max_value=game.max_value, llm=session, answer=run.config.prompt.answer)
         collector = GuessCollector(self.nc, self.js, run_id=run.run_id, round_=opened.round,
                                    host_id=self.host_id, batch_size=s.guess_batch_size)
         await self._run_turns(run.agents, turn, collector, loop)

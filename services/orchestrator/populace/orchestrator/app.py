@@ -77,12 +77,13 @@ async def on_run_start(msg: NatsMessage) -> None:
         "orchestrator.run", context=telemetry.extract(msg.headers),
         attributes={"populace.run_id": rid, "populace.agents": cfg.agents, "populace.rounds": cfg.rounds})
     with trace.use_span(run_span, end_on_exit=False):
-        await announce(rid, cfg, placement)
+        await announce(rid, cfg, placement, start.manifest)
 
 
-async def announce(rid: str, cfg, placement: dict) -> None:
+async def announce(rid: str, cfg, placement: dict, manifest: dict | None = None) -> None:
     await bus.publish_js(svc.js, subjects.run_started(rid),
-                         RunStarted(run_id=rid, config=cfg, started_at=time.time(), hosts=sorted(placement)),
+                         RunStarted(run_id=rid, config=cfg, started_at=time.time(), hosts=sorted(placement),
+                                    manifest=manifest),
                          msg_id=subjects.msg_id(rid, 0, "orch", "started"))
     for host_id, ranges in placement.items():
         await bus.publish_js(svc.js, subjects.run_spawn(rid, host_id),

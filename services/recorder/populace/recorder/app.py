@@ -19,7 +19,7 @@ from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from pydantic import BaseModel, ValidationError
 
-from populace.core import bus, metrics, subjects, telemetry
+from populace.core import bus, metrics, objects, subjects, telemetry
 from populace.core.telemetry import tracer
 from populace.core.contracts import (
     GuessBatch, LlmCallBatch, RoundResult, RunDone, RunRecorded, RunStarted, SpawnBatch,
@@ -109,6 +109,12 @@ async def handle(raws: list[Msg]) -> None:
     for e in events:
         if isinstance(e.model, RunStarted):
             active.add(e.model.run_id)
+            pop = e.model.config.population
+            if pop is not None and pop.digest is not None:
+                try:  # who the agents are, for per-group analysis (table agent_profiles)
+                    e.blob = await objects.get_personas(svc.js, pop.digest)
+                except objects.BlobError as err:
+                    svc.log.error("personas_missing", run_id=e.model.run_id, error=str(err))
     spans = [tracer.start_span("recorder.ingest", context=telemetry.extract(raw.headers),
                                attributes={"populace.run_id": rid, "populace.messages": len(raws)})
              for rid, raw in first.items()]

@@ -5,6 +5,7 @@ whatever order redeliveries arrive in."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -12,6 +13,8 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
+from populace.population.errors import PopulationError
+from populace.population.jsonl import parse_personas
 from populace.core.contracts import GuessBatch, LlmCallBatch, RoundResult, RunDone, RunStarted, SpawnBatch
 
 SCHEMA = """
@@ -34,7 +37,11 @@ CREATE TABLE IF NOT EXISTS llm_calls (
     run_id VARCHAR, round INTEGER, agent_id BIGINT, replica VARCHAR, prompt_tokens INTEGER,
     completion_tokens INTEGER, latency_ms DOUBLE, attempts INTEGER, valid BOOLEAN, batch_id VARCHAR
 );
+CREATE TABLE IF NOT EXISTS agent_profiles (
+    run_id VARCHAR, agent_id BIGINT, persona_index BIGINT, profile JSON, persona JSON
+);
 CREATE TABLE IF NOT EXISTS _ingested (msg_id VARCHAR PRIMARY KEY);
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS manifest_json JSON;
 """
 
 GUESS_SCHEMA = pa.schema([
@@ -52,6 +59,7 @@ class Event:
     msg_id: str  # Nats-Msg-Id, unique per logical message
     kind: str  # subjects.kind_of(subject)
     model: object
+    blob: bytes | None = None  # RunStarted: the run's personas JSONL, when it has a population
 
 
 @dataclass
@@ -124,9 +132,13 @@ class Store:
                     out.calls += n
                 elif isinstance(m, RunStarted):
                     con.execute(
-                        "INSERT OR REPLACE INTO runs VALUES (?, ?, NULL, ?, 'running', NULL, ?)",
-                        [m.run_id, ts(m.started_at), m.config.model_dump_json(), m.hosts],
+                        "INSERT OR REPLACE INTO runs (run_id, started_at, config_json, status, hosts, manifest_json) "
+                        "VALUES (?, ?, ?, 'running', ?, ?)",
+                        [m.run_id, ts(m.started_at), m.config.model_dump_json(), m.hosts,
+                         json.dumps(m.manifest) if m.manifest is not None else None],
                     )
+                    if e.blob is not None:
+                        self._insert_profiles(m.run_id, m.config.agents, e.blob)
                 elif isinstance(m, SpawnBatch):
                     for first, count in m.ranges:
                         con.execute(
@@ -159,6 +171,25 @@ class Store:
             con.execute("ROLLBACK")
             raise
         return out
+
+    def _insert_profiles(self, run_id: str, agents: int, blob: bytes) -> None:
+        try:
+            records = parse_personas(blob)[:agents]
+        except PopulationError:
+            return  # the client checked the file before the run; a bad blob must not block ingestion
+        index = [(r.get("provenance") or {}).get("persona_index") for r in records]
+        rows = pa.Table.from_pydict({
+            "agent_id": list(range(len(records))),
+            "persona_index": [j if isinstance(j, int) and not isinstance(j, bool) else i
+                              for i, j in enumerate(index)],
+            "profile": [json.dumps(r["profile"], ensure_ascii=False) for r in records],
+            "persona": [json.dumps(r.get("persona"), ensure_ascii=False) for r in records],
+        })
+        self.con.register("profile_rows", rows)
+        self.con.execute("DELETE FROM agent_profiles WHERE run_id = ?", [run_id])
+        self.con.execute("INSERT INTO agent_profiles SELECT ?, agent_id, persona_index, profile, persona "
+                         "FROM profile_rows", [run_id])
+        self.con.unregister("profile_rows")
 
     def count_guesses(self, run_id: str) -> int:
         return self.con.execute("SELECT count(*) FROM guesses WHERE run_id = ?", [run_id]).fetchone()[0]

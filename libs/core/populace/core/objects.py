@@ -1,0 +1,48 @@
+"""Content-addressed blobs on the bus: a personas file is stored once in the `personas`
+object store under its sha256 and read by every host and the recorder — agents hold a
+reference, the file never travels inside run messages."""
+
+from __future__ import annotations
+
+import hashlib
+
+from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError, ObjectNotFoundError
+
+from populace.core import subjects
+from populace.core.bus import until_ready
+
+
+class BlobError(RuntimeError):
+    """A blob is missing from the object store or does not match its digest."""
+
+
+def digest_of(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+async def put_personas(js: JetStreamContext, data: bytes) -> str:
+    """Store a personas JSONL (once: an identical file is already there) and return its digest."""
+    digest = digest_of(data)
+    store = await js.object_store(subjects.PERSONAS_BUCKET)
+    try:
+        info = await store.get_info(digest)
+        if info.size == len(data) and not info.deleted:
+            return digest
+    except (NotFoundError, ObjectNotFoundError):
+        pass
+    await until_ready(lambda: store.put(digest, data), f"upload personas {digest[:12]}")
+    return digest
+
+
+async def get_personas(js: JetStreamContext, digest: str) -> bytes:
+    store = await js.object_store(subjects.PERSONAS_BUCKET)
+    try:
+        result = await until_ready(lambda: store.get(digest), f"personas {digest[:12]}")
+    except (NotFoundError, ObjectNotFoundError):
+        raise BlobError(f"personas {digest} are not in the object store "
+                        f"'{subjects.PERSONAS_BUCKET}' (uploaded to another NATS?)") from None
+    data = result.data or b""
+    if digest_of(data) != digest:
+        raise BlobError(f"personas {digest}: stored bytes do not match their digest")
+    return data

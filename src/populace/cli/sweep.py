@@ -1,0 +1,157 @@
+"""`populace sweep EXPERIMENTS.yaml`: every cell of a grid × every seed, as separate runs on
+one stack (its own, or the one at --nats), collected into one results table.
+
+Every scenario is validated and its population resolved before anything starts, so a typo in
+the last cell fails in a second, not after an hour of runs."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from populace.cli import display
+from populace.cli.prepare import PreparedRun, prepare
+from populace.core import bus
+from populace.core.sweep import Cell, SweepSpec, expand, load_sweep
+
+# Columns of the results table, one row per run and round.
+COLUMNS = ("sweep", "cell", "run_id", "status", "seed", "round", "n", "n_valid", "mean", "target",
+           "winner_value")
+
+
+@dataclass
+class SweepPlan:
+    spec: SweepSpec
+    cells: list[Cell]
+    prepared: list[PreparedRun]
+    sweep_id: str = field(default_factory=lambda: time.strftime("sweep-%Y%m%d-%H%M%S"))
+
+    @property
+    def backends(self) -> set[str]:
+        return {p.config.model.backend for p in self.prepared}
+
+
+def plan(path: str | Path) -> SweepPlan:
+    """Load, expand and prepare every run (raises ScenarioError naming the field)."""
+    p = Path(path)
+    spec, base = load_sweep(p)
+    cells = expand(spec, base)
+    sweep_id = time.strftime("sweep-%Y%m%d-%H%M%S")
+    prepared = []
+    for cell in cells:
+        extra = {"sweep": {"id": sweep_id, "name": spec.name, "cell": cell.index, "values": cell.values,
+                           "seed": cell.seed, "file": str(p)}}
+        prepared.append(prepare(cell.config, base=p.parent, agents_given="agents" in cell.data,
+                                scenario_path=str(p), extra=extra))
+    return SweepPlan(spec, cells, prepared, sweep_id)
+
+
+def plan_table(sp: SweepPlan) -> Table:
+    t = Table(title=f"sweep {sp.spec.name}: {len(sp.cells)} runs")
+    for col in ("#", "cell", "seed", "agents", "rounds", "backend"):
+        t.add_column(col)
+    for cell, prep in zip(sp.cells, sp.prepared):
+        c = prep.config
+        t.add_row(str(cell.index), cell.label, str(cell.seed), str(c.agents), str(c.rounds), c.model.backend)
+    return t
+
+
+async def run_all(url: str, sp: SweepPlan, show_progress: bool = True) -> list[dict]:
+    """Play every run in order; one row per run and round (a failed run gets one row)."""
+    from populace.cli.client import RunStalled, play, new_run_id
+
+    rows: list[dict] = []
+    nc = await bus.connect(url, "populace-sweep")
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=display.console, disable=not show_progress)
+    try:
+        with progress:
+            task = progress.add_task("runs", total=len(sp.cells))
+            for cell, prep in zip(sp.cells, sp.prepared):
+                progress.update(task, description=f"run {cell.index + 1}/{len(sp.cells)}: {cell.label}, "
+                                                  f"seed {cell.seed}")
+                base = {"sweep": sp.sweep_id, "cell": cell.label, "seed": cell.seed}
+                rid = new_run_id() + f"-c{cell.index}"
+                try:
+                    outcome = await play(nc, prep.config, run_id=rid, personas=prep.personas,
+                                         manifest=prep.manifest)
+                except RunStalled as err:
+                    rows.append({**base, "run_id": rid, "status": f"stalled: {err}"})
+                    progress.advance(task)
+                    continue
+                for r in sorted(outcome.results, key=lambda r: r.round):
+                    rows.append({**base, "run_id": outcome.run_id, "status": outcome.status, "round": r.round,
+                                 "n": r.n, "n_valid": r.n_valid, "mean": r.mean, "target": r.target,
+                                 "winner_value": r.winner_value})
+                if not outcome.results:
+                    rows.append({**base, "run_id": outcome.run_id, "status": f"{outcome.status}: {outcome.reason}"})
+                progress.advance(task)
+    finally:
+        await nc.close()
+    return [{c: row.get(c) for c in COLUMNS} for row in rows]
+
+
+def summary(rows: list[dict]) -> list[dict]:
+    """Per cell: the last round's mean across seeds, with a 95% CI across seeds."""
+    from populace.analysis.stats import mean_ci
+
+    last: dict[tuple[str, str, int], dict] = {}
+    for r in rows:
+        if r.get("round") is None:
+            continue
+        key = (r["cell"], r["run_id"], r["seed"])
+        if key not in last or r["round"] > last[key]["round"]:
+            last[key] = r
+    by_cell: dict[str, list[dict]] = {}
+    for (cell, _, _), r in last.items():
+        by_cell.setdefault(cell, []).append(r)
+    out = []
+    for cell, runs in by_cell.items():
+        ci = mean_ci([r["mean"] for r in runs])  # None means are dropped
+        out.append({"cell": cell, "runs": len(runs), "last_round": max(r["round"] for r in runs),
+                    "mean": ci["mean"], "ci_low": ci["low"], "ci_high": ci["high"],
+                    "valid": sum(r["n_valid"] for r in runs) / max(1, sum(r["n"] for r in runs))})
+    return out
+
+
+def summary_table(rows: list[dict], title: str) -> Table:
+    t = Table(title=title)
+    for col in ("cell", "runs", "round", "mean of last round", "95% CI across seeds", "valid"):
+        t.add_column(col, justify="left" if col == "cell" else "right")
+    for s in summary(rows):
+        ci = "—" if s["ci_low"] is None else f"[{display.fmt(s['ci_low'])}, {display.fmt(s['ci_high'])}]"
+        t.add_row(s["cell"], str(s["runs"]), str(s["last_round"]), display.fmt(s["mean"]), ci,
+                  f"{100 * s['valid']:.0f}%")
+    return t
+
+
+def write_rows(rows: list[dict], out: Path) -> None:
+    """CSV or Parquet, by the file's extension."""
+    import pyarrow as pa
+
+    table = pa.Table.from_pylist(rows, schema=pa.schema([
+        ("sweep", pa.string()), ("cell", pa.string()), ("run_id", pa.string()), ("status", pa.string()),
+        ("seed", pa.int64()), ("round", pa.int32()), ("n", pa.int64()), ("n_valid", pa.int64()),
+        ("mean", pa.float64()), ("target", pa.float64()), ("winner_value", pa.float64())]))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        pq.write_table(table, out)
+    else:
+        import pyarrow.csv as pcsv
+
+        pcsv.write_csv(table, out)
+
+
+def failed(rows: list[dict]) -> list[str]:
+    return sorted({r["run_id"] for r in rows if r["status"] != "completed"})
+
+
+def run_sweep(url: str, sp: SweepPlan, show_progress: bool = True) -> list[dict]:
+    return asyncio.run(run_all(url, sp, show_progress))
