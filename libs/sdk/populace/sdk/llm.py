@@ -20,6 +20,10 @@ _batch_ids = itertools.count()
 
 # A batch's encoded prompts are kept well under NATS' default 1 MB max_payload.
 MAX_BATCH_BYTES = 512 * 1024
+# A real model's batch may take as long as its tokens at the slowest decode we plan for
+# (20 tokens/s for the whole batch: SmolLM2 with chain of thought on a busy 2-core CPU).
+# Waiting less makes the agent re-send work the gateway is still doing, which only adds load.
+SECONDS_PER_TOKEN = 0.05
 
 
 class InferError(RuntimeError):
@@ -41,6 +45,7 @@ class InferSession:
         self._batch_size = batch_size
         self._flush_s = flush_s
         self._timeout = timeout_s
+        self._per_prompt_s = 0.0 if model.backend == "dummy" else model.max_tokens * SECONDS_PER_TOKEN
         self._attempts = attempts
         self._keys: list[int] = []
         self._prompts: list[str] = []
@@ -92,7 +97,8 @@ class InferSession:
         error: str = ""
         for attempt in range(self._attempts):
             try:
-                msg = await self._nc.request(subjects.LLM_INFER, data, timeout=self._timeout,
+                msg = await self._nc.request(subjects.LLM_INFER, data,
+                                             timeout=self._timeout + len(futs) * self._per_prompt_s,
                                              headers=tracing or None)
                 reply = InferReply.model_validate_json(msg.data)
                 if reply.error:

@@ -59,6 +59,13 @@ class Replica:
     load: ReplicaLoad
     static: bool = False
     last_error: str | None = None
+    slow_probes: int = 0  # consecutive health checks that timed out
+
+
+# A replica busy generating on a starved CPU can miss a health check's deadline: only this
+# many timeouts in a row mark it unhealthy. A refused connection or an error status does at once.
+SLOW_PROBES_TOLERATED = 3
+PROBE_TIMEOUT_S = 5.0
 
 
 class ReplicaPool:
@@ -111,13 +118,18 @@ class ReplicaPool:
         self.on_refresh()
 
     async def _probe(self, r: Replica) -> None:
-        healthy = await self._healthy(r.info.url)
+        try:
+            healthy = await self._healthy(r.info.url)
+            r.slow_probes = 0
+        except httpx.TimeoutException:
+            r.slow_probes += 1
+            healthy = r.load.healthy and r.slow_probes < SLOW_PROBES_TOLERATED
         if healthy != r.load.healthy:
             log.info("replica_health", replica=r.info.replica_id, healthy=healthy)
         r.load.healthy = healthy
         if healthy:
             try:
-                resp = await self._http.get(f"{r.info.url}/metrics", timeout=2.0)
+                resp = await self._http.get(f"{r.info.url}/metrics", timeout=PROBE_TIMEOUT_S)
                 if resp.status_code == 200:
                     waiting = parse_gauges(resp.text, WAITING_GAUGES.get(r.info.kind, ()))
                     r.load.waiting = int(waiting or 0)
@@ -125,14 +137,17 @@ class ReplicaPool:
                 pass
 
     async def _healthy(self, url: str) -> bool:
+        """Raises httpx.TimeoutException when the replica is too slow to say."""
         try:
-            resp = await self._http.get(f"{url}/health", timeout=2.0)
+            resp = await self._http.get(f"{url}/health", timeout=PROBE_TIMEOUT_S)
             if resp.status_code == 200:
                 return True
             if resp.status_code == 404:  # servers without /health (llama-cpp-python)
-                resp = await self._http.get(f"{url}/v1/models", timeout=2.0)
+                resp = await self._http.get(f"{url}/v1/models", timeout=PROBE_TIMEOUT_S)
                 return resp.status_code == 200
             return False  # llama.cpp answers 503 while loading
+        except httpx.TimeoutException:
+            raise
         except httpx.HTTPError:
             return False
 
