@@ -68,3 +68,51 @@ async def test_process_agents_run_their_own_turns_and_remember():
         assert "Your previous numbers: 11." in session.prompts[11]
     finally:
         rt.forget("r")
+
+
+def _cast():
+    from populace.games.cast import cast_from_records
+
+    return cast_from_records([{"profile": {"education": ["Ph.D.", "high school"][i % 2]},
+                               "persona": {"name": f"Agent{i}", "age": 30 + i}} for i in range(13)])
+
+
+def test_agents_speak_from_their_persona_and_the_system_prompt_has_the_variant():
+    config = RunConfig(agents=13, prompt={"system": "rational", "answer": "cot", "population_note": True})
+    rt = HostRuntime(None, None, Settings(host_id="h"))  # type: ignore[arg-type]
+    run = rt.spawn(SpawnBatch(run_id="r", host_id="h", ranges=[(10, 3)], config=config), _cast())
+    assert [a.persona.split(",")[0] for a in run.agents] == ["You are Agent10", "You are Agent11", "You are Agent12"]
+    assert "All players are rational" in run.system and "The players are 13 people." in run.system
+    assert run.schema["required"] == ["reasoning", "guess"]
+    rt.forget("r")
+
+
+def test_persona_false_keeps_anonymous_players():
+    config = RunConfig(agents=13, prompt={"persona": False})
+    rt = HostRuntime(None, None, Settings(host_id="h"))  # type: ignore[arg-type]
+    run = rt.spawn(SpawnBatch(run_id="r", host_id="h", ranges=[(0, 2)], config=config), _cast())
+    assert all(a.persona is None for a in run.agents)
+    assert "The players are" not in run.system  # population_note is off by default
+    rt.forget("r")
+
+
+def test_too_few_personas_is_an_error_not_a_silent_default():
+    import pytest
+
+    rt = HostRuntime(None, None, Settings(host_id="h"))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="13 personas for agent ids up to 19"):
+        rt.spawn(SpawnBatch(run_id="r", host_id="h", ranges=[(10, 10)], config=RunConfig(agents=20)), _cast())
+
+
+async def test_process_agents_carry_their_persona_and_answer_style():
+    config = RunConfig(agents=13, prompt={"answer": "cot"})
+    rt = HostRuntime(None, None, Settings(host_id="h", one_agent_per_process=True))  # type: ignore[arg-type]
+    run = rt.spawn(SpawnBatch(run_id="r", host_id="h", ranges=[(4, 1)], config=config), _cast())
+    session = FakeSession()
+    try:
+        turn = Turn(round=1, history_text="", max_value=100, llm=session, answer="cot")  # type: ignore[arg-type]
+        await run.agents[0].reply(turn)
+        assert session.prompts[4].startswith("You are Agent4, 34 years old.")
+        assert session.prompts[4].endswith("Think step by step, then report your number.")
+    finally:
+        rt.forget("r")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -9,7 +11,8 @@ from rich.table import Table
 from populace.core.contracts import HostSpawned, Progress as ProgressTick, RoundOpen, RoundResult, RunConfig
 
 console = Console(stderr=True)
-out = Console()
+# Piped or captured output keeps whole tables (rich would squeeze them into 80 columns).
+out = Console(width=None if sys.stdout.isatty() else 200)
 
 
 def fmt(x: float | None, digits: int = 2) -> str:

@@ -1,0 +1,129 @@
+"""Issue #4 end to end with real processes (dummy model, so it is fast): a scenario with
+personas and the CoT prompt runs 3 rounds; the recorder keeps profiles and the manifest;
+`results --by`, `report` and `export` read it; a sweep runs a grid × seeds and compares seeds."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+LEVELS = ["elementary school", "high school", "bachelor's", "master's", "Ph.D."]
+
+
+def populace(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "populace.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def played(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("pop")
+    res = populace("personas", "generate", str(ROOT / "examples/population/education.yaml"), "--count", "50",
+                   "--model", "template", "--out", str(tmp / "personas.jsonl"))
+    assert res.returncode == 0, res.stderr
+    (tmp / "scenario.yaml").write_text(
+        "name: edu-cot\nrounds: 3\n"
+        "prompt: {system: strategies, answer: cot, population_note: true}\n"
+        "population: {personas: personas.jsonl}\n"
+        "model: {backend: dummy, latency_s: 0.01, seed: 3}\n")
+    db = tmp / "p.duckdb"
+    res = populace("demo", "--scenario", str(tmp / "scenario.yaml"), "--db", str(db))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "recorded 150 guesses" in res.stdout
+    with duckdb.connect(str(db), read_only=True) as con:
+        run_id = con.execute("SELECT run_id FROM runs").fetchone()[0]
+    return tmp, db, run_id
+
+
+def test_profiles_and_manifest_are_recorded(played):
+    _, db, run_id = played
+    with duckdb.connect(str(db), read_only=True) as con:
+        counts = dict(con.execute("SELECT profile->>'education', count(*) FROM agent_profiles "
+                                  "WHERE run_id = ? GROUP BY 1", [run_id]).fetchall())
+        manifest = json.loads(con.execute("SELECT manifest_json FROM runs WHERE run_id = ?", [run_id]).fetchone()[0])
+    assert counts == {level: 10 for level in LEVELS}
+    assert manifest["run_id"] == run_id and len(manifest["config_hash"]) == 64
+    assert manifest["config"]["prompt"] == {"system": "strategies", "answer": "cot", "persona": True,
+                                            "population_note": True}
+    assert "The players are 50 people. Education: 20%" in manifest["prompt"]["system"]
+    assert "step by step" in manifest["prompt"]["system"]
+    assert manifest["population"]["count"] == 50 and manifest["population"]["mode"] == "template"
+    assert manifest["seeds"]["model"] == 3 and manifest["software"]["packages"]["populace"]
+
+
+def test_results_by_education_prints_cis(played):
+    _, db, run_id = played
+    res = populace("results", run_id, "--by", "education", "--db", str(db), timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert "95% CI" in res.stdout
+    for level in LEVELS:
+        assert level in res.stdout
+    assert len(re.findall(r"\[\d+\.\d\d, \d+\.\d\d\]", res.stdout)) == 5
+
+
+def test_report_is_one_self_contained_html_with_the_three_figure_kinds(played):
+    tmp, db, run_id = played
+    out = tmp / "report.html"
+    res = populace("report", run_id, "--out", str(out), "--db", str(db), timeout=120)
+    assert res.returncode == 0, res.stderr
+    html = out.read_text()
+    images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', html)
+    assert len(images) >= 3
+    assert all(base64.b64decode(i).startswith(b"\x89PNG") for i in images)
+    for title in ("Guesses per round", "Mean guess per group", "Convergence over rounds"):
+        assert title in html
+    assert not re.search(r"(src|href)=\"https?://", html)
+
+
+def test_export_writes_parquet_of_every_table(played):
+    tmp, db, run_id = played
+    res = populace("export", run_id, "--out", str(tmp / "export"), "--db", str(db), timeout=60)
+    assert res.returncode == 0, res.stderr
+    with duckdb.connect() as con:
+        n = con.execute(f"SELECT count(*) FROM read_parquet('{tmp / 'export' / 'guesses.parquet'}')").fetchone()[0]
+        profiles = con.execute(
+            f"SELECT count(*) FROM read_parquet('{tmp / 'export' / 'agent_profiles.parquet'}')").fetchone()[0]
+    assert (n, profiles) == (150, 50)
+    assert {p.name for p in (tmp / "export").iterdir()} >= {"runs.parquet", "rounds.parquet", "llm_calls.parquet"}
+
+
+def test_sweep_runs_grid_times_seeds_and_compares_seeds(played, tmp_path):
+    tmp, _, _ = played
+    (tmp_path / "sweep.yaml").write_text(
+        f"name: answers\nscenario: {tmp / 'scenario.yaml'}\nbase: {{rounds: 2}}\n"
+        "grid: {prompt.answer: [direct, cot]}\nseeds: [1, 2]\n")
+    db, out = tmp_path / "s.duckdb", tmp_path / "s.csv"
+    res = populace("sweep", str(tmp_path / "sweep.yaml"), "--db", str(db), "--out", str(out), "--no-progress")
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == 8 and {r["status"] for r in rows} == {"completed"}
+    assert {(r["cell"], r["seed"]) for r in rows} == {(f"prompt.answer={a}", s) for a in ("direct", "cot")
+                                                     for s in ("1", "2")}
+    assert "95% CI across" in res.stdout
+    with duckdb.connect(str(db), read_only=True) as con:
+        sweeps = con.execute("SELECT manifest_json->>'$.sweep.name', count(*) FROM runs GROUP BY 1").fetchall()
+        seeds = [r[0] for r in con.execute("SELECT run_id FROM runs WHERE manifest_json->>'$.config.prompt.answer' "
+                                           "= 'cot' ORDER BY run_id").fetchall()]
+    assert sweeps == [("answers", 4)]
+    res = populace("results", *seeds, "--by", "education", "--db", str(db), timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert "95% CI (runs)" in res.stdout
+
+
+def test_a_sweep_with_a_bad_cell_runs_nothing(tmp_path):
+    (tmp_path / "sweep.yaml").write_text("grid: {game.ratio: ['2/3', 'zero']}\n")
+    res = populace("sweep", str(tmp_path / "sweep.yaml"), timeout=60)
+    assert res.returncode == 2
+    assert "grid.game.ratio = zero" in res.stderr and "game.ratio" in res.stderr
+    assert "starting nats-server" not in res.stderr
