@@ -1,6 +1,7 @@
-"""The pure parts of `populace personas generate`: meta-prompt and schema, answer parsing,
-consistency checks, the de-duplication key, `--unique K` assignment, the template path, and
-the regenerate / de-duplicate / fall back loop against a scripted gateway (no NATS)."""
+"""Persona generation: the pure parts (`populace.population.generation`: meta-prompt and
+schema, answer parsing, consistency checks, the de-duplication key, `--unique K` assignment)
+and, from `populace personas generate` (`populace.cli.personas`), the template path and the
+regenerate / de-duplicate / fall back loop against a scripted gateway (no NATS)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from populace.cli import personas as P
 from populace.core.contracts import InferBatch, InferReply
 from populace.gateway import answers
 from populace.population import PopulationError, load_population, read_jsonl, sample_profiles
+from populace.population import generation as G
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "population"
 EDUCATION = EXAMPLES / "education.yaml"
@@ -23,8 +25,8 @@ LEVELS = ["elementary school", "high school", "bachelor's", "master's", "Ph.D."]
 
 
 def good(profile: dict, name: str = "Laura Bennett", description: str | None = None) -> dict:
-    lo, _ = P.age_bounds(profile)
-    return {"name": name, "gender": P.profile_gender(profile) or "female", "age": lo,
+    lo, _ = G.age_bounds(profile)
+    return {"name": name, "gender": G.profile_gender(profile) or "female", "age": lo,
             "description": description or "Laura works as a nurse in a small town. She is calm and kind."}
 
 
@@ -39,17 +41,17 @@ def good(profile: dict, name: str = "Laura Bennett", description: str | None = N
     ({"age": "34–25"}, (25, 34)),
     ({"age": "65+"}, (65, 90)),
     ({"age": "95+"}, (95, 95)),
-    ({"age": "young"}, P.DEFAULT_AGE_BOUNDS),
-    ({"age": True}, P.DEFAULT_AGE_BOUNDS),
-    ({"education": "Ph.D."}, P.DEFAULT_AGE_BOUNDS),
+    ({"age": "young"}, G.DEFAULT_AGE_BOUNDS),
+    ({"age": True}, G.DEFAULT_AGE_BOUNDS),
+    ({"education": "Ph.D."}, G.DEFAULT_AGE_BOUNDS),
 ])
 def test_age_bounds(profile, bounds):
-    assert P.age_bounds(profile) == bounds
+    assert G.age_bounds(profile) == bounds
 
 
 def test_schema_bounds_age_and_fixes_gender():
     profile = {"education": "master's", "age": 40, "gender": "male"}
-    schema = P.persona_schema(profile)
+    schema = G.persona_schema(profile)
     assert schema["type"] == "object"
     assert set(schema["required"]) == {"name", "gender", "age", "description"}
     props = schema["properties"]
@@ -64,24 +66,24 @@ def test_schema_bounds_age_and_fixes_gender():
 
 
 def test_schema_without_age_or_gender_uses_defaults():
-    props = P.persona_schema({"education": "Ph.D."})["properties"]
+    props = G.persona_schema({"education": "Ph.D."})["properties"]
     assert props["age"]["minimum"] == 18 and props["age"]["maximum"] == 90
     assert props["age"]["enum"] == list(range(18, 91))
     assert props["gender"] == {"type": "string"}
-    wide = P.persona_schema({"age": "0-150"})["properties"]["age"]
+    wide = G.persona_schema({"age": "0-150"})["properties"]["age"]
     assert "enum" not in wide and (wide["minimum"], wide["maximum"]) == (0, 150)
 
 
 def test_schema_becomes_a_llama_cpp_grammar():
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
-    gbnf = json_schema_to_gbnf(json.dumps(P.persona_schema({"age": 40, "gender": "male"})))
+    gbnf = json_schema_to_gbnf(json.dumps(G.persona_schema({"age": 40, "gender": "male"})))
     assert 'age ::= "40"' in gbnf
     assert 'gender ::= "\\"male\\""' in gbnf
 
 
 def test_patterns_accept_plain_answers_and_reject_junk():
-    name, desc = re.compile(P.NAME_PATTERN), re.compile(P.DESCRIPTION_PATTERN)
+    name, desc = re.compile(G.NAME_PATTERN), re.compile(G.DESCRIPTION_PATTERN)
     assert name.match("Laura Bennett") and not name.match("laura") and not name.match("Amina_Baba-12")
     assert desc.match("Laura works as a nurse in a small town. She is calm and kind.")
     assert not desc.match("Too short.")
@@ -91,37 +93,37 @@ def test_patterns_accept_plain_answers_and_reject_junk():
 
 
 def test_user_prompt_lists_the_profile_and_repeats_age_and_gender():
-    text = P.user_prompt({"education": "master's", "age": 40, "gender": "male", "job_title": "nurse",
+    text = G.user_prompt({"education": "master's", "age": 40, "gender": "male", "job_title": "nurse",
                           "income": 52000.5})
     assert text.splitlines()[:6] == ["Profile:", "- education: master's", "- age: 40", "- gender: male",
                                      "- job title: nurse", "- income: 52000.5"]
     assert text.endswith("Write the persona of this 40-year-old man as JSON.")
-    assert P.user_prompt({"gender": "female"}).endswith("of this woman as JSON.")
-    assert P.user_prompt({"age": "25-34"}).endswith("of this person as JSON.")
-    assert "JSON" in P.SYSTEM_PROMPT and "profile" in P.SYSTEM_PROMPT
+    assert G.user_prompt({"gender": "female"}).endswith("of this woman as JSON.")
+    assert G.user_prompt({"age": "25-34"}).endswith("of this person as JSON.")
+    assert "JSON" in G.SYSTEM_PROMPT and "profile" in G.SYSTEM_PROMPT
 
 
 # --------------------------------------------------------------------------- parsing and checks
 
 def test_parse_persona():
     text = '{"gender": "female", "age": 34.0, "name": " Ana   Ruiz ", "description": "A  nurse.\\nKind."}'
-    assert P.parse_persona(text) == {"name": "Ana Ruiz", "gender": "female", "age": 34,
+    assert G.parse_persona(text) == {"name": "Ana Ruiz", "gender": "female", "age": 34,
                                      "description": "A nurse. Kind."}
-    assert P.parse_persona("not json") is None
-    assert P.parse_persona("[1, 2]") is None
-    assert P.parse_persona('{"gender": "f", "age": 34, "name": "A B"}') is None  # no description
-    assert P.parse_persona('{"gender": "f", "age": true, "name": "A B", "description": "x"}') is None
-    assert P.parse_persona('{"gender": "f", "age": 34.5, "name": "A B", "description": "x"}') is None
+    assert G.parse_persona("not json") is None
+    assert G.parse_persona("[1, 2]") is None
+    assert G.parse_persona('{"gender": "f", "age": 34, "name": "A B"}') is None  # no description
+    assert G.parse_persona('{"gender": "f", "age": true, "name": "A B", "description": "x"}') is None
+    assert G.parse_persona('{"gender": "f", "age": 34.5, "name": "A B", "description": "x"}') is None
 
 
 def test_a_consistent_persona_passes():
     profile = {"education": "master's", "age": 38, "gender": "female"}
-    assert P.consistency_problem(good(profile), profile) is None
+    assert G.consistency_problem(good(profile), profile) is None
     # synonyms, a stated age that matches, the other gender mentioned next to her own
     p = good(profile, description="A 38-year-old woman in her late thirties who married a man she met at work.")
-    assert P.consistency_problem({**p, "gender": "Woman"}, profile) is None
+    assert G.consistency_problem({**p, "gender": "Woman"}, profile) is None
     # no gender in the profile: any gender and pronouns
-    assert P.consistency_problem(good({"age": 30}, description="He is a kind and patient teacher."),
+    assert G.consistency_problem(good({"age": 30}, description="He is a kind and patient teacher."),
                                  {"age": 30}) is None
 
 
@@ -143,7 +145,7 @@ def test_a_consistent_persona_passes():
 ])
 def test_inconsistent_personas_are_named(change, reason):
     profile = {"education": "master's", "age": 38, "gender": "female"}
-    problem = P.consistency_problem({**good(profile), **change}, profile)
+    problem = G.consistency_problem({**good(profile), **change}, profile)
     assert problem is not None and problem.startswith(reason), problem
 
 
@@ -151,41 +153,41 @@ def test_age_range_profiles_accept_any_age_inside():
     profile = {"age": "25-34", "gender": "male"}
     for age, ok in ((25, True), (34, True), (24, False), (35, False)):
         p = {**good(profile, description="He is a kind and patient teacher in a small town."), "age": age}
-        assert (P.consistency_problem(p, profile) is None) is ok
+        assert (G.consistency_problem(p, profile) is None) is ok
 
 
 def test_dedupe_key_ignores_case_accents_punctuation_and_spacing():
     a = {"name": "José  Núñez", "description": "A kind, calm nurse."}
     b = {"name": "jose nunez", "description": "a kind calm nurse"}
     c = {"name": "Jose Nunez", "description": "A kind, calm doctor."}
-    assert P.dedupe_key(a) == P.dedupe_key(b) != P.dedupe_key(c)
+    assert G.dedupe_key(a) == G.dedupe_key(b) != G.dedupe_key(c)
 
 
 def test_fallback_persona_respects_age_ranges():
     for i in range(30):
-        p = P.fallback_persona({"age": "25-34", "gender": "male"}, i, 0)
+        p = G.fallback_persona({"age": "25-34", "gender": "male"}, i, 0)
         assert 25 <= p["age"] <= 34 and p["gender"] == "male"
-        assert P.consistency_problem(p, {"age": "25-34", "gender": "male"}) is None
-    assert P.fallback_persona({"age": 41}, 0, 0)["age"] == 41
+        assert G.consistency_problem(p, {"age": "25-34", "gender": "male"}) is None
+    assert G.fallback_persona({"age": 41}, 0, 0)["age"] == 41
 
 
 # --------------------------------------------------------------------------- --unique K
 
 def _education_profiles(n: int) -> tuple[list[dict], list[str], list[str]]:
     cfg = load_population(EDUCATION)
-    cats, nums = P.attribute_kinds(cfg)
+    cats, nums = G.attribute_kinds(cfg)
     return sample_profiles(cfg, n), cats, nums
 
 
 def test_attribute_kinds():
     cfg = load_population(EXAMPLES / "occupation.yaml")
-    assert P.attribute_kinds(cfg) == (["occupation", "education", "gender"], ["age"])
+    assert G.attribute_kinds(cfg) == (["occupation", "education", "gender"], ["age"])
 
 
 @pytest.mark.parametrize("k", [10, 11, 25, 99, 100])
 def test_unique_k_at_least_the_groups_matches_every_categorical_attribute(k):
     profiles, cats, nums = _education_profiles(100)  # 5 education levels x 2 genders = 10 groups
-    a = P.assign_unique(profiles, k, cats, nums)
+    a = G.assign_unique(profiles, k, cats, nums)
     assert len(a.reps) == k and len(set(a.reps)) == k
     assert sorted(set(a.persona_of)) == list(range(k))  # every persona is used
     assert all(a.exact)
@@ -203,7 +205,7 @@ def test_unique_k_at_least_the_groups_matches_every_categorical_attribute(k):
 
 def test_unique_k_keeps_ages_close_inside_a_group():
     profiles, cats, nums = _education_profiles(100)
-    a = P.assign_unique(profiles, 20, cats, nums)  # two personas per group
+    a = G.assign_unique(profiles, 20, cats, nums)  # two personas per group
     for key in {tuple(p[c] for c in cats) for p in profiles}:
         members = [i for i, p in enumerate(profiles) if tuple(p[c] for c in cats) == key]
         js = sorted({a.persona_of[i] for i in members}, key=lambda j: profiles[a.reps[j]]["age"])
@@ -213,7 +215,7 @@ def test_unique_k_keeps_ages_close_inside_a_group():
 
 def test_unique_k_below_the_groups_prefers_the_first_attribute():
     profiles, cats, nums = _education_profiles(50)
-    a = P.assign_unique(profiles, 5, cats, nums)
+    a = G.assign_unique(profiles, 5, cats, nums)
     assert len(a.reps) == 5 and sorted(set(a.persona_of)) == list(range(5))
     for i, j in enumerate(a.persona_of):
         rep = profiles[a.reps[j]]
@@ -224,26 +226,26 @@ def test_unique_k_below_the_groups_prefers_the_first_attribute():
         assert a.exact[i] == (tuple(rep[c] for c in cats) == mine)
     # five personas for five education levels: every agent keeps its education level
     assert all(profiles[a.reps[j]]["education"] == profiles[i]["education"] for i, j in enumerate(a.persona_of))
-    a3 = P.assign_unique(profiles, 3, cats, nums)
+    a3 = G.assign_unique(profiles, 3, cats, nums)
     assert len({profiles[r]["education"] for r in a3.reps}) == 3
-    a1 = P.assign_unique(profiles, 1, cats, nums)
+    a1 = G.assign_unique(profiles, 1, cats, nums)
     assert a1.persona_of == [0] * 50
 
 
 @pytest.mark.parametrize("k", [6, 12, 24])
 def test_unique_k_keeps_the_first_attribute_before_the_others(k):
     cfg = load_population(EXAMPLES / "occupation.yaml")
-    cats, nums = P.attribute_kinds(cfg)  # occupation, education (given occupation), gender
+    cats, nums = G.attribute_kinds(cfg)  # occupation, education (given occupation), gender
     profiles = sample_profiles(cfg)
     leaves = {tuple(p[c] for c in cats) for p in profiles}
     assert k < len(leaves)
-    a = P.assign_unique(profiles, k, cats, nums)
+    a = G.assign_unique(profiles, k, cats, nums)
     assert len(a.reps) == k and sorted(set(a.persona_of)) == list(range(k))
     for i, j in enumerate(a.persona_of):
         assert profiles[a.reps[j]]["occupation"] == profiles[i]["occupation"]
     per_occupation = Counter(profiles[r]["occupation"] for r in a.reps)
     assert set(per_occupation.values()) == {k // 6}  # 100 agents each: equal shares
-    big = P.assign_unique(profiles, len(leaves), cats, nums)
+    big = G.assign_unique(profiles, len(leaves), cats, nums)
     assert all(big.exact)
 
 
@@ -251,7 +253,7 @@ def test_unique_k_keeps_the_first_attribute_before_the_others(k):
 def test_unique_k_out_of_range_names_the_option(k):
     profiles, cats, nums = _education_profiles(50)
     with pytest.raises(ValueError, match="--unique"):
-        P.assign_unique(profiles, k, cats, nums)
+        G.assign_unique(profiles, k, cats, nums)
 
 
 def test_unique_template_mode_keeps_quotas_exactly_and_uses_k_personas(tmp_path):
@@ -362,9 +364,9 @@ def test_good_answers_are_kept_on_the_first_try_in_schema_batches():
     # one schema per age: two groups of four, each within `concurrency`
     assert sorted(len(b.keys) for b in gw.batches) == [4, 4]
     for b in gw.batches:
-        assert len({json.dumps(P.persona_schema(profiles[k]), sort_keys=True) for k in b.keys}) == 1
-        assert b.system == P.SYSTEM_PROMPT and b.run_id == "personas-test" and b.round == 1
-        assert b.prompts == [P.user_prompt(profiles[k]) for k in b.keys]
+        assert len({json.dumps(G.persona_schema(profiles[k]), sort_keys=True) for k in b.keys}) == 1
+        assert b.system == G.SYSTEM_PROMPT and b.run_id == "personas-test" and b.round == 1
+        assert b.prompts == [G.user_prompt(profiles[k]) for k in b.keys]
         assert b.model.backend == "local" and b.model.seed != 0
     assert outcomes[3].sampling_seed == gw.batches[0].model.seed * 1_000_003 + 3
 
@@ -392,9 +394,9 @@ def test_bad_answers_are_regenerated_with_a_new_seed_and_temperature():
     seeds = {b.round: b.model.seed for b in gw.batches}
     temps = {b.round: b.model.temperature for b in gw.batches}
     assert len(set(seeds.values())) == 3 and list(temps.values()) == sorted(temps.values())
-    assert temps == dict(zip((1, 2, 3), P.TEMPERATURES))
+    assert temps == dict(zip((1, 2, 3), G.TEMPERATURES))
     # a regeneration is a new request carrying the same prompt, not a re-parse
-    assert [b.prompts for b in gw.batches if b.round == 3] == [[P.user_prompt(profiles[1])]]
+    assert [b.prompts for b in gw.batches if b.round == 3] == [[G.user_prompt(profiles[1])]]
 
 
 def test_duplicates_are_regenerated_and_persistent_failures_fall_back():
@@ -413,9 +415,9 @@ def test_duplicates_are_regenerated_and_persistent_failures_fall_back():
     assert gen.duplicates_removed == 1
     assert outcomes[2].persona["name"] == "Tom Dunn" and outcomes[2].attempts == 2
     assert outcomes[2].rejected == ["duplicate of persona 1"]
-    assert outcomes[3].persona is None and outcomes[3].attempts == P.MAX_TRIES
+    assert outcomes[3].persona is None and outcomes[3].attempts == G.MAX_TRIES
     assert outcomes[3].reason == "description states age 12"
-    keys = [P.dedupe_key(o.persona) for o in outcomes if o.persona]
+    keys = [G.dedupe_key(o.persona) for o in outcomes if o.persona]
     assert len(keys) == len(set(keys)) == 3
 
 
@@ -431,7 +433,7 @@ def test_gateway_errors_are_retried_then_fall_back():
     gw = Failing(None)
     gen = P._LlmGenerator(gw, profiles, "local", 0, "personas-test", 4, lambda: None)
     outcomes = asyncio.run(gen.run())
-    assert len(gw.batches) == P.MAX_TRIES
+    assert len(gw.batches) == G.MAX_TRIES
     assert outcomes[0].persona is None and outcomes[0].reason == "gateway error: no replica"
 
 

@@ -24,6 +24,13 @@ from populace.population.config import (
     parse_population_yaml,
 )
 from populace.population.errors import PopulationError
+from populace.population.generation import (
+    Assignment,
+    assign_unique,
+    consistency_problem,
+    dedupe_key,
+    persona_schema,
+)
 from populace.population.jsonl import parse_personas, read_jsonl, write_jsonl
 from populace.population.personas import (
     TEMPLATE_PROMPT_VERSION,
@@ -36,6 +43,7 @@ from populace.population.sampling import sample_profiles
 
 __all__ = [
     "TEMPLATE_PROMPT_VERSION",
+    "Assignment",
     "BinSpec",
     "CategoricalAttribute",
     "ConditionalAttribute",
@@ -44,13 +52,17 @@ __all__ = [
     "PopulationConfig",
     "PopulationError",
     "UniformSpec",
+    "assign_unique",
     "config_hash",
+    "consistency_problem",
+    "dedupe_key",
     "largest_remainder",
     "load_population",
     "parse_population",
     "parse_population_yaml",
     "parse_personas",
     "persona_record",
+    "persona_schema",
     "read_jsonl",
     "sample_profiles",
     "template_persona",
