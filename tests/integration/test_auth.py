@@ -22,11 +22,13 @@ import sys
 import time
 from pathlib import Path
 
+import duckdb
 import nats
 import nats.errors
 import pytest
 from populace.core.processes import stop_all
 from populace.core import bus, subjects
+from populace.cli.prepare import prepare
 from populace.core.contracts import HostInfo, RunConfig, RunStart, ServiceInfo
 from populace.core.natsserver import EmbeddedNats
 
@@ -35,6 +37,7 @@ from populace.cli.client import play
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 DEPLOY_CONF = Path(__file__).resolve().parents[2] / "deploy" / "nats" / "auth.conf"
+EDUCATION = Path(__file__).resolve().parents[2] / "examples" / "population" / "education.yaml"
 SERVICES = ("orchestrator", "environment", "gateway", "recorder", "agent-host")
 USERS = (*SERVICES, "replicas", "cli", "admin")
 PASSWORDS = {u: f"test-{u}-pw" for u in USERS}
@@ -251,8 +254,13 @@ async def test_game_with_one_user_per_service(server, tmp_path):
         cli = await connect_as(server.url, "cli", cli_errors)
         try:
             await wait_registered(cli, procs, tmp_path)
-            config = RunConfig.model_validate({"agents": 200, "rounds": 2, "model": {"latency_s": 0.0, "seed": 5}})
-            out = await asyncio.wait_for(play(cli, config, stall_s=20), timeout=60)
+            # With a population: the cli uploads the personas to the object store, the host
+            # and the recorder read them back (each step under its own user's permissions).
+            prepared = prepare(RunConfig.model_validate({
+                "agents": 200, "rounds": 2, "model": {"latency_s": 0.0, "seed": 5},
+                "population": {"config": str(EDUCATION)}}))
+            out = await asyncio.wait_for(play(cli, prepared.config, personas=prepared.personas,
+                                              manifest=prepared.manifest, stall_s=20), timeout=60)
         finally:
             await cli.close()
         assert out.status == "completed", out.reason
@@ -288,6 +296,9 @@ async def test_game_with_one_user_per_service(server, tmp_path):
     finally:
         killed = stop_all(procs)
     assert killed == [], f"had to kill {killed}"
+    with duckdb.connect(str(tmp_path / "populace.duckdb"), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM agent_profiles").fetchone() == (200,)
+        assert con.execute("SELECT count(*) FROM runs WHERE manifest_json IS NOT NULL").fetchone() == (1,)
 
     # Nothing any service needed was refused, start-up and shutdown included. (The
     # agent-host's core subscribers are no_reply: they used to answer JetStream events on
