@@ -19,9 +19,11 @@ class FakeSession:
 
     def __init__(self) -> None:
         self.prompts: dict[int, str] = {}
+        self.prefix_chars: dict[int, int] = {}
 
-    def ask(self, key: int, prompt: str) -> asyncio.Future:
+    def ask(self, key: int, prompt: str, prefix_chars: int = 0) -> asyncio.Future:
         self.prompts[key] = prompt
+        self.prefix_chars[key] = prefix_chars
         fut = asyncio.get_running_loop().create_future()
         fut.set_result(f'{{"guess": {key % 101}}}')
         return fut
@@ -113,6 +115,9 @@ async def test_process_agents_carry_their_persona_and_answer_style():
         turn = Turn(round=1, history_text="", max_value=100, llm=session, answer="cot")  # type: ignore[arg-type]
         await run.agents[0].reply(turn)
         assert session.prompts[4].startswith("You are Agent4, 34 years old.")
+        # the persona is declared as the prompt's stable prefix (routing key across rounds)
+        persona = session.prompts[4][:session.prefix_chars[4]]
+        assert persona == run.agents[0].persona and persona.startswith("You are Agent4")
         assert session.prompts[4].endswith("Think step by step, then report your number.")
     finally:
         rt.forget("r")

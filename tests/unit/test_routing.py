@@ -539,3 +539,17 @@ def test_load_capacity_is_exact_integer_ceil_plus_slack():
 def test_prefix_affinity_rejects_bad_parameters(kw):
     with pytest.raises(ValueError, match=next(iter(kw))):
         PrefixAffinityRouter(**kw)
+
+
+def test_affinity_keys_follow_the_persona_not_the_round():
+    from populace.gateway.routing import affinity_keys
+
+    persona = "You are Ada, 52 years old, female. Education: Ph.D."
+    round1 = f"{persona} Report your number."
+    round2 = f"{persona} Winning numbers of previous rounds: 33. Your previous numbers: 40. Report your number."
+    other = "You are Bob, 30 years old, male. Education: high school. Report your number."
+    k1, k2, k3 = affinity_keys("rules", [round1, round2, other], [len(persona), len(persona), 48])
+    assert k1 == k2 != k3
+    assert affinity_keys("other rules", [round1], [len(persona)])[0] != k1  # the system prompt counts
+    # without declared prefixes every prompt has the batch's key (the shared system prompt)
+    assert affinity_keys("rules", [round1, other], None) == [prefix_key("rules")] * 2

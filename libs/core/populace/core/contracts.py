@@ -356,11 +356,17 @@ class InferBatch(Wire):
     keys: list[int]  # request keys (agent ids): correlation and per-agent seeding
     prompts: list[str]
     response_schema: dict | None = None  # JSON schema every answer must satisfy
+    # Leading characters of each prompt that stay the same from round to round (the agent's
+    # persona): the gateway routes on system prompt + this prefix, so an agent's persona
+    # stays in one replica's prefix cache across rounds. None: route on the system prompt.
+    prefix_chars: list[int] | None = None
 
     @model_validator(mode="after")
     def _same_length(self) -> InferBatch:
         if len(self.keys) != len(self.prompts):
             raise ValueError("keys and prompts must have equal length")
+        if self.prefix_chars is not None and len(self.prefix_chars) != len(self.prompts):
+            raise ValueError("prefix_chars and prompts must have equal length")
         return self
 
 

@@ -27,9 +27,12 @@ class GuessPlayer(Agent):
 
     async def reply(self, turn: Turn) -> tuple[float | None, str]:
         # self.persona is the persona's background text, shared by reference (or None)
-        prompt = user_prompt(self.agent_id, turn.history_text, self.memory, self.persona, turn.answer)
+        persona = self.persona
+        prompt = user_prompt(self.agent_id, turn.history_text, self.memory, persona, turn.answer)
         try:
-            raw = await turn.llm.ask(self.agent_id, prompt)
+            # the persona leads the prompt and is the same every round: the gateway keeps it
+            # on one replica, whose prefix cache already holds it
+            raw = await turn.llm.ask(self.agent_id, prompt, len(persona) if persona else 0)
         except InferError as err:
             raw = f"<no answer: {err}>"
             value = None

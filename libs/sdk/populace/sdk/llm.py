@@ -41,7 +41,7 @@ class InferSession:
         self._loop = asyncio.get_running_loop()
         self._header = dict(run_id=run_id, round=round_, model=model, max_value=max_value,
                             system=system, response_schema=response_schema)
-        self._prefix = f"{host_id}.{run_id}.{round_}."
+        self._id_prefix = f"{host_id}.{run_id}.{round_}."
         self._batch_size = batch_size
         self._flush_s = flush_s
         self._timeout = timeout_s
@@ -49,16 +49,19 @@ class InferSession:
         self._attempts = attempts
         self._keys: list[int] = []
         self._prompts: list[str] = []
+        self._prefix: list[int] = []
         self._futs: list[asyncio.Future] = []
         self._bytes = 0
         self._timer: asyncio.TimerHandle | None = None
         self._sending: set[asyncio.Task] = set()
         self.batches_sent = 0
 
-    def ask(self, key: int, prompt: str) -> asyncio.Future:
+    def ask(self, key: int, prompt: str, prefix_chars: int = 0) -> asyncio.Future:
+        """`prefix_chars`: how much of the prompt's start is the same every round (a persona)."""
         fut = self._loop.create_future()
         self._keys.append(key)
         self._prompts.append(prompt)
+        self._prefix.append(prefix_chars)
         self._futs.append(fut)
         self._bytes += len(prompt) + 16
         if len(self._keys) >= self._batch_size or self._bytes >= MAX_BATCH_BYTES:
@@ -73,15 +76,16 @@ class InferSession:
             self._timer = None
         if not self._keys:
             return
-        keys, prompts, futs = self._keys, self._prompts, self._futs
-        self._keys, self._prompts, self._futs, self._bytes = [], [], [], 0
-        task = self._loop.create_task(self._send(keys, prompts, futs))
+        keys, prompts, futs, prefix = self._keys, self._prompts, self._futs, self._prefix
+        self._keys, self._prompts, self._futs, self._prefix, self._bytes = [], [], [], [], 0
+        task = self._loop.create_task(self._send(keys, prompts, futs, prefix if any(prefix) else None))
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
 
-    async def _send(self, keys: list[int], prompts: list[str], futs: list[asyncio.Future]) -> None:
-        batch = InferBatch(batch_id=f"{self._prefix}{next(_batch_ids)}", keys=keys,
-                           prompts=prompts, **self._header)
+    async def _send(self, keys: list[int], prompts: list[str], futs: list[asyncio.Future],
+                    prefix: list[int] | None) -> None:
+        batch = InferBatch(batch_id=f"{self._id_prefix}{next(_batch_ids)}", keys=keys,
+                           prompts=prompts, prefix_chars=prefix, **self._header)
         data = batch.model_dump_json().encode()
         self.batches_sent += 1
         metrics.batch("agent-host", "infer", len(keys))

@@ -22,8 +22,8 @@ class _PipeLLM:
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
 
-    def ask(self, key: int, prompt: str) -> asyncio.Future:
-        self._conn.send(("ask", prompt))
+    def ask(self, key: int, prompt: str, prefix_chars: int = 0) -> asyncio.Future:
+        self._conn.send(("ask", prompt, prefix_chars))
         raw, error = self._conn.recv()
         fut = asyncio.get_running_loop().create_future()
         if error is not None:
@@ -86,7 +86,7 @@ class ProcessAgent(Agent):
             msg = await self._recv()
             if msg[0] == "ask":
                 try:
-                    raw, error = await turn.llm.ask(self.agent_id, msg[1]), None
+                    raw, error = await turn.llm.ask(self.agent_id, msg[1], msg[2]), None
                 except InferError as err:
                     raw, error = None, str(err)
                 self.conn.send((raw, error))

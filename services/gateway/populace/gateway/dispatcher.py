@@ -20,7 +20,7 @@ from populace.core.settings import Settings
 from populace.gateway import answers
 from populace.gateway.openai_api import ChatResult, ReplicaError, RequestRejected, chat
 from populace.gateway.replicas import ReplicaPool
-from populace.gateway.routing import ReplicaLoad, Router, prefix_key
+from populace.gateway.routing import ReplicaLoad, Router, affinity_keys
 
 log = logs.get("populace.gateway.dispatch")
 REGISTRATION_WAIT_S = 60.0  # replicas may still be loading their model when a run starts
@@ -65,11 +65,9 @@ class Dispatcher:
                                     f"{self.s.gateway_max_queue}; retry later"), None
         self.admitted += n
         metrics.LLM_IN_FLIGHT.labels("gateway").set(self.admitted)
-        # Affinity key: the batch's system prompt is the prefix all its prompts share (the
-        # per-agent prompts differ, so including them would scatter one prefix everywhere).
-        key = prefix_key(batch.system)
+        keys = affinity_keys(batch.system, batch.prompts, batch.prefix_chars)
         try:
-            decisions = await asyncio.gather(*(self.decide(batch, i, key) for i in range(n)))
+            decisions = await asyncio.gather(*(self.decide(batch, i, keys[i]) for i in range(n)))
         finally:
             self.admitted -= n
             metrics.LLM_IN_FLIGHT.labels("gateway").set(self.admitted)

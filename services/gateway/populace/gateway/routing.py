@@ -37,7 +37,7 @@ from typing import Protocol, runtime_checkable
 
 __all__ = [
     "ROUTER_NAMES", "DEFAULT_VNODES", "ReplicaLoad", "Router", "RoundRobinRouter",
-    "LeastLoadedRouter", "PrefixAffinityRouter", "RoutingStats", "make_router", "prefix_key", "eligible_replicas",
+    "LeastLoadedRouter", "PrefixAffinityRouter", "RoutingStats", "make_router", "prefix_key", "affinity_keys", "eligible_replicas",
 ]
 
 ROUTER_NAMES = ("round-robin", "least-loaded", "prefix-affinity")
@@ -522,3 +522,13 @@ def prefix_key(system: str, prompt: str = "", chars: int = 256) -> str:
     h.update(system.encode("utf-8", "surrogatepass"))
     h.update(prompt[:chars].encode("utf-8", "surrogatepass"))
     return h.hexdigest()
+
+
+def affinity_keys(system: str, prompts: Sequence[str], prefix_chars: Sequence[int] | None) -> list[str]:
+    """Each prompt's routing key: the system prompt the batch shares, plus the prompt's stable
+    start (its agent's persona) when the agents declare one. Per-round parts (history, memory)
+    never enter the key, so an agent's key is the same every round and its persona stays in
+    one replica's prefix cache. Without `prefix_chars`, every prompt has the batch's key."""
+    if not prefix_chars:
+        return [prefix_key(system)] * len(prompts)
+    return [prefix_key(system, p, max(0, c)) for p, c in zip(prompts, prefix_chars)]
