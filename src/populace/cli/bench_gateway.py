@@ -278,22 +278,22 @@ async def gateway_latency(log_dir: str, n: int = 300) -> dict:
                                                  {"role": "user", "content": "You are player 1. Report your number."}],
                     "max_tokens": 16, "temperature": 0.7,
                     "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}}}
+            one = bus.encode(batch(SYSTEM, ["You are player 1. Report your number."]))
+            direct, via = [], []
+            # Alternate direct and gateway calls, so the VM's drifting speed (run-to-run p50s
+            # of one path vary 2x here) hits both samples alike.
             async with httpx.AsyncClient() as http:
-                direct = []
                 for i in range(n + 20):
                     t0 = time.perf_counter()
                     (await http.post(url + "/v1/chat/completions", json=body)).raise_for_status()
+                    t1 = time.perf_counter()
+                    msg = await nc.request(subjects.LLM_INFER, one, timeout=30)
+                    t2 = time.perf_counter()
+                    reply = InferReply.model_validate_json(msg.data)
+                    assert reply.error is None and reply.valid == [True], reply
                     if i >= 20:
-                        direct.append((time.perf_counter() - t0) * 1000)
-            one = bus.encode(batch(SYSTEM, ["You are player 1. Report your number."]))
-            via = []
-            for i in range(n + 20):
-                t0 = time.perf_counter()
-                msg = await nc.request(subjects.LLM_INFER, one, timeout=30)
-                if i >= 20:
-                    via.append((time.perf_counter() - t0) * 1000)
-                reply = InferReply.model_validate_json(msg.data)
-                assert reply.error is None and reply.valid == [True], reply
+                        direct.append((t1 - t0) * 1000)
+                        via.append((t2 - t1) * 1000)
             # throughput through the process: 10 batches of 1,000 prompts at once
             prompts = [f"You are player {k}. Report your number." for k in range(1000)]
             t0 = time.perf_counter()
@@ -377,8 +377,11 @@ def run_gateway_bench(llm: bool = True, quiet: bool = False) -> GatewayBenchResu
     rng = random.Random(3)
     work = [(people[rng.randrange(len(people))], [f"You are player {i}. Report your number."])
             for i in range(1600)]
+    # Time scale 1: simulated GPU time is real time. At 0.2 the four sims' own Python work
+    # (HTTP, hashing 6,000-character prompts) outweighed it on 2 shared cores, and throughput
+    # compared CPU scheduling (round-robin spreads CPU evenly), not prefill saved by cache hits.
     sim_args = ["--cache-blocks", "3400", "--prefill-tokens-per-s", "5000", "--decode-tokens-per-s", "50",
-                "--max-num-seqs", "32", "--time-scale", "0.2"]
+                "--max-num-seqs", "32", "--time-scale", "1.0"]
     pa = asyncio.run(routing_run("prefix-affinity", sim_args, work, log_dir, concurrency=32))
     rr = asyncio.run(routing_run("round-robin", sim_args, work, log_dir, concurrency=32))
     ceiling = routing_ceiling(work, sim_args)
