@@ -197,8 +197,11 @@ def histogram_figure(per_round: dict[int, np.ndarray], table: dict[int, dict], m
     return fig
 
 
-def group_figure(groups: dict[str, list[dict]], equilibrium: float | None, round_label: str) -> Figure:
-    """Figure 2: per-group mean guess with 95% CI error bars, one panel per attribute."""
+def group_figure(groups: dict[str, list[dict]], equilibrium: float | None, round_label: str,
+                 max_value: float | None = None) -> Figure:
+    """Figure 2: per-group mean guess with 95% CI error bars, one panel per attribute. The y axis
+    stays within the game's range [0, max_value]: a tiny group's huge CI would otherwise flatten
+    every other bar (its exact bounds are in the table below the figure)."""
     k = max(len(groups), 1)
     ncols = min(2, k)
     nrows = math.ceil(k / ncols)
@@ -221,6 +224,9 @@ def group_figure(groups: dict[str, list[dict]], equilibrium: float | None, round
         if equilibrium is not None:
             ax.axhline(equilibrium, color="#555", linestyle="--", linewidth=1, label=f"equilibrium {equilibrium:g}")
             ax.legend(fontsize=8)
+        if max_value is not None and np.isfinite(means).any():
+            top = float(np.nanmax(means + high))
+            ax.set_ylim(0, min(top * 1.1, max_value * 1.05) or 1.0)
         ax.set_xlabel(attr)
         ax.set_ylabel(f"mean guess ({round_label})")
         ax.set_title(f"Mean guess by {attr} (95% CI across agents)", fontsize=10)
@@ -358,7 +364,8 @@ def render_report(con: duckdb.DuckDBPyConnection, run_id: str,
         groups = {a: group_table(con, [run_id], a) for a in attrs}
         if any(groups.values()):
             parts.append(_img(png_data_uri(group_figure({a: g for a, g in groups.items() if g},
-                                                        info["equilibrium"], round_label)),
+                                                        info["equilibrium"], round_label,
+                                                        info.get("max_value"))),
                               "Mean guess per group with 95% confidence intervals"))
         for a, g in groups.items():
             parts.append(f"<h3>By {_e(a)} ({_e(round_label)})</h3>")
