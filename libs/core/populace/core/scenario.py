@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TypeVar
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from populace.core.contracts import RunConfig
+
+M = TypeVar("M", bound=BaseModel)
 
 
 class ScenarioError(ValueError):
@@ -30,17 +33,22 @@ def format_validation_error(err: ValidationError) -> str:
     return "\n".join(lines)
 
 
-def parse_scenario(data: object) -> RunConfig:
+def validated(model: type[M], data: object, what: str) -> M:
+    """`data` as a `model`, or a ScenarioError naming each bad field."""
     if not isinstance(data, dict):
-        raise ScenarioError("(scenario): the file must hold a mapping of keys to values")
+        raise ScenarioError(f"({what}): the file must hold a mapping of keys to values")
     try:
-        return RunConfig.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as err:
         raise ScenarioError(format_validation_error(err)) from None
 
 
-def load_scenario_data(path: str | Path) -> tuple[dict, str]:
-    """The scenario file's mapping and its text (kept for the run's manifest)."""
+def parse_scenario(data: object) -> RunConfig:
+    return validated(RunConfig, data, "scenario")
+
+
+def load_yaml_mapping(path: str | Path, what: str = "scenario") -> tuple[dict, str]:
+    """A YAML file's mapping and its text (kept for the run's manifest)."""
     p = Path(path)
     try:
         text = p.read_text()
@@ -51,8 +59,12 @@ def load_scenario_data(path: str | Path) -> tuple[dict, str]:
     except yaml.YAMLError as err:
         raise ScenarioError(f"{p}: not valid YAML: {err}") from None
     if not isinstance(data, dict):
-        raise ScenarioError("(scenario): the file must hold a mapping of keys to values")
+        raise ScenarioError(f"({what}): the file must hold a mapping of keys to values")
     return data, text
+
+
+def load_scenario_data(path: str | Path) -> tuple[dict, str]:
+    return load_yaml_mapping(path, "scenario")
 
 
 def load_scenario(path: str | Path) -> RunConfig:

@@ -19,11 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from populace.core.contracts import Count, RunConfig
-from populace.core.scenario import ScenarioError, format_validation_error, load_scenario_data
+from populace.core.scenario import (
+    ScenarioError, format_validation_error, load_scenario_data, load_yaml_mapping, validated,
+)
 
 MAX_RUNS = 10_000
 
@@ -92,23 +93,13 @@ def _set(data: dict, dotted: str, value: Any) -> None:
 
 
 def parse_sweep(data: object) -> SweepSpec:
-    if not isinstance(data, dict):
-        raise ScenarioError("(sweep): the file must hold a mapping of keys to values")
-    try:
-        return SweepSpec.model_validate(data)
-    except ValidationError as err:
-        raise ScenarioError(format_validation_error(err)) from None
+    return validated(SweepSpec, data, "sweep")
 
 
 def load_sweep(path: str | Path) -> tuple[SweepSpec, dict]:
     """The sweep and its base scenario mapping (the named scenario file merged with `base`)."""
     p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text())
-    except OSError as err:
-        raise ScenarioError(f"{p}: cannot read ({err.strerror})") from None
-    except yaml.YAMLError as err:
-        raise ScenarioError(f"{p}: not valid YAML: {err}") from None
+    data, _ = load_yaml_mapping(p, "sweep")
     spec = parse_sweep(data)
     base: dict = {}
     if spec.scenario is not None:
@@ -118,11 +109,11 @@ def load_sweep(path: str | Path) -> tuple[SweepSpec, dict]:
             base, _ = load_scenario_data(scenario)
         except ScenarioError as err:
             raise ScenarioError(f"scenario: {err}") from None
-        _rebase_population(base, scenario.parent, p.parent)
+        _rebase_population(base, scenario.parent)
     return spec, _merge(base, spec.base)
 
 
-def _rebase_population(data: dict, scenario_dir: Path, sweep_dir: Path) -> None:
+def _rebase_population(data: dict, scenario_dir: Path) -> None:
     """A base scenario's population paths are relative to *its* file: make them absolute so
     they mean the same thing from the sweep's directory."""
     pop = data.get("population")
