@@ -127,3 +127,33 @@ def test_a_sweep_with_a_bad_cell_runs_nothing(tmp_path):
     assert res.returncode == 2
     assert "grid.game.ratio = zero" in res.stderr and "game.ratio" in res.stderr
     assert "starting nats-server" not in res.stderr
+
+
+def test_rerun_from_the_manifest_reproduces_the_rounds(played):
+    tmp, db, run_id = played
+    res = populace("rerun", run_id, "--db", str(db))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert f"of {run_id}" in res.stdout
+    rows = [line for line in res.stdout.splitlines() if re.match(r"│\s+\d+ │", line)]
+    assert len(rows) == 3 and all(line.rstrip().endswith("yes │") for line in rows), res.stdout
+    with duckdb.connect(str(db), read_only=True) as con:
+        got = con.execute("SELECT manifest_json->>'$.rerun_of' FROM runs WHERE run_id <> ?", [run_id]).fetchall()
+    assert got == [(run_id,)]
+
+
+def test_rerun_refuses_changed_personas(played, tmp_path):
+    tmp, db, run_id = played
+    import shutil
+
+    copy_db = tmp_path / "copy.duckdb"
+    shutil.copy(db, copy_db)
+    personas = tmp / "personas.jsonl"
+    original = personas.read_bytes()
+    try:
+        personas.write_bytes(original.replace(b'"Ph.D."', b'"PhD"', 1))
+        res = populace("rerun", run_id, "--db", str(copy_db), timeout=60)
+    finally:
+        personas.write_bytes(original)
+    assert res.returncode == 2
+    assert "population: personas.jsonl changed since the run" in res.stderr
+    assert "starting nats-server" not in res.stderr

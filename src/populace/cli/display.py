@@ -63,6 +63,22 @@ def group_table(rows: list[dict], by: str, title: str, across_runs: bool) -> Tab
     return t
 
 
+def rerun_table(before: list[dict], after: dict, old_id: str, new_id: str) -> Table:
+    """The original run's rounds next to the rerun's: mean, target and winner, and whether
+    they are identical."""
+    t = Table(title=f"rerun {new_id} of {old_id}")
+    for col in ("round", "mean (run)", "mean (rerun)", "target (run)", "target (rerun)",
+                "winner (run)", "winner (rerun)", "same"):
+        t.add_column(col, justify="right")
+    for b in before:
+        a = after.get(b["round"])
+        same = a is not None and (a.mean, a.target, a.winner_agent_id) == (b["mean"], b["target"], b["winner_agent_id"])
+        t.add_row(str(b["round"]), fmt(b["mean"]), fmt(a.mean if a else None), fmt(b["target"]),
+                  fmt(a.target if a else None), str(b["winner_agent_id"]),
+                  str(a.winner_agent_id) if a else "—", "yes" if same else "no")
+    return t
+
+
 def result_row(r: RoundResult) -> dict:
     return dict(round=r.round, n_valid=r.n_valid, n=r.n, mean=r.mean, target=r.target,
                 winner_agent_id=r.winner_agent_id, winner_value=r.winner_value)

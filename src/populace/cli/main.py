@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import time
@@ -179,6 +180,44 @@ def run(
     except (OSError, TimeoutError) as err:
         fail(f"cannot reach NATS at {nats} or the run stalled: {err}", code=1)
     _report(outcome, None)
+
+
+@app.command()
+def rerun(
+    run_id: Annotated[str, typer.Argument(help="recorded run id, or 'last'")],
+    db: Annotated[str, typer.Option(help="DuckDB file holding the run (a private stack records the rerun there too)")] = "populace.duckdb",
+    nats: Annotated[Optional[str], typer.Option("--nats", help="NATS URL of a running stack "
+                                                "(default: start a private one)")] = None,
+    hosts: Annotated[int, typer.Option(min=1, help="agent-host processes (private stack only)")] = 2,
+    replicas: Annotated[int, typer.Option(min=1, help="LLM replicas for local/sim (private stack only)")] = 1,
+) -> None:
+    """Play a recorded run again from its manifest (same config, seeds, prompts and personas,
+    each checked unchanged) and compare the rounds with the original."""
+    from populace.cli.prepare import prepare_rerun
+
+    with _db(db) as con:
+        rid = _run_ids(con, [run_id])[0]
+        row = con.execute("SELECT manifest_json FROM runs WHERE run_id = ?", [rid]).fetchone()
+        if row is None:
+            fail(f"run {rid!r} is not in {db}")
+        if row[0] is None:
+            fail(f"run {rid!r} has no manifest (recorded before manifests existed)")
+        cur = con.execute("SELECT round, mean, target, winner_agent_id FROM rounds WHERE run_id = ? "
+                          "ORDER BY round", [rid])
+        before = [dict(zip([d[0] for d in cur.description], r)) for r in cur.fetchall()]
+    prepared = prepared_or_exit(lambda: prepare_rerun(json.loads(row[0])))
+    if nats is not None:
+        try:
+            outcome = asyncio.run(_follow(nats, prepared, show_progress=True))
+        except (OSError, TimeoutError) as err:
+            fail(f"cannot reach NATS at {nats} or the run stalled: {err}", code=1)
+    else:
+        with _private_stack({prepared.config.model.backend}, replicas, hosts, db) as url:
+            outcome = asyncio.run(_follow(url, prepared, show_progress=True))
+    after = {r.round: r for r in outcome.results}
+    display.out.print(display.rerun_table(before, after, rid, outcome.run_id))
+    if outcome.status != "completed":
+        fail(f"run {outcome.run_id} {outcome.status}: {outcome.reason}", code=1)
 
 
 @app.command()

@@ -176,3 +176,33 @@ def build_manifest(config: RunConfig, records: list[dict], scenario_path: str | 
         "software": {"python": sys.version.split()[0], "platform": platform.platform(),
                      "packages": _versions(), "git_commit": _git_commit()},
     }
+
+
+def prepare_rerun(manifest: dict) -> PreparedRun:
+    """A recorded run's manifest → the same run again: its resolved config, its personas read
+    again from the files it names (relative to its scenario file) and checked against the
+    recorded digest, and its prompts checked against the recorded texts. Raises ScenarioError
+    when an input changed since, naming what."""
+    try:
+        config = RunConfig.model_validate(manifest["config"])
+    except (KeyError, TypeError):
+        raise ScenarioError("manifest: no `config`; the run was recorded without a manifest") from None
+    except ValidationError as err:
+        raise ScenarioError("manifest.config: " + format_validation_error(err)) from None
+    scenario_path = (manifest.get("scenario") or {}).get("path")
+    base = Path(scenario_path).parent if scenario_path else Path(".")
+    source = {"rerun_of": manifest.get("run_id"), "sweep": manifest.get("sweep")}
+    prepared = prepare(config, base=base, agents_given=True, scenario_path=scenario_path,
+                       scenario_text=(manifest.get("scenario") or {}).get("text"), extra=source)
+    recorded = config.population.digest if config.population else None
+    now = prepared.config.population.digest if prepared.config.population else None
+    if recorded != now:
+        pop = config.population
+        raise ScenarioError(f"population: {pop.personas or pop.config} changed since the run "
+                            f"(sha256 {recorded} recorded, {now} now)")
+    before, after = manifest.get("prompt") or {}, prepared.manifest["prompt"]
+    for key in ("system", "user_example", "answer_schema"):
+        if key in before and before[key] != after[key]:
+            raise ScenarioError(f"prompt.{key}: the prompt library changed since the run (version "
+                                f"{before.get('version')} recorded, {after['version']} now)")
+    return prepared
