@@ -261,3 +261,33 @@ def test_failure_after_done_is_ignored():
     assert s.status == "done"
     s2, acts = on_failure(s, "too late")
     assert s2 is s and acts == [] and s2.reason is None
+
+
+# --- lost hosts -------------------------------------------------------------------------
+def _running(placement):
+    from populace.core.contracts import RunConfig, RunState
+
+    return RunState(run_id="r", status="running", config=RunConfig(agents=30), placement=placement, round=2,
+                    spawned=list(placement))
+
+
+def test_a_silent_host_fails_the_run_naming_host_round_and_agents():
+    from populace.orchestrator import workflow
+
+    state = _running({"h1": [(0, 10)], "h2": [(10, 15), (40, 5)]})
+    new, actions = workflow.on_hosts_lost(state, {"h1"}, 30.0)
+    assert new.status == "failed"
+    assert new.reason == "agent-host h2 stopped during round 2 (no heartbeat for 30s); its 20 agents cannot answer"
+    assert actions == [workflow.FinishRun("failed", 2, new.reason)]
+
+
+def test_live_hosts_or_finished_runs_are_left_alone():
+    from populace.orchestrator import workflow
+
+    state = _running({"h1": [(0, 10)], "h2": [(10, 20)]})
+    assert workflow.on_hosts_lost(state, {"h1", "h2", "h3"}, 30.0) == (state, [])
+    done = state.model_copy(update={"status": "done"})
+    assert workflow.on_hosts_lost(done, set(), 30.0) == (done, [])
+    spawning = state.model_copy(update={"status": "spawning", "round": 0})
+    new, _ = workflow.on_hosts_lost(spawning, {"h2"}, 5.0)
+    assert new.reason.startswith("agent-host h1 stopped during spawning")

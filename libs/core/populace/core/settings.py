@@ -34,6 +34,9 @@ class Settings(BaseSettings):
     infer_attempts: int = Field(3, ge=1)
     heartbeat_s: float = Field(2.0, gt=0)
     registry_ttl_s: float = Field(10.0, gt=0)
+    # A host silent this long is lost: the orchestrator fails its runs with a clear reason
+    # (a host busy spawning a million agents can miss a few heartbeats; 30 s is the KV TTL).
+    host_lost_s: float = Field(30.0, gt=0)
 
     # gateway
     gateway_max_workers: int = Field(4096, ge=1)  # inference batches handled concurrently

@@ -37,6 +37,36 @@ run_stream = JStream(subjects.RUN_STREAM, declare=False)
 HOST_WAIT_S = 10.0  # how long a run start waits for a first agent-host to register
 # Open spans: "<rid>" is the run (the trace's root), "<rid>.<n>" its rounds.
 spans: dict[str, Span] = {}
+# Runs this orchestrator placed and has not finished: their hosts are watched.
+watched: set[str] = set()
+watch_state: dict = {}
+
+
+@svc.on_ready
+async def _start_watch() -> None:
+    watch_state["task"] = asyncio.create_task(watch_hosts())
+
+
+@svc.on_stop
+async def _stop_watch() -> None:
+    if task := watch_state.get("task"):
+        task.cancel()
+
+
+async def watch_hosts() -> None:
+    """Every heartbeat, fail the watched runs whose hosts stopped heartbeating."""
+    silent_s = svc.settings.host_lost_s
+    while True:
+        await asyncio.sleep(svc.settings.heartbeat_s)
+        if not watched:
+            continue
+        try:
+            live = {h.host_id for h in await bus.registry_entries(
+                svc.js, subjects.HOSTS_BUCKET, HostInfo, fresh_within_s=silent_s)}
+            for rid in list(watched):
+                await advance(rid, lambda s: workflow.on_hosts_lost(s, live, silent_s))
+        except Exception as err:  # noqa: BLE001 - a KV hiccup: look again next beat
+            svc.log.warning("host_watch_failed", error=str(err))
 
 
 async def runs_kv():
@@ -76,6 +106,7 @@ async def on_run_start(msg: NatsMessage) -> None:
     run_span = spans[rid] = tracer.start_span(
         "orchestrator.run", context=telemetry.extract(msg.headers),
         attributes={"populace.run_id": rid, "populace.agents": cfg.agents, "populace.rounds": cfg.rounds})
+    watched.add(rid)
     with trace.use_span(run_span, end_on_exit=False):
         await announce(rid, cfg, placement, start.manifest)
 
@@ -149,6 +180,7 @@ async def publish_open(state: RunState, action: workflow.OpenRound) -> None:
 
 
 async def finish(rid: str, action: workflow.FinishRun) -> None:
+    watched.discard(rid)
     run_span = spans.pop(rid, None)
     if run_span is None:  # a run rejected before it started: no trace to continue
         await publish_done(rid, action)

@@ -59,3 +59,22 @@ def on_failure(state: RunState, reason: str) -> tuple[RunState, list[Action]]:
         return state, []
     failed = state.model_copy(update={"status": "failed", "reason": reason, "updated_at": time.time()})
     return failed, [FinishRun("failed", state.round, reason)]
+
+
+def lost_hosts(state: RunState, live: set[str]) -> list[str]:
+    """Hosts the run placed agents on that no longer heartbeat, while the run needs them."""
+    if state.status not in ("spawning", "running"):
+        return []
+    return sorted(h for h in state.placement if h not in live)
+
+
+def on_hosts_lost(state: RunState, live: set[str], silent_s: float) -> tuple[RunState, list[Action]]:
+    """A host that stopped heartbeating takes its agents' answers with it: fail the run with a
+    reason that says which host and when, rather than wait for a round that cannot close."""
+    lost = lost_hosts(state, live)
+    if not lost:
+        return state, []
+    where = f"round {state.round}" if state.status == "running" else "spawning"
+    agents = sum(c for h in lost for _, c in state.placement[h])
+    return on_failure(state, f"agent-host {', '.join(lost)} stopped during {where} (no heartbeat for "
+                             f"{silent_s:g}s); its {agents} agents cannot answer")
