@@ -12,6 +12,20 @@ up:
 demo:
     uv run populace demo
 
+# The paper's education study with chain of thought on 50 SmolLM2 personas, then its report
+study:
+    uv run populace demo --scenario examples/education-cot.yaml --db education-cot.duckdb
+    uv run populace results last --db education-cot.duckdb --by education
+    uv run populace report last --db education-cot.duckdb --out education-cot.html
+
+# The two games × 3 seeds on the dummy model (a quick sweep), table in ratios.csv
+sweep:
+    uv run populace sweep examples/sweeps/ratios.yaml --out ratios.csv --db ratios.duckdb
+
+# Gateway benchmark, result saved under bench/results/
+bench-gateway:
+    uv run populace bench gateway --json --out bench/results/gateway.json
+
 # Test suite; extra arguments go to pytest (e.g. `just test tests/unit -x`)
 test *args:
     uv run pytest {{ args }}
@@ -30,7 +44,7 @@ lint:
 
 # Where the documentation lives
 docs:
-    @echo "Docs: README.md (overview, CLI), deploy/README.md (Docker image, compose, POPULACE_* settings) and docs/ (design notes, as they are added)."
+    @echo "Docs: README.md (overview, CLI, populations, prompts, sweeps, reports), deploy/README.md (Docker image, compose, POPULACE_* settings), deploy/CLUSTER.md and deploy/AUTH.md."
 
 # Validate compose.yaml (needs Docker with the compose plugin)
 compose-config:
