@@ -58,7 +58,8 @@ async def _follow(url: str, prepared: PreparedRun, show_progress: bool):
         await nc.close()
 
 
-def prepared_or_exit(build) -> PreparedRun:
+def checked(build):
+    """build(), or exit 2 with the field-naming message of a bad scenario, population or sweep."""
     try:
         return build()
     except ScenarioError as err:
@@ -119,9 +120,9 @@ def demo(
 ) -> None:
     """Start NATS and every service, play one game, print the rounds, leave the DuckDB file."""
     if scenario is not None:
-        prepared = prepared_or_exit(lambda: prepare_file(scenario))
+        prepared = checked(lambda: prepare_file(scenario))
     else:
-        prepared = prepared_or_exit(lambda: prepare(RunConfig.model_validate({
+        prepared = checked(lambda: prepare(RunConfig.model_validate({
             "agents": agents, "rounds": rounds,
             "game": {"ratio": ratio, "offset": offset},
             "model": {"backend": model, "latency_s": latency, "seed": seed},
@@ -174,7 +175,7 @@ def run(
     progress: Annotated[bool, typer.Option(help="show progress bars")] = True,
 ) -> None:
     """Validate a scenario, publish `ctl.run.start`, follow the run until it is recorded."""
-    prepared = prepared_or_exit(lambda: prepare_file(scenario))
+    prepared = checked(lambda: prepare_file(scenario))
     try:
         outcome = asyncio.run(_follow(nats, prepared, show_progress=progress))
     except (OSError, TimeoutError) as err:
@@ -205,7 +206,7 @@ def rerun(
         cur = con.execute("SELECT round, mean, target, winner_agent_id FROM rounds WHERE run_id = ? "
                           "ORDER BY round", [rid])
         before = [dict(zip([d[0] for d in cur.description], r)) for r in cur.fetchall()]
-    prepared = prepared_or_exit(lambda: prepare_rerun(json.loads(row[0])))
+    prepared = checked(lambda: prepare_rerun(json.loads(row[0])))
     if nats is not None:
         try:
             outcome = asyncio.run(_follow(nats, prepared, show_progress=True))
@@ -223,7 +224,7 @@ def rerun(
 @app.command()
 def validate(scenario: Annotated[Path, typer.Argument(help="scenario YAML file")]) -> None:
     """Check a scenario file (and the population it names) without running it."""
-    prepared = prepared_or_exit(lambda: prepare_file(scenario))
+    prepared = checked(lambda: prepare_file(scenario))
     display.out.print_json(prepared.config.model_dump_json())
 
 
@@ -242,7 +243,7 @@ def sweep(
     """Run every combination of a grid (× seeds) as separate runs; print and save one table."""
     from populace.cli import sweep as sweeps
 
-    sp = prepared_or_exit(lambda: sweeps.plan(experiments))
+    sp = checked(lambda: sweeps.plan(experiments))
     display.out.print(sweeps.plan_table(sp))
     if dry_run:
         return
