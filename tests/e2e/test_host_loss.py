@@ -52,3 +52,37 @@ def test_killed_host_fails_the_run_with_a_reason(tmp_path):
         assert con.execute("SELECT status, reason LIKE 'agent-host host-1 stopped%' FROM runs").fetchone() == (
             "failed", True)
         assert con.execute("SELECT count(*) FROM guesses WHERE round = 1").fetchone() == (400,)
+
+
+def test_a_restarted_orchestrator_still_watches_the_running_run(tmp_path):
+    import os as _os
+
+    db = tmp_path / "populace.duckdb"
+    env = {"POPULACE_STORAGE": "memory", "POPULACE_HOST_LOST_S": "4", "POPULACE_HEARTBEAT_S": "0.5"}
+    stack = Stack(hosts=2, db=str(db), env=env)
+    stack.start()
+    try:
+        asyncio.run(stack.wait_ready(timeout=90))
+        old, victim = stack.procs["orchestrator"], stack.procs["agent-host-1"]
+        config = RunConfig.model_validate({"agents": 200, "rounds": 4, "model": {"latency_s": 1.5, "seed": 2}})
+
+        def on_event(kind: str, model: object) -> None:
+            if isinstance(model, RoundOpen) and model.round == 2 and old.poll() is None:
+                os.kill(old.pid, signal.SIGKILL)  # the orchestrator dies first, then a host
+                os.kill(victim.pid, signal.SIGKILL)
+                stack._spawn("orchestrator-2", ["service", "orchestrator"],
+                             {**_os.environ, "POPULACE_NATS_URL": stack.url, "POPULACE_DB": str(db),
+                              "POPULACE_LOG_FORMAT": "json", "POPULACE_PARENT_PID": str(_os.getpid()), **env})
+
+        async def go():
+            nc = await bus.connect(stack.url, "e2e-orchestrator-restart")
+            try:
+                return await asyncio.wait_for(play(nc, config, on_event=on_event, stall_s=60), timeout=120)
+            finally:
+                await nc.close()
+
+        out = asyncio.run(go())
+    finally:
+        stack.stop()
+    assert out.status == "failed"
+    assert out.reason.startswith("agent-host host-1 stopped during round 2"), out.reason

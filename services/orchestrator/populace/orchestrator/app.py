@@ -53,9 +53,31 @@ async def _stop_watch() -> None:
         task.cancel()
 
 
+async def adopt_unfinished_runs() -> None:
+    """After a restart: watch the runs KV says are still spawning or running."""
+    kv = await runs_kv()
+    try:
+        keys = await kv.keys()
+    except Exception:  # noqa: BLE001 - nats-py raises NoKeysError on an empty bucket
+        return
+    for rid in keys:
+        try:
+            state = RunState.model_validate_json((await kv.get(rid)).value)
+        except Exception:  # noqa: BLE001 - deleted meanwhile, or not a run state
+            continue
+        if state.status in ("spawning", "running"):
+            watched.add(rid)
+    if watched:
+        svc.log.info("runs_adopted", runs=sorted(watched))
+
+
 async def watch_hosts() -> None:
     """Every heartbeat, fail the watched runs whose hosts stopped heartbeating."""
     silent_s = svc.settings.host_lost_s
+    try:
+        await adopt_unfinished_runs()
+    except Exception as err:  # noqa: BLE001
+        svc.log.warning("runs_adopt_failed", error=str(err))
     while True:
         await asyncio.sleep(svc.settings.heartbeat_s)
         if not watched:
