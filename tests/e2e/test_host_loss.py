@@ -19,9 +19,21 @@ from populace.core.contracts import RoundOpen, RunConfig
 pytestmark = pytest.mark.e2e
 
 
+def play_following(stack: Stack, config: RunConfig, on_event):
+    """Play a run, calling on_event for every event; bounded, so a hang fails the test."""
+    async def go():
+        nc = await bus.connect(stack.url, "e2e-host-loss")
+        try:
+            return await asyncio.wait_for(play(nc, config, on_event=on_event, stall_s=60), timeout=120)
+        finally:
+            await nc.close()
+
+    return asyncio.run(go())
+
+
 def test_killed_host_fails_the_run_with_a_reason(tmp_path):
     db = tmp_path / "populace.duckdb"
-    stack = Stack(hosts=2, db=str(db), env={"POPULACE_STORAGE": "memory", "POPULACE_HOST_LOST_S": "4",
+    stack = Stack(hosts=2, db=str(db), env={"POPULACE_STORAGE": "memory", "POPULACE_HOST_LOST_S": "6",
                                             "POPULACE_HEARTBEAT_S": "0.5"})
     stack.start()
     try:
@@ -33,19 +45,12 @@ def test_killed_host_fails_the_run_with_a_reason(tmp_path):
             if isinstance(model, RoundOpen) and model.round == 2 and victim.poll() is None:
                 os.kill(victim.pid, signal.SIGKILL)  # mid-run: round 1 closed, round 2 in flight
 
-        async def go():
-            nc = await bus.connect(stack.url, "e2e-host-loss")
-            try:
-                return await asyncio.wait_for(play(nc, config, on_event=on_event, stall_s=60), timeout=120)
-            finally:
-                await nc.close()
-
-        out = asyncio.run(go())
+        out = play_following(stack, config, on_event)
     finally:
         stack.stop()
     assert victim.poll() is not None
     assert out.status == "failed"
-    assert out.reason.startswith("agent-host host-1 stopped during round 2 (no heartbeat for 4s)"), out.reason
+    assert out.reason.startswith("agent-host host-1 stopped during round 2 (no heartbeat for 6s)"), out.reason
     assert [r.round for r in out.results] == [1]
     assert out.recorded is not None
     with duckdb.connect(str(db), read_only=True) as con:
@@ -58,7 +63,7 @@ def test_a_restarted_orchestrator_still_watches_the_running_run(tmp_path):
     import os as _os
 
     db = tmp_path / "populace.duckdb"
-    env = {"POPULACE_STORAGE": "memory", "POPULACE_HOST_LOST_S": "4", "POPULACE_HEARTBEAT_S": "0.5"}
+    env = {"POPULACE_STORAGE": "memory", "POPULACE_HOST_LOST_S": "6", "POPULACE_HEARTBEAT_S": "0.5"}
     stack = Stack(hosts=2, db=str(db), env=env)
     stack.start()
     try:
@@ -74,14 +79,7 @@ def test_a_restarted_orchestrator_still_watches_the_running_run(tmp_path):
                              {**_os.environ, "POPULACE_NATS_URL": stack.url, "POPULACE_DB": str(db),
                               "POPULACE_LOG_FORMAT": "json", "POPULACE_PARENT_PID": str(_os.getpid()), **env})
 
-        async def go():
-            nc = await bus.connect(stack.url, "e2e-orchestrator-restart")
-            try:
-                return await asyncio.wait_for(play(nc, config, on_event=on_event, stall_s=60), timeout=120)
-            finally:
-                await nc.close()
-
-        out = asyncio.run(go())
+        out = play_following(stack, config, on_event)
     finally:
         stack.stop()
     assert out.status == "failed"

@@ -16,7 +16,8 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, ObjectStoreConfig, StorageType, StreamConfig
 from nats.js.errors import (
-    BadRequestError, BucketNotFoundError, NoStreamResponseError, NotFoundError, ServiceUnavailableError,
+    BadRequestError, BucketNotFoundError, KeyNotFoundError, NoKeysError, NoStreamResponseError, NotFoundError,
+    ServiceUnavailableError,
 )
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
@@ -218,21 +219,35 @@ class Heartbeat:
 
 
 async def registry_entries(js: JetStreamContext, bucket: str, model: type[M],
-                           fresh_within_s: float | None = None) -> list[M]:
-    """Current entries of a registry bucket, skipping stale or malformed ones."""
+                           fresh_within_s: float | None = None, strict: bool = False) -> list[M]:
+    """Current entries of a registry bucket, skipping stale or malformed ones.
+
+    `strict`: a failed read (e.g. during a leader election) raises instead of looking like an
+    empty registry. A caller that acts on *absence* (declaring a host lost) must use it."""
     kv = await js.key_value(bucket)
     try:
         keys = await kv.keys()
-    except Exception:  # nats-py raises NoKeysError on an empty bucket
+    except NoKeysError:
+        return []
+    except Exception:  # noqa: BLE001
+        if strict:
+            raise
         return []
     now = time.time()
     out: list[M] = []
     for key in keys:
         try:
             entry = await kv.get(key)
-            item = model.model_validate_json(entry.value)
-        except Exception:  # noqa: BLE001 - deleted meanwhile or malformed
+        except KeyNotFoundError:
+            continue  # deleted meanwhile
+        except Exception:  # noqa: BLE001
+            if strict:
+                raise
             continue
+        try:
+            item = model.model_validate_json(entry.value)
+        except ValidationError:
+            continue  # malformed: not a live entry
         hb = getattr(item, "heartbeat_at", now)
         if fresh_within_s is None or now - hb <= fresh_within_s:
             out.append(item)

@@ -37,8 +37,9 @@ run_stream = JStream(subjects.RUN_STREAM, declare=False)
 HOST_WAIT_S = 10.0  # how long a run start waits for a first agent-host to register
 # Open spans: "<rid>" is the run (the trace's root), "<rid>.<n>" its rounds.
 spans: dict[str, Span] = {}
-# Runs this orchestrator placed and has not finished: their hosts are watched.
-watched: set[str] = set()
+# Runs this orchestrator placed (or adopted after a restart) and has not finished, with
+# their hosts: those hosts are watched.
+watched: dict[str, set[str]] = {}
 watch_state: dict = {}
 
 
@@ -66,25 +67,36 @@ async def adopt_unfinished_runs() -> None:
         except Exception:  # noqa: BLE001 - deleted meanwhile, or not a run state
             continue
         if state.status in ("spawning", "running"):
-            watched.add(rid)
+            watched[rid] = set(state.placement)
     if watched:
         svc.log.info("runs_adopted", runs=sorted(watched))
 
 
 async def watch_hosts() -> None:
-    """Every heartbeat, fail the watched runs whose hosts stopped heartbeating."""
+    """Every heartbeat, fail the watched runs whose hosts stopped heartbeating. A host counts
+    as lost only when a complete registry read says so on two beats in a row: a failed read
+    (a NATS leader election) proves nothing and is skipped."""
     silent_s = svc.settings.host_lost_s
     try:
         await adopt_unfinished_runs()
     except Exception as err:  # noqa: BLE001
         svc.log.warning("runs_adopt_failed", error=str(err))
+    missing: dict[str, int] = {}  # host id -> consecutive beats it was seen stale or absent
     while True:
         await asyncio.sleep(svc.settings.heartbeat_s)
         if not watched:
+            missing.clear()
             continue
         try:
-            live = {h.host_id for h in await bus.registry_entries(
-                svc.js, subjects.HOSTS_BUCKET, HostInfo, fresh_within_s=silent_s)}
+            fresh = {h.host_id for h in await bus.registry_entries(
+                svc.js, subjects.HOSTS_BUCKET, HostInfo, fresh_within_s=silent_s, strict=True)}
+        except Exception as err:  # noqa: BLE001 - no verdict from a failed read
+            svc.log.warning("host_watch_read_failed", error=str(err))
+            continue
+        placed = set().union(*watched.values())
+        missing = {h: missing.get(h, 0) + 1 for h in placed if h not in fresh}
+        live = fresh | {h for h, beats in missing.items() if beats < 2}
+        try:
             for rid in list(watched):
                 await advance(rid, lambda s: workflow.on_hosts_lost(s, live, silent_s))
         except Exception as err:  # noqa: BLE001 - a KV hiccup: look again next beat
@@ -128,7 +140,7 @@ async def on_run_start(msg: NatsMessage) -> None:
     run_span = spans[rid] = tracer.start_span(
         "orchestrator.run", context=telemetry.extract(msg.headers),
         attributes={"populace.run_id": rid, "populace.agents": cfg.agents, "populace.rounds": cfg.rounds})
-    watched.add(rid)
+    watched[rid] = set(placement)
     with trace.use_span(run_span, end_on_exit=False):
         await announce(rid, cfg, placement, start.manifest)
 
@@ -202,7 +214,7 @@ async def publish_open(state: RunState, action: workflow.OpenRound) -> None:
 
 
 async def finish(rid: str, action: workflow.FinishRun) -> None:
-    watched.discard(rid)
+    watched.pop(rid, None)
     run_span = spans.pop(rid, None)
     if run_span is None:  # a run rejected before it started: no trace to continue
         await publish_done(rid, action)
