@@ -198,8 +198,9 @@ def services(cluster, tmp_path_factory):
 
 
 async def assert_r3(js, names: set[str]) -> None:
-    """Every Populace stream and KV bucket: three replicas, a leader and two peers besides it."""
-    for stream in STREAMS + [f"KV_{b}" for b in BUCKETS]:
+    """Every Populace stream, KV bucket and object store: three replicas, a leader and two
+    peers besides it."""
+    for stream in STREAMS + [f"KV_{b}" for b in BUCKETS] + [f"OBJ_{subjects.PERSONAS_BUCKET}"]:
         info = await js.stream_info(stream)
         assert info.config.num_replicas == 3, stream
         assert info.cluster is not None and info.cluster.name == "populace", stream

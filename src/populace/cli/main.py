@@ -101,6 +101,21 @@ def _private_stack(backends: set[str], replicas: int, hosts: int, db: str):
         stack.stop()
 
 
+@contextlib.contextmanager
+def _stack_url(nats: str | None, backends: set[str] = frozenset(), replicas: int = 1, hosts: int = 2,
+               db: str = "populace.duckdb"):
+    """The NATS URL to play on: the stack at `nats`, whose connection or stall errors exit 1,
+    or (without `nats`) a private stack for the backends used."""
+    if nats is None:
+        with _private_stack(backends, replicas, hosts, db) as url:
+            yield url
+        return
+    try:
+        yield nats
+    except (OSError, TimeoutError) as err:
+        fail(f"cannot reach NATS at {nats} or the run stalled: {err}", code=1)
+
+
 @app.command()
 def demo(
     agents: Annotated[int, typer.Option(help="number of agents")] = 1000,
@@ -176,10 +191,8 @@ def run(
 ) -> None:
     """Validate a scenario, publish `ctl.run.start`, follow the run until it is recorded."""
     prepared = checked(lambda: prepare_file(scenario))
-    try:
-        outcome = asyncio.run(_follow(nats, prepared, show_progress=progress))
-    except (OSError, TimeoutError) as err:
-        fail(f"cannot reach NATS at {nats} or the run stalled: {err}", code=1)
+    with _stack_url(nats) as url:
+        outcome = asyncio.run(_follow(url, prepared, show_progress=progress))
     _report(outcome, None)
 
 
@@ -207,14 +220,8 @@ def rerun(
                           "ORDER BY round", [rid])
         before = [dict(zip([d[0] for d in cur.description], r)) for r in cur.fetchall()]
     prepared = checked(lambda: prepare_rerun(json.loads(row[0])))
-    if nats is not None:
-        try:
-            outcome = asyncio.run(_follow(nats, prepared, show_progress=True))
-        except (OSError, TimeoutError) as err:
-            fail(f"cannot reach NATS at {nats} or the run stalled: {err}", code=1)
-    else:
-        with _private_stack({prepared.config.model.backend}, replicas, hosts, db) as url:
-            outcome = asyncio.run(_follow(url, prepared, show_progress=True))
+    with _stack_url(nats, {prepared.config.model.backend}, replicas, hosts, db) as url:
+        outcome = asyncio.run(_follow(url, prepared, show_progress=True))
     after = {r.round: r for r in outcome.results}
     display.out.print(display.rerun_table(before, after, rid, outcome.run_id))
     if outcome.status != "completed":
@@ -247,14 +254,8 @@ def sweep(
     display.out.print(sweeps.plan_table(sp))
     if dry_run:
         return
-    if nats is not None:
-        try:
-            rows = sweeps.run_sweep(nats, sp, progress)
-        except OSError as err:
-            fail(f"cannot reach NATS at {nats}: {err}", code=1)
-    else:
-        with _private_stack(sp.backends, replicas, hosts, db) as url:
-            rows = sweeps.run_sweep(url, sp, progress)
+    with _stack_url(nats, sp.backends, replicas, hosts, db) as url:
+        rows = sweeps.run_sweep(url, sp, progress)
     display.out.print(sweeps.summary_table(rows, f"{sp.spec.name} ({sp.sweep_id})"))
     if out is not None:
         sweeps.write_rows(rows, out)

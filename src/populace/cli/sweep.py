@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -29,7 +29,7 @@ class SweepPlan:
     spec: SweepSpec
     cells: list[Cell]
     prepared: list[PreparedRun]
-    sweep_id: str = field(default_factory=lambda: time.strftime("sweep-%Y%m%d-%H%M%S"))
+    sweep_id: str  # also in every run's manifest
 
     @property
     def backends(self) -> set[str]:

@@ -135,26 +135,35 @@ async def ensure_kv(js: JetStreamContext, bucket: str, ttl: float | None = None,
                 kv = await js.key_value(bucket)
             except BucketNotFoundError:  # just created elsewhere, not visible here yet
                 raise nats.errors.TimeoutError from None
-    if replicas > 1:
-        try:
-            info = await js.stream_info(f"KV_{bucket}")
-        except NotFoundError:
-            raise nats.errors.TimeoutError from None  # not visible here yet
-        if not (info.cluster and info.cluster.leader):
-            raise nats.errors.TimeoutError  # no leader elected yet
+    await _has_leader(js, f"KV_{bucket}", replicas)
     return kv
 
 
 async def ensure_object_store(js: JetStreamContext, bucket: str, storage: StorageType = StorageType.FILE,
                               replicas: int = 1) -> ObjectStore:
     try:
-        return await js.object_store(bucket)
+        store = await js.object_store(bucket)
     except BucketNotFoundError:
         try:
-            return await js.create_object_store(
+            store = await js.create_object_store(
                 bucket, config=ObjectStoreConfig(storage=storage, replicas=replicas))
         except BadRequestError:  # created concurrently by another service
             raise nats.errors.TimeoutError from None  # until_ready looks again
+    await _has_leader(js, f"OBJ_{bucket}", replicas)
+    return store
+
+
+async def _has_leader(js: JetStreamContext, stream: str, replicas: int) -> None:
+    """A replicated bucket's stream is usable once it has a Raft leader; until then raise a
+    transient error, so until_ready asks again."""
+    if replicas <= 1:
+        return
+    try:
+        info = await js.stream_info(stream)
+    except NotFoundError:
+        raise nats.errors.TimeoutError from None  # not visible here yet
+    if not (info.cluster and info.cluster.leader):
+        raise nats.errors.TimeoutError  # no leader elected yet
 
 
 def dlq_headers(subject: str, reason: str) -> dict[str, str]:
@@ -220,7 +229,8 @@ class Heartbeat:
 
 async def registry_entries(js: JetStreamContext, bucket: str, model: type[M],
                            fresh_within_s: float | None = None, strict: bool = False) -> list[M]:
-    """Current entries of a registry bucket, skipping stale or malformed ones.
+    """Current entries of a registry bucket, skipping stale or malformed ones (entries without
+    a `heartbeat_at`, such as run states, are never stale).
 
     `strict`: a failed read (e.g. during a leader election) raises instead of looking like an
     empty registry. A caller that acts on *absence* (declaring a host lost) must use it."""

@@ -511,24 +511,36 @@ def make_router(name: str, *, seed: int = 0, load_factor: float = 1.25) -> Route
     raise ValueError(f"unknown router {name!r}; valid routers: {', '.join(ROUTER_NAMES)}")
 
 
-def prefix_key(system: str, prompt: str = "", chars: int = 256) -> str:
-    """Stable key (32 hex chars, same in every process) of a request's shared prefix: the whole
-    system prompt plus the first `chars` characters of the user prompt. The system prompt is
-    length-delimited, so ("ab", "c") and ("a", "bc") differ."""
-    if chars < 0:
-        raise ValueError(f"chars must be >= 0 (got {chars!r})")
+def _system_hasher(system: str) -> hashlib.blake2b:
+    # The system prompt is length-delimited, so ("ab", "c") and ("a", "bc") differ.
     h = hashlib.blake2b(digest_size=16)
     h.update(b"%d:" % len(system))
     h.update(system.encode("utf-8", "surrogatepass"))
+    return h
+
+
+def prefix_key(system: str, prompt: str = "", chars: int = 256) -> str:
+    """Stable key (32 hex chars, same in every process) of a request's shared prefix: the whole
+    system prompt plus the first `chars` characters of the user prompt."""
+    if chars < 0:
+        raise ValueError(f"chars must be >= 0 (got {chars!r})")
+    h = _system_hasher(system)
     h.update(prompt[:chars].encode("utf-8", "surrogatepass"))
     return h.hexdigest()
 
 
 def affinity_keys(system: str, prompts: Sequence[str], prefix_chars: Sequence[int] | None) -> list[str]:
-    """Each prompt's routing key: the system prompt the batch shares, plus the prompt's stable
-    start (its agent's persona) when the agents declare one. Per-round parts (history, memory)
-    never enter the key, so an agent's key is the same every round and its persona stays in
-    one replica's prefix cache. Without `prefix_chars`, every prompt has the batch's key."""
+    """Each prompt's routing key (`prefix_key`): the system prompt the batch shares, plus the
+    prompt's stable start (its agent's persona) when the agents declare one. Per-round parts
+    (history, memory) never enter the key, so an agent's key is the same every round and its
+    persona stays in one replica's prefix cache. Without `prefix_chars`, every prompt has the
+    batch's key. The shared system prompt is hashed once per batch, not once per prompt."""
+    base = _system_hasher(system)
     if not prefix_chars:
-        return [prefix_key(system)] * len(prompts)
-    return [prefix_key(system, p, max(0, c)) for p, c in zip(prompts, prefix_chars)]
+        return [base.hexdigest()] * len(prompts)
+    keys = []
+    for prompt, chars in zip(prompts, prefix_chars):
+        h = base.copy()
+        h.update(prompt[:max(0, chars)].encode("utf-8", "surrogatepass"))
+        keys.append(h.hexdigest())
+    return keys

@@ -56,18 +56,9 @@ async def _stop_watch() -> None:
 
 async def adopt_unfinished_runs() -> None:
     """After a restart: watch the runs KV says are still spawning or running."""
-    kv = await runs_kv()
-    try:
-        keys = await kv.keys()
-    except Exception:  # noqa: BLE001 - nats-py raises NoKeysError on an empty bucket
-        return
-    for rid in keys:
-        try:
-            state = RunState.model_validate_json((await kv.get(rid)).value)
-        except Exception:  # noqa: BLE001 - deleted meanwhile, or not a run state
-            continue
+    for state in await bus.registry_entries(svc.js, subjects.RUNS_BUCKET, RunState):
         if state.status in ("spawning", "running"):
-            watched[rid] = set(state.placement)
+            watched[state.run_id] = set(state.placement)
     if watched:
         svc.log.info("runs_adopted", runs=sorted(watched))
 
