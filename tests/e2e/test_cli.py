@@ -96,3 +96,12 @@ def test_demo_plays_and_results_reads_the_db(tmp_path):
     res2 = populace("results", "last", "--db", str(db))
     assert res2.returncode == 0, res2.stderr
     assert "completed" in res2.stdout and "200/200" in res2.stdout
+
+
+def test_unreachable_nats_is_a_clear_error_not_a_hang(tmp_path):
+    path = tmp_path / "scenario.yaml"
+    path.write_text(GOOD)
+    res = populace("run", str(path), "--nats", "nats://127.0.0.1:1", "--no-progress", timeout=60)
+    assert res.returncode == 1
+    assert "cannot connect to NATS at nats://127.0.0.1:1" in res.stderr
+    assert "Traceback" not in res.stderr

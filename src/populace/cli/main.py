@@ -49,7 +49,7 @@ def service(name: Annotated[str, typer.Argument(help=f"one of: {', '.join(SERVIC
 async def _follow(url: str, prepared: PreparedRun, show_progress: bool):
     from populace.cli.client import play
 
-    nc = await bus.connect(url, "populace-cli")
+    nc = await bus.connect_or_fail(url, "populace-cli")
     try:
         with display.RunProgress(prepared.config, enabled=show_progress) as progress:
             return await play(nc, prepared.config, personas=prepared.personas, manifest=prepared.manifest,
@@ -112,6 +112,8 @@ def _stack_url(nats: str | None, backends: set[str] = frozenset(), replicas: int
         return
     try:
         yield nats
+    except ConnectionError as err:
+        fail(str(err), code=1)
     except (OSError, TimeoutError) as err:
         fail(f"cannot reach NATS at {nats} or the run stalled: {err}", code=1)
 

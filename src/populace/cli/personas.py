@@ -268,16 +268,10 @@ async def _generate_llm(url: str, profiles: Sequence[dict], backend: str, seed: 
                         concurrency: int, progress) -> tuple[list[_Outcome], _LlmGenerator, str]:
     from populace.core import bus
 
-    errors: list[str] = []
-
-    async def remember(err: Exception) -> None:  # instead of nats-py's traceback per retry
-        errors.append(f"{type(err).__name__}: {err}")
-
     try:
-        nc = await asyncio.wait_for(bus.connect(url, "populace-personas", error_cb=remember), 10)
-    except Exception as err:  # noqa: BLE001 - any connection failure is reported the same way
-        last = errors[-1] if errors else f"{type(err).__name__}: {err}"
-        raise PersonaGenerationError(f"cannot connect to NATS at {url}: {last}") from None
+        nc = await bus.connect_or_fail(url, "populace-personas")
+    except ConnectionError as err:
+        raise PersonaGenerationError(str(err)) from None
     try:
         models = await _replica_models(nc, backend)
         if not models:

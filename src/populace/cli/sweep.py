@@ -66,7 +66,7 @@ async def run_all(url: str, sp: SweepPlan, show_progress: bool = True) -> list[d
     from populace.cli.client import RunStalled, play, new_run_id
 
     rows: list[dict] = []
-    nc = await bus.connect(url, "populace-sweep")
+    nc = await bus.connect_or_fail(url, "populace-sweep")
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=display.console, disable=not show_progress)
     try:

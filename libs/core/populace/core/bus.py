@@ -57,6 +57,22 @@ async def connect(url: str, name: str, **kw) -> Client:
     )
 
 
+async def connect_or_fail(url: str, name: str, timeout_s: float = 10.0, **kw) -> Client:
+    """For commands, not services: the first connection must succeed within `timeout_s`, else
+    ConnectionError naming the URL and nats-py's last error (instead of retrying forever with a
+    traceback per attempt). Once connected it reconnects like any service connection."""
+    errors: list[str] = []
+
+    async def remember(err: Exception) -> None:
+        errors.append(f"{type(err).__name__}: {err}")
+
+    try:
+        return await asyncio.wait_for(connect(url, name, error_cb=remember, **kw), timeout_s)
+    except Exception as err:  # noqa: BLE001 - any failure to connect is reported the same way
+        last = errors[-1] if errors else f"{type(err).__name__}: {err}"
+        raise ConnectionError(f"cannot connect to NATS at {url}: {last}") from None
+
+
 def _storage(kind: str) -> StorageType:
     return StorageType.MEMORY if kind == "memory" else StorageType.FILE
 
