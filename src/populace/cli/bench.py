@@ -15,13 +15,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import duckdb
+import httpx
 from rich.table import Table
 
 from populace.cli import display
-from populace.cli.client import play
-from populace.cli.stack import Stack
+from populace.client.prepare import checked
+from populace.client.run import play
+from populace.client.stack import Stack
 from populace.core import bus
 from populace.core.contracts import RunConfig
+from populace.core.natsserver import free_port
 
 FLOOR_SCRIPT = """
 import asyncio, sys, time
@@ -36,6 +39,7 @@ print(asyncio.run(main()))
 
 @dataclass
 class DummyBenchResult:
+    simulation: str
     agents: int
     rounds: int
     latency_s: float
@@ -45,11 +49,12 @@ class DummyBenchResult:
     round_s: float  # round open → round result (mean over rounds)
     record_lag_s: float  # last result → every guess committed in DuckDB
     total_s: float  # run start → recorded
-    recorded: int  # guesses found in DuckDB
+    recorded: int  # outcomes found in DuckDB (the simulation's outcome table)
     peak_rss_bytes: int  # all processes of the stack, sampled every 0.2 s
     baseline_rss_bytes: int  # the stack before the run
     bytes_per_agent: float  # (peak - baseline) / agents
     asyncio_floor_s: float | None  # plain asyncio: gather(N × sleep(latency)), one process
+    messages_per_round: float  # messages nats-server received during the run, per round
     round_times_s: list[float] = field(default_factory=list)
     machine: dict = field(default_factory=dict)
 
@@ -57,7 +62,8 @@ class DummyBenchResult:
         return json.dumps(asdict(self), **kw)
 
     def table(self) -> Table:
-        t = Table(title=f"dummy benchmark: {self.agents:,} agents × {self.rounds} round(s), latency {self.latency_s}s")
+        t = Table(title=f"dummy benchmark ({self.simulation}): {self.agents:,} agents × {self.rounds} round(s), "
+                        f"latency {self.latency_s}s")
         t.add_column("measure")
         t.add_column("value", justify="right")
         gib = 1024**3
@@ -66,7 +72,8 @@ class DummyBenchResult:
             ("round (open → result)", f"{self.round_s:.2f} s"),
             ("record lag (result → in DuckDB)", f"{self.record_lag_s:.2f} s"),
             ("total (start → recorded)", f"{self.total_s:.2f} s"),
-            ("guesses recorded", f"{self.recorded:,}"),
+            ("outcomes recorded", f"{self.recorded:,}"),
+            ("messages per round", f"{self.messages_per_round:,.0f}"),
             ("peak RSS, all processes", f"{self.peak_rss_bytes / gib:.2f} GiB"),
             ("bytes per agent", f"{self.bytes_per_agent:,.0f}"),
             ("plain asyncio floor", "—" if self.asyncio_floor_s is None else f"{self.asyncio_floor_s:.2f} s"),
@@ -103,14 +110,23 @@ def asyncio_floor(agents: int, latency: float) -> float:
     return float(res.stdout.strip())
 
 
+def received(monitor_port: int) -> int:
+    """Messages nats-server has received from clients so far (its /varz `in_msgs`)."""
+    return httpx.get(f"http://127.0.0.1:{monitor_port}/varz", timeout=5).json()["in_msgs"]
+
+
 def run_dummy_bench(agents: int, latency: float, hosts: int, rounds: int = 1, floor: bool = True,
-                    quiet: bool = False, storage: str = "memory") -> DummyBenchResult:
-    config = RunConfig.model_validate({"name": "bench-dummy", "agents": agents, "rounds": rounds,
-                                       "model": {"backend": "dummy", "latency_s": latency}})
+                    quiet: bool = False, storage: str = "memory", simulation: str = "ratio-game",
+                    params: dict | None = None) -> DummyBenchResult:
+    resolved = checked(RunConfig.model_validate({
+        "name": f"bench-{simulation}", "simulation": simulation, "agents": agents, "rounds": rounds,
+        "model": {"backend": "dummy", "latency_s": latency}, **(params or {})}))
+    config, table = resolved.config, resolved.simulation.tables().outcomes
     workdir = tempfile.mkdtemp(prefix="populace-bench-")
     db = str(Path(workdir) / "bench.duckdb")
+    monitor = free_port()
     # Memory storage (the default) keeps the benchmark about the pipeline, not this disk.
-    stack = Stack(hosts=hosts, db=db, log_dir=str(Path(workdir) / "logs"),
+    stack = Stack(hosts=hosts, db=db, log_dir=str(Path(workdir) / "logs"), nats_args=["-m", str(monitor)],
                   env={"POPULACE_STORAGE": storage, "POPULACE_LOG_LEVEL": "INFO"})
     log = display.console.print if not quiet else (lambda *a, **k: None)
     try:
@@ -128,14 +144,16 @@ def run_dummy_bench(agents: int, latency: float, hosts: int, rounds: int = 1, fl
             finally:
                 await nc.close()
 
+        before = received(monitor)
         with RssSampler(stack) as sampler:
             outcome = asyncio.run(go())
+        messages = received(monitor) - before
     finally:
         stack.stop()
     if outcome.status != "completed":
         raise RuntimeError(f"benchmark run {outcome.status}: {outcome.reason}")
     with duckdb.connect(db, read_only=True) as con:
-        recorded = con.execute("SELECT count(*) FROM guesses WHERE run_id = ?", [outcome.run_id]).fetchone()[0]
+        recorded = con.execute(f'SELECT count(*) FROM "{table}" WHERE run_id = ?', [outcome.run_id]).fetchone()[0]
     m = outcome.marks
     round_times = [m[f"result.{n}"] - m[f"open.{n}"] for n in range(1, rounds + 1)]
     floor_s = None
@@ -143,13 +161,13 @@ def run_dummy_bench(agents: int, latency: float, hosts: int, rounds: int = 1, fl
         log("measuring the plain-asyncio floor …")
         floor_s = asyncio_floor(agents, latency)
     return DummyBenchResult(
-        agents=agents, rounds=rounds, latency_s=latency, hosts=hosts, storage=storage,
+        simulation=simulation, agents=agents, rounds=rounds, latency_s=latency, hosts=hosts, storage=storage,
         setup_s=m["spawned"] - m["submitted"],
         round_s=sum(round_times) / len(round_times),
         record_lag_s=m["recorded"] - m[f"result.{rounds}"],
         total_s=m["recorded"] - m["submitted"],
         recorded=recorded, peak_rss_bytes=sampler.peak, baseline_rss_bytes=baseline,
         bytes_per_agent=max(0, sampler.peak - baseline) / agents,
-        asyncio_floor_s=floor_s, round_times_s=round_times,
+        asyncio_floor_s=floor_s, messages_per_round=messages / rounds, round_times_s=round_times,
         machine={"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
     )

@@ -38,10 +38,12 @@ import httpx
 from rich.table import Table
 
 from populace.core import bus, subjects
-from populace.core.contracts import GameConfig, InferBatch, InferReply, ModelConfig, ReplicaInfo, ServiceInfo
+from populace.core.contracts import InferBatch, InferReply, ModelConfig, ReplicaInfo, ServiceInfo
 from populace.core.natsserver import EmbeddedNats
 from populace.core.settings import Settings
-from populace.games.prompts import answer_schema, system_prompt
+# The bench measures the gateway on the paper's game (its prompts and answer schema).
+from populace_ratio_game.params import GameConfig
+from populace_ratio_game.prompts import answer_schema, system_prompt
 from populace.gateway.dispatcher import Dispatcher
 from populace.gateway.launch import ReplicaSet, register_forever, start_local, start_sim, wait_healthy
 from populace.gateway.replicas import ReplicaPool
@@ -125,7 +127,7 @@ def batch(system: str, prompts: list[str], backend: str = "sim", batch_id: str =
           max_tokens: int = 16) -> InferBatch:
     return InferBatch(batch_id=batch_id, run_id="bench", round=1,
                       model=ModelConfig(backend=backend, max_tokens=max_tokens, temperature=0.7),
-                      max_value=GAME.max_value, system=system, response_schema=SCHEMA,
+                      system=system, response_schema=SCHEMA,
                       keys=keys or list(range(len(prompts))), prompts=prompts)
 
 
@@ -330,7 +332,7 @@ async def tokens_per_decision(log_dir: str, n: int = 12) -> dict:
         await wait_healthy(rs, timeout=180)
         url, model = rs.replicas[0].info.url, rs.replicas[0].info.model
         one, two, valid_one, valid_two = [], [], 0, 0
-        from populace.games.parsing import parse_guess
+        from populace_ratio_game.parsing import parse_guess
 
         async with httpx.AsyncClient(timeout=120) as http:
             async def call(messages, **extra):

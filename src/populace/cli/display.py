@@ -5,27 +5,28 @@ from __future__ import annotations
 import sys
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from populace.core.contracts import HostSpawned, Progress as ProgressTick, RoundOpen, RoundResult, RunConfig
+from populace.client.progress import RunProgress, fmt, summary_text  # noqa: F401 - re-exported for the CLI
+from populace.core.contracts import RoundResult
 
 console = Console(stderr=True)
 # Piped or captured output keeps whole tables (rich would squeeze them into 80 columns).
 out = Console(width=None if sys.stdout.isatty() else 200)
 
 
-def fmt(x: float | None, digits: int = 2) -> str:
-    return "—" if x is None else f"{x:.{digits}f}"
+def summary_labels(summary_model) -> dict[str, str]:
+    """Column labels of a simulation's round summary: each field's title, else its name."""
+    return {name: f.title or name.replace("_", " ") for name, f in summary_model.model_fields.items()}
 
 
-def rounds_table(rows: list[dict], title: str) -> Table:
+def rounds_table(results: list[RoundResult], labels: dict[str, str], title: str) -> Table:
+    """A run's rounds as they closed: valid answers and the simulation's summary columns."""
     t = Table(title=title)
-    for col in ("round", "valid", "mean", "target", "winner", "winning number"):
+    for col in ("round", "valid", *labels.values()):
         t.add_column(col, justify="right")
-    for r in rows:
-        t.add_row(str(r["round"]), f"{r['n_valid']}/{r['n']}", fmt(r["mean"]), fmt(r["target"]),
-                  "—" if r["winner_agent_id"] is None else str(r["winner_agent_id"]), fmt(r["winner_value"], 1))
+    for r in sorted(results, key=lambda r: r.round):
+        t.add_row(str(r.round), f"{r.n_valid}/{r.n}", *(fmt(r.summary.get(k)) for k in labels))
     return t
 
 
@@ -63,54 +64,22 @@ def group_table(rows: list[dict], by: str, title: str, across_runs: bool) -> Tab
     return t
 
 
-def rerun_table(before: list[dict], after: dict, old_id: str, new_id: str) -> Table:
-    """The original run's rounds next to the rerun's: mean, target and winner, and whether
-    they are identical."""
+def rerun_table(before: list[dict], after: dict[int, RoundResult], labels: dict[str, str], old_id: str,
+                new_id: str) -> Table:
+    """The original run's rounds next to the rerun's: valid answers and the first summary
+    columns side by side, and whether every summary column is identical."""
+    shown = list(labels)[:2]
     t = Table(title=f"rerun {new_id} of {old_id}")
-    for col in ("round", "mean (run)", "mean (rerun)", "target (run)", "target (rerun)",
-                "winner (run)", "winner (rerun)", "same"):
+    for col in ("round", "valid (run)", "valid (rerun)",
+                *(f"{labels[k]} ({w})" for k in shown for w in ("run", "rerun")), "same"):
         t.add_column(col, justify="right")
     for b in before:
         a = after.get(b["round"])
-        same = a is not None and (a.mean, a.target, a.winner_agent_id) == (b["mean"], b["target"], b["winner_agent_id"])
-        t.add_row(str(b["round"]), fmt(b["mean"]), fmt(a.mean if a else None), fmt(b["target"]),
-                  fmt(a.target if a else None), str(b["winner_agent_id"]),
-                  str(a.winner_agent_id) if a else "—", "yes" if same else "no")
+        same = a is not None and a.n_valid == b["n_valid"] and all(a.summary.get(k) == b.get(k) for k in labels)
+        t.add_row(str(b["round"]), str(b["n_valid"]), str(a.n_valid) if a else "—",
+                  *(fmt(v) for k in shown for v in (b.get(k), a.summary.get(k) if a else None)),
+                  "yes" if same else "no")
     return t
 
 
-def result_row(r: RoundResult) -> dict:
-    return dict(round=r.round, n_valid=r.n_valid, n=r.n, mean=r.mean, target=r.target,
-                winner_agent_id=r.winner_agent_id, winner_value=r.winner_value)
 
-
-class RunProgress:
-    """Progress bars: agents spawned, then one bar per round (answers received)."""
-
-    def __init__(self, config: RunConfig, enabled: bool = True) -> None:
-        self.config = config
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), console=console, disable=not enabled,
-                                 transient=False)
-        self.spawn = self.progress.add_task("spawning agents", total=config.agents)
-        self.rounds: dict[int, int] = {}
-
-    def __enter__(self) -> RunProgress:
-        self.progress.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.progress.__exit__(*exc)
-
-    def on_event(self, kind: str, model: object) -> None:
-        p = self.progress
-        if isinstance(model, HostSpawned):
-            p.advance(self.spawn, model.agents)
-        elif isinstance(model, RoundOpen):
-            self.rounds[model.round] = p.add_task(f"round {model.round}", total=model.expected)
-        elif isinstance(model, ProgressTick) and model.round in self.rounds:
-            p.advance(self.rounds[model.round], model.answered)
-        elif isinstance(model, RoundResult) and model.round in self.rounds:
-            task = self.rounds[model.round]
-            p.update(task, completed=model.n,
-                     description=f"round {model.round}: mean {fmt(model.mean)} → target {fmt(model.target)}")

@@ -15,11 +15,10 @@ import typer
 from pydantic import ValidationError
 
 from populace.cli import display
-from populace.cli.services import SERVICES, run_service
-from populace.core import bus
+from populace.client.prepare import PreparedRun, prepare, prepare_file
+from populace.core import bus, serve
 from populace.core.contracts import RunConfig
 from populace.core.scenario import ScenarioError, format_validation_error
-from populace.cli.prepare import PreparedRun, prepare, prepare_file
 
 app = typer.Typer(help="Populace: populations of LLM agents as event-driven microservices on NATS JetStream.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -39,15 +38,15 @@ def fail(message: str, code: int = 2) -> None:
 
 
 @app.command()
-def service(name: Annotated[str, typer.Argument(help=f"one of: {', '.join(SERVICES)}")]) -> None:
+def service(name: Annotated[str, typer.Argument(help="orchestrator, agent-host, environment, gateway or recorder")]) -> None:
     """Run one service in the foreground (POPULACE_* environment variables configure it)."""
-    if name not in SERVICES:
-        fail(f"unknown service {name!r}; choose one of: {', '.join(SERVICES)}")
-    run_service(name)
+    if name not in serve.names():
+        fail(f"unknown service {name!r}; choose one of: {', '.join(serve.names())}")
+    serve.run(name)
 
 
 async def _follow(url: str, prepared: PreparedRun, show_progress: bool):
-    from populace.cli.client import play
+    from populace.client.run import play
 
     nc = await bus.connect_or_fail(url, "populace-cli")
     try:
@@ -69,11 +68,14 @@ def checked(build):
     raise AssertionError  # unreachable
 
 
-def _report(outcome, db: str | None) -> None:
-    rows = [display.result_row(r) for r in sorted(outcome.results, key=lambda r: r.round)]
-    display.out.print(display.rounds_table(rows, f"run {outcome.run_id} ({outcome.status})"))
+def _report(outcome, prepared: PreparedRun) -> None:
+    sim = prepared.resolved.simulation
+    labels = display.summary_labels(sim.Summary)
+    display.out.print(display.rounds_table(outcome.results, labels, f"run {outcome.run_id} ({outcome.status})"))
     if outcome.recorded:
-        display.out.print(f"recorded {outcome.recorded.guesses} guesses in {outcome.recorded.db_path}")
+        tables = sim.tables()
+        display.out.print(f"recorded {outcome.recorded.outcomes} outcomes (table {tables.outcomes}) "
+                          f"in {outcome.recorded.db_path}")
     if outcome.status != "completed":
         fail(f"run {outcome.run_id} {outcome.status}: {outcome.reason}", code=1)
 
@@ -82,7 +84,7 @@ def _report(outcome, db: str | None) -> None:
 def _private_stack(backends: set[str], replicas: int, hosts: int, db: str):
     """Embedded NATS, every service, and `replicas` LLM replicas per local/sim backend used;
     yields the NATS URL and stops everything on the way out."""
-    from populace.cli.stack import Stack, StackError
+    from populace.client.stack import Stack, StackError
 
     extra = {f"replicas-{b}": ["replicas", b, "--count", str(replicas)]
              for b in sorted(backends & {"local", "sim"})}
@@ -118,38 +120,81 @@ def _stack_url(nats: str | None, backends: set[str] = frozenset(), replicas: int
         fail(f"cannot reach NATS at {nats} or the run stalled: {err}", code=1)
 
 
+def _overrides(pairs: list[str] | None) -> dict:
+    """`--set game.ratio=1/2 --set rounds=5` → a nested mapping (values read as YAML scalars)."""
+    import yaml
+
+    out: dict = {}
+    for pair in pairs or []:
+        key, sep, text = pair.partition("=")
+        if not sep or not key.strip():
+            fail(f"--set: {pair!r} is not KEY=VALUE (e.g. --set game.ratio=1/2)")
+        try:
+            value = yaml.safe_load(text) if text.strip() else ""
+        except yaml.YAMLError:
+            value = text
+        node = out
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                fail(f"--set: {key} sets inside a value that is not a mapping")
+        node[parts[-1]] = value
+    return out
+
+
+def _merged(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+SET_HELP = "set a scenario key, e.g. --set game.ratio=1/2 (repeatable)"
+
+
 @app.command()
 def demo(
     agents: Annotated[int, typer.Option(help="number of agents")] = 1000,
     rounds: Annotated[int, typer.Option(help="rounds to play")] = 3,
-    model: Annotated[str, typer.Option(help="model backend: dummy, local (SmolLM2 on llama.cpp) or sim")] = "dummy",
+    simulation: Annotated[str, typer.Option(help="simulation to play: ratio-game, public-goods, vote, or an "
+                                                 "installed one (populace simulations)")] = "ratio-game",
+    model: Annotated[str, typer.Option(help="model backend: dummy, local (SmolLM2 on llama.cpp), sim or openai")] = "dummy",
     replicas: Annotated[int, typer.Option(min=1, help="LLM replicas to start for --model local/sim")] = 1,
     latency: Annotated[float, typer.Option(help="dummy backend: seconds per answer")] = 0.05,
-    ratio: Annotated[str, typer.Option(help="target ratio, e.g. 2/3 or 0.5")] = "2/3",
-    offset: Annotated[float, typer.Option(help="target offset (5 with ratio 1/2 is the paper's variant)")] = 0.0,
     hosts: Annotated[int, typer.Option(min=1, help="agent-host processes")] = 2,
     one_per_process: Annotated[bool, typer.Option(help="one OS process per agent")] = False,
     seed: Annotated[int, typer.Option(help="model seed")] = 0,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help=SET_HELP)] = None,
     db: Annotated[str, typer.Option(help="DuckDB file to write")] = "populace.duckdb",
     scenario: Annotated[Optional[Path], typer.Option(
-        help="play this scenario file instead (its agents, rounds, game, prompt, population and "
-             "model replace the options above)")] = None,
+        help="play this scenario file instead (its simulation, agents, rounds, population, model and "
+             "parameters replace the options above; --set still applies)")] = None,
 ) -> None:
-    """Start NATS and every service, play one game, print the rounds, leave the DuckDB file."""
+    """Start NATS and every service, play one run, print the rounds, leave the DuckDB file."""
     if scenario is not None:
-        prepared = checked(lambda: prepare_file(scenario))
+        extra = _overrides(set_)
+        prepared = checked(lambda: prepare_file(scenario) if not extra else _prepare_with(scenario, extra))
     else:
-        prepared = checked(lambda: prepare(RunConfig.model_validate({
-            "agents": agents, "rounds": rounds,
-            "game": {"ratio": ratio, "offset": offset},
+        prepared = checked(lambda: prepare(RunConfig.model_validate(_merged({
+            "simulation": simulation, "agents": agents, "rounds": rounds,
             "model": {"backend": model, "latency_s": latency, "seed": seed},
             "placement": {"agents_per_process": 1 if one_per_process else 0},
-        })))
+        }, _overrides(set_)))))
     config = prepared.config
     with _private_stack({config.model.backend}, replicas, hosts, db) as url:
-        display.console.print(f"playing {config.agents} agents × {config.rounds} rounds")
+        display.console.print(f"playing {config.simulation}: {config.agents} agents × {config.rounds} rounds")
         outcome = asyncio.run(_follow(url, prepared, show_progress=True))
-    _report(outcome, db)
+    _report(outcome, prepared)
+
+
+def _prepare_with(scenario: Path, extra: dict) -> PreparedRun:
+    from populace.core.scenario import load_scenario_data
+
+    data, text = load_scenario_data(scenario)
+    data = _merged(data, extra)
+    return prepare(RunConfig.model_validate(data), base=scenario.parent, agents_given="agents" in data,
+                   scenario_path=str(scenario), scenario_text=text)
 
 
 @app.command()
@@ -160,7 +205,7 @@ def up(
     store: Annotated[Optional[str], typer.Option(help="JetStream store dir (default: temporary)")] = None,
 ) -> None:
     """Run embedded NATS and every service in the foreground, for `populace run` to talk to."""
-    from populace.cli.stack import Stack, StackError
+    from populace.client.stack import Stack, StackError
     from populace.core.natsserver import EmbeddedNats
 
     nats = EmbeddedNats(port=port, store_dir=store)
@@ -189,13 +234,15 @@ def up(
 def run(
     scenario: Annotated[Path, typer.Argument(help="scenario YAML file")],
     nats: Annotated[str, typer.Option("--nats", help="NATS URL")] = os.environ.get("POPULACE_NATS_URL", "nats://127.0.0.1:4222"),
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help=SET_HELP)] = None,
     progress: Annotated[bool, typer.Option(help="show progress bars")] = True,
 ) -> None:
     """Validate a scenario, publish `ctl.run.start`, follow the run until it is recorded."""
-    prepared = checked(lambda: prepare_file(scenario))
+    extra = _overrides(set_)
+    prepared = checked(lambda: prepare_file(scenario) if not extra else _prepare_with(scenario, extra))
     with _stack_url(nats) as url:
         outcome = asyncio.run(_follow(url, prepared, show_progress=progress))
-    _report(outcome, None)
+    _report(outcome, prepared)
 
 
 @app.command()
@@ -209,7 +256,7 @@ def rerun(
 ) -> None:
     """Play a recorded run again from its manifest (same config, seeds, prompts and personas,
     each checked unchanged) and compare the rounds with the original."""
-    from populace.cli.prepare import prepare_rerun
+    from populace.client.prepare import prepare_rerun
 
     with _db(db) as con:
         rid = _run_ids(con, [run_id])[0]
@@ -218,16 +265,38 @@ def rerun(
             fail(f"run {rid!r} is not in {db}")
         if row[0] is None:
             fail(f"run {rid!r} has no manifest (recorded before manifests existed)")
-        cur = con.execute("SELECT round, mean, target, winner_agent_id FROM rounds WHERE run_id = ? "
-                          "ORDER BY round", [rid])
+        prepared = checked(lambda: prepare_rerun(json.loads(row[0])))
+        table = prepared.resolved.simulation.tables().rounds
+        cur = con.execute(f'SELECT * FROM "{table}" WHERE run_id = ? ORDER BY round', [rid])
         before = [dict(zip([d[0] for d in cur.description], r)) for r in cur.fetchall()]
-    prepared = checked(lambda: prepare_rerun(json.loads(row[0])))
     with _stack_url(nats, {prepared.config.model.backend}, replicas, hosts, db) as url:
         outcome = asyncio.run(_follow(url, prepared, show_progress=True))
     after = {r.round: r for r in outcome.results}
-    display.out.print(display.rerun_table(before, after, rid, outcome.run_id))
+    labels = display.summary_labels(prepared.resolved.simulation.Summary)
+    display.out.print(display.rerun_table(before, after, labels, rid, outcome.run_id))
     if outcome.status != "completed":
         fail(f"run {outcome.run_id} {outcome.status}: {outcome.reason}", code=1)
+
+
+@app.command()
+def simulations() -> None:
+    """The simulations installed here (entry points `populace.simulations`), with their tables."""
+    from rich.table import Table
+
+    from populace.sdk.registry import available, load_simulation
+    from populace.sdk.simulation import SimulationError
+
+    t = Table(title="simulations")
+    for col in ("name", "class", "outcome table", "round table", "groups"):
+        t.add_column(col)
+    for name, target in sorted(available().items()):
+        try:
+            tables = load_simulation(name).tables()
+        except SimulationError as err:
+            t.add_row(name, target, f"[red]cannot load: {err}[/red]", "", "")
+            continue
+        t.add_row(name, target, tables.outcomes, tables.rounds, "yes" if tables.grouped else "no")
+    display.out.print(t)
 
 
 @app.command()
@@ -486,15 +555,20 @@ def bench_dummy(
     out: Annotated[Optional[Path], typer.Option(help="also write the JSON result to this file")] = None,
     floor: Annotated[bool, typer.Option(help="measure the plain-asyncio floor too")] = True,
     storage: Annotated[str, typer.Option(help="JetStream storage: memory or file")] = "memory",
+    simulation: Annotated[str, typer.Option(help="simulation to play (any installed one)")] = "ratio-game",
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help=SET_HELP)] = None,
 ) -> None:
     """The paper's dummy benchmark through the whole pipeline: every agent's turn waits
-    `latency` seconds for its answer; every guess ends up in DuckDB."""
+    `latency` seconds for its answer; every outcome ends up in DuckDB."""
     from populace.cli.bench import run_dummy_bench
 
     if storage not in ("memory", "file"):
         fail(f"--storage: must be memory or file (got {storage!r})")
+    params = _overrides(set_)
+    checked(lambda: prepare(RunConfig.model_validate({"simulation": simulation, "agents": agents, **params})))
     result = run_dummy_bench(agents=agents, latency=latency, hosts=hosts or os.cpu_count() or 1,
-                             rounds=rounds, floor=floor, quiet=json_out, storage=storage)
+                             rounds=rounds, floor=floor, quiet=json_out, storage=storage,
+                             simulation=simulation, params=params)
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(result.to_json(indent=2) + "\n")
@@ -503,7 +577,7 @@ def bench_dummy(
     else:
         display.out.print(result.table())
     if result.recorded != agents * rounds:
-        fail(f"only {result.recorded} of {agents * rounds} guesses were recorded", code=1)
+        fail(f"only {result.recorded} of {agents * rounds} outcomes were recorded", code=1)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -191,7 +191,7 @@ class _LlmGenerator:
                             max_tokens=MAX_TOKENS)
         batch = InferBatch(
             batch_id=f"{self.run_id}-{self.session}-{self.batches}", run_id=self.run_id,
-            round=attempt + 1, model=model, max_value=100.0, system=SYSTEM_PROMPT,
+            round=attempt + 1, model=model, system=SYSTEM_PROMPT,
             keys=indexes, prompts=[user_prompt(self.profiles[i]) for i in indexes],
             response_schema=persona_schema(self.profiles[indexes[0]]),
         )
@@ -420,7 +420,7 @@ def _llm_personas(cfg: PopulationConfig, backend: str, gen_profiles: list[dict],
     tmp = None
     url = nats
     if url is None:
-        from populace.cli.stack import Stack, StackError
+        from populace.client.stack import Stack, StackError
 
         count = replicas or _default_replicas()
         tmp = tempfile.mkdtemp(prefix="populace-personas-")

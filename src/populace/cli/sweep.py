@@ -7,6 +7,7 @@ the last cell fails in a second, not after an hour of runs."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,13 +16,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from populace.cli import display
-from populace.cli.prepare import PreparedRun, prepare
+from populace.client.prepare import PreparedRun, prepare
 from populace.core import bus
-from populace.core.sweep import Cell, SweepSpec, expand, load_sweep
+from populace.core.scenario import ScenarioError
+from populace.core.sweep import Cell, SweepSpec, cell_label, expand, load_sweep
 
-# Columns of the results table, one row per run and round.
-COLUMNS = ("sweep", "cell", "run_id", "status", "seed", "round", "n", "n_valid", "mean", "target",
-           "winner_value")
+# The platform's columns of the results table (one row per run and round); each simulation's
+# round summary columns follow.
+COLUMNS = ("sweep", "cell", "run_id", "status", "seed", "round", "n", "n_valid")
 
 
 @dataclass
@@ -46,8 +48,11 @@ def plan(path: str | Path) -> SweepPlan:
     for cell in cells:
         extra = {"sweep": {"id": sweep_id, "name": spec.name, "cell": cell.index, "values": cell.values,
                            "seed": cell.seed, "file": str(p)}}
-        prepared.append(prepare(cell.config, base=p.parent, agents_given="agents" in cell.data,
-                                scenario_path=str(p), extra=extra))
+        try:
+            prepared.append(prepare(cell.config, base=p.parent, agents_given="agents" in cell.data,
+                                    scenario_path=str(p), extra=extra))
+        except ScenarioError as err:
+            raise ScenarioError(f"{cell_label(cell.values)}:\n{err}") from None
     return SweepPlan(spec, cells, prepared, sweep_id)
 
 
@@ -63,7 +68,7 @@ def plan_table(sp: SweepPlan) -> Table:
 
 async def run_all(url: str, sp: SweepPlan, show_progress: bool = True) -> list[dict]:
     """Play every run in order; one row per run and round (a failed run gets one row)."""
-    from populace.cli.client import RunStalled, play, new_run_id
+    from populace.client.run import RunStalled, new_run_id, play
 
     rows: list[dict] = []
     nc = await bus.connect_or_fail(url, "populace-sweep")
@@ -86,20 +91,31 @@ async def run_all(url: str, sp: SweepPlan, show_progress: bool = True) -> list[d
                     continue
                 for r in sorted(outcome.results, key=lambda r: r.round):
                     rows.append({**base, "run_id": outcome.run_id, "status": outcome.status, "round": r.round,
-                                 "n": r.n, "n_valid": r.n_valid, "mean": r.mean, "target": r.target,
-                                 "winner_value": r.winner_value})
+                                 "n": r.n, "n_valid": r.n_valid, **r.summary})
                 if not outcome.results:
                     rows.append({**base, "run_id": outcome.run_id, "status": f"{outcome.status}: {outcome.reason}"})
                 progress.advance(task)
     finally:
         await nc.close()
-    return [{c: row.get(c) for c in COLUMNS} for row in rows]
+    columns = [*COLUMNS, *dict.fromkeys(k for row in rows for k in row if k not in COLUMNS)]
+    return [{c: row.get(c) for c in columns} for row in rows]
+
+
+def key_column(rows: list[dict]) -> str | None:
+    """The column a sweep summarises: the first numeric column of the round summaries (the
+    ratio game's mean, the public-goods game's mean contribution …)."""
+    for row in rows:
+        for k, v in row.items():
+            if k not in COLUMNS and isinstance(v, (int, float)) and not isinstance(v, bool):
+                return k
+    return None
 
 
 def summary(rows: list[dict]) -> list[dict]:
-    """Per cell: the last round's mean across seeds, with a 95% CI across seeds."""
+    """Per cell: the last round's key column across seeds, with a 95% CI across seeds."""
     from populace.analysis.stats import mean_ci
 
+    key = key_column(rows)
     last: dict[tuple[str, str, int], dict] = {}
     for r in rows:
         if r.get("round") is None:
@@ -112,8 +128,8 @@ def summary(rows: list[dict]) -> list[dict]:
         by_cell.setdefault(cell, []).append(r)
     out = []
     for cell, runs in by_cell.items():
-        ci = mean_ci([r["mean"] for r in runs])  # None means are dropped
-        out.append({"cell": cell, "runs": len(runs), "last_round": max(r["round"] for r in runs),
+        ci = mean_ci([r.get(key) for r in runs] if key else [])  # None values are dropped
+        out.append({"cell": cell, "runs": len(runs), "last_round": max(r["round"] for r in runs), "key": key,
                     "mean": ci["mean"], "ci_low": ci["low"], "ci_high": ci["high"],
                     "valid": sum(r["n_valid"] for r in runs) / max(1, sum(r["n"] for r in runs))})
     return out
@@ -121,7 +137,8 @@ def summary(rows: list[dict]) -> list[dict]:
 
 def summary_table(rows: list[dict], title: str) -> Table:
     t = Table(title=title)
-    for col in ("cell", "runs", "round", "mean of last round", "95% CI across seeds", "valid"):
+    key = (key_column(rows) or "value").replace("_", " ")
+    for col in ("cell", "runs", "round", f"{key} of last round", "95% CI across seeds", "valid"):
         t.add_column(col, justify="left" if col == "cell" else "right")
     for s in summary(rows):
         ci = "—" if s["ci_low"] is None else f"[{display.fmt(s['ci_low'])}, {display.fmt(s['ci_high'])}]"
@@ -134,10 +151,16 @@ def write_rows(rows: list[dict], out: Path) -> None:
     """CSV or Parquet, by the file's extension."""
     import pyarrow as pa
 
-    table = pa.Table.from_pylist(rows, schema=pa.schema([
-        ("sweep", pa.string()), ("cell", pa.string()), ("run_id", pa.string()), ("status", pa.string()),
-        ("seed", pa.int64()), ("round", pa.int32()), ("n", pa.int64()), ("n_valid", pa.int64()),
-        ("mean", pa.float64()), ("target", pa.float64()), ("winner_value", pa.float64())]))
+    fixed = [("sweep", pa.string()), ("cell", pa.string()), ("run_id", pa.string()), ("status", pa.string()),
+             ("seed", pa.int64()), ("round", pa.int32()), ("n", pa.int64()), ("n_valid", pa.int64())]
+    # The simulation's summary columns: numbers as float64, anything else as its JSON text.
+    extra = [k for k in (rows[0] if rows else {}) if k not in COLUMNS]
+    numeric = {k for k in extra if all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+                                       for v in (r.get(k) for r in rows))}
+    rows = [{**r, **{k: (r.get(k) if k in numeric or r.get(k) is None else json.dumps(r.get(k)))
+                     for k in extra}} for r in rows]
+    table = pa.Table.from_pylist(rows, schema=pa.schema(
+        [*fixed, *((k, pa.float64() if k in numeric else pa.string()) for k in extra)]))
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix == ".parquet":
         import pyarrow.parquet as pq

@@ -1,14 +1,16 @@
 """Wire contracts: every message on the bus is one of these versioned pydantic models.
 
+These are *envelopes*: they know runs, rounds, hosts and agents, never a simulation. What a
+simulation says (its parameters, outcome columns, partials, round summary, observation) rides
+inside them as JSON payloads that the simulation's own models validate (populace.sdk).
+
 Control-plane models reject unknown fields. Hot-path batches are columnar (parallel lists)
 so one message carries ~1,000 agents and validates in pydantic-core, not per agent in Python.
 """
 
 from __future__ import annotations
 
-import math
 import time
-from fractions import Fraction
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
@@ -31,26 +33,6 @@ class Wire(BaseModel):
     v: Literal[1] = SCHEMA_VERSION
 
 
-def parse_ratio(value: object) -> Fraction:
-    """'2/3', '0.5', 0.5 or 2 → Fraction; raises ValueError with a readable reason."""
-    if isinstance(value, bool):
-        raise ValueError("must be a number or a fraction string like '2/3'")
-    if isinstance(value, (int, float)):
-        if not math.isfinite(value):
-            raise ValueError("must be finite")
-        frac = Fraction(value)  # exact: a tiny positive float stays positive
-    elif isinstance(value, str):
-        try:
-            frac = Fraction(value.strip())
-        except (ValueError, ZeroDivisionError):
-            raise ValueError(f"{value!r} is not a number or a fraction like '2/3'") from None
-    else:
-        raise ValueError("must be a number or a fraction string like '2/3'")
-    if frac <= 0:
-        raise ValueError("must be > 0")
-    return frac
-
-
 def _not_bool(v: object) -> object:
     # YAML `yes`/`true` must not silently become 1 agent or 1.0 seconds.
     if isinstance(v, bool):
@@ -63,33 +45,11 @@ Count = Annotated[int, BeforeValidator(_not_bool)]
 
 
 # --- scenario / run configuration ----------------------------------------------------
-class GameConfig(Strict):
-    """The guess-the-ratio game: target = ratio · mean + offset; closest guess wins."""
-
-    ratio: str = "2/3"
-    offset: FiniteFloat = 0.0
-    max_value: FiniteFloat = Field(100.0, gt=0)
-    history_window: Count = Field(5, ge=0, le=100)
-
-    @field_validator("ratio", mode="before")
-    @classmethod
-    def _ratio(cls, v: object) -> str:
-        parse_ratio(v)
-        return str(v).strip()
-
-    @property
-    def ratio_fraction(self) -> Fraction:
-        return parse_ratio(self.ratio)
-
-    @property
-    def ratio_value(self) -> float:
-        return float(self.ratio_fraction)
-
-
 class ModelConfig(Strict):
-    """Which model answers. `dummy` is the paper's dummy benchmark (a seeded random number
-    after `latency_s`); `local` is SmolLM2 on llama.cpp replicas on this machine; `sim` is
-    simulated vLLM replicas; `openai` is any registered OpenAI-compatible replica (vLLM)."""
+    """Which model answers. `dummy` is the paper's dummy benchmark (a seeded answer that
+    satisfies the request's JSON schema, after `latency_s`); `local` is SmolLM2 on llama.cpp
+    replicas on this machine; `sim` is simulated vLLM replicas; `openai` is any registered
+    OpenAI-compatible replica (vLLM)."""
 
     backend: Literal["dummy", "local", "sim", "openai"] = "dummy"
     latency_s: FiniteFloat = Field(0.05, ge=0, le=3600)  # dummy only
@@ -103,22 +63,6 @@ class PlacementConfig(Strict):
     # 0 = many agents per process (time-share a core while they wait on the LLM);
     # 1 = one agent per OS process (compute-heavy agents, no GIL contention).
     agents_per_process: Literal[0, 1] = 0
-
-
-class PromptConfig(Strict):
-    """Which of the paper's prompt variants the agents get. The system prompt (shared by every
-    agent, so replicas cache it) is the game's rules plus the `system` family's sentence plus
-    an optional note on the population's make-up; the user prompt carries the agent's persona
-    background, its memory of past rounds and the `answer` instruction."""
-
-    # basic: the rules only; rational: "all players are rational"; strategies: "think about
-    # what the others will guess"; variant: "this is a variant of the guess-2/3 game".
-    system: Literal["basic", "rational", "strategies", "variant"] = "basic"
-    # direct: report the number at once; cot: think step by step first (chain of thought),
-    # still one structured call: {"reasoning": ..., "guess": ...}.
-    answer: Literal["direct", "cot"] = "direct"
-    persona: bool = True  # put the agent's persona background in its prompt (needs a population)
-    population_note: bool = False  # tell every agent the population's make-up (needs a population)
 
 
 SHA256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
@@ -143,29 +87,32 @@ class PopulationRef(Strict):
         return self
 
 
-# Chain of thought needs room to think: the default answer budget when `model.max_tokens`
-# is not set in the scenario.
-COT_MAX_TOKENS = 256
+# A simulation is named by its entry point (`ratio-game`) or an import path (`pkg.mod:Class`).
+SimulationName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:-]+$")]
+DEFAULT_SIMULATION = "ratio-game"
 
 
-class RunConfig(Strict):
-    """A scenario file, validated."""
+class RunConfig(BaseModel):
+    """A scenario file, validated. The platform owns the keys declared here; every other
+    top-level key (e.g. the ratio game's `game:` and `prompt:`) belongs to the simulation
+    and is validated by its parameters model (`populace.sdk`), which names the field on error.
+    Those keys are kept as they were written, flat, so a scenario and its config read alike."""
 
-    name: str = Field("guess-two-thirds", min_length=1, max_length=200)
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    simulation: SimulationName = DEFAULT_SIMULATION
+    name: str = Field("", max_length=200)  # default: the simulation's name
     agents: Count = Field(1000, ge=1, le=100_000_000)
     rounds: Count = Field(3, ge=1, le=10_000)
     seed: Count = 0
-    game: GameConfig = GameConfig()
     model: ModelConfig = ModelConfig()
     placement: PlacementConfig = PlacementConfig()
-    prompt: PromptConfig = PromptConfig()
     population: PopulationRef | None = None
 
     @model_validator(mode="after")
-    def _cot_budget(self) -> RunConfig:
-        if self.prompt.answer == "cot" and "max_tokens" not in self.model.model_fields_set:
-            # frozen model: bypass __setattr__ once, during validation
-            object.__setattr__(self, "model", self.model.model_copy(update={"max_tokens": COT_MAX_TOKENS}))
+    def _named(self) -> RunConfig:
+        if not self.name:
+            object.__setattr__(self, "name", self.simulation)  # frozen: once, during validation
         return self
 
     @model_validator(mode="after")
@@ -177,6 +124,11 @@ class RunConfig(Strict):
             )
         return self
 
+    @property
+    def params(self) -> dict:
+        """The simulation's own sections, as written (validated by the simulation)."""
+        return dict(self.model_extra or {})
+
 
 def _check_token(v: str) -> str:
     if not valid_token(v):
@@ -185,6 +137,33 @@ def _check_token(v: str) -> str:
 
 
 RunId = Annotated[str, Field(min_length=1, max_length=64)]
+
+
+# --- what a simulation records: declared by the simulation, carried by RunStarted --------
+# A DuckDB identifier we create tables and columns with (quoted, but kept plain on purpose).
+Identifier = Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_]{0,62}$")]
+ColumnType = Literal["DOUBLE", "BIGINT", "VARCHAR", "BOOLEAN", "JSON"]
+
+
+class Column(Strict):
+    name: Identifier
+    type: ColumnType
+
+
+class SimulationTables(Strict):
+    """Where and how a run's results are stored: one row per agent per round in `outcomes`
+    (the platform's columns plus the simulation's), one row per round in `rounds` (the
+    platform's counts plus the simulation's summary). The recorder needs nothing else, so it
+    records any simulation without importing it."""
+
+    simulation: str
+    outcomes: Identifier
+    outcome_columns: list[Column]
+    rounds: Identifier
+    summary_columns: list[Column]
+    grouped: bool = False  # outcome rows carry the agent's group id (nested group envs)
+    measure: str | None = None  # the outcome column analysis summarises first
+    measure_kind: Literal["numeric", "categorical"] | None = None
 
 
 # --- control plane -------------------------------------------------------------------
@@ -221,7 +200,9 @@ class ServiceInfo(Strict):
 
 
 class RunState(Strict):
-    """Run state in KV `runs`, advanced only by compare-and-swap."""
+    """Run state in KV `runs`, advanced only by compare-and-swap. The environment's state and
+    the next round's observation are the simulation's (opaque here): they travel with each
+    round open, so the environment keeps no state between rounds that a restart could lose."""
 
     v: Literal[1] = SCHEMA_VERSION
     run_id: str
@@ -230,7 +211,8 @@ class RunState(Strict):
     placement: dict[str, list[tuple[int, int]]]  # host_id -> [(first_agent_id, count)]
     spawned: list[str] = []
     round: int = 0
-    history: list[float] = []  # winning numbers so far
+    env_state: dict | None = None  # after the last closed round; None before round 1
+    observation: dict | None = None  # what the agents see in the next round
     reason: str | None = None
     updated_at: float = Field(default_factory=time.time)
 
@@ -241,6 +223,7 @@ class RunStarted(Wire):
     config: RunConfig
     started_at: float
     hosts: list[str]
+    tables: SimulationTables
     manifest: dict | None = None
 
 
@@ -265,60 +248,83 @@ class HostSpawned(Wire):
 
 
 class RoundOpen(Wire):
+    """Once per round (not per agent). `observation` is what every agent sees this round and
+    `env_state` what the environment decided so far; both None in round 1 (the simulation's
+    environment starts them)."""
+
     run_id: str
     round: int = Field(ge=1)
     expected: int = Field(ge=1)  # agents that must answer before the round closes
-    game: GameConfig
-    history: list[float] = []  # previous winning numbers, most recent last
+    config: RunConfig
+    observation: dict | None = None
+    env_state: dict | None = None
     opened_at: float
 
 
-class GuessBatch(Wire):
-    """~1,000 guesses from one host, columnar. `values[i]` is None when the answer was invalid."""
+class OutcomeBatch(Wire):
+    """~1,000 agents' outcomes of one round from one host, columnar. `columns` holds the
+    simulation's outcome columns (name -> values); the rest is the platform's: whether the
+    answer was valid, the model's raw text (always kept), the turn's latency, and an error
+    when the turn failed (the agent raised, or no model answered)."""
 
     run_id: str
     round: int
     host_id: str
     seq: int
     agent_ids: list[int]
-    values: list[float | None]
+    columns: dict[str, list]
+    valid: list[bool]
     raws: list[str]
     latency_ms: list[float]
+    errors: list[str | None]
+    group_ids: list[int] | None = None
 
     @model_validator(mode="after")
-    def _same_length(self) -> GuessBatch:
+    def _same_length(self) -> OutcomeBatch:
         n = len(self.agent_ids)
-        if not (len(self.values) == len(self.raws) == len(self.latency_ms) == n):
-            raise ValueError("agent_ids, values, raws and latency_ms must have equal length")
+        lengths = [len(self.valid), len(self.raws), len(self.latency_ms), len(self.errors),
+                   *(len(c) for c in self.columns.values())]
+        if self.group_ids is not None:
+            lengths.append(len(self.group_ids))
+        if any(k != n for k in lengths):
+            raise ValueError("every column of an outcome batch must have one value per agent id")
         return self
 
 
-class HostPartial(Wire):
-    """One host's reduced round: enough for the environment to find target and winner exactly.
-
-    `by_value` holds one entry per distinct guessed value: (value, count, smallest agent id).
-    """
+class RoundPartial(Wire):
+    """One host's reduced round (its groups reduced first): the simulation's `payload`, plus
+    how many agents it covers. The environment merges partials; it never sees an agent."""
 
     run_id: str
     round: int
     host_id: str
-    n: int  # agents that answered (valid or not)
-    n_valid: int
-    total: float  # sum of valid values
-    by_value: list[tuple[float, int, int]]
+    n: int = Field(ge=0)  # agents that answered (valid or not)
+    n_valid: int = Field(ge=0)
+    payload: dict
 
 
 class RoundResult(Wire):
+    """The environment's decision: the simulation's per-round `summary` (recorded), the
+    `observation` agents see next round and the environment's `state` after this round."""
+
     run_id: str
     round: int
     n: int
     n_valid: int
-    mean: float | None
-    target: float | None
-    winner_agent_id: int | None
-    winner_value: float | None
-    n_winners: int
+    summary: dict
+    observation: dict
+    state: dict
     closed_at: float
+
+
+class RunFault(Wire):
+    """A service cannot go on with a run (a simulation that does not import, an environment
+    that raised, personas missing): the orchestrator fails the run with this reason at once."""
+
+    run_id: str
+    source: str  # the service or host that reports it
+    round: int | None = None
+    reason: str
 
 
 class RunDone(Wire):
@@ -331,7 +337,7 @@ class RunDone(Wire):
 
 class RunRecorded(Wire):
     run_id: str
-    guesses: int
+    outcomes: int  # agent-rounds recorded
     db_path: str
 
 
@@ -351,7 +357,6 @@ class InferBatch(Wire):
     run_id: str
     round: int
     model: ModelConfig
-    max_value: float
     system: str
     keys: list[int]  # request keys (agent ids): correlation and per-agent seeding
     prompts: list[str]

@@ -7,9 +7,9 @@ from prometheus_client import Counter, Gauge, start_http_server
 
 ROUNDS = Counter("populace_rounds_total", "Rounds opened (orchestrator), played (agent-host) or closed (environment)",
                  ["service"])
-BATCHES = Counter("populace_batches_total", "Batches handled, by kind (infer, guesses, recorded …)",
+BATCHES = Counter("populace_batches_total", "Batches handled, by kind (infer, outcomes, recorded …)",
                   ["service", "kind"])
-ITEMS = Counter("populace_items_total", "Items in those batches (prompts, guesses, messages)", ["service", "kind"])
+ITEMS = Counter("populace_items_total", "Items in those batches (prompts, outcomes, messages)", ["service", "kind"])
 AGENTS = Gauge("populace_agents_hosted", "Agents hosted by this agent-host")
 LLM_IN_FLIGHT = Gauge("populace_llm_in_flight", "LLM calls in flight (agent-host: awaiting the gateway; "
                       "gateway: admitted)", ["service"])

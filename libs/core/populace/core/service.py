@@ -1,20 +1,32 @@
 """The frame every service shares: a FastStream app on a NatsBroker, structlog, stream and
-KV provisioning at start-up, a liveness entry in KV `services`, and dead-lettering of
-malformed messages. Services add their subscribers to `svc.broker`."""
+KV provisioning at start-up, a liveness entry in KV `services`, and one decorator for every
+handler (`@svc.handle(subject, Model)`): parse the wire model, dead-letter a malformed
+message once, run the handler in the message's trace context.
+
+Services are built by a factory (`create(settings) -> Service`) and keep no module-level
+state, so tests, the Python API and a web manager can build several in one process.
+`faststream run populace.<service>.app:create --factory` and `faststream docs gen … --factory`
+work as for any FastStream app; the AsyncAPI document shows every subject with its model."""
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import os
 import signal
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from importlib import metadata
+from typing import Any, TypeVar
 
 from faststream import FastStream
+from faststream.exceptions import RejectMessage
 from faststream.nats import NatsBroker, NatsUserPassword
+from faststream.nats.annotations import NatsMessage
+from faststream.specification import AsyncAPI
 from nats.aio.msg import Msg
+from opentelemetry import context as otel_context
 from pydantic import BaseModel, ValidationError
 
 from populace.core import bus, logs, metrics, subjects, telemetry
@@ -25,8 +37,15 @@ M = TypeVar("M", bound=BaseModel)
 ORPHAN_GRACE_S = 10.0
 
 
+def _version() -> str:
+    try:
+        return metadata.version("populace-core")
+    except metadata.PackageNotFoundError:  # pragma: no cover - running from a plain checkout
+        return "0"
+
+
 class Service:
-    def __init__(self, name: str, settings: Settings | None = None) -> None:
+    def __init__(self, name: str, settings: Settings | None = None, description: str = "") -> None:
         self.name = name
         self.settings = settings or Settings()
         logs.configure(self.settings.log_level, self.settings.log_format, service=name)
@@ -41,7 +60,12 @@ class Service:
             max_reconnect_attempts=-1, reconnect_time_wait=0.5, name=f"populace-{name}",
             security=NatsUserPassword(creds["user"], creds["password"]) if creds else None,
         )
-        self.app = FastStream(self.broker, logger=quiet)
+        # Never connected: it only describes, for the AsyncAPI document, what the service
+        # publishes and what it consumes outside FastStream (the recorder's own pull loop).
+        self.docs = NatsBroker(logger=quiet)
+        self.app = FastStream(self.broker, logger=quiet, specification=AsyncAPI(
+            self.broker, self.docs, title=f"populace {name}", version=_version(),
+            description=description or None))
         self.app.on_startup(self._connect_and_provision)
         self.app.after_startup(self._register)
         self.app.on_shutdown(self._unregister)
@@ -108,6 +132,62 @@ class Service:
         telemetry.shutdown()
 
     # -- messages ---------------------------------------------------------------------
+    def handle(self, subject: str, model: type[M], *, reply_on_error: Callable[[str], BaseModel] | None = None,
+               **subscriber: Any) -> Callable:
+        """Register `fn(event)` (or `fn(event, msg)`) for `subject`, typed by `model` so the
+        AsyncAPI document shows its schema. A message that is not a valid `model` never reaches
+        `fn`: it is dead-lettered once (logged, counted, copied to dlq.<service>, terminated on
+        JetStream). `reply_on_error(reason)`: the reply a malformed request still gets.
+        `fn` runs in the message's trace context, so its spans continue the sender's trace.
+        Other keyword arguments go to FastStream's `broker.subscriber`."""
+
+        def decorate(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+            with_msg = len(inspect.signature(fn).parameters) > 1
+
+            async def decoder(msg: NatsMessage, original: Any = None) -> M:
+                raw = msg.raw_message
+                try:
+                    return model.model_validate_json(raw.data)
+                except ValidationError as err:
+                    await self.dead_letter(raw, err, terminate=False)  # RejectMessage terminates it
+                    if reply_on_error is not None and raw.reply:
+                        await self.broker.publish(bus.encode(reply_on_error(bus.short_error(err))), raw.reply)
+                    raise RejectMessage() from None
+
+            async def handler(event: M, msg: NatsMessage) -> Any:
+                token = otel_context.attach(telemetry.extract(msg.headers))
+                try:
+                    return await (fn(event, msg) if with_msg else fn(event))
+                finally:
+                    otel_context.detach(token)
+
+            handler.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
+                inspect.Parameter("event", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=model),
+                inspect.Parameter("msg", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=NatsMessage)])
+            handler.__name__, handler.__doc__ = fn.__name__, fn.__doc__
+            subscriber.setdefault("title", subjects.doc_title(subject))
+            subscriber.setdefault("description", inspect.getdoc(fn))
+            self.broker.subscriber(subject, decoder=decoder, **subscriber)(handler)
+            return fn
+
+        return decorate
+
+    def publishes(self, subject: str, model: type[BaseModel], description: str = "") -> None:
+        """Document a subject this service publishes (with its payload model) in AsyncAPI."""
+        self.docs.publisher(subject, schema=model, title=subjects.doc_title(subject),
+                            description=description or None)
+
+    def consumes(self, subject: str, model: type[BaseModel], description: str = "") -> None:
+        """Document a subject this service consumes outside `handle` (its own loop)."""
+
+        async def documented(event: Any) -> None:  # pragma: no cover - never subscribed
+            return None
+
+        documented.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
+            inspect.Parameter("event", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=model)])
+        self.docs.subscriber(subject, title=subjects.doc_title(subject),
+                             description=description or None)(documented)
+
     async def parse(self, model: type[M], msg: Msg) -> M | None:
         """Validate a message; a malformed one is dead-lettered and None is returned."""
         try:
@@ -116,7 +196,7 @@ class Service:
             await self.dead_letter(msg, err)
             return None
 
-    async def dead_letter(self, msg: Msg, error: Exception | str) -> None:
+    async def dead_letter(self, msg: Msg, error: Exception | str, terminate: bool = True) -> None:
         """Log, count, terminate (JetStream) and copy a malformed message to dlq.<service>.
         Never raises: a bad message must not take a service down."""
         reason = bus.short_error(error)
@@ -124,7 +204,7 @@ class Service:
         metrics.DEAD_LETTERS.labels(self.name).inc()
         self.log.warning("dead_letter", subject=msg.subject, error=reason, bytes=len(msg.data),
                          dlq_total=bus.dlq_counts[self.name])
-        if bus.is_jetstream(msg) and not msg._ackd:
+        if terminate and bus.is_jetstream(msg) and not msg._ackd:
             try:
                 await msg.term()
             except Exception as err:  # noqa: BLE001

@@ -27,7 +27,7 @@ class Settings(BaseSettings):
     host_capacity: int = Field(2_000_000, ge=1)
     max_in_flight: int = Field(1_000_000, ge=1)  # concurrent agent turns per host
     one_agent_per_process: bool = False  # host flag: run every agent in its own OS process
-    guess_batch_size: int = Field(1000, ge=1, le=20_000)
+    outcome_batch_size: int = Field(1000, ge=1, le=20_000)
     infer_batch_size: int = Field(1000, ge=1, le=20_000)
     infer_flush_ms: float = Field(5.0, ge=0)
     infer_timeout_s: float = Field(60.0, gt=0)

@@ -55,8 +55,8 @@ def run_round_open(rid: str, n: int) -> str:
     return f"run.{rid}.round.{n}.open"
 
 
-def run_guesses(rid: str, n: int, host_id: str) -> str:
-    return f"run.{rid}.guesses.{n}.{host_id}"
+def run_outcomes(rid: str, n: int, host_id: str) -> str:
+    return f"run.{rid}.outcomes.{n}.{host_id}"
 
 
 def run_partial(rid: str, n: int, host_id: str) -> str:
@@ -71,6 +71,10 @@ def run_round_result(rid: str, n: int) -> str:
     return f"run.{rid}.round.{n}.result"
 
 
+def run_fault(rid: str, source: str) -> str:
+    return f"run.{rid}.fault.{source}"
+
+
 def run_done(rid: str) -> str:
     return f"run.{rid}.done"
 
@@ -79,7 +83,7 @@ def run_recorded(rid: str) -> str:
     return f"run.{rid}.recorded"
 
 
-# Progress ticks are core NATS only (not stored): one tiny message per guess batch.
+# Progress ticks are core NATS only (not stored): one tiny message per outcome batch.
 def progress(rid: str, n: int, host_id: str) -> str:
     return f"progress.{rid}.{n}.{host_id}"
 
@@ -95,6 +99,7 @@ ANY_PARTIAL = "run.*.partial.*.*"
 ANY_ROUND_RESULT = "run.*.round.*.result"
 ANY_SPAWNED = "run.*.spawned.*"
 ANY_RUN_DONE = "run.*.done"
+ANY_FAULT = "run.*.fault.*"
 ANY_RUN_EVENT = "run.>"
 
 
@@ -108,7 +113,7 @@ def msg_id(rid: str, n: int, shard: str | int, kind: str) -> str:
 
 
 def kind_of(subject: str) -> str:
-    """The event kind of a run subject: 'started', 'spawn', 'guesses', 'round.open' …"""
+    """The event kind of a run subject: 'started', 'spawn', 'outcomes', 'round.open' …"""
     parts = subject.split(".")
     if len(parts) < 3 or parts[0] != "run":
         return ""
@@ -128,3 +133,26 @@ def run_rounds_any(rid: str) -> str:
 
 def run_spawned_any(rid: str) -> str:
     return f"run.{rid}.spawned.*"
+
+
+# Placeholders a subscription's wildcards stand for, by the token before them (AsyncAPI titles).
+_DOC_NAMES = {"run": "run_id", "round": "round", "outcomes": "round", "partial": "round", "calls": "round",
+              "spawned": "host_id", "fault": "source"}
+_DOC_LAST = {"outcomes": "host_id", "partial": "host_id", "calls": "gateway_id"}
+
+
+def doc_title(subject: str) -> str:
+    """A subscription as documentation names it: 'run.*.round.*.open' → 'run.{run_id}.round.{round}.open'.
+    A host's own subscription ('run.*.spawn.host-0') is documented for every host."""
+    parts = subject.split(".")
+    out: list[str] = []
+    for i, tok in enumerate(parts):
+        prev = parts[i - 1] if i else ""
+        if tok == "*":
+            name = _DOC_NAMES.get(prev) or (_DOC_LAST.get(parts[i - 2]) if i >= 2 else None) or f"p{i}"
+            out.append("{" + name + "}")
+        elif prev == "spawn" and parts[0] == "run":
+            out.append("{host_id}")
+        else:
+            out.append(tok)
+    return ".".join(out)

@@ -1,6 +1,25 @@
-"""Populace SDK: Agent, Env and the batched transport agents use to reach the LLM gateway."""
+"""Populace SDK: everything a simulation author imports.
 
+    from populace.sdk import Agent, Env, GroupEnv, Observation, Outcome, Params, Simulation, Summary
+
+A simulation declares its parameters, agent, environment (and optionally a group env),
+outcome columns, observation and per-round summary; see docs/simulations.md. The platform
+loads it by name (entry point `populace.simulations`) and runs it unchanged in one process
+(`populace.sdk.local.run_local`) or on the fleet.
+"""
+
+from populace.core.contracts import Count, FiniteFloat, RunConfig
+from populace.population.cast import Cast, Persona
 from populace.sdk.agent import Agent
-from populace.sdk.env import Env
+from populace.sdk.env import Env, GroupEnv, Listeners, Partial, State
+from populace.sdk.llm import LLM, InferError
+from populace.sdk.mock import DummyLLM, ScriptedLLM
+from populace.sdk.outcome import Outcome
+from populace.sdk.registry import available, load_simulation, resolve
+from populace.sdk.simulation import Observation, Params, Simulation, SimulationError, Summary
 
-__all__ = ["Agent", "Env"]
+__all__ = [
+    "LLM", "Agent", "Cast", "Count", "DummyLLM", "Env", "FiniteFloat", "GroupEnv", "InferError", "Listeners",
+    "Observation", "Outcome", "Params", "Partial", "Persona", "RunConfig", "ScriptedLLM", "Simulation", "SimulationError",
+    "State", "Summary", "available", "load_simulation", "resolve",
+]

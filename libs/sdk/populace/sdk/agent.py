@@ -1,19 +1,30 @@
-"""The agent model: a small object (an id, a persona by reference, a bounded memory) with
-`async reply(msg)`. Hosts keep hundreds of thousands of these in one process."""
+"""The agent: a small object (an id, a persona by reference, the run's simulation by
+reference, a bounded memory) whose turn takes the round's observation and the LLM port and
+returns an outcome. Hosts keep a million of these in one process, so a subclass that keeps
+more state should declare it in `__slots__` (and in `state_fields`, so a checkpoint saves it).
+The same class runs many agents per process or one per process: only the LLM port differs."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from populace.population.cast import Persona
+    from populace.sdk.llm import LLM
+    from populace.sdk.outcome import Outcome
+    from populace.sdk.simulation import Observation, Simulation
 
 
 class Agent:
-    __slots__ = ("agent_id", "persona", "memory")
+    __slots__ = ("id", "persona", "sim", "memory")
 
-    memory_size: int = 5
+    memory_size: ClassVar[int] = 5  # items `remember` keeps (the oldest go first)
+    state_fields: ClassVar[tuple[str, ...]] = ("memory",)  # what a checkpoint saves
 
-    def __init__(self, agent_id: int, persona: Any = None) -> None:
-        self.agent_id = agent_id
-        self.persona = persona  # a reference (population index), never a per-agent copy
+    def __init__(self, agent_id: int, persona: Persona | None = None, sim: Simulation | None = None) -> None:
+        self.id = agent_id
+        self.persona = persona  # shared by reference, never a per-agent copy (None: no population)
+        self.sim = sim  # the run: its params, prompts and population, shared by every agent
         self.memory: tuple = ()
 
     def remember(self, item: Any) -> None:
@@ -23,8 +34,26 @@ class Agent:
         mem = self.memory + (item,)
         self.memory = mem[-size:] if len(mem) > size else mem
 
-    async def reply(self, msg: Any) -> Any:  # pragma: no cover - abstract
+    async def turn(self, obs: Observation, llm: LLM) -> Outcome:  # pragma: no cover - abstract
+        """Play one round: read `obs`, ask the model (`await llm.ask(prompt, key=self.id)`),
+        return this agent's outcome. An exception here is recorded as this agent's invalid
+        outcome with the error's text; the host goes on."""
         raise NotImplementedError
 
+    def settled(self, outcome: Outcome, news: Any) -> None:
+        """Called after the agent's group env settled the round: `outcome` is this agent's own,
+        with what the group env filled in (e.g. a payoff), `news` what the group env announced
+        to its members. Nothing by default."""
+
+    def state(self) -> dict[str, Any]:
+        """The agent's declared state, for a checkpoint."""
+        return {name: getattr(self, name) for name in self.state_fields}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        for name in self.state_fields:
+            if name in state:
+                value = state[name]
+                setattr(self, name, tuple(value) if name == "memory" else value)
+
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.agent_id})"
+        return f"{type(self).__name__}({self.id})"

@@ -1,26 +1,44 @@
-"""Environment as an agent: owns state, serves concurrent calls, fires triggers to listeners
-(env → agents) and accepts reports (agents → env); envs nest so a group env can reduce its
-members' partial results before its parent sees them."""
+"""Environments are special agents: they own state, fold what agents did, decide the round
+and fire triggers to their listeners. They nest: a group env settles its members' round
+before the root env sees it.
+
+Their logic is pure (decide, never do), like a Temporal workflow: the platform calls these
+methods and does the I/O around them, so the same environment runs in a notebook and on the
+fleet, and is unit-tested without a broker.
+
+On the fleet:
+- `reduce` runs on every agent-host, once per batch of ~1,000 outcomes, and `merge` folds
+  the batches into one partial per host: the root env never receives one message per agent.
+- `merge` and `decide` run in the environment service, once per round.
+- A `GroupEnv` runs on the host that holds the group (a group's members are placed together).
+
+`merge` must be associative and commutative, and reduce+merge exact (counts, integer sums,
+Fractions), for a run to give identical results on one host and on several.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import inspect
 from collections import defaultdict
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+
+from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:
+    from populace.sdk.outcome import Outcome
+    from populace.sdk.simulation import Observation, Simulation, Summary
 
 Listener = Callable[[str, Any], Any]
 
 
-class Env:
-    def __init__(self, env_id: str, parent: Env | None = None) -> None:
-        self.env_id = env_id
-        self.parent = parent
-        self.children: list[Env] = []
+class Listeners:
+    """Triggers in process: `listen(event, fn)`, then `await emit(event, payload)` runs every
+    listener of that event (and of '*'); coroutine listeners run concurrently."""
+
+    def __init__(self) -> None:
         self._listeners: dict[str, list[Listener]] = defaultdict(list)
-        if parent is not None:
-            parent.children.append(self)
 
     def listen(self, event: str, listener: Listener) -> Callable[[], None]:
         """Register a listener for an event ('*' for all). Returns an unsubscribe function."""
@@ -28,7 +46,6 @@ class Env:
         return lambda: self._listeners[event].remove(listener)
 
     async def emit(self, event: str, payload: Any) -> None:
-        """Fire a trigger: every listener of `event` (and of '*') runs; coroutines concurrently."""
         pending = []
         for fn in (*self._listeners.get(event, ()), *self._listeners.get("*", ())):
             out = fn(event, payload)
@@ -36,3 +53,68 @@ class Env:
                 pending.append(out)
         if pending:
             await asyncio.gather(*pending)
+
+
+class State(BaseModel):
+    """An environment's state between rounds. Keep it small (aggregates, a history of
+    round results): it travels with every round open. Per-agent state belongs to agents."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Partial(BaseModel):
+    """What a host's (or group's) reduction of outcomes tells the root env."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+StateT = TypeVar("StateT", bound=State)
+PartialT = TypeVar("PartialT", bound=Partial)
+
+
+class Env(Generic[StateT, PartialT]):
+    """The root environment of a run. Subclasses set `State` and `Partial` and implement
+    `reduce`, `merge` and `decide`; `start` and `observe` have defaults."""
+
+    State: ClassVar[type[State]] = State
+    Partial: ClassVar[type[Partial]] = Partial
+
+    def __init__(self, sim: Simulation) -> None:
+        self.sim = sim
+        self.params = sim.params
+
+    def start(self) -> StateT:
+        """The state before round 1."""
+        return self.State()  # type: ignore[return-value]
+
+    def observe(self, state: StateT, round: int) -> Observation:
+        """What every agent sees in `round`, given the state the previous rounds left."""
+        return self.sim.Observation(round=round)
+
+    def reduce(self, agent_ids: Sequence[int], outcomes: Sequence[Outcome]) -> PartialT:  # pragma: no cover
+        """Fold a batch of outcomes (on the host that played them) into a partial."""
+        raise NotImplementedError
+
+    def merge(self, partials: Sequence[PartialT]) -> PartialT:  # pragma: no cover
+        """Fold partials (of batches, hosts or groups) into one: associative and commutative."""
+        raise NotImplementedError
+
+    def decide(self, state: StateT, round: int, total: PartialT) -> tuple[StateT, Summary]:  # pragma: no cover
+        """Close a round: the state after it and the round's summary (its recorded columns)."""
+        raise NotImplementedError
+
+
+class GroupEnv:
+    """An environment one level down: it settles each group's round on the host that holds
+    the group, before anything leaves the host. One instance serves every group of a run on
+    that host (keep per-group state keyed by `group`)."""
+
+    def __init__(self, sim: Simulation) -> None:
+        self.sim = sim
+        self.params = sim.params
+
+    def settle(self, round: int, group: int, agent_ids: Sequence[int], outcomes: Sequence[Outcome]) -> Any:  # pragma: no cover
+        """Every member of `group` has played `round`: fill in what depends on the whole group
+        (e.g. payoffs) on the members' outcomes, in place, and return what the members hear
+        (passed to each member's `Agent.settled`), or None."""
+        raise NotImplementedError

@@ -1,6 +1,7 @@
-"""agent-host service wiring: spawn and round-open events in, turns played by HostRuntime.
+"""agent-host service: spawn and round-open events in, turns played by HostRuntime.
 
-Run with `populace service agent-host` or `faststream run populace.agent_host.app:app`."""
+Run with `populace service agent-host` or
+`faststream run populace.agent_host.app:create --factory`."""
 
 from __future__ import annotations
 
@@ -9,95 +10,109 @@ import os
 import time
 
 from faststream.nats.annotations import NatsMessage
+from pydantic import ValidationError
 
 from populace.agent_host.runtime import HostRuntime
 from populace.core import bus, objects, subjects, telemetry
-from populace.core.contracts import HostInfo, HostSpawned, RoundOpen, RunDone, SpawnBatch
+from populace.core.contracts import HostInfo, HostSpawned, RoundOpen, RunDone, RunFault, SpawnBatch
+from populace.core.scenario import format_validation_error
 from populace.core.service import Service
-from populace.games.cast import Cast, cast_from_jsonl
+from populace.core.settings import Settings
+from populace.population.cast import Cast, cast_from_jsonl
 from populace.population.errors import PopulationError
+from populace.sdk.simulation import SimulationError
 
-svc = Service("agent-host")
-broker, app = svc.broker, svc.app
-host_id = svc.settings.host_id
-state: dict = {}
-
-
-@svc.on_ready
-async def _start() -> None:
-    runtime = HostRuntime(svc.nc, svc.js, svc.settings)
-    state["runtime"] = runtime
-    started = time.time()
-    kv = await svc.js.key_value(subjects.HOSTS_BUCKET)
-    hb = bus.Heartbeat(
-        kv, host_id,
-        lambda: HostInfo(host_id=host_id, capacity=svc.settings.host_capacity,
-                         agents=runtime.agent_count, pid=os.getpid(), started_at=started,
-                         heartbeat_at=time.time()),
-        svc.settings.heartbeat_s,
-    )
-    state["heartbeat"] = hb
-    await hb.start()
+DESCRIPTION = ("Hosts many agents per process (or one agent per OS process) for any simulation and "
+               "plays their turns; publishes outcome batches, one partial per round, and faults.")
 
 
-@svc.on_stop
-async def _stop() -> None:
-    if hb := state.get("heartbeat"):
-        await hb.stop()
-    runtime: HostRuntime | None = state.get("runtime")
-    if runtime:
-        for rid in list(runtime.runs):
-            runtime.forget(rid)
+class AgentHost:
+    """The service's state: one per process, built by `create`."""
+
+    def __init__(self, svc: Service) -> None:
+        self.svc = svc
+        self.host_id = svc.settings.host_id
+        self.runtime: HostRuntime | None = None
+        self.heartbeat: bus.Heartbeat | None = None
+        self.casts: dict[str, Cast] = {}  # by personas digest: one population kept in memory
+
+    async def start(self) -> None:
+        svc = self.svc
+        runtime = self.runtime = HostRuntime(svc.nc, svc.js, svc.settings, report_fault=self.report_fault)
+        started = time.time()
+        kv = await svc.js.key_value(subjects.HOSTS_BUCKET)
+        self.heartbeat = bus.Heartbeat(
+            kv, self.host_id,
+            lambda: HostInfo(host_id=self.host_id, capacity=svc.settings.host_capacity,
+                             agents=runtime.agent_count, pid=os.getpid(), started_at=started,
+                             heartbeat_at=time.time()),
+            svc.settings.heartbeat_s,
+        )
+        await self.heartbeat.start()
+
+    async def stop(self) -> None:
+        if self.heartbeat:
+            await self.heartbeat.stop()
+        if self.runtime:
+            for rid in list(self.runtime.runs):
+                self.runtime.forget(rid)
+
+    async def report_fault(self, run_id: str, round_: int | None, reason: str) -> None:
+        await bus.publish_js(self.svc.js, subjects.run_fault(run_id, self.host_id),
+                             RunFault(run_id=run_id, source=self.host_id, round=round_, reason=reason),
+                             msg_id=subjects.msg_id(run_id, round_ or 0, self.host_id, "fault"))
+
+    async def load_cast(self, batch: SpawnBatch) -> Cast | None:
+        """The run's personas, read once per file from the object store (cached by digest: a
+        sweep reuses one population across many runs)."""
+        pop = batch.config.population
+        if pop is None or pop.digest is None:
+            return None
+        if pop.digest not in self.casts:
+            data = await objects.get_personas(self.svc.js, pop.digest)
+            self.casts.clear()
+            self.casts[pop.digest] = await asyncio.to_thread(cast_from_jsonl, data, f"personas {pop.digest[:12]}")
+        return self.casts[pop.digest]
+
+    async def on_spawn(self, batch: SpawnBatch) -> None:
+        """This host's agents of a run, as id ranges (personas by reference)."""
+        t0 = time.perf_counter()
+        try:
+            cast = await self.load_cast(batch)
+            run = self.runtime.spawn(batch, cast)  # type: ignore[union-attr]
+        except (objects.BlobError, PopulationError, SimulationError, ValueError) as err:
+            detail = format_validation_error(err) if isinstance(err, ValidationError) else str(err)
+            reason = f"agent-host {self.host_id} cannot host run {batch.run_id}: {detail}"
+            self.svc.log.error("spawn_failed", run_id=batch.run_id, error=reason)
+            await self.report_fault(batch.run_id, None, reason)
+            return
+        seconds = time.perf_counter() - t0
+        self.svc.log.info("agents_spawned", run_id=batch.run_id, agents=len(run.agents),
+                          simulation=batch.config.simulation, seconds=round(seconds, 3),
+                          one_per_process=batch.config.placement.agents_per_process == 1)
+        await bus.publish_js(
+            self.svc.js, subjects.run_spawned(batch.run_id, self.host_id),
+            HostSpawned(run_id=batch.run_id, host_id=self.host_id, agents=len(run.agents), seconds=seconds),
+            msg_id=subjects.msg_id(batch.run_id, 0, self.host_id, "spawned"),
+        )
+
+    async def on_round_open(self, opened: RoundOpen, msg: NatsMessage) -> None:
+        """A round opens: this host plays its agents' turns (in a task of its own)."""
+        self.runtime.start_round(opened, telemetry.extract(msg.headers))  # type: ignore[union-attr]
+
+    async def on_done(self, done: RunDone) -> None:
+        """A run ended: its agents go."""
+        self.runtime.forget(done.run_id)  # type: ignore[union-attr]
 
 
-async def load_cast(batch: SpawnBatch) -> Cast | None:
-    """The run's personas, read once per file from the object store (cached by digest: a
-    sweep reuses one population across many runs)."""
-    pop = batch.config.population
-    if pop is None or pop.digest is None:
-        return None
-    casts: dict[str, Cast] = state.setdefault("casts", {})
-    if pop.digest not in casts:
-        data = await objects.get_personas(svc.js, pop.digest)
-        casts.clear()  # keep one population in memory
-        casts[pop.digest] = await asyncio.to_thread(cast_from_jsonl, data, f"personas {pop.digest[:12]}")
-    return casts[pop.digest]
-
-
-# no_reply: these are JetStream-published events whose reply subject is the publisher's
-# PubAck inbox; an (empty) handler reply there would race the server's real acknowledgement.
-@broker.subscriber(subjects.any_spawn_for(host_id), no_reply=True)
-async def on_spawn(msg: NatsMessage) -> None:
-    batch = await svc.parse(SpawnBatch, msg.raw_message)
-    if batch is None:
-        return
-    t0 = time.perf_counter()
-    try:
-        cast = await load_cast(batch)
-        run = state["runtime"].spawn(batch, cast)
-    except (objects.BlobError, PopulationError, ValueError) as err:
-        await svc.dead_letter(msg.raw_message, err)
-        return
-    seconds = time.perf_counter() - t0
-    svc.log.info("agents_spawned", run_id=batch.run_id, agents=len(run.agents), seconds=round(seconds, 3),
-                 one_per_process=batch.config.placement.agents_per_process == 1)
-    await bus.publish_js(
-        svc.js, subjects.run_spawned(batch.run_id, host_id),
-        HostSpawned(run_id=batch.run_id, host_id=host_id, agents=len(run.agents), seconds=seconds),
-        msg_id=subjects.msg_id(batch.run_id, 0, host_id, "spawned"),
-    )
-
-
-@broker.subscriber(subjects.ANY_ROUND_OPEN, no_reply=True)
-async def on_round_open(msg: NatsMessage) -> None:
-    opened = await svc.parse(RoundOpen, msg.raw_message)
-    if opened is not None:
-        # plays in its own task; the handler returns at once
-        state["runtime"].start_round(opened, telemetry.extract(msg.headers))
-
-
-@broker.subscriber(subjects.ANY_RUN_DONE, no_reply=True)
-async def on_done(msg: NatsMessage) -> None:
-    done = await svc.parse(RunDone, msg.raw_message)
-    if done is not None:
-        state["runtime"].forget(done.run_id)
+def create(settings: Settings | None = None) -> Service:
+    svc = Service("agent-host", settings, DESCRIPTION)
+    host = AgentHost(svc)
+    svc.on_ready(host.start)
+    svc.on_stop(host.stop)
+    # no_reply: these are JetStream-published events whose reply subject is the publisher's
+    # PubAck inbox; an (empty) handler reply there would race the server's real acknowledgement.
+    svc.handle(subjects.any_spawn_for(host.host_id), SpawnBatch, no_reply=True)(host.on_spawn)
+    svc.handle(subjects.ANY_ROUND_OPEN, RoundOpen, no_reply=True)(host.on_round_open)
+    svc.handle(subjects.ANY_RUN_DONE, RunDone, no_reply=True)(host.on_done)
+    return svc

@@ -1,54 +1,45 @@
-"""The host's agents and their turns. Every agent runs its own turn as its own asyncio task,
-bounded by a per-host in-flight limit; batching happens only in the transports
-(InferSession towards the gateway, GuessCollector towards the recorder and environment)."""
+"""The host's runs: their agents (built by the SDK for the run's simulation, loaded by name)
+and their rounds, played by the SDK's round player with the NATS transports — InferSession
+towards the gateway, OutcomePublisher towards the recorder and the environment. Knows no
+simulation: everything about one comes from the SDK."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
 import time
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
 
+import structlog
 from nats.aio.client import Client
 from nats.js import JetStreamContext
-
-from populace.agent_host.collector import GuessCollector
-from populace.agent_host.process_mode import ProcessAgent
-import structlog
 from opentelemetry.context import Context
 
+from populace.agent_host.publisher import OutcomePublisher
 from populace.core import logs, metrics
-from populace.core.telemetry import tracer
-from populace.core.contracts import RoundOpen, RunConfig, SpawnBatch
+from populace.core.contracts import RoundOpen, SpawnBatch
 from populace.core.settings import Settings
-from populace.games.cast import Cast
-from populace.games.player import GuessPlayer, Turn
-from populace.games.prompts import answer_schema, history_text, system_prompt
-from populace.sdk.agent import Agent
-from populace.sdk.llm import InferSession
+from populace.core.telemetry import tracer
+from populace.population.cast import Cast
+from populace.sdk.hosting import HostedRun, host_run
+from populace.sdk.nats_llm import InferSession
+from populace.sdk.play import OutcomeSink
+from populace.sdk.registry import resolve
 
 log = logs.get("populace.agent_host")
 
-# Yield to the event loop every this many task launches so batches leave while agents start.
-LAUNCH_SLICE = 2000
-
-
-@dataclass
-class HostedRun:
-    run_id: str
-    config: RunConfig
-    agents: list[Agent]
-    system: str
-    schema: dict
-    rounds_played: set[int] = field(default_factory=set)
+# (run id, round or None, reason): tell the orchestrator this run cannot go on here.
+FaultReporter = Callable[[str, int | None, str], Awaitable[None]]
 
 
 class HostRuntime:
-    def __init__(self, nc: Client, js: JetStreamContext, settings: Settings) -> None:
+    def __init__(self, nc: Client, js: JetStreamContext, settings: Settings,
+                 report_fault: FaultReporter | None = None) -> None:
         self.nc, self.js, self.settings = nc, js, settings
         self.host_id = settings.host_id
         self.runs: dict[str, HostedRun] = {}
         self._rounds: set[asyncio.Task] = set()
+        self._report_fault = report_fault
 
     @property
     def agent_count(self) -> int:
@@ -56,28 +47,14 @@ class HostRuntime:
 
     def spawn(self, batch: SpawnBatch, cast: Cast | None = None) -> HostedRun:
         """Create this host's agents for a run (idempotent: a replayed spawn is a no-op).
-        With a cast, agent i speaks from persona i (a reference to a shared string)."""
+        Raises SimulationError / ValidationError / ValueError when the run cannot be hosted."""
         if batch.run_id in self.runs:
             return self.runs[batch.run_id]
-        cfg = batch.config
-        one_per_process = cfg.placement.agents_per_process == 1 or self.settings.one_agent_per_process
-        make = ProcessAgent if one_per_process else GuessPlayer
-        if cast is not None and cast.texts and batch.ranges:
-            last = max(first + count for first, count in batch.ranges)
-            if last > len(cast):
-                raise ValueError(f"run {batch.run_id}: {len(cast)} personas for agent ids up to {last - 1}")
-        texts = cast.texts if cast is not None and cfg.prompt.persona else None
-        agents: list[Agent] = [make(aid, texts[aid] if texts else None) for first, count in batch.ranges
-                               for aid in range(first, first + count)]
-        game = cfg.game
-        note = cast.note if cast is not None else ""
-        run = HostedRun(batch.run_id, cfg, agents, system_prompt(game, cfg.prompt, note),
-                        answer_schema(game, cfg.prompt.answer))
+        resolved = resolve(batch.config)
+        one_per_process = resolved.config.placement.agents_per_process == 1 or self.settings.one_agent_per_process
+        run = host_run(resolved, batch.run_id, batch.ranges, cast, one_per_process=one_per_process,
+                       max_in_flight=self.settings.max_in_flight)
         self.runs[batch.run_id] = run
-        # Agents live for the whole run: move them out of the cyclic GC's generations so
-        # each collection during a round does not walk a million long-lived objects.
-        gc.collect()
-        gc.freeze()
         metrics.AGENTS.set(self.agent_count)
         return run
 
@@ -86,9 +63,7 @@ class HostRuntime:
         gc.unfreeze()  # let the finished run's agents be collected
         metrics.AGENTS.set(self.agent_count)
         if run:
-            for a in run.agents:
-                if isinstance(a, ProcessAgent):
-                    a.stop()
+            run.stop()
 
     def start_round(self, opened: RoundOpen, trace_context: Context | None = None) -> None:
         run = self.runs.get(opened.run_id)
@@ -107,66 +82,33 @@ class HostRuntime:
                 "agent-host.round", context=trace_context,
                 attributes={"populace.run_id": run.run_id, "populace.round": opened.round,
                             "populace.host_id": self.host_id, "populace.agents": len(run.agents)}):
-            await self._play_round(run, opened)
+            try:
+                await self._play_round(run, opened)
+            except Exception as err:  # noqa: BLE001 - the simulation's code (or the bus) failed the round
+                reason = (f"simulation {run.resolved.config.simulation!r} failed on {self.host_id} in round "
+                          f"{opened.round}: {err}")
+                log.error("round_failed", error=reason)
+                if self._report_fault is not None:
+                    await self._report_fault(run.run_id, opened.round, reason)
 
     async def _play_round(self, run: HostedRun, opened: RoundOpen) -> None:
         s = self.settings
-        loop = asyncio.get_running_loop()
-        game = run.config.game
+        model = run.resolved.config.model
         t0 = time.perf_counter()
+        obs = run.observation(opened.round, opened.observation)
         session = InferSession(
-            self.nc, run_id=run.run_id, round_=opened.round, model=run.config.model,
-            max_value=game.max_value, system=run.system, response_schema=run.schema,
-            batch_size=s.infer_batch_size,
-            flush_s=s.infer_flush_ms / 1000, timeout_s=max(s.infer_timeout_s, run.config.model.latency_s * 4 + 10),
+            self.nc, run_id=run.run_id, round_=opened.round, model=model, system=run.sim.system_prompt(),
+            response_schema=run.sim.answer_schema(), batch_size=s.infer_batch_size,
+            flush_s=s.infer_flush_ms / 1000, timeout_s=max(s.infer_timeout_s, model.latency_s * 4 + 10),
             attempts=s.infer_attempts, host_id=self.host_id,
         )
-        turn = Turn(round=opened.round, history_text=history_text(opened.history, game.history_window),
-                    max_value=game.max_value, llm=session, answer=run.config.prompt.answer)
-        collector = GuessCollector(self.nc, self.js, run_id=run.run_id, round_=opened.round,
-                                   host_id=self.host_id, batch_size=s.guess_batch_size)
-        await self._run_turns(run.agents, turn, collector, loop)
-        batches = await collector.close()
+        publisher = OutcomePublisher(self.nc, self.js, run_id=run.run_id, round_=opened.round, host_id=self.host_id)
+        sink = OutcomeSink(type(run.sim), run.env, batch_size=s.outcome_batch_size, emit=publisher.emit,
+                           grouped=run.tables.grouped)
+        await run.player.play(obs, session, sink)
+        share = sink.close()
+        await publisher.close(share)
         metrics.ROUNDS.labels("agent-host").inc()
-        p = collector.partial
-        log.info("round_played", run_id=run.run_id, round=opened.round, agents=p.n,
-                 valid=p.n_valid, infer_batches=session.batches_sent, guess_batches=batches,
+        log.info("round_played", run_id=run.run_id, round=opened.round, agents=share.n, valid=share.n_valid,
+                 infer_batches=session.batches_sent, outcome_batches=share.batches,
                  seconds=round(time.perf_counter() - t0, 3))
-
-    async def _run_turns(self, agents: list[Agent], turn: Turn, collector: GuessCollector,
-                         loop: asyncio.AbstractEventLoop) -> None:
-        total = len(agents)
-        if total == 0:
-            return
-        limit = min(self.settings.max_in_flight, total)
-        finished = loop.create_future()
-        state = {"next": 0, "left": total}
-        now = loop.time
-
-        async def play(agent: Agent) -> None:
-            started = now()
-            try:
-                value, raw = await agent.reply(turn)
-            except Exception as err:  # noqa: BLE001 - a user agent's bug is that agent's invalid answer
-                value, raw = None, f"<agent error: {type(err).__name__}: {err}>"
-            collector.add(agent.agent_id, value, raw, (now() - started) * 1000.0)
-
-        def launch() -> None:
-            i = state["next"]
-            if i < total:
-                state["next"] = i + 1
-                loop.create_task(play(agents[i])).add_done_callback(on_done)
-
-        def on_done(_task: asyncio.Task) -> None:
-            state["left"] -= 1
-            if state["left"] == 0:
-                finished.set_result(None)
-            else:
-                launch()
-
-        for k in range(limit):
-            launch()
-            if k % LAUNCH_SLICE == LAUNCH_SLICE - 1:
-                await asyncio.sleep(0)
-        turn.llm.flush()  # send what is queued now rather than after the flush timer
-        await finished

@@ -18,7 +18,6 @@ import asyncio
 import hashlib
 import itertools
 import json
-import math
 import socket
 import time
 from collections import OrderedDict
@@ -28,6 +27,8 @@ from dataclasses import dataclass
 from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from populace.core import synth
 
 CHARS_PER_TOKEN = 4
 """The tokenizer approximation: one token per 4 characters (a prompt's block boundaries too)."""
@@ -92,34 +93,16 @@ def last_user_text(messages: Sequence[Mapping[str, Any]]) -> str:
     return ""
 
 
-def _num(v: Any) -> float | None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        return None
-    return float(v)
-
-
-def guess_bounds(response_format: Any) -> tuple[int, int]:
-    """[lo, hi] for the answer's "guess": [0, 100], narrowed by a json_schema's bounds on "guess"."""
-    lo, hi = 0, 100
+def response_schema(response_format: Any) -> dict | None:
+    """The JSON schema of an OpenAI `response_format` ({"type": "json_schema", "json_schema":
+    {"schema": …}}; the schema one level up is tolerated), or None."""
     if not isinstance(response_format, Mapping) or response_format.get("type") != "json_schema":
-        return lo, hi
+        return None
     js = response_format.get("json_schema")
     schema = js.get("schema") if isinstance(js, Mapping) else None
     if not isinstance(schema, Mapping):
-        schema = response_format.get("schema")  # tolerate the schema one level up
-    props = schema.get("properties") if isinstance(schema, Mapping) else None
-    guess = props.get("guess") if isinstance(props, Mapping) else None
-    if not isinstance(guess, Mapping):
-        return lo, hi
-    if (x := _num(guess.get("maximum"))) is not None:
-        hi = math.floor(x)
-    if (x := _num(guess.get("exclusiveMaximum"))) is not None:
-        hi = min(hi, math.ceil(x) - 1)
-    if (x := _num(guess.get("minimum"))) is not None:
-        lo = math.ceil(x)
-    if (x := _num(guess.get("exclusiveMinimum"))) is not None:
-        lo = max(lo, math.floor(x) + 1)
-    return lo, max(lo, hi)
+        schema = response_format.get("schema")
+    return dict(schema) if isinstance(schema, Mapping) else None
 
 
 class SimModel:
@@ -172,12 +155,11 @@ class SimModel:
     # -- answers -----------------------------------------------------------------------
 
     def answer(self, messages: Sequence[Mapping[str, Any]], response_format: Any = None, seed: Any = None) -> str:
-        """`{"guess": N}`, N deterministic in the bounds from a hash of (cfg.seed, request seed,
-        last user message)."""
-        lo, hi = guess_bounds(response_format)
+        """An answer that satisfies the request's JSON schema (`populace.core.synth`), drawn
+        deterministically from a hash of (cfg.seed, request seed, last user message)."""
         key = f"{self.cfg.seed}\x00{seed!r}\x00{last_user_text(messages)}".encode()
         n = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big")
-        return json.dumps({"guess": lo + n % (hi - lo + 1)})
+        return synth.answer(response_schema(response_format), n, 0, 0)
 
     # -- the plan ------------------------------------------------------------------------
 

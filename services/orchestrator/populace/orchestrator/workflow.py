@@ -12,9 +12,10 @@ from populace.core.contracts import RoundResult, RunConfig, RunState
 
 @dataclass(frozen=True)
 class OpenRound:
+    """Open `round`; its observation and the environment's state are the new run state's."""
+
     round: int
     expected: int
-    history: list[float]
 
 
 @dataclass(frozen=True)
@@ -39,19 +40,19 @@ def on_spawned(state: RunState, host_id: str) -> tuple[RunState, list[Action]]:
         return state.model_copy(update={"spawned": spawned, "updated_at": time.time()}), []
     nxt = state.model_copy(update={"spawned": spawned, "status": "running", "round": 1,
                                    "updated_at": time.time()})
-    return nxt, [OpenRound(1, state.config.agents, [])]
+    return nxt, [OpenRound(1, state.config.agents)]
 
 
 def on_result(state: RunState, result: RoundResult) -> tuple[RunState, list[Action]]:
     if state.status != "running" or result.round != state.round:
         return state, []  # stale or replayed result
-    history = [*state.history, result.winner_value] if result.winner_value is not None else state.history
+    carried = {"env_state": result.state, "observation": result.observation, "updated_at": time.time()}
     if state.round >= state.config.rounds:
-        done = state.model_copy(update={"status": "done", "history": history, "updated_at": time.time()})
+        done = state.model_copy(update={"status": "done", **carried})
         return done, [FinishRun("completed", state.round)]
     n = state.round + 1
-    nxt = state.model_copy(update={"round": n, "history": history, "updated_at": time.time()})
-    return nxt, [OpenRound(n, state.config.agents, history)]
+    nxt = state.model_copy(update={"round": n, **carried})
+    return nxt, [OpenRound(n, state.config.agents)]
 
 
 def on_failure(state: RunState, reason: str) -> tuple[RunState, list[Action]]:

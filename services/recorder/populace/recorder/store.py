@@ -1,11 +1,17 @@
 """DuckDB store for run events. Ingestion is exactly-once: each transaction writes a batch of
 messages together with their message ids (`Nats-Msg-Id`) in a ledger; a redelivered or
 replayed message whose id is in the ledger is skipped, so a replay never double-counts —
-whatever order redeliveries arrive in."""
+whatever order redeliveries arrive in.
+
+A run's outcome and summary tables are the ones its simulation declared (`SimulationTables`,
+carried by the run's `started` event): the platform's columns plus the simulation's. They are
+created on first use; an existing table gains the columns it lacks (a database written by an
+older release keeps working). The store imports no simulation."""
 
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -13,9 +19,11 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
+from populace.core.contracts import (
+    LlmCallBatch, OutcomeBatch, RoundResult, RunDone, RunStarted, SimulationTables, SpawnBatch,
+)
 from populace.population.errors import PopulationError
 from populace.population.jsonl import parse_personas
-from populace.core.contracts import GuessBatch, LlmCallBatch, RoundResult, RunDone, RunStarted, SpawnBatch
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -24,14 +32,6 @@ CREATE TABLE IF NOT EXISTS runs (
 );
 CREATE TABLE IF NOT EXISTS agents (
     run_id VARCHAR, agent_id BIGINT, host_id VARCHAR, persona_json JSON
-);
-CREATE TABLE IF NOT EXISTS guesses (
-    run_id VARCHAR, round INTEGER, agent_id BIGINT, value DOUBLE, valid BOOLEAN, raw VARCHAR,
-    latency_ms DOUBLE
-);
-CREATE TABLE IF NOT EXISTS rounds (
-    run_id VARCHAR, round INTEGER, n_valid BIGINT, mean DOUBLE, target DOUBLE,
-    winner_agent_id BIGINT, winner_value DOUBLE, n BIGINT, n_winners BIGINT, closed_at TIMESTAMP
 );
 CREATE TABLE IF NOT EXISTS llm_calls (
     run_id VARCHAR, round INTEGER, agent_id BIGINT, replica VARCHAR, prompt_tokens INTEGER,
@@ -42,16 +42,37 @@ CREATE TABLE IF NOT EXISTS agent_profiles (
 );
 CREATE TABLE IF NOT EXISTS _ingested (msg_id VARCHAR PRIMARY KEY);
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS manifest_json JSON;
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS simulation VARCHAR;
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS tables_json JSON;
 """
 
-GUESS_SCHEMA = pa.schema([
-    ("run_id", pa.string()), ("round", pa.int32()), ("agent_id", pa.int64()),
-    ("value", pa.float64()), ("raw", pa.string()), ("latency_ms", pa.float64()),
-])
+ARROW = {"DOUBLE": pa.float64(), "BIGINT": pa.int64(), "VARCHAR": pa.string(), "BOOLEAN": pa.bool_(),
+         "JSON": pa.string()}
+
+
+class StoreError(RuntimeError):
+    """A run's declared tables clash with what the database holds."""
 
 
 def ts(epoch: float) -> datetime:
     return datetime.fromtimestamp(epoch, UTC).replace(tzinfo=None)
+
+
+def outcome_columns(t: SimulationTables) -> list[tuple[str, str]]:
+    """(name, type) of a run's outcome table, in table order."""
+    return [("run_id", "VARCHAR"), ("round", "INTEGER"), ("agent_id", "BIGINT"),
+            *((("group_id", "BIGINT"),) if t.grouped else ()),
+            *((c.name, c.type) for c in t.outcome_columns),
+            ("valid", "BOOLEAN"), ("raw", "VARCHAR"), ("latency_ms", "DOUBLE"), ("error", "VARCHAR")]
+
+
+def summary_columns(t: SimulationTables) -> list[tuple[str, str]]:
+    return [("run_id", "VARCHAR"), ("round", "INTEGER"), ("n", "BIGINT"), ("n_valid", "BIGINT"),
+            *((c.name, c.type) for c in t.summary_columns), ("closed_at", "TIMESTAMP")]
+
+
+def _q(name: str) -> str:
+    return f'"{name}"'  # identifiers are validated ([a-z_][a-z0-9_]*) by SimulationTables
 
 
 @dataclass
@@ -64,7 +85,7 @@ class Event:
 
 @dataclass
 class IngestResult:
-    guesses: int = 0
+    outcomes: int = 0
     calls: int = 0
     finished: list[RunDone] = field(default_factory=list)
 
@@ -73,6 +94,8 @@ class Store:
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
         self._con: duckdb.DuckDBPyConnection | None = None
+        self._tables: dict[str, SimulationTables] = {}  # by run id
+        self._ready: set[tuple[str, str]] = set()  # (table, spec) pairs created this connection
 
     @property
     def con(self) -> duckdb.DuckDBPyConnection:
@@ -80,6 +103,7 @@ class Store:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             self._con = duckdb.connect(self.path)
             self._con.execute(SCHEMA)
+            self._ready.clear()
         return self._con
 
     def close(self) -> None:
@@ -88,6 +112,45 @@ class Store:
             self._con.close()
             self._con = None
 
+    # -- the run's tables -----------------------------------------------------------------
+    def known_tables(self, run_id: str) -> SimulationTables | None:
+        """The run's tables if this process has seen them (no database access)."""
+        return self._tables.get(run_id)
+
+    def tables_of(self, run_id: str) -> SimulationTables | None:
+        """The run's declared tables: from its started event, or (after a restart) the runs table."""
+        spec = self._tables.get(run_id)
+        if spec is None:
+            row = self.con.execute("SELECT tables_json FROM runs WHERE run_id = ?", [run_id]).fetchone()
+            if row and row[0]:
+                spec = self._tables[run_id] = SimulationTables.model_validate_json(row[0])
+        return spec
+
+    def _ensure(self, table: str, columns: list[tuple[str, str]]) -> None:
+        key = (table, repr(columns))
+        if key in self._ready:
+            return
+        con = self.con
+        have = {r[0]: r[1] for r in con.execute(
+            "SELECT column_name, data_type FROM duckdb_columns() WHERE table_name = ? "
+            "AND database_name = current_database()", [table]).fetchall()}
+        if not have:
+            cols = ", ".join(f"{_q(n)} {t}" for n, t in columns)
+            con.execute(f"CREATE TABLE IF NOT EXISTS {_q(table)} ({cols})")
+        else:
+            for name, type_ in columns:
+                if name not in have:
+                    con.execute(f"ALTER TABLE {_q(table)} ADD COLUMN {_q(name)} {type_}")
+                elif have[name] != type_ and {have[name], type_} != {"VARCHAR", "JSON"}:
+                    raise StoreError(f"table {table}: column {name} is {have[name]} in {self.path}, "
+                                     f"but this run declares {type_} (another simulation uses the name?)")
+        self._ready.add(key)
+
+    def ensure_tables(self, spec: SimulationTables) -> None:
+        self._ensure(spec.outcomes, outcome_columns(spec))
+        self._ensure(spec.rounds, summary_columns(spec))
+
+    # -- ingestion ------------------------------------------------------------------------
     def _unseen(self, events: list[Event]) -> list[Event]:
         ids = [e.msg_id for e in events]
         seen = {r[0] for r in self.con.execute(
@@ -108,34 +171,30 @@ class Store:
         fresh = self._unseen(events)
         if not fresh:
             return out
-        cols: dict[str, list] = {k: [] for k in GUESS_SCHEMA.names}
+        outcomes: dict[str, list[OutcomeBatch]] = defaultdict(list)
         con.execute("BEGIN TRANSACTION")
         try:
             for e in fresh:
                 m = e.model
-                if isinstance(m, GuessBatch):
-                    n = len(m.agent_ids)
-                    cols["run_id"].extend([m.run_id] * n)
-                    cols["round"].extend([m.round] * n)
-                    cols["agent_id"].extend(m.agent_ids)
-                    cols["value"].extend(m.values)
-                    cols["raw"].extend(m.raws)
-                    cols["latency_ms"].extend(m.latency_ms)
+                if isinstance(m, OutcomeBatch):
+                    outcomes[m.run_id].append(m)
                 elif isinstance(m, LlmCallBatch):
-                    n = len(m.agent_ids)
                     con.execute(
                         "INSERT INTO llm_calls SELECT ?, ?, unnest(?), unnest(?), unnest(?), unnest(?), "
                         "unnest(?), unnest(?), unnest(?), ?",
                         [m.run_id, m.round, m.agent_ids, m.replicas, m.prompt_tokens, m.completion_tokens,
                          m.latency_ms, m.attempts, m.valid, m.batch_id],
                     )
-                    out.calls += n
+                    out.calls += len(m.agent_ids)
                 elif isinstance(m, RunStarted):
+                    self._tables[m.run_id] = m.tables
+                    self.ensure_tables(m.tables)
                     con.execute(
-                        "INSERT OR REPLACE INTO runs (run_id, started_at, config_json, status, hosts, manifest_json) "
-                        "VALUES (?, ?, ?, 'running', ?, ?)",
+                        "INSERT OR REPLACE INTO runs (run_id, started_at, config_json, status, hosts, manifest_json, "
+                        "simulation, tables_json) VALUES (?, ?, ?, 'running', ?, ?, ?, ?)",
                         [m.run_id, ts(m.started_at), m.config.model_dump_json(), m.hosts,
-                         json.dumps(m.manifest) if m.manifest is not None else None],
+                         json.dumps(m.manifest) if m.manifest is not None else None,
+                         m.config.simulation, m.tables.model_dump_json()],
                     )
                     if e.blob is not None:
                         self._insert_profiles(m.run_id, m.config.agents, e.blob)
@@ -146,31 +205,64 @@ class Store:
                             [m.run_id, m.host_id, first, first + count],
                         )
                 elif isinstance(m, RoundResult):
-                    con.execute(
-                        "INSERT INTO rounds VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        [m.run_id, m.round, m.n_valid, m.mean, m.target, m.winner_agent_id,
-                         m.winner_value, m.n, m.n_winners, ts(m.closed_at)],
-                    )
+                    self._insert_round(m)
                 elif isinstance(m, RunDone):
                     con.execute(
                         "UPDATE runs SET finished_at = ?, status = ?, reason = ? WHERE run_id = ?",
                         [ts(m.finished_at), m.status, m.reason, m.run_id],
                     )
                     out.finished.append(m)
-            if cols["agent_id"]:
-                con.register("guess_rows", pa.Table.from_pydict(cols, schema=GUESS_SCHEMA))
-                con.execute(
-                    "INSERT INTO guesses SELECT run_id, round, agent_id, value, value IS NOT NULL, "
-                    "raw, latency_ms FROM guess_rows"
-                )
-                con.unregister("guess_rows")
-                out.guesses = len(cols["agent_id"])
+            for run_id, batches in outcomes.items():
+                out.outcomes += self._insert_outcomes(run_id, batches)
             con.execute("INSERT INTO _ingested SELECT unnest(?)", [[e.msg_id for e in fresh]])
             con.execute("COMMIT")
         except Exception:
             con.execute("ROLLBACK")
             raise
         return out
+
+    def _spec(self, run_id: str) -> SimulationTables:
+        spec = self.tables_of(run_id)
+        if spec is None:
+            raise StoreError(f"run {run_id}: no started event recorded, so its tables are unknown")
+        self.ensure_tables(spec)
+        return spec
+
+    def _insert_outcomes(self, run_id: str, batches: list[OutcomeBatch]) -> int:
+        spec = self._spec(run_id)
+        types = dict(outcome_columns(spec))
+        cols: dict[str, list] = {name: [] for name in types}
+        for m in batches:
+            n = len(m.agent_ids)
+            cols["run_id"].extend([m.run_id] * n)
+            cols["round"].extend([m.round] * n)
+            cols["agent_id"].extend(m.agent_ids)
+            if spec.grouped:
+                cols["group_id"].extend(m.group_ids or [None] * n)
+            for c in spec.outcome_columns:
+                values = m.columns[c.name]
+                cols[c.name].extend(json.dumps(v) if c.type == "JSON" and v is not None else v for v in values)
+            cols["valid"].extend(m.valid)
+            cols["raw"].extend(m.raws)
+            cols["latency_ms"].extend(m.latency_ms)
+            cols["error"].extend(m.errors)
+        schema = pa.schema([(n, pa.int32() if t == "INTEGER" else ARROW[t]) for n, t in types.items()])
+        self.con.register("outcome_rows", pa.Table.from_pydict(cols, schema=schema))
+        try:
+            self.con.execute(f"INSERT INTO {_q(spec.outcomes)} BY NAME SELECT * FROM outcome_rows")
+        finally:
+            self.con.unregister("outcome_rows")
+        return len(cols["agent_id"])
+
+    def _insert_round(self, m: RoundResult) -> None:
+        spec = self._spec(m.run_id)
+        names = ["run_id", "round", "n", "n_valid", *(c.name for c in spec.summary_columns), "closed_at"]
+        values = [m.run_id, m.round, m.n, m.n_valid,
+                  *(json.dumps(m.summary.get(c.name)) if c.type == "JSON" else m.summary.get(c.name)
+                    for c in spec.summary_columns),
+                  ts(m.closed_at)]
+        self.con.execute(f"INSERT INTO {_q(spec.rounds)} ({', '.join(map(_q, names))}) "
+                         f"VALUES ({', '.join('?' * len(names))})", values)
 
     def _insert_profiles(self, run_id: str, agents: int, blob: bytes) -> None:
         try:
@@ -191,13 +283,20 @@ class Store:
                          "FROM profile_rows", [run_id])
         self.con.unregister("profile_rows")
 
-    def count_guesses(self, run_id: str) -> int:
-        return self.con.execute("SELECT count(*) FROM guesses WHERE run_id = ?", [run_id]).fetchone()[0]
+    def count_outcomes(self, run_id: str) -> int:
+        spec = self.tables_of(run_id)
+        if spec is None:
+            return 0
+        self.ensure_tables(spec)
+        return self.con.execute(f"SELECT count(*) FROM {_q(spec.outcomes)} WHERE run_id = ?",
+                                [run_id]).fetchone()[0]
 
     def completeness(self, run_id: str) -> tuple[int, int]:
-        """(guesses recorded, guesses the environment counted in the run's round results)."""
-        got = self.count_guesses(run_id)
-        expected = self.con.execute("SELECT coalesce(sum(n), 0) FROM rounds WHERE run_id = ?",
+        """(outcomes recorded, outcomes the environment counted in the run's round results)."""
+        spec = self.tables_of(run_id)
+        if spec is None:
+            return 0, 0
+        got = self.count_outcomes(run_id)
+        expected = self.con.execute(f"SELECT coalesce(sum(n), 0) FROM {_q(spec.rounds)} WHERE run_id = ?",
                                     [run_id]).fetchone()[0]
         return got, int(expected)
-

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 
-from populace.games.rules import finite_in_range
+from populace_ratio_game.rules import finite_in_range
 
 _NUMBER = re.compile(r"-?[0-9]+(?:\.[0-9]+)?")  # ASCII digits only
 

@@ -11,10 +11,7 @@ Ratios are shown exactly as the scenario wrote them ("2/3", "51/100", "0.5").
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterable, Mapping
-
-from populace.core.contracts import GameConfig, PromptConfig
+from populace_ratio_game.params import GameConfig, PromptConfig
 
 # Bump when any text below changes: the manifest records it with every run.
 PROMPT_VERSION = "ratio-game-v2"
@@ -38,11 +35,6 @@ USER_REQUESTS: dict[str, str] = {
     "direct": "Report your number.",
     "cot": "Think step by step, then report your number.",
 }
-
-# Profile keys the persona sentence already states.
-_STATED = {"name", "age", "gender", "sex"}
-# A categorical attribute with more values than this is not summarised in the population note.
-NOTE_MAX_CATEGORIES = 12
 
 
 def _num(x: float) -> str:
@@ -97,56 +89,3 @@ def answer_schema(game: GameConfig, answer: str = "direct") -> dict:
 def history_text(history: list[float], window: int) -> str:
     shown = history[-window:] if window else []
     return ", ".join(_num(v) for v in shown)
-
-
-def _label(key: str) -> str:
-    return key.replace("_", " ").strip().capitalize()
-
-
-def persona_text(record: Mapping) -> str:
-    """One agent's background, from a personas JSONL record ({profile, persona, …}).
-    The persona's own fields come first, then every profile attribute it does not state."""
-    persona = record.get("persona") or {}
-    profile = record.get("profile") or {}
-    name = persona.get("name") or profile.get("name")
-    age = persona.get("age", profile.get("age"))
-    gender = persona.get("gender", profile.get("gender"))
-    who = [f"You are {name}" if name else "You are a player"]
-    if age is not None:
-        who.append(f"{_num(age) if isinstance(age, (int, float)) else age} years old")
-    if gender:
-        who.append(str(gender))
-    parts = [", ".join(who) + "."]
-    for key, value in profile.items():
-        if key.lower() not in _STATED and value is not None:
-            parts.append(f"{_label(key)}: {_num(value) if isinstance(value, (int, float)) else value}.")
-    description = (persona.get("description") or "").strip()
-    if description:
-        parts.append(description if description.endswith(".") else description + ".")
-    return " ".join(parts)
-
-
-def population_note(profiles: Iterable[Mapping]) -> str:
-    """The population's make-up in one paragraph: each categorical attribute's shares and each
-    numeric attribute's range, e.g. "The players are 50 people. Education: 20% Ph.D., …"."""
-    profiles = list(profiles)
-    if not profiles:
-        return ""
-    keys: list[str] = []
-    for p in profiles:
-        keys.extend(k for k in p if k not in keys)
-    parts = [f"The players are {len(profiles)} people."]
-    for key in keys:
-        values = [p[key] for p in profiles if p.get(key) is not None]
-        if not values:
-            continue
-        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-            lo, hi = min(values), max(values)
-            parts.append(f"{_label(key)}: from {_num(lo)} to {_num(hi)}.")
-            continue
-        counts = Counter(str(v) for v in values)
-        if len(counts) > NOTE_MAX_CATEGORIES:
-            continue
-        shares = ", ".join(f"{round(100 * c / len(profiles))}% {v}" for v, c in counts.most_common())
-        parts.append(f"{_label(key)}: {shares}.")
-    return " ".join(parts)

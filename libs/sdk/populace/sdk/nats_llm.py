@@ -1,0 +1,157 @@
+"""The LLM port on the fleet: `ask()` returns at once with a future; requests are batched
+(~1,000 prompts per message, or whatever arrived within a few ms) into one `llm.infer`
+request per (system prompt, answer schema). Batching lives here, in the transport, never in
+the agents."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import random
+
+from nats.aio.client import Client
+from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
+
+from populace.core import logs, metrics, subjects, telemetry
+from populace.core.contracts import InferBatch, InferReply, ModelConfig
+from populace.core.telemetry import tracer
+from populace.sdk.llm import InferError
+
+log = logs.get("populace.llm")
+_batch_ids = itertools.count()
+
+# A batch's encoded prompts are kept well under NATS' default 1 MB max_payload.
+MAX_BATCH_BYTES = 512 * 1024
+# A real model's batch may take as long as its tokens at the slowest decode we plan for
+# (20 tokens/s for the whole batch: SmolLM2 with chain of thought on a busy 2-core CPU).
+# Waiting less makes the agent re-send work the gateway is still doing, which only adds load.
+SECONDS_PER_TOKEN = 0.05
+
+
+class _Pending:
+    """Requests waiting to leave in one batch: they share a system prompt and a schema."""
+
+    __slots__ = ("system", "schema", "keys", "prompts", "prefix", "futs", "bytes", "timer")
+
+    def __init__(self, system: str, schema: dict | None) -> None:
+        self.system, self.schema = system, schema
+        self.keys: list[int] = []
+        self.prompts: list[str] = []
+        self.prefix: list[int] = []
+        self.futs: list[asyncio.Future] = []
+        self.bytes = 0
+        self.timer: asyncio.TimerHandle | None = None
+
+
+class InferSession:
+    """One round's requests from one host."""
+
+    def __init__(self, nc: Client, *, run_id: str, round_: int, model: ModelConfig, system: str,
+                 response_schema: dict | None = None, batch_size: int = 1000, flush_s: float = 0.005,
+                 timeout_s: float = 60.0, attempts: int = 3, host_id: str = "") -> None:
+        self._nc = nc
+        self._loop = asyncio.get_running_loop()
+        self._run_id, self._round, self._model = run_id, round_, model
+        self._id_prefix = f"{host_id}.{run_id}.{round_}."
+        self._batch_size = batch_size
+        self._flush_s = flush_s
+        self._timeout = timeout_s
+        self._per_prompt_s = 0.0 if model.backend == "dummy" else model.max_tokens * SECONDS_PER_TOKEN
+        self._attempts = attempts
+        self._default = _Pending(system, response_schema)
+        self._other: dict[tuple[str, str], _Pending] = {}  # calls that brought their own system/schema
+        self._sending: set[asyncio.Task] = set()
+        self.batches_sent = 0
+
+    def _pending_for(self, system: str | None, schema: dict | None) -> _Pending:
+        if system is None and schema is None:
+            return self._default
+        system = self._default.system if system is None else system
+        schema = self._default.schema if schema is None else schema
+        key = (system, json.dumps(schema, sort_keys=True))
+        pending = self._other.get(key)
+        if pending is None:
+            pending = self._other[key] = _Pending(system, schema)
+        return pending
+
+    def ask(self, prompt: str, *, key: int, prefix_chars: int = 0, system: str | None = None,
+            schema: dict | None = None) -> asyncio.Future:
+        fut = self._loop.create_future()
+        p = self._pending_for(system, schema)
+        p.keys.append(key)
+        p.prompts.append(prompt)
+        p.prefix.append(prefix_chars)
+        p.futs.append(fut)
+        p.bytes += len(prompt) + 16
+        if len(p.keys) >= self._batch_size or p.bytes >= MAX_BATCH_BYTES:
+            self._flush(p)
+        elif p.timer is None:
+            p.timer = self._loop.call_later(self._flush_s, self._flush, p)
+        return fut
+
+    def flush(self) -> None:
+        """Send everything queued now rather than after the flush timer."""
+        self._flush(self._default)
+        for p in self._other.values():
+            self._flush(p)
+
+    def _flush(self, p: _Pending) -> None:
+        if p.timer is not None:
+            p.timer.cancel()
+            p.timer = None
+        if not p.keys:
+            return
+        keys, prompts, futs, prefix = p.keys, p.prompts, p.futs, p.prefix
+        p.keys, p.prompts, p.futs, p.prefix, p.bytes = [], [], [], [], 0
+        batch = InferBatch(batch_id=f"{self._id_prefix}{next(_batch_ids)}", run_id=self._run_id,
+                           round=self._round, model=self._model, system=p.system,
+                           response_schema=p.schema, keys=keys, prompts=prompts,
+                           prefix_chars=prefix if any(prefix) else None)
+        task = self._loop.create_task(self._send(batch, futs))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _send(self, batch: InferBatch, futs: list[asyncio.Future]) -> None:
+        data = batch.model_dump_json().encode()
+        n = len(batch.keys)
+        self.batches_sent += 1
+        metrics.batch("agent-host", "infer", n)
+        in_flight = metrics.LLM_IN_FLIGHT.labels("agent-host")
+        in_flight.inc(n)
+        try:
+            with tracer.start_as_current_span("agent-host.infer", attributes={"populace.prompts": n}):
+                await self._request(batch.batch_id, data, futs, tracing=telemetry.inject())
+        finally:
+            in_flight.dec(n)
+
+    async def _request(self, batch_id: str, data: bytes, futs: list[asyncio.Future], tracing: dict) -> None:
+        error: str = ""
+        for attempt in range(self._attempts):
+            try:
+                msg = await self._nc.request(subjects.LLM_INFER, data,
+                                             timeout=self._timeout + len(futs) * self._per_prompt_s,
+                                             headers=tracing or None)
+                reply = InferReply.model_validate_json(msg.data)
+                if reply.error:
+                    raise InferError(reply.error)
+                if len(reply.texts) != len(futs):
+                    raise InferError(f"gateway answered {len(reply.texts)} of {len(futs)} prompts")
+                for fut, text in zip(futs, reply.texts):
+                    if not fut.done():
+                        fut.set_result(text)
+                return
+            except (NatsTimeout, NoRespondersError, InferError, asyncio.TimeoutError) as err:
+                error = f"{type(err).__name__}: {err}"
+                log.warning("infer_retry", batch=batch_id, attempt=attempt + 1, error=error)
+                # Idempotent retry with jittered backoff: the gateway may be momentarily full.
+                await asyncio.sleep(min(2.0, 0.1 * 2**attempt) * (0.5 + random.random()))
+        exc = InferError(error or "gateway unavailable")
+        for fut in futs:
+            if not fut.done():
+                fut.set_exception(exc)
+
+    async def drain(self) -> None:
+        self.flush()
+        while self._sending:
+            await asyncio.gather(*list(self._sending), return_exceptions=True)

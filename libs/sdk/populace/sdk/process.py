@@ -1,0 +1,129 @@
+"""One agent per OS process (the paper's mapping for compute-heavy agents).
+
+Each agent lives in its own forked process and runs its very own `turn()` code there; only
+its LLM calls travel, through a pipe, to the host, which batches them with everyone else's
+(`PipeLLM` is the child's LLM port). The host keeps a small proxy per agent. Observations,
+outcomes and group news are pickled across the pipe."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+from multiprocessing.connection import Connection
+from typing import Any
+
+from populace.sdk.agent import Agent
+from populace.sdk.llm import LLM, InferError
+from populace.sdk.outcome import Outcome
+from populace.sdk.simulation import Observation
+
+
+class AgentRaised(RuntimeError):
+    """The agent's turn raised in its own process; the message carries its type and text."""
+
+
+class PipeLLM:
+    """The child's LLM port: sends the request to the host and waits for the text."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+
+    def ask(self, prompt: str, *, key: int, prefix_chars: int = 0, system: str | None = None,
+            schema: dict | None = None) -> asyncio.Future:
+        self._conn.send(("ask", prompt, prefix_chars, system, schema))
+        text, error = self._conn.recv()
+        fut = asyncio.get_running_loop().create_future()
+        if error is not None:
+            fut.set_exception(InferError(error))
+        else:
+            fut.set_result(text)
+        return fut
+
+
+def _child_main(conn: Connection, agent: Agent) -> None:
+    llm = PipeLLM(conn)
+    loop = asyncio.new_event_loop()
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg[0] == "stop":
+            return
+        if msg[0] == "settled":
+            try:
+                agent.settled(msg[1], msg[2])
+            except Exception:  # noqa: BLE001, S110 - the host already recorded the outcome
+                pass
+            continue
+        try:
+            out = loop.run_until_complete(agent.turn(msg[1], llm))
+        except InferError as err:
+            conn.send(("infer_error", str(err)))
+        except Exception as err:  # noqa: BLE001
+            conn.send(("raised", f"{type(err).__name__}: {err}"))
+        else:
+            conn.send(("done", out))
+
+
+class ProcessAgent(Agent):
+    """Host-side proxy of an agent that runs in its own process."""
+
+    __slots__ = ("proc", "conn", "pid")
+
+    def __init__(self, agent: Agent) -> None:
+        super().__init__(agent.id, agent.persona, agent.sim)
+        ctx = mp.get_context("fork")
+        parent, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_child_main, args=(child, agent), daemon=True)
+        self.proc.start()
+        child.close()
+        self.conn = parent
+        self.pid = self.proc.pid
+
+    async def _recv(self) -> Any:
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        fd = self.conn.fileno()
+
+        def ready() -> None:
+            loop.remove_reader(fd)
+            try:
+                fut.set_result(self.conn.recv())
+            except Exception as err:  # noqa: BLE001 - the child died
+                fut.set_exception(err)
+
+        loop.add_reader(fd, ready)
+        return await fut
+
+    async def turn(self, obs: Observation, llm: LLM) -> Outcome:
+        self.conn.send(("turn", obs))
+        while True:
+            msg = await self._recv()
+            if msg[0] == "ask":
+                _, prompt, prefix_chars, system, schema = msg
+                try:
+                    text, error = await llm.ask(prompt, key=self.id, prefix_chars=prefix_chars,
+                                                system=system, schema=schema), None
+                except InferError as err:
+                    text, error = None, str(err)
+                self.conn.send((text, error))
+            elif msg[0] == "done":
+                return msg[1]
+            elif msg[0] == "infer_error":
+                raise InferError(msg[1])
+            else:
+                raise AgentRaised(msg[1])
+
+    def settled(self, outcome: Outcome, news: Any) -> None:
+        self.conn.send(("settled", outcome, news))
+
+    def stop(self) -> None:
+        try:
+            self.conn.send(("stop",))
+        except OSError:
+            pass
+        self.proc.join(timeout=2)
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.conn.close()

@@ -1,0 +1,91 @@
+"""Finding a simulation by name: an entry point in the group `populace.simulations`
+(`ratio-game`, or a user's installed package), or an import path (`mypkg.sim:PublicGoods`).
+Services load simulations this way, never by import, so any installed package runs on them.
+
+`resolve(config)` validates a run's config against its simulation: the simulation's own
+sections by its Params model (errors name the field as the scenario wrote it), its model
+defaults filled in, its placement constraints checked.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib.metadata import entry_points
+
+from pydantic import ValidationError
+
+from populace.core.contracts import RunConfig
+from populace.sdk.simulation import Params, Simulation, SimulationError
+
+ENTRY_POINT_GROUP = "populace.simulations"
+
+
+def available() -> dict[str, str]:
+    """Installed simulations: entry-point name -> `module:attr`."""
+    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+@lru_cache(maxsize=64)
+def load_simulation(name: str) -> type[Simulation]:
+    """The simulation class `name` refers to; SimulationError naming what failed."""
+    if ":" in name:
+        module_name, _, attr = name.partition(":")
+        what = f"simulation {name!r} (import path)"
+        try:
+            obj = getattr(importlib.import_module(module_name), attr)
+        except Exception as err:  # noqa: BLE001 - an import may fail any way; the message names it
+            raise SimulationError(f"{what}: cannot import: {type(err).__name__}: {err}") from None
+    else:
+        found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
+        if not found:
+            known = ", ".join(sorted(available())) or "(none installed)"
+            raise SimulationError(f"unknown simulation {name!r}; installed: {known} (or give an import "
+                                  "path such as mypkg.sim:MySimulation)")
+        what = f"simulation {name!r} (package {found[0].value.split(':')[0]})"
+        try:
+            obj = found[0].load()
+        except Exception as err:  # noqa: BLE001
+            raise SimulationError(f"{what}: cannot import: {type(err).__name__}: {err}") from None
+    if not (isinstance(obj, type) and issubclass(obj, Simulation)):
+        raise SimulationError(f"{what} is {obj!r}, not a populace.sdk.Simulation subclass")
+    obj.check()
+    return obj
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A run's config checked against its simulation."""
+
+    config: RunConfig  # the simulation's sections normalised, model defaults filled in
+    simulation: type[Simulation]
+    params: Params
+
+    def instance(self, run_id: str = "", cast=None) -> Simulation:
+        c = self.config
+        return self.simulation(self.params, agents=c.agents, rounds=c.rounds, seed=c.seed,
+                               run_id=run_id, cast=cast)
+
+
+def resolve(config: RunConfig) -> Resolved:
+    """Raises SimulationError (cannot load) or ValidationError (bad params, named by field)."""
+    sim = load_simulation(config.simulation)
+    params = sim.Params.model_validate(config.params)
+    try:
+        sim.check_run(params, config)
+    except ValueError as err:
+        raise _error(str(err), config.params) from None
+    data = config.model_dump(mode="json", exclude=set(config.params))
+    data.update(params.model_dump(mode="json"))
+    defaults = sim.model_defaults(params)
+    if defaults:
+        given = config.model.model_fields_set
+        data["model"] = {**data["model"], **{k: v for k, v in defaults.items() if k not in given}}
+    return Resolved(RunConfig.model_validate(data), sim, params)
+
+
+def _error(message: str, data: dict) -> ValidationError:
+    """A ValidationError carrying one message (its text starts with the field it is about)."""
+    return ValidationError.from_exception_data(
+        "RunConfig", [{"type": "value_error", "loc": (), "input": data, "ctx": {"error": ValueError(message)}}])

@@ -1,0 +1,199 @@
+"""A simulation: the one thing a user writes to run their own agents on the fleet.
+
+    class PublicGoods(Simulation):
+        name = "public-goods"          # how scenarios name it (also its entry point)
+        Params = GameParams            # the scenario's own sections, validated
+        Agent = Contributor            # an Agent subclass
+        Env = PublicGoodsEnv           # an Env subclass (reduce, merge, decide)
+        GroupEnv = Group               # optional: settles each group on its host
+        Outcome = Contribution         # columns recorded per agent per round
+        Observation = Seen             # what every agent sees in a round
+        Summary = RoundSummary         # columns recorded per round
+
+        def system_prompt(self) -> str: ...
+        def answer_schema(self) -> dict | None: ...
+        def group_size(self) -> int | None: ...
+
+The class declares; an instance is one run of it (its validated params, agent count, seed
+and cast), shared by reference by every agent of the run on a process (`agent.sim`).
+"""
+
+from __future__ import annotations
+
+import re
+import typing
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+from populace.core.contracts import Column, RunConfig, SimulationTables
+from populace.sdk.agent import Agent
+from populace.sdk.env import Env, GroupEnv
+from populace.sdk.outcome import Outcome, OutcomeError, column_type, outcome_fields
+
+if TYPE_CHECKING:
+    from populace.population.cast import Cast
+
+PLATFORM_SUMMARY_COLUMNS = ("run_id", "round", "n", "n_valid", "closed_at")
+# Tables the platform owns; a simulation's tables take other names.
+RESERVED_TABLES = ("runs", "agents", "llm_calls", "agent_profiles", "_ingested")
+_IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+class Params(BaseModel):
+    """A simulation's parameters: the scenario's top-level keys that are not the platform's
+    (`agents`, `rounds`, `model` …). Unknown keys are errors, so a typo names itself."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Observation(BaseModel):
+    """What every agent sees in a round (parsed once per host per round, shared by all its
+    agents). `functools.cached_property` works for values derived once per round."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    round: int = 0
+
+
+class Summary(BaseModel):
+    """A round's summary: the columns recorded once per round (besides n and n_valid)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class SimulationError(ValueError):
+    """A simulation that cannot be loaded or is declared wrongly; the message says which and why."""
+
+
+class Simulation:
+    name: ClassVar[str] = ""
+    Params: ClassVar[type[Params]] = Params
+    Agent: ClassVar[type[Agent]] = Agent
+    Env: ClassVar[type[Env]] = Env
+    GroupEnv: ClassVar[type[GroupEnv] | None] = None
+    Outcome: ClassVar[type[Outcome]] = Outcome
+    Observation: ClassVar[type[Observation]] = Observation
+    Summary: ClassVar[type[Summary]] = Summary
+    outcome_table: ClassVar[str] = ""  # default: "<name>_outcomes"
+    summary_table: ClassVar[str] = ""  # default: "<name>_rounds"
+    prompt_version: ClassVar[str] = ""  # bump when a prompt text changes; recorded in the manifest
+    # For reports: summary columns on the measure's scale (drawn as lines with it), and bounds.
+    reference_columns: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, params: Params, *, agents: int, rounds: int = 1, seed: int = 0,
+                 run_id: str = "", cast: Cast | None = None) -> None:
+        self.params = params
+        self.agents = agents
+        self.rounds = rounds
+        self.seed = seed
+        self.run_id = run_id
+        self.cast = cast  # who the agents are (None: no population)
+
+    # -- what a simulation may override ------------------------------------------------
+    def system_prompt(self) -> str:
+        """The system prompt every agent's request shares (replicas cache it)."""
+        return ""
+
+    def answer_schema(self) -> dict | None:
+        """The JSON schema every answer must satisfy (one structured call per decision)."""
+        return None
+
+    def group_size(self) -> int | None:
+        """Agents per group for the GroupEnv (groups are consecutive agent ids; the last may be
+        smaller). None: no groups."""
+        return None
+
+    def user_example(self) -> str | None:
+        """A user prompt as agent 0 would send it in round 1, for the run's manifest."""
+        return None
+
+    @classmethod
+    def model_defaults(cls, params: Params) -> dict[str, Any]:
+        """`model.*` defaults these params want when the scenario does not set them, e.g.
+        {"max_tokens": 256} for chain of thought."""
+        return {}
+
+    @classmethod
+    def check_run(cls, params: Params, config: RunConfig) -> None:
+        """Raise ValueError (its message starting with the field) when these params cannot run
+        with the rest of the scenario (its agent count, population …)."""
+
+    @classmethod
+    def equilibrium(cls, params: Params) -> float | None:
+        """The theory's prediction for the measure, drawn in reports (None: no line)."""
+        return None
+
+    @classmethod
+    def measure_range(cls, params: Params) -> tuple[float, float] | None:
+        """The measure's possible range, for plot axes (None: from the data)."""
+        return None
+
+    # -- derived, for the platform -------------------------------------------------------
+    @classmethod
+    def slug(cls) -> str:
+        return re.sub(r"[^a-z0-9_]", "_", cls.name.lower())
+
+    @classmethod
+    def tables(cls) -> SimulationTables:
+        fields = outcome_fields(cls.Outcome)
+        measure = cls.Outcome.measure or (fields[0][0] if fields else None)
+        if measure is not None and measure not in dict(fields):
+            raise OutcomeError(f"{cls.Outcome.__name__}.measure: {measure!r} is not one of its columns")
+        kind = None
+        if measure is not None:
+            kind = "numeric" if column_type(dict(fields)[measure]) in ("DOUBLE", "BIGINT") else "categorical"
+        return SimulationTables(
+            simulation=cls.name,
+            outcomes=cls.outcome_table or f"{cls.slug()}_outcomes",
+            outcome_columns=[Column(name=n, type=column_type(a)) for n, a in fields],
+            rounds=cls.summary_table or f"{cls.slug()}_rounds",
+            summary_columns=[Column(name=n, type=column_type(a)) for n, a in summary_fields(cls.Summary)],
+            grouped=cls.GroupEnv is not None,
+            measure=measure,
+            measure_kind=kind,
+        )
+
+    @classmethod
+    def check(cls) -> None:
+        """Raise SimulationError listing what is wrong with this declaration."""
+        problems: list[str] = []
+        where = f"simulation {cls.name or cls.__qualname__!r}"
+        if not cls.name or not re.fullmatch(r"[A-Za-z0-9_.:-]+", cls.name):
+            problems.append("`name` must be set (letters, digits, '-', '_', '.')")
+        for attr, base in (("Params", Params), ("Agent", Agent), ("Env", Env), ("Outcome", Outcome),
+                           ("Observation", Observation), ("Summary", Summary)):
+            value = getattr(cls, attr, None)
+            if not (isinstance(value, type) and issubclass(value, base)):
+                problems.append(f"`{attr}` must be a subclass of {base.__module__}.{base.__qualname__}")
+        if cls.Agent is Agent or cls.Agent.turn is Agent.turn:
+            problems.append("`Agent` must be your Agent subclass with an `async def turn(self, obs, llm)`")
+        if cls.Env is Env or cls.Env.reduce is Env.reduce:
+            problems.append("`Env` must be your Env subclass with reduce, merge and decide")
+        if cls.GroupEnv is not None and not (isinstance(cls.GroupEnv, type) and issubclass(cls.GroupEnv, GroupEnv)):
+            problems.append("`GroupEnv` must be a subclass of populace.sdk.GroupEnv (or None)")
+        if not problems:
+            try:
+                tables = cls.tables()
+            except (OutcomeError, ValueError) as err:
+                problems.append(str(err))
+            else:
+                for label, table in (("outcome_table", tables.outcomes), ("summary_table", tables.rounds)):
+                    if not _IDENT.match(table) or table in RESERVED_TABLES:
+                        problems.append(f"`{label}` {table!r} must be a lower-case identifier and not one of "
+                                        f"{', '.join(RESERVED_TABLES)}")
+                if tables.outcomes == tables.rounds:
+                    problems.append("`outcome_table` and `summary_table` must differ")
+        if problems:
+            raise SimulationError(f"{where} ({cls.__module__}.{cls.__qualname__}) is not valid:\n  - "
+                                  + "\n  - ".join(problems))
+
+
+def summary_fields(cls: type[Summary]) -> list[tuple[str, Any]]:
+    hints = typing.get_type_hints(cls)
+    out = []
+    for name in cls.model_fields:
+        if name in PLATFORM_SUMMARY_COLUMNS:
+            raise OutcomeError(f"{cls.__name__}.{name}: the platform records that summary column itself")
+        out.append((name, hints[name]))
+    return out

@@ -1,0 +1,66 @@
+"""Where one round's outcomes leave a host: outcome batches (~1,000 per message) to the
+recorder via JetStream async publishes, a progress tick per batch, and — only once JetStream
+stored every batch — the host's partial to the environment."""
+
+from __future__ import annotations
+
+import asyncio
+
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+
+from populace.core import bus, metrics, subjects, telemetry
+from populace.core.contracts import OutcomeBatch, Progress, RoundPartial
+from populace.sdk.play import OutcomeBatch as Batch, RoundShare
+
+
+class OutcomePublisher:
+    def __init__(self, nc: Client, js: JetStreamContext, *, run_id: str, round_: int, host_id: str) -> None:
+        self._nc, self._js = nc, js
+        self.run_id, self.round, self.host_id = run_id, round_, host_id
+        # (subject, data, headers, PubAck future) of every batch, until the round closes
+        self._sent: list[tuple[str, bytes, dict, asyncio.Future]] = []
+        self._publishing: list[asyncio.Task] = []
+
+    def emit(self, batch: Batch) -> None:
+        """Called by the OutcomeSink for every full batch (synchronously, on the hot path)."""
+        envelope = OutcomeBatch.model_construct(
+            v=1, run_id=self.run_id, round=self.round, host_id=self.host_id, seq=batch.seq,
+            agent_ids=batch.agent_ids, columns=batch.columns, valid=batch.valid, raws=batch.raws,
+            latency_ms=batch.latency_ms, errors=batch.errors, group_ids=batch.group_ids,
+        )
+        metrics.batch("agent-host", "outcomes", len(batch.agent_ids))
+        self._publishing.append(asyncio.get_running_loop().create_task(self._publish(envelope)))
+
+    async def _publish(self, batch: OutcomeBatch) -> None:
+        shard = f"{self.host_id}-{batch.seq}"
+        data = batch.model_dump_json().encode()
+        subject = subjects.run_outcomes(self.run_id, self.round, self.host_id)
+        headers = telemetry.inject({"Nats-Msg-Id": subjects.msg_id(self.run_id, self.round, shard, "outcomes")})
+        ack = await self._js.publish_async(subject, data, headers=headers)
+        self._sent.append((subject, data, headers, ack))
+        tick = Progress(run_id=self.run_id, round=self.round, host_id=self.host_id,
+                        answered=len(batch.agent_ids))
+        await self._nc.publish(subjects.progress(self.run_id, self.round, self.host_id), bus.encode(tick))
+
+    async def _confirm(self, subject: str, data: bytes, headers: dict, ack: asyncio.Future) -> None:
+        """Wait for a batch's PubAck; republish it if JetStream did not store it (e.g. during a
+        leader election). The same Nats-Msg-Id makes the republish a no-op if it was stored."""
+        try:
+            await ack
+        except bus.TRANSIENT:
+            await bus.until_ready(lambda: self._js.publish(subject, data, headers=headers, timeout=5.0),
+                                  f"republish {subject}")
+
+    async def close(self, share: RoundShare) -> None:
+        """Wait until JetStream stored every batch, then publish the partial. Ordering matters:
+        the partial (and so the round result and the run's end) is stored after every outcome
+        it summarises."""
+        await asyncio.gather(*self._publishing)
+        await asyncio.gather(*(self._confirm(*sent) for sent in self._sent))
+        self._sent.clear()
+        payload = share.partial.model_dump(mode="json") if share.partial is not None else {}
+        partial = RoundPartial(run_id=self.run_id, round=self.round, host_id=self.host_id, n=share.n,
+                               n_valid=share.n_valid, payload=payload)
+        await bus.publish_js(self._js, subjects.run_partial(self.run_id, self.round, self.host_id),
+                             partial, msg_id=subjects.msg_id(self.run_id, self.round, self.host_id, "partial"))

@@ -1,0 +1,51 @@
+"""Checking an outcome batch's columns against the run's declared tables, in pydantic-core:
+a batch whose columns are not exactly the declared ones, or whose values do not fit their
+types (NaN, infinities, out-of-range integers included), is refused whole."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
+
+from populace.core.contracts import OutcomeBatch, SimulationTables
+
+_INT64 = Annotated[int, Field(ge=-(2**63), lt=2**63)]
+_STRICT_FLOATS = ConfigDict(allow_inf_nan=False)
+ADAPTERS: dict[str, TypeAdapter] = {
+    "DOUBLE": TypeAdapter(list[float | None], config=_STRICT_FLOATS),
+    "BIGINT": TypeAdapter(list[_INT64 | None]),
+    "VARCHAR": TypeAdapter(list[str | None]),
+    "BOOLEAN": TypeAdapter(list[bool | None]),
+    "JSON": TypeAdapter(list[Any]),
+}
+_IDS = TypeAdapter(list[_INT64])
+_LATENCY = TypeAdapter(list[float], config=_STRICT_FLOATS)
+
+
+class BadColumns(ValueError):
+    pass
+
+
+def check_outcomes(batch: OutcomeBatch, tables: SimulationTables) -> OutcomeBatch:
+    """The batch with its columns validated (and coerced) by their declared types."""
+    declared = {c.name: c.type for c in tables.outcome_columns}
+    if set(batch.columns) != set(declared):
+        raise BadColumns(f"columns {sorted(batch.columns)} are not the run's outcome columns {sorted(declared)}")
+    if tables.grouped != (batch.group_ids is not None):
+        raise BadColumns("group_ids must be given exactly when the simulation has groups")
+    columns = {}
+    checks = [(f"columns.{name}", ADAPTERS[declared[name]], values) for name, values in batch.columns.items()]
+    checks += [("agent_ids", _IDS, batch.agent_ids), ("latency_ms", _LATENCY, batch.latency_ms)]
+    if batch.group_ids is not None:
+        checks.append(("group_ids", _IDS, batch.group_ids))
+    for where, adapter, values in checks:
+        try:
+            checked = adapter.validate_python(values)
+        except ValidationError as err:
+            first = err.errors()[0]
+            raise BadColumns(f"{where}[{first['loc'][0] if first['loc'] else ''}]: {first['msg']} "
+                             f"(got {first.get('input')!r})") from None
+        if where.startswith("columns."):
+            columns[where.removeprefix("columns.")] = checked
+    return batch.model_copy(update={"columns": columns})
