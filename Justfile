@@ -42,6 +42,10 @@ bench-1m:
 lint:
     uv run --with ruff ruff check .
 
+# AsyncAPI documents of every service (each subject with its payload schema) under docs/asyncapi/
+asyncapi:
+    for s in orchestrator agent_host environment gateway recorder; do uv run faststream docs gen populace.$s.app:faststream_app --factory --out docs/asyncapi/$s.json; done
+
 # Where the documentation lives
 docs:
     @echo "Docs: README.md (overview, CLI, populations, prompts, sweeps, reports), deploy/README.md (Docker image, compose, POPULACE_* settings), deploy/CLUSTER.md and deploy/AUTH.md."

@@ -28,11 +28,11 @@ import nats.errors
 import pytest
 from populace.core.processes import stop_all
 from populace.core import bus, subjects
-from populace.cli.prepare import prepare
+from populace.client.prepare import prepare
 from populace.core.contracts import HostInfo, RunConfig, RunStart, ServiceInfo
 from populace.core.natsserver import EmbeddedNats
 
-from populace.cli.client import play
+from populace.client.run import play
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -177,11 +177,11 @@ async def test_service_cannot_act_outside_its_permissions(server):
                 await js.publish(subject, b"{}", timeout=0.5)
             await eventually(lambda s=subject: denied(errors, "publish", s), what=f"violation on {subject}")
         await nc.publish("run.x.round.1.result", b"{}")  # core publish: same refusal
-        # Nor read what is not meant for it (other hosts' guesses, the control plane) …
-        await nc.subscribe("run.*.guesses.*.*")
+        # Nor read what is not meant for it (other hosts' outcomes, the control plane) …
+        await nc.subscribe("run.*.outcomes.*.*")
         await nc.subscribe("ctl.>")
         await nc.flush()
-        await eventually(lambda: denied(errors, "subscription", "run.*.guesses.*.*")
+        await eventually(lambda: denied(errors, "subscription", "run.*.outcomes.*.*")
                          and denied(errors, "subscription", "ctl.>"), what="subscription violations")
         # … nor manage streams or other consumers.
         with pytest.raises(nats.errors.TimeoutError):
@@ -265,7 +265,7 @@ async def test_game_with_one_user_per_service(server, tmp_path):
             await cli.close()
         assert out.status == "completed", out.reason
         assert [r.round for r in out.results] == [1, 2]
-        assert out.recorded is not None and out.recorded.guesses == 400
+        assert out.recorded is not None and out.recorded.outcomes == 400
         assert cli_errors == []
 
         # Each service may dead-letter what it cannot parse: publish dlq.<service> and
@@ -277,7 +277,7 @@ async def test_game_with_one_user_per_service(server, tmp_path):
             inputs = {
                 "orchestrator": subjects.RUN_START,
                 "environment": "run.junk.partial.1.h",
-                "recorder": "run.junk.guesses.1.h",
+                "recorder": "run.junk.outcomes.1.h",
                 "agent-host": subjects.run_spawn("junk", HOST_ID),
             }
             for subject in inputs.values():

@@ -23,7 +23,7 @@ import duckdb
 import pytest
 import yaml
 
-from populace.cli.client import play
+from populace.client.run import play
 from populace.core.processes import stop_all
 from populace.core import bus, subjects
 from populace.core.contracts import HostInfo, RunConfig, ServiceInfo
@@ -314,7 +314,7 @@ def check_recorded(db: str, out, agents: int = 300, rounds: int = 2) -> None:
     assert out.status == "completed", out.reason
     assert sorted(out.started.hosts) == ["host-0", "host-1"]
     assert [r.round for r in out.results] == list(range(1, rounds + 1))
-    assert out.recorded is not None and out.recorded.guesses == agents * rounds
+    assert out.recorded is not None and out.recorded.outcomes == agents * rounds
     rid = out.run_id
     with duckdb.connect(db, read_only=True) as con:
         assert con.execute("SELECT status FROM runs WHERE run_id = ? AND finished_at IS NOT NULL",

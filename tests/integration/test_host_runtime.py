@@ -1,123 +1,120 @@
-"""The agent-host runtime without a broker: spawning in both placement modes and a full
-round of turns through a fake gateway session (a unit-test double of the transport)."""
+"""The agent-host runtime without a broker: spawning any simulation by name in both placement
+modes, personas by reference, and turns played through a scripted LLM port."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 
-from populace.agent_host.process_mode import ProcessAgent
+import pytest
+
 from populace.agent_host.runtime import HostRuntime
 from populace.core.contracts import RunConfig, SpawnBatch
 from populace.core.settings import Settings
-from populace.games.parsing import parse_guess
-from populace.games.player import GuessPlayer, Turn
+from populace.population.cast import cast_from_records
+from populace.sdk import ScriptedLLM
+from populace.sdk.process import ProcessAgent
+from populace.sdk.simulation import SimulationError
+from populace_ratio_game import Player
+from populace_ratio_game.parsing import parse_guess
 
 
-class FakeSession:
-    """Answers every prompt with its agent id modulo 101, recording what it was asked."""
-
-    def __init__(self) -> None:
-        self.prompts: dict[int, str] = {}
-        self.prefix_chars: dict[int, int] = {}
-
-    def ask(self, key: int, prompt: str, prefix_chars: int = 0) -> asyncio.Future:
-        self.prompts[key] = prompt
-        self.prefix_chars[key] = prefix_chars
-        fut = asyncio.get_running_loop().create_future()
-        fut.set_result(f'{{"guess": {key % 101}}}')
-        return fut
-
-    def flush(self) -> None:
-        pass
+def answers(key: int, prompt: str) -> str:
+    return f'{{"guess": {key % 101}}}'
 
 
-def spawn(settings: Settings, config: RunConfig) -> HostRuntime:
+def spawn(settings: Settings, config: RunConfig, ranges=((10, 3),), cast=None):
     rt = HostRuntime(None, None, settings)  # type: ignore[arg-type] - spawn touches no bus
-    rt.spawn(SpawnBatch(run_id="r", host_id="h", ranges=[(10, 3)], config=config))
-    return rt
+    return rt, rt.spawn(SpawnBatch(run_id="r", host_id="h", ranges=list(ranges), config=config), cast)
 
 
 def test_host_flag_forces_one_agent_per_process():
-    rt = spawn(Settings(host_id="h", one_agent_per_process=True), RunConfig(agents=3))
+    rt, run = spawn(Settings(host_id="h", one_agent_per_process=True), RunConfig(agents=13))
     try:
-        agents = rt.runs["r"].agents
-        assert [a.agent_id for a in agents] == [10, 11, 12]
-        assert all(isinstance(a, ProcessAgent) for a in agents)
-        assert len({a.pid for a in agents} | {os.getpid()}) == 4  # three processes of their own
+        assert [a.id for a in run.agents] == [10, 11, 12]
+        assert all(isinstance(a, ProcessAgent) for a in run.agents)
+        assert len({a.pid for a in run.agents} | {os.getpid()}) == 4  # three processes of their own
     finally:
         rt.forget("r")
-    assert all(not a.proc.is_alive() for a in agents)
+    assert all(not a.proc.is_alive() for a in run.agents)
 
 
 def test_many_agents_per_process_by_default():
-    rt = spawn(Settings(host_id="h"), RunConfig(agents=3))
-    assert all(type(a) is GuessPlayer for a in rt.runs["r"].agents)
+    rt, run = spawn(Settings(host_id="h"), RunConfig(agents=13))
+    assert all(type(a) is Player for a in run.agents) and all(a.sim is run.sim for a in run.agents)
     rt.forget("r")
 
 
+def test_a_replayed_spawn_is_a_no_op():
+    rt, run = spawn(Settings(host_id="h"), RunConfig(agents=13))
+    again = rt.spawn(SpawnBatch(run_id="r", host_id="h", ranges=[(10, 3)], config=RunConfig(agents=13)))
+    assert again is run and rt.agent_count == 3
+    rt.forget("r")
+
+
+def test_an_unknown_simulation_or_bad_params_refuse_the_spawn_with_the_reason():
+    with pytest.raises(SimulationError, match="unknown simulation 'chess'"):
+        spawn(Settings(host_id="h"), RunConfig(simulation="chess"))
+    with pytest.raises(ValueError, match="game.ratio"):
+        spawn(Settings(host_id="h"), RunConfig(game={"ratio": "zero"}))
+
+
 async def test_process_agents_run_their_own_turns_and_remember():
-    rt = spawn(Settings(host_id="h", one_agent_per_process=True), RunConfig(agents=3))
-    session = FakeSession()
+    rt, run = spawn(Settings(host_id="h", one_agent_per_process=True), RunConfig(agents=13))
+    llm = ScriptedLLM(answers)
     try:
-        for rnd, history in ((1, ""), (2, "33")):
-            turn = Turn(round=rnd, history_text=history, max_value=100, llm=session)  # type: ignore[arg-type]
-            answers = await asyncio.gather(*(a.reply(turn) for a in rt.runs["r"].agents))
-            assert [v for v, _ in answers] == [10.0, 11.0, 12.0]
-            assert all(parse_guess(raw, 100) == v for v, raw in answers)
+        for rnd, history in ((1, None), (2, {"history": [33.0]})):
+            obs = run.observation(rnd, history)
+            outs = await asyncio.gather(*(a.turn(obs, llm) for a in run.agents))
+            assert [o.value for o in outs] == [10.0, 11.0, 12.0]
+            assert all(parse_guess(o.raw, 100) == o.value for o in outs)
         # round 2's prompt, built in the child process, carries the winning number and own memory
-        assert "Winning numbers of previous rounds: 33." in session.prompts[11]
-        assert "Your previous numbers: 11." in session.prompts[11]
+        prompt = [a.prompt for a in llm.asked if a.key == 11][-1]
+        assert "Winning numbers of previous rounds: 33." in prompt and "Your previous numbers: 11." in prompt
     finally:
         rt.forget("r")
 
 
 def _cast():
-    from populace.games.cast import cast_from_records
-
     return cast_from_records([{"profile": {"education": ["Ph.D.", "high school"][i % 2]},
                                "persona": {"name": f"Agent{i}", "age": 30 + i}} for i in range(13)])
 
 
 def test_agents_speak_from_their_persona_and_the_system_prompt_has_the_variant():
-    config = RunConfig(agents=13, prompt={"system": "rational", "answer": "cot", "population_note": True})
-    rt = HostRuntime(None, None, Settings(host_id="h"))  # type: ignore[arg-type]
-    run = rt.spawn(SpawnBatch(run_id="r", host_id="h", ranges=[(10, 3)], config=config), _cast())
-    assert [a.persona.split(",")[0] for a in run.agents] == ["You are Agent10", "You are Agent11", "You are Agent12"]
-    assert "All players are rational" in run.system and "The players are 13 people." in run.system
-    assert run.schema["required"] == ["reasoning", "guess"]
+    config = RunConfig(agents=13, prompt={"system": "rational", "answer": "cot", "population_note": True},
+                       population={"personas": "p.jsonl"})
+    rt, run = spawn(Settings(host_id="h"), config, cast=_cast())
+    assert [a.persona.text.split(",")[0] for a in run.agents] == ["You are Agent10", "You are Agent11", "You are Agent12"]
+    system = run.sim.system_prompt()
+    assert "All players are rational" in system and "The players are 13 people." in system
+    assert run.sim.answer_schema()["required"] == ["reasoning", "guess"]
     rt.forget("r")
 
 
-def test_persona_false_keeps_anonymous_players():
-    config = RunConfig(agents=13, prompt={"persona": False})
-    rt = HostRuntime(None, None, Settings(host_id="h"))  # type: ignore[arg-type]
-    run = rt.spawn(SpawnBatch(run_id="r", host_id="h", ranges=[(0, 2)], config=config), _cast())
-    assert all(a.persona is None for a in run.agents)
-    assert "The players are" not in run.system  # population_note is off by default
+async def test_persona_false_keeps_anonymous_players():
+    rt, run = spawn(Settings(host_id="h"), RunConfig(agents=13, prompt={"persona": False}), ((0, 2),), _cast())
+    llm = ScriptedLLM(answers)
+    await run.agents[0].turn(run.observation(1, None), llm)
+    assert llm.asked[0].prompt.startswith("You are player 0.") and llm.asked[0].prefix_chars == 0
+    assert "The players are" not in run.sim.system_prompt()  # population_note is off by default
     rt.forget("r")
 
 
 def test_too_few_personas_is_an_error_not_a_silent_default():
-    import pytest
-
-    rt = HostRuntime(None, None, Settings(host_id="h"))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="13 personas for agent ids up to 19"):
-        rt.spawn(SpawnBatch(run_id="r", host_id="h", ranges=[(10, 10)], config=RunConfig(agents=20)), _cast())
+        spawn(Settings(host_id="h"), RunConfig(agents=20), ((10, 10),), _cast())
 
 
 async def test_process_agents_carry_their_persona_and_answer_style():
     config = RunConfig(agents=13, prompt={"answer": "cot"})
-    rt = HostRuntime(None, None, Settings(host_id="h", one_agent_per_process=True))  # type: ignore[arg-type]
-    run = rt.spawn(SpawnBatch(run_id="r", host_id="h", ranges=[(4, 1)], config=config), _cast())
-    session = FakeSession()
+    rt, run = spawn(Settings(host_id="h", one_agent_per_process=True), config, ((4, 1),), _cast())
+    llm = ScriptedLLM(answers)
     try:
-        turn = Turn(round=1, history_text="", max_value=100, llm=session, answer="cot")  # type: ignore[arg-type]
-        await run.agents[0].reply(turn)
-        assert session.prompts[4].startswith("You are Agent4, 34 years old.")
+        await run.agents[0].turn(run.observation(1, None), llm)
+        asked = llm.asked[0]
+        assert asked.prompt.startswith("You are Agent4, 34 years old.")
         # the persona is declared as the prompt's stable prefix (routing key across rounds)
-        persona = session.prompts[4][:session.prefix_chars[4]]
-        assert persona == run.agents[0].persona and persona.startswith("You are Agent4")
-        assert session.prompts[4].endswith("Think step by step, then report your number.")
+        assert asked.prompt[:asked.prefix_chars] == run.agents[0].persona.text
+        assert asked.prompt.endswith("Think step by step, then report your number.")
     finally:
         rt.forget("r")

@@ -4,27 +4,38 @@ from __future__ import annotations
 
 import duckdb
 
-from populace.core.contracts import GuessBatch, RoundResult, RunConfig, RunDone, RunStarted, SpawnBatch
-from populace.recorder.store import Event, Store
+import pytest
+
+from populace.core.contracts import (
+    Column, OutcomeBatch, RoundResult, RunConfig, RunDone, RunStarted, SimulationTables, SpawnBatch,
+)
+from populace.recorder.store import Event, Store, StoreError
+from populace_ratio_game import RatioGame
+
+TABLES = RatioGame.tables()  # the ratio game keeps its historic tables: guesses, rounds
 
 
-def guess_batch(run_id, round_, host, seq, ids) -> GuessBatch:
-    return GuessBatch(run_id=run_id, round=round_, host_id=host, seq=seq, agent_ids=ids,
-                      values=[None if i % 7 == 0 else float(i % 101) for i in ids],
-                      raws=[f"raw{i}" for i in ids], latency_ms=[1.0] * len(ids))
+def guess_batch(run_id, round_, host, seq, ids) -> OutcomeBatch:
+    values = [None if i % 7 == 0 else float(i % 101) for i in ids]
+    return OutcomeBatch(run_id=run_id, round=round_, host_id=host, seq=seq, agent_ids=ids,
+                        columns={"value": values}, valid=[v is not None for v in values],
+                        raws=[f"raw{i}" for i in ids], latency_ms=[1.0] * len(ids), errors=[None] * len(ids))
 
 
 def events(run_id="r1") -> list[Event]:
     cfg = RunConfig(agents=20, rounds=1)
     evs = [
-        Event("started", "started", RunStarted(run_id=run_id, config=cfg, started_at=1e9, hosts=["a", "b"])),
+        Event("started", "started", RunStarted(run_id=run_id, config=cfg, started_at=1e9, hosts=["a", "b"],
+                                               tables=TABLES)),
         Event("spawn-a", "spawn", SpawnBatch(run_id=run_id, host_id="a", ranges=[(0, 10)], config=cfg)),
         Event("spawn-b", "spawn", SpawnBatch(run_id=run_id, host_id="b", ranges=[(10, 10)], config=cfg)),
-        Event("g-a-0", "guesses", guess_batch(run_id, 1, "a", 0, list(range(0, 10)))),
-        Event("g-b-0", "guesses", guess_batch(run_id, 1, "b", 0, list(range(10, 20)))),
+        Event("g-a-0", "outcomes", guess_batch(run_id, 1, "a", 0, list(range(0, 10)))),
+        Event("g-b-0", "outcomes", guess_batch(run_id, 1, "b", 0, list(range(10, 20)))),
         Event("partial", "partial", None),
-        Event("result", "round.result", RoundResult(run_id=run_id, round=1, n=20, n_valid=17, mean=1.0, target=0.5,
-                                                    winner_agent_id=1, winner_value=1.0, n_winners=1, closed_at=1e9)),
+        Event("result", "round.result", RoundResult(
+            run_id=run_id, round=1, n=20, n_valid=17, summary={"mean": 1.0, "target": 0.5, "winner_agent_id": 1,
+                                                               "winner_value": 1.0, "n_winners": 1},
+            observation={}, state={}, closed_at=1e9)),
         Event("done", "done", RunDone(run_id=run_id, status="completed", rounds=1, finished_at=1e9 + 5)),
     ]
     for e in evs:  # message ids are unique per run, as subjects.msg_id makes them
@@ -35,7 +46,7 @@ def events(run_id="r1") -> list[Event]:
 def test_ingest_writes_the_recorder_contract(tmp_path):
     store = Store(tmp_path / "x.duckdb")
     out = store.ingest(events())
-    assert out.guesses == 20 and [d.run_id for d in out.finished] == ["r1"]
+    assert out.outcomes == 20 and [d.run_id for d in out.finished] == ["r1"]
     assert store.completeness("r1") == (20, 20)
     store.close()
     con = duckdb.connect(str(tmp_path / "x.duckdb"), read_only=True)
@@ -47,7 +58,9 @@ def test_ingest_writes_the_recorder_contract(tmp_path):
     assert con.execute("SELECT count(*) FROM guesses WHERE (value IS NULL) <> (NOT valid) OR raw IS NULL").fetchone() == (0,)
     assert con.execute("SELECT status, finished_at IS NOT NULL FROM runs").fetchone() == ("completed", True)
     cols = [r[0] for r in con.execute("DESCRIBE guesses").fetchall()]
-    assert cols[:7] == ["run_id", "round", "agent_id", "value", "valid", "raw", "latency_ms"]
+    assert cols == ["run_id", "round", "agent_id", "value", "valid", "raw", "latency_ms", "error"]
+    assert con.execute("SELECT n, n_valid, mean, winner_agent_id, n_winners FROM rounds").fetchone() == (20, 17, 1.0, 1, 1)
+    assert con.execute("SELECT simulation, tables_json->>'outcomes' FROM runs").fetchone() == ("ratio-game", "guesses")
 
 
 def test_replays_in_any_order_never_double_count(tmp_path):
@@ -73,7 +86,7 @@ def test_close_releases_the_file_for_readers(tmp_path):
     with duckdb.connect(str(path), read_only=True) as con:
         assert con.execute("SELECT count(*) FROM guesses").fetchone() == (20,)
     store.ingest(events("r2"))  # reopens lazily
-    assert store.count_guesses("r2") == 20
+    assert store.count_outcomes("r2") == 20
     store.close()
 
 
@@ -84,7 +97,8 @@ def test_profiles_and_manifest_are_stored_with_the_run(tmp_path):
                                "provenance": {"persona_index": i % 2}}) + "\n"
                    for i, e in enumerate(["Ph.D.", "high school", "Ph.D."])).encode()
     cfg = RunConfig(agents=3, rounds=1)
-    started = RunStarted(run_id="p1", config=cfg, started_at=1e9, hosts=["a"], manifest={"config_hash": "h"})
+    started = RunStarted(run_id="p1", config=cfg, started_at=1e9, hosts=["a"], tables=TABLES,
+                         manifest={"config_hash": "h"})
     store = Store(tmp_path / "x.duckdb")
     store.ingest([Event("p1.started", "started", started, blob=blob)])
     store.ingest([Event("p1.started", "started", started, blob=blob)])  # a replay adds nothing
@@ -97,8 +111,70 @@ def test_profiles_and_manifest_are_stored_with_the_run(tmp_path):
 
 
 def test_a_bad_personas_blob_does_not_block_ingestion(tmp_path):
-    started = RunStarted(run_id="p2", config=RunConfig(agents=2), started_at=1e9, hosts=["a"])
+    started = RunStarted(run_id="p2", config=RunConfig(agents=2), started_at=1e9, hosts=["a"], tables=TABLES)
     store = Store(tmp_path / "x.duckdb")
     store.ingest([Event("p2.started", "started", started, blob=b"not json\n")])
     assert store.con.execute("SELECT count(*) FROM runs").fetchone() == (1,)
     assert store.con.execute("SELECT count(*) FROM agent_profiles").fetchone() == (0,)
+
+
+GROUPED = SimulationTables(
+    simulation="pg", outcomes="pg_outcomes", rounds="pg_rounds", grouped=True, measure="contribution",
+    measure_kind="numeric",
+    outcome_columns=[Column(name="contribution", type="BIGINT"), Column(name="note", type="JSON")],
+    summary_columns=[Column(name="mean_contribution", type="DOUBLE"), Column(name="counts", type="JSON")])
+
+
+def test_a_simulations_declared_tables_are_created_and_filled(tmp_path):
+    cfg = RunConfig(simulation="pg", agents=3, rounds=1)
+    batch = OutcomeBatch(run_id="g1", round=1, host_id="a", seq=0, agent_ids=[0, 1, 2],
+                         columns={"contribution": [5, None, 20], "note": [{"k": 1}, None, [1, 2]]},
+                         valid=[True, False, True], raws=["5", "?", "20"], latency_ms=[1.0, 2.0, 3.0],
+                         errors=[None, "agent: ValueError: x", None], group_ids=[0, 0, 1])
+    result = RoundResult(run_id="g1", round=1, n=3, n_valid=2, summary={"mean_contribution": 12.5,
+                                                                          "counts": {"a": 1}},
+                         observation={}, state={}, closed_at=1e9)
+    store = Store(tmp_path / "x.duckdb")
+    store.ingest([Event("g1.s", "started", RunStarted(run_id="g1", config=cfg, started_at=1e9, hosts=["a"],
+                                                        tables=GROUPED)),
+                  Event("g1.o", "outcomes", batch), Event("g1.r", "round.result", result)])
+    assert store.completeness("g1") == (3, 3)
+    con = store.con
+    assert [r[0] for r in con.execute("DESCRIBE pg_outcomes").fetchall()] == [
+        "run_id", "round", "agent_id", "group_id", "contribution", "note", "valid", "raw", "latency_ms", "error"]
+    rows = con.execute("SELECT agent_id, group_id, contribution, note->>'k', valid, error FROM pg_outcomes "
+                       "ORDER BY agent_id").fetchall()
+    assert rows == [(0, 0, 5, "1", True, None), (1, 0, None, None, False, "agent: ValueError: x"), (2, 1, 20, None, True, None)]
+    assert con.execute("SELECT n, n_valid, mean_contribution, counts->>'a' FROM pg_rounds").fetchone() == (3, 2, 12.5, "1")
+    store.close()
+    # after a restart the run's tables come from the runs table: late batches still land
+    again = Store(tmp_path / "x.duckdb")
+    assert again.tables_of("g1") == GROUPED
+    assert again.completeness("g1") == (3, 3)
+    again.close()
+
+
+def test_a_database_from_before_the_seam_gains_the_new_columns(tmp_path):
+    path = str(tmp_path / "old.duckdb")
+    with duckdb.connect(path) as con:  # the tables as release 0.1 created them
+        con.execute("CREATE TABLE guesses (run_id VARCHAR, round INTEGER, agent_id BIGINT, value DOUBLE, "
+                    "valid BOOLEAN, raw VARCHAR, latency_ms DOUBLE)")
+        con.execute("CREATE TABLE rounds (run_id VARCHAR, round INTEGER, n_valid BIGINT, mean DOUBLE, target DOUBLE, "
+                    "winner_agent_id BIGINT, winner_value DOUBLE, n BIGINT, n_winners BIGINT, closed_at TIMESTAMP)")
+        con.execute("INSERT INTO guesses VALUES ('old', 1, 0, 5.0, true, '5', 1.0)")
+    store = Store(path)
+    store.ingest(events("r9"))
+    assert store.completeness("r9") == (20, 20)
+    assert store.con.execute("SELECT count(*), count(error) FROM guesses").fetchone() == (21, 0)
+    assert store.con.execute("SELECT n, n_valid, mean FROM rounds WHERE run_id = 'r9'").fetchone() == (20, 17, 1.0)
+    store.close()
+
+
+def test_a_table_another_simulation_declared_differently_is_refused(tmp_path):
+    store = Store(tmp_path / "x.duckdb")
+    store.ingest(events("r1"))
+    clash = TABLES.model_copy(update={"outcome_columns": [Column(name="value", type="VARCHAR")]})
+    started = RunStarted(run_id="c1", config=RunConfig(), started_at=1e9, hosts=["a"], tables=clash)
+    with pytest.raises(StoreError, match="column value is DOUBLE .* but this run declares VARCHAR"):
+        store.ingest([Event("c1.s", "started", started)])
+    assert store.completeness("r1") == (20, 20)  # nothing of the refused transaction landed

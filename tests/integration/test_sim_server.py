@@ -28,9 +28,16 @@ async def start_sim():
         await srv.stop()
 
 
+# The structured answer every agent asks for: the simulated replica answers within it.
+GUESS_FORMAT = {"type": "json_schema", "json_schema": {"name": "guess", "schema": {
+    "type": "object", "properties": {"guess": {"type": "integer", "minimum": 0, "maximum": 100}},
+    "required": ["guess"]}}}
+
+
 def chat(user: str, system: str = "You are a player.", **extra) -> dict:
     return {"model": "sim", "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
-            "max_tokens": 16, "temperature": 0.7, "some_unknown_field": True, **extra}
+            "max_tokens": 16, "temperature": 0.7, "some_unknown_field": True, "response_format": GUESS_FORMAT,
+            **extra}
 
 
 def parse_metrics(text: str) -> dict[str, float]:

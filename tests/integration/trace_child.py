@@ -17,19 +17,15 @@ provider = TracerProvider()
 provider.add_span_processor(SimpleSpanProcessor(exporter))
 trace.set_tracer_provider(provider)
 
-# Settings come from the environment the test set; import the services only now.
-from populace.agent_host import app as agent_host  # noqa: E402
-from populace.cli.client import play  # noqa: E402
-from populace.core import bus  # noqa: E402
+# Settings come from the environment the test set; build the services only now, by their
+# factories, all in this process.
+from populace.client.run import play  # noqa: E402
+from populace.core import bus, serve  # noqa: E402
 from populace.core.contracts import RunConfig  # noqa: E402
-from populace.environment import app as environment  # noqa: E402
-from populace.gateway import app as gateway  # noqa: E402
-from populace.orchestrator import app as orchestrator  # noqa: E402
-from populace.recorder import app as recorder  # noqa: E402
 
 
 async def main() -> None:
-    apps = [recorder.app, environment.app, gateway.app, orchestrator.app, agent_host.app]
+    apps = [serve.build(name).app for name in ("recorder", "environment", "gateway", "orchestrator", "agent-host")]
     for app in apps:
         await app.start()
     nc = await bus.connect(os.environ["POPULACE_NATS_URL"], "trace-test")

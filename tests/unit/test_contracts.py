@@ -4,8 +4,6 @@ its invariants; subject helpers build bounded, well-formed subjects."""
 from __future__ import annotations
 
 import inspect
-from fractions import Fraction
-
 import pytest
 from pydantic import BaseModel, ValidationError
 
@@ -14,18 +12,21 @@ from populace.core import subjects as s
 
 CONFIG = c.RunConfig(
     name="unit-run", agents=2500, rounds=4, seed=11,
-    game=c.GameConfig(ratio="1/2", offset=5, max_value=50, history_window=3),
     model=c.ModelConfig(latency_s=0.0, seed=9),
     placement=c.PlacementConfig(agents_per_process=0),
-    prompt=c.PromptConfig(system="rational", answer="cot", population_note=True),
     population=c.PopulationRef(personas="personas.jsonl", digest="ab" * 32),
+    # the simulation's own sections: kept as written, validated by the simulation
+    game={"ratio": "1/2", "offset": 5, "max_value": 50, "history_window": 3},
+    prompt={"system": "rational", "answer": "cot", "population_note": True},
 )
+TABLES = c.SimulationTables(
+    simulation="ratio-game", outcomes="guesses", outcome_columns=[c.Column(name="value", type="DOUBLE")],
+    rounds="rounds", summary_columns=[c.Column(name="mean", type="DOUBLE"), c.Column(name="target", type="DOUBLE")],
+    measure="value", measure_kind="numeric")
 
 INSTANCES: dict[str, BaseModel] = {
-    "GameConfig": c.GameConfig(ratio="51/100", offset=1.5, max_value=200, history_window=0),
     "ModelConfig": c.ModelConfig(backend="dummy", latency_s=1.25, seed=3),
     "PlacementConfig": c.PlacementConfig(agents_per_process=1),
-    "PromptConfig": c.PromptConfig(system="variant", answer="direct", persona=False),
     "PopulationRef": c.PopulationRef(config="population/education.yaml"),
     "RunConfig": CONFIG,
     "RunStart": c.RunStart(run_id="run-20240101_abc", config=CONFIG, requested_at=1700000000.5,
@@ -35,24 +36,29 @@ INSTANCES: dict[str, BaseModel] = {
     "ServiceInfo": c.ServiceInfo(service="gateway", instance="gw-1", pid=77, heartbeat_at=1700000001.0),
     "RunState": c.RunState(run_id="r1", status="running", config=CONFIG,
                            placement={"h1": [(0, 1250)], "h2": [(1250, 1250)]},
-                           spawned=["h1", "h2"], round=2, history=[33.0, 22.5], reason=None,
-                           updated_at=1700000009.0),
-    "RunStarted": c.RunStarted(run_id="r1", config=CONFIG, started_at=1.5, hosts=["h1", "h2"]),
+                           spawned=["h1", "h2"], round=2, env_state={"winners": [33.0, 22.5]},
+                           observation={"history": [33.0, 22.5]}, reason=None, updated_at=1700000009.0),
+    "Column": c.Column(name="group_id", type="BIGINT"),
+    "SimulationTables": TABLES,
+    "RunStarted": c.RunStarted(run_id="r1", config=CONFIG, started_at=1.5, hosts=["h1", "h2"], tables=TABLES),
     "SpawnBatch": c.SpawnBatch(run_id="r1", host_id="h2", ranges=[(1250, 1000), (3000, 250)], config=CONFIG),
     "HostSpawned": c.HostSpawned(run_id="r1", host_id="h2", agents=1250, seconds=0.75),
-    "RoundOpen": c.RoundOpen(run_id="r1", round=2, expected=2500, game=CONFIG.game,
-                             history=[33.0], opened_at=2.0),
-    "GuessBatch": c.GuessBatch(run_id="r1", round=2, host_id="h1", seq=7, agent_ids=[0, 1, 2],
-                               values=[12.0, None, 99.5], raws=['{"guess": 12}', "no idea", "99.5"],
-                               latency_ms=[50.1, 51.0, 49.9]),
-    "HostPartial": c.HostPartial(run_id="r1", round=2, host_id="h1", n=3, n_valid=2, total=111.5,
-                                 by_value=[(12.0, 1, 0), (99.5, 1, 2)]),
-    "RoundResult": c.RoundResult(run_id="r1", round=2, n=3, n_valid=2, mean=55.75, target=32.875,
-                                 winner_agent_id=0, winner_value=12.0, n_winners=1, closed_at=3.0),
+    "RoundOpen": c.RoundOpen(run_id="r1", round=2, expected=2500, config=CONFIG,
+                             observation={"history": [33.0]}, env_state={"winners": [33.0]}, opened_at=2.0),
+    "OutcomeBatch": c.OutcomeBatch(run_id="r1", round=2, host_id="h1", seq=7, agent_ids=[0, 1, 2],
+                                   columns={"value": [12.0, None, 99.5]}, valid=[True, False, True],
+                                   raws=['{"guess": 12}', "no idea", "99.5"], latency_ms=[50.1, 51.0, 49.9],
+                                   errors=[None, None, None]),
+    "RoundPartial": c.RoundPartial(run_id="r1", round=2, host_id="h1", n=3, n_valid=2,
+                                   payload={"n_valid": 2, "total": 111.5, "by_value": [[12.0, 1, 0], [99.5, 1, 2]]}),
+    "RoundResult": c.RoundResult(run_id="r1", round=2, n=3, n_valid=2,
+                                 summary={"mean": 55.75, "target": 32.875, "winner_agent_id": 0},
+                                 observation={"history": [12.0]}, state={"winners": [12.0]}, closed_at=3.0),
+    "RunFault": c.RunFault(run_id="r1", source="host-1", round=None, reason="no such simulation"),
     "RunDone": c.RunDone(run_id="r1", status="failed", rounds=2, finished_at=4.0, reason="host lost"),
-    "RunRecorded": c.RunRecorded(run_id="r1", guesses=10000, db_path="/tmp/populace.duckdb"),
+    "RunRecorded": c.RunRecorded(run_id="r1", outcomes=10000, db_path="/tmp/populace.duckdb"),
     "Progress": c.Progress(run_id="r1", round=2, host_id="h1", answered=640),
-    "InferBatch": c.InferBatch(batch_id="b-1", run_id="r1", round=2, model=CONFIG.model, max_value=50,
+    "InferBatch": c.InferBatch(batch_id="b-1", run_id="r1", round=2, model=CONFIG.model,
                                system="You are playing a game.", keys=[4, 5],
                                prompts=["You are player 4.", "You are player 5."]),
     "InferReply": c.InferReply(batch_id="b-1", texts=['{"guess": 1}', 'fifty'], error=None,
@@ -85,7 +91,7 @@ def test_json_round_trip(name):
     assert back.model_dump_json() == text
 
 
-@pytest.mark.parametrize("name", sorted(INSTANCES))
+@pytest.mark.parametrize("name", sorted(set(INSTANCES) - {"RunConfig"}))
 def test_unknown_field_rejected(name):
     obj = INSTANCES[name]
     data = obj.model_dump(mode="json")
@@ -116,25 +122,46 @@ def test_spawn_batch_count():
 
 
 def test_round_trip_keeps_none_values():
-    g = c.GuessBatch.model_validate_json(INSTANCES["GuessBatch"].model_dump_json())
-    assert g.values == [12.0, None, 99.5]
-    r = c.RoundResult(run_id="r", round=1, n=4, n_valid=0, mean=None, target=None,
-                      winner_agent_id=None, winner_value=None, n_winners=0, closed_at=0.0)
+    g = c.OutcomeBatch.model_validate_json(INSTANCES["OutcomeBatch"].model_dump_json())
+    assert g.columns == {"value": [12.0, None, 99.5]}
+    r = c.RoundResult(run_id="r", round=1, n=4, n_valid=0, summary={"mean": None}, observation={}, state={},
+                      closed_at=0.0)
     assert c.RoundResult.model_validate_json(r.model_dump_json()) == r
 
 
 # --- batches: equal-length columns --------------------------------------------------------
-@pytest.mark.parametrize("column", ["agent_ids", "values", "raws", "latency_ms"])
-def test_guess_batch_unequal_lengths_rejected(column):
-    data = INSTANCES["GuessBatch"].model_dump()
-    data[column] = data[column][:-1]
-    with pytest.raises(ValidationError, match="equal length"):
-        c.GuessBatch.model_validate(data)
+@pytest.mark.parametrize("column", ["agent_ids", "valid", "raws", "latency_ms", "errors", "columns"])
+def test_outcome_batch_unequal_lengths_rejected(column):
+    data = INSTANCES["OutcomeBatch"].model_dump()
+    if column == "columns":
+        data["columns"] = {"value": [1.0]}
+    else:
+        data[column] = data[column][:-1]
+    with pytest.raises(ValidationError, match="one value per agent id"):
+        c.OutcomeBatch.model_validate(data)
 
 
-def test_guess_batch_empty_is_fine():
-    g = c.GuessBatch(run_id="r", round=1, host_id="h", seq=0, agent_ids=[], values=[], raws=[], latency_ms=[])
+def test_outcome_batch_group_ids_must_match_too():
+    data = INSTANCES["OutcomeBatch"].model_dump()
+    data["group_ids"] = [0, 0]
+    with pytest.raises(ValidationError, match="one value per agent id"):
+        c.OutcomeBatch.model_validate(data)
+    data["group_ids"] = [0, 0, 1]
+    assert c.OutcomeBatch.model_validate(data).group_ids == [0, 0, 1]
+
+
+def test_outcome_batch_empty_is_fine():
+    g = c.OutcomeBatch(run_id="r", round=1, host_id="h", seq=0, agent_ids=[], columns={}, valid=[], raws=[],
+                       latency_ms=[], errors=[])
     assert g.agent_ids == []
+
+
+@pytest.mark.parametrize("name", ["Guesses", "1st", "a-b", "x" * 64, ""])
+def test_table_and_column_names_are_plain_identifiers(name):
+    with pytest.raises(ValidationError):
+        c.Column(name=name, type="DOUBLE")
+    with pytest.raises(ValidationError):
+        c.SimulationTables.model_validate({**TABLES.model_dump(), "outcomes": name})
 
 
 @pytest.mark.parametrize("keys,prompts", [([1, 2], ["a"]), ([1], ["a", "b"]), ([], ["a"])])
@@ -145,50 +172,32 @@ def test_infer_batch_unequal_lengths_rejected(keys, prompts):
         c.InferBatch.model_validate(data)
 
 
-# --- ratio ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("raw,value,fraction", [
-    ("2/3", 2 / 3, Fraction(2, 3)),
-    (" 2/3 ", 2 / 3, Fraction(2, 3)),
-    ("51/100", 0.51, Fraction(51, 100)),
-    (0.5, 0.5, Fraction(1, 2)),
-    ("0.5", 0.5, Fraction(1, 2)),
-    (2, 2.0, Fraction(2)),
-    ("1", 1.0, Fraction(1)),
-])
-def test_ratio_accepted(raw, value, fraction):
-    g = c.GameConfig(ratio=raw)
-    assert g.ratio_value == pytest.approx(value, rel=1e-15)
-    assert g.ratio_fraction == fraction
-    assert isinstance(g.ratio, str)
-    assert c.parse_ratio(raw) == fraction
-
-
-@pytest.mark.parametrize("raw", [0, -1, 0.0, -0.5, "0", "-2/3", "0/5", "abc", "", "1/0", "2/3/4",
-                                 True, False, None, [2, 3], float("inf"), float("nan"), "nan", "inf"])
-def test_ratio_rejected(raw):
-    with pytest.raises(ValidationError) as exc:
-        c.GameConfig(ratio=raw)
-    assert exc.value.errors()[0]["loc"] == ("ratio",)
-    with pytest.raises(ValueError):
-        c.parse_ratio(raw)
-
-
-@pytest.mark.parametrize("field,value", [("offset", float("inf")), ("offset", float("nan")),
-                                         ("max_value", 0), ("max_value", -1), ("max_value", float("inf")),
-                                         ("history_window", -1), ("history_window", 101)])
-def test_game_config_bounds(field, value):
-    with pytest.raises(ValidationError):
-        c.GameConfig(**{field: value})
-
-
 # --- run config --------------------------------------------------------------------------------
 def test_run_config_defaults():
     cfg = c.RunConfig()
-    assert (cfg.agents, cfg.rounds, cfg.game.ratio, cfg.model.backend) == (1000, 3, "2/3", "dummy")
+    assert (cfg.simulation, cfg.name, cfg.agents, cfg.rounds, cfg.model.backend) == (
+        "ratio-game", "ratio-game", 1000, 3, "dummy")
+    assert cfg.params == {}
+
+
+def test_run_config_keeps_the_simulations_sections_flat_and_as_written():
+    cfg = c.RunConfig(simulation="vote", agents=10, vote={"question": "Q?"}, prompt={"answer": "cot"})
+    assert cfg.params == {"vote": {"question": "Q?"}, "prompt": {"answer": "cot"}}
+    dumped = cfg.model_dump(mode="json")
+    assert dumped["vote"] == {"question": "Q?"} and "params" not in dumped
+    assert c.RunConfig.model_validate_json(cfg.model_dump_json()) == cfg
+    assert cfg.name == "vote"  # the default name is the simulation's
+
+
+@pytest.mark.parametrize("simulation", ["", "a b", "x;rm", "a/b", "x" * 201])
+def test_run_config_rejects_bad_simulation_names(simulation):
+    with pytest.raises(ValidationError) as exc:
+        c.RunConfig(simulation=simulation)
+    assert exc.value.errors()[0]["loc"] == ("simulation",)
 
 
 @pytest.mark.parametrize("field,value", [("agents", 0), ("agents", -5), ("rounds", 0), ("rounds", -1),
-                                         ("name", ""), ("agents", "many"), ("rounds", 10_001)])
+                                         ("name", "x" * 201), ("agents", "many"), ("rounds", 10_001)])
 def test_run_config_rejects(field, value):
     with pytest.raises(ValidationError) as exc:
         c.RunConfig(**{field: value})
@@ -248,7 +257,8 @@ def test_subject_builders():
     assert s.run_round_open("r1", 3) == "run.r1.round.3.open"
     assert s.run_round_result("r1", 3) == "run.r1.round.3.result"
     assert s.run_partial("r1", 2, "h1") == "run.r1.partial.2.h1"
-    assert s.run_guesses("r1", 2, "h1") == "run.r1.guesses.2.h1"
+    assert s.run_outcomes("r1", 2, "h1") == "run.r1.outcomes.2.h1"
+    assert s.run_fault("r1", "environment") == "run.r1.fault.environment"
     assert s.run_spawn("r1", "h1") == "run.r1.spawn.h1"
     assert s.any_spawn_for("h9") == "run.*.spawn.h9"
     assert s.run_all("r1") == "run.r1.>"
@@ -261,7 +271,8 @@ def test_subject_builders():
     (s.run_spawned("r", "h"), "spawned"),
     (s.run_round_open("r", 1), "round.open"),
     (s.run_round_result("r", 12), "round.result"),
-    (s.run_guesses("r", 1, "h"), "guesses"),
+    (s.run_outcomes("r", 1, "h"), "outcomes"),
+    (s.run_fault("r", "h"), "fault"),
     (s.run_partial("r", 1, "h"), "partial"),
     (s.run_done("r"), "done"),
     (s.run_recorded("r"), "recorded"),
@@ -283,6 +294,17 @@ def test_valid_token(token, ok):
 
 def test_msg_id_is_deterministic_and_distinct():
     assert s.msg_id("r1", 2, "h1", "partial") == "r1.2.h1.partial"
-    assert s.msg_id("r1", 2, 7, "guesses") == "r1.2.7.guesses"
-    ids = {s.msg_id("r1", n, h, k) for n in (1, 2) for h in ("h1", "h2") for k in ("partial", "guesses")}
+    assert s.msg_id("r1", 2, 7, "outcomes") == "r1.2.7.outcomes"
+    ids = {s.msg_id("r1", n, h, k) for n in (1, 2) for h in ("h1", "h2") for k in ("partial", "outcomes")}
     assert len(ids) == 8
+
+
+@pytest.mark.parametrize("pattern,title", [
+    (s.ANY_ROUND_OPEN, "run.{run_id}.round.{round}.open"),
+    (s.ANY_PARTIAL, "run.{run_id}.partial.{round}.{host_id}"),
+    (s.any_spawn_for("myhost-1234"), "run.{run_id}.spawn.{host_id}"),  # no machine name in the docs
+    (s.ANY_FAULT, "run.{run_id}.fault.{source}"),
+    (s.LLM_INFER, "llm.infer"),
+])
+def test_doc_titles_name_the_wildcards(pattern, title):
+    assert s.doc_title(pattern) == title

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from populace.cli.prepare import prepare_file
+from populace.client.prepare import prepare_file
 from populace.cli.sweep import plan
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -27,5 +27,5 @@ def test_example_sweep_plans(path):
 
 def test_the_education_cot_example_uses_the_shipped_smollm2_personas():
     prepared = prepare_file(EXAMPLES / "education-cot.yaml")
-    assert prepared.config.agents == 50 and prepared.config.prompt.answer == "cot"
+    assert prepared.config.agents == 50 and prepared.config.params["prompt"]["answer"] == "cot"
     assert prepared.manifest["population"]["mode"] == "llm"

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from populace.core.contracts import HostInfo, RoundResult, RunConfig, RunState
-from populace.orchestrator.placement import PlacementError, place
+from populace.core.placement import PlacementError, place
 from populace.orchestrator.workflow import FinishRun, OpenRound, new_run, on_failure, on_result, on_spawned
 
 
@@ -130,24 +130,28 @@ PLACEMENT = {"h1": [(0, 6)], "h2": [(6, 4)]}
 
 
 def result(round_: int, winner_value: float | None = 20.0, run_id: str = "r1") -> RoundResult:
+    """A round result as the ratio game's environment would decide it: the orchestrator keeps
+    the environment's state and next observation without reading them."""
     valid = winner_value is not None
+    winners = [winner_value] if valid else []
     return RoundResult(run_id=run_id, round=round_, n=10, n_valid=10 if valid else 0,
-                       mean=30.0 if valid else None, target=20.0 if valid else None,
-                       winner_agent_id=3 if valid else None, winner_value=winner_value,
-                       n_winners=1 if valid else 0, closed_at=float(round_))
+                       summary={"mean": 30.0 if valid else None, "winner_value": winner_value},
+                       observation={"history": winners, "tag": round_}, state={"winners": winners, "tag": round_},
+                       closed_at=float(round_))
 
 
 def running_state() -> RunState:
     s = new_run("r1", CONFIG, PLACEMENT)
     s, _ = on_spawned(s, "h1")
     s, acts = on_spawned(s, "h2")
-    assert acts == [OpenRound(1, 10, [])]
+    assert acts == [OpenRound(1, 10)]
     return s
 
 
 def test_new_run():
     s = new_run("r1", CONFIG, PLACEMENT)
-    assert (s.run_id, s.status, s.round, s.spawned, s.history) == ("r1", "spawning", 0, [], [])
+    assert (s.run_id, s.status, s.round, s.spawned, s.env_state, s.observation) == (
+        "r1", "spawning", 0, [], None, None)
     assert s.placement == PLACEMENT and s.config == CONFIG
 
 
@@ -162,7 +166,7 @@ def test_spawned_from_all_hosts_opens_round_one_exactly_once():
     assert again is s1 and a == []
 
     s2, a2 = on_spawned(s1, "h1")
-    assert a2 == [OpenRound(round=1, expected=10, history=[])]
+    assert a2 == [OpenRound(round=1, expected=10)]
     assert s2.status == "running" and s2.round == 1 and sorted(s2.spawned) == ["h1", "h2"]
 
     for h in ("h1", "h2"):
@@ -178,18 +182,19 @@ def test_spawned_from_unknown_host_is_ignored():
 
 def test_single_host_opens_immediately():
     s, acts = on_spawned(new_run("r1", CONFIG, {"only": [(0, 10)]}), "only")
-    assert acts == [OpenRound(1, 10, [])] and s.status == "running"
+    assert acts == [OpenRound(1, 10)] and s.status == "running"
 
 
-def test_results_advance_rounds_and_accumulate_history():
+def test_results_advance_rounds_and_carry_the_environments_state():
     s = running_state()
     s, acts = on_result(s, result(1, 20.0))
-    assert acts == [OpenRound(2, 10, [20.0])] and s.round == 2 and s.history == [20.0]
+    assert acts == [OpenRound(2, 10)] and s.round == 2
+    assert s.env_state == {"winners": [20.0], "tag": 1} and s.observation == {"history": [20.0], "tag": 1}
     s, acts = on_result(s, result(2, 13.5))
-    assert acts == [OpenRound(3, 10, [20.0, 13.5])] and s.round == 3
+    assert acts == [OpenRound(3, 10)] and s.round == 3 and s.env_state["tag"] == 2
     s, acts = on_result(s, result(3, 9.0))
     assert acts == [FinishRun("completed", 3)]
-    assert s.status == "done" and s.history == [20.0, 13.5, 9.0] and s.round == 3
+    assert s.status == "done" and s.env_state == {"winners": [9.0], "tag": 3} and s.round == 3
     # nothing happens after the run is done
     s2, acts = on_result(s, result(3, 9.0))
     assert s2 is s and acts == []
@@ -213,16 +218,16 @@ def test_result_before_running_is_ignored():
     assert s2 is s and acts == []
 
 
-def test_round_without_winner_keeps_history():
+def test_round_without_winner_still_opens_the_next():
     s = running_state()
     s, acts = on_result(s, result(1, None))
-    assert s.history == [] and acts == [OpenRound(2, 10, [])]
+    assert s.env_state == {"winners": [], "tag": 1} and acts == [OpenRound(2, 10)]
 
 
 def test_one_round_run_finishes_on_first_result():
     s, _ = on_spawned(new_run("r1", RunConfig(agents=10, rounds=1), {"h": [(0, 10)]}), "h")
     s, acts = on_result(s, result(1, 7.0))
-    assert acts == [FinishRun("completed", 1)] and s.status == "done" and s.history == [7.0]
+    assert acts == [FinishRun("completed", 1)] and s.status == "done" and s.env_state["winners"] == [7.0]
 
 
 def test_states_stay_valid_models():

@@ -7,8 +7,18 @@ from fractions import Fraction
 
 import pytest
 
+from populace.client.prepare import parse_config, prepare_file
 from populace.core.contracts import RunConfig
-from populace.core.scenario import ScenarioError, load_scenario, parse_scenario
+from populace.core.scenario import ScenarioError, load_scenario_data
+
+
+def load_scenario(path) -> RunConfig:
+    """A scenario file as `populace run` reads it: the platform's keys and the simulation's own."""
+    return prepare_file(path).config
+
+
+def parse_scenario(data) -> RunConfig:
+    return parse_config(data)
 
 EXAMPLE = textwrap.dedent("""\
     # guess 2/3 of the average, 1,000 dummy agents, three rounds
@@ -40,8 +50,9 @@ def test_example_scenario_loads(tmp_path):
     cfg = load_scenario(write(tmp_path, EXAMPLE))
     assert isinstance(cfg, RunConfig)
     assert (cfg.name, cfg.agents, cfg.rounds, cfg.seed) == ("guess-two-thirds", 1000, 3, 42)
-    assert cfg.game.ratio_fraction == Fraction(2, 3)
-    assert (cfg.game.offset, cfg.game.max_value, cfg.game.history_window) == (0.0, 100.0, 5)
+    game = cfg.params["game"]
+    assert Fraction(game["ratio"]) == Fraction(2, 3)
+    assert (game["offset"], game["max_value"], game["history_window"]) == (0.0, 100.0, 5)
     assert (cfg.model.backend, cfg.model.latency_s, cfg.model.seed) == ("dummy", 0.05, 7)
     assert cfg.placement.agents_per_process == 0
 
@@ -52,18 +63,21 @@ def test_load_accepts_str_path(tmp_path):
 
 def test_minimal_scenario_uses_defaults(tmp_path):
     cfg = load_scenario(write(tmp_path, "agents: 12\n"))
-    assert cfg == RunConfig(agents=12)
+    assert cfg == prepare_file(write(tmp_path, "agents: 12\nsimulation: ratio-game\n", "b.yaml")).config
+    assert (cfg.simulation, cfg.agents, cfg.rounds) == ("ratio-game", 12, 3)
 
 
 def test_numeric_ratio_and_offset(tmp_path):
     cfg = load_scenario(write(tmp_path, "game:\n  ratio: 0.5\n  offset: 5\n"))
-    assert cfg.game.ratio_value == 0.5 and cfg.game.offset == 5.0
+    assert cfg.params["game"]["ratio"] == "0.5" and cfg.params["game"]["offset"] == 5.0
 
 
 def test_parse_scenario_matches_load(tmp_path):
     import yaml
 
-    assert parse_scenario(yaml.safe_load(EXAMPLE)) == load_scenario(write(tmp_path, EXAMPLE))
+    parsed = parse_scenario(yaml.safe_load(EXAMPLE))
+    assert parsed.params["game"]["ratio"] == "2/3" and parsed.agents == 1000
+    assert load_scenario_data(write(tmp_path, EXAMPLE))[0] == yaml.safe_load(EXAMPLE)
 
 
 # --- errors name the field ------------------------------------------------------------------
@@ -173,4 +187,4 @@ def test_cross_field_rule_names_its_field_without_dumping_the_input():
 
 
 def test_tiny_positive_float_ratio_is_accepted():
-    assert parse_scenario({"game": {"ratio": 1e-12}}).game.ratio_value == pytest.approx(1e-12)
+    assert float(parse_scenario({"game": {"ratio": 1e-12}}).params["game"]["ratio"]) == pytest.approx(1e-12)

@@ -12,7 +12,7 @@ from populace.gateway.sim import (
     SimModel,
     SimStats,
     count_tokens,
-    guess_bounds,
+    response_schema,
     render_metrics,
 )
 
@@ -134,17 +134,20 @@ def test_counters_track_queried_and_hit_tokens():
 def test_answer_is_deterministic_json_within_bounds():
     m1, m2 = SimModel(SimConfig(seed=3)), SimModel(SimConfig(seed=3))
     p = msgs("sys", "pick a number")
-    a1, a2 = m1.plan(p, 16), m2.plan(p, 16)
+    a1, a2 = m1.plan(p, 16, schema_rf(minimum=0, maximum=100)), m2.plan(p, 16, schema_rf(minimum=0, maximum=100))
     assert a1.content == a2.content
     guess = json.loads(a1.content)["guess"]
     assert isinstance(guess, int) and 0 <= guess <= 100
     assert a1.completion_tokens == count_tokens(a1.content)
     assert a1.finish_reason == "stop"
     # varies with the last user message and the seed
-    guesses = {json.loads(m1.plan(msgs("sys", f"q{i}"), 16).content)["guess"] for i in range(50)}
+    rf = schema_rf(minimum=0, maximum=100)
+    guesses = {json.loads(m1.plan(msgs("sys", f"q{i}"), 16, rf).content)["guess"] for i in range(50)}
     assert len(guesses) > 10
-    others = {json.loads(SimModel(SimConfig(seed=s)).plan(p, 16).content)["guess"] for s in range(20)}
+    others = {json.loads(SimModel(SimConfig(seed=s)).plan(p, 16, rf).content)["guess"] for s in range(20)}
     assert len(others) > 3
+    # without a schema a model answers free text (here: a number)
+    assert m1.plan(p, 16).content.isdigit()
 
 
 def test_answer_respects_the_schema_maximum():
@@ -153,15 +156,16 @@ def test_answer_respects_the_schema_maximum():
     seen = {json.loads(m.plan(msgs("s", f"u{i}"), 16, rf).content)["guess"] for i in range(200)}
     assert seen <= set(range(6))
     assert len(seen) == 6
-    assert guess_bounds(schema_rf(maximum=50.7)) == (0, 50)
-    assert guess_bounds(schema_rf(minimum=10, exclusiveMaximum=20)) == (10, 19)
-    assert guess_bounds({"type": "json_object"}) == (0, 100)
-    assert guess_bounds(None) == (0, 100)
+    ints = {json.loads(m.plan(msgs("s", f"v{i}"), 16, schema_rf(minimum=10, exclusiveMaximum=20)).content)["guess"]
+            for i in range(200)}
+    assert ints <= set(range(10, 20)) and len(ints) == 10
+    assert response_schema(schema_rf(maximum=5))["properties"]["guess"]["maximum"] == 5
+    assert response_schema({"type": "json_object"}) is None and response_schema(None) is None
 
 
 def test_max_tokens_truncates_with_finish_reason_length():
     m = SimModel(SimConfig(max_tokens_default=16))
-    p = m.plan(msgs("s", "u"), 2)
+    p = m.plan(msgs("s", "u"), 2, schema_rf(minimum=0, maximum=100))
     assert p.completion_tokens == 2 and p.finish_reason == "length"
     assert len(p.content) == 8
     assert m.plan(msgs("s", "u"), None).finish_reason == "stop"

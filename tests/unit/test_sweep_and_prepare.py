@@ -7,11 +7,19 @@ from pathlib import Path
 
 import pytest
 
-from populace.cli.prepare import prepare, prepare_file
-from populace.core.contracts import COT_MAX_TOKENS, RunConfig
+from populace.cli.sweep import plan
+from populace.client.prepare import prepare, prepare_file
+from populace.core.contracts import RunConfig
 from populace.core.objects import digest_of
 from populace.core.scenario import ScenarioError, parse_scenario
 from populace.core.sweep import expand, load_sweep, parse_sweep
+from populace_ratio_game.params import COT_MAX_TOKENS
+
+
+def scenario(data: dict) -> RunConfig:
+    """A scenario mapping checked as `populace run` checks it: the platform's keys, then the
+    simulation's own sections."""
+    return prepare(parse_scenario(data), agents_given="agents" in data).config
 
 ROOT = Path(__file__).resolve().parents[2]
 EDUCATION = ROOT / "examples" / "population" / "education.yaml"
@@ -47,14 +55,19 @@ def test_population_needs_exactly_one_source():
 ])
 def test_bad_prompt_and_population_keys_name_the_field(data, field):
     with pytest.raises(ScenarioError) as err:
-        parse_scenario(data)
+        scenario(data)
     assert str(err.value).startswith(field)
 
 
+def test_an_unknown_simulation_is_named_before_anything_else():
+    with pytest.raises(ScenarioError, match=r"^simulation: unknown simulation 'tennis'; installed: "):
+        scenario({"simulation": "tennis", "population": {"personas": "nope.jsonl"}})
+
+
 def test_cot_gets_room_to_think_unless_max_tokens_is_set():
-    assert parse_scenario({"prompt": {"answer": "cot"}}).model.max_tokens == COT_MAX_TOKENS
-    assert parse_scenario({"prompt": {"answer": "cot"}, "model": {"max_tokens": 64}}).model.max_tokens == 64
-    assert parse_scenario({}).model.max_tokens == 48
+    assert scenario({"prompt": {"answer": "cot"}}).model.max_tokens == COT_MAX_TOKENS
+    assert scenario({"prompt": {"answer": "cot"}, "model": {"max_tokens": 64}}).model.max_tokens == 64
+    assert scenario({}).model.max_tokens == 48
 
 
 # --- prepare --------------------------------------------------------------------------
@@ -133,7 +146,7 @@ def test_grid_times_seeds_expands_to_validated_runs(tmp_path):
                         "seeds": [1, 2, 3]})
     cells = expand(spec, dict(spec.base))
     assert len(cells) == 12
-    assert {(c.config.game.ratio, c.config.prompt.answer) for c in cells} == {
+    assert {(c.config.params["game"]["ratio"], c.config.params["prompt"]["answer"]) for c in cells} == {
         ("2/3", "direct"), ("2/3", "cot"), ("1/2", "direct"), ("1/2", "cot")}
     assert all(c.config.seed == c.seed == c.config.model.seed for c in cells)
     assert all(c.config.rounds == 2 for c in cells)
@@ -156,7 +169,7 @@ def test_sweep_merges_base_onto_the_named_scenario_and_rebases_paths(tmp_path):
 
 
 @pytest.mark.parametrize("data, starts", [
-    ({"grid": {"colour": ["red"]}}, "grid: "),
+    ({"grid": {"game..ratio": ["1/2"]}}, "grid: "),
     ({"grid": {"seed": [1, 2]}}, "grid: "),
     ({"grid": {"game.ratio": []}}, "grid.game.ratio: "),
     ({"seeds": []}, "seeds: "),
@@ -169,10 +182,15 @@ def test_bad_sweeps_name_the_field(data, starts):
     assert str(err.value).startswith(starts), str(err.value)
 
 
-def test_a_bad_grid_value_names_the_cell_and_the_field():
-    spec = parse_sweep({"grid": {"game.ratio": ["2/3", "zero"]}})
+def test_a_bad_grid_value_names_the_cell_and_the_field(tmp_path):
+    sw = write(tmp_path, "sweep.yaml", 'grid: {game.ratio: ["2/3", "zero"]}\n')
     with pytest.raises(ScenarioError, match=r"grid.game.ratio = zero:\ngame.ratio: "):
-        expand(spec, {})
+        plan(sw)
+    sw = write(tmp_path, "sweep.yaml", "grid: {colour: [red]}\n")  # not a key of the scenario's simulation
+    with pytest.raises(ScenarioError, match=r"grid.colour = red:\ncolour: unknown key"):
+        plan(sw)
+    with pytest.raises(ScenarioError, match=r"grid.agents = 0:\nagents: "):  # platform keys fail at expand
+        expand(parse_sweep({"grid": {"agents": [1, 0]}}), {})
 
 
 def test_too_many_runs_is_an_error():

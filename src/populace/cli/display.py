@@ -20,13 +20,19 @@ def summary_labels(summary_model) -> dict[str, str]:
     return {name: f.title or name.replace("_", " ") for name, f in summary_model.model_fields.items()}
 
 
-def rounds_table(results: list[RoundResult], labels: dict[str, str], title: str) -> Table:
+def round_rows(results: list[RoundResult]) -> list[dict]:
+    """Round results as rows: round, n, n_valid and the simulation's summary columns."""
+    return [{"round": r.round, "n": r.n, "n_valid": r.n_valid, **r.summary}
+            for r in sorted(results, key=lambda r: r.round)]
+
+
+def rounds_table(rows: list[dict], labels: dict[str, str], title: str) -> Table:
     """A run's rounds as they closed: valid answers and the simulation's summary columns."""
     t = Table(title=title)
     for col in ("round", "valid", *labels.values()):
         t.add_column(col, justify="right")
-    for r in sorted(results, key=lambda r: r.round):
-        t.add_row(str(r.round), f"{r.n_valid}/{r.n}", *(fmt(r.summary.get(k)) for k in labels))
+    for r in rows:
+        t.add_row(str(r["round"]), f"{r['n_valid']}/{r['n']}", *(fmt(r.get(k)) for k in labels))
     return t
 
 

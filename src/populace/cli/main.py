@@ -15,7 +15,7 @@ import typer
 from pydantic import ValidationError
 
 from populace.cli import display
-from populace.client.prepare import PreparedRun, prepare, prepare_file
+from populace.client.prepare import PreparedRun, parse_config, prepare, prepare_file
 from populace.core import bus, serve
 from populace.core.contracts import RunConfig
 from populace.core.scenario import ScenarioError, format_validation_error
@@ -71,7 +71,8 @@ def checked(build):
 def _report(outcome, prepared: PreparedRun) -> None:
     sim = prepared.resolved.simulation
     labels = display.summary_labels(sim.Summary)
-    display.out.print(display.rounds_table(outcome.results, labels, f"run {outcome.run_id} ({outcome.status})"))
+    display.out.print(display.rounds_table(display.round_rows(outcome.results), labels,
+                                           f"run {outcome.run_id} ({outcome.status})"))
     if outcome.recorded:
         tables = sim.tables()
         display.out.print(f"recorded {outcome.recorded.outcomes} outcomes (table {tables.outcomes}) "
@@ -176,7 +177,7 @@ def demo(
         extra = _overrides(set_)
         prepared = checked(lambda: prepare_file(scenario) if not extra else _prepare_with(scenario, extra))
     else:
-        prepared = checked(lambda: prepare(RunConfig.model_validate(_merged({
+        prepared = checked(lambda: prepare(parse_config(_merged({
             "simulation": simulation, "agents": agents, "rounds": rounds,
             "model": {"backend": model, "latency_s": latency, "seed": seed},
             "placement": {"agents_per_process": 1 if one_per_process else 0},
@@ -193,7 +194,7 @@ def _prepare_with(scenario: Path, extra: dict) -> PreparedRun:
 
     data, text = load_scenario_data(scenario)
     data = _merged(data, extra)
-    return prepare(RunConfig.model_validate(data), base=scenario.parent, agents_given="agents" in data,
+    return prepare(parse_config(data), base=scenario.parent, agents_given="agents" in data,
                    scenario_path=str(scenario), scenario_text=text)
 
 
@@ -236,10 +237,25 @@ def run(
     nats: Annotated[str, typer.Option("--nats", help="NATS URL")] = os.environ.get("POPULACE_NATS_URL", "nats://127.0.0.1:4222"),
     set_: Annotated[Optional[list[str]], typer.Option("--set", help=SET_HELP)] = None,
     progress: Annotated[bool, typer.Option(help="show progress bars")] = True,
+    local: Annotated[bool, typer.Option(help="play in this process, without NATS or services (dummy model); "
+                                             "same results as the fleet")] = False,
+    hosts: Annotated[int, typer.Option(min=1, help="--local: split the agents as this many agent-hosts would")] = 1,
 ) -> None:
-    """Validate a scenario, publish `ctl.run.start`, follow the run until it is recorded."""
+    """Validate a scenario, publish `ctl.run.start`, follow the run until it is recorded
+    (or, with --local, play it in this process)."""
     extra = _overrides(set_)
     prepared = checked(lambda: prepare_file(scenario) if not extra else _prepare_with(scenario, extra))
+    if local:
+        from populace.client import simulate
+
+        if prepared.config.model.backend != "dummy":
+            fail(f"model.backend: --local plays on the dummy model; {prepared.config.model.backend!r} needs "
+                 "the fleet (drop --local)")
+        result = simulate(prepared, local=True, hosts=hosts)
+        labels = display.summary_labels(prepared.resolved.simulation.Summary)
+        display.out.print(display.rounds_table(result.rounds.to_pylist(), labels,
+                                               f"run {result.run_id} (local, {result.status})"))
+        return
     with _stack_url(nats) as url:
         outcome = asyncio.run(_follow(url, prepared, show_progress=progress))
     _report(outcome, prepared)
@@ -565,7 +581,7 @@ def bench_dummy(
     if storage not in ("memory", "file"):
         fail(f"--storage: must be memory or file (got {storage!r})")
     params = _overrides(set_)
-    checked(lambda: prepare(RunConfig.model_validate({"simulation": simulation, "agents": agents, **params})))
+    checked(lambda: prepare(parse_config({"simulation": simulation, "agents": agents, **params})))
     result = run_dummy_bench(agents=agents, latency=latency, hosts=hosts or os.cpu_count() or 1,
                              rounds=rounds, floor=floor, quiet=json_out, storage=storage,
                              simulation=simulation, params=params)

@@ -30,14 +30,14 @@ from typing import Any
 
 import pyarrow as pa
 
-from populace.client.prepare import PreparedRun, prepare, prepare_file
+from populace.client.prepare import PreparedRun, parse_config, prepare, prepare_file
 from populace.client.progress import RunProgress
 from populace.client.run import RunOutcome, new_run_id, play
 from populace.core import bus
 from populace.core.contracts import RoundResult, RunConfig, SimulationTables
 from populace.core.scenario import ScenarioError, format_validation_error
 
-Scenario = str | Path | dict | RunConfig
+Scenario = str | Path | dict | RunConfig | PreparedRun
 
 
 @dataclass
@@ -61,6 +61,10 @@ class SimulationResult:
 
 
 def _prepared(scenario: Scenario, overrides: dict[str, Any]) -> PreparedRun:
+    if isinstance(scenario, PreparedRun) and not overrides:
+        return scenario
+    if isinstance(scenario, PreparedRun):
+        scenario = scenario.config
     try:
         if isinstance(scenario, (str, Path)) and not overrides:
             return prepare_file(scenario)
@@ -69,13 +73,13 @@ def _prepared(scenario: Scenario, overrides: dict[str, Any]) -> PreparedRun:
 
             data, text = load_scenario_data(scenario)
             data = {**data, **overrides}
-            return prepare(RunConfig.model_validate(data), base=Path(scenario).parent,
+            return prepare(parse_config(data), base=Path(scenario).parent,
                            agents_given="agents" in data, scenario_path=str(scenario), scenario_text=text)
         if isinstance(scenario, RunConfig):
             data = {**scenario.model_dump(mode="json", exclude_unset=True), **overrides}
         else:
             data = {**scenario, **overrides}
-        return prepare(RunConfig.model_validate(data), agents_given="agents" in data)
+        return prepare(parse_config(data), agents_given="agents" in data)
     except ScenarioError:
         raise
     except ValueError as err:  # pydantic's ValidationError: name the fields

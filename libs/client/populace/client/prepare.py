@@ -18,12 +18,12 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from populace.core.contracts import RunConfig
+from populace.core.contracts import DEFAULT_SIMULATION, RunConfig
 from populace.core.objects import digest_of
-from populace.core.scenario import ScenarioError, format_validation_error, load_scenario_data, parse_scenario
+from populace.core.scenario import ScenarioError, format_validation_error, load_scenario_data
 from populace.population import PopulationError, load_population, parse_personas, template_records
 from populace.population.cast import cast_from_records
-from populace.sdk.registry import Resolved, load_simulation, resolve
+from populace.sdk.registry import Resolved, distribution, load_simulation, resolve
 from populace.sdk.simulation import Simulation, SimulationError
 
 # The packages whose versions decide what a run does (plus the simulation's own).
@@ -85,6 +85,34 @@ def population_records(config: RunConfig, base: Path, agents_given: bool) -> tup
     return records, _jsonl(records), count
 
 
+def parse_config(data: object) -> RunConfig:
+    """A scenario mapping as a RunConfig, checked against its simulation: the platform's keys
+    and the simulation's own sections are both checked, and every bad field is named at once."""
+    if not isinstance(data, dict):
+        raise ScenarioError("(scenario): the file must hold a mapping of keys to values")
+    problems: list[str] = []
+    config = None
+    try:
+        config = RunConfig.model_validate(data)
+    except ValidationError as err:
+        problems.append(format_validation_error(err))
+    name = data.get("simulation", DEFAULT_SIMULATION)
+    try:
+        sim = load_simulation(name) if isinstance(name, str) else None
+    except SimulationError as err:
+        raise ScenarioError("\n".join([*problems, f"simulation: {err}"])) from None
+    if sim is not None:
+        own = {k: v for k, v in data.items() if k not in RunConfig.model_fields}
+        try:
+            sim.Params.model_validate(own)
+        except ValidationError as err:
+            problems.append(format_validation_error(err))
+    if problems:
+        raise ScenarioError("\n".join(problems))
+    assert config is not None
+    return config
+
+
 def simulation_of(config: RunConfig) -> type[Simulation]:
     try:
         return load_simulation(config.simulation)
@@ -99,6 +127,8 @@ def checked(config: RunConfig) -> Resolved:
         return resolve(config)
     except ValidationError as err:
         raise ScenarioError(format_validation_error(err)) from None
+    except SimulationError as err:
+        raise ScenarioError(f"simulation: {err}") from None
 
 
 def prepare(config: RunConfig, *, base: Path = Path("."), agents_given: bool | None = None,
@@ -130,20 +160,13 @@ def prepare_file(path: str | Path, extra: dict | None = None) -> PreparedRun:
     """Load, validate and prepare a scenario file."""
     p = Path(path)
     data, text = load_scenario_data(p)
-    config = parse_scenario(data)
+    config = parse_config(data)
     return prepare(config, base=p.parent, agents_given="agents" in data, scenario_path=str(p),
                    scenario_text=text, extra=extra)
 
 
 def config_hash(config: RunConfig) -> str:
     return hashlib.sha256(config.model_dump_json().encode()).hexdigest()
-
-
-def _distribution_of(cls: type) -> str | None:
-    """The installed distribution that provides a class's top-level package."""
-    top = cls.__module__.split(".")[0]
-    names = metadata.packages_distributions().get(top) or []
-    return names[0] if len(names) == 1 else None
 
 
 def _versions(extra: tuple[str, ...] = ()) -> dict[str, str]:
@@ -173,7 +196,7 @@ def build_manifest(resolved: Resolved, records: list[dict], scenario_path: str |
     config = resolved.config
     sim_cls = resolved.simulation
     sim = resolved.instance(cast=cast_from_records(records) if records else None)
-    dist = _distribution_of(sim_cls)
+    dist, dist_version = distribution(sim_cls) or (None, None)
     first = records[0] if records else {}
     prov = first.get("provenance") or {}
     pop = config.population
@@ -186,7 +209,7 @@ def build_manifest(resolved: Resolved, records: list[dict], scenario_path: str |
                      "sha256": hashlib.sha256(scenario_text.encode()).hexdigest() if scenario_text else None},
         "seeds": {"run": config.seed, "model": config.model.seed, "population": prov.get("seed")},
         "simulation": {"name": sim_cls.name, "class": f"{sim_cls.__module__}:{sim_cls.__qualname__}",
-                       "package": dist, "version": _versions((dist,)).get(dist) if dist else None,
+                       "package": dist, "version": dist_version,
                        "tables": sim_cls.tables().model_dump(mode="json")},
         "prompt": {
             "version": sim_cls.prompt_version,

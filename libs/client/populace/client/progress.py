@@ -10,10 +10,16 @@ from populace.core.contracts import HostSpawned, Progress as ProgressTick, Round
 
 
 def fmt(x: object, digits: int = 2) -> str:
+    """A table cell: numbers to `digits`, a mapping as `key value · key value` (e.g. a vote's
+    counts), a list comma-separated, None as a dash."""
     if x is None:
         return "—"
     if isinstance(x, float):
         return f"{x:.{digits}f}"
+    if isinstance(x, dict):
+        return " · ".join(f"{k} {fmt(v, digits)}" for k, v in x.items())
+    if isinstance(x, (list, tuple)):
+        return ", ".join(fmt(v, digits) for v in x)
     return str(x)
 
 

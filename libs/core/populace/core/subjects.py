@@ -100,6 +100,13 @@ ANY_ROUND_RESULT = "run.*.round.*.result"
 ANY_SPAWNED = "run.*.spawned.*"
 ANY_RUN_DONE = "run.*.done"
 ANY_FAULT = "run.*.fault.*"
+# Documented (AsyncAPI) as what services publish; never subscribed to with these wildcards.
+ANY_STARTED = "run.*.started"
+ANY_SPAWN = "run.*.spawn.*"
+ANY_OUTCOMES = "run.*.outcomes.*.*"
+ANY_CALLS = "run.*.calls.*.*"
+ANY_RECORDED = "run.*.recorded"
+ANY_PROGRESS = "progress.*.*.*"
 ANY_RUN_EVENT = "run.>"
 
 
@@ -137,7 +144,7 @@ def run_spawned_any(rid: str) -> str:
 
 # Placeholders a subscription's wildcards stand for, by the token before them (AsyncAPI titles).
 _DOC_NAMES = {"run": "run_id", "round": "round", "outcomes": "round", "partial": "round", "calls": "round",
-              "spawned": "host_id", "fault": "source"}
+              "spawn": "host_id", "spawned": "host_id", "fault": "source"}
 _DOC_LAST = {"outcomes": "host_id", "partial": "host_id", "calls": "gateway_id"}
 
 
@@ -145,6 +152,8 @@ def doc_title(subject: str) -> str:
     """A subscription as documentation names it: 'run.*.round.*.open' → 'run.{run_id}.round.{round}.open'.
     A host's own subscription ('run.*.spawn.host-0') is documented for every host."""
     parts = subject.split(".")
+    if parts[0] == "progress" and len(parts) == 4:
+        return "progress.{run_id}.{round}.{host_id}"
     out: list[str] = []
     for i, tok in enumerate(parts):
         prev = parts[i - 1] if i else ""

@@ -41,7 +41,7 @@ class Cast:
     def profiles(self) -> list[Mapping[str, Any]]:
         return [p.profile for p in self.personas]
 
-    def note(self, noun: str = "people") -> str:
+    def note(self, noun: str | None = None) -> str:
         """The population's make-up in one paragraph (see `population_note`)."""
         return population_note(self.profiles, noun)
 
@@ -77,16 +77,17 @@ def persona_text(record: Mapping) -> str:
     return " ".join(parts)
 
 
-def population_note(profiles: Iterable[Mapping], noun: str = "people") -> str:
+def population_note(profiles: Iterable[Mapping], noun: str | None = None) -> str:
     """The population's make-up in one paragraph: each categorical attribute's shares and each
-    numeric attribute's range, e.g. "The players are 50 people. Education: 20% Ph.D., …"."""
+    numeric attribute's range, e.g. "The players are 50 people. Education: 20% Ph.D., …"
+    (`noun`: what the simulation calls its agents; default "The population is 50 people.")."""
     profiles = list(profiles)
     if not profiles:
         return ""
     keys: list[str] = []
     for p in profiles:
         keys.extend(k for k in p if k not in keys)
-    parts = [f"The {noun} are {len(profiles)} people."]
+    parts = [f"The {noun} are {len(profiles)} people." if noun else f"The population is {len(profiles)} people."]
     for key in keys:
         values = [p[key] for p in profiles if p.get(key) is not None]
         if not values:

@@ -96,7 +96,8 @@ class Env(Generic[StateT, PartialT]):
         raise NotImplementedError
 
     def merge(self, partials: Sequence[PartialT]) -> PartialT:  # pragma: no cover
-        """Fold partials (of batches, hosts or groups) into one: associative and commutative."""
+        """Fold partials (of batches, hosts or groups) into one: associative and commutative.
+        `partials` may be empty (a round in which no agent answered): return the empty partial."""
         raise NotImplementedError
 
     def decide(self, state: StateT, round: int, total: PartialT) -> tuple[StateT, Summary]:  # pragma: no cover

@@ -13,6 +13,7 @@ with NATS, and the local runner runs in process. The simulation's code decides; 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -67,6 +68,8 @@ class OutcomeSink:
         self._cls = sim.Outcome
         self._adapters = columns_adapter(sim.Outcome)
         self._getters = {name: operator.attrgetter(name) for name in ("valid", "raw", *self._adapters)}
+        self._defaults = {f.name: (f.default_factory if f.default is dataclasses.MISSING
+                                   else (lambda v=f.default: v)) for f in dataclasses.fields(sim.Outcome)}
         self._env = env
         self._batch_size = batch_size
         self._emit = emit
@@ -95,10 +98,12 @@ class OutcomeSink:
             self.flush()
 
     def _columns(self, outs: list[Outcome], errs: list[str | None]) -> tuple[dict[str, list], list[bool], list[str]]:
-        """Validated columns; a row whose values do not fit its columns becomes that agent's
-        invalid outcome (named error), so one agent's bad value never poisons the batch."""
+        """Validated columns. A value that does not fit its column is reset to the column's
+        default and its row marked invalid (error named); the row's other values stay — a
+        group env may already have filled them — and one agent's bad value never poisons
+        the batch."""
         for _ in range(2):
-            bad: dict[int, str] = {}
+            bad: dict[int, list[str]] = {}
             columns: dict[str, list] = {}
             for name, adapter in (("valid", _VALID), ("raw", _RAW), *self._adapters.items()):
                 values = list(map(self._getters[name], outs))
@@ -107,13 +112,19 @@ class OutcomeSink:
                 except ValidationError as err:
                     for e in err.errors():
                         if e["loc"] and isinstance(e["loc"][0], int):
-                            bad.setdefault(e["loc"][0], f"outcome.{name}: {e['msg']} (got {e.get('input')!r})")
+                            bad.setdefault(e["loc"][0], []).append(name)
+                            reason = f"outcome.{name}: {e['msg']} (got {e.get('input')!r})"
+                            errs[e["loc"][0]] = errs[e["loc"][0]] or f"agent: {reason}"
             if not bad:
                 return columns, columns.pop("valid"), columns.pop("raw")
-            for i, reason in bad.items():
-                raw = getattr(outs[i], "raw", "")
-                outs[i] = self._cls(valid=False, raw=raw if isinstance(raw, str) else repr(raw))
-                errs[i] = f"agent: {reason}"
+            for i, names in bad.items():
+                out = outs[i]
+                raw = out.raw
+                for name in names:
+                    setattr(out, name, self._defaults[name]())
+                out.valid = False
+                if "raw" in names:  # the model's text must survive as text
+                    out.raw = repr(raw)
         raise RuntimeError("outcome defaults do not fit their own columns")  # pragma: no cover
 
     def flush(self) -> None:

@@ -27,6 +27,16 @@ def available() -> dict[str, str]:
     return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
+def distribution(sim: type[Simulation]) -> tuple[str, str] | None:
+    """(name, version) of the installed package that registers `sim` (for the run's manifest),
+    or None for a simulation given by import path from an unregistered module."""
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.value == f"{sim.__module__}:{sim.__qualname__}" or ep.name == sim.name:
+            if ep.dist is not None:
+                return ep.dist.name, ep.dist.version
+    return None
+
+
 @lru_cache(maxsize=64)
 def load_simulation(name: str) -> type[Simulation]:
     """The simulation class `name` refers to; SimulationError naming what failed."""
@@ -76,6 +86,11 @@ def resolve(config: RunConfig) -> Resolved:
         sim.check_run(params, config)
     except ValueError as err:
         raise _error(str(err), config.params) from None
+    if sim.GroupEnv is not None:
+        size = sim(params, agents=config.agents).group_size()
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise SimulationError(f"simulation {sim.name!r} declares a GroupEnv, but group_size() returned "
+                                  f"{size!r} for these parameters (it must be a whole number >= 1)")
     data = config.model_dump(mode="json", exclude=set(config.params))
     data.update(params.model_dump(mode="json"))
     defaults = sim.model_defaults(params)

@@ -173,17 +173,19 @@ class Simulation:
         if cls.GroupEnv is not None and not (isinstance(cls.GroupEnv, type) and issubclass(cls.GroupEnv, GroupEnv)):
             problems.append("`GroupEnv` must be a subclass of populace.sdk.GroupEnv (or None)")
         if not problems:
+            outcomes = cls.outcome_table or f"{cls.slug()}_outcomes"
+            rounds = cls.summary_table or f"{cls.slug()}_rounds"
+            for label, table in (("outcome_table", outcomes), ("summary_table", rounds)):
+                if not _IDENT.match(table) or table in RESERVED_TABLES:
+                    problems.append(f"`{label}` {table!r} must be a lower-case identifier and not one of "
+                                    f"{', '.join(RESERVED_TABLES)}")
+            if outcomes == rounds:
+                problems.append("`outcome_table` and `summary_table` must differ")
+        if not problems:
             try:
-                tables = cls.tables()
+                cls.tables()
             except (OutcomeError, ValueError) as err:
                 problems.append(str(err))
-            else:
-                for label, table in (("outcome_table", tables.outcomes), ("summary_table", tables.rounds)):
-                    if not _IDENT.match(table) or table in RESERVED_TABLES:
-                        problems.append(f"`{label}` {table!r} must be a lower-case identifier and not one of "
-                                        f"{', '.join(RESERVED_TABLES)}")
-                if tables.outcomes == tables.rounds:
-                    problems.append("`outcome_table` and `summary_table` must differ")
         if problems:
             raise SimulationError(f"{where} ({cls.__module__}.{cls.__qualname__}) is not valid:\n  - "
                                   + "\n  - ".join(problems))

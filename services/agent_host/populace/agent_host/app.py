@@ -1,7 +1,7 @@
 """agent-host service: spawn and round-open events in, turns played by HostRuntime.
 
 Run with `populace service agent-host` or
-`faststream run populace.agent_host.app:create --factory`."""
+`faststream run populace.agent_host.app:faststream_app --factory`."""
 
 from __future__ import annotations
 
@@ -12,9 +12,12 @@ import time
 from faststream.nats.annotations import NatsMessage
 from pydantic import ValidationError
 
+from faststream import FastStream
 from populace.agent_host.runtime import HostRuntime
 from populace.core import bus, objects, subjects, telemetry
-from populace.core.contracts import HostInfo, HostSpawned, RoundOpen, RunDone, RunFault, SpawnBatch
+from populace.core.contracts import (
+    HostInfo, HostSpawned, InferBatch, OutcomeBatch, Progress, RoundOpen, RoundPartial, RunDone, RunFault, SpawnBatch,
+)
 from populace.core.scenario import format_validation_error
 from populace.core.service import Service
 from populace.core.settings import Settings
@@ -115,4 +118,15 @@ def create(settings: Settings | None = None) -> Service:
     svc.handle(subjects.any_spawn_for(host.host_id), SpawnBatch, no_reply=True)(host.on_spawn)
     svc.handle(subjects.ANY_ROUND_OPEN, RoundOpen, no_reply=True)(host.on_round_open)
     svc.handle(subjects.ANY_RUN_DONE, RunDone, no_reply=True)(host.on_done)
+    svc.publishes(subjects.ANY_SPAWNED, HostSpawned, "this host created its agents of a run")
+    svc.publishes(subjects.ANY_OUTCOMES, OutcomeBatch, "~1,000 agents' outcomes of a round, columnar")
+    svc.publishes(subjects.ANY_PARTIAL, RoundPartial, "this host's reduced round, after all its outcomes are stored")
+    svc.publishes(subjects.ANY_FAULT, RunFault, "this host cannot host the run or its simulation failed")
+    svc.publishes(subjects.ANY_PROGRESS, Progress, "core NATS, not stored: outcomes answered so far")
+    svc.publishes(subjects.LLM_INFER, InferBatch, "request/reply to the gateways' queue group")
     return svc
+
+
+def faststream_app() -> FastStream:
+    """For FastStream's own CLI: `faststream run|docs gen <this module>:faststream_app --factory`."""
+    return create().app

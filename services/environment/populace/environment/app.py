@@ -4,7 +4,7 @@ config its round opens carry) and decides the rounds; its state travels with the
 opens, so this service keeps nothing between rounds but the partials of open rounds.
 
 Run with `populace service environment` or
-`faststream run populace.environment.app:create --factory`."""
+`faststream run populace.environment.app:faststream_app --factory`."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from nats.js.api import DeliverPolicy
 from opentelemetry.context import Context
 from pydantic import ValidationError
 
+from faststream import FastStream
 from populace.core import bus, metrics, subjects, telemetry
 from populace.core.contracts import RoundOpen, RoundPartial, RoundResult, RunFault
 from populace.core.scenario import format_validation_error
@@ -126,4 +127,11 @@ def create(settings: Settings | None = None) -> Service:
                pull_sub=PullSub(batch_size=16), **durable)(env.on_round_open)
     svc.handle(subjects.ANY_PARTIAL, RoundPartial, durable="environment-partial",
                pull_sub=PullSub(batch_size=64), **durable)(env.on_partial)
+    svc.publishes(subjects.ANY_ROUND_RESULT, RoundResult, "the round's decision: summary, next observation, state")
+    svc.publishes(subjects.ANY_FAULT, RunFault, "the run's simulation cannot be loaded or its environment raised")
     return svc
+
+
+def faststream_app() -> FastStream:
+    """For FastStream's own CLI: `faststream run|docs gen <this module>:faststream_app --factory`."""
+    return create().app

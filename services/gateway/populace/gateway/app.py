@@ -2,7 +2,7 @@
 out; per-call records (`run.<rid>.calls.<n>.<gateway>`) to the recorder. Every request gets
 a reply — an explicit error rather than a timeout, a malformed request included.
 
-Run with `populace service gateway` or `faststream run populace.gateway.app:create --factory`."""
+Run with `populace service gateway` or `faststream run populace.gateway.app:faststream_app --factory`."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import asyncio
 
 import httpx
 
+from faststream import FastStream
 from populace.core import bus, metrics, subjects
 from populace.core.contracts import InferBatch, InferReply, LlmCallBatch
 from populace.core.service import Service
@@ -105,5 +106,10 @@ def create(settings: Settings | None = None) -> Service:
                max_workers=svc.settings.gateway_max_workers,
                reply_on_error=lambda reason: InferReply(batch_id="?", error=f"malformed request "
                                                                             f"(dead-lettered): {reason}"))(gw.on_infer)
-    svc.publishes("run.*.calls.*.*", LlmCallBatch, "what the gateway did for each decision (table llm_calls)")
+    svc.publishes(subjects.ANY_CALLS, LlmCallBatch, "what the gateway did for each decision (table llm_calls)")
     return svc
+
+
+def faststream_app() -> FastStream:
+    """For FastStream's own CLI: `faststream run|docs gen <this module>:faststream_app --factory`."""
+    return create().app

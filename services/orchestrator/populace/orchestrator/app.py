@@ -4,7 +4,7 @@ n's result. It loads each run's simulation by name only to check its parameters,
 groups whole on one host and tell the recorder its tables; it plays nothing.
 
 Run with `populace service orchestrator` or
-`faststream run populace.orchestrator.app:create --factory`."""
+`faststream run populace.orchestrator.app:faststream_app --factory`."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span
 from pydantic import ValidationError
 
+from faststream import FastStream
 from populace.core import bus, metrics, subjects, telemetry
 from populace.core.contracts import (
     HostInfo, HostSpawned, RoundOpen, RoundResult, RunDone, RunFault, RunStart, RunStarted, RunState, SpawnBatch,
@@ -263,4 +264,13 @@ def create(settings: Settings | None = None) -> Service:
                pull_sub=PullSub(batch_size=16), **durable)(orch.on_result)
     svc.handle(subjects.ANY_FAULT, RunFault, stream=run_stream, durable="orchestrator-fault",
                pull_sub=PullSub(batch_size=16), **durable)(orch.on_fault)
+    svc.publishes(subjects.ANY_STARTED, RunStarted, "a run was placed; carries its simulation's tables")
+    svc.publishes(subjects.ANY_SPAWN, SpawnBatch, "one host's agents, as id ranges")
+    svc.publishes(subjects.ANY_ROUND_OPEN, RoundOpen, "once per round, with the environment's state")
+    svc.publishes(subjects.ANY_RUN_DONE, RunDone, "the run ended (completed or failed, with a reason)")
     return svc
+
+
+def faststream_app() -> FastStream:
+    """For FastStream's own CLI: `faststream run|docs gen <this module>:faststream_app --factory`."""
+    return create().app

@@ -7,7 +7,7 @@ FastStream 0.7.8's batch pull loop catches `nats.errors.TimeoutError`, while nat
 `asyncio.TimeoutError` mid-batch, so the loop restarts and already-fetched messages wait
 for redelivery (`ack_wait`). Here both are handled and nothing is dropped.
 
-Run with `populace service recorder` or `faststream run populace.recorder.app:create --factory`."""
+Run with `populace service recorder` or `faststream run populace.recorder.app:faststream_app --factory`."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from pydantic import BaseModel, ValidationError
 
+from faststream import FastStream
 from populace.core import bus, metrics, objects, subjects, telemetry
 from populace.core.contracts import (
     LlmCallBatch, OutcomeBatch, RoundResult, RunDone, RunRecorded, RunStarted, SimulationTables, SpawnBatch,
@@ -130,7 +131,6 @@ class Recorder:
     async def handle(self, raws: list[Msg]) -> None:
         t0 = time.perf_counter()
         parsed = await self.parse(raws)
-        events = [e for e, _ in parsed]
         first: dict[str, Msg] = {}  # each run's first message here: its trace context parents our span
         for e, raw in parsed:
             first.setdefault(e.model.run_id, raw)
@@ -146,15 +146,21 @@ class Recorder:
                                    attributes={"populace.run_id": rid, "populace.messages": len(raws)})
                  for rid, raw in first.items()]
         try:
-            result = await asyncio.to_thread(self.store.ingest, events)
-        except StoreError as err:
-            # The run's tables clash with the database: nothing of this fetch is stored; the
-            # clashing run's events are dead-lettered so the others can go on.
-            self.svc.log.error("store_refused", error=str(err))
-            for e, raw in parsed:
-                if str(e.model.run_id) in str(err):
-                    await self.svc.dead_letter(raw, err)
-            raise
+            while True:
+                try:
+                    result = await asyncio.to_thread(self.store.ingest, [e for e, _ in parsed])
+                    break
+                except StoreError as err:
+                    # This run's tables clash with the database (or are unknown): its events are
+                    # dead-lettered and the rest of the fetch is stored without them.
+                    self.svc.log.error("store_refused", run_id=err.run_id, error=str(err))
+                    for e, raw in parsed:
+                        if e.model.run_id == err.run_id:
+                            await self.svc.dead_letter(raw, err)
+                    kept = [(e, raw) for e, raw in parsed if e.model.run_id != err.run_id]
+                    if len(kept) == len(parsed):
+                        raise
+                    parsed = kept
         finally:
             for span in spans:
                 span.end()
@@ -191,4 +197,14 @@ def create(settings: Settings | None = None) -> Service:
     recorder = Recorder(svc)
     svc.on_ready(recorder.start)
     svc.on_stop(recorder.stop)
+    for subject, model in ((subjects.ANY_STARTED, RunStarted), (subjects.ANY_SPAWN, SpawnBatch),
+                           (subjects.ANY_OUTCOMES, OutcomeBatch), (subjects.ANY_ROUND_RESULT, RoundResult),
+                           (subjects.ANY_RUN_DONE, RunDone), (subjects.ANY_CALLS, LlmCallBatch)):
+        svc.consumes(subject, model, "durable pull consumer `recorder` on the RUN stream, acked after commit")
+    svc.publishes(subjects.ANY_RECORDED, RunRecorded, "every outcome of a finished run is in DuckDB")
     return svc
+
+
+def faststream_app() -> FastStream:
+    """For FastStream's own CLI: `faststream run|docs gen <this module>:faststream_app --factory`."""
+    return create().app

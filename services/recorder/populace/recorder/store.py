@@ -51,7 +51,11 @@ ARROW = {"DOUBLE": pa.float64(), "BIGINT": pa.int64(), "VARCHAR": pa.string(), "
 
 
 class StoreError(RuntimeError):
-    """A run's declared tables clash with what the database holds."""
+    """A run's declared tables clash with what the database holds (or are unknown)."""
+
+    def __init__(self, run_id: str, message: str) -> None:
+        super().__init__(f"run {run_id}: {message}")
+        self.run_id = run_id
 
 
 def ts(epoch: float) -> datetime:
@@ -126,7 +130,7 @@ class Store:
                 spec = self._tables[run_id] = SimulationTables.model_validate_json(row[0])
         return spec
 
-    def _ensure(self, table: str, columns: list[tuple[str, str]]) -> None:
+    def _ensure(self, run_id: str, table: str, columns: list[tuple[str, str]]) -> None:
         key = (table, repr(columns))
         if key in self._ready:
             return
@@ -142,13 +146,13 @@ class Store:
                 if name not in have:
                     con.execute(f"ALTER TABLE {_q(table)} ADD COLUMN {_q(name)} {type_}")
                 elif have[name] != type_ and {have[name], type_} != {"VARCHAR", "JSON"}:
-                    raise StoreError(f"table {table}: column {name} is {have[name]} in {self.path}, "
-                                     f"but this run declares {type_} (another simulation uses the name?)")
+                    raise StoreError(run_id, f"table {table}: column {name} is {have[name]} in {self.path}, "
+                                             f"but this run declares {type_} (another simulation uses the name?)")
         self._ready.add(key)
 
-    def ensure_tables(self, spec: SimulationTables) -> None:
-        self._ensure(spec.outcomes, outcome_columns(spec))
-        self._ensure(spec.rounds, summary_columns(spec))
+    def ensure_tables(self, run_id: str, spec: SimulationTables) -> None:
+        self._ensure(run_id, spec.outcomes, outcome_columns(spec))
+        self._ensure(run_id, spec.rounds, summary_columns(spec))
 
     # -- ingestion ------------------------------------------------------------------------
     def _unseen(self, events: list[Event]) -> list[Event]:
@@ -188,7 +192,7 @@ class Store:
                     out.calls += len(m.agent_ids)
                 elif isinstance(m, RunStarted):
                     self._tables[m.run_id] = m.tables
-                    self.ensure_tables(m.tables)
+                    self.ensure_tables(m.run_id, m.tables)
                     con.execute(
                         "INSERT OR REPLACE INTO runs (run_id, started_at, config_json, status, hosts, manifest_json, "
                         "simulation, tables_json) VALUES (?, ?, ?, 'running', ?, ?, ?, ?)",
@@ -218,14 +222,15 @@ class Store:
             con.execute("COMMIT")
         except Exception:
             con.execute("ROLLBACK")
+            self._ready.clear()  # tables created in the rolled-back transaction are gone again
             raise
         return out
 
     def _spec(self, run_id: str) -> SimulationTables:
         spec = self.tables_of(run_id)
         if spec is None:
-            raise StoreError(f"run {run_id}: no started event recorded, so its tables are unknown")
-        self.ensure_tables(spec)
+            raise StoreError(run_id, "no started event recorded, so its tables are unknown")
+        self.ensure_tables(run_id, spec)
         return spec
 
     def _insert_outcomes(self, run_id: str, batches: list[OutcomeBatch]) -> int:
@@ -287,7 +292,7 @@ class Store:
         spec = self.tables_of(run_id)
         if spec is None:
             return 0
-        self.ensure_tables(spec)
+        self.ensure_tables(run_id, spec)
         return self.con.execute(f"SELECT count(*) FROM {_q(spec.outcomes)} WHERE run_id = ?",
                                 [run_id]).fetchone()[0]
 

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from populace.core.contracts import GameConfig
-from populace.games.parsing import parse_guess
-from populace.games.prompts import history_text, system_prompt, user_prompt
+from populace_ratio_game.params import GameConfig
+from populace_ratio_game.parsing import parse_guess
+from populace_ratio_game.prompts import history_text, system_prompt, user_prompt
 
 
 @pytest.mark.parametrize("text,expected", [

@@ -8,8 +8,8 @@ from fractions import Fraction
 
 import pytest
 
-from populace.core.contracts import GameConfig, HostPartial
-from populace.games.rules import TIE_EPS, PartialBuilder, Reduced, decide_round, merge, target
+from populace_ratio_game.params import GameConfig
+from populace_ratio_game.rules import TIE_EPS, GuessPartial, decide_round, merge, partial_of, target
 
 Guess = tuple[int, float | None]  # (agent_id, value or None when invalid)
 
@@ -61,14 +61,20 @@ def split(guesses: list[Guess], how: str, rng: random.Random) -> list[list[Guess
     raise AssertionError(how)
 
 
-def partials_of(parts: list[list[Guess]], run_id: str = "r1", round_: int = 1) -> list[HostPartial]:
-    out = []
-    for i, part in enumerate(parts):
-        b = PartialBuilder()
-        for a, v in part:
-            b.add(a, v)
-        out.append(b.build(run_id, round_, f"h{i}"))
-    return out
+def partials_of(parts: list[list[Guess]]) -> list[GuessPartial]:
+    return [partial_of(part) for part in parts]
+
+
+class Decided:
+    """A round as the platform records it: its counts plus the game's summary."""
+
+    def __init__(self, parts: list[list[Guess]], game: GameConfig, merged: GuessPartial | None = None) -> None:
+        merged = merged if merged is not None else merge(partials_of(parts))
+        self.n = sum(len(p) for p in parts)
+        self.n_valid = merged.n_valid
+        s = decide_round(merged, game)
+        self.mean, self.target, self.n_winners = s.mean, s.target, s.n_winners
+        self.winner_agent_id, self.winner_value = s.winner_agent_id, s.winner_value
 
 
 def check(result, expected: dict) -> None:
@@ -96,9 +102,7 @@ def test_partials_match_brute_force(ratio, offset, how, seed):
     guesses = random_guesses(rng, rng.randint(1, 300))
     game = GameConfig(ratio=ratio, offset=offset)
     parts = split(guesses, how, rng)
-    result = decide_round("r1", 3, merge(partials_of(parts)), game, closed_at=123.0)
-    check(result, brute_force(guesses, ratio, offset))
-    assert result.run_id == "r1" and result.round == 3 and result.closed_at == 123.0
+    check(Decided(parts, game), brute_force(guesses, ratio, offset))
 
 
 @pytest.mark.parametrize("ratio,offset", GAMES)
@@ -109,7 +113,7 @@ def test_small_value_range_many_ties(ratio, offset):
     for _ in range(30):
         guesses = [(a, float(rng.randint(0, 4) * 10)) for a in rng.sample(range(5000), 200)]
         parts = split(guesses, "random", rng)
-        result = decide_round("r", 1, merge(partials_of(parts)), GameConfig(ratio=ratio, offset=offset), 0.0)
+        result = Decided(parts, GameConfig(ratio=ratio, offset=offset))
         check(result, brute_force(guesses, ratio, offset))
         assert result.n_winners > 1
 
@@ -134,27 +138,17 @@ def test_merge_nests_like_group_envs():
     rng = random.Random(5)
     guesses = random_guesses(rng, 400)
     partials = partials_of(split(guesses, "random", rng))
-    groups = []
-    for i in range(0, len(partials), 3):
-        r = merge(partials[i:i + 3])
-        groups.append(HostPartial(run_id="r1", round=1, host_id=f"g{i}", n=r.n, n_valid=r.n_valid,
-                                  total=r.total,
-                                  by_value=[(v, c, a) for v, (c, a) in sorted(r.by_value.items())]))
+    groups = [merge(partials[i:i + 3]) for i in range(0, len(partials), 3)]
     assert merge(groups) == merge(partials)
 
 
 def test_merge_of_nothing_is_empty():
-    assert merge([]) == Reduced(0, 0, 0.0, {})
+    assert merge([]) == GuessPartial(n_valid=0, total=0.0, by_value=[])
 
 
 # --- the builder itself -----------------------------------------------------------------
-def test_partial_builder_counts_and_min_agent():
-    b = PartialBuilder()
-    for a, v in [(9, 10.0), (4, 10.0), (7, None), (2, 3.5), (6, 10.0), (1, None)]:
-        b.add(a, v)
-    p = b.build("run", 2, "hostA")
-    assert (p.run_id, p.round, p.host_id) == ("run", 2, "hostA")
-    assert p.n == 6
+def test_partial_counts_and_min_agent():
+    p = partial_of([(9, 10.0), (4, 10.0), (7, None), (2, 3.5), (6, 10.0), (1, None)])
     assert p.n_valid == 4
     assert p.total == 33.5
     assert p.by_value == [(3.5, 1, 2), (10.0, 3, 4)]  # sorted by value; smallest agent per value
@@ -162,10 +156,7 @@ def test_partial_builder_counts_and_min_agent():
 
 # --- specific rounds ------------------------------------------------------------------------
 def test_all_invalid_round():
-    b = PartialBuilder()
-    for a in range(5):
-        b.add(a, None)
-    r = decide_round("r", 1, merge([b.build("r", 1, "h")]), GameConfig(), 1.0)
+    r = Decided([[(a, None) for a in range(5)]], GameConfig())
     assert (r.n, r.n_valid, r.n_winners) == (5, 0, 0)
     assert r.mean is None and r.target is None
     assert r.winner_agent_id is None and r.winner_value is None
@@ -174,7 +165,7 @@ def test_all_invalid_round():
 def test_invalid_counted_in_n_not_in_mean():
     # valid: 10, 20, 60 -> mean 30, target 20 (2/3) -> winner value 20 (agent 2)
     guesses = [(0, None), (1, 10.0), (2, 20.0), (3, None), (4, 60.0)]
-    r = decide_round("r", 1, merge(partials_of([guesses[:2], guesses[2:]])), GameConfig(ratio="2/3"), 0.0)
+    r = Decided([guesses[:2], guesses[2:]], GameConfig(ratio="2/3"))
     assert r.n == 5 and r.n_valid == 3
     assert r.mean == 30.0
     assert r.target == pytest.approx(20.0)
@@ -184,7 +175,7 @@ def test_invalid_counted_in_n_not_in_mean():
 def test_offset_is_added():
     # mean 40, ratio 1/2, offset 5 -> target 25
     guesses = [(0, 20.0), (1, 26.0), (2, 74.0), (3, 40.0)]
-    r = decide_round("r", 1, merge(partials_of([guesses])), GameConfig(ratio="1/2", offset=5), 0.0)
+    r = Decided([guesses], GameConfig(ratio="1/2", offset=5))
     assert r.mean == 40.0 and r.target == 25.0
     assert (r.winner_agent_id, r.winner_value) == (1, 26.0)
 
@@ -195,26 +186,27 @@ def test_equidistant_tie_smallest_agent_wins(ids, expected_winner):
     low_id, high_id = ids
     guesses = [(low_id, 9.0), (high_id, 11.0), (5, 40.0)]
     for parts in ([guesses], [[guesses[0]], [guesses[1], guesses[2]]], [[g] for g in reversed(guesses)]):
-        r = decide_round("r", 1, merge(partials_of(parts)), GameConfig(ratio="1/2"), 0.0)
+        r = Decided(parts, GameConfig(ratio="1/2"))
         assert r.target == 10.0
         assert r.n_winners == 2
         assert (r.winner_agent_id, r.winner_value) == expected_winner
 
 
-def _reduced(by_value: dict[float, tuple[int, int]]) -> Reduced:
+def _reduced(by_value: dict[float, tuple[int, int]]) -> GuessPartial:
     n = sum(c for c, _ in by_value.values())
-    return Reduced(n=n, n_valid=n, total=sum(v * c for v, (c, _) in by_value.items()), by_value=by_value)
+    return GuessPartial(n_valid=n, total=sum(v * c for v, (c, _) in by_value.items()),
+                        by_value=[(v, c, a) for v, (c, a) in sorted(by_value.items())])
 
 
 def test_near_tie_within_eps_counts_all_but_beyond_eps_does_not():
     game = GameConfig(ratio="1")  # target == mean == 10 (the offsets below cancel out)
     close = _reduced({10.0 - 2e-10: (1, 8), 10.0 + 3e-10: (1, 4), 10.0 - 1e-10: (1, 6)})
-    r = decide_round("r", 1, close, game, 0.0)
+    r = decide_round(close, game)
     assert r.target == pytest.approx(10.0)
     assert r.n_winners == 3  # all three distances are within TIE_EPS of the best
     assert r.winner_agent_id == 4  # smallest id among the tied agents, not the closest value
     far = _reduced({10.0 - 1e-6: (1, 8), 10.0 + 3e-6: (1, 4), 10.0 - 2e-6: (1, 6)})
-    r = decide_round("r", 1, far, game, 0.0)
+    r = decide_round(far, game)
     assert (r.n_winners, r.winner_agent_id, r.winner_value) == (1, 8, 10.0 - 1e-6)
     assert TIE_EPS == 1e-9
 

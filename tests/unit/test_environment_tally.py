@@ -1,0 +1,101 @@
+"""The environment service's pure core: a round closes once every expected agent is counted,
+whatever order partials and the round open arrive in; a host counts once; a partial whose
+payload is not the simulation's is refused; a simulation env that raises is named."""
+
+from __future__ import annotations
+
+import pytest
+
+from populace.core.contracts import RoundOpen, RoundPartial, RunConfig
+from populace.environment.tally import BadPartial, EnvironmentFailed, RunTally
+from populace.sdk.registry import resolve
+from populace_ratio_game.rules import partial_of
+
+CONFIG = RunConfig(agents=7, rounds=3)
+H1 = [(0, 10.0), (1, 20.0), (2, None), (3, 90.0)]  # 4 agents
+H2 = [(4, 30.0), (5, 30.0), (6, 50.0)]  # 3 agents
+
+
+def tally(config: RunConfig = CONFIG) -> RunTally:
+    resolved = resolve(config)
+    return RunTally("r1", resolved, resolved.simulation.Env(resolved.instance("r1")))
+
+
+def opened(round_: int = 1, expected: int = 7, state: dict | None = None) -> RoundOpen:
+    return RoundOpen(run_id="r1", round=round_, expected=expected, config=CONFIG, env_state=state, opened_at=0.0)
+
+
+def partial(host: str, guesses, round_: int = 1) -> RoundPartial:
+    p = partial_of(guesses)
+    return RoundPartial(run_id="r1", round=round_, host_id=host, n=len(guesses), n_valid=p.n_valid,
+                        payload=p.model_dump(mode="json"))
+
+
+def test_round_closes_only_when_all_expected_reported():
+    t = tally()
+    assert t.open(opened()) is None
+    assert t.add(partial("h1", H1)) is None
+    res = t.add(partial("h2", H2))
+    assert res is not None and (res.run_id, res.round, res.n, res.n_valid) == ("r1", 1, 7, 6)
+    # mean 230/6, target 2/3 of it = 25.6: the closest guesses are the two 30s, agent 4 the smaller id
+    assert res.summary["mean"] == pytest.approx(230 / 6) and res.summary["winner_agent_id"] == 4
+    assert res.summary["n_winners"] == 2
+    assert res.state == {"winners": [30.0]} and res.observation == {"round": 2, "history": [30.0]}
+
+
+def test_partials_before_the_open_wait_for_it_and_replays_count_once():
+    t = tally()
+    assert t.add(partial("h1", H1)) is None
+    assert t.add(partial("h1", H1)) is None  # a replay: would make 8 >= 7 if counted twice
+    assert t.add(partial("h2", H2)) is None  # all in, but the round is not open yet
+    res = t.open(opened())
+    assert res is not None and res.n == 7
+    assert t.add(partial("h2", H2)) is None and t.open(opened()) is None  # closed rounds stay closed
+
+
+def test_the_decision_does_not_depend_on_arrival_order():
+    a, b = tally(), tally()
+    a.open(opened()), a.add(partial("h1", H1))
+    ra = a.add(partial("h2", H2))
+    b.add(partial("h2", H2)), b.add(partial("h1", H1))
+    rb = b.open(opened())
+    assert ra.summary == rb.summary and ra.state == rb.state
+
+
+def test_rounds_are_independent_and_state_carries_over():
+    t = tally()
+    t.open(opened(1, 4))
+    t.open(opened(2, 3, state={"winners": [99.0]}))
+    assert t.add(partial("h2", H2, round_=1)) is None  # 3 < 4 for round 1
+    r2 = t.add(partial("h2", H2, round_=2))
+    assert r2.round == 2 and r2.state == {"winners": [99.0, 30.0]}  # the state the round open carried
+    r1 = t.add(partial("h1", H1, round_=1))
+    assert r1.round == 1 and r1.n == 7
+
+
+def test_a_round_with_only_invalid_answers_still_closes():
+    t = tally()
+    t.open(opened(expected=2))
+    res = t.add(partial("h1", [(0, None), (1, None)]))
+    assert res.n_valid == 0 and res.summary["winner_agent_id"] is None and res.state == {"winners": []}
+
+
+def test_a_payload_that_is_not_the_simulations_partial_is_refused():
+    t = tally()
+    t.open(opened())
+    bad = RoundPartial(run_id="r1", round=1, host_id="h9", n=7, n_valid=7, payload={"total": "lots"})
+    with pytest.raises(BadPartial, match="not a GuessPartial"):
+        t.add(bad)
+    assert t.add(partial("h1", H1)) is None  # the refused partial was not counted
+
+
+def test_an_environment_that_raises_is_named_with_its_round():
+    t = tally()
+
+    def boom(*_):
+        raise ZeroDivisionError("oops")
+
+    t.env.decide = boom  # type: ignore[method-assign]
+    t.open(opened(round_=1, expected=4))
+    with pytest.raises(EnvironmentFailed, match=r"simulation 'ratio-game'.*round 1: ZeroDivisionError: oops"):
+        t.add(partial("h1", H1))

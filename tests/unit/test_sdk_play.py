@@ -1,0 +1,160 @@
+"""Playing rounds (populace.sdk.play, .local): a user agent's bug or an outage is that agent's
+invalid outcome and the round goes on; a bad value never poisons a batch; groups settle whole;
+and a run gives identical rounds on one host, on several, and one agent per process."""
+
+from __future__ import annotations
+
+import pytest
+
+from populace.core.contracts import RunConfig
+from populace.sdk import Agent, GroupEnv, InferError, ScriptedLLM
+from populace.sdk.hosting import host_run
+from populace.sdk.local import run_local
+from populace.sdk.play import OutcomeSink, RoundFailed
+from populace.sdk.registry import resolve
+from populace_ratio_game import Guess, Player, RatioGame
+
+
+def share(agents: int = 10, config: RunConfig | None = None):
+    resolved = resolve(config or RunConfig(agents=agents))
+    return host_run(resolved, "r", [(0, resolved.config.agents)], freeze=False)
+
+
+async def play(run, llm, batch_size: int = 1000):
+    batches = []
+    sink = OutcomeSink(type(run.sim), run.env, batch_size=batch_size, emit=batches.append,
+                       grouped=run.tables.grouped)
+    await run.player.play(run.observation(1, None), llm, sink)
+    return sink.close(), batches
+
+
+async def test_answers_become_outcome_columns_in_batches():
+    run = share(10)
+    result, batches = await play(run, ScriptedLLM(lambda key, _: f'{{"guess": {key * 10}}}'), batch_size=4)
+    assert [len(b.agent_ids) for b in batches] == [4, 4, 2]
+    ids = [i for b in batches for i in b.agent_ids]
+    values = [v for b in batches for v in b.columns["value"]]
+    assert sorted(zip(ids, values)) == [(i, float(i * 10)) for i in range(10)]
+    assert (result.n, result.n_valid, result.batches) == (10, 10, 3)
+    assert result.partial.n_valid == 10 and result.partial.total == 450.0
+
+
+async def test_an_agent_that_raises_or_finds_no_model_is_recorded_not_fatal():
+    run = share(4)
+    script = {0: '{"guess": 5}', 1: ValueError("my bug"), 2: InferError("gateway down"), 3: "not json"}
+    _, (batch,) = await play(run, ScriptedLLM(script))
+    rows = {i: (v, ok, raw, err) for i, v, ok, raw, err in
+            zip(batch.agent_ids, batch.columns["value"], batch.valid, batch.raws, batch.errors)}
+    assert rows[0] == (5.0, True, '{"guess": 5}', None)
+    assert rows[1][:2] == (None, False) and rows[1][3] == "agent: ValueError: my bug"
+    assert rows[2][:3] == (None, False, "<no answer: gateway down>")
+    assert rows[2][3] == "infrastructure: gateway down"  # an outage is never the agent's answer
+    assert rows[3] == (None, False, "not json", None)  # the model's own invalid answer keeps its text
+
+
+class Sloppy(Player):
+    __slots__ = ()
+
+    async def turn(self, obs, llm):
+        if self.id == 1:
+            return Guess(value="lots", raw="lots")  # type: ignore[arg-type] - the bug under test
+        if self.id == 3:
+            return Guess(value=7.0, raw=None)  # type: ignore[arg-type] - raw must be text
+        if self.id == 2:
+            return {"value": 3}  # not an outcome at all
+        return await super().turn(obs, llm)
+
+
+class SloppyGame(RatioGame):
+    Agent = Sloppy
+
+
+async def test_a_bad_value_fails_its_row_not_the_batch():
+    run = share(config=RunConfig(simulation=f"{__name__}:SloppyGame", agents=4))
+    result, (batch,) = await play(run, ScriptedLLM('{"guess": 7}'))
+    rows = dict(zip(batch.agent_ids, zip(batch.columns["value"], batch.valid, batch.errors)))
+    assert rows[0] == (7.0, True, None)
+    assert rows[1][:2] == (None, False) and rows[1][2].startswith("agent: outcome.value:")
+    # only the bad column is reset: the row's other values stay (a group env may have filled them)
+    assert rows[3][:2] == (7.0, False) and rows[3][2].startswith("agent: outcome.raw:")
+    assert dict(zip(batch.agent_ids, batch.raws))[3] == "None"
+    assert rows[2][:2] == (None, False) and "turn returned dict, not Guess" in rows[2][2]
+    assert result.n == 4 and result.n_valid == 1
+
+
+class Pairs(GroupEnv):
+    def settle(self, round, group, agent_ids, outcomes):
+        assert list(agent_ids) == sorted(agent_ids)  # members arrive sorted, whatever finished first
+        return {"group": group, "total": sum(o.value or 0 for o in outcomes)}
+
+
+class Boom(Pairs):
+    def settle(self, round, group, agent_ids, outcomes):
+        if group == 1:
+            raise OverflowError("too much")
+        return super().settle(round, group, agent_ids, outcomes)
+
+
+class Listener(Player):
+    __slots__ = ()
+    heard: dict = {}
+
+    def settled(self, outcome, news):
+        Listener.heard[self.id] = news
+
+
+class PairGame(RatioGame):
+    name = "pair-game"
+    Agent = Listener
+    GroupEnv = Pairs
+    outcome_table = "pair_guesses"
+    summary_table = "pair_rounds"
+
+    def group_size(self):
+        return 2
+
+
+async def test_groups_settle_whole_and_members_hear_the_news():
+    Listener.heard = {}
+    run = share(config=RunConfig(simulation=f"{__name__}:PairGame", agents=5))
+    _, batches = await play(run, ScriptedLLM(lambda key, _: f'{{"guess": {key}}}'), batch_size=100)
+    (batch,) = batches
+    assert sorted(zip(batch.agent_ids, batch.group_ids)) == [(0, 0), (1, 0), (2, 1), (3, 1), (4, 2)]
+    assert Listener.heard == {0: {"group": 0, "total": 1}, 1: {"group": 0, "total": 1},
+                              2: {"group": 1, "total": 5}, 3: {"group": 1, "total": 5},
+                              4: {"group": 2, "total": 4}}  # the last group is smaller, not dropped
+
+
+class BoomGame(PairGame):
+    GroupEnv = Boom
+
+
+async def test_a_group_env_that_raises_fails_the_round_with_its_name():
+    run = share(config=RunConfig(simulation=f"{__name__}:BoomGame", agents=4))
+    with pytest.raises(RoundFailed, match=r"Boom.settle raised in round 1 \(group 1\): OverflowError: too much"):
+        await play(run, ScriptedLLM('{"guess": 1}'))
+
+
+def rounds_of(result) -> dict:
+    return {k: v for k, v in result.rounds.items() if k != "closed_at"}
+
+
+def outcomes_of(result) -> dict:
+    return {k: v for k, v in result.outcomes.items() if k != "latency_ms"}
+
+
+@pytest.mark.parametrize("simulation", ["ratio-game", f"{__name__}:PairGame"])
+async def test_a_run_is_identical_on_one_host_on_several_and_one_agent_per_process(simulation):
+    config = RunConfig(simulation=simulation, agents=23, rounds=3, seed=3, model={"seed": 5})
+    one = await run_local(config)
+    assert len(one.outcomes["agent_id"]) == 69 and one.rounds["round"] == [1, 2, 3]
+    for other in (await run_local(config, hosts=3), await run_local(config, hosts=2, one_per_process=True)):
+        assert rounds_of(other) == rounds_of(one)
+        assert outcomes_of(other) == outcomes_of(one)
+
+
+async def test_the_local_ratio_game_matches_the_recorded_fleet_figures():
+    # The README's demo table (1,000 agents, 3 rounds, dummy model, seed 0), played on the fleet.
+    r = await run_local(RunConfig(agents=1000, rounds=3))
+    assert [round(m, 2) for m in r.rounds["mean"]] == [50.68, 47.91, 50.19]
+    assert r.rounds["winner_agent_id"] == [54, 103, 102]
