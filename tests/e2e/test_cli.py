@@ -72,7 +72,7 @@ def test_validate_accepts_the_example_scenario(tmp_path):
 @pytest.mark.parametrize("args, field", [
     (["--agents", "0"], "agents"),
     (["--rounds", "0"], "rounds"),
-    (["--ratio", "0"], "game.ratio"),
+    (["--set", "game.ratio=0"], "game.ratio"),
     (["--latency", "-1"], "model.latency_s"),
 ])
 def test_demo_rejects_bad_options_before_starting_anything(args, field):
@@ -92,7 +92,7 @@ def test_demo_plays_and_results_reads_the_db(tmp_path):
     db = tmp_path / "p.duckdb"
     res = populace("demo", "--agents", "200", "--rounds", "2", "--latency", "0.01", "--db", str(db), timeout=180)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "recorded 400 guesses" in res.stdout
+    assert "recorded 400 outcomes (table guesses)" in res.stdout
     res2 = populace("results", "last", "--db", str(db))
     assert res2.returncode == 0, res2.stderr
     assert "completed" in res2.stdout and "200/200" in res2.stdout

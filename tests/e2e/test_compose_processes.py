@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from populace.cli.client import play
-from populace.cli.stack import Stack
+from populace.client.run import play
+from populace.client.stack import Stack
 from populace.core import bus
 from populace.core.contracts import RunConfig
 from populace.core.natsserver import free_port
@@ -104,5 +104,5 @@ def test_compose_services_as_local_processes_play_a_game(nats_server, tmp_path):
         for p in procs.values():
             terminate(p, 15)
     assert out.status == "completed", out.reason
-    assert out.recorded is not None and out.recorded.guesses == 600
+    assert out.recorded is not None and out.recorded.outcomes == 600
     assert out.recorded.db_path == str(tmp_path / "populace.duckdb")

@@ -9,8 +9,8 @@ from fractions import Fraction
 import duckdb
 import pytest
 
-from populace.cli.client import play
-from populace.cli.stack import Stack
+from populace.client.run import play
+from populace.client.stack import Stack
 from populace.core import bus, subjects
 from populace.core.contracts import RunConfig
 
@@ -76,7 +76,7 @@ def test_1000_agents_3_rounds_recorded_exactly(stack):
                                        "model": {"latency_s": 0.01, "seed": 3}})
     out = run_game(stack, config)
     assert out.status == "completed", out.reason
-    assert out.recorded is not None and out.recorded.guesses == 3000
+    assert out.recorded is not None and out.recorded.outcomes == 3000
     assert [r.round for r in out.results] == [1, 2, 3]
     check_recorded_game(stack.db, out.run_id, 1000, 3, Fraction(2, 3), 0.0)
 
@@ -108,7 +108,7 @@ def test_malformed_messages_are_dead_lettered_and_services_keep_serving(stack):
         "environment": ["run.junk.round.1.open", "run.junk.partial.1.host-0"],
         "agent-host": ["run.junk.spawn.host-0", "run.junk.round.7.open"],
         "gateway": [subjects.LLM_INFER],
-        "recorder": ["run.junk.guesses.1.host-0"],
+        "recorder": ["run.junk.outcomes.1.host-0"],
     }
 
     async def go():
@@ -141,7 +141,7 @@ def test_malformed_messages_are_dead_lettered_and_services_keep_serving(stack):
     stack.check_alive()
     # and a game still plays to the end
     out = run_game(stack, RunConfig.model_validate({"agents": 50, "rounds": 1, "model": {"latency_s": 0}}))
-    assert out.status == "completed" and out.recorded.guesses == 50
+    assert out.status == "completed" and out.recorded.outcomes == 50
 
 
 def test_every_service_stops_on_sigterm(tmp_path):
@@ -182,9 +182,9 @@ def test_every_service_exposes_prometheus_metrics(tmp_path):
     host = scraped["agent-host-0"]
     assert value(host, 'populace_rounds_total{service="agent-host"}') == 2
     assert value(host, "populace_agents_hosted") == 0  # the run is over: agents released
-    assert value(host, 'populace_items_total{kind="guesses",service="agent-host"}') == 240
+    assert value(host, 'populace_items_total{kind="outcomes",service="agent-host"}') == 240
     assert value(host, 'populace_llm_in_flight{service="agent-host"}') == 0
     assert value(scraped["gateway"], 'populace_items_total{kind="infer",service="gateway"}') == 240
-    assert value(scraped["recorder"], 'populace_items_total{kind="guesses",service="recorder"}') == 240
+    assert value(scraped["recorder"], 'populace_items_total{kind="outcomes",service="recorder"}') == 240
     for key in ("orchestrator", "environment", "gateway", "recorder", "agent-host-0"):
         assert "populace_dead_letters_total" in scraped[key]

@@ -11,8 +11,8 @@ import signal
 import duckdb
 import pytest
 
-from populace.cli.client import play
-from populace.cli.stack import Stack
+from populace.client.run import play
+from populace.client.stack import Stack
 from populace.core import bus
 from populace.core.contracts import RoundOpen, RunConfig
 
@@ -75,7 +75,7 @@ def test_a_restarted_orchestrator_still_watches_the_running_run(tmp_path):
             if isinstance(model, RoundOpen) and model.round == 2 and old.poll() is None:
                 os.kill(old.pid, signal.SIGKILL)  # the orchestrator dies first, then a host
                 os.kill(victim.pid, signal.SIGKILL)
-                stack._spawn("orchestrator-2", ["service", "orchestrator"],
+                stack._spawn("orchestrator-2", ["-m", "populace.core.serve", "orchestrator"],
                              {**_os.environ, "POPULACE_NATS_URL": stack.url, "POPULACE_DB": str(db),
                               "POPULACE_LOG_FORMAT": "json", "POPULACE_PARENT_PID": str(_os.getpid()), **env})
 

@@ -9,8 +9,8 @@ import asyncio
 import duckdb
 import pytest
 
-from populace.cli.client import play
-from populace.cli.stack import Stack
+from populace.client.run import play
+from populace.client.stack import Stack
 from populace.core import bus
 from populace.core.contracts import RunConfig
 

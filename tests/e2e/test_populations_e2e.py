@@ -40,7 +40,7 @@ def played(tmp_path_factory):
     db = tmp / "p.duckdb"
     res = populace("demo", "--scenario", str(tmp / "scenario.yaml"), "--db", str(db))
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "recorded 150 guesses" in res.stdout
+    assert "recorded 150 outcomes (table guesses)" in res.stdout
     with duckdb.connect(str(db), read_only=True) as con:
         run_id = con.execute("SELECT run_id FROM runs").fetchone()[0]
     return tmp, db, run_id

@@ -14,8 +14,8 @@ import pytest
 
 from populace.core import bus, subjects
 from populace.core.contracts import InferBatch, InferReply, LlmCallBatch, ModelConfig
-from populace.games.prompts import answer_schema, system_prompt
-from populace.core.contracts import GameConfig
+from populace_ratio_game.params import GameConfig
+from populace_ratio_game.prompts import answer_schema, system_prompt
 from populace.gateway.launch import register_forever, start_local, wait_healthy
 
 pytestmark = pytest.mark.e2e
@@ -54,7 +54,7 @@ async def test_killing_one_of_two_replicas_mid_burst_loses_no_request(nats_serve
         async def ask(b: int) -> InferReply:
             keys = list(range(b * PER_BATCH, (b + 1) * PER_BATCH))
             batch = InferBatch(batch_id=f"fo-{b}", run_id="failover", round=1, model=model,
-                               max_value=game.max_value, system=system_prompt(game),
+                               system=system_prompt(game),
                                response_schema=answer_schema(game), keys=keys,
                                prompts=[f"You are player {k}. Report your number." for k in keys])
             msg = await nc.request(subjects.LLM_INFER, bus.encode(batch), timeout=300)

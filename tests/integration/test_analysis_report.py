@@ -1,12 +1,15 @@
-"""populace.analysis against a real DuckDB file with the recorder's schema: tables checked
-against numpy/scipy, the HTML report's content, Parquet round-trips, error messages.
-No broker needed: rows are written directly, as the recorder would."""
+"""populace.analysis on the ratio game, against a real DuckDB file written by the recorder's
+`Store` (the ratio game keeps its historic tables `guesses` and `rounds`): tables checked
+against numpy/scipy, the HTML report's content, Parquet round-trips, error messages; and a
+database from before simulations were pluggable (no `tables_json`), read as the ratio game.
+No broker needed: the recorder's events are ingested directly."""
 
 from __future__ import annotations
 
 import base64
 import json
 import re
+from datetime import UTC, datetime
 
 import duckdb
 import numpy as np
@@ -14,6 +17,7 @@ import pytest
 from scipy import stats as st
 
 from populace.analysis import (
+    LEGACY_TABLES,
     AnalysisError,
     attributes,
     convergence_table,
@@ -21,10 +25,14 @@ from populace.analysis import (
     group_table,
     render_report,
     round_table,
+    run_info,
     write_report,
 )
-from populace.core.contracts import RunConfig
-from populace.recorder.store import SCHEMA
+from populace.core.contracts import (
+    LlmCallBatch, OutcomeBatch, RoundResult, RunConfig, RunDone, RunStarted, SpawnBatch,
+)
+from populace.recorder.store import Event, Store
+from populace_ratio_game import RatioGame
 
 EDU = ["elementary school", "high school", "bachelor's", "master's", "Ph.D."]
 BASE = {"elementary school": 55.0, "high school": 48.0, "bachelor's": 40.0, "master's": 34.0, "Ph.D.": 25.0}
@@ -32,63 +40,85 @@ RUNS = ["edu-s1", "edu-s2"]
 N_AGENTS = 60
 N_ROUNDS = 3
 EVIL_RAW = "<script>alert('x')</script> I think & so 42?"
-NO_PROFILE = {58, 59}  # agents of edu-s2 without a profile row → group "(none)"
+NO_PROFILE = {58, 59}  # agents of edu-s2 with an empty profile and no education → group "(none)"
+T0 = datetime(2024, 7, 1, 10, 0, tzinfo=UTC).timestamp()
 
 
-def _config(seed: int, population: bool) -> str:
-    cfg = {"name": "education-cot", "agents": N_AGENTS, "rounds": N_ROUNDS, "seed": seed,
+def _config(seed: int, population: bool, agents: int, rounds: int) -> RunConfig:
+    cfg = {"name": "education-cot", "agents": agents, "rounds": rounds, "seed": seed,
            "game": {"ratio": "2/3"}, "prompt": {"system": "basic", "answer": "cot"}}
     if population:
         cfg["population"] = {"personas": "personas.jsonl"}
-    return RunConfig.model_validate(cfg).model_dump_json()
+    return RunConfig.model_validate(cfg)
 
 
-def _write_run(con, run_id: str, seed: int, population: bool = True, agents: int = N_AGENTS,
+def _personas(run_id: str, edu: list[str], ages: np.ndarray) -> bytes:
+    lines = []
+    for a, level in enumerate(edu):
+        if run_id == "edu-s2" and a in NO_PROFILE:
+            rec = {"profile": {}, "persona": {"name": f"Agent {a}"}}
+        else:
+            rec = {"profile": {"education": level, "age": int(ages[a])},
+                   "persona": {"name": f"Agent {a}", "gender": "female" if a % 2 else "male", "age": int(ages[a]),
+                               "description": f"A person with a {level} degree."}}
+        lines.append(json.dumps(rec))
+    return "\n".join(lines).encode()
+
+
+def _write_run(store: Store, run_id: str, seed: int, population: bool = True, agents: int = N_AGENTS,
                rounds: int = N_ROUNDS, manifest: dict | None = None) -> None:
+    """One ratio-game run, as the recorder receives it: started, spawned, outcome batches, LLM
+    calls and the environment's round results, done."""
     rng = np.random.default_rng(seed)
-    con.execute("INSERT INTO runs VALUES (?, TIMESTAMP '2024-07-01 10:00:00' + INTERVAL (?) MINUTE, "
-                "TIMESTAMP '2024-07-01 11:00:00', ?, 'completed', NULL, ['h1'], ?)",
-                [run_id, seed, _config(seed, population), json.dumps(manifest) if manifest else None])
+    cfg = _config(seed, population, agents, rounds)
     edu = [EDU[i % 5] for i in range(agents)]
     ages = rng.integers(18, 81, size=agents)
-    for a in range(agents):
-        con.execute("INSERT INTO agents VALUES (?, ?, 'h1', NULL)", [run_id, a])
-        if population and not (run_id == "edu-s2" and a in NO_PROFILE):
-            profile = {"education": edu[a], "age": int(ages[a])}
-            persona = {"name": f"Agent {a}", "gender": "female" if a % 2 else "male", "age": int(ages[a]),
-                       "description": f"A person with a {edu[a]} degree."}
-            con.execute("INSERT INTO agent_profiles VALUES (?, ?, ?, ?, ?)",
-                        [run_id, a, a, json.dumps(profile), json.dumps(persona)])
+    events = [Event(f"{run_id}.started", "started",
+                    RunStarted(run_id=run_id, config=cfg, started_at=T0 + 60 * seed, hosts=["h1"],
+                               tables=RatioGame.tables(), manifest=manifest),
+                    blob=_personas(run_id, edu, ages) if population else None),
+              Event(f"{run_id}.spawn", "spawn", SpawnBatch(run_id=run_id, host_id="h1", ranges=[(0, agents)],
+                                                           config=cfg))]
+    ids = list(range(agents))
     for r in range(1, rounds + 1):
         vals: list[float | None] = []
-        for a in range(agents):
+        for a in ids:
             v = float(np.clip(BASE[edu[a]] * 0.7 ** (r - 1) + rng.normal(0, 8), 0, 100))
             vals.append(None if (a * 7 + r) % 23 == 0 else round(v, 1))
-        for a, v in enumerate(vals):
-            raw = (EVIL_RAW if a % 2 else "no idea") if v is None else f"My guess is {v}"
-            con.execute("INSERT INTO guesses VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        [run_id, r, a, v, v is not None, raw, 12.5])
-            con.execute("INSERT INTO llm_calls VALUES (?, ?, ?, 'rep-0', 100, 20, 30.0, 1, ?, 'b1')",
-                        [run_id, r, a, v is not None])
-        valid = np.array([v for v in vals if v is not None])
-        mean = float(valid.mean())
+        raws = [(EVIL_RAW if a % 2 else "no idea") if v is None else f"My guess is {v}" for a, v in enumerate(vals)]
+        valid = [v is not None for v in vals]
+        events.append(Event(f"{run_id}.{r}.outcomes", "outcomes", OutcomeBatch(
+            run_id=run_id, round=r, host_id="h1", seq=0, agent_ids=ids, columns={"value": vals}, valid=valid,
+            raws=raws, latency_ms=[12.5] * agents, errors=[None] * agents)))
+        events.append(Event(f"{run_id}.{r}.calls", "llm", LlmCallBatch(
+            run_id=run_id, round=r, batch_id="b1", agent_ids=ids, replicas=["rep-0"] * agents,
+            prompt_tokens=[100] * agents, completion_tokens=[20] * agents, latency_ms=[30.0] * agents,
+            attempts=[1] * agents, valid=valid)))
+        good = np.array([v for v in vals if v is not None])
+        mean = float(good.mean())
         target = 2 / 3 * mean
-        ids = [a for a, v in enumerate(vals) if v is not None]
-        win = ids[int(np.argmin(np.abs(valid - target)))]
-        con.execute("INSERT INTO rounds VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, TIMESTAMP '2024-07-01 10:30:00')",
-                    [run_id, r, len(valid), mean, target, win, vals[win], agents])
+        valid_ids = [a for a, v in enumerate(vals) if v is not None]
+        win = valid_ids[int(np.argmin(np.abs(good - target)))]
+        events.append(Event(f"{run_id}.{r}.result", "round.result", RoundResult(
+            run_id=run_id, round=r, n=agents, n_valid=len(good),
+            summary={"mean": mean, "target": target, "winner_agent_id": win, "winner_value": vals[win],
+                     "n_winners": 1},
+            observation={}, state={}, closed_at=T0 + 1800)))
+    events.append(Event(f"{run_id}.done", "done", RunDone(run_id=run_id, status="completed", rounds=rounds,
+                                                          finished_at=T0 + 3600)))
+    store.ingest(events)
 
 
 @pytest.fixture(scope="module")
 def db(tmp_path_factory):
     path = tmp_path_factory.mktemp("analysis") / "populace.duckdb"
-    with duckdb.connect(str(path)) as con:
-        con.execute(SCHEMA)
-        manifest = {"config_sha256": "ab" * 32, "seeds": {"run": 1}, "packages": {"populace": "0.1.0"},
-                    "prompt": {"version": "v1", "system": "You play <a> game & win"}}
-        _write_run(con, "edu-s1", 1, manifest=manifest)
-        _write_run(con, "edu-s2", 2)
-        _write_run(con, "plain", 3, population=False, agents=10, rounds=1)
+    store = Store(path)
+    manifest = {"config_sha256": "ab" * 32, "seeds": {"run": 1}, "packages": {"populace": "0.1.0"},
+                "prompt": {"version": "v1", "system": "You play <a> game & win"}}
+    _write_run(store, "edu-s1", 1, manifest=manifest)
+    _write_run(store, "edu-s2", 2)
+    _write_run(store, "plain", 3, population=False, agents=10, rounds=1)
+    store.close()
     return path
 
 
@@ -116,10 +146,25 @@ def test_round_table_matches_numpy(con):
         assert row["median"] == pytest.approx(np.median(v))
         assert row["std"] == pytest.approx(v.std(ddof=1))
         assert (row["min"], row["max"]) == (pytest.approx(v.min()), pytest.approx(v.max()))
-        assert row["target"] == pytest.approx(2 / 3 * v.mean())
-        assert row["winner_value"] is not None and row["winner_agent_id"] is not None
+        # the environment's round result, as its simulation declared the columns
+        assert row["summary"]["target"] == pytest.approx(2 / 3 * v.mean())
+        assert row["summary"]["mean"] == pytest.approx(v.mean())
+        assert row["summary"]["winner_value"] is not None and row["summary"]["winner_agent_id"] is not None
+        assert "options" not in row  # a numeric measure has no shares
     # the data get lower over rounds, as built
     assert table[0]["mean"] > table[-1]["mean"]
+
+
+def test_run_info_reads_the_ratio_game_from_its_tables_and_class(con):
+    assert LEGACY_TABLES == RatioGame.tables()  # old databases are read with the game's real tables
+    info = run_info(con, "edu-s1")
+    assert (info["simulation"], info["outcome_table"], info["summary_table"]) == ("ratio-game", "guesses", "rounds")
+    assert (info["measure"], info["measure_kind"], info["grouped"], info["noun"]) == ("value", "numeric", False, "guess")
+    assert info["loaded"] and info["note"] is None and not info["legacy"]
+    assert info["equilibrium"] == 0.0 and info["measure_range"] == [0.0, 100.0]
+    assert info["reference_columns"] == ["target"] and info["trend_columns"] == ["target", "winner_value"]
+    assert info["labels"]["winner_value"] == "winning number"  # the Summary field's title
+    assert info["description"] == "target = 2/3 · mean; guesses in [0, 100]"  # the simulation's own words
 
 
 def test_group_table_one_run_matches_numpy_and_has_no_seed_ci(con):
@@ -205,8 +250,15 @@ def test_report_is_self_contained_with_all_figures(con, tmp_path):
     assert "<script" not in page and "<link" not in page and "@import" not in page
     assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt; I think &amp; so 42?" in page
     assert "2/3" in page and "education-cot" in page and "answer=cot" in page and "completed" in page
-    for title in ("Figure 1", "Figure 2", "Figure 3", "By education", "By age", "Invalid answers"):
+    for title in ("Figure 1. Guesses per round", "Figure 2. Mean guess per group", "Figure 3. Convergence over rounds",
+                  "By education", "By age", "Invalid answers"):
         assert title in page
+    assert "Figure 4" not in page  # the ratio game has no groups of players
+    # the target is drawn in every histogram, target and winning number over rounds
+    assert 'alt="Histogram of guesses per round with the target"' in page
+    assert 'alt="Mean, median, target, winning number per round"' in page
+    assert "<th>winning number</th>" in page and "<th>target</th>" in page
+    assert "<td>equilibrium</td><td>0</td>" in page
     # the manifest, pretty-printed and escaped, inside <details>
     details = page[page.index("<details>"):]
     assert "config_sha256" in details and "You play &lt;a&gt; game &amp; win" in details
@@ -226,7 +278,8 @@ def test_parquet_export_round_trips(con, tmp_path):
     paths = export_parquet(con, RUNS, tmp_path / "pq")
     assert sorted(p.name for p in paths) == sorted(
         f"{t}.parquet" for t in ("runs", "agents", "agent_profiles", "guesses", "rounds", "llm_calls"))
-    expect = {"runs": 2, "agents": 2 * N_AGENTS, "agent_profiles": 2 * N_AGENTS - len(NO_PROFILE),
+    # every agent of a run with a population has a profile row (NO_PROFILE agents an empty profile)
+    expect = {"runs": 2, "agents": 2 * N_AGENTS, "agent_profiles": 2 * N_AGENTS,
               "guesses": 2 * N_AGENTS * N_ROUNDS, "rounds": 2 * N_ROUNDS, "llm_calls": 2 * N_AGENTS * N_ROUNDS}
     for p in paths:
         table = p.stem
@@ -239,3 +292,59 @@ def test_parquet_export_round_trips(con, tmp_path):
     assert mean == pytest.approx(round_table(con, "edu-s1")[2]["mean"])
     with pytest.raises(AnalysisError, match="'ghost'"):
         export_parquet(con, ["ghost"], tmp_path / "pq2")
+
+
+# --- a database written before simulations were pluggable --------------------------------
+# The recorder's schema of that release, verbatim: no runs.simulation / tables_json, no error column.
+OLD_SCHEMA = """
+CREATE TABLE runs (run_id VARCHAR PRIMARY KEY, started_at TIMESTAMP, finished_at TIMESTAMP, config_json JSON,
+    status VARCHAR, reason VARCHAR, hosts VARCHAR[], manifest_json JSON);
+CREATE TABLE agents (run_id VARCHAR, agent_id BIGINT, host_id VARCHAR, persona_json JSON);
+CREATE TABLE guesses (run_id VARCHAR, round INTEGER, agent_id BIGINT, value DOUBLE, valid BOOLEAN, raw VARCHAR,
+    latency_ms DOUBLE);
+CREATE TABLE rounds (run_id VARCHAR, round INTEGER, n_valid BIGINT, mean DOUBLE, target DOUBLE,
+    winner_agent_id BIGINT, winner_value DOUBLE, n BIGINT, n_winners BIGINT, closed_at TIMESTAMP);
+CREATE TABLE llm_calls (run_id VARCHAR, round INTEGER, agent_id BIGINT, replica VARCHAR, prompt_tokens INTEGER,
+    completion_tokens INTEGER, latency_ms DOUBLE, attempts INTEGER, valid BOOLEAN, batch_id VARCHAR);
+CREATE TABLE agent_profiles (run_id VARCHAR, agent_id BIGINT, persona_index BIGINT, profile JSON, persona JSON);
+"""
+
+
+@pytest.fixture(scope="module")
+def old_db(tmp_path_factory):
+    path = tmp_path_factory.mktemp("old") / "old.duckdb"
+    with duckdb.connect(str(path)) as c:
+        c.execute(OLD_SCHEMA)
+        cfg = json.dumps({"name": "old", "agents": 4, "rounds": 2, "game": {"ratio": "1/2", "offset": 5}})
+        c.execute("INSERT INTO runs VALUES ('old-1', TIMESTAMP '2024-01-01', NULL, ?, 'completed', NULL, ['h'], NULL)",
+                  [cfg])
+        for r, vals in ((1, [50.0, 30.0, None, 10.0]), (2, [20.0, 14.0, 12.0, 10.0])):
+            for a, v in enumerate(vals):
+                c.execute("INSERT INTO guesses VALUES ('old-1', ?, ?, ?, ?, ?, 1.0)",
+                          [r, a, v, v is not None, "x" if v is None else str(v)])
+                c.execute("INSERT INTO agent_profiles VALUES ('old-1', ?, ?, ?, '{}')",
+                          [a, a, json.dumps({"occupation": "economist" if a % 2 else "teacher"})])
+            good = [v for v in vals if v is not None]
+            c.execute("INSERT INTO rounds VALUES ('old-1', ?, ?, ?, ?, 3, ?, 4, 1, NULL)",
+                      [r, len(good), sum(good) / len(good), 5 + sum(good) / len(good) / 2, good[-1]])
+    return path
+
+
+def test_a_database_without_tables_json_is_read_as_the_ratio_game(old_db, tmp_path):
+    with duckdb.connect(str(old_db), read_only=True) as c:
+        info = run_info(c, "old-1")
+        assert info["legacy"] and info["simulation"] == "ratio-game" and info["measure"] == "value"
+        assert info["equilibrium"] == pytest.approx(10.0)  # 5 + ½·mean converges to 10
+        rows = round_table(c, "old-1")
+        assert [(r["n"], r["n_valid"]) for r in rows] == [(4, 3), (4, 4)]
+        assert rows[0]["mean"] == pytest.approx(30.0) and rows[1]["median"] == pytest.approx(13.0)
+        assert rows[0]["summary"]["target"] == pytest.approx(20.0)
+        groups = group_table(c, "old-1", "occupation")
+        assert [(g["group"], g["n"], g["mean"]) for g in groups] == [
+            ("economist", 2, pytest.approx(12.0)), ("teacher", 2, pytest.approx(16.0))]
+        page = render_report(c, "old-1")
+        assert "Figure 1. Guesses per round" in page and "1 invalid answer(s)" in page
+        assert len(_images(page)) == 3
+        paths = export_parquet(c, "old-1", tmp_path / "pq")
+        assert {p.name for p in paths} == {"runs.parquet", "agents.parquet", "agent_profiles.parquet",
+                                           "llm_calls.parquet", "guesses.parquet", "rounds.parquet"}

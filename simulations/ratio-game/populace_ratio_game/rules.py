@@ -118,3 +118,15 @@ def equilibrium(game: GameConfig) -> float | None:
             return None
         return hi if off > 0 else 0.0
     return hi if float(r) * hi + off >= hi else None
+
+
+def _num_text(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def describe(game: GameConfig) -> str:
+    """'target = 2/3 · mean + 5; guesses in [0, 100]', the ratio as the scenario wrote it."""
+    t = f"target = {game.ratio} · mean"
+    if game.offset:
+        t += f" {'+' if game.offset > 0 else '−'} {_num_text(abs(game.offset))}"
+    return f"{t}; guesses in [0, {_num_text(game.max_value)}]"

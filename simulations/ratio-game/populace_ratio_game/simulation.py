@@ -86,6 +86,7 @@ class RatioGame(Simulation):
     summary_table = "rounds"
     prompt_version = prompts.PROMPT_VERSION
     reference_columns = ("target",)
+    trend_columns = ("winner_value",)
 
     def __init__(self, params: RatioParams, **kw) -> None:
         super().__init__(params, **kw)
@@ -117,6 +118,10 @@ class RatioGame(Simulation):
     @classmethod
     def equilibrium(cls, params: RatioParams) -> float | None:
         return rules.equilibrium(params.game)
+
+    @classmethod
+    def describe(cls, params: RatioParams) -> str:
+        return rules.describe(params.game)
 
     @classmethod
     def measure_range(cls, params: RatioParams) -> tuple[float, float]:

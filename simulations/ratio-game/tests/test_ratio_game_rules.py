@@ -9,7 +9,9 @@ from fractions import Fraction
 import pytest
 
 from populace_ratio_game.params import GameConfig
-from populace_ratio_game.rules import TIE_EPS, GuessPartial, decide_round, merge, partial_of, target
+from populace_ratio_game.rules import (
+    TIE_EPS, GuessPartial, decide_round, describe, equilibrium, merge, partial_of, target,
+)
 
 Guess = tuple[int, float | None]  # (agent_id, value or None when invalid)
 
@@ -215,3 +217,28 @@ def test_target_function():
     assert target(30.0, GameConfig(ratio="2/3")) == pytest.approx(20.0)
     assert target(30.0, GameConfig(ratio="1/2", offset=5)) == 20.0
     assert target(100.0, GameConfig(ratio="51/100")) == pytest.approx(51.0)
+
+
+@pytest.mark.parametrize(("ratio", "offset", "max_value", "expected"), [
+    ("2/3", 0, 100, 0.0),
+    ("51/100", 0, 100, 0.0),
+    ("1/2", 5, 100, 10.0),          # 5 + ½·mean → 10
+    ("0.5", 5, 100, 10.0),
+    ("1/2", 60, 100, 100.0),  # fixed point 120, clipped to max
+    ("2/3", -10, 100, 0.0),          # fixed point negative, clipped to 0
+    ("3/2", 0, 100, 100.0),          # ratio > 1: everyone at the maximum
+    ("3/2", -60, 100, None),         # ratio > 1 and max undershoots: no unique equilibrium
+    ("1", 0, 100, None),             # every common value is an equilibrium
+    ("1", 3, 100, 100.0),
+])
+def test_equilibrium(ratio, offset, max_value, expected):
+    got = equilibrium(GameConfig(ratio=ratio, offset=offset, max_value=max_value))
+    if expected is None:
+        assert got is None
+    else:
+        assert got == pytest.approx(expected)
+
+
+def test_describe_states_the_rule_as_written():
+    assert describe(GameConfig(ratio="2/3")) == "target = 2/3 · mean; guesses in [0, 100]"
+    assert describe(GameConfig(ratio="1/2", offset=5, max_value=50)) == "target = 1/2 · mean + 5; guesses in [0, 50]"

@@ -36,15 +36,66 @@ def rounds_table(rows: list[dict], labels: dict[str, str], title: str) -> Table:
     return t
 
 
-def stats_table(rows: list[dict], title: str) -> Table:
-    """The analysis' per-round table: counts, spread, target and winner."""
+STATS = ("mean", "median", "std", "min", "max")
+MAX_SHOWN_OPTIONS = 8  # a categorical measure's share columns in the terminal (all of them in --json)
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{100 * x:.1f}%"
+
+
+def _plain(x: object):
+    """Data (an option the model chose, a persona attribute) as literal text: rich would read
+    '[...]' in it as markup."""
+    from rich.text import Text
+
+    return Text(str(x))
+
+
+def most_chosen(row: dict) -> str:
+    """'no (48.0%)', 'tie (36.0%)' or '—': the leading option of a round, from its outcomes."""
+    if row.get("leader_share") is None:
+        return "—"
+    return f"{row['leader'] if row['leader'] is not None else 'tie'} ({_pct(row['leader_share'])})"
+
+
+def _summary_shown(rows: list[dict], labels: dict[str, str], skip: tuple[str, ...]) -> list[str]:
+    """The summary columns worth a terminal column: not one the analysis computes itself (the
+    ratio game's `mean`), not a JSON dict or list (the vote's counts: the shares show them)."""
+    return [k for k in labels if k not in skip
+            and not any(isinstance((r.get("summary") or {}).get(k), (dict, list)) for r in rows)]
+
+
+def stats_table(rows: list[dict], title: str, info: dict | None = None) -> Table:
+    """The analysis' per-round table (`populace.analysis.round_table`): valid answers, the
+    measure's statistics (numeric) or each option's share and the leading option (categorical),
+    then the simulation's summary columns by their titles (`run_info`'s labels)."""
+    info = info or {}
+    kind = info.get("measure_kind") or ("numeric" if rows and "mean" in rows[0] else None)
+    labels = info.get("labels")
+    if labels is None:
+        labels = {k: k.replace("_", " ") for k in ((rows[0].get("summary") or {}) if rows else {})}
+    summary = _summary_shown(rows, labels, STATS if kind == "numeric" else ())
+    options = (rows[0].get("options") or [])[:MAX_SHOWN_OPTIONS] if rows and kind == "categorical" else []
     t = Table(title=title)
-    for col in ("round", "valid", "mean", "median", "std", "min", "max", "target", "winner", "winning number"):
-        t.add_column(col, justify="right")
+    heads = ["round", "valid"]
+    if kind == "numeric":
+        heads += list(STATS)
+    elif kind == "categorical":
+        heads += ["most chosen", *options]
+    for col in (*heads, *(labels[k] for k in summary)):
+        t.add_column(_plain(col), justify="right")
     for r in rows:
-        t.add_row(str(r["round"]), f"{r['n_valid']}/{r['n']}", fmt(r["mean"]), fmt(r["median"]), fmt(r["std"]),
-                  fmt(r["min"], 1), fmt(r["max"], 1), fmt(r["target"]),
-                  "—" if r["winner_agent_id"] is None else str(r["winner_agent_id"]), fmt(r["winner_value"], 1))
+        cells = [str(r["round"]), f"{r['n_valid']}/{r['n']}"]
+        if kind == "numeric":
+            cells += [fmt(r["mean"]), fmt(r["median"]), fmt(r["std"]), fmt(r["min"], 1), fmt(r["max"], 1)]
+        elif kind == "categorical":
+            cells += [_plain(most_chosen(r)), *(_pct(r["shares"].get(o)) for o in options)]
+        s = r.get("summary") or {}
+        cells += [fmt(s.get(k)) for k in summary]
+        t.add_row(*cells)
+    if kind == "categorical" and rows and len(rows[0].get("options") or []) > len(options):
+        t.caption = f"{len(rows[0]['options']) - len(options)} more option(s) in --json"
     return t
 
 
@@ -53,20 +104,48 @@ def _ci(low: float | None, high: float | None) -> str:
 
 
 def group_table(rows: list[dict], by: str, title: str, across_runs: bool) -> Table:
-    """Mean per group with a 95% CI across agents and, for several runs, across runs (seeds)."""
+    """Per group (`populace.analysis.group_table`): a numeric measure's mean with a Student-t 95%
+    CI across agents, or (rows with an `option`) each option's share with a Wilson 95% CI; and,
+    for several runs, the same across runs (seeds)."""
+    if rows and "option" in rows[0]:
+        return _share_group_table(rows, by, title, across_runs)
     t = Table(title=title)
-    t.add_column(by)
+    t.add_column(_plain(by))
     for col in ("agents", "mean", "95% CI (agents)", "median", "std"):
         t.add_column(col, justify="right")
     if across_runs:
         for col in ("runs", "mean of run means", "95% CI (runs)"):
             t.add_column(col, justify="right")
     for r in rows:
-        cells = [str(r["group"]), str(r["n"]), fmt(r["mean"]), _ci(r["ci_low"], r["ci_high"]),
+        cells = [_plain(r["group"]), str(r["n"]), fmt(r["mean"]), _ci(r["ci_low"], r["ci_high"]),
                  fmt(r["median"]), fmt(r["std"])]
         if across_runs:
             cells += [str(r["n_runs"]), fmt(r["seed_mean"]), _ci(r["seed_ci_low"], r["seed_ci_high"])]
         t.add_row(*cells)
+    return t
+
+
+def _pct_ci(low: float | None, high: float | None) -> str:
+    return "—" if low is None or high is None else f"[{_pct(low)}, {_pct(high)}]"
+
+
+def _share_group_table(rows: list[dict], by: str, title: str, across_runs: bool) -> Table:
+    t = Table(title=title)
+    t.add_column(_plain(by))
+    t.add_column("option")
+    for col in ("answers", "share", "95% CI (Wilson)"):
+        t.add_column(col, justify="right")
+    if across_runs:
+        for col in ("runs", "mean share of runs", "95% CI (runs)"):
+            t.add_column(col, justify="right")
+    for i, r in enumerate(rows):
+        first = i == 0 or rows[i - 1]["group"] != r["group"]  # the group's name once, on its first option
+        last = i == len(rows) - 1 or rows[i + 1]["group"] != r["group"]
+        cells = [_plain(r["group"]) if first else "", _plain(r["option"]), f"{r['count']}/{r['n']}", _pct(r["share"]),
+                 _pct_ci(r["ci_low"], r["ci_high"])]
+        if across_runs:
+            cells += [str(r["n_runs"]), _pct(r["seed_mean"]), _pct_ci(r["seed_ci_low"], r["seed_ci_high"])]
+        t.add_row(*cells, end_section=last)
     return t
 
 

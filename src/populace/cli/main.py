@@ -386,20 +386,43 @@ def results(
                                                       "give CIs across runs too")],
     by: Annotated[Optional[str], typer.Option(help="group by this profile/persona attribute, e.g. education")] = None,
     round_: Annotated[Optional[int], typer.Option("--round", help="round for --by (default: each run's last)")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="print JSON (for scripts) instead of tables")] = False,
     db: Annotated[str, typer.Option(help="DuckDB file")] = "populace.duckdb",
 ) -> None:
-    """Per-round statistics of a run, or (--by) the mean per group with 95% CIs."""
+    """Per-round statistics of each run's measure (mean … max, or each option's share) and its
+    simulation's round summary; or (--by) the mean, or each option's share, per group with 95% CIs."""
     from populace.analysis import group_table, round_table, run_info
 
+    if round_ is not None and by is None:
+        fail("--round: only with --by (the per-round table shows every round)")
+    # what a script needs to read the rows: the run's simulation, measure and summary titles
+    head = ("run_id", "simulation", "status", "measure", "measure_kind", "grouped", "equilibrium",
+            "outcome_table", "summary_table", "labels")
     with _db(db) as con:
         ids = _run_ids(con, run_ids)
         if by is None:
-            for rid in ids:
-                info = run_info(con, rid)
-                display.out.print(display.stats_table(round_table(con, rid), f"run {rid} ({info['status']})"))
+            runs = [(run_info(con, rid), round_table(con, rid)) for rid in ids]
+        else:
+            rows = group_table(con, ids, by, round=round_)
+            info = run_info(con, ids[0])
+    if by is None:
+        if json_out:
+            print(json.dumps({"runs": [{**{k: info.get(k) for k in head}, "rounds": rows} for info, rows in runs]},
+                             default=str, indent=1))
             return
-        rows = group_table(con, ids, by, round=round_)
-    title = f"mean guess by {by}" + (f", round {round_}" if round_ else ", last round") + f" — {', '.join(ids)}"
+        for info, rows in runs:
+            if info.get("note"):
+                display.console.print(f"note: {info['note']}", markup=False, highlight=False)
+            what = f"{info['simulation']}, {info['measure']}" if info.get("measure") else info["simulation"]
+            display.out.print(display.stats_table(rows, f"run {info['run_id']} ({info['status']}; {what})", info))
+        return
+    if json_out:
+        print(json.dumps({**{k: info.get(k) for k in head}, "run_id": None, "runs": ids, "by": by,
+                          "round": round_, "groups": rows}, default=str, indent=1))
+        return
+    noun = info["noun"]
+    what = f"share of each {noun}" if info["measure_kind"] == "categorical" else f"mean {noun}"
+    title = f"{what} by {by}" + (f", round {round_}" if round_ else ", last round") + f" — {', '.join(ids)}"
     display.out.print(display.group_table(rows, by, title, across_runs=len(ids) > 1))
 
 
@@ -410,8 +433,10 @@ def report(
     by: Annotated[Optional[list[str]], typer.Option(help="attribute(s) to group by (default: the profile's)")] = None,
     db: Annotated[str, typer.Option(help="DuckDB file")] = "populace.duckdb",
 ) -> None:
-    """Write one self-contained HTML report: per-round histograms with the target, group means
-    with 95% CIs, convergence over rounds, the tables and the run's manifest."""
+    """Write one self-contained HTML report of any simulation's run: per round the measure's
+    distribution (histograms with the simulation's reference lines and equilibrium, or each
+    option's share), per persona group the mean or shares with 95% CIs, convergence over rounds,
+    per group of a grouped simulation, the tables and the run's manifest."""
     from populace.analysis import write_report
 
     with _db(db) as con:
@@ -426,7 +451,8 @@ def export(
     out: Annotated[Path, typer.Option(help="directory for the Parquet files")] = Path("export"),
     db: Annotated[str, typer.Option(help="DuckDB file")] = "populace.duckdb",
 ) -> None:
-    """Export every table of the given runs as Parquet (for pandas / polars)."""
+    """Export the given runs as Parquet (for pandas / polars): the platform's tables (runs,
+    agents, agent_profiles, llm_calls) and each run's own outcome and round tables."""
     from populace.analysis import export_parquet
 
     with _db(db) as con:

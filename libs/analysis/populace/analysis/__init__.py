@@ -1,7 +1,10 @@
-"""Populace analysis: per-round statistics, per-group means with confidence intervals, convergence, and the HTML report.
+"""Populace analysis: per-round statistics, per-group means or shares with confidence intervals,
+convergence, and the HTML report, for any simulation.
 
 A library: pure functions (``stats``) and reads from a DuckDB connection to the recorder's
-file (``queries``, ``report``, ``export``). Open the file read-only::
+file (``queries``, ``report``, ``export``). Each run is read from the tables its simulation
+declared (``runs.tables_json``; ``tables``): its measure is summarised as numbers (mean, median,
+Student-t CIs) or as categories (shares, Wilson CIs). Open the file read-only::
 
     import duckdb
     from populace.analysis import group_table, round_table, write_report
@@ -14,43 +17,65 @@ file (``queries``, ``report``, ``export``). Open the file read-only::
 Errors a user can cause (unknown run, attribute, round) raise ``AnalysisError`` (a ValueError).
 """
 
-from populace.analysis.export import TABLES, export_parquet
+from populace.analysis.export import PLATFORM_TABLES, TABLES, export_parquet
 from populace.analysis.queries import (
     NONE_GROUP,
+    OTHER,
     attributes,
     convergence_table,
     group_attributes,
+    group_spread,
     group_table,
     guesses,
+    histogram,
     invalid_answers,
     known_runs,
     last_round,
+    measure_values,
     round_table,
     run_info,
+    tables_of,
 )
-from populace.analysis.report import game_text, render_report, write_report
-from populace.analysis.stats import AnalysisError, equilibrium, mean_ci, summary, t_interval
+from populace.analysis.report import describe, render_report, write_report
+from populace.analysis.stats import (
+    AnalysisError,
+    mean_ci,
+    share_ci,
+    summary,
+    t_interval,
+    wilson_interval,
+)
+from populace.analysis.tables import LEGACY_TABLES, RunTables
 
 __all__ = [
+    "LEGACY_TABLES",
     "NONE_GROUP",
+    "OTHER",
+    "PLATFORM_TABLES",
     "TABLES",
     "AnalysisError",
+    "RunTables",
     "attributes",
     "convergence_table",
-    "equilibrium",
+    "describe",
     "export_parquet",
-    "game_text",
     "group_attributes",
+    "group_spread",
     "group_table",
     "guesses",
+    "histogram",
     "invalid_answers",
     "known_runs",
     "last_round",
     "mean_ci",
+    "measure_values",
     "render_report",
     "round_table",
     "run_info",
+    "share_ci",
     "summary",
     "t_interval",
+    "tables_of",
+    "wilson_interval",
     "write_report",
 ]

@@ -1,18 +1,22 @@
-"""Parquet export of a run's tables for pandas / polars / DuckDB users.
+"""Parquet export of runs for pandas / polars / DuckDB users.
 
 ``export_parquet(con, ["run-1", "run-2"], "out/")`` writes one file per table, filtered to
-the given runs (tables absent from an older database file are skipped)::
+the given runs: the platform's tables (those absent from an older database file are skipped)
+and each run's own tables, named as its simulation declared them::
 
     out/runs.parquet            run_id, started_at, finished_at, config_json, status, reason,
-                                hosts, manifest_json   (config/manifest: JSON text)
+                                hosts, manifest_json, simulation, tables_json (JSON as text)
     out/agents.parquet          run_id, agent_id, host_id, persona_json
     out/agent_profiles.parquet  run_id, agent_id, persona_index, profile, persona (JSON text)
-    out/guesses.parquet         run_id, round, agent_id, value (null when invalid), valid, raw,
-                                latency_ms
-    out/rounds.parquet          run_id, round, n_valid, mean, target, winner_agent_id,
-                                winner_value, n, n_winners, closed_at
     out/llm_calls.parquet       run_id, round, agent_id, replica, prompt_tokens,
                                 completion_tokens, latency_ms, attempts, valid, batch_id
+    out/<outcomes>.parquet      run_id, round, agent_id, [group_id], the simulation's outcome
+                                columns, valid, raw, latency_ms, error
+                                (the ratio game: guesses.parquet, its measure `value`)
+    out/<rounds>.parquet        run_id, round, n, n_valid, the simulation's summary columns,
+                                closed_at  (the ratio game: rounds.parquet)
+
+``runs.tables_json`` says which file holds which run's outcomes and which column is its measure.
 
 Reading them back::
 
@@ -24,14 +28,14 @@ Reading them back::
     last.groupby("education")["value"].agg(["count", "mean", "std"])
 
     import polars as pl
-    g = pl.read_parquet("out/guesses.parquet")
+    g = pl.read_parquet("out/public_goods_outcomes.parquet")
     p = pl.read_parquet("out/agent_profiles.parquet").with_columns(
         pl.col("profile").str.json_path_match("$.education").alias("education"))
     g.filter(pl.col("valid")).join(p, on=["run_id", "agent_id"]).group_by("round", "education").agg(
-        pl.col("value").mean())
+        pl.col("contribution").mean())
 
     import duckdb
-    duckdb.sql("SELECT round, avg(value) FROM 'out/guesses.parquet' GROUP BY round ORDER BY round")
+    duckdb.sql("SELECT round, choice, count(*) FROM 'out/votes.parquet' WHERE valid GROUP BY ALL ORDER BY ALL")
 """
 
 from __future__ import annotations
@@ -41,18 +45,20 @@ from pathlib import Path
 
 import duckdb
 
-from populace.analysis.queries import _check_runs, _has_table
+from populace.analysis.queries import _check_runs
+from populace.analysis.tables import has_table, q, run_tables
 
-TABLES = ("runs", "agents", "agent_profiles", "guesses", "rounds", "llm_calls")
+PLATFORM_TABLES = ("runs", "agents", "agent_profiles", "llm_calls")
+TABLES = PLATFORM_TABLES  # the tables every export has (each simulation adds its own two)
 # a stable row order makes the files diffable and reproducible
 ORDER = {
     "runs": "run_id",
     "agents": "run_id, agent_id",
     "agent_profiles": "run_id, agent_id",
-    "guesses": "run_id, round, agent_id",
-    "rounds": "run_id, round",
     "llm_calls": "run_id, round, agent_id",
 }
+OUTCOME_ORDER = "run_id, round, agent_id"
+SUMMARY_ORDER = "run_id, round"
 
 
 def _lit(s: str) -> str:
@@ -60,22 +66,32 @@ def _lit(s: str) -> str:
     return "'" + str(s).replace("'", "''") + "'"
 
 
+def export_tables(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> dict[str, str]:
+    """{table: ORDER BY columns} of what an export of ``run_ids`` writes (checked runs)."""
+    out = {t: ORDER[t] for t in PLATFORM_TABLES if has_table(con, t)}
+    for rid in run_ids:
+        spec = run_tables(con, rid).spec
+        out.setdefault(spec.outcomes, OUTCOME_ORDER)
+        out.setdefault(spec.rounds, SUMMARY_ORDER)
+    return out
+
+
 def export_parquet(con: duckdb.DuckDBPyConnection, run_ids: str | Sequence[str],
                    out_dir: str | Path) -> list[Path]:
-    """Write ``<out_dir>/<table>.parquet`` for each of runs, agents, agent_profiles, guesses,
-    rounds and llm_calls, holding only the rows of ``run_ids``. Creates ``out_dir``; overwrites
-    existing files; returns the paths written. Raises AnalysisError for an unknown run."""
+    """Write ``<out_dir>/<table>.parquet`` for the platform's tables (runs, agents,
+    agent_profiles, llm_calls) and each run's outcome and summary tables, holding only the rows
+    of ``run_ids``. Creates ``out_dir``; overwrites existing files; returns the paths written.
+    Raises AnalysisError for an unknown run or a run whose declared tables are missing."""
     run_ids = _check_runs(con, [run_ids] if isinstance(run_ids, str) else run_ids)
+    tables = export_tables(con, run_ids)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     ids = ", ".join(_lit(r) for r in run_ids)
     written = []
-    for table in TABLES:
-        if not _has_table(con, table):
-            continue
+    for table, order in tables.items():
         path = out / f"{table}.parquet"
         con.execute(
-            f"COPY (SELECT * FROM {table} WHERE run_id IN ({ids}) ORDER BY {ORDER[table]}) "
+            f"COPY (SELECT * FROM {q(table)} WHERE run_id IN ({ids}) ORDER BY {order}) "
             f"TO {_lit(path)} (FORMAT parquet)")
         written.append(path)
     return written

@@ -1,15 +1,24 @@
-"""Tables computed from the recorder's DuckDB file (schema: populace.recorder.store.SCHEMA).
+"""Tables computed from the recorder's DuckDB file, for any simulation.
 
-Every function takes an open DuckDB connection (read-only is enough) and returns plain
-Python data: lists of dicts with fixed keys, ready to print, serialise or plot.
+Each run's results are in the tables its simulation declared (``runs.tables_json``, see
+``populace.analysis.tables``): one outcome row per agent per round, one summary row per round.
+Analysis summarises the declared *measure* (a numeric or a categorical outcome column). Every
+per-round and per-group statistic is aggregated in DuckDB: a run may hold millions of rows, and
+only aggregates (one row per round, group or option) come back to Python.
 
-- ``run_info(con, run_id)``: the run's header (config, status, manifest, equilibrium).
-- ``round_table(con, run_id)``: per round n, n_valid, n_invalid, mean, median, std, min,
-  max (from the recorded valid guesses), target and winner (from the environment's result).
-- ``group_table(con, run_ids, by, round=None)``: per group of a profile/persona attribute,
-  the mean guess with a 95% CI across agents and, with several runs, across runs (seeds).
-- ``convergence_table(con, run_ids)``: per run and round mean, median, target, winner and
-  the distance of the mean to the game's equilibrium.
+Every function takes an open DuckDB connection (read-only is enough) and returns plain Python
+data: lists of dicts with fixed keys, ready to print, serialise or plot.
+
+- ``run_info(con, run_id)``: the run's header (config, status, manifest, its simulation's
+  measure, summary titles, equilibrium …).
+- ``round_table(con, run_id)``: per round n, n_valid, and the measure's mean/median/std/min/max
+  (numeric) or each option's count and share (categorical), plus the simulation's summary.
+- ``group_table(con, run_ids, by, round=None)``: per group of a profile/persona attribute, the
+  mean with a Student-t 95% CI (numeric) or each option's share with a Wilson 95% CI
+  (categorical), across agents and, with several runs, across runs (seeds).
+- ``convergence_table(con, run_ids)``: per run and round the measure's centre, the
+  simulation's reference columns and the distance to its equilibrium.
+- ``group_spread(con, run_id)``: for grouped simulations, the measure per round per group.
 - ``attributes(con, run_id)`` / ``group_attributes(con, run_id)``: what one can group by.
 """
 
@@ -17,16 +26,26 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Sequence
 from itertools import pairwise
 
 import duckdb
 import numpy as np
 
-from populace.analysis.stats import AnalysisError, equilibrium, mean_ci, summary
+from populace.analysis.stats import AnalysisError, mean_ci, share_ci, t_interval
+from populace.analysis.tables import RunTables, has_table, loads, q, run_tables
 
 NONE_GROUP = "(none)"
+OTHER = "(other)"
 LEVEL = 0.95
+# A categorical measure with more distinct answers than this keeps the most frequent
+# MAX_OPTIONS - 1 and counts the rest as "(other)" (a free-text column must not make a table of
+# a million columns).
+MAX_OPTIONS = 12
+# Grouped simulations: one line per group up to this many groups, else the spread of group means.
+MAX_GROUP_LINES = 8
+SPREAD_QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
 
 # Ages are binned by decade, adults starting at 18, as survey tables do.
 AGE_EDGES = (18, 30, 40, 50, 60, 70, 80)
@@ -40,13 +59,12 @@ EDUCATION_LADDER = (
 # Numeric attributes with at most this many distinct values get one group per value.
 MAX_EXACT_NUMERIC = 8
 NUMERIC_BINS = 5
+PLATFORM_KEYS = ("simulation", "name", "agents", "rounds", "seed", "model", "placement", "population")
 
 
 # --- helpers --------------------------------------------------------------------------
 def _has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:
-    return bool(con.execute(
-        "SELECT count(*) FROM duckdb_tables() WHERE table_name = ? AND database_name = current_database()",
-        [name]).fetchone()[0])
+    return has_table(con, name)
 
 
 def _db_name(con: duckdb.DuckDBPyConnection) -> str:
@@ -56,7 +74,8 @@ def _db_name(con: duckdb.DuckDBPyConnection) -> str:
 
 
 def known_runs(con: duckdb.DuckDBPyConnection) -> list[str]:
-    """Every run id recorded (runs table, plus any run with round results), newest first."""
+    """Every run id recorded (runs table, plus any run with historic ratio-game round results),
+    newest first."""
     if not _has_table(con, "runs"):
         return []
     parts = ["SELECT run_id, started_at FROM runs"]
@@ -83,16 +102,17 @@ def _check_runs(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> list[
     return run_ids
 
 
-def _loads(text: str | None) -> dict | None:
-    if text is None:
-        return None
-    if isinstance(text, dict):
-        return text
-    try:
-        out = json.loads(text)
-    except (TypeError, ValueError):
-        return None
-    return out if isinstance(out, dict) else None
+def tables_of(con: duckdb.DuckDBPyConnection, run_id: str) -> RunTables:
+    """The run's declared tables and its simulation's hints (AnalysisError for an unknown run)."""
+    _check_runs(con, [run_id])
+    return run_tables(con, run_id)
+
+
+def _run(con: duckdb.DuckDBPyConnection, sql: str, params: dict) -> duckdb.DuckDBPyConnection:
+    """Execute with the named parameters ($name) the statement uses: DuckDB rejects extra ones,
+    and the statements here are assembled from parts that use different subsets."""
+    used = set(re.findall(r"\$([A-Za-z_]\w*)", sql))
+    return con.execute(sql, {k: v for k, v in params.items() if k in used})
 
 
 def _rows(cur: duckdb.DuckDBPyConnection) -> list[dict]:
@@ -107,29 +127,57 @@ def _num(x) -> float | None:
     return x if math.isfinite(x) else None
 
 
+def _value(x, type_: str):
+    """A summary cell as Python: JSON parsed, numbers finite or None."""
+    if x is None:
+        return None
+    if type_ == "JSON":
+        try:
+            return json.loads(x) if isinstance(x, str) else x
+        except ValueError:
+            return x
+    if type_ == "DOUBLE":
+        return _num(x)
+    if type_ in ("BIGINT", "INTEGER"):
+        return int(x)
+    return x
+
+
+def _measure_expr(rt: RunTables, alias: str = "") -> str:
+    """SQL for the measure: the column (numeric) or its text (categorical: VARCHAR, BOOLEAN and
+    JSON answers alike)."""
+    col = (alias + "." if alias else "") + q(rt.measure)
+    return col if rt.kind == "numeric" else f"CAST({col} AS VARCHAR)"
+
+
+def _need_measure(rt: RunTables) -> None:
+    if rt.measure is None:
+        raise AnalysisError(f"run {rt.run_id!r}: simulation {rt.spec.simulation!r} declares no measure "
+                            "(an outcome column) to summarise")
+
+
 # --- run header -----------------------------------------------------------------------
 def run_info(con: duckdb.DuckDBPyConnection, run_id: str) -> dict:
-    """The run's header: ``run_id, name, status, reason, started_at, finished_at, hosts,
-    agents, rounds, seed, ratio`` (as written, e.g. "2/3")``, offset, max_value, model``
-    (dict)``, prompt`` (dict or None)``, population`` (dict or None)``, equilibrium,
-    config`` (the whole RunConfig as a dict)``, manifest`` (dict or None)."""
+    """The run's header: ``run_id, name, simulation, status, reason, started_at, finished_at,
+    hosts, agents, rounds, seed, model`` (dict)``, prompt`` (dict or None)``, population`` (dict
+    or None)``, params`` (the simulation's own config sections)``, config`` (the whole
+    RunConfig as a dict)``, manifest`` (dict or None), and how to read its results:
+    ``outcome_table, summary_table, measure, measure_kind`` (numeric|categorical|None)``,
+    grouped, noun`` ("guess")``, labels`` (summary column -> title)``, reference_columns,
+    trend_columns, equilibrium, measure_range, measure_type, loaded`` (its class was importable here)``,
+    note`` (why hints are missing)``, legacy`` (a run from before tables_json),
+    description`` (the simulation's one line on what was played, or None)."""
     _check_runs(con, [run_id])
-    row = _rows(con.execute("SELECT * FROM runs WHERE run_id = ?", [run_id]))
+    rt = run_tables(con, run_id)
+    row = _rows(con.execute("SELECT * FROM runs WHERE run_id = ?", [run_id])) if _has_table(con, "runs") else []
     r = row[0] if row else {"run_id": run_id}
-    cfg = _loads(r.get("config_json")) or {}
-    game = cfg.get("game") or {}
-    ratio = str(game.get("ratio", "2/3"))
-    offset = float(game.get("offset", 0.0) or 0.0)
-    max_value = float(game.get("max_value", 100.0) or 100.0)
-    try:
-        eq = equilibrium(ratio, offset, max_value)
-    except AnalysisError:
-        eq = None
+    cfg = rt.config
     prompt = cfg.get("prompt")
     population = cfg.get("population")
     return {
         "run_id": run_id,
         "name": cfg.get("name"),
+        "simulation": rt.simulation,
         "status": r.get("status"),
         "reason": r.get("reason"),
         "started_at": r.get("started_at"),
@@ -138,107 +186,210 @@ def run_info(con: duckdb.DuckDBPyConnection, run_id: str) -> dict:
         "agents": cfg.get("agents"),
         "rounds": cfg.get("rounds"),
         "seed": cfg.get("seed"),
-        "ratio": ratio,
-        "offset": offset,
-        "max_value": max_value,
         "model": cfg.get("model") if isinstance(cfg.get("model"), dict) else {},
         "prompt": prompt if isinstance(prompt, dict) else ({"variant": prompt} if prompt else None),
         "population": population if isinstance(population, dict) else (
             {"source": population} if population else None),
-        "equilibrium": eq,
+        "params": rt.params or {k: v for k, v in cfg.items() if k not in PLATFORM_KEYS},
+        "outcome_table": rt.spec.outcomes,
+        "summary_table": rt.spec.rounds,
+        "measure": rt.measure,
+        "measure_kind": rt.kind,
+        "measure_type": rt.measure_type,
+        "grouped": rt.grouped,
+        "noun": rt.noun,
+        "labels": dict(rt.labels),
+        "reference_columns": list(rt.reference),
+        "trend_columns": list(rt.trend),
+        "equilibrium": rt.equilibrium,
+        "measure_range": list(rt.measure_range) if rt.measure_range else None,
+        "loaded": rt.loaded,
+        "note": rt.note,
+        "legacy": rt.legacy,
+        "description": rt.description,
         "config": cfg,
-        "manifest": _loads(r.get("manifest_json")),
+        "manifest": loads(r.get("manifest_json")),
     }
 
 
-def last_round(con: duckdb.DuckDBPyConnection, run_id: str) -> int | None:
-    """The run's last closed round (rounds table), else the last round with guesses."""
-    row = con.execute("SELECT max(round) FROM rounds WHERE run_id = ?", [run_id]).fetchone()
+def _last_round(con: duckdb.DuckDBPyConnection, rt: RunTables) -> int | None:
+    row = con.execute(f"SELECT max(round) FROM {q(rt.spec.rounds)} WHERE run_id = ?", [rt.run_id]).fetchone()
     if row and row[0] is not None:
         return int(row[0])
-    row = con.execute("SELECT max(round) FROM guesses WHERE run_id = ?", [run_id]).fetchone()
+    row = con.execute(f"SELECT max(round) FROM {q(rt.spec.outcomes)} WHERE run_id = ?", [rt.run_id]).fetchone()
     return int(row[0]) if row and row[0] is not None else None
+
+
+def last_round(con: duckdb.DuckDBPyConnection, run_id: str) -> int | None:
+    """The run's last closed round (its summary table), else the last round with outcomes."""
+    return _last_round(con, tables_of(con, run_id))
+
+
+# --- categorical options --------------------------------------------------------------
+def _options(con: duckdb.DuckDBPyConnection, source: str, params: dict) -> list[str]:
+    """The answers of a categorical measure in ``source`` (SQL with a text column ``v``), most
+    frequent first (ties by text); beyond MAX_OPTIONS the rarest are counted as OTHER, which
+    then comes last."""
+    rows = _run(con, f"SELECT v, count(*) AS c FROM ({source}) GROUP BY v ORDER BY c DESC, v "
+                     f"LIMIT {MAX_OPTIONS + 1}", params).fetchall()
+    opts = [r[0] for r in rows]
+    if len(opts) > MAX_OPTIONS:
+        opts = opts[:MAX_OPTIONS - 1] + [OTHER]
+    return opts
+
+
+def _answers(rt: RunTables) -> str:
+    """SQL of the run's valid answers as text (column v); binds $run."""
+    return (f"SELECT {_measure_expr(rt, 'o')} AS v FROM {q(rt.spec.outcomes)} o "
+            f"WHERE o.run_id = $run AND o.valid AND o.{q(rt.measure)} IS NOT NULL")
+
+
+def _option_expr(rt: RunTables, options: list[str], alias: str = "o") -> str:
+    """SQL mapping an answer to its option label ($opts bound to the kept options)."""
+    x = _measure_expr(rt, alias)
+    if OTHER not in options:
+        return x
+    return f"CASE WHEN list_contains($opts, {x}) THEN {x} ELSE '{OTHER}' END"
+
+
+def _leader(counts: dict[str, int]) -> tuple[str | None, int]:
+    real = {o: c for o, c in counts.items() if o != OTHER}
+    top = max(real.values(), default=0)
+    leaders = [o for o, c in real.items() if c == top]
+    return (leaders[0] if len(leaders) == 1 and top > 0 else None), top  # a tie has no leader
 
 
 # --- per round ------------------------------------------------------------------------
 def round_table(con: duckdb.DuckDBPyConnection, run_id: str) -> list[dict]:
-    """One dict per round (ascending): ``round, n, n_valid, n_invalid, mean, median, std,
-    min, max, target, winner_agent_id, winner_value, n_winners``.
+    """One dict per round (ascending)::
 
-    n/n_valid and the statistics come from the recorded guesses (std: sample, None for
-    n_valid < 2); target and winner from the environment's round result (None while a round
-    is not closed). A round with results but no recorded guesses falls back to the result's
-    n, n_valid and mean."""
-    _check_runs(con, [run_id])
+        round, n, n_valid, n_invalid      from the outcome rows (else the round's result)
+        mean, median, std, min, max       numeric measure, over the valid answers (std: sample)
+        options, counts, shares, leader, leader_share
+                                          categorical measure: the options (most frequent first),
+                                          valid answers and share of the valid answers per option,
+                                          the leading option (None on a tie) and its share
+        summary                           {column: value} of the simulation's round summary
+                                          (None while a round is not closed; JSON parsed)
+
+    A round with a result but no recorded outcomes takes n and n_valid from the result."""
+    rt = tables_of(con, run_id)
+    types = rt.summary_types
+    sel = ", ".join(f"any_value({q(c)}) AS {q('s_' + c)}" for c in types)
+    if rt.kind == "numeric":
+        m = q(rt.measure)
+        stats = (f", avg({m}) FILTER (WHERE valid) AS mean, quantile_cont({m}, 0.5) FILTER (WHERE valid) AS median, "
+                 f"stddev_samp({m}) FILTER (WHERE valid) AS std, min({m}) FILTER (WHERE valid) AS min, "
+                 f"max({m}) FILTER (WHERE valid) AS max")
+    else:
+        stats = ""
+    valid = f"valid AND {q(rt.measure)} IS NOT NULL" if rt.measure else "valid"
     cur = con.execute(
-        """
-        WITH g AS (
-            SELECT round, count(*) AS n,
-                   count(*) FILTER (WHERE valid AND value IS NOT NULL) AS n_valid,
-                   avg(value) FILTER (WHERE valid) AS mean,
-                   quantile_cont(value, 0.5) FILTER (WHERE valid) AS median,
-                   stddev_samp(value) FILTER (WHERE valid) AS std,
-                   min(value) FILTER (WHERE valid) AS min,
-                   max(value) FILTER (WHERE valid) AS max
-            FROM guesses WHERE run_id = $1 GROUP BY round
+        f"""
+        WITH o AS (
+            SELECT round, count(*) AS n, count(*) FILTER (WHERE {valid}) AS n_valid {stats}
+            FROM {q(rt.spec.outcomes)} WHERE run_id = $run GROUP BY round
         ), r AS (
-            SELECT round, any_value(n) AS n, any_value(n_valid) AS n_valid, any_value(mean) AS mean,
-                   any_value(target) AS target, any_value(winner_agent_id) AS winner_agent_id,
-                   any_value(winner_value) AS winner_value, any_value(n_winners) AS n_winners
-            FROM rounds WHERE run_id = $1 GROUP BY round
+            SELECT round, any_value(n) AS r_n, any_value(n_valid) AS r_n_valid{', ' + sel if sel else ''}
+            FROM {q(rt.spec.rounds)} WHERE run_id = $run GROUP BY round
         )
-        SELECT coalesce(g.round, r.round) AS round,
-               coalesce(g.n, r.n, 0) AS n,
-               coalesce(g.n_valid, r.n_valid, 0) AS n_valid,
-               coalesce(g.mean, r.mean) AS mean,
-               g.median, g.std, g.min, g.max,
-               r.target, r.winner_agent_id, r.winner_value, r.n_winners
-        FROM g FULL OUTER JOIN r ON g.round = r.round
-        ORDER BY round
-        """, [run_id])
+        SELECT coalesce(o.round, r.round) AS round_, coalesce(o.n, r.r_n, 0) AS n_,
+               coalesce(o.n_valid, r.r_n_valid, 0) AS n_valid_, r.round IS NOT NULL AS closed_, *
+        FROM o FULL OUTER JOIN r ON o.round = r.round
+        ORDER BY round_
+        """, {"run": run_id})
     out = []
     for row in _rows(cur):
-        out.append({
-            "round": int(row["round"]),
-            "n": int(row["n"]),
-            "n_valid": int(row["n_valid"]),
-            "n_invalid": int(row["n"]) - int(row["n_valid"]),
-            "mean": _num(row["mean"]),
-            "median": _num(row["median"]),
-            "std": _num(row["std"]),
-            "min": _num(row["min"]),
-            "max": _num(row["max"]),
-            "target": _num(row["target"]),
-            "winner_agent_id": None if row["winner_agent_id"] is None else int(row["winner_agent_id"]),
-            "winner_value": _num(row["winner_value"]),
-            "n_winners": None if row["n_winners"] is None else int(row["n_winners"]),
-        })
+        d = {"round": int(row["round_"]), "n": int(row["n_"]), "n_valid": int(row["n_valid_"])}
+        d["n_invalid"] = d["n"] - d["n_valid"]
+        if rt.kind == "numeric":
+            d.update({k: _num(row[k]) for k in ("mean", "median", "std", "min", "max")})
+        d["summary"] = ({c: _value(row["s_" + c], t) for c, t in types.items()} if row["closed_"] else None)
+        out.append(d)
+    if rt.kind == "categorical":
+        _add_shares(con, rt, out)
     return out
 
 
-def guesses(con: duckdb.DuckDBPyConnection, run_id: str, round: int | None = None) -> dict[int, np.ndarray]:
-    """The valid guesses of a run (or of one round) as ``{round: float array}``."""
-    _check_runs(con, [run_id])
-    sql = "SELECT round, value FROM guesses WHERE run_id = ? AND valid AND value IS NOT NULL"
+def _add_shares(con: duckdb.DuckDBPyConnection, rt: RunTables, rows: list[dict]) -> None:
+    params = {"run": rt.run_id}
+    options = _options(con, _answers(rt), params)
+    params["opts"] = options
+    counts = _run(con,
+        f"SELECT round, {_option_expr(rt, options)} AS opt, count(*) FROM {q(rt.spec.outcomes)} o "
+        f"WHERE o.run_id = $run AND o.valid AND o.{q(rt.measure)} IS NOT NULL GROUP BY ALL", params).fetchall()
+    by_round: dict[int, dict[str, int]] = {}
+    for r, opt, c in counts:
+        by_round.setdefault(int(r), {})[opt] = int(c)
+    for d in rows:
+        got = by_round.get(d["round"], {})
+        cnt = {o: got.get(o, 0) for o in options}
+        total = sum(cnt.values())
+        leader, top = _leader(cnt)
+        d.update(options=list(options), counts=cnt,
+                 shares={o: (c / total if total else None) for o, c in cnt.items()},
+                 leader=leader, leader_share=top / total if total else None)
+
+
+def measure_values(con: duckdb.DuckDBPyConnection, run_id: str, round: int | None = None) -> dict[int, np.ndarray]:
+    """The valid values of a numeric measure (one round, or all) as ``{round: float array}``.
+    This loads rows into memory: for notebooks on modest runs; the tables and the report
+    aggregate in the database instead."""
+    rt = tables_of(con, run_id)
+    _need_measure(rt)
+    if rt.kind != "numeric":
+        raise AnalysisError(f"run {run_id!r}: measure {rt.measure!r} is categorical; use round_table's shares")
+    m = q(rt.measure)
+    sql = f"SELECT round, {m} AS v FROM {q(rt.spec.outcomes)} WHERE run_id = ? AND valid AND {m} IS NOT NULL"
     params: list = [run_id]
     if round is not None:
         sql += " AND round = ?"
         params.append(round)
     data = con.execute(sql + " ORDER BY round", params).fetchnumpy()
     rounds = np.asarray(data["round"])
-    values = np.asarray(data["value"], dtype=float)
+    values = np.asarray(data["v"], dtype=float)
     return {int(r): values[rounds == r] for r in np.unique(rounds)}
 
 
+guesses = measure_values  # the ratio game's name for it, kept for notebooks
+
+
+def histogram(con: duckdb.DuckDBPyConnection, run_id: str, rounds: Sequence[int], lo: float, hi: float,
+              bins: int) -> tuple[np.ndarray, dict[int, np.ndarray]]:
+    """``(edges, {round: counts})``: the valid values of a numeric measure per round in ``bins``
+    equal bins from ``lo`` to ``hi`` (the last bin closed, as numpy's; values outside are
+    counted in the end bins). Binned in the database: one row per round and bin comes back."""
+    rt = tables_of(con, run_id)
+    _need_measure(rt)
+    if rt.kind != "numeric":
+        raise AnalysisError(f"run {run_id!r}: measure {rt.measure!r} is categorical, it has no histogram")
+    lo, hi, bins = float(lo), float(hi), int(bins)
+    if not (math.isfinite(lo) and math.isfinite(hi) and hi > lo and bins >= 1):
+        raise AnalysisError(f"histogram: needs lo < hi and bins >= 1 (got {lo}, {hi}, {bins})")
+    m = q(rt.measure)
+    rows = con.execute(
+        f"SELECT round, least(greatest(floor(({m} - $lo) / $width), 0), $last)::BIGINT AS bin, count(*) "
+        f"FROM {q(rt.spec.outcomes)} WHERE run_id = $run AND valid AND {m} IS NOT NULL "
+        "AND list_contains($rounds, round) GROUP BY ALL",
+        {"run": run_id, "lo": lo, "width": (hi - lo) / bins, "last": bins - 1,
+         "rounds": [int(r) for r in rounds]}).fetchall()
+    out = {int(r): np.zeros(bins, dtype=np.int64) for r in rounds}
+    for r, b, c in rows:
+        out[int(r)][int(b)] += int(c)
+    return np.linspace(lo, hi, bins + 1), out
+
+
 def invalid_answers(con: duckdb.DuckDBPyConnection, run_id: str, limit: int = 5) -> dict:
-    """``{"count": invalid answers in the run, "examples": [{"round", "agent_id", "raw"}, …]}``
+    """``{"count": invalid answers in the run, "examples": [{"round", "agent_id", "raw", "error"}, …]}``
     (up to ``limit`` examples, earliest first; raw texts as recorded, not escaped)."""
-    _check_runs(con, [run_id])
-    count = con.execute("SELECT count(*) FROM guesses WHERE run_id = ? AND NOT coalesce(valid, false)",
+    rt = tables_of(con, run_id)
+    t = q(rt.spec.outcomes)
+    count = con.execute(f"SELECT count(*) FROM {t} WHERE run_id = ? AND NOT coalesce(valid, false)",
                         [run_id]).fetchone()[0]
+    has_error = "error" in {r[0] for r in con.execute(f"DESCRIBE {t}").fetchall()}
     ex = _rows(con.execute(
-        "SELECT round, agent_id, raw FROM guesses WHERE run_id = ? AND NOT coalesce(valid, false) "
-        "ORDER BY round, agent_id LIMIT ?", [run_id, int(limit)]))
+        f"SELECT round, agent_id, raw{', error' if has_error else ', NULL AS error'} FROM {t} "
+        "WHERE run_id = ? AND NOT coalesce(valid, false) ORDER BY round, agent_id LIMIT ?", [run_id, int(limit)]))
     return {"count": int(count), "examples": ex}
 
 
@@ -372,118 +523,280 @@ def _parse_attr(text: str | None):
     return v
 
 
+def _same_tables(rts: list[RunTables]) -> RunTables:
+    first = rts[0]
+    for rt in rts[1:]:
+        if (rt.spec.outcomes, rt.measure, rt.kind) != (first.spec.outcomes, first.measure, first.kind):
+            raise AnalysisError(
+                f"runs {first.run_id!r} and {rt.run_id!r} cannot be compared: {first.run_id} records "
+                f"{first.measure!r} in {first.spec.outcomes!r} ({first.spec.simulation}), {rt.run_id} records "
+                f"{rt.measure!r} in {rt.spec.outcomes!r} ({rt.spec.simulation})")
+    return first
+
+
+def _picks(con: duckdb.DuckDBPyConnection, rts: list[RunTables], round: int | None) -> list[tuple[str, int]]:
+    """(run, round) to compare: the given round (checked) or each run's last."""
+    picks = []
+    for rt in rts:
+        if round is not None:
+            have = [x[0] for x in con.execute(
+                f"SELECT DISTINCT round FROM {q(rt.spec.outcomes)} WHERE run_id = ? ORDER BY 1",
+                [rt.run_id]).fetchall()]
+            if round not in have:
+                span = f"rounds {have[0]}..{have[-1]}" if have else f"no {rt.nouns}"
+                raise AnalysisError(f"round {round} is not in run {rt.run_id!r} ({span})")
+            picks.append((rt.run_id, int(round)))
+        else:
+            r = _last_round(con, rt)
+            if r is not None:  # a run without any outcome contributes nothing
+                picks.append((rt.run_id, r))
+    return picks
+
+
+def _grouped_base(rt: RunTables, value_expr: str) -> str:
+    """SQL (a CTE body) of the valid answers of the picked (run, round)s with the attribute's
+    JSON text: columns run_id, attr, v. Binds $runs, $rounds, $path."""
+    return f"""
+        SELECT o.run_id,
+               CAST(coalesce(json_extract(p.profile, $path), json_extract(p.persona, $path)) AS VARCHAR) AS attr,
+               {value_expr} AS v
+        FROM {q(rt.spec.outcomes)} o
+        JOIN (SELECT unnest($runs) AS run_id, unnest($rounds) AS round) k
+          ON o.run_id = k.run_id AND o.round = k.round
+        LEFT JOIN (SELECT run_id, agent_id, any_value(profile) AS profile, any_value(persona) AS persona
+                   FROM agent_profiles WHERE run_id IN (SELECT unnest($runs)) GROUP BY run_id, agent_id) p
+          ON p.run_id = o.run_id AND p.agent_id = o.agent_id
+        WHERE o.valid AND o.{q(rt.measure)} IS NOT NULL"""
+
+
 def group_table(con: duckdb.DuckDBPyConnection, run_ids: str | Sequence[str], by: str,
                 round: int | None = None, level: float = LEVEL) -> list[dict]:
-    """Mean guess per group of attribute ``by`` (looked up in each agent's profile, then its
-    persona), over the valid guesses of one round of each run (``round=None``: each run's
-    last round).
+    """The measure per group of attribute ``by`` (looked up in each agent's profile, then its
+    persona), over the valid answers of one round of each run (``round=None``: each run's last
+    round). Groups come in a sensible order (education levels by rank, ages by bin, others
+    alphabetically; "(none)" — agents without the attribute — last).
 
-    One dict per group, in a sensible order (education levels by rank, ages by bin, others
-    alphabetically; "(none)" — agents without the attribute — last)::
+    Numeric measure: one dict per group::
 
         group        label, e.g. "Ph.D." or "30-39"
-        n            agents with a valid guess, pooled over the runs
+        n            agents with a valid answer, pooled over the runs
         mean, median, std        over those agents (std: sample)
         ci_low, ci_high          95% Student-t CI of the mean across agents (None for n < 2)
-        n_runs       runs in which the group has at least one valid guess
+        n_runs       runs in which the group has at least one valid answer
         run_means    {run_id: the group's mean in that run}        (None for a single run)
         seed_mean    mean of run_means                              (None for a single run)
         seed_ci_low, seed_ci_high  95% Student-t CI across runs (seeds)  (None for a single run
                      or a group seen in fewer than 2 runs)
 
-    Raises AnalysisError for an unknown run, an attribute no agent has, or a round a run
-    does not have."""
+    Categorical measure: one dict per group and option (every option for every group, zeros
+    included)::
+
+        group, option
+        n            the group's valid answers, pooled over the runs
+        count        of them, this option
+        share, ci_low, ci_high   count / n with its 95% Wilson score interval
+        n_runs, run_shares, seed_mean, seed_ci_low, seed_ci_high
+                     as above, for the option's share in each run (Student-t across runs,
+                     cut to [0, 1])
+
+    Raises AnalysisError for an unknown run, an attribute no agent has, a round a run does not
+    have, or runs that record different measures."""
     run_ids = _check_runs(con, [run_ids] if isinstance(run_ids, str) else run_ids)
+    rts = [run_tables(con, rid) for rid in run_ids]
+    rt = _same_tables(rts)
+    _need_measure(rt)
     available = group_attributes(con, run_ids)
     if by not in available:
         raise AnalysisError(
             f"attribute {by!r} is not in the profiles of run(s) {', '.join(run_ids)}; "
             f"available: {', '.join(available) if available else '(none: these runs have no population)'}")
-    picks: list[tuple[str, int]] = []
-    for rid in run_ids:
-        r = round if round is not None else last_round(con, rid)
-        if r is None:
-            continue  # a run without any guess contributes nothing
-        if round is not None:
-            have = [x[0] for x in con.execute(
-                "SELECT DISTINCT round FROM guesses WHERE run_id = ? ORDER BY 1", [rid]).fetchall()]
-            if round not in have:
-                span = f"rounds {have[0]}..{have[-1]}" if have else "no guesses"
-                raise AnalysisError(f"round {round} is not in run {rid!r} ({span})")
-        picks.append((rid, int(r)))
-    path = _json_path(by)
-    run_col: list[np.ndarray] = []
-    val_col: list[np.ndarray] = []
-    attr_col: list[np.ndarray] = []
-    for rid, r in picks:
-        data = con.execute(
-            """
-            SELECT g.value,
-                   CAST(coalesce(json_extract(p.profile, $3), json_extract(p.persona, $3)) AS VARCHAR) AS attr
-            FROM guesses g
-            LEFT JOIN (SELECT agent_id, any_value(profile) AS profile, any_value(persona) AS persona
-                       FROM agent_profiles WHERE run_id = $1 GROUP BY agent_id) p
-              ON p.agent_id = g.agent_id
-            WHERE g.run_id = $1 AND g.round = $2 AND g.valid AND g.value IS NOT NULL
-            """, [rid, r, path]).fetchnumpy()
-        vals = np.asarray(data["value"], dtype=float)
-        attrs = np.asarray(data["attr"], dtype=object)
-        run_col.append(np.full(vals.size, rid, dtype=object))
-        val_col.append(vals)
-        attr_col.append(attrs)
-    values = np.concatenate(val_col) if val_col else np.empty(0)
-    runs = np.concatenate(run_col) if run_col else np.empty(0, dtype=object)
-    attrs = np.concatenate(attr_col) if attr_col else np.empty(0, dtype=object)
-    # JSON 'null' and missing keys both mean "no attribute"
-    attrs = np.array([None if a is None or a == "null" else a for a in attrs], dtype=object)
-    distinct = list(dict.fromkeys(a for a in attrs if a is not None))
-    parsed = {t: _parse_attr(t) for t in distinct}
-    hashable = {t: (json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v)
-                for t, v in parsed.items()}
+    picks = _picks(con, rts, round)
+    if not picks:
+        return []
+    params = {"runs": [p[0] for p in picks], "rounds": [p[1] for p in picks], "path": _json_path(by)}
+    # 1. the attribute's distinct values (few), labelled in Python (bins, ranks) …
+    if rt.kind == "categorical":
+        # options in the order of the runs' round tables (frequency over every round), so colours
+        # and columns stay the same from table to table
+        options = _options(con, f"SELECT {_measure_expr(rt, 'o')} AS v FROM {q(rt.spec.outcomes)} o "
+                                f"WHERE list_contains($runs, o.run_id) AND o.valid AND o.{q(rt.measure)} IS NOT NULL",
+                           params)
+        params["opts"] = options
+        value = _option_expr(rt, options)
+    else:
+        options = []
+        value = f"o.{q(rt.measure)}"
+    base = _grouped_base(rt, value)
+    distinct = [r[0] for r in _run(con, f"WITH b AS ({base}) SELECT DISTINCT attr FROM b", params).fetchall()]
+    present = [a for a in distinct if a is not None and a != "null"]  # JSON null: no attribute
+    parsed = {t: _parse_attr(t) for t in present}
+    hashable = {t: (json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v) for t, v in parsed.items()}
     mapping, order = _labels_for(by, list(hashable.values()))
-    labels = np.array([NONE_GROUP if a is None else mapping[hashable[a]] for a in attrs], dtype=object)
+    # 2. … and the labels handed back to DuckDB, which aggregates per label (and run)
+    params["attrs"] = present
+    params["labels"] = [mapping[hashable[t]] for t in present]
+    labelled = f"""
+        WITH b AS ({base}),
+             lab AS (SELECT unnest($attrs) AS attr, unnest($labels) AS label),
+             x AS (SELECT b.run_id, coalesce(lab.label, '{NONE_GROUP}') AS label, b.v
+                   FROM b LEFT JOIN lab ON b.attr = lab.attr)"""
     multi = len(run_ids) > 1
+    if rt.kind == "numeric":
+        return _numeric_groups(con, labelled, params, order, run_ids, multi, level)
+    return _categorical_groups(con, labelled, params, order, options, run_ids, multi, level)
+
+
+def _numeric_groups(con, labelled: str, params: dict, order: list[str], run_ids: list[str], multi: bool,
+                    level: float) -> list[dict]:
+    rows = _run(con,
+        f"""{labelled}
+        SELECT label, run_id, grouping(run_id) AS pooled, count(v) AS n, avg(v) AS mean,
+               quantile_cont(v, 0.5) AS median, stddev_samp(v) AS std
+        FROM x GROUP BY GROUPING SETS ((label), (label, run_id))""", params).fetchall()
+    pooled = {r[0]: r for r in rows if r[2]}
+    per_run: dict[str, dict[str, float]] = {}
+    for label, rid, is_pooled, n, mean, _, _ in rows:
+        if not is_pooled and n:
+            per_run.setdefault(label, {})[rid] = float(mean)
     out = []
     for lab in order:
-        sel = labels == lab
-        if not sel.any():
+        if lab not in pooled:
             continue
-        v = values[sel]
-        s = summary(v)
-        ci = mean_ci(v, level)
-        row = {
-            "group": lab, "n": s["n"], "mean": s["mean"], "ci_low": ci["low"], "ci_high": ci["high"],
-            "median": s["median"], "std": s["std"],
-            "n_runs": len(set(runs[sel])),
-            "run_means": None, "seed_mean": None, "seed_ci_low": None, "seed_ci_high": None,
-        }
+        _, _, _, n, mean, median, std = pooled[lab]
+        n, mean, median, std = int(n), _num(mean), _num(median), _num(std)
+        low, high = t_interval(mean, std, n, level)
+        row = {"group": lab, "n": n, "mean": mean, "ci_low": low, "ci_high": high, "median": median, "std": std,
+               "n_runs": len(per_run.get(lab, {})),
+               "run_means": None, "seed_mean": None, "seed_ci_low": None, "seed_ci_high": None}
         if multi:
-            rm = {rid: float(values[sel & (runs == rid)].mean())
-                  for rid in run_ids if (sel & (runs == rid)).any()}
+            rm = {rid: per_run[lab][rid] for rid in run_ids if rid in per_run.get(lab, {})}
             sci = mean_ci(list(rm.values()), level)
             row.update(run_means=rm, seed_mean=sci["mean"], seed_ci_low=sci["low"], seed_ci_high=sci["high"])
         out.append(row)
     return out
 
 
-# --- convergence ----------------------------------------------------------------------
-def convergence_table(con: duckdb.DuckDBPyConnection, run_ids: str | Sequence[str]) -> list[dict]:
-    """One dict per run and round: ``run_id, round, mean, median, target, winner_value,
-    equilibrium, distance`` where distance = |mean − equilibrium| (None when the game has no
-    unique equilibrium or the round no valid guess)."""
-    run_ids = _check_runs(con, [run_ids] if isinstance(run_ids, str) else run_ids)
+def _categorical_groups(con, labelled: str, params: dict, order: list[str], options: list[str],
+                        run_ids: list[str], multi: bool, level: float) -> list[dict]:
+    rows = _run(con,
+        f"""{labelled}
+        SELECT label, run_id, v, grouping(run_id) AS pooled, count(*) AS c
+        FROM x GROUP BY GROUPING SETS ((label, v), (label, run_id, v))""", params).fetchall()
+    pooled: dict[str, dict[str, int]] = {}
+    per_run: dict[str, dict[str, dict[str, int]]] = {}
+    for label, rid, opt, is_pooled, c in rows:
+        if is_pooled:
+            pooled.setdefault(label, {})[opt] = int(c)
+        else:
+            per_run.setdefault(label, {}).setdefault(rid, {})[opt] = int(c)
     out = []
-    for rid in run_ids:
-        eq = run_info(con, rid)["equilibrium"]
-        for r in round_table(con, rid):
-            dist = abs(r["mean"] - eq) if (eq is not None and r["mean"] is not None) else None
-            out.append({"run_id": rid, "round": r["round"], "mean": r["mean"], "median": r["median"],
-                        "target": r["target"], "winner_value": r["winner_value"],
-                        "equilibrium": eq, "distance": dist})
+    for lab in order:
+        if lab not in pooled:
+            continue
+        n = sum(pooled[lab].values())
+        runs = per_run.get(lab, {})
+        for opt in options:
+            k = pooled[lab].get(opt, 0)
+            ci = share_ci(k, n, level)
+            row = {"group": lab, "option": opt, "n": n, "count": k, "share": ci["share"],
+                   "ci_low": ci["low"], "ci_high": ci["high"], "n_runs": len(runs),
+                   "run_shares": None, "seed_mean": None, "seed_ci_low": None, "seed_ci_high": None}
+            if multi:
+                # each run (seed) is one replicate: the share's mean across runs and its t interval
+                rs = {rid: runs[rid].get(opt, 0) / sum(runs[rid].values()) for rid in run_ids if rid in runs}
+                sci = mean_ci(list(rs.values()), level)
+                # with few runs the t interval easily passes 0 or 1 (2 runs: t = 12.7); a share cannot,
+                # so the interval is cut to [0, 1]
+                low = None if sci["low"] is None else max(0.0, sci["low"])
+                high = None if sci["high"] is None else min(1.0, sci["high"])
+                row.update(run_shares=rs, seed_mean=sci["mean"], seed_ci_low=low, seed_ci_high=high)
+            out.append(row)
     return out
 
 
+# --- convergence ----------------------------------------------------------------------
+def convergence_table(con: duckdb.DuckDBPyConnection, run_ids: str | Sequence[str]) -> list[dict]:
+    """One dict per run and round. Numeric measure: ``run_id, round, mean, median,
+    equilibrium, distance`` (|mean − equilibrium|, None without an equilibrium or a valid
+    answer) and each of the simulation's trend columns by name (the ratio game: ``target``,
+    ``winner_value``). Categorical: ``run_id, round, n_valid, leader, leader_share, shares``."""
+    run_ids = _check_runs(con, [run_ids] if isinstance(run_ids, str) else run_ids)
+    out = []
+    for rid in run_ids:
+        rt = run_tables(con, rid)
+        for r in round_table(con, rid):
+            if rt.kind == "categorical":
+                out.append({"run_id": rid, "round": r["round"], "n_valid": r["n_valid"], "leader": r["leader"],
+                            "leader_share": r["leader_share"], "shares": r["shares"]})
+                continue
+            eq = rt.equilibrium
+            mean = r.get("mean")
+            row = {"run_id": rid, "round": r["round"], "mean": mean, "median": r.get("median"),
+                   "equilibrium": eq, "distance": abs(mean - eq) if eq is not None and mean is not None else None}
+            for c in rt.trend:
+                if c not in row:
+                    row[c] = _num((r["summary"] or {}).get(c))
+            out.append(row)
+    return out
+
+
+# --- groups of a grouped simulation -----------------------------------------------------
+def group_spread(con: duckdb.DuckDBPyConnection, run_id: str, option: str | None = None) -> dict:
+    """How the simulation's groups (its ``group_id`` column) differ, per round: each group's
+    mean of a numeric measure, or (categorical) each group's share of ``option`` (default: the
+    run's most frequent answer). Returns::
+
+        value        what is summarised per group ("mean contribution", "share of yes")
+        n_groups     distinct groups in the run
+        rounds       [{round, n_groups, mean (of the group values), min, q10, q25, median, q75,
+                      q90, max}]   quantiles across the groups of that round
+        lines        {group_id: [(round, value), …]} when n_groups <= MAX_GROUP_LINES, else None
+
+    Groups are reduced in the database: one row per round (plus a few lines) comes back."""
+    rt = tables_of(con, run_id)
+    _need_measure(rt)
+    if not rt.grouped:
+        raise AnalysisError(f"run {run_id!r}: simulation {rt.spec.simulation!r} has no groups")
+    params: dict = {"run": run_id}
+    if rt.kind == "numeric":
+        x = q(rt.measure)
+        what = f"mean {rt.noun}"
+    else:
+        if option is None:
+            opts = _options(con, _answers(rt), params)
+            option = next((o for o in opts if o != OTHER), None)
+            if option is None:
+                return {"value": f"share of a {rt.noun}", "n_groups": 0, "rounds": [], "lines": None}
+        params["opt"] = option
+        x = f"(CAST({q(rt.measure)} AS VARCHAR) = $opt)::DOUBLE"
+        what = f"share of {option}"
+    per_group = (f"SELECT round, group_id, avg({x}) AS gv FROM {q(rt.spec.outcomes)} "
+                 f"WHERE run_id = $run AND valid AND {q(rt.measure)} IS NOT NULL AND group_id IS NOT NULL "
+                 "GROUP BY round, group_id")
+    qs = list(SPREAD_QUANTILES)
+    rows = con.execute(
+        f"WITH g AS ({per_group}) SELECT round, count(*), avg(gv), min(gv), quantile_cont(gv, {qs}), max(gv) "
+        "FROM g GROUP BY round ORDER BY round", params).fetchall()
+    n_groups = con.execute(
+        f"SELECT count(DISTINCT group_id) FROM {q(rt.spec.outcomes)} WHERE run_id = $run AND group_id IS NOT NULL",
+        {"run": run_id}).fetchone()[0]
+    table = []
+    for r, n, mean, lo, quants, hi in rows:
+        d = {"round": int(r), "n_groups": int(n), "mean": _num(mean), "min": _num(lo), "max": _num(hi)}
+        d.update({f"q{round(p * 100):02d}": _num(v) for p, v in zip(SPREAD_QUANTILES, quants)})
+        d["median"] = d.pop("q50")
+        table.append(d)
+    lines = None
+    if 0 < n_groups <= MAX_GROUP_LINES:
+        lines = {}
+        for gid, r, gv in con.execute(f"WITH g AS ({per_group}) SELECT group_id, round, gv FROM g "
+                                      "ORDER BY group_id, round", params).fetchall():
+            lines.setdefault(int(gid), []).append((int(r), _num(gv)))
+    return {"value": what, "option": option, "n_groups": int(n_groups), "rounds": table, "lines": lines}
+
+
 __all__ = [
-    "AGE_EDGES", "NONE_GROUP", "attributes", "convergence_table", "group_attributes", "group_table",
-    "guesses", "invalid_answers", "known_runs", "last_round", "round_table", "run_info",
+    "AGE_EDGES", "MAX_OPTIONS", "NONE_GROUP", "OTHER", "attributes", "convergence_table", "group_attributes",
+    "group_spread", "group_table", "guesses", "histogram", "invalid_answers", "known_runs", "last_round",
+    "measure_values", "round_table", "run_info", "tables_of",
 ]

@@ -1,16 +1,30 @@
-"""One self-contained HTML report per run: header, per-round table, figures embedded as PNG
-(data: URIs; no external CSS, JS, fonts or URLs), group tables, invalid answers and the
-reproducibility manifest.
+"""One self-contained HTML report per run, for any simulation: header, per-round table, figures
+embedded as PNG (data: URIs; no external CSS, JS, fonts or URLs), group tables, invalid answers
+and the reproducibility manifest.
 
     from populace.analysis import write_report
     with duckdb.connect("populace.duckdb", read_only=True) as con:
         write_report(con, "run-1", "report.html", by=["education"])
 
-Figures (matplotlib, object API on the Agg canvas: no pyplot, no global backend switch):
-1. per-round histograms of the valid guesses with the target and the mean as vertical lines
-   (all rounds up to 6, else the first 3 and last 3);
-2. per-group mean guess in the last round with 95% CI error bars, one panel per attribute;
-3. convergence over rounds: mean, median, target, winner and the equilibrium (dashed).
+What is drawn follows the run's declared measure (``populace.analysis.tables``):
+
+numeric (the ratio game's guess, the public-goods contribution)
+  1. per-round histograms with the mean, the simulation's reference columns (the ratio game's
+     target) and its equilibrium as vertical lines (all rounds up to 6, else the first 3 and
+     last 3);
+  2. per-group mean in the last round with 95% Student-t CIs, one panel per persona attribute;
+  3. convergence over rounds: mean, median, the simulation's trend columns (target, winning
+     number) and the equilibrium (dashed).
+categorical (the vote's choice)
+  1. each option's share per round (stacked bars);
+  2. each option's share per persona group in the last round with 95% Wilson CIs;
+  3. each option's share over rounds with its 95% Wilson band.
+grouped simulations (a ``group_id`` column) add
+  4. the measure per round overall and per group: one line per group when there are few, else
+     the spread of the group means (10–90% and 25–75% quantile bands, median).
+
+Figures use matplotlib's object API on the Agg canvas (no pyplot, no global backend switch).
+Every number comes from DuckDB aggregates (histograms are binned there), never from all rows.
 """
 
 from __future__ import annotations
@@ -25,26 +39,36 @@ from pathlib import Path
 
 import duckdb
 import numpy as np
+from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import MaxNLocator, PercentFormatter
 
 from populace.analysis.queries import (
     attributes,
     convergence_table,
+    group_spread,
     group_table,
-    guesses,
+    histogram,
     invalid_answers,
     last_round,
     round_table,
     run_info,
+    tables_of,
 )
+from populace.analysis.stats import wilson_interval
+from populace.analysis.tables import plural
 
 MAX_PANELS = 6  # histogram panels: all rounds up to this, else the first and last halves
 MAX_GROUP_PLOTS = 4
 HIST_BINS = 20
+MAX_INTEGER_BINS = 60  # an integer measure spanning at most this many values gets one bin per value
+MAX_TABLE_ROUNDS = 200  # per-round tables: all rounds up to this, else the first and last halves
+MAX_STACKED_BARS = 60  # categorical figure 1: bars up to this many rounds, else an area plot
 RAW_EXAMPLES = 5
 RAW_MAX_CHARS = 300
+JSON_MAX_CHARS = 120
+STATS = ("mean", "median", "std", "min", "max")
 
 CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;max-width:1100px;
@@ -56,8 +80,10 @@ th{background:#f3f3f3}td.l,th.l{text-align:left}
 table.kv td:first-child{font-weight:600;text-align:left;background:#fafafa}table.kv td{text-align:left}
 img{max-width:100%;height:auto;display:block;margin:.6em 0}
 pre{background:#f6f6f6;padding:.8em;overflow:auto;font-size:.85em}
-.note{color:#666;font-size:.9em}code{background:#f3f3f3;padding:0 .2em}
+.note{color:#666;font-size:.9em}.warn{color:#8a5a00;font-size:.9em}code{background:#f3f3f3;padding:0 .2em}
 """
+REFERENCE_STYLES = (("#d62728", "^-"), ("#ff7f0e", "v-"), ("#8c564b", "P-"))
+TREND_STYLES = (("#9467bd", "d:"), ("#17becf", "x:"), ("#bcbd22", "*:"))
 
 
 # --- formatting -----------------------------------------------------------------------
@@ -79,16 +105,38 @@ def _n(x: object, digits: int = 2) -> str:
     return f"{f:,.{digits}f}"
 
 
-def _num_text(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+def _pct(x: float | None, digits: int = 1) -> str:
+    return "—" if x is None else f"{100 * x:.{digits}f}%"
 
 
-def game_text(info: dict) -> str:
-    """'target = 2/3 · mean + 5; guesses in [0, 100]' with the ratio as the user wrote it."""
-    t = f"target = {info['ratio']} · mean"
-    if info["offset"]:
-        t += f" {'+' if info['offset'] > 0 else '−'} {_num_text(abs(info['offset']))}"
-    return f"{t}; guesses in [0, {_num_text(info['max_value'])}]"
+def params_text(params: dict, limit: int = 400) -> str:
+    """A simulation's own config sections flattened: 'game.endowment=20, prompt.answer=cot'."""
+    parts: list[str] = []
+
+    def walk(prefix: str, v: object) -> None:
+        if isinstance(v, dict) and (v or not prefix):
+            for k, w in v.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), w)
+        else:
+            parts.append(f"{prefix}={json.dumps(v, ensure_ascii=False) if isinstance(v, (list, dict)) else v}")
+
+    walk("", params)
+    text = ", ".join(parts)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def describe(info: dict) -> str:
+    """One line saying what was played: the simulation's own description, else its parameters."""
+    if info.get("description"):
+        return info["description"]
+    p = params_text(info.get("params") or {})
+    return f"{info.get('simulation')}" + (f": {p}" if p else "")
+
+
+def _caption(info: dict) -> str:
+    """What a figure's title says was played: the simulation's own description, else its name
+    (its parameters are in the header table; a figure title has no room for them)."""
+    return info.get("description") or str(info.get("simulation"))
 
 
 def _prompt_text(prompt: dict | None) -> str | None:
@@ -124,13 +172,33 @@ def _model_text(model: dict) -> str:
     return t + (f"; {', '.join(extra)}" if extra else "")
 
 
+def _cell(name: str, value: object, type_: str) -> str:
+    """A summary cell: ids plain, JSON compact and shortened, numbers formatted."""
+    if value is None:
+        return "—"
+    if type_ == "JSON":
+        text = json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
+        return _e(text if len(text) <= JSON_MAX_CHARS else text[:JSON_MAX_CHARS] + "…")
+    if name.endswith("_id") or type_ in ("VARCHAR", "BOOLEAN"):
+        return _e(value)
+    return _n(value)
+
+
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], left: Sequence[int] = (0,)) -> str:
-    """Rows of already-escaped cell strings."""
-    h = "".join(f'<th class="l">{c}</th>' if i in left else f"<th>{c}</th>" for i, c in enumerate(headers))
+    """Rows of already-escaped cell strings (headers are escaped here)."""
+    h = "".join(f'<th class="l">{_e(c)}</th>' if i in left else f"<th>{_e(c)}</th>" for i, c in enumerate(headers))
     body = "".join(
         "<tr>" + "".join(f'<td class="l">{c}</td>' if i in left else f"<td>{c}</td>" for i, c in enumerate(r))
         + "</tr>" for r in rows)
     return f"<table><thead><tr>{h}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _capped(rows: list[dict], cap: int = MAX_TABLE_ROUNDS) -> tuple[list[dict], str | None]:
+    if len(rows) <= cap:
+        return rows, None
+    head = cap // 2
+    note = f"Showing the first {head} and the last {cap - head} of {len(rows):,} rounds."
+    return rows[:head] + rows[len(rows) - (cap - head):], note
 
 
 # --- figures --------------------------------------------------------------------------
@@ -160,48 +228,84 @@ def shown_rounds(rounds: Sequence[int], max_panels: int = MAX_PANELS) -> list[in
     return rounds[:head] + rounds[len(rounds) - (max_panels - head):]
 
 
-def histogram_figure(per_round: dict[int, np.ndarray], table: dict[int, dict], max_value: float,
-                     rounds: Sequence[int], title: str) -> Figure:
-    """Figure 1: one histogram panel per round, target (red) and mean (dashed) as lines."""
+def option_colors(options: Sequence[str]) -> dict[str, object]:
+    """One colour per option, the same in every figure of a report ("(other)" grey)."""
+    cmap = colormaps["tab10"] if len(options) <= 10 else colormaps["tab20"]
+    out, i = {}, 0
+    for o in options:
+        if o == "(other)":
+            out[o] = "#999999"
+        else:
+            out[o] = cmap(i % cmap.N)
+            i += 1
+    return out
+
+
+def histogram_bins(lo: float, hi: float, integer: bool) -> tuple[float, float, int]:
+    """(lo, hi, bins) for a histogram of values in [lo, hi]: one bin per value for an integer
+    measure with a small span (bars centred on the integers), else HIST_BINS equal bins."""
+    if hi <= lo:
+        lo, hi = lo - 0.5, hi + 0.5
+    if integer and hi - lo <= MAX_INTEGER_BINS:
+        a, b = math.floor(lo) - 0.5, math.ceil(hi) + 0.5
+        return a, b, int(b - a)
+    return lo, hi, HIST_BINS
+
+
+def histogram_figure(edges: np.ndarray, counts: dict[int, np.ndarray], table: dict[int, dict],
+                     rounds: Sequence[int], title: str, noun: str = "guess",
+                     reference: Sequence[tuple[str, str]] = (), equilibrium: float | None = None) -> Figure:
+    """Figure 1 (numeric): one histogram panel per round from binned counts; the simulation's
+    reference columns (``(column, label)``; solid), the mean (dashed) and the equilibrium (dotted)
+    as vertical lines."""
     k = max(len(rounds), 1)
     ncols = min(3, k)
     nrows = math.ceil(k / ncols)
     fig = _figure(4.0 * ncols, 3.0 * nrows + 0.4)
-    all_vals = [v for r in rounds for v in (per_round.get(r, np.empty(0)),) if v.size]
-    lo = min([0.0] + [float(v.min()) for v in all_vals])
-    hi = max([float(max_value)] + [float(v.max()) for v in all_vals])
-    edges = np.linspace(lo, hi, HIST_BINS + 1)
     axes = fig.subplots(nrows, ncols, squeeze=False)
+    widths = np.diff(edges)
     for i, ax in enumerate(axes.flat):
         if i >= len(rounds):
             ax.set_visible(False)
             continue
         r = rounds[i]
-        vals = per_round.get(r, np.empty(0))
+        c = counts.get(r, np.zeros(len(edges) - 1, dtype=np.int64))
         row = table.get(r, {})
-        ax.hist(vals, bins=edges, color="#7aa6d6", edgecolor="#2f5f8f", linewidth=0.6)
-        if row.get("target") is not None:
-            ax.axvline(row["target"], color="#d62728", linewidth=2, label=f"target {row['target']:.2f}")
+        summary = row.get("summary") or {}
+        ax.bar(edges[:-1], c, width=widths, align="edge", color="#7aa6d6", edgecolor="#2f5f8f", linewidth=0.6)
+        drawn = False
+        for j, (col, label) in enumerate(reference):
+            v = summary.get(col)
+            if v is not None:
+                ax.axvline(v, color=REFERENCE_STYLES[j % len(REFERENCE_STYLES)][0], linewidth=2,
+                           label=f"{label} {v:.2f}")
+                drawn = True
         if row.get("mean") is not None:
             ax.axvline(row["mean"], color="#222222", linestyle="--", linewidth=1.4, label=f"mean {row['mean']:.2f}")
-        ax.set_xlim(lo, hi)
-        ax.set_title(f"Round {r} (n={vals.size:,} valid)", fontsize=10)
-        ax.set_xlabel("guess")
+            drawn = True
+        if equilibrium is not None:
+            ax.axvline(equilibrium, color="#555555", linestyle=":", linewidth=1.4,
+                       label=f"equilibrium {equilibrium:g}")
+            drawn = True
+        ax.set_xlim(edges[0], edges[-1])
+        ax.set_title(f"Round {r} (n={int(c.sum()):,} valid)", fontsize=10)
+        ax.set_xlabel(noun)
         ax.set_ylabel("agents")
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-        if not vals.size:
-            ax.text(0.5, 0.5, "no valid guesses", transform=ax.transAxes, ha="center", va="center", color="#888")
-        if row.get("target") is not None or row.get("mean") is not None:
+        if not c.sum():
+            ax.text(0.5, 0.5, f"no valid {noun}", transform=ax.transAxes, ha="center", va="center", color="#888")
+        if drawn:
             ax.legend(fontsize=8, loc="upper right")
     fig.suptitle(title, fontsize=12)
     return fig
 
 
 def group_figure(groups: dict[str, list[dict]], equilibrium: float | None, round_label: str,
-                 max_value: float | None = None) -> Figure:
-    """Figure 2: per-group mean guess with 95% CI error bars, one panel per attribute. The y axis
-    stays within the game's range [0, max_value]: a tiny group's huge CI would otherwise flatten
-    every other bar (its exact bounds are in the table below the figure)."""
+                 measure_range: tuple[float, float] | None = None, noun: str = "guess",
+                 title: str = "Figure 2. Mean guess per group") -> Figure:
+    """Figure 2 (numeric): per-group mean with 95% CI error bars, one panel per attribute. The y
+    axis stays within the measure's range: a tiny group's huge CI would otherwise flatten every
+    other bar (its exact bounds are in the table below the figure)."""
     k = max(len(groups), 1)
     ncols = min(2, k)
     nrows = math.ceil(k / ncols)
@@ -219,39 +323,53 @@ def group_figure(groups: dict[str, list[dict]], equilibrium: float | None, round
         high = np.array([r["ci_high"] - r["mean"] if r["ci_high"] is not None else 0.0 for r in rows], dtype=float)
         ax.bar(x, means, yerr=[low, high], capsize=4, color="#8fbf8f", edgecolor="#3d6b3d",
                error_kw={"elinewidth": 1.2, "ecolor": "#222"})
-        ax.set_xticks(x, [f"{r['group']}\n(n={r['n']:,})" for r in rows], fontsize=8,
-                      rotation=30 if len(rows) > 4 else 0, ha="right" if len(rows) > 4 else "center")
+        _group_ticks(ax, rows)
         if equilibrium is not None:
             ax.axhline(equilibrium, color="#555", linestyle="--", linewidth=1, label=f"equilibrium {equilibrium:g}")
             ax.legend(fontsize=8)
-        if max_value is not None and np.isfinite(means).any():
+        if measure_range is not None and np.isfinite(means).any():
+            lo, hi = measure_range
             top = float(np.nanmax(means + high))
-            ax.set_ylim(0, min(top * 1.1, max_value * 1.05) or 1.0)
+            bottom = min(lo, 0.0)
+            ax.set_ylim(bottom, max(min(top * 1.1, hi + 0.05 * (hi - lo)), bottom + 1e-9) if top > bottom
+                        else bottom + 1.0)
         ax.set_xlabel(attr)
-        ax.set_ylabel(f"mean guess ({round_label})")
-        ax.set_title(f"Mean guess by {attr} (95% CI across agents)", fontsize=10)
-    fig.suptitle("Figure 2. Mean guess per group", fontsize=12)
+        ax.set_ylabel(f"mean {noun} ({round_label})")
+        ax.set_title(f"Mean {noun} by {attr} (95% CI across agents)", fontsize=10)
+    fig.suptitle(title, fontsize=12)
     return fig
 
 
-def convergence_figure(rows: list[dict], title: str) -> Figure:
-    """Figure 3: mean, median, target and winner per round; equilibrium dashed."""
+def _group_ticks(ax, rows: list[dict]) -> None:
+    labels = [f"{r['group']}\n(n={r['n']:,})" for r in rows]
+    many = len(rows) > 4
+    ax.set_xticks(np.arange(len(rows)), labels, fontsize=8, rotation=30 if many else 0,
+                  ha="right" if many else "center")
+
+
+def convergence_figure(rows: list[dict], title: str, trend: Sequence[tuple[str, str]] = (
+        ("target", "target"), ("winner_value", "winning number")), noun: str = "guess",
+        n_reference: int | None = None) -> Figure:
+    """Figure 3 (numeric): mean, median and the trend columns (``(column, label)``; the first
+    ``n_reference`` are reference columns, solid, the rest dotted) per round; equilibrium dashed."""
     fig = _figure(7.5, 4.2)
     ax = fig.subplots()
     x = [r["round"] for r in rows]
 
     def col(key: str) -> list[float]:
-        return [np.nan if r[key] is None else r[key] for r in rows]
+        return [np.nan if r.get(key) is None else r[key] for r in rows]
 
     ax.plot(x, col("mean"), "o-", color="#1f77b4", label="mean")
     ax.plot(x, col("median"), "s-", color="#2ca02c", label="median")
-    ax.plot(x, col("target"), "^-", color="#d62728", label="target")
-    ax.plot(x, col("winner_value"), "d:", color="#9467bd", label="winning number")
+    n_ref = 1 if n_reference is None else n_reference
+    for j, (c, label) in enumerate(trend):
+        color, style = (REFERENCE_STYLES[j % 3] if j < n_ref else TREND_STYLES[(j - n_ref) % 3])
+        ax.plot(x, col(c), style, color=color, label=label)
     eq = rows[0]["equilibrium"] if rows else None
     if eq is not None:
         ax.axhline(eq, color="#444", linestyle="--", linewidth=1.2, label=f"equilibrium ({eq:g})")
     ax.set_xlabel("round")
-    ax.set_ylabel("guess")
+    ax.set_ylabel(noun)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_title(title, fontsize=11)
     ax.legend(fontsize=8)
@@ -259,37 +377,202 @@ def convergence_figure(rows: list[dict], title: str) -> Figure:
     return fig
 
 
-# --- report ---------------------------------------------------------------------------
-def _header(info: dict, rounds: list[dict], inv: dict) -> str:
+def shares_figure(rounds: list[dict], options: list[str], title: str, noun: str) -> Figure:
+    """Figure 1 (categorical): each option's share of the valid answers per round, stacked."""
+    fig = _figure(8.0, 4.4)
+    ax = fig.subplots()
+    colors = option_colors(options)
+    x = np.array([r["round"] for r in rounds])
+    shares = {o: np.array([(r["shares"] or {}).get(o) or 0.0 for r in rounds], dtype=float) for o in options}
+    bottom = np.zeros(len(rounds))
+    if len(rounds) <= MAX_STACKED_BARS:
+        for o in options:
+            ax.bar(x, shares[o], bottom=bottom, color=colors[o], edgecolor="white", linewidth=0.5, label=o)
+            bottom += shares[o]
+    else:
+        ax.stackplot(x, *[shares[o] for o in options], colors=[colors[o] for o in options], labels=options)
+    ax.set_ylim(0, 1)
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("round")
+    ax.set_ylabel(f"share of valid {plural(noun)}")
+    ax.set_title(title, fontsize=11)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5), title=noun)
+    return fig
+
+
+def share_group_figure(groups: dict[str, list[dict]], options: list[str], round_label: str, noun: str,
+                       title: str) -> Figure:
+    """Figure 2 (categorical): each option's share per group (grouped bars) with 95% Wilson CIs,
+    one panel per attribute."""
+    k = max(len(groups), 1)
+    ncols = 1 if len(options) > 3 else min(2, k)
+    nrows = math.ceil(k / ncols)
+    fig = _figure(6.0 * ncols + (2.0 if ncols == 1 else 0), 3.8 * nrows + 0.4)
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    colors = option_colors(options)
+    items = list(groups.items())
+    for i, ax in enumerate(axes.flat):
+        if i >= len(items):
+            ax.set_visible(False)
+            continue
+        attr, rows = items[i]
+        labels = list(dict.fromkeys(r["group"] for r in rows))
+        n_of = {r["group"]: r["n"] for r in rows}
+        width = 0.8 / max(len(options), 1)
+        x = np.arange(len(labels))
+        for j, o in enumerate(options):
+            cell = {r["group"]: r for r in rows if r["option"] == o}
+            share = np.array([cell[g]["share"] if g in cell and cell[g]["share"] is not None else np.nan
+                              for g in labels], dtype=float)
+            lo = np.array([share[m] - cell[g]["ci_low"] if g in cell and cell[g]["ci_low"] is not None else 0.0
+                           for m, g in enumerate(labels)], dtype=float)
+            hi = np.array([cell[g]["ci_high"] - share[m] if g in cell and cell[g]["ci_high"] is not None else 0.0
+                           for m, g in enumerate(labels)], dtype=float)
+            ax.bar(x - 0.4 + width * (j + 0.5), share, width=width, yerr=[lo, hi], capsize=2, color=colors[o],
+                   label=o, error_kw={"elinewidth": 0.9, "ecolor": "#222"})
+        _group_ticks(ax, [{"group": g, "n": n_of[g]} for g in labels])
+        ax.set_ylim(0, 1)
+        ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+        ax.set_xlabel(attr)
+        ax.set_ylabel(f"share ({round_label})")
+        ax.set_title(f"Share of each {noun} by {attr} (95% Wilson CI)", fontsize=10)
+        ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5), title=noun)
+    fig.suptitle(title, fontsize=12)
+    return fig
+
+
+def share_convergence_figure(rounds: list[dict], options: list[str], title: str, noun: str) -> Figure:
+    """Figure 3 (categorical): each option's share per round with its 95% Wilson band."""
+    fig = _figure(8.0, 4.4)
+    ax = fig.subplots()
+    colors = option_colors(options)
+    x = np.array([r["round"] for r in rounds])
+    for o in options:
+        share = np.array([np.nan if (r["shares"] or {}).get(o) is None else r["shares"][o] for r in rounds])
+        band = [wilson_interval(r["counts"].get(o, 0), sum(r["counts"].values())) for r in rounds]
+        lo = np.array([np.nan if b[0] is None else b[0] for b in band])
+        hi = np.array([np.nan if b[1] is None else b[1] for b in band])
+        ax.plot(x, share, "o-", color=colors[o], label=o, markersize=3 if len(x) > 30 else 5)
+        ax.fill_between(x, lo, hi, color=colors[o], alpha=0.18, linewidth=0)
+    ax.set_ylim(0, 1)
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("round")
+    ax.set_ylabel(f"share of valid {plural(noun)}")
+    ax.set_title(title, fontsize=11)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5), title=noun)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def group_spread_figure(spread: dict, overall: list[tuple[int, float | None]], title: str, ylabel: str,
+                        equilibrium: float | None = None, percent: bool = False) -> Figure:
+    """Figure 4 (grouped simulations): the measure per round over all agents (thick), and per
+    group: a line each when there are few groups, else the spread of the group values (10–90%
+    and 25–75% quantile bands across groups, their median dashed)."""
+    fig = _figure(8.0, 4.4)
+    ax = fig.subplots()
+    if spread["lines"] is not None:
+        cmap = colormaps["tab10"]
+        for i, (gid, pts) in enumerate(sorted(spread["lines"].items())):
+            ax.plot([p[0] for p in pts], [np.nan if p[1] is None else p[1] for p in pts], "-", linewidth=1.1,
+                    color=cmap(i % 10), alpha=0.85, label=f"group {gid}")
+    else:
+        rows = spread["rounds"]
+        x = np.array([r["round"] for r in rows])
+
+        def col(k: str) -> np.ndarray:
+            return np.array([np.nan if r[k] is None else r[k] for r in rows], dtype=float)
+
+        ax.fill_between(x, col("q10"), col("q90"), color="#7aa6d6", alpha=0.25, linewidth=0,
+                        label="groups: 10–90%")
+        ax.fill_between(x, col("q25"), col("q75"), color="#7aa6d6", alpha=0.5, linewidth=0,
+                        label="groups: 25–75%")
+        ax.plot(x, col("median"), "--", color="#2f5f8f", linewidth=1.2, label="groups: median")
+    ax.plot([p[0] for p in overall], [np.nan if p[1] is None else p[1] for p in overall], "o-", color="#111",
+            linewidth=2.2, markersize=4, label="all agents")
+    if equilibrium is not None:
+        ax.axhline(equilibrium, color="#444", linestyle=":", linewidth=1.2, label=f"equilibrium ({equilibrium:g})")
+    if percent:
+        ax.set_ylim(0, 1)
+        ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("round")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=11)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    ax.grid(alpha=0.3)
+    return fig
+
+
+# --- report sections ------------------------------------------------------------------
+def _header(info: dict, rounds: list[dict], inv: dict, n_groups: int | None) -> str:
     total = sum(r["n"] for r in rounds)
+    sim = info.get("simulation")
+    if not info.get("loaded"):
+        sim = f"{sim} (not loadable here)"
+    eq = None
+    if info.get("measure_kind") == "numeric":
+        eq = f"{info['equilibrium']:g}" if info["equilibrium"] is not None else "none (not unique or not declared)"
+    measure = None
+    if info.get("measure"):
+        measure = f"{info['measure']} ({info['measure_kind']}), table {info['outcome_table']}"
+    noun = info.get("noun") or "answer"
     rows = [
         ("run", info["run_id"]),
         ("name", info.get("name")),
+        ("simulation", sim),
         ("status", info.get("status") + (f" ({info['reason']})" if info.get("reason") else "")
          if info.get("status") else None),
         ("agents", _n(info.get("agents")) if info.get("agents") is not None else None),
         ("rounds", f"{info.get('rounds')} configured, {len(rounds)} recorded"),
-        ("game", game_text(info)),
-        ("equilibrium", "none unique" if info["equilibrium"] is None else f"{info['equilibrium']:g}"),
+        ("game", info["description"]) if info.get("description") else
+        ("parameters", params_text(info.get("params") or {}) or None),
+        ("measure", measure),
+        ("equilibrium", eq),
+        ("groups", _n(n_groups) if n_groups is not None else None),
         ("model", _model_text(info.get("model") or {})),
         ("prompt", _prompt_text(info.get("prompt"))),
         ("population", _population_text(info.get("population"))),
         ("seed", info.get("seed")),
         ("started / finished", f"{info.get('started_at') or '—'} / {info.get('finished_at') or '—'}"),
         ("hosts", ", ".join(info.get("hosts") or []) or None),
-        ("guesses", f"{total:,} recorded, {inv['count']:,} invalid"),
+        (plural(noun), f"{total:,} recorded, {inv['count']:,} invalid"),
     ]
     body = "".join(f"<tr><td>{_e(k)}</td><td>{_e(v)}</td></tr>" for k, v in rows if v is not None)
     return f'<table class="kv">{body}</table>'
 
 
-def _round_rows(rounds: list[dict]) -> str:
-    headers = ["round", "n", "valid", "invalid", "mean", "median", "std", "min", "max", "target",
-               "winner", "winning number"]
-    rows = [[_n(r["round"]), _n(r["n"]), _n(r["n_valid"]), _n(r["n_invalid"]), _n(r["mean"]),
-             _n(r["median"]), _n(r["std"]), _n(r["min"]), _n(r["max"]), _n(r["target"]),
-             _e(r["winner_agent_id"]) if r["winner_agent_id"] is not None else "—",
-             _n(r["winner_value"])] for r in rounds]
+def _summary_columns(info: dict, skip: Sequence[str] = ()) -> list[tuple[str, str]]:
+    """(column, title) of the simulation's summary columns, minus those the analysis computes
+    itself from the outcomes (the ratio game's `mean`)."""
+    return [(c, t) for c, t in info["labels"].items() if c not in skip]
+
+
+def _round_rows(rounds: list[dict], info: dict, types: dict[str, str]) -> str:
+    kind = info.get("measure_kind")
+    cols = _summary_columns(info, skip=STATS if kind == "numeric" else ())
+    headers = ["round", "n", "valid", "invalid"]
+    options: list[str] = []
+    if kind == "numeric":
+        headers += list(STATS)
+    elif kind == "categorical":
+        options = rounds[0]["options"] if rounds else []
+        headers += ["most chosen", *options]
+    headers += [t for _, t in cols]
+    rows = []
+    for r in rounds:
+        cells = [_n(r["round"]), _n(r["n"]), _n(r["n_valid"]), _n(r["n_invalid"])]
+        if kind == "numeric":
+            cells += [_n(r[k]) for k in STATS]
+        elif kind == "categorical":
+            top = "—" if r["leader_share"] is None else (
+                f"{_e(r['leader'] if r['leader'] is not None else 'tie')} ({_pct(r['leader_share'])})")
+            cells += [top, *(_pct(r["shares"].get(o)) for o in options)]
+        s = r["summary"] or {}
+        cells += [_cell(c, s.get(c), types.get(c, "")) for c, _ in cols]
+        rows.append(cells)
     return _table(headers, rows, left=())
 
 
@@ -310,6 +593,157 @@ def _group_rows(rows: list[dict]) -> str:
     return _table(headers, out)
 
 
+def _share_group_rows(rows: list[dict], options: list[str]) -> str:
+    """One row per group, one column per option: 'share [low, high]' (95% Wilson)."""
+    groups: dict[str, dict] = {}
+    for r in rows:
+        g = groups.setdefault(r["group"], {"n": r["n"], "cells": {}})
+        g["cells"][r["option"]] = r
+    out = []
+    for name, g in groups.items():
+        cells = [_e(name), _n(g["n"])]
+        for o in options:
+            r = g["cells"].get(o)
+            if r is None or r["share"] is None:
+                cells.append("—")
+            else:
+                cells.append(f"{_pct(r['share'])} [{_pct(r['ci_low'])}, {_pct(r['ci_high'])}]")
+        out.append(cells)
+    return _table(["group", "n", *options], out)
+
+
+def _numeric_sections(con, run_id: str, info: dict, rounds: list[dict], attrs: list[str]) -> list[str]:
+    noun, nouns = info["noun"], plural(info["noun"])
+    cap = nouns[:1].upper() + nouns[1:]
+    by_round = {r["round"]: r for r in rounds}
+    labels = info["labels"]
+    eq = info["equilibrium"]
+    rng = tuple(info["measure_range"]) if info.get("measure_range") else None
+    parts = [f"<h2>Figure 1. {_e(cap)} per round</h2>"]
+    show = shown_rounds([r["round"] for r in rounds])
+    shown_stats = [by_round[r] for r in show if by_round[r]["min"] is not None]
+    if shown_stats:
+        lo = min(r["min"] for r in shown_stats)
+        hi = max(r["max"] for r in shown_stats)
+        if rng is not None:
+            lo, hi = min(lo, rng[0]), max(hi, rng[1])
+        a, b, bins = histogram_bins(lo, hi, integer=info.get("measure_type") == "BIGINT")
+        edges, counts = histogram(con, run_id, show, a, b, bins)
+        fig_title = f"Figure 1. Distribution of {nouns} per round ({_caption(info)})"
+        ref = [(c, labels.get(c, c)) for c in info["reference_columns"]]
+        parts.append(_img(png_data_uri(histogram_figure(edges, counts, by_round, show, fig_title, noun, ref, eq)),
+                          f"Histogram of {nouns} per round"
+                          + (f" with the {', '.join(t for _, t in ref)}" if ref else "")))
+        if len(show) < len(rounds):
+            parts.append(f'<p class="note">Showing rounds {", ".join(map(str, show))} of {len(rounds)}.</p>')
+    else:
+        parts.append(f'<p class="note">No valid {_e(nouns)} to plot.</p>')
+
+    parts.append(f"<h2>Figure 2. Mean {_e(noun)} per group</h2>")
+    if attrs:
+        lr = last_round(con, run_id)
+        round_label = f"round {lr}" if lr is not None else "last round"
+        groups = {a: group_table(con, [run_id], a) for a in attrs}
+        if any(groups.values()):
+            parts.append(_img(png_data_uri(group_figure({a: g for a, g in groups.items() if g}, eq, round_label,
+                                                        rng, noun, f"Figure 2. Mean {noun} per group")),
+                              f"Mean {noun} per group with 95% confidence intervals"))
+        for a, g in groups.items():
+            parts.append(f"<h3>By {_e(a)} ({_e(round_label)})</h3>")
+            parts.append(_group_rows(g) if g else f'<p class="note">No valid {_e(nouns)}.</p>')
+        parts.append('<p class="note">95% CI: Student-t interval of the mean across the agents of the group.</p>')
+    else:
+        parts.append('<p class="note">This run has no population profiles to group by.</p>')
+
+    parts.append("<h2>Figure 3. Convergence over rounds</h2>")
+    conv = convergence_table(con, [run_id])
+    if conv:
+        trend = [(c, labels.get(c, c)) for c in info["trend_columns"]]
+        fig = convergence_figure(conv, f"Figure 3. Convergence ({_caption(info)})", trend, noun,
+                                 n_reference=len(info["reference_columns"]))
+        parts.append(_img(png_data_uri(fig), "Mean, median" + "".join(f", {t}" for _, t in trend) + " per round"))
+        dist = [c for c in conv if c["distance"] is not None]
+        if dist:
+            parts.append(f'<p class="note">Distance of the mean to the equilibrium: round {dist[0]["round"]} '
+                         f'{_n(dist[0]["distance"])} → round {dist[-1]["round"]} {_n(dist[-1]["distance"])}.</p>')
+    else:
+        parts.append('<p class="note">No rounds to plot.</p>')
+    return parts
+
+
+def _categorical_sections(con, run_id: str, info: dict, rounds: list[dict], attrs: list[str]) -> list[str]:
+    noun, nouns = info["noun"], plural(info["noun"])
+    cap = nouns[:1].upper() + nouns[1:]
+    options = rounds[0]["options"] if rounds else []
+    parts = [f"<h2>Figure 1. {_e(cap)} per round</h2>"]
+    if options:
+        parts.append(_img(png_data_uri(shares_figure(rounds, options, f"Figure 1. Share of each {noun} per round "
+                                                                      f"({_caption(info)})", noun)),
+                          f"Share of each {noun} per round"))
+    else:
+        parts.append(f'<p class="note">No valid {_e(nouns)} to plot.</p>')
+
+    parts.append(f"<h2>Figure 2. Share of each {_e(noun)} per group</h2>")
+    if attrs:
+        lr = last_round(con, run_id)
+        round_label = f"round {lr}" if lr is not None else "last round"
+        groups = {a: group_table(con, [run_id], a) for a in attrs}
+        opts = next((list(dict.fromkeys(r["option"] for r in g)) for g in groups.values() if g), [])
+        if any(groups.values()):
+            parts.append(_img(png_data_uri(share_group_figure({a: g for a, g in groups.items() if g}, opts,
+                                                              round_label, noun,
+                                                              f"Figure 2. Share of each {noun} per group")),
+                              f"Share of each {noun} per group with 95% Wilson confidence intervals"))
+        for a, g in groups.items():
+            parts.append(f"<h3>By {_e(a)} ({_e(round_label)})</h3>")
+            parts.append(_share_group_rows(g, opts) if g else f'<p class="note">No valid {_e(nouns)}.</p>')
+        parts.append('<p class="note">Each cell: the share of the group\'s valid answers and its 95% Wilson score '
+                     "interval (it stays within 0–100% and keeps its coverage for small groups and shares near "
+                     "0 or 100%, where the normal approximation fails).</p>")
+    else:
+        parts.append('<p class="note">This run has no population profiles to group by.</p>')
+
+    parts.append("<h2>Figure 3. Convergence over rounds</h2>")
+    if options:
+        parts.append(_img(png_data_uri(share_convergence_figure(rounds, options, f"Figure 3. Share of each {noun} "
+                                                                                 "over rounds (95% Wilson band)",
+                                                                noun)),
+                          f"Share of each {noun} per round with 95% Wilson bands"))
+    else:
+        parts.append('<p class="note">No rounds to plot.</p>')
+    return parts
+
+
+def _grouped_section(con, run_id: str, info: dict, rounds: list[dict], spread: dict) -> list[str]:
+    noun = info["noun"]
+    categorical = info["measure_kind"] == "categorical"
+    what = spread["value"]
+    title = (f"Figure 4. Share of {spread.get('option')} per round, overall and per group" if categorical
+             else f"Figure 4. Mean {noun} per round, overall and per group")
+    parts = [f"<h2>{_e(title)}</h2>"]
+    if not spread["rounds"]:
+        parts.append('<p class="note">No group has a valid answer.</p>')
+        return parts
+    if categorical:
+        overall = [(r["round"], (r["shares"] or {}).get(spread["option"])) for r in rounds]
+    else:
+        overall = [(r["round"], r["mean"]) for r in rounds]
+    fig = group_spread_figure(spread, overall, title, what,
+                              None if categorical else info["equilibrium"], percent=categorical)
+    how = "one line per group" if spread["lines"] is not None else "quantile bands of the group values"
+    parts.append(_img(png_data_uri(fig), f"{what} per round over all agents and per group ({how})"))
+    fmt = _pct if categorical else _n
+    shown, note = _capped(spread["rounds"])
+    by_round = dict(overall)
+    parts.append(_table(["round", "groups", "all agents", "group min", "25%", "median", "75%", "group max"],
+                        [[_n(r["round"]), _n(r["n_groups"]), fmt(by_round.get(r["round"])), fmt(r["min"]),
+                          fmt(r["q25"]), fmt(r["median"]), fmt(r["q75"]), fmt(r["max"])] for r in shown], left=()))
+    parts.append(f'<p class="note">Per group: the {_e(what)} over the group\'s valid answers in the round; '
+                 f"{spread['n_groups']:,} groups in the run. All agents: over every valid answer of the round."
+                 + (f" {note}" if note else "") + "</p>")
+    return parts
+
+
 def render_report(con: duckdb.DuckDBPyConnection, run_id: str,
                   by: str | Sequence[str] | None = None) -> str:
     """The run's report as one self-contained HTML page (str).
@@ -318,76 +752,43 @@ def render_report(con: duckdb.DuckDBPyConnection, run_id: str,
     the run, at most 4. Raises AnalysisError for an unknown run or attribute."""
     info = run_info(con, run_id)
     rounds = round_table(con, run_id)
-    by_round = {r["round"]: r for r in rounds}
+    types = tables_of(con, run_id).summary_types
     inv = invalid_answers(con, run_id, limit=RAW_EXAMPLES)
     if by is None:
         attrs = attributes(con, run_id)[:MAX_GROUP_PLOTS]
     else:
         attrs = [by] if isinstance(by, str) else list(by)
+    spread = group_spread(con, run_id) if info["grouped"] and info["measure"] else None
 
     title = f"Populace run {run_id}"
     parts = [f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
              f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
              f"<title>{_e(title)}</title><style>{CSS}</style></head><body>",
              f"<h1>{_e(title)}</h1>",
-             f'<p class="note">{_e(info.get("name") or "")} — {_e(game_text(info))}</p>',
-             _header(info, rounds, inv),
-             "<h2>Per round</h2>"]
+             f'<p class="note">{_e(info.get("name") or "")} — {_e(describe(info))}</p>',
+             _header(info, rounds, inv, spread["n_groups"] if spread else None)]
+    if info.get("note"):
+        parts.append(f'<p class="warn">{_e(info["note"])}</p>')
+    parts.append("<h2>Per round</h2>")
     if rounds:
-        parts.append(_round_rows(rounds))
-        parts.append('<p class="note">n, valid, mean … max: from the recorded guesses (std: sample); '
-                     "target and winner: the environment's round result.</p>")
+        shown, note = _capped(rounds)
+        parts.append(_round_rows(shown, info, types))
+        src = f"the recorded {plural(info['noun'])} (table {info['outcome_table']}"
+        parts.append(f'<p class="note">n, valid and the statistics: from {_e(src)}; std: sample); the other '
+                     f"columns: the environment's round result (table {_e(info['summary_table'])})."
+                     + (f" {note}" if note else "") + "</p>")
     else:
         parts.append('<p class="note">No round was recorded for this run.</p>')
 
-    # figure 1
-    all_rounds = [r["round"] for r in rounds]
-    show = shown_rounds(all_rounds)
-    per_round = {}
-    for r in show:
-        per_round[r] = guesses(con, run_id, r).get(r, np.empty(0))
-    parts.append("<h2>Figure 1. Guesses per round</h2>")
-    if show:
-        fig_title = f"Figure 1. Distribution of guesses per round ({game_text(info)})"
-        parts.append(_img(png_data_uri(histogram_figure(per_round, by_round, info["max_value"], show, fig_title)),
-                          "Histogram of guesses per round with the target"))
-        if len(show) < len(all_rounds):
-            parts.append(f'<p class="note">Showing rounds {", ".join(map(str, show))} of {len(all_rounds)}.</p>')
+    if info["measure_kind"] == "numeric":
+        parts += _numeric_sections(con, run_id, info, rounds, attrs)
+    elif info["measure_kind"] == "categorical":
+        parts += _categorical_sections(con, run_id, info, rounds, attrs)
     else:
-        parts.append('<p class="note">No guesses to plot.</p>')
+        parts.append('<p class="note">The simulation declares no measure: no figures.</p>')
+    if spread is not None:
+        parts += _grouped_section(con, run_id, info, rounds, spread)
 
-    # figure 2 and group tables
-    parts.append("<h2>Figure 2. Mean guess per group</h2>")
-    if attrs:
-        lr = last_round(con, run_id)
-        round_label = f"round {lr}" if lr is not None else "last round"
-        groups = {a: group_table(con, [run_id], a) for a in attrs}
-        if any(groups.values()):
-            parts.append(_img(png_data_uri(group_figure({a: g for a, g in groups.items() if g},
-                                                        info["equilibrium"], round_label,
-                                                        info.get("max_value"))),
-                              "Mean guess per group with 95% confidence intervals"))
-        for a, g in groups.items():
-            parts.append(f"<h3>By {_e(a)} ({_e(round_label)})</h3>")
-            parts.append(_group_rows(g) if g else '<p class="note">No valid guesses.</p>')
-        parts.append('<p class="note">95% CI: Student-t interval of the mean across the agents of the group.</p>')
-    else:
-        parts.append('<p class="note">This run has no population profiles to group by.</p>')
-
-    # figure 3
-    parts.append("<h2>Figure 3. Convergence over rounds</h2>")
-    conv = convergence_table(con, [run_id])
-    if conv:
-        parts.append(_img(png_data_uri(convergence_figure(conv, f"Figure 3. Convergence ({game_text(info)})")),
-                          "Mean, median, target and winning number per round"))
-        dist = [c for c in conv if c["distance"] is not None]
-        if dist:
-            parts.append(f'<p class="note">Distance of the mean to the equilibrium: round {dist[0]["round"]} '
-                         f'{_n(dist[0]["distance"])} → round {dist[-1]["round"]} {_n(dist[-1]["distance"])}.</p>')
-    else:
-        parts.append('<p class="note">No rounds to plot.</p>')
-
-    # invalid answers
     parts.append("<h2>Invalid answers</h2>")
     parts.append(f"<p>{inv['count']:,} invalid answer(s) in this run.</p>")
     if inv["examples"]:
@@ -396,10 +797,9 @@ def render_report(con: duckdb.DuckDBPyConnection, run_id: str,
             raw = "" if ex["raw"] is None else str(ex["raw"])
             if len(raw) > RAW_MAX_CHARS:
                 raw = raw[:RAW_MAX_CHARS] + "…"
-            rows.append([_n(ex["round"]), _e(ex["agent_id"]), f"<code>{_e(raw)}</code>"])
-        parts.append(_table(["round", "agent", "raw answer"], rows, left=(2,)))
+            rows.append([_n(ex["round"]), _e(ex["agent_id"]), f"<code>{_e(raw)}</code>", _e(ex.get("error") or "")])
+        parts.append(_table(["round", "agent", "raw answer", "error"], rows, left=(2, 3)))
 
-    # manifest
     parts.append("<h2>Reproducibility</h2>")
     if info["manifest"] is not None:
         parts.append("<details><summary>Run manifest (config hash, seeds, prompts, model, package versions)"
@@ -421,3 +821,6 @@ def write_report(con: duckdb.DuckDBPyConnection, run_id: str, out_path: str | Pa
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text, encoding="utf-8")
     return out
+
+
+__all__ = ["describe", "params_text", "render_report", "shown_rounds", "write_report"]

@@ -1,5 +1,6 @@
-"""Pure statistics for the guessing game: summaries, Student-t confidence intervals, and the
-game's equilibrium. No I/O; every function takes plain numbers and returns plain dicts/floats.
+"""Pure statistics: summaries, Student-t confidence intervals of a mean, Wilson score intervals
+of a share. No I/O; every function takes plain numbers and
+returns plain dicts/floats.
 
 Missing values (``None`` or NaN: an invalid answer) are dropped before any statistic.
 """
@@ -52,10 +53,14 @@ def summary(values: Iterable[float | None] | np.ndarray) -> dict:
     }
 
 
-def t_interval(mean: float, std: float | None, n: int, level: float = 0.95) -> tuple[float | None, float | None]:
-    """Two-sided Student-t interval ``mean ± t(1-(1-level)/2, n-1) · std/√n``; (None, None) for n < 2."""
+def _check_level(level: float) -> None:
     if not 0 < level < 1:
         raise AnalysisError(f"level must be between 0 and 1 (exclusive), got {level!r}")
+
+
+def t_interval(mean: float, std: float | None, n: int, level: float = 0.95) -> tuple[float | None, float | None]:
+    """Two-sided Student-t interval ``mean ± t(1-(1-level)/2, n-1) · std/√n``; (None, None) for n < 2."""
+    _check_level(level)
     if n < 2 or std is None or mean is None:
         return None, None
     half = float(_st.t.ppf(0.5 + level / 2, n - 1)) * std / math.sqrt(n)
@@ -66,8 +71,7 @@ def mean_ci(values: Iterable[float | None] | np.ndarray, level: float = 0.95) ->
     """``{"mean", "low", "high", "n", "level"}``: the mean with a two-sided Student-t
     confidence interval (n-1 degrees of freedom). ``low``/``high`` are ``None`` for n < 2,
     ``mean`` is ``None`` for n == 0. A constant sample gives low == high == mean."""
-    if not 0 < level < 1:
-        raise AnalysisError(f"level must be between 0 and 1 (exclusive), got {level!r}")
+    _check_level(level)
     a = clean(values)
     n = int(a.size)
     mean = _f(a.mean()) if n else None
@@ -76,38 +80,35 @@ def mean_ci(values: Iterable[float | None] | np.ndarray, level: float = 0.95) ->
     return {"mean": mean, "low": low, "high": high, "n": n, "level": level}
 
 
-def as_fraction(ratio: str | float | int | Fraction) -> Fraction:
-    """'2/3', '0.5', 0.5 or Fraction → Fraction (exact for strings)."""
-    if isinstance(ratio, Fraction):
-        return ratio
-    if isinstance(ratio, bool):
-        raise AnalysisError(f"ratio must be a number or a fraction like '2/3', got {ratio!r}")
-    try:
-        return Fraction(ratio.strip()) if isinstance(ratio, str) else Fraction(ratio)
-    except (ValueError, ZeroDivisionError, TypeError):
-        raise AnalysisError(f"ratio must be a number or a fraction like '2/3', got {ratio!r}") from None
+def wilson_interval(k: int, n: int, level: float = 0.95) -> tuple[float | None, float | None]:
+    """Two-sided Wilson score interval of a share k/n; (None, None) for n == 0.
 
+    Why Wilson and not the textbook Wald interval p ± z·√(p(1−p)/n): a persona group is often
+    small and an option's share often near 0 or 1, where Wald's interval collapses to zero width
+    (p = 0 or 1 gives [p, p]), leaves [0, 1], and covers far less than 95% of the time. Wilson's
+    stays inside [0, 1], is never empty, and keeps close to its nominal coverage for small n
+    (Brown, Cai & DasGupta, "Interval Estimation for a Binomial Proportion", 2001)::
 
-def equilibrium(ratio: str | float | Fraction, offset: float = 0.0, max_value: float = 100.0) -> float | None:
-    """The Nash equilibrium (the common guess) of the game target = ratio · mean + offset,
-    guesses in [0, max_value].
-
-    - ratio < 1: the fixed point x = offset / (1 - ratio), clipped to [0, max_value]
-      (2/3 → 0; 5 + ½·mean → 10).
-    - ratio > 1: max_value when everyone at max_value still undershoots the target
-      (ratio·max + offset ≥ max, e.g. any offset ≥ 0); otherwise there is no unique
-      equilibrium → None.
-    - ratio == 1: offset > 0 → max_value, offset < 0 → 0, offset == 0 → None (every common
-      value is an equilibrium).
+        centre = (p + z²/2n) / (1 + z²/n),  half = z·√(p(1−p)/n + z²/4n²) / (1 + z²/n)
     """
-    r = as_fraction(ratio)
-    off = float(offset)
-    hi = float(max_value)
-    if r < 1:
-        x = off / float(1 - r)
-        return min(max(x, 0.0), hi)
-    if r == 1:
-        if off == 0:
-            return None
-        return hi if off > 0 else 0.0
-    return hi if float(r) * hi + off >= hi else None
+    _check_level(level)
+    if isinstance(k, bool) or isinstance(n, bool) or k < 0 or n < 0 or k > n:
+        raise AnalysisError(f"a share needs 0 <= k <= n, got k={k!r}, n={n!r}")
+    if n == 0:
+        return None, None
+    z = float(_st.norm.ppf(0.5 + level / 2))
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    # k == 0 and k == n give exactly 0 and 1 in exact arithmetic; clamp the float rounding
+    low = 0.0 if k == 0 else max(0.0, centre - half)
+    high = 1.0 if k == n else min(1.0, centre + half)
+    return low, high
+
+
+def share_ci(k: int, n: int, level: float = 0.95) -> dict:
+    """``{"share", "low", "high", "k", "n", "level"}``: the share k/n with its Wilson score
+    interval (see ``wilson_interval``); share, low and high are ``None`` for n == 0."""
+    low, high = wilson_interval(k, n, level)
+    return {"share": k / n if n else None, "low": low, "high": high, "k": int(k), "n": int(n), "level": level}

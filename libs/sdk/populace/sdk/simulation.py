@@ -78,8 +78,10 @@ class Simulation:
     outcome_table: ClassVar[str] = ""  # default: "<name>_outcomes"
     summary_table: ClassVar[str] = ""  # default: "<name>_rounds"
     prompt_version: ClassVar[str] = ""  # bump when a prompt text changes; recorded in the manifest
-    # For reports: summary columns on the measure's scale (drawn as lines with it), and bounds.
+    # For reports: summary columns on the measure's scale, drawn as lines on its histograms and
+    # over rounds; `trend_columns` are drawn over rounds only.
     reference_columns: ClassVar[tuple[str, ...]] = ()
+    trend_columns: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, params: Params, *, agents: int, rounds: int = 1, seed: int = 0,
                  run_id: str = "", cast: Cast | None = None) -> None:
@@ -122,6 +124,11 @@ class Simulation:
     @classmethod
     def equilibrium(cls, params: Params) -> float | None:
         """The theory's prediction for the measure, drawn in reports (None: no line)."""
+        return None
+
+    @classmethod
+    def describe(cls, params: Params) -> str | None:
+        """One line saying what was played, for reports (None: the parameters are listed)."""
         return None
 
     @classmethod

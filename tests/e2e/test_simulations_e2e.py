@@ -1,0 +1,165 @@
+"""End to end, the seam's promises on real processes: every built-in simulation plays on the
+fleet and records one outcome per agent per round; on the dummy model the fleet's rounds and
+outcomes equal a run in one process (the SDK's local runner), with agents many per process
+or one per process; group payoffs recomputed from the recorded contributions equal the
+recorded ones; an agent's bug is that agent's invalid outcome, an environment's bug and a
+simulation a service cannot import fail the run at once with a reason that names them."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from populace.client.prepare import prepare
+from populace.client.run import play
+from populace.client.stack import Stack
+from populace.core import bus
+from populace.core.contracts import RunConfig
+from populace.sdk.local import run_local
+
+pytestmark = pytest.mark.e2e
+
+SIMS = Path(__file__).with_name("sims")  # faulty_sims: importable by the services through PYTHONPATH
+sys.path.insert(0, str(SIMS))  # … and by this process, which prepares the runs
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    db = tmp_path_factory.mktemp("sims") / "populace.duckdb"
+    s = Stack(hosts=2, db=str(db), env={"POPULACE_STORAGE": "memory", "PYTHONPATH": str(SIMS)})
+    s.start()
+    try:
+        asyncio.run(s.wait_ready(timeout=90))
+        yield s
+    finally:
+        s.stop()
+
+
+def fleet(stack: Stack, data: dict):
+    prepared = prepare(RunConfig.model_validate(data))
+
+    async def go():
+        nc = await bus.connect(stack.url, "e2e-sims")
+        try:
+            return await play(nc, prepared.config, manifest=prepared.manifest, stall_s=120)
+        finally:
+            await nc.close()
+
+    return prepared, asyncio.run(go())
+
+
+def recorded(db: str, table: str, run_id: str, drop: tuple[str, ...], order: str = "round, agent_id") -> list[dict]:
+    with duckdb.connect(db, read_only=True) as con:
+        cur = con.execute(f'SELECT * FROM "{table}" WHERE run_id = ? ORDER BY {order}', [run_id])
+        names = [d[0] for d in cur.description]
+        return [{k: v for k, v in zip(names, row) if k not in drop} for row in cur.fetchall()]
+
+
+def local_rows(columns: dict[str, list], drop: tuple[str, ...]) -> list[dict]:
+    keys = [k for k in columns if k not in drop]
+    return [dict(zip(keys, row)) for row in zip(*(columns[k] for k in keys))]
+
+
+def json_values(rows: list[dict]) -> list[dict]:
+    """DuckDB returns JSON columns as text; the local runner keeps Python values."""
+    import json
+
+    return [{k: json.loads(v) if isinstance(v, str) and v[:1] in "{[" else v for k, v in r.items()} for r in rows]
+
+
+CASES = {
+    "ratio-game": {"agents": 300, "rounds": 3},
+    "public-goods": {"agents": 203, "rounds": 3, "game": {"group_size": 5}},  # the last group has 3
+    "vote": {"agents": 150, "rounds": 3, "ballot": {"show_distribution": True}},
+}
+
+
+@pytest.mark.parametrize("simulation", sorted(CASES))
+def test_the_fleet_gives_exactly_what_one_process_gives(stack, simulation):
+    data = {"simulation": simulation, "seed": 4, "model": {"latency_s": 0.0, "seed": 9}, **CASES[simulation]}
+    prepared, out = fleet(stack, data)
+    assert out.status == "completed", out.reason
+    tables = prepared.resolved.simulation.tables()
+    agents, rounds = data["agents"], data["rounds"]
+    assert out.recorded is not None and out.recorded.outcomes == agents * rounds
+    outcomes = recorded(stack.db, tables.outcomes, out.run_id, ("run_id", "latency_ms"))
+    # one outcome per agent per round
+    assert sorted((r["round"], r["agent_id"]) for r in outcomes) == [
+        (n, a) for n in range(1, rounds + 1) for a in range(agents)]
+    summary = recorded(stack.db, tables.rounds, out.run_id, ("run_id", "closed_at"), order="round")
+
+    local = asyncio.run(run_local(prepared.resolved))
+    assert json_values(outcomes) == json_values(local_rows(local.outcomes, ("run_id", "latency_ms")))
+    assert json_values(summary) == json_values(local_rows(local.rounds, ("run_id", "closed_at")))
+
+
+def test_one_agent_per_process_on_the_fleet_gives_the_same_groups_and_payoffs(stack):
+    data = {"simulation": "public-goods", "agents": 12, "rounds": 2, "seed": 1,
+            "model": {"latency_s": 0.0, "seed": 2}, "game": {"group_size": 5},
+            "placement": {"agents_per_process": 1}}
+    prepared, out = fleet(stack, data)
+    assert out.status == "completed", out.reason
+    tables = prepared.resolved.simulation.tables()
+    outcomes = recorded(stack.db, tables.outcomes, out.run_id, ("run_id", "latency_ms"))
+    local = asyncio.run(run_local(prepared.resolved))
+    assert outcomes == local_rows(local.outcomes, ("run_id", "latency_ms"))
+
+
+def test_group_payoffs_recomputed_from_recorded_contributions_match(stack):
+    data = {"simulation": "public-goods", "agents": 103, "rounds": 3, "model": {"latency_s": 0.0, "seed": 5},
+            "game": {"group_size": 4, "endowment": 20, "multiplier": 1.6}}
+    prepared, out = fleet(stack, data)
+    assert out.status == "completed", out.reason
+    with duckdb.connect(stack.db, read_only=True) as con:
+        # payoff = endowment - contribution + multiplier * (group total) / (group size); an
+        # invalid answer contributes 0 and is still paid
+        mismatches = con.execute("""
+            WITH o AS (SELECT round, group_id, agent_id, payoff,
+                              CASE WHEN valid THEN contribution ELSE 0 END AS c
+                       FROM public_goods_outcomes WHERE run_id = ?),
+                 g AS (SELECT round, group_id, sum(c) AS total, count(*) AS k FROM o GROUP BY 1, 2)
+            SELECT count(*) FROM o JOIN g USING (round, group_id)
+            WHERE abs(o.payoff - (20 - o.c + 1.6 * g.total / g.k)) > 1e-9""", [out.run_id]).fetchone()[0]
+        sizes = con.execute("SELECT group_id, count(*) FROM public_goods_outcomes WHERE run_id = ? AND round = 1 "
+                            "GROUP BY 1 ORDER BY 1", [out.run_id]).fetchall()
+    assert mismatches == 0
+    assert len(sizes) == 26 and sizes[-1] == (25, 3)  # 103 = 25 groups of 4 + one of 3, none dropped
+
+
+def test_an_agents_bug_is_its_invalid_outcome_and_the_run_goes_on(stack):
+    prepared, out = fleet(stack, {"simulation": "faulty_sims:Flaky", "agents": 100, "rounds": 2,
+                                  "model": {"latency_s": 0.0}})
+    assert out.status == "completed", out.reason
+    with duckdb.connect(stack.db, read_only=True) as con:
+        bad = con.execute("SELECT agent_id, valid, value, raw, error FROM flaky_guesses WHERE run_id = ? "
+                          "AND round = 1 AND NOT valid ORDER BY agent_id", [out.run_id]).fetchall()
+    assert [b[0] for b in bad] == list(range(3, 100, 10))
+    assert bad[0][1:] == (False, None, "<agent error: ValueError: agent 3 has a bug>",
+                          "agent: ValueError: agent 3 has a bug")
+    assert all(r.n_valid == 90 and r.n == 100 for r in out.results)
+
+
+def test_an_environments_bug_fails_the_run_naming_the_simulation_and_round(stack):
+    _, out = fleet(stack, {"simulation": "faulty_sims:EnvBoom", "agents": 50, "rounds": 3,
+                           "model": {"latency_s": 0.0}})
+    assert out.status == "failed"
+    assert "simulation 'env-boom': its environment failed to decide round 2" in out.reason
+    assert "ZeroDivisionError: the environment's own bug" in out.reason
+    assert [r.round for r in out.results] == [1]  # the round it decided stays recorded
+
+
+def test_a_simulation_the_services_cannot_import_fails_the_run_at_once(stack, tmp_path):
+    (tmp_path / "only_here.py").write_text("from populace_ratio_game import RatioGame\n\n"
+                                          "class Local(RatioGame):\n    name = 'only-here'\n")
+    sys.path.insert(0, str(tmp_path))  # this process can import it; the services cannot
+    try:
+        _, out = fleet(stack, {"simulation": "only_here:Local", "agents": 10, "rounds": 2})
+    finally:
+        sys.path.remove(str(tmp_path))
+    assert out.status == "failed" and out.results == []
+    assert out.reason.startswith("the orchestrator cannot run it: simulation 'only_here:Local' (import path): "
+                                 "cannot import: ModuleNotFoundError"), out.reason
