@@ -103,10 +103,10 @@ def _read_db(db_path: str, run_id: str, tables: SimulationTables) -> tuple[pa.Ta
         return None
     try:
         with duckdb.connect(db_path, read_only=True) as con:
-            rounds = con.execute(f'SELECT * FROM "{tables.rounds}" WHERE run_id = ? ORDER BY round',
-                                 [run_id]).arrow()
-            outcomes = con.execute(f'SELECT * FROM "{tables.outcomes}" WHERE run_id = ? ORDER BY round, agent_id',
-                                   [run_id]).arrow()
+            rounds = con.sql(f'SELECT * FROM "{tables.rounds}" WHERE run_id = $rid ORDER BY round',
+                             params={"rid": run_id}).to_arrow_table()
+            outcomes = con.sql(f'SELECT * FROM "{tables.outcomes}" WHERE run_id = $rid ORDER BY round, agent_id',
+                               params={"rid": run_id}).to_arrow_table()
     except duckdb.Error:
         return None  # held by a recorder that is still writing other runs
     return rounds, outcomes
