@@ -197,3 +197,9 @@ def test_too_many_runs_is_an_error():
     spec = parse_sweep({"grid": {"rounds": list(range(1, 101)), "agents": list(range(1, 101))}, "seeds": [1, 2]})
     with pytest.raises(ScenarioError, match="^grid: 20000 runs is too many"):
         expand(spec, {})
+
+
+def test_a_scenario_without_simulation_says_which_one_it_is_played_as():
+    with pytest.raises(ScenarioError, match=r"(?s)^game.endowment: unknown key.*names no `simulation:`, "
+                                            r"so it is played as ratio-game"):
+        scenario({"game": {"endowment": 20}})

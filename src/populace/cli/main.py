@@ -227,8 +227,13 @@ def up(
     except StackError as err:
         fail(str(err), code=1)
     finally:
-        stack.stop()
-        nats.stop()
+        from populace.core.processes import uninterrupted
+
+        with uninterrupted():
+            try:
+                stack.stop()
+            finally:
+                nats.stop()
 
 
 @app.command()

@@ -106,11 +106,20 @@ def parse_config(data: object) -> RunConfig:
         try:
             sim.Params.model_validate(own)
         except ValidationError as err:
-            problems.append(format_validation_error(err))
+            problems.append(format_validation_error(err) + _default_hint("simulation" in data, err))
     if problems:
         raise ScenarioError("\n".join(problems))
     assert config is not None
     return config
+
+
+def _default_hint(named: bool, err: ValidationError) -> str:
+    """Why a scenario's keys may be unknown: it did not name its simulation (so they were
+    checked against the default one's)."""
+    if named or not any(e["type"] == "extra_forbidden" for e in err.errors()):
+        return ""
+    return (f"\n(this scenario names no `simulation:`, so it is played as {DEFAULT_SIMULATION}; add "
+            "`simulation: NAME` for another one — `populace simulations` lists them)")
 
 
 def simulation_of(config: RunConfig) -> type[Simulation]:
@@ -126,7 +135,8 @@ def checked(config: RunConfig) -> Resolved:
     try:
         return resolve(config)
     except ValidationError as err:
-        raise ScenarioError(format_validation_error(err)) from None
+        raise ScenarioError(format_validation_error(err)
+                            + _default_hint("simulation" in config.model_fields_set, err)) from None
     except SimulationError as err:
         raise ScenarioError(f"simulation: {err}") from None
 

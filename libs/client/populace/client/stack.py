@@ -20,7 +20,7 @@ import psutil
 from populace.core import bus, subjects
 from populace.core.contracts import HostInfo, ReplicaInfo, ServiceInfo
 from populace.core.natsserver import EmbeddedNats, free_port
-from populace.core.processes import stop_all
+from populace.core.processes import stop_all, uninterrupted
 
 CORE_SERVICES = ["orchestrator", "environment", "gateway", "recorder"]
 
@@ -146,11 +146,14 @@ class Stack:
     def stop(self, timeout: float = 15.0) -> list[str]:
         """SIGTERM every service, SIGKILL what is still running after `timeout`.
         Returns the services that had to be killed (none, when shutdown works)."""
-        killed = stop_all(self.procs, timeout)
-        self.procs.clear()
-        if self.nats:
-            self.nats.stop()
-            self.nats = None
+        with uninterrupted():
+            try:
+                killed = stop_all(self.procs, timeout)
+                self.procs.clear()
+            finally:
+                if self.nats:
+                    self.nats.stop()
+                    self.nats = None
         return killed
 
     def __enter__(self) -> Stack:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
+import threading
 import time
+from collections.abc import Iterator
 
 
 def terminate(proc: subprocess.Popen, timeout: float = 10.0) -> bool:
@@ -35,3 +38,20 @@ def stop_all(procs: dict[str, subprocess.Popen], timeout: float = 15.0) -> list[
                 pass
             p.wait()
     return killed
+
+
+@contextlib.contextmanager
+def uninterrupted() -> Iterator[None]:
+    """Cleanup that a second Ctrl-C cannot cut short: SIGINT and SIGTERM are ignored inside
+    (main thread only; elsewhere signals do not arrive anyway). Without this, a launcher that
+    sends SIGINT twice (uv, a supervisor, the process group) interrupted stopping the services
+    and left nats-server running on its port."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)

@@ -52,7 +52,8 @@ def load_simulation(name: str) -> type[Simulation]:
         if not found:
             known = ", ".join(sorted(available())) or "(none installed)"
             raise SimulationError(f"unknown simulation {name!r}; installed: {known} (or give an import "
-                                  "path such as mypkg.sim:MySimulation)")
+                                  "path such as mypkg.sim:MySimulation; a package installed with "
+                                  "`uv pip install` is removed by `uv sync`: install it again)")
         what = f"simulation {name!r} (package {found[0].value.split(':')[0]})"
         try:
             obj = found[0].load()
@@ -60,6 +61,10 @@ def load_simulation(name: str) -> type[Simulation]:
             raise SimulationError(f"{what}: cannot import: {type(err).__name__}: {err}") from None
     if not (isinstance(obj, type) and issubclass(obj, Simulation)):
         raise SimulationError(f"{what} is {obj!r}, not a populace.sdk.Simulation subclass")
+    if ":" not in name and obj.name != name:
+        # scenarios use the entry point's name, tables and reports the class's: one name for both
+        raise SimulationError(f"{what}: the entry point is named {name!r} but the class says "
+                              f"name = {obj.name!r}; make them the same")
     obj.check()
     return obj
 
