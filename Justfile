@@ -36,7 +36,11 @@ bench:
 
 # Dummy benchmark: 1M agents, result saved under bench/results/
 bench-1m:
-    uv run populace bench dummy --agents 1000000 --latency 1.0 --out bench/results/dummy-1m.json
+    uv run populace bench dummy --agents 1000000 --latency 1.0 --out bench/results/dummy-1000000.json
+
+# Dummy benchmark of the public-goods game (groups of 5): 1M agents
+bench-public-goods:
+    uv run populace bench dummy --simulation public-goods --agents 1000000 --latency 1.0 --out bench/results/dummy-public-goods-1000000.json
 
 # Ruff, without adding it to the project's dependencies
 lint:
@@ -48,7 +52,7 @@ asyncapi:
 
 # Where the documentation lives
 docs:
-    @echo "Docs: README.md (overview, CLI, populations, prompts, sweeps, reports), deploy/README.md (Docker image, compose, POPULACE_* settings), deploy/CLUSTER.md and deploy/AUTH.md."
+    @echo "Docs: README.md (overview, simulations, CLI, populations, prompts, sweeps, reports), docs/simulations.md (write your own simulation), deploy/README.md (Docker image, compose, POPULACE_* settings), deploy/CLUSTER.md, deploy/AUTH.md; 'just asyncapi' writes every service's AsyncAPI document to docs/asyncapi/."
 
 # Validate compose.yaml (needs Docker with the compose plugin)
 compose-config:

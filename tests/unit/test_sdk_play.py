@@ -158,3 +158,18 @@ async def test_the_local_ratio_game_matches_the_recorded_fleet_figures():
     r = await run_local(RunConfig(agents=1000, rounds=3))
     assert [round(m, 2) for m in r.rounds["mean"]] == [50.68, 47.91, 50.19]
     assert r.rounds["winner_agent_id"] == [54, 103, 102]
+
+
+async def test_a_reduce_that_raises_fails_the_round_with_its_name():
+    run = share(10)
+
+    def boom(agent_ids, outcomes):
+        raise KeyError("oops")
+
+    run.env.reduce = boom  # type: ignore[method-assign]
+    batches = []
+    sink = OutcomeSink(type(run.sim), run.env, batch_size=4, emit=batches.append)
+    await run.player.play(run.observation(1, None), ScriptedLLM('{"guess": 3}'), sink)
+    with pytest.raises(RoundFailed, match=r"RatioEnv.reduce raised: KeyError: 'oops'"):
+        sink.close()
+    assert sum(len(b.agent_ids) for b in batches) == 10  # every outcome still went out

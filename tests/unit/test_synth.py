@@ -87,3 +87,14 @@ async def test_dummy_backend_is_independent_of_batching():
     reply, calls = await DummyBackend().serve(batch(keys[:5], round_=2))
     assert reply.texts == whole[:5] and reply.error is None
     assert calls is None  # no LLM call happened, so nothing goes to llm_calls
+
+
+@pytest.mark.parametrize("schema", [GUESS, COT, {
+    "type": "object", "properties": {"choice": {"type": "string", "enum": ["a", "b"]}, "sure": {"type": "boolean"},
+                                     "n": {"type": "integer", "minimum": 3, "maximum": 9}, "tag": {"const": "x"}}}])
+def test_the_fast_path_for_flat_objects_writes_what_the_general_one_writes(schema):
+    general = synth._compile(schema)
+    fast = synth.renderer(schema)
+    for key in range(200):
+        text = fast(3, 2, key)
+        assert text == general(synth._Draws(3, 2, key)) == json.dumps(json.loads(text))

@@ -72,13 +72,16 @@ class DummyLLM:
         self.seed, self.round, self.system, self.schema = seed, round_, system, schema
         self.latency_s = latency_s
         self.calls = 0
+        self._render = synth.renderer(schema)
 
     async def ask(self, prompt: str, *, key: int, prefix_chars: int = 0, system: str | None = None,
                   schema: dict | None = None) -> str:
         self.calls += 1
         if self.latency_s:
             await asyncio.sleep(self.latency_s)
-        return synth.answer(self.schema if schema is None else schema, self.seed, self.round, key)
+        if schema is None:
+            return self._render(self.seed, self.round, key)
+        return synth.answer(schema, self.seed, self.round, key)
 
     def flush(self) -> None:
         pass

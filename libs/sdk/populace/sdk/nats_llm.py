@@ -65,8 +65,6 @@ class InferSession:
         self.batches_sent = 0
 
     def _pending_for(self, system: str | None, schema: dict | None) -> _Pending:
-        if system is None and schema is None:
-            return self._default
         system = self._default.system if system is None else system
         schema = self._default.schema if schema is None else schema
         key = (system, json.dumps(schema, sort_keys=True))
@@ -78,7 +76,7 @@ class InferSession:
     def ask(self, prompt: str, *, key: int, prefix_chars: int = 0, system: str | None = None,
             schema: dict | None = None) -> asyncio.Future:
         fut = self._loop.create_future()
-        p = self._pending_for(system, schema)
+        p = self._default if system is None and schema is None else self._pending_for(system, schema)
         p.keys.append(key)
         p.prompts.append(prompt)
         p.prefix.append(prefix_chars)

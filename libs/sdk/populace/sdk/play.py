@@ -77,6 +77,7 @@ class OutcomeSink:
         self._partials: list[Partial] = []
         self.n = self.n_valid = 0
         self.seq = 0
+        self.failure: RoundFailed | None = None  # the simulation's reduce raised: the round cannot close
         self._new()
 
     def _new(self) -> None:
@@ -88,13 +89,14 @@ class OutcomeSink:
 
     def add(self, agent_id: int, outcome: Outcome, latency_ms: float, error: str | None = None,
             group: int = -1) -> None:
-        self._ids.append(agent_id)
+        ids = self._ids
+        ids.append(agent_id)
         self._outs.append(outcome)
         self._lat.append(latency_ms)
         self._errs.append(error)
         if self._grouped:
             self._groups.append(group)
-        if len(self._ids) >= self._batch_size:
+        if len(ids) >= self._batch_size:
             self.flush()
 
     def _columns(self, outs: list[Outcome], errs: list[str | None]) -> tuple[dict[str, list], list[bool], list[str]]:
@@ -135,15 +137,26 @@ class OutcomeSink:
         columns, valid, raws = self._columns(outs, errs)
         self.n += len(ids)
         self.n_valid += sum(valid)
-        self._partials.append(self._env.reduce(ids, outs))
+        if self.failure is None:
+            try:
+                self._partials.append(self._env.reduce(ids, outs))
+            except Exception as err:  # noqa: BLE001 - the simulation's env: named, raised at close
+                self.failure = RoundFailed(f"{type(self._env).__name__}.reduce raised: {type(err).__name__}: {err}")
         batch = OutcomeBatch(self.seq, ids, columns, valid, raws, lat, errs, groups if self._grouped else None)
         self.seq += 1
         if self._emit is not None:
             self._emit(batch)
 
     def close(self) -> RoundShare:
+        """Flush the last batch and merge the batches' partials. Raises RoundFailed when the
+        simulation's reduce or merge raised (the outcomes were still emitted: they are true)."""
         self.flush()
-        partial = self._env.merge(self._partials) if self._partials else None
+        if self.failure is not None:
+            raise self.failure
+        try:
+            partial = self._env.merge(self._partials) if self._partials else None
+        except Exception as err:  # noqa: BLE001 - the simulation's env
+            raise RoundFailed(f"{type(self._env).__name__}.merge raised: {type(err).__name__}: {err}") from err
         return RoundShare(self.n, self.n_valid, partial, self.seq)
 
 
@@ -182,6 +195,7 @@ class RoundPlayer:
         finished = loop.create_future()
         state = {"next": 0, "left": total}
         self._failure = None
+        # one callable either way: the sink itself, or the groups' waiting room in front of it
         deliver = self._grouped_delivery(obs.round, sink) if self.group_env is not None else None
         add = sink.add
         failed = self.failed_outcome
@@ -191,7 +205,7 @@ class RoundPlayer:
             error = None
             try:
                 out = await agent.turn(obs, llm)
-                if not isinstance(out, cls):
+                if out.__class__ is not cls and not isinstance(out, cls):
                     raise TypeError(f"turn returned {type(out).__name__}, not {cls.__name__}")
             except Exception as err:  # noqa: BLE001 - a user agent's bug is that agent's invalid outcome
                 out, error = failed(err)

