@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from populace.core.contracts import RunConfig
 from populace.sdk import Agent, Env, Listeners, Observation, Outcome, Params, Partial, Simulation, Summary
+from populace.sdk.answers import answer_field
 from populace.sdk.outcome import OutcomeError, column_type, outcome_fields
 from populace.sdk.registry import load_simulation, resolve
 from populace.sdk.simulation import SimulationError
@@ -243,3 +244,12 @@ def test_observations_are_frozen_and_carry_the_round():
     o = Observation(round=3)
     with pytest.raises(ValidationError):
         o.round = 4  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("text,value", [
+    ('{"guess": 42}', 42), ('  {"reasoning": "hm", "guess": 4.5} ', 4.5), ('{"guess": "7"}', "7"),
+    ('{"other": 1}', None), ("42", "42"), ("  yes ", "yes"), ("", None), ("   ", None),
+    ('{"guess": 4', '{"guess": 4'),  # JSON that does not parse comes back as text: the caller refuses it
+])
+def test_answer_field_reads_a_structured_or_a_bare_answer(text, value):
+    assert answer_field(text, "guess") == value

@@ -4,8 +4,9 @@ raw text. The game then counts it as 0 (see rules)."""
 
 from __future__ import annotations
 
-import json
 import re
+
+from populace.sdk.answers import answer_field
 
 _INTEGER = re.compile(r"[0-9]+")  # ASCII digits only; a sign or a fraction is not a token count
 
@@ -13,26 +14,16 @@ _INTEGER = re.compile(r"[0-9]+")  # ASCII digits only; a sign or a fraction is n
 def parse_contribution(text: str, endowment: int) -> int | None:
     """Accepts the structured answer `{"contribution": 7}` (also `7.0` or `"7"` inside it) or a
     bare whole number ("7"). Prose, fractions (7.5), negatives and out-of-range are invalid."""
-    s = text.strip()
-    if not s:
+    raw = answer_field(text, "contribution")
+    if isinstance(raw, bool):  # JSON true is not 1 token
         return None
-    if s[0] == "{":
-        try:
-            obj = json.loads(s)
-        except ValueError:
-            return None
-        if not isinstance(obj, dict):
-            return None
-        raw = obj.get("contribution")
-        if isinstance(raw, bool):  # JSON true is not 1 token
-            return None
-        if isinstance(raw, int):
-            return _in_range(raw, endowment)
-        if isinstance(raw, float):  # 7.0 is a whole number; 7.5, inf and nan are not
-            return _in_range(int(raw), endowment) if raw.is_integer() else None
-        if not isinstance(raw, str):
-            return None
-        s = raw.strip()
+    if isinstance(raw, int):
+        return _in_range(raw, endowment)
+    if isinstance(raw, float):  # 7.0 is a whole number; 7.5, inf and nan are not
+        return _in_range(int(raw), endowment) if raw.is_integer() else None
+    if not isinstance(raw, str):
+        return None
+    s = raw.strip()
     if not _INTEGER.fullmatch(s) or len(s) > 18:  # bounded before int(): no huge conversions
         return None
     return _in_range(int(s), endowment)

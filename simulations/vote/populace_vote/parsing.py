@@ -9,8 +9,9 @@ Nothing looser: "yes." or "I vote yes" is invalid.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
+
+from populace.sdk.answers import answer_field
 
 from populace_vote.params import option_key
 
@@ -25,16 +26,7 @@ def lookup_of(options: tuple[str, ...]) -> Lookup:
 def parse_choice(text: str, lookup: Lookup) -> str | None:
     """Accepts the structured answer `{"choice": "yes"}` (with or without `reasoning`) or the
     bare option ("yes", " Yes "). Returns the option as the scenario wrote it, or None."""
-    s = text.strip()
-    if not s:
-        return None
-    if s[0] == "{":
-        try:
-            obj = json.loads(s)
-        except ValueError:
-            obj = None
-        if isinstance(obj, dict):
-            choice = obj.get("choice")
-            return lookup.get(option_key(choice)) if isinstance(choice, str) else None
-    # a bare answer (an option may itself start with "{", so a failed JSON parse lands here too)
-    return lookup.get(option_key(s))
+    choice = answer_field(text, "choice")
+    # a bare answer, or text that only looks like JSON (an option may itself start with "{"),
+    # comes back as text and is looked up as it is
+    return lookup.get(option_key(choice)) if isinstance(choice, str) else None

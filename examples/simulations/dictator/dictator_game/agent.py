@@ -7,11 +7,10 @@ of its own beyond the SDK's bounded `memory`, no I/O but the one `llm.ask` per t
 
 from __future__ import annotations
 
-import json
 import re
 from typing import TYPE_CHECKING
 
-from populace.sdk import LLM, Agent, Observation, Outcome
+from populace.sdk import LLM, Agent, Observation, Outcome, answer_field
 
 if TYPE_CHECKING:
     from dictator_game.simulation import DictatorGame
@@ -79,18 +78,11 @@ _INTEGER = re.compile(r"[0-9]+")
 def parse_gift(text: str, endowment: int) -> int | None:
     """`{"give": 30}` (or a bare `30`) → 30. Never invents an answer: prose, a fraction, a
     number out of range or a missing key is None (invalid), and the caller keeps the text."""
-    s = text.strip()
-    if s.startswith("{"):
-        try:
-            value = json.loads(s).get("give")
-        except (ValueError, AttributeError):
-            return None
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)  # 30.0 is 30; 12.5 stays invalid (not rounded)
-    elif _INTEGER.fullmatch(s):
-        value = int(s)
-    else:
-        return None
+    value = answer_field(text, "give")  # the JSON field's value, or a bare answer's text
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # 30.0 is 30; 12.5 stays invalid (not rounded)
+    elif isinstance(value, str) and _INTEGER.fullmatch(value) and len(value) <= 18:
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= endowment:
         return None
     return value

@@ -76,7 +76,7 @@ def test_reasoning_asks_for_room_to_think_unless_the_scenario_says_otherwise():
 @pytest.mark.parametrize("text, given", [
     ('{"give": 3}', 3), (' {"give": 0} ', 0), ('{"give": 10}', 10), ('{"give": 4.0}', 4),
     ('{"reasoning": "fair is fair", "give": 5}', 5), ("7", 7),
-    ('{"give": 11}', None), ('{"give": -1}', None), ('{"give": 2.5}', None), ('{"give": "3"}', None),
+    ('{"give": 11}', None), ('{"give": -1}', None), ('{"give": 2.5}', None), ('{"give": "3"}', 3),
     ('{"give": true}', None), ('{"gift": 3}', None), ("[3]", None), ('{"give": 3', None),
     ("I give 3 coins.", None), ("three", None), ("", None), ("3.5", None),
 ])

@@ -11,6 +11,7 @@ loads it by name (entry point `populace.simulations`) and runs it unchanged in o
 from populace.core.contracts import Count, FiniteFloat, RunConfig
 from populace.population.cast import Cast, Persona
 from populace.sdk.agent import Agent
+from populace.sdk.answers import answer_field
 from populace.sdk.env import Env, GroupEnv, Listeners, Partial, State
 from populace.sdk.llm import LLM, InferError
 from populace.sdk.local import LocalResult, run_local
@@ -23,5 +24,5 @@ __all__ = [
     "LLM", "Agent", "Cast", "Count", "DummyLLM", "Env", "FiniteFloat", "GroupEnv", "InferError", "Listeners",
     "LocalResult", "run_local",
     "Observation", "Outcome", "Params", "Partial", "Persona", "RunConfig", "ScriptedLLM", "Simulation", "SimulationError",
-    "State", "Summary", "available", "load_simulation", "resolve",
+    "State", "Summary", "answer_field", "available", "load_simulation", "resolve",
 ]
