@@ -41,6 +41,10 @@ def populace(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     (GOOD.replace("backend: dummy", "backend: gpt-17"), "model.backend"),
     (GOOD.replace("game: {", "game: {shape: round, "), "game.shape"),
     (GOOD.replace("agents_per_process: 0", "agents_per_process: 3"), "placement.agents_per_process"),
+    (GOOD + "simulation: chess\n", "simulation: unknown simulation 'chess'"),
+    (GOOD + "simulation: no_such_pkg:Sim\n", "cannot import: ModuleNotFoundError"),
+    ("simulation: public-goods\nagents: 4\ngame: {group_size: 5}\n", "game.group_size: 5 is more than"),
+    ("simulation: vote\nballot: {options: [yes, yes]}\n", "ballot.options.0"),
 ])
 def test_bad_scenario_exits_2_naming_the_field_and_publishes_nothing(tmp_path, nats_server, yaml_text, field):
     path = tmp_path / "scenario.yaml"

@@ -33,7 +33,8 @@ app.add_typer(personas_app, name="personas")
 
 
 def fail(message: str, code: int = 2) -> None:
-    display.console.print(f"[red]error:[/red] {message}")
+    # soft_wrap: an error keeps its lines as written (a pipe or CI log must not wrap it at 80)
+    display.console.print(f"[red]error:[/red] {message}", soft_wrap=True)
     raise typer.Exit(code)
 
 

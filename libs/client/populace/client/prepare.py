@@ -100,7 +100,7 @@ def parse_config(data: object) -> RunConfig:
     try:
         sim = load_simulation(name) if isinstance(name, str) else None
     except SimulationError as err:
-        raise ScenarioError("\n".join([*problems, f"simulation: {err}"])) from None
+        raise ScenarioError("\n".join([*problems, _named(err)])) from None
     if sim is not None:
         own = {k: v for k, v in data.items() if k not in RunConfig.model_fields}
         try:
@@ -122,11 +122,17 @@ def _default_hint(named: bool, err: ValidationError) -> str:
             "`simulation: NAME` for another one — `populace simulations` lists them)")
 
 
+def _named(err: SimulationError) -> str:
+    """The error as a field's message: 'simulation: unknown simulation …' (no field twice)."""
+    text = str(err)
+    return text if text.startswith("simulation ") else f"simulation: {text}"
+
+
 def simulation_of(config: RunConfig) -> type[Simulation]:
     try:
         return load_simulation(config.simulation)
     except SimulationError as err:
-        raise ScenarioError(f"simulation: {err}") from None
+        raise ScenarioError(_named(err)) from None
 
 
 def checked(config: RunConfig) -> Resolved:
@@ -138,7 +144,7 @@ def checked(config: RunConfig) -> Resolved:
         raise ScenarioError(format_validation_error(err)
                             + _default_hint("simulation" in config.model_fields_set, err)) from None
     except SimulationError as err:
-        raise ScenarioError(f"simulation: {err}") from None
+        raise ScenarioError(_named(err)) from None
 
 
 def prepare(config: RunConfig, *, base: Path = Path("."), agents_given: bool | None = None,
