@@ -7,7 +7,7 @@ import duckdb
 import pytest
 
 from populace.core.contracts import (
-    Column, OutcomeBatch, RoundResult, RunConfig, RunDone, RunStarted, SimulationTables, SpawnBatch,
+    Column, OutcomeBatch, RoundResult, RunConfig, RunDone, RunResumed, RunStarted, SimulationTables, SpawnBatch,
 )
 from populace.recorder.store import Event, Store, StoreError
 from populace_ratio_game import RatioGame
@@ -178,3 +178,54 @@ def test_a_table_another_simulation_declared_differently_is_refused(tmp_path):
     with pytest.raises(StoreError, match="column value is DOUBLE .* but this run declares VARCHAR"):
         store.ingest([Event("c1.s", "started", started)])
     assert store.completeness("r1") == (20, 20)  # nothing of the refused transaction landed
+
+
+def _result(run_id: str, round_: int, mean: float, epoch: int = 0) -> RoundResult:
+    return RoundResult(run_id=run_id, round=round_, n=20, n_valid=17, epoch=epoch,
+                       summary={"mean": mean, "target": mean / 2, "winner_agent_id": 1, "winner_value": 1.0,
+                                "n_winners": 1}, observation={}, state={}, closed_at=1e9 + round_)
+
+
+def _epoch(batch: OutcomeBatch, epoch: int) -> OutcomeBatch:
+    return batch.model_copy(update={"epoch": epoch})
+
+
+def test_a_resume_replaces_the_rounds_it_replays_and_stale_epochs_never_count(tmp_path):
+    """Round 2 was in play when the run was cancelled; the resume (epoch 1, after round 1)
+    plays it again. What the old epoch recorded of round 2 goes, whenever it arrives, and the
+    agents' hosts are where the resume placed them."""
+    store = Store(tmp_path / "x.duckdb")
+    cfg = RunConfig(agents=20, rounds=2)
+    first = events()[:3]  # started, spawn a, spawn b
+    ids_a, ids_b = list(range(0, 10)), list(range(10, 20))
+    store.ingest(first + [
+        Event("r1.g1a", "outcomes", guess_batch("r1", 1, "a", 0, ids_a)),
+        Event("r1.g1b", "outcomes", guess_batch("r1", 1, "b", 0, ids_b)),
+        Event("r1.res1", "round.result", _result("r1", 1, 1.0)),
+        Event("r1.g2a", "outcomes", guess_batch("r1", 2, "a", 1, ids_a)),  # round 2, epoch 0: stale soon
+        Event("r1.done0", "done", RunDone(run_id="r1", status="cancelled", rounds=1, finished_at=1e9, reason="x")),
+    ])
+    assert store.con.execute("SELECT status FROM runs").fetchone() == ("cancelled",)
+    late_old = Event("r1.g2b", "outcomes", guess_batch("r1", 2, "b", 1, ids_b))  # epoch 0, arrives after the resume
+    store.ingest([
+        Event("r1.resumed", "resumed", RunResumed(run_id="r1", epoch=1, after_round=1, hosts=["c"], resumed_at=1e9)),
+        Event("r1.spawn-c", "spawn", SpawnBatch(run_id="r1", host_id="c", ranges=[(0, 20)], config=cfg, epoch=1)),
+        late_old,
+        Event("r1.g2c", "outcomes", _epoch(guess_batch("r1", 2, "c", 0, ids_a + ids_b), 1)),
+        Event("r1.res2-old", "round.result", _result("r1", 2, 99.0, epoch=0)),  # the old epoch's straggler
+        Event("r1.res2", "round.result", _result("r1", 2, 2.0, epoch=1)),
+        Event("r1.done1", "done", RunDone(run_id="r1", status="completed", rounds=2, finished_at=1e9, epoch=1)),
+    ])
+    con = store.con
+    assert con.execute("SELECT round, count(*), count(DISTINCT agent_id) FROM guesses GROUP BY 1 ORDER BY 1"
+                       ).fetchall() == [(1, 20, 20), (2, 20, 20)]
+    assert con.execute("SELECT round, mean FROM rounds ORDER BY 1").fetchall() == [(1, 1.0), (2, 2.0)]
+    assert con.execute("SELECT host_id, count(*) FROM agents GROUP BY 1").fetchall() == [("c", 20)]
+    assert con.execute("SELECT status, reason, hosts FROM runs").fetchone() == ("completed", None, ["c"])
+    assert store.completeness("r1") == (40, 40)
+    store.close()
+    # a restarted recorder knows the resume: the old epoch's batch redelivered is still stale
+    again = Store(tmp_path / "x.duckdb")
+    again.ingest([Event("r1.g2b-redelivered", "outcomes", guess_batch("r1", 2, "b", 7, ids_b))])
+    assert again.completeness("r1") == (40, 40)
+    again.close()

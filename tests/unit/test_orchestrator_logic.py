@@ -241,7 +241,8 @@ def test_failure_while_running():
     s, _ = on_result(s, result(1))
     f, acts = on_failure(s, "host h2 lost")
     assert f.status == "failed" and f.reason == "host h2 lost"
-    assert acts == [FinishRun("failed", 2, "host h2 lost")]
+    # rounds counts completed rounds: round 2 was in play, round 1 is what a resume keeps
+    assert acts == [FinishRun("failed", 1, "host h2 lost")] and f.round == 1
     # failing again, or a late result, does nothing
     f2, acts = on_failure(f, "again")
     assert f2 is f and acts == []
@@ -282,8 +283,8 @@ def test_a_silent_host_fails_the_run_naming_host_round_and_agents():
     state = _running({"h1": [(0, 10)], "h2": [(10, 15), (40, 5)]})
     new, actions = workflow.on_hosts_lost(state, {"h1"}, 30.0)
     assert new.status == "failed"
-    assert new.reason == "agent-host h2 stopped during round 2 (no heartbeat for 30s); its 20 agents cannot answer"
-    assert actions == [workflow.FinishRun("failed", 2, new.reason)]
+    assert new.reason == "agent-host h2 stopped during round 2 (no heartbeat for 30s); its 20 agents cannot answer; `populace resume r` continues it"
+    assert actions == [workflow.FinishRun("failed", 1, new.reason)]
 
 
 def test_live_hosts_or_finished_runs_are_left_alone():
@@ -296,3 +297,71 @@ def test_live_hosts_or_finished_runs_are_left_alone():
     spawning = state.model_copy(update={"status": "spawning", "round": 0})
     new, _ = workflow.on_hosts_lost(spawning, {"h2"}, 5.0)
     assert new.reason.startswith("agent-host h1 stopped during spawning")
+
+
+# --- steering: cancel, resume, fork ----------------------------------------------------------
+def test_cancel_keeps_the_last_completed_round_and_drops_the_one_in_play():
+    from populace.orchestrator.workflow import on_cancel
+
+    s = running_state()
+    s, _ = on_result(s, result(1))
+    s, _ = on_result(s, result(2))  # round 3 in play
+    c, acts = on_cancel(s, "enough")
+    assert c.status == "cancelled" and c.round == 2 and c.reason == "enough"
+    assert acts == [FinishRun("cancelled", 2, "enough")]
+    assert on_cancel(c, "again") == (c, [])  # a stopped run cancels once
+    assert on_result(c, result(3)) == (c, [])  # the dropped round's late result changes nothing
+
+
+def test_resume_plays_on_in_a_new_epoch_from_the_last_checkpoint_on_the_hosts_up_now():
+    from populace.orchestrator.workflow import SpawnAgents, layout_for, on_cancel, on_resume
+
+    s = running_state()
+    s, _ = on_result(s, result(1))
+    s, _ = on_cancel(s, "x")
+    moved = {"h3": [(0, 10)]}
+    r, acts = on_resume(s, moved)
+    assert acts == [SpawnAgents(resumed=True)]
+    assert (r.status, r.epoch, r.round, r.placement, r.spawned, r.reason) == ("spawning", 1, 1, moved, [], None)
+    # the checkpoint of round 1 was written in the old layout (two hosts' ranges)
+    assert r.restore.run_id == "r1" and r.restore.round == 1 and r.restore.ranges == layout_for(s, 1)
+    assert layout_for(r, 1) == sorted(x for rs in PLACEMENT.values() for x in rs) and layout_for(r, 2) == [(0, 10)]
+    # the old epoch's spawn and result are stale; the new epoch's spawn opens round 2
+    assert on_spawned(r, "h3", epoch=0) == (r, [])
+    r2, acts = on_spawned(r, "h3", epoch=1)
+    assert acts == [OpenRound(2, 10)] and r2.status == "running" and r2.round == 2
+    assert on_result(r2, result(2)) == (r2, [])  # epoch 0's round 2
+    done, acts = on_result(r2, result(2).model_copy(update={"epoch": 1}))
+    assert acts == [OpenRound(3, 10)] and done.round == 3
+
+
+def test_only_a_failed_or_cancelled_run_with_rounds_left_resumes():
+    from populace.orchestrator.workflow import on_resume
+
+    s = running_state()
+    assert on_resume(s, PLACEMENT) == (s, [])  # running
+    for n in range(1, CONFIG.rounds + 1):
+        s, _ = on_result(s, result(n))
+    assert s.status == "done" and on_resume(s, PLACEMENT) == (s, [])
+    f, _ = on_failure(s, "late")
+    assert f is s  # a finished run does not fail
+
+
+def test_a_resume_before_any_round_restores_nothing_but_a_fork_keeps_its_parent():
+    from populace.orchestrator.workflow import fork_run, on_cancel, on_resume
+
+    s = new_run("r1", CONFIG, PLACEMENT)
+    c, _ = on_cancel(s, "x")
+    r, _ = on_resume(c, PLACEMENT)
+    assert r.restore is None and r.round == 0 and r.epoch == 1
+    parent = running_state()
+    for n in (1, 2):
+        parent, _ = on_result(parent, result(n))
+    f = fork_run("f1", CONFIG, {"h9": [(0, 10)]}, parent, 2, {"winners": [1.0]}, {"history": [1.0]})
+    assert (f.status, f.round, f.restore.run_id, f.restore.round, f.env_state) == (
+        "spawning", 2, "r1", 2, {"winners": [1.0]})
+    f2, acts = on_spawned(f, "h9")
+    assert acts == [OpenRound(3, 10)]  # a fork plays on from the round after its parent's
+    fc, _ = on_cancel(f, "x")
+    fr, _ = on_resume(fc, {"h9": [(0, 10)]})
+    assert fr.restore == f.restore  # cancelled before its first round: still from its parent

@@ -46,14 +46,14 @@ def service(name: Annotated[str, typer.Argument(help="orchestrator, agent-host, 
     serve.run(name)
 
 
-async def _follow(url: str, prepared: PreparedRun, show_progress: bool):
+async def _follow(url: str, prepared: PreparedRun, show_progress: bool, run_id: str | None = None):
     from populace.client.run import play
 
     nc = await bus.connect_or_fail(url, "populace-cli")
     try:
         with display.RunProgress(prepared.config, enabled=show_progress) as progress:
-            return await play(nc, prepared.config, personas=prepared.personas, manifest=prepared.manifest,
-                              on_event=progress.on_event)
+            return await play(nc, prepared.config, run_id=run_id, personas=prepared.personas,
+                              manifest=prepared.manifest, on_event=progress.on_event)
     finally:
         await nc.close()
 
@@ -70,7 +70,10 @@ def checked(build):
 
 
 def _report(outcome, prepared: PreparedRun) -> None:
-    sim = prepared.resolved.simulation
+    _report_outcome(outcome, prepared.resolved.simulation)
+
+
+def _report_outcome(outcome, sim) -> None:
     labels = display.summary_labels(sim.Summary)
     display.out.print(display.rounds_table(display.round_rows(outcome.results), labels,
                                            f"run {outcome.run_id} ({outcome.status})"))
@@ -246,9 +249,12 @@ def run(
     local: Annotated[bool, typer.Option(help="play in this process, without NATS or services (dummy model); "
                                              "same results as the fleet")] = False,
     hosts: Annotated[int, typer.Option(min=1, help="--local: split the agents as this many agent-hosts would")] = 1,
+    cancel_on_exit: Annotated[bool, typer.Option(help="Ctrl-C cancels the run (default: detach; the run "
+                                                       "goes on)")] = False,
 ) -> None:
     """Validate a scenario, publish `ctl.run.start`, follow the run until it is recorded
-    (or, with --local, play it in this process)."""
+    (or, with --local, play it in this process). Ctrl-C detaches: the run goes on, and the
+    message says how to follow, cancel or resume it."""
     extra = _overrides(set_)
     prepared = checked(lambda: prepare_file(scenario) if not extra else _prepare_with(scenario, extra))
     if local:
@@ -262,9 +268,144 @@ def run(
         display.out.print(display.rounds_table(result.rounds.to_pylist(), labels,
                                                f"run {result.run_id} (local, {result.status})"))
         return
+    from populace.client.run import new_run_id
+
+    rid = new_run_id()
     with _stack_url(nats) as url:
-        outcome = asyncio.run(_follow(url, prepared, show_progress=progress))
+        try:
+            outcome = asyncio.run(_follow(url, prepared, show_progress=progress, run_id=rid))
+        except KeyboardInterrupt:
+            _detached(url, rid, cancel_on_exit)
+            raise typer.Exit(130) from None
     _report(outcome, prepared)
+
+
+def _detached(url: str, rid: str, cancel_on_exit: bool) -> None:
+    """Ctrl-C in a command that follows a run: stop following; the run goes on unless asked."""
+    nats = f" --nats {url}" if url != NATS_DEFAULT else ""
+    if cancel_on_exit:
+        from populace.cli.steer import SteerError, cancel_run
+
+        try:
+            state, _ = asyncio.run(cancel_run(url, rid, "cancelled by Ctrl-C (--cancel-on-exit)"))
+        except (SteerError, ConnectionError, OSError) as err:
+            display.console.print(f"[red]could not cancel run {rid}:[/red] {err}", soft_wrap=True)
+            return
+        display.console.print(f"run {rid} {state.status}; `populace resume {rid}{nats}` continues it",
+                              soft_wrap=True)
+        return
+    display.console.print(
+        f"\ndetached: run {rid} goes on.\n"
+        f"  follow:  populace follow {rid}{nats}\n"
+        f"  cancel:  populace cancel {rid}{nats}\n"
+        f"  resume:  populace resume {rid}{nats}  (after a cancel or a failure)", soft_wrap=True)
+
+
+NATS_HELP = "NATS URL of the stack the run lives on"
+
+
+def _steer(build):
+    """Run a steering coroutine; its refusals exit 2, an unreachable stack exits 1."""
+    from populace.cli.steer import SteerError
+
+    try:
+        return asyncio.run(build())
+    except SteerError as err:
+        fail(str(err))
+    except ConnectionError as err:
+        fail(str(err), code=1)
+    except (OSError, TimeoutError) as err:
+        fail(f"cannot reach NATS or the run stalled: {err}", code=1)
+    raise AssertionError  # unreachable
+
+
+@app.command()
+def cancel(
+    run_id: Annotated[str, typer.Argument(help="run id")],
+    nats: Annotated[str, typer.Option("--nats", help=NATS_HELP)] = NATS_DEFAULT,
+    reason: Annotated[str, typer.Option(help="why (kept with the run)")] = "cancelled by the user",
+) -> None:
+    """Stop a run at once: its round in play is dropped, what was recorded stays, and
+    `populace resume` continues it from its last completed round."""
+    from populace.cli import steer
+
+    state, stopped = _steer(lambda: steer.cancel_run(nats, run_id, reason))
+    if stopped is None:
+        fail(f"run {run_id}: cancel sent, but the orchestrator did not confirm within 30 s "
+             f"(state: {state.status}); is the orchestrator up?", code=1)
+    display.out.print(f"run {run_id} {state.status} ({steer.where(state)}); "
+                      f"`populace resume {run_id}` continues it", soft_wrap=True)
+
+
+@app.command()
+def resume(
+    run_id: Annotated[str, typer.Argument(help="a failed or cancelled run's id")],
+    nats: Annotated[str, typer.Option("--nats", help=NATS_HELP)] = NATS_DEFAULT,
+    progress: Annotated[bool, typer.Option(help="show progress bars")] = True,
+) -> None:
+    """Continue a failed or cancelled run after its last completed round, on the agent-hosts up
+    now; agents and environment start from that round's checkpoint, so the run ends as if it
+    had never stopped. Follows it until it is recorded."""
+    from populace.cli import steer
+    from populace.sdk.registry import resolve
+
+    try:
+        state, outcome = _steer(lambda: steer.resume_run(nats, run_id, progress))
+    except KeyboardInterrupt:
+        _detached(nats, run_id, False)
+        raise typer.Exit(130) from None
+    display.console.print(f"resumed after round {state.round}")
+    _report_outcome(outcome, resolve(state.config).simulation)
+
+
+@app.command()
+def follow(
+    run_id: Annotated[str, typer.Argument(help="run id")],
+    nats: Annotated[str, typer.Option("--nats", help=NATS_HELP)] = NATS_DEFAULT,
+    progress: Annotated[bool, typer.Option(help="show progress bars")] = True,
+) -> None:
+    """Follow a run under way (e.g. after Ctrl-C in `populace run`) until it is recorded."""
+    from populace.cli import steer
+    from populace.sdk.registry import resolve
+
+    try:
+        state, outcome = _steer(lambda: steer.follow_run(nats, run_id, progress))
+    except KeyboardInterrupt:
+        _detached(nats, run_id, False)
+        raise typer.Exit(130) from None
+    if outcome is None:
+        display.out.print(f"run {run_id} is {state.status} ({steer.where(state)})"
+                          + (f": {state.reason}" if state.reason else ""), soft_wrap=True)
+        if state.status != "done":
+            raise typer.Exit(1)
+        return
+    _report_outcome(outcome, resolve(state.config).simulation)
+
+
+@app.command()
+def fork(
+    run_id: Annotated[str, typer.Argument(help="the parent run's id")],
+    from_round: Annotated[int, typer.Option("--from-round", min=1, help="start from the state after this round")],
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="the intervention: " + SET_HELP)] = None,
+    nats: Annotated[str, typer.Option("--nats", help=NATS_HELP)] = NATS_DEFAULT,
+    progress: Annotated[bool, typer.Option(help="show progress bars")] = True,
+) -> None:
+    """Start a new run from a run's state after one of its rounds (its agents' memory, its
+    environment), with some parameters changed: an intervention. The new run's manifest
+    records the parent, the round and the change; it plays rounds from-round+1 .. rounds."""
+    from populace.cli import steer
+    from populace.client.run import new_run_id
+
+    changes = _overrides(set_)
+    rid = new_run_id()
+    try:
+        forked = _steer(lambda: steer.fork_run(nats, run_id, from_round, changes, progress, rid))
+    except KeyboardInterrupt:
+        _detached(nats, rid, False)
+        raise typer.Exit(130) from None
+    display.console.print(f"fork {rid} of {run_id} after round {from_round}"
+                          + (f", changed: {json.dumps(changes)}" if changes else ""), soft_wrap=True)
+    _report(forked.outcome, forked.prepared)
 
 
 @app.command()

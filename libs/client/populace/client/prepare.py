@@ -275,3 +275,32 @@ def prepare_rerun(manifest: dict) -> PreparedRun:
             raise ScenarioError(f"prompt.{key}: the prompt library changed since the run (version "
                                 f"{before.get('version')} recorded, {after['version']} now)")
     return prepared
+
+
+def prepare_fork(parent: RunConfig, after_round: int, changes: dict, parent_manifest: dict | None = None,
+                 parent_id: str = "") -> PreparedRun:
+    """A fork's config: its parent's with `changes` (the intervention) merged in, checked
+    against its simulation. Its agents and population are its parent's (restored from the
+    parent's checkpoint, personas by the same digest), so `agents`, `simulation` and
+    `population` cannot change. The manifest records the parent, the round and the change."""
+    for key in ("agents", "simulation", "population"):
+        if key in changes:
+            raise ScenarioError(f"{key}: a fork keeps its parent's {key} (it continues the same agents)")
+    data = parent.model_dump(mode="json")
+    _merge_into(data, changes)
+    data["name"] = changes.get("name", f"{parent.name}-fork")
+    resolved = checked(parse_config(data))
+    manifest = build_manifest(resolved, [], None, None)
+    if parent_manifest:  # the parent's population identity and scenario still describe these agents
+        manifest["population"] = parent_manifest.get("population")
+        manifest["scenario"] = parent_manifest.get("scenario")
+    manifest["fork"] = {"parent": parent_id, "after_round": after_round, "changes": changes}
+    return PreparedRun(resolved.config, None, manifest, resolved)
+
+
+def _merge_into(into: dict, extra: dict) -> None:
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge_into(into[key], value)
+        else:
+            into[key] = value

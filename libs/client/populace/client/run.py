@@ -1,5 +1,6 @@
-"""Start a run over the bus and follow it: `ctl.run.start` out; spawn, round, done and
-recorded events in (core subscriptions on just those subjects — never the outcome batches)."""
+"""Start, steer and follow runs over the bus: `ctl.run.start`, `ctl.run.cancel` and
+`ctl.run.resume` out; spawn, round, resume, done and recorded events in (core subscriptions
+on just those subjects — never the outcome batches)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from nats.aio.client import Client
+from nats.js.errors import KeyNotFoundError
 
 from populace.core import bus, objects, subjects
 from populace.core.contracts import (
-    HostSpawned, Progress, RoundOpen, RoundResult, RunConfig, RunDone, RunRecorded, ReplicaInfo, RunStart, RunStarted,
+    HostSpawned, Progress, ReplicaInfo, Restore, RoundOpen, RoundResult, RunCancel, RunConfig, RunDone, RunRecorded,
+    RunResume, RunResumed, RunStart, RunStarted, RunState,
 )
 
 EVENT_MODELS = {
-    "started": RunStarted, "spawned": HostSpawned, "round.open": RoundOpen,
+    "started": RunStarted, "spawned": HostSpawned, "round.open": RoundOpen, "resumed": RunResumed,
     "round.result": RoundResult, "done": RunDone, "recorded": RunRecorded,
 }
 
@@ -51,26 +54,85 @@ async def replica_identities(js, backend: str) -> list[dict]:
                    for r in entries if r.backend == backend), key=lambda r: r["replica_id"])
 
 
+class _Following:
+    """A run's events on the core bus (never its outcome batches): subscribed before anything
+    is asked of the run, read until it is recorded."""
+
+    def __init__(self, nc: Client, rid: str, on_event: Callable[[str, object], None] | None, stall_s: float) -> None:
+        self.nc, self.rid, self.on_event, self.stall_s = nc, rid, on_event, stall_s
+        self.out = RunOutcome(rid)
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.subs: list = []
+        self.spawned: set[str] = set()
+        self.hosts: set[str] = set()
+
+    async def __aenter__(self) -> _Following:
+        async def on_msg(msg) -> None:
+            self.queue.put_nowait(msg)
+
+        rid = self.rid
+        self.subs = [await self.nc.subscribe(s, cb=on_msg) for s in (
+            subjects.run_started(rid), subjects.run_spawned_any(rid), subjects.run_rounds_any(rid),
+            subjects.run_resumed(rid), subjects.run_done(rid), subjects.run_recorded(rid),
+            subjects.progress_all(rid))]
+        await self.nc.flush()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        for s in self.subs:
+            await s.unsubscribe()
+
+    async def until_recorded(self) -> RunOutcome:
+        out = self.out
+        while True:
+            try:
+                msg = await asyncio.wait_for(self.queue.get(), self.stall_s)
+            except asyncio.TimeoutError:
+                raise RunStalled(f"run {self.rid}: no event for {self.stall_s:.0f}s") from None
+            now = time.monotonic()
+            if msg.subject.startswith("progress."):
+                if self.on_event:
+                    self.on_event("progress", Progress.model_validate_json(msg.data))
+                continue
+            kind = subjects.kind_of(msg.subject)
+            model = EVENT_MODELS[kind].model_validate_json(msg.data)
+            if isinstance(model, RunStarted):
+                out.started = model
+                self.hosts = set(model.hosts)
+            elif isinstance(model, RunResumed):
+                out.marks["resumed"] = now
+                self.hosts, self.spawned = set(model.hosts), set()
+            elif isinstance(model, HostSpawned):
+                self.spawned.add(model.host_id)
+                if self.hosts and self.spawned >= self.hosts:
+                    out.marks["spawned"] = now
+            elif isinstance(model, RoundOpen):
+                out.marks[f"open.{model.round}"] = now
+            elif isinstance(model, RoundResult):
+                out.marks[f"result.{model.round}"] = now
+                out.results = [r for r in out.results if r.round != model.round] + [model]
+            elif isinstance(model, RunDone):
+                out.marks["done"] = now
+                out.status, out.reason = model.status, model.reason
+            elif isinstance(model, RunRecorded):
+                out.marks["recorded"] = now
+                out.recorded = model
+            if self.on_event:
+                self.on_event(kind, model)
+            if out.recorded is not None and "done" in out.marks:
+                return out
+
+
 async def play(nc: Client, config: RunConfig, *, run_id: str | None = None,
                personas: bytes | None = None, manifest: dict | None = None,
                on_event: Callable[[str, object], None] | None = None,
-               stall_s: float = 300.0) -> RunOutcome:
+               stall_s: float = 300.0, fork: Restore | None = None) -> RunOutcome:
     """Submit a run and follow it until it is recorded (or failed). Raises RunStalled when
     no event arrives for `stall_s` seconds. `personas` (the population's JSONL, whose digest
-    the config names) is uploaded to the object store first."""
+    the config names) is uploaded to the object store first. `fork`: start from another
+    run's state after one of its rounds."""
     rid = run_id or new_run_id()
-    out = RunOutcome(rid)
-    queue: asyncio.Queue = asyncio.Queue()
-
-    async def on_msg(msg) -> None:
-        queue.put_nowait(msg)
-
-    subs = [await nc.subscribe(s, cb=on_msg) for s in (
-        subjects.run_started(rid), subjects.run_spawned_any(rid), subjects.run_rounds_any(rid),
-        subjects.run_done(rid), subjects.run_recorded(rid), subjects.progress_all(rid))]
-    await nc.flush()
-    spawned: set[str] = set()
-    try:
+    async with _Following(nc, rid, on_event, stall_s) as following:
         js = nc.jetstream()
         if personas is not None:
             await objects.put_personas(js, personas)
@@ -78,42 +140,41 @@ async def play(nc: Client, config: RunConfig, *, run_id: str | None = None,
             manifest = {**manifest, "run_id": rid}
             manifest["model"] = {**manifest.get("model", {}),
                                  "replicas": await replica_identities(js, config.model.backend)}
-        out.marks["submitted"] = time.monotonic()
-        await bus.publish_js(js, subjects.RUN_START, RunStart(run_id=rid, config=config, manifest=manifest),
+        following.out.marks["submitted"] = time.monotonic()
+        await bus.publish_js(js, subjects.RUN_START, RunStart(run_id=rid, config=config, manifest=manifest,
+                                                              fork=fork),
                              msg_id=subjects.msg_id(rid, 0, "cli", "start"))
-        while True:
-            try:
-                msg = await asyncio.wait_for(queue.get(), stall_s)
-            except asyncio.TimeoutError:
-                raise RunStalled(f"run {rid}: no event for {stall_s:.0f}s") from None
-            now = time.monotonic()
-            if msg.subject.startswith("progress."):
-                if on_event:
-                    on_event("progress", Progress.model_validate_json(msg.data))
-                continue
-            kind = subjects.kind_of(msg.subject)
-            model = EVENT_MODELS[kind].model_validate_json(msg.data)
-            if isinstance(model, RunStarted):
-                out.started = model
-            elif isinstance(model, HostSpawned):
-                spawned.add(model.host_id)
-                if out.started and spawned >= set(out.started.hosts):
-                    out.marks["spawned"] = now
-            elif isinstance(model, RoundOpen):
-                out.marks[f"open.{model.round}"] = now
-            elif isinstance(model, RoundResult):
-                out.marks[f"result.{model.round}"] = now
-                out.results.append(model)
-            elif isinstance(model, RunDone):
-                out.marks["done"] = now
-                out.status, out.reason = model.status, model.reason
-            elif isinstance(model, RunRecorded):
-                out.marks["recorded"] = now
-                out.recorded = model
-            if on_event:
-                on_event(kind, model)
-            if out.recorded is not None:
-                return out
-    finally:
-        for s in subs:
-            await s.unsubscribe()
+        return await following.until_recorded()
+
+
+async def run_state(nc: Client, rid: str) -> RunState | None:
+    """The run's state in KV `runs` (None: no such run on this stack)."""
+    kv = await nc.jetstream().key_value(subjects.RUNS_BUCKET)
+    try:
+        entry = await kv.get(rid)
+    except KeyNotFoundError:
+        return None
+    return RunState.model_validate_json(entry.value)
+
+
+async def cancel(nc: Client, rid: str, reason: str = "cancelled by the user") -> None:
+    await bus.publish_js(nc.jetstream(), subjects.RUN_CANCEL, RunCancel(run_id=rid, reason=reason),
+                         msg_id=f"cancel.{rid}.{uuid.uuid4().hex[:8]}")
+
+
+async def resume(nc: Client, rid: str, *, on_event: Callable[[str, object], None] | None = None,
+                 stall_s: float = 300.0) -> RunOutcome:
+    """Ask for a failed or cancelled run to continue after its last completed round, and
+    follow it until it is recorded."""
+    async with _Following(nc, rid, on_event, stall_s) as following:
+        following.out.marks["submitted"] = time.monotonic()
+        await bus.publish_js(nc.jetstream(), subjects.RUN_RESUME, RunResume(run_id=rid),
+                             msg_id=f"resume.{rid}.{uuid.uuid4().hex[:8]}")
+        return await following.until_recorded()
+
+
+async def follow(nc: Client, rid: str, *, on_event: Callable[[str, object], None] | None = None,
+                 stall_s: float = 300.0) -> RunOutcome:
+    """Follow a run that is already under way, from its next event until it is recorded."""
+    async with _Following(nc, rid, on_event, stall_s) as following:
+        return await following.until_recorded()

@@ -100,8 +100,9 @@ async def provision(js: JetStreamContext, storage: str = "file", replicas: int =
     ):
         await until_ready(lambda b=bucket, t=ttl: ensure_kv(js, b, ttl=t, storage=st, replicas=replicas),
                           f"bucket {bucket}")
-    await until_ready(lambda: ensure_object_store(js, subjects.PERSONAS_BUCKET, storage=st, replicas=replicas),
-                      f"object store {subjects.PERSONAS_BUCKET}")
+    for bucket in (subjects.PERSONAS_BUCKET, subjects.CHECKPOINTS_BUCKET):
+        await until_ready(lambda b=bucket: ensure_object_store(js, b, storage=st, replicas=replicas),
+                          f"object store {bucket}")
 
 
 # A replicated stream that was just created has no Raft leader for a moment: API calls then

@@ -167,12 +167,53 @@ class SimulationTables(Strict):
 
 
 # --- control plane -------------------------------------------------------------------
+class Restore(Strict):
+    """Where a run's agents and environment start from: the checkpoint of `run_id` taken
+    after `round` (its own, on resume; its parent's, for a fork). `ranges` are the agent id
+    ranges the checkpoint was written in (one object per range), filled by the orchestrator."""
+
+    run_id: RunId
+    round: int = Field(ge=1)
+    ranges: list[tuple[int, int]] = []
+
+    _tok = field_validator("run_id")(_check_token)
+
+
+class Layout(Strict):
+    """The agent id ranges a run's hosts played (and checkpointed) from `from_round` on."""
+
+    from_round: int = Field(ge=1)
+    ranges: list[tuple[int, int]]
+
+
 class RunStart(Strict):
     v: Literal[1] = SCHEMA_VERSION
     run_id: RunId
     config: RunConfig
     requested_at: float = Field(default_factory=time.time)
     manifest: dict | None = None  # reproducibility manifest, stored with the run
+    fork: Restore | None = None  # start from another run's state after one of its rounds
+
+    _tok = field_validator("run_id")(_check_token)
+
+
+class RunCancel(Strict):
+    """Stop a run at once; what was recorded stays, and it can be resumed."""
+
+    v: Literal[1] = SCHEMA_VERSION
+    run_id: RunId
+    reason: str = Field("cancelled by the user", max_length=1000)
+    requested_at: float = Field(default_factory=time.time)
+
+    _tok = field_validator("run_id")(_check_token)
+
+
+class RunResume(Strict):
+    """Continue a failed, cancelled or paused run from its last completed round."""
+
+    v: Literal[1] = SCHEMA_VERSION
+    run_id: RunId
+    requested_at: float = Field(default_factory=time.time)
 
     _tok = field_validator("run_id")(_check_token)
 
@@ -206,11 +247,16 @@ class RunState(Strict):
 
     v: Literal[1] = SCHEMA_VERSION
     run_id: str
-    status: Literal["spawning", "running", "done", "failed"]
+    status: Literal["spawning", "running", "done", "failed", "cancelled"]
     config: RunConfig
     placement: dict[str, list[tuple[int, int]]]  # host_id -> [(first_agent_id, count)]
     spawned: list[str] = []
+    # While running: the round being played; otherwise the last completed one (0: none yet).
     round: int = 0
+    # Bumped by every resume: events of an older epoch are stale (a replayed round counts once).
+    epoch: int = 0
+    restore: Restore | None = None  # where the agents' state comes from when they spawn
+    layouts: list[Layout] = []  # the ranges of each placement, to find a round's checkpoints
     env_state: dict | None = None  # after the last closed round; None before round 1
     observation: dict | None = None  # what the agents see in the next round
     reason: str | None = None
@@ -234,6 +280,8 @@ class SpawnBatch(Wire):
     host_id: str
     ranges: list[tuple[int, int]]  # (first_agent_id, count)
     config: RunConfig
+    epoch: int = 0
+    restore: Restore | None = None  # restore the agents' declared state from this checkpoint
 
     @property
     def count(self) -> int:
@@ -245,6 +293,7 @@ class HostSpawned(Wire):
     host_id: str
     agents: int
     seconds: float
+    epoch: int = 0
 
 
 class RoundOpen(Wire):
@@ -259,6 +308,7 @@ class RoundOpen(Wire):
     observation: dict | None = None
     env_state: dict | None = None
     opened_at: float
+    epoch: int = 0
 
 
 class OutcomeBatch(Wire):
@@ -278,6 +328,7 @@ class OutcomeBatch(Wire):
     latency_ms: list[float]
     errors: list[str | None]
     group_ids: list[int] | None = None
+    epoch: int = 0
 
     @model_validator(mode="after")
     def _same_length(self) -> OutcomeBatch:
@@ -301,6 +352,7 @@ class RoundPartial(Wire):
     n: int = Field(ge=0)  # agents that answered (valid or not)
     n_valid: int = Field(ge=0)
     payload: dict
+    epoch: int = 0
 
 
 class RoundResult(Wire):
@@ -315,6 +367,18 @@ class RoundResult(Wire):
     observation: dict
     state: dict
     closed_at: float
+    epoch: int = 0
+
+
+class RunResumed(Wire):
+    """A run continues (resume) in a new epoch: rounds after `after_round` are played again,
+    so what was recorded of them is dropped; outcomes of older epochs are stale."""
+
+    run_id: str
+    epoch: int = Field(ge=1)
+    after_round: int = Field(ge=0)  # the last completed round: play continues with the next
+    hosts: list[str]
+    resumed_at: float
 
 
 class RunFault(Wire):
@@ -329,10 +393,11 @@ class RunFault(Wire):
 
 class RunDone(Wire):
     run_id: str
-    status: Literal["completed", "failed"]
+    status: Literal["completed", "failed", "cancelled"]
     rounds: int
     finished_at: float
     reason: str | None = None
+    epoch: int = 0
 
 
 class RunRecorded(Wire):

@@ -28,6 +28,9 @@ class Settings(BaseSettings):
     max_in_flight: int = Field(1_000_000, ge=1)  # concurrent agent turns per host
     one_agent_per_process: bool = False  # host flag: run every agent in its own OS process
     outcome_batch_size: int = Field(1000, ge=1, le=20_000)
+    # Save the agents' declared state after every round (what resume, fork and a host's
+    # replacement start from). Off only to measure what it costs.
+    checkpoints: bool = True
     infer_batch_size: int = Field(1000, ge=1, le=20_000)
     infer_flush_ms: float = Field(5.0, ge=0)
     infer_timeout_s: float = Field(60.0, gt=0)

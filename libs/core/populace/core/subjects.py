@@ -21,9 +21,27 @@ REPLICAS_BUCKET = "replicas"
 
 # --- object store: content-addressed blobs (personas files), named by their sha256 ----
 PERSONAS_BUCKET = "personas"
+# --- object store: what a run needs to continue after a round (agents' and env's state) --
+CHECKPOINTS_BUCKET = "checkpoints"
+
+
+def checkpoint_agents(rid: str, n: int, first: int) -> str:
+    """The declared state of the agents of one id range, after round n."""
+    return f"{rid}.{n}.agents.{first}"
+
+
+def checkpoint_agents_prefix(rid: str, n: int) -> str:
+    return f"{rid}.{n}.agents."
+
+
+def checkpoint_env(rid: str, n: int) -> str:
+    """The environment's state and next observation after round n."""
+    return f"{rid}.{n}.env"
 
 # --- control plane -------------------------------------------------------------------
 RUN_START = "ctl.run.start"
+RUN_CANCEL = "ctl.run.cancel"
+RUN_RESUME = "ctl.run.resume"
 
 # --- inference (core request/reply with a queue group) -------------------------------
 LLM_INFER = "llm.infer"
@@ -75,6 +93,10 @@ def run_fault(rid: str, source: str) -> str:
     return f"run.{rid}.fault.{source}"
 
 
+def run_resumed(rid: str) -> str:
+    return f"run.{rid}.resumed"
+
+
 def run_done(rid: str) -> str:
     return f"run.{rid}.done"
 
@@ -102,6 +124,7 @@ ANY_RUN_DONE = "run.*.done"
 ANY_FAULT = "run.*.fault.*"
 # Documented (AsyncAPI) as what services publish; never subscribed to with these wildcards.
 ANY_STARTED = "run.*.started"
+ANY_RESUMED = "run.*.resumed"
 ANY_SPAWN = "run.*.spawn.*"
 ANY_OUTCOMES = "run.*.outcomes.*.*"
 ANY_CALLS = "run.*.calls.*.*"
@@ -114,9 +137,10 @@ def any_spawn_for(host_id: str) -> str:
     return ANY_RUN_SPAWN_FOR.format(host_id=host_id)
 
 
-def msg_id(rid: str, n: int, shard: str | int, kind: str) -> str:
-    """JetStream de-duplication id: a retried publish of the same thing is stored once."""
-    return f"{rid}.{n}.{shard}.{kind}"
+def msg_id(rid: str, n: int, shard: str | int, kind: str, epoch: int = 0) -> str:
+    """JetStream de-duplication id: a retried publish of the same thing is stored once. A
+    resumed run plays again in a new epoch, whose events are new things."""
+    return f"{rid}.{n}.{shard}.{kind}" if not epoch else f"{rid}.e{epoch}.{n}.{shard}.{kind}"
 
 
 def kind_of(subject: str) -> str:

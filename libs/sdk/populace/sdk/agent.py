@@ -50,10 +50,14 @@ class Agent:
         return {name: getattr(self, name) for name in self.state_fields}
 
     def restore(self, state: dict[str, Any]) -> None:
+        """Set the declared state from a checkpoint (JSON: the memory's items come back as
+        tuples, as `remember` keeps them)."""
         for name in self.state_fields:
             if name in state:
                 value = state[name]
-                setattr(self, name, tuple(value) if name == "memory" else value)
+                if name == "memory":
+                    value = tuple(tuple(v) if isinstance(v, list) else v for v in value or ())
+                setattr(self, name, value)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.id})"

@@ -24,6 +24,8 @@ class HostedRun:
     env: Env
     agents: list[Agent]
     player: RoundPlayer
+    ranges: list[tuple[int, int]] = field(default_factory=list)
+    epoch: int = 0
     rounds_played: set[int] = field(default_factory=set)
 
     @property
@@ -38,6 +40,31 @@ class HostedRun:
             return self.env.observe(self.env.start(), round_).model_copy(update={"round": round_})
         return cls.model_validate({**payload, "round": round_})
 
+    async def snapshot(self) -> list[tuple[int, int, dict[str, list]]]:
+        """Each range's agents' declared state, columnar: [(first, count, {field: values})]."""
+        fields = type(self.sim).Agent.state_fields
+        out = []
+        i = 0
+        for first, count in self.ranges:
+            agents = self.agents[i:i + count]
+            i += count
+            if agents and isinstance(agents[0], ProcessAgent):
+                states = [await a.fetch_state() for a in agents]  # type: ignore[attr-defined]
+                columns = {f: [s.get(f) for s in states] for f in fields}
+            else:
+                columns = {f: [getattr(a, f) for a in agents] for f in fields}
+            out.append((first, count, columns))
+        return out
+
+    def restore(self, states: dict[int, dict]) -> None:
+        """Set every agent's declared state (by agent id) from a checkpoint."""
+        missing = [a.id for a in self.agents if a.id not in states]
+        if missing:
+            raise ValueError(f"run {self.run_id}: the checkpoint has no state for agents {missing[:5]}"
+                             f"{' …' if len(missing) > 5 else ''}")
+        for a in self.agents:
+            a.restore(states[a.id])
+
     def stop(self) -> None:
         for a in self.agents:
             if isinstance(a, ProcessAgent):
@@ -45,7 +72,8 @@ class HostedRun:
 
 
 def host_run(resolved: Resolved, run_id: str, ranges: list[tuple[int, int]], cast: Cast | None = None, *,
-             one_per_process: bool = False, max_in_flight: int = 1_000_000, freeze: bool = True) -> HostedRun:
+             one_per_process: bool = False, max_in_flight: int = 1_000_000, freeze: bool = True,
+             epoch: int = 0) -> HostedRun:
     """Create this process's agents for a run (persona i is agent i's, by reference)."""
     if cast is not None and ranges:
         last = max(first + count for first, count in ranges)
@@ -59,7 +87,7 @@ def host_run(resolved: Resolved, run_id: str, ranges: list[tuple[int, int]], cas
     if one_per_process:
         agents = [ProcessAgent(a) for a in agents]
     run = HostedRun(run_id, resolved, sim, type(sim).Env(sim), agents,
-                    RoundPlayer(sim, agents, max_in_flight=max_in_flight))
+                    RoundPlayer(sim, agents, max_in_flight=max_in_flight), ranges=list(ranges), epoch=epoch)
     if freeze:
         # Agents live for the whole run: move them out of the cyclic GC's generations so
         # each collection during a round does not walk a million long-lived objects.

@@ -214,13 +214,20 @@ class RoundPlayer:
             else:
                 deliver(agent, out, (now() - started) * 1000.0, error)
 
+        running: set[asyncio.Task] = set()
+
         def launch() -> None:
             i = state["next"]
             if i < total:
                 state["next"] = i + 1
-                loop.create_task(play(agents[i])).add_done_callback(on_done)
+                task = loop.create_task(play(agents[i]))
+                running.add(task)
+                task.add_done_callback(on_done)
 
-        def on_done(_task: asyncio.Task) -> None:
+        def on_done(task: asyncio.Task) -> None:
+            running.discard(task)
+            if finished.done():
+                return  # cancelled: launch nothing more
             state["left"] -= 1
             if state["left"] == 0:
                 finished.set_result(None)
@@ -234,7 +241,14 @@ class RoundPlayer:
         flush = getattr(llm, "flush", None)
         if flush is not None:
             flush()  # send what is queued now rather than after the flush timer
-        await finished
+        try:
+            await finished
+        except asyncio.CancelledError:
+            # the run was cancelled (or replaced): its agents' turns stop with it
+            finished.cancel()
+            for task in list(running):
+                task.cancel()
+            raise
         if self._failure is not None:
             raise self._failure
 

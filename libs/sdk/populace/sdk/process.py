@@ -56,6 +56,12 @@ def _child_main(conn: Connection, agent: Agent) -> None:
             except Exception:  # noqa: BLE001, S110 - the host already recorded the outcome
                 pass
             continue
+        if msg[0] == "state":
+            conn.send(("state", agent.state()))
+            continue
+        if msg[0] == "restore":
+            agent.restore(msg[1])
+            continue
         try:
             out = loop.run_until_complete(agent.turn(msg[1], llm))
         except InferError as err:
@@ -117,6 +123,19 @@ class ProcessAgent(Agent):
 
     def settled(self, outcome: Outcome, news: Any) -> None:
         self.conn.send(("settled", outcome, news))
+
+    def state(self) -> dict[str, Any]:
+        raise TypeError("a process agent's state lives in its process: await fetch_state()")
+
+    async def fetch_state(self) -> dict[str, Any]:
+        """The child's agent's declared state (between rounds: nothing else is on the pipe).
+        Async: the event loop watches the pipe (non-blocking), so a blocking recv would fail."""
+        self.conn.send(("state",))
+        reply = await self._recv()
+        return reply[1]
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.conn.send(("restore", state))
 
     def stop(self) -> None:
         try:

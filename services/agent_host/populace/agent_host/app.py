@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from faststream import FastStream
 from populace.agent_host.runtime import HostRuntime
-from populace.core import bus, objects, subjects, telemetry
+from populace.core import bus, checkpoints, objects, subjects, telemetry
 from populace.core.contracts import (
     HostInfo, HostSpawned, InferBatch, OutcomeBatch, Progress, RoundOpen, RoundPartial, RunDone, RunFault, SpawnBatch,
 )
@@ -67,10 +67,10 @@ class AgentHost:
             for rid in list(self.runtime.runs):
                 self.runtime.forget(rid)
 
-    async def report_fault(self, run_id: str, round_: int | None, reason: str) -> None:
+    async def report_fault(self, run_id: str, round_: int | None, reason: str, epoch: int = 0) -> None:
         await bus.publish_js(self.svc.js, subjects.run_fault(run_id, self.host_id),
                              RunFault(run_id=run_id, source=self.host_id, round=round_, reason=reason),
-                             msg_id=subjects.msg_id(run_id, round_ or 0, self.host_id, "fault"))
+                             msg_id=subjects.msg_id(run_id, round_ or 0, self.host_id, "fault", epoch))
 
     async def load_cast(self, batch: SpawnBatch) -> Cast | None:
         """The run's personas, read once per file from the object store (cached by digest: a
@@ -90,11 +90,13 @@ class AgentHost:
         try:
             cast = await self.load_cast(batch)
             run = self.runtime.spawn(batch, cast)  # type: ignore[union-attr]
-        except (objects.BlobError, PopulationError, SimulationError, ValueError) as err:
+            await self.runtime.restore(run, batch)  # type: ignore[union-attr]
+        except (objects.BlobError, PopulationError, SimulationError, ValueError, checkpoints.CheckpointError) as err:
             detail = format_validation_error(err) if isinstance(err, ValidationError) else str(err)
             reason = f"agent-host {self.host_id} cannot host run {batch.run_id}: {detail}"
             self.svc.log.error("spawn_failed", run_id=batch.run_id, error=reason)
-            await self.report_fault(batch.run_id, None, reason)
+            self.runtime.forget(batch.run_id)  # type: ignore[union-attr]
+            await self.report_fault(batch.run_id, None, reason, batch.epoch)
             return
         seconds = time.perf_counter() - t0
         self.svc.log.info("agents_spawned", run_id=batch.run_id, agents=len(run.agents),
@@ -102,8 +104,9 @@ class AgentHost:
                           one_per_process=batch.config.placement.agents_per_process == 1)
         await bus.publish_js(
             self.svc.js, subjects.run_spawned(batch.run_id, self.host_id),
-            HostSpawned(run_id=batch.run_id, host_id=self.host_id, agents=len(run.agents), seconds=seconds),
-            msg_id=subjects.msg_id(batch.run_id, 0, self.host_id, "spawned"),
+            HostSpawned(run_id=batch.run_id, host_id=self.host_id, agents=len(run.agents), seconds=seconds,
+                        epoch=batch.epoch),
+            msg_id=subjects.msg_id(batch.run_id, 0, self.host_id, "spawned", batch.epoch),
         )
 
     async def on_round_open(self, opened: RoundOpen, msg: NatsMessage) -> None:
@@ -111,8 +114,10 @@ class AgentHost:
         self.runtime.start_round(opened, telemetry.extract(msg.headers))  # type: ignore[union-attr]
 
     async def on_done(self, done: RunDone) -> None:
-        """A run ended: its agents go."""
-        self.runtime.forget(done.run_id)  # type: ignore[union-attr]
+        """A run stopped (completed, failed, cancelled): its round in play stops, its agents go."""
+        run = self.runtime.runs.get(done.run_id)  # type: ignore[union-attr]
+        if run is not None and run.epoch <= done.epoch:
+            self.runtime.forget(done.run_id)  # type: ignore[union-attr]
 
 
 def create(settings: Settings | None = None) -> Service:

@@ -15,9 +15,10 @@ from populace.sdk.play import OutcomeBatch as Batch, RoundShare
 
 
 class OutcomePublisher:
-    def __init__(self, nc: Client, js: JetStreamContext, *, run_id: str, round_: int, host_id: str) -> None:
+    def __init__(self, nc: Client, js: JetStreamContext, *, run_id: str, round_: int, host_id: str,
+                 epoch: int = 0) -> None:
         self._nc, self._js = nc, js
-        self.run_id, self.round, self.host_id = run_id, round_, host_id
+        self.run_id, self.round, self.host_id, self.epoch = run_id, round_, host_id, epoch
         # (subject, data, headers, PubAck future) of every batch, until the round closes
         self._sent: list[tuple[str, bytes, dict, asyncio.Future]] = []
         self._publishing: list[asyncio.Task] = []
@@ -27,7 +28,7 @@ class OutcomePublisher:
         envelope = OutcomeBatch.model_construct(
             v=1, run_id=self.run_id, round=self.round, host_id=self.host_id, seq=batch.seq,
             agent_ids=batch.agent_ids, columns=batch.columns, valid=batch.valid, raws=batch.raws,
-            latency_ms=batch.latency_ms, errors=batch.errors, group_ids=batch.group_ids,
+            latency_ms=batch.latency_ms, errors=batch.errors, group_ids=batch.group_ids, epoch=self.epoch,
         )
         metrics.batch("agent-host", "outcomes", len(batch.agent_ids))
         self._publishing.append(asyncio.get_running_loop().create_task(self._publish(envelope)))
@@ -36,7 +37,8 @@ class OutcomePublisher:
         shard = f"{self.host_id}-{batch.seq}"
         data = batch.model_dump_json().encode()
         subject = subjects.run_outcomes(self.run_id, self.round, self.host_id)
-        headers = telemetry.inject({"Nats-Msg-Id": subjects.msg_id(self.run_id, self.round, shard, "outcomes")})
+        headers = telemetry.inject({"Nats-Msg-Id": subjects.msg_id(self.run_id, self.round, shard, "outcomes",
+                                                                   self.epoch)})
         ack = await self._js.publish_async(subject, data, headers=headers)
         self._sent.append((subject, data, headers, ack))
         tick = Progress(run_id=self.run_id, round=self.round, host_id=self.host_id,
@@ -61,6 +63,7 @@ class OutcomePublisher:
         self._sent.clear()
         payload = share.partial.model_dump(mode="json") if share.partial is not None else {}
         partial = RoundPartial(run_id=self.run_id, round=self.round, host_id=self.host_id, n=share.n,
-                               n_valid=share.n_valid, payload=payload)
+                               n_valid=share.n_valid, payload=payload, epoch=self.epoch)
         await bus.publish_js(self._js, subjects.run_partial(self.run_id, self.round, self.host_id),
-                             partial, msg_id=subjects.msg_id(self.run_id, self.round, self.host_id, "partial"))
+                             partial, msg_id=subjects.msg_id(self.run_id, self.round, self.host_id, "partial",
+                                                             self.epoch))

@@ -19,7 +19,7 @@ from opentelemetry.context import Context
 from pydantic import ValidationError
 
 from faststream import FastStream
-from populace.core import bus, metrics, subjects, telemetry
+from populace.core import bus, checkpoints, metrics, subjects, telemetry
 from populace.core.contracts import RoundOpen, RoundPartial, RoundResult, RunFault
 from populace.core.scenario import format_validation_error
 from populace.core.service import Service
@@ -39,28 +39,29 @@ class Environment:
     def __init__(self, svc: Service) -> None:
         self.svc = svc
         self.runs: OrderedDict[str, RunTally] = OrderedDict()
-        self.failed: set[str] = set()  # runs whose simulation cannot be loaded here
+        self.failed: dict[str, int] = {}  # runs whose simulation failed here, with the epoch it failed in
         self.early: dict[str, list[tuple[RoundPartial, NatsMessage]]] = {}  # partials before any open
         self.round_contexts: dict[tuple[str, int], Context] = {}  # the orchestrator's round spans
 
-    async def fault(self, run_id: str, round_: int | None, reason: str) -> None:
-        self.failed.add(run_id)
+    async def fault(self, run_id: str, round_: int | None, reason: str, epoch: int = 0) -> None:
+        self.failed[run_id] = epoch
         self.svc.log.error("run_fault", run_id=run_id, round=round_, reason=reason)
         await bus.publish_js(self.svc.js, subjects.run_fault(run_id, "environment"),
                              RunFault(run_id=run_id, source="environment", round=round_, reason=reason),
-                             msg_id=subjects.msg_id(run_id, round_ or 0, "environment", "fault"))
+                             msg_id=subjects.msg_id(run_id, round_ or 0, "environment", "fault", epoch))
 
     async def tally_for(self, opened: RoundOpen) -> RunTally | None:
         tally = self.runs.get(opened.run_id)
-        if tally is not None or opened.run_id in self.failed:
-            return tally
+        if tally is not None or self.failed.get(opened.run_id, -1) >= opened.epoch:
+            return tally  # known, or failed in this epoch (a resume is a new chance)
+        self.failed.pop(opened.run_id, None)
         try:
             resolved = resolve(opened.config)
             env = resolved.simulation.Env(resolved.instance(opened.run_id))
         except (SimulationError, ValidationError) as err:
             detail = format_validation_error(err) if isinstance(err, ValidationError) else str(err)
             await self.fault(opened.run_id, opened.round, f"the environment service cannot load the run's "
-                                                          f"simulation: {detail}")
+                                                          f"simulation: {detail}", opened.epoch)
             return None
         tally = self.runs[opened.run_id] = RunTally(opened.run_id, resolved, env)
         while len(self.runs) > MAX_RUNS:
@@ -101,7 +102,7 @@ class Environment:
             result = step()
         except EnvironmentFailed as err:
             self.runs.pop(tally.run_id, None)
-            await self.fault(tally.run_id, round_, str(err))
+            await self.fault(tally.run_id, round_, str(err), tally.epoch)
             return
         if result is not None:
             await self.publish(result)
@@ -111,8 +112,10 @@ class Environment:
                 "environment.decide", context=self.round_contexts.pop((result.run_id, result.round), None),
                 attributes={"populace.run_id": result.run_id, "populace.round": result.round,
                             "populace.n_valid": result.n_valid}):
+            # The checkpoint first: a round whose result is out is a round a run can continue from.
+            await checkpoints.save_env(self.svc.js, result.run_id, result.round, result.state, result.observation)
             await bus.publish_js(self.svc.js, subjects.run_round_result(result.run_id, result.round), result,
-                                 msg_id=subjects.msg_id(result.run_id, result.round, "env", "result"))
+                                 msg_id=subjects.msg_id(result.run_id, result.round, "env", "result", result.epoch))
         metrics.ROUNDS.labels("environment").inc()
         self.svc.log.info("round_closed", run_id=result.run_id, round=result.round, n=result.n,
                           valid=result.n_valid, summary=result.summary)

@@ -22,9 +22,10 @@ from opentelemetry.trace import Span
 from pydantic import ValidationError
 
 from faststream import FastStream
-from populace.core import bus, metrics, subjects, telemetry
+from populace.core import bus, checkpoints, metrics, subjects, telemetry
 from populace.core.contracts import (
-    HostInfo, HostSpawned, RoundOpen, RoundResult, RunDone, RunFault, RunStart, RunStarted, RunState, SpawnBatch,
+    HostInfo, HostSpawned, RoundOpen, RoundResult, RunCancel, RunDone, RunFault, RunResume, RunResumed, RunStart,
+    RunStarted, RunState, SpawnBatch,
 )
 from populace.core.placement import PlacementError, place
 from populace.core.scenario import format_validation_error
@@ -125,7 +126,13 @@ class Orchestrator:
             placement = place(cfg.agents, hosts, unit=unit)
         except PlacementError as err:
             return await self.reject(rid, str(err))
-        state = workflow.new_run(rid, cfg, placement)
+        if start.fork is None:
+            state = workflow.new_run(rid, cfg, placement)
+        else:
+            try:
+                state = await self.fork_state(rid, start, placement)
+            except (ValueError, checkpoints.CheckpointError) as err:
+                return await self.reject(rid, f"cannot fork: {err}")
         try:
             await kv.create(rid, bus.encode(state))
         except Exception:  # noqa: BLE001 - key exists: a replayed start of a known run
@@ -137,29 +144,50 @@ class Orchestrator:
                         "populace.simulation": cfg.simulation})
         self.watched[rid] = set(placement)
         with trace.use_span(run_span, end_on_exit=False):
-            await self.announce(rid, resolved, placement, start.manifest)
+            await self.announce(state, resolved, start.manifest)
+
+    async def fork_state(self, rid: str, start: RunStart, placement: dict) -> RunState:
+        """A fork's first state: its parent's agents and environment after the fork's round."""
+        kv = await self.runs_kv()
+        try:
+            entry = await kv.get(start.fork.run_id)
+        except KeyNotFoundError:
+            raise ValueError(f"run {start.fork.run_id!r} is not known here") from None
+        parent = RunState.model_validate_json(entry.value)
+        k = start.fork.round
+        if k > workflow.completed(parent):
+            raise ValueError(f"run {parent.run_id} has completed {workflow.completed(parent)} rounds, "
+                             f"not {k}")
+        if parent.config.agents != start.config.agents:
+            raise ValueError(f"agents: a fork keeps its parent's {parent.config.agents} agents")
+        env_state, observation = await checkpoints.load_env(self.svc.js, parent.run_id, k)
+        return workflow.fork_run(rid, start.config, placement, parent, k, env_state, observation)
 
     async def reject(self, rid: str, reason: str) -> None:
         self.svc.log.warning("run_rejected", run_id=rid, reason=reason)
         await self.finish(rid, workflow.FinishRun("failed", 0, reason))
 
-    async def announce(self, rid: str, resolved: Resolved, placement: dict, manifest: dict | None = None) -> None:
-        cfg = resolved.config
-        js = self.svc.js
-        await bus.publish_js(js, subjects.run_started(rid),
-                             RunStarted(run_id=rid, config=cfg, started_at=time.time(), hosts=sorted(placement),
+    async def announce(self, state: RunState, resolved: Resolved, manifest: dict | None = None) -> None:
+        rid, cfg = state.run_id, resolved.config
+        await bus.publish_js(self.svc.js, subjects.run_started(rid),
+                             RunStarted(run_id=rid, config=cfg, started_at=time.time(), hosts=sorted(state.placement),
                                         tables=resolved.simulation.tables(), manifest=manifest),
                              msg_id=subjects.msg_id(rid, 0, "orch", "started"))
-        for host_id, ranges in placement.items():
-            await bus.publish_js(js, subjects.run_spawn(rid, host_id),
-                                 SpawnBatch(run_id=rid, host_id=host_id, ranges=ranges, config=cfg),
-                                 msg_id=subjects.msg_id(rid, 0, host_id, "spawn"))
+        await self.spawn(state)
         self.svc.log.info("run_placed", run_id=rid, simulation=cfg.simulation, agents=cfg.agents, rounds=cfg.rounds,
-                          hosts={h: sum(c for _, c in r) for h, r in placement.items()})
+                          hosts={h: sum(c for _, c in r) for h, r in state.placement.items()},
+                          fork=state.restore.model_dump() if state.restore else None)
+
+    async def spawn(self, state: RunState) -> None:
+        for host_id, ranges in state.placement.items():
+            await bus.publish_js(self.svc.js, subjects.run_spawn(state.run_id, host_id),
+                                 SpawnBatch(run_id=state.run_id, host_id=host_id, ranges=ranges, config=state.config,
+                                            epoch=state.epoch, restore=state.restore),
+                                 msg_id=subjects.msg_id(state.run_id, 0, host_id, "spawn", state.epoch))
 
     async def on_spawned(self, spawned: HostSpawned) -> None:
-        """A host created its agents; the last one opens round 1."""
-        await self.advance(spawned.run_id, lambda s: workflow.on_spawned(s, spawned.host_id))
+        """A host created its agents; the last one opens the first round to play."""
+        await self.advance(spawned.run_id, lambda s: workflow.on_spawned(s, spawned.host_id, spawned.epoch))
 
     async def on_result(self, result: RoundResult) -> None:
         """The environment decided a round: open the next, or finish."""
@@ -172,6 +200,28 @@ class Orchestrator:
         """A service cannot go on with a run: fail it now, with its reason."""
         self.svc.log.warning("run_fault", run_id=fault.run_id, source=fault.source, reason=fault.reason)
         await self.advance(fault.run_id, lambda s: workflow.on_failure(s, fault.reason))
+
+    async def on_cancel(self, cancel: RunCancel) -> None:
+        """Stop a run at once (its hosts drop the round in play); it can be resumed."""
+        await self.advance(cancel.run_id, lambda s: workflow.on_cancel(s, cancel.reason))
+
+    async def on_resume(self, resume: RunResume) -> None:
+        """Continue a failed or cancelled run after its last completed round, on the hosts up now."""
+        rid = resume.run_id
+        kv = await self.runs_kv()
+        try:
+            state = RunState.model_validate_json((await kv.get(rid)).value)
+        except KeyNotFoundError:
+            self.svc.log.warning("resume_unknown_run", run_id=rid)
+            return
+        try:
+            resolved = resolve(state.config)
+            unit = resolved.instance(rid).group_size() or 1 if resolved.simulation.GroupEnv else 1
+            placement = place(state.config.agents, await self.fresh_hosts(), unit=unit)
+        except (SimulationError, ValidationError, PlacementError) as err:
+            self.svc.log.warning("resume_refused", run_id=rid, reason=str(err))
+            return
+        await self.advance(rid, lambda s: workflow.on_resume(s, placement))
 
     # -- deciding and doing -------------------------------------------------------------
     async def advance(self, rid: str, decide: Callable[[RunState], tuple[RunState, list[workflow.Action]]]) -> None:
@@ -201,10 +251,26 @@ class Orchestrator:
             for action in actions:
                 if isinstance(action, workflow.OpenRound):
                     await self.open_round(new, action)
+                elif isinstance(action, workflow.SpawnAgents):
+                    await self.resumed(new)
                 else:
-                    await self.finish(rid, action)
+                    await self.finish(rid, action, new.epoch)
             return
         raise RuntimeError(f"run {rid}: could not update state (contention)")
+
+    async def resumed(self, state: RunState) -> None:
+        rid = state.run_id
+        self.watched[rid] = set(state.placement)
+        self.spans[rid] = tracer.start_span("orchestrator.run", attributes={
+            "populace.run_id": rid, "populace.epoch": state.epoch, "populace.agents": state.config.agents})
+        await bus.publish_js(self.svc.js, subjects.run_resumed(rid),
+                             RunResumed(run_id=rid, epoch=state.epoch, after_round=state.round,
+                                        hosts=sorted(state.placement), resumed_at=time.time()),
+                             msg_id=subjects.msg_id(rid, 0, "orch", "resumed", state.epoch))
+        with trace.use_span(self.spans[rid], end_on_exit=False):
+            await self.spawn(state)
+        self.svc.log.info("run_resumed", run_id=rid, epoch=state.epoch, after_round=state.round,
+                          hosts={h: sum(c for _, c in r) for h, r in state.placement.items()})
 
     async def open_round(self, state: RunState, action: workflow.OpenRound) -> None:
         rid = state.run_id
@@ -216,28 +282,29 @@ class Orchestrator:
             await bus.publish_js(
                 self.svc.js, subjects.run_round_open(rid, action.round),
                 RoundOpen(run_id=rid, round=action.round, expected=action.expected, config=state.config,
-                          observation=state.observation, env_state=state.env_state, opened_at=time.time()),
-                msg_id=subjects.msg_id(rid, action.round, "orch", "open"),
+                          observation=state.observation, env_state=state.env_state, opened_at=time.time(),
+                          epoch=state.epoch),
+                msg_id=subjects.msg_id(rid, action.round, "orch", "open", state.epoch),
             )
         metrics.ROUNDS.labels("orchestrator").inc()
         self.svc.log.info("round_opened", run_id=rid, round=action.round, expected=action.expected)
 
-    async def finish(self, rid: str, action: workflow.FinishRun) -> None:
+    async def finish(self, rid: str, action: workflow.FinishRun, epoch: int = 0) -> None:
         self.watched.pop(rid, None)
         run_span = self.spans.pop(rid, None)
         if run_span is None:  # a run rejected before it started: no trace to continue
-            await self.publish_done(rid, action)
+            await self.publish_done(rid, action, epoch)
             return
         if action.status != "completed":
             run_span.set_status(trace.StatusCode.ERROR, action.reason or action.status)
         with trace.use_span(run_span, end_on_exit=True):
-            await self.publish_done(rid, action)
+            await self.publish_done(rid, action, epoch)
 
-    async def publish_done(self, rid: str, action: workflow.FinishRun) -> None:
+    async def publish_done(self, rid: str, action: workflow.FinishRun, epoch: int = 0) -> None:
         await bus.publish_js(self.svc.js, subjects.run_done(rid),
                              RunDone(run_id=rid, status=action.status, rounds=action.rounds,
-                                     finished_at=time.time(), reason=action.reason),
-                             msg_id=subjects.msg_id(rid, 0, "orch", "done"))
+                                     finished_at=time.time(), reason=action.reason, epoch=epoch),
+                             msg_id=subjects.msg_id(rid, 0, "orch", "done", epoch))
         self.svc.log.info("run_finished", run_id=rid, status=action.status, rounds=action.rounds,
                           reason=action.reason)
 
@@ -264,10 +331,15 @@ def create(settings: Settings | None = None) -> Service:
                pull_sub=PullSub(batch_size=16), **durable)(orch.on_result)
     svc.handle(subjects.ANY_FAULT, RunFault, stream=run_stream, durable="orchestrator-fault",
                pull_sub=PullSub(batch_size=16), **durable)(orch.on_fault)
+    svc.handle(subjects.RUN_CANCEL, RunCancel, stream=ctl_stream, durable="orchestrator-cancel",
+               pull_sub=PullSub(batch_size=8), **durable)(orch.on_cancel)
+    svc.handle(subjects.RUN_RESUME, RunResume, stream=ctl_stream, durable="orchestrator-resume",
+               pull_sub=PullSub(batch_size=8), **durable)(orch.on_resume)
     svc.publishes(subjects.ANY_STARTED, RunStarted, "a run was placed; carries its simulation's tables")
     svc.publishes(subjects.ANY_SPAWN, SpawnBatch, "one host's agents, as id ranges")
     svc.publishes(subjects.ANY_ROUND_OPEN, RoundOpen, "once per round, with the environment's state")
-    svc.publishes(subjects.ANY_RUN_DONE, RunDone, "the run ended (completed or failed, with a reason)")
+    svc.publishes(subjects.ANY_RUN_DONE, RunDone, "the run stopped: completed, failed or cancelled (with a reason)")
+    svc.publishes(subjects.ANY_RESUMED, RunResumed, "a run continues in a new epoch after its last completed round")
     return svc
 
 

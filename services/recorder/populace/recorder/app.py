@@ -22,7 +22,8 @@ from pydantic import BaseModel, ValidationError
 from faststream import FastStream
 from populace.core import bus, metrics, objects, subjects, telemetry
 from populace.core.contracts import (
-    LlmCallBatch, OutcomeBatch, RoundResult, RunDone, RunRecorded, RunStarted, SimulationTables, SpawnBatch,
+    LlmCallBatch, OutcomeBatch, RoundResult, RunDone, RunRecorded, RunResumed, RunStarted, SimulationTables,
+    SpawnBatch,
 )
 from populace.core.service import Service
 from populace.core.settings import Settings
@@ -35,7 +36,7 @@ DESCRIPTION = ("Writes every run event to DuckDB exactly once (each simulation's
 # Events the recorder writes; everything else on `run.>` is acknowledged and skipped.
 RECORDED: dict[str, type[BaseModel]] = {
     "started": RunStarted, "spawn": SpawnBatch, "outcomes": OutcomeBatch,
-    "round.result": RoundResult, "done": RunDone, "calls": LlmCallBatch,
+    "round.result": RoundResult, "done": RunDone, "calls": LlmCallBatch, "resumed": RunResumed,
 }
 ACK_WAIT_S = 120.0
 
@@ -134,6 +135,9 @@ class Recorder:
         first: dict[str, Msg] = {}  # each run's first message here: its trace context parents our span
         for e, raw in parsed:
             first.setdefault(e.model.run_id, raw)
+            if isinstance(e.model, RunResumed):
+                self.active.add(e.model.run_id)
+                self.finished.pop(e.model.run_id, None)
             if isinstance(e.model, RunStarted):
                 self.active.add(e.model.run_id)
                 pop = e.model.config.population
@@ -182,13 +186,13 @@ class Recorder:
             got, expected = await asyncio.to_thread(self.store.completeness, rid)
             if got < expected:
                 continue  # some outcome batches are still on their way (redelivery): wait for them
-            self.finished.pop(rid)
+            epoch = self.finished.pop(rid).epoch
             self.active.discard(rid)
             if not self.active and not self.finished:
                 self.store.close()  # release the file for readers between runs
             await bus.publish_js(self.svc.js, subjects.run_recorded(rid),
                                  RunRecorded(run_id=rid, outcomes=got, db_path=self.store.path),
-                                 msg_id=subjects.msg_id(rid, 0, "recorder", "recorded"))
+                                 msg_id=subjects.msg_id(rid, 0, "recorder", "recorded", epoch))
             self.svc.log.info("run_recorded", run_id=rid, outcomes=got, db=self.store.path)
 
 

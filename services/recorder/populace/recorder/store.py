@@ -20,7 +20,7 @@ import duckdb
 import pyarrow as pa
 
 from populace.core.contracts import (
-    LlmCallBatch, OutcomeBatch, RoundResult, RunDone, RunStarted, SimulationTables, SpawnBatch,
+    LlmCallBatch, OutcomeBatch, RoundResult, RunDone, RunResumed, RunStarted, SimulationTables, SpawnBatch,
 )
 from populace.population.errors import PopulationError
 from populace.population.jsonl import parse_personas
@@ -44,6 +44,7 @@ CREATE TABLE IF NOT EXISTS _ingested (msg_id VARCHAR PRIMARY KEY);
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS manifest_json JSON;
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS simulation VARCHAR;
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS tables_json JSON;
+CREATE TABLE IF NOT EXISTS _resumes (run_id VARCHAR, epoch INTEGER, after_round INTEGER, resumed_at TIMESTAMP);
 """
 
 ARROW = {"DOUBLE": pa.float64(), "BIGINT": pa.int64(), "VARCHAR": pa.string(), "BOOLEAN": pa.bool_(),
@@ -99,6 +100,7 @@ class Store:
         self.path = str(path)
         self._con: duckdb.DuckDBPyConnection | None = None
         self._tables: dict[str, SimulationTables] = {}  # by run id
+        self._resumes: dict[str, list[tuple[int, int]]] = {}  # by run id: (epoch, after_round), oldest first
         self._ready: set[tuple[str, str]] = set()  # (table, spec) pairs created this connection
 
     @property
@@ -155,6 +157,17 @@ class Store:
         self._ensure(run_id, spec.rounds, summary_columns(spec))
 
     # -- ingestion ------------------------------------------------------------------------
+    def resumes_of(self, run_id: str) -> list[tuple[int, int]]:
+        if run_id not in self._resumes:
+            self._resumes[run_id] = [(e, a) for e, a in self.con.execute(
+                "SELECT epoch, after_round FROM _resumes WHERE run_id = ? ORDER BY epoch", [run_id]).fetchall()]
+        return self._resumes[run_id]
+
+    def stale(self, run_id: str, round_: int, epoch: int) -> bool:
+        """Played in an epoch a later resume replaced: a round after that resume's last
+        completed round is played again, and only the new epoch's rows count."""
+        return any(e > epoch and round_ > after for e, after in self.resumes_of(run_id))
+
     def _unseen(self, events: list[Event]) -> list[Event]:
         ids = [e.msg_id for e in events]
         seen = {r[0] for r in self.con.execute(
@@ -182,6 +195,8 @@ class Store:
                 m = e.model
                 if isinstance(m, OutcomeBatch):
                     outcomes[m.run_id].append(m)
+                elif isinstance(m, RunResumed):
+                    self._resume(m)
                 elif isinstance(m, LlmCallBatch):
                     con.execute(
                         "INSERT INTO llm_calls SELECT ?, ?, unnest(?), unnest(?), unnest(?), unnest(?), "
@@ -204,12 +219,16 @@ class Store:
                         self._insert_profiles(m.run_id, m.config.agents, e.blob)
                 elif isinstance(m, SpawnBatch):
                     for first, count in m.ranges:
+                        if m.epoch > 0:  # a resume placed these agents again: where they live now
+                            con.execute("DELETE FROM agents WHERE run_id = ? AND agent_id >= ? AND agent_id < ?",
+                                        [m.run_id, first, first + count])
                         con.execute(
                             "INSERT INTO agents SELECT ?, range, ?, NULL FROM range(?, ?)",
                             [m.run_id, m.host_id, first, first + count],
                         )
                 elif isinstance(m, RoundResult):
-                    self._insert_round(m)
+                    if not self.stale(m.run_id, m.round, m.epoch):
+                        self._insert_round(m)
                 elif isinstance(m, RunDone):
                     con.execute(
                         "UPDATE runs SET finished_at = ?, status = ?, reason = ? WHERE run_id = ?",
@@ -217,12 +236,16 @@ class Store:
                     )
                     out.finished.append(m)
             for run_id, batches in outcomes.items():
-                out.outcomes += self._insert_outcomes(run_id, batches)
+                # filtered here, after every resume of this fetch: its batches wait to the end
+                batches = [b for b in batches if not self.stale(b.run_id, b.round, b.epoch)]
+                if batches:
+                    out.outcomes += self._insert_outcomes(run_id, batches)
             con.execute("INSERT INTO _ingested SELECT unnest(?)", [[e.msg_id for e in fresh]])
             con.execute("COMMIT")
         except Exception:
             con.execute("ROLLBACK")
             self._ready.clear()  # tables created in the rolled-back transaction are gone again
+            self._resumes.clear()  # and resumes recorded in it: read them again
             raise
         return out
 
@@ -232,6 +255,17 @@ class Store:
             raise StoreError(run_id, "no started event recorded, so its tables are unknown")
         self.ensure_tables(run_id, spec)
         return spec
+
+    def _resume(self, m: RunResumed) -> None:
+        """Rounds after `after_round` are played again: what was recorded of them goes."""
+        spec = self._spec(m.run_id)
+        con = self.con
+        for table in (spec.outcomes, spec.rounds, "llm_calls"):
+            con.execute(f"DELETE FROM {_q(table)} WHERE run_id = ? AND round > ?", [m.run_id, m.after_round])
+        con.execute("UPDATE runs SET status = 'running', finished_at = NULL, reason = NULL, hosts = ? "
+                    "WHERE run_id = ?", [m.hosts, m.run_id])
+        con.execute("INSERT INTO _resumes VALUES (?, ?, ?, ?)", [m.run_id, m.epoch, m.after_round, ts(m.resumed_at)])
+        self.resumes_of(m.run_id).append((m.epoch, m.after_round))
 
     def _insert_outcomes(self, run_id: str, batches: list[OutcomeBatch]) -> int:
         spec = self._spec(run_id)

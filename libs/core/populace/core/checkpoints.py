@@ -1,0 +1,93 @@
+"""Checkpoints on the bus: what a run needs to continue after a round, in the object store
+`checkpoints` — its agents' declared state (one object per agent id range, written by the
+host that played the range) and its environment's state and next observation (written by the
+environment before it publishes the round's result). A round that closed is therefore a round
+that can be continued from: resume, fork and a host's replacement all start there.
+
+The agents' state is columnar JSON: {"first": 0, "count": n, "fields": {"memory": [...]}}."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError, ObjectNotFoundError
+from pydantic_core import from_json, to_json
+
+from populace.core import subjects
+from populace.core.bus import until_ready
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing or unreadable."""
+
+
+# A checkpoint outlasts a NATS leader election (seconds): retried for about a minute before
+# the round gives up on it.
+ATTEMPTS = 35
+
+
+async def put(js: JetStreamContext, name: str, value: object) -> int:
+    """Store a JSON value under `name`; returns its size in bytes."""
+    data = to_json(value)
+
+    async def step():
+        store = await js.object_store(subjects.CHECKPOINTS_BUCKET)
+        await store.put(name, data)
+
+    await until_ready(step, f"checkpoint {name}", attempts=ATTEMPTS)
+    return len(data)
+
+
+async def get(js: JetStreamContext, name: str) -> object:
+    async def step():
+        store = await js.object_store(subjects.CHECKPOINTS_BUCKET)
+        return await store.get(name)
+
+    try:
+        result = await until_ready(step, f"checkpoint {name}", attempts=ATTEMPTS)
+    except (NotFoundError, ObjectNotFoundError):
+        raise CheckpointError(f"checkpoint {name} is not in the object store '{subjects.CHECKPOINTS_BUCKET}'") from None
+    try:
+        return from_json(result.data or b"")
+    except ValueError as err:
+        raise CheckpointError(f"checkpoint {name} is not valid JSON: {err}") from None
+
+
+async def save_agents(js: JetStreamContext, rid: str, round_: int, first: int, count: int,
+                      fields: dict[str, list]) -> int:
+    return await put(js, subjects.checkpoint_agents(rid, round_, first),
+                     {"first": first, "count": count, "fields": fields})
+
+
+async def load_agents(js: JetStreamContext, rid: str, round_: int, layout: Iterable[tuple[int, int]],
+                      wanted: Iterable[tuple[int, int]]) -> dict[int, dict[str, object]]:
+    """The state of every agent in `wanted` ranges, by agent id, read from the checkpoint
+    objects of `layout` (the ranges the checkpoint was written in) that overlap them."""
+    wanted = [(f, f + c) for f, c in wanted]
+    out: dict[int, dict[str, object]] = {}
+    for first, count in layout:
+        lo, hi = first, first + count
+        if not any(a < hi and lo < b for a, b in wanted):
+            continue
+        chunk = await get(js, subjects.checkpoint_agents(rid, round_, first))
+        if not isinstance(chunk, dict) or chunk.get("first") != first or chunk.get("count") != count:
+            raise CheckpointError(f"checkpoint {subjects.checkpoint_agents(rid, round_, first)} does not hold "
+                                  f"agents {first}..{first + count - 1}")
+        fields: dict[str, list] = chunk["fields"]
+        for offset in range(count):
+            aid = first + offset
+            if any(a <= aid < b for a, b in wanted):
+                out[aid] = {name: values[offset] for name, values in fields.items()}
+    return out
+
+
+async def save_env(js: JetStreamContext, rid: str, round_: int, state: dict, observation: dict) -> int:
+    return await put(js, subjects.checkpoint_env(rid, round_), {"state": state, "observation": observation})
+
+
+async def load_env(js: JetStreamContext, rid: str, round_: int) -> tuple[dict, dict]:
+    value = await get(js, subjects.checkpoint_env(rid, round_))
+    if not isinstance(value, dict) or not isinstance(value.get("state"), dict):
+        raise CheckpointError(f"checkpoint {subjects.checkpoint_env(rid, round_)} is not an environment's state")
+    return value["state"], value.get("observation") or {}
