@@ -8,8 +8,12 @@ The server runs the deploy file itself, preceded by concrete values for its
 - a service (agent-host) cannot publish, subscribe or call the JetStream API outside
   its list — while its own subjects still work;
 - the lists are sufficient, not only restrictive: every service runs as its own user,
-  a game is played as `cli` to the end, malformed input is dead-lettered by each
-  service, and the server logs no permission violation beyond the one documented below.
+  a game is played as `cli` to the end; as `cli`, a run is cancelled while a round is in
+  play, resumed to its end, and a run is forked after a round (checkpoints written and read
+  back by the hosts, the environment and the orchestrator); malformed input is
+  dead-lettered by each service, and the server logs no permission violation;
+- the checkpoint writers (agent-host, environment) may replace a checkpoint, as a replayed
+  round does, and nobody else may write or purge the checkpoints.
 """
 
 from __future__ import annotations
@@ -27,12 +31,13 @@ import nats
 import nats.errors
 import pytest
 from populace.core.processes import stop_all
-from populace.core import bus, subjects
+from populace.core import bus, checkpoints, subjects
 from populace.client.prepare import prepare
-from populace.core.contracts import HostInfo, RunConfig, RunStart, ServiceInfo
+from populace.core.contracts import HostInfo, RoundOpen, RunConfig, RunStart, ServiceInfo
 from populace.core.natsserver import EmbeddedNats
 
-from populace.client.run import play
+from populace.cli import steer
+from populace.client.run import RunOutcome, new_run_id, play, run_state
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -200,6 +205,51 @@ async def test_service_cannot_act_outside_its_permissions(server):
         await admin.close()
 
 
+async def test_checkpoints_are_replaced_by_their_writers_only(server):
+    """A round played again (after a resume) writes the same checkpoint names: nats-py's
+    put() of a name that is there purges the old object's chunks, which the writers may do on
+    OBJ_checkpoints. Readers read; nobody else writes or purges."""
+    admin, ajs = await admin_js(server.url)
+    errors: list[str] = []
+    conns = {u: await connect_as(server.url, u, errors if u == "orchestrator" else None)
+             for u in ("agent-host", "environment", "orchestrator")}
+    try:
+        host, env, orch = (conns[u].jetstream(timeout=2.0) for u in ("agent-host", "environment", "orchestrator"))
+        for round_ in (1, 2):  # the second write replaces the first
+            await checkpoints.save_agents(host, "r1", 3, 0, 2, {"memory": [[round_], [round_]]})
+            await checkpoints.save_env(env, "r1", 3, {"history": [round_]}, {"round": round_})
+        # One chunk and one metadata message per object: the replaced chunks were purged.
+        assert await messages(ajs, f"OBJ_{subjects.CHECKPOINTS_BUCKET}") == 4
+        assert await checkpoints.load_agents(host, "r1", 3, [(0, 2)], [(0, 2)]) == {
+            0: {"memory": [2]}, 1: {"memory": [2]}}
+        assert await checkpoints.load_env(orch, "r1", 3) == ({"history": [2]}, {"round": 2})
+        assert server_violations(server) == []
+
+        # The orchestrator reads checkpoints but may not write one (nor purge what it failed
+        # to write: put() tries) …
+        with pytest.raises(nats.errors.TimeoutError):
+            store = await orch.object_store(subjects.CHECKPOINTS_BUCKET)
+            await store.put("r1.3.env", b"{}")
+        await eventually(lambda: any('permissions violation for publish to "$o.checkpoints.c.' in e
+                                     for e in errors), what="chunk publish violation")
+        # … nor purge them; the `cli` may not even look at them.
+        with pytest.raises(nats.errors.TimeoutError):
+            await orch.purge_stream(f"OBJ_{subjects.CHECKPOINTS_BUCKET}")
+        cli = await connect_as(server.url, "cli")
+        conns["cli"] = cli
+        with pytest.raises(nats.errors.TimeoutError):
+            await cli.jetstream(timeout=1.0).object_store(subjects.CHECKPOINTS_BUCKET)
+        assert await messages(ajs, f"OBJ_{subjects.CHECKPOINTS_BUCKET}") == 4
+        assert await checkpoints.load_env(orch, "r1", 3) == ({"history": [2]}, {"round": 2})
+        refused = {re.sub(r'\$O\.checkpoints\.C\.\w+', '$O.checkpoints.C.<nuid>', line.split("Subject ")[-1])
+                   for line in server_violations(server)}
+        assert refused == {'"$O.checkpoints.C.<nuid>"', '"$JS.API.STREAM.PURGE.OBJ_checkpoints"',
+                           '"$JS.API.STREAM.INFO.OBJ_checkpoints"'}, refused
+    finally:
+        for c in (*conns.values(), admin):
+            await c.close()
+
+
 # --- c. the whole system, one user per service ----------------------------------------
 def start_service(name: str, url: str, tmp_path: Path) -> subprocess.Popen:
     env = {
@@ -245,7 +295,33 @@ async def wait_registered(nc, procs, tmp_path: Path, timeout: float = 40.0) -> N
         await asyncio.sleep(0.1)
 
 
-async def test_game_with_one_user_per_service(server, tmp_path):
+# Steered runs: small, but each round lasts long enough (the dummy model's latency) for a
+# cancel to land while it is in play.
+STEERED = {"agents": 300, "rounds": 3, "seed": 3, "model": {"latency_s": 0.5, "seed": 21}}
+
+
+async def cancel_in_round(cli, url: str, round_: int) -> tuple[str, RunOutcome]:
+    """As `cli`: start a run and, as soon as `round_` opens, cancel it as `populace cancel`
+    does (KV runs read, run.<rid>.done followed, ctl.run.cancel published)."""
+    rid = new_run_id()
+    pending: list[asyncio.Future] = []
+
+    def on_event(kind: str, model: object) -> None:
+        if isinstance(model, RoundOpen) and model.round == round_ and not pending:
+            pending.append(asyncio.ensure_future(steer.cancel_run(url, rid, "enough for now")))
+
+    config = prepare(RunConfig.model_validate(STEERED)).config
+    out = await asyncio.wait_for(play(cli, config, run_id=rid, on_event=on_event, stall_s=20), timeout=60)
+    [(state, stopped)] = await asyncio.gather(*pending)
+    assert stopped is not None and stopped.status == "cancelled"  # the orchestrator confirmed
+    assert state.status == "cancelled"
+    return rid, out
+
+
+async def test_game_with_one_user_per_service(server, tmp_path, monkeypatch):
+    # `populace resume|fork` (populace.cli.steer) connect with the settings' credentials.
+    monkeypatch.setenv("POPULACE_NATS_USER", "cli")
+    monkeypatch.setenv("POPULACE_NATS_PASSWORD", PASSWORDS["cli"])
     procs: dict[str, subprocess.Popen] = {}
     try:
         for name in SERVICES:
@@ -261,11 +337,35 @@ async def test_game_with_one_user_per_service(server, tmp_path):
                 "population": {"config": str(EDUCATION)}}))
             out = await asyncio.wait_for(play(cli, prepared.config, personas=prepared.personas,
                                               manifest=prepared.manifest, stall_s=20), timeout=60)
+            assert out.status == "completed", out.reason
+            assert [r.round for r in out.results] == [1, 2]
+            assert out.recorded is not None and out.recorded.outcomes == 400
+
+            # Steering, as `cli`. Cancel while round 2 is in play (ctl.run.cancel → the
+            # orchestrator's durable orchestrator-cancel; the hosts drop the round) …
+            rid, stopped = await cancel_in_round(cli, server.url, 2)
+            assert (stopped.status, stopped.reason) == ("cancelled", "enough for now")
+            state = await run_state(cli, rid)  # KV runs, read
+            assert (state.status, state.round) == ("cancelled", 1)
+            # … resume (`populace resume`: KV runs and hosts read, ctl.run.resume, run.<rid>.resumed
+            # followed; the hosts restore their agents from round 1's checkpoints and replay
+            # round 2 in a new epoch) …
+            _, resumed = await asyncio.wait_for(steer.resume_run(server.url, rid, show_progress=False), timeout=60)
+            assert resumed.status == "completed", resumed.reason
+            assert "resumed" in resumed.marks
+            assert [r.round for r in resumed.results] == [2, 3]
+            assert resumed.recorded is not None and resumed.recorded.outcomes == 900
+            # … and fork the game after round 1 (`populace fork`: its parent's RunStarted read
+            # back from RUN for the manifest; the orchestrator reads the parent's environment
+            # checkpoint, the host its agents' checkpoint).
+            fork = await asyncio.wait_for(
+                steer.fork_run(server.url, out.run_id, 1, {}, show_progress=False, run_id=new_run_id()), timeout=60)
+            assert fork.outcome.status == "completed", fork.outcome.reason
+            assert [r.round for r in fork.outcome.results] == [2]
+            assert fork.outcome.recorded is not None and fork.outcome.recorded.outcomes == 200
+            assert fork.prepared.manifest["population"] == prepared.manifest["population"]  # the parent's
         finally:
             await cli.close()
-        assert out.status == "completed", out.reason
-        assert [r.round for r in out.results] == [1, 2]
-        assert out.recorded is not None and out.recorded.outcomes == 400
         assert cli_errors == []
 
         # Each service may dead-letter what it cannot parse: publish dlq.<service> and
@@ -297,8 +397,9 @@ async def test_game_with_one_user_per_service(server, tmp_path):
         killed = stop_all(procs)
     assert killed == [], f"had to kill {killed}"
     with duckdb.connect(str(tmp_path / "populace.duckdb"), read_only=True) as con:
-        assert con.execute("SELECT count(*) FROM agent_profiles").fetchone() == (200,)
-        assert con.execute("SELECT count(*) FROM runs WHERE manifest_json IS NOT NULL").fetchone() == (1,)
+        assert con.execute("SELECT count(*) FROM agent_profiles WHERE run_id = ?", [out.run_id]).fetchone() == (200,)
+        assert con.execute("SELECT count(*) FROM runs WHERE manifest_json IS NOT NULL").fetchone() == (2,)
+        assert con.execute("SELECT status FROM runs WHERE run_id = ?", [rid]).fetchone() == ("completed",)
 
     # Nothing any service needed was refused, start-up and shutdown included. (The
     # agent-host's core subscribers are no_reply: they used to answer JetStream events on
