@@ -105,7 +105,7 @@ def test_malformed_messages_are_dead_lettered_and_services_keep_serving(stack):
     garbage = b"\x00{definitely not a message"
     targets = {
         "orchestrator": [subjects.RUN_START, "run.junk.spawned.host-0", "run.junk.round.1.result"],
-        "environment": ["run.junk.round.1.open", "run.junk.partial.1.host-0"],
+        "environment": ["run.junk.round.1.open", "run.junk.partial.1.host-0.0"],
         "agent-host": ["run.junk.spawn.host-0", "run.junk.round.7.open"],
         "gateway": [subjects.LLM_INFER],
         "recorder": ["run.junk.outcomes.1.host-0"],

@@ -16,6 +16,7 @@ import sys
 import time
 
 import duckdb
+import nats.js.errors
 import pytest
 
 from populace.client.prepare import prepare, prepare_fork
@@ -239,7 +240,11 @@ def test_ctrl_c_in_run_detaches_and_follow_sees_the_run_to_its_end(stack, tmp_pa
         async def started(nc):
             kv = await nc.jetstream().key_value("runs")
             while time.monotonic() < deadline:
-                for key in await kv.keys():
+                try:
+                    keys = await kv.keys()
+                except nats.js.errors.NoKeysError:  # nothing written yet
+                    keys = []
+                for key in keys:
                     state = await run_state(nc, key)
                     if state and state.status == "running" and state.config.agents == 500:
                         return key

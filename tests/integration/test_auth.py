@@ -376,7 +376,7 @@ async def test_game_with_one_user_per_service(server, tmp_path, monkeypatch):
             garbage = b"\x00{not a message"
             inputs = {
                 "orchestrator": subjects.RUN_START,
-                "environment": "run.junk.partial.1.h",
+                "environment": "run.junk.partial.1.h.0",
                 "recorder": "run.junk.outcomes.1.h",
                 "agent-host": subjects.run_spawn("junk", HOST_ID),
             }

@@ -35,7 +35,7 @@ async def test_gateway_answers_every_prompt_of_a_batch():
     assert len(set(values)) > 10  # seeded per agent, not one constant
 
 
-@pytest.mark.parametrize("subject", ["run.r1.partial.1.h1", "run.r1.round.1.open"])
+@pytest.mark.parametrize("subject", ["run.r1.partial.1.h1.0", "run.r1.round.1.open"])
 async def test_environment_dead_letters_malformed_events_and_goes_on(subject):
     env = serve.build("environment", Settings())
     dead: list = []

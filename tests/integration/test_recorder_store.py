@@ -180,8 +180,8 @@ def test_a_table_another_simulation_declared_differently_is_refused(tmp_path):
     assert store.completeness("r1") == (20, 20)  # nothing of the refused transaction landed
 
 
-def _result(run_id: str, round_: int, mean: float, epoch: int = 0) -> RoundResult:
-    return RoundResult(run_id=run_id, round=round_, n=20, n_valid=17, epoch=epoch,
+def _result(run_id: str, round_: int, mean: float, epoch: int = 0, shares=("a@0", "b@0")) -> RoundResult:
+    return RoundResult(run_id=run_id, round=round_, n=20, n_valid=17, epoch=epoch, shares=list(shares),
                        summary={"mean": mean, "target": mean / 2, "winner_agent_id": 1, "winner_value": 1.0,
                                 "n_winners": 1}, observation={}, state={}, closed_at=1e9 + round_)
 
@@ -192,8 +192,9 @@ def _epoch(batch: OutcomeBatch, epoch: int) -> OutcomeBatch:
 
 def test_a_resume_replaces_the_rounds_it_replays_and_stale_epochs_never_count(tmp_path):
     """Round 2 was in play when the run was cancelled; the resume (epoch 1, after round 1)
-    plays it again. What the old epoch recorded of round 2 goes, whenever it arrives, and the
-    agents' hosts are where the resume placed them."""
+    places every agent again (share c@1) and plays round 2 again. What the replaced shares
+    recorded of round 2 goes, whenever it arrives, and the agents' hosts are where the resume
+    placed them."""
     store = Store(tmp_path / "x.duckdb")
     cfg = RunConfig(agents=20, rounds=2)
     first = events()[:3]  # started, spawn a, spawn b
@@ -209,11 +210,12 @@ def test_a_resume_replaces_the_rounds_it_replays_and_stale_epochs_never_count(tm
     late_old = Event("r1.g2b", "outcomes", guess_batch("r1", 2, "b", 1, ids_b))  # epoch 0, arrives after the resume
     store.ingest([
         Event("r1.resumed", "resumed", RunResumed(run_id="r1", epoch=1, after_round=1, hosts=["c"], resumed_at=1e9)),
-        Event("r1.spawn-c", "spawn", SpawnBatch(run_id="r1", host_id="c", ranges=[(0, 20)], config=cfg, epoch=1)),
+        Event("r1.spawn-c", "spawn", SpawnBatch(run_id="r1", host_id="c", ranges=[(0, 20)], config=cfg, epoch=1,
+                                                    from_round=2)),
         late_old,
         Event("r1.g2c", "outcomes", _epoch(guess_batch("r1", 2, "c", 0, ids_a + ids_b), 1)),
         Event("r1.res2-old", "round.result", _result("r1", 2, 99.0, epoch=0)),  # the old epoch's straggler
-        Event("r1.res2", "round.result", _result("r1", 2, 2.0, epoch=1)),
+        Event("r1.res2", "round.result", _result("r1", 2, 2.0, epoch=1, shares=("c@1",))),
         Event("r1.done1", "done", RunDone(run_id="r1", status="completed", rounds=2, finished_at=1e9, epoch=1)),
     ])
     con = store.con
@@ -229,3 +231,37 @@ def test_a_resume_replaces_the_rounds_it_replays_and_stale_epochs_never_count(tm
     again.ingest([Event("r1.g2b-redelivered", "outcomes", guess_batch("r1", 2, "b", 7, ids_b))])
     assert again.completeness("r1") == (40, 40)
     again.close()
+
+
+def test_a_lost_hosts_share_placed_again_replaces_only_its_agents_rows_from_the_round_in_play(tmp_path):
+    """Host b stopped in round 2 after part of its batches; its agents were placed on a
+    (share a@1, from round 2). Its rows of round 2 go, a's own rows stay, b's late batches and
+    the result decided with b never count; the result decided again counts."""
+    store = Store(tmp_path / "x.duckdb")
+    cfg = RunConfig(agents=20, rounds=2)
+    ids_a, ids_b = list(range(0, 10)), list(range(10, 20))
+    store.ingest(events()[:3] + [
+        Event("r1.g1a", "outcomes", guess_batch("r1", 1, "a", 0, ids_a)),
+        Event("r1.g1b", "outcomes", guess_batch("r1", 1, "b", 0, ids_b)),
+        Event("r1.res1", "round.result", _result("r1", 1, 1.0)),
+        Event("r1.g2a", "outcomes", guess_batch("r1", 2, "a", 1, ids_a)),
+        Event("r1.g2b-part", "outcomes", guess_batch("r1", 2, "b", 1, ids_b[:4])),
+    ])
+    store.ingest([
+        Event("r1.spawn-a1", "spawn", SpawnBatch(run_id="r1", host_id="a", ranges=[(10, 10)], config=cfg, epoch=1,
+                                                 from_round=2)),
+        Event("r1.g2b-late", "outcomes", guess_batch("r1", 2, "b", 2, ids_b[4:])),  # the lost host's straggler
+        Event("r1.res2-b", "round.result", _result("r1", 2, 99.0)),  # decided with b before the re-placement
+        Event("r1.g2a1", "outcomes", _epoch(guess_batch("r1", 2, "a", 0, ids_b), 1)),
+        Event("r1.res2", "round.result", _result("r1", 2, 2.0, epoch=1, shares=("a@0", "a@1"))),
+    ])
+    con = store.con
+    assert con.execute("SELECT round, count(*), count(DISTINCT agent_id) FROM guesses GROUP BY 1 ORDER BY 1"
+                       ).fetchall() == [(1, 20, 20), (2, 20, 20)]
+    assert con.execute("SELECT round, mean FROM rounds ORDER BY 1").fetchall() == [(1, 1.0), (2, 2.0)]
+    assert con.execute("SELECT host_id, min(agent_id), count(*) FROM agents GROUP BY 1 ORDER BY 1").fetchall() == [
+        ("a", 0, 20)]
+    # a forged batch from a share nobody placed never counts
+    store.ingest([Event("r1.forged", "outcomes", guess_batch("r1", 2, "intruder", 0, [0, 1]))])
+    assert store.completeness("r1") == (40, 40)
+    store.close()

@@ -32,6 +32,7 @@ INSTANCES: dict[str, BaseModel] = {
     "RunStart": c.RunStart(run_id="run-20240101_abc", config=CONFIG, requested_at=1700000000.5,
                            manifest={"config_hash": "x", "seeds": {"run": 11}}),
     "Restore": c.Restore(run_id="run-parent", round=3, ranges=[(0, 1250), (1250, 1250)]),
+    "Share": c.Share(host_id="h2", epoch=1, ranges=[(1250, 1250)], from_round=2, incarnation=17.5),
     "Layout": c.Layout(from_round=4, ranges=[(0, 2500)]),
     "RunCancel": c.RunCancel(run_id="r1", reason="enough data"),
     "RunResume": c.RunResume(run_id="r1"),
@@ -40,8 +41,9 @@ INSTANCES: dict[str, BaseModel] = {
                            started_at=1700000000.0, heartbeat_at=1700000005.0),
     "ServiceInfo": c.ServiceInfo(service="gateway", instance="gw-1", pid=77, heartbeat_at=1700000001.0),
     "RunState": c.RunState(run_id="r1", status="running", config=CONFIG,
-                           placement={"h1": [(0, 1250)], "h2": [(1250, 1250)]},
-                           spawned=["h1", "h2"], round=2, env_state={"winners": [33.0, 22.5]},
+                           shares=[c.Share(host_id="h1", ranges=[(0, 1250)], incarnation=1.5),
+                                   c.Share(host_id="h2", epoch=1, ranges=[(1250, 1250)], from_round=2)],
+                           spawned=["h1@0", "h2@1"], round=2, env_state={"winners": [33.0, 22.5]},
                            observation={"history": [33.0, 22.5]}, reason=None, updated_at=1700000009.0),
     "Column": c.Column(name="group_id", type="BIGINT"),
     "SimulationTables": TABLES,
@@ -252,7 +254,7 @@ def test_round_open_bounds(field, value):
 
 def test_run_state_status_is_closed_set():
     data = INSTANCES["RunState"].model_dump()
-    data["status"] = "paused"
+    data["status"] = "sleeping"
     with pytest.raises(ValidationError):
         c.RunState.model_validate(data)
 
@@ -261,7 +263,8 @@ def test_run_state_status_is_closed_set():
 def test_subject_builders():
     assert s.run_round_open("r1", 3) == "run.r1.round.3.open"
     assert s.run_round_result("r1", 3) == "run.r1.round.3.result"
-    assert s.run_partial("r1", 2, "h1") == "run.r1.partial.2.h1"
+    assert s.run_partial("r1", 2, "h1") == "run.r1.partial.2.h1.0"
+    assert s.run_partial("r1", 2, "h1", 3) == "run.r1.partial.2.h1.3"
     assert s.run_outcomes("r1", 2, "h1") == "run.r1.outcomes.2.h1"
     assert s.run_fault("r1", "environment") == "run.r1.fault.environment"
     assert s.run_spawn("r1", "h1") == "run.r1.spawn.h1"
@@ -306,7 +309,7 @@ def test_msg_id_is_deterministic_and_distinct():
 
 @pytest.mark.parametrize("pattern,title", [
     (s.ANY_ROUND_OPEN, "run.{run_id}.round.{round}.open"),
-    (s.ANY_PARTIAL, "run.{run_id}.partial.{round}.{host_id}"),
+    (s.ANY_PARTIAL, "run.{run_id}.partial.{round}.{host_id}.{epoch}"),
     (s.any_spawn_for("myhost-1234"), "run.{run_id}.spawn.{host_id}"),  # no machine name in the docs
     (s.ANY_FAULT, "run.{run_id}.fault.{source}"),
     (s.LLM_INFER, "llm.infer"),

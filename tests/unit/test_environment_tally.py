@@ -1,6 +1,8 @@
-"""The environment service's pure core: a round closes once every expected agent is counted,
-whatever order partials and the round open arrive in; a host counts once; a partial whose
-payload is not the simulation's is refused; a simulation env that raises is named."""
+"""The environment service's pure core: a round closes once every live share's partial is in,
+whatever order partials and the round open arrive in; a share counts once; a share a
+re-placement replaced never counts, and the round is decided again with its replacement; a
+partial whose payload is not the simulation's (or that counts more agents than its share
+has) is refused; a simulation env that raises is named."""
 
 from __future__ import annotations
 
@@ -21,14 +23,19 @@ def tally(config: RunConfig = CONFIG) -> RunTally:
     return RunTally("r1", resolved, resolved.simulation.Env(resolved.instance("r1")))
 
 
-def opened(round_: int = 1, expected: int = 7, state: dict | None = None) -> RoundOpen:
-    return RoundOpen(run_id="r1", round=round_, expected=expected, config=CONFIG, env_state=state, opened_at=0.0)
+SHARES = {"h1@0": 4, "h2@0": 3}
 
 
-def partial(host: str, guesses, round_: int = 1) -> RoundPartial:
+def opened(round_: int = 1, expected: int = 7, state: dict | None = None, shares: dict | None = None,
+           epoch: int = 0) -> RoundOpen:
+    return RoundOpen(run_id="r1", round=round_, expected=expected, config=CONFIG, env_state=state, opened_at=0.0,
+                     shares=SHARES if shares is None else shares, epoch=epoch)
+
+
+def partial(host: str, guesses, round_: int = 1, epoch: int = 0) -> RoundPartial:
     p = partial_of(guesses)
     return RoundPartial(run_id="r1", round=round_, host_id=host, n=len(guesses), n_valid=p.n_valid,
-                        payload=p.model_dump(mode="json"))
+                        payload=p.model_dump(mode="json"), epoch=epoch)
 
 
 def test_round_closes_only_when_all_expected_reported():
@@ -37,6 +44,7 @@ def test_round_closes_only_when_all_expected_reported():
     assert t.add(partial("h1", H1)) is None
     res = t.add(partial("h2", H2))
     assert res is not None and (res.run_id, res.round, res.n, res.n_valid) == ("r1", 1, 7, 6)
+    assert res.shares == ["h1@0", "h2@0"]
     # mean 230/6, target 2/3 of it = 25.6: the closest guesses are the two 30s, agent 4 the smaller id
     assert res.summary["mean"] == pytest.approx(230 / 6) and res.summary["winner_agent_id"] == 4
     assert res.summary["n_winners"] == 2
@@ -62,20 +70,58 @@ def test_the_decision_does_not_depend_on_arrival_order():
     assert ra.summary == rb.summary and ra.state == rb.state
 
 
-def test_rounds_are_independent_and_state_carries_over():
+def test_state_carries_over_and_a_straggler_of_an_earlier_round_changes_nothing():
     t = tally()
-    t.open(opened(1, 4))
-    t.open(opened(2, 3, state={"winners": [99.0]}))
-    assert t.add(partial("h2", H2, round_=1)) is None  # 3 < 4 for round 1
+    t.open(opened(1))
+    t.add(partial("h1", H1, round_=1))
+    assert t.add(partial("h2", H2, round_=1)).round == 1
+    t.open(opened(2, state={"winners": [99.0]}))
+    assert t.add(partial("h2", H2, round_=1)) is None  # round 1 again: decided long ago
+    t.add(partial("h1", H1, round_=2))
     r2 = t.add(partial("h2", H2, round_=2))
     assert r2.round == 2 and r2.state == {"winners": [99.0, 30.0]}  # the state the round open carried
-    r1 = t.add(partial("h1", H1, round_=1))
-    assert r1.round == 1 and r1.n == 7
+
+
+def test_a_share_placed_again_replaces_the_lost_one_and_the_round_is_decided_again():
+    """h2 stopped in round 1 after its partial; its agents were placed on h1 (share h1@1),
+    which replays them: the round is decided again from h1@0 and h1@1, and h2@0 never counts."""
+    t = tally()
+    t.open(opened())
+    t.add(partial("h1", H1))
+    first = t.add(partial("h2", H2))
+    assert first.shares == ["h1@0", "h2@0"]
+    moved = {"h1@0": 4, "h1@1": 3}
+    assert t.open(opened(shares=moved, epoch=1)) is None  # waiting for the replacement
+    assert t.add(partial("h2", H2)) is None  # the lost share's partial again: not a share any more
+    again = t.add(partial("h1", [(4, 31.0), (5, 30.0), (6, 50.0)], epoch=1))
+    assert again.shares == ["h1@0", "h1@1"] and again.epoch == 1 and again.n == 7
+    assert again.summary["mean"] != first.summary["mean"]  # decided from the replacement's answers
+    assert t.open(opened()) is None  # the older announcement changes nothing
+    assert t.add(partial("h1", [(4, 31.0), (5, 30.0), (6, 50.0)], epoch=1)) is None  # decided once
+
+
+def test_a_replacements_partial_may_come_before_its_announcement():
+    t = tally()
+    t.open(opened())
+    t.add(partial("h1", H1))
+    assert t.add(partial("h3", H2, epoch=1)) is None  # h3@1 is not announced yet: it waits
+    res = t.open(opened(shares={"h1@0": 4, "h3@1": 3}, epoch=1))
+    assert res is not None and res.shares == ["h1@0", "h3@1"]
+
+
+def test_a_partial_from_a_share_never_placed_or_counting_too_many_agents_is_refused():
+    t = tally()
+    t.open(opened())
+    assert t.add(partial("intruder", H2)) is None  # not a share of this round: ignored
+    with pytest.raises(BadPartial, match="share h2@0 has 3 agents, the partial counts 4"):
+        t.add(partial("h2", H1))
+    t.add(partial("h1", H1))
+    assert t.add(partial("h2", H2)).n == 7
 
 
 def test_a_round_with_only_invalid_answers_still_closes():
     t = tally()
-    t.open(opened(expected=2))
+    t.open(opened(expected=2, shares={"h1@0": 2}))
     res = t.add(partial("h1", [(0, None), (1, None)]))
     assert res.n_valid == 0 and res.summary["winner_agent_id"] is None and res.state == {"winners": []}
 
@@ -83,7 +129,7 @@ def test_a_round_with_only_invalid_answers_still_closes():
 def test_a_payload_that_is_not_the_simulations_partial_is_refused():
     t = tally()
     t.open(opened())
-    bad = RoundPartial(run_id="r1", round=1, host_id="h9", n=7, n_valid=7, payload={"total": "lots"})
+    bad = RoundPartial(run_id="r1", round=1, host_id="h2", n=3, n_valid=3, payload={"total": "lots"})
     with pytest.raises(BadPartial, match="not a GuessPartial"):
         t.add(bad)
     assert t.add(partial("h1", H1)) is None  # the refused partial was not counted
@@ -96,6 +142,6 @@ def test_an_environment_that_raises_is_named_with_its_round():
         raise ZeroDivisionError("oops")
 
     t.env.decide = boom  # type: ignore[method-assign]
-    t.open(opened(round_=1, expected=4))
+    t.open(opened(round_=1, expected=4, shares={"h1@0": 4}))
     with pytest.raises(EnvironmentFailed, match=r"simulation 'ratio-game'.*round 1: ZeroDivisionError: oops"):
         t.add(partial("h1", H1))

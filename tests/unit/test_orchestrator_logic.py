@@ -129,7 +129,8 @@ CONFIG = RunConfig(agents=10, rounds=3)
 PLACEMENT = {"h1": [(0, 6)], "h2": [(6, 4)]}
 
 
-def result(round_: int, winner_value: float | None = 20.0, run_id: str = "r1") -> RoundResult:
+def result(round_: int, winner_value: float | None = 20.0, run_id: str = "r1",
+           shares: tuple[str, ...] = ("h1@0", "h2@0")) -> RoundResult:
     """A round result as the ratio game's environment would decide it: the orchestrator keeps
     the environment's state and next observation without reading them."""
     valid = winner_value is not None
@@ -137,7 +138,7 @@ def result(round_: int, winner_value: float | None = 20.0, run_id: str = "r1") -
     return RoundResult(run_id=run_id, round=round_, n=10, n_valid=10 if valid else 0,
                        summary={"mean": 30.0 if valid else None, "winner_value": winner_value},
                        observation={"history": winners, "tag": round_}, state={"winners": winners, "tag": round_},
-                       closed_at=float(round_))
+                       closed_at=float(round_), shares=list(shares))
 
 
 def running_state() -> RunState:
@@ -159,7 +160,7 @@ def test_spawned_from_all_hosts_opens_round_one_exactly_once():
     s0 = new_run("r1", CONFIG, PLACEMENT)
     s1, a1 = on_spawned(s0, "h2")
     assert a1 == []
-    assert s1.status == "spawning" and s1.spawned == ["h2"] and s1.round == 0
+    assert s1.status == "spawning" and s1.spawned == ["h2@0"] and s1.round == 0
     assert s0.spawned == []  # the input state is not mutated
 
     again, a = on_spawned(s1, "h2")
@@ -167,7 +168,7 @@ def test_spawned_from_all_hosts_opens_round_one_exactly_once():
 
     s2, a2 = on_spawned(s1, "h1")
     assert a2 == [OpenRound(round=1, expected=10)]
-    assert s2.status == "running" and s2.round == 1 and sorted(s2.spawned) == ["h1", "h2"]
+    assert s2.status == "running" and s2.round == 1 and sorted(s2.spawned) == ["h1@0", "h2@0"]
 
     for h in ("h1", "h2"):
         s3, a3 = on_spawned(s2, h)
@@ -226,7 +227,8 @@ def test_round_without_winner_still_opens_the_next():
 
 def test_one_round_run_finishes_on_first_result():
     s, _ = on_spawned(new_run("r1", RunConfig(agents=10, rounds=1), {"h": [(0, 10)]}), "h")
-    s, acts = on_result(s, result(1, 7.0))
+    assert on_result(s, result(1, 7.0)) == (s, [])  # folded shares the run does not have
+    s, acts = on_result(s, result(1, 7.0, shares=("h@0",)))
     assert acts == [FinishRun("completed", 1)] and s.status == "done" and s.env_state["winners"] == [7.0]
 
 
@@ -269,34 +271,101 @@ def test_failure_after_done_is_ignored():
     assert s2 is s and acts == [] and s2.reason is None
 
 
-# --- lost hosts -------------------------------------------------------------------------
-def _running(placement):
-    from populace.core.contracts import RunConfig, RunState
-
-    return RunState(run_id="r", status="running", config=RunConfig(agents=30), placement=placement, round=2,
-                    spawned=list(placement))
+# --- lost hosts: their shares placed again ----------------------------------------------
+def hinfo(host_id: str, started_at: float = 1.0, agents: int = 0, capacity: int = 1000) -> HostInfo:
+    return HostInfo(host_id=host_id, capacity=capacity, agents=agents, pid=1, started_at=started_at,
+                    heartbeat_at=0.0)
 
 
-def test_a_silent_host_fails_the_run_naming_host_round_and_agents():
+def _running(placement, rounds: int = 5) -> RunState:
+    s = new_run("r", RunConfig(agents=sum(c for rs in placement.values() for _, c in rs), rounds=rounds), placement,
+                {h: 1.0 for h in placement})
+    for h in placement:
+        s, _ = on_spawned(s, h)
+    s, _ = on_result(s, result(1, run_id="r", shares=tuple(f"{h}@0" for h in sorted(placement))))
+    assert s.status == "running" and s.round == 2
+    return s
+
+
+def test_a_silent_hosts_share_is_placed_again_on_the_hosts_up_and_replays_the_round_in_play():
     from populace.orchestrator import workflow
 
-    state = _running({"h1": [(0, 10)], "h2": [(10, 15), (40, 5)]})
-    new, actions = workflow.on_hosts_lost(state, {"h1"}, 30.0)
-    assert new.status == "failed"
-    assert new.reason == "agent-host h2 stopped during round 2 (no heartbeat for 30s); its 20 agents cannot answer; `populace resume r` continues it"
-    assert actions == [workflow.FinishRun("failed", 1, new.reason)]
+    state = _running({"h1": [(0, 10)], "h2": [(10, 15), (25, 5)], "h3": [(30, 10)]})
+    up = [hinfo("h1", agents=10), hinfo("h3", agents=10)]
+    new, actions = workflow.on_hosts_lost(state, up, {"h1", "h3"}, 30.0)
+    assert new.status == "running" and new.epoch == 1 and new.round == 2
+    moved = [sh for sh in new.shares if sh.epoch == 1]
+    assert sorted(r for sh in moved for r in sh.ranges) == [(10, 10), (20, 10)]  # h2's 20 agents, split
+    assert {sh.host_id for sh in moved} == {"h1", "h3"} and all(sh.from_round == 2 for sh in moved)
+    assert actions == [workflow.SpawnShares(tuple(sh.key for sh in moved))]
+    assert "agent-host h2 stopped (no heartbeat for 30s) during round 2: its 20 agents re-placed on h1, h3" \
+        == new.reason
+    # the survivors keep their shares (and what they already played)
+    assert new.spawned == ["h1@0", "h3@0"]
+    # the replacements restore from round 1's checkpoint, written in the old layout
+    restore = workflow.restore_point(new)
+    assert (restore.run_id, restore.round, restore.ranges) == ("r", 1, [(0, 10), (10, 15), (25, 5), (30, 10)])
+    # once they spawned, round 2 is announced again (for them); then a result must fold them
+    s = new
+    for sh in moved:
+        s, acts = on_spawned(s, sh.host_id, sh.epoch)
+    assert acts == [OpenRound(2, 40, again=True)]
+    stale = result(2, run_id="r", shares=("h1@0", "h2@0", "h3@0"))
+    assert on_result(s, stale) == (s, [])
+    s, acts = on_result(s, result(2, run_id="r", shares=tuple(sorted(sh.key for sh in s.shares))))
+    assert acts == [OpenRound(3, 40)]
+
+
+def test_a_restarted_host_loses_its_share_at_once_and_may_take_it_back():
+    from populace.orchestrator import workflow
+
+    state = _running({"h1": [(0, 10)], "h2": [(10, 10)]})
+    restarted = [hinfo("h1", agents=10), hinfo("h2", started_at=9.0)]  # h2 heartbeats, as a new process
+    new, actions = workflow.on_hosts_lost(state, restarted, {"h1", "h2"}, 30.0)
+    assert new.reason.startswith("agent-host h2 restarted during round 2")
+    moved = [sh for sh in new.shares if sh.epoch == 1]
+    assert sum(sh.count for sh in moved) == 10 and all(sh.incarnation is not None for sh in moved)
+    # placed again, the share belongs to the new process: no loss seen twice
+    assert workflow.on_hosts_lost(new.model_copy(update={"shares": [*new.shares]}), [
+        hinfo("h1", agents=10 + sum(sh.count for sh in moved if sh.host_id == "h1")),
+        hinfo("h2", started_at=9.0, agents=sum(sh.count for sh in moved if sh.host_id == "h2"))],
+        {"h1", "h2"}, 30.0)[1] == []
+
+
+def test_with_nowhere_to_place_a_lost_share_the_run_pauses_with_a_reason():
+    from populace.orchestrator import workflow
+
+    state = _running({"h1": [(0, 10)], "h2": [(10, 10)]})
+    new, actions = workflow.on_hosts_lost(state, [hinfo("h1", agents=10, capacity=10)], {"h1"}, 30.0)
+    assert new.status == "paused" and new.round == 1
+    assert new.reason.startswith("agent-host h2 stopped (no heartbeat for 30s) during round 2 and no agent-host "
+                                 "can take its 10 agents")
+    assert new.reason.endswith("`populace resume r` continues once hosts are up")
+    assert actions == [workflow.FinishRun("paused", 1, new.reason)]
 
 
 def test_live_hosts_or_finished_runs_are_left_alone():
     from populace.orchestrator import workflow
 
     state = _running({"h1": [(0, 10)], "h2": [(10, 20)]})
-    assert workflow.on_hosts_lost(state, {"h1", "h2", "h3"}, 30.0) == (state, [])
+    hosts = [hinfo("h1"), hinfo("h2"), hinfo("h3")]
+    assert workflow.on_hosts_lost(state, hosts, {"h1", "h2", "h3"}, 30.0) == (state, [])
     done = state.model_copy(update={"status": "done"})
-    assert workflow.on_hosts_lost(done, set(), 30.0) == (done, [])
-    spawning = state.model_copy(update={"status": "spawning", "round": 0})
-    new, _ = workflow.on_hosts_lost(spawning, {"h2"}, 5.0)
-    assert new.reason.startswith("agent-host h1 stopped during spawning")
+    assert workflow.on_hosts_lost(done, [], set(), 30.0) == (done, [])
+
+
+def test_a_round_without_progress_is_announced_again_once_then_the_run_pauses():
+    from populace.orchestrator import workflow
+
+    state = _running({"h1": [(0, 10)]})
+    assert workflow.on_stalled(state, 59.0, 60.0) == (state, [])
+    nudged, acts = workflow.on_stalled(state, 61.0, 60.0)
+    assert acts == [OpenRound(2, 10, again=True)] and nudged.nudged == 1
+    paused, acts = workflow.on_stalled(nudged, 61.0, 60.0)
+    assert paused.status == "paused" and paused.round == 1 and acts[0].status == "paused"
+    assert "round 2 made no progress for 60s (announced again once)" in paused.reason
+    assert workflow.stall_deadline(RunConfig(agents=1), 60.0, 3) == 210.0
+    assert workflow.stall_deadline(RunConfig(agents=1), 60.0, 3, override=5.0) == 5.0
 
 
 # --- steering: cancel, resume, fork ----------------------------------------------------------
@@ -314,24 +383,25 @@ def test_cancel_keeps_the_last_completed_round_and_drops_the_one_in_play():
 
 
 def test_resume_plays_on_in_a_new_epoch_from_the_last_checkpoint_on_the_hosts_up_now():
-    from populace.orchestrator.workflow import SpawnAgents, layout_for, on_cancel, on_resume
+    from populace.orchestrator.workflow import SpawnShares, layout_for, on_cancel, on_resume, restore_point
 
     s = running_state()
     s, _ = on_result(s, result(1))
     s, _ = on_cancel(s, "x")
     moved = {"h3": [(0, 10)]}
     r, acts = on_resume(s, moved)
-    assert acts == [SpawnAgents(resumed=True)]
+    assert acts == [SpawnShares(("h3@1",), resumed=True)]
     assert (r.status, r.epoch, r.round, r.placement, r.spawned, r.reason) == ("spawning", 1, 1, moved, [], None)
     # the checkpoint of round 1 was written in the old layout (two hosts' ranges)
-    assert r.restore.run_id == "r1" and r.restore.round == 1 and r.restore.ranges == layout_for(s, 1)
+    restore = restore_point(r)
+    assert restore.run_id == "r1" and restore.round == 1 and restore.ranges == layout_for(s, 1)
     assert layout_for(r, 1) == sorted(x for rs in PLACEMENT.values() for x in rs) and layout_for(r, 2) == [(0, 10)]
     # the old epoch's spawn and result are stale; the new epoch's spawn opens round 2
     assert on_spawned(r, "h3", epoch=0) == (r, [])
     r2, acts = on_spawned(r, "h3", epoch=1)
     assert acts == [OpenRound(2, 10)] and r2.status == "running" and r2.round == 2
     assert on_result(r2, result(2)) == (r2, [])  # epoch 0's round 2
-    done, acts = on_result(r2, result(2).model_copy(update={"epoch": 1}))
+    done, acts = on_result(r2, result(2, shares=("h3@1",)))
     assert acts == [OpenRound(3, 10)] and done.round == 3
 
 
@@ -348,12 +418,12 @@ def test_only_a_failed_or_cancelled_run_with_rounds_left_resumes():
 
 
 def test_a_resume_before_any_round_restores_nothing_but_a_fork_keeps_its_parent():
-    from populace.orchestrator.workflow import fork_run, on_cancel, on_resume
+    from populace.orchestrator.workflow import fork_run, on_cancel, on_resume, restore_point
 
     s = new_run("r1", CONFIG, PLACEMENT)
     c, _ = on_cancel(s, "x")
     r, _ = on_resume(c, PLACEMENT)
-    assert r.restore is None and r.round == 0 and r.epoch == 1
+    assert restore_point(r) is None and r.round == 0 and r.epoch == 1
     parent = running_state()
     for n in (1, 2):
         parent, _ = on_result(parent, result(n))
@@ -364,4 +434,22 @@ def test_a_resume_before_any_round_restores_nothing_but_a_fork_keeps_its_parent(
     assert acts == [OpenRound(3, 10)]  # a fork plays on from the round after its parent's
     fc, _ = on_cancel(f, "x")
     fr, _ = on_resume(fc, {"h9": [(0, 10)]})
-    assert fr.restore == f.restore  # cancelled before its first round: still from its parent
+    assert restore_point(fr) == f.restore  # cancelled before its first round: still from its parent
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_place_ranges_covers_exactly_the_lost_agents_and_keeps_groups_whole(seed):
+    from populace.core.placement import place_ranges
+
+    rng = random.Random(seed)
+    unit = rng.choice([1, 1, 3, 5])
+    agents = rng.randint(1, 400)
+    whole = place(agents, [host(f"h{i}", 10_000) for i in range(rng.randint(2, 6))], unit=unit)
+    lost = [r for h in rng.sample(sorted(whole), k=max(1, len(whole) // 2)) for r in whole[h]]
+    hosts = [host(f"s{i}", rng.randint(400, 900), rng.randint(0, 300)) for i in range(rng.randint(1, 4))]
+    out = place_ranges(lost, hosts, unit)
+    got = sorted(a for rs in out.values() for f, c in rs for a in range(f, f + c))
+    assert got == sorted(a for f, c in lost for a in range(f, f + c))  # each lost agent exactly once
+    for rs in out.values():
+        for f, c in rs:
+            assert f % unit == 0 and ((f + c) % unit == 0 or f + c == agents)  # groups stay whole

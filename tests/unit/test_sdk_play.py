@@ -8,6 +8,7 @@ import pytest
 
 from populace.core.contracts import RunConfig
 from populace.sdk import Agent, GroupEnv, InferError, ScriptedLLM
+from populace.sdk.llm import ModelUnavailable
 from populace.sdk.hosting import host_run
 from populace.sdk.local import run_local
 from populace.sdk.play import OutcomeSink, RoundFailed
@@ -39,17 +40,23 @@ async def test_answers_become_outcome_columns_in_batches():
     assert result.partial.n_valid == 10 and result.partial.total == 450.0
 
 
-async def test_an_agent_that_raises_or_finds_no_model_is_recorded_not_fatal():
-    run = share(4)
-    script = {0: '{"guess": 5}', 1: ValueError("my bug"), 2: InferError("gateway down"), 3: "not json"}
+async def test_an_agent_that_raises_is_its_invalid_outcome_and_the_model_keeps_its_invalid_text():
+    run = share(3)
+    script = {0: '{"guess": 5}', 1: ValueError("my bug"), 2: "not json"}
     _, (batch,) = await play(run, ScriptedLLM(script))
     rows = {i: (v, ok, raw, err) for i, v, ok, raw, err in
             zip(batch.agent_ids, batch.columns["value"], batch.valid, batch.raws, batch.errors)}
     assert rows[0] == (5.0, True, '{"guess": 5}', None)
     assert rows[1][:2] == (None, False) and rows[1][3] == "agent: ValueError: my bug"
-    assert rows[2][:3] == (None, False, "<no answer: gateway down>")
-    assert rows[2][3] == "infrastructure: gateway down"  # an outage is never the agent's answer
-    assert rows[3] == (None, False, "not json", None)  # the model's own invalid answer keeps its text
+    assert rows[2] == (None, False, "not json", None)  # the model's own invalid answer keeps its text
+
+
+async def test_no_model_is_never_an_answer_the_round_stops_with_model_unavailable():
+    run = share(6)
+    script = {0: '{"guess": 5}', 1: '{"guess": 6}', 2: InferError("gateway down"), 3: '{"guess": 7}',
+              4: '{"guess": 8}', 5: '{"guess": 9}'}
+    with pytest.raises(ModelUnavailable, match="gateway down"):
+        await play(run, ScriptedLLM(script))
 
 
 class Sloppy(Player):

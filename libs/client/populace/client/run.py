@@ -58,8 +58,10 @@ class _Following:
     """A run's events on the core bus (never its outcome batches): subscribed before anything
     is asked of the run, read until it is recorded."""
 
-    def __init__(self, nc: Client, rid: str, on_event: Callable[[str, object], None] | None, stall_s: float) -> None:
+    def __init__(self, nc: Client, rid: str, on_event: Callable[[str, object], None] | None, stall_s: float,
+                 resuming: bool = False) -> None:
         self.nc, self.rid, self.on_event, self.stall_s = nc, rid, on_event, stall_s
+        self.resuming = resuming  # a stop before the resume is announced is its refusal
         self.out = RunOutcome(rid)
         self.queue: asyncio.Queue = asyncio.Queue()
         self.subs: list = []
@@ -114,6 +116,10 @@ class _Following:
             elif isinstance(model, RunDone):
                 out.marks["done"] = now
                 out.status, out.reason = model.status, model.reason
+                if self.resuming and "resumed" not in out.marks:
+                    if self.on_event:
+                        self.on_event(kind, model)
+                    return out  # refused: nothing was played, nothing more will be recorded
             elif isinstance(model, RunRecorded):
                 out.marks["recorded"] = now
                 out.recorded = model
@@ -166,7 +172,7 @@ async def resume(nc: Client, rid: str, *, on_event: Callable[[str, object], None
                  stall_s: float = 300.0) -> RunOutcome:
     """Ask for a failed or cancelled run to continue after its last completed round, and
     follow it until it is recorded."""
-    async with _Following(nc, rid, on_event, stall_s) as following:
+    async with _Following(nc, rid, on_event, stall_s, resuming=True) as following:
         following.out.marks["submitted"] = time.monotonic()
         await bus.publish_js(nc.jetstream(), subjects.RUN_RESUME, RunResume(run_id=rid),
                              msg_id=f"resume.{rid}.{uuid.uuid4().hex[:8]}")

@@ -56,6 +56,7 @@ class Stack:
     nats_args: list[str] = field(default_factory=list)  # extra nats-server flags (embedded server only)
     nats: EmbeddedNats | None = None
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    specs: dict[str, tuple[list[str], dict[str, str], bool]] = field(default_factory=dict)  # to restart one
 
     @property
     def url(self) -> str:
@@ -80,6 +81,7 @@ class Stack:
         return self
 
     def _spawn(self, key: str, args: list[str], env: dict[str, str], service: bool = False) -> None:
+        self.specs[key] = (args, env, service)
         log = open(Path(self.log_dir) / f"{key}.log", "ab")  # type: ignore[arg-type]
         if self.metrics and service:
             self.metrics_ports[key] = free_port()
@@ -96,9 +98,17 @@ class Stack:
             deadline = time.monotonic() + timeout
             while True:
                 self.check_alive()
+                # Only our live processes count (a restarted one's predecessor may still be
+                # listed); a Stack that started none waits for whoever registers.
+                ours = {p.pid for p in self.procs.values() if p.poll() is None}
+
+                def counted(pid: int) -> bool:
+                    return not self.procs or pid in ours
                 try:
-                    svcs = {s.service for s in await bus.registry_entries(js, subjects.SERVICES_BUCKET, ServiceInfo)}
-                    hosts = await bus.registry_entries(js, subjects.HOSTS_BUCKET, HostInfo)
+                    svcs = {s.service for s in await bus.registry_entries(js, subjects.SERVICES_BUCKET, ServiceInfo)
+                            if counted(s.pid)}
+                    hosts = [h for h in await bus.registry_entries(js, subjects.HOSTS_BUCKET, HostInfo)
+                             if counted(h.pid)]
                     reps = await bus.registry_entries(js, subjects.REPLICAS_BUCKET, ReplicaInfo) if self.replicas else []
                 except Exception:  # noqa: BLE001 - buckets not created yet
                     svcs, hosts, reps = set(), [], []
@@ -112,6 +122,20 @@ class Stack:
                 await asyncio.sleep(0.1)
         finally:
             await nc.close()
+
+    def kill(self, key: str, sig: int = signal.SIGKILL, timeout: float = 30.0) -> None:
+        """Send `sig` to one process of the stack and wait until it is gone (fault tests)."""
+        proc = self.procs[key]
+        if proc.poll() is None:
+            os.kill(proc.pid, sig)
+        proc.wait(timeout)
+
+    def restart(self, key: str) -> None:
+        """Start a process of the stack again, as it was started (a supervisor's restart)."""
+        args, env, service = self.specs[key]
+        if self.procs[key].poll() is None:
+            raise StackError(f"{key} is still running")
+        self._spawn(key, args, env, service)
 
     def check_alive(self) -> None:
         for key, p in self.procs.items():

@@ -109,6 +109,13 @@ async def provision(js: JetStreamContext, storage: str = "file", replicas: int =
 # time out or get "no response from stream". Those are transient; anything else is not.
 TRANSIENT = (nats.errors.TimeoutError, asyncio.TimeoutError, nats.errors.NoRespondersError,
              NoStreamResponseError, ServiceUnavailableError)
+# A cluster whose servers have just started may not know its peers yet: placing a replicated
+# stream then fails with "no suitable peers for placement" until the routes are up.
+NO_PEERS_YET = 10005
+
+
+def _transient(err: Exception) -> bool:
+    return isinstance(err, TRANSIENT) or (isinstance(err, BadRequestError) and err.err_code == NO_PEERS_YET)
 
 
 async def until_ready(step, what: str, attempts: int = 12, delay_s: float = 0.25):
@@ -116,8 +123,8 @@ async def until_ready(step, what: str, attempts: int = 12, delay_s: float = 0.25
     for attempt in range(attempts):
         try:
             return await step()
-        except TRANSIENT as err:
-            if attempt == attempts - 1:
+        except Exception as err:
+            if not _transient(err) or attempt == attempts - 1:
                 raise
             log.info("jetstream_not_ready", what=what, attempt=attempt + 1, error=type(err).__name__)
             await asyncio.sleep(min(2.0, delay_s * 2**attempt))
@@ -279,3 +286,15 @@ async def registry_entries(js: JetStreamContext, bucket: str, model: type[M],
         if fresh_within_s is None or now - hb <= fresh_within_s:
             out.append(item)
     return out
+
+
+async def last_on(js: JetStreamContext, stream: str, subject: str, model: type[M]) -> M | None:
+    """The newest message stored on `subject` in `stream`, parsed (None: none, or malformed)."""
+    try:
+        msg = await until_ready(lambda: js.get_last_msg(stream, subject), f"last message on {subject}")
+    except NotFoundError:
+        return None
+    try:
+        return model.model_validate_json(msg.data or b"")
+    except ValidationError:
+        return None

@@ -240,6 +240,34 @@ class ServiceInfo(Strict):
     heartbeat_at: float
 
 
+def share_key(host_id: str, epoch: int) -> str:
+    """A share's name: the host that plays it and the epoch it was placed in."""
+    return f"{host_id}@{epoch}"
+
+
+class Share(Strict):
+    """Agents one host plays for a run, placed in one epoch: the unit of placement, recovery
+    and integrity. Its key `host@epoch` is what its outcome batches and partial carry (host_id
+    and epoch); once a re-placement or a resume replaces it, nothing of it counts from
+    `from_round` of its replacement on."""
+
+    host_id: str
+    epoch: int = Field(0, ge=0)
+    ranges: list[tuple[int, int]]  # (first_agent_id, count)
+    from_round: int = Field(1, ge=1)  # the first round it plays (a replacement replays the one in play)
+    incarnation: float | None = None  # the host process's start time when placed: a restart loses the share
+
+    _tok = field_validator("host_id")(_check_token)
+
+    @property
+    def key(self) -> str:
+        return share_key(self.host_id, self.epoch)
+
+    @property
+    def count(self) -> int:
+        return sum(c for _, c in self.ranges)
+
+
 class RunState(Strict):
     """Run state in KV `runs`, advanced only by compare-and-swap. The environment's state and
     the next round's observation are the simulation's (opaque here): they travel with each
@@ -247,20 +275,33 @@ class RunState(Strict):
 
     v: Literal[1] = SCHEMA_VERSION
     run_id: str
-    status: Literal["spawning", "running", "done", "failed", "cancelled"]
+    status: Literal["spawning", "running", "done", "failed", "cancelled", "paused"]
     config: RunConfig
-    placement: dict[str, list[tuple[int, int]]]  # host_id -> [(first_agent_id, count)]
-    spawned: list[str] = []
+    shares: list[Share]  # the placement: which host plays which agent ids, since which epoch
+    spawned: list[str] = []  # keys of the shares whose agents exist
     # While running: the round being played; otherwise the last completed one (0: none yet).
     round: int = 0
-    # Bumped by every resume: events of an older epoch are stale (a replayed round counts once).
+    # Bumped by every placement after the first (a resume, a re-placement): the newest epoch.
     epoch: int = 0
     restore: Restore | None = None  # where the agents' state comes from when they spawn
     layouts: list[Layout] = []  # the ranges of each placement, to find a round's checkpoints
     env_state: dict | None = None  # after the last closed round; None before round 1
     observation: dict | None = None  # what the agents see in the next round
     reason: str | None = None
+    phase_at: float = Field(default_factory=time.time)  # when spawning began or the round in play opened
+    nudged: int = 0  # times the round in play (or the spawn) was announced again for its deadline
     updated_at: float = Field(default_factory=time.time)
+
+    @property
+    def placement(self) -> dict[str, list[tuple[int, int]]]:
+        """host_id -> its ranges (every share of the host)."""
+        out: dict[str, list[tuple[int, int]]] = {}
+        for sh in self.shares:
+            out.setdefault(sh.host_id, []).extend(sh.ranges)
+        return out
+
+    def share(self, key: str) -> Share | None:
+        return next((sh for sh in self.shares if sh.key == key), None)
 
 
 # --- run events ----------------------------------------------------------------------
@@ -280,8 +321,10 @@ class SpawnBatch(Wire):
     host_id: str
     ranges: list[tuple[int, int]]  # (first_agent_id, count)
     config: RunConfig
-    epoch: int = 0
+    epoch: int = 0  # the share's epoch: with host_id, its key
     restore: Restore | None = None  # restore the agents' declared state from this checkpoint
+    from_round: int = Field(1, ge=1)  # the first round this share plays (a replacement: the one in play)
+    live: list[str] = []  # every live share's key after this placement: the host drops its others
 
     @property
     def count(self) -> int:
@@ -308,7 +351,9 @@ class RoundOpen(Wire):
     observation: dict | None = None
     env_state: dict | None = None
     opened_at: float
-    epoch: int = 0
+    epoch: int = 0  # the placement's: announced again (same round, newer epoch) after a re-placement
+    shares: dict[str, int] = {}  # live share key -> its agents: only their partials count
+    nudge: int = 0  # >0: announced again because the round missed its deadline
 
 
 class OutcomeBatch(Wire):
@@ -368,6 +413,7 @@ class RoundResult(Wire):
     state: dict
     closed_at: float
     epoch: int = 0
+    shares: list[str] = []  # the share keys whose partials it folded: stale if one was replaced
 
 
 class RunResumed(Wire):
@@ -383,17 +429,19 @@ class RunResumed(Wire):
 
 class RunFault(Wire):
     """A service cannot go on with a run (a simulation that does not import, an environment
-    that raised, personas missing): the orchestrator fails the run with this reason at once."""
+    that raised, personas missing): the orchestrator fails the run with this reason at once.
+    `pause`: not the run's fault (no model answers): the run pauses instead, to be resumed."""
 
     run_id: str
     source: str  # the service or host that reports it
     round: int | None = None
     reason: str
+    pause: bool = False
 
 
 class RunDone(Wire):
     run_id: str
-    status: Literal["completed", "failed", "cancelled"]
+    status: Literal["completed", "failed", "cancelled", "paused"]
     rounds: int
     finished_at: float
     reason: str | None = None
@@ -449,6 +497,9 @@ class InferReply(Wire):
     error: str | None = None
     valid: list[bool] = []
     attempts: list[int] = []
+    # Per prompt: why no model answered it (no replica, every attempt failed), None when one
+    # did. An infrastructure failure is never an answer: the agent-host asks again.
+    failed: list[str | None] = []
 
 
 class LlmCallBatch(Wire):

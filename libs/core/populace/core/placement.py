@@ -47,3 +47,30 @@ def place(agents: int, hosts: list[HostInfo], unit: int = 1) -> dict[str, list[t
             out[h] = [(first, last - first)]
             first = last
     return out
+
+
+def place_ranges(ranges: list[tuple[int, int]], hosts: list[HostInfo], unit: int = 1) -> dict[str, list[tuple[int, int]]]:
+    """Split the agents of `ranges` (a lost share's, or a whole run's) over `hosts`, the way
+    `place` splits 0..n-1: proportional to free capacity, groups of `unit` kept whole (each
+    range starts on a group boundary, as `place` made it)."""
+    ordered = sorted(r for r in ranges if r[1] > 0)
+    total = sum(c for _, c in ordered)
+    virtual = place(total, hosts, unit)
+    out: dict[str, list[tuple[int, int]]] = {}
+    pieces = sorted((first, count, host) for host, rs in virtual.items() for first, count in rs)
+    i, offset = 0, 0  # the range the next agent comes from, and how far into it
+    for _, count, host in pieces:
+        need = count
+        while need:
+            first, length = ordered[i]
+            take = min(need, length - offset)
+            mine = out.setdefault(host, [])
+            if mine and mine[-1][0] + mine[-1][1] == first + offset:
+                mine[-1] = (mine[-1][0], mine[-1][1] + take)  # contiguous: one range
+            else:
+                mine.append((first + offset, take))
+            need -= take
+            offset += take
+            if offset == length:
+                i, offset = i + 1, 0
+    return out

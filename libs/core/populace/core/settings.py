@@ -35,11 +35,22 @@ class Settings(BaseSettings):
     infer_flush_ms: float = Field(5.0, ge=0)
     infer_timeout_s: float = Field(60.0, gt=0)
     infer_attempts: int = Field(3, ge=1)
+    # A batch no gateway acknowledges this fast (or whose gateway stops saying it is working on
+    # it for this long) is sent again: a gateway that died is noticed in seconds, not after the
+    # batch's timeout.
+    infer_silence_s: float = Field(5.0, gt=0)
+    # No model answering for this long (no gateway, no replica, every attempt failing) pauses
+    # the run with a reason: an infrastructure failure is retried, never recorded as an answer.
+    infer_down_s: float = Field(120.0, gt=0)
     heartbeat_s: float = Field(2.0, gt=0)
     registry_ttl_s: float = Field(10.0, gt=0)
-    # A host silent this long is lost: the orchestrator fails its runs with a clear reason
+    # A host silent this long is lost: the orchestrator places its agents on the hosts up
     # (a host busy spawning a million agents can miss a few heartbeats; 30 s is the KV TTL).
+    # A host that restarts is noticed at once (a new process start time), whatever this says.
     host_lost_s: float = Field(30.0, gt=0)
+    # A round (or a spawn) with no progress this long is announced again once, then the run
+    # pauses with a reason. Default: derived from the model (one inference batch's worst case).
+    round_stall_s: float | None = Field(None, gt=0)
 
     # gateway
     gateway_max_workers: int = Field(4096, ge=1)  # inference batches handled concurrently
@@ -50,6 +61,7 @@ class Settings(BaseSettings):
     gateway_retry_budget: float = Field(0.2, ge=0, le=1)  # retries allowed as a share of calls
     gateway_reasks: int = Field(1, ge=0, le=3)  # re-asks after an invalid answer
     gateway_request_timeout_s: float = Field(120.0, gt=0)
+    gateway_keepalive_s: float = Field(1.0, gt=0)  # "still working on your batch", to the asking host
     gateway_poll_s: float = Field(1.0, gt=0)  # replica registry, health and /metrics polling
     # HTTP connections to all replicas together; httpcore scans its pool per request, so
     # more is slower. Calls beyond it wait for a connection (not counted as replica failure).

@@ -46,6 +46,10 @@ RUN_RESUME = "ctl.run.resume"
 # --- inference (core request/reply with a queue group) -------------------------------
 LLM_INFER = "llm.infer"
 GATEWAY_QUEUE = "gateway"
+# A gateway that takes a batch says so at once on the reply subject (an empty message with
+# this header, naming itself), then again every few seconds until the answers go out: an
+# agent-host that stops hearing it knows the batch was lost and sends it again.
+INFER_ACCEPTED_HEADER = "Populace-Accepted"
 
 
 def dlq(service: str) -> str:
@@ -77,8 +81,9 @@ def run_outcomes(rid: str, n: int, host_id: str) -> str:
     return f"run.{rid}.outcomes.{n}.{host_id}"
 
 
-def run_partial(rid: str, n: int, host_id: str) -> str:
-    return f"run.{rid}.partial.{n}.{host_id}"
+def run_partial(rid: str, n: int, host_id: str, epoch: int = 0) -> str:
+    """One share's partial of round n: the share is the host and the epoch it was placed in."""
+    return f"run.{rid}.partial.{n}.{host_id}.{epoch}"
 
 
 def run_calls(rid: str, n: int, gateway_id: str) -> str:
@@ -117,7 +122,7 @@ def progress_all(rid: str) -> str:
 # --- wildcards services subscribe to -------------------------------------------------
 ANY_RUN_SPAWN_FOR = "run.*.spawn.{host_id}"
 ANY_ROUND_OPEN = "run.*.round.*.open"
-ANY_PARTIAL = "run.*.partial.*.*"
+ANY_PARTIAL = "run.*.partial.*.*.*"
 ANY_ROUND_RESULT = "run.*.round.*.result"
 ANY_SPAWNED = "run.*.spawned.*"
 ANY_RUN_DONE = "run.*.done"
@@ -182,7 +187,8 @@ def doc_title(subject: str) -> str:
     for i, tok in enumerate(parts):
         prev = parts[i - 1] if i else ""
         if tok == "*":
-            name = _DOC_NAMES.get(prev) or (_DOC_LAST.get(parts[i - 2]) if i >= 2 else None) or f"p{i}"
+            name = (_DOC_NAMES.get(prev) or (_DOC_LAST.get(parts[i - 2]) if i >= 2 else None)
+                    or ("epoch" if i >= 3 and parts[i - 3] == "partial" else f"p{i}"))
             out.append("{" + name + "}")
         elif prev == "spawn" and parts[0] == "run":
             out.append("{host_id}")

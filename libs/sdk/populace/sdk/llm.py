@@ -13,8 +13,9 @@ Three implementations share this interface:
 - `populace.sdk.process.PipeLLM`: a child process's calls, relayed to its host (one agent per process);
 - `populace.sdk.mock.ScriptedLLM` / `DummyLLM`: answers in process, for tests and local runs.
 
-When no model can answer (no gateway, no replica), `ask` raises `InferError`: that is an
-infrastructure failure, never an agent's answer, and the host records it as such.
+When no model can answer (no gateway, no replica), the fleet's port asks again, with backoff,
+and only when the model path stays down raises `ModelUnavailable`: an infrastructure failure
+is never an agent's answer. The round stops there and the run pauses with the reason.
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ from typing import Protocol, runtime_checkable
 
 class InferError(RuntimeError):
     """No model answered (after retries)."""
+
+
+class ModelUnavailable(InferError):
+    """No model answered for as long as the run waits for one: the run pauses, nothing is
+    recorded as the agents' answers."""
 
 
 @runtime_checkable

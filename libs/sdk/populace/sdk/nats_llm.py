@@ -16,7 +16,7 @@ from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
 from populace.core import logs, metrics, subjects, telemetry
 from populace.core.contracts import InferBatch, InferReply, ModelConfig
 from populace.core.telemetry import tracer
-from populace.sdk.llm import InferError
+from populace.sdk.llm import InferError, ModelUnavailable
 
 log = logs.get("populace.llm")
 _batch_ids = itertools.count()
@@ -49,7 +49,8 @@ class InferSession:
 
     def __init__(self, nc: Client, *, run_id: str, round_: int, model: ModelConfig, system: str,
                  response_schema: dict | None = None, batch_size: int = 1000, flush_s: float = 0.005,
-                 timeout_s: float = 60.0, attempts: int = 3, host_id: str = "") -> None:
+                 timeout_s: float = 60.0, attempts: int = 3, host_id: str = "", silence_s: float = 5.0,
+                 down_s: float = 120.0) -> None:
         self._nc = nc
         self._loop = asyncio.get_running_loop()
         self._run_id, self._round, self._model = run_id, round_, model
@@ -58,7 +59,9 @@ class InferSession:
         self._flush_s = flush_s
         self._timeout = timeout_s
         self._per_prompt_s = 0.0 if model.backend == "dummy" else model.max_tokens * SECONDS_PER_TOKEN
-        self._attempts = attempts
+        self._attempts = attempts  # tries before a failure is logged as a warning
+        self._silence_s, self._down_s = silence_s, down_s
+        self.infra_retries = 0  # prompts sent again because no model answered them
         self._default = _Pending(system, response_schema)
         self._other: dict[tuple[str, str], _Pending] = {}  # calls that brought their own system/schema
         self._sending: set[asyncio.Task] = set()
@@ -111,7 +114,6 @@ class InferSession:
         task.add_done_callback(self._sending.discard)
 
     async def _send(self, batch: InferBatch, futs: list[asyncio.Future]) -> None:
-        data = batch.model_dump_json().encode()
         n = len(batch.keys)
         self.batches_sent += 1
         metrics.batch("agent-host", "infer", n)
@@ -119,35 +121,91 @@ class InferSession:
         in_flight.inc(n)
         try:
             with tracer.start_as_current_span("agent-host.infer", attributes={"populace.prompts": n}):
-                await self._request(batch.batch_id, data, futs, tracing=telemetry.inject())
+                await self._until_answered(batch, futs, tracing=telemetry.inject())
         finally:
             in_flight.dec(n)
 
-    async def _request(self, batch_id: str, data: bytes, futs: list[asyncio.Future], tracing: dict) -> None:
-        error: str = ""
-        for attempt in range(self._attempts):
+    async def _until_answered(self, batch: InferBatch, futs: list[asyncio.Future], tracing: dict) -> None:
+        """Send the batch, then again what no model answered (the whole batch when its gateway
+        went silent or none took it), with backoff, until every prompt has its answer — or no
+        model answered anything for `down_s`: then ModelUnavailable, never a made-up answer."""
+        pending = list(range(len(futs)))
+        failing_since: float | None = None
+        attempt, error = 0, ""
+        loop = self._loop
+        while True:
+            part = batch if len(pending) == len(futs) else batch.model_copy(update={
+                "keys": [batch.keys[i] for i in pending], "prompts": [batch.prompts[i] for i in pending],
+                "prefix_chars": [batch.prefix_chars[i] for i in pending] if batch.prefix_chars else None,
+                "batch_id": f"{batch.batch_id}.r{attempt}"})
             try:
-                msg = await self._nc.request(subjects.LLM_INFER, data,
-                                             timeout=self._timeout + len(futs) * self._per_prompt_s,
-                                             headers=tracing or None)
-                reply = InferReply.model_validate_json(msg.data)
+                reply = await self._ask(part, tracing)
                 if reply.error:
                     raise InferError(reply.error)
-                if len(reply.texts) != len(futs):
-                    raise InferError(f"gateway answered {len(reply.texts)} of {len(futs)} prompts")
-                for fut, text in zip(futs, reply.texts):
-                    if not fut.done():
-                        fut.set_result(text)
-                return
+                if len(reply.texts) != len(pending):
+                    raise InferError(f"gateway answered {len(reply.texts)} of {len(pending)} prompts")
+                failed = reply.failed or [None] * len(pending)
+                still = []
+                for i, text, why in zip(pending, reply.texts, failed):
+                    if why:
+                        still.append(i)
+                        error = why
+                    elif not futs[i].done():
+                        futs[i].set_result(text)
+                if len(still) < len(pending):
+                    failing_since = None  # a model answered: the path is up
+                pending = still
+                if not pending:
+                    return
             except (NatsTimeout, NoRespondersError, InferError, asyncio.TimeoutError) as err:
                 error = f"{type(err).__name__}: {err}"
-                log.warning("infer_retry", batch=batch_id, attempt=attempt + 1, error=error)
-                # Idempotent retry with jittered backoff: the gateway may be momentarily full.
-                await asyncio.sleep(min(2.0, 0.1 * 2**attempt) * (0.5 + random.random()))
-        exc = InferError(error or "gateway unavailable")
-        for fut in futs:
-            if not fut.done():
-                fut.set_exception(exc)
+            now = loop.time()
+            failing_since = now if failing_since is None else failing_since
+            if now - failing_since >= self._down_s:
+                break
+            self.infra_retries += len(pending)
+            if attempt + 1 >= self._attempts:
+                log.warning("infer_retry", batch=batch.batch_id, attempt=attempt + 1, prompts=len(pending), error=error)
+            # Jittered backoff: the gateway may be momentarily full, or restarting.
+            await asyncio.sleep(min(5.0, 0.1 * 2**attempt) * (0.5 + random.random()))
+            attempt += 1
+        exc = ModelUnavailable(f"no model answered for {self._down_s:g}s: {error or 'gateway unavailable'}")
+        for i in pending:
+            if not futs[i].done():
+                futs[i].set_exception(exc)
+
+    async def _ask(self, batch: InferBatch, tracing: dict) -> InferReply:
+        """One request to the gateways' queue group. The gateway that takes it says so at once
+        and every few seconds while it works: silence for `silence_s` means it is gone (or no
+        gateway took it), and the batch is sent again without waiting for its timeout."""
+        nc, loop = self._nc, self._loop
+        inbox = nc.new_inbox()
+        sub = await nc.subscribe(inbox)
+        try:
+            await nc.publish(subjects.LLM_INFER, batch.model_dump_json().encode(), reply=inbox,
+                             headers=tracing or None)
+            deadline = loop.time() + self._timeout + len(batch.keys) * self._per_prompt_s
+            while True:
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise asyncio.TimeoutError(f"no answer within {self._timeout:g}s")
+                try:
+                    msg = await sub.next_msg(timeout=min(self._silence_s, left))
+                except NatsTimeout:
+                    if deadline - loop.time() <= 0:
+                        raise asyncio.TimeoutError(f"no answer within {self._timeout:g}s") from None
+                    raise InferError(f"no gateway has the batch (silent for {self._silence_s:g}s)") from None
+                headers = msg.headers or {}
+                if headers.get("Status") == "503":
+                    raise NoRespondersError
+                if subjects.INFER_ACCEPTED_HEADER in headers:
+                    continue  # a gateway has it and is working on it
+                try:
+                    return InferReply.model_validate_json(msg.data)
+                except ValueError as err:
+                    raise InferError(f"malformed reply from the gateway: {err}") from None
+        finally:
+            await sub.unsubscribe()
 
     async def drain(self) -> None:
         self.flush()

@@ -3,7 +3,8 @@ with NATS, and the local runner runs in process. The simulation's code decides; 
 
 - Every agent runs its own turn as its own asyncio task, bounded by an in-flight limit.
 - A turn that raises is that agent's invalid outcome (with the error's text); a turn that
-  found no model (`InferError`) is recorded as an infrastructure failure, never as an answer.
+  found no model (`InferError`, after the port's retries) is never an answer: the round
+  stops with `ModelUnavailable` and the run pauses, to replay it once a model answers.
 - With groups, a group's outcomes wait until all its members played; the group env settles
   them (sorted by agent id), each member hears the news, then they go on.
 - `OutcomeSink` batches outcomes (~1,000), validates each batch's columns in pydantic-core,
@@ -23,7 +24,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from populace.sdk.agent import Agent
 from populace.sdk.env import Env, GroupEnv, Partial
-from populace.sdk.llm import LLM, InferError
+from populace.sdk.llm import LLM, InferError, ModelUnavailable
 from populace.sdk.outcome import Outcome, columns_adapter
 from populace.sdk.process import AgentRaised
 from populace.sdk.simulation import Observation, Simulation
@@ -179,8 +180,6 @@ class RoundPlayer:
         self.group_env: GroupEnv | None = group_cls(sim) if group_cls is not None and self.group_size else None
 
     def failed_outcome(self, error: BaseException) -> tuple[Outcome, str]:
-        if isinstance(error, InferError):
-            return self.outcome_cls(valid=False, raw=f"<no answer: {error}>"), f"infrastructure: {error}"
         text = str(error) if isinstance(error, AgentRaised) else f"{type(error).__name__}: {error}"
         return self.outcome_cls(valid=False, raw=f"<agent error: {text}>"), f"agent: {text}"
 
@@ -207,6 +206,14 @@ class RoundPlayer:
                 out = await agent.turn(obs, llm)
                 if out.__class__ is not cls and not isinstance(out, cls):
                     raise TypeError(f"turn returned {type(out).__name__}, not {cls.__name__}")
+            except InferError as err:
+                # No model answered (after the port's own retries): not this agent's answer.
+                # The round stops here; the run pauses and replays it once a model answers.
+                if self._failure is None:
+                    self._failure = err if isinstance(err, ModelUnavailable) else ModelUnavailable(str(err))
+                if not finished.done():
+                    finished.set_result(None)
+                return
             except Exception as err:  # noqa: BLE001 - a user agent's bug is that agent's invalid outcome
                 out, error = failed(err)
             if deliver is None:
@@ -227,7 +234,7 @@ class RoundPlayer:
         def on_done(task: asyncio.Task) -> None:
             running.discard(task)
             if finished.done():
-                return  # cancelled: launch nothing more
+                return  # cancelled, or stopped (no model): launch nothing more
             state["left"] -= 1
             if state["left"] == 0:
                 finished.set_result(None)
@@ -250,6 +257,8 @@ class RoundPlayer:
                 task.cancel()
             raise
         if self._failure is not None:
+            for task in list(running):
+                task.cancel()
             raise self._failure
 
     _failure: BaseException | None = None

@@ -67,9 +67,10 @@ class AgentHost:
             for rid in list(self.runtime.runs):
                 self.runtime.forget(rid)
 
-    async def report_fault(self, run_id: str, round_: int | None, reason: str, epoch: int = 0) -> None:
+    async def report_fault(self, run_id: str, round_: int | None, reason: str, epoch: int = 0,
+                           pause: bool = False) -> None:
         await bus.publish_js(self.svc.js, subjects.run_fault(run_id, self.host_id),
-                             RunFault(run_id=run_id, source=self.host_id, round=round_, reason=reason),
+                             RunFault(run_id=run_id, source=self.host_id, round=round_, reason=reason, pause=pause),
                              msg_id=subjects.msg_id(run_id, round_ or 0, self.host_id, "fault", epoch))
 
     async def load_cast(self, batch: SpawnBatch) -> Cast | None:
@@ -95,7 +96,7 @@ class AgentHost:
             detail = format_validation_error(err) if isinstance(err, ValidationError) else str(err)
             reason = f"agent-host {self.host_id} cannot host run {batch.run_id}: {detail}"
             self.svc.log.error("spawn_failed", run_id=batch.run_id, error=reason)
-            self.runtime.forget(batch.run_id)  # type: ignore[union-attr]
+            self.runtime.drop(batch.run_id, batch.epoch)  # type: ignore[union-attr]
             await self.report_fault(batch.run_id, None, reason, batch.epoch)
             return
         seconds = time.perf_counter() - t0
@@ -114,10 +115,9 @@ class AgentHost:
         self.runtime.start_round(opened, telemetry.extract(msg.headers))  # type: ignore[union-attr]
 
     async def on_done(self, done: RunDone) -> None:
-        """A run stopped (completed, failed, cancelled): its round in play stops, its agents go."""
-        run = self.runtime.runs.get(done.run_id)  # type: ignore[union-attr]
-        if run is not None and run.epoch <= done.epoch:
-            self.runtime.forget(done.run_id)  # type: ignore[union-attr]
+        """A run stopped (completed, failed, cancelled, paused): its round in play stops, its
+        agents go (not those of a resume that already placed them again)."""
+        self.runtime.forget(done.run_id, up_to_epoch=done.epoch)  # type: ignore[union-attr]
 
 
 def create(settings: Settings | None = None) -> Service:

@@ -17,19 +17,21 @@ from opentelemetry.context import Context
 
 from populace.agent_host.publisher import OutcomePublisher
 from populace.core import checkpoints, logs, metrics
-from populace.core.contracts import RoundOpen, SpawnBatch
+from populace.core.contracts import RoundOpen, SpawnBatch, share_key
 from populace.core.settings import Settings
 from populace.core.telemetry import tracer
 from populace.population.cast import Cast
 from populace.sdk.hosting import HostedRun, host_run
 from populace.sdk.nats_llm import InferSession
 from populace.sdk.play import OutcomeSink
+from populace.sdk.llm import ModelUnavailable
 from populace.sdk.registry import resolve
 
 log = logs.get("populace.agent_host")
 
-# (run id, round or None, reason, epoch): tell the orchestrator this run cannot go on here.
-FaultReporter = Callable[[str, int | None, str, int], Awaitable[None]]
+# (run id, round or None, reason, epoch, pause): tell the orchestrator this run cannot go on
+# here (pause: not the run's fault, e.g. no model answers; it can resume as it is).
+FaultReporter = Callable[[str, int | None, str, int, bool], Awaitable[None]]
 
 
 class HostRuntime:
@@ -37,57 +39,80 @@ class HostRuntime:
                  report_fault: FaultReporter | None = None) -> None:
         self.nc, self.js, self.settings = nc, js, settings
         self.host_id = settings.host_id
-        self.runs: dict[str, HostedRun] = {}
-        self._rounds: dict[str, set[asyncio.Task]] = {}  # by run: cancelled with their run
+        # run id -> share epoch -> its agents: a host can hold two shares of one run (its own,
+        # and a lost host's agents placed on it in a later epoch)
+        self.runs: dict[str, dict[int, HostedRun]] = {}
+        self._rounds: dict[tuple[str, int], set[asyncio.Task]] = {}  # by share: cancelled with it
         self._report_fault = report_fault
 
     @property
     def agent_count(self) -> int:
-        return sum(len(r.agents) for r in self.runs.values())
+        return sum(len(r.agents) for shares in self.runs.values() for r in shares.values())
+
+    def key(self, epoch: int) -> str:
+        return share_key(self.host_id, epoch)
 
     def spawn(self, batch: SpawnBatch, cast: Cast | None = None) -> HostedRun:
-        """Create this host's agents for a run (idempotent: a replayed spawn is a no-op; a spawn
-        of a newer epoch — a resume — replaces the old agents). Raises SimulationError /
-        ValidationError / ValueError when the run cannot be hosted."""
-        current = self.runs.get(batch.run_id)
-        if current is not None and current.epoch >= batch.epoch:
-            return current
-        if current is not None:
-            self.forget(batch.run_id)
+        """Create this host's share of a run (idempotent: a replayed spawn is a no-op). The
+        host's shares of the run that the new placement no longer lists (a resume replaced
+        them) go first. Raises SimulationError / ValidationError / ValueError when the run
+        cannot be hosted."""
+        shares = self.runs.get(batch.run_id, {})
+        if batch.epoch in shares:
+            return shares[batch.epoch]
+        for epoch in [e for e in shares if batch.live and self.key(e) not in batch.live]:
+            self.drop(batch.run_id, epoch)
         resolved = resolve(batch.config)
         one_per_process = resolved.config.placement.agents_per_process == 1 or self.settings.one_agent_per_process
         run = host_run(resolved, batch.run_id, batch.ranges, cast, one_per_process=one_per_process,
                        max_in_flight=self.settings.max_in_flight, epoch=batch.epoch)
-        self.runs[batch.run_id] = run
+        self.runs.setdefault(batch.run_id, {})[batch.epoch] = run
         metrics.AGENTS.set(self.agent_count)
         return run
 
     async def restore(self, run: HostedRun, batch: SpawnBatch) -> None:
-        """Set the agents' declared state from the checkpoint the spawn names (resume, fork)."""
+        """Set the agents' declared state from the checkpoint the spawn names (resume, fork,
+        a lost host's agents)."""
         if batch.restore is None:
             return
         r = batch.restore
         states = await checkpoints.load_agents(self.js, r.run_id, r.round, r.ranges, run.ranges)
         run.restore(states)
 
-    def forget(self, run_id: str) -> None:
-        for task in self._rounds.pop(run_id, set()):
-            task.cancel()  # a cancelled (or replaced) run's round stops at once
-        run = self.runs.pop(run_id, None)
-        gc.unfreeze()  # let the finished run's agents be collected
+    def drop(self, run_id: str, epoch: int) -> None:
+        """One share goes: its round in play stops at once, its agents are freed."""
+        for task in self._rounds.pop((run_id, epoch), set()):
+            task.cancel()
+        shares = self.runs.get(run_id, {})
+        run = shares.pop(epoch, None)
+        if not shares:
+            self.runs.pop(run_id, None)
+        gc.unfreeze()  # let the share's agents be collected
         metrics.AGENTS.set(self.agent_count)
         if run:
             run.stop()
 
+    def forget(self, run_id: str, up_to_epoch: int | None = None) -> None:
+        """A run stopped: every share of it (up to `up_to_epoch`: a newer one is a resume's)."""
+        for epoch in list(self.runs.get(run_id, {})):
+            if up_to_epoch is None or epoch <= up_to_epoch:
+                self.drop(run_id, epoch)
+
     def start_round(self, opened: RoundOpen, trace_context: Context | None = None) -> None:
-        run = self.runs.get(opened.run_id)
-        if run is None or opened.epoch != run.epoch or opened.round in run.rounds_played:
-            return  # not ours, of another epoch, or a replay of a round already played
-        run.rounds_played.add(opened.round)
-        task = asyncio.get_running_loop().create_task(self.play_round(run, opened, trace_context))
-        tasks = self._rounds.setdefault(opened.run_id, set())
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
+        """Play the round with each share the open lists (once per share); a share an open of a
+        newer placement no longer lists was replaced: it goes."""
+        for epoch, run in list(self.runs.get(opened.run_id, {}).items()):
+            if self.key(epoch) not in opened.shares:
+                if epoch < opened.epoch:
+                    self.drop(opened.run_id, epoch)
+                continue
+            if opened.round in run.rounds_played:
+                continue  # a replay, or the round announced again for other shares
+            run.rounds_played.add(opened.round)
+            task = asyncio.get_running_loop().create_task(self.play_round(run, opened, trace_context))
+            tasks = self._rounds.setdefault((opened.run_id, epoch), set())
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
 
     async def play_round(self, run: HostedRun, opened: RoundOpen, trace_context: Context | None = None) -> None:
         # One span for this host's share of the round; the batches below are its children.
@@ -102,12 +127,17 @@ class HostRuntime:
             except asyncio.CancelledError:
                 log.info("round_cancelled", run_id=run.run_id, round=opened.round)
                 raise
+            except ModelUnavailable as err:  # the model path is down: pause, record nothing as answers
+                reason = f"round {opened.round}: {err}; `populace resume {run.run_id}` continues once a model answers"
+                log.error("model_unavailable", error=reason)
+                if self._report_fault is not None:
+                    await self._report_fault(run.run_id, opened.round, reason, run.epoch, True)
             except Exception as err:  # noqa: BLE001 - the simulation's code (or the bus) failed the round
                 reason = (f"simulation {run.resolved.config.simulation!r} failed on {self.host_id} in round "
                           f"{opened.round}: {err}")
                 log.error("round_failed", error=reason)
                 if self._report_fault is not None:
-                    await self._report_fault(run.run_id, opened.round, reason, run.epoch)
+                    await self._report_fault(run.run_id, opened.round, reason, run.epoch, False)
 
     async def _play_round(self, run: HostedRun, opened: RoundOpen) -> None:
         s = self.settings
@@ -118,7 +148,7 @@ class HostRuntime:
             self.nc, run_id=run.run_id, round_=opened.round, model=model, system=run.sim.system_prompt(),
             response_schema=run.sim.answer_schema(), batch_size=s.infer_batch_size,
             flush_s=s.infer_flush_ms / 1000, timeout_s=max(s.infer_timeout_s, model.latency_s * 4 + 10),
-            attempts=s.infer_attempts, host_id=self.host_id,
+            attempts=s.infer_attempts, host_id=self.host_id, silence_s=s.infer_silence_s, down_s=s.infer_down_s,
         )
         publisher = OutcomePublisher(self.nc, self.js, run_id=run.run_id, round_=opened.round, host_id=self.host_id,
                                      epoch=run.epoch)
@@ -132,7 +162,7 @@ class HostRuntime:
         await publisher.close(share)
         metrics.ROUNDS.labels("agent-host").inc()
         log.info("round_played", run_id=run.run_id, round=opened.round, agents=share.n, valid=share.n_valid,
-                 infer_batches=session.batches_sent, outcome_batches=share.batches,
+                 infer_batches=session.batches_sent, infra_retries=session.infra_retries, outcome_batches=share.batches,
                  checkpoint_bytes=saved, checkpoint_seconds=round(time.perf_counter() - played, 3),
                  seconds=round(time.perf_counter() - t0, 3))
 

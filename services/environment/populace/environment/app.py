@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from faststream import FastStream
 from populace.core import bus, checkpoints, metrics, subjects, telemetry
-from populace.core.contracts import RoundOpen, RoundPartial, RoundResult, RunFault
+from populace.core.contracts import RoundOpen, RoundPartial, RoundResult, RunFault, RunState
 from populace.core.scenario import format_validation_error
 from populace.core.service import Service
 from populace.core.settings import Settings
@@ -68,9 +68,11 @@ class Environment:
             self.runs.popitem(last=False)
         return tally
 
-    async def on_round_open(self, opened: RoundOpen, msg: NatsMessage) -> None:
-        """A round opens: count its partials from now on (and those that came first)."""
-        self.round_contexts[(opened.run_id, opened.round)] = telemetry.extract(msg.headers)
+    async def on_round_open(self, opened: RoundOpen, msg: NatsMessage | None) -> None:
+        """A round opens (or is announced again): count its partials from now on (and those
+        that came first)."""
+        if msg is not None:
+            self.round_contexts[(opened.run_id, opened.round)] = telemetry.extract(msg.headers)
         while len(self.round_contexts) > 10 * MAX_RUNS:  # rounds that never closed
             self.round_contexts.pop(next(iter(self.round_contexts)))
         tally = await self.tally_for(opened)
@@ -80,22 +82,50 @@ class Environment:
         for partial, raw in self.early.pop(opened.run_id, []):
             await self.count(tally, partial, raw)
 
-    async def on_partial(self, partial: RoundPartial, msg: NatsMessage) -> None:
-        """A host's reduced share of a round."""
+    async def on_partial(self, partial: RoundPartial, msg: NatsMessage | None) -> None:
+        """A share's reduced part of a round."""
         tally = self.runs.get(partial.run_id)
         if tally is None:
             if partial.run_id not in self.failed and sum(map(len, self.early.values())) < EARLY_LIMIT:
                 self.early.setdefault(partial.run_id, []).append((partial, msg))
             return
-        await self.count(tally, partial, msg, reject=True)
+        await self.count(tally, partial, msg, reject=msg is not None)
 
-    async def count(self, tally: RunTally, partial: RoundPartial, msg: NatsMessage, reject: bool = False) -> None:
+    async def count(self, tally: RunTally, partial: RoundPartial, msg: NatsMessage | None,
+                    reject: bool = False) -> None:
         try:
             await self.settle(tally, lambda: tally.add(partial), partial.round)
         except BadPartial as err:
+            if msg is None:  # read again from the stream: dead-lettered when it first came
+                self.svc.log.warning("bad_partial_skipped", run_id=partial.run_id, error=str(err))
+                return
             await self.svc.dead_letter(msg.raw_message, err, terminate=False)
             if reject:
                 raise RejectMessage() from None
+
+    async def rebuild(self) -> None:
+        """After a restart: the old process acknowledged the round in play's announcement and
+        the partials it had; read them again from the stream (the round's newest announcement,
+        then each of its shares' partials), so the round closes as if nothing happened."""
+        js = self.svc.js
+        rebuilt = []
+        for state in await bus.registry_entries(js, subjects.RUNS_BUCKET, RunState):
+            if state.status != "running":
+                continue
+            rid, n = state.run_id, state.round
+            opened = await bus.last_on(js, subjects.RUN_STREAM, subjects.run_round_open(rid, n), RoundOpen)
+            if opened is None:
+                continue
+            await self.on_round_open(opened, None)
+            for key in opened.shares:
+                host_id, _, epoch = key.rpartition("@")
+                partial = await bus.last_on(js, subjects.RUN_STREAM, subjects.run_partial(rid, n, host_id, int(epoch)),
+                                            RoundPartial)
+                if partial is not None:
+                    await self.on_partial(partial, None)
+            rebuilt.append(f"{rid}#{n}")
+        if rebuilt:
+            self.svc.log.info("rounds_rebuilt", rounds=rebuilt)
 
     async def settle(self, tally: RunTally, step, round_: int) -> None:
         try:
@@ -124,6 +154,7 @@ class Environment:
 def create(settings: Settings | None = None) -> Service:
     svc = Service("environment", settings, DESCRIPTION)
     env = Environment(svc)
+    svc.on_ready(env.rebuild)
     run_stream = JStream(subjects.RUN_STREAM, declare=False)
     durable = dict(stream=run_stream, deliver_policy=DeliverPolicy.NEW, ack_policy=AckPolicy.NACK_ON_ERROR)
     svc.handle(subjects.ANY_ROUND_OPEN, RoundOpen, durable="environment-open",

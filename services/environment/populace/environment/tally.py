@@ -1,11 +1,13 @@
-"""Collecting a round's partials until every expected agent is counted, then deciding it with
-the run's simulation environment. Pure: no broker; the service does the I/O around it.
+"""Collecting a round's partials until every live share has one, then deciding it with the
+run's simulation environment. Pure: no broker; the service does the I/O around it.
 
-A host's partial counts once per round (a replay changes nothing); partials that arrive
-before their round's open wait for it; partials of a closed round are ignored. Partials are
-merged in host order, so the decision does not depend on arrival order. Everything is keyed
-by (round, epoch): a resumed run plays a round again in a new epoch, which is a new round
-here, and a straggler of the old epoch changes nothing.
+Partials are keyed by share (`host@epoch`), never by host alone: a replayed partial counts
+once, a replacement's share replaces the one it was placed for, and a partial from a share
+the round's newest announcement does not list never counts. Partials that arrive before
+their round's announcement wait for it. They are merged in share order, so the decision does
+not depend on arrival order. A round announced again with a new placement (a lost host's
+agents re-placed) is decided again once the new shares' partials are in; the survivors'
+partials are kept for that until the next round opens.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
-from populace.core.contracts import RoundOpen, RoundPartial, RoundResult
+from populace.core.contracts import RoundOpen, RoundPartial, RoundResult, share_key
 from populace.sdk.env import Env, Partial
 from populace.sdk.registry import Resolved
 
@@ -33,40 +35,59 @@ class RunTally:
     run_id: str
     resolved: Resolved
     env: Env
-    opened: dict[tuple[int, int], RoundOpen] = field(default_factory=dict)  # (round, epoch) ->
-    partials: dict[tuple[int, int], dict[str, tuple[RoundPartial, Partial]]] = field(default_factory=dict)
-    closed: set[tuple[int, int]] = field(default_factory=set)
-    epoch: int = 0  # the newest epoch seen: older ones are stale
+    opened: dict[int, RoundOpen] = field(default_factory=dict)  # round -> its newest announcement
+    partials: dict[int, dict[str, tuple[RoundPartial, Partial | None]]] = field(default_factory=dict)
+    decided: dict[int, frozenset[str]] = field(default_factory=dict)  # round -> the shares it folded
+
+    @property
+    def epoch(self) -> int:
+        return max((o.epoch for o in self.opened.values()), default=0)
 
     def open(self, opened: RoundOpen) -> RoundResult | None:
-        key = (opened.round, opened.epoch)
-        if key in self.closed or opened.epoch < self.epoch:
-            return None
-        self.epoch = opened.epoch
-        self.opened[key] = opened
-        return self._maybe_close(key)
+        r = opened.round
+        current = self.opened.get(r)
+        if current is not None and opened.epoch < current.epoch:
+            return None  # an older announcement of a round placed again since
+        if r < max(self.opened, default=0):
+            return None  # a round before the newest one: long decided
+        self.opened[r] = opened
+        for old in [n for n in self.opened if n < r]:  # an earlier round is never announced again
+            self.opened.pop(old)
+            self.partials.pop(old, None)
+            self.decided.pop(old, None)
+        parts = self.partials.get(r, {})
+        for key in [k for k, (p, _) in parts.items() if k not in opened.shares and p.epoch < opened.epoch]:
+            parts.pop(key)  # a share this placement replaced
+        return self._maybe_close(r)
 
     def add(self, partial: RoundPartial) -> RoundResult | None:
-        """Count a host's partial (once); raises BadPartial when its payload does not validate."""
-        key = (partial.round, partial.epoch)
-        if key in self.closed or partial.epoch < self.epoch:
-            return None
+        """Count a share's partial (once); raises BadPartial when its payload does not validate
+        or it covers more agents than its share has."""
+        r, key = partial.round, share_key(partial.host_id, partial.epoch)
+        opened = self.opened.get(r)
+        if opened is None and r < max(self.opened, default=0):
+            return None  # a straggler of a round long decided
+        if opened is not None and key not in opened.shares and partial.epoch <= opened.epoch:
+            return None  # not a share of this round's placement: replaced, or never placed
+        if opened is not None and key in opened.shares and partial.n > opened.shares[key]:
+            raise BadPartial(f"share {key} has {opened.shares[key]} agents, the partial counts {partial.n}")
         try:
             payload = self.env.Partial.model_validate(partial.payload) if partial.n else None
         except ValidationError as err:
             raise BadPartial(f"payload is not a {self.env.Partial.__name__}: {err.errors()[0]['msg']}") from None
-        self.partials.setdefault(key, {})[partial.host_id] = (partial, payload)
-        return self._maybe_close(key)
+        self.partials.setdefault(r, {})[key] = (partial, payload)
+        return self._maybe_close(r)
 
-    def _maybe_close(self, key: tuple[int, int]) -> RoundResult | None:
-        opened = self.opened.get(key)
-        parts = self.partials.get(key, {})
-        if opened is None or sum(p.n for p, _ in parts.values()) < opened.expected:
+    def _maybe_close(self, r: int) -> RoundResult | None:
+        opened = self.opened.get(r)
+        parts = self.partials.get(r, {})
+        if opened is None or not opened.shares or any(k not in parts for k in opened.shares):
             return None
-        result = self.decide(opened, [parts[h] for h in sorted(parts)])
-        self.closed.add(key)
-        self.opened.pop(key, None)
-        self.partials.pop(key, None)
+        folded = frozenset(opened.shares)
+        if self.decided.get(r) == folded:
+            return None  # decided already, with exactly these shares
+        result = self.decide(opened, [parts[k] for k in sorted(folded)])
+        self.decided[r] = folded
         return result
 
     def decide(self, opened: RoundOpen, parts: list[tuple[RoundPartial, Partial | None]]) -> RoundResult:
@@ -86,5 +107,5 @@ class RunTally:
             run_id=self.run_id, round=opened.round, n=sum(p.n for p, _ in parts),
             n_valid=sum(p.n_valid for p, _ in parts), summary=summary.model_dump(mode="json"),
             observation=observation.model_dump(mode="json"), state=state.model_dump(mode="json"),
-            closed_at=time.time(), epoch=opened.epoch,
+            closed_at=time.time(), epoch=opened.epoch, shares=sorted(opened.shares),
         )

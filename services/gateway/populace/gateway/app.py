@@ -11,6 +11,7 @@ import asyncio
 import httpx
 
 from faststream import FastStream
+from faststream.nats.annotations import NatsMessage
 from populace.core import bus, metrics, subjects
 from populace.core.contracts import InferBatch, InferReply, LlmCallBatch
 from populace.core.service import Service
@@ -66,9 +67,29 @@ class Gateway:
         except Exception as err:  # noqa: BLE001 - the answers went out; losing a record is logged
             self.svc.log.error("calls_record_failed", batch=batch.batch_id, error=str(err))
 
-    async def on_infer(self, batch: InferBatch) -> bytes:
+    async def keep_alive(self, reply_to: str) -> None:
+        """Tell the asking agent-host this gateway has its batch, now and every few seconds
+        until the answers go out: if the gateway dies, the host stops hearing it and re-sends."""
+        headers = {subjects.INFER_ACCEPTED_HEADER: self.svc.settings.gateway_id}
+        while True:
+            try:
+                await self.svc.nc.publish(reply_to, b"", headers=headers)
+            except Exception as err:  # noqa: BLE001 - the next beat tries again
+                self.svc.log.warning("keepalive_failed", error=str(err))
+            await asyncio.sleep(self.svc.settings.gateway_keepalive_s)
+
+    async def on_infer(self, batch: InferBatch, msg: NatsMessage) -> bytes:
         """Prompts that share a system prompt and an answer schema; the reply has the answers
         in order (or an explicit error)."""
+        reply_to = msg.raw_message.reply
+        beat = asyncio.create_task(self.keep_alive(reply_to)) if reply_to else None
+        try:
+            return await self.answer(batch)
+        finally:
+            if beat is not None:
+                beat.cancel()
+
+    async def answer(self, batch: InferBatch) -> bytes:
         stats = self.stats
         try:
             with tracer.start_as_current_span(

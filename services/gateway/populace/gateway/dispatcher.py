@@ -27,9 +27,13 @@ REGISTRATION_WAIT_S = 60.0  # replicas may still be loading their model when a r
 
 
 class CallFailed(RuntimeError):
-    def __init__(self, message: str, attempts: int = 0) -> None:
+    """No answer from any replica. `infrastructure`: the model path failed (no replica, every
+    attempt failed), as opposed to the request itself being refused (e.g. too long)."""
+
+    def __init__(self, message: str, attempts: int = 0, infrastructure: bool = True) -> None:
         super().__init__(message)
         self.attempts = attempts
+        self.infrastructure = infrastructure
 
 
 @dataclass(slots=True)
@@ -41,6 +45,7 @@ class Decision:
     prompt_tokens: int
     completion_tokens: int
     latency_ms: float
+    failed: str | None = None  # no model answered (infrastructure): the agent-host asks again
 
 
 class Dispatcher:
@@ -71,8 +76,10 @@ class Dispatcher:
         finally:
             self.admitted -= n
             metrics.LLM_IN_FLIGHT.labels("gateway").set(self.admitted)
+        failed = [d.failed for d in decisions]
         reply = InferReply(batch_id=batch.batch_id, texts=[d.text for d in decisions],
-                           valid=[d.valid for d in decisions], attempts=[d.attempts for d in decisions])
+                           valid=[d.valid for d in decisions], attempts=[d.attempts for d in decisions],
+                           failed=failed if any(failed) else [])
         calls = LlmCallBatch(
             run_id=batch.run_id, round=batch.round, batch_id=batch.batch_id, agent_ids=batch.keys,
             replicas=[d.replica for d in decisions], prompt_tokens=[d.prompt_tokens for d in decisions],
@@ -88,12 +95,14 @@ class Dispatcher:
         messages = [{"role": "system", "content": batch.system}, {"role": "user", "content": batch.prompts[i]}]
         seed = batch.model.seed * 1_000_003 + batch.keys[i] if batch.model.seed else None
         attempts = ptok = ctok = 0
-        text, replica, valid = "", "", False
+        text, replica, valid, failed = "", "", False, None
         for _ in range(1 + self.s.gateway_reasks):
             try:
                 replica, res, tries = await self.call(batch, messages, key, seed)
             except CallFailed as err:
                 attempts += err.attempts
+                if not text and err.infrastructure:
+                    failed = str(err)  # no model answered at all: not an answer, asked again
                 text = text or f"<gateway error: {err}>"
                 break
             attempts += tries
@@ -105,7 +114,7 @@ class Dispatcher:
                 break
             messages = [*messages, {"role": "assistant", "content": text},
                         {"role": "user", "content": answers.reask_message(batch.response_schema)}]
-        return Decision(text, valid, attempts, replica, ptok, ctok, (time.perf_counter() - t0) * 1000)
+        return Decision(text, valid, attempts, replica, ptok, ctok, (time.perf_counter() - t0) * 1000, failed)
 
     # -- one call, with retries on other replicas -----------------------------------
     async def call(self, batch: InferBatch, messages: list[dict], key: str,
@@ -132,7 +141,7 @@ class Dispatcher:
                 tried.add(info.replica_id)
                 self.pool.mark_failed(info.replica_id, error)
             except RequestRejected as err:
-                raise CallFailed(str(err), attempt + 1) from None
+                raise CallFailed(str(err), attempt + 1, infrastructure=False) from None
             finally:
                 load.in_flight -= 1
                 self._wake()

@@ -9,6 +9,7 @@ Run with `populace service orchestrator` or
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 
@@ -50,14 +51,26 @@ class Orchestrator:
         # their hosts: those hosts are watched.
         self.watched: dict[str, set[str]] = {}
         self.watch_task: asyncio.Task | None = None
+        self.progress_at: dict[str, float] = {}  # run id -> last progress tick (time.monotonic)
+        self.units: dict[str, int] = {}  # run id -> agents that must stay on one host (a group)
+        self.progress_sub = None
 
     # -- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
+        async def on_progress(msg) -> None:
+            parts = msg.subject.split(".")
+            if len(parts) == 4 and parts[1] in self.watched:
+                self.progress_at[parts[1]] = time.monotonic()
+
+        # Core NATS ticks (one per outcome batch): a round that makes progress is not stalled.
+        self.progress_sub = await self.svc.nc.subscribe(subjects.ANY_PROGRESS, cb=on_progress)
         self.watch_task = asyncio.create_task(self.watch_hosts())
 
     async def stop(self) -> None:
         if self.watch_task:
             self.watch_task.cancel()
+        if self.progress_sub is not None:
+            await self.progress_sub.unsubscribe()
 
     async def adopt_unfinished_runs(self) -> None:
         """After a restart: watch the runs KV says are still spawning or running."""
@@ -68,9 +81,11 @@ class Orchestrator:
             self.svc.log.info("runs_adopted", runs=sorted(self.watched))
 
     async def watch_hosts(self) -> None:
-        """Every heartbeat, fail the watched runs whose hosts stopped heartbeating. A host counts
-        as lost only when a complete registry read says so on two beats in a row: a failed read
-        (a NATS leader election) proves nothing and is skipped."""
+        """Every heartbeat, for each watched run: place again the shares of hosts that stopped
+        heartbeating (or restarted), and announce again — then pause — a round without
+        progress past its deadline. A host counts as stopped only when a complete registry
+        read says so on two beats in a row: a failed read (a NATS leader election) proves
+        nothing and is skipped."""
         settings = self.svc.settings
         silent_s = settings.host_lost_s
         try:
@@ -84,19 +99,41 @@ class Orchestrator:
                 missing.clear()
                 continue
             try:
-                fresh = {h.host_id for h in await bus.registry_entries(
-                    self.svc.js, subjects.HOSTS_BUCKET, HostInfo, fresh_within_s=silent_s, strict=True)}
+                fresh = await bus.registry_entries(self.svc.js, subjects.HOSTS_BUCKET, HostInfo,
+                                                   fresh_within_s=silent_s, strict=True)
             except Exception as err:  # noqa: BLE001 - no verdict from a failed read
                 self.svc.log.warning("host_watch_read_failed", error=str(err))
                 continue
+            up = {h.host_id for h in fresh}
             placed = set().union(*self.watched.values())
-            missing = {h: missing.get(h, 0) + 1 for h in placed if h not in fresh}
-            live = fresh | {h for h, beats in missing.items() if beats < 2}
+            missing = {h: missing.get(h, 0) + 1 for h in placed if h not in up}
+            live = up | {h for h, beats in missing.items() if beats < 2}
+            for rid in list(self.watched):
+                try:
+                    await self.advance(rid, lambda s: self.check(s, fresh, live))
+                except Exception as err:  # noqa: BLE001 - a KV hiccup: look again next beat
+                    self.svc.log.warning("host_watch_failed", run_id=rid, error=str(err))
+
+    def check(self, state: RunState, hosts: list[HostInfo], live: set[str]) -> tuple[RunState, list]:
+        """One watch beat for one run: lost shares first, then the round's deadline."""
+        s = self.svc.settings
+        new, actions = workflow.on_hosts_lost(state, hosts, live, s.host_lost_s, self.unit_of(state))
+        if new is not state:
+            return new, actions
+        since = max(time.monotonic() - (time.time() - state.phase_at), self.progress_at.get(state.run_id, 0.0))
+        deadline = workflow.stall_deadline(state.config, s.infer_timeout_s, s.infer_attempts, s.round_stall_s)
+        return workflow.on_stalled(state, time.monotonic() - since, deadline)
+
+    def unit_of(self, state: RunState) -> int:
+        """A simulation's group size (its groups stay whole on one host); 1 without groups."""
+        rid = state.run_id
+        if rid not in self.units:
             try:
-                for rid in list(self.watched):
-                    await self.advance(rid, lambda s: workflow.on_hosts_lost(s, live, silent_s))
-            except Exception as err:  # noqa: BLE001 - a KV hiccup: look again next beat
-                self.svc.log.warning("host_watch_failed", error=str(err))
+                resolved = resolve(state.config)
+                self.units[rid] = resolved.instance(rid).group_size() or 1 if resolved.simulation.GroupEnv else 1
+            except (SimulationError, ValidationError):
+                self.units[rid] = 1
+        return self.units[rid]
 
     async def runs_kv(self):
         return await self.svc.js.key_value(subjects.RUNS_BUCKET)
@@ -126,11 +163,13 @@ class Orchestrator:
             placement = place(cfg.agents, hosts, unit=unit)
         except PlacementError as err:
             return await self.reject(rid, str(err))
+        self.units[rid] = unit
+        incarnations = {h.host_id: h.started_at for h in hosts}
         if start.fork is None:
-            state = workflow.new_run(rid, cfg, placement)
+            state = workflow.new_run(rid, cfg, placement, incarnations)
         else:
             try:
-                state = await self.fork_state(rid, start, placement)
+                state = await self.fork_state(rid, start, placement, incarnations)
             except (ValueError, checkpoints.CheckpointError) as err:
                 return await self.reject(rid, f"cannot fork: {err}")
         try:
@@ -146,7 +185,7 @@ class Orchestrator:
         with trace.use_span(run_span, end_on_exit=False):
             await self.announce(state, resolved, start.manifest)
 
-    async def fork_state(self, rid: str, start: RunStart, placement: dict) -> RunState:
+    async def fork_state(self, rid: str, start: RunStart, placement: dict, incarnations: dict) -> RunState:
         """A fork's first state: its parent's agents and environment after the fork's round."""
         kv = await self.runs_kv()
         try:
@@ -161,7 +200,7 @@ class Orchestrator:
         if parent.config.agents != start.config.agents:
             raise ValueError(f"agents: a fork keeps its parent's {parent.config.agents} agents")
         env_state, observation = await checkpoints.load_env(self.svc.js, parent.run_id, k)
-        return workflow.fork_run(rid, start.config, placement, parent, k, env_state, observation)
+        return workflow.fork_run(rid, start.config, placement, parent, k, env_state, observation, incarnations)
 
     async def reject(self, rid: str, reason: str) -> None:
         self.svc.log.warning("run_rejected", run_id=rid, reason=reason)
@@ -178,12 +217,19 @@ class Orchestrator:
                           hosts={h: sum(c for _, c in r) for h, r in state.placement.items()},
                           fork=state.restore.model_dump() if state.restore else None)
 
-    async def spawn(self, state: RunState) -> None:
-        for host_id, ranges in state.placement.items():
-            await bus.publish_js(self.svc.js, subjects.run_spawn(state.run_id, host_id),
-                                 SpawnBatch(run_id=state.run_id, host_id=host_id, ranges=ranges, config=state.config,
-                                            epoch=state.epoch, restore=state.restore),
-                                 msg_id=subjects.msg_id(state.run_id, 0, host_id, "spawn", state.epoch))
+    async def spawn(self, state: RunState, keys: tuple[str, ...] | None = None) -> None:
+        """Publish the spawn of the shares named (all of them by default), restored from the
+        run's last completed round (a fork: its parent's)."""
+        restore = workflow.restore_point(state)
+        live = [sh.key for sh in state.shares]
+        for sh in state.shares:
+            if keys is not None and sh.key not in keys:
+                continue
+            await bus.publish_js(self.svc.js, subjects.run_spawn(state.run_id, sh.host_id),
+                                 SpawnBatch(run_id=state.run_id, host_id=sh.host_id, ranges=sh.ranges,
+                                            config=state.config, epoch=sh.epoch, restore=restore,
+                                            from_round=sh.from_round, live=live),
+                                 msg_id=subjects.msg_id(state.run_id, state.nudged, sh.host_id, "spawn", sh.epoch))
 
     async def on_spawned(self, spawned: HostSpawned) -> None:
         """A host created its agents; the last one opens the first round to play."""
@@ -198,15 +244,18 @@ class Orchestrator:
 
     async def on_fault(self, fault: RunFault) -> None:
         """A service cannot go on with a run: fail it now, with its reason."""
-        self.svc.log.warning("run_fault", run_id=fault.run_id, source=fault.source, reason=fault.reason)
-        await self.advance(fault.run_id, lambda s: workflow.on_failure(s, fault.reason))
+        self.svc.log.warning("run_fault", run_id=fault.run_id, source=fault.source, reason=fault.reason,
+                             pause=fault.pause)
+        stop = workflow.on_pause if fault.pause else workflow.on_failure
+        await self.advance(fault.run_id, lambda s: stop(s, fault.reason))
 
     async def on_cancel(self, cancel: RunCancel) -> None:
         """Stop a run at once (its hosts drop the round in play); it can be resumed."""
         await self.advance(cancel.run_id, lambda s: workflow.on_cancel(s, cancel.reason))
 
     async def on_resume(self, resume: RunResume) -> None:
-        """Continue a failed or cancelled run after its last completed round, on the hosts up now."""
+        """Continue a failed, cancelled or paused run after its last completed round, on the
+        hosts up now."""
         rid = resume.run_id
         kv = await self.runs_kv()
         try:
@@ -214,14 +263,33 @@ class Orchestrator:
         except KeyNotFoundError:
             self.svc.log.warning("resume_unknown_run", run_id=rid)
             return
-        try:
-            resolved = resolve(state.config)
-            unit = resolved.instance(rid).group_size() or 1 if resolved.simulation.GroupEnv else 1
-            placement = place(state.config.agents, await self.fresh_hosts(), unit=unit)
-        except (SimulationError, ValidationError, PlacementError) as err:
-            self.svc.log.warning("resume_refused", run_id=rid, reason=str(err))
-            return
-        await self.advance(rid, lambda s: workflow.on_resume(s, placement))
+        why = None
+        if state.status not in workflow.RESUMABLE:
+            why = f"the run is {state.status}"
+        elif state.round >= state.config.rounds:
+            why = f"all {state.config.rounds} rounds are played"
+        else:
+            try:
+                hosts = await self.fresh_hosts()
+                placement = place(state.config.agents, hosts, unit=self.unit_of(state))
+            except PlacementError as err:
+                why = str(err)
+        if why is not None:
+            return await self.refuse_resume(state, why)
+        incarnations = {h.host_id: h.started_at for h in hosts}
+        await self.advance(rid, lambda s: workflow.on_resume(s, placement, incarnations))
+
+    async def refuse_resume(self, state: RunState, why: str) -> None:
+        """Say so on the run's done subject (its state stays as it was): whoever asked stops
+        waiting, with the reason."""
+        reason = f"resume refused: {why}"
+        self.svc.log.warning("resume_refused", run_id=state.run_id, reason=reason)
+        if state.status in workflow.ACTIVE:
+            return  # running already: nothing stopped, the asker follows the run
+        await bus.publish_js(self.svc.js, subjects.run_done(state.run_id),
+                             RunDone(run_id=state.run_id, status=state.status if state.status != "done" else "completed",
+                                     rounds=state.round, finished_at=time.time(), reason=reason, epoch=state.epoch),
+                             msg_id=f"{state.run_id}.refused.{time.time_ns()}")
 
     # -- deciding and doing -------------------------------------------------------------
     async def advance(self, rid: str, decide: Callable[[RunState], tuple[RunState, list[workflow.Action]]]) -> None:
@@ -251,46 +319,63 @@ class Orchestrator:
             for action in actions:
                 if isinstance(action, workflow.OpenRound):
                     await self.open_round(new, action)
-                elif isinstance(action, workflow.SpawnAgents):
-                    await self.resumed(new)
+                elif isinstance(action, workflow.SpawnShares):
+                    await self.place_again(new, action)
                 else:
                     await self.finish(rid, action, new.epoch)
             return
         raise RuntimeError(f"run {rid}: could not update state (contention)")
 
-    async def resumed(self, state: RunState) -> None:
+    async def place_again(self, state: RunState, action: workflow.SpawnShares) -> None:
+        """A resume (every share), a lost host's shares, or a spawn past its deadline."""
         rid = state.run_id
         self.watched[rid] = set(state.placement)
-        self.spans[rid] = tracer.start_span("orchestrator.run", attributes={
-            "populace.run_id": rid, "populace.epoch": state.epoch, "populace.agents": state.config.agents})
-        await bus.publish_js(self.svc.js, subjects.run_resumed(rid),
-                             RunResumed(run_id=rid, epoch=state.epoch, after_round=state.round,
-                                        hosts=sorted(state.placement), resumed_at=time.time()),
-                             msg_id=subjects.msg_id(rid, 0, "orch", "resumed", state.epoch))
-        with trace.use_span(self.spans[rid], end_on_exit=False):
-            await self.spawn(state)
-        self.svc.log.info("run_resumed", run_id=rid, epoch=state.epoch, after_round=state.round,
-                          hosts={h: sum(c for _, c in r) for h, r in state.placement.items()})
+        if action.resumed:
+            self.spans[rid] = tracer.start_span("orchestrator.run", attributes={
+                "populace.run_id": rid, "populace.epoch": state.epoch, "populace.agents": state.config.agents})
+            await bus.publish_js(self.svc.js, subjects.run_resumed(rid),
+                                 RunResumed(run_id=rid, epoch=state.epoch, after_round=state.round,
+                                            hosts=sorted(state.placement), resumed_at=time.time()),
+                                 msg_id=subjects.msg_id(rid, 0, "orch", "resumed", state.epoch))
+            self.svc.log.info("run_resumed", run_id=rid, epoch=state.epoch, after_round=state.round,
+                              hosts={h: sum(c for _, c in r) for h, r in state.placement.items()})
+        elif state.status == "running" or state.nudged == 0:
+            self.svc.log.warning("shares_replaced", run_id=rid, epoch=state.epoch, reason=state.reason,
+                                 shares=list(action.keys))
+        else:
+            self.svc.log.warning("spawn_announced_again", run_id=rid, shares=list(action.keys))
+        run_span = self.spans.get(rid)
+        with trace.use_span(run_span, end_on_exit=False) if run_span else contextlib.nullcontext():
+            await self.spawn(state, action.keys)
 
     async def open_round(self, state: RunState, action: workflow.OpenRound) -> None:
         rid = state.run_id
+        self.progress_at.pop(rid, None)
         run_span = self.spans.get(rid)
-        round_span = self.spans[f"{rid}.{action.round}"] = tracer.start_span(
-            "orchestrator.round", context=telemetry.context_of(run_span) if run_span else None,
-            attributes={"populace.run_id": rid, "populace.round": action.round})
+        key = f"{rid}.{action.round}"
+        round_span = self.spans.get(key) if action.again else None
+        if round_span is None:
+            round_span = self.spans[key] = tracer.start_span(
+                "orchestrator.round", context=telemetry.context_of(run_span) if run_span else None,
+                attributes={"populace.run_id": rid, "populace.round": action.round})
         with trace.use_span(round_span, end_on_exit=False):
             await bus.publish_js(
                 self.svc.js, subjects.run_round_open(rid, action.round),
                 RoundOpen(run_id=rid, round=action.round, expected=action.expected, config=state.config,
                           observation=state.observation, env_state=state.env_state, opened_at=time.time(),
-                          epoch=state.epoch),
-                msg_id=subjects.msg_id(rid, action.round, "orch", "open", state.epoch),
+                          epoch=state.epoch, shares={sh.key: sh.count for sh in state.shares},
+                          nudge=state.nudged),
+                msg_id=subjects.msg_id(rid, action.round, f"orch{state.nudged}", "open", state.epoch),
             )
-        metrics.ROUNDS.labels("orchestrator").inc()
-        self.svc.log.info("round_opened", run_id=rid, round=action.round, expected=action.expected)
+        if not action.again:
+            metrics.ROUNDS.labels("orchestrator").inc()
+        self.svc.log.info("round_opened", run_id=rid, round=action.round, expected=action.expected,
+                          again=action.again, epoch=state.epoch)
 
     async def finish(self, rid: str, action: workflow.FinishRun, epoch: int = 0) -> None:
         self.watched.pop(rid, None)
+        self.units.pop(rid, None)
+        self.progress_at.pop(rid, None)
         run_span = self.spans.pop(rid, None)
         if run_span is None:  # a run rejected before it started: no trace to continue
             await self.publish_done(rid, action, epoch)

@@ -2,158 +2,234 @@
 next state and the actions to take. The service performs the actions after the new state
 is stored by compare-and-swap, so a replayed event never opens a round twice.
 
-A run plays in epochs: a resume starts a new one (new placement, agents restored from the
-last completed round's checkpoint), and events of an older epoch are stale."""
+The placement is a list of shares (a host's agent id ranges, placed in an epoch). A lost
+host's shares are placed again on the hosts up (a new epoch): their agents restart from the
+last completed round's checkpoint and replay only their part of the round in play. A resume
+places every share again. A round result counts only if it folded exactly the live shares."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
 
-from populace.core.contracts import Layout, Restore, RoundResult, RunConfig, RunState
+from populace.core.contracts import HostInfo, Layout, Restore, RoundResult, RunConfig, RunState, Share
+from populace.core.placement import PlacementError, place_ranges
 
 Placement = dict[str, list[tuple[int, int]]]
 ACTIVE = ("spawning", "running")
-RESUMABLE = ("failed", "cancelled")
+RESUMABLE = ("failed", "cancelled", "paused")
 
 
 @dataclass(frozen=True)
 class OpenRound:
-    """Open `round`; its observation and the environment's state are the new run state's."""
+    """Announce `round` with the new state's observation, environment state and shares;
+    `again`: the same round once more (for replacement shares, or after its deadline)."""
 
     round: int
     expected: int
+    again: bool = False
 
 
 @dataclass(frozen=True)
 class FinishRun:
-    status: str  # "completed" | "failed" | "cancelled"
+    status: str  # "completed" | "failed" | "cancelled" | "paused"
     rounds: int
     reason: str | None = None
 
 
 @dataclass(frozen=True)
-class SpawnAgents:
-    """Spawn the new state's placement (a resume: announce it first, then spawn)."""
+class SpawnShares:
+    """Publish the spawn of these shares (by key); `resumed`: announce the resume first."""
 
+    keys: tuple[str, ...]
     resumed: bool = False
 
 
-Action = OpenRound | FinishRun | SpawnAgents
+Action = OpenRound | FinishRun | SpawnShares
 
 
-def layout_of(placement: Placement) -> list[tuple[int, int]]:
-    return sorted(r for ranges in placement.values() for r in ranges)
+def layout_of(shares: list[Share]) -> list[tuple[int, int]]:
+    return sorted(r for sh in shares for r in sh.ranges)
 
 
 def layout_for(state: RunState, round_: int) -> list[tuple[int, int]]:
     """The ranges the run's hosts played (and checkpointed) `round_` in."""
     chosen = [l for l in state.layouts if l.from_round <= round_]
-    return chosen[-1].ranges if chosen else layout_of(state.placement)
+    return chosen[-1].ranges if chosen else layout_of(state.shares)
 
 
-def new_run(run_id: str, config: RunConfig, placement: Placement) -> RunState:
-    return RunState(run_id=run_id, status="spawning", config=config, placement=placement,
-                    layouts=[Layout(from_round=1, ranges=layout_of(placement))])
+def shares_for(placement: Placement, epoch: int, from_round: int,
+               incarnations: dict[str, float] | None = None) -> list[Share]:
+    inc = incarnations or {}
+    return [Share(host_id=h, epoch=epoch, ranges=r, from_round=from_round, incarnation=inc.get(h))
+            for h, r in sorted(placement.items())]
+
+
+def new_run(run_id: str, config: RunConfig, placement: Placement,
+            incarnations: dict[str, float] | None = None) -> RunState:
+    shares = shares_for(placement, 0, 1, incarnations)
+    return RunState(run_id=run_id, status="spawning", config=config, shares=shares,
+                    layouts=[Layout(from_round=1, ranges=layout_of(shares))])
 
 
 def fork_run(run_id: str, config: RunConfig, placement: Placement, parent: RunState, after_round: int,
-             env_state: dict, observation: dict) -> RunState:
+             env_state: dict, observation: dict, incarnations: dict[str, float] | None = None) -> RunState:
     """A new run that starts where `parent` was after `after_round` (its agents' and
     environment's state), with its own config (the intervention)."""
-    return RunState(run_id=run_id, status="spawning", config=config, placement=placement, round=after_round,
+    shares = shares_for(placement, 0, after_round + 1, incarnations)
+    return RunState(run_id=run_id, status="spawning", config=config, shares=shares, round=after_round,
                     restore=Restore(run_id=parent.run_id, round=after_round,
                                     ranges=layout_for(parent, after_round)),
-                    layouts=[Layout(from_round=after_round + 1, ranges=layout_of(placement))],
+                    layouts=[Layout(from_round=after_round + 1, ranges=layout_of(shares))],
                     env_state=env_state, observation=observation)
-
-
-def on_spawned(state: RunState, host_id: str, epoch: int = 0) -> tuple[RunState, list[Action]]:
-    if (state.status != "spawning" or epoch != state.epoch or host_id in state.spawned
-            or host_id not in state.placement):
-        return state, []
-    spawned = [*state.spawned, host_id]
-    if len(spawned) < len(state.placement):
-        return state.model_copy(update={"spawned": spawned, "updated_at": time.time()}), []
-    n = state.round + 1  # while spawning, `round` is the last completed one
-    nxt = state.model_copy(update={"spawned": spawned, "status": "running", "round": n,
-                                   "updated_at": time.time()})
-    return nxt, [OpenRound(n, state.config.agents)]
-
-
-def on_result(state: RunState, result: RoundResult) -> tuple[RunState, list[Action]]:
-    if state.status != "running" or result.round != state.round or result.epoch != state.epoch:
-        return state, []  # stale or replayed result
-    carried = {"env_state": result.state, "observation": result.observation, "updated_at": time.time()}
-    if state.round >= state.config.rounds:
-        done = state.model_copy(update={"status": "done", **carried})
-        return done, [FinishRun("completed", state.round)]
-    n = state.round + 1
-    nxt = state.model_copy(update={"round": n, **carried})
-    return nxt, [OpenRound(n, state.config.agents)]
 
 
 def completed(state: RunState) -> int:
     """The last round whose result is in (so whose checkpoint is complete)."""
-    if state.status == "done":
-        return state.round
+    return max(0, state.round - 1) if state.status == "running" else state.round
+
+
+def restore_point(state: RunState) -> Restore | None:
+    """Where agents spawned now start from: the last completed round's checkpoint; a fork's
+    parent's until the fork completes a round of its own; nothing before round 1."""
+    after = completed(state)
+    if state.restore is not None and after <= state.restore.round:
+        return state.restore
+    if after:
+        return Restore(run_id=state.run_id, round=after, ranges=layout_for(state, after))
+    return None
+
+
+def _now(state: RunState, **update) -> RunState:
+    return state.model_copy(update={**update, "updated_at": time.time()})
+
+
+def on_spawned(state: RunState, host_id: str, epoch: int = 0) -> tuple[RunState, list[Action]]:
+    key = f"{host_id}@{epoch}"
+    if state.status not in ACTIVE or key in state.spawned or state.share(key) is None:
+        return state, []
+    spawned = [*state.spawned, key]
+    if any(sh.key not in spawned for sh in state.shares):
+        return _now(state, spawned=spawned), []
     if state.status == "spawning":
-        return state.round
-    return max(0, state.round - 1)
+        n = state.round + 1  # while spawning, `round` is the last completed one
+        return (_now(state, spawned=spawned, status="running", round=n, phase_at=time.time(), nudged=0),
+                [OpenRound(n, state.config.agents)])
+    # running: the replacement shares are ready, so the round in play is announced again for them
+    return _now(state, spawned=spawned), [OpenRound(state.round, state.config.agents, again=True)]
+
+
+def on_result(state: RunState, result: RoundResult) -> tuple[RunState, list[Action]]:
+    if state.status != "running" or result.round != state.round:
+        return state, []  # stale or replayed result
+    if sorted(result.shares) != sorted(sh.key for sh in state.shares):
+        return state, []  # it folded a share since replaced (or misses a replacement's)
+    carried = {"env_state": result.state, "observation": result.observation, "phase_at": time.time(), "nudged": 0}
+    if state.round >= state.config.rounds:
+        return _now(state, status="done", **carried), [FinishRun("completed", state.round)]
+    n = state.round + 1
+    return _now(state, round=n, **carried), [OpenRound(n, state.config.agents)]
+
+
+def _stop(state: RunState, status: str, reason: str) -> tuple[RunState, list[Action]]:
+    if state.status not in ACTIVE:
+        return state, []
+    stopped = _now(state, status=status, round=completed(state), reason=reason)
+    return stopped, [FinishRun("completed" if status == "done" else status, stopped.round, reason)]
 
 
 def on_failure(state: RunState, reason: str) -> tuple[RunState, list[Action]]:
-    if state.status not in ACTIVE:
-        return state, []
-    failed = state.model_copy(update={"status": "failed", "round": completed(state), "reason": reason,
-                                      "updated_at": time.time()})
-    return failed, [FinishRun("failed", failed.round, reason)]
+    return _stop(state, "failed", reason)
 
 
 def on_cancel(state: RunState, reason: str) -> tuple[RunState, list[Action]]:
     """Stop at once; the round in play is dropped (it is played again on resume)."""
-    if state.status not in ACTIVE:
-        return state, []
-    cancelled = state.model_copy(update={"status": "cancelled", "round": completed(state), "reason": reason,
-                                         "updated_at": time.time()})
-    return cancelled, [FinishRun("cancelled", cancelled.round, reason)]
+    return _stop(state, "cancelled", reason)
 
 
-def on_resume(state: RunState, placement: Placement) -> tuple[RunState, list[Action]]:
-    """A failed or cancelled run continues after its last completed round, in a new epoch,
-    on `placement` (whatever hosts are up now); its agents are restored from the checkpoint."""
+def on_pause(state: RunState, reason: str) -> tuple[RunState, list[Action]]:
+    """Stop after the last completed round with a reason; `resume` continues."""
+    return _stop(state, "paused", reason)
+
+
+def on_resume(state: RunState, placement: Placement,
+              incarnations: dict[str, float] | None = None) -> tuple[RunState, list[Action]]:
+    """A failed, cancelled or paused run continues after its last completed round, in a new
+    epoch, on `placement` (whatever hosts are up now), its agents restored from the checkpoint."""
     if state.status not in RESUMABLE or state.round >= state.config.rounds:
         return state, []
-    after = state.round  # failed/cancelled runs keep their last completed round here
-    if state.restore is not None and after <= state.restore.round:
-        restore = state.restore  # no round completed since it was restored (a fork's parent, say)
-    elif after:
-        restore = Restore(run_id=state.run_id, round=after, ranges=layout_for(state, after))
-    else:
-        restore = None  # nothing played yet: a fresh start
-    resumed = state.model_copy(update={
-        "status": "spawning", "placement": placement, "spawned": [], "epoch": state.epoch + 1,
-        "restore": restore, "reason": None, "updated_at": time.time(),
-        "layouts": [*state.layouts, Layout(from_round=after + 1, ranges=layout_of(placement))],
-    })
-    return resumed, [SpawnAgents(resumed=True)]
+    epoch, after = state.epoch + 1, state.round
+    shares = shares_for(placement, epoch, after + 1, incarnations)
+    resumed = _now(state, status="spawning", shares=shares, spawned=[], epoch=epoch, reason=None,
+                   phase_at=time.time(), nudged=0,
+                   layouts=[*state.layouts, Layout(from_round=after + 1, ranges=layout_of(shares))])
+    return resumed, [SpawnShares(tuple(sh.key for sh in shares), resumed=True)]
 
 
-def lost_hosts(state: RunState, live: set[str]) -> list[str]:
-    """Hosts the run placed agents on that no longer heartbeat, while the run needs them."""
+def lost_shares(state: RunState, hosts: list[HostInfo], live: set[str]) -> list[Share]:
+    """Shares the run needs whose host stopped heartbeating or restarted (a new process has
+    none of their agents)."""
     if state.status not in ACTIVE:
         return []
-    return sorted(h for h in state.placement if h not in live)
+    started = {h.host_id: h.started_at for h in hosts}
+    return [sh for sh in state.shares if sh.host_id not in live
+            or (sh.incarnation is not None and started.get(sh.host_id, sh.incarnation) != sh.incarnation)]
 
 
-def on_hosts_lost(state: RunState, live: set[str], silent_s: float) -> tuple[RunState, list[Action]]:
-    """A host that stopped heartbeating takes its agents' answers with it: fail the run with a
-    reason that says which host and when, rather than wait for a round that cannot close."""
-    lost = lost_hosts(state, live)
+def on_hosts_lost(state: RunState, hosts: list[HostInfo], live: set[str], silent_s: float,
+                  unit: int = 1) -> tuple[RunState, list[Action]]:
+    """Place a lost host's shares again on the hosts up (a restarted host counts as up), in a
+    new epoch: their agents restart from the last checkpoint and replay their part of the
+    round in play. With nowhere to place them, the run pauses with a reason."""
+    lost = lost_shares(state, hosts, live)
     if not lost:
         return state, []
+    gone = sorted({sh.host_id for sh in lost if sh.host_id not in live})
+    restarted = sorted({sh.host_id for sh in lost} - set(gone))
+    what = "; ".join([*([f"agent-host {', '.join(gone)} stopped (no heartbeat for {silent_s:g}s)"] if gone else []),
+                      *([f"agent-host {', '.join(restarted)} restarted"] if restarted else [])])
     where = f"round {state.round}" if state.status == "running" else "spawning"
-    agents = sum(c for h in lost for _, c in state.placement[h])
-    return on_failure(state, f"agent-host {', '.join(lost)} stopped during {where} (no heartbeat for "
-                             f"{silent_s:g}s); its {agents} agents cannot answer; "
-                             f"`populace resume {state.run_id}` continues it")
+    agents = sum(sh.count for sh in lost)
+    up = [h for h in hosts if h.host_id in live]
+    keep = [sh for sh in state.shares if sh not in lost]
+    # the survivors' agents of this run already count against their hosts' room
+    try:
+        moved = place_ranges([r for sh in lost for r in sh.ranges], up, unit)
+    except PlacementError as err:
+        return on_pause(state, f"{what} during {where} and no agent-host can take its {agents} agents ({err}); "
+                               f"`populace resume {state.run_id}` continues once hosts are up")
+    epoch = state.epoch + 1
+    from_round = state.round if state.status == "running" else state.round + 1
+    new = shares_for(moved, epoch, from_round, {h.host_id: h.started_at for h in up})
+    shares = sorted([*keep, *new], key=lambda sh: min(f for f, _ in sh.ranges))
+    lost_keys = {sh.key for sh in lost}
+    replaced = _now(state, shares=shares, spawned=[k for k in state.spawned if k not in lost_keys], epoch=epoch,
+                    layouts=[*state.layouts, Layout(from_round=from_round, ranges=layout_of(shares))],
+                    reason=f"{what} during {where}: its {agents} agents re-placed on {', '.join(sorted(moved))}")
+    return replaced, [SpawnShares(tuple(sh.key for sh in new))]
+
+
+def on_stalled(state: RunState, stalled_s: float, deadline_s: float) -> tuple[RunState, list[Action]]:
+    """No progress for `stalled_s`: past the deadline, announce the round (or the spawn) once
+    more — a host that missed it plays it, one that played it ignores it — then pause."""
+    if state.status not in ACTIVE or stalled_s < deadline_s:
+        return state, []
+    if state.nudged == 0:
+        nudged = _now(state, nudged=1, phase_at=time.time())
+        if state.status == "running":
+            return nudged, [OpenRound(state.round, state.config.agents, again=True)]
+        return nudged, [SpawnShares(tuple(sh.key for sh in state.shares if sh.key not in state.spawned))]
+    what = f"round {state.round}" if state.status == "running" else "spawning"
+    return on_pause(state, f"{what} made no progress for {deadline_s:g}s (announced again once): a service is "
+                           f"down or stuck; `populace resume {state.run_id}` continues from round "
+                           f"{completed(state)}")
+
+
+def stall_deadline(config: RunConfig, infer_timeout_s: float, infer_attempts: int,
+                   override: float | None = None) -> float:
+    """How long a round may go without progress: one inference batch's worst case (every
+    attempt timing out, as agent-hosts time them) and a margin; a setting overrides it."""
+    if override:
+        return override
+    batch_s = max(infer_timeout_s, config.model.latency_s * 4 + 10)
+    return max(60.0, batch_s * infer_attempts + 30.0)

@@ -20,7 +20,7 @@ import duckdb
 import pyarrow as pa
 
 from populace.core.contracts import (
-    LlmCallBatch, OutcomeBatch, RoundResult, RunDone, RunResumed, RunStarted, SimulationTables, SpawnBatch,
+    LlmCallBatch, OutcomeBatch, RoundResult, RunDone, RunResumed, RunStarted, SimulationTables, SpawnBatch, share_key,
 )
 from populace.population.errors import PopulationError
 from populace.population.jsonl import parse_personas
@@ -45,6 +45,8 @@ ALTER TABLE runs ADD COLUMN IF NOT EXISTS manifest_json JSON;
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS simulation VARCHAR;
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS tables_json JSON;
 CREATE TABLE IF NOT EXISTS _resumes (run_id VARCHAR, epoch INTEGER, after_round INTEGER, resumed_at TIMESTAMP);
+CREATE TABLE IF NOT EXISTS _shares (run_id VARCHAR, share VARCHAR, ranges JSON, from_round INTEGER,
+                                    replaced_from INTEGER);
 """
 
 ARROW = {"DOUBLE": pa.float64(), "BIGINT": pa.int64(), "VARCHAR": pa.string(), "BOOLEAN": pa.bool_(),
@@ -95,12 +97,24 @@ class IngestResult:
     finished: list[RunDone] = field(default_factory=list)
 
 
+@dataclass
+class ShareRecord:
+    key: str
+    ranges: list[tuple[int, int]]
+    replaced_from: int | None  # the first round another share plays its agents in
+
+
+def _share(key: str) -> tuple[str, int]:
+    host_id, _, epoch = key.rpartition("@")
+    return host_id, int(epoch)
+
+
 class Store:
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
         self._con: duckdb.DuckDBPyConnection | None = None
         self._tables: dict[str, SimulationTables] = {}  # by run id
-        self._resumes: dict[str, list[tuple[int, int]]] = {}  # by run id: (epoch, after_round), oldest first
+        self._shares: dict[str, dict[str, ShareRecord]] = {}  # by run id, then share key
         self._ready: set[tuple[str, str]] = set()  # (table, spec) pairs created this connection
 
     @property
@@ -157,16 +171,51 @@ class Store:
         self._ensure(run_id, spec.rounds, summary_columns(spec))
 
     # -- ingestion ------------------------------------------------------------------------
-    def resumes_of(self, run_id: str) -> list[tuple[int, int]]:
-        if run_id not in self._resumes:
-            self._resumes[run_id] = [(e, a) for e, a in self.con.execute(
-                "SELECT epoch, after_round FROM _resumes WHERE run_id = ? ORDER BY epoch", [run_id]).fetchall()]
-        return self._resumes[run_id]
+    def shares_of(self, run_id: str) -> dict[str, ShareRecord]:
+        if run_id not in self._shares:
+            self._shares[run_id] = {key: ShareRecord(key, [tuple(r) for r in json.loads(ranges)], replaced)
+                                    for key, ranges, replaced in self.con.execute(
+                                        "SELECT share, ranges, replaced_from FROM _shares WHERE run_id = ?",
+                                        [run_id]).fetchall()}
+        return self._shares[run_id]
 
-    def stale(self, run_id: str, round_: int, epoch: int) -> bool:
-        """Played in an epoch a later resume replaced: a round after that resume's last
-        completed round is played again, and only the new epoch's rows count."""
-        return any(e > epoch and round_ > after for e, after in self.resumes_of(run_id))
+    def counts(self, run_id: str, round_: int, host_id: str, epoch: int) -> bool:
+        """Whether what share `host@epoch` sends about `round_` counts: it must be a share the
+        orchestrator placed, and not replaced before that round (a lost host's agents placed
+        again, a resume). Runs recorded before shares existed have none: everything counts."""
+        shares = self.shares_of(run_id)
+        if not shares:
+            return True
+        share = shares.get(share_key(host_id, epoch))
+        return share is not None and (share.replaced_from is None or round_ < share.replaced_from)
+
+    def _place(self, m: SpawnBatch) -> None:
+        """A share placed: it replaces, from its first round on, every share whose agents it
+        takes (a lost host's, or all of them on a resume), and what they recorded from then goes."""
+        shares = self.shares_of(m.run_id)
+        key = share_key(m.host_id, m.epoch)
+        if key in shares:
+            return
+        con = self.con
+        mine = [(f, f + c) for f, c in m.ranges]
+        for old in shares.values():
+            if old.replaced_from is None and any(a < hi and lo < b for a, b in mine for lo, hi in
+                                                 ((f, f + c) for f, c in old.ranges)):
+                old.replaced_from = m.from_round
+                con.execute("UPDATE _shares SET replaced_from = ? WHERE run_id = ? AND share = ?",
+                            [m.from_round, m.run_id, old.key])
+        shares[key] = ShareRecord(key, list(m.ranges), None)
+        con.execute("INSERT INTO _shares VALUES (?, ?, ?, ?, NULL)",
+                    [m.run_id, key, json.dumps(m.ranges), m.from_round])
+        if m.epoch == 0:
+            return  # a run's first placement: nothing recorded of these agents yet
+        spec = self._spec(m.run_id)
+        within = " OR ".join("(agent_id >= ? AND agent_id < ?)" for _ in mine)
+        bounds = [x for pair in mine for x in pair]
+        for table in (spec.outcomes, "llm_calls"):
+            con.execute(f"DELETE FROM {_q(table)} WHERE run_id = ? AND round >= ? AND ({within})",
+                        [m.run_id, m.from_round, *bounds])
+        con.execute(f"DELETE FROM agents WHERE run_id = ? AND ({within})", [m.run_id, *bounds])
 
     def _unseen(self, events: list[Event]) -> list[Event]:
         ids = [e.msg_id for e in events]
@@ -218,17 +267,17 @@ class Store:
                     if e.blob is not None:
                         self._insert_profiles(m.run_id, m.config.agents, e.blob)
                 elif isinstance(m, SpawnBatch):
+                    if share_key(m.host_id, m.epoch) in self.shares_of(m.run_id):
+                        continue  # a spawn announced again (its deadline): placed already
+                    self._place(m)
                     for first, count in m.ranges:
-                        if m.epoch > 0:  # a resume placed these agents again: where they live now
-                            con.execute("DELETE FROM agents WHERE run_id = ? AND agent_id >= ? AND agent_id < ?",
-                                        [m.run_id, first, first + count])
                         con.execute(
                             "INSERT INTO agents SELECT ?, range, ?, NULL FROM range(?, ?)",
                             [m.run_id, m.host_id, first, first + count],
                         )
                 elif isinstance(m, RoundResult):
-                    if not self.stale(m.run_id, m.round, m.epoch):
-                        self._insert_round(m)
+                    if all(self.counts(m.run_id, m.round, *_share(k)) for k in m.shares):
+                        self._insert_round(m)  # decided from live shares only (again, after a re-placement)
                 elif isinstance(m, RunDone):
                     con.execute(
                         "UPDATE runs SET finished_at = ?, status = ?, reason = ? WHERE run_id = ?",
@@ -236,8 +285,8 @@ class Store:
                     )
                     out.finished.append(m)
             for run_id, batches in outcomes.items():
-                # filtered here, after every resume of this fetch: its batches wait to the end
-                batches = [b for b in batches if not self.stale(b.run_id, b.round, b.epoch)]
+                # filtered here, after every placement of this fetch: its batches wait to the end
+                batches = [b for b in batches if self.counts(b.run_id, b.round, b.host_id, b.epoch)]
                 if batches:
                     out.outcomes += self._insert_outcomes(run_id, batches)
             con.execute("INSERT INTO _ingested SELECT unnest(?)", [[e.msg_id for e in fresh]])
@@ -245,7 +294,7 @@ class Store:
         except Exception:
             con.execute("ROLLBACK")
             self._ready.clear()  # tables created in the rolled-back transaction are gone again
-            self._resumes.clear()  # and resumes recorded in it: read them again
+            self._shares.clear()  # and placements recorded in it: read them again
             raise
         return out
 
@@ -265,7 +314,6 @@ class Store:
         con.execute("UPDATE runs SET status = 'running', finished_at = NULL, reason = NULL, hosts = ? "
                     "WHERE run_id = ?", [m.hosts, m.run_id])
         con.execute("INSERT INTO _resumes VALUES (?, ?, ?, ?)", [m.run_id, m.epoch, m.after_round, ts(m.resumed_at)])
-        self.resumes_of(m.run_id).append((m.epoch, m.after_round))
 
     def _insert_outcomes(self, run_id: str, batches: list[OutcomeBatch]) -> int:
         spec = self._spec(run_id)
@@ -300,6 +348,8 @@ class Store:
                   *(json.dumps(m.summary.get(c.name)) if c.type == "JSON" else m.summary.get(c.name)
                     for c in spec.summary_columns),
                   ts(m.closed_at)]
+        # a round decided again (after a re-placement) replaces its earlier decision
+        self.con.execute(f"DELETE FROM {_q(spec.rounds)} WHERE run_id = ? AND round = ?", [m.run_id, m.round])
         self.con.execute(f"INSERT INTO {_q(spec.rounds)} ({', '.join(map(_q, names))}) "
                          f"VALUES ({', '.join('?' * len(names))})", values)
 

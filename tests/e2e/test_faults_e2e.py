@@ -1,0 +1,178 @@
+"""The fault matrix: kill a process of a live stack in the middle of a round of a multi-round
+run — SIGKILL, or SIGTERM as a redeploy does — restart it as a supervisor would (or never),
+and the run still completes with exactly one outcome per agent per round, equal to an
+undisturbed run's on the dummy model: every agent's answer, every round's summary.
+
+One stack (file storage, as deployed) serves every row in turn; a reference run plays first.
+Small runs keep it quick: a few thousand agents, rounds of about a second."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+import time
+
+import duckdb
+import pytest
+
+from populace.client.prepare import prepare
+from populace.client.run import new_run_id, play, run_state
+from populace.client.stack import Stack
+from populace.core import bus
+from populace.core.contracts import Progress, RoundOpen, RunConfig
+
+pytestmark = pytest.mark.e2e
+
+AGENTS, ROUNDS = 3000, 4
+CONFIG = {"agents": AGENTS, "rounds": ROUNDS, "seed": 8, "model": {"latency_s": 1.0, "seed": 31}}
+ENV = {"POPULACE_STORAGE": "file", "POPULACE_HEARTBEAT_S": "0.5", "POPULACE_HOST_LOST_S": "4",
+       "POPULACE_REGISTRY_TTL_S": "4", "POPULACE_INFER_TIMEOUT_S": "5"}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    db = tmp_path_factory.mktemp("faults") / "populace.duckdb"
+    s = Stack(hosts=2, db=str(db), env=ENV)
+    s.start()
+    try:
+        asyncio.run(s.wait_ready(timeout=90))
+        yield s
+    finally:
+        s.stop()
+
+
+def rows(db: str, sql: str, run_id: str) -> list[tuple]:
+    with duckdb.connect(db, read_only=True) as con:
+        return con.execute(sql, [run_id]).fetchall()
+
+
+def guesses(db: str, run_id: str) -> list[tuple]:
+    return rows(db, "SELECT round, agent_id, value, valid, raw, error FROM guesses WHERE run_id = ? "
+                    "ORDER BY round, agent_id", run_id)
+
+
+def summaries(db: str, run_id: str) -> list[tuple]:
+    return rows(db, "SELECT round, n, n_valid, mean, target, winner_agent_id, winner_value, n_winners FROM rounds "
+                    "WHERE run_id = ? ORDER BY round", run_id)
+
+
+def play_with(stack: Stack, fault=None, at_round: int = 2, after_answers: int = 1) -> tuple:
+    """Play the run; once `after_answers` agents answered in round `at_round`, call
+    `fault()` (in a thread: it may block while processes stop and start)."""
+    prepared = prepare(RunConfig.model_validate(CONFIG))
+    rid = new_run_id()
+    fired = threading.Event()
+    answered = 0
+
+    def fire() -> None:
+        fired.set()
+        threading.Thread(target=fault, daemon=True).start()
+
+    def on_event(kind, model) -> None:
+        nonlocal answered
+        if fault is None or fired.is_set():
+            return
+        if isinstance(model, RoundOpen) and model.round == at_round and after_answers == 0:
+            fire()
+        elif isinstance(model, Progress) and model.round == at_round:
+            answered += model.answered
+            if answered >= after_answers:
+                fire()
+
+    async def go():
+        nc = await bus.connect(stack.url, "e2e-faults")
+        try:
+            out = await asyncio.wait_for(play(nc, prepared.config, run_id=rid, manifest=prepared.manifest,
+                                              on_event=on_event, stall_s=120), timeout=240)
+            return out, await run_state(nc, rid)
+        finally:
+            await nc.close()
+
+    t0 = time.monotonic()
+    out, state = asyncio.run(go())
+    assert fault is None or fired.is_set(), "the fault never fired"
+    return out, state, time.monotonic() - t0
+
+
+@pytest.fixture(scope="module")
+def reference(stack) -> tuple[str, float]:
+    out, _, seconds = play_with(stack)
+    assert out.status == "completed", out.reason
+    return out.run_id, seconds
+
+
+def report(row: str, seconds: float, reference: tuple[str, float]) -> None:
+    """The row's cost for the README's matrix (`pytest tests/e2e/test_faults_e2e.py -s`)."""
+    print(f"\nfault-matrix | {row} | run {seconds:.1f}s | undisturbed {reference[1]:.1f}s | "
+          f"recovery +{seconds - reference[1]:.1f}s")
+
+
+def check_exact(stack: Stack, out, reference: str) -> None:
+    assert out.status == "completed", out.reason
+    assert [r.round for r in sorted(out.results, key=lambda r: r.round)][-1] == ROUNDS
+    assert out.recorded is not None and out.recorded.outcomes == AGENTS * ROUNDS
+    got = guesses(stack.db, out.run_id)
+    assert [(g[0], g[1]) for g in got] == [(n, a) for n in range(1, ROUNDS + 1) for a in range(AGENTS)]
+    assert got == guesses(stack.db, reference)
+    assert summaries(stack.db, out.run_id) == summaries(stack.db, reference)
+
+
+def kill_and_restart(stack: Stack, key: str, sig: int = signal.SIGKILL, pause_s: float = 0.5):
+    def fault() -> None:
+        stack.kill(key, sig)
+        time.sleep(pause_s)
+        stack.restart(key)
+    return fault
+
+
+@pytest.mark.parametrize("key", ["agent-host-1", "environment", "recorder", "orchestrator"])
+def test_a_process_killed_mid_round_and_restarted_leaves_the_run_exact(stack, reference, key):
+    out, state, seconds = play_with(stack, kill_and_restart(stack, key))
+    check_exact(stack, out, reference[0])
+    report(f"{key} SIGKILL, restarted", seconds, reference)
+    if key == "agent-host-1":  # its agents were placed again: the state says where, and why
+        assert state.epoch >= 1 and "agent-host host-1 restarted during round 2" in (state.reason or "")
+
+
+def test_an_agent_host_stopped_by_sigterm_and_restarted_leaves_the_run_exact(stack, reference):
+    out, state, seconds = play_with(stack, kill_and_restart(stack, "agent-host-0", signal.SIGTERM))
+    check_exact(stack, out, reference[0])
+    report("agent-host-0 SIGTERM, restarted", seconds, reference)
+    assert state.epoch >= 1
+
+
+def test_an_agent_host_that_never_comes_back_has_its_agents_placed_on_the_survivor(stack, reference):
+    def fault() -> None:
+        stack.kill("agent-host-1")
+
+    try:
+        out, state, seconds = play_with(stack, fault)
+    finally:
+        stack.restart("agent-host-1")  # the spare comes back for the next rows
+        asyncio.run(stack.wait_ready(timeout=60))
+    check_exact(stack, out, reference[0])
+    report("agent-host-1 SIGKILL, never back", seconds, reference)
+    assert "agent-host host-1 stopped (no heartbeat for 4s) during round 2" in state.reason
+    assert {sh.host_id for sh in state.shares} == {"host-0"}
+
+
+@pytest.mark.slow
+def test_a_gateway_killed_mid_round_and_restarted_leaves_the_run_exact(stack, reference):
+    out, _, seconds = play_with(stack, kill_and_restart(stack, "gateway"), after_answers=0)
+    check_exact(stack, out, reference[0])
+    report("gateway SIGKILL, restarted", seconds, reference)
+
+
+@pytest.mark.slow
+def test_nats_server_killed_mid_round_and_restarted_on_its_file_store_leaves_the_run_exact(stack, reference):
+    def fault() -> None:
+        nats = stack.nats
+        nats.proc.send_signal(signal.SIGKILL)
+        nats.proc.wait(10)
+        time.sleep(1.0)
+        nats.start()
+
+    out, _, seconds = play_with(stack, fault)
+    check_exact(stack, out, reference[0])
+    report("nats-server SIGKILL, restarted (file store)", seconds, reference)
