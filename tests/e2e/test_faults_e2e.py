@@ -9,6 +9,7 @@ Small runs keep it quick: a few thousand agents, rounds of about a second."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import threading
 import time
@@ -19,8 +20,8 @@ import pytest
 from populace.client.prepare import prepare
 from populace.client.run import new_run_id, play, run_state
 from populace.client.stack import Stack
-from populace.core import bus
-from populace.core.contracts import Progress, RoundOpen, RunConfig
+from populace.core import bus, subjects
+from populace.core.contracts import Progress, ReplicaInfo, RoundOpen, RunConfig
 
 pytestmark = pytest.mark.e2e
 
@@ -33,7 +34,9 @@ ENV = {"POPULACE_STORAGE": "file", "POPULACE_HEARTBEAT_S": "0.5", "POPULACE_HOST
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     db = tmp_path_factory.mktemp("faults") / "populace.duckdb"
-    s = Stack(hosts=2, db=str(db), env=ENV)
+    s = Stack(hosts=2, db=str(db), env=ENV, extra={"replicas-sim": ["replicas", "sim", "--count", "2", "--",
+                                                                "--time-scale", "0.1", "--max-num-seqs", "64"]},
+              replicas=2)
     s.start()
     try:
         asyncio.run(s.wait_ready(timeout=90))
@@ -57,10 +60,10 @@ def summaries(db: str, run_id: str) -> list[tuple]:
                     "WHERE run_id = ? ORDER BY round", run_id)
 
 
-def play_with(stack: Stack, fault=None, at_round: int = 2, after_answers: int = 1) -> tuple:
+def play_with(stack: Stack, fault=None, at_round: int = 2, after_answers: int = 1, config: dict = CONFIG) -> tuple:
     """Play the run; once `after_answers` agents answered in round `at_round`, call
     `fault()` (in a thread: it may block while processes stop and start)."""
-    prepared = prepare(RunConfig.model_validate(CONFIG))
+    prepared = prepare(RunConfig.model_validate(config))
     rid = new_run_id()
     fired = threading.Event()
     answered = 0
@@ -91,7 +94,7 @@ def play_with(stack: Stack, fault=None, at_round: int = 2, after_answers: int = 
 
     t0 = time.monotonic()
     out, state = asyncio.run(go())
-    assert fault is None or fired.is_set(), "the fault never fired"
+    assert fault is None or fired.is_set(), f"the fault never fired (run {out.status}: {out.reason})"
     return out, state, time.monotonic() - t0
 
 
@@ -108,12 +111,12 @@ def report(row: str, seconds: float, reference: tuple[str, float]) -> None:
           f"recovery +{seconds - reference[1]:.1f}s")
 
 
-def check_exact(stack: Stack, out, reference: str) -> None:
+def check_exact(stack: Stack, out, reference: str, agents: int = AGENTS) -> None:
     assert out.status == "completed", out.reason
     assert [r.round for r in sorted(out.results, key=lambda r: r.round)][-1] == ROUNDS
-    assert out.recorded is not None and out.recorded.outcomes == AGENTS * ROUNDS
+    assert out.recorded is not None and out.recorded.outcomes == agents * ROUNDS
     got = guesses(stack.db, out.run_id)
-    assert [(g[0], g[1]) for g in got] == [(n, a) for n in range(1, ROUNDS + 1) for a in range(AGENTS)]
+    assert [(g[0], g[1]) for g in got] == [(n, a) for n in range(1, ROUNDS + 1) for a in range(agents)]
     assert got == guesses(stack.db, reference)
     assert summaries(stack.db, out.run_id) == summaries(stack.db, reference)
 
@@ -162,6 +165,34 @@ def test_a_gateway_killed_mid_round_and_restarted_leaves_the_run_exact(stack, re
     out, _, seconds = play_with(stack, kill_and_restart(stack, "gateway"), after_answers=0)
     check_exact(stack, out, reference[0])
     report("gateway SIGKILL, restarted", seconds, reference)
+
+
+@pytest.mark.slow
+def test_an_llm_replica_killed_mid_round_leaves_the_run_exact(stack):
+    """Two simulated vLLM replicas (real HTTP servers; an answer depends only on the request,
+    as a seeded greedy model's would): one is SIGKILLed mid-round, the gateway retries its
+    calls on the other, and the run equals an undisturbed one on the same replicas."""
+    on_sim = {**CONFIG, "agents": 1000, "model": {"backend": "sim", "seed": 31}}  # one HTTP call per answer
+    ref, _, ref_s = play_with(stack, config=on_sim)
+    assert ref.status == "completed", ref.reason
+
+    async def replica_pids() -> list[int]:
+        nc = await bus.connect(stack.url, "e2e-faults-replicas")
+        try:
+            return [r.pid for r in await bus.registry_entries(nc.jetstream(), subjects.REPLICAS_BUCKET, ReplicaInfo)]
+        finally:
+            await nc.close()
+
+    victim = sorted(asyncio.run(replica_pids()))[0]
+
+    def fault() -> None:
+        os.kill(victim, signal.SIGKILL)  # a replica process the stack's launcher started
+
+    # killed as round 2 opens: its calls are in flight at once (answers come in one batch per
+    # host, too late to aim at)
+    out, _, seconds = play_with(stack, fault, config=on_sim, after_answers=0)
+    check_exact(stack, out, ref.run_id, agents=1000)
+    report("LLM replica (sim) SIGKILL, not restarted", seconds, (ref.run_id, ref_s))
 
 
 @pytest.mark.slow

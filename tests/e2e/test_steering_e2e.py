@@ -18,6 +18,7 @@ import time
 import duckdb
 import nats.js.errors
 import pytest
+import yaml
 
 from populace.client.prepare import prepare, prepare_fork
 from populace.client.run import cancel, new_run_id, play, resume, run_state
@@ -265,3 +266,29 @@ def test_ctrl_c_in_run_detaches_and_follow_sees_the_run_to_its_end(stack, tmp_pa
     assert f"run {rid} (completed)" in r.stdout or f"run {rid} is done (3 of 3 rounds completed)" in r.stdout
     r = populace("follow", rid, "--nats", stack.url)
     assert r.returncode == 0 and f"run {rid} is done (3 of 3 rounds completed)" in r.stdout
+
+
+def test_a_run_pauses_on_its_budget_and_resume_with_a_larger_one_ends_as_if_never_stopped(stack, reference,
+                                                                                           tmp_path):
+    # 2,000 answered calls a round: after round 2, 4,000 of 4,500 are used and round 3 would
+    # need about 2,000 more, so the run pauses there
+    scenario = tmp_path / "budget.yaml"
+    scenario.write_text(yaml.safe_dump({**BASE, "budget": {"llm_calls": 4500}}))
+    r = populace("run", str(scenario), "--nats", stack.url, "--no-progress")
+    assert r.returncode == 1, r.stderr
+    rid = re.search(r"run (\S+) paused: budget: 4,000 of 4,500 LLM calls used, and the next round needs "
+                    r"about 2,000 more", r.stderr.replace("\n", " ")).group(1)
+    assert f"populace resume {rid} --budget-" in r.stderr.replace("\n", " ")
+    state = asyncio.run(_connected(stack, lambda nc: run_state(nc, rid)))
+    assert (state.status, state.round, state.used.llm_calls) == ("paused", 2, 4000)
+    assert [s["round"] for s in summaries(stack.db, rid)] == [1, 2]
+
+    r = populace("resume", rid, "--nats", stack.url, "--no-progress")  # the same budget: refused
+    assert r.returncode != 0 and "give a larger budget" in r.stderr.replace("\n", " ")
+    r = populace("resume", rid, "--budget-calls", "20000", "--nats", stack.url, "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert f"run {rid} (completed)" in r.stdout
+    state = asyncio.run(_connected(stack, lambda nc: run_state(nc, rid)))
+    assert state.used.llm_calls == AGENTS * ROUNDS and state.config.budget.llm_calls == 20000
+    assert guesses(stack.db, rid) == guesses(stack.db, reference)
+    assert summaries(stack.db, rid) == summaries(stack.db, reference)

@@ -250,6 +250,45 @@ async def test_checkpoints_are_replaced_by_their_writers_only(server):
             await c.close()
 
 
+async def test_recorder_purges_run_events_and_prunes_checkpoints(server):
+    """Bounded storage: the recorder may purge a recorded run's events from RUN and delete a
+    completed run's checkpoints (list, delete, drop the deleted marker); an agent-host may not
+    purge RUN."""
+    admin, ajs = await admin_js(server.url)
+    errors: list[str] = []
+    conns = {u: await connect_as(server.url, u, errors if u == "agent-host" else None)
+             for u in ("agent-host", "environment", "recorder")}
+    try:
+        host, env, rec = (conns[u].jetstream(timeout=2.0) for u in ("agent-host", "environment", "recorder"))
+        for round_ in (1, 2):
+            await checkpoints.save_agents(host, "r1", round_, 0, 2, {"memory": [[round_], [round_]]})
+            await checkpoints.save_env(env, "r1", round_, {"history": [round_]}, {"round": round_})
+        await checkpoints.save_env(env, "r2", 1, {}, {})
+        assert await checkpoints.prune(rec, "r1", "last") == 2
+        assert await checkpoints.load_env(host, "r1", 2) == ({"history": [2]}, {"round": 2})
+        with pytest.raises(checkpoints.CheckpointError):
+            await checkpoints.load_env(host, "r1", 1)
+        # What is left: 3 objects (chunk and metadata each), no marker of the pruned ones.
+        assert await messages(ajs, f"OBJ_{subjects.CHECKPOINTS_BUCKET}") == 6
+        assert await checkpoints.prune(rec, "r1", "none") == 2
+        assert await messages(ajs, f"OBJ_{subjects.CHECKPOINTS_BUCKET}") == 2  # r2's
+
+        await host.publish(subjects.run_outcomes("r1", 1, HOST_ID), b"{}")
+        await host.publish(subjects.run_partial("r1", 1, HOST_ID), b"{}")
+        with pytest.raises(nats.errors.TimeoutError):
+            await host.purge_stream(subjects.RUN_STREAM, subject=subjects.run_outcomes_all("r1"))
+        await rec.purge_stream(subjects.RUN_STREAM, subject=subjects.run_outcomes_all("r1"))
+        await rec.purge_stream(subjects.RUN_STREAM, subject=subjects.run_calls_all("r1"))
+        info = await ajs.stream_info(subjects.RUN_STREAM, subjects_filter=">")
+        assert info.state.subjects == {subjects.run_partial("r1", 1, HOST_ID): 1}
+        await eventually(lambda: denied(errors, "publish", "$JS.API.STREAM.PURGE.RUN"), what="purge violation")
+        refused = {line.split("Subject ")[-1] for line in server_violations(server)}
+        assert refused == {'"$JS.API.STREAM.PURGE.RUN"'}, refused
+    finally:
+        for c in (*conns.values(), admin):
+            await c.close()
+
+
 # --- c. the whole system, one user per service ----------------------------------------
 def start_service(name: str, url: str, tmp_path: Path) -> subprocess.Popen:
     env = {

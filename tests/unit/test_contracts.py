@@ -15,6 +15,7 @@ CONFIG = c.RunConfig(
     model=c.ModelConfig(latency_s=0.0, seed=9),
     placement=c.PlacementConfig(agents_per_process=0),
     population=c.PopulationRef(personas="personas.jsonl", digest="ab" * 32),
+    budget=c.Budget(tokens=1_000_000),
     # the simulation's own sections: kept as written, validated by the simulation
     game={"ratio": "1/2", "offset": 5, "max_value": 50, "history_window": 3},
     prompt={"system": "rational", "answer": "cot", "population_note": True},
@@ -35,7 +36,9 @@ INSTANCES: dict[str, BaseModel] = {
     "Share": c.Share(host_id="h2", epoch=1, ranges=[(1250, 1250)], from_round=2, incarnation=17.5),
     "Layout": c.Layout(from_round=4, ranges=[(0, 2500)]),
     "RunCancel": c.RunCancel(run_id="r1", reason="enough data"),
-    "RunResume": c.RunResume(run_id="r1"),
+    "RunResume": c.RunResume(run_id="r1", budget=c.Budget(tokens=10_000)),
+    "Budget": c.Budget(tokens=5000, llm_calls=300),
+    "Usage": c.Usage(llm_calls=3, prompt_tokens=120, completion_tokens=12, tokens_sq=5000.0, infra_retries=2),
     "RunResumed": c.RunResumed(run_id="r1", epoch=1, after_round=2, hosts=["h1"], resumed_at=5.0),
     "HostInfo": c.HostInfo(host_id="host-1", capacity=100000, agents=1200, pid=4242,
                            started_at=1700000000.0, heartbeat_at=1700000005.0),

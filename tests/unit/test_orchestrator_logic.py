@@ -453,3 +453,42 @@ def test_place_ranges_covers_exactly_the_lost_agents_and_keeps_groups_whole(seed
     for rs in out.values():
         for f, c in rs:
             assert f % unit == 0 and ((f + c) % unit == 0 or f + c == agents)  # groups stay whole
+
+
+# --- budget ---------------------------------------------------------------------------------
+def test_a_run_pauses_before_the_round_that_would_go_past_its_budget_and_a_larger_one_resumes_it():
+    from populace.core.contracts import Budget, Usage
+    from populace.orchestrator.workflow import on_resume, over_budget, resume_refusal
+
+    config = RunConfig(agents=10, rounds=5, budget={"tokens": 2500})
+    s = new_run("r1", config, PLACEMENT)
+    s, _ = on_spawned(s, "h1")
+    s, _ = on_spawned(s, "h2")
+    spent = Usage(llm_calls=10, prompt_tokens=900, completion_tokens=100, tokens_sq=1e5)
+    s, acts = on_result(s, result(1).model_copy(update={"usage": spent}))
+    assert acts == [OpenRound(2, 10)] and s.used.tokens == 1000  # 1000 + 1000 ≤ 2500: round 2 plays
+    s, acts = on_result(s, result(2).model_copy(update={"usage": spent}))
+    # 2000 used, round 3 needs about 1000 more: it would go past 2500, so the run pauses now
+    assert s.status == "paused" and s.round == 2 and s.used.tokens == 2000 and s.last_round == spent
+    assert acts == [FinishRun("paused", 2, s.reason)]
+    assert "2,000 of 2,500 tokens used" in s.reason and "--budget-tokens" in s.reason
+    assert s.env_state == {"winners": [20.0], "tag": 2}  # what the next round starts from
+    # resuming on the same budget is refused (it would pause again at once); a larger one plays on
+    assert "give a larger budget" in resume_refusal(s)
+    assert on_resume(s, PLACEMENT) == (s, [])
+    r, _ = on_resume(s, PLACEMENT, budget=Budget(tokens=10_000))
+    assert r.status == "spawning" and r.config.budget == Budget(tokens=10_000) and r.used.tokens == 2000
+    assert over_budget(None, spent, spent) is None
+    assert "LLM calls" in over_budget(Budget(llm_calls=15), spent, spent)
+
+
+def test_usage_adds_up_field_by_field():
+    from populace.core.contracts import Usage
+
+    a = Usage(llm_calls=2, prompt_tokens=10, completion_tokens=3, tokens_sq=100.0, infra_retries=1)
+    assert a + a == Usage(llm_calls=4, prompt_tokens=20, completion_tokens=6, tokens_sq=200.0, infra_retries=2)
+    assert (a + Usage()).tokens == 13
+    with pytest.raises(ValueError, match="budget.tokens"):
+        RunConfig.model_validate({"budget": {"tokens": 0}})
+    with pytest.raises(ValueError, match="budget.dollars"):
+        RunConfig.model_validate({"budget": {"dollars": 5}})

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from populace.core.contracts import RunConfig
-from populace.sdk import Cast, InferError, Persona, ScriptedLLM, resolve
+from populace.sdk import Cast, InferError, ModelUnavailable, Persona, ScriptedLLM, resolve
 from populace.sdk.hosting import host_run
 from populace.sdk.play import OutcomeSink
 from populace_public_goods import Contribution, Contributor, Group, GroupNews, PublicGoodsEnv
@@ -101,15 +101,24 @@ async def test_an_unparseable_answer_is_invalid_with_its_text_counts_as_zero_and
         a.prompt for a in llm.asked if a.key == 1 and "round 1" in a.prompt)
 
 
-async def test_an_outage_or_an_agent_bug_is_recorded_as_such_and_the_member_still_gets_its_share():
+async def test_an_agent_bug_is_recorded_as_such_and_the_member_still_gets_its_share():
     run = share(5)
-    llm = ScriptedLLM({0: '{"contribution": 20}', 1: InferError("gateway down"), 2: ValueError("bug"),
+    llm = ScriptedLLM({0: '{"contribution": 20}', 1: '{"contribution": 0}', 2: ValueError("bug"),
                        3: '{"contribution": 0}', 4: '{"contribution": 0}'})
     _, rows = await play(run, llm)
-    assert rows[1]["error"] == "infrastructure: gateway down" and rows[1]["valid"] is False
-    assert rows[2]["error"] == "agent: ValueError: bug"
-    assert rows[1]["payoff"] == rows[2]["payoff"] == 20 + 6.4
+    assert rows[2]["error"] == "agent: ValueError: bug" and rows[2]["valid"] is False
+    assert rows[2]["payoff"] == 20 + 6.4  # counted as giving nothing: keeps the endowment
     assert rows[0]["payoff"] == 6.4
+
+
+async def test_an_outage_is_never_recorded_as_an_answer_the_round_stops():
+    """No model answered agent 1 (after the port's retries): nothing of the round counts;
+    on the fleet the run pauses and the round is played again once a model answers."""
+    run = share(5)
+    llm = ScriptedLLM({0: '{"contribution": 20}', 1: InferError("gateway down"), 2: '{"contribution": 0}',
+                       3: '{"contribution": 0}', 4: '{"contribution": 0}'})
+    with pytest.raises(ModelUnavailable, match="gateway down"):
+        await play(run, llm)
 
 
 async def test_the_smaller_last_group_is_told_its_size_and_shares_among_its_members():

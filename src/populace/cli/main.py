@@ -251,12 +251,18 @@ def run(
     hosts: Annotated[int, typer.Option(min=1, help="--local: split the agents as this many agent-hosts would")] = 1,
     cancel_on_exit: Annotated[bool, typer.Option(help="Ctrl-C cancels the run (default: detach; the run "
                                                        "goes on)")] = False,
+    estimate: Annotated[bool, typer.Option(help="play a pilot (a share of the agents, one round) and print "
+                                                "the run's expected LLM calls and tokens, instead of the run")] = False,
+    pilot: Annotated[float, typer.Option(min=0.0001, max=1.0, help="--estimate: the pilot's share of the "
+                                                                   "agents (at least 20 agents)")] = 0.01,
 ) -> None:
     """Validate a scenario, publish `ctl.run.start`, follow the run until it is recorded
     (or, with --local, play it in this process). Ctrl-C detaches: the run goes on, and the
     message says how to follow, cancel or resume it."""
     extra = _overrides(set_)
     prepared = checked(lambda: prepare_file(scenario) if not extra else _prepare_with(scenario, extra))
+    if estimate:
+        return _estimate(scenario, extra, prepared, nats, pilot, progress)
     if local:
         from populace.client import simulate
 
@@ -278,6 +284,36 @@ def run(
             _detached(url, rid, cancel_on_exit)
             raise typer.Exit(130) from None
     _report(outcome, prepared)
+
+
+def _estimate(scenario: Path, extra: dict, prepared: PreparedRun, nats: str, share: float, progress: bool) -> None:
+    """Play the pilot on the fleet (recorded like any run, named `<name>-pilot`) and scale its
+    LLM work to the whole run."""
+    from populace.client.estimate import extrapolate, pilot_agents
+
+    config = prepared.config
+    k = pilot_agents(config.agents, share)
+    pilot = checked(lambda: _prepare_with(scenario, {**extra, "agents": k, "rounds": 1,
+                                                     "name": f"{config.name}-pilot", "budget": None}))
+    with _stack_url(nats) as url:
+        outcome = asyncio.run(_follow(url, pilot, show_progress=progress))
+    if outcome.status != "completed" or not outcome.results:
+        fail(f"the pilot run {outcome.run_id} {outcome.status}: {outcome.reason}", code=1)
+    used = outcome.results[0].usage
+    est = extrapolate(config.agents, config.rounds, k, used)
+    out = display.out
+    out.print(f"pilot run {outcome.run_id}: {k:,} of {config.agents:,} agents, round 1, model "
+              f"{config.model.backend}: {used.llm_calls:,} LLM calls, {used.tokens:,} tokens "
+              f"({used.prompt_tokens:,} prompt, {used.completion_tokens:,} completion)")
+    line = f"expected for {config.agents:,} agents × {config.rounds} rounds: {est.calls:,.0f} LLM calls"
+    if est.counted_tokens:
+        line += (f", {est.tokens:,.0f} tokens (95% interval {est.tokens_low:,.0f}–{est.tokens_high:,.0f}; "
+                 f"{est.tokens_per_call:,.1f} ± {est.tokens_per_call_sd:,.1f} tokens per call)")
+    else:
+        line += f"; the {config.model.backend} model reports no tokens"
+    out.print(line)
+    out.print("from round 1's prompts only: later rounds' prompts carry history and are usually longer. "
+              "`budget: {tokens: N}` in the scenario pauses the run before it goes past N.")
 
 
 def _detached(url: str, rid: str, cancel_on_exit: bool) -> None:
@@ -339,18 +375,21 @@ def cancel(
 
 @app.command()
 def resume(
-    run_id: Annotated[str, typer.Argument(help="a failed or cancelled run's id")],
+    run_id: Annotated[str, typer.Argument(help="a failed, cancelled or paused run's id")],
     nats: Annotated[str, typer.Option("--nats", help=NATS_HELP)] = NATS_DEFAULT,
     progress: Annotated[bool, typer.Option(help="show progress bars")] = True,
+    budget_tokens: Annotated[Optional[int], typer.Option(min=1, help="the run's new token budget (total)")] = None,
+    budget_calls: Annotated[Optional[int], typer.Option(min=1, help="the run's new LLM-call budget (total)")] = None,
 ) -> None:
-    """Continue a failed or cancelled run after its last completed round, on the agent-hosts up
-    now; agents and environment start from that round's checkpoint, so the run ends as if it
-    had never stopped. Follows it until it is recorded."""
+    """Continue a failed, cancelled or paused run after its last completed round, on the
+    agent-hosts up now; agents and environment start from that round's checkpoint, so the run
+    ends as if it had never stopped. A run paused on its budget needs a larger one. Follows it
+    until it is recorded."""
     from populace.cli import steer
     from populace.sdk.registry import resolve
 
     try:
-        state, outcome = _steer(lambda: steer.resume_run(nats, run_id, progress))
+        state, outcome = _steer(lambda: steer.resume_run(nats, run_id, progress, budget_tokens, budget_calls))
     except KeyboardInterrupt:
         _detached(nats, run_id, False)
         raise typer.Exit(130) from None

@@ -13,11 +13,11 @@ from populace.cli import display
 from populace.client.prepare import PreparedRun, prepare_fork
 from populace.client.run import RunOutcome, cancel, follow, play, resume, run_state
 from populace.core import bus, subjects
-from populace.core.contracts import HostInfo, Restore, RunDone, RunStarted, RunState
+from populace.core.contracts import Budget, HostInfo, Restore, RunDone, RunStarted, RunState
 from populace.core.scenario import ScenarioError
 
 ACTIVE = ("spawning", "running")
-RESUMABLE = ("failed", "cancelled")
+RESUMABLE = ("failed", "cancelled", "paused")
 
 
 class SteerError(RuntimeError):
@@ -77,20 +77,31 @@ async def _hosts_up(nc) -> int:
     return len(hosts)
 
 
-async def resume_run(url: str, rid: str, show_progress: bool) -> tuple[RunState, RunOutcome]:
+def raised_budget(state: RunState, tokens: int | None, calls: int | None) -> Budget | None:
+    """The run's budget with the limits given on the command line replaced (None: unchanged)."""
+    if tokens is None and calls is None:
+        return None
+    old = state.config.budget or Budget()
+    return Budget(tokens=tokens if tokens is not None else old.tokens,
+                  llm_calls=calls if calls is not None else old.llm_calls)
+
+
+async def resume_run(url: str, rid: str, show_progress: bool, budget_tokens: int | None = None,
+                     budget_calls: int | None = None) -> tuple[RunState, RunOutcome]:
     nc = await bus.connect_or_fail(url, "populace-cli")
     try:
         state = await _state(nc, rid)
         if state.status not in RESUMABLE:
             hint = " (`populace follow` shows it)" if state.status in ACTIVE else ""
-            raise SteerError(f"run {rid} is {state.status}{hint}: only a failed or cancelled run resumes")
+            raise SteerError(f"run {rid} is {state.status}{hint}: only a failed, cancelled or paused run resumes")
         if state.round >= state.config.rounds:
             raise SteerError(f"run {rid} has played all {state.config.rounds} rounds: nothing to resume "
                              f"(`populace fork {rid} --from-round {state.round} --set rounds=N` plays more)")
         if not await _hosts_up(nc):
             raise SteerError("no agent-host is up on this stack: start one (`populace up`), then resume")
+        budget = raised_budget(state, budget_tokens, budget_calls)
         with display.RunProgress(state.config, enabled=show_progress) as progress:
-            outcome = await resume(nc, rid, on_event=progress.on_event)
+            outcome = await resume(nc, rid, on_event=progress.on_event, budget=budget)
         return state, outcome
     finally:
         await nc.close()

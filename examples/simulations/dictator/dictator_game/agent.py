@@ -104,5 +104,5 @@ class Dictator(Agent):
         given = parse_gift(raw, sim.endowment)
         self.remember((obs.round, given))
         # When no model answers, `ask` raises InferError after its own retries. Do not catch
-        # it: the platform records an infrastructure failure, never an answer of this agent.
+        # it: the platform stops the round and pauses the run; it is never this agent's answer.
         return Gift(given=given, raw=raw, valid=given is not None)

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from populace.sdk import Cast, InferError, Persona, RunConfig, ScriptedLLM, load_simulation, resolve
+from populace.sdk import Cast, InferError, ModelUnavailable, Persona, RunConfig, ScriptedLLM, load_simulation, resolve
 from populace.sdk.local import run_local
 
 from dictator_game import Dictator, DictatorEnv, DictatorGame, DictatorParams, Gift, Gifts, Heard, Past, parse_gift
@@ -182,14 +182,13 @@ def test_the_round_summary_agrees_with_the_recorded_rows():
     assert all((r["given"] is None) == (not r["valid"]) for r in rows)
 
 
-def test_a_model_that_cannot_be_reached_is_recorded_as_infrastructure_not_as_an_answer():
+def test_a_model_that_cannot_be_reached_stops_the_round_and_is_never_an_answer():
+    """When no model answers (after the port's retries), nothing of the round is recorded: on
+    the fleet the run pauses with the reason, and `populace resume` plays the round again."""
     def down_for_agent_3(key: int, prompt: str) -> str:
         if key == 3:
             raise InferError("no replica")
         return '{"give": 2}'
 
-    result = asyncio.run(run_local(config(agents=5, rounds=1), llm=lambda run, n: ScriptedLLM(down_for_agent_3)))
-    o = result.outcomes
-    assert o["valid"] == [True, True, True, False, True]
-    assert o["given"][3] is None and o["error"][3] == "infrastructure: no replica"
-    assert result.rounds["n_valid"] == [4] and result.rounds["mean_given"] == [2.0]
+    with pytest.raises(ModelUnavailable, match="no replica"):
+        asyncio.run(run_local(config(agents=5, rounds=1), llm=lambda run, n: ScriptedLLM(down_for_agent_3)))

@@ -59,7 +59,7 @@ EDUCATION_LADDER = (
 # Numeric attributes with at most this many distinct values get one group per value.
 MAX_EXACT_NUMERIC = 8
 NUMERIC_BINS = 5
-PLATFORM_KEYS = ("simulation", "name", "agents", "rounds", "seed", "model", "placement", "population")
+PLATFORM_KEYS = ("simulation", "name", "agents", "rounds", "seed", "model", "placement", "population", "budget")
 
 
 # --- helpers --------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from nats.js.errors import KeyNotFoundError
 
 from populace.core import bus, objects, subjects
 from populace.core.contracts import (
-    HostSpawned, Progress, ReplicaInfo, Restore, RoundOpen, RoundResult, RunCancel, RunConfig, RunDone, RunRecorded,
+    Budget, HostSpawned, Progress, ReplicaInfo, Restore, RoundOpen, RoundResult, RunCancel, RunConfig, RunDone, RunRecorded,
     RunResume, RunResumed, RunStart, RunStarted, RunState,
 )
 
@@ -169,12 +169,12 @@ async def cancel(nc: Client, rid: str, reason: str = "cancelled by the user") ->
 
 
 async def resume(nc: Client, rid: str, *, on_event: Callable[[str, object], None] | None = None,
-                 stall_s: float = 300.0) -> RunOutcome:
-    """Ask for a failed or cancelled run to continue after its last completed round, and
-    follow it until it is recorded."""
+                 stall_s: float = 300.0, budget: Budget | None = None) -> RunOutcome:
+    """Ask for a failed, cancelled or paused run to continue after its last completed round
+    (with `budget` replacing its own, when given), and follow it until it is recorded."""
     async with _Following(nc, rid, on_event, stall_s, resuming=True) as following:
         following.out.marks["submitted"] = time.monotonic()
-        await bus.publish_js(nc.jetstream(), subjects.RUN_RESUME, RunResume(run_id=rid),
+        await bus.publish_js(nc.jetstream(), subjects.RUN_RESUME, RunResume(run_id=rid, budget=budget),
                              msg_id=f"resume.{rid}.{uuid.uuid4().hex[:8]}")
         return await following.until_recorded()
 

@@ -77,7 +77,9 @@ class Stack:
             self._spawn(f"agent-host-{i}", ["-m", "populace.core.serve", "agent-host"],
                         {**base, "POPULACE_HOST_ID": f"host-{i}", **self.host_env}, service=True)
         for key, args in self.extra.items():
-            self._spawn(key, ["-m", "populace.cli", *args, "--nats", self.url], base)
+            # --nats goes before a `--` (what follows it is passed through to another program)
+            cut = args.index("--") if "--" in args else len(args)
+            self._spawn(key, ["-m", "populace.cli", *args[:cut], "--nats", self.url, *args[cut:]], base)
         return self
 
     def _spawn(self, key: str, args: list[str], env: dict[str, str], service: bool = False) -> None:

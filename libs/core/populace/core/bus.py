@@ -77,16 +77,18 @@ def _storage(kind: str) -> StorageType:
     return StorageType.MEMORY if kind == "memory" else StorageType.FILE
 
 
-async def provision(js: JetStreamContext, storage: str = "file", replicas: int = 1) -> None:
+async def provision(js: JetStreamContext, storage: str = "file", replicas: int = 1,
+                    run_max_age_s: float = 0.0) -> None:
     """Create the CTL/RUN/DLQ streams and the KV buckets if missing. Safe to call from
-    every service at start-up, concurrently."""
+    every service at start-up, concurrently. `run_max_age_s` (0: none) bounds how long RUN
+    keeps an event; it is set only when RUN is created here (services may not update streams)."""
     st = _storage(storage)
     streams = [
         StreamConfig(name=subjects.CTL_STREAM, subjects=subjects.CTL_SUBJECTS, storage=st,
                      num_replicas=replicas, duplicate_window=120.0),
         StreamConfig(name=subjects.RUN_STREAM, subjects=subjects.RUN_SUBJECTS, storage=st,
                      num_replicas=replicas, duplicate_window=120.0,
-                     max_msg_size=8 * 1024 * 1024),
+                     max_msg_size=8 * 1024 * 1024, max_age=run_max_age_s or None),
         StreamConfig(name=subjects.DLQ_STREAM, subjects=subjects.DLQ_SUBJECTS, storage=st,
                      num_replicas=replicas, max_msgs=100_000),
     ]

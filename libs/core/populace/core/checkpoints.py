@@ -8,10 +8,13 @@ The agents' state is columnar JSON: {"first": 0, "count": n, "fields": {"memory"
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Iterable
+from typing import Literal
 
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError, ObjectNotFoundError
+from nats.js.object_store import OBJ_META_PRE_TEMPLATE, OBJ_STREAM_TEMPLATE
 from pydantic_core import from_json, to_json
 
 from populace.core import subjects
@@ -91,3 +94,40 @@ async def load_env(js: JetStreamContext, rid: str, round_: int) -> tuple[dict, d
     if not isinstance(value, dict) or not isinstance(value.get("state"), dict):
         raise CheckpointError(f"checkpoint {subjects.checkpoint_env(rid, round_)} is not an environment's state")
     return value["state"], value.get("observation") or {}
+
+
+Keep = Literal["all", "last", "none"]
+
+
+def to_prune(rid: str, names: Iterable[str], keep: Keep) -> list[str]:
+    """The names among `names` (any runs' objects) that run `rid` no longer needs, keeping
+    all of them, only its last round's (a fork from that round still works), or none."""
+    rounds = {name: n for name in names if (n := subjects.checkpoint_round(rid, name)) is not None}
+    if keep == "all" or not rounds:
+        return []
+    last = max(rounds.values())
+    return sorted(name for name, n in rounds.items() if keep == "none" or n < last)
+
+
+async def prune(js: JetStreamContext, rid: str, keep: Keep) -> int:
+    """Delete run `rid`'s checkpoint objects that `keep` does not keep; returns how many.
+    Only for a run that will not be resumed: its last checkpoint is what a resume starts from."""
+    if keep == "all":
+        return 0
+    store = await until_ready(lambda: js.object_store(subjects.CHECKPOINTS_BUCKET), "checkpoints bucket")
+    try:
+        # Reads every object's metadata (one message per name): fine for the few objects a
+        # run writes per round (one per host's id range, one for the environment).
+        listed = await store.list(ignore_deletes=True)
+    except NotFoundError:
+        return 0
+    names = to_prune(rid, (info.name for info in listed), keep)
+    stream = OBJ_STREAM_TEMPLATE.format(bucket=subjects.CHECKPOINTS_BUCKET)
+    for name in names:
+        await store.delete(name)
+        # delete() leaves a tombstone on the name's metadata subject; drop it too, or every
+        # pruned object would still hold a message in the bucket for ever.
+        meta = OBJ_META_PRE_TEMPLATE.format(bucket=subjects.CHECKPOINTS_BUCKET,
+                                            obj=base64.urlsafe_b64encode(name.encode()).decode())
+        await js.purge_stream(stream, subject=meta)
+    return len(names)

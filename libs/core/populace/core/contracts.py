@@ -92,6 +92,37 @@ SimulationName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[
 DEFAULT_SIMULATION = "ratio-game"
 
 
+class Budget(Strict):
+    """What a run may spend on LLM work. Before a round that would go past it, the run pauses
+    with a reason; `populace resume RUN --budget-tokens N` raises it and continues."""
+
+    tokens: Count | None = Field(None, ge=1)  # prompt + completion tokens
+    llm_calls: Count | None = Field(None, ge=1)  # answered calls (an agent's `ask`)
+
+
+class Usage(Strict):
+    """LLM work done: in a share's round, a round, or a whole run (they add up)."""
+
+    llm_calls: int = Field(0, ge=0)  # answered calls
+    prompt_tokens: int = Field(0, ge=0)
+    completion_tokens: int = Field(0, ge=0)
+    # sum over answered calls of (prompt + completion tokens)²: the spread, for estimates
+    tokens_sq: float = Field(0.0, ge=0, allow_inf_nan=False)
+    # prompts asked again because no model answered them: infrastructure, never an answer
+    infra_retries: int = Field(0, ge=0)
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(llm_calls=self.llm_calls + other.llm_calls,
+                     prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+                     completion_tokens=self.completion_tokens + other.completion_tokens,
+                     tokens_sq=self.tokens_sq + other.tokens_sq,
+                     infra_retries=self.infra_retries + other.infra_retries)
+
+
 class RunConfig(BaseModel):
     """A scenario file, validated. The platform owns the keys declared here; every other
     top-level key (e.g. the ratio game's `game:` and `prompt:`) belongs to the simulation
@@ -108,6 +139,7 @@ class RunConfig(BaseModel):
     model: ModelConfig = ModelConfig()
     placement: PlacementConfig = PlacementConfig()
     population: PopulationRef | None = None
+    budget: Budget | None = None
 
     @model_validator(mode="after")
     def _named(self) -> RunConfig:
@@ -213,6 +245,7 @@ class RunResume(Strict):
 
     v: Literal[1] = SCHEMA_VERSION
     run_id: RunId
+    budget: Budget | None = None  # replaces the run's budget (e.g. to continue after it paused on it)
     requested_at: float = Field(default_factory=time.time)
 
     _tok = field_validator("run_id")(_check_token)
@@ -290,6 +323,8 @@ class RunState(Strict):
     reason: str | None = None
     phase_at: float = Field(default_factory=time.time)  # when spawning began or the round in play opened
     nudged: int = 0  # times the round in play (or the spawn) was announced again for its deadline
+    used: Usage = Usage()  # LLM work of the completed rounds
+    last_round: Usage = Usage()  # the last completed round's: what the next one likely needs
     updated_at: float = Field(default_factory=time.time)
 
     @property
@@ -398,6 +433,7 @@ class RoundPartial(Wire):
     n_valid: int = Field(ge=0)
     payload: dict
     epoch: int = 0
+    usage: Usage = Usage()
 
 
 class RoundResult(Wire):
@@ -414,6 +450,7 @@ class RoundResult(Wire):
     closed_at: float
     epoch: int = 0
     shares: list[str] = []  # the share keys whose partials it folded: stale if one was replaced
+    usage: Usage = Usage()  # the folded shares' LLM work
 
 
 class RunResumed(Wire):
@@ -500,6 +537,8 @@ class InferReply(Wire):
     # Per prompt: why no model answered it (no replica, every attempt failed), None when one
     # did. An infrastructure failure is never an answer: the agent-host asks again.
     failed: list[str | None] = []
+    prompt_tokens: list[int] = []  # per prompt, for real model backends (empty: not counted)
+    completion_tokens: list[int] = []
 
 
 class LlmCallBatch(Wire):

@@ -89,7 +89,8 @@ class Service:
     async def _connect_and_provision(self) -> None:
         await self.broker.connect()
         self.js = self.nc.jetstream(publish_async_max_pending=self.settings.publish_async_max_pending)
-        await bus.provision(self.js, storage=self.settings.storage, replicas=self.settings.stream_replicas)
+        await bus.provision(self.js, storage=self.settings.storage, replicas=self.settings.stream_replicas,
+                            run_max_age_s=self.settings.run_max_age_s)
 
     async def _register(self) -> None:
         for fn in self._startup_hooks:

@@ -71,8 +71,17 @@ class Settings(BaseSettings):
     # recorder
     db: str = "populace.duckdb"
     recorder_fetch: int = Field(256, ge=1)
+    # Once a run is recorded, its outcome batches and LLM call records leave stream RUN (the
+    # small control events stay: restart, fork and follow read them). Off: kept until max age.
+    purge_recorded: bool = True
+    # Checkpoints of a completed run, once recorded: all (fork from any round), last (only the
+    # last round's: fork from it), none. Failed, cancelled and paused runs keep theirs: resume.
+    checkpoints_keep: Literal["all", "last", "none"] = "all"
 
     # JetStream
     storage: Literal["file", "memory"] = "file"
     stream_replicas: int = Field(1, ge=1, le=5)  # 3 on a 3-node cluster
+    # Age limit of stream RUN's events, set when the stream is created; 0 = none. An event
+    # older than this is gone even if the recorder (down that long) never had it.
+    run_max_age_s: float = Field(0.0, ge=0)
     publish_async_max_pending: int = Field(4000, ge=1)

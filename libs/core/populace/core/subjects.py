@@ -38,6 +38,16 @@ def checkpoint_env(rid: str, n: int) -> str:
     """The environment's state and next observation after round n."""
     return f"{rid}.{n}.env"
 
+
+def checkpoint_round(rid: str, name: str) -> int | None:
+    """The round of one of run `rid`'s checkpoint objects (None: another run's, or not a
+    checkpoint name). Run ids have no dots, so `rid.` never matches another run's names."""
+    head, _, rest = name.partition(".")
+    round_, _, kind = rest.partition(".")
+    if head != rid or not round_.isdigit() or not (kind == "env" or kind.startswith("agents.")):
+        return None
+    return int(round_)
+
 # --- control plane -------------------------------------------------------------------
 RUN_START = "ctl.run.start"
 RUN_CANCEL = "ctl.run.cancel"
@@ -46,9 +56,11 @@ RUN_RESUME = "ctl.run.resume"
 # --- inference (core request/reply with a queue group) -------------------------------
 LLM_INFER = "llm.infer"
 GATEWAY_QUEUE = "gateway"
-# A gateway that takes a batch says so at once on the reply subject (an empty message with
-# this header, naming itself), then again every few seconds until the answers go out: an
-# agent-host that stops hearing it knows the batch was lost and sends it again.
+# A request carrying INFER_KEEPALIVE_HEADER asks the gateway that takes it to say so at once
+# on the reply subject (an empty message with INFER_ACCEPTED_HEADER, naming itself), then again
+# every few seconds until the answers go out: an agent-host that stops hearing it knows the
+# batch was lost and sends it again. Plain request/reply callers (one reply) leave it out.
+INFER_KEEPALIVE_HEADER = "Populace-Keepalive"
 INFER_ACCEPTED_HEADER = "Populace-Accepted"
 
 
@@ -88,6 +100,15 @@ def run_partial(rid: str, n: int, host_id: str, epoch: int = 0) -> str:
 
 def run_calls(rid: str, n: int, gateway_id: str) -> str:
     return f"run.{rid}.calls.{n}.{gateway_id}"
+
+
+# The bulky events of a run, every round and sender: what the recorder purges once recorded.
+def run_outcomes_all(rid: str) -> str:
+    return f"run.{rid}.outcomes.>"
+
+
+def run_calls_all(rid: str) -> str:
+    return f"run.{rid}.calls.>"
 
 
 def run_round_result(rid: str, n: int) -> str:

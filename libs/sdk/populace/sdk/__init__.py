@@ -13,7 +13,7 @@ from populace.population.cast import Cast, Persona
 from populace.sdk.agent import Agent
 from populace.sdk.answers import answer_field
 from populace.sdk.env import Env, GroupEnv, Listeners, Partial, State
-from populace.sdk.llm import LLM, InferError
+from populace.sdk.llm import LLM, InferError, ModelUnavailable
 from populace.sdk.local import LocalResult, run_local
 from populace.sdk.mock import DummyLLM, ScriptedLLM
 from populace.sdk.outcome import Outcome
@@ -22,7 +22,7 @@ from populace.sdk.simulation import Observation, Params, Simulation, SimulationE
 
 __all__ = [
     "LLM", "Agent", "Cast", "Count", "DummyLLM", "Env", "FiniteFloat", "GroupEnv", "InferError", "Listeners",
-    "LocalResult", "run_local",
+    "LocalResult", "ModelUnavailable", "run_local",
     "Observation", "Outcome", "Params", "Partial", "Persona", "RunConfig", "ScriptedLLM", "Simulation", "SimulationError",
     "State", "Summary", "answer_field", "available", "load_simulation", "resolve",
 ]

@@ -14,7 +14,7 @@ from nats.aio.client import Client
 from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
 
 from populace.core import logs, metrics, subjects, telemetry
-from populace.core.contracts import InferBatch, InferReply, ModelConfig
+from populace.core.contracts import InferBatch, InferReply, ModelConfig, Usage
 from populace.core.telemetry import tracer
 from populace.sdk.llm import InferError, ModelUnavailable
 
@@ -62,6 +62,8 @@ class InferSession:
         self._attempts = attempts  # tries before a failure is logged as a warning
         self._silence_s, self._down_s = silence_s, down_s
         self.infra_retries = 0  # prompts sent again because no model answered them
+        self.llm_calls = self.prompt_tokens = self.completion_tokens = 0  # answered prompts, their tokens
+        self.tokens_sq = 0.0
         self._default = _Pending(system, response_schema)
         self._other: dict[tuple[str, str], _Pending] = {}  # calls that brought their own system/schema
         self._sending: set[asyncio.Task] = set()
@@ -145,13 +147,20 @@ class InferSession:
                 if len(reply.texts) != len(pending):
                     raise InferError(f"gateway answered {len(reply.texts)} of {len(pending)} prompts")
                 failed = reply.failed or [None] * len(pending)
+                counted = len(reply.prompt_tokens) == len(pending) == len(reply.completion_tokens)
                 still = []
-                for i, text, why in zip(pending, reply.texts, failed):
+                for j, (i, text, why) in enumerate(zip(pending, reply.texts, failed)):
                     if why:
                         still.append(i)
                         error = why
                     elif not futs[i].done():
                         futs[i].set_result(text)
+                        self.llm_calls += 1
+                        if counted:
+                            p, c = reply.prompt_tokens[j], reply.completion_tokens[j]
+                            self.prompt_tokens += p
+                            self.completion_tokens += c
+                            self.tokens_sq += (p + c) ** 2
                 if len(still) < len(pending):
                     failing_since = None  # a model answered: the path is up
                 pending = still
@@ -183,7 +192,7 @@ class InferSession:
         sub = await nc.subscribe(inbox)
         try:
             await nc.publish(subjects.LLM_INFER, batch.model_dump_json().encode(), reply=inbox,
-                             headers=tracing or None)
+                             headers={**(tracing or {}), subjects.INFER_KEEPALIVE_HEADER: "1"})
             deadline = loop.time() + self._timeout + len(batch.keys) * self._per_prompt_s
             while True:
                 left = deadline - loop.time()
@@ -206,6 +215,12 @@ class InferSession:
                     raise InferError(f"malformed reply from the gateway: {err}") from None
         finally:
             await sub.unsubscribe()
+
+    def usage(self) -> Usage:
+        """The LLM work of this round so far (what the budget and the estimate count)."""
+        return Usage(llm_calls=self.llm_calls, prompt_tokens=self.prompt_tokens,
+                     completion_tokens=self.completion_tokens, tokens_sq=self.tokens_sq,
+                     infra_retries=self.infra_retries)
 
     async def drain(self) -> None:
         self.flush()

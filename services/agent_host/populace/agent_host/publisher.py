@@ -10,8 +10,11 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from populace.core import bus, metrics, subjects, telemetry
-from populace.core.contracts import OutcomeBatch, Progress, RoundPartial
+from populace.core.contracts import OutcomeBatch, Progress, RoundPartial, Usage
 from populace.sdk.play import OutcomeBatch as Batch, RoundShare
+
+
+PUBACK_WAIT_S = 10.0
 
 
 class OutcomePublisher:
@@ -49,12 +52,14 @@ class OutcomePublisher:
         """Wait for a batch's PubAck; republish it if JetStream did not store it (e.g. during a
         leader election). The same Nats-Msg-Id makes the republish a no-op if it was stored."""
         try:
-            await ack
+            # A PubAck future has no timeout of its own: one lost with the connection (a
+            # restarting nats-server) would wait for ever, so it is bounded here.
+            await asyncio.wait_for(ack, PUBACK_WAIT_S)
         except bus.TRANSIENT:
             await bus.until_ready(lambda: self._js.publish(subject, data, headers=headers, timeout=5.0),
                                   f"republish {subject}")
 
-    async def close(self, share: RoundShare) -> None:
+    async def close(self, share: RoundShare, usage: Usage | None = None) -> None:
         """Wait until JetStream stored every batch, then publish the partial. Ordering matters:
         the partial (and so the round result and the run's end) is stored after every outcome
         it summarises."""
@@ -63,7 +68,7 @@ class OutcomePublisher:
         self._sent.clear()
         payload = share.partial.model_dump(mode="json") if share.partial is not None else {}
         partial = RoundPartial(run_id=self.run_id, round=self.round, host_id=self.host_id, n=share.n,
-                               n_valid=share.n_valid, payload=payload, epoch=self.epoch)
+                               n_valid=share.n_valid, payload=payload, epoch=self.epoch, usage=usage or Usage())
         await bus.publish_js(self._js, subjects.run_partial(self.run_id, self.round, self.host_id, self.epoch),
                              partial, msg_id=subjects.msg_id(self.run_id, self.round, self.host_id, "partial",
                                                              self.epoch))

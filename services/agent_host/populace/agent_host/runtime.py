@@ -159,10 +159,11 @@ class HostRuntime:
         played = time.perf_counter()
         saved = await self.checkpoint(run, opened.round) if s.checkpoints else 0
         # The partial goes out last: a round that closes is a round whose checkpoints exist.
-        await publisher.close(share)
+        await publisher.close(share, session.usage())
         metrics.ROUNDS.labels("agent-host").inc()
         log.info("round_played", run_id=run.run_id, round=opened.round, agents=share.n, valid=share.n_valid,
-                 infer_batches=session.batches_sent, infra_retries=session.infra_retries, outcome_batches=share.batches,
+                 infer_batches=session.batches_sent, infra_retries=session.infra_retries, llm_calls=session.llm_calls,
+                 tokens=session.prompt_tokens + session.completion_tokens, outcome_batches=share.batches,
                  checkpoint_bytes=saved, checkpoint_seconds=round(time.perf_counter() - played, 3),
                  seconds=round(time.perf_counter() - t0, 3))
 

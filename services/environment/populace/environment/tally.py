@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
-from populace.core.contracts import RoundOpen, RoundPartial, RoundResult, share_key
+from populace.core.contracts import RoundOpen, RoundPartial, RoundResult, Usage, share_key
 from populace.sdk.env import Env, Partial
 from populace.sdk.registry import Resolved
 
@@ -108,4 +108,5 @@ class RunTally:
             n_valid=sum(p.n_valid for p, _ in parts), summary=summary.model_dump(mode="json"),
             observation=observation.model_dump(mode="json"), state=state.model_dump(mode="json"),
             closed_at=time.time(), epoch=opened.epoch, shares=sorted(opened.shares),
+            usage=sum((p.usage for p, _ in parts), Usage()),
         )

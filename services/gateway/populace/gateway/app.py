@@ -27,6 +27,9 @@ DESCRIPTION = ("One structured call per decision: batches of prompts in, answers
                "LLM replicas (llama.cpp, vLLM, simulated) or answered by the dummy model.")
 
 
+STARTING_WAIT_S = 60.0
+
+
 class Gateway:
     def __init__(self, svc: Service) -> None:
         self.svc = svc
@@ -36,6 +39,7 @@ class Gateway:
         self.http: httpx.AsyncClient | None = None
         self.stats = {"batches": 0, "prompts": 0, "errors": 0}
         self.recording: set[asyncio.Task] = set()
+        self.ready = asyncio.Event()  # set once the replica pool is up
 
     async def start(self) -> None:
         s = self.svc.settings
@@ -45,6 +49,7 @@ class Gateway:
                                 poll_s=s.gateway_poll_s)
         await self.pool.start()
         self.replicas = Dispatcher(self.pool, make_router(s.gateway_router), self.http, s)
+        self.ready.set()
 
     async def stop(self) -> None:
         if self.pool:
@@ -52,11 +57,15 @@ class Gateway:
         if self.http:
             await self.http.aclose()
 
-    def backend_for(self, name: str) -> Backend:
+    async def backend_for(self, name: str) -> Backend:
         if name == "dummy":
             return self.dummy
-        if self.replicas is None:
-            raise RuntimeError("the gateway is still starting")
+        # The subscription may deliver a batch while the pool is still starting (a loaded
+        # machine): wait for it rather than answer with an error.
+        try:
+            await asyncio.wait_for(self.ready.wait(), STARTING_WAIT_S)
+        except asyncio.TimeoutError:
+            raise RuntimeError(f"the gateway is still starting after {STARTING_WAIT_S:g}s") from None
         return self.replicas
 
     async def record_calls(self, batch: InferBatch, calls: LlmCallBatch) -> None:
@@ -82,7 +91,8 @@ class Gateway:
         """Prompts that share a system prompt and an answer schema; the reply has the answers
         in order (or an explicit error)."""
         reply_to = msg.raw_message.reply
-        beat = asyncio.create_task(self.keep_alive(reply_to)) if reply_to else None
+        wants_beat = reply_to and subjects.INFER_KEEPALIVE_HEADER in (msg.raw_message.headers or {})
+        beat = asyncio.create_task(self.keep_alive(reply_to)) if wants_beat else None
         try:
             return await self.answer(batch)
         finally:
@@ -96,7 +106,7 @@ class Gateway:
                     "gateway.batch",
                     attributes={"populace.run_id": batch.run_id, "populace.round": batch.round,
                                 "populace.backend": batch.model.backend, "populace.prompts": len(batch.keys)}):
-                reply, calls = await self.backend_for(batch.model.backend).serve(batch)
+                reply, calls = await (await self.backend_for(batch.model.backend)).serve(batch)
         except Exception as err:  # noqa: BLE001 - the caller gets an explicit error, not a timeout
             stats["errors"] += 1
             self.svc.log.warning("infer_failed", batch=batch.batch_id, error=str(err))

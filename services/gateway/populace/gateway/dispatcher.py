@@ -79,7 +79,9 @@ class Dispatcher:
         failed = [d.failed for d in decisions]
         reply = InferReply(batch_id=batch.batch_id, texts=[d.text for d in decisions],
                            valid=[d.valid for d in decisions], attempts=[d.attempts for d in decisions],
-                           failed=failed if any(failed) else [])
+                           failed=failed if any(failed) else [],
+                           prompt_tokens=[d.prompt_tokens for d in decisions],
+                           completion_tokens=[d.completion_tokens for d in decisions])
         calls = LlmCallBatch(
             run_id=batch.run_id, round=batch.round, batch_id=batch.batch_id, agent_ids=batch.keys,
             replicas=[d.replica for d in decisions], prompt_tokens=[d.prompt_tokens for d in decisions],

@@ -263,12 +263,8 @@ class Orchestrator:
         except KeyNotFoundError:
             self.svc.log.warning("resume_unknown_run", run_id=rid)
             return
-        why = None
-        if state.status not in workflow.RESUMABLE:
-            why = f"the run is {state.status}"
-        elif state.round >= state.config.rounds:
-            why = f"all {state.config.rounds} rounds are played"
-        else:
+        why = workflow.resume_refusal(state, resume.budget)
+        if why is None:
             try:
                 hosts = await self.fresh_hosts()
                 placement = place(state.config.agents, hosts, unit=self.unit_of(state))
@@ -277,7 +273,7 @@ class Orchestrator:
         if why is not None:
             return await self.refuse_resume(state, why)
         incarnations = {h.host_id: h.started_at for h in hosts}
-        await self.advance(rid, lambda s: workflow.on_resume(s, placement, incarnations))
+        await self.advance(rid, lambda s: workflow.on_resume(s, placement, incarnations, resume.budget))
 
     async def refuse_resume(self, state: RunState, why: str) -> None:
         """Say so on the run's done subject (its state stays as it was): whoever asked stops

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from populace.core.contracts import HostInfo, Layout, Restore, RoundResult, RunConfig, RunState, Share
+from populace.core.contracts import Budget, HostInfo, Layout, Restore, RoundResult, RunConfig, RunState, Share, Usage
 from populace.core.placement import PlacementError, place_ranges
 
 Placement = dict[str, list[tuple[int, int]]]
@@ -124,11 +124,31 @@ def on_result(state: RunState, result: RoundResult) -> tuple[RunState, list[Acti
         return state, []  # stale or replayed result
     if sorted(result.shares) != sorted(sh.key for sh in state.shares):
         return state, []  # it folded a share since replaced (or misses a replacement's)
-    carried = {"env_state": result.state, "observation": result.observation, "phase_at": time.time(), "nudged": 0}
+    carried = {"env_state": result.state, "observation": result.observation, "phase_at": time.time(), "nudged": 0,
+               "used": state.used + result.usage, "last_round": result.usage}
     if state.round >= state.config.rounds:
         return _now(state, status="done", **carried), [FinishRun("completed", state.round)]
+    over = over_budget(state.config.budget, carried["used"], result.usage)
+    if over is not None:
+        reason = f"{over}; `populace resume {state.run_id} --budget-… N` raises it and continues"
+        return (_now(state, status="paused", reason=reason, **carried),
+                [FinishRun("paused", state.round, reason)])
     n = state.round + 1
     return _now(state, round=n, **carried), [OpenRound(n, state.config.agents)]
+
+
+def over_budget(budget: Budget | None, used: Usage, next_round: Usage) -> str | None:
+    """Why the next round would go past the budget (it likely needs what the last one did),
+    or None."""
+    if budget is None:
+        return None
+    for what, flag, limit, spent, step in (
+            ("tokens", "tokens", budget.tokens, used.tokens, next_round.tokens),
+            ("LLM calls", "calls", budget.llm_calls, used.llm_calls, next_round.llm_calls)):
+        if limit is not None and spent + step > limit:
+            return (f"budget: {spent:,} of {limit:,} {what} used, and the next round needs about {step:,} "
+                    f"more (--budget-{flag})")
+    return None
 
 
 def _stop(state: RunState, status: str, reason: str) -> tuple[RunState, list[Action]]:
@@ -152,15 +172,29 @@ def on_pause(state: RunState, reason: str) -> tuple[RunState, list[Action]]:
     return _stop(state, "paused", reason)
 
 
-def on_resume(state: RunState, placement: Placement,
-              incarnations: dict[str, float] | None = None) -> tuple[RunState, list[Action]]:
+def resume_refusal(state: RunState, budget: Budget | None = None) -> str | None:
+    """Why `state` cannot be resumed (with `budget` replacing its own when given), or None."""
+    if state.status not in RESUMABLE:
+        return f"the run is {state.status}"
+    if state.round >= state.config.rounds:
+        return f"all {state.config.rounds} rounds are played"
+    over = over_budget(budget or state.config.budget, state.used, state.last_round)
+    if over is not None:
+        return f"{over}: give a larger budget"
+    return None
+
+
+def on_resume(state: RunState, placement: Placement, incarnations: dict[str, float] | None = None,
+              budget: Budget | None = None) -> tuple[RunState, list[Action]]:
     """A failed, cancelled or paused run continues after its last completed round, in a new
-    epoch, on `placement` (whatever hosts are up now), its agents restored from the checkpoint."""
-    if state.status not in RESUMABLE or state.round >= state.config.rounds:
+    epoch, on `placement` (whatever hosts are up now), its agents restored from the checkpoint;
+    `budget`, when given, replaces the run's."""
+    if resume_refusal(state, budget) is not None:
         return state, []
     epoch, after = state.epoch + 1, state.round
     shares = shares_for(placement, epoch, after + 1, incarnations)
-    resumed = _now(state, status="spawning", shares=shares, spawned=[], epoch=epoch, reason=None,
+    config = state.config if budget is None else state.config.model_copy(update={"budget": budget})
+    resumed = _now(state, status="spawning", config=config, shares=shares, spawned=[], epoch=epoch, reason=None,
                    phase_at=time.time(), nudged=0,
                    layouts=[*state.layouts, Layout(from_round=after + 1, ranges=layout_of(shares))])
     return resumed, [SpawnShares(tuple(sh.key for sh in shares), resumed=True)]

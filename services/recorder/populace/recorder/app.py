@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import OrderedDict
 
 import nats.errors
 from nats.aio.msg import Msg
@@ -20,7 +21,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from pydantic import BaseModel, ValidationError
 
 from faststream import FastStream
-from populace.core import bus, metrics, objects, subjects, telemetry
+from populace.core import bus, checkpoints, metrics, objects, subjects, telemetry
 from populace.core.contracts import (
     LlmCallBatch, OutcomeBatch, RoundResult, RunDone, RunRecorded, RunResumed, RunStarted, SimulationTables,
     SpawnBatch,
@@ -38,7 +39,11 @@ RECORDED: dict[str, type[BaseModel]] = {
     "started": RunStarted, "spawn": SpawnBatch, "outcomes": OutcomeBatch,
     "round.result": RoundResult, "done": RunDone, "calls": LlmCallBatch, "resumed": RunResumed,
 }
-ACK_WAIT_S = 120.0
+# Short, so that what a killed recorder had fetched and not acknowledged is redelivered to
+# its successor within seconds; a long ingest says "in progress" meanwhile.
+ACK_WAIT_S = 15.0
+# Runs recorded lately, whose late outcome or call records are purged as they come in.
+RECENTLY_RECORDED = 1000
 
 
 class Recorder:
@@ -47,6 +52,7 @@ class Recorder:
         self.store = Store(svc.settings.db)
         self.active: set[str] = set()  # runs started and not yet announced as recorded
         self.finished: dict[str, RunDone] = {}  # done, waiting for every outcome to be committed
+        self.recorded: OrderedDict[str, None] = OrderedDict()  # announced lately, oldest first
         self.sub = None
         self.task: asyncio.Task | None = None
         self.stopping = False
@@ -88,11 +94,20 @@ class Recorder:
                 self.svc.log.warning("fetch_failed", error=str(err))
                 await asyncio.sleep(0.5)
                 continue
+            beat = asyncio.create_task(self.keep_in_progress(msgs))
             try:
                 await self.handle(msgs)
             except Exception as err:  # noqa: BLE001 - unacked messages are redelivered
                 self.svc.log.error("ingest_failed", messages=len(msgs), error=str(err))
                 await asyncio.sleep(1.0)
+            finally:
+                beat.cancel()
+
+    async def keep_in_progress(self, msgs: list[Msg]) -> None:
+        """While a fetch is being ingested, tell JetStream it is (no redelivery meanwhile)."""
+        while True:
+            await asyncio.sleep(ACK_WAIT_S / 3)
+            await asyncio.gather(*(m.in_progress() for m in msgs), return_exceptions=True)
 
     async def tables_for(self, run_id: str, seen: dict[str, SimulationTables]) -> SimulationTables | None:
         known = seen.get(run_id) or self.store.known_tables(run_id)
@@ -168,9 +183,13 @@ class Recorder:
         finally:
             for span in spans:
                 span.end()
-        for raw in raws:
-            if not raw._ackd:
-                await raw.ack()
+        # Bulky events of a run already recorded (a call record published after its run ended):
+        # purged as soon as they are acknowledged, like the rest of the run's.
+        late = {e.model.run_id for e, _ in parsed if e.kind in ("outcomes", "calls")
+                and e.model.run_id in self.recorded and e.model.run_id not in self.active}
+        await self.ack(raws, settle=bool(result.finished or self.finished or late))
+        for rid in late:
+            await self.purge_run_events(rid)
         metrics.batch("recorder", "messages", len(raws))
         if result.outcomes:
             metrics.ITEMS.labels("recorder", "outcomes").inc(result.outcomes)
@@ -181,19 +200,76 @@ class Recorder:
             self.finished[done.run_id] = done
         await self.announce_complete()
 
+    async def ack(self, raws: list[Msg], settle: bool) -> None:
+        """Acknowledge a fetch. `settle`: a run may be purged next, below the consumer's ack
+        floor, so the last ack waits for the server: it takes acks in order, and the floor then
+        covers the whole fetch."""
+        unacked = [raw for raw in raws if not raw._ackd]
+        last = unacked.pop() if settle and unacked and self.svc.settings.purge_recorded else None
+        for raw in unacked:
+            await raw.ack()
+        if last is not None:
+            try:
+                await last.ack_sync()
+            except Exception as err:  # noqa: BLE001 - a floor a little behind only purges less
+                self.svc.log.warning("ack_sync_failed", error=str(err))
+                if not last._ackd:
+                    await last.ack()
+
+    async def purge_run_events(self, rid: str) -> None:
+        """Remove a recorded run's outcome batches and call records from RUN: DuckDB holds them
+        now, and nothing else reads them back (the environment's rebuild, fork and follow read
+        the small control events, which stay). Only below the consumer's ack floor, so an event
+        not yet stored here (a late call record, a redelivery) stays until it is. A failure is
+        logged: the events then stay, and recording goes on."""
+        if not self.svc.settings.purge_recorded:
+            return
+        try:
+            info = await self.sub.consumer_info()
+            below = info.ack_floor.stream_seq + 1 if info.ack_floor else 1
+            for subject in (subjects.run_outcomes_all(rid), subjects.run_calls_all(rid)):
+                await self.svc.js.purge_stream(subjects.RUN_STREAM, subject=subject, seq=below)
+        except Exception as err:  # noqa: BLE001
+            self.svc.log.error("purge_failed", run_id=rid, error=str(err))
+
+    async def prune_checkpoints(self, done: RunDone) -> int:
+        """A completed run will not be resumed: keep its checkpoints as the setting says (a
+        failed, cancelled or paused one keeps them all, its resume starts from the last)."""
+        keep = self.svc.settings.checkpoints_keep
+        if done.status != "completed" or keep == "all":
+            return 0
+        try:
+            return await checkpoints.prune(self.svc.js, done.run_id, keep)
+        except Exception as err:  # noqa: BLE001 - what is left is only storage
+            self.svc.log.error("checkpoint_prune_failed", run_id=done.run_id, error=str(err))
+            return 0
+
     async def announce_complete(self) -> None:
         for rid in list(self.finished):
             got, expected = await asyncio.to_thread(self.store.completeness, rid)
             if got < expected:
                 continue  # some outcome batches are still on their way (redelivery): wait for them
-            epoch = self.finished.pop(rid).epoch
+            done = self.finished.pop(rid)
+            epoch = done.epoch
             self.active.discard(rid)
             if not self.active and not self.finished:
                 self.store.close()  # release the file for readers between runs
+            # Before the announcement, so whoever sees `recorded` finds RUN and the checkpoints
+            # as they will stay.
+            t0 = time.perf_counter()
+            await self.purge_run_events(rid)
+            pruned = await self.prune_checkpoints(done)
+            settle_s = time.perf_counter() - t0
+            self.recorded[rid] = None
+            self.recorded.move_to_end(rid)
+            while len(self.recorded) > RECENTLY_RECORDED:
+                self.recorded.popitem(last=False)
             await bus.publish_js(self.svc.js, subjects.run_recorded(rid),
                                  RunRecorded(run_id=rid, outcomes=got, db_path=self.store.path),
                                  msg_id=subjects.msg_id(rid, 0, "recorder", "recorded", epoch))
-            self.svc.log.info("run_recorded", run_id=rid, outcomes=got, db=self.store.path)
+            self.svc.log.info("run_recorded", run_id=rid, outcomes=got, db=self.store.path,
+                              events_purged=self.svc.settings.purge_recorded, checkpoints_pruned=pruned,
+                              settle_seconds=round(settle_s, 3))
 
 
 def create(settings: Settings | None = None) -> Service:
