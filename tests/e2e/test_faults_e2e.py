@@ -18,7 +18,7 @@ import duckdb
 import pytest
 
 from populace.client.prepare import prepare
-from populace.client.run import new_run_id, play, run_state
+from populace.client.run import new_run_id, play, resume, run_state
 from populace.client.stack import Stack
 from populace.core import bus, subjects
 from populace.core.contracts import Progress, ReplicaInfo, RoundOpen, RunConfig
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.e2e
 AGENTS, ROUNDS = 3000, 4
 CONFIG = {"agents": AGENTS, "rounds": ROUNDS, "seed": 8, "model": {"latency_s": 1.0, "seed": 31}}
 ENV = {"POPULACE_STORAGE": "file", "POPULACE_HEARTBEAT_S": "0.5", "POPULACE_HOST_LOST_S": "4",
-       "POPULACE_REGISTRY_TTL_S": "4", "POPULACE_INFER_TIMEOUT_S": "5"}
+       "POPULACE_REGISTRY_TTL_S": "4", "POPULACE_INFER_TIMEOUT_S": "5", "POPULACE_INFER_DOWN_S": "10"}
 
 
 @pytest.fixture(scope="module")
@@ -165,6 +165,35 @@ def test_a_gateway_killed_mid_round_and_restarted_leaves_the_run_exact(stack, re
     out, _, seconds = play_with(stack, kill_and_restart(stack, "gateway"), after_answers=0)
     check_exact(stack, out, reference[0])
     report("gateway SIGKILL, restarted", seconds, reference)
+
+
+@pytest.mark.slow
+def test_a_gateway_gone_for_good_pauses_the_run_and_resume_finishes_it_exactly(stack, reference):
+    """No model answers for POPULACE_INFER_DOWN_S (10 s here): the round stops, nothing of it is
+    recorded, the run pauses with the reason; once a gateway is back, resume plays it again."""
+    def fault() -> None:
+        stack.kill("gateway")
+
+    try:
+        out, state, seconds = play_with(stack, fault, after_answers=0)
+    finally:
+        stack.restart("gateway")
+        asyncio.run(stack.wait_ready(timeout=60))
+    assert out.status == "paused" and "no model answered for 10s" in (out.reason or ""), out.reason
+    assert state.status == "paused" and state.round == 1
+    assert [r[0] for r in summaries(stack.db, out.run_id)] == [1]
+    assert rows(stack.db, "SELECT count(*) FROM guesses WHERE run_id = ? AND round > 1", out.run_id) == [(0,)]
+
+    async def go():
+        nc = await bus.connect(stack.url, "e2e-faults-resume")
+        try:
+            return await asyncio.wait_for(resume(nc, out.run_id, stall_s=120), timeout=240)
+        finally:
+            await nc.close()
+
+    done = asyncio.run(go())
+    check_exact(stack, done, reference[0])
+    report("gateway SIGKILL, never back: paused, then resumed", seconds, reference)
 
 
 @pytest.mark.slow

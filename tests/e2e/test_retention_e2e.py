@@ -93,7 +93,8 @@ def test_recorded_runs_leave_only_their_control_events_on_run(stack, played):
     for rid, left in zip(played["runs"], played["left"]):
         kinds = {subjects.kind_of(s) for s in left}
         assert not kinds & set(BULKY), (rid, sorted(left))
-        assert {"started", "spawn", "round.open", "partial", "round.result", "done", "recorded"} <= kinds
+        # (not `recorded`: the client hears it over core NATS, maybe before the stream stores it)
+        assert {"started", "spawn", "round.open", "partial", "round.result", "done"} <= kinds
         # every outcome is in DuckDB, exactly one per agent and round
         assert outcomes_recorded(stack.db, rid) == [(n, AGENTS) for n in range(1, ROUNDS + 1)]
 

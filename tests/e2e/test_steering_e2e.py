@@ -210,7 +210,7 @@ def test_cli_refuses_what_cannot_apply(stack, reference):
     r = populace("cancel", reference, "--nats", stack.url)
     assert r.returncode == 2 and f"run {reference} is done (5 of 5 rounds completed): nothing to cancel" in r.stderr
     r = populace("resume", reference, "--nats", stack.url)
-    assert r.returncode == 2 and "only a failed or cancelled run resumes" in r.stderr
+    assert r.returncode == 2 and "only a failed, cancelled or paused run resumes" in r.stderr
     r = populace("fork", reference, "--from-round", "9", "--nats", stack.url)
     assert r.returncode == 2 and "--from-round: run" in r.stderr and "has completed 5 round(s)" in r.stderr
     r = populace("fork", reference, "--from-round", "5", "--nats", stack.url)
