@@ -13,7 +13,7 @@ import time
 import pytest
 
 from populace.core import bus, subjects
-from populace.core.contracts import InferBatch, InferReply, LlmCallBatch, ModelConfig
+from populace.core.contracts import InferBatch, InferReply, LlmCallBatch, ModelConfig, ServiceInfo
 from populace_ratio_game.params import GameConfig
 from populace_ratio_game.prompts import answer_schema, system_prompt
 from populace.gateway.launch import register_forever, start_local, wait_healthy
@@ -35,6 +35,20 @@ def gateway(nats_server, tmp_path):
     proc.wait(15)
 
 
+async def gateway_registered(nc, timeout: float = 120.0) -> None:
+    js = nc.jetstream()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if any(s.service == "gateway" for s in await bus.registry_entries(js, subjects.SERVICES_BUCKET,
+                                                                               ServiceInfo)):
+                return
+        except Exception:  # noqa: BLE001 - the bucket is not created yet
+            pass
+        await asyncio.sleep(0.2)
+    raise AssertionError("the gateway did not register")
+
+
 async def test_killing_one_of_two_replicas_mid_burst_loses_no_request(nats_server, gateway, tmp_path):
     replicas = start_local(2, threads=1, max_concurrency=2, log_dir=str(tmp_path), prefix="failover")
     victim, survivor = replicas.replicas
@@ -46,6 +60,7 @@ async def test_killing_one_of_two_replicas_mid_burst_loses_no_request(nats_serve
 
     try:
         await wait_healthy(replicas, timeout=120)
+        await gateway_registered(nc)  # a request before it subscribes would find no responder
         registrar = asyncio.create_task(register_forever(nats_server.url, replicas, every_s=0.5))
         await nc.subscribe("run.failover.calls.>", cb=on_calls)
         game = GameConfig()
