@@ -13,11 +13,13 @@ from populace.cli import display
 from populace.client.prepare import PreparedRun, prepare_fork
 from populace.client.run import RunOutcome, cancel, follow, play, resume, run_state
 from populace.core import bus, subjects
-from populace.core.contracts import Budget, HostInfo, Restore, RunDone, RunStarted, RunState
+from populace.core.contracts import (
+    ACTIVE_STATUSES, RESUMABLE_STATUSES, Budget, HostInfo, Restore, RunDone, RunStarted, RunState,
+)
 from populace.core.scenario import ScenarioError
 
-ACTIVE = ("spawning", "running")
-RESUMABLE = ("failed", "cancelled", "paused")
+ACTIVE = ACTIVE_STATUSES
+RESUMABLE = RESUMABLE_STATUSES
 
 
 class SteerError(RuntimeError):

@@ -301,6 +301,11 @@ class Share(Strict):
         return sum(c for _, c in self.ranges)
 
 
+# A run's status groups, shared by the orchestrator's decisions and the CLI's checks.
+ACTIVE_STATUSES = ("spawning", "running")
+RESUMABLE_STATUSES = ("failed", "cancelled", "paused")  # `populace resume` continues these
+
+
 class RunState(Strict):
     """Run state in KV `runs`, advanced only by compare-and-swap. The environment's state and
     the next round's observation are the simulation's (opaque here): they travel with each

@@ -12,12 +12,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from populace.core.contracts import Budget, HostInfo, Layout, Restore, RoundResult, RunConfig, RunState, Share, Usage
+from populace.core.contracts import (
+    ACTIVE_STATUSES, RESUMABLE_STATUSES, Budget, HostInfo, Layout, Restore, RoundResult, RunConfig, RunState, Share,
+    Usage,
+)
 from populace.core.placement import PlacementError, place_ranges
 
 Placement = dict[str, list[tuple[int, int]]]
-ACTIVE = ("spawning", "running")
-RESUMABLE = ("failed", "cancelled", "paused")
+ACTIVE = ACTIVE_STATUSES
+RESUMABLE = RESUMABLE_STATUSES
 
 
 @dataclass(frozen=True)
