@@ -4,6 +4,7 @@ publish nothing; `results` prints a recorded run."""
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 
@@ -100,6 +101,12 @@ def test_demo_plays_and_results_reads_the_db(tmp_path):
     res2 = populace("results", "last", "--db", str(db))
     assert res2.returncode == 0, res2.stderr
     assert "completed" in res2.stdout and "200/200" in res2.stdout
+    assert "LLM calls" in res2.stdout and "infra retries" in res2.stdout
+    res3 = populace("results", "last", "--json", "--db", str(db))
+    run = json.loads(res3.stdout)["runs"][0]
+    assert run["usage"] == {"llm_calls": 400, "prompt_tokens": 0, "completion_tokens": 0, "infra_retries": 0,
+                            "invalid": 0}
+    assert [r["usage"]["llm_calls"] for r in run["rounds"]] == [200, 200]
 
 
 def test_unreachable_nats_is_a_clear_error_not_a_hang(tmp_path):

@@ -18,7 +18,7 @@ from populace.client.prepare import prepare
 from populace.client.run import play
 from populace.client.stack import Stack
 from populace.core import bus
-from populace.core.contracts import RunConfig
+from populace.core.contracts import RunConfig, Usage
 from populace.sdk.local import run_local
 
 pytestmark = pytest.mark.e2e
@@ -91,6 +91,10 @@ def test_the_fleet_gives_exactly_what_one_process_gives(stack, simulation):
     assert sorted((r["round"], r["agent_id"]) for r in outcomes) == [
         (n, a) for n in range(1, rounds + 1) for a in range(agents)]
     summary = recorded(stack.db, tables.rounds, out.run_id, ("run_id", "closed_at"), order="round")
+    # the fleet counts each round's LLM work: one call per agent, no retries, and no tokens on
+    # the dummy model (it runs no model)
+    usage = [{k: r.pop(k) for k in Usage.RECORDED} for r in summary]
+    assert usage == [{"llm_calls": agents, "prompt_tokens": 0, "completion_tokens": 0, "infra_retries": 0}] * rounds
 
     local = asyncio.run(run_local(prepared.resolved))
     assert json_values(outcomes) == json_values(local_rows(local.outcomes, ("run_id", "latency_ms")))

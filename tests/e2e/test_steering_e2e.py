@@ -20,6 +20,7 @@ import nats.js.errors
 import pytest
 import yaml
 
+from populace.analysis import fork_table, render_report
 from populace.client.prepare import prepare, prepare_fork
 from populace.client.run import cancel, new_run_id, play, resume, run_state
 from populace.client.stack import Stack
@@ -184,7 +185,19 @@ def test_a_fork_with_a_change_records_its_parent_and_plays_differently(stack, re
     with duckdb.connect(stack.db, read_only=True) as con:
         manifest = con.execute("SELECT manifest_json->>'$.fork.parent' FROM runs WHERE run_id = ?",
                                [out.run_id]).fetchone()[0]
+        side = fork_table(con, out.run_id)
+        page = render_report(con, out.run_id)
     assert manifest == reference
+    # results and the report read the fork beside its parent: shared rounds, then both
+    assert (side["parent"], side["after_round"], side["changes"]) == (reference, 3, {"game": {"ratio": "1/2"}})
+    assert [(r["round"], r["shared"]) for r in side["rounds"]] == [(n, n <= 3) for n in range(1, ROUNDS + 1)]
+    assert all(r["difference"] == 0 for r in side["rounds"])  # the same answers, judged differently
+    assert "Fork beside its parent" in page and 'alt="The fork and its parent per round"' in page
+    r = populace("results", out.run_id, "--db", stack.db)
+    assert r.returncode == 0, r.stderr
+    assert f"of {reference} after round 3, changed: game.ratio=1/2" in r.stdout
+    assert r.stdout.count("(shared)") == 3 * 2  # the mean and the target, rounds 1-3
+    assert "parent target" in r.stdout and "fork target" in r.stdout
 
 
 def test_a_fork_of_a_round_not_played_fails_with_the_reason(stack, reference):

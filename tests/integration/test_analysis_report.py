@@ -22,6 +22,7 @@ from populace.analysis import (
     attributes,
     convergence_table,
     export_parquet,
+    fork_table,
     group_table,
     render_report,
     round_table,
@@ -29,7 +30,7 @@ from populace.analysis import (
     write_report,
 )
 from populace.core.contracts import (
-    LlmCallBatch, OutcomeBatch, RoundResult, RunConfig, RunDone, RunStarted, SpawnBatch,
+    LlmCallBatch, OutcomeBatch, RoundResult, RunConfig, RunDone, RunStarted, SpawnBatch, Usage,
 )
 from populace.recorder.store import Event, Store
 from populace_ratio_game import RatioGame
@@ -66,7 +67,7 @@ def _personas(run_id: str, edu: list[str], ages: np.ndarray) -> bytes:
 
 
 def _write_run(store: Store, run_id: str, seed: int, population: bool = True, agents: int = N_AGENTS,
-               rounds: int = N_ROUNDS, manifest: dict | None = None) -> None:
+               rounds: int = N_ROUNDS, manifest: dict | None = None, first_round: int = 1) -> None:
     """One ratio-game run, as the recorder receives it: started, spawned, outcome batches, LLM
     calls and the environment's round results, done."""
     rng = np.random.default_rng(seed)
@@ -80,7 +81,7 @@ def _write_run(store: Store, run_id: str, seed: int, population: bool = True, ag
               Event(f"{run_id}.spawn", "spawn", SpawnBatch(run_id=run_id, host_id="h1", ranges=[(0, agents)],
                                                            config=cfg))]
     ids = list(range(agents))
-    for r in range(1, rounds + 1):
+    for r in range(first_round, rounds + 1):
         vals: list[float | None] = []
         for a in ids:
             v = float(np.clip(BASE[edu[a]] * 0.7 ** (r - 1) + rng.normal(0, 8), 0, 100))
@@ -103,7 +104,9 @@ def _write_run(store: Store, run_id: str, seed: int, population: bool = True, ag
             run_id=run_id, round=r, n=agents, n_valid=len(good),
             summary={"mean": mean, "target": target, "winner_agent_id": win, "winner_value": vals[win],
                      "n_winners": 1},
-            observation={}, state={}, closed_at=T0 + 1800)))
+            observation={}, state={}, closed_at=T0 + 1800,
+            usage=Usage(llm_calls=agents, prompt_tokens=100 * agents, completion_tokens=20 * agents,
+                        infra_retries=r - 1))))
     events.append(Event(f"{run_id}.done", "done", RunDone(run_id=run_id, status="completed", rounds=rounds,
                                                           finished_at=T0 + 3600)))
     store.ingest(events)
@@ -118,6 +121,8 @@ def db(tmp_path_factory):
     _write_run(store, "edu-s1", 1, manifest=manifest)
     _write_run(store, "edu-s2", 2)
     _write_run(store, "plain", 3, population=False, agents=10, rounds=1)
+    _write_run(store, "edu-s1-fork", 4, manifest={"fork": {"parent": "edu-s1", "after_round": 1,
+                                                            "changes": {"game": {"ratio": "1/2"}}}}, first_round=2)
     store.close()
     return path
 
@@ -151,6 +156,9 @@ def test_round_table_matches_numpy(con):
         assert row["summary"]["mean"] == pytest.approx(v.mean())
         assert row["summary"]["winner_value"] is not None and row["summary"]["winner_agent_id"] is not None
         assert "options" not in row  # a numeric measure has no shares
+        # the round's LLM work, infrastructure retries apart from the model's invalid answers
+        assert row["usage"] == {"llm_calls": N_AGENTS, "prompt_tokens": 100 * N_AGENTS,
+                                "completion_tokens": 20 * N_AGENTS, "infra_retries": row["round"] - 1}
     # the data get lower over rounds, as built
     assert table[0]["mean"] > table[-1]["mean"]
 
@@ -165,6 +173,10 @@ def test_run_info_reads_the_ratio_game_from_its_tables_and_class(con):
     assert info["reference_columns"] == ["target"] and info["trend_columns"] == ["target", "winner_value"]
     assert info["labels"]["winner_value"] == "winning number"  # the Summary field's title
     assert info["description"] == "target = 2/3 · mean; guesses in [0, 100]"  # the simulation's own words
+    invalid = sum(1 for r in range(1, N_ROUNDS + 1) for a in range(N_AGENTS) if (a * 7 + r) % 23 == 0)
+    assert info["usage"] == {"llm_calls": N_AGENTS * N_ROUNDS, "prompt_tokens": 100 * N_AGENTS * N_ROUNDS,
+                             "completion_tokens": 20 * N_AGENTS * N_ROUNDS, "infra_retries": 0 + 1 + 2,
+                             "invalid": invalid}
 
 
 def test_group_table_one_run_matches_numpy_and_has_no_seed_ci(con):
@@ -259,6 +271,10 @@ def test_report_is_self_contained_with_all_figures(con, tmp_path):
     assert 'alt="Mean, median, target, winning number per round"' in page
     assert "<th>winning number</th>" in page and "<th>target</th>" in page
     assert "<td>equilibrium</td><td>0</td>" in page
+    # the model's invalid answers and the infrastructure's retries are counted apart
+    assert "invalid (the model&#x27;s answer could not be read)" in page
+    assert "3 infrastructure retries (prompts asked again because no model answered" in page
+    assert "<th>infra retries</th>" in page and "<th>prompt tokens</th>" in page
     # the manifest, pretty-printed and escaped, inside <details>
     details = page[page.index("<details>"):]
     assert "config_sha256" in details and "You play &lt;a&gt; game &amp; win" in details
@@ -266,6 +282,21 @@ def test_report_is_self_contained_with_all_figures(con, tmp_path):
         assert f">{g.replace(chr(39), '&#x27;')}<" in page
     out = write_report(con, "edu-s1", tmp_path / "sub" / "report.html", by="education")
     assert out.read_text(encoding="utf-8").count("data:image/png;base64,") >= 3
+
+
+def test_a_fork_is_read_beside_its_parent(con):
+    side = fork_table(con, "edu-s1-fork")
+    assert (side["parent"], side["after_round"], side["measure_kind"]) == ("edu-s1", 1, "numeric")
+    parent, mine = round_table(con, "edu-s1"), round_table(con, "edu-s1-fork")
+    assert [r["round"] for r in mine] == [2, 3]
+    assert [(r["round"], r["shared"]) for r in side["rounds"]] == [(1, True), (2, False), (3, False)]
+    assert side["rounds"][0]["fork"]["mean"] == parent[0]["mean"]  # round 1 is the parent's in both
+    for r, p, f in zip(side["rounds"][1:], parent[1:], mine, strict=True):
+        assert r["difference"] == pytest.approx(f["mean"] - p["mean"])
+    assert fork_table(con, "edu-s1") is None  # not a fork
+    page = render_report(con, "edu-s1-fork")
+    assert "Fork beside its parent" in page and "<th>parent: target</th>" in page
+    assert "Fork beside its parent" not in render_report(con, "edu-s2")
 
 
 def test_report_without_population_or_manifest(con):

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from populace.client.progress import RunProgress, fmt, summary_text  # noqa: F401 - re-exported for the CLI
-from populace.core.contracts import RoundResult
+from populace.core.contracts import RoundResult, Usage
 
 console = Console(stderr=True)
 # Piped or captured output keeps whole tables (rich would squeeze them into 80 columns).
@@ -21,19 +21,27 @@ def summary_labels(summary_model) -> dict[str, str]:
 
 
 def round_rows(results: list[RoundResult]) -> list[dict]:
-    """Round results as rows: round, n, n_valid and the simulation's summary columns."""
-    return [{"round": r.round, "n": r.n, "n_valid": r.n_valid, **r.summary}
+    """Round results as rows: round, n, n_valid, the simulation's summary columns and usage."""
+    return [{"round": r.round, "n": r.n, "n_valid": r.n_valid, **r.summary,
+             "usage": r.usage.model_dump(include=set(Usage.RECORDED))}
             for r in sorted(results, key=lambda r: r.round)]
 
 
 def rounds_table(rows: list[dict], labels: dict[str, str], title: str) -> Table:
-    """A run's rounds as they closed: valid answers and the simulation's summary columns."""
+    """A run's rounds as they closed: valid answers, the simulation's summary columns and the
+    round's LLM work."""
     t = Table(title=title)
-    for col in ("round", "valid", *labels.values()):
+    for col in ("round", "valid", *labels.values(), *USAGE_HEADS):
         t.add_column(col, justify="right")
     for r in rows:
-        t.add_row(str(r["round"]), f"{r['n_valid']}/{r['n']}", *(fmt(r.get(k)) for k in labels))
+        t.add_row(str(r["round"]), f"{r['n_valid']}/{r['n']}", *(fmt(r.get(k)) for k in labels),
+                  *usage_cells(r.get("usage") or _flat_usage(r)))
     return t
+
+
+def _flat_usage(row: dict) -> dict | None:
+    """Usage from a row that carries its columns flat (a `RunResult.rounds` table's)."""
+    return {k: row[k] for k in Usage.RECORDED} if all(row.get(k) is not None for k in Usage.RECORDED) else None
 
 
 STATS = ("mean", "median", "std", "min", "max")
@@ -59,6 +67,16 @@ def most_chosen(row: dict) -> str:
     return f"{row['leader'] if row['leader'] is not None else 'tie'} ({_pct(row['leader_share'])})"
 
 
+USAGE_HEADS = ("LLM calls", "tokens", "infra retries")
+
+
+def usage_cells(u: dict | None) -> list[str]:
+    """A round's LLM work as table cells (dashes while the round is open)."""
+    if not u:
+        return ["—"] * len(USAGE_HEADS)
+    return [f"{u['llm_calls']:,}", f"{u['prompt_tokens'] + u['completion_tokens']:,}", f"{u['infra_retries']:,}"]
+
+
 def _summary_shown(rows: list[dict], labels: dict[str, str], skip: tuple[str, ...]) -> list[str]:
     """The summary columns worth a terminal column: not one the analysis computes itself (the
     ratio game's `mean`), not a JSON dict or list (the vote's counts: the shares show them)."""
@@ -69,7 +87,9 @@ def _summary_shown(rows: list[dict], labels: dict[str, str], skip: tuple[str, ..
 def stats_table(rows: list[dict], title: str, info: dict | None = None) -> Table:
     """The analysis' per-round table (`populace.analysis.round_table`): valid answers, the
     measure's statistics (numeric) or each option's share and the leading option (categorical),
-    then the simulation's summary columns by their titles (`run_info`'s labels)."""
+    then the simulation's summary columns by their titles (`run_info`'s labels), then the round's
+    LLM work: calls, tokens and infrastructure retries (prompts asked again because no model
+    answered; never an agent's answer, so never in `valid`)."""
     info = info or {}
     kind = info.get("measure_kind") or ("numeric" if rows and "mean" in rows[0] else None)
     labels = info.get("labels")
@@ -83,7 +103,8 @@ def stats_table(rows: list[dict], title: str, info: dict | None = None) -> Table
         heads += list(STATS)
     elif kind == "categorical":
         heads += ["most chosen", *options]
-    for col in (*heads, *(labels[k] for k in summary)):
+    usage = any(r.get("usage") for r in rows)
+    for col in (*heads, *(labels[k] for k in summary), *(USAGE_HEADS if usage else ())):
         t.add_column(_plain(col), justify="right")
     for r in rows:
         cells = [str(r["round"]), f"{r['n_valid']}/{r['n']}"]
@@ -93,10 +114,60 @@ def stats_table(rows: list[dict], title: str, info: dict | None = None) -> Table
             cells += [_plain(most_chosen(r)), *(_pct(r["shares"].get(o)) for o in options)]
         s = r.get("summary") or {}
         cells += [fmt(s.get(k)) for k in summary]
+        if usage:
+            cells += usage_cells(r.get("usage"))
         t.add_row(*cells)
     if kind == "categorical" and rows and len(rows[0].get("options") or []) > len(options):
         t.caption = f"{len(rows[0]['options']) - len(options)} more option(s) in --json"
     return t
+
+
+def fork_heading(fork: dict) -> str:
+    changes = ", ".join(f"{k}={v}" for k, v in _flat(fork["changes"])) or "no change"
+    return f"fork {fork['fork']} of {fork['parent']} after round {fork['after_round']}, changed: {changes}"
+
+
+def fork_table(fork: dict, info: dict) -> Table:
+    """A fork beside its parent per round (`populace.analysis.fork_table`): the mean (numeric)
+    or the most chosen option (categorical) of each, the fork's difference, and the simulation's
+    reference columns (the ratio game's target) of each."""
+    numeric = fork["measure_kind"] == "numeric"
+    refs = [(c, (info.get("labels") or {}).get(c, c)) for c in info.get("reference_columns") or []]
+    t = Table(title="beside its parent")
+    what = "mean" if numeric else "most chosen"
+    heads = ["round", f"parent {what}", f"fork {what}", *(("difference",) if numeric else ())]
+    for _, label in refs:
+        heads += [f"parent {label}", f"fork {label}"]
+    for col in heads:
+        t.add_column(_plain(col), justify="right")
+
+    def cell(stat: dict | None, shared: bool = False) -> str:
+        if shared:
+            return "(shared)"
+        if stat is None:
+            return "—"
+        return fmt(stat.get("mean")) if numeric else most_chosen(stat)
+
+    def ref(stat: dict | None, column: str, shared: bool = False) -> str:
+        return "(shared)" if shared else fmt(((stat or {}).get("summary") or {}).get(column))
+
+    for r in fork["rounds"]:
+        shared = r["shared"]
+        cells = [str(r["round"]), cell(r["parent"]), cell(r["fork"], shared)]
+        if numeric:
+            cells.append("" if shared else fmt(r["difference"]))
+        for c, _ in refs:
+            cells += [ref(r["parent"], c), ref(r["fork"], c, shared)]
+        t.add_row(*(_plain(c) for c in cells))
+    return t
+
+
+def _flat(d: dict, prefix: str = "") -> list[tuple[str, object]]:
+    """{'game': {'ratio': 0.5}} as [('game.ratio', 0.5)]: a fork's change as `--set` wrote it."""
+    out: list[tuple[str, object]] = []
+    for k, v in d.items():
+        out += _flat(v, f"{prefix}{k}.") if isinstance(v, dict) and v else [(f"{prefix}{k}", v)]
+    return out
 
 
 def _ci(low: float | None, high: float | None) -> str:

@@ -17,7 +17,6 @@ from pydantic import ValidationError
 from populace.cli import display
 from populace.client.prepare import PreparedRun, parse_config, prepare, prepare_file
 from populace.core import bus, serve
-from populace.core.contracts import RunConfig
 from populace.core.scenario import ScenarioError, format_validation_error
 
 app = typer.Typer(help="Populace: populations of LLM agents as event-driven microservices on NATS JetStream.",
@@ -575,32 +574,35 @@ def results(
     json_out: Annotated[bool, typer.Option("--json", help="print JSON (for scripts) instead of tables")] = False,
     db: Annotated[str, typer.Option(help="DuckDB file")] = "populace.duckdb",
 ) -> None:
-    """Per-round statistics of each run's measure (mean … max, or each option's share) and its
-    simulation's round summary; or (--by) the mean, or each option's share, per group with 95% CIs."""
-    from populace.analysis import group_table, round_table, run_info
+    """Per-round statistics of each run's measure (mean … max, or each option's share), its
+    simulation's round summary and its LLM work (a fork: beside its parent's); or (--by) the mean, or each option's share, per group with 95% CIs."""
+    from populace.analysis import fork_table, group_table, round_table, run_info
 
     if round_ is not None and by is None:
         fail("--round: only with --by (the per-round table shows every round)")
     # what a script needs to read the rows: the run's simulation, measure and summary titles
     head = ("run_id", "simulation", "status", "measure", "measure_kind", "grouped", "equilibrium",
-            "outcome_table", "summary_table", "labels")
+            "outcome_table", "summary_table", "labels", "usage")
     with _db(db) as con:
         ids = _run_ids(con, run_ids)
         if by is None:
-            runs = [(run_info(con, rid), round_table(con, rid)) for rid in ids]
+            runs = [(run_info(con, rid), round_table(con, rid), fork_table(con, rid)) for rid in ids]
         else:
             rows = group_table(con, ids, by, round=round_)
             info = run_info(con, ids[0])
     if by is None:
         if json_out:
-            print(json.dumps({"runs": [{**{k: info.get(k) for k in head}, "rounds": rows} for info, rows in runs]},
-                             default=str, indent=1))
+            print(json.dumps({"runs": [{**{k: info.get(k) for k in head}, "rounds": rows, "fork": fork}
+                                        for info, rows, fork in runs]}, default=str, indent=1))
             return
-        for info, rows in runs:
+        for info, rows, fork in runs:
             if info.get("note"):
                 display.console.print(f"note: {info['note']}", markup=False, highlight=False)
             what = f"{info['simulation']}, {info['measure']}" if info.get("measure") else info["simulation"]
             display.out.print(display.stats_table(rows, f"run {info['run_id']} ({info['status']}; {what})", info))
+            if fork is not None:  # a fork is read against its parent: the intervention's effect
+                display.out.print(display.fork_heading(fork), markup=False, highlight=False)
+                display.out.print(display.fork_table(fork, info))
         return
     if json_out:
         print(json.dumps({**{k: info.get(k) for k in head}, "run_id": None, "runs": ids, "by": by,

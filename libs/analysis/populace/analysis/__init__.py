@@ -23,6 +23,8 @@ from populace.analysis.queries import (
     OTHER,
     attributes,
     convergence_table,
+    fork_of,
+    fork_table,
     group_attributes,
     group_spread,
     group_table,
@@ -34,6 +36,7 @@ from populace.analysis.queries import (
     measure_values,
     round_table,
     run_info,
+    run_usage,
     tables_of,
 )
 from populace.analysis.report import describe, render_report, write_report
@@ -57,6 +60,8 @@ __all__ = [
     "RunTables",
     "attributes",
     "convergence_table",
+    "fork_of",
+    "fork_table",
     "describe",
     "export_parquet",
     "group_attributes",
@@ -72,6 +77,7 @@ __all__ = [
     "render_report",
     "round_table",
     "run_info",
+    "run_usage",
     "share_ci",
     "summary",
     "t_interval",

@@ -34,7 +34,8 @@ import duckdb
 import numpy as np
 
 from populace.analysis.stats import AnalysisError, mean_ci, share_ci, t_interval
-from populace.analysis.tables import RunTables, has_table, loads, q, run_tables
+from populace.analysis.tables import RunTables, has_table, loads, q, run_tables, table_columns
+from populace.core.contracts import Usage
 
 NONE_GROUP = "(none)"
 OTHER = "(other)"
@@ -166,7 +167,7 @@ def run_info(con: duckdb.DuckDBPyConnection, run_id: str) -> dict:
     grouped, noun`` ("guess")``, labels`` (summary column -> title)``, reference_columns,
     trend_columns, equilibrium, measure_range, measure_type, loaded`` (its class was importable here)``,
     note`` (why hints are missing)``, legacy`` (a run from before tables_json),
-    description`` (the simulation's one line on what was played, or None)."""
+    description`` (the simulation's one line on what was played, or None)``, usage`` (``run_usage``)."""
     _check_runs(con, [run_id])
     rt = run_tables(con, run_id)
     row = _rows(con.execute("SELECT * FROM runs WHERE run_id = ?", [run_id])) if _has_table(con, "runs") else []
@@ -209,6 +210,7 @@ def run_info(con: duckdb.DuckDBPyConnection, run_id: str) -> dict:
         "description": rt.description,
         "config": cfg,
         "manifest": loads(r.get("manifest_json")),
+        "usage": run_usage(con, run_id),
     }
 
 
@@ -252,6 +254,30 @@ def _option_expr(rt: RunTables, options: list[str], alias: str = "o") -> str:
     return f"CASE WHEN list_contains($opts, {x}) THEN {x} ELSE '{OTHER}' END"
 
 
+def _usage_columns(con: duckdb.DuckDBPyConnection, rt: RunTables) -> tuple[str, ...]:
+    """The round table's usage columns: all of them, or none in a file from before they existed."""
+    have = set(table_columns(con, rt.spec.rounds))
+    return Usage.RECORDED if have.issuperset(Usage.RECORDED) else ()
+
+
+def run_usage(con: duckdb.DuckDBPyConnection, run_id: str) -> dict | None:
+    """The run's LLM work over its closed rounds: ``llm_calls, prompt_tokens,
+    completion_tokens, infra_retries`` (prompts asked again because no model answered: the
+    infrastructure's failures, never recorded as answers), and ``invalid``: recorded answers the
+    simulation could not read (the model's failures). None for a run recorded before usage was."""
+    _check_runs(con, [run_id])
+    rt = run_tables(con, run_id)
+    usage = _usage_columns(con, rt)
+    if not usage:
+        return None
+    sums = con.execute(f"SELECT {', '.join(f'coalesce(sum({q(c)}), 0)' for c in usage)} FROM {q(rt.spec.rounds)} "
+                       "WHERE run_id = ?", [run_id]).fetchone()
+    out = {c: int(v) for c, v in zip(usage, sums, strict=True)}
+    out["invalid"] = int(con.execute(f"SELECT count(*) FROM {q(rt.spec.outcomes)} WHERE run_id = ? AND NOT valid",
+                                     [run_id]).fetchone()[0])
+    return out
+
+
 def _leader(counts: dict[str, int]) -> tuple[str | None, int]:
     real = {o: c for o, c in counts.items() if o != OTHER}
     top = max(real.values(), default=0)
@@ -271,11 +297,16 @@ def round_table(con: duckdb.DuckDBPyConnection, run_id: str) -> list[dict]:
                                           the leading option (None on a tie) and its share
         summary                           {column: value} of the simulation's round summary
                                           (None while a round is not closed; JSON parsed)
+        usage                             {llm_calls, prompt_tokens, completion_tokens,
+                                          infra_retries} of the closed round (None while open,
+                                          or when the run was recorded before usage was)
 
     A round with a result but no recorded outcomes takes n and n_valid from the result."""
     rt = tables_of(con, run_id)
     types = rt.summary_types
-    sel = ", ".join(f"any_value({q(c)}) AS {q('s_' + c)}" for c in types)
+    usage = _usage_columns(con, rt)
+    sel = ", ".join([*(f"any_value({q(c)}) AS {q('s_' + c)}" for c in types),
+                     *(f"any_value({q(c)}) AS {q('u_' + c)}" for c in usage)])
     if rt.kind == "numeric":
         m = q(rt.measure)
         stats = (f", avg({m}) FILTER (WHERE valid) AS mean, quantile_cont({m}, 0.5) FILTER (WHERE valid) AS median, "
@@ -305,6 +336,7 @@ def round_table(con: duckdb.DuckDBPyConnection, run_id: str) -> list[dict]:
         if rt.kind == "numeric":
             d.update({k: _num(row[k]) for k in ("mean", "median", "std", "min", "max")})
         d["summary"] = ({c: _value(row["s_" + c], t) for c, t in types.items()} if row["closed_"] else None)
+        d["usage"] = ({c: int(row["u_" + c] or 0) for c in usage} if row["closed_"] and usage else None)
         out.append(d)
     if rt.kind == "categorical":
         _add_shares(con, rt, out)
@@ -738,6 +770,60 @@ def convergence_table(con: duckdb.DuckDBPyConnection, run_ids: str | Sequence[st
                     row[c] = _num((r["summary"] or {}).get(c))
             out.append(row)
     return out
+
+
+# --- a fork beside its parent -------------------------------------------------------------
+def fork_of(con: duckdb.DuckDBPyConnection, run_id: str) -> dict | None:
+    """Where a fork comes from (its manifest): ``parent, after_round, changes``; None for a run
+    that is not a fork."""
+    _check_runs(con, [run_id])
+    if not _has_table(con, "runs"):
+        return None
+    row = con.execute("SELECT manifest_json FROM runs WHERE run_id = ?", [run_id]).fetchone()
+    fork = (loads(row[0]) or {}).get("fork") if row else None
+    if not isinstance(fork, dict) or not isinstance(fork.get("parent"), str):
+        return None
+    return {"parent": fork["parent"], "after_round": int(fork.get("after_round") or 0),
+            "changes": fork.get("changes") or {}}
+
+
+def _round_stat(rt: RunTables, r: dict) -> dict:
+    out = {"n": r["n"], "n_valid": r["n_valid"], "summary": r["summary"]}
+    if rt.kind == "numeric":
+        out["mean"] = r["mean"]
+    elif rt.kind == "categorical":
+        out.update(leader=r["leader"], leader_share=r["leader_share"], shares=r["shares"])
+    return out
+
+
+def fork_table(con: duckdb.DuckDBPyConnection, run_id: str) -> dict | None:
+    """A fork side by side with its parent, per round (None when `run_id` is not a fork or its
+    parent is not in this file)::
+
+        parent, fork, after_round, changes, measure_kind
+        rounds: [{round, parent, fork, shared, difference}]
+
+    ``parent``/``fork`` per round: ``n, n_valid, summary`` (the round's summary) and ``mean``
+    (numeric) or ``leader, leader_share, shares`` (categorical), None where that run has no such round. Rounds up to
+    ``after_round`` are the parent's in both (``shared``: the fork starts from its state after
+    them). ``difference``: fork mean − parent mean (numeric)."""
+    origin = fork_of(con, run_id)
+    if origin is None or origin["parent"] not in set(known_runs(con)):
+        return None
+    parent, k = origin["parent"], origin["after_round"]
+    prt, frt = run_tables(con, parent), run_tables(con, run_id)
+    theirs = {r["round"]: _round_stat(prt, r) for r in round_table(con, parent)}
+    mine = {r["round"]: _round_stat(frt, r) for r in round_table(con, run_id)}
+    rows = []
+    for n in sorted(set(theirs) | set(mine)):
+        shared = n <= k
+        a, b = theirs.get(n), (theirs.get(n) if shared else mine.get(n))
+        diff = None
+        if frt.kind == "numeric" and a and b and a.get("mean") is not None and b.get("mean") is not None:
+            diff = b["mean"] - a["mean"]
+        rows.append({"round": n, "parent": a, "fork": b, "shared": shared, "difference": diff})
+    return {"parent": parent, "fork": run_id, "after_round": k, "changes": origin["changes"],
+            "measure_kind": frt.kind, "rounds": rows}
 
 
 # --- groups of a grouped simulation -----------------------------------------------------

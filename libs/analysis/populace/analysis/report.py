@@ -22,6 +22,8 @@ categorical (the vote's choice)
 grouped simulations (a ``group_id`` column) add
   4. the measure per round overall and per group: one line per group when there are few, else
      the spread of the group means (10–90% and 25–75% quantile bands, median).
+a fork (its manifest names its parent, and the parent is in the same file) adds
+  the fork beside its parent over rounds (mean, or each option's share), with a table.
 
 Figures use matplotlib's object API on the Agg canvas (no pyplot, no global backend switch).
 Every number comes from DuckDB aggregates (histograms are binned there), never from all rows.
@@ -47,6 +49,7 @@ from matplotlib.ticker import MaxNLocator, PercentFormatter
 from populace.analysis.queries import (
     attributes,
     convergence_table,
+    fork_table,
     group_spread,
     group_table,
     histogram,
@@ -538,10 +541,21 @@ def _header(info: dict, rounds: list[dict], inv: dict, n_groups: int | None) -> 
         ("seed", info.get("seed")),
         ("started / finished", f"{info.get('started_at') or '—'} / {info.get('finished_at') or '—'}"),
         ("hosts", ", ".join(info.get("hosts") or []) or None),
-        (plural(noun), f"{total:,} recorded, {inv['count']:,} invalid"),
+        (plural(noun), f"{total:,} recorded, {inv['count']:,} invalid (the model's answer could not be read)"),
+        ("LLM work", _usage_text(info.get("usage"))),
     ]
     body = "".join(f"<tr><td>{_e(k)}</td><td>{_e(v)}</td></tr>" for k, v in rows if v is not None)
     return f'<table class="kv">{body}</table>'
+
+
+def _usage_text(u: dict | None) -> str | None:
+    """The run's LLM work, infrastructure failures apart from the model's: a prompt no model
+    answered was asked again, and is never recorded as an answer."""
+    if u is None:
+        return None
+    return (f"{u['llm_calls']:,} calls, {u['prompt_tokens']:,} prompt + {u['completion_tokens']:,} completion "
+            f"tokens; {u['infra_retries']:,} infrastructure retries (prompts asked again because no model "
+            "answered; never recorded as answers)")
 
 
 def _summary_columns(info: dict, skip: Sequence[str] = ()) -> list[tuple[str, str]]:
@@ -561,6 +575,9 @@ def _round_rows(rounds: list[dict], info: dict, types: dict[str, str]) -> str:
         options = rounds[0]["options"] if rounds else []
         headers += ["most chosen", *options]
     headers += [t for _, t in cols]
+    usage = any(r.get("usage") for r in rounds)
+    if usage:
+        headers += ["LLM calls", "prompt tokens", "completion tokens", "infra retries"]
     rows = []
     for r in rounds:
         cells = [_n(r["round"]), _n(r["n"]), _n(r["n_valid"]), _n(r["n_invalid"])]
@@ -572,6 +589,9 @@ def _round_rows(rounds: list[dict], info: dict, types: dict[str, str]) -> str:
             cells += [top, *(_pct(r["shares"].get(o)) for o in options)]
         s = r["summary"] or {}
         cells += [_cell(c, s.get(c), types.get(c, "")) for c, _ in cols]
+        if usage:
+            u = r.get("usage") or {}
+            cells += [_n(u.get(k)) for k in ("llm_calls", "prompt_tokens", "completion_tokens", "infra_retries")]
         rows.append(cells)
     return _table(headers, rows, left=())
 
@@ -788,6 +808,9 @@ def render_report(con: duckdb.DuckDBPyConnection, run_id: str,
         parts.append('<p class="note">The simulation declares no measure: no figures.</p>')
     if spread is not None:
         parts += _grouped_section(con, run_id, info, rounds, spread)
+    fork = fork_table(con, run_id)
+    if fork is not None:
+        parts += _fork_section(fork, info)
 
     parts.append("<h2>Invalid answers</h2>")
     parts.append(f"<p>{inv['count']:,} invalid answer(s) in this run.</p>")
@@ -811,6 +834,81 @@ def render_report(con: duckdb.DuckDBPyConnection, run_id: str,
                  + _e(json.dumps(info["config"], indent=2, sort_keys=True, default=str)) + "</pre></details>")
     parts.append("</body></html>\n")
     return "\n".join(parts)
+
+
+def fork_figure(fork: dict, title: str, noun: str, reference: Sequence[tuple[str, str]] = ()) -> Figure:
+    """A fork beside its parent over rounds (parent solid, fork dashed): the mean and the first
+    reference column (numeric), or each option's share (categorical, one colour per option);
+    the fork's first round marked."""
+    fig = _figure(7.5, 4.2)
+    ax = fig.subplots()
+    rows = fork["rounds"]
+    x = [r["round"] for r in rows]
+    k = fork["after_round"]
+    # the fork's line branches off the parent's at round k, the state it starts from
+    mine = [r if r["round"] >= k else {**r, "fork": None} for r in rows]
+    if fork["measure_kind"] == "numeric":
+        for who, style, color in (("parent", "o-", "#1f77b4"), ("fork", "s--", "#d62728")):
+            ax.plot(x, [np.nan if not r[who] or r[who].get("mean") is None else r[who]["mean"] for r in mine],
+                    style, color=color, label=f"mean, {who}")
+        for c, label in reference[:1]:  # the simulation's first reference line (the ratio game's target)
+            for who, style in (("parent", "-"), ("fork", "--")):
+                ax.plot(x, [np.nan if not r[who] or ((r[who].get("summary") or {}).get(c)) is None
+                            else r[who]["summary"][c] for r in mine], style, color="#ff7f0e", linewidth=1.0,
+                        label=f"{label}, {who}")
+        ax.set_ylabel(noun)
+    else:
+        options = list(dict.fromkeys(o for r in rows for who in ("parent", "fork") for o in ((r[who] or {}).get("shares") or {})))
+        colors = option_colors(options)
+        for o in options:
+            for who, style in (("parent", "-"), ("fork", "--")):
+                ax.plot(x, [np.nan if not r[who] or (r[who].get("shares") or {}).get(o) is None
+                            else r[who]["shares"][o] for r in mine], style, color=colors[o], label=f"{o} ({who})")
+        ax.set_ylim(0, 1)
+        ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+        ax.set_ylabel(f"share of valid {plural(noun)}")
+    ax.axvline(k + 0.5, color="#444", linestyle=":", linewidth=1.2, label=f"fork after round {k}")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("round")
+    ax.set_title(title, fontsize=11)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def _fork_section(fork: dict, info: dict) -> list[str]:
+    noun = info.get("noun") or "answer"
+    numeric = fork["measure_kind"] == "numeric"
+    changes = json.dumps(fork["changes"], sort_keys=True, default=str)
+    refs = [(c, info["labels"].get(c, c)) for c in info.get("reference_columns") or []]
+    parts = ["<h2>Fork beside its parent</h2>",
+             f'<p>This run forks <code>{_e(fork["parent"])}</code> after round {fork["after_round"]}, '
+             f"with the change <code>{_e(changes)}</code>. Rounds up to {fork['after_round']} are the parent's.</p>"]
+    if fork["measure_kind"] is not None:
+        title = f"Fork {fork['fork']} and parent {fork['parent']}"
+        parts.append(_img(png_data_uri(fork_figure(fork, title, noun, refs)), "The fork and its parent per round"))
+    what = f"mean {noun}" if numeric else "most chosen"
+    rows = []
+    for r in fork["rounds"]:
+        def cell(stat: dict | None) -> str:
+            if stat is None:
+                return "—"
+            if numeric:
+                return _n(stat.get("mean"))
+            top = stat.get("leader_share")
+            return "—" if top is None else f"{_e(stat['leader'] if stat['leader'] is not None else 'tie')} ({_pct(top)})"
+        def ref(stat: dict | None, column: str) -> str:
+            return _n(((stat or {}).get("summary") or {}).get(column))
+        cells = [_n(r["round"]), cell(r["parent"]), "(shared)" if r["shared"] else cell(r["fork"]),
+                 *((("" if r["shared"] else _n(r["difference"])),) if numeric else ())]
+        for c, _ in refs:
+            cells += [ref(r["parent"], c), "(shared)" if r["shared"] else ref(r["fork"], c)]
+        rows.append(cells)
+    heads = ["round", f"parent: {what}", f"fork: {what}", *(("difference",) if numeric else ())]
+    for _, label in refs:
+        heads += [f"parent: {label}", f"fork: {label}"]
+    parts.append(_table(heads, rows))
+    return parts
 
 
 def write_report(con: duckdb.DuckDBPyConnection, run_id: str, out_path: str | Path,

@@ -34,7 +34,7 @@ from populace.client.prepare import PreparedRun, parse_config, prepare, prepare_
 from populace.client.progress import RunProgress
 from populace.client.run import RunOutcome, new_run_id, play
 from populace.core import bus
-from populace.core.contracts import RoundResult, RunConfig, SimulationTables
+from populace.core.contracts import RoundResult, RunConfig, SimulationTables, Usage
 from populace.core.scenario import ScenarioError, format_validation_error
 
 Scenario = str | Path | dict | RunConfig | PreparedRun
@@ -47,7 +47,7 @@ class SimulationResult:
     reason: str | None
     config: RunConfig
     tables: SimulationTables
-    rounds: pa.Table  # one row per round: n, n_valid and the simulation's summary columns
+    rounds: pa.Table  # one row per round: n, n_valid, LLM work (Usage.RECORDED) and the summary columns
     outcomes: pa.Table | None  # one row per agent per round (None: the stack's DuckDB is not readable here)
     db_path: str | None = None
     manifest: dict = field(default_factory=dict)
@@ -91,7 +91,8 @@ def _prepared(scenario: Scenario, overrides: dict[str, Any]) -> PreparedRun:
 
 
 def _rounds_from_events(results: list[RoundResult]) -> pa.Table:
-    rows = [{"run_id": r.run_id, "round": r.round, "n": r.n, "n_valid": r.n_valid, **r.summary}
+    rows = [{"run_id": r.run_id, "round": r.round, "n": r.n, "n_valid": r.n_valid,
+             **r.usage.model_dump(include=set(Usage.RECORDED)), **r.summary}
             for r in sorted(results, key=lambda r: r.round)]
     return pa.Table.from_pylist(rows)
 

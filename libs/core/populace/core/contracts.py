@@ -11,7 +11,7 @@ so one message carries ~1,000 agents and validates in pydantic-core, not per age
 from __future__ import annotations
 
 import time
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
@@ -103,6 +103,9 @@ class Budget(Strict):
 class Usage(Strict):
     """LLM work done: in a share's round, a round, or a whole run (they add up)."""
 
+    # recorded in every round table, next to the simulation's summary
+    RECORDED: ClassVar[tuple[str, ...]] = ("llm_calls", "prompt_tokens", "completion_tokens", "infra_retries")
+
     llm_calls: int = Field(0, ge=0)  # answered calls
     prompt_tokens: int = Field(0, ge=0)
     completion_tokens: int = Field(0, ge=0)
@@ -172,6 +175,8 @@ RunId = Annotated[str, Field(min_length=1, max_length=64)]
 
 
 # --- what a simulation records: declared by the simulation, carried by RunStarted --------
+# The platform's columns of every round table; a simulation's summary takes other names.
+PLATFORM_SUMMARY_COLUMNS = ("run_id", "round", "n", "n_valid", *Usage.RECORDED, "closed_at")
 # A DuckDB identifier we create tables and columns with (quoted, but kept plain on purpose).
 Identifier = Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_]{0,62}$")]
 ColumnType = Literal["DOUBLE", "BIGINT", "VARCHAR", "BOOLEAN", "JSON"]

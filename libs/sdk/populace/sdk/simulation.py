@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
-from populace.core.contracts import Column, RunConfig, SimulationTables
+from populace.core.contracts import PLATFORM_SUMMARY_COLUMNS, Column, RunConfig, SimulationTables
 from populace.sdk.agent import Agent
 from populace.sdk.env import Env, GroupEnv
 from populace.sdk.outcome import Outcome, OutcomeError, column_type, outcome_fields
@@ -34,7 +34,6 @@ from populace.sdk.outcome import Outcome, OutcomeError, column_type, outcome_fie
 if TYPE_CHECKING:
     from populace.population.cast import Cast
 
-PLATFORM_SUMMARY_COLUMNS = ("run_id", "round", "n", "n_valid", "closed_at")
 # Tables the platform owns; a simulation's tables take other names.
 RESERVED_TABLES = ("runs", "agents", "llm_calls", "agent_profiles", "_ingested")
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")

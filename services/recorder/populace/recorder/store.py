@@ -20,7 +20,8 @@ import duckdb
 import pyarrow as pa
 
 from populace.core.contracts import (
-    LlmCallBatch, OutcomeBatch, RoundResult, RunDone, RunResumed, RunStarted, SimulationTables, SpawnBatch, share_key,
+    LlmCallBatch, OutcomeBatch, RoundResult, RunDone, RunResumed, RunStarted, SimulationTables, SpawnBatch, Usage,
+    share_key,
 )
 from populace.population.errors import PopulationError
 from populace.population.jsonl import parse_personas
@@ -75,6 +76,7 @@ def outcome_columns(t: SimulationTables) -> list[tuple[str, str]]:
 
 def summary_columns(t: SimulationTables) -> list[tuple[str, str]]:
     return [("run_id", "VARCHAR"), ("round", "INTEGER"), ("n", "BIGINT"), ("n_valid", "BIGINT"),
+            *((name, "BIGINT") for name in Usage.RECORDED),  # the round's LLM work, infra retries apart
             *((c.name, c.type) for c in t.summary_columns), ("closed_at", "TIMESTAMP")]
 
 
@@ -343,8 +345,9 @@ class Store:
 
     def _insert_round(self, m: RoundResult) -> None:
         spec = self._spec(m.run_id)
-        names = ["run_id", "round", "n", "n_valid", *(c.name for c in spec.summary_columns), "closed_at"]
-        values = [m.run_id, m.round, m.n, m.n_valid,
+        names = ["run_id", "round", "n", "n_valid", *Usage.RECORDED, *(c.name for c in spec.summary_columns),
+                 "closed_at"]
+        values = [m.run_id, m.round, m.n, m.n_valid, *(getattr(m.usage, u) for u in Usage.RECORDED),
                   *(json.dumps(m.summary.get(c.name)) if c.type == "JSON" else m.summary.get(c.name)
                     for c in spec.summary_columns),
                   ts(m.closed_at)]
