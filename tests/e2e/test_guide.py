@@ -268,7 +268,8 @@ def test_the_guide_works_as_written(workspace, tmp_path):
         assert fleet is not None, "the guide starts `populace up`"
         with duckdb.connect() as con:
             db_rows = con.execute(f"SELECT count(*) FROM '{clone}/export/dictator_outcomes.parquet'").fetchone()
-            exported = con.execute(f"SELECT round, n, n_valid, mean_given, given_pct, zero_pct, half_pct "
+            exported = con.execute(f"SELECT round, n, n_valid, mean_given, given_pct, zero_pct, half_pct, "
+                                   f"llm_calls, prompt_tokens + completion_tokens, infra_retries "
                                    f"FROM '{clone}/export/dictator_rounds.parquet' ORDER BY round").fetchall()
     finally:
         if fleet is not None:
@@ -304,7 +305,8 @@ def test_the_guide_works_as_written(workspace, tmp_path):
 
     # what the recorder stored is what was printed
     assert db_rows == (agents * rounds,)
-    assert [[str(r[0]), f"{r[2]}/{r[1]}", *(f"{v:.2f}" for v in r[3:])] for r in exported] == local
+    assert [[str(r[0]), f"{r[2]}/{r[1]}", *(f"{v:.2f}" for v in r[3:7]), *(f"{v:,}" for v in r[7:])]
+            for r in exported] == local
     results = output("populace results last")
     assert "dictator" in results and len(rows(results)) == rounds
 
@@ -314,7 +316,7 @@ def test_the_guide_works_as_written(workspace, tmp_path):
     assert same == "True", notebook
     shown = ast.literal_eval(last)
     assert [[str(r["round"]), f"{r['n_valid']}/{agents}", *(f"{r[k]:.2f}" for k in list(r)[2:])]
-            for r in shown] == local, notebook
+            for r in shown] == [row[:6] for row in local], notebook  # the cell prints no LLM work
     means = ast.literal_eval(output("simulate(").strip().splitlines()[-1])
     assert len(means) == rounds and all(0 <= m <= scenario["game"]["endowment"] for m in means)
     queried = output("duckdb.connect(")

@@ -76,6 +76,7 @@ async def run_local(config: RunConfig | Resolved, *, run_id: str = "local", cast
     try:
         for n in range(1, c.rounds + 1):
             shares: list[RoundShare] = []
+            calls = 0
             for run in runs:
                 obs = run.observation(n, observation)
 
@@ -94,14 +95,18 @@ async def run_local(config: RunConfig | Resolved, *, run_id: str = "local", cast
                     cols_out["error"].extend(batch.errors)
 
                 sink = OutcomeSink(resolved.simulation, run.env, emit=emit, grouped=tables.grouped)
-                await run.player.play(obs, llm(run, n), sink)
+                port = llm(run, n)
+                await run.player.play(obs, port, sink)
+                calls += getattr(port, "calls", 0)  # the in-process ports count their calls
                 shares.append(sink.close())
             total = env.merge([s.partial for s in shares if s.partial is not None])
             state, summary = env.decide(state, n, total)
             observation = env.observe(state, n + 1).model_dump(mode="json")
+            # the platform's round columns, as the recorder writes them (no tokens: no model runs here)
             row = {"run_id": run_id, "round": n, "n": sum(s.n for s in shares),
-                   "n_valid": sum(s.n_valid for s in shares), **summary.model_dump(mode="json"),
-                   "closed_at": time.time()}
+                   "n_valid": sum(s.n_valid for s in shares),
+                   "llm_calls": calls, "prompt_tokens": 0, "completion_tokens": 0, "infra_retries": 0,
+                   **summary.model_dump(mode="json"), "closed_at": time.time()}
             for key, value in row.items():
                 out.rounds.setdefault(key, []).append(value)
             if on_round is not None:
