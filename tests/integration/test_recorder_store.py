@@ -7,7 +7,8 @@ import duckdb
 import pytest
 
 from populace.core.contracts import (
-    Column, OutcomeBatch, RoundResult, RunConfig, RunDone, RunResumed, RunStarted, SimulationTables, SpawnBatch,
+    Column, LlmCallBatch, OutcomeBatch, RoundResult, RunConfig, RunDone, RunResumed, RunStarted, SimulationTables,
+    SpawnBatch,
 )
 from populace.recorder.store import Event, Store, StoreError
 from populace_ratio_game import RatioGame
@@ -22,8 +23,8 @@ def guess_batch(run_id, round_, host, seq, ids) -> OutcomeBatch:
                         raws=[f"raw{i}" for i in ids], latency_ms=[1.0] * len(ids), errors=[None] * len(ids))
 
 
-def events(run_id="r1") -> list[Event]:
-    cfg = RunConfig(agents=20, rounds=1)
+def events(run_id="r1", rounds: int = 1) -> list[Event]:
+    cfg = RunConfig(agents=20, rounds=rounds)
     evs = [
         Event("started", "started", RunStarted(run_id=run_id, config=cfg, started_at=1e9, hosts=["a", "b"],
                                                tables=TABLES)),
@@ -197,7 +198,7 @@ def test_a_resume_replaces_the_rounds_it_replays_and_stale_epochs_never_count(tm
     placed them."""
     store = Store(tmp_path / "x.duckdb")
     cfg = RunConfig(agents=20, rounds=2)
-    first = events()[:3]  # started, spawn a, spawn b
+    first = events(rounds=2)[:3]  # started, spawn a, spawn b
     ids_a, ids_b = list(range(0, 10)), list(range(10, 20))
     store.ingest(first + [
         Event("r1.g1a", "outcomes", guess_batch("r1", 1, "a", 0, ids_a)),
@@ -240,7 +241,7 @@ def test_a_lost_hosts_share_placed_again_replaces_only_its_agents_rows_from_the_
     store = Store(tmp_path / "x.duckdb")
     cfg = RunConfig(agents=20, rounds=2)
     ids_a, ids_b = list(range(0, 10)), list(range(10, 20))
-    store.ingest(events()[:3] + [
+    store.ingest(events(rounds=2)[:3] + [
         Event("r1.g1a", "outcomes", guess_batch("r1", 1, "a", 0, ids_a)),
         Event("r1.g1b", "outcomes", guess_batch("r1", 1, "b", 0, ids_b)),
         Event("r1.res1", "round.result", _result("r1", 1, 1.0)),
@@ -265,3 +266,41 @@ def test_a_lost_hosts_share_placed_again_replaces_only_its_agents_rows_from_the_
     store.ingest([Event("r1.forged", "outcomes", guess_batch("r1", 2, "intruder", 0, [0, 1]))])
     assert store.completeness("r1") == (40, 40)
     store.close()
+
+
+def test_only_the_outcomes_a_run_expects_are_stored_whatever_their_message_ids(tmp_path):
+    """Forged or replayed batches are refused with the reason (the service dead-letters them)
+    and never add a row: a share never placed, agents outside the sender's share, a second
+    outcome for an agent and round (a replay under a fresh id), a round the run does not have,
+    call records of agents it does not have."""
+    store = Store(tmp_path / "x.duckdb")
+    evs = events()
+    store.ingest(evs[:3])  # started, spawn a (agents 0-9), spawn b (10-19)
+    forged = [
+        Event("x1", "outcomes", guess_batch("r1", 1, "host-9", 0, list(range(0, 10)))),
+        Event("x2", "outcomes", guess_batch("r1", 1, "a", 1, list(range(5, 15)))),
+        Event("x3", "outcomes", guess_batch("r1", 2, "a", 2, list(range(0, 10)))),
+        Event("x4", "outcomes", guess_batch("r1", 1, "b", 3, [10, 11, 11])),
+        Event("x5", "calls", LlmCallBatch(run_id="r1", round=1, batch_id="b", agent_ids=[3, 25], replicas=["r", "r"],
+                                          prompt_tokens=[1, 1], completion_tokens=[1, 1], latency_ms=[1.0, 1.0],
+                                          attempts=[1, 1], valid=[True, True])),
+    ]
+    out = store.ingest(evs[3:5] + forged)
+    assert out.outcomes == 20
+    assert dict(out.refused) == {
+        "x1": "share host-9@0 was never placed in run r1",
+        "x2": "agent 10 is not one of share a@0's agents",
+        "x3": "round 2: run r1 has 1 rounds",
+        "x4": "agent 11 appears twice in the batch",
+        "x5": "agent 25: run r1 has 20 agents",
+    }
+    # a replay of a stored batch under a new id (or none: the stream sequence), now and after a restart
+    replay = Event("seq:991", "outcomes", guess_batch("r1", 1, "a", 0, list(range(0, 10))))
+    assert dict(store.ingest([replay]).refused) == {"seq:991": "agent 0 already has an outcome in round 1"}
+    store.close()
+    again = Store(tmp_path / "x.duckdb")
+    replay.msg_id = "seq:992"
+    assert dict(again.ingest([replay]).refused) == {"seq:992": "agent 0 already has an outcome in round 1"}
+    assert again.completeness("r1") == (20, 0)
+    assert again.con.execute("SELECT count(*), count(DISTINCT agent_id) FROM guesses").fetchone() == (20, 20)
+    again.close()

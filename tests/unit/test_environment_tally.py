@@ -109,14 +109,33 @@ def test_a_replacements_partial_may_come_before_its_announcement():
     assert res is not None and res.shares == ["h1@0", "h3@1"]
 
 
-def test_a_partial_from_a_share_never_placed_or_counting_too_many_agents_is_refused():
+def test_a_partial_from_a_share_never_placed_or_counting_other_than_its_agents_is_refused():
     t = tally()
     t.open(opened())
-    assert t.add(partial("intruder", H2)) is None  # not a share of this round: ignored
+    with pytest.raises(BadPartial, match=r"share intruder@0 was never placed in run r1 \(round 1, epoch 0\)"):
+        t.add(partial("intruder", H2))
     with pytest.raises(BadPartial, match="share h2@0 has 3 agents, the partial counts 4"):
         t.add(partial("h2", H1))
-    t.add(partial("h1", H1))
+    with pytest.raises(BadPartial, match="share h2@0 has 3 agents, the partial counts 2"):
+        t.add(partial("h2", H2[:2]))
+    assert t.add(partial("h1", H1)) is None
     assert t.add(partial("h2", H2)).n == 7
+
+
+def test_a_partial_for_a_round_not_open_is_refused_and_early_ones_are_checked_when_it_opens():
+    t = tally()
+    t.open(opened())
+    with pytest.raises(BadPartial, match=r"round 3 is not open in run r1 \(round 1 is in play\)"):
+        t.add(partial("h1", H1, round_=3))
+    # round 2's partials may come before its announcement; the announcement checks them
+    assert t.add(partial("h1", H1[:3], round_=2), source="m1") is None
+    assert t.add(partial("forged", H2, round_=2), source="m2") is None
+    assert t.add(partial("h2", H2, round_=2), source="m3") is None
+    assert t.open(opened(2)) is None  # h1's was refused: the round waits for a good one
+    assert sorted((r.source, r.reason) for r in t.refused) == [
+        ("m1", "share h1@0 has 4 agents, the partial counts 3"),
+        ("m2", "share forged@0 was never placed in run r1 (round 2, epoch 0)")]
+    assert t.add(partial("h1", H1, round_=2)).n == 7
 
 
 def test_a_round_with_only_invalid_answers_still_closes():

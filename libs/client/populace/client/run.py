@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from nats.aio.client import Client
 from nats.js.errors import KeyNotFoundError
+from pydantic import ValidationError
 
 from populace.core import bus, objects, subjects
 from populace.core.contracts import (
@@ -39,6 +40,7 @@ class RunOutcome:
     recorded: RunRecorded | None = None
     # wall-clock marks (time.monotonic): submitted, spawned, open.<n>, result.<n>, done, recorded
     marks: dict[str, float] = field(default_factory=dict)
+    malformed: int = 0  # messages on the run's subjects that were not its events (skipped)
 
 
 def new_run_id() -> str:
@@ -92,12 +94,18 @@ class _Following:
             except asyncio.TimeoutError:
                 raise RunStalled(f"run {self.rid}: no event for {self.stall_s:.0f}s") from None
             now = time.monotonic()
-            if msg.subject.startswith("progress."):
-                if self.on_event:
-                    self.on_event("progress", Progress.model_validate_json(msg.data))
+            kind = "progress" if msg.subject.startswith("progress.") else subjects.kind_of(msg.subject)
+            try:
+                model = (Progress if kind == "progress" else EVENT_MODELS[kind]).model_validate_json(msg.data)
+            except (KeyError, ValidationError):
+                model = None
+            if model is None or model.run_id != self.rid:
+                out.malformed += 1  # not an event of this run: the services dead-letter it, we skip it
                 continue
-            kind = subjects.kind_of(msg.subject)
-            model = EVENT_MODELS[kind].model_validate_json(msg.data)
+            if kind == "progress":
+                if self.on_event:
+                    self.on_event("progress", model)
+                continue
             if isinstance(model, RunStarted):
                 out.started = model
                 self.hosts = set(model.hosts)

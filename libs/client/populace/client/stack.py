@@ -54,6 +54,9 @@ class Stack:
     metrics: bool = False  # give every service its own Prometheus port (see metrics_ports)
     metrics_ports: dict[str, int] = field(default_factory=dict)
     nats_args: list[str] = field(default_factory=list)  # extra nats-server flags (embedded server only)
+    # NATS user -> password (deploy/nats/auth.conf's users): each service connects as its own
+    # user (every agent-host as `agent-host`), the stack itself as `admin`. None: no users.
+    users: dict[str, str] | None = None
     nats: EmbeddedNats | None = None
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     specs: dict[str, tuple[list[str], dict[str, str], bool]] = field(default_factory=dict)  # to restart one
@@ -72,15 +75,25 @@ class Stack:
         base = {**os.environ, "POPULACE_NATS_URL": self.url, "POPULACE_DB": str(Path(self.db).absolute()),
                 "POPULACE_LOG_FORMAT": "json", "POPULACE_PARENT_PID": str(os.getpid()), **self.env}
         for name in CORE_SERVICES:
-            self._spawn(name, ["-m", "populace.core.serve", name], base, service=True)
+            self._spawn(name, ["-m", "populace.core.serve", name], {**base, **self._user(name)}, service=True)
         for i in range(self.hosts):
             self._spawn(f"agent-host-{i}", ["-m", "populace.core.serve", "agent-host"],
-                        {**base, "POPULACE_HOST_ID": f"host-{i}", **self.host_env}, service=True)
+                        {**base, "POPULACE_HOST_ID": f"host-{i}", **self._user("agent-host"), **self.host_env},
+                        service=True)
         for key, args in self.extra.items():
             # --nats goes before a `--` (what follows it is passed through to another program)
             cut = args.index("--") if "--" in args else len(args)
             self._spawn(key, ["-m", "populace.cli", *args[:cut], "--nats", self.url, *args[cut:]], base)
         return self
+
+    def _user(self, name: str) -> dict[str, str]:
+        if self.users is None:
+            return {}
+        return {"POPULACE_NATS_USER": name, "POPULACE_NATS_PASSWORD": self.users[name]}
+
+    def credentials(self, user: str = "admin") -> dict[str, str]:
+        """nats-py connect() arguments for one of the stack's users (none without users)."""
+        return {} if self.users is None else {"user": user, "password": self.users[user]}
 
     def _spawn(self, key: str, args: list[str], env: dict[str, str], service: bool = False) -> None:
         self.specs[key] = (args, env, service)
@@ -94,7 +107,7 @@ class Stack:
 
     async def wait_ready(self, timeout: float = 60.0) -> None:
         """Until every service has registered in KV `services` and every host in `hosts`."""
-        nc = await bus.connect(self.url, "populace-stack")
+        nc = await bus.connect(self.url, "populace-stack", **self.credentials())
         try:
             js = nc.jetstream()
             deadline = time.monotonic() + timeout

@@ -23,7 +23,8 @@ from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 from pydantic import BaseModel, ValidationError
 
-from populace.core import logs, subjects, telemetry
+from populace.core import admission, logs, subjects, telemetry
+from populace.core.contracts import RoundOpen, RunState
 
 M = TypeVar("M", bound=BaseModel)
 log = logs.get("populace.bus")
@@ -192,8 +193,10 @@ async def _has_leader(js: JetStreamContext, stream: str, replicas: int) -> None:
         raise nats.errors.TimeoutError  # no leader elected yet
 
 
-def dlq_headers(subject: str, reason: str) -> dict[str, str]:
-    return {"Populace-Subject": subject, "Populace-Error": reason[:1000]}
+def dlq_headers(subject: str, reason: str, instance: str = "") -> dict[str, str]:
+    """A dead letter's headers: where the message came, why it was refused, and which process
+    refused it (several instances of a service may each get a core NATS message)."""
+    return {"Populace-Subject": subject, "Populace-Error": reason[:1000], "Populace-Instance": instance}
 
 
 def is_jetstream(raw_msg) -> bool:
@@ -300,3 +303,24 @@ async def last_on(js: JetStreamContext, stream: str, subject: str, model: type[M
         return model.model_validate_json(msg.data or b"")
     except ValidationError:
         return None
+
+
+# How long a receiver waits for KV `runs` to catch up with an announcement it got first (a KV
+# read from a replica behind its leader), before it refuses the announcement.
+STATE_LAG_S = 2.0
+
+
+async def open_refusal(js: JetStreamContext, opened: RoundOpen) -> str | None:
+    """Why a round open is not the run's (`admission.open_refusal`), read against the run's
+    state in KV `runs`; None: it is."""
+    kv = await js.key_value(subjects.RUNS_BUCKET)
+    deadline = time.monotonic() + STATE_LAG_S
+    while True:
+        try:
+            state = RunState.model_validate_json((await kv.get(opened.run_id)).value)
+        except KeyNotFoundError:
+            state = None
+        why = admission.open_refusal(state, opened)
+        if why is None or not admission.may_lag(state, opened) or time.monotonic() > deadline:
+            return why
+        await asyncio.sleep(0.1)

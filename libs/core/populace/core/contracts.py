@@ -13,7 +13,9 @@ from __future__ import annotations
 import time
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+import math
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from populace.core.subjects import valid_token
 
@@ -27,9 +29,10 @@ class Strict(BaseModel):
 
 
 class Wire(BaseModel):
-    """Data-plane model: versioned; unknown keys are an error too (a typo is a bug)."""
+    """Data-plane model: versioned; unknown keys are an error too (a typo is a bug); no
+    float is NaN or infinite."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     v: Literal[1] = SCHEMA_VERSION
 
 
@@ -172,6 +175,32 @@ def _check_token(v: str) -> str:
 
 
 RunId = Annotated[str, Field(min_length=1, max_length=64)]
+
+
+def _finite_json(v: object) -> object:
+    """A JSON document (a simulation's payload, summary, state) holds no NaN or infinity: a
+    NaN in a partial made the environment raise in a loop, and DuckDB refuses it as JSON."""
+    stack = [v]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, float) and not math.isfinite(x):
+            raise ValueError("numbers must be finite (no NaN or infinity)")
+        if isinstance(x, dict):
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+    return v
+
+
+# Bounded wire types: what a forged or corrupted message carries is refused at the edge (a
+# dead letter), never stored and never a stalled round. Bounds follow RunConfig's.
+Token = Annotated[str, Field(min_length=1, max_length=64), AfterValidator(_check_token)]
+AgentId = Annotated[int, Field(ge=0, lt=100_000_000)]
+RoundNo = Annotated[int, Field(ge=1, le=10_000)]
+Epoch = Annotated[int, Field(ge=0, le=1_000_000)]
+Amount = Annotated[int, Field(ge=0, lt=2**63)]
+Millis = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+JsonDoc = Annotated[dict, AfterValidator(_finite_json)]
 
 
 # --- what a simulation records: declared by the simulation, carried by RunStarted --------
@@ -351,10 +380,10 @@ class RunState(Strict):
 
 # --- run events ----------------------------------------------------------------------
 class RunStarted(Wire):
-    run_id: str
+    run_id: Token
     config: RunConfig
     started_at: float
-    hosts: list[str]
+    hosts: list[Token]
     tables: SimulationTables
     manifest: dict | None = None
 
@@ -362,11 +391,11 @@ class RunStarted(Wire):
 class SpawnBatch(Wire):
     """Agents for one host, as id ranges: persona by reference, never copied per agent."""
 
-    run_id: str
-    host_id: str
-    ranges: list[tuple[int, int]]  # (first_agent_id, count)
+    run_id: Token
+    host_id: Token
+    ranges: list[tuple[AgentId, Amount]]  # (first_agent_id, count)
     config: RunConfig
-    epoch: int = 0  # the share's epoch: with host_id, its key
+    epoch: Epoch = 0  # the share's epoch: with host_id, its key
     restore: Restore | None = None  # restore the agents' declared state from this checkpoint
     from_round: int = Field(1, ge=1)  # the first round this share plays (a replacement: the one in play)
     live: list[str] = []  # every live share's key after this placement: the host drops its others
@@ -377,11 +406,11 @@ class SpawnBatch(Wire):
 
 
 class HostSpawned(Wire):
-    run_id: str
-    host_id: str
-    agents: int
-    seconds: float
-    epoch: int = 0
+    run_id: Token
+    host_id: Token
+    agents: Amount
+    seconds: float = Field(ge=0)
+    epoch: Epoch = 0
 
 
 class RoundOpen(Wire):
@@ -389,15 +418,15 @@ class RoundOpen(Wire):
     `env_state` what the environment decided so far; both None in round 1 (the simulation's
     environment starts them)."""
 
-    run_id: str
-    round: int = Field(ge=1)
+    run_id: Token
+    round: RoundNo
     expected: int = Field(ge=1)  # agents that must answer before the round closes
     config: RunConfig
-    observation: dict | None = None
-    env_state: dict | None = None
+    observation: JsonDoc | None = None
+    env_state: JsonDoc | None = None
     opened_at: float
-    epoch: int = 0  # the placement's: announced again (same round, newer epoch) after a re-placement
-    shares: dict[str, int] = {}  # live share key -> its agents: only their partials count
+    epoch: Epoch = 0  # the placement's: announced again (same round, newer epoch) after a re-placement
+    shares: dict[str, Amount] = {}  # live share key -> its agents: only their partials count
     nudge: int = 0  # >0: announced again because the round missed its deadline
 
 
@@ -407,18 +436,18 @@ class OutcomeBatch(Wire):
     answer was valid, the model's raw text (always kept), the turn's latency, and an error
     when the turn failed (the agent raised, or no model answered)."""
 
-    run_id: str
-    round: int
-    host_id: str
-    seq: int
-    agent_ids: list[int]
+    run_id: Token
+    round: RoundNo
+    host_id: Token
+    seq: Amount
+    agent_ids: list[AgentId]
     columns: dict[str, list]
     valid: list[bool]
     raws: list[str]
-    latency_ms: list[float]
+    latency_ms: list[Millis]
     errors: list[str | None]
-    group_ids: list[int] | None = None
-    epoch: int = 0
+    group_ids: list[Amount] | None = None
+    epoch: Epoch = 0
 
     @model_validator(mode="after")
     def _same_length(self) -> OutcomeBatch:
@@ -436,29 +465,35 @@ class RoundPartial(Wire):
     """One host's reduced round (its groups reduced first): the simulation's `payload`, plus
     how many agents it covers. The environment merges partials; it never sees an agent."""
 
-    run_id: str
-    round: int
-    host_id: str
+    run_id: Token
+    round: RoundNo
+    host_id: Token
     n: int = Field(ge=0)  # agents that answered (valid or not)
     n_valid: int = Field(ge=0)
-    payload: dict
-    epoch: int = 0
+    payload: JsonDoc
+    epoch: Epoch = 0
     usage: Usage = Usage()
+
+    @model_validator(mode="after")
+    def _valid_within_n(self) -> RoundPartial:
+        if self.n_valid > self.n:
+            raise ValueError(f"n_valid ({self.n_valid}) cannot exceed n ({self.n})")
+        return self
 
 
 class RoundResult(Wire):
     """The environment's decision: the simulation's per-round `summary` (recorded), the
     `observation` agents see next round and the environment's `state` after this round."""
 
-    run_id: str
-    round: int
-    n: int
-    n_valid: int
-    summary: dict
-    observation: dict
-    state: dict
+    run_id: Token
+    round: RoundNo
+    n: Amount
+    n_valid: Amount
+    summary: JsonDoc
+    observation: JsonDoc
+    state: JsonDoc
     closed_at: float
-    epoch: int = 0
+    epoch: Epoch = 0
     shares: list[str] = []  # the share keys whose partials it folded: stale if one was replaced
     usage: Usage = Usage()  # the folded shares' LLM work
 
@@ -467,7 +502,7 @@ class RunResumed(Wire):
     """A run continues (resume) in a new epoch: rounds after `after_round` are played again,
     so what was recorded of them is dropped; outcomes of older epochs are stale."""
 
-    run_id: str
+    run_id: Token
     epoch: int = Field(ge=1)
     after_round: int = Field(ge=0)  # the last completed round: play continues with the next
     hosts: list[str]
@@ -479,7 +514,7 @@ class RunFault(Wire):
     that raised, personas missing): the orchestrator fails the run with this reason at once.
     `pause`: not the run's fault (no model answers): the run pauses instead, to be resumed."""
 
-    run_id: str
+    run_id: Token
     source: str  # the service or host that reports it
     round: int | None = None
     reason: str
@@ -487,24 +522,24 @@ class RunFault(Wire):
 
 
 class RunDone(Wire):
-    run_id: str
+    run_id: Token
     status: Literal["completed", "failed", "cancelled", "paused"]
-    rounds: int
+    rounds: Amount
     finished_at: float
     reason: str | None = None
-    epoch: int = 0
+    epoch: Epoch = 0
 
 
 class RunRecorded(Wire):
-    run_id: str
+    run_id: Token
     outcomes: int  # agent-rounds recorded
     db_path: str
 
 
 class Progress(Wire):
-    run_id: str
-    round: int
-    host_id: str
+    run_id: Token
+    round: RoundNo
+    host_id: Token
     answered: int
 
 
@@ -514,11 +549,11 @@ class InferBatch(Wire):
     one answer schema: each prompt is one structured call, validated by the gateway."""
 
     batch_id: str
-    run_id: str
-    round: int
+    run_id: Token
+    round: RoundNo
     model: ModelConfig
     system: str
-    keys: list[int]  # request keys (agent ids): correlation and per-agent seeding
+    keys: list[Amount]  # request keys (agent ids): correlation and per-agent seeding
     prompts: list[str]
     response_schema: dict | None = None  # JSON schema every answer must satisfy
     # Leading characters of each prompt that stay the same from round to round (the agent's
@@ -554,16 +589,24 @@ class InferReply(Wire):
 class LlmCallBatch(Wire):
     """What the gateway did for each decision of one inference batch (table `llm_calls`)."""
 
-    run_id: str
-    round: int
+    run_id: Token
+    round: RoundNo
     batch_id: str
-    agent_ids: list[int]
+    agent_ids: list[AgentId]
     replicas: list[str]
-    prompt_tokens: list[int]
-    completion_tokens: list[int]
-    latency_ms: list[float]
-    attempts: list[int]
+    prompt_tokens: list[Amount]
+    completion_tokens: list[Amount]
+    latency_ms: list[Millis]
+    attempts: list[Amount]
     valid: list[bool]
+
+    @model_validator(mode="after")
+    def _same_length(self) -> LlmCallBatch:
+        n = len(self.agent_ids)
+        if any(len(c) != n for c in (self.replicas, self.prompt_tokens, self.completion_tokens, self.latency_ms,
+                                     self.attempts, self.valid)):
+            raise ValueError("every column of a call batch must have one value per agent id")
+        return self
 
 
 class ReplicaInfo(Strict):

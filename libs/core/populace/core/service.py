@@ -21,7 +21,7 @@ from importlib import metadata
 from typing import Any, TypeVar
 
 from faststream import FastStream
-from faststream.exceptions import RejectMessage
+from faststream.exceptions import HandlerException, NackMessage, RejectMessage
 from faststream.nats import NatsBroker, NatsUserPassword
 from faststream.nats.annotations import NatsMessage
 from faststream.specification import AsyncAPI
@@ -35,6 +35,16 @@ from populace.core.settings import Settings
 
 M = TypeVar("M", bound=BaseModel)
 ORPHAN_GRACE_S = 10.0
+# A JetStream message whose handler keeps failing is redelivered with a growing delay, then
+# dead-lettered with its error: never a hot loop, never an unbounded log. Ten deliveries span
+# about two minutes, longer than a stream leader election or a short broker outage.
+MAX_DELIVERIES = 10
+RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
+
+
+def retry_delay(delivered: int, delays: tuple[float, ...] = RETRY_DELAYS_S) -> float:
+    """The delay before delivery `delivered + 1` of a message whose handler failed."""
+    return delays[min(max(delivered, 1), len(delays)) - 1]
 
 
 def _version() -> str:
@@ -70,6 +80,7 @@ class Service:
         self.app.after_startup(self._register)
         self.app.on_shutdown(self._unregister)
         self._heartbeat: bus.Heartbeat | None = None
+        self.max_deliveries, self.retry_delays_s = MAX_DELIVERIES, RETRY_DELAYS_S
         self._startup_hooks: list[Callable[[], Awaitable[None]]] = []
         self._shutdown_hooks: list[Callable[[], Awaitable[None]]] = []
 
@@ -159,6 +170,10 @@ class Service:
                 token = otel_context.attach(telemetry.extract(msg.headers))
                 try:
                     return await (fn(event, msg) if with_msg else fn(event))
+                except HandlerException:
+                    raise
+                except Exception as err:
+                    raise await self.failed(msg.raw_message, err) from err
                 finally:
                     otel_context.detach(token)
 
@@ -172,6 +187,24 @@ class Service:
             return fn
 
         return decorate
+
+    async def failed(self, raw: Msg, err: Exception) -> HandlerException:
+        """A handler raised. On JetStream the message comes again after a growing delay (a
+        transient failure, e.g. a leader election, heals), and after MAX_DELIVERIES it is
+        dead-lettered with the error; on core NATS nothing comes again, and the error is logged
+        once. Returns the FastStream exception that settles the message accordingly."""
+        error = f"{type(err).__name__}: {err}"
+        if not bus.is_jetstream(raw):
+            self.log.error("handler_failed", subject=raw.subject, error=error)
+            return RejectMessage()
+        delivered = raw.metadata.num_delivered or 1
+        if delivered >= self.max_deliveries:
+            await self.dead_letter(raw, f"handler failed {delivered} times, last: {error}", terminate=False)
+            return RejectMessage()
+        delay = retry_delay(delivered, self.retry_delays_s)
+        self.log.warning("handler_failed_retrying", subject=raw.subject, delivery=delivered, retry_in_s=delay,
+                         error=error)
+        return NackMessage(delay=delay)
 
     def publishes(self, subject: str, model: type[BaseModel], description: str = "") -> None:
         """Document a subject this service publishes (with its payload model) in AsyncAPI."""
@@ -212,7 +245,7 @@ class Service:
                 self.log.warning("dead_letter_term_failed", error=str(err))
         try:
             await self.broker.publish(msg.data, subjects.dlq(self.name),
-                                      headers=bus.dlq_headers(msg.subject, reason))
+                                      headers=bus.dlq_headers(msg.subject, reason, f"{self.name}.{os.getpid()}"))
         except Exception as err:  # noqa: BLE001
             self.log.error("dead_letter_publish_failed", error=str(err))
 

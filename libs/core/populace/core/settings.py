@@ -57,6 +57,10 @@ class Settings(BaseSettings):
     gateway_id: str = Field(default_factory=lambda: f"gw-{os.getpid()}")
     gateway_router: Literal["prefix-affinity", "least-loaded", "round-robin"] = "prefix-affinity"
     gateway_max_queue: int = Field(100_000, ge=1)  # prompts admitted at once; beyond: explicit error
+    # Caps on what a request may ask of this gateway (a request above them gets an explicit
+    # error): the dummy model's latency, and the tokens one answer may take.
+    gateway_max_latency_s: float = Field(60.0, ge=0, le=3600)
+    gateway_max_tokens: int = Field(4096, ge=1, le=8192)
     gateway_attempts: int = Field(3, ge=1, le=10)  # tries per call, each on another replica
     gateway_retry_budget: float = Field(0.2, ge=0, le=1)  # retries allowed as a share of calls
     gateway_reasks: int = Field(1, ge=0, le=3)  # re-asks after an invalid answer

@@ -179,6 +179,12 @@ def kind_of(subject: str) -> str:
     return parts[2]
 
 
+def run_of(subject: str) -> str:
+    """The run id of a run subject (`run.<rid>.…`); '' for another subject."""
+    parts = subject.split(".")
+    return parts[1] if len(parts) >= 3 and parts[0] == "run" else ""
+
+
 def valid_token(token: str) -> bool:
     """A run or host id must be one subject token: no dots, spaces or wildcards."""
     return bool(token) and not any(c in token for c in ". *>\t\r\n")

@@ -111,7 +111,14 @@ class AgentHost:
         )
 
     async def on_round_open(self, opened: RoundOpen, msg: NatsMessage) -> None:
-        """A round opens: this host plays its agents' turns (in a task of its own)."""
+        """A round opens: this host plays its agents' turns (in a task of its own), once the
+        announcement is checked against the run's state (a forged one is dead-lettered)."""
+        if not self.runtime.hosts(opened):  # type: ignore[union-attr]
+            return  # a run this host plays no agent of: nothing to check
+        why = await bus.open_refusal(self.svc.js, opened)
+        if why is not None:
+            await self.svc.dead_letter(msg.raw_message, why, terminate=False)
+            return
         self.runtime.start_round(opened, telemetry.extract(msg.headers))  # type: ignore[union-attr]
 
     async def on_done(self, done: RunDone) -> None:

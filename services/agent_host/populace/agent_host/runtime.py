@@ -98,6 +98,10 @@ class HostRuntime:
             if up_to_epoch is None or epoch <= up_to_epoch:
                 self.drop(run_id, epoch)
 
+    def hosts(self, opened: RoundOpen) -> bool:
+        """Whether this host plays agents of the announced run."""
+        return bool(self.runs.get(opened.run_id))
+
     def start_round(self, opened: RoundOpen, trace_context: Context | None = None) -> None:
         """Play the round with each share the open lists (once per share); a share an open of a
         newer placement no longer lists was replaced: it goes."""

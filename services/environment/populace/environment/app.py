@@ -15,6 +15,7 @@ from faststream.middlewares import AckPolicy
 from faststream.nats import JStream, PullSub
 from faststream.nats.annotations import NatsMessage
 from nats.js.api import DeliverPolicy
+from nats.js.errors import KeyNotFoundError
 from opentelemetry.context import Context
 from pydantic import ValidationError
 
@@ -71,6 +72,12 @@ class Environment:
     async def on_round_open(self, opened: RoundOpen, msg: NatsMessage | None) -> None:
         """A round opens (or is announced again): count its partials from now on (and those
         that came first)."""
+        why = await bus.open_refusal(self.svc.js, opened)
+        if why is not None:  # not the orchestrator's announcement: it must not move a round
+            if msg is None:
+                self.svc.log.warning("bad_open_skipped", run_id=opened.run_id, error=why)
+                return
+            await self.refuse(msg, why)
         if msg is not None:
             self.round_contexts[(opened.run_id, opened.round)] = telemetry.extract(msg.headers)
         while len(self.round_contexts) > 10 * MAX_RUNS:  # rounds that never closed
@@ -79,22 +86,45 @@ class Environment:
         if tally is None:
             return
         await self.settle(tally, lambda: tally.open(opened), opened.round)
+        await self.drain_refused(tally)
         for partial, raw in self.early.pop(opened.run_id, []):
             await self.count(tally, partial, raw)
 
     async def on_partial(self, partial: RoundPartial, msg: NatsMessage | None) -> None:
         """A share's reduced part of a round."""
+        if msg is not None and msg.raw_message.subject != subjects.run_partial(
+                partial.run_id, partial.round, partial.host_id, partial.epoch):
+            # the subject is what NATS permissions check: a body must not claim another sender
+            await self.refuse(msg, f"a partial of {partial.host_id}@{partial.epoch}, round {partial.round} "
+                                   f"of run {partial.run_id} does not belong on {msg.raw_message.subject}")
         tally = self.runs.get(partial.run_id)
         if tally is None:
-            if partial.run_id not in self.failed and sum(map(len, self.early.values())) < EARLY_LIMIT:
+            if partial.run_id in self.failed:
+                return
+            if msg is not None and not await self.known_run(partial.run_id):
+                await self.refuse(msg, f"run {partial.run_id} is not known")
+            if sum(map(len, self.early.values())) < EARLY_LIMIT:
                 self.early.setdefault(partial.run_id, []).append((partial, msg))
             return
         await self.count(tally, partial, msg, reject=msg is not None)
 
+    async def known_run(self, run_id: str) -> bool:
+        """Whether the run exists (KV `runs`): a partial may come before its round's announcement."""
+        try:
+            await (await self.svc.js.key_value(subjects.RUNS_BUCKET)).get(run_id)
+        except KeyNotFoundError:
+            return False
+        return True
+
+    async def refuse(self, msg: NatsMessage, reason: str | Exception) -> None:
+        """Dead-letter a message (once: it is acknowledged, never redelivered) and stop there."""
+        await self.svc.dead_letter(msg.raw_message, reason, terminate=False)
+        raise RejectMessage()
+
     async def count(self, tally: RunTally, partial: RoundPartial, msg: NatsMessage | None,
                     reject: bool = False) -> None:
         try:
-            await self.settle(tally, lambda: tally.add(partial), partial.round)
+            await self.settle(tally, lambda: tally.add(partial, msg), partial.round)
         except BadPartial as err:
             if msg is None:  # read again from the stream: dead-lettered when it first came
                 self.svc.log.warning("bad_partial_skipped", run_id=partial.run_id, error=str(err))
@@ -102,6 +132,16 @@ class Environment:
             await self.svc.dead_letter(msg.raw_message, err, terminate=False)
             if reject:
                 raise RejectMessage() from None
+
+    async def drain_refused(self, tally: RunTally) -> None:
+        """Early partials the round's announcement refused: dead letters now (they were
+        acknowledged when they came, so they are copied, not terminated)."""
+        refused, tally.refused = tally.refused, []
+        for r in refused:
+            if r.source is None:  # read again from the stream after a restart
+                self.svc.log.warning("bad_partial_skipped", run_id=r.partial.run_id, error=r.reason)
+            else:
+                await self.svc.dead_letter(r.source.raw_message, r.reason, terminate=False)
 
     async def rebuild(self) -> None:
         """After a restart: the old process acknowledged the round in play's announcement and

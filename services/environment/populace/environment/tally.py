@@ -4,7 +4,13 @@ run's simulation environment. Pure: no broker; the service does the I/O around i
 Partials are keyed by share (`host@epoch`), never by host alone: a replayed partial counts
 once, a replacement's share replaces the one it was placed for, and a partial from a share
 the round's newest announcement does not list never counts. Partials that arrive before
-their round's announcement wait for it. They are merged in share order, so the decision does
+their round's announcement wait for it, and are checked when it comes.
+
+A partial is refused (BadPartial: the service dead-letters it, with the reason) when it is
+from a share of the round's epoch that the run never placed, counts other than its share's
+agents, is for a round that is not open nor next, or carries a payload that is not the
+simulation's partial. A straggler (a replaced share's, a decided round's) is dropped quietly:
+it is recovery at work, not an attack. They are merged in share order, so the decision does
 not depend on arrival order. A round announced again with a new placement (a lost host's
 agents re-placed) is decided again once the new shares' partials are in; the survivors'
 partials are kept for that until the next round opens.
@@ -31,19 +37,39 @@ class BadPartial(ValueError):
 
 
 @dataclass
+class Counted:
+    """A share's partial as counted: the envelope, its validated payload, and where it came
+    from (opaque here: the service's message, to dead-letter it if its round refuses it)."""
+
+    partial: RoundPartial
+    payload: Partial | None
+    source: object = None
+
+
+@dataclass
+class Refused:
+    partial: RoundPartial
+    reason: str
+    source: object = None
+
+
+@dataclass
 class RunTally:
     run_id: str
     resolved: Resolved
     env: Env
     opened: dict[int, RoundOpen] = field(default_factory=dict)  # round -> its newest announcement
-    partials: dict[int, dict[str, tuple[RoundPartial, Partial | None]]] = field(default_factory=dict)
+    partials: dict[int, dict[str, Counted]] = field(default_factory=dict)
     decided: dict[int, frozenset[str]] = field(default_factory=dict)  # round -> the shares it folded
+    refused: list[Refused] = field(default_factory=list)  # early partials an announcement refused: drain it
 
     @property
     def epoch(self) -> int:
         return max((o.epoch for o in self.opened.values()), default=0)
 
     def open(self, opened: RoundOpen) -> RoundResult | None:
+        """A round's (newest) announcement: the decision if every share's partial is in. The
+        partials that came first and that this placement refuses go to `refused`."""
         r = opened.round
         current = self.opened.get(r)
         if current is not None and opened.epoch < current.epoch:
@@ -55,27 +81,49 @@ class RunTally:
             self.opened.pop(old)
             self.partials.pop(old, None)
             self.decided.pop(old, None)
+        for n in [n for n in self.partials if n < r]:
+            self.partials.pop(n)  # stragglers that waited for a round that was decided elsewhere
         parts = self.partials.get(r, {})
-        for key in [k for k, (p, _) in parts.items() if k not in opened.shares and p.epoch < opened.epoch]:
-            parts.pop(key)  # a share this placement replaced
+        for key, counted in list(parts.items()):
+            why = self._refusal(opened, key, counted.partial)
+            if why is not None or (key not in opened.shares and counted.partial.epoch < opened.epoch):
+                parts.pop(key)  # refused, or a share this placement replaced
+                if why is not None:
+                    self.refused.append(Refused(counted.partial, why, counted.source))
         return self._maybe_close(r)
 
-    def add(self, partial: RoundPartial) -> RoundResult | None:
-        """Count a share's partial (once); raises BadPartial when its payload does not validate
-        or it covers more agents than its share has."""
+    @staticmethod
+    def _refusal(opened: RoundOpen, key: str, partial: RoundPartial) -> str | None:
+        """Why the round's placement refuses a partial (None: it does not)."""
+        if key in opened.shares:
+            if partial.n != opened.shares[key]:
+                return f"share {key} has {opened.shares[key]} agents, the partial counts {partial.n}"
+            return None
+        if partial.epoch == opened.epoch:
+            return f"share {key} was never placed in run {opened.run_id} (round {opened.round}, epoch {opened.epoch})"
+        return None
+
+    def add(self, partial: RoundPartial, source: object = None) -> RoundResult | None:
+        """Count a share's partial (once); raises BadPartial when the round's placement or
+        the simulation refuses it (see the module's docstring)."""
         r, key = partial.round, share_key(partial.host_id, partial.epoch)
+        newest = max(self.opened, default=0)
+        if newest and r > newest + 1:
+            raise BadPartial(f"round {r} is not open in run {self.run_id} (round {newest} is in play)")
         opened = self.opened.get(r)
-        if opened is None and r < max(self.opened, default=0):
+        if opened is None and r < newest:
             return None  # a straggler of a round long decided
-        if opened is not None and key not in opened.shares and partial.epoch <= opened.epoch:
-            return None  # not a share of this round's placement: replaced, or never placed
-        if opened is not None and key in opened.shares and partial.n > opened.shares[key]:
-            raise BadPartial(f"share {key} has {opened.shares[key]} agents, the partial counts {partial.n}")
+        if opened is not None:
+            why = self._refusal(opened, key, partial)
+            if why is not None:
+                raise BadPartial(why)
+            if key not in opened.shares and partial.epoch < opened.epoch:
+                return None  # a replaced share's straggler
         try:
             payload = self.env.Partial.model_validate(partial.payload) if partial.n else None
         except ValidationError as err:
             raise BadPartial(f"payload is not a {self.env.Partial.__name__}: {err.errors()[0]['msg']}") from None
-        self.partials.setdefault(r, {})[key] = (partial, payload)
+        self.partials.setdefault(r, {})[key] = Counted(partial, payload, source)
         return self._maybe_close(r)
 
     def _maybe_close(self, r: int) -> RoundResult | None:
@@ -86,7 +134,7 @@ class RunTally:
         folded = frozenset(opened.shares)
         if self.decided.get(r) == folded:
             return None  # decided already, with exactly these shares
-        result = self.decide(opened, [parts[k] for k in sorted(folded)])
+        result = self.decide(opened, [(parts[k].partial, parts[k].payload) for k in sorted(folded)])
         self.decided[r] = folded
         return result
 

@@ -99,8 +99,24 @@ class Gateway:
             if beat is not None:
                 beat.cancel()
 
+    def refusal(self, batch: InferBatch) -> str | None:
+        """Why this gateway will not take a batch: it asks more than the gateway's caps (a
+        forged request must not hold its workers for an hour)."""
+        s, model = self.svc.settings, batch.model
+        if model.backend == "dummy" and model.latency_s > s.gateway_max_latency_s:
+            return (f"model.latency_s: {model.latency_s:g}s is above this gateway's limit of "
+                    f"{s.gateway_max_latency_s:g}s (POPULACE_GATEWAY_MAX_LATENCY_S)")
+        if model.max_tokens > s.gateway_max_tokens:
+            return (f"model.max_tokens: {model.max_tokens} is above this gateway's limit of "
+                    f"{s.gateway_max_tokens} (POPULACE_GATEWAY_MAX_TOKENS)")
+        return None
+
     async def answer(self, batch: InferBatch) -> bytes:
         stats = self.stats
+        if why := self.refusal(batch):
+            stats["errors"] += 1
+            self.svc.log.warning("infer_refused", batch=batch.batch_id, run_id=batch.run_id, error=why)
+            return InferReply(batch_id=batch.batch_id, error=why).model_dump_json().encode()
         try:
             with tracer.start_as_current_span(
                     "gateway.batch",

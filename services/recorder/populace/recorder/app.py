@@ -26,7 +26,7 @@ from populace.core.contracts import (
     LlmCallBatch, OutcomeBatch, RoundResult, RunDone, RunRecorded, RunResumed, RunStarted, SimulationTables,
     SpawnBatch,
 )
-from populace.core.service import Service
+from populace.core.service import MAX_DELIVERIES, Service, retry_delay
 from populace.core.settings import Settings
 from populace.core.telemetry import tracer
 from populace.recorder.columns import BadColumns, check_outcomes
@@ -44,6 +44,16 @@ RECORDED: dict[str, type[BaseModel]] = {
 ACK_WAIT_S = 15.0
 # Runs recorded lately, whose late outcome or call records are purged as they come in.
 RECENTLY_RECORDED = 1000
+
+
+def misplaced(subject: str, event: BaseModel) -> str | None:
+    """Why an event's body does not belong on its subject (None: it does). NATS permissions
+    check subjects, so a body must not claim another run or, for outcomes, another sender."""
+    if subjects.run_of(subject) != event.run_id:
+        return f"an event of run {event.run_id} does not belong on {subject}"
+    if isinstance(event, OutcomeBatch) and subject != subjects.run_outcomes(event.run_id, event.round, event.host_id):
+        return f"outcomes of {event.host_id}, round {event.round} do not belong on {subject}"
+    return None
 
 
 class Recorder:
@@ -97,11 +107,32 @@ class Recorder:
             beat = asyncio.create_task(self.keep_in_progress(msgs))
             try:
                 await self.handle(msgs)
-            except Exception as err:  # noqa: BLE001 - unacked messages are redelivered
-                self.svc.log.error("ingest_failed", messages=len(msgs), error=str(err))
-                await asyncio.sleep(1.0)
+            except Exception as err:  # noqa: BLE001 - isolate the message that fails
+                self.svc.log.error("ingest_failed", messages=len(msgs), error=f"{type(err).__name__}: {err}")
+                await self.one_by_one(msgs)
             finally:
                 beat.cancel()
+
+    async def one_by_one(self, msgs: list[Msg]) -> None:
+        """A fetch failed to ingest: each message again on its own, so one poison message cannot
+        hold the others back. One that still fails comes again after a growing delay, and after
+        MAX_DELIVERIES it is dead-lettered with its error (never a loop without end)."""
+        for raw in msgs:
+            if raw._ackd:
+                continue
+            try:
+                await self.handle([raw])
+            except Exception as err:  # noqa: BLE001
+                delivered = raw.metadata.num_delivered or 1
+                error = f"{type(err).__name__}: {err}"
+                if delivered >= MAX_DELIVERIES:
+                    await self.svc.dead_letter(raw, f"not stored after {delivered} deliveries, last: {error}")
+                else:
+                    self.svc.log.warning("ingest_retrying", subject=raw.subject, delivery=delivered, error=error)
+                    try:
+                        await raw.nak(delay=retry_delay(delivered))
+                    except Exception as nak_err:  # noqa: BLE001 - it comes again after the ack wait
+                        self.svc.log.warning("nak_failed", error=str(nak_err))
 
     async def keep_in_progress(self, msgs: list[Msg]) -> None:
         """While a fetch is being ingested, tell JetStream it is (no redelivery meanwhile)."""
@@ -127,6 +158,9 @@ class Recorder:
                 event = model.model_validate_json(raw.data)
             except ValidationError as err:
                 await self.svc.dead_letter(raw, err)
+                continue
+            if why := misplaced(raw.subject, event):
+                await self.svc.dead_letter(raw, why)
                 continue
             if isinstance(event, RunStarted):
                 started[event.run_id] = event.tables
@@ -187,6 +221,10 @@ class Recorder:
         # purged as soon as they are acknowledged, like the rest of the run's.
         late = {e.model.run_id for e, _ in parsed if e.kind in ("outcomes", "calls")
                 and e.model.run_id in self.recorded and e.model.run_id not in self.active}
+        if result.refused:  # not what the run expects: stored nowhere, dead letters (once: their ids are in the ledger)
+            by_id = {e.msg_id: raw for e, raw in parsed}
+            for msg_id, why in result.refused:
+                await self.svc.dead_letter(by_id[msg_id], why, terminate=False)
         await self.ack(raws, settle=bool(result.finished or self.finished or late))
         for rid in late:
             await self.purge_run_events(rid)

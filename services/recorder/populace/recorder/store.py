@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 
 from populace.core.contracts import (
@@ -25,6 +26,7 @@ from populace.core.contracts import (
 )
 from populace.population.errors import PopulationError
 from populace.population.jsonl import parse_personas
+from populace.recorder.expected import RunShape, calls_refusal, outcome_refusal
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -97,6 +99,7 @@ class IngestResult:
     outcomes: int = 0
     calls: int = 0
     finished: list[RunDone] = field(default_factory=list)
+    refused: list[tuple[str, str]] = field(default_factory=list)  # (msg_id, why): dead letters, stored nowhere
 
 
 @dataclass
@@ -104,11 +107,17 @@ class ShareRecord:
     key: str
     ranges: list[tuple[int, int]]
     replaced_from: int | None  # the first round another share plays its agents in
+    from_round: int = 1  # the first round it plays
 
 
 def _share(key: str) -> tuple[str, int]:
     host_id, _, epoch = key.rpartition("@")
     return host_id, int(epoch)
+
+
+# Rounds whose recorded agents the store keeps in memory (1 MB per round of a million agents);
+# a round dropped is read again from DuckDB when a late batch comes.
+MAX_LEDGER_ROUNDS = 64
 
 
 class Store:
@@ -118,6 +127,9 @@ class Store:
         self._tables: dict[str, SimulationTables] = {}  # by run id
         self._shares: dict[str, dict[str, ShareRecord]] = {}  # by run id, then share key
         self._ready: set[tuple[str, str]] = set()  # (table, spec) pairs created this connection
+        self._shapes: dict[str, RunShape] = {}  # by run id: agents and rounds, from its config
+        # (run, round) -> per agent, whether its outcome is recorded: what makes a duplicate
+        self._recorded: dict[tuple[str, int], np.ndarray] = {}
 
     @property
     def con(self) -> duckdb.DuckDBPyConnection:
@@ -148,6 +160,34 @@ class Store:
                 spec = self._tables[run_id] = SimulationTables.model_validate_json(row[0])
         return spec
 
+    def shape_of(self, run_id: str) -> RunShape | None:
+        """The run's agents and rounds (from its started event, or the runs table)."""
+        if run_id not in self._shapes:
+            row = self.con.execute("SELECT config_json->>'$.agents', config_json->>'$.rounds' FROM runs "
+                                   "WHERE run_id = ?", [run_id]).fetchone()
+            if not row or row[0] is None:
+                return None
+            self._shapes[run_id] = RunShape(int(row[0]), int(row[1]))
+        return self._shapes[run_id]
+
+    def recorded(self, run_id: str, round_: int) -> np.ndarray:
+        """Per agent of the run, whether round `round_` has its outcome recorded."""
+        key = (run_id, round_)
+        if key not in self._recorded:
+            spec, shape = self._spec(run_id), self.shape_of(run_id)
+            seen = np.zeros(shape.agents if shape else 0, dtype=bool)
+            ids = self.con.execute(f"SELECT agent_id FROM {_q(spec.outcomes)} WHERE run_id = ? AND round = ?",
+                                   [run_id, round_]).fetchnumpy()["agent_id"]
+            seen[ids[(ids >= 0) & (ids < seen.size)]] = True
+            while len(self._recorded) >= MAX_LEDGER_ROUNDS:
+                self._recorded.pop(next(iter(self._recorded)))
+            self._recorded[key] = seen
+        return self._recorded[key]
+
+    def _forget_recorded(self, run_id: str) -> None:
+        for key in [k for k in self._recorded if k[0] == run_id]:
+            self._recorded.pop(key)
+
     def _ensure(self, run_id: str, table: str, columns: list[tuple[str, str]]) -> None:
         key = (table, repr(columns))
         if key in self._ready:
@@ -175,10 +215,10 @@ class Store:
     # -- ingestion ------------------------------------------------------------------------
     def shares_of(self, run_id: str) -> dict[str, ShareRecord]:
         if run_id not in self._shares:
-            self._shares[run_id] = {key: ShareRecord(key, [tuple(r) for r in json.loads(ranges)], replaced)
-                                    for key, ranges, replaced in self.con.execute(
-                                        "SELECT share, ranges, replaced_from FROM _shares WHERE run_id = ?",
-                                        [run_id]).fetchall()}
+            self._shares[run_id] = {key: ShareRecord(key, [tuple(r) for r in json.loads(ranges)], replaced, first or 1)
+                                    for key, ranges, replaced, first in self.con.execute(
+                                        "SELECT share, ranges, replaced_from, from_round FROM _shares "
+                                        "WHERE run_id = ?", [run_id]).fetchall()}
         return self._shares[run_id]
 
     def counts(self, run_id: str, round_: int, host_id: str, epoch: int) -> bool:
@@ -206,11 +246,12 @@ class Store:
                 old.replaced_from = m.from_round
                 con.execute("UPDATE _shares SET replaced_from = ? WHERE run_id = ? AND share = ?",
                             [m.from_round, m.run_id, old.key])
-        shares[key] = ShareRecord(key, list(m.ranges), None)
+        shares[key] = ShareRecord(key, list(m.ranges), None, m.from_round)
         con.execute("INSERT INTO _shares VALUES (?, ?, ?, ?, NULL)",
                     [m.run_id, key, json.dumps(m.ranges), m.from_round])
         if m.epoch == 0:
             return  # a run's first placement: nothing recorded of these agents yet
+        self._forget_recorded(m.run_id)
         spec = self._spec(m.run_id)
         within = " OR ".join("(agent_id >= ? AND agent_id < ?)" for _ in mine)
         bounds = [x for pair in mine for x in pair]
@@ -239,16 +280,22 @@ class Store:
         fresh = self._unseen(events)
         if not fresh:
             return out
-        outcomes: dict[str, list[OutcomeBatch]] = defaultdict(list)
+        outcomes: dict[str, list[tuple[str, OutcomeBatch]]] = defaultdict(list)  # by run: (msg id, batch)
         con.execute("BEGIN TRANSACTION")
         try:
             for e in fresh:
                 m = e.model
                 if isinstance(m, OutcomeBatch):
-                    outcomes[m.run_id].append(m)
+                    outcomes[m.run_id].append((e.msg_id, m))
                 elif isinstance(m, RunResumed):
                     self._resume(m)
                 elif isinstance(m, LlmCallBatch):
+                    shape = self.shape_of(m.run_id)
+                    if shape is None:
+                        continue  # a run never started here (personas generation, a benchmark)
+                    if why := calls_refusal(m, shape):
+                        out.refused.append((e.msg_id, why))
+                        continue
                     con.execute(
                         "INSERT INTO llm_calls SELECT ?, ?, unnest(?), unnest(?), unnest(?), unnest(?), "
                         "unnest(?), unnest(?), unnest(?), ?",
@@ -258,6 +305,7 @@ class Store:
                     out.calls += len(m.agent_ids)
                 elif isinstance(m, RunStarted):
                     self._tables[m.run_id] = m.tables
+                    self._shapes[m.run_id] = RunShape(m.config.agents, m.config.rounds)
                     self.ensure_tables(m.run_id, m.tables)
                     con.execute(
                         "INSERT OR REPLACE INTO runs (run_id, started_at, config_json, status, hosts, manifest_json, "
@@ -287,16 +335,17 @@ class Store:
                     )
                     out.finished.append(m)
             for run_id, batches in outcomes.items():
-                # filtered here, after every placement of this fetch: its batches wait to the end
-                batches = [b for b in batches if self.counts(b.run_id, b.round, b.host_id, b.epoch)]
-                if batches:
-                    out.outcomes += self._insert_outcomes(run_id, batches)
+                # checked here, after every placement of this fetch: its batches wait to the end
+                kept = self._expected(run_id, batches, out.refused)
+                if kept:
+                    out.outcomes += self._insert_outcomes(run_id, kept)
             con.execute("INSERT INTO _ingested SELECT unnest(?)", [[e.msg_id for e in fresh]])
             con.execute("COMMIT")
         except Exception:
             con.execute("ROLLBACK")
             self._ready.clear()  # tables created in the rolled-back transaction are gone again
             self._shares.clear()  # and placements recorded in it: read them again
+            self._recorded.clear()  # and the outcomes it marked
             raise
         return out
 
@@ -309,6 +358,7 @@ class Store:
 
     def _resume(self, m: RunResumed) -> None:
         """Rounds after `after_round` are played again: what was recorded of them goes."""
+        self._forget_recorded(m.run_id)
         spec = self._spec(m.run_id)
         con = self.con
         for table in (spec.outcomes, spec.rounds, "llm_calls"):
@@ -316,6 +366,28 @@ class Store:
         con.execute("UPDATE runs SET status = 'running', finished_at = NULL, reason = NULL, hosts = ? "
                     "WHERE run_id = ?", [m.hosts, m.run_id])
         con.execute("INSERT INTO _resumes VALUES (?, ?, ?, ?)", [m.run_id, m.epoch, m.after_round, ts(m.resumed_at)])
+
+    def _expected(self, run_id: str, batches: list[tuple[str, OutcomeBatch]],
+                  refused: list[tuple[str, str]]) -> list[OutcomeBatch]:
+        """The batches the run expects, marked as recorded; the others refused (with why) or,
+        from a share replaced since (recovery's stragglers), dropped quietly."""
+        shares, shape = self.shares_of(run_id), self.shape_of(run_id)
+        kept = []
+        for msg_id, b in batches:
+            if not shares or shape is None:  # a run recorded before shares existed: as it was
+                kept.append(b)
+                continue
+            share = shares.get(share_key(b.host_id, b.epoch))
+            if share is not None and share.replaced_from is not None and b.round >= share.replaced_from:
+                continue
+            seen = self.recorded(run_id, b.round)
+            why = outcome_refusal(b, share.ranges if share else None, share.from_round if share else 1, shape, seen)
+            if why is not None:
+                refused.append((msg_id, why))
+                continue
+            seen[b.agent_ids] = True
+            kept.append(b)
+        return kept
 
     def _insert_outcomes(self, run_id: str, batches: list[OutcomeBatch]) -> int:
         spec = self._spec(run_id)

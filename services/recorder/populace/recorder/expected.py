@@ -1,0 +1,58 @@
+"""Which outcomes a run expects: exactly one per (round, agent), from the share the run
+placed those agents on, in the rounds that share plays. Pure: the store asks, the service
+dead-letters what is refused. Whatever a batch's message id, extras and duplicates are
+refused, so a forged or replayed batch can never add rows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from populace.core.contracts import LlmCallBatch, OutcomeBatch
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """What a run's config fixes: how many agents, how many rounds."""
+
+    agents: int
+    rounds: int
+
+
+def outcome_refusal(batch: OutcomeBatch, ranges: list[tuple[int, int]] | None, from_round: int,
+                    shape: RunShape, recorded: np.ndarray) -> str | None:
+    """Why `batch` is refused (None: it is expected). `ranges`: its share's (first, count)
+    ranges, None if the run never placed that share; `from_round`: the first round the share
+    plays; `recorded`: per agent, whether the batch's round already has its outcome."""
+    key = f"{batch.host_id}@{batch.epoch}"
+    if ranges is None:
+        return f"share {key} was never placed in run {batch.run_id}"
+    if batch.round > shape.rounds:
+        return f"round {batch.round}: run {batch.run_id} has {shape.rounds} rounds"
+    if batch.round < from_round:
+        return f"share {key} plays from round {from_round}, not round {batch.round}"
+    ids = np.asarray(batch.agent_ids, dtype=np.int64)
+    if ids.size == 0:
+        return None
+    inside = np.zeros(ids.size, dtype=bool)
+    for first, count in ranges:
+        inside |= (ids >= first) & (ids < first + count)
+    if not inside.all():
+        return f"agent {int(ids[~inside][0])} is not one of share {key}'s agents"
+    uniq, counts = np.unique(ids, return_counts=True)
+    if uniq.size != ids.size:
+        return f"agent {int(uniq[counts > 1][0])} appears twice in the batch"
+    again = recorded[ids]
+    if again.any():
+        return f"agent {int(ids[again][0])} already has an outcome in round {batch.round}"
+    return None
+
+
+def calls_refusal(batch: LlmCallBatch, shape: RunShape) -> str | None:
+    """Why a call record is refused: a round or an agent the run does not have."""
+    if batch.round > shape.rounds:
+        return f"round {batch.round}: run {batch.run_id} has {shape.rounds} rounds"
+    if batch.agent_ids and max(batch.agent_ids) >= shape.agents:
+        return f"agent {max(batch.agent_ids)}: run {batch.run_id} has {shape.agents} agents"
+    return None

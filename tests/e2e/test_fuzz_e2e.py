@@ -1,0 +1,261 @@
+"""Fuzzing the bus against a live run (real nats-server, real services, DuckDB).
+
+While a run of 2,000 agents × 4 rounds is in its second round, an attacker publishes on every
+subject family: random bytes, empty payloads, wrong schemas, absurd values (NaN, negative and
+huge ids, rounds that do not exist), replays of recorded outcomes under fresh message ids and
+without any, forgeries from a host, range, round or epoch the run never placed, a forged round
+open for a later round, inference requests that ask the gateway for an hour, and a flood. Then:
+- every service is still up, and the run completed;
+- its recorded results equal an undisturbed run's (dummy model, same seed): every agent's
+  answer in every round, every round's summary;
+- each bad message the attacker could publish is in the DLQ, and no service dead-lettered
+  the same message twice;
+- the services' logs stayed small (one line per bad message, not a loop).
+
+It runs twice: on an open bus, and with one NATS user per service (deploy/nats/auth.conf),
+where the attacker holds the `agent-host` credentials (a compromised host): what its user may
+not publish, the server refuses before any service sees it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import re
+from pathlib import Path
+
+import duckdb
+import nats
+import pytest
+
+from populace.client.prepare import prepare
+from populace.client.run import new_run_id, play
+from populace.client.stack import Stack
+from populace.core import subjects
+from populace.core.contracts import RunConfig
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+ROOT = Path(__file__).resolve().parents[2]
+AUTH_CONF = ROOT / "deploy" / "nats" / "auth.conf"
+USERS = ("orchestrator", "environment", "gateway", "recorder", "agent-host", "replicas", "cli", "admin")
+AGENTS, ROUNDS = 2000, 4
+CONFIG = {"agents": AGENTS, "rounds": ROUNDS, "seed": 5, "model": {"latency_s": 0.5, "seed": 17}}
+FLOOD = 2000
+LOG_BUDGET_BYTES = 4 * 1024 * 1024  # every service's log over the whole module
+
+
+def auth_conf(tmp: Path, passwords: dict[str, str]) -> Path:
+    """The deploy file unchanged, its password variables defined up front."""
+    defs = "".join(f'{u.upper().replace("-", "_")}_PASSWORD: "{pw}"\n' for u, pw in passwords.items())
+    path = tmp / "auth.conf"
+    path.write_text(defs + AUTH_CONF.read_text())
+    return path
+
+
+@pytest.fixture(scope="module", params=["open-bus", "one-user-per-service"])
+def stack(request, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp(f"fuzz-{request.param}")
+    users = None
+    args: list[str] = []
+    if request.param == "one-user-per-service":
+        users = {u: f"fuzz-{u}-{os.getpid()}" for u in USERS}
+        args = ["-c", str(auth_conf(tmp, users))]
+    s = Stack(hosts=2, db=str(tmp / "populace.duckdb"), users=users, nats_args=args,
+              env={"POPULACE_LOG_LEVEL": "info"})
+    s.start()
+    try:
+        asyncio.run(s.wait_ready(timeout=90))
+        yield s
+    finally:
+        s.stop()
+
+
+def run_with(stack: Stack, attack=None) -> str:
+    """Play CONFIG as `cli`; `attack(nc_attacker, run_id)` runs once round 2 opens."""
+    prepared = prepare(RunConfig.model_validate(CONFIG))
+    rid = new_run_id()
+
+    async def go():
+        nc = await nats.connect(stack.url, **stack.credentials("cli"))
+        attacker = await nats.connect(stack.url, **stack.credentials("agent-host"))
+        fired: list[asyncio.Task] = []
+
+        def on_event(kind, model) -> None:
+            if attack is not None and kind == "round.open" and model.round == 2 and not fired:
+                fired.append(asyncio.get_running_loop().create_task(attack(attacker, rid)))
+
+        try:
+            out = await play(nc, prepared.config, run_id=rid, manifest=prepared.manifest, stall_s=180,
+                             on_event=on_event)
+            if fired:
+                await fired[0]
+            return out
+        finally:
+            await attacker.close()
+            await nc.close()
+
+    out = asyncio.run(go())
+    assert out.status == "completed", out.reason
+    assert out.recorded is not None and out.recorded.outcomes == AGENTS * ROUNDS
+    return rid
+
+
+def answers(db: str, rid: str) -> list[tuple]:
+    with duckdb.connect(db, read_only=True) as con:
+        return con.execute("SELECT round, agent_id, value, valid, raw FROM guesses WHERE run_id = ? "
+                           "ORDER BY round, agent_id", [rid]).fetchall()
+
+
+def summaries(db: str, rid: str) -> list[tuple]:
+    with duckdb.connect(db, read_only=True) as con:
+        return con.execute("SELECT round, n, n_valid, mean, target, winner_agent_id, winner_value, n_winners, "
+                           "llm_calls FROM rounds WHERE run_id = ? ORDER BY round", [rid]).fetchall()
+
+
+def forgeries(rid: str) -> list[tuple[str, bytes, dict | None]]:
+    """(subject, payload, headers): every payload distinct, so its DLQ copies can be counted."""
+    rng = random.Random(7)
+    out: list[tuple[str, bytes, dict | None]] = []
+    families = [subjects.run_partial(rid, 2, "host-0", 0), subjects.run_outcomes(rid, 2, "host-0"),
+                subjects.run_spawned(rid, "host-0"), subjects.run_round_open(rid, 3),
+                subjects.run_round_result(rid, 2), subjects.run_done(rid), subjects.run_fault(rid, "host-0"),
+                subjects.LLM_INFER, subjects.RUN_START, subjects.RUN_CANCEL]
+    for subject in families:
+        out.append((subject, rng.randbytes(64), None))  # random bytes
+        out.append((subject, b"", {"Nats-Msg-Id": f"empty-{subject}"}))  # empty payload
+        out.append((subject, json.dumps({"hello": subject}).encode(), None))  # wrong schema
+
+    def outcomes(seq: int, host: str, round_: int, ids: list, value=50.0, epoch: int = 0, run: str = rid) -> bytes:
+        n = len(ids)
+        return json.dumps({"run_id": run, "round": round_, "host_id": host, "seq": seq, "agent_ids": ids,
+                           "columns": {"value": [value] * n}, "valid": [True] * n, "raws": ["x"] * n,
+                           "latency_ms": [1.0] * n, "errors": [None] * n, "epoch": epoch}).encode()
+
+    def partial(host: str, round_: int, n: int, payload: dict, epoch: int = 0, run: str = rid) -> bytes:
+        return json.dumps({"run_id": run, "round": round_, "host_id": host, "n": n, "n_valid": n,
+                           "payload": payload, "epoch": epoch}).encode()
+
+    good_partial = {"n_valid": 10, "total": 0.0, "by_value": [[0.0, 10, 0]]}  # the ratio game's: ten 0s
+    out += [
+        # absurd values
+        (subjects.run_outcomes(rid, 2, "host-0"), outcomes(901, "host-0", 2, [-5, 10**15]), None),
+        (subjects.run_outcomes(rid, 2, "host-0"), outcomes(902, "host-0", 2, [1, 2]).replace(b"50.0", b"NaN"), None),
+        (subjects.run_partial(rid, 2, "host-0", 0), partial("host-0", 2, 1000, {"by_value": [[float("nan"), 1, 0]]}),
+         None),
+        (subjects.run_partial(rid, 99, "host-0", 0), partial("host-0", 99, 1000, good_partial), None),
+        # a run that does not exist
+        (subjects.run_outcomes("no-such-run", 1, "host-0"), outcomes(904, "host-0", 1, [0], run="no-such-run"), None),
+        (subjects.run_partial("no-such-run", 1, "host-0", 0), partial("host-0", 1, 1, good_partial, run="no-such-run"),
+         None),
+        # replays of round 1 (recorded) under a fresh id and without one
+        (subjects.run_outcomes(rid, 1, "host-0"), outcomes(905, "host-0", 1, list(range(0, 100)), value=99.0),
+         {"Nats-Msg-Id": f"{rid}.replay-1"}),
+        (subjects.run_outcomes(rid, 1, "host-0"), outcomes(906, "host-0", 1, list(range(100, 200)), value=98.0), None),
+        # forgeries: a host the run never placed, another host's range, a round to come, an epoch never placed
+        (subjects.run_outcomes(rid, 2, "host-9"), outcomes(907, "host-9", 2, list(range(0, 10)), value=0.0), None),
+        (subjects.run_partial(rid, 2, "host-9", 0), partial("host-9", 2, AGENTS, good_partial), None),
+        (subjects.run_outcomes(rid, 3, "host-0"), outcomes(908, "host-0", 3, list(range(1000, 1010)), value=1.0),
+         None),
+        (subjects.run_outcomes(rid, 2, "host-0"), outcomes(909, "host-0", 2, list(range(0, 10)), epoch=7), None),
+        (subjects.run_partial(rid, 2, "host-0", 0), partial("host-1", 2, 1000, good_partial), None),  # wrong subject
+        (subjects.run_outcomes(rid, 5, "host-1"), outcomes(910, "host-1", 5, [1500]), None),  # a round the run lacks
+    ]
+    # a round open for a later round (a stalled run, before)
+    out.append((subjects.run_round_open(rid, 4), json.dumps({
+        "run_id": rid, "round": 4, "expected": AGENTS, "config": CONFIG, "opened_at": 0.0, "epoch": 0,
+        "shares": {"host-0@0": 1000, "host-1@0": 1000}}).encode(), None))
+    # the flood: junk partials, each distinct
+    out += [(subjects.run_partial(rid, 2, "host-0", 0), b"flood-%d" % i, None) for i in range(FLOOD)]
+    return out
+
+
+def greedy_requests(rid: str) -> list[bytes]:
+    """Inference requests that would hold a gateway worker for an hour, or ask a huge answer."""
+    base = {"run_id": rid, "round": 2, "system": "s", "keys": [1], "prompts": ["p"]}
+    return [json.dumps({**base, "batch_id": f"greedy-{i}", "model": {"backend": "dummy", "latency_s": 3600}}).encode()
+            for i in range(50)] + [
+        json.dumps({**base, "batch_id": "huge", "model": {"backend": "dummy", "max_tokens": 8192}}).encode()]
+
+
+async def attack(nc, rid: str, sent: list[tuple[str, bytes]], replies: list[bytes]) -> None:
+    for subject, payload, headers in forgeries(rid):
+        await nc.publish(subject, payload, headers=headers)
+        sent.append((subject, payload))
+    for req in greedy_requests(rid):
+        try:
+            replies.append((await nc.request(subjects.LLM_INFER, req, timeout=10)).data)
+        except Exception as err:  # noqa: BLE001 - refused by the server's permissions, or no reply
+            replies.append(repr(err).encode())
+    await nc.flush()
+
+
+async def dead_letters(stack: Stack) -> list[tuple[str, str, bytes, str]]:
+    """(refusing process, original subject, payload, reason) of every message in DLQ."""
+    nc = await nats.connect(stack.url, **stack.credentials("admin"))
+    try:
+        js = nc.jetstream()
+        info = await js.stream_info(subjects.DLQ_STREAM)
+        out = []
+        for seq in range(info.state.first_seq, info.state.last_seq + 1):
+            try:
+                m = await js.get_msg(subjects.DLQ_STREAM, seq)
+            except Exception:  # noqa: BLE001 - deleted
+                continue
+            h = m.headers or {}
+            out.append((h.get("Populace-Instance", m.subject), h.get("Populace-Subject", ""), m.data or b"",
+                        h.get("Populace-Error", "")))
+        return out
+    finally:
+        await nc.close()
+
+
+def log_bytes(stack: Stack) -> int:
+    return sum(p.stat().st_size for p in Path(stack.log_dir).glob("*.log") if p.name != "nats-server.log")
+
+
+def test_a_fuzzed_bus_leaves_the_run_exact_the_services_up_and_each_bad_message_dead_lettered_once(stack):
+    reference = run_with(stack)
+    before = asyncio.run(dead_letters(stack))
+    logs_before = log_bytes(stack)
+    sent: list[tuple[str, bytes]] = []
+    replies: list[bytes] = []
+    fuzzed = run_with(stack, lambda nc, rid: attack(nc, rid, sent, replies))
+    assert len(sent) >= FLOOD + 40
+
+    # the run is exact
+    assert answers(stack.db, fuzzed) == answers(stack.db, reference)
+    assert summaries(stack.db, fuzzed) == summaries(stack.db, reference)
+    with duckdb.connect(stack.db, read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM guesses WHERE run_id = 'no-such-run'").fetchone() == (0,)
+    stack.check_alive()
+
+    # each bad message: in the DLQ (unless the server refused it), never twice in one service's
+    dlq = asyncio.run(dead_letters(stack))[len(before):]
+    copies: dict[tuple[str, str, bytes], int] = {}
+    for process, subject, payload, _ in dlq:
+        copies[(process, subject, payload)] = copies.get((process, subject, payload), 0) + 1
+    twice = {k: n for k, n in copies.items() if n > 1}
+    assert not twice, list(twice)[:5]
+    lettered = {(subject, payload) for _, subject, payload, _ in dlq}
+    allowed = allowed_subjects(stack)
+    missing = [(s, p[:80]) for s, p in sent if allowed(s) and (s, p) not in lettered]
+    assert not missing, missing[:10]
+
+    # the greedy requests got an explicit refusal, at once
+    assert all(b"above this gateway's limit" in r or b"Permissions Violation" in r or b"permissions" in r.lower()
+               for r in replies), replies[:3]
+
+    # one log line per bad message at most, no loop
+    grown = log_bytes(stack) - logs_before
+    assert grown < LOG_BUDGET_BYTES, grown
+
+
+def allowed_subjects(stack: Stack):
+    """Whether the attacker's user may publish on a subject (deploy/nats/auth.conf's agent-host)."""
+    if stack.users is None:
+        return lambda subject: True
+    patterns = [r"run\.[^.]+\.spawned\.[^.]+", r"run\.[^.]+\.outcomes\.[^.]+\.[^.]+",
+                r"run\.[^.]+\.partial\.[^.]+\.[^.]+\.[^.]+", r"run\.[^.]+\.fault\.[^.]+", r"llm\.infer"]
+    return lambda subject: any(re.fullmatch(p, subject) for p in patterns)
