@@ -12,9 +12,10 @@ open for a later round, inference requests that ask the gateway for an hour, and
   the same message twice;
 - the services' logs stayed small (one line per bad message, not a loop).
 
-It runs twice: on an open bus, and with one NATS user per service (deploy/nats/auth.conf),
-where the attacker holds the `agent-host` credentials (a compromised host): what its user may
-not publish, the server refuses before any service sees it."""
+It runs twice: on an open bus, and with one NATS user per service and per host
+(deploy/nats/auth.conf, populace.core.hostauth), where the attacker holds host-1's credentials
+(a compromised host): what its user may not publish, the server refuses before any service
+sees it, and the message ids it could predict are sealed with each publisher's password."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from populace.client.run import new_run_id, play
 from populace.client.stack import Stack
 from populace.core import subjects
 from populace.core.contracts import RunConfig
+from populace.core.hostauth import with_hosts
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -43,14 +45,18 @@ USERS = ("orchestrator", "environment", "gateway", "recorder", "agent-host", "re
 AGENTS, ROUNDS = 2000, 4
 CONFIG = {"agents": AGENTS, "rounds": ROUNDS, "seed": 5, "model": {"latency_s": 0.5, "seed": 17}}
 FLOOD = 2000
+ATTACKER = "host-1"  # with users: the compromised host whose credentials the attacker holds
 LOG_BUDGET_BYTES = 4 * 1024 * 1024  # every service's log over the whole module
 
 
+HOSTS = ("host-0", "host-1")
+
+
 def auth_conf(tmp: Path, passwords: dict[str, str]) -> Path:
-    """The deploy file unchanged, its password variables defined up front."""
-    defs = "".join(f'{u.upper().replace("-", "_")}_PASSWORD: "{pw}"\n' for u, pw in passwords.items())
+    """The deploy file with a user per host added, its password variables defined up front."""
+    defs = "".join(f'{u.upper().replace("-", "_")}_PASSWORD: "{passwords[u]}"\n' for u in USERS)
     path = tmp / "auth.conf"
-    path.write_text(defs + AUTH_CONF.read_text())
+    path.write_text(defs + with_hosts(AUTH_CONF.read_text(), {h: passwords[h] for h in HOSTS}))
     return path
 
 
@@ -60,7 +66,7 @@ def stack(request, tmp_path_factory):
     users = None
     args: list[str] = []
     if request.param == "one-user-per-service":
-        users = {u: f"fuzz-{u}-{os.getpid()}" for u in USERS}
+        users = {u: f"fuzz-{u}-{os.getpid()}" for u in (*USERS, *HOSTS)}
         args = ["-c", str(auth_conf(tmp, users))]
     s = Stack(hosts=2, db=str(tmp / "populace.duckdb"), users=users, nats_args=args,
               env={"POPULACE_LOG_LEVEL": "info"})
@@ -79,7 +85,7 @@ def run_with(stack: Stack, attack=None) -> str:
 
     async def go():
         nc = await nats.connect(stack.url, **stack.credentials("cli"))
-        attacker = await nats.connect(stack.url, **stack.credentials("agent-host"))
+        attacker = await nats.connect(stack.url, **stack.credentials(ATTACKER if stack.users else "agent-host"))
         fired: list[asyncio.Task] = []
 
         def on_event(kind, model) -> None:
@@ -115,12 +121,15 @@ def summaries(db: str, rid: str) -> list[tuple]:
 
 
 def forgeries(rid: str) -> list[tuple[str, bytes, dict | None]]:
-    """(subject, payload, headers): every payload distinct, so its DLQ copies can be counted."""
+    """(subject, payload, headers): every payload distinct, so its DLQ copies can be counted.
+    Host subjects are the attacker's own (`me`), which its user may publish on, but for a few
+    that claim the other host's."""
     rng = random.Random(7)
+    me, other = ATTACKER, "host-0"
     out: list[tuple[str, bytes, dict | None]] = []
-    families = [subjects.run_partial(rid, 2, "host-0", 0), subjects.run_outcomes(rid, 2, "host-0"),
-                subjects.run_spawned(rid, "host-0"), subjects.run_round_open(rid, 3),
-                subjects.run_round_result(rid, 2), subjects.run_done(rid), subjects.run_fault(rid, "host-0"),
+    families = [subjects.run_partial(rid, 2, me, 0), subjects.run_outcomes(rid, 2, me),
+                subjects.run_spawned(rid, me), subjects.run_round_open(rid, 3),
+                subjects.run_round_result(rid, 2), subjects.run_done(rid), subjects.run_fault(rid, me),
                 subjects.LLM_INFER, subjects.RUN_START, subjects.RUN_CANCEL]
     for subject in families:
         out.append((subject, rng.randbytes(64), None))  # random bytes
@@ -138,36 +147,39 @@ def forgeries(rid: str) -> list[tuple[str, bytes, dict | None]]:
                            "payload": payload, "epoch": epoch}).encode()
 
     good_partial = {"n_valid": 10, "total": 0.0, "by_value": [[0.0, 10, 0]]}  # the ratio game's: ten 0s
+    mine = list(range(1000, 1010))  # agents of the attacker's share (host-1 plays 1000-1999)
     out += [
         # absurd values
-        (subjects.run_outcomes(rid, 2, "host-0"), outcomes(901, "host-0", 2, [-5, 10**15]), None),
-        (subjects.run_outcomes(rid, 2, "host-0"), outcomes(902, "host-0", 2, [1, 2]).replace(b"50.0", b"NaN"), None),
-        (subjects.run_partial(rid, 2, "host-0", 0), partial("host-0", 2, 1000, {"by_value": [[float("nan"), 1, 0]]}),
-         None),
-        (subjects.run_partial(rid, 99, "host-0", 0), partial("host-0", 99, 1000, good_partial), None),
+        (subjects.run_outcomes(rid, 2, me), outcomes(901, me, 2, [-5, 10**15]), None),
+        (subjects.run_outcomes(rid, 2, me), outcomes(902, me, 2, mine[:2]).replace(b"50.0", b"NaN"), None),
+        (subjects.run_partial(rid, 2, me, 0), partial(me, 2, 1000, {"by_value": [[float("nan"), 1, 0]]}), None),
+        (subjects.run_partial(rid, 99, me, 0), partial(me, 99, 1000, good_partial), None),
         # a run that does not exist
-        (subjects.run_outcomes("no-such-run", 1, "host-0"), outcomes(904, "host-0", 1, [0], run="no-such-run"), None),
-        (subjects.run_partial("no-such-run", 1, "host-0", 0), partial("host-0", 1, 1, good_partial, run="no-such-run"),
-         None),
+        (subjects.run_outcomes("no-such-run", 1, me), outcomes(904, me, 1, [0], run="no-such-run"), None),
+        (subjects.run_partial("no-such-run", 1, me, 0), partial(me, 1, 1, good_partial, run="no-such-run"), None),
         # replays of round 1 (recorded) under a fresh id and without one
-        (subjects.run_outcomes(rid, 1, "host-0"), outcomes(905, "host-0", 1, list(range(0, 100)), value=99.0),
+        (subjects.run_outcomes(rid, 1, me), outcomes(905, me, 1, list(range(1000, 1100)), value=99.0),
          {"Nats-Msg-Id": f"{rid}.replay-1"}),
-        (subjects.run_outcomes(rid, 1, "host-0"), outcomes(906, "host-0", 1, list(range(100, 200)), value=98.0), None),
-        # forgeries: a host the run never placed, another host's range, a round to come, an epoch never placed
+        (subjects.run_outcomes(rid, 1, me), outcomes(906, me, 1, list(range(1100, 1200)), value=98.0), None),
+        (subjects.run_outcomes(rid, 1, other), outcomes(911, other, 1, list(range(0, 100)), value=97.0), None),
+        # forgeries: a host the run never placed, another host's agents, an epoch never placed,
+        # a body claiming another host than its subject, a round the run does not have
         (subjects.run_outcomes(rid, 2, "host-9"), outcomes(907, "host-9", 2, list(range(0, 10)), value=0.0), None),
         (subjects.run_partial(rid, 2, "host-9", 0), partial("host-9", 2, AGENTS, good_partial), None),
-        (subjects.run_outcomes(rid, 3, "host-0"), outcomes(908, "host-0", 3, list(range(1000, 1010)), value=1.0),
-         None),
-        (subjects.run_outcomes(rid, 2, "host-0"), outcomes(909, "host-0", 2, list(range(0, 10)), epoch=7), None),
-        (subjects.run_partial(rid, 2, "host-0", 0), partial("host-1", 2, 1000, good_partial), None),  # wrong subject
-        (subjects.run_outcomes(rid, 5, "host-1"), outcomes(910, "host-1", 5, [1500]), None),  # a round the run lacks
+        (subjects.run_outcomes(rid, 3, me), outcomes(908, me, 3, list(range(0, 10)), value=1.0), None),
+        (subjects.run_outcomes(rid, 2, me), outcomes(909, me, 2, mine, epoch=7), None),
+        (subjects.run_partial(rid, 2, me, 7), partial(me, 2, 1000, good_partial, epoch=7), None),
+        (subjects.run_outcomes(rid, 2, me), outcomes(912, other, 2, list(range(0, 10)), value=2.0), None),
+        (subjects.run_partial(rid, 2, me, 0), partial(other, 2, 1000, good_partial), None),
+        (subjects.run_partial(rid, 2, other, 0), partial(me, 2, 1000, good_partial), None),
+        (subjects.run_outcomes(rid, 5, me), outcomes(910, me, 5, [1500]), None),
     ]
     # a round open for a later round (a stalled run, before)
     out.append((subjects.run_round_open(rid, 4), json.dumps({
         "run_id": rid, "round": 4, "expected": AGENTS, "config": CONFIG, "opened_at": 0.0, "epoch": 0,
         "shares": {"host-0@0": 1000, "host-1@0": 1000}}).encode(), None))
     # the flood: junk partials, each distinct
-    out += [(subjects.run_partial(rid, 2, "host-0", 0), b"flood-%d" % i, None) for i in range(FLOOD)]
+    out += [(subjects.run_partial(rid, 2, me, 0), b"flood-%d" % i, None) for i in range(FLOOD)]
     return out
 
 
@@ -179,8 +191,23 @@ def greedy_requests(rid: str) -> list[bytes]:
         json.dumps({**base, "batch_id": "huge", "model": {"backend": "dummy", "max_tokens": 8192}}).encode()]
 
 
-async def attack(nc, rid: str, sent: list[tuple[str, bytes]], replies: list[bytes]) -> None:
-    for subject, payload, headers in forgeries(rid):
+def predicted_ids(rid: str) -> list[tuple[str, bytes, dict | None]]:
+    """Junk on the attacker's own subject under the message ids host-0's next outcome batches
+    and partial would have on an open bus: JetStream de-duplicates across subjects, so a
+    guessed id published first would make it drop host-0's real batch."""
+    out = []
+    for n in (3, 4):
+        for seq in range(2):
+            guess = subjects.msg_id(rid, n, f"host-0-{seq}", "outcomes")
+            out.append((subjects.run_outcomes(rid, n, ATTACKER), b"predicted " + guess.encode(),
+                        {"Nats-Msg-Id": guess}))
+        guess = subjects.msg_id(rid, n, "host-0", "partial")
+        out.append((subjects.run_partial(rid, n, ATTACKER, 0), b"predicted " + guess.encode(), {"Nats-Msg-Id": guess}))
+    return out
+
+
+async def attack(nc, rid: str, sent: list[tuple[str, bytes]], replies: list[bytes], sealed: bool) -> None:
+    for subject, payload, headers in forgeries(rid) + (predicted_ids(rid) if sealed else []):
         await nc.publish(subject, payload, headers=headers)
         sent.append((subject, payload))
     for req in greedy_requests(rid):
@@ -221,7 +248,7 @@ def test_a_fuzzed_bus_leaves_the_run_exact_the_services_up_and_each_bad_message_
     logs_before = log_bytes(stack)
     sent: list[tuple[str, bytes]] = []
     replies: list[bytes] = []
-    fuzzed = run_with(stack, lambda nc, rid: attack(nc, rid, sent, replies))
+    fuzzed = run_with(stack, lambda nc, rid: attack(nc, rid, sent, replies, sealed=stack.users is not None))
     assert len(sent) >= FLOOD + 40
 
     # the run is exact
@@ -253,9 +280,10 @@ def test_a_fuzzed_bus_leaves_the_run_exact_the_services_up_and_each_bad_message_
 
 
 def allowed_subjects(stack: Stack):
-    """Whether the attacker's user may publish on a subject (deploy/nats/auth.conf's agent-host)."""
+    """Whether the attacker's user may publish on a subject (its host user: its own subjects)."""
     if stack.users is None:
         return lambda subject: True
-    patterns = [r"run\.[^.]+\.spawned\.[^.]+", r"run\.[^.]+\.outcomes\.[^.]+\.[^.]+",
-                r"run\.[^.]+\.partial\.[^.]+\.[^.]+\.[^.]+", r"run\.[^.]+\.fault\.[^.]+", r"llm\.infer"]
+    h = re.escape(ATTACKER)
+    patterns = [rf"run\.[^.]+\.spawned\.{h}", rf"run\.[^.]+\.outcomes\.[^.]+\.{h}",
+                rf"run\.[^.]+\.partial\.[^.]+\.{h}\.[^.]+", rf"run\.[^.]+\.fault\.{h}", r"llm\.infer"]
     return lambda subject: any(re.fullmatch(p, subject) for p in patterns)

@@ -34,6 +34,7 @@ from populace.core.processes import stop_all
 from populace.core import bus, checkpoints, subjects
 from populace.client.prepare import prepare
 from populace.core.contracts import HostInfo, RoundOpen, RunConfig, RunStart, ServiceInfo
+from populace.core.hostauth import with_hosts
 from populace.core.natsserver import EmbeddedNats
 
 from populace.cli import steer
@@ -53,14 +54,15 @@ def password_var(user: str) -> str:
     return user.upper().replace("-", "_") + "_PASSWORD"
 
 
-def write_test_conf(tmp_path: Path) -> Path:
-    """The deploy config unchanged, with its password variables defined up front."""
+def write_test_conf(tmp_path: Path, hosts: dict[str, str] | None = None) -> Path:
+    """The deploy config unchanged, with its password variables defined up front (and, given
+    `hosts`, a user of their own for those agent-hosts: populace.core.hostauth)."""
     text = DEPLOY_CONF.read_text()
     # The deploy file names every password by variable, and exactly these.
     assert set(re.findall(r"\$([A-Z_]+_PASSWORD)\b", text)) == {password_var(u) for u in USERS}
     defs = "".join(f'{password_var(u)}: "{pw}"\n' for u, pw in PASSWORDS.items())
     path = tmp_path / "auth.conf"
-    path.write_text(defs + text)
+    path.write_text(defs + (with_hosts(text, hosts) if hosts else text))
     return path
 
 
@@ -77,6 +79,7 @@ async def connect_as(url: str, user: str, errors: list[str] | None = None, **kw)
         if errors is not None:
             errors.append(str(err))
 
+    kw.setdefault("inbox_prefix", bus.inbox_prefix(user))  # the only inboxes its user may read
     return await nats.connect(url, user=user, password=PASSWORDS[user], name=f"test-{user}",
                               error_cb=on_error, allow_reconnect=False, **kw)
 
@@ -115,6 +118,52 @@ async def messages(js, stream: str) -> int:
 
 
 # --- a. no credentials, or credentials without the permission -------------------------
+HOST_PASSWORDS = {"host-a": "pw-host-a", "host-b": "pw-host-b"}
+
+
+async def test_a_hosts_own_user_speaks_only_for_itself_and_reads_only_its_own_inboxes(tmp_path):
+    conf = write_test_conf(tmp_path, HOST_PASSWORDS)
+    with EmbeddedNats(extra_args=["-c", str(conf)]) as ns:
+        admin, ajs = await admin_js(ns.url)
+        errors: list[str] = []
+        nc = await nats.connect(ns.url, user="host-a", password=HOST_PASSWORDS["host-a"], error_cb=_collect(errors),
+                                inbox_prefix=bus.inbox_prefix("host-a"), allow_reconnect=False)
+        others: list[str] = []
+        replicas = await connect_as(ns.url, "replicas", others)
+        try:
+            js = nc.jetstream(timeout=1.0)
+            # its own partial, outcomes and registry entry are stored (and answered on its inbox)
+            assert (await js.publish("run.x.partial.1.host-a.0", b"{}", timeout=2.0)).stream == subjects.RUN_STREAM
+            assert (await js.publish("run.x.outcomes.1.host-a", b"{}", timeout=2.0)).stream == subjects.RUN_STREAM
+            await (await js.key_value(subjects.HOSTS_BUCKET)).put("host-a", b"{}")
+            # another host's are refused by the server, before any service sees them
+            for subject in ("run.x.partial.1.host-b.0", "run.x.outcomes.1.host-b", "run.x.spawned.host-b",
+                            "$KV.hosts.host-b"):
+                with pytest.raises(nats.errors.TimeoutError):
+                    await js.publish(subject, b"{}", timeout=0.5)
+                await eventually(lambda s=subject: denied(errors, "publish", s), what=f"violation on {subject}")
+            # nobody else's inboxes, spawn orders or outcomes can be read
+            for subject in ("_INBOX.>", "_INBOX_host-b.>", "_INBOX_recorder.>", "run.*.spawn.host-b",
+                            "run.*.outcomes.*.*"):
+                await nc.subscribe(subject)
+                await nc.flush()
+                await eventually(lambda s=subject: denied(errors, "subscription", s), what=f"violation on {subject}")
+            for subject in ("_INBOX.>", "_INBOX_recorder.>"):  # the least-privileged user neither
+                await replicas.subscribe(subject)
+                await replicas.flush()
+                await eventually(lambda s=subject: denied(others, "subscription", s), what=f"violation on {subject}")
+            assert await messages(ajs, subjects.RUN_STREAM) == 2
+        finally:
+            await nc.close()
+            await replicas.close()
+            await admin.close()
+
+
+def _collect(errors: list[str]):
+    async def on_error(err: Exception) -> None:
+        errors.append(str(err))
+    return on_error
+
 async def test_unauthenticated_client_cannot_connect(server):
     errors: list[str] = []
 

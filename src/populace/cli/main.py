@@ -29,6 +29,8 @@ app.add_typer(replicas_app, name="replicas")
 NATS_DEFAULT = os.environ.get("POPULACE_NATS_URL", "nats://127.0.0.1:4222")
 personas_app = typer.Typer(help="Populations and personas.", no_args_is_help=True)
 app.add_typer(personas_app, name="personas")
+auth_app = typer.Typer(help="NATS users (deploy/nats/auth.conf).", no_args_is_help=True)
+app.add_typer(auth_app, name="auth")
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -808,6 +810,32 @@ def bench_dummy(
         display.out.print(result.table())
     if result.recorded != agents * rounds:
         fail(f"only {result.recorded} of {agents * rounds} outcomes were recorded", code=1)
+
+
+@auth_app.command("host")
+def auth_host(
+    host_id: Annotated[str, typer.Argument(help="the agent-host's id (POPULACE_HOST_ID); its NATS user's name")],
+    conf: Annotated[Path, typer.Option(help="the NATS authorization file whose agent-host user is narrowed")] = Path(
+        "deploy/nats/auth.conf"),
+    password: Annotated[Optional[str], typer.Option(help="default: a new random one")] = None,
+) -> None:
+    """Print a NATS user for one agent-host, allowed to publish only its own outcomes, partials
+    and reports and to read only its own inboxes, then the settings the host runs with. Add
+    the block to the file's `users` and reload the server (`nats-server --signal reload`)."""
+    import secrets
+
+    from populace.core.hostauth import HostAuthError, host_user
+
+    if not conf.is_file():
+        fail(f"--conf: {conf} is not a file")
+    pw = password or secrets.token_urlsafe(24)
+    try:
+        block = host_user(conf.read_text(), host_id, pw)
+    except HostAuthError as err:
+        fail(str(err))
+    print(block)
+    display.console.print(f"# on the host: POPULACE_HOST_ID={host_id} POPULACE_NATS_USER={host_id} "
+                          f"POPULACE_NATS_PASSWORD={pw}", markup=False, highlight=False)
 
 
 if __name__ == "__main__":  # pragma: no cover

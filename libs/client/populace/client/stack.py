@@ -55,7 +55,8 @@ class Stack:
     metrics_ports: dict[str, int] = field(default_factory=dict)
     nats_args: list[str] = field(default_factory=list)  # extra nats-server flags (embedded server only)
     # NATS user -> password (deploy/nats/auth.conf's users): each service connects as its own
-    # user (every agent-host as `agent-host`), the stack itself as `admin`. None: no users.
+    # user (an agent-host as its host id if listed, else `agent-host`), the stack itself as
+    # `admin`. None: no users.
     users: dict[str, str] | None = None
     nats: EmbeddedNats | None = None
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
@@ -78,7 +79,7 @@ class Stack:
             self._spawn(name, ["-m", "populace.core.serve", name], {**base, **self._user(name)}, service=True)
         for i in range(self.hosts):
             self._spawn(f"agent-host-{i}", ["-m", "populace.core.serve", "agent-host"],
-                        {**base, "POPULACE_HOST_ID": f"host-{i}", **self._user("agent-host"), **self.host_env},
+                        {**base, "POPULACE_HOST_ID": f"host-{i}", **self._host_user(f"host-{i}"), **self.host_env},
                         service=True)
         for key, args in self.extra.items():
             # --nats goes before a `--` (what follows it is passed through to another program)
@@ -91,9 +92,14 @@ class Stack:
             return {}
         return {"POPULACE_NATS_USER": name, "POPULACE_NATS_PASSWORD": self.users[name]}
 
+    def _host_user(self, host_id: str) -> dict[str, str]:
+        """A host's own user if the stack has one (populace.core.hostauth), else the shared one."""
+        return self._user(host_id if self.users and host_id in self.users else "agent-host")
+
     def credentials(self, user: str = "admin") -> dict[str, str]:
         """nats-py connect() arguments for one of the stack's users (none without users)."""
-        return {} if self.users is None else {"user": user, "password": self.users[user]}
+        return {} if self.users is None else {"user": user, "password": self.users[user],
+                                              "inbox_prefix": bus.inbox_prefix(user)}
 
     def _spawn(self, key: str, args: list[str], env: dict[str, str], service: bool = False) -> None:
         self.specs[key] = (args, env, service)

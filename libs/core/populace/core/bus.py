@@ -6,6 +6,8 @@ JetStream publish and has no batch publish."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import time
 from collections import Counter
 from typing import TypeVar
@@ -43,16 +45,41 @@ def servers(url: str) -> list[str]:
 
 
 def credentials(settings=None) -> dict:
-    """User and password from settings (POPULACE_NATS_USER / POPULACE_NATS_PASSWORD), if set."""
+    """nats-py connect() options from settings (POPULACE_NATS_USER / POPULACE_NATS_PASSWORD),
+    if set: the user, its password, and its own inbox prefix (deploy/nats/auth.conf lets each
+    user subscribe to `_INBOX_<user>.>` only, so no user reads another's replies)."""
     from populace.core.settings import Settings
 
     s = settings or Settings()
-    return {"user": s.nats_user, "password": s.nats_password} if s.nats_user else {}
+    if not s.nats_user:
+        return {}
+    return {"user": s.nats_user, "password": s.nats_password, "inbox_prefix": inbox_prefix(s.nats_user)}
+
+
+def inbox_prefix(user: str) -> str:
+    return f"_INBOX_{user}"
+
+
+def seal(conn, msg_id: str) -> str:
+    """A JetStream de-duplication id other users cannot predict. De-duplication is stream-wide,
+    whatever the subject: a user who guessed another's next id could publish it first, on a
+    subject of its own, and JetStream would drop the real message as a duplicate. So the id
+    carries an HMAC of itself keyed by the publisher's NATS password (`conn`: its Client or
+    JetStreamContext): each user has its own, and a restarted process the same, so a retried
+    publish is still de-duplicated. On an open bus (no password) the id stays as it is."""
+    nc = getattr(conn, "_nc", conn)  # nats-py keeps the JetStreamContext's connection there
+    password = (getattr(nc, "options", None) or {}).get("password")
+    if not password:
+        return msg_id
+    mac = hmac.new(password.encode(), msg_id.encode(), hashlib.sha256).hexdigest()[:16]
+    return f"{msg_id}.{mac}"
 
 
 async def connect(url: str, name: str, **kw) -> Client:
     """A nats-py connection that reconnects forever; credentials default to the settings'."""
     opts = {**credentials(), **kw}
+    if kw.get("user") and "inbox_prefix" not in kw:  # another user than the settings': its own inboxes
+        opts["inbox_prefix"] = inbox_prefix(kw["user"])
     return await nats.connect(
         servers(url), name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5, **opts
     )
@@ -215,7 +242,7 @@ async def publish_js(js: JetStreamContext, subject: str, model: BaseModel, msg_i
     """One JetStream publish awaiting its PubAck (control plane). De-duplicated by msg_id, so
     it is retried through transient errors — e.g. the stream's leader being re-elected after a
     node died (~5–10 s), during which a lost publish would otherwise stall a run."""
-    headers = telemetry.inject({"Nats-Msg-Id": msg_id} if msg_id else None)
+    headers = telemetry.inject({"Nats-Msg-Id": seal(js, msg_id)} if msg_id else None)
     data = encode(model)
 
     async def once() -> None:
@@ -310,16 +337,21 @@ async def last_on(js: JetStreamContext, stream: str, subject: str, model: type[M
 STATE_LAG_S = 2.0
 
 
+async def run_state(js: JetStreamContext, run_id: str) -> RunState | None:
+    """The run's state in KV `runs` (None: not a run of this stack)."""
+    kv = await js.key_value(subjects.RUNS_BUCKET)
+    try:
+        return RunState.model_validate_json((await kv.get(run_id)).value)
+    except KeyNotFoundError:
+        return None
+
+
 async def open_refusal(js: JetStreamContext, opened: RoundOpen) -> str | None:
     """Why a round open is not the run's (`admission.open_refusal`), read against the run's
     state in KV `runs`; None: it is."""
-    kv = await js.key_value(subjects.RUNS_BUCKET)
     deadline = time.monotonic() + STATE_LAG_S
     while True:
-        try:
-            state = RunState.model_validate_json((await kv.get(opened.run_id)).value)
-        except KeyNotFoundError:
-            state = None
+        state = await run_state(js, opened.run_id)
         why = admission.open_refusal(state, opened)
         if why is None or not admission.may_lag(state, opened) or time.monotonic() > deadline:
             return why

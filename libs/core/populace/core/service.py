@@ -65,10 +65,12 @@ class Service:
         quiet = logging.getLogger(f"faststream.{name}")
         quiet.setLevel(logging.WARNING)
         creds = bus.credentials(self.settings)
+        self.inbox_prefix: str | None = creds.get("inbox_prefix")
         self.broker = NatsBroker(
             bus.servers(self.settings.nats_url), logger=quiet, log_level=logging.DEBUG,
             max_reconnect_attempts=-1, reconnect_time_wait=0.5, name=f"populace-{name}",
             security=NatsUserPassword(creds["user"], creds["password"]) if creds else None,
+            **({"inbox_prefix": creds["inbox_prefix"]} if creds else {}),
         )
         # Never connected: it only describes, for the AsyncAPI document, what the service
         # publishes and what it consumes outside FastStream (the recorder's own pull loop).
@@ -181,6 +183,10 @@ class Service:
                 inspect.Parameter("event", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=model),
                 inspect.Parameter("msg", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=NatsMessage)])
             handler.__name__, handler.__doc__ = fn.__name__, fn.__doc__
+            if self.inbox_prefix and subscriber.get("stream") is not None:
+                # FastStream gives JetStream subscriptions nats-py's default `_INBOX.`, not the
+                # connection's: the user's own prefix, the only inboxes it may read
+                subscriber.setdefault("inbox_prefix", f"{self.inbox_prefix}.".encode())
             subscriber.setdefault("title", subjects.doc_title(subject))
             subscriber.setdefault("description", inspect.getdoc(fn))
             self.broker.subscriber(subject, decoder=decoder, **subscriber)(handler)

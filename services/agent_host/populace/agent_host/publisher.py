@@ -40,8 +40,8 @@ class OutcomePublisher:
         shard = f"{self.host_id}-{batch.seq}"
         data = batch.model_dump_json().encode()
         subject = subjects.run_outcomes(self.run_id, self.round, self.host_id)
-        headers = telemetry.inject({"Nats-Msg-Id": subjects.msg_id(self.run_id, self.round, shard, "outcomes",
-                                                                   self.epoch)})
+        msg_id = subjects.msg_id(self.run_id, self.round, shard, "outcomes", self.epoch)
+        headers = telemetry.inject({"Nats-Msg-Id": bus.seal(self._js, msg_id)})
         ack = await self._js.publish_async(subject, data, headers=headers)
         self._sent.append((subject, data, headers, ack))
         tick = Progress(run_id=self.run_id, round=self.round, host_id=self.host_id,

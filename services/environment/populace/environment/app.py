@@ -15,13 +15,12 @@ from faststream.middlewares import AckPolicy
 from faststream.nats import JStream, PullSub
 from faststream.nats.annotations import NatsMessage
 from nats.js.api import DeliverPolicy
-from nats.js.errors import KeyNotFoundError
 from opentelemetry.context import Context
 from pydantic import ValidationError
 
 from faststream import FastStream
 from populace.core import bus, checkpoints, metrics, subjects, telemetry
-from populace.core.contracts import RoundOpen, RoundPartial, RoundResult, RunFault, RunState
+from populace.core.contracts import RoundOpen, RoundPartial, RoundResult, RunFault, RunState, share_key
 from populace.core.scenario import format_validation_error
 from populace.core.service import Service
 from populace.core.settings import Settings
@@ -106,15 +105,21 @@ class Environment:
             if sum(map(len, self.early.values())) < EARLY_LIMIT:
                 self.early.setdefault(partial.run_id, []).append((partial, msg))
             return
+        if msg is not None and partial.epoch > tally.epoch and not await self.placed(partial):
+            await self.refuse(msg, f"share {share_key(partial.host_id, partial.epoch)} was never placed in run "
+                                   f"{partial.run_id}")
         await self.count(tally, partial, msg, reject=msg is not None)
 
     async def known_run(self, run_id: str) -> bool:
         """Whether the run exists (KV `runs`): a partial may come before its round's announcement."""
-        try:
-            await (await self.svc.js.key_value(subjects.RUNS_BUCKET)).get(run_id)
-        except KeyNotFoundError:
-            return False
-        return True
+        return await bus.run_state(self.svc.js, run_id) is not None
+
+    async def placed(self, partial: RoundPartial) -> bool:
+        """Whether a share of an epoch newer than the rounds announced here is in the run's
+        placement (KV `runs`, written before the orchestrator spawns it): a re-placement in
+        flight, not an epoch made up."""
+        state = await bus.run_state(self.svc.js, partial.run_id)
+        return state is not None and state.share(share_key(partial.host_id, partial.epoch)) is not None
 
     async def refuse(self, msg: NatsMessage, reason: str | Exception) -> None:
         """Dead-letter a message (once: it is acknowledged, never redelivered) and stop there."""
