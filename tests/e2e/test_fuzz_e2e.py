@@ -2,7 +2,7 @@
 
 While a run of 2,000 agents × 4 rounds is in its second round, an attacker publishes on every
 subject family: random bytes, empty payloads, wrong schemas, absurd values (NaN, negative and
-huge ids, rounds that do not exist), replays of recorded outcomes under fresh message ids and
+huge ids, a guess of 1e308, rounds that do not exist), replays of recorded outcomes under fresh message ids and
 without any, forgeries from a host, range, round or epoch the run never placed, a forged round
 open for a later round, inference requests that ask the gateway for an hour, and a flood. Then:
 - every service is still up, and the run completed;
@@ -152,6 +152,7 @@ def forgeries(rid: str) -> list[tuple[str, bytes, dict | None]]:
         # absurd values
         (subjects.run_outcomes(rid, 2, me), outcomes(901, me, 2, [-5, 10**15]), None),
         (subjects.run_outcomes(rid, 2, me), outcomes(902, me, 2, mine[:2]).replace(b"50.0", b"NaN"), None),
+        (subjects.run_outcomes(rid, 2, me), outcomes(903, me, 2, mine[2:3], value=1e308), None),  # out of range
         (subjects.run_partial(rid, 2, me, 0), partial(me, 2, 1000, {"by_value": [[float("nan"), 1, 0]]}), None),
         (subjects.run_partial(rid, 99, me, 0), partial(me, 99, 1000, good_partial), None),
         # a run that does not exist
@@ -174,6 +175,11 @@ def forgeries(rid: str) -> list[tuple[str, bytes, dict | None]]:
         (subjects.run_partial(rid, 2, other, 0), partial(me, 2, 1000, good_partial), None),
         (subjects.run_outcomes(rid, 5, me), outcomes(910, me, 5, [1500]), None),
     ]
+    # valid events of a run that does not exist (a redelivery loop and 318 MB of log, before)
+    out.append((subjects.RUN_CANCEL, json.dumps({"run_id": "no-such-run", "reason": "fuzz"}).encode(), None))
+    out.append((subjects.run_round_result("no-such-run", 1), json.dumps({
+        "run_id": "no-such-run", "round": 1, "n": 1, "n_valid": 1, "summary": {}, "observation": {}, "state": {},
+        "closed_at": 0.0}).encode(), None))
     # a round open for a later round (a stalled run, before)
     out.append((subjects.run_round_open(rid, 4), json.dumps({
         "run_id": rid, "round": 4, "expected": AGENTS, "config": CONFIG, "opened_at": 0.0, "epoch": 0,

@@ -53,5 +53,7 @@ async def test_a_message_whose_handler_keeps_failing_is_dead_lettered_once_after
         assert letters[0].headers["Populace-Error"] == ("handler failed 3 times, last: RuntimeError: "
                                                         "the database is on fire")
         assert letters[0].headers["Populace-Instance"].startswith("poison-test.")
+        # the server's own bound, past ours: a message that kills the process still stops coming
+        assert (await js.consumer_info(subjects.CTL_STREAM, "poison-test")).config.max_deliver == 5
     finally:
         await svc.broker.stop()

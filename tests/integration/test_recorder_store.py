@@ -304,3 +304,16 @@ def test_only_the_outcomes_a_run_expects_are_stored_whatever_their_message_ids(t
     assert again.completeness("r1") == (20, 0)
     assert again.con.execute("SELECT count(*), count(DISTINCT agent_id) FROM guesses").fetchone() == (20, 20)
     again.close()
+
+
+def test_a_valid_value_outside_the_runs_declared_range_is_refused():
+    from populace.recorder.columns import BadColumns, check_outcomes
+
+    tables = TABLES.model_copy(update={"measure_range": (0.0, 100.0)})
+    fine = guess_batch("r1", 1, "a", 0, list(range(0, 10)))
+    assert check_outcomes(fine, tables).columns["value"] == fine.columns["value"]
+    forged = fine.model_copy(update={"columns": {"value": [5.0] * 9 + [1e308]}})
+    with pytest.raises(BadColumns, match=r"columns.value\[9\]: 1e\+308 is outside the run's declared range \[0, 100\]"):
+        check_outcomes(forged, tables)
+    invalid = forged.model_copy(update={"valid": [True] * 9 + [False]})  # an invalid row's value is not checked
+    check_outcomes(invalid, tables)

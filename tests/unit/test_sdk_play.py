@@ -11,6 +11,7 @@ from populace.sdk import Agent, GroupEnv, InferError, ScriptedLLM
 from populace.sdk.llm import ModelUnavailable
 from populace.sdk.hosting import host_run
 from populace.sdk.local import run_local
+from populace.core.ranges import outside
 from populace.sdk.play import OutcomeSink, RoundFailed
 from populace.sdk.registry import resolve
 from populace_ratio_game import Guess, Player, RatioGame
@@ -180,3 +181,25 @@ async def test_a_reduce_that_raises_fails_the_round_with_its_name():
     with pytest.raises(RoundFailed, match=r"RatioEnv.reduce raised: KeyError: 'oops'"):
         sink.close()
     assert sum(len(b.agent_ids) for b in batches) == 10  # every outcome still went out
+
+
+def test_a_valid_value_outside_the_declared_range_is_an_invalid_row_before_it_counts():
+    """The ratio game declares guesses in [0, 100]: a valid 150 (a simulation's bug) becomes
+    invalid, named, before the partial counts it, as the recorder would refuse the batch."""
+    run = share(3)
+    batches = []
+    sink = OutcomeSink(type(run.sim), run.env, batch_size=10, emit=batches.append)
+    guess = type(run.sim).Outcome
+    for i, v in enumerate((10.0, 150.0, 100.0)):
+        sink.add(i, guess(value=v, valid=True, raw=str(v)), 1.0)
+    result = sink.close()
+    [b] = batches
+    assert b.valid == [True, False, True] and b.columns["value"] == [10.0, None, 100.0]
+    assert b.errors[1] == "agent: outcome.value: 150.0 is outside the simulation's range [0, 100]"
+    assert (result.n, result.n_valid) == (3, 2)
+
+
+def test_the_range_check_finds_exactly_the_valid_values_outside():
+    assert outside([1.0, None, 5.0], [True, False, True], (0, 10)) == []
+    assert outside([1.0, -1.0, 50.0, 99.0], [True, True, False, True], (0, 10)) == [1, 3]
+    assert outside([], [], (0, 1)) == []

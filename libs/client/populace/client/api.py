@@ -213,7 +213,7 @@ async def _fleet(prepared: PreparedRun, run_id: str, nats: str | None, hosts: in
                                                  manifest=prepared.manifest, on_event=bars.on_event)
         finally:
             await nc.close()
-    tables = prepared.resolved.simulation.tables() if prepared.resolved else None
+    tables = prepared.resolved.tables() if prepared.resolved else None
     recorded_at = outcome.recorded.db_path if outcome.recorded else db_path
     read = _read_db(recorded_at, run_id, tables) if recorded_at and tables else None
     rounds, outcomes = read if read is not None else (_rounds_from_events(outcome.results), None)

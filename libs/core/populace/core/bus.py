@@ -121,7 +121,7 @@ async def provision(js: JetStreamContext, storage: str = "file", replicas: int =
                      num_replicas=replicas, max_msgs=100_000),
     ]
     for cfg in streams:
-        await until_ready(lambda cfg=cfg: _ensure_stream(js, cfg), f"stream {cfg.name}")
+        await until_ready(lambda cfg=cfg: _ensure_stream(js, cfg), f"stream {cfg.name}", PROVISION_ATTEMPTS)
     for bucket, ttl in (
         (subjects.RUNS_BUCKET, None),
         (subjects.HOSTS_BUCKET, 30.0),
@@ -129,10 +129,10 @@ async def provision(js: JetStreamContext, storage: str = "file", replicas: int =
         (subjects.REPLICAS_BUCKET, 30.0),
     ):
         await until_ready(lambda b=bucket, t=ttl: ensure_kv(js, b, ttl=t, storage=st, replicas=replicas),
-                          f"bucket {bucket}")
+                          f"bucket {bucket}", PROVISION_ATTEMPTS)
     for bucket in (subjects.PERSONAS_BUCKET, subjects.CHECKPOINTS_BUCKET):
         await until_ready(lambda b=bucket: ensure_object_store(js, b, storage=st, replicas=replicas),
-                          f"object store {bucket}")
+                          f"object store {bucket}", PROVISION_ATTEMPTS)
 
 
 # A replicated stream that was just created has no Raft leader for a moment: API calls then
@@ -142,6 +142,9 @@ TRANSIENT = (nats.errors.TimeoutError, asyncio.TimeoutError, nats.errors.NoRespo
 # A cluster whose servers have just started may not know its peers yet: placing a replicated
 # stream then fails with "no suitable peers for placement" until the routes are up.
 NO_PEERS_YET = 10005
+# A cluster that has just started, on a loaded machine, may take half a minute to elect the
+# leaders of new replicated streams: provisioning waits that long (12 attempts wait ~20 s).
+PROVISION_ATTEMPTS = 20
 
 
 def _transient(err: Exception) -> bool:

@@ -230,6 +230,9 @@ class SimulationTables(Strict):
     grouped: bool = False  # outcome rows carry the agent's group id (nested group envs)
     measure: str | None = None  # the outcome column analysis summarises first
     measure_kind: Literal["numeric", "categorical"] | None = None
+    # A run's declared range of its numeric measure (the simulation's measure_range for the
+    # run's parameters): a valid value outside it is impossible, so the recorder refuses it.
+    measure_range: tuple[FiniteFloat, FiniteFloat] | None = None
 
 
 # --- control plane -------------------------------------------------------------------

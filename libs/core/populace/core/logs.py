@@ -21,6 +21,18 @@ def add_trace_ids(_logger, _method, event: dict) -> dict:
     return event
 
 
+class _CurrentStderr:
+    """sys.stderr as it is when a line is written, not when logging was configured: loggers
+    are cached, and whoever swaps stderr (a test harness capturing each test's output, a
+    daemon) would otherwise leave them writing to a closed file."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure(level: str = "INFO", fmt: str = "auto", service: str | None = None) -> None:
     lvl = logging.getLevelName(level.upper())
     if not isinstance(lvl, int):
@@ -37,7 +49,7 @@ def configure(level: str = "INFO", fmt: str = "auto", service: str | None = None
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),
         cache_logger_on_first_use=True,
     )
     if service:

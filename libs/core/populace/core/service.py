@@ -26,6 +26,7 @@ from faststream.nats import NatsBroker, NatsUserPassword
 from faststream.nats.annotations import NatsMessage
 from faststream.specification import AsyncAPI
 from nats.aio.msg import Msg
+from nats.js.api import ConsumerConfig
 from opentelemetry import context as otel_context
 from pydantic import BaseModel, ValidationError
 
@@ -40,6 +41,12 @@ ORPHAN_GRACE_S = 10.0
 # about two minutes, longer than a stream leader election or a short broker outage.
 MAX_DELIVERIES = 10
 RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
+
+
+class Refused(Exception):
+    """Raised by a handler for a message that can never succeed (a run this stack does not
+    know): dead-lettered once with the reason, never retried. Anything else a handler raises
+    is taken as transient and retried (`Service.failed`)."""
 
 
 def retry_delay(delivered: int, delays: tuple[float, ...] = RETRY_DELAYS_S) -> float:
@@ -174,6 +181,9 @@ class Service:
                     return await (fn(event, msg) if with_msg else fn(event))
                 except HandlerException:
                     raise
+                except Refused as err:
+                    await self.dead_letter(msg.raw_message, str(err), terminate=False)
+                    raise RejectMessage() from err
                 except Exception as err:
                     raise await self.failed(msg.raw_message, err) from err
                 finally:
@@ -183,6 +193,11 @@ class Service:
                 inspect.Parameter("event", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=model),
                 inspect.Parameter("msg", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=NatsMessage)])
             handler.__name__, handler.__doc__ = fn.__name__, fn.__doc__
+            if subscriber.get("durable"):
+                # The server's own bound, past ours: a message that kills the process before its
+                # handler can settle it (so our count never acts) still stops coming.
+                subscriber.setdefault("config", ConsumerConfig(filter_subjects=[],
+                                                               max_deliver=self.max_deliveries + 2))
             if self.inbox_prefix and subscriber.get("stream") is not None:
                 # FastStream gives JetStream subscriptions nats-py's default `_INBOX.`, not the
                 # connection's: the user's own prefix, the only inboxes it may read
@@ -200,8 +215,8 @@ class Service:
         dead-lettered with the error; on core NATS nothing comes again, and the error is logged
         once. Returns the FastStream exception that settles the message accordingly."""
         error = f"{type(err).__name__}: {err}"
-        if not bus.is_jetstream(raw):
-            self.log.error("handler_failed", subject=raw.subject, error=error)
+        if not bus.is_jetstream(raw):  # nothing comes again: one line, with the traceback
+            self.log.error("handler_failed", subject=raw.subject, error=error, exc_info=err)
             return RejectMessage()
         delivered = raw.metadata.num_delivered or 1
         if delivered >= self.max_deliveries:

@@ -63,7 +63,7 @@ async def run_local(config: RunConfig | Resolved, *, run_id: str = "local", cast
                     on_round: Callable[[int, dict], None] | None = None) -> LocalResult:
     resolved = config if isinstance(config, Resolved) else resolve(config)
     c = resolved.config
-    tables = resolved.simulation.tables()
+    tables = resolved.tables()
     runs = [host_run(resolved, run_id, ranges, cast, one_per_process=one_per_process, freeze=False)
             for ranges in _shares(resolved, hosts)]
     env = runs[0].env

@@ -22,6 +22,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from populace.core.ranges import outside
 from populace.sdk.agent import Agent
 from populace.sdk.env import Env, GroupEnv, Partial
 from populace.sdk.llm import LLM, InferError, ModelUnavailable
@@ -72,6 +73,12 @@ class OutcomeSink:
         self._defaults = {f.name: (f.default_factory if f.default is dataclasses.MISSING
                                    else (lambda v=f.default: v)) for f in dataclasses.fields(sim.Outcome)}
         self._env = env
+        # A valid numeric measure outside the simulation's declared range for the run is not
+        # possible: the row is invalid (named), as the recorder would refuse the batch.
+        tables = sim.tables()
+        instance = getattr(env, "sim", None)
+        self._measure = tables.measure if tables.measure_kind == "numeric" and instance is not None else None
+        self._range = sim.measure_range(instance.params) if self._measure else None
         self._batch_size = batch_size
         self._emit = emit
         self._grouped = grouped
@@ -118,6 +125,12 @@ class OutcomeSink:
                             bad.setdefault(e["loc"][0], []).append(name)
                             reason = f"outcome.{name}: {e['msg']} (got {e.get('input')!r})"
                             errs[e["loc"][0]] = errs[e["loc"][0]] or f"agent: {reason}"
+            if self._range is not None and not bad:
+                for i in outside(columns[self._measure], columns["valid"], self._range):
+                    bad.setdefault(i, []).append(self._measure)
+                    v, (lo, hi) = columns[self._measure][i], self._range
+                    errs[i] = errs[i] or f"agent: outcome.{self._measure}: {v!r} is outside the simulation's range " \
+                                         f"[{lo:g}, {hi:g}]"
             if not bad:
                 return columns, columns.pop("valid"), columns.pop("raw")
             for i, names in bad.items():

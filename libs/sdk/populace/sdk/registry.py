@@ -16,7 +16,7 @@ from importlib.metadata import entry_points
 
 from pydantic import ValidationError
 
-from populace.core.contracts import RunConfig
+from populace.core.contracts import RunConfig, SimulationTables
 from populace.sdk.simulation import Params, Simulation, SimulationError
 
 ENTRY_POINT_GROUP = "populace.simulations"
@@ -76,6 +76,13 @@ class Resolved:
     config: RunConfig  # the simulation's sections normalised, model defaults filled in
     simulation: type[Simulation]
     params: Params
+
+    def tables(self) -> SimulationTables:
+        """The simulation's tables for this run: with its measure's declared range."""
+        tables = self.simulation.tables()
+        if tables.measure_kind != "numeric":
+            return tables
+        return tables.model_copy(update={"measure_range": self.simulation.measure_range(self.params)})
 
     def instance(self, run_id: str = "", cast=None) -> Simulation:
         c = self.config

@@ -132,7 +132,8 @@ class Simulation:
 
     @classmethod
     def measure_range(cls, params: Params) -> tuple[float, float] | None:
-        """The measure's possible range, for plot axes (None: from the data)."""
+        """The measure's possible range (None: any): plot axes use it, and a valid value
+        outside it is recorded as invalid (the recorder refuses a batch that carries one)."""
         return None
 
     # -- derived, for the platform -------------------------------------------------------

@@ -30,7 +30,7 @@ from populace.core.contracts import (
 )
 from populace.core.placement import PlacementError, place
 from populace.core.scenario import format_validation_error
-from populace.core.service import Service
+from populace.core.service import Refused, Service
 from populace.core.settings import Settings
 from populace.core.telemetry import tracer
 from populace.orchestrator import workflow
@@ -111,6 +111,8 @@ class Orchestrator:
             for rid in list(self.watched):
                 try:
                     await self.advance(rid, lambda s: self.check(s, fresh, live))
+                except Refused:  # its state is gone: nothing left to watch
+                    self.watched.pop(rid, None)
                 except Exception as err:  # noqa: BLE001 - a KV hiccup: look again next beat
                     self.svc.log.warning("host_watch_failed", run_id=rid, error=str(err))
 
@@ -210,7 +212,7 @@ class Orchestrator:
         rid, cfg = state.run_id, resolved.config
         await bus.publish_js(self.svc.js, subjects.run_started(rid),
                              RunStarted(run_id=rid, config=cfg, started_at=time.time(), hosts=sorted(state.placement),
-                                        tables=resolved.simulation.tables(), manifest=manifest),
+                                        tables=resolved.tables(), manifest=manifest),
                              msg_id=subjects.msg_id(rid, 0, "orch", "started"))
         await self.spawn(state)
         self.svc.log.info("run_placed", run_id=rid, simulation=cfg.simulation, agents=cfg.agents, rounds=cfg.rounds,
@@ -261,8 +263,7 @@ class Orchestrator:
         try:
             state = RunState.model_validate_json((await kv.get(rid)).value)
         except KeyNotFoundError:
-            self.svc.log.warning("resume_unknown_run", run_id=rid)
-            return
+            raise Refused(f"run {rid} is not known: nothing to resume") from None
         why = workflow.resume_refusal(state, resume.budget)
         if why is None:
             try:
@@ -294,9 +295,8 @@ class Orchestrator:
         for _ in range(50):
             try:
                 entry = await bus.until_ready(lambda: kv.get(rid), f"run state {rid}")
-            except KeyNotFoundError:  # not a run this stack knows: nothing to do, never a retry loop
-                self.svc.log.warning("unknown_run", run_id=rid)
-                return
+            except KeyNotFoundError:  # not a run this stack knows: a dead letter, never a retry loop
+                raise Refused(f"run {rid} is not known") from None
             state = RunState.model_validate_json(entry.value)
             new, actions = decide(state)
             if new is state:

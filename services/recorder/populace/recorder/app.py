@@ -72,7 +72,8 @@ class Recorder:
         self.sub = await self.svc.js.pull_subscribe(
             subjects.ANY_RUN_EVENT, durable="recorder", stream=subjects.RUN_STREAM,
             config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL,
-                                  ack_wait=ACK_WAIT_S, max_ack_pending=max(1000, 4 * s.recorder_fetch)),
+                                  ack_wait=ACK_WAIT_S, max_ack_pending=max(1000, 4 * s.recorder_fetch),
+                                  max_deliver=MAX_DELIVERIES + 2),  # the server's bound, past ours
         )
         self.task = asyncio.create_task(self.consume())
 

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 
 from populace.core.contracts import OutcomeBatch, SimulationTables
+from populace.core.ranges import outside
 
 _INT64 = Annotated[int, Field(ge=-(2**63), lt=2**63)]
 _STRICT_FLOATS = ConfigDict(allow_inf_nan=False)
@@ -48,4 +49,10 @@ def check_outcomes(batch: OutcomeBatch, tables: SimulationTables) -> OutcomeBatc
                              f"(got {first.get('input')!r})") from None
         if where.startswith("columns."):
             columns[where.removeprefix("columns.")] = checked
+    if tables.measure_range is not None and tables.measure in columns:
+        bad = outside(columns[tables.measure], batch.valid, tables.measure_range)
+        if bad:
+            lo, hi = tables.measure_range
+            raise BadColumns(f"columns.{tables.measure}[{bad[0]}]: {columns[tables.measure][bad[0]]!r} is outside "
+                             f"the run's declared range [{lo:g}, {hi:g}]")
     return batch.model_copy(update={"columns": columns})
