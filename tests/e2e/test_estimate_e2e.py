@@ -27,12 +27,8 @@ def stack(tmp_path_factory):
     db = tmp_path_factory.mktemp("estimate") / "populace.duckdb"
     s = Stack(hosts=1, db=str(db), env={"POPULACE_STORAGE": "memory"},
               extra={"replicas-sim": ["replicas", "sim", "--count", "1"]}, replicas=1)
-    s.start()
-    try:
-        asyncio.run(s.wait_ready(timeout=120))
+    with s.up(timeout=120):
         yield s
-    finally:
-        s.stop()
 
 
 def populace(*args: str) -> subprocess.CompletedProcess:

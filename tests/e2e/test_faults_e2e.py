@@ -37,12 +37,8 @@ def stack(tmp_path_factory):
     s = Stack(hosts=2, db=str(db), env=ENV, extra={"replicas-sim": ["replicas", "sim", "--count", "2", "--",
                                                                 "--time-scale", "0.1", "--max-num-seqs", "64"]},
               replicas=2)
-    s.start()
-    try:
-        asyncio.run(s.wait_ready(timeout=90))
+    with s.up(timeout=90):
         yield s
-    finally:
-        s.stop()
 
 
 def rows(db: str, sql: str, run_id: str) -> list[tuple]:

@@ -70,12 +70,8 @@ def stack(request, tmp_path_factory):
         args = ["-c", str(auth_conf(tmp, users))]
     s = Stack(hosts=2, db=str(tmp / "populace.duckdb"), users=users, nats_args=args,
               env={"POPULACE_LOG_LEVEL": "info"})
-    s.start()
-    try:
-        asyncio.run(s.wait_ready(timeout=90))
+    with s.up(timeout=90):
         yield s
-    finally:
-        s.stop()
 
 
 def run_with(stack: Stack, attack=None) -> str:

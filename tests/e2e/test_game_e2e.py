@@ -21,12 +21,8 @@ pytestmark = pytest.mark.e2e
 def stack(tmp_path_factory):
     db = tmp_path_factory.mktemp("e2e") / "populace.duckdb"
     s = Stack(hosts=2, db=str(db), env={"POPULACE_STORAGE": "memory"})
-    s.start()
-    try:
-        asyncio.run(s.wait_ready(timeout=90))
+    with s.up(timeout=90):
         yield s
-    finally:
-        s.stop()
 
 
 def run_game(stack: Stack, config: RunConfig):

@@ -36,12 +36,8 @@ def stack(tmp_path_factory):
     s = Stack(hosts=2, db=str(db), env={"POPULACE_STORAGE": "memory", "POPULACE_CHECKPOINTS_KEEP": "last",
                                         "POPULACE_RUN_MAX_AGE_S": str(MAX_AGE_S)},
               extra={"replicas-sim": ["replicas", "sim", "--count", "1"]}, replicas=1)
-    s.start()
-    try:
-        asyncio.run(s.wait_ready(timeout=90))
+    with s.up(timeout=90):
         yield s
-    finally:
-        s.stop()
 
 
 def outcomes_recorded(db: str, run_id: str) -> list[tuple[int, int]]:

@@ -31,12 +31,8 @@ sys.path.insert(0, str(SIMS))  # … and by this process, which prepares the run
 def stack(tmp_path_factory):
     db = tmp_path_factory.mktemp("sims") / "populace.duckdb"
     s = Stack(hosts=2, db=str(db), env={"POPULACE_STORAGE": "memory", "PYTHONPATH": str(SIMS)})
-    s.start()
-    try:
-        asyncio.run(s.wait_ready(timeout=90))
+    with s.up(timeout=90):
         yield s
-    finally:
-        s.stop()
 
 
 def fleet(stack: Stack, data: dict):

@@ -37,12 +37,8 @@ BASE = {"agents": AGENTS, "rounds": ROUNDS, "seed": 3, "model": {"latency_s": 0.
 def stack(tmp_path_factory):
     db = tmp_path_factory.mktemp("steer") / "populace.duckdb"
     s = Stack(hosts=2, db=str(db), env={"POPULACE_STORAGE": "memory"})
-    s.start()
-    try:
-        asyncio.run(s.wait_ready(timeout=90))
+    with s.up(timeout=90):
         yield s
-    finally:
-        s.stop()
 
 
 def rows(db: str, table: str, run_id: str, order: str, drop: tuple[str, ...]) -> list[dict]:

@@ -4,7 +4,6 @@ prefix-affinity (consistent hashing with bounded loads), checked by discrete sim
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
 import subprocess

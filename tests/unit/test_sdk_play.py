@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from populace.core.contracts import RunConfig
-from populace.sdk import Agent, GroupEnv, InferError, ScriptedLLM
+from populace.sdk import GroupEnv, InferError, ScriptedLLM
 from populace.sdk.llm import ModelUnavailable
 from populace.sdk.hosting import host_run
 from populace.sdk.local import run_local

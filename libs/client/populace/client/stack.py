@@ -201,8 +201,19 @@ class Stack:
                     self.nats = None
         return killed
 
+    def up(self, timeout: float = 60.0) -> Stack:
+        """Start the stack and wait until it is ready (stopped again if it never is):
+        `with Stack(...).up(90) as stack: …`."""
+        self.start()
+        try:
+            asyncio.run(self.wait_ready(timeout=timeout))
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
     def __enter__(self) -> Stack:
-        return self.start()
+        return self if self.procs else self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
