@@ -20,7 +20,7 @@ from populace.core.contracts import (
     HostInfo, HostSpawned, InferBatch, OutcomeBatch, Progress, RoundOpen, RoundPartial, RunDone, RunFault, SpawnBatch,
 )
 from populace.core.scenario import format_validation_error
-from populace.core.service import Service
+from populace.core.service import Refused, Service
 from populace.core.settings import Settings
 from populace.population.cast import Cast, cast_from_jsonl
 from populace.population.errors import PopulationError
@@ -117,8 +117,7 @@ class AgentHost:
             return  # a run this host plays no agent of: nothing to check
         why = await bus.open_refusal(self.svc.js, opened)
         if why is not None:
-            await self.svc.dead_letter(msg.raw_message, why, terminate=False)
-            return
+            raise Refused(why)  # dead-lettered once by the service
         self.runtime.start_round(opened, telemetry.extract(msg.headers))  # type: ignore[union-attr]
 
     async def on_done(self, done: RunDone) -> None:

@@ -22,7 +22,7 @@ from faststream import FastStream
 from populace.core import bus, checkpoints, metrics, subjects, telemetry
 from populace.core.contracts import RoundOpen, RoundPartial, RoundResult, RunFault, RunState, share_key
 from populace.core.scenario import format_validation_error
-from populace.core.service import Service
+from populace.core.service import Refused, Service
 from populace.core.settings import Settings
 from populace.core.telemetry import tracer
 from populace.environment.tally import BadPartial, EnvironmentFailed, RunTally
@@ -76,7 +76,7 @@ class Environment:
             if msg is None:
                 self.svc.log.warning("bad_open_skipped", run_id=opened.run_id, error=why)
                 return
-            await self.refuse(msg, why)
+            raise Refused(why)  # dead-lettered once by the service
         if msg is not None:
             self.round_contexts[(opened.run_id, opened.round)] = telemetry.extract(msg.headers)
         while len(self.round_contexts) > 10 * MAX_RUNS:  # rounds that never closed
@@ -94,20 +94,20 @@ class Environment:
         if msg is not None and msg.raw_message.subject != subjects.run_partial(
                 partial.run_id, partial.round, partial.host_id, partial.epoch):
             # the subject is what NATS permissions check: a body must not claim another sender
-            await self.refuse(msg, f"a partial of {partial.host_id}@{partial.epoch}, round {partial.round} "
-                                   f"of run {partial.run_id} does not belong on {msg.raw_message.subject}")
+            raise Refused(f"a partial of {partial.host_id}@{partial.epoch}, round {partial.round} "
+                          f"of run {partial.run_id} does not belong on {msg.raw_message.subject}")
         tally = self.runs.get(partial.run_id)
         if tally is None:
             if partial.run_id in self.failed:
                 return
             if msg is not None and not await self.known_run(partial.run_id):
-                await self.refuse(msg, f"run {partial.run_id} is not known")
+                raise Refused(f"run {partial.run_id} is not known")
             if sum(map(len, self.early.values())) < EARLY_LIMIT:
                 self.early.setdefault(partial.run_id, []).append((partial, msg))
             return
         if msg is not None and partial.epoch > tally.epoch and not await self.placed(partial):
-            await self.refuse(msg, f"share {share_key(partial.host_id, partial.epoch)} was never placed in run "
-                                   f"{partial.run_id}")
+            raise Refused(f"share {share_key(partial.host_id, partial.epoch)} was never placed in run "
+                          f"{partial.run_id}")
         await self.count(tally, partial, msg, reject=msg is not None)
 
     async def known_run(self, run_id: str) -> bool:
@@ -120,11 +120,6 @@ class Environment:
         flight, not an epoch made up."""
         state = await bus.run_state(self.svc.js, partial.run_id)
         return state is not None and state.share(share_key(partial.host_id, partial.epoch)) is not None
-
-    async def refuse(self, msg: NatsMessage, reason: str | Exception) -> None:
-        """Dead-letter a message (once: it is acknowledged, never redelivered) and stop there."""
-        await self.svc.dead_letter(msg.raw_message, reason, terminate=False)
-        raise RejectMessage()
 
     async def count(self, tally: RunTally, partial: RoundPartial, msg: NatsMessage | None,
                     reject: bool = False) -> None:
