@@ -1,7 +1,9 @@
 """The frame every service shares: a FastStream app on a NatsBroker, structlog, stream and
 KV provisioning at start-up, a liveness entry in KV `services`, and one decorator for every
 handler (`@svc.handle(subject, Model)`): parse the wire model, dead-letter a malformed
-message once, run the handler in the message's trace context.
+message once, run the handler in the message's trace context. A handler that raises
+`Refused` has its message dead-lettered at once; one that raises anything else on JetStream
+gets it again after a growing delay, and dead-lettered after MAX_DELIVERIES.
 
 Services are built by a factory (`create(settings) -> Service`) and keep no module-level
 state, so tests, the Python API and a web manager can build several in one process.
