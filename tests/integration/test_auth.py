@@ -74,13 +74,13 @@ def server(tmp_path):
         yield ns
 
 
-async def connect_as(url: str, user: str, errors: list[str] | None = None, **kw):
+async def connect_as(url: str, user: str, errors: list[str] | None = None, password: str | None = None, **kw):
     async def on_error(err: Exception) -> None:
         if errors is not None:
             errors.append(str(err))
 
     kw.setdefault("inbox_prefix", bus.inbox_prefix(user))  # the only inboxes its user may read
-    return await nats.connect(url, user=user, password=PASSWORDS[user], name=f"test-{user}",
+    return await nats.connect(url, user=user, password=password or PASSWORDS[user], name=f"test-{user}",
                               error_cb=on_error, allow_reconnect=False, **kw)
 
 
@@ -126,8 +126,7 @@ async def test_a_hosts_own_user_speaks_only_for_itself_and_reads_only_its_own_in
     with EmbeddedNats(extra_args=["-c", str(conf)]) as ns:
         admin, ajs = await admin_js(ns.url)
         errors: list[str] = []
-        nc = await nats.connect(ns.url, user="host-a", password=HOST_PASSWORDS["host-a"], error_cb=_collect(errors),
-                                inbox_prefix=bus.inbox_prefix("host-a"), allow_reconnect=False)
+        nc = await connect_as(ns.url, "host-a", errors, password=HOST_PASSWORDS["host-a"])
         others: list[str] = []
         replicas = await connect_as(ns.url, "replicas", others)
         try:
@@ -157,12 +156,6 @@ async def test_a_hosts_own_user_speaks_only_for_itself_and_reads_only_its_own_in
             await nc.close()
             await replicas.close()
             await admin.close()
-
-
-def _collect(errors: list[str]):
-    async def on_error(err: Exception) -> None:
-        errors.append(str(err))
-    return on_error
 
 async def test_unauthenticated_client_cannot_connect(server):
     errors: list[str] = []

@@ -123,7 +123,9 @@ def stats_table(rows: list[dict], title: str, info: dict | None = None) -> Table
 
 
 def fork_heading(fork: dict) -> str:
-    changes = ", ".join(f"{k}={v}" for k, v in _flat(fork["changes"])) or "no change"
+    from populace.analysis.report import params_text  # the change flattened as `--set` wrote it
+
+    changes = params_text(fork["changes"]) or "no change"
     return f"fork {fork['fork']} of {fork['parent']} after round {fork['after_round']}, changed: {changes}"
 
 
@@ -160,14 +162,6 @@ def fork_table(fork: dict, info: dict) -> Table:
             cells += [ref(r["parent"], c), ref(r["fork"], c, shared)]
         t.add_row(*(_plain(c) for c in cells))
     return t
-
-
-def _flat(d: dict, prefix: str = "") -> list[tuple[str, object]]:
-    """{'game': {'ratio': 0.5}} as [('game.ratio', 0.5)]: a fork's change as `--set` wrote it."""
-    out: list[tuple[str, object]] = []
-    for k, v in d.items():
-        out += _flat(v, f"{prefix}{k}.") if isinstance(v, dict) and v else [(f"{prefix}{k}", v)]
-    return out
 
 
 def _ci(low: float | None, high: float | None) -> str:

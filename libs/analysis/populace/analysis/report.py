@@ -61,6 +61,7 @@ from populace.analysis.queries import (
 )
 from populace.analysis.stats import wilson_interval
 from populace.analysis.tables import plural
+from populace.core.contracts import Usage
 
 MAX_PANELS = 6  # histogram panels: all rounds up to this, else the first and last halves
 MAX_GROUP_PLOTS = 4
@@ -564,6 +565,13 @@ def _summary_columns(info: dict, skip: Sequence[str] = ()) -> list[tuple[str, st
     return [(c, t) for c, t in info["labels"].items() if c not in skip]
 
 
+def _most_chosen(row: dict) -> str:
+    """'no (48.0%)', 'tie (36.0%)' or '—': a round's leading option, escaped."""
+    if row.get("leader_share") is None:
+        return "—"
+    return f"{_e(row['leader'] if row['leader'] is not None else 'tie')} ({_pct(row['leader_share'])})"
+
+
 def _round_rows(rounds: list[dict], info: dict, types: dict[str, str]) -> str:
     kind = info.get("measure_kind")
     cols = _summary_columns(info, skip=STATS if kind == "numeric" else ())
@@ -584,14 +592,12 @@ def _round_rows(rounds: list[dict], info: dict, types: dict[str, str]) -> str:
         if kind == "numeric":
             cells += [_n(r[k]) for k in STATS]
         elif kind == "categorical":
-            top = "—" if r["leader_share"] is None else (
-                f"{_e(r['leader'] if r['leader'] is not None else 'tie')} ({_pct(r['leader_share'])})")
-            cells += [top, *(_pct(r["shares"].get(o)) for o in options)]
+            cells += [_most_chosen(r), *(_pct(r["shares"].get(o)) for o in options)]
         s = r["summary"] or {}
         cells += [_cell(c, s.get(c), types.get(c, "")) for c, _ in cols]
         if usage:
             u = r.get("usage") or {}
-            cells += [_n(u.get(k)) for k in ("llm_calls", "prompt_tokens", "completion_tokens", "infra_retries")]
+            cells += [_n(u.get(k)) for k in Usage.RECORDED]
         rows.append(cells)
     return _table(headers, rows, left=())
 
@@ -847,23 +853,28 @@ def fork_figure(fork: dict, title: str, noun: str, reference: Sequence[tuple[str
     k = fork["after_round"]
     # the fork's line branches off the parent's at round k, the state it starts from
     mine = [r if r["round"] >= k else {**r, "fork": None} for r in rows]
+
+    def series(who: str, value) -> list[float]:
+        """`value(stat)` per round for the parent or the fork (NaN where there is none)."""
+        out = [value(r[who]) if r[who] else None for r in mine]
+        return [np.nan if v is None else v for v in out]
+
     if fork["measure_kind"] == "numeric":
         for who, style, color in (("parent", "o-", "#1f77b4"), ("fork", "s--", "#d62728")):
-            ax.plot(x, [np.nan if not r[who] or r[who].get("mean") is None else r[who]["mean"] for r in mine],
-                    style, color=color, label=f"mean, {who}")
+            ax.plot(x, series(who, lambda st: st.get("mean")), style, color=color, label=f"mean, {who}")
         for c, label in reference[:1]:  # the simulation's first reference line (the ratio game's target)
             for who, style in (("parent", "-"), ("fork", "--")):
-                ax.plot(x, [np.nan if not r[who] or ((r[who].get("summary") or {}).get(c)) is None
-                            else r[who]["summary"][c] for r in mine], style, color="#ff7f0e", linewidth=1.0,
-                        label=f"{label}, {who}")
+                ax.plot(x, series(who, lambda st, c=c: (st.get("summary") or {}).get(c)), style, color="#ff7f0e",
+                        linewidth=1.0, label=f"{label}, {who}")
         ax.set_ylabel(noun)
     else:
-        options = list(dict.fromkeys(o for r in rows for who in ("parent", "fork") for o in ((r[who] or {}).get("shares") or {})))
+        options = list(dict.fromkeys(o for r in rows for who in ("parent", "fork")
+                                     for o in ((r[who] or {}).get("shares") or {})))
         colors = option_colors(options)
         for o in options:
             for who, style in (("parent", "-"), ("fork", "--")):
-                ax.plot(x, [np.nan if not r[who] or (r[who].get("shares") or {}).get(o) is None
-                            else r[who]["shares"][o] for r in mine], style, color=colors[o], label=f"{o} ({who})")
+                ax.plot(x, series(who, lambda st, o=o: (st.get("shares") or {}).get(o)), style, color=colors[o],
+                        label=f"{o} ({who})")
         ax.set_ylim(0, 1)
         ax.yaxis.set_major_formatter(PercentFormatter(1.0))
         ax.set_ylabel(f"share of valid {plural(noun)}")
@@ -888,17 +899,17 @@ def _fork_section(fork: dict, info: dict) -> list[str]:
         title = f"Fork {fork['fork']} and parent {fork['parent']}"
         parts.append(_img(png_data_uri(fork_figure(fork, title, noun, refs)), "The fork and its parent per round"))
     what = f"mean {noun}" if numeric else "most chosen"
+
+    def cell(stat: dict | None) -> str:
+        if stat is None:
+            return "—"
+        return _n(stat.get("mean")) if numeric else _most_chosen(stat)
+
+    def ref(stat: dict | None, column: str) -> str:
+        return _n(((stat or {}).get("summary") or {}).get(column))
+
     rows = []
     for r in fork["rounds"]:
-        def cell(stat: dict | None) -> str:
-            if stat is None:
-                return "—"
-            if numeric:
-                return _n(stat.get("mean"))
-            top = stat.get("leader_share")
-            return "—" if top is None else f"{_e(stat['leader'] if stat['leader'] is not None else 'tie')} ({_pct(top)})"
-        def ref(stat: dict | None, column: str) -> str:
-            return _n(((stat or {}).get("summary") or {}).get(column))
         cells = [_n(r["round"]), cell(r["parent"]), "(shared)" if r["shared"] else cell(r["fork"]),
                  *((("" if r["shared"] else _n(r["difference"])),) if numeric else ())]
         for c, _ in refs:

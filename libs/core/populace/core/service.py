@@ -216,18 +216,25 @@ class Service:
         transient failure, e.g. a leader election, heals), and after MAX_DELIVERIES it is
         dead-lettered with the error; on core NATS nothing comes again, and the error is logged
         once. Returns the FastStream exception that settles the message accordingly."""
-        error = f"{type(err).__name__}: {err}"
         if not bus.is_jetstream(raw):  # nothing comes again: one line, with the traceback
-            self.log.error("handler_failed", subject=raw.subject, error=error, exc_info=err)
+            self.log.error("handler_failed", subject=raw.subject, error=f"{type(err).__name__}: {err}", exc_info=err)
             return RejectMessage()
+        delay = await self.retry_later(raw, err)
+        return RejectMessage() if delay is None else NackMessage(delay=delay)
+
+    async def retry_later(self, raw: Msg, err: Exception) -> float | None:
+        """The policy for a JetStream message whose handling failed: the delay before it comes
+        again (logged), or None once it came `max_deliveries` times: then it is dead-lettered
+        with the error (and terminated), once."""
+        error = f"{type(err).__name__}: {err}"
         delivered = raw.metadata.num_delivered or 1
         if delivered >= self.max_deliveries:
-            await self.dead_letter(raw, f"handler failed {delivered} times, last: {error}", terminate=False)
-            return RejectMessage()
+            await self.dead_letter(raw, f"handler failed {delivered} times, last: {error}")
+            return None
         delay = retry_delay(delivered, self.retry_delays_s)
         self.log.warning("handler_failed_retrying", subject=raw.subject, delivery=delivered, retry_in_s=delay,
                          error=error)
-        return NackMessage(delay=delay)
+        return delay
 
     def publishes(self, subject: str, model: type[BaseModel], description: str = "") -> None:
         """Document a subject this service publishes (with its payload model) in AsyncAPI."""

@@ -75,10 +75,10 @@ class OutcomeSink:
         self._env = env
         # A valid numeric measure outside the simulation's declared range for the run is not
         # possible: the row is invalid (named), as the recorder would refuse the batch.
-        tables = sim.tables()
         instance = getattr(env, "sim", None)
-        self._measure = tables.measure if tables.measure_kind == "numeric" and instance is not None else None
-        self._range = sim.measure_range(instance.params) if self._measure else None
+        run_tables = sim.tables_for(instance.params) if instance is not None else None
+        self._range = run_tables.measure_range if run_tables else None
+        self._measure = run_tables.measure if self._range is not None else None
         self._batch_size = batch_size
         self._emit = emit
         self._grouped = grouped

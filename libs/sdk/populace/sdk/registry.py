@@ -79,10 +79,7 @@ class Resolved:
 
     def tables(self) -> SimulationTables:
         """The simulation's tables for this run: with its measure's declared range."""
-        tables = self.simulation.tables()
-        if tables.measure_kind != "numeric":
-            return tables
-        return tables.model_copy(update={"measure_range": self.simulation.measure_range(self.params)})
+        return self.simulation.tables_for(self.params)
 
     def instance(self, run_id: str = "", cast=None) -> Simulation:
         c = self.config

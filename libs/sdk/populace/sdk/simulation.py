@@ -162,6 +162,14 @@ class Simulation:
         )
 
     @classmethod
+    def tables_for(cls, params: Params) -> SimulationTables:
+        """The tables of a run with these parameters: with its numeric measure's declared range."""
+        tables = cls.tables()
+        if tables.measure_kind != "numeric":
+            return tables
+        return tables.model_copy(update={"measure_range": cls.measure_range(params)})
+
+    @classmethod
     def check(cls) -> None:
         """Raise SimulationError listing what is wrong with this declaration."""
         problems: list[str] = []

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from faststream.exceptions import RejectMessage
 from faststream.middlewares import AckPolicy
 from faststream.nats import JStream, PullSub
 from faststream.nats.annotations import NatsMessage
@@ -128,10 +127,10 @@ class Environment:
         except BadPartial as err:
             if msg is None:  # read again from the stream: dead-lettered when it first came
                 self.svc.log.warning("bad_partial_skipped", run_id=partial.run_id, error=str(err))
-                return
-            await self.svc.dead_letter(msg.raw_message, err, terminate=False)
-            if reject:
-                raise RejectMessage() from None
+            elif reject:
+                raise Refused(str(err)) from None  # dead-lettered once by the service
+            else:  # a partial that waited for its round: acknowledged when it came, so copied
+                await self.svc.dead_letter(msg.raw_message, err, terminate=False)
 
     async def drain_refused(self, tally: RunTally) -> None:
         """Early partials the round's announcement refused: dead letters now (they were

@@ -4,16 +4,16 @@ run's simulation environment. Pure: no broker; the service does the I/O around i
 Partials are keyed by share (`host@epoch`), never by host alone: a replayed partial counts
 once, a replacement's share replaces the one it was placed for, and a partial from a share
 the round's newest announcement does not list never counts. Partials that arrive before
-their round's announcement wait for it, and are checked when it comes.
+their round's announcement wait for it, and are checked when it comes. Partials are merged
+in share order, so the decision does not depend on arrival order. A round announced again
+with a new placement (a lost host's agents re-placed) is decided again once the new shares'
+partials are in; the survivors' partials are kept for that until the next round opens.
 
 A partial is refused (BadPartial: the service dead-letters it, with the reason) when it is
 from a share of the round's epoch that the run never placed, counts other than its share's
 agents, is for a round that is not open nor next, or carries a payload that is not the
 simulation's partial. A straggler (a replaced share's, a decided round's) is dropped quietly:
-it is recovery at work, not an attack. They are merged in share order, so the decision does
-not depend on arrival order. A round announced again with a new placement (a lost host's
-agents re-placed) is decided again once the new shares' partials are in; the survivors'
-partials are kept for that until the next round opens.
+it is recovery at work, not an attack.
 """
 
 from __future__ import annotations
@@ -47,7 +47,9 @@ class Counted:
 
 
 @dataclass
-class Refused:
+class RefusedPartial:
+    """A partial that came before its round's announcement and that the announcement refuses."""
+
     partial: RoundPartial
     reason: str
     source: object = None
@@ -61,7 +63,7 @@ class RunTally:
     opened: dict[int, RoundOpen] = field(default_factory=dict)  # round -> its newest announcement
     partials: dict[int, dict[str, Counted]] = field(default_factory=dict)
     decided: dict[int, frozenset[str]] = field(default_factory=dict)  # round -> the shares it folded
-    refused: list[Refused] = field(default_factory=list)  # early partials an announcement refused: drain it
+    refused: list[RefusedPartial] = field(default_factory=list)  # early partials an announcement refused: drain it
 
     @property
     def epoch(self) -> int:
@@ -89,7 +91,7 @@ class RunTally:
             if why is not None or (key not in opened.shares and counted.partial.epoch < opened.epoch):
                 parts.pop(key)  # refused, or a share this placement replaced
                 if why is not None:
-                    self.refused.append(Refused(counted.partial, why, counted.source))
+                    self.refused.append(RefusedPartial(counted.partial, why, counted.source))
         return self._maybe_close(r)
 
     @staticmethod

@@ -26,7 +26,7 @@ from populace.core.contracts import (
     LlmCallBatch, OutcomeBatch, RoundResult, RunDone, RunRecorded, RunResumed, RunStarted, SimulationTables,
     SpawnBatch,
 )
-from populace.core.service import MAX_DELIVERIES, Service, retry_delay
+from populace.core.service import MAX_DELIVERIES, Service
 from populace.core.settings import Settings
 from populace.core.telemetry import tracer
 from populace.recorder.columns import BadColumns, check_outcomes
@@ -124,14 +124,10 @@ class Recorder:
             try:
                 await self.handle([raw])
             except Exception as err:  # noqa: BLE001
-                delivered = raw.metadata.num_delivered or 1
-                error = f"{type(err).__name__}: {err}"
-                if delivered >= MAX_DELIVERIES:
-                    await self.svc.dead_letter(raw, f"not stored after {delivered} deliveries, last: {error}")
-                else:
-                    self.svc.log.warning("ingest_retrying", subject=raw.subject, delivery=delivered, error=error)
+                delay = await self.svc.retry_later(raw, err)  # the services' policy: retry, then dead letter
+                if delay is not None:
                     try:
-                        await raw.nak(delay=retry_delay(delivered))
+                        await raw.nak(delay=delay)
                     except Exception as nak_err:  # noqa: BLE001 - it comes again after the ack wait
                         self.svc.log.warning("nak_failed", error=str(nak_err))
 

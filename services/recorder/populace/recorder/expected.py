@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from populace.core.contracts import LlmCallBatch, OutcomeBatch
+from populace.core.contracts import LlmCallBatch, OutcomeBatch, share_key
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ def outcome_refusal(batch: OutcomeBatch, ranges: list[tuple[int, int]] | None, f
     """Why `batch` is refused (None: it is expected). `ranges`: its share's (first, count)
     ranges, None if the run never placed that share; `from_round`: the first round the share
     plays; `recorded`: per agent, whether the batch's round already has its outcome."""
-    key = f"{batch.host_id}@{batch.epoch}"
+    key = share_key(batch.host_id, batch.epoch)
     if ranges is None:
         return f"share {key} was never placed in run {batch.run_id}"
     if batch.round > shape.rounds:

@@ -109,6 +109,10 @@ class ShareRecord:
     replaced_from: int | None  # the first round another share plays its agents in
     from_round: int = 1  # the first round it plays
 
+    def counts_in(self, round_: int) -> bool:
+        """Whether what it sends about `round_` counts: not once it was replaced."""
+        return self.replaced_from is None or round_ < self.replaced_from
+
 
 def _share(key: str) -> tuple[str, int]:
     host_id, _, epoch = key.rpartition("@")
@@ -229,7 +233,7 @@ class Store:
         if not shares:
             return True
         share = shares.get(share_key(host_id, epoch))
-        return share is not None and (share.replaced_from is None or round_ < share.replaced_from)
+        return share is not None and share.counts_in(round_)
 
     def _place(self, m: SpawnBatch) -> None:
         """A share placed: it replaces, from its first round on, every share whose agents it
@@ -378,7 +382,7 @@ class Store:
                 kept.append(b)
                 continue
             share = shares.get(share_key(b.host_id, b.epoch))
-            if share is not None and share.replaced_from is not None and b.round >= share.replaced_from:
+            if share is not None and not share.counts_in(b.round):
                 continue
             seen = self.recorded(run_id, b.round)
             why = outcome_refusal(b, share.ranges if share else None, share.from_round if share else 1, shape, seen)
