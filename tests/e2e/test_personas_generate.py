@@ -33,7 +33,7 @@ def test_template_mode_100k_takes_seconds_and_meets_the_quotas(tmp_path):
             counts[rec["profile"]["education"]] += 1
             lines += 1
     assert lines == res.count == 100_000
-    assert counts == {level: 20_000 for level in LEVELS}
+    assert counts == dict.fromkeys(LEVELS, 20000)
     assert res.categories == dict(counts)
     print(f"\ntemplate: 100,000 personas in {seconds:.1f}s")
     assert seconds < 30
@@ -48,7 +48,7 @@ def test_local_mode_50_personas_through_smollm2(tmp_path):
     seconds = time.perf_counter() - t0
     rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
     assert len(rows) == res.count == 50
-    assert Counter(r["profile"]["education"] for r in rows) == {level: 10 for level in LEVELS}
+    assert Counter(r["profile"]["education"] for r in rows) == dict.fromkeys(LEVELS, 10)
     modes = Counter(r["provenance"]["mode"] for r in rows)
     for r in rows:
         persona, prov = r["persona"], r["provenance"]

@@ -52,7 +52,7 @@ def test_profiles_and_manifest_are_recorded(played):
         counts = dict(con.execute("SELECT profile->>'education', count(*) FROM agent_profiles "
                                   "WHERE run_id = ? GROUP BY 1", [run_id]).fetchall())
         manifest = json.loads(con.execute("SELECT manifest_json FROM runs WHERE run_id = ?", [run_id]).fetchone()[0])
-    assert counts == {level: 10 for level in LEVELS}
+    assert counts == dict.fromkeys(LEVELS, 10)
     assert manifest["run_id"] == run_id and len(manifest["config_hash"]) == 64
     assert manifest["config"]["prompt"] == {"system": "strategies", "answer": "cot", "persona": True,
                                             "population_note": True}

@@ -11,11 +11,11 @@ import sys
 import time
 
 import pytest
+from populace_ratio_game.params import GameConfig
+from populace_ratio_game.prompts import answer_schema, system_prompt
 
 from populace.core import bus, subjects
 from populace.core.contracts import InferBatch, InferReply, LlmCallBatch, ModelConfig, ServiceInfo
-from populace_ratio_game.params import GameConfig
-from populace_ratio_game.prompts import answer_schema, system_prompt
 from populace.gateway.launch import register_forever, start_local, wait_healthy
 
 pytestmark = pytest.mark.e2e
@@ -43,7 +43,7 @@ async def gateway_registered(nc, timeout: float = 120.0) -> None:
             if any(s.service == "gateway" for s in await bus.registry_entries(js, subjects.SERVICES_BUCKET,
                                                                                ServiceInfo)):
                 return
-        except Exception:  # noqa: BLE001 - the bucket is not created yet
+        except Exception:
             pass
         await asyncio.sleep(0.2)
     raise AssertionError("the gateway did not register")

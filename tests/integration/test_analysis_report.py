@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 import duckdb
 import numpy as np
 import pytest
+from populace_ratio_game import RatioGame
 from scipy import stats as st
 
 from populace.analysis import (
@@ -30,10 +31,16 @@ from populace.analysis import (
     write_report,
 )
 from populace.core.contracts import (
-    LlmCallBatch, OutcomeBatch, RoundResult, RunConfig, RunDone, RunStarted, SpawnBatch, Usage,
+    LlmCallBatch,
+    OutcomeBatch,
+    RoundResult,
+    RunConfig,
+    RunDone,
+    RunStarted,
+    SpawnBatch,
+    Usage,
 )
 from populace.recorder.store import Event, Store
-from populace_ratio_game import RatioGame
 
 EDU = ["elementary school", "high school", "bachelor's", "master's", "Ph.D."]
 BASE = {"elementary school": 55.0, "high school": 48.0, "bachelor's": 40.0, "master's": 34.0, "Ph.D.": 25.0}
@@ -164,7 +171,7 @@ def test_round_table_matches_numpy(con):
 
 
 def test_run_info_reads_the_ratio_game_from_its_tables_and_class(con):
-    assert LEGACY_TABLES == RatioGame.tables()  # old databases are read with the game's real tables
+    assert RatioGame.tables() == LEGACY_TABLES  # old databases are read with the game's real tables
     info = run_info(con, "edu-s1")
     assert (info["simulation"], info["outcome_table"], info["summary_table"]) == ("ratio-game", "guesses", "rounds")
     assert (info["measure"], info["measure_kind"], info["grouped"], info["noun"]) == ("value", "numeric", False, "guess")

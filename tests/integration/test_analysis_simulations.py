@@ -39,7 +39,14 @@ from populace.analysis import (
 )
 from populace.analysis.queries import MAX_GROUP_LINES, MAX_OPTIONS
 from populace.core.contracts import (
-    Column, OutcomeBatch, RoundResult, RunConfig, RunDone, RunStarted, SimulationTables, SpawnBatch,
+    Column,
+    OutcomeBatch,
+    RoundResult,
+    RunConfig,
+    RunDone,
+    RunStarted,
+    SimulationTables,
+    SpawnBatch,
 )
 from populace.recorder.store import Event, Store
 from populace.sdk import Agent, Env, GroupEnv, Outcome, Params, Partial, Simulation, Summary

@@ -30,15 +30,15 @@ import duckdb
 import nats
 import nats.errors
 import pytest
-from populace.core.processes import stop_all
-from populace.core import bus, checkpoints, subjects
+
+from populace.cli import steer
 from populace.client.prepare import prepare
+from populace.client.run import RunOutcome, new_run_id, play, run_state
+from populace.core import bus, checkpoints, subjects
 from populace.core.contracts import HostInfo, RoundOpen, RunConfig, RunStart, ServiceInfo
 from populace.core.hostauth import with_hosts
 from populace.core.natsserver import EmbeddedNats
-
-from populace.cli import steer
-from populace.client.run import RunOutcome, new_run_id, play, run_state
+from populace.core.processes import stop_all
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -366,7 +366,7 @@ async def wait_registered(nc, procs, tmp_path: Path, timeout: float = 40.0) -> N
         try:
             svcs = {s.service for s in await bus.registry_entries(js, subjects.SERVICES_BUCKET, ServiceInfo)}
             hosts = {h.host_id for h in await bus.registry_entries(js, subjects.HOSTS_BUCKET, HostInfo)}
-        except Exception:  # noqa: BLE001 - buckets not created yet
+        except Exception:
             svcs, hosts = set(), set()
         if set(SERVICES) <= svcs and HOST_ID in hosts:
             return
@@ -516,7 +516,7 @@ async def test_replicas_user_registers_replicas(server, monkeypatch):
         async def registered() -> bool:
             try:
                 return (await kv.get("rep-0")).value is not None
-            except Exception:  # noqa: BLE001
+            except Exception:
                 return False
 
         deadline = time.monotonic() + 10

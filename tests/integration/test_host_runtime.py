@@ -7,6 +7,8 @@ import asyncio
 import os
 
 import pytest
+from populace_ratio_game import Player
+from populace_ratio_game.parsing import parse_guess
 
 from populace.agent_host.runtime import HostRuntime
 from populace.core.contracts import RunConfig, SpawnBatch
@@ -15,8 +17,6 @@ from populace.population.cast import cast_from_records
 from populace.sdk import ScriptedLLM
 from populace.sdk.process import ProcessAgent
 from populace.sdk.simulation import SimulationError
-from populace_ratio_game import Player
-from populace_ratio_game.parsing import parse_guess
 
 
 def answers(key: int, prompt: str) -> str:

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import duckdb
-
 import pytest
+from populace_ratio_game import RatioGame
 
 from populace.core.contracts import (
-    Column, LlmCallBatch, OutcomeBatch, RoundResult, RunConfig, RunDone, RunResumed, RunStarted, SimulationTables,
+    Column,
+    LlmCallBatch,
+    OutcomeBatch,
+    RoundResult,
+    RunConfig,
+    RunDone,
+    RunResumed,
+    RunStarted,
+    SimulationTables,
     SpawnBatch,
 )
 from populace.recorder.store import Event, Store, StoreError
-from populace_ratio_game import RatioGame
 
 TABLES = RatioGame.tables()  # the ratio game keeps its historic tables: guesses, rounds
 
@@ -30,7 +37,7 @@ def events(run_id="r1", rounds: int = 1) -> list[Event]:
                                                tables=TABLES)),
         Event("spawn-a", "spawn", SpawnBatch(run_id=run_id, host_id="a", ranges=[(0, 10)], config=cfg)),
         Event("spawn-b", "spawn", SpawnBatch(run_id=run_id, host_id="b", ranges=[(10, 10)], config=cfg)),
-        Event("g-a-0", "outcomes", guess_batch(run_id, 1, "a", 0, list(range(0, 10)))),
+        Event("g-a-0", "outcomes", guess_batch(run_id, 1, "a", 0, list(range(10)))),
         Event("g-b-0", "outcomes", guess_batch(run_id, 1, "b", 0, list(range(10, 20)))),
         Event("partial", "partial", None),
         Event("result", "round.result", RoundResult(
@@ -199,7 +206,7 @@ def test_a_resume_replaces_the_rounds_it_replays_and_stale_epochs_never_count(tm
     store = Store(tmp_path / "x.duckdb")
     cfg = RunConfig(agents=20, rounds=2)
     first = events(rounds=2)[:3]  # started, spawn a, spawn b
-    ids_a, ids_b = list(range(0, 10)), list(range(10, 20))
+    ids_a, ids_b = list(range(10)), list(range(10, 20))
     store.ingest(first + [
         Event("r1.g1a", "outcomes", guess_batch("r1", 1, "a", 0, ids_a)),
         Event("r1.g1b", "outcomes", guess_batch("r1", 1, "b", 0, ids_b)),
@@ -240,7 +247,7 @@ def test_a_lost_hosts_share_placed_again_replaces_only_its_agents_rows_from_the_
     the result decided with b never count; the result decided again counts."""
     store = Store(tmp_path / "x.duckdb")
     cfg = RunConfig(agents=20, rounds=2)
-    ids_a, ids_b = list(range(0, 10)), list(range(10, 20))
+    ids_a, ids_b = list(range(10)), list(range(10, 20))
     store.ingest(events(rounds=2)[:3] + [
         Event("r1.g1a", "outcomes", guess_batch("r1", 1, "a", 0, ids_a)),
         Event("r1.g1b", "outcomes", guess_batch("r1", 1, "b", 0, ids_b)),
@@ -277,9 +284,9 @@ def test_only_the_outcomes_a_run_expects_are_stored_whatever_their_message_ids(t
     evs = events()
     store.ingest(evs[:3])  # started, spawn a (agents 0-9), spawn b (10-19)
     forged = [
-        Event("x1", "outcomes", guess_batch("r1", 1, "host-9", 0, list(range(0, 10)))),
+        Event("x1", "outcomes", guess_batch("r1", 1, "host-9", 0, list(range(10)))),
         Event("x2", "outcomes", guess_batch("r1", 1, "a", 1, list(range(5, 15)))),
-        Event("x3", "outcomes", guess_batch("r1", 2, "a", 2, list(range(0, 10)))),
+        Event("x3", "outcomes", guess_batch("r1", 2, "a", 2, list(range(10)))),
         Event("x4", "outcomes", guess_batch("r1", 1, "b", 3, [10, 11, 11])),
         Event("x5", "calls", LlmCallBatch(run_id="r1", round=1, batch_id="b", agent_ids=[3, 25], replicas=["r", "r"],
                                           prompt_tokens=[1, 1], completion_tokens=[1, 1], latency_ms=[1.0, 1.0],
@@ -295,7 +302,7 @@ def test_only_the_outcomes_a_run_expects_are_stored_whatever_their_message_ids(t
         "x5": "agent 25: run r1 has 20 agents",
     }
     # a replay of a stored batch under a new id (or none: the stream sequence), now and after a restart
-    replay = Event("seq:991", "outcomes", guess_batch("r1", 1, "a", 0, list(range(0, 10))))
+    replay = Event("seq:991", "outcomes", guess_batch("r1", 1, "a", 0, list(range(10))))
     assert dict(store.ingest([replay]).refused) == {"seq:991": "agent 0 already has an outcome in round 1"}
     store.close()
     again = Store(tmp_path / "x.duckdb")
@@ -310,7 +317,7 @@ def test_a_valid_value_outside_the_runs_declared_range_is_refused():
     from populace.recorder.columns import BadColumns, check_outcomes
 
     tables = TABLES.model_copy(update={"measure_range": (0.0, 100.0)})
-    fine = guess_batch("r1", 1, "a", 0, list(range(0, 10)))
+    fine = guess_batch("r1", 1, "a", 0, list(range(10)))
     assert check_outcomes(fine, tables).columns["value"] == fine.columns["value"]
     forged = fine.model_copy(update={"columns": {"value": [5.0] * 9 + [1e308]}})
     with pytest.raises(BadColumns, match=r"columns.value\[9\]: 1e\+308 is outside the run's declared range \[0, 100\]"):

@@ -4,6 +4,7 @@ its invariants; subject helpers build bounded, well-formed subjects."""
 from __future__ import annotations
 
 import inspect
+
 import pytest
 from pydantic import BaseModel, ValidationError
 

@@ -7,11 +7,11 @@ has) is refused; a simulation env that raises is named."""
 from __future__ import annotations
 
 import pytest
+from populace_ratio_game.rules import partial_of
 
 from populace.core.contracts import RoundOpen, RoundPartial, RunConfig
 from populace.environment.tally import BadPartial, EnvironmentFailed, RunTally
 from populace.sdk.registry import resolve
-from populace_ratio_game.rules import partial_of
 
 CONFIG = RunConfig(agents=7, rounds=3)
 H1 = [(0, 10.0), (1, 20.0), (2, None), (3, 90.0)]  # 4 agents

@@ -279,7 +279,7 @@ def hinfo(host_id: str, started_at: float = 1.0, agents: int = 0, capacity: int 
 
 def _running(placement, rounds: int = 5) -> RunState:
     s = new_run("r", RunConfig(agents=sum(c for rs in placement.values() for _, c in rs), rounds=rounds), placement,
-                {h: 1.0 for h in placement})
+                dict.fromkeys(placement, 1.0))
     for h in placement:
         s, _ = on_spawned(s, h)
     s, _ = on_result(s, result(1, run_id="r", shares=tuple(f"{h}@0" for h in sorted(placement))))
@@ -298,8 +298,8 @@ def test_a_silent_hosts_share_is_placed_again_on_the_hosts_up_and_replays_the_ro
     assert sorted(r for sh in moved for r in sh.ranges) == [(10, 10), (20, 10)]  # h2's 20 agents, split
     assert {sh.host_id for sh in moved} == {"h1", "h3"} and all(sh.from_round == 2 for sh in moved)
     assert actions == [workflow.SpawnShares(tuple(sh.key for sh in moved))]
-    assert "agent-host h2 stopped (no heartbeat for 30s) during round 2: its 20 agents re-placed on h1, h3" \
-        == new.reason
+    assert new.reason \
+        == "agent-host h2 stopped (no heartbeat for 30s) during round 2: its 20 agents re-placed on h1, h3"
     # the survivors keep their shares (and what they already played)
     assert new.spawned == ["h1@0", "h3@0"]
     # the replacements restore from round 1's checkpoint, written in the old layout

@@ -261,8 +261,8 @@ def test_unique_template_mode_keeps_quotas_exactly_and_uses_k_personas(tmp_path)
     res = P.generate(EDUCATION, out, 100, "template", 7, None, None, 8, False)
     rows = list(read_jsonl(out))
     assert len(rows) == res.count == 100 and res.unique == 7
-    assert Counter(r["profile"]["education"] for r in rows) == {lvl: 20 for lvl in LEVELS}
-    assert res.categories == {lvl: 20 for lvl in LEVELS}
+    assert Counter(r["profile"]["education"] for r in rows) == dict.fromkeys(LEVELS, 20)
+    assert res.categories == dict.fromkeys(LEVELS, 20)
     assert len({json.dumps(r["persona"], sort_keys=True) for r in rows}) == 7
     assert {r["provenance"]["persona_index"] for r in rows} == set(range(7))
     for r in rows:
@@ -278,7 +278,7 @@ def test_template_mode_writes_exact_quotas(tmp_path):
     res = P.generate(EDUCATION, out, 1000, "template", None, 3, None, 8, False)
     rows = list(read_jsonl(out))
     assert res.count == len(rows) == 1000 and res.path == out and res.model == "template"
-    assert res.category_attribute == "education" and res.categories == {lvl: 200 for lvl in LEVELS}
+    assert res.category_attribute == "education" and res.categories == dict.fromkeys(LEVELS, 200)
     assert Counter(r["profile"]["education"] for r in rows) == res.categories
     assert {r["provenance"]["mode"] for r in rows} == {"template"}
     assert {r["provenance"]["seed"] for r in rows} == {3}

@@ -125,9 +125,7 @@ def test_jsonl_roundtrip_and_quotas(tmp_path):
     assert '"model":null' in lines[0]
     records = list(read_jsonl(out))
     assert [r["provenance"]["index"] for r in records] == list(range(2000))
-    assert Counter(r["profile"]["education"] for r in records) == {
-        lvl: 400 for lvl in ("elementary school", "high school", "bachelor's", "master's", "Ph.D.")
-    }
+    assert Counter(r["profile"]["education"] for r in records) == dict.fromkeys(("elementary school", "high school", "bachelor's", "master's", "Ph.D."), 400)
     for r in records:
         assert r["persona"]["age"] == r["profile"]["age"]
         assert r["persona"]["gender"] == r["profile"]["gender"]

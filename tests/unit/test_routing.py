@@ -224,7 +224,7 @@ def test_prefix_affinity_fills_sim_caches_like_a_perfect_partition():
     from populace.gateway.sim import SimConfig, SimModel
 
     rng = random.Random(5)
-    words = "curious careful bold patient analytical playful stubborn generous cautious witty".split()
+    words = ["curious", "careful", "bold", "patient", "analytical", "playful", "stubborn", "generous", "cautious", "witty"]
     people = [f"You are persona {i}. " + " ".join(rng.choice(words) for _ in range(100)) for i in range(64)]
     keys = [prefix_key(p) for p in people]
     order = [rng.randrange(len(people)) for _ in range(3_000)]

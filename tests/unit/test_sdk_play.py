@@ -5,16 +5,16 @@ and a run gives identical rounds on one host, on several, and one agent per proc
 from __future__ import annotations
 
 import pytest
+from populace_ratio_game import Guess, Player, RatioGame
 
 from populace.core.contracts import RunConfig
-from populace.sdk import GroupEnv, InferError, ScriptedLLM
-from populace.sdk.llm import ModelUnavailable
-from populace.sdk.hosting import host_run
-from populace.sdk.local import run_local
 from populace.core.ranges import outside
+from populace.sdk import GroupEnv, InferError, ScriptedLLM
+from populace.sdk.hosting import host_run
+from populace.sdk.llm import ModelUnavailable
+from populace.sdk.local import run_local
 from populace.sdk.play import OutcomeSink, RoundFailed
 from populace.sdk.registry import resolve
-from populace_ratio_game import Guess, Player, RatioGame
 
 
 def share(agents: int = 10, config: RunConfig | None = None):

@@ -12,8 +12,8 @@ from populace.gateway.sim import (
     SimModel,
     SimStats,
     count_tokens,
-    response_schema,
     render_metrics,
+    response_schema,
 )
 
 SYSTEM = "You are a player in a guessing game. " * 40  # ~1440 chars, ~360 tokens: many 16-token blocks

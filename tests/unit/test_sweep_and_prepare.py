@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from populace_ratio_game.params import COT_MAX_TOKENS
 
 from populace.cli.sweep import plan
 from populace.client.prepare import prepare, prepare_file
@@ -13,7 +14,6 @@ from populace.core.contracts import RunConfig
 from populace.core.objects import digest_of
 from populace.core.scenario import ScenarioError, parse_scenario
 from populace.core.sweep import expand, load_sweep, parse_sweep
-from populace_ratio_game.params import COT_MAX_TOKENS
 
 
 def scenario(data: dict) -> RunConfig:

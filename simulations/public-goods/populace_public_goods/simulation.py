@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from populace.sdk import LLM, Agent, Env, GroupEnv, Observation, Outcome, RunConfig, Simulation, State
-
 from populace_public_goods import prompts, rules
 from populace_public_goods.params import COT_MAX_TOKENS, MEMORY_ROUNDS, PublicGoodsParams
 from populace_public_goods.parsing import parse_contribution

@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from populace_public_goods import Contribution, Contributor, Group, GroupNews, PublicGoodsEnv
+from populace_public_goods.params import MEMORY_ROUNDS
 
 from populace.core.contracts import RunConfig
 from populace.sdk import Cast, InferError, ModelUnavailable, Persona, ScriptedLLM, resolve
 from populace.sdk.hosting import host_run
 from populace.sdk.play import OutcomeSink
-from populace_public_goods import Contribution, Contributor, Group, GroupNews, PublicGoodsEnv
-from populace_public_goods.params import MEMORY_ROUNDS
 
 REQUEST = "How many tokens do you contribute this round?"
 
@@ -123,7 +123,7 @@ async def test_an_outage_is_never_recorded_as_an_answer_the_round_stops():
 
 async def test_the_smaller_last_group_is_told_its_size_and_shares_among_its_members():
     run = share(7)  # groups: 0-4 and 5-6
-    llm = says({i: 10 for i in range(7)})
+    llm = says(dict.fromkeys(range(7), 10))
     result, rows = await play(run, llm)
     assert [rows[i]["group"] for i in range(7)] == [0, 0, 0, 0, 0, 1, 1]
     assert rows[0]["payoff"] == 10 + 16.0  # 1.6 · 50 / 5
@@ -162,7 +162,7 @@ async def test_batches_that_cut_groups_give_the_same_round(batch_size):
 async def test_memory_is_bounded_and_the_prompt_shows_the_window():
     run = share(5, history_window=3)
     for r in range(1, MEMORY_ROUNDS + 4):
-        llm = says({i: r % 21 for i in range(5)})
+        llm = says(dict.fromkeys(range(5), r % 21))
         await play(run, llm, round_=r)
     agent = run.agents[0]
     assert len(agent.memory) == MEMORY_ROUNDS and agent.memory[-1][0] == MEMORY_ROUNDS + 3

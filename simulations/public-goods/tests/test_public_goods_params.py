@@ -6,12 +6,12 @@ from __future__ import annotations
 from fractions import Fraction
 
 import pytest
+from populace_public_goods import PublicGoods, PublicGoodsParams
 from pydantic import ValidationError
 
 from populace.core.contracts import RunConfig
 from populace.core.scenario import format_validation_error
 from populace.sdk import resolve
-from populace_public_goods import PublicGoods, PublicGoodsParams
 
 
 def error_of(**scenario) -> str:

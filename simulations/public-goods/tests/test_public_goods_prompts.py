@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from populace.core import synth
 from populace_public_goods.params import GameConfig, PromptConfig
 from populace_public_goods.parsing import parse_contribution
 from populace_public_goods.prompts import answer_schema, intro, num, system_prompt, user_prompt
+
+from populace.core import synth
 
 GAME = GameConfig(group_size=4, endowment=10, multiplier=1.6)
 

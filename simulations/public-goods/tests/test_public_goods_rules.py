@@ -8,7 +8,6 @@ import random
 from fractions import Fraction
 
 import pytest
-
 from populace_public_goods import rules
 from populace_public_goods.rules import GoodsPartial, equilibrium, merge, partial_of, settle_group
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 
 from populace.sdk.answers import answer_field
-
 from populace_ratio_game.rules import finite_in_range
 
 _NUMBER = re.compile(r"-?[0-9]+(?:\.[0-9]+)?")  # ASCII digits only

@@ -15,7 +15,6 @@ from collections.abc import Iterable
 from pydantic import Field
 
 from populace.sdk import Partial, Summary
-
 from populace_ratio_game.params import GameConfig
 
 # Two guesses whose distances to the target differ by less than this are a tie.

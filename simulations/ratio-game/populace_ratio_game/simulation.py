@@ -10,7 +10,6 @@ from __future__ import annotations
 from functools import cached_property
 
 from populace.sdk import LLM, Agent, Env, Observation, Outcome, RunConfig, Simulation, State
-
 from populace_ratio_game import prompts, rules
 from populace_ratio_game.params import COT_MAX_TOKENS, RatioParams
 from populace_ratio_game.parsing import parse_guess

@@ -5,11 +5,11 @@ from __future__ import annotations
 from fractions import Fraction
 
 import pytest
+from populace_ratio_game.params import COT_MAX_TOKENS, GameConfig, parse_ratio
 from pydantic import ValidationError
 
 from populace.core.contracts import RunConfig
 from populace.sdk.registry import resolve
-from populace_ratio_game.params import COT_MAX_TOKENS, GameConfig, parse_ratio
 
 
 @pytest.mark.parametrize("raw,value,fraction", [

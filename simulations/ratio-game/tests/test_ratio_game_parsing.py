@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from populace_ratio_game.params import GameConfig
 from populace_ratio_game.parsing import parse_guess
 from populace_ratio_game.prompts import history_text, system_prompt, user_prompt

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from populace_ratio_game.params import GameConfig, PromptConfig
 from populace_ratio_game.parsing import parse_guess
 from populace_ratio_game.prompts import ANSWER_INSTRUCTIONS, SYSTEM_FAMILIES, answer_schema, system_prompt, user_prompt

@@ -7,10 +7,16 @@ import random
 from fractions import Fraction
 
 import pytest
-
 from populace_ratio_game.params import GameConfig
 from populace_ratio_game.rules import (
-    TIE_EPS, GuessPartial, decide_round, describe, equilibrium, merge, partial_of, target,
+    TIE_EPS,
+    GuessPartial,
+    decide_round,
+    describe,
+    equilibrium,
+    merge,
+    partial_of,
+    target,
 )
 
 Guess = tuple[int, float | None]  # (agent_id, value or None when invalid)

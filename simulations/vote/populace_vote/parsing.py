@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from populace.sdk.answers import answer_field
-
 from populace_vote.params import option_key
 
 Lookup = Mapping[str, str]  # option_key(text) -> the option as the scenario wrote it

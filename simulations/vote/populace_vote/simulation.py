@@ -9,7 +9,6 @@ from __future__ import annotations
 from functools import cached_property
 
 from populace.sdk import LLM, Agent, Env, Observation, Outcome, RunConfig, Simulation, State
-
 from populace_vote import prompts, tally
 from populace_vote.params import COT_MAX_TOKENS, DEFAULT_MAX_TOKENS, VoteParams, extra_answer_tokens
 from populace_vote.parsing import lookup_of, parse_choice

@@ -5,13 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from populace_vote import Choice, LastRound, Vote, Voter, prompts
 
 from populace.core.contracts import RunConfig
 from populace.population.cast import cast_from_records
 from populace.sdk import InferError, ScriptedLLM, resolve
-
-from populace_vote import Choice, LastRound, Vote, Voter
-from populace_vote import prompts
 
 CAST = cast_from_records([
     {"profile": {"education": "Ph.D.", "age": 61, "gender": "female"}, "persona": {"name": "Ana Lima"}},

@@ -4,13 +4,12 @@ scenario wrote it."""
 from __future__ import annotations
 
 import pytest
+from populace_vote.params import MAX_OPTIONS
 from pydantic import ValidationError
 
 from populace.core.contracts import RunConfig
 from populace.core.scenario import ScenarioError, format_validation_error
 from populace.sdk import resolve
-
-from populace_vote.params import MAX_OPTIONS
 
 
 def resolved(**sections):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from populace_vote.parsing import lookup_of, parse_choice
 
 OPTIONS = ("Yes", "No", "Not sure")

@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from populace.core import synth
-
 from populace_vote import prompts
 from populace_vote.params import BallotConfig, PromptConfig
+
+from populace.core import synth
 
 BALLOT = BallotConfig(question="Lower the voting age to 16?", options=("yes", "no", "undecided"))
 

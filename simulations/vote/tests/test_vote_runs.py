@@ -7,14 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
+from populace_vote import prompts
 
 from populace.core import synth
 from populace.core.contracts import RunConfig
 from populace.population.cast import cast_from_jsonl
 from populace.sdk import ScriptedLLM
 from populace.sdk.local import run_local
-
-from populace_vote import prompts
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 OPTIONS = ["yes", "no", "undecided"]

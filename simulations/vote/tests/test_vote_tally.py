@@ -6,7 +6,6 @@ from __future__ import annotations
 import random
 
 import pytest
-
 from populace_vote.tally import VoteCounts, count, merge, summarize
 
 OPTIONS = ("yes", "no", "undecided")

@@ -35,15 +35,16 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 import httpx
+
+# The bench measures the gateway on the paper's game (its prompts and answer schema).
+from populace_ratio_game.params import GameConfig
+from populace_ratio_game.prompts import answer_schema, system_prompt
 from rich.table import Table
 
 from populace.core import bus, subjects
 from populace.core.contracts import InferBatch, InferReply, ModelConfig, ReplicaInfo, ServiceInfo
 from populace.core.natsserver import EmbeddedNats
 from populace.core.settings import Settings
-# The bench measures the gateway on the paper's game (its prompts and answer schema).
-from populace_ratio_game.params import GameConfig
-from populace_ratio_game.prompts import answer_schema, system_prompt
 from populace.gateway.dispatcher import Dispatcher
 from populace.gateway.launch import ReplicaSet, register_forever, start_local, start_sim, wait_healthy
 from populace.gateway.replicas import ReplicaPool
@@ -159,7 +160,7 @@ async def routed_rps_mock(total: int = 20_000, batch_size: int = 1000) -> float:
 # -- 3./4. routing on simulated replicas ---------------------------------------------
 def personas(k: int, chars: int = 6000) -> list[str]:
     rng = random.Random(7)
-    words = "curious careful bold patient analytical playful stubborn generous cautious witty".split()
+    words = ["curious", "careful", "bold", "patient", "analytical", "playful", "stubborn", "generous", "cautious", "witty"]
     out = []
     for i in range(k):
         text = " ".join(rng.choice(words) for _ in range(chars // 8))
@@ -319,7 +320,7 @@ async def wait_for_gateway(nc, timeout: float = 60.0) -> None:
         try:
             if any(s.service == "gateway" for s in await bus.registry_entries(js, subjects.SERVICES_BUCKET, ServiceInfo)):
                 return
-        except Exception:  # noqa: BLE001 - buckets not created yet
+        except Exception:
             pass
         await asyncio.sleep(0.1)
     raise TimeoutError("the gateway did not start")

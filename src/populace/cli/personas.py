@@ -180,7 +180,8 @@ class _LlmGenerator:
                 self.tasks.add(asyncio.create_task(self._batch(chunk, attempt)))
 
     async def _batch(self, indexes: list[int], attempt: int) -> None:
-        from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
+        from nats.errors import NoRespondersError
+        from nats.errors import TimeoutError as NatsTimeout
 
         from populace.core import bus, subjects
         from populace.core.contracts import InferBatch, InferReply, ModelConfig
@@ -205,7 +206,7 @@ class _LlmGenerator:
                 raise PersonaGenerationError(
                     "no inference gateway answers llm.infer on this NATS server "
                     "(start a stack with `populace up`, or leave out --nats)") from None
-            except (NatsTimeout, asyncio.TimeoutError):
+            except (TimeoutError, NatsTimeout):
                 error = f"timeout: no reply in {REQUEST_TIMEOUT_S:.0f}s"
             else:
                 reply = InferReply.model_validate_json(msg.data)
@@ -259,7 +260,7 @@ async def _replica_models(nc, backend: str) -> list[str]:
 
     try:
         entries = await bus.registry_entries(nc.jetstream(), subjects.REPLICAS_BUCKET, ReplicaInfo)
-    except Exception:  # noqa: BLE001 - no bucket: no replicas
+    except Exception:
         return []
     return sorted({e.model for e in entries if e.backend == backend})
 

@@ -14,7 +14,14 @@ from populace.client.prepare import PreparedRun, prepare_fork
 from populace.client.run import RunOutcome, cancel, follow, play, resume, run_state
 from populace.core import bus, subjects
 from populace.core.contracts import (
-    ACTIVE_STATUSES, RESUMABLE_STATUSES, Budget, HostInfo, Restore, RunDone, RunStarted, RunState,
+    ACTIVE_STATUSES,
+    RESUMABLE_STATUSES,
+    Budget,
+    HostInfo,
+    Restore,
+    RunDone,
+    RunStarted,
+    RunState,
 )
 from populace.core.scenario import ScenarioError
 
@@ -62,7 +69,7 @@ async def cancel_run(url: str, rid: str, reason: str, wait_s: float = 30.0) -> t
             await cancel(nc, rid, reason)
             try:
                 stopped = await asyncio.wait_for(done, wait_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 stopped = None
         finally:
             await sub.unsubscribe()

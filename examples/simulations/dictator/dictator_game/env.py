@@ -17,9 +17,8 @@ from collections.abc import Sequence
 
 from pydantic import Field
 
-from populace.sdk import Env, Partial, State, Summary
-
 from dictator_game.agent import Gift, Heard
+from populace.sdk import Env, Partial, State, Summary
 
 
 class Gifts(Partial):

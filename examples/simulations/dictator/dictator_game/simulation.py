@@ -13,11 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from populace.sdk import Simulation
-
 from dictator_game.agent import PROMPT_VERSION, Dictator, Gift, Heard, answer_schema, system_prompt, user_prompt
 from dictator_game.env import DictatorEnv, RoundSummary
 from dictator_game.params import DictatorParams
+from populace.sdk import Simulation
 
 REASONING_MAX_TOKENS = 256  # room to think when the scenario sets no model.max_tokens
 

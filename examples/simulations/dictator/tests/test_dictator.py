@@ -13,12 +13,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from dictator_game import Dictator, DictatorEnv, DictatorGame, DictatorParams, Gift, Gifts, Heard, Past, parse_gift
 from pydantic import ValidationError
 
 from populace.sdk import Cast, InferError, ModelUnavailable, Persona, RunConfig, ScriptedLLM, load_simulation, resolve
 from populace.sdk.local import run_local
-
-from dictator_game import Dictator, DictatorEnv, DictatorGame, DictatorParams, Gift, Gifts, Heard, Past, parse_gift
 
 SCENARIO = Path(__file__).parent.parent / "scenario.yaml"
 
@@ -123,7 +122,7 @@ def test_reduce_counts_valid_gifts_only_and_merge_is_exact_in_any_order():
     outs = gifts(0, 4, 5, 9, None, 0, 3)
     whole = env.reduce(range(7), outs)
     assert whole == Gifts(n=6, total=21, zero=2, half=2)
-    parts = [env.reduce(range(0, 2), outs[:2]), env.reduce(range(2, 5), outs[2:5]), env.reduce(range(5, 7), outs[5:])]
+    parts = [env.reduce(range(2), outs[:2]), env.reduce(range(2, 5), outs[2:5]), env.reduce(range(5, 7), outs[5:])]
     assert env.merge(parts) == env.merge(parts[::-1]) == env.merge([env.merge(parts[:2]), parts[2]]) == whole
 
 

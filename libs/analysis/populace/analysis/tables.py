@@ -192,7 +192,7 @@ def _with_hints(base: dict, spec: SimulationTables, config: dict) -> RunTables:
         from populace.sdk.registry import load_simulation, resolve
 
         sim = load_simulation(name)
-    except Exception as err:  # noqa: BLE001 - any import failure means: analyse from the tables
+    except Exception as err:
         sim = None
         note = f"simulation {name!r} is not loadable here ({err}); figures use its recorded tables only"
     if sim is not None:
@@ -212,7 +212,7 @@ def _with_hints(base: dict, spec: SimulationTables, config: dict) -> RunTables:
             description = sim.describe(resolved.params)
             r = sim.measure_range(resolved.params)
             rng = (float(r[0]), float(r[1])) if r is not None else None
-        except Exception as err:  # noqa: BLE001 - params of another version: keep titles, drop theory
+        except Exception as err:
             note = (f"the run's parameters do not validate with the installed {name!r} ({err}); "
                     "no equilibrium or range drawn")
     trend = reference + trend_extra

@@ -161,7 +161,7 @@ def simulate(scenario: Scenario, **kwargs: Any) -> SimulationResult:
     def worker() -> None:
         try:
             box["result"] = asyncio.run(go())
-        except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
+        except BaseException as err:
             box["error"] = err
 
     thread = threading.Thread(target=worker, name="populace-simulate")

@@ -6,7 +6,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from populace.core.contracts import HostSpawned, Progress as ProgressTick, RoundOpen, RoundResult, RunConfig
+from populace.core.contracts import HostSpawned, RoundOpen, RoundResult, RunConfig
+from populace.core.contracts import Progress as ProgressTick
 
 
 def fmt(x: object, digits: int = 2) -> str:

@@ -16,8 +16,22 @@ from pydantic import ValidationError
 
 from populace.core import bus, objects, subjects
 from populace.core.contracts import (
-    Budget, HostSpawned, Progress, ReplicaInfo, Restore, RoundOpen, RoundResult, RunCancel, RunConfig, RunDone, RunRecorded,
-    RunResume, RunResumed, RunStart, RunStarted, RunState,
+    Budget,
+    HostSpawned,
+    Progress,
+    ReplicaInfo,
+    Restore,
+    RoundOpen,
+    RoundResult,
+    RunCancel,
+    RunConfig,
+    RunDone,
+    RunRecorded,
+    RunResume,
+    RunResumed,
+    RunStart,
+    RunStarted,
+    RunState,
 )
 
 EVENT_MODELS = {
@@ -91,7 +105,7 @@ class _Following:
         while True:
             try:
                 msg = await asyncio.wait_for(self.queue.get(), self.stall_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise RunStalled(f"run {self.rid}: no event for {self.stall_s:.0f}s") from None
             now = time.monotonic()
             kind = "progress" if msg.subject.startswith("progress.") else subjects.kind_of(msg.subject)

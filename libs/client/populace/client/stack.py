@@ -131,7 +131,7 @@ class Stack:
                     hosts = [h for h in await bus.registry_entries(js, subjects.HOSTS_BUCKET, HostInfo)
                              if counted(h.pid)]
                     reps = await bus.registry_entries(js, subjects.REPLICAS_BUCKET, ReplicaInfo) if self.replicas else []
-                except Exception:  # noqa: BLE001 - buckets not created yet
+                except Exception:
                     svcs, hosts, reps = set(), [], []
                 if set(CORE_SERVICES) <= svcs and len(hosts) >= self.hosts and len(reps) >= self.replicas:
                     return

@@ -18,7 +18,12 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, ObjectStoreConfig, StorageType, StreamConfig
 from nats.js.errors import (
-    BadRequestError, BucketNotFoundError, KeyNotFoundError, NoKeysError, NoStreamResponseError, NotFoundError,
+    BadRequestError,
+    BucketNotFoundError,
+    KeyNotFoundError,
+    NoKeysError,
+    NoStreamResponseError,
+    NotFoundError,
     ServiceUnavailableError,
 )
 from nats.js.kv import KeyValue
@@ -96,7 +101,7 @@ async def connect_or_fail(url: str, name: str, timeout_s: float = 10.0, **kw) ->
 
     try:
         return await asyncio.wait_for(connect(url, name, error_cb=remember, **kw), timeout_s)
-    except Exception as err:  # noqa: BLE001 - any failure to connect is reported the same way
+    except Exception as err:
         last = errors[-1] if errors else f"{type(err).__name__}: {err}"
         raise ConnectionError(f"cannot connect to NATS at {url}: {last}") from None
 
@@ -273,7 +278,7 @@ class Heartbeat:
             await asyncio.sleep(self._every)
             try:
                 await self._beat()
-            except Exception as err:  # noqa: BLE001 - keep beating through reconnects
+            except Exception as err:
                 log.warning("heartbeat_failed", key=self._key, error=str(err))
 
     async def stop(self, delete: bool = True) -> None:
@@ -282,7 +287,7 @@ class Heartbeat:
         if delete:
             try:
                 await self._kv.delete(self._key)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
 
 
@@ -298,7 +303,7 @@ async def registry_entries(js: JetStreamContext, bucket: str, model: type[M],
         keys = await kv.keys()
     except NoKeysError:
         return []
-    except Exception:  # noqa: BLE001
+    except Exception:
         if strict:
             raise
         return []
@@ -309,7 +314,7 @@ async def registry_entries(js: JetStreamContext, bucket: str, model: type[M],
             entry = await kv.get(key)
         except KeyNotFoundError:
             continue  # deleted meanwhile
-        except Exception:  # noqa: BLE001
+        except Exception:
             if strict:
                 raise
             continue

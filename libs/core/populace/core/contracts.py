@@ -10,10 +10,9 @@ so one message carries ~1,000 agents and validates in pydantic-core, not per age
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Annotated, ClassVar, Literal
-
-import math
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 

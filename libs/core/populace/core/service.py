@@ -148,7 +148,7 @@ class Service:
         for fn in self._shutdown_hooks:
             try:
                 await fn()
-            except Exception as err:  # noqa: BLE001
+            except Exception as err:
                 self.log.warning("shutdown_hook_failed", error=str(err))
         if self._heartbeat:
             await self._heartbeat.stop()
@@ -271,12 +271,12 @@ class Service:
         if terminate and bus.is_jetstream(msg) and not msg._ackd:
             try:
                 await msg.term()
-            except Exception as err:  # noqa: BLE001
+            except Exception as err:
                 self.log.warning("dead_letter_term_failed", error=str(err))
         try:
             await self.broker.publish(msg.data, subjects.dlq(self.name),
                                       headers=bus.dlq_headers(msg.subject, reason, f"{self.name}.{os.getpid()}"))
-        except Exception as err:  # noqa: BLE001
+        except Exception as err:
             self.log.error("dead_letter_publish_failed", error=str(err))
 
     async def run(self) -> None:

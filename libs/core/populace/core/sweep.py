@@ -23,7 +23,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from populace.core.contracts import Count, RunConfig
 from populace.core.scenario import (
-    ScenarioError, format_validation_error, load_scenario_data, load_yaml_mapping, validated,
+    ScenarioError,
+    format_validation_error,
+    load_scenario_data,
+    load_yaml_mapping,
+    validated,
 )
 
 MAX_RUNS = 10_000

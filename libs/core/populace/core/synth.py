@@ -34,7 +34,7 @@ def seeded_value(seed: int, round_: int, key: int, max_value: int) -> int:
 class _Draws:
     """Stream i of (seed, round, key): stream 0 is seeded_value itself."""
 
-    __slots__ = ("seed", "round", "key", "i")
+    __slots__ = ("i", "key", "round", "seed")
 
     def __init__(self, seed: int, round_: int, key: int) -> None:
         self.seed, self.round, self.key, self.i = seed, round_, key, 0

@@ -297,7 +297,7 @@ class _InvalidAttribute(_Strict):
     @classmethod
     def _explain(cls, value: Any) -> Any:
         if not isinstance(value, dict):
-            raise ValueError(f"an attribute must be a mapping (got {value!r})")  # noqa: TRY004
+            raise ValueError(f"an attribute must be a mapping (got {value!r})")
         found = {k: [key for key in keys if key in value] for k, keys in _KIND_KEYS.items()}
         found = {k: v for k, v in found.items() if v}
         if not found:

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 
 class Agent:
-    __slots__ = ("id", "persona", "sim", "memory")
+    __slots__ = ("id", "memory", "persona", "sim")
 
     memory_size: ClassVar[int] = 5  # items `remember` keeps (the oldest go first)
     state_fields: ClassVar[tuple[str, ...]] = ("memory",)  # what a checkpoint saves

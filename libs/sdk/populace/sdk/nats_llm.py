@@ -11,7 +11,8 @@ import json
 import random
 
 from nats.aio.client import Client
-from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
 
 from populace.core import logs, metrics, subjects, telemetry
 from populace.core.contracts import InferBatch, InferReply, ModelConfig, Usage
@@ -32,7 +33,7 @@ SECONDS_PER_TOKEN = 0.05
 class _Pending:
     """Requests waiting to leave in one batch: they share a system prompt and a schema."""
 
-    __slots__ = ("system", "schema", "keys", "prompts", "prefix", "futs", "bytes", "timer")
+    __slots__ = ("bytes", "futs", "keys", "prefix", "prompts", "schema", "system", "timer")
 
     def __init__(self, system: str, schema: dict | None) -> None:
         self.system, self.schema = system, schema
@@ -166,7 +167,7 @@ class InferSession:
                 pending = still
                 if not pending:
                     return
-            except (NatsTimeout, NoRespondersError, InferError, asyncio.TimeoutError) as err:
+            except (TimeoutError, NatsTimeout, NoRespondersError, InferError) as err:
                 error = f"{type(err).__name__}: {err}"
             now = loop.time()
             failing_since = now if failing_since is None else failing_since
@@ -197,12 +198,12 @@ class InferSession:
             while True:
                 left = deadline - loop.time()
                 if left <= 0:
-                    raise asyncio.TimeoutError(f"no answer within {self._timeout:g}s")
+                    raise TimeoutError(f"no answer within {self._timeout:g}s")
                 try:
                     msg = await sub.next_msg(timeout=min(self._silence_s, left))
                 except NatsTimeout:
                     if deadline - loop.time() <= 0:
-                        raise asyncio.TimeoutError(f"no answer within {self._timeout:g}s") from None
+                        raise TimeoutError(f"no answer within {self._timeout:g}s") from None
                     raise InferError(f"no gateway has the batch (silent for {self._silence_s:g}s)") from None
                 headers = msg.headers or {}
                 if headers.get("Status") == "503":

@@ -154,7 +154,7 @@ class OutcomeSink:
         if self.failure is None:
             try:
                 self._partials.append(self._env.reduce(ids, outs))
-            except Exception as err:  # noqa: BLE001 - the simulation's env: named, raised at close
+            except Exception as err:
                 self.failure = RoundFailed(f"{type(self._env).__name__}.reduce raised: {type(err).__name__}: {err}")
         batch = OutcomeBatch(self.seq, ids, columns, valid, raws, lat, errs, groups if self._grouped else None)
         self.seq += 1
@@ -169,7 +169,7 @@ class OutcomeSink:
             raise self.failure
         try:
             partial = self._env.merge(self._partials) if self._partials else None
-        except Exception as err:  # noqa: BLE001 - the simulation's env
+        except Exception as err:
             raise RoundFailed(f"{type(self._env).__name__}.merge raised: {type(err).__name__}: {err}") from err
         return RoundShare(self.n, self.n_valid, partial, self.seq)
 
@@ -227,7 +227,7 @@ class RoundPlayer:
                 if not finished.done():
                     finished.set_result(None)
                 return
-            except Exception as err:  # noqa: BLE001 - a user agent's bug is that agent's invalid outcome
+            except Exception as err:
                 out, error = failed(err)
             if deliver is None:
                 add(agent.id, out, (now() - started) * 1000.0, error)
@@ -300,13 +300,13 @@ class RoundPlayer:
             if self._failure is None:
                 try:
                     news = env.settle(round_, g, [m[0].id for m in members], [m[1] for m in members])
-                except Exception as err:  # noqa: BLE001 - the simulation's env failed: the run cannot go on
+                except Exception as err:
                     self._failure = RoundFailed(f"{type(env).__name__}.settle raised in round {round_} "
                                                 f"(group {g}): {type(err).__name__}: {err}")
             for member, outcome, lat, err in members:
                 try:
                     member.settled(outcome, news)
-                except Exception as exc:  # noqa: BLE001 - the agent's own bug, kept with its outcome
+                except Exception as exc:
                     err = err or f"agent: settled raised {type(exc).__name__}: {exc}"
                 sink.add(member.id, outcome, lat, err, g)
 

@@ -53,7 +53,7 @@ def _child_main(conn: Connection, agent: Agent) -> None:
         if msg[0] == "settled":
             try:
                 agent.settled(msg[1], msg[2])
-            except Exception:  # noqa: BLE001, S110 - the host already recorded the outcome
+            except Exception:
                 pass
             continue
         if msg[0] == "state":
@@ -66,7 +66,7 @@ def _child_main(conn: Connection, agent: Agent) -> None:
             out = loop.run_until_complete(agent.turn(msg[1], llm))
         except InferError as err:
             conn.send(("infer_error", str(err)))
-        except Exception as err:  # noqa: BLE001
+        except Exception as err:
             conn.send(("raised", f"{type(err).__name__}: {err}"))
         else:
             conn.send(("done", out))
@@ -75,7 +75,7 @@ def _child_main(conn: Connection, agent: Agent) -> None:
 class ProcessAgent(Agent):
     """Host-side proxy of an agent that runs in its own process."""
 
-    __slots__ = ("proc", "conn", "pid")
+    __slots__ = ("conn", "pid", "proc")
 
     def __init__(self, agent: Agent) -> None:
         super().__init__(agent.id, agent.persona, agent.sim)
@@ -96,7 +96,7 @@ class ProcessAgent(Agent):
             loop.remove_reader(fd)
             try:
                 fut.set_result(self.conn.recv())
-            except Exception as err:  # noqa: BLE001 - the child died
+            except Exception as err:
                 fut.set_exception(err)
 
         loop.add_reader(fd, ready)

@@ -45,7 +45,7 @@ def load_simulation(name: str) -> type[Simulation]:
         what = f"simulation {name!r} (import path)"
         try:
             obj = getattr(importlib.import_module(module_name), attr)
-        except Exception as err:  # noqa: BLE001 - an import may fail any way; the message names it
+        except Exception as err:
             raise SimulationError(f"{what}: cannot import: {type(err).__name__}: {err}") from None
     else:
         found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
@@ -57,7 +57,7 @@ def load_simulation(name: str) -> type[Simulation]:
         what = f"simulation {name!r} (package {found[0].value.split(':')[0]})"
         try:
             obj = found[0].load()
-        except Exception as err:  # noqa: BLE001
+        except Exception as err:
             raise SimulationError(f"{what}: cannot import: {type(err).__name__}: {err}") from None
     if not (isinstance(obj, type) and issubclass(obj, Simulation)):
         raise SimulationError(f"{what} is {obj!r}, not a populace.sdk.Simulation subclass")

@@ -10,14 +10,23 @@ import gc
 import os
 import time
 
+from faststream import FastStream
 from faststream.nats.annotations import NatsMessage
 from pydantic import ValidationError
 
-from faststream import FastStream
 from populace.agent_host.runtime import HostRuntime
 from populace.core import bus, checkpoints, objects, subjects, telemetry
 from populace.core.contracts import (
-    HostInfo, HostSpawned, InferBatch, OutcomeBatch, Progress, RoundOpen, RoundPartial, RunDone, RunFault, SpawnBatch,
+    HostInfo,
+    HostSpawned,
+    InferBatch,
+    OutcomeBatch,
+    Progress,
+    RoundOpen,
+    RoundPartial,
+    RunDone,
+    RunFault,
+    SpawnBatch,
 )
 from populace.core.scenario import format_validation_error
 from populace.core.service import Refused, Service

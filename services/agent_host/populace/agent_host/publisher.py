@@ -11,8 +11,8 @@ from nats.js import JetStreamContext
 
 from populace.core import bus, metrics, subjects, telemetry
 from populace.core.contracts import OutcomeBatch, Progress, RoundPartial, Usage
-from populace.sdk.play import OutcomeBatch as Batch, RoundShare
-
+from populace.sdk.play import OutcomeBatch as Batch
+from populace.sdk.play import RoundShare
 
 PUBACK_WAIT_S = 10.0
 

@@ -22,9 +22,9 @@ from populace.core.settings import Settings
 from populace.core.telemetry import tracer
 from populace.population.cast import Cast
 from populace.sdk.hosting import HostedRun, host_run
+from populace.sdk.llm import ModelUnavailable
 from populace.sdk.nats_llm import InferSession
 from populace.sdk.play import OutcomeSink
-from populace.sdk.llm import ModelUnavailable
 from populace.sdk.registry import resolve
 
 log = logs.get("populace.agent_host")
@@ -136,7 +136,7 @@ class HostRuntime:
                 log.error("model_unavailable", error=reason)
                 if self._report_fault is not None:
                     await self._report_fault(run.run_id, opened.round, reason, run.epoch, True)
-            except Exception as err:  # noqa: BLE001 - the simulation's code (or the bus) failed the round
+            except Exception as err:
                 reason = (f"simulation {run.resolved.config.simulation!r} failed on {self.host_id} in round "
                           f"{opened.round}: {err}")
                 log.error("round_failed", error=reason)

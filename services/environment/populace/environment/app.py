@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from faststream import FastStream
 from faststream.middlewares import AckPolicy
 from faststream.nats import JStream, PullSub
 from faststream.nats.annotations import NatsMessage
@@ -17,7 +18,6 @@ from nats.js.api import DeliverPolicy
 from opentelemetry.context import Context
 from pydantic import ValidationError
 
-from faststream import FastStream
 from populace.core import bus, checkpoints, metrics, subjects, telemetry
 from populace.core.contracts import RoundOpen, RoundPartial, RoundResult, RunFault, RunState, share_key
 from populace.core.scenario import format_validation_error

@@ -150,7 +150,7 @@ class RunTally:
             state, summary = env.decide(state, opened.round, total)
             observation = env.observe(state, opened.round + 1)
             summary = sim.Summary.model_validate(summary.model_dump())
-        except Exception as err:  # noqa: BLE001 - the simulation's code: the run fails, named
+        except Exception as err:
             raise EnvironmentFailed(f"simulation {sim.name!r}: its environment failed to decide round "
                                     f"{opened.round}: {type(err).__name__}: {err}") from err
         return RoundResult(

@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 
 import httpx
-
 from faststream import FastStream
 from faststream.nats.annotations import NatsMessage
+
 from populace.core import bus, metrics, subjects
 from populace.core.contracts import InferBatch, InferReply, LlmCallBatch
 from populace.core.service import Service
@@ -64,7 +64,7 @@ class Gateway:
         # machine): wait for it rather than answer with an error.
         try:
             await asyncio.wait_for(self.ready.wait(), STARTING_WAIT_S)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise RuntimeError(f"the gateway is still starting after {STARTING_WAIT_S:g}s") from None
         return self.replicas
 
@@ -73,7 +73,7 @@ class Gateway:
             await bus.publish_js(self.svc.js, subjects.run_calls(batch.run_id, batch.round,
                                                                  self.svc.settings.gateway_id),
                                  calls, msg_id=f"{batch.batch_id}.calls")
-        except Exception as err:  # noqa: BLE001 - the answers went out; losing a record is logged
+        except Exception as err:
             self.svc.log.error("calls_record_failed", batch=batch.batch_id, error=str(err))
 
     async def keep_alive(self, reply_to: str) -> None:
@@ -83,7 +83,7 @@ class Gateway:
         while True:
             try:
                 await self.svc.nc.publish(reply_to, b"", headers=headers)
-            except Exception as err:  # noqa: BLE001 - the next beat tries again
+            except Exception as err:
                 self.svc.log.warning("keepalive_failed", error=str(err))
             await asyncio.sleep(self.svc.settings.gateway_keepalive_s)
 
@@ -123,7 +123,7 @@ class Gateway:
                     attributes={"populace.run_id": batch.run_id, "populace.round": batch.round,
                                 "populace.backend": batch.model.backend, "populace.prompts": len(batch.keys)}):
                 reply, calls = await (await self.backend_for(batch.model.backend)).serve(batch)
-        except Exception as err:  # noqa: BLE001 - the caller gets an explicit error, not a timeout
+        except Exception as err:
             stats["errors"] += 1
             self.svc.log.warning("infer_failed", batch=batch.batch_id, error=str(err))
             reply, calls = InferReply(batch_id=batch.batch_id, error=f"{type(err).__name__}: {err}"), None

@@ -168,7 +168,7 @@ class Dispatcher:
             self._waiters.append(fut)
             try:
                 await asyncio.wait_for(fut, remaining)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     def _wake(self, everyone: bool = False) -> None:

@@ -173,6 +173,6 @@ async def register_forever(nats_url: str, rs: ReplicaSet, every_s: float = 2.0) 
         for r in rs.replicas:  # best effort and quick: the TTL removes what is left
             try:
                 await asyncio.wait_for(kv.delete(r.info.replica_id), 1.0)
-            except BaseException:  # noqa: BLE001 - cancelled or timed out while shutting down
+            except BaseException:
                 pass
         await nc.close()

@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import httpx
-
 from opentelemetry.trace import SpanKind, StatusCode
 
 from populace.core import telemetry

@@ -160,7 +160,7 @@ class ReplicaPool:
             await asyncio.sleep(self._poll)
             try:
                 await self.refresh()
-            except Exception as err:  # noqa: BLE001 - keep polling through reconnects
+            except Exception as err:
                 log.warning("replica_refresh_failed", error=str(err))
 
     async def stop(self) -> None:

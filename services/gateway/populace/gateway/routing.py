@@ -36,8 +36,18 @@ from fractions import Fraction
 from typing import Protocol, runtime_checkable
 
 __all__ = [
-    "ROUTER_NAMES", "DEFAULT_VNODES", "ReplicaLoad", "Router", "RoundRobinRouter",
-    "LeastLoadedRouter", "PrefixAffinityRouter", "RoutingStats", "make_router", "prefix_key", "affinity_keys", "eligible_replicas",
+    "DEFAULT_VNODES",
+    "ROUTER_NAMES",
+    "LeastLoadedRouter",
+    "PrefixAffinityRouter",
+    "ReplicaLoad",
+    "RoundRobinRouter",
+    "Router",
+    "RoutingStats",
+    "affinity_keys",
+    "eligible_replicas",
+    "make_router",
+    "prefix_key",
 ]
 
 ROUTER_NAMES = ("round-robin", "least-loaded", "prefix-affinity")
@@ -153,7 +163,7 @@ class _Ring:
 class _Key:
     """What the router remembers about one prefix key."""
 
-    __slots__ = ("homes", "weight", "last", "dropped")
+    __slots__ = ("dropped", "homes", "last", "weight")
 
     def __init__(self) -> None:
         self.homes: list[str] = []  # replicas that hold this prefix; homes[0] is its primary home
@@ -218,9 +228,30 @@ class PrefixAffinityRouter:
     """
 
     name = "prefix-affinity"
-    __slots__ = ("load_factor", "vnodes", "window", "key_factor", "spill_factor", "slack", "hot_fraction",
-                 "hot_min", "max_keys", "stats", "_snum", "_sden", "_rings", "_last_ids", "_hashes", "_owners",
-                 "_keys", "_win", "_assigned", "_routed", "_nkeys", "_tick")
+    __slots__ = (
+        "_assigned",
+        "_hashes",
+        "_keys",
+        "_last_ids",
+        "_nkeys",
+        "_owners",
+        "_rings",
+        "_routed",
+        "_sden",
+        "_snum",
+        "_tick",
+        "_win",
+        "hot_fraction",
+        "hot_min",
+        "key_factor",
+        "load_factor",
+        "max_keys",
+        "slack",
+        "spill_factor",
+        "stats",
+        "vnodes",
+        "window",
+    )
 
     def __init__(self, load_factor: float = 1.25, vnodes: int = DEFAULT_VNODES, *, window: int = 1024,
                  key_factor: float = 1.0, spill_factor: float = 2.0, slack: float = 4.0,

@@ -13,6 +13,7 @@ import contextlib
 import time
 from collections.abc import Callable
 
+from faststream import FastStream
 from faststream.middlewares import AckPolicy
 from faststream.nats import JStream, PullSub
 from faststream.nats.annotations import NatsMessage
@@ -22,11 +23,21 @@ from opentelemetry import trace
 from opentelemetry.trace import Span
 from pydantic import ValidationError
 
-from faststream import FastStream
 from populace.core import bus, checkpoints, metrics, subjects, telemetry
 from populace.core.contracts import (
-    HostInfo, HostSpawned, RoundOpen, RoundResult, RunCancel, RunDone, RunFault, RunResume, RunResumed, RunStart,
-    RunStarted, RunState, SpawnBatch,
+    HostInfo,
+    HostSpawned,
+    RoundOpen,
+    RoundResult,
+    RunCancel,
+    RunDone,
+    RunFault,
+    RunResume,
+    RunResumed,
+    RunStart,
+    RunStarted,
+    RunState,
+    SpawnBatch,
 )
 from populace.core.placement import PlacementError, place
 from populace.core.scenario import format_validation_error
@@ -90,7 +101,7 @@ class Orchestrator:
         silent_s = settings.host_lost_s
         try:
             await self.adopt_unfinished_runs()
-        except Exception as err:  # noqa: BLE001
+        except Exception as err:
             self.svc.log.warning("runs_adopt_failed", error=str(err))
         missing: dict[str, int] = {}  # host id -> consecutive beats it was seen stale or absent
         while True:
@@ -101,7 +112,7 @@ class Orchestrator:
             try:
                 fresh = await bus.registry_entries(self.svc.js, subjects.HOSTS_BUCKET, HostInfo,
                                                    fresh_within_s=silent_s, strict=True)
-            except Exception as err:  # noqa: BLE001 - no verdict from a failed read
+            except Exception as err:
                 self.svc.log.warning("host_watch_read_failed", error=str(err))
                 continue
             up = {h.host_id for h in fresh}
@@ -113,7 +124,7 @@ class Orchestrator:
                     await self.advance(rid, lambda s: self.check(s, fresh, live))
                 except Refused:  # its state is gone: nothing left to watch
                     self.watched.pop(rid, None)
-                except Exception as err:  # noqa: BLE001 - a KV hiccup: look again next beat
+                except Exception as err:
                     self.svc.log.warning("host_watch_failed", run_id=rid, error=str(err))
 
     def check(self, state: RunState, hosts: list[HostInfo], live: set[str]) -> tuple[RunState, list]:
@@ -176,7 +187,7 @@ class Orchestrator:
                 return await self.reject(rid, f"cannot fork: {err}")
         try:
             await kv.create(rid, bus.encode(state))
-        except Exception:  # noqa: BLE001 - key exists: a replayed start of a known run
+        except Exception:
             self.svc.log.info("run_start_replayed", run_id=rid)
             return
         run_span = self.spans[rid] = tracer.start_span(

@@ -13,7 +13,16 @@ import time
 from dataclasses import dataclass
 
 from populace.core.contracts import (
-    ACTIVE_STATUSES, RESUMABLE_STATUSES, Budget, HostInfo, Layout, Restore, RoundResult, RunConfig, RunState, Share,
+    ACTIVE_STATUSES,
+    RESUMABLE_STATUSES,
+    Budget,
+    HostInfo,
+    Layout,
+    Restore,
+    RoundResult,
+    RunConfig,
+    RunState,
+    Share,
     Usage,
 )
 from populace.core.placement import PlacementError, place_ranges

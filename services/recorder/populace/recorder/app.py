@@ -16,14 +16,21 @@ import time
 from collections import OrderedDict
 
 import nats.errors
+from faststream import FastStream
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from pydantic import BaseModel, ValidationError
 
-from faststream import FastStream
 from populace.core import bus, checkpoints, metrics, objects, subjects, telemetry
 from populace.core.contracts import (
-    LlmCallBatch, OutcomeBatch, RoundResult, RunDone, RunRecorded, RunResumed, RunStarted, SimulationTables,
+    LlmCallBatch,
+    OutcomeBatch,
+    RoundResult,
+    RunDone,
+    RunRecorded,
+    RunResumed,
+    RunStarted,
+    SimulationTables,
     SpawnBatch,
 )
 from populace.core.service import MAX_DELIVERIES, Service
@@ -84,14 +91,14 @@ class Recorder:
         if self.task:
             try:
                 await asyncio.wait_for(self.task, timeout=5.0)
-            except (asyncio.TimeoutError, asyncio.CancelledError):
+            except (TimeoutError, asyncio.CancelledError):
                 pass
         if self.sub:
             # Unsubscribe before the broker drains: draining waits for this subscription's
             # pending queue to be marked done, which fetch() never does, so it would hang.
             try:
                 await self.sub.unsubscribe()
-            except Exception as err:  # noqa: BLE001
+            except Exception as err:
                 self.svc.log.warning("unsubscribe_failed", error=str(err))
         self.store.close()
 
@@ -99,16 +106,16 @@ class Recorder:
         while not self.stopping:
             try:
                 msgs = await self.sub.fetch(batch=self.svc.settings.recorder_fetch, timeout=0.5)
-            except (asyncio.TimeoutError, nats.errors.TimeoutError):
+            except (TimeoutError, nats.errors.TimeoutError):
                 continue
-            except Exception as err:  # noqa: BLE001 - reconnects etc.: keep consuming
+            except Exception as err:
                 self.svc.log.warning("fetch_failed", error=str(err))
                 await asyncio.sleep(0.5)
                 continue
             beat = asyncio.create_task(self.keep_in_progress(msgs))
             try:
                 await self.handle(msgs)
-            except Exception as err:  # noqa: BLE001 - isolate the message that fails
+            except Exception as err:
                 self.svc.log.error("ingest_failed", messages=len(msgs), error=f"{type(err).__name__}: {err}")
                 await self.one_by_one(msgs)
             finally:
@@ -123,12 +130,12 @@ class Recorder:
                 continue
             try:
                 await self.handle([raw])
-            except Exception as err:  # noqa: BLE001
+            except Exception as err:
                 delay = await self.svc.retry_later(raw, err)  # the services' policy: retry, then dead letter
                 if delay is not None:
                     try:
                         await raw.nak(delay=delay)
-                    except Exception as nak_err:  # noqa: BLE001 - it comes again after the ack wait
+                    except Exception as nak_err:
                         self.svc.log.warning("nak_failed", error=str(nak_err))
 
     async def keep_in_progress(self, msgs: list[Msg]) -> None:
@@ -246,7 +253,7 @@ class Recorder:
         if last is not None:
             try:
                 await last.ack_sync()
-            except Exception as err:  # noqa: BLE001 - a floor a little behind only purges less
+            except Exception as err:
                 self.svc.log.warning("ack_sync_failed", error=str(err))
                 if not last._ackd:
                     await last.ack()
@@ -264,7 +271,7 @@ class Recorder:
             below = info.ack_floor.stream_seq + 1 if info.ack_floor else 1
             for subject in (subjects.run_outcomes_all(rid), subjects.run_calls_all(rid)):
                 await self.svc.js.purge_stream(subjects.RUN_STREAM, subject=subject, seq=below)
-        except Exception as err:  # noqa: BLE001
+        except Exception as err:
             self.svc.log.error("purge_failed", run_id=rid, error=str(err))
 
     async def prune_checkpoints(self, done: RunDone) -> int:
@@ -275,7 +282,7 @@ class Recorder:
             return 0
         try:
             return await checkpoints.prune(self.svc.js, done.run_id, keep)
-        except Exception as err:  # noqa: BLE001 - what is left is only storage
+        except Exception as err:
             self.svc.log.error("checkpoint_prune_failed", run_id=done.run_id, error=str(err))
             return 0
 

@@ -21,7 +21,15 @@ import numpy as np
 import pyarrow as pa
 
 from populace.core.contracts import (
-    LlmCallBatch, OutcomeBatch, RoundResult, RunDone, RunResumed, RunStarted, SimulationTables, SpawnBatch, Usage,
+    LlmCallBatch,
+    OutcomeBatch,
+    RoundResult,
+    RunDone,
+    RunResumed,
+    RunStarted,
+    SimulationTables,
+    SpawnBatch,
+    Usage,
     share_key,
 )
 from populace.population.errors import PopulationError
