@@ -29,6 +29,7 @@ from nats.js.errors import (
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 from pydantic import BaseModel, ValidationError
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from populace.core import admission, logs, subjects, telemetry
 from populace.core.contracts import RoundOpen, RunState
@@ -157,15 +158,16 @@ def _transient(err: Exception) -> bool:
 
 
 async def until_ready(step, what: str, attempts: int = 12, delay_s: float = 0.25):
-    """Run `step()` until it succeeds, retrying transient JetStream errors (bounded)."""
-    for attempt in range(attempts):
-        try:
+    """Run `step()` until it succeeds, retrying transient JetStream errors (bounded: the last
+    error is raised as it is; so is any other error, at once). Waits double from `delay_s`, up to 2 s."""
+    async for attempt in AsyncRetrying(
+        retry=retry_if_exception(_transient), stop=stop_after_attempt(attempts),
+        wait=wait_exponential(multiplier=delay_s, max=2.0), reraise=True,
+        before_sleep=lambda rs: log.info("jetstream_not_ready", what=what, attempt=rs.attempt_number,
+                                         error=type(rs.outcome.exception()).__name__),
+    ):
+        with attempt:  # `step` may be a lambda returning a coroutine: awaited here, not by tenacity
             return await step()
-        except Exception as err:
-            if not _transient(err) or attempt == attempts - 1:
-                raise
-            log.info("jetstream_not_ready", what=what, attempt=attempt + 1, error=type(err).__name__)
-            await asyncio.sleep(min(2.0, delay_s * 2**attempt))
 
 
 async def _ensure_stream(js: JetStreamContext, cfg: StreamConfig) -> None:
