@@ -359,6 +359,7 @@ async def run_state(js: JetStreamContext, run_id: str) -> RunState | None:
 async def open_refusal(js: JetStreamContext, opened: RoundOpen) -> str | None:
     """Why a round open is not the run's (`admission.open_refusal`), read against the run's
     state in KV `runs`; None: it is."""
+    # A poll for KV to catch up, not a retry of a failing call: plainer than tenacity's retry_if_result.
     deadline = time.monotonic() + STATE_LAG_S
     while True:
         state = await run_state(js, opened.run_id)

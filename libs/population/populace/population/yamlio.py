@@ -33,6 +33,8 @@ class DuplicateKeyError(yaml.YAMLError):
         )
 
 
+# Kept on PyYAML, not ruamel.yaml: ruamel's duplicate-key error names neither the mapping's path nor the first
+# key's line, and its safe loader makes `1:` an int key, so this node walk and constructor would stay as they are.
 class StrictLoader(yaml.SafeLoader):
     """``yaml.SafeLoader`` that rejects duplicate keys and keeps scalar keys as text."""
 

@@ -136,6 +136,8 @@ class InferSession:
         failing_since: float | None = None
         attempt, error = 0, ""
         loop = self._loop
+        # Hand-written, not tenacity: each pass re-sends only the prompts still unanswered, and the deadline
+        # restarts whenever a model answers some; tenacity retries one call until it succeeds.
         while True:
             part = batch if len(pending) == len(futs) else batch.model_copy(update={
                 "keys": [batch.keys[i] for i in pending], "prompts": [batch.prompts[i] for i in pending],

@@ -8,6 +8,8 @@ import json
 import math
 
 
+# Hand-written, not jsonschema: on these keywords both agree, but jsonschema's is_valid takes ~22 µs an answer against
+# ~2.6 µs here, ~10% of one dispatcher's routed requests/s (README: 5,345, goal ≥ 5,000).
 def check(text: str, schema: dict | None) -> bool:
     """True when `text` is JSON satisfying `schema` (no schema: any non-empty text)."""
     if schema is None:

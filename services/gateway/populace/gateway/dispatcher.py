@@ -125,6 +125,8 @@ class Dispatcher:
         self.calls += 1
         tried: set[str] = set()
         error = "no attempt made"
+        # Hand-written, not tenacity: the retry budget is shared by every call and each retry avoids the replicas
+        # already tried; with tenacity that state would move into custom stop/wait/hook callables.
         for attempt in range(self.s.gateway_attempts):
             if attempt:
                 if self.retries >= self.s.gateway_retry_budget * self.calls + 10:
