@@ -33,7 +33,8 @@ def _ok(value: object, schema: dict) -> bool:
     if kind in ("number", "integer"):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return False
-        if not math.isfinite(value) or (kind == "integer" and value != int(value)):
+        # only a float can be infinite (math.isfinite raises OverflowError on an int of 400 digits)
+        if (isinstance(value, float) and not math.isfinite(value)) or (kind == "integer" and value != int(value)):
             return False
         lo, hi = schema.get("minimum"), schema.get("maximum")
         return (lo is None or value >= lo) and (hi is None or value <= hi)
