@@ -112,7 +112,7 @@ def test_malformed_messages_are_dead_lettered_and_services_keep_serving(stack):
         js = nc.jetstream()
         try:
             before = (await js.stream_info(subjects.DLQ_STREAM)).state.messages
-            for service, subs in targets.items():
+            for subs in targets.values():
                 for s in subs:
                     if s == subjects.LLM_INFER:
                         reply = await nc.request(s, garbage, timeout=5)

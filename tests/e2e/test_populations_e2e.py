@@ -130,7 +130,7 @@ def test_a_sweep_with_a_bad_cell_runs_nothing(tmp_path):
 
 
 def test_rerun_from_the_manifest_reproduces_the_rounds(played):
-    tmp, db, run_id = played
+    _, db, run_id = played
     res = populace("rerun", run_id, "--db", str(db))
     assert res.returncode == 0, res.stderr[-3000:]
     assert f"of {run_id}" in res.stdout

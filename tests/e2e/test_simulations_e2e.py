@@ -112,7 +112,7 @@ def test_one_agent_per_process_on_the_fleet_gives_the_same_groups_and_payoffs(st
 def test_group_payoffs_recomputed_from_recorded_contributions_match(stack):
     data = {"simulation": "public-goods", "agents": 103, "rounds": 3, "model": {"latency_s": 0.0, "seed": 5},
             "game": {"group_size": 4, "endowment": 20, "multiplier": 1.6}}
-    prepared, out = fleet(stack, data)
+    _, out = fleet(stack, data)
     assert out.status == "completed", out.reason
     with duckdb.connect(stack.db, read_only=True) as con:
         # payoff = endowment - contribution + multiplier * (group total) / (group size); an
@@ -131,7 +131,7 @@ def test_group_payoffs_recomputed_from_recorded_contributions_match(stack):
 
 
 def test_an_agents_bug_is_its_invalid_outcome_and_the_run_goes_on(stack):
-    prepared, out = fleet(stack, {"simulation": "faulty_sims:Flaky", "agents": 100, "rounds": 2,
+    _, out = fleet(stack, {"simulation": "faulty_sims:Flaky", "agents": 100, "rounds": 2,
                                   "model": {"latency_s": 0.0}})
     assert out.status == "completed", out.reason
     with duckdb.connect(stack.db, read_only=True) as con:

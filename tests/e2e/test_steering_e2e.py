@@ -263,7 +263,7 @@ def test_ctrl_c_in_run_detaches_and_follow_sees_the_run_to_its_end(stack, tmp_pa
 
         rid = asyncio.run(_connected(stack, started))
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
+        _, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()

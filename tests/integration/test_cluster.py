@@ -139,7 +139,7 @@ def running_cluster(base: Path):
     logs = []
     try:
         for n in nodes.values():
-            logs.append(log := open(n.log, "ab"))  # noqa: SIM115 - the server's, closed below
+            logs.append(log := open(n.log, "ab"))
             n.proc = subprocess.Popen([find_binary(), "-c", str(n.conf)], stdout=log, stderr=log,
                                       start_new_session=True)
         wait_for_cluster(nodes)
@@ -185,7 +185,7 @@ def services(cluster, tmp_path_factory):
             penv = {**env, "POPULACE_NATS_URL": cluster[node].url}
             if service == "agent-host":
                 penv["POPULACE_HOST_ID"] = key.replace("agent-", "")  # host-0, host-1
-            logs.append(log := open(base / f"{key}.log", "ab"))  # noqa: SIM115 - closed below
+            logs.append(log := open(base / f"{key}.log", "ab"))
             procs[key] = subprocess.Popen([sys.executable, "-m", "populace.cli", "service", service],
                                           env=penv, stdout=log, stderr=log, start_new_session=True)
         asyncio.run(wait_registered(cluster[1].url, procs, base))

@@ -18,7 +18,8 @@ def running():
 
 
 def opened(state, **change) -> RoundOpen:
-    fields = dict(run_id="r1", round=state.round, expected=10, config=state.config, observation=state.observation,
+    fields = dict(run_id="r1", round=state.round, expected=10, config=state.config,  # noqa: C408 — merged below
+                  observation=state.observation,
                   env_state=state.env_state, opened_at=0.0, epoch=state.epoch,
                   shares={sh.key: sh.count for sh in state.shares})
     return RoundOpen(**{**fields, **change})

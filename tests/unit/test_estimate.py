@@ -29,7 +29,7 @@ def test_scaled_to_the_run_with_an_interval_that_covers_the_truth():
     population = [rng.randint(100, 300) for _ in range(100_000)]  # tokens per call of every agent
     truth = sum(population) * 3  # 3 rounds, one call per agent per round
     covered = 0
-    for trial in range(200):
+    for _ in range(200):
         pilot = rng.sample(population, 200)
         est = extrapolate(len(population), 3, 200, usage_of(pilot))
         assert est.calls == 300_000

@@ -321,7 +321,7 @@ def test_a_restarted_host_loses_its_share_at_once_and_may_take_it_back():
 
     state = _running({"h1": [(0, 10)], "h2": [(10, 10)]})
     restarted = [hinfo("h1", agents=10), hinfo("h2", started_at=9.0)]  # h2 heartbeats, as a new process
-    new, actions = workflow.on_hosts_lost(state, restarted, {"h1", "h2"}, 30.0)
+    new, _ = workflow.on_hosts_lost(state, restarted, {"h1", "h2"}, 30.0)
     assert new.reason.startswith("agent-host h2 restarted during round 2")
     moved = [sh for sh in new.shares if sh.epoch == 1]
     assert sum(sh.count for sh in moved) == 10 and all(sh.incarnation is not None for sh in moved)
@@ -430,7 +430,7 @@ def test_a_resume_before_any_round_restores_nothing_but_a_fork_keeps_its_parent(
     f = fork_run("f1", CONFIG, {"h9": [(0, 10)]}, parent, 2, {"winners": [1.0]}, {"history": [1.0]})
     assert (f.status, f.round, f.restore.run_id, f.restore.round, f.env_state) == (
         "spawning", 2, "r1", 2, {"winners": [1.0]})
-    f2, acts = on_spawned(f, "h9")
+    _, acts = on_spawned(f, "h9")
     assert acts == [OpenRound(3, 10)]  # a fork plays on from the round after its parent's
     fc, _ = on_cancel(f, "x")
     fr, _ = on_resume(fc, {"h9": [(0, 10)]})

@@ -313,7 +313,7 @@ def test_least_loaded_single_eligible_and_ties():
 
 
 # -- 5. no eligible replica, exclude, max_concurrency -----------------------------------------
-ALL = [pytest.param(lambda: make_router(n, seed=1), id=n) for n in ROUTER_NAMES]
+ALL = [pytest.param(lambda n=n: make_router(n, seed=1), id=n) for n in ROUTER_NAMES]
 
 
 @pytest.mark.parametrize("factory", ALL)

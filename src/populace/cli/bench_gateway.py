@@ -104,7 +104,8 @@ class GatewayBenchResult:
             ("  second half only (caches warm): prefix-affinity / round-robin",
              f"{f(self.details.get('prefix_affinity', {}).get('warm_hit_rate'))} / "
              f"{f(self.details.get('round_robin', {}).get('warm_hit_rate'))}", ""),
-            ("throughput prefix-affinity / round-robin (req/s)", f"{self.prefix_rps:,.0f} / {self.round_robin_rps:,.0f}", ""),
+            ("throughput prefix-affinity / round-robin (req/s)",
+             f"{self.prefix_rps:,.0f} / {self.round_robin_rps:,.0f}", ""),
             ("max replica share / mean, 100% shared prefix", f(self.max_share_over_mean), "≤ 1.25"),
             ("tokens per decision, one structured call", f(self.tokens_one_call), ""),
             ("tokens per decision, two calls (answer + extract)", f(self.tokens_two_calls), ""),
@@ -160,7 +161,8 @@ async def routed_rps_mock(total: int = 20_000, batch_size: int = 1000) -> float:
 # -- 3./4. routing on simulated replicas ---------------------------------------------
 def personas(k: int, chars: int = 6000) -> list[str]:
     rng = random.Random(7)
-    words = ["curious", "careful", "bold", "patient", "analytical", "playful", "stubborn", "generous", "cautious", "witty"]
+    words = ["curious", "careful", "bold", "patient", "analytical", "playful", "stubborn", "generous", "cautious",
+             "witty"]
     out = []
     for i in range(k):
         text = " ".join(rng.choice(words) for _ in range(chars // 8))
@@ -196,7 +198,7 @@ async def routing_run(router: str, sim_args: list[str], work: list[tuple[str, li
                 async def worker() -> None:
                     while queue:
                         i, (system, prompts) = queue.pop(0)
-                        reply, calls = await d.serve(batch(system, prompts, batch_id=f"{router}-{i}"))
+                        _, calls = await d.serve(batch(system, prompts, batch_id=f"{router}-{i}"))
                         counts.update(calls.replicas)
 
                 await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -268,8 +270,10 @@ async def gateway_latency(log_dir: str, n: int = 300) -> dict:
     with EmbeddedNats() as ns:
         env = {**os.environ, "POPULACE_NATS_URL": ns.url, "POPULACE_STORAGE": "memory",
                "POPULACE_PARENT_PID": str(os.getpid()), "POPULACE_LOG_LEVEL": "WARNING"}
-        gw = subprocess.Popen([sys.executable, "-m", "populace.cli", "service", "gateway"], env=env,
-                              stdout=subprocess.DEVNULL, stderr=open(f"{log_dir}/gateway.log", "wb"))
+        # started once before the measurement: blocking here costs nothing measured
+        with open(f"{log_dir}/gateway.log", "wb") as log:  # noqa: ASYNC230 — the child keeps its copy
+            gw = subprocess.Popen([sys.executable, "-m", "populace.cli", "service", "gateway"], env=env,  # noqa: ASYNC220
+                                  stdout=subprocess.DEVNULL, stderr=log)
         rs = start_sim(1, extra_args=["--time-scale", "0"], max_concurrency=256, log_dir=log_dir, prefix="lat")
         nc = await bus.connect(ns.url, "bench-gateway")
         try:
@@ -318,7 +322,8 @@ async def wait_for_gateway(nc, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            if any(s.service == "gateway" for s in await bus.registry_entries(js, subjects.SERVICES_BUCKET, ServiceInfo)):
+            services = await bus.registry_entries(js, subjects.SERVICES_BUCKET, ServiceInfo)
+            if any(s.service == "gateway" for s in services):
                 return
         except Exception:
             pass

@@ -103,13 +103,13 @@ class Stack:
 
     def _spawn(self, key: str, args: list[str], env: dict[str, str], service: bool = False) -> None:
         self.specs[key] = (args, env, service)
-        log = open(Path(self.log_dir) / f"{key}.log", "ab")  # type: ignore[arg-type]
         if self.metrics and service:
             self.metrics_ports[key] = free_port()
             env = {**env, "POPULACE_METRICS_PORT": str(self.metrics_ports[key])}
-        self.procs[key] = subprocess.Popen(
-            [sys.executable, *args], env=env, stdout=log, stderr=log, start_new_session=True,
-        )
+        with open(Path(self.log_dir) / f"{key}.log", "ab") as log:  # type: ignore[arg-type]  # the child keeps its copy
+            self.procs[key] = subprocess.Popen(
+                [sys.executable, *args], env=env, stdout=log, stderr=log, start_new_session=True,
+            )
 
     async def wait_ready(self, timeout: float = 60.0) -> None:
         """Until every service has registered in KV `services` and every host in `hosts`."""
@@ -123,14 +123,15 @@ class Stack:
                 # listed); a Stack that started none waits for whoever registers.
                 ours = {p.pid for p in self.procs.values() if p.poll() is None}
 
-                def counted(pid: int) -> bool:
+                def counted(pid: int, ours: set[int] = ours) -> bool:
                     return not self.procs or pid in ours
                 try:
                     svcs = {s.service for s in await bus.registry_entries(js, subjects.SERVICES_BUCKET, ServiceInfo)
                             if counted(s.pid)}
                     hosts = [h for h in await bus.registry_entries(js, subjects.HOSTS_BUCKET, HostInfo)
                              if counted(h.pid)]
-                    reps = await bus.registry_entries(js, subjects.REPLICAS_BUCKET, ReplicaInfo) if self.replicas else []
+                    reps = (await bus.registry_entries(js, subjects.REPLICAS_BUCKET, ReplicaInfo)
+                            if self.replicas else [])
                 except Exception:
                     svcs, hosts, reps = set(), [], []
                 if set(CORE_SERVICES) <= svcs and len(hosts) >= self.hosts and len(reps) >= self.replicas:
@@ -162,7 +163,8 @@ class Stack:
         for key, p in self.procs.items():
             if p.poll() is not None:
                 tail = self.log_tail(key)
-                raise StackError(f"service {key} exited with code {p.returncode}; log {self.log_dir}/{key}.log:\n{tail}")
+                raise StackError(f"service {key} exited with code {p.returncode}; "
+                                 f"log {self.log_dir}/{key}.log:\n{tail}")
 
     def log_tail(self, key: str, lines: int = 15) -> str:
         try:

@@ -58,8 +58,12 @@ class EmbeddedNats:
     def start(self, timeout: float = 15.0) -> EmbeddedNats:
         args = [find_binary(), "-js", "-a", self.host, "-p", str(self.port), "-sd", self.store_dir,
                 *self.extra_args]
-        out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
-        self.proc = subprocess.Popen(args, stdout=out, stderr=out, start_new_session=True)
+        if self.log_file:
+            with open(self.log_file, "ab") as out:  # the child keeps its own copy of the descriptor
+                self.proc = subprocess.Popen(args, stdout=out, stderr=out, start_new_session=True)
+        else:
+            self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                         start_new_session=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -49,7 +49,8 @@ def place(agents: int, hosts: list[HostInfo], unit: int = 1) -> dict[str, list[t
     return out
 
 
-def place_ranges(ranges: list[tuple[int, int]], hosts: list[HostInfo], unit: int = 1) -> dict[str, list[tuple[int, int]]]:
+def place_ranges(ranges: list[tuple[int, int]], hosts: list[HostInfo],
+                 unit: int = 1) -> dict[str, list[tuple[int, int]]]:
     """Split the agents of `ranges` (a lost share's, or a whole run's) over `hosts`, the way
     `place` splits 0..n-1: proportional to free capacity, groups of `unit` kept whole (each
     range starts on a group boundary, as `place` made it)."""

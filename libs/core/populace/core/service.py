@@ -134,7 +134,7 @@ class Service:
     async def _exit_when_orphaned(self, parent_pid: int) -> None:
         """A service started by `populace demo/up/bench` stops when that command dies,
         so a killed command never leaves services holding ports or the DuckDB file."""
-        while os.getppid() == parent_pid:
+        while os.getppid() == parent_pid:  # noqa: ASYNC110 — nothing signals a parent's death; we poll it
             await asyncio.sleep(1.0)
         self.log.warning("parent_exited", parent_pid=parent_pid)
         os.kill(os.getpid(), signal.SIGTERM)

@@ -114,7 +114,8 @@ class GroupEnv:
         self.sim = sim
         self.params = sim.params
 
-    def settle(self, round: int, group: int, agent_ids: Sequence[int], outcomes: Sequence[Outcome]) -> Any:  # pragma: no cover
+    def settle(self, round: int, group: int, agent_ids: Sequence[int],
+               outcomes: Sequence[Outcome]) -> Any:  # pragma: no cover
         """Every member of `group` has played `round`: fill in what depends on the whole group
         (e.g. payoffs) on the members' outcomes, in place, and return what the members hear
         (passed to each member's `Agent.settled`), or None."""

@@ -70,7 +70,8 @@ async def run_local(config: RunConfig | Resolved, *, run_id: str = "local", cast
     state = env.start()
     observation = None
     out = LocalResult(run_id, c, tables)
-    cols_out: dict[str, list] = {k: [] for k in ("run_id", "round", "agent_id", *(("group_id",) if tables.grouped else ()),
+    group_id = ("group_id",) if tables.grouped else ()
+    cols_out: dict[str, list] = {k: [] for k in ("run_id", "round", "agent_id", *group_id,
                                                  *(col.name for col in tables.outcome_columns),
                                                  "valid", "raw", "latency_ms", "error")}
     try:

@@ -31,9 +31,8 @@ def distribution(sim: type[Simulation]) -> tuple[str, str] | None:
     """(name, version) of the installed package that registers `sim` (for the run's manifest),
     or None for a simulation given by import path from an unregistered module."""
     for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.value == f"{sim.__module__}:{sim.__qualname__}" or ep.name == sim.name:
-            if ep.dist is not None:
-                return ep.dist.name, ep.dist.version
+        if (ep.value == f"{sim.__module__}:{sim.__qualname__}" or ep.name == sim.name) and ep.dist is not None:
+            return ep.dist.name, ep.dist.version
     return None
 
 

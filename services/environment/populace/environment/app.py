@@ -195,7 +195,7 @@ def create(settings: Settings | None = None) -> Service:
     env = Environment(svc)
     svc.on_ready(env.rebuild)
     run_stream = JStream(subjects.RUN_STREAM, declare=False)
-    durable = dict(stream=run_stream, deliver_policy=DeliverPolicy.NEW, ack_policy=AckPolicy.NACK_ON_ERROR)
+    durable = {"stream": run_stream, "deliver_policy": DeliverPolicy.NEW, "ack_policy": AckPolicy.NACK_ON_ERROR}
     svc.handle(subjects.ANY_ROUND_OPEN, RoundOpen, durable="environment-open",
                pull_sub=PullSub(batch_size=16), **durable)(env.on_round_open)
     svc.handle(subjects.ANY_PARTIAL, RoundPartial, durable="environment-partial",

@@ -69,12 +69,13 @@ def _local(bind: str) -> str:
 
 
 def _spawn(args: list[str], env: dict | None, log_dir: str | None, name: str) -> tuple[subprocess.Popen, str | None]:
-    out, path = subprocess.DEVNULL, None
-    if log_dir:
-        Path(log_dir).mkdir(parents=True, exist_ok=True)
-        path = str(Path(log_dir) / f"{name}.log")
-        out = open(path, "ab")
-    return subprocess.Popen(args, stdout=out, stderr=out, env=env, start_new_session=True), path
+    if not log_dir:
+        return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                                start_new_session=True), None
+    Path(log_dir).mkdir(parents=True, exist_ok=True)
+    path = str(Path(log_dir) / f"{name}.log")
+    with open(path, "ab") as out:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(args, stdout=out, stderr=out, env=env, start_new_session=True), path
 
 
 def start_local(count: int = 1, *, threads: int | None = None, ctx: int = 2048,
@@ -90,8 +91,8 @@ def start_local(count: int = 1, *, threads: int | None = None, ctx: int = 2048,
         proc, path = _spawn([sys.executable, "-m", "llama_cpp.server", "--model", gguf, "--host", bind,
                              "--port", str(port), "--n_ctx", str(ctx), "--n_threads", str(threads),
                              "--model_alias", SMOLLM2_NAME], None, log_dir, rid)
-        info = ReplicaInfo(replica_id=rid, url=f"http://{advertise or _local(bind)}:{port}", backend="local", kind="llamacpp",
-                           model=SMOLLM2_NAME, max_concurrency=max_concurrency, pid=proc.pid,
+        info = ReplicaInfo(replica_id=rid, url=f"http://{advertise or _local(bind)}:{port}", backend="local",
+                           kind="llamacpp", model=SMOLLM2_NAME, max_concurrency=max_concurrency, pid=proc.pid,
                            heartbeat_at=time.time())
         rs.replicas.append(ReplicaProcess(info, proc, path))
     return rs
@@ -124,8 +125,9 @@ def start_vllm(model: str, gpus: list[str], *, base_port: int = 8000, max_concur
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu}
         proc, path = _spawn(["vllm", "serve", model, "--host", bind, "--port", str(port),
                              "--enable-prefix-caching", *(extra_args or [])], env, log_dir, rid)
-        info = ReplicaInfo(replica_id=rid, url=f"http://{advertise or _local(bind)}:{port}", backend="openai", kind="vllm",
-                           model=model, max_concurrency=max_concurrency, pid=proc.pid, heartbeat_at=time.time())
+        info = ReplicaInfo(replica_id=rid, url=f"http://{advertise or _local(bind)}:{port}", backend="openai",
+                           kind="vllm", model=model, max_concurrency=max_concurrency, pid=proc.pid,
+                           heartbeat_at=time.time())
         rs.replicas.append(ReplicaProcess(info, proc, path))
     return rs
 
@@ -138,7 +140,7 @@ async def wait_healthy(rs: ReplicaSet, timeout: float = 120.0) -> None:
         while pending:
             for r in list(pending):
                 if not r.alive():
-                    tail = Path(r.log_path).read_text()[-2000:] if r.log_path else ""
+                    tail = Path(r.log_path).read_text()[-2000:] if r.log_path else ""  # noqa: ASYNC240 — failing anyway
                     raise LaunchError(f"replica {r.info.replica_id} exited ({r.proc.returncode}):\n{tail}")
                 for path in ("/health", "/v1/models"):
                     try:

@@ -392,7 +392,8 @@ class PrefixAffinityRouter:
             if r.healthy:
                 rid = r.replica_id
                 healthy.append(rid)
-                if not (r.max_concurrency > 0 and r.in_flight >= r.max_concurrency) and not (exclude and rid in exclude):
+                full = r.max_concurrency > 0 and r.in_flight >= r.max_concurrency
+                if not full and not (exclude and rid in exclude):
                     by_id[rid] = r
                     total_load += r.in_flight + r.waiting
         if not by_id:

@@ -121,7 +121,7 @@ class Orchestrator:
             live = up | {h for h, beats in missing.items() if beats < 2}
             for rid in list(self.watched):
                 try:
-                    await self.advance(rid, lambda s: self.check(s, fresh, live))
+                    await self.advance(rid, lambda s, fresh=fresh, live=live: self.check(s, fresh, live))
                 except Refused:  # its state is gone: nothing left to watch
                     self.watched.pop(rid, None)
                 except Exception as err:
@@ -295,7 +295,8 @@ class Orchestrator:
         if state.status in workflow.ACTIVE:
             return  # running already: nothing stopped, the asker follows the run
         await bus.publish_js(self.svc.js, subjects.run_done(state.run_id),
-                             RunDone(run_id=state.run_id, status=state.status if state.status != "done" else "completed",
+                             RunDone(run_id=state.run_id,
+                                     status=state.status if state.status != "done" else "completed",
                                      rounds=state.round, finished_at=time.time(), reason=reason, epoch=state.epoch),
                              msg_id=f"{state.run_id}.refused.{time.time_ns()}")
 
@@ -414,7 +415,7 @@ def create(settings: Settings | None = None) -> Service:
     # a leader election) gets the message again instead of losing it (which stalled the run).
     ctl_stream = JStream(subjects.CTL_STREAM, declare=False)
     run_stream = JStream(subjects.RUN_STREAM, declare=False)
-    durable = dict(deliver_policy=DeliverPolicy.NEW, ack_policy=AckPolicy.NACK_ON_ERROR)
+    durable = {"deliver_policy": DeliverPolicy.NEW, "ack_policy": AckPolicy.NACK_ON_ERROR}
     svc.handle(subjects.RUN_START, RunStart, stream=ctl_stream, durable="orchestrator-ctl",
                pull_sub=PullSub(batch_size=8), **durable)(orch.on_run_start)
     svc.handle(subjects.ANY_SPAWNED, HostSpawned, stream=run_stream, durable="orchestrator-spawned",

@@ -66,7 +66,7 @@ def layout_of(shares: list[Share]) -> list[tuple[int, int]]:
 
 def layout_for(state: RunState, round_: int) -> list[tuple[int, int]]:
     """The ranges the run's hosts played (and checkpointed) `round_` in."""
-    chosen = [l for l in state.layouts if l.from_round <= round_]
+    chosen = [lay for lay in state.layouts if lay.from_round <= round_]
     return chosen[-1].ranges if chosen else layout_of(state.shares)
 
 
