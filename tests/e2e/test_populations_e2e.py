@@ -4,8 +4,8 @@ personas and the CoT prompt runs 3 rounds; the recorder keeps profiles and the m
 
 from __future__ import annotations
 
-import base64
 import csv
+import html as markup
 import json
 import re
 import subprocess
@@ -78,9 +78,9 @@ def test_report_is_one_self_contained_html_with_the_three_figure_kinds(played):
     res = populace("report", run_id, "--out", str(out), "--db", str(db), timeout=120)
     assert res.returncode == 0, res.stderr
     html = out.read_text()
-    images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', html)
-    assert len(images) >= 3
-    assert all(base64.b64decode(i).startswith(b"\x89PNG") for i in images)
+    figures = [json.loads(markup.unescape(f)) for f in re.findall(r'<div class="plot"[^>]* data-figure="([^"]*)"', html)]
+    assert len(figures) >= 3 and all(f["data"] for f in figures)  # Plotly figures, drawn by the inlined plotly.js
+    assert html.count('<script id="plotly-js">') == 1
     for title in ("Guesses per round", "Mean guess per group", "Convergence over rounds"):
         assert title in html
     assert not re.search(r"(src|href)=\"https?://", html)

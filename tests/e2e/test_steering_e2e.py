@@ -188,7 +188,7 @@ def test_a_fork_with_a_change_records_its_parent_and_plays_differently(stack, re
     assert (side["parent"], side["after_round"], side["changes"]) == (reference, 3, {"game": {"ratio": "1/2"}})
     assert [(r["round"], r["shared"]) for r in side["rounds"]] == [(n, n <= 3) for n in range(1, ROUNDS + 1)]
     assert all(r["difference"] == 0 for r in side["rounds"])  # the same answers, judged differently
-    assert "Fork beside its parent" in page and 'alt="The fork and its parent per round"' in page
+    assert "Fork beside its parent" in page and 'aria-label="The fork and its parent per round"' in page
     r = populace("results", out.run_id, "--db", stack.db)
     assert r.returncode == 0, r.stderr
     assert f"of {reference} after round 3, changed: game.ratio=1/2" in r.stdout

@@ -6,7 +6,7 @@ No broker needed: the recorder's events are ingested directly."""
 
 from __future__ import annotations
 
-import base64
+import html
 import json
 import re
 from datetime import UTC, datetime
@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from populace_ratio_game import RatioGame
 from scipy import stats as st
+from typer.testing import CliRunner
 
 from populace.analysis import (
     LEGACY_TABLES,
@@ -30,6 +31,7 @@ from populace.analysis import (
     run_info,
     write_report,
 )
+from populace.analysis.report import runs_named
 from populace.core.contracts import (
     LlmCallBatch,
     OutcomeBatch,
@@ -126,8 +128,10 @@ def db(tmp_path_factory):
     manifest = {"config_sha256": "ab" * 32, "seeds": {"run": 1}, "packages": {"populace": "0.1.0"},
                 "prompt": {"version": "v1", "system": "You play <a> game & win"}}
     _write_run(store, "edu-s1", 1, manifest=manifest)
-    _write_run(store, "edu-s2", 2)
+    _write_run(store, "edu-s2", 2, manifest={"sweep": {"id": "sweep-1", "name": "seeds"}})
     _write_run(store, "plain", 3, population=False, agents=10, rounds=1)
+    _write_run(store, "tiny", 5, agents=10, rounds=2,  # two agents per education level
+               manifest={"sweep": {"id": "sweep-1", "name": "seeds"}})
     _write_run(store, "edu-s1-fork", 4, manifest={"fork": {"parent": "edu-s1", "after_round": 1,
                                                             "changes": {"game": {"ratio": "1/2"}}}}, first_round=2)
     store.close()
@@ -257,38 +261,110 @@ def test_errors_name_the_unknown_run_and_attribute(con):
         render_report(con, "edu-s1", by=["shoe_size"])
 
 
-def _images(page: str) -> list[bytes]:
-    return [base64.b64decode(m) for m in re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)]
+def _figures(page: str) -> list[dict]:
+    """The report's figures: each plot's Plotly JSON (its data-figure attribute, unescaped)."""
+    return [json.loads(html.unescape(m)) for m in re.findall(r'<div class="plot"[^>]* data-figure="([^"]*)"', page)]
+
+
+def _own_markup(page: str) -> str:
+    """The page without the inlined plotly.js bundle (whose source names URLs it never loads)."""
+    start = page.index('<script id="plotly-js">')
+    return page[:start] + page[page.index("</script>", start):]
+
+
+def _traces(figure: dict, name: str) -> list[dict]:
+    return [t for t in figure["data"] if t.get("name") == name]
 
 
 def test_report_is_self_contained_with_all_figures(con, tmp_path):
     page = render_report(con, "edu-s1")
-    images = _images(page)
-    assert len(images) >= 3 and all(img.startswith(b"\x89PNG\r\n\x1a\n") for img in images)
-    assert "http://" not in page and "https://" not in page
-    assert "<script" not in page and "<link" not in page and "@import" not in page
-    assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt; I think &amp; so 42?" in page
+    figures = _figures(page)
+    assert len(figures) == 3 and all(f["data"] for f in figures)
+    assert page.count('<script id="plotly-js">') == 1  # plotly.js inlined once, for every figure
+    assert "<script src" not in page and "<link" not in page and "@import" not in page
+    assert not re.search(r"https?://", _own_markup(page))  # no URL outside plotly.js's own source
+    assert "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt; I think &amp; so 42?" in page
     assert "2/3" in page and "education-cot" in page and "answer=cot" in page and "completed" in page
     for title in ("Figure 1. Guesses per round", "Figure 2. Mean guess per group", "Figure 3. Convergence over rounds",
-                  "By education", "By age", "Invalid answers"):
+                  "By education", "By age", "Invalid answers", "Raw answers per agent"):
         assert title in page
     assert "Figure 4" not in page  # the ratio game has no groups of players
     # the target is drawn in every histogram, target and winning number over rounds
-    assert 'alt="Histogram of guesses per round with the target"' in page
-    assert 'alt="Mean, median, target, winning number per round"' in page
+    assert 'aria-label="Histogram of guesses per round with the target"' in page
+    assert 'aria-label="Mean, median, target, winning number per round"' in page
+    hist, groups, conv = figures
+    assert len(_traces(hist, "target")) == N_ROUNDS and len(_traces(hist, "equilibrium 0")) == N_ROUNDS
+    assert [t["name"] for t in conv["data"]] == ["mean", "median", "target", "winning number"]
+    assert [s["y0"] for s in conv["layout"]["shapes"]] == [0]  # the equilibrium line …
+    assert conv["layout"]["yaxis"]["range"][0] < 0  # … off the axis's edge
+    assert groups["layout"]["legend"]["y"] > 1  # legends sit above the plots, over no bar
     assert "<th>winning number</th>" in page and "<th>target</th>" in page
     assert "<td>equilibrium</td><td>0</td>" in page
     # the model's invalid answers and the infrastructure's retries are counted apart
-    assert "invalid (the model&#x27;s answer could not be read)" in page
+    assert "invalid (the model&#39;s answer could not be read)" in page
     assert "3 infrastructure retries (prompts asked again because no model answered" in page
     assert "<th>infra retries</th>" in page and "<th>prompt tokens</th>" in page
+    # every invalid answer with its raw text, not five; every valid one per agent
+    invalid = sum(1 for r in range(1, N_ROUNDS + 1) for a in range(N_AGENTS) if (a * 7 + r) % 23 == 0)
+    table = page[page.index('id="invalid-answers"'):page.index('id="reasoning"')]
+    assert table.count("<tr data-agent=") == invalid and f"{invalid:,} invalid answer(s) in this run" in page
+    answers = page[page.index('id="reasoning"'):]
+    assert answers.count("<tr data-agent=") == N_AGENTS * N_ROUNDS - invalid
+    assert "My guess is" in answers and "education: Ph.D." in answers
     # the manifest, pretty-printed and escaped, inside <details>
     details = page[page.index("<details>"):]
     assert "config_sha256" in details and "You play &lt;a&gt; game &amp; win" in details
     for g in EDU:
-        assert f">{g.replace(chr(39), '&#x27;')}<" in page
+        assert f">{g.replace(chr(39), '&#39;')}<" in page
     out = write_report(con, "edu-s1", tmp_path / "sub" / "report.html", by="education")
-    assert out.read_text(encoding="utf-8").count("data:image/png;base64,") >= 3
+    assert len(_figures(out.read_text(encoding="utf-8"))) == 3
+
+
+def test_small_groups_show_their_points_and_clipped_cis(con):
+    page = render_report(con, "tiny", by="education")
+    [_, groups, _] = _figures(page)
+    rows = group_table(con, "tiny", "education")
+    assert max(r["n"] for r in rows) == 2
+    points = [t for t in groups["data"] if t["type"] == "box"]  # one strip of points per group
+    assert [len(t["y"]) for t in points] == [r["n"] for r in rows]
+    means = _traces(groups, "mean ± 95% CI")[0]
+    clipped = [r for r in rows if r["ci_low"] is not None and (r["ci_low"] < 0 or r["ci_high"] > 100)]
+    assert clipped  # two agents: Student-t with 1 degree of freedom reaches past [0, 100]
+    [marker] = _traces(groups, "CI clipped to the range (hover: true interval)")
+    for r in clipped:
+        i = [x.startswith(r["group"] + " (") for x in means["x"]].index(True)
+        low = means["y"][i] - means["error_y"]["arrayminus"][i]
+        high = means["y"][i] + means["error_y"]["array"][i]
+        assert 0 <= low <= high <= 100  # drawn within the game's range …
+        true = f"95% CI [{r['ci_low']:,.2f}, {r['ci_high']:,.2f}], CI clipped to the range [0.00, 100.00]"
+        assert true in means["hovertext"][i]  # … and the true interval in the hover, also of the red marker
+        assert any(true in h for h in marker["hovertext"])
+
+
+def test_several_runs_side_by_side(con, db, tmp_path):
+    assert runs_named(con, ["sweep-1"]) == ["edu-s2", "tiny"]  # a sweep's id: its runs, as they started
+    assert runs_named(con, ["edu-s1", "sweep-1", "edu-s1"]) == ["edu-s1", "edu-s2", "tiny"]
+    assert runs_named(con, ["ghost"]) == ["ghost"]  # left for the analysis to name as unknown
+    page = render_report(con, RUNS)
+    own = _own_markup(page)
+    assert "Populace: 2 runs compared" in page and "Figure 1" not in own
+    # the runs' parameters (what differs in the table, the rest once), their rounds side by side
+    assert "<th class=\"l\">seed</th>" in page and "The same in every run:" in page and "game.ratio=2/3" in page
+    for rid in RUNS:
+        assert f"<th>{rid}: mean</th>" in page and f'<td class="l">{rid}</td>' in page
+        for r in round_table(con, rid):
+            assert f"<td>{r['mean']:,.2f}</td>" in page
+    [overlaid] = _figures(page)
+    assert {t["name"] for t in overlaid["data"]} == set(RUNS)
+    assert [a["text"] for a in overlaid["layout"]["annotations"]] == ["mean", "median", "target", "winning number"]
+    assert render_report(con, ["edu-s1"]) == render_report(con, "edu-s1")  # one run: its own report
+    from populace.cli.main import app
+
+    res = CliRunner().invoke(app, ["report", "sweep-1", "--db", str(db), "--out", str(tmp_path / "s.html")])
+    assert res.exit_code == 0, res.output
+    assert "2 runs" in res.output and "edu-s2: mean" in (tmp_path / "s.html").read_text(encoding="utf-8")
+    res = CliRunner().invoke(app, ["report", "edu-s1", "edu-s2", "--by", "education", "--db", str(db)])
+    assert res.exit_code == 2 and "for one run's report" in res.output
 
 
 def test_a_fork_is_read_beside_its_parent(con):
@@ -303,12 +379,13 @@ def test_a_fork_is_read_beside_its_parent(con):
     assert fork_table(con, "edu-s1") is None  # not a fork
     page = render_report(con, "edu-s1-fork")
     assert "Fork beside its parent" in page and "<th>parent: target</th>" in page
+    assert 'aria-label="The fork and its parent per round"' in page and len(_figures(page)) == 4
     assert "Fork beside its parent" not in render_report(con, "edu-s2")
 
 
 def test_report_without_population_or_manifest(con):
     page = render_report(con, "plain")
-    assert len(_images(page)) == 2  # histograms and convergence; no groups to plot
+    assert len(_figures(page)) == 2  # histograms and convergence; no groups to plot
     assert "no population profiles" in page and "No manifest" in page
 
 
@@ -382,7 +459,7 @@ def test_a_database_without_tables_json_is_read_as_the_ratio_game(old_db, tmp_pa
             ("economist", 2, pytest.approx(12.0)), ("teacher", 2, pytest.approx(16.0))]
         page = render_report(c, "old-1")
         assert "Figure 1. Guesses per round" in page and "1 invalid answer(s)" in page
-        assert len(_images(page)) == 3
+        assert len(_figures(page)) == 3
         paths = export_parquet(c, "old-1", tmp_path / "pq")
         assert {p.name for p in paths} == {"runs.parquet", "agents.parquet", "agent_profiles.parquet",
                                            "llm_calls.parquet", "guesses.parquet", "rounds.parquet"}

@@ -13,7 +13,7 @@ Every expected number is computed here from the raw rows with numpy/scipy."""
 
 from __future__ import annotations
 
-import base64
+import html
 import json
 import re
 from collections import Counter
@@ -275,8 +275,15 @@ def _rows(con, table: str, run_id: str, round_: int, column: str):
         "ORDER BY o.agent_id", [run_id, round_]).fetchall()
 
 
-def _images(page: str) -> list[bytes]:
-    return [base64.b64decode(m) for m in re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)]
+def _figures(page: str) -> list[dict]:
+    """The report's figures: each plot's Plotly JSON (its data-figure attribute, unescaped)."""
+    return [json.loads(html.unescape(m)) for m in re.findall(r'<div class="plot"[^>]* data-figure="([^"]*)"', page)]
+
+
+def _own_markup(page: str) -> str:
+    """The page without the inlined plotly.js bundle (whose source names URLs it never loads)."""
+    start = page.index('<script id="plotly-js">')
+    return page[:start] + page[page.index("</script>", start):]
 
 
 # --- the grouped numeric simulation --------------------------------------------------------
@@ -375,14 +382,13 @@ def test_histogram_is_binned_in_the_database_like_numpy(con):
 
 def test_goods_report_draws_rounds_groups_and_personas(con):
     page = render_report(con, "goods-1")
-    images = _images(page)
-    assert len(images) == 4 and all(i.startswith(b"\x89PNG\r\n\x1a\n") for i in images)
-    assert not re.search(r"https?://", page) and "<script" not in page and "<link" not in page
+    assert len(_figures(page)) == 4
+    assert not re.search(r"https?://", _own_markup(page)) and "<script src" not in page and "<link" not in page
     for title in ("Figure 1. Contributions per round", "Figure 2. Mean contribution per group",
                   "Figure 3. Convergence over rounds",
                   "Figure 4. Mean contribution per round, overall and per group", "By education", "By age"):
         assert title in page, title
-    assert 'alt="Histogram of contributions per round with the mean contribution"' in page
+    assert 'aria-label="Histogram of contributions per round with the mean contribution"' in page
     assert "quantile bands of the group values" in page and "10 groups in the run" in page
     assert "<th>mean contribution</th>" in page and "<th>mean payoff</th>" in page  # Summary titles
     assert "<td>equilibrium</td><td>0</td>" in page and "game.endowment=20" in page
@@ -391,7 +397,7 @@ def test_goods_report_draws_rounds_groups_and_personas(con):
         assert f"[{row['ci_low']:,.2f}, {row['ci_high']:,.2f}]" in page
     assert "&lt;b&gt;bad&lt;/b&gt;" in page  # raw answers escaped
     small = render_report(con, "goods-small")
-    assert len(_images(small)) == 3  # no population: no group bars; one line per group
+    assert len(_figures(small)) == 3  # no population: no group bars; one line per group
     assert "one line per group" in small and "no population profiles" in small
 
 
@@ -461,12 +467,13 @@ def test_vote_group_table_across_runs(con):
 
 def test_vote_report_has_share_figures_and_wilson_cis(con):
     page = render_report(con, "vote-1")
-    assert len(_images(page)) == 3
-    assert not re.search(r"https?://", page) and "<script" not in page
+    assert len(_figures(page)) == 3
+    assert not re.search(r"https?://", _own_markup(page)) and "<script src" not in page
     for title in ("Figure 1. Choices per round", "Figure 2. Share of each choice per group",
                   "Figure 3. Convergence over rounds", "By education", "Wilson"):
         assert title in page, title
-    assert "Figure 4" not in page and "histogram" not in page.lower()
+    own = _own_markup(page)  # plotly.js's source names every trace type, histograms too
+    assert "Figure 4" not in own and "histogram" not in own.lower()
     assert "not loadable here" in page  # the reader is told why there is no theory drawn
     for r in group_table(con, "vote-1", "education"):
         assert f"{100 * r['share']:.1f}% [{100 * r['ci_low']:.1f}%, {100 * r['ci_high']:.1f}%]" in page
@@ -482,7 +489,7 @@ def test_many_answers_are_capped_with_other(con):
     assert sum(row["counts"].values()) == 40
     assert row["options"][MAX_OPTIONS - 2] == f"opt{MAX_OPTIONS - 2:02d}"  # the last one kept
     assert row["counts"]["opt00"] == 12 and row["counts"][OTHER] == 2 * (15 - (MAX_OPTIONS - 1))
-    assert len(_images(render_report(con, "poll"))) == 2  # no population: shares per round and over rounds
+    assert len(_figures(render_report(con, "poll"))) == 2  # no population: shares per round and over rounds
 
 
 def test_grouped_categorical_spread_is_each_groups_share_of_the_leading_answer(con):
@@ -498,7 +505,7 @@ def test_grouped_categorical_spread_is_each_groups_share_of_the_leading_answer(c
     assert other["option"] == first["options"][1] and other["rounds"] != spread["rounds"]
     page = render_report(con, "team-vote")
     assert f"Figure 4. Share of {top} per round, overall and per group" in page
-    assert len(_images(page)) == 4 and "one line per group" in page
+    assert len(_figures(page)) == 4 and "one line per group" in page
 
 
 # --- across simulations -------------------------------------------------------------------

@@ -618,21 +618,29 @@ def results(
 
 @app.command()
 def report(
-    run_id: Annotated[str, typer.Argument(help="run id, or 'last'")],
-    out: Annotated[Path, typer.Option(help="HTML file to write (self-contained, plots embedded)")] = Path("report.html"),
+    run_ids: Annotated[list[str], typer.Argument(help="run id(s), 'last', or a sweep's id (all its runs); two or "
+                                                      "more runs are compared side by side")],
+    out: Annotated[Path, typer.Option(help="HTML file to write (self-contained, interactive plots, no network)")
+                   ] = Path("report.html"),
     by: Annotated[list[str] | None, typer.Option(help="attribute(s) to group by (default: the profile's)")] = None,
     db: Annotated[str, typer.Option(help="DuckDB file")] = "populace.duckdb",
 ) -> None:
-    """Write one self-contained HTML report of any simulation's run: per round the measure's
-    distribution (histograms with the simulation's reference lines and equilibrium, or each
+    """Write one self-contained HTML report with interactive plots. One run: per round the
+    measure's distribution (with the simulation's reference lines and equilibrium, or each
     option's share), per persona group the mean or shares with 95% CIs, convergence over rounds,
-    per group of a grouped simulation, the tables and the run's manifest."""
+    per group of a grouped simulation, the tables, every invalid answer and each agent's
+    reasoning, and the run's manifest. Several runs (or a sweep): their parameters, per-round
+    summaries and convergence side by side."""
     from populace.analysis import write_report
+    from populace.analysis.report import runs_named
 
     with _db(db) as con:
-        rid = _run_ids(con, [run_id])[0]
-        path = write_report(con, rid, out, by=by or None)
-    display.out.print(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB)")
+        ids = runs_named(con, _run_ids(con, run_ids))
+        if by and len(ids) > 1:
+            fail(f"--by: for one run's report (these are {len(ids)} runs: {', '.join(ids)})")
+        path = write_report(con, ids, out, by=by or None)
+    what = f"{len(ids)} runs" if len(ids) > 1 else ids[0]
+    display.out.print(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB; {what})")
 
 
 @app.command()

@@ -1,0 +1,221 @@
+"""The report in a real browser: `populace report` of the education CoT example opens in headless
+Chromium (Playwright) with no console error, no page error and no network request but the file
+itself; every figure is drawn, answers hover, the invalid answers page and the reasoning filters
+by agent id.
+
+The run is examples/education-cot.yaml (its 50 SmolLM2-written personas, chain of thought,
+3 rounds) played by `populace demo` on the *dummy* model (`--set model.backend=dummy`): on
+SmolLM2 the scenario takes about 4.5 minutes on 2 cores and no existing fixture plays it, while
+the dummy answers the same CoT schema at once (`{"reasoning": "(dummy)", "guess": n}`). The
+dummy never answers invalidly, so the paging of invalid answers is checked on a second run of
+the same scenario recorded straight into the file by the recorder's Store (as
+tests/integration/test_analysis_report.py records its runs), with 120 invalid answers.
+
+Chromium is the system's (/usr/bin/chromium; `playwright install` would download one from a CDN
+this machine cannot reach). Without it the test skips, unless POPULACE_REQUIRE_BROWSER=1 (CI),
+where it fails."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import duckdb
+import pytest
+from populace_ratio_game import RatioGame
+
+from populace.client.prepare import prepare_file
+from populace.core.contracts import OutcomeBatch, RoundResult, RunDone, RunStarted, SpawnBatch
+from populace.recorder.store import Event, Store
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+SCENARIO = ROOT / "examples" / "education-cot.yaml"
+CHROMIUM = Path("/usr/bin/chromium")
+AGENTS, ROUNDS = 50, 3
+INVALID_RUN = "edu-cot-invalid"
+INVALID_PER_ROUND = 40  # 120 invalid answers: three pages of 50
+
+
+def _browser_or_skip():
+    if CHROMIUM.exists():
+        return
+    message = f"{CHROMIUM} is missing: install it with `apt-get install -y chromium` (never `playwright install`)"
+    if os.environ.get("POPULACE_REQUIRE_BROWSER") == "1":
+        pytest.fail(message + "; POPULACE_REQUIRE_BROWSER=1 requires the browser test to run")
+    pytest.skip(message)
+
+
+def populace(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """The CLI as a user runs it (`uv run populace …`), else this interpreter's."""
+    head = ["uv", "run", "populace"] if shutil.which("uv") else [sys.executable, "-m", "populace.cli"]
+    return subprocess.run([*head, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def _record_invalid_run(db: Path) -> None:
+    """The scenario's run with most answers unreadable, as the recorder receives it."""
+    prepared = prepare_file(SCENARIO)
+    cfg = prepared.config.model_copy(update={"model": prepared.config.model.model_copy(update={"backend": "dummy"})})
+    t0 = datetime(2025, 1, 1, tzinfo=UTC).timestamp()
+    ids = list(range(AGENTS))
+    events = [Event(f"{INVALID_RUN}.started", "started",
+                    RunStarted(run_id=INVALID_RUN, config=cfg, started_at=t0, hosts=["h1"],
+                               tables=RatioGame.tables(), manifest=prepared.manifest),
+                    blob=prepared.personas),
+              Event(f"{INVALID_RUN}.spawn", "spawn", SpawnBatch(run_id=INVALID_RUN, host_id="h1",
+                                                                 ranges=[(0, AGENTS)], config=cfg))]
+    for r in range(1, ROUNDS + 1):
+        valid = [a >= INVALID_PER_ROUND for a in ids]
+        values = [float(10 + a % 7) if ok else None for a, ok in zip(ids, valid)]
+        raws = [json.dumps({"reasoning": "Two thirds of two thirds …", "guess": v}) if v is not None
+                else f"<b>round {r}, agent {a}: I cannot decide</b>" for a, v in zip(ids, values)]
+        events.append(Event(f"{INVALID_RUN}.{r}.outcomes", "outcomes", OutcomeBatch(
+            run_id=INVALID_RUN, round=r, host_id="h1", seq=0, agent_ids=ids, columns={"value": values}, valid=valid,
+            raws=raws, latency_ms=[5.0] * AGENTS, errors=[None] * AGENTS)))
+        good = [v for v in values if v is not None]
+        mean = sum(good) / len(good)
+        events.append(Event(f"{INVALID_RUN}.{r}.result", "round.result", RoundResult(
+            run_id=INVALID_RUN, round=r, n=AGENTS, n_valid=len(good),
+            summary={"mean": mean, "target": 2 / 3 * mean, "winner_agent_id": INVALID_PER_ROUND,
+                     "winner_value": good[0], "n_winners": 1},
+            observation={}, state={}, closed_at=t0 + 60 * r)))
+    events.append(Event(f"{INVALID_RUN}.done", "done", RunDone(run_id=INVALID_RUN, status="completed", rounds=ROUNDS,
+                                                               finished_at=t0 + 600)))
+    store = Store(db)
+    try:
+        store.ingest(events)
+    finally:
+        store.close()
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    """(the education CoT report, the invalid answers' report), written by `populace report`."""
+    _browser_or_skip()
+    tmp = tmp_path_factory.mktemp("browser")
+    db = tmp / "edu.duckdb"
+    res = populace("demo", "--scenario", str(SCENARIO), "--set", "model.backend=dummy", "--db", str(db))
+    assert res.returncode == 0, res.stderr[-3000:]
+    with duckdb.connect(str(db), read_only=True) as con:
+        [(run_id,)] = con.execute("SELECT run_id FROM runs").fetchall()
+    _record_invalid_run(db)
+    out = []
+    for rid, name in ((run_id, "r.html"), (INVALID_RUN, "invalid.html")):
+        res = populace("report", rid, "--db", str(db), "--out", str(tmp / name), timeout=180)
+        assert res.returncode == 0, res.stderr[-3000:]
+        out.append(tmp / name)
+    return out
+
+
+@pytest.fixture(scope="module")
+def browser():
+    _browser_or_skip()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=["--headless", "--no-sandbox", "--disable-gpu"])
+        yield b
+        b.close()
+
+
+def _open(browser, path: Path):
+    """The page, loaded and drawn, with what it asked of the network and what it complained of."""
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    requests, errors = [], []
+
+    def record(route):
+        requests.append(route.request.url)
+        route.continue_()
+
+    page.route("**/*", record)
+    page.on("console", lambda m: errors.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
+    page.goto(path.as_uri())
+    page.wait_for_load_state("load")
+    # plotly.js marks a div it has drawn into
+    page.wait_for_function("document.querySelectorAll('.plot:not(.js-plotly-plot)').length === 0")
+    return page, requests, errors
+
+
+def _hover_shows_a_label(page, plot: str, mark: str) -> str:
+    """Move the mouse onto the first visible `mark` (a bar, a point) of a figure; the hover
+    label's text."""
+    page.locator(f"#{plot}").scroll_into_view_if_needed()
+    boxes = [m.bounding_box() for m in page.locator(f"#{plot} {mark}").all()]
+    box = next((b for b in boxes if b and b["width"] > 1 and b["height"] > 1), None)
+    assert box is not None, f"{plot}: no {mark} drawn"
+    page.mouse.move(0, 0)
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    label = page.locator(f"#{plot} .hoverlayer .hovertext").first
+    label.wait_for(state="visible", timeout=5000)
+    return label.text_content()
+
+
+def test_the_education_cot_report_in_a_browser(reports, browser):
+    report, _ = reports
+    page, requests, errors = _open(browser, report)
+    assert errors == []
+    assert requests == [report.as_uri()]  # the file itself and nothing else: no CDN, font or MathJax
+    assert page.locator("script[src], link[href]").count() == 0
+    # every figure is drawn: an svg with its traces in each plot div
+    plots = page.locator(".plot")
+    ids = [plots.nth(i).get_attribute("id") for i in range(plots.count())]
+    assert len(ids) == 3  # distributions per round, mean per education level (and age …), convergence
+    for plot in ids:
+        assert page.locator(f"#{plot} svg.main-svg").count() >= 1, plot
+        assert page.locator(f"#{plot} .trace").count() > 0, plot
+    # the mouse on a histogram bar names its bin and count; on a group's mean, its n and true CI
+    assert "agents" in _hover_shows_a_label(page, ids[0], ".bars .point path")
+    group_label = _hover_shows_a_label(page, ids[1], ".scatterlayer .points path.point")  # the mean's diamond
+    assert "95% CI" in group_label and "n = " in group_label
+    # the equilibrium (0) is drawn in every histogram and in the convergence figure
+    assert page.locator(f"#{ids[0]}").get_attribute("data-figure").count("equilibrium 0") >= ROUNDS
+    # no invalid answer on the dummy model, and each agent's reasoning, paged and filterable by agent id
+    assert page.get_by_text("0 invalid answer(s) in this run").is_visible()
+    reasoning = page.locator("#reasoning")
+    rows = reasoning.locator("tbody tr")
+    assert rows.count() == AGENTS * ROUNDS
+    assert reasoning.locator(".page-label").text_content() == f"page 1 of 3 ({AGENTS * ROUNDS} of 150 rows)"
+    assert reasoning.locator("tbody tr:visible").count() == 50
+    reasoning.locator("input[type=search]").fill("17")
+    visible = reasoning.locator("tbody tr:visible")
+    assert visible.count() == ROUNDS
+    assert {visible.nth(i).get_attribute("data-agent") for i in range(ROUNDS)} == {"17"}
+    assert "(dummy)" in visible.first.text_content() and "education:" in visible.first.text_content()
+    reasoning.locator("input[type=search]").fill("ph.d.")  # words: every row of a Ph.D. agent
+    assert reasoning.locator("tbody tr:visible").count() == 10 * ROUNDS
+    page.close()
+
+
+def test_invalid_answers_are_all_there_and_paged(reports, browser):
+    _, report = reports
+    page, requests, errors = _open(browser, report)
+    assert errors == [] and requests == [report.as_uri()]
+    total = INVALID_PER_ROUND * ROUNDS
+    assert page.get_by_text(f"{total} invalid answer(s) in this run").is_visible()
+    table = page.locator("#invalid-answers")
+    label = table.locator(".page-label")
+    assert table.locator("tbody tr").count() == total  # every one of them, not five
+    assert label.text_content() == f"page 1 of 3 ({total} of {total} rows)"
+    assert table.locator("tbody tr:visible").count() == 50
+    assert table.locator("button.prev").is_disabled()
+    table.locator("button.next").click()
+    table.locator("button.next").click()
+    assert label.text_content().startswith("page 3 of 3")
+    assert table.locator("button.next").is_disabled()
+    last = table.locator("tbody tr:visible")
+    assert last.count() == total - 100
+    # the raw text as the model wrote it, shown as text (its markup escaped, not rendered)
+    assert last.last.locator(".raw").text_content() == f"<b>round {ROUNDS}, agent {INVALID_PER_ROUND - 1}: " \
+                                                       "I cannot decide</b>"
+    table.locator("input[type=search]").fill("7")  # an agent id: that agent's invalid answers, one per round
+    assert table.locator("tbody tr:visible").count() == ROUNDS and label.text_content().startswith("page 1 of 1")
+    # the valid answers' reasoning is read from the CoT JSON
+    assert "Two thirds of two thirds" in page.locator("#reasoning tbody tr").first.text_content()
+    page.close()
