@@ -98,6 +98,9 @@ def test_demo_plays_and_results_reads_the_db(tmp_path):
     res = populace("demo", "--agents", "200", "--rounds", "2", "--latency", "0.01", "--db", str(db), timeout=180)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "recorded 400 outcomes (table guesses)" in res.stdout
+    run_id = res.stdout.split("run ", 1)[1].split(" ", 1)[0]
+    # the id comes first, before any round: a long run can be followed or cancelled from elsewhere
+    assert res.stderr.index(f"run {run_id}: ratio-game, 200 agents × 2 rounds (model dummy)") < res.stderr.index("round 1")
     res2 = populace("results", "last", "--db", str(db))
     assert res2.returncode == 0, res2.stderr
     assert "completed" in res2.stdout and "200/200" in res2.stdout

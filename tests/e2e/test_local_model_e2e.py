@@ -5,10 +5,14 @@ keeps the model's raw text; every decision is in `llm_calls`."""
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 
 import duckdb
 import pytest
 
+from populace.client.prepare import prepare
 from populace.client.run import play
 from populace.client.stack import Stack
 from populace.core import bus
@@ -25,11 +29,12 @@ def test_smollm2_game_through_the_gateway(tmp_path):
     try:
         asyncio.run(stack.wait_ready(timeout=180))
         config = RunConfig.model_validate({"agents": 20, "rounds": 2, "model": {"backend": "local", "seed": 1}})
+        manifest = prepare(config).manifest  # as the CLI submits it: the replicas serving the run go in
 
         async def go():
             nc = await bus.connect(stack.url, "e2e-local")
             try:
-                return await play(nc, config, stall_s=300)
+                return await play(nc, config, stall_s=300, manifest=manifest)
             finally:
                 await nc.close()
 
@@ -51,3 +56,25 @@ def test_smollm2_game_through_the_gateway(tmp_path):
         assert calls[:4] == (40, 40, 1, 40)
         assert calls[4] == 1
         assert con.execute("SELECT count(*) FROM rounds WHERE run_id = ?", [out.run_id]).fetchone() == (2,)
+        truth = con.execute("SELECT round, count(*), sum(attempts), sum(reasks), sum(prompt_tokens), "
+                            "sum(completion_tokens), max(latency_ms), count(*) FILTER (WHERE valid) FROM llm_calls "
+                            "WHERE run_id = ? GROUP BY round ORDER BY round", [out.run_id]).fetchall()
+        invalid = con.execute("SELECT count(*) FROM guesses WHERE run_id = ? AND NOT valid", [out.run_id]).fetchone()
+    # `populace results --json` tells the same story as the rows it reads
+    res = subprocess.run([sys.executable, "-m", "populace.cli", "results", out.run_id, "--json", "--db", db],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    run = json.loads(res.stdout)["runs"][0]
+    got = [(r["round"], r["calls"]["calls"], r["calls"]["attempts"], r["calls"]["reasks"], r["calls"]["prompt_tokens"],
+            r["calls"]["completion_tokens"], r["calls"]["latency_ms_max"], r["calls"]["valid"]) for r in run["rounds"]]
+    assert got == [(*t[:6], round(t[6], 1), t[7]) for t in truth]
+    assert run["usage"]["invalid"] == invalid[0] and run["usage"]["infra_retries"] == 0
+    assert run["usage"]["prompt_tokens"] == sum(t[4] for t in truth) > 0  # the hosts counted what the gateway did
+    assert run["usage"]["completion_tokens"] == sum(t[5] for t in truth) > 0
+    assert run["model"]["backend"] == "local" and run["model"]["name"] and len(run["model"]["replicas"]) == 1
+    assert run["calls"]["calls"] == 40 and run["calls"]["replicas"] == {run["model"]["replicas"][0]: 40}
+    table = subprocess.run([sys.executable, "-m", "populace.cli", "results", out.run_id, "--db", db],
+                           capture_output=True, text=True, timeout=120)
+    assert table.returncode == 0, table.stderr
+    assert "LLM work — model: local, " in table.stdout and "re-asks" in table.stdout
+    assert "latency p50 / p95 / max (ms)" in table.stdout

@@ -203,3 +203,16 @@ def test_a_scenario_without_simulation_says_which_one_it_is_played_as():
     with pytest.raises(ScenarioError, match=r"(?s)^game.endowment: unknown key.*names no `simulation:`, "
                                             r"so it is played as ratio-game"):
         scenario({"game": {"endowment": 20}})
+
+
+def test_each_sweep_run_is_named_after_its_cell_not_the_base_scenario():
+    spec = parse_sweep({"name": "ratios", "base": {"name": "guess-two-thirds", "rounds": 2},
+                        "grid": {"game": [{"ratio": "2/3"}, {"ratio": "1/2", "offset": 5}]}, "seeds": [1, 2]})
+    names = [c.config.name for c in expand(spec, spec.base)]
+    assert names == ["ratios: game={ratio: 2/3}, seed 1", "ratios: game={ratio: 2/3}, seed 2",
+                     "ratios: game={ratio: 1/2, offset: 5}, seed 1", "ratios: game={ratio: 1/2, offset: 5}, seed 2"]
+    # a grid over the name itself keeps the names it gives; a long cell stays within the field's limit
+    named = parse_sweep({"grid": {"name": ["a", "b"]}})
+    assert [c.config.name for c in expand(named, {})] == ["a", "b"]
+    long = parse_sweep({"name": "x" * 150, "grid": {"game.ratio": ["1/" + "9" * 60]}})
+    assert len(expand(long, {})[0].config.name) == 200

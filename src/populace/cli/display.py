@@ -87,9 +87,8 @@ def _summary_shown(rows: list[dict], labels: dict[str, str], skip: tuple[str, ..
 def stats_table(rows: list[dict], title: str, info: dict | None = None) -> Table:
     """The analysis' per-round table (`populace.analysis.round_table`): valid answers, the
     measure's statistics (numeric) or each option's share and the leading option (categorical),
-    then the simulation's summary columns by their titles (`run_info`'s labels), then the round's
-    LLM work: calls, tokens and infrastructure retries (prompts asked again because no model
-    answered; never an agent's answer, so never in `valid`)."""
+    then the simulation's summary columns by their titles (`run_info`'s labels). The round's LLM
+    work is `llm_table`'s."""
     info = info or {}
     kind = info.get("measure_kind") or ("numeric" if rows and "mean" in rows[0] else None)
     labels = info.get("labels")
@@ -103,8 +102,7 @@ def stats_table(rows: list[dict], title: str, info: dict | None = None) -> Table
         heads += list(STATS)
     elif kind == "categorical":
         heads += ["most chosen", *options]
-    usage = any(r.get("usage") for r in rows)
-    for col in (*heads, *(labels[k] for k in summary), *(USAGE_HEADS if usage else ())):
+    for col in (*heads, *(labels[k] for k in summary)):
         t.add_column(_plain(col), justify="right")
     for r in rows:
         cells = [str(r["round"]), f"{r['n_valid']}/{r['n']}"]
@@ -114,12 +112,50 @@ def stats_table(rows: list[dict], title: str, info: dict | None = None) -> Table
             cells += [_plain(most_chosen(r)), *(_pct(r["shares"].get(o)) for o in options)]
         s = r.get("summary") or {}
         cells += [fmt(s.get(k)) for k in summary]
-        if usage:
-            cells += usage_cells(r.get("usage"))
         t.add_row(*cells)
     if kind == "categorical" and rows and len(rows[0].get("options") or []) > len(options):
         t.caption = f"{len(rows[0]['options']) - len(options)} more option(s) in --json"
     return t
+
+
+def model_line(model: dict) -> str:
+    """'model: local, SmolLM2-135M-Instruct on replicas local-1, local-2' (the run's manifest)."""
+    text = f"model: {model.get('backend') or '?'}"
+    if model.get("name"):
+        text += f", {model['name']}"
+    if model.get("replicas"):
+        text += f" on replica{'s' if len(model['replicas']) > 1 else ''} {', '.join(model['replicas'])}"
+    return text
+
+
+LLM_HEADS = ("round", "answers in", "valid", "invalid (model)", "infra retries", "LLM calls", "re-asks",
+             "replica retries", "prompt tokens", "completion tokens", "latency p50 / p95 / max (ms)")
+
+
+def llm_table(rows: list[dict], calls: dict[int, dict], title: str) -> Table | None:
+    """Per round, what the answers cost and how they came: answers in, valid and the model's
+    invalid ones, the infrastructure retries (prompts asked again because no model answered;
+    never an answer), LLM calls, the gateway's re-asks and retries on another replica, tokens and
+    latency percentiles (`round_table` rows with `usage`, `call_stats`). None without LLM work."""
+    if not any(r.get("usage") for r in rows) and not calls:
+        return None
+    t = Table(title=title)
+    for col in LLM_HEADS:
+        t.add_column(col, justify="right")
+    for r in rows:
+        u, c = r.get("usage") or {}, calls.get(r["round"]) or {}
+        ptok = c.get("prompt_tokens", u.get("prompt_tokens"))
+        ctok = c.get("completion_tokens", u.get("completion_tokens"))
+        lat = " / ".join(fmt(c.get(k), 0) for k in ("latency_ms_p50", "latency_ms_p95", "latency_ms_max"))
+        t.add_row(str(r["round"]), f"{r['n']:,}", f"{r['n_valid']:,}", f"{r['n_invalid']:,}",
+                  _count(u.get("infra_retries")), _count(u.get("llm_calls", c.get("calls"))),
+                  _count(c.get("reasks")), _count(c.get("replica_retries")), _count(ptok), _count(ctok),
+                  lat if c else "—")
+    return t
+
+
+def _count(x: int | None) -> str:
+    return "—" if x is None else f"{x:,}"
 
 
 def fork_heading(fork: dict) -> str:
@@ -176,7 +212,7 @@ def group_table(rows: list[dict], by: str, title: str, across_runs: bool) -> Tab
         return _share_group_table(rows, by, title, across_runs)
     t = Table(title=title)
     t.add_column(_plain(by))
-    for col in ("agents", "mean", "95% CI (agents)", "median", "std"):
+    for col in ("valid answers", "mean", "95% CI (agents)", "median", "std"):  # n counts valid answers only
         t.add_column(col, justify="right")
     if across_runs:
         for col in ("runs", "mean of run means", "95% CI (runs)"):

@@ -8,8 +8,9 @@ import json
 import os
 import signal
 import time
+from importlib.metadata import version as package_version
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal, get_args
 
 import typer
 from pydantic import ValidationError
@@ -17,7 +18,9 @@ from pydantic import ValidationError
 from populace.cli import display
 from populace.client.prepare import PreparedRun, parse_config, prepare, prepare_file
 from populace.core import bus, serve
+from populace.core.contracts import ModelConfig
 from populace.core.scenario import ScenarioError, format_validation_error
+from populace.core.settings import Settings
 
 app = typer.Typer(help="Populace: populations of LLM agents as event-driven microservices on NATS JetStream.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -26,11 +29,31 @@ app.add_typer(bench_app, name="bench")
 replicas_app = typer.Typer(help="Start LLM replicas and register them for the gateway (foreground).",
                            no_args_is_help=True)
 app.add_typer(replicas_app, name="replicas")
-NATS_DEFAULT = os.environ.get("POPULACE_NATS_URL", "nats://127.0.0.1:4222")
+NATS_DEFAULT = "nats://127.0.0.1:4222"
+# read when the command runs (not when this module is imported), and shown in --help
+NATS_ENV = "POPULACE_NATS_URL"
+# the choices come from the models that validate them, so help and validation cannot drift apart
+ModelBackend = ModelConfig.model_fields["backend"].annotation
+PersonaModel = Literal[("template", *(b for b in get_args(ModelBackend) if b != "dummy"))]  # dummy writes no text
+Storage = Settings.model_fields["storage"].annotation
 personas_app = typer.Typer(help="Populations and personas.", no_args_is_help=True)
 app.add_typer(personas_app, name="personas")
 auth_app = typer.Typer(help="NATS users (deploy/nats/auth.conf).", no_args_is_help=True)
 app.add_typer(auth_app, name="auth")
+
+
+def _version(show: bool) -> None:
+    if show:
+        display.out.print(f"populace {package_version('populace')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="print the version and exit")] = False,
+) -> None:
+    """Populace: populations of LLM agents as event-driven microservices on NATS JetStream."""
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -40,7 +63,9 @@ def fail(message: str, code: int = 2) -> None:
 
 
 @app.command()
-def service(name: Annotated[str, typer.Argument(help="orchestrator, agent-host, environment, gateway or recorder")]) -> None:
+def service(
+    name: Annotated[str, typer.Argument(help="orchestrator, agent-host, environment, gateway or recorder")],
+) -> None:
     """Run one service in the foreground (POPULACE_* environment variables configure it)."""
     if name not in serve.names():
         fail(f"unknown service {name!r}; choose one of: {', '.join(serve.names())}")
@@ -48,9 +73,14 @@ def service(name: Annotated[str, typer.Argument(help="orchestrator, agent-host, 
 
 
 async def _follow(url: str, prepared: PreparedRun, show_progress: bool, run_id: str | None = None):
-    from populace.client.run import play
+    from populace.client.run import new_run_id, play
 
     nc = await bus.connect_or_fail(url, "populace-cli")
+    run_id = run_id or new_run_id()
+    c = prepared.config
+    # the id first: a long run can be followed, cancelled or looked up from another terminal at once
+    display.console.print(f"run {run_id}: {c.simulation}, {c.agents:,} agents × {c.rounds} rounds "
+                          f"(model {c.model.backend})", soft_wrap=True, highlight=False)
     try:
         with display.RunProgress(prepared.config, enabled=show_progress) as progress:
             return await play(nc, prepared.config, run_id=run_id, personas=prepared.personas,
@@ -165,7 +195,10 @@ def demo(
     rounds: Annotated[int, typer.Option(help="rounds to play")] = 3,
     simulation: Annotated[str, typer.Option(help="simulation to play: ratio-game, public-goods, vote, or an "
                                                  "installed one (populace simulations)")] = "ratio-game",
-    model: Annotated[str, typer.Option(help="model backend: dummy, local (SmolLM2 on llama.cpp), sim or openai")] = "dummy",
+    model: Annotated[ModelBackend, typer.Option(
+                                       help="model backend: dummy, local (SmolLM2 on llama.cpp), sim (simulated "
+                                            "vLLM) or openai (registered OpenAI-compatible replicas, e.g. "
+                                            "`populace replicas vllm`)")] = "dummy",
     replicas: Annotated[int, typer.Option(min=1, help="LLM replicas to start for --model local/sim")] = 1,
     latency: Annotated[float, typer.Option(help="dummy backend: seconds per answer")] = 0.05,
     hosts: Annotated[int, typer.Option(min=1, help="agent-host processes")] = 2,
@@ -189,7 +222,6 @@ def demo(
         }, _overrides(set_)))))
     config = prepared.config
     with _private_stack({config.model.backend}, replicas, hosts, db) as url:
-        display.console.print(f"playing {config.simulation}: {config.agents} agents × {config.rounds} rounds")
         outcome = asyncio.run(_follow(url, prepared, show_progress=True))
     _report(outcome, prepared)
 
@@ -244,7 +276,7 @@ def up(
 @app.command()
 def run(
     scenario: Annotated[Path, typer.Argument(help="scenario YAML file")],
-    nats: Annotated[str, typer.Option("--nats", help="NATS URL")] = os.environ.get("POPULACE_NATS_URL", "nats://127.0.0.1:4222"),
+    nats: Annotated[str, typer.Option("--nats", envvar=NATS_ENV, help="NATS URL")] = NATS_DEFAULT,
     set_: Annotated[list[str] | None, typer.Option("--set", help=SET_HELP)] = None,
     progress: Annotated[bool, typer.Option(help="show progress bars")] = True,
     local: Annotated[bool, typer.Option(help="play in this process, without NATS or services (dummy model); "
@@ -359,7 +391,7 @@ def _steer(build):
 @app.command()
 def cancel(
     run_id: Annotated[str, typer.Argument(help="run id")],
-    nats: Annotated[str, typer.Option("--nats", help=NATS_HELP)] = NATS_DEFAULT,
+    nats: Annotated[str, typer.Option("--nats", envvar=NATS_ENV, help=NATS_HELP)] = NATS_DEFAULT,
     reason: Annotated[str, typer.Option(help="why (kept with the run)")] = "cancelled by the user",
 ) -> None:
     """Stop a run at once: its round in play is dropped, what was recorded stays, and
@@ -377,7 +409,7 @@ def cancel(
 @app.command()
 def resume(
     run_id: Annotated[str, typer.Argument(help="a failed, cancelled or paused run's id")],
-    nats: Annotated[str, typer.Option("--nats", help=NATS_HELP)] = NATS_DEFAULT,
+    nats: Annotated[str, typer.Option("--nats", envvar=NATS_ENV, help=NATS_HELP)] = NATS_DEFAULT,
     progress: Annotated[bool, typer.Option(help="show progress bars")] = True,
     budget_tokens: Annotated[int | None, typer.Option(min=1, help="the run's new token budget (total)")] = None,
     budget_calls: Annotated[int | None, typer.Option(min=1, help="the run's new LLM-call budget (total)")] = None,
@@ -401,7 +433,7 @@ def resume(
 @app.command()
 def follow(
     run_id: Annotated[str, typer.Argument(help="run id")],
-    nats: Annotated[str, typer.Option("--nats", help=NATS_HELP)] = NATS_DEFAULT,
+    nats: Annotated[str, typer.Option("--nats", envvar=NATS_ENV, help=NATS_HELP)] = NATS_DEFAULT,
     progress: Annotated[bool, typer.Option(help="show progress bars")] = True,
 ) -> None:
     """Follow a run under way (e.g. after Ctrl-C in `populace run`) until it is recorded."""
@@ -427,7 +459,7 @@ def fork(
     run_id: Annotated[str, typer.Argument(help="the parent run's id")],
     from_round: Annotated[int, typer.Option("--from-round", min=1, help="start from the state after this round")],
     set_: Annotated[list[str] | None, typer.Option("--set", help="the intervention: " + SET_HELP)] = None,
-    nats: Annotated[str, typer.Option("--nats", help=NATS_HELP)] = NATS_DEFAULT,
+    nats: Annotated[str, typer.Option("--nats", envvar=NATS_ENV, help=NATS_HELP)] = NATS_DEFAULT,
     progress: Annotated[bool, typer.Option(help="show progress bars")] = True,
 ) -> None:
     """Start a new run from a run's state after one of its rounds (its agents' memory, its
@@ -451,7 +483,8 @@ def fork(
 @app.command()
 def rerun(
     run_id: Annotated[str, typer.Argument(help="recorded run id, or 'last'")],
-    db: Annotated[str, typer.Option(help="DuckDB file holding the run (a private stack records the rerun there too)")] = "populace.duckdb",
+    db: Annotated[str, typer.Option(help="DuckDB file holding the run (a private stack records the rerun "
+                                         "there too)")] = "populace.duckdb",
     nats: Annotated[str | None, typer.Option("--nats", help="NATS URL of a running stack "
                                                 "(default: start a private one)")] = None,
     hosts: Annotated[int, typer.Option(min=1, help="agent-host processes (private stack only)")] = 2,
@@ -577,31 +610,40 @@ def results(
     db: Annotated[str, typer.Option(help="DuckDB file")] = "populace.duckdb",
 ) -> None:
     """Per-round statistics of each run's measure (mean … max, or each option's share), its
-    simulation's round summary and its LLM work (a fork: beside its parent's); or (--by) the mean, or each option's share, per group with 95% CIs."""
-    from populace.analysis import fork_table, group_table, round_table, run_info
+    simulation's round summary and its LLM work: answers in, valid, the model's invalid answers
+    and infrastructure retries apart, calls, re-asks, tokens, latency, the model and replicas (a
+    fork: beside its parent's); or (--by) the mean, or each option's share, per group with 95% CIs."""
+    from populace.analysis import call_stats, fork_table, group_table, model_of, round_table, run_info, total_calls
 
     if round_ is not None and by is None:
         fail("--round: only with --by (the per-round table shows every round)")
     # what a script needs to read the rows: the run's simulation, measure and summary titles
-    head = ("run_id", "simulation", "status", "measure", "measure_kind", "grouped", "equilibrium",
+    head = ("run_id", "name", "simulation", "status", "measure", "measure_kind", "grouped", "equilibrium",
             "outcome_table", "summary_table", "labels", "usage")
     with _db(db) as con:
         ids = _run_ids(con, run_ids)
         if by is None:
-            runs = [(run_info(con, rid), round_table(con, rid), fork_table(con, rid)) for rid in ids]
+            runs = [(run_info(con, rid), round_table(con, rid), fork_table(con, rid), call_stats(con, rid))
+                    for rid in ids]
         else:
             rows = group_table(con, ids, by, round=round_)
             info = run_info(con, ids[0])
     if by is None:
-        if json_out:
-            print(json.dumps({"runs": [{**{k: info.get(k) for k in head}, "rounds": rows, "fork": fork}
-                                        for info, rows, fork in runs]}, default=str, indent=1))
+        if json_out:  # per round `calls` (the gateway's llm_calls rows); per run the model and the totals
+            print(json.dumps({"runs": [{**{k: info.get(k) for k in head}, "model": model_of(info, calls),
+                                        "calls": total_calls(calls),
+                                        "rounds": [{**r, "calls": calls.get(r["round"])} for r in rows],
+                                        "fork": fork}
+                                       for info, rows, fork, calls in runs]}, default=str, indent=1))
             return
-        for info, rows, fork in runs:
+        for info, rows, fork, calls in runs:
             if info.get("note"):
                 display.console.print(f"note: {info['note']}", markup=False, highlight=False)
             what = f"{info['simulation']}, {info['measure']}" if info.get("measure") else info["simulation"]
             display.out.print(display.stats_table(rows, f"run {info['run_id']} ({info['status']}; {what})", info))
+            llm = display.llm_table(rows, calls, f"LLM work — {display.model_line(model_of(info, calls))}")
+            if llm is not None:
+                display.out.print(llm)
             if fork is not None:  # a fork is read against its parent: the intervention's effect
                 display.out.print(display.fork_heading(fork), markup=False, highlight=False)
                 display.out.print(display.fork_table(fork, info))
@@ -684,8 +726,10 @@ def personas_generate(
     config: Annotated[Path, typer.Argument(help="population config (YAML), e.g. examples/population/education.yaml")],
     out: Annotated[Path, typer.Option(help="JSONL file to write: one {profile, persona, provenance} per line")],
     count: Annotated[int | None, typer.Option(help="agents (overrides the config's total)")] = None,
-    model: Annotated[str, typer.Option(help="template (no LLM), local (SmolLM2), sim or openai")] = "template",
-    unique: Annotated[int | None, typer.Option(help="generate K personas and assign them to the agents by profile")] = None,
+    model: Annotated[PersonaModel, typer.Option(
+                                       help="template (no LLM), local (SmolLM2), sim or openai")] = "template",
+    unique: Annotated[int | None, typer.Option(help="generate K personas and assign them to the agents by "
+                                                    "profile")] = None,
     seed: Annotated[int | None, typer.Option(help="overrides the config's seed")] = None,
     nats: Annotated[str | None, typer.Option("--nats", help="use a running stack (default: start one)")] = None,
     concurrency: Annotated[int, typer.Option(min=1, help="prompts per gateway request")] = 16,
@@ -716,7 +760,7 @@ def replicas_local(
     threads: Annotated[int, typer.Option(min=0, help="threads per server (0 = cores / count)")] = 0,
     ctx: Annotated[int, typer.Option(min=256, help="context size")] = 2048,
     max_concurrency: Annotated[int, typer.Option(min=1, help="gateway's cap of calls in flight per server")] = 2,
-    nats: Annotated[str, typer.Option("--nats", help="NATS URL")] = NATS_DEFAULT,
+    nats: Annotated[str, typer.Option("--nats", envvar=NATS_ENV, help="NATS URL")] = NATS_DEFAULT,
     bind: Annotated[str, typer.Option(help="address the servers listen on")] = "127.0.0.1",
     advertise: Annotated[str | None, typer.Option(help="host name gateways should use (default: bind)")] = None,
 ) -> None:
@@ -731,7 +775,7 @@ def replicas_local(
 def replicas_sim(
     count: Annotated[int, typer.Option(min=1, help="simulated vLLM replicas")] = 4,
     max_concurrency: Annotated[int, typer.Option(min=1, help="gateway's cap of calls in flight per replica")] = 64,
-    nats: Annotated[str, typer.Option("--nats", help="NATS URL")] = NATS_DEFAULT,
+    nats: Annotated[str, typer.Option("--nats", envvar=NATS_ENV, help="NATS URL")] = NATS_DEFAULT,
     bind: Annotated[str, typer.Option(help="address the servers listen on")] = "127.0.0.1",
     advertise: Annotated[str | None, typer.Option(help="host name gateways should use (default: bind)")] = None,
     sim_args: Annotated[list[str] | None, typer.Argument(help="passed to populace.gateway.sim, after --")] = None,
@@ -749,7 +793,7 @@ def replicas_vllm(
     gpus: Annotated[str, typer.Option(help="comma-separated GPU indices, one replica each")] = "0",
     base_port: Annotated[int, typer.Option(help="first port; replica i uses base_port + i")] = 8000,
     max_concurrency: Annotated[int, typer.Option(min=1, help="gateway's cap of calls in flight per replica")] = 256,
-    nats: Annotated[str, typer.Option("--nats", help="NATS URL")] = NATS_DEFAULT,
+    nats: Annotated[str, typer.Option("--nats", envvar=NATS_ENV, help="NATS URL")] = NATS_DEFAULT,
     bind: Annotated[str, typer.Option(help="address the servers listen on")] = "127.0.0.1",
     advertise: Annotated[str | None, typer.Option(help="host name gateways should use (default: bind)")] = None,
 ) -> None:
@@ -794,7 +838,8 @@ def bench_dummy(
     json_out: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
     out: Annotated[Path | None, typer.Option(help="also write the JSON result to this file")] = None,
     floor: Annotated[bool, typer.Option(help="measure the plain-asyncio floor too")] = True,
-    storage: Annotated[str, typer.Option(help="JetStream storage: memory or file")] = "memory",
+    storage: Annotated[Storage, typer.Option(
+                                         help="JetStream storage")] = "memory",
     simulation: Annotated[str, typer.Option(help="simulation to play (any installed one)")] = "ratio-game",
     set_: Annotated[list[str] | None, typer.Option("--set", help=SET_HELP)] = None,
 ) -> None:
@@ -802,8 +847,6 @@ def bench_dummy(
     `latency` seconds for its answer; every outcome ends up in DuckDB."""
     from populace.cli.bench import run_dummy_bench
 
-    if storage not in ("memory", "file"):
-        fail(f"--storage: must be memory or file (got {storage!r})")
     params = _overrides(set_)
     checked(lambda: prepare(parse_config({"simulation": simulation, "agents": agents, **params})))
     result = run_dummy_bench(agents=agents, latency=latency, hosts=hosts or os.cpu_count() or 1,

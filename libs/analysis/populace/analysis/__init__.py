@@ -17,6 +17,7 @@ Student-t CIs) or as categories (shares, Wilson CIs). Open the file read-only::
 Errors a user can cause (unknown run, attribute, round) raise ``AnalysisError`` (a ValueError).
 """
 
+from populace.analysis.calls import call_stats, model_of, total_calls
 from populace.analysis.export import PLATFORM_TABLES, TABLES, export_parquet
 from populace.analysis.queries import (
     NONE_GROUP,
@@ -59,6 +60,7 @@ __all__ = [
     "AnalysisError",
     "RunTables",
     "attributes",
+    "call_stats",
     "convergence_table",
     "describe",
     "export_parquet",
@@ -74,6 +76,7 @@ __all__ = [
     "last_round",
     "mean_ci",
     "measure_values",
+    "model_of",
     "render_report",
     "round_table",
     "run_info",
@@ -82,6 +85,7 @@ __all__ = [
     "summary",
     "t_interval",
     "tables_of",
+    "total_calls",
     "wilson_interval",
     "write_report",
 ]

@@ -7,7 +7,9 @@ and each run's own tables, named as its simulation declared them::
     out/runs.parquet            run_id, started_at, finished_at, config_json, status, reason,
                                 hosts, manifest_json, simulation, tables_json (JSON as text)
     out/agents.parquet          run_id, agent_id, host_id, persona_json
-    out/agent_profiles.parquet  run_id, agent_id, persona_index, profile, persona (JSON text)
+    out/agent_profiles.parquet  run_id, agent_id, persona_index, one column per profile
+                                attribute (e.g. education; numbers stay numbers), profile and
+                                persona (JSON text, the whole record)
     out/llm_calls.parquet       run_id, round, agent_id, replica, prompt_tokens,
                                 completion_tokens, latency_ms, attempts, valid, batch_id
     out/<outcomes>.parquet      run_id, round, agent_id, [group_id], the simulation's outcome
@@ -23,14 +25,12 @@ Reading them back::
     import pandas as pd
     guesses = pd.read_parquet("out/guesses.parquet")
     profiles = pd.read_parquet("out/agent_profiles.parquet")
-    profiles["education"] = profiles["profile"].map(lambda s: json.loads(s).get("education"))
     last = guesses[guesses["round"] == guesses["round"].max()].merge(profiles, on=["run_id", "agent_id"])
     last.groupby("education")["value"].agg(["count", "mean", "std"])
 
     import polars as pl
     g = pl.read_parquet("out/public_goods_outcomes.parquet")
-    p = pl.read_parquet("out/agent_profiles.parquet").with_columns(
-        pl.col("profile").str.json_path_match("$.education").alias("education"))
+    p = pl.read_parquet("out/agent_profiles.parquet")
     g.filter(pl.col("valid")).join(p, on=["run_id", "agent_id"]).group_by("round", "education").agg(
         pl.col("contribution").mean())
 
@@ -66,6 +66,37 @@ def _lit(s: str) -> str:
     return "'" + str(s).replace("'", "''") + "'"
 
 
+# JSON value types that become typed columns (anything else, or a mix, is exported as text)
+PROFILE_TYPES = {"BIGINT": "BIGINT", "UBIGINT": "BIGINT", "DOUBLE": "DOUBLE", "BOOLEAN": "BOOLEAN"}
+
+
+def profile_columns(con: duckdb.DuckDBPyConnection, ids: str) -> str:
+    """The select list of agent_profiles with each profile attribute as its own typed column
+    (a number column where every agent's value is a number, else text), named as the attribute
+    (`profile_<name>` where that would clash with a column the table has)."""
+    keys = [k for (k,) in con.execute(
+        f"SELECT DISTINCT unnest(json_keys(profile)) AS k FROM agent_profiles WHERE run_id IN ({ids}) ORDER BY k"
+    ).fetchall()]
+    own = {"run_id", "agent_id", "persona_index", "profile", "persona"}
+    cols = ["run_id", "agent_id", "persona_index"]
+    for key in keys:
+        path = _lit("$." + _json_key(key))
+        types = {PROFILE_TYPES.get(t) for (t,) in con.execute(
+            f"SELECT DISTINCT json_type(profile, {path}) FROM agent_profiles WHERE run_id IN ({ids}) "
+            f"AND json_type(profile, {path}) <> 'NULL'").fetchall()}
+        kind = "DOUBLE" if types == {"BIGINT", "DOUBLE"} else types.pop() if len(types) == 1 else None
+        value = (f"CAST(json_extract(profile, {path}) AS {kind})" if kind
+                 else f"json_extract_string(profile, {path})")
+        name = f"profile_{key}" if key in own else key
+        cols.append(f"{value} AS {q(name)}")
+    return ", ".join([*cols, "profile", "persona"])
+
+
+def _json_key(key: str) -> str:
+    """A JSONPath member for any attribute name (quoted: names may hold spaces or dots)."""
+    return '"' + key.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def export_tables(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> dict[str, str]:
     """{table: ORDER BY columns} of what an export of ``run_ids`` writes (checked runs)."""
     out = {t: ORDER[t] for t in PLATFORM_TABLES if has_table(con, t)}
@@ -90,8 +121,9 @@ def export_parquet(con: duckdb.DuckDBPyConnection, run_ids: str | Sequence[str],
     written = []
     for table, order in tables.items():
         path = out / f"{table}.parquet"
+        select = profile_columns(con, ids) if table == "agent_profiles" else "*"
         con.execute(
-            f"COPY (SELECT * FROM {q(table)} WHERE run_id IN ({ids}) ORDER BY {order}) "
+            f"COPY (SELECT {select} FROM {q(table)} WHERE run_id IN ({ids}) ORDER BY {order}) "
             f"TO {_lit(path)} (FORMAT parquet)")
         written.append(path)
     return written

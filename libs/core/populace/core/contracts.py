@@ -599,14 +599,15 @@ class LlmCallBatch(Wire):
     prompt_tokens: list[Amount]
     completion_tokens: list[Amount]
     latency_ms: list[Millis]
-    attempts: list[Amount]
+    attempts: list[Amount]  # HTTP calls made for the decision: re-asks and retries on other replicas included
     valid: list[bool]
+    reasks: list[Amount] = []  # of those, corrective re-asks after an invalid answer (empty: not counted)
 
     @model_validator(mode="after")
     def _same_length(self) -> LlmCallBatch:
         n = len(self.agent_ids)
         if any(len(c) != n for c in (self.replicas, self.prompt_tokens, self.completion_tokens, self.latency_ms,
-                                     self.attempts, self.valid)):
+                                     self.attempts, self.valid)) or len(self.reasks) not in (0, n):
             raise ValueError("every column of a call batch must have one value per agent id")
         return self
 

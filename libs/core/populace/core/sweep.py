@@ -132,6 +132,13 @@ def cell_label(values: dict[str, Any]) -> str:
     return ", ".join(f"grid.{k} = {_short(v)}" for k, v in values.items()) or "base"
 
 
+def cell_name(sweep: str, values: dict[str, Any], seed: int) -> str:
+    """A run's name in a sweep: 'ratios: game={ratio: 1/2, offset: 5}, seed 1' (≤ 200 characters)."""
+    cell = ", ".join(f"{k}={_short(v)}" for k, v in values.items())
+    name = f"{sweep}: {cell}, seed {seed}" if cell else f"{sweep}, seed {seed}"
+    return name if len(name) <= 200 else name[:199] + "…"
+
+
 def expand(spec: SweepSpec, base: dict) -> list[Cell]:
     keys = list(spec.grid)
     combos = list(itertools.product(*(spec.grid[k] for k in keys))) if keys else [()]
@@ -147,6 +154,8 @@ def expand(spec: SweepSpec, base: dict) -> list[Cell]:
                 _set(data, key, value)
             data["seed"] = seed
             _set(data, "model.seed", seed)
+            if "name" not in values:  # a cell's runs say which cell they are, not only the base's name
+                data["name"] = cell_name(spec.name, values, seed)
             try:
                 config = RunConfig.model_validate(data)
             except ValidationError as err:

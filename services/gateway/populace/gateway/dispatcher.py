@@ -87,7 +87,7 @@ class Dispatcher:
             replicas=[d.replica for d in decisions], prompt_tokens=[d.prompt_tokens for d in decisions],
             completion_tokens=[d.completion_tokens for d in decisions],
             latency_ms=[d.latency_ms for d in decisions], attempts=[d.attempts for d in decisions],
-            valid=[d.valid for d in decisions],
+            valid=[d.valid for d in decisions], reasks=[d.reasks for d in decisions],
         )
         return reply, calls
 

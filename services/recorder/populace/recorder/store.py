@@ -53,6 +53,7 @@ CREATE TABLE IF NOT EXISTS agent_profiles (
 );
 CREATE TABLE IF NOT EXISTS _ingested (msg_id VARCHAR PRIMARY KEY);
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS manifest_json JSON;
+ALTER TABLE llm_calls ADD COLUMN IF NOT EXISTS reasks INTEGER;
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS simulation VARCHAR;
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS tables_json JSON;
 CREATE TABLE IF NOT EXISTS _resumes (run_id VARCHAR, epoch INTEGER, after_round INTEGER, resumed_at TIMESTAMP);
@@ -309,10 +310,12 @@ class Store:
                         out.refused.append((e.msg_id, why))
                         continue
                     con.execute(
-                        "INSERT INTO llm_calls SELECT ?, ?, unnest(?), unnest(?), unnest(?), unnest(?), "
-                        "unnest(?), unnest(?), unnest(?), ?",
+                        "INSERT INTO llm_calls BY NAME SELECT ? AS run_id, ? AS round, unnest(?) AS agent_id, "
+                        "unnest(?) AS replica, unnest(?) AS prompt_tokens, unnest(?) AS completion_tokens, "
+                        "unnest(?) AS latency_ms, unnest(?) AS attempts, unnest(?) AS valid, ? AS batch_id, "
+                        "unnest(?) AS reasks",
                         [m.run_id, m.round, m.agent_ids, m.replicas, m.prompt_tokens, m.completion_tokens,
-                         m.latency_ms, m.attempts, m.valid, m.batch_id],
+                         m.latency_ms, m.attempts, m.valid, m.batch_id, m.reasks or [None] * len(m.agent_ids)],
                     )
                     out.calls += len(m.agent_ids)
                 elif isinstance(m, RunStarted):
