@@ -304,6 +304,7 @@ def test_report_is_self_contained_with_all_figures(con, tmp_path):
     assert "invalid (the model&#39;s answer could not be read)" in page
     assert "3 infrastructure retries (prompts asked again because no model answered" in page
     assert "<th>infra retries</th>" in page and "<th>prompt tokens</th>" in page
+    assert "<th>re-asks</th>" in page and "<th>latency p50 (ms)</th>" in page  # from the gateway's llm_calls
     # every invalid answer with its raw text, not five; every valid one per agent
     invalid = sum(1 for r in range(1, N_ROUNDS + 1) for a in range(N_AGENTS) if (a * 7 + r) % 23 == 0)
     table = page[page.index('id="invalid-answers"'):page.index('id="reasoning"')]

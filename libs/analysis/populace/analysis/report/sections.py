@@ -32,6 +32,7 @@ from collections.abc import Sequence
 
 import duckdb
 
+from populace.analysis.calls import call_stats
 from populace.analysis.queries import (
     convergence_table,
     group_table,
@@ -67,7 +68,6 @@ from populace.analysis.report.text import (
 )
 from populace.analysis.stats import wilson_interval
 from populace.analysis.tables import plural
-from populace.core.contracts import Usage
 
 STATS = ("mean", "median", "std", "min", "max")
 MAX_PANELS = 6  # histogram panels: all rounds up to this, else the first and last halves
@@ -137,9 +137,6 @@ def round_table(rounds: list[dict], info: dict, types: dict[str, str]) -> Table:
         options = rounds[0]["options"] if rounds else []
         headers += ["most chosen", *options]
     headers += [t for _, t in cols]
-    usage = any(r.get("usage") for r in rounds)
-    if usage:
-        headers += ["LLM calls", "prompt tokens", "completion tokens", "infra retries"]
     rows = []
     for r in rounds:
         cells = [number(r["round"]), number(r["n"]), number(r["n_valid"]), number(r["n_invalid"])]
@@ -149,14 +146,34 @@ def round_table(rounds: list[dict], info: dict, types: dict[str, str]) -> Table:
             cells += [most_chosen(r), *(percent(r["shares"].get(o)) for o in options)]
         s = r["summary"] or {}
         cells += [summary_cell(c, s.get(c), types.get(c, "")) for c, _ in cols]
-        if usage:
-            u = r.get("usage") or {}
-            cells += [number(u.get(k)) for k in Usage.RECORDED]
         rows.append(cells)
     return Table(headers, rows, left=())
 
 
-def per_round_section(info: dict, rounds: list[dict], types: dict[str, str]) -> Section:
+LLM_HEADERS = ["round", "invalid (model)", "infra retries", "LLM calls", "re-asks", "replica retries",
+               "prompt tokens", "completion tokens", "latency p50 (ms)", "p95", "max"]
+
+
+def llm_table(rounds: list[dict], calls: dict[int, dict]) -> Table | None:
+    """Per round what the answers cost and how they came: the model's invalid answers apart from
+    the infrastructure's retries (never answers), calls, the gateway's re-asks and retries on
+    another replica, tokens and latency (`round_table`'s usage, `call_stats`). None without any."""
+    if not any(r.get("usage") for r in rounds) and not calls:
+        return None
+    rows = []
+    for r in rounds:
+        u, c = r.get("usage") or {}, calls.get(r["round"]) or {}
+        rows.append([number(r["round"]), number(r["n_invalid"]), number(u.get("infra_retries")),
+                     number(u.get("llm_calls", c.get("calls"))), number(c.get("reasks")),
+                     number(c.get("replica_retries")),
+                     number(c.get("prompt_tokens", u.get("prompt_tokens"))),
+                     number(c.get("completion_tokens", u.get("completion_tokens"))),
+                     *(number(c.get(k)) for k in ("latency_ms_p50", "latency_ms_p95", "latency_ms_max"))])
+    return Table(LLM_HEADERS, rows, left=())
+
+
+def per_round_section(info: dict, rounds: list[dict], types: dict[str, str],
+                      calls: dict[int, dict] | None = None) -> Section:
     section = Section("Per round", anchor="rounds")
     if not rounds:
         section.blocks.append(Note("No round was recorded for this run."))
@@ -167,6 +184,14 @@ def per_round_section(info: dict, rounds: list[dict], types: dict[str, str]) -> 
     section.blocks.append(Note(f"n, valid and the statistics: from {source}; std: sample); the other columns: the "
                                f"environment's round result (table {info['summary_table']})."
                                + (f" {note}" if note else "")))
+    llm = llm_table(shown, calls or {})
+    if llm is not None:
+        section.blocks.append(llm)
+        section.blocks.append(Note("LLM work per round. Invalid (model): answers recorded that the simulation "
+                                   "could not read. Infra retries: prompts asked again because no model answered "
+                                   "(never recorded as answers). Re-asks: the gateway's corrective asks after an "
+                                   "invalid answer; replica retries: calls again on another replica after one "
+                                   "failed; latency per decision, re-asks included (table llm_calls)."))
     return section
 
 
@@ -427,7 +452,7 @@ def run_sections(con: duckdb.DuckDBPyConnection, run_id: str, info: dict, rounds
                  ) -> tuple[KeyValues, list[Section]]:
     """The header and every section of one run's report, in order."""
     invalid = invalid_rows(con, run_id)
-    sections = [per_round_section(info, rounds, types)]
+    sections = [per_round_section(info, rounds, types, call_stats(con, run_id))]
     if info["measure_kind"] == "numeric":
         sections += numeric_sections(con, run_id, info, rounds, attrs)
     elif info["measure_kind"] == "categorical":
