@@ -116,6 +116,13 @@ def _report_outcome(outcome, sim) -> None:
         fail(f"run {outcome.run_id} {outcome.status}: {outcome.reason}", code=1)
 
 
+def _print_metrics_ports(ports: dict[str, int]) -> None:
+    """Which service exports its metrics on which port (POPULACE_METRICS_PORT on a local stack)."""
+    if ports:
+        where = ", ".join(f"{key} :{port}" for key, port in ports.items())
+        display.console.print(f"metrics (http://127.0.0.1:PORT/metrics): {where}", soft_wrap=True)
+
+
 @contextlib.contextmanager
 def _private_stack(backends: set[str], replicas: int, hosts: int, db: str):
     """Embedded NATS, every service, and `replicas` LLM replicas per local/sim backend used;
@@ -130,6 +137,7 @@ def _private_stack(backends: set[str], replicas: int, hosts: int, db: str):
     try:
         stack.start()
         display.console.print(f"logs: {stack.log_dir}")
+        _print_metrics_ports(stack.metrics_ports)
         asyncio.run(stack.wait_ready())
         display.console.print(f"ready in {time.monotonic() - t0:.1f}s")
         yield stack.url
@@ -256,6 +264,7 @@ def up(
         asyncio.run(stack.wait_ready())
         display.console.print(f"[green]ready[/green]: NATS at {nats.url}, {hosts} agent-hosts, "
                               f"DuckDB {db}, logs {stack.log_dir}. Ctrl-C stops.")
+        _print_metrics_ports(stack.metrics_ports)
         while True:  # SIGTERM and Ctrl-C both end this loop with KeyboardInterrupt
             time.sleep(0.5)
             stack.check_alive()

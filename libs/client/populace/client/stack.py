@@ -1,13 +1,19 @@
 """A local stack: embedded nats-server plus every service as its own OS process. Used by
 `populace up`, `populace demo`, `populace bench`, `populace.client.simulate` and the
 end-to-end tests. Services start by name (`python -m populace.core.serve NAME`); extra
-processes (LLM replicas) are `populace …` commands."""
+processes (LLM replicas) are `populace …` commands.
+
+Metrics: with POPULACE_METRICS_PORT=P (in `env` or the environment) every service process
+gets its own /metrics port, in this order: orchestrator P, environment P+1, gateway P+2,
+recorder P+3, agent-host-i P+4+i (`metrics_layout`); `metrics=True` without P picks free
+ports. `metrics_ports` says which is which."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -23,10 +29,33 @@ from populace.core.natsserver import EmbeddedNats, free_port
 from populace.core.processes import stop_all, uninterrupted
 
 CORE_SERVICES = ["orchestrator", "environment", "gateway", "recorder"]
+METRICS_PORT_VARIABLE = "POPULACE_METRICS_PORT"
 
 
 class StackError(RuntimeError):
     pass
+
+
+def service_keys(hosts: int) -> list[str]:
+    """The stack's service processes, in start order (and metrics port order)."""
+    return [*CORE_SERVICES, *(f"agent-host-{i}" for i in range(hosts))]
+
+
+def metrics_layout(keys: list[str], base: int) -> dict[str, int]:
+    """Each service's metrics port from `base` on: one each, in the order of `keys`."""
+    return {key: base + i for i, key in enumerate(keys)}
+
+
+def _port_taken(port: int) -> bool:
+    """Whether a listener holds `port` (bound as the metrics server binds it: every address,
+    reusing a port left in TIME_WAIT)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return True
+    return False
 
 
 def _raise_interrupt(*_) -> None:
@@ -51,8 +80,8 @@ class Stack:
     host_env: dict[str, str] = field(default_factory=dict)
     extra: dict[str, list[str]] = field(default_factory=dict)  # more `populace …` processes, by name
     replicas: int = 0  # LLM replicas that must be registered before the stack is ready
-    metrics: bool = False  # give every service its own Prometheus port (see metrics_ports)
-    metrics_ports: dict[str, int] = field(default_factory=dict)
+    metrics: bool = False  # every service exports metrics, on free ports unless POPULACE_METRICS_PORT says
+    metrics_ports: dict[str, int] = field(default_factory=dict)  # service key -> its /metrics port
     nats_args: list[str] = field(default_factory=list)  # extra nats-server flags (embedded server only)
     # NATS user -> password (deploy/nats/auth.conf's users): each service connects as its own
     # user (an agent-host as its host id if listed, else `agent-host`), the stack itself as
@@ -68,6 +97,8 @@ class Stack:
 
     def start(self) -> Stack:
         _sigterm_stops_us()
+        keys = service_keys(self.hosts)
+        self.metrics_ports = self._metrics_ports(keys)  # before anything starts: a taken port stops here
         self.log_dir = self.log_dir or tempfile.mkdtemp(prefix="populace-logs-")
         Path(self.log_dir).mkdir(parents=True, exist_ok=True)
         if not self.nats_url:
@@ -75,17 +106,47 @@ class Stack:
                                      extra_args=self.nats_args).start()
         base = {**os.environ, "POPULACE_NATS_URL": self.url, "POPULACE_DB": str(Path(self.db).absolute()),
                 "POPULACE_LOG_FORMAT": "json", "POPULACE_PARENT_PID": str(os.getpid()), **self.env}
+        # One port per process: none inherits the stack's base port (they would all bind it).
+        base[METRICS_PORT_VARIABLE] = "0"
         for name in CORE_SERVICES:
-            self._spawn(name, ["-m", "populace.core.serve", name], {**base, **self._user(name)}, service=True)
-        for i in range(self.hosts):
-            self._spawn(f"agent-host-{i}", ["-m", "populace.core.serve", "agent-host"],
-                        {**base, "POPULACE_HOST_ID": f"host-{i}", **self._host_user(f"host-{i}"), **self.host_env},
+            self._spawn(name, ["-m", "populace.core.serve", name],
+                        {**base, **self._user(name), **self._metrics_env(name)}, service=True)
+        for i, key in enumerate(keys[len(CORE_SERVICES):]):
+            self._spawn(key, ["-m", "populace.core.serve", "agent-host"],
+                        {**base, "POPULACE_HOST_ID": f"host-{i}", **self._host_user(f"host-{i}"), **self.host_env,
+                         **self._metrics_env(key)},
                         service=True)
         for key, args in self.extra.items():
             # --nats goes before a `--` (what follows it is passed through to another program)
             cut = args.index("--") if "--" in args else len(args)
             self._spawn(key, ["-m", "populace.cli", *args[:cut], "--nats", self.url, *args[cut:]], base)
         return self
+
+    def _metrics_ports(self, keys: list[str]) -> dict[str, int]:
+        """The metrics port of each service (none: metrics off). A base port that is not a
+        number, does not leave room for every service, or any of whose ports is taken is a
+        StackError naming the variable."""
+        raw = (self.env.get(METRICS_PORT_VARIABLE) or os.environ.get(METRICS_PORT_VARIABLE) or "0").strip()
+        try:
+            first = int(raw)
+        except ValueError:
+            raise StackError(f"{METRICS_PORT_VARIABLE}={raw!r} is not a port number (0 turns metrics off)") from None
+        if first == 0:
+            return {key: free_port() for key in keys} if self.metrics else {}
+        last = first + len(keys) - 1
+        if first < 0 or last > 65535:
+            raise StackError(f"{METRICS_PORT_VARIABLE}={first}: the stack's {len(keys)} services need ports "
+                             f"{first}-{last}, which must lie within 1-65535")
+        ports = metrics_layout(keys, first)
+        taken = [f"{port} ({key})" for key, port in ports.items() if _port_taken(port)]
+        if taken:
+            raise StackError(f"{METRICS_PORT_VARIABLE}={first}: port {', '.join(taken)} already in use; the stack "
+                             f"gives its {len(keys)} services ports {first}-{last}: choose another first port, "
+                             f"or 0 to turn metrics off")
+        return ports
+
+    def _metrics_env(self, key: str) -> dict[str, str]:
+        return {METRICS_PORT_VARIABLE: str(self.metrics_ports[key])} if key in self.metrics_ports else {}
 
     def _user(self, name: str) -> dict[str, str]:
         if self.users is None:
@@ -103,9 +164,6 @@ class Stack:
 
     def _spawn(self, key: str, args: list[str], env: dict[str, str], service: bool = False) -> None:
         self.specs[key] = (args, env, service)
-        if self.metrics and service:
-            self.metrics_ports[key] = free_port()
-            env = {**env, "POPULACE_METRICS_PORT": str(self.metrics_ports[key])}
         with open(Path(self.log_dir) / f"{key}.log", "ab") as log:  # type: ignore[arg-type]  # the child keeps its copy
             self.procs[key] = subprocess.Popen(
                 [sys.executable, *args], env=env, stdout=log, stderr=log, start_new_session=True,

@@ -10,6 +10,7 @@ import asyncio
 import sys
 from importlib.metadata import entry_points
 
+from populace.core.metrics import MetricsPortUnavailable
 from populace.core.service import Service
 from populace.core.settings import Settings
 
@@ -37,7 +38,10 @@ def run(name: str) -> None:
     except ImportError:  # pragma: no cover - Windows
         runner = asyncio.Runner()
     with runner:
-        runner.run(service.app.run())
+        try:
+            runner.run(service.app.run())
+        except MetricsPortUnavailable as err:  # a setting to change, not a bug: no traceback
+            sys.exit(f"error: {err}")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -69,7 +69,7 @@ class Service:
         self.settings = settings or Settings()
         logs.configure(self.settings.log_level, self.settings.log_format, service=name)
         telemetry.setup(name)
-        metrics.DEAD_LETTERS.labels(name)  # the series exists (at 0) before the first bad message
+        metrics.declare(name)  # its series exist (at 0) before its first round, batch or bad message
         self.log = logs.get(f"populace.{name}")
         quiet = logging.getLogger(f"faststream.{name}")
         quiet.setLevel(logging.WARNING)
@@ -115,6 +115,8 @@ class Service:
                             run_max_age_s=self.settings.run_max_age_s)
 
     async def _register(self) -> None:
+        # Metrics first: a process that cannot serve them (port taken) never registers as ready.
+        metrics.serve(self.settings.metrics_port)
         for fn in self._startup_hooks:
             await fn()
         kv = await self.js.key_value(subjects.SERVICES_BUCKET)
@@ -126,7 +128,6 @@ class Service:
             self.settings.heartbeat_s,
         )
         await self._heartbeat.start()
-        metrics.serve(self.settings.metrics_port)
         if self.settings.parent_pid:
             self._orphan_watch = asyncio.create_task(self._exit_when_orphaned(self.settings.parent_pid))
         self.log.info("service_ready", nats=self.settings.nats_url)

@@ -9,6 +9,7 @@ import asyncio
 import itertools
 import json
 import random
+import time
 
 from nats.aio.client import Client
 from nats.errors import NoRespondersError
@@ -119,14 +120,15 @@ class InferSession:
     async def _send(self, batch: InferBatch, futs: list[asyncio.Future]) -> None:
         n = len(batch.keys)
         self.batches_sent += 1
-        metrics.batch("agent-host", "infer", n)
         in_flight = metrics.LLM_IN_FLIGHT.labels("agent-host")
         in_flight.inc(n)
+        t0 = time.perf_counter()
         try:
             with tracer.start_as_current_span("agent-host.infer", attributes={"populace.prompts": n}):
                 await self._until_answered(batch, futs, tracing=telemetry.inject())
         finally:
             in_flight.dec(n)
+            metrics.batch("agent-host", "infer", n, time.perf_counter() - t0)
 
     async def _until_answered(self, batch: InferBatch, futs: list[asyncio.Future], tracing: dict) -> None:
         """Send the batch, then again what no model answered (the whole batch when its gateway

@@ -34,6 +34,7 @@ class OutcomePublisher:
             latency_ms=batch.latency_ms, errors=batch.errors, group_ids=batch.group_ids, epoch=self.epoch,
         )
         metrics.batch("agent-host", "outcomes", len(batch.agent_ids))
+        metrics.INVALID.labels("agent-host").inc(batch.valid.count(False))
         self._publishing.append(asyncio.get_running_loop().create_task(self._publish(envelope)))
 
     async def _publish(self, batch: OutcomeBatch) -> None:

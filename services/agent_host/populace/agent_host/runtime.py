@@ -165,6 +165,8 @@ class HostRuntime:
         # The partial goes out last: a round that closes is a round whose checkpoints exist.
         await publisher.close(share, session.usage())
         metrics.ROUNDS.labels("agent-host").inc()
+        metrics.ROUND_SECONDS.labels("agent-host").observe(time.perf_counter() - t0)
+        metrics.RETRIES.labels("agent-host").inc(session.infra_retries)
         log.info("round_played", run_id=run.run_id, round=opened.round, agents=share.n, valid=share.n_valid,
                  infer_batches=session.batches_sent, infra_retries=session.infra_retries, llm_calls=session.llm_calls,
                  tokens=session.prompt_tokens + session.completion_tokens, outcome_batches=share.batches,

@@ -7,6 +7,7 @@ Run with `populace service gateway` or `faststream run populace.gateway.app:fast
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 from faststream import FastStream
@@ -113,6 +114,7 @@ class Gateway:
 
     async def answer(self, batch: InferBatch) -> bytes:
         stats = self.stats
+        t0 = time.perf_counter()
         if why := self.refusal(batch):
             stats["errors"] += 1
             self.svc.log.warning("infer_refused", batch=batch.batch_id, run_id=batch.run_id, error=why)
@@ -137,7 +139,7 @@ class Gateway:
                               replicas=sorted(set(calls.replicas)))
         stats["batches"] += 1
         stats["prompts"] += len(batch.keys)
-        metrics.batch("gateway", "infer", len(batch.keys))
+        metrics.batch("gateway", "infer", len(batch.keys), time.perf_counter() - t0)
         if stats["batches"] % 200 == 0:
             self.svc.log.info("gateway_progress", batches=stats["batches"], prompts=stats["prompts"],
                               errors=stats["errors"])

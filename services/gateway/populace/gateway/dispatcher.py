@@ -46,6 +46,7 @@ class Decision:
     completion_tokens: int
     latency_ms: float
     failed: str | None = None  # no model answered (infrastructure): the agent-host asks again
+    reasks: int = 0  # corrective re-asks after an invalid answer (their calls are in `attempts`)
 
 
 class Dispatcher:
@@ -76,6 +77,7 @@ class Dispatcher:
         finally:
             self.admitted -= n
             metrics.LLM_IN_FLIGHT.labels("gateway").set(self.admitted)
+        export_metrics(decisions)
         failed = [d.failed for d in decisions]
         reply = InferReply(batch_id=batch.batch_id, texts=[d.text for d in decisions],
                            valid=[d.valid for d in decisions], attempts=[d.attempts for d in decisions],
@@ -96,9 +98,10 @@ class Dispatcher:
         t0 = time.perf_counter()
         messages = [{"role": "system", "content": batch.system}, {"role": "user", "content": batch.prompts[i]}]
         seed = batch.model.seed * 1_000_003 + batch.keys[i] if batch.model.seed else None
-        attempts = ptok = ctok = 0
+        attempts = ptok = ctok = reasks = 0
         text, replica, valid, failed = "", "", False, None
-        for _ in range(1 + self.s.gateway_reasks):
+        for asked in range(1 + self.s.gateway_reasks):
+            reasks = asked
             try:
                 replica, res, tries = await self.call(batch, messages, key, seed)
             except CallFailed as err:
@@ -116,7 +119,7 @@ class Dispatcher:
                 break
             messages = [*messages, {"role": "assistant", "content": text},
                         {"role": "user", "content": answers.reask_message(batch.response_schema)}]
-        return Decision(text, valid, attempts, replica, ptok, ctok, (time.perf_counter() - t0) * 1000, failed)
+        return Decision(text, valid, attempts, replica, ptok, ctok, (time.perf_counter() - t0) * 1000, failed, reasks)
 
     # -- one call, with retries on other replicas -----------------------------------
     async def call(self, batch: InferBatch, messages: list[dict], key: str,
@@ -132,6 +135,7 @@ class Dispatcher:
                 if self.retries >= self.s.gateway_retry_budget * self.calls + 10:
                     raise CallFailed(f"retry budget exhausted; last error: {error}", attempt)
                 self.retries += 1
+                metrics.RETRIES.labels("gateway").inc()
                 await asyncio.sleep(min(2.0, 0.05 * 2**attempt) * (0.5 + self._rng.random()))
             load = await self.acquire(batch.model.backend, key, tried)
             info = self.pool.info(load.replica_id)
@@ -180,3 +184,25 @@ class Dispatcher:
                 fut.set_result(None)
                 if not everyone:
                     return
+
+
+def export_metrics(decisions: list[Decision]) -> None:
+    """One batch's decisions in the metrics: counters summed per replica first (one increment
+    per replica and kind, not per decision); latencies one by one (a histogram has no bulk
+    observe), which costs far less than the HTTP call each of them stands for."""
+    by_replica: dict[str, list[Decision]] = {}
+    invalid = 0
+    for d in decisions:
+        if d.replica:  # a replica answered (an infrastructure failure has none)
+            by_replica.setdefault(d.replica, []).append(d)
+        if not d.valid and not d.failed:
+            invalid += 1
+    for replica, answered in by_replica.items():
+        metrics.LLM_CALLS.labels(replica).inc(len(answered))
+        metrics.LLM_TOKENS.labels("prompt", replica).inc(sum(d.prompt_tokens for d in answered))
+        metrics.LLM_TOKENS.labels("completion", replica).inc(sum(d.completion_tokens for d in answered))
+        metrics.REASKS.labels(replica).inc(sum(d.reasks for d in answered))
+        latency = metrics.LLM_SECONDS.labels(replica)
+        for d in answered:
+            latency.observe(d.latency_ms / 1000)
+    metrics.INVALID.labels("gateway").inc(invalid)

@@ -6,13 +6,14 @@ gateway's own in-flight counts, which polling never resets."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass
 
 import httpx
 from nats.js import JetStreamContext
 
-from populace.core import bus, logs, subjects
+from populace.core import bus, logs, metrics, subjects
 from populace.core.contracts import ReplicaInfo
 from populace.gateway.routing import ReplicaLoad
 
@@ -114,8 +115,19 @@ class ReplicaPool:
             for rid in [k for k, r in self.replicas.items() if not r.static and k not in fresh]:
                 log.info("replica_removed", replica=rid)
                 del self.replicas[rid]
+                for gauge in (metrics.REPLICA_UP, metrics.REPLICA_IN_FLIGHT, metrics.REPLICA_WAITING):
+                    with contextlib.suppress(KeyError):  # never exported: it went before a poll
+                        gauge.remove(rid)
         await asyncio.gather(*(self._probe(r) for r in list(self.replicas.values())))
+        self.export_metrics()
         self.on_refresh()
+
+    def export_metrics(self) -> None:
+        """Each replica's health and load, sampled once per poll (not at every call)."""
+        for rid, r in self.replicas.items():
+            metrics.REPLICA_UP.labels(rid).set(1 if r.load.healthy else 0)
+            metrics.REPLICA_IN_FLIGHT.labels(rid).set(r.load.in_flight)
+            metrics.REPLICA_WAITING.labels(rid).set(r.load.waiting)
 
     async def _probe(self, r: Replica) -> None:
         try:

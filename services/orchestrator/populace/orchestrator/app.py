@@ -64,7 +64,10 @@ class Orchestrator:
         self.watch_task: asyncio.Task | None = None
         self.progress_at: dict[str, float] = {}  # run id -> last progress tick (time.monotonic)
         self.units: dict[str, int] = {}  # run id -> agents that must stay on one host (a group)
+        # run id -> (round in play, time.monotonic() of its first announcement): the round's time
+        self.round_opened: dict[str, tuple[int, float]] = {}
         self.progress_sub = None
+        metrics.RUNS_ACTIVE.set_function(lambda: len(self.watched))  # read at scrape time only
 
     # -- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
@@ -195,6 +198,7 @@ class Orchestrator:
             attributes={"populace.run_id": rid, "populace.agents": cfg.agents, "populace.rounds": cfg.rounds,
                         "populace.simulation": cfg.simulation})
         self.watched[rid] = set(placement)
+        metrics.RUNS.labels("started").inc()
         with trace.use_span(run_span, end_on_exit=False):
             await self.announce(state, resolved, start.manifest)
 
@@ -253,6 +257,10 @@ class Orchestrator:
         if round_span := self.spans.pop(f"{result.run_id}.{result.round}", None):
             round_span.set_attributes({"populace.n_valid": result.n_valid})
             round_span.end()
+        opened = self.round_opened.get(result.run_id)
+        if opened is not None and opened[0] == result.round:
+            del self.round_opened[result.run_id]
+            metrics.ROUND_SECONDS.labels("orchestrator").observe(time.monotonic() - opened[1])
         await self.advance(result.run_id, lambda s: workflow.on_result(s, result))
 
     async def on_fault(self, fault: RunFault) -> None:
@@ -347,6 +355,7 @@ class Orchestrator:
                                  msg_id=subjects.msg_id(rid, 0, "orch", "resumed", state.epoch))
             self.svc.log.info("run_resumed", run_id=rid, epoch=state.epoch, after_round=state.round,
                               hosts={h: sum(c for _, c in r) for h, r in state.placement.items()})
+            metrics.RUNS.labels("resumed").inc()
         elif state.status == "running" or state.nudged == 0:
             self.svc.log.warning("shares_replaced", run_id=rid, epoch=state.epoch, reason=state.reason,
                                  shares=list(action.keys))
@@ -377,6 +386,7 @@ class Orchestrator:
             )
         if not action.again:
             metrics.ROUNDS.labels("orchestrator").inc()
+            self.round_opened[rid] = (action.round, time.monotonic())
         self.svc.log.info("round_opened", run_id=rid, round=action.round, expected=action.expected,
                           again=action.again, epoch=state.epoch)
 
@@ -384,6 +394,8 @@ class Orchestrator:
         self.watched.pop(rid, None)
         self.units.pop(rid, None)
         self.progress_at.pop(rid, None)
+        self.round_opened.pop(rid, None)
+        metrics.RUNS.labels(action.status).inc()
         run_span = self.spans.pop(rid, None)
         if run_span is None:  # a run rejected before it started: no trace to continue
             await self.publish_done(rid, action, epoch)

@@ -232,7 +232,7 @@ class Recorder:
         await self.ack(raws, settle=bool(result.finished or self.finished or late))
         for rid in late:
             await self.purge_run_events(rid)
-        metrics.batch("recorder", "messages", len(raws))
+        metrics.batch("recorder", "messages", len(raws), time.perf_counter() - t0)
         if result.outcomes:
             metrics.ITEMS.labels("recorder", "outcomes").inc(result.outcomes)
         if result.outcomes or result.finished:
