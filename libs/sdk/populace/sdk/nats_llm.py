@@ -10,6 +10,7 @@ import itertools
 import json
 import random
 import time
+from collections.abc import Callable
 
 from nats.aio.client import Client
 from nats.errors import NoRespondersError
@@ -29,6 +30,12 @@ MAX_BATCH_BYTES = 512 * 1024
 # (20 tokens/s for the whole batch: SmolLM2 with chain of thought on a busy 2-core CPU).
 # Waiting less makes the agent re-send work the gateway is still doing, which only adds load.
 SECONDS_PER_TOKEN = 0.05
+# While a gateway says it is working on a batch (a keepalive every second), the batch is not
+# timed out by that estimate: the gateway bounds each model call itself (its request timeout,
+# re-asks, retries), and a slow replica shared by many batches (SmolLM2 with chain of thought on
+# a busy CPU) may take longer than one batch's share; re-sending would only queue the same work
+# again and turn a slow round into a pause. This cap guards against a gateway that never ends.
+MAX_WAIT_WHILE_WORKED_ON_S = 1800.0
 
 
 class _Pending:
@@ -52,7 +59,7 @@ class InferSession:
     def __init__(self, nc: Client, *, run_id: str, round_: int, model: ModelConfig, system: str,
                  response_schema: dict | None = None, batch_size: int = 1000, flush_s: float = 0.005,
                  timeout_s: float = 60.0, attempts: int = 3, host_id: str = "", silence_s: float = 5.0,
-                 down_s: float = 120.0) -> None:
+                 down_s: float = 120.0, on_worked_on: Callable[[], None] | None = None) -> None:
         self._nc = nc
         self._loop = asyncio.get_running_loop()
         self._run_id, self._round, self._model = run_id, round_, model
@@ -63,6 +70,9 @@ class InferSession:
         self._per_prompt_s = 0.0 if model.backend == "dummy" else model.max_tokens * SECONDS_PER_TOKEN
         self._attempts = attempts  # tries before a failure is logged as a warning
         self._silence_s, self._down_s = silence_s, down_s
+        # called on every keepalive of a gateway working on one of this session's batches: the
+        # round is making progress even while no answer has come back yet
+        self._on_worked_on = on_worked_on
         self.infra_retries = 0  # prompts sent again because no model answered them
         self.llm_calls = self.prompt_tokens = self.completion_tokens = 0  # answered prompts, their tokens
         self.tokens_sq = 0.0
@@ -198,7 +208,8 @@ class InferSession:
         try:
             await nc.publish(subjects.LLM_INFER, batch.model_dump_json().encode(), reply=inbox,
                              headers={**(tracing or {}), subjects.INFER_KEEPALIVE_HEADER: "1"})
-            deadline = loop.time() + self._timeout + len(batch.keys) * self._per_prompt_s
+            start = loop.time()
+            deadline = start + self._timeout + len(batch.keys) * self._per_prompt_s
             while True:
                 left = deadline - loop.time()
                 if left <= 0:
@@ -212,8 +223,11 @@ class InferSession:
                 headers = msg.headers or {}
                 if headers.get("Status") == "503":
                     raise NoRespondersError
-                if subjects.INFER_ACCEPTED_HEADER in headers:
-                    continue  # a gateway has it and is working on it
+                if subjects.INFER_ACCEPTED_HEADER in headers:  # a gateway has it and is working on it
+                    deadline = max(deadline, start + MAX_WAIT_WHILE_WORKED_ON_S)
+                    if self._on_worked_on is not None:
+                        self._on_worked_on()
+                    continue
                 try:
                     return InferReply.model_validate_json(msg.data)
                 except ValueError as err:

@@ -1,6 +1,7 @@
 """Where one round's outcomes leave a host: outcome batches (~1,000 per message) to the
-recorder via JetStream async publishes, a progress tick per batch, and — only once JetStream
-stored every batch — the host's partial to the environment."""
+recorder via JetStream async publishes, a progress tick per batch (and, while a gateway works on
+the round's prompts, one every few seconds), and — only once JetStream stored every batch — the
+host's partial to the environment."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ from populace.sdk.play import OutcomeBatch as Batch
 from populace.sdk.play import RoundShare
 
 PUBACK_WAIT_S = 10.0
+# A slow model answers a gateway batch (up to 1,000 prompts) all at once, minutes after it was
+# asked; meanwhile a tick this often tells the orchestrator the round is alive, not stalled.
+WORKED_ON_TICK_S = 5.0
 
 
 class OutcomePublisher:
@@ -25,6 +29,7 @@ class OutcomePublisher:
         # (subject, data, headers, PubAck future) of every batch, until the round closes
         self._sent: list[tuple[str, bytes, dict, asyncio.Future]] = []
         self._publishing: list[asyncio.Task] = []
+        self._last_worked_on_tick = 0.0
 
     def emit(self, batch: Batch) -> None:
         """Called by the OutcomeSink for every full batch (synchronously, on the hot path)."""
@@ -36,6 +41,17 @@ class OutcomePublisher:
         metrics.batch("agent-host", "outcomes", len(batch.agent_ids))
         metrics.INVALID.labels("agent-host").inc(batch.valid.count(False))
         self._publishing.append(asyncio.get_running_loop().create_task(self._publish(envelope)))
+
+    def worked_on(self) -> None:
+        """A gateway says it is working on this round's prompts: tick progress (0 answered), at
+        most once per WORKED_ON_TICK_S, so a round waiting on a slow model is not taken as stalled."""
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._last_worked_on_tick < WORKED_ON_TICK_S:
+            return
+        self._last_worked_on_tick = loop.time()
+        tick = Progress(run_id=self.run_id, round=self.round, host_id=self.host_id, answered=0)
+        self._publishing.append(loop.create_task(
+            self._nc.publish(subjects.progress(self.run_id, self.round, self.host_id), bus.encode(tick))))
 
     async def _publish(self, batch: OutcomeBatch) -> None:
         shard = f"{self.host_id}-{batch.seq}"

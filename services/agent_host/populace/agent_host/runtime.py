@@ -148,14 +148,15 @@ class HostRuntime:
         model = run.resolved.config.model
         t0 = time.perf_counter()
         obs = run.observation(opened.round, opened.observation)
+        publisher = OutcomePublisher(self.nc, self.js, run_id=run.run_id, round_=opened.round, host_id=self.host_id,
+                                     epoch=run.epoch)
         session = InferSession(
             self.nc, run_id=run.run_id, round_=opened.round, model=model, system=run.sim.system_prompt(),
             response_schema=run.sim.answer_schema(), batch_size=s.infer_batch_size,
             flush_s=s.infer_flush_ms / 1000, timeout_s=max(s.infer_timeout_s, model.latency_s * 4 + 10),
             attempts=s.infer_attempts, host_id=self.host_id, silence_s=s.infer_silence_s, down_s=s.infer_down_s,
+            on_worked_on=publisher.worked_on,
         )
-        publisher = OutcomePublisher(self.nc, self.js, run_id=run.run_id, round_=opened.round, host_id=self.host_id,
-                                     epoch=run.epoch)
         sink = OutcomeSink(type(run.sim), run.env, batch_size=s.outcome_batch_size, emit=publisher.emit,
                            grouped=run.tables.grouped)
         await run.player.play(obs, session, sink)
