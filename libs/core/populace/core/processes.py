@@ -1,14 +1,19 @@
-"""Stopping child processes: SIGTERM first, SIGKILL what is still running after a grace time."""
+"""Stopping child processes: SIGTERM first, SIGKILL what is still running after a grace time;
+and children that cannot outlive their parent (`die_with_parent`)."""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def terminate(proc: subprocess.Popen, timeout: float = 10.0) -> bool:
@@ -55,3 +60,22 @@ def uninterrupted() -> Iterator[None]:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """A `preexec_fn` for Popen: on Linux the child gets `sig` when this process dies, even by
+    SIGKILL (prctl PR_SET_PDEATHSIG), so a killed launcher leaves no orphan — for any program,
+    not only our services (which also watch POPULACE_PARENT_PID), e.g. llama.cpp or vLLM.
+    Elsewhere: None (no preexec_fn). The signal comes when the *thread* that started the
+    child ends: start children from the main thread (an event loop's), never a worker thread."""
+    if not sys.platform.startswith("linux"):
+        return None
+    parent = os.getpid()
+
+    def arm() -> None:  # runs in the child, between fork and exec
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl: nobody will signal us
+            os.kill(os.getpid(), sig)
+
+    return arm

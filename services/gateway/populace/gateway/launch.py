@@ -18,7 +18,7 @@ import httpx
 from populace.core import bus, logs, subjects
 from populace.core.contracts import ReplicaInfo
 from populace.core.natsserver import free_port
-from populace.core.processes import terminate
+from populace.core.processes import die_with_parent, terminate
 from populace.core.settings import Settings
 
 log = logs.get("populace.replicas")
@@ -69,13 +69,16 @@ def _local(bind: str) -> str:
 
 
 def _spawn(args: list[str], env: dict | None, log_dir: str | None, name: str) -> tuple[subprocess.Popen, str | None]:
+    # A server dies with the process that started it (`populace replicas`, killed even by
+    # SIGKILL — e.g. with the `populace node` that started that): never an orphan holding a port.
     if not log_dir:
         return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-                                start_new_session=True), None
+                                start_new_session=True, preexec_fn=die_with_parent()), None
     Path(log_dir).mkdir(parents=True, exist_ok=True)
     path = str(Path(log_dir) / f"{name}.log")
     with open(path, "ab") as out:  # the child keeps its own copy of the descriptor
-        return subprocess.Popen(args, stdout=out, stderr=out, env=env, start_new_session=True), path
+        return subprocess.Popen(args, stdout=out, stderr=out, env=env, start_new_session=True,
+                                preexec_fn=die_with_parent()), path
 
 
 def start_local(count: int = 1, *, threads: int | None = None, ctx: int = 2048,
