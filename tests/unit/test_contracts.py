@@ -26,6 +26,15 @@ TABLES = c.SimulationTables(
     rounds="rounds", summary_columns=[c.Column(name="mean", type="DOUBLE"), c.Column(name="target", type="DOUBLE")],
     measure="value", measure_kind="numeric")
 
+NODE_POLICY = c.RestartPolicy(mode="on-failure", max_restarts=2, backoff_s=0.5)
+NODE_PROCESS = c.ProcessInfo(proc_id="agent-host-1", spec=c.AgentHostSpec(), restart=NODE_POLICY, state="running",
+                             pid=123, restarts=1, exit_code=-9, started_at=1.0, cpu_percent=12.5, rss_bytes=2**26,
+                             log_path="/tmp/populace-node-gpu-1/agent-host-1.log")
+NODE_INFO = c.NodeInfo(node_id="gpu-1", hostname="gpu-1.lab", pid=77, version="0.1.0", cpus=8, memory_bytes=2**34,
+                       memory_available_bytes=2**33, gpus=[c.GpuInfo(index=0, name="NVIDIA L4", memory_mb=23034)],
+                       free_ports=[40001, 40002], log_dir="/tmp/populace-node-gpu-1", started_at=1.0,
+                       heartbeat_at=2.0, heartbeat_s=2.0, processes=[NODE_PROCESS])
+
 INSTANCES: dict[str, BaseModel] = {
     "ModelConfig": c.ModelConfig(backend="dummy", latency_s=1.25, seed=3),
     "PlacementConfig": c.PlacementConfig(agents_per_process=1),
@@ -81,6 +90,23 @@ INSTANCES: dict[str, BaseModel] = {
     "ReplicaInfo": c.ReplicaInfo(replica_id="llama-0", url="http://127.0.0.1:8100", backend="local",
                                  kind="llamacpp", model="SmolLM2-135M-Instruct", max_concurrency=2,
                                  pid=99, heartbeat_at=1700000003.0),
+    # nodes (`populace node`)
+    "RestartPolicy": NODE_POLICY,
+    "AgentHostSpec": c.AgentHostSpec(max_in_flight=1000, capacity=50_000),
+    "GatewaySpec": c.GatewaySpec(router="least-loaded", max_workers=64),
+    "ReplicasSpec": c.ReplicasSpec(backend="vllm", model="Qwen/Qwen2.5-0.5B", gpus=[0, 1], base_port=8100),
+    "ServiceSpec": c.ServiceSpec(name="recorder"),
+    "NodeRequest": c.NodeRequest(),
+    "StartProcess": c.StartProcess(spec=c.AgentHostSpec(capacity=10), count=2, restart=NODE_POLICY),
+    "StopProcess": c.StopProcess(proc_id="agent-host-1", grace_s=5.0),
+    "ListProcesses": c.ListProcesses(),
+    "TailLog": c.TailLog(proc_id="agent-host-1", lines=20, max_bytes=4096),
+    "Cleanup": c.Cleanup(grace_s=2.5),
+    "ProcessInfo": NODE_PROCESS,
+    "GpuInfo": c.GpuInfo(index=0, name="NVIDIA L4", memory_mb=23034),
+    "NodeInfo": NODE_INFO,
+    "NodeReply": c.NodeReply(node_id="gpu-1", ok=True, node=NODE_INFO, processes=[NODE_PROCESS], log="a\nb",
+                             log_truncated=True),
 }
 
 

@@ -15,7 +15,7 @@ from typing import Annotated, Literal, get_args
 import typer
 from pydantic import ValidationError
 
-from populace.cli import display
+from populace.cli import display, nodes
 from populace.client.prepare import PreparedRun, parse_config, prepare, prepare_file
 from populace.core import bus, serve
 from populace.core.contracts import ModelConfig
@@ -40,6 +40,9 @@ personas_app = typer.Typer(help="Populations and personas.", no_args_is_help=Tru
 app.add_typer(personas_app, name="personas")
 auth_app = typer.Typer(help="NATS users (deploy/nats/auth.conf).", no_args_is_help=True)
 app.add_typer(auth_app, name="auth")
+# `populace node` is the daemon (one per machine); `populace nodes …` asks nodes for things
+app.command("node")(nodes.node)
+app.add_typer(nodes.nodes_app, name="nodes")
 
 
 def _version(show: bool) -> None:

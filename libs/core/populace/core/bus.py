@@ -141,6 +141,18 @@ async def provision(js: JetStreamContext, storage: str = "file", replicas: int =
                           f"object store {bucket}", PROVISION_ATTEMPTS)
 
 
+# KV `nodes` is provisioned by the nodes alone (readers treat a missing bucket as no nodes):
+# in provision() it would cost every service's NATS user two more JetStream API grants.
+NODES_TTL_S = 30.0
+
+
+async def provision_nodes(js: JetStreamContext, storage: str = "file", replicas: int = 1) -> KeyValue:
+    """Create KV `nodes` if missing (TTL'd like the other registries) and return it."""
+    return await until_ready(lambda: ensure_kv(js, subjects.NODES_BUCKET, ttl=NODES_TTL_S, storage=_storage(storage),
+                                               replicas=replicas), f"bucket {subjects.NODES_BUCKET}",
+                             PROVISION_ATTEMPTS)
+
+
 # A replicated stream that was just created has no Raft leader for a moment: API calls then
 # time out or get "no response from stream". Those are transient; anything else is not.
 TRANSIENT = (nats.errors.TimeoutError, asyncio.TimeoutError, nats.errors.NoRespondersError,

@@ -18,6 +18,7 @@ RUNS_BUCKET = "runs"
 HOSTS_BUCKET = "hosts"
 SERVICES_BUCKET = "services"
 REPLICAS_BUCKET = "replicas"
+NODES_BUCKET = "nodes"  # machines running `populace node`: resources, processes (TTL'd)
 
 # --- object store: content-addressed blobs (personas files), named by their sha256 ----
 PERSONAS_BUCKET = "personas"
@@ -62,6 +63,16 @@ GATEWAY_QUEUE = "gateway"
 # batch was lost and sends it again. Plain request/reply callers (one reply) leave it out.
 INFER_KEEPALIVE_HEADER = "Populace-Keepalive"
 INFER_ACCEPTED_HEADER = "Populace-Accepted"
+
+
+# --- nodes (core request/reply; outside `ctl.>`, which stream CTL captures: a request there
+# would be stored and answered first by the stream's PubAck instead of the node) ---------
+NODE_VERBS = ("start", "stop", "list", "logs", "cleanup")
+
+
+def node_request(node_id: str, verb: str) -> str:
+    """Where node `node_id` takes requests of one verb (NodeReply comes back on the inbox)."""
+    return f"node.{node_id}.{verb}"
 
 
 def dlq(service: str) -> str:

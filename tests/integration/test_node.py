@@ -1,0 +1,292 @@
+"""`populace node` against a real nats-server: it registers and heartbeats, starts agent-hosts
+that register in KV `hosts`, stops one, restarts a killed child by its policy, tails a log,
+answers garbage with an error and lives on, and leaves no process behind — after a clean-up,
+a SIGTERM, or its own SIGKILL (checked with psutil). Every process is ended by its PID."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import nats
+import psutil
+import pytest
+
+from populace.client.nodes import NodeError, NodeUnreachable, list_nodes, node_request
+from populace.core import bus, subjects
+from populace.core.contracts import (
+    AgentHostSpec,
+    Cleanup,
+    HostInfo,
+    ListProcesses,
+    NodeInfo,
+    NodeReply,
+    ReplicasSpec,
+    RestartPolicy,
+    ServiceSpec,
+    StartProcess,
+    StopProcess,
+    TailLog,
+)
+from populace.core.natsserver import EmbeddedNats
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+
+DEPLOY_CONF = Path(__file__).resolve().parents[2] / "deploy" / "nats" / "auth.conf"
+
+
+class Daemon:
+    """One `populace node` process and every PID it was seen running, to check and end by PID."""
+
+    def __init__(self, url: str, log_dir, env: dict[str, str] | None = None) -> None:
+        self.node_id = f"n-{uuid.uuid4().hex[:8]}"
+        env = {**os.environ, "POPULACE_HEARTBEAT_S": "0.5", **(env or {})}
+        env.pop("POPULACE_PARENT_PID", None)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        with open(log_dir / "node.log", "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "populace.cli", "node", "--nats", url, "--node-id", self.node_id,
+                 "--log-dir", str(log_dir), "--stop-grace", "5"],
+                env=env, stdout=log, stderr=log, start_new_session=True)
+        self.log_path = log_dir / "node.log"
+        self.seen: set[int] = set()
+
+    def remember(self, reply_or_node) -> None:
+        """Note the PIDs of the node's children and of their own children (a replica's servers)."""
+        for p in getattr(reply_or_node, "processes", []):
+            if p.pid:
+                self.seen.add(p.pid)
+                with contextlib.suppress(psutil.Error):
+                    self.seen.update(c.pid for c in psutil.Process(p.pid).children(recursive=True))
+
+    def alive(self) -> list[int]:
+        out = []
+        for pid in self.seen:
+            with contextlib.suppress(psutil.Error):
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    out.append(pid)
+        return out
+
+    def end(self) -> None:
+        for pid in [self.proc.pid, *self.alive()]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+
+@pytest.fixture
+def daemon(nats_server, tmp_path):
+    d = Daemon(nats_server.url, tmp_path / "node")
+    yield d
+    d.end()
+
+
+async def until(check, timeout: float = 30.0, every: float = 0.2, what: str = ""):
+    deadline = time.monotonic() + timeout
+    while True:
+        result = await check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout}s: {what}")
+        await asyncio.sleep(every)
+
+
+async def registered(js, daemon: Daemon) -> NodeInfo:
+    async def found():
+        if daemon.proc.poll() is not None:
+            raise AssertionError(f"the node exited ({daemon.proc.returncode}):\n{daemon.log_path.read_text()[-3000:]}")
+        return next((n for n in await list_nodes(js) if n.node_id == daemon.node_id), None)
+
+    return await until(found, 30, what=f"node {daemon.node_id} in KV nodes")
+
+
+async def ask(nc, daemon: Daemon, request, check: bool = True) -> NodeReply:
+    reply = await node_request(nc, daemon.node_id, request, check=check)
+    daemon.remember(reply)
+    daemon.remember(reply.node)
+    return reply
+
+
+async def processes(nc, daemon: Daemon):
+    return {p.proc_id: p for p in (await ask(nc, daemon, ListProcesses())).node.processes}
+
+
+async def test_a_node_registers_and_heartbeats(nc, js, daemon):
+    first = await registered(js, daemon)
+    assert first.cpus >= 1 and first.memory_bytes > 0 and first.gpus == [] and first.pid == daemon.proc.pid
+    assert len(first.free_ports) == 5 and first.processes == []
+
+    async def beat_again():
+        n = next(n for n in await list_nodes(js) if n.node_id == daemon.node_id)
+        return n.heartbeat_at > first.heartbeat_at
+
+    await until(beat_again, 5, what="a second heartbeat")
+
+
+async def test_agent_hosts_start_register_stop_tail_and_clean_up(nc, js, daemon):
+    await registered(js, daemon)
+    reply = await ask(nc, daemon, StartProcess(spec=AgentHostSpec(max_in_flight=100), count=2))
+    ids = [p.proc_id for p in reply.processes]
+    assert ids == ["agent-host-1", "agent-host-2"] and all(p.state == "running" for p in reply.processes)
+    host_ids = {f"{daemon.node_id}-{i}" for i in ids}
+
+    async def hosts_up():
+        return host_ids <= {h.host_id for h in await bus.registry_entries(js, subjects.HOSTS_BUCKET, HostInfo)}
+
+    await until(hosts_up, 60, what="both agent-hosts in KV hosts")
+
+    async def sampled():  # the node's own entry lists them, with memory and a PID each
+        n = next(n for n in await list_nodes(js) if n.node_id == daemon.node_id)
+        return len(n.processes) == 2 and all(p.rss_bytes > 0 and p.pid for p in n.processes)
+
+    await until(sampled, 10, what="CPU and memory of both children in KV nodes")
+
+    logs = await ask(nc, daemon, TailLog(proc_id="agent-host-1", lines=5))
+    assert "service_ready" in logs.log and len(logs.log.splitlines()) <= 5
+
+    gone_pid = reply.processes[1].pid
+    stopped = await ask(nc, daemon, StopProcess(proc_id="agent-host-2", grace_s=10))
+    assert stopped.processes[0].state == "stopped" and not psutil.pid_exists(gone_pid)  # stopped and reaped
+    assert list(await processes(nc, daemon)) == ["agent-host-1"]
+    with pytest.raises(NodeError, match="no process 'agent-host-2'"):
+        await ask(nc, daemon, TailLog(proc_id="agent-host-2"))
+
+    # a replica process has children of its own (the simulated servers): cleanup ends them too
+    await ask(nc, daemon, StartProcess(spec=ReplicasSpec(backend="sim", servers=2)))
+    await until(lambda: _has_servers(nc, daemon), 30, what="the replica servers")
+    assert len(daemon.alive()) >= 4
+    cleaned = await ask(nc, daemon, Cleanup(grace_s=10))
+    assert sorted(p.proc_id for p in cleaned.processes) == ["agent-host-1", "replicas-3"]
+    assert daemon.alive() == []
+    assert await processes(nc, daemon) == {}
+    assert daemon.proc.poll() is None
+
+
+async def _has_servers(nc, daemon: Daemon) -> bool:
+    procs = await processes(nc, daemon)
+    return any(p.proc_id.startswith("replicas") and len(psutil.Process(p.pid).children()) >= 2
+               for p in procs.values() if p.pid)
+
+
+async def test_a_killed_child_is_restarted_by_its_policy(nc, js, daemon):
+    await registered(js, daemon)
+    policy = RestartPolicy(mode="on-failure", max_restarts=1, backoff_s=0.2)
+    started = (await ask(nc, daemon, StartProcess(spec=ServiceSpec(name="recorder"), restart=policy))).processes[0]
+    os.kill(started.pid, signal.SIGKILL)
+
+    async def restarted():
+        p = (await processes(nc, daemon))[started.proc_id]
+        return p if p.state == "running" and p.pid != started.pid else None
+
+    again = await until(restarted, 20, what="the recorder restarted")
+    assert (again.restarts, again.exit_code) == (1, -signal.SIGKILL)
+    os.kill(again.pid, signal.SIGKILL)  # its one restart is used: now it stays down
+
+    async def exited():
+        p = (await processes(nc, daemon))[started.proc_id]
+        return p if p.state == "exited" else None
+
+    down = await until(exited, 20, what="the recorder given up")
+    assert (down.restarts, down.exit_code, down.pid) == (1, -signal.SIGKILL, None)
+
+
+async def test_garbage_gets_an_error_reply_and_a_dead_letter_and_the_node_lives_on(nc, js, daemon):
+    await registered(js, daemon)
+    for verb, body, says in [
+        ("start", b"not json", "malformed request"),
+        ("start", b'{"spec": {"kind": "shell", "cmd": "rm -rf /"}}', "'shell'"),
+        ("stop", b'{"proc_id": "a.b"}', "proc_id"),
+        ("logs", b'{"proc_id": "agent-host-1", "max_bytes": 1000000000}', "max_bytes"),
+    ]:
+        msg = await nc.request(subjects.node_request(daemon.node_id, verb), body, timeout=10)
+        reply = NodeReply.model_validate_json(msg.data)
+        assert not reply.ok and says in reply.error, reply.error
+    unknown = await ask(nc, daemon, StartProcess(spec=ServiceSpec(name="nosuch")), check=False)
+    assert not unknown.ok and "'nosuch' is not installed" in unknown.error
+    last = await js.get_last_msg(subjects.DLQ_STREAM, subjects.dlq("node"))
+    assert b"nosuch" in last.data and last.headers["Populace-Subject"] == subjects.node_request(daemon.node_id, "start")
+    assert (await ask(nc, daemon, ListProcesses())).node.processes == []
+    with pytest.raises(NodeUnreachable, match="not running"):
+        await node_request(nc, "no-such-node", ListProcesses())
+
+
+async def test_a_killed_node_takes_its_children_with_it(nc, js, daemon):
+    await registered(js, daemon)
+    await ask(nc, daemon, StartProcess(spec=AgentHostSpec(), count=2))
+    await ask(nc, daemon, StartProcess(spec=ReplicasSpec(backend="sim", servers=1)))
+    await until(lambda: _has_servers_1(nc, daemon), 30, what="the replica server")
+    assert len(daemon.alive()) >= 4
+    daemon.proc.send_signal(signal.SIGKILL)
+    daemon.proc.wait(5)
+
+    async def none_left():
+        return daemon.alive() == []
+
+    await until(none_left, 15, what=f"the children of a killed node gone (left: {daemon.alive()})")
+
+
+async def _has_servers_1(nc, daemon: Daemon) -> bool:
+    procs = await processes(nc, daemon)
+    return any(p.proc_id.startswith("replicas") and psutil.Process(p.pid).children() for p in procs.values() if p.pid)
+
+
+async def test_a_terminated_node_stops_its_children_and_unregisters(nc, js, daemon):
+    await registered(js, daemon)
+    await ask(nc, daemon, StartProcess(spec=AgentHostSpec()))
+    assert len(daemon.alive()) == 1
+    daemon.proc.send_signal(signal.SIGTERM)
+    assert daemon.proc.wait(30) == 0
+    assert daemon.alive() == []
+
+    async def unregistered():
+        return all(n.node_id != daemon.node_id for n in await list_nodes(js, include_gone=True))
+
+    await until(unregistered, 5, what="the node's entry deleted")
+
+
+async def test_with_nats_users_the_node_and_its_children_need_no_more_than_their_users(tmp_path):
+    """deploy/nats/auth.conf: the node runs as `node`, starts an agent-host as `agent-host`, and
+    `cli` lists nodes and asks them for things; the server logs no permission violation."""
+    text = DEPLOY_CONF.read_text()
+    users = {u.lower().replace("_", "-") for u in re.findall(r"\$([A-Z_]+)_PASSWORD\b", text)}
+    passwords = {u: f"test-{u}-pw" for u in users}
+    conf = tmp_path / "auth.conf"
+    conf.write_text("".join(f'{u.upper().replace("-", "_")}_PASSWORD: "{pw}"\n' for u, pw in passwords.items())
+                    + text)
+    log = tmp_path / "nats-server.log"
+    with EmbeddedNats(extra_args=["-c", str(conf)], log_file=str(log)) as server:
+        daemon = Daemon(server.url, tmp_path / "node", env={
+            "POPULACE_NATS_USER": "node", "POPULACE_NATS_PASSWORD": passwords["node"],
+            "POPULACE_PASSWORD_AGENT_HOST": passwords["agent-host"]})
+        nc = await nats.connect(server.url, user="cli", password=passwords["cli"],
+                                inbox_prefix=bus.inbox_prefix("cli"))
+        try:
+            js = nc.jetstream()
+            await registered(js, daemon)
+            started = await ask(nc, daemon, StartProcess(spec=AgentHostSpec()))
+            host_id = f"{daemon.node_id}-{started.processes[0].proc_id}"
+
+            async def host_up():
+                return any(h.host_id == host_id for h in await bus.registry_entries(js, subjects.HOSTS_BUCKET,
+                                                                                      HostInfo))
+
+            await until(host_up, 60, what="the agent-host registered as its own user")
+            refused = await ask(nc, daemon, StartProcess(spec=ServiceSpec(name="recorder")), check=False)
+            assert not refused.ok and "POPULACE_PASSWORD_RECORDER" in refused.error
+            await ask(nc, daemon, Cleanup(grace_s=10))
+            assert daemon.alive() == []
+        finally:
+            await nc.close()
+            daemon.end()
+        violations = [line for line in log.read_text().splitlines() if "Violation" in line]
+        assert violations == []
