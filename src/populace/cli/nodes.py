@@ -13,7 +13,7 @@ from pydantic import TypeAdapter, ValidationError
 from rich.table import Table
 
 from populace.cli import display
-from populace.core import bus
+from populace.core import bus, serve
 from populace.core.contracts import (
     Cleanup,
     GatewaySpec,
@@ -74,13 +74,7 @@ def node(
     if not subjects.valid_token(node_id) or len(node_id) > 64:
         _fail(f"--node-id {node_id!r}: one subject token of at most 64 characters (no '.', ' ', '*', '>')")
     svc = create(Settings(nats_url=nats), NodeConfig(node_id=node_id, log_dir=log_dir, stop_grace_s=stop_grace))
-    try:
-        import uvloop
-
-        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
-    except ImportError:  # pragma: no cover - Windows
-        runner = asyncio.Runner()
-    with runner:
+    with serve.event_loop_runner() as runner:
         try:
             runner.run(svc.app.run())
         except NodeIdTaken as err:

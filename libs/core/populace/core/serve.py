@@ -29,15 +29,19 @@ def build(name: str, settings: Settings | None = None) -> Service:
     return found[0].load()(settings)
 
 
-def run(name: str) -> None:
-    service = build(name)
+def event_loop_runner() -> asyncio.Runner:
+    """The runner every long-lived Populace process uses: uvloop where it exists."""
     try:
         import uvloop
 
-        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
+        return asyncio.Runner(loop_factory=uvloop.new_event_loop)
     except ImportError:  # pragma: no cover - Windows
-        runner = asyncio.Runner()
-    with runner:
+        return asyncio.Runner()
+
+
+def run(name: str) -> None:
+    service = build(name)
+    with event_loop_runner() as runner:
         try:
             runner.run(service.app.run())
         except MetricsPortUnavailable as err:  # a setting to change, not a bug: no traceback
