@@ -527,6 +527,38 @@ def rerun(
 
 
 @app.command()
+def manager(
+    nats: Annotated[str | None, typer.Option("--nats", envvar=NATS_ENV, help="NATS URL of the stack to manage "
+                                                "(default: start a private one)")] = None,
+    port: Annotated[int, typer.Option(min=1, max=65535, help="HTTP port")] = 8080,
+    host: Annotated[str, typer.Option(help="address to listen on (a loopback one: the manager has no "
+                                           "access token yet)")] = "127.0.0.1",
+    hosts: Annotated[int, typer.Option(min=1, help="agent-host processes (private stack only)")] = 2,
+    db: Annotated[str, typer.Option(help="DuckDB file (private stack only)")] = "populace.duckdb",
+) -> None:
+    """The web application: nodes and their processes, runs updating live, a run's rounds as
+    they close, start a run from a scenario, cancel and resume. Serves until Ctrl-C."""
+    from populace.manager import ManagerSettings, is_loopback, serve
+
+    if not is_loopback(host):
+        fail(f"--host {host}: the manager has no access token yet, so it listens on a loopback address only "
+             "(127.0.0.1, ::1, localhost); reach it through an SSH tunnel")
+
+    def serve_on(url: str) -> None:
+        display.console.print(f"manager: http://{host}:{port}/ (NATS {url}); Ctrl-C stops", soft_wrap=True)
+        serve(ManagerSettings(nats_url=url), host=host, port=port)
+
+    if nats is not None:
+        serve_on(nats)
+        return
+    try:
+        with _private_stack({"dummy"}, 1, hosts, db) as url:
+            serve_on(url)
+    except KeyboardInterrupt:
+        pass
+
+
+@app.command()
 def simulations() -> None:
     """The simulations installed here (entry points `populace.simulations`), with their tables."""
     from rich.table import Table

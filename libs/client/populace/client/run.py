@@ -161,18 +161,29 @@ async def play(nc: Client, config: RunConfig, *, run_id: str | None = None,
     run's state after one of its rounds."""
     rid = run_id or new_run_id()
     async with _Following(nc, rid, on_event, stall_s) as following:
-        js = nc.jetstream()
-        if personas is not None:
-            await objects.put_personas(js, personas)
-        if manifest is not None:
-            manifest = {**manifest, "run_id": rid}
-            manifest["model"] = {**manifest.get("model", {}),
-                                 "replicas": await replica_identities(js, config.model.backend)}
-        following.out.marks["submitted"] = time.monotonic()
-        await bus.publish_js(js, subjects.RUN_START, RunStart(run_id=rid, config=config, manifest=manifest,
-                                                              fork=fork),
-                             msg_id=subjects.msg_id(rid, 0, "cli", "start"))
+        await submit(nc, config, run_id=rid, personas=personas, manifest=manifest, fork=fork,
+                     marks=following.out.marks)
         return await following.until_recorded()
+
+
+async def submit(nc: Client, config: RunConfig, *, run_id: str, personas: bytes | None = None,
+                 manifest: dict | None = None, fork: Restore | None = None,
+                 marks: dict[str, float] | None = None) -> str:
+    """Publish a run's start (personas uploaded first, the manifest given its run id and the
+    replicas serving its model) without following it: `play` follows, the manager does not."""
+    js = nc.jetstream()
+    if personas is not None:
+        await objects.put_personas(js, personas)
+    if manifest is not None:
+        manifest = {**manifest, "run_id": run_id}
+        manifest["model"] = {**manifest.get("model", {}),
+                             "replicas": await replica_identities(js, config.model.backend)}
+    if marks is not None:
+        marks["submitted"] = time.monotonic()
+    await bus.publish_js(js, subjects.RUN_START, RunStart(run_id=run_id, config=config, manifest=manifest,
+                                                          fork=fork),
+                         msg_id=subjects.msg_id(run_id, 0, "cli", "start"))
+    return run_id
 
 
 async def run_state(nc: Client, rid: str) -> RunState | None:
@@ -196,9 +207,14 @@ async def resume(nc: Client, rid: str, *, on_event: Callable[[str, object], None
     (with `budget` replacing its own, when given), and follow it until it is recorded."""
     async with _Following(nc, rid, on_event, stall_s, resuming=True) as following:
         following.out.marks["submitted"] = time.monotonic()
-        await bus.publish_js(nc.jetstream(), subjects.RUN_RESUME, RunResume(run_id=rid, budget=budget),
-                             msg_id=f"resume.{rid}.{uuid.uuid4().hex[:8]}")
+        await request_resume(nc, rid, budget)
         return await following.until_recorded()
+
+
+async def request_resume(nc: Client, rid: str, budget: Budget | None = None) -> None:
+    """Ask for a run to continue (`ctl.run.resume`) without following it."""
+    await bus.publish_js(nc.jetstream(), subjects.RUN_RESUME, RunResume(run_id=rid, budget=budget),
+                         msg_id=f"resume.{rid}.{uuid.uuid4().hex[:8]}")
 
 
 async def follow(nc: Client, rid: str, *, on_event: Callable[[str, object], None] | None = None,

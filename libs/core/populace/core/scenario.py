@@ -54,13 +54,18 @@ def load_yaml_mapping(path: str | Path, what: str = "scenario") -> tuple[dict, s
         text = p.read_text()
     except OSError as err:
         raise ScenarioError(f"{p}: cannot read ({err.strerror})") from None
+    return yaml_mapping(text, str(p), what), text
+
+
+def yaml_mapping(text: str, where: str, what: str = "scenario") -> dict:
+    """A YAML text's mapping (`where` names it in errors: a path, or e.g. '(form)')."""
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise ScenarioError(f"{p}: not valid YAML: {err}") from None
+        raise ScenarioError(f"{where}: not valid YAML: {err}") from None
     if not isinstance(data, dict):
         raise ScenarioError(f"({what}): the file must hold a mapping of keys to values")
-    return data, text
+    return data
 
 
 def load_scenario_data(path: str | Path) -> tuple[dict, str]:

@@ -1,0 +1,411 @@
+"""The manager's ASGI application: `create_app(settings)` builds a Starlette app whose one NATS
+connection is opened in its lifespan; every page reads KV and streams on request, and every
+live update is a server-sent event stream sampled at most once per `sample_s` per open page.
+
+Routes:
+    GET  /                       -> /runs
+    GET  /nodes                  every node (KV `nodes`), its resources and processes, and forms
+    POST /nodes/{node}/start     start N agent-hosts / a replica / a service on a node
+    POST /nodes/{node}/stop      stop one process
+    POST /nodes/{node}/cleanup   stop every process the node started
+    GET  /nodes/{node}/logs/{p}  the end of a process's log
+    GET  /runs                   every run (KV `runs`), updated live from /events/runs
+    GET  /runs/{run}             one run, updated live from /events/runs/{run}
+    POST /runs/{run}/cancel      as `populace cancel` (refused unless the run is spawning or running)
+    POST /runs/{run}/resume      as `populace resume` (refused unless it can resume)
+    GET  /start, POST /start     choose a simulation, paste or load a scenario YAML, validate, submit
+    GET  /healthz                200 once connected
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from urllib.parse import parse_qs, quote, urlencode, urlsplit
+
+import jinja2
+from nats.js.errors import BucketNotFoundError
+from pydantic import TypeAdapter, ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.templating import Jinja2Templates
+
+from populace.client.nodes import NodeError, NodeUnreachable, list_nodes, node_request
+from populace.client.run import cancel as cancel_run
+from populace.client.run import new_run_id, request_resume, submit
+from populace.client.run import run_state as client_run_state
+from populace.core import bus, subjects
+from populace.core.contracts import (
+    Cleanup,
+    HostInfo,
+    ProcessSpec,
+    RestartPolicy,
+    RoundOpen,
+    RoundResult,
+    RunState,
+    StartProcess,
+    StopProcess,
+    TailLog,
+)
+from populace.manager import scenarios, views
+
+MAX_FORM_BYTES = 1_048_576  # a scenario pasted or loaded into the form
+RESULTS_PER_UPDATE = 200  # round results fetched per live update (a long run's page catches up over a few)
+
+
+@dataclass(frozen=True)
+class ManagerSettings:
+    nats_url: str
+    sample_s: float = 1.0  # live updates: at most one per open page per this many seconds
+    cancel_reason: str = "cancelled from the manager"
+    title: str = "Populace manager"
+
+
+def _templates() -> Jinja2Templates:
+    env = jinja2.Environment(loader=jinja2.PackageLoader("populace.manager", "templates"),
+                             autoescape=True, undefined=jinja2.StrictUndefined)
+    return Jinja2Templates(env=env)
+
+
+# --- helpers -----------------------------------------------------------------------------
+async def _form(request: Request) -> dict[str, str]:
+    """An urlencoded form (the pages post nothing else: a scenario file is read into the
+    textarea by the page's script), last value per key."""
+    body = await request.body()
+    if len(body) > MAX_FORM_BYTES:
+        raise ValueError(f"the form is larger than {MAX_FORM_BYTES:,} bytes")
+    pairs = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
+    return {k: v[-1] for k, v in pairs.items()}
+
+
+def _same_origin(request: Request) -> bool:
+    """A POST from one of our own pages: a browser sends Origin (or at least Referer) with a
+    form's POST; one from another site is refused (the manager has no token yet)."""
+    origin = request.headers.get("origin") or request.headers.get("referer")
+    if not origin:
+        return True  # not a browser (curl, a test client): nothing to forge
+    host = request.headers.get("host", "")
+    return urlsplit(origin).netloc == host
+
+
+def _back(path: str, **params: object) -> RedirectResponse:
+    """303 to one of our own pages (the path quoted), with a message or an error to show."""
+    query = urlencode({k: v for k, v in params.items() if v not in (None, "")})
+    return RedirectResponse(quote(path) + (f"?{query}" if query else ""), status_code=303)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def create_app(settings: ManagerSettings) -> Starlette:
+    templates = _templates()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        nc = await bus.connect_or_fail(settings.nats_url, "populace-manager")
+        app.state.nc = nc
+        try:
+            yield
+        finally:
+            await nc.close()
+
+    def nc_of(request: Request):
+        return request.app.state.nc
+
+    def page(request: Request, name: str, status_code: int = 200, **context) -> Response:
+        context = {"title": settings.title, "msg": request.query_params.get("msg", ""),
+                   "error": request.query_params.get("error", ""), **context}
+        return templates.TemplateResponse(request, name, context, status_code=status_code)
+
+    def forbidden() -> Response:
+        return PlainTextResponse("cross-site form posts are refused", status_code=403)
+
+    # --- nodes -------------------------------------------------------------------------
+    async def nodes_page(request: Request) -> Response:
+        js = nc_of(request).jetstream()
+        found = await list_nodes(js, include_gone=request.query_params.get("all") == "1")
+        now = time.time()
+        return page(request, "nodes.html", nodes=[views.node_row(n, now) for n in found])
+
+    async def _ask(request: Request, node_id: str, build) -> Response:
+        if not _same_origin(request):
+            return forbidden()
+        try:
+            form = await _form(request)
+            req = build(form)
+        except (ValueError, ValidationError) as err:
+            return _back("/nodes", error=f"node {node_id}: {_short(err)}")
+        try:
+            reply = await node_request(nc_of(request), node_id, req)
+        except NodeUnreachable as err:
+            return _back("/nodes", error=str(err))
+        except NodeError as err:
+            return _back("/nodes", error=f"node {node_id}: {err}")
+        return _back("/nodes", msg=_said(node_id, req, reply))
+
+    async def node_start(request: Request) -> Response:
+        return await _ask(request, request.path_params["node"], start_request)
+
+    async def node_stop(request: Request) -> Response:
+        return await _ask(request, request.path_params["node"],
+                          lambda f: StopProcess(proc_id=f.get("proc_id", ""), grace_s=float(f.get("grace") or 10)))
+
+    async def node_cleanup(request: Request) -> Response:
+        return await _ask(request, request.path_params["node"],
+                          lambda f: Cleanup(grace_s=float(f.get("grace") or 10)))
+
+    async def node_logs(request: Request) -> Response:
+        node_id, proc_id = request.path_params["node"], request.path_params["proc"]
+        try:
+            lines = int(request.query_params.get("lines") or 100)
+            reply = await node_request(nc_of(request), node_id, TailLog(proc_id=proc_id, lines=lines))
+        except (ValueError, ValidationError) as err:
+            return _back("/nodes", error=f"log of {proc_id}: {_short(err)}")
+        except NodeError as err:
+            return _back("/nodes", error=f"log of {proc_id} on node {node_id}: {err}")
+        return page(request, "log.html", node_id=node_id, proc_id=proc_id, lines=lines, log=reply.log or "",
+                    truncated=reply.log_truncated)
+
+    # --- runs --------------------------------------------------------------------------
+    async def runs_page(request: Request) -> Response:
+        states = await _run_states(nc_of(request))
+        return page(request, "runs.html", payload=views.runs_payload(states))
+
+    async def runs_events(request: Request) -> Response:
+        nc = nc_of(request)
+        once = request.query_params.get("once") == "1"
+
+        async def stream() -> AsyncIterator[bytes]:
+            while True:
+                yield views.sse(views.runs_payload(await _run_states(nc)))
+                if once:
+                    return
+                await asyncio.sleep(settings.sample_s)
+
+        return _sse(stream())
+
+    async def run_page(request: Request) -> Response:
+        rid = request.path_params["run"]
+        if not subjects.valid_token(rid):
+            return page(request, "missing.html", status_code=404, what=f"run {rid!r}")
+        state = await run_state(nc_of(request), rid)
+        return page(request, "run.html", run_id=rid, state=state,
+                    row=views.run_row(state) if state else None,
+                    config=state.config.model_dump_json(indent=2) if state else "",
+                    sample_ms=int(settings.sample_s * 1000))
+
+    async def run_events(request: Request) -> Response:
+        rid = request.path_params["run"]
+        if not subjects.valid_token(rid):
+            return PlainTextResponse("not a run id", status_code=404)
+        nc = nc_of(request)
+        once = request.query_params.get("once") == "1"
+        return _sse(_run_stream(nc, rid, settings.sample_s, once))
+
+    async def run_cancel(request: Request) -> Response:
+        if not _same_origin(request):
+            return forbidden()
+        rid = request.path_params["run"]
+        nc = nc_of(request)
+        state = await run_state(nc, rid) if subjects.valid_token(rid) else None
+        if state is None:
+            return _back(f"/runs/{rid}", error=f"run {rid!r} is not known on this stack (KV '{subjects.RUNS_BUCKET}')")
+        if not views.can_cancel(state):
+            return _back(f"/runs/{rid}", error=f"run {rid} is {state.status} "
+                                               f"({views.last_completed(state)} of {state.config.rounds} rounds "
+                                               "completed): nothing to cancel")
+        await cancel_run(nc, rid, settings.cancel_reason)
+        return _back(f"/runs/{rid}", msg=f"cancel sent for run {rid}")
+
+    async def run_resume(request: Request) -> Response:
+        if not _same_origin(request):
+            return forbidden()
+        rid = request.path_params["run"]
+        nc = nc_of(request)
+        state = await run_state(nc, rid) if subjects.valid_token(rid) else None
+        if state is None:
+            return _back(f"/runs/{rid}", error=f"run {rid!r} is not known on this stack")
+        refusal = await resume_refusal(nc, state)
+        if refusal:
+            return _back(f"/runs/{rid}", error=refusal)
+        await request_resume(nc, rid)
+        return _back(f"/runs/{rid}", msg=f"resume sent for run {rid} (after round {state.round})")
+
+    # --- start a run -------------------------------------------------------------------
+    async def start_page(request: Request) -> Response:
+        return page(request, "start.html", **scenarios.form_context())
+
+    async def start_submit(request: Request) -> Response:
+        if not _same_origin(request):
+            return forbidden()
+        try:
+            form = await _form(request)
+        except ValueError as err:
+            return page(request, "start.html", status_code=413,
+                        **scenarios.form_context(errors=views.field_errors(f"(scenario): {err}")))
+        text, simulation = form.get("scenario", ""), form.get("simulation", "")
+        checked = await asyncio.to_thread(scenarios.validate, text, simulation)
+        if checked.errors:
+            return page(request, "start.html", status_code=422,
+                        **scenarios.form_context(text, simulation, checked.errors))
+        rid = new_run_id()
+        p = checked.prepared
+        await submit(nc_of(request), p.config, run_id=rid, personas=p.personas, manifest=p.manifest)
+        return _back(f"/runs/{rid}", msg=f"run {rid} submitted: {p.config.simulation}, "
+                                         f"{p.config.agents:,} agents × {p.config.rounds} rounds")
+
+    async def healthz(request: Request) -> Response:
+        nc = nc_of(request)
+        return JSONResponse({"nats": nc.is_connected}, status_code=200 if nc.is_connected else 503)
+
+    async def home(request: Request) -> Response:
+        return RedirectResponse("/runs", status_code=307)
+
+    routes = [
+        Route("/", home), Route("/healthz", healthz),
+        Route("/nodes", nodes_page), Route("/nodes/{node}/start", node_start, methods=["POST"]),
+        Route("/nodes/{node}/stop", node_stop, methods=["POST"]),
+        Route("/nodes/{node}/cleanup", node_cleanup, methods=["POST"]),
+        Route("/nodes/{node}/logs/{proc}", node_logs),
+        Route("/runs", runs_page), Route("/events/runs", runs_events),
+        Route("/runs/{run}", run_page), Route("/events/runs/{run}", run_events),
+        Route("/runs/{run}/cancel", run_cancel, methods=["POST"]),
+        Route("/runs/{run}/resume", run_resume, methods=["POST"]),
+        Route("/start", start_page), Route("/start", start_submit, methods=["POST"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.settings = settings
+    return app
+
+
+def start_request(form: dict[str, str]) -> StartProcess:
+    """The node form's fields as a StartProcess: kind agent-host (with max in flight),
+    replicas (sim or local, servers) or a service by name."""
+    kind = form.get("kind", "agent-host")
+
+    def num(key: str) -> int | None:
+        value = form.get(key, "").strip()
+        return int(value) if value else None
+
+    if kind == "agent-host":
+        body: dict = {"kind": kind, "max_in_flight": num("max_in_flight")}
+    elif kind == "replicas":
+        body = {"kind": kind, "backend": form.get("backend") or "sim", "servers": num("servers") or 1}
+    elif kind == "gateway":
+        body = {"kind": kind}
+    else:
+        body = {"kind": "service", "name": kind}
+    spec = TypeAdapter(ProcessSpec).validate_python({k: v for k, v in body.items() if v is not None})
+    restart = RestartPolicy(mode="on-failure") if form.get("restart") == "on-failure" else RestartPolicy()
+    return StartProcess(spec=spec, count=num("count") or 1, restart=restart)
+
+
+def _short(err: Exception) -> str:
+    return bus.short_error(err) if isinstance(err, ValidationError) else str(err)
+
+
+def _said(node_id: str, req, reply) -> str:
+    names = ", ".join(p.proc_id for p in reply.processes)
+    if isinstance(req, StartProcess):
+        return f"node {node_id} started {names}"
+    if isinstance(req, StopProcess):
+        p = reply.processes[0] if reply.processes else None
+        return f"node {node_id} stopped {req.proc_id}" + (f" (exit code {p.exit_code})" if p else "")
+    return f"node {node_id} cleaned up: {names or 'nothing was running'}"
+
+
+def _sse(body: AsyncIterator[bytes]) -> StreamingResponse:
+    return StreamingResponse(body, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def _run_states(nc) -> list[RunState]:
+    try:
+        return await bus.registry_entries(nc.jetstream(), subjects.RUNS_BUCKET, RunState)
+    except BucketNotFoundError:
+        return []  # a stack no service has provisioned yet: no runs
+
+
+async def run_state(nc, rid: str) -> RunState | None:
+    """The run's state in KV `runs` (None: no such run, or no bucket yet)."""
+    try:
+        return await client_run_state(nc, rid)
+    except BucketNotFoundError:
+        return None
+
+
+async def resume_refusal(nc, state: RunState) -> str | None:
+    """Why `populace resume` would refuse this run now (None: it may resume)."""
+    rid = state.run_id
+    if state.status not in views.RESUMABLE_STATUSES:
+        return f"run {rid} is {state.status}: only a failed, cancelled or paused run resumes"
+    if state.round >= state.config.rounds:
+        return f"run {rid} has played all {state.config.rounds} rounds: nothing to resume"
+    hosts = await bus.registry_entries(nc.jetstream(), subjects.HOSTS_BUCKET, HostInfo,
+                                       fresh_within_s=_registry_ttl())
+    if not hosts:
+        return "no agent-host is up on this stack: start one (Nodes), then resume"
+    return None
+
+
+def _registry_ttl() -> float:
+    from populace.core.settings import Settings
+
+    return Settings().registry_ttl_s
+
+
+async def _run_stream(nc, rid: str, sample_s: float, once: bool) -> AsyncIterator[bytes]:
+    """The run page's live updates: every `sample_s`, the run's state from KV, the round in
+    play's answers (summed from progress ticks this stream subscribed to) out of its
+    RoundOpen's `expected`, and the round results closed since the last update (read from the
+    RUN stream by subject, newest version of each)."""
+    ticks = views.RoundTicks(rid)
+    js = nc.jetstream()
+
+    async def on_tick(msg) -> None:
+        ticks.add(msg.data)
+
+    sub = await nc.subscribe(subjects.progress_all(rid), cb=on_tick)
+    sent = 0  # rounds whose results this stream has sent: 1..sent
+    expected: dict[int, int] = {}
+    try:
+        while True:
+            state = await run_state(nc, rid)
+            if ticks.first_round is None:
+                # the first round counted from its opening: the next one (a round in play when
+                # the page opened had ticks before it listened); all of them for a run not yet known
+                ticks.opened(1 if state is None else state.round + 1)
+            new: list[RoundResult] = []
+            if state is not None:
+                done = views.last_completed(state)
+                for n in range(sent + 1, min(done, sent + RESULTS_PER_UPDATE) + 1):
+                    result = await bus.last_on(js, subjects.RUN_STREAM, subjects.run_round_result(rid, n), RoundResult)
+                    if result is not None and result.run_id == rid:
+                        new.append(result)
+                    sent = n
+            current = state.round if state is not None and state.status == "running" else None
+            if current and current not in expected:
+                opened = await bus.last_on(js, subjects.RUN_STREAM, subjects.run_round_open(rid, current), RoundOpen)
+                if opened is not None:
+                    expected[current] = opened.expected
+            exp = expected.get(current) if current else None
+            yield views.sse(views.run_payload(rid, state, ticks, exp or (state.config.agents if current else None),
+                                              new))
+            if once:
+                return
+            await asyncio.sleep(sample_s)
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()

@@ -1,0 +1,195 @@
+"""What the manager's pages and live streams show, built from the bus's models: pure functions
+(no I/O), unit-tested on their own."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+
+from populace.core.contracts import (
+    ACTIVE_STATUSES,
+    RESUMABLE_STATUSES,
+    NodeInfo,
+    ProcessInfo,
+    Progress,
+    RoundResult,
+    RunState,
+)
+
+# numeric summary fields charted per round (the first few, as the CLI's progress line shows them)
+CHART_SERIES = 2
+MAX_RUNS = 500  # rows in the runs list and its live updates (newest first)
+
+
+def mb(n: int) -> str:
+    return f"{n / 2**20:,.0f} MB"
+
+
+def last_completed(state: RunState) -> int:
+    """The last round whose result is in: while running, `round` is the one in play
+    (as `populace follow`/`cancel` count it)."""
+    return max(0, state.round - 1) if state.status == "running" else state.round
+
+
+def can_cancel(state: RunState) -> bool:
+    return state.status in ACTIVE_STATUSES
+
+
+def can_resume(state: RunState) -> bool:
+    return state.status in RESUMABLE_STATUSES and state.round < state.config.rounds
+
+
+def run_row(state: RunState) -> dict:
+    """One run as the runs list shows it (and its live updates send it)."""
+    c = state.config
+    done = last_completed(state)
+    return {
+        "run_id": state.run_id, "name": c.name, "status": state.status, "simulation": c.simulation,
+        "agents": c.agents, "rounds": c.rounds, "round": state.round if state.status == "running" else None,
+        "completed": done, "progress": round(done / c.rounds, 4) if c.rounds else 0.0,
+        "tokens": state.used.tokens, "llm_calls": state.used.llm_calls, "model": c.model.backend,
+        "reason": state.reason, "updated_at": state.updated_at,
+    }
+
+
+def runs_payload(states: list[RunState], limit: int = MAX_RUNS) -> dict:
+    """The runs list's live update: every run's row, newest first (at most `limit`)."""
+    rows = sorted((run_row(s) for s in states), key=lambda r: (r["updated_at"], r["run_id"]), reverse=True)
+    return {"runs": rows[:limit], "total": len(rows), "at": time.time()}
+
+
+def numeric_summary(summary: dict, limit: int = CHART_SERIES) -> dict[str, float]:
+    """The first `limit` numbers of a round's summary (e.g. a ratio game's mean and target)."""
+    out: dict[str, float] = {}
+    for key, value in summary.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[key] = float(value)
+            if len(out) >= limit:
+                break
+    return out
+
+
+def result_row(result: RoundResult) -> dict:
+    """A closed round as the run page charts and tabulates it."""
+    u = result.usage
+    return {"round": result.round, "n": result.n, "n_valid": result.n_valid,
+            "series": numeric_summary(result.summary), "summary": _jsonable(result.summary),
+            "llm_calls": u.llm_calls, "tokens": u.tokens, "prompt_tokens": u.prompt_tokens,
+            "completion_tokens": u.completion_tokens, "closed_at": result.closed_at}
+
+
+def _jsonable(doc: dict) -> dict:
+    return json.loads(json.dumps(doc, default=str))
+
+
+@dataclass
+class RoundTicks:
+    """Answers in per round, summed from the hosts' progress ticks (one per batch, never one
+    per agent). `since_open`: the ticks of a round are counted only from when this page began
+    listening, so a round already in play when it opened shows a lower bound."""
+
+    run_id: str
+    answered: dict[int, int] = field(default_factory=dict)
+    first_round: int | None = None  # the first round whose opening this listener saw
+    malformed: int = 0
+
+    def add(self, data: bytes) -> None:
+        try:
+            tick = Progress.model_validate_json(data)
+        except ValueError:
+            self.malformed += 1
+            return
+        if tick.run_id != self.run_id:
+            self.malformed += 1
+            return
+        self.answered[tick.round] = self.answered.get(tick.round, 0) + max(0, tick.answered)
+
+    def opened(self, n: int) -> None:
+        if self.first_round is None or n < self.first_round:
+            self.first_round = n
+
+    def complete(self, n: int) -> bool:
+        """Whether round `n` was counted from its opening."""
+        return self.first_round is not None and n >= self.first_round
+
+
+def run_payload(rid: str, state: RunState | None, ticks: RoundTicks, expected: int | None,
+                new_results: list[RoundResult]) -> dict:
+    """The run page's live update: its state, the round in play's answers in / expected, and
+    the rounds closed since the last update (the page keeps them by round number)."""
+    if state is None:
+        return {"run_id": rid, "status": "submitted", "known": False, "results": [], "at": time.time()}
+    row = run_row(state)
+    current = state.round if state.status == "running" else None
+    answered = ticks.answered.get(current, 0) if current else None
+    if current and expected:
+        answered = min(answered or 0, expected)
+    return {**row, "known": True, "current_round": current, "answered": answered, "expected": expected,
+            "answered_lower_bound": bool(current) and not ticks.complete(current),
+            "can_cancel": can_cancel(state), "can_resume": can_resume(state),
+            "results": [result_row(r) for r in sorted(new_results, key=lambda r: r.round)], "at": time.time()}
+
+
+def sse(data: dict, event: str | None = None) -> bytes:
+    """One server-sent event carrying `data` as JSON on one line."""
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {json.dumps(data, separators=(',', ':'), default=str)}\n\n".encode()
+
+
+# --- nodes -------------------------------------------------------------------------------
+def spec_text(p: ProcessInfo) -> str:
+    spec = p.spec.model_dump(exclude_defaults=True, exclude={"kind"})
+    return ", ".join(f"{k}={v}" for k, v in spec.items())
+
+
+def process_row(p: ProcessInfo) -> dict:
+    running = p.state == "running"
+    return {"proc_id": p.proc_id, "kind": p.spec.kind, "state": p.state, "pid": p.pid, "exit_code": p.exit_code,
+            "restarts": p.restarts, "restart": p.restart.mode, "max_restarts": p.restart.max_restarts,
+            "cpu": f"{p.cpu_percent:.0f}" if running else "", "memory": mb(p.rss_bytes) if running else "",
+            "settings": spec_text(p), "running": running}
+
+
+def node_row(n: NodeInfo, now: float | None = None) -> dict:
+    return {"node_id": n.node_id, "hostname": n.hostname, "cpus": n.cpus, "memory": mb(n.memory_bytes),
+            "memory_free": mb(n.memory_available_bytes), "gone": n.gone(now),
+            "gpus": ", ".join(f"{g.index}: {g.name} ({g.memory_mb:,} MB)" for g in n.gpus) or "none",
+            "version": n.version, "up_s": round(n.heartbeat_at - n.started_at),
+            "running": sum(p.state == "running" for p in n.processes),
+            "processes": [process_row(p) for p in n.processes]}
+
+
+# --- scenario errors ---------------------------------------------------------------------
+_FIELD = re.compile(r"^(\([a-z ]+\)|[A-Za-z_][\w.\-\[\]]*): ")
+
+
+@dataclass(frozen=True)
+class FieldError:
+    field: str  # the dotted field the CLI's message names ('' when it names none)
+    message: str  # the CLI's whole line(s), field included
+
+    @property
+    def top(self) -> str:
+        """The scenario's top-level key the field is under (e.g. 'game' for 'game.ratio')."""
+        return self.field.split(".", 1)[0].split("[", 1)[0]
+
+
+def field_errors(text: str) -> list[FieldError]:
+    """The CLI's error text (one problem per line, each starting with its dotted field; an
+    indented line continues the one before) as (field, message) pairs, in order."""
+    out: list[FieldError] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        m = _FIELD.match(line)
+        if m and not line[:1].isspace():
+            out.append(FieldError(m.group(1), line))
+        elif line.startswith("simulation '"):  # 'simulation 'x' (import path): cannot import …'
+            out.append(FieldError("simulation", line))
+        elif out and (line[:1].isspace() or not m):
+            out[-1] = FieldError(out[-1].field, out[-1].message + "\n" + line)
+        else:
+            out.append(FieldError("", line))
+    return out

@@ -1,0 +1,257 @@
+"""The manager in a real browser: a stack (one agent-host), one `populace node` daemon and
+`populace manager` (uvicorn, a free port on 127.0.0.1), driven by headless Chromium
+(Playwright). From the pages: the node is listed; an agent-host is deployed on it; a bad
+scenario shows the CLI's message under its field; a ratio-game run of 2,000 agents × 3 rounds
+on the dummy model starts from the form and its page's answers counter and chart grow without
+a reload; a second run is cancelled mid-round and shows as cancelled; the node is cleaned up,
+and psutil confirms its children are gone. Screenshots go to the test's tmp dir (printed).
+
+The rounds are slowed so the live counter has something to show: each agent-host plays at
+most 100 agents at a time (POPULACE_MAX_IN_FLIGHT, and the node form's field) and reports
+them in outcome batches of 100 (a progress tick each); each batch of answers takes `latency_s`.
+
+Chromium is the system's (/usr/bin/chromium); without it the test skips, unless
+POPULACE_REQUIRE_BROWSER=1 (CI), where it fails. Every process is ended by its PID."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from populace.client.stack import Stack
+from populace.core import bus, subjects
+from populace.core.contracts import HostInfo
+from populace.core.natsserver import free_port
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+CHROMIUM = Path("/usr/bin/chromium")
+IN_FLIGHT = 100
+# hosts tick progress once per outcome batch: batches of 100 make the counter move every wave
+SLOW = {"POPULACE_MAX_IN_FLIGHT": str(IN_FLIGHT), "POPULACE_OUTCOME_BATCH_SIZE": str(IN_FLIGHT)}
+
+
+def _browser_or_skip():
+    if CHROMIUM.exists():
+        return
+    message = f"{CHROMIUM} is missing: install it with `apt-get install -y chromium` (never `playwright install`)"
+    if os.environ.get("POPULACE_REQUIRE_BROWSER") == "1":
+        pytest.fail(message + "; POPULACE_REQUIRE_BROWSER=1 requires the browser test to run")
+    pytest.skip(message)
+
+
+def _end(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL after `grace`: by PID, this test's own process only."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _until(check, timeout: float, what: str, every: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout}s: {what}")
+        time.sleep(every)
+
+
+def _hosts(url: str) -> list[HostInfo]:
+    async def read():
+        nc = await bus.connect(url, "manager-browser-test")
+        try:
+            return await bus.registry_entries(nc.jetstream(), subjects.HOSTS_BUCKET, HostInfo, fresh_within_s=10)
+        finally:
+            await nc.close()
+
+    # Playwright's sync API runs an event loop in this thread: read KV from another one
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, read()).result()
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    """(manager URL, node id, node daemon process, stack URL, screenshot dir)."""
+    _browser_or_skip()
+    tmp = tmp_path_factory.mktemp("manager")
+    shots = tmp / "screenshots"
+    shots.mkdir()
+    stack = Stack(hosts=1, db=str(tmp / "populace.duckdb"), log_dir=str(tmp / "logs"),
+                  env={"POPULACE_STORAGE": "memory"}, host_env=SLOW)
+    stack.up(timeout=180)
+    procs: list[subprocess.Popen] = []
+    try:
+        env = {**os.environ, "POPULACE_HEARTBEAT_S": "0.5", **SLOW}  # the node's children inherit SLOW
+        env.pop("POPULACE_PARENT_PID", None)
+        node_id = f"n-{uuid.uuid4().hex[:6]}"
+        with open(tmp / "logs" / "node.log", "ab") as log:
+            node = subprocess.Popen([sys.executable, "-m", "populace.cli", "node", "--nats", stack.url, "--node-id",
+                                     node_id, "--log-dir", str(tmp / "node"), "--stop-grace", "5"],
+                                    env=env, stdout=log, stderr=log, start_new_session=True)
+        procs.append(node)
+        port = free_port()
+        with open(tmp / "logs" / "manager.log", "ab") as log:
+            manager = subprocess.Popen([sys.executable, "-m", "populace.cli", "manager", "--nats", stack.url,
+                                        "--port", str(port)], env=env, stdout=log, stderr=log,
+                                       start_new_session=True)
+        procs.append(manager)
+        base = f"http://127.0.0.1:{port}"
+
+        def healthy() -> bool:
+            assert manager.poll() is None, (tmp / "logs" / "manager.log").read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(base + "/healthz", timeout=2) as res:
+                    return res.status == 200
+            except OSError:
+                return False
+
+        _until(healthy, 60, "the manager answers /healthz")
+        print(f"\nscreenshots: {shots}")
+        yield base, node_id, node, stack.url, shots
+    finally:
+        for p in reversed(procs):
+            _end(p)
+        stack.stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    _browser_or_skip()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=["--headless", "--no-sandbox", "--disable-gpu"])
+        yield b
+        b.close()
+
+
+# Every value the answers counter shows, recorded by the page itself (no reload in between).
+WATCH_ANSWERS = """
+window.__answers = [];
+window.__points = [];
+document.addEventListener("DOMContentLoaded", () => {
+  const a = document.getElementById("answered"), c = document.getElementById("chart");
+  if (!a) return;
+  new MutationObserver(() => window.__answers.push(a.textContent)).observe(a, {childList: true, characterData: true, subtree: true});
+  new MutationObserver(() => window.__points.push(c.dataset.points)).observe(c, {attributes: true, attributeFilter: ["data-points"]});
+});
+"""
+
+
+def _start_run(page, base: str, text: str) -> str:
+    page.goto(base + "/start")
+    page.select_option("#simulation", "ratio-game")
+    page.fill("#scenario", text)
+    page.click("#submit")
+    page.wait_for_url("**/runs/*")
+    return page.url.split("/runs/")[1].split("?")[0]
+
+
+def test_deploy_run_watch_cancel_and_clean_up_from_the_browser(fleet, browser):
+    base, node_id, node, stack_url, shots = fleet
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
+    page.on("dialog", lambda d: d.accept())  # the clean-up's confirm()
+    page.add_init_script(WATCH_ANSWERS)
+
+    # the node is listed; an agent-host is deployed on it from its form
+    page.goto(base + "/nodes")
+    _until(lambda: page.reload() or page.locator(f"#node-{node_id}").count() == 1, 30, "the node on the page", 1.0)
+    section = page.locator(f"#node-{node_id}")
+    section.locator("form.start select[name=kind]").select_option("agent-host")
+    section.locator("form.start input[name=count]").fill("1")
+    section.locator("form.start input[name=max_in_flight]").fill(str(IN_FLIGHT))
+    section.locator("form.start button").click()
+    page.wait_for_url("**/nodes?msg=*")
+    assert f"node {node_id} started agent-host-1" in page.locator("#flash-msg").text_content()
+    row = page.locator(f"#node-{node_id} tr[data-proc=agent-host-1]")
+    assert row.get_attribute("data-state") == "running"
+    _until(lambda: any(h.host_id.startswith(node_id) for h in _hosts(stack_url)), 60,
+           "the node's agent-host registered in KV hosts")
+    page.screenshot(path=str(shots / "nodes.png"), full_page=True)
+
+    # a bad scenario: the CLI's message under the field it names; nothing starts
+    page.goto(base + "/start")
+    page.fill("#scenario", "agents: 0\nrounds: 3\nmodel: {backend: dummy}\n")
+    page.click("#submit")
+    err = page.locator('#errors li[data-field="agents"]')
+    assert "agents: Input should be greater than or equal to 1" in err.text_content()
+    assert "/start" in page.url
+    page.screenshot(path=str(shots / "start-error.png"), full_page=True)
+
+    # run 1: 2,000 agents × 3 rounds; the page counts answers and charts rounds as they close
+    rid = _start_run(page, base, "name: manager-browser\nagents: 2000\nrounds: 3\nseed: 1\n"
+                                 "model: {backend: dummy, latency_s: 0.5}\n")
+    assert page.locator("#live").text_content() in ("connecting…", "live")
+    page.wait_for_function("() => window.__answers.some(t => /^[≥ ]*[1-9]/.test(t))", timeout=120_000)
+    page.screenshot(path=str(shots / "run-live.png"), full_page=True)
+    page.wait_for_function("() => document.getElementById('chart').dataset.points === '3'", timeout=180_000)
+    page.wait_for_function("() => document.getElementById('status').textContent === 'done'", timeout=60_000)
+    points = page.evaluate("window.__points")
+    assert "1" in points and "2" in points and points[-1] == "3", points  # grew point by point, no reload
+    assert page.locator("#chart circle.pt").count() == 6  # mean and target per round
+    assert page.locator("#results tbody tr").count() == 3
+    answers = page.evaluate("window.__answers")
+    assert any(t.replace(",", "").lstrip("≥ ").isdigit() and 0 < int(t.replace(",", "").lstrip("≥ ")) <= 2000
+               for t in answers), answers
+    assert page.locator("#cancel-form").is_hidden()
+    page.screenshot(path=str(shots / "run-done.png"), full_page=True)
+
+    # run 2: cancelled mid-round from its page
+    rid2 = _start_run(page, base, "name: manager-cancel\nagents: 2000\nrounds: 3\n"
+                                  "model: {backend: dummy, latency_s: 2.0}\n")
+    page.wait_for_function("() => document.getElementById('current-round').textContent === '1' && "
+                           "window.__answers.some(t => /^[≥ ]*[1-9]/.test(t))", timeout=120_000)
+    page.click("#cancel")
+    page.wait_for_url(f"**/runs/{rid2}?msg=*")
+    page.wait_for_function("() => document.getElementById('status').textContent === 'cancelled'", timeout=60_000)
+    assert page.locator("#resume-form").is_visible()
+    page.screenshot(path=str(shots / "run-cancelled.png"), full_page=True)
+
+    # the runs list, live: both runs with their final status
+    page.goto(base + "/runs")
+    page.wait_for_function(f"() => document.querySelector('tr[data-run=\"{rid}\"]')?.dataset.status === 'done' && "
+                           f"document.querySelector('tr[data-run=\"{rid2}\"]')?.dataset.status === 'cancelled'",
+                           timeout=30_000)
+    page.screenshot(path=str(shots / "runs.png"), full_page=True)
+
+    # the node is cleaned up: its processes gone from the page and from the machine
+    children = [c.pid for c in psutil.Process(node.pid).children(recursive=True)]
+    assert children, "the node's agent-host should be running"
+    page.goto(base + "/nodes")
+    page.locator(f"#node-{node_id} form.cleanup button").click()
+    page.wait_for_url("**/nodes?msg=*")
+    assert f"node {node_id} cleaned up: agent-host-1" in page.locator("#flash-msg").text_content()
+    assert page.locator(f"#node-{node_id} tr[data-proc]").count() == 0
+    _until(lambda: not any(_alive(pid) for pid in children), 30, "the node's children gone")
+    assert psutil.Process(node.pid).children(recursive=True) == []
+    page.screenshot(path=str(shots / "nodes-clean.png"), full_page=True)
+    assert errors == []

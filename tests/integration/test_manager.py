@@ -1,0 +1,259 @@
+"""The manager against a real nats-server (no services): its pages read KV `runs` and `nodes`
+and the RUN stream; the run page's live stream sums progress ticks per round and sends the
+rounds closed since; the start form shows a bad scenario's CLI message under its field and
+publishes nothing (the CTL stream's message count is unchanged), and submits a good one with
+its manifest; cancel and resume refuse what the CLI refuses; a cross-site POST is refused."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+import uuid
+
+import pytest
+from starlette.testclient import TestClient
+
+from populace.core import bus, subjects
+from populace.core.contracts import (
+    NodeInfo,
+    Progress,
+    RoundOpen,
+    RoundResult,
+    RunConfig,
+    RunStart,
+    RunState,
+    Share,
+    Usage,
+)
+from populace.manager import ManagerSettings, create_app
+from populace.manager.app import _run_stream
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+
+def arun(coro_factory, url: str):
+    async def go():
+        nc = await bus.connect(url, "manager-test")
+        try:
+            return await coro_factory(nc)
+        finally:
+            await nc.close()
+
+    return asyncio.run(go())
+
+
+@pytest.fixture(scope="module")
+def url(nats_server):
+    async def setup(nc):
+        js = nc.jetstream()
+        await bus.provision(js, storage="memory")
+        await bus.provision_nodes(js, storage="memory")
+
+    arun(setup, nats_server.url)
+    return nats_server.url
+
+
+@pytest.fixture
+def client(url):
+    with TestClient(create_app(ManagerSettings(nats_url=url, sample_s=0.05)), follow_redirects=False) as c:
+        yield c
+
+
+def rid() -> str:
+    return f"t-{uuid.uuid4().hex[:8]}"
+
+
+def a_state(run_id: str, status: str = "running", rnd: int = 2) -> RunState:
+    return RunState(run_id=run_id, status=status, round=rnd, config=RunConfig(agents=300, rounds=3, name="mgr"),
+                    shares=[Share(host_id="h1", ranges=[(0, 300)])],
+                    used=Usage(llm_calls=300, prompt_tokens=900, completion_tokens=100))
+
+
+def a_result(run_id: str, n: int) -> RoundResult:
+    return RoundResult(run_id=run_id, round=n, n=300, n_valid=299, summary={"mean": 40.0 - n, "target": 26.0 - n},
+                       observation={}, state={}, closed_at=time.time(), usage=Usage(llm_calls=300, prompt_tokens=900))
+
+
+def put_run(url: str, state: RunState, results: list[RoundResult] = ()) -> None:
+    async def put(nc):
+        js = nc.jetstream()
+        kv = await js.key_value(subjects.RUNS_BUCKET)
+        await kv.put(state.run_id, bus.encode(state))
+        for r in results:
+            await js.publish(subjects.run_round_result(r.run_id, r.round), bus.encode(r))
+
+    arun(put, url)
+
+
+def ctl_messages(url: str) -> int:
+    async def count(nc):
+        return (await nc.jetstream().stream_info(subjects.CTL_STREAM)).state.messages
+
+    return arun(count, url)
+
+
+def events(client: TestClient, path: str) -> dict:
+    """The first event of a live stream (`?once=1` ends it after one)."""
+    res = client.get(path + "?once=1")
+    assert res.status_code == 200 and res.headers["content-type"].startswith("text/event-stream")
+    [line] = [ln for ln in res.text.splitlines() if ln.startswith("data: ")]
+    return json.loads(line.removeprefix("data: "))
+
+
+# --- runs --------------------------------------------------------------------------------
+def test_the_runs_page_and_its_live_stream_list_every_run(client, url):
+    run_id = rid()
+    put_run(url, a_state(run_id))
+    page = client.get("/runs")
+    assert page.status_code == 200 and f'data-run="{run_id}"' in page.text
+    payload = events(client, "/events/runs")
+    row = next(r for r in payload["runs"] if r["run_id"] == run_id)
+    assert (row["status"], row["round"], row["completed"], row["tokens"], row["agents"]) == ("running", 2, 1, 1000, 300)
+
+
+def test_the_run_page_streams_the_closed_rounds(client, url):
+    run_id = rid()
+    put_run(url, a_state(run_id, "running", 3), [a_result(run_id, 1), a_result(run_id, 2)])
+    page = client.get(f"/runs/{run_id}")
+    assert page.status_code == 200 and run_id in page.text and 'id="cancel-form"' in page.text
+    d = events(client, f"/events/runs/{run_id}")
+    assert [r["round"] for r in d["results"]] == [1, 2]
+    assert d["results"][0]["series"] == {"mean": 39.0, "target": 25.0}
+    assert (d["current_round"], d["expected"], d["can_cancel"]) == (3, 300, True)  # expected: config.agents
+    unknown = events(client, f"/events/runs/{rid()}")
+    assert (unknown["status"], unknown["known"]) == ("submitted", False)
+    assert client.get("/runs/not.a.token").status_code == 404
+
+
+async def test_the_run_stream_sums_ticks_per_round_from_the_round_it_saw_open(url):
+    run_id = rid()
+    nc = await bus.connect(url, "manager-test")
+    try:
+        js = nc.jetstream()
+        kv = await js.key_value(subjects.RUNS_BUCKET)
+        await kv.put(run_id, bus.encode(a_state(run_id, "spawning", 0)))
+        stream = _run_stream(nc, run_id, 0.05, once=False)
+        first = json.loads((await anext(stream)).decode().removeprefix("data: "))
+        assert (first["status"], first["current_round"]) == ("spawning", None)
+        cfg = RunConfig(agents=300, rounds=3)
+        await js.publish(subjects.run_round_open(run_id, 1),
+                         bus.encode(RoundOpen(run_id=run_id, round=1, expected=250, config=cfg, opened_at=time.time())))
+        await kv.put(run_id, bus.encode(a_state(run_id, "running", 1)))
+        for answered in (100, 50):
+            await nc.publish(subjects.progress(run_id, 1, "h1"),
+                             bus.encode(Progress(run_id=run_id, round=1, host_id="h1", answered=answered)))
+        await nc.publish(subjects.progress(run_id, 1, "h1"), b"garbage")
+        await nc.flush()
+        await asyncio.sleep(0.1)
+        d = json.loads((await anext(stream)).decode().removeprefix("data: "))
+        assert (d["current_round"], d["answered"], d["expected"], d["answered_lower_bound"]) == (1, 150, 250, False)
+        await stream.aclose()
+    finally:
+        await nc.close()
+
+
+# --- the start form ----------------------------------------------------------------------
+@pytest.mark.parametrize(("scenario", "field", "says"), [
+    ("agents: 0\nrounds: 3\n", "agents", "agents: Input should be greater than or equal to 1"),
+    ("agents: 10\nmodel:\n  backend: gpt-9\n", "model.backend", "model.backend: Input should be"),
+    ("agents: 10\nbogus: 1\n", "bogus", "bogus: unknown key"),
+    ("simulation: no-such-sim\nagents: 10\n", "simulation", "simulation"),
+    ("agents: [1,\n", "(scenario)", "(scenario): not valid YAML"),
+])
+def test_a_bad_scenario_is_shown_under_its_field_and_nothing_is_published(client, url, scenario, field, says):
+    before = ctl_messages(url)
+    res = client.post("/start", data={"scenario": scenario, "simulation": ""})
+    assert res.status_code == 422
+    items = re.findall(r'<li class="field-error" data-field="([^"]*)">(.*?)</li>', res.text, re.S)
+    assert field in [f.replace("&#39;", "'") for f, _ in items], res.text
+    text = next(body for f, body in items if f == field)
+    assert says in text.replace("&#39;", "'").replace("&gt;", ">")
+    assert scenario.split("\n")[0].replace("[", "") in res.text.replace("[", "")  # the text is kept in the form
+    assert ctl_messages(url) == before
+
+
+def test_a_good_scenario_is_submitted_with_its_manifest(client, url):
+    before = ctl_messages(url)
+    text = "simulation: ratio-game\nname: from-the-form\nagents: 2000\nrounds: 3\nmodel:\n  backend: dummy\n"
+    res = client.post("/start", data={"scenario": text, "simulation": "ratio-game"})
+    assert res.status_code == 303
+    run_id = res.headers["location"].split("?")[0].removeprefix("/runs/")
+    assert ctl_messages(url) == before + 1
+
+    async def last_start(nc):
+        msg = await nc.jetstream().get_last_msg(subjects.CTL_STREAM, subjects.RUN_START)
+        return RunStart.model_validate_json(msg.data)
+
+    start = arun(last_start, url)
+    assert (start.run_id, start.config.agents, start.config.name) == (run_id, 2000, "from-the-form")
+    assert start.manifest["run_id"] == run_id and start.manifest["scenario"]["text"] == text
+    page = client.get(res.headers["location"])
+    assert page.status_code == 200 and "submitted" in page.text
+
+
+def test_the_start_page_lists_the_installed_simulations(client):
+    page = client.get("/start")
+    assert page.status_code == 200
+    for name in ("ratio-game", "public-goods", "vote"):
+        assert f'<option value="{name}"' in page.text
+
+
+# --- steering ----------------------------------------------------------------------------
+def test_cancel_and_resume_refuse_what_the_cli_refuses(client, url):
+    done = rid()
+    put_run(url, a_state(done, "done", 3))
+    before = ctl_messages(url)
+    res = client.post(f"/runs/{done}/cancel")
+    assert res.status_code == 303 and "nothing+to+cancel" in res.headers["location"]
+    res = client.post(f"/runs/{done}/resume")
+    assert "only+a+failed" in res.headers["location"]
+    paused = rid()
+    put_run(url, a_state(paused, "paused", 1))
+    res = client.post(f"/runs/{paused}/resume")
+    assert "no+agent-host+is+up" in res.headers["location"]
+    assert ctl_messages(url) == before  # nothing was asked of the orchestrator
+    shown = client.get(res.headers["location"])
+    assert 'id="flash-error"' in shown.text and "no agent-host is up" in shown.text
+
+
+def test_cancel_of_a_running_run_is_sent(client, url):
+    running = rid()
+    put_run(url, a_state(running, "running", 1))
+    before = ctl_messages(url)
+    res = client.post(f"/runs/{running}/cancel")
+    assert res.status_code == 303 and "cancel+sent" in res.headers["location"]
+    assert ctl_messages(url) == before + 1
+
+
+def test_a_cross_site_post_is_refused(client, url):
+    running = rid()
+    put_run(url, a_state(running, "running", 1))
+    res = client.post(f"/runs/{running}/cancel", headers={"origin": "http://evil.example"})
+    assert res.status_code == 403
+    ok = client.post(f"/runs/{running}/cancel", headers={"origin": "http://testserver"})
+    assert ok.status_code == 303
+
+
+# --- nodes -------------------------------------------------------------------------------
+def test_the_nodes_page_shows_kv_nodes_and_a_missing_node_is_named(client, url):
+    node_id = f"n-{uuid.uuid4().hex[:6]}"
+    now = time.time()
+    info = NodeInfo(node_id=node_id, hostname="box", pid=1, version="0.1.0", cpus=2, memory_bytes=2**32,
+                    memory_available_bytes=2**31, log_dir="/tmp", started_at=now - 5, heartbeat_at=now,
+                    heartbeat_s=2.0)
+
+    async def put(nc):
+        kv = await nc.jetstream().key_value(subjects.NODES_BUCKET)
+        await kv.put(node_id, bus.encode(info))
+
+    arun(put, url)
+    page = client.get("/nodes")
+    assert page.status_code == 200 and f'id="node-{node_id}"' in page.text and "2 CPUs" in page.text
+    # KV says it is there, but no daemon answers: the error comes back to the page
+    res = client.post(f"/nodes/{node_id}/start", data={"kind": "agent-host", "count": "2"})
+    assert res.status_code == 303 and "is+not+running" in res.headers["location"]
+    res = client.post(f"/nodes/{node_id}/start", data={"kind": "agent-host", "count": "99"})
+    assert "count" in res.headers["location"]
+    assert client.get("/healthz").json() == {"nats": True}

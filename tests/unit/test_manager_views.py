@@ -1,0 +1,202 @@
+"""The manager's pure parts: runs' rows and the live payloads (runs list, run page), progress
+ticks summed per round, the SSE framing, the node form's request, and the start form's
+validation — the CLI's own messages, split by the field they name."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from populace.client.prepare import parse_config
+from populace.core.contracts import (
+    AgentHostSpec,
+    GatewaySpec,
+    Progress,
+    ReplicasSpec,
+    RoundResult,
+    RunConfig,
+    RunState,
+    ServiceSpec,
+    Share,
+    Usage,
+)
+from populace.core.scenario import ScenarioError, yaml_mapping
+from populace.manager import is_loopback, scenarios, views
+from populace.manager.app import start_request
+
+
+def state(status: str = "running", rnd: int = 2, rounds: int = 3, rid: str = "r1", updated: float = 100.0,
+          **kw) -> RunState:
+    return RunState(run_id=rid, status=status, round=rnd, updated_at=updated,
+                    config=RunConfig(agents=2000, rounds=rounds, name="ratio"),
+                    shares=[Share(host_id="h1", ranges=[(0, 2000)])], **kw)
+
+
+def result(n: int, rid: str = "r1") -> RoundResult:
+    return RoundResult(run_id=rid, round=n, n=2000, n_valid=1990, observation={}, state={}, closed_at=1.0 + n,
+                       summary={"mean": 30.5 + n, "target": 20.0 + n, "winner_agent_id": 7, "ok": True},
+                       usage=Usage(llm_calls=2000, prompt_tokens=100, completion_tokens=20))
+
+
+def tick(n: int, answered: int, rid: str = "r1") -> bytes:
+    return Progress(run_id=rid, round=n, host_id="h1", answered=answered).model_dump_json().encode()
+
+
+# --- runs --------------------------------------------------------------------------------
+def test_a_running_run_counts_the_rounds_before_the_one_in_play():
+    row = views.run_row(state("running", rnd=2, used=Usage(llm_calls=10, prompt_tokens=5, completion_tokens=3)))
+    assert (row["round"], row["completed"], row["rounds"], row["progress"]) == (2, 1, 3, round(1 / 3, 4))
+    assert (row["llm_calls"], row["tokens"], row["simulation"], row["agents"]) == (10, 8, "ratio-game", 2000)
+    done = views.run_row(state("done", rnd=3))
+    assert (done["round"], done["completed"], done["progress"]) == (None, 3, 1.0)
+
+
+def test_the_runs_payload_is_newest_first_and_bounded():
+    states = [state(rid=f"r{i}", updated=float(i)) for i in range(5)]
+    payload = views.runs_payload(states, limit=3)
+    assert [r["run_id"] for r in payload["runs"]] == ["r4", "r3", "r2"]
+    assert payload["total"] == 5
+    json.dumps(payload)  # what the stream sends
+
+
+@pytest.mark.parametrize(("status", "rnd", "cancel", "resume"), [
+    ("spawning", 0, True, False), ("running", 2, True, False), ("paused", 1, False, True),
+    ("cancelled", 2, False, True), ("failed", 3, False, False), ("done", 3, False, False)])
+def test_cancel_and_resume_are_offered_as_the_cli_allows_them(status, rnd, cancel, resume):
+    s = state(status, rnd=rnd)
+    assert (views.can_cancel(s), views.can_resume(s)) == (cancel, resume)
+
+
+# --- the run page ------------------------------------------------------------------------
+def test_the_chart_takes_the_first_numbers_of_a_summary():
+    assert views.numeric_summary({"label": "x", "ok": True, "mean": 1, "target": 2.5, "third": 3}) == {
+        "mean": 1.0, "target": 2.5}
+    row = views.result_row(result(1))
+    assert row["series"] == {"mean": 31.5, "target": 21.0}
+    assert (row["llm_calls"], row["tokens"], row["n_valid"]) == (2000, 120, 1990)
+
+
+def test_ticks_are_summed_per_round_and_others_are_skipped():
+    ticks = views.RoundTicks("r1")
+    for data in (tick(1, 100), tick(1, 50), tick(2, 7), tick(1, 9, rid="other"), b"{not json"):
+        ticks.add(data)
+    assert ticks.answered == {1: 150, 2: 7}
+    assert ticks.malformed == 2
+    ticks.opened(2)
+    assert (ticks.complete(1), ticks.complete(2), ticks.complete(3)) == (False, True, True)
+
+
+def test_the_run_payload_of_a_round_in_play():
+    ticks = views.RoundTicks("r1")
+    ticks.opened(2)
+    ticks.add(tick(2, 1500))
+    ticks.add(tick(2, 900))  # a batch sent again after a re-placement: never more than expected
+    p = views.run_payload("r1", state("running", rnd=2), ticks, 2000, [result(1)])
+    assert (p["current_round"], p["answered"], p["expected"], p["answered_lower_bound"]) == (2, 2000, 2000, False)
+    assert (p["can_cancel"], p["can_resume"]) == (True, False)
+    assert [r["round"] for r in p["results"]] == [1]
+    late = views.RoundTicks("r1")
+    late.opened(3)  # the page opened during round 2
+    late.add(tick(2, 10))
+    assert views.run_payload("r1", state("running", rnd=2), late, 2000, [])["answered_lower_bound"] is True
+
+
+def test_the_run_payload_before_the_orchestrator_knows_the_run():
+    p = views.run_payload("r9", None, views.RoundTicks("r9"), None, [])
+    assert (p["status"], p["known"], p["results"]) == ("submitted", False, [])
+
+
+def test_sse_framing_is_one_json_line_per_event():
+    assert views.sse({"a": 1}) == b'data: {"a":1}\n\n'
+    assert views.sse({"a": "x\ny"}, event="run") == b'event: run\ndata: {"a":"x\\ny"}\n\n'
+
+
+# --- nodes -------------------------------------------------------------------------------
+def test_the_node_form_builds_typed_requests():
+    req = start_request({"kind": "agent-host", "count": "2", "max_in_flight": "500", "servers": "1"})
+    assert (req.spec, req.count, req.restart.mode) == (AgentHostSpec(max_in_flight=500), 2, "never")
+    req = start_request({"kind": "replicas", "count": "1", "backend": "sim", "servers": "3", "restart": "on-failure"})
+    assert (req.spec, req.restart.mode) == (ReplicasSpec(backend="sim", servers=3), "on-failure")
+    assert start_request({"kind": "gateway"}).spec == GatewaySpec()
+    assert start_request({"kind": "recorder"}).spec == ServiceSpec(name="recorder")
+    with pytest.raises(ValidationError):
+        start_request({"kind": "agent-host", "count": "65"})
+    with pytest.raises(ValidationError):
+        start_request({"kind": "Bad Name"})
+    with pytest.raises(ValueError):
+        start_request({"kind": "agent-host", "count": "two"})
+
+
+def test_only_loopback_addresses_are_served_without_a_token():
+    assert all(is_loopback(h) for h in ("127.0.0.1", "::1", "localhost", "127.0.0.2"))
+    assert not any(is_loopback(h) for h in ("0.0.0.0", "10.0.0.5", "example.org", ""))
+
+
+# --- the start form ----------------------------------------------------------------------
+def cli_message(text: str) -> str:
+    """What `populace validate` prints for this scenario (its ScenarioError)."""
+    with pytest.raises(ScenarioError) as err:
+        parse_config(yaml_mapping(text, scenarios.WHERE))
+    return str(err.value)
+
+
+def test_the_field_errors_split_the_cli_text_by_field():
+    text = ("agents: Input should be greater than or equal to 1 (got 0)\n"
+            "game.ratio: unknown key\n"
+            "population.config: /x.yaml is not a valid population:\n  groups: required\n"
+            "(this scenario names no `simulation:`, so it is played as ratio-game; …)")
+    errors = views.field_errors(text)
+    assert [e.field for e in errors] == ["agents", "game.ratio", "population.config"]
+    assert [e.top for e in errors] == ["agents", "game", "population"]
+    assert errors[2].message.endswith("  groups: required\n(this scenario names no `simulation:`, so it is "
+                                      "played as ratio-game; …)")
+    assert views.field_errors("something odd")[0].field == ""
+
+
+@pytest.mark.parametrize(("text", "field"), [
+    ("agents: 0\nrounds: 3\n", "agents"),
+    ("agents: 10\nrounds: many\n", "rounds"),
+    ("agents: 10\nmodel:\n  backend: gpt-9\n", "model.backend"),
+    ("agents: 10\ngame:\n  ratio: lots\n", "game.ratio"),
+    ("agents: 10\nbogus: 1\n", "bogus"),
+])
+def test_a_bad_scenario_shows_the_clis_message_under_its_field(text, field):
+    checked = scenarios.validate(text)
+    assert checked.prepared is None
+    assert any(e.field == field or e.field.startswith(field + ".") for e in checked.errors), checked.errors
+    assert "\n".join(e.message for e in checked.errors) == cli_message(text)
+
+
+def test_yaml_that_is_not_a_mapping_or_not_yaml_is_named():
+    assert scenarios.validate("- 1\n- 2\n").errors[0].field == "(scenario)"
+    bad = scenarios.validate("agents: [1,\n")
+    assert bad.errors[0].field == "(scenario)" and "not valid YAML" in bad.errors[0].message
+
+
+def test_the_menu_names_the_simulation_unless_the_scenario_does():
+    ok = scenarios.validate("agents: 20\nrounds: 2\n", "vote")
+    assert ok.errors == [] and ok.prepared.config.simulation == "vote"
+    clash = scenarios.validate("simulation: vote\nagents: 20\n", "ratio-game")
+    assert [e.field for e in clash.errors] == ["simulation"]
+    unknown = scenarios.validate("agents: 20\n", "no-such-sim")
+    assert unknown.errors[0].field == "simulation"
+
+
+def test_a_good_scenario_is_prepared_with_its_manifest():
+    text = "simulation: ratio-game\nagents: 2000\nrounds: 3\nmodel:\n  backend: dummy\n"
+    checked = scenarios.validate(text)
+    assert checked.errors == []
+    p = checked.prepared
+    assert (p.config.agents, p.config.rounds, p.config.model.backend) == (2000, 3, "dummy")
+    assert p.manifest["scenario"]["text"] == text and p.manifest["config"]["agents"] == 2000
+
+
+def test_the_form_cannot_import_a_module_or_read_outside_the_working_directory():
+    imported = scenarios.validate("simulation: os:system\nagents: 2\n")
+    assert [e.field for e in imported.errors] == ["simulation"] and "import path" in imported.errors[0].message
+    for path in ("/etc/passwd", "../secrets.jsonl", "~/p.jsonl"):
+        bad = scenarios.validate(f"agents: 2\npopulation:\n  personas: {path}\n")
+        assert [e.field for e in bad.errors] == ["population.personas"], path
+    assert views.field_errors("simulation 'x:y' (import path): cannot import")[0].field == "simulation"
