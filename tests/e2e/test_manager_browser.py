@@ -3,7 +3,8 @@
 (Playwright). From the pages: the node is listed; an agent-host is deployed on it; a bad
 scenario shows the CLI's message under its field; a ratio-game run of 2,000 agents × 3 rounds
 on the dummy model starts from the form and its page's answers counter and chart grow without
-a reload; a second run is cancelled mid-round and shows as cancelled; the node is cleaned up,
+a reload; a second run is cancelled mid-round and shows as cancelled; the agent-host's log is
+tailed; the node is cleaned up,
 and psutil confirms its children are gone. Screenshots go to the test's tmp dir (printed).
 
 The rounds are slowed so the live counter has something to show: each agent-host plays at
@@ -246,6 +247,11 @@ def test_deploy_run_watch_cancel_and_clean_up_from_the_browser(fleet, browser):
     # the node is cleaned up: its processes gone from the page and from the machine
     children = [c.pid for c in psutil.Process(node.pid).children(recursive=True)]
     assert children, "the node's agent-host should be running"
+    page.goto(base + "/nodes")
+    page.locator(f"#node-{node_id} tr[data-proc=agent-host-1] a", has_text="log").click()
+    page.wait_for_url(f"**/nodes/{node_id}/logs/agent-host-1")
+    assert page.locator("#log").text_content().strip(), "the agent-host's log is empty"
+    page.screenshot(path=str(shots / "log.png"), full_page=True)
     page.goto(base + "/nodes")
     page.locator(f"#node-{node_id} form.cleanup button").click()
     page.wait_for_url("**/nodes?msg=*")

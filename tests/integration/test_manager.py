@@ -28,7 +28,7 @@ from populace.core.contracts import (
     Usage,
 )
 from populace.manager import ManagerSettings, create_app
-from populace.manager.app import _run_stream
+from populace.manager.app import _run_stream, _runs_stream
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -149,6 +149,33 @@ async def test_the_run_stream_sums_ticks_per_round_from_the_round_it_saw_open(ur
         await asyncio.sleep(0.1)
         d = json.loads((await anext(stream)).decode().removeprefix("data: "))
         assert (d["current_round"], d["answered"], d["expected"], d["answered_lower_bound"]) == (1, 150, 250, False)
+        await stream.aclose()
+    finally:
+        await nc.close()
+
+
+async def test_the_runs_stream_watches_kv_and_sends_only_changes(url):
+    run_id = rid()
+    nc = await bus.connect(url, "manager-test")
+    try:
+        kv = await nc.jetstream().key_value(subjects.RUNS_BUCKET)
+        await kv.put(run_id, bus.encode(a_state(run_id, "running", 1)))
+        stream = _runs_stream(nc, 0.05, once=False)
+
+        async def next_payload() -> dict:
+            while True:
+                chunk = (await asyncio.wait_for(anext(stream), 10)).decode()
+                if chunk.startswith("data: "):
+                    return json.loads(chunk.removeprefix("data: "))
+
+        first = await next_payload()
+        assert next(r for r in first["runs"] if r["run_id"] == run_id)["status"] == "running"
+        await kv.put(run_id, bus.encode(a_state(run_id, "done", 3)))
+        second = await next_payload()
+        assert next(r for r in second["runs"] if r["run_id"] == run_id)["status"] == "done"
+        await kv.delete(run_id)
+        third = await next_payload()
+        assert run_id not in [r["run_id"] for r in third["runs"]]
         await stream.aclose()
     finally:
         await nc.close()

@@ -184,17 +184,8 @@ def create_app(settings: ManagerSettings) -> Starlette:
         return page(request, "runs.html", payload=views.runs_payload(states))
 
     async def runs_events(request: Request) -> Response:
-        nc = nc_of(request)
         once = request.query_params.get("once") == "1"
-
-        async def stream() -> AsyncIterator[bytes]:
-            while True:
-                yield views.sse(views.runs_payload(await _run_states(nc)))
-                if once:
-                    return
-                await asyncio.sleep(settings.sample_s)
-
-        return _sse(stream())
+        return _sse(_runs_stream(nc_of(request), settings.sample_s, once))
 
     async def run_page(request: Request) -> Response:
         rid = request.path_params["run"]
@@ -364,6 +355,65 @@ def _registry_ttl() -> float:
     from populace.core.settings import Settings
 
     return Settings().registry_ttl_s
+
+
+KEEPALIVE_S = 15.0  # an event stream with nothing new sends a comment this often (proxies close idle ones)
+
+
+async def _runs_stream(nc, sample_s: float, once: bool) -> AsyncIterator[bytes]:
+    """The runs list's live updates: KV `runs` watched (one ordered consumer per open page,
+    each run's latest state, then its changes), sent at most once per `sample_s` and only
+    when something changed. A stack whose KV `runs` does not exist yet is read again each
+    time until it does."""
+    states: dict[str, RunState] = {}
+    ready = asyncio.Event()
+    changed = asyncio.Event()
+
+    async def drain(watcher) -> None:
+        async for entry in watcher:
+            if entry is None:  # the initial values are in
+                ready.set()
+                continue
+            if entry.operation in ("DEL", "PURGE"):
+                states.pop(entry.key, None)
+            else:
+                try:
+                    states[entry.key] = RunState.model_validate_json(entry.value)
+                except ValidationError:
+                    continue  # not a run's state: skipped, as registry readers skip it
+            if ready.is_set():
+                changed.set()
+
+    watcher = task = None
+    try:
+        while watcher is None:
+            try:
+                watcher = await (await nc.jetstream().key_value(subjects.RUNS_BUCKET)).watchall()
+            except BucketNotFoundError:
+                yield views.sse(views.runs_payload([]))
+                if once:
+                    return
+                await asyncio.sleep(max(sample_s, 1.0))
+        task = asyncio.get_running_loop().create_task(drain(watcher))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(ready.wait(), 10.0)
+        quiet_since = time.monotonic()
+        yield views.sse(views.runs_payload(list(states.values())))
+        while not once:
+            await asyncio.sleep(sample_s)
+            if changed.is_set():
+                changed.clear()
+                quiet_since = time.monotonic()
+                yield views.sse(views.runs_payload(list(states.values())))
+            elif time.monotonic() - quiet_since > KEEPALIVE_S:
+                quiet_since = time.monotonic()
+                yield b": keepalive\n\n"
+    finally:
+        if task is not None:
+            task.cancel()
+        if watcher is not None:
+            with contextlib.suppress(Exception):
+                await watcher.stop()
 
 
 async def _run_stream(nc, rid: str, sample_s: float, once: bool) -> AsyncIterator[bytes]:
