@@ -1,7 +1,7 @@
 """The manager in a real browser: a stack (one agent-host), one `populace node` daemon and
 `populace manager` (uvicorn, a free port on 127.0.0.1), driven by headless Chromium
 (Playwright). From the pages: the node is listed; an agent-host is deployed on it; a bad
-scenario shows the CLI's message under its field; a ratio-game run of 2,000 agents × 3 rounds
+scenario shows the CLI's message under its field (YAML, and the parameter form); a ratio-game run of 2,000 agents × 3 rounds
 on the dummy model starts from the form and its page's answers counter and chart grow without
 a reload; a second run is cancelled mid-round and shows as cancelled; the agent-host's log is
 tailed; the node is cleaned up,
@@ -207,6 +207,13 @@ def test_deploy_run_watch_cancel_and_clean_up_from_the_browser(fleet, browser):
     assert "agents: Input should be greater than or equal to 1" in err.text_content()
     assert "/start" in page.url
     page.screenshot(path=str(shots / "start-error.png"), full_page=True)
+    # the same from the parameter form rendered from the simulation's schema: next to the input
+    page.click("#to-params")
+    page.fill("input[name='p.agents']", "0")
+    page.click("#submit")
+    cell = page.locator('td.field-error[data-field="agents"]')
+    assert cell.text_content().startswith("agents: Input should be greater than or equal to 1")
+    page.screenshot(path=str(shots / "params-error.png"), full_page=True)
 
     # run 1: 2,000 agents × 3 rounds; the page counts answers and charts rounds as they close
     rid = _start_run(page, base, "name: manager-browser\nagents: 2000\nrounds: 3\nseed: 1\n"

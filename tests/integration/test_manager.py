@@ -220,6 +220,31 @@ def test_a_good_scenario_is_submitted_with_its_manifest(client, url):
     assert page.status_code == 200 and "submitted" in page.text
 
 
+def test_the_parameter_form_shows_a_bad_field_next_to_its_input_and_publishes_nothing(client, url):
+    page = client.get("/start?mode=form&simulation=ratio-game")
+    assert page.status_code == 200
+    for name in ("agents", "model.backend", "game.ratio", "prompt.answer"):
+        assert f'name="p.{name}"' in page.text
+    before = ctl_messages(url)
+    res = client.post("/start", data={"mode": "form", "simulation": "ratio-game", "p.agents": "0", "p.rounds": "3"})
+    assert res.status_code == 422
+    cells = dict(re.findall(r'<td class="field-error" data-field="([^"]+)"[^>]*>(.*?)</td>', res.text, re.S))
+    assert cells["agents"].startswith("agents: Input should be greater than or equal to 1")
+    assert cells["rounds"] == ""
+    assert ctl_messages(url) == before
+    res = client.post("/start", data={"mode": "form", "simulation": "ratio-game", "p.agents": "40", "p.rounds": "2",
+                                      "p.game.ratio": "1/2", "p.prompt.persona": "false"})
+    assert res.status_code == 303 and ctl_messages(url) == before + 1
+
+    async def last_start(nc):
+        msg = await nc.jetstream().get_last_msg(subjects.CTL_STREAM, subjects.RUN_START)
+        return RunStart.model_validate_json(msg.data)
+
+    start = arun(last_start, url)
+    assert (start.config.agents, start.config.rounds, start.config.simulation) == (40, 2, "ratio-game")
+    assert start.config.params["game"]["ratio"] == "1/2" and start.config.params["prompt"]["persona"] is False
+
+
 def test_the_start_page_lists_the_installed_simulations(client):
     page = client.get("/start")
     assert page.status_code == 200

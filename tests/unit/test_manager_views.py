@@ -200,3 +200,40 @@ def test_the_form_cannot_import_a_module_or_read_outside_the_working_directory()
         bad = scenarios.validate(f"agents: 2\npopulation:\n  personas: {path}\n")
         assert [e.field for e in bad.errors] == ["population.personas"], path
     assert views.field_errors("simulation 'x:y' (import path): cannot import")[0].field == "simulation"
+
+
+# --- the parameter form (from the JSON schemas) ------------------------------------------
+def test_the_parameter_form_has_the_runs_fields_and_the_simulations():
+    fields = {f.name: f for f in scenarios.param_fields("ratio-game")}
+    assert {"agents", "rounds", "seed", "model.backend", "model.latency_s", "budget.tokens", "game.ratio",
+            "prompt.answer", "prompt.persona"} <= set(fields)
+    assert "simulation" not in fields and not any(n.startswith("population") for n in fields)
+    assert fields["model.backend"].choices == ("dummy", "local", "sim", "openai")
+    assert (fields["agents"].kind, fields["agents"].default) == ("integer", 1000)
+    assert fields["budget.tokens"].optional and not fields["agents"].optional
+    assert fields["placement.agents_per_process"].int_choices
+    assert "ballot.options" in {f.name for f in scenarios.param_fields("vote")}
+
+
+def test_the_parameter_form_becomes_the_scenario_its_fields_name():
+    fields = scenarios.param_fields("vote")
+    form = {"p.agents": "50", "p.rounds": "2", "p.model.latency_s": "0.5", "p.model.name": "",
+            "p.ballot.options": "yes, no, maybe", "p.prompt.persona": "false", "p.placement.agents_per_process": "0",
+            "p.budget.tokens": ""}
+    data = scenarios.form_mapping(form, fields, "vote")
+    assert data == {"simulation": "vote", "agents": 50, "rounds": 2, "model": {"latency_s": 0.5},
+                    "placement": {"agents_per_process": 0}, "ballot": {"options": ["yes", "no", "maybe"]},
+                    "prompt": {"persona": False}}
+    text, checked = scenarios.validate_form(form, "vote")
+    assert checked.errors == [] and checked.prepared.config.agents == 50
+    assert checked.prepared.manifest["scenario"]["text"] == text
+
+
+def test_a_bad_parameter_is_shown_next_to_its_input():
+    form = {"p.agents": "0", "p.rounds": "three", "p.game.max_value": "-5"}
+    _, checked = scenarios.validate_form(form, "ratio-game")
+    ctx = scenarios.param_form_context("ratio-game", form, checked.errors)
+    assert ctx["field_errors"]["agents"][0].startswith("agents: Input should be greater than or equal to 1")
+    assert ctx["field_errors"]["rounds"][0].startswith("rounds: Input should be a valid integer")
+    assert ctx["field_errors"]["game.max_value"][0].startswith("game.max_value:")
+    assert ctx["values"]["rounds"] == "three"  # what was typed stays in the form

@@ -236,6 +236,9 @@ def create_app(settings: ManagerSettings) -> Starlette:
 
     # --- start a run -------------------------------------------------------------------
     async def start_page(request: Request) -> Response:
+        if request.query_params.get("mode") == "form":
+            chosen = request.query_params.get("simulation") or scenarios.DEFAULT_SIMULATION
+            return page(request, "params.html", **scenarios.param_form_context(chosen))
         return page(request, "start.html", **scenarios.form_context())
 
     async def start_submit(request: Request) -> Response:
@@ -246,11 +249,19 @@ def create_app(settings: ManagerSettings) -> Starlette:
         except ValueError as err:
             return page(request, "start.html", status_code=413,
                         **scenarios.form_context(errors=views.field_errors(f"(scenario): {err}")))
-        text, simulation = form.get("scenario", ""), form.get("simulation", "")
-        checked = await asyncio.to_thread(scenarios.validate, text, simulation)
-        if checked.errors:
-            return page(request, "start.html", status_code=422,
-                        **scenarios.form_context(text, simulation, checked.errors))
+        simulation = form.get("simulation", "")
+        if form.get("mode") == "form":
+            simulation = simulation or scenarios.DEFAULT_SIMULATION
+            _, checked = await asyncio.to_thread(scenarios.validate_form, form, simulation)
+            if checked.errors:
+                return page(request, "params.html", status_code=422,
+                            **scenarios.param_form_context(simulation, form, checked.errors))
+        else:
+            text = form.get("scenario", "")
+            checked = await asyncio.to_thread(scenarios.validate, text, simulation)
+            if checked.errors:
+                return page(request, "start.html", status_code=422,
+                            **scenarios.form_context(text, simulation, checked.errors))
         rid = new_run_id()
         p = checked.prepared
         await submit(nc_of(request), p.config, run_id=rid, personas=p.personas, manifest=p.manifest)
