@@ -101,9 +101,14 @@ def guide_steps(markdown: str) -> list[Step]:
 
 
 def rows(output: str) -> list[list[str]]:
-    """The body rows of the rounds table `populace run` prints."""
-    return [[c.strip() for c in line.strip().strip("│").split("│")]
-            for line in output.splitlines() if line.lstrip().startswith("│")]
+    """The body rows of the first table printed (the rounds; `results` adds the LLM work's)."""
+    out = []
+    for line in output.splitlines():
+        if line.lstrip().startswith("│"):
+            out.append([c.strip() for c in line.strip().strip("│").split("│")])
+        elif out and line.lstrip().startswith("└"):
+            break
+    return out
 
 
 def copy_tree(dst: Path) -> None:

@@ -54,3 +54,13 @@ def test_the_last_transient_error_is_raised_when_attempts_run_out():
     with pytest.raises(nats.errors.TimeoutError):  # attempts=1: no retry (publish_js without msg_id)
         asyncio.run(bus.until_ready(one, "test", attempts=1))
     assert one.calls == 1
+
+
+def test_a_write_to_a_socket_closed_by_a_dying_server_is_transient():
+    # uvloop's words when nats-py writes between the server's death and the client noticing it
+    closed = RuntimeError("unable to perform operation on <TCPTransport closed=True reading=False 0x5>; "
+                          "the handler is closed")
+    step = Flaky([closed])
+    assert asyncio.run(bus.until_ready(step, "test", delay_s=0.01)) == "ok" and step.calls == 2
+    with pytest.raises(RuntimeError, match="a bug"):  # any other RuntimeError is one
+        asyncio.run(bus.until_ready(Flaky([RuntimeError("a bug")]), "test", delay_s=0.01))

@@ -166,7 +166,15 @@ PROVISION_ATTEMPTS = 20
 
 
 def _transient(err: Exception) -> bool:
-    return isinstance(err, TRANSIENT) or (isinstance(err, BadRequestError) and err.err_code == NO_PEERS_YET)
+    return (isinstance(err, TRANSIENT) or (isinstance(err, BadRequestError) and err.err_code == NO_PEERS_YET)
+            or _closed_transport(err))
+
+
+def _closed_transport(err: Exception) -> bool:
+    """A write caught between a nats-server's death and the client noticing it: uvloop refuses
+    to write to the closed socket ("unable to perform operation on <TCPTransport closed=True …>;
+    the handler is closed"). The client reconnects on its own; asking again then succeeds."""
+    return isinstance(err, RuntimeError) and "TCPTransport closed=True" in str(err)
 
 
 async def until_ready(step, what: str, attempts: int = 12, delay_s: float = 0.25):

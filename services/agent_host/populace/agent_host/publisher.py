@@ -10,10 +10,12 @@ import asyncio
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from populace.core import bus, metrics, subjects, telemetry
+from populace.core import bus, logs, metrics, subjects, telemetry
 from populace.core.contracts import OutcomeBatch, Progress, RoundPartial, Usage
 from populace.sdk.play import OutcomeBatch as Batch
 from populace.sdk.play import RoundShare
+
+log = logs.get("populace.agent_host")
 
 PUBACK_WAIT_S = 10.0
 # A slow model answers a gateway batch (up to 1,000 prompts) all at once, minutes after it was
@@ -30,6 +32,7 @@ class OutcomePublisher:
         self._sent: list[tuple[str, bytes, dict, asyncio.Future]] = []
         self._publishing: list[asyncio.Task] = []
         self._last_worked_on_tick = 0.0
+        self._ticks: set[asyncio.Task] = set()  # held until done (the loop keeps only weak references)
 
     def emit(self, batch: Batch) -> None:
         """Called by the OutcomeSink for every full batch (synchronously, on the hot path)."""
@@ -49,9 +52,9 @@ class OutcomePublisher:
         if loop.time() - self._last_worked_on_tick < WORKED_ON_TICK_S:
             return
         self._last_worked_on_tick = loop.time()
-        tick = Progress(run_id=self.run_id, round=self.round, host_id=self.host_id, answered=0)
-        self._publishing.append(loop.create_task(
-            self._nc.publish(subjects.progress(self.run_id, self.round, self.host_id), bus.encode(tick))))
+        task = loop.create_task(self._tick(0))  # not awaited by close(): advice, never a reason to fail
+        self._ticks.add(task)
+        task.add_done_callback(self._ticks.discard)
 
     async def _publish(self, batch: OutcomeBatch) -> None:
         shard = f"{self.host_id}-{batch.seq}"
@@ -61,9 +64,16 @@ class OutcomePublisher:
         headers = telemetry.inject({"Nats-Msg-Id": bus.seal(self._js, msg_id)})
         ack = await self._js.publish_async(subject, data, headers=headers)
         self._sent.append((subject, data, headers, ack))
-        tick = Progress(run_id=self.run_id, round=self.round, host_id=self.host_id,
-                        answered=len(batch.agent_ids))
-        await self._nc.publish(subjects.progress(self.run_id, self.round, self.host_id), bus.encode(tick))
+        await self._tick(len(batch.agent_ids))
+
+    async def _tick(self, answered: int) -> None:
+        """Progress on core NATS, not stored: lost with the connection (a restarting nats-server),
+        it must not fail the round whose outcomes JetStream keeps (their PubAcks are checked)."""
+        tick = Progress(run_id=self.run_id, round=self.round, host_id=self.host_id, answered=answered)
+        try:
+            await self._nc.publish(subjects.progress(self.run_id, self.round, self.host_id), bus.encode(tick))
+        except Exception as err:  # a closed or reconnecting connection, in any of its forms
+            log.debug("progress_tick_lost", error=f"{type(err).__name__}: {err}")
 
     async def _confirm(self, subject: str, data: bytes, headers: dict, ack: asyncio.Future) -> None:
         """Wait for a batch's PubAck; republish it if JetStream did not store it (e.g. during a
