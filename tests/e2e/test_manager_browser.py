@@ -3,7 +3,7 @@
 (Playwright). From the pages: the node is listed; an agent-host is deployed on it; a bad
 scenario shows the CLI's message under its field (YAML, and the parameter form); a ratio-game run of 2,000 agents × 3 rounds
 on the dummy model starts from the form and its page's answers counter and chart grow without
-a reload; a second run is cancelled mid-round and shows as cancelled; the agent-host's log is
+a reload; a second run is cancelled mid-round and shows as cancelled, resumed, and cancelled again; the agent-host's log is
 tailed; the node is cleaned up,
 and psutil confirms its children are gone. Screenshots go to the test's tmp dir (printed).
 
@@ -243,6 +243,14 @@ def test_deploy_run_watch_cancel_and_clean_up_from_the_browser(fleet, browser):
     page.wait_for_function("() => document.getElementById('status').textContent === 'cancelled'", timeout=60_000)
     assert page.locator("#resume-form").is_visible()
     page.screenshot(path=str(shots / "run-cancelled.png"), full_page=True)
+    # resumed from its page, it plays again; cancelled once more (its rounds take a while)
+    page.click("#resume")
+    page.wait_for_url(f"**/runs/{rid2}?msg=resume*")
+    page.wait_for_function("() => ['spawning', 'running'].includes(document.getElementById('status').textContent)",
+                           timeout=60_000)
+    page.click("#cancel")
+    page.wait_for_url(f"**/runs/{rid2}?msg=cancel*")
+    page.wait_for_function("() => document.getElementById('status').textContent === 'cancelled'", timeout=60_000)
 
     # the runs list, live: both runs with their final status
     page.goto(base + "/runs")

@@ -23,6 +23,7 @@ from populace.core.contracts import (
     RoundResult,
     RunConfig,
     RunStart,
+    RunStarted,
     RunState,
     Share,
     Usage,
@@ -125,6 +126,30 @@ def test_the_run_page_streams_the_closed_rounds(client, url):
     unknown = events(client, f"/events/runs/{rid()}")
     assert (unknown["status"], unknown["known"]) == ("submitted", False)
     assert client.get("/runs/not.a.token").status_code == 404
+
+
+def test_the_run_page_shows_the_manifest_and_links_the_trace(url):
+    from populace.sdk.registry import load_simulation
+
+    run_id = rid()
+    put_run(url, a_state(run_id, "running", 1))
+    trace = "4bf92f3577b34da6a3ce929d0e0e4736"
+    started = RunStarted(run_id=run_id, config=RunConfig(agents=300, rounds=3), started_at=time.time(), hosts=["h1"],
+                         tables=load_simulation("ratio-game").tables(), manifest={"run_id": run_id, "seeds": {"run": 7}})
+
+    async def publish(nc):
+        await nc.jetstream().publish(subjects.run_started(run_id), bus.encode(started),
+                                     headers={"traceparent": f"00-{trace}-00f067aa0ba902b7-01"})
+
+    arun(publish, url)
+    app = create_app(ManagerSettings(nats_url=url, jaeger_url="http://jaeger:16686/"))
+    with TestClient(app) as c:
+        page = c.get(f"/runs/{run_id}").text
+    assert f'href="http://jaeger:16686/trace/{trace}"' in page
+    assert 'id="manifest"' in page and "&#34;seeds&#34;" in page.replace("&quot;", "&#34;")
+    with TestClient(create_app(ManagerSettings(nats_url=url))) as c:
+        page = c.get(f"/runs/{run_id}").text
+    assert f'<code id="trace-id">{trace}</code>' in page and 'id="trace"' not in page
 
 
 async def test_the_run_stream_sums_ticks_per_round_from_the_round_it_saw_open(url):

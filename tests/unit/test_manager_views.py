@@ -237,3 +237,9 @@ def test_a_bad_parameter_is_shown_next_to_its_input():
     assert ctx["field_errors"]["rounds"][0].startswith("rounds: Input should be a valid integer")
     assert ctx["field_errors"]["game.max_value"][0].startswith("game.max_value:")
     assert ctx["values"]["rounds"] == "three"  # what was typed stays in the form
+
+
+def test_the_trace_id_comes_from_a_w3c_traceparent():
+    assert views.trace_id("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01") == "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert views.trace_id("00-00000000000000000000000000000000-00f067aa0ba902b7-01") is None
+    assert views.trace_id("") is None and views.trace_id("garbage") is None

@@ -535,6 +535,8 @@ def manager(
                                            "access token yet)")] = "127.0.0.1",
     hosts: Annotated[int, typer.Option(min=1, help="agent-host processes (private stack only)")] = 2,
     db: Annotated[str, typer.Option(help="DuckDB file (private stack only)")] = "populace.duckdb",
+    jaeger: Annotated[str | None, typer.Option(envvar="POPULACE_JAEGER_URL", help="Jaeger's URL (e.g. "
+                                               "http://localhost:16686): a run's page links its trace")] = None,
 ) -> None:
     """The web application: nodes and their processes, runs updating live, a run's rounds as
     they close, start a run from a scenario, cancel and resume. Serves until Ctrl-C."""
@@ -546,7 +548,7 @@ def manager(
 
     def serve_on(url: str) -> None:
         display.console.print(f"manager: http://{host}:{port}/ (NATS {url}); Ctrl-C stops", soft_wrap=True)
-        serve(ManagerSettings(nats_url=url), host=host, port=port)
+        serve(ManagerSettings(nats_url=url, jaeger_url=jaeger), host=host, port=port)
 
     if nats is not None:
         serve_on(nats)

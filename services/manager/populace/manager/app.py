@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -48,6 +49,7 @@ from populace.core.contracts import (
     RestartPolicy,
     RoundOpen,
     RoundResult,
+    RunStarted,
     RunState,
     StartProcess,
     StopProcess,
@@ -65,6 +67,7 @@ class ManagerSettings:
     sample_s: float = 1.0  # live updates: at most one per open page per this many seconds
     cancel_reason: str = "cancelled from the manager"
     title: str = "Populace manager"
+    jaeger_url: str | None = None  # e.g. http://localhost:16686: the run page links its trace
 
 
 def _templates() -> Jinja2Templates:
@@ -192,10 +195,14 @@ def create_app(settings: ManagerSettings) -> Starlette:
         if not subjects.valid_token(rid):
             return page(request, "missing.html", status_code=404, what=f"run {rid!r}")
         state = await run_state(nc_of(request), rid)
+        manifest, trace_id = await _started(nc_of(request).jetstream(), rid)
+        trace_url = (f"{settings.jaeger_url.rstrip('/')}/trace/{trace_id}"
+                     if settings.jaeger_url and trace_id else None)
         return page(request, "run.html", run_id=rid, state=state,
                     row=views.run_row(state) if state else None,
                     config=state.config.model_dump_json(indent=2) if state else "",
-                    sample_ms=int(settings.sample_s * 1000))
+                    manifest=json.dumps(manifest, indent=2, default=str) if manifest else "",
+                    trace_id=trace_id, trace_url=trace_url, sample_ms=int(settings.sample_s * 1000))
 
     async def run_events(request: Request) -> Response:
         rid = request.path_params["run"]
@@ -366,6 +373,22 @@ def _registry_ttl() -> float:
     from populace.core.settings import Settings
 
     return Settings().registry_ttl_s
+
+
+async def _started(js, rid: str) -> tuple[dict | None, str | None]:
+    """The run's manifest and trace id, from its RunStarted event on the RUN stream (the
+    orchestrator publishes it inside the run's root span, whose W3C traceparent it carries)."""
+    try:
+        msg = await js.get_last_msg(subjects.RUN_STREAM, subjects.run_started(rid))
+    except Exception:  # not started yet, aged out of RUN, or RUN not there: nothing to show
+        return None, None
+    try:
+        started = RunStarted.model_validate_json(msg.data or b"")
+    except ValidationError:
+        return None, None
+    if started.run_id != rid:
+        return None, None
+    return started.manifest, views.trace_id((msg.headers or {}).get("traceparent", ""))
 
 
 KEEPALIVE_S = 15.0  # an event stream with nothing new sends a comment this often (proxies close idle ones)

@@ -132,6 +132,17 @@ def run_payload(rid: str, state: RunState | None, ticks: RoundTicks, expected: i
             "results": [result_row(r) for r in sorted(new_results, key=lambda r: r.round)], "at": time.time()}
 
 
+_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
+
+
+def trace_id(traceparent: str) -> str | None:
+    """The trace id of a W3C traceparent header (None: absent, malformed or all zeros)."""
+    m = _TRACEPARENT.match(traceparent.strip())
+    if not m or set(m.group(1)) == {"0"}:
+        return None
+    return m.group(1)
+
+
 def sse(data: dict, event: str | None = None) -> bytes:
     """One server-sent event carrying `data` as JSON on one line."""
     head = f"event: {event}\n" if event else ""
