@@ -334,3 +334,36 @@ def test_the_nodes_page_shows_kv_nodes_and_a_missing_node_is_named(client, url):
     res = client.post(f"/nodes/{node_id}/start", data={"kind": "agent-host", "count": "99"})
     assert "count" in res.headers["location"]
     assert client.get("/healthz").json() == {"nats": True}
+
+
+# --- replicas ----------------------------------------------------------------------------
+async def test_the_replicas_page_asks_each_replica_for_its_health_and_load(url):
+    from populace.core.contracts import ReplicaInfo
+    from populace.core.natsserver import free_port
+    from populace.gateway.sim import SimConfig, SimServer
+    from populace.manager.app import probe_replicas
+
+    srv = await SimServer(SimConfig(replica_id="sim-mgr", time_scale=0)).start()
+    try:
+        now = time.time()
+        live = ReplicaInfo(replica_id="sim-mgr", url=srv.url, backend="sim", kind="sim", model="sim", heartbeat_at=now)
+        dead = ReplicaInfo(replica_id="sim-gone", url=f"http://127.0.0.1:{free_port()}", backend="sim", kind="sim",
+                           model="sim", heartbeat_at=now)
+        probed = {i.replica_id: (ok, m) for i, ok, m in await probe_replicas([live, dead])}
+        assert probed["sim-mgr"][0] is True and "vllm:num_requests_running" in probed["sim-mgr"][1]
+        assert probed["sim-gone"] == (False, None)
+        nc = await bus.connect(url, "manager-test")
+        try:
+            kv = await nc.jetstream().key_value(subjects.REPLICAS_BUCKET)
+            await kv.put("sim-mgr", bus.encode(live))
+        finally:
+            await nc.close()
+
+        def page() -> str:
+            with TestClient(create_app(ManagerSettings(nats_url=url))) as c:
+                return c.get("/replicas").text
+
+        text = await asyncio.to_thread(page)
+        assert '<tr data-replica="sim-mgr" data-healthy="yes">' in text
+    finally:
+        await srv.stop()

@@ -243,3 +243,25 @@ def test_the_trace_id_comes_from_a_w3c_traceparent():
     assert views.trace_id("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01") == "4bf92f3577b34da6a3ce929d0e0e4736"
     assert views.trace_id("00-00000000000000000000000000000000-00f067aa0ba902b7-01") is None
     assert views.trace_id("") is None and views.trace_id("garbage") is None
+
+
+# --- replicas ----------------------------------------------------------------------------
+def test_a_replicas_metrics_give_its_load_and_prefix_cache_hit_rate():
+    from populace.core.contracts import ReplicaInfo
+
+    text = ('# HELP vllm:num_requests_running x\n'
+            'vllm:num_requests_running{model_name="sim"} 3\n'
+            'vllm:num_requests_waiting{model_name="sim"} 2\n'
+            'vllm:prefix_cache_queries_total{model_name="sim"} 1000\n'
+            'vllm:prefix_cache_hits_total{model_name="sim"} 750\n'
+            'vllm:kv_cache_usage_perc{model_name="sim"} 0.25\nbroken line\n')
+    m = views.parse_metrics(text)
+    info = ReplicaInfo(replica_id="sim-0", url="http://127.0.0.1:1", backend="sim", kind="sim", model="sim",
+                       heartbeat_at=100.0)
+    row = views.replica_row(info, True, m, now=102.0)
+    assert (row["running"], row["waiting"], row["prefix_hit_rate"], row["kv_cache"]) == (3, 2, 0.75, 0.25)
+    assert row["heartbeat_age_s"] == 2.0
+    llama = views.replica_row(info, True, views.parse_metrics("llamacpp:requests_processing 1\n"
+                                                              "llamacpp:requests_deferred 4\n"))
+    assert (llama["running"], llama["waiting"], llama["prefix_hit_rate"]) == (1, 4, None)
+    assert views.replica_row(info, False, None)["metrics"] is False

@@ -46,6 +46,7 @@ from populace.core.contracts import (
     Cleanup,
     HostInfo,
     ProcessSpec,
+    ReplicaInfo,
     RestartPolicy,
     RoundOpen,
     RoundResult,
@@ -275,6 +276,15 @@ def create_app(settings: ManagerSettings) -> Starlette:
         return _back(f"/runs/{rid}", msg=f"run {rid} submitted: {p.config.simulation}, "
                                          f"{p.config.agents:,} agents × {p.config.rounds} rounds")
 
+    async def replicas_page(request: Request) -> Response:
+        try:
+            entries = await bus.registry_entries(nc_of(request).jetstream(), subjects.REPLICAS_BUCKET, ReplicaInfo)
+        except BucketNotFoundError:
+            entries = []
+        probed = await probe_replicas(sorted(entries, key=lambda r: r.replica_id))
+        now = time.time()
+        return page(request, "replicas.html", replicas=[views.replica_row(i, ok, m, now) for i, ok, m in probed])
+
     async def healthz(request: Request) -> Response:
         nc = nc_of(request)
         return JSONResponse({"nats": nc.is_connected}, status_code=200 if nc.is_connected else 503)
@@ -293,6 +303,7 @@ def create_app(settings: ManagerSettings) -> Starlette:
         Route("/runs/{run}/cancel", run_cancel, methods=["POST"]),
         Route("/runs/{run}/resume", run_resume, methods=["POST"]),
         Route("/start", start_page), Route("/start", start_submit, methods=["POST"]),
+        Route("/replicas", replicas_page),
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.settings = settings
@@ -373,6 +384,37 @@ def _registry_ttl() -> float:
     from populace.core.settings import Settings
 
     return Settings().registry_ttl_s
+
+
+PROBE_TIMEOUT_S = 2.0
+
+
+async def probe_replicas(entries: list[ReplicaInfo]) -> list[tuple[ReplicaInfo, bool | None, dict | None]]:
+    """Each replica's health (`/health`, else `/v1/models` where there is none) and its
+    `/metrics`, asked once when the page is loaded (the gateways poll them for routing; this
+    page only looks): all at once, each bounded by PROBE_TIMEOUT_S."""
+    import httpx
+
+    async def one(http, info: ReplicaInfo):
+        url = info.url.rstrip("/")
+        try:
+            res = await http.get(f"{url}/health")
+            if res.status_code == 404:
+                res = await http.get(f"{url}/v1/models")
+            healthy = res.status_code == 200
+        except httpx.HTTPError:
+            return info, False, None
+        try:
+            res = await http.get(f"{url}/metrics")
+            metrics = views.parse_metrics(res.text) if res.status_code == 200 else None
+        except httpx.HTTPError:
+            metrics = None
+        return info, healthy, metrics
+
+    if not entries:
+        return []
+    async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S, follow_redirects=False) as http:
+        return list(await asyncio.gather(*(one(http, e) for e in entries)))
 
 
 async def _started(js, rid: str) -> tuple[dict | None, str | None]:

@@ -14,6 +14,7 @@ from populace.core.contracts import (
     NodeInfo,
     ProcessInfo,
     Progress,
+    ReplicaInfo,
     RoundResult,
     RunState,
 )
@@ -204,3 +205,44 @@ def field_errors(text: str) -> list[FieldError]:
         else:
             out.append(FieldError("", line))
     return out
+
+
+# --- replicas ----------------------------------------------------------------------------
+# Prometheus names per replica dialect: vLLM (and the simulated vLLM) and llama.cpp's server.
+RUNNING = ("vllm:num_requests_running", "llamacpp:requests_processing")
+WAITING = ("vllm:num_requests_waiting", "llamacpp:requests_deferred")
+PREFIX_HITS, PREFIX_QUERIES = "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"
+KV_USAGE = "vllm:kv_cache_usage_perc"
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text format → each metric's samples summed (labels dropped)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        try:
+            value = float(line.rsplit(" ", 1)[1])
+        except (IndexError, ValueError):
+            continue
+        out[name] = out.get(name, 0.0) + value
+    return out
+
+
+def replica_row(info: ReplicaInfo, healthy: bool | None, metrics: dict[str, float] | None,
+                now: float | None = None) -> dict:
+    """A replica as the replicas page shows it: its registry entry, whether it answered its
+    health check (None: not checked), and its load and prefix-cache hit rate from /metrics."""
+    m = metrics or {}
+
+    def first(names: tuple[str, ...]) -> float | None:
+        return next((m[n] for n in names if n in m), None)
+
+    queries = m.get(PREFIX_QUERIES)
+    hit_rate = m.get(PREFIX_HITS, 0.0) / queries if queries else None
+    return {"replica_id": info.replica_id, "backend": info.backend, "kind": info.kind, "model": info.model,
+            "url": info.url, "max_concurrency": info.max_concurrency, "pid": info.pid, "healthy": healthy,
+            "heartbeat_age_s": round((now if now is not None else time.time()) - info.heartbeat_at, 1),
+            "running": first(RUNNING), "waiting": first(WAITING), "kv_cache": m.get(KV_USAGE),
+            "prefix_hit_rate": hit_rate, "metrics": metrics is not None}
