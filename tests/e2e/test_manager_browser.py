@@ -1,6 +1,7 @@
 """The manager in a real browser: a stack (one agent-host), one `populace node` daemon and
 `populace manager` (uvicorn, a free port on 127.0.0.1), driven by headless Chromium
-(Playwright). From the pages: the node is listed; an agent-host is deployed on it; a bad
+(Playwright). From the pages: the node is listed; an agent-host and a simulated vLLM replica are deployed on it, and the
+Replicas page finds the replica healthy; a bad
 scenario shows the CLI's message under its field (YAML, and the parameter form); a ratio-game run of 2,000 agents × 3 rounds
 on the dummy model starts from the form and its page's answers counter and chart grow without
 a reload; a second run is cancelled mid-round and shows as cancelled, resumed, and cancelled again; the agent-host's log is
@@ -20,6 +21,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -82,6 +84,15 @@ def _until(check, timeout: float, what: str, every: float = 0.2):
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {timeout}s: {what}")
         time.sleep(every)
+
+
+def _reload_until(page, selector: str, timeout: float, what: str) -> None:
+    """Reload the page until `selector` is on it (pages read KV when they load)."""
+    def found() -> bool:
+        page.reload()
+        return page.locator(selector).count() >= 1
+
+    _until(found, timeout, what, every=1.0)
 
 
 def _hosts(url: str) -> list[HostInfo]:
@@ -185,7 +196,7 @@ def test_deploy_run_watch_cancel_and_clean_up_from_the_browser(fleet, browser):
 
     # the node is listed; an agent-host is deployed on it from its form
     page.goto(base + "/nodes")
-    _until(lambda: page.reload() or page.locator(f"#node-{node_id}").count() == 1, 30, "the node on the page", 1.0)
+    _reload_until(page, f"#node-{node_id}", 30, "the node on the page")
     section = page.locator(f"#node-{node_id}")
     section.locator("form.start select[name=kind]").select_option("agent-host")
     section.locator("form.start input[name=count]").fill("1")
@@ -197,7 +208,18 @@ def test_deploy_run_watch_cancel_and_clean_up_from_the_browser(fleet, browser):
     assert row.get_attribute("data-state") == "running"
     _until(lambda: any(h.host_id.startswith(node_id) for h in _hosts(stack_url)), 60,
            "the node's agent-host registered in KV hosts")
+    # and a simulated vLLM replica: it registers, and the Replicas page finds it healthy
+    section = page.locator(f"#node-{node_id}")
+    section.locator("form.start select[name=kind]").select_option("replicas")
+    section.locator("form.start select[name=backend]").select_option("sim")
+    section.locator("form.start button").click()
+    page.wait_for_url("**/nodes?msg=*")
+    assert re.search(rf"node {node_id} started replicas-\d+", page.locator("#flash-msg").text_content())
     page.screenshot(path=str(shots / "nodes.png"), full_page=True)
+    page.goto(base + "/replicas")
+    _reload_until(page, "tr[data-replica][data-healthy=yes]", 60, "the node's sim replica healthy on the Replicas page")
+    assert page.locator("tr[data-replica] td.hit-rate").count() >= 1
+    page.screenshot(path=str(shots / "replicas.png"), full_page=True)
 
     # a bad scenario: the CLI's message under the field it names; nothing starts
     page.goto(base + "/start")
@@ -261,7 +283,7 @@ def test_deploy_run_watch_cancel_and_clean_up_from_the_browser(fleet, browser):
 
     # the node is cleaned up: its processes gone from the page and from the machine
     children = [c.pid for c in psutil.Process(node.pid).children(recursive=True)]
-    assert children, "the node's agent-host should be running"
+    assert len(children) >= 2, "the node's agent-host and replica process (and its server) should be running"
     page.goto(base + "/nodes")
     page.locator(f"#node-{node_id} tr[data-proc=agent-host-1] a", has_text="log").click()
     page.wait_for_url(f"**/nodes/{node_id}/logs/agent-host-1")
@@ -270,7 +292,8 @@ def test_deploy_run_watch_cancel_and_clean_up_from_the_browser(fleet, browser):
     page.goto(base + "/nodes")
     page.locator(f"#node-{node_id} form.cleanup button").click()
     page.wait_for_url("**/nodes?msg=*")
-    assert f"node {node_id} cleaned up: agent-host-1" in page.locator("#flash-msg").text_content()
+    cleaned = page.locator("#flash-msg").text_content()
+    assert f"node {node_id} cleaned up: agent-host-1, replicas-" in cleaned, cleaned
     assert page.locator(f"#node-{node_id} tr[data-proc]").count() == 0
     _until(lambda: not any(_alive(pid) for pid in children), 30, "the node's children gone")
     assert psutil.Process(node.pid).children(recursive=True) == []
