@@ -265,3 +265,19 @@ def test_a_replicas_metrics_give_its_load_and_prefix_cache_hit_rate():
                                                               "llamacpp:requests_deferred 4\n"))
     assert (llama["running"], llama["waiting"], llama["prefix_hit_rate"]) == (1, 4, None)
     assert views.replica_row(info, False, None)["metrics"] is False
+
+
+def test_a_form_post_from_another_site_is_told_apart_from_ours():
+    from starlette.requests import Request
+
+    from populace.manager.app import _same_origin
+
+    def request(**headers) -> Request:
+        raw = [(k.encode(), v.encode()) for k, v in {"host": "127.0.0.1:8080", **headers}.items()]
+        return Request({"type": "http", "method": "POST", "path": "/", "headers": raw})
+
+    assert _same_origin(request())  # no Origin or Referer: not a browser's cross-site form
+    assert _same_origin(request(origin="http://127.0.0.1:8080"))
+    assert _same_origin(request(referer="http://127.0.0.1:8080/runs/x"))
+    assert not _same_origin(request(origin="http://evil.example"))
+    assert not _same_origin(request(origin="http://127.0.0.1:9999"))

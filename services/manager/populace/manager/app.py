@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from urllib.parse import parse_qs, quote, urlencode, urlsplit
 
 import jinja2
+import nats.errors
 from nats.js.errors import BucketNotFoundError
 from pydantic import TypeAdapter, ValidationError
 from starlette.applications import Starlette
@@ -272,7 +273,11 @@ def create_app(settings: ManagerSettings) -> Starlette:
                             **scenarios.form_context(text, simulation, checked.errors))
         rid = new_run_id()
         p = checked.prepared
-        await submit(nc_of(request), p.config, run_id=rid, personas=p.personas, manifest=p.manifest)
+        try:
+            await submit(nc_of(request), p.config, run_id=rid, personas=p.personas, manifest=p.manifest)
+        except (nats.errors.Error, TimeoutError, OSError) as err:  # the bus, not the scenario
+            return _back("/start", error=f"run {rid} was not submitted: the bus refused or did not answer "
+                                         f"({type(err).__name__}: {err}); nothing was started")
         return _back(f"/runs/{rid}", msg=f"run {rid} submitted: {p.config.simulation}, "
                                          f"{p.config.agents:,} agents × {p.config.rounds} rounds")
 
