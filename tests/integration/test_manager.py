@@ -328,6 +328,7 @@ def test_the_nodes_page_shows_kv_nodes_and_a_missing_node_is_named(client, url):
     arun(put, url)
     page = client.get("/nodes")
     assert page.status_code == 200 and f'id="node-{node_id}"' in page.text and "2 CPUs" in page.text
+    assert node_id in [n["node_id"] for n in events(client, "/events/nodes")["nodes"]]
     # KV says it is there, but no daemon answers: the error comes back to the page
     res = client.post(f"/nodes/{node_id}/start", data={"kind": "agent-host", "count": "2"})
     assert res.status_code == 303 and "is+not+running" in res.headers["location"]

@@ -281,3 +281,16 @@ def test_a_form_post_from_another_site_is_told_apart_from_ours():
     assert _same_origin(request(referer="http://127.0.0.1:8080/runs/x"))
     assert not _same_origin(request(origin="http://evil.example"))
     assert not _same_origin(request(origin="http://127.0.0.1:9999"))
+
+
+def test_the_nodes_payload_leaves_out_nodes_that_stopped_heartbeating():
+    from populace.core.contracts import NodeInfo
+
+    def node(node_id: str, beat: float) -> NodeInfo:
+        return NodeInfo(node_id=node_id, hostname="h", pid=1, version="0", cpus=2, memory_bytes=2**30,
+                        memory_available_bytes=2**29, log_dir="/tmp", started_at=0.0, heartbeat_at=beat,
+                        heartbeat_s=2.0)
+
+    payload = views.nodes_payload([node("b", 100.0), node("a", 99.0), node("gone", 50.0)], now=100.5)
+    assert [n["node_id"] for n in payload["nodes"]] == ["a", "b"]
+    json.dumps(payload)

@@ -46,6 +46,7 @@ from populace.core import bus, subjects
 from populace.core.contracts import (
     Cleanup,
     HostInfo,
+    NodeInfo,
     ProcessSpec,
     ReplicaInfo,
     RestartPolicy,
@@ -159,6 +160,10 @@ def create_app(settings: ManagerSettings) -> Starlette:
         except NodeError as err:
             return _back("/nodes", error=f"node {node_id}: {err}")
         return _back("/nodes", msg=_said(node_id, req, reply))
+
+    async def nodes_events(request: Request) -> Response:
+        once = request.query_params.get("once") == "1"
+        return _sse(_nodes_stream(nc_of(request), settings.sample_s, once))
 
     async def node_start(request: Request) -> Response:
         return await _ask(request, request.path_params["node"], start_request)
@@ -299,7 +304,8 @@ def create_app(settings: ManagerSettings) -> Starlette:
 
     routes = [
         Route("/", home), Route("/healthz", healthz),
-        Route("/nodes", nodes_page), Route("/nodes/{node}/start", node_start, methods=["POST"]),
+        Route("/nodes", nodes_page), Route("/events/nodes", nodes_events),
+        Route("/nodes/{node}/start", node_start, methods=["POST"]),
         Route("/nodes/{node}/stop", node_stop, methods=["POST"]),
         Route("/nodes/{node}/cleanup", node_cleanup, methods=["POST"]),
         Route("/nodes/{node}/logs/{proc}", node_logs),
@@ -442,11 +448,25 @@ KEEPALIVE_S = 15.0  # an event stream with nothing new sends a comment this ofte
 
 
 async def _runs_stream(nc, sample_s: float, once: bool) -> AsyncIterator[bytes]:
-    """The runs list's live updates: KV `runs` watched (one ordered consumer per open page,
-    each run's latest state, then its changes), sent at most once per `sample_s` and only
-    when something changed. A stack whose KV `runs` does not exist yet is read again each
-    time until it does."""
-    states: dict[str, RunState] = {}
+    """The runs list's live updates: KV `runs` watched (see _kv_stream)."""
+    async for chunk in _kv_stream(nc, subjects.RUNS_BUCKET, RunState,
+                                  lambda states: views.runs_payload(list(states.values())), sample_s, once):
+        yield chunk
+
+
+async def _nodes_stream(nc, sample_s: float, once: bool) -> AsyncIterator[bytes]:
+    """The nodes page's live updates: KV `nodes` watched (each heartbeat is a change)."""
+    async for chunk in _kv_stream(nc, subjects.NODES_BUCKET, NodeInfo,
+                                  lambda nodes: views.nodes_payload(list(nodes.values())), sample_s, once):
+        yield chunk
+
+
+async def _kv_stream(nc, bucket: str, model, payload, sample_s: float, once: bool) -> AsyncIterator[bytes]:
+    """A KV bucket watched (one ordered consumer per open page: each key's latest value, then
+    its changes), its entries as `payload(entries by key)` sent at most once per `sample_s`
+    and only when something changed. A bucket that does not exist yet is asked for again
+    until it does."""
+    entries: dict[str, object] = {}
     ready = asyncio.Event()
     changed = asyncio.Event()
 
@@ -456,12 +476,12 @@ async def _runs_stream(nc, sample_s: float, once: bool) -> AsyncIterator[bytes]:
                 ready.set()
                 continue
             if entry.operation in ("DEL", "PURGE"):
-                states.pop(entry.key, None)
+                entries.pop(entry.key, None)
             else:
                 try:
-                    states[entry.key] = RunState.model_validate_json(entry.value)
+                    entries[entry.key] = model.model_validate_json(entry.value)
                 except ValidationError:
-                    continue  # not a run's state: skipped, as registry readers skip it
+                    continue  # malformed: skipped, as registry readers skip it
             if ready.is_set():
                 changed.set()
 
@@ -469,9 +489,9 @@ async def _runs_stream(nc, sample_s: float, once: bool) -> AsyncIterator[bytes]:
     try:
         while watcher is None:
             try:
-                watcher = await (await nc.jetstream().key_value(subjects.RUNS_BUCKET)).watchall()
+                watcher = await (await nc.jetstream().key_value(bucket)).watchall()
             except BucketNotFoundError:
-                yield views.sse(views.runs_payload([]))
+                yield views.sse(payload({}))
                 if once:
                     return
                 await asyncio.sleep(max(sample_s, 1.0))
@@ -479,13 +499,13 @@ async def _runs_stream(nc, sample_s: float, once: bool) -> AsyncIterator[bytes]:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(ready.wait(), 10.0)
         quiet_since = time.monotonic()
-        yield views.sse(views.runs_payload(list(states.values())))
+        yield views.sse(payload(entries))
         while not once:
             await asyncio.sleep(sample_s)
             if changed.is_set():
                 changed.clear()
                 quiet_since = time.monotonic()
-                yield views.sse(views.runs_payload(list(states.values())))
+                yield views.sse(payload(entries))
             elif time.monotonic() - quiet_since > KEEPALIVE_S:
                 quiet_since = time.monotonic()
                 yield b": keepalive\n\n"

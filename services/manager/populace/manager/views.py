@@ -173,6 +173,13 @@ def node_row(n: NodeInfo, now: float | None = None) -> dict:
             "processes": [process_row(p) for p in n.processes]}
 
 
+def nodes_payload(nodes: list[NodeInfo], now: float | None = None) -> dict:
+    """The nodes page's live update: every live node's row (processes included), by id."""
+    now = time.time() if now is None else now
+    return {"nodes": [node_row(n, now) for n in sorted(nodes, key=lambda n: n.node_id) if not n.gone(now)],
+            "at": now}
+
+
 # --- scenario errors ---------------------------------------------------------------------
 _FIELD = re.compile(r"^(\([a-z ]+\)|[A-Za-z_][\w.\-\[\]]*): ")
 
