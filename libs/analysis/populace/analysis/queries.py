@@ -601,6 +601,28 @@ def _grouped_base(rt: RunTables, value_expr: str) -> str:
         WHERE o.valid AND o.{q(rt.measure)} IS NOT NULL"""
 
 
+def group_points(con: duckdb.DuckDBPyConnection, run_id: str, by: str, round_: int | None = None
+                 ) -> dict[str, list[float]]:
+    """``{group label: [value, …]}`` of a numeric measure in one round (default: the last),
+    labelled as ``group_table(con, run_id, by)`` labels its groups (the same helpers, so a figure's
+    points and its table cannot disagree): what a figure shows of a small group beside its mean."""
+    rt = tables_of(con, run_id)
+    round_ = last_round(con, run_id) if round_ is None else round_
+    if round_ is None or rt.kind != "numeric":
+        return {}
+    params = {"runs": [run_id], "rounds": [round_], "path": _json_path(by)}
+    rows = _run(con, f"{_grouped_base(rt, 'o.' + q(rt.measure))} ORDER BY o.agent_id", params).fetchall()
+    texts = {attr for _, attr, _ in rows if attr is not None and attr != "null"}
+    parsed = {t: _parse_attr(t) for t in texts}
+    hashable = {t: (json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v) for t, v in parsed.items()}
+    mapping, order = _labels_for(by, list(hashable.values()))
+    out: dict[str, list[float]] = {label: [] for label in order}
+    for _, attr, value in rows:
+        label = mapping[hashable[attr]] if attr in hashable else NONE_GROUP
+        out.setdefault(label, []).append(float(value))
+    return {label: values for label, values in out.items() if values}
+
+
 def group_table(con: duckdb.DuckDBPyConnection, run_ids: str | Sequence[str], by: str,
                 round: int | None = None, level: float = LEVEL) -> list[dict]:
     """The measure per group of attribute ``by`` (looked up in each agent's profile, then its

@@ -35,6 +35,7 @@ import duckdb
 from populace.analysis.calls import call_stats
 from populace.analysis.queries import (
     convergence_table,
+    group_points,
     group_table,
     histogram,
     last_round,
@@ -257,8 +258,6 @@ def numeric_sections(con: duckdb.DuckDBPyConnection, run_id: str, info: dict, ro
 
     second = Section(f"Figure 2. Mean {noun} per group", anchor="figure-2")
     if attrs:
-        from populace.analysis.report.points import group_points  # only for small groups
-
         lr = last_round(con, run_id)
         round_label = f"round {lr}" if lr is not None else "last round"
         groups = {a: group_table(con, [run_id], a) for a in attrs}
