@@ -28,7 +28,6 @@ import sys
 import time
 import urllib.request
 import uuid
-from pathlib import Path
 
 import psutil
 import pytest
@@ -40,19 +39,10 @@ from populace.core.natsserver import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
-CHROMIUM = Path("/usr/bin/chromium")
 IN_FLIGHT = 100
 # hosts tick progress once per outcome batch: batches of 100 make the counter move every wave
 SLOW = {"POPULACE_MAX_IN_FLIGHT": str(IN_FLIGHT), "POPULACE_OUTCOME_BATCH_SIZE": str(IN_FLIGHT)}
 
-
-def _browser_or_skip():
-    if CHROMIUM.exists():
-        return
-    message = f"{CHROMIUM} is missing: install it with `apt-get install -y chromium` (never `playwright install`)"
-    if os.environ.get("POPULACE_REQUIRE_BROWSER") == "1":
-        pytest.fail(message + "; POPULACE_REQUIRE_BROWSER=1 requires the browser test to run")
-    pytest.skip(message)
 
 
 def _end(proc: subprocess.Popen, grace: float = 10.0) -> None:
@@ -109,9 +99,8 @@ def _hosts(url: str) -> list[HostInfo]:
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory):
+def fleet(tmp_path_factory, chromium):
     """(manager URL, node id, node daemon process, stack URL, screenshot dir)."""
-    _browser_or_skip()
     tmp = tmp_path_factory.mktemp("manager")
     shots = tmp / "screenshots"
     shots.mkdir()
@@ -152,16 +141,6 @@ def fleet(tmp_path_factory):
             _end(p)
         stack.stop()
 
-
-@pytest.fixture(scope="module")
-def browser():
-    _browser_or_skip()
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=["--headless", "--no-sandbox", "--disable-gpu"])
-        yield b
-        b.close()
 
 
 # Every value the answers counter shows, recorded by the page itself (no reload in between).

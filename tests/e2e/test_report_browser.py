@@ -18,7 +18,6 @@ where it fails."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -37,20 +36,11 @@ pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = ROOT / "examples" / "education-cot.yaml"
-CHROMIUM = Path("/usr/bin/chromium")
 AGENTS, ROUNDS = 50, 3  # the invalid answers' run
 PLAYED_ROUNDS = 1  # the example's run on SmolLM2
 INVALID_RUN = "edu-cot-invalid"
 INVALID_PER_ROUND = 40  # 120 invalid answers: three pages of 50
 
-
-def _browser_or_skip():
-    if CHROMIUM.exists():
-        return
-    message = f"{CHROMIUM} is missing: install it with `apt-get install -y chromium` (never `playwright install`)"
-    if os.environ.get("POPULACE_REQUIRE_BROWSER") == "1":
-        pytest.fail(message + "; POPULACE_REQUIRE_BROWSER=1 requires the browser test to run")
-    pytest.skip(message)
 
 
 def populace(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -96,10 +86,9 @@ def _record_invalid_run(db: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def reports(tmp_path_factory):
+def reports(tmp_path_factory, chromium):
     """(the education CoT report, the invalid answers' report, the DuckDB file), written by
     `populace report`."""
-    _browser_or_skip()
     tmp = tmp_path_factory.mktemp("browser")
     db = tmp / "edu.duckdb"
     res = populace("demo", "--scenario", str(SCENARIO), "--set", f"rounds={PLAYED_ROUNDS}", "--db", str(db),
@@ -115,16 +104,6 @@ def reports(tmp_path_factory):
         out.append(tmp / name)
     return (*out, db)
 
-
-@pytest.fixture(scope="module")
-def browser():
-    _browser_or_skip()
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=["--headless", "--no-sandbox", "--disable-gpu"])
-        yield b
-        b.close()
 
 
 def _open(browser, path: Path):
