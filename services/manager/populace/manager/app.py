@@ -15,6 +15,8 @@ Routes:
     POST /runs/{run}/resume      as `populace resume` (refused unless it can resume)
     GET  /start, POST /start     choose a simulation, paste or load a scenario YAML, validate, submit
     GET  /healthz                200 once connected
+With a token (ManagerSettings.token) every route but /healthz asks for it, and GET/POST /login
+signs a browser in (populace.manager.access).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import ipaddress
 import json
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import parse_qs, quote, urlencode, urlsplit
 
 import jinja2
@@ -59,6 +61,7 @@ from populace.core.contracts import (
     TailLog,
 )
 from populace.manager import scenarios, views
+from populace.manager.access import TokenAccess
 
 MAX_FORM_BYTES = 1_048_576  # a scenario pasted or loaded into the form
 RESULTS_PER_UPDATE = 200  # round results fetched per live update (a long run's page catches up over a few)
@@ -71,6 +74,7 @@ class ManagerSettings:
     cancel_reason: str = "cancelled from the manager"
     title: str = "Populace manager"
     jaeger_url: str | None = None  # e.g. http://localhost:16686: the run page links its trace
+    token: str | None = field(default=None, repr=False)  # every route asks for it (populace.manager.access)
 
 
 def _templates() -> Jinja2Templates:
@@ -92,7 +96,7 @@ async def _form(request: Request) -> dict[str, str]:
 
 def _same_origin(request: Request) -> bool:
     """A POST from one of our own pages: a browser sends Origin (or at least Referer) with a
-    form's POST; one from another site is refused (the manager has no token yet)."""
+    form's POST; one from another site is refused (with an access token too)."""
     origin = request.headers.get("origin") or request.headers.get("referer")
     if not origin:
         return True  # not a browser (curl, a test client): nothing to forge
@@ -317,6 +321,7 @@ def create_app(settings: ManagerSettings) -> Starlette:
         Route("/replicas", replicas_page),
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
+    app.add_middleware(TokenAccess, token=settings.token)
     app.state.settings = settings
     return app
 

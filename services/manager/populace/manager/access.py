@@ -1,0 +1,162 @@
+"""The manager's access token: an ASGI middleware in front of every route.
+
+The operator sets a token (`populace manager --token`, or POPULACE_MANAGER_TOKEN). With a token,
+every page, form POST and event stream asks for it:
+- a browser signs in once on `/login` (one field). The answer is a cookie that is HttpOnly and
+  SameSite=Strict (Secure over https). The cookie holds an HMAC of the token, not the token;
+- a script sends `Authorization: Bearer <token>`.
+
+A wrong or missing token gets a 401 (a page for a browser's form, text for the rest). A
+browser's GET without a token goes to the login page. The token is compared in constant time
+(hmac.compare_digest) and never logged. `/healthz` stays open: it says only whether the
+manager's NATS connection is up, for a container's healthcheck.
+
+Without a token the manager must listen on a loopback address (`bind_refusal`). The
+same-origin check on POSTs (app.py) applies with or without a token.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import html
+from urllib.parse import parse_qs, quote, urlsplit
+
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+TOKEN_ENV = "POPULACE_MANAGER_TOKEN"
+COOKIE = "populace_manager"
+LOGIN, LOGOUT = "/login", "/logout"
+OPEN_PATHS = frozenset({"/healthz"})  # no token: a container healthcheck reads it
+MAX_LOGIN_BYTES = 4096
+
+
+def bind_refusal(host: str, token: str | None) -> str | None:
+    """Why the manager must not listen on `host` (None: it may). Without a token only a loopback
+    address is allowed; with one, any address."""
+    from populace.manager.app import is_loopback
+
+    if token or is_loopback(host):
+        return None
+    return (f"--host {host}: without an access token the manager listens on a loopback address only "
+            f"(127.0.0.1, ::1, localhost). Set one with --token or {TOKEN_ENV} (e.g. "
+            "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`), or reach the manager "
+            "through an SSH tunnel")
+
+
+def cookie_value(token: str) -> str:
+    """What the login cookie holds: an HMAC of the token (a stolen cookie does not reveal the
+    token, and it stops working when the operator changes the token)."""
+    return hmac.new(token.encode(), b"populace-manager-session", hashlib.sha256).hexdigest()
+
+
+def _same(a: str, b: str) -> bool:
+    return hmac.compare_digest(a.encode(), b.encode())
+
+
+def _local_path(target: str) -> str:
+    """`next` after the login: one of our own paths, never another site ('//evil', 'http://…')."""
+    if not target.startswith("/") or target.startswith("//") or "\\" in target or urlsplit(target).netloc:
+        return "/"
+    return target
+
+
+def _same_origin(request: Request) -> bool:
+    origin = request.headers.get("origin") or request.headers.get("referer")
+    return not origin or urlsplit(origin).netloc == request.headers.get("host", "")
+
+
+def login_page(next_path: str = "/", error: str = "", status_code: int = 200) -> HTMLResponse:
+    err = f'<p class="error" id="login-error">{html.escape(error)}</p>' if error else ""
+    body = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>Populace manager: sign in</title>
+<style>
+  body {{ font: 14px/1.45 system-ui, sans-serif; color: #1d2329; background: #f7f8fa; margin: 0; }}
+  form {{ background: #fff; border: 1px solid #d8dde2; border-radius: 6px; padding: 20px; width: 340px;
+         margin: 12vh auto 0; }}
+  input {{ width: 100%; margin: 8px 0 12px; padding: 6px; }} .error {{ color: #b3261e; }}
+</style></head>
+<body><form method="post" action="{LOGIN}">
+<h1 style="font-size:18px;margin:0 0 10px">Populace manager</h1>
+{err}<label for="token">Access token</label>
+<input type="password" id="token" name="token" autocomplete="current-password" autofocus required>
+<input type="hidden" name="next" value="{html.escape(next_path)}">
+<button type="submit">Sign in</button>
+</form></body></html>"""
+    return HTMLResponse(body, status_code=status_code, headers={"Cache-Control": "no-store"})
+
+
+class TokenAccess:
+    """Pure ASGI (event streams pass through unbuffered). `token` None or empty: no check."""
+
+    def __init__(self, app: ASGIApp, token: str | None) -> None:
+        self.app = app
+        self.token = token or None
+        self.cookie = cookie_value(token) if token else ""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.token is None or scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        if scope["type"] == "websocket":
+            if self._allowed(Request(scope)):
+                await self.app(scope, receive, send)
+            else:
+                await send({"type": "websocket.close", "code": 1008})
+            return
+        request = Request(scope, receive)
+        if path == LOGIN:
+            response = await self._login(request)
+        elif path == LOGOUT and request.method == "POST":
+            response = RedirectResponse(LOGIN, status_code=303)
+            response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
+        elif path in OPEN_PATHS or self._allowed(request):
+            await self.app(scope, receive, send)
+            return
+        else:
+            response = self._refuse(request)
+        await response(scope, receive, send)
+
+    def _allowed(self, request: Request) -> bool:
+        auth = request.headers.get("authorization", "")
+        scheme, _, given = auth.partition(" ")
+        if auth and scheme.lower() == "bearer":
+            return _same(given.strip(), self.token or "")
+        cookie = request.cookies.get(COOKIE)
+        return cookie is not None and _same(cookie, self.cookie)
+
+    def _refuse(self, request: Request) -> Response:
+        if request.headers.get("authorization"):
+            return PlainTextResponse("wrong access token", status_code=401,
+                                     headers={"WWW-Authenticate": 'Bearer realm="populace-manager"'})
+        browser_page = request.method in ("GET", "HEAD") and "text/html" in request.headers.get("accept", "")
+        if browser_page:
+            target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+            return RedirectResponse(f"{LOGIN}?next={quote(target, safe='')}", status_code=303)
+        return PlainTextResponse(f"this manager asks for its access token: sign in on {LOGIN}, or send "
+                                 "'Authorization: Bearer <token>'", status_code=401,
+                                 headers={"WWW-Authenticate": 'Bearer realm="populace-manager"'})
+
+    async def _login(self, request: Request) -> Response:
+        if request.method not in ("POST",):
+            next_path = _local_path(request.query_params.get("next", "/"))
+            if self._allowed(request):
+                return RedirectResponse(next_path, status_code=303)
+            return login_page(next_path)
+        if not _same_origin(request):
+            return PlainTextResponse("cross-site form posts are refused", status_code=403)
+        body = await request.body()
+        if len(body) > MAX_LOGIN_BYTES:
+            return login_page(error="the form is too large", status_code=413)
+        form = {k: v[-1] for k, v in parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True).items()}
+        next_path = _local_path(form.get("next", "/"))
+        if not _same(form.get("token", "").strip(), self.token or ""):
+            return login_page(next_path, error="wrong access token", status_code=401)
+        response = RedirectResponse(next_path, status_code=303)
+        response.set_cookie(COOKIE, self.cookie, path="/", httponly=True, samesite="strict",
+                            secure=request.url.scheme == "https")
+        return response

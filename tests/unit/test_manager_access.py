@@ -1,0 +1,181 @@
+"""The manager's access token (populace.manager.access): without a token only a loopback
+address is allowed; with one, every page, form POST and event stream asks for it, a browser
+signs in on /login (an HttpOnly, SameSite=Strict cookie), a script sends a bearer token, and a
+wrong token is a 401, never a traceback. The middleware is tried on a stand-in app with the
+manager's kinds of route (no NATS), and on create_app's own routes before anything connects."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, StreamingResponse
+from starlette.routing import Route
+from starlette.testclient import TestClient
+from typer.testing import CliRunner
+
+from populace.cli.main import app as cli
+from populace.manager import ManagerSettings, create_app
+from populace.manager.access import COOKIE, TOKEN_ENV, TokenAccess, bind_refusal, cookie_value
+
+TOKEN = "s3cret-token-for-tests"
+HTML = {"accept": "text/html,application/xhtml+xml"}
+
+
+def stand_in(token: str | None) -> Starlette:
+    async def runs(request: Request):
+        return PlainTextResponse("the runs page")
+
+    async def events(request: Request):
+        async def body():
+            yield b"data: {}\n\n"
+            await asyncio.sleep(0)
+
+        return StreamingResponse(body(), media_type="text/event-stream")
+
+    async def start(request: Request):
+        return PlainTextResponse("submitted " + (await request.body()).decode())
+
+    async def healthz(request: Request):
+        return PlainTextResponse("ok")
+
+    app = Starlette(routes=[Route("/runs", runs), Route("/events/runs", events), Route("/healthz", healthz),
+                            Route("/start", start, methods=["POST"])])
+    app.add_middleware(TokenAccess, token=token)
+    return app
+
+
+@pytest.fixture
+def client():
+    with TestClient(stand_in(TOKEN), follow_redirects=False) as c:
+        yield c
+
+
+# --- where the manager may listen --------------------------------------------------------
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1", "localhost"])
+def test_without_a_token_a_loopback_address_is_allowed(host):
+    assert bind_refusal(host, None) is None
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "10.0.0.5", "::", "manager.example.org"])
+def test_without_a_token_another_address_is_refused_naming_the_option_and_the_variable(host):
+    said = bind_refusal(host, None)
+    assert said and f"--host {host}" in said and "--token" in said and TOKEN_ENV in said
+    assert bind_refusal(host, TOKEN) is None
+
+
+def test_the_command_refuses_a_public_address_without_a_token_before_it_starts_anything(monkeypatch):
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    res = CliRunner().invoke(cli, ["manager", "--host", "0.0.0.0", "--nats", "nats://127.0.0.1:1"])
+    assert res.exit_code == 2
+    assert "--token" in res.output and TOKEN_ENV in res.output and "loopback" in res.output
+    # a blank variable is no token
+    monkeypatch.setenv(TOKEN_ENV, "  ")
+    res = CliRunner().invoke(cli, ["manager", "--host", "0.0.0.0", "--nats", "nats://127.0.0.1:1"])
+    assert res.exit_code == 2 and TOKEN_ENV in res.output
+
+
+def test_no_token_on_loopback_asks_for_nothing():
+    with TestClient(stand_in(None), follow_redirects=False) as c:
+        assert c.get("/runs", headers=HTML).text == "the runs page"
+        assert c.get("/events/runs").status_code == 200
+        assert c.post("/start", content=b"x=1").text == "submitted x=1"
+        assert c.get("/login").status_code == 404  # no login page: nothing to sign in to
+
+
+# --- with a token --------------------------------------------------------------------------
+def test_a_browser_goes_to_the_login_page_and_comes_back_signed_in(client):
+    res = client.get("/runs?all=1", headers=HTML)
+    assert res.status_code == 303 and res.headers["location"] == "/login?next=%2Fruns%3Fall%3D1"
+    page = client.get(res.headers["location"])
+    assert page.status_code == 200 and 'name="token"' in page.text and 'type="password"' in page.text
+    assert 'value="/runs?all=1"' in page.text
+
+    res = client.post("/login", data={"token": TOKEN, "next": "/runs?all=1"})
+    assert res.status_code == 303 and res.headers["location"] == "/runs?all=1"
+    cookie = res.headers["set-cookie"]
+    assert f"{COOKIE}={cookie_value(TOKEN)}" in cookie
+    assert "httponly" in cookie.lower() and "samesite=strict" in cookie.lower() and "Path=/" in cookie
+    assert TOKEN not in cookie  # the cookie holds an HMAC of the token, not the token
+    # the client keeps the cookie: pages, posts and streams are open now
+    assert client.get("/runs", headers=HTML).text == "the runs page"
+    assert client.post("/start", content=b"a=b").text == "submitted a=b"
+    stream = client.get("/events/runs")
+    assert stream.status_code == 200 and stream.text.startswith("data: ")
+    # the login page of a signed-in browser sends it on
+    assert client.get("/login?next=/runs").headers["location"] == "/runs"
+    # signing out forgets the cookie
+    out = client.post("/logout")
+    assert out.status_code == 303 and out.headers["location"] == "/login"
+    assert client.get("/runs", headers=HTML).status_code == 303
+
+
+def test_a_wrong_token_on_the_login_page_is_a_401_page_and_no_cookie(client, caplog):
+    with caplog.at_level(logging.DEBUG):
+        res = client.post("/login", data={"token": "guess", "next": "/runs"})
+    assert res.status_code == 401 and "wrong access token" in res.text and 'name="token"' in res.text
+    assert "set-cookie" not in res.headers
+    assert client.get("/runs", headers=HTML).status_code == 303
+    assert TOKEN not in caplog.text and "guess" not in caplog.text
+
+
+def test_the_login_sends_only_to_our_own_pages(client):
+    for target in ("https://evil.example/", "//evil.example/x", "/\\evil.example"):
+        res = client.post("/login", data={"token": TOKEN, "next": target})
+        assert res.status_code == 303 and res.headers["location"] == "/", target
+
+
+def test_a_cross_site_login_post_is_refused(client):
+    res = client.post("/login", data={"token": TOKEN}, headers={"origin": "https://evil.example"})
+    assert res.status_code == 403 and "set-cookie" not in res.headers
+
+
+def test_a_script_sends_a_bearer_token(client):
+    ok = {"authorization": f"Bearer {TOKEN}"}
+    assert client.get("/runs", headers=ok).text == "the runs page"
+    assert client.post("/start", content=b"q=1", headers=ok).text == "submitted q=1"
+    assert client.get("/events/runs", headers=ok).status_code == 200
+    assert client.get("/runs", headers={"authorization": f"bearer {TOKEN}"}).status_code == 200
+
+
+@pytest.mark.parametrize("auth", [f"Bearer {TOKEN}x", "Bearer ", f"Basic {TOKEN}", "Bearer s3cret"])
+def test_a_wrong_token_is_a_401_without_a_traceback(client, auth):
+    for method, path in (("GET", "/runs"), ("POST", "/start"), ("GET", "/events/runs")):
+        res = client.request(method, path, headers={"authorization": auth, **HTML})
+        assert res.status_code == 401, (method, path)
+        assert res.headers["www-authenticate"].startswith("Bearer")
+        assert "Traceback" not in res.text and TOKEN not in res.text
+
+
+def test_without_a_token_posts_and_streams_are_refused_and_a_forged_cookie_too(client):
+    assert client.post("/start", content=b"x=1").status_code == 401
+    stream = client.get("/events/runs", headers={"accept": "text/event-stream"})
+    assert stream.status_code == 401 and "data:" not in stream.text
+    client.cookies.set(COOKIE, cookie_value("another token"))
+    assert client.get("/runs").status_code == 401
+    assert client.get("/runs", headers=HTML).status_code == 303
+    client.cookies.set(COOKIE, TOKEN)  # the token itself is not the cookie
+    assert client.post("/start", content=b"x=1").status_code == 401
+
+
+def test_healthz_stays_open_for_healthchecks(client):
+    assert client.get("/healthz").text == "ok"
+
+
+def test_create_app_puts_every_route_of_the_manager_behind_its_token():
+    # no `with`: the lifespan (the NATS connection) never runs; nothing here reaches a handler
+    app = create_app(ManagerSettings(nats_url="nats://127.0.0.1:1", token=TOKEN))
+    assert TOKEN not in repr(app.state.settings)
+    c = TestClient(app, follow_redirects=False)
+    for path in ("/", "/runs", "/runs/r1", "/nodes", "/start", "/replicas", "/nodes/n1/logs/p1"):
+        res = c.get(path, headers=HTML)
+        assert res.status_code == 303 and res.headers["location"].startswith("/login?next="), path
+    for path in ("/events/runs", "/events/runs/r1", "/events/nodes"):
+        assert c.get(path).status_code == 401, path
+    for path in ("/start", "/runs/r1/cancel", "/runs/r1/resume", "/nodes/n1/start", "/nodes/n1/stop",
+                 "/nodes/n1/cleanup"):
+        assert c.post(path, data={"x": "1"}).status_code == 401, path
+    assert c.get("/login").status_code == 200
