@@ -41,7 +41,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parents[2]
 AUTH_CONF = ROOT / "deploy" / "nats" / "auth.conf"
-USERS = ("orchestrator", "environment", "gateway", "recorder", "agent-host", "replicas", "node", "cli", "admin")
+USERS = ("orchestrator", "environment", "gateway", "recorder", "agent-host", "replicas", "node", "cli", "manager",
+         "admin")
 AGENTS, ROUNDS = 2000, 4
 CONFIG = {"agents": AGENTS, "rounds": ROUNDS, "seed": 5, "model": {"latency_s": 0.5, "seed": 17}}
 FLOOD = 2000

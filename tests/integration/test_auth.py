@@ -45,7 +45,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 DEPLOY_CONF = Path(__file__).resolve().parents[2] / "deploy" / "nats" / "auth.conf"
 EDUCATION = Path(__file__).resolve().parents[2] / "examples" / "population" / "education.yaml"
 SERVICES = ("orchestrator", "environment", "gateway", "recorder", "agent-host")
-USERS = (*SERVICES, "replicas", "node", "cli", "admin")
+USERS = (*SERVICES, "replicas", "node", "cli", "manager", "admin")
 PASSWORDS = {u: f"test-{u}-pw" for u in USERS}
 HOST_ID = "auth-host-0"
 
