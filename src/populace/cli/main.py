@@ -32,6 +32,8 @@ app.add_typer(replicas_app, name="replicas")
 NATS_DEFAULT = "nats://127.0.0.1:4222"
 # read when the command runs (not when this module is imported), and shown in --help
 NATS_ENV = "POPULACE_NATS_URL"
+# results, report and export read a run a recorder is still writing through it
+NATS_LIVE_HELP = "NATS URL of the recorder's stack, to read a run it is still writing"
 # the choices come from the models that validate them, so help and validation cannot drift apart
 ModelBackend = ModelConfig.model_fields["backend"].annotation
 PersonaModel = Literal[("template", *(b for b in get_args(ModelBackend) if b != "dummy"))]  # dummy writes no text
@@ -506,7 +508,7 @@ def rerun(
     each checked unchanged) and compare the rounds with the original."""
     from populace.client.prepare import prepare_rerun
 
-    with _db(db) as con:
+    with _db(db, [run_id], nats or NATS_DEFAULT) as con:
         rid = _run_ids(con, [run_id])[0]
         row = con.execute("SELECT manifest_json FROM runs WHERE run_id = ?", [rid]).fetchone()
         if row is None:
@@ -626,21 +628,54 @@ def sweep(
 
 
 @contextlib.contextmanager
-def _db(db: str):
-    """The DuckDB file, read-only; analysis errors (unknown run, attribute, round) exit 2."""
+def _db(db: str, runs: list[str] | None = None, nats: str = NATS_DEFAULT):
+    """The DuckDB file, read-only; analysis errors (unknown run, attribute, round) exit 2. A
+    file a recorder is writing (a live run) cannot be opened: then, given the `runs` a command
+    reads, a consistent copy of their rows comes from the recorder at `nats`."""
     import duckdb
 
     from populace.analysis import AnalysisError
 
     if not Path(db).exists():
         fail(f"--db: {db} does not exist")
-    try:
-        with duckdb.connect(db, read_only=True) as con:
+    with contextlib.ExitStack() as stack:
+        try:
+            con = stack.enter_context(duckdb.connect(db, read_only=True))
+        except duckdb.IOException as err:
+            if runs is None or "lock" not in str(err).lower():
+                fail(f"--db: cannot open {db} ({err})", code=1)
+            con = stack.enter_context(duckdb.connect(_live_copy(db, runs, nats, stack), read_only=True))
+        try:
             yield con
-    except AnalysisError as err:
-        fail(str(err))
-    except duckdb.IOException as err:
-        fail(f"--db: cannot open {db} ({err}); is a recorder still writing it?", code=1)
+        except AnalysisError as err:
+            fail(str(err))
+
+
+def _live_copy(db: str, runs: list[str], nats: str, stack: contextlib.ExitStack) -> str:
+    """A copy of `runs`' rows (and of any fork's parent) from the recorder writing `db`."""
+    import tempfile
+
+    import duckdb
+
+    from populace.analysis import fork_of, known_runs
+    from populace.analysis.report import runs_named
+    from populace.client.reads import ReadError, live_copy
+
+    def needed(index: Path) -> list[str]:
+        with duckdb.connect(str(index), read_only=True) as con:
+            ids = runs_named(con, _run_ids(con, runs))
+            known = set(known_runs(con))
+            parents = [f["parent"] for rid in ids if rid in known and (f := fork_of(con, rid))]
+        return list(dict.fromkeys(ids + parents))
+
+    directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="populace-live-")))
+    display.console.print(f"{db} is being written by a recorder: reading a copy of the runs from it "
+                          f"(at {nats})", markup=False, highlight=False, soft_wrap=True)
+    try:
+        return str(live_copy(nats, directory, needed))
+    except (ConnectionError, ReadError) as err:
+        fail(f"--db: {db} is held by a recorder that is writing a run, and it could not give a copy "
+             f"({err}); pass --nats (or POPULACE_NATS_URL) of its stack", code=1)
 
 
 def _run_ids(con, run_ids: list[str]) -> list[str]:
@@ -660,6 +695,7 @@ def results(
     round_: Annotated[int | None, typer.Option("--round", help="round for --by (default: each run's last)")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print JSON (for scripts) instead of tables")] = False,
     db: Annotated[str, typer.Option(help="DuckDB file")] = "populace.duckdb",
+    nats: Annotated[str, typer.Option("--nats", envvar=NATS_ENV, help=NATS_LIVE_HELP)] = NATS_DEFAULT,
 ) -> None:
     """Per-round statistics of each run's measure (mean … max, or each option's share), its
     simulation's round summary and its LLM work: answers in, valid, the model's invalid answers
@@ -672,7 +708,7 @@ def results(
     # what a script needs to read the rows: the run's simulation, measure and summary titles
     head = ("run_id", "name", "simulation", "status", "measure", "measure_kind", "grouped", "equilibrium",
             "outcome_table", "summary_table", "labels", "usage")
-    with _db(db) as con:
+    with _db(db, run_ids, nats) as con:
         ids = _run_ids(con, run_ids)
         if by is None:
             runs = [(run_info(con, rid), round_table(con, rid), fork_table(con, rid), call_stats(con, rid))
@@ -718,6 +754,7 @@ def report(
                    ] = Path("report.html"),
     by: Annotated[list[str] | None, typer.Option(help="attribute(s) to group by (default: the profile's)")] = None,
     db: Annotated[str, typer.Option(help="DuckDB file")] = "populace.duckdb",
+    nats: Annotated[str, typer.Option("--nats", envvar=NATS_ENV, help=NATS_LIVE_HELP)] = NATS_DEFAULT,
 ) -> None:
     """Write one self-contained HTML report with interactive plots. One run: per round the
     measure's distribution (with the simulation's reference lines and equilibrium, or each
@@ -728,7 +765,7 @@ def report(
     from populace.analysis import write_report
     from populace.analysis.report import runs_named
 
-    with _db(db) as con:
+    with _db(db, run_ids, nats) as con:
         ids = runs_named(con, _run_ids(con, run_ids))
         if by and len(ids) > 1:
             fail(f"--by: for one run's report (these are {len(ids)} runs: {', '.join(ids)})")
@@ -742,12 +779,13 @@ def export(
     run_ids: Annotated[list[str], typer.Argument(help="run id(s), or 'last'")],
     out: Annotated[Path, typer.Option(help="directory for the Parquet files")] = Path("export"),
     db: Annotated[str, typer.Option(help="DuckDB file")] = "populace.duckdb",
+    nats: Annotated[str, typer.Option("--nats", envvar=NATS_ENV, help=NATS_LIVE_HELP)] = NATS_DEFAULT,
 ) -> None:
     """Export the given runs as Parquet (for pandas / polars): the platform's tables (runs,
     agents, agent_profiles, llm_calls) and each run's own outcome and round tables."""
     from populace.analysis import export_parquet
 
-    with _db(db) as con:
+    with _db(db, run_ids, nats) as con:
         paths = export_parquet(con, _run_ids(con, run_ids), out)
     for p in paths:
         display.out.print(str(p))

@@ -153,6 +153,18 @@ async def provision_nodes(js: JetStreamContext, storage: str = "file", replicas:
                              PROVISION_ATTEMPTS)
 
 
+# Snapshots (a DuckDB file per reader of a live run) are fetched at once; the TTL only
+# clears what a reader that died never fetched.
+SNAPSHOTS_TTL_S = 600.0
+
+
+async def provision_snapshots(js: JetStreamContext, storage: str = "file", replicas: int = 1) -> ObjectStore:
+    """Create the `snapshots` object store if missing (by the recorder, its only writer)."""
+    return await until_ready(lambda: ensure_object_store(js, subjects.SNAPSHOTS_BUCKET, _storage(storage), replicas,
+                                                         ttl=SNAPSHOTS_TTL_S),
+                             f"object store {subjects.SNAPSHOTS_BUCKET}", PROVISION_ATTEMPTS)
+
+
 # A replicated stream that was just created has no Raft leader for a moment: API calls then
 # time out or get "no response from stream". Those are transient; anything else is not.
 TRANSIENT = (nats.errors.TimeoutError, asyncio.TimeoutError, nats.errors.NoRespondersError,
@@ -224,13 +236,13 @@ async def ensure_kv(js: JetStreamContext, bucket: str, ttl: float | None = None,
 
 
 async def ensure_object_store(js: JetStreamContext, bucket: str, storage: StorageType = StorageType.FILE,
-                              replicas: int = 1) -> ObjectStore:
+                              replicas: int = 1, ttl: float | None = None) -> ObjectStore:
     try:
         store = await js.object_store(bucket)
     except BucketNotFoundError:
         try:
             store = await js.create_object_store(
-                bucket, config=ObjectStoreConfig(storage=storage, replicas=replicas))
+                bucket, config=ObjectStoreConfig(storage=storage, replicas=replicas, ttl=ttl))
         except BadRequestError:  # created concurrently by another service
             raise nats.errors.TimeoutError from None  # until_ready looks again
     await _has_leader(js, f"OBJ_{bucket}", replicas)

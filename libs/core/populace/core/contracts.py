@@ -824,3 +824,36 @@ class NodeReply(Strict):
     processes: list[ProcessInfo] = []
     log: str | None = None
     log_truncated: bool = False
+
+
+# --- reading results while the recorder writes them (`recorder.read.<verb>`) ------------------
+class ReadRequest(Strict):
+    """A request to the recorder to read recorded results; VERB is the last token of its subject."""
+
+    VERB: ClassVar[str] = ""
+    v: Literal[1] = SCHEMA_VERSION
+
+
+class SnapshotRequest(ReadRequest):
+    """A consistent copy of what is recorded so far: the whole `runs` table, and the rows of
+    `run_ids` in every other table (none: the runs table alone, to resolve 'last' or a sweep)."""
+
+    VERB: ClassVar[str] = "snapshot"
+    run_ids: list[RunId] = Field([], max_length=256)
+
+
+class ReadReply(Strict):
+    """Every read request's answer; `ok` False: `error` says why."""
+
+    v: Literal[1] = SCHEMA_VERSION
+    ok: bool
+    error: str | None = Field(None, max_length=4000)
+
+
+class SnapshotReply(ReadReply):
+    """`snapshot`: the object (in the `snapshots` object store, kept for a few minutes) holding
+    a DuckDB file with the rows, its size, and which of the requested runs it holds."""
+
+    snapshot: str | None = None
+    size: int = 0
+    runs: list[str] = []

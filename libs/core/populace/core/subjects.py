@@ -75,6 +75,18 @@ def node_request(node_id: str, verb: str) -> str:
     return f"node.{node_id}.{verb}"
 
 
+# --- results read while a run writes them (core request/reply, answered by the recorder:
+# the only process that can open the DuckDB file while it writes) ------------------------
+RECORDER_READ_VERBS = ("snapshot",)
+# object store: a DuckDB file with some runs' rows, written by the recorder for one reader
+SNAPSHOTS_BUCKET = "snapshots"
+
+
+def recorder_read(verb: str) -> str:
+    """Where the recorder takes read requests of one verb (the reply comes back on the inbox)."""
+    return f"recorder.read.{verb}"
+
+
 def dlq(service: str) -> str:
     return f"dlq.{service}"
 

@@ -37,6 +37,7 @@ from populace.core.service import MAX_DELIVERIES, Service
 from populace.core.settings import Settings
 from populace.core.telemetry import tracer
 from populace.recorder.columns import BadColumns, check_outcomes
+from populace.recorder.reads import Reads, serve_reads
 from populace.recorder.store import Event, Store, StoreError
 
 DESCRIPTION = ("Writes every run event to DuckDB exactly once (each simulation's own outcome and "
@@ -67,6 +68,7 @@ class Recorder:
     def __init__(self, svc: Service) -> None:
         self.svc = svc
         self.store = Store(svc.settings.db)
+        self.reads = Reads(svc, self.store, when_done=self.release_if_idle)
         self.active: set[str] = set()  # runs started and not yet announced as recorded
         self.finished: dict[str, RunDone] = {}  # done, waiting for every outcome to be committed
         self.recorded: OrderedDict[str, None] = OrderedDict()  # announced lately, oldest first
@@ -286,6 +288,11 @@ class Recorder:
             self.svc.log.error("checkpoint_prune_failed", run_id=done.run_id, error=str(err))
             return 0
 
+    def release_if_idle(self) -> None:
+        """Close the file for readers between runs (no run being recorded, no read going on)."""
+        if not self.active and not self.finished and not self.reads.in_progress:
+            self.store.close()
+
     async def announce_complete(self) -> None:
         for rid in list(self.finished):
             got, expected = await asyncio.to_thread(self.store.completeness, rid)
@@ -294,8 +301,7 @@ class Recorder:
             done = self.finished.pop(rid)
             epoch = done.epoch
             self.active.discard(rid)
-            if not self.active and not self.finished:
-                self.store.close()  # release the file for readers between runs
+            self.release_if_idle()
             # Before the announcement, so whoever sees `recorded` finds RUN and the checkpoints
             # as they will stay.
             t0 = time.perf_counter()
@@ -318,7 +324,9 @@ def create(settings: Settings | None = None) -> Service:
     svc = Service("recorder", settings, DESCRIPTION)
     recorder = Recorder(svc)
     svc.on_ready(recorder.start)
+    svc.on_ready(recorder.reads.start)
     svc.on_stop(recorder.stop)
+    serve_reads(svc, recorder.reads)
     for subject, model in ((subjects.ANY_STARTED, RunStarted), (subjects.ANY_SPAWN, SpawnBatch),
                            (subjects.ANY_OUTCOMES, OutcomeBatch), (subjects.ANY_ROUND_RESULT, RoundResult),
                            (subjects.ANY_RUN_DONE, RunDone), (subjects.ANY_CALLS, LlmCallBatch)):

@@ -11,6 +11,7 @@ older release keeps working). The store imports no simulation."""
 from __future__ import annotations
 
 import json
+import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -137,6 +138,7 @@ class Store:
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
         self._con: duckdb.DuckDBPyConnection | None = None
+        self._opening = threading.Lock()
         self._tables: dict[str, SimulationTables] = {}  # by run id
         self._shares: dict[str, dict[str, ShareRecord]] = {}  # by run id, then share key
         self._ready: set[tuple[str, str]] = set()  # (table, spec) pairs created this connection
@@ -147,17 +149,21 @@ class Store:
     @property
     def con(self) -> duckdb.DuckDBPyConnection:
         if self._con is None:
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-            self._con = duckdb.connect(self.path)
-            self._con.execute(SCHEMA)
-            self._ready.clear()
+            with self._opening:  # ingestion and a read (recorder.reads) may both open it
+                if self._con is None:
+                    Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+                    con = duckdb.connect(self.path)
+                    con.execute(SCHEMA)
+                    self._ready.clear()
+                    self._con = con
         return self._con
 
     def close(self) -> None:
         """Release the file so readers (`populace results`, reports) can open it."""
-        if self._con is not None:
-            self._con.close()
-            self._con = None
+        with self._opening:
+            if self._con is not None:
+                self._con.close()
+                self._con = None
 
     # -- the run's tables -----------------------------------------------------------------
     def known_tables(self, run_id: str) -> SimulationTables | None:

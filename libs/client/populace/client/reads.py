@@ -1,0 +1,85 @@
+"""Read what the recorder holds while it writes: DuckDB lets one process open a database file,
+so a reader of a live run (`populace results`, `report`, `export`, the manager) asks the
+recorder over the bus instead of opening the file.
+
+    await fetch_snapshot(nc, js, ["run-1"], Path("/tmp/x/live.duckdb"))
+    duckdb.connect("/tmp/x/live.duckdb", read_only=True)    # runs table + run-1's rows, consistent
+
+A request is core NATS request/reply on `recorder.read.<verb>`; no recorder answering is
+RecorderUnreachable, a refusal is ReadError with the recorder's reason."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import nats.errors
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from pydantic import ValidationError
+
+from populace.core import bus, subjects
+from populace.core.contracts import SnapshotReply, SnapshotRequest
+
+# Copying a run of a million agents takes the recorder about a second; a busy recorder longer.
+SNAPSHOT_TIMEOUT_S = 120.0
+
+
+class ReadError(RuntimeError):
+    """The recorder could not answer the read; the message is its reason."""
+
+
+class RecorderUnreachable(ReadError):
+    """No recorder answered on the bus."""
+
+
+async def request_snapshot(nc: Client, run_ids: Sequence[str], timeout: float = SNAPSHOT_TIMEOUT_S) -> SnapshotReply:
+    subject = subjects.recorder_read(SnapshotRequest.VERB)
+    try:
+        msg = await nc.request(subject, bus.encode(SnapshotRequest(run_ids=list(run_ids))), timeout=timeout)
+    except nats.errors.NoRespondersError:
+        raise RecorderUnreachable(f"no recorder is running (nobody listens on {subject})") from None
+    except nats.errors.TimeoutError:
+        raise RecorderUnreachable(f"the recorder did not answer within {timeout:.0f} s") from None
+    try:
+        reply = SnapshotReply.model_validate_json(msg.data)
+    except ValidationError as err:
+        raise ReadError(f"the recorder sent a reply this client cannot read: {bus.short_error(err)}") from None
+    if not reply.ok:
+        raise ReadError(reply.error or "refused")
+    return reply
+
+
+async def fetch_snapshot(nc: Client, js: JetStreamContext, run_ids: Sequence[str], dest: Path) -> SnapshotReply:
+    """Have the recorder copy the runs table and `run_ids`' rows, and write the copy to `dest`."""
+    reply = await request_snapshot(nc, run_ids)
+    store = await js.object_store(subjects.SNAPSHOTS_BUCKET)
+    with dest.open("wb") as f:
+        await store.get(reply.snapshot, writeinto=f)
+    with contextlib.suppress(Exception):  # read once; the bucket's TTL clears it otherwise
+        await store.delete(reply.snapshot)
+    return reply
+
+
+def live_copy(url: str, directory: Path, resolve: Callable[[Path], Sequence[str]]) -> Path:
+    """A DuckDB file (in `directory`) with what the recorder at `url` holds of the runs that
+    `resolve` names. `resolve(path)` gets a copy of the runs table alone (to turn 'last', a
+    sweep's id or a fork into run ids) and returns the runs whose rows are needed.
+    ConnectionError: no NATS at `url`."""
+
+    async def copy() -> Path:
+        nc = await bus.connect_or_fail(url, "populace-reader")
+        try:
+            js = nc.jetstream()
+            index = directory / "runs.duckdb"
+            await fetch_snapshot(nc, js, [], index)
+            wanted = await asyncio.to_thread(resolve, index)
+            path = directory / "live.duckdb"
+            await fetch_snapshot(nc, js, wanted, path)
+            return path
+        finally:
+            await nc.close()
+
+    return asyncio.run(copy())

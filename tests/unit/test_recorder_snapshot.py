@@ -1,0 +1,80 @@
+"""The recorder's copy of some runs (populace.recorder.snapshot): the whole runs table, only the
+asked runs' rows elsewhere, no ingestion ledger, every table present even when empty, and one
+consistent instant while another cursor keeps appending."""
+
+from __future__ import annotations
+
+import threading
+
+import duckdb
+import pytest
+
+from populace.recorder.snapshot import write_snapshot
+
+
+@pytest.fixture
+def con(tmp_path):
+    c = duckdb.connect(str(tmp_path / "rec.duckdb"))
+    c.execute("CREATE TABLE runs (run_id VARCHAR, status VARCHAR);"
+              "CREATE TABLE guesses (run_id VARCHAR, round INTEGER, agent_id BIGINT, value DOUBLE);"
+              "CREATE TABLE llm_calls (run_id VARCHAR, round INTEGER);"
+              "CREATE TABLE _ingested (msg_id VARCHAR PRIMARY KEY)")
+    c.execute("INSERT INTO runs VALUES ('a', 'running'), ('b', 'completed')")
+    c.execute("INSERT INTO guesses SELECT r, 1, i, i FROM (VALUES ('a'), ('b')) t(r), range(1000) u(i)")
+    c.execute("INSERT INTO _ingested VALUES ('m1')")
+    yield c
+    c.close()
+
+
+def test_only_the_asked_runs_rows_and_the_whole_runs_table(con, tmp_path):
+    path = tmp_path / "copy.duckdb"
+    assert write_snapshot(con, path, ["a", "nope"]) == ["a"]
+    with duckdb.connect(str(path), read_only=True) as copy:
+        assert copy.execute("SELECT count(*) FROM runs").fetchone() == (2,)
+        assert copy.execute("SELECT DISTINCT run_id FROM guesses").fetchall() == [("a",)]
+        assert copy.execute("SELECT count(*) FROM llm_calls").fetchone() == (0,)  # there, empty
+        tables = {r[0] for r in copy.execute("SHOW TABLES").fetchall()}
+    assert "_ingested" not in tables
+    # the recorder's own database is left as it was: nothing attached, nothing open
+    assert {r[0] for r in con.execute("SELECT database_name FROM duckdb_databases()").fetchall()} == {
+        "rec", "system", "temp"}
+
+
+def test_runs_table_alone_when_no_run_is_asked(con, tmp_path):
+    path = tmp_path / "index.duckdb"
+    assert write_snapshot(con, path, []) == []
+    with duckdb.connect(str(path), read_only=True) as copy:
+        assert copy.execute("SELECT count(*) FROM runs").fetchone() == (2,)
+        assert copy.execute("SELECT count(*) FROM guesses").fetchone() == (0,)
+
+
+def test_an_existing_file_is_never_overwritten(con, tmp_path):
+    path = tmp_path / "there.duckdb"
+    path.write_bytes(b"x")
+    with pytest.raises(FileExistsError):
+        write_snapshot(con, path, ["a"])
+
+
+def test_one_instant_while_another_cursor_appends(con, tmp_path):
+    stop = threading.Event()
+
+    def append() -> None:
+        cur = con.cursor()
+        n = 1000
+        while not stop.is_set():  # whole batches of 100: a torn copy would show a partial one
+            cur.execute("INSERT INTO guesses SELECT 'a', 2, i, i FROM range(?, ?) u(i)", [n, n + 100])
+            n += 100
+        cur.close()
+
+    writer = threading.Thread(target=append)
+    writer.start()
+    try:
+        for k in range(5):
+            path = tmp_path / f"copy-{k}.duckdb"
+            write_snapshot(con, path, ["a"])
+            with duckdb.connect(str(path), read_only=True) as copy:
+                (n,) = copy.execute("SELECT count(*) FROM guesses WHERE round = 2").fetchone()
+            assert n % 100 == 0
+    finally:
+        stop.set()
+        writer.join()
