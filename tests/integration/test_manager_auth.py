@@ -9,7 +9,8 @@ node, and read a snapshot from the recorder (`recorder.read.*`, answered by the 
 through allow_responses, and the object store `snapshots`). The server logs no permission
 violation. As `manager`, publishing an outcome or a run event, writing KV `runs`, consuming,
 subscribing to or purging RUN, answering node or recorder requests, reading another user's
-inbox, and touching the checkpoints are refused, and nothing it tried is stored."""
+inbox, and touching the checkpoints are refused, and nothing it tried is stored. `cli` reads a
+live run from the recorder the same way (`populace results` while the recorder writes)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from nats.js.errors import KeyNotFoundError
 from starlette.testclient import TestClient
 
 from populace.client.nodes import list_nodes, node_request
+from populace.client.reads import fetch_snapshot
 from populace.client.run import cancel, run_state, submit
 from populace.core import bus, subjects
 from populace.core.contracts import (
@@ -38,6 +40,7 @@ from populace.core.contracts import (
     RunStart,
     RunState,
     Share,
+    SnapshotReply,
 )
 from populace.core.natsserver import EmbeddedNats
 from populace.manager import ManagerSettings, create_app
@@ -125,7 +128,7 @@ class Fakes:
         async def answer_read(msg) -> None:
             name = f"snapshot-{uuid.uuid4().hex}"
             await self.snapshots.put(name, self.snapshot_data)
-            await msg.respond(f'{{"ok": true, "snapshot": "{name}"}}'.encode())
+            await msg.respond(bus.encode(SnapshotReply(ok=True, snapshot=name, size=len(self.snapshot_data))))
 
         await self.recorder.subscribe("recorder.read.*", cb=answer_read)
         return self
@@ -201,13 +204,13 @@ def drive_the_pages(url: str, running: str, failed: str) -> None:
         assert res.status_code == 303 and "resume+sent" in res.headers["location"], res.headers["location"]
 
 
-def test_the_manager_client_calls_work_and_everything_else_is_refused(server):
+def test_the_manager_client_calls_work_and_everything_else_is_refused(server, tmp_path):
     async def main() -> None:
         async with Fakes(server.url) as fakes:
             errors: list[str] = []
             nc = await connect_as(server.url, "manager", errors)
             try:
-                await allowed(nc, fakes)
+                await allowed(nc, fakes, tmp_path)
                 assert errors == [] and violations(server) == []
                 await refused(nc, fakes, errors)
             finally:
@@ -216,7 +219,17 @@ def test_the_manager_client_calls_work_and_everything_else_is_refused(server):
     asyncio.run(main())
 
 
-async def allowed(nc, fakes: Fakes) -> None:
+async def snapshot_round_trip(nc, fakes: Fakes, tmp: Path) -> None:
+    """populace.client.reads.fetch_snapshot as `nc`'s user: the recorder's copy arrives, and is
+    deleted from the object store once read."""
+    dest = tmp / f"{uuid.uuid4().hex}.duckdb"
+    reply = await fetch_snapshot(nc, nc.jetstream(timeout=2.0), [], dest)
+    assert dest.read_bytes() == fakes.snapshot_data
+    info = await (await fakes.ajs.object_store("snapshots")).get_info(reply.snapshot, show_deleted=True)
+    assert info.deleted
+
+
+async def allowed(nc, fakes: Fakes, tmp: Path) -> None:
     js = nc.jetstream(timeout=2.0)
     rid = f"run-{uuid.uuid4().hex[:6]}"
     kv = await fakes.ajs.key_value(subjects.RUNS_BUCKET)
@@ -234,13 +247,7 @@ async def allowed(nc, fakes: Fakes) -> None:
     await fakes.ajs.publish(subjects.run_started(rid), b"{}")
     assert (await js.get_last_msg(subjects.RUN_STREAM, subjects.run_started(rid))).data == b"{}"
     # results from the recorder: a read request, then its snapshot fetched and deleted
-    reply = await nc.request("recorder.read.snapshot", b'{"run_ids": []}', timeout=5)
-    name = reply.data.decode().split('"snapshot": "')[1].rstrip('"}')
-    store = await js.object_store("snapshots")
-    assert (await store.get(name)).data == fakes.snapshot_data
-    await store.delete(name)
-    with pytest.raises(Exception):  # noqa: B017  (nats-py raises NotFoundError or ObjectDeletedError)
-        await store.get(name)
+    await snapshot_round_trip(nc, fakes, tmp)
     # a run page's progress ticks (core)
     got: list[bytes] = []
 
@@ -299,3 +306,17 @@ async def refused(nc, fakes: Fakes, errors: list[str]) -> None:
     assert (await fakes.ajs.stream_info(subjects.RUN_STREAM)).state.messages == before
     with pytest.raises(KeyNotFoundError):
         await (await fakes.ajs.key_value(subjects.RUNS_BUCKET)).get("x")
+
+
+def test_the_cli_reads_a_live_run_from_the_recorder(server, tmp_path):
+    """`populace results|report|export|rerun` on a live run, as `cli`: the same round trip."""
+    async def main() -> None:
+        async with Fakes(server.url) as fakes:
+            nc = await connect_as(server.url, "cli")
+            try:
+                await snapshot_round_trip(nc, fakes, tmp_path)
+            finally:
+                await nc.close()
+
+    asyncio.run(main())
+    assert violations(server) == []
