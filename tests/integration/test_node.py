@@ -1,6 +1,7 @@
 """`populace node` against a real nats-server: it registers and heartbeats, starts agent-hosts
 that register in KV `hosts`, stops one, restarts a killed child by its policy, tails a log,
-answers garbage with an error and lives on, and leaves no process behind — after a clean-up,
+answers a start re-sent with its request id from memory (starting nothing twice), answers
+garbage with an error and lives on, and leaves no process behind — after a clean-up,
 a SIGTERM, or its own SIGKILL (checked with psutil). Every process is ended by its PID."""
 
 from __future__ import annotations
@@ -176,6 +177,27 @@ async def _has_servers(nc, daemon: Daemon) -> bool:
     procs = await processes(nc, daemon)
     return any(p.proc_id.startswith("replicas") and len(psutil.Process(p.pid).children()) >= 2
                for p in procs.values() if p.pid)
+
+
+async def test_a_start_sent_twice_with_one_request_id_starts_once(nc, js, daemon):
+    """A StartProcess re-sent (after a timeout, say) with the same request id gets the first
+    reply and starts nothing; a new id starts again; the id on another request is refused."""
+    await registered(js, daemon)
+    start = StartProcess(spec=AgentHostSpec(), count=2, request_id="retry-1")
+    first = await ask(nc, daemon, start)
+    # the same bytes again, as a client re-sending after a timeout would
+    again = NodeReply.model_validate_json(
+        (await nc.request(subjects.node_request(daemon.node_id, "start"), bus.encode(start), timeout=20)).data)
+    assert again == first and [p.proc_id for p in first.processes] == ["agent-host-1", "agent-host-2"]
+    assert list(await processes(nc, daemon)) == ["agent-host-1", "agent-host-2"]
+    assert len(psutil.Process(daemon.proc.pid).children()) == 2
+    other = await ask(nc, daemon, StartProcess(spec=AgentHostSpec(), count=1, request_id="retry-1"), check=False)
+    assert not other.ok and "'retry-1' was already used for another request" in other.error
+    # node_request gives each call its own id: two calls, two starts
+    await ask(nc, daemon, StartProcess(spec=AgentHostSpec()))
+    assert list(await processes(nc, daemon)) == ["agent-host-1", "agent-host-2", "agent-host-3"]
+    await ask(nc, daemon, Cleanup(grace_s=10))
+    assert daemon.alive() == []
 
 
 async def test_a_killed_child_is_restarted_by_its_policy(nc, js, daemon):

@@ -721,13 +721,20 @@ class NodeRequest(Strict):
     v: Literal[1] = SCHEMA_VERSION
 
 
+# A client's name for one request (node_request sets a uuid): a node answers a request whose
+# id it has seen with the reply it gave then, so a re-send after a timeout starts nothing twice.
+RequestId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+
+
 class StartProcess(NodeRequest):
-    """Start `count` processes of `spec`, each with `restart` as its policy."""
+    """Start `count` processes of `spec`, each with `restart` as its policy. A repeat of a
+    `request_id` the node remembers gets the first reply and starts nothing."""
 
     VERB: ClassVar[str] = "start"
     spec: ProcessSpec
     count: Count = Field(1, ge=1, le=64)
     restart: RestartPolicy = RestartPolicy()
+    request_id: RequestId | None = None
 
 
 class StopProcess(NodeRequest):

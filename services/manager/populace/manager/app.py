@@ -26,6 +26,7 @@ import contextlib
 import ipaddress
 import json
 import time
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from urllib.parse import parse_qs, quote, urlencode, urlsplit
@@ -147,7 +148,9 @@ def create_app(settings: ManagerSettings) -> Starlette:
         js = nc_of(request).jetstream()
         found = await list_nodes(js, include_gone=request.query_params.get("all") == "1")
         now = time.time()
-        return page(request, "nodes.html", nodes=[views.node_row(n, now) for n in found])
+        # one id per page: a form posted twice (a double click) starts its processes once
+        return page(request, "nodes.html", nodes=[views.node_row(n, now) for n in found],
+                    request_id=uuid.uuid4().hex)
 
     async def _ask(request: Request, node_id: str, build) -> Response:
         if not _same_origin(request):
@@ -345,7 +348,8 @@ def start_request(form: dict[str, str]) -> StartProcess:
         body = {"kind": "service", "name": kind}
     spec = TypeAdapter(ProcessSpec).validate_python({k: v for k, v in body.items() if v is not None})
     restart = RestartPolicy(mode="on-failure") if form.get("restart") == "on-failure" else RestartPolicy()
-    return StartProcess(spec=spec, count=num("count") or 1, restart=restart)
+    return StartProcess(spec=spec, count=num("count") or 1, restart=restart,
+                        request_id=form.get("request_id") or None)
 
 
 def _short(err: Exception) -> str:

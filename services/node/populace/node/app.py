@@ -3,8 +3,10 @@ child with its state, CPU and memory; a heartbeat), and answers requests on
 `node.<node_id>.<verb>` (core NATS request/reply; contracts.StartProcess, StopProcess,
 ListProcesses, TailLog, Cleanup -> NodeReply): start agent-hosts, gateways, LLM replicas and
 other services as children, stop them, tail their logs, clean up. Every request gets a reply,
-a malformed one included (it is dead-lettered to dlq.node too). When the node stops (SIGTERM,
-SIGINT) it stops every child; when it is killed, its children get SIGTERM from the kernel.
+a malformed one included (it is dead-lettered to dlq.node too). A request with a `request_id`
+the node has answered (of the last 512) gets that answer again and does nothing (replies.py).
+When the node stops (SIGTERM, SIGINT) it stops every child; when it is killed, its children get
+SIGTERM from the kernel.
 
 Run with `populace node [--nats URL] [--node-id ID] [--log-dir DIR]`."""
 
@@ -43,6 +45,7 @@ from populace.core.settings import Settings
 from populace.node import commands, resources
 from populace.node.children import Child
 from populace.node.logtail import tail
+from populace.node.replies import Replies, ReusedRequestId
 
 DESCRIPTION = ("One per machine: starts, watches, restarts and stops Populace processes (agent-hosts, gateways, "
                "LLM replicas, services) on request, and registers the machine and its processes in KV nodes.")
@@ -81,6 +84,7 @@ class Node:
         self._kv = None
         self._heartbeat: bus.Heartbeat | None = None
         self._supervisor: asyncio.Task | None = None
+        self.replies = Replies()  # by request id: a re-sent request is answered, not done, again
 
     # -- lifecycle --------------------------------------------------------------------
     async def start(self) -> None:
@@ -149,9 +153,22 @@ class Node:
 
     def answering(self, fn: Callable[[R], Awaitable[bytes]]) -> Callable[[R, NatsMessage], Awaitable[bytes]]:
         """Every request gets a reply: a refusal says why; a request for a kind of process this
-        node does not know is also dead-lettered; anything else is logged and answered."""
+        node does not know is also dead-lettered; anything else is logged and answered. A
+        request id seen before gets the reply it got then (and nothing is done again)."""
 
         async def answer(request: R, msg: NatsMessage) -> bytes:
+            request_id = getattr(request, "request_id", None)
+            try:
+                reply, repeat = await self.replies.once(request_id, request.model_dump_json(),
+                                                        lambda: attempt(request, msg))
+            except ReusedRequestId as err:
+                self.svc.log.warning("request_refused", verb=request.VERB, error=str(err))
+                return self.reply(str(err))
+            if repeat:
+                self.svc.log.info("request_repeated", verb=request.VERB, request_id=request_id)
+            return reply
+
+        async def attempt(request: R, msg: NatsMessage) -> bytes:
             try:
                 return await fn(request)
             except commands.UnknownProcess as err:
