@@ -200,6 +200,29 @@ async def test_a_start_sent_twice_with_one_request_id_starts_once(nc, js, daemon
     assert daemon.alive() == []
 
 
+async def test_node_request_re_sends_a_timed_out_start_with_the_same_id(nc):
+    """retries: the first send goes unanswered (a slow node), the re-send carries the same id."""
+    seen: list[StartProcess] = []
+
+    async def slow_node(msg):
+        seen.append(StartProcess.model_validate_json(msg.data))
+        if len(seen) > 1:
+            await msg.respond(bus.encode(NodeReply(node_id="slow", ok=True)))
+
+    await nc.subscribe(subjects.node_request("slow", "start"), cb=slow_node)
+    reply = await node_request(nc, "slow", StartProcess(spec=AgentHostSpec()), timeout=0.5, retries=1)
+    assert reply.ok and len(seen) == 2 and seen[0].request_id and seen[0] == seen[1]
+    mute: list[bytes] = []  # a node that never answers: every try times out
+
+    async def never(msg):
+        mute.append(msg.data)
+
+    await nc.subscribe(subjects.node_request("mute", "start"), cb=never)
+    with pytest.raises(NodeUnreachable, match=r"did not answer 'start' in time \(3 tries\)"):
+        await node_request(nc, "mute", StartProcess(spec=AgentHostSpec()), timeout=0.3, retries=2)
+    assert len(mute) == 3 and len(set(mute)) == 1
+
+
 async def test_a_killed_child_is_restarted_by_its_policy(nc, js, daemon):
     await registered(js, daemon)
     policy = RestartPolicy(mode="on-failure", max_restarts=1, backoff_s=0.2)
