@@ -1,12 +1,16 @@
-"""The manager in a real browser: a stack (one agent-host), one `populace node` daemon and
-`populace manager` (uvicorn, a free port on 127.0.0.1), driven by headless Chromium
-(Playwright). From the pages: the node is listed; an agent-host and a simulated vLLM replica are deployed on it, and the
-Replicas page finds the replica healthy; a bad
-scenario shows the CLI's message under its field (YAML, and the parameter form); a ratio-game run of 2,000 agents × 3 rounds
-on the dummy model starts from the form and its page's answers counter and chart grow without
-a reload; a second run is cancelled mid-round and shows as cancelled, resumed, and cancelled again; the agent-host's log is
-tailed; the replica is stopped from its row; the node is cleaned up,
-and psutil confirms its children are gone. Screenshots go to the test's tmp dir (printed).
+"""The manager in a real browser: a stack without agent-hosts, two `populace node` daemons (A
+and B) and `populace manager` (uvicorn, a free port on 127.0.0.1), all on 127.0.0.1, driven by
+headless Chromium (Playwright). From the pages: both nodes are listed; two agent-hosts are
+deployed on node A by one request (the form's count 2), the only hosts the runs have; a
+simulated vLLM replica is deployed on node B, and the Replicas page finds it healthy; a bad
+scenario shows the CLI's message under its field (YAML, and the parameter form); a ratio-game
+run of 2,000 agents × 3 rounds on the dummy model starts from the form and its page's answers
+counter and chart grow without a reload; a second run is cancelled mid-round and shows as
+cancelled, resumed, and cancelled again; an agent-host's log is tailed; one agent-host is
+stopped from its row; node A is cleaned up, and psutil confirms its children are gone while
+node B's replica (and its server) still runs.
+
+Screenshots go to the test's tmp dir (printed).
 
 The rounds are slowed so the live counter has something to show: each agent-host plays at
 most 100 agents at a time (POPULACE_MAX_IN_FLIGHT, and the node form's field) and reports
@@ -21,7 +25,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -65,6 +68,11 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _tree(pid: int) -> list[int]:
+    """The PIDs of a process's children and theirs."""
+    return [c.pid for c in psutil.Process(pid).children(recursive=True)]
+
+
 def _until(check, timeout: float, what: str, every: float = 0.2):
     deadline = time.monotonic() + timeout
     while True:
@@ -100,23 +108,27 @@ def _hosts(url: str) -> list[HostInfo]:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory, chromium):
-    """(manager URL, node id, node daemon process, stack URL, screenshot dir)."""
+    """(manager URL, [(node id, node daemon process)] of nodes A and B, stack URL, screenshot dir)."""
     tmp = tmp_path_factory.mktemp("manager")
     shots = tmp / "screenshots"
     shots.mkdir()
-    stack = Stack(hosts=1, db=str(tmp / "populace.duckdb"), log_dir=str(tmp / "logs"),
-                  env={"POPULACE_STORAGE": "memory"}, host_env=SLOW)
+    # no agent-host of its own: the runs play on the two that node A is asked for
+    stack = Stack(hosts=0, db=str(tmp / "populace.duckdb"), log_dir=str(tmp / "logs"),
+                  env={"POPULACE_STORAGE": "memory"})
     stack.up(timeout=180)
     procs: list[subprocess.Popen] = []
     try:
         env = {**os.environ, "POPULACE_HEARTBEAT_S": "0.5", **SLOW}  # the node's children inherit SLOW
         env.pop("POPULACE_PARENT_PID", None)
-        node_id = f"n-{uuid.uuid4().hex[:6]}"
-        with open(tmp / "logs" / "node.log", "ab") as log:
-            node = subprocess.Popen([sys.executable, "-m", "populace.cli", "node", "--nats", stack.url, "--node-id",
-                                     node_id, "--log-dir", str(tmp / "node"), "--stop-grace", "5"],
-                                    env=env, stdout=log, stderr=log, start_new_session=True)
-        procs.append(node)
+        nodes = []
+        for name in ("a", "b"):
+            node_id = f"{name}-{uuid.uuid4().hex[:6]}"
+            with open(tmp / "logs" / f"node-{name}.log", "ab") as log:
+                node = subprocess.Popen([sys.executable, "-m", "populace.cli", "node", "--nats", stack.url,
+                                         "--node-id", node_id, "--log-dir", str(tmp / f"node-{name}"),
+                                         "--stop-grace", "5"], env=env, stdout=log, stderr=log, start_new_session=True)
+            procs.append(node)
+            nodes.append((node_id, node))
         port = free_port()
         with open(tmp / "logs" / "manager.log", "ab") as log:
             manager = subprocess.Popen([sys.executable, "-m", "populace.cli", "manager", "--nats", stack.url,
@@ -135,7 +147,7 @@ def fleet(tmp_path_factory, chromium):
 
         _until(healthy, 60, "the manager answers /healthz")
         print(f"\nscreenshots: {shots}")
-        yield base, node_id, node, stack.url, shots
+        yield base, nodes, stack.url, shots
     finally:
         for p in reversed(procs):
             _end(p)
@@ -166,34 +178,37 @@ def _start_run(page, base: str, text: str) -> str:
 
 
 def test_deploy_run_watch_cancel_and_clean_up_from_the_browser(fleet, browser):
-    base, node_id, node, stack_url, shots = fleet
+    base, [(node_id, node), (other_id, other)], stack_url, shots = fleet
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
     page.on("dialog", lambda d: d.accept())  # the clean-up's confirm()
     page.add_init_script(WATCH_ANSWERS)
 
-    # the node is listed; an agent-host is deployed on it from its form
+    # both nodes are listed; two agent-hosts are deployed on node A by one request from its form
     page.goto(base + "/nodes")
-    _reload_until(page, f"#node-{node_id}", 30, "the node on the page")
+    _reload_until(page, f"#node-{node_id}", 30, "node A on the page")
+    _reload_until(page, f"#node-{other_id}", 30, "node B on the page")
     section = page.locator(f"#node-{node_id}")
     section.locator("form.start select[name=kind]").select_option("agent-host")
-    section.locator("form.start input[name=count]").fill("1")
+    section.locator("form.start input[name=count]").fill("2")
     section.locator("form.start input[name=max_in_flight]").fill(str(IN_FLIGHT))
     section.locator("form.start button").click()
     page.wait_for_url("**/nodes?msg=*")
-    assert f"node {node_id} started agent-host-1" in page.locator("#flash-msg").text_content()
-    row = page.locator(f"#node-{node_id} tr[data-proc=agent-host-1]")
-    assert row.get_attribute("data-state") == "running"
-    _until(lambda: any(h.host_id.startswith(node_id) for h in _hosts(stack_url)), 60,
-           "the node's agent-host registered in KV hosts")
-    # and a simulated vLLM replica: it registers, and the Replicas page finds it healthy
-    section = page.locator(f"#node-{node_id}")
+    assert f"node {node_id} started agent-host-1, agent-host-2" in page.locator("#flash-msg").text_content()
+    for proc in ("agent-host-1", "agent-host-2"):
+        assert page.locator(f"#node-{node_id} tr[data-proc={proc}]").get_attribute("data-state") == "running"
+    assert page.locator(f"#node-{other_id} tr[data-proc]").count() == 0
+    host_ids = {f"{node_id}-agent-host-1", f"{node_id}-agent-host-2"}
+    _until(lambda: host_ids <= {h.host_id for h in _hosts(stack_url)}, 60,
+           "node A's two agent-hosts registered in KV hosts")
+    # and a simulated vLLM replica on node B: it registers, and the Replicas page finds it healthy
+    section = page.locator(f"#node-{other_id}")
     section.locator("form.start select[name=kind]").select_option("replicas")
     section.locator("form.start select[name=backend]").select_option("sim")
     section.locator("form.start button").click()
     page.wait_for_url("**/nodes?msg=*")
-    assert re.search(rf"node {node_id} started replicas-\d+", page.locator("#flash-msg").text_content())
+    assert f"node {other_id} started replicas-1" in page.locator("#flash-msg").text_content()
     page.screenshot(path=str(shots / "nodes.png"), full_page=True)
     page.goto(base + "/replicas")
     _reload_until(page, "tr[data-replica][data-healthy=yes]", 60, "the node's sim replica healthy on the Replicas page")
@@ -260,32 +275,36 @@ def test_deploy_run_watch_cancel_and_clean_up_from_the_browser(fleet, browser):
                            timeout=30_000)
     page.screenshot(path=str(shots / "runs.png"), full_page=True)
 
-    # the node is cleaned up: its processes gone from the page and from the machine
-    # the replica process is stopped from its row (the page updates live meanwhile)
+    # one agent-host is stopped from its row (the page updates live meanwhile)
     page.goto(base + "/nodes")
     page.wait_for_function("() => document.getElementById('live').textContent === 'live'", timeout=30_000)
-    replica_row = page.locator(f"#node-{node_id} tr[data-proc^=replicas-]")
-    replica_proc = replica_row.get_attribute("data-proc")
-    replica_pid = int(replica_row.get_attribute("data-pid"))
-    replica_row.locator("button.stop").click()
+    host_row = page.locator(f"#node-{node_id} tr[data-proc=agent-host-2]")
+    host_pid = int(host_row.get_attribute("data-pid"))
+    host_row.locator("button.stop").click()
     page.wait_for_url("**/nodes?msg=*")
-    assert f"node {node_id} stopped {replica_proc}" in page.locator("#flash-msg").text_content()
-    assert page.locator(f"#node-{node_id} tr[data-proc={replica_proc}]").count() == 0
-    _until(lambda: not _alive(replica_pid), 30, "the replica process gone")
-    children = [c.pid for c in psutil.Process(node.pid).children(recursive=True)]
-    assert children, "the node's agent-host should be running"
+    assert f"node {node_id} stopped agent-host-2" in page.locator("#flash-msg").text_content()
+    assert page.locator(f"#node-{node_id} tr[data-proc=agent-host-2]").count() == 0
+    _until(lambda: not _alive(host_pid), 30, "the stopped agent-host gone")
+    children = _tree(node.pid)
+    assert children, "node A's other agent-host should be running"
+    # node B's replica process and its simulated server, which node A's clean-up must leave alone
+    others = _until(lambda: len(pids := _tree(other.pid)) >= 2 and pids, 30, "node B's replica process and its server")
     page.goto(base + "/nodes")
     page.locator(f"#node-{node_id} tr[data-proc=agent-host-1] a", has_text="log").click()
     page.wait_for_url(f"**/nodes/{node_id}/logs/agent-host-1")
     assert page.locator("#log").text_content().strip(), "the agent-host's log is empty"
     page.screenshot(path=str(shots / "log.png"), full_page=True)
+    # node A is cleaned up: its processes gone from the page and from the machine; node B's live on
     page.goto(base + "/nodes")
     page.locator(f"#node-{node_id} form.cleanup button").click()
     page.wait_for_url("**/nodes?msg=*")
     cleaned = page.locator("#flash-msg").text_content()
-    assert f"node {node_id} cleaned up: agent-host-1" in cleaned, cleaned
+    assert cleaned.strip().endswith(f"node {node_id} cleaned up: agent-host-1"), cleaned
     assert page.locator(f"#node-{node_id} tr[data-proc]").count() == 0
-    _until(lambda: not any(_alive(pid) for pid in children), 30, "the node's children gone")
-    assert psutil.Process(node.pid).children(recursive=True) == []
+    _until(lambda: not any(_alive(pid) for pid in children), 30, "node A's children gone")
+    assert _tree(node.pid) == []
+    assert node.poll() is None and other.poll() is None  # both daemons live on
+    assert all(_alive(pid) for pid in others), "node B's processes were touched by node A's clean-up"
+    assert page.locator(f"#node-{other_id} tr[data-proc=replicas-1]").get_attribute("data-state") == "running"
     page.screenshot(path=str(shots / "nodes-clean.png"), full_page=True)
     assert errors == []
