@@ -10,7 +10,8 @@ cancelled, resumed, and cancelled again; an agent-host's log is tailed; one agen
 stopped from its row; node A is cleaned up, and psutil confirms its children are gone while
 node B's replica (and its server) still runs.
 
-Screenshots go to the test's tmp dir (printed).
+Screenshots go to the test's tmp dir (printed). With POPULACE_SCREENSHOT_DIR=DIR the finished
+run's page is also saved as DIR/manager-run.png (the README's docs/img/manager-run.png).
 
 The rounds are slowed so the live counter has something to show: each agent-host plays at
 most 100 agents at a time (POPULACE_MAX_IN_FLIGHT, and the node form's field) and reports
@@ -25,12 +26,14 @@ import asyncio
 import concurrent.futures
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 import urllib.request
 import uuid
+from pathlib import Path
 
 import psutil
 import pytest
@@ -248,6 +251,11 @@ def test_deploy_run_watch_cancel_and_clean_up_from_the_browser(fleet, browser):
                for t in answers), answers
     assert page.locator("#cancel-form").is_hidden()
     page.screenshot(path=str(shots / "run-done.png"), full_page=True)
+    if os.environ.get("POPULACE_SCREENSHOT_DIR"):  # the README's picture of the run page
+        readme_dir = Path(os.environ["POPULACE_SCREENSHOT_DIR"])
+        readme_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(shots / "run-done.png", readme_dir / "manager-run.png")
+        print(f"run page saved as {readme_dir / 'manager-run.png'}")
 
     # run 2: cancelled mid-round from its page
     rid2 = _start_run(page, base, "name: manager-cancel\nagents: 2000\nrounds: 3\n"
