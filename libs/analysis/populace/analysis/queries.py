@@ -363,6 +363,15 @@ def _add_shares(con: duckdb.DuckDBPyConnection, rt: RunTables, rows: list[dict])
                  leader=leader, leader_share=top / total if total else None)
 
 
+def round_shares(con: duckdb.DuckDBPyConnection, rt: RunTables, round_: int) -> dict:
+    """A categorical measure in one round, as ``round_table`` gives it: ``options, counts,
+    shares, leader, leader_share`` (options over the whole run, most frequent first)."""
+    _need_measure(rt)
+    row = {"round": int(round_)}
+    _add_shares(con, rt, [row])
+    return {k: v for k, v in row.items() if k != "round"}
+
+
 def measure_values(con: duckdb.DuckDBPyConnection, run_id: str, round: int | None = None) -> dict[int, np.ndarray]:
     """The valid values of a numeric measure (one round, or all) as ``{round: float array}``.
     This loads rows into memory: for notebooks on modest runs; the tables and the report
@@ -391,8 +400,14 @@ def histogram(con: duckdb.DuckDBPyConnection, run_id: str, rounds: Sequence[int]
     """``(edges, {round: counts})``: the valid values of a numeric measure per round in ``bins``
     equal bins from ``lo`` to ``hi`` (the last bin closed, as numpy's; values outside are
     counted in the end bins). Binned in the database: one row per round and bin comes back."""
-    rt = tables_of(con, run_id)
+    return histogram_of(con, tables_of(con, run_id), rounds, lo, hi, bins)
+
+
+def histogram_of(con: duckdb.DuckDBPyConnection, rt: RunTables, rounds: Sequence[int], lo: float, hi: float,
+                 bins: int) -> tuple[np.ndarray, dict[int, np.ndarray]]:
+    """``histogram`` of a run whose tables the caller has (``run_tables``, hints or not)."""
     _need_measure(rt)
+    run_id = rt.run_id
     if rt.kind != "numeric":
         raise AnalysisError(f"run {run_id!r}: measure {rt.measure!r} is categorical, it has no histogram")
     lo, hi, bins = float(lo), float(hi), int(bins)

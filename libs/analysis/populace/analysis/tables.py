@@ -125,9 +125,11 @@ def _run_row(con: duckdb.DuckDBPyConnection, run_id: str) -> dict:
     return dict(zip(wanted, row)) if row else {}
 
 
-def run_tables(con: duckdb.DuckDBPyConnection, run_id: str) -> RunTables:
+def run_tables(con: duckdb.DuckDBPyConnection, run_id: str, hints: bool = True) -> RunTables:
     """The run's tables (the caller has checked the run exists). Raises AnalysisError naming the
-    run when its declared tables are unreadable or absent from the database."""
+    run when its declared tables are unreadable or absent from the database. `hints` False: the
+    recorded tables alone, the simulation not loaded (the recorder answering a read imports no
+    simulation); titles are the column names, no reference lines, the declared measure range."""
     row = _run_row(con, run_id)
     config = loads(row.get("config_json")) or {}
     legacy = not row.get("tables_json")
@@ -156,6 +158,13 @@ def run_tables(con: duckdb.DuckDBPyConnection, run_id: str) -> RunTables:
     simulation = row.get("simulation") or config.get("simulation") or spec.simulation
     base = {"run_id": run_id, "spec": spec, "simulation": simulation, "config": config, "measure": measure,
             "kind": kind, "measure_type": types.get(measure) if measure else None, "legacy": legacy}
+    if not hints:
+        numeric = kind == "numeric"
+        return RunTables(**base, noun=(measure or "answer").replace("_", " "),
+                         labels={c.name: c.name.replace("_", " ") for c in spec.summary_columns},
+                         reference=(), trend=(), equilibrium=None,
+                         measure_range=tuple(spec.measure_range) if numeric and spec.measure_range else None,
+                         loaded=False, params=_params_of(config))
     return _with_hints(base, spec, config)
 
 

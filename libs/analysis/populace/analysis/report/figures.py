@@ -22,6 +22,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.subplots import make_subplots
 
+from populace.analysis.bins import HIST_BINS, MAX_INTEGER_BINS, histogram_bins  # noqa: F401 (re-exported)
 from populace.analysis.report.intervals import DrawnInterval, clip_interval, padded_range
 from populace.analysis.report.text import number, percent
 from populace.analysis.tables import plural
@@ -448,19 +449,3 @@ def comparison_figure(series: dict[str, list[tuple[int, float | None]]], panels:
     fig.update_xaxes(tickformat="d", dtick=1 if len(rounds) <= 20 else None)
     fig.update_xaxes(title_text="round", row=n, col=1)
     return _layout(fig, PANEL_HEIGHT * n + 60)
-
-
-# --- binning -----------------------------------------------------------------------------------
-HIST_BINS = 20
-MAX_INTEGER_BINS = 60  # an integer measure spanning at most this many values gets one bin per value
-
-
-def histogram_bins(lo: float, hi: float, integer: bool) -> tuple[float, float, int]:
-    """(lo, hi, bins) for a histogram of values in [lo, hi]: one bin per value for an integer
-    measure with a small span (bars centred on the integers), else HIST_BINS equal bins."""
-    if hi <= lo:
-        lo, hi = lo - 0.5, hi + 0.5
-    if integer and hi - lo <= MAX_INTEGER_BINS:
-        a, b = math.floor(lo) - 0.5, math.ceil(hi) + 0.5
-        return a, b, int(b - a)
-    return lo, hi, HIST_BINS
