@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from faststream import FastStream
 from faststream.exceptions import HandlerException, NackMessage, RejectMessage
-from faststream.nats import NatsBroker, NatsUserPassword
+from faststream.nats import NatsBroker, NatsUserPassword, PullSub
 from faststream.nats.annotations import NatsMessage
 from faststream.specification import AsyncAPI
 from nats.aio.msg import Msg
@@ -42,6 +42,15 @@ ORPHAN_GRACE_S = 10.0
 # dead-lettered with its error: never a hot loop, never an unbounded log. Ten deliveries span
 # about two minutes, longer than a stream leader election or a short broker outage.
 MAX_DELIVERIES = 10
+# Control-plane pull consumers (run starts, partials, round results …) fetch one message at a
+# time. nats-py's fetch(batch=n > 1) hands a message that arrived during its long poll back only
+# once n have come or the poll's 5 s expired: with two hosts' partials the environment closed
+# every round on its fetch loop's 5 s grid (1M-agent rounds ended at exactly 10.00 s). These
+# are a few messages per host and round, so a fetch each costs nothing.
+def control_pull() -> PullSub:
+    return PullSub(batch_size=1)
+
+
 RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
 
 

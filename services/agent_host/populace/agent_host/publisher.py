@@ -82,7 +82,9 @@ class OutcomePublisher:
             # A PubAck future has no timeout of its own: one lost with the connection (a
             # restarting nats-server) would wait for ever, so it is bounded here.
             await asyncio.wait_for(ack, PUBACK_WAIT_S)
-        except bus.TRANSIENT:
+        except bus.TRANSIENT as err:
+            log.warning("puback_missing", run_id=self.run_id, round=self.round, subject=subject,
+                        error=type(err).__name__)
             await bus.until_ready(lambda: self._js.publish(subject, data, headers=headers, timeout=5.0),
                                   f"republish {subject}")
 

@@ -12,7 +12,7 @@ from collections import OrderedDict
 
 from faststream import FastStream
 from faststream.middlewares import AckPolicy
-from faststream.nats import JStream, PullSub
+from faststream.nats import JStream
 from faststream.nats.annotations import NatsMessage
 from nats.js.api import DeliverPolicy
 from opentelemetry.context import Context
@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from populace.core import bus, checkpoints, metrics, subjects, telemetry
 from populace.core.contracts import RoundOpen, RoundPartial, RoundResult, RunFault, RunState, share_key
 from populace.core.scenario import format_validation_error
-from populace.core.service import Refused, Service
+from populace.core.service import Refused, Service, control_pull
 from populace.core.settings import Settings
 from populace.core.telemetry import tracer
 from populace.environment.tally import BadPartial, EnvironmentFailed, RunTally
@@ -197,9 +197,9 @@ def create(settings: Settings | None = None) -> Service:
     run_stream = JStream(subjects.RUN_STREAM, declare=False)
     durable = {"stream": run_stream, "deliver_policy": DeliverPolicy.NEW, "ack_policy": AckPolicy.NACK_ON_ERROR}
     svc.handle(subjects.ANY_ROUND_OPEN, RoundOpen, durable="environment-open",
-               pull_sub=PullSub(batch_size=16), **durable)(env.on_round_open)
+               pull_sub=control_pull(), **durable)(env.on_round_open)
     svc.handle(subjects.ANY_PARTIAL, RoundPartial, durable="environment-partial",
-               pull_sub=PullSub(batch_size=64), **durable)(env.on_partial)
+               pull_sub=control_pull(), **durable)(env.on_partial)
     svc.publishes(subjects.ANY_ROUND_RESULT, RoundResult, "the round's decision: summary, next observation, state")
     svc.publishes(subjects.ANY_FAULT, RunFault, "the run's simulation cannot be loaded or its environment raised")
     return svc

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from faststream import FastStream
 from faststream.middlewares import AckPolicy
-from faststream.nats import JStream, PullSub
+from faststream.nats import JStream
 from faststream.nats.annotations import NatsMessage
 from nats.js.api import DeliverPolicy
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
@@ -41,7 +41,7 @@ from populace.core.contracts import (
 )
 from populace.core.placement import PlacementError, place
 from populace.core.scenario import format_validation_error
-from populace.core.service import Refused, Service
+from populace.core.service import Refused, Service, control_pull
 from populace.core.settings import Settings
 from populace.core.telemetry import tracer
 from populace.orchestrator import workflow
@@ -429,17 +429,17 @@ def create(settings: Settings | None = None) -> Service:
     run_stream = JStream(subjects.RUN_STREAM, declare=False)
     durable = {"deliver_policy": DeliverPolicy.NEW, "ack_policy": AckPolicy.NACK_ON_ERROR}
     svc.handle(subjects.RUN_START, RunStart, stream=ctl_stream, durable="orchestrator-ctl",
-               pull_sub=PullSub(batch_size=8), **durable)(orch.on_run_start)
+               pull_sub=control_pull(), **durable)(orch.on_run_start)
     svc.handle(subjects.ANY_SPAWNED, HostSpawned, stream=run_stream, durable="orchestrator-spawned",
-               pull_sub=PullSub(batch_size=64), **durable)(orch.on_spawned)
+               pull_sub=control_pull(), **durable)(orch.on_spawned)
     svc.handle(subjects.ANY_ROUND_RESULT, RoundResult, stream=run_stream, durable="orchestrator-result",
-               pull_sub=PullSub(batch_size=16), **durable)(orch.on_result)
+               pull_sub=control_pull(), **durable)(orch.on_result)
     svc.handle(subjects.ANY_FAULT, RunFault, stream=run_stream, durable="orchestrator-fault",
-               pull_sub=PullSub(batch_size=16), **durable)(orch.on_fault)
+               pull_sub=control_pull(), **durable)(orch.on_fault)
     svc.handle(subjects.RUN_CANCEL, RunCancel, stream=ctl_stream, durable="orchestrator-cancel",
-               pull_sub=PullSub(batch_size=8), **durable)(orch.on_cancel)
+               pull_sub=control_pull(), **durable)(orch.on_cancel)
     svc.handle(subjects.RUN_RESUME, RunResume, stream=ctl_stream, durable="orchestrator-resume",
-               pull_sub=PullSub(batch_size=8), **durable)(orch.on_resume)
+               pull_sub=control_pull(), **durable)(orch.on_resume)
     svc.publishes(subjects.ANY_STARTED, RunStarted, "a run was placed; carries its simulation's tables")
     svc.publishes(subjects.ANY_SPAWN, SpawnBatch, "one host's agents, as id ranges")
     svc.publishes(subjects.ANY_ROUND_OPEN, RoundOpen, "once per round, with the environment's state")
