@@ -97,7 +97,8 @@ INSTANCES: dict[str, BaseModel] = {
     "ReplicasSpec": c.ReplicasSpec(backend="vllm", model="Qwen/Qwen2.5-0.5B", gpus=[0, 1], base_port=8100),
     "ServiceSpec": c.ServiceSpec(name="recorder"),
     "NodeRequest": c.NodeRequest(),
-    "StartProcess": c.StartProcess(spec=c.AgentHostSpec(capacity=10), count=2, restart=NODE_POLICY),
+    "StartProcess": c.StartProcess(spec=c.AgentHostSpec(capacity=10), count=2, restart=NODE_POLICY,
+                                   request_id="0f3c2a"),
     "StopProcess": c.StopProcess(proc_id="agent-host-1", grace_s=5.0),
     "ListProcesses": c.ListProcesses(),
     "TailLog": c.TailLog(proc_id="agent-host-1", lines=20, max_bytes=4096),
@@ -107,6 +108,10 @@ INSTANCES: dict[str, BaseModel] = {
     "NodeInfo": NODE_INFO,
     "NodeReply": c.NodeReply(node_id="gpu-1", ok=True, node=NODE_INFO, processes=[NODE_PROCESS], log="a\nb",
                              log_truncated=True),
+    "ReadRequest": c.ReadRequest(),
+    "SnapshotRequest": c.SnapshotRequest(run_ids=["r1", "r2"]),
+    "ReadReply": c.ReadReply(ok=False, error="malformed request"),
+    "SnapshotReply": c.SnapshotReply(ok=True, snapshot="snapshot-1", size=12288, runs=["r1"]),
 }
 
 
