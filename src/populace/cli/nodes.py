@@ -87,7 +87,8 @@ async def _ask(nats: str, node_id: str, request: NodeRequest) -> NodeReply:
 
     nc = await bus.connect_or_fail(nats, "populace-cli")
     try:
-        return await node_request(nc, node_id, request)
+        # one re-send on a timeout: a start carries a request id, so the node starts nothing twice
+        return await node_request(nc, node_id, request, retries=1)
     finally:
         await nc.close()
 
