@@ -5,6 +5,9 @@ recorder over the bus instead of opening the file.
     await fetch_snapshot(nc, js, ["run-1"], Path("/tmp/x/live.duckdb"))
     duckdb.connect("/tmp/x/live.duckdb", read_only=True)    # runs table + run-1's rows, consistent
 
+    await request_agents(nc, "run-1", search="teacher", offset=50, limit=50)  # AgentsReply
+    await request_distribution(nc, "run-1")               # the last closed round's histogram or shares
+
 A request is core NATS request/reply on `recorder.read.<verb>`; no recorder answering is
 RecorderUnreachable, a refusal is ReadError with the recorder's reason."""
 
@@ -21,10 +24,21 @@ from nats.js import JetStreamContext
 from pydantic import ValidationError
 
 from populace.core import bus, subjects
-from populace.core.contracts import SnapshotReply, SnapshotRequest
+from populace.core.contracts import (
+    AgentsReply,
+    AgentsRequest,
+    DistributionReply,
+    DistributionRequest,
+    ReadReply,
+    ReadRequest,
+    SnapshotReply,
+    SnapshotRequest,
+)
 
 # Copying a run of a million agents takes the recorder about a second; a busy recorder longer.
 SNAPSHOT_TIMEOUT_S = 120.0
+# A page of agents or a distribution: milliseconds, a search of a million personas under a second.
+QUERY_TIMEOUT_S = 15.0
 
 
 class ReadError(RuntimeError):
@@ -35,21 +49,38 @@ class RecorderUnreachable(ReadError):
     """No recorder answered on the bus."""
 
 
-async def request_snapshot(nc: Client, run_ids: Sequence[str], timeout: float = SNAPSHOT_TIMEOUT_S) -> SnapshotReply:
-    subject = subjects.recorder_read(SnapshotRequest.VERB)
+async def _request(nc: Client, req: ReadRequest, reply_model: type[ReadReply], timeout: float) -> ReadReply:
+    subject = subjects.recorder_read(req.VERB)
     try:
-        msg = await nc.request(subject, bus.encode(SnapshotRequest(run_ids=list(run_ids))), timeout=timeout)
+        msg = await nc.request(subject, bus.encode(req), timeout=timeout)
     except nats.errors.NoRespondersError:
         raise RecorderUnreachable(f"no recorder is running (nobody listens on {subject})") from None
     except nats.errors.TimeoutError:
         raise RecorderUnreachable(f"the recorder did not answer within {timeout:.0f} s") from None
     try:
-        reply = SnapshotReply.model_validate_json(msg.data)
+        reply = reply_model.model_validate_json(msg.data)
     except ValidationError as err:
         raise ReadError(f"the recorder sent a reply this client cannot read: {bus.short_error(err)}") from None
     if not reply.ok:
         raise ReadError(reply.error or "refused")
     return reply
+
+
+async def request_snapshot(nc: Client, run_ids: Sequence[str], timeout: float = SNAPSHOT_TIMEOUT_S) -> SnapshotReply:
+    return await _request(nc, SnapshotRequest(run_ids=list(run_ids)), SnapshotReply, timeout)
+
+
+async def request_agents(nc: Client, run_id: str, *, search: str | None = None, offset: int = 0, limit: int = 50,
+                         timeout: float = QUERY_TIMEOUT_S) -> AgentsReply:
+    """A page of the run's agents (ValidationError: a request the recorder would refuse)."""
+    req = AgentsRequest(run_id=run_id, search=search or None, offset=offset, limit=limit)
+    return await _request(nc, req, AgentsReply, timeout)
+
+
+async def request_distribution(nc: Client, run_id: str, round_: int | None = None, bins: int = 30,
+                               timeout: float = QUERY_TIMEOUT_S) -> DistributionReply:
+    """The run's measure in `round_` (None: the last closed round)."""
+    return await _request(nc, DistributionRequest(run_id=run_id, round=round_, bins=bins), DistributionReply, timeout)
 
 
 async def fetch_snapshot(nc: Client, js: JetStreamContext, run_ids: Sequence[str], dest: Path) -> SnapshotReply:

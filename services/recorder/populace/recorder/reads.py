@@ -3,12 +3,19 @@ process can open its DuckDB file, so readers ask it. Reads run on their own curs
 thread; ingestion goes on meanwhile.
 
 - `snapshot`: a consistent copy of some runs' rows, as a DuckDB file put in the `snapshots`
-  object store for the reader to fetch (`populace results`/`report`/`export` on a live run)."""
+  object store for the reader to fetch (`populace results`/`report`/`export` on a live run).
+- `agents`: a page of a run's agents, searched and paged, each round's outcome and raw answer
+  (`populace.analysis.live.agents_page`; the manager's agents table).
+- `distribution`: one round's histogram or options' shares (`round_distribution`).
+
+A refusal (an unknown run, a failed query) is answered with `ok` False and its reason; a
+malformed request is dead-lettered and answered (`malformed`)."""
 
 from __future__ import annotations
 
 import asyncio
 import tempfile
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +23,15 @@ from pathlib import Path
 from faststream.nats import NatsMessage
 
 from populace.core import bus, subjects
-from populace.core.contracts import ReadReply, SnapshotReply, SnapshotRequest
+from populace.core.contracts import (
+    AgentsReply,
+    AgentsRequest,
+    DistributionReply,
+    DistributionRequest,
+    ReadReply,
+    SnapshotReply,
+    SnapshotRequest,
+)
 from populace.core.service import Service
 from populace.recorder.snapshot import write_snapshot
 from populace.recorder.store import Store
@@ -57,10 +72,54 @@ class Reads:
         return bus.encode(SnapshotReply(ok=True, snapshot=name, size=size, runs=found))
 
 
+    async def _query(self, name: str, run: Callable, reply_model, fields: dict) -> bytes:
+        """Run `run(cursor)` (a query of populace.analysis.live) on a cursor of its own in a
+        worker thread, ingestion going on meanwhile; its dict is the reply, an error its refusal."""
+        from populace.analysis.stats import AnalysisError
+
+        def work():
+            cur = self.store.con.cursor()
+            try:
+                return run(cur)
+            finally:
+                cur.close()
+
+        self.in_progress += 1
+        t0 = time.perf_counter()
+        try:
+            found = await asyncio.to_thread(work)
+        except AnalysisError as err:
+            return bus.encode(reply_model(ok=False, error=str(err), **fields))
+        except Exception as err:
+            self.svc.log.error(f"{name}_read_failed", error=f"{type(err).__name__}: {err}", **fields)
+            return bus.encode(reply_model(ok=False, error=f"the recorder could not read {name}: "
+                                                          f"{type(err).__name__}: {err}", **fields))
+        finally:
+            self.in_progress -= 1
+            self.when_done()
+        self.svc.log.debug(f"{name}_read", ms=round((time.perf_counter() - t0) * 1000, 1), **fields)
+        return bus.encode(reply_model(ok=True, **found))
+
+    async def agents(self, req: AgentsRequest, msg: NatsMessage) -> bytes:
+        from populace.analysis.live import agents_page
+
+        return await self._query("agents", lambda cur: agents_page(cur, req.run_id, search=req.search,
+                                                                   offset=req.offset, limit=req.limit),
+                                 AgentsReply, {"run_id": req.run_id})
+
+    async def distribution(self, req: DistributionRequest, msg: NatsMessage) -> bytes:
+        from populace.analysis.live import round_distribution
+
+        return await self._query("distribution", lambda cur: round_distribution(cur, req.run_id, req.round, req.bins),
+                                 DistributionReply, {"run_id": req.run_id})
+
+
 def malformed(reason: str) -> ReadReply:
     return ReadReply(ok=False, error=f"malformed request (dead-lettered): {reason}")
 
 
 def serve_reads(svc: Service, reads: Reads) -> None:
     """Register the read verbs on `svc`."""
-    svc.handle(subjects.recorder_read(SnapshotRequest.VERB), SnapshotRequest, reply_on_error=malformed)(reads.snapshot)
+    for model, handler in ((SnapshotRequest, reads.snapshot), (AgentsRequest, reads.agents),
+                           (DistributionRequest, reads.distribution)):
+        svc.handle(subjects.recorder_read(model.VERB), model, reply_on_error=malformed)(handler)
