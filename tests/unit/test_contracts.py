@@ -112,6 +112,17 @@ INSTANCES: dict[str, BaseModel] = {
     "SnapshotRequest": c.SnapshotRequest(run_ids=["r1", "r2"]),
     "ReadReply": c.ReadReply(ok=False, error="malformed request"),
     "SnapshotReply": c.SnapshotReply(ok=True, snapshot="snapshot-1", size=12288, runs=["r1"]),
+    "AgentsRequest": c.AgentsRequest(run_id="r1", search="teacher chess", offset=50, limit=50),
+    "AgentRound": c.AgentRound(round=2, values={"value": 33.5}, valid=True, raw='{"guess": 33.5}'),
+    "AgentRow": c.AgentRow(agent_id=7, profile="education: master's · age: 38", persona="Maria — a teacher",
+                           rounds=[c.AgentRound(round=1, values={"value": None}, valid=False, error="not a number")]),
+    "AgentsReply": c.AgentsReply(ok=True, run_id="r1", total=1, limit=50, columns=["value"], rounds=[1],
+                                 rounds_total=1, personas=True, agents=[c.AgentRow(agent_id=7)]),
+    "DistributionRequest": c.DistributionRequest(run_id="r1", round=3, bins=20),
+    "DistributionReply": c.DistributionReply(ok=True, run_id="r1", round=3, closed=3, measure="choice",
+                                             kind="categorical", n=10, options=["yes", "no"], counts=[7, 3],
+                                             shares=[0.7, 0.3], leader="yes", leader_share=0.7,
+                                             summary={"leader": "yes"}),
 }
 
 
