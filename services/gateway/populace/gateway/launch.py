@@ -20,6 +20,7 @@ from populace.core.contracts import ReplicaInfo
 from populace.core.natsserver import free_port
 from populace.core.processes import die_with_parent, terminate
 from populace.core.settings import Settings
+from populace.gateway import llamacpp
 
 log = logs.get("populace.replicas")
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -84,7 +85,12 @@ def _spawn(args: list[str], env: dict | None, log_dir: str | None, name: str) ->
 def start_local(count: int = 1, *, threads: int | None = None, ctx: int = 2048,
                 max_concurrency: int = 2, log_dir: str | None = None, prefix: str = "llama",
                 bind: str = "127.0.0.1", advertise: str | None = None) -> ReplicaSet:
-    """`count` llama.cpp servers (llama-cpp-python) on SmolLM2-135M-Instruct."""
+    """`count` llama.cpp servers (llama-cpp-python, installed here on first use) on
+    SmolLM2-135M-Instruct."""
+    try:
+        llamacpp.ensure()
+    except llamacpp.LlamaCppUnavailable as err:
+        raise LaunchError(str(err)) from None
     gguf = smollm2_gguf()
     threads = threads or max(1, (os.cpu_count() or 1) // count)
     rs = ReplicaSet()
