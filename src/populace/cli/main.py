@@ -182,26 +182,15 @@ def _stack_url(nats: str | None, backends: set[str] = frozenset(), replicas: int
 
 
 def _overrides(pairs: list[str] | None) -> dict:
-    """`--set game.ratio=1/2 --set rounds=5` → a nested mapping (values read as YAML scalars)."""
-    import yaml
+    """`--set game.ratio=1/2 --set rounds=5` → a nested mapping (values read as YAML scalars;
+    populace.client.steer.overrides, which the manager's fork form uses too)."""
+    from populace.client.steer import OverrideError, overrides
 
-    out: dict = {}
-    for pair in pairs or []:
-        key, sep, text = pair.partition("=")
-        if not sep or not key.strip():
-            fail(f"--set: {pair!r} is not KEY=VALUE (e.g. --set game.ratio=1/2)")
-        try:
-            value = yaml.safe_load(text) if text.strip() else ""
-        except yaml.YAMLError:
-            value = text
-        node = out
-        parts = key.strip().split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                fail(f"--set: {key} sets inside a value that is not a mapping")
-        node[parts[-1]] = value
-    return out
+    try:
+        return overrides(pairs)
+    except OverrideError as err:
+        fail(str(err))
+    raise AssertionError  # unreachable
 
 
 def _merged(base: dict, extra: dict) -> dict:

@@ -7,47 +7,32 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from nats.js.errors import NotFoundError
-
 from populace.cli import display
-from populace.client.prepare import PreparedRun, prepare_fork
-from populace.client.run import RunOutcome, cancel, follow, play, resume, run_state
+from populace.client.prepare import PreparedRun
+from populace.client.run import RunOutcome, cancel, follow, play, resume
+from populace.client.steer import (  # noqa: F401 (SteerError, last_completed, where: this module's API too)
+    SteerError,
+    cancel_refusal,
+    fork_restore,
+    known_state,
+    last_completed,
+    parent_manifest,
+    prepare_fork_of,
+    where,
+)
 from populace.core import bus, subjects
 from populace.core.contracts import (
     ACTIVE_STATUSES,
     RESUMABLE_STATUSES,
     Budget,
     HostInfo,
-    Restore,
     RunDone,
-    RunStarted,
     RunState,
 )
-from populace.core.scenario import ScenarioError
 
 ACTIVE = ACTIVE_STATUSES
 RESUMABLE = RESUMABLE_STATUSES
-
-
-class SteerError(RuntimeError):
-    """The run cannot be steered that way (the message says why)."""
-
-
-def last_completed(state: RunState) -> int:
-    """The last round whose result is in: while running, `round` is the one in play."""
-    return max(0, state.round - 1) if state.status == "running" else state.round
-
-
-def where(state: RunState) -> str:
-    done = last_completed(state)
-    return f"{done} of {state.config.rounds} rounds completed"
-
-
-async def _state(nc, rid: str) -> RunState:
-    state = await run_state(nc, rid)
-    if state is None:
-        raise SteerError(f"run {rid!r} is not known on this stack (KV '{subjects.RUNS_BUCKET}')")
-    return state
+_state = known_state
 
 
 async def cancel_run(url: str, rid: str, reason: str, wait_s: float = 30.0) -> tuple[RunState, RunDone | None]:
@@ -55,8 +40,9 @@ async def cancel_run(url: str, rid: str, reason: str, wait_s: float = 30.0) -> t
     nc = await bus.connect_or_fail(url, "populace-cli")
     try:
         state = await _state(nc, rid)
-        if state.status not in ACTIVE:
-            raise SteerError(f"run {rid} is {state.status} ({where(state)}): nothing to cancel")
+        refusal = cancel_refusal(state)
+        if refusal:
+            raise SteerError(refusal)
         done: asyncio.Future = asyncio.get_running_loop().create_future()
 
         async def on_done(msg) -> None:
@@ -129,18 +115,6 @@ async def follow_run(url: str, rid: str, show_progress: bool) -> tuple[RunState,
         await nc.close()
 
 
-async def parent_manifest(js, rid: str) -> dict | None:
-    """The manifest the run started with (its RunStarted event, while the stream holds it)."""
-    try:
-        msg = await js.get_last_msg(subjects.RUN_STREAM, subjects.run_started(rid))
-    except NotFoundError:
-        return None
-    try:
-        return RunStarted.model_validate_json(msg.data).manifest
-    except ValueError:
-        return None
-
-
 @dataclass
 class Fork:
     parent: RunState
@@ -152,24 +126,11 @@ async def fork_run(url: str, parent_id: str, after_round: int, changes: dict, sh
                    run_id: str) -> Fork:
     nc = await bus.connect_or_fail(url, "populace-cli")
     try:
-        parent = await _state(nc, parent_id)
-        done = last_completed(parent)
-        if after_round > done:
-            raise SteerError(f"--from-round: run {parent_id} has completed {done} round(s); "
-                             f"fork from 1..{done}" if done else
-                             f"--from-round: run {parent_id} has not completed a round yet")
-        try:
-            prepared = prepare_fork(parent.config, after_round, changes,
-                                    await parent_manifest(nc.jetstream(), parent_id), parent_id)
-        except ScenarioError as err:
-            raise SteerError(str(err)) from None
-        if prepared.config.rounds <= after_round:
-            raise SteerError(f"rounds: the fork continues after round {after_round}, so it needs more "
-                             f"than {after_round} rounds (--set rounds=N)")
+        parent, prepared = await prepare_fork_of(nc, parent_id, after_round, changes)
         with display.RunProgress(prepared.config, enabled=show_progress) as progress:
             outcome = await play(nc, prepared.config, run_id=run_id, manifest=prepared.manifest,
                                  on_event=progress.on_event,
-                                 fork=Restore(run_id=parent_id, round=after_round))
+                                 fork=fork_restore(parent_id, after_round))
         return Fork(parent, prepared, outcome)
     finally:
         await nc.close()

@@ -8,8 +8,9 @@ import re
 import time
 from dataclasses import dataclass, field
 
+from populace.client.steer import cancel_refusal
+from populace.client.steer import last_completed as last_completed  # the CLI's count, re-exported
 from populace.core.contracts import (
-    ACTIVE_STATUSES,
     RESUMABLE_STATUSES,
     NodeInfo,
     ProcessInfo,
@@ -28,14 +29,9 @@ def mb(n: int) -> str:
     return f"{n / 2**20:,.0f} MB"
 
 
-def last_completed(state: RunState) -> int:
-    """The last round whose result is in: while running, `round` is the one in play
-    (as `populace follow`/`cancel` count it)."""
-    return max(0, state.round - 1) if state.status == "running" else state.round
-
-
 def can_cancel(state: RunState) -> bool:
-    return state.status in ACTIVE_STATUSES
+    """Whether `populace cancel` would send the cancel (populace.client.steer.cancel_refusal)."""
+    return cancel_refusal(state) is None
 
 
 def can_resume(state: RunState) -> bool:
@@ -61,13 +57,14 @@ def runs_payload(states: list[RunState], limit: int = MAX_RUNS) -> dict:
     return {"runs": rows[:limit], "total": len(rows), "at": time.time()}
 
 
-def numeric_summary(summary: dict, limit: int = CHART_SERIES) -> dict[str, float]:
-    """The first `limit` numbers of a round's summary (e.g. a ratio game's mean and target)."""
+def numeric_summary(summary: dict, limit: int | None = CHART_SERIES) -> dict[str, float]:
+    """The first `limit` numbers of a round's summary (e.g. a ratio game's mean and target;
+    None: all of them)."""
     out: dict[str, float] = {}
     for key, value in summary.items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             out[key] = float(value)
-            if len(out) >= limit:
+            if limit is not None and len(out) >= limit:
                 break
     return out
 
@@ -76,7 +73,8 @@ def result_row(result: RoundResult) -> dict:
     """A closed round as the run page charts and tabulates it."""
     u = result.usage
     return {"round": result.round, "n": result.n, "n_valid": result.n_valid,
-            "series": numeric_summary(result.summary), "summary": _jsonable(result.summary),
+            "series": numeric_summary(result.summary), "numbers": numeric_summary(result.summary, None),
+            "summary": _jsonable(result.summary),
             "llm_calls": u.llm_calls, "tokens": u.tokens, "prompt_tokens": u.prompt_tokens,
             "completion_tokens": u.completion_tokens, "closed_at": result.closed_at}
 
@@ -178,6 +176,23 @@ def nodes_payload(nodes: list[NodeInfo], now: float | None = None) -> dict:
     now = time.time() if now is None else now
     return {"nodes": [node_row(n, now) for n in sorted(nodes, key=lambda n: n.node_id) if not n.gone(now)],
             "at": now}
+
+
+# --- fork ---------------------------------------------------------------------------------
+def change_lines(text: str) -> list[str]:
+    """The fork form's changes, one `key=value` per line as `populace fork --set` takes them
+    (blank lines and `#` comments skipped)."""
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+
+
+def fork_field(message: str) -> str:
+    """Which field of the fork form a refusal of populace.client.steer names: the round
+    (`--from-round: …`), the run itself (`run …`), else the changes."""
+    if message.startswith("--from-round"):
+        return "after_round"
+    if message.startswith("run "):
+        return ""
+    return "changes"
 
 
 # --- scenario errors ---------------------------------------------------------------------
