@@ -20,13 +20,13 @@ def test_in_the_projects_own_environment_uv_syncs_the_extra_from_the_lock():
 
 def test_elsewhere_uv_pip_or_pip_installs_the_extras_requirement():
     assert llamacpp.install_command(None, "/bin/uv", python="/env/bin/python") == [
-        "/bin/uv", "pip", "install", "--python", "/env/bin/python", llamacpp.REQUIREMENT]
+        "/bin/uv", "pip", "install", "--python", "/env/bin/python", *llamacpp.REQUIREMENTS]
     assert llamacpp.install_command(None, None, python="/env/bin/python")[:3] == ["/env/bin/python", "-m", "pip"]
 
 
 def test_the_extra_and_the_requirement_agree():
     pyproject = (Path(__file__).parents[2] / "pyproject.toml").read_text()
-    assert f'local = ["{llamacpp.REQUIREMENT}"]' in pyproject
+    assert "local = [" + ", ".join(f'"{r}"' for r in llamacpp.REQUIREMENTS) + "]" in pyproject
 
 
 def test_project_root_only_when_its_environment_is_this_one(tmp_path, monkeypatch):

