@@ -216,6 +216,11 @@ def test_deploy_run_watch_cancel_and_clean_up_from_the_browser(fleet, browser):
     page.goto(base + "/replicas")
     _reload_until(page, "tr[data-replica][data-healthy=yes]", 60, "the node's sim replica healthy on the Replicas page")
     assert page.locator("tr[data-replica] td.hit-rate").count() >= 1
+    # live without a reload: the stream's probes refresh the heartbeat age in place
+    page.wait_for_function("() => document.getElementById('live').textContent === 'live'", timeout=30_000)
+    page.evaluate("document.querySelector('tr[data-replica] td.heartbeat').textContent = 'stale'")
+    page.wait_for_function("() => document.querySelector('tr[data-replica] td.heartbeat').textContent.endsWith('s ago')",
+                           timeout=30_000)
     page.screenshot(path=str(shots / "replicas.png"), full_page=True)
 
     # a bad scenario: the CLI's message under the field it names; nothing starts
@@ -240,6 +245,8 @@ def test_deploy_run_watch_cancel_and_clean_up_from_the_browser(fleet, browser):
     assert page.locator("#live").text_content() in ("connecting…", "live")
     page.wait_for_function("() => window.__answers.some(t => /^[≥ ]*[1-9]/.test(t))", timeout=120_000)
     page.screenshot(path=str(shots / "run-live.png"), full_page=True)
+    # the dummy model needs no replica: the run page's replicas line says so (asked of /replicas.json)
+    page.wait_for_function("() => document.getElementById('replicas-line').dataset.replicas === '0'", timeout=30_000)
     page.wait_for_function("() => document.getElementById('chart').dataset.points === '3'", timeout=180_000)
     page.wait_for_function("() => document.getElementById('status').textContent === 'done'", timeout=60_000)
     points = page.evaluate("window.__points")

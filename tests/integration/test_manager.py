@@ -360,11 +360,16 @@ async def test_the_replicas_page_asks_each_replica_for_its_health_and_load(url):
         finally:
             await nc.close()
 
-        def page() -> str:
+        def pages() -> tuple[str, str, dict]:
             with TestClient(create_app(ManagerSettings(nats_url=url))) as c:
-                return c.get("/replicas").text
+                return (c.get("/replicas").text, c.get("/events/replicas?once=1").text,
+                        c.get("/replicas.json?backend=sim").json())
 
-        text = await asyncio.to_thread(page)
+        text, events, summary = await asyncio.to_thread(pages)
         assert '<tr data-replica="sim-mgr" data-healthy="yes">' in text
+        # the page's live update probes again; the run page's line sums the backend's replicas
+        update = json.loads(events.removeprefix("data: ").strip())
+        assert [(r["replica_id"], r["healthy"]) for r in update["replicas"]] == [("sim-mgr", True)]
+        assert (summary["backend"], summary["replicas"], summary["healthy"]) == ("sim", 1, 1)
     finally:
         await srv.stop()

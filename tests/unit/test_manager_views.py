@@ -267,6 +267,29 @@ def test_a_replicas_metrics_give_its_load_and_prefix_cache_hit_rate():
     assert views.replica_row(info, False, None)["metrics"] is False
 
 
+def test_the_replicas_of_a_backend_in_one_line_weigh_hit_rates_by_queries():
+    from populace.core.contracts import ReplicaInfo
+
+    def row(rid: str, backend: str, healthy: bool, metrics: str | None) -> dict:
+        info = ReplicaInfo(replica_id=rid, url="http://127.0.0.1:1", backend=backend, kind="sim", model="sim",
+                           heartbeat_at=1.0)
+        return views.replica_row(info, healthy, views.parse_metrics(metrics) if metrics else None, now=2.0)
+
+    rows = [row("a", "sim", True, "vllm:num_requests_running 2\nvllm:prefix_cache_queries_total 900\n"
+                                  "vllm:prefix_cache_hits_total 900\n"),
+            row("b", "sim", True, "vllm:num_requests_waiting 5\nvllm:prefix_cache_queries_total 100\n"
+                                  "vllm:prefix_cache_hits_total 0\n"),
+            row("c", "sim", False, None),
+            row("d", "local", True, "llamacpp:requests_processing 1\n")]
+    sim = views.replicas_summary(rows, "sim")
+    assert (sim["replicas"], sim["healthy"], sim["running"], sim["waiting"]) == (3, 2, 2, 5)
+    assert sim["prefix_hit_rate"] == 0.9  # 900 of 1,000 queries, not the mean of 100 % and 0 %
+    local = views.replicas_summary(rows, "local")
+    assert (local["replicas"], local["running"], local["prefix_hit_rate"]) == (1, 1, None)
+    assert views.replicas_summary(rows, "openai")["replicas"] == 0
+    assert views.replicas_summary(rows)["replicas"] == 4
+
+
 def test_a_form_post_from_another_site_is_told_apart_from_ours():
     from starlette.requests import Request
 

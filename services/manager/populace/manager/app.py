@@ -385,13 +385,16 @@ def create_app(settings: ManagerSettings) -> Starlette:
                                          f"{p.config.agents:,} agents × {p.config.rounds} rounds")
 
     async def replicas_page(request: Request) -> Response:
-        try:
-            entries = await bus.registry_entries(nc_of(request).jetstream(), subjects.REPLICAS_BUCKET, ReplicaInfo)
-        except BucketNotFoundError:
-            entries = []
-        probed = await probe_replicas(sorted(entries, key=lambda r: r.replica_id))
-        now = time.time()
-        return page(request, "replicas.html", replicas=[views.replica_row(i, ok, m, now) for i, ok, m in probed])
+        return page(request, "replicas.html", replicas=await replica_rows(nc_of(request)))
+
+    async def replicas_events(request: Request) -> Response:
+        once = request.query_params.get("once") == "1"
+        return _sse(_replicas_stream(nc_of(request), max(settings.sample_s, REPLICAS_SAMPLE_S), once))
+
+    async def replicas_json(request: Request) -> Response:
+        """The replicas of one backend (`?backend=`) in one line, for a run's page."""
+        backend = request.query_params.get("backend") or None
+        return JSONResponse(views.replicas_summary(await replica_rows(nc_of(request)), backend))
 
     async def healthz(request: Request) -> Response:
         nc = nc_of(request)
@@ -414,7 +417,8 @@ def create_app(settings: ManagerSettings) -> Starlette:
         Route("/runs/{run}/fork", run_fork, methods=["POST"]),
         Route("/runs/{run}/agents.json", run_agents), Route("/runs/{run}/distribution.json", run_distribution),
         Route("/start", start_page), Route("/start", start_submit, methods=["POST"]),
-        Route("/replicas", replicas_page),
+        Route("/replicas", replicas_page), Route("/events/replicas", replicas_events),
+        Route("/replicas.json", replicas_json),
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.add_middleware(TokenAccess, token=settings.token)
@@ -500,6 +504,31 @@ def _registry_ttl() -> float:
 
 
 PROBE_TIMEOUT_S = 2.0
+
+
+# Replicas are probed over HTTP (health, /metrics) while a page that shows them is open: not
+# more often than this, whatever the manager's sample_s (the gateways poll them to route).
+REPLICAS_SAMPLE_S = 2.0
+
+
+async def replica_rows(nc) -> list[dict]:
+    """Every replica in KV `replicas` as the replicas page shows it, probed now."""
+    try:
+        entries = await bus.registry_entries(nc.jetstream(), subjects.REPLICAS_BUCKET, ReplicaInfo)
+    except BucketNotFoundError:
+        entries = []
+    probed = await probe_replicas(sorted(entries, key=lambda r: r.replica_id))
+    now = time.time()
+    return [views.replica_row(i, ok, m, now) for i, ok, m in probed]
+
+
+async def _replicas_stream(nc, every_s: float, once: bool) -> AsyncIterator[bytes]:
+    """The replicas page's live update: every replica probed every `every_s` seconds."""
+    while True:
+        yield views.sse({"replicas": await replica_rows(nc)})
+        if once:
+            return
+        await asyncio.sleep(every_s)
 
 
 async def probe_replicas(entries: list[ReplicaInfo]) -> list[tuple[ReplicaInfo, bool | None, dict | None]]:

@@ -267,4 +267,17 @@ def replica_row(info: ReplicaInfo, healthy: bool | None, metrics: dict[str, floa
             "url": info.url, "max_concurrency": info.max_concurrency, "pid": info.pid, "healthy": healthy,
             "heartbeat_age_s": round((now if now is not None else time.time()) - info.heartbeat_at, 1),
             "running": first(RUNNING), "waiting": first(WAITING), "kv_cache": m.get(KV_USAGE),
-            "prefix_hit_rate": hit_rate, "metrics": metrics is not None}
+            "prefix_hit_rate": hit_rate, "prefix_hits": m.get(PREFIX_HITS), "prefix_queries": queries,
+            "metrics": metrics is not None}
+
+
+def replicas_summary(rows: list[dict], backend: str | None = None) -> dict:
+    """The replicas serving one backend (all: None) in one line: how many, how many healthy,
+    requests running and waiting, and the prefix-cache hit rate over all of them (hits over
+    queries summed, so a busy replica weighs more; None where no replica counts them)."""
+    mine = [r for r in rows if backend is None or r["backend"] == backend]
+    counted = [r for r in mine if r["prefix_queries"]]
+    queries = sum(r["prefix_queries"] for r in counted)
+    return {"backend": backend, "replicas": len(mine), "healthy": sum(1 for r in mine if r["healthy"]),
+            "running": sum(r["running"] or 0 for r in mine), "waiting": sum(r["waiting"] or 0 for r in mine),
+            "prefix_hit_rate": sum(r["prefix_hits"] or 0 for r in counted) / queries if queries else None}
