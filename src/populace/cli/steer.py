@@ -18,20 +18,18 @@ from populace.client.steer import (  # noqa: F401 (SteerError, last_completed, w
     last_completed,
     parent_manifest,
     prepare_fork_of,
+    resume_refusal,
     where,
 )
 from populace.core import bus, subjects
 from populace.core.contracts import (
     ACTIVE_STATUSES,
-    RESUMABLE_STATUSES,
     Budget,
-    HostInfo,
     RunDone,
     RunState,
 )
 
 ACTIVE = ACTIVE_STATUSES
-RESUMABLE = RESUMABLE_STATUSES
 _state = known_state
 
 
@@ -64,14 +62,6 @@ async def cancel_run(url: str, rid: str, reason: str, wait_s: float = 30.0) -> t
         await nc.close()
 
 
-async def _hosts_up(nc) -> int:
-    from populace.core.settings import Settings
-
-    hosts = await bus.registry_entries(nc.jetstream(), subjects.HOSTS_BUCKET, HostInfo,
-                                       fresh_within_s=Settings().registry_ttl_s)
-    return len(hosts)
-
-
 def raised_budget(state: RunState, tokens: int | None, calls: int | None) -> Budget | None:
     """The run's budget with the limits given on the command line replaced (None: unchanged)."""
     if tokens is None and calls is None:
@@ -86,14 +76,8 @@ async def resume_run(url: str, rid: str, show_progress: bool, budget_tokens: int
     nc = await bus.connect_or_fail(url, "populace-cli")
     try:
         state = await _state(nc, rid)
-        if state.status not in RESUMABLE:
-            hint = " (`populace follow` shows it)" if state.status in ACTIVE else ""
-            raise SteerError(f"run {rid} is {state.status}{hint}: only a failed, cancelled or paused run resumes")
-        if state.round >= state.config.rounds:
-            raise SteerError(f"run {rid} has played all {state.config.rounds} rounds: nothing to resume "
-                             f"(`populace fork {rid} --from-round {state.round} --set rounds=N` plays more)")
-        if not await _hosts_up(nc):
-            raise SteerError("no agent-host is up on this stack: start one (`populace up`), then resume")
+        if why := await resume_refusal(nc, state):
+            raise SteerError(why)
         budget = raised_budget(state, budget_tokens, budget_calls)
         with display.RunProgress(state.config, enabled=show_progress) as progress:
             outcome = await resume(nc, rid, on_event=progress.on_event, budget=budget)

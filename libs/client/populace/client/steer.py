@@ -1,8 +1,9 @@
 """What steering a run checks before it asks anything of the stack, shared by the CLI
-(`populace cancel|fork`, populace.cli.steer) and the manager's run page, so both refuse the
+(`populace cancel|resume|fork`, populace.cli.steer) and the manager's run page, so both refuse the
 same things with the same words.
 
     cancel_refusal(state)                   # None, or why `populace cancel` would refuse
+    await resume_refusal(nc, state)         # None, or why `populace resume` would refuse
     changes = overrides(["game.ratio=1/2"])  # `--set` pairs → a nested mapping (OverrideError)
     parent, prepared = await prepare_fork_of(nc, "run-1", 2, changes)   # SteerError: why not
     await submit_fork(nc, "run-1", 2, prepared, run_id)                 # published, not followed
@@ -17,8 +18,15 @@ from nats.js.errors import NotFoundError
 
 from populace.client.prepare import PreparedRun, prepare_fork
 from populace.client.run import run_state, submit
-from populace.core import subjects
-from populace.core.contracts import ACTIVE_STATUSES, Restore, RunStarted, RunState
+from populace.core import bus, subjects
+from populace.core.contracts import (
+    ACTIVE_STATUSES,
+    RESUMABLE_STATUSES,
+    HostInfo,
+    Restore,
+    RunStarted,
+    RunState,
+)
 from populace.core.scenario import ScenarioError
 
 
@@ -44,6 +52,30 @@ def cancel_refusal(state: RunState) -> str | None:
     if state.status in ACTIVE_STATUSES:
         return None
     return f"run {state.run_id} is {state.status} ({where(state)}): nothing to cancel"
+
+
+async def hosts_up(nc: Client) -> int:
+    """Agent-hosts registered on the stack (fresh entries of KV `hosts`)."""
+    from populace.core.settings import Settings
+
+    hosts = await bus.registry_entries(nc.jetstream(), subjects.HOSTS_BUCKET, HostInfo,
+                                       fresh_within_s=Settings().registry_ttl_s)
+    return len(hosts)
+
+
+async def resume_refusal(nc: Client, state: RunState, start_hosts: str = "`populace up`") -> str | None:
+    """Why `populace resume` would refuse the run now (None: it may resume). `start_hosts`: how
+    the reader starts an agent-host (the CLI's command, the manager's page)."""
+    rid = state.run_id
+    if state.status not in RESUMABLE_STATUSES:
+        hint = " (`populace follow` shows it)" if state.status in ACTIVE_STATUSES else ""
+        return f"run {rid} is {state.status}{hint}: only a failed, cancelled or paused run resumes"
+    if state.round >= state.config.rounds:
+        return (f"run {rid} has played all {state.config.rounds} rounds: nothing to resume "
+                f"(`populace fork {rid} --from-round {state.round} --set rounds=N` plays more)")
+    if not await hosts_up(nc):
+        return f"no agent-host is up on this stack: start one ({start_hosts}), then resume"
+    return None
 
 
 def overrides(pairs: Iterable[str] | None) -> dict:

@@ -55,12 +55,12 @@ from populace.client.steer import (
     cancel_refusal,
     overrides,
     prepare_fork_of,
+    resume_refusal,
     submit_fork,
 )
 from populace.core import bus, subjects
 from populace.core.contracts import (
     Cleanup,
-    HostInfo,
     NodeInfo,
     ProcessSpec,
     ReplicaInfo,
@@ -340,7 +340,7 @@ def create_app(settings: ManagerSettings) -> Starlette:
         state = await run_state(nc, rid) if subjects.valid_token(rid) else None
         if state is None:
             return _back(f"/runs/{rid}", error=f"run {rid!r} is not known on this stack")
-        refusal = await resume_refusal(nc, state)
+        refusal = await resume_refusal(nc, state, start_hosts="Nodes")
         if refusal:
             return _back(f"/runs/{rid}", error=refusal)
         await request_resume(nc, rid)
@@ -481,26 +481,6 @@ async def run_state(nc, rid: str) -> RunState | None:
         return await client_run_state(nc, rid)
     except BucketNotFoundError:
         return None
-
-
-async def resume_refusal(nc, state: RunState) -> str | None:
-    """Why `populace resume` would refuse this run now (None: it may resume)."""
-    rid = state.run_id
-    if state.status not in views.RESUMABLE_STATUSES:
-        return f"run {rid} is {state.status}: only a failed, cancelled or paused run resumes"
-    if state.round >= state.config.rounds:
-        return f"run {rid} has played all {state.config.rounds} rounds: nothing to resume"
-    hosts = await bus.registry_entries(nc.jetstream(), subjects.HOSTS_BUCKET, HostInfo,
-                                       fresh_within_s=_registry_ttl())
-    if not hosts:
-        return "no agent-host is up on this stack: start one (Nodes), then resume"
-    return None
-
-
-def _registry_ttl() -> float:
-    from populace.core.settings import Settings
-
-    return Settings().registry_ttl_s
 
 
 PROBE_TIMEOUT_S = 2.0
