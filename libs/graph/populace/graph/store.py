@@ -1,0 +1,47 @@
+"""A graph on the bus: stored once in the `graphs` object store under the sha256 of its
+canonical bytes (:mod:`populace.graph.serial`), read back and checked by every reader — the
+way personas are (populace.core.objects).
+
+The bucket is created here when missing. Wiring it into ``bus.provision`` (and its name into
+``populace.core.subjects``, with the per-service NATS grants) belongs with the services.
+"""
+
+from __future__ import annotations
+
+from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError, ObjectNotFoundError
+
+from populace.core.bus import ensure_object_store, until_ready
+from populace.graph.config import GraphError
+from populace.graph.csr import Graph
+from populace.graph.serial import digest, dumps, loads
+
+__all__ = ["GRAPHS_BUCKET", "get_graph", "put_graph"]
+
+GRAPHS_BUCKET = "graphs"
+
+
+async def put_graph(js: JetStreamContext, graph: Graph | bytes) -> str:
+    """Store a graph (once: an identical one is already there) and return its digest."""
+    data = graph if isinstance(graph, bytes) else dumps(graph)
+    key = digest(data)
+    store = await until_ready(lambda: ensure_object_store(js, GRAPHS_BUCKET), f"object store {GRAPHS_BUCKET}")
+    try:
+        info = await store.get_info(key)
+        if info.size == len(data) and not info.deleted:
+            return key
+    except (NotFoundError, ObjectNotFoundError):
+        pass
+    await until_ready(lambda: store.put(key, data), f"upload graph {key[:12]}")
+    return key
+
+
+async def get_graph(js: JetStreamContext, key: str) -> Graph:
+    """The graph stored under `key`, its bytes checked against the digest."""
+    try:
+        store = await js.object_store(GRAPHS_BUCKET)
+        result = await until_ready(lambda: store.get(key), f"graph {key[:12]}")
+    except (NotFoundError, ObjectNotFoundError):
+        raise GraphError(f"graph {key} is not in the object store '{GRAPHS_BUCKET}' "
+                         "(uploaded to another NATS?)") from None
+    return loads(result.data or b"", expect_digest=key)
