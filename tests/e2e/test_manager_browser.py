@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -42,6 +40,7 @@ from populace.client.stack import Stack
 from populace.core import bus, subjects
 from populace.core.contracts import HostInfo
 from populace.core.natsserver import free_port
+from populace.core.processes import terminate
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -49,19 +48,6 @@ IN_FLIGHT = 100
 # hosts tick progress once per outcome batch: batches of 100 make the counter move every wave
 SLOW = {"POPULACE_MAX_IN_FLIGHT": str(IN_FLIGHT), "POPULACE_OUTCOME_BATCH_SIZE": str(IN_FLIGHT)}
 
-
-
-def _end(proc: subprocess.Popen, grace: float = 10.0) -> None:
-    """SIGTERM, then SIGKILL after `grace`: by PID, this test's own process only."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(10)
 
 
 def _alive(pid: int) -> bool:
@@ -153,7 +139,7 @@ def fleet(tmp_path_factory, chromium):
         yield base, nodes, stack.url, shots
     finally:
         for p in reversed(procs):
-            _end(p)
+            terminate(p)
         stack.stop()
 
 

@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -36,6 +35,7 @@ from populace.client.stack import Stack
 from populace.core import bus
 from populace.core.contracts import RunConfig
 from populace.core.natsserver import free_port
+from populace.core.processes import terminate
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -45,18 +45,6 @@ ROUNDS = 6
 CONFIG = {"rounds": ROUNDS, "seed": 4, "population": {"personas": "personas/education-50.jsonl"},
           "model": {"latency_s": 0.5, "seed": 6}}
 SLOW = {"POPULACE_MAX_IN_FLIGHT": "5", "POPULACE_OUTCOME_BATCH_SIZE": "5"}
-
-
-def _end(proc: subprocess.Popen, grace: float = 10.0) -> None:
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(10)
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +76,7 @@ def site(tmp_path_factory, chromium):
         yield base, stack.url, tmp
     finally:
         if manager is not None:
-            _end(manager)
+            terminate(manager)
         stack.stop()
 
 
