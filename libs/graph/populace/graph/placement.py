@@ -104,8 +104,13 @@ def place_graph(graph: Graph, capacities: dict[str, int], *, imbalance: float = 
                 seed: int = 0) -> GraphPlacement:
     """Assign agents to hosts so most edges are host-local. Each host's count is within
     `imbalance` of its share in `place` (proportional to free capacity) and never above
-    its capacity. Deterministic for a seed. Weights are ignored (every edge counts one)."""
-    import pymetis
+    its capacity. Deterministic for a seed. Weights are ignored (every edge counts one).
+    Without pymetis (no wheel for this platform) the contiguous ranges are kept, method
+    "contiguous (pymetis is not installed)"."""
+    try:
+        import pymetis
+    except ImportError:
+        pymetis = None
 
     n = graph.n
     shares = place(n, _hosts(capacities))  # exact shares, the same as contiguous placement
@@ -118,6 +123,11 @@ def place_graph(graph: Graph, capacities: dict[str, int], *, imbalance: float = 
         raise PlacementError("a host's capacity is below its share")
     if len(hosts) == 1:
         part = np.zeros(n, dtype=np.int32)
+    elif pymetis is None:
+        _, contiguous = contiguous_parts(n, capacities)
+        order, ranges = ranges_of(hosts, contiguous)
+        return GraphPlacement(hosts=hosts, part=contiguous, order=order, ranges=ranges,
+                              method="contiguous (pymetis is not installed)")
     else:
         xadj, adjncy = _symmetric(graph)
         opts = pymetis.Options(seed=int(seed) % 2**31, ufactor=max(1, int(imbalance * 1000) - 5))
