@@ -3,8 +3,9 @@
 1. Added latency: one prompt at a time, straight to a zero-latency simulated replica over
    HTTP vs. through NATS and the gateway process to the same replica (p50/p99 difference).
 2. Routed requests per second of one gateway dispatcher against a zero-latency backend
-   (httpx's MockTransport: no server, so the figure is the gateway's own cost), and the same
-   through the gateway process to a zero-latency simulated replica over HTTP.
+   (a canned answer, no HTTP: the figure is the gateway's own cost), and the same through
+   NATS, the gateway process and real HTTP to a zero-latency simulated replica in its own
+   process, with the gateway's HTTP client (aiohttp) and the one before it (httpx) in turn.
 3. Prefix-cache hit rate and throughput of prefix-affinity vs. round-robin on 4 simulated
    vLLM replicas: 128 long persona prefixes (~100 KV blocks each), requests interleaved across
    them; one replica's cache holds ~34 personas, the four together all of them. For scale, the
@@ -35,6 +36,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 import httpx
+from nats.errors import NoRespondersError
 
 # The bench measures the gateway on the paper's game (its prompts and answer schema).
 from populace_ratio_game.params import GameConfig
@@ -47,6 +49,7 @@ from populace.core.natsserver import EmbeddedNats
 from populace.core.settings import Settings
 from populace.gateway.dispatcher import Dispatcher
 from populace.gateway.launch import ReplicaSet, register_forever, start_local, start_sim, wait_healthy
+from populace.gateway.openai_api import ChatClient
 from populace.gateway.replicas import ReplicaPool
 from populace.gateway.routing import make_router
 from populace.gateway.sim import SimConfig, SimModel
@@ -68,7 +71,9 @@ class GatewayBenchResult:
     gateway_p50_ms: float
     gateway_p99_ms: float
     routed_rps: float  # one dispatcher, zero-latency mock transport, 4 replicas
-    routed_rps_e2e: float  # NATS + gateway process + HTTP to a zero-latency simulated replica
+    routed_rps_e2e: float  # NATS + gateway process + HTTP to a zero-latency simulated replica (median)
+    routed_rps_e2e_httpx: float  # the same with the gateway's previous HTTP client, same run (median)
+    e2e_speedup: float  # median of aiohttp / httpx, pair by pair
     prefix_hit_rate: float
     round_robin_hit_rate: float
     hit_rate_ratio: float
@@ -95,7 +100,9 @@ class GatewayBenchResult:
             ("added latency p50 (gateway − direct)", f(self.added_latency_p50_ms, " ms"), "≤ 2 ms"),
             ("added latency p99", f(self.added_latency_p99_ms, " ms"), ""),
             ("routed requests/s, one dispatcher (mock backend)", f(self.routed_rps), "≥ 5,000"),
-            ("routed requests/s, NATS + gateway + HTTP sim", f(self.routed_rps_e2e), ""),
+            ("routed requests/s, NATS + gateway + HTTP sim", f(self.routed_rps_e2e), "≥ 1,500"),
+            ("  the same, previous HTTP client (httpx), same run", f(self.routed_rps_e2e_httpx), ""),
+            ("  speed-up, pair by pair (median)", f(self.e2e_speedup, "×"), "≥ 2×"),
             ("prefix-cache hit rate, prefix-affinity", f(self.prefix_hit_rate), ""),
             ("prefix-cache hit rate, round-robin", f(self.round_robin_hit_rate), ""),
             ("hit-rate ratio", f(self.hit_rate_ratio, "×"), "≥ 3.5×"),
@@ -142,12 +149,19 @@ def pool_of(http: httpx.AsyncClient, infos: list[ReplicaInfo]) -> ReplicaPool:
 
 
 # -- 2. routed requests per second, mock transport -----------------------------------
+class CannedPoster:
+    """A replica that answers every call at once, with no HTTP at all: what is left is the
+    gateway's own cost (routing, slots, the call's JSON both ways, checking the answer)."""
+
+    async def post(self, url: str, body: bytes, headers: dict, timeout: float) -> tuple[int, bytes]:
+        return 200, CANNED
+
+
 async def routed_rps_mock(total: int = 20_000, batch_size: int = 1000) -> float:
-    transport = httpx.MockTransport(lambda request: httpx.Response(200, content=CANNED))
-    async with httpx.AsyncClient(transport=transport) as http:
+    async with httpx.AsyncClient() as http:
         infos = [ReplicaInfo(replica_id=f"mock-{i}", url=f"http://mock-{i}", backend="sim", kind="sim",
                              model="mock", max_concurrency=10_000, heartbeat_at=time.time()) for i in range(4)]
-        d = Dispatcher(pool_of(http, infos), make_router("prefix-affinity"), http, settings())
+        d = Dispatcher(pool_of(http, infos), make_router("prefix-affinity"), CannedPoster(), settings())
         prompts = [f"You are player {k}. Report your number." for k in range(batch_size)]
         await d.serve(batch(SYSTEM, prompts[:50]))  # warm-up
         t0 = time.perf_counter()
@@ -190,8 +204,9 @@ async def routing_run(router: str, sim_args: list[str], work: list[tuple[str, li
     rs = start_sim(4, extra_args=sim_args, max_concurrency=64, log_dir=log_dir, prefix=f"sim-{router}")
     try:
         await wait_healthy(rs)
-        async with httpx.AsyncClient(limits=httpx.Limits(max_connections=512)) as http:
-            d = Dispatcher(pool_of(http, [r.info for r in rs.replicas]), make_router(router), http, settings())
+        chat = ChatClient(512)
+        async with httpx.AsyncClient() as http:
+            d = Dispatcher(pool_of(http, [r.info for r in rs.replicas]), make_router(router), chat, settings())
             counts: Counter[str] = Counter()
 
             async def run(queue: list[tuple[int, tuple[str, list[str]]]]) -> None:
@@ -212,6 +227,7 @@ async def routing_run(router: str, sim_args: list[str], work: list[tuple[str, li
             await run(list(enumerate(work))[half:])
             dt += time.perf_counter() - t0
             hits, queries = await sim_metrics(http, rs)
+            await chat.aclose()
     finally:
         rs.stop()
     n = sum(len(p) for _, p in work)
@@ -266,20 +282,17 @@ def routing_ceiling(work: list[tuple[str, list[str]]], sim_args: list[str], repl
 
 
 # -- 1./2. through the gateway process ------------------------------------------------
-async def gateway_latency(log_dir: str, n: int = 300) -> dict:
+async def gateway_latency(log_dir: str, n: int = 300, pairs: int = 3) -> dict:
     with EmbeddedNats() as ns:
         env = {**os.environ, "POPULACE_NATS_URL": ns.url, "POPULACE_STORAGE": "memory",
                "POPULACE_PARENT_PID": str(os.getpid()), "POPULACE_LOG_LEVEL": "WARNING"}
-        # started once before the measurement: blocking here costs nothing measured
-        with open(f"{log_dir}/gateway.log", "wb") as log:  # noqa: ASYNC230 — the child keeps its copy
-            gw = subprocess.Popen([sys.executable, "-m", "populace.cli", "service", "gateway"], env=env,  # noqa: ASYNC220
-                                  stdout=subprocess.DEVNULL, stderr=log)
+        gw = start_gateway(env, log_dir, "aiohttp")
         rs = start_sim(1, extra_args=["--time-scale", "0"], max_concurrency=256, log_dir=log_dir, prefix="lat")
         nc = await bus.connect(ns.url, "bench-gateway")
         try:
             await wait_healthy(rs)
             registrar = asyncio.create_task(register_forever(ns.url, rs, every_s=1.0))
-            await wait_for_gateway(nc)
+            await wait_for_gateway(nc, gw.pid)
             url = rs.replicas[0].info.url
             body = {"model": "sim", "messages": [{"role": "system", "content": SYSTEM},
                                                  {"role": "user", "content": "You are player 1. Report your number."}],
@@ -289,10 +302,15 @@ async def gateway_latency(log_dir: str, n: int = 300) -> dict:
             direct, via = [], []
             # Alternate direct and gateway calls, so the VM's drifting speed (run-to-run p50s
             # of one path vary 2x here) hits both samples alike.
-            async with httpx.AsyncClient() as http:
+            # The direct calls use the gateway's own HTTP client, so the difference is NATS and
+            # the gateway's work, not one client against another.
+            http = ChatClient(1)
+            try:
                 for i in range(n + 20):
                     t0 = time.perf_counter()
-                    (await http.post(url + "/v1/chat/completions", json=body)).raise_for_status()
+                    status, _ = await http.post(url + "/v1/chat/completions", json.dumps(body).encode(),
+                                                {"Content-Type": "application/json"}, 30.0)
+                    assert status == 200, status
                     t1 = time.perf_counter()
                     msg = await nc.request(subjects.LLM_INFER, one, timeout=30)
                     t2 = time.perf_counter()
@@ -301,29 +319,73 @@ async def gateway_latency(log_dir: str, n: int = 300) -> dict:
                     if i >= 20:
                         direct.append((t1 - t0) * 1000)
                         via.append((t2 - t1) * 1000)
-            # throughput through the process: 10 batches of 1,000 prompts at once
-            prompts = [f"You are player {k}. Report your number." for k in range(1000)]
-            t0 = time.perf_counter()
-            msgs = await asyncio.gather(*(nc.request(subjects.LLM_INFER, bus.encode(
-                batch(SYSTEM, prompts, batch_id=f"t{i}")), timeout=120) for i in range(10)))
-            e2e_rps = 10_000 / (time.perf_counter() - t0)
-            assert all(InferReply.model_validate_json(m.data).error is None for m in msgs)
+            finally:
+                await http.aclose()
+            stop_gateway(gw)
+            # Throughput through the process: 10 batches of 1,000 prompts at once, on a fresh
+            # gateway with each HTTP client in turn (aiohttp, then httpx, the client before it),
+            # `pairs` times, so the VM's drift hits both alike.
+            e2e: dict[str, list[float]] = {"aiohttp": [], "httpx": []}
+            for pair in range(pairs):
+                for client in e2e:
+                    gw = start_gateway(env, log_dir, client)
+                    await wait_for_gateway(nc, gw.pid)
+                    e2e[client].append(await e2e_throughput(nc, f"{client}{pair}"))
+                    stop_gateway(gw)
             registrar.cancel()
         finally:
             await nc.close()
             rs.stop()
-            gw.terminate()
-            gw.wait(15)
-    return {"direct": direct, "via": via, "e2e_rps": e2e_rps}
+            stop_gateway(gw)
+    return {"direct": direct, "via": via, "e2e": e2e,
+            "e2e_ratios": [a / b for a, b in zip(e2e["aiohttp"], e2e["httpx"], strict=True)]}
 
 
-async def wait_for_gateway(nc, timeout: float = 60.0) -> None:
+def start_gateway(env: dict, log_dir: str, client: str) -> subprocess.Popen:
+    # started before a measurement: blocking here costs nothing measured
+    with open(f"{log_dir}/gateway-{client}.log", "ab") as log:  # the child keeps its copy
+        return subprocess.Popen([sys.executable, "-m", "populace.cli", "service", "gateway"],
+                                env={**env, "POPULACE_GATEWAY_HTTP_CLIENT": client},
+                                stdout=subprocess.DEVNULL, stderr=log)
+
+
+def stop_gateway(gw: subprocess.Popen) -> None:
+    gw.terminate()
+    gw.wait(15)
+
+
+async def e2e_throughput(nc, tag: str, batches: int = 10, size: int = 1000) -> float:
+    """Requests per second of `batches` batches of `size` prompts sent at once through NATS,
+    the gateway process and HTTP to the replica (after a warm-up of 50 one-prompt batches)."""
+    one = bus.encode(batch(SYSTEM, ["You are player 1. Report your number."]))
+    deadline = time.monotonic() + 30
+    for _ in range(50):
+        while True:
+            try:
+                await nc.request(subjects.LLM_INFER, one, timeout=30)
+                break
+            except NoRespondersError:  # registered a moment before it subscribed
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.05)
+    prompts = [f"You are player {k}. Report your number." for k in range(size)]
+    t0 = time.perf_counter()
+    msgs = await asyncio.gather(*(nc.request(subjects.LLM_INFER, bus.encode(
+        batch(SYSTEM, prompts, batch_id=f"t{tag}-{i}")), timeout=300) for i in range(batches)))
+    rps = batches * size / (time.perf_counter() - t0)
+    for m in msgs:
+        reply = InferReply.model_validate_json(m.data)
+        assert reply.error is None and all(reply.valid), reply.error
+    return rps
+
+
+async def wait_for_gateway(nc, pid: int, timeout: float = 60.0) -> None:
     js = nc.jetstream()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             services = await bus.registry_entries(js, subjects.SERVICES_BUCKET, ServiceInfo)
-            if any(s.service == "gateway" for s in services):
+            if any(s.service == "gateway" and s.pid == pid for s in services):
                 return
         except Exception:
             pass
@@ -404,13 +466,15 @@ def run_gateway_bench(llm: bool = True, quiet: bool = False) -> GatewayBenchResu
     d50, d99, v50, v99 = pct(lat["direct"], .5), pct(lat["direct"], .99), pct(lat["via"], .5), pct(lat["via"], .99)
     return GatewayBenchResult(
         added_latency_p50_ms=v50 - d50, added_latency_p99_ms=v99 - d99, direct_p50_ms=d50, direct_p99_ms=d99,
-        gateway_p50_ms=v50, gateway_p99_ms=v99, routed_rps=rps, routed_rps_e2e=lat["e2e_rps"],
+        gateway_p50_ms=v50, gateway_p99_ms=v99, routed_rps=rps, routed_rps_e2e=statistics.median(lat["e2e"]["aiohttp"]),
+        routed_rps_e2e_httpx=statistics.median(lat["e2e"]["httpx"]), e2e_speedup=statistics.median(lat["e2e_ratios"]),
         prefix_hit_rate=pa["hit_rate"], round_robin_hit_rate=rr["hit_rate"],
         hit_rate_ratio=pa["hit_rate"] / rr["hit_rate"] if rr["hit_rate"] else float("inf"),
         prefix_rps=pa["rps"], round_robin_rps=rr["rps"], max_share_over_mean=share["max_share_over_mean"],
         tokens_one_call=tokens and tokens["one"], tokens_two_calls=tokens and tokens["two"],
         valid_one_call=tokens and tokens["valid_one"], valid_two_calls=tokens and tokens["valid_two"],
-        details={"prefix_affinity": pa, "round_robin": rr, "ceiling": ceiling, "shared_prefix": share,
+        details={"e2e_rps": lat["e2e"], "e2e_ratios": lat["e2e_ratios"],
+                 "prefix_affinity": pa, "round_robin": rr, "ceiling": ceiling, "shared_prefix": share,
                  "logs": log_dir},
         machine={"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
     )

@@ -21,6 +21,7 @@ from populace.core.telemetry import tracer
 from populace.gateway.backends import Backend
 from populace.gateway.backends.dummy import DummyBackend
 from populace.gateway.dispatcher import Dispatcher
+from populace.gateway.openai_api import ChatClient, HttpxPoster
 from populace.gateway.replicas import ReplicaPool
 from populace.gateway.routing import make_router
 
@@ -37,19 +38,20 @@ class Gateway:
         self.dummy = DummyBackend()
         self.replicas: Dispatcher | None = None
         self.pool: ReplicaPool | None = None
-        self.http: httpx.AsyncClient | None = None
+        self.http: httpx.AsyncClient | None = None  # health and load probes
+        self.chat: ChatClient | HttpxPoster | None = None  # the calls themselves (ChatClient says why two)
         self.stats = {"batches": 0, "prompts": 0, "errors": 0}
         self.recording: set[asyncio.Task] = set()
         self.ready = asyncio.Event()  # set once the replica pool is up
 
     async def start(self) -> None:
         s = self.svc.settings
-        self.http = httpx.AsyncClient(limits=httpx.Limits(max_connections=s.gateway_http_connections,
-                                                          max_keepalive_connections=s.gateway_http_connections))
+        self.http = httpx.AsyncClient()
+        self.chat = (ChatClient if s.gateway_http_client == "aiohttp" else HttpxPoster)(s.gateway_http_connections)
         self.pool = ReplicaPool(self.svc.js, self.http, static=s.replicas, ttl_s=s.registry_ttl_s,
                                 poll_s=s.gateway_poll_s)
         await self.pool.start()
-        self.replicas = Dispatcher(self.pool, make_router(s.gateway_router), self.http, s)
+        self.replicas = Dispatcher(self.pool, make_router(s.gateway_router), self.chat, s)
         self.ready.set()
 
     async def stop(self) -> None:
@@ -57,6 +59,8 @@ class Gateway:
             await self.pool.stop()
         if self.http:
             await self.http.aclose()
+        if self.chat:
+            await self.chat.aclose()
 
     async def backend_for(self, name: str) -> Backend:
         if name == "dummy":

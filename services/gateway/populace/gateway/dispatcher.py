@@ -12,13 +12,11 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-import httpx
-
 from populace.core import logs, metrics
 from populace.core.contracts import InferBatch, InferReply, LlmCallBatch
 from populace.core.settings import Settings
 from populace.gateway import answers
-from populace.gateway.openai_api import ChatResult, ReplicaError, RequestRejected, chat
+from populace.gateway.openai_api import ChatResult, Poster, ReplicaError, RequestRejected, chat
 from populace.gateway.replicas import ReplicaPool
 from populace.gateway.routing import ReplicaLoad, Router, affinity_keys
 
@@ -50,7 +48,7 @@ class Decision:
 
 
 class Dispatcher:
-    def __init__(self, pool: ReplicaPool, router: Router, http: httpx.AsyncClient, settings: Settings) -> None:
+    def __init__(self, pool: ReplicaPool, router: Router, http: Poster, settings: Settings) -> None:
         self.pool, self.router, self.http, self.s = pool, router, http, settings
         self.admitted = 0  # prompts being served now
         self.calls = 0
