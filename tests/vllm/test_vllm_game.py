@@ -1,0 +1,58 @@
+"""The ratio game on real vLLM: 20 agents × 2 rounds, every service its own process, the
+`openai` backend on the tier's vLLM replica. At least 95% of the answers are valid; an
+invalid one keeps the model's raw text; every `llm_calls` row names the vLLM replica."""
+
+from __future__ import annotations
+
+import asyncio
+
+import duckdb
+import pytest
+
+from populace.client.prepare import prepare
+from populace.client.run import play
+from populace.client.stack import Stack
+from populace.core import bus
+from populace.core.contracts import RunConfig
+from populace.gateway.launch import register_forever
+
+pytestmark = pytest.mark.vllm
+
+
+def test_ratio_game_20_agents_2_rounds_on_vllm(vllm_replica, tmp_path):
+    db = str(tmp_path / "vllm.duckdb")
+    replica = vllm_replica.replicas[0].info
+    stack = Stack(hosts=1, db=db, env={"POPULACE_STORAGE": "memory"})
+    stack.start()
+    try:
+        asyncio.run(stack.wait_ready(timeout=120))
+        config = RunConfig.model_validate({"agents": 20, "rounds": 2, "model": {"backend": "openai", "seed": 1}})
+
+        async def go():
+            registrar = asyncio.create_task(register_forever(stack.url, vllm_replica, every_s=1.0))
+            nc = await bus.connect(stack.url, "vllm-game")
+            try:
+                await asyncio.sleep(2.5)  # registered, and the gateway's poll found it healthy
+                manifest = prepare(config).manifest
+                return await play(nc, config, stall_s=300, manifest=manifest)
+            finally:
+                await nc.close()
+                registrar.cancel()
+                await asyncio.gather(registrar, return_exceptions=True)
+
+        out = asyncio.run(go())
+    finally:
+        assert stack.stop() == []
+    assert out.status == "completed", out.reason
+    with duckdb.connect(db, read_only=True) as con:
+        n, valid = con.execute("SELECT count(*), sum(valid::INT) FROM guesses WHERE run_id = ?",
+                               [out.run_id]).fetchone()
+        assert n == 40
+        assert valid >= 0.95 * n
+        assert con.execute("SELECT count(*) FROM guesses WHERE run_id = ? AND NOT valid AND "
+                           "(value IS NOT NULL OR raw IS NULL OR raw = '')", [out.run_id]).fetchone() == (0,)
+        rows = con.execute("SELECT count(*), count(DISTINCT (round, agent_id)), list(DISTINCT replica), "
+                           "sum((prompt_tokens > 0 AND completion_tokens > 0)::INT) FROM llm_calls WHERE run_id = ?",
+                           [out.run_id]).fetchone()
+    assert rows[0] == 40 and rows[1] == 40 and rows[3] == 40
+    assert rows[2] == [replica.replica_id]
