@@ -5,6 +5,7 @@ validation — the CLI's own messages, split by the field they name."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -207,7 +208,8 @@ def test_the_parameter_form_has_the_runs_fields_and_the_simulations():
     fields = {f.name: f for f in scenarios.param_fields("ratio-game")}
     assert {"agents", "rounds", "seed", "model.backend", "model.latency_s", "budget.tokens", "game.ratio",
             "prompt.answer", "prompt.persona"} <= set(fields)
-    assert "simulation" not in fields and not any(n.startswith("population") for n in fields)
+    assert "simulation" not in fields and "population.digest" not in fields
+    assert fields["population.personas"].optional and fields["population.config"].optional
     assert fields["model.backend"].choices == ("dummy", "local", "sim", "openai")
     assert (fields["agents"].kind, fields["agents"].default) == ("integer", 1000)
     assert fields["budget.tokens"].optional and not fields["agents"].optional
@@ -227,6 +229,20 @@ def test_the_parameter_form_becomes_the_scenario_its_fields_name():
     text, checked = scenarios.validate_form(form, "vote")
     assert checked.errors == [] and checked.prepared.config.agents == 50
     assert checked.prepared.manifest["scenario"]["text"] == text
+
+
+def test_a_population_from_the_form_is_read_and_checked_like_the_yamls(monkeypatch):
+    monkeypatch.chdir(Path(__file__).parents[2] / "examples")  # the manager reads under its working directory
+    form = {"p.agents": "", "p.rounds": "2", "p.population.personas": "personas/education-50.jsonl"}
+    _, checked = scenarios.validate_form(form, "ratio-game")
+    assert checked.errors == [] and checked.prepared.config.agents == 50
+    assert checked.prepared.config.population.digest is not None
+    both = {**form, "p.population.config": "population/education.yaml"}
+    _, checked = scenarios.validate_form(both, "ratio-game")
+    assert [e.field for e in checked.errors] == ["population"]
+    outside = {"p.population.personas": "../examples/personas/education-50.jsonl"}
+    _, checked = scenarios.validate_form(outside, "ratio-game")
+    assert [e.field for e in checked.errors] == ["population.personas"]
 
 
 def test_a_bad_parameter_is_shown_next_to_its_input():

@@ -77,8 +77,10 @@ class PopulationRef(Strict):
     Paths are relative to the scenario file. The client uploads the personas to the bus's
     object store before the run and sets `digest`; hosts and the recorder read them from there."""
 
-    personas: str | None = Field(None, min_length=1)
-    config: str | None = Field(None, min_length=1)
+    personas: str | None = Field(None, min_length=1,
+                                 description="a personas JSONL (`populace personas generate`), one agent a line")
+    config: str | None = Field(None, min_length=1,
+                               description="a population YAML: template personas built for this run")
     digest: SHA256 | None = None  # sha256 of the uploaded personas JSONL (set by the client)
 
     @model_validator(mode="after")

@@ -87,8 +87,9 @@ def form_context(text: str = DEFAULT_TEXT, simulation: str = "", errors: list[Fi
 
 
 # --- the parameter form: fields rendered from the JSON schemas of RunConfig and the simulation ---
-# Sections of RunConfig the form leaves to the YAML (a population names files; the simulation is the menu).
-FORM_SKIPS = ("simulation", "population")
+# What of RunConfig the form does not ask: the simulation is the menu; a population's digest is
+# the client's to fill in (the form names the personas file or population YAML instead).
+FORM_SKIPS = ("simulation", "population.digest")
 MAX_DEPTH = 3
 
 
@@ -137,7 +138,7 @@ def _flatten(schema: dict, defs: dict, prefix: str = "", depth: int = 0, optiona
              defaults: dict | None = None) -> list[ParamField]:
     out: list[ParamField] = []
     for key, raw in schema.get("properties", {}).items():
-        if not prefix and key in FORM_SKIPS:
+        if prefix + key in FORM_SKIPS:
             continue
         prop, opt = _resolve(raw, defs)
         name = prefix + key
