@@ -961,6 +961,32 @@ def bench_gateway(
         display.out.print(result.table())
 
 
+@bench_app.command("vllm")
+def bench_vllm(
+    personas: Annotated[int, typer.Option(help="distinct persona prefixes in the routing workload")] = 64,
+    persona_chars: Annotated[int, typer.Option(help="characters per persona prefix")] = 8000,
+    requests: Annotated[int, typer.Option(help="requests in the routing workload (per router)")] = 384,
+    concurrency: Annotated[int, typer.Option(help="requests in flight at once")] = 16,
+    people: Annotated[int, typer.Option(help="ratio-game personas for one call vs two calls")] = 100,
+    affinity: Annotated[bool, typer.Option(help="prefix-affinity vs round-robin, and the calibration")] = True,
+    two_call: Annotated[bool, typer.Option(help="one structured call vs the paper's two calls")] = True,
+    replica: Annotated[list[str] | None, typer.Option(help="use these vLLM replicas (started with "
+                                                           "VLLM_SERVER_DEV_MODE=1) instead of starting two")] = None,
+    out: Annotated[Path | None, typer.Option(help="also write the JSON result to this file")] = None,
+) -> None:
+    """On real vLLM (CPU build, two replicas started here): prefix-affinity vs round-robin by
+    vLLM's own prefix-cache counters, the simulator calibrated against it, and one structured
+    call vs the paper's two calls (src/populace/cli/bench_vllm.py)."""
+    from populace.cli.bench_vllm import dumps, run_vllm_bench, table
+
+    result = run_vllm_bench(personas_k=personas, chars=persona_chars, requests=requests, concurrency=concurrency,
+                            people=people, affinity=affinity, two_call=two_call, replica_urls=replica)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(dumps(result) + "\n")
+    display.out.print(table(result))
+
+
 @bench_app.command("dummy")
 def bench_dummy(
     agents: Annotated[int, typer.Option(min=1, help="agents")] = 10_000,
