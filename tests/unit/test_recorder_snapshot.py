@@ -78,3 +78,24 @@ def test_one_instant_while_another_cursor_appends(con, tmp_path):
     finally:
         stop.set()
         writer.join()
+
+
+async def test_without_a_snapshots_store_the_recorder_still_starts_and_says_why(monkeypatch):
+    from types import SimpleNamespace
+
+    from populace.core import bus
+    from populace.core.contracts import SnapshotReply, SnapshotRequest
+    from populace.recorder.reads import Reads
+
+    async def refused(*_a, **_k):
+        raise PermissionError("Permissions Violation for $JS.API.STREAM.CREATE.OBJ_snapshots")
+
+    monkeypatch.setattr(bus, "provision_snapshots", refused)
+    logged = []
+    svc = SimpleNamespace(settings=SimpleNamespace(storage="memory", stream_replicas=1), js=None,
+                          log=SimpleNamespace(error=lambda event, **kw: logged.append(event)))
+    reads = Reads(svc, store=None)
+    await reads.start()  # no exception: recording goes on
+    reply = SnapshotReply.model_validate_json(await reads.snapshot(SnapshotRequest(run_ids=["a"]), None))
+    assert not reply.ok and "no snapshots store" in reply.error and "Permissions Violation" in reply.error
+    assert logged == ["snapshots_unavailable"]

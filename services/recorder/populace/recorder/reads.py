@@ -44,14 +44,23 @@ class Reads:
         self.when_done = when_done  # after each read: the recorder may release its file
         self.in_progress = 0  # the recorder keeps its file open while a read uses it
         self.objects = None
+        self.unavailable = "the recorder is still starting"
 
     async def start(self) -> None:
+        """The snapshots store; without it (e.g. a NATS user not allowed to create it) the
+        recorder still records, and a snapshot request is answered with the reason."""
         s = self.svc.settings
-        self.objects = await bus.provision_snapshots(self.svc.js, s.storage, s.stream_replicas)
+        try:
+            self.objects = await bus.provision_snapshots(self.svc.js, s.storage, s.stream_replicas)
+        except Exception as err:
+            self.unavailable = f"the recorder has no snapshots store ({type(err).__name__}: {err})"
+            self.svc.log.error("snapshots_unavailable", error=self.unavailable)
 
     async def snapshot(self, req: SnapshotRequest, msg: NatsMessage) -> bytes:
         """Copy the runs table and the rows of the requested runs into a DuckDB file in the
         `snapshots` object store; the reply names it."""
+        if self.objects is None:
+            return bus.encode(SnapshotReply(ok=False, error=self.unavailable))
         name = f"snapshot-{uuid.uuid4().hex}"
         self.in_progress += 1
         try:
@@ -70,7 +79,6 @@ class Reads:
             self.when_done()
         self.svc.log.info("snapshot_written", snapshot=name, runs=len(found), bytes=size)
         return bus.encode(SnapshotReply(ok=True, snapshot=name, size=size, runs=found))
-
 
     async def _query(self, name: str, run: Callable, reply_model, fields: dict) -> bytes:
         """Run `run(cursor)` (a query of populace.analysis.live) on a cursor of its own in a
