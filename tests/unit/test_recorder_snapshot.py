@@ -99,3 +99,10 @@ async def test_without_a_snapshots_store_the_recorder_still_starts_and_says_why(
     reply = SnapshotReply.model_validate_json(await reads.snapshot(SnapshotRequest(run_ids=["a"]), None))
     assert not reply.ok and "no snapshots store" in reply.error and "Permissions Violation" in reply.error
     assert logged == ["snapshots_unavailable"]
+
+
+async def test_too_many_runs_for_one_copy_is_a_read_error_not_a_traceback():
+    from populace.client.reads import ReadError, request_snapshot
+
+    with pytest.raises(ReadError, match="cannot ask for these runs: run_ids"):
+        await request_snapshot(None, [f"r{i}" for i in range(300)])

@@ -67,7 +67,11 @@ async def _request(nc: Client, req: ReadRequest, reply_model: type[ReadReply], t
 
 
 async def request_snapshot(nc: Client, run_ids: Sequence[str], timeout: float = SNAPSHOT_TIMEOUT_S) -> SnapshotReply:
-    return await _request(nc, SnapshotRequest(run_ids=list(run_ids)), SnapshotReply, timeout)
+    try:
+        req = SnapshotRequest(run_ids=list(run_ids))
+    except ValidationError as err:  # e.g. a sweep of more runs than one copy takes
+        raise ReadError(f"cannot ask for these runs: {bus.short_error(err)}") from None
+    return await _request(nc, req, SnapshotReply, timeout)
 
 
 async def request_agents(nc: Client, run_id: str, *, search: str | None = None, offset: int = 0, limit: int = 50,
