@@ -71,6 +71,22 @@ def test_ingest_writes_the_recorder_contract(tmp_path):
     assert con.execute("SELECT simulation, tables_json->>'outcomes' FROM runs").fetchone() == ("ratio-game", "guesses")
 
 
+def test_done_before_a_rounds_result_and_outcomes_is_not_complete(tmp_path):
+    # A restarted recorder gets its predecessor's unacked round result and outcomes back only
+    # after the ack wait, while `done` comes at once: the results recorded so far then sum to
+    # fewer outcomes than the run has, and the run must not be announced as recorded.
+    store = Store(tmp_path / "x.duckdb")
+    evs = {e.msg_id.split(".", 1)[1]: e for e in events()}
+    store.ingest([evs[k] for k in ("started", "spawn-a", "spawn-b", "done")])
+    assert store.completeness("r1") == (0, 0)  # what the sum alone said: complete
+    got, expected = store.completeness("r1", 1)
+    assert got < expected
+    store.ingest([evs[k] for k in ("result", "g-a-0", "g-b-0")])  # redelivered
+    assert store.completeness("r1", 1) == (20, 20)
+    assert store.completeness("r1", 0) == (20, 20)  # cancelled before a round: nothing to wait for
+    store.close()
+
+
 def test_replays_in_any_order_never_double_count(tmp_path):
     store = Store(tmp_path / "x.duckdb")
     evs = events()

@@ -295,9 +295,9 @@ class Recorder:
 
     async def announce_complete(self) -> None:
         for rid in list(self.finished):
-            got, expected = await asyncio.to_thread(self.store.completeness, rid)
+            got, expected = await asyncio.to_thread(self.store.completeness, rid, self.finished[rid].rounds)
             if got < expected:
-                continue  # some outcome batches are still on their way (redelivery): wait for them
+                continue  # some round results or outcome batches are still on their way (redelivery)
             done = self.finished.pop(rid)
             epoch = done.epoch
             self.active.discard(rid)

@@ -476,12 +476,26 @@ class Store:
         return self.con.execute(f"SELECT count(*) FROM {_q(spec.outcomes)} WHERE run_id = ?",
                                 [run_id]).fetchone()[0]
 
-    def completeness(self, run_id: str) -> tuple[int, int]:
-        """(outcomes recorded, outcomes the environment counted in the run's round results)."""
+    def completeness(self, run_id: str, last_round: int | None = None) -> tuple[int, int]:
+        """(outcomes recorded, outcomes the environment counted in the run's round results).
+        With `last_round` (its RunDone's rounds), a round result of the run's not yet recorded,
+        from the first round it plays (a fork's after its parent's) to `last_round`, makes
+        `expected` unknown: -1 more than `got`, so the run is not complete. A restarted recorder
+        gets what its predecessor had fetched again only after the ack wait, while the run's
+        later events, `done` among them, come at once: the sum of the results recorded so far
+        would then count too few outcomes."""
         spec = self.tables_of(run_id)
         if spec is None:
             return 0, 0
         got = self.count_outcomes(run_id)
         expected = self.con.execute(f"SELECT coalesce(sum(n), 0) FROM {_q(spec.rounds)} WHERE run_id = ?",
                                     [run_id]).fetchone()[0]
+        if last_round:
+            shares = self.shares_of(run_id)
+            first = min((sh.from_round for sh in shares.values()), default=1)
+            (closed,) = self.con.execute(
+                f"SELECT count(DISTINCT round) FROM {_q(spec.rounds)} WHERE run_id = ? AND round BETWEEN ? AND ?",
+                [run_id, first, last_round]).fetchone()
+            if closed < last_round - first + 1:
+                return got, got + 1
         return got, int(expected)
