@@ -8,6 +8,7 @@ import hashlib
 
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError, ObjectNotFoundError
+from nats.js.object_store import ObjectStore
 
 from populace.core import subjects
 from populace.core.bus import until_ready
@@ -21,17 +22,22 @@ def digest_of(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+async def put_once(store: ObjectStore, key: str, data: bytes, what: str) -> None:
+    """Put `data` under `key` (a digest of it) unless an object of that size is already there:
+    content-addressed blobs are uploaded once, whoever asks again."""
+    try:
+        info = await store.get_info(key)
+        if info.size == len(data) and not info.deleted:
+            return
+    except (NotFoundError, ObjectNotFoundError):
+        pass
+    await until_ready(lambda: store.put(key, data), f"upload {what} {key[:12]}")
+
+
 async def put_personas(js: JetStreamContext, data: bytes) -> str:
     """Store a personas JSONL (once: an identical file is already there) and return its digest."""
     digest = digest_of(data)
-    store = await js.object_store(subjects.PERSONAS_BUCKET)
-    try:
-        info = await store.get_info(digest)
-        if info.size == len(data) and not info.deleted:
-            return digest
-    except (NotFoundError, ObjectNotFoundError):
-        pass
-    await until_ready(lambda: store.put(digest, data), f"upload personas {digest[:12]}")
+    await put_once(await js.object_store(subjects.PERSONAS_BUCKET), digest, data, "personas")
     return digest
 
 

@@ -12,6 +12,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError, ObjectNotFoundError
 
 from populace.core.bus import ensure_object_store, until_ready
+from populace.core.objects import put_once
 from populace.graph.config import GraphError
 from populace.graph.csr import Graph
 from populace.graph.serial import digest, dumps, loads
@@ -26,13 +27,7 @@ async def put_graph(js: JetStreamContext, graph: Graph | bytes) -> str:
     data = graph if isinstance(graph, bytes) else dumps(graph)
     key = digest(data)
     store = await until_ready(lambda: ensure_object_store(js, GRAPHS_BUCKET), f"object store {GRAPHS_BUCKET}")
-    try:
-        info = await store.get_info(key)
-        if info.size == len(data) and not info.deleted:
-            return key
-    except (NotFoundError, ObjectNotFoundError):
-        pass
-    await until_ready(lambda: store.put(key, data), f"upload graph {key[:12]}")
+    await put_once(store, key, data, "graph")
     return key
 
 
