@@ -96,6 +96,50 @@ SimulationName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[
 DEFAULT_SIMULATION = "ratio-game"
 
 
+class GraphRef(BaseModel):
+    """Who hears whom: the scenario's `graph:` section. Its generator's keys are validated by
+    `populace.graph.parse_graph` (errors name the field); the client builds the graph before
+    the run, uploads it to the `graphs` object store and sets `digest` (and `order`, the
+    relabelling `placement: partition` chose). Hosts read it from there."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    # partition: number agents so that each host's contiguous range is a part of the graph
+    # (most edges stay on one host); ids: keep the generator's or edge list's ids as agent ids
+    placement: Literal["partition", "ids"] = "partition"
+    digest: SHA256 | None = None  # sha256 of the stored graph (set by the client)
+    order: SHA256 | None = None  # sha256 of the agent → graph-node order, when relabelled
+
+    @property
+    def spec(self) -> dict:
+        """The generator's own keys, as written."""
+        return dict(self.model_extra or {})
+
+
+class Broadcast(Strict):
+    """A message the platform puts in chosen agents' inboxes at the start of `round` (a
+    campaign, a rumour): every agent, the `count` agents heard by the most others (the graph's
+    top out-degree), or the listed agent ids. Agents read it as a message from author -1."""
+
+    round: Count = Field(ge=1, le=10_000)
+    text: str = Field(min_length=1, max_length=10_000)
+    fields: dict[str, Any] = {}  # the simulation's post fields, e.g. {stance: 1.0}
+    to: Literal["all", "top-degree", "agents"] = "all"
+    count: Count | None = Field(None, ge=1)  # top-degree: how many
+    agents: list[Count] | None = None  # to: agents
+
+    @model_validator(mode="after")
+    def _target(self) -> Broadcast:
+        if self.to == "top-degree" and self.count is None:
+            raise ValueError("count: `to: top-degree` needs how many agents (count: N)")
+        if self.to == "agents" and not self.agents:
+            raise ValueError("agents: `to: agents` needs the list of agent ids")
+        if self.to != "agents" and self.agents is not None:
+            raise ValueError("agents: only with `to: agents`")
+        _finite_json(self.fields)
+        return self
+
+
 class Budget(Strict):
     """What a run may spend on LLM work. Before a round that would go past it, the run pauses
     with a reason; `populace resume RUN --budget-tokens N` raises it and continues."""
@@ -147,6 +191,8 @@ class RunConfig(BaseModel):
     placement: PlacementConfig = PlacementConfig()
     population: PopulationRef | None = None
     budget: Budget | None = None
+    graph: GraphRef | None = None  # agents hear their in-neighbours' posts of the round before
+    broadcasts: list[Broadcast] = []  # messages the platform puts in inboxes (needs a graph)
 
     @model_validator(mode="after")
     def _named(self) -> RunConfig:
@@ -161,6 +207,21 @@ class RunConfig(BaseModel):
                 "placement.agents_per_process: 1 starts one OS process per agent; "
                 f"{self.agents} agents is too many (max 10000)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _broadcasts_fit(self) -> RunConfig:
+        for i, b in enumerate(self.broadcasts):
+            where = f"broadcasts.{i}"
+            if self.graph is None:
+                raise ValueError(f"{where}: broadcasts go to inboxes, which need a `graph:`")
+            if b.round > self.rounds:
+                raise ValueError(f"{where}.round: {b.round} is after the run's last round ({self.rounds})")
+            if b.count is not None and b.count > self.agents:
+                raise ValueError(f"{where}.count: {b.count} is more than the run's {self.agents} agents")
+            bad = [a for a in b.agents or () if a >= self.agents]
+            if bad:
+                raise ValueError(f"{where}.agents: agent {bad[0]} does not exist (ids are 0..{self.agents - 1})")
         return self
 
     @property
@@ -432,6 +493,19 @@ class RoundOpen(Wire):
     epoch: Epoch = 0  # the placement's: announced again (same round, newer epoch) after a re-placement
     shares: dict[str, Amount] = {}  # live share key -> its agents: only their partials count
     nudge: int = 0  # >0: announced again because the round missed its deadline
+    # live share key -> its agent id ranges: where posts go (runs with a graph)
+    ranges: dict[str, list[tuple[AgentId, Amount]]] = {}
+
+
+class PostColumns(Wire):
+    """The posts of an outcome batch's agents (a run with a graph), one per agent id, and what
+    each agent heard this round: how many posts, and the sum of their digests mod 2**63
+    (`populace.sdk.post.post_hash`), so the inbox can be checked against the graph."""
+
+    texts: list[str | None]  # None: the agent did not post
+    fields: list[JsonDoc | None]
+    heard: list[Amount]
+    heard_digest: list[Amount]
 
 
 class OutcomeBatch(Wire):
@@ -452,16 +526,46 @@ class OutcomeBatch(Wire):
     errors: list[str | None]
     group_ids: list[Amount] | None = None
     epoch: Epoch = 0
+    posts: PostColumns | None = None  # a run with a graph: each agent's post and what it heard
 
     @model_validator(mode="after")
     def _same_length(self) -> OutcomeBatch:
         n = len(self.agent_ids)
         lengths = [len(self.valid), len(self.raws), len(self.latency_ms), len(self.errors),
                    *(len(c) for c in self.columns.values())]
+        if self.posts is not None:
+            p = self.posts
+            lengths += [len(p.texts), len(p.fields), len(p.heard), len(p.heard_digest)]
         if self.group_ids is not None:
             lengths.append(len(self.group_ids))
         if any(k != n for k in lengths):
             raise ValueError("every column of an outcome batch must have one value per agent id")
+        return self
+
+
+class MailBatch(Wire):
+    """Posts one share sends another: its authors' posts of `round` that the destination's
+    agents hear. One message per (round, source share, destination share), or `shards` of
+    them under the payload limit; every destination gets at least one (maybe empty), so it
+    knows when its mail is all in. Message ids make a retry or a redelivery count once."""
+
+    run_id: Token
+    round: RoundNo
+    host_id: Token  # the source share: host and epoch
+    epoch: Epoch = 0
+    to: Token  # the destination share's key (host@epoch)
+    shard: int = Field(ge=0, lt=100_000)
+    shards: int = Field(ge=1, le=100_000)
+    authors: list[AgentId]
+    texts: list[str]
+    fields: list[JsonDoc | None]
+
+    @model_validator(mode="after")
+    def _same_length(self) -> MailBatch:
+        if not (len(self.authors) == len(self.texts) == len(self.fields)):
+            raise ValueError("authors, texts and fields must have one value per post")
+        if self.shard >= self.shards:
+            raise ValueError(f"shard {self.shard} of {self.shards}")
         return self
 
 

@@ -31,6 +31,12 @@ class Settings(BaseSettings):
     # Save the agents' declared state after every round (what resume, fork and a host's
     # replacement start from). Off only to measure what it costs.
     checkpoints: bool = True
+    # A run with a graph: how long a host waits for the other shares' posts of the last round
+    # (read again from the stream every second after the first) before the run pauses.
+    mail_wait_s: float = Field(120.0, gt=0)
+    # Fault tests only: ignore the first N mail messages this host receives, as if lost on the
+    # way; the host must read them back from the stream.
+    fault_drop_mail: int = Field(0, ge=0)
     infer_batch_size: int = Field(1000, ge=1, le=20_000)
     infer_flush_ms: float = Field(5.0, ge=0)
     infer_timeout_s: float = Field(60.0, gt=0)

@@ -121,6 +121,17 @@ def run_partial(rid: str, n: int, host_id: str, epoch: int = 0) -> str:
     return f"run.{rid}.partial.{n}.{host_id}.{epoch}"
 
 
+def run_mail(rid: str, n: int, to_host: str, to_epoch: int, from_host: str) -> str:
+    """Posts of round n one share sends another: addressed to the destination share (host and
+    epoch), sent by `from_host` (the last token, so a host's credentials name only itself)."""
+    return f"run.{rid}.mail.{n}.{to_host}.{to_epoch}.{from_host}"
+
+
+def run_mail_to(rid: str, n: int, to_host: str, to_epoch: int) -> str:
+    """Every share's mail of round n to one share: what a host reads back from the stream."""
+    return f"run.{rid}.mail.{n}.{to_host}.{to_epoch}.*"
+
+
 def run_calls(rid: str, n: int, gateway_id: str) -> str:
     return f"run.{rid}.calls.{n}.{gateway_id}"
 
@@ -176,6 +187,8 @@ ANY_STARTED = "run.*.started"
 ANY_RESUMED = "run.*.resumed"
 ANY_SPAWN = "run.*.spawn.*"
 ANY_OUTCOMES = "run.*.outcomes.*.*"
+ANY_MAIL = "run.*.mail.*.*.*.*"
+ANY_MAIL_FOR = "run.*.mail.*.{host_id}.*.*"
 ANY_CALLS = "run.*.calls.*.*"
 ANY_RECORDED = "run.*.recorded"
 ANY_PROGRESS = "progress.*.*.*"
@@ -184,6 +197,10 @@ ANY_RUN_EVENT = "run.>"
 
 def any_spawn_for(host_id: str) -> str:
     return ANY_RUN_SPAWN_FOR.format(host_id=host_id)
+
+
+def any_mail_for(host_id: str) -> str:
+    return ANY_MAIL_FOR.format(host_id=host_id)
 
 
 def msg_id(rid: str, n: int, shard: str | int, kind: str, epoch: int = 0) -> str:

@@ -1,6 +1,6 @@
 """Populace SDK: everything a simulation author imports.
 
-    from populace.sdk import Agent, Env, GroupEnv, Observation, Outcome, Params, Simulation, Summary
+    from populace.sdk import Agent, Env, GroupEnv, Observation, Outcome, Params, Post, Simulation, Summary
 
 A simulation declares its parameters, agent, environment (and optionally a group env),
 outcome columns, observation and per-round summary; see docs/simulations.md. The platform
@@ -17,6 +17,7 @@ from populace.sdk.llm import LLM, InferError, ModelUnavailable
 from populace.sdk.local import LocalResult, run_local
 from populace.sdk.mock import DummyLLM, ScriptedLLM
 from populace.sdk.outcome import Outcome
+from populace.sdk.post import Message, Post
 from populace.sdk.registry import available, load_simulation, resolve
 from populace.sdk.simulation import Observation, Params, Simulation, SimulationError, Summary
 
@@ -32,12 +33,14 @@ __all__ = [
     "InferError",
     "Listeners",
     "LocalResult",
+    "Message",
     "ModelUnavailable",
     "Observation",
     "Outcome",
     "Params",
     "Partial",
     "Persona",
+    "Post",
     "RunConfig",
     "ScriptedLLM",
     "Simulation",

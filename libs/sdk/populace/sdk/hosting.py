@@ -7,9 +7,11 @@ from __future__ import annotations
 import gc
 from dataclasses import dataclass, field
 
+from populace.graph.csr import Graph
 from populace.population.cast import Cast
 from populace.sdk.agent import Agent
 from populace.sdk.env import Env
+from populace.sdk.mailroom import Mailroom
 from populace.sdk.play import RoundPlayer
 from populace.sdk.process import ProcessAgent
 from populace.sdk.registry import Resolved
@@ -27,6 +29,9 @@ class HostedRun:
     ranges: list[tuple[int, int]] = field(default_factory=list)
     epoch: int = 0
     rounds_played: set[int] = field(default_factory=set)
+    mailroom: Mailroom | None = None  # a run with a graph: the posts its agents read and write
+    # round -> (epoch, share key -> ranges) of the newest announcement of that round: where its posts go
+    placements: dict[int, tuple[int, dict[str, list[tuple[int, int]]]]] = field(default_factory=dict)
 
     @property
     def tables(self):
@@ -73,8 +78,14 @@ class HostedRun:
 
 def host_run(resolved: Resolved, run_id: str, ranges: list[tuple[int, int]], cast: Cast | None = None, *,
              one_per_process: bool = False, max_in_flight: int = 1_000_000, freeze: bool = True,
-             epoch: int = 0) -> HostedRun:
-    """Create this process's agents for a run (persona i is agent i's, by reference)."""
+             epoch: int = 0, graph: Graph | None = None) -> HostedRun:
+    """Create this process's agents for a run (persona i is agent i's, by reference). A run
+    with a `graph:` needs its graph (over the run's agent ids)."""
+    c = resolved.config
+    if c.graph is not None and graph is None:
+        raise ValueError(f"run {run_id}: its scenario has a graph, but no graph was given to host it")
+    if graph is not None and graph.n != c.agents:
+        raise ValueError(f"run {run_id}: the graph has {graph.n} agents, the run {c.agents}")
     if cast is not None and ranges:
         last = max(first + count for first, count in ranges)
         if last > len(cast):
@@ -86,8 +97,10 @@ def host_run(resolved: Resolved, run_id: str, ranges: list[tuple[int, int]], cas
                            for first, count in ranges for aid in range(first, first + count)]
     if one_per_process:
         agents = [ProcessAgent(a) for a in agents]
+    room = Mailroom(graph, type(sim).Post, ranges, c.broadcasts) if graph is not None else None
     run = HostedRun(run_id, resolved, sim, type(sim).Env(sim), agents,
-                    RoundPlayer(sim, agents, max_in_flight=max_in_flight), ranges=list(ranges), epoch=epoch)
+                    RoundPlayer(sim, agents, max_in_flight=max_in_flight), ranges=list(ranges), epoch=epoch,
+                    mailroom=room)
     if freeze:
         # Agents live for the whole run: move them out of the cyclic GC's generations so
         # each collection during a round does not walk a million long-lived objects.

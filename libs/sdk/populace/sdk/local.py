@@ -11,12 +11,14 @@ whose seeded answers equal the gateway's, so a local run reproduces a fleet run 
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from populace.core.contracts import HostInfo, RunConfig, SimulationTables
 from populace.core.placement import place
+from populace.graph.csr import Graph
 from populace.population.cast import Cast
 from populace.sdk.hosting import HostedRun, host_run
 from populace.sdk.llm import LLM
@@ -36,6 +38,7 @@ class LocalResult:
     tables: SimulationTables
     outcomes: dict[str, list] = field(default_factory=dict)
     rounds: dict[str, list] = field(default_factory=dict)
+    posts: dict[str, list] = field(default_factory=dict)  # a run with a graph: table `posts`
     status: str = "completed"
 
 
@@ -58,13 +61,26 @@ def _shares(resolved: Resolved, hosts: int) -> list[list[tuple[int, int]]]:
     return list(place(c.agents, fake, unit=unit).values())
 
 
+def local_graph(config: RunConfig, cast: Cast | None) -> Graph:
+    """A run's graph built here from its `graph:` section, over the agents as `cast` numbers
+    them (no renumbering: the fleet's client renumbers and hands its graph over as `graph=`)."""
+    from populace.graph.prepare import prepare_graph
+
+    assert config.graph is not None
+    records = [{"profile": p.profile} for p in cast.personas] if cast is not None else None
+    return prepare_graph(config.graph.spec, config.agents, seed=config.seed, placement="ids", records=records).graph
+
+
 async def run_local(config: RunConfig | Resolved, *, run_id: str = "local", cast: Cast | None = None,
                     hosts: int = 1, llm: LLMFactory = dummy_llm, one_per_process: bool = False,
-                    on_round: Callable[[int, dict], None] | None = None) -> LocalResult:
+                    on_round: Callable[[int, dict], None] | None = None, graph: Graph | None = None) -> LocalResult:
+    """`graph`: the run's graph (a run with a `graph:`; default: built from the section)."""
     resolved = config if isinstance(config, Resolved) else resolve(config)
     c = resolved.config
     tables = resolved.tables()
-    runs = [host_run(resolved, run_id, ranges, cast, one_per_process=one_per_process, freeze=False)
+    if c.graph is not None and graph is None:
+        graph = local_graph(c, cast)
+    runs = [host_run(resolved, run_id, ranges, cast, one_per_process=one_per_process, freeze=False, graph=graph)
             for ranges in _shares(resolved, hosts)]
     env = runs[0].env
     state = env.start()
@@ -74,12 +90,22 @@ async def run_local(config: RunConfig | Resolved, *, run_id: str = "local", cast
     cols_out: dict[str, list] = {k: [] for k in ("run_id", "round", "agent_id", *group_id,
                                                  *(col.name for col in tables.outcome_columns),
                                                  "valid", "raw", "latency_ms", "error")}
+    whole = _shares(resolved, hosts)
+    placement = {f"local-{i}@0": ranges for i, ranges in enumerate(whole)}
+    posts: dict[str, list] = {k: [] for k in ("run_id", "round", "agent_id", "text", "fields", "heard",
+                                              "heard_digest")}
     try:
         for n in range(1, c.rounds + 1):
             shares: list[RoundShare] = []
             calls = 0
             for run in runs:
                 obs = run.observation(n, observation)
+                record_posts = None
+                room = run.mailroom
+                if room is not None:
+                    reading = room.reading(n)
+                    obs._mailbox = reading
+                    record_posts = functools.partial(room.record, n, reading)
 
                 def emit(batch: OutcomeBatch, n: int = n) -> None:
                     k = len(batch.agent_ids)
@@ -94,12 +120,20 @@ async def run_local(config: RunConfig | Resolved, *, run_id: str = "local", cast
                     cols_out["raw"].extend(batch.raws)
                     cols_out["latency_ms"].extend(batch.latency_ms)
                     cols_out["error"].extend(batch.errors)
+                    if batch.posts is not None:
+                        posts["run_id"].extend([run_id] * k)
+                        posts["round"].extend([n] * k)
+                        posts["agent_id"].extend(batch.agent_ids)
+                        for key in ("text", "fields", "heard", "heard_digest"):
+                            posts[key].extend(batch.posts["texts" if key == "text" else key])
 
-                sink = OutcomeSink(resolved.simulation, run.env, emit=emit, grouped=tables.grouped)
+                sink = OutcomeSink(resolved.simulation, run.env, emit=emit, grouped=tables.grouped,
+                                   posts=record_posts)
                 port = llm(run, n)
                 await run.player.play(obs, port, sink)
                 calls += getattr(port, "calls", 0)  # the in-process ports count their calls
                 shares.append(sink.close())
+            _exchange(runs, placement, n)
             total = env.merge([s.partial for s in shares if s.partial is not None])
             state, summary = env.decide(state, n, total)
             observation = env.observe(state, n + 1).model_dump(mode="json")
@@ -117,4 +151,23 @@ async def run_local(config: RunConfig | Resolved, *, run_id: str = "local", cast
             run.stop()
     order = sorted(range(len(cols_out["agent_id"])), key=lambda i: (cols_out["round"][i], cols_out["agent_id"][i]))
     out.outcomes = {k: [v[i] for i in order] for k, v in cols_out.items()}
+    if runs and runs[0].mailroom is not None:
+        order = sorted(range(len(posts["agent_id"])), key=lambda i: (posts["round"][i], posts["agent_id"][i]))
+        out.posts = {k: [v[i] for i in order] for k, v in posts.items()}
     return out
+
+
+def _exchange(runs: list[HostedRun], placement: dict[str, list[tuple[int, int]]], round_: int) -> None:
+    """After a round, the shares' mail to each other, as the agent-hosts send it over NATS."""
+    rooms = [(key, run.mailroom) for key, run in zip(placement, runs, strict=True) if run.mailroom is not None]
+    for key, room in rooms:
+        room.played.add(round_)
+        for m in room.outgoing(round_, placement, me=[key]):
+            dest = dict(rooms)[m.to]
+            dest.receive(round_, key, m.shard, m.shards, (m.authors, m.texts, m.fields))
+    for key, room in rooms:
+        sources = [k for k, _ in rooms if k != key]
+        if room.missing(round_, sources):
+            raise RuntimeError(f"round {round_}: mail to {key} is missing")  # pragma: no cover - a bug
+        room.deliver(round_, sources)
+        room.forget_before(round_)

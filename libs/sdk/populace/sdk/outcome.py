@@ -10,7 +10,8 @@ because a host creates one per agent per round (a million per round at the bench
 scale) and validates them per batch of ~1,000 instead (`columns_adapter`).
 
 `valid` and `raw` belong to every outcome: whether the agent's answer counts, and the
-model's text, kept even when it does not. The defaults of an outcome are what an agent whose
+model's text, kept even when it does not; `post` too, what the agent says to the agents that
+hear it in a run with a graph (see `populace.sdk.post`). The defaults of an outcome are what an agent whose
 turn failed records, so every field needs one.
 """
 
@@ -34,6 +35,8 @@ class Outcome:
 
     valid: bool = True
     raw: str = ""
+    # what the agent says to those who hear it (a run with a `graph:`): the simulation's Post
+    post: Any = None
     measure: ClassVar[str | None] = None  # the column analysis summarises first (default: the first)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -82,7 +85,7 @@ def outcome_fields(cls: type[Outcome]) -> list[tuple[str, Any]]:
     hints = typing.get_type_hints(cls)
     out = []
     for f in dataclasses.fields(cls):
-        if f.name in ("valid", "raw"):
+        if f.name in ("valid", "raw", "post"):
             continue
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise OutcomeError(f"{cls.__name__}.{f.name} needs a default: it is what an agent whose "

@@ -52,6 +52,7 @@ class OutcomeBatch:
     latency_ms: list[float]
     errors: list[str | None]
     group_ids: list[int] | None
+    posts: dict[str, list] | None = None  # a run with a graph: each agent's post, what it heard
 
 
 @dataclass(slots=True)
@@ -64,9 +65,15 @@ class RoundShare:
     batches: int = 0
 
 
+# (agent ids, outcomes, errors, valid) of a batch -> its post columns (populace.sdk.mailroom):
+# may mark a row invalid (a post that cannot travel), as a bad outcome value does
+PostRecorder = Callable[[list[int], list[Outcome], list, list[bool]], dict[str, list]]
+
+
 class OutcomeSink:
     def __init__(self, sim: type[Simulation], env: Env, *, batch_size: int = 1000,
-                 emit: Callable[[OutcomeBatch], None] | None = None, grouped: bool = False) -> None:
+                 emit: Callable[[OutcomeBatch], None] | None = None, grouped: bool = False,
+                 posts: PostRecorder | None = None) -> None:
         self._cls = sim.Outcome
         self._adapters = columns_adapter(sim.Outcome)
         self._getters = {name: operator.attrgetter(name) for name in ("valid", "raw", *self._adapters)}
@@ -82,6 +89,7 @@ class OutcomeSink:
         self._batch_size = batch_size
         self._emit = emit
         self._grouped = grouped
+        self._posts = posts
         self._partials: list[Partial] = []
         self.n = self.n_valid = 0
         self.seq = 0
@@ -149,6 +157,7 @@ class OutcomeSink:
         ids, outs, lat, errs, groups = self._ids, self._outs, self._lat, self._errs, self._groups
         self._new()
         columns, valid, raws = self._columns(outs, errs)
+        posts = self._posts(ids, outs, errs, valid) if self._posts is not None else None
         self.n += len(ids)
         self.n_valid += sum(valid)
         if self.failure is None:
@@ -156,7 +165,8 @@ class OutcomeSink:
                 self._partials.append(self._env.reduce(ids, outs))
             except Exception as err:
                 self.failure = RoundFailed(f"{type(self._env).__name__}.reduce raised: {type(err).__name__}: {err}")
-        batch = OutcomeBatch(self.seq, ids, columns, valid, raws, lat, errs, groups if self._grouped else None)
+        batch = OutcomeBatch(self.seq, ids, columns, valid, raws, lat, errs, groups if self._grouped else None,
+                             posts)
         self.seq += 1
         if self._emit is not None:
             self._emit(batch)

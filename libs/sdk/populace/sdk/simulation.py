@@ -24,18 +24,19 @@ import re
 import typing
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 from populace.core.contracts import PLATFORM_SUMMARY_COLUMNS, Column, RunConfig, SimulationTables
 from populace.sdk.agent import Agent
 from populace.sdk.env import Env, GroupEnv
 from populace.sdk.outcome import Outcome, OutcomeError, column_type, outcome_fields
+from populace.sdk.post import Message, Post
 
 if TYPE_CHECKING:
     from populace.population.cast import Cast
 
 # Tables the platform owns; a simulation's tables take other names.
-RESERVED_TABLES = ("runs", "agents", "llm_calls", "agent_profiles", "_ingested")
+RESERVED_TABLES = ("runs", "agents", "llm_calls", "agent_profiles", "posts", "_ingested")
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
@@ -53,6 +54,14 @@ class Observation(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     round: int = 0
+    # the posts agents hear this round (a run with a `graph:`), set by the platform
+    _mailbox: Any = PrivateAttr(default=None)
+
+    def inbox(self, agent_id: int) -> tuple[Message, ...]:
+        """What agent `agent_id` hears this round: its in-neighbours' posts of the round
+        before, as (author, post), by author id. Empty in round 1 and in a run without a graph."""
+        box = self._mailbox
+        return box.inbox(agent_id) if box is not None else ()
 
 
 class Summary(BaseModel):
@@ -74,6 +83,7 @@ class Simulation:
     Outcome: ClassVar[type[Outcome]] = Outcome
     Observation: ClassVar[type[Observation]] = Observation
     Summary: ClassVar[type[Summary]] = Summary
+    Post: ClassVar[type[Post]] = Post  # what `outcome.post` holds in a run with a `graph:`
     outcome_table: ClassVar[str] = ""  # default: "<name>_outcomes"
     summary_table: ClassVar[str] = ""  # default: "<name>_rounds"
     prompt_version: ClassVar[str] = ""  # bump when a prompt text changes; recorded in the manifest
@@ -177,7 +187,7 @@ class Simulation:
         if not cls.name or not re.fullmatch(r"[A-Za-z0-9_.:-]+", cls.name):
             problems.append("`name` must be set (letters, digits, '-', '_', '.')")
         for attr, base in (("Params", Params), ("Agent", Agent), ("Env", Env), ("Outcome", Outcome),
-                           ("Observation", Observation), ("Summary", Summary)):
+                           ("Observation", Observation), ("Summary", Summary), ("Post", Post)):
             value = getattr(cls, attr, None)
             if not (isinstance(value, type) and issubclass(value, base)):
                 problems.append(f"`{attr}` must be a subclass of {base.__module__}.{base.__qualname__}")
