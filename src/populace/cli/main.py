@@ -90,7 +90,7 @@ async def _follow(url: str, prepared: PreparedRun, show_progress: bool, run_id: 
     try:
         with display.RunProgress(prepared.config, enabled=show_progress) as progress:
             return await play(nc, prepared.config, run_id=run_id, personas=prepared.personas,
-                              manifest=prepared.manifest, on_event=progress.on_event)
+                              graph=prepared.graph_blobs, manifest=prepared.manifest, on_event=progress.on_event)
     finally:
         await nc.close()
 

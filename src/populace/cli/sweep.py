@@ -84,7 +84,7 @@ async def run_all(url: str, sp: SweepPlan, show_progress: bool = True) -> list[d
                 rid = new_run_id() + f"-c{cell.index}"
                 try:
                     outcome = await play(nc, prep.config, run_id=rid, personas=prep.personas,
-                                         manifest=prep.manifest)
+                                         graph=prep.graph_blobs, manifest=prep.manifest)
                 except RunStalled as err:
                     rows.append({**base, "run_id": rid, "status": f"stalled: {err}"})
                     progress.advance(task)

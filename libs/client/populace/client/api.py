@@ -173,11 +173,13 @@ def simulate(scenario: Scenario, **kwargs: Any) -> SimulationResult:
 
 
 async def _local(prepared: PreparedRun, run_id: str, hosts: int) -> SimulationResult:
+    from populace.graph.serial import loads
     from populace.population.cast import cast_from_jsonl
     from populace.sdk.local import run_local
 
     cast = cast_from_jsonl(prepared.personas) if prepared.personas is not None else None
-    res = await run_local(prepared.resolved or prepared.config, run_id=run_id, cast=cast, hosts=hosts)
+    graph = loads(prepared.graph) if prepared.graph is not None else None
+    res = await run_local(prepared.resolved or prepared.config, run_id=run_id, cast=cast, hosts=hosts, graph=graph)
     return SimulationResult(run_id, res.status, None, prepared.config, res.tables,
                             pa.Table.from_pydict(res.rounds), pa.Table.from_pydict(res.outcomes),
                             manifest=prepared.manifest)
@@ -210,7 +212,8 @@ async def _fleet(prepared: PreparedRun, run_id: str, nats: str | None, hosts: in
         try:
             with RunProgress(config, enabled=progress) as bars:
                 outcome: RunOutcome = await play(nc, config, run_id=run_id, personas=prepared.personas,
-                                                 manifest=prepared.manifest, on_event=bars.on_event)
+                                                 graph=prepared.graph_blobs, manifest=prepared.manifest,
+                                                 on_event=bars.on_event)
         finally:
             await nc.close()
     tables = prepared.resolved.tables() if prepared.resolved else None

@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from populace.core.contracts import DEFAULT_SIMULATION, RunConfig
 from populace.core.objects import digest_of
 from populace.core.scenario import ScenarioError, format_validation_error, load_scenario_data
+from populace.graph.prepare import PreparedGraph, prepare_graph
 from populace.population import PopulationError, load_population, parse_personas, template_records
 from populace.population.cast import cast_from_records
 from populace.sdk.registry import Resolved, distribution, load_simulation, resolve
@@ -39,6 +40,13 @@ class PreparedRun:
     personas: bytes | None  # the personas JSONL to upload (None: no population)
     manifest: dict
     resolved: Resolved | None = None
+    graph: bytes | None = None  # the run's graph (populace.graph.serial) to upload, by config.graph.digest
+    graph_order: bytes | None = None  # agent id -> node id (int32 LE) when the graph renumbered the agents
+
+    @property
+    def graph_blobs(self) -> tuple[bytes | None, bytes | None] | None:
+        """What `submit(graph=…)` uploads (None: the run has no graph)."""
+        return None if self.graph is None else (self.graph, self.graph_order)
 
 
 def _jsonl(records: list[dict]) -> bytes:
@@ -165,11 +173,41 @@ def prepare(config: RunConfig, *, base: Path = Path("."), agents_given: bool | N
             config = RunConfig.model_validate(data)
         except ValidationError as err:
             raise ScenarioError(format_validation_error(err)) from None
+    graph = None
+    if config.graph is not None:
+        config, records, personas, graph = _with_graph(config, records, personas, base)
     resolved = checked(config)
     manifest = build_manifest(resolved, records, scenario_path, scenario_text)
+    if graph is not None:
+        manifest["graph"] = {**graph.stats, "digest": graph.digest, "order": graph.order_digest}
     if extra:
         manifest.update(extra)
-    return PreparedRun(resolved.config, personas, manifest, resolved)
+    order = graph.order.astype("<i4").tobytes() if graph is not None and graph.order is not None else None
+    return PreparedRun(resolved.config, personas, manifest, resolved,
+                       graph=graph.data if graph is not None else None, graph_order=order)
+
+
+def _with_graph(config: RunConfig, records: list[dict], personas: bytes | None,
+                base: Path) -> tuple[RunConfig, list[dict], bytes | None, PreparedGraph]:
+    """Build the run's graph (checked first: GraphError names the field, a bad edge-list row
+    is refused here, before anything starts) and number the agents along it: the personas
+    follow their agents, so the personas file is written again in the new order."""
+    assert config.graph is not None
+    if config.placement.agents_per_process == 1:
+        raise ScenarioError("graph: agents talk through in-process inboxes; placement.agents_per_process: 1 "
+                            "runs each agent in its own process and cannot have a graph")
+    graph = prepare_graph(config.graph.spec, config.agents, seed=config.seed, placement=config.graph.placement,
+                          records=records or None, base=base)
+    data = config.model_dump(mode="json")
+    if graph.order is not None and records:
+        records = [records[i] for i in graph.order.tolist()]
+        personas = _jsonl(records)
+        data["population"]["digest"] = digest_of(personas)
+    data["graph"] = {**data["graph"], "digest": graph.digest, "order": graph.order_digest}
+    try:
+        return RunConfig.model_validate(data), records, personas, graph
+    except ValidationError as err:
+        raise ScenarioError(format_validation_error(err)) from None
 
 
 def prepare_file(path: str | Path, extra: dict | None = None) -> PreparedRun:

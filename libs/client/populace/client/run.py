@@ -152,7 +152,8 @@ class _Following:
 
 
 async def play(nc: Client, config: RunConfig, *, run_id: str | None = None,
-               personas: bytes | None = None, manifest: dict | None = None,
+               personas: bytes | None = None, graph: tuple[bytes | None, bytes | None] | None = None,
+               manifest: dict | None = None,
                on_event: Callable[[str, object], None] | None = None,
                stall_s: float = 300.0, fork: Restore | None = None) -> RunOutcome:
     """Submit a run and follow it until it is recorded (or failed). Raises RunStalled when
@@ -161,19 +162,27 @@ async def play(nc: Client, config: RunConfig, *, run_id: str | None = None,
     run's state after one of its rounds."""
     rid = run_id or new_run_id()
     async with _Following(nc, rid, on_event, stall_s) as following:
-        await submit(nc, config, run_id=rid, personas=personas, manifest=manifest, fork=fork,
+        await submit(nc, config, run_id=rid, personas=personas, graph=graph, manifest=manifest, fork=fork,
                      marks=following.out.marks)
         return await following.until_recorded()
 
 
 async def submit(nc: Client, config: RunConfig, *, run_id: str, personas: bytes | None = None,
+                 graph: tuple[bytes | None, bytes | None] | None = None,
                  manifest: dict | None = None, fork: Restore | None = None,
                  marks: dict[str, float] | None = None) -> str:
-    """Publish a run's start (personas uploaded first, the manifest given its run id and the
-    replicas serving its model) without following it: `play` follows, the manager does not."""
+    """Publish a run's start (personas and graph uploaded first, the manifest given its run id
+    and the replicas serving its model) without following it: `play` follows, the manager does
+    not. `graph`: (the graph's bytes, its agent order's bytes or None), as prepared."""
     js = nc.jetstream()
     if personas is not None:
         await objects.put_personas(js, personas)
+    if graph is not None and graph[0] is not None:
+        from populace.graph.store import put_blob, put_graph
+
+        await put_graph(js, graph[0])
+        if graph[1] is not None:
+            await put_blob(js, graph[1], "graph order")
     if manifest is not None:
         manifest = {**manifest, "run_id": run_id}
         manifest["model"] = {**manifest.get("model", {}),

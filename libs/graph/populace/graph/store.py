@@ -17,7 +17,7 @@ from populace.graph.config import GraphError
 from populace.graph.csr import Graph
 from populace.graph.serial import digest, dumps, loads
 
-__all__ = ["GRAPHS_BUCKET", "get_graph", "put_graph"]
+__all__ = ["GRAPHS_BUCKET", "get_graph", "put_blob", "put_graph"]
 
 GRAPHS_BUCKET = "graphs"
 
@@ -28,6 +28,14 @@ async def put_graph(js: JetStreamContext, graph: Graph | bytes) -> str:
     key = digest(data)
     store = await until_ready(lambda: ensure_object_store(js, GRAPHS_BUCKET), f"object store {GRAPHS_BUCKET}")
     await put_once(store, key, data, "graph")
+    return key
+
+
+async def put_blob(js: JetStreamContext, data: bytes, what: str) -> str:
+    """Store bytes that belong with a graph (its agent order) under their sha256."""
+    key = digest(data)
+    store = await until_ready(lambda: ensure_object_store(js, GRAPHS_BUCKET), f"object store {GRAPHS_BUCKET}")
+    await put_once(store, key, data, what)
     return key
 
 

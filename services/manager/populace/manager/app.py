@@ -377,7 +377,8 @@ def create_app(settings: ManagerSettings) -> Starlette:
         rid = new_run_id()
         p = checked.prepared
         try:
-            await submit(nc_of(request), p.config, run_id=rid, personas=p.personas, manifest=p.manifest)
+            await submit(nc_of(request), p.config, run_id=rid, personas=p.personas, graph=p.graph_blobs,
+                         manifest=p.manifest)
         except (nats.errors.Error, TimeoutError, OSError) as err:  # the bus, not the scenario
             return _back("/start", error=f"run {rid} was not submitted: the bus refused or did not answer "
                                          f"({type(err).__name__}: {err}); nothing was started")
