@@ -2,7 +2,7 @@
 
 deploy/nats/auth.conf gives every agent-host one shared user, which may publish any host's
 outcomes and partials. A host with a user of its own (named by its host id) may publish only
-its own: `run.*.outcomes.*.<id>`, `run.*.partial.*.<id>.*`, `run.*.spawned.<id>`,
+its own: `run.*.outcomes.*.<id>`, `run.*.mail.*.*.*.<id>`, `run.*.partial.*.<id>.*`, `run.*.spawned.<id>`,
 `run.*.fault.<id>`, `progress.*.*.<id>`, its own KV `hosts` entry; it hears only its own spawn
 orders and reads only its own inboxes (`_INBOX_<id>.>`). The environment and the recorder
 refuse a body that claims another sender than its subject, so a host's credentials cannot
@@ -22,6 +22,8 @@ NARROWINGS = (
     ('user: agent-host', 'user: "{id}"'),
     ('"run.*.spawned.*"', '"run.*.spawned.{id}"'),
     ('"run.*.outcomes.*.*"', '"run.*.outcomes.*.{id}"'),
+    ('"run.*.mail.*.*.*.*"', '"run.*.mail.*.*.*.{id}"'),
+    ('"run.*.mail.>"', '"run.*.mail.*.{id}.>"'),
     ('"run.*.partial.*.*.*"', '"run.*.partial.*.{id}.*"'),
     ('"run.*.fault.*"', '"run.*.fault.{id}"'),
     ('"progress.*.*.*"', '"progress.*.*.{id}"'),

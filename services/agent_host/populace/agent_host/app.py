@@ -20,6 +20,7 @@ from populace.core.contracts import (
     HostInfo,
     HostSpawned,
     InferBatch,
+    MailBatch,
     OutcomeBatch,
     Progress,
     RoundOpen,
@@ -31,6 +32,9 @@ from populace.core.contracts import (
 from populace.core.scenario import format_validation_error
 from populace.core.service import Refused, Service
 from populace.core.settings import Settings
+from populace.graph.config import GraphError
+from populace.graph.csr import Graph
+from populace.graph.store import get_graph
 from populace.population.cast import Cast, cast_from_jsonl
 from populace.population.errors import PopulationError
 from populace.sdk.simulation import SimulationError
@@ -48,6 +52,7 @@ class AgentHost:
         self.runtime: HostRuntime | None = None
         self.heartbeat: bus.Heartbeat | None = None
         self.casts: dict[str, Cast] = {}  # by personas digest: one population kept in memory
+        self.graphs: dict[str, Graph] = {}  # by graph digest: one graph kept in memory
 
     async def start(self) -> None:
         # A round allocates millions of short-lived objects (tasks, futures, prompts,
@@ -94,14 +99,29 @@ class AgentHost:
             self.casts[pop.digest] = await asyncio.to_thread(cast_from_jsonl, data, f"personas {pop.digest[:12]}")
         return self.casts[pop.digest]
 
+    async def load_graph(self, batch: SpawnBatch) -> Graph | None:
+        """The run's graph, read once per digest from the object store (checked against it)."""
+        ref = batch.config.graph
+        if ref is None:
+            return None
+        if ref.digest is None:
+            raise ValueError("the run has a graph: but it was never built and uploaded (no digest): "
+                             "submit it with populace run / the client, which build it")
+        if ref.digest not in self.graphs:
+            self.graphs.clear()
+            self.graphs[ref.digest] = await get_graph(self.svc.js, ref.digest)
+        return self.graphs[ref.digest]
+
     async def on_spawn(self, batch: SpawnBatch) -> None:
         """This host's agents of a run, as id ranges (personas by reference)."""
         t0 = time.perf_counter()
         try:
             cast = await self.load_cast(batch)
-            run = self.runtime.spawn(batch, cast)  # type: ignore[union-attr]
+            graph = await self.load_graph(batch)
+            run = self.runtime.spawn(batch, cast, graph)  # type: ignore[union-attr]
             await self.runtime.restore(run, batch)  # type: ignore[union-attr]
-        except (objects.BlobError, PopulationError, SimulationError, ValueError, checkpoints.CheckpointError) as err:
+        except (objects.BlobError, PopulationError, SimulationError, ValueError, checkpoints.CheckpointError,
+                GraphError) as err:
             detail = format_validation_error(err) if isinstance(err, ValidationError) else str(err)
             reason = f"agent-host {self.host_id} cannot host run {batch.run_id}: {detail}"
             self.svc.log.error("spawn_failed", run_id=batch.run_id, error=reason)
@@ -129,6 +149,12 @@ class AgentHost:
             raise Refused(why)  # dead-lettered once by the service
         self.runtime.start_round(opened, telemetry.extract(msg.headers))  # type: ignore[union-attr]
 
+    async def on_mail(self, batch: MailBatch, msg: NatsMessage) -> None:
+        """Another share's posts for one of this host's shares (a forged sender: dead-lettered)."""
+        why = self.runtime.receive_mail(batch, msg.raw_message.subject)  # type: ignore[union-attr]
+        if why is not None:
+            raise Refused(why)
+
     async def on_done(self, done: RunDone) -> None:
         """A run stopped (completed, failed, cancelled, paused): its round in play stops, its
         agents go (not those of a resume that already placed them again)."""
@@ -145,8 +171,10 @@ def create(settings: Settings | None = None) -> Service:
     svc.handle(subjects.any_spawn_for(host.host_id), SpawnBatch, no_reply=True)(host.on_spawn)
     svc.handle(subjects.ANY_ROUND_OPEN, RoundOpen, no_reply=True)(host.on_round_open)
     svc.handle(subjects.ANY_RUN_DONE, RunDone, no_reply=True)(host.on_done)
+    svc.handle(subjects.any_mail_for(host.host_id), MailBatch, no_reply=True)(host.on_mail)
     svc.publishes(subjects.ANY_SPAWNED, HostSpawned, "this host created its agents of a run")
     svc.publishes(subjects.ANY_OUTCOMES, OutcomeBatch, "~1,000 agents' outcomes of a round, columnar")
+    svc.publishes(subjects.ANY_MAIL, MailBatch, "posts of a round for another share's agents (a run with a graph)")
     svc.publishes(subjects.ANY_PARTIAL, RoundPartial, "this host's reduced round, after all its outcomes are stored")
     svc.publishes(subjects.ANY_FAULT, RunFault, "this host cannot host the run or its simulation failed")
     svc.publishes(subjects.ANY_PROGRESS, Progress, "core NATS, not stored: outcomes answered so far")

@@ -11,7 +11,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from populace.core import bus, logs, metrics, subjects, telemetry
-from populace.core.contracts import OutcomeBatch, Progress, RoundPartial, Usage
+from populace.core.contracts import OutcomeBatch, PostColumns, Progress, RoundPartial, Usage
 from populace.sdk.play import OutcomeBatch as Batch
 from populace.sdk.play import RoundShare
 
@@ -40,6 +40,7 @@ class OutcomePublisher:
             v=1, run_id=self.run_id, round=self.round, host_id=self.host_id, seq=batch.seq,
             agent_ids=batch.agent_ids, columns=batch.columns, valid=batch.valid, raws=batch.raws,
             latency_ms=batch.latency_ms, errors=batch.errors, group_ids=batch.group_ids, epoch=self.epoch,
+            posts=None if batch.posts is None else PostColumns.model_construct(v=1, **batch.posts),
         )
         metrics.batch("agent-host", "outcomes", len(batch.agent_ids))
         metrics.INVALID.labels("agent-host").inc(batch.valid.count(False))

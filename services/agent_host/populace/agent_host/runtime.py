@@ -6,6 +6,7 @@ simulation: everything about one comes from the SDK."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import time
 from collections.abc import Awaitable, Callable
@@ -15,11 +16,13 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from opentelemetry.context import Context
 
+from populace.agent_host.mail import MailCarrier, MailMissing
 from populace.agent_host.publisher import OutcomePublisher
 from populace.core import checkpoints, logs, metrics
-from populace.core.contracts import RoundOpen, SpawnBatch, share_key
+from populace.core.contracts import MailBatch, RoundOpen, SpawnBatch, share_key
 from populace.core.settings import Settings
 from populace.core.telemetry import tracer
+from populace.graph.csr import Graph
 from populace.population.cast import Cast
 from populace.sdk.hosting import HostedRun, host_run
 from populace.sdk.llm import ModelUnavailable
@@ -28,6 +31,9 @@ from populace.sdk.play import OutcomeSink
 from populace.sdk.registry import resolve
 
 log = logs.get("populace.agent_host")
+
+# An agent's post in its checkpoint (beside its declared state; no state field starts with "__")
+POST_TEXT, POST_FIELDS = "__post_text__", "__post_fields__"
 
 # (run id, round or None, reason, epoch, pause): tell the orchestrator this run cannot go on
 # here (pause: not the run's fault, e.g. no model answers; it can resume as it is).
@@ -44,6 +50,7 @@ class HostRuntime:
         self.runs: dict[str, dict[int, HostedRun]] = {}
         self._rounds: dict[tuple[str, int], set[asyncio.Task]] = {}  # by share: cancelled with it
         self._report_fault = report_fault
+        self.mail = MailCarrier(nc, js, settings)
 
     @property
     def agent_count(self) -> int:
@@ -52,7 +59,7 @@ class HostRuntime:
     def key(self, epoch: int) -> str:
         return share_key(self.host_id, epoch)
 
-    def spawn(self, batch: SpawnBatch, cast: Cast | None = None) -> HostedRun:
+    def spawn(self, batch: SpawnBatch, cast: Cast | None = None, graph: Graph | None = None) -> HostedRun:
         """Create this host's share of a run (idempotent: a replayed spawn is a no-op). The
         host's shares of the run that the new placement no longer lists (a resume replaced
         them) go first. Raises SimulationError / ValidationError / ValueError when the run
@@ -65,7 +72,7 @@ class HostRuntime:
         resolved = resolve(batch.config)
         one_per_process = resolved.config.placement.agents_per_process == 1 or self.settings.one_agent_per_process
         run = host_run(resolved, batch.run_id, batch.ranges, cast, one_per_process=one_per_process,
-                       max_in_flight=self.settings.max_in_flight, epoch=batch.epoch)
+                       max_in_flight=self.settings.max_in_flight, epoch=batch.epoch, graph=graph)
         self.runs.setdefault(batch.run_id, {})[batch.epoch] = run
         metrics.AGENTS.set(self.agent_count)
         return run
@@ -78,6 +85,16 @@ class HostRuntime:
         r = batch.restore
         states = await checkpoints.load_agents(self.js, r.run_id, r.round, r.ranges, run.ranges)
         run.restore(states)
+        if run.mailroom is not None:
+            # what the agents read next: every agent's post of that round (the checkpoint of
+            # every range holds its agents' posts), not only this share's
+            everyone = await checkpoints.load_agents(self.js, r.run_id, r.round, r.ranges, r.ranges)
+            box = run.mailroom.box(r.round)
+            for aid, state in everyone.items():
+                text = state.get(POST_TEXT)
+                if text is not None:
+                    box.put(aid, None, text, state.get(POST_FIELDS))  # type: ignore[arg-type]
+            run.mailroom.restored.add(r.round)
 
     def drop(self, run_id: str, epoch: int) -> None:
         """One share goes: its round in play stops at once, its agents are freed."""
@@ -85,6 +102,7 @@ class HostRuntime:
             task.cancel()
         shares = self.runs.get(run_id, {})
         run = shares.pop(epoch, None)
+        self.mail.forget(run_id, epoch)
         if not shares:
             self.runs.pop(run_id, None)
         gc.unfreeze()  # let the share's agents be collected
@@ -110,6 +128,13 @@ class HostRuntime:
                 if epoch < opened.epoch:
                     self.drop(opened.run_id, epoch)
                 continue
+            if run.mailroom is not None and opened.ranges:
+                known = run.placements.get(opened.round)
+                if known is None or known[0] <= opened.epoch:
+                    run.placements[opened.round] = (opened.epoch, {k: list(v) for k, v in opened.ranges.items()})
+                if opened.round in run.mailroom.played:
+                    # announced again after a re-placement: the new shares need this round's posts
+                    self._spawn_task(run, self.mail.send(run, opened.round))
             if opened.round in run.rounds_played:
                 continue  # a replay, or the round announced again for other shares
             run.rounds_played.add(opened.round)
@@ -117,6 +142,16 @@ class HostRuntime:
             tasks = self._rounds.setdefault((opened.run_id, epoch), set())
             tasks.add(task)
             task.add_done_callback(tasks.discard)
+
+    def _spawn_task(self, run: HostedRun, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        tasks = self._rounds.setdefault((run.run_id, run.epoch), set())
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    def receive_mail(self, batch: MailBatch, subject: str) -> str | None:
+        """A share's posts for one of this host's shares (why it is refused, or None)."""
+        return self.mail.receive(self.runs, batch, subject)
 
     async def play_round(self, run: HostedRun, opened: RoundOpen, trace_context: Context | None = None) -> None:
         # One span for this host's share of the round; the batches below are its children.
@@ -131,6 +166,11 @@ class HostRuntime:
             except asyncio.CancelledError:
                 log.info("round_cancelled", run_id=run.run_id, round=opened.round)
                 raise
+            except MailMissing as err:  # the bus lost posts: pause; a resume rebuilds inboxes from checkpoints
+                reason = f"round {opened.round}: {err}; `populace resume {run.run_id}` continues"
+                log.error("mail_missing", error=reason)
+                if self._report_fault is not None:
+                    await self._report_fault(run.run_id, opened.round, reason, run.epoch, True)
             except ModelUnavailable as err:  # the model path is down: pause, record nothing as answers
                 reason = f"round {opened.round}: {err}; `populace resume {run.run_id}` continues once a model answers"
                 log.error("model_unavailable", error=reason)
@@ -157,26 +197,44 @@ class HostRuntime:
             attempts=s.infer_attempts, host_id=self.host_id, silence_s=s.infer_silence_s, down_s=s.infer_down_s,
             on_worked_on=publisher.worked_on,
         )
+        room = run.mailroom
+        record_posts = None
+        if room is not None:
+            await self.mail.ready(run, opened.round)
+            reading = room.reading(opened.round)
+            obs._mailbox = reading
+            record_posts = functools.partial(room.record, opened.round, reading)
         sink = OutcomeSink(type(run.sim), run.env, batch_size=s.outcome_batch_size, emit=publisher.emit,
-                           grouped=run.tables.grouped)
+                           grouped=run.tables.grouped, posts=record_posts)
         await run.player.play(obs, session, sink)
         share = sink.close()
+        mails = 0
+        if room is not None:
+            room.played.add(opened.round)
+            mails = await self.mail.send(run, opened.round)
         played = time.perf_counter()
         saved = await self.checkpoint(run, opened.round) if s.checkpoints else 0
         # The partial goes out last: a round that closes is a round whose checkpoints exist.
         await publisher.close(share, session.usage())
+        if room is not None:
+            room.forget_before(opened.round)
         metrics.ROUNDS.labels("agent-host").inc()
         metrics.ROUND_SECONDS.labels("agent-host").observe(time.perf_counter() - t0)
         metrics.RETRIES.labels("agent-host").inc(session.infra_retries)
         log.info("round_played", run_id=run.run_id, round=opened.round, agents=share.n, valid=share.n_valid,
                  infer_batches=session.batches_sent, infra_retries=session.infra_retries, llm_calls=session.llm_calls,
                  tokens=session.prompt_tokens + session.completion_tokens, outcome_batches=share.batches,
+                 mail_sent=mails,
                  checkpoint_bytes=saved, checkpoint_seconds=round(time.perf_counter() - played, 3),
                  seconds=round(time.perf_counter() - t0, 3))
 
     async def checkpoint(self, run: HostedRun, round_: int) -> int:
         """The agents' declared state after `round_`, one object per range; returns the bytes."""
         total = 0
+        box = run.mailroom.box(round_) if run.mailroom is not None else None
         for first, count, columns in await run.snapshot():
+            if box is not None:  # their posts: what a replacement or a resume gives the next round to read
+                columns[POST_TEXT] = box.texts[first:first + count]
+                columns[POST_FIELDS] = box.fields[first:first + count]
             total += await checkpoints.save_agents(self.js, run.run_id, round_, first, count, columns)
         return total

@@ -381,7 +381,9 @@ class Orchestrator:
                 RoundOpen(run_id=rid, round=action.round, expected=action.expected, config=state.config,
                           observation=state.observation, env_state=state.env_state, opened_at=time.time(),
                           epoch=state.epoch, shares={sh.key: sh.count for sh in state.shares},
-                          nudge=state.nudged),
+                          nudge=state.nudged,
+                          # where posts go: only a run with a graph needs every share's ranges
+                          ranges={sh.key: sh.ranges for sh in state.shares} if state.config.graph else {}),
                 msg_id=subjects.msg_id(rid, action.round, f"orch{state.nudged}", "open", state.epoch),
             )
         if not action.again:

@@ -53,6 +53,11 @@ CREATE TABLE IF NOT EXISTS agent_profiles (
     run_id VARCHAR, agent_id BIGINT, persona_index BIGINT, profile JSON, persona JSON
 );
 CREATE TABLE IF NOT EXISTS _ingested (msg_id VARCHAR PRIMARY KEY);
+-- a run with a graph: one row per agent per round, its post (text NULL: none) and what it heard
+-- (how many posts, the sum of their digests mod 2^63: populace.sdk.post.post_hash)
+CREATE TABLE IF NOT EXISTS posts (
+    run_id VARCHAR, round INTEGER, agent_id BIGINT, text VARCHAR, fields JSON, heard INTEGER, heard_digest BIGINT
+);
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS manifest_json JSON;
 ALTER TABLE llm_calls ADD COLUMN IF NOT EXISTS reasks INTEGER;
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS simulation VARCHAR;
@@ -274,7 +279,7 @@ class Store:
         spec = self._spec(m.run_id)
         within = " OR ".join("(agent_id >= ? AND agent_id < ?)" for _ in mine)
         bounds = [x for pair in mine for x in pair]
-        for table in (spec.outcomes, "llm_calls"):
+        for table in (spec.outcomes, "llm_calls", "posts"):
             con.execute(f"DELETE FROM {_q(table)} WHERE run_id = ? AND round >= ? AND ({within})",
                         [m.run_id, m.from_round, *bounds])
         con.execute(f"DELETE FROM agents WHERE run_id = ? AND ({within})", [m.run_id, *bounds])
@@ -382,7 +387,7 @@ class Store:
         self._forget_recorded(m.run_id)
         spec = self._spec(m.run_id)
         con = self.con
-        for table in (spec.outcomes, spec.rounds, "llm_calls"):
+        for table in (spec.outcomes, spec.rounds, "llm_calls", "posts"):
             con.execute(f"DELETE FROM {_q(table)} WHERE run_id = ? AND round > ?", [m.run_id, m.after_round])
         con.execute("UPDATE runs SET status = 'running', finished_at = NULL, reason = NULL, hosts = ? "
                     "WHERE run_id = ?", [m.hosts, m.run_id])
@@ -434,7 +439,35 @@ class Store:
             self.con.execute(f"INSERT INTO {_q(spec.outcomes)} BY NAME SELECT * FROM outcome_rows")
         finally:
             self.con.unregister("outcome_rows")
+        self._insert_posts([m for m in batches if m.posts is not None])
         return len(cols["agent_id"])
+
+    def _insert_posts(self, batches: list[OutcomeBatch]) -> None:
+        """Each agent's post once per round (not once per edge: who hears whom is the graph)."""
+        if not batches:
+            return
+        cols: dict[str, list] = {k: [] for k in ("run_id", "round", "agent_id", "text", "fields", "heard",
+                                                 "heard_digest")}
+        for m in batches:
+            p = m.posts
+            assert p is not None
+            n = len(m.agent_ids)
+            cols["run_id"].extend([m.run_id] * n)
+            cols["round"].extend([m.round] * n)
+            cols["agent_id"].extend(m.agent_ids)
+            cols["text"].extend(p.texts)
+            cols["fields"].extend(json.dumps(f, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+                                  if f is not None else None for f in p.fields)
+            cols["heard"].extend(p.heard)
+            cols["heard_digest"].extend(p.heard_digest)
+        schema = pa.schema([("run_id", pa.string()), ("round", pa.int32()), ("agent_id", pa.int64()),
+                            ("text", pa.string()), ("fields", pa.string()), ("heard", pa.int32()),
+                            ("heard_digest", pa.int64())])
+        self.con.register("post_rows", pa.Table.from_pydict(cols, schema=schema))
+        try:
+            self.con.execute("INSERT INTO posts BY NAME SELECT * FROM post_rows")
+        finally:
+            self.con.unregister("post_rows")
 
     def _insert_round(self, m: RoundResult) -> None:
         spec = self._spec(m.run_id)
