@@ -1,0 +1,73 @@
+"""What an agent hears in a round, pure: which of the messages in its inbox it reads in its
+prompt, and the sums over its in-neighbours' stances that the environment folds.
+
+An inbox holds the in-neighbours' posts of the round before (by author id) and, in a round
+the scenario schedules one, broadcasts (author BROADCAST: a campaign, a rumour; not an agent,
+so never part of the statistics over the graph's edges).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from populace.sdk import Message
+from populace_opinion.scale import MICRO, to_micro
+
+BROADCAST = -1  # the author of a broadcast
+
+
+class Reading(NamedTuple):
+    """The messages an agent reads in its prompt, each kind in inbox order."""
+
+    broadcasts: tuple[Message, ...]
+    posts: tuple[Message, ...]  # in-neighbours' posts read
+    posts_heard: int  # in-neighbours' posts heard, read or not
+
+
+class Listened(NamedTuple):
+    """Sums over the stances of the in-neighbours' posts an agent heard (posts whose stance is
+    on the scale; broadcasts never), in micro-units: exact, so the environment can fold them."""
+
+    n: int = 0
+    total: int = 0
+    squares: int = 0
+
+    @property
+    def mean(self) -> float | None:
+        return self.total / (self.n * MICRO) if self.n else None
+
+
+NOTHING_HEARD = Listened()
+
+
+def listen(messages: Sequence[Message]) -> Listened:
+    n = total = squares = 0
+    for m in messages:
+        if m.author == BROADCAST:
+            continue
+        micro = to_micro(getattr(m.post, "stance", None))
+        if micro is None:
+            continue
+        n += 1
+        total += micro
+        squares += micro * micro
+    return Listened(n, total, squares)
+
+
+def read(messages: Sequence[Message], cap: int, seed: int, round_: int, agent_id: int) -> Reading:
+    """At most `cap` messages: every broadcast first (the scenario sent it to be read), then
+    the in-neighbours' posts. When there are more posts than room, a sample seeded by the run's
+    seed, the round and the agent: reproducible on any host, and not biased to low author ids
+    the way the inbox's first posts would be."""
+    broadcasts = [m for m in messages if m.author == BROADCAST]
+    posts = [m for m in messages if m.author != BROADCAST]
+    heard = len(posts)
+    room = cap - len(broadcasts)
+    if room <= 0:
+        return Reading(tuple(broadcasts[:cap]), (), heard)
+    if heard > room:
+        keep = sorted(random.Random(f"{seed}-{round_}-{agent_id}").sample(range(heard), room))
+        posts = [posts[i] for i in keep]
+    return Reading(tuple(broadcasts), tuple(posts), heard)
