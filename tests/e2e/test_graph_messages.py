@@ -78,3 +78,45 @@ def test_inboxes_stay_exact_when_mail_between_hosts_is_lost(lossy):
     assert [(r, t) for r, t in zip(local.rounds["round"], local.rounds["total"], strict=True)] == fleet_rounds
     assert list(zip(local.outcomes["agent_id"], local.outcomes["level"], local.outcomes["heard"], strict=True)) \
         == fleet_levels
+
+
+def test_a_host_lost_mid_round_leaves_every_inbox_exact(tmp_path):
+    """Round 2 in play, one agent-host is SIGKILLed: its agents are placed on the survivor,
+    which reads their last posts from the checkpoints, and the survivor sends its own posts of
+    the round again to the new share. The run equals one process's, inbox by inbox."""
+    import os
+    import signal
+
+    from populace.core.contracts import RoundOpen
+
+    env = {"PYTHONPATH": str(SIMS), "POPULACE_STORAGE": "memory", "POPULACE_HOST_LOST_S": "4",
+           "POPULACE_HEARTBEAT_S": "0.5", "POPULACE_REGISTRY_TTL_S": "4"}
+    stack = Stack(hosts=2, db=str(tmp_path / "populace.duckdb"), env=env)
+    data = {**SCENARIO, "model": {"backend": "dummy", "latency_s": 1.5, "seed": 1}}
+    prepared = prepare(RunConfig.model_validate(data))
+
+    def on_event(kind: str, model: object) -> None:
+        if isinstance(model, RoundOpen) and model.round == 2 and stack.procs["agent-host-1"].poll() is None:
+            os.kill(stack.procs["agent-host-1"].pid, signal.SIGKILL)
+
+    async def go():
+        nc = await bus.connect(stack.url, "e2e-graph-loss")
+        try:
+            return await asyncio.wait_for(play(nc, prepared.config, graph=prepared.graph_blobs,
+                                               manifest=prepared.manifest, on_event=on_event, stall_s=90), 180)
+        finally:
+            await nc.close()
+
+    with stack.up(timeout=90):
+        outcome = asyncio.run(go())
+        assert outcome.status == "completed", outcome.reason
+        graph = loads(prepared.graph)
+        with duckdb.connect(stack.db, read_only=True) as con:
+            check = check_inboxes(con, outcome.run_id, graph, rounds=4)
+            assert check.rows == 400 * 4 and check.exact, check
+            fleet = con.execute("SELECT agent_id, level, heard FROM gossip_outcomes WHERE run_id = ? "
+                                "ORDER BY round, agent_id", [outcome.run_id]).fetchall()
+            shares = con.execute("SELECT count(*) FROM _shares WHERE run_id = ?", [outcome.run_id]).fetchone()[0]
+    assert shares == 3, "the lost host's agents should have been placed again, in a new share"
+    local = asyncio.run(run_local(prepared.resolved, graph=graph))
+    assert list(zip(local.outcomes["agent_id"], local.outcomes["level"], local.outcomes["heard"], strict=True)) == fleet

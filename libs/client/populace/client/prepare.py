@@ -166,7 +166,9 @@ def prepare(config: RunConfig, *, base: Path = Path("."), agents_given: bool | N
     personas: bytes | None = None
     if config.population is not None:
         records, personas, agents = population_records(config, base, agents_given)
-        data = config.model_dump(mode="json")
+        # only what the scenario set: a key dumped with its default would count as set, and
+        # then the simulation's model defaults (e.g. max_tokens for chain of thought) never apply
+        data = config.model_dump(mode="json", exclude_unset=True)
         data["agents"] = agents
         data["population"]["digest"] = digest_of(personas)
         try:
@@ -198,7 +200,7 @@ def _with_graph(config: RunConfig, records: list[dict], personas: bytes | None,
                             "runs each agent in its own process and cannot have a graph")
     graph = prepare_graph(config.graph.spec, config.agents, seed=config.seed, placement=config.graph.placement,
                           records=records or None, base=base)
-    data = config.model_dump(mode="json")
+    data = config.model_dump(mode="json", exclude_unset=True)  # see prepare: what was set stays set
     if graph.order is not None and records:
         records = [records[i] for i in graph.order.tolist()]
         personas = _jsonl(records)

@@ -166,7 +166,7 @@ def _exchange(runs: list[HostedRun], placement: dict[str, list[tuple[int, int]]]
             dest = dict(rooms)[m.to]
             dest.receive(round_, key, m.shard, m.shards, (m.authors, m.texts, m.fields))
     for key, room in rooms:
-        sources = [k for k, _ in rooms if k != key]
+        sources = {k: placement[k] for k, _ in rooms if k != key}
         if room.missing(round_, sources):
             raise RuntimeError(f"round {round_}: mail to {key} is missing")  # pragma: no cover - a bug
         room.deliver(round_, sources)

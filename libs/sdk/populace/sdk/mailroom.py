@@ -146,16 +146,25 @@ class Mailroom:
     def missing(self, round_: int, sources: Iterable[str]) -> list[str]:
         return MailIn(round_).missing(sources) if round_ not in self.mail else self.mail[round_].missing(sources)
 
-    def deliver(self, round_: int, sources: Iterable[str]) -> int:
-        """Put the expected sources' mail for `round_` into its mailbox (once complete)."""
+    def deliver(self, round_: int, sources: Mapping[str, Iterable[tuple[int, int]]]) -> tuple[int, int]:
+        """Put the expected sources' mail for `round_` (source key -> its agent ranges) into
+        its mailbox, once complete. Returns (posts kept, posts refused): a post whose author is
+        not one of its sender's agents is refused (a forged or misrouted message)."""
         box = self.box(round_)
-        n = 0
         inbox = self.mail.get(round_)
+        kept = refused = 0
         if inbox is None:
-            return 0
-        for authors, texts, fields in inbox.payloads(sources):
-            n += box.put_wire(authors, texts, fields)
-        return n
+            return 0, 0
+        for key, ranges in sources.items():
+            theirs = owned_mask(self.graph.n, ranges)
+            for authors, texts, fields in inbox.payloads([key]):
+                for a, t, f in zip(authors, texts, fields, strict=True):
+                    if 0 <= a < self.graph.n and theirs[a]:
+                        box.put(a, None, t, f)
+                        kept += 1
+                    else:
+                        refused += 1
+        return kept, refused
 
     def forget_before(self, round_: int) -> None:
         """Rounds before `round_` are read no more."""

@@ -124,14 +124,17 @@ class MailCarrier:
         placed = run.placements.get(prev)
         if prev not in room.played or placed is None:
             raise MailMissing(f"share {me} did not play round {prev} and has no checkpoint of its posts")
-        sources = [k for k in placed[1] if k != me]
+        sources = {k: r for k, r in placed[1].items() if k != me}
         event = self._event(run)
         started = time.monotonic()
         refetched = 0.0
         while True:
             missing = room.missing(prev, sources)
             if not missing:
-                room.deliver(prev, sources)
+                _, refused = room.deliver(prev, sources)
+                if refused:
+                    log.warning("mail_refused", run_id=run.run_id, round=prev, posts=refused,
+                                reason="authors that are not their sender's agents")
                 return
             waited = time.monotonic() - started
             if waited > self.settings.mail_wait_s:

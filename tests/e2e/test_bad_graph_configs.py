@@ -1,0 +1,82 @@
+"""Bad `graph:` and `broadcasts:` sections: each is refused with exit code 2 and a message
+naming the field, by `populace validate` and by `populace demo` before anything starts — an
+edge list naming an agent that does not exist included."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+SIMS = Path(__file__).with_name("sims")  # gossip_sim, importable through PYTHONPATH
+
+HEAD = "simulation: gossip_sim:Gossip\nagents: 50\nrounds: 3\n"
+POP = "population: {config: pop.yaml}\n"
+POP_YAML = "name: p\ntotal: 50\nattributes:\n  region:\n    weights: {north: 0.5, south: 0.5}\n"
+
+BAD = {
+    "an unknown generator": (HEAD + "graph: {generator: lattice}\n", "graph.generator"),
+    "no generator": (HEAD + "graph: {degree: 4}\n", "graph.generator"),
+    "a degree as large as the run": (HEAD + "graph: {generator: small-world, degree: 50}\n", "graph.degree"),
+    "a degree below 1": (HEAD + "graph: {generator: homophily, attribute: region, degree: 0}\n" + POP,
+                         "graph.degree"),
+    "a probability above 1": (HEAD + "graph: {generator: small-world, degree: 4, rewire: 1.5}\n", "graph.rewire"),
+    "a probability below 0": (HEAD + "graph: {generator: homophily, attribute: region, strength: -0.1}\n" + POP,
+                              "graph.strength"),
+    "an unknown key": (HEAD + "graph: {generator: scale-free, m: 3, colour: red}\n", "graph.colour"),
+    "an attribute the personas lack": (HEAD + "graph: {generator: homophily, attribute: income}\n" + POP,
+                                       "graph.attribute"),
+    "homophily without personas": (HEAD + "graph: {generator: homophily, attribute: region}\n", "graph.attribute"),
+    "an edge list naming an agent that does not exist": (
+        HEAD + "graph: {generator: edges, path: edges.csv}\n", "graph.path"),
+    "an edge list with a self-loop": (HEAD + "graph: {generator: edges, path: loops.csv}\n", "graph.path"),
+    "an edge list that is not there": (HEAD + "graph: {generator: edges, path: nowhere.csv}\n", "graph.path"),
+    "a broadcast after the last round": (
+        HEAD + "graph: {generator: small-world, degree: 4}\nbroadcasts: [{round: 9, text: hi}]\n", "broadcasts.0.round"),
+    "a broadcast without a graph": (HEAD + "broadcasts: [{round: 1, text: hi}]\n", "broadcasts.0"),
+    "a broadcast to more agents than the run has": (
+        HEAD + "graph: {generator: small-world, degree: 4}\n"
+               "broadcasts: [{round: 1, text: hi, to: top-degree, count: 500}]\n", "broadcasts.0.count"),
+    "a broadcast to an agent that does not exist": (
+        HEAD + "graph: {generator: small-world, degree: 4}\n"
+               "broadcasts: [{round: 1, text: hi, to: agents, agents: [3, 77]}]\n", "broadcasts.0.agents"),
+    "a graph with one process per agent": (
+        HEAD + "graph: {generator: small-world, degree: 4}\nplacement: {agents_per_process: 1}\n", "graph"),
+}
+
+
+def populace(*args: str, cwd) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(SIMS)}
+    return subprocess.run([sys.executable, "-m", "populace.cli", *args], capture_output=True, text=True,
+                          timeout=120, cwd=cwd, env=env)
+
+
+def _files(tmp_path):
+    (tmp_path / "pop.yaml").write_text(POP_YAML)
+    (tmp_path / "edges.csv").write_text("source,target\n0,1\n1,2\n2,50\n")
+    (tmp_path / "loops.csv").write_text("source,target\n0,1\n3,3\n")
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_validate_refuses_it_naming_the_field(tmp_path, case):
+    text, field = BAD[case]
+    _files(tmp_path)
+    (tmp_path / "scenario.yaml").write_text(text)
+    res = populace("validate", "scenario.yaml", cwd=tmp_path)
+    assert res.returncode == 2, (case, res.stdout, res.stderr)
+    assert field in res.stderr, (case, res.stderr)
+
+
+def test_demo_refuses_a_bad_edge_list_before_anything_starts(tmp_path):
+    _files(tmp_path)
+    (tmp_path / "scenario.yaml").write_text(BAD["an edge list naming an agent that does not exist"][0])
+    res = populace("demo", "--scenario", "scenario.yaml", "--db", str(tmp_path / "x.duckdb"), cwd=tmp_path)
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    assert "graph.path" in res.stderr and "row 3" in res.stderr and "50 is not an agent id" in res.stderr, res.stderr
+    assert "starting nats-server" not in res.stdout + res.stderr
+    assert not (tmp_path / "x.duckdb").exists()
