@@ -192,3 +192,18 @@ def test_a_local_run_on_one_host_equals_three_hosts():
     assert one.outcomes == three.outcomes | {"latency_ms": one.outcomes["latency_ms"]}
     assert one.posts == three.posts and len(one.posts["agent_id"]) == 90 * 3
     assert one.rounds["total"] == three.rounds["total"]
+
+
+def test_a_broadcast_field_the_post_does_not_have_is_named():
+    from populace.sdk.registry import resolve
+
+    data = {"simulation": "gossip_sim:Gossip", "agents": 20, "rounds": 2,
+            "graph": {"generator": "small-world", "degree": 4},
+            "broadcasts": [{"round": 1, "text": "hi", "fields": {"levle": 3}}]}
+    with pytest.raises(ValidationError, match=r"broadcasts.0.fields.levle: not a field of gossip's post \(it has: level\)"):
+        resolve(RunConfig.model_validate(data))
+
+
+def test_a_post_longer_than_the_bound_is_refused():
+    with pytest.raises(PostError, match="at most 10,000"):
+        to_wire(Say(text="x" * 10_001), Say, ("stance",))

@@ -12,10 +12,10 @@ import random
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from populace.sdk import Message
+from populace.sdk import BROADCAST_AUTHOR, Message
 from populace_opinion.scale import MICRO, to_micro
 
-BROADCAST = -1  # the author of a broadcast
+BROADCAST = BROADCAST_AUTHOR  # the author of a broadcast (-1): the platform's
 
 
 class Reading(NamedTuple):

@@ -15,6 +15,7 @@ from populace.sdk.answers import answer_field
 from populace.sdk.env import Env, GroupEnv, Listeners, Partial, State
 from populace.sdk.llm import LLM, InferError, ModelUnavailable
 from populace.sdk.local import LocalResult, run_local
+from populace.sdk.mailroom import BROADCAST_AUTHOR
 from populace.sdk.mock import DummyLLM, ScriptedLLM
 from populace.sdk.outcome import Outcome
 from populace.sdk.post import Message, Post
@@ -22,6 +23,7 @@ from populace.sdk.registry import available, load_simulation, resolve
 from populace.sdk.simulation import Observation, Params, Simulation, SimulationError, Summary
 
 __all__ = [
+    "BROADCAST_AUTHOR",
     "LLM",
     "Agent",
     "Cast",

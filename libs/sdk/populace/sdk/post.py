@@ -28,6 +28,10 @@ import json
 import math
 from typing import Any, NamedTuple, dataclass_transform
 
+# A post travels in every hearer's host's mail and is stored once per round: a bound keeps one
+# runaway answer from filling a mail message (NATS refuses payloads over 1 MB).
+MAX_TEXT = 10_000
+
 
 @dataclass_transform(kw_only_default=True)
 class Post:
@@ -80,6 +84,8 @@ def to_wire(post: Post, cls: type[Post], names: tuple[str, ...]) -> tuple[str, d
     text = post.text
     if not isinstance(text, str):
         raise PostError(f"outcome.post.text: must be a string (got {type(text).__name__})")
+    if len(text) > MAX_TEXT:
+        raise PostError(f"outcome.post.text: {len(text):,} characters; a post holds at most {MAX_TEXT:,}")
     fields = {name: getattr(post, name) for name in names}
     try:
         json.dumps(fields)

@@ -92,6 +92,7 @@ def resolve(config: RunConfig) -> Resolved:
     params = sim.Params.model_validate(config.params)
     try:
         sim.check_run(params, config)
+        _check_broadcasts(sim, config)
     except ValueError as err:
         raise _error(str(err), config.params) from None
     if sim.GroupEnv is not None:
@@ -106,6 +107,18 @@ def resolve(config: RunConfig) -> Resolved:
         given = config.model.model_fields_set
         data["model"] = {**data["model"], **{k: v for k, v in defaults.items() if k not in given}}
     return Resolved(RunConfig.model_validate(data), sim, params)
+
+
+def _check_broadcasts(sim: type[Simulation], config: RunConfig) -> None:
+    """A broadcast's fields are the simulation's post fields: a typo is named, not dropped."""
+    from populace.sdk.post import post_fields
+
+    names = post_fields(sim.Post)
+    for i, b in enumerate(config.broadcasts):
+        for key in b.fields:
+            if key not in names:
+                known = ", ".join(names) or "none besides text"
+                raise ValueError(f"broadcasts.{i}.fields.{key}: not a field of {sim.name}'s post (it has: {known})")
 
 
 def _error(message: str, data: dict) -> ValidationError:
