@@ -120,3 +120,36 @@ def test_a_host_lost_mid_round_leaves_every_inbox_exact(tmp_path):
     assert shares == 3, "the lost host's agents should have been placed again, in a new share"
     local = asyncio.run(run_local(prepared.resolved, graph=graph))
     assert list(zip(local.outcomes["agent_id"], local.outcomes["level"], local.outcomes["heard"], strict=True)) == fleet
+
+
+def test_the_opinion_demo_records_every_post_and_stance_and_every_inbox_is_exact(tmp_path):
+    """`populace demo --scenario examples/opinion.yaml`: a private stack with 2 agent-hosts."""
+    import json
+    import subprocess
+
+    from populace.client.prepare import prepare_file
+
+    scenario = Path(__file__).parents[2] / "examples" / "opinion.yaml"
+    db = tmp_path / "opinion.duckdb"
+    res = subprocess.run([sys.executable, "-m", "populace.cli", "demo", "--scenario", str(scenario), "--db", str(db),
+                          "--hosts", "2"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    prepared = prepare_file(scenario)  # the same graph, built again from the scenario (seeded)
+    agents, rounds = prepared.config.agents, prepared.config.rounds
+    with duckdb.connect(str(db), read_only=True) as con:
+        run_id, config = con.execute("SELECT run_id, config_json FROM runs").fetchone()
+        assert json.loads(config)["graph"]["digest"] == prepared.config.graph.digest
+        assert con.execute("SELECT count(*), count(DISTINCT (round, agent_id)) FROM opinion_outcomes "
+                           "WHERE run_id = ?", [run_id]).fetchone() == (agents * rounds, agents * rounds)
+        assert con.execute("SELECT count(*), count(DISTINCT (round, agent_id)) FROM posts WHERE run_id = ?",
+                           [run_id]).fetchone() == (agents * rounds, agents * rounds)
+        # every valid stance was posted with its stance; an invalid answer posts nothing
+        assert con.execute("SELECT count(*) FROM opinion_outcomes o JOIN posts p USING (run_id, round, agent_id) "
+                           "WHERE o.run_id = ? AND o.valid AND (p.text IS NULL OR "
+                           "CAST(json_extract(p.fields, '$.stance') AS DOUBLE) != o.stance)",
+                           [run_id]).fetchone() == (0,)
+        check = check_inboxes(con, run_id, loads(prepared.graph), rounds=rounds)
+    assert check.exact, check
+    shown = subprocess.run([sys.executable, "-m", "populace.cli", "results", run_id, "--db", str(db)],
+                           capture_output=True, text=True, timeout=60)
+    assert "graph: homophily" in shown.stdout and "edges cut on 2 hosts" in shown.stdout, shown.stdout

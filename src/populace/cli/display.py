@@ -128,6 +128,21 @@ def model_line(model: dict) -> str:
     return text
 
 
+def graph_line(g: dict) -> str:
+    """'graph: homophily, 759 edges (mean degree 7.6); edges cut on 2 hosts: 13.4% (the
+    generator's own ids: 51.4%); 800 posts stored, an agent heard 6.1 a round'."""
+    text = f"graph: {g.get('generator')}, {g.get('edges', 0):,} edges (mean degree {g.get('mean_degree', 0):g})"
+    if g.get("cut") is not None:
+        hosts = g["hosts"]
+        text += f"; edges cut on {hosts} host{'s' if hosts != 1 else ''}: {g['cut']:.1%}"
+        if g.get("cut_ids") is not None and g.get("placement") == "partition":
+            text += f" (the generator's own ids: {g['cut_ids']:.1%})"
+    stored = g.get("stored")
+    if stored and stored.get("rows"):
+        text += f"; {stored['posts']:,} posts stored, an agent heard {stored['mean_heard'] or 0:.1f} a round"
+    return text
+
+
 LLM_HEADS = ("round", "answers in", "valid", "invalid (model)", "infra retries", "LLM calls", "re-asks",
              "replica retries", "prompt tokens", "completion tokens", "latency p50 / p95 / max (ms)")
 

@@ -730,7 +730,7 @@ def results(
         fail("--round: only with --by (the per-round table shows every round)")
     # what a script needs to read the rows: the run's simulation, measure and summary titles
     head = ("run_id", "name", "simulation", "status", "measure", "measure_kind", "grouped", "equilibrium",
-            "outcome_table", "summary_table", "labels", "usage")
+            "outcome_table", "summary_table", "labels", "usage", "graph")
     with _db(db, run_ids, nats) as con:
         ids = _run_ids(con, run_ids)
         if by is None:
@@ -752,6 +752,8 @@ def results(
                 display.console.print(f"note: {info['note']}", markup=False, highlight=False)
             what = f"{info['simulation']}, {info['measure']}" if info.get("measure") else info["simulation"]
             display.out.print(display.stats_table(rows, f"run {info['run_id']} ({info['status']}; {what})", info))
+            if info.get("graph"):
+                display.out.print(display.graph_line(info["graph"]), markup=False, highlight=False)
             llm = display.llm_table(rows, calls, f"LLM work — {display.model_line(model_of(info, calls))}")
             if llm is not None:
                 display.out.print(llm)

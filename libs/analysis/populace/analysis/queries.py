@@ -60,7 +60,8 @@ EDUCATION_LADDER = (
 # Numeric attributes with at most this many distinct values get one group per value.
 MAX_EXACT_NUMERIC = 8
 NUMERIC_BINS = 5
-PLATFORM_KEYS = ("simulation", "name", "agents", "rounds", "seed", "model", "placement", "population", "budget")
+PLATFORM_KEYS = ("simulation", "name", "agents", "rounds", "seed", "model", "placement", "population", "budget",
+                 "graph", "broadcasts")
 
 
 # --- helpers --------------------------------------------------------------------------
@@ -211,7 +212,27 @@ def run_info(con: duckdb.DuckDBPyConnection, run_id: str) -> dict:
         "config": cfg,
         "manifest": loads(r.get("manifest_json")),
         "usage": run_usage(con, run_id),
+        "graph": graph_info(con, run_id, loads(r.get("manifest_json")), len(r.get("hosts") or [])),
     }
+
+
+def graph_info(con: duckdb.DuckDBPyConnection, run_id: str, manifest: dict | None, hosts: int) -> dict | None:
+    """A run with a graph: what the manifest says of it (generator, edges, how agents were
+    numbered), the fraction of edges cut by an even split over the run's hosts — with the
+    graph-aware numbering and with the generator's own ids — and its posts: how many were
+    stored and how many an agent heard on average."""
+    g = (manifest or {}).get("graph")
+    if not g:
+        return None
+    k = str(max(hosts, 1))
+    cut = (g.get("edge_cut") or {}).get(k)
+    ids = (g.get("edge_cut_ids") or {}).get(k)
+    posts = None
+    if _has_table(con, "posts"):
+        row = con.execute("SELECT count(*), count(text), avg(heard) FILTER (WHERE round > 1) FROM posts WHERE run_id = ?",
+                          [run_id]).fetchone()
+        posts = {"rows": row[0], "posts": row[1], "mean_heard": row[2]}
+    return {**g, "hosts": int(k), "cut": cut, "cut_ids": ids, "stored": posts}
 
 
 def _last_round(con: duckdb.DuckDBPyConnection, rt: RunTables) -> int | None:

@@ -29,6 +29,7 @@ from populace.graph.serial import digest, dumps
 __all__ = ["PreparedGraph", "bisection_parts", "partition_order", "prepare_graph", "relabel"]
 
 MAX_PARTS = 64  # finest level of the bisection: more than any run's host count here
+HOSTS_REPORTED = range(1, 9)  # the manifest's edge cuts: an even split over this many hosts
 
 
 @dataclass(frozen=True, eq=False)
@@ -106,12 +107,12 @@ def prepare_graph(spec: dict, agents: int, *, seed: int, placement: str = "parti
         order, method = partition_order(graph, bisection_parts(agents), seed=seed)
         identity = bool((order == np.arange(agents)).all())
         stats["method"] = method
-        stats["edge_cut_ids"] = {str(k): round(_contiguous_cut(graph, k), 4) for k in (2, 4, 8)}
+        stats["edge_cut_ids"] = {str(k): round(_contiguous_cut(graph, k), 4) for k in HOSTS_REPORTED}
         if identity:
             order = None
         else:
             graph = relabel(graph, order)
-        stats["edge_cut"] = {str(k): round(_contiguous_cut(graph, k), 4) for k in (2, 4, 8)}
+        stats["edge_cut"] = {str(k): round(_contiguous_cut(graph, k), 4) for k in HOSTS_REPORTED}
     data = dumps(graph)
     order_digest = None
     if order is not None:
