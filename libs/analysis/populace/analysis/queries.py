@@ -229,8 +229,8 @@ def graph_info(con: duckdb.DuckDBPyConnection, run_id: str, manifest: dict | Non
     ids = (g.get("edge_cut_ids") or {}).get(k)
     posts = None
     if _has_table(con, "posts"):
-        row = con.execute("SELECT count(*), count(text), avg(heard) FILTER (WHERE round > 1) FROM posts WHERE run_id = ?",
-                          [run_id]).fetchone()
+        row = con.execute("SELECT count(*), count(text), avg(heard) FILTER (WHERE round > 1) FROM posts "
+                          "WHERE run_id = ?", [run_id]).fetchone()
         posts = {"rows": row[0], "posts": row[1], "mean_heard": row[2]}
     return {**g, "hosts": int(k), "cut": cut, "cut_ids": ids, "stored": posts}
 
