@@ -207,3 +207,14 @@ def test_a_broadcast_field_the_post_does_not_have_is_named():
 def test_a_post_longer_than_the_bound_is_refused():
     with pytest.raises(PostError, match="at most 10,000"):
         to_wire(Say(text="x" * 10_001), Say, ("stance",))
+
+
+@pytest.mark.parametrize("fields", [{"stance": 0.1, "b": 'é"x\n', "a": 3}, {"x": 1e-7, "y": -0.0, "z": 2**70},
+                                    {"n": None, "t": True}, {"l": [1, 2.5], "d": {"k": "v"}}, {}, None])
+def test_a_posts_canonical_bytes_are_its_fields_as_sorted_compact_json(fields):
+    import json
+
+    from populace.sdk.post import canonical
+
+    body = json.dumps(fields or {}, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert canonical(7, "text", fields) == f"7\x1ftext\x1f{body}".encode()

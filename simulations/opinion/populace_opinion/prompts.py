@@ -12,8 +12,8 @@ its line nor pass for an instruction of ours.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
+from json.encoder import encode_basestring
 
 from populace.sdk import Message
 from populace_opinion.hearing import Reading
@@ -45,7 +45,9 @@ USER_REQUESTS: dict[str, str] = {
 
 
 def quoted(text: str) -> str:
-    return json.dumps(text, ensure_ascii=False)
+    """`text` as a JSON string literal (what json.dumps(text, ensure_ascii=False) gives), via
+    json's C encoder directly: this runs once per heard post per agent."""
+    return encode_basestring(text)
 
 
 def stance_text(value: float) -> str:
@@ -76,13 +78,20 @@ def own_stance_text(memory: Iterable[tuple[int, float]]) -> str:
     return f"Your stance in round {round_} was {stance_text(stance)}."
 
 
+def post_line(text: str, stance: float | None) -> str:
+    """One heard post in a prompt: its text quoted, and its stance when it has one on the
+    scale (a broadcast may come without)."""
+    line = f"- {quoted(text)}"
+    return line if stance is None else f"{line} (stance {stance_text(stance)})"
+
+
 def _line(message: Message) -> str:
     post = message.post
-    text = f"- {quoted(post.text)}"
+    line = getattr(post, "line", None)  # the simulation's Say renders itself once per host
+    if line is not None:
+        return line
     stance = getattr(post, "stance", None)
-    if to_micro(stance) is not None:  # a broadcast may come without a stance
-        text += f" (stance {stance_text(stance)})"
-    return text
+    return post_line(post.text, stance if to_micro(stance) is not None else None)
 
 
 def heard_text(reading: Reading) -> str:

@@ -16,6 +16,8 @@ MICRO = 1_000_000
 def to_micro(value: object) -> int | None:
     """A stance in micro-units, or None when `value` is not a finite number in [-1, 1] (a
     boolean is not a number here, whatever Python says)."""
+    if value.__class__ is float and -1.0 <= value <= 1.0:  # the common case first (NaN fails the range)
+        return round(value * MICRO)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     if not (math.isfinite(value) and -1 <= value <= 1):

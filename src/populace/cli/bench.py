@@ -57,6 +57,15 @@ class DummyBenchResult:
     messages_per_round: float  # messages nats-server received during the run, per round
     round_times_s: list[float] = field(default_factory=list)
     machine: dict = field(default_factory=dict)
+    # a run with a graph: the manifest's graph (generator, edges, numbering, edge cuts) and
+    # what crossed hosts per round (mail messages, posts, bytes, from the hosts' logs) and what
+    # agents heard per round (posts delivered into inboxes, from DuckDB)
+    graph: dict | None = None
+    mail_messages_per_round: float | None = None
+    mail_posts_per_round: float | None = None
+    mail_bytes_per_round: float | None = None
+    posts_heard_per_round: float | None = None
+    heard_per_s: float | None = None
 
     def to_json(self, **kw) -> str:
         return json.dumps(asdict(self), **kw)
@@ -79,6 +88,22 @@ class DummyBenchResult:
             ("plain asyncio floor", "—" if self.asyncio_floor_s is None else f"{self.asyncio_floor_s:.2f} s"),
         ]:
             t.add_row(k, v)
+        if self.graph is not None:
+            g = self.graph
+            cut = (g.get("edge_cut") or {}).get(str(self.hosts))
+            ids = (g.get("edge_cut_ids") or {}).get(str(self.hosts))
+            for k, v in [
+                ("graph", f"{g.get('generator')}, {g.get('edges', 0):,} edges, agents numbered by "
+                          f"{g.get('placement')}"),
+                ("edges cut across hosts", "—" if cut is None else f"{cut:.1%}"
+                 + ("" if ids is None or g.get("placement") != "partition" else f" (generator's ids: {ids:.1%})")),
+                ("posts heard per round", f"{self.posts_heard_per_round or 0:,.0f}"),
+                ("posts heard per second of round", f"{self.heard_per_s or 0:,.0f}"),
+                ("cross-host mail per round", f"{self.mail_messages_per_round or 0:,.0f} messages, "
+                                              f"{self.mail_posts_per_round or 0:,.0f} posts, "
+                                              f"{(self.mail_bytes_per_round or 0) / 1024**2:,.1f} MiB"),
+            ]:
+                t.add_row(k, v)
         return t
 
 
@@ -115,14 +140,70 @@ def received(monitor_port: int) -> int:
     return httpx.get(f"http://127.0.0.1:{monitor_port}/varz", timeout=5).json()["in_msgs"]
 
 
+# A population made for the graph benchmark: one attribute with five equally likely values (the
+# homophily graph links agents that share it) and short template personas.
+BENCH_POPULATION = """name: bench-groups
+total: {agents}
+seed: 0
+attributes:
+  group:
+    weights: {{a: 0.2, b: 0.2, c: 0.2, d: 0.2, e: 0.2}}
+"""
+
+
+def graph_section(generator: str, degree: int) -> dict:
+    """The bench's `graph:` for a generator at a mean degree."""
+    if generator == "homophily":
+        return {"generator": "homophily", "attribute": "group", "degree": degree, "strength": 0.8}
+    if generator == "scale-free":
+        return {"generator": "scale-free", "m": max(1, degree // 2)}
+    return {"generator": "small-world", "degree": degree + degree % 2, "rewire": 0.1}
+
+
+def mail_per_round(log_dir: str, run_id: str, hosts: int) -> tuple[float, float, float]:
+    """(messages, posts, bytes) the agent-hosts sent each other per round (their round_played
+    log lines)."""
+    totals, rounds = [0, 0, 0], set()
+    for i in range(hosts):
+        path = Path(log_dir) / f"agent-host-{i}.log"
+        for line in path.read_text().splitlines() if path.exists() else ():
+            if '"round_played"' not in line or run_id not in line:
+                continue
+            rec = json.loads(line)
+            rounds.add(rec["round"])
+            for j, key in enumerate(("mail_messages", "mail_posts", "mail_bytes")):
+                totals[j] += rec.get(key, 0)
+    n = max(1, len(rounds))
+    return totals[0] / n, totals[1] / n, totals[2] / n
+
+
 def run_dummy_bench(agents: int, latency: float, hosts: int, rounds: int = 1, floor: bool = True,
                     quiet: bool = False, storage: str = "memory", simulation: str = "ratio-game",
-                    params: dict | None = None) -> DummyBenchResult:
-    resolved = checked(RunConfig.model_validate({
-        "name": f"bench-{simulation}", "simulation": simulation, "agents": agents, "rounds": rounds,
-        "model": {"backend": "dummy", "latency_s": latency}, **(params or {})}))
-    config, table = resolved.config, resolved.simulation.tables().outcomes
+                    params: dict | None = None, graph: dict | None = None,
+                    placement: str = "partition") -> DummyBenchResult:
+    """`graph`: a `graph:` section (the run is prepared like `populace run` does: the graph built,
+    numbered by `placement`, uploaded; a homophily graph gets a synthetic population)."""
     workdir = tempfile.mkdtemp(prefix="populace-bench-")
+    data = {"name": f"bench-{simulation}", "simulation": simulation, "agents": agents, "rounds": rounds,
+            "model": {"backend": "dummy", "latency_s": latency}, **(params or {})}
+    personas = blobs = manifest = None
+    if graph is None:
+        resolved = checked(RunConfig.model_validate(data))
+    else:
+        from populace.client.prepare import prepare
+
+        data["graph"] = {**graph, "placement": placement}
+        if graph.get("generator") == "homophily":
+            (Path(workdir) / "population.yaml").write_text(BENCH_POPULATION.format(agents=agents))
+            data["population"] = {"config": "population.yaml"}
+        t = time.perf_counter()
+        prepared = prepare(RunConfig.model_validate(data), base=Path(workdir), agents_given=True)
+        resolved, personas, blobs, manifest = (prepared.resolved, prepared.personas, prepared.graph_blobs,
+                                               prepared.manifest)
+        if not quiet:
+            display.console.print(f"graph built and numbered in {time.perf_counter() - t:.1f} s: "
+                                  f"{prepared.manifest['graph']}", highlight=False)
+    config, table = resolved.config, resolved.simulation.tables().outcomes
     db = str(Path(workdir) / "bench.duckdb")
     monitor = free_port()
     # Memory storage (the default) keeps the benchmark about the pipeline, not this disk.
@@ -140,7 +221,8 @@ def run_dummy_bench(agents: int, latency: float, hosts: int, rounds: int = 1, fl
             nc = await bus.connect(stack.url, "populace-bench")
             try:
                 with display.RunProgress(config, enabled=not quiet) as progress:
-                    return await play(nc, config, on_event=progress.on_event, stall_s=600)
+                    return await play(nc, config, on_event=progress.on_event, stall_s=600, personas=personas,
+                                      graph=blobs, manifest=manifest)
             finally:
                 await nc.close()
 
@@ -148,14 +230,21 @@ def run_dummy_bench(agents: int, latency: float, hosts: int, rounds: int = 1, fl
         with RssSampler(stack) as sampler:
             outcome = asyncio.run(go())
         messages = received(monitor) - before
+        mail = mail_per_round(stack.log_dir, outcome.run_id, hosts) if graph is not None else None
     finally:
         stack.stop()
     if outcome.status != "completed":
         raise RuntimeError(f"benchmark run {outcome.status}: {outcome.reason}")
     with duckdb.connect(db, read_only=True) as con:
         recorded = con.execute(f'SELECT count(*) FROM "{table}" WHERE run_id = ?', [outcome.run_id]).fetchone()[0]
+        # rounds after the first: the first has nothing to hear
+        heard_by_round = dict(con.execute("SELECT round, sum(heard) FROM posts WHERE run_id = ? AND round > 1 "
+                                          "GROUP BY round", [outcome.run_id]).fetchall()) if graph is not None else {}
     m = outcome.marks
     round_times = [m[f"result.{n}"] - m[f"open.{n}"] for n in range(1, rounds + 1)]
+    heard = sum(heard_by_round.values()) / len(heard_by_round) if heard_by_round else None
+    heard_rate = (sum(heard_by_round[n] / round_times[n - 1] for n in heard_by_round) / len(heard_by_round)
+                  if heard_by_round else None)
     floor_s = None
     if floor:
         log("measuring the plain-asyncio floor …")
@@ -170,4 +259,7 @@ def run_dummy_bench(agents: int, latency: float, hosts: int, rounds: int = 1, fl
         bytes_per_agent=max(0, sampler.peak - baseline) / agents,
         asyncio_floor_s=floor_s, messages_per_round=messages / rounds, round_times_s=round_times,
         machine={"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        graph=(manifest or {}).get("graph"),
+        mail_messages_per_round=mail[0] if mail else None, mail_posts_per_round=mail[1] if mail else None,
+        mail_bytes_per_round=mail[2] if mail else None, posts_heard_per_round=heard, heard_per_s=heard_rate,
     )

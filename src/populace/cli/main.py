@@ -39,6 +39,8 @@ ModelBackend = ModelConfig.model_fields["backend"].annotation
 DemoModel = Literal[(*get_args(ModelBackend), "vllm")]  # vllm: backend openai, on vLLM replicas the demo starts
 PersonaModel = Literal[("template", *(b for b in get_args(ModelBackend) if b != "dummy"))]  # dummy writes no text
 Storage = Settings.model_fields["storage"].annotation
+GraphKind = Literal["homophily", "small-world", "scale-free"]
+GraphPlacement = Literal["partition", "ids", "both"]
 personas_app = typer.Typer(help="Populations and personas.", no_args_is_help=True)
 app.add_typer(personas_app, name="personas")
 auth_app = typer.Typer(help="NATS users (deploy/nats/auth.conf).", no_args_is_help=True)
@@ -1002,25 +1004,69 @@ def bench_dummy(
                                          help="JetStream storage")] = "memory",
     simulation: Annotated[str, typer.Option(help="simulation to play (any installed one)")] = "ratio-game",
     set_: Annotated[list[str] | None, typer.Option("--set", help=SET_HELP)] = None,
+    degree: Annotated[int | None, typer.Option(min=1, help="give the agents a social graph of this mean degree "
+                                                          "(they hear their in-neighbours' posts)")] = None,
+    graph: Annotated[GraphKind, typer.Option(
+        help="the graph's generator (with --degree; homophily: on a synthetic population of 5 equal groups, "
+             "strength 0.8)")] = "homophily",
+    placement: Annotated[GraphPlacement, typer.Option(
+        help="number agents along the graph (partition), keep the generator's ids, or play both and compare "
+             "what crosses hosts")] = "partition",
+    compare: Annotated[str | None, typer.Option(help="also play this simulation at the same size (e.g. ratio-game) "
+                                                     "and report the round-time ratio")] = None,
 ) -> None:
     """The paper's dummy benchmark through the whole pipeline: every agent's turn waits
-    `latency` seconds for its answer; every outcome ends up in DuckDB."""
-    from populace.cli.bench import run_dummy_bench
+    `latency` seconds for its answer; every outcome ends up in DuckDB. With --degree, agents talk
+    on a graph: posts heard per second, cross-host mail and the edge cut are measured too."""
+    from populace.cli.bench import graph_section, run_dummy_bench
 
     params = _overrides(set_)
     checked(lambda: prepare(parse_config({"simulation": simulation, "agents": agents, **params})))
-    result = run_dummy_bench(agents=agents, latency=latency, hosts=hosts or os.cpu_count() or 1,
-                             rounds=rounds, floor=floor, quiet=json_out, storage=storage,
-                             simulation=simulation, params=params)
+    common = {"agents": agents, "latency": latency, "hosts": hosts or os.cpu_count() or 1, "rounds": rounds,
+              "floor": floor, "quiet": json_out, "storage": storage}
+    section = graph_section(graph, degree) if degree is not None else None
+    if section is not None:
+        from populace.graph.config import parse_graph
+
+        checked(lambda: parse_graph(section, agents))
+    runs: list = []
+    for how in (("partition", "ids") if placement == "both" else (placement,)) if section else ("partition",):
+        runs.append(run_dummy_bench(**common, simulation=simulation, params=params, graph=section, placement=how))
+        if not json_out:
+            display.out.print(runs[-1].table())
+    if compare:
+        runs.append(run_dummy_bench(**common, simulation=compare))
+        if not json_out:
+            display.out.print(runs[-1].table())
+    summary = _bench_summary(runs, placement == "both" and section is not None, compare is not None)
+    document = runs[0].to_json(indent=2) if len(runs) == 1 else json.dumps(
+        {"runs": [json.loads(r.to_json()) for r in runs], **summary}, indent=2)
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(result.to_json(indent=2) + "\n")
+        out.write_text(document + "\n")
     if json_out:
-        print(result.to_json())
-    else:
-        display.out.print(result.table())
-    if result.recorded != agents * rounds:
-        fail(f"only {result.recorded} of {agents * rounds} outcomes were recorded", code=1)
+        print(document)
+    elif summary:
+        for key, value in summary.items():
+            display.out.print(f"{key.replace('_', ' ')}: {value}")
+    short = [r for r in runs if r.recorded != r.agents * r.rounds]
+    if short:
+        fail(f"only {short[0].recorded} of {short[0].agents * short[0].rounds} outcomes were recorded", code=1)
+
+
+def _bench_summary(runs: list, both: bool, compared: bool) -> dict:
+    """Ratios between a bench's runs: cross-host mail with the generator's ids over the graph's
+    numbering, and the graph run's round time over the compared simulation's."""
+    out: dict = {}
+    if both:
+        part, ids = runs[0], runs[1]
+        out["cross_host_bytes_ids_over_partition"] = round((ids.mail_bytes_per_round or 0)
+                                                           / max(1.0, part.mail_bytes_per_round or 0), 2)
+        out["cross_host_posts_ids_over_partition"] = round((ids.mail_posts_per_round or 0)
+                                                           / max(1.0, part.mail_posts_per_round or 0), 2)
+    if compared:
+        out["round_time_over_compared"] = round(runs[0].round_s / max(1e-9, runs[-1].round_s), 2)
+    return out
 
 
 @auth_app.command("host")

@@ -66,11 +66,12 @@ class Mailbox:
         return p
 
     def inbox(self, agent_id: int) -> tuple[Message, ...]:
-        g, has = self.graph, self.has
-        out = [m for mask, m in self.extra if mask is None or mask[agent_id]]
+        g, texts, posts = self.graph, self.texts, self.posts
+        out = [m for mask, m in self.extra if mask is None or mask[agent_id]] if self.extra else []
+        # Python lists, not numpy, inside the loop: indexing an array with an int costs ~100 ns
         for s in g.sources[g.offsets[agent_id]:g.offsets[agent_id + 1]].tolist():
-            if has[s]:
-                out.append(Message(s, self.post(s)))  # type: ignore[arg-type]
+            if texts[s] is not None:
+                out.append(Message(s, posts[s] or self.post(s)))  # type: ignore[arg-type]
         return tuple(out)
     def heard(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(posts heard, digest) of each agent of `ids`: the count of its in-neighbours with a

@@ -26,6 +26,7 @@ import dataclasses
 import hashlib
 import json
 import math
+from json.encoder import encode_basestring
 from typing import Any, NamedTuple, dataclass_transform
 
 # A post travels in every hearer's host's mail and is stored once per round: a bound keeps one
@@ -76,6 +77,9 @@ def _finite(value: Any, where: str) -> None:
             stack.extend(x)
 
 
+_SCALARS = frozenset({str, int, bool, type(None)})
+
+
 def to_wire(post: Post, cls: type[Post], names: tuple[str, ...]) -> tuple[str, dict]:
     """(text, fields) of a post, checked: the simulation's post class, text a string, fields
     JSON with finite numbers. Raises PostError naming the field."""
@@ -87,11 +91,18 @@ def to_wire(post: Post, cls: type[Post], names: tuple[str, ...]) -> tuple[str, d
     if len(text) > MAX_TEXT:
         raise PostError(f"outcome.post.text: {len(text):,} characters; a post holds at most {MAX_TEXT:,}")
     fields = {name: getattr(post, name) for name in names}
-    try:
-        json.dumps(fields)
-    except (TypeError, ValueError) as err:
-        raise PostError(f"outcome.post: its fields must be JSON values ({err})") from None
-    _finite(fields, "outcome.post")
+    for value in fields.values():
+        kind = value.__class__
+        if kind is float:
+            if not math.isfinite(value):
+                raise PostError(f"outcome.post: numbers must be finite (got {value!r})")
+        elif kind not in _SCALARS:  # nested values: the slow, complete check
+            try:
+                json.dumps(fields)
+            except (TypeError, ValueError) as err:
+                raise PostError(f"outcome.post: its fields must be JSON values ({err})") from None
+            _finite(fields, "outcome.post")
+            break
     return text, fields
 
 
@@ -103,9 +114,33 @@ def from_wire(cls: type[Post], text: str, fields: dict | None) -> Post:
 
 
 def canonical(author: int, text: str, fields: dict | None) -> bytes:
-    """The bytes a post's digest is taken over: the same on every host and from DuckDB."""
-    body = json.dumps(fields or {}, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    """The bytes a post's digest is taken over: the same on every host and from DuckDB — the
+    fields as compact JSON with sorted keys. A flat dict of strings, finite floats and ints
+    (every post of the built-ins) is written directly, as json.dumps would: this runs once per
+    post on every host that holds it."""
+    body = _flat_json(fields) if fields else "{}"
+    if body is None:
+        body = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return f"{author}\x1f{text}\x1f{body}".encode()
+
+
+def _flat_json(fields: dict) -> str | None:
+    parts = []
+    for key in sorted(fields):
+        v = fields[key]
+        kind = v.__class__
+        if kind is float:
+            text = float.__repr__(v)
+        elif kind is str:
+            text = encode_basestring(v)
+        elif kind is int:
+            text = int.__repr__(v)
+        else:
+            return None  # bool, None, nested: json.dumps
+        if key.__class__ is not str:
+            return None
+        parts.append(f"{encode_basestring(key)}:{text}")
+    return "{" + ",".join(parts) + "}"
 
 
 def post_hash(author: int, text: str, fields: dict | None) -> int:

@@ -60,7 +60,7 @@ class Observation(BaseModel):
     def inbox(self, agent_id: int) -> tuple[Message, ...]:
         """What agent `agent_id` hears this round: its in-neighbours' posts of the round
         before, as (author, post), by author id. Empty in round 1 and in a run without a graph."""
-        box = self._mailbox
+        box = self.__pydantic_private__["_mailbox"]  # not self._mailbox: pydantic's __getattr__ is slow
         return box.inbox(agent_id) if box is not None else ()
 
 

@@ -44,16 +44,17 @@ class MailCarrier:
         self._arrived.pop((run_id, epoch), None)
 
     # -- out -----------------------------------------------------------------------------------
-    async def send(self, run: HostedRun, round_: int) -> int:
+    async def send(self, run: HostedRun, round_: int) -> tuple[int, int, int]:
         """Round `round_`'s posts to every share of its newest placement not yet sent to;
-        returns the messages sent. Awaits every PubAck: the partial goes out after this."""
+        returns (messages, posts, bytes) sent. Awaits every PubAck: the partial goes out after."""
         room = run.mailroom
         placed = run.placements.get(round_)
         if room is None or placed is None:
-            return 0
+            return 0, 0, 0
         me = share_key(self.host_id, run.epoch)
         out = room.outgoing(round_, placed[1], me=[me])
         sends = []
+        posts = size = 0
         for m in out:
             to_host, _, to_epoch = m.to.rpartition("@")
             batch = MailBatch(run_id=run.run_id, round=round_, host_id=self.host_id, epoch=run.epoch, to=m.to,
@@ -61,8 +62,10 @@ class MailCarrier:
             subject = subjects.run_mail(run.run_id, round_, to_host, int(to_epoch), self.host_id)
             msg_id = subjects.msg_id(run.run_id, round_, f"{me}>{m.to}.{m.shard}", "mail", run.epoch)
             sends.append(bus.publish_js(self.js, subject, batch, msg_id=msg_id))
+            posts += len(m.authors)
+            size += len(batch.model_dump_json())  # what crosses hosts: measured, for the bench
         await asyncio.gather(*sends)
-        return len(sends)
+        return len(sends), posts, size
 
     # -- in ------------------------------------------------------------------------------------
     def receive(self, runs: dict[str, dict[int, HostedRun]], batch: MailBatch, subject: str) -> str | None:

@@ -208,7 +208,7 @@ class HostRuntime:
                            grouped=run.tables.grouped, posts=record_posts)
         await run.player.play(obs, session, sink)
         share = sink.close()
-        mails = 0
+        mails = (0, 0, 0)
         if room is not None:
             room.played.add(opened.round)
             mails = await self.mail.send(run, opened.round)
@@ -224,7 +224,7 @@ class HostRuntime:
         log.info("round_played", run_id=run.run_id, round=opened.round, agents=share.n, valid=share.n_valid,
                  infer_batches=session.batches_sent, infra_retries=session.infra_retries, llm_calls=session.llm_calls,
                  tokens=session.prompt_tokens + session.completion_tokens, outcome_batches=share.batches,
-                 mail_sent=mails,
+                 mail_messages=mails[0], mail_posts=mails[1], mail_bytes=mails[2],
                  checkpoint_bytes=saved, checkpoint_seconds=round(time.perf_counter() - played, 3),
                  seconds=round(time.perf_counter() - t0, 3))
 
