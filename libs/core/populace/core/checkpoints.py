@@ -19,6 +19,7 @@ from pydantic_core import from_json, to_json
 
 from populace.core import subjects
 from populace.core.bus import until_ready
+from populace.core.objects import read_object
 
 
 class CheckpointError(RuntimeError):
@@ -45,14 +46,14 @@ async def put(js: JetStreamContext, name: str, value: object) -> int:
 async def get(js: JetStreamContext, name: str) -> object:
     async def step():
         store = await js.object_store(subjects.CHECKPOINTS_BUCKET)
-        return await store.get(name)
+        return await read_object(store, name)
 
     try:
-        result = await until_ready(step, f"checkpoint {name}", attempts=ATTEMPTS)
+        data = await until_ready(step, f"checkpoint {name}", attempts=ATTEMPTS)
     except (NotFoundError, ObjectNotFoundError):
         raise CheckpointError(f"checkpoint {name} is not in the object store '{subjects.CHECKPOINTS_BUCKET}'") from None
     try:
-        return from_json(result.data or b"")
+        return from_json(data)
     except ValueError as err:
         raise CheckpointError(f"checkpoint {name} is not valid JSON: {err}") from None
 

@@ -12,7 +12,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError, ObjectNotFoundError
 
 from populace.core.bus import ensure_object_store, until_ready
-from populace.core.objects import put_once
+from populace.core.objects import put_once, read_object
 from populace.graph.config import GraphError
 from populace.graph.csr import Graph
 from populace.graph.serial import digest, dumps, loads
@@ -43,8 +43,8 @@ async def get_graph(js: JetStreamContext, key: str) -> Graph:
     """The graph stored under `key`, its bytes checked against the digest."""
     try:
         store = await js.object_store(GRAPHS_BUCKET)
-        result = await until_ready(lambda: store.get(key), f"graph {key[:12]}")
+        data = await until_ready(lambda: read_object(store, key), f"graph {key[:12]}")
     except (NotFoundError, ObjectNotFoundError):
         raise GraphError(f"graph {key} is not in the object store '{GRAPHS_BUCKET}' "
                          "(uploaded to another NATS?)") from None
-    return loads(result.data or b"", expect_digest=key)
+    return loads(data, expect_digest=key)
