@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from populace.population.jsonl import parse_personas
+from populace.population.jsonl import iter_personas
 
 # Profile keys the persona sentence already states.
 _STATED = {"name", "age", "gender", "sex"}
@@ -104,7 +104,7 @@ def population_note(profiles: Iterable[Mapping], noun: str | None = None) -> str
     return " ".join(parts)
 
 
-def cast_from_records(records: list[dict]) -> Cast:
+def cast_from_records(records: Iterable[dict]) -> Cast:
     """One Persona per record; identical (text, profile) pairs become one shared object."""
     shared: dict[tuple[str, str], Persona] = {}
     personas = []
@@ -120,4 +120,4 @@ def cast_from_records(records: list[dict]) -> Cast:
 
 
 def cast_from_jsonl(data: bytes, source: str = "personas") -> Cast:
-    return cast_from_records(parse_personas(data, source))
+    return cast_from_records(iter_personas(data, source))
