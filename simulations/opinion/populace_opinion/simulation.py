@@ -26,17 +26,13 @@ class Say(Post):
 
     stance: float | None = None
 
-    # Derived once per post on a host, then read by each of its ~degree hearers there (the
-    # mailbox hands every hearer the same object).
-    @cached_property
-    def micro(self) -> int | None:
-        """The stance in micro-units (None: none, or off the scale)."""
-        return to_micro(self.stance)
-
-    @cached_property
-    def line(self) -> str:
-        """How the post reads in a prompt."""
-        return prompts.post_line(self.text, self.stance if self.micro is not None else None)
+    def __post_init__(self) -> None:
+        # Derived once per post on a host, then read by each of its ~degree hearers there (the
+        # mailbox hands every hearer the same object): the stance in micro-units (None: none,
+        # or off the scale) and how the post reads in a prompt. Attributes, not fields: a
+        # post's fields are what travels.
+        self.micro = to_micro(self.stance)
+        self.line = prompts.post_line(self.text, self.stance if self.micro is not None else None)
 
 
 class Stance(Outcome):

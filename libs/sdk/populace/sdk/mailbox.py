@@ -9,6 +9,7 @@ host sends, once per round, the posts of its authors that share's agents hear.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from populace.graph.csr import Graph
-from populace.sdk.post import Message, Post, from_wire, post_hash
+from populace.sdk.post import Message, Post, fields_json, from_wire, post_hash
 
 _MASK63 = np.uint64(2**63 - 1)
 
@@ -25,7 +26,7 @@ class Mailbox:
     """One round's posts, by author id (the whole run's id space: a host fills in its own
     agents' posts and those other hosts sent it), and the broadcasts agents read with them."""
 
-    __slots__ = ("extra", "fields", "graph", "has", "hashes", "post_cls", "posts", "round", "texts")
+    __slots__ = ("bodies", "extra", "graph", "has", "hashes", "post_cls", "posts", "round", "texts")
 
     def __init__(self, graph: Graph, post_cls: type[Post], round_: int) -> None:
         self.graph = graph
@@ -34,7 +35,9 @@ class Mailbox:
         n = graph.n
         self.posts: list[Post | None] = [None] * n  # built from the wire form when first read
         self.texts: list[str | None] = [None] * n
-        self.fields: list[dict | None] = [None] * n
+        # each post's fields as compact JSON (post.fields_json): ~60 bytes, where a dict per post
+        # took ~230 — a host keeps two rounds of a million posts
+        self.bodies: list[str | None] = [None] * n
         self.hashes = np.zeros(n, dtype=np.uint64)
         self.has = np.zeros(n, dtype=bool)
         # broadcasts: (who hears it: a mask, None for everyone; the message)
@@ -42,14 +45,18 @@ class Mailbox:
 
     def put(self, author: int, post: Post | None, text: str, fields: dict | None) -> None:
         """`post` is what agents read (None: built from `text` and `fields` when first read)."""
+        self.put_json(author, post, text, fields_json(fields))
+
+    def put_json(self, author: int, post: Post | None, text: str, body: str) -> None:
+        """`put` with the fields already as compact sorted JSON (a checkpoint keeps them so)."""
         self.posts[author] = post
         self.texts[author] = text
-        self.fields[author] = fields
-        self.hashes[author] = post_hash(author, text, fields)
+        self.bodies[author] = body
+        self.hashes[author] = post_hash(author, text, None, body)
         self.has[author] = True
 
     def put_wire(self, authors: Iterable[int], texts: Iterable[str], fields: Iterable[dict | None]) -> int:
-        """Posts as they travel (a mail batch, a checkpoint): returns how many."""
+        """Posts as they travel (a mail batch): returns how many."""
         k = 0
         for a, t, f in zip(authors, texts, fields, strict=True):
             self.put(a, None, t, f)
@@ -57,12 +64,15 @@ class Mailbox:
         return k
 
     def wire(self, author: int) -> tuple[str, dict | None]:
-        return self.texts[author], self.fields[author]  # type: ignore[return-value]
+        """A post as it travels: its text and its fields."""
+        body = self.bodies[author]
+        return self.texts[author], (json.loads(body) if body and body != "{}" else None)  # type: ignore[return-value]
 
     def post(self, author: int) -> Post | None:
         p = self.posts[author]
         if p is None and self.has[author]:
-            p = self.posts[author] = from_wire(self.post_cls, self.texts[author], self.fields[author])  # type: ignore[arg-type]
+            text, fields = self.wire(author)
+            p = self.posts[author] = from_wire(self.post_cls, text, fields)
         return p
 
     def inbox(self, agent_id: int) -> tuple[Message, ...]:

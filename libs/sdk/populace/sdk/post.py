@@ -23,6 +23,7 @@ its fields are JSON values. The platform stores each post once per author per ro
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -60,6 +61,7 @@ class PostError(ValueError):
     """A post that cannot travel or be stored (wrong type, a field that is not JSON)."""
 
 
+@functools.cache  # a class's fields do not change; asked once per post read off the wire
 def post_fields(cls: type[Post]) -> tuple[str, ...]:
     """The structured fields of a post class (everything but `text`)."""
     return tuple(f.name for f in dataclasses.fields(cls) if f.name != "text")
@@ -109,19 +111,30 @@ def to_wire(post: Post, cls: type[Post], names: tuple[str, ...]) -> tuple[str, d
 def from_wire(cls: type[Post], text: str, fields: dict | None) -> Post:
     """The post a wire or checkpoint row holds (unknown fields are ignored, missing ones take
     their defaults: a post written by an older version of the simulation still reads)."""
+    if not fields:
+        return cls(text=text)
     names = post_fields(cls)
-    return cls(text=text, **{k: v for k, v in (fields or {}).items() if k in names})
+    if all(k in names for k in fields):
+        return cls(text=text, **fields)
+    return cls(text=text, **{k: v for k, v in fields.items() if k in names})
 
 
-def canonical(author: int, text: str, fields: dict | None) -> bytes:
-    """The bytes a post's digest is taken over: the same on every host and from DuckDB — the
-    fields as compact JSON with sorted keys. A flat dict of strings, finite floats and ints
-    (every post of the built-ins) is written directly, as json.dumps would: this runs once per
-    post on every host that holds it."""
-    body = _flat_json(fields) if fields else "{}"
-    if body is None:
-        body = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return f"{author}\x1f{text}\x1f{body}".encode()
+def fields_json(fields: dict | None) -> str:
+    """A post's fields as compact JSON with sorted keys: what its digest is taken over, and
+    how a mailbox keeps them (a short string, not a dict per post). A flat dict of strings,
+    finite floats and ints (every post of the built-ins) is written directly, as json.dumps
+    would: this runs once per post on every host that holds it."""
+    if not fields:
+        return "{}"
+    body = _flat_json(fields)
+    return body if body is not None else json.dumps(fields, sort_keys=True, separators=(",", ":"),
+                                                    ensure_ascii=False)
+
+
+def canonical(author: int, text: str, fields: dict | None, body: str | None = None) -> bytes:
+    """The bytes a post's digest is taken over: the same on every host and from DuckDB
+    (`body`: `fields_json(fields)` when already known)."""
+    return f"{author}\x1f{text}\x1f{body if body is not None else fields_json(fields)}".encode()
 
 
 def _flat_json(fields: dict) -> str | None:
@@ -143,8 +156,9 @@ def _flat_json(fields: dict) -> str | None:
     return "{" + ",".join(parts) + "}"
 
 
-def post_hash(author: int, text: str, fields: dict | None) -> int:
+def post_hash(author: int, text: str, fields: dict | None, body: str | None = None) -> int:
     """A post's 63-bit digest. What an agent heard is recorded as the sum (mod 2**63) of the
     digests of the posts in its inbox, so a test can recompute from DuckDB that every inbox
     held exactly its in-neighbours' posts of the round before."""
-    return int.from_bytes(hashlib.blake2b(canonical(author, text, fields), digest_size=8).digest(), "big") >> 1
+    data = canonical(author, text, fields, body)
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big") >> 1

@@ -32,7 +32,8 @@ from populace.sdk.registry import resolve
 
 log = logs.get("populace.agent_host")
 
-# An agent's post in its checkpoint (beside its declared state; no state field starts with "__")
+# An agent's post in its checkpoint (beside its declared state; no state field starts with "__"):
+# its text, and its fields as compact sorted JSON (populace.sdk.post.fields_json)
 POST_TEXT, POST_FIELDS = "__post_text__", "__post_fields__"
 
 # (run id, round or None, reason, epoch, pause): tell the orchestrator this run cannot go on
@@ -93,7 +94,7 @@ class HostRuntime:
             for aid, state in everyone.items():
                 text = state.get(POST_TEXT)
                 if text is not None:
-                    box.put(aid, None, text, state.get(POST_FIELDS))  # type: ignore[arg-type]
+                    box.put_json(aid, None, text, state.get(POST_FIELDS) or "{}")  # type: ignore[arg-type]
             run.mailroom.restored.add(r.round)
 
     def drop(self, run_id: str, epoch: int) -> None:
@@ -235,6 +236,6 @@ class HostRuntime:
         for first, count, columns in await run.snapshot():
             if box is not None:  # their posts: what a replacement or a resume gives the next round to read
                 columns[POST_TEXT] = box.texts[first:first + count]
-                columns[POST_FIELDS] = box.fields[first:first + count]
+                columns[POST_FIELDS] = box.bodies[first:first + count]
             total += await checkpoints.save_agents(self.js, run.run_id, round_, first, count, columns)
         return total
