@@ -229,7 +229,7 @@ SET_HELP = "set a scenario key, e.g. --set game.ratio=1/2 (repeatable)"
 def demo(
     agents: Annotated[int, typer.Option(help="number of agents")] = 1000,
     rounds: Annotated[int, typer.Option(help="rounds to play")] = 3,
-    simulation: Annotated[str, typer.Option(help="simulation to play: ratio-game, public-goods, vote, or an "
+    simulation: Annotated[str, typer.Option(help="simulation to play: ratio-game, public-goods, vote, opinion, or an "
                                                  "installed one (populace simulations)")] = "ratio-game",
     model: Annotated[DemoModel, typer.Option(
                                        help="model backend: dummy, local (SmolLM2 on llama.cpp), sim (simulated "
