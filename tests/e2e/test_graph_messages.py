@@ -34,6 +34,20 @@ SCENARIO = {
 }
 
 
+def assert_exact_as_in_one_process(db: str, run_id: str, prepared) -> None:
+    """Every inbox of the run recomputed from DuckDB is exact, and the fleet's levels and
+    inbox sizes equal one process's on the same graph."""
+    graph = loads(prepared.graph)
+    rounds = prepared.config.rounds
+    with duckdb.connect(db, read_only=True) as con:
+        check = check_inboxes(con, run_id, graph, rounds=rounds)
+        assert check.rows == prepared.config.agents * rounds and check.exact, check
+        fleet = con.execute("SELECT agent_id, level, heard FROM gossip_outcomes WHERE run_id = ? "
+                            "ORDER BY round, agent_id", [run_id]).fetchall()
+    local = asyncio.run(run_local(prepared.resolved, graph=graph))
+    assert list(zip(local.outcomes["agent_id"], local.outcomes["level"], local.outcomes["heard"], strict=True)) == fleet
+
+
 @pytest.fixture(scope="module")
 def lossy(tmp_path_factory):
     """Two agent-hosts that each drop the first mail message they receive."""
@@ -61,23 +75,15 @@ def test_inboxes_stay_exact_when_mail_between_hosts_is_lost(lossy):
     assert logs.count("mail_dropped_for_fault_test") == 2, "each host should have lost one mail message"
     assert "mail_refetched" in logs
 
-    graph = loads(prepared.graph)
+    assert_exact_as_in_one_process(lossy.db, outcome.run_id, prepared)
     with duckdb.connect(lossy.db, read_only=True) as con:
-        check = check_inboxes(con, outcome.run_id, graph, rounds=4)
-        assert check.rows == 400 * 4 and check.exact, check
-        fleet_rounds = con.execute("SELECT round, total FROM gossip_rounds WHERE run_id = ? ORDER BY round",
-                                   [outcome.run_id]).fetchall()
-        fleet_levels = con.execute("SELECT agent_id, level, heard FROM gossip_outcomes WHERE run_id = ? "
-                                   "ORDER BY round, agent_id", [outcome.run_id]).fetchall()
         # the broadcast reached exactly its 7 agents in round 3, and they passed it on
         assert con.execute("SELECT count(*) FROM gossip_outcomes WHERE run_id = ? AND round = 3 AND level = 51",
                            [outcome.run_id]).fetchone()[0] == 7
-
-    # one process, the same graph: the same levels and inboxes, round by round
-    local = asyncio.run(run_local(prepared.resolved, graph=graph))
-    assert [(r, t) for r, t in zip(local.rounds["round"], local.rounds["total"], strict=True)] == fleet_rounds
-    assert list(zip(local.outcomes["agent_id"], local.outcomes["level"], local.outcomes["heard"], strict=True)) \
-        == fleet_levels
+        fleet_rounds = con.execute("SELECT round, total FROM gossip_rounds WHERE run_id = ? ORDER BY round",
+                                   [outcome.run_id]).fetchall()
+    local = asyncio.run(run_local(prepared.resolved, graph=loads(prepared.graph)))
+    assert list(zip(local.rounds["round"], local.rounds["total"], strict=True)) == fleet_rounds
 
 
 def test_a_host_lost_mid_round_leaves_every_inbox_exact(tmp_path):
@@ -110,16 +116,10 @@ def test_a_host_lost_mid_round_leaves_every_inbox_exact(tmp_path):
     with stack.up(timeout=90):
         outcome = asyncio.run(go())
         assert outcome.status == "completed", outcome.reason
-        graph = loads(prepared.graph)
         with duckdb.connect(stack.db, read_only=True) as con:
-            check = check_inboxes(con, outcome.run_id, graph, rounds=4)
-            assert check.rows == 400 * 4 and check.exact, check
-            fleet = con.execute("SELECT agent_id, level, heard FROM gossip_outcomes WHERE run_id = ? "
-                                "ORDER BY round, agent_id", [outcome.run_id]).fetchall()
             shares = con.execute("SELECT count(*) FROM _shares WHERE run_id = ?", [outcome.run_id]).fetchone()[0]
-    assert shares == 3, "the lost host's agents should have been placed again, in a new share"
-    local = asyncio.run(run_local(prepared.resolved, graph=graph))
-    assert list(zip(local.outcomes["agent_id"], local.outcomes["level"], local.outcomes["heard"], strict=True)) == fleet
+        assert shares == 3, "the lost host's agents should have been placed again, in a new share"
+        assert_exact_as_in_one_process(stack.db, outcome.run_id, prepared)
 
 
 def test_the_opinion_demo_records_every_post_and_stance_and_every_inbox_is_exact(tmp_path):
@@ -182,11 +182,4 @@ def test_a_cancelled_run_resumed_hears_exactly_what_it_would_have(lossy):
 
     done = asyncio.run(go())
     assert done.status == "completed", done.reason
-    graph = loads(prepared.graph)
-    with duckdb.connect(lossy.db, read_only=True) as con:
-        check = check_inboxes(con, done.run_id, graph, rounds=4)
-        assert check.rows == 400 * 4 and check.exact, check
-        fleet = con.execute("SELECT agent_id, level, heard FROM gossip_outcomes WHERE run_id = ? "
-                            "ORDER BY round, agent_id", [done.run_id]).fetchall()
-    local = asyncio.run(run_local(prepared.resolved, graph=graph))
-    assert list(zip(local.outcomes["agent_id"], local.outcomes["level"], local.outcomes["heard"], strict=True)) == fleet
+    assert_exact_as_in_one_process(lossy.db, done.run_id, prepared)

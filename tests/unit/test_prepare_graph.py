@@ -52,3 +52,20 @@ def test_a_prepared_scenario_renumbers_personas_with_the_graph(tmp_path):
                      for s, t in zip(g.sources.tolist(), g.targets().tolist(), strict=True)])
     assert same.mean() > 0.85, "homophily must hold between the renumbered agents' personas"
     assert sorted(order.tolist()) == list(range(400))
+
+
+def test_a_rerun_builds_the_same_graph_and_names_an_edge_list_that_changed(tmp_path):
+    import pytest
+
+    from populace.client.prepare import prepare_rerun
+    from populace.core.scenario import ScenarioError
+
+    (tmp_path / "edges.csv").write_text("source,target\n" + "".join(f"{i},{(i * 7 + 3) % 60}\n" for i in range(60)))
+    (tmp_path / "s.yaml").write_text("simulation: opinion\nagents: 60\nrounds: 2\n"
+                                     "graph: {generator: edges, path: edges.csv, directed: true}\n")
+    first = prepare_file(tmp_path / "s.yaml")
+    again = prepare_rerun(first.manifest)
+    assert again.config.graph.digest == first.config.graph.digest and again.graph == first.graph
+    (tmp_path / "edges.csv").write_text("source,target\n0,1\n1,2\n")
+    with pytest.raises(ScenarioError, match="graph: edges.csv changed since the run"):
+        prepare_rerun(first.manifest)

@@ -309,6 +309,11 @@ def prepare_rerun(manifest: dict) -> PreparedRun:
         pop = config.population
         raise ScenarioError(f"population: {pop.personas or pop.config} changed since the run "
                             f"(sha256 {recorded} recorded, {now} now)")
+    recorded = config.graph.digest if config.graph else None
+    now = prepared.config.graph.digest if prepared.config.graph else None
+    if recorded != now:
+        raise ScenarioError(f"graph: {config.graph.spec.get('path') or config.graph.spec.get('generator')} "  # type: ignore[union-attr]
+                            f"changed since the run (sha256 {recorded} recorded, {now} now)")
     before, after = manifest.get("prompt") or {}, prepared.manifest["prompt"]
     for key in ("system", "user_example", "answer_schema"):
         if key in before and before[key] != after[key]:
