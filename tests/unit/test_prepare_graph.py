@@ -69,3 +69,20 @@ def test_a_rerun_builds_the_same_graph_and_names_an_edge_list_that_changed(tmp_p
     (tmp_path / "edges.csv").write_text("source,target\n0,1\n1,2\n")
     with pytest.raises(ScenarioError, match="graph: edges.csv changed since the run"):
         prepare_rerun(first.manifest)
+
+
+def test_a_fork_keeps_its_parents_graph_and_may_add_a_broadcast(tmp_path):
+    import pytest
+
+    from populace.client.prepare import prepare_fork
+    from populace.core.scenario import ScenarioError
+
+    (tmp_path / "s.yaml").write_text("simulation: opinion\nagents: 80\nrounds: 4\n"
+                                     "graph: {generator: small-world, degree: 4}\n")
+    parent = prepare_file(tmp_path / "s.yaml")
+    with pytest.raises(ScenarioError, match="graph: a fork keeps its parent's graph"):
+        prepare_fork(parent.config, 2, {"graph": {"generator": "scale-free", "m": 2}}, parent.manifest)
+    fork = prepare_fork(parent.config, 2, {"broadcasts": [{"round": 3, "text": "vote yes", "fields": {"stance": 1.0}}]},
+                        parent.manifest)
+    assert fork.config.graph.digest == parent.config.graph.digest and fork.config.broadcasts[0].round == 3
+    assert fork.manifest["graph"] == parent.manifest["graph"]

@@ -326,9 +326,10 @@ def prepare_fork(parent: RunConfig, after_round: int, changes: dict, parent_mani
                  parent_id: str = "") -> PreparedRun:
     """A fork's config: its parent's with `changes` (the intervention) merged in, checked
     against its simulation. Its agents and population are its parent's (restored from the
-    parent's checkpoint, personas by the same digest), so `agents`, `simulation` and
-    `population` cannot change. The manifest records the parent, the round and the change."""
-    for key in ("agents", "simulation", "population"):
+    parent's checkpoint, personas by the same digest), so `agents`, `simulation`,
+    `population` and `graph` cannot change (`broadcasts` can: a campaign is a typical fork).
+    The manifest records the parent, the round and the change."""
+    for key in ("agents", "simulation", "population", "graph"):
         if key in changes:
             raise ScenarioError(f"{key}: a fork keeps its parent's {key} (it continues the same agents)")
     data = parent.model_dump(mode="json")
@@ -339,6 +340,8 @@ def prepare_fork(parent: RunConfig, after_round: int, changes: dict, parent_mani
     if parent_manifest:  # the parent's population identity and scenario still describe these agents
         manifest["population"] = parent_manifest.get("population")
         manifest["scenario"] = parent_manifest.get("scenario")
+        if parent_manifest.get("graph"):
+            manifest["graph"] = parent_manifest["graph"]
     manifest["fork"] = {"parent": parent_id, "after_round": after_round, "changes": changes}
     return PreparedRun(resolved.config, None, manifest, resolved)
 
