@@ -47,3 +47,21 @@ def test_cast_from_bad_jsonl_names_the_line():
         cast_from_jsonl(b'{"profile": {}}\n{"persona": {}}\n', "p")
     with pytest.raises(PopulationError, match=r"p:1: not valid JSON"):
         cast_from_jsonl(b'{nope\n', "p")
+
+
+def test_equal_profiles_share_one_mapping_and_a_file_is_read_line_by_line():
+    import json
+
+    from populace.population.cast import cast_from_jsonl
+
+    records = [{"profile": {"group": "a", "age": 30}, "persona": {"name": f"P{i}"}} for i in range(3)]
+    records.append({"profile": {"age": 30, "group": "b"}, "persona": {"name": "Q"}})
+    # a raw U+2028 inside a JSON string is not a line break
+    records.append({"profile": {"group": "a", "age": 30}, "persona": {"name": "R", "description": "x\u2028y"}})
+    data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode()
+    cast = cast_from_jsonl(data)
+    assert len(cast) == 5
+    p = cast.personas
+    assert p[0].profile is p[1].profile is p[2].profile is p[4].profile
+    assert p[3].profile is not p[0].profile and p[3].profile == {"age": 30, "group": "b"}
+    assert p[0].text != p[1].text and "x\u2028y" in p[4].text

@@ -105,13 +105,18 @@ def population_note(profiles: Iterable[Mapping], noun: str | None = None) -> str
 
 
 def cast_from_records(records: Iterable[dict]) -> Cast:
-    """One Persona per record; identical (text, profile) pairs become one shared object."""
+    """One Persona per record; identical (text, profile) pairs become one shared object, and
+    identical profiles one shared (read-only) mapping: a million personas of a few attribute
+    combinations hold a few profile dicts, not a million (~230 bytes each)."""
     shared: dict[tuple[str, str], Persona] = {}
+    profiles: dict[str, Mapping[str, Any]] = {}
     personas = []
     for i, record in enumerate(records):
         profile = record.get("profile") or {}
         text = persona_text(record)
-        key = (text, json.dumps(profile, sort_keys=True, default=str))
+        profile_key = json.dumps(profile, sort_keys=True, default=str)
+        profile = profiles.setdefault(profile_key, profile)
+        key = (text, profile_key)
         persona = shared.get(key)
         if persona is None:
             persona = shared[key] = Persona(i, text, profile)
