@@ -34,7 +34,7 @@ from populace.core.contracts import (
     share_key,
 )
 from populace.population.errors import PopulationError
-from populace.population.jsonl import parse_personas
+from populace.population.jsonl import iter_personas
 from populace.recorder.expected import RunShape, calls_refusal, outcome_refusal
 
 SCHEMA = """
@@ -483,18 +483,22 @@ class Store:
                          f"VALUES ({', '.join('?' * len(names))})", values)
 
     def _insert_profiles(self, run_id: str, agents: int, blob: bytes) -> None:
+        # one record at a time (iter_personas): 1M whole records at once took the recorder 3 GB
+        index: list[int] = []
+        profiles: list[str] = []
+        personas: list[str] = []
         try:
-            records = parse_personas(blob)[:agents]
+            for i, r in enumerate(iter_personas(blob)):
+                if i >= agents:
+                    break
+                j = (r.get("provenance") or {}).get("persona_index")
+                index.append(j if isinstance(j, int) and not isinstance(j, bool) else i)
+                profiles.append(json.dumps(r["profile"], ensure_ascii=False))
+                personas.append(json.dumps(r.get("persona"), ensure_ascii=False))
         except PopulationError:
             return  # the client checked the file before the run; a bad blob must not block ingestion
-        index = [(r.get("provenance") or {}).get("persona_index") for r in records]
-        rows = pa.Table.from_pydict({
-            "agent_id": list(range(len(records))),
-            "persona_index": [j if isinstance(j, int) and not isinstance(j, bool) else i
-                              for i, j in enumerate(index)],
-            "profile": [json.dumps(r["profile"], ensure_ascii=False) for r in records],
-            "persona": [json.dumps(r.get("persona"), ensure_ascii=False) for r in records],
-        })
+        rows = pa.Table.from_pydict({"agent_id": list(range(len(index))), "persona_index": index,
+                                     "profile": profiles, "persona": personas})
         self.con.register("profile_rows", rows)
         self.con.execute("DELETE FROM agent_profiles WHERE run_id = ?", [run_id])
         self.con.execute("INSERT INTO agent_profiles SELECT ?, agent_id, persona_index, profile, persona "
