@@ -183,3 +183,75 @@ def test_a_cancelled_run_resumed_hears_exactly_what_it_would_have(lossy):
     done = asyncio.run(go())
     assert done.status == "completed", done.reason
     assert_exact_as_in_one_process(lossy.db, done.run_id, prepared)
+
+
+def test_malformed_and_forged_mail_is_dead_lettered_and_changes_nothing(lossy):
+    """While a graph run plays: garbage on a host's mail subject, a MailBatch whose body names
+    another sender than its subject, and a well-formed batch from a share the run never placed.
+    The first two are dead-lettered once; the third is never delivered (not a source of the
+    round); every inbox stays exact."""
+    from populace.core import subjects
+    from populace.core.contracts import MailBatch, RoundOpen
+
+    data = {**SCENARIO, "seed": 21, "model": {"backend": "dummy", "latency_s": 0.3, "seed": 4}}
+    prepared = prepare(RunConfig.model_validate(data))
+    sent: list[tuple[str, bytes]] = []
+
+    async def go():
+        nc = await bus.connect(lossy.url, "e2e-graph-forge")
+        js = nc.jetstream()
+
+        async def forge(run_id: str) -> None:
+            forged = MailBatch(run_id=run_id, round=1, host_id="host-9", epoch=0, to="host-1@0", shard=0, shards=1,
+                               authors=list(range(200)), texts=["forged"] * 200, fields=[{"level": 999}] * 200)
+            claims = forged.model_copy(update={"host_id": "host-0"})
+            for subject, payload in (
+                (subjects.run_mail(run_id, 1, "host-1", 0, "host-0"), b"{not json"),
+                (subjects.run_mail(run_id, 1, "host-1", 0, "host-9"), claims.model_dump_json().encode()),
+                (subjects.run_mail(run_id, 1, "host-1", 0, "host-9"), forged.model_dump_json().encode()),
+            ):
+                sent.append((subject, payload))
+                await js.publish(subject, payload)
+
+        tasks: list = []
+
+        def on_event(kind: str, model: object) -> None:
+            if isinstance(model, RoundOpen) and model.round == 1 and not tasks:
+                tasks.append(asyncio.get_running_loop().create_task(forge(model.run_id)))
+
+        try:
+            return await play(nc, prepared.config, graph=prepared.graph_blobs, manifest=prepared.manifest,
+                              on_event=on_event, stall_s=120)
+        finally:
+            await nc.close()
+
+    outcome = asyncio.run(go())
+    assert outcome.status == "completed", outcome.reason
+    assert_exact_as_in_one_process(lossy.db, outcome.run_id, prepared)
+
+    async def dlq() -> list[tuple[str, bytes, str]]:
+        import nats
+
+        nc = await nats.connect(lossy.url, **lossy.credentials("admin"))
+        try:
+            js = nc.jetstream()
+            info = await js.stream_info(subjects.DLQ_STREAM)
+            out = []
+            for seq in range(info.state.first_seq, info.state.last_seq + 1):
+                try:
+                    m = await js.get_msg(subjects.DLQ_STREAM, seq)
+                except Exception:
+                    continue
+                h = m.headers or {}
+                out.append((h.get("Populace-Subject", ""), m.data or b"", h.get("Populace-Error", "")))
+            return out
+        finally:
+            await nc.close()
+
+    lettered = [(s, p) for s, p, _ in asyncio.run(dlq())]
+    assert lettered.count(sent[0]) == 1, "garbage on a mail subject is dead-lettered once"
+    assert lettered.count(sent[1]) == 1, "a body naming another sender than its subject is dead-lettered once"
+    assert (sent[2][0], sent[2][1]) not in lettered  # well-formed, from an unplaced share: ignored, not an error
+    with duckdb.connect(lossy.db, read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM gossip_outcomes WHERE run_id = ? AND level >= 999",
+                           [outcome.run_id]).fetchone() == (0,), "a forged post was heard"
