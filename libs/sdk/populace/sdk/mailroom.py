@@ -144,7 +144,8 @@ class Mailroom:
         return inbox.add(source, shard, shards, payload)
 
     def missing(self, round_: int, sources: Iterable[str]) -> list[str]:
-        return MailIn(round_).missing(sources) if round_ not in self.mail else self.mail[round_].missing(sources)
+        """The sources whose mail for `round_` is not all in."""
+        return (self.mail.get(round_) or MailIn(round_)).missing(sources)
 
     def deliver(self, round_: int, sources: Mapping[str, Iterable[tuple[int, int]]]) -> tuple[int, int]:
         """Put the expected sources' mail for `round_` (source key -> its agent ranges) into
