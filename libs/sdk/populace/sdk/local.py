@@ -80,8 +80,9 @@ async def run_local(config: RunConfig | Resolved, *, run_id: str = "local", cast
     tables = resolved.tables()
     if c.graph is not None and graph is None:
         graph = local_graph(c, cast)
+    whole = _shares(resolved, hosts)
     runs = [host_run(resolved, run_id, ranges, cast, one_per_process=one_per_process, freeze=False, graph=graph)
-            for ranges in _shares(resolved, hosts)]
+            for ranges in whole]
     env = runs[0].env
     state = env.start()
     observation = None
@@ -90,8 +91,7 @@ async def run_local(config: RunConfig | Resolved, *, run_id: str = "local", cast
     cols_out: dict[str, list] = {k: [] for k in ("run_id", "round", "agent_id", *group_id,
                                                  *(col.name for col in tables.outcome_columns),
                                                  "valid", "raw", "latency_ms", "error")}
-    whole = _shares(resolved, hosts)
-    placement = {f"local-{i}@0": ranges for i, ranges in enumerate(whole)}
+    placement = {f"local-{i}@0": ranges for i, ranges in enumerate(whole)}  # share keys, as on the fleet
     posts: dict[str, list] = {k: [] for k in ("run_id", "round", "agent_id", "text", "fields", "heard",
                                               "heard_digest")}
     try:
