@@ -190,6 +190,8 @@ def test_malformed_and_forged_mail_is_dead_lettered_and_changes_nothing(lossy):
     another sender than its subject, and a well-formed batch from a share the run never placed.
     The first two are dead-lettered once; the third is never delivered (not a source of the
     round); every inbox stays exact."""
+    from test_fuzz_e2e import dead_letters  # the DLQ reader the fuzz tests use (pytest puts tests/e2e on sys.path)
+
     from populace.core import subjects
     from populace.core.contracts import MailBatch, RoundOpen
 
@@ -229,26 +231,7 @@ def test_malformed_and_forged_mail_is_dead_lettered_and_changes_nothing(lossy):
     assert outcome.status == "completed", outcome.reason
     assert_exact_as_in_one_process(lossy.db, outcome.run_id, prepared)
 
-    async def dlq() -> list[tuple[str, bytes, str]]:
-        import nats
-
-        nc = await nats.connect(lossy.url, **lossy.credentials("admin"))
-        try:
-            js = nc.jetstream()
-            info = await js.stream_info(subjects.DLQ_STREAM)
-            out = []
-            for seq in range(info.state.first_seq, info.state.last_seq + 1):
-                try:
-                    m = await js.get_msg(subjects.DLQ_STREAM, seq)
-                except Exception:
-                    continue
-                h = m.headers or {}
-                out.append((h.get("Populace-Subject", ""), m.data or b"", h.get("Populace-Error", "")))
-            return out
-        finally:
-            await nc.close()
-
-    lettered = [(s, p) for s, p, _ in asyncio.run(dlq())]
+    lettered = [(subject, payload) for _, subject, payload, _ in asyncio.run(dead_letters(lossy))]
     assert lettered.count(sent[0]) == 1, "garbage on a mail subject is dead-lettered once"
     assert lettered.count(sent[1]) == 1, "a body naming another sender than its subject is dead-lettered once"
     assert (sent[2][0], sent[2][1]) not in lettered  # well-formed, from an unplaced share: ignored, not an error
