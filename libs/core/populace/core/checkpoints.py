@@ -86,15 +86,19 @@ async def load_agents(js: JetStreamContext, rid: str, round_: int, layout: Itera
     return out
 
 
-async def save_env(js: JetStreamContext, rid: str, round_: int, state: dict, observation: dict) -> int:
-    return await put(js, subjects.checkpoint_env(rid, round_), {"state": state, "observation": observation})
+async def save_env(js: JetStreamContext, rid: str, round_: int, state: dict, observation: dict,
+                   selection: dict | None = None) -> int:
+    return await put(js, subjects.checkpoint_env(rid, round_),
+                     {"state": state, "observation": observation, "selection": selection})
 
 
-async def load_env(js: JetStreamContext, rid: str, round_: int) -> tuple[dict, dict]:
+async def load_env(js: JetStreamContext, rid: str, round_: int) -> tuple[dict, dict, dict | None]:
+    """The environment's state after `round_`, the next round's observation and who acts in it."""
     value = await get(js, subjects.checkpoint_env(rid, round_))
     if not isinstance(value, dict) or not isinstance(value.get("state"), dict):
         raise CheckpointError(f"checkpoint {subjects.checkpoint_env(rid, round_)} is not an environment's state")
-    return value["state"], value.get("observation") or {}
+    selection = value.get("selection")
+    return value["state"], value.get("observation") or {}, selection if isinstance(selection, dict) else None
 
 
 Keep = Literal["all", "last", "none"]

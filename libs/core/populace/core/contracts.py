@@ -295,6 +295,9 @@ class SimulationTables(Strict):
     # A run's declared range of its numeric measure (the simulation's measure_range for the
     # run's parameters): a valid value outside it is impossible, so the recorder refuses it.
     measure_range: tuple[FiniteFloat, FiniteFloat] | None = None
+    levels: list[Identifier] = []  # nested groups: the outer levels, each recorded as `<level>_id`
+    acts: Identifier | None = None  # scenes: one row per act (the platform's columns plus the Act's)
+    act_columns: list[Column] = []
 
 
 # --- control plane -------------------------------------------------------------------
@@ -424,6 +427,7 @@ class RunState(Strict):
     layouts: list[Layout] = []  # the ranges of each placement, to find a round's checkpoints
     env_state: dict | None = None  # after the last closed round; None before round 1
     observation: dict | None = None  # what the agents see in the next round
+    selection: dict | None = None  # who acts in the next round (None: everyone)
     reason: str | None = None
     phase_at: float = Field(default_factory=time.time)  # when spawning began or the round in play opened
     nudged: int = 0  # times the round in play (or the spawn) was announced again for its deadline
@@ -495,6 +499,9 @@ class RoundOpen(Wire):
     nudge: int = 0  # >0: announced again because the round missed its deadline
     # live share key -> its agent id ranges: where posts go (runs with a graph)
     ranges: dict[str, list[tuple[AgentId, Amount]]] = {}
+    # who acts this round (populace.sdk.select, as the environment decided it); None: everyone,
+    # or in a run's first round what the simulation's environment starts with
+    selection: JsonDoc | None = None
 
 
 class PostColumns(Wire):
@@ -506,6 +513,48 @@ class PostColumns(Wire):
     fields: list[JsonDoc | None]
     heard: list[Amount]
     heard_digest: list[Amount]
+
+
+class ActColumns(Wire):
+    """The acts of the scenes whose members' outcomes are in the batch (a simulation with scenes):
+    one row per act, in each group's order (`seq`, shared with its lines), with the simulation's
+    Act columns, its validity, raw text, latency and error, as outcomes have them."""
+
+    group_id: list[Amount]
+    seq: list[Amount]
+    agent_id: list[AgentId]
+    phase: list[Annotated[str, Field(max_length=200)]]
+    columns: dict[str, list]
+    valid: list[bool]
+    raw: list[str]
+    latency_ms: list[Millis]
+    error: list[str | None]
+
+    @model_validator(mode="after")
+    def _same_length(self) -> ActColumns:
+        n = len(self.agent_id)
+        lengths = [len(self.group_id), len(self.seq), len(self.phase), len(self.valid), len(self.raw),
+                   len(self.latency_ms), len(self.error), *(len(c) for c in self.columns.values())]
+        if any(k != n for k in lengths):
+            raise ValueError("every column of a batch's acts must have one value per act")
+        return self
+
+
+class LineColumns(Wire):
+    """What the batch's scenes' members said (`scene.say`): one row per line of a transcript."""
+
+    group_id: list[Amount]
+    seq: list[Amount]
+    speaker: list[Annotated[int, Field(ge=-1, lt=100_000_000)]]  # -1: the scene itself (a game master)
+    text: list[Annotated[str, Field(max_length=10_000)]]
+    fields: list[str | None]  # compact JSON
+
+    @model_validator(mode="after")
+    def _same_length(self) -> LineColumns:
+        n = len(self.seq)
+        if any(len(c) != n for c in (self.group_id, self.speaker, self.text, self.fields)):
+            raise ValueError("every column of a batch's lines must have one value per line")
+        return self
 
 
 class OutcomeBatch(Wire):
@@ -527,12 +576,15 @@ class OutcomeBatch(Wire):
     group_ids: list[Amount] | None = None
     epoch: Epoch = 0
     posts: PostColumns | None = None  # a run with a graph: each agent's post and what it heard
+    levels: dict[Identifier, list[Amount]] | None = None  # nested groups: each outer level's group ids
+    acts: ActColumns | None = None  # scenes: the acts of these agents' groups
+    lines: LineColumns | None = None  # scenes: what these agents' groups said
 
     @model_validator(mode="after")
     def _same_length(self) -> OutcomeBatch:
         n = len(self.agent_ids)
         lengths = [len(self.valid), len(self.raws), len(self.latency_ms), len(self.errors),
-                   *(len(c) for c in self.columns.values())]
+                   *(len(c) for c in self.columns.values()), *(len(c) for c in (self.levels or {}).values())]
         if self.posts is not None:
             p = self.posts
             lengths += [len(p.texts), len(p.fields), len(p.heard), len(p.heard_digest)]
@@ -604,6 +656,7 @@ class RoundResult(Wire):
     epoch: Epoch = 0
     shares: list[str] = []  # the share keys whose partials it folded: stale if one was replaced
     usage: Usage = Usage()  # the folded shares' LLM work
+    selection: JsonDoc | None = None  # who acts next round (populace.sdk.select); None: everyone
 
 
 class RunResumed(Wire):

@@ -40,6 +40,18 @@ class Agent:
         outcome with the error's text; the host goes on."""
         raise NotImplementedError
 
+    async def act(self, phase: str, view: Any, llm: LLM) -> Outcome:  # pragma: no cover - scenes only
+        """One act in a scene (a simulation whose group env plays scenes): `phase` names what
+        the scene asks (e.g. "offer"), `view` is what the scene shows this agent. Returns the
+        simulation's `Act` outcome; an exception is this act's invalid outcome, as in a turn."""
+        raise NotImplementedError(f"{type(self).__name__} has no act(); a scene asked it to act {phase!r}")
+
+    def wakes(self, obs: Observation) -> bool:
+        """Whether this agent acts this round, among those the environment selected (activation
+        decided by the agent itself, e.g. from its memory). Everyone by default; pure and seeded
+        (use `self.sim.rng(...)`), so every placement decides the same."""
+        return True
+
     def settled(self, outcome: Outcome, news: Any) -> None:
         """Called after the agent's group env settled the round: `outcome` is this agent's own,
         with what the group env filled in (e.g. a payoff), `news` what the group env announced

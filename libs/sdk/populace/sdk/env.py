@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
     from populace.sdk.outcome import Outcome
+    from populace.sdk.scene import Scene
     from populace.sdk.simulation import Observation, Simulation, Summary
 
 Listener = Callable[[str, Any], Any]
@@ -91,6 +92,12 @@ class Env(Generic[StateT, PartialT]):
         """What every agent sees in `round`, given the state the previous rounds left."""
         return self.sim.Observation(round=round)
 
+    def select(self, state: StateT, round: int) -> Any:
+        """Who acts in `round` (activation): a selector of `populace.sdk.select` (rate, ids, mask,
+        where), or None for everyone. Pure: it runs where the round is decided, and only the
+        agents it picks play, are reduced and are recorded."""
+        return None
+
     def reduce(self, agent_ids: Sequence[int], outcomes: Sequence[Outcome]) -> PartialT:  # pragma: no cover
         """Fold a batch of outcomes (on the host that played them) into a partial."""
         raise NotImplementedError
@@ -108,11 +115,30 @@ class Env(Generic[StateT, PartialT]):
 class GroupEnv:
     """An environment one level down: it settles each group's round on the host that holds
     the group, before anything leaves the host. One instance serves every group of a run on
-    that host (keep per-group state keyed by `group`)."""
+    that host (keep per-group state keyed by `group`).
+
+    Either `settle` (every member plays its own turn, then the group's outcomes are settled)
+    or `async scene` (the group's round is a sequence of its members' acts; see
+    `populace.sdk.scene`). Nested groups: `Parent` is the GroupEnv of the level above (teams in
+    firms), which settles once all its groups did; the simulation's `group_sizes()` gives each
+    level's size. Outer levels' group ids are recorded as `<level>_id` columns."""
+
+    level: ClassVar[str] = "group"  # this level's name (an outer level's column is `<level>_id`)
+    Parent: ClassVar[type[GroupEnv] | None] = None  # the level above, settled after this one
 
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
         self.params = sim.params
+
+    @classmethod
+    def plays_scenes(cls) -> bool:
+        return cls.scene is not GroupEnv.scene
+
+    async def scene(self, scene: Scene) -> Any:  # pragma: no cover - declared by scene simulations
+        """Play the group's round as ordered acts (see populace.sdk.scene): await members' acts,
+        give each member its outcome with `scene.outcome(member, outcome)`, and return what the
+        members hear (passed to each member's `Agent.settled`), or None."""
+        raise NotImplementedError
 
     def settle(self, round: int, group: int, agent_ids: Sequence[int],
                outcomes: Sequence[Outcome]) -> Any:  # pragma: no cover

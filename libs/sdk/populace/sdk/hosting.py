@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from populace.graph.csr import Graph
 from populace.population.cast import Cast
@@ -16,6 +17,9 @@ from populace.sdk.play import RoundPlayer
 from populace.sdk.process import ProcessAgent
 from populace.sdk.registry import Resolved
 from populace.sdk.simulation import Observation, Simulation
+
+if TYPE_CHECKING:
+    from populace.sdk.engine import ShareEngine
 
 
 @dataclass
@@ -32,6 +36,12 @@ class HostedRun:
     mailroom: Mailroom | None = None  # a run with a graph: the posts its agents read and write
     # round -> (epoch, share key -> ranges) of the newest announcement of that round: where its posts go
     placements: dict[int, tuple[int, dict[str, list[tuple[int, int]]]]] = field(default_factory=dict)
+    engine: ShareEngine = field(init=False, repr=False)  # plays this share's rounds
+
+    def __post_init__(self) -> None:
+        from populace.sdk.engine import ShareEngine  # the engine drives a HostedRun: it imports this module
+
+        self.engine = ShareEngine(self)
 
     @property
     def tables(self):

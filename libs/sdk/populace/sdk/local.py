@@ -20,10 +20,11 @@ from populace.core.contracts import HostInfo, RunConfig, SimulationTables
 from populace.core.placement import place
 from populace.graph.csr import Graph
 from populace.population.cast import Cast
+from populace.sdk.engine import RoundDecider
 from populace.sdk.hosting import HostedRun, host_run
 from populace.sdk.llm import LLM
 from populace.sdk.mock import DummyLLM
-from populace.sdk.play import OutcomeBatch, OutcomeSink, RoundShare
+from populace.sdk.play import OutcomeBatch, RoundShare
 from populace.sdk.registry import Resolved, resolve
 
 LLMFactory = Callable[[HostedRun, int], LLM]  # (the host's share, round) -> the port for that round
@@ -39,6 +40,8 @@ class LocalResult:
     outcomes: dict[str, list] = field(default_factory=dict)
     rounds: dict[str, list] = field(default_factory=dict)
     posts: dict[str, list] = field(default_factory=dict)  # a run with a graph: table `posts`
+    acts: dict[str, list] = field(default_factory=dict)  # scenes: table `tables.acts`
+    transcripts: dict[str, list] = field(default_factory=dict)  # scenes: table `transcripts`
     status: str = "completed"
 
 
@@ -57,8 +60,7 @@ def _shares(resolved: Resolved, hosts: int) -> list[list[tuple[int, int]]]:
         return [[(0, c.agents)]]
     fake = [HostInfo(host_id=f"host-{i:04d}", capacity=c.agents, pid=0, started_at=0, heartbeat_at=0)
             for i in range(hosts)]
-    unit = resolved.instance().group_size() or 1 if resolved.simulation.GroupEnv is not None else 1
-    return list(place(c.agents, fake, unit=unit).values())
+    return list(place(c.agents, fake, unit=resolved.instance().placement_unit()).values())
 
 
 def local_graph(config: RunConfig, cast: Cast | None) -> Graph:
@@ -83,65 +85,30 @@ async def run_local(config: RunConfig | Resolved, *, run_id: str = "local", cast
     whole = _shares(resolved, hosts)
     runs = [host_run(resolved, run_id, ranges, cast, one_per_process=one_per_process, freeze=False, graph=graph)
             for ranges in whole]
-    env = runs[0].env
-    state = env.start()
-    observation = None
+    decider = RoundDecider(resolved, runs[0].env)
+    state: dict | None = None  # the environment's, as the fleet carries it between rounds
+    observation: dict | None = None
+    selection: dict | None = None
     out = LocalResult(run_id, c, tables)
-    group_id = ("group_id",) if tables.grouped else ()
-    cols_out: dict[str, list] = {k: [] for k in ("run_id", "round", "agent_id", *group_id,
-                                                 *(col.name for col in tables.outcome_columns),
-                                                 "valid", "raw", "latency_ms", "error")}
+    rows = _Rows(run_id, tables)
     placement = {f"local-{i}@0": ranges for i, ranges in enumerate(whole)}  # share keys, as on the fleet
-    posts: dict[str, list] = {k: [] for k in ("run_id", "round", "agent_id", "text", "fields", "heard",
-                                              "heard_digest")}
     try:
         for n in range(1, c.rounds + 1):
             shares: list[RoundShare] = []
             calls = 0
             for run in runs:
-                obs = run.observation(n, observation)
-                record_posts = None
-                room = run.mailroom
-                if room is not None:
-                    reading = room.reading(n)
-                    obs._mailbox = reading
-                    record_posts = functools.partial(room.record, n, reading)
-
-                def emit(batch: OutcomeBatch, n: int = n) -> None:
-                    k = len(batch.agent_ids)
-                    cols_out["run_id"].extend([run_id] * k)
-                    cols_out["round"].extend([n] * k)
-                    cols_out["agent_id"].extend(batch.agent_ids)
-                    if batch.group_ids is not None:
-                        cols_out["group_id"].extend(batch.group_ids)
-                    for name, values in batch.columns.items():
-                        cols_out[name].extend(values)
-                    cols_out["valid"].extend(batch.valid)
-                    cols_out["raw"].extend(batch.raws)
-                    cols_out["latency_ms"].extend(batch.latency_ms)
-                    cols_out["error"].extend(batch.errors)
-                    if batch.posts is not None:
-                        posts["run_id"].extend([run_id] * k)
-                        posts["round"].extend([n] * k)
-                        posts["agent_id"].extend(batch.agent_ids)
-                        for key in ("text", "fields", "heard", "heard_digest"):
-                            posts[key].extend(batch.posts["texts" if key == "text" else key])
-
-                sink = OutcomeSink(resolved.simulation, run.env, emit=emit, grouped=tables.grouped,
-                                   posts=record_posts)
                 port = llm(run, n)
-                await run.player.play(obs, port, sink)
+                shares.append(await run.engine.play(n, observation, selection, port,
+                                                    emit=functools.partial(rows.add, n)))
                 calls += getattr(port, "calls", 0)  # the in-process ports count their calls
-                shares.append(sink.close())
             _exchange(runs, placement, n)
-            total = env.merge([s.partial for s in shares if s.partial is not None])
-            state, summary = env.decide(state, n, total)
-            observation = env.observe(state, n + 1).model_dump(mode="json")
+            decision = decider.decide(n, state, [s.partial for s in shares if s.partial is not None])
+            state, observation, selection = decision.state, decision.observation, decision.selection
             # the platform's round columns, as the recorder writes them (no tokens: no model runs here)
             row = {"run_id": run_id, "round": n, "n": sum(s.n for s in shares),
                    "n_valid": sum(s.n_valid for s in shares),
                    "llm_calls": calls, "prompt_tokens": 0, "completion_tokens": 0, "infra_retries": 0,
-                   **summary.model_dump(mode="json"), "closed_at": time.time()}
+                   **decision.summary, "closed_at": time.time()}
             for key, value in row.items():
                 out.rounds.setdefault(key, []).append(value)
             if on_round is not None:
@@ -149,12 +116,70 @@ async def run_local(config: RunConfig | Resolved, *, run_id: str = "local", cast
     finally:
         for run in runs:
             run.stop()
-    order = sorted(range(len(cols_out["agent_id"])), key=lambda i: (cols_out["round"][i], cols_out["agent_id"][i]))
-    out.outcomes = {k: [v[i] for i in order] for k, v in cols_out.items()}
+    out.outcomes = rows.outcomes()
     if runs and runs[0].mailroom is not None:
-        order = sorted(range(len(posts["agent_id"])), key=lambda i: (posts["round"][i], posts["agent_id"][i]))
-        out.posts = {k: [v[i] for i in order] for k, v in posts.items()}
+        out.posts = _sorted(rows.posts, ("round", "agent_id"))
+    if tables.acts is not None:
+        out.acts = _sorted(rows.acts, ("round", "group_id", "seq"))
+        out.transcripts = _sorted(rows.lines, ("round", "group_id", "seq"))
     return out
+
+
+def _sorted(columns: dict[str, list], by: tuple[str, ...]) -> dict[str, list]:
+    order = sorted(range(len(columns[by[0]])), key=lambda i: tuple(columns[k][i] for k in by))
+    return {k: [v[i] for i in order] for k, v in columns.items()}
+
+
+class _Rows:
+    """A local run's rows as the recorder would store them, from the engine's batches."""
+
+    def __init__(self, run_id: str, tables: SimulationTables) -> None:
+        self.run_id = run_id
+        group_id = ("group_id", *(f"{level}_id" for level in tables.levels)) if tables.grouped else ()
+        self.columns: dict[str, list] = {k: [] for k in ("run_id", "round", "agent_id", *group_id,
+                                                         *(col.name for col in tables.outcome_columns),
+                                                         "valid", "raw", "latency_ms", "error")}
+        self.posts: dict[str, list] = {k: [] for k in ("run_id", "round", "agent_id", "text", "fields", "heard",
+                                                       "heard_digest")}
+        self.acts: dict[str, list] = {k: [] for k in ("run_id", "round", "group_id", "seq", "agent_id", "phase",
+                                                      *(col.name for col in tables.act_columns),
+                                                      "valid", "raw", "latency_ms", "error")}
+        self.lines: dict[str, list] = {k: [] for k in ("run_id", "round", "group_id", "seq", "speaker", "text",
+                                                       "fields")}
+
+    def add(self, n: int, batch: OutcomeBatch) -> None:
+        cols = self.columns
+        k = len(batch.agent_ids)
+        cols["run_id"].extend([self.run_id] * k)
+        cols["round"].extend([n] * k)
+        cols["agent_id"].extend(batch.agent_ids)
+        if batch.group_ids is not None:
+            cols["group_id"].extend(batch.group_ids)
+        for level, ids in (batch.levels or {}).items():
+            cols[f"{level}_id"].extend(ids)
+        for name, values in batch.columns.items():
+            cols[name].extend(values)
+        cols["valid"].extend(batch.valid)
+        cols["raw"].extend(batch.raws)
+        cols["latency_ms"].extend(batch.latency_ms)
+        cols["error"].extend(batch.errors)
+        if batch.posts is not None:
+            posts = self.posts
+            posts["run_id"].extend([self.run_id] * k)
+            posts["round"].extend([n] * k)
+            posts["agent_id"].extend(batch.agent_ids)
+            for key in ("text", "fields", "heard", "heard_digest"):
+                posts[key].extend(batch.posts["texts" if key == "text" else key])
+        for table, part in ((self.acts, batch.acts), (self.lines, batch.lines)):
+            if part:
+                m = len(next(iter(part.values())))
+                table["run_id"].extend([self.run_id] * m)
+                table["round"].extend([n] * m)
+                for key, values in part.items():
+                    table[key].extend(values)
+
+    def outcomes(self) -> dict[str, list]:
+        return _sorted(self.columns, ("round", "agent_id"))
 
 
 def _exchange(runs: list[HostedRun], placement: dict[str, list[tuple[int, int]]], round_: int) -> None:

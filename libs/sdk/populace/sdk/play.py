@@ -1,12 +1,17 @@
-"""Playing one round on a set of agents — the generic worker the agent-host service wraps
-with NATS, and the local runner runs in process. The simulation's code decides; this does.
+"""Playing one round on a set of agents — the generic worker the round engine
+(`populace.sdk.engine`) drives on an agent-host and in the local runner. The simulation's code
+decides; this does.
 
-- Every agent runs its own turn as its own asyncio task, bounded by an in-flight limit.
+- Only the agents the round selects play (activation, `populace.sdk.select`); the others are
+  not touched.
+- Every agent runs its own turn as its own asyncio task, bounded by an in-flight limit; with
+  scenes, every group runs its scene as one task (its members' acts in order).
 - A turn that raises is that agent's invalid outcome (with the error's text); a turn that
   found no model (`InferError`, after the port's retries) is never an answer: the round
   stops with `ModelUnavailable` and the run pauses, to replay it once a model answers.
 - With groups, a group's outcomes wait until all its members played; the group env settles
-  them (sorted by agent id), each member hears the news, then they go on.
+  them (sorted by agent id), each member hears the news, then — level by level, for nested
+  groups — the group of the level above settles once all its groups did.
 - `OutcomeSink` batches outcomes (~1,000), validates each batch's columns in pydantic-core,
   reduces it with the root env, and hands it on: one message per batch, never per agent.
 """
@@ -20,24 +25,29 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from pydantic import TypeAdapter, ValidationError
 
 from populace.core.ranges import outside
 from populace.sdk.agent import Agent
 from populace.sdk.env import Env, GroupEnv, Partial
+from populace.sdk.groups import Group, GroupLayout
 from populace.sdk.llm import LLM, InferError, ModelUnavailable
 from populace.sdk.outcome import Outcome, columns_adapter
 from populace.sdk.process import AgentRaised
+from populace.sdk.scene import ActRecord, LineRecord, Member, Scene, SceneError
 from populace.sdk.simulation import Observation, Simulation
 
 # Yield to the event loop every this many task launches so batches leave while agents start.
 LAUNCH_SLICE = 2000
+# A batch also leaves once its acts' and lines' text passes this (a message stays under 1 MB).
+SCENE_BYTES = 256 * 1024
 _VALID = TypeAdapter(list[bool])
 _RAW = TypeAdapter(list[str])
 
 
 class RoundFailed(RuntimeError):
-    """The simulation's own environment code (a group env) raised: the run cannot go on."""
+    """The simulation's own environment code (a group env, a scene) raised: the run cannot go on."""
 
 
 @dataclass(slots=True)
@@ -53,6 +63,9 @@ class OutcomeBatch:
     errors: list[str | None]
     group_ids: list[int] | None
     posts: dict[str, list] | None = None  # a run with a graph: each agent's post, what it heard
+    levels: dict[str, list[int]] | None = None  # nested groups: each outer level's group ids
+    acts: dict[str, list] | None = None  # scenes: the acts of the groups whose members are here
+    lines: dict[str, list] | None = None  # scenes: what those groups' members said
 
 
 @dataclass(slots=True)
@@ -70,25 +83,70 @@ class RoundShare:
 PostRecorder = Callable[[list[int], list[Outcome], list, list[bool]], dict[str, list]]
 
 
+class _Columns:
+    """Validates a batch of outcome objects (a simulation's Outcome or Act class) into columns."""
+
+    def __init__(self, cls: type[Outcome], bounds: tuple[str, tuple[float, float]] | None = None) -> None:
+        self.adapters = columns_adapter(cls)
+        self.getters = {name: operator.attrgetter(name) for name in ("valid", "raw", *self.adapters)}
+        self.defaults = {f.name: (f.default_factory if f.default is dataclasses.MISSING
+                                  else (lambda v=f.default: v)) for f in dataclasses.fields(cls)}
+        self.bounds = bounds  # (measure, its declared range): a valid value outside is invalid
+
+    def __call__(self, outs: list[Outcome], errs: list[str | None]) -> tuple[dict[str, list], list[bool], list[str]]:
+        """Validated columns. A value that does not fit its column is reset to the column's
+        default and its row marked invalid (error named); the row's other values stay — a
+        group env may already have filled them — and one agent's bad value never poisons
+        the batch."""
+        for _ in range(2):
+            bad: dict[int, list[str]] = {}
+            columns: dict[str, list] = {}
+            for name, adapter in (("valid", _VALID), ("raw", _RAW), *self.adapters.items()):
+                values = list(map(self.getters[name], outs))
+                try:
+                    columns[name] = adapter.validate_python(values)
+                except ValidationError as err:
+                    for e in err.errors():
+                        if e["loc"] and isinstance(e["loc"][0], int):
+                            bad.setdefault(e["loc"][0], []).append(name)
+                            reason = f"outcome.{name}: {e['msg']} (got {e.get('input')!r})"
+                            errs[e["loc"][0]] = errs[e["loc"][0]] or f"agent: {reason}"
+            if self.bounds is not None and not bad:
+                measure, (lo, hi) = self.bounds
+                for i in outside(columns[measure], columns["valid"], (lo, hi)):
+                    bad.setdefault(i, []).append(measure)
+                    v = columns[measure][i]
+                    errs[i] = errs[i] or f"agent: outcome.{measure}: {v!r} is outside the simulation's range " \
+                                         f"[{lo:g}, {hi:g}]"
+            if not bad:
+                return columns, columns.pop("valid"), columns.pop("raw")
+            for i, names in bad.items():
+                out = outs[i]
+                raw = out.raw
+                for name in names:
+                    setattr(out, name, self.defaults[name]())
+                out.valid = False
+                if "raw" in names:  # the model's text must survive as text
+                    out.raw = repr(raw)
+        raise RuntimeError("outcome defaults do not fit their own columns")  # pragma: no cover
+
+
 class OutcomeSink:
     def __init__(self, sim: type[Simulation], env: Env, *, batch_size: int = 1000,
                  emit: Callable[[OutcomeBatch], None] | None = None, grouped: bool = False,
-                 posts: PostRecorder | None = None) -> None:
-        self._cls = sim.Outcome
-        self._adapters = columns_adapter(sim.Outcome)
-        self._getters = {name: operator.attrgetter(name) for name in ("valid", "raw", *self._adapters)}
-        self._defaults = {f.name: (f.default_factory if f.default is dataclasses.MISSING
-                                   else (lambda v=f.default: v)) for f in dataclasses.fields(sim.Outcome)}
-        self._env = env
+                 posts: PostRecorder | None = None, levels: Sequence[str] = ()) -> None:
         # A valid numeric measure outside the simulation's declared range for the run is not
         # possible: the row is invalid (named), as the recorder would refuse the batch.
         instance = getattr(env, "sim", None)
         run_tables = sim.tables_for(instance.params) if instance is not None else None
-        self._range = run_tables.measure_range if run_tables else None
-        self._measure = run_tables.measure if self._range is not None else None
+        bounds = (run_tables.measure, run_tables.measure_range) if run_tables and run_tables.measure_range else None
+        self._columns = _Columns(sim.Outcome, bounds)
+        self._act_columns = _Columns(sim.Act) if sim.Act is not None else None
+        self._env = env
         self._batch_size = batch_size
         self._emit = emit
         self._grouped = grouped
+        self._levels = tuple(levels)  # outer levels' names (nested groups), inner to outer
         self._posts = posts
         self._partials: list[Partial] = []
         self.n = self.n_valid = 0
@@ -102,9 +160,13 @@ class OutcomeSink:
         self._lat: list[float] = []
         self._errs: list[str | None] = []
         self._groups: list[int] = []
+        self._outer: list[tuple[int, ...]] = []
+        self._acts: list[tuple[int, ActRecord]] = []
+        self._lines: list[tuple[int, LineRecord]] = []
+        self._scene_bytes = 0
 
     def add(self, agent_id: int, outcome: Outcome, latency_ms: float, error: str | None = None,
-            group: int = -1) -> None:
+            group: int = -1, outer: tuple[int, ...] = ()) -> None:
         ids = self._ids
         ids.append(agent_id)
         self._outs.append(outcome)
@@ -112,49 +174,22 @@ class OutcomeSink:
         self._errs.append(error)
         if self._grouped:
             self._groups.append(group)
-        if len(ids) >= self._batch_size:
+            if self._levels:
+                self._outer.append(outer)
+        if len(ids) >= self._batch_size or self._scene_bytes >= SCENE_BYTES:
             self.flush()
 
-    def _columns(self, outs: list[Outcome], errs: list[str | None]) -> tuple[dict[str, list], list[bool], list[str]]:
-        """Validated columns. A value that does not fit its column is reset to the column's
-        default and its row marked invalid (error named); the row's other values stay — a
-        group env may already have filled them — and one agent's bad value never poisons
-        the batch."""
-        for _ in range(2):
-            bad: dict[int, list[str]] = {}
-            columns: dict[str, list] = {}
-            for name, adapter in (("valid", _VALID), ("raw", _RAW), *self._adapters.items()):
-                values = list(map(self._getters[name], outs))
-                try:
-                    columns[name] = adapter.validate_python(values)
-                except ValidationError as err:
-                    for e in err.errors():
-                        if e["loc"] and isinstance(e["loc"][0], int):
-                            bad.setdefault(e["loc"][0], []).append(name)
-                            reason = f"outcome.{name}: {e['msg']} (got {e.get('input')!r})"
-                            errs[e["loc"][0]] = errs[e["loc"][0]] or f"agent: {reason}"
-            if self._range is not None and not bad:
-                for i in outside(columns[self._measure], columns["valid"], self._range):
-                    bad.setdefault(i, []).append(self._measure)
-                    v, (lo, hi) = columns[self._measure][i], self._range
-                    errs[i] = errs[i] or f"agent: outcome.{self._measure}: {v!r} is outside the simulation's range " \
-                                         f"[{lo:g}, {hi:g}]"
-            if not bad:
-                return columns, columns.pop("valid"), columns.pop("raw")
-            for i, names in bad.items():
-                out = outs[i]
-                raw = out.raw
-                for name in names:
-                    setattr(out, name, self._defaults[name]())
-                out.valid = False
-                if "raw" in names:  # the model's text must survive as text
-                    out.raw = repr(raw)
-        raise RuntimeError("outcome defaults do not fit their own columns")  # pragma: no cover
+    def add_scene(self, group: int, acts: Sequence[ActRecord], lines: Sequence[LineRecord]) -> None:
+        """A scene's acts and lines: they leave in the batch of its members' outcomes (added next)."""
+        self._acts.extend((group, a) for a in acts)
+        self._lines.extend((group, line) for line in lines)
+        self._scene_bytes += sum(len(a.act.raw) + 64 for a in acts) + sum(len(x.text) + 64 for x in lines)
 
     def flush(self) -> None:
         if not self._ids:
             return
         ids, outs, lat, errs, groups = self._ids, self._outs, self._lat, self._errs, self._groups
+        outer, acts, lines = self._outer, self._acts, self._lines
         self._new()
         columns, valid, raws = self._columns(outs, errs)
         posts = self._posts(ids, outs, errs, valid) if self._posts is not None else None
@@ -165,11 +200,31 @@ class OutcomeSink:
                 self._partials.append(self._env.reduce(ids, outs))
             except Exception as err:
                 self.failure = RoundFailed(f"{type(self._env).__name__}.reduce raised: {type(err).__name__}: {err}")
+        levels = ({name: [o[i] for o in outer] for i, name in enumerate(self._levels)}
+                  if self._grouped and self._levels else None)
         batch = OutcomeBatch(self.seq, ids, columns, valid, raws, lat, errs, groups if self._grouped else None,
-                             posts)
+                             posts, levels, self._act_rows(acts), self._line_rows(lines))
         self.seq += 1
         if self._emit is not None:
             self._emit(batch)
+
+    def _act_rows(self, acts: list[tuple[int, ActRecord]]) -> dict[str, list] | None:
+        if self._act_columns is None or not acts:
+            return None
+        errs = [a.error for _, a in acts]
+        columns, valid, raws = self._act_columns([a.act for _, a in acts], errs)
+        return {"group_id": [g for g, _ in acts], "seq": [a.seq for _, a in acts],
+                "agent_id": [a.agent_id for _, a in acts], "phase": [a.phase for _, a in acts],
+                **columns, "valid": valid, "raw": raws, "latency_ms": [a.latency_ms for _, a in acts],
+                "error": errs}
+
+    @staticmethod
+    def _line_rows(lines: list[tuple[int, LineRecord]]) -> dict[str, list] | None:
+        if not lines:
+            return None
+        return {"group_id": [g for g, _ in lines], "seq": [x.seq for _, x in lines],
+                "speaker": [x.speaker for _, x in lines], "text": [x.text for _, x in lines],
+                "fields": [x.fields for _, x in lines]}
 
     def close(self) -> RoundShare:
         """Flush the last batch and merge the batches' partials. Raises RoundFailed when the
@@ -185,9 +240,11 @@ class OutcomeSink:
 
 
 @dataclass
-class _Group:
+class _Waiting:
+    """Members of one group at one level, until all of them played (or settled below)."""
+
     size: int
-    members: list[tuple[Agent, Outcome, float, str | None]] = field(default_factory=list)
+    members: list[tuple[Agent, Outcome, float, str | None, Group]] = field(default_factory=list)
 
 
 class RoundPlayer:
@@ -197,60 +254,75 @@ class RoundPlayer:
         self.sim = sim
         self.agents = agents
         self.max_in_flight = max_in_flight
-        self.outcome_cls = type(sim).Outcome
-        group_cls = type(sim).GroupEnv
-        self.group_size = sim.group_size() if group_cls is not None else None
-        self.group_env: GroupEnv | None = group_cls(sim) if group_cls is not None and self.group_size else None
+        cls = type(sim)
+        self.outcome_cls = cls.Outcome
+        self.layout: GroupLayout | None = sim.group_layout()
+        self.group_envs: list[GroupEnv] = [level(sim) for level in cls.group_levels()] if self.layout else []
+        self.scenes = bool(self.group_envs) and cls.GroupEnv.plays_scenes()
+        self.index = {a.id: i for i, a in enumerate(agents)} if self.layout is not None else {}
+        self._failure: BaseException | None = None
+        self._pending_groups: set[int] = set()
+
+    @property
+    def group_env(self) -> GroupEnv | None:
+        return self.group_envs[0] if self.group_envs else None
+
+    @property
+    def level_names(self) -> tuple[str, ...]:
+        """The outer levels' names (their recorded columns are `<name>_id`)."""
+        return tuple(type(g).level for g in self.group_envs[1:])
 
     def failed_outcome(self, error: BaseException) -> tuple[Outcome, str]:
         text = str(error) if isinstance(error, AgentRaised) else f"{type(error).__name__}: {error}"
         return self.outcome_cls(valid=False, raw=f"<agent error: {text}>"), f"agent: {text}"
 
-    async def play(self, obs: Observation, llm: LLM, sink: OutcomeSink) -> None:
-        agents = self.agents
-        total = len(agents)
+    def failed_act(self, error: BaseException) -> tuple[Outcome, str]:
+        text = str(error) if isinstance(error, AgentRaised) else f"{type(error).__name__}: {error}"
+        return type(self.sim).Act(valid=False, raw=f"<agent error: {text}>"), f"agent: {text}"
+
+    def groups(self, round_: int, selected: Sequence[int] | None) -> list[Group]:
+        """This round's groups of the selected agents (indices into `agents`; None: all)."""
+        assert self.layout is not None
+        ids = np.fromiter((a.id for a in self.agents), dtype=np.int64, count=len(self.agents)) if selected is None \
+            else np.fromiter((self.agents[i].id for i in selected), dtype=np.int64, count=len(selected))
+        ids.sort()
+        return self.layout.groups(round_, ids)
+
+    async def play(self, obs: Observation, llm: LLM, sink: OutcomeSink, selected: Sequence[int] | None = None) -> None:
+        """Play round `obs.round` for the agents at `selected` (indices into `agents`; None: all)."""
+        self._failure = None
+        if self.layout is None:
+            units: Sequence = self.agents if selected is None else [self.agents[i] for i in selected]
+            await self._run(units, self._turn_task(obs, llm, sink.add), llm)
+            return
+        groups = self.groups(obs.round, selected)
+        deliver = self._settlement(obs.round, groups, sink)
+        if self.scenes:
+            await self._run(groups, self._scene_task(obs.round, llm, deliver, sink), llm)
+        else:
+            group_of = {m: g for g in groups for m in g.members}
+            members = [self.agents[self.index[m]] for g in groups for m in g.members]
+            await self._run(members, self._turn_task(
+                obs, llm, lambda aid, out, lat, err: deliver(group_of[aid], [(aid, out, lat, err)])), llm)
+        if self._failure is None and self._pending_groups:
+            raise RoundFailed(f"round {obs.round}: groups {sorted(self._pending_groups)[:5]} never settled")  # a bug
+
+    # -- one task per unit (an agent's turn, or a group's scene), bounded in flight ---------------
+    async def _run(self, units: Sequence, task_of: Callable[[Any], Any], llm: LLM) -> None:
+        total = len(units)
         if total == 0:
             return
         loop = asyncio.get_running_loop()
-        now = loop.time
-        cls = self.outcome_cls
         finished = loop.create_future()
         state = {"next": 0, "left": total}
-        self._failure = None
-        # one callable either way: the sink itself, or the groups' waiting room in front of it
-        deliver = self._grouped_delivery(obs.round, sink) if self.group_env is not None else None
-        add = sink.add
-        failed = self.failed_outcome
-
-        async def play(agent: Agent) -> None:
-            started = now()
-            error = None
-            try:
-                out = await agent.turn(obs, llm)
-                if out.__class__ is not cls and not isinstance(out, cls):
-                    raise TypeError(f"turn returned {type(out).__name__}, not {cls.__name__}")
-            except InferError as err:
-                # No model answered (after the port's own retries): not this agent's answer.
-                # The round stops here; the run pauses and replays it once a model answers.
-                if self._failure is None:
-                    self._failure = err if isinstance(err, ModelUnavailable) else ModelUnavailable(str(err))
-                if not finished.done():
-                    finished.set_result(None)
-                return
-            except Exception as err:
-                out, error = failed(err)
-            if deliver is None:
-                add(agent.id, out, (now() - started) * 1000.0, error)
-            else:
-                deliver(agent, out, (now() - started) * 1000.0, error)
-
+        self._finished = finished
         running: set[asyncio.Task] = set()
 
         def launch() -> None:
             i = state["next"]
             if i < total:
                 state["next"] = i + 1
-                task = loop.create_task(play(agents[i]))
+                task = loop.create_task(task_of(units[i]))
                 running.add(task)
                 task.add_done_callback(on_done)
 
@@ -284,40 +356,133 @@ class RoundPlayer:
                 task.cancel()
             raise self._failure
 
-    _failure: BaseException | None = None
+    def _stop(self, failure: BaseException) -> None:
+        """The round cannot go on (no model, the simulation's own code failed): stop launching."""
+        if self._failure is None:
+            self._failure = failure
+        if not self._finished.done():
+            self._finished.set_result(None)
 
-    def _grouped_delivery(self, round_: int, sink: OutcomeSink) -> Callable[[Agent, Outcome, float, str | None], None]:
-        """Outcomes wait in their group until every member played; then the group env settles
-        them and each member hears the news (groups are whole on a process: placement keeps
-        them so)."""
-        k = self.group_size
-        n_agents = self.sim.agents
-        env = self.group_env
-        assert k and env is not None
-        groups: dict[int, _Group] = {}
+    def _turn_task(self, obs: Observation, llm: LLM, deliver: Callable[[int, Outcome, float, str | None], None]):
+        now = asyncio.get_running_loop().time
+        cls = self.outcome_cls
+        failed = self.failed_outcome
 
-        def deliver(agent: Agent, out: Outcome, latency: float, error: str | None) -> None:
-            g = agent.id // k
-            group = groups.get(g)
-            if group is None:
-                group = groups[g] = _Group(min(k, n_agents - g * k))
-            group.members.append((agent, out, latency, error))
-            if len(group.members) < group.size:
+        async def play(agent: Agent) -> None:
+            started = now()
+            error = None
+            try:
+                out = await agent.turn(obs, llm)
+                if out.__class__ is not cls and not isinstance(out, cls):
+                    raise TypeError(f"turn returned {type(out).__name__}, not {cls.__name__}")
+            except InferError as err:
+                # No model answered (after the port's own retries): not this agent's answer.
+                # The round stops here; the run pauses and replays it once a model answers.
+                self._stop(err if isinstance(err, ModelUnavailable) else ModelUnavailable(str(err)))
                 return
-            del groups[g]
-            members = sorted(group.members, key=lambda m: m[0].id)
+            except Exception as err:
+                out, error = failed(err)
+            deliver(agent.id, out, (now() - started) * 1000.0, error)
+
+        return play
+
+    def _scene_task(self, round_: int, llm: LLM, deliver, sink: OutcomeSink):
+        sim = self.sim
+        env = self.group_envs[0]
+        name = type(sim).name
+        act_cls = type(sim).Act
+
+        async def play(group: Group) -> None:
+            where = f"simulation {name!r}, round {round_}, group {group.id}"
+            scene = Scene(round_, group.id, sim, llm, act_cls, self.failed_act, _where=where)
+            scene.members = tuple(Member(self.agents[self.index[m]], scene) for m in group.members)
+            try:
+                news = await env.scene(scene)
+                missing = [m.id for m in scene.members if m.id not in scene.outcomes]
+                if missing:
+                    raise SceneError(f"the scene gave no outcome to agent(s) {missing[:5]} (scene.outcome(member, …) "
+                                     "for every member)")
+                wrong = [aid for aid, o in scene.outcomes.items() if not isinstance(o, self.outcome_cls)]
+                if wrong:
+                    raise SceneError(f"the outcome of agent {wrong[0]} is a "
+                                     f"{type(scene.outcomes[wrong[0]]).__name__}, not a {self.outcome_cls.__name__}")
+            except InferError as err:
+                self._stop(err if isinstance(err, ModelUnavailable) else ModelUnavailable(str(err)))
+                return
+            except Exception as err:
+                why = str(err) if isinstance(err, SceneError) else f"{type(err).__name__}: {err}"
+                self._stop(RoundFailed(f"{where}: {type(env).__name__}.scene failed: {why}"))
+                return
+            sink.add_scene(group.id, scene.acts, scene.transcript)
+            latency = {a.agent_id: a.latency_ms for a in scene.acts}
+            errors: dict[int, str] = {}
+            for a in scene.acts:
+                if a.error and a.agent_id not in errors:
+                    errors[a.agent_id] = a.error
+            played = [(m.id, scene.outcomes[m.id], latency.get(m.id, 0.0), errors.get(m.id)) for m in scene.members]
+            deliver(group, played, news=news, settled_here=True)
+
+        return play
+
+    # -- groups settle, level by level ---------------------------------------------------------
+    def _settlement(self, round_: int, groups: list[Group], sink: OutcomeSink):
+        """The callable that takes a group's played members: it settles the group when all of
+        them are in (for scenes the scene settled it already), then each outer level once all
+        its groups did, then hands the outcomes to the sink."""
+        envs = self.group_envs
+        agents, index = self.agents, self.index
+        # innermost: each group's members; outer levels: how many members each of their groups has
+        inner: dict[int, _Waiting] = {g.id: _Waiting(len(g.members)) for g in groups}
+        outer: list[dict[int, _Waiting]] = [{} for _ in envs[1:]]
+        for g in groups:
+            for level, gid in enumerate(g.outer):
+                outer[level].setdefault(gid, _Waiting(0)).size += len(g.members)
+        self._pending_groups = set(inner)
+
+        def settle(level: int, gid: int, members: list) -> None:
+            members.sort(key=lambda m: m[0].id)
             news: Any = None
             if self._failure is None:
+                env = envs[level]
                 try:
-                    news = env.settle(round_, g, [m[0].id for m in members], [m[1] for m in members])
+                    news = env.settle(round_, gid, [m[0].id for m in members], [m[1] for m in members])
                 except Exception as err:
-                    self._failure = RoundFailed(f"{type(env).__name__}.settle raised in round {round_} "
-                                                f"(group {g}): {type(err).__name__}: {err}")
-            for member, outcome, lat, err in members:
+                    self._stop(RoundFailed(f"{type(env).__name__}.settle raised in round {round_} "
+                                           f"({'group' if level == 0 else type(env).level} {gid}): "
+                                           f"{type(err).__name__}: {err}"))
+            hear(members, news)
+
+        def hear(members: list, news: Any) -> list:
+            for i, (member, outcome, lat, err, g) in enumerate(members):
                 try:
                     member.settled(outcome, news)
                 except Exception as exc:
-                    err = err or f"agent: settled raised {type(exc).__name__}: {exc}"
-                sink.add(member.id, outcome, lat, err, g)
+                    members[i] = (member, outcome, lat, err or f"agent: settled raised {type(exc).__name__}: {exc}", g)
+            return members
+
+        def deliver(group: Group, played: list[tuple[int, Outcome, float, str | None]], news: Any = None,
+                    settled_here: bool = False) -> None:
+            waiting = inner[group.id]
+            waiting.members.extend((agents[index[aid]], out, lat, err, group) for aid, out, lat, err in played)
+            if len(waiting.members) < waiting.size:
+                return
+            del inner[group.id]
+            self._pending_groups.discard(group.id)
+            members = waiting.members
+            if settled_here:
+                members.sort(key=lambda m: m[0].id)
+                hear(members, news)
+            else:
+                settle(0, group.id, members)
+            for level, gid in enumerate(group.outer):
+                box = outer[level][gid]
+                box.members.extend(members)
+                if len(box.members) < box.size:
+                    return
+                del outer[level][gid]
+                members = box.members
+                settle(level + 1, gid, members)
+            for member, outcome, lat, err, g in members:
+                sink.add(member.id, outcome, lat, err, g.id, g.outer)
 
         return deliver

@@ -1,9 +1,10 @@
 """One agent per OS process (the paper's mapping for compute-heavy agents).
 
-Each agent lives in its own forked process and runs its very own `turn()` code there; only
-its LLM calls travel, through a pipe, to the host, which batches them with everyone else's
-(`PipeLLM` is the child's LLM port). The host keeps a small proxy per agent. Observations,
-outcomes and group news are pickled across the pipe."""
+Each agent lives in its own forked process and runs its very own `turn()` (or a scene's
+`act()`) code there; only its LLM calls travel, through a pipe, to the host, which batches them
+with everyone else's (`PipeLLM` is the child's LLM port; the call's `key` travels with it). The
+host keeps a small proxy per agent. Observations, views, outcomes and group news are pickled
+across the pipe."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ class PipeLLM:
 
     def ask(self, prompt: str, *, key: int, prefix_chars: int = 0, system: str | None = None,
             schema: dict | None = None) -> asyncio.Future:
-        self._conn.send(("ask", prompt, prefix_chars, system, schema))
+        self._conn.send(("ask", prompt, key, prefix_chars, system, schema))
         text, error = self._conn.recv()
         fut = asyncio.get_running_loop().create_future()
         if error is not None:
@@ -62,8 +63,15 @@ def _child_main(conn: Connection, agent: Agent) -> None:
         if msg[0] == "restore":
             agent.restore(msg[1])
             continue
+        if msg[0] == "wakes":
+            try:
+                conn.send(("wakes", bool(agent.wakes(msg[1])), None))
+            except Exception as err:
+                conn.send(("wakes", False, f"{type(err).__name__}: {err}"))
+            continue
         try:
-            out = loop.run_until_complete(agent.turn(msg[1], llm))
+            work = agent.act(msg[1], msg[2], llm) if msg[0] == "act" else agent.turn(msg[1], llm)
+            out = loop.run_until_complete(work)
         except InferError as err:
             conn.send(("infer_error", str(err)))
         except Exception as err:
@@ -104,12 +112,28 @@ class ProcessAgent(Agent):
 
     async def turn(self, obs: Observation, llm: LLM) -> Outcome:
         self.conn.send(("turn", obs))
+        return await self._relay(llm)
+
+    async def act(self, phase: str, view: Any, llm: LLM) -> Outcome:
+        self.conn.send(("act", phase, view))
+        return await self._relay(llm)
+
+    def wakes(self, obs: Observation) -> bool:
+        # between rounds: nothing else is on the pipe, and the child answers at once
+        self.conn.send(("wakes", obs))
+        _, wakes, error = self.conn.recv()
+        if error is not None:
+            raise AgentRaised(error)
+        return wakes
+
+    async def _relay(self, llm: LLM) -> Outcome:
+        """Relay the child's model calls (with their own key) until its turn or act returns."""
         while True:
             msg = await self._recv()
             if msg[0] == "ask":
-                _, prompt, prefix_chars, system, schema = msg
+                _, prompt, key, prefix_chars, system, schema = msg
                 try:
-                    text, error = await llm.ask(prompt, key=self.id, prefix_chars=prefix_chars,
+                    text, error = await llm.ask(prompt, key=key, prefix_chars=prefix_chars,
                                                 system=system, schema=schema), None
                 except InferError as err:
                     text, error = None, str(err)

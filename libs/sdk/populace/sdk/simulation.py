@@ -29,14 +29,16 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr
 from populace.core.contracts import PLATFORM_SUMMARY_COLUMNS, Column, RunConfig, SimulationTables
 from populace.sdk.agent import Agent
 from populace.sdk.env import Env, GroupEnv
-from populace.sdk.outcome import Outcome, OutcomeError, column_type, outcome_fields
+from populace.sdk.groups import GroupError, GroupLayout
+from populace.sdk.outcome import PLATFORM_OUTCOME_COLUMNS, Outcome, OutcomeError, column_type, outcome_fields
 from populace.sdk.post import Message, Post
+from populace.sdk.rng import seeded
 
 if TYPE_CHECKING:
     from populace.population.cast import Cast
 
 # Tables the platform owns; a simulation's tables take other names.
-RESERVED_TABLES = ("runs", "agents", "llm_calls", "agent_profiles", "posts", "_ingested")
+RESERVED_TABLES = ("runs", "agents", "llm_calls", "agent_profiles", "posts", "transcripts", "_ingested")
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
@@ -84,8 +86,10 @@ class Simulation:
     Observation: ClassVar[type[Observation]] = Observation
     Summary: ClassVar[type[Summary]] = Summary
     Post: ClassVar[type[Post]] = Post  # what `outcome.post` holds in a run with a `graph:`
+    Act: ClassVar[type[Outcome] | None] = None  # scenes: what an agent's act returns (the acts table's columns)
     outcome_table: ClassVar[str] = ""  # default: "<name>_outcomes"
     summary_table: ClassVar[str] = ""  # default: "<name>_rounds"
+    acts_table: ClassVar[str] = ""  # default: "<name>_acts" (a simulation with scenes)
     prompt_version: ClassVar[str] = ""  # bump when a prompt text changes; recorded in the manifest
     # For reports: summary columns on the measure's scale, drawn as lines on its histograms and
     # over rounds; `trend_columns` are drawn over rounds only.
@@ -114,6 +118,57 @@ class Simulation:
         """Agents per group for the GroupEnv (groups are consecutive agent ids; the last may be
         smaller). None: no groups."""
         return None
+
+    def group_sizes(self) -> tuple[int, ...] | None:
+        """Nested groups: agents per group at each level, innermost first, each a multiple of the
+        one before (e.g. (5, 20): teams of 5 in firms of 20). Default: (group_size(),)."""
+        size = self.group_size()
+        return None if size is None else (size,)
+
+    def group_block(self) -> int | None:
+        """Groups drawn again every round (stranger matching): a block of this many agents (a
+        multiple of the group size) is shuffled, seeded by (run seed, round, block), and cut into
+        groups. Blocks are placed whole. None: fixed groups of consecutive ids."""
+        return None
+
+    def rng(self, *salt: object):
+        """A random.Random seeded by (run seed, *salt): the same in every process (Python's
+        `hash(str)` is not). E.g. `self.sim.rng(round, self.id)` inside a turn."""
+        return seeded(self.seed, *salt)
+
+    # -- groups, as the platform lays them out -----------------------------------------------
+    @classmethod
+    def group_levels(cls) -> list[type[GroupEnv]]:
+        """The GroupEnv classes, innermost first (its Parent, then that one's …)."""
+        levels: list[type[GroupEnv]] = []
+        level = cls.GroupEnv
+        while level is not None:
+            if level in levels:
+                raise SimulationError(f"simulation {cls.name!r}: GroupEnv {level.__name__} is its own Parent")
+            levels.append(level)
+            level = level.Parent
+        return levels
+
+    def group_layout(self) -> GroupLayout | None:
+        """Who is in which group each round (None: no groups)."""
+        if type(self).GroupEnv is None:
+            return None
+        sizes = self.group_sizes()
+        if sizes is None:
+            return None
+        levels = type(self).group_levels()
+        if len(sizes) != len(levels):
+            raise SimulationError(f"simulation {type(self).name!r}: group_sizes() gives {len(sizes)} level(s) but "
+                                  f"the GroupEnv chain ({', '.join(g.__name__ for g in levels)}) has {len(levels)}")
+        try:
+            return GroupLayout(tuple(sizes), self.agents, self.seed, self.group_block())
+        except GroupError as err:
+            raise SimulationError(f"simulation {type(self).name!r}: {err}") from None
+
+    def placement_unit(self) -> int:
+        """Agents that must stay on one host (a group, a block, an outermost group)."""
+        layout = self.group_layout()
+        return layout.unit if layout is not None else 1
 
     def user_example(self) -> str | None:
         """A user prompt as agent 0 would send it in round 1, for the run's manifest."""
@@ -160,6 +215,8 @@ class Simulation:
         kind = None
         if measure is not None:
             kind = "numeric" if column_type(dict(fields)[measure]) in ("DOUBLE", "BIGINT") else "categorical"
+        levels = [g.level for g in cls.group_levels()[1:]] if cls.GroupEnv is not None else []
+        scenes = cls.GroupEnv is not None and cls.GroupEnv.plays_scenes() and cls.Act is not None
         return SimulationTables(
             simulation=cls.name,
             outcomes=cls.outcome_table or f"{cls.slug()}_outcomes",
@@ -169,6 +226,9 @@ class Simulation:
             grouped=cls.GroupEnv is not None,
             measure=measure,
             measure_kind=kind,
+            levels=levels,
+            acts=(cls.acts_table or f"{cls.slug()}_acts") if scenes else None,
+            act_columns=[Column(name=n, type=column_type(a)) for n, a in outcome_fields(cls.Act)] if scenes else [],
         )
 
     @classmethod
@@ -191,21 +251,48 @@ class Simulation:
             value = getattr(cls, attr, None)
             if not (isinstance(value, type) and issubclass(value, base)):
                 problems.append(f"`{attr}` must be a subclass of {base.__module__}.{base.__qualname__}")
-        if cls.Agent is Agent or cls.Agent.turn is Agent.turn:
+        scenes = (isinstance(cls.GroupEnv, type) and issubclass(cls.GroupEnv, GroupEnv)
+                  and cls.GroupEnv.plays_scenes())
+        if scenes:
+            if cls.Agent is Agent or cls.Agent.act is Agent.act:
+                problems.append("`Agent` must be your Agent subclass with an `async def act(self, phase, view, llm)` "
+                                "(its GroupEnv plays scenes)")
+            if not (isinstance(cls.Act, type) and issubclass(cls.Act, Outcome)):
+                problems.append("`Act` must be your Outcome subclass: what an act returns (its GroupEnv plays "
+                                "scenes; the acts table's columns)")
+        elif cls.Agent is Agent or cls.Agent.turn is Agent.turn:
             problems.append("`Agent` must be your Agent subclass with an `async def turn(self, obs, llm)`")
         if cls.Env is Env or cls.Env.reduce is Env.reduce:
             problems.append("`Env` must be your Env subclass with reduce, merge and decide")
         if cls.GroupEnv is not None and not (isinstance(cls.GroupEnv, type) and issubclass(cls.GroupEnv, GroupEnv)):
             problems.append("`GroupEnv` must be a subclass of populace.sdk.GroupEnv (or None)")
+        elif cls.GroupEnv is not None:
+            try:
+                levels = cls.group_levels()
+            except SimulationError as err:
+                levels = []
+                problems.append(str(err))
+            for level in levels[1:]:
+                if not (isinstance(level, type) and issubclass(level, GroupEnv)):
+                    problems.append(f"`{level!r}` (a Parent) must be a subclass of populace.sdk.GroupEnv")
+                elif level.plays_scenes():
+                    problems.append(f"`{level.__name__}`: only the innermost GroupEnv may play scenes")
+                elif not _IDENT.match(f"{level.level}_id") or f"{level.level}_id" in PLATFORM_OUTCOME_COLUMNS:
+                    problems.append(f"`{level.__name__}.level` {level.level!r} must be a lower-case identifier "
+                                    "(its column is `<level>_id`)")
         if not problems:
             outcomes = cls.outcome_table or f"{cls.slug()}_outcomes"
             rounds = cls.summary_table or f"{cls.slug()}_rounds"
-            for label, table in (("outcome_table", outcomes), ("summary_table", rounds)):
+            acts = cls.acts_table or f"{cls.slug()}_acts"
+            named = [("outcome_table", outcomes), ("summary_table", rounds)]
+            if cls.Act is not None:
+                named.append(("acts_table", acts))
+            for label, table in named:
                 if not _IDENT.match(table) or table in RESERVED_TABLES:
                     problems.append(f"`{label}` {table!r} must be a lower-case identifier and not one of "
                                     f"{', '.join(RESERVED_TABLES)}")
-            if outcomes == rounds:
-                problems.append("`outcome_table` and `summary_table` must differ")
+            if len({t for _, t in named}) < len(named):
+                problems.append("`outcome_table`, `summary_table` (and `acts_table`) must differ")
         if not problems:
             try:
                 cls.tables()

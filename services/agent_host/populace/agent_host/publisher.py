@@ -11,7 +11,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from populace.core import bus, logs, metrics, subjects, telemetry
-from populace.core.contracts import OutcomeBatch, PostColumns, Progress, RoundPartial, Usage
+from populace.core.contracts import ActColumns, LineColumns, OutcomeBatch, PostColumns, Progress, RoundPartial, Usage
 from populace.sdk.play import OutcomeBatch as Batch
 from populace.sdk.play import RoundShare
 
@@ -21,6 +21,14 @@ PUBACK_WAIT_S = 10.0
 # A slow model answers a gateway batch (up to 1,000 prompts) all at once, minutes after it was
 # asked; meanwhile a tick this often tells the orchestrator the round is alive, not stalled.
 WORKED_ON_TICK_S = 5.0
+
+
+_ACT_PLATFORM = ("group_id", "seq", "agent_id", "phase", "valid", "raw", "latency_ms", "error")
+
+
+def _act_columns(rows: dict[str, list]) -> dict:
+    """The engine's act rows as the wire has them: the simulation's Act columns apart."""
+    return {**{k: rows[k] for k in _ACT_PLATFORM}, "columns": {k: v for k, v in rows.items() if k not in _ACT_PLATFORM}}
 
 
 class OutcomePublisher:
@@ -41,6 +49,8 @@ class OutcomePublisher:
             agent_ids=batch.agent_ids, columns=batch.columns, valid=batch.valid, raws=batch.raws,
             latency_ms=batch.latency_ms, errors=batch.errors, group_ids=batch.group_ids, epoch=self.epoch,
             posts=None if batch.posts is None else PostColumns.model_construct(v=1, **batch.posts),
+            levels=batch.levels, lines=None if batch.lines is None else LineColumns.model_construct(v=1, **batch.lines),
+            acts=None if batch.acts is None else ActColumns.model_construct(v=1, **_act_columns(batch.acts)),
         )
         metrics.batch("agent-host", "outcomes", len(batch.agent_ids))
         metrics.INVALID.labels("agent-host").inc(batch.valid.count(False))

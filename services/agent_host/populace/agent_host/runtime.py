@@ -6,7 +6,6 @@ simulation: everything about one comes from the SDK."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import gc
 import time
 from collections.abc import Awaitable, Callable
@@ -27,7 +26,6 @@ from populace.population.cast import Cast
 from populace.sdk.hosting import HostedRun, host_run
 from populace.sdk.llm import ModelUnavailable
 from populace.sdk.nats_llm import InferSession
-from populace.sdk.play import OutcomeSink
 from populace.sdk.registry import resolve
 
 log = logs.get("populace.agent_host")
@@ -188,7 +186,6 @@ class HostRuntime:
         s = self.settings
         model = run.resolved.config.model
         t0 = time.perf_counter()
-        obs = run.observation(opened.round, opened.observation)
         publisher = OutcomePublisher(self.nc, self.js, run_id=run.run_id, round_=opened.round, host_id=self.host_id,
                                      epoch=run.epoch)
         session = InferSession(
@@ -199,16 +196,10 @@ class HostRuntime:
             on_worked_on=publisher.worked_on,
         )
         room = run.mailroom
-        record_posts = None
         if room is not None:
             await self.mail.ready(run, opened.round)
-            reading = room.reading(opened.round)
-            obs._mailbox = reading
-            record_posts = functools.partial(room.record, opened.round, reading)
-        sink = OutcomeSink(type(run.sim), run.env, batch_size=s.outcome_batch_size, emit=publisher.emit,
-                           grouped=run.tables.grouped, posts=record_posts)
-        await run.player.play(obs, session, sink)
-        share = sink.close()
+        share = await run.engine.play(opened.round, opened.observation, opened.selection, session,
+                                      emit=publisher.emit, batch_size=s.outcome_batch_size)
         mails = (0, 0, 0)
         if room is not None:
             room.played.add(opened.round)

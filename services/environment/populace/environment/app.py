@@ -182,7 +182,8 @@ class Environment:
                 attributes={"populace.run_id": result.run_id, "populace.round": result.round,
                             "populace.n_valid": result.n_valid}):
             # The checkpoint first: a round whose result is out is a round a run can continue from.
-            await checkpoints.save_env(self.svc.js, result.run_id, result.round, result.state, result.observation)
+            await checkpoints.save_env(self.svc.js, result.run_id, result.round, result.state, result.observation,
+                                       result.selection)
             await bus.publish_js(self.svc.js, subjects.run_round_result(result.run_id, result.round), result,
                                  msg_id=subjects.msg_id(result.run_id, result.round, "env", "result", result.epoch))
         metrics.ROUNDS.labels("environment").inc()

@@ -18,18 +18,21 @@ it is recovery at work, not an attack.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
 from populace.core.contracts import RoundOpen, RoundPartial, RoundResult, Usage, share_key
+from populace.sdk.agent import Agent
+from populace.sdk.engine import DecideFailed, RoundDecider
 from populace.sdk.env import Env, Partial
 from populace.sdk.registry import Resolved
 
 
 class EnvironmentFailed(RuntimeError):
-    """The simulation's environment raised while deciding a round."""
+    """The simulation's environment raised while deciding a round (or gave what a round cannot carry)."""
 
 
 class BadPartial(ValueError):
@@ -94,12 +97,27 @@ class RunTally:
                     self.refused.append(RefusedPartial(counted.partial, why, counted.source))
         return self._maybe_close(r)
 
-    @staticmethod
-    def _refusal(opened: RoundOpen, key: str, partial: RoundPartial) -> str | None:
+    @functools.cached_property
+    def decider(self) -> RoundDecider:
+        return RoundDecider(self.resolved, self.env, self.run_id)
+
+    def everyone_acts(self, opened: RoundOpen) -> bool:
+        """Whether every agent acts in the announced round (else a share counts those it selected)."""
+        if type(self.env.sim).Agent.wakes is not Agent.wakes:
+            return False
+        if opened.observation is None:  # the first round: selected as the environment starts
+            try:
+                return self.decider.opening().selection is None
+            except DecideFailed:
+                return False  # the hosts fail the round themselves
+        return opened.selection is None
+
+    def _refusal(self, opened: RoundOpen, key: str, partial: RoundPartial) -> str | None:
         """Why the round's placement refuses a partial (None: it does not)."""
         if key in opened.shares:
-            if partial.n != opened.shares[key]:
-                return f"share {key} has {opened.shares[key]} agents, the partial counts {partial.n}"
+            size = opened.shares[key]
+            if partial.n != size and (partial.n > size or self.everyone_acts(opened)):
+                return f"share {key} has {size} agents, the partial counts {partial.n}"
             return None
         if partial.epoch == opened.epoch:
             return f"share {key} was never placed in run {opened.run_id} (round {opened.round}, epoch {opened.epoch})"
@@ -141,22 +159,15 @@ class RunTally:
         return result
 
     def decide(self, opened: RoundOpen, parts: list[tuple[RoundPartial, Partial | None]]) -> RoundResult:
-        env = self.env
-        sim = type(env.sim)
         try:
-            payloads = [payload for _, payload in parts if payload is not None]
-            state = env.start() if opened.env_state is None else env.State.model_validate(opened.env_state)
-            total = env.merge(payloads)
-            state, summary = env.decide(state, opened.round, total)
-            observation = env.observe(state, opened.round + 1)
-            summary = sim.Summary.model_validate(summary.model_dump())
-        except Exception as err:
-            raise EnvironmentFailed(f"simulation {sim.name!r}: its environment failed to decide round "
-                                    f"{opened.round}: {type(err).__name__}: {err}") from err
+            decision = self.decider.decide(opened.round, opened.env_state,
+                                           [payload for _, payload in parts if payload is not None])
+        except DecideFailed as err:
+            raise EnvironmentFailed(str(err)) from err
         return RoundResult(
             run_id=self.run_id, round=opened.round, n=sum(p.n for p, _ in parts),
-            n_valid=sum(p.n_valid for p, _ in parts), summary=summary.model_dump(mode="json"),
-            observation=observation.model_dump(mode="json"), state=state.model_dump(mode="json"),
+            n_valid=sum(p.n_valid for p, _ in parts), summary=decision.summary,
+            observation=decision.observation, state=decision.state, selection=decision.selection,
             closed_at=time.time(), epoch=opened.epoch, shares=sorted(opened.shares),
             usage=sum((p.usage for p, _ in parts), Usage()),
         )

@@ -146,7 +146,7 @@ class Orchestrator:
         if rid not in self.units:
             try:
                 resolved = resolve(state.config)
-                self.units[rid] = resolved.instance(rid).group_size() or 1 if resolved.simulation.GroupEnv else 1
+                self.units[rid] = resolved.instance(rid).placement_unit()
             except (SimulationError, ValidationError):
                 self.units[rid] = 1
         return self.units[rid]
@@ -164,7 +164,7 @@ class Orchestrator:
         rid = start.run_id
         try:
             resolved = resolve(start.config)
-            unit = resolved.instance(rid).group_size() or 1 if resolved.simulation.GroupEnv else 1
+            unit = resolved.instance(rid).placement_unit()
         except (SimulationError, ValidationError) as err:
             detail = format_validation_error(err) if isinstance(err, ValidationError) else str(err)
             return await self.reject(rid, f"the orchestrator cannot run it: {detail}")
@@ -216,8 +216,9 @@ class Orchestrator:
                              f"not {k}")
         if parent.config.agents != start.config.agents:
             raise ValueError(f"agents: a fork keeps its parent's {parent.config.agents} agents")
-        env_state, observation = await checkpoints.load_env(self.svc.js, parent.run_id, k)
-        return workflow.fork_run(rid, start.config, placement, parent, k, env_state, observation, incarnations)
+        env_state, observation, selection = await checkpoints.load_env(self.svc.js, parent.run_id, k)
+        return workflow.fork_run(rid, start.config, placement, parent, k, env_state, observation, incarnations,
+                                 selection=selection)
 
     async def reject(self, rid: str, reason: str) -> None:
         self.svc.log.warning("run_rejected", run_id=rid, reason=reason)
@@ -379,7 +380,8 @@ class Orchestrator:
             await bus.publish_js(
                 self.svc.js, subjects.run_round_open(rid, action.round),
                 RoundOpen(run_id=rid, round=action.round, expected=action.expected, config=state.config,
-                          observation=state.observation, env_state=state.env_state, opened_at=time.time(),
+                          observation=state.observation, env_state=state.env_state, selection=state.selection,
+                          opened_at=time.time(),
                           epoch=state.epoch, shares={sh.key: sh.count for sh in state.shares},
                           nudge=state.nudged,
                           # where posts go: only a run with a graph needs every share's ranges

@@ -85,7 +85,8 @@ def new_run(run_id: str, config: RunConfig, placement: Placement,
 
 
 def fork_run(run_id: str, config: RunConfig, placement: Placement, parent: RunState, after_round: int,
-             env_state: dict, observation: dict, incarnations: dict[str, float] | None = None) -> RunState:
+             env_state: dict, observation: dict, incarnations: dict[str, float] | None = None,
+             selection: dict | None = None) -> RunState:
     """A new run that starts where `parent` was after `after_round` (its agents' and
     environment's state), with its own config (the intervention)."""
     shares = shares_for(placement, 0, after_round + 1, incarnations)
@@ -93,7 +94,7 @@ def fork_run(run_id: str, config: RunConfig, placement: Placement, parent: RunSt
                     restore=Restore(run_id=parent.run_id, round=after_round,
                                     ranges=layout_for(parent, after_round)),
                     layouts=[Layout(from_round=after_round + 1, ranges=layout_of(shares))],
-                    env_state=env_state, observation=observation)
+                    env_state=env_state, observation=observation, selection=selection)
 
 
 def completed(state: RunState) -> int:
@@ -136,7 +137,8 @@ def on_result(state: RunState, result: RoundResult) -> tuple[RunState, list[Acti
         return state, []  # stale or replayed result
     if sorted(result.shares) != sorted(sh.key for sh in state.shares):
         return state, []  # it folded a share since replaced (or misses a replacement's)
-    carried = {"env_state": result.state, "observation": result.observation, "phase_at": time.time(), "nudged": 0,
+    carried = {"env_state": result.state, "observation": result.observation, "selection": result.selection,
+               "phase_at": time.time(), "nudged": 0,
                "used": state.used + result.usage, "last_round": result.usage}
     if state.round >= state.config.rounds:
         return _now(state, status="done", **carried), [FinishRun("completed", state.round)]

@@ -35,6 +35,29 @@ def check_outcomes(batch: OutcomeBatch, tables: SimulationTables) -> OutcomeBatc
         raise BadColumns(f"columns {sorted(batch.columns)} are not the run's outcome columns {sorted(declared)}")
     if tables.grouped != (batch.group_ids is not None):
         raise BadColumns("group_ids must be given exactly when the simulation has groups")
+    if sorted(batch.levels or {}) != sorted(tables.levels):
+        raise BadColumns(f"levels {sorted(batch.levels or {})} are not the run's outer group levels {tables.levels}")
+    if (batch.acts is not None or batch.lines is not None) and tables.acts is None:
+        raise BadColumns("acts and lines belong to a simulation with scenes")
+    members = set(batch.agent_ids)
+    if batch.acts is not None:
+        declared_acts = {c.name: c.type for c in tables.act_columns}
+        if set(batch.acts.columns) != set(declared_acts):
+            raise BadColumns(f"act columns {sorted(batch.acts.columns)} are not the run's {sorted(declared_acts)}")
+        strangers = set(batch.acts.agent_id) - members
+        if strangers:  # an act is recorded with its member's outcome, never for another agent
+            raise BadColumns(f"acts.agent_id: agent {min(strangers)} has no outcome in this batch")
+        for name, values in batch.acts.columns.items():
+            try:
+                ADAPTERS[declared_acts[name]].validate_python(values)
+            except ValidationError as err:
+                first = err.errors()[0]
+                raise BadColumns(f"acts.columns.{name}[{first['loc'][0] if first['loc'] else ''}]: "
+                                 f"{first['msg']}") from None
+    if batch.lines is not None:
+        strangers = set(batch.lines.speaker) - members - {-1}
+        if strangers:
+            raise BadColumns(f"lines.speaker: agent {min(strangers)} has no outcome in this batch")
     columns = {}
     checks = [(f"columns.{name}", ADAPTERS[declared[name]], values) for name, values in batch.columns.items()]
     checks += [("agent_ids", _IDS, batch.agent_ids), ("latency_ms", _LATENCY, batch.latency_ms)]

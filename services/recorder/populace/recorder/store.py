@@ -58,6 +58,11 @@ CREATE TABLE IF NOT EXISTS _ingested (msg_id VARCHAR PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS posts (
     run_id VARCHAR, round INTEGER, agent_id BIGINT, text VARCHAR, fields JSON, heard INTEGER, heard_digest BIGINT
 );
+-- a simulation with scenes: what each group's members said, in order (seq is shared with its acts;
+-- speaker -1: the scene itself)
+CREATE TABLE IF NOT EXISTS transcripts (
+    run_id VARCHAR, round INTEGER, group_id BIGINT, seq INTEGER, speaker BIGINT, text VARCHAR, fields JSON
+);
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS manifest_json JSON;
 ALTER TABLE llm_calls ADD COLUMN IF NOT EXISTS reasks INTEGER;
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS simulation VARCHAR;
@@ -87,7 +92,15 @@ def outcome_columns(t: SimulationTables) -> list[tuple[str, str]]:
     """(name, type) of a run's outcome table, in table order."""
     return [("run_id", "VARCHAR"), ("round", "INTEGER"), ("agent_id", "BIGINT"),
             *((("group_id", "BIGINT"),) if t.grouped else ()),
+            *((f"{level}_id", "BIGINT") for level in t.levels),
             *((c.name, c.type) for c in t.outcome_columns),
+            ("valid", "BOOLEAN"), ("raw", "VARCHAR"), ("latency_ms", "DOUBLE"), ("error", "VARCHAR")]
+
+
+def act_columns(t: SimulationTables) -> list[tuple[str, str]]:
+    """(name, type) of a run's acts table (a simulation with scenes), in table order."""
+    return [("run_id", "VARCHAR"), ("round", "INTEGER"), ("group_id", "BIGINT"), ("seq", "INTEGER"),
+            ("agent_id", "BIGINT"), ("phase", "VARCHAR"), *((c.name, c.type) for c in t.act_columns),
             ("valid", "BOOLEAN"), ("raw", "VARCHAR"), ("latency_ms", "DOUBLE"), ("error", "VARCHAR")]
 
 
@@ -235,6 +248,13 @@ class Store:
     def ensure_tables(self, run_id: str, spec: SimulationTables) -> None:
         self._ensure(run_id, spec.outcomes, outcome_columns(spec))
         self._ensure(run_id, spec.rounds, summary_columns(spec))
+        if spec.acts is not None:
+            self._ensure(run_id, spec.acts, act_columns(spec))
+
+    @staticmethod
+    def per_round_tables(spec: SimulationTables) -> list[str]:
+        """The tables with rows per round that a resume or a re-placement plays again."""
+        return [spec.outcomes, "llm_calls", "posts", *(("transcripts", spec.acts) if spec.acts else ())]
 
     # -- ingestion ------------------------------------------------------------------------
     def shares_of(self, run_id: str) -> dict[str, ShareRecord]:
@@ -279,7 +299,12 @@ class Store:
         spec = self._spec(m.run_id)
         within = " OR ".join("(agent_id >= ? AND agent_id < ?)" for _ in mine)
         bounds = [x for pair in mine for x in pair]
-        for table in (spec.outcomes, "llm_calls", "posts"):
+        for table in self.per_round_tables(spec):
+            if table == "transcripts":  # a scene's lines go with its acts (a group is whole on one share)
+                con.execute(f"DELETE FROM transcripts WHERE run_id = ? AND round >= ? AND (round, group_id) IN "
+                            f"(SELECT round, group_id FROM {_q(spec.acts)} WHERE run_id = ? AND round >= ? "
+                            f"AND ({within}))", [m.run_id, m.from_round, m.run_id, m.from_round, *bounds])
+                continue
             con.execute(f"DELETE FROM {_q(table)} WHERE run_id = ? AND round >= ? AND ({within})",
                         [m.run_id, m.from_round, *bounds])
         con.execute(f"DELETE FROM agents WHERE run_id = ? AND ({within})", [m.run_id, *bounds])
@@ -387,7 +412,7 @@ class Store:
         self._forget_recorded(m.run_id)
         spec = self._spec(m.run_id)
         con = self.con
-        for table in (spec.outcomes, spec.rounds, "llm_calls", "posts"):
+        for table in (*self.per_round_tables(spec), spec.rounds):
             con.execute(f"DELETE FROM {_q(table)} WHERE run_id = ? AND round > ?", [m.run_id, m.after_round])
         con.execute("UPDATE runs SET status = 'running', finished_at = NULL, reason = NULL, hosts = ? "
                     "WHERE run_id = ?", [m.hosts, m.run_id])
@@ -426,6 +451,8 @@ class Store:
             cols["agent_id"].extend(m.agent_ids)
             if spec.grouped:
                 cols["group_id"].extend(m.group_ids or [None] * n)
+            for level in spec.levels:
+                cols[f"{level}_id"].extend((m.levels or {}).get(level) or [None] * n)
             for c in spec.outcome_columns:
                 values = m.columns[c.name]
                 cols[c.name].extend(json.dumps(v) if c.type == "JSON" and v is not None else v for v in values)
@@ -440,7 +467,46 @@ class Store:
         finally:
             self.con.unregister("outcome_rows")
         self._insert_posts([m for m in batches if m.posts is not None])
+        if spec.acts is not None:
+            self._insert_scenes(spec, [m for m in batches if m.acts is not None or m.lines is not None])
         return len(cols["agent_id"])
+
+    def _insert_scenes(self, spec: SimulationTables, batches: list[OutcomeBatch]) -> None:
+        """The acts and lines of the scenes whose members' outcomes these batches carry."""
+        if not batches:
+            return
+        types = dict(act_columns(spec))
+        acts: dict[str, list] = {name: [] for name in types}
+        lines: dict[str, list] = {k: [] for k in ("run_id", "round", "group_id", "seq", "speaker", "text", "fields")}
+        for m in batches:
+            if (a := m.acts) is not None:
+                n = len(a.agent_id)
+                acts["run_id"].extend([m.run_id] * n)
+                acts["round"].extend([m.round] * n)
+                for key in ("group_id", "seq", "agent_id", "phase", "valid", "raw", "latency_ms", "error"):
+                    acts[key].extend(getattr(a, key))
+                for c in spec.act_columns:
+                    acts[c.name].extend(json.dumps(v) if c.type == "JSON" and v is not None else v
+                                        for v in a.columns[c.name])
+            if (x := m.lines) is not None:
+                n = len(x.seq)
+                lines["run_id"].extend([m.run_id] * n)
+                lines["round"].extend([m.round] * n)
+                for key in ("group_id", "seq", "speaker", "text", "fields"):
+                    lines[key].extend(getattr(x, key))
+        schema = pa.schema([(n, pa.int32() if t == "INTEGER" else ARROW[t]) for n, t in types.items()])
+        line_schema = pa.schema([("run_id", pa.string()), ("round", pa.int32()), ("group_id", pa.int64()),
+                                 ("seq", pa.int32()), ("speaker", pa.int64()), ("text", pa.string()),
+                                 ("fields", pa.string())])
+        for view, table, columns, sch in (("act_rows", spec.acts, acts, schema),
+                                          ("line_rows", "transcripts", lines, line_schema)):
+            if not columns["run_id"]:
+                continue
+            self.con.register(view, pa.Table.from_pydict(columns, schema=sch))
+            try:
+                self.con.execute(f"INSERT INTO {_q(table)} BY NAME SELECT * FROM {view}")
+            finally:
+                self.con.unregister(view)
 
     def _insert_posts(self, batches: list[OutcomeBatch]) -> None:
         """Each agent's post once per round (not once per edge: who hears whom is the graph)."""

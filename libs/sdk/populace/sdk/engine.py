@@ -1,0 +1,163 @@
+"""The round engine: the one place a round is played and decided. Transport-agnostic: the local
+runner (`populace.sdk.local`), the agent-host and the environment service only drive it — they
+hand it what a round's announcement says and an LLM port, and move what it returns.
+
+- `ShareEngine.play` plays one share's part of a round: its observation (and mailbox), who acts
+  (activation), their turns or their groups' scenes, group settlement level by level, and the
+  share's outcome batches and partial.
+- `RoundDecider` decides a round from the shares' partials: merge (in share order), decide,
+  the next round's observation and selection, each checked against what a round's messages
+  can carry, so a state too large fails the run naming it instead of hanging the fleet.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from populace.sdk import select
+from populace.sdk.agent import Agent
+from populace.sdk.env import Env, Partial
+from populace.sdk.hosting import HostedRun
+from populace.sdk.llm import LLM
+from populace.sdk.play import OutcomeBatch, OutcomeSink, RoundFailed, RoundShare
+from populace.sdk.process import AgentRaised
+from populace.sdk.registry import Resolved
+
+# What one round's messages may carry of the environment (a round open and a round result hold
+# them together with the run's config, under NATS's 1 MB payload). Bulk state belongs to agents,
+# or to a world (issue: worlds and views).
+LIMITS = {"state": 256 * 1024, "observation": 256 * 1024, "selection": 200 * 1024, "summary": 64 * 1024}
+
+
+class DecideFailed(RuntimeError):
+    """The simulation's environment raised while deciding a round, or gave what a round cannot carry."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A decided round, as JSON: what the recorder stores and the next round is announced with."""
+
+    state: dict
+    summary: dict
+    observation: dict
+    selection: dict | None  # who acts next round (None: everyone)
+
+
+def _size_check(sim_name: str, round_: int, what: str, value: Any) -> None:
+    size = len(json.dumps(value, separators=(",", ":")))
+    if size > LIMITS[what]:
+        hint = {"state": "keep aggregates in the State; per-agent data belongs to agents (declared state)",
+                "observation": "what every agent sees must be small; give agents their own data through "
+                               "their state, or posts on a graph",
+                "selection": "select by rate, ids or where(…) rather than a mask this large",
+                "summary": "a summary holds a round's figures, not per-agent data"}[what]
+        raise DecideFailed(f"simulation {sim_name!r}: its environment's {what} after round {round_} is {size:,} "
+                           f"bytes as JSON, over the {LIMITS[what]:,} a round can carry ({hint})")
+
+
+class RoundDecider:
+    """Decides a run's rounds (pure: no I/O). One per run, wherever the run is decided."""
+
+    def __init__(self, resolved: Resolved, env: Env | None = None, run_id: str = "") -> None:
+        self.resolved = resolved
+        self.env = env if env is not None else resolved.simulation.Env(resolved.instance(run_id))
+        self.name = resolved.simulation.name
+        self.agents = resolved.config.agents
+
+    def selection(self, state: Any, round_: int) -> dict | None:
+        sel = select.checked(self.env.select(state, round_), self.agents,
+                             f"{type(self.env).__name__}.select(state, {round_})")
+        return select.to_wire(sel)
+
+    def opening(self) -> Decision:
+        """Before round 1: the state the environment starts with, round 1's observation and selection."""
+        env = self.env
+        try:
+            state = env.start()
+            observation = env.observe(state, 1).model_dump(mode="json")
+            selection = self.selection(state, 1)
+        except Exception as err:
+            raise DecideFailed(f"simulation {self.name!r}: its environment failed to start: "
+                               f"{type(err).__name__}: {err}") from err
+        _size_check(self.name, 0, "observation", observation)
+        return Decision(state.model_dump(mode="json"), {}, observation, selection)
+
+    def decide(self, round_: int, env_state: dict | None, partials: Sequence[Partial]) -> Decision:
+        """Round `round_` from its shares' partials (in share order), given the state the rounds
+        before left (None: the start)."""
+        env = self.env
+        sim = type(env.sim)
+        try:
+            state = env.start() if env_state is None else env.State.model_validate(env_state)
+            total = env.merge(list(partials))
+            state, summary = env.decide(state, round_, total)
+            observation = env.observe(state, round_ + 1).model_dump(mode="json")
+            summary = sim.Summary.model_validate(summary.model_dump()).model_dump(mode="json")
+            selection = self.selection(state, round_ + 1)
+            state = state.model_dump(mode="json")
+        except Exception as err:
+            raise DecideFailed(f"simulation {self.name!r}: its environment failed to decide round {round_}: "
+                               f"{type(err).__name__}: {err}") from err
+        for what, value in (("state", state), ("observation", observation), ("selection", selection),
+                            ("summary", summary)):
+            _size_check(self.name, round_, what, value)
+        return Decision(state, summary, observation, selection)
+
+
+class ShareEngine:
+    """Plays one share's part of each round (see the module's docstring)."""
+
+    def __init__(self, run: HostedRun) -> None:
+        self.run = run
+        self._ids = np.fromiter((a.id for a in run.agents), dtype=np.int64, count=len(run.agents))
+        self._profiles = [p.profile for p in run.sim.cast.personas] if run.sim.cast is not None else None
+        cls = type(run.sim).Agent
+        self._wakes = cls.wakes is not Agent.wakes
+
+    def selected(self, round_: int, selection: dict | None, obs: Any) -> list[int] | None:
+        """Indices (into the share's agents) of those who act this round; None: all of them."""
+        sel = select.from_wire(selection)
+        picked: np.ndarray | None = None
+        if sel is not None:
+            mask = sel.pick(self._ids, seed=self.run.sim.seed, round_=round_, profiles=self._profiles)
+            picked = np.flatnonzero(mask)
+        if not self._wakes:
+            return None if picked is None else picked.tolist()
+        agents = self.run.agents
+        candidates = range(len(agents)) if picked is None else picked.tolist()
+        return [i for i in candidates if _wakes(agents[i], obs)]
+
+    async def play(self, round_: int, observation: dict | None, selection: dict | None, llm: LLM, *,
+                   emit: Callable[[OutcomeBatch], None], batch_size: int = 1000) -> RoundShare:
+        """Play round `round_` (its announcement's observation and selection; observation None:
+        the run's first round, derived here from the environment's start, as every share does)."""
+        run = self.run
+        if observation is None:
+            opening = RoundDecider(run.resolved, run.env).opening()
+            observation, selection = opening.observation, opening.selection
+        obs = run.observation(round_, observation)
+        record_posts = None
+        room = run.mailroom
+        if room is not None:
+            reading = room.reading(round_)
+            obs._mailbox = reading
+            record_posts = functools.partial(room.record, round_, reading)
+        sink = OutcomeSink(type(run.sim), run.env, batch_size=batch_size, emit=emit, grouped=run.tables.grouped,
+                           posts=record_posts, levels=run.player.level_names)
+        await run.player.play(obs, llm, sink, self.selected(round_, selection, obs))
+        return sink.close()
+
+
+def _wakes(agent: Agent, obs: Any) -> bool:
+    """The agent's own say in whether it acts (a ProcessAgent asks its process)."""
+    try:
+        return bool(agent.wakes(obs))
+    except Exception as err:
+        raise RoundFailed(f"{type(agent).__name__}.wakes raised for agent {agent.id} in round {obs.round}: "
+                          f"{err if isinstance(err, AgentRaised) else f'{type(err).__name__}: {err}'}") from err

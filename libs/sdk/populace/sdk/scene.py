@@ -1,0 +1,187 @@
+"""Scenes: ordered acts inside one round. A group environment's `async def scene(self, scene)`
+awaits its members' acts in order, on the host that holds the group, one task per group:
+
+    class Pair(GroupEnv):
+        async def scene(self, scene: Scene) -> None:
+            proposer, responder = scene.members
+            offer = await proposer.act("offer", {"pie": 10})
+            reply = await responder.act("respond", {"pie": 10, "offer": offer.amount})
+            scene.say(responder, "deal" if reply.accept else "no deal")
+            scene.outcome(proposer, Result(role="proposer", payoff=...))
+            scene.outcome(responder, Result(role="responder", payoff=...))
+
+Each act runs in its member's own agent (`Agent.act(phase, view, llm)`: its memory, persona and
+LLM key), also when that agent lives in its own OS process; acts of different groups run
+concurrently and their model calls are batched as turns are. Every act is recorded (the
+simulation's acts table: one row per act, its `Act` columns), every line said too
+(`transcripts`), and a scene finishes inside its round, so a checkpoint, a re-placement, a
+resume and a fork replay whole scenes.
+
+A scene must give every member its round's outcome (`scene.outcome`), act for its own members
+only, and never await one member's act while another act of that member is running."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from populace.sdk.llm import InferError
+from populace.sdk.rng import seeded
+
+if TYPE_CHECKING:
+    import random
+
+    from populace.population.cast import Persona
+    from populace.sdk.agent import Agent
+    from populace.sdk.llm import LLM
+    from populace.sdk.outcome import Outcome
+
+MAX_LINE_CHARS = 10_000  # one line of a transcript (a runaway answer cannot overflow a batch)
+
+
+class SceneError(RuntimeError):
+    """The simulation's scene broke a rule or raised: the round cannot close."""
+
+
+@dataclass(slots=True)
+class ActRecord:
+    seq: int
+    agent_id: int
+    phase: str
+    act: Outcome
+    latency_ms: float
+    error: str | None
+
+
+@dataclass(slots=True)
+class LineRecord:
+    seq: int
+    speaker: int
+    text: str
+    fields: str | None  # compact JSON
+
+
+class Member:
+    """A member of a scene's group, as the scene sees it: who it is, and its `act`."""
+
+    __slots__ = ("_busy", "_scene", "agent")
+
+    def __init__(self, agent: Agent, scene: Scene) -> None:
+        self.agent = agent
+        self._scene = scene
+        self._busy = False
+
+    @property
+    def id(self) -> int:
+        return self.agent.id
+
+    @property
+    def persona(self) -> Persona | None:
+        return self.agent.persona
+
+    async def act(self, phase: str, view: Any = None) -> Any:
+        """This member acts (`Agent.act(phase, view, llm)` in its own agent) and the act is
+        recorded. Its bug is its act's invalid outcome (the scene goes on); no model answering
+        stops the round, as in a turn."""
+        return await self._scene._act(self, phase, view)
+
+    def __repr__(self) -> str:
+        return f"Member({self.agent.id})"
+
+
+@dataclass
+class Scene:
+    """One group's round (see the module's docstring)."""
+
+    round: int
+    group: int
+    sim: Any
+    _llm: LLM
+    _act_cls: type
+    _failed_act: Callable[[BaseException], tuple[Outcome, str]]
+    _clock: Callable[[], float] = time.perf_counter
+    members: tuple[Member, ...] = ()
+    transcript: list[LineRecord] = field(default_factory=list)
+    acts: list[ActRecord] = field(default_factory=list)
+    outcomes: dict[int, Outcome] = field(default_factory=dict)
+    _seq: int = 0
+    _where: str = ""
+    in_flight: int = 0  # acts and model calls running now: a scene with none for long is stuck
+    last_active: float = 0.0
+
+    @property
+    def rng(self) -> random.Random:
+        """A random.Random seeded by (run seed, round, group): the same on every process."""
+        return seeded(self.sim.seed, self.round, self.group, "scene")
+
+    def member(self, agent_id: int) -> Member:
+        for m in self.members:
+            if m.id == agent_id:
+                return m
+        raise SceneError(f"{self._where}: agent {agent_id} is not a member of group {self.group}")
+
+    def say(self, speaker: Member | int | None, text: str, **fields: Any) -> None:
+        """A line of the group's transcript (speaker None or -1: the scene itself, e.g. a
+        game master); `fields` are recorded as JSON."""
+        who = -1 if speaker is None else speaker.id if isinstance(speaker, Member) else int(speaker)
+        if who != -1:
+            self.member(who)
+        if not isinstance(text, str):
+            raise SceneError(f"{self._where}: say() takes text, not {type(text).__name__}")
+        try:
+            body = json.dumps(fields, sort_keys=True, separators=(",", ":"), allow_nan=False) if fields else None
+        except (TypeError, ValueError) as err:
+            raise SceneError(f"{self._where}: a line's fields must be JSON: {err}") from None
+        self.transcript.append(LineRecord(self._next(), who, text[:MAX_LINE_CHARS], body))
+
+    def outcome(self, member: Member | int, outcome: Outcome) -> None:
+        """A member's round outcome (its row in the simulation's outcomes table)."""
+        m = member if isinstance(member, Member) else self.member(int(member))
+        if m._scene is not self:
+            raise SceneError(f"{self._where}: agent {m.id} is not a member of group {self.group}")
+        self.outcomes[m.id] = outcome
+
+    async def ask(self, prompt: str, *, schema: dict | None = None, system: str | None = None) -> str:
+        """The group's own model call (a game master narrating to its group), under the first
+        member's key. Not an act: it is recorded as the model call it is, not in the acts table."""
+        self.in_flight += 1
+        try:
+            return await self._llm.ask(prompt, key=self.members[0].id, system=system, schema=schema)
+        finally:
+            self.in_flight -= 1
+            self.last_active = self._clock()
+
+    def _next(self) -> int:
+        self._seq += 1
+        return self._seq - 1
+
+    async def _act(self, member: Member, phase: str, view: Any) -> Any:
+        if member._scene is not self:
+            raise SceneError(f"{self._where}: agent {member.id} is not a member of group {self.group}")
+        if member._busy:
+            raise SceneError(f"{self._where}: agent {member.id} was asked to act while its previous act "
+                             "was still running (await each act before the next of the same member)")
+        if not isinstance(phase, str):
+            raise SceneError(f"{self._where}: an act's phase is a string, not {type(phase).__name__}")
+        seq = self._next()
+        member._busy = True
+        self.in_flight += 1
+        started = self._clock()
+        error = None
+        try:
+            act = await member.agent.act(phase, view, self._llm)
+            if act.__class__ is not self._act_cls and not isinstance(act, self._act_cls):
+                raise TypeError(f"act returned {type(act).__name__}, not {self._act_cls.__name__}")
+        except InferError:
+            raise
+        except Exception as err:
+            act, error = self._failed_act(err)
+        finally:
+            member._busy = False
+            self.in_flight -= 1
+            self.last_active = self._clock()
+        self.acts.append(ActRecord(seq, member.id, phase, act, (self.last_active - started) * 1000.0, error))
+        return act
