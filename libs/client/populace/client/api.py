@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import tempfile
 import threading
 from dataclasses import dataclass, field
@@ -180,9 +181,18 @@ async def _local(prepared: PreparedRun, run_id: str, hosts: int) -> SimulationRe
     cast = cast_from_jsonl(prepared.personas) if prepared.personas is not None else None
     graph = loads(prepared.graph) if prepared.graph is not None else None
     res = await run_local(prepared.resolved or prepared.config, run_id=run_id, cast=cast, hosts=hosts, graph=graph)
+    t = res.tables
     return SimulationResult(run_id, res.status, None, prepared.config, res.tables,
-                            pa.Table.from_pydict(res.rounds), pa.Table.from_pydict(res.outcomes),
+                            _arrow(res.rounds, t.summary_columns), _arrow(res.outcomes, t.outcome_columns),
                             manifest=prepared.manifest)
+
+
+def _arrow(columns: dict[str, list], declared: list) -> pa.Table:
+    """A local run's rows as a table: JSON columns as JSON text, as the recorder stores them
+    (a JSON column may hold values of different shapes, which Arrow cannot type as one)."""
+    as_json = {c.name for c in declared if c.type == "JSON"}
+    return pa.Table.from_pydict({k: [None if v is None else json.dumps(v) for v in values] if k in as_json else values
+                                 for k, values in columns.items()})
 
 
 @contextlib.asynccontextmanager

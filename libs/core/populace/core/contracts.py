@@ -715,6 +715,8 @@ class InferBatch(Wire):
     model: ModelConfig
     system: str
     keys: list[Amount]  # request keys (agent ids): correlation and per-agent seeding
+    # per request, the how-many-th call of its key in this round (None: all first calls): seeds each call apart
+    seqs: list[Amount] | None = None
     prompts: list[str]
     response_schema: dict | None = None  # JSON schema every answer must satisfy
     # Leading characters of each prompt that stay the same from round to round (the agent's
@@ -728,6 +730,8 @@ class InferBatch(Wire):
             raise ValueError("keys and prompts must have equal length")
         if self.prefix_chars is not None and len(self.prefix_chars) != len(self.prompts):
             raise ValueError("prefix_chars and prompts must have equal length")
+        if self.seqs is not None and len(self.seqs) != len(self.prompts):
+            raise ValueError("seqs and prompts must have equal length")
         return self
 
 

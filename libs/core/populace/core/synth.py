@@ -22,6 +22,12 @@ _MASK = (1 << 64) - 1
 DEFAULT_MAX = 100  # a number without a maximum is drawn from [minimum, minimum + 100]
 
 
+def call_seed(seed: int, seq: int) -> int:
+    """The seed of an agent's `seq`-th model call in a round (0: its first, seeded exactly as one
+    call per round always was), so an agent that asks twice in a round gets two draws."""
+    return seed if seq == 0 else (seed ^ (seq * 0xD1B54A32D192ED03)) & _MASK
+
+
 def seeded_value(seed: int, round_: int, key: int, max_value: int) -> int:
     """splitmix64 of (seed, round, key) → an integer in [0, max_value]."""
     z = (seed * 0x9E3779B97F4A7C15 + round_ * 0xBF58476D1CE4E5B9 + key * 0x94D049BB133111EB) & _MASK

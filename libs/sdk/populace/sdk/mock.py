@@ -73,15 +73,19 @@ class DummyLLM:
         self.latency_s = latency_s
         self.calls = 0
         self._render = synth.renderer(schema)
+        self._seqs: dict[int, int] = {}  # key -> its calls so far this round: each call seeded apart
 
     async def ask(self, prompt: str, *, key: int, prefix_chars: int = 0, system: str | None = None,
                   schema: dict | None = None) -> str:
         self.calls += 1
+        seq = self._seqs.get(key, 0)
+        self._seqs[key] = seq + 1
+        seed = synth.call_seed(self.seed, seq)
         if self.latency_s:
             await asyncio.sleep(self.latency_s)
         if schema is None:
-            return self._render(self.seed, self.round, key)
-        return synth.answer(schema, self.seed, self.round, key)
+            return self._render(seed, self.round, key)
+        return synth.answer(schema, seed, self.round, key)
 
     def flush(self) -> None:
         pass

@@ -41,11 +41,12 @@ MAX_WAIT_WHILE_WORKED_ON_S = 1800.0
 class _Pending:
     """Requests waiting to leave in one batch: they share a system prompt and a schema."""
 
-    __slots__ = ("bytes", "futs", "keys", "prefix", "prompts", "schema", "system", "timer")
+    __slots__ = ("bytes", "futs", "keys", "prefix", "prompts", "schema", "seqs", "system", "timer")
 
     def __init__(self, system: str, schema: dict | None) -> None:
         self.system, self.schema = system, schema
         self.keys: list[int] = []
+        self.seqs: list[int] = []
         self.prompts: list[str] = []
         self.prefix: list[int] = []
         self.futs: list[asyncio.Future] = []
@@ -78,6 +79,7 @@ class InferSession:
         self.tokens_sq = 0.0
         self._default = _Pending(system, response_schema)
         self._other: dict[tuple[str, str], _Pending] = {}  # calls that brought their own system/schema
+        self._seqs: dict[int, int] = {}  # key -> its calls so far this round (only once a key asks twice)
         self._sending: set[asyncio.Task] = set()
         self.batches_sent = 0
 
@@ -94,7 +96,11 @@ class InferSession:
             schema: dict | None = None) -> asyncio.Future:
         fut = self._loop.create_future()
         p = self._default if system is None and schema is None else self._pending_for(system, schema)
+        seqs = self._seqs
+        seq = seqs.get(key, 0)
+        seqs[key] = seq + 1
         p.keys.append(key)
+        p.seqs.append(seq)
         p.prompts.append(prompt)
         p.prefix.append(prefix_chars)
         p.futs.append(fut)
@@ -117,12 +123,12 @@ class InferSession:
             p.timer = None
         if not p.keys:
             return
-        keys, prompts, futs, prefix = p.keys, p.prompts, p.futs, p.prefix
-        p.keys, p.prompts, p.futs, p.prefix, p.bytes = [], [], [], [], 0
+        keys, prompts, futs, prefix, seqs = p.keys, p.prompts, p.futs, p.prefix, p.seqs
+        p.keys, p.prompts, p.futs, p.prefix, p.seqs, p.bytes = [], [], [], [], [], 0
         batch = InferBatch(batch_id=f"{self._id_prefix}{next(_batch_ids)}", run_id=self._run_id,
                            round=self._round, model=self._model, system=p.system,
                            response_schema=p.schema, keys=keys, prompts=prompts,
-                           prefix_chars=prefix if any(prefix) else None)
+                           prefix_chars=prefix if any(prefix) else None, seqs=seqs if any(seqs) else None)
         task = self._loop.create_task(self._send(batch, futs))
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
@@ -154,6 +160,7 @@ class InferSession:
             part = batch if len(pending) == len(futs) else batch.model_copy(update={
                 "keys": [batch.keys[i] for i in pending], "prompts": [batch.prompts[i] for i in pending],
                 "prefix_chars": [batch.prefix_chars[i] for i in pending] if batch.prefix_chars else None,
+                "seqs": [batch.seqs[i] for i in pending] if batch.seqs else None,
                 "batch_id": f"{batch.batch_id}.r{attempt}"})
             try:
                 reply = await self._ask(part, tracing)

@@ -23,4 +23,6 @@ class DummyBackend:
         if batch.model.latency_s > 0:
             await asyncio.sleep(batch.model.latency_s)
         seed, rnd, render = batch.model.seed, batch.round, synth.renderer(batch.response_schema)
-        return [render(seed, rnd, k) for k in batch.keys]
+        if batch.seqs is None:
+            return [render(seed, rnd, k) for k in batch.keys]
+        return [render(synth.call_seed(seed, s), rnd, k) for k, s in zip(batch.keys, batch.seqs)]
