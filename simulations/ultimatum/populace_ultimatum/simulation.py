@@ -95,7 +95,7 @@ class UltimatumEnv(Env[State, Counts]):
         self.pie = sim.pie
 
     def reduce(self, agent_ids: Sequence[int], outcomes: Sequence[Result]) -> Counts:
-        c = {k: 0 for k in Counts.model_fields}
+        c = dict.fromkeys(Counts.model_fields, 0)
         for o in outcomes:
             if o.role != "proposer":
                 continue  # a pair counts once, by its proposer (who is always in the same batch: a group is whole)
