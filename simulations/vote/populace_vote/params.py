@@ -10,7 +10,7 @@ from __future__ import annotations
 import unicodedata
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from populace.sdk import Params
 
@@ -75,6 +75,9 @@ class BallotConfig(_Section):
     options: tuple[Option, ...] = ("yes", "no")
     # From round 2 on, every agent hears the shares of last round's valid answers.
     show_distribution: bool = False
+    # Turnout (activation): each round a seeded share of the voters votes — drawn again every
+    # round, the same on every placement; the others do not play and are not recorded.
+    turnout: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
 
     @field_validator("options", mode="before")
     @classmethod

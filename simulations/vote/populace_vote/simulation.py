@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from functools import cached_property
 
-from populace.sdk import LLM, Agent, Env, Observation, Outcome, RunConfig, Simulation, State
+from populace.sdk import LLM, Agent, Env, Observation, Outcome, RunConfig, Simulation, State, select
 from populace_vote import prompts, tally
 from populace_vote.params import COT_MAX_TOKENS, DEFAULT_MAX_TOKENS, VoteParams, extra_answer_tokens
 from populace_vote.parsing import lookup_of, parse_choice
@@ -69,6 +69,10 @@ class VoteEnv(Env[LastRound, VoteCounts]):
         if not self.params.ballot.show_distribution:
             return Heard(round=round)
         return Heard(round=round, distribution=state.counts)
+
+    def select(self, state: LastRound, round: int):
+        turnout = self.params.ballot.turnout
+        return select.rate(turnout) if turnout < 1 else None  # None: everyone votes
 
     def reduce(self, agent_ids, outcomes) -> VoteCounts:
         return tally.count((o.choice if o.valid else None for o in outcomes), self.index)

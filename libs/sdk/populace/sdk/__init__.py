@@ -10,6 +10,7 @@ loads it by name (entry point `populace.simulations`) and runs it unchanged in o
 
 from populace.core.contracts import Count, FiniteFloat, RunConfig
 from populace.population.cast import Cast, Persona
+from populace.sdk import select
 from populace.sdk.agent import Agent
 from populace.sdk.answers import answer_field
 from populace.sdk.env import Env, GroupEnv, Listeners, Partial, State
@@ -20,6 +21,8 @@ from populace.sdk.mock import DummyLLM, ScriptedLLM
 from populace.sdk.outcome import Outcome
 from populace.sdk.post import Message, Post
 from populace.sdk.registry import available, load_simulation, resolve
+from populace.sdk.rng import stable_seed
+from populace.sdk.scene import Member, Scene, SceneError
 from populace.sdk.simulation import Observation, Params, Simulation, SimulationError, Summary
 
 __all__ = [
@@ -35,6 +38,7 @@ __all__ = [
     "InferError",
     "Listeners",
     "LocalResult",
+    "Member",
     "Message",
     "ModelUnavailable",
     "Observation",
@@ -44,6 +48,8 @@ __all__ = [
     "Persona",
     "Post",
     "RunConfig",
+    "Scene",
+    "SceneError",
     "ScriptedLLM",
     "Simulation",
     "SimulationError",
@@ -54,4 +60,6 @@ __all__ = [
     "load_simulation",
     "resolve",
     "run_local",
+    "select",
+    "stable_seed",
 ]

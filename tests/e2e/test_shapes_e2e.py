@@ -1,0 +1,170 @@
+"""End to end, the shapes of study beyond "everyone acts at once": scenes (ordered acts inside a
+round), activation (only some agents act) and nested groups, each played on real processes and
+recorded exactly as the local runner records it — on 2 agent-hosts (`populace demo`), on 3, with
+one agent per OS process, and after an agent-host is killed in the middle of a round of scenes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from populace.client.prepare import prepare, prepare_file
+from populace.client.run import play
+from populace.client.stack import Stack
+from populace.core import bus
+from populace.core.contracts import RunConfig
+from populace.sdk.local import LocalResult, run_local
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+DROP = ("run_id", "latency_ms", "closed_at")
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    db = tmp_path_factory.mktemp("shapes") / "populace.duckdb"
+    # a lost host is noticed within seconds (the kill test), as in the fault matrix
+    s = Stack(hosts=3, db=str(db), env={"POPULACE_STORAGE": "memory", "POPULACE_HOST_LOST_S": "4",
+                                         "POPULACE_HEARTBEAT_S": "0.5", "POPULACE_REGISTRY_TTL_S": "4"})
+    with s.up(timeout=120):
+        yield s
+
+
+def fleet(stack: Stack, data: dict, during=None):
+    prepared = prepare(RunConfig.model_validate(data))
+
+    async def go():
+        nc = await bus.connect(stack.url, "e2e-shapes")
+        try:
+            task = asyncio.create_task(play(nc, prepared.config, manifest=prepared.manifest, stall_s=180))
+            if during is not None:
+                await during(nc)
+            return await task
+        finally:
+            await nc.close()
+
+    return prepared, asyncio.run(go())
+
+
+def table(db: str, name: str, run_id: str, order: str) -> list[dict]:
+    with duckdb.connect(db, read_only=True) as con:
+        cur = con.execute(f'SELECT * FROM "{name}" WHERE run_id = ? ORDER BY {order}', [run_id])
+        names = [d[0] for d in cur.description]
+        return [norm({k: v for k, v in zip(names, row) if k not in DROP}) for row in cur.fetchall()]
+
+
+def norm(row: dict) -> dict:
+    """DuckDB gives JSON columns as text, the local runner Python values: compare them as values."""
+    return {k: json.loads(v) if isinstance(v, str) and v[:1] in "{[" else v for k, v in row.items()}
+
+
+def rows(columns: dict[str, list]) -> list[dict]:
+    keys = [k for k in columns if k not in DROP]
+    return [norm(dict(zip(keys, r))) for r in zip(*(columns[k] for k in keys))]
+
+
+def assert_as_in_one_process(db: str, run_id: str, local: LocalResult) -> None:
+    """Every table the run writes equals the local runner's: outcomes, rounds, acts, transcripts."""
+    t = local.tables
+    assert table(db, t.outcomes, run_id, "round, agent_id") == rows(local.outcomes)
+    recorded_rounds = table(db, t.rounds, run_id, "round")
+    local_rounds = [{k: v for k, v in r.items() if k not in ("prompt_tokens", "completion_tokens")}
+                    for r in rows(local.rounds)]
+    assert [{k: v for k, v in r.items() if k not in ("prompt_tokens", "completion_tokens")}
+            for r in recorded_rounds] == local_rounds
+    if t.acts is not None:
+        assert table(db, t.acts, run_id, "round, group_id, seq") == rows(local.acts)
+        assert table(db, "transcripts", run_id, "round, group_id, seq") == rows(local.transcripts)
+
+
+ULTIMATUM = {"simulation": "ultimatum", "agents": 240, "rounds": 3, "seed": 2,
+             "model": {"latency_s": 0.02, "seed": 4}, "game": {"block": 40}}
+
+
+def test_the_ultimatum_demo_on_two_hosts_records_what_one_process_records(tmp_path):
+    """`populace demo --scenario examples/ultimatum.yaml`: a private stack with 2 agent-hosts."""
+    scenario = ROOT / "examples" / "ultimatum.yaml"
+    db = tmp_path / "ultimatum.duckdb"
+    res = subprocess.run([sys.executable, "-m", "populace.cli", "demo", "--scenario", str(scenario), "--db", str(db),
+                          "--hosts", "2"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    prepared = prepare_file(scenario)
+    with duckdb.connect(str(db), read_only=True) as con:
+        (run_id,) = con.execute("SELECT run_id FROM runs").fetchone()
+        hosts = con.execute("SELECT count(DISTINCT host_id) FROM agents WHERE run_id = ?", [run_id]).fetchone()[0]
+    assert hosts == 2
+    local = asyncio.run(run_local(prepared.resolved))
+    assert len(local.acts["seq"]) == prepared.config.agents * prepared.config.rounds  # an offer and a reply per pair
+    assert_as_in_one_process(str(db), run_id, local)
+
+
+@pytest.mark.parametrize("per_process", [False, True], ids=["3-hosts", "one-agent-per-process"])
+def test_scenes_on_three_hosts_and_one_agent_per_process_equal_one_process(stack, per_process):
+    data = {**ULTIMATUM, **({"agents": 24, "game": {"block": 8}, "placement": {"agents_per_process": 1}}
+                            if per_process else {})}
+    prepared, out = fleet(stack, data)
+    assert out.status == "completed", out.reason
+    local = asyncio.run(run_local(prepared.resolved))
+    assert_as_in_one_process(stack.db, out.run_id, local)
+    with duckdb.connect(stack.db, read_only=True) as con:
+        placed = con.execute("SELECT count(DISTINCT host_id) FROM agents WHERE run_id = ?", [out.run_id]).fetchone()
+    assert placed[0] == 3 if not per_process else placed[0] >= 1
+
+
+def test_activation_records_exactly_the_selected_agents_as_one_process_does(stack):
+    data = {"simulation": "vote", "agents": 300, "rounds": 3, "seed": 5, "model": {"latency_s": 0.0, "seed": 1},
+            "ballot": {"turnout": 0.2, "show_distribution": True}}
+    prepared, out = fleet(stack, data)
+    assert out.status == "completed", out.reason
+    local = asyncio.run(run_local(prepared.resolved))
+    acted = local.rounds["n"]
+    assert all(0 < n < 300 for n in acted) and len(set(local.outcomes["agent_id"])) < 300
+    assert out.recorded is not None and out.recorded.outcomes == sum(acted)  # rows recorded = agents selected
+    assert_as_in_one_process(stack.db, out.run_id, local)
+
+
+def test_nested_groups_settle_level_by_level_as_in_one_process(stack):
+    data = {"simulation": "public-goods-firms", "agents": 107, "rounds": 3, "model": {"latency_s": 0.0, "seed": 3},
+            "game": {"group_size": 5}, "firm": {"size": 20, "match": 0.5}}
+    prepared, out = fleet(stack, data)
+    assert out.status == "completed", out.reason
+    local = asyncio.run(run_local(prepared.resolved))
+    assert "firm_id" in local.outcomes and max(local.outcomes["firm_id"]) == 5
+    assert_as_in_one_process(stack.db, out.run_id, local)
+
+
+def test_an_agent_host_killed_in_a_round_of_scenes_is_replaced_and_every_table_is_exact(stack):
+    """Host 1 is SIGKILLed while round 2's scenes wait on the model: its pairs are placed again
+    and replay their whole scenes; every table equals an undisturbed run's."""
+    data = {**ULTIMATUM, "agents": 600, "rounds": 3, "model": {"latency_s": 1.0, "seed": 4}, "game": {"block": 50}}
+
+    async def kill_in_round_2(nc):
+        kv = await nc.jetstream().key_value("runs")
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            for key in await kv.keys():
+                state = (await kv.get(key)).value
+                if b'"status":"running"' in state and b'"round":2' in state:
+                    await asyncio.sleep(0.5)  # inside the round: proposers are waiting on their offers
+                    stack.kill("agent-host-1")
+                    return
+            await asyncio.sleep(0.2)
+        raise AssertionError("round 2 never started")
+
+    prepared, out = fleet(stack, data, during=kill_in_round_2)
+    try:
+        assert out.status == "completed", out.reason
+        with duckdb.connect(stack.db, read_only=True) as con:
+            shares = con.execute("SELECT count(*) FROM _shares WHERE run_id = ?", [out.run_id]).fetchone()[0]
+        assert shares >= 4, "the lost host's agents should have been placed again, in a new share"
+        assert_as_in_one_process(stack.db, out.run_id, asyncio.run(run_local(prepared.resolved)))
+    finally:
+        stack.restart("agent-host-1")
