@@ -26,6 +26,8 @@ class Settings(BaseSettings):
     host_id: str = Field(default_factory=lambda: f"{socket.gethostname().split('.')[0]}-{os.getpid()}")
     host_capacity: int = Field(2_000_000, ge=1)
     max_in_flight: int = Field(1_000_000, ge=1)  # concurrent agent turns per host
+    # a scene waiting this long on neither an act nor a model call is stuck: the run pauses, naming it
+    scene_idle_s: float = Field(60.0, gt=0, le=86_400)
     one_agent_per_process: bool = False  # host flag: run every agent in its own OS process
     outcome_batch_size: int = Field(1000, ge=1, le=20_000)
     # Save the agents' declared state after every round (what resume, fork and a host's

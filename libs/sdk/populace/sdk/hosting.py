@@ -88,6 +88,7 @@ class HostedRun:
 
 def host_run(resolved: Resolved, run_id: str, ranges: list[tuple[int, int]], cast: Cast | None = None, *,
              one_per_process: bool = False, max_in_flight: int = 1_000_000, freeze: bool = True,
+             scene_idle_s: float = 60.0,
              epoch: int = 0, graph: Graph | None = None) -> HostedRun:
     """Create this process's agents for a run (persona i is agent i's, by reference). A run
     with a `graph:` needs its graph (over the run's agent ids)."""
@@ -109,7 +110,8 @@ def host_run(resolved: Resolved, run_id: str, ranges: list[tuple[int, int]], cas
         agents = [ProcessAgent(a) for a in agents]
     room = Mailroom(graph, type(sim).Post, ranges, c.broadcasts) if graph is not None else None
     run = HostedRun(run_id, resolved, sim, type(sim).Env(sim), agents,
-                    RoundPlayer(sim, agents, max_in_flight=max_in_flight), ranges=list(ranges), epoch=epoch,
+                    RoundPlayer(sim, agents, max_in_flight=max_in_flight, scene_idle_s=scene_idle_s),
+                    ranges=list(ranges), epoch=epoch,
                     mailroom=room)
     if freeze:
         # Agents live for the whole run: move them out of the cyclic GC's generations so

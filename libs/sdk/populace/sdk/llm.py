@@ -21,7 +21,28 @@ is never an agent's answer. The round stops there and the run pauses with the re
 from __future__ import annotations
 
 from collections.abc import Awaitable
+from contextvars import ContextVar
 from typing import Protocol, runtime_checkable
+
+# Who is asking: the agent whose turn (or act) runs in this task. The ports seed each call by the
+# caller's own count of calls with that key in the round, so the draws never depend on how other
+# agents' calls interleave with it — or on which host, or process, the agents are.
+CALLER: ContextVar[int | None] = ContextVar("populace_caller", default=None)
+
+
+def call_tag(counts: dict, key: int) -> int:
+    """A call's tag in its round (`InferBatch.seqs`): 0 for an agent's first call for itself,
+    seeded as one call per round always was; its n-th call for itself: n; a call on another
+    key's behalf: the caller in the high bits, so it never shares a draw with that key's own."""
+    caller = CALLER.get()
+    if caller is None or caller == key:
+        n = counts.get(key, 0)
+        counts[key] = n + 1
+        return n
+    pair = (caller, key)
+    n = counts.get(pair, 0)
+    counts[pair] = n + 1
+    return ((caller + 1) << 32) | n
 
 
 class InferError(RuntimeError):

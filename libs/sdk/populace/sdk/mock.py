@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from populace.core import synth
-from populace.sdk.llm import InferError
+from populace.sdk.llm import InferError, call_tag
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,14 +73,12 @@ class DummyLLM:
         self.latency_s = latency_s
         self.calls = 0
         self._render = synth.renderer(schema)
-        self._seqs: dict[int, int] = {}  # key -> its calls so far this round: each call seeded apart
+        self._seqs: dict = {}  # key (or caller, key) -> its calls so far this round: each call seeded apart
 
     async def ask(self, prompt: str, *, key: int, prefix_chars: int = 0, system: str | None = None,
                   schema: dict | None = None) -> str:
         self.calls += 1
-        seq = self._seqs.get(key, 0)
-        self._seqs[key] = seq + 1
-        seed = synth.call_seed(self.seed, seq)
+        seed = synth.call_seed(self.seed, call_tag(self._seqs, key))
         if self.latency_s:
             await asyncio.sleep(self.latency_s)
         if schema is None:

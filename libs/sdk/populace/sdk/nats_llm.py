@@ -19,7 +19,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from populace.core import logs, metrics, subjects, telemetry
 from populace.core.contracts import InferBatch, InferReply, ModelConfig, Usage
 from populace.core.telemetry import tracer
-from populace.sdk.llm import InferError, ModelUnavailable
+from populace.sdk.llm import InferError, ModelUnavailable, call_tag
 
 log = logs.get("populace.llm")
 _batch_ids = itertools.count()
@@ -79,7 +79,7 @@ class InferSession:
         self.tokens_sq = 0.0
         self._default = _Pending(system, response_schema)
         self._other: dict[tuple[str, str], _Pending] = {}  # calls that brought their own system/schema
-        self._seqs: dict[int, int] = {}  # key -> its calls so far this round (only once a key asks twice)
+        self._seqs: dict = {}  # key (or caller, key) -> its calls so far this round: each call seeded apart
         self._sending: set[asyncio.Task] = set()
         self.batches_sent = 0
 
@@ -96,11 +96,8 @@ class InferSession:
             schema: dict | None = None) -> asyncio.Future:
         fut = self._loop.create_future()
         p = self._default if system is None and schema is None else self._pending_for(system, schema)
-        seqs = self._seqs
-        seq = seqs.get(key, 0)
-        seqs[key] = seq + 1
         p.keys.append(key)
-        p.seqs.append(seq)
+        p.seqs.append(call_tag(self._seqs, key))
         p.prompts.append(prompt)
         p.prefix.append(prefix_chars)
         p.futs.append(fut)

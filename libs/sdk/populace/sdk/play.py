@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import operator
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,10 +33,10 @@ from populace.core.ranges import outside
 from populace.sdk.agent import Agent
 from populace.sdk.env import Env, GroupEnv, Partial
 from populace.sdk.groups import Group, GroupLayout
-from populace.sdk.llm import LLM, InferError, ModelUnavailable
+from populace.sdk.llm import CALLER, LLM, InferError, ModelUnavailable
 from populace.sdk.outcome import Outcome, columns_adapter
 from populace.sdk.process import AgentRaised
-from populace.sdk.scene import ActRecord, LineRecord, Member, Scene, SceneError
+from populace.sdk.scene import PLAYING, ActRecord, LineRecord, Member, Scene, SceneError
 from populace.sdk.simulation import Observation, Simulation
 
 # Yield to the event loop every this many task launches so batches leave while agents start.
@@ -48,6 +49,11 @@ _RAW = TypeAdapter(list[str])
 
 class RoundFailed(RuntimeError):
     """The simulation's own environment code (a group env, a scene) raised: the run cannot go on."""
+
+
+class SceneFailed(RoundFailed):
+    """A scene raised, broke a rule or never finished: the run pauses (resumable once the
+    simulation is fixed); what was recorded stays."""
 
 
 @dataclass(slots=True)
@@ -250,10 +256,14 @@ class _Waiting:
 class RoundPlayer:
     """Plays rounds for one run's agents on one process."""
 
-    def __init__(self, sim: Simulation, agents: Sequence[Agent], *, max_in_flight: int = 1_000_000) -> None:
+    def __init__(self, sim: Simulation, agents: Sequence[Agent], *, max_in_flight: int = 1_000_000,
+                 scene_idle_s: float = 60.0) -> None:
         self.sim = sim
         self.agents = agents
         self.max_in_flight = max_in_flight
+        # a scene that for this long waits on neither an act nor a model call is stuck: it fails
+        self.scene_idle_s = scene_idle_s
+        self._scenes: dict[int, Scene] = {}  # the scenes playing now, by group
         cls = type(sim)
         self.outcome_cls = cls.Outcome
         self.layout: GroupLayout | None = sim.group_layout()
@@ -298,7 +308,12 @@ class RoundPlayer:
         groups = self.groups(obs.round, selected)
         deliver = self._settlement(obs.round, groups, sink)
         if self.scenes:
-            await self._run(groups, self._scene_task(obs.round, llm, deliver, sink), llm)
+            watch = asyncio.get_running_loop().create_task(self._watch_scenes(obs.round))
+            try:
+                await self._run(groups, self._scene_task(obs.round, llm, deliver, sink), llm)
+            finally:
+                watch.cancel()
+                self._scenes.clear()
         else:
             group_of = {m: g for g in groups for m in g.members}
             members = [self.agents[self.index[m]] for g in groups for m in g.members]
@@ -369,6 +384,7 @@ class RoundPlayer:
         failed = self.failed_outcome
 
         async def play(agent: Agent) -> None:
+            CALLER.set(agent.id)  # this task's own context: its calls are seeded by its own count
             started = now()
             error = None
             try:
@@ -386,6 +402,20 @@ class RoundPlayer:
 
         return play
 
+    async def _watch_scenes(self, round_: int) -> None:
+        """Fail the round when a scene waits on something that is neither one of its acts nor a
+        model call (an author's bug: an event never set, a future never resolved) for too long."""
+        clock = time.perf_counter
+        while True:
+            await asyncio.sleep(min(1.0, self.scene_idle_s / 4))
+            now = clock()
+            for scene in list(self._scenes.values()):
+                if scene.in_flight == 0 and now - scene.last_active > self.scene_idle_s:
+                    self._stop(SceneFailed(f"{scene._where}: {type(self.group_envs[0]).__name__}.scene did not "
+                                           f"finish: for {self.scene_idle_s:g}s it waited on neither an act nor a "
+                                           "model call"))
+                    return
+
     def _scene_task(self, round_: int, llm: LLM, deliver, sink: OutcomeSink):
         sim = self.sim
         env = self.group_envs[0]
@@ -396,8 +426,13 @@ class RoundPlayer:
             where = f"simulation {name!r}, round {round_}, group {group.id}"
             scene = Scene(round_, group.id, sim, llm, act_cls, self.failed_act, _where=where)
             scene.members = tuple(Member(self.agents[self.index[m]], scene) for m in group.members)
+            scene.last_active = scene._clock()
+            self._scenes[group.id] = scene
+            PLAYING.set(scene)  # this task's own context: what its acts are checked against
             try:
                 news = await env.scene(scene)
+                if scene.broken is not None:  # a rule broken, even if the scene caught the error
+                    raise SceneError(scene.broken)
                 missing = [m.id for m in scene.members if m.id not in scene.outcomes]
                 if missing:
                     raise SceneError(f"the scene gave no outcome to agent(s) {missing[:5]} (scene.outcome(member, …) "
@@ -410,9 +445,12 @@ class RoundPlayer:
                 self._stop(err if isinstance(err, ModelUnavailable) else ModelUnavailable(str(err)))
                 return
             except Exception as err:
-                why = str(err) if isinstance(err, SceneError) else f"{type(err).__name__}: {err}"
-                self._stop(RoundFailed(f"{where}: {type(env).__name__}.scene failed: {why}"))
+                why = str(err).removeprefix(f"{where}: ") if isinstance(err, SceneError) \
+                    else f"{type(err).__name__}: {err}"
+                self._stop(SceneFailed(f"{where}: {type(env).__name__}.scene failed: {why}"))
                 return
+            finally:
+                self._scenes.pop(group.id, None)
             sink.add_scene(group.id, scene.acts, scene.transcript)
             latency = {a.agent_id: a.latency_ms for a in scene.acts}
             errors: dict[int, str] = {}

@@ -93,13 +93,16 @@ def resolve(config: RunConfig) -> Resolved:
     try:
         sim.check_run(params, config)
         _check_broadcasts(sim, config)
+        _check_selection(sim, params, config)
     except ValueError as err:
         raise _error(str(err), config.params) from None
     if sim.GroupEnv is not None:
-        size = sim(params, agents=config.agents).group_size()
-        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-            raise SimulationError(f"simulation {sim.name!r} declares a GroupEnv, but group_size() returned "
-                                  f"{size!r} for these parameters (it must be a whole number >= 1)")
+        instance = sim(params, agents=config.agents, seed=config.seed)
+        sizes = instance.group_sizes()
+        if sizes is None or any(not isinstance(k, int) or isinstance(k, bool) or k < 1 for k in sizes):
+            raise SimulationError(f"simulation {sim.name!r} declares a GroupEnv, but group_size() (or group_sizes()) "
+                                  f"returned {sizes!r} for these parameters (whole numbers >= 1)")
+        instance.group_layout()  # SimulationError naming what cannot work
     data = config.model_dump(mode="json", exclude=set(config.params))
     data.update(params.model_dump(mode="json"))
     defaults = sim.model_defaults(params)
@@ -119,6 +122,29 @@ def _check_broadcasts(sim: type[Simulation], config: RunConfig) -> None:
             if key not in names:
                 known = ", ".join(names) or "none besides text"
                 raise ValueError(f"broadcasts.{i}.fields.{key}: not a field of {sim.name}'s post (it has: {known})")
+
+
+def _check_selection(sim: type[Simulation], params: Params, config: RunConfig) -> None:
+    """Who acts in round 1, as the simulation's environment selects it, before anything starts:
+    a rate outside [0, 1] or an agent the run does not have is named now, not on the fleet."""
+    from populace.sdk.env import Env
+    from populace.sdk.select import SelectionError, checked
+
+    if sim.Env.select is Env.select:
+        return  # everyone acts
+    where = f"{sim.Env.__name__}.select(state, 1)"
+    try:
+        env = sim.Env(sim(params, agents=config.agents, rounds=config.rounds, seed=config.seed))
+        checked(env.select(env.start(), 1), config.agents, where)
+    except SelectionError as err:
+        raise ValueError(f"select: {err}") from None
+    except ValidationError as err:  # a selector built with a bad value, e.g. rate(1.5)
+        first = err.errors()[0]
+        field = ".".join(str(x) for x in first["loc"]) or "value"
+        raise ValueError(f"select: {where} built a {err.title} with {field} {first.get('input')!r}: "
+                         f"{first['msg']}") from None
+    except Exception as err:  # the simulation's own bug, named before the run starts
+        raise ValueError(f"select: {where} raised {type(err).__name__}: {err}") from None
 
 
 def _error(message: str, data: dict) -> ValidationError:

@@ -25,10 +25,11 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from populace.sdk.llm import InferError
+from populace.sdk.llm import CALLER, InferError
 from populace.sdk.rng import seeded
 
 if TYPE_CHECKING:
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
     from populace.sdk.outcome import Outcome
 
 MAX_LINE_CHARS = 10_000  # one line of a transcript (a runaway answer cannot overflow a batch)
+# the scene whose task is running: a member of another group's scene cannot act in it
+PLAYING: ContextVar[Scene | None] = ContextVar("populace_scene", default=None)
 
 
 class SceneError(RuntimeError):
@@ -111,6 +114,7 @@ class Scene:
     _where: str = ""
     in_flight: int = 0  # acts and model calls running now: a scene with none for long is stuck
     last_active: float = 0.0
+    broken: str | None = None  # the first rule it broke (the round fails even if the scene caught it)
 
     @property
     def rng(self) -> random.Random:
@@ -121,7 +125,12 @@ class Scene:
         for m in self.members:
             if m.id == agent_id:
                 return m
-        raise SceneError(f"{self._where}: agent {agent_id} is not a member of group {self.group}")
+        raise self._break(f"agent {agent_id} is not a member of group {self.group}")
+
+    def _break(self, why: str) -> SceneError:
+        if self.broken is None:
+            self.broken = f"{self._where}: {why}"
+        return SceneError(f"{self._where}: {why}")
 
     def say(self, speaker: Member | int | None, text: str, **fields: Any) -> None:
         """A line of the group's transcript (speaker None or -1: the scene itself, e.g. a
@@ -130,18 +139,18 @@ class Scene:
         if who != -1:
             self.member(who)
         if not isinstance(text, str):
-            raise SceneError(f"{self._where}: say() takes text, not {type(text).__name__}")
+            raise self._break(f"say() takes text, not {type(text).__name__}")
         try:
             body = json.dumps(fields, sort_keys=True, separators=(",", ":"), allow_nan=False) if fields else None
         except (TypeError, ValueError) as err:
-            raise SceneError(f"{self._where}: a line's fields must be JSON: {err}") from None
+            raise self._break(f"a line's fields must be JSON: {err}") from None
         self.transcript.append(LineRecord(self._next(), who, text[:MAX_LINE_CHARS], body))
 
     def outcome(self, member: Member | int, outcome: Outcome) -> None:
         """A member's round outcome (its row in the simulation's outcomes table)."""
         m = member if isinstance(member, Member) else self.member(int(member))
         if m._scene is not self:
-            raise SceneError(f"{self._where}: agent {m.id} is not a member of group {self.group}")
+            raise self._break(f"agent {m.id} is not a member of group {self.group}")
         self.outcomes[m.id] = outcome
 
     async def ask(self, prompt: str, *, schema: dict | None = None, system: str | None = None) -> str:
@@ -159,18 +168,21 @@ class Scene:
         return self._seq - 1
 
     async def _act(self, member: Member, phase: str, view: Any) -> Any:
-        if member._scene is not self:
-            raise SceneError(f"{self._where}: agent {member.id} is not a member of group {self.group}")
+        playing = PLAYING.get()
+        if member._scene is not self or (playing is not None and playing is not self):
+            where = playing if playing is not None else self
+            raise where._break(f"agent {member.id} is not a member of group {where.group}")
         if member._busy:
-            raise SceneError(f"{self._where}: agent {member.id} was asked to act while its previous act "
-                             "was still running (await each act before the next of the same member)")
+            raise self._break(f"agent {member.id} was asked to act while its previous act was still running "
+                              "(await each act before the next of the same member)")
         if not isinstance(phase, str):
-            raise SceneError(f"{self._where}: an act's phase is a string, not {type(phase).__name__}")
+            raise self._break(f"an act's phase is a string, not {type(phase).__name__}")
         seq = self._next()
         member._busy = True
         self.in_flight += 1
         started = self._clock()
         error = None
+        caller = CALLER.set(member.id)  # the act's calls are the member's own
         try:
             act = await member.agent.act(phase, view, self._llm)
             if act.__class__ is not self._act_cls and not isinstance(act, self._act_cls):
@@ -180,6 +192,7 @@ class Scene:
         except Exception as err:
             act, error = self._failed_act(err)
         finally:
+            CALLER.reset(caller)
             member._busy = False
             self.in_flight -= 1
             self.last_active = self._clock()

@@ -26,6 +26,7 @@ from populace.population.cast import Cast
 from populace.sdk.hosting import HostedRun, host_run
 from populace.sdk.llm import ModelUnavailable
 from populace.sdk.nats_llm import InferSession
+from populace.sdk.play import SceneFailed
 from populace.sdk.registry import resolve
 
 log = logs.get("populace.agent_host")
@@ -71,7 +72,8 @@ class HostRuntime:
         resolved = resolve(batch.config)
         one_per_process = resolved.config.placement.agents_per_process == 1 or self.settings.one_agent_per_process
         run = host_run(resolved, batch.run_id, batch.ranges, cast, one_per_process=one_per_process,
-                       max_in_flight=self.settings.max_in_flight, epoch=batch.epoch, graph=graph)
+                       max_in_flight=self.settings.max_in_flight, epoch=batch.epoch, graph=graph,
+                       scene_idle_s=self.settings.scene_idle_s)
         self.runs.setdefault(batch.run_id, {})[batch.epoch] = run
         metrics.AGENTS.set(self.agent_count)
         return run
@@ -168,6 +170,11 @@ class HostRuntime:
             except MailMissing as err:  # the bus lost posts: pause; a resume rebuilds inboxes from checkpoints
                 reason = f"round {opened.round}: {err}; `populace resume {run.run_id}` continues"
                 log.error("mail_missing", error=reason)
+                if self._report_fault is not None:
+                    await self._report_fault(run.run_id, opened.round, reason, run.epoch, True)
+            except SceneFailed as err:  # the simulation's scene: pause, resumable once it is fixed
+                reason = f"{err}; fix the simulation, then `populace resume {run.run_id}`"
+                log.error("scene_failed", error=reason)
                 if self._report_fault is not None:
                     await self._report_fault(run.run_id, opened.round, reason, run.epoch, True)
             except ModelUnavailable as err:  # the model path is down: pause, record nothing as answers

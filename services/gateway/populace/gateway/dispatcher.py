@@ -97,7 +97,8 @@ class Dispatcher:
         messages = [{"role": "system", "content": batch.system}, {"role": "user", "content": batch.prompts[i]}]
         seed = batch.model.seed * 1_000_003 + batch.keys[i] if batch.model.seed else None
         if seed is not None and batch.seqs is not None and batch.seqs[i]:
-            seed += batch.seqs[i] * 1_000_000_007  # an agent's second call in a round samples apart
+            # an agent's second call in a round (or one on another's behalf) samples apart
+            seed = (seed + batch.seqs[i] * 1_000_000_007) % 2**31
         attempts = ptok = ctok = reasks = 0
         text, replica, valid, failed = "", "", False, None
         for asked in range(1 + self.s.gateway_reasks):
