@@ -172,7 +172,7 @@ def test_a_call_on_another_agents_behalf_keeps_its_key_in_one_process_and_across
     for per_process in (False, True):
         seen: list[tuple[int, str]] = []
 
-        def llm(run, n):
+        def llm(run, n, seen=seen):
             port = ScriptedLLM(lambda key, prompt: str(key))
             original = port.ask
 
