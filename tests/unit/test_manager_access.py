@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from populace.cli.main import app as cli
 from populace.manager import ManagerSettings, create_app
-from populace.manager.access import COOKIE, TOKEN_ENV, TokenAccess, bind_refusal, cookie_value
+from populace.manager.access import COOKIE, TOKEN_ENV, TokenAccess, bind_refusal, cookie_value, loopback_host
 
 TOKEN = "s3cret-token-for-tests"
 HTML = {"accept": "text/html,application/xhtml+xml"}
@@ -78,8 +78,30 @@ def test_the_command_refuses_a_public_address_without_a_token_before_it_starts_a
     assert res.exit_code == 2 and TOKEN_ENV in res.output
 
 
+@pytest.mark.parametrize("host", ["localhost", "localhost:8080", "LocalHost:80", "127.0.0.1", "127.0.0.1:8080",
+                                  "127.255.0.9:1", "[::1]", "[::1]:8080", "::1"])
+def test_a_loopback_host_header_is_recognised_with_or_without_its_port(host):
+    assert loopback_host(host)
+
+
+@pytest.mark.parametrize("host", ["", "evil.example", "evil.example:8080", "localhost.evil.example",
+                                  "127.0.0.1.evil.example", "localhost.", "10.0.0.5:8080", "0.0.0.0",
+                                  "[::]:8080", "[::ffff:10.0.0.1]", "127.0.0.1:8080:9", "evil@127.0.0.1",
+                                  "127.0.0.1/evil", "[::1]x", "127.1", "localhost:99999999", "localhost\n"])
+def test_any_other_host_header_is_not(host):
+    assert not loopback_host(host)
+
+
+def test_without_a_token_a_request_for_another_host_is_refused_before_the_app():
+    with TestClient(stand_in(None), base_url="http://evil.example", follow_redirects=False) as c:
+        for method, path in (("GET", "/runs"), ("POST", "/start"), ("GET", "/events/runs"), ("GET", "/healthz")):
+            res = c.request(method, path, headers={"origin": "http://evil.example"})
+            assert res.status_code == 421 and "DNS rebinding" in res.text, path
+            assert "the runs page" not in res.text and "submitted" not in res.text
+
+
 def test_no_token_on_loopback_asks_for_nothing():
-    with TestClient(stand_in(None), follow_redirects=False) as c:
+    with TestClient(stand_in(None), base_url="http://127.0.0.1:8080", follow_redirects=False) as c:
         assert c.get("/runs", headers=HTML).text == "the runs page"
         assert c.get("/events/runs").status_code == 200
         assert c.post("/start", content=b"x=1").text == "submitted x=1"

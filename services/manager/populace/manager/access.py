@@ -11,8 +11,11 @@ browser's GET without a token goes to the login page. The token is compared in c
 (hmac.compare_digest) and never logged. `/healthz` stays open: it says only whether the
 manager's NATS connection is up, for a container's healthcheck.
 
-Without a token the manager must listen on a loopback address (`bind_refusal`). The
-same-origin check on POSTs (app.py) applies with or without a token.
+Without a token the manager must listen on a loopback address (`bind_refusal`), and it
+answers only requests whose Host header is a loopback name or address (`loopback_host`): a
+page of another site whose name an attacker re-pointed at 127.0.0.1 (DNS rebinding) reaches
+the socket, but its requests name that site and get a 421. The same-origin check on POSTs
+(app.py) applies with or without a token.
 """
 
 from __future__ import annotations
@@ -20,11 +23,15 @@ from __future__ import annotations
 import hashlib
 import hmac
 import html
+import ipaddress
+import re
 from urllib.parse import parse_qs, quote, urlsplit
 
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from populace.core import logs
 
 TOKEN_ENV = "POPULACE_MANAGER_TOKEN"
 COOKIE = "populace_manager"
@@ -33,11 +40,35 @@ OPEN_PATHS = frozenset({"/healthz"})  # no token: a container healthcheck reads 
 MAX_LOGIN_BYTES = 4096
 
 
+log = logs.get("populace.manager")
+
+
+def is_loopback(host: str) -> bool:
+    """`host` (a name or an address, no port) is this machine's loopback: `localhost`, 127.0.0.0/8, ::1."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+# A Host header: a name or IPv4 address, or an IPv6 address in brackets, then maybe a port.
+_HOST_HEADER = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<name>[A-Za-z0-9.-]+))(?::[0-9]{1,5})?")
+
+
+def loopback_host(header: str) -> bool:
+    """A request's Host header names a loopback name or address (with or without a port).
+    Starlette's TrustedHostMiddleware matches names only (not 127.0.0.0/8, not `[::1]:8080`)."""
+    m = _HOST_HEADER.fullmatch(header)
+    if m is None:
+        return is_loopback(header)  # a bare IPv6 address, as some clients send it
+    return is_loopback(m.group("v6") or m.group("name"))
+
+
 def bind_refusal(host: str, token: str | None) -> str | None:
     """Why the manager must not listen on `host` (None: it may). Without a token only a loopback
     address is allowed; with one, any address."""
-    from populace.manager.app import is_loopback
-
     if token or is_loopback(host):
         return None
     return (f"--host {host}: without an access token the manager listens on a loopback address only "
@@ -98,8 +129,11 @@ class TokenAccess:
         self.cookie = cookie_value(token) if token else ""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.token is None or scope["type"] not in ("http", "websocket"):
+        if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
+            return
+        if self.token is None:
+            await self._loopback_only(scope, receive, send)
             return
         path = scope.get("path", "")
         if scope["type"] == "websocket":
@@ -119,6 +153,24 @@ class TokenAccess:
             return
         else:
             response = self._refuse(request)
+        await response(scope, receive, send)
+
+    async def _loopback_only(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """No token: only requests addressed to a loopback name reach the app (DNS rebinding)."""
+        host = Request(scope).headers.get("host", "")
+        if loopback_host(host):
+            await self.app(scope, receive, send)
+            return
+        client = scope.get("client")
+        log.warning("manager.host_refused", host=host[:200], client=client[0] if client else None,
+                    path=scope.get("path", ""))
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        response = PlainTextResponse(
+            "this manager has no access token, so it answers only requests addressed to a loopback name "
+            "(localhost, 127.0.0.1, [::1]): a page under another name is refused (DNS rebinding). To serve "
+            f"it under another name, give it a token (--token or {TOKEN_ENV})", status_code=421)
         await response(scope, receive, send)
 
     def _allowed(self, request: Request) -> bool:

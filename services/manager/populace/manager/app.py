@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import json
 import time
 import uuid
@@ -122,15 +121,6 @@ def _back(path: str, **params: object) -> RedirectResponse:
     """303 to one of our own pages (the path quoted), with a message or an error to show."""
     query = urlencode({k: v for k, v in params.items() if v not in (None, "")})
     return RedirectResponse(quote(path) + (f"?{query}" if query else ""), status_code=303)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def create_app(settings: ManagerSettings) -> Starlette:
