@@ -100,3 +100,65 @@ def test_with_a_token_another_name_is_served_and_a_cross_site_post_still_refused
         res = c.post("/start", data={"scenario": GOOD}, headers={**auth, "origin": "http://evil.example"})
         assert res.status_code == 403
         assert ctl_messages(url) == before
+
+
+# --- item 11: files the start form names ---------------------------------------------------
+SECRET = "TOPSECRET-column"
+INNER = "INNERSECRET-column"
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    """The manager's working directory `work/`, beside an `outside/` it must never read: a
+    secret CSV edge list and personas JSONL there, symbolic links to them inside `work/`, and
+    a CSV inside `work/` that is not an edge list."""
+    outside, work = tmp_path / "outside", tmp_path / "work"
+    outside.mkdir()
+    work.mkdir()
+    (outside / "secret.csv").write_text(f"{SECRET},pw\n1,2\n")
+    (outside / "secret.jsonl").write_text("".join(f'{{"profile": {{"{SECRET}": {i}}}}}\n' for i in range(20)))
+    (work / "link.csv").symlink_to(outside / "secret.csv")
+    (work / "link.jsonl").symlink_to(outside / "secret.jsonl")
+    (work / "inner.csv").write_text(f"{INNER},x\n1,2\n")
+    (work / "edges.csv").write_text("source,target\n" + "".join(f"{i},{(i + 1) % 20}\n" for i in range(20)))
+    monkeypatch.chdir(work)
+    return work
+
+
+def post_scenario(c: TestClient, text: str):
+    return c.post("/start", data={"scenario": text, "simulation": ""}, headers={"origin": LOCAL})
+
+
+LOCAL = "http://127.0.0.1:8080"
+
+
+@pytest.mark.parametrize(("section", "field"), [
+    ("graph: {{generator: edges, path: {p}}}", "graph.path"),
+    ("population: {{personas: {p}}}", "population.personas"),
+])
+@pytest.mark.parametrize("where", ["outside", "link"])
+def test_the_start_form_reads_no_file_outside_the_working_directory(url, workdir, section, field, where):
+    ext = "csv" if field == "graph.path" else "jsonl"
+    paths = {"outside": [f"../outside/secret.{ext}", f"{workdir.parent}/outside/secret.{ext}"],
+             "link": [f"link.{ext}", f"./link.{ext}"]}[where]
+    with TestClient(create_app(ManagerSettings(nats_url=url)), base_url=LOCAL, follow_redirects=False) as c:
+        for path in paths:
+            before = ctl_messages(url)
+            res = post_scenario(c, "agents: 20\nrounds: 1\n" + section.format(p=path) + "\n")
+            assert res.status_code == 422, (path, res.text[:300])
+            assert field in res.text and "working directory" in res.text, path
+            assert SECRET not in res.text, path  # neither read nor shown
+            assert ctl_messages(url) == before
+
+
+def test_a_bad_file_inside_the_working_directory_is_named_but_its_content_is_not_shown(url, workdir):
+    with TestClient(create_app(ManagerSettings(nats_url=url)), base_url=LOCAL, follow_redirects=False) as c:
+        res = post_scenario(c, "agents: 20\nrounds: 1\ngraph: {generator: edges, path: inner.csv}\n")
+        assert res.status_code == 422 and "graph.path" in res.text and "inner.csv" in res.text
+        assert "populace validate" in res.text  # where to see why
+        assert INNER not in res.text and str(workdir) not in res.text
+        # a good edge list under the working directory is read and the run submitted
+        before = ctl_messages(url)
+        res = post_scenario(c, "agents: 20\nrounds: 1\ngraph: {generator: edges, path: edges.csv}\n")
+        assert res.status_code == 303 and res.headers["location"].startswith("/runs/"), res.text[:500]
+        assert ctl_messages(url) == before + 1
