@@ -73,7 +73,7 @@ from populace.core.contracts import (
     TailLog,
 )
 from populace.manager import scenarios, views
-from populace.manager.access import TokenAccess
+from populace.manager.access import LoginLimits, TokenAccess
 
 MAX_FORM_BYTES = 1_048_576  # a scenario pasted or loaded into the form
 RESULTS_PER_UPDATE = 200  # round results fetched per live update (a long run's page catches up over a few)
@@ -88,6 +88,7 @@ class ManagerSettings:
     jaeger_url: str | None = None  # e.g. http://localhost:16686: the run page links its trace
     token: str | None = field(default=None, repr=False)  # every route asks for it (populace.manager.access)
     read_timeout_s: float = 10.0  # the run page's reads of the recorder (agents, distribution)
+    login_limits: LoginLimits = field(default_factory=LoginLimits)  # wrong tokens: how late, how many
 
 
 def _templates() -> Jinja2Templates:
@@ -412,7 +413,7 @@ def create_app(settings: ManagerSettings) -> Starlette:
         Route("/replicas.json", replicas_json),
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
-    app.add_middleware(TokenAccess, token=settings.token)
+    app.add_middleware(TokenAccess, token=settings.token, limits=settings.login_limits)
     app.state.settings = settings
     return app
 
