@@ -37,6 +37,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from urllib.parse import parse_qs, quote, urlsplit
 
+from starlette.middleware.body_limit import RequestBodyLimitMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -47,7 +48,7 @@ TOKEN_ENV = "POPULACE_MANAGER_TOKEN"
 COOKIE = "populace_manager"
 LOGIN, LOGOUT = "/login", "/logout"
 OPEN_PATHS = frozenset({"/healthz"})  # no token: a container healthcheck reads it
-MAX_LOGIN_BYTES = 4096
+MAX_LOGIN_BYTES = 4096  # the sign-in form's body: one field (a larger one is a 413, unread)
 
 
 log = logs.get("populace.manager")
@@ -220,8 +221,10 @@ class TokenAccess:
             return
         request = Request(scope, receive)
         if path == LOGIN:
-            response = await self._login(request)
-        elif path == LOGOUT and request.method == "POST":
+            # one field: its body is cut off at MAX_LOGIN_BYTES, inside the app's own limit
+            await RequestBodyLimitMiddleware(self._login_app, MAX_LOGIN_BYTES)(scope, receive, send)
+            return
+        if path == LOGOUT and request.method == "POST":
             response = RedirectResponse(LOGIN, status_code=303)
             response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
         elif path in OPEN_PATHS:
@@ -303,6 +306,10 @@ class TokenAccess:
                                  "'Authorization: Bearer <token>'", status_code=401,
                                  headers={"WWW-Authenticate": 'Bearer realm="populace-manager"'})
 
+    async def _login_app(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = await self._login(Request(scope, receive))
+        await response(scope, receive, send)
+
     async def _login(self, request: Request) -> Response:
         if request.method not in ("POST",):
             next_path = _local_path(request.query_params.get("next", "/"))
@@ -313,8 +320,6 @@ class TokenAccess:
         if not _same_origin(request):
             return PlainTextResponse("cross-site form posts are refused", status_code=403)
         body = await request.body()
-        if len(body) > MAX_LOGIN_BYTES:
-            return login_page(error="the form is too large", status_code=413)
         form = {k: v[-1] for k, v in parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True).items()}
         next_path = _local_path(form.get("next", "/"))
         allowed = await self._try(request, form.get("token", "").strip(), self.token or "")

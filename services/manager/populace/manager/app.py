@@ -75,7 +75,10 @@ from populace.core.contracts import (
 from populace.manager import scenarios, views
 from populace.manager.access import LoginLimits, TokenAccess
 
-MAX_FORM_BYTES = 1_048_576  # a scenario pasted or loaded into the form
+# Every request body (a scenario pasted or loaded into the form is the largest): one declared
+# larger is refused by its Content-Length before it is read, one without a length is cut off
+# as it passes the limit (Starlette's max_body_size; a 413 either way).
+MAX_FORM_BYTES = 1_048_576
 RESULTS_PER_UPDATE = 200  # round results fetched per live update (a long run's page catches up over a few)
 
 
@@ -100,10 +103,9 @@ def _templates() -> Jinja2Templates:
 # --- helpers -----------------------------------------------------------------------------
 async def _form(request: Request) -> dict[str, str]:
     """An urlencoded form (the pages post nothing else: a scenario file is read into the
-    textarea by the page's script), last value per key."""
+    textarea by the page's script), last value per key. At most MAX_FORM_BYTES: the app
+    refuses a larger body with a 413 before this reads it."""
     body = await request.body()
-    if len(body) > MAX_FORM_BYTES:
-        raise ValueError(f"the form is larger than {MAX_FORM_BYTES:,} bytes")
     pairs = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
     return {k: v[-1] for k, v in pairs.items()}
 
@@ -235,10 +237,7 @@ def create_app(settings: ManagerSettings) -> Starlette:
         rid = request.path_params["run"]
         if not subjects.valid_token(rid):
             return page(request, "missing.html", status_code=404, what=f"run {rid!r}")
-        try:
-            form = await _form(request)
-        except ValueError as err:
-            return _back(f"/runs/{rid}", error=str(err))
+        form = await _form(request)
         values = {"after_round": form.get("after_round", "").strip(), "changes": form.get("changes", "")}
         errors: dict[str, str] = {}
         after = 0
@@ -347,11 +346,7 @@ def create_app(settings: ManagerSettings) -> Starlette:
     async def start_submit(request: Request) -> Response:
         if not _same_origin(request):
             return forbidden()
-        try:
-            form = await _form(request)
-        except ValueError as err:
-            return page(request, "start.html", status_code=413,
-                        **scenarios.form_context(errors=views.field_errors(f"(scenario): {err}")))
+        form = await _form(request)
         simulation = form.get("simulation", "")
         if form.get("mode") == "form":
             simulation = simulation or scenarios.DEFAULT_SIMULATION
@@ -412,7 +407,7 @@ def create_app(settings: ManagerSettings) -> Starlette:
         Route("/replicas", replicas_page), Route("/events/replicas", replicas_events),
         Route("/replicas.json", replicas_json),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=lifespan, max_body_size=MAX_FORM_BYTES)
     app.add_middleware(TokenAccess, token=settings.token, limits=settings.login_limits)
     app.state.settings = settings
     return app
