@@ -19,7 +19,7 @@ Without a token the manager must listen on a loopback address (`bind_refusal`), 
 answers only requests whose Host header is a loopback name or address (`loopback_host`): a
 page of another site whose name an attacker re-pointed at 127.0.0.1 (DNS rebinding) reaches
 the socket, but its requests name that site and get a 421. The same-origin check on POSTs
-(app.py) applies with or without a token.
+(web.py) applies with or without a token.
 """
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ class FailedLogins:
     def __len__(self) -> int:
         return len(self._times)
 
-    def retry_after(self, client: str) -> float | None:
+    def retry_after(self, client: str | None) -> float | None:
         """Seconds the client must wait before its next token is compared (None: none)."""
         times = self._times.get(client_key(client))
         if times is None:
@@ -149,7 +149,7 @@ class FailedLogins:
             return None
         return times[0] - horizon
 
-    def failed(self, client: str) -> bool:
+    def failed(self, client: str | None) -> bool:
         """Count a wrong token; True when this one used the client's last try."""
         key = client_key(client)
         times = self._times.pop(key, None) or deque()
