@@ -3,7 +3,12 @@ the attack and checks what it gets now.
 
 - DNS rebinding: without a token (loopback mode) a request whose Host names another site (what
   a browser sends to a page whose name was rebound to 127.0.0.1) is refused, and nothing is
-  published on the CTL stream; loopback names and addresses are still served."""
+  published on the CTL stream; loopback names and addresses are still served.
+- Files: the start form's edge list or personas outside the working directory (a '..' path, an
+  absolute one, a link inside it that leads out) is refused before it is read, and a bad file
+  inside it is named without its content; a good one is read and the run submitted.
+(Guessing the token and oversized bodies: tests/unit/test_manager_access.py and
+tests/e2e/test_manager_limits.py.)"""
 
 from __future__ import annotations
 
