@@ -183,7 +183,8 @@ def test_the_manager_app_works_as_its_own_user(server, monkeypatch):
 
 def drive_the_pages(url: str, running: str, failed: str) -> None:
     app = create_app(ManagerSettings(nats_url=url, sample_s=0.05))
-    with TestClient(app, follow_redirects=False) as c:
+    # without a token the manager answers loopback names only (TestClient's default is 'testserver')
+    with TestClient(app, base_url="http://127.0.0.1:8080", follow_redirects=False) as c:
         assert c.get("/healthz").json() == {"nats": True}
         for path in ("/runs", f"/runs/{running}", "/nodes", "/replicas", "/start", "/start?mode=form"):
             res = c.get(path, headers=HTML)

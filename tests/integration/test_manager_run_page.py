@@ -57,7 +57,8 @@ def url(nats_server):
 @pytest.fixture
 def client(url):
     settings = ManagerSettings(nats_url=url, sample_s=0.05, read_timeout_s=1.0)
-    with TestClient(create_app(settings), follow_redirects=False) as c:
+    # without a token the manager answers loopback names only (TestClient's default is 'testserver')
+    with TestClient(create_app(settings), base_url="http://127.0.0.1:8080", follow_redirects=False) as c:
         yield c
 
 

@@ -19,13 +19,21 @@ from typer.testing import CliRunner
 
 from populace.cli.main import app as cli
 from populace.manager import ManagerSettings, create_app
-from populace.manager.access import COOKIE, TOKEN_ENV, TokenAccess, bind_refusal, cookie_value
+from populace.manager.access import (
+    COOKIE,
+    TOKEN_ENV,
+    LoginLimits,
+    TokenAccess,
+    bind_refusal,
+    cookie_value,
+    loopback_host,
+)
 
 TOKEN = "s3cret-token-for-tests"
 HTML = {"accept": "text/html,application/xhtml+xml"}
 
 
-def stand_in(token: str | None) -> Starlette:
+def stand_in(token: str | None, **access) -> Starlette:
     async def runs(request: Request):
         return PlainTextResponse("the runs page")
 
@@ -44,13 +52,14 @@ def stand_in(token: str | None) -> Starlette:
 
     app = Starlette(routes=[Route("/runs", runs), Route("/events/runs", events), Route("/healthz", healthz),
                             Route("/start", start, methods=["POST"])])
-    app.add_middleware(TokenAccess, token=token)
+    app.add_middleware(TokenAccess, token=token, **access)
     return app
 
 
 @pytest.fixture
 def client():
-    with TestClient(stand_in(TOKEN), follow_redirects=False) as c:
+    # wrong tokens answered at once here: the delay has its own test
+    with TestClient(stand_in(TOKEN, limits=LoginLimits(delay_s=0)), follow_redirects=False) as c:
         yield c
 
 
@@ -78,8 +87,30 @@ def test_the_command_refuses_a_public_address_without_a_token_before_it_starts_a
     assert res.exit_code == 2 and TOKEN_ENV in res.output
 
 
+@pytest.mark.parametrize("host", ["localhost", "localhost:8080", "LocalHost:80", "127.0.0.1", "127.0.0.1:8080",
+                                  "127.255.0.9:1", "[::1]", "[::1]:8080", "::1"])
+def test_a_loopback_host_header_is_recognised_with_or_without_its_port(host):
+    assert loopback_host(host)
+
+
+@pytest.mark.parametrize("host", ["", "evil.example", "evil.example:8080", "localhost.evil.example",
+                                  "127.0.0.1.evil.example", "localhost.", "10.0.0.5:8080", "0.0.0.0",
+                                  "[::]:8080", "[::ffff:10.0.0.1]", "127.0.0.1:8080:9", "evil@127.0.0.1",
+                                  "127.0.0.1/evil", "[::1]x", "127.1", "localhost:99999999", "localhost\n"])
+def test_any_other_host_header_is_not(host):
+    assert not loopback_host(host)
+
+
+def test_without_a_token_a_request_for_another_host_is_refused_before_the_app():
+    with TestClient(stand_in(None), base_url="http://evil.example", follow_redirects=False) as c:
+        for method, path in (("GET", "/runs"), ("POST", "/start"), ("GET", "/events/runs"), ("GET", "/healthz")):
+            res = c.request(method, path, headers={"origin": "http://evil.example"})
+            assert res.status_code == 421 and "DNS rebinding" in res.text, path
+            assert "the runs page" not in res.text and "submitted" not in res.text
+
+
 def test_no_token_on_loopback_asks_for_nothing():
-    with TestClient(stand_in(None), follow_redirects=False) as c:
+    with TestClient(stand_in(None), base_url="http://127.0.0.1:8080", follow_redirects=False) as c:
         assert c.get("/runs", headers=HTML).text == "the runs page"
         assert c.get("/events/runs").status_code == 200
         assert c.post("/start", content=b"x=1").text == "submitted x=1"
@@ -179,3 +210,118 @@ def test_create_app_puts_every_route_of_the_manager_behind_its_token():
                  "/nodes/n1/cleanup"):
         assert c.post(path, data={"x": "1"}).status_code == 401, path
     assert c.get("/login").status_code == 200
+
+
+# --- guessing the token --------------------------------------------------------------------
+class Clock:
+    """The limiter's clock and its delay, by hand: no test waits on real time."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+
+
+def guarded(clock: Clock, **limits) -> Starlette:
+    rules = LoginLimits(**{"failures": 3, "window_s": 60.0, "delay_s": 0.5, **limits})
+    return stand_in(TOKEN, limits=rules, clock=clock, sleep=clock.sleep)
+
+
+def test_failed_sign_ins_are_limited_per_client_and_the_right_token_waits_too():
+    clock = Clock()
+    app = guarded(clock)
+    with TestClient(app, client=("203.0.113.5", 5000), follow_redirects=False) as attacker, \
+            TestClient(app, client=("203.0.113.6", 5000), follow_redirects=False) as operator:
+        for guess in ("a", "b", "c"):
+            assert attacker.post("/login", data={"token": guess}).status_code == 401
+        res = attacker.post("/login", data={"token": "d"})
+        assert res.status_code == 429 and "too many failed sign-ins" in res.text
+        assert int(res.headers["retry-after"]) == 60
+        # while it waits nothing is compared: the right token gets no cookie, a bearer no page
+        res = attacker.post("/login", data={"token": TOKEN})
+        assert res.status_code == 429 and "set-cookie" not in res.headers
+        assert attacker.get("/runs", headers={"authorization": f"Bearer {TOKEN}"}).status_code == 429
+        assert attacker.get("/runs", headers={"authorization": "Bearer e"}).status_code == 429
+        # another client is not held back
+        assert operator.get("/runs", headers={"authorization": f"Bearer {TOKEN}"}).text == "the runs page"
+        clock.now += 30
+        assert int(attacker.get("/runs", headers={"authorization": "Bearer f"}).headers["retry-after"]) == 30
+        clock.now += 31  # the window has passed
+        assert attacker.post("/login", data={"token": TOKEN}).status_code == 303
+
+
+def test_bearer_guesses_and_forged_cookies_count_as_failed_sign_ins():
+    clock = Clock()
+    with TestClient(guarded(clock), follow_redirects=False) as c:
+        assert c.get("/runs", headers={"authorization": "Bearer x"}).status_code == 401
+        forged = {"cookie": f"{COOKIE}={cookie_value('a guess')}"}
+        res = c.get("/runs", headers=forged)
+        assert res.status_code == 401
+        # a browser forgets a cookie that is refused (a stale one, after the token changed),
+        # so an open page that reconnects does not lock its operator out
+        assert res.headers["set-cookie"].startswith(f'{COOKIE}="";') and "max-age=0" in res.headers["set-cookie"].lower()
+        assert c.get("/events/runs", headers=forged).status_code == 401
+        assert c.get("/runs", headers=forged).status_code == 429
+        # a request with no token at all is no guess: it is sent to sign in, as before
+        assert c.get("/runs", headers=HTML).headers["location"].startswith("/login")
+
+
+def test_each_failed_sign_in_is_answered_late_and_a_good_one_at_once():
+    clock = Clock()
+    with TestClient(guarded(clock, delay_s=0.75), follow_redirects=False) as c:
+        assert c.post("/login", data={"token": "nope"}).status_code == 401
+        assert c.get("/runs", headers={"authorization": "Bearer nope"}).status_code == 401
+        assert clock.slept == [0.75, 0.75]
+        assert c.post("/login", data={"token": TOKEN}).status_code == 303
+        assert c.get("/runs").text == "the runs page"
+        assert clock.slept == [0.75, 0.75]
+
+
+def test_an_ipv6_client_is_counted_by_its_64_prefix_and_the_table_stays_bounded():
+    clock = Clock()
+    app = guarded(clock, failures=2, clients=4)
+    for host in ("2001:db8:1:2::a", "2001:db8:1:2::b"):
+        with TestClient(app, client=(host, 1), follow_redirects=False) as c:
+            assert c.post("/login", data={"token": "x"}).status_code == 401
+    with TestClient(app, client=("2001:db8:1:2:ffff::1", 1), follow_redirects=False) as c:
+        assert c.post("/login", data={"token": "x"}).status_code == 429
+    with TestClient(app, client=("2001:db8:1:3::1", 1), follow_redirects=False) as c:
+        assert c.post("/login", data={"token": "x"}).status_code == 401
+    access = app.middleware_stack or app.build_middleware_stack()
+    while not isinstance(access, TokenAccess):
+        access = access.app
+    for i in range(50):  # fifty addresses: only the newest `clients` are remembered
+        access.failed_logins.failed(f"198.51.100.{i}")
+    assert len(access.failed_logins) == 4
+
+
+@pytest.mark.parametrize(("field", "value"), [("failures", 0), ("window_s", 0), ("delay_s", -1), ("clients", 0)])
+def test_login_limits_are_checked_naming_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        LoginLimits(**{field: value})
+
+
+def test_tokens_are_compared_as_digests_of_equal_length(monkeypatch):
+    """hmac.compare_digest returns early on inputs of different lengths: the token's length
+    would show in the answer's timing. Both sides are digested first."""
+    import hmac
+
+    compared: list[tuple[int, int]] = []
+    real = hmac.compare_digest
+
+    def spy(a, b):
+        compared.append((len(a), len(b)))
+        return real(a, b)
+
+    monkeypatch.setattr(hmac, "compare_digest", spy)
+    clock = Clock()
+    with TestClient(guarded(clock, failures=100), follow_redirects=False) as c:
+        for guess in ("x", "a much longer guess than the token itself is"):
+            c.post("/login", data={"token": guess})
+            c.get("/runs", headers={"authorization": f"Bearer {guess}"})
+    assert compared and all(a == b for a, b in compared)

@@ -70,6 +70,12 @@ class PlacementConfig(Strict):
 SHA256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 
 
+# The JSON-schema mark of a field that names a file the client reads before the run (the
+# personas, a population YAML, an edge list): a reader confined to one folder (the manager's
+# start form) finds every such field by it, a future one included.
+SCENARIO_FILE: dict[str, Any] = {"format": "scenario-file"}
+
+
 class PopulationRef(Strict):
     """Who the agents are. Exactly one source: `personas`, a JSONL file written by
     `populace personas generate` (one agent per line, in order), or `config`, a population
@@ -77,9 +83,9 @@ class PopulationRef(Strict):
     Paths are relative to the scenario file. The client uploads the personas to the bus's
     object store before the run and sets `digest`; hosts and the recorder read them from there."""
 
-    personas: str | None = Field(None, min_length=1,
+    personas: str | None = Field(None, min_length=1, json_schema_extra=SCENARIO_FILE,
                                  description="a personas JSONL (`populace personas generate`), one agent a line")
-    config: str | None = Field(None, min_length=1,
+    config: str | None = Field(None, min_length=1, json_schema_extra=SCENARIO_FILE,
                                description="a population YAML: template personas built for this run")
     digest: SHA256 | None = None  # sha256 of the uploaded personas JSONL (set by the client)
 

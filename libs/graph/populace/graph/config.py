@@ -29,6 +29,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
+from populace.core.contracts import SCENARIO_FILE
 from populace.core.scenario import ScenarioError, format_validation_error
 
 __all__ = [
@@ -145,7 +146,7 @@ class EdgeListGraph(_Graph):
 
     kind: ClassVar[str] = "edges"
     generator: Literal["edges"]
-    path: str = Field(min_length=1, max_length=4096)
+    path: str = Field(min_length=1, max_length=4096, json_schema_extra=SCENARIO_FILE)
 
     @field_validator("path")
     @classmethod

@@ -7,7 +7,9 @@ nodes they run on (server-rendered pages, a little vanilla JavaScript, server-se
 
 from __future__ import annotations
 
-from populace.manager.app import ManagerSettings, create_app, is_loopback
+from populace.manager.access import is_loopback
+from populace.manager.app import create_app
+from populace.manager.settings import ManagerSettings
 
 __all__ = ["ManagerSettings", "create_app", "is_loopback", "serve"]
 

@@ -8,36 +8,78 @@ every page, form POST and event stream asks for it:
 
 A wrong or missing token gets a 401 (a page for a browser's form, text for the rest). A
 browser's GET without a token goes to the login page. The token is compared in constant time
-(hmac.compare_digest) and never logged. `/healthz` stays open: it says only whether the
+(hmac.compare_digest over digests, so its length does not show either) and never logged.
+Guessing is slow and bounded (`LoginLimits`): every wrong token (a sign-in, a bearer token, a
+forged cookie) is answered `delay_s` late, and a client (an address; IPv6 by its /64) with
+`failures` wrong tokens in `window_s` gets a 429 with Retry-After, its tokens not even compared,
+until the oldest of them leaves the window. `/healthz` stays open: it says only whether the
 manager's NATS connection is up, for a container's healthcheck.
 
-Without a token the manager must listen on a loopback address (`bind_refusal`). The
-same-origin check on POSTs (app.py) applies with or without a token.
+Without a token the manager must listen on a loopback address (`bind_refusal`), and it
+answers only requests whose Host header is a loopback name or address (`loopback_host`): a
+page of another site whose name an attacker re-pointed at 127.0.0.1 (DNS rebinding) reaches
+the socket, but its requests name that site and get a 421. The same-origin check on POSTs
+(web.py) applies with or without a token.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import html
+import ipaddress
+import math
+import re
+import time
+from collections import OrderedDict, deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from urllib.parse import parse_qs, quote, urlsplit
 
+from starlette.middleware.body_limit import RequestBodyLimitMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from populace.core import logs
 
 TOKEN_ENV = "POPULACE_MANAGER_TOKEN"
 COOKIE = "populace_manager"
 LOGIN, LOGOUT = "/login", "/logout"
 OPEN_PATHS = frozenset({"/healthz"})  # no token: a container healthcheck reads it
-MAX_LOGIN_BYTES = 4096
+MAX_LOGIN_BYTES = 4096  # the sign-in form's body: one field (a larger one is a 413, unread)
+
+
+log = logs.get("populace.manager")
+
+
+def is_loopback(host: str) -> bool:
+    """`host` (a name or an address, no port) is this machine's loopback: `localhost`, 127.0.0.0/8, ::1."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+# A Host header: a name or IPv4 address, or an IPv6 address in brackets, then maybe a port.
+_HOST_HEADER = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<name>[A-Za-z0-9.-]+))(?::[0-9]{1,5})?")
+
+
+def loopback_host(header: str) -> bool:
+    """A request's Host header names a loopback name or address (with or without a port).
+    Starlette's TrustedHostMiddleware matches names only (not 127.0.0.0/8, not `[::1]:8080`)."""
+    m = _HOST_HEADER.fullmatch(header)
+    if m is None:
+        return is_loopback(header)  # a bare IPv6 address, as some clients send it
+    return is_loopback(m.group("v6") or m.group("name"))
 
 
 def bind_refusal(host: str, token: str | None) -> str | None:
     """Why the manager must not listen on `host` (None: it may). Without a token only a loopback
     address is allowed; with one, any address."""
-    from populace.manager.app import is_loopback
-
     if token or is_loopback(host):
         return None
     return (f"--host {host}: without an access token the manager listens on a loopback address only "
@@ -53,7 +95,69 @@ def cookie_value(token: str) -> str:
 
 
 def _same(a: str, b: str) -> bool:
-    return hmac.compare_digest(a.encode(), b.encode())
+    """Constant time, and digests first: compare_digest returns early on different lengths."""
+    return hmac.compare_digest(hashlib.sha256(a.encode()).digest(), hashlib.sha256(b.encode()).digest())
+
+
+@dataclass(frozen=True)
+class LoginLimits:
+    failures: int = 10  # wrong tokens a client may send in `window_s` before it must wait
+    window_s: float = 300.0
+    delay_s: float = 1.0  # how late every wrong token is answered
+    clients: int = 10_000  # clients remembered at once (the least recent forgotten first)
+
+    def __post_init__(self) -> None:
+        rules = (("failures", self.failures >= 1, "≥ 1"), ("window_s", self.window_s > 0, "> 0"),
+                 ("delay_s", self.delay_s >= 0, "≥ 0"), ("clients", self.clients >= 1, "≥ 1"))
+        for name, ok, rule in rules:
+            value = getattr(self, name)
+            if not ok or not math.isfinite(value):
+                raise ValueError(f"LoginLimits.{name}: must be {rule} (got {value!r})")
+
+
+def client_key(address: str | None) -> str:
+    """Whom failed sign-ins are counted against: the client's address, an IPv6 one by its /64
+    (one host holds a whole /64 and could change address for every guess)."""
+    try:
+        ip = ipaddress.ip_address(address or "")
+    except ValueError:
+        return address or "unknown"
+    return str(ipaddress.ip_network(f"{ip}/64", strict=False)) if ip.version == 6 else str(ip)
+
+
+class FailedLogins:
+    """Wrong tokens per client in a sliding window (a deque of times each; at most
+    `limits.clients` clients, the least recent forgotten first, so memory stays bounded)."""
+
+    def __init__(self, limits: LoginLimits, clock: Callable[[], float] = time.monotonic) -> None:
+        self.limits = limits
+        self.clock = clock
+        self._times: OrderedDict[str, deque[float]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._times)
+
+    def retry_after(self, client: str | None) -> float | None:
+        """Seconds the client must wait before its next token is compared (None: none)."""
+        times = self._times.get(client_key(client))
+        if times is None:
+            return None
+        horizon = self.clock() - self.limits.window_s
+        while times and times[0] <= horizon:
+            times.popleft()
+        if len(times) < self.limits.failures:
+            return None
+        return times[0] - horizon
+
+    def failed(self, client: str | None) -> bool:
+        """Count a wrong token; True when this one used the client's last try."""
+        key = client_key(client)
+        times = self._times.pop(key, None) or deque()
+        times.append(self.clock())
+        self._times[key] = times  # the most recent last
+        while len(self._times) > self.limits.clients:
+            self._times.popitem(last=False)
+        return len(times) >= self.limits.failures
 
 
 def _local_path(target: str) -> str:
@@ -92,42 +196,103 @@ def login_page(next_path: str = "/", error: str = "", status_code: int = 200) ->
 class TokenAccess:
     """Pure ASGI (event streams pass through unbuffered). `token` None or empty: no check."""
 
-    def __init__(self, app: ASGIApp, token: str | None) -> None:
+    def __init__(self, app: ASGIApp, token: str | None, limits: LoginLimits | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Awaitable[object]] = asyncio.sleep) -> None:
         self.app = app
         self.token = token or None
         self.cookie = cookie_value(token) if token else ""
+        self.failed_logins = FailedLogins(limits or LoginLimits(), clock)
+        self.sleep = sleep
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.token is None or scope["type"] not in ("http", "websocket"):
+        if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
+            return
+        if self.token is None:
+            await self._loopback_only(scope, receive, send)
             return
         path = scope.get("path", "")
         if scope["type"] == "websocket":
-            if self._allowed(Request(scope)):
+            if await self._allowed(Request(scope)) is True:
                 await self.app(scope, receive, send)
             else:
                 await send({"type": "websocket.close", "code": 1008})
             return
         request = Request(scope, receive)
         if path == LOGIN:
-            response = await self._login(request)
-        elif path == LOGOUT and request.method == "POST":
+            # one field: its body is cut off at MAX_LOGIN_BYTES, inside the app's own limit
+            await RequestBodyLimitMiddleware(self._login_app, MAX_LOGIN_BYTES)(scope, receive, send)
+            return
+        if path == LOGOUT and request.method == "POST":
             response = RedirectResponse(LOGIN, status_code=303)
             response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
-        elif path in OPEN_PATHS or self._allowed(request):
+        elif path in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
         else:
-            response = self._refuse(request)
+            allowed = await self._allowed(request)
+            if allowed is True:
+                await self.app(scope, receive, send)
+                return
+            response = allowed if isinstance(allowed, Response) else self._refuse(request)
+            if COOKIE in request.cookies:  # a stale cookie (the token changed): the browser forgets it
+                response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
         await response(scope, receive, send)
 
-    def _allowed(self, request: Request) -> bool:
+    async def _loopback_only(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """No token: only requests addressed to a loopback name reach the app (DNS rebinding)."""
+        host = Request(scope).headers.get("host", "")
+        if loopback_host(host):
+            await self.app(scope, receive, send)
+            return
+        client = scope.get("client")
+        log.warning("manager.host_refused", host=host[:200], client=client[0] if client else None,
+                    path=scope.get("path", ""))
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        response = PlainTextResponse(
+            "this manager has no access token, so it answers only requests addressed to a loopback name "
+            "(localhost, 127.0.0.1, [::1]): a page under another name is refused (DNS rebinding). To serve "
+            f"it under another name, give it a token (--token or {TOKEN_ENV})", status_code=421)
+        await response(scope, receive, send)
+
+    async def _allowed(self, request: Request) -> bool | Response:
+        """True: the request carries the token (a bearer token, or the login cookie); False: it
+        carries none or a wrong one (counted and answered late); a 429 while its client waits."""
         auth = request.headers.get("authorization", "")
         scheme, _, given = auth.partition(" ")
         if auth and scheme.lower() == "bearer":
-            return _same(given.strip(), self.token or "")
+            return await self._try(request, given.strip(), self.token or "")
         cookie = request.cookies.get(COOKIE)
-        return cookie is not None and _same(cookie, self.cookie)
+        if cookie is None:
+            return False
+        return await self._try(request, cookie, self.cookie)
+
+    async def _try(self, request: Request, given: str, expected: str) -> bool | Response:
+        """One guess: compared unless its client must wait; a wrong one is counted, logged and
+        answered `delay_s` late (concurrent guesses are each counted before the delay)."""
+        client = request.client.host if request.client else None
+        wait = self.failed_logins.retry_after(client)
+        if wait is not None:
+            return self._too_many(request, wait)
+        if _same(given, expected):
+            return True
+        last = self.failed_logins.failed(client)
+        log.warning("manager.wrong_token", client=client, path=request.url.path, last_try=last)
+        await self.sleep(self.failed_logins.limits.delay_s)
+        return False
+
+    def _too_many(self, request: Request, wait: float) -> Response:
+        seconds = max(1, math.ceil(wait))
+        said = f"too many failed sign-ins from this address: try again in {seconds} s"
+        headers = {"Retry-After": str(seconds)}
+        if request.url.path == LOGIN:
+            page = login_page(error=said, status_code=429)
+            page.headers.update(headers)
+            return page
+        return PlainTextResponse(said, status_code=429, headers=headers)
 
     def _refuse(self, request: Request) -> Response:
         if request.headers.get("authorization"):
@@ -141,20 +306,26 @@ class TokenAccess:
                                  "'Authorization: Bearer <token>'", status_code=401,
                                  headers={"WWW-Authenticate": 'Bearer realm="populace-manager"'})
 
+    async def _login_app(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = await self._login(Request(scope, receive))
+        await response(scope, receive, send)
+
     async def _login(self, request: Request) -> Response:
         if request.method not in ("POST",):
             next_path = _local_path(request.query_params.get("next", "/"))
-            if self._allowed(request):
+            allowed = await self._allowed(request)
+            if allowed is True:
                 return RedirectResponse(next_path, status_code=303)
-            return login_page(next_path)
+            return allowed if isinstance(allowed, Response) else login_page(next_path)
         if not _same_origin(request):
             return PlainTextResponse("cross-site form posts are refused", status_code=403)
         body = await request.body()
-        if len(body) > MAX_LOGIN_BYTES:
-            return login_page(error="the form is too large", status_code=413)
         form = {k: v[-1] for k, v in parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True).items()}
         next_path = _local_path(form.get("next", "/"))
-        if not _same(form.get("token", "").strip(), self.token or ""):
+        allowed = await self._try(request, form.get("token", "").strip(), self.token or "")
+        if isinstance(allowed, Response):
+            return allowed
+        if not allowed:
             return login_page(next_path, error="wrong access token", status_code=401)
         response = RedirectResponse(next_path, status_code=303)
         response.set_cookie(COOKIE, self.cookie, path="/", httponly=True, samesite="strict",

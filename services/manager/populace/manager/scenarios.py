@@ -1,17 +1,22 @@
 """The start form's scenario: YAML text (pasted, or a file the page read into the textarea)
 validated exactly as `populace run`/`validate` validate a file (populace.core.scenario,
 populace.client.prepare), so the form shows the CLI's messages, each next to the field it
-names. Parsed with yaml.safe_load only: no pickle, no eval."""
+names. Parsed with yaml.safe_load only: no pickle, no eval.
+
+A form may name files the manager reads (personas, a population YAML, an edge list): every
+field marked SCENARIO_FILE is checked by `confine` before anything is read (a relative path
+without '..' whose real path, symbolic links followed, is a regular file under the working
+directory), and what a file holds is never shown (`without_file_content`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from populace.client.prepare import PreparedRun, parse_config, prepare
-from populace.core.contracts import DEFAULT_SIMULATION
+from populace.core.contracts import DEFAULT_SIMULATION, SCENARIO_FILE, RunConfig
 from populace.core.scenario import ScenarioError, format_validation_error, yaml_mapping
 from populace.manager.views import FieldError, field_errors
 from populace.sdk.registry import available
@@ -41,7 +46,9 @@ def simulations() -> list[str]:
 
 def validate(text: str, simulation: str = "", base: Path | None = None) -> Checked:
     """The scenario prepared for submission, or the CLI's error lines as field errors.
-    `simulation`: the form's menu, used when the text names none."""
+    `simulation`: the form's menu, used when the text names none. `base`: the folder the
+    scenario's files must be under (default: the working directory)."""
+    root = (base or Path.cwd()).resolve()
     try:
         data = yaml_mapping(text, WHERE)
         chosen = simulation.strip()
@@ -51,32 +58,101 @@ def validate(text: str, simulation: str = "", base: Path | None = None) -> Check
                 raise ScenarioError(f"simulation: the scenario says {named!r}, the menu {chosen!r}; "
                                     "pick the scenario's or remove its `simulation:` line")
             data = {"simulation": chosen, **data}
-        _form_limits(data)
+        _no_import_path(data)
         config = parse_config(data)
-        prepared = prepare(config, base=base or Path.cwd(), agents_given="agents" in data,
-                           scenario_path=None, scenario_text=text)
+        files = scenario_files(config)
+        for name, path in files.items():
+            confine(name, path, root)
     except ScenarioError as err:
         return Checked(errors=field_errors(str(err)))
     except ValidationError as err:
         return Checked(errors=field_errors(format_validation_error(err)))
+    try:
+        prepared = prepare(config, base=root, agents_given="agents" in data, scenario_path=None, scenario_text=text)
+    except ScenarioError as err:  # reading the files happens here: what they hold is not shown
+        return Checked(errors=without_file_content(field_errors(str(err)), files, set(data)))
+    except ValidationError as err:
+        return Checked(errors=without_file_content(field_errors(format_validation_error(err)), files, set(data)))
     return Checked(prepared=prepared)
 
 
-def _form_limits(data: dict) -> None:
+def _no_import_path(data: dict) -> None:
     """What a form may not ask of the manager's machine that a user's own CLI may: import a
-    module by path (`simulation: pkg.mod:Class` runs that module's import), or read a file
-    outside the manager's working directory as a population."""
+    module by path (`simulation: pkg.mod:Class` runs that module's import)."""
     sim = data.get("simulation")
     if isinstance(sim, str) and ":" in sim:
         raise ScenarioError(f"simulation: {sim!r} is an import path; the manager plays installed simulations "
                             f"only ({', '.join(simulations())}); use `populace run` for an import path")
-    pop = data.get("population")
-    if isinstance(pop, dict):
-        for key in ("personas", "config"):
-            path = pop.get(key)
-            if isinstance(path, str) and (Path(path).expanduser().is_absolute() or ".." in Path(path).parts):
-                raise ScenarioError(f"population.{key}: {path!r}: the manager reads populations under its "
-                                    "working directory only (a relative path without '..')")
+
+
+def _marked(info) -> bool:
+    extra = info.json_schema_extra
+    return isinstance(extra, dict) and extra.get("format") == SCENARIO_FILE["format"]
+
+
+def scenario_files(config: RunConfig) -> dict[str, str]:
+    """Every file the scenario names, {dotted field: path as written}: each field marked
+    SCENARIO_FILE in the run's models, nested ones and the graph generator's included."""
+    from populace.graph.config import parse_graph
+
+    found: dict[str, str] = {}
+
+    def walk(model: BaseModel, prefix: str) -> None:
+        for name, info in type(model).model_fields.items():
+            value = getattr(model, name)
+            if _marked(info) and isinstance(value, str):
+                found[prefix + name] = value
+            items = enumerate(value) if isinstance(value, (list, tuple)) else [(None, value)]
+            for i, item in items:
+                if isinstance(item, BaseModel):
+                    walk(item, f"{prefix}{name}." if i is None else f"{prefix}{name}.{i}.")
+
+    walk(config, "")
+    if config.graph is not None:  # the generator's keys are the section's extras, checked by the graph library
+        walk(parse_graph(config.graph.spec, config.agents), "graph.")
+    return found
+
+
+def confine(name: str, path: str, root: Path) -> Path:
+    """The real path of the file field `name` names, or a ScenarioError when it is not a regular
+    file under `root` (itself resolved): absolute, '~' or '..' refused as written, then symbolic
+    links followed. Nothing is read."""
+    where = f"{name}: {path!r}"
+    written = Path(path)
+    if path.startswith("~") or written.is_absolute() or ".." in written.parts:
+        raise ScenarioError(f"{where}: the manager reads files under its working directory only "
+                            "(a relative path without '..')")
+    try:
+        real = (root / written).resolve(strict=True)
+    except FileNotFoundError:
+        raise ScenarioError(f"{where}: no such file under the manager's working directory") from None
+    except (OSError, RuntimeError, ValueError):  # a loop of links, a NUL byte, no permission
+        raise ScenarioError(f"{where}: cannot be resolved under the manager's working directory") from None
+    if not real.is_relative_to(root):
+        raise ScenarioError(f"{where}: a link that leads outside the manager's working directory; the manager "
+                            "reads files under its working directory only")
+    if not real.is_file():  # a FIFO or a device would block or never end
+        raise ScenarioError(f"{where}: not a regular file")
+    return real
+
+
+def without_file_content(errors: list[FieldError], files: dict[str, str], written: set[str]) -> list[FieldError]:
+    """The errors of preparing a run with its files read, with nothing a file holds: an error
+    about a file field (a parser's message quotes the file: a CSV header, a YAML line, a JSON
+    value) says only which file, and so does a line that names no field the scenario wrote (a
+    quoted line that happens to read `key: value`). The CLI shows the whole message."""
+    why = ("was read but cannot be used; the manager does not show what a file holds: "
+           "`populace validate SCENARIO` where the file is says why")
+    out: list[FieldError] = []
+    for e in errors:
+        owner = next((f for f in files if e.field == f or e.field.startswith((f + ".", f + "["))), None)
+        if owner is not None:
+            e = FieldError(owner, f"{owner}: {files[owner]!r} {why}")
+        elif not e.field or e.top not in written:
+            e = FieldError("", f"{WHERE}: a file the scenario names {why}")
+        if e not in out:
+            out.append(e)
+    return out
 
 
 def form_context(text: str = DEFAULT_TEXT, simulation: str = "", errors: list[FieldError] | None = None) -> dict:
