@@ -73,6 +73,7 @@ class DummyLLM:
         self.latency_s = latency_s
         self.calls = 0
         self._render = synth.renderer(schema)
+        self._renders: dict[int, tuple[dict, Callable]] = {}  # id(schema) -> (schema, its renderer)
         self._seqs: dict = {}  # key (or caller, key) -> its calls so far this round: each call seeded apart
 
     async def ask(self, prompt: str, *, key: int, prefix_chars: int = 0, system: str | None = None,
@@ -83,7 +84,11 @@ class DummyLLM:
             await asyncio.sleep(self.latency_s)
         if schema is None:
             return self._render(seed, self.round, key)
-        return synth.answer(schema, seed, self.round, key)
+        # a simulation passes the same schema object call after call: compiled once per object
+        known = self._renders.get(id(schema))
+        if known is None or known[0] is not schema:
+            known = self._renders[id(schema)] = (schema, synth.renderer(schema))
+        return known[1](seed, self.round, key)
 
     def flush(self) -> None:
         pass

@@ -79,11 +79,22 @@ class InferSession:
         self.tokens_sq = 0.0
         self._default = _Pending(system, response_schema)
         self._other: dict[tuple[str, str], _Pending] = {}  # calls that brought their own system/schema
+        self._by_identity: dict[tuple[int, int], tuple[str | None, dict | None, _Pending]] = {}
         self._seqs: dict = {}  # key (or caller, key) -> its calls so far this round: each call seeded apart
         self._sending: set[asyncio.Task] = set()
         self.batches_sent = 0
 
     def _pending_for(self, system: str | None, schema: dict | None) -> _Pending:
+        # a simulation passes the same objects call after call: found by identity first (a
+        # json.dumps per call cost more than the rest of the ask)
+        same = self._by_identity.get((id(system), id(schema)))
+        if same is not None and same[0] is system and same[1] is schema:
+            return same[2]
+        pending = self._pending_by_value(system, schema)
+        self._by_identity[(id(system), id(schema))] = (system, schema, pending)
+        return pending
+
+    def _pending_by_value(self, system: str | None, schema: dict | None) -> _Pending:
         system = self._default.system if system is None else system
         schema = self._default.schema if schema is None else schema
         key = (system, json.dumps(schema, sort_keys=True))

@@ -419,12 +419,10 @@ class RoundPlayer:
     def _scene_task(self, round_: int, llm: LLM, deliver, sink: OutcomeSink):
         sim = self.sim
         env = self.group_envs[0]
-        name = type(sim).name
         act_cls = type(sim).Act
 
         async def play(group: Group) -> None:
-            where = f"simulation {name!r}, round {round_}, group {group.id}"
-            scene = Scene(round_, group.id, sim, llm, act_cls, self.failed_act, _where=where)
+            scene = Scene(round_, group.id, sim, llm, act_cls, self.failed_act)
             scene.members = tuple(Member(self.agents[self.index[m]], scene) for m in group.members)
             scene.last_active = scene._clock()
             self._scenes[group.id] = scene
@@ -445,6 +443,7 @@ class RoundPlayer:
                 self._stop(err if isinstance(err, ModelUnavailable) else ModelUnavailable(str(err)))
                 return
             except Exception as err:
+                where = scene._where
                 why = str(err).removeprefix(f"{where}: ") if isinstance(err, SceneError) \
                     else f"{type(err).__name__}: {err}"
                 self._stop(SceneFailed(f"{where}: {type(env).__name__}.scene failed: {why}"))

@@ -26,7 +26,7 @@ import json
 import time
 from collections.abc import Callable
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from populace.sdk.llm import CALLER, InferError
@@ -95,26 +95,35 @@ class Member:
         return f"Member({self.agent.id})"
 
 
-@dataclass
 class Scene:
-    """One group's round (see the module's docstring)."""
+    """One group's round (see the module's docstring). One per group per round, so a small
+    object: the platform's bookkeeping lives in slots, created empty."""
 
-    round: int
-    group: int
-    sim: Any
-    _llm: LLM
-    _act_cls: type
-    _failed_act: Callable[[BaseException], tuple[Outcome, str]]
-    _clock: Callable[[], float] = time.perf_counter
-    members: tuple[Member, ...] = ()
-    transcript: list[LineRecord] = field(default_factory=list)
-    acts: list[ActRecord] = field(default_factory=list)
-    outcomes: dict[int, Outcome] = field(default_factory=dict)
-    _seq: int = 0
-    _where: str = ""
-    in_flight: int = 0  # acts and model calls running now: a scene with none for long is stuck
-    last_active: float = 0.0
-    broken: str | None = None  # the first rule it broke (the round fails even if the scene caught it)
+    __slots__ = ("_act_cls", "_clock", "_failed_act", "_llm", "_seq", "acts", "broken", "group", "in_flight",
+                 "last_active", "members", "outcomes", "round", "sim", "transcript")
+
+    def __init__(self, round: int, group: int, sim: Any, llm: LLM, act_cls: type,
+                 failed_act: Callable[[BaseException], tuple[Outcome, str]],
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.round = round
+        self.group = group
+        self.sim = sim
+        self._llm = llm
+        self._act_cls = act_cls
+        self._failed_act = failed_act
+        self._clock = clock
+        self.members: tuple[Member, ...] = ()
+        self.transcript: list[LineRecord] = []
+        self.acts: list[ActRecord] = []
+        self.outcomes: dict[int, Outcome] = {}
+        self._seq = 0
+        self.in_flight = 0  # acts and model calls running now: a scene with none for long is stuck
+        self.last_active = 0.0
+        self.broken: str | None = None  # the first rule it broke (the round fails even if the scene caught it)
+
+    @property
+    def _where(self) -> str:
+        return f"simulation {type(self.sim).name!r}, round {self.round}, group {self.group}"
 
     @property
     def rng(self) -> random.Random:
