@@ -9,6 +9,8 @@ import socket
 import pytest
 from compose_project import new_project
 
+from populace.core.natsserver import free_port
+
 pytestmark = pytest.mark.compose
 
 SERVICES = ("orchestrator", "environment", "gateway", "recorder", "agent-host")
@@ -25,7 +27,9 @@ def assert_no_service_runs(project) -> None:
 
 
 def test_the_manager_profile_without_a_token_stops_before_any_service_runs(images):
-    project = new_project(images, "populace-badtoken")
+    project = new_project(images, "populace-badtoken", manager=free_port())
+    project.env["POPULACE_MANAGER_PORT"] = str(project.ports["manager"])
+    project.env["COMPOSE_FILE"] += ":tests/compose/manager-all-interfaces.yaml"
     try:
         res = project.compose(
             "--profile", "manager", "up", "-d", "--wait", "--wait-timeout", "120", check=False, timeout=300
