@@ -10,6 +10,7 @@ import hashlib
 import hmac
 import time
 from collections import Counter
+from pathlib import Path
 from typing import TypeVar
 
 import nats
@@ -293,11 +294,19 @@ async def publish_js(js: JetStreamContext, subject: str, model: BaseModel, msg_i
     await until_ready(once, f"publish {subject}", attempts=attempts if msg_id else 1)
 
 
-class Heartbeat:
-    """Keeps a registry entry alive in a TTL'd KV bucket until stopped."""
+def _touch(path: str) -> None:
+    """A file's time set to now (created if need be): microseconds, on a local file."""
+    Path(path).touch()
 
-    def __init__(self, kv: KeyValue, key: str, payload, every_s: float) -> None:
+
+class Heartbeat:
+    """Keeps a registry entry alive in a TTL'd KV bucket until stopped. `alive_file`: a file
+    touched after every heartbeat NATS took, for a container's healthcheck (its age says
+    whether the process is connected and its event loop turns)."""
+
+    def __init__(self, kv: KeyValue, key: str, payload, every_s: float, alive_file: str | None = None) -> None:
         self._kv, self._key, self._payload, self._every = kv, key, payload, every_s
+        self._alive_file = alive_file
         self._task: asyncio.Task | None = None
 
     async def start(self) -> None:
@@ -306,6 +315,8 @@ class Heartbeat:
 
     async def _beat(self) -> None:
         await self._kv.put(self._key, encode(self._payload()))
+        if self._alive_file:
+            _touch(self._alive_file)
 
     async def _loop(self) -> None:
         while True:

@@ -134,7 +134,7 @@ class Service:
             kv, instance,
             lambda: ServiceInfo(service=self.name, instance=instance, pid=os.getpid(),
                                 heartbeat_at=time.time()),
-            self.settings.heartbeat_s,
+            self.settings.heartbeat_s, alive_file=self.settings.health_file,
         )
         await self._heartbeat.start()
         if self.settings.parent_pid:

@@ -7,7 +7,7 @@ import os
 import socket
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -21,6 +21,9 @@ class Settings(BaseSettings):
     log_format: Literal["auto", "json", "console"] = "auto"
     metrics_port: int = Field(0, ge=0, le=65535)  # Prometheus /metrics; 0 = off
     parent_pid: int | None = None  # set by `populace demo/up/bench`: exit when that process dies
+    # A file touched after every heartbeat NATS took: a container's healthcheck reads its age
+    # (deploy/Dockerfile sets it). Unset: no file.
+    health_file: str | None = None
 
     # agent-host
     host_id: str = Field(default_factory=lambda: f"{socket.gethostname().split('.')[0]}-{os.getpid()}")
@@ -101,3 +104,10 @@ class Settings(BaseSettings):
     # older than this is gone even if the recorder (down that long) never had it.
     run_max_age_s: float = Field(0.0, ge=0)
     publish_async_max_pending: int = Field(4000, ge=1)
+
+    @field_validator("health_file")
+    @classmethod
+    def _health_file_directory_exists(cls, value: str | None) -> str | None:
+        if value and not os.path.isdir(os.path.dirname(os.path.abspath(value))):
+            raise ValueError(f"{value}: its directory does not exist")
+        return value
