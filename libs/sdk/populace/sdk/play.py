@@ -451,7 +451,9 @@ class RoundPlayer:
             finally:
                 self._scenes.pop(group.id, None)
             sink.add_scene(group.id, scene.acts, scene.transcript)
-            latency = {a.agent_id: a.latency_ms for a in scene.acts}
+            latency: dict[int, float] = {}  # a member's acts, summed: its time in the round
+            for a in scene.acts:
+                latency[a.agent_id] = latency.get(a.agent_id, 0.0) + a.latency_ms
             errors: dict[int, str] = {}
             for a in scene.acts:
                 if a.error and a.agent_id not in errors:
