@@ -106,10 +106,15 @@ def test_the_ultimatum_demo_on_two_hosts_records_what_one_process_records(tmp_pa
     assert_as_in_one_process(str(db), run_id, local)
 
 
-@pytest.mark.parametrize("per_process", [False, True], ids=["3-hosts", "one-agent-per-process"])
-def test_scenes_on_three_hosts_and_one_agent_per_process_equal_one_process(stack, per_process):
-    data = {**ULTIMATUM, **({"agents": 24, "game": {"block": 8}, "placement": {"agents_per_process": 1}}
-                            if per_process else {})}
+BARGAINING = {"simulation": "bargaining", "agents": 160, "rounds": 2, "seed": 3,
+              "model": {"latency_s": 0.02, "seed": 6}, "game": {"block": 40, "turns": 6}}
+
+
+@pytest.mark.parametrize("base, per_process", [(ULTIMATUM, False), (ULTIMATUM, True), (BARGAINING, False)],
+                         ids=["ultimatum-3-hosts", "ultimatum-one-agent-per-process", "bargaining-3-hosts"])
+def test_scenes_on_three_hosts_and_one_agent_per_process_equal_one_process(stack, base, per_process):
+    data = {**base, **({"agents": 24, "game": {"block": 8}, "placement": {"agents_per_process": 1}}
+                       if per_process else {})}
     prepared, out = fleet(stack, data)
     assert out.status == "completed", out.reason
     local = asyncio.run(run_local(prepared.resolved))

@@ -37,6 +37,10 @@ CASES = {
     "vote-3-hosts": ("vote.yaml", {"agents": 150}, {"hosts": 3}),
     "opinion": ("opinion.yaml", {"agents": 120}, {}),
     "opinion-3-hosts": ("opinion.yaml", {"agents": 120}, {"hosts": 3}),
+    "ultimatum": ("ultimatum.yaml", {"agents": 90}, {}),
+    "bargaining": ("bargaining.yaml", {"agents": 90}, {}),
+    "public-goods-firms": ("public-goods.yaml", {"agents": 103, "rounds": 3, "simulation": "public-goods-firms",
+                                                "firm": {"size": 20, "match": 0.5}}, {"hosts": 3}),
     "dictator": ("simulations/dictator/scenario.yaml",
                  {"agents": 90, "simulation": "dictator_game:DictatorGame"}, {"hosts": 2}),
 }
@@ -64,7 +68,10 @@ def play(case: str) -> dict[str, str]:
     cast = cast_from_jsonl(prepared.personas) if prepared.personas is not None else None
     graph = loads(prepared.graph) if prepared.graph is not None else None
     result = asyncio.run(run_local(prepared.resolved, cast=cast, graph=graph, **options))
-    return {"outcomes": digest(result.outcomes), "rounds": digest(result.rounds), "posts": digest(result.posts)}
+    got = {"outcomes": digest(result.outcomes), "rounds": digest(result.rounds), "posts": digest(result.posts)}
+    if result.acts:  # scenes
+        got.update(acts=digest(result.acts), transcripts=digest(result.transcripts))
+    return got
 
 
 @pytest.fixture(scope="module", autouse=True)
