@@ -50,6 +50,7 @@ class DummyBenchResult:
     record_lag_s: float  # last result → every guess committed in DuckDB
     total_s: float  # run start → recorded
     recorded: int  # outcomes found in DuckDB (the simulation's outcome table)
+    acted: int  # agents that acted, summed over rounds (the rounds table's n): what must be recorded
     peak_rss_bytes: int  # all processes of the stack, sampled every 0.2 s
     baseline_rss_bytes: int  # the stack before the run
     bytes_per_agent: float  # (peak - baseline) / agents
@@ -81,6 +82,7 @@ class DummyBenchResult:
             ("round (open → result)", f"{self.round_s:.2f} s"),
             ("record lag (result → in DuckDB)", f"{self.record_lag_s:.2f} s"),
             ("total (start → recorded)", f"{self.total_s:.2f} s"),
+            ("agents that acted (all rounds)", f"{self.acted:,}"),
             ("outcomes recorded", f"{self.recorded:,}"),
             ("messages per round", f"{self.messages_per_round:,.0f}"),
             ("peak RSS, all processes", f"{self.peak_rss_bytes / gib:.2f} GiB"),
@@ -203,7 +205,8 @@ def run_dummy_bench(agents: int, latency: float, hosts: int, rounds: int = 1, fl
         if not quiet:
             display.console.print(f"graph built and numbered in {time.perf_counter() - t:.1f} s: "
                                   f"{prepared.manifest['graph']}", highlight=False)
-    config, table = resolved.config, resolved.simulation.tables().outcomes
+    config, tables = resolved.config, resolved.simulation.tables()
+    table = tables.outcomes
     db = str(Path(workdir) / "bench.duckdb")
     monitor = free_port()
     # Memory storage (the default) keeps the benchmark about the pipeline, not this disk.
@@ -237,6 +240,8 @@ def run_dummy_bench(agents: int, latency: float, hosts: int, rounds: int = 1, fl
         raise RuntimeError(f"benchmark run {outcome.status}: {outcome.reason}")
     with duckdb.connect(db, read_only=True) as con:
         recorded = con.execute(f'SELECT count(*) FROM "{table}" WHERE run_id = ?', [outcome.run_id]).fetchone()[0]
+        # the agents that acted (all of them, unless the simulation selects who acts)
+        acted = con.execute(f'SELECT sum(n) FROM "{tables.rounds}" WHERE run_id = ?', [outcome.run_id]).fetchone()[0]
         # rounds after the first: the first has nothing to hear
         heard_by_round = dict(con.execute("SELECT round, sum(heard) FROM posts WHERE run_id = ? AND round > 1 "
                                           "GROUP BY round", [outcome.run_id]).fetchall()) if graph is not None else {}
@@ -255,7 +260,7 @@ def run_dummy_bench(agents: int, latency: float, hosts: int, rounds: int = 1, fl
         round_s=sum(round_times) / len(round_times),
         record_lag_s=m["recorded"] - m[f"result.{rounds}"],
         total_s=m["recorded"] - m["submitted"],
-        recorded=recorded, peak_rss_bytes=sampler.peak, baseline_rss_bytes=baseline,
+        recorded=recorded, acted=int(acted or 0), peak_rss_bytes=sampler.peak, baseline_rss_bytes=baseline,
         bytes_per_agent=max(0, sampler.peak - baseline) / agents,
         asyncio_floor_s=floor_s, messages_per_round=messages / rounds, round_times_s=round_times,
         machine={"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},

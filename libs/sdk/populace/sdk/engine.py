@@ -28,6 +28,7 @@ from populace.sdk.llm import LLM
 from populace.sdk.play import OutcomeBatch, OutcomeSink, RoundFailed, RoundShare
 from populace.sdk.process import AgentRaised
 from populace.sdk.registry import Resolved
+from populace.sdk.world import World
 
 # What one round's messages may carry of the environment (a round open and a round result hold
 # them together with the run's config, under NATS's 1 MB payload). Bulk state belongs to agents,
@@ -47,6 +48,7 @@ class Decision:
     summary: dict
     observation: dict
     selection: dict | None  # who acts next round (None: everyone)
+    world: World | None = None  # the simulation's bulk state after the round (a World's)
 
 
 def _size_check(sim_name: str, round_: int, what: str, value: Any) -> None:
@@ -76,38 +78,56 @@ class RoundDecider:
         return select.to_wire(sel)
 
     def opening(self) -> Decision:
-        """Before round 1: the state the environment starts with, round 1's observation and selection."""
+        """Before round 1: the state the environment starts with, round 1's observation and
+        selection, and its world (a simulation that declares one)."""
         env = self.env
         try:
             state = env.start()
             observation = env.observe(state, 1).model_dump(mode="json")
             selection = self.selection(state, 1)
+            world = self._world(env.start_world(state), "start_world()") if env.World is not None else None
+        except DecideFailed:
+            raise
         except Exception as err:
             raise DecideFailed(f"simulation {self.name!r}: its environment failed to start: "
                                f"{type(err).__name__}: {err}") from err
         _size_check(self.name, 0, "observation", observation)
-        return Decision(state.model_dump(mode="json"), {}, observation, selection)
+        return Decision(state.model_dump(mode="json"), {}, observation, selection, world)
 
-    def decide(self, round_: int, env_state: dict | None, partials: Sequence[Partial]) -> Decision:
+    def _world(self, world: Any, where: str) -> World:
+        cls = self.env.World
+        if not isinstance(world, cls):  # type: ignore[arg-type]
+            raise DecideFailed(f"simulation {self.name!r}: {type(self.env).__name__}.{where} returned "
+                               f"{type(world).__name__}, not its World {cls.__name__}")  # type: ignore[union-attr]
+        return world
+
+    def decide(self, round_: int, env_state: dict | None, partials: Sequence[Partial],
+               world: World | None = None) -> Decision:
         """Round `round_` from its shares' partials (in share order), given the state the rounds
-        before left (None: the start)."""
+        before left (None: the start) and, for a simulation with a World, the round's world."""
         env = self.env
         sim = type(env.sim)
         try:
             state = env.start() if env_state is None else env.State.model_validate(env_state)
             total = env.merge(list(partials))
-            state, summary = env.decide(state, round_, total)
+            if env.World is not None:
+                state, summary, world = env.decide(state, round_, total, world)
+                world = self._world(world, f"decide(…) after round {round_}")
+            else:
+                state, summary = env.decide(state, round_, total)
             observation = env.observe(state, round_ + 1).model_dump(mode="json")
             summary = sim.Summary.model_validate(summary.model_dump()).model_dump(mode="json")
             selection = self.selection(state, round_ + 1)
             state = state.model_dump(mode="json")
+        except DecideFailed:
+            raise
         except Exception as err:
             raise DecideFailed(f"simulation {self.name!r}: its environment failed to decide round {round_}: "
                                f"{type(err).__name__}: {err}") from err
         for what, value in (("state", state), ("observation", observation), ("selection", selection),
                             ("summary", summary)):
             _size_check(self.name, round_, what, value)
-        return Decision(state, summary, observation, selection)
+        return Decision(state, summary, observation, selection, world)
 
 
 class ShareEngine:
@@ -134,13 +154,15 @@ class ShareEngine:
         return [i for i in candidates if _wakes(agents[i], obs)]
 
     async def play(self, round_: int, observation: dict | None, selection: dict | None, llm: LLM, *,
-                   emit: Callable[[OutcomeBatch], None], batch_size: int = 1000) -> RoundShare:
-        """Play round `round_` (its announcement's observation and selection; observation None:
-        the run's first round, derived here from the environment's start, as every share does)."""
+                   emit: Callable[[OutcomeBatch], None], batch_size: int = 1000,
+                   world: World | None = None) -> RoundShare:
+        """Play round `round_` (its announcement's observation and selection, and the world it
+        names; observation None: the run's first round, derived here from the environment's
+        start, as every share does)."""
         run = self.run
         if observation is None:
             opening = RoundDecider(run.resolved, run.env).opening()
-            observation, selection = opening.observation, opening.selection
+            observation, selection, world = opening.observation, opening.selection, opening.world
         obs = run.observation(round_, observation)
         record_posts = None
         room = run.mailroom
@@ -150,8 +172,26 @@ class ShareEngine:
             record_posts = functools.partial(room.record, round_, reading)
         sink = OutcomeSink(type(run.sim), run.env, batch_size=batch_size, emit=emit, grouped=run.tables.grouped,
                            posts=record_posts, levels=run.player.level_names)
-        await run.player.play(obs, llm, sink, self.selected(round_, selection, obs))
+        view = None
+        if run.env.World is not None and type(run.env).view is not Env.view:
+            if world is None:
+                raise RoundFailed(f"round {round_}: the simulation has a World but the round names none")
+            view = self._viewer(world, round_)
+        await run.player.play(obs, llm, sink, self.selected(round_, selection, obs), view=view)
         return sink.close()
+
+    def _viewer(self, world: World, round_: int) -> Callable[[int], Any]:
+        """agent id -> its own observation (the environment's view), made on this host."""
+        env = self.run.env
+
+        def view(agent_id: int) -> Any:
+            try:
+                return env.view(world, round_, agent_id)
+            except Exception as err:  # the simulation's view: the round cannot go on
+                raise RoundFailed(f"simulation {type(env.sim).name!r}: {type(env).__name__}.view raised in round "
+                                  f"{round_} for agent {agent_id}: {type(err).__name__}: {err}") from err
+
+        return view
 
 
 def _wakes(agent: Agent, obs: Any) -> bool:

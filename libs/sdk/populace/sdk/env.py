@@ -22,14 +22,16 @@ import asyncio
 import inspect
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+import numpy as np
+from pydantic import BaseModel, ConfigDict, PlainSerializer, PlainValidator
 
 if TYPE_CHECKING:
     from populace.sdk.outcome import Outcome
     from populace.sdk.scene import Scene
     from populace.sdk.simulation import Observation, Simulation, Summary
+    from populace.sdk.world import World
 
 Listener = Callable[[str, Any], Any]
 
@@ -64,9 +66,19 @@ class State(BaseModel):
 
 
 class Partial(BaseModel):
-    """What a host's (or group's) reduction of outcomes tells the root env."""
+    """What a host's (or group's) reduction of outcomes tells the root env. Besides counts and
+    integer sums, a partial may carry columns (`Ints`, `Floats`: numpy arrays, e.g. the agents
+    that want to move); `merge` concatenates them, in no particular order, so `decide` sorts
+    what it uses (by agent id)."""
 
     model_config = ConfigDict(extra="forbid")
+
+
+# A partial's column: a 1-D numpy array, a JSON list on the wire (a large partial travels by reference).
+Ints = Annotated[np.ndarray, PlainValidator(lambda v: np.asarray(v, dtype=np.int64).reshape(-1)),
+                 PlainSerializer(lambda a: a.tolist(), when_used="json")]
+Floats = Annotated[np.ndarray, PlainValidator(lambda v: np.asarray(v, dtype=np.float64).reshape(-1)),
+                   PlainSerializer(lambda a: a.tolist(), when_used="json")]
 
 
 StateT = TypeVar("StateT", bound=State)
@@ -79,6 +91,8 @@ class Env(Generic[StateT, PartialT]):
 
     State: ClassVar[type[State]] = State
     Partial: ClassVar[type[Partial]] = Partial
+    # bulk state as typed columns (populace.sdk.world): with a World, decide takes and returns it
+    World: ClassVar[type[World] | None] = None
 
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
@@ -91,6 +105,17 @@ class Env(Generic[StateT, PartialT]):
     def observe(self, state: StateT, round: int) -> Observation:
         """What every agent sees in `round`, given the state the previous rounds left."""
         return self.sim.Observation(round=round)
+
+    def start_world(self, state: StateT) -> World:  # pragma: no cover - declared with a World
+        """The world before round 1 (a simulation that declares `World`). Pure and seeded
+        (`self.sim.rng(...)`): every host and the environment build the same one."""
+        raise NotImplementedError(f"{type(self).__name__} declares World = {self.World!r} but no start_world()")
+
+    def view(self, world: World, round: int, agent_id: int) -> Observation | None:
+        """One agent's own observation this round, from the world (a personal feed, its
+        neighbourhood), made on the agent's host just before its turn. None (the default): every
+        agent sees the round's shared observation."""
+        return None
 
     def select(self, state: StateT, round: int) -> Any:
         """Who acts in `round` (activation): a selector of `populace.sdk.select` (rate, ids, mask,
@@ -108,7 +133,8 @@ class Env(Generic[StateT, PartialT]):
         raise NotImplementedError
 
     def decide(self, state: StateT, round: int, total: PartialT) -> tuple[StateT, Summary]:  # pragma: no cover
-        """Close a round: the state after it and the round's summary (its recorded columns)."""
+        """Close a round: the state after it and the round's summary (its recorded columns).
+        With a `World`: `decide(state, round, total, world) -> (state, summary, world)`."""
         raise NotImplementedError
 
 

@@ -89,6 +89,7 @@ async def run_local(config: RunConfig | Resolved, *, run_id: str = "local", cast
     state: dict | None = None  # the environment's, as the fleet carries it between rounds
     observation: dict | None = None
     selection: dict | None = None
+    world = None  # a simulation's World after the last round (round 1: each share starts it)
     out = LocalResult(run_id, c, tables)
     rows = _Rows(run_id, tables)
     placement = {f"local-{i}@0": ranges for i, ranges in enumerate(whole)}  # share keys, as on the fleet
@@ -99,11 +100,14 @@ async def run_local(config: RunConfig | Resolved, *, run_id: str = "local", cast
             for run in runs:
                 port = llm(run, n)
                 shares.append(await run.engine.play(n, observation, selection, port,
-                                                    emit=functools.partial(rows.add, n)))
+                                                    emit=functools.partial(rows.add, n), world=world))
                 calls += getattr(port, "calls", 0)  # the in-process ports count their calls
             _exchange(runs, placement, n)
-            decision = decider.decide(n, state, [s.partial for s in shares if s.partial is not None])
-            state, observation, selection = decision.state, decision.observation, decision.selection
+            if n == 1 and decider.env.World is not None:
+                world = decider.opening().world
+            decision = decider.decide(n, state, [s.partial for s in shares if s.partial is not None], world)
+            state, observation, selection, world = (decision.state, decision.observation, decision.selection,
+                                                    decision.world)
             # the platform's round columns, as the recorder writes them (no tokens: no model runs here)
             row = {"run_id": run_id, "round": n, "n": sum(s.n for s in shares),
                    "n_valid": sum(s.n_valid for s in shares),

@@ -298,12 +298,14 @@ class RoundPlayer:
         ids.sort()
         return self.layout.groups(round_, ids)
 
-    async def play(self, obs: Observation, llm: LLM, sink: OutcomeSink, selected: Sequence[int] | None = None) -> None:
-        """Play round `obs.round` for the agents at `selected` (indices into `agents`; None: all)."""
+    async def play(self, obs: Observation, llm: LLM, sink: OutcomeSink, selected: Sequence[int] | None = None,
+                   view: Callable[[int], Any] | None = None) -> None:
+        """Play round `obs.round` for the agents at `selected` (indices into `agents`; None: all);
+        `view`: agent id -> its own observation (the environment's view), else everyone sees `obs`."""
         self._failure = None
         if self.layout is None:
             units: Sequence = self.agents if selected is None else [self.agents[i] for i in selected]
-            await self._run(units, self._turn_task(obs, llm, sink.add), llm)
+            await self._run(units, self._turn_task(obs, llm, sink.add, view), llm)
             return
         groups = self.groups(obs.round, selected)
         deliver = self._settlement(obs.round, groups, sink)
@@ -318,7 +320,7 @@ class RoundPlayer:
             group_of = {m: g for g in groups for m in g.members}
             members = [self.agents[self.index[m]] for g in groups for m in g.members]
             await self._run(members, self._turn_task(
-                obs, llm, lambda aid, out, lat, err: deliver(group_of[aid], [(aid, out, lat, err)])), llm)
+                obs, llm, lambda aid, out, lat, err: deliver(group_of[aid], [(aid, out, lat, err)]), view), llm)
         if self._failure is None and self._pending_groups:
             raise RoundFailed(f"round {obs.round}: groups {sorted(self._pending_groups)[:5]} never settled")  # a bug
 
@@ -378,7 +380,8 @@ class RoundPlayer:
         if not self._finished.done():
             self._finished.set_result(None)
 
-    def _turn_task(self, obs: Observation, llm: LLM, deliver: Callable[[int, Outcome, float, str | None], None]):
+    def _turn_task(self, obs: Observation, llm: LLM, deliver: Callable[[int, Outcome, float, str | None], None],
+                   view: Callable[[int], Any] | None = None):
         now = asyncio.get_running_loop().time
         cls = self.outcome_cls
         failed = self.failed_outcome
@@ -388,7 +391,14 @@ class RoundPlayer:
             started = now()
             error = None
             try:
-                out = await agent.turn(obs, llm)
+                seen = obs
+                if view is not None:
+                    try:
+                        seen = view(agent.id)
+                    except RoundFailed as err:  # the simulation's view, not this agent: stop the round
+                        self._stop(err)
+                        return
+                out = await agent.turn(seen, llm)
                 if out.__class__ is not cls and not isinstance(out, cls):
                     raise TypeError(f"turn returned {type(out).__name__}, not {cls.__name__}")
             except InferError as err:
