@@ -151,8 +151,9 @@ class SchellingEnv(Env[State, Counts]):
         rng = np.random.default_rng(self.sim.rng("moves", round).getrandbits(64))
         occupant, cell = self.grid.move_to_empty(movers, world.cell, world.occupant, rng)
         moved = int((cell != world.cell).sum())
+        seen = total.with_neighbours
         summary = RoundSummary(
-            like_share=float(Fraction(total.like_840, SCALE * total.with_neighbours)) if total.with_neighbours else None,
+            like_share=float(Fraction(total.like_840, SCALE * seen)) if seen else None,
             unhappy_share=total.unhappy / total.agents if total.agents else None,
             moved=moved, empty_cells=self.grid.cells - self.sim.agents)
         return state, summary, world.replace(cell=cell, occupant=occupant)
