@@ -22,6 +22,7 @@ import numpy as np
 
 from populace.sdk import select
 from populace.sdk.agent import Agent
+from populace.sdk.edges import EdgeBook
 from populace.sdk.env import Env, Partial
 from populace.sdk.hosting import HostedRun
 from populace.sdk.llm import LLM
@@ -170,8 +171,10 @@ class ShareEngine:
             reading = room.reading(round_)
             obs._mailbox = reading
             record_posts = functools.partial(room.record, round_, reading)
+        book = run.sim.edges
+        edits = functools.partial(_record_edits, book, round_, type(run.sim).name) if book is not None else None
         sink = OutcomeSink(type(run.sim), run.env, batch_size=batch_size, emit=emit, grouped=run.tables.grouped,
-                           posts=record_posts, levels=run.player.level_names)
+                           posts=record_posts, levels=run.player.level_names, edits=edits)
         view = None
         if run.env.World is not None and type(run.env).view is not Env.view:
             if world is None:
@@ -192,6 +195,24 @@ class ShareEngine:
                                   f"{round_} for agent {agent_id}: {type(err).__name__}: {err}") from err
 
         return view
+
+
+def _record_edits(book: EdgeBook, round_: int, name: str, ids: list[int], outs: list) -> dict[str, list] | None:
+    """A batch's edge edits, checked and applied to the host's edge book (agent order is the
+    batch's, but each agent edits only its own in-edges: the book is the same in any order)."""
+    rows: dict[str, list] = {"follower": [], "author": [], "kind": [], "op": []}
+    for aid, out in zip(ids, outs):
+        edits = out.edits
+        if edits is None:
+            continue
+        checked = book.check(aid, edits, name, round_)
+        book.apply(round_, aid, checked)
+        for e in checked:
+            rows["follower"].append(aid)
+            rows["author"].append(e.author)
+            rows["kind"].append(e.kind)
+            rows["op"].append(e.op)
+    return rows if rows["follower"] else None
 
 
 def _wakes(agent: Agent, obs: Any) -> bool:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from populace.graph.csr import Graph
 from populace.population.cast import Cast
 from populace.sdk.agent import Agent
+from populace.sdk.edges import EdgeBook
 from populace.sdk.env import Env
 from populace.sdk.mailroom import Mailroom
 from populace.sdk.play import RoundPlayer
@@ -20,6 +21,9 @@ from populace.sdk.simulation import Observation, Simulation
 
 if TYPE_CHECKING:
     from populace.sdk.engine import ShareEngine
+
+
+EDGES = "__edges__"  # an agent's edge edits in its checkpoint (no state field starts with "__")
 
 
 @dataclass
@@ -68,6 +72,9 @@ class HostedRun:
                 columns = {f: [s.get(f) for s in states] for f in fields}
             else:
                 columns = {f: [getattr(a, f) for a in agents] for f in fields}
+            book = self.sim.edges
+            if book is not None:  # the agents' edits: their in-edges are theirs, saved with them
+                columns[EDGES] = [book.state(a.id) for a in agents]
             out.append((first, count, columns))
         return out
 
@@ -79,6 +86,10 @@ class HostedRun:
                              f"{' …' if len(missing) > 5 else ''}")
         for a in self.agents:
             a.restore(states[a.id])
+        book = self.sim.edges
+        if book is not None:
+            for a in self.agents:
+                book.restore(a.id, states[a.id].get(EDGES))
 
     def stop(self) -> None:
         for a in self.agents:
@@ -102,6 +113,8 @@ def host_run(resolved: Resolved, run_id: str, ranges: list[tuple[int, int]], cas
         if last > len(cast):
             raise ValueError(f"run {run_id}: {len(cast)} personas for agent ids up to {last - 1}")
     sim = resolved.instance(run_id, cast)
+    if type(sim).edge_kinds:
+        sim.edges = EdgeBook(c.agents, type(sim).edge_kinds, graph)
     personas = cast.personas if cast is not None else None
     make = type(sim).Agent
     agents: list[Agent] = [make(aid, personas[aid] if personas is not None else None, sim)

@@ -42,6 +42,7 @@ class LocalResult:
     posts: dict[str, list] = field(default_factory=dict)  # a run with a graph: table `posts`
     acts: dict[str, list] = field(default_factory=dict)  # scenes: table `tables.acts`
     transcripts: dict[str, list] = field(default_factory=dict)  # scenes: table `transcripts`
+    edges: dict[str, list] = field(default_factory=dict)  # graphs that change: table `edges`
     status: str = "completed"
 
 
@@ -123,6 +124,8 @@ async def run_local(config: RunConfig | Resolved, *, run_id: str = "local", cast
     out.outcomes = rows.outcomes()
     if runs and runs[0].mailroom is not None:
         out.posts = _sorted(rows.posts, ("round", "agent_id"))
+    if resolved.simulation.edge_kinds:  # in the order they apply: by round, agent, then as listed
+        out.edges = _sorted(rows.edges, ("round", "follower"))
     if tables.acts is not None:
         out.acts = _sorted(rows.acts, ("round", "group_id", "seq"))
         out.transcripts = _sorted(rows.lines, ("round", "group_id", "seq"))
@@ -150,6 +153,7 @@ class _Rows:
                                                       "valid", "raw", "latency_ms", "error")}
         self.lines: dict[str, list] = {k: [] for k in ("run_id", "round", "group_id", "seq", "speaker", "text",
                                                        "fields")}
+        self.edges: dict[str, list] = {k: [] for k in ("run_id", "round", "follower", "author", "kind", "op")}
 
     def add(self, n: int, batch: OutcomeBatch) -> None:
         cols = self.columns
@@ -174,7 +178,7 @@ class _Rows:
             posts["agent_id"].extend(batch.agent_ids)
             for key in ("text", "fields", "heard", "heard_digest"):
                 posts[key].extend(batch.posts["texts" if key == "text" else key])
-        for table, part in ((self.acts, batch.acts), (self.lines, batch.lines)):
+        for table, part in ((self.acts, batch.acts), (self.lines, batch.lines), (self.edges, batch.edits)):
             if part:
                 m = len(next(iter(part.values())))
                 table["run_id"].extend([self.run_id] * m)

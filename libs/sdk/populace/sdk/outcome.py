@@ -37,6 +37,8 @@ class Outcome:
     raw: str = ""
     # what the agent says to those who hear it (a run with a `graph:`): the simulation's Post
     post: Any = None
+    # edge edits (a simulation with `edge_kinds`): [follow(author), unfollow(author), …]
+    edits: Any = None
     measure: ClassVar[str | None] = None  # the column analysis summarises first (default: the first)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -85,7 +87,7 @@ def outcome_fields(cls: type[Outcome]) -> list[tuple[str, Any]]:
     hints = typing.get_type_hints(cls)
     out = []
     for f in dataclasses.fields(cls):
-        if f.name in ("valid", "raw", "post"):
+        if f.name in ("valid", "raw", "post", "edits"):
             continue
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise OutcomeError(f"{cls.__name__}.{f.name} needs a default: it is what an agent whose "

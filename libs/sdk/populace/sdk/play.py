@@ -31,6 +31,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from populace.core.ranges import outside
 from populace.sdk.agent import Agent
+from populace.sdk.edges import EdgeError
 from populace.sdk.env import Env, GroupEnv, Partial
 from populace.sdk.groups import Group, GroupLayout
 from populace.sdk.llm import CALLER, LLM, InferError, ModelUnavailable
@@ -51,9 +52,13 @@ class RoundFailed(RuntimeError):
     """The simulation's own environment code (a group env, a scene) raised: the run cannot go on."""
 
 
-class SceneFailed(RoundFailed):
-    """A scene raised, broke a rule or never finished: the run pauses (resumable once the
-    simulation is fixed); what was recorded stays."""
+class RoundPaused(RoundFailed):
+    """The simulation broke one of the platform's rules in a way a fix can resume from (a scene,
+    an edge edit): the run pauses naming it; what was recorded stays."""
+
+
+class SceneFailed(RoundPaused):
+    """A scene raised, broke a rule or never finished."""
 
 
 @dataclass(slots=True)
@@ -70,6 +75,7 @@ class OutcomeBatch:
     group_ids: list[int] | None
     posts: dict[str, list] | None = None  # a run with a graph: each agent's post, what it heard
     levels: dict[str, list[int]] | None = None  # nested groups: each outer level's group ids
+    edits: dict[str, list] | None = None  # graphs that change: the batch's edge edits, in order
     acts: dict[str, list] | None = None  # scenes: the acts of the groups whose members are here
     lines: dict[str, list] | None = None  # scenes: what those groups' members said
 
@@ -87,6 +93,9 @@ class RoundShare:
 # (agent ids, outcomes, errors, valid) of a batch -> its post columns (populace.sdk.mailroom):
 # may mark a row invalid (a post that cannot travel), as a bad outcome value does
 PostRecorder = Callable[[list[int], list[Outcome], list, list[bool]], dict[str, list]]
+# (agent ids, outcomes) of a batch -> its edge edits' columns (None: none), applied to the host's
+# edge book; raises EdgeError for an edit the run cannot have
+EditRecorder = Callable[[list[int], list[Outcome]], dict[str, list] | None]
 
 
 class _Columns:
@@ -140,7 +149,8 @@ class _Columns:
 class OutcomeSink:
     def __init__(self, sim: type[Simulation], env: Env, *, batch_size: int = 1000,
                  emit: Callable[[OutcomeBatch], None] | None = None, grouped: bool = False,
-                 posts: PostRecorder | None = None, levels: Sequence[str] = ()) -> None:
+                 posts: PostRecorder | None = None, levels: Sequence[str] = (),
+                 edits: EditRecorder | None = None) -> None:
         # A valid numeric measure outside the simulation's declared range for the run is not
         # possible: the row is invalid (named), as the recorder would refuse the batch.
         instance = getattr(env, "sim", None)
@@ -154,6 +164,7 @@ class OutcomeSink:
         self._grouped = grouped
         self._levels = tuple(levels)  # outer levels' names (nested groups), inner to outer
         self._posts = posts
+        self._edits = edits
         self._partials: list[Partial] = []
         self.n = self.n_valid = 0
         self.seq = 0
@@ -199,6 +210,13 @@ class OutcomeSink:
         self._new()
         columns, valid, raws = self._columns(outs, errs)
         posts = self._posts(ids, outs, errs, valid) if self._posts is not None else None
+        edits = None
+        if self._edits is not None:
+            try:
+                edits = self._edits(ids, outs)
+            except EdgeError as err:  # the simulation's bug: the round stops, the run pauses naming it
+                if self.failure is None:
+                    self.failure = RoundPaused(str(err))
         self.n += len(ids)
         self.n_valid += sum(valid)
         if self.failure is None:
@@ -209,7 +227,8 @@ class OutcomeSink:
         levels = ({name: [o[i] for o in outer] for i, name in enumerate(self._levels)}
                   if self._grouped and self._levels else None)
         batch = OutcomeBatch(self.seq, ids, columns, valid, raws, lat, errs, groups if self._grouped else None,
-                             posts, levels, self._act_rows(acts), self._line_rows(lines))
+                             posts=posts, levels=levels, acts=self._act_rows(acts), lines=self._line_rows(lines),
+                             edits=edits)
         self.seq += 1
         if self._emit is not None:
             self._emit(batch)

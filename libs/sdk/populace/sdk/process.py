@@ -43,6 +43,10 @@ class PipeLLM:
 
 def _child_main(conn: Connection, agent: Agent) -> None:
     llm = PipeLLM(conn)
+    if agent.sim is not None:
+        # in-edges live on the host, which applies every edit: a copy here would go stale, so
+        # following() says to read them from the environment's view instead
+        agent.sim.edges = None
     loop = asyncio.new_event_loop()
     while True:
         try:

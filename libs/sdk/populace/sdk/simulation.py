@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 from populace.core.contracts import PLATFORM_SUMMARY_COLUMNS, Column, RunConfig, SimulationTables
 from populace.sdk.agent import Agent
+from populace.sdk.edges import EdgeBook
 from populace.sdk.env import Env, GroupEnv
 from populace.sdk.groups import GroupError, GroupLayout
 from populace.sdk.outcome import PLATFORM_OUTCOME_COLUMNS, Outcome, OutcomeError, column_type, outcome_fields
@@ -87,6 +88,9 @@ class Simulation:
     Summary: ClassVar[type[Summary]] = Summary
     Post: ClassVar[type[Post]] = Post  # what `outcome.post` holds in a run with a `graph:`
     Act: ClassVar[type[Outcome] | None] = None  # scenes: what an agent's act returns (the acts table's columns)
+    # graphs that change: the edge kinds an outcome's `edits` may name; the first is the run's
+    # graph's (posts are heard along it)
+    edge_kinds: ClassVar[tuple[str, ...]] = ()
     outcome_table: ClassVar[str] = ""  # default: "<name>_outcomes"
     summary_table: ClassVar[str] = ""  # default: "<name>_rounds"
     acts_table: ClassVar[str] = ""  # default: "<name>_acts" (a simulation with scenes)
@@ -104,6 +108,7 @@ class Simulation:
         self.seed = seed
         self.run_id = run_id
         self.cast = cast  # who the agents are (None: no population)
+        self.edges: EdgeBook | None = None  # on a host: its agents' in-edges (a simulation with edge_kinds)
 
     # -- what a simulation may override ------------------------------------------------
     def system_prompt(self) -> str:
@@ -130,6 +135,15 @@ class Simulation:
         multiple of the group size) is shuffled, seeded by (run seed, round, block), and cut into
         groups. Blocks are placed whole. None: fixed groups of consecutive ids."""
         return None
+
+    def following(self, agent_id: int, kind: str | None = None) -> tuple[int, ...]:
+        """Whom agent `agent_id` follows now (on its host: in its turn, or the environment's view
+        of it): the run's graph plus its edits of the rounds before. Kind: the first declared."""
+        if self.edges is None:
+            raise SimulationError(f"simulation {type(self).name!r}: following() needs `edge_kinds` and runs "
+                                  "on the agent's host (a turn, a view; with one agent per process, in the "
+                                  "environment's view only)")
+        return self.edges.following(agent_id, kind)
 
     def rng(self, *salt: object):
         """A random.Random seeded by (run seed, *salt): the same in every process (Python's

@@ -26,7 +26,7 @@ from populace.population.cast import Cast
 from populace.sdk.hosting import HostedRun, host_run
 from populace.sdk.llm import ModelUnavailable
 from populace.sdk.nats_llm import InferSession
-from populace.sdk.play import SceneFailed
+from populace.sdk.play import RoundPaused
 from populace.sdk.registry import resolve
 
 log = logs.get("populace.agent_host")
@@ -172,7 +172,7 @@ class HostRuntime:
                 log.error("mail_missing", error=reason)
                 if self._report_fault is not None:
                     await self._report_fault(run.run_id, opened.round, reason, run.epoch, True)
-            except SceneFailed as err:  # the simulation's scene: pause, resumable once it is fixed
+            except RoundPaused as err:  # the simulation broke a rule (a scene, an edit): pause, resumable once fixed
                 reason = f"{err}; fix the simulation, then `populace resume {run.run_id}`"
                 log.error("scene_failed", error=reason)
                 if self._report_fault is not None:
