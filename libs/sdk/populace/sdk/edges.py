@@ -67,7 +67,8 @@ class EdgeBook:
         out = []
         for i, e in enumerate(edits):
             if not isinstance(e, Edit):
-                raise EdgeError(f"{where}[{i}] is a {type(e).__name__}, not an Edit (follow(author) / unfollow(author))")
+                raise EdgeError(f"{where}[{i}] is a {type(e).__name__}, not an Edit "
+                                "(follow(author) / unfollow(author))")
             if e.kind not in self.kinds:
                 declared = ", ".join(self.kinds) or "none: set `edge_kinds` on the Simulation"
                 raise EdgeError(f"{where}[{i}]: edge kind {e.kind!r} is not declared ({declared})")
