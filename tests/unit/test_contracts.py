@@ -72,6 +72,7 @@ INSTANCES: dict[str, BaseModel] = {
     "ActColumns": c.ActColumns(group_id=[3, 3], seq=[0, 1], agent_id=[6, 7], phase=["offer", "respond"],
                                columns={"amount": [4, None], "accept": [None, True]}, valid=[True, True],
                                raw=['{"amount": 4}', '{"accept": true}'], latency_ms=[3.0, 2.5], error=[None, None]),
+    "EdgeColumns": c.EdgeColumns(follower=[3, 3], author=[8, 2], kind=["follow", "follow"], op=["add", "remove"]),
     "LineColumns": c.LineColumns(group_id=[3, 3], seq=[2, 3], speaker=[6, -1], text=["4 for you", "deal"],
                                  fields=['{"amount":4}', None]),
     "MailBatch": c.MailBatch(run_id="r1", round=2, host_id="h1", epoch=0, to="h2@0", shard=0, shards=1,

@@ -304,6 +304,7 @@ class SimulationTables(Strict):
     levels: list[Identifier] = []  # nested groups: the outer levels, each recorded as `<level>_id`
     acts: Identifier | None = None  # scenes: one row per act (the platform's columns plus the Act's)
     act_columns: list[Column] = []
+    edge_kinds: list[Identifier] = []  # graphs that change: the kinds recorded in table `edges`
 
 
 # --- control plane -------------------------------------------------------------------
@@ -563,6 +564,22 @@ class LineColumns(Wire):
         return self
 
 
+class EdgeColumns(Wire):
+    """The edge edits of a batch's agents (a simulation with edge kinds), in the order they apply."""
+
+    follower: list[AgentId]
+    author: list[AgentId]
+    kind: list[Identifier]
+    op: list[Literal["add", "remove"]]
+
+    @model_validator(mode="after")
+    def _same_length(self) -> EdgeColumns:
+        n = len(self.follower)
+        if any(len(c) != n for c in (self.author, self.kind, self.op)):
+            raise ValueError("every column of a batch's edits must have one value per edit")
+        return self
+
+
 class OutcomeBatch(Wire):
     """~1,000 agents' outcomes of one round from one host, columnar. `columns` holds the
     simulation's outcome columns (name -> values); the rest is the platform's: whether the
@@ -585,6 +602,7 @@ class OutcomeBatch(Wire):
     levels: dict[Identifier, list[Amount]] | None = None  # nested groups: each outer level's group ids
     acts: ActColumns | None = None  # scenes: the acts of these agents' groups
     lines: LineColumns | None = None  # scenes: what these agents' groups said
+    edits: EdgeColumns | None = None  # graphs that change: these agents' edge edits
 
     @model_validator(mode="after")
     def _same_length(self) -> OutcomeBatch:

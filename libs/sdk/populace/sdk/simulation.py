@@ -241,6 +241,7 @@ class Simulation:
             measure=measure,
             measure_kind=kind,
             levels=levels,
+            edge_kinds=list(cls.edge_kinds),
             acts=(cls.acts_table or f"{cls.slug()}_acts") if scenes else None,
             act_columns=[Column(name=n, type=column_type(a)) for n, a in outcome_fields(cls.Act)] if scenes else [],
         )

@@ -11,7 +11,16 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from populace.core import bus, logs, metrics, subjects, telemetry
-from populace.core.contracts import ActColumns, LineColumns, OutcomeBatch, PostColumns, Progress, RoundPartial, Usage
+from populace.core.contracts import (
+    ActColumns,
+    EdgeColumns,
+    LineColumns,
+    OutcomeBatch,
+    PostColumns,
+    Progress,
+    RoundPartial,
+    Usage,
+)
 from populace.sdk.play import OutcomeBatch as Batch
 from populace.sdk.play import RoundShare
 
@@ -51,6 +60,7 @@ class OutcomePublisher:
             posts=None if batch.posts is None else PostColumns.model_construct(v=1, **batch.posts),
             levels=batch.levels, lines=None if batch.lines is None else LineColumns.model_construct(v=1, **batch.lines),
             acts=None if batch.acts is None else ActColumns.model_construct(v=1, **_act_columns(batch.acts)),
+            edits=None if batch.edits is None else EdgeColumns.model_construct(v=1, **batch.edits),
         )
         metrics.batch("agent-host", "outcomes", len(batch.agent_ids))
         metrics.INVALID.labels("agent-host").inc(batch.valid.count(False))

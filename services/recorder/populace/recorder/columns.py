@@ -54,6 +54,15 @@ def check_outcomes(batch: OutcomeBatch, tables: SimulationTables) -> OutcomeBatc
                 first = err.errors()[0]
                 raise BadColumns(f"acts.columns.{name}[{first['loc'][0] if first['loc'] else ''}]: "
                                  f"{first['msg']}") from None
+    if batch.edits is not None:
+        if not tables.edge_kinds:
+            raise BadColumns("edits belong to a simulation with edge kinds")
+        strangers = set(batch.edits.follower) - members
+        if strangers:  # an agent edits its own in-edges only, in the batch of its own outcome
+            raise BadColumns(f"edits.follower: agent {min(strangers)} has no outcome in this batch")
+        unknown = set(batch.edits.kind) - set(tables.edge_kinds)
+        if unknown:
+            raise BadColumns(f"edits.kind: {min(unknown)!r} is not one of the run's edge kinds {tables.edge_kinds}")
     if batch.lines is not None:
         strangers = set(batch.lines.speaker) - members - {-1}
         if strangers:

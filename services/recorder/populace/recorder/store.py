@@ -60,6 +60,10 @@ CREATE TABLE IF NOT EXISTS posts (
 );
 -- a simulation with scenes: what each group's members said, in order (seq is shared with its acts;
 -- speaker -1: the scene itself)
+-- graphs that change: every edge edit, in the order it applied (follower's edges after the round)
+CREATE TABLE IF NOT EXISTS edges (
+    run_id VARCHAR, round INTEGER, follower BIGINT, author BIGINT, kind VARCHAR, op VARCHAR
+);
 CREATE TABLE IF NOT EXISTS transcripts (
     run_id VARCHAR, round INTEGER, group_id BIGINT, seq INTEGER, speaker BIGINT, text VARCHAR, fields JSON
 );
@@ -254,7 +258,8 @@ class Store:
     @staticmethod
     def per_round_tables(spec: SimulationTables) -> list[str]:
         """The tables with rows per round that a resume or a re-placement plays again."""
-        return [spec.outcomes, "llm_calls", "posts", *(("transcripts", spec.acts) if spec.acts else ())]
+        return [spec.outcomes, "llm_calls", "posts", *(("edges",) if spec.edge_kinds else ()),
+                *(("transcripts", spec.acts) if spec.acts else ())]
 
     # -- ingestion ------------------------------------------------------------------------
     def shares_of(self, run_id: str) -> dict[str, ShareRecord]:
@@ -300,6 +305,11 @@ class Store:
         within = " OR ".join("(agent_id >= ? AND agent_id < ?)" for _ in mine)
         bounds = [x for pair in mine for x in pair]
         for table in self.per_round_tables(spec):
+            if table == "edges":  # an agent's edits are its own
+                followers = within.replace("agent_id", "follower")
+                con.execute(f"DELETE FROM edges WHERE run_id = ? AND round >= ? AND ({followers})",
+                            [m.run_id, m.from_round, *bounds])
+                continue
             if table == "transcripts":  # a scene's lines go with its acts (a group is whole on one share)
                 con.execute(f"DELETE FROM transcripts WHERE run_id = ? AND round >= ? AND (round, group_id) IN "
                             f"(SELECT round, group_id FROM {_q(spec.acts)} WHERE run_id = ? AND round >= ? "
@@ -469,7 +479,28 @@ class Store:
         self._insert_posts([m for m in batches if m.posts is not None])
         if spec.acts is not None:
             self._insert_scenes(spec, [m for m in batches if m.acts is not None or m.lines is not None])
+        self._insert_edges([m for m in batches if m.edits is not None])
         return len(cols["agent_id"])
+
+    def _insert_edges(self, batches: list[OutcomeBatch]) -> None:
+        """Every edge edit, in the order each batch lists them (the order they applied)."""
+        if not batches:
+            return
+        cols: dict[str, list] = {k: [] for k in ("run_id", "round", "follower", "author", "kind", "op")}
+        for m in batches:
+            e = m.edits
+            assert e is not None
+            cols["run_id"].extend([m.run_id] * len(e.follower))
+            cols["round"].extend([m.round] * len(e.follower))
+            for key in ("follower", "author", "kind", "op"):
+                cols[key].extend(getattr(e, key))
+        schema = pa.schema([("run_id", pa.string()), ("round", pa.int32()), ("follower", pa.int64()),
+                            ("author", pa.int64()), ("kind", pa.string()), ("op", pa.string())])
+        self.con.register("edge_rows", pa.Table.from_pydict(cols, schema=schema))
+        try:
+            self.con.execute("INSERT INTO edges BY NAME SELECT * FROM edge_rows")
+        finally:
+            self.con.unregister("edge_rows")
 
     def _insert_scenes(self, spec: SimulationTables, batches: list[OutcomeBatch]) -> None:
         """The acts and lines of the scenes whose members' outcomes these batches carry."""
