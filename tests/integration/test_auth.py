@@ -264,7 +264,7 @@ async def test_checkpoints_are_replaced_by_their_writers_only(server):
         assert await messages(ajs, f"OBJ_{subjects.CHECKPOINTS_BUCKET}") == 4
         assert await checkpoints.load_agents(host, "r1", 3, [(0, 2)], [(0, 2)]) == {
             0: {"memory": [2]}, 1: {"memory": [2]}}
-        assert await checkpoints.load_env(orch, "r1", 3) == ({"history": [2]}, {"round": 2}, None)
+        assert await checkpoints.load_env(orch, "r1", 3) == ({"history": [2]}, {"round": 2}, None, None)
         assert server_violations(server) == []
 
         # The orchestrator reads checkpoints but may not write one (nor purge what it failed
@@ -282,7 +282,7 @@ async def test_checkpoints_are_replaced_by_their_writers_only(server):
         with pytest.raises(nats.errors.TimeoutError):
             await cli.jetstream(timeout=1.0).object_store(subjects.CHECKPOINTS_BUCKET)
         assert await messages(ajs, f"OBJ_{subjects.CHECKPOINTS_BUCKET}") == 4
-        assert await checkpoints.load_env(orch, "r1", 3) == ({"history": [2]}, {"round": 2}, None)
+        assert await checkpoints.load_env(orch, "r1", 3) == ({"history": [2]}, {"round": 2}, None, None)
         refused = {re.sub(r'\$O\.checkpoints\.C\.\w+', '$O.checkpoints.C.<nuid>', line.split("Subject ")[-1])
                    for line in server_violations(server)}
         assert refused == {'"$O.checkpoints.C.<nuid>"', '"$JS.API.STREAM.PURGE.OBJ_checkpoints"',
@@ -307,7 +307,7 @@ async def test_recorder_purges_run_events_and_prunes_checkpoints(server):
             await checkpoints.save_env(env, "r1", round_, {"history": [round_]}, {"round": round_})
         await checkpoints.save_env(env, "r2", 1, {}, {})
         assert await checkpoints.prune(rec, "r1", "last") == 2
-        assert await checkpoints.load_env(host, "r1", 2) == ({"history": [2]}, {"round": 2}, None)
+        assert await checkpoints.load_env(host, "r1", 2) == ({"history": [2]}, {"round": 2}, None, None)
         with pytest.raises(checkpoints.CheckpointError):
             await checkpoints.load_env(host, "r1", 1)
         # What is left: 3 objects (chunk and metadata each), no marker of the pruned ones.

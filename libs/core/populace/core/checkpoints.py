@@ -9,8 +9,9 @@ The agents' state is columnar JSON: {"first": 0, "count": n, "fields": {"memory"
 from __future__ import annotations
 
 import base64
+import hashlib
 from collections.abc import Iterable
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError, ObjectNotFoundError
@@ -18,6 +19,7 @@ from nats.js.object_store import OBJ_META_PRE_TEMPLATE, OBJ_STREAM_TEMPLATE
 from pydantic_core import from_json, to_json
 
 from populace.core import subjects
+from populace.core.contracts import WorldRef
 from populace.core.bus import until_ready
 from populace.core.objects import read_object
 
@@ -41,6 +43,44 @@ async def put(js: JetStreamContext, name: str, value: object) -> int:
 
     await until_ready(step, f"checkpoint {name}", attempts=ATTEMPTS)
     return len(data)
+
+
+async def put_bytes(js: JetStreamContext, name: str, data: bytes) -> str:
+    """Store raw bytes (a world's Arrow IPC, a partial too large for a message); returns their sha256."""
+    async def step():
+        store = await js.object_store(subjects.CHECKPOINTS_BUCKET)
+        await store.put(name, data)
+
+    await until_ready(step, f"checkpoint {name}", attempts=ATTEMPTS)
+    return hashlib.sha256(data).hexdigest()
+
+
+async def get_bytes(js: JetStreamContext, name: str, digest: str) -> bytes:
+    """The bytes stored under `name`, only if they still have `digest` (CheckpointError otherwise:
+    anyone who may write the bucket could have replaced them)."""
+    async def step():
+        store = await js.object_store(subjects.CHECKPOINTS_BUCKET)
+        return await read_object(store, name)
+
+    try:
+        data = await until_ready(step, f"checkpoint {name}", attempts=ATTEMPTS)
+    except (NotFoundError, ObjectNotFoundError):
+        raise CheckpointError(f"checkpoint {name} is not in the object store '{subjects.CHECKPOINTS_BUCKET}'") from None
+    found = hashlib.sha256(data).hexdigest()
+    if found != digest:
+        raise CheckpointError(f"checkpoint {name} is not what was stored (sha256 {found[:12]}…, expected "
+                              f"{digest[:12]}…): it is not used")
+    return data
+
+
+async def save_world(js: JetStreamContext, rid: str, round_: int, data: bytes) -> WorldRef:
+    """A world after round `round_` (its Arrow IPC bytes), named and digested for the round's result."""
+    name = subjects.checkpoint_world(rid, round_)
+    return WorldRef(name=name, digest=await put_bytes(js, name, data))
+
+
+async def load_world(js: JetStreamContext, ref: WorldRef) -> bytes:
+    return await get_bytes(js, ref.name, ref.digest)
 
 
 async def get(js: JetStreamContext, name: str) -> object:
@@ -87,18 +127,28 @@ async def load_agents(js: JetStreamContext, rid: str, round_: int, layout: Itera
 
 
 async def save_env(js: JetStreamContext, rid: str, round_: int, state: dict, observation: dict,
-                   selection: dict | None = None) -> int:
+                   selection: dict | None = None, world: WorldRef | None = None) -> int:
     return await put(js, subjects.checkpoint_env(rid, round_),
-                     {"state": state, "observation": observation, "selection": selection})
+                     {"state": state, "observation": observation, "selection": selection,
+                      "world": world.model_dump() if world is not None else None})
 
 
-async def load_env(js: JetStreamContext, rid: str, round_: int) -> tuple[dict, dict, dict | None]:
-    """The environment's state after `round_`, the next round's observation and who acts in it."""
+class EnvCheckpoint(NamedTuple):
+    state: dict
+    observation: dict
+    selection: dict | None  # who acts in the next round (None: everyone)
+    world: WorldRef | None  # the world after the round (a simulation with one)
+
+
+async def load_env(js: JetStreamContext, rid: str, round_: int) -> EnvCheckpoint:
+    """The environment's state after `round_`, the next round's observation, who acts in it and its world."""
     value = await get(js, subjects.checkpoint_env(rid, round_))
     if not isinstance(value, dict) or not isinstance(value.get("state"), dict):
         raise CheckpointError(f"checkpoint {subjects.checkpoint_env(rid, round_)} is not an environment's state")
-    selection = value.get("selection")
-    return value["state"], value.get("observation") or {}, selection if isinstance(selection, dict) else None
+    selection, world = value.get("selection"), value.get("world")
+    return EnvCheckpoint(value["state"], value.get("observation") or {},
+                         selection if isinstance(selection, dict) else None,
+                         WorldRef.model_validate(world) if isinstance(world, dict) else None)
 
 
 Keep = Literal["all", "last", "none"]

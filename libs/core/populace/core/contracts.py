@@ -308,6 +308,14 @@ class SimulationTables(Strict):
 
 
 # --- control plane -------------------------------------------------------------------
+class WorldRef(Strict):
+    """Where a simulation's world is (a checkpoint object, Arrow IPC) and the sha256 it must have:
+    a reader uses it only if its bytes still have it."""
+
+    name: Annotated[str, Field(min_length=1, max_length=200)]
+    digest: SHA256
+
+
 class Restore(Strict):
     """Where a run's agents and environment start from: the checkpoint of `run_id` taken
     after `round` (its own, on resume; its parent's, for a fork). `ranges` are the agent id
@@ -435,6 +443,7 @@ class RunState(Strict):
     env_state: dict | None = None  # after the last closed round; None before round 1
     observation: dict | None = None  # what the agents see in the next round
     selection: dict | None = None  # who acts in the next round (None: everyone)
+    world: WorldRef | None = None  # the world the next round plays in (a simulation with a World)
     reason: str | None = None
     phase_at: float = Field(default_factory=time.time)  # when spawning began or the round in play opened
     nudged: int = 0  # times the round in play (or the spawn) was announced again for its deadline
@@ -509,6 +518,7 @@ class RoundOpen(Wire):
     # who acts this round (populace.sdk.select, as the environment decided it); None: everyone,
     # or in a run's first round what the simulation's environment starts with
     selection: JsonDoc | None = None
+    world: WorldRef | None = None  # the simulation's world this round (None: round 1's, or none)
 
 
 class PostColumns(Wire):
@@ -681,6 +691,7 @@ class RoundResult(Wire):
     shares: list[str] = []  # the share keys whose partials it folded: stale if one was replaced
     usage: Usage = Usage()  # the folded shares' LLM work
     selection: JsonDoc | None = None  # who acts next round (populace.sdk.select); None: everyone
+    world: WorldRef | None = None  # the simulation's world after the round (stored before this result)
 
 
 class RunResumed(Wire):

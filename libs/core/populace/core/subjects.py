@@ -40,12 +40,22 @@ def checkpoint_env(rid: str, n: int) -> str:
     return f"{rid}.{n}.env"
 
 
+def checkpoint_world(rid: str, n: int) -> str:
+    """A simulation's world after round n (0: as it started), Arrow IPC bytes."""
+    return f"{rid}.{n}.world"
+
+
+def checkpoint_partial(rid: str, n: int, share: str) -> str:
+    """A share's round-n partial too large for a message (the message names it and its digest)."""
+    return f"{rid}.{n}.partial.{share.replace('@', '-')}"
+
+
 def checkpoint_round(rid: str, name: str) -> int | None:
     """The round of one of run `rid`'s checkpoint objects (None: another run's, or not a
     checkpoint name). Run ids have no dots, so `rid.` never matches another run's names."""
     head, _, rest = name.partition(".")
     round_, _, kind = rest.partition(".")
-    if head != rid or not round_.isdigit() or not (kind == "env" or kind.startswith("agents.")):
+    if head != rid or not round_.isdigit() or not (kind in ("env", "world") or kind.startswith(("agents.", "partial."))):
         return None
     return int(round_)
 

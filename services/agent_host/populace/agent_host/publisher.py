@@ -6,11 +6,12 @@ host's partial to the environment."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from populace.core import bus, logs, metrics, subjects, telemetry
+from populace.core import bus, checkpoints, logs, metrics, subjects, telemetry
 from populace.core.contracts import (
     ActColumns,
     EdgeColumns,
@@ -20,6 +21,7 @@ from populace.core.contracts import (
     Progress,
     RoundPartial,
     Usage,
+    share_key,
 )
 from populace.sdk.play import OutcomeBatch as Batch
 from populace.sdk.play import RoundShare
@@ -27,6 +29,9 @@ from populace.sdk.play import RoundShare
 log = logs.get("populace.agent_host")
 
 PUBACK_WAIT_S = 10.0
+# A partial larger than this (a partial's columns: the agents that move …) travels as an object of
+# the checkpoints store, which the message names with its digest: a message stays under 1 MB.
+PARTIAL_INLINE_BYTES = 256 * 1024
 # A slow model answers a gateway batch (up to 1,000 prompts) all at once, minutes after it was
 # asked; meanwhile a tick this often tells the orchestrator the round is alive, not stalled.
 WORKED_ON_TICK_S = 5.0
@@ -117,6 +122,10 @@ class OutcomePublisher:
         await asyncio.gather(*(self._confirm(*sent) for sent in self._sent))
         self._sent.clear()
         payload = share.partial.model_dump(mode="json") if share.partial is not None else {}
+        data = json.dumps(payload, separators=(",", ":")).encode()
+        if len(data) > PARTIAL_INLINE_BYTES:  # e.g. a partial's columns: stored, and the message names it
+            name = subjects.checkpoint_partial(self.run_id, self.round, share_key(self.host_id, self.epoch))
+            payload = {"$ref": name, "sha256": await checkpoints.put_bytes(self._js, name, data)}
         partial = RoundPartial(run_id=self.run_id, round=self.round, host_id=self.host_id, n=share.n,
                                n_valid=share.n_valid, payload=payload, epoch=self.epoch, usage=usage or Usage())
         await bus.publish_js(self._js, subjects.run_partial(self.run_id, self.round, self.host_id, self.epoch),

@@ -18,7 +18,7 @@ from opentelemetry.context import Context
 from populace.agent_host.mail import MailCarrier, MailMissing
 from populace.agent_host.publisher import OutcomePublisher
 from populace.core import checkpoints, logs, metrics
-from populace.core.contracts import MailBatch, RoundOpen, SpawnBatch, share_key
+from populace.core.contracts import MailBatch, RoundOpen, SpawnBatch, WorldRef, share_key
 from populace.core.settings import Settings
 from populace.core.telemetry import tracer
 from populace.graph.csr import Graph
@@ -28,6 +28,7 @@ from populace.sdk.llm import ModelUnavailable
 from populace.sdk.nats_llm import InferSession
 from populace.sdk.play import RoundPaused
 from populace.sdk.registry import resolve
+from populace.sdk.world import World
 
 log = logs.get("populace.agent_host")
 
@@ -51,6 +52,7 @@ class HostRuntime:
         self._rounds: dict[tuple[str, int], set[asyncio.Task]] = {}  # by share: cancelled with it
         self._report_fault = report_fault
         self.mail = MailCarrier(nc, js, settings)
+        self._worlds: dict[str, tuple[WorldRef, World]] = {}  # run id -> the world its last round read
 
     @property
     def agent_count(self) -> int:
@@ -106,6 +108,7 @@ class HostRuntime:
         self.mail.forget(run_id, epoch)
         if not shares:
             self.runs.pop(run_id, None)
+            self._worlds.pop(run_id, None)
         gc.unfreeze()  # let the share's agents be collected
         metrics.AGENTS.set(self.agent_count)
         if run:
@@ -206,7 +209,8 @@ class HostRuntime:
         if room is not None:
             await self.mail.ready(run, opened.round)
         share = await run.engine.play(opened.round, opened.observation, opened.selection, session,
-                                      emit=publisher.emit, batch_size=s.outcome_batch_size)
+                                      emit=publisher.emit, batch_size=s.outcome_batch_size,
+                                      world=await self.world_of(run, opened))
         mails = (0, 0, 0)
         if room is not None:
             room.played.add(opened.round)
@@ -226,6 +230,19 @@ class HostRuntime:
                  mail_messages=mails[0], mail_posts=mails[1], mail_bytes=mails[2],
                  checkpoint_bytes=saved, checkpoint_seconds=round(time.perf_counter() - played, 3),
                  seconds=round(time.perf_counter() - t0, 3))
+
+    async def world_of(self, run: HostedRun, opened: RoundOpen) -> World | None:
+        """The world the announced round plays in: read once per world by the reference the
+        announcement carries (checked against its digest), kept while the next rounds name it."""
+        ref, cls = opened.world, run.env.World
+        if ref is None or cls is None:
+            return None  # no world, or the first round's (every share starts it itself)
+        kept = self._worlds.get(run.run_id)
+        if kept is not None and kept[0] == ref:
+            return kept[1]
+        world = cls.from_bytes(await checkpoints.load_world(self.js, ref))
+        self._worlds[run.run_id] = (ref, world)  # one per run: the previous round's goes
+        return world
 
     async def checkpoint(self, run: HostedRun, round_: int) -> int:
         """The agents' declared state after `round_`, one object per range; returns the bytes."""

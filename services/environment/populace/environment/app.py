@@ -8,6 +8,7 @@ Run with `populace service environment` or
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
 
 from faststream import FastStream
@@ -83,10 +84,43 @@ class Environment:
         tally = await self.tally_for(opened)
         if tally is None:
             return
+        if not await self.load_world(tally, opened):
+            return
         await self.settle(tally, lambda: tally.open(opened), opened.round)
         await self.drain_refused(tally)
         for partial, raw in self.early.pop(opened.run_id, []):
             await self.count(tally, partial, raw)
+
+    async def load_world(self, tally: RunTally, opened: RoundOpen) -> bool:
+        """The world the announced round plays in, read (once) by the reference it carries and
+        checked against its digest; a world that cannot be read fails the run naming it."""
+        try:
+            ref = tally.needs_world(opened)
+            if ref is not None:
+                tally.set_world(ref, await checkpoints.load_world(self.svc.js, ref))
+        except Exception as err:  # unreadable, changed, or not the simulation's World
+            self.runs.pop(tally.run_id, None)
+            await self.fault(tally.run_id, opened.round, f"the environment cannot read the round's world: {err}",
+                             tally.epoch)
+            return False
+        return True
+
+    async def partial_by_reference(self, partial: RoundPartial) -> RoundPartial:
+        """A partial too large for a message names an object of its own share (and its digest):
+        read it, checked, in place of the reference."""
+        ref = partial.payload.get("$ref") if isinstance(partial.payload, dict) else None
+        if ref is None:
+            return partial
+        name = subjects.checkpoint_partial(partial.run_id, partial.round, share_key(partial.host_id, partial.epoch))
+        if ref != name or not isinstance(partial.payload.get("sha256"), str):
+            raise Refused(f"a partial of {share_key(partial.host_id, partial.epoch)} names {ref!r}, not its own "
+                          f"object {name}")
+        try:
+            data = await checkpoints.get_bytes(self.svc.js, name, partial.payload["sha256"])
+            payload = json.loads(data)
+        except (checkpoints.CheckpointError, ValueError) as err:
+            raise Refused(f"the partial's object {name} cannot be used: {err}") from None
+        return partial.model_copy(update={"payload": payload})
 
     async def on_partial(self, partial: RoundPartial, msg: NatsMessage | None) -> None:
         """A share's reduced part of a round."""
@@ -95,6 +129,13 @@ class Environment:
             # the subject is what NATS permissions check: a body must not claim another sender
             raise Refused(f"a partial of {partial.host_id}@{partial.epoch}, round {partial.round} "
                           f"of run {partial.run_id} does not belong on {msg.raw_message.subject}")
+        try:
+            partial = await self.partial_by_reference(partial)
+        except Refused as err:
+            if msg is None:  # read again after a restart: dead-lettered when it first came
+                self.svc.log.warning("bad_partial_skipped", run_id=partial.run_id, error=str(err))
+                return
+            raise
         tally = self.runs.get(partial.run_id)
         if tally is None:
             if partial.run_id in self.failed:
@@ -181,9 +222,14 @@ class Environment:
                 "environment.decide", context=self.round_contexts.pop((result.run_id, result.round), None),
                 attributes={"populace.run_id": result.run_id, "populace.round": result.round,
                             "populace.n_valid": result.n_valid}):
-            # The checkpoint first: a round whose result is out is a round a run can continue from.
+            # The checkpoint first: a round whose result is out is a round a run can continue from
+            # (its world too: the next round's announcement names it).
+            tally = self.runs.get(result.run_id)
+            out = tally.worlds_out.pop(result.round, None) if tally is not None else None
+            if out is not None:
+                await checkpoints.put_bytes(self.svc.js, out[0].name, out[1])
             await checkpoints.save_env(self.svc.js, result.run_id, result.round, result.state, result.observation,
-                                       result.selection)
+                                       result.selection, result.world)
             await bus.publish_js(self.svc.js, subjects.run_round_result(result.run_id, result.round), result,
                                  msg_id=subjects.msg_id(result.run_id, result.round, "env", "result", result.epoch))
         metrics.ROUNDS.labels("environment").inc()

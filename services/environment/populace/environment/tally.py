@@ -19,16 +19,19 @@ it is recovery at work, not an attack.
 from __future__ import annotations
 
 import functools
+import hashlib
 import time
 from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
-from populace.core.contracts import RoundOpen, RoundPartial, RoundResult, Usage, share_key
+from populace.core import subjects
+from populace.core.contracts import RoundOpen, RoundPartial, RoundResult, Usage, WorldRef, share_key
 from populace.sdk.agent import Agent
 from populace.sdk.engine import DecideFailed, RoundDecider
 from populace.sdk.env import Env, Partial
 from populace.sdk.registry import Resolved
+from populace.sdk.world import World
 
 
 class EnvironmentFailed(RuntimeError):
@@ -67,6 +70,26 @@ class RunTally:
     partials: dict[int, dict[str, Counted]] = field(default_factory=dict)
     decided: dict[int, frozenset[str]] = field(default_factory=dict)  # round -> the shares it folded
     refused: list[RefusedPartial] = field(default_factory=list)  # early partials an announcement refused: drain it
+    # a simulation with a World: the world the announced rounds play in (the service loads it, by
+    # the reference each announcement carries, before the round is decided) and what it was read as
+    world: World | None = None
+    world_ref: WorldRef | None = None
+    # round -> (the result's world reference, its bytes): stored by the service before the result
+    worlds_out: dict[int, tuple[WorldRef, bytes]] = field(default_factory=dict)
+
+    def needs_world(self, opened: RoundOpen) -> WorldRef | None:
+        """The world reference the service must load before `opened` can be decided (None: the
+        world in hand is the round's, or the run has none, or it starts now: `start_world`)."""
+        if self.env.World is None:
+            return None
+        if opened.world is None:
+            if self.world is None or self.world_ref is not None:  # round 1: the world it starts with
+                self.world, self.world_ref = self.decider.opening().world, None
+            return None
+        return None if self.world_ref == opened.world else opened.world
+
+    def set_world(self, ref: WorldRef, data: bytes) -> None:
+        self.world, self.world_ref = self.env.World.from_bytes(data), ref  # type: ignore[union-attr]
 
     @property
     def epoch(self) -> int:
@@ -161,13 +184,24 @@ class RunTally:
     def decide(self, opened: RoundOpen, parts: list[tuple[RoundPartial, Partial | None]]) -> RoundResult:
         try:
             decision = self.decider.decide(opened.round, opened.env_state,
-                                           [payload for _, payload in parts if payload is not None])
+                                           [payload for _, payload in parts if payload is not None], self.world)
         except DecideFailed as err:
             raise EnvironmentFailed(str(err)) from err
+        world_ref = None
+        if decision.world is not None:
+            if decision.world is self.world and self.world_ref is not None:
+                world_ref = self.world_ref  # unchanged: the next round reads the same object
+            else:
+                data = decision.world.to_bytes()
+                world_ref = WorldRef(name=subjects.checkpoint_world(self.run_id, opened.round),
+                                     digest=hashlib.sha256(data).hexdigest())
+                self.worlds_out[opened.round] = (world_ref, data)
+            # the next round plays in it (a round decided again reloads its own world by reference)
+            self.world, self.world_ref = decision.world, world_ref
         return RoundResult(
             run_id=self.run_id, round=opened.round, n=sum(p.n for p, _ in parts),
             n_valid=sum(p.n_valid for p, _ in parts), summary=decision.summary,
-            observation=decision.observation, state=decision.state, selection=decision.selection,
+            observation=decision.observation, state=decision.state, selection=decision.selection, world=world_ref,
             closed_at=time.time(), epoch=opened.epoch, shares=sorted(opened.shares),
             usage=sum((p.usage for p, _ in parts), Usage()),
         )

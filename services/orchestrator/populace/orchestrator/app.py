@@ -216,9 +216,9 @@ class Orchestrator:
                              f"not {k}")
         if parent.config.agents != start.config.agents:
             raise ValueError(f"agents: a fork keeps its parent's {parent.config.agents} agents")
-        env_state, observation, selection = await checkpoints.load_env(self.svc.js, parent.run_id, k)
-        return workflow.fork_run(rid, start.config, placement, parent, k, env_state, observation, incarnations,
-                                 selection=selection)
+        env = await checkpoints.load_env(self.svc.js, parent.run_id, k)
+        return workflow.fork_run(rid, start.config, placement, parent, k, env.state, env.observation, incarnations,
+                                 selection=env.selection, world=env.world)
 
     async def reject(self, rid: str, reason: str) -> None:
         self.svc.log.warning("run_rejected", run_id=rid, reason=reason)
@@ -381,6 +381,7 @@ class Orchestrator:
                 self.svc.js, subjects.run_round_open(rid, action.round),
                 RoundOpen(run_id=rid, round=action.round, expected=action.expected, config=state.config,
                           observation=state.observation, env_state=state.env_state, selection=state.selection,
+                          world=state.world,
                           opened_at=time.time(),
                           epoch=state.epoch, shares={sh.key: sh.count for sh in state.shares},
                           nudge=state.nudged,

@@ -24,6 +24,7 @@ from populace.core.contracts import (
     RunState,
     Share,
     Usage,
+    WorldRef,
 )
 from populace.core.placement import PlacementError, place_ranges
 
@@ -86,7 +87,7 @@ def new_run(run_id: str, config: RunConfig, placement: Placement,
 
 def fork_run(run_id: str, config: RunConfig, placement: Placement, parent: RunState, after_round: int,
              env_state: dict, observation: dict, incarnations: dict[str, float] | None = None,
-             selection: dict | None = None) -> RunState:
+             selection: dict | None = None, world: WorldRef | None = None) -> RunState:
     """A new run that starts where `parent` was after `after_round` (its agents' and
     environment's state), with its own config (the intervention)."""
     shares = shares_for(placement, 0, after_round + 1, incarnations)
@@ -94,7 +95,7 @@ def fork_run(run_id: str, config: RunConfig, placement: Placement, parent: RunSt
                     restore=Restore(run_id=parent.run_id, round=after_round,
                                     ranges=layout_for(parent, after_round)),
                     layouts=[Layout(from_round=after_round + 1, ranges=layout_of(shares))],
-                    env_state=env_state, observation=observation, selection=selection)
+                    env_state=env_state, observation=observation, selection=selection, world=world)
 
 
 def completed(state: RunState) -> int:
@@ -138,6 +139,7 @@ def on_result(state: RunState, result: RoundResult) -> tuple[RunState, list[Acti
     if sorted(result.shares) != sorted(sh.key for sh in state.shares):
         return state, []  # it folded a share since replaced (or misses a replacement's)
     carried = {"env_state": result.state, "observation": result.observation, "selection": result.selection,
+               "world": result.world,
                "phase_at": time.time(), "nudged": 0,
                "used": state.used + result.usage, "last_round": result.usage}
     if state.round >= state.config.rounds:
