@@ -72,6 +72,7 @@ INSTANCES: dict[str, BaseModel] = {
     "ActColumns": c.ActColumns(group_id=[3, 3], seq=[0, 1], agent_id=[6, 7], phase=["offer", "respond"],
                                columns={"amount": [4, None], "accept": [None, True]}, valid=[True, True],
                                raw=['{"amount": 4}', '{"accept": true}'], latency_ms=[3.0, 2.5], error=[None, None]),
+    "WorldRef": c.WorldRef(name="r1.3.world", digest="b" * 64),
     "EdgeColumns": c.EdgeColumns(follower=[3, 3], author=[8, 2], kind=["follow", "follow"], op=["add", "remove"]),
     "LineColumns": c.LineColumns(group_id=[3, 3], seq=[2, 3], speaker=[6, -1], text=["4 for you", "deal"],
                                  fields=['{"amount":4}', None]),
