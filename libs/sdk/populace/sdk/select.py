@@ -116,7 +116,27 @@ class Where(_Selector):
                             for i in ids.tolist()), dtype=bool, count=ids.size)
 
 
-Selector = Annotated[Everyone | Rate | Ids | Mask | Where, Field(discriminator="kind")]
+class RateBy(_Selector):
+    """Each agent acts with a probability set by one attribute of its persona profile (an
+    activity level): `rates[value]`, else `default`; drawn per (run seed, round, agent, salt)."""
+
+    kind: Literal["rate-by"] = "rate-by"
+    attribute: str = Field(min_length=1)
+    rates: dict[str, Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]]
+    default: float = Field(0.0, ge=0.0, le=1.0, allow_inf_nan=False)
+    salt: int = 0
+
+    def pick(self, ids, *, seed, round_, profiles):
+        if profiles is None:
+            p = np.full(ids.size, self.default)
+        else:
+            rates, default, attr = self.rates, self.default, self.attribute
+            p = np.fromiter((rates.get(str(profiles[i].get(attr)), default) for i in ids.tolist()),
+                            dtype=np.float64, count=ids.size)
+        return uniform(seed, round_, ids, self.salt) < p
+
+
+Selector = Annotated[Everyone | Rate | RateBy | Ids | Mask | Where, Field(discriminator="kind")]
 _ADAPTER: TypeAdapter = TypeAdapter(Selector)
 
 
@@ -144,6 +164,11 @@ def everyone() -> Everyone:
 
 def rate(p: float, salt: int = 0) -> Rate:
     return Rate(p=p, salt=salt)
+
+
+def rate_by(attribute: str, rates: Mapping[str, float], default: float = 0.0, salt: int = 0) -> RateBy:
+    """`rate_by("activity", {"high": 0.5, "low": 0.02}, default=0.1)`: per-persona activity."""
+    return RateBy(attribute=attribute, rates={str(k): v for k, v in rates.items()}, default=default, salt=salt)
 
 
 def ids(agent_ids: Iterable[int]) -> Ids:
