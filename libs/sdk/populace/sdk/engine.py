@@ -55,9 +55,10 @@ class Decision:
 def _size_check(sim_name: str, round_: int, what: str, value: Any) -> None:
     size = len(json.dumps(value, separators=(",", ":")))
     if size > LIMITS[what]:
-        hint = {"state": "keep aggregates in the State; per-agent data belongs to agents (declared state)",
-                "observation": "what every agent sees must be small; give agents their own data through "
-                               "their state, or posts on a graph",
+        hint = {"state": "keep aggregates in the State; bulk data belongs in a World (docs/worlds.md), "
+                         "per-agent data to agents (declared state)",
+                "observation": "what every agent sees must be small; put bulk data in a World and give each "
+                               "agent its own view of it (docs/worlds.md)",
                 "selection": "select by rate, ids or where(…) rather than a mask this large",
                 "summary": "a summary holds a round's figures, not per-agent data"}[what]
         raise DecideFailed(f"simulation {sim_name!r}: its environment's {what} after round {round_} is {size:,} "
