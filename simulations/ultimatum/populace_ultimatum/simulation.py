@@ -127,6 +127,7 @@ class Ultimatum(Simulation):
     Outcome = Result
     Summary = RoundSummary
     prompt_version = prompts.PROMPT_VERSION
+    reference_columns = ("mean_offer",)  # on the offers' scale: drawn on their histogram
     trend_columns = ("offer_share", "acceptance_rate")
 
     def __init__(self, params: UltimatumParams, **kw) -> None:
@@ -163,8 +164,6 @@ class Ultimatum(Simulation):
     def check_run(cls, params: UltimatumParams, config: RunConfig) -> None:
         if config.agents < 2:
             raise ValueError("agents: the ultimatum game needs at least 2 agents (a pair)")
-        if params.game.block % 2:
-            raise ValueError(f"game.block: {params.game.block} must be even (it is cut into pairs)")
 
     @classmethod
     def measure_range(cls, params: UltimatumParams) -> tuple[float, float]:
