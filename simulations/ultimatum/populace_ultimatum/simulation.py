@@ -49,9 +49,8 @@ class Trader(Agent):
         if phase == "offer":
             raw = await llm.ask(prompts.offer_prompt(persona, history, sim.pie, sim.cot), key=self.id,
                                 schema=sim.offer_schema, prefix_chars=len(persona) if persona else 0)
-            offer = rules.parse(raw, "offer", int)
-            valid = offer is not None and 0 <= offer <= sim.pie
-            return Move(offer=offer if valid else None, raw=raw, valid=valid)
+            offer = rules.coins(rules.parse(raw, "offer", int), sim.pie)
+            return Move(offer=offer, raw=raw, valid=offer is not None)
         if phase == "respond":
             raw = await llm.ask(prompts.respond_prompt(persona, history, sim.pie, view["offer"], sim.cot),
                                 key=self.id, schema=sim.respond_schema, prefix_chars=len(persona) if persona else 0)
@@ -60,7 +59,7 @@ class Trader(Agent):
         raise ValueError(f"unknown phase {phase!r}")
 
     def settled(self, outcome: Result, news: object) -> None:
-        if isinstance(news, int):  # the round (None: the scene failed, nothing to remember)
+        if isinstance(news, int) and outcome.role != "unmatched":  # the round (None: the scene failed)
             self.remember((news, outcome.role, outcome.offer, outcome.accepted, outcome.payoff))
 
 
@@ -74,17 +73,28 @@ class Pair(GroupEnv):
             return scene.round
         proposer, responder = scene.members
         move = await proposer.act("offer", {"pie": sim.pie})
-        offer = move.offer if move.valid else None
+        offer = offer_of(move, sim.pie)
         accepted, answer = None, ""
         if offer is not None:
             reply = await responder.act("respond", {"pie": sim.pie, "offer": offer})
-            accepted, answer = (reply.accept if reply.valid else None), reply.raw
+            accepted, answer = reply_of(reply), reply.raw
         mine, theirs = rules.payoffs(sim.pie, offer, accepted)
         scene.outcome(proposer, Result(role="proposer", partner=responder.id, offer=offer, accepted=accepted,
                                        payoff=mine, raw=move.raw, valid=offer is not None))
         scene.outcome(responder, Result(role="responder", partner=proposer.id, offer=offer, accepted=accepted,
                                         payoff=theirs, raw=answer, valid=offer is None or accepted is not None))
         return scene.round  # what the members hear: the round, for their memory
+
+
+def offer_of(move: Move, pie: int) -> int | None:
+    """The offer as the game reads it: a valid act's whole number of coins within the pie, else
+    None (an author's Agent subclass could return anything)."""
+    return rules.coins(move.offer, pie) if move.valid else None
+
+
+def reply_of(move: Move) -> bool | None:
+    """The reply as the game reads it: a valid act's true or false, else None (no valid reply)."""
+    return move.accept if move.valid and isinstance(move.accept, bool) else None
 
 
 class UltimatumEnv(Env[State, Counts]):
