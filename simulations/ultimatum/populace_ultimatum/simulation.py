@@ -108,7 +108,7 @@ class UltimatumEnv(Env[State, Counts]):
         c = dict.fromkeys(Counts.model_fields, 0)
         for o in outcomes:
             if o.role != "proposer":
-                continue  # a pair counts once, by its proposer (who is always in the same batch: a group is whole)
+                continue  # a pair counts once, by its proposer's row (which carries the pair's offer and reply)
             c["pairs"] += 1
             if o.offer is not None:
                 c["offers"] += 1
