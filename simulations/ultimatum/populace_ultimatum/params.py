@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from populace.sdk import Params
 
@@ -19,9 +19,23 @@ class _Section(BaseModel):
 class GameConfig(_Section):
     pie: int = Field(10, ge=1, le=1_000_000)  # whole coins to split
     # strangers: pairs are drawn again every round within blocks of this many agents (placed whole
-    # on one host); 2 keeps each pair for the whole run (partners), roles still alternate
+    # on one host); 2 keeps each pair for the whole run (partners), who proposes is still drawn
     block: int = Field(100, ge=2, le=1_000_000)
     show_history: bool = True  # an agent's prompt recalls its last rounds
+
+    @field_validator("pie", "block", mode="before")
+    @classmethod
+    def _whole(cls, value: object) -> object:
+        if isinstance(value, bool):  # YAML's true is not 1
+            raise ValueError("must be a whole number, not true/false")
+        return value
+
+    @field_validator("block")
+    @classmethod
+    def _even(cls, value: int) -> int:
+        if value % 2:
+            raise ValueError(f"{value} must be even (a block is cut into pairs)")
+        return value
 
 
 class PromptConfig(_Section):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-PROMPT_VERSION = "ultimatum-1"
+PROMPT_VERSION = "ultimatum-2"  # 2: an invalid reply is recalled as such, not as "rejected"
 
 
 def system_prompt(pie: int) -> str:
@@ -20,7 +20,10 @@ def history_text(memory: Sequence[tuple]) -> str:
         return ""
     lines = []
     for round_, role, offer, accepted, payoff in memory:
-        what = "no valid offer" if offer is None else f"offer {offer}, {'accepted' if accepted else 'rejected'}"
+        if offer is None:
+            what = "no valid offer"
+        else:
+            what = f"offer {offer}, {'no valid reply' if accepted is None else 'accepted' if accepted else 'rejected'}"
         lines.append(f"- round {round_}: you were the {role}; {what}; you got {payoff}.")
     return "Your last rounds:\n" + "\n".join(lines) + "\n"
 

@@ -17,19 +17,32 @@ def payoffs(pie: int, offer: int | None, accepted: bool | None) -> tuple[int, in
 
 
 def parse(raw: str, key: str, kind: type) -> object | None:
-    """The answer's `key` if it is a `kind` (bool for accept, a whole number for offer), else None."""
+    """The answer's `key` if it is a `kind` (bool for accept, a whole number for offer — 4.0 counts,
+    4.5, inf, nan, true and "4" do not), else None. Never raises: a model's text is only data."""
     try:
         value = json.loads(raw)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):  # RecursionError: "[[[[…" past the decoder's depth
         return None
     if not isinstance(value, dict):
         return None
     v = value.get(key)
     if kind is bool:
         return v if isinstance(v, bool) else None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v):
+    return _whole(v)
+
+
+def _whole(v: object) -> int | None:
+    if isinstance(v, bool):  # JSON true is not 1 coin
         return None
-    return int(v)
+    if isinstance(v, float):
+        return int(v) if v.is_integer() else None  # inf and nan are not integers
+    return v if isinstance(v, int) else None
+
+
+def coins(value: object, pie: int) -> int | None:
+    """A whole number of coins from 0 to `pie`, or None (an author's agent may return anything)."""
+    v = _whole(value)
+    return v if v is not None and 0 <= v <= pie else None
 
 
 class Counts(Partial):

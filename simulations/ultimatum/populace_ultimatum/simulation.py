@@ -49,9 +49,8 @@ class Trader(Agent):
         if phase == "offer":
             raw = await llm.ask(prompts.offer_prompt(persona, history, sim.pie, sim.cot), key=self.id,
                                 schema=sim.offer_schema, prefix_chars=len(persona) if persona else 0)
-            offer = rules.parse(raw, "offer", int)
-            valid = offer is not None and 0 <= offer <= sim.pie
-            return Move(offer=offer if valid else None, raw=raw, valid=valid)
+            offer = rules.coins(rules.parse(raw, "offer", int), sim.pie)
+            return Move(offer=offer, raw=raw, valid=offer is not None)
         if phase == "respond":
             raw = await llm.ask(prompts.respond_prompt(persona, history, sim.pie, view["offer"], sim.cot),
                                 key=self.id, schema=sim.respond_schema, prefix_chars=len(persona) if persona else 0)
@@ -60,7 +59,7 @@ class Trader(Agent):
         raise ValueError(f"unknown phase {phase!r}")
 
     def settled(self, outcome: Result, news: object) -> None:
-        if isinstance(news, int):  # the round (None: the scene failed, nothing to remember)
+        if isinstance(news, int) and outcome.role != "unmatched":  # the round (None: the scene failed)
             self.remember((news, outcome.role, outcome.offer, outcome.accepted, outcome.payoff))
 
 
@@ -74,17 +73,28 @@ class Pair(GroupEnv):
             return scene.round
         proposer, responder = scene.members
         move = await proposer.act("offer", {"pie": sim.pie})
-        offer = move.offer if move.valid else None
+        offer = offer_of(move, sim.pie)
         accepted, answer = None, ""
         if offer is not None:
             reply = await responder.act("respond", {"pie": sim.pie, "offer": offer})
-            accepted, answer = (reply.accept if reply.valid else None), reply.raw
+            accepted, answer = reply_of(reply), reply.raw
         mine, theirs = rules.payoffs(sim.pie, offer, accepted)
         scene.outcome(proposer, Result(role="proposer", partner=responder.id, offer=offer, accepted=accepted,
                                        payoff=mine, raw=move.raw, valid=offer is not None))
         scene.outcome(responder, Result(role="responder", partner=proposer.id, offer=offer, accepted=accepted,
                                         payoff=theirs, raw=answer, valid=offer is None or accepted is not None))
         return scene.round  # what the members hear: the round, for their memory
+
+
+def offer_of(move: Move, pie: int) -> int | None:
+    """The offer as the game reads it: a valid act's whole number of coins within the pie, else
+    None (an author's Agent subclass could return anything)."""
+    return rules.coins(move.offer, pie) if move.valid else None
+
+
+def reply_of(move: Move) -> bool | None:
+    """The reply as the game reads it: a valid act's true or false, else None (no valid reply)."""
+    return move.accept if move.valid and isinstance(move.accept, bool) else None
 
 
 class UltimatumEnv(Env[State, Counts]):
@@ -98,7 +108,7 @@ class UltimatumEnv(Env[State, Counts]):
         c = dict.fromkeys(Counts.model_fields, 0)
         for o in outcomes:
             if o.role != "proposer":
-                continue  # a pair counts once, by its proposer (who is always in the same batch: a group is whole)
+                continue  # a pair counts once, by its proposer's row (which carries the pair's offer and reply)
             c["pairs"] += 1
             if o.offer is not None:
                 c["offers"] += 1
@@ -127,6 +137,7 @@ class Ultimatum(Simulation):
     Outcome = Result
     Summary = RoundSummary
     prompt_version = prompts.PROMPT_VERSION
+    reference_columns = ("mean_offer",)  # on the offers' scale: drawn on their histogram
     trend_columns = ("offer_share", "acceptance_rate")
 
     def __init__(self, params: UltimatumParams, **kw) -> None:
@@ -163,8 +174,6 @@ class Ultimatum(Simulation):
     def check_run(cls, params: UltimatumParams, config: RunConfig) -> None:
         if config.agents < 2:
             raise ValueError("agents: the ultimatum game needs at least 2 agents (a pair)")
-        if params.game.block % 2:
-            raise ValueError(f"game.block: {params.game.block} must be even (it is cut into pairs)")
 
     @classmethod
     def measure_range(cls, params: UltimatumParams) -> tuple[float, float]:
