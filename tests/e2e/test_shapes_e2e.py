@@ -63,7 +63,7 @@ def table(db: str, name: str, run_id: str, order: str) -> list[dict]:
 
 def norm(row: dict) -> dict:
     """DuckDB gives JSON columns as text, the local runner Python values: compare them as values."""
-    return {k: json.loads(v) if isinstance(v, str) and v[:1] in "{[" else v for k, v in row.items()}
+    return {k: json.loads(v) if isinstance(v, str) and v.startswith(("{", "[")) else v for k, v in row.items()}
 
 
 def rows(columns: dict[str, list]) -> list[dict]:
@@ -173,3 +173,38 @@ def test_an_agent_host_killed_in_a_round_of_scenes_is_replaced_and_every_table_i
         assert_as_in_one_process(stack.db, out.run_id, asyncio.run(run_local(prepared.resolved)))
     finally:
         stack.restart("agent-host-1")
+
+
+# -- worlds, views and partial columns ------------------------------------------------------------
+SCHELLING = {"simulation": "schelling", "agents": 600, "rounds": 4, "seed": 7, "model": {"latency_s": 0.0},
+             "grid": {"width": 30, "height": 30}, "rule": {"threshold": 0.5}}
+
+
+@pytest.mark.parametrize("per_process", [False, True], ids=["3-hosts", "one-agent-per-process"])
+def test_a_world_and_its_views_on_three_hosts_and_one_agent_per_process_equal_one_process(stack, per_process):
+    data = {**SCHELLING, **({"agents": 40, "grid": {"width": 8, "height": 8},
+                             "placement": {"agents_per_process": 1}} if per_process else {})}
+    prepared, out = fleet(stack, data)
+    assert out.status == "completed", out.reason
+    local = asyncio.run(run_local(prepared.resolved))
+    assert sum(local.rounds["moved"]) > 0  # the world changed between rounds
+    assert_as_in_one_process(stack.db, out.run_id, local)
+
+
+def test_a_grid_of_800_by_800_cells_with_per_cell_state_completes_on_the_fleet(tmp_path):
+    """Per-cell state no longer travels in round messages: 640,000 cells and 200,000 agents,
+    whose movers (a partial column over the message limit) travel by reference. Its own stack,
+    with the default host-loss window: a busy 2-core machine needs it for 100,000 agents a host."""
+    data = {**SCHELLING, "agents": 200_000, "rounds": 2, "grid": {"width": 800, "height": 800},
+            "rule": {"threshold": 0.6}}
+    stack = Stack(hosts=2, db=str(tmp_path / "populace.duckdb"), env={"POPULACE_STORAGE": "memory"})
+    with stack.up(timeout=120):
+        prepared, out = fleet(stack, data)
+    assert out.status == "completed", out.reason
+    assert out.recorded is not None and out.recorded.outcomes == 400_000
+    local = asyncio.run(run_local(prepared.resolved))
+    recorded_rounds = [{k: v for k, v in r.items() if k not in ("prompt_tokens", "completion_tokens")}
+                       for r in table(stack.db, "schelling_rounds", out.run_id, "round")]
+    assert recorded_rounds == [{k: v for k, v in r.items() if k not in ("prompt_tokens", "completion_tokens")}
+                               for r in rows(local.rounds)]
+    assert local.rounds["moved"][0] > 40_000

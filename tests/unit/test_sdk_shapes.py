@@ -517,3 +517,18 @@ class Shapes(Simulation):
     Env = ShapesEnv
     Outcome = Shaped
     Summary = Mean
+
+
+def test_a_port_that_raises_fails_the_same_act_in_its_own_process_as_in_this_one():
+    """A port's own exception (a scripted error) is the act's error under either placement, and
+    the agent's next acts go on (the child used to read the next message as its answer)."""
+    config = RunConfig.model_validate({"simulation": "ultimatum", "agents": 2, "rounds": 3, "game": {"block": 2}})
+
+    def llm(run, round_):
+        return ScriptedLLM(lambda key, prompt: ValueError("boom") if round_ == 1 else
+                           ('{"offer": 5}' if "You are the proposer" in prompt else '{"accept": true}'))
+
+    here = asyncio.run(run_local(config, llm=llm))
+    apart = asyncio.run(run_local(config, llm=llm, one_per_process=True))
+    assert here.outcomes["error"][0] == "agent: ValueError: boom"
+    assert apart.outcomes["error"] == here.outcomes["error"] and apart.outcomes["payoff"] == here.outcomes["payoff"]

@@ -32,10 +32,10 @@ class PipeLLM:
     def ask(self, prompt: str, *, key: int, prefix_chars: int = 0, system: str | None = None,
             schema: dict | None = None) -> asyncio.Future:
         self._conn.send(("ask", prompt, key, prefix_chars, system, schema))
-        text, error = self._conn.recv()
+        text, error, kind = self._conn.recv()
         fut = asyncio.get_running_loop().create_future()
         if error is not None:
-            fut.set_exception(InferError(error))
+            fut.set_exception(InferError(error) if kind == "infer" else AgentRaised(error))
         else:
             fut.set_result(text)
         return fut
@@ -78,6 +78,8 @@ def _child_main(conn: Connection, agent: Agent) -> None:
             out = loop.run_until_complete(work)
         except InferError as err:
             conn.send(("infer_error", str(err)))
+        except AgentRaised as err:  # already "Type: message", as the host records an agent's error
+            conn.send(("raised", str(err)))
         except Exception as err:
             conn.send(("raised", f"{type(err).__name__}: {err}"))
         else:
@@ -137,11 +139,13 @@ class ProcessAgent(Agent):
             if msg[0] == "ask":
                 _, prompt, key, prefix_chars, system, schema = msg
                 try:
-                    text, error = await llm.ask(prompt, key=key, prefix_chars=prefix_chars,
-                                                system=system, schema=schema), None
+                    text, error, kind = await llm.ask(prompt, key=key, prefix_chars=prefix_chars,
+                                                      system=system, schema=schema), None, None
                 except InferError as err:
-                    text, error = None, str(err)
-                self.conn.send((text, error))
+                    text, error, kind = None, str(err), "infer"
+                except Exception as err:  # the port raised (a scripted error): the child's call raises it too
+                    text, error, kind = None, f"{type(err).__name__}: {err}", "raised"
+                self.conn.send((text, error, kind))
             elif msg[0] == "done":
                 return msg[1]
             elif msg[0] == "infer_error":
