@@ -19,8 +19,8 @@ from nats.js.object_store import OBJ_META_PRE_TEMPLATE, OBJ_STREAM_TEMPLATE
 from pydantic_core import from_json, to_json
 
 from populace.core import subjects
-from populace.core.contracts import WorldRef
 from populace.core.bus import until_ready
+from populace.core.contracts import WorldRef
 from populace.core.objects import read_object
 
 
