@@ -4,7 +4,8 @@ deploy/nats/auth.conf gives every agent-host one shared user, which may publish 
 outcomes and partials. A host with a user of its own (named by its host id) may publish only
 its own: `run.*.outcomes.*.<id>`, `run.*.mail.*.*.*.<id>`, `run.*.partial.*.<id>.*`, `run.*.spawned.<id>`,
 `run.*.fault.<id>`, `progress.*.*.<id>`, its own KV `hosts` entry; it hears only its own spawn
-orders and reads only its own inboxes (`_INBOX_<id>.>`). The environment and the recorder
+orders and reads only its own inboxes (`_INBOX_<id>.>`); on RUN it may create, read and delete
+one consumer, `mail-<id>`, filtered to its own mail. The environment and the recorder
 refuse a body that claims another sender than its subject, so a host's credentials cannot
 speak for another host.
 
@@ -15,8 +16,10 @@ from __future__ import annotations
 
 import re
 
+from populace.core import subjects
 from populace.core.subjects import valid_token
 
+_MAIL = subjects.mail_consumer("{id}")
 # (what the shared block says, what one host's says); {id} is the host id
 NARROWINGS = (
     ('user: agent-host', 'user: "{id}"'),
@@ -30,6 +33,12 @@ NARROWINGS = (
     ('"$KV.hosts.>"', '"$KV.hosts.{id}"'),
     ('"_INBOX_agent-host.>"', '"_INBOX_{id}.>"'),
     ('"run.*.spawn.*"', '"run.*.spawn.{id}"'),
+    # its mail read back from RUN: one consumer of its own name, its own mail only
+    ('"$JS.API.CONSUMER.CREATE.RUN.*.run.*.mail.*.*.*.*"',
+     f'"$JS.API.CONSUMER.CREATE.RUN.{_MAIL}.{subjects.any_mail_for("{id}")}"'),
+    ('"$JS.API.CONSUMER.INFO.RUN.*"', f'"$JS.API.CONSUMER.INFO.RUN.{_MAIL}"'),
+    ('"$JS.API.CONSUMER.MSG.NEXT.RUN.*"', f'"$JS.API.CONSUMER.MSG.NEXT.RUN.{_MAIL}"'),
+    ('"$JS.API.CONSUMER.DELETE.RUN.*"', f'"$JS.API.CONSUMER.DELETE.RUN.{_MAIL}"'),
 )
 _PASSWORD = re.compile(r"password: \$AGENT_HOST_PASSWORD")
 

@@ -203,6 +203,12 @@ def any_mail_for(host_id: str) -> str:
     return ANY_MAIL_FOR.format(host_id=host_id)
 
 
+def mail_consumer(host_id: str) -> str:
+    """The one consumer on RUN a host may create (to read its own mail back): its NATS user
+    may use no other name, and only with a filter of its own mail (deploy/nats/auth.conf)."""
+    return f"mail-{host_id}"
+
+
 def msg_id(rid: str, n: int, shard: str | int, kind: str, epoch: int = 0) -> str:
     """JetStream de-duplication id: a retried publish of the same thing is stored once. A
     resumed run plays again in a new epoch, whose events are new things."""

@@ -1,0 +1,131 @@
+"""What one agent-host's own NATS user (`populace auth host`) may still do on the JetStream API
+and the stores, tried as an attacker holding those credentials (issue 26, items 2 and 9).
+
+- RUN's consumers: it may read back its own mail, through one consumer named for it and
+  filtered to its own mail subjects, and nothing else: it cannot delete, retarget or pull
+  from a service's durable, nor read another host's outcomes through a consumer of its own;
+- a service's durable that disappears or is changed all the same is re-created by its owner
+  from where it had got to, and reported (`durable_recreated`);
+- stores: it cannot purge or wipe the checkpoints store (a purge, or a `Nats-Rollup: all`
+  header on a message of its own), nor the hosts or services registries.
+"""
+
+from __future__ import annotations
+
+import json
+
+import nats.errors
+import pytest
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError
+from test_auth import admin_js, connect_as, denied, eventually, write_test_conf
+
+from populace.core import subjects
+from populace.core.natsserver import EmbeddedNats
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+HOSTS = {"host-a": "pw-host-a", "host-b": "pw-host-b"}
+
+
+@pytest.fixture
+def hosts_server(tmp_path):
+    conf = write_test_conf(tmp_path, HOSTS)
+    with EmbeddedNats(extra_args=["-c", str(conf)], log_file=str(tmp_path / "nats-server.log")) as ns:
+        ns.log_path = tmp_path / "nats-server.log"
+        yield ns
+
+
+async def api(nc, subject: str, body: dict | None = None) -> dict | None:
+    """One raw JetStream API call; None when no answer comes (the server refused the publish)."""
+    try:
+        msg = await nc.request(subject, b"" if body is None else json.dumps(body).encode(), timeout=0.5)
+    except nats.errors.TimeoutError:
+        return None
+    return json.loads(msg.data)
+
+
+async def test_a_host_cannot_touch_service_durables_or_read_other_hosts_through_a_consumer(hosts_server):
+    admin, ajs = await admin_js(hosts_server.url)
+    # the services' durables as they create them
+    await ajs.add_consumer(subjects.RUN_STREAM, ConsumerConfig(
+        durable_name="recorder", filter_subject=subjects.ANY_RUN_EVENT, ack_policy=AckPolicy.EXPLICIT,
+        deliver_policy=DeliverPolicy.ALL))
+    await ajs.add_consumer(subjects.RUN_STREAM, ConsumerConfig(
+        durable_name="environment-partial", filter_subject=subjects.ANY_PARTIAL, ack_policy=AckPolicy.EXPLICIT,
+        deliver_policy=DeliverPolicy.NEW))
+    errors: list[str] = []
+    nc = await connect_as(hosts_server.url, "host-a", errors, password=HOSTS["host-a"])
+    other = await connect_as(hosts_server.url, "host-b", password=HOSTS["host-b"])
+    try:
+        await other.jetstream().publish("run.r1.outcomes.1.host-b", b'{"answers": "host-b"}')
+        await other.jetstream().publish(subjects.run_mail("r1", 1, "host-a", 0, "host-b"), b'{"mail": 1}')
+        js = nc.jetstream(timeout=1.0)
+        stream = subjects.RUN_STREAM
+        mine = subjects.mail_consumer("host-a")
+        own_mail = subjects.run_mail_to("r1", 1, "host-a", 0)
+        attacks = {  # what: (API subject, the filter its body asks for)
+            "delete the recorder's durable": (f"$JS.API.CONSUMER.DELETE.{stream}.recorder", None),
+            "delete environment-partial": (f"$JS.API.CONSUMER.DELETE.{stream}.environment-partial", None),
+            "pull from the recorder's durable": (f"$JS.API.CONSUMER.MSG.NEXT.{stream}.recorder", None),
+            "look the recorder's durable up": (f"$JS.API.CONSUMER.INFO.{stream}.recorder", None),
+            # the named form with a filter of its own mail: an update of the recorder's durable
+            "retarget the recorder's durable": (f"$JS.API.CONSUMER.CREATE.{stream}.recorder.{own_mail}", own_mail),
+            # the unnamed (legacy) form carries any filter in its body
+            "a consumer on every run's events": (f"$JS.API.CONSUMER.CREATE.{stream}", subjects.ANY_RUN_EVENT),
+            # its own consumer's name, another host's outcomes or mail
+            "another host's answers": (f"$JS.API.CONSUMER.CREATE.{stream}.{mine}.run.*.outcomes.*.host-b",
+                                       "run.*.outcomes.*.host-b"),
+            "another host's mail": (f"$JS.API.CONSUMER.CREATE.{stream}.{mine}."
+                                    + subjects.run_mail_to("r1", 1, "host-b", 0),
+                                    subjects.run_mail_to("r1", 1, "host-b", 0)),
+        }
+        for what, (subject, filt) in attacks.items():
+            body = {"stream_name": stream, "config": {"name": mine, "filter_subject": filt, "deliver_policy": "all",
+                                                      "ack_policy": "none"}} if filt else (
+                {"batch": 1, "no_wait": True} if ".MSG.NEXT." in subject else None)
+            assert await api(nc, subject, body) is None, f"a host could {what}"
+            await eventually(lambda s=subject: denied(errors, "publish", s), what=f"violation: {what}")
+        recorder = await ajs.consumer_info(stream, "recorder")
+        assert recorder.config.filter_subject == subjects.ANY_RUN_EVENT and recorder.num_pending == 2
+        assert (await ajs.consumer_info(stream, "environment-partial")).config.filter_subject == subjects.ANY_PARTIAL
+
+        # Positive control: its own mail, read back the way MailCarrier.refetch does.
+        from populace.agent_host.mail import read_back
+
+        got = await read_back(js, "host-a", subjects.run_mail_to("r1", 1, "host-a", 0))
+        assert [m.data for m in got] == [b'{"mail": 1}']
+        with pytest.raises(NotFoundError):  # and it is gone once read
+            await js.consumer_info(stream, mine)
+    finally:
+        for c in (nc, other, admin):
+            await c.close()
+
+
+async def test_the_shared_agent_host_user_cannot_touch_service_durables_either(hosts_server):
+    """The shared `agent-host` user may name any host's mail consumer (its name token is a
+    wildcard), so the services' durables on RUN are denied to it by name."""
+    admin, ajs = await admin_js(hosts_server.url)
+    await ajs.add_consumer(subjects.RUN_STREAM, ConsumerConfig(
+        durable_name="recorder", filter_subject=subjects.ANY_RUN_EVENT, ack_policy=AckPolicy.EXPLICIT))
+    errors: list[str] = []
+    nc = await connect_as(hosts_server.url, "agent-host", errors)
+    try:
+        own_mail = subjects.run_mail_to("r1", 1, "host-a", 0)
+        for subject, body in (
+            (f"$JS.API.CONSUMER.DELETE.{subjects.RUN_STREAM}.recorder", None),
+            (f"$JS.API.CONSUMER.MSG.NEXT.{subjects.RUN_STREAM}.recorder", {"batch": 1, "no_wait": True}),
+            (f"$JS.API.CONSUMER.CREATE.{subjects.RUN_STREAM}.recorder.{own_mail}",
+             {"stream_name": subjects.RUN_STREAM, "config": {"durable_name": "recorder", "filter_subject": own_mail,
+                                                             "ack_policy": "explicit"}}),
+        ):
+            assert await api(nc, subject, body) is None, subject
+            await eventually(lambda s=subject: denied(errors, "publish", s), what=f"violation on {subject}")
+        assert (await ajs.consumer_info(subjects.RUN_STREAM, "recorder")).config.filter_subject == "run.>"
+        # any host's mail read-back still works for it
+        from populace.agent_host.mail import read_back
+
+        assert await read_back(nc.jetstream(timeout=2.0), "host-a", own_mail) == []
+    finally:
+        await nc.close()
+        await admin.close()
