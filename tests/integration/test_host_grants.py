@@ -129,3 +129,51 @@ async def test_the_shared_agent_host_user_cannot_touch_service_durables_either(h
     finally:
         await nc.close()
         await admin.close()
+
+
+async def test_a_host_cannot_purge_or_wipe_the_checkpoints_nor_the_registries(hosts_server):
+    """A purge of the checkpoints store, and a message of its own with `Nats-Rollup: all` (which
+    purges a whole stream that allows rollups: nats-py's object store and KV do) on its
+    checkpoint metadata, its chunks, its KV `hosts` entry and its KV `services` entry. Before,
+    each emptied the store or the bucket; now the purge is refused by the server's
+    permissions, the rollups by the streams, and everything is still there."""
+    from populace.core import checkpoints
+
+    admin, ajs = await admin_js(hosts_server.url)
+    errors: list[str] = []
+    nc = await connect_as(hosts_server.url, "host-a", errors, password=HOSTS["host-a"])
+    other = await connect_as(hosts_server.url, "host-b", password=HOSTS["host-b"])
+    env = await connect_as(hosts_server.url, "environment")
+    try:
+        js = nc.jetstream(timeout=1.0)
+        await checkpoints.save_agents(other.jetstream(), "r1", 1, 0, 2, {"memory": [[1], [2]]}, writer="host-b")
+        await checkpoints.save_env(env.jetstream(), "r1", 1, {"n": 1}, {})
+        await checkpoints.save_agents(js, "r1", 1, 2, 1, {"memory": [[3]]}, writer="host-a")
+        await (await ajs.key_value(subjects.HOSTS_BUCKET)).put("host-b", b"{}")
+        await (await ajs.key_value(subjects.SERVICES_BUCKET)).put("recorder.1", b"{}")
+        await (await js.key_value(subjects.HOSTS_BUCKET)).put("host-a", b"{}")
+        stream = f"OBJ_{subjects.CHECKPOINTS_BUCKET}"
+        before = {s: (await ajs.stream_info(s)).state.messages for s in (stream, "KV_hosts", "KV_services")}
+
+        with pytest.raises(nats.errors.TimeoutError):
+            await js.purge_stream(stream)
+        await eventually(lambda: denied(errors, "publish", f"$JS.API.STREAM.PURGE.{stream}"), what="purge violation")
+        for subject in (f"$O.{subjects.CHECKPOINTS_BUCKET}.M.{checkpoints._b64('r1.1.agents.2')}",
+                        f"{checkpoints.chunks_of('host-a', 'r1.1.agents.2')}.x", "$KV.hosts.host-a"):
+            with pytest.raises(nats.js.errors.APIError, match="rollup not permitted"):
+                await js.publish(subject, b"", headers={"Nats-Rollup": "all"})
+        # its own user may not write another's chunks, nor anything in the services registry
+        # but an agent-host's entry
+        for subject in (f"{checkpoints.chunks_of('host-b', 'r1.1.agents.0')}.x", "$KV.services.recorder.1"):
+            with pytest.raises(nats.errors.TimeoutError):
+                await js.publish(subject, b"junk", timeout=0.5)
+            await eventually(lambda s=subject: denied(errors, "publish", s), what=f"violation on {subject}")
+
+        after = {s: (await ajs.stream_info(s)).state.messages for s in before}
+        assert after == before
+        assert await checkpoints.load_agents(js, "r1", 1, [(0, 2), (2, 1)], [(0, 3)]) == {
+            0: {"memory": [1]}, 1: {"memory": [2]}, 2: {"memory": [3]}}
+        assert await checkpoints.load_env(js, "r1", 1) == ({"n": 1}, {})
+    finally:
+        for c in (nc, other, env, admin):
+            await c.close()

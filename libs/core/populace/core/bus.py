@@ -16,7 +16,7 @@ import nats
 import nats.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
-from nats.js.api import KeyValueConfig, ObjectStoreConfig, StorageType, StreamConfig
+from nats.js.api import DiscardPolicy, ObjectStoreConfig, StorageType, StreamConfig
 from nats.js.errors import (
     BadRequestError,
     BucketNotFoundError,
@@ -136,8 +136,9 @@ async def provision(js: JetStreamContext, storage: str = "file", replicas: int =
     ):
         await until_ready(lambda b=bucket, t=ttl: ensure_kv(js, b, ttl=t, storage=st, replicas=replicas),
                           f"bucket {bucket}", PROVISION_ATTEMPTS)
-    for bucket in (subjects.PERSONAS_BUCKET, subjects.CHECKPOINTS_BUCKET):
-        await until_ready(lambda b=bucket: ensure_object_store(js, b, storage=st, replicas=replicas),
+    for bucket, rollups in ((subjects.PERSONAS_BUCKET, True), (subjects.CHECKPOINTS_BUCKET, False)):
+        await until_ready(lambda b=bucket, r=rollups: ensure_object_store(js, b, storage=st, replicas=replicas,
+                                                                          rollups=r),
                           f"object store {bucket}", PROVISION_ATTEMPTS)
 
 
@@ -216,35 +217,77 @@ async def _ensure_stream(js: JetStreamContext, cfg: StreamConfig) -> None:
         raise nats.errors.TimeoutError  # no leader elected yet: until_ready asks again
 
 
+# A message with `Nats-Rollup: all` on any subject of a stream that allows rollups purges the
+# whole stream, and a NATS permission cannot look at headers: with rollups on, whoever may write
+# one key of a bucket (an agent-host its own KV `hosts` entry, a checkpoint) may wipe it all.
+# Populace never rolls up a KV bucket (a put replaces a key: history 1) nor the checkpoints
+# (populace.core.checkpoints writes objects without it), so these streams refuse rollups.
+
+
+def _kv_stream(bucket: str, ttl: float | None, storage: StorageType, replicas: int) -> StreamConfig:
+    """What nats-py's create_key_value makes (history 1), without rollups."""
+    return StreamConfig(name=f"KV_{bucket}", subjects=[f"$KV.{bucket}.>"], allow_rollup_hdrs=False,
+                        allow_msg_ttl=True, deny_delete=True, discard=DiscardPolicy.NEW,
+                        duplicate_window=min(ttl, 120.0) if ttl else 120.0, max_age=ttl, max_consumers=-1,
+                        max_msgs=-1, max_msgs_per_subject=1, num_replicas=replicas, storage=storage)
+
+
+def _object_stream(bucket: str, ttl: float | None, storage: StorageType, replicas: int) -> StreamConfig:
+    """What nats-py's create_object_store makes, without rollups."""
+    return StreamConfig(name=f"OBJ_{bucket}", subjects=[f"$O.{bucket}.C.>", f"$O.{bucket}.M.>"],
+                        allow_rollup_hdrs=False, allow_direct=True, discard=DiscardPolicy.NEW, max_age=ttl,
+                        max_bytes=-1, num_replicas=replicas, storage=storage)
+
+
+def _warn_rollups(info, stream: str) -> None:
+    """A stream made before Populace refused rollups (or by another tool) still allows them:
+    say so, with the fix (services may not update streams)."""
+    if info.config.allow_rollup_hdrs:
+        log.warning("stream_allows_rollups", stream=stream,
+                    fix=f"nats stream edit {stream} --no-allow-rollup (as an admin user)",
+                    risk="any user that may write one of its subjects may purge it whole")
+
+
 async def ensure_kv(js: JetStreamContext, bucket: str, ttl: float | None = None,
                     storage: StorageType = StorageType.FILE, replicas: int = 1) -> KeyValue:
     try:
         kv = await js.key_value(bucket)
     except BucketNotFoundError:
         try:
-            kv = await js.create_key_value(
-                KeyValueConfig(bucket=bucket, ttl=ttl, history=1, storage=storage,
-                               replicas=replicas)
-            )
+            await js.add_stream(_kv_stream(bucket, ttl, storage, replicas))
+            kv = await js.key_value(bucket)
         except BadRequestError:  # created concurrently by another service
             try:
                 kv = await js.key_value(bucket)
             except BucketNotFoundError:  # just created elsewhere, not visible here yet
                 raise nats.errors.TimeoutError from None
+        except BucketNotFoundError:  # just created, not visible here yet
+            raise nats.errors.TimeoutError from None
+    else:
+        _warn_rollups(await js.stream_info(f"KV_{bucket}"), f"KV_{bucket}")
     await _has_leader(js, f"KV_{bucket}", replicas)
     return kv
 
 
 async def ensure_object_store(js: JetStreamContext, bucket: str, storage: StorageType = StorageType.FILE,
-                              replicas: int = 1, ttl: float | None = None) -> ObjectStore:
+                              replicas: int = 1, ttl: float | None = None, rollups: bool = True) -> ObjectStore:
+    """`rollups=False`: a bucket written only with populace.core.checkpoints (nats-py's put()
+    rolls its metadata up), whose writers must not be able to purge it."""
     try:
         store = await js.object_store(bucket)
     except BucketNotFoundError:
         try:
-            store = await js.create_object_store(
-                bucket, config=ObjectStoreConfig(storage=storage, replicas=replicas, ttl=ttl))
-        except BadRequestError:  # created concurrently by another service
+            if rollups:
+                store = await js.create_object_store(
+                    bucket, config=ObjectStoreConfig(storage=storage, replicas=replicas, ttl=ttl))
+            else:
+                await js.add_stream(_object_stream(bucket, ttl, storage, replicas))
+                store = await js.object_store(bucket)
+        except (BadRequestError, BucketNotFoundError):  # created concurrently by another service
             raise nats.errors.TimeoutError from None  # until_ready looks again
+    else:
+        if not rollups:
+            _warn_rollups(await js.stream_info(f"OBJ_{bucket}"), f"OBJ_{bucket}")
     await _has_leader(js, f"OBJ_{bucket}", replicas)
     return store
 

@@ -33,6 +33,8 @@ NARROWINGS = (
     ('"$KV.hosts.>"', '"$KV.hosts.{id}"'),
     ('"_INBOX_agent-host.>"', '"_INBOX_{id}.>"'),
     ('"run.*.spawn.*"', '"run.*.spawn.{id}"'),
+    ('"$KV.services.agent-host.*"', '"$KV.services.agent-host.{id}"'),  # its liveness entry
+    ('"$O.checkpoints.C.*.>"', '"$O.checkpoints.C.{id}.>"'),  # its checkpoints' chunks
     # its mail read back from RUN: one consumer of its own name, its own mail only
     ('"$JS.API.CONSUMER.CREATE.RUN.*.run.*.mail.*.*.*.*"',
      f'"$JS.API.CONSUMER.CREATE.RUN.{_MAIL}.{subjects.any_mail_for("{id}")}"'),

@@ -100,6 +100,9 @@ class Service:
         self.app.after_startup(self._register)
         self.app.on_shutdown(self._unregister)
         self._heartbeat: bus.Heartbeat | None = None
+        # Its liveness entry's key in KV `services`, `<service>.<…>`: each service's NATS user
+        # may write keys under its own name only (an agent-host's user: its own host id's).
+        self.instance = f"{name}.{os.getpid()}"
         self.max_deliveries, self.retry_delays_s = MAX_DELIVERIES, RETRY_DELAYS_S
         self._startup_hooks: list[Callable[[], Awaitable[None]]] = []
         self._shutdown_hooks: list[Callable[[], Awaitable[None]]] = []
@@ -129,7 +132,7 @@ class Service:
         for fn in self._startup_hooks:
             await fn()
         kv = await self.js.key_value(subjects.SERVICES_BUCKET)
-        instance = f"{self.name}.{os.getpid()}"
+        instance = self.instance
         self._heartbeat = bus.Heartbeat(
             kv, instance,
             lambda: ServiceInfo(service=self.name, instance=instance, pid=os.getpid(),
