@@ -177,3 +177,53 @@ async def test_a_host_cannot_purge_or_wipe_the_checkpoints_nor_the_registries(ho
     finally:
         for c in (nc, other, env, admin):
             await c.close()
+
+
+async def test_a_durable_gone_or_changed_is_recreated_by_its_owner_from_its_last_ack(hosts_server):
+    """Whoever changed it (an admin's mistake, a user with more rights than a host): the
+    recorder's durable retargeted to a filter that matches nothing, which keeps its position
+    and skips what arrives meanwhile, and later deleted. Its owner (as the `recorder` user)
+    re-creates it each time from its last acknowledged message: nothing is skipped."""
+    from populace.core.durables import DurableKeeper
+
+    admin, ajs = await admin_js(hosts_server.url)
+    rec = await connect_as(hosts_server.url, "recorder")
+    try:
+        js = rec.jetstream(timeout=2.0)
+        config = ConsumerConfig(durable_name="recorder", filter_subject=subjects.ANY_RUN_EVENT,
+                                ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL, max_deliver=7)
+        sub = await js.pull_subscribe(subjects.ANY_RUN_EVENT, durable="recorder", stream=subjects.RUN_STREAM,
+                                      config=config)
+        keeper = DurableKeeper(js, "recorder")
+        keeper.keep(subjects.RUN_STREAM, config.evolve(durable_name="recorder", filter_subject="run.>"))
+        for i in range(3):
+            await ajs.publish(f"run.r1.outcomes.1.h{i}", b"{}")
+        for msg in await sub.fetch(3, timeout=2):
+            await msg.ack_sync()
+        assert await keeper.check() == []
+
+        # retargeted: it now matches nothing, and two events arrive meanwhile
+        await ajs.add_consumer(subjects.RUN_STREAM, ConsumerConfig(
+            durable_name="recorder", name="recorder", filter_subject="nothing.>", ack_policy=AckPolicy.EXPLICIT,
+            deliver_policy=DeliverPolicy.ALL, max_deliver=7))
+        await ajs.publish("run.r1.outcomes.2.h0", b"{}")
+        await ajs.publish("run.r1.outcomes.2.h1", b"{}")
+        assert (await ajs.consumer_info(subjects.RUN_STREAM, "recorder")).num_pending == 0
+        assert await keeper.check() == ["recorder: filter_subject is 'nothing.>', should be 'run.>'"]
+        got = await sub.fetch(5, timeout=2)
+        assert [m.subject for m in got] == ["run.r1.outcomes.2.h0", "run.r1.outcomes.2.h1"]
+        for msg in got:
+            await msg.ack_sync()
+        assert await keeper.check() == []  # its periodic look: healthy, its floor noted
+
+        # deleted: re-created from there, and the next event still comes through the same pull
+        await ajs.delete_consumer(subjects.RUN_STREAM, "recorder")
+        await ajs.publish("run.r1.done", b"{}")
+        assert await keeper.check() == ["recorder: missing"]
+        assert [m.subject for m in await sub.fetch(5, timeout=2)] == ["run.r1.done"]
+        assert await keeper.check() == [] and keeper.recreated == 2
+        # (a durable re-created between two looks replays what was acknowledged since the
+        # first: at least once, as after any restart; every consumer upserts)
+    finally:
+        await rec.close()
+        await admin.close()
