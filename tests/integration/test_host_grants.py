@@ -1,5 +1,6 @@
 """What one agent-host's own NATS user (`populace auth host`) may still do on the JetStream API
-and the stores, tried as an attacker holding those credentials (issue 26, items 2 and 9).
+and the stores, tried as an attacker holding those credentials (issue 26, items 2 and 9), and
+what graph runs need with users on (item 8).
 
 - RUN's consumers: it may read back its own mail, through one consumer named for it and
   filtered to its own mail subjects, and nothing else: it cannot delete, retarget or pull
@@ -18,7 +19,7 @@ import nats.errors
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
-from test_auth import admin_js, connect_as, denied, eventually, write_test_conf
+from test_auth import PASSWORDS, admin_js, connect_as, denied, eventually, server_violations, write_test_conf
 
 from populace.core import subjects
 from populace.core.natsserver import EmbeddedNats
@@ -227,3 +228,31 @@ async def test_a_durable_gone_or_changed_is_recreated_by_its_owner_from_its_last
     finally:
         await rec.close()
         await admin.close()
+
+
+async def test_graph_runs_upload_and_read_their_graph_with_users_on_and_a_missing_grant_is_named(hosts_server):
+    """Item 8: the client (`cli`, `manager`) writes a graph to object store `graphs`, a host
+    reads it back — with no permission violation. A user without the grant is told which
+    subject NATS refused, at once (before: "cannot reach NATS … or the run stalled", 80 s on)."""
+    from populace.core import bus
+    from populace.graph.csr import from_edges
+    from populace.graph.serial import dumps
+    from populace.graph.store import get_graph, put_graph
+
+    admin, _ = await admin_js(hosts_server.url)
+    graph = from_edges(4, [0, 1, 2, 3], [1, 2, 3, 0], directed=False)
+    clients = {u: await bus.connect(hosts_server.url, f"test-{u}", user=u, password=PASSWORDS[u])
+               for u in ("cli", "manager", "replicas")}
+    host = await connect_as(hosts_server.url, "host-a", password=HOSTS["host-a"])
+    try:
+        key = await put_graph(clients["cli"].jetstream(timeout=2.0), graph)
+        assert await put_graph(clients["manager"].jetstream(timeout=2.0), dumps(graph)) == key  # already there
+        assert dumps(await get_graph(host.jetstream(timeout=2.0), key)) == dumps(graph)
+        assert server_violations(hosts_server) == []
+
+        with pytest.raises(bus.PermissionDenied, match=r"graph.*'replicas'.*permissions violation for publish to "
+                                                       r'"\$js\.api\.stream\.msg\.get\.obj_graphs"'):
+            await put_graph(clients["replicas"].jetstream(timeout=2.0), from_edges(2, [0], [1], directed=True))
+    finally:
+        for c in (*clients.values(), host, admin):
+            await c.close()

@@ -81,11 +81,52 @@ def seal(conn, msg_id: str) -> str:
     return f"{msg_id}.{mac}"
 
 
+class PermissionDenied(ConnectionError):
+    """The NATS server refused this process's user something it asked (deploy/nats/auth.conf):
+    a publish it makes waits for an answer that never comes, so it is named at once instead."""
+
+
+class _Denials:
+    """Permission violations the server reported to connections made by `connect`: how many so
+    far and the last (user, error). `until_ready` turns a timeout that came with a new one into
+    PermissionDenied."""
+
+    count = 0
+    last = ("", "")
+
+
+denials = _Denials()
+
+
+def _recording(user: str, error_cb):
+    async def on_error(err: Exception) -> None:
+        if "permissions violation" in str(err).lower():
+            denials.count += 1
+            denials.last = (user, str(err))
+            log.error("nats_permission_denied", user=user, error=str(err))
+        if error_cb is not None:
+            await error_cb(err)
+
+    return on_error
+
+
+def refusal() -> str | None:
+    """The last permission NATS refused this process (connections made by `connect`), said
+    plainly: a command that timed out says this instead of "cannot reach NATS"."""
+    if not denials.count:
+        return None
+    user, error = denials.last
+    return (f"NATS refused user {user!r}: {error.removeprefix('nats: ')} — its grants are in "
+            "deploy/nats/auth.conf (deploy/AUTH.md)")
+
+
 async def connect(url: str, name: str, **kw) -> Client:
     """A nats-py connection that reconnects forever; credentials default to the settings'."""
     opts = {**credentials(), **kw}
     if kw.get("user") and "inbox_prefix" not in kw:  # another user than the settings': its own inboxes
         opts["inbox_prefix"] = inbox_prefix(kw["user"])
+    if opts.get("user"):
+        opts["error_cb"] = _recording(opts["user"], opts.get("error_cb"))
     return await nats.connect(
         servers(url), name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5, **opts
     )
@@ -136,7 +177,8 @@ async def provision(js: JetStreamContext, storage: str = "file", replicas: int =
     ):
         await until_ready(lambda b=bucket, t=ttl: ensure_kv(js, b, ttl=t, storage=st, replicas=replicas),
                           f"bucket {bucket}", PROVISION_ATTEMPTS)
-    for bucket, rollups in ((subjects.PERSONAS_BUCKET, True), (subjects.CHECKPOINTS_BUCKET, False)):
+    for bucket, rollups in ((subjects.PERSONAS_BUCKET, True), (subjects.CHECKPOINTS_BUCKET, False),
+                            (subjects.GRAPHS_BUCKET, True)):
         await until_ready(lambda b=bucket, r=rollups: ensure_object_store(js, b, storage=st, replicas=replicas,
                                                                           rollups=r),
                           f"object store {bucket}", PROVISION_ATTEMPTS)
@@ -193,8 +235,15 @@ def _closed_transport(err: Exception) -> bool:
 async def until_ready(step, what: str, attempts: int = 12, delay_s: float = 0.25):
     """Run `step()` until it succeeds, retrying transient JetStream errors (bounded: the last
     error is raised as it is; so is any other error, at once). Waits double from `delay_s`, up to 2 s."""
+    refused = denials.count
+
+    def again(err: BaseException) -> bool:
+        if denials.count > refused and isinstance(err, TRANSIENT):
+            raise PermissionDenied(f"{what}: {refusal()}") from err
+        return _transient(err)
+
     async for attempt in AsyncRetrying(
-        retry=retry_if_exception(_transient), stop=stop_after_attempt(attempts),
+        retry=retry_if_exception(again), stop=stop_after_attempt(attempts),
         wait=wait_exponential(multiplier=delay_s, max=2.0), reraise=True,
         before_sleep=lambda rs: log.info("jetstream_not_ready", what=what, attempt=rs.attempt_number,
                                          error=type(rs.outcome.exception()).__name__),

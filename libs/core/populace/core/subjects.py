@@ -24,6 +24,8 @@ NODES_BUCKET = "nodes"  # machines running `populace node`: resources, processes
 PERSONAS_BUCKET = "personas"
 # --- object store: what a run needs to continue after a round (agents' and env's state) --
 CHECKPOINTS_BUCKET = "checkpoints"
+# --- object store: social graphs (and their agent orders), named by their sha256 ----------
+GRAPHS_BUCKET = "graphs"
 
 
 def checkpoint_agents(rid: str, n: int, first: int) -> str:
