@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-from populace.core import subjects
+from populace.core import authconf, subjects
 from populace.core.subjects import valid_token
 
 _MAIL = subjects.mail_consumer("{id}")
@@ -70,6 +70,10 @@ def host_user(conf: str, host_id: str, password: str) -> str:
         raise HostAuthError(f"host id {host_id!r}: letters, digits, '-' and '_' only")
     if '"' in password or "\\" in password or not password:
         raise HostAuthError("the password must be non-empty, without quotes or backslashes")
+    # a second user of that name; and a host named `environment` would write checkpoint chunks
+    # under the environment's token
+    if host_id in authconf.users(conf):
+        raise HostAuthError(f"host id {host_id!r} is the name of a user of the NATS config")
     start, end = shared_block(conf)
     block = conf[start:end]
     for shared, own in NARROWINGS:
