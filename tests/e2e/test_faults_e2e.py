@@ -13,6 +13,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import duckdb
 import pytest
@@ -31,14 +32,26 @@ ENV = {"POPULACE_STORAGE": "file", "POPULACE_HEARTBEAT_S": "0.5", "POPULACE_HOST
        "POPULACE_REGISTRY_TTL_S": "4", "POPULACE_INFER_TIMEOUT_S": "5", "POPULACE_INFER_DOWN_S": "10"}
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    db = tmp_path_factory.mktemp("faults") / "populace.duckdb"
-    s = Stack(hosts=2, db=str(db), env=ENV, extra={"replicas-sim": ["replicas", "sim", "--count", "2", "--",
-                                                                "--time-scale", "0.1", "--max-num-seqs", "64"]},
-              replicas=2)
+@pytest.fixture(scope="module", params=["open-bus", "users"])
+def stack(request, tmp_path_factory):
+    """With users: one NATS user per service and per host (deploy/nats/auth.conf, `populace auth
+    host`), as the fuzz suite runs them; the run is played as `cli`."""
+    tmp = tmp_path_factory.mktemp(f"faults-{request.param}")
+    users: dict = {}
+    if request.param == "users":
+        from test_fuzz_e2e import HOSTS, USERS, auth_conf  # pytest puts tests/e2e on sys.path
+
+        users["users"] = {u: f"faults-{u}-{os.getpid()}" for u in (*USERS, *HOSTS)}
+        users["nats_args"] = ["-c", str(auth_conf(tmp, users["users"]))]
+    s = Stack(hosts=2, db=str(tmp / "populace.duckdb"), env=ENV,
+              extra={"replicas-sim": ["replicas", "sim", "--count", "2", "--", "--time-scale", "0.1",
+                                      "--max-num-seqs", "64"]},
+              replicas=2, **users)
     with s.up(timeout=90):
         yield s
+        if s.users:  # the server refused nothing any process asked, whatever was killed
+            log = Path(s.log_dir, "nats-server.log").read_text()
+            assert "Violation" not in log, [line for line in log.splitlines() if "Violation" in line][:5]
 
 
 def rows(db: str, sql: str, run_id: str) -> list[tuple]:
@@ -80,7 +93,7 @@ def play_with(stack: Stack, fault=None, at_round: int = 2, after_answers: int = 
                 fire()
 
     async def go():
-        nc = await bus.connect(stack.url, "e2e-faults")
+        nc = await bus.connect(stack.url, "e2e-faults", **stack.credentials("cli"))
         try:
             out = await asyncio.wait_for(play(nc, prepared.config, run_id=rid, manifest=prepared.manifest,
                                               on_event=on_event, stall_s=120), timeout=240)
@@ -184,7 +197,7 @@ def test_a_gateway_gone_for_good_pauses_the_run_and_resume_finishes_it_exactly(s
     assert rows(stack.db, "SELECT count(*) FROM guesses WHERE run_id = ? AND round > 1", out.run_id) == [(0,)]
 
     async def go():
-        nc = await bus.connect(stack.url, "e2e-faults-resume")
+        nc = await bus.connect(stack.url, "e2e-faults-resume", **stack.credentials("cli"))
         try:
             return await asyncio.wait_for(resume(nc, out.run_id, stall_s=120), timeout=240)
         finally:
@@ -205,7 +218,7 @@ def test_an_llm_replica_killed_mid_round_leaves_the_run_exact(stack):
     assert ref.status == "completed", ref.reason
 
     async def replica_pids() -> list[int]:
-        nc = await bus.connect(stack.url, "e2e-faults-replicas")
+        nc = await bus.connect(stack.url, "e2e-faults-replicas", **stack.credentials("cli"))
         try:
             return [r.pid for r in await bus.registry_entries(nc.jetstream(), subjects.REPLICAS_BUCKET, ReplicaInfo)]
         finally:

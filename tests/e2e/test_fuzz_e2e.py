@@ -290,3 +290,35 @@ def allowed_subjects(stack: Stack):
     patterns = [rf"run\.[^.]+\.spawned\.{h}", rf"run\.[^.]+\.outcomes\.[^.]+\.{h}",
                 rf"run\.[^.]+\.partial\.[^.]+\.{h}\.[^.]+", rf"run\.[^.]+\.fault\.{h}", r"llm\.infer"]
     return lambda subject: any(re.fullmatch(p, subject) for p in patterns)
+
+
+def test_service_durables_changed_or_deleted_mid_run_are_recreated_and_the_run_stays_exact(stack):
+    """Round 2 in play, the recorder's durable is retargeted to a filter that matches nothing
+    (an update: it keeps its position and skips what arrives) and the environment's partials
+    durable is deleted — what a host's credentials could do before (issue 26, item 2), done here
+    as `admin`. Their owners notice (populace.core.durables), re-create them from their last
+    acknowledged message and say so; the run completes, recorded in full and exact."""
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+    reference = run_with(stack)
+
+    async def tamper(_attacker, rid: str) -> None:
+        nc = await nats.connect(stack.url, **stack.credentials("admin"))
+        try:
+            js = nc.jetstream()
+            await js.add_consumer(subjects.RUN_STREAM, ConsumerConfig(
+                durable_name="recorder", name="recorder", filter_subject="nothing.>",
+                ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL))
+            await js.delete_consumer(subjects.RUN_STREAM, "environment-partial")
+        finally:
+            await nc.close()
+
+    logs = {k: Path(stack.log_dir, f"{k}.log") for k in ("recorder", "environment", "orchestrator")}
+    seen = {k: p.read_text().count("durable_recreated") for k, p in logs.items()}
+    assert seen == {"recorder": 0, "environment": 0, "orchestrator": 0}, "a durable as its owner made it was re-created"
+    tampered = run_with(stack, tamper)
+    assert answers(stack.db, tampered) == answers(stack.db, reference)
+    assert summaries(stack.db, tampered) == summaries(stack.db, reference)
+    assert {k: p.read_text().count("durable_recreated") for k, p in logs.items()} == {
+        "recorder": 1, "environment": 1, "orchestrator": 0}
+    stack.check_alive()

@@ -6,6 +6,7 @@ the stream, receiving the rest again) — and the fleet's results equal one proc
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from pathlib import Path
 
@@ -48,11 +49,34 @@ def assert_exact_as_in_one_process(db: str, run_id: str, prepared) -> None:
     assert list(zip(local.outcomes["agent_id"], local.outcomes["level"], local.outcomes["heard"], strict=True)) == fleet
 
 
-@pytest.fixture(scope="module")
-def lossy(tmp_path_factory):
+def users_on(tmp: Path, with_users: bool) -> dict:
+    """Stack arguments: with users, one NATS user per service and per host (deploy/nats/auth.conf,
+    `populace auth host`), as the fuzz suite runs them; else none."""
+    if not with_users:
+        return {}
+    from test_fuzz_e2e import HOSTS, USERS, auth_conf  # pytest puts tests/e2e on sys.path
+
+    users = {u: f"graph-{u}-{os.getpid()}" for u in (*USERS, *HOSTS)}
+    return {"users": users, "nats_args": ["-c", str(auth_conf(tmp, users))]}
+
+
+async def connect(stack: Stack, name: str, user: str = "cli"):
+    return await bus.connect(stack.url, name, **stack.credentials(user))
+
+
+def no_violations(stack: Stack) -> None:
+    """With users on, the server refused nothing any service or the client asked."""
+    log = Path(stack.log_dir, "nats-server.log")
+    refused = [line for line in log.read_text().splitlines() if "Violation" in line] if log.exists() else []
+    assert not refused, refused[:5]
+
+
+@pytest.fixture(scope="module", params=["open-bus", "users"])
+def lossy(request, tmp_path_factory):
     """Two agent-hosts that each drop the first mail message they receive."""
-    db = tmp_path_factory.mktemp("graph") / "populace.duckdb"
-    s = Stack(hosts=2, db=str(db), env={"PYTHONPATH": str(SIMS), "POPULACE_FAULT_DROP_MAIL": "1"})
+    tmp = tmp_path_factory.mktemp(f"graph-{request.param}")
+    s = Stack(hosts=2, db=str(tmp / "populace.duckdb"), env={"PYTHONPATH": str(SIMS), "POPULACE_FAULT_DROP_MAIL": "1"},
+              **users_on(tmp, request.param == "users"))
     with s.up(timeout=90):
         yield s
 
@@ -62,7 +86,7 @@ def test_inboxes_stay_exact_when_mail_between_hosts_is_lost(lossy):
     assert prepared.config.graph.digest is not None and prepared.graph is not None
 
     async def go():
-        nc = await bus.connect(lossy.url, "e2e-graph")
+        nc = await connect(lossy, "e2e-graph")
         try:
             return await play(nc, prepared.config, graph=prepared.graph_blobs, manifest=prepared.manifest,
                               stall_s=120)
@@ -76,6 +100,7 @@ def test_inboxes_stay_exact_when_mail_between_hosts_is_lost(lossy):
     assert "mail_refetched" in logs
 
     assert_exact_as_in_one_process(lossy.db, outcome.run_id, prepared)
+    no_violations(lossy)
     with duckdb.connect(lossy.db, read_only=True) as con:
         # the broadcast reached exactly its 7 agents in round 3, and they passed it on
         assert con.execute("SELECT count(*) FROM gossip_outcomes WHERE run_id = ? AND round = 3 AND level = 51",
@@ -86,7 +111,8 @@ def test_inboxes_stay_exact_when_mail_between_hosts_is_lost(lossy):
     assert list(zip(local.rounds["round"], local.rounds["total"], strict=True)) == fleet_rounds
 
 
-def test_a_host_lost_mid_round_leaves_every_inbox_exact(tmp_path):
+@pytest.mark.parametrize("with_users", [False, True], ids=["open-bus", "users"])
+def test_a_host_lost_mid_round_leaves_every_inbox_exact(tmp_path, with_users):
     """Round 2 in play, one agent-host is SIGKILLed: its agents are placed on the survivor,
     which reads their last posts from the checkpoints, and the survivor sends its own posts of
     the round again to the new share. The run equals one process's, inbox by inbox."""
@@ -97,7 +123,7 @@ def test_a_host_lost_mid_round_leaves_every_inbox_exact(tmp_path):
 
     env = {"PYTHONPATH": str(SIMS), "POPULACE_STORAGE": "memory", "POPULACE_HOST_LOST_S": "4",
            "POPULACE_HEARTBEAT_S": "0.5", "POPULACE_REGISTRY_TTL_S": "4"}
-    stack = Stack(hosts=2, db=str(tmp_path / "populace.duckdb"), env=env)
+    stack = Stack(hosts=2, db=str(tmp_path / "populace.duckdb"), env=env, **users_on(tmp_path, with_users))
     data = {**SCENARIO, "model": {"backend": "dummy", "latency_s": 1.5, "seed": 1}}
     prepared = prepare(RunConfig.model_validate(data))
 
@@ -106,7 +132,7 @@ def test_a_host_lost_mid_round_leaves_every_inbox_exact(tmp_path):
             os.kill(stack.procs["agent-host-1"].pid, signal.SIGKILL)
 
     async def go():
-        nc = await bus.connect(stack.url, "e2e-graph-loss")
+        nc = await connect(stack, "e2e-graph-loss")
         try:
             return await asyncio.wait_for(play(nc, prepared.config, graph=prepared.graph_blobs,
                                                manifest=prepared.manifest, on_event=on_event, stall_s=90), 180)
@@ -120,6 +146,7 @@ def test_a_host_lost_mid_round_leaves_every_inbox_exact(tmp_path):
             shares = con.execute("SELECT count(*) FROM _shares WHERE run_id = ?", [outcome.run_id]).fetchone()[0]
         assert shares == 3, "the lost host's agents should have been placed again, in a new share"
         assert_exact_as_in_one_process(stack.db, outcome.run_id, prepared)
+        no_violations(stack)
 
 
 def test_the_opinion_demo_records_every_post_and_stance_and_every_inbox_is_exact(tmp_path):
@@ -165,7 +192,7 @@ def test_a_cancelled_run_resumed_hears_exactly_what_it_would_have(lossy):
     prepared = prepare(RunConfig.model_validate(data))
 
     async def go():
-        nc = await bus.connect(lossy.url, "e2e-graph-resume")
+        nc = await connect(lossy, "e2e-graph-resume")
         cancelled: list = []
 
         def on_event(kind: str, model: object) -> None:
@@ -183,6 +210,7 @@ def test_a_cancelled_run_resumed_hears_exactly_what_it_would_have(lossy):
     done = asyncio.run(go())
     assert done.status == "completed", done.reason
     assert_exact_as_in_one_process(lossy.db, done.run_id, prepared)
+    no_violations(lossy)
 
 
 def test_malformed_and_forged_mail_is_dead_lettered_and_changes_nothing(lossy):
@@ -200,8 +228,11 @@ def test_malformed_and_forged_mail_is_dead_lettered_and_changes_nothing(lossy):
     sent: list[tuple[str, bytes]] = []
 
     async def go():
-        nc = await bus.connect(lossy.url, "e2e-graph-forge")
-        js = nc.jetstream()
+        nc = await connect(lossy, "e2e-graph-forge")
+        # the forger: on an open bus anyone; with users, host-0's credentials — a host may say
+        # nothing as host-9 (refused by the server), so these come from an `admin` connection
+        forger = await connect(lossy, "e2e-graph-forger", "admin")
+        js = forger.jetstream()
 
         async def forge(run_id: str) -> None:
             forged = MailBatch(run_id=run_id, round=1, host_id="host-9", epoch=0, to="host-1@0", shard=0, shards=1,
@@ -225,11 +256,13 @@ def test_malformed_and_forged_mail_is_dead_lettered_and_changes_nothing(lossy):
             return await play(nc, prepared.config, graph=prepared.graph_blobs, manifest=prepared.manifest,
                               on_event=on_event, stall_s=120)
         finally:
+            await forger.close()
             await nc.close()
 
     outcome = asyncio.run(go())
     assert outcome.status == "completed", outcome.reason
     assert_exact_as_in_one_process(lossy.db, outcome.run_id, prepared)
+    no_violations(lossy)
 
     lettered = [(subject, payload) for _, subject, payload, _ in asyncio.run(dead_letters(lossy))]
     assert lettered.count(sent[0]) == 1, "garbage on a mail subject is dead-lettered once"

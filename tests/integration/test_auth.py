@@ -248,9 +248,9 @@ async def test_service_cannot_act_outside_its_permissions(server):
 
 
 async def test_checkpoints_are_replaced_by_their_writers_only(server):
-    """A round played again (after a resume) writes the same checkpoint names: nats-py's
-    put() of a name that is there purges the old object's chunks, which the writers may do on
-    OBJ_checkpoints. Readers read; nobody else writes or purges."""
+    """A round played again (after a resume) writes the same checkpoint names: the newest
+    write is the object (checkpoints.write_object, which needs no purge; the replaced chunks
+    stay until the recorder prunes the run). Readers read; nobody else writes or purges."""
     admin, ajs = await admin_js(server.url)
     errors: list[str] = []
     conns = {u: await connect_as(server.url, u, errors if u == "orchestrator" else None)
@@ -258,20 +258,18 @@ async def test_checkpoints_are_replaced_by_their_writers_only(server):
     try:
         host, env, orch = (conns[u].jetstream(timeout=2.0) for u in ("agent-host", "environment", "orchestrator"))
         for round_ in (1, 2):  # the second write replaces the first
-            await checkpoints.save_agents(host, "r1", 3, 0, 2, {"memory": [[round_], [round_]]})
+            await checkpoints.save_agents(host, "r1", 3, 0, 2, {"memory": [[round_], [round_]]}, writer="h0")
             await checkpoints.save_env(env, "r1", 3, {"history": [round_]}, {"round": round_})
-        # One chunk and one metadata message per object: the replaced chunks were purged.
-        assert await messages(ajs, f"OBJ_{subjects.CHECKPOINTS_BUCKET}") == 4
+        # One chunk and one metadata message per write: nothing purged
+        assert await messages(ajs, f"OBJ_{subjects.CHECKPOINTS_BUCKET}") == 8
         assert await checkpoints.load_agents(host, "r1", 3, [(0, 2)], [(0, 2)]) == {
             0: {"memory": [2]}, 1: {"memory": [2]}}
         assert await checkpoints.load_env(orch, "r1", 3) == ({"history": [2]}, {"round": 2}, None, None)
         assert server_violations(server) == []
 
-        # The orchestrator reads checkpoints but may not write one (nor purge what it failed
-        # to write: put() tries) …
+        # The orchestrator reads checkpoints but may not write one …
         with pytest.raises(nats.errors.TimeoutError):
-            store = await orch.object_store(subjects.CHECKPOINTS_BUCKET)
-            await store.put("r1.3.env", b"{}")
+            await checkpoints.write_object(orch, "r1.3.env", b"{}", "orchestrator")
         await eventually(lambda: any('permissions violation for publish to "$o.checkpoints.c.' in e
                                      for e in errors), what="chunk publish violation")
         # … nor purge them; the `cli` may not even look at them.
@@ -281,9 +279,9 @@ async def test_checkpoints_are_replaced_by_their_writers_only(server):
         conns["cli"] = cli
         with pytest.raises(nats.errors.TimeoutError):
             await cli.jetstream(timeout=1.0).object_store(subjects.CHECKPOINTS_BUCKET)
-        assert await messages(ajs, f"OBJ_{subjects.CHECKPOINTS_BUCKET}") == 4
+        assert await messages(ajs, f"OBJ_{subjects.CHECKPOINTS_BUCKET}") == 8
         assert await checkpoints.load_env(orch, "r1", 3) == ({"history": [2]}, {"round": 2}, None, None)
-        refused = {re.sub(r'\$O\.checkpoints\.C\.\w+', '$O.checkpoints.C.<nuid>', line.split("Subject ")[-1])
+        refused = {re.sub(r'\$O\.checkpoints\.C\.[\w.=-]+', '$O.checkpoints.C.<nuid>', line.split("Subject ")[-1])
                    for line in server_violations(server)}
         assert refused == {'"$O.checkpoints.C.<nuid>"', '"$JS.API.STREAM.PURGE.OBJ_checkpoints"',
                            '"$JS.API.STREAM.INFO.OBJ_checkpoints"'}, refused
@@ -294,8 +292,8 @@ async def test_checkpoints_are_replaced_by_their_writers_only(server):
 
 async def test_recorder_purges_run_events_and_prunes_checkpoints(server):
     """Bounded storage: the recorder may purge a recorded run's events from RUN and delete a
-    completed run's checkpoints (list, delete, drop the deleted marker); an agent-host may not
-    purge RUN."""
+    completed run's checkpoints (list them, purge every write of each: chunks and metadata);
+    an agent-host may not purge RUN."""
     admin, ajs = await admin_js(server.url)
     errors: list[str] = []
     conns = {u: await connect_as(server.url, u, errors if u == "agent-host" else None)
@@ -303,8 +301,9 @@ async def test_recorder_purges_run_events_and_prunes_checkpoints(server):
     try:
         host, env, rec = (conns[u].jetstream(timeout=2.0) for u in ("agent-host", "environment", "recorder"))
         for round_ in (1, 2):
-            await checkpoints.save_agents(host, "r1", round_, 0, 2, {"memory": [[round_], [round_]]})
+            await checkpoints.save_agents(host, "r1", round_, 0, 2, {"memory": [[round_], [round_]]}, writer="h0")
             await checkpoints.save_env(env, "r1", round_, {"history": [round_]}, {"round": round_})
+        await checkpoints.save_env(env, "r1", 1, {"history": [1]}, {"round": 1})  # round 1 played again
         await checkpoints.save_env(env, "r2", 1, {}, {})
         assert await checkpoints.prune(rec, "r1", "last") == 2
         assert await checkpoints.load_env(host, "r1", 2) == ({"history": [2]}, {"round": 2}, None, None)

@@ -31,7 +31,7 @@ def test_hosts_are_added_after_the_shared_user_which_stays():
 
 @pytest.mark.parametrize("host_id, password, error", [
     ("a.b", "p", "letters, digits"), ("a b", "p", "letters, digits"), ("h", 'p"q', "without quotes"),
-    ("h", "", "non-empty")])
+    ("h", "", "non-empty"), ("environment", "p", "name of a user"), ("agent-host", "p", "name of a user")])
 def test_bad_ids_and_passwords_are_refused(host_id, password, error):
     with pytest.raises(HostAuthError, match=error):
         host_user(CONF, host_id, password)

@@ -200,7 +200,14 @@ def _stack_url(nats: str | None, backends: set[str] = frozenset(), replicas: int
     except ConnectionError as err:
         fail(str(err), code=1)
     except (OSError, TimeoutError) as err:
-        fail(f"cannot reach NATS at {nats} or the run stalled: {err}", code=1)
+        fail(_refused() or f"cannot reach NATS at {nats} or the run stalled: {err}", code=1)
+
+
+def _refused() -> str | None:
+    """A timeout that came with a permission NATS refused is that refusal, by name."""
+    from populace.core.bus import refusal
+
+    return refusal()
 
 
 def _overrides(pairs: list[str] | None) -> dict:
@@ -423,7 +430,7 @@ def _steer(build):
     except ConnectionError as err:
         fail(str(err), code=1)
     except (OSError, TimeoutError) as err:
-        fail(f"cannot reach NATS or the run stalled: {err}", code=1)
+        fail(_refused() or f"cannot reach NATS or the run stalled: {err}", code=1)
     raise AssertionError  # unreachable
 
 

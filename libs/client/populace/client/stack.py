@@ -119,7 +119,9 @@ class Stack:
         for key, args in self.extra.items():
             # --nats goes before a `--` (what follows it is passed through to another program)
             cut = args.index("--") if "--" in args else len(args)
-            self._spawn(key, ["-m", "populace.cli", *args[:cut], "--nats", self.url, *args[cut:]], base)
+            # `populace replicas …` registers as the `replicas` user (deploy/nats/auth.conf)
+            user = self._user("replicas") if args[:1] == ["replicas"] else {}
+            self._spawn(key, ["-m", "populace.cli", *args[:cut], "--nats", self.url, *args[cut:]], {**base, **user})
         return self
 
     def _metrics_ports(self, keys: list[str]) -> dict[str, int]:

@@ -17,7 +17,7 @@ import nats
 import nats.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
-from nats.js.api import KeyValueConfig, ObjectStoreConfig, StorageType, StreamConfig
+from nats.js.api import DiscardPolicy, ObjectStoreConfig, StorageType, StreamConfig
 from nats.js.errors import (
     BadRequestError,
     BucketNotFoundError,
@@ -82,11 +82,52 @@ def seal(conn, msg_id: str) -> str:
     return f"{msg_id}.{mac}"
 
 
+class PermissionDenied(ConnectionError):
+    """The NATS server refused this process's user something it asked (deploy/nats/auth.conf):
+    a publish it makes waits for an answer that never comes, so it is named at once instead."""
+
+
+class _Denials:
+    """Permission violations the server reported to connections made by `connect`: how many so
+    far and the last (user, error). `until_ready` turns a timeout that came with a new one into
+    PermissionDenied."""
+
+    count = 0
+    last = ("", "")
+
+
+denials = _Denials()
+
+
+def _recording(user: str, error_cb):
+    async def on_error(err: Exception) -> None:
+        if "permissions violation" in str(err).lower():
+            denials.count += 1
+            denials.last = (user, str(err))
+            log.error("nats_permission_denied", user=user, error=str(err))
+        if error_cb is not None:
+            await error_cb(err)
+
+    return on_error
+
+
+def refusal() -> str | None:
+    """The last permission NATS refused this process (connections made by `connect`), said
+    plainly: a command that timed out says this instead of "cannot reach NATS"."""
+    if not denials.count:
+        return None
+    user, error = denials.last
+    return (f"NATS refused user {user!r}: {error.removeprefix('nats: ')} — its grants are in "
+            "deploy/nats/auth.conf (deploy/AUTH.md)")
+
+
 async def connect(url: str, name: str, **kw) -> Client:
     """A nats-py connection that reconnects forever; credentials default to the settings'."""
     opts = {**credentials(), **kw}
     if kw.get("user") and "inbox_prefix" not in kw:  # another user than the settings': its own inboxes
         opts["inbox_prefix"] = inbox_prefix(kw["user"])
+    if opts.get("user"):
+        opts["error_cb"] = _recording(opts["user"], opts.get("error_cb"))
     return await nats.connect(
         servers(url), name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5, **opts
     )
@@ -137,8 +178,10 @@ async def provision(js: JetStreamContext, storage: str = "file", replicas: int =
     ):
         await until_ready(lambda b=bucket, t=ttl: ensure_kv(js, b, ttl=t, storage=st, replicas=replicas),
                           f"bucket {bucket}", PROVISION_ATTEMPTS)
-    for bucket in (subjects.PERSONAS_BUCKET, subjects.CHECKPOINTS_BUCKET):
-        await until_ready(lambda b=bucket: ensure_object_store(js, b, storage=st, replicas=replicas),
+    for bucket, rollups in ((subjects.PERSONAS_BUCKET, True), (subjects.CHECKPOINTS_BUCKET, False),
+                            (subjects.GRAPHS_BUCKET, True)):
+        await until_ready(lambda b=bucket, r=rollups: ensure_object_store(js, b, storage=st, replicas=replicas,
+                                                                          rollups=r),
                           f"object store {bucket}", PROVISION_ATTEMPTS)
 
 
@@ -193,8 +236,15 @@ def _closed_transport(err: Exception) -> bool:
 async def until_ready(step, what: str, attempts: int = 12, delay_s: float = 0.25):
     """Run `step()` until it succeeds, retrying transient JetStream errors (bounded: the last
     error is raised as it is; so is any other error, at once). Waits double from `delay_s`, up to 2 s."""
+    refused = denials.count
+
+    def again(err: BaseException) -> bool:
+        if denials.count > refused and isinstance(err, TRANSIENT):
+            raise PermissionDenied(f"{what}: {refusal()}") from err
+        return _transient(err)
+
     async for attempt in AsyncRetrying(
-        retry=retry_if_exception(_transient), stop=stop_after_attempt(attempts),
+        retry=retry_if_exception(again), stop=stop_after_attempt(attempts),
         wait=wait_exponential(multiplier=delay_s, max=2.0), reraise=True,
         before_sleep=lambda rs: log.info("jetstream_not_ready", what=what, attempt=rs.attempt_number,
                                          error=type(rs.outcome.exception()).__name__),
@@ -217,35 +267,77 @@ async def _ensure_stream(js: JetStreamContext, cfg: StreamConfig) -> None:
         raise nats.errors.TimeoutError  # no leader elected yet: until_ready asks again
 
 
+# A message with `Nats-Rollup: all` on any subject of a stream that allows rollups purges the
+# whole stream, and a NATS permission cannot look at headers: with rollups on, whoever may write
+# one key of a bucket (an agent-host its own KV `hosts` entry, a checkpoint) may wipe it all.
+# Populace never rolls up a KV bucket (a put replaces a key: history 1) nor the checkpoints
+# (populace.core.checkpoints writes objects without it), so these streams refuse rollups.
+
+
+def _kv_stream(bucket: str, ttl: float | None, storage: StorageType, replicas: int) -> StreamConfig:
+    """What nats-py's create_key_value makes (history 1), without rollups."""
+    return StreamConfig(name=f"KV_{bucket}", subjects=[f"$KV.{bucket}.>"], allow_rollup_hdrs=False,
+                        allow_msg_ttl=True, deny_delete=True, discard=DiscardPolicy.NEW,
+                        duplicate_window=min(ttl, 120.0) if ttl else 120.0, max_age=ttl, max_consumers=-1,
+                        max_msgs=-1, max_msgs_per_subject=1, num_replicas=replicas, storage=storage)
+
+
+def _object_stream(bucket: str, ttl: float | None, storage: StorageType, replicas: int) -> StreamConfig:
+    """What nats-py's create_object_store makes, without rollups."""
+    return StreamConfig(name=f"OBJ_{bucket}", subjects=[f"$O.{bucket}.C.>", f"$O.{bucket}.M.>"],
+                        allow_rollup_hdrs=False, allow_direct=True, discard=DiscardPolicy.NEW, max_age=ttl,
+                        max_bytes=-1, num_replicas=replicas, storage=storage)
+
+
+def _warn_rollups(info, stream: str) -> None:
+    """A stream made before Populace refused rollups (or by another tool) still allows them:
+    say so, with the fix (services may not update streams)."""
+    if info.config.allow_rollup_hdrs:
+        log.warning("stream_allows_rollups", stream=stream,
+                    fix=f"nats stream edit {stream} --no-allow-rollup (as an admin user)",
+                    risk="any user that may write one of its subjects may purge it whole")
+
+
 async def ensure_kv(js: JetStreamContext, bucket: str, ttl: float | None = None,
                     storage: StorageType = StorageType.FILE, replicas: int = 1) -> KeyValue:
     try:
         kv = await js.key_value(bucket)
     except BucketNotFoundError:
         try:
-            kv = await js.create_key_value(
-                KeyValueConfig(bucket=bucket, ttl=ttl, history=1, storage=storage,
-                               replicas=replicas)
-            )
+            await js.add_stream(_kv_stream(bucket, ttl, storage, replicas))
+            kv = await js.key_value(bucket)
         except BadRequestError:  # created concurrently by another service
             try:
                 kv = await js.key_value(bucket)
             except BucketNotFoundError:  # just created elsewhere, not visible here yet
                 raise nats.errors.TimeoutError from None
+        except BucketNotFoundError:  # just created, not visible here yet
+            raise nats.errors.TimeoutError from None
+    else:
+        _warn_rollups(await js.stream_info(f"KV_{bucket}"), f"KV_{bucket}")
     await _has_leader(js, f"KV_{bucket}", replicas)
     return kv
 
 
 async def ensure_object_store(js: JetStreamContext, bucket: str, storage: StorageType = StorageType.FILE,
-                              replicas: int = 1, ttl: float | None = None) -> ObjectStore:
+                              replicas: int = 1, ttl: float | None = None, rollups: bool = True) -> ObjectStore:
+    """`rollups=False`: a bucket written only with populace.core.checkpoints (nats-py's put()
+    rolls its metadata up), whose writers must not be able to purge it."""
     try:
         store = await js.object_store(bucket)
     except BucketNotFoundError:
         try:
-            store = await js.create_object_store(
-                bucket, config=ObjectStoreConfig(storage=storage, replicas=replicas, ttl=ttl))
-        except BadRequestError:  # created concurrently by another service
+            if rollups:
+                store = await js.create_object_store(
+                    bucket, config=ObjectStoreConfig(storage=storage, replicas=replicas, ttl=ttl))
+            else:
+                await js.add_stream(_object_stream(bucket, ttl, storage, replicas))
+                store = await js.object_store(bucket)
+        except (BadRequestError, BucketNotFoundError):  # created concurrently by another service
             raise nats.errors.TimeoutError from None  # until_ready looks again
+    else:
+        if not rollups:
+            _warn_rollups(await js.stream_info(f"OBJ_{bucket}"), f"OBJ_{bucket}")
     await _has_leader(js, f"OBJ_{bucket}", replicas)
     return store
 

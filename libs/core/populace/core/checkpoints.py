@@ -10,12 +10,21 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
+import uuid
 from collections.abc import Iterable
+from datetime import UTC, datetime
 from typing import Literal, NamedTuple
 
 from nats.js import JetStreamContext
+from nats.js.api import ObjectInfo, ObjectMetaOptions
 from nats.js.errors import NotFoundError, ObjectNotFoundError
-from nats.js.object_store import OBJ_META_PRE_TEMPLATE, OBJ_STREAM_TEMPLATE
+from nats.js.object_store import (
+    OBJ_DEFAULT_CHUNK_SIZE,
+    OBJ_DIGEST_TEMPLATE,
+    OBJ_META_PRE_TEMPLATE,
+    OBJ_STREAM_TEMPLATE,
+)
 from pydantic_core import from_json, to_json
 
 from populace.core import subjects
@@ -33,25 +42,56 @@ class CheckpointError(RuntimeError):
 ATTEMPTS = 35
 
 
-async def put(js: JetStreamContext, name: str, value: object) -> int:
-    """Store a JSON value under `name`; returns its size in bytes."""
+CHUNK_BYTES = OBJ_DEFAULT_CHUNK_SIZE
+
+
+def _b64(name: str) -> str:
+    return base64.urlsafe_b64encode(name.encode()).decode()
+
+
+def chunks_of(writer: str, name: str) -> str:
+    """Where `writer` puts the chunks of object `name` (each write under a fresh last token).
+    The writer's NATS user may publish chunks under its own token only (deploy/nats/auth.conf:
+    a host under its host id), so an object's chunk subject says who wrote it."""
+    return f"$O.{subjects.CHECKPOINTS_BUCKET}.C.{writer}.{_b64(name)}"
+
+
+async def write_object(js: JetStreamContext, name: str, data: bytes, writer: str) -> None:
+    """nats-py's object-store put(), readable by its get(), without what makes it need a purge
+    or a rollup: the chunks go to a subject of their own (chunks_of + a nuid), then the
+    metadata, a plain message (the newest per name is the object). nats-py's put() rolls the
+    metadata up (a header that, with `all`, purges the whole stream: the bucket refuses
+    rollups) and purges the chunks it replaces or failed to finish (a purge cannot be narrowed
+    to a subject: it would let every writer empty the bucket). Replaced and unfinished chunks
+    stay until the recorder prunes the run (prune purges every write of a name)."""
+    subject = f"{chunks_of(writer, name)}.{uuid.uuid4().hex}"
+    digest = hashlib.sha256()
+    count = 0
+    for at in range(0, len(data), CHUNK_BYTES):
+        chunk = data[at:at + CHUNK_BYTES]
+        digest.update(chunk)
+        await js.publish(subject, chunk)
+        count += 1
+    info = ObjectInfo(name=name, bucket=subjects.CHECKPOINTS_BUCKET, nuid=subject.split(".C.", 1)[1],
+                      size=len(data), chunks=count, mtime=datetime.now(UTC).isoformat(),
+                      digest=OBJ_DIGEST_TEMPLATE.format(digest=base64.urlsafe_b64encode(digest.digest()).decode()),
+                      options=ObjectMetaOptions(max_chunk_size=CHUNK_BYTES))
+    meta = OBJ_META_PRE_TEMPLATE.format(bucket=subjects.CHECKPOINTS_BUCKET, obj=_b64(name))
+    await js.publish(meta, json.dumps(info.as_dict()).encode())
+
+
+async def put(js: JetStreamContext, name: str, value: object, *, writer: str) -> int:
+    """Store a JSON value under `name`, written by `writer` (a host id, or `environment`);
+    returns its size in bytes."""
     data = to_json(value)
-
-    async def step():
-        store = await js.object_store(subjects.CHECKPOINTS_BUCKET)
-        await store.put(name, data)
-
-    await until_ready(step, f"checkpoint {name}", attempts=ATTEMPTS)
+    await until_ready(lambda: write_object(js, name, data, writer), f"checkpoint {name}", attempts=ATTEMPTS)
     return len(data)
 
 
-async def put_bytes(js: JetStreamContext, name: str, data: bytes) -> str:
-    """Store raw bytes (a world's Arrow IPC, a partial too large for a message); returns their sha256."""
-    async def step():
-        store = await js.object_store(subjects.CHECKPOINTS_BUCKET)
-        await store.put(name, data)
-
-    await until_ready(step, f"checkpoint {name}", attempts=ATTEMPTS)
+async def put_bytes(js: JetStreamContext, name: str, data: bytes, *, writer: str) -> str:
+    """Store raw bytes (a world's Arrow IPC, a partial too large for a message), written by
+    `writer`; returns their sha256 (a reader uses the bytes only if they still have it)."""
+    await until_ready(lambda: write_object(js, name, data, writer), f"checkpoint {name}", attempts=ATTEMPTS)
     return hashlib.sha256(data).hexdigest()
 
 
@@ -73,10 +113,10 @@ async def get_bytes(js: JetStreamContext, name: str, digest: str) -> bytes:
     return data
 
 
-async def save_world(js: JetStreamContext, rid: str, round_: int, data: bytes) -> WorldRef:
+async def save_world(js: JetStreamContext, rid: str, round_: int, data: bytes, *, writer: str) -> WorldRef:
     """A world after round `round_` (its Arrow IPC bytes), named and digested for the round's result."""
     name = subjects.checkpoint_world(rid, round_)
-    return WorldRef(name=name, digest=await put_bytes(js, name, data))
+    return WorldRef(name=name, digest=await put_bytes(js, name, data, writer=writer))
 
 
 async def load_world(js: JetStreamContext, ref: WorldRef) -> bytes:
@@ -99,9 +139,9 @@ async def get(js: JetStreamContext, name: str) -> object:
 
 
 async def save_agents(js: JetStreamContext, rid: str, round_: int, first: int, count: int,
-                      fields: dict[str, list]) -> int:
+                      fields: dict[str, list], *, writer: str) -> int:
     return await put(js, subjects.checkpoint_agents(rid, round_, first),
-                     {"first": first, "count": count, "fields": fields})
+                     {"first": first, "count": count, "fields": fields}, writer=writer)
 
 
 async def load_agents(js: JetStreamContext, rid: str, round_: int, layout: Iterable[tuple[int, int]],
@@ -126,11 +166,14 @@ async def load_agents(js: JetStreamContext, rid: str, round_: int, layout: Itera
     return out
 
 
+ENV_WRITER = "environment"  # the chunk token of the environment's checkpoints
+
+
 async def save_env(js: JetStreamContext, rid: str, round_: int, state: dict, observation: dict,
                    selection: dict | None = None, world: WorldRef | None = None) -> int:
     return await put(js, subjects.checkpoint_env(rid, round_),
                      {"state": state, "observation": observation, "selection": selection,
-                      "world": world.model_dump() if world is not None else None})
+                      "world": world.model_dump() if world is not None else None}, writer=ENV_WRITER)
 
 
 class EnvCheckpoint(NamedTuple):
@@ -176,13 +219,16 @@ async def prune(js: JetStreamContext, rid: str, keep: Keep) -> int:
         listed = await store.list(ignore_deletes=True)
     except NotFoundError:
         return 0
-    names = to_prune(rid, (info.name for info in listed), keep)
+    objects = {info.name: info for info in listed}
+    names = to_prune(rid, objects, keep)
     stream = OBJ_STREAM_TEMPLATE.format(bucket=subjects.CHECKPOINTS_BUCKET)
     for name in names:
-        await store.delete(name)
-        # delete() leaves a tombstone on the name's metadata subject; drop it too, or every
-        # pruned object would still hold a message in the bucket for ever.
-        meta = OBJ_META_PRE_TEMPLATE.format(bucket=subjects.CHECKPOINTS_BUCKET,
-                                            obj=base64.urlsafe_b64encode(name.encode()).decode())
-        await js.purge_stream(stream, subject=meta)
+        # Chunks first (every write of the name, by any writer: replaced and unfinished ones
+        # too), then the metadata: a prune cut short leaves a name a later prune finds again.
+        await js.purge_stream(stream, subject=f"{chunks_of('*', name)}.*")
+        nuid = objects[name].nuid or ""
+        if "." not in nuid:  # an object nats-py's own put() wrote (before write_object)
+            await js.purge_stream(stream, subject=f"$O.{subjects.CHECKPOINTS_BUCKET}.C.{nuid}")
+        await js.purge_stream(stream, subject=OBJ_META_PRE_TEMPLATE.format(bucket=subjects.CHECKPOINTS_BUCKET,
+                                                                           obj=_b64(name)))
     return len(names)

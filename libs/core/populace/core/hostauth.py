@@ -4,7 +4,8 @@ deploy/nats/auth.conf gives every agent-host one shared user, which may publish 
 outcomes and partials. A host with a user of its own (named by its host id) may publish only
 its own: `run.*.outcomes.*.<id>`, `run.*.mail.*.*.*.<id>`, `run.*.partial.*.<id>.*`, `run.*.spawned.<id>`,
 `run.*.fault.<id>`, `progress.*.*.<id>`, its own KV `hosts` entry; it hears only its own spawn
-orders and reads only its own inboxes (`_INBOX_<id>.>`). The environment and the recorder
+orders and reads only its own inboxes (`_INBOX_<id>.>`); on RUN it may create, read and delete
+one consumer, `mail-<id>`, filtered to its own mail. The environment and the recorder
 refuse a body that claims another sender than its subject, so a host's credentials cannot
 speak for another host.
 
@@ -15,8 +16,10 @@ from __future__ import annotations
 
 import re
 
+from populace.core import authconf, subjects
 from populace.core.subjects import valid_token
 
+_MAIL = subjects.mail_consumer("{id}")
 # (what the shared block says, what one host's says); {id} is the host id
 NARROWINGS = (
     ('user: agent-host', 'user: "{id}"'),
@@ -30,6 +33,14 @@ NARROWINGS = (
     ('"$KV.hosts.>"', '"$KV.hosts.{id}"'),
     ('"_INBOX_agent-host.>"', '"_INBOX_{id}.>"'),
     ('"run.*.spawn.*"', '"run.*.spawn.{id}"'),
+    ('"$KV.services.agent-host.*"', '"$KV.services.agent-host.{id}"'),  # its liveness entry
+    ('"$O.checkpoints.C.*.>"', '"$O.checkpoints.C.{id}.>"'),  # its checkpoints' chunks
+    # its mail read back from RUN: one consumer of its own name, its own mail only
+    ('"$JS.API.CONSUMER.CREATE.RUN.*.run.*.mail.*.*.*.*"',
+     f'"$JS.API.CONSUMER.CREATE.RUN.{_MAIL}.{subjects.any_mail_for("{id}")}"'),
+    ('"$JS.API.CONSUMER.INFO.RUN.*"', f'"$JS.API.CONSUMER.INFO.RUN.{_MAIL}"'),
+    ('"$JS.API.CONSUMER.MSG.NEXT.RUN.*"', f'"$JS.API.CONSUMER.MSG.NEXT.RUN.{_MAIL}"'),
+    ('"$JS.API.CONSUMER.DELETE.RUN.*"', f'"$JS.API.CONSUMER.DELETE.RUN.{_MAIL}"'),
 )
 _PASSWORD = re.compile(r"password: \$AGENT_HOST_PASSWORD")
 
@@ -59,6 +70,10 @@ def host_user(conf: str, host_id: str, password: str) -> str:
         raise HostAuthError(f"host id {host_id!r}: letters, digits, '-' and '_' only")
     if '"' in password or "\\" in password or not password:
         raise HostAuthError("the password must be non-empty, without quotes or backslashes")
+    # a second user of that name; and a host named `environment` would write checkpoint chunks
+    # under the environment's token
+    if host_id in authconf.users(conf):
+        raise HostAuthError(f"host id {host_id!r} is the name of a user of the NATS config")
     start, end = shared_block(conf)
     block = conf[start:end]
     for shared, own in NARROWINGS:

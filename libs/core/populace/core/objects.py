@@ -35,13 +35,15 @@ async def read_object(store: ObjectStore, key: str) -> bytes:
 async def put_once(store: ObjectStore, key: str, data: bytes, what: str) -> None:
     """Put `data` under `key` (a digest of it) unless an object of that size is already there:
     content-addressed blobs are uploaded once, whoever asks again."""
-    try:
-        info = await store.get_info(key)
-        if info.size == len(data) and not info.deleted:
-            return
-    except (NotFoundError, ObjectNotFoundError):
-        pass
-    await until_ready(lambda: store.put(key, data), f"upload {what} {key[:12]}")
+    async def there() -> bool:
+        try:
+            info = await store.get_info(key)
+        except (NotFoundError, ObjectNotFoundError):
+            return False
+        return info.size == len(data) and not info.deleted
+
+    if not await until_ready(there, f"look up {what} {key[:12]}"):
+        await until_ready(lambda: store.put(key, data), f"upload {what} {key[:12]}")
 
 
 async def put_personas(js: JetStreamContext, data: bytes) -> str:

@@ -28,12 +28,13 @@ from faststream.nats import NatsBroker, NatsUserPassword, PullSub
 from faststream.nats.annotations import NatsMessage
 from faststream.specification import AsyncAPI
 from nats.aio.msg import Msg
-from nats.js.api import ConsumerConfig
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from opentelemetry import context as otel_context
 from pydantic import BaseModel, ValidationError
 
 from populace.core import bus, logs, metrics, subjects, telemetry
 from populace.core.contracts import ServiceInfo
+from populace.core.durables import DurableKeeper
 from populace.core.settings import Settings
 
 M = TypeVar("M", bound=BaseModel)
@@ -100,6 +101,10 @@ class Service:
         self.app.after_startup(self._register)
         self.app.on_shutdown(self._unregister)
         self._heartbeat: bus.Heartbeat | None = None
+        # Its liveness entry's key in KV `services`, `<service>.<…>`: each service's NATS user
+        # may write keys under its own name only (an agent-host's user: its own host id's).
+        self.instance = f"{name}.{os.getpid()}"
+        self.durables = DurableKeeper(None, name)  # type: ignore[arg-type]  # its js once connected
         self.max_deliveries, self.retry_delays_s = MAX_DELIVERIES, RETRY_DELAYS_S
         self._startup_hooks: list[Callable[[], Awaitable[None]]] = []
         self._shutdown_hooks: list[Callable[[], Awaitable[None]]] = []
@@ -129,7 +134,7 @@ class Service:
         for fn in self._startup_hooks:
             await fn()
         kv = await self.js.key_value(subjects.SERVICES_BUCKET)
-        instance = f"{self.name}.{os.getpid()}"
+        instance = self.instance
         self._heartbeat = bus.Heartbeat(
             kv, instance,
             lambda: ServiceInfo(service=self.name, instance=instance, pid=os.getpid(),
@@ -137,6 +142,9 @@ class Service:
             self.settings.heartbeat_s, alive_file=self.settings.health_file,
         )
         await self._heartbeat.start()
+        if self.durables.durables:  # at start, then every few seconds
+            self.durables.js = self.js
+            self.durables.start(self.settings.durable_check_s)
         if self.settings.parent_pid:
             self._orphan_watch = asyncio.create_task(self._exit_when_orphaned(self.settings.parent_pid))
         self.log.info("service_ready", nats=self.settings.nats_url)
@@ -160,6 +168,7 @@ class Service:
                 await fn()
             except Exception as err:
                 self.log.warning("shutdown_hook_failed", error=str(err))
+        await self.durables.stop()
         if self._heartbeat:
             await self._heartbeat.stop()
         telemetry.shutdown()
@@ -210,6 +219,11 @@ class Service:
                 # handler can settle it (so our count never acts) still stops coming.
                 subscriber.setdefault("config", ConsumerConfig(filter_subjects=[],
                                                                max_deliver=self.max_deliveries + 2))
+                stream = subscriber.get("stream")
+                self.durables.keep(getattr(stream, "name", stream), ConsumerConfig(
+                    durable_name=subscriber["durable"], filter_subject=subject, ack_policy=AckPolicy.EXPLICIT,
+                    deliver_policy=subscriber.get("deliver_policy") or DeliverPolicy.ALL,
+                    max_deliver=subscriber["config"].max_deliver))
             if self.inbox_prefix and subscriber.get("stream") is not None:
                 # FastStream gives JetStream subscriptions nats-py's default `_INBOX.`, not the
                 # connection's: the user's own prefix, the only inboxes it may read

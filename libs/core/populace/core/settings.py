@@ -55,6 +55,9 @@ class Settings(BaseSettings):
     infer_down_s: float = Field(120.0, gt=0)
     heartbeat_s: float = Field(2.0, gt=0)
     registry_ttl_s: float = Field(10.0, gt=0)
+    # How often a service looks its durable consumers up (re-created, and reported, when one is
+    # gone or was changed: populace.core.durables).
+    durable_check_s: float = Field(5.0, gt=0)
     # A host silent this long is lost: the orchestrator places its agents on the hosts up
     # (a host busy spawning a million agents can miss a few heartbeats; 30 s is the KV TTL).
     # A host that restarts is noticed at once (a new process start time), whatever this says.

@@ -24,6 +24,8 @@ NODES_BUCKET = "nodes"  # machines running `populace node`: resources, processes
 PERSONAS_BUCKET = "personas"
 # --- object store: what a run needs to continue after a round (agents' and env's state) --
 CHECKPOINTS_BUCKET = "checkpoints"
+# --- object store: social graphs (and their agent orders), named by their sha256 ----------
+GRAPHS_BUCKET = "graphs"
 
 
 def checkpoint_agents(rid: str, n: int, first: int) -> str:
@@ -55,7 +57,8 @@ def checkpoint_round(rid: str, name: str) -> int | None:
     checkpoint name). Run ids have no dots, so `rid.` never matches another run's names."""
     head, _, rest = name.partition(".")
     round_, _, kind = rest.partition(".")
-    if head != rid or not round_.isdigit() or not (kind in ("env", "world") or kind.startswith(("agents.", "partial."))):
+    named = kind in ("env", "world") or kind.startswith(("agents.", "partial."))
+    if head != rid or not round_.isdigit() or not named:
         return None
     return int(round_)
 
@@ -211,6 +214,12 @@ def any_spawn_for(host_id: str) -> str:
 
 def any_mail_for(host_id: str) -> str:
     return ANY_MAIL_FOR.format(host_id=host_id)
+
+
+def mail_consumer(host_id: str) -> str:
+    """The one consumer on RUN a host may create (to read its own mail back): its NATS user
+    may use no other name, and only with a filter of its own mail (deploy/nats/auth.conf)."""
+    return f"mail-{host_id}"
 
 
 def msg_id(rid: str, n: int, shard: str | int, kind: str, epoch: int = 0) -> str:

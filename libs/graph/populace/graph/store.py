@@ -2,8 +2,8 @@
 canonical bytes (:mod:`populace.graph.serial`), read back and checked by every reader — the
 way personas are (populace.core.objects).
 
-The bucket is created here when missing. Wiring it into ``bus.provision`` (and its name into
-``populace.core.subjects``, with the per-service NATS grants) belongs with the services.
+The services create the bucket (``bus.provision``); the client writes graphs, agent-hosts read
+them (deploy/nats/auth.conf).
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from __future__ import annotations
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError, ObjectNotFoundError
 
-from populace.core.bus import ensure_object_store, until_ready
+from populace.core import subjects
+from populace.core.bus import until_ready
 from populace.core.objects import put_once, read_object
 from populace.graph.config import GraphError
 from populace.graph.csr import Graph
@@ -19,14 +20,14 @@ from populace.graph.serial import digest, dumps, loads
 
 __all__ = ["GRAPHS_BUCKET", "get_graph", "put_blob", "put_graph"]
 
-GRAPHS_BUCKET = "graphs"
+GRAPHS_BUCKET = subjects.GRAPHS_BUCKET
 
 
 async def put_graph(js: JetStreamContext, graph: Graph | bytes) -> str:
     """Store a graph (once: an identical one is already there) and return its digest."""
     data = graph if isinstance(graph, bytes) else dumps(graph)
     key = digest(data)
-    store = await until_ready(lambda: ensure_object_store(js, GRAPHS_BUCKET), f"object store {GRAPHS_BUCKET}")
+    store = await until_ready(lambda: js.object_store(GRAPHS_BUCKET), f"object store {GRAPHS_BUCKET}")
     await put_once(store, key, data, "graph")
     return key
 
@@ -34,7 +35,7 @@ async def put_graph(js: JetStreamContext, graph: Graph | bytes) -> str:
 async def put_blob(js: JetStreamContext, data: bytes, what: str) -> str:
     """Store bytes that belong with a graph (its agent order) under their sha256."""
     key = digest(data)
-    store = await until_ready(lambda: ensure_object_store(js, GRAPHS_BUCKET), f"object store {GRAPHS_BUCKET}")
+    store = await until_ready(lambda: js.object_store(GRAPHS_BUCKET), f"object store {GRAPHS_BUCKET}")
     await put_once(store, key, data, what)
     return key
 

@@ -164,6 +164,7 @@ class AgentHost:
 def create(settings: Settings | None = None) -> Service:
     svc = Service("agent-host", settings, DESCRIPTION)
     host = AgentHost(svc)
+    svc.instance = f"{svc.name}.{host.host_id}"  # a host's own NATS user writes only this key
     svc.on_ready(host.start)
     svc.on_stop(host.stop)
     # no_reply: these are JetStream-published events whose reply subject is the publisher's

@@ -8,11 +8,14 @@ decides what goes where and ignores duplicates; this module only moves bytes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError
 from pydantic import ValidationError
 
 from populace.core import bus, logs, subjects
@@ -30,12 +33,39 @@ class MailMissing(RuntimeError):
     every inbox from the round's checkpoints)."""
 
 
+async def read_back(js: JetStreamContext, host_id: str, subject: str) -> list[Msg]:
+    """Every message stored in RUN on `subject` (one share's mail of one round), through the
+    one consumer this host's NATS user may create: named for the host, filtered to its own mail
+    (deploy/nats/auth.conf). Created afresh for each read (a leftover of a read that died is
+    deleted first: an update would keep its old position) and deleted after."""
+    name = subjects.mail_consumer(host_id)
+    with contextlib.suppress(NotFoundError):
+        await js.delete_consumer(subjects.RUN_STREAM, name)
+    await js.add_consumer(subjects.RUN_STREAM, ConsumerConfig(
+        name=name, filter_subject=subject, ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL,
+        inactive_threshold=30.0))  # a read that dies leaves nothing for long
+    sub = await js.pull_subscribe_bind(consumer=name, stream=subjects.RUN_STREAM)
+    out: list[Msg] = []
+    try:
+        pending = (await sub.consumer_info()).num_pending or 0
+        while pending > 0:
+            msgs = await sub.fetch(min(pending, 256), timeout=5.0)
+            pending -= len(msgs)
+            out.extend(msgs)
+    finally:
+        await sub.unsubscribe()
+        with contextlib.suppress(NotFoundError):
+            await js.delete_consumer(subjects.RUN_STREAM, name)
+    return out
+
+
 class MailCarrier:
     def __init__(self, nc: Client, js: JetStreamContext, settings: Settings) -> None:
         self.nc, self.js, self.settings = nc, js, settings
         self.host_id = settings.host_id
         self._arrived: dict[tuple[str, int], asyncio.Event] = {}
         self._drop = settings.fault_drop_mail  # fault tests: mail to ignore, as if lost
+        self._reading_back = asyncio.Lock()
 
     def _event(self, run: HostedRun) -> asyncio.Event:
         return self._arrived.setdefault((run.run_id, run.epoch), asyncio.Event())
@@ -90,31 +120,19 @@ class MailCarrier:
         room = run.mailroom
         assert room is not None
         subject = subjects.run_mail_to(run.run_id, round_, self.host_id, run.epoch)
-        sub = await self.js.pull_subscribe(
-            subject, stream=subjects.RUN_STREAM,
-            config=ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL,
-                                  inactive_threshold=30.0))
+        async with self._reading_back:  # one consumer name per host: one read-back at a time
+            msgs = await read_back(self.js, self.host_id, subject)
         new = 0
         me = share_key(self.host_id, run.epoch)
-        try:
-            pending = (await sub.consumer_info()).num_pending or 0
-            while pending > 0:
-                msgs = await sub.fetch(min(pending, 256), timeout=5.0)
-                pending -= len(msgs)
-                for msg in msgs:
-                    try:
-                        batch = MailBatch.model_validate_json(msg.data)
-                    except ValidationError:
-                        continue  # the live subscription dead-letters it; here it is skipped
-                    if msg.subject.rsplit(".", 1)[-1] != batch.host_id or batch.to != me:
-                        continue
-                    new += room.receive(batch.round, share_key(batch.host_id, batch.epoch), batch.shard,
-                                        batch.shards, (batch.authors, batch.texts, batch.fields))
-        finally:
+        for msg in msgs:
             try:
-                await sub.unsubscribe()
-            except Exception:  # an ephemeral consumer goes by itself after inactive_threshold
-                pass
+                batch = MailBatch.model_validate_json(msg.data)
+            except ValidationError:
+                continue  # the live subscription dead-letters it; here it is skipped
+            if msg.subject.rsplit(".", 1)[-1] != batch.host_id or batch.to != me:
+                continue
+            new += room.receive(batch.round, share_key(batch.host_id, batch.epoch), batch.shard,
+                                batch.shards, (batch.authors, batch.texts, batch.fields))
         return new
 
     async def ready(self, run: HostedRun, round_: int) -> None:

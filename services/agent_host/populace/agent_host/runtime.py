@@ -252,5 +252,6 @@ class HostRuntime:
             if box is not None:  # their posts: what a replacement or a resume gives the next round to read
                 columns[POST_TEXT] = box.texts[first:first + count]
                 columns[POST_FIELDS] = box.bodies[first:first + count]
-            total += await checkpoints.save_agents(self.js, run.run_id, round_, first, count, columns)
+            total += await checkpoints.save_agents(self.js, run.run_id, round_, first, count, columns,
+                                                   writer=self.host_id)
         return total

@@ -227,7 +227,7 @@ class Environment:
             tally = self.runs.get(result.run_id)
             out = tally.worlds_out.pop(result.round, None) if tally is not None else None
             if out is not None:
-                await checkpoints.put_bytes(self.svc.js, out[0].name, out[1])
+                await checkpoints.put_bytes(self.svc.js, out[0].name, out[1], writer=checkpoints.ENV_WRITER)
             await checkpoints.save_env(self.svc.js, result.run_id, result.round, result.state, result.observation,
                                        result.selection, result.world)
             await bus.publish_js(self.svc.js, subjects.run_round_result(result.run_id, result.round), result,

@@ -78,12 +78,14 @@ class Recorder:
 
     async def start(self) -> None:
         s = self.svc.settings
-        self.sub = await self.svc.js.pull_subscribe(
-            subjects.ANY_RUN_EVENT, durable="recorder", stream=subjects.RUN_STREAM,
-            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL,
-                                  ack_wait=ACK_WAIT_S, max_ack_pending=max(1000, 4 * s.recorder_fetch),
-                                  max_deliver=MAX_DELIVERIES + 2),  # the server's bound, past ours
-        )
+        config = ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL,
+                                ack_wait=ACK_WAIT_S, max_ack_pending=max(1000, 4 * s.recorder_fetch),
+                                max_deliver=MAX_DELIVERIES + 2)  # the server's bound, past ours
+        self.sub = await self.svc.js.pull_subscribe(subjects.ANY_RUN_EVENT, durable="recorder",
+                                                    stream=subjects.RUN_STREAM, config=config)
+        # kept as made (re-created from its last ack when gone or changed: populace.core.durables)
+        self.svc.durables.keep(subjects.RUN_STREAM, config.evolve(durable_name="recorder",
+                                                                  filter_subject=subjects.ANY_RUN_EVENT))
         self.task = asyncio.create_task(self.consume())
 
     async def stop(self) -> None:
