@@ -127,8 +127,9 @@ def test_while_the_backend_builds_other_uv_runs_do_not_wait_and_it_is_built_once
     assert not failed, failed
     assert (project / "builds.txt").read_text() == "build\n"  # once: the project's step used uv's cache
     assert said[-1].startswith("llama.cpp installed in")
-    log = (project / "install.log").read_text()
-    assert "UV_PROJECT_ENVIRONMENT" not in log and "--offline" in log
+    build, install = [line for line in (project / "install.log").read_text().splitlines() if line.startswith("$ ")]
+    assert "UV_PROJECT_ENVIRONMENT=" in build and "--offline" not in build  # built beside the project's env
+    assert "UV_PROJECT_ENVIRONMENT=" not in install and "--offline" in install  # then installed from the cache
 
 
 def test_a_second_process_that_needs_it_says_who_holds_the_install(tmp_path):

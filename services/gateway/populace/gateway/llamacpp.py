@@ -167,7 +167,7 @@ def _install(say: Callable[[str], None], log: Path, root: Path | None = None,
 
 
 def _run(step: Step, out, log: Path) -> int:
-    out.write(f"$ {' '.join(step.command)}\n".encode())
+    out.write(f"$ {' '.join([*(f'{k}={v}' for k, v in step.env.items()), *step.command])}\n".encode())
     out.flush()
     try:
         return subprocess.run(step.command, stdout=out, stderr=subprocess.STDOUT,
