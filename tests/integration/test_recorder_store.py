@@ -340,3 +340,38 @@ def test_a_valid_value_outside_the_runs_declared_range_is_refused():
         check_outcomes(forged, tables)
     invalid = forged.model_copy(update={"valid": [True] * 9 + [False]})  # an invalid row's value is not checked
     check_outcomes(invalid, tables)
+
+
+def test_a_full_disk_stores_nothing_marks_nothing_and_everything_once_space_returns(small_disk):
+    """The COMMIT fails on a full filesystem and DuckDB has already aborted the transaction, so
+    ROLLBACK itself raises: the failure must still say "disk full at PATH", leave no agent
+    marked as recorded, and the same events, ingested again once there is room, all count."""
+    from populace.recorder.store import DiskFull
+
+    agents, half = 4000, 2000  # rows enough to need new pages of the filesystem
+    cfg = RunConfig(agents=agents, rounds=1)
+    result = RoundResult(run_id="r1", round=1, n=agents, n_valid=agents, summary={"mean": 1.0}, observation={},
+                         state={}, closed_at=1e9)
+    path = small_disk.path / "x.duckdb"
+    store = Store(path)
+    store.ingest([Event("started", "started", RunStarted(run_id="r1", config=cfg, started_at=1e9, hosts=["a", "b"],
+                                                         tables=TABLES)),
+                  Event("spawn-a", "spawn", SpawnBatch(run_id="r1", host_id="a", ranges=[(0, half)], config=cfg)),
+                  Event("spawn-b", "spawn", SpawnBatch(run_id="r1", host_id="b", ranges=[(half, half)], config=cfg))])
+    later = [Event("g-a", "outcomes", guess_batch("r1", 1, "a", 0, list(range(half)))),
+             Event("g-b", "outcomes", guess_batch("r1", 1, "b", 0, list(range(half, agents)))),
+             Event("result", "round.result", result),
+             Event("done", "done", RunDone(run_id="r1", status="completed", rounds=1, finished_at=1e9 + 5))]
+    small_disk.fill()
+    with pytest.raises(DiskFull, match=f"disk full at {path}: .*No space left on device"):
+        store.ingest(later)
+    with pytest.raises(DiskFull):  # still full: the same again, and still nothing half-written
+        store.ingest(later)
+    small_disk.free()
+    out = store.ingest(later)  # redelivered once there is room: every outcome counts, none refused
+    assert (out.outcomes, out.refused) == (agents, [])
+    assert store.completeness("r1", 1) == (agents, agents)
+    store.close()
+    with duckdb.connect(str(path), read_only=True) as con:
+        assert con.execute("SELECT count(*), count(DISTINCT agent_id) FROM guesses").fetchone() == (agents, agents)
+        assert con.execute("SELECT status FROM runs").fetchone() == ("completed",)

@@ -13,15 +13,22 @@ import pytest
 from populace.gateway import llamacpp
 
 
-def test_in_the_projects_own_environment_uv_syncs_the_extra_from_the_lock():
-    cmd = llamacpp.install_command(Path("/repo"), "/bin/uv")
-    assert cmd == ["/bin/uv", "sync", "--project", "/repo", "--inexact", "--no-default-groups", "--extra", "local"]
+def test_in_the_projects_own_environment_the_build_runs_beside_it_then_syncs_from_the_cache():
+    build, install = llamacpp.install_steps(Path("/repo"), "/bin/uv", python="/repo/.venv/bin/python",
+                                            staging=Path("/tmp/stage"))
+    sync = ["/bin/uv", "sync", "--project", "/repo", "--inexact", "--no-default-groups", "--extra", "local"]
+    assert (build.command, build.env) == ([*sync, "--python", "/repo/.venv/bin/python"],
+                                          {"UV_PROJECT_ENVIRONMENT": "/tmp/stage"})
+    assert (install.command, install.env) == ([*sync[:4], "--offline", *sync[4:]], {})
 
 
-def test_elsewhere_uv_pip_or_pip_installs_the_extras_requirement():
-    assert llamacpp.install_command(None, "/bin/uv", python="/env/bin/python") == [
-        "/bin/uv", "pip", "install", "--python", "/env/bin/python", *llamacpp.REQUIREMENTS]
-    assert llamacpp.install_command(None, None, python="/env/bin/python")[:3] == ["/env/bin/python", "-m", "pip"]
+def test_elsewhere_uv_pip_or_pip_installs_the_extras_requirement(monkeypatch):
+    find_spec = llamacpp.importlib.util.find_spec
+    monkeypatch.setattr(llamacpp.importlib.util, "find_spec", lambda name: name == "pip" or find_spec(name))
+    [step] = llamacpp.install_steps(None, "/bin/uv", python="/env/bin/python")
+    assert step.command == ["/bin/uv", "pip", "install", "--python", "/env/bin/python", *llamacpp.REQUIREMENTS]
+    [step] = llamacpp.install_steps(None, None, python="/env/bin/python")
+    assert step.command[:3] == ["/env/bin/python", "-m", "pip"]
 
 
 def test_the_extra_and_the_requirement_agree():
@@ -42,6 +49,7 @@ def test_project_root_only_when_its_environment_is_this_one(tmp_path, monkeypatc
 def test_installs_once_and_says_so(monkeypatch, tmp_path):
     state = {"installed": False, "runs": []}
     monkeypatch.setattr(llamacpp, "installed", lambda: state["installed"])
+    monkeypatch.setattr(llamacpp, "project_root", lambda: None)  # one step: uv pip install
     monkeypatch.setattr(sys, "prefix", str(tmp_path))
 
     def run(cmd, **kw):
@@ -60,6 +68,7 @@ def test_installs_once_and_says_so(monkeypatch, tmp_path):
 
 def test_a_failed_install_names_its_log(monkeypatch, tmp_path):
     monkeypatch.setattr(llamacpp, "installed", lambda: False)
+    monkeypatch.setattr(llamacpp, "project_root", lambda: None)
     monkeypatch.setattr(sys, "prefix", str(tmp_path))
     monkeypatch.setattr(llamacpp.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 1))
     with pytest.raises(llamacpp.LlamaCppUnavailable, match=r"exited 1\); log: .*populace-llama-cpp-install-"):

@@ -120,6 +120,8 @@ def _report_outcome(outcome, sim) -> None:
         tables = sim.tables()
         display.out.print(f"recorded {outcome.recorded.outcomes} outcomes (table {tables.outcomes}) "
                           f"in {outcome.recorded.db_path}")
+    elif outcome.unrecorded and outcome.status == "completed":
+        fail(f"run {outcome.run_id} completed, but is not recorded yet: {outcome.unrecorded}", code=1)
     if outcome.status != "completed":
         fail(f"run {outcome.run_id} {outcome.status}: {outcome.reason}", code=1)
 

@@ -22,8 +22,9 @@ from populace.core.contracts import DEFAULT_SIMULATION, RunConfig
 from populace.core.objects import digest_of
 from populace.core.scenario import ScenarioError, format_validation_error, load_scenario_data
 from populace.graph.prepare import PreparedGraph, prepare_graph
-from populace.population import PopulationError, load_population, parse_personas, template_records
+from populace.population import PopulationError, load_population, template_records
 from populace.population.cast import cast_from_records
+from populace.population.jsonl import read_personas
 from populace.sdk.registry import Resolved, distribution, load_simulation, resolve
 from populace.sdk.simulation import Simulation, SimulationError
 
@@ -54,6 +55,30 @@ def _jsonl(records: list[dict]) -> bytes:
                    for r in records).encode()
 
 
+def persona_max_bytes() -> int:
+    """POPULACE_PERSONA_MAX_BYTES (populace.core.settings), or a ScenarioError naming it."""
+    from populace.core.settings import Settings
+
+    try:
+        return Settings().persona_max_bytes
+    except ValidationError as err:
+        bad = [e for e in err.errors() if e["loc"] == ("persona_max_bytes",)]
+        if not bad:
+            raise
+        raise ScenarioError(f"POPULACE_PERSONA_MAX_BYTES: {bad[0]['msg']} (got {bad[0].get('input')!r})") from None
+
+
+# The manifest (in the run's start message, under NATS' 1 MB max_payload with the config) keeps
+# this much of agent 0's example prompt, which holds its whole persona.
+USER_EXAMPLE_MAX_CHARS = 4000
+
+
+def _clipped(text: str | None, limit: int = USER_EXAMPLE_MAX_CHARS) -> str | None:
+    if text is None or len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text) - limit:,} more characters)"
+
+
 def _resolve(base: Path, path: str) -> Path:
     p = Path(path).expanduser()
     return p if p.is_absolute() else base / p
@@ -66,11 +91,9 @@ def population_records(config: RunConfig, base: Path, agents_given: bool) -> tup
     if pop.personas is not None:
         path = _resolve(base, pop.personas)
         try:
-            data = path.read_bytes()
+            records, data = read_personas(path, persona_max_bytes())
         except OSError as err:
             raise ScenarioError(f"population.personas: cannot read {path} ({err.strerror})") from None
-        try:
-            records = parse_personas(data, str(path))
         except PopulationError as err:
             raise ScenarioError(f"population.personas: {err}") from None
         if not records:
@@ -270,7 +293,7 @@ def build_manifest(resolved: Resolved, records: list[dict], scenario_path: str |
         "prompt": {
             "version": sim_cls.prompt_version,
             "system": sim.system_prompt(),
-            "user_example": sim.user_example(),
+            "user_example": _clipped(sim.user_example()),
             "answer_schema": sim.answer_schema(),
         },
         "population": None if pop is None else {
@@ -316,7 +339,9 @@ def prepare_rerun(manifest: dict) -> PreparedRun:
                             f"changed since the run (sha256 {recorded} recorded, {now} now)")
     before, after = manifest.get("prompt") or {}, prepared.manifest["prompt"]
     for key in ("system", "user_example", "answer_schema"):
-        if key in before and before[key] != after[key]:
+        # a manifest from before examples were clipped holds the whole example: compare it clipped
+        was = _clipped(before.get(key)) if key == "user_example" else before.get(key)
+        if key in before and was != after[key]:
             raise ScenarioError(f"prompt.{key}: the prompt library changed since the run (version "
                                 f"{before.get('version')} recorded, {after['version']} now)")
     return prepared

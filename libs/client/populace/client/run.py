@@ -1,6 +1,6 @@
 """Start, steer and follow runs over the bus: `ctl.run.start`, `ctl.run.cancel` and
-`ctl.run.resume` out; spawn, round, resume, done and recorded events in (core subscriptions
-on just those subjects — never the outcome batches)."""
+`ctl.run.resume` out; spawn, round, resume, done and recorded events, and the recorder's
+faults, in (core subscriptions on just those subjects — never the outcome batches)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from populace.core.contracts import (
     RunCancel,
     RunConfig,
     RunDone,
+    RunFault,
     RunRecorded,
     RunResume,
     RunResumed,
@@ -36,7 +37,7 @@ from populace.core.contracts import (
 
 EVENT_MODELS = {
     "started": RunStarted, "spawned": HostSpawned, "round.open": RoundOpen, "resumed": RunResumed,
-    "round.result": RoundResult, "done": RunDone, "recorded": RunRecorded,
+    "round.result": RoundResult, "done": RunDone, "recorded": RunRecorded, "fault": RunFault,
 }
 
 
@@ -52,6 +53,9 @@ class RunOutcome:
     started: RunStarted | None = None
     results: list[RoundResult] = field(default_factory=list)
     recorded: RunRecorded | None = None
+    # why the recorder cannot store the run's events now (its disk is full): then nobody waits
+    # for `recorded`, which comes only once there is room again
+    unrecorded: str | None = None
     # wall-clock marks (time.monotonic): submitted, spawned, open.<n>, result.<n>, done, recorded
     marks: dict[str, float] = field(default_factory=dict)
     malformed: int = 0  # messages on the run's subjects that were not its events (skipped)
@@ -92,7 +96,7 @@ class _Following:
         self.subs = [await self.nc.subscribe(s, cb=on_msg) for s in (
             subjects.run_started(rid), subjects.run_spawned_any(rid), subjects.run_rounds_any(rid),
             subjects.run_resumed(rid), subjects.run_done(rid), subjects.run_recorded(rid),
-            subjects.progress_all(rid))]
+            subjects.run_fault(rid, "recorder"), subjects.progress_all(rid))]
         await self.nc.flush()
         return self
 
@@ -145,9 +149,11 @@ class _Following:
             elif isinstance(model, RunRecorded):
                 out.marks["recorded"] = now
                 out.recorded = model
+            elif isinstance(model, RunFault):
+                out.unrecorded = model.reason
             if self.on_event:
                 self.on_event(kind, model)
-            if out.recorded is not None and "done" in out.marks:
+            if (out.recorded is not None or out.unrecorded is not None) and "done" in out.marks:
                 return out
 
 

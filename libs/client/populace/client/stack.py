@@ -26,7 +26,7 @@ import psutil
 from populace.core import bus, subjects
 from populace.core.contracts import HostInfo, ReplicaInfo, ServiceInfo
 from populace.core.natsserver import EmbeddedNats, free_port
-from populace.core.processes import stop_all, uninterrupted
+from populace.core.processes import guarded, stop_all, uninterrupted
 
 CORE_SERVICES = ["orchestrator", "environment", "gateway", "recorder"]
 METRICS_PORT_VARIABLE = "POPULACE_METRICS_PORT"
@@ -167,8 +167,10 @@ class Stack:
     def _spawn(self, key: str, args: list[str], env: dict[str, str], service: bool = False) -> None:
         self.specs[key] = (args, env, service)
         with open(Path(self.log_dir) / f"{key}.log", "ab") as log:  # type: ignore[arg-type]  # the child keeps its copy
+            # guarded: a child gets SIGTERM when we die, even by SIGKILL (started on the main thread)
             self.procs[key] = subprocess.Popen(
                 [sys.executable, *args], env=env, stdout=log, stderr=log, start_new_session=True,
+                preexec_fn=guarded(),
             )
 
     async def wait_ready(self, timeout: float = 60.0) -> None:

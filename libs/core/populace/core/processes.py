@@ -79,3 +79,12 @@ def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
             os.kill(os.getpid(), sig)
 
     return arm
+
+
+def guarded() -> Callable[[], None] | None:
+    """`preexec_fn` for a child that must not outlive this process: die_with_parent() when
+    called on the main thread, None on any other (the death signal would come when that thread
+    ends — a fault test's restart thread would kill the child it just started). Children of
+    `populace up`, `demo` and `simulate()` start on the main thread; our services also watch
+    POPULACE_PARENT_PID, and an embedded nats-server's temporary store has a reaper (natsserver)."""
+    return die_with_parent() if threading.current_thread() is threading.main_thread() else None

@@ -8,6 +8,7 @@ from typing import TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from populace.core import yamlload
 from populace.core.contracts import RunConfig
 
 M = TypeVar("M", bound=BaseModel)
@@ -29,7 +30,7 @@ def format_validation_error(err: ValidationError) -> str:
         if e["type"] == "extra_forbidden":
             lines.append(f"{field}: unknown key")
         else:
-            lines.append(f"{field}: {msg} (got {e.get('input')!r})")
+            lines.append(f"{field}: {msg} (got {yamlload.short_repr(e.get('input'))})")
     return "\n".join(lines)
 
 
@@ -51,16 +52,23 @@ def load_yaml_mapping(path: str | Path, what: str = "scenario") -> tuple[dict, s
     """A YAML file's mapping and its text (kept for the run's manifest)."""
     p = Path(path)
     try:
-        text = p.read_text()
+        text = yamlload.read_text(p)
     except OSError as err:
         raise ScenarioError(f"{p}: cannot read ({err.strerror})") from None
+    except UnicodeDecodeError as err:
+        raise ScenarioError(f"{p}: not UTF-8 text (byte {err.start})") from None
+    except yamlload.YamlLimitError as err:
+        raise ScenarioError(f"{p}: {err}") from None
     return yaml_mapping(text, str(p), what), text
 
 
 def yaml_mapping(text: str, where: str, what: str = "scenario") -> dict:
-    """A YAML text's mapping (`where` names it in errors: a path, or e.g. '(form)')."""
+    """A YAML text's mapping (`where` names it in errors: a path, or e.g. '(form)'), loaded
+    within populace.core.yamlload's limits."""
     try:
-        data = yaml.safe_load(text)
+        data = yamlload.load(text)
+    except yamlload.YamlLimitError as err:
+        raise ScenarioError(f"{where}: {err}") from None
     except yaml.YAMLError as err:
         raise ScenarioError(f"{where}: not valid YAML: {err}") from None
     if not isinstance(data, dict):

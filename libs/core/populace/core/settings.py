@@ -90,6 +90,12 @@ class Settings(BaseSettings):
     gateway_http_client: Literal["aiohttp", "httpx"] = "aiohttp"
     replicas: str = ""  # static replicas: "id=http://host:port,…" (backend openai)
 
+    # A population's personas: the most bytes one record (one line of the personas JSONL) may
+    # take. Its text goes into every prompt of its agent; a larger one is refused by `validate`,
+    # `run`, the manager and the Python API, naming the line, before anything is uploaded. At
+    # most 256 KiB: a prompt must fit one inference batch message (512 KiB, under NATS' 1 MB).
+    persona_max_bytes: int = Field(65_536, ge=256, le=262_144)
+
     # recorder
     db: str = "populace.duckdb"
     recorder_fetch: int = Field(256, ge=1)

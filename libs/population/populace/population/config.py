@@ -85,6 +85,7 @@ from pydantic import (
     model_validator,
 )
 
+from populace.core.yamlload import YamlLimitError, read_text, short_repr
 from populace.population.errors import PopulationError
 from populace.population.yamlio import DuplicateKeyError, load_strict
 
@@ -434,8 +435,7 @@ def _allowed_keys(loc: tuple[Any, ...]) -> tuple[str, ...] | None:
 
 
 def _short(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return short_repr(value, limit)  # bounded: never the whole of an alias bomb's expansion
 
 
 def format_validation_error(err: ValidationError) -> str:
@@ -487,6 +487,8 @@ def parse_population_yaml(text: str, source: str = "<string>") -> PopulationConf
         data = load_strict(text)
     except DuplicateKeyError as err:
         raise PopulationError(str(err)) from None
+    except YamlLimitError as err:
+        raise PopulationError(f"{source}: {err}") from None
     except yaml.YAMLError as err:
         raise PopulationError(f"{source}: not valid YAML: {err}") from None
     return parse_population(data)
@@ -496,7 +498,11 @@ def load_population(path: str | Path) -> PopulationConfig:
     """Read and validate a population config file."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        text = read_text(p)
     except OSError as err:
         raise PopulationError(f"{p}: cannot read ({err.strerror or err})") from None
+    except UnicodeDecodeError as err:
+        raise PopulationError(f"{p}: not UTF-8 text (byte {err.start})") from None
+    except YamlLimitError as err:
+        raise PopulationError(f"{p}: {err}") from None
     return parse_population_yaml(text, source=str(p))

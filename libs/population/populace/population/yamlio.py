@@ -8,13 +8,16 @@ with the dotted path of the mapping that holds the duplicate.
 It also keeps every scalar mapping *key* as the text the user wrote: ``1: 0.5`` gives the
 key ``"1"`` and ``yes: 0.5`` gives ``"yes"`` (plain PyYAML would give ``1`` and ``True``).
 Every key in Populace config files is a name, so this removes a class of surprises.
-Values are resolved as usual (numbers, booleans, null …).
+Values are resolved as usual (numbers, booleans, null …). It keeps the limits of
+:class:`populace.core.yamlload.BoundedLoader` (size, depth, aliases and what they expand to).
 """
 
 from __future__ import annotations
 
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from populace.core.yamlload import BoundedLoader
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
@@ -35,8 +38,8 @@ class DuplicateKeyError(yaml.YAMLError):
 
 # Kept on PyYAML, not ruamel.yaml: ruamel's duplicate-key error names neither the mapping's path nor the first
 # key's line, and its safe loader makes `1:` an int key, so this node walk and constructor would stay as they are.
-class StrictLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that rejects duplicate keys and keeps scalar keys as text."""
+class StrictLoader(BoundedLoader):
+    """The bounded ``yaml.SafeLoader``, rejecting duplicate keys and keeping scalar keys as text."""
 
     def get_single_data(self):
         node = self.get_single_node()

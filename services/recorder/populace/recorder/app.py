@@ -12,6 +12,7 @@ Run with `populace service recorder` or `faststream run populace.recorder.app:fa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import OrderedDict
 
@@ -27,6 +28,7 @@ from populace.core.contracts import (
     OutcomeBatch,
     RoundResult,
     RunDone,
+    RunFault,
     RunRecorded,
     RunResumed,
     RunStarted,
@@ -38,7 +40,7 @@ from populace.core.settings import Settings
 from populace.core.telemetry import tracer
 from populace.recorder.columns import BadColumns, check_outcomes
 from populace.recorder.reads import Reads, serve_reads
-from populace.recorder.store import Event, Store, StoreError
+from populace.recorder.store import DiskFull, Event, Store, StoreError
 
 DESCRIPTION = ("Writes every run event to DuckDB exactly once (each simulation's own outcome and "
                "summary tables) and announces a run recorded when every outcome is in.")
@@ -52,6 +54,8 @@ RECORDED: dict[str, type[BaseModel]] = {
 ACK_WAIT_S = 15.0
 # Runs recorded lately, whose late outcome or call records are purged as they come in.
 RECENTLY_RECORDED = 1000
+# A full disk: the first retry of the held fetch after this long, then twice as long each time up to the last
+ROOM_RETRY_S = (1.0, 10.0)
 
 
 def misplaced(subject: str, event: BaseModel) -> str | None:
@@ -75,6 +79,8 @@ class Recorder:
         self.sub = None
         self.task: asyncio.Task | None = None
         self.stopping = False
+        self.stopped = asyncio.Event()  # wakes a wait for disk space at once on stop
+        self.paused_for_room: set[str] = set()  # runs paused because the disk is full (said once per episode)
 
     async def start(self) -> None:
         s = self.svc.settings
@@ -92,6 +98,7 @@ class Recorder:
         # A flag, not only cancel(): nats-py's fetch can turn a cancellation into a timeout,
         # which the loop would otherwise treat as "no messages yet" and carry on.
         self.stopping = True
+        self.stopped.set()
         if self.task:
             try:
                 await asyncio.wait_for(self.task, timeout=5.0)
@@ -118,12 +125,69 @@ class Recorder:
                 continue
             beat = asyncio.create_task(self.keep_in_progress(msgs))
             try:
-                await self.handle(msgs)
-            except Exception as err:
-                self.svc.log.error("ingest_failed", messages=len(msgs), error=f"{type(err).__name__}: {err}")
-                await self.one_by_one(msgs)
+                try:
+                    await self.handle(msgs)
+                except DiskFull:
+                    raise
+                except Exception as err:
+                    self.svc.log.error("ingest_failed", messages=len(msgs), error=f"{type(err).__name__}: {err}")
+                    await self.one_by_one(msgs)
+            except DiskFull as err:
+                await self.wait_for_room(msgs, err)
             finally:
                 beat.cancel()
+
+    async def wait_for_room(self, msgs: list[Msg], err: DiskFull) -> None:
+        """The database's disk is full, so nothing of this fetch was stored. The runs being
+        recorded pause, saying why; the fetch is held (in progress, fetching nothing more) and
+        ingested again, automatically, until there is room — then recording goes on where it
+        stopped, every row once. Held, not nak'd: each nak is a delivery, and after
+        `max_deliver` the server would drop the messages for good. On stop they are nak'd, so
+        a successor gets them at once."""
+        t0 = time.monotonic()
+        self.svc.log.error("disk_full", db=err.path, messages=len(msgs), error=str(err))
+        await self.pause_for_room(msgs, err)
+        delay, longest = ROOM_RETRY_S
+        while not self.stopping:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopped.wait(), delay)
+            if self.stopping:
+                break
+            pending = [m for m in msgs if not m._ackd]
+            try:
+                await self.handle(pending)
+            except DiskFull as again:
+                await self.pause_for_room(pending, again)  # runs that joined the fetch's since
+                delay = min(delay * 2, longest)
+                continue
+            except Exception as other:  # room again, and another error: the usual policy
+                self.svc.log.error("ingest_failed", messages=len(pending), error=f"{type(other).__name__}: {other}")
+                await self.one_by_one(pending)
+            self.svc.log.info("disk_room_again", db=err.path, waited_s=round(time.monotonic() - t0, 1),
+                              runs_paused=sorted(self.paused_for_room))
+            self.paused_for_room.clear()
+            return
+        for m in msgs:  # stopping while the disk is still full: the successor gets them at once
+            if not m._ackd:
+                with contextlib.suppress(Exception):
+                    await m.nak()
+
+    async def pause_for_room(self, msgs: list[Msg], err: DiskFull) -> None:
+        """Pause every run being recorded (and any the held fetch names): none of their events
+        can be stored now. Once per run per full-disk episode."""
+        runs = {rid for rid in (subjects.run_of(m.subject) for m in msgs) if rid} | self.active
+        for rid in sorted(runs - self.paused_for_room):
+            reason = (f"disk full at {err.path}: the recorder cannot store the run's events (they wait in "
+                      f"NATS and are recorded once there is room); free space, then `populace resume {rid}`")
+            try:
+                await bus.publish_js(self.svc.js, subjects.run_fault(rid, "recorder"),
+                                     RunFault(run_id=rid, source="recorder", reason=reason, pause=True),
+                                     msg_id=f"{rid}.recorder.disk-full.{int(time.time())}")
+            except Exception as pub_err:
+                self.svc.log.error("pause_failed", run_id=rid, error=str(pub_err))
+                continue
+            self.paused_for_room.add(rid)
+            self.svc.log.warning("run_paused_disk_full", run_id=rid, db=err.path)
 
     async def one_by_one(self, msgs: list[Msg]) -> None:
         """A fetch failed to ingest: each message again on its own, so one poison message cannot
@@ -134,6 +198,8 @@ class Recorder:
                 continue
             try:
                 await self.handle([raw])
+            except DiskFull:
+                raise  # not this message's fault: the whole fetch waits for room (wait_for_room)
             except Exception as err:
                 delay = await self.svc.retry_later(raw, err)  # the services' policy: retry, then dead letter
                 if delay is not None:
@@ -334,6 +400,7 @@ def create(settings: Settings | None = None) -> Service:
                            (subjects.ANY_RUN_DONE, RunDone), (subjects.ANY_CALLS, LlmCallBatch)):
         svc.consumes(subject, model, "durable pull consumer `recorder` on the RUN stream, acked after commit")
     svc.publishes(subjects.ANY_RECORDED, RunRecorded, "every outcome of a finished run is in DuckDB")
+    svc.publishes(subjects.ANY_FAULT, RunFault, "the database's disk is full: the runs being recorded pause")
     return svc
 
 

@@ -10,6 +10,7 @@ from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 
 from populace.core.contracts import OutcomeBatch, SimulationTables
 from populace.core.ranges import outside
+from populace.core.yamlload import short_repr
 
 _INT64 = Annotated[int, Field(ge=-(2**63), lt=2**63)]
 _STRICT_FLOATS = ConfigDict(allow_inf_nan=False)
@@ -78,7 +79,7 @@ def check_outcomes(batch: OutcomeBatch, tables: SimulationTables) -> OutcomeBatc
         except ValidationError as err:
             first = err.errors()[0]
             raise BadColumns(f"{where}[{first['loc'][0] if first['loc'] else ''}]: {first['msg']} "
-                             f"(got {first.get('input')!r})") from None
+                             f"(got {short_repr(first.get('input'))})") from None
         if where.startswith("columns."):
             columns[where.removeprefix("columns.")] = checked
     if tables.measure_range is not None and tables.measure in columns:

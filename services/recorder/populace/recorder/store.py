@@ -10,6 +10,7 @@ older release keeps working). The store imports no simulation."""
 
 from __future__ import annotations
 
+import errno
 import json
 import threading
 from collections import defaultdict
@@ -86,6 +87,25 @@ class StoreError(RuntimeError):
     def __init__(self, run_id: str, message: str) -> None:
         super().__init__(f"run {run_id}: {message}")
         self.run_id = run_id
+
+
+class DiskFull(RuntimeError):
+    """The database's filesystem has no room (or the user's quota is spent): nothing of the
+    failed transaction is stored, and the same events can be ingested again once there is."""
+
+    def __init__(self, path: str, error: BaseException) -> None:
+        super().__init__(f"disk full at {path}: {error}")
+        self.path = path
+
+
+# How DuckDB and the OS say a write found no room (DuckDB wraps the OS error in its message).
+_NO_ROOM = ("No space left on device", "Disk quota exceeded")
+
+
+def is_disk_full(err: BaseException) -> bool:
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    return any(text in str(err) for text in _NO_ROOM)
 
 
 def ts(epoch: float) -> datetime:
@@ -331,6 +351,16 @@ class Store:
         return fresh
 
     def ingest(self, events: list[Event]) -> IngestResult:
+        """Store the events in one transaction, each at most once. DiskFull when the database's
+        filesystem has no room: then nothing of them is stored (ingest them again later)."""
+        try:
+            return self._ingest(events)
+        except Exception as err:
+            if is_disk_full(err):
+                raise DiskFull(self.path, err) from err
+            raise
+
+    def _ingest(self, events: list[Event]) -> IngestResult:
         out = IngestResult()
         events = [e for e in events if e.model is not None]
         if not events:
@@ -403,12 +433,33 @@ class Store:
             con.execute("INSERT INTO _ingested SELECT unnest(?)", [[e.msg_id for e in fresh]])
             con.execute("COMMIT")
         except Exception:
-            con.execute("ROLLBACK")
-            self._ready.clear()  # tables created in the rolled-back transaction are gone again
-            self._shares.clear()  # and placements recorded in it: read them again
-            self._recorded.clear()  # and the outcomes it marked
+            self._abandon()
             raise
         return out
+
+    def _abandon(self) -> None:
+        """Undo a failed ingest: its transaction, and every mark it left in memory. A COMMIT
+        that failed (a full disk) has already aborted the transaction, so ROLLBACK raises; the
+        marks must go all the same, or the agents would count as recorded and their outcomes,
+        redelivered, be refused as duplicates."""
+        try:
+            self.con.execute("ROLLBACK")
+        except duckdb.TransactionException:
+            pass  # no transaction left: the failed statement or COMMIT aborted it
+        except duckdb.Error:
+            self._drop_connection()  # in no state to go on: the next use opens the file again
+        self._ready.clear()  # tables created in the rolled-back transaction are gone again
+        self._shares.clear()  # and placements recorded in it: read them again
+        self._recorded.clear()  # and the outcomes it marked
+
+    def _drop_connection(self) -> None:
+        with self._opening:
+            con, self._con = self._con, None
+        if con is not None:
+            try:
+                con.close()
+            except duckdb.Error:
+                pass  # closing a connection DuckDB has invalidated: it is gone either way
 
     def _spec(self, run_id: str) -> SimulationTables:
         spec = self.tables_of(run_id)
