@@ -356,7 +356,7 @@ class HostInfo(Strict):
     v: Literal[1] = SCHEMA_VERSION
     host_id: str
     capacity: int = Field(ge=1)
-    agents: int = 0
+    agents: int = Field(0, ge=0)  # a negative count would claim more room than `capacity`
     pid: int
     started_at: float
     heartbeat_at: float

@@ -39,7 +39,7 @@ from populace.core.contracts import (
     RunState,
     SpawnBatch,
 )
-from populace.core.placement import PlacementError, place
+from populace.core.placement import PlacementError, bounded, place
 from populace.core.scenario import format_validation_error
 from populace.core.service import Refused, Service, control_pull
 from populace.core.settings import Settings
@@ -113,8 +113,9 @@ class Orchestrator:
                 missing.clear()
                 continue
             try:
-                fresh = await bus.registry_entries(self.svc.js, subjects.HOSTS_BUCKET, HostInfo,
-                                                   fresh_within_s=silent_s, strict=True)
+                fresh, _ = bounded(await bus.registry_entries(self.svc.js, subjects.HOSTS_BUCKET, HostInfo,
+                                                              fresh_within_s=silent_s, strict=True),
+                                   settings.host_capacity_max)
             except Exception as err:
                 self.svc.log.warning("host_watch_read_failed", error=str(err))
                 continue
@@ -133,7 +134,8 @@ class Orchestrator:
     def check(self, state: RunState, hosts: list[HostInfo], live: set[str]) -> tuple[RunState, list]:
         """One watch beat for one run: lost shares first, then the round's deadline."""
         s = self.svc.settings
-        new, actions = workflow.on_hosts_lost(state, hosts, live, s.host_lost_s, self.unit_of(state))
+        new, actions = workflow.on_hosts_lost(state, hosts, live, s.host_lost_s, self.unit_of(state),
+                                              s.placement_policy)
         if new is not state:
             return new, actions
         since = max(time.monotonic() - (time.time() - state.phase_at), self.progress_at.get(state.run_id, 0.0))
@@ -155,8 +157,17 @@ class Orchestrator:
         return await self.svc.js.key_value(subjects.RUNS_BUCKET)
 
     async def fresh_hosts(self) -> list[HostInfo]:
-        return await bus.registry_entries(self.svc.js, subjects.HOSTS_BUCKET, HostInfo,
-                                          fresh_within_s=self.svc.settings.registry_ttl_s)
+        """The hosts to place on, each capacity claim capped at POPULACE_HOST_CAPACITY_MAX."""
+        s = self.svc.settings
+        hosts, over = bounded(await bus.registry_entries(self.svc.js, subjects.HOSTS_BUCKET, HostInfo,
+                                                         fresh_within_s=s.registry_ttl_s), s.host_capacity_max)
+        for h in over:
+            self.svc.log.warning("host_capacity_bounded", host_id=h.host_id, claimed=h.capacity,
+                                 bound=s.host_capacity_max)
+        return hosts
+
+    def place(self, agents: int, hosts: list[HostInfo], unit: int) -> dict[str, list[tuple[int, int]]]:
+        return place(agents, hosts, unit=unit, policy=self.svc.settings.placement_policy)
 
     # -- handlers -----------------------------------------------------------------------
     async def on_run_start(self, start: RunStart, msg: NatsMessage) -> None:
@@ -176,7 +187,7 @@ class Orchestrator:
             await asyncio.sleep(0.25)
             hosts = await self.fresh_hosts()
         try:
-            placement = place(cfg.agents, hosts, unit=unit)
+            placement = self.place(cfg.agents, hosts, unit)
         except PlacementError as err:
             return await self.reject(rid, str(err))
         self.units[rid] = unit
@@ -287,7 +298,7 @@ class Orchestrator:
         if why is None:
             try:
                 hosts = await self.fresh_hosts()
-                placement = place(state.config.agents, hosts, unit=self.unit_of(state))
+                placement = self.place(state.config.agents, hosts, self.unit_of(state))
             except PlacementError as err:
                 why = str(err)
         if why is not None:

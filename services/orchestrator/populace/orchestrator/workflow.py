@@ -25,7 +25,7 @@ from populace.core.contracts import (
     Share,
     Usage,
 )
-from populace.core.placement import PlacementError, place_ranges
+from populace.core.placement import PlacementError, Policy, place_ranges
 
 Placement = dict[str, list[tuple[int, int]]]
 ACTIVE = ACTIVE_STATUSES
@@ -223,7 +223,7 @@ def lost_shares(state: RunState, hosts: list[HostInfo], live: set[str]) -> list[
 
 
 def on_hosts_lost(state: RunState, hosts: list[HostInfo], live: set[str], silent_s: float,
-                  unit: int = 1) -> tuple[RunState, list[Action]]:
+                  unit: int = 1, policy: Policy = "spread") -> tuple[RunState, list[Action]]:
     """Place a lost host's shares again on the hosts up (a restarted host counts as up), in a
     new epoch: their agents restart from the last checkpoint and replay their part of the
     round in play. With nowhere to place them, the run pauses with a reason."""
@@ -240,7 +240,7 @@ def on_hosts_lost(state: RunState, hosts: list[HostInfo], live: set[str], silent
     keep = [sh for sh in state.shares if sh not in lost]
     # the survivors' agents of this run already count against their hosts' room
     try:
-        moved = place_ranges([r for sh in lost for r in sh.ranges], up, unit)
+        moved = place_ranges([r for sh in lost for r in sh.ranges], up, unit, policy)
     except PlacementError as err:
         return on_pause(state, f"{what} during {where} and no agent-host can take its {agents} agents ({err}); "
                                f"`populace resume {state.run_id}` continues once hosts are up")
