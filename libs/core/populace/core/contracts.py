@@ -263,6 +263,7 @@ Epoch = Annotated[int, Field(ge=0, le=1_000_000)]
 Amount = Annotated[int, Field(ge=0, lt=2**63)]
 Millis = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 JsonDoc = Annotated[dict, AfterValidator(_finite_json)]
+CheckpointName = Annotated[str, Field(min_length=1, max_length=200)]  # subjects.checkpoint_agents / _env
 
 
 # --- what a simulation records: declared by the simulation, carried by RunStarted --------
@@ -306,6 +307,9 @@ class Restore(Strict):
     run_id: RunId
     round: int = Field(ge=1)
     ranges: list[tuple[int, int]] = []
+    # checkpoint object name -> the sha256 of its bytes, as its writer reported when the round
+    # closed (filled by the orchestrator from KV `runs`): a reader uses only what matches
+    digests: dict[str, SHA256] = {}
 
     _tok = field_validator("run_id")(_check_token)
 
@@ -315,6 +319,7 @@ class Layout(Strict):
 
     from_round: int = Field(ge=1)
     ranges: list[tuple[int, int]]
+    shares: list[str] = []  # the key of the share that played each range (parallel to `ranges`)
 
 
 class RunStart(Strict):
@@ -429,6 +434,10 @@ class RunState(Strict):
     nudged: int = 0  # times the round in play (or the spawn) was announced again for its deadline
     used: Usage = Usage()  # LLM work of the completed rounds
     last_round: Usage = Usage()  # the last completed round's: what the next one likely needs
+    # The last completed round's checkpoint objects -> the sha256 of their bytes, as their
+    # writers reported them (each share its own ranges', the environment its own): a restore
+    # uses an object only if it still matches. Only the orchestrator writes KV `runs`.
+    checkpoints: dict[str, SHA256] = {}
     updated_at: float = Field(default_factory=time.time)
 
     @property
@@ -581,6 +590,8 @@ class RoundPartial(Wire):
     payload: JsonDoc
     epoch: Epoch = 0
     usage: Usage = Usage()
+    # the share's checkpoint objects of this round -> the sha256 of the bytes it stored
+    checkpoints: dict[CheckpointName, SHA256] = Field({}, max_length=100_000)
 
     @model_validator(mode="after")
     def _valid_within_n(self) -> RoundPartial:
@@ -604,6 +615,10 @@ class RoundResult(Wire):
     epoch: Epoch = 0
     shares: list[str] = []  # the share keys whose partials it folded: stale if one was replaced
     usage: Usage = Usage()  # the folded shares' LLM work
+    # share key -> the checkpoint digests its partial reported (the orchestrator keeps each
+    # share's own ranges' only), and the sha256 of the environment's own checkpoint
+    checkpoints: dict[str, dict[CheckpointName, SHA256]] = {}
+    env_checkpoint: SHA256 | None = None
 
 
 class RunResumed(Wire):

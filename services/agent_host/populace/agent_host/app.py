@@ -126,7 +126,9 @@ class AgentHost:
             reason = f"agent-host {self.host_id} cannot host run {batch.run_id}: {detail}"
             self.svc.log.error("spawn_failed", run_id=batch.run_id, error=reason)
             self.runtime.drop(batch.run_id, batch.epoch)  # type: ignore[union-attr]
-            await self.report_fault(batch.run_id, None, reason, batch.epoch)
+            # A checkpoint that cannot be used is not the run's fault: it pauses, naming the object.
+            await self.report_fault(batch.run_id, None, reason, batch.epoch,
+                                    pause=isinstance(err, checkpoints.CheckpointError))
             return
         seconds = time.perf_counter() - t0
         self.svc.log.info("agents_spawned", run_id=batch.run_id, agents=len(run.agents),

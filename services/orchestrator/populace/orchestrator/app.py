@@ -227,8 +227,15 @@ class Orchestrator:
                              f"not {k}")
         if parent.config.agents != start.config.agents:
             raise ValueError(f"agents: a fork keeps its parent's {parent.config.agents} agents")
-        env_state, observation = await checkpoints.load_env(self.svc.js, parent.run_id, k)
-        return workflow.fork_run(rid, start.config, placement, parent, k, env_state, observation, incarnations)
+        result = None
+        if k != workflow.completed(parent) or not parent.checkpoints:
+            # an older round's digests are in its result, which only the environment publishes
+            result = await bus.last_on(self.svc.js, subjects.RUN_STREAM, subjects.run_round_result(parent.run_id, k),
+                                       RoundResult)
+        digests = workflow.fork_digests(parent, k, result)
+        env_state, observation = await checkpoints.load_env(self.svc.js, parent.run_id, k, digests)
+        return workflow.fork_run(rid, start.config, placement, parent, k, env_state, observation, incarnations,
+                                 digests)
 
     async def reject(self, rid: str, reason: str) -> None:
         self.svc.log.warning("run_rejected", run_id=rid, reason=reason)
@@ -264,7 +271,14 @@ class Orchestrator:
         await self.advance(spawned.run_id, lambda s: workflow.on_spawned(s, spawned.host_id, spawned.epoch))
 
     async def on_result(self, result: RoundResult) -> None:
-        """The environment decided a round: open the next, or finish."""
+        """The environment decided a round: open the next, or finish. Each share's checkpoint
+        digests are kept for its own ranges only (checkpoints.recorded)."""
+        state = await bus.run_state(self.svc.js, result.run_id)
+        if state is not None and state.status == "running" and state.round == result.round:
+            _, dropped = checkpoints.recorded(result.run_id, result.round, result.checkpoints,
+                                              result.env_checkpoint, {sh.key: sh.ranges for sh in state.shares})
+            for why in dropped:
+                self.svc.log.warning("checkpoint_digest_refused", run_id=result.run_id, round=result.round, reason=why)
         if round_span := self.spans.pop(f"{result.run_id}.{result.round}", None):
             round_span.set_attributes({"populace.n_valid": result.n_valid})
             round_span.end()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from populace.core import checkpoints
 from populace.core.contracts import (
     ACTIVE_STATUSES,
     RESUMABLE_STATUSES,
@@ -64,6 +65,23 @@ def layout_of(shares: list[Share]) -> list[tuple[int, int]]:
     return sorted(r for sh in shares for r in sh.ranges)
 
 
+def layout(from_round: int, shares: list[Share]) -> Layout:
+    """The ranges `shares` play from `from_round` on, with the share that plays each."""
+    pairs = sorted((r, sh.key) for sh in shares for r in sh.ranges)
+    return Layout(from_round=from_round, ranges=[r for r, _ in pairs], shares=[k for _, k in pairs])
+
+
+def owners(state: RunState, round_: int) -> dict[str, list[tuple[int, int]]]:
+    """Which share played (and checkpointed) which ranges in `round_`: share key -> ranges."""
+    chosen = [lay for lay in state.layouts if lay.from_round <= round_]
+    if not chosen:
+        return {sh.key: list(sh.ranges) for sh in state.shares}
+    out: dict[str, list[tuple[int, int]]] = {}
+    for r, key in zip(chosen[-1].ranges, chosen[-1].shares, strict=False):
+        out.setdefault(key, []).append(r)
+    return out
+
+
 def layout_for(state: RunState, round_: int) -> list[tuple[int, int]]:
     """The ranges the run's hosts played (and checkpointed) `round_` in."""
     chosen = [lay for lay in state.layouts if lay.from_round <= round_]
@@ -80,20 +98,37 @@ def shares_for(placement: Placement, epoch: int, from_round: int,
 def new_run(run_id: str, config: RunConfig, placement: Placement,
             incarnations: dict[str, float] | None = None) -> RunState:
     shares = shares_for(placement, 0, 1, incarnations)
-    return RunState(run_id=run_id, status="spawning", config=config, shares=shares,
-                    layouts=[Layout(from_round=1, ranges=layout_of(shares))])
+    return RunState(run_id=run_id, status="spawning", config=config, shares=shares, layouts=[layout(1, shares)])
 
 
 def fork_run(run_id: str, config: RunConfig, placement: Placement, parent: RunState, after_round: int,
-             env_state: dict, observation: dict, incarnations: dict[str, float] | None = None) -> RunState:
+             env_state: dict, observation: dict, incarnations: dict[str, float] | None = None,
+             digests: dict[str, str] | None = None) -> RunState:
     """A new run that starts where `parent` was after `after_round` (its agents' and
-    environment's state), with its own config (the intervention)."""
+    environment's state), with its own config (the intervention); `digests`: the parent's
+    checkpoint objects of that round, as recorded when it closed (`fork_digests`)."""
     shares = shares_for(placement, 0, after_round + 1, incarnations)
     return RunState(run_id=run_id, status="spawning", config=config, shares=shares, round=after_round,
                     restore=Restore(run_id=parent.run_id, round=after_round,
-                                    ranges=layout_for(parent, after_round)),
-                    layouts=[Layout(from_round=after_round + 1, ranges=layout_of(shares))],
+                                    ranges=layout_for(parent, after_round), digests=digests or {}),
+                    layouts=[layout(after_round + 1, shares)],
                     env_state=env_state, observation=observation)
+
+
+def fork_digests(parent: RunState, round_: int, result: RoundResult | None) -> dict[str, str]:
+    """The digests of `parent`'s checkpoint objects of `round_`: the run state's, for its last
+    completed round; else those its round result (the environment's, read back from the
+    stream) reports, each share's own ranges' only. Raises CheckpointUnverified when neither
+    is there: a fork never starts from objects nobody can vouch for."""
+    if round_ == completed(parent) and parent.checkpoints:
+        return dict(parent.checkpoints)
+    played = owners(parent, round_)
+    if result is None or result.round != round_ or sorted(result.shares) != sorted(played):
+        raise checkpoints.CheckpointUnverified(
+            f"run {parent.run_id}'s round {round_} result is no longer in the stream (or is not the one the run "
+            "counted): its checkpoint cannot be verified")
+    digests, _ = checkpoints.recorded(parent.run_id, round_, result.checkpoints, result.env_checkpoint, played)
+    return digests
 
 
 def completed(state: RunState) -> int:
@@ -108,7 +143,8 @@ def restore_point(state: RunState) -> Restore | None:
     if state.restore is not None and after <= state.restore.round:
         return state.restore
     if after:
-        return Restore(run_id=state.run_id, round=after, ranges=layout_for(state, after))
+        return Restore(run_id=state.run_id, round=after, ranges=layout_for(state, after),
+                       digests=dict(state.checkpoints))
     return None
 
 
@@ -136,8 +172,10 @@ def on_result(state: RunState, result: RoundResult) -> tuple[RunState, list[Acti
         return state, []  # stale or replayed result
     if sorted(result.shares) != sorted(sh.key for sh in state.shares):
         return state, []  # it folded a share since replaced (or misses a replacement's)
+    digests, _ = checkpoints.recorded(state.run_id, result.round, result.checkpoints, result.env_checkpoint,
+                                      {sh.key: sh.ranges for sh in state.shares})
     carried = {"env_state": result.state, "observation": result.observation, "phase_at": time.time(), "nudged": 0,
-               "used": state.used + result.usage, "last_round": result.usage}
+               "used": state.used + result.usage, "last_round": result.usage, "checkpoints": digests}
     if state.round >= state.config.rounds:
         return _now(state, status="done", **carried), [FinishRun("completed", state.round)]
     over = over_budget(state.config.budget, carried["used"], result.usage)
@@ -207,8 +245,7 @@ def on_resume(state: RunState, placement: Placement, incarnations: dict[str, flo
     shares = shares_for(placement, epoch, after + 1, incarnations)
     config = state.config if budget is None else state.config.model_copy(update={"budget": budget})
     resumed = _now(state, status="spawning", config=config, shares=shares, spawned=[], epoch=epoch, reason=None,
-                   phase_at=time.time(), nudged=0,
-                   layouts=[*state.layouts, Layout(from_round=after + 1, ranges=layout_of(shares))])
+                   phase_at=time.time(), nudged=0, layouts=[*state.layouts, layout(after + 1, shares)])
     return resumed, [SpawnShares(tuple(sh.key for sh in shares), resumed=True)]
 
 
@@ -250,7 +287,7 @@ def on_hosts_lost(state: RunState, hosts: list[HostInfo], live: set[str], silent
     shares = sorted([*keep, *new], key=lambda sh: min(f for f, _ in sh.ranges))
     lost_keys = {sh.key for sh in lost}
     replaced = _now(state, shares=shares, spawned=[k for k in state.spawned if k not in lost_keys], epoch=epoch,
-                    layouts=[*state.layouts, Layout(from_round=from_round, ranges=layout_of(shares))],
+                    layouts=[*state.layouts, layout(from_round, shares)],
                     reason=f"{what} during {where}: its {agents} agents re-placed on {', '.join(sorted(moved))}")
     return replaced, [SpawnShares(tuple(sh.key for sh in new))]
 
@@ -279,3 +316,4 @@ def stall_deadline(config: RunConfig, infer_timeout_s: float, infer_attempts: in
         return override
     batch_s = max(infer_timeout_s, config.model.latency_s * 4 + 10)
     return max(60.0, batch_s * infer_attempts + 30.0)
+
