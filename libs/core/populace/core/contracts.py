@@ -638,10 +638,11 @@ class RunFault(Wire):
     `pause`: not the run's fault (no model answers): the run pauses instead, to be resumed."""
 
     run_id: Token
-    source: str  # the service or host that reports it
+    source: str  # the service or host that reports it: the last token of its subject
     round: int | None = None
     reason: str
     pause: bool = False
+    epoch: Epoch | None = None  # a host's: the epoch of its share that cannot go on
 
 
 class RunDone(Wire):

@@ -84,7 +84,8 @@ class AgentHost:
     async def report_fault(self, run_id: str, round_: int | None, reason: str, epoch: int = 0,
                            pause: bool = False) -> None:
         await bus.publish_js(self.svc.js, subjects.run_fault(run_id, self.host_id),
-                             RunFault(run_id=run_id, source=self.host_id, round=round_, reason=reason, pause=pause),
+                             RunFault(run_id=run_id, source=self.host_id, round=round_, reason=reason, pause=pause,
+                                      epoch=epoch),
                              msg_id=subjects.msg_id(run_id, round_ or 0, self.host_id, "fault", epoch))
 
     async def load_cast(self, batch: SpawnBatch) -> Cast | None:

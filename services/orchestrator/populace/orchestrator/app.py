@@ -27,6 +27,7 @@ from populace.core import bus, checkpoints, metrics, subjects, telemetry
 from populace.core.contracts import (
     HostInfo,
     HostSpawned,
+    Progress,
     RoundOpen,
     RoundResult,
     RunCancel,
@@ -62,7 +63,8 @@ class Orchestrator:
         # their hosts: those hosts are watched.
         self.watched: dict[str, set[str]] = {}
         self.watch_task: asyncio.Task | None = None
-        self.progress_at: dict[str, float] = {}  # run id -> last progress tick (time.monotonic)
+        self.progress_at: dict[str, float] = {}  # run id -> last progress tick that counted (time.monotonic)
+        self.ticks: dict[str, workflow.RoundTicks] = {}  # run id -> its round in play's ticks so far
         self.units: dict[str, int] = {}  # run id -> agents that must stay on one host (a group)
         # run id -> (round in play, time.monotonic() of its first announcement): the round's time
         self.round_opened: dict[str, tuple[int, float]] = {}
@@ -71,14 +73,28 @@ class Orchestrator:
 
     # -- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
-        async def on_progress(msg) -> None:
-            parts = msg.subject.split(".")
-            if len(parts) == 4 and parts[1] in self.watched:
-                self.progress_at[parts[1]] = time.monotonic()
-
         # Core NATS ticks (one per outcome batch): a round that makes progress is not stalled.
-        self.progress_sub = await self.svc.nc.subscribe(subjects.ANY_PROGRESS, cb=on_progress)
+        self.progress_sub = await self.svc.nc.subscribe(subjects.ANY_PROGRESS, cb=self.on_progress)
         self.watch_task = asyncio.create_task(self.watch_hosts())
+
+    async def on_progress(self, msg) -> None:
+        """A tick moves the round's deadline only if it comes from a host of the run's live
+        shares, for the round in play, within that host's agents (workflow.RoundTicks); a
+        refused one is dead-lettered, naming its sender."""
+        parts = msg.subject.split(".")
+        rid = parts[1] if len(parts) == 4 else ""
+        ticks = self.ticks.get(rid)
+        if rid not in self.watched or ticks is None:
+            return  # a run this orchestrator does not pace (finished, or not yet playing)
+        try:
+            tick = Progress.model_validate_json(msg.data)
+        except ValidationError as err:
+            return await self.svc.dead_letter(msg, err, terminate=False)
+        taken = ticks.take(msg.subject, tick)
+        if taken is True:
+            self.progress_at[rid] = time.monotonic()
+        elif taken is not False:
+            await self.svc.dead_letter(msg, f"progress refused from {parts[3]}: {taken}", terminate=False)
 
     async def stop(self) -> None:
         if self.watch_task:
@@ -91,6 +107,8 @@ class Orchestrator:
         for state in await bus.registry_entries(self.svc.js, subjects.RUNS_BUCKET, RunState):
             if state.status in ("spawning", "running"):
                 self.watched[state.run_id] = set(state.placement)
+            if state.status == "running":
+                self.ticks[state.run_id] = workflow.RoundTicks.of(state)
         if self.watched:
             self.svc.log.info("runs_adopted", runs=sorted(self.watched))
 
@@ -288,8 +306,13 @@ class Orchestrator:
             metrics.ROUND_SECONDS.labels("orchestrator").observe(time.monotonic() - opened[1])
         await self.advance(result.run_id, lambda s: workflow.on_result(s, result))
 
-    async def on_fault(self, fault: RunFault) -> None:
-        """A service cannot go on with a run: fail it now, with its reason."""
+    async def on_fault(self, fault: RunFault, msg: NatsMessage) -> None:
+        """A service or a placed share cannot go on with a run: fail (or pause) it now, with its
+        reason. From anyone else, or claiming another sender: dead-lettered, naming the sender."""
+        subject = msg.raw_message.subject
+        why = workflow.fault_refusal(await bus.run_state(self.svc.js, fault.run_id), fault, subject)
+        if why is not None:
+            raise Refused(f"fault refused from {subject.rsplit('.', 1)[-1]}: {why}")
         self.svc.log.warning("run_fault", run_id=fault.run_id, source=fault.source, reason=fault.reason,
                              pause=fault.pause)
         stop = workflow.on_pause if fault.pause else workflow.on_failure
@@ -393,6 +416,9 @@ class Orchestrator:
     async def open_round(self, state: RunState, action: workflow.OpenRound) -> None:
         rid = state.run_id
         self.progress_at.pop(rid, None)
+        ticks = self.ticks.get(rid)
+        if ticks is None or (ticks.round, ticks.epoch) != (state.round, state.epoch):
+            self.ticks[rid] = workflow.RoundTicks.of(state)  # a new round, or new shares play it
         run_span = self.spans.get(rid)
         key = f"{rid}.{action.round}"
         round_span = self.spans.get(key) if action.again else None
@@ -421,6 +447,7 @@ class Orchestrator:
         self.watched.pop(rid, None)
         self.units.pop(rid, None)
         self.progress_at.pop(rid, None)
+        self.ticks.pop(rid, None)
         self.round_opened.pop(rid, None)
         metrics.RUNS.labels(action.status).inc()
         run_span = self.spans.pop(rid, None)

@@ -10,21 +10,24 @@ places every share again. A round result counts only if it folded exactly the li
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from populace.core import checkpoints
+from populace.core import checkpoints, subjects
 from populace.core.contracts import (
     ACTIVE_STATUSES,
     RESUMABLE_STATUSES,
     Budget,
     HostInfo,
     Layout,
+    Progress,
     Restore,
     RoundResult,
     RunConfig,
+    RunFault,
     RunState,
     Share,
     Usage,
+    share_key,
 )
 from populace.core.placement import PlacementError, Policy, place_ranges
 
@@ -317,3 +320,68 @@ def stall_deadline(config: RunConfig, infer_timeout_s: float, infer_attempts: in
     batch_s = max(infer_timeout_s, config.model.latency_s * 4 + 10)
     return max(60.0, batch_s * infer_attempts + 30.0)
 
+
+# Services that may report a run's fault, each on its own subject (run.<rid>.fault.<service>),
+# which only its NATS user may publish (deploy/nats/auth.conf). Any other source is a host.
+FAULT_SERVICES = frozenset({"environment"})
+
+
+def fault_refusal(state: RunState | None, fault: RunFault, subject: str) -> str | None:
+    """Why a fault (a failure or a pause) must not stop the run (None: it may). NATS
+    permissions check the subject, so its last token is the sender: the body may not claim
+    another; a host may speak only for a share the run's placement has (its epoch's, when it
+    names one), and a service only if it is one entitled to (FAULT_SERVICES)."""
+    sender = subject.rsplit(".", 1)[-1]
+    if subject != subjects.run_fault(fault.run_id, fault.source):
+        return f"a fault from {sender} on {subject} claims to come from {fault.source!r} about run {fault.run_id}"
+    if state is None:
+        return f"run {fault.run_id} is not known"
+    if sender in FAULT_SERVICES:
+        return None
+    if fault.epoch is not None:
+        if state.share(share_key(sender, fault.epoch)) is None:
+            return (f"share {share_key(sender, fault.epoch)} is not in run {state.run_id}'s placement "
+                    f"(epoch {state.epoch}): its fault is not the run's")
+    elif sender not in state.placement:
+        return (f"agent-host {sender} plays no share of run {state.run_id} (epoch {state.epoch}): "
+                "its fault is not the run's")
+    return None
+
+
+@dataclass
+class RoundTicks:
+    """The round in play's progress ticks, as they count towards its deadline: only from the
+    hosts of the run's live shares, only while a host's answers stay within its agents (a tick
+    saying no agent answered yet, that a gateway works on its prompts, only while some of its
+    agents still wait). A host placed in no run cannot keep a stalled round alive."""
+
+    round: int
+    epoch: int
+    room: dict[str, int]  # host -> agents of its live shares
+    answered: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, state: RunState) -> RoundTicks:
+        return cls(round=state.round, epoch=state.epoch,
+                   room={h: sum(c for _, c in rs) for h, rs in state.placement.items()})
+
+    def take(self, subject: str, tick: Progress) -> bool | str:
+        """True: the tick is progress; False: a straggler, dropped quietly; a string: why it
+        is refused (dead-lettered)."""
+        if subject != subjects.progress(tick.run_id, tick.round, tick.host_id):
+            return f"a progress tick on {subject} claims host {tick.host_id}, round {tick.round} of run {tick.run_id}"
+        if tick.round < self.round:
+            return False  # sent before the round it counted in was decided
+        if tick.round > self.round:
+            return f"round {tick.round} of run {tick.run_id} is not in play (round {self.round} is)"
+        room = self.room.get(tick.host_id)
+        if room is None:
+            return f"agent-host {tick.host_id} plays no share of run {tick.run_id} (epoch {self.epoch})"
+        done = self.answered.get(tick.host_id, 0)
+        if tick.answered == 0:
+            return done < room
+        if done + tick.answered > room:
+            return (f"agent-host {tick.host_id} would have answered {done + tick.answered} agents in round "
+                    f"{self.round} of run {tick.run_id}; it plays {room}")
+        self.answered[tick.host_id] = done + tick.answered
+        return True
