@@ -258,13 +258,14 @@ async def test_checkpoints_are_replaced_by_their_writers_only(server):
     try:
         host, env, orch = (conns[u].jetstream(timeout=2.0) for u in ("agent-host", "environment", "orchestrator"))
         for round_ in (1, 2):  # the second write replaces the first
-            await checkpoints.save_agents(host, "r1", 3, 0, 2, {"memory": [[round_], [round_]]}, writer="h0")
-            await checkpoints.save_env(env, "r1", 3, {"history": [round_]}, {"round": round_})
+            agents = await checkpoints.save_agents(host, "r1", 3, 0, 2, {"memory": [[round_], [round_]]}, writer="h0")
+            envs = await checkpoints.save_env(env, "r1", 3, {"history": [round_]}, {"round": round_})
+        digests = {agents.name: agents.digest, envs.name: envs.digest}
         # One chunk and one metadata message per write: nothing purged
         assert await messages(ajs, f"OBJ_{subjects.CHECKPOINTS_BUCKET}") == 8
-        assert await checkpoints.load_agents(host, "r1", 3, [(0, 2)], [(0, 2)]) == {
+        assert await checkpoints.load_agents(host, "r1", 3, [(0, 2)], [(0, 2)], digests) == {
             0: {"memory": [2]}, 1: {"memory": [2]}}
-        assert await checkpoints.load_env(orch, "r1", 3) == ({"history": [2]}, {"round": 2}, None, None)
+        assert await checkpoints.load_env(orch, "r1", 3, digests) == ({"history": [2]}, {"round": 2}, None, None)
         assert server_violations(server) == []
 
         # The orchestrator reads checkpoints but may not write one …
@@ -280,7 +281,7 @@ async def test_checkpoints_are_replaced_by_their_writers_only(server):
         with pytest.raises(nats.errors.TimeoutError):
             await cli.jetstream(timeout=1.0).object_store(subjects.CHECKPOINTS_BUCKET)
         assert await messages(ajs, f"OBJ_{subjects.CHECKPOINTS_BUCKET}") == 8
-        assert await checkpoints.load_env(orch, "r1", 3) == ({"history": [2]}, {"round": 2}, None, None)
+        assert await checkpoints.load_env(orch, "r1", 3, digests) == ({"history": [2]}, {"round": 2}, None, None)
         refused = {re.sub(r'\$O\.checkpoints\.C\.[\w.=-]+', '$O.checkpoints.C.<nuid>', line.split("Subject ")[-1])
                    for line in server_violations(server)}
         assert refused == {'"$O.checkpoints.C.<nuid>"', '"$JS.API.STREAM.PURGE.OBJ_checkpoints"',
@@ -300,15 +301,18 @@ async def test_recorder_purges_run_events_and_prunes_checkpoints(server):
              for u in ("agent-host", "environment", "recorder")}
     try:
         host, env, rec = (conns[u].jetstream(timeout=2.0) for u in ("agent-host", "environment", "recorder"))
+        digests = {}
         for round_ in (1, 2):
             await checkpoints.save_agents(host, "r1", round_, 0, 2, {"memory": [[round_], [round_]]}, writer="h0")
-            await checkpoints.save_env(env, "r1", round_, {"history": [round_]}, {"round": round_})
-        await checkpoints.save_env(env, "r1", 1, {"history": [1]}, {"round": 1})  # round 1 played again
+            stored = await checkpoints.save_env(env, "r1", round_, {"history": [round_]}, {"round": round_})
+            digests[stored.name] = stored.digest
+        again = await checkpoints.save_env(env, "r1", 1, {"history": [1]}, {"round": 1})  # round 1 played again
+        digests[again.name] = again.digest
         await checkpoints.save_env(env, "r2", 1, {}, {})
         assert await checkpoints.prune(rec, "r1", "last") == 2
-        assert await checkpoints.load_env(host, "r1", 2) == ({"history": [2]}, {"round": 2}, None, None)
+        assert await checkpoints.load_env(host, "r1", 2, digests) == ({"history": [2]}, {"round": 2}, None, None)
         with pytest.raises(checkpoints.CheckpointError):
-            await checkpoints.load_env(host, "r1", 1)
+            await checkpoints.load_env(host, "r1", 1, digests)
         # What is left: 3 objects (chunk and metadata each), no marker of the pruned ones.
         assert await messages(ajs, f"OBJ_{subjects.CHECKPOINTS_BUCKET}") == 6
         assert await checkpoints.prune(rec, "r1", "none") == 2

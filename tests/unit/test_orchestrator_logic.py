@@ -15,7 +15,18 @@ def host(host_id: str, capacity: int, agents: int = 0) -> HostInfo:
     return HostInfo(host_id=host_id, capacity=capacity, agents=agents, pid=1, started_at=0.0, heartbeat_at=0.0)
 
 
-def check_placement(agents: int, hosts: list[HostInfo], out: dict[str, list[tuple[int, int]]]) -> None:
+def even_quotas(agents: int, free: dict[str, int]) -> dict[str, float]:
+    """What `spread` aims at: the same share for every host with room, none above its room
+    (the level found by bisection, independently of placement.py's water-filling)."""
+    lo, hi = 0.0, float(agents)
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if sum(min(f, mid) for f in free.values() if f > 0) < agents else (lo, mid)
+    return {h: min(f, hi) for h, f in free.items() if f > 0}
+
+
+def check_placement(agents: int, hosts: list[HostInfo], out: dict[str, list[tuple[int, int]]],
+                    policy: str = "capacity") -> None:
     free = {h.host_id: max(0, h.capacity - h.agents) for h in hosts}
     total_free = sum(free.values())
     # every agent exactly once: ranges contiguous, non-overlapping, covering 0..agents-1
@@ -30,11 +41,10 @@ def check_placement(agents: int, hosts: list[HostInfo], out: dict[str, list[tupl
         count = sum(cnt for _, cnt in rs)
         assert free[h] > 0, f"{h} has no free capacity but got agents"
         assert count <= free[h], f"{h} over capacity"
-        assert abs(count - agents * free[h] / total_free) < 1, f"{h} not proportional"
-    # hosts left out would have had a quota below 1
-    for h, f in free.items():
-        if h not in out:
-            assert agents * f / total_free < 1
+    quotas = even_quotas(agents, free) if policy == "spread" else {h: agents * f / total_free for h, f in free.items()}
+    for h, q in quotas.items():
+        count = sum(cnt for _, cnt in out.get(h, []))
+        assert abs(count - q) < 1 + 1e-9, f"{h}: {count} agents, its quota is {q} ({policy})"
 
 
 # --- placement -------------------------------------------------------------------------------
@@ -48,8 +58,9 @@ def test_equal_hosts_exact_total(agents, n_hosts):
     assert max(counts) - min(counts) <= 1  # equal free capacity: equal shares, give or take one
 
 
+@pytest.mark.parametrize("policy", ["spread", "capacity"])
 @pytest.mark.parametrize("seed", range(40))
-def test_random_hosts(seed):
+def test_random_hosts(seed, policy):
     rng = random.Random(seed)
     hosts = []
     for i in range(rng.randint(1, 12)):
@@ -62,15 +73,85 @@ def test_random_hosts(seed):
             place(1, hosts)
         return
     for agents in {1, total_free, rng.randint(1, total_free), max(1, total_free // 3)}:
-        out = place(agents, hosts)
-        check_placement(agents, hosts, out)
+        out = place(agents, hosts, policy=policy)
+        check_placement(agents, hosts, out, policy)
 
 
 def test_proportional_to_free_capacity():
     hosts = [host("a", 1000, 0), host("b", 1000, 500), host("c", 3000, 1000)]  # free 1000, 500, 2000
-    out = place(700, hosts)
+    out = place(700, hosts, policy="capacity")
     assert {h: sum(c for _, c in rs) for h, rs in out.items()} == {"a": 200, "b": 100, "c": 400}
     assert out == {"a": [(0, 200)], "b": [(200, 100)], "c": [(300, 400)]}
+
+
+def test_by_default_a_run_is_spread_evenly_whatever_a_host_claims():
+    """Issue 26, 5: a host that wrote a capacity of 10^8 into its own registry entry got 1,961
+    of 2,000 agents; a claim now only bounds what a host gets."""
+    hosts = [host("host-0", 2_000_000), host("host-1", 100_000_000)]
+    assert place(2000, hosts) == {"host-0": [(0, 1000)], "host-1": [(1000, 1000)]}
+    assert place(2000, hosts, policy="capacity") == {"host-0": [(0, 39)], "host-1": [(39, 1961)]}
+
+
+def test_spread_fills_the_hosts_with_least_room_and_spreads_the_rest():
+    hosts = [host("a", 100), host("b", 10_000, 9_000), host("c", 10_000), host("d", 50, 50)]  # free 100, 1000, 10000
+    out = place(3000, hosts)
+    assert out == {"a": [(0, 100)], "b": [(100, 1000)], "c": [(1100, 1900)]}
+    check_placement(3000, hosts, out, "spread")
+    # groups of 7 stay whole: a takes 14 groups (98 agents), the rest evenly
+    grouped = place(3000, hosts, unit=7)
+    assert {h: sum(c for _, c in rs) for h, rs in grouped.items()} == {"a": 98, "b": 994, "c": 1908}
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_on_hosts_of_equal_room_both_policies_place_alike(seed):
+    """The local runner splits a run over equal virtual hosts with `place`: its shares (and so
+    its results) are the same under the new default as they were."""
+    rng = random.Random(seed)
+    agents, n, unit = rng.randint(1, 50_000), rng.randint(1, 9), rng.choice([1, 1, 2, 3, 5, 10])
+    hosts = [host(f"host-{i:04d}", agents) for i in range(n)]
+    assert place(agents, hosts, unit=unit) == place(agents, hosts, unit=unit, policy="capacity")
+
+
+@pytest.mark.parametrize("policy", ["spread", "capacity"])
+@pytest.mark.parametrize("seed", range(60))
+def test_groups_stay_whole_and_no_host_gets_more_than_its_room(seed, policy):
+    """The last group may be smaller than the others: only the host that gets it (the last in
+    id order) may count it in its room. Counted for any host, a host before it got a whole
+    group more than its free capacity."""
+    rng = random.Random(seed)
+    unit = rng.randint(2, 9)
+    hosts = [host(f"h{i}", rng.randint(1, 60), rng.choice([0, 0, rng.randint(0, 20)]))
+             for i in range(rng.randint(1, 5))]
+    free = {h.host_id: max(0, h.capacity - h.agents) for h in hosts}
+    for agents in range(1, sum(free.values()) + 1):
+        try:
+            out = place(agents, hosts, unit=unit, policy=policy)
+        except PlacementError:
+            continue
+        last_first, last_count = max(r for rs in out.values() for r in rs)
+        assert last_first + last_count == agents
+        for h, rs in out.items():
+            assert sum(c for _, c in rs) <= free[h], (agents, unit, h, out, free)
+            assert all(f % unit == 0 for f, _ in rs)
+
+
+def test_a_capacity_claim_is_bounded_by_the_operators_setting():
+    from populace.core.placement import bounded
+
+    hosts = [host("a", 100_000_000), host("b", 500)]
+    capped, over = bounded(hosts, 1000)
+    assert [h.capacity for h in capped] == [1000, 500] and over == [hosts[0]]
+    assert bounded(hosts, 0) == (hosts, []) and bounded(hosts, None) == (hosts, [])
+    assert place(1500, capped, policy="capacity") == {"a": [(0, 1000)], "b": [(1000, 500)]}
+    with pytest.raises(PlacementError, match="room for 1500"):
+        place(1600, capped)
+    with pytest.raises(PlacementError, match="policy"):
+        place(10, hosts, policy="largest")  # type: ignore[arg-type]
+
+
+def test_a_host_may_not_claim_a_negative_load():
+    with pytest.raises(ValueError, match="agents"):
+        host("a", 10, -100_000_000)
 
 
 def test_largest_remainder_goes_to_biggest_fraction():

@@ -4,7 +4,14 @@ host that played the range) and its environment's state and next observation (wr
 environment before it publishes the round's result). A round that closed is therefore a round
 that can be continued from: resume, fork and a host's replacement all start there.
 
-The agents' state is columnar JSON: {"first": 0, "count": n, "fields": {"memory": [...]}}."""
+The agents' state is columnar JSON: {"first": 0, "count": n, "fields": {"memory": [...]}}.
+
+Every object is bound to its writer: a host reports the sha256 of each object it stored in its
+round partial, the environment carries those (and its own object's) in the round result, and
+the orchestrator keeps each share's own ranges' in KV `runs`, which only it may write. Any
+host may write the bucket (object names cannot be narrowed per host), so a restore reads an
+object only against the digest recorded for it: one that was changed, or whose digest nobody
+recorded, is never used (`CheckpointUnverified`)."""
 
 from __future__ import annotations
 
@@ -12,7 +19,7 @@ import base64
 import hashlib
 import json
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Literal, NamedTuple
 
@@ -35,6 +42,20 @@ from populace.core.objects import read_object
 
 class CheckpointError(RuntimeError):
     """A checkpoint is missing or unreadable."""
+
+
+class CheckpointUnverified(CheckpointError):
+    """A checkpoint does not match the digest recorded when its round closed (or none was)."""
+
+
+class Stored(NamedTuple):
+    name: str
+    size: int  # bytes
+    digest: str  # sha256 of the bytes, hex
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 # A checkpoint outlasts a NATS leader election (seconds): retried for about a minute before
@@ -80,22 +101,22 @@ async def write_object(js: JetStreamContext, name: str, data: bytes, writer: str
     await js.publish(meta, json.dumps(info.as_dict()).encode())
 
 
-async def put(js: JetStreamContext, name: str, value: object, *, writer: str) -> int:
+async def put(js: JetStreamContext, name: str, value: object, *, writer: str) -> Stored:
     """Store a JSON value under `name`, written by `writer` (a host id, or `environment`);
-    returns its size in bytes."""
+    returns its size and digest (what the round's result records for it)."""
     data = to_json(value)
     await until_ready(lambda: write_object(js, name, data, writer), f"checkpoint {name}", attempts=ATTEMPTS)
-    return len(data)
+    return Stored(name, len(data), digest(data))
 
 
 async def put_bytes(js: JetStreamContext, name: str, data: bytes, *, writer: str) -> str:
     """Store raw bytes (a world's Arrow IPC, a partial too large for a message), written by
     `writer`; returns their sha256 (a reader uses the bytes only if they still have it)."""
     await until_ready(lambda: write_object(js, name, data, writer), f"checkpoint {name}", attempts=ATTEMPTS)
-    return hashlib.sha256(data).hexdigest()
+    return digest(data)
 
 
-async def get_bytes(js: JetStreamContext, name: str, digest: str) -> bytes:
+async def get_bytes(js: JetStreamContext, name: str, expected: str) -> bytes:
     """The bytes stored under `name`, only if they still have `digest` (CheckpointError otherwise:
     anyone who may write the bucket could have replaced them)."""
     async def step():
@@ -107,9 +128,9 @@ async def get_bytes(js: JetStreamContext, name: str, digest: str) -> bytes:
     except (NotFoundError, ObjectNotFoundError):
         raise CheckpointError(f"checkpoint {name} is not in the object store '{subjects.CHECKPOINTS_BUCKET}'") from None
     found = hashlib.sha256(data).hexdigest()
-    if found != digest:
-        raise CheckpointError(f"checkpoint {name} is not what was stored (sha256 {found[:12]}…, expected "
-                              f"{digest[:12]}…): it is not used")
+    if found != expected:
+        raise CheckpointUnverified(f"checkpoint {name} is not what was stored (sha256 {found[:12]}…, expected "
+                                   f"{expected[:12]}…): it is not used")
     return data
 
 
@@ -123,7 +144,14 @@ async def load_world(js: JetStreamContext, ref: WorldRef) -> bytes:
     return await get_bytes(js, ref.name, ref.digest)
 
 
-async def get(js: JetStreamContext, name: str) -> object:
+async def get(js: JetStreamContext, name: str, digests: Mapping[str, str]) -> object:
+    """The JSON value stored under `name`, if its bytes still have the digest `digests`
+    records for it (CheckpointUnverified otherwise: it is never used)."""
+    expected = digests.get(name)
+    if expected is None:
+        raise CheckpointUnverified(f"checkpoint {name} has no digest recorded for it (its writer reported none "
+                                   "when the round closed): it cannot be verified and is not used")
+
     async def step():
         store = await js.object_store(subjects.CHECKPOINTS_BUCKET)
         return await read_object(store, name)
@@ -132,6 +160,10 @@ async def get(js: JetStreamContext, name: str) -> object:
         data = await until_ready(step, f"checkpoint {name}", attempts=ATTEMPTS)
     except (NotFoundError, ObjectNotFoundError):
         raise CheckpointError(f"checkpoint {name} is not in the object store '{subjects.CHECKPOINTS_BUCKET}'") from None
+    found = digest(data)
+    if found != expected:
+        raise CheckpointUnverified(f"checkpoint {name} was changed after its writer stored it (sha256 {found[:12]}…, "
+                                   f"recorded {expected[:12]}… when its round closed): it is not used")
     try:
         return from_json(data)
     except ValueError as err:
@@ -139,22 +171,23 @@ async def get(js: JetStreamContext, name: str) -> object:
 
 
 async def save_agents(js: JetStreamContext, rid: str, round_: int, first: int, count: int,
-                      fields: dict[str, list], *, writer: str) -> int:
+                      fields: dict[str, list], *, writer: str) -> Stored:
     return await put(js, subjects.checkpoint_agents(rid, round_, first),
                      {"first": first, "count": count, "fields": fields}, writer=writer)
 
 
 async def load_agents(js: JetStreamContext, rid: str, round_: int, layout: Iterable[tuple[int, int]],
-                      wanted: Iterable[tuple[int, int]]) -> dict[int, dict[str, object]]:
+                      wanted: Iterable[tuple[int, int]], digests: Mapping[str, str]) -> dict[int, dict[str, object]]:
     """The state of every agent in `wanted` ranges, by agent id, read from the checkpoint
-    objects of `layout` (the ranges the checkpoint was written in) that overlap them."""
+    objects of `layout` (the ranges the checkpoint was written in) that overlap them, each
+    verified against `digests` (object name -> sha256, as recorded when the round closed)."""
     wanted = [(f, f + c) for f, c in wanted]
     out: dict[int, dict[str, object]] = {}
     for first, count in layout:
         lo, hi = first, first + count
         if not any(a < hi and lo < b for a, b in wanted):
             continue
-        chunk = await get(js, subjects.checkpoint_agents(rid, round_, first))
+        chunk = await get(js, subjects.checkpoint_agents(rid, round_, first), digests)
         if not isinstance(chunk, dict) or chunk.get("first") != first or chunk.get("count") != count:
             raise CheckpointError(f"checkpoint {subjects.checkpoint_agents(rid, round_, first)} does not hold "
                                   f"agents {first}..{first + count - 1}")
@@ -170,7 +203,7 @@ ENV_WRITER = "environment"  # the chunk token of the environment's checkpoints
 
 
 async def save_env(js: JetStreamContext, rid: str, round_: int, state: dict, observation: dict,
-                   selection: dict | None = None, world: WorldRef | None = None) -> int:
+                   selection: dict | None = None, world: WorldRef | None = None) -> Stored:
     return await put(js, subjects.checkpoint_env(rid, round_),
                      {"state": state, "observation": observation, "selection": selection,
                       "world": world.model_dump() if world is not None else None}, writer=ENV_WRITER)
@@ -183,9 +216,10 @@ class EnvCheckpoint(NamedTuple):
     world: WorldRef | None  # the world after the round (a simulation with one)
 
 
-async def load_env(js: JetStreamContext, rid: str, round_: int) -> EnvCheckpoint:
-    """The environment's state after `round_`, the next round's observation, who acts in it and its world."""
-    value = await get(js, subjects.checkpoint_env(rid, round_))
+async def load_env(js: JetStreamContext, rid: str, round_: int, digests: Mapping[str, str]) -> EnvCheckpoint:
+    """The environment's state after `round_`, the next round's observation, who acts in it and its
+    world, verified against `digests` (as recorded when the round closed)."""
+    value = await get(js, subjects.checkpoint_env(rid, round_), digests)
     if not isinstance(value, dict) or not isinstance(value.get("state"), dict):
         raise CheckpointError(f"checkpoint {subjects.checkpoint_env(rid, round_)} is not an environment's state")
     selection, world = value.get("selection"), value.get("world")
@@ -232,3 +266,24 @@ async def prune(js: JetStreamContext, rid: str, keep: Keep) -> int:
         await js.purge_stream(stream, subject=OBJ_META_PRE_TEMPLATE.format(bucket=subjects.CHECKPOINTS_BUCKET,
                                                                            obj=_b64(name)))
     return len(names)
+
+
+def recorded(rid: str, round_: int, claims: Mapping[str, Mapping[str, str]], env_digest: str | None,
+             ranges_of: Mapping[str, Iterable[tuple[int, int]]]) -> tuple[dict[str, str], list[str]]:
+    """The digests to record for round `round_`'s checkpoint objects: each share's claims
+    (share key -> object name -> sha256, from its partial) for the objects of its own ranges
+    (`ranges_of`: share key -> its ranges) only, and the environment's. Returns them, and
+    why any claim was left out (a share naming another share's object, or one it does not
+    play): the object's reader then finds no digest, never another share's."""
+    out: dict[str, str] = {}
+    if env_digest is not None:
+        out[subjects.checkpoint_env(rid, round_)] = env_digest
+    dropped: list[str] = []
+    for key, names in sorted(claims.items()):
+        own = {subjects.checkpoint_agents(rid, round_, first) for first, _ in ranges_of.get(key, ())}
+        for name, value in sorted(names.items()):
+            if name in own:
+                out[name] = value
+            else:
+                dropped.append(f"share {key} reported a digest of {name}, which is not one of its ranges' objects")
+    return out, dropped

@@ -269,6 +269,7 @@ Epoch = Annotated[int, Field(ge=0, le=1_000_000)]
 Amount = Annotated[int, Field(ge=0, lt=2**63)]
 Millis = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 JsonDoc = Annotated[dict, AfterValidator(_finite_json)]
+CheckpointName = Annotated[str, Field(min_length=1, max_length=200)]  # subjects.checkpoint_agents / _env
 
 
 # --- what a simulation records: declared by the simulation, carried by RunStarted --------
@@ -324,6 +325,9 @@ class Restore(Strict):
     run_id: RunId
     round: int = Field(ge=1)
     ranges: list[tuple[int, int]] = []
+    # checkpoint object name -> the sha256 of its bytes, as its writer reported when the round
+    # closed (filled by the orchestrator from KV `runs`): a reader uses only what matches
+    digests: dict[str, SHA256] = {}
 
     _tok = field_validator("run_id")(_check_token)
 
@@ -333,6 +337,7 @@ class Layout(Strict):
 
     from_round: int = Field(ge=1)
     ranges: list[tuple[int, int]]
+    shares: list[str] = []  # the key of the share that played each range (parallel to `ranges`)
 
 
 class RunStart(Strict):
@@ -374,7 +379,7 @@ class HostInfo(Strict):
     v: Literal[1] = SCHEMA_VERSION
     host_id: str
     capacity: int = Field(ge=1)
-    agents: int = 0
+    agents: int = Field(0, ge=0)  # a negative count would claim more room than `capacity`
     pid: int
     started_at: float
     heartbeat_at: float
@@ -449,6 +454,10 @@ class RunState(Strict):
     nudged: int = 0  # times the round in play (or the spawn) was announced again for its deadline
     used: Usage = Usage()  # LLM work of the completed rounds
     last_round: Usage = Usage()  # the last completed round's: what the next one likely needs
+    # The last completed round's checkpoint objects -> the sha256 of their bytes, as their
+    # writers reported them (each share its own ranges', the environment its own): a restore
+    # uses an object only if it still matches. Only the orchestrator writes KV `runs`.
+    checkpoints: dict[str, SHA256] = {}
     updated_at: float = Field(default_factory=time.time)
 
     @property
@@ -667,6 +676,8 @@ class RoundPartial(Wire):
     payload: JsonDoc
     epoch: Epoch = 0
     usage: Usage = Usage()
+    # the share's checkpoint objects of this round -> the sha256 of the bytes it stored
+    checkpoints: dict[CheckpointName, SHA256] = Field({}, max_length=100_000)
 
     @model_validator(mode="after")
     def _valid_within_n(self) -> RoundPartial:
@@ -692,6 +703,10 @@ class RoundResult(Wire):
     usage: Usage = Usage()  # the folded shares' LLM work
     selection: JsonDoc | None = None  # who acts next round (populace.sdk.select); None: everyone
     world: WorldRef | None = None  # the simulation's world after the round (stored before this result)
+    # share key -> the checkpoint digests its partial reported (the orchestrator keeps each
+    # share's own ranges' only), and the sha256 of the environment's own checkpoint
+    checkpoints: dict[str, dict[CheckpointName, SHA256]] = {}
+    env_checkpoint: SHA256 | None = None
 
 
 class RunResumed(Wire):
@@ -711,10 +726,11 @@ class RunFault(Wire):
     `pause`: not the run's fault (no model answers): the run pauses instead, to be resumed."""
 
     run_id: Token
-    source: str  # the service or host that reports it
+    source: str  # the service or host that reports it: the last token of its subject
     round: int | None = None
     reason: str
     pause: bool = False
+    epoch: Epoch | None = None  # a host's: the epoch of its share that cannot go on
 
 
 class RunDone(Wire):

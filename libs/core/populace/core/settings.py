@@ -65,6 +65,11 @@ class Settings(BaseSettings):
     # A round (or a spawn) with no progress this long is announced again once, then the run
     # pauses with a reason. Default: derived from the model (one inference batch's worst case).
     round_stall_s: float | None = Field(None, gt=0)
+    # How the orchestrator splits a run over the hosts with room: evenly (a host's capacity is
+    # what it says of itself, so it only bounds its share), or in proportion to free capacity.
+    placement_policy: Literal["spread", "capacity"] = "spread"
+    # The most agents the orchestrator believes any one host's capacity claim to be (0: no bound).
+    host_capacity_max: int = Field(0, ge=0)
 
     # gateway
     gateway_max_workers: int = Field(4096, ge=1)  # inference batches handled concurrently

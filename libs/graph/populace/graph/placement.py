@@ -52,7 +52,7 @@ def _hosts(capacities: dict[str, int]) -> list[HostInfo]:
 
 def contiguous_parts(n: int, capacities: dict[str, int]) -> tuple[list[str], np.ndarray]:
     """Today's placement as a host index per agent: `place`'s contiguous ranges."""
-    ranges = place(n, _hosts(capacities))
+    ranges = place(n, _hosts(capacities), policy="capacity")
     hosts = sorted(ranges)
     part = np.empty(n, dtype=np.int32)
     for i, h in enumerate(hosts):
@@ -113,7 +113,7 @@ def place_graph(graph: Graph, capacities: dict[str, int], *, imbalance: float = 
         pymetis = None
 
     n = graph.n
-    shares = place(n, _hosts(capacities))  # exact shares, the same as contiguous placement
+    shares = place(n, _hosts(capacities), policy="capacity")  # exact shares, the same as contiguous placement
     hosts = sorted(shares)
     target = np.array([sum(c for _, c in shares[h]) for h in hosts], dtype=np.int64)
     cap = np.array([capacities[h] for h in hosts], dtype=np.int64)

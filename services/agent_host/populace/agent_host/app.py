@@ -84,7 +84,8 @@ class AgentHost:
     async def report_fault(self, run_id: str, round_: int | None, reason: str, epoch: int = 0,
                            pause: bool = False) -> None:
         await bus.publish_js(self.svc.js, subjects.run_fault(run_id, self.host_id),
-                             RunFault(run_id=run_id, source=self.host_id, round=round_, reason=reason, pause=pause),
+                             RunFault(run_id=run_id, source=self.host_id, round=round_, reason=reason, pause=pause,
+                                      epoch=epoch),
                              msg_id=subjects.msg_id(run_id, round_ or 0, self.host_id, "fault", epoch))
 
     async def load_cast(self, batch: SpawnBatch) -> Cast | None:
@@ -126,7 +127,9 @@ class AgentHost:
             reason = f"agent-host {self.host_id} cannot host run {batch.run_id}: {detail}"
             self.svc.log.error("spawn_failed", run_id=batch.run_id, error=reason)
             self.runtime.drop(batch.run_id, batch.epoch)  # type: ignore[union-attr]
-            await self.report_fault(batch.run_id, None, reason, batch.epoch)
+            # A checkpoint that cannot be used is not the run's fault: it pauses, naming the object.
+            await self.report_fault(batch.run_id, None, reason, batch.epoch,
+                                    pause=isinstance(err, checkpoints.CheckpointError))
             return
         seconds = time.perf_counter() - t0
         self.svc.log.info("agents_spawned", run_id=batch.run_id, agents=len(run.agents),

@@ -11,7 +11,7 @@ import json
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from populace.core import bus, checkpoints, logs, metrics, subjects, telemetry
+from populace.core import bus, logs, metrics, subjects, telemetry
 from populace.core.contracts import (
     ActColumns,
     EdgeColumns,
@@ -114,10 +114,11 @@ class OutcomePublisher:
             await bus.until_ready(lambda: self._js.publish(subject, data, headers=headers, timeout=5.0),
                                   f"republish {subject}")
 
-    async def close(self, share: RoundShare, usage: Usage | None = None) -> None:
-        """Wait until JetStream stored every batch, then publish the partial. Ordering matters:
-        the partial (and so the round result and the run's end) is stored after every outcome
-        it summarises."""
+    async def close(self, share: RoundShare, usage: Usage | None = None,
+                    checkpoints: dict[str, str] | None = None) -> None:
+        """Wait until JetStream stored every batch, then publish the partial (with the digests
+        of the share's `checkpoints` of the round). Ordering matters: the partial (and so the
+        round result and the run's end) is stored after every outcome it summarises."""
         await asyncio.gather(*self._publishing)
         await asyncio.gather(*(self._confirm(*sent) for sent in self._sent))
         self._sent.clear()
@@ -128,7 +129,8 @@ class OutcomePublisher:
             payload = {"$ref": name, "sha256": await checkpoints.put_bytes(self._js, name, data,
                                                                             writer=self.host_id)}
         partial = RoundPartial(run_id=self.run_id, round=self.round, host_id=self.host_id, n=share.n,
-                               n_valid=share.n_valid, payload=payload, epoch=self.epoch, usage=usage or Usage())
+                               n_valid=share.n_valid, payload=payload, epoch=self.epoch, usage=usage or Usage(),
+                               checkpoints=checkpoints or {})
         await bus.publish_js(self._js, subjects.run_partial(self.run_id, self.round, self.host_id, self.epoch),
                              partial, msg_id=subjects.msg_id(self.run_id, self.round, self.host_id, "partial",
                                                              self.epoch))

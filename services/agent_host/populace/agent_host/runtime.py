@@ -82,16 +82,17 @@ class HostRuntime:
 
     async def restore(self, run: HostedRun, batch: SpawnBatch) -> None:
         """Set the agents' declared state from the checkpoint the spawn names (resume, fork,
-        a lost host's agents)."""
+        a lost host's agents), each object checked against the digest its writer reported
+        (the spawn carries them from KV `runs`): CheckpointUnverified if one does not match."""
         if batch.restore is None:
             return
         r = batch.restore
-        states = await checkpoints.load_agents(self.js, r.run_id, r.round, r.ranges, run.ranges)
+        states = await checkpoints.load_agents(self.js, r.run_id, r.round, r.ranges, run.ranges, r.digests)
         run.restore(states)
         if run.mailroom is not None:
             # what the agents read next: every agent's post of that round (the checkpoint of
             # every range holds its agents' posts), not only this share's
-            everyone = await checkpoints.load_agents(self.js, r.run_id, r.round, r.ranges, r.ranges)
+            everyone = await checkpoints.load_agents(self.js, r.run_id, r.round, r.ranges, r.ranges, r.digests)
             box = run.mailroom.box(r.round)
             for aid, state in everyone.items():
                 text = state.get(POST_TEXT)
@@ -216,9 +217,10 @@ class HostRuntime:
             room.played.add(opened.round)
             mails = await self.mail.send(run, opened.round)
         played = time.perf_counter()
-        saved = await self.checkpoint(run, opened.round) if s.checkpoints else 0
-        # The partial goes out last: a round that closes is a round whose checkpoints exist.
-        await publisher.close(share, session.usage())
+        saved = await self.checkpoint(run, opened.round) if s.checkpoints else []
+        # The partial goes out last: a round that closes is a round whose checkpoints exist
+        # (their digests ride in it, so a restore can tell them from a rewrite).
+        await publisher.close(share, session.usage(), checkpoints={c.name: c.digest for c in saved})
         if room is not None:
             room.forget_before(opened.round)
         metrics.ROUNDS.labels("agent-host").inc()
@@ -228,7 +230,8 @@ class HostRuntime:
                  infer_batches=session.batches_sent, infra_retries=session.infra_retries, llm_calls=session.llm_calls,
                  tokens=session.prompt_tokens + session.completion_tokens, outcome_batches=share.batches,
                  mail_messages=mails[0], mail_posts=mails[1], mail_bytes=mails[2],
-                 checkpoint_bytes=saved, checkpoint_seconds=round(time.perf_counter() - played, 3),
+                 checkpoint_bytes=sum(c.size for c in saved),
+                 checkpoint_seconds=round(time.perf_counter() - played, 3),
                  seconds=round(time.perf_counter() - t0, 3))
 
     async def world_of(self, run: HostedRun, opened: RoundOpen) -> World | None:
@@ -244,14 +247,15 @@ class HostRuntime:
         self._worlds[run.run_id] = (ref, world)  # one per run: the previous round's goes
         return world
 
-    async def checkpoint(self, run: HostedRun, round_: int) -> int:
-        """The agents' declared state after `round_`, one object per range; returns the bytes."""
-        total = 0
+    async def checkpoint(self, run: HostedRun, round_: int) -> list[checkpoints.Stored]:
+        """The agents' declared state after `round_`, one object per range; returns each
+        object's name, size and digest."""
+        stored = []
         box = run.mailroom.box(round_) if run.mailroom is not None else None
         for first, count, columns in await run.snapshot():
             if box is not None:  # their posts: what a replacement or a resume gives the next round to read
                 columns[POST_TEXT] = box.texts[first:first + count]
                 columns[POST_FIELDS] = box.bodies[first:first + count]
-            total += await checkpoints.save_agents(self.js, run.run_id, round_, first, count, columns,
-                                                   writer=self.host_id)
-        return total
+            stored.append(await checkpoints.save_agents(self.js, run.run_id, round_, first, count, columns,
+                                                        writer=self.host_id))
+        return stored

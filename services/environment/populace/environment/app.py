@@ -215,21 +215,26 @@ class Environment:
             await self.fault(tally.run_id, round_, str(err), tally.epoch)
             return
         if result is not None:
-            await self.publish(result)
+            await self.publish(result, tally)
 
-    async def publish(self, result: RoundResult) -> None:
+    async def publish(self, result: RoundResult, tally: RunTally) -> None:
         with tracer.start_as_current_span(
                 "environment.decide", context=self.round_contexts.pop((result.run_id, result.round), None),
                 attributes={"populace.run_id": result.run_id, "populace.round": result.round,
                             "populace.n_valid": result.n_valid}):
             # The checkpoint first: a round whose result is out is a round a run can continue from
-            # (its world too: the next round's announcement names it).
-            tally = self.runs.get(result.run_id)
+            # (its world too: the next round's announcement names it, with its digest).
             out = tally.worlds_out.pop(result.round, None) if tally is not None else None
             if out is not None:
                 await checkpoints.put_bytes(self.svc.js, out[0].name, out[1], writer=checkpoints.ENV_WRITER)
-            await checkpoints.save_env(self.svc.js, result.run_id, result.round, result.state, result.observation,
-                                       result.selection, result.world)
+            stored = await checkpoints.save_env(self.svc.js, result.run_id, result.round, result.state,
+                                                result.observation, result.selection, result.world)
+            # What each folded share says it checkpointed, and this one's own: the orchestrator
+            # records them, and a restore reads only objects that still match.
+            parts = tally.partials.get(result.round, {}) if tally is not None else {}
+            result = result.model_copy(update={
+                "env_checkpoint": stored.digest,
+                "checkpoints": {k: dict(parts[k].partial.checkpoints) for k in result.shares if k in parts}})
             await bus.publish_js(self.svc.js, subjects.run_round_result(result.run_id, result.round), result,
                                  msg_id=subjects.msg_id(result.run_id, result.round, "env", "result", result.epoch))
         metrics.ROUNDS.labels("environment").inc()

@@ -27,6 +27,7 @@ from populace.core import bus, checkpoints, metrics, subjects, telemetry
 from populace.core.contracts import (
     HostInfo,
     HostSpawned,
+    Progress,
     RoundOpen,
     RoundResult,
     RunCancel,
@@ -39,7 +40,7 @@ from populace.core.contracts import (
     RunState,
     SpawnBatch,
 )
-from populace.core.placement import PlacementError, place
+from populace.core.placement import PlacementError, bounded, place
 from populace.core.scenario import format_validation_error
 from populace.core.service import Refused, Service, control_pull
 from populace.core.settings import Settings
@@ -62,7 +63,8 @@ class Orchestrator:
         # their hosts: those hosts are watched.
         self.watched: dict[str, set[str]] = {}
         self.watch_task: asyncio.Task | None = None
-        self.progress_at: dict[str, float] = {}  # run id -> last progress tick (time.monotonic)
+        self.progress_at: dict[str, float] = {}  # run id -> last progress tick that counted (time.monotonic)
+        self.ticks: dict[str, workflow.RoundTicks] = {}  # run id -> its round in play's ticks so far
         self.units: dict[str, int] = {}  # run id -> agents that must stay on one host (a group)
         # run id -> (round in play, time.monotonic() of its first announcement): the round's time
         self.round_opened: dict[str, tuple[int, float]] = {}
@@ -71,14 +73,28 @@ class Orchestrator:
 
     # -- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
-        async def on_progress(msg) -> None:
-            parts = msg.subject.split(".")
-            if len(parts) == 4 and parts[1] in self.watched:
-                self.progress_at[parts[1]] = time.monotonic()
-
         # Core NATS ticks (one per outcome batch): a round that makes progress is not stalled.
-        self.progress_sub = await self.svc.nc.subscribe(subjects.ANY_PROGRESS, cb=on_progress)
+        self.progress_sub = await self.svc.nc.subscribe(subjects.ANY_PROGRESS, cb=self.on_progress)
         self.watch_task = asyncio.create_task(self.watch_hosts())
+
+    async def on_progress(self, msg) -> None:
+        """A tick moves the round's deadline only if it comes from a host of the run's live
+        shares, for the round in play, within that host's agents (workflow.RoundTicks); a
+        refused one is dead-lettered, naming its sender."""
+        parts = msg.subject.split(".")
+        rid = parts[1] if len(parts) == 4 else ""
+        ticks = self.ticks.get(rid)
+        if rid not in self.watched or ticks is None:
+            return  # a run this orchestrator does not pace (finished, or not yet playing)
+        try:
+            tick = Progress.model_validate_json(msg.data)
+        except ValidationError as err:
+            return await self.svc.dead_letter(msg, err, terminate=False)
+        taken = ticks.take(msg.subject, tick)
+        if taken is True:
+            self.progress_at[rid] = time.monotonic()
+        elif taken is not False:
+            await self.svc.dead_letter(msg, f"progress refused from {parts[3]}: {taken}", terminate=False)
 
     async def stop(self) -> None:
         if self.watch_task:
@@ -91,6 +107,8 @@ class Orchestrator:
         for state in await bus.registry_entries(self.svc.js, subjects.RUNS_BUCKET, RunState):
             if state.status in ("spawning", "running"):
                 self.watched[state.run_id] = set(state.placement)
+            if state.status == "running":
+                self.ticks[state.run_id] = workflow.RoundTicks.of(state)
         if self.watched:
             self.svc.log.info("runs_adopted", runs=sorted(self.watched))
 
@@ -113,8 +131,9 @@ class Orchestrator:
                 missing.clear()
                 continue
             try:
-                fresh = await bus.registry_entries(self.svc.js, subjects.HOSTS_BUCKET, HostInfo,
-                                                   fresh_within_s=silent_s, strict=True)
+                fresh, _ = bounded(await bus.registry_entries(self.svc.js, subjects.HOSTS_BUCKET, HostInfo,
+                                                              fresh_within_s=silent_s, strict=True),
+                                   settings.host_capacity_max)
             except Exception as err:
                 self.svc.log.warning("host_watch_read_failed", error=str(err))
                 continue
@@ -133,7 +152,8 @@ class Orchestrator:
     def check(self, state: RunState, hosts: list[HostInfo], live: set[str]) -> tuple[RunState, list]:
         """One watch beat for one run: lost shares first, then the round's deadline."""
         s = self.svc.settings
-        new, actions = workflow.on_hosts_lost(state, hosts, live, s.host_lost_s, self.unit_of(state))
+        new, actions = workflow.on_hosts_lost(state, hosts, live, s.host_lost_s, self.unit_of(state),
+                                              s.placement_policy)
         if new is not state:
             return new, actions
         since = max(time.monotonic() - (time.time() - state.phase_at), self.progress_at.get(state.run_id, 0.0))
@@ -155,8 +175,17 @@ class Orchestrator:
         return await self.svc.js.key_value(subjects.RUNS_BUCKET)
 
     async def fresh_hosts(self) -> list[HostInfo]:
-        return await bus.registry_entries(self.svc.js, subjects.HOSTS_BUCKET, HostInfo,
-                                          fresh_within_s=self.svc.settings.registry_ttl_s)
+        """The hosts to place on, each capacity claim capped at POPULACE_HOST_CAPACITY_MAX."""
+        s = self.svc.settings
+        hosts, over = bounded(await bus.registry_entries(self.svc.js, subjects.HOSTS_BUCKET, HostInfo,
+                                                         fresh_within_s=s.registry_ttl_s), s.host_capacity_max)
+        for h in over:
+            self.svc.log.warning("host_capacity_bounded", host_id=h.host_id, claimed=h.capacity,
+                                 bound=s.host_capacity_max)
+        return hosts
+
+    def place(self, agents: int, hosts: list[HostInfo], unit: int) -> dict[str, list[tuple[int, int]]]:
+        return place(agents, hosts, unit=unit, policy=self.svc.settings.placement_policy)
 
     # -- handlers -----------------------------------------------------------------------
     async def on_run_start(self, start: RunStart, msg: NatsMessage) -> None:
@@ -176,7 +205,7 @@ class Orchestrator:
             await asyncio.sleep(0.25)
             hosts = await self.fresh_hosts()
         try:
-            placement = place(cfg.agents, hosts, unit=unit)
+            placement = self.place(cfg.agents, hosts, unit)
         except PlacementError as err:
             return await self.reject(rid, str(err))
         self.units[rid] = unit
@@ -216,9 +245,15 @@ class Orchestrator:
                              f"not {k}")
         if parent.config.agents != start.config.agents:
             raise ValueError(f"agents: a fork keeps its parent's {parent.config.agents} agents")
-        env = await checkpoints.load_env(self.svc.js, parent.run_id, k)
+        result = None
+        if k != workflow.completed(parent) or not parent.checkpoints:
+            # an older round's digests are in its result, which only the environment publishes
+            result = await bus.last_on(self.svc.js, subjects.RUN_STREAM, subjects.run_round_result(parent.run_id, k),
+                                       RoundResult)
+        digests = workflow.fork_digests(parent, k, result)
+        env = await checkpoints.load_env(self.svc.js, parent.run_id, k, digests)
         return workflow.fork_run(rid, start.config, placement, parent, k, env.state, env.observation, incarnations,
-                                 selection=env.selection, world=env.world)
+                                 digests, selection=env.selection, world=env.world)
 
     async def reject(self, rid: str, reason: str) -> None:
         self.svc.log.warning("run_rejected", run_id=rid, reason=reason)
@@ -254,7 +289,14 @@ class Orchestrator:
         await self.advance(spawned.run_id, lambda s: workflow.on_spawned(s, spawned.host_id, spawned.epoch))
 
     async def on_result(self, result: RoundResult) -> None:
-        """The environment decided a round: open the next, or finish."""
+        """The environment decided a round: open the next, or finish. Each share's checkpoint
+        digests are kept for its own ranges only (checkpoints.recorded)."""
+        state = await bus.run_state(self.svc.js, result.run_id)
+        if state is not None and state.status == "running" and state.round == result.round:
+            _, dropped = checkpoints.recorded(result.run_id, result.round, result.checkpoints,
+                                              result.env_checkpoint, {sh.key: sh.ranges for sh in state.shares})
+            for why in dropped:
+                self.svc.log.warning("checkpoint_digest_refused", run_id=result.run_id, round=result.round, reason=why)
         if round_span := self.spans.pop(f"{result.run_id}.{result.round}", None):
             round_span.set_attributes({"populace.n_valid": result.n_valid})
             round_span.end()
@@ -264,8 +306,13 @@ class Orchestrator:
             metrics.ROUND_SECONDS.labels("orchestrator").observe(time.monotonic() - opened[1])
         await self.advance(result.run_id, lambda s: workflow.on_result(s, result))
 
-    async def on_fault(self, fault: RunFault) -> None:
-        """A service cannot go on with a run: fail it now, with its reason."""
+    async def on_fault(self, fault: RunFault, msg: NatsMessage) -> None:
+        """A service or a placed share cannot go on with a run: fail (or pause) it now, with its
+        reason. From anyone else, or claiming another sender: dead-lettered, naming the sender."""
+        subject = msg.raw_message.subject
+        why = workflow.fault_refusal(await bus.run_state(self.svc.js, fault.run_id), fault, subject)
+        if why is not None:
+            raise Refused(f"fault refused from {subject.rsplit('.', 1)[-1]}: {why}")
         self.svc.log.warning("run_fault", run_id=fault.run_id, source=fault.source, reason=fault.reason,
                              pause=fault.pause)
         stop = workflow.on_pause if fault.pause else workflow.on_failure
@@ -288,7 +335,7 @@ class Orchestrator:
         if why is None:
             try:
                 hosts = await self.fresh_hosts()
-                placement = place(state.config.agents, hosts, unit=self.unit_of(state))
+                placement = self.place(state.config.agents, hosts, self.unit_of(state))
             except PlacementError as err:
                 why = str(err)
         if why is not None:
@@ -369,6 +416,9 @@ class Orchestrator:
     async def open_round(self, state: RunState, action: workflow.OpenRound) -> None:
         rid = state.run_id
         self.progress_at.pop(rid, None)
+        ticks = self.ticks.get(rid)
+        if ticks is None or (ticks.round, ticks.epoch) != (state.round, state.epoch):
+            self.ticks[rid] = workflow.RoundTicks.of(state)  # a new round, or new shares play it
         run_span = self.spans.get(rid)
         key = f"{rid}.{action.round}"
         round_span = self.spans.get(key) if action.again else None
@@ -399,6 +449,7 @@ class Orchestrator:
         self.watched.pop(rid, None)
         self.units.pop(rid, None)
         self.progress_at.pop(rid, None)
+        self.ticks.pop(rid, None)
         self.round_opened.pop(rid, None)
         metrics.RUNS.labels(action.status).inc()
         run_span = self.spans.pop(rid, None)

@@ -10,23 +10,27 @@ places every share again. A round result counts only if it folded exactly the li
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from populace.core import checkpoints, subjects
 from populace.core.contracts import (
     ACTIVE_STATUSES,
     RESUMABLE_STATUSES,
     Budget,
     HostInfo,
     Layout,
+    Progress,
     Restore,
     RoundResult,
     RunConfig,
+    RunFault,
     RunState,
     Share,
     Usage,
     WorldRef,
+    share_key,
 )
-from populace.core.placement import PlacementError, place_ranges
+from populace.core.placement import PlacementError, Policy, place_ranges
 
 Placement = dict[str, list[tuple[int, int]]]
 ACTIVE = ACTIVE_STATUSES
@@ -65,6 +69,23 @@ def layout_of(shares: list[Share]) -> list[tuple[int, int]]:
     return sorted(r for sh in shares for r in sh.ranges)
 
 
+def layout(from_round: int, shares: list[Share]) -> Layout:
+    """The ranges `shares` play from `from_round` on, with the share that plays each."""
+    pairs = sorted((r, sh.key) for sh in shares for r in sh.ranges)
+    return Layout(from_round=from_round, ranges=[r for r, _ in pairs], shares=[k for _, k in pairs])
+
+
+def owners(state: RunState, round_: int) -> dict[str, list[tuple[int, int]]]:
+    """Which share played (and checkpointed) which ranges in `round_`: share key -> ranges."""
+    chosen = [lay for lay in state.layouts if lay.from_round <= round_]
+    if not chosen:
+        return {sh.key: list(sh.ranges) for sh in state.shares}
+    out: dict[str, list[tuple[int, int]]] = {}
+    for r, key in zip(chosen[-1].ranges, chosen[-1].shares, strict=False):
+        out.setdefault(key, []).append(r)
+    return out
+
+
 def layout_for(state: RunState, round_: int) -> list[tuple[int, int]]:
     """The ranges the run's hosts played (and checkpointed) `round_` in."""
     chosen = [lay for lay in state.layouts if lay.from_round <= round_]
@@ -81,21 +102,38 @@ def shares_for(placement: Placement, epoch: int, from_round: int,
 def new_run(run_id: str, config: RunConfig, placement: Placement,
             incarnations: dict[str, float] | None = None) -> RunState:
     shares = shares_for(placement, 0, 1, incarnations)
-    return RunState(run_id=run_id, status="spawning", config=config, shares=shares,
-                    layouts=[Layout(from_round=1, ranges=layout_of(shares))])
+    return RunState(run_id=run_id, status="spawning", config=config, shares=shares, layouts=[layout(1, shares)])
 
 
 def fork_run(run_id: str, config: RunConfig, placement: Placement, parent: RunState, after_round: int,
              env_state: dict, observation: dict, incarnations: dict[str, float] | None = None,
-             selection: dict | None = None, world: WorldRef | None = None) -> RunState:
+             digests: dict[str, str] | None = None, selection: dict | None = None,
+             world: WorldRef | None = None) -> RunState:
     """A new run that starts where `parent` was after `after_round` (its agents' and
-    environment's state), with its own config (the intervention)."""
+    environment's state), with its own config (the intervention); `digests`: the parent's
+    checkpoint objects of that round, as recorded when it closed (`fork_digests`)."""
     shares = shares_for(placement, 0, after_round + 1, incarnations)
     return RunState(run_id=run_id, status="spawning", config=config, shares=shares, round=after_round,
                     restore=Restore(run_id=parent.run_id, round=after_round,
-                                    ranges=layout_for(parent, after_round)),
-                    layouts=[Layout(from_round=after_round + 1, ranges=layout_of(shares))],
+                                    ranges=layout_for(parent, after_round), digests=digests or {}),
+                    layouts=[layout(after_round + 1, shares)],
                     env_state=env_state, observation=observation, selection=selection, world=world)
+
+
+def fork_digests(parent: RunState, round_: int, result: RoundResult | None) -> dict[str, str]:
+    """The digests of `parent`'s checkpoint objects of `round_`: the run state's, for its last
+    completed round; else those its round result (the environment's, read back from the
+    stream) reports, each share's own ranges' only. Raises CheckpointUnverified when neither
+    is there: a fork never starts from objects nobody can vouch for."""
+    if round_ == completed(parent) and parent.checkpoints:
+        return dict(parent.checkpoints)
+    played = owners(parent, round_)
+    if result is None or result.round != round_ or sorted(result.shares) != sorted(played):
+        raise checkpoints.CheckpointUnverified(
+            f"run {parent.run_id}'s round {round_} result is no longer in the stream (or is not the one the run "
+            "counted): its checkpoint cannot be verified")
+    digests, _ = checkpoints.recorded(parent.run_id, round_, result.checkpoints, result.env_checkpoint, played)
+    return digests
 
 
 def completed(state: RunState) -> int:
@@ -110,7 +148,8 @@ def restore_point(state: RunState) -> Restore | None:
     if state.restore is not None and after <= state.restore.round:
         return state.restore
     if after:
-        return Restore(run_id=state.run_id, round=after, ranges=layout_for(state, after))
+        return Restore(run_id=state.run_id, round=after, ranges=layout_for(state, after),
+                       digests=dict(state.checkpoints))
     return None
 
 
@@ -138,10 +177,11 @@ def on_result(state: RunState, result: RoundResult) -> tuple[RunState, list[Acti
         return state, []  # stale or replayed result
     if sorted(result.shares) != sorted(sh.key for sh in state.shares):
         return state, []  # it folded a share since replaced (or misses a replacement's)
+    digests, _ = checkpoints.recorded(state.run_id, result.round, result.checkpoints, result.env_checkpoint,
+                                      {sh.key: sh.ranges for sh in state.shares})
     carried = {"env_state": result.state, "observation": result.observation, "selection": result.selection,
-               "world": result.world,
-               "phase_at": time.time(), "nudged": 0,
-               "used": state.used + result.usage, "last_round": result.usage}
+               "world": result.world, "phase_at": time.time(), "nudged": 0,
+               "used": state.used + result.usage, "last_round": result.usage, "checkpoints": digests}
     if state.round >= state.config.rounds:
         return _now(state, status="done", **carried), [FinishRun("completed", state.round)]
     over = over_budget(state.config.budget, carried["used"], result.usage)
@@ -211,8 +251,7 @@ def on_resume(state: RunState, placement: Placement, incarnations: dict[str, flo
     shares = shares_for(placement, epoch, after + 1, incarnations)
     config = state.config if budget is None else state.config.model_copy(update={"budget": budget})
     resumed = _now(state, status="spawning", config=config, shares=shares, spawned=[], epoch=epoch, reason=None,
-                   phase_at=time.time(), nudged=0,
-                   layouts=[*state.layouts, Layout(from_round=after + 1, ranges=layout_of(shares))])
+                   phase_at=time.time(), nudged=0, layouts=[*state.layouts, layout(after + 1, shares)])
     return resumed, [SpawnShares(tuple(sh.key for sh in shares), resumed=True)]
 
 
@@ -227,7 +266,7 @@ def lost_shares(state: RunState, hosts: list[HostInfo], live: set[str]) -> list[
 
 
 def on_hosts_lost(state: RunState, hosts: list[HostInfo], live: set[str], silent_s: float,
-                  unit: int = 1) -> tuple[RunState, list[Action]]:
+                  unit: int = 1, policy: Policy = "spread") -> tuple[RunState, list[Action]]:
     """Place a lost host's shares again on the hosts up (a restarted host counts as up), in a
     new epoch: their agents restart from the last checkpoint and replay their part of the
     round in play. With nowhere to place them, the run pauses with a reason."""
@@ -244,7 +283,7 @@ def on_hosts_lost(state: RunState, hosts: list[HostInfo], live: set[str], silent
     keep = [sh for sh in state.shares if sh not in lost]
     # the survivors' agents of this run already count against their hosts' room
     try:
-        moved = place_ranges([r for sh in lost for r in sh.ranges], up, unit)
+        moved = place_ranges([r for sh in lost for r in sh.ranges], up, unit, policy)
     except PlacementError as err:
         return on_pause(state, f"{what} during {where} and no agent-host can take its {agents} agents ({err}); "
                                f"`populace resume {state.run_id}` continues once hosts are up")
@@ -254,7 +293,7 @@ def on_hosts_lost(state: RunState, hosts: list[HostInfo], live: set[str], silent
     shares = sorted([*keep, *new], key=lambda sh: min(f for f, _ in sh.ranges))
     lost_keys = {sh.key for sh in lost}
     replaced = _now(state, shares=shares, spawned=[k for k in state.spawned if k not in lost_keys], epoch=epoch,
-                    layouts=[*state.layouts, Layout(from_round=from_round, ranges=layout_of(shares))],
+                    layouts=[*state.layouts, layout(from_round, shares)],
                     reason=f"{what} during {where}: its {agents} agents re-placed on {', '.join(sorted(moved))}")
     return replaced, [SpawnShares(tuple(sh.key for sh in new))]
 
@@ -283,3 +322,69 @@ def stall_deadline(config: RunConfig, infer_timeout_s: float, infer_attempts: in
         return override
     batch_s = max(infer_timeout_s, config.model.latency_s * 4 + 10)
     return max(60.0, batch_s * infer_attempts + 30.0)
+
+
+# Services that may report a run's fault, each on its own subject (run.<rid>.fault.<service>),
+# which only its NATS user may publish (deploy/nats/auth.conf). Any other source is a host.
+FAULT_SERVICES = frozenset({"environment"})
+
+
+def fault_refusal(state: RunState | None, fault: RunFault, subject: str) -> str | None:
+    """Why a fault (a failure or a pause) must not stop the run (None: it may). NATS
+    permissions check the subject, so its last token is the sender: the body may not claim
+    another; a host may speak only for a share the run's placement has (its epoch's, when it
+    names one), and a service only if it is one entitled to (FAULT_SERVICES)."""
+    sender = subject.rsplit(".", 1)[-1]
+    if subject != subjects.run_fault(fault.run_id, fault.source):
+        return f"a fault from {sender} on {subject} claims to come from {fault.source!r} about run {fault.run_id}"
+    if state is None:
+        return f"run {fault.run_id} is not known"
+    if sender in FAULT_SERVICES:
+        return None
+    if fault.epoch is not None:
+        if state.share(share_key(sender, fault.epoch)) is None:
+            return (f"share {share_key(sender, fault.epoch)} is not in run {state.run_id}'s placement "
+                    f"(epoch {state.epoch}): its fault is not the run's")
+    elif sender not in state.placement:
+        return (f"agent-host {sender} plays no share of run {state.run_id} (epoch {state.epoch}): "
+                "its fault is not the run's")
+    return None
+
+
+@dataclass
+class RoundTicks:
+    """The round in play's progress ticks, as they count towards its deadline: only from the
+    hosts of the run's live shares, only while a host's answers stay within its agents (a tick
+    saying no agent answered yet, that a gateway works on its prompts, only while some of its
+    agents still wait). A host placed in no run cannot keep a stalled round alive."""
+
+    round: int
+    epoch: int
+    room: dict[str, int]  # host -> agents of its live shares
+    answered: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, state: RunState) -> RoundTicks:
+        return cls(round=state.round, epoch=state.epoch,
+                   room={h: sum(c for _, c in rs) for h, rs in state.placement.items()})
+
+    def take(self, subject: str, tick: Progress) -> bool | str:
+        """True: the tick is progress; False: a straggler, dropped quietly; a string: why it
+        is refused (dead-lettered)."""
+        if subject != subjects.progress(tick.run_id, tick.round, tick.host_id):
+            return f"a progress tick on {subject} claims host {tick.host_id}, round {tick.round} of run {tick.run_id}"
+        if tick.round < self.round:
+            return False  # sent before the round it counted in was decided
+        if tick.round > self.round:
+            return f"round {tick.round} of run {tick.run_id} is not in play (round {self.round} is)"
+        room = self.room.get(tick.host_id)
+        if room is None:
+            return f"agent-host {tick.host_id} plays no share of run {tick.run_id} (epoch {self.epoch})"
+        done = self.answered.get(tick.host_id, 0)
+        if tick.answered == 0:
+            return done < room
+        if done + tick.answered > room:
+            return (f"agent-host {tick.host_id} would have answered {done + tick.answered} agents in round "
+                    f"{self.round} of run {tick.run_id}; it plays {room}")
+        self.answered[tick.host_id] = done + tick.answered
+        return True
