@@ -14,6 +14,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from nats.js.errors import NoKeysError
 
 from populace.client.prepare import prepare, prepare_file
 from populace.client.run import play
@@ -155,7 +156,11 @@ def test_an_agent_host_killed_in_a_round_of_scenes_is_replaced_and_every_table_i
         kv = await nc.jetstream().key_value("runs")
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            for key in await kv.keys():
+            try:
+                keys = await kv.keys()
+            except NoKeysError:  # the run is not created yet
+                keys = []
+            for key in keys:
                 state = (await kv.get(key)).value
                 if b'"status":"running"' in state and b'"round":2' in state:
                     await asyncio.sleep(0.5)  # inside the round: proposers are waiting on their offers
