@@ -26,7 +26,7 @@ from pydantic_core import to_json
 from populace.client.prepare import prepare
 from populace.client.run import new_run_id, play, run_state
 from populace.client.stack import Stack
-from populace.core import bus, subjects
+from populace.core import bus, checkpoints, subjects
 from populace.core.contracts import Progress, Restore, RoundOpen, RunConfig
 from populace.core.hostauth import with_hosts
 
@@ -138,10 +138,10 @@ def refused_on(stack: Stack, before: int, subject: str, at_least: int) -> list[t
     return asyncio.run(poll())
 
 
-async def rewrite(nc, name: str, value: object) -> None:
-    """What any host's credentials may do: replace an object of the checkpoints bucket."""
-    store = await nc.jetstream().object_store(subjects.CHECKPOINTS_BUCKET)
-    await store.put(name, to_json(value))
+async def rewrite(nc, name: str, value: object, writer: str = "host-1") -> None:
+    """What any host's credentials may do: replace an object of the checkpoints bucket (chunks
+    under its own token, then the object's metadata: no purge is granted to a host)."""
+    await checkpoints.write_object(nc.jetstream(), name, to_json(value), writer)
 
 
 def forged_agents(first: int, count: int) -> dict:
