@@ -67,7 +67,7 @@ async def test_the_prompt_shows_the_feed_numbered_and_the_schema_fits_it():
     cast = Cast([Persona(i, f"You are Person {i}.", {"activity": "high"}) for i in range(6)])
     run = host_run(resolve(config(activity={"rates": {"high": 1.0}})), "r", [(0, 6)], cast, freeze=False)
     llm = ScriptedLLM(lambda key, prompt: reply())
-    share, batches = await play_one(run, llm)
+    share, _ = await play_one(run, llm)
     assert share.n == share.n_valid == 6
     sim: Microblog = run.sim
     for a in llm.asked:

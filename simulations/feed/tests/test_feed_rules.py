@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from populace_feed import Action, Pool
 from populace_feed.recommender import base_scores
-from populace_feed.simulation import POST_SALT, FeedState, Tally, polarisation
+from populace_feed.simulation import POST_SALT, FeedState, polarisation
 
 from populace.core.contracts import RunConfig
 from populace.sdk import resolve, select
