@@ -83,14 +83,18 @@ def best_first(scores: np.ndarray, post_ids: np.ndarray, m: int) -> np.ndarray:
 class _Stance:
     """One stance's ranking of the pool (before follows)."""
 
-    __slots__ = ("authors", "scores", "shared", "top")
+    __slots__ = ("authors", "scores", "shared", "top", "values")
 
-    def __init__(self, scores: np.ndarray, top: np.ndarray, authors: Counter, shared: Timeline) -> None:
-        self.scores, self.top, self.authors, self.shared = scores, top, authors, shared
+    def __init__(self, scores: np.ndarray, top: list[int], authors: Counter, shared: Timeline) -> None:
+        self.scores = scores
+        self.values: list[float] | None = None  # the scores as Python floats, made when a follow needs them
+        self.top, self.authors, self.shared = top, authors, shared
 
 
 class Ranker:
-    """One round's pool, ranked for any agent (see the module's docstring)."""
+    """One round's pool, ranked for any agent (see the module's docstring). An agent's own part
+    works on a few dozen posts in plain Python: numpy's cost per call is more than the work
+    there, and Python's float addition is numpy's float64 addition, so the scores are the same."""
 
     def __init__(self, round_: int, post_ids: np.ndarray, authors: np.ndarray, post_rounds: np.ndarray,
                  stances: np.ndarray, likes: np.ndarray, reposts: np.ndarray, texts: np.ndarray,
@@ -104,8 +108,12 @@ class Ranker:
         self.reposts = np.asarray(reposts, dtype=np.int64)
         self.texts = texts
         self.base = base_scores(self.likes, self.reposts, np.asarray(post_rounds), round_, weights)
-        self.by_author = np.argsort(self.authors, kind="stable")  # the posts of an author: one slice
-        self.sorted_authors = self.authors[self.by_author]
+        self._ids, self._authors = self.post_ids.tolist(), self.authors.tolist()
+        self._columns = (self._ids, self._authors, self.stances.tolist(), self.likes.tolist(), self.reposts.tolist(),
+                         list(texts))
+        self.by_author: dict[int, list[int]] = {}  # author -> its posts (indices, ascending)
+        for i, a in enumerate(self._authors):
+            self.by_author.setdefault(a, []).append(i)
         self._ranked: dict[int, _Stance] = {}
 
     def scores(self, stance: int) -> np.ndarray:
@@ -117,50 +125,52 @@ class Ranker:
         ranked = self._ranked.get(stance)
         if ranked is None:
             scores = self.scores(stance)
-            top = best_first(scores, self.post_ids, self.w.k + EXTRA)
-            first = top[:self.w.k]
-            shared = self._timeline(stance, first, np.zeros(first.size, dtype=bool))
-            ranked = self._ranked[stance] = _Stance(scores, top, Counter(self.authors[top].tolist()), shared)
+            top = best_first(scores, self.post_ids, self.w.k + EXTRA).tolist()
+            shared = self._timeline(stance, top[:self.w.k], [False] * min(self.w.k, len(top)))
+            ranked = self._ranked[stance] = _Stance(scores, top, Counter(self._authors[i] for i in top), shared)
         return ranked
-
-    def posts_by(self, authors: Sequence[int]) -> np.ndarray:
-        """Indices of the pool's posts by these authors (distinct ids), ascending."""
-        if not len(authors) or not self.post_ids.size:
-            return _NONE
-        wanted = np.asarray(authors, dtype=np.int64)
-        lo = np.searchsorted(self.sorted_authors, wanted, "left")
-        hi = np.searchsorted(self.sorted_authors, wanted, "right")
-        counts = hi - lo
-        total = int(counts.sum())
-        if total == 0:
-            return _NONE
-        starts = np.repeat(lo - (np.cumsum(counts) - counts), counts)
-        return np.sort(self.by_author[starts + np.arange(total)])
 
     def feed(self, agent: int, stance: int, following: Sequence[int] = ()) -> Timeline:
         """Agent `agent`'s feed: its stance, whom it follows (author ids)."""
         ranked = self._stance(stance)
-        followed = self.posts_by(following) if following else _NONE
+        by_author = self.by_author
+        followed = [i for a in following if a in by_author for i in by_author[a]] if following else ()
         own = ranked.authors.get(agent, 0)
-        if not followed.size and not own:
+        if not followed and not own:
             return ranked.shared
-        k = self.w.k
-        top = ranked.top
-        if top.size - own < k and top.size < self.post_ids.size:
-            candidates = np.arange(self.post_ids.size)  # its own posts crowd its stance's list
+        k, top, authors, ids = self.w.k, ranked.top, self._authors, self._ids
+        if len(top) - own < k and len(top) < len(ids):
+            return self._whole(agent, stance, followed)  # its own posts crowd its stance's list
+        lifted = set(followed)
+        # the stance's order without its own posts and the followed ones, which come back lifted
+        rest = [i for i in top if authors[i] != agent and i not in lifted][:k]
+        values = ranked.values
+        if values is None and followed:
+            values = ranked.values = ranked.scores.tolist()
+        boost = self.w.follow_boost
+        keyed = [(values[i], ids[i], i) for i in rest] if followed else []  # type: ignore[index]
+        keyed += [(values[i] + boost, ids[i], i) for i in followed if authors[i] != agent]  # type: ignore[index]
+        if not followed:
+            best = rest
         else:
-            candidates = np.union1d(top, followed) if followed.size else top
-        candidates = candidates[self.authors[candidates] != agent]
-        boosted = np.isin(candidates, followed, assume_unique=True)
-        scores = ranked.scores[candidates] + self.w.follow_boost * boosted
-        order = np.lexsort((-self.post_ids[candidates], -scores))[:k]
-        return self._timeline(stance, candidates[order], boosted[order])
+            keyed.sort(reverse=True)  # score, then the newer post, first
+            best = [i for _, _, i in keyed[:k]]
+        return self._timeline(stance, best, [i in lifted for i in best])
 
-    def _timeline(self, stance: int, idx: np.ndarray, followed: np.ndarray) -> Timeline:
-        return Timeline(self.round, stance, tuple(self.post_ids[idx].tolist()), tuple(self.authors[idx].tolist()),
-                        tuple(self.stances[idx].tolist()), tuple(self.likes[idx].tolist()),
-                        tuple(self.reposts[idx].tolist()), tuple(self.texts[idx].tolist()),
-                        tuple(followed.tolist()))
+    def _whole(self, agent: int, stance: int, followed: Sequence[int]) -> Timeline:
+        """The feed ranked over the whole pool (an agent with many posts of its own)."""
+        boosted = np.zeros(self.post_ids.size, dtype=bool)
+        boosted[list(followed)] = True
+        idx = np.flatnonzero(self.authors != agent)
+        scores = self._stance(stance).scores[idx] + self.w.follow_boost * boosted[idx]
+        best = idx[np.lexsort((-self.post_ids[idx], -scores))[:self.w.k]].tolist()
+        return self._timeline(stance, best, [bool(boosted[i]) for i in best])
+
+    def _timeline(self, stance: int, idx: list[int], followed: list[bool]) -> Timeline:
+        ids, authors, stances, likes, reposts, texts = self._columns
+        return Timeline(self.round, stance, tuple(ids[i] for i in idx), tuple(authors[i] for i in idx),
+                        tuple(stances[i] for i in idx), tuple(likes[i] for i in idx),
+                        tuple(reposts[i] for i in idx), tuple(texts[i] for i in idx), tuple(followed))
 
 
 def rank_whole(ranker: Ranker, agent: int, stance: int, following: Sequence[int] = ()) -> tuple[int, ...]:

@@ -25,11 +25,19 @@ def pool(n: int, agents: int, rounds: int, seed: int, weights: Weights = W, roun
                   np.asarray([f"post {i}" for i in range(n)], dtype=object), weights)
 
 
+# a boost of 0 ties followed posts with others; no similarity ties whole stances
+VARIANTS = [W, Weights(k=5, half_life=2.0, popularity=1.0, repost_weight=2.0, recency=1.0, similarity=0.0,
+                       follow_boost=0.0, scale=3),
+            Weights(k=12, half_life=0.5, popularity=0.0, repost_weight=0.0, recency=1.0, similarity=3.0,
+                    follow_boost=0.25, scale=3)]
+
+
 @pytest.mark.parametrize("seed", range(8))
-def test_every_feed_is_the_best_k_of_the_whole_pool(seed):
+@pytest.mark.parametrize("variant", range(len(VARIANTS)))
+def test_every_feed_is_the_best_k_of_the_whole_pool(seed, variant):
     rng = np.random.default_rng(100 + seed)
     agents = 40
-    ranker = pool(n=int(rng.integers(1, 400)), agents=agents, rounds=5, seed=seed)
+    ranker = pool(n=int(rng.integers(1, 400)), agents=agents, rounds=5, seed=seed, weights=VARIANTS[variant])
     for agent in range(agents):
         stance = int(rng.integers(-3, 4))
         following = tuple(sorted(set(rng.integers(0, agents, int(rng.integers(0, 8))).tolist()) - {agent}))
@@ -37,7 +45,7 @@ def test_every_feed_is_the_best_k_of_the_whole_pool(seed):
         assert feed.post_ids == rank_whole(ranker, agent, stance, following), (agent, stance, following)
         assert agent not in feed.authors  # never its own posts
         assert feed.followed == tuple(a in following for a in feed.authors)
-        assert len(feed) == min(W.k, int((ranker.authors != agent).sum()))
+        assert len(feed) == min(ranker.w.k, int((ranker.authors != agent).sum()))
 
 
 def test_an_agent_with_many_posts_of_its_own_is_ranked_over_the_whole_pool():
