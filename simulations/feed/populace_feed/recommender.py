@@ -144,15 +144,15 @@ class Ranker:
         lifted = set(followed)
         # the stance's order without its own posts and the followed ones, which come back lifted
         rest = [i for i in top if authors[i] != agent and i not in lifted][:k]
-        values = ranked.values
-        if values is None and followed:
-            values = ranked.values = ranked.scores.tolist()
-        boost = self.w.follow_boost
-        keyed = [(values[i], ids[i], i) for i in rest] if followed else []  # type: ignore[index]
-        keyed += [(values[i] + boost, ids[i], i) for i in followed if authors[i] != agent]  # type: ignore[index]
         if not followed:
             best = rest
         else:
+            values = ranked.values
+            if values is None:
+                values = ranked.values = ranked.scores.tolist()
+            boost = self.w.follow_boost
+            keyed = [(values[i], ids[i], i) for i in rest]
+            keyed += [(values[i] + boost, ids[i], i) for i in followed if authors[i] != agent]
             keyed.sort(reverse=True)  # score, then the newer post, first
             best = [i for _, _, i in keyed[:k]]
         return self._timeline(stance, best, [i in lifted for i in best])
