@@ -121,7 +121,7 @@ class Service:
         await self.broker.connect()
         self.js = self.nc.jetstream(publish_async_max_pending=self.settings.publish_async_max_pending)
         await bus.provision(self.js, storage=self.settings.storage, replicas=self.settings.stream_replicas,
-                            run_max_age_s=self.settings.run_max_age_s)
+                            **bus.stream_limits(self.settings))
 
     async def _register(self) -> None:
         # Metrics first: a process that cannot serve them (port taken) never registers as ready.
@@ -271,12 +271,16 @@ class Service:
             return None
 
     async def dead_letter(self, msg: Msg, error: Exception | str, terminate: bool = True) -> None:
-        """Log, count, terminate (JetStream) and copy a malformed message to dlq.<service>.
-        Never raises: a bad message must not take a service down."""
+        """Log, count, terminate (JetStream) and dead-letter a refused message to dlq.<service>:
+        its reference (subject, stream and sequence if stored, size, sender, reason) in headers
+        and at most bus.DLQ_EXCERPT_BYTES of it, never an unbounded copy (a flood of large junk
+        must not be stored twice). Never raises: a bad message must not take a service down."""
         reason = bus.short_error(error)
         bus.dlq_counts[self.name] += 1
         metrics.DEAD_LETTERS.labels(self.name).inc()
-        self.log.warning("dead_letter", subject=msg.subject, error=reason, bytes=len(msg.data),
+        data = msg.data or b""
+        sender = subjects.sender_of(msg.subject)
+        self.log.warning("dead_letter", subject=msg.subject, sender=sender, error=reason, bytes=len(data),
                          dlq_total=bus.dlq_counts[self.name])
         if terminate and bus.is_jetstream(msg) and not msg._ackd:
             try:
@@ -284,8 +288,8 @@ class Service:
             except Exception as err:
                 self.log.warning("dead_letter_term_failed", error=str(err))
         try:
-            await self.broker.publish(msg.data, subjects.dlq(self.name),
-                                      headers=bus.dlq_headers(msg.subject, reason, f"{self.name}.{os.getpid()}"))
+            await self.broker.publish(data[:bus.DLQ_EXCERPT_BYTES], subjects.dlq(self.name),
+                                      headers=bus.dlq_headers(msg, reason, f"{self.name}.{os.getpid()}"))
         except Exception as err:
             self.log.error("dead_letter_publish_failed", error=str(err))
 

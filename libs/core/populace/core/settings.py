@@ -97,5 +97,12 @@ class Settings(BaseSettings):
     stream_replicas: int = Field(1, ge=1, le=5)  # 3 on a 3-node cluster
     # Age limit of stream RUN's events, set when the stream is created; 0 = none. An event
     # older than this is gone even if the recorder (down that long) never had it.
-    run_max_age_s: float = Field(0.0, ge=0)
+    run_max_age_s: float = Field(30 * 86400.0, ge=0)
+    # Byte limit of stream RUN, set when it is created (default: 16 GiB on file storage, 2 GiB in
+    # memory); once full, new events are refused (a publish fails, loudly), never old ones dropped.
+    run_max_bytes: int | None = Field(None, ge=1024 * 1024)
+    # Limits of stream DLQ (dead letters: each a refused message's reference and an excerpt); the
+    # oldest go first.
+    dlq_max_age_s: float = Field(7 * 86400.0, gt=0)
+    dlq_max_bytes: int = Field(256 * 2**20, ge=1024 * 1024)
     publish_async_max_pending: int = Field(4000, ge=1)

@@ -225,6 +225,24 @@ def run_of(subject: str) -> str:
     return parts[1] if len(parts) >= 3 and parts[0] == "run" else ""
 
 
+def sender_of(subject: str) -> str:
+    """Who sent a message, as far as its subject says (the permissions let only that user, host
+    or service publish it): the requester of a request, the host of an outcome batch, partial,
+    post, spawned report or progress tick, the source of a fault; '' when the subject names none."""
+    parts = subject.split(".")
+    root = parts[0]
+    if (root == "llm" and len(parts) == 3) or (root == "recorder" and len(parts) == 4) or (
+            root == "node" and len(parts) == 4) or (root == "progress" and len(parts) == 4):
+        return parts[-1]
+    if root == "run" and len(parts) >= 4:
+        kind = parts[2]
+        if kind in ("outcomes", "mail", "spawned", "fault", "calls"):
+            return parts[-1]
+        if kind == "partial" and len(parts) == 6:
+            return parts[4]
+    return ""
+
+
 def valid_token(token: str) -> bool:
     """A run or host id must be one subject token: no dots, spaces or wildcards."""
     return bool(token) and not any(c in token for c in ". *>\t\r\n")

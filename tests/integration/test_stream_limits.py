@@ -1,0 +1,45 @@
+"""RUN and DLQ are bounded by age and bytes when a service creates them (issue 26, item 7: RUN
+had no byte limit, DLQ none either, and 150 MB of junk became 314 MB stored)."""
+
+from __future__ import annotations
+
+import nats
+import pytest
+from nats.js.api import DiscardPolicy
+
+from populace.core import bus, subjects
+from populace.core.natsserver import EmbeddedNats
+
+pytestmark = pytest.mark.integration
+
+
+async def test_run_and_dlq_are_created_bounded_by_age_and_bytes():
+    with EmbeddedNats() as ns:
+        nc = await nats.connect(ns.url)
+        try:
+            js = nc.jetstream()
+            await bus.provision(js, storage="memory")
+            run = (await js.stream_info(subjects.RUN_STREAM)).config
+            dlq = (await js.stream_info(subjects.DLQ_STREAM)).config
+        finally:
+            await nc.close()
+    assert (run.max_bytes, run.max_age, DiscardPolicy(run.discard)) == (
+        bus.RUN_MAX_BYTES["memory"], bus.RUN_MAX_AGE_S, DiscardPolicy.NEW)  # full: new events refused, loudly
+    assert (dlq.max_bytes, dlq.max_age, DiscardPolicy(dlq.discard)) == (
+        bus.DLQ_MAX_BYTES, bus.DLQ_MAX_AGE_S, DiscardPolicy.OLD)
+
+
+async def test_a_limit_the_server_cannot_reserve_is_an_error_naming_its_setting(tmp_path):
+    conf = tmp_path / "small.conf"
+    conf.write_text("jetstream { max_memory_store: 67108864 }\n")  # 64 MiB of memory storage
+    with EmbeddedNats(extra_args=["-c", str(conf)]) as ns:
+        nc = await nats.connect(ns.url)
+        try:
+            with pytest.raises(bus.StreamLimitError, match="POPULACE_RUN_MAX_BYTES"):
+                await bus.provision(nc.jetstream(), storage="memory")
+            # a limit that fits: the streams are made
+            await bus.provision(nc.jetstream(), storage="memory", run_max_bytes=16 * 2**20,
+                                dlq_max_bytes=8 * 2**20)
+            assert (await nc.jetstream().stream_info(subjects.RUN_STREAM)).config.max_bytes == 16 * 2**20
+        finally:
+            await nc.close()
