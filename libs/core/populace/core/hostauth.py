@@ -17,6 +17,9 @@ import re
 
 from populace.core.subjects import valid_token
 
+# The user every agent-host without a user of its own shares: it may speak for any host.
+SHARED_HOST_USER = "agent-host"
+
 # (what the shared block says, what one host's says); {id} is the host id
 NARROWINGS = (
     ('user: agent-host', 'user: "{id}"'),
