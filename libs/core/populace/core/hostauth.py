@@ -3,8 +3,9 @@
 deploy/nats/auth.conf gives every agent-host one shared user, which may publish any host's
 outcomes and partials. A host with a user of its own (named by its host id) may publish only
 its own: `run.*.outcomes.*.<id>`, `run.*.mail.*.*.*.<id>`, `run.*.partial.*.<id>.*`, `run.*.spawned.<id>`,
-`run.*.fault.<id>`, `progress.*.*.<id>`, its own KV `hosts` entry; it hears only its own spawn
-orders and reads only its own inboxes (`_INBOX_<id>.>`). The environment and the recorder
+`run.*.fault.<id>`, `progress.*.*.<id>`, `llm.infer.<id>`, its own KV `hosts` entry; it hears only
+its own spawn orders and reads only its own inboxes (`_INBOX_<id>.>`) and gateway replies
+(`reply.gateway.<id>.>`). The environment and the recorder
 refuse a body that claims another sender than its subject, so a host's credentials cannot
 speak for another host.
 
@@ -33,6 +34,9 @@ NARROWINGS = (
     ('"$KV.hosts.>"', '"$KV.hosts.{id}"'),
     ('"_INBOX_agent-host.>"', '"_INBOX_{id}.>"'),
     ('"run.*.spawn.*"', '"run.*.spawn.{id}"'),
+    # inference as itself, answered on its own reply subjects only (populace.core.replies)
+    ('"llm.infer.agent-host"', '"llm.infer.{id}"'),
+    ('"reply.gateway.agent-host.>"', '"reply.gateway.{id}.>"'),
 )
 _PASSWORD = re.compile(r"password: \$AGENT_HOST_PASSWORD")
 

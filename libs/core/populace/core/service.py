@@ -32,7 +32,7 @@ from nats.js.api import ConsumerConfig
 from opentelemetry import context as otel_context
 from pydantic import BaseModel, ValidationError
 
-from populace.core import bus, logs, metrics, subjects, telemetry
+from populace.core import bus, logs, metrics, replies, subjects, telemetry
 from populace.core.contracts import ServiceInfo
 from populace.core.settings import Settings
 
@@ -166,31 +166,45 @@ class Service:
 
     # -- messages ---------------------------------------------------------------------
     def handle(self, subject: str, model: type[M], *, reply_on_error: Callable[[str], BaseModel] | None = None,
-               **subscriber: Any) -> Callable:
+               answers: bool = False, **subscriber: Any) -> Callable:
         """Register `fn(event)` (or `fn(event, msg)`) for `subject`, typed by `model` so the
         AsyncAPI document shows its schema. A message that is not a valid `model` never reaches
         `fn`: it is dead-lettered once (logged, counted, copied to dlq.<service>, terminated on
-        JetStream). `reply_on_error(reason)`: the reply a malformed request still gets.
-        `fn` runs in the message's trace context, so its spans continue the sender's trace.
-        Other keyword arguments go to FastStream's `broker.subscriber`."""
+        JetStream). `fn` runs in the message's trace context, so its spans continue the sender's
+        trace. Other keyword arguments go to FastStream's `broker.subscriber`.
+
+        `answers`: `subject` takes requests (its last token names the requester, see
+        populace.core.replies). A request whose reply subject is not the requester's own is
+        dead-lettered and never answered; otherwise what `fn` returns (bytes or a model; None:
+        nothing, `fn` answers later itself) is published on the reply subject, and a malformed
+        request gets `reply_on_error(reason)` there."""
+        if reply_on_error is not None and not answers:
+            raise ValueError("reply_on_error is for handlers that answer requests (answers=True)")
 
         def decorate(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
             with_msg = len(inspect.signature(fn).parameters) > 1
 
             async def decoder(msg: NatsMessage, original: Any = None) -> M:
                 raw = msg.raw_message
+                if answers and (why := replies.refusal(self.name, raw.subject, raw.reply)):
+                    await self.dead_letter(raw, why, terminate=False)
+                    raise RejectMessage() from None
                 try:
                     return model.model_validate_json(raw.data)
                 except ValidationError as err:
                     await self.dead_letter(raw, err, terminate=False)  # RejectMessage terminates it
-                    if reply_on_error is not None and raw.reply:
-                        await self.broker.publish(bus.encode(reply_on_error(bus.short_error(err))), raw.reply)
+                    if reply_on_error is not None:
+                        await self.answer(raw, reply_on_error(bus.short_error(err)))
                     raise RejectMessage() from None
 
             async def handler(event: M, msg: NatsMessage) -> Any:
                 token = otel_context.attach(telemetry.extract(msg.headers))
                 try:
-                    return await (fn(event, msg) if with_msg else fn(event))
+                    result = await (fn(event, msg) if with_msg else fn(event))
+                    if answers:
+                        await self.answer(msg.raw_message, result)
+                        return None
+                    return result
                 except HandlerException:
                     raise
                 except Refused as err:
@@ -214,12 +228,21 @@ class Service:
                 # FastStream gives JetStream subscriptions nats-py's default `_INBOX.`, not the
                 # connection's: the user's own prefix, the only inboxes it may read
                 subscriber.setdefault("inbox_prefix", f"{self.inbox_prefix}.".encode())
+            if answers:
+                subscriber["no_reply"] = True  # answered by self.answer, on a checked reply subject only
             subscriber.setdefault("title", subjects.doc_title(subject))
             subscriber.setdefault("description", inspect.getdoc(fn))
             self.broker.subscriber(subject, decoder=decoder, **subscriber)(handler)
             return fn
 
         return decorate
+
+    async def answer(self, raw: Msg, reply: bytes | BaseModel | None) -> None:
+        """Publish the answer to a request on its reply subject, which `handle(answers=True)`
+        checked was the requester's own before the request reached its handler."""
+        if reply is None or not raw.reply:
+            return
+        await self.nc.publish(raw.reply, reply if isinstance(reply, bytes) else bus.encode(reply))
 
     async def failed(self, raw: Msg, err: Exception) -> HandlerException:
         """A handler raised. On JetStream the message comes again after a growing delay (a

@@ -63,6 +63,12 @@ class Settings(BaseSettings):
     gateway_id: str = Field(default_factory=lambda: f"gw-{os.getpid()}")
     gateway_router: Literal["prefix-affinity", "least-loaded", "round-robin"] = "prefix-affinity"
     gateway_max_queue: int = Field(100_000, ge=1)  # prompts admitted at once; beyond: explicit error
+    # One requester (an agent-host's NATS user, or the shared one) holds at most this share of
+    # the batches and replica-bound prompts in service; beyond it, its batches wait in its own
+    # line, served round-robin with the others' (populace.gateway.fairshare).
+    gateway_requester_share: float = Field(0.5, gt=0, le=1)
+    # The bytes of requests one requester may have waiting; a request beyond it is refused at once.
+    gateway_requester_waiting_bytes: int = Field(64 * 2**20, ge=1024)
     # Caps on what a request may ask of this gateway (a request above them gets an explicit
     # error): the dummy model's latency, and the tokens one answer may take.
     gateway_max_latency_s: float = Field(60.0, ge=0, le=3600)
