@@ -4,7 +4,9 @@ While a run of 2,000 agents × 4 rounds is in its second round, an attacker publ
 subject family: random bytes, empty payloads, wrong schemas, absurd values (NaN, negative and
 huge ids, a guess of 1e308, rounds that do not exist), replays of recorded outcomes under fresh message ids and
 without any, forgeries from a host, range, round or epoch the run never placed, a forged round
-open for a later round, inference requests that ask the gateway for an hour, and a flood. Then:
+open for a later round, inference requests that ask the gateway for an hour, inference requests
+whose reply subject is a JetStream API call, the run's KV state or another user's inbox (the
+gateway must not publish there for them), and a flood. Then:
 - every service is still up, and the run completed;
 - its recorded results equal an undisturbed run's (dummy model, same seed): every agent's
   answer in every round, every round's summary;

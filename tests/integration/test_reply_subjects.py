@@ -116,7 +116,11 @@ async def seeded(url: str) -> tuple:
     return admin, js
 
 
+REQUESTS = {"gateway": "llm.infer", "recorder": "recorder.read.", "node": "node."}
+
+
 async def dead_letters(js, service: str) -> list:
+    """`service`'s dead letters of requests (not, say, the recorder's of the junk event seeded on RUN)."""
     out = []
     info = await js.stream_info(subjects.DLQ_STREAM)
     for seq in range(info.state.first_seq, info.state.last_seq + 1):
@@ -124,7 +128,8 @@ async def dead_letters(js, service: str) -> list:
             m = await js.get_msg(subjects.DLQ_STREAM, seq)
         except Exception:
             continue
-        if m.subject == subjects.dlq(service):
+        if m.subject == subjects.dlq(service) and str((m.headers or {}).get("Populace-Subject", "")).startswith(
+                REQUESTS[service]):
             out.append(m)
     return out
 
