@@ -29,17 +29,19 @@ async def test_run_and_dlq_are_created_bounded_by_age_and_bytes():
         bus.DLQ_MAX_BYTES, bus.DLQ_MAX_AGE_S, DiscardPolicy.OLD)
 
 
-async def test_a_limit_the_server_cannot_reserve_is_an_error_naming_its_setting(tmp_path):
+async def test_a_default_limit_the_server_cannot_reserve_is_lowered_a_set_one_is_an_error(tmp_path):
     conf = tmp_path / "small.conf"
-    conf.write_text("jetstream { max_memory_store: 67108864 }\n")  # 64 MiB of memory storage
+    conf.write_text("jetstream { max_memory_store: 469762048 }\n")  # 448 MiB of memory storage
     with EmbeddedNats(extra_args=["-c", str(conf)]) as ns:
         nc = await nats.connect(ns.url)
         try:
+            js = nc.jetstream()
             with pytest.raises(bus.StreamLimitError, match="POPULACE_RUN_MAX_BYTES"):
-                await bus.provision(nc.jetstream(), storage="memory")
-            # a limit that fits: the streams are made
-            await bus.provision(nc.jetstream(), storage="memory", run_max_bytes=16 * 2**20,
-                                dlq_max_bytes=8 * 2**20)
-            assert (await nc.jetstream().stream_info(subjects.RUN_STREAM)).config.max_bytes == 16 * 2**20
+                await bus.provision(js, storage="memory", run_max_bytes=2**30)  # set by the operator: kept
+            await bus.provision(js, storage="memory")  # the defaults: lowered until they fit
+            run = (await js.stream_info(subjects.RUN_STREAM)).config
+            dlq = (await js.stream_info(subjects.DLQ_STREAM)).config
         finally:
             await nc.close()
+    assert dlq.max_bytes == bus.DLQ_MAX_BYTES  # reserved first: it fits as it is
+    assert run.max_bytes == bus.RUN_MAX_BYTES["memory"] // 16  # 2 GiB → 128 MiB, beside the DLQ's 256 MiB

@@ -6,6 +6,7 @@ JetStream publish and has no batch publish."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import hmac
 import time
@@ -124,8 +125,10 @@ RUN_MAX_AGE_S = 30 * 86400.0
 RUN_MAX_BYTES = {"file": 16 * 2**30, "memory": 2 * 2**30}  # a memory stream's bytes are reserved in RAM
 DLQ_MAX_AGE_S = 7 * 86400.0
 DLQ_MAX_BYTES = 256 * 2**20
-# nats-server refuses a stream whose byte limit it cannot reserve
+# nats-server refuses a stream whose byte limit it cannot reserve (its default JetStream storage
+# is 75% of the free disk or RAM): a default limit is then halved until it fits, down to this.
 INSUFFICIENT_RESOURCES = (10028, 10047)  # memory, storage
+MIN_DEFAULT_BYTES = 16 * 2**20
 
 
 def stream_limits(settings) -> dict:
@@ -136,34 +139,43 @@ def stream_limits(settings) -> dict:
 
 async def provision(js: JetStreamContext, storage: str = "file", replicas: int = 1,
                     run_max_age_s: float = RUN_MAX_AGE_S, run_max_bytes: int | None = None,
-                    dlq_max_age_s: float = DLQ_MAX_AGE_S, dlq_max_bytes: int = DLQ_MAX_BYTES) -> None:
+                    dlq_max_age_s: float = DLQ_MAX_AGE_S, dlq_max_bytes: int | None = None) -> None:
     """Create the CTL/RUN/DLQ streams and the KV buckets if missing. Safe to call from
     every service at start-up, concurrently. RUN and DLQ are bounded by age and bytes
-    (`run_max_age_s` 0: no age limit; `run_max_bytes` None: RUN_MAX_BYTES for the storage);
-    the limits are set only when a stream is created here (services may not update streams)."""
+    (`run_max_age_s` 0: no age limit; a byte limit None: the default for the storage, lowered
+    if the server cannot reserve it); the limits are set only when a stream is created here
+    (services may not update streams)."""
     st = _storage(storage)
-    run_bytes = run_max_bytes or RUN_MAX_BYTES["memory" if st == StorageType.MEMORY else "file"]
-    streams = [
-        StreamConfig(name=subjects.CTL_STREAM, subjects=subjects.CTL_SUBJECTS, storage=st,
-                     num_replicas=replicas, duplicate_window=120.0),
-        StreamConfig(name=subjects.RUN_STREAM, subjects=subjects.RUN_SUBJECTS, storage=st,
-                     num_replicas=replicas, duplicate_window=120.0,
-                     max_msg_size=8 * 1024 * 1024, max_age=run_max_age_s or None,
-                     max_bytes=run_bytes, discard=DiscardPolicy.NEW),
-        StreamConfig(name=subjects.DLQ_STREAM, subjects=subjects.DLQ_SUBJECTS, storage=st,
-                     num_replicas=replicas, max_msgs=100_000, max_age=dlq_max_age_s,
-                     max_bytes=dlq_max_bytes, discard=DiscardPolicy.OLD),
+    streams = [  # DLQ before RUN: the small one reserved first, RUN fits itself in the rest
+        (StreamConfig(name=subjects.CTL_STREAM, subjects=subjects.CTL_SUBJECTS, storage=st,
+                      num_replicas=replicas, duplicate_window=120.0), None, False),
+        (StreamConfig(name=subjects.DLQ_STREAM, subjects=subjects.DLQ_SUBJECTS, storage=st,
+                      num_replicas=replicas, max_msgs=100_000, max_age=dlq_max_age_s,
+                      max_bytes=dlq_max_bytes or DLQ_MAX_BYTES, discard=DiscardPolicy.OLD),
+         "POPULACE_DLQ_MAX_BYTES", dlq_max_bytes is None),
+        (StreamConfig(name=subjects.RUN_STREAM, subjects=subjects.RUN_SUBJECTS, storage=st,
+                      num_replicas=replicas, duplicate_window=120.0,
+                      max_msg_size=8 * 1024 * 1024, max_age=run_max_age_s or None,
+                      max_bytes=run_max_bytes or RUN_MAX_BYTES["memory" if st == StorageType.MEMORY else "file"],
+                      discard=DiscardPolicy.NEW),
+         "POPULACE_RUN_MAX_BYTES", run_max_bytes is None),
     ]
-    settings_of = {subjects.RUN_STREAM: "POPULACE_RUN_MAX_BYTES", subjects.DLQ_STREAM: "POPULACE_DLQ_MAX_BYTES"}
-    for cfg in streams:
-        try:
-            await until_ready(lambda cfg=cfg: _ensure_stream(js, cfg), f"stream {cfg.name}", PROVISION_ATTEMPTS)
-        except APIError as err:
-            if err.err_code not in INSUFFICIENT_RESOURCES:
-                raise
-            raise StreamLimitError(f"stream {cfg.name}: the NATS server cannot reserve its byte limit of "
-                                   f"{cfg.max_bytes} bytes ({err.description}); lower {settings_of[cfg.name]}, or "
-                                   f"give the server more JetStream {cfg.storage.value} storage") from None
+    for cfg, setting, by_default in streams:
+        while True:
+            try:
+                await until_ready(lambda cfg=cfg: _ensure_stream(js, cfg), f"stream {cfg.name}", PROVISION_ATTEMPTS)
+                break
+            except APIError as err:
+                if err.err_code not in INSUFFICIENT_RESOURCES or setting is None:
+                    raise
+                if not by_default or cfg.max_bytes // 2 < MIN_DEFAULT_BYTES:
+                    raise StreamLimitError(
+                        f"stream {cfg.name}: the NATS server cannot reserve its byte limit of {cfg.max_bytes} bytes "
+                        f"({err.description}); lower {setting}, or give the server more JetStream "
+                        f"{cfg.storage.value} storage") from None
+                log.warning("stream_limit_lowered", stream=cfg.name, refused_bytes=cfg.max_bytes,
+                            trying_bytes=cfg.max_bytes // 2, setting=setting)
+                cfg = dataclasses.replace(cfg, max_bytes=cfg.max_bytes // 2)
     for bucket, ttl in (
         (subjects.RUNS_BUCKET, None),
         (subjects.HOSTS_BUCKET, 30.0),

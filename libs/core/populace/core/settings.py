@@ -105,10 +105,11 @@ class Settings(BaseSettings):
     # older than this is gone even if the recorder (down that long) never had it.
     run_max_age_s: float = Field(30 * 86400.0, ge=0)
     # Byte limit of stream RUN, set when it is created (default: 16 GiB on file storage, 2 GiB in
-    # memory); once full, new events are refused (a publish fails, loudly), never old ones dropped.
+    # memory, halved while the server cannot reserve it); once full, new events are refused (a
+    # publish fails, loudly), never old ones dropped.
     run_max_bytes: int | None = Field(None, ge=1024 * 1024)
     # Limits of stream DLQ (dead letters: each a refused message's reference and an excerpt); the
-    # oldest go first.
+    # oldest go first. Default bytes: 256 MiB, halved while the server cannot reserve it.
     dlq_max_age_s: float = Field(7 * 86400.0, gt=0)
-    dlq_max_bytes: int = Field(256 * 2**20, ge=1024 * 1024)
+    dlq_max_bytes: int | None = Field(None, ge=1024 * 1024)
     publish_async_max_pending: int = Field(4000, ge=1)
