@@ -144,6 +144,24 @@ def test_a_flood_within_the_gateways_caps_stalls_no_other_host(stack):
     stack.check_alive()
 
 
+def test_an_event_whose_reply_to_header_names_a_run_state_makes_no_service_write_it(stack):
+    """Item 1, beyond the gateway: FastStream answers a JetStream message on its `reply_to`
+    header with what the handler returned (None: an empty message), as the consuming service.
+    A spawned report from host-9 (placed in no run: ignored) with `reply_to: $KV.runs.<rid>` had
+    the orchestrator blank the run's state, and the run stalled for good."""
+    reference, _ = run(stack, DUMMY)
+
+    async def deputy(nc, rid: str) -> None:
+        js = nc.jetstream()
+        body = json.dumps({"run_id": rid, "host_id": ATTACKER, "agents": 1, "seconds": 0.0}).encode()
+        for target in (f"$KV.runs.{rid}", "$KV.hosts.host-0", f"run.{rid}.round.2.result"):
+            await js.publish(subjects.run_spawned(rid, ATTACKER), body, headers={"reply_to": target})
+
+    attacked, _ = run(stack, DUMMY, at_round_1=deputy)
+    assert guesses(stack.db, attacked) == guesses(stack.db, reference)
+    stack.check_alive()
+
+
 def test_call_records_sent_first_under_a_hosts_batch_ids_replace_none(stack):
     """Item 6: batch ids were `<host>.<run>.<round>.<k>`, k counting from 0 in each host process,
     and the gateway de-duplicated call records by batch id alone: another host that sent those

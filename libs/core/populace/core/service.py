@@ -228,8 +228,12 @@ class Service:
                 # FastStream gives JetStream subscriptions nats-py's default `_INBOX.`, not the
                 # connection's: the user's own prefix, the only inboxes it may read
                 subscriber.setdefault("inbox_prefix", f"{self.inbox_prefix}.".encode())
-            if answers:
-                subscriber["no_reply"] = True  # answered by self.answer, on a checked reply subject only
+            # Never FastStream's own reply: it publishes a handler's return (None included: an
+            # empty message) on the message's reply subject, which for a JetStream message is a
+            # `reply_to` header its publisher writes. A host's spawned report with `reply_to:
+            # $KV.runs.<rid>` had the orchestrator blank the run's state. Requests are answered
+            # by self.answer, on a checked reply subject only.
+            subscriber["no_reply"] = True
             subscriber.setdefault("title", subjects.doc_title(subject))
             subscriber.setdefault("description", inspect.getdoc(fn))
             self.broker.subscriber(subject, decoder=decoder, **subscriber)(handler)
