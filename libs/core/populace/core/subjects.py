@@ -296,6 +296,8 @@ def doc_title(subject: str) -> str:
     parts = subject.split(".")
     if parts[0] == "progress" and len(parts) == 4:
         return "progress.{run_id}.{round}.{host_id}"
+    if parts[0] in ("recorder", "node") and len(parts) == 4 and parts[3] == "*":  # a request's last token
+        return ".".join(parts[:3]) + ".{requester}"
     if parts[0] == "run" and len(parts) == 7 and parts[2] == "mail":  # run.*.mail.*.<host>.*.* (or all *)
         return "run.{run_id}.mail.{round}.{to_host}.{to_epoch}.{from_host}"
     out: list[str] = []
