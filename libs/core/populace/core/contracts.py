@@ -816,6 +816,9 @@ class LlmCallBatch(Wire):
     attempts: list[Amount]  # HTTP calls made for the decision: re-asks and retries on other replicas included
     valid: list[bool]
     reasks: list[Amount] = []  # of those, corrective re-asks after an invalid answer (empty: not counted)
+    # Who asked: the NATS user its request subject named (llm.infer.<requester>), which only that
+    # user may publish; "" from a gateway before requesters were named.
+    requester: str = ""
 
     @model_validator(mode="after")
     def _same_length(self) -> LlmCallBatch:
