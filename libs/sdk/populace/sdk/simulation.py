@@ -193,6 +193,13 @@ class Simulation:
                 problems.append(f"`{attr}` must be a subclass of {base.__module__}.{base.__qualname__}")
         if cls.Agent is Agent or cls.Agent.turn is Agent.turn:
             problems.append("`Agent` must be your Agent subclass with an `async def turn(self, obs, llm)`")
+        if isinstance(cls.Agent, type) and issubclass(cls.Agent, Agent):
+            for attr in ("state_fields", "transient_fields"):
+                names = getattr(cls.Agent, attr)
+                if not (isinstance(names, (tuple, list)) and all(isinstance(n, str) and n.isidentifier()
+                                                                 for n in names)):
+                    problems.append(f"`Agent.{attr}` must be a tuple of attribute names, e.g. (\"score\",) "
+                                    f"(note the comma: (\"score\") is a string), not {names!r}")
         if cls.Env is Env or cls.Env.reduce is Env.reduce:
             problems.append("`Env` must be your Env subclass with reduce, merge and decide")
         if cls.GroupEnv is not None and not (isinstance(cls.GroupEnv, type) and issubclass(cls.GroupEnv, GroupEnv)):
