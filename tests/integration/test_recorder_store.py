@@ -340,3 +340,17 @@ def test_a_valid_value_outside_the_runs_declared_range_is_refused():
         check_outcomes(forged, tables)
     invalid = forged.model_copy(update={"valid": [True] * 9 + [False]})  # an invalid row's value is not checked
     check_outcomes(invalid, tables)
+
+
+def test_a_valid_value_outside_the_runs_declared_options_is_refused():
+    from populace.recorder.columns import BadColumns, check_outcomes
+
+    tables = SimulationTables(simulation="walk", outcomes="walks", outcome_columns=[Column(name="move", type="VARCHAR")],
+                              rounds="walk_rounds", summary_columns=[], measure="move", measure_kind="categorical",
+                              measure_options=["go", "stay"])
+    batch = OutcomeBatch(run_id="r1", round=1, host_id="a", seq=0, agent_ids=[0, 1, 2],
+                         columns={"move": ["go", "stay", "maybe"]}, valid=[True, True, True], raws=["x"] * 3,
+                         latency_ms=[1.0] * 3, errors=[None] * 3)
+    with pytest.raises(BadColumns, match=r"columns.move\[2\]: 'maybe' is not one of the run's declared options"):
+        check_outcomes(batch, tables)
+    check_outcomes(batch.model_copy(update={"valid": [True, True, False]}), tables)  # an invalid row's value: kept

@@ -249,10 +249,16 @@ def last_round(con: duckdb.DuckDBPyConnection, run_id: str) -> int | None:
 
 
 # --- categorical options --------------------------------------------------------------
-def _options(con: duckdb.DuckDBPyConnection, source: str, params: dict) -> list[str]:
-    """The answers of a categorical measure in ``source`` (SQL with a text column ``v``), most
-    frequent first (ties by text); beyond MAX_OPTIONS the rarest are counted as OTHER, which
-    then comes last."""
+def _options(con: duckdb.DuckDBPyConnection, source: str, params: dict, declared: Sequence[str] | None = None
+             ) -> list[str]:
+    """The answers of a categorical measure in ``source`` (SQL with a text column ``v``): the
+    simulation's ``declared`` options in their order (its schema's), with OTHER last for any
+    answer outside them (a run recorded before options were checked); without declared options,
+    most frequent first (ties by text), and beyond MAX_OPTIONS the rarest counted as OTHER."""
+    if declared:
+        (outside,) = _run(con, f"SELECT count(*) FILTER (WHERE NOT list_contains($declared, v)) FROM ({source})",
+                          {**params, "declared": list(declared)}).fetchone()
+        return [*declared, *([OTHER] if outside else [])]
     rows = _run(con, f"SELECT v, count(*) AS c FROM ({source}) GROUP BY v ORDER BY c DESC, v "
                      f"LIMIT {MAX_OPTIONS + 1}", params).fetchall()
     opts = [r[0] for r in rows]
@@ -313,7 +319,7 @@ def round_table(con: duckdb.DuckDBPyConnection, run_id: str) -> list[dict]:
         round, n, n_valid, n_invalid      from the outcome rows (else the round's result)
         mean, median, std, min, max       numeric measure, over the valid answers (std: sample)
         options, counts, shares, leader, leader_share
-                                          categorical measure: the options (most frequent first),
+                                          categorical measure: the options (declared order, else most frequent first),
                                           valid answers and share of the valid answers per option,
                                           the leading option (None on a tie) and its share
         summary                           {column: value} of the simulation's round summary
@@ -366,7 +372,7 @@ def round_table(con: duckdb.DuckDBPyConnection, run_id: str) -> list[dict]:
 
 def _add_shares(con: duckdb.DuckDBPyConnection, rt: RunTables, rows: list[dict]) -> None:
     params = {"run": rt.run_id}
-    options = _options(con, _answers(rt), params)
+    options = _options(con, _answers(rt), params, rt.spec.measure_options)
     params["opts"] = options
     counts = _run(con,
         f"SELECT round, {_option_expr(rt, options)} AS opt, count(*) FROM {q(rt.spec.outcomes)} o "
@@ -386,7 +392,7 @@ def _add_shares(con: duckdb.DuckDBPyConnection, rt: RunTables, rows: list[dict])
 
 def round_shares(con: duckdb.DuckDBPyConnection, rt: RunTables, round_: int) -> dict:
     """A categorical measure in one round, as ``round_table`` gives it: ``options, counts,
-    shares, leader, leader_share`` (options over the whole run, most frequent first)."""
+    shares, leader, leader_share`` (options over the whole run: declared order, else most frequent first)."""
     _need_measure(rt)
     row = {"round": int(round_)}
     _add_shares(con, rt, [row])
@@ -710,7 +716,7 @@ def group_table(con: duckdb.DuckDBPyConnection, run_ids: str | Sequence[str], by
         # and columns stay the same from table to table
         options = _options(con, f"SELECT {_measure_expr(rt, 'o')} AS v FROM {q(rt.spec.outcomes)} o "
                                 f"WHERE list_contains($runs, o.run_id) AND o.valid AND o.{q(rt.measure)} IS NOT NULL",
-                           params)
+                           params, rt.spec.measure_options)
         params["opts"] = options
         value = _option_expr(rt, options)
     else:
@@ -907,7 +913,7 @@ def group_spread(con: duckdb.DuckDBPyConnection, run_id: str, option: str | None
         what = f"mean {rt.noun}"
     else:
         if option is None:
-            opts = _options(con, _answers(rt), params)
+            opts = _options(con, _answers(rt), params, rt.spec.measure_options)
             option = next((o for o in opts if o != OTHER), None)
             if option is None:
                 return {"value": f"share of a {rt.noun}", "n_groups": 0, "rounds": [], "lines": None}

@@ -295,6 +295,9 @@ class SimulationTables(Strict):
     # A run's declared range of its numeric measure (the simulation's measure_range for the
     # run's parameters): a valid value outside it is impossible, so the recorder refuses it.
     measure_range: tuple[FiniteFloat, FiniteFloat] | None = None
+    # A run's declared answers of its categorical measure, in the order reports list them (the
+    # simulation's measure_options): a valid value outside them is impossible, refused likewise.
+    measure_options: list[Annotated[str, Field(max_length=1000)]] | None = Field(None, max_length=1000)
 
 
 # --- control plane -------------------------------------------------------------------

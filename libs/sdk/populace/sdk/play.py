@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from populace.core.ranges import outside
+from populace.core.ranges import not_in, outside
 from populace.sdk.agent import Agent
 from populace.sdk.env import Env, GroupEnv, Partial
 from populace.sdk.llm import LLM, InferError, ModelUnavailable
@@ -85,7 +85,10 @@ class OutcomeSink:
         instance = getattr(env, "sim", None)
         run_tables = sim.tables_for(instance.params) if instance is not None else None
         self._range = run_tables.measure_range if run_tables else None
-        self._measure = run_tables.measure if self._range is not None else None
+        # likewise a valid categorical measure that is not one of its declared options
+        options = run_tables.measure_options if run_tables else None
+        self._options = frozenset(options) if options else None
+        self._measure = run_tables.measure if self._range is not None or self._options else None
         self._batch_size = batch_size
         self._emit = emit
         self._grouped = grouped
@@ -139,6 +142,11 @@ class OutcomeSink:
                     v, (lo, hi) = columns[self._measure][i], self._range
                     errs[i] = errs[i] or f"agent: outcome.{self._measure}: {v!r} is outside the simulation's range " \
                                          f"[{lo:g}, {hi:g}]"
+            if self._options is not None and not bad:
+                for i in not_in(columns[self._measure], columns["valid"], self._options):
+                    bad.setdefault(i, []).append(self._measure)
+                    errs[i] = errs[i] or f"agent: outcome.{self._measure}: {columns[self._measure][i]!r} is not one " \
+                                         "of the simulation's options"
             if not bad:
                 return columns, columns.pop("valid"), columns.pop("raw")
             for i, names in bad.items():

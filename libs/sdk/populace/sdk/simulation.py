@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr
 from populace.core.contracts import PLATFORM_SUMMARY_COLUMNS, Column, RunConfig, SimulationTables
 from populace.sdk.agent import Agent
 from populace.sdk.env import Env, GroupEnv
-from populace.sdk.outcome import Outcome, OutcomeError, column_type, outcome_fields
+from populace.sdk.outcome import Outcome, OutcomeError, column_type, literal_values, outcome_fields
 from populace.sdk.post import Message, Post
 
 if TYPE_CHECKING:
@@ -146,6 +146,17 @@ class Simulation:
         outside it is recorded as invalid (the recorder refuses a batch that carries one)."""
         return None
 
+    @classmethod
+    def measure_options(cls, params: Params) -> tuple[str, ...] | None:
+        """A categorical measure's possible answers, in the order results and reports list them
+        (None: any text). Default: the values of a `Literal["go", "stay"]` measure column. A
+        valid answer outside them is recorded as invalid with the error named (the recorder
+        refuses a batch that carries one), as a numeric measure outside `measure_range` is."""
+        fields = dict(outcome_fields(cls.Outcome))
+        measure = cls.Outcome.measure or next(iter(fields), None)
+        values = literal_values(fields[measure]) if measure in fields else None
+        return tuple(values) if values and all(isinstance(v, str) for v in values) else None
+
     # -- derived, for the platform -------------------------------------------------------
     @classmethod
     def slug(cls) -> str:
@@ -173,11 +184,21 @@ class Simulation:
 
     @classmethod
     def tables_for(cls, params: Params) -> SimulationTables:
-        """The tables of a run with these parameters: with its numeric measure's declared range."""
+        """The tables of a run with these parameters: with its numeric measure's declared range,
+        or its categorical measure's declared options."""
         tables = cls.tables()
-        if tables.measure_kind != "numeric":
+        if tables.measure_kind == "numeric":
+            return tables.model_copy(update={"measure_range": cls.measure_range(params)})
+        if tables.measure_kind != "categorical":
             return tables
-        return tables.model_copy(update={"measure_range": cls.measure_range(params)})
+        options = cls.measure_options(params)
+        if options is None:
+            return tables
+        if not (isinstance(options, (tuple, list)) and options and all(isinstance(o, str) for o in options)
+                and len(set(options)) == len(options)):
+            raise SimulationError(f"simulation {cls.name!r}: measure_options() must return distinct texts "
+                                  f"(or None), not {options!r}")
+        return tables.model_copy(update={"measure_options": list(options)})
 
     @classmethod
     def check(cls) -> None:
