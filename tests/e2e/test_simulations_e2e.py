@@ -141,6 +141,8 @@ def test_an_agents_bug_is_its_invalid_outcome_and_the_run_goes_on(stack):
     assert bad[0][1:] == (False, None, "<agent error: ValueError: agent 3 has a bug>",
                           "agent: ValueError: agent 3 has a bug")
     assert all(r.n_valid == 90 and r.n == 100 for r in out.results)
+    # the simulation's own errors, apart from the model's invalid answers (issue 25), on the fleet too
+    assert all(r.n_simulation_errors == 10 for r in out.results)
 
 
 def test_an_environments_bug_fails_the_run_naming_the_simulation_and_round(stack):

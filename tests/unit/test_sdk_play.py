@@ -50,6 +50,8 @@ async def test_an_agent_that_raises_is_its_invalid_outcome_and_the_model_keeps_i
     assert rows[0] == (5.0, True, '{"guess": 5}', None)
     assert rows[1][:2] == (None, False) and rows[1][3] == "agent: ValueError: my bug"
     assert rows[2] == (None, False, "not json", None)  # the model's own invalid answer keeps its text
+    result, _ = await play(share(3), ScriptedLLM(script))
+    assert (result.n, result.n_valid, result.n_simulation_errors) == (3, 1, 1)  # the bug is not the model's
 
 
 async def test_no_model_is_never_an_answer_the_round_stops_with_model_unavailable():

@@ -287,11 +287,20 @@ def _usage_columns(con: duckdb.DuckDBPyConnection, rt: RunTables) -> tuple[str, 
     return Usage.RECORDED if have.issuperset(Usage.RECORDED) else ()
 
 
+def _simulation_error(con: duckdb.DuckDBPyConnection, rt: RunTables) -> str:
+    """SQL: the row's error is the simulation's own (its turn raised, or returned a value that
+    does not fit its column, options or range: 'agent: …'), not the model's invalid answer."""
+    return "coalesce(error LIKE 'agent:%', false)" if "error" in table_columns(con, rt.spec.outcomes) else "false"
+
+
 def run_usage(con: duckdb.DuckDBPyConnection, run_id: str) -> dict | None:
-    """The run's LLM work over its closed rounds: ``llm_calls, prompt_tokens,
-    completion_tokens, infra_retries`` (prompts asked again because no model answered: the
-    infrastructure's failures, never recorded as answers), and ``invalid``: recorded answers the
-    simulation could not read (the model's failures). None for a run recorded before usage was."""
+    """The run's LLM work over its closed rounds and what went wrong, in three classes:
+    ``llm_calls, prompt_tokens, completion_tokens``; ``infra_retries`` (prompts asked again
+    because no model answered: the infrastructure's failures, never recorded as answers);
+    ``invalid_answers`` (recorded rows the model answered and the simulation could not read:
+    the model's failures); ``simulation_errors`` (rows the simulation's own code failed on,
+    error 'agent: …': the author's bugs, the model was not at fault). None for a run recorded
+    before usage was."""
     _check_runs(con, [run_id])
     rt = run_tables(con, run_id)
     usage = _usage_columns(con, rt)
@@ -300,8 +309,11 @@ def run_usage(con: duckdb.DuckDBPyConnection, run_id: str) -> dict | None:
     sums = con.execute(f"SELECT {', '.join(f'coalesce(sum({q(c)}), 0)' for c in usage)} FROM {q(rt.spec.rounds)} "
                        "WHERE run_id = ?", [run_id]).fetchone()
     out = {c: int(v) for c, v in zip(usage, sums, strict=True)}
-    out["invalid"] = int(con.execute(f"SELECT count(*) FROM {q(rt.spec.outcomes)} WHERE run_id = ? AND NOT valid",
-                                     [run_id]).fetchone()[0])
+    ours = _simulation_error(con, rt)
+    invalid, errors = con.execute(f"SELECT count(*) FILTER (WHERE NOT valid AND NOT {ours}), "
+                                  f"count(*) FILTER (WHERE NOT valid AND {ours}) FROM {q(rt.spec.outcomes)} "
+                                  "WHERE run_id = ?", [run_id]).fetchone()
+    out["invalid_answers"], out["simulation_errors"] = int(invalid), int(errors)
     return out
 
 
@@ -317,6 +329,10 @@ def round_table(con: duckdb.DuckDBPyConnection, run_id: str) -> list[dict]:
     """One dict per round (ascending)::
 
         round, n, n_valid, n_invalid      from the outcome rows (else the round's result)
+        n_invalid_answers                 of the invalid rows, the model's answers the simulation
+                                          could not read
+        n_simulation_errors               of the invalid rows, those the simulation's own code
+                                          failed on (error 'agent: …')
         mean, median, std, min, max       numeric measure, over the valid answers (std: sample)
         options, counts, shares, leader, leader_share
                                           categorical measure: the options (declared order, else most frequent first),
@@ -342,10 +358,12 @@ def round_table(con: duckdb.DuckDBPyConnection, run_id: str) -> list[dict]:
     else:
         stats = ""
     valid = f"valid AND {q(rt.measure)} IS NOT NULL" if rt.measure else "valid"
+    ours = _simulation_error(con, rt)
     cur = con.execute(
         f"""
         WITH o AS (
-            SELECT round, count(*) AS n, count(*) FILTER (WHERE {valid}) AS n_valid {stats}
+            SELECT round, count(*) AS n, count(*) FILTER (WHERE {valid}) AS n_valid,
+                   count(*) FILTER (WHERE NOT ({valid}) AND {ours}) AS n_errors_ {stats}
             FROM {q(rt.spec.outcomes)} WHERE run_id = $run GROUP BY round
         ), r AS (
             SELECT round, any_value(n) AS r_n, any_value(n_valid) AS r_n_valid{', ' + sel if sel else ''}
@@ -360,6 +378,8 @@ def round_table(con: duckdb.DuckDBPyConnection, run_id: str) -> list[dict]:
     for row in _rows(cur):
         d = {"round": int(row["round_"]), "n": int(row["n_"]), "n_valid": int(row["n_valid_"])}
         d["n_invalid"] = d["n"] - d["n_valid"]
+        d["n_simulation_errors"] = int(row["n_errors_"] or 0)
+        d["n_invalid_answers"] = d["n_invalid"] - d["n_simulation_errors"]
         if rt.kind == "numeric":
             d.update({k: _num(row[k]) for k in ("mean", "median", "std", "min", "max")})
         d["summary"] = ({c: _value(row["s_" + c], t) for c, t in types.items()} if row["closed_"] else None)

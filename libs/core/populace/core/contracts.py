@@ -584,11 +584,16 @@ class RoundPartial(Wire):
     payload: JsonDoc
     epoch: Epoch = 0
     usage: Usage = Usage()
+    # invalid rows whose cause is the simulation's own code (error 'agent: …'), not the model
+    n_simulation_errors: int = Field(0, ge=0)
 
     @model_validator(mode="after")
     def _valid_within_n(self) -> RoundPartial:
         if self.n_valid > self.n:
             raise ValueError(f"n_valid ({self.n_valid}) cannot exceed n ({self.n})")
+        if self.n_valid + self.n_simulation_errors > self.n:
+            raise ValueError(f"n_simulation_errors ({self.n_simulation_errors}) cannot exceed the invalid rows "
+                             f"({self.n - self.n_valid})")
         return self
 
 
@@ -607,6 +612,9 @@ class RoundResult(Wire):
     epoch: Epoch = 0
     shares: list[str] = []  # the share keys whose partials it folded: stale if one was replaced
     usage: Usage = Usage()  # the folded shares' LLM work
+    # of the n - n_valid invalid rows, those the simulation's own code caused (error 'agent: …');
+    # the rest are the model's invalid answers
+    n_simulation_errors: Amount = 0
 
 
 class RunResumed(Wire):

@@ -63,6 +63,7 @@ class RoundShare:
     n_valid: int
     partial: Partial | None  # None when the share had no agents
     batches: int = 0
+    n_simulation_errors: int = 0  # invalid rows the simulation's own code caused ('agent: …')
 
 
 # (agent ids, outcomes, errors, valid) of a batch -> its post columns (populace.sdk.mailroom):
@@ -94,7 +95,7 @@ class OutcomeSink:
         self._grouped = grouped
         self._posts = posts
         self._partials: list[Partial] = []
-        self.n = self.n_valid = 0
+        self.n = self.n_valid = self.n_simulation_errors = 0
         self.seq = 0
         self.failure: RoundFailed | None = None  # the simulation's reduce raised: the round cannot close
         self._new()
@@ -168,6 +169,7 @@ class OutcomeSink:
         posts = self._posts(ids, outs, errs, valid) if self._posts is not None else None
         self.n += len(ids)
         self.n_valid += sum(valid)
+        self.n_simulation_errors += sum(1 for ok, e in zip(valid, errs) if not ok and e and e.startswith("agent:"))
         if self.failure is None:
             try:
                 self._partials.append(self._env.reduce(ids, outs))
@@ -189,7 +191,7 @@ class OutcomeSink:
             partial = self._env.merge(self._partials) if self._partials else None
         except Exception as err:
             raise RoundFailed(f"{type(self._env).__name__}.merge raised: {type(err).__name__}: {err}") from err
-        return RoundShare(self.n, self.n_valid, partial, self.seq)
+        return RoundShare(self.n, self.n_valid, partial, self.seq, self.n_simulation_errors)
 
 
 @dataclass

@@ -98,7 +98,8 @@ class OutcomePublisher:
         self._sent.clear()
         payload = share.partial.model_dump(mode="json") if share.partial is not None else {}
         partial = RoundPartial(run_id=self.run_id, round=self.round, host_id=self.host_id, n=share.n,
-                               n_valid=share.n_valid, payload=payload, epoch=self.epoch, usage=usage or Usage())
+                               n_valid=share.n_valid, payload=payload, epoch=self.epoch, usage=usage or Usage(),
+                               n_simulation_errors=share.n_simulation_errors)
         await bus.publish_js(self._js, subjects.run_partial(self.run_id, self.round, self.host_id, self.epoch),
                              partial, msg_id=subjects.msg_id(self.run_id, self.round, self.host_id, "partial",
                                                              self.epoch))

@@ -159,4 +159,5 @@ class RunTally:
             observation=observation.model_dump(mode="json"), state=state.model_dump(mode="json"),
             closed_at=time.time(), epoch=opened.epoch, shares=sorted(opened.shares),
             usage=sum((p.usage for p, _ in parts), Usage()),
+            n_simulation_errors=sum(p.n_simulation_errors for p, _ in parts),
         )
