@@ -32,12 +32,14 @@ def rounds_table(rows: list[dict], labels: dict[str, str], title: str) -> Table:
     simulation's own errors apart, the simulation's summary columns and the round's LLM work
     (infrastructure retries apart)."""
     t = Table(title=title)
-    for col in ("round", "valid", "invalid answers", "simulation errors", *labels.values(), *USAGE_HEADS):
+    # the infrastructure's retries (last of the usage columns), the model's invalid answers and the
+    # simulation's own errors side by side: three classes, never one
+    for col in ("round", "valid", *labels.values(), *USAGE_HEADS, "invalid answers", "simulation errors"):
         t.add_column(col, justify="right")
     for r in rows:
         errors = r.get("n_simulation_errors") or 0
-        t.add_row(str(r["round"]), f"{r['n_valid']}/{r['n']}", f"{r['n'] - r['n_valid'] - errors:,}", f"{errors:,}",
-                  *(fmt(r.get(k)) for k in labels), *usage_cells(r.get("usage") or _flat_usage(r)))
+        t.add_row(str(r["round"]), f"{r['n_valid']}/{r['n']}", *(fmt(r.get(k)) for k in labels),
+                  *usage_cells(r.get("usage") or _flat_usage(r)), f"{r['n'] - r['n_valid'] - errors:,}", f"{errors:,}")
     return t
 
 

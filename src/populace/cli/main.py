@@ -319,8 +319,11 @@ def run(
     set_: Annotated[list[str] | None, typer.Option("--set", help=SET_HELP)] = None,
     progress: Annotated[bool, typer.Option(help="show progress bars")] = True,
     local: Annotated[bool, typer.Option(help="play in this process, without NATS or services (dummy model); "
-                                             "same results as the fleet")] = False,
-    hosts: Annotated[int, typer.Option(min=1, help="--local: split the agents as this many agent-hosts would")] = 1,
+                                             "same results as the fleet, recorded to --db")] = False,
+    hosts: Annotated[int, typer.Option(min=1, help="--local: split the agents as this many agent-hosts would "
+                                                   "(as many as `populace up` starts)")] = 2,
+    db: Annotated[str, typer.Option(help="--local: the DuckDB file to record the run in (the one `populace up` "
+                                         "writes by default)")] = "populace.duckdb",
     cancel_on_exit: Annotated[bool, typer.Option(help="Ctrl-C cancels the run (default: detach; the run "
                                                        "goes on)")] = False,
     estimate: Annotated[bool, typer.Option(help="play a pilot (a share of the agents, one round) and print "
@@ -336,16 +339,7 @@ def run(
     if estimate:
         return _estimate(scenario, extra, prepared, nats, pilot, progress)
     if local:
-        from populace.client import simulate
-
-        if prepared.config.model.backend != "dummy":
-            fail(f"model.backend: --local plays on the dummy model; {prepared.config.model.backend!r} needs "
-                 "the fleet (drop --local)")
-        result = simulate(prepared, local=True, hosts=hosts)
-        labels = display.summary_labels(prepared.resolved.simulation.Summary)
-        display.out.print(display.rounds_table(result.rounds.to_pylist(), labels,
-                                               f"run {result.run_id} (local, {result.status})"))
-        return
+        return _run_local(prepared, hosts, db)
     from populace.client.run import new_run_id
 
     rid = new_run_id()
@@ -356,6 +350,41 @@ def run(
             _detached(url, rid, cancel_on_exit)
             raise typer.Exit(130) from None
     _report(outcome, prepared)
+
+
+def _run_local(prepared: PreparedRun, hosts: int, db: str) -> None:
+    """`run --local`: play in this process, print the rounds, record the run to `db` as the
+    recorder records a fleet run; a simulation that fails (its code raised, or its agents keep
+    state a checkpoint would lose) exits 1 with the reason, never a traceback."""
+    from populace.client import simulate
+    from populace.recorder.local_runs import LocalRecordError
+
+    if prepared.config.model.backend != "dummy":
+        fail(f"model.backend: --local plays on the dummy model; {prepared.config.model.backend!r} needs "
+             "the fleet (drop --local)")
+    try:
+        result = simulate(prepared, local=True, hosts=hosts, db=db)
+    except LocalRecordError as err:
+        fail(f"--db: {err}", code=1)
+    sim = prepared.resolved.simulation
+    labels = display.summary_labels(sim.Summary)
+    rows = result.rounds.to_pylist()
+    errors: dict[int, int] = {}  # per round, the invalid rows the simulation's own code caused
+    if result.outcomes is not None:
+        for r, ok, err in zip(*(result.outcomes.column(c).to_pylist() for c in ("round", "valid", "error")),
+                              strict=True):
+            errors[r] = errors.get(r, 0) + (not ok and bool(err) and err.startswith("agent:"))
+    for row in rows:
+        row["n_simulation_errors"] = errors.get(row["round"], 0)
+    display.out.print(display.rounds_table(rows, labels, f"run {result.run_id} (local, {result.status})"))
+    if result.db_path is not None and result.outcomes is not None and result.outcomes.num_rows:
+        display.out.print(f"recorded {result.outcomes.num_rows} outcomes (table {result.tables.outcomes}) in "
+                          f"{result.db_path}")
+    elif result.db_path is not None:
+        display.out.print(f"recorded run {result.run_id} ({result.status}) in {result.db_path}: the summaries of "
+                          f"the {len(rows)} round(s) it closed (a local run that fails keeps no outcome rows)")
+    if result.status != "completed":
+        fail(f"run {result.run_id} {result.status}: {result.reason}", code=1)
 
 
 def _estimate(scenario: Path, extra: dict, prepared: PreparedRun, nats: str, share: float, progress: bool) -> None:
@@ -731,7 +760,7 @@ def results(
     if round_ is not None and by is None:
         fail("--round: only with --by (the per-round table shows every round)")
     # what a script needs to read the rows: the run's simulation, measure and summary titles
-    head = ("run_id", "name", "simulation", "status", "measure", "measure_kind", "grouped", "equilibrium",
+    head = ("run_id", "name", "simulation", "status", "reason", "measure", "measure_kind", "grouped", "equilibrium",
             "outcome_table", "summary_table", "labels", "usage", "graph")
     with _db(db, run_ids, nats) as con:
         ids = _run_ids(con, run_ids)
@@ -754,6 +783,8 @@ def results(
                 display.console.print(f"note: {info['note']}", markup=False, highlight=False)
             what = f"{info['simulation']}, {info['measure']}" if info.get("measure") else info["simulation"]
             display.out.print(display.stats_table(rows, f"run {info['run_id']} ({info['status']}; {what})", info))
+            if info.get("reason"):  # why a run failed, paused or was cancelled (or what its recovery did)
+                display.out.print(f"{info['status']}: {info['reason']}", markup=False, highlight=False)
             if info.get("graph"):
                 display.out.print(display.graph_line(info["graph"]), markup=False, highlight=False)
             llm = display.llm_table(rows, calls, f"LLM work — {display.model_line(model_of(info, calls))}")
