@@ -154,3 +154,18 @@ def test_check_resume_needs_two_rounds_and_a_round_to_resume_after():
         check_resume(Walk, {**SCENARIO, "rounds": 1})
     with pytest.raises(ValueError, match="after: 4 is not a round"):
         check_resume(Walk, SCENARIO, after=4)
+
+
+def test_an_agent_sees_its_own_in_degree_on_the_graph_and_zero_without_one():
+    """Issue 25: an agent could not see how many agents it hears (obs.in_degree)."""
+    from populace.sdk.local import local_graph
+
+    config = RunConfig.model_validate({"simulation": "gossip_sim:Gossip", "agents": 30, "rounds": 2,
+                                       "graph": {"generator": "scale-free", "m": 2}})
+    graph = local_graph(config, None)
+    result = asyncio.run(run_local(resolve(config), hosts=3, graph=graph))
+    degrees = graph.in_degree().tolist()
+    assert len(set(degrees)) > 1 and result.outcomes["in_degree"] == degrees * 2
+    plain = asyncio.run(run_local(resolve(RunConfig.model_validate({"simulation": "gossip_sim:Gossip", "agents": 4,
+                                                                     "rounds": 1}))))
+    assert plain.outcomes["in_degree"] == [0] * 4

@@ -63,6 +63,16 @@ class Observation(BaseModel):
         box = self.__pydantic_private__["_mailbox"]  # not self._mailbox: pydantic's __getattr__ is slow
         return box.inbox(agent_id) if box is not None else ()
 
+    def in_degree(self, agent_id: int) -> int:
+        """How many agents agent `agent_id` hears on the run's graph (its in-neighbours, whether
+        or not they posted): the same in one process and on the fleet, in every round. 0 in a
+        run without a graph."""
+        box = self.__pydantic_private__["_mailbox"]
+        if box is None:
+            return 0
+        offsets = box.graph.offsets
+        return int(offsets[agent_id + 1] - offsets[agent_id])
+
 
 class Summary(BaseModel):
     """A round's summary: the columns recorded once per round (besides n and n_valid)."""
