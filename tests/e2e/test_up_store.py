@@ -30,7 +30,7 @@ class Up:
 
     def __init__(self, cwd: Path, port: int, *args: str) -> None:
         self.log = cwd / f"up-{time.monotonic_ns()}.log"
-        self.out = open(self.log, "wb")  # noqa: SIM115 - closed in stop()
+        self.out = open(self.log, "wb")
         self.proc = subprocess.Popen([sys.executable, "-m", "populace.cli", "up", "--port", str(port), "--hosts", "1",
                                       *args], cwd=cwd, stdout=self.out, stderr=subprocess.STDOUT,
                                      start_new_session=True)
