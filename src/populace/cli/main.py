@@ -215,6 +215,12 @@ def _overrides(pairs: list[str] | None) -> dict:
     raise AssertionError  # unreachable
 
 
+def _merged_into(out: dict, path: tuple[str, ...], value: object) -> None:
+    for key in path[:-1]:
+        out = out.setdefault(key, {})
+    out[path[-1]] = value
+
+
 def _merged(base: dict, extra: dict) -> dict:
     out = dict(base)
     for key, value in extra.items():
@@ -225,8 +231,21 @@ def _merged(base: dict, extra: dict) -> dict:
 SET_HELP = "set a scenario key, e.g. --set game.ratio=1/2 (repeatable)"
 
 
+# demo options that are scenario keys: given with --scenario, they apply to it (as --set would)
+DEMO_SCENARIO_KEYS = {"agents": ("agents",), "rounds": ("rounds",), "seed": ("model", "seed"),
+                      "latency": ("model", "latency_s"), "one_per_process": ("placement", "agents_per_process")}
+
+
+def _given(ctx: typer.Context, name: str) -> bool:
+    """Whether option `name` was typed on the command line (not left at its default). By the
+    source's name: typer vendors its own click, whose ParameterSource is another enum."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name == "COMMANDLINE"
+
+
 @app.command()
 def demo(
+    ctx: typer.Context,
     agents: Annotated[int, typer.Option(help="number of agents")] = 1000,
     rounds: Annotated[int, typer.Option(help="rounds to play")] = 3,
     simulation: Annotated[str, typer.Option(help="simulation to play: ratio-game, public-goods, vote, opinion, or an "
@@ -244,12 +263,23 @@ def demo(
     set_: Annotated[list[str] | None, typer.Option("--set", help=SET_HELP)] = None,
     db: Annotated[str, typer.Option(help="DuckDB file to write")] = "populace.duckdb",
     scenario: Annotated[Path | None, typer.Option(
-        help="play this scenario file instead (its simulation, agents, rounds, population, model and "
-             "parameters replace the options above; --set still applies)")] = None,
+        help="play this scenario file instead: its simulation, population, model and parameters replace the "
+             "options above; --agents, --rounds, --seed, --latency and --one-per-process given with it apply "
+             "to it, as --set does (--simulation and --model are refused with it)")] = None,
 ) -> None:
     """Start NATS and every service, play one run, print the rounds, leave the DuckDB file."""
     if scenario is not None:
-        extra = _overrides(set_)
+        for name, flag in (("simulation", "--simulation"), ("model", "--model")):
+            if _given(ctx, name):
+                fail(f"{flag}: --scenario names its own {name}; drop {flag}, or set it in the scenario "
+                     f"(--set {'simulation=…' if name == 'simulation' else 'model.backend=…'})")
+        values = {"agents": agents, "rounds": rounds, "seed": seed, "latency": latency,
+                  "one_per_process": 1 if one_per_process else 0}
+        options: dict = {}
+        for name, path in DEMO_SCENARIO_KEYS.items():
+            if _given(ctx, name):
+                _merged_into(options, path, values[name])
+        extra = _merged(options, _overrides(set_))  # --set has the last word
         prepared = checked(lambda: prepare_file(scenario) if not extra else _prepare_with(scenario, extra))
     else:
         prepared = checked(lambda: prepare(parse_config(_merged({
