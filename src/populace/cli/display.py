@@ -22,20 +22,24 @@ def summary_labels(summary_model) -> dict[str, str]:
 
 def round_rows(results: list[RoundResult]) -> list[dict]:
     """Round results as rows: round, n, n_valid, the simulation's summary columns and usage."""
-    return [{"round": r.round, "n": r.n, "n_valid": r.n_valid, **r.summary,
-             "usage": r.usage.model_dump(include=set(Usage.RECORDED))}
+    return [{"round": r.round, "n": r.n, "n_valid": r.n_valid, "n_simulation_errors": r.n_simulation_errors,
+             **r.summary, "usage": r.usage.model_dump(include=set(Usage.RECORDED))}
             for r in sorted(results, key=lambda r: r.round)]
 
 
 def rounds_table(rows: list[dict], labels: dict[str, str], title: str) -> Table:
-    """A run's rounds as they closed: valid answers, the simulation's summary columns and the
-    round's LLM work."""
+    """A run's rounds as they closed: valid answers, the model's invalid answers and the
+    simulation's own errors apart, the simulation's summary columns and the round's LLM work
+    (infrastructure retries apart)."""
     t = Table(title=title)
-    for col in ("round", "valid", *labels.values(), *USAGE_HEADS):
+    # the infrastructure's retries (last of the usage columns), the model's invalid answers and the
+    # simulation's own errors side by side: three classes, never one
+    for col in ("round", "valid", *labels.values(), *USAGE_HEADS, "invalid answers", "simulation errors"):
         t.add_column(col, justify="right")
     for r in rows:
+        errors = r.get("n_simulation_errors") or 0
         t.add_row(str(r["round"]), f"{r['n_valid']}/{r['n']}", *(fmt(r.get(k)) for k in labels),
-                  *usage_cells(r.get("usage") or _flat_usage(r)))
+                  *usage_cells(r.get("usage") or _flat_usage(r)), f"{r['n'] - r['n_valid'] - errors:,}", f"{errors:,}")
     return t
 
 
@@ -143,15 +147,17 @@ def graph_line(g: dict) -> str:
     return text
 
 
-LLM_HEADS = ("round", "answers in", "valid", "invalid (model)", "infra retries", "LLM calls", "re-asks",
+LLM_HEADS = ("round", "answers in", "valid", "invalid answers (model)", "simulation errors", "infra retries",
+             "LLM calls", "re-asks",
              "replica retries", "prompt tokens", "completion tokens", "latency p50 / p95 / max (ms)")
 
 
 def llm_table(rows: list[dict], calls: dict[int, dict], title: str) -> Table | None:
-    """Per round, what the answers cost and how they came: answers in, valid and the model's
-    invalid ones, the infrastructure retries (prompts asked again because no model answered;
-    never an answer), LLM calls, the gateway's re-asks and retries on another replica, tokens and
-    latency percentiles (`round_table` rows with `usage`, `call_stats`). None without LLM work."""
+    """Per round, what the answers cost and how they came: answers in, valid, the model's
+    invalid ones, the simulation's own errors (error 'agent: …'), the infrastructure retries
+    (prompts asked again because no model answered; never an answer), LLM calls, the gateway's
+    re-asks and retries on another replica, tokens and latency percentiles (`round_table` rows
+    with `usage`, `call_stats`). None without LLM work."""
     if not any(r.get("usage") for r in rows) and not calls:
         return None
     t = Table(title=title)
@@ -162,8 +168,9 @@ def llm_table(rows: list[dict], calls: dict[int, dict], title: str) -> Table | N
         ptok = c.get("prompt_tokens", u.get("prompt_tokens"))
         ctok = c.get("completion_tokens", u.get("completion_tokens"))
         lat = " / ".join(fmt(c.get(k), 0) for k in ("latency_ms_p50", "latency_ms_p95", "latency_ms_max"))
-        t.add_row(str(r["round"]), f"{r['n']:,}", f"{r['n_valid']:,}", f"{r['n_invalid']:,}",
-                  _count(u.get("infra_retries")), _count(u.get("llm_calls", c.get("calls"))),
+        t.add_row(str(r["round"]), f"{r['n']:,}", f"{r['n_valid']:,}", f"{r['n_invalid_answers']:,}",
+                  f"{r['n_simulation_errors']:,}", _count(u.get("infra_retries")),
+                  _count(u.get("llm_calls", c.get("calls"))),
                   _count(c.get("reasks")), _count(c.get("replica_retries")), _count(ptok), _count(ctok),
                   lat if c else "—")
     return t

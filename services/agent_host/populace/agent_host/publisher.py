@@ -131,7 +131,7 @@ class OutcomePublisher:
                                                                             writer=self.host_id)}
         partial = RoundPartial(run_id=self.run_id, round=self.round, host_id=self.host_id, n=share.n,
                                n_valid=share.n_valid, payload=payload, epoch=self.epoch, usage=usage or Usage(),
-                               checkpoints=checkpoints or {})
+                               checkpoints=checkpoints or {}, n_simulation_errors=share.n_simulation_errors)
         await bus.publish_js(self._js, subjects.run_partial(self.run_id, self.round, self.host_id, self.epoch),
                              partial, msg_id=subjects.msg_id(self.run_id, self.round, self.host_id, "partial",
                                                              self.epoch))
