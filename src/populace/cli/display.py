@@ -27,18 +27,29 @@ def round_rows(results: list[RoundResult]) -> list[dict]:
             for r in sorted(results, key=lambda r: r.round)]
 
 
-def rounds_table(rows: list[dict], labels: dict[str, str], title: str) -> Table:
-    """A run's rounds as they closed: valid answers, the model's invalid answers and the
-    simulation's own errors apart, the simulation's summary columns and the round's LLM work
-    (infrastructure retries apart)."""
+def acted_cells(rows: list[dict], agents: int | None) -> list[str] | None:
+    """Per round, how many of the run's agents acted — shown only when the simulation selects
+    who acts (activation): otherwise every agent acts every round."""
+    if not agents or all(r["n"] == agents for r in rows):
+        return None
+    return [f"{r['n']:,}/{agents:,}" for r in rows]
+
+
+def rounds_table(rows: list[dict], labels: dict[str, str], title: str, agents: int | None = None) -> Table:
+    """A run's rounds as they closed: who acted (with activation), valid answers, the model's
+    invalid answers and the simulation's own errors apart, the simulation's summary columns and
+    the round's LLM work (infrastructure retries apart)."""
     t = Table(title=title)
+    acted = acted_cells(rows, agents)
     # the infrastructure's retries (last of the usage columns), the model's invalid answers and the
     # simulation's own errors side by side: three classes, never one
-    for col in ("round", "valid", *labels.values(), *USAGE_HEADS, "invalid answers", "simulation errors"):
+    for col in ("round", *(("acted",) if acted else ()), "valid", *labels.values(), *USAGE_HEADS,
+                "invalid answers", "simulation errors"):
         t.add_column(col, justify="right")
-    for r in rows:
+    for i, r in enumerate(rows):
         errors = r.get("n_simulation_errors") or 0
-        t.add_row(str(r["round"]), f"{r['n_valid']}/{r['n']}", *(fmt(r.get(k)) for k in labels),
+        t.add_row(str(r["round"]), *((acted[i],) if acted else ()), f"{r['n_valid']}/{r['n']}",
+                  *(fmt(r.get(k)) for k in labels),
                   *usage_cells(r.get("usage") or _flat_usage(r)), f"{r['n'] - r['n_valid'] - errors:,}", f"{errors:,}")
     return t
 
@@ -101,15 +112,16 @@ def stats_table(rows: list[dict], title: str, info: dict | None = None) -> Table
     summary = _summary_shown(rows, labels, STATS if kind == "numeric" else ())
     options = (rows[0].get("options") or [])[:MAX_SHOWN_OPTIONS] if rows and kind == "categorical" else []
     t = Table(title=title)
-    heads = ["round", "valid"]
+    acted = acted_cells(rows, info.get("agents"))
+    heads = ["round", *(("acted",) if acted else ()), "valid"]
     if kind == "numeric":
         heads += list(STATS)
     elif kind == "categorical":
         heads += ["most chosen", *options]
     for col in (*heads, *(labels[k] for k in summary)):
         t.add_column(_plain(col), justify="right")
-    for r in rows:
-        cells = [str(r["round"]), f"{r['n_valid']}/{r['n']}"]
+    for i, r in enumerate(rows):
+        cells = [str(r["round"]), *((acted[i],) if acted else ()), f"{r['n_valid']}/{r['n']}"]
         if kind == "numeric":
             cells += [fmt(r["mean"]), fmt(r["median"]), fmt(r["std"]), fmt(r["min"], 1), fmt(r["max"], 1)]
         elif kind == "categorical":

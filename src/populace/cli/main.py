@@ -109,13 +109,14 @@ def checked(build):
 
 
 def _report(outcome, prepared: PreparedRun) -> None:
-    _report_outcome(outcome, prepared.resolved.simulation)
+    _report_outcome(outcome, prepared.resolved.simulation, prepared.config.agents)
 
 
-def _report_outcome(outcome, sim) -> None:
+def _report_outcome(outcome, sim, agents: int | None = None) -> None:
     labels = display.summary_labels(sim.Summary)
     display.out.print(display.rounds_table(display.round_rows(outcome.results), labels,
-                                           f"run {outcome.run_id} ({outcome.status})"))
+                                           f"run {outcome.run_id} ({outcome.status})",
+                                           agents=agents))
     if outcome.recorded:
         tables = sim.tables()
         display.out.print(f"recorded {outcome.recorded.outcomes} outcomes (table {tables.outcomes}) "
@@ -453,7 +454,8 @@ def _run_local(prepared: PreparedRun, hosts: int, db: str) -> None:
             errors[r] = errors.get(r, 0) + (not ok and bool(err) and err.startswith("agent:"))
     for row in rows:
         row["n_simulation_errors"] = errors.get(row["round"], 0)
-    display.out.print(display.rounds_table(rows, labels, f"run {result.run_id} (local, {result.status})"))
+    display.out.print(display.rounds_table(rows, labels, f"run {result.run_id} (local, {result.status})",
+                                           agents=result.config.agents))
     if result.db_path is not None and result.outcomes is not None and result.outcomes.num_rows:
         display.out.print(f"recorded {result.outcomes.num_rows} outcomes (table {result.tables.outcomes}) in "
                           f"{result.db_path}")
@@ -572,7 +574,7 @@ def resume(
         _detached(nats, run_id, False)
         raise typer.Exit(130) from None
     display.console.print(f"resumed after round {state.round}")
-    _report_outcome(outcome, resolve(state.config).simulation)
+    _report_outcome(outcome, resolve(state.config).simulation, state.config.agents)
 
 
 @app.command()
@@ -596,7 +598,7 @@ def follow(
         if state.status != "done":
             raise typer.Exit(1)
         return
-    _report_outcome(outcome, resolve(state.config).simulation)
+    _report_outcome(outcome, resolve(state.config).simulation, state.config.agents)
 
 
 @app.command()

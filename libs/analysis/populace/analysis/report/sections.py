@@ -134,7 +134,10 @@ def _summary_columns(info: dict, skip: Sequence[str] = ()) -> list[tuple[str, st
 def round_table(rounds: list[dict], info: dict, types: dict[str, str]) -> Table:
     kind = info.get("measure_kind")
     cols = _summary_columns(info, skip=STATS if kind == "numeric" else ())
-    headers = ["round", "n", "valid", "invalid answers", "simulation errors"]
+    agents = info.get("agents")
+    # with activation (the environment selects who acts) n is those who acted, not the population
+    n_head = f"acted (of {agents:,})" if agents and any(r["n"] != agents for r in rounds) else "n"
+    headers = ["round", n_head, "valid", "invalid answers", "simulation errors"]
     options: list[str] = []
     if kind == "numeric":
         headers += list(STATS)
