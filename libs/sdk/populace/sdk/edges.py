@@ -9,6 +9,8 @@ An edit made in round n takes effect after round n: from round n+1 on, `followin
 the order the outcome lists them), so every placement builds the same graph, and every edit is
 recorded (table `edges`: run, round, follower, author, kind, op) so `populace.analysis` can
 rebuild the graph at any round. An agent's edits are saved in its checkpoint with its state.
+Posts on the run's graph follow the edits of the first kind (populace.sdk.mailbox): from round
+n+1 on, an agent hears whom it followed in round n.
 An edit naming an agent that does not exist, or a kind the simulation does not declare, is the
 simulation's bug: the run pauses naming it."""
 

@@ -75,11 +75,13 @@ class Observation(BaseModel):
 
     def in_degree(self, agent_id: int) -> int:
         """How many agents agent `agent_id` hears on the run's graph (its in-neighbours, whether
-        or not they posted): the same in one process and on the fleet, in every round. 0 in a
-        run without a graph."""
+        or not they posted; with edge edits, those it follows as of the round before): the same
+        in one process and on the fleet, in every round. 0 in a run without a graph."""
         box = self.__pydantic_private__["_mailbox"]
         if box is None:
             return 0
+        if box.edges is not None and agent_id in box.edges.edits:
+            return len(box.sources(agent_id))
         offsets = box.graph.offsets
         return int(offsets[agent_id + 1] - offsets[agent_id])
 
