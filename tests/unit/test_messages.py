@@ -249,3 +249,12 @@ def test_follows_and_unfollows_change_whom_an_agent_hears_from_the_next_round_on
         assert hears == len(now)
         changed += now != set(base.in_neighbours(aid).tolist())
     assert changed > 60  # the edits did change who hears whom
+
+
+@pytest.mark.parametrize("hosts", [1, 3])
+def test_a_graph_that_changes_resumes_exactly_after_any_round(hosts):
+    """Each agent's edits come back from its checkpoint into the book its host's mail reads."""
+    from populace.sdk.testing import check_resume
+
+    check_resume("follow_sim:Follow", {"agents": 60, "rounds": 4,
+                                       "graph": {"generator": "small-world", "degree": 4, "rewire": 0.2}}, hosts=hosts)
