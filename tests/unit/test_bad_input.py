@@ -116,3 +116,44 @@ def test_a_local_run_with_bad_input_names_the_bug_and_keeps_the_rounds_it_closed
     assert "fix the simulation" in result.reason
     assert "engine.py" not in result.reason and "play.py" not in result.reason  # where the author's code raised
     assert result.rounds.column("round").to_pylist() == [1]
+
+
+# -- a world too large for the hosts' memory is refused before the run starts ----------------------
+def test_a_world_that_would_not_fit_a_hosts_memory_is_refused_before_the_run_with_the_estimate():
+    from populace.client.prepare import checked
+    from populace.core.scenario import ScenarioError
+
+    town = RunConfig(simulation="schelling", agents=1000, rounds=1, grid={"width": 100_000, "height": 100_000})
+    with pytest.raises(ScenarioError, match=r"world: the run needs about 37\.3 GiB on each agent-host "
+                                            r"\(Town\.occupant \(int32 × cells 10,000,000,000\) = 37\.3 GiB, "
+                                            r"Town\.cell \(int32 × agents 1,000\) = 3\.9 KiB"):
+        checked(town)
+
+
+def test_the_memory_estimate_counts_every_column_and_the_agents_a_host_takes(monkeypatch):
+    from populace.client.prepare import check_memory, checked
+    from populace.core.scenario import ScenarioError
+
+    monkeypatch.setenv("POPULACE_HOST_CAPACITY", "1000")
+    config = RunConfig(simulation="bad_input_sims:Ledger", agents=5000, rounds=1, cells=1_000_000)
+    resolved = resolve(config, Ledger)
+    # 1,000,000 cells × 8 B + 5,000 scores × 4 B + (at most) 1,000 agents on a host × 1,024 B
+    need = 8_000_000 + 20_000 + 1_024_000
+    check_memory(resolved, memory=need)  # fits exactly
+    with pytest.raises(ScenarioError, match=r"Board\.cells \(int64 × cells 1,000,000\) = 7\.6 MiB, Board\.score "
+                                            r"\(int32 × agents 5,000\) = 19\.5 KiB, 1,000 agents × 1,024 B = 1,000\.0 KiB"):
+        check_memory(resolved, memory=need - 1)
+    monkeypatch.setenv("POPULACE_HOST_MEMORY_BYTES", str(need - 1))
+    with pytest.raises(ScenarioError, match=r"more than the 8\.6 MiB a host has \(POPULACE_HOST_MEMORY_BYTES"):
+        checked(config)
+
+
+def test_populace_validate_refuses_a_grid_too_large_for_memory(tmp_path):
+    import subprocess
+
+    scenario = tmp_path / "town.yaml"
+    scenario.write_text("simulation: schelling\nagents: 1000\ngrid: {width: 100000, height: 100000}\n")
+    res = subprocess.run([sys.executable, "-m", "populace.cli", "validate", str(scenario)], capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "world: the run needs about 37.3 GiB on each agent-host" in res.stdout + res.stderr

@@ -115,6 +115,9 @@ class Ledger(Simulation):
     edge_kinds = ("follow",)
     bug_name: ClassVar[str | None] = None  # a subclass's bug; None: the one named in $BAD_INPUT_BUG_FILE, if any
 
+    def world_sizes(self) -> dict[str, int]:
+        return {"agents": self.agents, "cells": self.params.cells}
+
     def bug(self) -> str | None:
         if self.bug_name is not None:
             return self.bug_name
