@@ -183,6 +183,10 @@ class Schelling(Simulation):
         return {"type": "object", "properties": {"move": {"type": "boolean"}}, "required": ["move"],
                 "additionalProperties": False}
 
+    def world_sizes(self) -> dict[str, int]:
+        """Its town's sizes before the run: what the memory check counts (a grid of 10^10 cells is refused)."""
+        return {"agents": self.agents, "cells": self.params.grid.width * self.params.grid.height}
+
     @classmethod
     def check_run(cls, params: SchellingParams, config: RunConfig) -> None:
         cells = params.grid.width * params.grid.height

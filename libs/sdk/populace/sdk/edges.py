@@ -74,7 +74,8 @@ class EdgeBook:
             if e.kind not in self.kinds:
                 declared = ", ".join(self.kinds) or "none: set `edge_kinds` on the Simulation"
                 raise EdgeError(f"{where}[{i}]: edge kind {e.kind!r} is not declared ({declared})")
-            if not 0 <= e.author < self.agents or isinstance(e.author, bool):
+            if not isinstance(e.author, (int, np.integer)) or isinstance(e.author, bool) \
+                    or not 0 <= e.author < self.agents:
                 raise EdgeError(f"{where}[{i}]: agent {e.author!r} does not exist (the run has {self.agents} agents)")
             if e.author == follower:
                 raise EdgeError(f"{where}[{i}]: an agent cannot {'follow' if e.op == 'add' else 'unfollow'} itself")

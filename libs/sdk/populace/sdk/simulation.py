@@ -213,6 +213,15 @@ class Simulation:
         {"max_tokens": 256} for chain of thought."""
         return {}
 
+    def world_sizes(self) -> dict[str, int] | None:
+        """The length of each size its World's columns name, for this run, before it starts (e.g.
+        {"agents": n, "cells": w * h}): what the memory check counts. None: not declared (a World
+        whose columns are all per agent needs none: the default counts the agents)."""
+        world = type(self).Env.World
+        if world is None or any(c.size != "agents" for c in world.columns.values()):
+            return None
+        return {"agents": self.agents}
+
     @classmethod
     def check_run(cls, params: Params, config: RunConfig) -> None:
         """Raise ValueError (its message starting with the field) when these params cannot run
