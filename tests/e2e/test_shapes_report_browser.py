@@ -42,6 +42,7 @@ def reports(tmp_path_factory, chromium):
 
 def _open(browser, path: Path):
     page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.set_default_timeout(120_000)  # a deadline for a loaded machine (a 5 MB page), not a measurement
     requests, errors = [], []
 
     def record(route):

@@ -91,9 +91,10 @@ def activity_section(info: dict, rounds: list[dict], types: dict[str, str]) -> S
                                "Agents who acted per round, and the summary columns per round"))
     acted = [r["n"] for r in rounds]
     if agents and acted:
-        section.blocks.append(Note(f"Acting agents per round: {min(acted):,} to {max(acted):,} of {agents:,} "
-                                   f"(mean {number(sum(acted) / len(acted))}). Panels: the simulation's summary "
-                                   "columns that no other figure draws."))
+        who = ("Every agent acted in every round." if min(acted) == max(acted) == agents else
+               f"Acting agents per round: {min(acted):,} to {max(acted):,} of {agents:,} "
+               f"(mean {number(sum(acted) / len(acted))}).")
+        section.blocks.append(Note(who + " Panels: the simulation's summary columns that no other figure draws."))
     return section
 
 
