@@ -193,16 +193,16 @@ def grid_frames(con: duckdb.DuckDBPyConnection, run_id: str, rounds: Sequence[in
         f"SELECT DISTINCT CAST({q(colour_col)} AS VARCHAR) v FROM {q(rt.spec.outcomes)} WHERE run_id = ? "
         f"AND {q(cell_col)} IS NOT NULL AND {q(colour_col)} IS NOT NULL ORDER BY try_cast(v AS DOUBLE), v",
         [run_id]).fetchall()]
-    codes = {c: i for i, c in enumerate(colours)}
     out = []
     for r in rounds:
+        # columns as arrays (a million agents a round), the colour as its code
         rows = con.execute(
-            f"SELECT {q(cell_col)}, CAST({q(colour_col)} AS VARCHAR) FROM {q(rt.spec.outcomes)} WHERE run_id = ? "
-            f"AND round = ? AND {q(cell_col)} IS NOT NULL AND {q(colour_col)} IS NOT NULL "
-            f"AND {q(cell_col)} >= 0 AND {q(cell_col)} < ? ORDER BY agent_id",
-            [run_id, int(r), grid.cells]).fetchall()
-        cells = np.asarray([c for c, _ in rows], dtype=np.int64)
-        kind = np.asarray([codes[k] for _, k in rows], dtype=np.int64)
+            f"SELECT {q(cell_col)} AS cell, list_position($colours, CAST({q(colour_col)} AS VARCHAR)) - 1 AS code "
+            f"FROM {q(rt.spec.outcomes)} WHERE run_id = $run AND round = $round AND {q(cell_col)} IS NOT NULL "
+            f"AND {q(colour_col)} IS NOT NULL AND {q(cell_col)} >= 0 AND {q(cell_col)} < $cells ORDER BY agent_id",
+            {"colours": colours, "run": run_id, "round": int(r), "cells": grid.cells}).fetchnumpy()
+        cells = np.asarray(rows["cell"], dtype=np.int64)
+        kind = np.asarray(rows["code"], dtype=np.int64)
         occupant = np.full(grid.cells, EMPTY, dtype=np.int64)
         occupant[cells] = np.arange(cells.size)  # a clash keeps the later agent, as the picture does
         placed = occupant[cells] == np.arange(cells.size)
