@@ -19,7 +19,7 @@ import pytest
 from populace.analysis import render_report
 from populace.analysis.queries import round_table, run_info, tables_of
 from populace.analysis.report.shapes import shape_sections
-from populace.analysis.shapes import degree_table, grid_frames, measure_distribution
+from populace.analysis.shapes import degree_table, grid_frames, measure_distribution, starting_graph
 from populace.client import simulate
 from populace.core.contracts import Column, RunConfig, SimulationTables
 from populace.recorder.local_runs import record_local
@@ -84,11 +84,13 @@ def runs(tmp_path_factory):
     schelling = simulate("examples/schelling.yaml", local=True, db=db, agents=150, rounds=4,
                          grid={"width": 15, "height": 14, "torus": True, "kinds": 2})
     ratio = simulate({"simulation": "ratio-game", "agents": 12, "rounds": 2}, local=True, db=db)
-    return db, feed.run_id, schelling.run_id, ratio.run_id
+    followed = simulate("examples/feed.yaml", local=True, db=db, agents=120, rounds=3,  # its scale-free graph
+                        pool={"size": 200, "seed_posts": 60}, model={"backend": "dummy", "latency_s": 0.0, "seed": 1})
+    return db, feed.run_id, schelling.run_id, ratio.run_id, followed.run_id
 
 
 def test_the_feed_graph_equals_its_summary_and_the_distribution_counts_every_valid_stance(runs):
-    db, feed, _, _ = runs
+    db, feed, *_ = runs
     with duckdb.connect(db, read_only=True) as con:
         assert tables_of(con, feed).config.get("graph") is None
         table = degree_table(con, feed)
@@ -112,7 +114,7 @@ def test_the_feed_graph_equals_its_summary_and_the_distribution_counts_every_val
 
 
 def test_the_like_neighbour_share_of_the_grid_equals_schellings_summary(runs):
-    db, _, schelling, _ = runs
+    db, _, schelling, *_ = runs
     with duckdb.connect(db, read_only=True) as con:
         frames = grid_frames(con, schelling, [1, 2, 3, 4])
         summary = con.execute("SELECT round, like_share FROM schelling_rounds WHERE run_id = ? ORDER BY round",
@@ -125,7 +127,7 @@ def test_the_like_neighbour_share_of_the_grid_equals_schellings_summary(runs):
 
 
 def test_each_run_gets_the_sections_of_its_shape_and_the_ratio_game_none(runs):
-    db, feed, schelling, ratio = runs
+    db, feed, schelling, ratio, _ = runs
     with duckdb.connect(db, read_only=True) as con:
         def titles(run_id, attrs):
             info = run_info(con, run_id)
@@ -138,3 +140,28 @@ def test_each_run_gets_the_sections_of_its_shape_and_the_ratio_game_none(runs):
         assert titles(ratio, []) == []
         for run_id, wanted in ((feed, 'id="graph"'), (schelling, 'id="grid"')):
             assert wanted in render_report(con, run_id)
+
+
+def test_a_feed_on_a_starting_graph_is_rebuilt_on_it_exactly(runs):
+    """The run's `graph:` rebuilt from its config (checked by digest), plus its edits: the SDK's
+    rebuild after every round, and the summary's follows since round 1 on top of its edges."""
+    db, *_, followed = runs
+    with duckdb.connect(db, read_only=True) as con:
+        base, why_not = starting_graph(con, followed)
+        assert why_not is None and base is not None and base.n == 120 and base.edges > 0
+        table = degree_table(con, followed, base)
+        edits = con.execute("SELECT round, follower, author, op FROM edges WHERE run_id = ? ORDER BY round, rowid",
+                            [followed]).fetchall()
+        net = dict(con.execute("SELECT round, net_follows FROM feed_rounds WHERE run_id = ?", [followed]).fetchall())
+    assert [t["round"] for t in table] == [1, 2, 3] and edits
+    for t in table:
+        graph = rebuild(120, base, edits, t["round"])
+        out = np.zeros(120, int)
+        ins = np.zeros(120, int)
+        for follower, authors in graph.items():
+            out[follower] = len(authors)
+            for a in authors:
+                ins[a] += 1
+        assert dict(zip(*np.unique(out, return_counts=True))) == t["out_degree"]
+        assert dict(zip(*np.unique(ins, return_counts=True))) == t["in_degree"]
+        assert t["edges"] == base.edges + net[t["round"]]  # a follow adds an edge it lacked, an unfollow removes one

@@ -102,6 +102,38 @@ def degree_table(con: duckdb.DuckDBPyConnection, run_id: str, base: Graph | None
     return out
 
 
+def starting_graph(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple[Graph | None, str | None]:
+    """The run's `graph:` rebuilt from its recorded config (generator, seed, placement; a homophily
+    graph from the recorded profiles), used only when its digest equals the one the run recorded:
+    ``(graph, None)``, or ``(None, why not)``. None, None for a run without a graph."""
+    from pydantic import ValidationError
+
+    from populace.core.contracts import RunConfig
+    from populace.graph.prepare import prepare_graph
+
+    rt = tables_of(con, run_id)
+    try:
+        config = RunConfig.model_validate(rt.config)
+    except ValidationError:
+        return None, "its recorded config does not validate here"
+    ref = config.graph
+    if ref is None:
+        return None, None
+    records = None
+    if has_table(con, "agent_profiles"):
+        rows = con.execute("SELECT profile FROM agent_profiles WHERE run_id = ? ORDER BY agent_id", [run_id]).fetchall()
+        if len(rows) == config.agents:
+            records = [{"profile": json.loads(p) if isinstance(p, str) else (p or {})} for (p,) in rows]
+    for placement in dict.fromkeys([ref.placement, "ids"]):
+        try:
+            prepared = prepare_graph(ref.spec, config.agents, seed=config.seed, placement=placement, records=records)
+        except Exception as err:  # an edge list not here, a generator this release lacks …
+            return None, f"it cannot be rebuilt here ({type(err).__name__}: {str(err)[:200]})"
+        if ref.digest is None or prepared.digest == ref.digest:
+            return prepared.graph, None
+    return None, "the graph rebuilt here differs from the run's (its digest)"
+
+
 # --- the measure per persona group ---------------------------------------------------------------
 def _categories(con: duckdb.DuckDBPyConnection, rt, run_id: str) -> tuple[list[str], str]:
     """The categories of the run's measure and the SQL expression of an outcome's category."""
@@ -218,4 +250,4 @@ def grid_frames(con: duckdb.DuckDBPyConnection, run_id: str, rounds: Sequence[in
     return out
 
 
-__all__ = ["GridFrame", "degree_table", "grid_frames", "measure_distribution"]
+__all__ = ["GridFrame", "degree_table", "grid_frames", "measure_distribution", "starting_graph"]

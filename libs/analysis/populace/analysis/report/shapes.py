@@ -27,7 +27,14 @@ from populace.analysis.queries import tables_of
 from populace.analysis.report.blocks import Note, Plot, Section, Table
 from populace.analysis.report.figures import BAR_COLOR, BAR_EDGE, PALETTE, _integer_rounds, _layout, _nan
 from populace.analysis.report.text import number, percent, shown_rounds
-from populace.analysis.shapes import MAX_VALUES, GridFrame, degree_table, grid_frames, measure_distribution
+from populace.analysis.shapes import (
+    MAX_VALUES,
+    GridFrame,
+    degree_table,
+    grid_frames,
+    measure_distribution,
+    starting_graph,
+)
 from populace.analysis.tables import RunTables
 
 STATS = ("mean", "median", "std", "min", "max")
@@ -180,7 +187,8 @@ def graph_section(con: duckdb.DuckDBPyConnection, run_id: str, info: dict, rt: R
     spec = rt.spec
     if not spec.edge_kinds:
         return None
-    table = degree_table(con, run_id)
+    base, why_not = starting_graph(con, run_id)
+    table = degree_table(con, run_id, base)
     kind = spec.edge_kinds[0]
     section = Section(f"The {kind} graph over rounds", anchor="graph")
     if not table:
@@ -192,11 +200,16 @@ def graph_section(con: duckdb.DuckDBPyConnection, run_id: str, info: dict, rt: R
         ["round", "edits: add", "edits: remove", "edges", "mean degree", "max in-degree", "max out-degree"],
         [[number(t["round"]), number(t["adds"]), number(t["removes"]), number(t["edges"]), number(t["mean_degree"]),
           number(t["max_in"]), number(t["max_out"])] for t in table], left=()))
-    base = ("The run's starting graph (its `graph:`) is not in the database, so these are the edges its edits "
-            "made and that still stand (an edit removing a starting edge counts as an edit only). "
-            if info.get("graph") or (info.get("config") or {}).get("graph") else "")
-    section.blocks.append(Note(f"{base}The graph after each round, rebuilt from the recorded edits (table edges, "
-                               f"kind {kind}) in the order they applied; an edge author → follower is the follower's "
+    if base is not None:
+        start = (f"The run's starting graph (its `graph:`, {base.edges:,} edges, rebuilt from its config and checked "
+                 "against its recorded digest), then ")
+    elif why_not:
+        start = (f"The run's starting graph (its `graph:`) is left out: {why_not}. So these are the edges its edits "
+                 "made that still stand (an edit removing a starting edge counts as an edit only); ")
+    else:
+        start = ""
+    section.blocks.append(Note(f"{start}the graph after each round, rebuilt from the recorded edits (table edges, "
+                               f"kind {kind}) in the order they applied. An edge author → follower is the follower's "
                                "out-edge (whom it follows) and the author's in-edge (a follower). Degree 0 counts "
                                "every agent without one."))
     return section
