@@ -168,6 +168,7 @@ class Schelling(Simulation):
     Summary = RoundSummary
     prompt_version = PROMPT_VERSION
     trend_columns = ("like_share", "unhappy_share")
+    grid_columns = ("cell", "kind")  # reports draw the town per round: each agent's cell, coloured by its kind
 
     def __init__(self, params: SchellingParams, **kw) -> None:
         super().__init__(params, **kw)
@@ -193,6 +194,11 @@ class Schelling(Simulation):
         if config.agents >= cells:
             raise ValueError(f"agents: {config.agents} agents need more than the grid's {cells} cells "
                              "(some must be empty to move to)")
+
+    @classmethod
+    def grid(cls, params: SchellingParams) -> Grid:
+        g = params.grid
+        return Grid(g.width, g.height, g.torus)
 
     @classmethod
     def describe(cls, params: SchellingParams) -> str:

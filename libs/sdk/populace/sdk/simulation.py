@@ -44,6 +44,7 @@ from populace.sdk.rng import seeded
 
 if TYPE_CHECKING:
     from populace.population.cast import Cast
+    from populace.sdk.space import Grid
 
 # Tables the platform owns; a simulation's tables take other names.
 RESERVED_TABLES = ("runs", "agents", "llm_calls", "agent_profiles", "posts", "transcripts", "_ingested")
@@ -118,6 +119,9 @@ class Simulation:
     # over rounds; `trend_columns` are drawn over rounds only.
     reference_columns: ClassVar[tuple[str, ...]] = ()
     trend_columns: ClassVar[tuple[str, ...]] = ()
+    # Spaces, for reports: (the outcome column holding each agent's cell on `grid(params)`, the
+    # outcome column its picture is coloured by); reports draw the grid per round from them.
+    grid_columns: ClassVar[tuple[str, str] | None] = None
 
     def __init__(self, params: Params, *, agents: int, rounds: int = 1, seed: int = 0,
                  run_id: str = "", cast: Cast | None = None) -> None:
@@ -244,6 +248,13 @@ class Simulation:
         return None
 
     @classmethod
+    def grid(cls, params: Params) -> Grid | None:
+        """The grid the run's agents live on (a populace.sdk.space.Grid), for reports: with
+        `grid_columns` they draw each round's grid from the outcomes (where each agent was, coloured
+        by the second column) and its like-neighbour share. None: no grid."""
+        return None
+
+    @classmethod
     def measure_options(cls, params: Params) -> tuple[str, ...] | None:
         """A categorical measure's possible answers, in the order results and reports list them
         (None: any text). Default: the values of a `Literal["go", "stay"]` measure column. A
@@ -364,6 +375,8 @@ class Simulation:
                                     f"{', '.join(RESERVED_TABLES)}")
             if len({t for _, t in named}) < len(named):
                 problems.append("`outcome_table`, `summary_table` (and `acts_table`) must differ")
+        if not problems and cls.grid_columns is not None:
+            problems += _grid_problems(cls)
         if not problems:
             try:
                 cls.tables()
@@ -372,6 +385,23 @@ class Simulation:
         if problems:
             raise SimulationError(f"{where} ({cls.__module__}.{cls.__qualname__}) is not valid:\n  - "
                                   + "\n  - ".join(problems))
+
+
+def _grid_problems(cls: type[Simulation]) -> list[str]:
+    names = cls.grid_columns
+    if not (isinstance(names, tuple) and len(names) == 2 and all(isinstance(n, str) for n in names)):
+        return [f"`grid_columns` must be (cell column, colour column), e.g. (\"cell\", \"kind\"), not {names!r}"]
+    try:
+        fields = dict(outcome_fields(cls.Outcome))
+    except OutcomeError as err:
+        return [str(err)]
+    cell = names[0]
+    problems = [f"`grid_columns` names {n!r}, which is not a column of {cls.Outcome.__name__}"
+                for n in names if n not in fields]
+    if cell in fields and column_type(fields[cell]) != "BIGINT":
+        problems.append(f"`grid_columns`: the cell column {cell!r} must be a whole number (int), not "
+                        f"{column_type(fields[cell])}")
+    return problems
 
 
 def summary_fields(cls: type[Summary]) -> list[tuple[str, Any]]:
