@@ -80,3 +80,26 @@ def small_disk(tmp_path):
         yield SmallDisk(path, size_mb)
     finally:
         subprocess.run(["umount", "-l", str(path)], check=False)  # lazily: a process may still hold a file
+
+
+@pytest.fixture
+def cli():
+    """`populace ARGS` run in this process by typer's runner on the real app, answered as
+    subprocess.run answers (returncode, stdout, stderr): for what a command refuses before it
+    starts anything, without an interpreter to start per case. An exception the command did not
+    turn into an exit fails the test with its own traceback (a process would print one).
+    The console script itself is proved by a few real processes (tests/e2e/test_cli.py)."""
+    import contextlib
+
+    from typer.testing import CliRunner
+
+    from populace.cli.main import app
+
+    def invoke(*args: str, env: dict[str, str] | None = None, cwd=None) -> subprocess.CompletedProcess:
+        with contextlib.chdir(cwd) if cwd is not None else contextlib.nullcontext():
+            res = CliRunner().invoke(app, [str(a) for a in args], env=env)
+        if res.exception is not None and not isinstance(res.exception, SystemExit):
+            raise res.exception.with_traceback(res.exc_info[2])
+        return subprocess.CompletedProcess(["populace", *args], res.exit_code, res.stdout, res.stderr)
+
+    return invoke

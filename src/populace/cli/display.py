@@ -3,12 +3,33 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 
-from populace.client.progress import RunProgress, fmt, summary_text  # noqa: F401 - re-exported for the CLI
-from populace.core.contracts import RoundResult, Usage
+if TYPE_CHECKING:
+    from populace.client.progress import RunProgress, summary_text  # noqa: F401 - re-exported below
+    from populace.core.contracts import RoundResult
+
+# populace.client.progress's, re-exported for the CLI and imported on first use (it brings the
+# contracts, which take longer to import than the rest of the CLI's start: `populace --version`)
+_PROGRESS = ("RunProgress", "summary_text")
+
+
+def __getattr__(name: str):
+    if name in _PROGRESS:
+        from populace.client import progress
+
+        return getattr(progress, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def fmt(x: object, digits: int = 2) -> str:
+    """A number as the progress display shows it (populace.client.progress.fmt)."""
+    from populace.client.progress import fmt as progress_fmt
+
+    return progress_fmt(x, digits)
 
 console = Console(stderr=True)
 # Piped or captured output keeps whole tables (rich would squeeze them into 80 columns).
@@ -22,6 +43,8 @@ def summary_labels(summary_model) -> dict[str, str]:
 
 def round_rows(results: list[RoundResult]) -> list[dict]:
     """Round results as rows: round, n, n_valid, the simulation's summary columns and usage."""
+    from populace.core.contracts import Usage
+
     return [{"round": r.round, "n": r.n, "n_valid": r.n_valid, "n_simulation_errors": r.n_simulation_errors,
              **r.summary, "usage": r.usage.model_dump(include=set(Usage.RECORDED))}
             for r in sorted(results, key=lambda r: r.round)]
@@ -56,6 +79,8 @@ def rounds_table(rows: list[dict], labels: dict[str, str], title: str, agents: i
 
 def _flat_usage(row: dict) -> dict | None:
     """Usage from a row that carries its columns flat (a `RunResult.rounds` table's)."""
+    from populace.core.contracts import Usage
+
     return {k: row[k] for k in Usage.RECORDED} if all(row.get(k) is not None for k in Usage.RECORDED) else None
 
 

@@ -10,17 +10,15 @@ import signal
 import time
 from importlib.metadata import version as package_version
 from pathlib import Path
-from typing import Annotated, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
-from pydantic import ValidationError
 
 from populace.cli import display, nodes
-from populace.client.prepare import PreparedRun, parse_config, prepare, prepare_file
-from populace.core import bus, serve
-from populace.core.contracts import ModelConfig
-from populace.core.scenario import ScenarioError, format_validation_error
-from populace.core.settings import Settings
+from populace.cli.choices import DemoModel, PersonaModel, Storage
+
+if TYPE_CHECKING:  # the rest is imported where a command needs it: `populace --version` starts fast
+    from populace.client.prepare import PreparedRun
 
 app = typer.Typer(help="Populace: populations of LLM agents as event-driven microservices on NATS JetStream.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -34,11 +32,6 @@ NATS_DEFAULT = "nats://127.0.0.1:4222"
 NATS_ENV = "POPULACE_NATS_URL"
 # results, report and export read a run a recorder is still writing through it
 NATS_LIVE_HELP = "NATS URL of the recorder's stack, to read a run it is still writing"
-# the choices come from the models that validate them, so help and validation cannot drift apart
-ModelBackend = ModelConfig.model_fields["backend"].annotation
-DemoModel = Literal[(*get_args(ModelBackend), "vllm")]  # vllm: backend openai, on vLLM replicas the demo starts
-PersonaModel = Literal[("template", *(b for b in get_args(ModelBackend) if b != "dummy"))]  # dummy writes no text
-Storage = Settings.model_fields["storage"].annotation
 GraphKind = Literal["homophily", "small-world", "scale-free"]
 GraphPlacement = Literal["partition", "ids", "both"]
 personas_app = typer.Typer(help="Populations and personas.", no_args_is_help=True)
@@ -75,6 +68,8 @@ def service(
     name: Annotated[str, typer.Argument(help="orchestrator, agent-host, environment, gateway or recorder")],
 ) -> None:
     """Run one service in the foreground (POPULACE_* environment variables configure it)."""
+    from populace.core import serve
+
     if name not in serve.names():
         fail(f"unknown service {name!r}; choose one of: {', '.join(serve.names())}")
     serve.run(name)
@@ -82,6 +77,7 @@ def service(
 
 async def _follow(url: str, prepared: PreparedRun, show_progress: bool, run_id: str | None = None):
     from populace.client.run import new_run_id, play
+    from populace.core import bus
 
     nc = await bus.connect_or_fail(url, "populace-cli")
     run_id = run_id or new_run_id()
@@ -99,6 +95,10 @@ async def _follow(url: str, prepared: PreparedRun, show_progress: bool, run_id: 
 
 def checked(build):
     """build(), or exit 2 with the field-naming message of a bad scenario, population or sweep."""
+    from pydantic import ValidationError
+
+    from populace.core.scenario import ScenarioError, format_validation_error
+
     try:
         return build()
     except ScenarioError as err:
@@ -278,6 +278,8 @@ def demo(
              "to it, as --set does (--simulation and --model are refused with it)")] = None,
 ) -> None:
     """Start NATS and every service, play one run, print the rounds, leave the DuckDB file."""
+    from populace.client.prepare import parse_config, prepare, prepare_file
+
     if scenario is not None:
         for name, flag in (("simulation", "--simulation"), ("model", "--model")):
             if _given(ctx, name):
@@ -305,6 +307,7 @@ def demo(
 
 
 def _prepare_with(scenario: Path, extra: dict) -> PreparedRun:
+    from populace.client.prepare import parse_config, prepare
     from populace.core.scenario import load_scenario_data
 
     data, text = load_scenario_data(scenario)
@@ -412,6 +415,8 @@ def run(
     """Validate a scenario, publish `ctl.run.start`, follow the run until it is recorded
     (or, with --local, play it in this process). Ctrl-C detaches: the run goes on, and the
     message says how to follow, cancel or resume it."""
+    from populace.client.prepare import prepare_file
+
     extra = _overrides(set_)
     prepared = checked(lambda: prepare_file(scenario) if not extra else _prepare_with(scenario, extra))
     if estimate:
@@ -725,6 +730,8 @@ def simulations() -> None:
 @app.command()
 def validate(scenario: Annotated[Path, typer.Argument(help="scenario YAML file")]) -> None:
     """Check a scenario file (and the population it names) without running it."""
+    from populace.client.prepare import prepare_file
+
     prepared = checked(lambda: prepare_file(scenario))
     display.out.print_json(prepared.config.model_dump_json())
 
@@ -1129,6 +1136,7 @@ def bench_dummy(
     `latency` seconds for its answer; every outcome ends up in DuckDB. With --degree, agents talk
     on a graph: posts heard per second, cross-host mail and the edge cut are measured too."""
     from populace.cli.bench import graph_section, run_dummy_bench
+    from populace.client.prepare import parse_config, prepare
 
     params = _overrides(set_)
     checked(lambda: prepare(parse_config({"simulation": simulation, "agents": agents, **params})))

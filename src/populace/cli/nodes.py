@@ -6,28 +6,16 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Annotated, get_args
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from pydantic import TypeAdapter, ValidationError
 from rich.table import Table
 
 from populace.cli import display
-from populace.core import bus, serve
-from populace.core.contracts import (
-    Cleanup,
-    GatewaySpec,
-    NodeInfo,
-    NodeReply,
-    NodeRequest,
-    ProcessInfo,
-    ProcessSpec,
-    ReplicasSpec,
-    RestartPolicy,
-    StartProcess,
-    StopProcess,
-    TailLog,
-)
+from populace.cli.choices import ReplicaBackend, RestartMode, Router
+
+if TYPE_CHECKING:  # the contracts and the bus are imported where a command needs them: the CLI starts fast
+    from populace.core.contracts import NodeInfo, NodeReply, NodeRequest, ProcessInfo, ProcessSpec
 
 NATS_DEFAULT = "nats://127.0.0.1:4222"
 NATS_ENV = "POPULACE_NATS_URL"
@@ -35,9 +23,6 @@ NatsOption = Annotated[str, typer.Option("--nats", envvar=NATS_ENV, help="NATS U
 NodeArg = Annotated[str, typer.Argument(help="node id (`populace nodes` lists them)")]
 ProcArg = Annotated[str, typer.Argument(help="process id on that node, e.g. agent-host-1")]
 GraceOption = Annotated[float, typer.Option("--grace", min=0, max=300, help="seconds from SIGTERM to SIGKILL")]
-RestartMode = RestartPolicy.model_fields["mode"].annotation
-Router = get_args(GatewaySpec.model_fields["router"].annotation)[0]  # the Literal of `router: Literal[…] | None`
-ReplicaBackend = ReplicasSpec.model_fields["backend"].annotation
 KINDS_HELP = ("agent-host, gateway, replicas, or an installed service by name (orchestrator, environment, "
               "recorder)")
 
@@ -65,7 +50,7 @@ def node(
     the manager). SIGTERM or Ctrl-C stops every process it started; if it is killed, they get
     SIGTERM from the kernel. With NATS users it connects as POPULACE_NATS_USER (`node`) and
     starts each process as its kind's user, whose password it reads from POPULACE_PASSWORD_<USER>."""
-    from populace.core import subjects
+    from populace.core import serve, subjects
     from populace.core.settings import Settings
     from populace.node.app import NodeConfig, NodeIdTaken, create
     from populace.node.resources import default_node_id
@@ -84,6 +69,7 @@ def node(
 # --- the client verbs ---------------------------------------------------------------------
 async def _ask(nats: str, node_id: str, request: NodeRequest) -> NodeReply:
     from populace.client.nodes import node_request
+    from populace.core import bus
 
     nc = await bus.connect_or_fail(nats, "populace-cli")
     try:
@@ -154,6 +140,7 @@ def nodes_list(
     if ctx.invoked_subcommand is not None:
         return
     from populace.client.nodes import list_nodes
+    from populace.core import bus
 
     async def read() -> list[NodeInfo]:
         nc = await bus.connect_or_fail(nats, "populace-cli")
@@ -178,6 +165,10 @@ def nodes_list(
 def _spec(kind: str, options: dict) -> ProcessSpec:
     """The typed spec of a process kind from the options given on the command line (an option
     that is not the kind's is refused, naming the option)."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from populace.core.contracts import ProcessSpec
+
     given = {k: v for k, v in options.items() if v not in (None, False, [])}
     body = {"kind": kind, **given} if kind in ("agent-host", "gateway", "replicas") else {
         "kind": "service", "name": kind, **given}
@@ -226,6 +217,11 @@ def nodes_start(
 ) -> None:
     """Start processes on a node: `populace nodes start NODE agent-host --count 2`,
     `… gateway`, `… replicas --backend sim --servers 4`, `… recorder`."""
+    from pydantic import ValidationError
+
+    from populace.core import bus
+    from populace.core.contracts import RestartPolicy, StartProcess
+
     gpu_list = None
     if gpus:
         try:
@@ -248,6 +244,8 @@ def nodes_start(
 @nodes_app.command("stop")
 def nodes_stop(node_id: NodeArg, proc_id: ProcArg, nats: NatsOption = NATS_DEFAULT, grace: GraceOption = 10.0) -> None:
     """Stop one process (SIGTERM, SIGKILL after --grace seconds); the node forgets it."""
+    from populace.core.contracts import StopProcess
+
     reply = _run(lambda: _ask(nats, node_id, StopProcess(proc_id=proc_id, grace_s=grace)))
     p = reply.processes[0]
     display.out.print(f"{p.proc_id} on node {node_id} stopped (exit code {p.exit_code})")
@@ -263,6 +261,8 @@ def nodes_logs(
                                                                        "log's end")] = 64 * 1024,
 ) -> None:
     """The end of a process's log (it survives the process until the node cleans up)."""
+    from populace.core.contracts import TailLog
+
     reply = _run(lambda: _ask(nats, node_id, TailLog(proc_id=proc_id, lines=lines, max_bytes=max_bytes)))
     if reply.log_truncated:
         display.console.print(f"[dim]… (older lines of {proc_id}'s log left out)[/dim]")
@@ -272,6 +272,8 @@ def nodes_logs(
 @nodes_app.command("cleanup")
 def nodes_cleanup(node_id: NodeArg, nats: NatsOption = NATS_DEFAULT, grace: GraceOption = 10.0) -> None:
     """Stop every process the node started (SIGTERM, SIGKILL after --grace seconds)."""
+    from populace.core.contracts import Cleanup
+
     reply = _run(lambda: _ask(nats, node_id, Cleanup(grace_s=grace)))
     names = ", ".join(p.proc_id for p in reply.processes) or "nothing was running"
     display.out.print(f"node {node_id} cleaned up: {names}")

@@ -1,19 +1,15 @@
 """Bad `graph:` and `broadcasts:` sections: each is refused with exit code 2 and a message
 naming the field, by `populace validate` and by `populace demo` before anything starts — an
-edge list naming an agent that does not exist included."""
+edge list naming an agent that does not exist included. In process (the `cli` fixture: typer's
+runner on the real app); tests/e2e/test_cli.py runs `validate` and `demo` as real processes."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.e2e
-
-SIMS = Path(__file__).with_name("sims")  # gossip_sim, importable through PYTHONPATH
+SIMS = Path(__file__).resolve().parents[1] / "e2e" / "sims"  # gossip_sim
 
 HEAD = "simulation: gossip_sim:Gossip\nagents: 50\nrounds: 3\n"
 POP = "population: {config: pop.yaml}\n"
@@ -50,10 +46,9 @@ BAD = {
 }
 
 
-def populace(*args: str, cwd) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(SIMS)}
-    return subprocess.run([sys.executable, "-m", "populace.cli", *args], capture_output=True, text=True,
-                          timeout=120, cwd=cwd, env=env)
+@pytest.fixture(autouse=True)
+def gossip_sim(monkeypatch):
+    monkeypatch.syspath_prepend(str(SIMS))  # what PYTHONPATH gave the process
 
 
 def _files(tmp_path):
@@ -63,19 +58,19 @@ def _files(tmp_path):
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
-def test_validate_refuses_it_naming_the_field(tmp_path, case):
+def test_validate_refuses_it_naming_the_field(cli, tmp_path, case):
     text, field = BAD[case]
     _files(tmp_path)
     (tmp_path / "scenario.yaml").write_text(text)
-    res = populace("validate", "scenario.yaml", cwd=tmp_path)
+    res = cli("validate", "scenario.yaml", cwd=tmp_path)
     assert res.returncode == 2, (case, res.stdout, res.stderr)
     assert field in res.stderr, (case, res.stderr)
 
 
-def test_demo_refuses_a_bad_edge_list_before_anything_starts(tmp_path):
+def test_demo_refuses_a_bad_edge_list_before_anything_starts(cli, tmp_path):
     _files(tmp_path)
     (tmp_path / "scenario.yaml").write_text(BAD["an edge list naming an agent that does not exist"][0])
-    res = populace("demo", "--scenario", "scenario.yaml", "--db", str(tmp_path / "x.duckdb"), cwd=tmp_path)
+    res = cli("demo", "--scenario", "scenario.yaml", "--db", str(tmp_path / "x.duckdb"), cwd=tmp_path)
     assert res.returncode == 2, (res.stdout, res.stderr)
     assert "graph.path" in res.stderr and "row 3" in res.stderr and "50 is not an agent id" in res.stderr, res.stderr
     assert "starting nats-server" not in res.stdout + res.stderr
