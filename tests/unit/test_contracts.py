@@ -131,6 +131,11 @@ INSTANCES: dict[str, BaseModel] = {
                            rounds=[c.AgentRound(round=1, values={"value": None}, valid=False, error="not a number")]),
     "AgentsReply": c.AgentsReply(ok=True, run_id="r1", total=1, limit=50, columns=["value"], rounds=[1],
                                  rounds_total=1, personas=True, agents=[c.AgentRow(agent_id=7)]),
+    # interviews (populace.sdk.interview)
+    "Question": c.Question(id="trust", text="How much do you trust the council?", labels=["none", "some", "a lot"]),
+    "Survey": c.Survey(id="s1", mode="together", questions=[c.Question(id="car", text="A car?", options=["yes", "no"])]),
+    "PlannedInterview": c.PlannedInterview(id="panel", after="every", sample=0.25, questions=[
+        c.Question(id="n", text="How many?", min=0, max=10, integer=True)]),
     "DistributionRequest": c.DistributionRequest(run_id="r1", round=3, bins=20),
     "DistributionReply": c.DistributionReply(ok=True, run_id="r1", round=3, closed=3, measure="choice",
                                              kind="categorical", n=10, options=["yes", "no"], counts=[7, 3],
