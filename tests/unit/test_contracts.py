@@ -136,6 +136,11 @@ INSTANCES: dict[str, BaseModel] = {
     "Survey": c.Survey(id="s1", mode="together", questions=[c.Question(id="car", text="A car?", options=["yes", "no"])]),
     "PlannedInterview": c.PlannedInterview(id="panel", after="every", sample=0.25, questions=[
         c.Question(id="n", text="How many?", min=0, max=10, integer=True)]),
+    "InterviewBatch": c.InterviewBatch(run_id="r1", after_round=2, host_id="h1", seq=0, survey=c.Survey(
+        id="s1", questions=[c.Question(id="car", text="A car?", options=["yes", "no"])]), agent_ids=[4, 5],
+        questions=["car", "car"], answers=["yes", None], values=[None, None], raws=['{"answer": "yes"}', "boat"],
+        valid=[True, False], errors=[None, "'boat' is not one of the options"], latency_ms=[50.0, 61.5],
+        usage=c.Usage(llm_calls=3)),
     "DistributionRequest": c.DistributionRequest(run_id="r1", round=3, bins=20),
     "DistributionReply": c.DistributionReply(ok=True, run_id="r1", round=3, closed=3, measure="choice",
                                              kind="categorical", n=10, options=["yes", "no"], counts=[7, 3],

@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from populace.core.contracts import PlannedInterview, Question, RunConfig, Survey
-from populace.core.respondents import respondents
+from populace.core.interviews import respondents
 from populace.core.scenario import format_validation_error
 from populace.sdk import interview
 from populace.sdk.llm import ASKING, CALLER, InferError, ModelUnavailable, call_tag

@@ -628,6 +628,7 @@ class RunState(Strict):
     nudged: int = 0  # times the round in play (or the spawn) was announced again for its deadline
     used: Usage = Usage()  # LLM work of the completed rounds
     last_round: Usage = Usage()  # the last completed round's: what the next one likely needs
+    interviews: Usage = Usage()  # LLM work of the planned interviews, as the hosts reported it (apart from `used`)
     # The last completed round's checkpoint objects -> the sha256 of their bytes, as their
     # writers reported them (each share its own ranges', the environment its own): a restore
     # uses an object only if it still matches. Only the orchestrator writes KV `runs`.
@@ -812,6 +813,43 @@ class OutcomeBatch(Wire):
         return self
 
 
+class InterviewBatch(Wire):
+    """~1,000 answers to one survey asked after one round: one row per (agent, question), each
+    the answer (as text: the option, the point, the number, the text), its number (Likert and
+    number questions), the model's raw text (always kept), validity, error and latency. From a
+    share that played the round (planned in the scenario) or a host a post-hoc `request` was
+    placed on. `usage`: these answers' LLM work."""
+
+    run_id: Token
+    after_round: RoundNo
+    host_id: Token
+    epoch: Epoch = 0
+    seq: Amount
+    survey: Survey
+    request: InterviewId | None = None  # a post-hoc interview's id; None: planned in the scenario
+    agent_ids: list[AgentId]
+    questions: list[InterviewId]
+    answers: list[Annotated[str, Field(max_length=MAX_ANSWER_CHARS)] | None]
+    values: list[FiniteFloat | None]
+    raws: list[str]
+    valid: list[bool]
+    errors: list[str | None]
+    latency_ms: list[Millis]
+    usage: Usage = Usage()
+
+    @model_validator(mode="after")
+    def _rows(self) -> InterviewBatch:
+        n = len(self.agent_ids)
+        if any(len(c) != n for c in (self.questions, self.answers, self.values, self.raws, self.valid, self.errors,
+                                     self.latency_ms)):
+            raise ValueError("every column of an interview batch must have one value per row")
+        asked = {q.id for q in self.survey.questions}
+        strange = set(self.questions) - asked
+        if strange:
+            raise ValueError(f"questions: {min(strange)!r} is not a question of survey {self.survey.id!r}")
+        return self
+
+
 class MailBatch(Wire):
     """Posts one share sends another: its authors' posts of `round` that the destination's
     agents hear. One message per (round, source share, destination share), or `shards` of
@@ -850,6 +888,9 @@ class RoundPartial(Wire):
     payload: JsonDoc
     epoch: Epoch = 0
     usage: Usage = Usage()
+    # interviews' LLM work the share finished since its last partial (planned ones run after a
+    # round, beside the next): counted apart from the rounds', against the same budget
+    interviews: Usage = Usage()
     # the share's checkpoint objects of this round -> the sha256 of the bytes it stored
     checkpoints: dict[CheckpointName, SHA256] = Field({}, max_length=100_000)
 
@@ -875,6 +916,7 @@ class RoundResult(Wire):
     epoch: Epoch = 0
     shares: list[str] = []  # the share keys whose partials it folded: stale if one was replaced
     usage: Usage = Usage()  # the folded shares' LLM work
+    interviews: Usage = Usage()  # the folded shares' interviews' LLM work, apart
     selection: JsonDoc | None = None  # who acts next round (populace.sdk.select); None: everyone
     world: WorldRef | None = None  # the simulation's world after the round (stored before this result)
     # share key -> the checkpoint digests its partial reported (the orchestrator keeps each
@@ -920,6 +962,8 @@ class RunRecorded(Wire):
     run_id: Token
     outcomes: int  # agent-rounds recorded
     db_path: str
+    answers: int = 0  # planned interviews' answers recorded
+    answers_missing: int = 0  # planned answers that did not come within POPULACE_INTERVIEW_WAIT_S (a host lost)
 
 
 class Progress(Wire):

@@ -145,6 +145,11 @@ def run_mail_to(rid: str, n: int, to_host: str, to_epoch: int) -> str:
     return f"run.{rid}.mail.{n}.{to_host}.{to_epoch}.*"
 
 
+def run_interviews(rid: str, n: int, host_id: str) -> str:
+    """Answers to interviews asked after round n (planned, or post hoc), from one host."""
+    return f"run.{rid}.interviews.{n}.{host_id}"
+
+
 def run_calls(rid: str, n: int, gateway_id: str) -> str:
     return f"run.{rid}.calls.{n}.{gateway_id}"
 
@@ -156,6 +161,10 @@ def run_outcomes_all(rid: str) -> str:
 
 def run_calls_all(rid: str) -> str:
     return f"run.{rid}.calls.>"
+
+
+def run_interviews_all(rid: str) -> str:
+    return f"run.{rid}.interviews.>"
 
 
 def run_round_result(rid: str, n: int) -> str:
@@ -203,6 +212,7 @@ ANY_OUTCOMES = "run.*.outcomes.*.*"
 ANY_MAIL = "run.*.mail.*.*.*.*"
 ANY_MAIL_FOR = "run.*.mail.*.{host_id}.*.*"
 ANY_CALLS = "run.*.calls.*.*"
+ANY_INTERVIEWS = "run.*.interviews.*.*"
 ANY_RECORDED = "run.*.recorded"
 ANY_PROGRESS = "progress.*.*.*"
 ANY_RUN_EVENT = "run.>"
@@ -259,8 +269,9 @@ def run_spawned_any(rid: str) -> str:
 
 # Placeholders a subscription's wildcards stand for, by the token before them (AsyncAPI titles).
 _DOC_NAMES = {"run": "run_id", "round": "round", "outcomes": "round", "partial": "round", "calls": "round",
+              "interviews": "round",
               "spawn": "host_id", "spawned": "host_id", "fault": "source"}
-_DOC_LAST = {"outcomes": "host_id", "partial": "host_id", "calls": "gateway_id"}
+_DOC_LAST = {"outcomes": "host_id", "partial": "host_id", "calls": "gateway_id", "interviews": "host_id"}
 
 
 def doc_title(subject: str) -> str:

@@ -444,20 +444,25 @@ async def ask(sim: Simulation, respondents: Sequence[tuple[int, dict[str, Any]]]
             task.cancel()
 
 
-def chosen_states(data: bytes | Sequence[dict], *, seed: int, survey_id: str, sample: float | None = None,
-                  agents: Sequence[int] | None = None) -> list[tuple[int, dict[str, Any]]]:
-    """The states, among checkpoint chunks, of the agents that answer a survey: every agent, a
-    seeded `sample` share of them (the same share after every round: a panel), or `agents`."""
+def choose(states: Sequence[tuple[int, dict[str, Any]]], *, seed: int, survey_id: str,
+           sample: float | None = None, agents: Sequence[int] | None = None) -> list[tuple[int, dict[str, Any]]]:
+    """Those of `states` (agent id, state) whose agents answer a survey: every agent, a seeded
+    `sample` share of them (the same share after every round: a panel), or `agents`."""
     import numpy as np
 
-    from populace.core.respondents import chosen
+    from populace.core.interviews import chosen
 
-    states = thawed(data)
     if sample is None and agents is None:
-        return states
+        return list(states)
     ids = np.fromiter((aid for aid, _ in states), dtype=np.int64, count=len(states))
     mask = chosen(ids, seed=seed, survey_id=survey_id, sample=sample, agents=agents)
     return [st for st, keep in zip(states, mask.tolist(), strict=True) if keep]
+
+
+def chosen_states(data: bytes | Sequence[dict], *, seed: int, survey_id: str, sample: float | None = None,
+                  agents: Sequence[int] | None = None) -> list[tuple[int, dict[str, Any]]]:
+    """`choose` among the states held in checkpoint chunks (see `thawed`)."""
+    return choose(thawed(data), seed=seed, survey_id=survey_id, sample=sample, agents=agents)
 
 
 __all__ = ["SYSTEM", "Answer", "Question", "Rows", "Survey", "answer_one", "ask", "copy_of", "digest", "judge",

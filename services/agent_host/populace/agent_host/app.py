@@ -20,6 +20,7 @@ from populace.core.contracts import (
     HostInfo,
     HostSpawned,
     InferBatch,
+    InterviewBatch,
     MailBatch,
     OutcomeBatch,
     Progress,
@@ -78,6 +79,7 @@ class AgentHost:
         if self.heartbeat:
             await self.heartbeat.stop()
         if self.runtime:
+            self.runtime.interviews.cancel_all()
             for rid in list(self.runtime.runs):
                 self.runtime.forget(rid)
 
@@ -162,6 +164,8 @@ class AgentHost:
         """A run stopped (completed, failed, cancelled, paused): its round in play stops, its
         agents go (not those of a resume that already placed them again)."""
         self.runtime.forget(done.run_id, up_to_epoch=done.epoch)  # type: ignore[union-attr]
+        if done.status != "completed":  # a completed run's interviews go on: the recorder waits for them
+            self.runtime.interviews.cancel(done.run_id)  # type: ignore[union-attr]
 
 
 def create(settings: Settings | None = None) -> Service:
@@ -179,6 +183,7 @@ def create(settings: Settings | None = None) -> Service:
     svc.publishes(subjects.ANY_SPAWNED, HostSpawned, "this host created its agents of a run")
     svc.publishes(subjects.ANY_OUTCOMES, OutcomeBatch, "~1,000 agents' outcomes of a round, columnar")
     svc.publishes(subjects.ANY_MAIL, MailBatch, "posts of a round for another share's agents (a run with a graph)")
+    svc.publishes(subjects.ANY_INTERVIEWS, InterviewBatch, "answers to interviews asked after a round, in batches")
     svc.publishes(subjects.ANY_PARTIAL, RoundPartial, "this host's reduced round, after all its outcomes are stored")
     svc.publishes(subjects.ANY_FAULT, RunFault, "this host cannot host the run or its simulation failed")
     svc.publishes(subjects.ANY_PROGRESS, Progress, "core NATS, not stored: outcomes answered so far")
