@@ -547,6 +547,31 @@ class RunResume(Strict):
     _tok = field_validator("run_id")(_check_token)
 
 
+class InterviewRequest(Strict):
+    """Ask a survey after the fact, of a run's agents as they were after `after_round`: every
+    agent, a seeded `sample` share of them, or `agents` (`populace interview`). It plays no
+    round and writes no checkpoint: agent-hosts answer from the round's verified checkpoint,
+    each agent on a copy. `request` names it (its answers' `request` column)."""
+
+    v: Literal[1] = SCHEMA_VERSION
+    run_id: RunId
+    request: InterviewId
+    after_round: int = Field(ge=1, le=10_000)
+    survey: Survey
+    sample: FiniteFloat | None = Field(None, gt=0, le=1)
+    agents: list[Annotated[int, BeforeValidator(_not_bool), Field(ge=0, lt=100_000_000)]] | None = Field(
+        None, min_length=1, max_length=1_000_000)
+    requested_at: float = Field(default_factory=time.time)
+
+    _tok = field_validator("run_id")(_check_token)
+
+    @model_validator(mode="after")
+    def _who(self) -> InterviewRequest:
+        if self.sample is not None and self.agents is not None:
+            raise ValueError("sample, agents: give one of them (or neither: every agent)")
+        return self
+
+
 class HostInfo(Strict):
     """An agent-host's registry entry (KV `hosts`), refreshed by heartbeats."""
 
@@ -848,6 +873,46 @@ class InterviewBatch(Wire):
         if strange:
             raise ValueError(f"questions: {min(strange)!r} is not a question of survey {self.survey.id!r}")
         return self
+
+
+class InterviewOrder(Wire):
+    """The orchestrator's order to one agent-host: its agents of `ranges` (those the request
+    chooses) answer `request`'s survey from the checkpoint `restore` names (verified against
+    its digests), with the run's config (its simulation, model, personas)."""
+
+    run_id: Token
+    host_id: Token
+    request: InterviewId
+    after_round: RoundNo
+    survey: Survey
+    sample: FiniteFloat | None = None
+    agents: list[AgentId] | None = None
+    ranges: list[tuple[AgentId, Amount]]
+    restore: Restore
+    config: RunConfig
+
+
+class InterviewPlaced(Wire):
+    """A post-hoc interview placed (`hosts`: host id -> its ranges; `expected`: answers the
+    request will have), or refused with `error` (nothing is asked)."""
+
+    run_id: Token
+    request: InterviewId
+    after_round: int = Field(ge=0)
+    survey: Survey | None = None
+    hosts: dict[str, list[tuple[AgentId, Amount]]] = {}
+    expected: Amount = 0
+    error: str | None = Field(None, max_length=4000)
+    placed_at: float
+
+
+class InterviewsRecorded(Wire):
+    """Every answer of a post-hoc interview is in DuckDB (`populace interview` reads them)."""
+
+    run_id: Token
+    request: InterviewId
+    answers: Amount
+    db_path: str
 
 
 class MailBatch(Wire):

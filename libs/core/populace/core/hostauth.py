@@ -35,6 +35,7 @@ NARROWINGS = (
     ('"$KV.hosts.>"', '"$KV.hosts.{id}"'),
     ('"_INBOX_agent-host.>"', '"_INBOX_{id}.>"'),
     ('"run.*.spawn.*"', '"run.*.spawn.{id}"'),
+    ('"run.*.ask.*"', '"run.*.ask.{id}"'),  # post-hoc interview orders
     ('"$KV.services.agent-host.*"', '"$KV.services.agent-host.{id}"'),  # its liveness entry
     ('"$O.checkpoints.C.*.>"', '"$O.checkpoints.C.{id}.>"'),  # its checkpoints' chunks
     # its mail read back from RUN: one consumer of its own name, its own mail only

@@ -21,6 +21,7 @@ from populace.core.contracts import (
     HostSpawned,
     InferBatch,
     InterviewBatch,
+    InterviewOrder,
     MailBatch,
     OutcomeBatch,
     Progress,
@@ -160,6 +161,11 @@ class AgentHost:
         if why is not None:
             raise Refused(why)
 
+    async def on_ask(self, order: InterviewOrder) -> None:
+        """A post-hoc interview's order (placed by the orchestrator): this host's ranges answer
+        it from the round's checkpoint, in a task of its own (spawns and rounds go on)."""
+        self.runtime.interviews.order(order, self.load_cast)  # type: ignore[union-attr]
+
     async def on_done(self, done: RunDone) -> None:
         """A run stopped (completed, failed, cancelled, paused): its round in play stops, its
         agents go (not those of a resume that already placed them again)."""
@@ -180,6 +186,7 @@ def create(settings: Settings | None = None) -> Service:
     svc.handle(subjects.ANY_ROUND_OPEN, RoundOpen, no_reply=True)(host.on_round_open)
     svc.handle(subjects.ANY_RUN_DONE, RunDone, no_reply=True)(host.on_done)
     svc.handle(subjects.any_mail_for(host.host_id), MailBatch, no_reply=True)(host.on_mail)
+    svc.handle(subjects.any_ask_for(host.host_id), InterviewOrder, no_reply=True)(host.on_ask)
     svc.publishes(subjects.ANY_SPAWNED, HostSpawned, "this host created its agents of a run")
     svc.publishes(subjects.ANY_OUTCOMES, OutcomeBatch, "~1,000 agents' outcomes of a round, columnar")
     svc.publishes(subjects.ANY_MAIL, MailBatch, "posts of a round for another share's agents (a run with a graph)")

@@ -16,13 +16,16 @@ from typing import Any
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from populace.core import bus, logs, subjects
-from populace.core.contracts import InterviewBatch, PlannedInterview, Survey, Usage
+from populace.core import bus, checkpoints, logs, subjects
+from populace.core.contracts import InterviewBatch, InterviewOrder, PlannedInterview, Survey, Usage
 from populace.core.settings import Settings
+from populace.population.cast import Cast
 from populace.sdk import interview
 from populace.sdk.hosting import HostedRun
 from populace.sdk.llm import ModelUnavailable
 from populace.sdk.nats_llm import InferSession
+from populace.sdk.play import RoundPlayer
+from populace.sdk.registry import resolve
 
 log = logs.get("populace.agent_host")
 
@@ -108,6 +111,33 @@ class Interviewer:
     def cancel_all(self) -> None:
         for run_id in list(self._tasks):
             self.cancel(run_id)
+
+    def order(self, order: InterviewOrder, load_cast: Callable[[Any], Awaitable[Cast | None]]) -> None:
+        """Answer a post-hoc interview's order, in a task of its own."""
+        task = asyncio.get_running_loop().create_task(self._ordered(order, load_cast))
+        tasks = self._tasks.setdefault(f"ask:{order.run_id}", set())
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    async def _ordered(self, order: InterviewOrder, load_cast: Callable[[Any], Awaitable[Cast | None]]) -> None:
+        """No agent of the run is built: each chosen agent answers from a copy made from its
+        state in the checkpoint (verified against the digests the order carries)."""
+        r = order.restore
+        try:
+            resolved = resolve(order.config)
+            sim = resolved.instance(order.run_id, await load_cast(order))
+            run = HostedRun(order.run_id, resolved, sim, type(sim).Env(sim), [], RoundPlayer(sim, []),
+                            ranges=list(order.ranges))
+            states = await checkpoints.load_agents(self.js, r.run_id, r.round, r.ranges, order.ranges, r.digests)
+            chosen = interview.choose(sorted(states.items()), seed=order.config.seed, survey_id=order.survey.id,
+                                      sample=order.sample, agents=order.agents)
+            del states
+            await self.ask(run, order.after_round, chosen, order.survey, request=order.request)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # the asker waits for the answers: said in the log, where it looks
+            log.error("interview_failed", run_id=order.run_id, request=order.request, after_round=order.after_round,
+                      error=f"{type(err).__name__}: {err}")
 
     async def _planned(self, run: HostedRun, round_: int, states: States, plans: list[PlannedInterview]) -> None:
         seed = run.resolved.config.seed

@@ -25,6 +25,9 @@ from pydantic import BaseModel, ValidationError
 from populace.core import bus, checkpoints, metrics, objects, subjects, telemetry
 from populace.core.contracts import (
     InterviewBatch,
+    InterviewOrder,
+    InterviewPlaced,
+    InterviewsRecorded,
     LlmCallBatch,
     OutcomeBatch,
     RoundResult,
@@ -49,7 +52,7 @@ DESCRIPTION = ("Writes every run event to DuckDB exactly once (each simulation's
 RECORDED: dict[str, type[BaseModel]] = {
     "started": RunStarted, "spawn": SpawnBatch, "outcomes": OutcomeBatch,
     "round.result": RoundResult, "done": RunDone, "calls": LlmCallBatch, "resumed": RunResumed,
-    "interviews": InterviewBatch,
+    "interviews": InterviewBatch, "ask": InterviewOrder, "asked": InterviewPlaced,
 }
 # Short, so that what a killed recorder had fetched and not acknowledged is redelivered to
 # its successor within seconds; a long ingest says "in progress" meanwhile.
@@ -319,6 +322,8 @@ class Recorder:
         for done in result.finished:
             self.finished[done.run_id] = done
             self.done_at.setdefault(done.run_id, time.monotonic())
+        if result.answers or any(e.kind == "asked" for e, _ in parsed):
+            await self.announce_interviews()
         await self.announce_complete()
 
     async def ack(self, raws: list[Msg], settle: bool) -> None:
@@ -371,6 +376,16 @@ class Recorder:
         if not self.active and not self.finished and not self.reads.in_progress:
             self.store.close()
 
+    async def announce_interviews(self) -> None:
+        """Each post-hoc interview whose answers are all in: `run.<rid>.interviewed.<request>`."""
+        for rid, request, answers in await asyncio.to_thread(self.store.interviews.complete_requests):
+            await bus.publish_js(self.svc.js, subjects.run_interviewed(rid, request),
+                                 InterviewsRecorded(run_id=rid, request=request, answers=answers,
+                                                    db_path=self.store.path),
+                                 msg_id=f"{rid}.interviewed.{request}")
+            self.svc.log.info("interview_recorded", run_id=rid, request=request, answers=answers)
+        self.release_if_idle()
+
     async def announce_complete(self) -> None:
         for rid in list(self.finished):
             got, expected = await asyncio.to_thread(self.store.completeness, rid, self.finished[rid].rounds)
@@ -422,6 +437,7 @@ def create(settings: Settings | None = None) -> Service:
                            (subjects.ANY_INTERVIEWS, InterviewBatch)):
         svc.consumes(subject, model, "durable pull consumer `recorder` on the RUN stream, acked after commit")
     svc.publishes(subjects.ANY_RECORDED, RunRecorded, "every outcome of a finished run is in DuckDB")
+    svc.publishes(subjects.ANY_INTERVIEWED, InterviewsRecorded, "every answer of a post-hoc interview is in DuckDB")
     svc.publishes(subjects.ANY_FAULT, RunFault, "the database's disk is full: the runs being recorded pause")
     return svc
 

@@ -17,23 +17,16 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from populace.core.contracts import InterviewBatch, PlannedInterview, RunConfig, Survey
+from populace.core.contracts import (
+    InterviewBatch,
+    InterviewOrder,
+    InterviewPlaced,
+    PlannedInterview,
+    RunConfig,
+    Survey,
+)
 from populace.core.interviews import chosen, expected, fits
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS interviews (
-    run_id VARCHAR, after_round INTEGER, survey VARCHAR, question VARCHAR, agent_id BIGINT, answer VARCHAR,
-    value DOUBLE, raw VARCHAR, valid BOOLEAN, error VARCHAR, latency_ms DOUBLE, request VARCHAR, host_id VARCHAR
-);
-CREATE TABLE IF NOT EXISTS interview_questions (
-    run_id VARCHAR, after_round INTEGER, survey VARCHAR, request VARCHAR, mode VARCHAR, position INTEGER,
-    question VARCHAR, kind VARCHAR, text VARCHAR, spec JSON
-);
-CREATE TABLE IF NOT EXISTS interview_usage (
-    run_id VARCHAR, after_round INTEGER, survey VARCHAR, request VARCHAR, host_id VARCHAR, llm_calls BIGINT,
-    prompt_tokens BIGINT, completion_tokens BIGINT, infra_retries BIGINT
-);
-"""
 _SCHEMA = pa.schema([("run_id", pa.string()), ("after_round", pa.int32()), ("survey", pa.string()),
                      ("question", pa.string()), ("agent_id", pa.int64()), ("answer", pa.string()),
                      ("value", pa.float64()), ("raw", pa.string()), ("valid", pa.bool_()), ("error", pa.string()),
@@ -195,6 +188,41 @@ class InterviewStore:
         finally:
             con.unregister("interview_rows")
         return n
+
+    def placed(self, m: InterviewPlaced) -> None:
+        """A post-hoc request placed (or refused): what it will have, for its announcement."""
+        con = self.con
+        if con.execute("SELECT count(*) FROM interview_requests WHERE run_id = ? AND request = ?",
+                       [m.run_id, m.request]).fetchone()[0]:
+            return
+        con.execute("INSERT INTO interview_requests VALUES (?, ?, ?, ?, ?, ?, to_timestamp(?), NULL)",
+                    [m.run_id, m.request, m.after_round, m.survey.id if m.survey else None, m.expected, m.error,
+                     m.placed_at])
+
+    def ordered(self, m: InterviewOrder) -> None:
+        self.con.execute("INSERT INTO _interview_orders VALUES (?, ?, ?, ?)",
+                         [m.run_id, m.request, m.host_id, json.dumps(m.ranges)])
+
+    def order_ranges(self, run_id: str, request: str, host_id: str) -> list[tuple[int, int]] | None:
+        rows = self.con.execute("SELECT ranges FROM _interview_orders WHERE run_id = ? AND request = ? AND host_id = ?",
+                                [run_id, request, host_id]).fetchall()
+        if not rows:
+            return None
+        return [tuple(r) for row in rows for r in json.loads(row[0])]
+
+    def complete_requests(self) -> list[tuple[str, str, int]]:
+        """(run, request, answers) of the placed requests whose answers are all in, marked
+        recorded (each is announced once)."""
+        con = self.con
+        done = con.execute(
+            "SELECT q.run_id, q.request, count(i.agent_id) AS got FROM interview_requests q "
+            "LEFT JOIN interviews i ON i.run_id = q.run_id AND i.request = q.request "
+            "WHERE q.recorded_at IS NULL AND q.error IS NULL GROUP BY q.run_id, q.request, q.expected "
+            "HAVING count(i.agent_id) >= q.expected").fetchall()
+        for run_id, request, _ in done:
+            con.execute("UPDATE interview_requests SET recorded_at = now() WHERE run_id = ? AND request = ?",
+                        [run_id, request])
+        return [(r, q, int(n)) for r, q, n in done]
 
     def resumed(self, run_id: str, after_round: int) -> None:
         """Rounds after `after_round` are played again: their planned answers go (asked again)."""

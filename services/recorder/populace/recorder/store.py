@@ -22,8 +22,11 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
+from populace.analysis.interviews import SCHEMA as INTERVIEWS_SCHEMA
 from populace.core.contracts import (
     InterviewBatch,
+    InterviewOrder,
+    InterviewPlaced,
     LlmCallBatch,
     OutcomeBatch,
     RoundResult,
@@ -38,7 +41,6 @@ from populace.core.contracts import (
 from populace.population.errors import PopulationError
 from populace.population.jsonl import iter_personas
 from populace.recorder.expected import RunShape, calls_refusal, outcome_refusal
-from populace.recorder.interviews import SCHEMA as INTERVIEWS_SCHEMA
 from populace.recorder.interviews import InterviewStore
 
 SCHEMA = """
@@ -382,6 +384,10 @@ class Store:
                 m = e.model
                 if isinstance(m, OutcomeBatch):
                     outcomes[m.run_id].append((e.msg_id, m))
+                elif isinstance(m, InterviewPlaced):
+                    self.interviews.placed(m)
+                elif isinstance(m, InterviewOrder):
+                    self.interviews.ordered(m)
                 elif isinstance(m, InterviewBatch):
                     answers = self._insert_answers(m)
                     if isinstance(answers, str):
@@ -499,6 +505,10 @@ class Store:
         config = self.interviews.config_of(b.run_id)
         if config is None:
             return f"run {b.run_id} was never started here"
+        if b.request is not None:
+            ranges = self.interviews.order_ranges(b.run_id, b.request, b.host_id)
+            why = self.interviews.refusal(b, None, [], config, order_ranges=ranges)
+            return why if why is not None else self.interviews.insert(b, config.agents)
         share = self.shares_of(b.run_id).get(share_key(b.host_id, b.epoch))
         if b.request is None and share is not None and not (share.from_round - 1 <= b.after_round
                                                              and share.counts_in(b.after_round)):
