@@ -115,3 +115,119 @@ def test_a_planned_panel_on_the_fleet_answers_as_one_process(stack, tmp_path):
     # the interviews' calls are counted apart: one per question for the panel, one per agent for `exit`
     assert calls[0] == here.interview_calls == len(panel[1]) * 2 * 3 + 120
     assert round_calls[0] == 120 * 3
+
+
+TRUST = {"id": "trust", "text": "How much do you trust the people you talk to?",
+         "labels": ["not at all", "a little", "somewhat", "a lot"]}
+CARS = {"id": "cars", "text": "Should cars be banned from the centre?", "options": ["yes", "no", "unsure"]}
+
+
+def test_a_post_hoc_interview_of_a_recorded_opinion_run_answers_as_one_process(stack, tmp_path):
+    from populace.client import InterviewRefused, interview
+    from populace.core.contracts import Survey
+
+    prepared = scenario(tmp_path, "opinion.yaml", agents=60, model={"latency_s": 0.01, "seed": 2})
+    out = fleet(stack, prepared)
+    assert out.status == "completed", out.reason
+    survey = Survey(id="after", questions=[TRUST, CARS])
+    answers = interview(out.run_id, after_round=2, survey=survey, nats=stack.url, db=stack.db)
+    here = local(prepared)
+    from populace.sdk.local import interview_local
+
+    expected = asyncio.run(interview_local(here, 2, survey))
+    got = answers.to_pydict()
+    keys = ("agent_id", "question", "answer", "value", "raw", "valid")
+    assert [tuple(got[k][i] for k in keys) for i in range(answers.num_rows)] == \
+        sorted(tuple(expected[k][i] for k in keys) for i in range(len(expected["agent_id"])))
+    assert answers.num_rows == 60 * 2 and set(got["after_round"]) == {2} and len(set(got["request"])) == 1
+    # a sample: the same share drawn on the fleet and here
+    some = interview(out.run_id, after_round=1, survey=survey, sample=0.25, nats=stack.url, db=stack.db)
+    assert sorted(set(some["agent_id"].to_pylist())) == sorted(set(asyncio.run(
+        interview_local(here, 1, survey, sample=0.25))["agent_id"]))
+    # nothing of the run changed: its rounds and outcomes are as recorded, no round was played
+    with duckdb.connect(stack.db, read_only=True) as con:
+        rounds = con.execute("SELECT count(*) FROM opinion_rounds WHERE run_id = ?", [out.run_id]).fetchone()[0]
+    assert rounds == prepared.config.rounds
+    # bad input is refused before anything is asked, naming the flag
+    for kwargs, says in (({"after_round": 9}, "--after-round: round 9 is beyond the run's last (4)"),
+                         ({"after_round": 2, "agents": [3, 60]}, "--agents: agent 60 is not in the run"),
+                         ({"after_round": 2, "sample": 1.5}, "--sample: 1.5 is outside (0, 1]")):
+        with pytest.raises(InterviewRefused, match=says.replace("(", r"\(").replace(")", r"\)")):
+            interview(out.run_id, survey=survey, nats=stack.url, **kwargs)
+    with pytest.raises(InterviewRefused, match="RUN: run nope is not known"):
+        interview("nope", after_round=1, survey=survey, nats=stack.url)
+
+
+def test_the_orchestrator_refuses_what_it_cannot_verify(stack, tmp_path):
+    """A round whose checkpoint was pruned, and a survey id the scenario plans: the orchestrator
+    says why (InterviewPlaced.error), and no host is asked."""
+    from populace.client import InterviewRefused, interview
+    from populace.core import checkpoints
+    from populace.core.contracts import Survey
+
+    prepared = scenario(tmp_path, "vote.yaml", agents=30, interviews=PANEL[:1], model={"latency_s": 0.0, "seed": 1})
+    out = fleet(stack, prepared)
+    assert out.status == "completed", out.reason
+
+    async def prune():
+        nc = await bus.connect(stack.url, "e2e-prune")
+        try:
+            return await checkpoints.prune(nc.jetstream(), out.run_id, "last")
+        finally:
+            await nc.close()
+
+    assert asyncio.run(prune()) > 0
+    survey = Survey(id="later", questions=[CARS])
+    with pytest.raises(InterviewRefused, match="--after-round: round 1's checkpoint cannot be used: checkpoint "
+                                               f"{out.run_id}.1.agents.0 is not in the object store"):
+        interview(out.run_id, after_round=1, survey=survey, nats=stack.url)
+    with pytest.raises(InterviewRefused, match="survey.id: 'panel' is a survey the scenario plans"):
+        interview(out.run_id, after_round=3, survey=survey.model_copy(update={"id": "panel"}), nats=stack.url)
+    assert interview(out.run_id, after_round=3, survey=survey, nats=stack.url, db=stack.db).num_rows == 30
+
+
+def populace(*args: str, timeout: float = 300):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "populace.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_the_cli_asks_on_the_fleet_and_locally_with_identical_answers(stack, tmp_path):
+    """`populace interview` of a recorded opinion run on the stack, and of the same scenario with
+    --local, give the same distribution per group; `populace results --interviews` shows a
+    planned panel with the interviews' LLM work apart."""
+    import json
+
+    data = {**yaml.safe_load((EXAMPLES / "opinion.yaml").read_text()), "agents": 50,
+            "model": {"latency_s": 0.0, "seed": 7}}
+    path = EXAMPLES / f".{tmp_path.name}-cli.yaml"
+    path.write_text(yaml.safe_dump(data))
+    try:
+        out = fleet(stack, prepare_file(path))
+        assert out.status == "completed", out.reason
+        ask = ("--after-round", "3", "--question", "Should cars be banned?", "--options", "yes,no,unsure",
+               "--by", "education", "--json")
+        on_fleet = populace("interview", out.run_id, *ask, "--nats", stack.url, "--db", stack.db)
+        assert on_fleet.returncode == 0, on_fleet.stderr
+        here = populace("interview", str(path), "--local", *ask)
+        assert here.returncode == 0, here.stderr
+    finally:
+        path.unlink()
+    keys = ("group", "option", "n", "count", "share")
+    rows = [{k: r[k] for k in keys} for r in json.loads(on_fleet.stdout)["rows"]]
+    assert rows == [{k: r[k] for k in keys} for r in json.loads(here.stdout)["rows"]]
+    assert {r["group"] for r in rows} >= {"Ph.D.", "high school"} and sum(r["count"] for r in rows) == 50
+    bad = populace("interview", out.run_id, "--after-round", "9", "--question", "Why?", "--nats", stack.url)
+    assert bad.returncode == 2 and "--after-round: round 9 is beyond the run's last (4)" in bad.stderr
+
+    panel = scenario(tmp_path, "vote.yaml", agents=40, interviews=PANEL, model={"latency_s": 0.0, "seed": 3})
+    voted = fleet(stack, panel)
+    shown = populace("results", voted.run_id, "--interviews", "--by", "education", "--db", stack.db, "--nats",
+                     stack.url)
+    assert shown.returncode == 0, shown.stderr
+    assert "panel/trust (likert): How much do you trust the other voters?" in shown.stdout
+    assert f"{voted.run_id}: interviews: {voted.recorded.answers:,} answers" in shown.stdout
+    plain = populace("results", voted.run_id, "--db", stack.db, "--nats", stack.url)
+    assert "apart from the rounds' LLM work above" in plain.stdout

@@ -15,7 +15,7 @@ from typing import Annotated, Literal, get_args
 import typer
 from pydantic import ValidationError
 
-from populace.cli import display, nodes
+from populace.cli import display, interviews, nodes
 from populace.client.prepare import PreparedRun, parse_config, prepare, prepare_file
 from populace.core import bus, serve
 from populace.core.contracts import ModelConfig
@@ -47,6 +47,7 @@ auth_app = typer.Typer(help="NATS users (deploy/nats/auth.conf).", no_args_is_he
 app.add_typer(auth_app, name="auth")
 # `populace node` is the daemon (one per machine); `populace nodes …` asks nodes for things
 app.command("node")(nodes.node)
+app.command("interview")(interviews.interview)
 app.add_typer(nodes.nodes_app, name="nodes")
 
 
@@ -730,6 +731,9 @@ def results(
     json_out: Annotated[bool, typer.Option("--json", help="print JSON (for scripts) instead of tables")] = False,
     db: Annotated[str, typer.Option(help="DuckDB file")] = "populace.duckdb",
     nats: Annotated[str, typer.Option("--nats", envvar=NATS_ENV, help=NATS_LIVE_HELP)] = NATS_DEFAULT,
+    interviews_: Annotated[bool, typer.Option("--interviews", help="the runs' interviews instead: each question's "
+                                                                  "answers (--by: per group; --round: after that "
+                                                                  "round; several runs: across them too)")] = False,
 ) -> None:
     """Per-round statistics of each run's measure (mean … max, or each option's share), its
     simulation's round summary and its LLM work: answers in, valid, the model's invalid answers
@@ -737,16 +741,20 @@ def results(
     fork: beside its parent's); or (--by) the mean, or each option's share, per group with 95% CIs."""
     from populace.analysis import call_stats, fork_table, group_table, model_of, round_table, run_info, total_calls
 
+    if interviews_:
+        return _interview_results(run_ids, by, round_, json_out, db, nats)
     if round_ is not None and by is None:
         fail("--round: only with --by (the per-round table shows every round)")
     # what a script needs to read the rows: the run's simulation, measure and summary titles
     head = ("run_id", "name", "simulation", "status", "measure", "measure_kind", "grouped", "equilibrium",
-            "outcome_table", "summary_table", "labels", "usage", "graph")
+            "outcome_table", "summary_table", "labels", "usage", "graph", "interviews")
     with _db(db, run_ids, nats) as con:
         ids = _run_ids(con, run_ids)
         if by is None:
-            runs = [(run_info(con, rid), round_table(con, rid), fork_table(con, rid), call_stats(con, rid))
-                    for rid in ids]
+            from populace.analysis.interviews import interview_usage
+
+            runs = [({**run_info(con, rid), "interviews": interview_usage(con, rid)}, round_table(con, rid),
+                     fork_table(con, rid), call_stats(con, rid)) for rid in ids]
         else:
             rows = group_table(con, ids, by, round=round_)
             info = run_info(con, ids[0])
@@ -768,6 +776,8 @@ def results(
             llm = display.llm_table(rows, calls, f"LLM work — {display.model_line(model_of(info, calls))}")
             if llm is not None:
                 display.out.print(llm)
+            if line := interviews.usage_line(info.get("interviews")):
+                display.out.print(line, markup=False, highlight=False)
             if fork is not None:  # a fork is read against its parent: the intervention's effect
                 display.out.print(display.fork_heading(fork), markup=False, highlight=False)
                 display.out.print(display.fork_table(fork, info))
@@ -780,6 +790,35 @@ def results(
     what = f"share of each {noun}" if info["measure_kind"] == "categorical" else f"mean {noun}"
     title = f"{what} by {by}" + (f", round {round_}" if round_ else ", last round") + f" — {', '.join(ids)}"
     display.out.print(display.group_table(rows, by, title, across_runs=len(ids) > 1))
+
+
+def _interview_results(run_ids: list[str], by: str | None, round_: int | None, json_out: bool, db: str,
+                       nats: str) -> None:
+    """`results --interviews`: each question's answers (Wilson shares, Student-t means), per group."""
+    from populace.analysis.interviews import has_interviews, interview_table, interview_usage
+
+    with _db(db, run_ids, nats) as con:
+        ids = _run_ids(con, run_ids)
+        if not has_interviews(con, ids):
+            fail(f"--interviews: run(s) {', '.join(ids)} have no interview answers (plan them in the scenario's "
+                 "`interviews:`, or ask with `populace interview`)")
+        try:
+            rows = interview_table(con, ids, by=by, after_round=round_)
+        except Exception as err:  # AnalysisError: an attribute no agent has
+            fail(f"--by: {err}")
+        usage = {rid: interview_usage(con, rid) for rid in ids}
+    if json_out:
+        print(json.dumps({"runs": ids, "by": by, "round": round_, "interviews": rows, "usage": usage}, default=str,
+                         indent=1))
+        return
+    if not rows:
+        fail(f"--round: no question was asked after round {round_}")
+    title = ", ".join(ids)
+    for table in interviews.interview_tables(rows, title, by, across_runs=len(ids) > 1):
+        display.out.print(table)
+    for rid in ids:
+        if line := interviews.usage_line(usage[rid]):
+            display.out.print(f"{rid}: {line}", markup=False, highlight=False)
 
 
 @app.command()

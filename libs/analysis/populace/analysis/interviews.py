@@ -104,10 +104,11 @@ def has_interviews(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> bo
                             [list(run_ids)]).fetchone()[0])
 
 
-def interview_questions(con: duckdb.DuckDBPyConnection, run_ids: str | Sequence[str]) -> list[dict]:
-    """One dict per question asked in the runs, in the order asked: ``survey, question, kind,
-    text, spec`` (its definition), ``rounds`` (after which it was asked), ``requests`` (post-hoc
-    ids; empty: planned), ``mode``."""
+def interview_questions(con: duckdb.DuckDBPyConnection, run_ids: str | Sequence[str],
+                        request: str | None = None) -> list[dict]:
+    """One dict per question asked in the runs (or by one post-hoc `request`), in the order
+    asked: ``survey, question, kind, text, spec`` (its definition), ``rounds`` (after which it
+    was asked), ``requests`` (post-hoc ids; empty: planned), ``mode``."""
     run_ids = _check_runs(con, [run_ids] if isinstance(run_ids, str) else run_ids)
     if not _has_table(con, "interview_questions"):
         return []
@@ -116,7 +117,8 @@ def interview_questions(con: duckdb.DuckDBPyConnection, run_ids: str | Sequence[
         "list(DISTINCT after_round ORDER BY after_round), list(DISTINCT request) FILTER (WHERE request IS NOT NULL), "
         "min(after_round), min(position) "
         "FROM interview_questions WHERE run_id IN (SELECT unnest($1)) AND position >= 0 "
-        "GROUP BY survey, question ORDER BY min(after_round), survey, min(position)", [run_ids]).fetchall()
+        "AND ($2 IS NULL OR request = $2) "
+        "GROUP BY survey, question ORDER BY min(after_round), survey, min(position)", [run_ids, request]).fetchall()
     return [{"survey": s, "question": qid, "kind": kind, "text": text, "spec": json.loads(spec), "mode": mode,
              "rounds": list(rounds), "requests": sorted(requests or [])}
             for s, qid, kind, text, spec, mode, rounds, requests, _, _ in rows]
@@ -155,7 +157,8 @@ def _group_order(order: list[str], found: set[str]) -> list[str]:
 
 
 def interview_table(con: duckdb.DuckDBPyConnection, run_ids: str | Sequence[str], *, by: str | None = None,
-                    after_round: int | None = None, survey: str | None = None, level: float = LEVEL) -> list[dict]:
+                    after_round: int | None = None, survey: str | None = None, request: str | None = None,
+                    level: float = LEVEL) -> list[dict]:
     """Per question (each after its last round asked, or `after_round`) and group ("all"
     without `by`), over the valid answers:
 
@@ -168,7 +171,8 @@ def interview_table(con: duckdb.DuckDBPyConnection, run_ids: str | Sequence[str]
       ``seed_ci_low``, ``seed_ci_high`` (Student-t across runs; shares cut to [0, 1]).
     """
     run_ids = _check_runs(con, [run_ids] if isinstance(run_ids, str) else run_ids)
-    questions = [q for q in interview_questions(con, run_ids) if survey is None or q["survey"] == survey]
+    questions = [q for q in interview_questions(con, run_ids, request)
+                 if survey is None or q["survey"] == survey]
     if not questions:
         return []
     labels, params, order = _labels(con, run_ids, by)
@@ -180,12 +184,12 @@ def interview_table(con: duckdb.DuckDBPyConnection, run_ids: str | Sequence[str]
         if after_round is not None and after_round not in rounds:
             continue
         k = after_round if after_round is not None else rounds[-1]
-        p = {**params, "survey": qd["survey"], "question": qd["question"], "round": k}
+        p = {**params, "survey": qd["survey"], "question": qd["question"], "round": k, "request": request}
         base = f"""WITH g AS ({labels})
                    SELECT i.run_id, g.label, i.valid, i.answer, i.value FROM interviews i
                    JOIN g ON g.run_id = i.run_id AND g.agent_id = i.agent_id
                    WHERE i.run_id IN (SELECT unnest($runs)) AND i.survey = $survey AND i.question = $question
-                     AND i.after_round = $round"""
+                     AND i.after_round = $round AND ($request IS NULL OR i.request = $request)"""
         counts = con.execute(f"""WITH b AS ({base})
             SELECT label, run_id, count(*) AS asked, count(*) FILTER (WHERE valid) AS valid,
                    avg(value) FILTER (WHERE valid) AS mean, stddev_samp(value) FILTER (WHERE valid) AS std
