@@ -314,3 +314,27 @@ def usage_line(u: dict | None) -> str | None:
     return (f"interviews: {u['answers']:,} answers ({u['valid']:,} valid), {u['llm_calls']:,} LLM calls, "
             f"{u['prompt_tokens'] + u['completion_tokens']:,} tokens ({u['prompt_tokens']:,} prompt, "
             f"{u['completion_tokens']:,} completion) — apart from the rounds' LLM work above")
+
+
+def reference_table(rows: list[dict], title: str) -> Table:
+    """Simulated beside reference per question and group: the sample sizes, the most different
+    answer's shares (or the means), the distance and its 95% bootstrap interval."""
+    from rich.text import Text
+
+    t = Table(title=Text(title), title_justify="left")
+    for col in ("question", "group", "simulated", "reference", "shares or means (sim / ref)", "distance", "value",
+                "95% bootstrap CI"):
+        t.add_column(col, justify="left" if col in ("question", "group", "distance") else "right")
+    for r in rows:
+        if r["kind"] == "number":
+            shown = f"{fmt(r.get('mean_sim'))} / {fmt(r.get('mean_ref'))}"
+        else:
+            keys = set(r["simulated"]) | set(r["reference"])
+            worst = max(keys, key=lambda k: abs(r["simulated"].get(k, 0) - r["reference"].get(k, 0)), default=None)
+            shown = "" if worst is None else (f"{worst}: {_pct(r['simulated'].get(worst, 0))} / "
+                                              f"{_pct(r['reference'].get(worst, 0))}")
+        name = r["question"] if r["target"] == "question" else f"measure {r['question']}"
+        t.add_row(Text(f"{name} (after round {r['round']})"), Text(r["group"]), f"{r['n_sim']:,}",
+                  f"{r['n_ref']:,.0f}", Text(shown), r["distance_kind"], fmt(r["distance"]),
+                  "—" if r["ci_low"] is None else f"[{fmt(r['ci_low'])}, {fmt(r['ci_high'])}]")
+    return t

@@ -734,6 +734,9 @@ def results(
     interviews_: Annotated[bool, typer.Option("--interviews", help="the runs' interviews instead: each question's "
                                                                   "answers (--by: per group; --round: after that "
                                                                   "round; several runs: across them too)")] = False,
+    reference: Annotated[Path | None, typer.Option(help="human reference data (CSV or Parquet, with its citation): "
+                                                        "the runs beside it per group, with a distance and its "
+                                                        "95% bootstrap interval")] = None,
 ) -> None:
     """Per-round statistics of each run's measure (mean … max, or each option's share), its
     simulation's round summary and its LLM work: answers in, valid, the model's invalid answers
@@ -741,6 +744,8 @@ def results(
     fork: beside its parent's); or (--by) the mean, or each option's share, per group with 95% CIs."""
     from populace.analysis import call_stats, fork_table, group_table, model_of, round_table, run_info, total_calls
 
+    if reference is not None:
+        return _reference_results(run_ids, reference, json_out, db, nats)
     if interviews_:
         return _interview_results(run_ids, by, round_, json_out, db, nats)
     if round_ is not None and by is None:
@@ -792,6 +797,34 @@ def results(
     display.out.print(display.group_table(rows, by, title, across_runs=len(ids) > 1))
 
 
+def _load_reference(path: Path):
+    from populace.analysis.reference import ReferenceError, load_reference
+
+    try:
+        return load_reference(path)
+    except ReferenceError as err:
+        fail(str(err))
+
+
+def _reference_results(run_ids: list[str], path: Path, json_out: bool, db: str, nats: str) -> None:
+    """`results --reference FILE`: the runs beside human data, per question and group."""
+    from populace.analysis.reference import ReferenceError, compare
+
+    ref = _load_reference(path)
+    with _db(db, run_ids, nats) as con:
+        ids = _run_ids(con, run_ids)
+        try:
+            rows = compare(con, ids, ref)
+        except ReferenceError as err:
+            fail(f"--reference {path}: {err}")
+    if json_out:
+        print(json.dumps({"runs": ids, "reference": str(path), "source": ref.label, "rows": rows}, default=str,
+                         indent=1))
+        return
+    display.out.print(f"reference: {ref.label}", markup=False, highlight=False, soft_wrap=True)
+    display.out.print(interviews.reference_table(rows, f"{', '.join(ids)} beside {path.name}"))
+
+
 def _interview_results(run_ids: list[str], by: str | None, round_: int | None, json_out: bool, db: str,
                        nats: str) -> None:
     """`results --interviews`: each question's answers (Wilson shares, Student-t means), per group."""
@@ -830,6 +863,8 @@ def report(
     by: Annotated[list[str] | None, typer.Option(help="attribute(s) to group by (default: the profile's)")] = None,
     db: Annotated[str, typer.Option(help="DuckDB file")] = "populace.duckdb",
     nats: Annotated[str, typer.Option("--nats", envvar=NATS_ENV, help=NATS_LIVE_HELP)] = NATS_DEFAULT,
+    reference: Annotated[Path | None, typer.Option(help="human reference data (CSV or Parquet, with its citation) "
+                                                        "to put the runs beside")] = None,
 ) -> None:
     """Write one self-contained HTML report with interactive plots. One run: per round the
     measure's distribution (with the simulation's reference lines and equilibrium, or each
@@ -838,13 +873,18 @@ def report(
     reasoning, and the run's manifest. Several runs (or a sweep): their parameters, per-round
     summaries and convergence side by side."""
     from populace.analysis import write_report
+    from populace.analysis.reference import ReferenceError
     from populace.analysis.report import runs_named
 
+    ref = _load_reference(reference) if reference is not None else None
     with _db(db, run_ids, nats) as con:
         ids = runs_named(con, _run_ids(con, run_ids))
         if by and len(ids) > 1:
             fail(f"--by: for one run's report (these are {len(ids)} runs: {', '.join(ids)})")
-        path = write_report(con, ids, out, by=by or None)
+        try:
+            path = write_report(con, ids, out, by=by or None, reference=ref)
+        except ReferenceError as err:
+            fail(f"--reference {reference}: {err}")
     what = f"{len(ids)} runs" if len(ids) > 1 else ids[0]
     display.out.print(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB; {what})")
 
