@@ -17,9 +17,9 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-from recorded_locally import play, record  # noqa: E402
+from recorded_locally import play, record
 
-from populace.client.prepare import prepare_file  # noqa: E402
+from populace.client.prepare import prepare_file
 
 pytestmark = pytest.mark.e2e
 
