@@ -1410,6 +1410,30 @@ class AgentsReply(ReadReply):
     agents: list[AgentRow] = []
 
 
+class InterviewsRequest(ReadRequest):
+    """A run's interviews (one post-hoc `request`'s, or all of them): each question's answers,
+    overall and per group of attribute `by` (populace.analysis.interviews.interview_table)."""
+
+    VERB: ClassVar[str] = "interviews"
+    run_id: RunId
+    request: InterviewId | None = None
+    by: str | None = Field(None, min_length=1, max_length=100)
+
+    _tok = field_validator("run_id")(_check_token)
+
+
+class InterviewsReply(ReadReply):
+    """`interviews`: what was asked (`questions`), the answers per question and group (`rows`),
+    and what one can group by (`attributes`)."""
+
+    run_id: str | None = None
+    request: str | None = None
+    by: str | None = None
+    questions: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []
+    attributes: list[str] = []
+
+
 class DistributionRequest(ReadRequest):
     """The run's measure in one round (None: the last closed round), in `bins` bins when numeric."""
 

@@ -91,7 +91,7 @@ def node_request(node_id: str, verb: str) -> str:
 
 # --- results read while a run writes them (core request/reply, answered by the recorder:
 # the only process that can open the DuckDB file while it writes) ------------------------
-RECORDER_READ_VERBS = ("snapshot", "agents", "distribution")
+RECORDER_READ_VERBS = ("snapshot", "agents", "distribution", "interviews")
 # object store: a DuckDB file with some runs' rows, written by the recorder for one reader
 SNAPSHOTS_BUCKET = "snapshots"
 
