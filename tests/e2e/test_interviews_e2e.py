@@ -231,3 +231,35 @@ def test_the_cli_asks_on_the_fleet_and_locally_with_identical_answers(stack, tmp
     assert f"{voted.run_id}: interviews: {voted.recorded.answers:,} answers" in shown.stdout
     plain = populace("results", voted.run_id, "--db", stack.db, "--nats", stack.url)
     assert "apart from the rounds' LLM work above" in plain.stdout
+
+
+def test_a_budget_pauses_before_the_interviews_would_pass_it_and_a_resume_asks_them_again(stack, tmp_path):
+    """20 voters, a panel of two questions every round: a round needs 20 calls and its interviews
+    40. With 70 calls the run pauses after round 1 (20 used, round 2 and its interviews need
+    60); without the interviews it would play on. Resumed with a larger budget, the shares
+    restored from round 1's checkpoint ask round 1's interviews again (those cut short by the
+    pause), and every planned answer is recorded once."""
+    from populace.client.run import resume
+    from populace.core.contracts import Budget
+
+    panel = [{**PANEL[0], "sample": None}]
+    prepared = scenario(tmp_path, "vote.yaml", agents=20, rounds=3, interviews=panel, budget={"llm_calls": 70},
+                        model={"latency_s": 0.0, "seed": 5})
+    out = fleet(stack, prepared)
+    assert out.status == "paused" and "20 of 70 LLM calls used" in out.reason
+    assert "needs about 60 more, 40 of them for the interviews planned after it" in out.reason
+
+    async def go():
+        nc = await bus.connect(stack.url, "e2e-interviews-resume")
+        try:
+            return await resume(nc, out.run_id, budget=Budget(llm_calls=1000), stall_s=120)
+        finally:
+            await nc.close()
+
+    done = asyncio.run(go())
+    assert done.status == "completed", done.reason
+    assert done.recorded.answers == 3 * 20 * 2 and done.recorded.answers_missing == 0
+    with duckdb.connect(stack.db, read_only=True) as con:
+        got = con.execute("SELECT after_round, count(*), count(DISTINCT (agent_id, question)) FROM interviews "
+                          "WHERE run_id = ? GROUP BY 1 ORDER BY 1", [out.run_id]).fetchall()
+    assert got == [(1, 40, 40), (2, 40, 40), (3, 40, 40)]
