@@ -170,13 +170,22 @@ def _number(x: object) -> float | None:
     return None
 
 
+@_by_object
+def _lookup(q: Question) -> dict[str, str]:
+    """An options question's answers as a model may write them -> the option as written."""
+    return {**{choice_key(o): o for o in q.options or ()}, **{o: o for o in q.options or ()}}
+
+
 def judge(q: Question, value: object) -> Answer:
     """Whether `value` (what the model put under the question's key) answers `q`."""
     if value is None:
         return Answer(False, None, None, "no answer")
     if q.kind == "options":
         if isinstance(value, str):
-            match = {choice_key(o): o for o in q.options or ()}.get(choice_key(value))
+            lookup = _lookup(q)
+            match = lookup.get(value)  # as written (the schema's enum): no normalising needed
+            if match is None:
+                match = lookup.get(choice_key(value))
             if match is not None:
                 return Answer(True, match, None)
         return Answer(False, None, None, f"{_short(value)} is not one of the options")
@@ -254,6 +263,7 @@ def _example(q: Question) -> str:
     return {"options": '"<option>"', "likert": "<point>", "number": "<number>", "text": '"<text>"'}[q.kind]
 
 
+@_by_object
 def question_text(asked: Asked) -> str:
     if isinstance(asked, Survey):
         lines = [f"{i}. {q.text} {instruction(q)}" for i, q in enumerate(asked.questions, 1)]
@@ -265,13 +275,8 @@ def question_text(asked: Asked) -> str:
 
 def memory_text(memory: Iterable[Any]) -> str:
     """An agent's memory as lines of text (a simulation's items are tuples, e.g. (round, guess))."""
-    lines = []
-    for item in memory:
-        if isinstance(item, (tuple, list)):
-            lines.append("- " + " · ".join(str(v) for v in item))
-        else:
-            lines.append(f"- {item}")
-    return "\n".join(lines)
+    return "\n".join("- " + " · ".join(map(str, item)) if isinstance(item, (tuple, list)) else f"- {item}"
+                     for item in memory)
 
 
 def prompt(agent: Agent, asked: Asked) -> tuple[str, int]:
