@@ -87,6 +87,29 @@ def test_demo_rejects_bad_options_before_starting_anything(args, field):
     assert "starting nats-server" not in res.stderr
 
 
+@pytest.mark.parametrize("args, said", [
+    (["--simulation", "vote"], "--simulation: --scenario names its own simulation"),
+    (["--model", "sim"], "--model: --scenario names its own model"),
+    (["--agents", "0"], "agents: Input should be greater than or equal to 1"),  # applied, so checked
+])
+def test_demo_with_a_scenario_refuses_or_checks_the_options_given_with_it(tmp_path, args, said):
+    scenario = tmp_path / "vote.yaml"
+    scenario.write_text("simulation: vote\nagents: 100\nrounds: 2\n")
+    res = populace("demo", "--scenario", str(scenario), *args, timeout=180)
+    assert res.returncode == 2 and said in res.stderr.replace("\n", "")
+    assert "starting nats-server" not in res.stderr
+
+
+def test_demo_with_a_scenario_plays_the_agents_and_rounds_given(tmp_path):
+    """`demo --scenario X --agents 20` silently played the scenario's own 100 agents (issue 25)."""
+    scenario = tmp_path / "vote.yaml"
+    scenario.write_text("simulation: vote\nagents: 100\nrounds: 2\nmodel: {latency_s: 0.0}\n")
+    res = populace("demo", "--scenario", str(scenario), "--agents", "20", "--rounds", "1",
+                   "--db", str(tmp_path / "demo.duckdb"), timeout=600)
+    assert res.returncode == 0, res.stderr
+    assert "vote, 20 agents × 1 rounds" in res.stderr and "recorded 20 outcomes (table votes)" in res.stdout
+
+
 def test_missing_scenario_file_is_a_clear_error(tmp_path):
     res = populace("run", str(tmp_path / "nope.yaml"), "--nats", "nats://127.0.0.1:1")
     assert res.returncode == 2
@@ -108,7 +131,7 @@ def test_demo_plays_and_results_reads_the_db(tmp_path):
     res3 = populace("results", "last", "--json", "--db", str(db))
     run = json.loads(res3.stdout)["runs"][0]
     assert run["usage"] == {"llm_calls": 400, "prompt_tokens": 0, "completion_tokens": 0, "infra_retries": 0,
-                            "invalid": 0}
+                            "invalid_answers": 0, "simulation_errors": 0}
     assert [r["usage"]["llm_calls"] for r in run["rounds"]] == [200, 200]
 
 

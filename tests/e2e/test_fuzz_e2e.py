@@ -4,7 +4,9 @@ While a run of 2,000 agents × 4 rounds is in its second round, an attacker publ
 subject family: random bytes, empty payloads, wrong schemas, absurd values (NaN, negative and
 huge ids, a guess of 1e308, rounds that do not exist), replays of recorded outcomes under fresh message ids and
 without any, forgeries from a host, range, round or epoch the run never placed, a forged round
-open for a later round, inference requests that ask the gateway for an hour, and a flood. Then:
+open for a later round, inference requests that ask the gateway for an hour, inference requests
+whose reply subject is a JetStream API call, the run's KV state or another user's inbox (the
+gateway must not publish there for them), and a flood. Then:
 - every service is still up, and the run completed;
 - its recorded results equal an undisturbed run's (dummy model, same seed): every agent's
   answer in every round, every round's summary;
@@ -33,7 +35,7 @@ import pytest
 from populace.client.prepare import prepare
 from populace.client.run import new_run_id, play
 from populace.client.stack import Stack
-from populace.core import subjects
+from populace.core import bus, replies, subjects
 from populace.core.contracts import RunConfig
 from populace.core.hostauth import with_hosts
 
@@ -117,7 +119,7 @@ def summaries(db: str, rid: str) -> list[tuple]:
                            "llm_calls FROM rounds WHERE run_id = ? ORDER BY round", [rid]).fetchall()
 
 
-def forgeries(rid: str) -> list[tuple[str, bytes, dict | None]]:
+def forgeries(rid: str, requester: str) -> list[tuple[str, bytes, dict | None]]:
     """(subject, payload, headers): every payload distinct, so its DLQ copies can be counted.
     Host subjects are the attacker's own (`me`), which its user may publish on, but for a few
     that claim the other host's."""
@@ -127,7 +129,7 @@ def forgeries(rid: str) -> list[tuple[str, bytes, dict | None]]:
     families = [subjects.run_partial(rid, 2, me, 0), subjects.run_outcomes(rid, 2, me),
                 subjects.run_spawned(rid, me), subjects.run_round_open(rid, 3),
                 subjects.run_round_result(rid, 2), subjects.run_done(rid), subjects.run_fault(rid, me),
-                subjects.LLM_INFER, subjects.RUN_START, subjects.RUN_CANCEL]
+                subjects.llm_infer(requester), subjects.RUN_START, subjects.RUN_CANCEL]
     for subject in families:
         out.append((subject, rng.randbytes(64), None))  # random bytes
         out.append((subject, b"", {"Nats-Msg-Id": f"empty-{subject}"}))  # empty payload
@@ -186,6 +188,17 @@ def forgeries(rid: str) -> list[tuple[str, bytes, dict | None]]:
     return out
 
 
+def deputy_requests(rid: str, requester: str) -> list[tuple[str, bytes, str]]:
+    """Valid inference requests whose reply subject is not the requester's: a JetStream API
+    call (the gateway's first keepalive is an empty body, a valid API request), the run's state
+    in KV, another user's inbox or replies. Before, the gateway published there: one deleted RUN."""
+    base = {"run_id": rid, "round": 2, "system": "s", "keys": [1], "prompts": ["p"], "model": {"backend": "dummy"}}
+    targets = ["$JS.API.STREAM.DELETE.RUN", "$JS.API.STREAM.PURGE.RUN", f"$KV.runs.{rid}",
+               "$JS.API.CONSUMER.DELETE.RUN.recorder", "_INBOX_recorder.x", "reply.gateway.host-0.x"]
+    return [(subjects.llm_infer(requester), json.dumps({**base, "batch_id": f"deputy-{i}"}).encode(), target)
+            for i, target in enumerate(targets)]
+
+
 def greedy_requests(rid: str) -> list[bytes]:
     """Inference requests that would hold a gateway worker for an hour, or ask a huge answer."""
     base = {"run_id": rid, "round": 2, "system": "s", "keys": [1], "prompts": ["p"]}
@@ -209,15 +222,19 @@ def predicted_ids(rid: str) -> list[tuple[str, bytes, dict | None]]:
     return out
 
 
-async def attack(nc, rid: str, sent: list[tuple[str, bytes]], replies: list[bytes], sealed: bool) -> None:
-    for subject, payload, headers in forgeries(rid) + (predicted_ids(rid) if sealed else []):
+async def attack(nc, rid: str, sent: list[tuple[str, bytes]], answers: list[bytes], sealed: bool) -> None:
+    requester = replies.requester(nc)
+    for subject, payload, headers in forgeries(rid, requester) + (predicted_ids(rid) if sealed else []):
         await nc.publish(subject, payload, headers=headers)
+        sent.append((subject, payload))
+    for subject, payload, reply_to in deputy_requests(rid, requester):
+        await nc.publish(subject, payload, reply=reply_to, headers={subjects.INFER_KEEPALIVE_HEADER: "1"})
         sent.append((subject, payload))
     for req in greedy_requests(rid):
         try:
-            replies.append((await nc.request(subjects.LLM_INFER, req, timeout=10)).data)
+            answers.append((await replies.request(nc, "gateway", subjects.llm_infer(requester), req, timeout=10)).data)
         except Exception as err:
-            replies.append(repr(err).encode())
+            answers.append(repr(err).encode())
     await nc.flush()
 
 
@@ -250,8 +267,8 @@ def test_a_fuzzed_bus_leaves_the_run_exact_the_services_up_and_each_bad_message_
     before = asyncio.run(dead_letters(stack))
     logs_before = log_bytes(stack)
     sent: list[tuple[str, bytes]] = []
-    replies: list[bytes] = []
-    fuzzed = run_with(stack, lambda nc, rid: attack(nc, rid, sent, replies, sealed=stack.users is not None))
+    answers_: list[bytes] = []
+    fuzzed = run_with(stack, lambda nc, rid: attack(nc, rid, sent, answers_, sealed=stack.users is not None))
     assert len(sent) >= FLOOD + 40
 
     # the run is exact
@@ -268,14 +285,16 @@ def test_a_fuzzed_bus_leaves_the_run_exact_the_services_up_and_each_bad_message_
         copies[(process, subject, payload)] = copies.get((process, subject, payload), 0) + 1
     twice = {k: n for k, n in copies.items() if n > 1}
     assert not twice, list(twice)[:5]
+    # a dead letter keeps an excerpt of its message (and its reference), not an unbounded copy
     lettered = {(subject, payload) for _, subject, payload, _ in dlq}
+    assert all(len(payload) <= bus.DLQ_EXCERPT_BYTES for _, _, payload, _ in dlq)
     allowed = allowed_subjects(stack)
-    missing = [(s, p[:80]) for s, p in sent if allowed(s) and (s, p) not in lettered]
+    missing = [(s, p[:80]) for s, p in sent if allowed(s) and (s, p[:bus.DLQ_EXCERPT_BYTES]) not in lettered]
     assert not missing, missing[:10]
 
     # the greedy requests got an explicit refusal, at once
     assert all(b"above this gateway's limit" in r or b"Permissions Violation" in r or b"permissions" in r.lower()
-               for r in replies), replies[:3]
+               for r in answers_), answers_[:3]
 
     # one log line per bad message at most, no loop
     grown = log_bytes(stack) - logs_before
@@ -288,7 +307,7 @@ def allowed_subjects(stack: Stack):
         return lambda subject: True
     h = re.escape(ATTACKER)
     patterns = [rf"run\.[^.]+\.spawned\.{h}", rf"run\.[^.]+\.outcomes\.[^.]+\.{h}",
-                rf"run\.[^.]+\.partial\.[^.]+\.{h}\.[^.]+", rf"run\.[^.]+\.fault\.{h}", r"llm\.infer"]
+                rf"run\.[^.]+\.partial\.[^.]+\.{h}\.[^.]+", rf"run\.[^.]+\.fault\.{h}", rf"llm\.infer\.{h}"]
     return lambda subject: any(re.fullmatch(p, subject) for p in patterns)
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from populace.client.run import play
 from populace.client.stack import Stack
-from populace.core import bus, subjects
+from populace.core import bus, replies, subjects
 from populace.core.contracts import RunConfig
 
 pytestmark = pytest.mark.e2e
@@ -103,7 +103,7 @@ def test_malformed_messages_are_dead_lettered_and_services_keep_serving(stack):
         "orchestrator": [subjects.RUN_START, "run.junk.spawned.host-0", "run.junk.round.1.result"],
         "environment": ["run.junk.round.1.open", "run.junk.partial.1.host-0.0"],
         "agent-host": ["run.junk.spawn.host-0", "run.junk.round.7.open"],
-        "gateway": [subjects.LLM_INFER],
+        "gateway": [subjects.llm_infer(replies.ANONYMOUS)],
         "recorder": ["run.junk.outcomes.1.host-0"],
     }
 
@@ -114,8 +114,8 @@ def test_malformed_messages_are_dead_lettered_and_services_keep_serving(stack):
             before = (await js.stream_info(subjects.DLQ_STREAM)).state.messages
             for subs in targets.values():
                 for s in subs:
-                    if s == subjects.LLM_INFER:
-                        reply = await nc.request(s, garbage, timeout=5)
+                    if s.startswith(subjects.LLM_INFER):
+                        reply = await replies.request(nc, "gateway", s, garbage, timeout=5)
                         assert b"malformed" in reply.data  # an explicit error, not a timeout
                     else:
                         await js.publish(s, garbage)

@@ -45,6 +45,10 @@ def assert_exact_as_in_one_process(db: str, run_id: str, prepared) -> None:
         assert check.rows == prepared.config.agents * rounds and check.exact, check
         fleet = con.execute("SELECT agent_id, level, heard FROM gossip_outcomes WHERE run_id = ? "
                             "ORDER BY round, agent_id", [run_id]).fetchall()
+        # every agent sees its own in-degree on the graph (obs.in_degree), on any host, in every round
+        degrees = con.execute("SELECT list(in_degree ORDER BY agent_id) FROM gossip_outcomes WHERE run_id = ? "
+                              "GROUP BY round", [run_id]).fetchall()
+    assert degrees == [(graph.in_degree().tolist(),)] * rounds
     local = asyncio.run(run_local(prepared.resolved, graph=graph))
     assert list(zip(local.outcomes["agent_id"], local.outcomes["level"], local.outcomes["heard"], strict=True)) == fleet
 

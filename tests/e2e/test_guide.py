@@ -311,7 +311,8 @@ def test_the_guide_works_as_written(workspace, tmp_path):
     # what the recorder stored is what was printed
     assert db_rows == (agents * rounds,)
     assert [[str(r[0]), f"{r[2]}/{r[1]}", *(f"{v:.2f}" for v in r[3:7]), *(f"{v:,}" for v in r[7:])]
-            for r in exported] == local
+            for r in exported] == [row[:-2] for row in local]
+    assert all(row[-2:] == ["0", "0"] for row in local)  # no invalid answer, no simulation error
     results = output("populace results last")
     assert "dictator" in results and len(rows(results)) == rounds
 

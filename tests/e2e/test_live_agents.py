@@ -17,7 +17,7 @@ from populace.client.prepare import prepare
 from populace.client.reads import ReadError, request_agents, request_distribution
 from populace.client.run import play, run_state
 from populace.client.stack import Stack
-from populace.core import bus, subjects
+from populace.core import bus, replies, subjects
 from populace.core.contracts import ReadReply, RunConfig
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -100,7 +100,8 @@ def test_a_malformed_agents_request_is_dead_lettered_once_and_answered(stack):
     async def go(nc):
         js = nc.jetstream()
         before = (await js.stream_info(subjects.DLQ_STREAM)).state.messages
-        msg = await nc.request(subjects.recorder_read("agents"), b'{"run_id": "r", "limit": 100000}', timeout=10)
+        msg = await replies.request(nc, "recorder", subjects.recorder_read("agents", replies.requester(nc)),
+                                    b'{"run_id": "r", "limit": 100000}', timeout=10)
         for _ in range(50):
             after = (await js.stream_info(subjects.DLQ_STREAM)).state.messages
             if after > before:

@@ -18,7 +18,7 @@ import pytest
 from populace.client.prepare import prepare
 from populace.client.run import play, run_state
 from populace.client.stack import Stack
-from populace.core import bus, subjects
+from populace.core import bus, replies, subjects
 from populace.core.contracts import ReadReply, RunConfig
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -122,7 +122,8 @@ def test_a_malformed_read_request_is_dead_lettered_and_answered(stack):
         try:
             js = nc.jetstream()
             before = (await js.stream_info(subjects.DLQ_STREAM)).state.messages
-            msg = await nc.request(subjects.recorder_read("snapshot"), b'{"run_ids": "not a list"}', timeout=10)
+            msg = await replies.request(nc, "recorder", subjects.recorder_read("snapshot", replies.requester(nc)),
+                                        b'{"run_ids": "not a list"}', timeout=10)
             for _ in range(50):
                 after = (await js.stream_info(subjects.DLQ_STREAM)).state.messages
                 if after > before:

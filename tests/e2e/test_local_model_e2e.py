@@ -68,7 +68,8 @@ def test_smollm2_game_through_the_gateway(tmp_path):
     got = [(r["round"], r["calls"]["calls"], r["calls"]["attempts"], r["calls"]["reasks"], r["calls"]["prompt_tokens"],
             r["calls"]["completion_tokens"], r["calls"]["latency_ms_max"], r["calls"]["valid"]) for r in run["rounds"]]
     assert got == [(*t[:6], round(t[6], 1), t[7]) for t in truth]
-    assert run["usage"]["invalid"] == invalid[0] and run["usage"]["infra_retries"] == 0
+    assert run["usage"]["invalid_answers"] == invalid[0] and run["usage"]["infra_retries"] == 0
+    assert run["usage"]["simulation_errors"] == 0  # the model's invalid answers are never the simulation's bugs
     assert run["usage"]["prompt_tokens"] == sum(t[4] for t in truth) > 0  # the hosts counted what the gateway did
     assert run["usage"]["completion_tokens"] == sum(t[5] for t in truth) > 0
     assert run["model"]["backend"] == "local" and run["model"]["name"] and len(run["model"]["replicas"]) == 1

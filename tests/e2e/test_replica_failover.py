@@ -14,7 +14,7 @@ import pytest
 from populace_ratio_game.params import GameConfig
 from populace_ratio_game.prompts import answer_schema, system_prompt
 
-from populace.core import bus, subjects
+from populace.core import bus, replies, subjects
 from populace.core.contracts import InferBatch, InferReply, LlmCallBatch, ModelConfig, ServiceInfo
 from populace.gateway.launch import register_forever, start_local, wait_healthy
 
@@ -72,7 +72,8 @@ async def test_killing_one_of_two_replicas_mid_burst_loses_no_request(nats_serve
                                system=system_prompt(game),
                                response_schema=answer_schema(game), keys=keys,
                                prompts=[f"You are player {k}. Report your number." for k in keys])
-            msg = await nc.request(subjects.LLM_INFER, bus.encode(batch), timeout=300)
+            msg = await replies.request(nc, "gateway", subjects.llm_infer(replies.requester(nc)), bus.encode(batch),
+                                        timeout=300)
             return InferReply.model_validate_json(msg.data)
 
         tasks = [asyncio.create_task(ask(b)) for b in range(BATCHES)]
@@ -83,7 +84,7 @@ async def test_killing_one_of_two_replicas_mid_burst_loses_no_request(nats_serve
         assert calls, "no batch was served before the kill"
         victim.proc.send_signal(signal.SIGKILL)
         outstanding = sum(not t.done() for t in tasks)
-        replies = await asyncio.gather(*tasks)
+        answered = await asyncio.gather(*tasks)
         await asyncio.sleep(0.5)  # the last call records
         registrar.cancel()
     finally:
@@ -91,7 +92,7 @@ async def test_killing_one_of_two_replicas_mid_burst_loses_no_request(nats_serve
         replicas.stop()
 
     assert outstanding > 0, "the kill came after the burst"
-    for reply in replies:
+    for reply in answered:
         assert reply.error is None
         assert len(reply.texts) == PER_BATCH
         assert all(t and not t.startswith("<gateway error") for t in reply.texts), reply.texts

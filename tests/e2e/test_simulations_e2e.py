@@ -14,11 +14,11 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from populace.client.prepare import prepare
+from populace.client.prepare import prepare, prepare_fork
 from populace.client.run import play
 from populace.client.stack import Stack
 from populace.core import bus
-from populace.core.contracts import RunConfig, Usage
+from populace.core.contracts import Restore, RunConfig, Usage
 from populace.sdk.local import run_local
 
 pytestmark = pytest.mark.e2e
@@ -35,13 +35,13 @@ def stack(tmp_path_factory):
         yield s
 
 
-def fleet(stack: Stack, data: dict):
+def fleet(stack: Stack, data: dict, fork: Restore | None = None):
     prepared = prepare(RunConfig.model_validate(data))
 
     async def go():
         nc = await bus.connect(stack.url, "e2e-sims")
         try:
-            return await play(nc, prepared.config, manifest=prepared.manifest, stall_s=120)
+            return await play(nc, prepared.config, manifest=prepared.manifest, stall_s=120, fork=fork)
         finally:
             await nc.close()
 
@@ -141,6 +141,8 @@ def test_an_agents_bug_is_its_invalid_outcome_and_the_run_goes_on(stack):
     assert bad[0][1:] == (False, None, "<agent error: ValueError: agent 3 has a bug>",
                           "agent: ValueError: agent 3 has a bug")
     assert all(r.n_valid == 90 and r.n == 100 for r in out.results)
+    # the simulation's own errors, apart from the model's invalid answers (issue 25), on the fleet too
+    assert all(r.n_simulation_errors == 10 for r in out.results)
 
 
 def test_an_environments_bug_fails_the_run_naming_the_simulation_and_round(stack):
@@ -163,3 +165,31 @@ def test_a_simulation_the_services_cannot_import_fails_the_run_at_once(stack, tm
     assert out.status == "failed" and out.results == []
     assert out.reason.startswith("the orchestrator cannot run it: simulation 'only_here:Local' (import path): "
                                  "cannot import: ModuleNotFoundError"), out.reason
+
+
+def test_the_strangers_package_forks_and_resumes_exactly_on_the_fleet(stack):
+    """Issue 25: a package whose agents declare `state_fields = ("score",)` lost their memory in
+    every checkpoint, so a fork from round k with nothing changed (as a resume, or a re-placed
+    host) played different rows and reported completed. Memory is now always saved."""
+    data = {"simulation": "stranger_sims:Walk", "agents": 300, "rounds": 4, "seed": 2,
+            "model": {"latency_s": 0.0, "seed": 11}}
+    prepared, parent = fleet(stack, data)
+    assert parent.status == "completed", parent.reason
+    table = prepared.resolved.simulation.tables().outcomes
+    whole = recorded(stack.db, table, parent.run_id, ("run_id", "latency_ms"))
+    assert len(whole) == 300 * 4 and any(r["score"] != r["round"] for r in whole if r["move"] == "go")
+    for after in (1, 2):
+        forked = prepare_fork(prepared.config, after, {}, prepared.manifest, parent.run_id)
+
+        async def go(forked=forked, after=after):
+            nc = await bus.connect(stack.url, "e2e-sims-fork")
+            try:
+                return await play(nc, forked.config, manifest=forked.manifest, stall_s=120,
+                                  fork=Restore(run_id=parent.run_id, round=after))
+            finally:
+                await nc.close()
+
+        out = asyncio.run(go())
+        assert out.status == "completed", out.reason
+        assert recorded(stack.db, table, out.run_id, ("run_id", "latency_ms")) == \
+            [r for r in whole if r["round"] > after]

@@ -97,9 +97,12 @@ def _write_run(store: Store, run_id: str, seed: int, population: bool = True, ag
             vals.append(None if (a * 7 + r) % 23 == 0 else round(v, 1))
         raws = [(EVIL_RAW if a % 2 else "no idea") if v is None else f"My guess is {v}" for a, v in enumerate(vals)]
         valid = [v is not None for v in vals]
+        # some invalid rows are the simulation's own bugs, not the model's answers (issue 25)
+        errors = [f"agent: ValueError: agent {a} has a bug" if not ok and _bug(a) else None
+                  for a, ok in enumerate(valid)]
         events.append(Event(f"{run_id}.{r}.outcomes", "outcomes", OutcomeBatch(
             run_id=run_id, round=r, host_id="h1", seq=0, agent_ids=ids, columns={"value": vals}, valid=valid,
-            raws=raws, latency_ms=[12.5] * agents, errors=[None] * agents)))
+            raws=raws, latency_ms=[12.5] * agents, errors=errors)))
         events.append(Event(f"{run_id}.{r}.calls", "llm", LlmCallBatch(
             run_id=run_id, round=r, batch_id="b1", agent_ids=ids, replicas=["rep-0"] * agents,
             prompt_tokens=[100] * agents, completion_tokens=[20] * agents, latency_ms=[30.0] * agents,
@@ -151,6 +154,16 @@ def _valid(con, run_id, round_):
     return rows
 
 
+def _bug(agent: int) -> bool:
+    """Whether an invalid row of `agent` is its simulation's error (else the model's answer)."""
+    return agent % 3 == 0
+
+
+def _invalid(round_: int, bugs: bool | None = None) -> int:
+    """Invalid rows of a round of the fixture: all, the simulation's errors or the model's answers."""
+    return sum(1 for a in range(N_AGENTS) if (a * 7 + round_) % 23 == 0 and (bugs is None or _bug(a) == bugs))
+
+
 def test_round_table_matches_numpy(con):
     table = round_table(con, "edu-s1")
     assert [r["round"] for r in table] == [1, 2, 3]
@@ -158,6 +171,10 @@ def test_round_table_matches_numpy(con):
         v = np.array([x[1] for x in _valid(con, "edu-s1", row["round"])])
         n_invalid = sum(1 for a in range(N_AGENTS) if (a * 7 + row["round"]) % 23 == 0)
         assert row["n"] == N_AGENTS and row["n_invalid"] == n_invalid and row["n_valid"] == v.size
+        # three classes: the model's invalid answers and the simulation's own errors apart
+        assert (row["n_invalid_answers"], row["n_simulation_errors"]) == (_invalid(row["round"], False),
+                                                                          _invalid(row["round"], True))
+        assert row["n_simulation_errors"] > 0 and row["n_invalid_answers"] > 0
         assert row["mean"] == pytest.approx(v.mean())
         assert row["median"] == pytest.approx(np.median(v))
         assert row["std"] == pytest.approx(v.std(ddof=1))
@@ -187,7 +204,9 @@ def test_run_info_reads_the_ratio_game_from_its_tables_and_class(con):
     invalid = sum(1 for r in range(1, N_ROUNDS + 1) for a in range(N_AGENTS) if (a * 7 + r) % 23 == 0)
     assert info["usage"] == {"llm_calls": N_AGENTS * N_ROUNDS, "prompt_tokens": 100 * N_AGENTS * N_ROUNDS,
                              "completion_tokens": 20 * N_AGENTS * N_ROUNDS, "infra_retries": 0 + 1 + 2,
-                             "invalid": invalid}
+                             "invalid_answers": sum(_invalid(r, False) for r in range(1, N_ROUNDS + 1)),
+                             "simulation_errors": sum(_invalid(r, True) for r in range(1, N_ROUNDS + 1))}
+    assert info["usage"]["invalid_answers"] + info["usage"]["simulation_errors"] == invalid
 
 
 def test_group_table_one_run_matches_numpy_and_has_no_seed_ci(con):
@@ -301,14 +320,19 @@ def test_report_is_self_contained_with_all_figures(con, tmp_path):
     assert "<th>winning number</th>" in page and "<th>target</th>" in page
     assert "<td>equilibrium</td><td>0</td>" in page
     # the model's invalid answers and the infrastructure's retries are counted apart
-    assert "invalid (the model&#39;s answer could not be read)" in page
+    errors = sum(_invalid(r, True) for r in range(1, N_ROUNDS + 1))
+    answers_invalid = sum(_invalid(r, False) for r in range(1, N_ROUNDS + 1))
+    assert (f"{answers_invalid:,} invalid answers (the model&#39;s answer could not be read), {errors:,} simulation "
+            "errors (the simulation&#39;s own code failed") in page
+    assert "<th>invalid answers</th>" in page and "<th>simulation errors</th>" in page
     assert "3 infrastructure retries (prompts asked again because no model answered" in page
     assert "<th>infra retries</th>" in page and "<th>prompt tokens</th>" in page
     assert "<th>re-asks</th>" in page and "<th>latency p50 (ms)</th>" in page  # from the gateway's llm_calls
     # every invalid answer with its raw text, not five; every valid one per agent
     invalid = sum(1 for r in range(1, N_ROUNDS + 1) for a in range(N_AGENTS) if (a * 7 + r) % 23 == 0)
     table = page[page.index('id="invalid-answers"'):page.index('id="reasoning"')]
-    assert table.count("<tr data-agent=") == invalid and f"{invalid:,} invalid answer(s) in this run" in page
+    assert table.count("<tr data-agent=") == invalid
+    assert f"{answers_invalid:,} invalid answer(s) in this run, and {errors:,} simulation error(s)" in page
     answers = page[page.index('id="reasoning"'):]
     assert answers.count("<tr data-agent=") == N_AGENTS * N_ROUNDS - invalid
     assert "My guess is" in answers and "education: Ph.D." in answers

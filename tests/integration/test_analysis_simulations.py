@@ -429,6 +429,23 @@ def test_vote_round_table_counts_and_shares(con):
     assert round_table(con, "vote-1")[0]["options"] == [o for o, _ in sorted(total.items(), key=lambda t: (-t[1], t[0]))]
 
 
+
+def test_declared_options_are_listed_in_the_schemas_order_not_by_frequency(tmp_path):
+    """A run whose tables declare its options (issue 25): every table lists them in that order,
+    an option nobody chose included, whatever answer is most frequent."""
+    declared = ["abstain", "maybe later", "no", "yes"]  # "no" is the most chosen, "maybe later" never
+    path = tmp_path / "declared.duckdb"
+    store = Store(path)
+    _ingest(store, "declared", VOTE.model_copy(update={"measure_options": declared}), "test-vote", 60, 2, 4,
+            _vote_play(60))
+    store.close()
+    with duckdb.connect(str(path), read_only=True) as c:
+        rows = round_table(c, "declared")
+        assert [r["options"] for r in rows] == [declared, declared]
+        assert rows[0]["counts"]["maybe later"] == 0
+        assert [r["option"] for r in group_table(c, "declared", "education")] == declared * len(EDU)
+
+
 def test_vote_group_table_wilson_interval_per_option(con):
     rows = group_table(con, "vote-1", "education")
     valid = _rows(con, VOTE.outcomes, "vote-1", 3, "choice")

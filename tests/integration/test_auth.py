@@ -34,7 +34,7 @@ import pytest
 from populace.cli import steer
 from populace.client.prepare import prepare
 from populace.client.run import RunOutcome, new_run_id, play, run_state
-from populace.core import bus, checkpoints, subjects
+from populace.core import bus, checkpoints, replies, subjects
 from populace.core.contracts import HostInfo, RoundOpen, RunConfig, RunStart, ServiceInfo
 from populace.core.hostauth import with_hosts
 from populace.core.natsserver import EmbeddedNats
@@ -454,7 +454,7 @@ async def test_game_with_one_user_per_service(server, tmp_path, monkeypatch):
 
         # Each service may dead-letter what it cannot parse: publish dlq.<service> and
         # terminate the JetStream message ($JS.ACK…); the gateway answers the malformed
-        # request with an explicit error (allow_responses).
+        # request with an explicit error (on the requester's own reply subject).
         admin, ajs = await admin_js(server.url)
         try:
             garbage = b"\x00{not a message"
@@ -466,7 +466,8 @@ async def test_game_with_one_user_per_service(server, tmp_path, monkeypatch):
             }
             for subject in inputs.values():
                 await ajs.publish(subject, garbage, timeout=5.0)
-            reply = await admin.request(subjects.LLM_INFER, garbage, timeout=10.0)  # answered, with an error
+            reply = await replies.request(admin, "gateway", subjects.llm_infer("admin"), garbage,
+                                          timeout=10.0)  # answered, with an error, on admin's own reply subject
             assert b"malformed" in reply.data
             # The recorder also records spawn orders, so it dead-letters the junk spawn too.
             expected = {subjects.dlq(s): 1 for s in (*inputs, "gateway")}

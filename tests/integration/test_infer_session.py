@@ -40,7 +40,7 @@ async def _gateway(nc, answer_after_s: float, keepalive: bool, seen: list[str]):
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
-    return await nc.subscribe(subjects.LLM_INFER, cb=take)
+    return await nc.subscribe(subjects.ANY_LLM_INFER, cb=take)
 
 
 def _session(nc, on_worked_on=None) -> InferSession:

@@ -115,12 +115,12 @@ class Fakes:
         self.node = await connect_as(self.url, "node")
 
         async def answer_node(msg) -> None:
-            verb = msg.subject.rsplit(".", 1)[1]
+            verb = msg.subject.split(".")[2]  # node.<id>.<verb>.<requester>
             reply = NodeReply(node_id=NODE_ID, ok=True, node=a_node() if verb == "list" else None,
                               log="line 1\nline 2\n" if verb == "logs" else None)
             await msg.respond(bus.encode(reply))
 
-        await self.node.subscribe(f"node.{NODE_ID}.*", cb=answer_node)
+        await self.node.subscribe(subjects.node_request(NODE_ID, "*"), cb=answer_node)
         self.recorder = await connect_as(self.url, "recorder")
         rjs = self.recorder.jetstream()
         self.snapshots = await rjs.create_object_store("snapshots")
@@ -130,7 +130,7 @@ class Fakes:
             await self.snapshots.put(name, self.snapshot_data)
             await msg.respond(bus.encode(SnapshotReply(ok=True, snapshot=name, size=len(self.snapshot_data))))
 
-        await self.recorder.subscribe("recorder.read.*", cb=answer_read)
+        await self.recorder.subscribe(subjects.recorder_read("*"), cb=answer_read)
         return self
 
     async def __aexit__(self, *exc) -> None:

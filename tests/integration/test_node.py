@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from populace.client.nodes import NodeError, NodeUnreachable, list_nodes, node_request
-from populace.core import bus, subjects
+from populace.core import bus, replies, subjects
 from populace.core.contracts import (
     AgentHostSpec,
     Cleanup,
@@ -179,6 +179,12 @@ async def _has_servers(nc, daemon: Daemon) -> bool:
                for p in procs.values() if p.pid)
 
 
+async def raw_request(nc, node_id: str, verb: str, body: bytes, timeout: float = 20):
+    """Bytes as they are, to a node, answered on this connection's own reply subject."""
+    return await replies.request(nc, "node", subjects.node_request(node_id, verb, replies.requester(nc)), body,
+                                 timeout=timeout)
+
+
 async def test_a_start_sent_twice_with_one_request_id_starts_once(nc, js, daemon):
     """A StartProcess re-sent (after a timeout, say) with the same request id gets the first
     reply and starts nothing; a new id starts again; the id on another request is refused."""
@@ -186,8 +192,7 @@ async def test_a_start_sent_twice_with_one_request_id_starts_once(nc, js, daemon
     start = StartProcess(spec=AgentHostSpec(), count=2, request_id="retry-1")
     first = await ask(nc, daemon, start)
     # the same bytes again, as a client re-sending after a timeout would
-    again = NodeReply.model_validate_json(
-        (await nc.request(subjects.node_request(daemon.node_id, "start"), bus.encode(start), timeout=20)).data)
+    again = NodeReply.model_validate_json((await raw_request(nc, daemon.node_id, "start", bus.encode(start))).data)
     assert again == first and [p.proc_id for p in first.processes] == ["agent-host-1", "agent-host-2"]
     assert list(await processes(nc, daemon)) == ["agent-host-1", "agent-host-2"]
     assert len(psutil.Process(daemon.proc.pid).children()) == 2
@@ -253,13 +258,14 @@ async def test_garbage_gets_an_error_reply_and_a_dead_letter_and_the_node_lives_
         ("stop", b'{"proc_id": "a.b"}', "proc_id"),
         ("logs", b'{"proc_id": "agent-host-1", "max_bytes": 1000000000}', "max_bytes"),
     ]:
-        msg = await nc.request(subjects.node_request(daemon.node_id, verb), body, timeout=10)
+        msg = await raw_request(nc, daemon.node_id, verb, body)
         reply = NodeReply.model_validate_json(msg.data)
         assert not reply.ok and says in reply.error, reply.error
     unknown = await ask(nc, daemon, StartProcess(spec=ServiceSpec(name="nosuch")), check=False)
     assert not unknown.ok and "'nosuch' is not installed" in unknown.error
     last = await js.get_last_msg(subjects.DLQ_STREAM, subjects.dlq("node"))
-    assert b"nosuch" in last.data and last.headers["Populace-Subject"] == subjects.node_request(daemon.node_id, "start")
+    assert b"nosuch" in last.data and last.headers["Populace-Subject"] == subjects.node_request(
+        daemon.node_id, "start", replies.ANONYMOUS)
     assert (await ask(nc, daemon, ListProcesses())).node.processes == []
     with pytest.raises(NodeUnreachable, match="not running"):
         await node_request(nc, "no-such-node", ListProcesses())

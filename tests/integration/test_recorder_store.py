@@ -375,3 +375,17 @@ def test_a_full_disk_stores_nothing_marks_nothing_and_everything_once_space_retu
     with duckdb.connect(str(path), read_only=True) as con:
         assert con.execute("SELECT count(*), count(DISTINCT agent_id) FROM guesses").fetchone() == (agents, agents)
         assert con.execute("SELECT status FROM runs").fetchone() == ("completed",)
+
+
+def test_a_valid_value_outside_the_runs_declared_options_is_refused():
+    from populace.recorder.columns import BadColumns, check_outcomes
+
+    tables = SimulationTables(simulation="walk", outcomes="walks", outcome_columns=[Column(name="move", type="VARCHAR")],
+                              rounds="walk_rounds", summary_columns=[], measure="move", measure_kind="categorical",
+                              measure_options=["go", "stay"])
+    batch = OutcomeBatch(run_id="r1", round=1, host_id="a", seq=0, agent_ids=[0, 1, 2],
+                         columns={"move": ["go", "stay", "maybe"]}, valid=[True, True, True], raws=["x"] * 3,
+                         latency_ms=[1.0] * 3, errors=[None] * 3)
+    with pytest.raises(BadColumns, match=r"columns.move\[2\]: 'maybe' is not one of the run's declared options"):
+        check_outcomes(batch, tables)
+    check_outcomes(batch.model_copy(update={"valid": [True, True, False]}), tables)  # an invalid row's value: kept

@@ -34,7 +34,7 @@ def test_the_config_is_parsed_as_the_server_reads_it():
     assert list(USERS) == ["orchestrator", "agent-host", "environment", "gateway", "recorder", "replicas", "node",
                            "cli", "manager", "admin"]
     assert USERS["admin"].publish == (">",) and USERS["admin"].subscribe == (">",)
-    assert "llm.infer gateway" in USERS["gateway"].subscribe  # a queue group keeps its space
+    assert "llm.infer.* gateway" in USERS["gateway"].subscribe  # a queue group keeps its space
     parsed = authconf.parse('a { b: [ "x", y ], c = "q # not a comment" } # a comment\n// another\nd e')
     assert parsed == {"a": {"b": ["x", "y"], "c": "q # not a comment"}, "d": "e"}
 

@@ -164,3 +164,17 @@ def test_an_environment_that_raises_is_named_with_its_round():
     t.open(opened(round_=1, expected=4, shares={"h1@0": 4}))
     with pytest.raises(EnvironmentFailed, match=r"simulation 'ratio-game'.*round 1: ZeroDivisionError: oops"):
         t.add(partial("h1", H1))
+
+
+def test_the_simulations_own_errors_are_summed_apart_from_the_models_invalid_answers():
+    """Issue 25: an author's bug (error 'agent: …') counted as the model's invalid answer."""
+    t = tally()
+    t.open(opened())
+    t.add(partial("h1", H1).model_copy(update={"n_simulation_errors": 1}))
+    res = t.add(partial("h2", H2))
+    assert (res.n, res.n_valid, res.n_simulation_errors) == (7, 6, 1)
+
+
+def test_a_partial_counting_more_errors_than_invalid_rows_is_refused():
+    with pytest.raises(ValueError, match=r"n_simulation_errors \(2\) cannot exceed the invalid rows \(1\)"):
+        RoundPartial(run_id="r1", round=1, host_id="h1", n=3, n_valid=2, payload={}, n_simulation_errors=2)

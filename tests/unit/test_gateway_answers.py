@@ -1,6 +1,6 @@
 """The gateway's answer check (populace.gateway.answers): the JSON-schema keywords it checks
-(type, required, properties, minimum/maximum) and finite numbers; enum and pattern are left
-to the replica's grammar and the simulation's parser."""
+(type, required, properties, minimum/maximum, enum) and finite numbers; pattern and
+additionalProperties are left to the replica's grammar and the simulation's parser."""
 
 from __future__ import annotations
 
@@ -37,7 +37,12 @@ CHOICE = {"type": "object", "properties": {"choice": {"type": "string", "enum": 
     (COUNT, '{"reasoning": "r", "n": 3.5}', False),
     (COUNT, '{"reasoning": 1, "n": 3}', False),
     (COUNT, '{"n": 3}', False),
-    (CHOICE, '{"choice": "c", "x": 1}', True),  # enum and additionalProperties: not the gateway's to check
+    (CHOICE, '{"choice": "a", "x": 1}', True),  # additionalProperties: not the gateway's to check
+    # an answer outside a categorical's options is re-asked, as an out-of-range number is (issue 25)
+    (CHOICE, '{"choice": "c"}', False),
+    (CHOICE, '{"choice": "A"}', False),
+    ({"type": "object", "properties": {"n": {"type": "integer", "enum": [1, 2]}}}, '{"n": true}', False),
+    ({"type": "object", "properties": {"n": {"type": "integer", "enum": [1, 2]}}}, '{"n": 2}', True),
     (CHOICE, '{"choice": 1}', False),
     (None, " x ", True),
     (None, "  ", False),

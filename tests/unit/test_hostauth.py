@@ -16,10 +16,11 @@ def test_a_hosts_user_publishes_and_reads_only_its_own_subjects():
     assert 'user: "node-7"' in block and 'password: "s3cret"' in block and "AGENT_HOST_PASSWORD" not in block
     for own in ('"run.*.outcomes.*.node-7"', '"run.*.partial.*.node-7.*"', '"run.*.spawned.node-7"',
                 '"run.*.fault.node-7"', '"progress.*.*.node-7"', '"$KV.hosts.node-7"', '"_INBOX_node-7.>"',
-                '"run.*.spawn.node-7"'):
+                '"run.*.spawn.node-7"', '"llm.infer.node-7"', '"reply.gateway.node-7.>"'):
         assert own in block
     for shared in ('"run.*.outcomes.*.*"', '"run.*.partial.*.*.*"', '"_INBOX_agent-host.>"', '"$KV.hosts.>"',
-                   '"run.*.spawn.*"'):
+                   '"run.*.spawn.*"', '"llm.infer.agent-host"', '"reply.gateway.agent-host.>"', "llm.infer\"",
+                   "allow_responses"):
         assert shared not in block
 
 

@@ -333,3 +333,10 @@ def test_the_nodes_payload_leaves_out_nodes_that_stopped_heartbeating():
     payload = views.nodes_payload([node("b", 100.0), node("a", 99.0), node("gone", 50.0)], now=100.5)
     assert [n["node_id"] for n in payload["nodes"]] == ["a", "b"]
     json.dumps(payload)
+
+
+def test_a_rounds_row_counts_the_models_invalid_answers_the_simulations_errors_and_retries_apart():
+    row = views.result_row(result(1).model_copy(update={"n_simulation_errors": 4,
+                                                         "usage": Usage(llm_calls=2000, infra_retries=3)}))
+    assert (row["n_valid"], row["n_invalid_answers"], row["n_simulation_errors"], row["infra_retries"]) == \
+        (1990, 6, 4, 3)

@@ -144,7 +144,8 @@ def test_replicas_run_the_replicas_command_with_their_options():
 # --- envelopes --------------------------------------------------------------------------
 def test_every_request_verb_has_its_subject():
     assert tuple(r.VERB for r in NODE_REQUESTS) == subjects.NODE_VERBS
-    assert subjects.node_request("n1", "start") == "node.n1.start"
+    assert subjects.node_request("n1", "start", "cli") == "node.n1.start.cli"
+    assert subjects.node_request("n1", "start") == "node.n1.start.*"  # what the node subscribes to
     assert not subjects.node_request("n1", "start").startswith(tuple(s.rstrip(">") for s in subjects.CTL_SUBJECTS))
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from populace.cli import personas as P
+from populace.core import replies, subjects
 from populace.core.contracts import InferBatch, InferReply
 from populace.gateway import answers
 from populace.population import PopulationError, load_population, read_jsonl, sample_profiles
@@ -316,17 +317,30 @@ def test_bad_config_raises_population_error_naming_the_field(tmp_path):
 class _Msg:
     def __init__(self, data: bytes) -> None:
         self.data = data
+        self.subject, self.headers = "", None
 
 
 class ScriptedGateway:
-    """Stands in for the NATS connection: answers each InferBatch with `answer(batch, i)`."""
+    """Stands in for the NATS connection: answers each InferBatch with `answer(batch, i)`, on
+    the requester's own reply subject (populace.core.replies.request subscribes, then publishes)."""
+
+    options: dict = {}  # no NATS user: the requester is anonymous
 
     def __init__(self, answer) -> None:
         self.answer = answer
         self.batches: list[InferBatch] = []
 
+    async def subscribe(self, subject: str, cb) -> None:
+        self.on_reply = cb
+
+    async def publish(self, subject: str, data: bytes, reply: str, headers=None) -> None:
+        assert reply.startswith(subjects.reply_prefix("gateway", replies.ANONYMOUS))
+        msg = await self.request(subject, data, 0.0)
+        msg.subject = reply
+        await self.on_reply(msg)
+
     async def request(self, subject: str, data: bytes, timeout: float) -> _Msg:
-        assert subject == "llm.infer"
+        assert subject == subjects.llm_infer(replies.ANONYMOUS)
         batch = InferBatch.model_validate_json(data)
         self.batches.append(batch)
         texts, valid = [], []
@@ -440,10 +454,10 @@ def test_gateway_errors_are_retried_then_fall_back():
 def test_no_gateway_is_a_clear_error():
     from nats.errors import NoRespondersError
 
-    class Nobody:
+    class Nobody(ScriptedGateway):
         async def request(self, subject, data, timeout):
             raise NoRespondersError
 
-    gen = P._LlmGenerator(Nobody(), [{"age": 30}], "local", 0, "personas-test", 4, lambda: None)
+    gen = P._LlmGenerator(Nobody(None), [{"age": 30}], "local", 0, "personas-test", 4, lambda: None)
     with pytest.raises(P.PersonaGenerationError, match="no inference gateway"):
         asyncio.run(gen.run())

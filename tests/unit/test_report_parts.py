@@ -68,14 +68,15 @@ def _info(run_id: str, ratio: str, seed: int, calls: int) -> dict:
             "rounds": 2, "seed": seed, "model": {"backend": "dummy"}, "manifest": None,
             "prompt": {"answer": "cot"}, "params": {"game": {"ratio": ratio, "max_value": 100}},
             "usage": {"llm_calls": calls, "prompt_tokens": 10, "completion_tokens": 5, "infra_retries": 0,
-                      "invalid": 1}}
+                      "invalid_answers": 1, "simulation_errors": 2}}
 
 
 def test_the_runs_table_shows_what_differs_and_says_the_rest_once():
     table, same = comparison_params([_info("a", "2/3", 1, 100), _info("b", "1/2", 1, 1200)])
-    assert table.headers == ["run", "name", "status", "game.ratio", "LLM calls", "tokens", "invalid"]
-    assert [list(r) for r in table.rows] == [["a", "sweep", "completed", "2/3", "100", "15", "1"],
-                                             ["b", "sweep", "completed", "1/2", "1,200", "15", "1"]]
+    assert table.headers == ["run", "name", "status", "game.ratio", "LLM calls", "tokens", "invalid answers",
+                             "simulation errors"]
+    assert [list(r) for r in table.rows] == [["a", "sweep", "completed", "2/3", "100", "15", "1", "2"],
+                                             ["b", "sweep", "completed", "1/2", "1,200", "15", "1", "2"]]
     assert "seed=1" in same and "game.max_value=100" in same and "prompt.answer=cot" in same
     assert not any(s.startswith("game.ratio") for s in same)
 

@@ -69,7 +69,7 @@ def test_keep_none_prunes_every_object_of_that_run_only():
 
 def test_retention_settings(monkeypatch):
     s = Settings()
-    assert (s.purge_recorded, s.checkpoints_keep, s.run_max_age_s) == (True, "all", 0.0)
+    assert (s.purge_recorded, s.checkpoints_keep, s.run_max_age_s) == (True, "all", 30 * 86400.0)
     monkeypatch.setenv("POPULACE_PURGE_RECORDED", "false")
     monkeypatch.setenv("POPULACE_CHECKPOINTS_KEEP", "last")
     monkeypatch.setenv("POPULACE_RUN_MAX_AGE_S", "86400")

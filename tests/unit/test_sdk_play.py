@@ -50,6 +50,8 @@ async def test_an_agent_that_raises_is_its_invalid_outcome_and_the_model_keeps_i
     assert rows[0] == (5.0, True, '{"guess": 5}', None)
     assert rows[1][:2] == (None, False) and rows[1][3] == "agent: ValueError: my bug"
     assert rows[2] == (None, False, "not json", None)  # the model's own invalid answer keeps its text
+    result, _ = await play(share(3), ScriptedLLM(script))
+    assert (result.n, result.n_valid, result.n_simulation_errors) == (3, 1, 1)  # the bug is not the model's
 
 
 async def test_no_model_is_never_an_answer_the_round_stops_with_model_unavailable():
@@ -203,3 +205,30 @@ def test_the_range_check_finds_exactly_the_valid_values_outside():
     assert outside([1.0, None, 5.0], [True, False, True], (0, 10)) == []
     assert outside([1.0, -1.0, 50.0, 99.0], [True, True, False, True], (0, 10)) == [1, 3]
     assert outside([], [], (0, 1)) == []
+
+
+def test_a_valid_categorical_value_outside_the_declared_options_is_an_invalid_row_before_it_counts():
+    """A vote declares its ballot's options: a valid "maybe" (a parser that let the model's text
+    through) becomes invalid, named as the simulation's error, before the partial counts it —
+    as the recorder would refuse the batch. Before issue 25 it counted as a new option."""
+    run = share(config=RunConfig.model_validate({"simulation": "vote", "agents": 3,
+                                                 "ballot": {"options": ["go", "stay"]}}))
+    batches = []
+    sink = OutcomeSink(type(run.sim), run.env, batch_size=10, emit=batches.append)
+    choice = type(run.sim).Outcome
+    for i, v in enumerate(("go", "maybe", "stay")):
+        sink.add(i, choice(choice=v, valid=True, raw=v), 1.0)
+    result = sink.close()
+    [b] = batches
+    assert b.valid == [True, False, True] and b.columns["choice"] == ["go", None, "stay"]
+    assert b.errors[1] == "agent: outcome.choice: 'maybe' is not one of the simulation's options"
+    assert b.raws[1] == "maybe"  # the text stays
+    assert (result.n, result.n_valid) == (3, 2) and result.partial.counts == [1, 1]
+
+
+def test_declared_options_are_a_literal_columns_values_or_the_simulations_own():
+    from populace_vote import Vote, VoteParams
+
+    assert Vote.tables_for(VoteParams.model_validate({"ballot": {"options": ["b", "a", "c"]}})).measure_options \
+        == ["b", "a", "c"]  # the ballot's order, never by frequency
+    assert RatioGame.tables_for(RatioGame.Params()).measure_options is None  # numeric: a range instead

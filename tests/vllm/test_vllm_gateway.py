@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from populace.core import bus, subjects
+from populace.core import bus, replies, subjects
 from populace.core.contracts import InferBatch, InferReply, LlmCallBatch, ModelConfig, ReplicaInfo, ServiceInfo
 from populace.core.natsserver import free_port
 from populace.gateway.launch import ReplicaSet, register_forever
@@ -46,7 +46,8 @@ def batch(b: int, per: int, run: str) -> InferBatch:
 
 
 async def ask(nc, b: int, per: int, run: str) -> InferReply:
-    msg = await nc.request(subjects.LLM_INFER, bus.encode(batch(b, per, run)), timeout=600)
+    msg = await replies.request(nc, "gateway", subjects.llm_infer(replies.requester(nc)), bus.encode(batch(b, per, run)),
+                                timeout=600)
     return InferReply.model_validate_json(msg.data)
 
 

@@ -121,6 +121,10 @@ class Vote(Simulation):
         return prompts.user_prompt(persona, "", "", self.answer)
 
     @classmethod
+    def measure_options(cls, params: VoteParams) -> tuple[str, ...]:
+        return params.ballot.options  # results and reports list them in the ballot's order
+
+    @classmethod
     def model_defaults(cls, params: VoteParams) -> dict:
         extra = extra_answer_tokens(params.ballot.options)  # long options need room in the JSON
         if params.prompt.answer == "cot":

@@ -43,7 +43,7 @@ from populace_ratio_game.params import GameConfig
 from populace_ratio_game.prompts import answer_schema, system_prompt
 from rich.table import Table
 
-from populace.core import bus, subjects
+from populace.core import bus, replies, subjects
 from populace.core.contracts import InferBatch, InferReply, ModelConfig, ReplicaInfo, ServiceInfo
 from populace.core.natsserver import EmbeddedNats
 from populace.core.settings import Settings
@@ -312,7 +312,7 @@ async def gateway_latency(log_dir: str, n: int = 300, pairs: int = 3) -> dict:
                                                 {"Content-Type": "application/json"}, 30.0)
                     assert status == 200, status
                     t1 = time.perf_counter()
-                    msg = await nc.request(subjects.LLM_INFER, one, timeout=30)
+                    msg = await infer(nc, one, timeout=30)
                     t2 = time.perf_counter()
                     reply = InferReply.model_validate_json(msg.data)
                     assert reply.error is None and reply.valid == [True], reply
@@ -341,6 +341,11 @@ async def gateway_latency(log_dir: str, n: int = 300, pairs: int = 3) -> dict:
             "e2e_ratios": [a / b for a, b in zip(e2e["aiohttp"], e2e["httpx"], strict=True)]}
 
 
+async def infer(nc, data: bytes, timeout: float):
+    """One llm.infer request as this connection's requester, answered on its own reply subject."""
+    return await replies.request(nc, "gateway", subjects.llm_infer(replies.requester(nc)), data, timeout=timeout)
+
+
 def start_gateway(env: dict, log_dir: str, client: str) -> subprocess.Popen:
     # started before a measurement: blocking here costs nothing measured
     with open(f"{log_dir}/gateway-{client}.log", "ab") as log:  # the child keeps its copy
@@ -362,7 +367,7 @@ async def e2e_throughput(nc, tag: str, batches: int = 10, size: int = 1000) -> f
     for _ in range(50):
         while True:
             try:
-                await nc.request(subjects.LLM_INFER, one, timeout=30)
+                await infer(nc, one, timeout=30)
                 break
             except NoRespondersError:  # registered a moment before it subscribed
                 if time.monotonic() > deadline:
@@ -370,7 +375,7 @@ async def e2e_throughput(nc, tag: str, batches: int = 10, size: int = 1000) -> f
                 await asyncio.sleep(0.05)
     prompts = [f"You are player {k}. Report your number." for k in range(size)]
     t0 = time.perf_counter()
-    msgs = await asyncio.gather(*(nc.request(subjects.LLM_INFER, bus.encode(
+    msgs = await asyncio.gather(*(infer(nc, bus.encode(
         batch(SYSTEM, prompts, batch_id=f"t{tag}-{i}")), timeout=300) for i in range(batches)))
     rps = batches * size / (time.perf_counter() - t0)
     for m in msgs:

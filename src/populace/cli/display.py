@@ -22,20 +22,35 @@ def summary_labels(summary_model) -> dict[str, str]:
 
 def round_rows(results: list[RoundResult]) -> list[dict]:
     """Round results as rows: round, n, n_valid, the simulation's summary columns and usage."""
-    return [{"round": r.round, "n": r.n, "n_valid": r.n_valid, **r.summary,
-             "usage": r.usage.model_dump(include=set(Usage.RECORDED))}
+    return [{"round": r.round, "n": r.n, "n_valid": r.n_valid, "n_simulation_errors": r.n_simulation_errors,
+             **r.summary, "usage": r.usage.model_dump(include=set(Usage.RECORDED))}
             for r in sorted(results, key=lambda r: r.round)]
 
 
-def rounds_table(rows: list[dict], labels: dict[str, str], title: str) -> Table:
-    """A run's rounds as they closed: valid answers, the simulation's summary columns and the
-    round's LLM work."""
+def acted_cells(rows: list[dict], agents: int | None) -> list[str] | None:
+    """Per round, how many of the run's agents acted — shown only when the simulation selects
+    who acts (activation): otherwise every agent acts every round."""
+    if not agents or all(r["n"] == agents for r in rows):
+        return None
+    return [f"{r['n']:,}/{agents:,}" for r in rows]
+
+
+def rounds_table(rows: list[dict], labels: dict[str, str], title: str, agents: int | None = None) -> Table:
+    """A run's rounds as they closed: who acted (with activation), valid answers, the model's
+    invalid answers and the simulation's own errors apart, the simulation's summary columns and
+    the round's LLM work (infrastructure retries apart)."""
     t = Table(title=title)
-    for col in ("round", "valid", *labels.values(), *USAGE_HEADS):
+    acted = acted_cells(rows, agents)
+    # the infrastructure's retries (last of the usage columns), the model's invalid answers and the
+    # simulation's own errors side by side: three classes, never one
+    for col in ("round", *(("acted",) if acted else ()), "valid", *labels.values(), *USAGE_HEADS,
+                "invalid answers", "simulation errors"):
         t.add_column(col, justify="right")
-    for r in rows:
-        t.add_row(str(r["round"]), f"{r['n_valid']}/{r['n']}", *(fmt(r.get(k)) for k in labels),
-                  *usage_cells(r.get("usage") or _flat_usage(r)))
+    for i, r in enumerate(rows):
+        errors = r.get("n_simulation_errors") or 0
+        t.add_row(str(r["round"]), *((acted[i],) if acted else ()), f"{r['n_valid']}/{r['n']}",
+                  *(fmt(r.get(k)) for k in labels),
+                  *usage_cells(r.get("usage") or _flat_usage(r)), f"{r['n'] - r['n_valid'] - errors:,}", f"{errors:,}")
     return t
 
 
@@ -97,15 +112,16 @@ def stats_table(rows: list[dict], title: str, info: dict | None = None) -> Table
     summary = _summary_shown(rows, labels, STATS if kind == "numeric" else ())
     options = (rows[0].get("options") or [])[:MAX_SHOWN_OPTIONS] if rows and kind == "categorical" else []
     t = Table(title=title)
-    heads = ["round", "valid"]
+    acted = acted_cells(rows, info.get("agents"))
+    heads = ["round", *(("acted",) if acted else ()), "valid"]
     if kind == "numeric":
         heads += list(STATS)
     elif kind == "categorical":
         heads += ["most chosen", *options]
     for col in (*heads, *(labels[k] for k in summary)):
         t.add_column(_plain(col), justify="right")
-    for r in rows:
-        cells = [str(r["round"]), f"{r['n_valid']}/{r['n']}"]
+    for i, r in enumerate(rows):
+        cells = [str(r["round"]), *((acted[i],) if acted else ()), f"{r['n_valid']}/{r['n']}"]
         if kind == "numeric":
             cells += [fmt(r["mean"]), fmt(r["median"]), fmt(r["std"]), fmt(r["min"], 1), fmt(r["max"], 1)]
         elif kind == "categorical":
@@ -143,15 +159,17 @@ def graph_line(g: dict) -> str:
     return text
 
 
-LLM_HEADS = ("round", "answers in", "valid", "invalid (model)", "infra retries", "LLM calls", "re-asks",
+LLM_HEADS = ("round", "answers in", "valid", "invalid answers (model)", "simulation errors", "infra retries",
+             "LLM calls", "re-asks",
              "replica retries", "prompt tokens", "completion tokens", "latency p50 / p95 / max (ms)")
 
 
 def llm_table(rows: list[dict], calls: dict[int, dict], title: str) -> Table | None:
-    """Per round, what the answers cost and how they came: answers in, valid and the model's
-    invalid ones, the infrastructure retries (prompts asked again because no model answered;
-    never an answer), LLM calls, the gateway's re-asks and retries on another replica, tokens and
-    latency percentiles (`round_table` rows with `usage`, `call_stats`). None without LLM work."""
+    """Per round, what the answers cost and how they came: answers in, valid, the model's
+    invalid ones, the simulation's own errors (error 'agent: …'), the infrastructure retries
+    (prompts asked again because no model answered; never an answer), LLM calls, the gateway's
+    re-asks and retries on another replica, tokens and latency percentiles (`round_table` rows
+    with `usage`, `call_stats`). None without LLM work."""
     if not any(r.get("usage") for r in rows) and not calls:
         return None
     t = Table(title=title)
@@ -162,8 +180,9 @@ def llm_table(rows: list[dict], calls: dict[int, dict], title: str) -> Table | N
         ptok = c.get("prompt_tokens", u.get("prompt_tokens"))
         ctok = c.get("completion_tokens", u.get("completion_tokens"))
         lat = " / ".join(fmt(c.get(k), 0) for k in ("latency_ms_p50", "latency_ms_p95", "latency_ms_max"))
-        t.add_row(str(r["round"]), f"{r['n']:,}", f"{r['n_valid']:,}", f"{r['n_invalid']:,}",
-                  _count(u.get("infra_retries")), _count(u.get("llm_calls", c.get("calls"))),
+        t.add_row(str(r["round"]), f"{r['n']:,}", f"{r['n_valid']:,}", f"{r['n_invalid_answers']:,}",
+                  f"{r['n_simulation_errors']:,}", _count(u.get("infra_retries")),
+                  _count(u.get("llm_calls", c.get("calls"))),
                   _count(c.get("reasks")), _count(c.get("replica_retries")), _count(ptok), _count(ctok),
                   lat if c else "—")
     return t

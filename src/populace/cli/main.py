@@ -110,13 +110,14 @@ def checked(build):
 
 
 def _report(outcome, prepared: PreparedRun) -> None:
-    _report_outcome(outcome, prepared.resolved.simulation)
+    _report_outcome(outcome, prepared.resolved.simulation, prepared.config.agents)
 
 
-def _report_outcome(outcome, sim) -> None:
+def _report_outcome(outcome, sim, agents: int | None = None) -> None:
     labels = display.summary_labels(sim.Summary)
     display.out.print(display.rounds_table(display.round_rows(outcome.results), labels,
-                                           f"run {outcome.run_id} ({outcome.status})"))
+                                           f"run {outcome.run_id} ({outcome.status})",
+                                           agents=agents))
     if outcome.recorded:
         tables = sim.tables()
         display.out.print(f"recorded {outcome.recorded.outcomes} outcomes (table {tables.outcomes}) "
@@ -225,6 +226,12 @@ def _overrides(pairs: list[str] | None) -> dict:
     raise AssertionError  # unreachable
 
 
+def _merged_into(out: dict, path: tuple[str, ...], value: object) -> None:
+    for key in path[:-1]:
+        out = out.setdefault(key, {})
+    out[path[-1]] = value
+
+
 def _merged(base: dict, extra: dict) -> dict:
     out = dict(base)
     for key, value in extra.items():
@@ -235,8 +242,21 @@ def _merged(base: dict, extra: dict) -> dict:
 SET_HELP = "set a scenario key, e.g. --set game.ratio=1/2 (repeatable)"
 
 
+# demo options that are scenario keys: given with --scenario, they apply to it (as --set would)
+DEMO_SCENARIO_KEYS = {"agents": ("agents",), "rounds": ("rounds",), "seed": ("model", "seed"),
+                      "latency": ("model", "latency_s"), "one_per_process": ("placement", "agents_per_process")}
+
+
+def _given(ctx: typer.Context, name: str) -> bool:
+    """Whether option `name` was typed on the command line (not left at its default). By the
+    source's name: typer vendors its own click, whose ParameterSource is another enum."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name == "COMMANDLINE"
+
+
 @app.command()
 def demo(
+    ctx: typer.Context,
     agents: Annotated[int, typer.Option(help="number of agents")] = 1000,
     rounds: Annotated[int, typer.Option(help="rounds to play")] = 3,
     simulation: Annotated[str, typer.Option(help="simulation to play: ratio-game, public-goods, vote, opinion, or an "
@@ -254,12 +274,23 @@ def demo(
     set_: Annotated[list[str] | None, typer.Option("--set", help=SET_HELP)] = None,
     db: Annotated[str, typer.Option(help="DuckDB file to write")] = "populace.duckdb",
     scenario: Annotated[Path | None, typer.Option(
-        help="play this scenario file instead (its simulation, agents, rounds, population, model and "
-             "parameters replace the options above; --set still applies)")] = None,
+        help="play this scenario file instead: its simulation, population, model and parameters replace the "
+             "options above; --agents, --rounds, --seed, --latency and --one-per-process given with it apply "
+             "to it, as --set does (--simulation and --model are refused with it)")] = None,
 ) -> None:
     """Start NATS and every service, play one run, print the rounds, leave the DuckDB file."""
     if scenario is not None:
-        extra = _overrides(set_)
+        for name, flag in (("simulation", "--simulation"), ("model", "--model")):
+            if _given(ctx, name):
+                fail(f"{flag}: --scenario names its own {name}; drop {flag}, or set it in the scenario "
+                     f"(--set {'simulation=…' if name == 'simulation' else 'model.backend=…'})")
+        values = {"agents": agents, "rounds": rounds, "seed": seed, "latency": latency,
+                  "one_per_process": 1 if one_per_process else 0}
+        options: dict = {}
+        for name, path in DEMO_SCENARIO_KEYS.items():
+            if _given(ctx, name):
+                _merged_into(options, path, values[name])
+        extra = _merged(options, _overrides(set_))  # --set has the last word
         prepared = checked(lambda: prepare_file(scenario) if not extra else _prepare_with(scenario, extra))
     else:
         prepared = checked(lambda: prepare(parse_config(_merged({
@@ -283,19 +314,54 @@ def _prepare_with(scenario: Path, extra: dict) -> PreparedRun:
                    scenario_path=str(scenario), scenario_text=text)
 
 
+# `populace up`'s JetStream store: runs' state, checkpoints and events. Kept across restarts (the
+# guide restarts `up` after a code change), so `populace resume` and `fork` still know its runs.
+UP_STORE = "populace-nats"
+
+
+def _lock_store(store: Path):
+    """Hold `store` for this process: nats-server takes no lock of its own, and two servers on
+    one store directory corrupt it. Returns the open lock file (closing it releases the lock)."""
+    import fcntl
+
+    store.mkdir(parents=True, exist_ok=True)
+    lock = open(store / "populace-up.lock", "a+")  # noqa: SIM115 - held until `up` exits
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "another process"
+        lock.close()
+        fail(f"--store: {store} is in use by another `populace up` ({holder}); stop it, or give this one "
+             "its own --store DIR")
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"pid {os.getpid()}\n")
+    lock.flush()
+    return lock
+
+
 @app.command()
 def up(
     hosts: Annotated[int, typer.Option(min=1, help="agent-host processes")] = 2,
     port: Annotated[int, typer.Option(help="NATS port")] = 4222,
     db: Annotated[str, typer.Option(help="DuckDB file the recorder writes")] = "populace.duckdb",
-    store: Annotated[str | None, typer.Option(help="JetStream store dir (default: temporary)")] = None,
+    store: Annotated[str, typer.Option(help="JetStream store dir: runs' state, checkpoints and events, kept "
+                                            "across restarts so `populace resume` and `fork` still know them")
+                     ] = UP_STORE,
+    temporary_store: Annotated[bool, typer.Option(
+        "--temporary-store", help="a temporary JetStream store, deleted at stop: its runs cannot be resumed or "
+                                  "forked after a restart")] = False,
 ) -> None:
     """Run embedded NATS and every service in the foreground, for `populace run` to talk to."""
     from populace.client.stack import Stack, StackError
     from populace.core.natsserver import EmbeddedNats
 
-    nats = EmbeddedNats(port=port, store_dir=store)
+    lock = None if temporary_store else _lock_store(Path(store))
+    nats = EmbeddedNats(port=port, store_dir=None if temporary_store else str(Path(store).resolve()))
     stack = Stack(hosts=hosts, db=db)
+    kept = ("temporary, deleted at stop" if temporary_store else
+            f"{nats.store_dir}, kept at stop: `populace resume` works after a restart")
     try:
         nats.log_file = None
         nats.start()
@@ -303,7 +369,8 @@ def up(
         stack.start()
         asyncio.run(stack.wait_ready())
         display.console.print(f"[green]ready[/green]: NATS at {nats.url}, {hosts} agent-hosts, "
-                              f"DuckDB {db}, logs {stack.log_dir}. Ctrl-C stops.")
+                              f"DuckDB {db}, JetStream store {kept}, logs {stack.log_dir}. Ctrl-C stops.",
+                              soft_wrap=True)
         _print_metrics_ports(stack.metrics_ports)
         while True:  # SIGTERM and Ctrl-C both end this loop with KeyboardInterrupt
             time.sleep(0.5)
@@ -320,6 +387,8 @@ def up(
                 stack.stop()
             finally:
                 nats.stop()
+                if lock is not None:
+                    lock.close()
 
 
 @app.command()
@@ -329,8 +398,11 @@ def run(
     set_: Annotated[list[str] | None, typer.Option("--set", help=SET_HELP)] = None,
     progress: Annotated[bool, typer.Option(help="show progress bars")] = True,
     local: Annotated[bool, typer.Option(help="play in this process, without NATS or services (dummy model); "
-                                             "same results as the fleet")] = False,
-    hosts: Annotated[int, typer.Option(min=1, help="--local: split the agents as this many agent-hosts would")] = 1,
+                                             "same results as the fleet, recorded to --db")] = False,
+    hosts: Annotated[int, typer.Option(min=1, help="--local: split the agents as this many agent-hosts would "
+                                                   "(as many as `populace up` starts)")] = 2,
+    db: Annotated[str, typer.Option(help="--local: the DuckDB file to record the run in (the one `populace up` "
+                                         "writes by default)")] = "populace.duckdb",
     cancel_on_exit: Annotated[bool, typer.Option(help="Ctrl-C cancels the run (default: detach; the run "
                                                        "goes on)")] = False,
     estimate: Annotated[bool, typer.Option(help="play a pilot (a share of the agents, one round) and print "
@@ -346,16 +418,7 @@ def run(
     if estimate:
         return _estimate(scenario, extra, prepared, nats, pilot, progress)
     if local:
-        from populace.client import simulate
-
-        if prepared.config.model.backend != "dummy":
-            fail(f"model.backend: --local plays on the dummy model; {prepared.config.model.backend!r} needs "
-                 "the fleet (drop --local)")
-        result = simulate(prepared, local=True, hosts=hosts)
-        labels = display.summary_labels(prepared.resolved.simulation.Summary)
-        display.out.print(display.rounds_table(result.rounds.to_pylist(), labels,
-                                               f"run {result.run_id} (local, {result.status})"))
-        return
+        return _run_local(prepared, hosts, db)
     from populace.client.run import new_run_id
 
     rid = new_run_id()
@@ -366,6 +429,42 @@ def run(
             _detached(url, rid, cancel_on_exit)
             raise typer.Exit(130) from None
     _report(outcome, prepared)
+
+
+def _run_local(prepared: PreparedRun, hosts: int, db: str) -> None:
+    """`run --local`: play in this process, print the rounds, record the run to `db` as the
+    recorder records a fleet run; a simulation that fails (its code raised, or its agents keep
+    state a checkpoint would lose) exits 1 with the reason, never a traceback."""
+    from populace.client import simulate
+    from populace.recorder.local_runs import LocalRecordError
+
+    if prepared.config.model.backend != "dummy":
+        fail(f"model.backend: --local plays on the dummy model; {prepared.config.model.backend!r} needs "
+             "the fleet (drop --local)")
+    try:
+        result = simulate(prepared, local=True, hosts=hosts, db=db)
+    except LocalRecordError as err:
+        fail(f"--db: {err}", code=1)
+    sim = prepared.resolved.simulation
+    labels = display.summary_labels(sim.Summary)
+    rows = result.rounds.to_pylist()
+    errors: dict[int, int] = {}  # per round, the invalid rows the simulation's own code caused
+    if result.outcomes is not None:
+        for r, ok, err in zip(*(result.outcomes.column(c).to_pylist() for c in ("round", "valid", "error")),
+                              strict=True):
+            errors[r] = errors.get(r, 0) + (not ok and bool(err) and err.startswith("agent:"))
+    for row in rows:
+        row["n_simulation_errors"] = errors.get(row["round"], 0)
+    display.out.print(display.rounds_table(rows, labels, f"run {result.run_id} (local, {result.status})",
+                                           agents=result.config.agents))
+    if result.db_path is not None and result.outcomes is not None and result.outcomes.num_rows:
+        display.out.print(f"recorded {result.outcomes.num_rows} outcomes (table {result.tables.outcomes}) in "
+                          f"{result.db_path}")
+    elif result.db_path is not None:
+        display.out.print(f"recorded run {result.run_id} ({result.status}) in {result.db_path}: the summaries of "
+                          f"the {len(rows)} round(s) it closed (a local run that fails keeps no outcome rows)")
+    if result.status != "completed":
+        fail(f"run {result.run_id} {result.status}: {result.reason}", code=1)
 
 
 def _estimate(scenario: Path, extra: dict, prepared: PreparedRun, nats: str, share: float, progress: bool) -> None:
@@ -476,7 +575,7 @@ def resume(
         _detached(nats, run_id, False)
         raise typer.Exit(130) from None
     display.console.print(f"resumed after round {state.round}")
-    _report_outcome(outcome, resolve(state.config).simulation)
+    _report_outcome(outcome, resolve(state.config).simulation, state.config.agents)
 
 
 @app.command()
@@ -500,7 +599,7 @@ def follow(
         if state.status != "done":
             raise typer.Exit(1)
         return
-    _report_outcome(outcome, resolve(state.config).simulation)
+    _report_outcome(outcome, resolve(state.config).simulation, state.config.agents)
 
 
 @app.command()
@@ -751,7 +850,7 @@ def results(
     if round_ is not None and by is None:
         fail("--round: only with --by (the per-round table shows every round)")
     # what a script needs to read the rows: the run's simulation, measure and summary titles
-    head = ("run_id", "name", "simulation", "status", "measure", "measure_kind", "grouped", "equilibrium",
+    head = ("run_id", "name", "simulation", "status", "reason", "measure", "measure_kind", "grouped", "equilibrium",
             "outcome_table", "summary_table", "labels", "usage", "graph", "interviews")
     with _db(db, run_ids, nats) as con:
         ids = _run_ids(con, run_ids)
@@ -776,6 +875,8 @@ def results(
                 display.console.print(f"note: {info['note']}", markup=False, highlight=False)
             what = f"{info['simulation']}, {info['measure']}" if info.get("measure") else info["simulation"]
             display.out.print(display.stats_table(rows, f"run {info['run_id']} ({info['status']}; {what})", info))
+            if info.get("reason"):  # why a run failed, paused or was cancelled (or what its recovery did)
+                display.out.print(f"{info['status']}: {info['reason']}", markup=False, highlight=False)
             if info.get("graph"):
                 display.out.print(display.graph_line(info["graph"]), markup=False, highlight=False)
             llm = display.llm_table(rows, calls, f"LLM work — {display.model_line(model_of(info, calls))}")

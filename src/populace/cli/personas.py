@@ -7,7 +7,7 @@ Two ways to build a persona from a sampled profile:
 * **LLM** (``local``: SmolLM2 on llama.cpp; ``sim`` / ``openai``: whatever replicas of that
   backend the stack at ``--nats`` has) — a meta-prompt asks the model for a persona
   consistent with the profile, as JSON matching a per-profile schema, through the inference
-  gateway (``llm.infer`` request/reply carrying an :class:`~populace.core.contracts.InferBatch`).
+  gateway (``llm.infer.<user>`` request/reply carrying an :class:`~populace.core.contracts.InferBatch`).
   Without ``--nats`` a private stack (embedded NATS, the services, ``replicas`` llama.cpp or
   sim replicas; logs and DuckDB file in a temporary directory) is started and stopped around
   the run.
@@ -183,7 +183,7 @@ class _LlmGenerator:
         from nats.errors import NoRespondersError
         from nats.errors import TimeoutError as NatsTimeout
 
-        from populace.core import bus, subjects
+        from populace.core import bus, replies, subjects
         from populace.core.contracts import InferBatch, InferReply, ModelConfig
 
         self.batches += 1
@@ -201,7 +201,8 @@ class _LlmGenerator:
         error: str | None = None
         async with self.sem:
             try:
-                msg = await self.nc.request(subjects.LLM_INFER, bus.encode(batch), timeout=REQUEST_TIMEOUT_S)
+                msg = await replies.request(self.nc, "gateway", subjects.llm_infer(replies.requester(self.nc)),
+                                            bus.encode(batch), timeout=REQUEST_TIMEOUT_S)
             except NoRespondersError:
                 raise PersonaGenerationError(
                     "no inference gateway answers llm.infer on this NATS server "

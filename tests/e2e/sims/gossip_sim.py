@@ -14,6 +14,7 @@ class Rumour(Post):
 class Said(Outcome):
     level: int | None = None
     heard: int = 0
+    in_degree: int | None = None  # how many agents it hears on the graph (obs.in_degree)
 
 
 class Tot(Partial):
@@ -32,7 +33,8 @@ class Gossiper(Agent):
         inbox = obs.inbox(self.id)
         lvl = max([m.post.level for m in inbox], default=0) + 1
         await llm.ask(f"agent {self.id} heard {len(inbox)}", key=self.id)
-        return Said(level=lvl, heard=len(inbox), post=Rumour(text=f"{self.id} says {lvl}", level=lvl))
+        return Said(level=lvl, heard=len(inbox), in_degree=obs.in_degree(self.id),
+                    post=Rumour(text=f"{self.id} says {lvl}", level=lvl))
 
 
 class GEnv(Env):

@@ -249,10 +249,16 @@ def last_round(con: duckdb.DuckDBPyConnection, run_id: str) -> int | None:
 
 
 # --- categorical options --------------------------------------------------------------
-def _options(con: duckdb.DuckDBPyConnection, source: str, params: dict) -> list[str]:
-    """The answers of a categorical measure in ``source`` (SQL with a text column ``v``), most
-    frequent first (ties by text); beyond MAX_OPTIONS the rarest are counted as OTHER, which
-    then comes last."""
+def _options(con: duckdb.DuckDBPyConnection, source: str, params: dict, declared: Sequence[str] | None = None
+             ) -> list[str]:
+    """The answers of a categorical measure in ``source`` (SQL with a text column ``v``): the
+    simulation's ``declared`` options in their order (its schema's), with OTHER last for any
+    answer outside them (a run recorded before options were checked); without declared options,
+    most frequent first (ties by text), and beyond MAX_OPTIONS the rarest counted as OTHER."""
+    if declared:
+        (outside,) = _run(con, f"SELECT count(*) FILTER (WHERE NOT list_contains($declared, v)) FROM ({source})",
+                          {**params, "declared": list(declared)}).fetchone()
+        return [*declared, *([OTHER] if outside else [])]
     rows = _run(con, f"SELECT v, count(*) AS c FROM ({source}) GROUP BY v ORDER BY c DESC, v "
                      f"LIMIT {MAX_OPTIONS + 1}", params).fetchall()
     opts = [r[0] for r in rows]
@@ -281,11 +287,20 @@ def _usage_columns(con: duckdb.DuckDBPyConnection, rt: RunTables) -> tuple[str, 
     return Usage.RECORDED if have.issuperset(Usage.RECORDED) else ()
 
 
+def _simulation_error(con: duckdb.DuckDBPyConnection, rt: RunTables) -> str:
+    """SQL: the row's error is the simulation's own (its turn raised, or returned a value that
+    does not fit its column, options or range: 'agent: …'), not the model's invalid answer."""
+    return "coalesce(error LIKE 'agent:%', false)" if "error" in table_columns(con, rt.spec.outcomes) else "false"
+
+
 def run_usage(con: duckdb.DuckDBPyConnection, run_id: str) -> dict | None:
-    """The run's LLM work over its closed rounds: ``llm_calls, prompt_tokens,
-    completion_tokens, infra_retries`` (prompts asked again because no model answered: the
-    infrastructure's failures, never recorded as answers), and ``invalid``: recorded answers the
-    simulation could not read (the model's failures). None for a run recorded before usage was."""
+    """The run's LLM work over its closed rounds and what went wrong, in three classes:
+    ``llm_calls, prompt_tokens, completion_tokens``; ``infra_retries`` (prompts asked again
+    because no model answered: the infrastructure's failures, never recorded as answers);
+    ``invalid_answers`` (recorded rows the model answered and the simulation could not read:
+    the model's failures); ``simulation_errors`` (rows the simulation's own code failed on,
+    error 'agent: …': the author's bugs, the model was not at fault). None for a run recorded
+    before usage was."""
     _check_runs(con, [run_id])
     rt = run_tables(con, run_id)
     usage = _usage_columns(con, rt)
@@ -294,8 +309,11 @@ def run_usage(con: duckdb.DuckDBPyConnection, run_id: str) -> dict | None:
     sums = con.execute(f"SELECT {', '.join(f'coalesce(sum({q(c)}), 0)' for c in usage)} FROM {q(rt.spec.rounds)} "
                        "WHERE run_id = ?", [run_id]).fetchone()
     out = {c: int(v) for c, v in zip(usage, sums, strict=True)}
-    out["invalid"] = int(con.execute(f"SELECT count(*) FROM {q(rt.spec.outcomes)} WHERE run_id = ? AND NOT valid",
-                                     [run_id]).fetchone()[0])
+    ours = _simulation_error(con, rt)
+    invalid, errors = con.execute(f"SELECT count(*) FILTER (WHERE NOT valid AND NOT {ours}), "
+                                  f"count(*) FILTER (WHERE NOT valid AND {ours}) FROM {q(rt.spec.outcomes)} "
+                                  "WHERE run_id = ?", [run_id]).fetchone()
+    out["invalid_answers"], out["simulation_errors"] = int(invalid), int(errors)
     return out
 
 
@@ -311,9 +329,13 @@ def round_table(con: duckdb.DuckDBPyConnection, run_id: str) -> list[dict]:
     """One dict per round (ascending)::
 
         round, n, n_valid, n_invalid      from the outcome rows (else the round's result)
+        n_invalid_answers                 of the invalid rows, the model's answers the simulation
+                                          could not read
+        n_simulation_errors               of the invalid rows, those the simulation's own code
+                                          failed on (error 'agent: …')
         mean, median, std, min, max       numeric measure, over the valid answers (std: sample)
         options, counts, shares, leader, leader_share
-                                          categorical measure: the options (most frequent first),
+                                          categorical measure: the options (declared order, else most frequent first),
                                           valid answers and share of the valid answers per option,
                                           the leading option (None on a tie) and its share
         summary                           {column: value} of the simulation's round summary
@@ -336,10 +358,12 @@ def round_table(con: duckdb.DuckDBPyConnection, run_id: str) -> list[dict]:
     else:
         stats = ""
     valid = f"valid AND {q(rt.measure)} IS NOT NULL" if rt.measure else "valid"
+    ours = _simulation_error(con, rt)
     cur = con.execute(
         f"""
         WITH o AS (
-            SELECT round, count(*) AS n, count(*) FILTER (WHERE {valid}) AS n_valid {stats}
+            SELECT round, count(*) AS n, count(*) FILTER (WHERE {valid}) AS n_valid,
+                   count(*) FILTER (WHERE NOT ({valid}) AND {ours}) AS n_errors_ {stats}
             FROM {q(rt.spec.outcomes)} WHERE run_id = $run GROUP BY round
         ), r AS (
             SELECT round, any_value(n) AS r_n, any_value(n_valid) AS r_n_valid{', ' + sel if sel else ''}
@@ -354,6 +378,8 @@ def round_table(con: duckdb.DuckDBPyConnection, run_id: str) -> list[dict]:
     for row in _rows(cur):
         d = {"round": int(row["round_"]), "n": int(row["n_"]), "n_valid": int(row["n_valid_"])}
         d["n_invalid"] = d["n"] - d["n_valid"]
+        d["n_simulation_errors"] = int(row["n_errors_"] or 0)
+        d["n_invalid_answers"] = d["n_invalid"] - d["n_simulation_errors"]
         if rt.kind == "numeric":
             d.update({k: _num(row[k]) for k in ("mean", "median", "std", "min", "max")})
         d["summary"] = ({c: _value(row["s_" + c], t) for c, t in types.items()} if row["closed_"] else None)
@@ -366,7 +392,7 @@ def round_table(con: duckdb.DuckDBPyConnection, run_id: str) -> list[dict]:
 
 def _add_shares(con: duckdb.DuckDBPyConnection, rt: RunTables, rows: list[dict]) -> None:
     params = {"run": rt.run_id}
-    options = _options(con, _answers(rt), params)
+    options = _options(con, _answers(rt), params, rt.spec.measure_options)
     params["opts"] = options
     counts = _run(con,
         f"SELECT round, {_option_expr(rt, options)} AS opt, count(*) FROM {q(rt.spec.outcomes)} o "
@@ -386,7 +412,7 @@ def _add_shares(con: duckdb.DuckDBPyConnection, rt: RunTables, rows: list[dict])
 
 def round_shares(con: duckdb.DuckDBPyConnection, rt: RunTables, round_: int) -> dict:
     """A categorical measure in one round, as ``round_table`` gives it: ``options, counts,
-    shares, leader, leader_share`` (options over the whole run, most frequent first)."""
+    shares, leader, leader_share`` (options over the whole run: declared order, else most frequent first)."""
     _need_measure(rt)
     row = {"round": int(round_)}
     _add_shares(con, rt, [row])
@@ -710,7 +736,7 @@ def group_table(con: duckdb.DuckDBPyConnection, run_ids: str | Sequence[str], by
         # and columns stay the same from table to table
         options = _options(con, f"SELECT {_measure_expr(rt, 'o')} AS v FROM {q(rt.spec.outcomes)} o "
                                 f"WHERE list_contains($runs, o.run_id) AND o.valid AND o.{q(rt.measure)} IS NOT NULL",
-                           params)
+                           params, rt.spec.measure_options)
         params["opts"] = options
         value = _option_expr(rt, options)
     else:
@@ -907,7 +933,7 @@ def group_spread(con: duckdb.DuckDBPyConnection, run_id: str, option: str | None
         what = f"mean {rt.noun}"
     else:
         if option is None:
-            opts = _options(con, _answers(rt), params)
+            opts = _options(con, _answers(rt), params, rt.spec.measure_options)
             option = next((o for o in opts if o != OTHER), None)
             if option is None:
                 return {"value": f"share of a {rt.noun}", "n_groups": 0, "rounds": [], "lines": None}

@@ -25,6 +25,8 @@ import contextlib
 import json
 import tempfile
 import threading
+import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,18 +140,24 @@ class Run:
         return self._task.done()
 
 
-async def start(scenario: Scenario, *, nats: str | None = None, local: bool = False, hosts: int = 2,
+# Agent-hosts a run is played on (or, locally, split over) unless told: `populace up`, `demo`,
+# `run --local` and `simulate` alike.
+DEFAULT_HOSTS = 2
+
+
+async def start(scenario: Scenario, *, nats: str | None = None, local: bool = False, hosts: int = DEFAULT_HOSTS,
                 db: str | None = None, progress: bool = True, **overrides: Any) -> Run:
     """Submit a run and return its handle at once (see the module docstring).
 
     `nats`: a running stack's URL (default: start a private one, stopped when the run ends).
     `local`: play in this process without NATS (dummy model); `hosts` then splits the agents
-    as that many agent-hosts would hold them. `overrides`: scenario keys to replace, e.g.
-    `agents=100`."""
+    as that many agent-hosts would hold them. `db`: the DuckDB file a private stack or a local
+    run records to (default: a new temporary one; `result.db_path` says where).
+    `overrides`: scenario keys to replace, e.g. `agents=100`."""
     prepared = _prepared(scenario, overrides)
     run_id = new_run_id()
     if local:
-        coro = _local(prepared, run_id, hosts)
+        coro = _local(prepared, run_id, hosts, db)
     else:
         coro = _fleet(prepared, run_id, nats, hosts, db, progress)
     return Run(prepared, run_id, asyncio.get_running_loop().create_task(coro))
@@ -182,19 +190,84 @@ def simulate(scenario: Scenario, **kwargs: Any) -> SimulationResult:
     return box["result"]
 
 
-async def _local(prepared: PreparedRun, run_id: str, hosts: int) -> SimulationResult:
+def local_failure(simulation: str, round_: int, err: BaseException) -> str:
+    """A local run's reason to fail, as the fleet words it, with where the simulation's code
+    raised (a local run prints no traceback)."""
+    from populace.sdk.statecheck import UnsavedState
+
+    if isinstance(err, UnsavedState):
+        return str(err)
+    where = traceback.extract_tb(err.__traceback__)[-1] if err.__traceback__ else None
+    at = f" (at {Path(where.filename).name}:{where.lineno} in {where.name})" if where else ""
+    return f"simulation {simulation!r}: round {round_} failed: {type(err).__name__}: {err}{at}"
+
+
+def local_recorder():
+    """The recorder's writer for local runs, found by entry point (a library imports no service)."""
+    from importlib.metadata import entry_points
+
+    found = [ep for ep in entry_points(group="populace.recorders") if ep.name == "local"]
+    if not found:
+        raise RuntimeError("recording a local run needs the populace-recorder package (entry point "
+                           "populace.recorders:local)")
+    return found[0].load()
+
+
+async def _local(prepared: PreparedRun, run_id: str, hosts: int, db: str | None) -> SimulationResult:
+    """Play in this process, checking between rounds that a checkpoint keeps every agent's
+    state (populace.sdk.statecheck), and record the run to DuckDB like a fleet run. A failure
+    of the simulation's code is the run's `failed` status with the reason, never a traceback."""
     from populace.graph.serial import loads
     from populace.population.cast import cast_from_jsonl
-    from populace.sdk.local import run_local
+    from populace.sdk.llm import ModelUnavailable
+    from populace.sdk.local import dummy_llm, run_local
+    from populace.sdk.statecheck import StateCheck
 
     cast = cast_from_jsonl(prepared.personas) if prepared.personas is not None else None
     graph = loads(prepared.graph) if prepared.graph is not None else None
-    res = await run_local(prepared.resolved or prepared.config, run_id=run_id, cast=cast, hosts=hosts, graph=graph)
-    t = res.tables
-    return SimulationResult(run_id, res.status, None, prepared.config, res.tables,
-                            _arrow(res.rounds, t.summary_columns), _arrow(res.outcomes, t.outcome_columns),
-                            manifest=prepared.manifest,
-                            interviews=pa.Table.from_pydict(res.interviews) if res.interviews else None, local=res)
+    resolved = prepared.resolved
+    tables = resolved.tables() if resolved else None
+    started_at = time.time()
+    closed: list[dict] = []
+    check = StateCheck(dummy_llm)
+    outcomes: dict[str, list] = {}
+    posts: dict[str, list] = {}
+    scenes: dict[str, dict[str, list]] = {}
+    res = None
+    status, reason = "completed", None
+    try:
+        res = await run_local(resolved or prepared.config, run_id=run_id, cast=cast, hosts=hosts, graph=graph,
+                              llm=check, on_round=lambda n, row: closed.append(row))
+        outcomes, posts = res.outcomes, res.posts
+        scenes = {"acts": res.acts, "transcripts": res.transcripts, "edges": res.edges}
+        tables = res.tables
+        check.finish()
+    except ModelUnavailable:
+        raise  # not the simulation's fault: the caller's model
+    except Exception as err:
+        status = "failed"
+        reason = local_failure(resolved.simulation.name if resolved else prepared.config.simulation,
+                               len(closed) + 1, err)
+    rounds = {k: [row.get(k) for row in closed] for k in (closed[0] if closed else {})}
+    db_path = db or str(Path(tempfile.mkdtemp(prefix="populace-")) / "populace.duckdb")
+    if tables is not None:
+        local_recorder()(db_path, run_id=run_id, config=prepared.config, tables=tables, outcomes=outcomes,
+                         rounds=rounds, posts=posts, **scenes, status=status, reason=reason, started_at=started_at,
+                         manifest={**prepared.manifest, "run_id": run_id} if prepared.manifest else None,
+                         personas=prepared.personas, interviews=res.interviews if res is not None else None,
+                         interview_calls=res.interview_usage if res is not None else None)
+        read = _read_db(db_path, run_id, tables)
+    else:
+        read = None
+    if read is not None:
+        table_rounds, table_outcomes, interviews = read
+    else:
+        table_rounds, table_outcomes = pa.Table.from_pylist(closed), pa.Table.from_pydict(outcomes)
+        interviews = pa.Table.from_pydict(res.interviews) if res is not None and res.interviews else None
+    return SimulationResult(run_id, status, reason, prepared.config, tables, table_rounds, table_outcomes,
+                            db_path=db_path if read is not None else None, manifest=prepared.manifest,
+                            interviews=interviews if interviews is not None and interviews.num_rows else None,
+                            local=res)
 
 
 def _arrow(columns: dict[str, list], declared: list) -> pa.Table:

@@ -21,7 +21,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError
 from pydantic import ValidationError
 
-from populace.core import bus, subjects
+from populace.core import bus, replies, subjects
 from populace.core.contracts import NodeInfo, NodeReply, NodeRequest, StartProcess
 
 REQUEST_TIMEOUT_S = 10.0
@@ -68,10 +68,11 @@ async def node_request(nc: Client, node_id: str, request: NodeRequest, timeout: 
     if not subjects.valid_token(node_id):
         raise NodeError(f"{node_id!r} is not a node id (one subject token: no '.', ' ', '*', '>')")
     request = with_request_id(request)
-    subject = subjects.node_request(node_id, request.VERB)
+    subject = subjects.node_request(node_id, request.VERB, replies.requester(nc))
     for attempt in range(retries + 1):
         try:
-            msg = await nc.request(subject, bus.encode(request), timeout=timeout or reply_timeout(request))
+            msg = await replies.request(nc, "node", subject, bus.encode(request),
+                                        timeout=timeout or reply_timeout(request))
             break
         except nats.errors.NoRespondersError:
             raise NodeUnreachable(f"node {node_id!r} is not running (nobody listens on {subject})") from None

@@ -8,7 +8,8 @@ recorder over the bus instead of opening the file.
     await request_agents(nc, "run-1", search="teacher", offset=50, limit=50)  # AgentsReply
     await request_distribution(nc, "run-1")               # the last closed round's histogram or shares
 
-A request is core NATS request/reply on `recorder.read.<verb>`; no recorder answering is
+A request is core NATS request/reply on `recorder.read.<verb>.<requester>`, answered on the
+requester's own reply subject (populace.core.replies); no recorder answering is
 RecorderUnreachable, a refusal is ReadError with the recorder's reason."""
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from pydantic import ValidationError
 
-from populace.core import bus, subjects
+from populace.core import bus, replies, subjects
 from populace.core.contracts import (
     AgentsReply,
     AgentsRequest,
@@ -52,9 +53,9 @@ class RecorderUnreachable(ReadError):
 
 
 async def _request(nc: Client, req: ReadRequest, reply_model: type[ReadReply], timeout: float) -> ReadReply:
-    subject = subjects.recorder_read(req.VERB)
+    subject = subjects.recorder_read(req.VERB, replies.requester(nc))
     try:
-        msg = await nc.request(subject, bus.encode(req), timeout=timeout)
+        msg = await replies.request(nc, "recorder", subject, bus.encode(req), timeout=timeout)
     except nats.errors.NoRespondersError:
         raise RecorderUnreachable(f"no recorder is running (nobody listens on {subject})") from None
     except nats.errors.TimeoutError:

@@ -6,6 +6,7 @@ JetStream publish and has no batch publish."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import hmac
 import time
@@ -19,6 +20,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, ObjectStoreConfig, StorageType, StreamConfig
 from nats.js.errors import (
+    APIError,
     BadRequestError,
     BucketNotFoundError,
     KeyNotFoundError,
@@ -149,27 +151,73 @@ async def connect_or_fail(url: str, name: str, timeout_s: float = 10.0, **kw) ->
         raise ConnectionError(f"cannot connect to NATS at {url}: {last}") from None
 
 
+class StreamLimitError(RuntimeError):
+    """A stream's retention limits are more than the NATS server can give it."""
+
+
 def _storage(kind: str) -> StorageType:
     return StorageType.MEMORY if kind == "memory" else StorageType.FILE
 
 
+# Retention of RUN and DLQ, when a service creates them (services may not update streams: an
+# existing stream keeps its limits; `nats stream edit` as `admin` changes them). RUN refuses new
+# events once full (DiscardPolicy.NEW: a publish fails loudly, never an unrecorded event dropped
+# in silence); DLQ drops its oldest dead letters (each was logged when it was refused).
+RUN_MAX_AGE_S = 30 * 86400.0
+RUN_MAX_BYTES = {"file": 16 * 2**30, "memory": 2 * 2**30}  # a memory stream's bytes are reserved in RAM
+DLQ_MAX_AGE_S = 7 * 86400.0
+DLQ_MAX_BYTES = 256 * 2**20
+# nats-server refuses a stream whose byte limit it cannot reserve (its default JetStream storage
+# is 75% of the free disk or RAM): a default limit is then halved until it fits, down to this.
+INSUFFICIENT_RESOURCES = (10028, 10047)  # memory, storage
+MIN_DEFAULT_BYTES = 16 * 2**20
+
+
+def stream_limits(settings) -> dict:
+    """provision()'s retention arguments from the settings (POPULACE_RUN_MAX_AGE_S …)."""
+    return {"run_max_age_s": settings.run_max_age_s, "run_max_bytes": settings.run_max_bytes,
+            "dlq_max_age_s": settings.dlq_max_age_s, "dlq_max_bytes": settings.dlq_max_bytes}
+
+
 async def provision(js: JetStreamContext, storage: str = "file", replicas: int = 1,
-                    run_max_age_s: float = 0.0) -> None:
+                    run_max_age_s: float = RUN_MAX_AGE_S, run_max_bytes: int | None = None,
+                    dlq_max_age_s: float = DLQ_MAX_AGE_S, dlq_max_bytes: int | None = None) -> None:
     """Create the CTL/RUN/DLQ streams and the KV buckets if missing. Safe to call from
-    every service at start-up, concurrently. `run_max_age_s` (0: none) bounds how long RUN
-    keeps an event; it is set only when RUN is created here (services may not update streams)."""
+    every service at start-up, concurrently. RUN and DLQ are bounded by age and bytes
+    (`run_max_age_s` 0: no age limit; a byte limit None: the default for the storage, lowered
+    if the server cannot reserve it); the limits are set only when a stream is created here
+    (services may not update streams)."""
     st = _storage(storage)
-    streams = [
-        StreamConfig(name=subjects.CTL_STREAM, subjects=subjects.CTL_SUBJECTS, storage=st,
-                     num_replicas=replicas, duplicate_window=120.0),
-        StreamConfig(name=subjects.RUN_STREAM, subjects=subjects.RUN_SUBJECTS, storage=st,
-                     num_replicas=replicas, duplicate_window=120.0,
-                     max_msg_size=8 * 1024 * 1024, max_age=run_max_age_s or None),
-        StreamConfig(name=subjects.DLQ_STREAM, subjects=subjects.DLQ_SUBJECTS, storage=st,
-                     num_replicas=replicas, max_msgs=100_000),
+    streams = [  # DLQ before RUN: the small one reserved first, RUN fits itself in the rest
+        (StreamConfig(name=subjects.CTL_STREAM, subjects=subjects.CTL_SUBJECTS, storage=st,
+                      num_replicas=replicas, duplicate_window=120.0), None, False),
+        (StreamConfig(name=subjects.DLQ_STREAM, subjects=subjects.DLQ_SUBJECTS, storage=st,
+                      num_replicas=replicas, max_msgs=100_000, max_age=dlq_max_age_s,
+                      max_bytes=dlq_max_bytes or DLQ_MAX_BYTES, discard=DiscardPolicy.OLD),
+         "POPULACE_DLQ_MAX_BYTES", dlq_max_bytes is None),
+        (StreamConfig(name=subjects.RUN_STREAM, subjects=subjects.RUN_SUBJECTS, storage=st,
+                      num_replicas=replicas, duplicate_window=120.0,
+                      max_msg_size=8 * 1024 * 1024, max_age=run_max_age_s or None,
+                      max_bytes=run_max_bytes or RUN_MAX_BYTES["memory" if st == StorageType.MEMORY else "file"],
+                      discard=DiscardPolicy.NEW),
+         "POPULACE_RUN_MAX_BYTES", run_max_bytes is None),
     ]
-    for cfg in streams:
-        await until_ready(lambda cfg=cfg: _ensure_stream(js, cfg), f"stream {cfg.name}", PROVISION_ATTEMPTS)
+    for cfg, setting, by_default in streams:
+        while True:
+            try:
+                await until_ready(lambda cfg=cfg: _ensure_stream(js, cfg), f"stream {cfg.name}", PROVISION_ATTEMPTS)
+                break
+            except APIError as err:
+                if err.err_code not in INSUFFICIENT_RESOURCES or setting is None:
+                    raise
+                if not by_default or cfg.max_bytes // 2 < MIN_DEFAULT_BYTES:
+                    raise StreamLimitError(
+                        f"stream {cfg.name}: the NATS server cannot reserve its byte limit of {cfg.max_bytes} bytes "
+                        f"({err.description}); lower {setting}, or give the server more JetStream "
+                        f"{cfg.storage.value} storage") from None
+                log.warning("stream_limit_lowered", stream=cfg.name, refused_bytes=cfg.max_bytes,
+                            trying_bytes=cfg.max_bytes // 2, setting=setting)
+                cfg = dataclasses.replace(cfg, max_bytes=cfg.max_bytes // 2)
     for bucket, ttl in (
         (subjects.RUNS_BUCKET, None),
         (subjects.HOSTS_BUCKET, 30.0),
@@ -355,10 +403,28 @@ async def _has_leader(js: JetStreamContext, stream: str, replicas: int) -> None:
         raise nats.errors.TimeoutError  # no leader elected yet
 
 
-def dlq_headers(subject: str, reason: str, instance: str = "") -> dict[str, str]:
-    """A dead letter's headers: where the message came, why it was refused, and which process
-    refused it (several instances of a service may each get a core NATS message)."""
-    return {"Populace-Subject": subject, "Populace-Error": reason[:1000], "Populace-Instance": instance}
+# A dead letter keeps this much of the refused message (enough to see what it was); its
+# headers say the rest: where it came, how big it was, who sent it, why it was refused.
+DLQ_EXCERPT_BYTES = 1024
+
+
+def dlq_headers(msg, reason: str, instance: str = "") -> dict[str, str]:
+    """A dead letter's headers, the refused message's reference: its subject, the stream and
+    sequence it is stored under (JetStream; a reader fetches it there while it is kept), its
+    size, its sender as its subject names it (subjects.sender_of), why it was refused, and which
+    process refused it (several instances of a service may each get a core NATS message)."""
+    data = msg.data or b""
+    headers = {"Populace-Subject": msg.subject, "Populace-Error": reason[:1000], "Populace-Instance": instance,
+               "Populace-Size": str(len(data)), "Populace-Sender": subjects.sender_of(msg.subject)}
+    if is_jetstream(msg):
+        try:
+            meta = msg.metadata
+            headers["Populace-Stream"], headers["Populace-Sequence"] = meta.stream, str(meta.sequence.stream)
+        except Exception:  # an ack subject it cannot parse: the reference has no sequence
+            pass
+    if len(data) > DLQ_EXCERPT_BYTES:
+        headers["Populace-Truncated"] = "1"
+    return headers
 
 
 def is_jetstream(raw_msg) -> bool:

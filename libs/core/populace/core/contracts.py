@@ -480,6 +480,9 @@ class SimulationTables(Strict):
     acts: Identifier | None = None  # scenes: one row per act (the platform's columns plus the Act's)
     act_columns: list[Column] = []
     edge_kinds: list[Identifier] = []  # graphs that change: the kinds recorded in table `edges`
+    # A run's declared answers of its categorical measure, in the order reports list them (the
+    # simulation's measure_options): a valid value outside them is impossible, refused likewise.
+    measure_options: list[Annotated[str, Field(max_length=1000)]] | None = Field(None, max_length=1000)
 
 
 # --- control plane -------------------------------------------------------------------
@@ -958,11 +961,16 @@ class RoundPartial(Wire):
     interviews: Usage = Usage()
     # the share's checkpoint objects of this round -> the sha256 of the bytes it stored
     checkpoints: dict[CheckpointName, SHA256] = Field({}, max_length=100_000)
+    # invalid rows whose cause is the simulation's own code (error 'agent: …'), not the model
+    n_simulation_errors: int = Field(0, ge=0)
 
     @model_validator(mode="after")
     def _valid_within_n(self) -> RoundPartial:
         if self.n_valid > self.n:
             raise ValueError(f"n_valid ({self.n_valid}) cannot exceed n ({self.n})")
+        if self.n_valid + self.n_simulation_errors > self.n:
+            raise ValueError(f"n_simulation_errors ({self.n_simulation_errors}) cannot exceed the invalid rows "
+                             f"({self.n - self.n_valid})")
         return self
 
 
@@ -988,6 +996,9 @@ class RoundResult(Wire):
     # share's own ranges' only), and the sha256 of the environment's own checkpoint
     checkpoints: dict[str, dict[CheckpointName, SHA256]] = {}
     env_checkpoint: SHA256 | None = None
+    # of the n - n_valid invalid rows, those the simulation's own code caused (error 'agent: …');
+    # the rest are the model's invalid answers
+    n_simulation_errors: Amount = 0
 
 
 class RunResumed(Wire):
@@ -1099,6 +1110,9 @@ class LlmCallBatch(Wire):
     attempts: list[Amount]  # HTTP calls made for the decision: re-asks and retries on other replicas included
     valid: list[bool]
     reasks: list[Amount] = []  # of those, corrective re-asks after an invalid answer (empty: not counted)
+    # Who asked: the NATS user its request subject named (llm.infer.<requester>), which only that
+    # user may publish; "" from a gateway before requesters were named.
+    requester: str = ""
 
     @model_validator(mode="after")
     def _same_length(self) -> LlmCallBatch:

@@ -3,10 +3,10 @@
 deploy/nats/auth.conf gives every agent-host one shared user, which may publish any host's
 outcomes and partials. A host with a user of its own (named by its host id) may publish only
 its own: `run.*.outcomes.*.<id>`, `run.*.interviews.*.<id>`, `run.*.mail.*.*.*.<id>`,
-`run.*.partial.*.<id>.*`, `run.*.spawned.<id>`, `run.*.fault.<id>`, `progress.*.*.<id>`, its own
-KV `hosts` entry; it hears only its own spawn orders and reads only its own inboxes
-(`_INBOX_<id>.>`); on RUN it may create, read and delete one consumer, `mail-<id>`, filtered to
-its own mail. The environment and the recorder
+`run.*.partial.*.<id>.*`, `run.*.spawned.<id>`, `run.*.fault.<id>`, `progress.*.*.<id>`, `llm.infer.<id>`,
+its own KV `hosts` entry; it hears only its own spawn and interview orders and reads only its own
+inboxes (`_INBOX_<id>.>`) and gateway replies (`reply.gateway.<id>.>`); on RUN it may create, read and
+delete one consumer, `mail-<id>`, filtered to its own mail. The environment and the recorder
 refuse a body that claims another sender than its subject, so a host's credentials cannot
 speak for another host.
 
@@ -21,6 +21,9 @@ from populace.core import authconf, subjects
 from populace.core.subjects import valid_token
 
 _MAIL = subjects.mail_consumer("{id}")
+# The user every agent-host without a user of its own shares: it may speak for any host.
+SHARED_HOST_USER = "agent-host"
+
 # (what the shared block says, what one host's says); {id} is the host id
 NARROWINGS = (
     ('user: agent-host', 'user: "{id}"'),
@@ -44,6 +47,9 @@ NARROWINGS = (
     ('"$JS.API.CONSUMER.INFO.RUN.*"', f'"$JS.API.CONSUMER.INFO.RUN.{_MAIL}"'),
     ('"$JS.API.CONSUMER.MSG.NEXT.RUN.*"', f'"$JS.API.CONSUMER.MSG.NEXT.RUN.{_MAIL}"'),
     ('"$JS.API.CONSUMER.DELETE.RUN.*"', f'"$JS.API.CONSUMER.DELETE.RUN.{_MAIL}"'),
+    # inference as itself, answered on its own reply subjects only (populace.core.replies)
+    ('"llm.infer.agent-host"', '"llm.infer.{id}"'),
+    ('"reply.gateway.agent-host.>"', '"reply.gateway.{id}.>"'),
 )
 _PASSWORD = re.compile(r"password: \$AGENT_HOST_PASSWORD")
 

@@ -1,5 +1,6 @@
-"""A declared range checked on a column of values: shared by the agent-host, which marks such
-a row invalid before it counts, and the recorder, which refuses a batch that carries one."""
+"""A declared range (or set of options) checked on a column of values: shared by the
+agent-host, which marks such a row invalid before it counts, and the recorder, which refuses a
+batch that carries one."""
 
 from __future__ import annotations
 
@@ -12,3 +13,8 @@ def outside(values: list, valid: list[bool], bounds: tuple[float, float]) -> lis
     if not present or (lo <= min(present) and max(present) <= hi):
         return []
     return [i for i, (v, ok) in enumerate(zip(values, valid)) if ok and v is not None and not lo <= v <= hi]
+
+
+def not_in(values: list, valid: list[bool], options: frozenset | set) -> list[int]:
+    """The rows whose valid, present value is not one of `options` (a categorical measure's)."""
+    return [i for i, (v, ok) in enumerate(zip(values, valid)) if ok and v is not None and v not in options]

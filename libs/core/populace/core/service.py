@@ -32,7 +32,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from opentelemetry import context as otel_context
 from pydantic import BaseModel, ValidationError
 
-from populace.core import bus, logs, metrics, subjects, telemetry
+from populace.core import bus, logs, metrics, replies, subjects, telemetry
 from populace.core.contracts import ServiceInfo
 from populace.core.durables import DurableKeeper
 from populace.core.settings import Settings
@@ -126,7 +126,7 @@ class Service:
         await self.broker.connect()
         self.js = self.nc.jetstream(publish_async_max_pending=self.settings.publish_async_max_pending)
         await bus.provision(self.js, storage=self.settings.storage, replicas=self.settings.stream_replicas,
-                            run_max_age_s=self.settings.run_max_age_s)
+                            **bus.stream_limits(self.settings))
 
     async def _register(self) -> None:
         # Metrics first: a process that cannot serve them (port taken) never registers as ready.
@@ -175,31 +175,45 @@ class Service:
 
     # -- messages ---------------------------------------------------------------------
     def handle(self, subject: str, model: type[M], *, reply_on_error: Callable[[str], BaseModel] | None = None,
-               **subscriber: Any) -> Callable:
+               answers: bool = False, **subscriber: Any) -> Callable:
         """Register `fn(event)` (or `fn(event, msg)`) for `subject`, typed by `model` so the
         AsyncAPI document shows its schema. A message that is not a valid `model` never reaches
         `fn`: it is dead-lettered once (logged, counted, copied to dlq.<service>, terminated on
-        JetStream). `reply_on_error(reason)`: the reply a malformed request still gets.
-        `fn` runs in the message's trace context, so its spans continue the sender's trace.
-        Other keyword arguments go to FastStream's `broker.subscriber`."""
+        JetStream). `fn` runs in the message's trace context, so its spans continue the sender's
+        trace. Other keyword arguments go to FastStream's `broker.subscriber`.
+
+        `answers`: `subject` takes requests (its last token names the requester, see
+        populace.core.replies). A request whose reply subject is not the requester's own is
+        dead-lettered and never answered; otherwise what `fn` returns (bytes or a model; None:
+        nothing, `fn` answers later itself) is published on the reply subject, and a malformed
+        request gets `reply_on_error(reason)` there."""
+        if reply_on_error is not None and not answers:
+            raise ValueError("reply_on_error is for handlers that answer requests (answers=True)")
 
         def decorate(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
             with_msg = len(inspect.signature(fn).parameters) > 1
 
             async def decoder(msg: NatsMessage, original: Any = None) -> M:
                 raw = msg.raw_message
+                if answers and (why := replies.refusal(self.name, raw.subject, raw.reply)):
+                    await self.dead_letter(raw, why, terminate=False)
+                    raise RejectMessage() from None
                 try:
                     return model.model_validate_json(raw.data)
                 except ValidationError as err:
                     await self.dead_letter(raw, err, terminate=False)  # RejectMessage terminates it
-                    if reply_on_error is not None and raw.reply:
-                        await self.broker.publish(bus.encode(reply_on_error(bus.short_error(err))), raw.reply)
+                    if reply_on_error is not None:
+                        await self.answer(raw, reply_on_error(bus.short_error(err)))
                     raise RejectMessage() from None
 
             async def handler(event: M, msg: NatsMessage) -> Any:
                 token = otel_context.attach(telemetry.extract(msg.headers))
                 try:
-                    return await (fn(event, msg) if with_msg else fn(event))
+                    result = await (fn(event, msg) if with_msg else fn(event))
+                    if answers:
+                        await self.answer(msg.raw_message, result)
+                        return None
+                    return result
                 except HandlerException:
                     raise
                 except Refused as err:
@@ -228,12 +242,25 @@ class Service:
                 # FastStream gives JetStream subscriptions nats-py's default `_INBOX.`, not the
                 # connection's: the user's own prefix, the only inboxes it may read
                 subscriber.setdefault("inbox_prefix", f"{self.inbox_prefix}.".encode())
+            # Never FastStream's own reply: it publishes a handler's return (None included: an
+            # empty message) on the message's reply subject, which for a JetStream message is a
+            # `reply_to` header its publisher writes. A host's spawned report with `reply_to:
+            # $KV.runs.<rid>` had the orchestrator blank the run's state. Requests are answered
+            # by self.answer, on a checked reply subject only.
+            subscriber["no_reply"] = True
             subscriber.setdefault("title", subjects.doc_title(subject))
             subscriber.setdefault("description", inspect.getdoc(fn))
             self.broker.subscriber(subject, decoder=decoder, **subscriber)(handler)
             return fn
 
         return decorate
+
+    async def answer(self, raw: Msg, reply: bytes | BaseModel | None) -> None:
+        """Publish the answer to a request on its reply subject, which `handle(answers=True)`
+        checked was the requester's own before the request reached its handler."""
+        if reply is None or not raw.reply:
+            return
+        await self.nc.publish(raw.reply, reply if isinstance(reply, bytes) else bus.encode(reply))
 
     async def failed(self, raw: Msg, err: Exception) -> HandlerException:
         """A handler raised. On JetStream the message comes again after a growing delay (a
@@ -285,12 +312,16 @@ class Service:
             return None
 
     async def dead_letter(self, msg: Msg, error: Exception | str, terminate: bool = True) -> None:
-        """Log, count, terminate (JetStream) and copy a malformed message to dlq.<service>.
-        Never raises: a bad message must not take a service down."""
+        """Log, count, terminate (JetStream) and dead-letter a refused message to dlq.<service>:
+        its reference (subject, stream and sequence if stored, size, sender, reason) in headers
+        and at most bus.DLQ_EXCERPT_BYTES of it, never an unbounded copy (a flood of large junk
+        must not be stored twice). Never raises: a bad message must not take a service down."""
         reason = bus.short_error(error)
         bus.dlq_counts[self.name] += 1
         metrics.DEAD_LETTERS.labels(self.name).inc()
-        self.log.warning("dead_letter", subject=msg.subject, error=reason, bytes=len(msg.data),
+        data = msg.data or b""
+        sender = subjects.sender_of(msg.subject)
+        self.log.warning("dead_letter", subject=msg.subject, sender=sender, error=reason, bytes=len(data),
                          dlq_total=bus.dlq_counts[self.name])
         if terminate and bus.is_jetstream(msg) and not msg._ackd:
             try:
@@ -298,8 +329,8 @@ class Service:
             except Exception as err:
                 self.log.warning("dead_letter_term_failed", error=str(err))
         try:
-            await self.broker.publish(msg.data, subjects.dlq(self.name),
-                                      headers=bus.dlq_headers(msg.subject, reason, f"{self.name}.{os.getpid()}"))
+            await self.broker.publish(data[:bus.DLQ_EXCERPT_BYTES], subjects.dlq(self.name),
+                                      headers=bus.dlq_headers(msg, reason, f"{self.name}.{os.getpid()}"))
         except Exception as err:
             self.log.error("dead_letter_publish_failed", error=str(err))
 

@@ -76,6 +76,12 @@ class Settings(BaseSettings):
     gateway_id: str = Field(default_factory=lambda: f"gw-{os.getpid()}")
     gateway_router: Literal["prefix-affinity", "least-loaded", "round-robin"] = "prefix-affinity"
     gateway_max_queue: int = Field(100_000, ge=1)  # prompts admitted at once; beyond: explicit error
+    # One requester (an agent-host's NATS user, or the shared one) holds at most this share of
+    # the batches and replica-bound prompts in service; beyond it, its batches wait in its own
+    # line, served round-robin with the others' (populace.gateway.fairshare).
+    gateway_requester_share: float = Field(0.5, gt=0, le=1)
+    # The bytes of requests one requester may have waiting; a request beyond it is refused at once.
+    gateway_requester_waiting_bytes: int = Field(64 * 2**20, ge=1024)
     # Caps on what a request may ask of this gateway (a request above them gets an explicit
     # error): the dummy model's latency, and the tokens one answer may take.
     gateway_max_latency_s: float = Field(60.0, ge=0, le=3600)
@@ -119,7 +125,15 @@ class Settings(BaseSettings):
     stream_replicas: int = Field(1, ge=1, le=5)  # 3 on a 3-node cluster
     # Age limit of stream RUN's events, set when the stream is created; 0 = none. An event
     # older than this is gone even if the recorder (down that long) never had it.
-    run_max_age_s: float = Field(0.0, ge=0)
+    run_max_age_s: float = Field(30 * 86400.0, ge=0)
+    # Byte limit of stream RUN, set when it is created (default: 16 GiB on file storage, 2 GiB in
+    # memory, halved while the server cannot reserve it); once full, new events are refused (a
+    # publish fails, loudly), never old ones dropped.
+    run_max_bytes: int | None = Field(None, ge=1024 * 1024)
+    # Limits of stream DLQ (dead letters: each a refused message's reference and an excerpt); the
+    # oldest go first. Default bytes: 256 MiB, halved while the server cannot reserve it.
+    dlq_max_age_s: float = Field(7 * 86400.0, gt=0)
+    dlq_max_bytes: int | None = Field(None, ge=1024 * 1024)
     publish_async_max_pending: int = Field(4000, ge=1)
 
     @field_validator("health_file")

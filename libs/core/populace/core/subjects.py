@@ -77,6 +77,32 @@ GATEWAY_QUEUE = "gateway"
 # batch was lost and sends it again. Plain request/reply callers (one reply) leave it out.
 INFER_KEEPALIVE_HEADER = "Populace-Keepalive"
 INFER_ACCEPTED_HEADER = "Populace-Accepted"
+ANY_LLM_INFER = "llm.infer.*"  # what the gateways take (queue group), one subject per requester
+
+
+def llm_infer(requester: str) -> str:
+    """Where `requester` (its NATS user: only it may publish here) asks for inference."""
+    return f"llm.infer.{requester}"
+
+
+# --- answers to requests: only on the requester's own reply subjects --------------------
+# A request subject's last token names the requester (its NATS user, which alone may publish
+# that subject), and the responder answers only on `reply.<responder>.<requester>.…`: a reply
+# subject the requester picks elsewhere ($JS.API…, $KV…, another user's) is refused. Each user
+# may subscribe to `reply.*.<user>.>` only, and each responder may publish `reply.<itself>.>`
+# only. Not `_INBOX_<user>.…`: NATS wildcards are whole tokens, so no grant could let a
+# responder publish on every user's `_INBOX_<user>.>` without listing every user.
+REPLY_ROOT = "reply"
+
+
+def reply_prefix(responder: str, requester: str) -> str:
+    """The start of every reply subject `responder` may use for `requester`'s requests."""
+    return f"{REPLY_ROOT}.{responder}.{requester}."
+
+
+def requester_of(subject: str) -> str:
+    """The requester a request subject names (its last token)."""
+    return subject.rsplit(".", 1)[-1]
 
 
 # --- nodes (core request/reply; outside `ctl.>`, which stream CTL captures: a request there
@@ -84,9 +110,10 @@ INFER_ACCEPTED_HEADER = "Populace-Accepted"
 NODE_VERBS = ("start", "stop", "list", "logs", "cleanup")
 
 
-def node_request(node_id: str, verb: str) -> str:
-    """Where node `node_id` takes requests of one verb (NodeReply comes back on the inbox)."""
-    return f"node.{node_id}.{verb}"
+def node_request(node_id: str, verb: str, requester: str = "*") -> str:
+    """Where node `node_id` takes requests of one verb from `requester` (the NodeReply comes
+    back on reply_prefix("node", requester)); "*": from anyone (what the node subscribes to)."""
+    return f"node.{node_id}.{verb}.{requester}"
 
 
 # --- results read while a run writes them (core request/reply, answered by the recorder:
@@ -96,9 +123,10 @@ RECORDER_READ_VERBS = ("snapshot", "agents", "distribution", "interviews")
 SNAPSHOTS_BUCKET = "snapshots"
 
 
-def recorder_read(verb: str) -> str:
-    """Where the recorder takes read requests of one verb (the reply comes back on the inbox)."""
-    return f"recorder.read.{verb}"
+def recorder_read(verb: str, requester: str = "*") -> str:
+    """Where the recorder takes read requests of one verb from `requester` (the reply comes back
+    on reply_prefix("recorder", requester)); "*": from anyone (what the recorder subscribes to)."""
+    return f"recorder.read.{verb}.{requester}"
 
 
 def dlq(service: str) -> str:
@@ -278,6 +306,24 @@ def run_of(subject: str) -> str:
     return parts[1] if len(parts) >= 3 and parts[0] == "run" else ""
 
 
+def sender_of(subject: str) -> str:
+    """Who sent a message, as far as its subject says (the permissions let only that user, host
+    or service publish it): the requester of a request, the host of an outcome batch, partial,
+    post, spawned report or progress tick, the source of a fault; '' when the subject names none."""
+    parts = subject.split(".")
+    root = parts[0]
+    if (root == "llm" and len(parts) == 3) or (root == "recorder" and len(parts) == 4) or (
+            root == "node" and len(parts) == 4) or (root == "progress" and len(parts) == 4):
+        return parts[-1]
+    if root == "run" and len(parts) >= 4:
+        kind = parts[2]
+        if kind in ("outcomes", "mail", "spawned", "fault", "calls"):
+            return parts[-1]
+        if kind == "partial" and len(parts) == 6:
+            return parts[4]
+    return ""
+
+
 def valid_token(token: str) -> bool:
     """A run or host id must be one subject token: no dots, spaces or wildcards."""
     return bool(token) and not any(c in token for c in ". *>\t\r\n")
@@ -294,7 +340,7 @@ def run_spawned_any(rid: str) -> str:
 # Placeholders a subscription's wildcards stand for, by the token before them (AsyncAPI titles).
 _DOC_NAMES = {"run": "run_id", "round": "round", "outcomes": "round", "partial": "round", "calls": "round",
               "interviews": "round", "ask": "host_id", "asked": "request", "interviewed": "request",
-              "spawn": "host_id", "spawned": "host_id", "fault": "source"}
+              "spawn": "host_id", "spawned": "host_id", "fault": "source", "infer": "requester"}
 _DOC_LAST = {"outcomes": "host_id", "partial": "host_id", "calls": "gateway_id", "interviews": "host_id"}
 
 
@@ -304,6 +350,8 @@ def doc_title(subject: str) -> str:
     parts = subject.split(".")
     if parts[0] == "progress" and len(parts) == 4:
         return "progress.{run_id}.{round}.{host_id}"
+    if parts[0] in ("recorder", "node") and len(parts) == 4 and parts[3] == "*":  # a request's last token
+        return ".".join(parts[:3]) + ".{requester}"
     if parts[0] == "run" and len(parts) == 7 and parts[2] == "mail":  # run.*.mail.*.<host>.*.* (or all *)
         return "run.{run_id}.mail.{round}.{to_host}.{to_epoch}.{from_host}"
     out: list[str] = []

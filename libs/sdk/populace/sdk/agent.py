@@ -2,7 +2,13 @@
 reference, a bounded memory) whose turn takes the round's observation and the LLM port and
 returns an outcome. Hosts keep a million of these in one process, so a subclass that keeps
 more state should declare it in `__slots__` (and in `state_fields`, so a checkpoint saves it).
-The same class runs many agents per process or one per process: only the LLM port differs."""
+The same class runs many agents per process or one per process: only the LLM port differs.
+
+A checkpoint always saves `memory` (the platform's), plus what `state_fields` lists: a class
+that writes `state_fields = ("score",)` saves `("memory", "score")`. An attribute a turn
+changes that neither lists is lost by a resume or fork; `populace run --local`,
+`simulate(local=True)` and `populace.sdk.testing.check_resume` refuse such an agent, naming
+the attribute (populace.sdk.statecheck)."""
 
 from __future__ import annotations
 
@@ -20,7 +26,21 @@ class Agent:
     __slots__ = ("id", "memory", "persona", "sim")
 
     memory_size: ClassVar[int] = 5  # items `remember` keeps (the oldest go first)
-    state_fields: ClassVar[tuple[str, ...]] = ("memory",)  # what a checkpoint saves
+    # What a checkpoint saves: `memory` always, then the attributes a subclass lists here (its
+    # own list is added to `memory`, never instead of it; listing "memory" again is harmless).
+    state_fields: ClassVar[tuple[str, ...]] = ("memory",)
+    # Attributes a turn may change that a resume need not keep, because the agent rebuilds them
+    # from its saved state (a cache): the state check (populace.sdk.statecheck) skips them.
+    transient_fields: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        declared = cls.__dict__.get("state_fields")
+        # A list of names is added to `memory`: a subclass that wrote ("score",) used to replace
+        # it, and every resumed run then played from agents with no memory. Anything else (a bare
+        # string such as ("score") is the usual slip) is left for Simulation.check to name.
+        if isinstance(declared, (tuple, list)) and all(isinstance(n, str) for n in declared):
+            cls.state_fields = tuple(dict.fromkeys(("memory", *declared)))
 
     def __init__(self, agent_id: int, persona: Persona | None = None, sim: Simulation | None = None) -> None:
         self.id = agent_id

@@ -47,6 +47,7 @@ class LocalResult:
     status: str = "completed"
     interviews: dict[str, list] = field(default_factory=dict)  # the scenario's `interviews:`: table `interviews`
     interview_calls: int = 0  # the interviews' LLM calls (the rounds' are in `rounds.llm_calls`)
+    interview_usage: dict[tuple[int, str], int] = field(default_factory=dict)  # those calls by (after round, survey)
     # round -> each share's agents' declared state after it, as a checkpoint holds it: what a
     # post-hoc interview (populace.sdk.local.interview_local) answers from
     states: dict[int, list[bytes]] = field(default_factory=dict, repr=False)
@@ -166,7 +167,9 @@ async def _interview(out: LocalResult, shares: list[tuple[HostedRun, list[bytes]
         states = [st for data in frozen for st in interview.chosen_states(
             data, seed=c.seed, survey_id=survey.id, sample=sample, agents=agents)]
         await interview.ask(run.sim, states, survey, port, rows)
-        calls += getattr(port, "calls", 0)
+        made = getattr(port, "calls", 0)
+        calls += made
+        out.interview_usage[after_round, survey.id] = out.interview_usage.get((after_round, survey.id), 0) + made
         m = rows.n
         table = out.interviews or {k: [] for k in interview.TABLE_KEYS}
         table["run_id"].extend([out.run_id] * m)

@@ -1,7 +1,8 @@
 """The LLM port on the fleet: `ask()` returns at once with a future; requests are batched
 (~1,000 prompts per message, or whatever arrived within a few ms) into one `llm.infer`
-request per (system prompt, answer schema). Batching lives here, in the transport, never in
-the agents."""
+request per (system prompt, answer schema), on `llm.infer.<requester>` with the answer on the
+requester's own reply subject (populace.core.replies). Batching lives here, in the transport,
+never in the agents."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import asyncio
 import itertools
 import json
 import random
+import secrets
 import time
 from collections.abc import Callable
 
@@ -16,7 +18,7 @@ from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
-from populace.core import logs, metrics, subjects, telemetry
+from populace.core import logs, metrics, replies, subjects, telemetry
 from populace.core.contracts import InferBatch, InferReply, ModelConfig, Usage
 from populace.core.telemetry import tracer
 from populace.sdk.llm import InferError, ModelUnavailable, call_tag
@@ -64,7 +66,12 @@ class InferSession:
         self._nc = nc
         self._loop = asyncio.get_running_loop()
         self._run_id, self._round, self._model = run_id, round_, model
-        self._id_prefix = f"{host_id}.{run_id}.{round_}."
+        # Who asks (its NATS user: the gateway answers only on that user's reply subjects), and
+        # batch ids nobody else can predict: the gateway records each batch's calls under the
+        # requester and this id, so another host sending them first would drop the real records.
+        self._requester = replies.requester(nc, fallback=host_id or replies.ANONYMOUS)
+        self._subject = subjects.llm_infer(self._requester)
+        self._id_prefix = f"{host_id}.{run_id}.{round_}.{secrets.token_hex(8)}."
         self._batch_size = batch_size
         self._flush_s = flush_s
         self._timeout = timeout_s
@@ -218,10 +225,10 @@ class InferSession:
         and every few seconds while it works: silence for `silence_s` means it is gone (or no
         gateway took it), and the batch is sent again without waiting for its timeout."""
         nc, loop = self._nc, self._loop
-        inbox = nc.new_inbox()
+        inbox = replies.new_reply("gateway", self._requester)
         sub = await nc.subscribe(inbox)
         try:
-            await nc.publish(subjects.LLM_INFER, batch.model_dump_json().encode(), reply=inbox,
+            await nc.publish(self._subject, batch.model_dump_json().encode(), reply=inbox,
                              headers={**(tracing or {}), subjects.INFER_KEEPALIVE_HEADER: "1"})
             start = loop.time()
             deadline = start + self._timeout + len(batch.keys) * self._per_prompt_s

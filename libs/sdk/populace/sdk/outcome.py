@@ -64,6 +64,12 @@ def _base_type(annotation: Any) -> tuple[Any, bool]:
     return annotation, False
 
 
+def literal_values(annotation: Any) -> tuple | None:
+    """The values of a `Literal[...]` annotation (also `Literal[...] | None`), else None."""
+    base, _ = _base_type(annotation)
+    return typing.get_args(base) if typing.get_origin(base) is Literal else None
+
+
 def column_type(annotation: Any) -> str:
     """The DuckDB column type of an outcome or summary field's annotation."""
     base, _ = _base_type(annotation)

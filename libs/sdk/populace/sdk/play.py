@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 from pydantic import TypeAdapter, ValidationError
 
-from populace.core.ranges import outside
+from populace.core.ranges import not_in, outside
 from populace.sdk.agent import Agent
 from populace.sdk.edges import EdgeError
 from populace.sdk.env import Env, GroupEnv, Partial
@@ -88,6 +88,7 @@ class RoundShare:
     n_valid: int
     partial: Partial | None  # None when the share had no agents
     batches: int = 0
+    n_simulation_errors: int = 0  # invalid rows the simulation's own code caused ('agent: …')
 
 
 # (agent ids, outcomes, errors, valid) of a batch -> its post columns (populace.sdk.mailroom):
@@ -101,12 +102,14 @@ EditRecorder = Callable[[list[int], list[Outcome]], dict[str, list] | None]
 class _Columns:
     """Validates a batch of outcome objects (a simulation's Outcome or Act class) into columns."""
 
-    def __init__(self, cls: type[Outcome], bounds: tuple[str, tuple[float, float]] | None = None) -> None:
+    def __init__(self, cls: type[Outcome], bounds: tuple[str, tuple[float, float]] | None = None,
+                 choices: tuple[str, frozenset[str]] | None = None) -> None:
         self.adapters = columns_adapter(cls)
         self.getters = {name: operator.attrgetter(name) for name in ("valid", "raw", *self.adapters)}
         self.defaults = {f.name: (f.default_factory if f.default is dataclasses.MISSING
                                   else (lambda v=f.default: v)) for f in dataclasses.fields(cls)}
         self.bounds = bounds  # (measure, its declared range): a valid value outside is invalid
+        self.choices = choices  # (measure, its declared options): a valid value not one of them is invalid
 
     def __call__(self, outs: list[Outcome], errs: list[str | None]) -> tuple[dict[str, list], list[bool], list[str]]:
         """Validated columns. A value that does not fit its column is reset to the column's
@@ -133,6 +136,12 @@ class _Columns:
                     v = columns[measure][i]
                     errs[i] = errs[i] or f"agent: outcome.{measure}: {v!r} is outside the simulation's range " \
                                          f"[{lo:g}, {hi:g}]"
+            if self.choices is not None and not bad:
+                measure, options = self.choices
+                for i in not_in(columns[measure], columns["valid"], options):
+                    bad.setdefault(i, []).append(measure)
+                    errs[i] = errs[i] or f"agent: outcome.{measure}: {columns[measure][i]!r} is not one " \
+                                         "of the simulation's options"
             if not bad:
                 return columns, columns.pop("valid"), columns.pop("raw")
             for i, names in bad.items():
@@ -156,7 +165,10 @@ class OutcomeSink:
         instance = getattr(env, "sim", None)
         run_tables = sim.tables_for(instance.params) if instance is not None else None
         bounds = (run_tables.measure, run_tables.measure_range) if run_tables and run_tables.measure_range else None
-        self._columns = _Columns(sim.Outcome, bounds)
+        # likewise a valid categorical measure that is not one of its declared options
+        options = run_tables.measure_options if run_tables else None
+        choices = (run_tables.measure, frozenset(options)) if run_tables and options else None
+        self._columns = _Columns(sim.Outcome, bounds, choices)
         self._act_columns = _Columns(sim.Act) if sim.Act is not None else None
         self._env = env
         self._batch_size = batch_size
@@ -166,7 +178,7 @@ class OutcomeSink:
         self._posts = posts
         self._edits = edits
         self._partials: list[Partial] = []
-        self.n = self.n_valid = 0
+        self.n = self.n_valid = self.n_simulation_errors = 0
         self.seq = 0
         self.failure: RoundFailed | None = None  # the simulation's reduce raised: the round cannot close
         self._new()
@@ -219,6 +231,7 @@ class OutcomeSink:
                     self.failure = RoundPaused(str(err))
         self.n += len(ids)
         self.n_valid += sum(valid)
+        self.n_simulation_errors += sum(1 for ok, e in zip(valid, errs) if not ok and e and e.startswith("agent:"))
         if self.failure is None:
             try:
                 self._partials.append(self._env.reduce(ids, outs))
@@ -261,7 +274,7 @@ class OutcomeSink:
             partial = self._env.merge(self._partials) if self._partials else None
         except Exception as err:
             raise RoundFailed(f"{type(self._env).__name__}.merge raised: {type(err).__name__}: {err}") from err
-        return RoundShare(self.n, self.n_valid, partial, self.seq)
+        return RoundShare(self.n, self.n_valid, partial, self.seq, self.n_simulation_errors)
 
 
 @dataclass

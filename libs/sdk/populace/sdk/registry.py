@@ -86,9 +86,13 @@ class Resolved:
                                run_id=run_id, cast=cast)
 
 
-def resolve(config: RunConfig) -> Resolved:
-    """Raises SimulationError (cannot load) or ValidationError (bad params, named by field)."""
-    sim = load_simulation(config.simulation)
+def resolve(config: RunConfig, simulation: type[Simulation] | None = None) -> Resolved:
+    """Raises SimulationError (cannot load) or ValidationError (bad params, named by field).
+    `simulation`: the class itself, when the caller holds it (a test of a class that is not
+    installed or importable by name); default: found by `config.simulation`."""
+    if simulation is not None:
+        simulation.check()
+    sim = simulation or load_simulation(config.simulation)
     params = sim.Params.model_validate(config.params)
     try:
         sim.check_run(params, config)

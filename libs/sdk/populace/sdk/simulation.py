@@ -31,7 +31,14 @@ from populace.sdk.agent import Agent
 from populace.sdk.edges import EdgeBook
 from populace.sdk.env import Env, GroupEnv
 from populace.sdk.groups import GroupError, GroupLayout
-from populace.sdk.outcome import PLATFORM_OUTCOME_COLUMNS, Outcome, OutcomeError, column_type, outcome_fields
+from populace.sdk.outcome import (
+    PLATFORM_OUTCOME_COLUMNS,
+    Outcome,
+    OutcomeError,
+    column_type,
+    literal_values,
+    outcome_fields,
+)
 from populace.sdk.post import Message, Post
 from populace.sdk.rng import seeded
 
@@ -65,6 +72,16 @@ class Observation(BaseModel):
         before, as (author, post), by author id. Empty in round 1 and in a run without a graph."""
         box = self.__pydantic_private__["_mailbox"]  # not self._mailbox: pydantic's __getattr__ is slow
         return box.inbox(agent_id) if box is not None else ()
+
+    def in_degree(self, agent_id: int) -> int:
+        """How many agents agent `agent_id` hears on the run's graph (its in-neighbours, whether
+        or not they posted): the same in one process and on the fleet, in every round. 0 in a
+        run without a graph."""
+        box = self.__pydantic_private__["_mailbox"]
+        if box is None:
+            return 0
+        offsets = box.graph.offsets
+        return int(offsets[agent_id + 1] - offsets[agent_id])
 
 
 class Summary(BaseModel):
@@ -215,6 +232,17 @@ class Simulation:
         outside it is recorded as invalid (the recorder refuses a batch that carries one)."""
         return None
 
+    @classmethod
+    def measure_options(cls, params: Params) -> tuple[str, ...] | None:
+        """A categorical measure's possible answers, in the order results and reports list them
+        (None: any text). Default: the values of a `Literal["go", "stay"]` measure column. A
+        valid answer outside them is recorded as invalid with the error named (the recorder
+        refuses a batch that carries one), as a numeric measure outside `measure_range` is."""
+        fields = dict(outcome_fields(cls.Outcome))
+        measure = cls.Outcome.measure or next(iter(fields), None)
+        values = literal_values(fields[measure]) if measure in fields else None
+        return tuple(values) if values and all(isinstance(v, str) for v in values) else None
+
     # -- derived, for the platform -------------------------------------------------------
     @classmethod
     def slug(cls) -> str:
@@ -248,11 +276,21 @@ class Simulation:
 
     @classmethod
     def tables_for(cls, params: Params) -> SimulationTables:
-        """The tables of a run with these parameters: with its numeric measure's declared range."""
+        """The tables of a run with these parameters: with its numeric measure's declared range,
+        or its categorical measure's declared options."""
         tables = cls.tables()
-        if tables.measure_kind != "numeric":
+        if tables.measure_kind == "numeric":
+            return tables.model_copy(update={"measure_range": cls.measure_range(params)})
+        if tables.measure_kind != "categorical":
             return tables
-        return tables.model_copy(update={"measure_range": cls.measure_range(params)})
+        options = cls.measure_options(params)
+        if options is None:
+            return tables
+        if not (isinstance(options, (tuple, list)) and options and all(isinstance(o, str) for o in options)
+                and len(set(options)) == len(options)):
+            raise SimulationError(f"simulation {cls.name!r}: measure_options() must return distinct texts "
+                                  f"(or None), not {options!r}")
+        return tables.model_copy(update={"measure_options": list(options)})
 
     @classmethod
     def check(cls) -> None:
@@ -277,6 +315,13 @@ class Simulation:
                                 "scenes; the acts table's columns)")
         elif cls.Agent is Agent or cls.Agent.turn is Agent.turn:
             problems.append("`Agent` must be your Agent subclass with an `async def turn(self, obs, llm)`")
+        if isinstance(cls.Agent, type) and issubclass(cls.Agent, Agent):
+            for attr in ("state_fields", "transient_fields"):
+                names = getattr(cls.Agent, attr)
+                if not (isinstance(names, (tuple, list)) and all(isinstance(n, str) and n.isidentifier()
+                                                                 for n in names)):
+                    problems.append(f"`Agent.{attr}` must be a tuple of attribute names, e.g. (\"score\",) "
+                                    f"(note the comma: (\"score\") is a string), not {names!r}")
         if cls.Env is Env or cls.Env.reduce is Env.reduce:
             problems.append("`Env` must be your Env subclass with reduce, merge and decide")
         if cls.GroupEnv is not None and not (isinstance(cls.GroupEnv, type) and issubclass(cls.GroupEnv, GroupEnv)):

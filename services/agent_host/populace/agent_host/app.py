@@ -194,7 +194,8 @@ def create(settings: Settings | None = None) -> Service:
     svc.publishes(subjects.ANY_PARTIAL, RoundPartial, "this host's reduced round, after all its outcomes are stored")
     svc.publishes(subjects.ANY_FAULT, RunFault, "this host cannot host the run or its simulation failed")
     svc.publishes(subjects.ANY_PROGRESS, Progress, "core NATS, not stored: outcomes answered so far")
-    svc.publishes(subjects.LLM_INFER, InferBatch, "request/reply to the gateways' queue group")
+    svc.publishes(subjects.ANY_LLM_INFER, InferBatch, "request/reply to the gateways' queue group, as this "
+                  "host's NATS user; answered on its own reply.gateway.<user>.…")
     return svc
 
 

@@ -12,6 +12,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from populace.core import bus, logs, metrics, subjects, telemetry
+from populace.core.checkpoints import put_bytes
 from populace.core.contracts import (
     ActColumns,
     EdgeColumns,
@@ -126,11 +127,12 @@ class OutcomePublisher:
         data = json.dumps(payload, separators=(",", ":")).encode()
         if len(data) > PARTIAL_INLINE_BYTES:  # e.g. a partial's columns: stored, and the message names it
             name = subjects.checkpoint_partial(self.run_id, self.round, share_key(self.host_id, self.epoch))
-            payload = {"$ref": name, "sha256": await checkpoints.put_bytes(self._js, name, data,
+            payload = {"$ref": name, "sha256": await put_bytes(self._js, name, data,
                                                                             writer=self.host_id)}
         partial = RoundPartial(run_id=self.run_id, round=self.round, host_id=self.host_id, n=share.n,
                                n_valid=share.n_valid, payload=payload, epoch=self.epoch, usage=usage or Usage(),
-                               checkpoints=checkpoints or {}, interviews=interviews or Usage())
+                               checkpoints=checkpoints or {}, interviews=interviews or Usage(),
+                               n_simulation_errors=share.n_simulation_errors)
         await bus.publish_js(self._js, subjects.run_partial(self.run_id, self.round, self.host_id, self.epoch),
                              partial, msg_id=subjects.msg_id(self.run_id, self.round, self.host_id, "partial",
                                                              self.epoch))

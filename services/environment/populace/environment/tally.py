@@ -205,4 +205,5 @@ class RunTally:
             closed_at=time.time(), epoch=opened.epoch, shares=sorted(opened.shares),
             usage=sum((p.usage for p, _ in parts), Usage()),
             interviews=sum((p.interviews for p, _ in parts), Usage()),
+            n_simulation_errors=sum(p.n_simulation_errors for p, _ in parts),
         )

@@ -1,5 +1,5 @@
 """Checking a structured answer against its JSON schema — the small subset the gateway
-needs (object, required, number/integer/string/boolean, minimum/maximum), with finite
+needs (object, required, number/integer/string/boolean, minimum/maximum, enum), with finite
 numbers only. Pure."""
 
 from __future__ import annotations
@@ -22,6 +22,11 @@ def check(text: str, schema: dict | None) -> bool:
 
 
 def _ok(value: object, schema: dict) -> bool:
+    options = schema.get("enum")
+    # an answer outside a categorical's options ("maybe" for go/stay) is re-asked like an out-of-range number
+    if isinstance(options, list) and not any(value == o and isinstance(value, bool) == isinstance(o, bool)
+                                              for o in options):
+        return False
     kind = schema.get("type")
     if kind == "object":
         if not isinstance(value, dict):

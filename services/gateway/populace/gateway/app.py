@@ -1,6 +1,9 @@
-"""inference-gateway service: `llm.infer` (core request/reply, queue group) in, InferReply
-out; per-call records (`run.<rid>.calls.<n>.<gateway>`) to the recorder. Every request gets
-a reply — an explicit error rather than a timeout, a malformed request included.
+"""inference-gateway service: `llm.infer.<requester>` (core request/reply, queue group) in,
+InferReply out on the requester's own reply subject (populace.core.replies: any other reply
+subject is refused and dead-lettered); per-call records (`run.<rid>.calls.<n>.<gateway>`) to the
+recorder. Every request with a reply subject of its requester's gets a reply — an explicit error
+rather than a timeout, a malformed request included. Requesters share the gateway fairly
+(fairshare.py).
 
 Run with `populace service gateway` or `faststream run populace.gateway.app:faststream_app --factory`."""
 
@@ -8,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 
 import httpx
 from faststream import FastStream
@@ -21,6 +25,7 @@ from populace.core.telemetry import tracer
 from populace.gateway.backends import Backend
 from populace.gateway.backends.dummy import DummyBackend
 from populace.gateway.dispatcher import Dispatcher
+from populace.gateway.fairshare import FairShare
 from populace.gateway.openai_api import ChatClient, HttpxPoster
 from populace.gateway.replicas import ReplicaPool
 from populace.gateway.routing import make_router
@@ -43,9 +48,16 @@ class Gateway:
         self.stats = {"batches": 0, "prompts": 0, "errors": 0}
         self.recording: set[asyncio.Task] = set()
         self.ready = asyncio.Event()  # set once the replica pool is up
+        s = svc.settings
+        self.fair = FairShare(s.gateway_max_workers, s.gateway_max_queue, s.gateway_requester_share,
+                              s.gateway_requester_waiting_bytes)
+        self.over_share: Counter[str] = Counter()  # requests refused, by requester (for the log)
+        self.beating: Counter[str] = Counter()  # reply subjects of the batches taken and not answered yet
+        self.beat: asyncio.Task | None = None
 
     async def start(self) -> None:
         s = self.svc.settings
+        self.beat = asyncio.create_task(self.keep_alive())
         self.http = httpx.AsyncClient()
         self.chat = (ChatClient if s.gateway_http_client == "aiohttp" else HttpxPoster)(s.gateway_http_connections)
         self.pool = ReplicaPool(self.svc.js, self.http, static=s.replicas, ttl_s=s.registry_ttl_s,
@@ -55,6 +67,9 @@ class Gateway:
         self.ready.set()
 
     async def stop(self) -> None:
+        self.fair.cancel()
+        if self.beat:
+            self.beat.cancel()
         if self.pool:
             await self.pool.stop()
         if self.http:
@@ -73,36 +88,76 @@ class Gateway:
             raise RuntimeError(f"the gateway is still starting after {STARTING_WAIT_S:g}s") from None
         return self.replicas
 
-    async def record_calls(self, batch: InferBatch, calls: LlmCallBatch) -> None:
+    async def record_calls(self, batch: InferBatch, calls: LlmCallBatch, requester: str) -> None:
+        # The id is the requester's: another requester sending batches under the same batch ids
+        # first makes records of its own, never a duplicate that drops the real ones.
         try:
             await bus.publish_js(self.svc.js, subjects.run_calls(batch.run_id, batch.round,
                                                                  self.svc.settings.gateway_id),
-                                 calls, msg_id=f"{batch.batch_id}.calls")
+                                 calls, msg_id=f"{requester}.{batch.batch_id}.calls")
         except Exception as err:
-            self.svc.log.error("calls_record_failed", batch=batch.batch_id, error=str(err))
+            self.svc.log.error("calls_record_failed", batch=batch.batch_id, requester=requester, error=str(err))
 
-    async def keep_alive(self, reply_to: str) -> None:
-        """Tell the asking agent-host this gateway has its batch, now and every few seconds
-        until the answers go out: if the gateway dies, the host stops hearing it and re-sends."""
+    async def keep_alive(self) -> None:
+        """Tell every asking agent-host whose batch this gateway has (waiting its turn or in
+        service) so, every few seconds until its answers go out: if the gateway dies, the host
+        stops hearing it and re-sends. One loop for every batch, not a task each."""
         headers = {subjects.INFER_ACCEPTED_HEADER: self.svc.settings.gateway_id}
         while True:
-            try:
-                await self.svc.nc.publish(reply_to, b"", headers=headers)
+            await asyncio.sleep(self.svc.settings.gateway_keepalive_s)
+            for reply_to in list(self.beating):
+                try:
+                    await self.svc.nc.publish(reply_to, b"", headers=headers)
+                except Exception as err:
+                    self.svc.log.warning("keepalive_failed", error=str(err))
+                    break
+
+    async def on_infer(self, batch: InferBatch, msg: NatsMessage) -> bytes | None:
+        """Prompts that share a system prompt and an answer schema; the reply has the answers
+        in order (or an explicit error). The service frame has checked that the reply subject
+        is the requester's own (populace.core.replies); the batch waits for its requester's
+        fair share (fairshare.py) and is answered when served."""
+        raw = msg.raw_message
+        requester, reply_to = subjects.requester_of(raw.subject), raw.reply
+        if why := self.refusal(batch):
+            self.stats["errors"] += 1
+            self.svc.log.warning("infer_refused", batch=batch.batch_id, run_id=batch.run_id, requester=requester,
+                                 error=why)
+            return InferReply(batch_id=batch.batch_id, error=why).model_dump_json().encode()
+        prompts = 0 if batch.model.backend == "dummy" else len(batch.keys)
+        wants_beat = subjects.INFER_KEEPALIVE_HEADER in (raw.headers or {})
+        taken = self.fair.submit(requester, prompts, len(raw.data),
+                                 lambda: self.serve(batch, requester, reply_to, wants_beat))
+        if not taken:
+            self.stats["errors"] += 1
+            self.over_share[requester] += 1
+            if self.over_share[requester] % 100 == 1:  # a flood is one line per hundred, not one each
+                self.svc.log.warning("fair_share_exceeded", requester=requester, refused=self.over_share[requester],
+                                     waiting=self.fair.waiting(requester))
+            return InferReply(batch_id=batch.batch_id, error=(
+                f"requester {requester} has {self.fair.waiting(requester)} batches waiting, its fair share of this "
+                f"gateway (POPULACE_GATEWAY_REQUESTER_WAITING_BYTES); retry later")).model_dump_json().encode()
+        if wants_beat:
+            self.beating[reply_to] += 1
+            try:  # taken: said at once, then by keep_alive until answered
+                await self.svc.nc.publish(reply_to, b"", headers={
+                    subjects.INFER_ACCEPTED_HEADER: self.svc.settings.gateway_id})
             except Exception as err:
                 self.svc.log.warning("keepalive_failed", error=str(err))
-            await asyncio.sleep(self.svc.settings.gateway_keepalive_s)
+        return None
 
-    async def on_infer(self, batch: InferBatch, msg: NatsMessage) -> bytes:
-        """Prompts that share a system prompt and an answer schema; the reply has the answers
-        in order (or an explicit error)."""
-        reply_to = msg.raw_message.reply
-        wants_beat = reply_to and subjects.INFER_KEEPALIVE_HEADER in (msg.raw_message.headers or {})
-        beat = asyncio.create_task(self.keep_alive(reply_to)) if wants_beat else None
+    async def serve(self, batch: InferBatch, requester: str, reply_to: str, beat: bool) -> None:
         try:
-            return await self.answer(batch)
+            reply = await self.answer(batch, requester)
         finally:
-            if beat is not None:
-                beat.cancel()
+            if beat:
+                self.beating[reply_to] -= 1
+                if self.beating[reply_to] <= 0:
+                    del self.beating[reply_to]
+        try:
+            await self.svc.nc.publish(reply_to, reply)
+        except Exception as err:
+            self.svc.log.warning("reply_failed", batch=batch.batch_id, requester=requester, error=str(err))
 
     def refusal(self, batch: InferBatch) -> str | None:
         """Why this gateway will not take a batch: it asks more than the gateway's caps (a
@@ -116,13 +171,9 @@ class Gateway:
                     f"{s.gateway_max_tokens} (POPULACE_GATEWAY_MAX_TOKENS)")
         return None
 
-    async def answer(self, batch: InferBatch) -> bytes:
+    async def answer(self, batch: InferBatch, requester: str) -> bytes:
         stats = self.stats
         t0 = time.perf_counter()
-        if why := self.refusal(batch):
-            stats["errors"] += 1
-            self.svc.log.warning("infer_refused", batch=batch.batch_id, run_id=batch.run_id, error=why)
-            return InferReply(batch_id=batch.batch_id, error=why).model_dump_json().encode()
         try:
             with tracer.start_as_current_span(
                     "gateway.batch",
@@ -135,7 +186,8 @@ class Gateway:
             reply, calls = InferReply(batch_id=batch.batch_id, error=f"{type(err).__name__}: {err}"), None
         if calls is not None:
             # Recorded after the reply is on its way: the agents do not wait for the record.
-            task = asyncio.create_task(self.record_calls(batch, calls))
+            calls = calls.model_copy(update={"requester": requester})
+            task = asyncio.create_task(self.record_calls(batch, calls, requester))
             self.recording.add(task)
             task.add_done_callback(self.recording.discard)
             self.svc.log.info("batch_served", run_id=batch.run_id, round=batch.round, prompts=len(batch.keys),
@@ -155,8 +207,10 @@ def create(settings: Settings | None = None) -> Service:
     gw = Gateway(svc)
     svc.on_ready(gw.start)
     svc.on_stop(gw.stop)
-    svc.handle(subjects.LLM_INFER, InferBatch, queue=subjects.GATEWAY_QUEUE,
-               max_workers=svc.settings.gateway_max_workers,
+    # The handler only parses, checks and queues (fairshare.py bounds the batches in service), so
+    # few workers keep up with any request rate.
+    svc.handle(subjects.ANY_LLM_INFER, InferBatch, queue=subjects.GATEWAY_QUEUE, answers=True,
+               max_workers=min(64, svc.settings.gateway_max_workers),
                reply_on_error=lambda reason: InferReply(batch_id="?", error=f"malformed request "
                                                                             f"(dead-lettered): {reason}"))(gw.on_infer)
     svc.publishes(subjects.ANY_CALLS, LlmCallBatch, "what the gateway did for each decision (table llm_calls)")

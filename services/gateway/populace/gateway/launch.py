@@ -215,7 +215,7 @@ async def register_forever(nats_url: str, rs: ReplicaSet, every_s: float = 2.0) 
     nc = await bus.connect(nats_url, "populace-replicas")
     js = nc.jetstream()
     s = Settings()
-    await bus.provision(js, storage=s.storage, replicas=s.stream_replicas, run_max_age_s=s.run_max_age_s)
+    await bus.provision(js, storage=s.storage, replicas=s.stream_replicas, **bus.stream_limits(s))
     kv = await js.key_value(subjects.REPLICAS_BUCKET)
     try:
         while True:

@@ -73,6 +73,9 @@ def result_row(result: RoundResult) -> dict:
     """A closed round as the run page charts and tabulates it."""
     u = result.usage
     return {"round": result.round, "n": result.n, "n_valid": result.n_valid,
+            # what went wrong, in three classes: the model's, the simulation's own code, the infrastructure's
+            "n_invalid_answers": result.n - result.n_valid - result.n_simulation_errors,
+            "n_simulation_errors": result.n_simulation_errors, "infra_retries": u.infra_retries,
             "series": numeric_summary(result.summary), "numbers": numeric_summary(result.summary, None),
             "summary": _jsonable(result.summary),
             "llm_calls": u.llm_calls, "tokens": u.tokens, "prompt_tokens": u.prompt_tokens,

@@ -1,7 +1,8 @@
 """node service: one per machine. Registers the machine in KV `nodes` (resources and every
 child with its state, CPU and memory; a heartbeat), and answers requests on
-`node.<node_id>.<verb>` (core NATS request/reply; contracts.StartProcess, StopProcess,
-ListProcesses, TailLog, Cleanup -> NodeReply): start agent-hosts, gateways, LLM replicas and
+`node.<node_id>.<verb>.<requester>` (core NATS request/reply; contracts.StartProcess, StopProcess,
+ListProcesses, TailLog, Cleanup -> NodeReply, only on the requester's own reply subject:
+populace.core.replies): start agent-hosts, gateways, LLM replicas and
 other services as children, stop them, tail their logs, clean up. Every request gets a reply,
 a malformed one included (it is dead-lettered to dlq.node too). A request with a `request_id`
 the node has answered (of the last 512) gets that answer again and does nothing (replies.py).
@@ -260,6 +261,7 @@ def create(settings: Settings | None = None, config: NodeConfig | None = None) -
         StartProcess: node.start_processes, StopProcess: node.stop_process, ListProcesses: node.list_processes,
         TailLog: node.tail_log, Cleanup: node.clean_up}
     for model, fn in handlers.items():
-        svc.handle(subjects.node_request(node.node_id, model.VERB), model, reply_on_error=node.malformed)(
+        svc.handle(subjects.node_request(node.node_id, model.VERB), model, reply_on_error=node.malformed,
+                   answers=True)(
             node.answering(fn))
     return svc

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 
 from populace.core.contracts import OutcomeBatch, SimulationTables
-from populace.core.ranges import outside
+from populace.core.ranges import not_in, outside
 from populace.core.yamlload import short_repr
 
 _INT64 = Annotated[int, Field(ge=-(2**63), lt=2**63)]
@@ -88,4 +88,9 @@ def check_outcomes(batch: OutcomeBatch, tables: SimulationTables) -> OutcomeBatc
             lo, hi = tables.measure_range
             raise BadColumns(f"columns.{tables.measure}[{bad[0]}]: {columns[tables.measure][bad[0]]!r} is outside "
                              f"the run's declared range [{lo:g}, {hi:g}]")
+    if tables.measure_options and tables.measure in columns:
+        bad = not_in(columns[tables.measure], batch.valid, frozenset(tables.measure_options))
+        if bad:
+            raise BadColumns(f"columns.{tables.measure}[{bad[0]}]: {columns[tables.measure][bad[0]]!r} is not one "
+                             "of the run's declared options")
     return batch.model_copy(update={"columns": columns})

@@ -49,10 +49,22 @@ def outcome_refusal(batch: OutcomeBatch, ranges: list[tuple[int, int]] | None, f
     return None
 
 
-def calls_refusal(batch: LlmCallBatch, shape: RunShape) -> str | None:
-    """Why a call record is refused: a round or an agent the run does not have."""
+def calls_refusal(batch: LlmCallBatch, shape: RunShape, requester_ranges: list[tuple[int, int]] | None = None
+                  ) -> str | None:
+    """Why a call record is refused: a round or an agent the run does not have, or, when its
+    requester is a host of its own (`requester_ranges`: the (first, count) ranges of every share
+    the run placed on that host; None: a requester not checked), an agent not among its own."""
     if batch.round > shape.rounds:
         return f"round {batch.round}: run {batch.run_id} has {shape.rounds} rounds"
     if batch.agent_ids and max(batch.agent_ids) >= shape.agents:
         return f"agent {max(batch.agent_ids)}: run {batch.run_id} has {shape.agents} agents"
+    if requester_ranges is not None and batch.agent_ids:
+        if not requester_ranges:
+            return f"requester {batch.requester} holds no share of run {batch.run_id}"
+        ids = np.asarray(batch.agent_ids, dtype=np.int64)
+        inside = np.zeros(ids.size, dtype=bool)
+        for first, count in requester_ranges:
+            inside |= (ids >= first) & (ids < first + count)
+        if not inside.all():
+            return f"agent {int(ids[~inside][0])} is not one of requester {batch.requester}'s agents"
     return None

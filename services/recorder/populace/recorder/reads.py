@@ -1,4 +1,5 @@
-"""The recorder answers read requests (`recorder.read.<verb>`): while it writes a run, no other
+"""The recorder answers read requests (`recorder.read.<verb>.<requester>`, on the requester's own
+reply subject only: populace.core.replies): while it writes a run, no other
 process can open its DuckDB file, so readers ask it. Reads run on their own cursor in a worker
 thread; ingestion goes on meanwhile.
 
@@ -146,4 +147,4 @@ def serve_reads(svc: Service, reads: Reads) -> None:
     """Register the read verbs on `svc`."""
     for model, handler in ((SnapshotRequest, reads.snapshot), (AgentsRequest, reads.agents),
                            (DistributionRequest, reads.distribution), (InterviewsRequest, reads.interviews)):
-        svc.handle(subjects.recorder_read(model.VERB), model, reply_on_error=malformed)(handler)
+        svc.handle(subjects.recorder_read(model.VERB), model, reply_on_error=malformed, answers=True)(handler)

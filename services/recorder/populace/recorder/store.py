@@ -38,6 +38,7 @@ from populace.core.contracts import (
     Usage,
     share_key,
 )
+from populace.core.hostauth import SHARED_HOST_USER
 from populace.population.errors import PopulationError
 from populace.population.jsonl import iter_personas
 from populace.recorder.expected import RunShape, calls_refusal, outcome_refusal
@@ -290,6 +291,18 @@ class Store:
                 *(("transcripts", spec.acts) if spec.acts else ())]
 
     # -- ingestion ------------------------------------------------------------------------
+    def requester_ranges(self, run_id: str, requester: str) -> list[tuple[int, int]] | None:
+        """The agents a call record's requester may have asked about: every range of every share
+        the run placed on the host of that name (none: it holds no share). None: not checked — a
+        record from before requesters were named, the shared agent-host user (which speaks for
+        every host), or a run recorded before shares existed."""
+        if not requester or requester == SHARED_HOST_USER:
+            return None
+        shares = self.shares_of(run_id)
+        if not shares:
+            return None
+        return [r for share in shares.values() if _share(share.key)[0] == requester for r in share.ranges]
+
     def shares_of(self, run_id: str) -> dict[str, ShareRecord]:
         if run_id not in self._shares:
             self._shares[run_id] = {key: ShareRecord(key, [tuple(r) for r in json.loads(ranges)], replaced, first or 1)
@@ -400,7 +413,7 @@ class Store:
                     shape = self.shape_of(m.run_id)
                     if shape is None:
                         continue  # a run never started here (personas generation, a benchmark)
-                    if why := calls_refusal(m, shape):
+                    if why := calls_refusal(m, shape, self.requester_ranges(m.run_id, m.requester)):
                         out.refused.append((e.msg_id, why))
                         continue
                     con.execute(

@@ -38,14 +38,14 @@ def comparison_params(infos: Sequence[dict]) -> tuple[Table, list[str]]:
     keys = list(dict.fromkeys(k for f in facts for k in f))
     differ = [k for k in keys if len({f.get(k, "—") for f in facts}) > 1]
     same = [f"{k}={facts[0][k]}" for k in keys if k not in differ and k in facts[0]]
-    headers = ["run", "name", "status", *differ, "LLM calls", "tokens", "invalid"]
+    headers = ["run", "name", "status", *differ, "LLM calls", "tokens", "invalid answers", "simulation errors"]
     rows = []
     for info, f in zip(infos, facts, strict=True):
         usage = info.get("usage") or {}
         tokens = (usage["prompt_tokens"] + usage["completion_tokens"]) if usage else None
         rows.append([info["run_id"], str(info.get("name") or "—"), str(info.get("status") or "—"),
                      *(f.get(k, "—") for k in differ), number(usage.get("llm_calls")), number(tokens),
-                     number(usage.get("invalid"))])
+                     number(usage.get("invalid_answers")), number(usage.get("simulation_errors"))])
     return Table(headers, rows, left=(0, 1, 2, *range(3, 3 + len(differ)))), same
 
 

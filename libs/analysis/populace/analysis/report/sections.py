@@ -95,6 +95,8 @@ def header(info: dict, rounds: list[dict], invalid_total: int, n_groups: int | N
             measure += f", range [{lo:g}, {hi:g}]"
     replicas = ((info.get("manifest") or {}).get("model") or {}).get("replicas") or []
     noun = info.get("noun") or "answer"
+    invalid_answers = sum(r.get("n_invalid_answers", 0) for r in rounds)
+    simulation_errors = sum(r.get("n_simulation_errors", 0) for r in rounds)
     rows = [
         ("run", info["run_id"]),
         ("name", info.get("name")),
@@ -116,7 +118,9 @@ def header(info: dict, rounds: list[dict], invalid_total: int, n_groups: int | N
         ("seed", info.get("seed")),
         ("started / finished", f"{info.get('started_at') or '—'} / {info.get('finished_at') or '—'}"),
         ("hosts", ", ".join(info.get("hosts") or []) or None),
-        (plural(noun), f"{total:,} recorded, {invalid_total:,} invalid (the model's answer could not be read)"),
+        (plural(noun), f"{total:,} recorded: {invalid_answers:,} invalid answers (the model's answer could not be "
+                       f"read), {simulation_errors:,} simulation errors (the simulation's own code failed on the row, "
+                       "error 'agent: …'; the model was not at fault)"),
         ("LLM work", usage_text(info.get("usage"))),
     ]
     return KeyValues([(k, str(v)) for k, v in rows if v is not None])
@@ -131,7 +135,10 @@ def _summary_columns(info: dict, skip: Sequence[str] = ()) -> list[tuple[str, st
 def round_table(rounds: list[dict], info: dict, types: dict[str, str]) -> Table:
     kind = info.get("measure_kind")
     cols = _summary_columns(info, skip=STATS if kind == "numeric" else ())
-    headers = ["round", "n", "valid", "invalid"]
+    agents = info.get("agents")
+    # with activation (the environment selects who acts) n is those who acted, not the population
+    n_head = f"acted (of {agents:,})" if agents and any(r["n"] != agents for r in rounds) else "n"
+    headers = ["round", n_head, "valid", "invalid answers", "simulation errors"]
     options: list[str] = []
     if kind == "numeric":
         headers += list(STATS)
@@ -141,7 +148,8 @@ def round_table(rounds: list[dict], info: dict, types: dict[str, str]) -> Table:
     headers += [t for _, t in cols]
     rows = []
     for r in rounds:
-        cells = [number(r["round"]), number(r["n"]), number(r["n_valid"]), number(r["n_invalid"])]
+        cells = [number(r["round"]), number(r["n"]), number(r["n_valid"]), number(r["n_invalid_answers"]),
+                 number(r["n_simulation_errors"])]
         if kind == "numeric":
             cells += [number(r[k]) for k in STATS]
         elif kind == "categorical":
@@ -152,7 +160,7 @@ def round_table(rounds: list[dict], info: dict, types: dict[str, str]) -> Table:
     return Table(headers, rows, left=())
 
 
-LLM_HEADERS = ["round", "invalid (model)", "infra retries", "LLM calls", "re-asks", "replica retries",
+LLM_HEADERS = ["round", "invalid answers (model)", "infra retries", "LLM calls", "re-asks", "replica retries",
                "prompt tokens", "completion tokens", "latency p50 (ms)", "p95", "max"]
 
 
@@ -165,7 +173,7 @@ def llm_table(rounds: list[dict], calls: dict[int, dict]) -> Table | None:
     rows = []
     for r in rounds:
         u, c = r.get("usage") or {}, calls.get(r["round"]) or {}
-        rows.append([number(r["round"]), number(r["n_invalid"]), number(u.get("infra_retries")),
+        rows.append([number(r["round"]), number(r["n_invalid_answers"]), number(u.get("infra_retries")),
                      number(u.get("llm_calls", c.get("calls"))), number(c.get("reasks")),
                      number(c.get("replica_retries")),
                      number(c.get("prompt_tokens", u.get("prompt_tokens"))),
@@ -189,8 +197,9 @@ def per_round_section(info: dict, rounds: list[dict], types: dict[str, str],
     llm = llm_table(shown, calls or {})
     if llm is not None:
         section.blocks.append(llm)
-        section.blocks.append(Note("LLM work per round. Invalid (model): answers recorded that the simulation "
-                                   "could not read. Infra retries: prompts asked again because no model answered "
+        section.blocks.append(Note("LLM work per round. Invalid answers (model): answers recorded that the "
+                                   "simulation could not read (its own errors are counted apart, in the table "
+                                   "above). Infra retries: prompts asked again because no model answered "
                                    "(never recorded as answers). Re-asks: the gateway's corrective asks after an "
                                    "invalid answer; replica retries: calls again on another replica after one "
                                    "failed; latency per decision, re-asks included (table llm_calls)."))
@@ -406,10 +415,14 @@ def fork_section(fork: dict, info: dict) -> Section:
 
 
 # --- the answers ------------------------------------------------------------------------------------
-def invalid_section(invalid: AnswerRows) -> Section:
+def invalid_section(invalid: AnswerRows, rounds: Sequence[dict] = ()) -> Section:
     section = Section("Invalid answers", anchor="invalid")
-    section.blocks.append(Note(f"{invalid.total:,} invalid answer(s) in this run. Each row keeps the model's raw "
-                               "text as it was recorded; none was turned into a number.", tone="text"))
+    errors = sum(r.get("n_simulation_errors", 0) for r in rounds)
+    section.blocks.append(Note(f"{invalid.total - errors:,} invalid answer(s) in this run"
+                               + (f", and {errors:,} simulation error(s) (rows with an error 'agent: …': the "
+                                  "simulation's own code failed, the model was not at fault)" if errors else "")
+                               + ". Each row keeps the model's raw text as it was recorded; none was turned into a "
+                               "number.", tone="text"))
     if invalid.rows:
         section.blocks.append(InvalidAnswers(invalid))
     if invalid.note:
@@ -464,7 +477,7 @@ def run_sections(con: duckdb.DuckDBPyConnection, run_id: str, info: dict, rounds
     if fork is not None:
         sections.append(fork_section(fork, info))
     sections += interview_sections(con, [run_id], attrs)
-    sections.append(invalid_section(invalid))
+    sections.append(invalid_section(invalid, rounds))
     reasoning = reasoning_section(answer_rows(con, run_id), info)
     if reasoning is not None:
         sections.append(reasoning)
