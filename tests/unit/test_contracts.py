@@ -141,6 +141,20 @@ INSTANCES: dict[str, BaseModel] = {
         questions=["car", "car"], answers=["yes", None], values=[None, None], raws=['{"answer": "yes"}', "boat"],
         valid=[True, False], errors=[None, "'boat' is not one of the options"], latency_ms=[50.0, 61.5],
         usage=c.Usage(llm_calls=3)),
+    "InterviewRequest": c.InterviewRequest(run_id="r1", request="q1", after_round=2, sample=0.5, survey=c.Survey(
+        id="s1", questions=[c.Question(id="car", text="A car?", options=["yes", "no"])]), requested_at=1.0),
+    "InterviewOrder": c.InterviewOrder(
+        run_id="r1", host_id="h1", request="q1", after_round=2, agents=[4, 5], ranges=[(0, 1250)],
+        survey=c.Survey(id="s1", questions=[c.Question(id="car", text="A car?", options=["yes", "no"])]),
+        restore=c.Restore(run_id="r1", round=2, ranges=[(0, 1250)], digests={"r1.2.0": "ab" * 32}), config=CONFIG),
+    "InterviewPlaced": c.InterviewPlaced(run_id="r1", request="q1", after_round=2, survey=c.Survey(
+        id="s1", questions=[c.Question(id="car", text="A car?", options=["yes", "no"])]),
+        hosts={"h1": [(0, 1250)]}, expected=625, placed_at=1.0),
+    "InterviewsRecorded": c.InterviewsRecorded(run_id="r1", request="q1", answers=625, db_path="/tmp/p.duckdb"),
+    "InterviewsRequest": c.InterviewsRequest(run_id="r1", request="q1", by="education"),
+    "InterviewsReply": c.InterviewsReply(ok=True, run_id="r1", request="q1", by="education",
+                                         questions=[{"id": "car", "kind": "options"}],
+                                         rows=[{"question": "car", "answer": "yes", "n": 3}], attributes=["education"]),
     "DistributionRequest": c.DistributionRequest(run_id="r1", round=3, bins=20),
     "DistributionReply": c.DistributionReply(ok=True, run_id="r1", round=3, closed=3, measure="choice",
                                              kind="categorical", n=10, options=["yes", "no"], counts=[7, 3],
