@@ -120,3 +120,25 @@ def test_a_resume_drops_the_planned_answers_of_the_rounds_played_again(tmp_path)
     assert ingest(store, answers(range(10), round_=2, epoch=1)).answers == 20  # asked again as round 2 is played again
     # the new share asks round 1's again from its checkpoint: those stay as first answered
     assert ingest(store, answers(range(10), round_=1, epoch=1, answer="no")).answers == 0
+
+
+def test_a_local_runs_planned_interviews_are_recorded_as_a_fleet_runs(tmp_path):
+    """`simulate(local=True)` records the run through the recorder's store: its planned answers
+    and their LLM calls go in too (table interviews, interview_usage), every answer once, and
+    the result's `interviews` is what was recorded."""
+    from populace.analysis.interviews import interview_usage
+    from populace.client import simulate
+
+    plans = [p.model_dump(mode="json", exclude_unset=True) for p in (PANEL, HALF)]
+    result = simulate({"simulation": "ratio-game", "agents": 20, "rounds": 3, "seed": 5, "interviews": plans,
+                       "model": {"backend": "dummy", "latency_s": 0.0}}, local=True, db=str(tmp_path / "p.duckdb"))
+    assert result.status == "completed", result.reason
+    keys = ("after_round", "survey", "question", "agent_id", "answer", "value", "raw", "valid", "error")
+    with duckdb.connect(result.db_path, read_only=True) as con:
+        got = con.execute(f"SELECT {', '.join(keys)} FROM interviews WHERE run_id = ? AND request IS NULL "
+                          "ORDER BY after_round, survey, agent_id, question", [result.run_id]).fetchall()
+        usage = interview_usage(con, result.run_id)
+    played = result.local.interviews
+    assert got == sorted(zip(*(played[k] for k in keys)), key=lambda r: (r[0], r[1], r[3], r[2]))
+    assert len(got) == 3 * 20 * 2 + len(respondents(20, seed=5, survey_id="half", sample=0.5)) == result.interviews.num_rows
+    assert usage["answers"] == len(got) and usage["llm_calls"] == result.local.interview_calls >= len(got)
