@@ -115,6 +115,42 @@ def test_inboxes_stay_exact_when_mail_between_hosts_is_lost(lossy):
     assert list(zip(local.rounds["round"], local.rounds["total"], strict=True)) == fleet_rounds
 
 
+def test_follows_and_unfollows_reach_the_mail_across_hosts_as_in_one_process(lossy):
+    """A graph that changes (tests/e2e/sims/follow_sim.py: a follow each round, an unfollow every
+    third): an agent hears its new authors on the other host from the next round on, and no
+    longer hears whom it dropped; every inbox is exact against the graph rebuilt from `edges`,
+    and the fleet's rows are one process's."""
+    data = {"simulation": "follow_sim:Follow", "agents": 60, "rounds": 4, "seed": 2,
+            "graph": {"generator": "small-world", "degree": 4, "rewire": 0.2},
+            "model": {"backend": "dummy", "latency_s": 0.01, "seed": 1}}
+    prepared = prepare(RunConfig.model_validate(data))
+
+    async def go():
+        nc = await connect(lossy, "e2e-follow")
+        try:
+            return await play(nc, prepared.config, graph=prepared.graph_blobs, manifest=prepared.manifest,
+                              stall_s=120)
+        finally:
+            await nc.close()
+
+    outcome = asyncio.run(go())
+    assert outcome.status == "completed", outcome
+    graph = loads(prepared.graph)
+    local = asyncio.run(run_local(prepared.resolved, graph=graph))
+    with duckdb.connect(lossy.db, read_only=True) as con:
+        check = check_inboxes(con, outcome.run_id, graph, rounds=4)
+        assert check.rows == 60 * 4 and check.exact, check
+        fleet = con.execute("SELECT round, agent_id, level, heard, hears, authors FROM follow_outcomes "
+                            "WHERE run_id = ? ORDER BY round, agent_id", [outcome.run_id]).fetchall()
+        edges = con.execute("SELECT round, follower, author, op FROM edges WHERE run_id = ? "
+                            "ORDER BY round, follower, rowid", [outcome.run_id]).fetchall()
+    o = local.outcomes
+    assert fleet == list(zip(o["round"], o["agent_id"], o["level"], o["heard"], o["hears"], o["authors"], strict=True))
+    e = local.edges
+    assert edges == list(zip(e["round"], e["follower"], e["author"], e["op"], strict=True))
+    no_violations(lossy)
+
+
 @pytest.mark.parametrize("with_users", [False, True], ids=["open-bus", "users"])
 def test_a_host_lost_mid_round_leaves_every_inbox_exact(tmp_path, with_users):
     """Round 2 in play, one agent-host is SIGKILLed: its agents are placed on the survivor,

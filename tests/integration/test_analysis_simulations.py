@@ -382,7 +382,9 @@ def test_histogram_is_binned_in_the_database_like_numpy(con):
 
 def test_goods_report_draws_rounds_groups_and_personas(con):
     page = render_report(con, "goods-1")
-    assert len(_figures(page)) == 4
+    # the four of a numeric measure, and its distribution per group (whole contributions 0..20)
+    assert len(_figures(page)) == 5
+    assert "Distribution of contribution per group" in page
     assert not re.search(r"https?://", _own_markup(page)) and "<script src" not in page and "<link" not in page
     for title in ("Figure 1. Contributions per round", "Figure 2. Mean contribution per group",
                   "Figure 3. Convergence over rounds",

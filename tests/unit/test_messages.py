@@ -218,3 +218,43 @@ def test_a_posts_canonical_bytes_are_its_fields_as_sorted_compact_json(fields):
 
     body = json.dumps(fields or {}, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     assert canonical(7, "text", fields) == f"7\x1ftext\x1f{body}".encode()
+
+
+def test_follows_and_unfollows_change_whom_an_agent_hears_from_the_next_round_on_any_placement():
+    """Edge edits reach the mail: in round r an agent hears the round r-1 posts of whom it
+    follows after round r-1 (the graph plus its edits so far, as `populace.analysis` rebuilds it
+    from the `edges` table), whichever host its new authors live on."""
+    from populace.sdk.edges import rebuild
+    from populace.sdk.local import local_graph, run_local
+    from populace.sdk.registry import resolve
+
+    config = RunConfig.model_validate({
+        "simulation": "follow_sim:Follow", "agents": 60, "rounds": 4,
+        "graph": {"generator": "small-world", "degree": 4, "rewire": 0.2}})
+    one = asyncio.run(run_local(config, hosts=1))
+    three = asyncio.run(run_local(config, hosts=3))
+    assert one.outcomes == three.outcomes | {"latency_ms": one.outcomes["latency_ms"]}
+    assert one.posts == three.posts and one.edges == three.edges
+    base = local_graph(resolve(config).config, None)
+    edits = list(zip(one.edges["round"], one.edges["follower"], one.edges["author"], one.edges["op"], strict=True))
+    assert {op for *_, op in edits} == {"add", "remove"}
+    o = one.outcomes
+    changed = 0
+    for r, aid, authors, hears in zip(o["round"], o["agent_id"], o["authors"], o["hears"], strict=True):
+        if r == 1:
+            assert authors == ""  # nothing posted before round 1
+            continue
+        now = rebuild(60, base, edits, r - 1).get(aid, set())
+        assert [int(a) for a in authors.split(",") if a] == sorted(now), (r, aid)  # everyone posts every round
+        assert hears == len(now)
+        changed += now != set(base.in_neighbours(aid).tolist())
+    assert changed > 60  # the edits did change who hears whom
+
+
+@pytest.mark.parametrize("hosts", [1, 3])
+def test_a_graph_that_changes_resumes_exactly_after_any_round(hosts):
+    """Each agent's edits come back from its checkpoint into the book its host's mail reads."""
+    from populace.sdk.testing import check_resume
+
+    check_resume("follow_sim:Follow", {"agents": 60, "rounds": 4,
+                                       "graph": {"generator": "small-world", "degree": 4, "rewire": 0.2}}, hosts=hosts)

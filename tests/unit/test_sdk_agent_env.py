@@ -178,6 +178,9 @@ def test_a_good_declaration_gives_its_tables():
     ({"outcome_table": "runs"}, "must be a lower-case identifier and not one of"),
     ({"summary_table": "Bad-Name"}, "must be a lower-case identifier"),
     ({"summary_table": "good_outcomes"}, "must differ"),
+    ({"grid_columns": ("cell", "option")}, r"`grid_columns` names 'cell', which is not a column of Choice"),
+    ({"grid_columns": ("score", "option")}, r"the cell column 'score' must be a whole number \(int\), not DOUBLE"),
+    ({"grid_columns": "cell"}, r"`grid_columns` must be \(cell column, colour column\)"),
 ])
 def test_wrong_declarations_are_refused_with_the_reason(change, message):
     bad = type("Bad", (Good,), change)

@@ -324,6 +324,10 @@ class Microblog(Simulation):
             schema = self._schemas[posts] = prompts.answer_schema(self.scale, self.post_chars, posts)
         return schema
 
+    def world_sizes(self) -> dict[str, int]:
+        """Its world's sizes before the run: the pool keeps at most `pool.size` posts (the memory check)."""
+        return {"agents": self.agents, "posts": self.params.pool.size}
+
     def system_prompt(self) -> str:
         return prompts.system_prompt(self.scale, self.post_chars)
 

@@ -168,6 +168,7 @@ class Schelling(Simulation):
     Summary = RoundSummary
     prompt_version = PROMPT_VERSION
     trend_columns = ("like_share", "unhappy_share")
+    grid_columns = ("cell", "kind")  # reports draw the town per round: each agent's cell, coloured by its kind
 
     def __init__(self, params: SchellingParams, **kw) -> None:
         super().__init__(params, **kw)
@@ -183,12 +184,21 @@ class Schelling(Simulation):
         return {"type": "object", "properties": {"move": {"type": "boolean"}}, "required": ["move"],
                 "additionalProperties": False}
 
+    def world_sizes(self) -> dict[str, int]:
+        """Its town's sizes before the run: what the memory check counts (a grid of 10^10 cells is refused)."""
+        return {"agents": self.agents, "cells": self.params.grid.width * self.params.grid.height}
+
     @classmethod
     def check_run(cls, params: SchellingParams, config: RunConfig) -> None:
         cells = params.grid.width * params.grid.height
         if config.agents >= cells:
             raise ValueError(f"agents: {config.agents} agents need more than the grid's {cells} cells "
                              "(some must be empty to move to)")
+
+    @classmethod
+    def grid(cls, params: SchellingParams) -> Grid:
+        g = params.grid
+        return Grid(g.width, g.height, g.torus)
 
     @classmethod
     def describe(cls, params: SchellingParams) -> str:

@@ -102,6 +102,10 @@ class RunTables:
     note: str | None = None  # why some hints are missing
     description: str | None = None  # one line saying what was played (the simulation's own words)
     params: dict = field(default_factory=dict)  # the simulation's own config sections
+    # a simulation on a grid (its `grid(params)` and `grid_columns`): a populace.sdk.space.Grid, and
+    # the outcome columns of each agent's cell and of the colour its picture takes
+    grid: object | None = None
+    grid_columns: tuple[str, str] | None = None
 
     @property
     def grouped(self) -> bool:
@@ -192,7 +196,8 @@ def _with_hints(base: dict, spec: SimulationTables, config: dict) -> RunTables:
     noun = (measure or "answer").replace("_", " ")
     reference: tuple[str, ...] = ()
     trend_extra: tuple[str, ...] = ()
-    eq = rng = description = None
+    eq = rng = description = grid = None
+    grid_columns = None
     loaded = False
     note = None
     name = base["simulation"]
@@ -221,6 +226,7 @@ def _with_hints(base: dict, spec: SimulationTables, config: dict) -> RunTables:
             description = sim.describe(resolved.params)
             r = sim.measure_range(resolved.params)
             rng = (float(r[0]), float(r[1])) if r is not None else None
+            grid, grid_columns = _grid_of(sim, resolved.params, spec)
         except Exception as err:
             note = (f"the run's parameters do not validate with the installed {name!r} ({err}); "
                     "no equilibrium or range drawn")
@@ -229,4 +235,18 @@ def _with_hints(base: dict, spec: SimulationTables, config: dict) -> RunTables:
         eq = rng = None
         reference = trend = ()
     return RunTables(**base, noun=noun, labels=labels, reference=reference, trend=trend, equilibrium=eq,
-                     measure_range=rng, loaded=loaded, note=note, params=params, description=description)
+                     measure_range=rng, loaded=loaded, note=note, params=params, description=description,
+                     grid=grid, grid_columns=grid_columns)
+
+
+def _grid_of(sim, params, spec: SimulationTables) -> tuple[object | None, tuple[str, str] | None]:
+    """The run's grid and its (cell, colour) outcome columns, when the simulation declares both and
+    the recorded table has them (an older run's table may not)."""
+    from populace.sdk.space import Grid
+
+    columns = getattr(sim, "grid_columns", None)
+    grid = sim.grid(params) if columns else None
+    recorded = {c.name for c in spec.outcome_columns}
+    if not isinstance(grid, Grid) or not set(columns) <= recorded:
+        return None, None
+    return grid, (str(columns[0]), str(columns[1]))

@@ -193,10 +193,23 @@ def simulate(scenario: Scenario, **kwargs: Any) -> SimulationResult:
 def local_failure(simulation: str, round_: int, err: BaseException) -> str:
     """A local run's reason to fail, as the fleet words it, with where the simulation's code
     raised (a local run prints no traceback)."""
+    from populace.sdk.play import RoundPaused
     from populace.sdk.statecheck import UnsavedState
 
     if isinstance(err, UnsavedState):
         return str(err)
+    if isinstance(err, RoundPaused):
+        # bad input the platform refused (a world, a view, an edge edit, a scene): its message names
+        # the simulation, the field and the round; where it raised is the simulation's own code, if anywhere
+        import populace.sdk
+
+        sdk = str(Path(populace.sdk.__file__).parent)
+        cause = err.__cause__
+        frames = traceback.extract_tb(cause.__traceback__) if cause is not None else []
+        authors = [f for f in frames if not f.filename.startswith(sdk)]  # not the SDK's check that refused it
+        where = authors[-1] if authors else None
+        at = f" (at {Path(where.filename).name}:{where.lineno} in {where.name})" if where else ""
+        return f"{err}{at}; fix the simulation, then run it again"
     where = traceback.extract_tb(err.__traceback__)[-1] if err.__traceback__ else None
     at = f" (at {Path(where.filename).name}:{where.lineno} in {where.name})" if where else ""
     return f"simulation {simulation!r}: round {round_} failed: {type(err).__name__}: {err}{at}"

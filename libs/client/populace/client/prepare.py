@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from pydantic import ValidationError
 from populace.core.contracts import DEFAULT_SIMULATION, RunConfig
 from populace.core.objects import digest_of
 from populace.core.scenario import ScenarioError, format_validation_error, load_scenario_data
+from populace.core.settings import Settings
 from populace.graph.prepare import PreparedGraph, prepare_graph
 from populace.population import PopulationError, load_population, template_records
 from populace.population.cast import cast_from_records
@@ -170,12 +172,56 @@ def checked(config: RunConfig) -> Resolved:
     """The config checked against its simulation (ScenarioError naming the field)."""
     simulation_of(config)
     try:
-        return resolve(config)
+        resolved = resolve(config)
     except ValidationError as err:
         raise ScenarioError(format_validation_error(err)
                             + _default_hint("simulation" in config.model_fields_set, err)) from None
     except SimulationError as err:
         raise ScenarioError(_named(err)) from None
+    check_memory(resolved)
+    return resolved
+
+
+def host_memory() -> int:
+    """An agent-host's memory in bytes: POPULACE_HOST_MEMORY_BYTES, else this machine's."""
+    given = Settings().host_memory_bytes
+    return given or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_memory(resolved: Resolved, memory: int | None = None) -> None:
+    """Refuse, before anything starts, a run whose world and agents would not fit an agent-host's
+    memory: each host holds the whole world, and at most min(agents, POPULACE_HOST_CAPACITY) agents
+    (the estimate: each column's value size × its declared length, and AGENT_BYTES per agent). A
+    simulation whose World names sizes it does not declare (`world_sizes`) is counted by its agents."""
+    from populace.sdk.world import AGENT_BYTES, WorldError
+
+    settings = Settings()
+    memory = memory or host_memory()
+    sim = resolved.instance()
+    on_host = min(resolved.config.agents, settings.host_capacity)
+    parts: list[tuple[str, int]] = []
+    world = type(sim).Env.World
+    sizes = sim.world_sizes() if world is not None else None
+    if world is not None and sizes is not None:
+        try:
+            parts = world.estimate(sizes)
+        except WorldError as err:
+            raise ScenarioError(f"world: {resolved.simulation.name}.world_sizes() does not fit its World: "
+                                f"{err}") from None
+    parts.append((f"{on_host:,} agents × {AGENT_BYTES:,} B", on_host * AGENT_BYTES))
+    need = sum(b for _, b in parts)
+    if need > memory:
+        shown = ", ".join(f"{what} = {_bytes(b)}" for what, b in parts[:4])
+        raise ScenarioError(f"world: the run needs about {_bytes(need)} on each agent-host ({shown}), more than the "
+                            f"{_bytes(memory)} a host has (POPULACE_HOST_MEMORY_BYTES, default: this machine's "
+                            "memory): make the world or the agents smaller, or give hosts more memory")
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:,.1f} {unit}"
+    return f"{n} B"
 
 
 def prepare(config: RunConfig, *, base: Path = Path("."), agents_given: bool | None = None,

@@ -28,6 +28,9 @@ class Settings(BaseSettings):
     # agent-host
     host_id: str = Field(default_factory=lambda: f"{socket.gethostname().split('.')[0]}-{os.getpid()}")
     host_capacity: int = Field(2_000_000, ge=1)
+    # An agent-host's memory, for the check before a run that its world and agents fit (each host
+    # holds the whole world); 0: this machine's physical memory.
+    host_memory_bytes: int = Field(0, ge=0)
     max_in_flight: int = Field(1_000_000, ge=1)  # concurrent agent turns per host
     # a scene waiting this long on neither an act nor a model call is stuck: the run pauses, naming it
     scene_idle_s: float = Field(60.0, gt=0, le=86_400)

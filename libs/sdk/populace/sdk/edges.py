@@ -9,6 +9,8 @@ An edit made in round n takes effect after round n: from round n+1 on, `followin
 the order the outcome lists them), so every placement builds the same graph, and every edit is
 recorded (table `edges`: run, round, follower, author, kind, op) so `populace.analysis` can
 rebuild the graph at any round. An agent's edits are saved in its checkpoint with its state.
+Posts on the run's graph follow the edits of the first kind (populace.sdk.mailbox): from round
+n+1 on, an agent hears whom it followed in round n.
 An edit naming an agent that does not exist, or a kind the simulation does not declare, is the
 simulation's bug: the run pauses naming it."""
 
@@ -72,7 +74,8 @@ class EdgeBook:
             if e.kind not in self.kinds:
                 declared = ", ".join(self.kinds) or "none: set `edge_kinds` on the Simulation"
                 raise EdgeError(f"{where}[{i}]: edge kind {e.kind!r} is not declared ({declared})")
-            if not 0 <= e.author < self.agents or isinstance(e.author, bool):
+            if not isinstance(e.author, (int, np.integer)) or isinstance(e.author, bool) \
+                    or not 0 <= e.author < self.agents:
                 raise EdgeError(f"{where}[{i}]: agent {e.author!r} does not exist (the run has {self.agents} agents)")
             if e.author == follower:
                 raise EdgeError(f"{where}[{i}]: an agent cannot {'follow' if e.op == 'add' else 'unfollow'} itself")

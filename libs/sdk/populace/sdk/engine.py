@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,14 +23,14 @@ import numpy as np
 
 from populace.sdk import select
 from populace.sdk.agent import Agent
-from populace.sdk.edges import EdgeBook
+from populace.sdk.edges import EdgeBook, EdgeError
 from populace.sdk.env import Env, Partial
 from populace.sdk.hosting import HostedRun
 from populace.sdk.llm import LLM
-from populace.sdk.play import OutcomeBatch, OutcomeSink, RoundFailed, RoundShare
+from populace.sdk.play import OutcomeBatch, OutcomeSink, RoundFailed, RoundPaused, RoundShare
 from populace.sdk.process import AgentRaised
 from populace.sdk.registry import Resolved
-from populace.sdk.world import World
+from populace.sdk.world import World, WorldError
 
 # What one round's messages may carry of the environment (a round open and a round result hold
 # them together with the run's config, under NATS's 1 MB payload). Bulk state belongs to agents,
@@ -39,6 +40,12 @@ LIMITS = {"state": 256 * 1024, "observation": 256 * 1024, "selection": 200 * 102
 
 class DecideFailed(RuntimeError):
     """The simulation's environment raised while deciding a round, or gave what a round cannot carry."""
+
+
+class WorldRefused(DecideFailed, RoundPaused):
+    """The environment built a world its declaration refuses (a column of the wrong type or
+    length, a size that is not the run's): the simulation's bug, named; the run pauses, and
+    resumes from its last round once the simulation is fixed."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +97,8 @@ class RoundDecider:
             world = self._world(env.start_world(state), "start_world()") if env.World is not None else None
         except DecideFailed:
             raise
+        except WorldError as err:
+            raise WorldRefused(f"simulation {self.name!r}: its world before round 1 is refused: {err}") from err
         except Exception as err:
             raise DecideFailed(f"simulation {self.name!r}: its environment failed to start: "
                                f"{type(err).__name__}: {err}") from err
@@ -99,8 +108,12 @@ class RoundDecider:
     def _world(self, world: Any, where: str) -> World:
         cls = self.env.World
         if not isinstance(world, cls):  # type: ignore[arg-type]
-            raise DecideFailed(f"simulation {self.name!r}: {type(self.env).__name__}.{where} returned "
+            raise WorldRefused(f"simulation {self.name!r}: {type(self.env).__name__}.{where} returned "
                                f"{type(world).__name__}, not its World {cls.__name__}")  # type: ignore[union-attr]
+        agents = world.sizes.get("agents")
+        if agents is not None and agents != self.agents:  # a view would read past (or short of) the run's agents
+            raise WorldRefused(f"simulation {self.name!r}: {type(self.env).__name__}.{where} gave a world whose size "
+                               f"'agents' is {agents}, but the run has {self.agents} agents")
         return world
 
     def decide(self, round_: int, env_state: dict | None, partials: Sequence[Partial],
@@ -123,6 +136,8 @@ class RoundDecider:
             state = state.model_dump(mode="json")
         except DecideFailed:
             raise
+        except WorldError as err:  # e.g. world.replace(cell=floats): the column and why are in its message
+            raise WorldRefused(f"simulation {self.name!r}: its world after round {round_} is refused: {err}") from err
         except Exception as err:
             raise DecideFailed(f"simulation {self.name!r}: its environment failed to decide round {round_}: "
                                f"{type(err).__name__}: {err}") from err
@@ -173,7 +188,8 @@ class ShareEngine:
             obs._mailbox = reading
             record_posts = functools.partial(room.record, round_, reading)
         book = run.sim.edges
-        edits = functools.partial(_record_edits, book, round_, type(run.sim).name) if book is not None else None
+        edits = functools.partial(_record_edits, book, round_, type(run.sim).name) if book is not None \
+            else functools.partial(_refuse_edits, round_, type(run.sim).name)
         sink = OutcomeSink(type(run.sim), run.env, batch_size=batch_size, emit=emit, grouped=run.tables.grouped,
                            posts=record_posts, levels=run.player.level_names, edits=edits)
         view = None
@@ -191,8 +207,8 @@ class ShareEngine:
         def view(agent_id: int) -> Any:
             try:
                 return env.view(world, round_, agent_id)
-            except Exception as err:  # the simulation's view: the round cannot go on
-                raise RoundFailed(f"simulation {type(env.sim).name!r}: {type(env).__name__}.view raised in round "
+            except Exception as err:  # the simulation's view: the round cannot go on; a fix resumes it
+                raise RoundPaused(f"simulation {type(env.sim).name!r}: {type(env).__name__}.view raised in round "
                                   f"{round_} for agent {agent_id}: {type(err).__name__}: {err}") from err
 
         return view
@@ -214,6 +230,20 @@ def _record_edits(book: EdgeBook, round_: int, name: str, ids: list[int], outs: 
             rows["kind"].append(e.kind)
             rows["op"].append(e.op)
     return rows if rows["follower"] else None
+
+
+_EDITS = operator.attrgetter("edits")
+
+
+def _refuse_edits(round_: int, name: str, ids: list[int], outs: list) -> None:
+    """A simulation that declares no edge kinds: an outcome's edits would be dropped unseen, so
+    they are its bug (EdgeError: the run pauses naming the agent)."""
+    edits = list(map(_EDITS, outs))
+    if edits.count(None) != len(edits):  # in C: the hot path of every simulation without edges
+        aid = next(aid for aid, e in zip(ids, edits) if e is not None)
+        raise EdgeError(f"simulation {name!r}, round {round_}, agent {aid}: outcome.edits: the simulation declares "
+                        "no edge kinds (set `edge_kinds` on the Simulation to edit the graph)")
+    return None
 
 
 def _wakes(agent: Agent, obs: Any) -> bool:

@@ -121,7 +121,7 @@ def host_run(resolved: Resolved, run_id: str, ranges: list[tuple[int, int]], cas
                            for first, count in ranges for aid in range(first, first + count)]
     if one_per_process:
         agents = [ProcessAgent(a) for a in agents]
-    room = Mailroom(graph, type(sim).Post, ranges, c.broadcasts) if graph is not None else None
+    room = Mailroom(graph, type(sim).Post, ranges, c.broadcasts, sim.edges) if graph is not None else None
     run = HostedRun(run_id, resolved, sim, type(sim).Env(sim), agents,
                     RoundPlayer(sim, agents, max_in_flight=max_in_flight, scene_idle_s=scene_idle_s),
                     ranges=list(ranges), epoch=epoch,

@@ -5,6 +5,12 @@ shares is all in. The agent-host and the local runner do the I/O around these.
 Round n's inbox of agent `a` is the round n-1 posts of `a`'s in-neighbours in the run's graph
 (those that posted). Posts of a host's own agents never leave it; for every other share the
 host sends, once per round, the posts of its authors that share's agents hear.
+
+A simulation that declares edge kinds (populace.sdk.edges) changes the graph as it runs: an
+agent's follows and unfollows of the first kind made up to round n-1 count in its round n inbox,
+as `following` counts them in a view. Its edits live with it, on its own host, so no host can
+know which of its authors another share's agents follow now: such a run's hosts send every post
+to every share (one message per host pair per round still), and each reader keeps its own.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from populace.graph.csr import Graph
+from populace.sdk.edges import EdgeBook
 from populace.sdk.post import Message, Post, fields_json, from_wire, post_hash
 
 _MASK63 = np.uint64(2**63 - 1)
@@ -26,10 +33,12 @@ class Mailbox:
     """One round's posts, by author id (the whole run's id space: a host fills in its own
     agents' posts and those other hosts sent it), and the broadcasts agents read with them."""
 
-    __slots__ = ("bodies", "extra", "graph", "has", "hashes", "post_cls", "posts", "round", "texts")
+    __slots__ = ("bodies", "edges", "extra", "graph", "has", "hashes", "post_cls", "posts", "round", "texts")
 
-    def __init__(self, graph: Graph, post_cls: type[Post], round_: int) -> None:
+    def __init__(self, graph: Graph, post_cls: type[Post], round_: int, edges: EdgeBook | None = None) -> None:
         self.graph = graph
+        # a graph that changes: who an agent hears is the graph plus its edits up to this round
+        self.edges = edges
         self.post_cls = post_cls
         self.round = round_
         n = graph.n
@@ -75,11 +84,20 @@ class Mailbox:
             p = self.posts[author] = from_wire(self.post_cls, text, fields)
         return p
 
-    def inbox(self, agent_id: int) -> tuple[Message, ...]:
-        g, texts, posts = self.graph, self.texts, self.posts
-        out = [m for mask, m in self.extra if mask is None or mask[agent_id]] if self.extra else []
+    def sources(self, agent_id: int) -> list[int]:
+        """Whose posts `agent_id` hears from this mailbox: its in-neighbours, with its edits made
+        up to this round (an edit takes effect from the next round on)."""
+        edges = self.edges
+        if edges is not None and agent_id in edges.edits:
+            return list(edges.following(agent_id, as_of=self.round))
+        g = self.graph
         # Python lists, not numpy, inside the loop: indexing an array with an int costs ~100 ns
-        for s in g.sources[g.offsets[agent_id]:g.offsets[agent_id + 1]].tolist():
+        return g.sources[g.offsets[agent_id]:g.offsets[agent_id + 1]].tolist()
+
+    def inbox(self, agent_id: int) -> tuple[Message, ...]:
+        texts, posts = self.texts, self.posts
+        out = [m for mask, m in self.extra if mask is None or mask[agent_id]] if self.extra else []
+        for s in self.sources(agent_id):
             if texts[s] is not None:
                 out.append(Message(s, posts[s] or self.post(s)))  # type: ignore[arg-type]
         return tuple(out)
@@ -105,6 +123,14 @@ class Mailbox:
         np.cumsum(have, out=ccount[1:])
         counts = ccount[bounds[1:]] - ccount[bounds[:-1]]
         digests = ((csum[bounds[1:]] - csum[bounds[:-1]]) & _MASK63).astype(np.int64)
+        edited = self.edges.edits if self.edges is not None else None
+        if edited:  # agents whose in-edges changed: counted one by one from what they follow now
+            for i, aid in enumerate(ids.tolist()):
+                if aid in edited:
+                    src = np.asarray(self.sources(aid), dtype=np.int64)
+                    have = self.has[src]
+                    counts[i] = int(have.sum())
+                    digests[i] = int(np.sum(self.hashes[src][have], dtype=np.uint64) & _MASK63)
         return counts, digests
 
 

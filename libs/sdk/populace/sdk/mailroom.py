@@ -15,6 +15,7 @@ import numpy as np
 
 from populace.core.contracts import Broadcast
 from populace.graph.csr import Graph
+from populace.sdk.edges import EdgeBook
 from populace.sdk.mailbox import Mailbox, MailIn, owned_mask, route
 from populace.sdk.post import Message, Post, PostError, from_wire, post_fields, to_wire
 
@@ -36,8 +37,10 @@ class Outgoing:
 
 class Mailroom:
     def __init__(self, graph: Graph, post_cls: type[Post], own_ranges: Iterable[tuple[int, int]],
-                 broadcasts: Sequence[Broadcast] = ()) -> None:
+                 broadcasts: Sequence[Broadcast] = (), edges: EdgeBook | None = None) -> None:
         self.graph = graph
+        # the graph changes (the simulation declares edge kinds): every post goes to every share
+        self.edges = edges
         self.post_cls = post_cls
         self.own = owned_mask(graph.n, own_ranges)
         self.boxes: dict[int, Mailbox] = {}
@@ -53,7 +56,7 @@ class Mailroom:
         """Round `round_`'s posts (created empty when first asked)."""
         box = self.boxes.get(round_)
         if box is None:
-            box = self.boxes[round_] = Mailbox(self.graph, self.post_cls, round_)
+            box = self.boxes[round_] = Mailbox(self.graph, self.post_cls, round_, self.edges)
         return box
 
     def reading(self, round_: int) -> Mailbox:
@@ -118,7 +121,12 @@ class Mailroom:
             return []
         box = self.box(round_)
         out: list[Outgoing] = []
-        for key, authors in route(self.graph, self.own & box.has, targets).items():
+        if self.edges is None:
+            routes = route(self.graph, self.own & box.has, targets)
+        else:  # anyone may follow any author by now: each share gets all of them
+            everyone = np.flatnonzero(self.own & box.has)
+            routes = dict.fromkeys(targets, everyone)
+        for key, authors in routes.items():
             shards: list[tuple[list[int], list[str], list[dict | None]]] = [([], [], [])]
             size = 0
             for a in authors.tolist():

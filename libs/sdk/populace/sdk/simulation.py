@@ -44,6 +44,7 @@ from populace.sdk.rng import seeded
 
 if TYPE_CHECKING:
     from populace.population.cast import Cast
+    from populace.sdk.space import Grid
 
 # Tables the platform owns; a simulation's tables take other names.
 RESERVED_TABLES = ("runs", "agents", "llm_calls", "agent_profiles", "posts", "transcripts", "_ingested")
@@ -75,11 +76,13 @@ class Observation(BaseModel):
 
     def in_degree(self, agent_id: int) -> int:
         """How many agents agent `agent_id` hears on the run's graph (its in-neighbours, whether
-        or not they posted): the same in one process and on the fleet, in every round. 0 in a
-        run without a graph."""
+        or not they posted; with edge edits, those it follows as of the round before): the same
+        in one process and on the fleet, in every round. 0 in a run without a graph."""
         box = self.__pydantic_private__["_mailbox"]
         if box is None:
             return 0
+        if box.edges is not None and agent_id in box.edges.edits:
+            return len(box.sources(agent_id))
         offsets = box.graph.offsets
         return int(offsets[agent_id + 1] - offsets[agent_id])
 
@@ -116,6 +119,9 @@ class Simulation:
     # over rounds; `trend_columns` are drawn over rounds only.
     reference_columns: ClassVar[tuple[str, ...]] = ()
     trend_columns: ClassVar[tuple[str, ...]] = ()
+    # Spaces, for reports: (the outcome column holding each agent's cell on `grid(params)`, the
+    # outcome column its picture is coloured by); reports draw the grid per round from them.
+    grid_columns: ClassVar[tuple[str, str] | None] = None
 
     def __init__(self, params: Params, *, agents: int, rounds: int = 1, seed: int = 0,
                  run_id: str = "", cast: Cast | None = None) -> None:
@@ -211,6 +217,15 @@ class Simulation:
         {"max_tokens": 256} for chain of thought."""
         return {}
 
+    def world_sizes(self) -> dict[str, int] | None:
+        """The length of each size its World's columns name, for this run, before it starts (e.g.
+        {"agents": n, "cells": w * h}): what the memory check counts. None: not declared (a World
+        whose columns are all per agent needs none: the default counts the agents)."""
+        world = type(self).Env.World
+        if world is None or any(c.size != "agents" for c in world.columns.values()):
+            return None
+        return {"agents": self.agents}
+
     @classmethod
     def check_run(cls, params: Params, config: RunConfig) -> None:
         """Raise ValueError (its message starting with the field) when these params cannot run
@@ -230,6 +245,13 @@ class Simulation:
     def measure_range(cls, params: Params) -> tuple[float, float] | None:
         """The measure's possible range (None: any): plot axes use it, and a valid value
         outside it is recorded as invalid (the recorder refuses a batch that carries one)."""
+        return None
+
+    @classmethod
+    def grid(cls, params: Params) -> Grid | None:
+        """The grid the run's agents live on (a populace.sdk.space.Grid), for reports: with
+        `grid_columns` they draw each round's grid from the outcomes (where each agent was, coloured
+        by the second column) and its like-neighbour share. None: no grid."""
         return None
 
     @classmethod
@@ -353,6 +375,8 @@ class Simulation:
                                     f"{', '.join(RESERVED_TABLES)}")
             if len({t for _, t in named}) < len(named):
                 problems.append("`outcome_table`, `summary_table` (and `acts_table`) must differ")
+        if not problems and cls.grid_columns is not None:
+            problems += _grid_problems(cls)
         if not problems:
             try:
                 cls.tables()
@@ -361,6 +385,23 @@ class Simulation:
         if problems:
             raise SimulationError(f"{where} ({cls.__module__}.{cls.__qualname__}) is not valid:\n  - "
                                   + "\n  - ".join(problems))
+
+
+def _grid_problems(cls: type[Simulation]) -> list[str]:
+    names = cls.grid_columns
+    if not (isinstance(names, tuple) and len(names) == 2 and all(isinstance(n, str) for n in names)):
+        return [f"`grid_columns` must be (cell column, colour column), e.g. (\"cell\", \"kind\"), not {names!r}"]
+    try:
+        fields = dict(outcome_fields(cls.Outcome))
+    except OutcomeError as err:
+        return [str(err)]
+    cell = names[0]
+    problems = [f"`grid_columns` names {n!r}, which is not a column of {cls.Outcome.__name__}"
+                for n in names if n not in fields]
+    if cell in fields and column_type(fields[cell]) != "BIGINT":
+        problems.append(f"`grid_columns`: the cell column {cell!r} must be a whole number (int), not "
+                        f"{column_type(fields[cell])}")
+    return problems
 
 
 def summary_fields(cls: type[Summary]) -> list[tuple[str, Any]]:

@@ -29,7 +29,6 @@ from pathlib import Path
 
 from populace.core import synth
 from populace.core.contracts import RunConfig
-from populace.sdk.edges import EdgeBook
 from populace.sdk.hosting import HostedRun
 from populace.sdk.llm import LLM
 from populace.sdk.local import LocalResult, run_local
@@ -104,10 +103,12 @@ class _ResumeAfter:
             player = run.player
             player.sim = sim
             player.group_envs = [type(g)(sim) for g in player.group_envs]
-            if run.sim.edges is not None:  # the agents' edges, as their checkpoints keep them (JSON)
-                book = EdgeBook(run.sim.edges.agents, run.sim.edges.kinds, run.sim.edges.base)
-                for agent in run.agents:
-                    book.restore(agent.id, json.loads(json.dumps(run.sim.edges.state(agent.id))))
+            book = run.sim.edges
+            if book is not None:  # the agents' edges, as their checkpoints keep them (JSON), restored
+                # into the host's book in place, as a host restores them (its mailroom reads that book)
+                saved = {agent.id: json.loads(json.dumps(book.state(agent.id))) for agent in run.agents}
+                for aid, edits in saved.items():
+                    book.restore(aid, edits)
                 sim.edges = book
         return self.factory(run, round_)
 

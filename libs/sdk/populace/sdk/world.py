@@ -32,6 +32,11 @@ import pyarrow as pa
 DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float32",
           "float64", "string")
 _MAGIC = b"POPWORLD1"
+# What memory checks count before a run (the values are not known yet): a text value's bytes (its
+# offset and a short text, e.g. a post), and an agent's on its host (its object, memory and outcome:
+# 780 B measured at 10M agents on the dummy model, README).
+STRING_BYTES = 64
+AGENT_BYTES = 1024
 
 
 class WorldError(ValueError):
@@ -110,6 +115,18 @@ class World:
         """A new world with these columns (and sizes) changed; the others are shared."""
         data = {**self._data, **values}
         return type(self)(sizes or self.sizes, **data)
+
+    @classmethod
+    def estimate(cls, sizes: Mapping[str, int]) -> list[tuple[str, int]]:
+        """(column, bytes) of a world of these sizes, largest first: each column's value size
+        (text: STRING_BYTES) times the length of its size. WorldError naming a size not given."""
+        missing = sorted({c.size for c in cls.columns.values()} - set(sizes))
+        if missing:
+            raise WorldError(f"{cls.__name__}: sizes {missing} are not given (sizes={dict(sizes)})")
+        parts = [(f"{cls.__name__}.{name} ({col.dtype} × {col.size} {int(sizes[col.size]):,})",
+                  (STRING_BYTES if col.dtype == "string" else np.dtype(col.dtype).itemsize) * int(sizes[col.size]))
+                 for name, col in cls.columns.items()]
+        return sorted(parts, key=lambda p: -p[1])
 
     # -- the wire ----------------------------------------------------------------------------
     def to_bytes(self) -> bytes:

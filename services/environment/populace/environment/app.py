@@ -26,6 +26,7 @@ from populace.core.service import Refused, Service, control_pull
 from populace.core.settings import Settings
 from populace.core.telemetry import tracer
 from populace.environment.tally import BadPartial, EnvironmentFailed, RunTally
+from populace.sdk.play import RoundPaused
 from populace.sdk.registry import resolve
 from populace.sdk.simulation import SimulationError
 
@@ -43,11 +44,17 @@ class Environment:
         self.early: dict[str, list[tuple[RoundPartial, NatsMessage]]] = {}  # partials before any open
         self.round_contexts: dict[tuple[str, int], Context] = {}  # the orchestrator's round spans
 
-    async def fault(self, run_id: str, round_: int | None, reason: str, epoch: int = 0) -> None:
+    async def fault(self, run_id: str, round_: int | None, reason: str, epoch: int = 0,
+                    cause: BaseException | None = None) -> None:
+        """`cause`: what the simulation raised; its bug that a fix resumes from (a world its
+        declaration refuses) pauses the run rather than failing it."""
+        pause = isinstance(cause, RoundPaused)
+        if pause:
+            reason = f"{reason}; fix the simulation, then `populace resume {run_id}`"
         self.failed[run_id] = epoch
-        self.svc.log.error("run_fault", run_id=run_id, round=round_, reason=reason)
+        self.svc.log.error("run_fault", run_id=run_id, round=round_, reason=reason, pause=pause)
         await bus.publish_js(self.svc.js, subjects.run_fault(run_id, "environment"),
-                             RunFault(run_id=run_id, source="environment", round=round_, reason=reason),
+                             RunFault(run_id=run_id, source="environment", round=round_, reason=reason, pause=pause),
                              msg_id=subjects.msg_id(run_id, round_ or 0, "environment", "fault", epoch))
 
     async def tally_for(self, opened: RoundOpen) -> RunTally | None:
@@ -98,6 +105,10 @@ class Environment:
             ref = tally.needs_world(opened)
             if ref is not None:
                 tally.set_world(ref, await checkpoints.load_world(self.svc.js, ref))
+        except RoundPaused as err:  # round 1's world, which its declaration refuses: the simulation's bug
+            self.runs.pop(tally.run_id, None)
+            await self.fault(tally.run_id, opened.round, str(err), tally.epoch, cause=err)
+            return False
         except Exception as err:  # unreadable, changed, or not the simulation's World
             self.runs.pop(tally.run_id, None)
             await self.fault(tally.run_id, opened.round, f"the environment cannot read the round's world: {err}",
@@ -212,7 +223,7 @@ class Environment:
             result = step()
         except EnvironmentFailed as err:
             self.runs.pop(tally.run_id, None)
-            await self.fault(tally.run_id, round_, str(err), tally.epoch)
+            await self.fault(tally.run_id, round_, str(err), tally.epoch, cause=err.__cause__)
             return
         if result is not None:
             await self.publish(result, tally)

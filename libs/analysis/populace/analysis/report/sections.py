@@ -54,6 +54,7 @@ from populace.analysis.report.blocks import (
     Table,
 )
 from populace.analysis.report.interviews import interview_sections
+from populace.analysis.report.shapes import shape_sections
 from populace.analysis.report.text import (
     capped_rounds,
     interval,
@@ -472,6 +473,7 @@ def run_sections(con: duckdb.DuckDBPyConnection, run_id: str, info: dict, rounds
         sections += categorical_sections(con, run_id, info, rounds, attrs)
     else:
         sections.append(Section("Figures", [Note("The simulation declares no measure: no figures.")]))
+    sections += shape_sections(con, run_id, info, rounds, types, attrs)  # activity, graphs, grids
     if spread is not None:
         sections.append(grouped_section(info, rounds, spread))
     if fork is not None:

@@ -1,0 +1,131 @@
+"""A small simulation with a world, a view and edge edits, and one bug it can be switched to, for
+the bad-input tests (issue 23): a world column of the wrong type or length, a view that raises, an
+edit naming an agent that does not exist or an edge kind not declared. Each bug strikes in round 2.
+
+A subclass sets `bug`; the end-to-end test leaves it None and names the bug in the file that
+`BAD_INPUT_BUG_FILE` points to (read at each call, by every service): deleting the file is the
+"fix", after which `populace resume` must give exactly the rows of an undisturbed run."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+
+from populace.sdk import Agent, Env, Outcome, Partial, Simulation, State, Summary
+from populace.sdk.edges import follow
+from populace.sdk.env import Ints
+from populace.sdk.world import World, column
+
+BUG_ROUND = 2
+BUGGY_AGENT = 7
+
+
+class Board(World):
+    score = column("int32", "agents")
+    cells = column("int64", "cells")  # a size of its own (the memory estimate counts it)
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    round: int
+    score: int
+    follows: int  # whom it follows now: read in the view, where its host keeps its edges
+
+
+class Mark(Outcome):
+    score: int = 0
+    follows: int = 0  # whom it followed before this round (its in-edges, restored on resume)
+    measure = "score"
+
+
+class Gains(Partial):
+    n: int = 0
+    gainers: Ints = np.zeros(0, dtype=np.int64)
+
+
+class Total(Summary):
+    total: int = 0
+    gainers: int = 0
+
+
+class Player(Agent):
+    __slots__ = ()
+
+    async def turn(self, obs: Seen, llm) -> Mark:
+        sim: Ledger = self.sim  # type: ignore[assignment]
+        n = sim.agents
+        author = (self.id + obs.round) % n
+        edits = [follow(author)] if author != self.id else []
+        if obs.round == BUG_ROUND and self.id == BUGGY_AGENT:
+            if sim.bug() == "edge_kind":
+                edits = [follow(author, kind="like")]
+            elif sim.bug() == "edge_agent":
+                edits = [follow(n + 3)]
+        return Mark(score=obs.score, follows=obs.follows, raw=str(obs.score), edits=edits or None)
+
+
+class BoardEnv(Env[State, Gains]):
+    Partial = Gains
+    World = Board
+
+    def start_world(self, state: State) -> Board:
+        n = self.sim.agents
+        return Board({"agents": n, "cells": self.sim.params.cells}, score=np.arange(n, dtype=np.int32) % 5,
+                     cells=np.zeros(self.sim.params.cells, dtype=np.int64))
+
+    def view(self, world: Board, round: int, agent_id: int) -> Seen:
+        if round == BUG_ROUND and agent_id == BUGGY_AGENT and self.sim.bug() == "view":
+            raise KeyError(f"no such post for agent {agent_id}")
+        return Seen(round, int(world.score[agent_id]), len(self.sim.following(agent_id)))
+
+    def reduce(self, ids, outs) -> Gains:
+        return Gains(n=len(ids), gainers=np.asarray([a for a, o in zip(ids, outs) if (o.score + a + o.follows) % 3 == 0],
+                                                    dtype=np.int64))
+
+    def merge(self, parts) -> Gains:
+        return Gains(n=sum(p.n for p in parts),
+                     gainers=np.concatenate([p.gainers for p in parts]) if parts else np.zeros(0, dtype=np.int64))
+
+    def decide(self, state: State, round: int, total: Gains, world: Board):
+        gainers = np.sort(total.gainers)
+        score = world.score.copy()
+        score[gainers] += round
+        if round == BUG_ROUND and self.sim.bug() == "world_type":
+            return state, Total(total=int(score.sum())), world.replace(score=score + 0.5)
+        if round == BUG_ROUND and self.sim.bug() == "world_length":
+            return state, Total(total=int(score.sum())), world.replace(score=score[:-1])
+        return state, Total(total=int(score.sum()), gainers=int(gainers.size)), world.replace(score=score)
+
+
+class LedgerParams(Simulation.Params):
+    cells: int = 16
+
+
+class Ledger(Simulation):
+    name = "ledger"
+    Params = LedgerParams
+    Agent = Player
+    Env = BoardEnv
+    Outcome = Mark
+    Summary = Total
+    edge_kinds = ("follow",)
+    bug_name: ClassVar[str | None] = None  # a subclass's bug; None: the one named in $BAD_INPUT_BUG_FILE, if any
+
+    def world_sizes(self) -> dict[str, int]:
+        return {"agents": self.agents, "cells": self.params.cells}
+
+    def bug(self) -> str | None:
+        if self.bug_name is not None:
+            return self.bug_name
+        path = os.environ.get("BAD_INPUT_BUG_FILE")
+        return Path(path).read_text().strip() if path and Path(path).exists() else None
+
+
+class ViewBug(Ledger):
+    """The view raises for agent 7 in round 2 (a local run by import path)."""
+
+    bug_name = "view"
