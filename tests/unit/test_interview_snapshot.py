@@ -36,6 +36,7 @@ CASES = {
     "schelling-llm": ("schelling.yaml", {"agents": 100, "rounds": 2, "grid": {"width": 12, "height": 12, "torus": True,
                                                                               "kinds": 2},
                                          "rule": {"threshold": 0.3, "decider": "llm"}}, {}),
+    "feed": ("feed.yaml", {"agents": 40, "rounds": 3, "pool": {"size": 100, "seed_posts": 20}}, {"hosts": 2}),
     "dictator": ("simulations/dictator/scenario.yaml", {"agents": 30, "simulation": "dictator_game:DictatorGame"},
                  {"hosts": 2}),
 }
