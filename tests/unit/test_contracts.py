@@ -131,6 +131,30 @@ INSTANCES: dict[str, BaseModel] = {
                            rounds=[c.AgentRound(round=1, values={"value": None}, valid=False, error="not a number")]),
     "AgentsReply": c.AgentsReply(ok=True, run_id="r1", total=1, limit=50, columns=["value"], rounds=[1],
                                  rounds_total=1, personas=True, agents=[c.AgentRow(agent_id=7)]),
+    # interviews (populace.sdk.interview)
+    "Question": c.Question(id="trust", text="How much do you trust the council?", labels=["none", "some", "a lot"]),
+    "Survey": c.Survey(id="s1", mode="together", questions=[c.Question(id="car", text="A car?", options=["yes", "no"])]),
+    "PlannedInterview": c.PlannedInterview(id="panel", after="every", sample=0.25, questions=[
+        c.Question(id="n", text="How many?", min=0, max=10, integer=True)]),
+    "InterviewBatch": c.InterviewBatch(run_id="r1", after_round=2, host_id="h1", seq=0, survey=c.Survey(
+        id="s1", questions=[c.Question(id="car", text="A car?", options=["yes", "no"])]), agent_ids=[4, 5],
+        questions=["car", "car"], answers=["yes", None], values=[None, None], raws=['{"answer": "yes"}', "boat"],
+        valid=[True, False], errors=[None, "'boat' is not one of the options"], latency_ms=[50.0, 61.5],
+        usage=c.Usage(llm_calls=3)),
+    "InterviewRequest": c.InterviewRequest(run_id="r1", request="q1", after_round=2, sample=0.5, survey=c.Survey(
+        id="s1", questions=[c.Question(id="car", text="A car?", options=["yes", "no"])]), requested_at=1.0),
+    "InterviewOrder": c.InterviewOrder(
+        run_id="r1", host_id="h1", request="q1", after_round=2, agents=[4, 5], ranges=[(0, 1250)],
+        survey=c.Survey(id="s1", questions=[c.Question(id="car", text="A car?", options=["yes", "no"])]),
+        restore=c.Restore(run_id="r1", round=2, ranges=[(0, 1250)], digests={"r1.2.0": "ab" * 32}), config=CONFIG),
+    "InterviewPlaced": c.InterviewPlaced(run_id="r1", request="q1", after_round=2, survey=c.Survey(
+        id="s1", questions=[c.Question(id="car", text="A car?", options=["yes", "no"])]),
+        hosts={"h1": [(0, 1250)]}, expected=625, placed_at=1.0),
+    "InterviewsRecorded": c.InterviewsRecorded(run_id="r1", request="q1", answers=625, db_path="/tmp/p.duckdb"),
+    "InterviewsRequest": c.InterviewsRequest(run_id="r1", request="q1", by="education"),
+    "InterviewsReply": c.InterviewsReply(ok=True, run_id="r1", request="q1", by="education",
+                                         questions=[{"id": "car", "kind": "options"}],
+                                         rows=[{"question": "car", "answer": "yes", "n": 3}], attributes=["education"]),
     "DistributionRequest": c.DistributionRequest(run_id="r1", round=3, bins=20),
     "DistributionReply": c.DistributionReply(ok=True, run_id="r1", round=3, closed=3, measure="choice",
                                              kind="categorical", n=10, options=["yes", "no"], counts=[7, 3],

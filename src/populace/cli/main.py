@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 
-from populace.cli import display, nodes
+from populace.cli import display, interviews, nodes
 from populace.cli.choices import DemoModel, PersonaModel, Storage
 
 if TYPE_CHECKING:  # the rest is imported where a command needs it: `populace --version` starts fast
@@ -40,6 +40,7 @@ auth_app = typer.Typer(help="NATS users (deploy/nats/auth.conf).", no_args_is_he
 app.add_typer(auth_app, name="auth")
 # `populace node` is the daemon (one per machine); `populace nodes …` asks nodes for things
 app.command("node")(nodes.node)
+app.command("interview")(interviews.interview)
 app.add_typer(nodes.nodes_app, name="nodes")
 
 
@@ -836,6 +837,12 @@ def results(
     json_out: Annotated[bool, typer.Option("--json", help="print JSON (for scripts) instead of tables")] = False,
     db: Annotated[str, typer.Option(help="DuckDB file")] = "populace.duckdb",
     nats: Annotated[str, typer.Option("--nats", envvar=NATS_ENV, help=NATS_LIVE_HELP)] = NATS_DEFAULT,
+    interviews_: Annotated[bool, typer.Option("--interviews", help="the runs' interviews instead: each question's "
+                                                                  "answers (--by: per group; --round: after that "
+                                                                  "round; several runs: across them too)")] = False,
+    reference: Annotated[Path | None, typer.Option(help="human reference data (CSV or Parquet, with its citation): "
+                                                        "the runs beside it per group, with a distance and its "
+                                                        "95% bootstrap interval")] = None,
 ) -> None:
     """Per-round statistics of each run's measure (mean … max, or each option's share), its
     simulation's round summary and its LLM work: answers in, valid, the model's invalid answers
@@ -843,16 +850,22 @@ def results(
     fork: beside its parent's); or (--by) the mean, or each option's share, per group with 95% CIs."""
     from populace.analysis import call_stats, fork_table, group_table, model_of, round_table, run_info, total_calls
 
+    if reference is not None:
+        return _reference_results(run_ids, reference, json_out, db, nats)
+    if interviews_:
+        return _interview_results(run_ids, by, round_, json_out, db, nats)
     if round_ is not None and by is None:
         fail("--round: only with --by (the per-round table shows every round)")
     # what a script needs to read the rows: the run's simulation, measure and summary titles
     head = ("run_id", "name", "simulation", "status", "reason", "measure", "measure_kind", "grouped", "equilibrium",
-            "outcome_table", "summary_table", "labels", "usage", "graph")
+            "outcome_table", "summary_table", "labels", "usage", "graph", "interviews")
     with _db(db, run_ids, nats) as con:
         ids = _run_ids(con, run_ids)
         if by is None:
-            runs = [(run_info(con, rid), round_table(con, rid), fork_table(con, rid), call_stats(con, rid))
-                    for rid in ids]
+            from populace.analysis.interviews import interview_usage
+
+            runs = [({**run_info(con, rid), "interviews": interview_usage(con, rid)}, round_table(con, rid),
+                     fork_table(con, rid), call_stats(con, rid)) for rid in ids]
         else:
             rows = group_table(con, ids, by, round=round_)
             info = run_info(con, ids[0])
@@ -876,6 +889,8 @@ def results(
             llm = display.llm_table(rows, calls, f"LLM work — {display.model_line(model_of(info, calls))}")
             if llm is not None:
                 display.out.print(llm)
+            if line := interviews.usage_line(info.get("interviews")):
+                display.out.print(line, markup=False, highlight=False)
             if fork is not None:  # a fork is read against its parent: the intervention's effect
                 display.out.print(display.fork_heading(fork), markup=False, highlight=False)
                 display.out.print(display.fork_table(fork, info))
@@ -890,6 +905,63 @@ def results(
     display.out.print(display.group_table(rows, by, title, across_runs=len(ids) > 1))
 
 
+def _load_reference(path: Path):
+    from populace.analysis.reference import ReferenceError, load_reference
+
+    try:
+        return load_reference(path)
+    except ReferenceError as err:
+        fail(str(err))
+
+
+def _reference_results(run_ids: list[str], path: Path, json_out: bool, db: str, nats: str) -> None:
+    """`results --reference FILE`: the runs beside human data, per question and group."""
+    from populace.analysis.reference import ReferenceError, compare
+
+    ref = _load_reference(path)
+    with _db(db, run_ids, nats) as con:
+        ids = _run_ids(con, run_ids)
+        try:
+            rows = compare(con, ids, ref)
+        except ReferenceError as err:
+            fail(f"--reference {path}: {err}")
+    if json_out:
+        print(json.dumps({"runs": ids, "reference": str(path), "source": ref.label, "rows": rows}, default=str,
+                         indent=1))
+        return
+    display.out.print(f"reference: {ref.label}", markup=False, highlight=False, soft_wrap=True)
+    display.out.print(interviews.reference_table(rows, f"{', '.join(ids)} beside {path.name}"))
+
+
+def _interview_results(run_ids: list[str], by: str | None, round_: int | None, json_out: bool, db: str,
+                       nats: str) -> None:
+    """`results --interviews`: each question's answers (Wilson shares, Student-t means), per group."""
+    from populace.analysis.interviews import has_interviews, interview_table, interview_usage
+
+    with _db(db, run_ids, nats) as con:
+        ids = _run_ids(con, run_ids)
+        if not has_interviews(con, ids):
+            fail(f"--interviews: run(s) {', '.join(ids)} have no interview answers (plan them in the scenario's "
+                 "`interviews:`, or ask with `populace interview`)")
+        try:
+            rows = interview_table(con, ids, by=by, after_round=round_)
+        except Exception as err:  # AnalysisError: an attribute no agent has
+            fail(f"--by: {err}")
+        usage = {rid: interview_usage(con, rid) for rid in ids}
+    if json_out:
+        print(json.dumps({"runs": ids, "by": by, "round": round_, "interviews": rows, "usage": usage}, default=str,
+                         indent=1))
+        return
+    if not rows:
+        fail(f"--round: no question was asked after round {round_}")
+    title = ", ".join(ids)
+    for table in interviews.interview_tables(rows, title, by, across_runs=len(ids) > 1):
+        display.out.print(table)
+    for rid in ids:
+        if line := interviews.usage_line(usage[rid]):
+            display.out.print(f"{rid}: {line}", markup=False, highlight=False)
+
+
 @app.command()
 def report(
     run_ids: Annotated[list[str], typer.Argument(help="run id(s), 'last', or a sweep's id (all its runs); two or "
@@ -899,6 +971,8 @@ def report(
     by: Annotated[list[str] | None, typer.Option(help="attribute(s) to group by (default: the profile's)")] = None,
     db: Annotated[str, typer.Option(help="DuckDB file")] = "populace.duckdb",
     nats: Annotated[str, typer.Option("--nats", envvar=NATS_ENV, help=NATS_LIVE_HELP)] = NATS_DEFAULT,
+    reference: Annotated[Path | None, typer.Option(help="human reference data (CSV or Parquet, with its citation) "
+                                                        "to put the runs beside")] = None,
 ) -> None:
     """Write one self-contained HTML report with interactive plots. One run: per round the
     measure's distribution (with the simulation's reference lines and equilibrium, or each
@@ -907,13 +981,18 @@ def report(
     reasoning, and the run's manifest. Several runs (or a sweep): their parameters, per-round
     summaries and convergence side by side."""
     from populace.analysis import write_report
+    from populace.analysis.reference import ReferenceError
     from populace.analysis.report import runs_named
 
+    ref = _load_reference(reference) if reference is not None else None
     with _db(db, run_ids, nats) as con:
         ids = runs_named(con, _run_ids(con, run_ids))
         if by and len(ids) > 1:
             fail(f"--by: for one run's report (these are {len(ids)} runs: {', '.join(ids)})")
-        path = write_report(con, ids, out, by=by or None)
+        try:
+            path = write_report(con, ids, out, by=by or None, reference=ref)
+        except ReferenceError as err:
+            fail(f"--reference {reference}: {err}")
     what = f"{len(ids)} runs" if len(ids) > 1 else ids[0]
     display.out.print(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB; {what})")
 

@@ -54,6 +54,9 @@ class SimulationResult:
     outcomes: pa.Table | None  # one row per agent per round (None: the stack's DuckDB is not readable here)
     db_path: str | None = None
     manifest: dict = field(default_factory=dict)
+    # the scenario's planned interviews: one row per agent, question and round (table `interviews`)
+    interviews: pa.Table | None = None
+    local: Any = field(default=None, repr=False)  # a local run's LocalResult: what post-hoc interviews ask
 
     def df(self, which: str = "rounds"):
         """A pandas DataFrame of `rounds` or `outcomes` (needs pandas)."""
@@ -100,7 +103,7 @@ def _rounds_from_events(results: list[RoundResult]) -> pa.Table:
     return pa.Table.from_pylist(rows)
 
 
-def _read_db(db_path: str, run_id: str, tables: SimulationTables) -> tuple[pa.Table, pa.Table] | None:
+def _read_db(db_path: str, run_id: str, tables: SimulationTables) -> tuple[pa.Table, pa.Table, pa.Table] | None:
     import duckdb
 
     if not Path(db_path).exists():
@@ -111,9 +114,15 @@ def _read_db(db_path: str, run_id: str, tables: SimulationTables) -> tuple[pa.Ta
                              params={"rid": run_id}).to_arrow_table()
             outcomes = con.sql(f'SELECT * FROM "{tables.outcomes}" WHERE run_id = $rid ORDER BY round, agent_id',
                                params={"rid": run_id}).to_arrow_table()
+            try:
+                interviews = con.sql("SELECT * FROM interviews WHERE run_id = $rid AND request IS NULL "
+                                     "ORDER BY after_round, survey, agent_id, question",
+                                     params={"rid": run_id}).to_arrow_table()
+            except duckdb.CatalogException:  # a database from before interviews
+                interviews = None
     except duckdb.Error:
         return None  # held by a recorder that is still writing other runs
-    return rounds, outcomes
+    return rounds, outcomes, interviews
 
 
 class Run:
@@ -237,6 +246,7 @@ async def _local(prepared: PreparedRun, run_id: str, hosts: int, db: str | None)
     outcomes: dict[str, list] = {}
     posts: dict[str, list] = {}
     scenes: dict[str, dict[str, list]] = {}
+    res = None
     status, reason = "completed", None
     try:
         res = await run_local(resolved or prepared.config, run_id=run_id, cast=cast, hosts=hosts, graph=graph,
@@ -257,16 +267,20 @@ async def _local(prepared: PreparedRun, run_id: str, hosts: int, db: str | None)
         local_recorder()(db_path, run_id=run_id, config=prepared.config, tables=tables, outcomes=outcomes,
                          rounds=rounds, posts=posts, **scenes, status=status, reason=reason, started_at=started_at,
                          manifest={**prepared.manifest, "run_id": run_id} if prepared.manifest else None,
-                         personas=prepared.personas)
+                         personas=prepared.personas, interviews=res.interviews if res is not None else None,
+                         interview_calls=res.interview_usage if res is not None else None)
         read = _read_db(db_path, run_id, tables)
     else:
         read = None
     if read is not None:
-        table_rounds, table_outcomes = read
+        table_rounds, table_outcomes, interviews = read
     else:
         table_rounds, table_outcomes = pa.Table.from_pylist(closed), pa.Table.from_pydict(outcomes)
+        interviews = pa.Table.from_pydict(res.interviews) if res is not None and res.interviews else None
     return SimulationResult(run_id, status, reason, prepared.config, tables, table_rounds, table_outcomes,
-                            db_path=db_path if read is not None else None, manifest=prepared.manifest)
+                            db_path=db_path if read is not None else None, manifest=prepared.manifest,
+                            interviews=interviews if interviews is not None and interviews.num_rows else None,
+                            local=res)
 
 
 def _arrow(columns: dict[str, list], declared: list) -> pa.Table:
@@ -311,9 +325,10 @@ async def _fleet(prepared: PreparedRun, run_id: str, nats: str | None, hosts: in
     tables = prepared.resolved.tables() if prepared.resolved else None
     recorded_at = outcome.recorded.db_path if outcome.recorded else db_path
     read = _read_db(recorded_at, run_id, tables) if recorded_at and tables else None
-    rounds, outcomes = read if read is not None else (_rounds_from_events(outcome.results), None)
+    rounds, outcomes, interviews = read if read is not None else (_rounds_from_events(outcome.results), None, None)
     return SimulationResult(run_id, outcome.status, outcome.reason, config, tables, rounds, outcomes,
-                            db_path=recorded_at if read is not None else None, manifest=prepared.manifest)
+                            db_path=recorded_at if read is not None else None, manifest=prepared.manifest,
+                            interviews=interviews if interviews is not None and interviews.num_rows else None)
 
 
 __all__ = ["Run", "SimulationResult", "simulate", "start"]

@@ -30,6 +30,8 @@ from populace.core.contracts import (
     AgentsRequest,
     DistributionReply,
     DistributionRequest,
+    InterviewsReply,
+    InterviewsRequest,
     ReadReply,
     ReadRequest,
     SnapshotReply,
@@ -86,6 +88,13 @@ async def request_distribution(nc: Client, run_id: str, round_: int | None = Non
                                timeout: float = QUERY_TIMEOUT_S) -> DistributionReply:
     """The run's measure in `round_` (None: the last closed round)."""
     return await _request(nc, DistributionRequest(run_id=run_id, round=round_, bins=bins), DistributionReply, timeout)
+
+
+async def request_interviews(nc: Client, run_id: str, *, request: str | None = None, by: str | None = None,
+                             timeout: float = QUERY_TIMEOUT_S) -> InterviewsReply:
+    """A run's interviews (one request's, or all), per question and group of `by`."""
+    return await _request(nc, InterviewsRequest(run_id=run_id, request=request, by=by), InterviewsReply,
+                          timeout)  # type: ignore[return-value]
 
 
 async def fetch_snapshot(nc: Client, js: JetStreamContext, run_ids: Sequence[str], dest: Path) -> SnapshotReply:

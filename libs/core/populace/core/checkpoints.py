@@ -170,6 +170,20 @@ async def get(js: JetStreamContext, name: str, digests: Mapping[str, str]) -> ob
         raise CheckpointError(f"checkpoint {name} is not valid JSON: {err}") from None
 
 
+async def present(js: JetStreamContext, names: Iterable[str]) -> None:
+    """CheckpointError naming the first of `names` the object store no longer holds (pruned,
+    or never written), without reading the objects (their metadata only)."""
+    store = await until_ready(lambda: js.object_store(subjects.CHECKPOINTS_BUCKET), "checkpoints bucket")
+    for name in names:
+        try:
+            info = await until_ready(lambda n=name: store.get_info(n), f"checkpoint {name}")
+        except (NotFoundError, ObjectNotFoundError):
+            info = None
+        if info is None or info.deleted:
+            raise CheckpointError(f"checkpoint {name} is not in the object store '{subjects.CHECKPOINTS_BUCKET}' "
+                                  "(pruned: POPULACE_CHECKPOINTS_KEEP keeps all of a completed run's by default)")
+
+
 async def save_agents(js: JetStreamContext, rid: str, round_: int, first: int, count: int,
                       fields: dict[str, list], *, writer: str) -> Stored:
     return await put(js, subjects.checkpoint_agents(rid, round_, first),

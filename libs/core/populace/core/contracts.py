@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import time
+import unicodedata
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
@@ -146,6 +147,162 @@ class Broadcast(Strict):
         return self
 
 
+# --- interviews: questions agents answer from a copy of their state (populace.sdk.interview) ---
+# A survey's or a question's id: a column value and a part of message ids (no dots or spaces).
+InterviewId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+MAX_QUESTION_CHARS = 4000
+MAX_CHOICES = 26  # more than a ballot paper: a question with that many answers is free text
+MAX_LIKERT_POINTS = 11
+MAX_ANSWER_CHARS = 10_000
+
+
+def choice_key(text: str) -> str:
+    """How two spellings of one option compare (and an answer is matched to an option): NFKC,
+    whitespace collapsed, case folded."""
+    return " ".join(unicodedata.normalize("NFKC", text).split()).casefold()
+
+
+def _one_line(value: str, what: str) -> str:
+    text = value.strip()
+    if not text:
+        raise ValueError(f"{what} must not be empty")
+    if any(ch in text for ch in "\r\n\t"):
+        raise ValueError(f"{what} {text!r} must be on one line (they are listed in the prompt)")
+    if len(text) > 200:
+        raise ValueError(f"{what} must be at most 200 characters, not {len(text)}")
+    return text
+
+
+class Question(Strict):
+    """One question an agent answers, in one structured call (`populace.sdk.interview`). Its
+    kind says what a valid answer is: one of `options`; a point 1..`points` of a Likert scale
+    (`labels`: one per point, or none); a `number` in [min, max] (whole with `integer`); free
+    `text` of at most `max_chars`. `kind` may be left out when the other keys say it."""
+
+    id: InterviewId
+    text: str = Field(min_length=1, max_length=MAX_QUESTION_CHARS)
+    kind: Literal["options", "likert", "number", "text"]
+    options: list[str] | None = None
+    points: Annotated[int, BeforeValidator(_not_bool)] | None = None
+    labels: list[str] | None = None
+    min: FiniteFloat | None = None
+    max: FiniteFloat | None = None
+    integer: bool = False
+    max_chars: Annotated[int, BeforeValidator(_not_bool)] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kind_from_keys(cls, data: object) -> object:
+        if isinstance(data, dict) and data.get("kind") is None:
+            keys = {k for k, v in data.items() if v is not None}
+            kind = ("options" if "options" in keys else "likert" if keys & {"points", "labels"}
+                    else "number" if keys & {"min", "max", "integer"} else "text")
+            data = {**data, "kind": kind}
+        return data
+
+    @field_validator("text")
+    @classmethod
+    def _has_text(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("a question needs its text")
+        return value.strip()
+
+    @model_validator(mode="after")
+    def _fits_kind(self) -> Question:
+        kind = self.kind
+        own = {"options": ("options",), "likert": ("points", "labels"), "number": ("min", "max"),
+               "text": ("max_chars",)}
+        for field, value in (("options", self.options), ("points", self.points), ("labels", self.labels),
+                             ("min", self.min), ("max", self.max), ("max_chars", self.max_chars)):
+            if value is not None and field not in own[kind]:
+                raise ValueError(f"{field}: not a key of a {kind} question")
+        if self.integer and kind != "number":
+            raise ValueError(f"integer: not a key of a {kind} question")
+        if kind == "options":
+            options = [_one_line(o, "an option") for o in self.options or ()]
+            if not 2 <= len(options) <= MAX_CHOICES:
+                raise ValueError(f"options: a question with options needs 2 to {MAX_CHOICES}, not {len(options)}")
+            seen: dict[str, int] = {}
+            for i, option in enumerate(options):
+                first = seen.setdefault(choice_key(option), i)
+                if first != i:
+                    raise ValueError(f"options: option {i} ({option!r}) repeats option {first} "
+                                     f"({options[first]!r}); options are compared ignoring case and spacing")
+            object.__setattr__(self, "options", options)
+        elif kind == "likert":
+            labels = [_one_line(label, "a label") for label in self.labels] if self.labels is not None else None
+            points = self.points if self.points is not None else (len(labels) if labels else 5)
+            if not 2 <= points <= MAX_LIKERT_POINTS:
+                raise ValueError(f"points: a Likert scale needs 2 to {MAX_LIKERT_POINTS} points, not {points}")
+            if labels is not None and len(labels) != points:
+                raise ValueError(f"labels: {len(labels)} labels for {points} points (one label per point)")
+            if labels is not None and len({choice_key(label) for label in labels}) < len(labels):
+                raise ValueError("labels: two labels are the same (compared ignoring case and spacing)")
+            object.__setattr__(self, "points", points)
+            object.__setattr__(self, "labels", labels)
+        elif kind == "number":
+            if self.min is None or self.max is None:
+                raise ValueError("min, max: a number question needs its range (both min and max)")
+            if self.min >= self.max:
+                raise ValueError(f"min: {self.min:g} must be below max ({self.max:g})")
+            if self.integer and math.floor(self.max) < math.ceil(self.min):
+                raise ValueError(f"min, max: no whole number lies in [{self.min:g}, {self.max:g}]")
+        else:
+            chars = self.max_chars if self.max_chars is not None else 500
+            if not 1 <= chars <= MAX_ANSWER_CHARS:
+                raise ValueError(f"max_chars: 1 to {MAX_ANSWER_CHARS}, not {chars}")
+            object.__setattr__(self, "max_chars", chars)
+        return self
+
+
+class Survey(Strict):
+    """Questions asked together of the same agents. `mode`: `each` (the default) asks every
+    question in a structured call of its own; `together` asks them all in one call."""
+
+    id: InterviewId
+    questions: list[Question] = Field(min_length=1, max_length=50)
+    mode: Literal["each", "together"] = "each"
+
+    @field_validator("questions")
+    @classmethod
+    def _distinct_ids(cls, questions: list[Question]) -> list[Question]:
+        seen: set[str] = set()
+        for i, q in enumerate(questions):
+            if q.id in seen:
+                raise ValueError(f"question {i}'s id {q.id!r} is used twice in the survey")
+            seen.add(q.id)
+        return questions
+
+    def question(self, qid: str) -> Question:
+        return next(q for q in self.questions if q.id == qid)
+
+
+class PlannedInterview(Survey):
+    """A survey the scenario asks after given rounds (`after: [2, 4]`), or after every round
+    (`after: every`: a panel, the same agents each round), of every agent, a seeded `sample`
+    share of them, or the listed `agents`."""
+
+    after: list[Annotated[int, BeforeValidator(_not_bool), Field(ge=1, le=10_000)]] | Literal["every"]
+    sample: FiniteFloat | None = Field(None, gt=0, le=1)
+    agents: list[Annotated[int, BeforeValidator(_not_bool), Field(ge=0)]] | None = Field(None, min_length=1)
+
+    @model_validator(mode="after")
+    def _who(self) -> PlannedInterview:
+        if self.sample is not None and self.agents is not None:
+            raise ValueError("sample, agents: give one of them (or neither: every agent)")
+        if isinstance(self.after, list) and not self.after:
+            raise ValueError("after: the rounds after which to ask (or `every`)")
+        return self
+
+    @property
+    def survey(self) -> Survey:
+        return Survey(id=self.id, questions=self.questions, mode=self.mode)
+
+    def rounds(self, last: int) -> list[int]:
+        """The rounds (up to `last`) after which it is asked."""
+        return list(range(1, last + 1)) if self.after == "every" else sorted(r for r in set(self.after) if r <= last)
+
+
 class Budget(Strict):
     """What a run may spend on LLM work. Before a round that would go past it, the run pauses
     with a reason; `populace resume RUN --budget-tokens N` raises it and continues."""
@@ -199,6 +356,7 @@ class RunConfig(BaseModel):
     budget: Budget | None = None
     graph: GraphRef | None = None  # agents hear their in-neighbours' posts of the round before
     broadcasts: list[Broadcast] = []  # messages the platform puts in inboxes (needs a graph)
+    interviews: list[PlannedInterview] = []  # surveys asked after rounds (populace.sdk.interview)
 
     @model_validator(mode="after")
     def _named(self) -> RunConfig:
@@ -226,6 +384,22 @@ class RunConfig(BaseModel):
             if b.count is not None and b.count > self.agents:
                 raise ValueError(f"{where}.count: {b.count} is more than the run's {self.agents} agents")
             bad = [a for a in b.agents or () if a >= self.agents]
+            if bad:
+                raise ValueError(f"{where}.agents: agent {bad[0]} does not exist (ids are 0..{self.agents - 1})")
+        return self
+
+    @model_validator(mode="after")
+    def _interviews_fit(self) -> RunConfig:
+        seen: set[str] = set()
+        for i, plan in enumerate(self.interviews):
+            where = f"interviews.{i}"
+            if plan.id in seen:
+                raise ValueError(f"{where}.id: survey {plan.id!r} is planned twice (one entry per survey)")
+            seen.add(plan.id)
+            late = [r for r in plan.after if r > self.rounds] if plan.after != "every" else []
+            if late:
+                raise ValueError(f"{where}.after: round {late[0]} is after the run's last round ({self.rounds})")
+            bad = [a for a in plan.agents or () if a >= self.agents]
             if bad:
                 raise ValueError(f"{where}.agents: agent {bad[0]} does not exist (ids are 0..{self.agents - 1})")
         return self
@@ -376,6 +550,31 @@ class RunResume(Strict):
     _tok = field_validator("run_id")(_check_token)
 
 
+class InterviewRequest(Strict):
+    """Ask a survey after the fact, of a run's agents as they were after `after_round`: every
+    agent, a seeded `sample` share of them, or `agents` (`populace interview`). It plays no
+    round and writes no checkpoint: agent-hosts answer from the round's verified checkpoint,
+    each agent on a copy. `request` names it (its answers' `request` column)."""
+
+    v: Literal[1] = SCHEMA_VERSION
+    run_id: RunId
+    request: InterviewId
+    after_round: int = Field(ge=1, le=10_000)
+    survey: Survey
+    sample: FiniteFloat | None = Field(None, gt=0, le=1)
+    agents: list[Annotated[int, BeforeValidator(_not_bool), Field(ge=0, lt=100_000_000)]] | None = Field(
+        None, min_length=1, max_length=1_000_000)
+    requested_at: float = Field(default_factory=time.time)
+
+    _tok = field_validator("run_id")(_check_token)
+
+    @model_validator(mode="after")
+    def _who(self) -> InterviewRequest:
+        if self.sample is not None and self.agents is not None:
+            raise ValueError("sample, agents: give one of them (or neither: every agent)")
+        return self
+
+
 class HostInfo(Strict):
     """An agent-host's registry entry (KV `hosts`), refreshed by heartbeats."""
 
@@ -457,6 +656,7 @@ class RunState(Strict):
     nudged: int = 0  # times the round in play (or the spawn) was announced again for its deadline
     used: Usage = Usage()  # LLM work of the completed rounds
     last_round: Usage = Usage()  # the last completed round's: what the next one likely needs
+    interviews: Usage = Usage()  # LLM work of the planned interviews, as the hosts reported it (apart from `used`)
     # The last completed round's checkpoint objects -> the sha256 of their bytes, as their
     # writers reported them (each share its own ranges', the environment its own): a restore
     # uses an object only if it still matches. Only the orchestrator writes KV `runs`.
@@ -641,6 +841,83 @@ class OutcomeBatch(Wire):
         return self
 
 
+class InterviewBatch(Wire):
+    """~1,000 answers to one survey asked after one round: one row per (agent, question), each
+    the answer (as text: the option, the point, the number, the text), its number (Likert and
+    number questions), the model's raw text (always kept), validity, error and latency. From a
+    share that played the round (planned in the scenario) or a host a post-hoc `request` was
+    placed on. `usage`: these answers' LLM work."""
+
+    run_id: Token
+    after_round: RoundNo
+    host_id: Token
+    epoch: Epoch = 0
+    seq: Amount
+    survey: Survey
+    request: InterviewId | None = None  # a post-hoc interview's id; None: planned in the scenario
+    agent_ids: list[AgentId]
+    questions: list[InterviewId]
+    answers: list[Annotated[str, Field(max_length=MAX_ANSWER_CHARS)] | None]
+    values: list[FiniteFloat | None]
+    raws: list[str]
+    valid: list[bool]
+    errors: list[str | None]
+    latency_ms: list[Millis]
+    usage: Usage = Usage()
+
+    @model_validator(mode="after")
+    def _rows(self) -> InterviewBatch:
+        n = len(self.agent_ids)
+        if any(len(c) != n for c in (self.questions, self.answers, self.values, self.raws, self.valid, self.errors,
+                                     self.latency_ms)):
+            raise ValueError("every column of an interview batch must have one value per row")
+        asked = {q.id for q in self.survey.questions}
+        strange = set(self.questions) - asked
+        if strange:
+            raise ValueError(f"questions: {min(strange)!r} is not a question of survey {self.survey.id!r}")
+        return self
+
+
+class InterviewOrder(Wire):
+    """The orchestrator's order to one agent-host: its agents of `ranges` (those the request
+    chooses) answer `request`'s survey from the checkpoint `restore` names (verified against
+    its digests), with the run's config (its simulation, model, personas)."""
+
+    run_id: Token
+    host_id: Token
+    request: InterviewId
+    after_round: RoundNo
+    survey: Survey
+    sample: FiniteFloat | None = None
+    agents: list[AgentId] | None = None
+    ranges: list[tuple[AgentId, Amount]]
+    restore: Restore
+    config: RunConfig
+
+
+class InterviewPlaced(Wire):
+    """A post-hoc interview placed (`hosts`: host id -> its ranges; `expected`: answers the
+    request will have), or refused with `error` (nothing is asked)."""
+
+    run_id: Token
+    request: InterviewId
+    after_round: int = Field(ge=0)
+    survey: Survey | None = None
+    hosts: dict[str, list[tuple[AgentId, Amount]]] = {}
+    expected: Amount = 0
+    error: str | None = Field(None, max_length=4000)
+    placed_at: float
+
+
+class InterviewsRecorded(Wire):
+    """Every answer of a post-hoc interview is in DuckDB (`populace interview` reads them)."""
+
+    run_id: Token
+    request: InterviewId
+    answers: Amount
+    db_path: str
+
+
 class MailBatch(Wire):
     """Posts one share sends another: its authors' posts of `round` that the destination's
     agents hear. One message per (round, source share, destination share), or `shards` of
@@ -679,6 +956,9 @@ class RoundPartial(Wire):
     payload: JsonDoc
     epoch: Epoch = 0
     usage: Usage = Usage()
+    # interviews' LLM work the share finished since its last partial (planned ones run after a
+    # round, beside the next): counted apart from the rounds', against the same budget
+    interviews: Usage = Usage()
     # the share's checkpoint objects of this round -> the sha256 of the bytes it stored
     checkpoints: dict[CheckpointName, SHA256] = Field({}, max_length=100_000)
     # invalid rows whose cause is the simulation's own code (error 'agent: …'), not the model
@@ -709,6 +989,7 @@ class RoundResult(Wire):
     epoch: Epoch = 0
     shares: list[str] = []  # the share keys whose partials it folded: stale if one was replaced
     usage: Usage = Usage()  # the folded shares' LLM work
+    interviews: Usage = Usage()  # the folded shares' interviews' LLM work, apart
     selection: JsonDoc | None = None  # who acts next round (populace.sdk.select); None: everyone
     world: WorldRef | None = None  # the simulation's world after the round (stored before this result)
     # share key -> the checkpoint digests its partial reported (the orchestrator keeps each
@@ -757,6 +1038,8 @@ class RunRecorded(Wire):
     run_id: Token
     outcomes: int  # agent-rounds recorded
     db_path: str
+    answers: int = 0  # planned interviews' answers recorded
+    answers_missing: int = 0  # planned answers that did not come within POPULACE_INTERVIEW_WAIT_S (a host lost)
 
 
 class Progress(Wire):
@@ -1139,6 +1422,30 @@ class AgentsReply(ReadReply):
     rounds_total: int = 0
     personas: bool = False
     agents: list[AgentRow] = []
+
+
+class InterviewsRequest(ReadRequest):
+    """A run's interviews (one post-hoc `request`'s, or all of them): each question's answers,
+    overall and per group of attribute `by` (populace.analysis.interviews.interview_table)."""
+
+    VERB: ClassVar[str] = "interviews"
+    run_id: RunId
+    request: InterviewId | None = None
+    by: str | None = Field(None, min_length=1, max_length=100)
+
+    _tok = field_validator("run_id")(_check_token)
+
+
+class InterviewsReply(ReadReply):
+    """`interviews`: what was asked (`questions`), the answers per question and group (`rows`),
+    and what one can group by (`attributes`)."""
+
+    run_id: str | None = None
+    request: str | None = None
+    by: str | None = None
+    questions: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []
+    attributes: list[str] = []
 
 
 class DistributionRequest(ReadRequest):

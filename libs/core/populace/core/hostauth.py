@@ -2,11 +2,11 @@
 
 deploy/nats/auth.conf gives every agent-host one shared user, which may publish any host's
 outcomes and partials. A host with a user of its own (named by its host id) may publish only
-its own: `run.*.outcomes.*.<id>`, `run.*.mail.*.*.*.<id>`, `run.*.partial.*.<id>.*`, `run.*.spawned.<id>`,
-`run.*.fault.<id>`, `progress.*.*.<id>`, `llm.infer.<id>`, its own KV `hosts` entry; it hears only
-its own spawn orders and reads only its own inboxes (`_INBOX_<id>.>`) and gateway replies
-(`reply.gateway.<id>.>`); on RUN it may create, read and delete one consumer, `mail-<id>`,
-filtered to its own mail. The environment and the recorder
+its own: `run.*.outcomes.*.<id>`, `run.*.interviews.*.<id>`, `run.*.mail.*.*.*.<id>`,
+`run.*.partial.*.<id>.*`, `run.*.spawned.<id>`, `run.*.fault.<id>`, `progress.*.*.<id>`, `llm.infer.<id>`,
+its own KV `hosts` entry; it hears only its own spawn and interview orders and reads only its own
+inboxes (`_INBOX_<id>.>`) and gateway replies (`reply.gateway.<id>.>`); on RUN it may create, read and
+delete one consumer, `mail-<id>`, filtered to its own mail. The environment and the recorder
 refuse a body that claims another sender than its subject, so a host's credentials cannot
 speak for another host.
 
@@ -29,6 +29,7 @@ NARROWINGS = (
     ('user: agent-host', 'user: "{id}"'),
     ('"run.*.spawned.*"', '"run.*.spawned.{id}"'),
     ('"run.*.outcomes.*.*"', '"run.*.outcomes.*.{id}"'),
+    ('"run.*.interviews.*.*"', '"run.*.interviews.*.{id}"'),
     ('"run.*.mail.*.*.*.*"', '"run.*.mail.*.*.*.{id}"'),
     ('"run.*.mail.>"', '"run.*.mail.*.{id}.>"'),
     ('"run.*.partial.*.*.*"', '"run.*.partial.*.{id}.*"'),
@@ -37,6 +38,7 @@ NARROWINGS = (
     ('"$KV.hosts.>"', '"$KV.hosts.{id}"'),
     ('"_INBOX_agent-host.>"', '"_INBOX_{id}.>"'),
     ('"run.*.spawn.*"', '"run.*.spawn.{id}"'),
+    ('"run.*.ask.*"', '"run.*.ask.{id}"'),  # post-hoc interview orders
     ('"$KV.services.agent-host.*"', '"$KV.services.agent-host.{id}"'),  # its liveness entry
     ('"$O.checkpoints.C.*.>"', '"$O.checkpoints.C.{id}.>"'),  # its checkpoints' chunks
     # its mail read back from RUN: one consumer of its own name, its own mail only

@@ -113,6 +113,9 @@ class Settings(BaseSettings):
     # recorder
     db: str = "populace.duckdb"
     recorder_fetch: int = Field(256, ge=1)
+    # A completed run counts as recorded once its planned interviews' answers are in too, or
+    # after this long without them (a host lost after its last round took them with it: said so)
+    interview_wait_s: float = Field(600.0, gt=0)
     # Once a run is recorded, its outcome batches and LLM call records leave stream RUN (the
     # small control events stay: restart, fork and follow read them). Off: kept until max age.
     purge_recorded: bool = True

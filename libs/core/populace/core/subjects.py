@@ -66,6 +66,7 @@ def checkpoint_round(rid: str, name: str) -> int | None:
 RUN_START = "ctl.run.start"
 RUN_CANCEL = "ctl.run.cancel"
 RUN_RESUME = "ctl.run.resume"
+RUN_INTERVIEW = "ctl.run.interview"  # ask a survey after the fact (populace interview)
 
 # --- inference (core request/reply with a queue group) -------------------------------
 LLM_INFER = "llm.infer"
@@ -117,7 +118,7 @@ def node_request(node_id: str, verb: str, requester: str = "*") -> str:
 
 # --- results read while a run writes them (core request/reply, answered by the recorder:
 # the only process that can open the DuckDB file while it writes) ------------------------
-RECORDER_READ_VERBS = ("snapshot", "agents", "distribution")
+RECORDER_READ_VERBS = ("snapshot", "agents", "distribution", "interviews")
 # object store: a DuckDB file with some runs' rows, written by the recorder for one reader
 SNAPSHOTS_BUCKET = "snapshots"
 
@@ -173,6 +174,26 @@ def run_mail_to(rid: str, n: int, to_host: str, to_epoch: int) -> str:
     return f"run.{rid}.mail.{n}.{to_host}.{to_epoch}.*"
 
 
+def run_interviews(rid: str, n: int, host_id: str) -> str:
+    """Answers to interviews asked after round n (planned, or post hoc), from one host."""
+    return f"run.{rid}.interviews.{n}.{host_id}"
+
+
+def run_ask(rid: str, host_id: str) -> str:
+    """A post-hoc interview's order to one host (the orchestrator places it)."""
+    return f"run.{rid}.ask.{host_id}"
+
+
+def run_asked(rid: str, request: str) -> str:
+    """A post-hoc interview placed (or refused), by the orchestrator."""
+    return f"run.{rid}.asked.{request}"
+
+
+def run_interviewed(rid: str, request: str) -> str:
+    """Every answer of a post-hoc interview recorded, by the recorder."""
+    return f"run.{rid}.interviewed.{request}"
+
+
 def run_calls(rid: str, n: int, gateway_id: str) -> str:
     return f"run.{rid}.calls.{n}.{gateway_id}"
 
@@ -184,6 +205,10 @@ def run_outcomes_all(rid: str) -> str:
 
 def run_calls_all(rid: str) -> str:
     return f"run.{rid}.calls.>"
+
+
+def run_interviews_all(rid: str) -> str:
+    return f"run.{rid}.interviews.>"
 
 
 def run_round_result(rid: str, n: int) -> str:
@@ -231,6 +256,11 @@ ANY_OUTCOMES = "run.*.outcomes.*.*"
 ANY_MAIL = "run.*.mail.*.*.*.*"
 ANY_MAIL_FOR = "run.*.mail.*.{host_id}.*.*"
 ANY_CALLS = "run.*.calls.*.*"
+ANY_INTERVIEWS = "run.*.interviews.*.*"
+ANY_ASK_FOR = "run.*.ask.{host_id}"
+ANY_ASK = "run.*.ask.*"
+ANY_ASKED = "run.*.asked.*"
+ANY_INTERVIEWED = "run.*.interviewed.*"
 ANY_RECORDED = "run.*.recorded"
 ANY_PROGRESS = "progress.*.*.*"
 ANY_RUN_EVENT = "run.>"
@@ -238,6 +268,10 @@ ANY_RUN_EVENT = "run.>"
 
 def any_spawn_for(host_id: str) -> str:
     return ANY_RUN_SPAWN_FOR.format(host_id=host_id)
+
+
+def any_ask_for(host_id: str) -> str:
+    return ANY_ASK_FOR.format(host_id=host_id)
 
 
 def any_mail_for(host_id: str) -> str:
@@ -305,8 +339,9 @@ def run_spawned_any(rid: str) -> str:
 
 # Placeholders a subscription's wildcards stand for, by the token before them (AsyncAPI titles).
 _DOC_NAMES = {"run": "run_id", "round": "round", "outcomes": "round", "partial": "round", "calls": "round",
+              "interviews": "round", "ask": "host_id", "asked": "request", "interviewed": "request",
               "spawn": "host_id", "spawned": "host_id", "fault": "source", "infer": "requester"}
-_DOC_LAST = {"outcomes": "host_id", "partial": "host_id", "calls": "gateway_id"}
+_DOC_LAST = {"outcomes": "host_id", "partial": "host_id", "calls": "gateway_id", "interviews": "host_id"}
 
 
 def doc_title(subject: str) -> str:
@@ -326,7 +361,7 @@ def doc_title(subject: str) -> str:
             name = (_DOC_NAMES.get(prev) or (_DOC_LAST.get(parts[i - 2]) if i >= 2 else None)
                     or ("epoch" if i >= 3 and parts[i - 3] == "partial" else f"p{i}"))
             out.append("{" + name + "}")
-        elif prev == "spawn" and parts[0] == "run":
+        elif prev in ("spawn", "ask") and parts[0] == "run":
             out.append("{host_id}")
         else:
             out.append(tok)

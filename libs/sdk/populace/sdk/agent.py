@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
+    from populace.core.contracts import Question, Survey
     from populace.population.cast import Persona
     from populace.sdk.llm import LLM
     from populace.sdk.outcome import Outcome
@@ -76,6 +77,25 @@ class Agent:
         """Called after the agent's group env settled the round: `outcome` is this agent's own,
         with what the group env filled in (e.g. a payoff), `news` what the group env announced
         to its members. Nothing by default."""
+
+    def context(self) -> str:
+        """What this agent knows, as text for an interview's prompt: its memory, one item a line
+        (override it to say it in your simulation's words)."""
+        from populace.sdk.interview import memory_text
+
+        return memory_text(self.memory)
+
+    async def answer(self, asked: Question | Survey, llm: LLM) -> str:
+        """Answer an interview (`populace.sdk.interview`): one question, or a survey's questions
+        together. Runs on a copy of the agent (its state at a round's end): nothing it does here
+        is remembered. Returns the model's raw text; the platform parses it against the
+        question's kind. The default asks once, in a structured call: the agent's persona, its
+        `context()` and the question, under the question's schema."""
+        from populace.sdk import interview
+
+        text, prefix = interview.prompt(self, asked)
+        return await llm.ask(text, key=self.id, prefix_chars=prefix, system=interview.SYSTEM,
+                             schema=interview.schema(asked))
 
     def state(self) -> dict[str, Any]:
         """The agent's declared state, for a checkpoint."""

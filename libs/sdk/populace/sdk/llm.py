@@ -28,12 +28,22 @@ from typing import Protocol, runtime_checkable
 # caller's own count of calls with that key in the round, so the draws never depend on how other
 # agents' calls interleave with it — or on which host, or process, the agents are.
 CALLER: ContextVar[int | None] = ContextVar("populace_caller", default=None)
+# An interview's question being answered in this task: its tag base (populace.sdk.interview,
+# bit 62 set plus the question's digest), which no call of a round can have.
+ASKING: ContextVar[int | None] = ContextVar("populace_asking", default=None)
 
 
 def call_tag(counts: dict, key: int) -> int:
     """A call's tag in its round (`InferBatch.seqs`): 0 for an agent's first call for itself,
     seeded as one call per round always was; its n-th call for itself: n; a call on another
-    key's behalf: the caller in the high bits, so it never shares a draw with that key's own."""
+    key's behalf: the caller in the high bits, so it never shares a draw with that key's own;
+    an interview's n-th call of a question: the question's tag base + n."""
+    asking = ASKING.get()
+    if asking is not None:
+        slot = ("asking", asking, key)
+        n = counts.get(slot, 0)
+        counts[slot] = n + 1
+        return asking | n
     caller = CALLER.get()
     if caller is None or caller == key:
         n = counts.get(key, 0)

@@ -20,11 +20,12 @@ from populace.core.contracts import HostInfo, RunConfig, SimulationTables
 from populace.core.placement import place
 from populace.graph.csr import Graph
 from populace.population.cast import Cast
+from populace.sdk import interview
 from populace.sdk.engine import RoundDecider
 from populace.sdk.hosting import HostedRun, host_run
 from populace.sdk.llm import LLM
 from populace.sdk.mock import DummyLLM
-from populace.sdk.play import OutcomeBatch, RoundShare
+from populace.sdk.play import OutcomeBatch, RoundPlayer, RoundShare
 from populace.sdk.registry import Resolved, resolve
 
 LLMFactory = Callable[[HostedRun, int], LLM]  # (the host's share, round) -> the port for that round
@@ -44,6 +45,14 @@ class LocalResult:
     transcripts: dict[str, list] = field(default_factory=dict)  # scenes: table `transcripts`
     edges: dict[str, list] = field(default_factory=dict)  # graphs that change: table `edges`
     status: str = "completed"
+    interviews: dict[str, list] = field(default_factory=dict)  # the scenario's `interviews:`: table `interviews`
+    interview_calls: int = 0  # the interviews' LLM calls (the rounds' are in `rounds.llm_calls`)
+    interview_usage: dict[tuple[int, str], int] = field(default_factory=dict)  # those calls by (after round, survey)
+    # round -> each share's agents' declared state after it, as a checkpoint holds it: what a
+    # post-hoc interview (populace.sdk.local.interview_local) answers from
+    states: dict[int, list[bytes]] = field(default_factory=dict, repr=False)
+    resolved: Resolved | None = field(default=None, repr=False)
+    cast: Cast | None = field(default=None, repr=False)
 
 
 def dummy_llm(run: HostedRun, round_: int) -> LLM:
@@ -76,8 +85,11 @@ def local_graph(config: RunConfig, cast: Cast | None) -> Graph:
 
 async def run_local(config: RunConfig | Resolved, *, run_id: str = "local", cast: Cast | None = None,
                     hosts: int = 1, llm: LLMFactory = dummy_llm, one_per_process: bool = False,
-                    on_round: Callable[[int, dict], None] | None = None, graph: Graph | None = None) -> LocalResult:
-    """`graph`: the run's graph (a run with a `graph:`; default: built from the section)."""
+                    on_round: Callable[[int, dict], None] | None = None, graph: Graph | None = None,
+                    keep_states: bool = True) -> LocalResult:
+    """`graph`: the run's graph (a run with a `graph:`; default: built from the section).
+    `keep_states`: keep each round's agents' state (as checkpoints do on the fleet) for
+    post-hoc interviews (`interview_local`)."""
     resolved = config if isinstance(config, Resolved) else resolve(config)
     c = resolved.config
     tables = resolved.tables()
@@ -91,7 +103,7 @@ async def run_local(config: RunConfig | Resolved, *, run_id: str = "local", cast
     observation: dict | None = None
     selection: dict | None = None
     world = None  # a simulation's World after the last round (round 1: each share starts it)
-    out = LocalResult(run_id, c, tables)
+    out = LocalResult(run_id, c, tables, resolved=resolved, cast=cast)
     rows = _Rows(run_id, tables)
     placement = {f"local-{i}@0": ranges for i, ranges in enumerate(whole)}  # share keys, as on the fleet
     try:
@@ -116,6 +128,15 @@ async def run_local(config: RunConfig | Resolved, *, run_id: str = "local", cast
                    **decision.summary, "closed_at": time.time()}
             for key, value in row.items():
                 out.rounds.setdefault(key, []).append(value)
+            planned = [plan for plan in c.interviews if n in plan.rounds(c.rounds)]
+            if keep_states or planned:
+                # the agents' state at the round's end, as the fleet checkpoints it
+                frozen = [interview.frozen_states(await run.snapshot()) for run in runs]
+                if keep_states:
+                    out.states[n] = frozen
+                for plan in planned:
+                    out.interview_calls += await _interview(out, [(run, [data]) for run, data in zip(runs, frozen)],
+                                                            n, plan.survey, llm, plan.sample, plan.agents)
             if on_round is not None:
                 on_round(n, row)
     finally:
@@ -130,6 +151,62 @@ async def run_local(config: RunConfig | Resolved, *, run_id: str = "local", cast
         out.acts = _sorted(rows.acts, ("round", "group_id", "seq"))
         out.transcripts = _sorted(rows.lines, ("round", "group_id", "seq"))
     return out
+
+
+async def _interview(out: LocalResult, shares: list[tuple[HostedRun, list[bytes]]], after_round: int,
+                     survey: interview.Survey, llm: LLMFactory, sample: float | None,
+                     agents: list[int] | None) -> int:
+    """Each share's chosen agents answer `survey` from their state after `after_round` (frozen
+    as checkpoints hold it; each answers on a copy, the run's agents are not touched); their
+    rows go to `out.interviews`. Returns the calls made."""
+    c = out.config
+    calls = 0
+    for run, frozen in shares:
+        port = llm(run, after_round)
+        rows = interview.Rows()
+        states = [st for data in frozen for st in interview.chosen_states(
+            data, seed=c.seed, survey_id=survey.id, sample=sample, agents=agents)]
+        await interview.ask(run.sim, states, survey, port, rows)
+        made = getattr(port, "calls", 0)
+        calls += made
+        out.interview_usage[after_round, survey.id] = out.interview_usage.get((after_round, survey.id), 0) + made
+        m = rows.n
+        table = out.interviews or {k: [] for k in interview.TABLE_KEYS}
+        table["run_id"].extend([out.run_id] * m)
+        table["after_round"].extend([after_round] * m)
+        table["survey"].extend([survey.id] * m)
+        for key, values in rows.columns.items():
+            table[key].extend(values)
+        out.interviews = table
+    out.interviews = _sorted(out.interviews, ("after_round", "survey", "agent_id")) if out.interviews else {}
+    return calls
+
+
+async def interview_local(result: LocalResult, after_round: int, survey: interview.Survey, *,
+                          sample: float | None = None, agents: list[int] | None = None,
+                          llm: LLMFactory = dummy_llm) -> dict[str, list]:
+    """Ask `survey` after the fact, of a local run's agents (all, a seeded `sample` share, or
+    `agents`) as they were after `after_round`: from the state the run kept, playing no round.
+    Returns the rows (table `interviews`'s columns); bad input raises ValueError naming it."""
+    c = result.config
+    if not 1 <= after_round <= c.rounds:
+        raise ValueError(f"after_round: {after_round} is not one of the run's rounds (1..{c.rounds})")
+    if after_round not in result.states:
+        raise ValueError(f"after_round: the run kept no state after round {after_round} "
+                         "(it was played with keep_states=False, or stopped before it)")
+    if sample is not None and not 0 < sample <= 1:
+        raise ValueError(f"sample: {sample:g} is outside (0, 1]")
+    bad = [a for a in agents or () if not 0 <= a < c.agents]
+    if bad:
+        raise ValueError(f"agents: agent {bad[0]} is not in the run (ids are 0..{c.agents - 1})")
+    resolved = result.resolved if result.resolved is not None else resolve(c)
+    sim = resolved.instance(result.run_id, result.cast)
+    # no agents are built for the run: each respondent answers from a copy made from its state
+    share = HostedRun(result.run_id, resolved, sim, type(sim).Env(sim), [], RoundPlayer(sim, []))
+    out = LocalResult(result.run_id, c, result.tables)
+    result.interview_calls += await _interview(out, [(share, result.states[after_round])], after_round, survey, llm,
+                                               sample, agents)
+    return out.interviews or {k: [] for k in interview.TABLE_KEYS}
 
 
 def _sorted(columns: dict[str, list], by: tuple[str, ...]) -> dict[str, list]:

@@ -20,6 +20,8 @@ from populace.core.contracts import (
     HostInfo,
     HostSpawned,
     InferBatch,
+    InterviewBatch,
+    InterviewOrder,
     MailBatch,
     OutcomeBatch,
     Progress,
@@ -78,6 +80,7 @@ class AgentHost:
         if self.heartbeat:
             await self.heartbeat.stop()
         if self.runtime:
+            self.runtime.interviews.cancel_all()
             for rid in list(self.runtime.runs):
                 self.runtime.forget(rid)
 
@@ -158,10 +161,17 @@ class AgentHost:
         if why is not None:
             raise Refused(why)
 
+    async def on_ask(self, order: InterviewOrder) -> None:
+        """A post-hoc interview's order (placed by the orchestrator): this host's ranges answer
+        it from the round's checkpoint, in a task of its own (spawns and rounds go on)."""
+        self.runtime.interviews.order(order, self.load_cast)  # type: ignore[union-attr]
+
     async def on_done(self, done: RunDone) -> None:
         """A run stopped (completed, failed, cancelled, paused): its round in play stops, its
         agents go (not those of a resume that already placed them again)."""
         self.runtime.forget(done.run_id, up_to_epoch=done.epoch)  # type: ignore[union-attr]
+        if done.status != "completed":  # a completed run's interviews go on: the recorder waits for them
+            self.runtime.interviews.cancel(done.run_id)  # type: ignore[union-attr]
 
 
 def create(settings: Settings | None = None) -> Service:
@@ -176,9 +186,11 @@ def create(settings: Settings | None = None) -> Service:
     svc.handle(subjects.ANY_ROUND_OPEN, RoundOpen, no_reply=True)(host.on_round_open)
     svc.handle(subjects.ANY_RUN_DONE, RunDone, no_reply=True)(host.on_done)
     svc.handle(subjects.any_mail_for(host.host_id), MailBatch, no_reply=True)(host.on_mail)
+    svc.handle(subjects.any_ask_for(host.host_id), InterviewOrder, no_reply=True)(host.on_ask)
     svc.publishes(subjects.ANY_SPAWNED, HostSpawned, "this host created its agents of a run")
     svc.publishes(subjects.ANY_OUTCOMES, OutcomeBatch, "~1,000 agents' outcomes of a round, columnar")
     svc.publishes(subjects.ANY_MAIL, MailBatch, "posts of a round for another share's agents (a run with a graph)")
+    svc.publishes(subjects.ANY_INTERVIEWS, InterviewBatch, "answers to interviews asked after a round, in batches")
     svc.publishes(subjects.ANY_PARTIAL, RoundPartial, "this host's reduced round, after all its outcomes are stored")
     svc.publishes(subjects.ANY_FAULT, RunFault, "this host cannot host the run or its simulation failed")
     svc.publishes(subjects.ANY_PROGRESS, Progress, "core NATS, not stored: outcomes answered so far")

@@ -116,7 +116,7 @@ class OutcomePublisher:
                                   f"republish {subject}")
 
     async def close(self, share: RoundShare, usage: Usage | None = None,
-                    checkpoints: dict[str, str] | None = None) -> None:
+                    checkpoints: dict[str, str] | None = None, interviews: Usage | None = None) -> None:
         """Wait until JetStream stored every batch, then publish the partial (with the digests
         of the share's `checkpoints` of the round). Ordering matters: the partial (and so the
         round result and the run's end) is stored after every outcome it summarises."""
@@ -131,7 +131,8 @@ class OutcomePublisher:
                                                                             writer=self.host_id)}
         partial = RoundPartial(run_id=self.run_id, round=self.round, host_id=self.host_id, n=share.n,
                                n_valid=share.n_valid, payload=payload, epoch=self.epoch, usage=usage or Usage(),
-                               checkpoints=checkpoints or {}, n_simulation_errors=share.n_simulation_errors)
+                               checkpoints=checkpoints or {}, interviews=interviews or Usage(),
+                               n_simulation_errors=share.n_simulation_errors)
         await bus.publish_js(self._js, subjects.run_partial(self.run_id, self.round, self.host_id, self.epoch),
                              partial, msg_id=subjects.msg_id(self.run_id, self.round, self.host_id, "partial",
                                                              self.epoch))

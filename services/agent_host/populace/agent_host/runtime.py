@@ -15,6 +15,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from opentelemetry.context import Context
 
+from populace.agent_host.interviews import Interviewer
 from populace.agent_host.mail import MailCarrier, MailMissing
 from populace.agent_host.publisher import OutcomePublisher
 from populace.core import checkpoints, logs, metrics
@@ -52,6 +53,7 @@ class HostRuntime:
         self._rounds: dict[tuple[str, int], set[asyncio.Task]] = {}  # by share: cancelled with it
         self._report_fault = report_fault
         self.mail = MailCarrier(nc, js, settings)
+        self.interviews = Interviewer(nc, js, settings, self.host_id, report_fault)
         self._worlds: dict[str, tuple[WorldRef, World]] = {}  # run id -> the world its last round read
 
     @property
@@ -89,6 +91,9 @@ class HostRuntime:
         r = batch.restore
         states = await checkpoints.load_agents(self.js, r.run_id, r.round, r.ranges, run.ranges, r.digests)
         run.restore(states)
+        plans = self.interviews.planned(run, r.round) if r.run_id == run.run_id else []
+        if plans:  # their answers may have been lost with the host that played the round: asked again
+            self.interviews.start(run, r.round, sorted(states.items()), plans)
         if run.mailroom is not None:
             # what the agents read next: every agent's post of that round (the checkpoint of
             # every range holds its agents' posts), not only this share's
@@ -218,9 +223,15 @@ class HostRuntime:
             mails = await self.mail.send(run, opened.round)
         played = time.perf_counter()
         saved = await self.checkpoint(run, opened.round) if s.checkpoints else []
+        # interviews planned after the round answer from its end state, frozen before the partial lets the next start
+        plans = self.interviews.planned(run, opened.round)
+        frozen = await self.interviews.freeze(run) if plans else ()
         # The partial goes out last: a round that closes is a round whose checkpoints exist
         # (their digests ride in it, so a restore can tell them from a rewrite).
-        await publisher.close(share, session.usage(), checkpoints={c.name: c.digest for c in saved})
+        await publisher.close(share, session.usage(), checkpoints={c.name: c.digest for c in saved},
+                              interviews=self.interviews.take(run))
+        if plans:
+            self.interviews.start(run, opened.round, frozen, plans)
         if room is not None:
             room.forget_before(opened.round)
         metrics.ROUNDS.labels("agent-host").inc()

@@ -204,5 +204,6 @@ class RunTally:
             observation=decision.observation, state=decision.state, selection=decision.selection, world=world_ref,
             closed_at=time.time(), epoch=opened.epoch, shares=sorted(opened.shares),
             usage=sum((p.usage for p, _ in parts), Usage()),
+            interviews=sum((p.interviews for p, _ in parts), Usage()),
             n_simulation_errors=sum(p.n_simulation_errors for p, _ in parts),
         )

@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from populace.core import bus
-from populace.manager import nodes, replicas, runs, start, streams
+from populace.manager import interviews, nodes, replicas, runs, start, streams
 from populace.manager.access import TokenAccess
 from populace.manager.nodes import start_request
 from populace.manager.replicas import probe_replicas, replica_rows
@@ -61,7 +61,7 @@ def create_app(settings: ManagerSettings) -> Starlette:
             await nc.close()
 
     routes = [Route("/", home), Route("/healthz", healthz),
-              *nodes.routes, *runs.routes, *start.routes, *replicas.routes, *streams.routes]
+              *nodes.routes, *runs.routes, *interviews.routes, *start.routes, *replicas.routes, *streams.routes]
     app = Starlette(routes=routes, lifespan=lifespan, max_body_size=MAX_FORM_BYTES)
     app.add_middleware(TokenAccess, token=settings.token, limits=settings.login_limits)
     app.state.settings = settings

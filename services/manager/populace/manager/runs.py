@@ -56,7 +56,11 @@ async def run_context(request: Request, rid: str) -> dict:
             "config": state.config.model_dump_json(indent=2) if state else "",
             "manifest": json.dumps(manifest, indent=2, default=str) if manifest else "",
             "trace_id": trace_id, "trace_url": trace_url, "sample_ms": int(settings.sample_s * 1000),
-            "fork_errors": {}, "fork_values": {"after_round": str(done) if done else "", "changes": ""}}
+            "fork_errors": {}, "fork_values": {"after_round": str(done) if done else "", "changes": ""},
+            # the interview form (populace.manager.interviews), and the interview the page shows
+            "interview_errors": {}, "interview_values": {"after_round": str(done) if done else "", "kind": "options"},
+            "interview_request": request.query_params.get("interview", ""),
+            "interview_by": request.query_params.get("by", "")}
 
 
 async def run_page(request: Request) -> Response:

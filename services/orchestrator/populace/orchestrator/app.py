@@ -27,7 +27,11 @@ from populace.core import bus, checkpoints, metrics, subjects, telemetry
 from populace.core.contracts import (
     HostInfo,
     HostSpawned,
+    InterviewOrder,
+    InterviewPlaced,
+    InterviewRequest,
     Progress,
+    Restore,
     RoundOpen,
     RoundResult,
     RunCancel,
@@ -45,7 +49,7 @@ from populace.core.scenario import format_validation_error
 from populace.core.service import Refused, Service, control_pull
 from populace.core.settings import Settings
 from populace.core.telemetry import tracer
-from populace.orchestrator import workflow
+from populace.orchestrator import interviews, workflow
 from populace.sdk.registry import Resolved, resolve
 from populace.sdk.simulation import SimulationError
 
@@ -343,6 +347,52 @@ class Orchestrator:
         incarnations = {h.host_id: h.started_at for h in hosts}
         await self.advance(rid, lambda s: workflow.on_resume(s, placement, incarnations, resume.budget))
 
+    async def on_interview(self, req: InterviewRequest) -> None:
+        """A post-hoc interview: checked against the run's state and its round's checkpoint
+        (every object there, with the digest recorded when the round closed), then each
+        checkpoint range ordered from one agent-host up. Placed or refused, it is said on
+        `run.<rid>.asked.<request>`; nothing is asked of a refused one."""
+        rid = req.run_id
+        state = await bus.run_state(self.svc.js, rid)
+        why = interviews.refusal(state, req)
+        hosts: dict[str, list[tuple[int, int]]] = {}
+        restore = None
+        if why is None:
+            k = req.after_round
+            try:
+                result = None
+                if k != workflow.completed(state) or not state.checkpoints:
+                    result = await bus.last_on(self.svc.js, subjects.RUN_STREAM, subjects.run_round_result(rid, k),
+                                               RoundResult)
+                digests = workflow.fork_digests(state, k, result)
+                ranges = workflow.layout_for(state, k)
+                await checkpoints.present(self.svc.js, [subjects.checkpoint_agents(rid, k, f) for f, _ in ranges])
+                restore = Restore(run_id=rid, round=k, ranges=ranges, digests=digests)
+            except checkpoints.CheckpointError as err:
+                why = f"after_round: round {k}'s checkpoint cannot be used: {err}"
+        if why is None:
+            hosts = interviews.split(restore.ranges, await self.fresh_hosts())
+            if not hosts:
+                why = "no agent-host is up to answer it"
+        placed = InterviewPlaced(run_id=rid, request=req.request, after_round=req.after_round, survey=req.survey,
+                                 hosts=hosts, error=why, placed_at=time.time(),
+                                 expected=interviews.expected(req, state.config.agents, state.config.seed)
+                                 if why is None else 0)
+        if why is None:
+            for host, ranges in hosts.items():
+                await bus.publish_js(self.svc.js, subjects.run_ask(rid, host),
+                                     InterviewOrder(run_id=rid, host_id=host, request=req.request,
+                                                    after_round=req.after_round, survey=req.survey,
+                                                    sample=req.sample, agents=req.agents, ranges=ranges,
+                                                    restore=restore, config=state.config),
+                                     msg_id=f"{rid}.ask.{req.request}.{host}")
+        await bus.publish_js(self.svc.js, subjects.run_asked(rid, req.request), placed,
+                             msg_id=f"{rid}.asked.{req.request}")
+        self.svc.log.info("interview_placed" if why is None else "interview_refused", run_id=rid,
+                          request=req.request, after_round=req.after_round, survey=req.survey.id,
+                          hosts={h: sum(c for _, c in r) for h, r in hosts.items()}, expected=placed.expected,
+                          reason=why)
+
     async def refuse_resume(self, state: RunState, why: str) -> None:
         """Say so on the run's done subject (its state stays as it was): whoever asked stops
         waiting, with the reason."""
@@ -496,6 +546,10 @@ def create(settings: Settings | None = None) -> Service:
                pull_sub=control_pull(), **durable)(orch.on_cancel)
     svc.handle(subjects.RUN_RESUME, RunResume, stream=ctl_stream, durable="orchestrator-resume",
                pull_sub=control_pull(), **durable)(orch.on_resume)
+    svc.handle(subjects.RUN_INTERVIEW, InterviewRequest, stream=ctl_stream, durable="orchestrator-interview",
+               pull_sub=control_pull(), **durable)(orch.on_interview)
+    svc.publishes(subjects.ANY_ASK, InterviewOrder, "a post-hoc interview's order to one host: its ranges")
+    svc.publishes(subjects.ANY_ASKED, InterviewPlaced, "a post-hoc interview placed (or refused, with why)")
     svc.publishes(subjects.ANY_STARTED, RunStarted, "a run was placed; carries its simulation's tables")
     svc.publishes(subjects.ANY_SPAWN, SpawnBatch, "one host's agents, as id ranges")
     svc.publishes(subjects.ANY_ROUND_OPEN, RoundOpen, "once per round, with the environment's state")

@@ -9,6 +9,7 @@ places every share again. A round result counts only if it folded exactly the li
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -181,10 +182,14 @@ def on_result(state: RunState, result: RoundResult) -> tuple[RunState, list[Acti
                                       {sh.key: sh.ranges for sh in state.shares})
     carried = {"env_state": result.state, "observation": result.observation, "selection": result.selection,
                "world": result.world, "phase_at": time.time(), "nudged": 0,
-               "used": state.used + result.usage, "last_round": result.usage, "checkpoints": digests}
+               "used": state.used + result.usage, "last_round": result.usage, "checkpoints": digests,
+               "interviews": state.interviews + result.interviews}
     if state.round >= state.config.rounds:
         return _now(state, status="done", **carried), [FinishRun("completed", state.round)]
-    over = over_budget(state.config.budget, carried["used"], result.usage)
+    # the next round, and the interviews planned after it (they start as its shares finish)
+    asked = planned_interviews(state.config, state.round + 1, carried["interviews"], result.usage)
+    over = over_budget(state.config.budget, carried["used"] + carried["interviews"], result.usage + asked,
+                       interviews=asked)
     if over is not None:
         reason = f"{over}; `populace resume {state.run_id} --budget-… N` raises it and continues"
         return (_now(state, status="paused", reason=reason, **carried),
@@ -193,18 +198,39 @@ def on_result(state: RunState, result: RoundResult) -> tuple[RunState, list[Acti
     return _now(state, round=n, **carried), [OpenRound(n, state.config.agents)]
 
 
-def over_budget(budget: Budget | None, used: Usage, next_round: Usage) -> str | None:
-    """Why the next round would go past the budget (it likely needs what the last one did),
-    or None."""
+def over_budget(budget: Budget | None, used: Usage, next_round: Usage, interviews: Usage | None = None) -> str | None:
+    """Why the next round would go past the budget (it likely needs what the last one did, plus
+    `interviews`: those planned after it, counted in `next_round` too), or None."""
     if budget is None:
         return None
-    for what, flag, limit, spent, step in (
-            ("tokens", "tokens", budget.tokens, used.tokens, next_round.tokens),
-            ("LLM calls", "calls", budget.llm_calls, used.llm_calls, next_round.llm_calls)):
+    for what, flag, limit, spent, step, asked in (
+            ("tokens", "tokens", budget.tokens, used.tokens, next_round.tokens,
+             interviews.tokens if interviews else 0),
+            ("LLM calls", "calls", budget.llm_calls, used.llm_calls, next_round.llm_calls,
+             interviews.llm_calls if interviews else 0)):
         if limit is not None and spent + step > limit:
+            of_which = f", {asked:,} of them for the interviews planned after it" if asked else ""
             return (f"budget: {spent:,} of {limit:,} {what} used, and the next round needs about {step:,} "
-                    f"more (--budget-{flag})")
+                    f"more{of_which} (--budget-{flag})")
     return None
+
+
+def planned_interviews(config: RunConfig, round_: int, asked: Usage, last_round: Usage) -> Usage:
+    """What the interviews the scenario plans after `round_` likely need: their calls (each
+    respondent once per question, or once per survey asked together) and, per call, the tokens
+    interviews took so far (before any: a round's per call)."""
+    calls = 0.0
+    for plan in config.interviews:
+        if round_ in plan.rounds(config.rounds):
+            who = len(plan.agents) if plan.agents is not None else config.agents * (plan.sample or 1.0)
+            calls += who * (len(plan.questions) if plan.mode == "each" else 1)
+    if not calls:
+        return Usage()
+    per = asked if asked.llm_calls else last_round
+    per_call = per.tokens / per.llm_calls if per.llm_calls else 0.0
+    completion = per.completion_tokens / per.llm_calls if per.llm_calls else 0.0
+    n = math.ceil(calls)
+    return Usage(llm_calls=n, prompt_tokens=round(n * (per_call - completion)), completion_tokens=round(n * completion))
 
 
 def _stop(state: RunState, status: str, reason: str) -> tuple[RunState, list[Action]]:
@@ -234,7 +260,9 @@ def resume_refusal(state: RunState, budget: Budget | None = None) -> str | None:
         return f"the run is {state.status}"
     if state.round >= state.config.rounds:
         return f"all {state.config.rounds} rounds are played"
-    over = over_budget(budget or state.config.budget, state.used, state.last_round)
+    asked = planned_interviews(state.config, state.round + 1, state.interviews, state.last_round)
+    over = over_budget(budget or state.config.budget, state.used + state.interviews, state.last_round + asked,
+                       interviews=asked)
     if over is not None:
         return f"{over}: give a larger budget"
     return None

@@ -24,6 +24,10 @@ from pydantic import BaseModel, ValidationError
 
 from populace.core import bus, checkpoints, metrics, objects, subjects, telemetry
 from populace.core.contracts import (
+    InterviewBatch,
+    InterviewOrder,
+    InterviewPlaced,
+    InterviewsRecorded,
     LlmCallBatch,
     OutcomeBatch,
     RoundResult,
@@ -48,6 +52,7 @@ DESCRIPTION = ("Writes every run event to DuckDB exactly once (each simulation's
 RECORDED: dict[str, type[BaseModel]] = {
     "started": RunStarted, "spawn": SpawnBatch, "outcomes": OutcomeBatch,
     "round.result": RoundResult, "done": RunDone, "calls": LlmCallBatch, "resumed": RunResumed,
+    "interviews": InterviewBatch, "ask": InterviewOrder, "asked": InterviewPlaced,
 }
 # Short, so that what a killed recorder had fetched and not acknowledged is redelivered to
 # its successor within seconds; a long ingest says "in progress" meanwhile.
@@ -65,6 +70,9 @@ def misplaced(subject: str, event: BaseModel) -> str | None:
         return f"an event of run {event.run_id} does not belong on {subject}"
     if isinstance(event, OutcomeBatch) and subject != subjects.run_outcomes(event.run_id, event.round, event.host_id):
         return f"outcomes of {event.host_id}, round {event.round} do not belong on {subject}"
+    if isinstance(event, InterviewBatch) and subject != subjects.run_interviews(event.run_id, event.after_round,
+                                                                                event.host_id):
+        return f"answers of {event.host_id}, after round {event.after_round} do not belong on {subject}"
     return None
 
 
@@ -75,6 +83,7 @@ class Recorder:
         self.reads = Reads(svc, self.store, when_done=self.release_if_idle)
         self.active: set[str] = set()  # runs started and not yet announced as recorded
         self.finished: dict[str, RunDone] = {}  # done, waiting for every outcome to be committed
+        self.done_at: dict[str, float] = {}  # when each finished run's done came (time.monotonic)
         self.recorded: OrderedDict[str, None] = OrderedDict()  # announced lately, oldest first
         self.sub = None
         self.task: asyncio.Task | None = None
@@ -118,6 +127,8 @@ class Recorder:
             try:
                 msgs = await self.sub.fetch(batch=self.svc.settings.recorder_fetch, timeout=0.5)
             except (TimeoutError, nats.errors.TimeoutError):
+                if self.finished:  # a run waiting for its interviews' answers may be past its wait
+                    await self.announce_complete()
                 continue
             except Exception as err:
                 self.svc.log.warning("fetch_failed", error=str(err))
@@ -293,7 +304,7 @@ class Recorder:
                 span.end()
         # Bulky events of a run already recorded (a call record published after its run ended):
         # purged as soon as they are acknowledged, like the rest of the run's.
-        late = {e.model.run_id for e, _ in parsed if e.kind in ("outcomes", "calls")
+        late = {e.model.run_id for e, _ in parsed if e.kind in ("outcomes", "calls", "interviews")
                 and e.model.run_id in self.recorded and e.model.run_id not in self.active}
         if result.refused:  # not what the run expects: stored nowhere, dead letters (once: their ids are in the ledger)
             by_id = {e.msg_id: raw for e, raw in parsed}
@@ -310,6 +321,9 @@ class Recorder:
                               seconds=round(time.perf_counter() - t0, 3))
         for done in result.finished:
             self.finished[done.run_id] = done
+            self.done_at.setdefault(done.run_id, time.monotonic())
+        if result.answers or any(e.kind == "asked" for e, _ in parsed):
+            await self.announce_interviews()
         await self.announce_complete()
 
     async def ack(self, raws: list[Msg], settle: bool) -> None:
@@ -339,7 +353,8 @@ class Recorder:
         try:
             info = await self.sub.consumer_info()
             below = info.ack_floor.stream_seq + 1 if info.ack_floor else 1
-            for subject in (subjects.run_outcomes_all(rid), subjects.run_calls_all(rid)):
+            for subject in (subjects.run_outcomes_all(rid), subjects.run_calls_all(rid),
+                            subjects.run_interviews_all(rid)):
                 await self.svc.js.purge_stream(subjects.RUN_STREAM, subject=subject, seq=below)
         except Exception as err:
             self.svc.log.error("purge_failed", run_id=rid, error=str(err))
@@ -361,12 +376,32 @@ class Recorder:
         if not self.active and not self.finished and not self.reads.in_progress:
             self.store.close()
 
+    async def announce_interviews(self) -> None:
+        """Each post-hoc interview whose answers are all in: `run.<rid>.interviewed.<request>`."""
+        for rid, request, answers in await asyncio.to_thread(self.store.interviews.complete_requests):
+            await bus.publish_js(self.svc.js, subjects.run_interviewed(rid, request),
+                                 InterviewsRecorded(run_id=rid, request=request, answers=answers,
+                                                    db_path=self.store.path),
+                                 msg_id=f"{rid}.interviewed.{request}")
+            self.svc.log.info("interview_recorded", run_id=rid, request=request, answers=answers)
+        self.release_if_idle()
+
     async def announce_complete(self) -> None:
         for rid in list(self.finished):
             got, expected = await asyncio.to_thread(self.store.completeness, rid, self.finished[rid].rounds)
             if got < expected:
                 continue  # some round results or outcome batches are still on their way (redelivery)
+            answers, owed = 0, 0
+            if self.finished[rid].status == "completed":  # a run stopped short: its interviews stopped too
+                answers, owed = await asyncio.to_thread(self.store.interviews.owed, rid, self.finished[rid].rounds)
+                waited = time.monotonic() - self.done_at.get(rid, time.monotonic())
+                if answers < owed and waited < self.svc.settings.interview_wait_s:
+                    continue  # the last rounds' interviews are still being answered
+                if answers < owed:
+                    self.svc.log.error("interviews_missing", run_id=rid, answers=answers, owed=owed,
+                                       waited_s=round(waited, 1))
             done = self.finished.pop(rid)
+            self.done_at.pop(rid, None)
             epoch = done.epoch
             self.active.discard(rid)
             self.release_if_idle()
@@ -381,7 +416,8 @@ class Recorder:
             while len(self.recorded) > RECENTLY_RECORDED:
                 self.recorded.popitem(last=False)
             await bus.publish_js(self.svc.js, subjects.run_recorded(rid),
-                                 RunRecorded(run_id=rid, outcomes=got, db_path=self.store.path),
+                                 RunRecorded(run_id=rid, outcomes=got, db_path=self.store.path, answers=answers,
+                                             answers_missing=max(0, owed - answers)),
                                  msg_id=subjects.msg_id(rid, 0, "recorder", "recorded", epoch))
             self.svc.log.info("run_recorded", run_id=rid, outcomes=got, db=self.store.path,
                               events_purged=self.svc.settings.purge_recorded, checkpoints_pruned=pruned,
@@ -397,9 +433,11 @@ def create(settings: Settings | None = None) -> Service:
     serve_reads(svc, recorder.reads)
     for subject, model in ((subjects.ANY_STARTED, RunStarted), (subjects.ANY_SPAWN, SpawnBatch),
                            (subjects.ANY_OUTCOMES, OutcomeBatch), (subjects.ANY_ROUND_RESULT, RoundResult),
-                           (subjects.ANY_RUN_DONE, RunDone), (subjects.ANY_CALLS, LlmCallBatch)):
+                           (subjects.ANY_RUN_DONE, RunDone), (subjects.ANY_CALLS, LlmCallBatch),
+                           (subjects.ANY_INTERVIEWS, InterviewBatch)):
         svc.consumes(subject, model, "durable pull consumer `recorder` on the RUN stream, acked after commit")
     svc.publishes(subjects.ANY_RECORDED, RunRecorded, "every outcome of a finished run is in DuckDB")
+    svc.publishes(subjects.ANY_INTERVIEWED, InterviewsRecorded, "every answer of a post-hoc interview is in DuckDB")
     svc.publishes(subjects.ANY_FAULT, RunFault, "the database's disk is full: the runs being recorded pause")
     return svc
 

@@ -18,6 +18,7 @@ from populace.core.contracts import (
     PLATFORM_SUMMARY_COLUMNS,
     ActColumns,
     EdgeColumns,
+    InterviewBatch,
     LineColumns,
     OutcomeBatch,
     PostColumns,
@@ -102,13 +103,42 @@ def _batches(run_id: str, tables: SimulationTables, outcomes: dict[str, list], p
     return out
 
 
+def _interview_batches(run_id: str, config: RunConfig, rows: dict[str, list],
+                       calls: dict[tuple[int, str], int]) -> list[InterviewBatch]:
+    """The answers to the scenario's planned interviews (run_local's rows, sorted by round,
+    survey and agent) as the batches an agent-host sends, ~1,000 rows each; each (round,
+    survey)'s LLM calls go with its first batch."""
+    surveys = {plan.survey.id: plan.survey for plan in config.interviews}
+    n = len(rows.get("agent_id", []))
+    out: list[InterviewBatch] = []
+    start = 0
+    while start < n:
+        key = (rows["after_round"][start], rows["survey"][start])
+        end = start + 1
+        while end < n and end - start < BATCH and (rows["after_round"][end], rows["survey"][end]) == key:
+            end += 1
+        part = slice(start, end)
+        first = not out or (out[-1].after_round, out[-1].survey.id) != key
+        out.append(InterviewBatch(
+            run_id=run_id, after_round=key[0], host_id=LOCAL_HOST, seq=len(out), survey=surveys[key[1]],
+            agent_ids=rows["agent_id"][part], questions=rows["question"][part], answers=rows["answer"][part],
+            values=rows["value"][part], raws=rows["raw"][part], valid=rows["valid"][part],
+            errors=rows["error"][part], latency_ms=rows["latency_ms"][part],
+            usage=Usage(llm_calls=calls.get(key, 0)) if first else Usage()))
+        start = end
+    return out
+
+
 def record_local(db: str | Path, *, run_id: str, config: RunConfig, tables: SimulationTables,
                  outcomes: dict[str, list], rounds: dict[str, list], posts: dict[str, list] | None = None,
                  acts: dict[str, list] | None = None, transcripts: dict[str, list] | None = None,
                  edges: dict[str, list] | None = None, status: str = "completed", reason: str | None = None,
-                 started_at: float | None = None, manifest: dict | None = None, personas: bytes | None = None) -> int:
+                 started_at: float | None = None, manifest: dict | None = None, personas: bytes | None = None,
+                 interviews: dict[str, list] | None = None, interview_calls: dict[tuple[int, str], int] | None = None,
+                 ) -> int:
     """Write a local run (run_local's columnar `outcomes`, `rounds`, `posts`, and its scenes'
-    `acts` and `transcripts` and its `edges`) to `db`;
+    `acts` and `transcripts`, its `edges`, and the answers to its planned `interviews` with
+    their LLM calls by (after round, survey)) to `db`;
     returns the outcomes recorded. A failed run keeps the rounds it closed."""
     now = time.time()
     started_at = started_at or now
@@ -132,6 +162,8 @@ def record_local(db: str | Path, *, run_id: str, config: RunConfig, tables: Simu
             run_id=run_id, round=r, n=row["n"], n_valid=row["n_valid"], summary={k: row.get(k) for k in summary_names},
             observation={}, state={}, closed_at=row.get("closed_at") or now, shares=[f"{LOCAL_HOST}@0"],
             usage=Usage(**{k: row.get(k) or 0 for k in Usage.RECORDED}), n_simulation_errors=errors.get(r, 0))))
+    events += [Event(f"local.{run_id}.interviews.{b.after_round}.{b.survey.id}.{b.seq}", "interviews", b)
+               for b in _interview_batches(run_id, config, interviews or {}, interview_calls or {})]
     events.append(Event(f"local.{run_id}.done", "done", RunDone(
         run_id=run_id, status=status, rounds=len(rounds.get("round", [])), finished_at=now, reason=reason)))
     assert not set(summary_names) & set(PLATFORM_SUMMARY_COLUMNS)  # Simulation.check refuses such names

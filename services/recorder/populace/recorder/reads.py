@@ -8,6 +8,7 @@ thread; ingestion goes on meanwhile.
 - `agents`: a page of a run's agents, searched and paged, each round's outcome and raw answer
   (`populace.analysis.live.agents_page`; the manager's agents table).
 - `distribution`: one round's histogram or options' shares (`round_distribution`).
+- `interviews`: a run's interviews, per question and group (`populace.analysis.interviews`).
 
 A refusal (an unknown run, a failed query) is answered with `ok` False and its reason; a
 malformed request is dead-lettered and answered (`malformed`)."""
@@ -29,6 +30,8 @@ from populace.core.contracts import (
     AgentsRequest,
     DistributionReply,
     DistributionRequest,
+    InterviewsReply,
+    InterviewsRequest,
     ReadReply,
     SnapshotReply,
     SnapshotRequest,
@@ -123,6 +126,19 @@ class Reads:
                                  DistributionReply, {"run_id": req.run_id})
 
 
+    async def interviews(self, req: InterviewsRequest, msg: NatsMessage) -> bytes:
+        from populace.analysis.interviews import interview_questions, interview_table
+        from populace.analysis.queries import group_attributes
+
+        def run(cur):
+            return {"request": req.request, "by": req.by,
+                    "questions": interview_questions(cur, [req.run_id], req.request),
+                    "rows": interview_table(cur, [req.run_id], by=req.by, request=req.request),
+                    "attributes": group_attributes(cur, [req.run_id])}
+
+        return await self._query("interviews", run, InterviewsReply, {"run_id": req.run_id})
+
+
 def malformed(reason: str) -> ReadReply:
     return ReadReply(ok=False, error=f"malformed request (dead-lettered): {reason}")
 
@@ -130,5 +146,5 @@ def malformed(reason: str) -> ReadReply:
 def serve_reads(svc: Service, reads: Reads) -> None:
     """Register the read verbs on `svc`."""
     for model, handler in ((SnapshotRequest, reads.snapshot), (AgentsRequest, reads.agents),
-                           (DistributionRequest, reads.distribution)):
+                           (DistributionRequest, reads.distribution), (InterviewsRequest, reads.interviews)):
         svc.handle(subjects.recorder_read(model.VERB), model, reply_on_error=malformed, answers=True)(handler)

@@ -22,7 +22,11 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
+from populace.analysis.interviews import SCHEMA as INTERVIEWS_SCHEMA
 from populace.core.contracts import (
+    InterviewBatch,
+    InterviewOrder,
+    InterviewPlaced,
     LlmCallBatch,
     OutcomeBatch,
     RoundResult,
@@ -38,6 +42,7 @@ from populace.core.hostauth import SHARED_HOST_USER
 from populace.population.errors import PopulationError
 from populace.population.jsonl import iter_personas
 from populace.recorder.expected import RunShape, calls_refusal, outcome_refusal
+from populace.recorder.interviews import InterviewStore
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -151,6 +156,7 @@ class Event:
 class IngestResult:
     outcomes: int = 0
     calls: int = 0
+    answers: int = 0  # interview answers
     finished: list[RunDone] = field(default_factory=list)
     refused: list[tuple[str, str]] = field(default_factory=list)  # (msg_id, why): dead letters, stored nowhere
 
@@ -188,6 +194,7 @@ class Store:
         self._shapes: dict[str, RunShape] = {}  # by run id: agents and rounds, from its config
         # (run, round) -> per agent, whether its outcome is recorded: what makes a duplicate
         self._recorded: dict[tuple[str, int], np.ndarray] = {}
+        self.interviews = InterviewStore(lambda: self.con)
 
     @property
     def con(self) -> duckdb.DuckDBPyConnection:
@@ -197,6 +204,7 @@ class Store:
                     Path(self.path).parent.mkdir(parents=True, exist_ok=True)
                     con = duckdb.connect(self.path)
                     con.execute(SCHEMA)
+                    con.execute(INTERVIEWS_SCHEMA)
                     self._ready.clear()
                     self._con = con
         return self._con
@@ -389,6 +397,16 @@ class Store:
                 m = e.model
                 if isinstance(m, OutcomeBatch):
                     outcomes[m.run_id].append((e.msg_id, m))
+                elif isinstance(m, InterviewPlaced):
+                    self.interviews.placed(m)
+                elif isinstance(m, InterviewOrder):
+                    self.interviews.ordered(m)
+                elif isinstance(m, InterviewBatch):
+                    answers = self._insert_answers(m)
+                    if isinstance(answers, str):
+                        out.refused.append((e.msg_id, answers))
+                    else:
+                        out.answers += answers
                 elif isinstance(m, RunResumed):
                     self._resume(m)
                 elif isinstance(m, LlmCallBatch):
@@ -410,6 +428,7 @@ class Store:
                 elif isinstance(m, RunStarted):
                     self._tables[m.run_id] = m.tables
                     self._shapes[m.run_id] = RunShape(m.config.agents, m.config.rounds)
+                    self.interviews.started(m.run_id, m.config)
                     self.ensure_tables(m.run_id, m.tables)
                     con.execute(
                         "INSERT OR REPLACE INTO runs (run_id, started_at, config_json, status, hosts, manifest_json, "
@@ -464,6 +483,7 @@ class Store:
         self._ready.clear()  # tables created in the rolled-back transaction are gone again
         self._shares.clear()  # and placements recorded in it: read them again
         self._recorded.clear()  # and the outcomes it marked
+        self.interviews.forget()  # and the answers
 
     def _drop_connection(self) -> None:
         with self._opening:
@@ -491,6 +511,27 @@ class Store:
         con.execute("UPDATE runs SET status = 'running', finished_at = NULL, reason = NULL, hosts = ? "
                     "WHERE run_id = ?", [m.hosts, m.run_id])
         con.execute("INSERT INTO _resumes VALUES (?, ?, ?, ?)", [m.run_id, m.epoch, m.after_round, ts(m.resumed_at)])
+        self.interviews.resumed(m.run_id, m.after_round)
+
+    def _insert_answers(self, b: InterviewBatch) -> int | str:
+        """An interview batch's answers not stored yet (how many), or why it is refused."""
+        config = self.interviews.config_of(b.run_id)
+        if config is None:
+            return f"run {b.run_id} was never started here"
+        if b.request is not None:
+            ranges = self.interviews.order_ranges(b.run_id, b.request, b.host_id)
+            why = self.interviews.refusal(b, None, [], config, order_ranges=ranges)
+            return why if why is not None else self.interviews.insert(b, config.agents)
+        share = self.shares_of(b.run_id).get(share_key(b.host_id, b.epoch))
+        if b.request is None and share is not None and not (share.from_round - 1 <= b.after_round
+                                                             and share.counts_in(b.after_round)):
+            # a share answers for the rounds it played (or restored its agents from), until replaced
+            return f"share {share.key} did not play round {b.after_round} (or was replaced before it)"
+        why = self.interviews.refusal(b, share.ranges if share is not None else None, list(config.interviews),
+                                      config)
+        if why is not None:
+            return why
+        return self.interviews.insert(b, config.agents)
 
     def _expected(self, run_id: str, batches: list[tuple[str, OutcomeBatch]],
                   refused: list[tuple[str, str]]) -> list[OutcomeBatch]:

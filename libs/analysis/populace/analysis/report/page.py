@@ -26,8 +26,10 @@ from populace.analysis.queries import (
     run_info,
     tables_of,
 )
+from populace.analysis.reference import Reference, compare
 from populace.analysis.report.blocks import Plot, Section
 from populace.analysis.report.comparison import comparison_sections
+from populace.analysis.report.interviews import interview_sections, reference_sections
 from populace.analysis.report.sections import run_sections
 from populace.analysis.report.text import describe
 from populace.analysis.tables import has_table
@@ -74,7 +76,8 @@ def _page(template: str, sections: Sequence[Section], **context) -> str:
         plotly_js=plotly_js() if plots else None, **context)
 
 
-def _run_page(con: duckdb.DuckDBPyConnection, run_id: str, by: str | Sequence[str] | None) -> str:
+def _run_page(con: duckdb.DuckDBPyConnection, run_id: str, by: str | Sequence[str] | None,
+              reference: Reference | None = None) -> str:
     info = run_info(con, run_id)
     rounds = round_table(con, run_id)
     types = tables_of(con, run_id).summary_types
@@ -84,35 +87,44 @@ def _run_page(con: duckdb.DuckDBPyConnection, run_id: str, by: str | Sequence[st
         attrs = [by] if isinstance(by, str) else list(by)
     spread = group_spread(con, run_id) if info["grouped"] and info["measure"] else None
     header, sections = run_sections(con, run_id, info, rounds, types, attrs, spread, fork_table(con, run_id))
+    if reference is not None:
+        sections[1:1] = reference_sections(compare(con, [run_id], reference), reference.label,
+                                           reference.synthetic is not None)
     return _page("run.html.j2", sections, title=f"Populace run {run_id}",
                  subtitle=f"{info.get('name') or ''} — {describe(info)}", header=header, warning=info.get("note"))
 
 
-def _comparison_page(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> str:
+def _comparison_page(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str],
+                     reference: Reference | None = None) -> str:
     infos, sections = comparison_sections(con, run_ids)
+    sections += interview_sections(con, run_ids, [])
+    if reference is not None:
+        sections += reference_sections(compare(con, run_ids, reference), reference.label,
+                                       reference.synthetic is not None)
     warnings = [f"{i['run_id']}: {i['note']}" for i in infos if i.get("note")]
     return _page("comparison.html.j2", sections, title=f"Populace: {len(infos)} runs compared", runs=infos,
                  warnings=warnings)
 
 
 def render_report(con: duckdb.DuckDBPyConnection, run_id: str | Sequence[str],
-                  by: str | Sequence[str] | None = None) -> str:
+                  by: str | Sequence[str] | None = None, reference: Reference | None = None) -> str:
     """The report as one self-contained HTML page (str): one run's report for a run id, or
     several runs side by side for a list of two or more.
 
     ``by``: the attributes to group by in a run's report (a name or a list); default: every
-    profile attribute of the run, at most 4. Raises AnalysisError for an unknown run or
-    attribute."""
+    profile attribute of the run, at most 4. ``reference``: human data the runs are put beside
+    (populace.analysis.reference). Raises AnalysisError for an unknown run or attribute, or a
+    reference that does not fit the runs."""
     run_ids = [run_id] if isinstance(run_id, str) else list(dict.fromkeys(run_id))
     if len(run_ids) == 1:
-        return _run_page(con, run_ids[0], by)
-    return _comparison_page(con, run_ids)
+        return _run_page(con, run_ids[0], by, reference)
+    return _comparison_page(con, run_ids, reference)
 
 
 def write_report(con: duckdb.DuckDBPyConnection, run_id: str | Sequence[str], out_path: str | Path,
-                 by: str | Sequence[str] | None = None) -> Path:
+                 by: str | Sequence[str] | None = None, reference: Reference | None = None) -> Path:
     """Render the report (``render_report``) and write it to ``out_path`` (UTF-8); returns the path."""
-    text = render_report(con, run_id, by=by)
+    text = render_report(con, run_id, by=by, reference=reference)
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text, encoding="utf-8")

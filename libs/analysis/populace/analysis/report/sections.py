@@ -53,6 +53,7 @@ from populace.analysis.report.blocks import (
     Section,
     Table,
 )
+from populace.analysis.report.interviews import interview_sections
 from populace.analysis.report.shapes import shape_sections
 from populace.analysis.report.text import (
     capped_rounds,
@@ -477,6 +478,7 @@ def run_sections(con: duckdb.DuckDBPyConnection, run_id: str, info: dict, rounds
         sections.append(grouped_section(info, rounds, spread))
     if fork is not None:
         sections.append(fork_section(fork, info))
+    sections += interview_sections(con, [run_id], attrs)
     sections.append(invalid_section(invalid, rounds))
     reasoning = reasoning_section(answer_rows(con, run_id), info)
     if reasoning is not None:

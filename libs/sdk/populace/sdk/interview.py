@@ -1,0 +1,474 @@
+"""Interviews: questions agents answer from a copy of their state, which never change the run.
+
+    from populace.sdk.interview import Question, Survey
+
+    survey = Survey(id="trust", questions=[
+        Question(id="council", text="How much do you trust the city council?", labels=["none", "some", "a lot"]),
+        Question(id="car", text="Do you own a car?", options=["yes", "no"]),
+    ])
+
+A question's kind says what a valid answer is: one of its `options`, a point of a Likert scale,
+a number in a range, or free text of at most `max_chars` (populace.core.contracts.Question
+validates them, naming the field). Each answer is one structured call, `{"answer": …}`, under
+a JSON schema built here (an enum, integer points, a range, a maxLength); an answer that is
+still invalid after one corrective re-ask is recorded invalid with its raw text, never made up.
+
+Snapshot semantics — what the platform guarantees:
+- an agent answers from a copy of its state at a round's end (its persona, its declared state
+  as a checkpoint holds it), made by `copy_of`; the run's own agent is never touched, so
+  nothing an agent answers is remembered, and the run plays on exactly as without interviews;
+- every call of an interview is seeded apart from every call of a round: its tag
+  (`InferBatch.seqs`) has bit 62 set and carries the question's digest, so the answer depends
+  on (run seed, round, agent, question) alone — the same whether the question is asked as
+  planned in the scenario, from the checkpoint afterwards, on the fleet or in one process.
+
+A survey's mode: `each` (the default) asks every question in a call of its own. Each answer
+then depends on its question only, never on which other questions were asked with it or in
+what order (a question added to a survey, or asked alone afterwards, keeps its answers); an
+invalid answer costs one question; and each schema stays small (small models follow small
+schemas better). `together` asks them all in one call: fewer calls and tokens (the persona and
+context are sent once), at the price of answers that see each other.
+
+An agent class may override how it answers (`Agent.answer(asked, llm)`) and what it knows as
+text (`Agent.context()`); the default prompt is its persona, its context (its memory) and the
+question.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pydantic_core import from_json, to_json
+
+from populace.core.contracts import Question, Survey, choice_key
+from populace.sdk.answers import answer_field
+from populace.sdk.llm import ASKING, CALLER, LLM, InferError, ModelUnavailable
+
+if TYPE_CHECKING:
+    from populace.sdk.agent import Agent
+    from populace.sdk.simulation import Simulation
+
+Asked = Question | Survey  # one question, or a survey asked together
+
+SYSTEM = ("You are taking part in a survey. Answer as the person described, from what they know and "
+          "remember, in their own voice. Reply with JSON only, exactly as asked.")
+# An interview call's tag: bit 62 (no round's call has it: a round's tags stay below 2**59) plus
+# 44 bits of the question's digest, and the call's count for that question in the low 16 bits.
+INTERVIEW_BIT = 1 << 62
+_DIGEST_BITS = 44
+_COUNT_BITS = 16
+# Re-asks an invalid answer gets (the gateway re-asks the schema violations it checks itself).
+REASKS = 1
+
+
+def _by_object(fn: Callable[[Asked], Any]) -> Callable[[Asked], Any]:
+    """`fn` computed once per question object: a survey's questions are the same objects for
+    every agent, and a port batches calls by their schema's identity (a new dict per call
+    would be grouped by value, a json.dumps each)."""
+    known: dict[int, tuple[Asked, Any]] = {}
+
+    def cached(asked: Asked) -> Any:
+        hit = known.get(id(asked))
+        if hit is not None and hit[0] is asked:
+            return hit[1]
+        if len(known) >= 4096:
+            known.clear()
+        value = fn(asked)
+        known[id(asked)] = (asked, value)
+        return value
+
+    return cached
+
+
+def digest(asked: Asked) -> str:
+    """sha256 of what the model is asked: the question's text, kind and answer space (a
+    survey: its questions in order) — not its id, so a renamed question keeps its answers."""
+    if isinstance(asked, Survey):
+        body: Any = [_spec(q) | {"id": q.id} for q in asked.questions]
+    else:
+        body = _spec(asked)
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _spec(q: Question) -> dict:
+    return q.model_dump(exclude={"id"}, exclude_none=True)
+
+
+@_by_object
+def tag_base(asked: Asked) -> int:
+    """The tag of an interview's first call for `asked`; its n-th call adds n."""
+    return INTERVIEW_BIT | ((int(digest(asked), 16) & ((1 << _DIGEST_BITS) - 1)) << _COUNT_BITS)
+
+
+# -- what a valid answer is -------------------------------------------------------------------
+def value_schema(q: Question) -> dict:
+    """The JSON schema of one question's answer value."""
+    if q.kind == "options":
+        return {"type": "string", "enum": list(q.options or ())}
+    if q.kind == "likert":
+        return {"type": "integer", "minimum": 1, "maximum": q.points}
+    if q.kind == "number":
+        return {"type": "integer" if q.integer else "number", "minimum": _num(q.min), "maximum": _num(q.max)}
+    return {"type": "string", "maxLength": q.max_chars}
+
+
+def _num(x: float | None) -> float | int | None:
+    return int(x) if x is not None and float(x).is_integer() else x
+
+
+@_by_object
+def schema(asked: Asked) -> dict:
+    """The structured call's schema: `{"answer": …}`, or for a survey asked together one key per question."""
+    if isinstance(asked, Survey):
+        return {"type": "object", "properties": {q.id: value_schema(q) for q in asked.questions},
+                "required": [q.id for q in asked.questions]}
+    return {"type": "object", "properties": {"answer": value_schema(asked)}, "required": ["answer"]}
+
+
+def max_tokens(asked: Asked, base: int) -> int:
+    """Tokens an answer may need: the run's `model.max_tokens`, or more for long options and free text."""
+    questions = asked.questions if isinstance(asked, Survey) else [asked]
+    need = 16
+    for q in questions:
+        if q.kind == "options":
+            need += 8 + max(len(o.encode()) for o in q.options or ("",))
+        elif q.kind == "text":
+            need += 8 + (q.max_chars or 0) // 2
+        else:
+            need += 16
+    return min(8192, max(base, need))
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """One question's answer: `answer` as text (the option as written, the point, the number,
+    the text), `value` its number (Likert and number questions), or invalid with `error`."""
+
+    valid: bool
+    answer: str | None
+    value: float | None
+    error: str | None = None
+
+
+def _number(x: object) -> float | None:
+    if isinstance(x, bool):
+        return None
+    if isinstance(x, (int, float)):
+        return float(x) if math.isfinite(x) else None
+    if isinstance(x, str):
+        try:
+            v = float(x.strip())
+        except ValueError:
+            return None
+        return v if math.isfinite(v) else None
+    return None
+
+
+@_by_object
+def _lookup(q: Question) -> dict[str, str]:
+    """An options question's answers as a model may write them -> the option as written."""
+    return {**{choice_key(o): o for o in q.options or ()}, **{o: o for o in q.options or ()}}
+
+
+def judge(q: Question, value: object) -> Answer:
+    """Whether `value` (what the model put under the question's key) answers `q`."""
+    if value is None:
+        return Answer(False, None, None, "no answer")
+    if q.kind == "options":
+        if isinstance(value, str):
+            lookup = _lookup(q)
+            match = lookup.get(value)  # as written (the schema's enum): no normalising needed
+            if match is None:
+                match = lookup.get(choice_key(value))
+            if match is not None:
+                return Answer(True, match, None)
+        return Answer(False, None, None, f"{_short(value)} is not one of the options")
+    if q.kind == "likert":
+        point = _number(value)
+        if point is None and isinstance(value, str) and q.labels:  # a label named instead of its point
+            found = [i + 1 for i, label in enumerate(q.labels) if choice_key(label) == choice_key(value)]
+            point = float(found[0]) if found else None
+        if point is None or not point.is_integer() or not 1 <= point <= (q.points or 0):
+            return Answer(False, None, None, f"{_short(value)} is not a point from 1 to {q.points}")
+        return Answer(True, str(int(point)), point)
+    if q.kind == "number":
+        x = _number(value)
+        if x is None:
+            return Answer(False, None, None, f"{_short(value)} is not a number")
+        if x < (q.min or 0.0) or x > (q.max or 0.0):
+            return Answer(False, None, None, f"{x:g} is outside [{q.min:g}, {q.max:g}]")
+        if q.integer and not x.is_integer():
+            return Answer(False, None, None, f"{x:g} is not a whole number")
+        return Answer(True, str(int(x)) if x.is_integer() else repr(x), x)
+    if not isinstance(value, str) or not value.strip():
+        return Answer(False, None, None, f"{_short(value)} is not text")
+    text = value.strip()
+    if len(text) > (q.max_chars or 0):
+        return Answer(False, None, None, f"the text has {len(text)} characters, over {q.max_chars}")
+    return Answer(True, text, None)
+
+
+def _short(value: object, limit: int = 60) -> str:
+    text = json.dumps(value, ensure_ascii=False) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def parse(asked: Asked, text: str) -> list[Answer]:
+    """The answers in a model's raw text, one per question asked (never made up: whatever
+    does not fit its question is invalid, with why)."""
+    if isinstance(asked, Survey):
+        try:
+            obj = json.loads(text)
+        except ValueError:
+            obj = None
+        if not isinstance(obj, dict):
+            return [Answer(False, None, None, "the answer is not a JSON object")] * len(asked.questions)
+        return [judge(q, obj.get(q.id)) for q in asked.questions]
+    return [judge(asked, answer_field(text, "answer"))]
+
+
+def reasked(asked: Asked, raw: str, errors: Sequence[str]) -> Asked:
+    """`asked` with a correction appended to its text: what a re-ask shows the agent."""
+    why = "; ".join(dict.fromkeys(e for e in errors if e))
+    note = f"\n\n(Your answer {_short(raw.strip(), 200)} was not valid: {why}. Answer again, exactly as asked.)"
+    if isinstance(asked, Survey):
+        first = asked.questions[0]
+        questions = [first.model_copy(update={"text": first.text + note}), *asked.questions[1:]]
+        return asked.model_copy(update={"questions": questions})
+    return asked.model_copy(update={"text": asked.text + note})
+
+
+# -- the default prompt -----------------------------------------------------------------------
+def instruction(q: Question) -> str:
+    if q.kind == "options":
+        return "Choose one of: " + ", ".join(json.dumps(o, ensure_ascii=False) for o in q.options or ()) + "."
+    if q.kind == "likert":
+        if q.labels:
+            return (f"Answer on a scale from 1 to {q.points}: "
+                    + ", ".join(f"{i} = {label}" for i, label in enumerate(q.labels, 1)) + ".")
+        return f"Answer on a scale from 1 to {q.points}."
+    if q.kind == "number":
+        whole = "a whole number" if q.integer else "a number"
+        return f"Answer with {whole} from {_num(q.min)} to {_num(q.max)}."
+    return f"Answer in your own words, in at most {q.max_chars} characters."
+
+
+def _example(q: Question) -> str:
+    return {"options": '"<option>"', "likert": "<point>", "number": "<number>", "text": '"<text>"'}[q.kind]
+
+
+@_by_object
+def question_text(asked: Asked) -> str:
+    if isinstance(asked, Survey):
+        lines = [f"{i}. {q.text} {instruction(q)}" for i, q in enumerate(asked.questions, 1)]
+        keys = ", ".join(f'"{q.id}": {_example(q)}' for q in asked.questions)
+        ids = ", ".join(f"{i}. as \"{q.id}\"" for i, q in enumerate(asked.questions, 1))
+        return "Questions:\n" + "\n".join(lines) + f"\nAnswer every question ({ids}) with JSON: {{{keys}}}"
+    return f"Question: {asked.text}\n{instruction(asked)}\nAnswer with JSON: {{\"answer\": {_example(asked)}}}"
+
+
+def memory_text(memory: Iterable[Any]) -> str:
+    """An agent's memory as lines of text (a simulation's items are tuples, e.g. (round, guess))."""
+    return "\n".join("- " + " · ".join(map(str, item)) if isinstance(item, (tuple, list)) else f"- {item}"
+                     for item in memory)
+
+
+def prompt(agent: Agent, asked: Asked) -> tuple[str, int]:
+    """The default interview prompt of `agent` (its persona, its context, the question) and how
+    many leading characters stay the same between questions (the persona: cached by replicas)."""
+    persona = agent.persona.text if agent.persona is not None else ""
+    head = f"{persona}\n\n" if persona else ""
+    context = agent.context()
+    body = f"What you remember so far:\n{context}\n\n" if context else ""
+    return head + body + question_text(asked), len(head)
+
+
+# -- the copy an agent answers from ---------------------------------------------------------
+def copy_of(sim: Simulation, agent_id: int, state: dict[str, Any]) -> Agent:
+    """A throwaway agent of the run's class: agent `agent_id`'s persona and `state` (its declared
+    state as a checkpoint holds it). Answering changes nothing of the run's own agent."""
+    cast = sim.cast
+    persona = cast.personas[agent_id] if cast is not None else None
+    agent = type(sim).Agent(agent_id, persona, sim)
+    agent.restore(state)
+    return agent
+
+
+def frozen_states(snapshot: Sequence[tuple[int, int, dict[str, list]]]) -> bytes:
+    """A share's agents' declared state (HostedRun.snapshot's columns) as a checkpoint stores
+    it: JSON. Taken at a round's end, so answering later never sees the next round."""
+    return to_json([{"first": first, "count": count, "fields": fields} for first, count, fields in snapshot])
+
+
+def thawed(data: bytes | Sequence[dict], wanted: Callable[[int], bool] | None = None
+           ) -> list[tuple[int, dict[str, Any]]]:
+    """(agent id, its state) for every agent in checkpoint chunks (`frozen_states`, or the
+    `{"first", "count", "fields"}` objects of populace.core.checkpoints), those `wanted` only."""
+    chunks = from_json(data) if isinstance(data, (bytes, bytearray)) else data
+    out = []
+    for chunk in chunks:
+        first, fields = chunk["first"], chunk["fields"]
+        names = list(fields)
+        for offset in range(chunk["count"]):
+            aid = first + offset
+            if wanted is None or wanted(aid):
+                out.append((aid, {name: fields[name][offset] for name in names}))
+    return out
+
+
+# -- asking many agents -----------------------------------------------------------------------
+ROW_KEYS = ("agent_id", "question", "answer", "value", "raw", "valid", "error", "latency_ms")
+# table `interviews`: one row per (run, round after which it was asked, survey, question, agent)
+TABLE_KEYS = ("run_id", "after_round", "survey", *ROW_KEYS)
+
+
+class Rows:
+    """Answers, columnar (one row per agent and question), handed on in batches of `size`."""
+
+    def __init__(self, emit: Callable[[dict[str, list]], None] | None = None, size: int = 1000) -> None:
+        self._emit, self._size = emit, size
+        self.columns: dict[str, list] = {k: [] for k in ROW_KEYS}
+        self.n = self.n_valid = 0
+
+    def add(self, agent_id: int, question: str, a: Answer, raw: str, latency_ms: float) -> None:
+        c = self.columns
+        c["agent_id"].append(agent_id)
+        c["question"].append(question)
+        c["answer"].append(a.answer)
+        c["value"].append(a.value)
+        c["raw"].append(raw)
+        c["valid"].append(a.valid)
+        c["error"].append(a.error)
+        c["latency_ms"].append(latency_ms)
+        self.n += 1
+        self.n_valid += a.valid
+        if self._emit is not None and len(c["agent_id"]) >= self._size:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._emit is not None and self.columns["agent_id"]:
+            batch, self.columns = self.columns, {k: [] for k in ROW_KEYS}
+            self._emit(batch)
+
+
+async def answer_one(agent: Agent, survey: Survey, llm: LLM, rows: Rows, *, reasks: int = REASKS) -> None:
+    """Agent `agent` (a copy) answers `survey`; its rows go to `rows`. Raises ModelUnavailable
+    when no model answers (never an agent's answer)."""
+    loop = asyncio.get_running_loop()
+    CALLER.set(agent.id)  # this task's own context: its calls are its own
+    units: list[Asked] = list(survey.questions) if survey.mode == "each" else [survey]
+    for unit in units:
+        questions = unit.questions if isinstance(unit, Survey) else [unit]
+        ASKING.set(tag_base(unit))
+        started = loop.time()
+        try:
+            raw = await agent.answer(unit, llm)
+            if not isinstance(raw, str):
+                raise TypeError(f"answer returned {type(raw).__name__}, not the model's text (str)")
+            answers = parse(unit, raw)
+            for _ in range(reasks):
+                if all(a.valid for a in answers):
+                    break
+                again = await agent.answer(reasked(unit, raw, [a.error or "" for a in answers if not a.valid]), llm)
+                if not isinstance(again, str):
+                    raise TypeError(f"answer returned {type(again).__name__}, not the model's text (str)")
+                raw, second = again, parse(unit, again)
+                answers = [b if not a.valid else a for a, b in zip(answers, second, strict=True)]
+        except InferError as err:
+            raise err if isinstance(err, ModelUnavailable) else ModelUnavailable(str(err)) from err
+        except Exception as err:  # the agent's own code: its answers are invalid, with why
+            text = f"{type(err).__name__}: {err}"
+            raw, answers = f"<agent error: {text}>", [Answer(False, None, None, f"agent: {text}")] * len(questions)
+        latency = (loop.time() - started) * 1000.0
+        for q, a in zip(questions, answers, strict=True):
+            rows.add(agent.id, q.id, a, raw, latency)
+
+
+async def ask(sim: Simulation, respondents: Sequence[tuple[int, dict[str, Any]]], survey: Survey, llm: LLM,
+              rows: Rows, *, max_in_flight: int = 100_000, reasks: int = REASKS) -> None:
+    """Every respondent (agent id, its state) answers `survey`, each from its own copy
+    (`copy_of`), as its own task, at most `max_in_flight` at once. Raises ModelUnavailable
+    when no model answers; what was answered before is in `rows`."""
+    total = len(respondents)
+    if total == 0:
+        return
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    state = {"next": 0, "left": total}
+    running: set[asyncio.Task] = set()
+
+    async def one(aid: int, st: dict[str, Any]) -> None:
+        try:
+            agent = copy_of(sim, aid, st)
+        except Exception as err:  # a state the agent class cannot restore: this agent's answers are invalid
+            text = f"{type(err).__name__}: {err}"
+            for q in survey.questions:
+                rows.add(aid, q.id, Answer(False, None, None, f"agent: restore raised {text}"),
+                         f"<agent error: {text}>", 0.0)
+            return
+        await answer_one(agent, survey, llm, rows, reasks=reasks)
+
+    def launch() -> None:
+        i = state["next"]
+        if i < total:
+            state["next"] = i + 1
+            task = loop.create_task(one(*respondents[i]))
+            running.add(task)
+            task.add_done_callback(finished)
+
+    def finished(task: asyncio.Task) -> None:
+        running.discard(task)
+        if done.done():
+            return
+        if not task.cancelled() and task.exception() is not None:
+            done.set_exception(task.exception())
+            return
+        state["left"] -= 1
+        if state["left"] == 0:
+            done.set_result(None)
+        else:
+            launch()
+
+    for k in range(min(max_in_flight, total)):
+        launch()
+        if k % 2000 == 1999:
+            await asyncio.sleep(0)  # let the first calls leave while the others start
+    flush = getattr(llm, "flush", None)
+    if flush is not None:
+        flush()
+    try:
+        await done
+    finally:
+        for task in list(running):
+            task.cancel()
+
+
+def choose(states: Sequence[tuple[int, dict[str, Any]]], *, seed: int, survey_id: str,
+           sample: float | None = None, agents: Sequence[int] | None = None) -> list[tuple[int, dict[str, Any]]]:
+    """Those of `states` (agent id, state) whose agents answer a survey: every agent, a seeded
+    `sample` share of them (the same share after every round: a panel), or `agents`."""
+    import numpy as np
+
+    from populace.core.interviews import chosen
+
+    if sample is None and agents is None:
+        return list(states)
+    ids = np.fromiter((aid for aid, _ in states), dtype=np.int64, count=len(states))
+    mask = chosen(ids, seed=seed, survey_id=survey_id, sample=sample, agents=agents)
+    return [st for st, keep in zip(states, mask.tolist(), strict=True) if keep]
+
+
+def chosen_states(data: bytes | Sequence[dict], *, seed: int, survey_id: str, sample: float | None = None,
+                  agents: Sequence[int] | None = None) -> list[tuple[int, dict[str, Any]]]:
+    """`choose` among the states held in checkpoint chunks (see `thawed`)."""
+    return choose(thawed(data), seed=seed, survey_id=survey_id, sample=sample, agents=agents)
+
+
+__all__ = ["SYSTEM", "Answer", "Question", "Rows", "Survey", "answer_one", "ask", "copy_of", "digest", "judge",
+           "parse", "prompt", "schema", "tag_base"]

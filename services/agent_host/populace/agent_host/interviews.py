@@ -1,0 +1,186 @@
+"""Interviews on an agent-host: its agents answer the surveys a run plans after a round, from
+their state at the round's end (frozen before the host's partial goes out, so before the next
+round can start), each on a copy; the answers leave in batches (`run.<rid>.interviews.<n>.<host>`)
+for the recorder. They run beside the next round: nothing of the run waits on them.
+
+A share restored from a round's checkpoint (a lost host's agents placed again, a resume) asks
+that round's planned interviews again of its agents: the answers of a host lost before it sent
+them would otherwise be missing. The recorder keeps the first answer of each (agent, question)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+
+from populace.core import bus, checkpoints, logs, subjects
+from populace.core.contracts import InterviewBatch, InterviewOrder, PlannedInterview, Survey, Usage
+from populace.core.settings import Settings
+from populace.population.cast import Cast
+from populace.sdk import interview
+from populace.sdk.hosting import HostedRun
+from populace.sdk.llm import ModelUnavailable
+from populace.sdk.nats_llm import InferSession
+from populace.sdk.play import RoundPlayer
+from populace.sdk.registry import resolve
+
+log = logs.get("populace.agent_host")
+
+States = Sequence[tuple[int, dict[str, Any]]]
+# (run id, round or None, reason, epoch, pause)
+FaultReporter = Callable[[str, int | None, str, int, bool], Awaitable[None]]
+
+
+class AnswerPublisher:
+    """One survey's answers from this host, in batches, each JetStream-stored once (its message
+    id names run, round, host, survey, request and batch)."""
+
+    def __init__(self, js: JetStreamContext, *, run_id: str, round_: int, host_id: str, epoch: int,
+                 survey: Survey, request: str | None = None) -> None:
+        self._js = js
+        self.run_id, self.round, self.host_id, self.epoch = run_id, round_, host_id, epoch
+        self.survey, self.request = survey, request
+        self._seq = 0
+        self._reported = Usage()
+        self._publishing: list[asyncio.Task] = []
+        self.rows = self.valid = 0
+
+    def emit(self, columns: dict[str, list], usage: Usage) -> None:
+        """A full batch of rows (synchronously, from interview.Rows), with the session's usage so far."""
+        delta = Usage(**{k: getattr(usage, k) - getattr(self._reported, k) for k in Usage.model_fields})
+        self._reported = usage
+        batch = InterviewBatch.model_construct(
+            v=1, run_id=self.run_id, after_round=self.round, host_id=self.host_id, epoch=self.epoch, seq=self._seq,
+            survey=self.survey, request=self.request, agent_ids=columns["agent_id"], questions=columns["question"],
+            answers=columns["answer"], values=columns["value"], raws=columns["raw"], valid=columns["valid"],
+            errors=columns["error"], latency_ms=columns["latency_ms"], usage=delta)
+        self._seq += 1
+        self.rows += len(columns["agent_id"])
+        self.valid += sum(columns["valid"])
+        shard = f"{self.host_id}-{self.survey.id}-{self.request or 'planned'}-{batch.seq}"
+        self._publishing.append(asyncio.get_running_loop().create_task(bus.publish_js(
+            self._js, subjects.run_interviews(self.run_id, self.round, self.host_id), batch,
+            msg_id=subjects.msg_id(self.run_id, self.round, shard, "interviews", self.epoch))))
+
+    async def close(self, usage: Usage) -> None:
+        """Every batch stored; the usage not yet reported rides in a last, empty batch."""
+        if usage != self._reported or self._seq == 0:
+            self.emit({k: [] for k in interview.ROW_KEYS}, usage)
+        await asyncio.gather(*self._publishing)
+
+
+class Interviewer:
+    """The planned interviews of a host's runs: started after a round, counted for the partials."""
+
+    def __init__(self, nc: Client, js: JetStreamContext, settings: Settings, host_id: str,
+                 report_fault: FaultReporter | None = None) -> None:
+        self.nc, self.js, self.settings, self.host_id = nc, js, settings, host_id
+        self._report_fault = report_fault
+        self._tasks: dict[str, set[asyncio.Task]] = {}  # by run id
+        self._done: dict[tuple[str, int], Usage] = {}  # (run, epoch) -> LLM work finished, not yet in a partial
+
+    @staticmethod
+    def planned(run: HostedRun, round_: int) -> list[PlannedInterview]:
+        c = run.resolved.config
+        return [plan for plan in c.interviews if round_ in plan.rounds(c.rounds)]
+
+    @staticmethod
+    async def freeze(run: HostedRun) -> States:
+        """The share's agents' declared state now, as a checkpoint holds it (a deep copy)."""
+        return interview.thawed(interview.frozen_states(await run.snapshot()))
+
+    def take(self, run: HostedRun) -> Usage:
+        """The interviews' LLM work finished since the share's last partial (for the next one)."""
+        return self._done.pop((run.run_id, run.epoch), Usage())
+
+    def start(self, run: HostedRun, round_: int, states: States, plans: list[PlannedInterview]) -> None:
+        task = asyncio.get_running_loop().create_task(self._planned(run, round_, states, plans))
+        tasks = self._tasks.setdefault(run.run_id, set())
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    def cancel(self, run_id: str) -> None:
+        """A run stopped short (cancelled, failed, paused): its interviews stop too (a completed
+        run's go on: the recorder waits for them)."""
+        for task in self._tasks.pop(run_id, set()):
+            task.cancel()
+
+    def cancel_all(self) -> None:
+        for run_id in list(self._tasks):
+            self.cancel(run_id)
+
+    def order(self, order: InterviewOrder, load_cast: Callable[[Any], Awaitable[Cast | None]]) -> None:
+        """Answer a post-hoc interview's order, in a task of its own."""
+        task = asyncio.get_running_loop().create_task(self._ordered(order, load_cast))
+        tasks = self._tasks.setdefault(f"ask:{order.run_id}", set())
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    async def _ordered(self, order: InterviewOrder, load_cast: Callable[[Any], Awaitable[Cast | None]]) -> None:
+        """No agent of the run is built: each chosen agent answers from a copy made from its
+        state in the checkpoint (verified against the digests the order carries)."""
+        r = order.restore
+        try:
+            resolved = resolve(order.config)
+            sim = resolved.instance(order.run_id, await load_cast(order))
+            run = HostedRun(order.run_id, resolved, sim, type(sim).Env(sim), [], RoundPlayer(sim, []),
+                            ranges=list(order.ranges))
+            states = await checkpoints.load_agents(self.js, r.run_id, r.round, r.ranges, order.ranges, r.digests)
+            chosen = interview.choose(sorted(states.items()), seed=order.config.seed, survey_id=order.survey.id,
+                                      sample=order.sample, agents=order.agents)
+            del states
+            await self.ask(run, order.after_round, chosen, order.survey, request=order.request)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # the asker waits for the answers: said in the log, where it looks
+            log.error("interview_failed", run_id=order.run_id, request=order.request, after_round=order.after_round,
+                      error=f"{type(err).__name__}: {err}")
+
+    async def _planned(self, run: HostedRun, round_: int, states: States, plans: list[PlannedInterview]) -> None:
+        seed = run.resolved.config.seed
+        for plan in plans:
+            chosen = interview.choose(states, seed=seed, survey_id=plan.id, sample=plan.sample, agents=plan.agents)
+            try:
+                await self.ask(run, round_, chosen, plan.survey)
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:
+                reason = (f"interviews after round {round_} ({plan.id}) on {self.host_id}: "
+                          f"{type(err).__name__}: {err}; `populace resume {run.run_id}` asks them again")
+                log.error("interviews_failed", run_id=run.run_id, round=round_, survey=plan.id, error=reason)
+                if self._report_fault is not None and isinstance(err, ModelUnavailable):
+                    await self._report_fault(run.run_id, round_, reason, run.epoch, True)
+                return
+
+    async def ask(self, run: HostedRun, round_: int, states: States, survey: Survey,
+                  request: str | None = None) -> AnswerPublisher:
+        """`states`' agents answer `survey` (each from a copy); their answers are published."""
+        s = self.settings
+        model = run.resolved.config.model
+        model = model.model_copy(update={"max_tokens": interview.max_tokens(survey, model.max_tokens)})
+        session = InferSession(
+            self.nc, run_id=run.run_id, round_=round_, model=model, system=interview.SYSTEM,
+            batch_size=s.infer_batch_size, flush_s=s.infer_flush_ms / 1000,
+            timeout_s=max(s.infer_timeout_s, model.latency_s * 4 + 10), attempts=s.infer_attempts,
+            host_id=self.host_id, silence_s=s.infer_silence_s, down_s=s.infer_down_s)
+        out = AnswerPublisher(self.js, run_id=run.run_id, round_=round_, host_id=self.host_id, epoch=run.epoch,
+                              survey=survey, request=request)
+        rows = interview.Rows(emit=lambda columns: out.emit(columns, session.usage()), size=s.outcome_batch_size)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        try:
+            await interview.ask(run.sim, states, survey, session, rows, max_in_flight=s.max_in_flight)
+        finally:
+            rows.flush()
+            await session.drain()
+            await out.close(session.usage())
+            key = (run.run_id, run.epoch)
+            self._done[key] = self._done.get(key, Usage()) + session.usage()
+        log.info("interviewed", run_id=run.run_id, round=round_, survey=survey.id, request=request,
+                 agents=len(states), answers=out.rows, valid=out.valid, llm_calls=session.llm_calls,
+                 tokens=session.prompt_tokens + session.completion_tokens,
+                 seconds=round(loop.time() - t0, 3))
+        return out

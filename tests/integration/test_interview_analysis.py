@@ -1,0 +1,168 @@
+"""Interviews in the analysis and the report, on runs recorded by the recorder's Store: each
+question's distribution overall and per group (Wilson shares, Student-t means), across
+replicate runs, panels over rounds, free text searched; reference data beside a run with a
+distance and its bootstrap interval, and bad reference files refused naming what is wrong."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+import yaml
+from recorded_locally import play, record
+
+from populace.analysis.interviews import interview_table, interview_usage, panel_table, search_answers
+from populace.analysis.reference import ReferenceError, compare, distance, load_reference
+from populace.analysis.report.page import render_report
+from populace.client.prepare import prepare_file
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures"
+PANEL = [
+    {"id": "panel", "after": "every", "questions": [
+        {"id": "trust", "text": "How much do you trust the other voters?", "labels": ["none", "some", "a lot"]},
+        {"id": "turnout", "text": "Will you vote in the next election?", "options": ["yes", "no", "maybe"]}]},
+    {"id": "exit", "after": [3], "mode": "together", "questions": [
+        {"id": "sure", "text": "How sure are you of your vote, from 0 to 100?", "min": 0, "max": 100},
+        {"id": "why", "text": "Why did you vote as you did?", "max_chars": 120}]},
+]
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory):
+    """Two replicate runs of the vote example with a panel (seeds 1 and 2), recorded."""
+    path = tmp_path_factory.mktemp("analysis") / "populace.duckdb"
+    for seed in (1, 2):
+        data = {**yaml.safe_load((ROOT / "examples" / "vote.yaml").read_text()), "agents": 100, "seed": seed,
+                "interviews": PANEL, "model": {"latency_s": 0.0, "seed": seed}}
+        scratch = ROOT / "examples" / f".analysis-{seed}.yaml"
+        scratch.write_text(yaml.safe_dump(data))
+        try:
+            prepared = prepare_file(scratch)
+        finally:
+            scratch.unlink()
+        record(path, prepared, play(prepared), f"vote-{seed}")
+    return path
+
+
+def test_each_question_overall_per_group_and_across_runs(db):
+    with duckdb.connect(str(db), read_only=True) as con:
+        rows = interview_table(con, "vote-1")
+        by = interview_table(con, "vote-1", by="education")
+        both = interview_table(con, ["vote-1", "vote-2"], by="education")
+        usage = interview_usage(con, "vote-1")
+    turnout = [r for r in rows if r["question"] == "turnout"]
+    assert [r["option"] for r in turnout] == ["yes", "no", "maybe"] and {r["after_round"] for r in turnout} == {3}
+    assert sum(r["count"] for r in turnout) == 100 and math.isclose(sum(r["share"] for r in turnout), 1.0)
+    assert all(r["ci_low"] <= r["share"] <= r["ci_high"] for r in turnout)
+    trust = [r for r in rows if r["question"] == "trust"]
+    mean = next(r for r in trust if r["option"] is None)
+    assert 1 <= mean["ci_low"] <= mean["mean"] <= mean["ci_high"] <= 3
+    assert [r["option"] for r in trust if r["option"]] == ["1", "2", "3"]  # a Likert's points are its options
+    groups = [r["group"] for r in by if r["question"] == "sure"]
+    assert groups == ["elementary school", "high school", "bachelor's", "master's", "Ph.D."]
+    assert all(r["n"] == 20 for r in by if r["question"] == "sure")
+    text = [r for r in rows if r["question"] == "why"]
+    assert text[0]["n_valid"] == 100 and text[0]["examples"]
+    across = next(r for r in both if r["question"] == "turnout" and r["group"] == "Ph.D." and r["option"] == "yes")
+    assert set(across["run_values"]) == {"vote-1", "vote-2"} and across["seed_ci_low"] is not None
+    assert usage["answers"] == 100 * 2 * 3 + 100 * 2 and usage["valid"] == usage["answers"]
+
+
+def test_panels_over_rounds_and_free_text(db):
+    with duckdb.connect(str(db), read_only=True) as con:
+        panels = panel_table(con, "vote-1", by="education")
+        found = search_answers(con, "vote-1", ["dummy"])
+    trust = [r for r in panels if r["question"] == "trust"]
+    assert sorted({r["after_round"] for r in trust}) == [1, 2, 3] and all(r["option"] is None for r in trust)
+    assert {r["group"] for r in trust} == {"elementary school", "high school", "bachelor's", "master's", "Ph.D."}
+    assert {r["question"] for r in panels} == {"trust", "turnout"}  # `exit` was asked once: no panel
+    assert found and all("(dummy)" in (r["answer"] or r["raw"]) for r in found)
+
+
+def test_the_report_shows_interviews_and_a_reference(db):
+    ref = load_reference(FIXTURES / "reference-turnout-synthetic.csv")
+    with duckdb.connect(str(db), read_only=True) as con:
+        html = render_report(con, "vote-1", by=["education"], reference=ref)
+        two = render_report(con, ["vote-1", "vote-2"])
+    for title in ("Interview 1. panel/trust", "Interview 2. panel/turnout", "Interview 3. exit/sure",
+                  "Panels over rounds", "Interview answers in the agents&#39; words", "Against reference data",
+                  "SYNTHETIC (made up for Populace&#39;s tests"):
+        assert title in html, title
+    assert "Interview 2. panel/turnout" in two and "across the runs (each one replicate)" in two
+
+
+def test_a_reference_beside_a_run(db):
+    ref = load_reference(FIXTURES / "reference-turnout-synthetic.csv")
+    assert ref.synthetic and ref.groups == ["education"]
+    with duckdb.connect(str(db), read_only=True) as con:
+        rows = compare(con, "vote-1", ref, n_boot=200)
+        votes = compare(con, "vote-1", load_reference(FIXTURES / "reference-vote-synthetic.csv"), n_boot=200)
+    phd = next(r for r in rows if r["question"] == "turnout" and r["group"] == "Ph.D.")
+    assert phd["n_sim"] == 20 and phd["n_ref"] == 100 and phd["distance_kind"] == "total variation"
+    assert math.isclose(phd["distance"], 0.5 * sum(abs(phd["simulated"].get(k, 0) - phd["reference"][k])
+                                                   for k in ("yes", "no", "maybe")))
+    assert phd["ci_low"] <= phd["distance"] <= phd["ci_high"]
+    trust = next(r for r in rows if r["question"] == "trust" and r["group"] == "Ph.D.")
+    assert trust["distance_kind"] == "Wasserstein-1" and trust["mean_ref"] == 2.3
+    assert {r["group"] for r in rows if r["question"] == "trust"} == {"elementary school", "Ph.D."}
+    (vote,) = votes
+    assert vote["target"] == "measure" and vote["group"] == "all" and vote["n_ref"] == 6 and vote["n_sim"] == 100
+
+
+def test_distances():
+    assert distance("options", {"a": 1, "b": 1}, {"a": 2, "b": 2}) == 0
+    assert distance("options", {"a": 5}, {"b": 3}) == 1
+    assert distance("number", {"1": 1, "3": 1}, {"2": 2}) == 1.0  # every unit of mass moves by 1
+    assert distance("number", {"0": 1}, {"10": 4}) == 10.0
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("question,answer\nq,1\n", "citation: the file names no source of its data"),
+    ("# citation: x\nquestion,answer,weight\nq,1,2\n", "column 'weight' is not one of"),
+    ("# citation: x\nquestion,answer,count\nq,1,-2\n", "line 3: count: '-2' is negative"),
+    ("# citation: x\nquestion,count\nq,2\n", "column `answer` is missing"),
+    ("# citation: x\n# groups: age\nquestion,answer\nq,1\n", "groups: 'age' is listed but is not a column"),
+    ("# citation: x\nquestion,measure,answer\nq,m,1\n", "give one of the columns `question`"),
+    ("# citation: x\nquestion,answer,round\nq,1,two\n", "round: 'two' is not a round number"),
+])
+def test_bad_reference_files_are_refused_naming_what_is_wrong(tmp_path, text, says):
+    path = tmp_path / "ref.csv"
+    path.write_text(text)
+    with pytest.raises(ReferenceError, match=says.replace("(", r"\(")):
+        load_reference(path)
+
+
+def test_a_reference_that_does_not_fit_the_run_is_refused_by_the_cli(db, tmp_path):
+    path = tmp_path / "ref.csv"
+    path.write_text("# synthetic: test\nquestion,answer\nnever-asked,yes\n")
+    res = subprocess.run([sys.executable, "-m", "populace.cli", "results", "vote-1", "--db", str(db), "--reference",
+                          str(path)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "question: 'never-asked' was not asked in run(s) vote-1" in res.stderr
+    res = subprocess.run([sys.executable, "-m", "populace.cli", "results", "vote-1", "--db", str(db), "--reference",
+                          str(FIXTURES / "reference-turnout-synthetic.csv")], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "SYNTHETIC" in res.stdout and "total variation" in res.stdout and "Wasserstein-1" in res.stdout
+
+
+def test_a_parquet_reference_carries_its_citation_in_its_metadata(db, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({"question": ["turnout"] * 3, "answer": ["yes", "no", "maybe"], "count": [5, 3, 2]})
+    path = tmp_path / "ref.parquet"
+    pq.write_table(table.replace_schema_metadata({"synthetic": "a test's", "groups": ""}), path)
+    ref = load_reference(path)
+    with duckdb.connect(str(db), read_only=True) as con:
+        (row,) = compare(con, "vote-1", ref, n_boot=100)
+    assert row["group"] == "all" and row["n_ref"] == 10 and row["source"] == "SYNTHETIC (a test's)"
+    pq.write_table(table, path)
+    with pytest.raises(ReferenceError, match="citation: the file names no source"):
+        load_reference(path)

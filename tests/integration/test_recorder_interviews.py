@@ -1,0 +1,144 @@
+"""The recorder's table `interviews`: each (run, round, survey, question, agent) once, from the
+share that holds the agent, for the agents and surveys the run plans, with valid answers its
+questions allow; a resume drops the answers of the rounds it plays again; what a run owes."""
+
+from __future__ import annotations
+
+import duckdb
+from populace_ratio_game import RatioGame
+
+from populace.core.contracts import (
+    InterviewBatch,
+    PlannedInterview,
+    Question,
+    RunConfig,
+    RunResumed,
+    RunStarted,
+    SpawnBatch,
+    Usage,
+)
+from populace.core.interviews import respondents
+from populace.recorder.store import Event, Store
+
+CAR = Question(id="car", text="A car?", options=["yes", "no"])
+TRUST = Question(id="trust", text="Trust?", points=5)
+PANEL = PlannedInterview(id="panel", after="every", questions=[CAR, TRUST])
+HALF = PlannedInterview(id="half", after=[2], sample=0.5, questions=[CAR])
+CONFIG = RunConfig(agents=20, rounds=3, seed=5, interviews=[PANEL, HALF])
+SEQ = iter(range(10**6))
+
+
+def start(store: Store, run_id: str = "r1") -> None:
+    store.ingest([
+        Event(f"{run_id}.started", "started", RunStarted(run_id=run_id, config=CONFIG, started_at=1e9,
+                                                         hosts=["a", "b"], tables=RatioGame.tables())),
+        Event(f"{run_id}.spawn-a", "spawn", SpawnBatch(run_id=run_id, host_id="a", ranges=[(0, 10)], config=CONFIG)),
+        Event(f"{run_id}.spawn-b", "spawn", SpawnBatch(run_id=run_id, host_id="b", ranges=[(10, 10)], config=CONFIG)),
+    ])
+
+
+def answers(ids, host="a", round_=1, plan=PANEL, epoch=0, answer="yes", value=None, usage=None, request=None,
+            valid=True) -> InterviewBatch:
+    rows = [(a, q.id) for a in ids for q in plan.questions]
+    return InterviewBatch(
+        run_id="r1", after_round=round_, host_id=host, epoch=epoch, seq=next(SEQ), survey=plan.survey,
+        request=request, agent_ids=[a for a, _ in rows], questions=[q for _, q in rows],
+        answers=[answer if q == "car" else "3" for _, q in rows],
+        values=[value if q == "car" else 3.0 for _, q in rows], raws=["{}"] * len(rows), valid=[valid] * len(rows),
+        errors=[None if valid else "no"] * len(rows), latency_ms=[1.0] * len(rows), usage=usage or Usage())
+
+
+def ingest(store: Store, *batches: InterviewBatch):
+    return store.ingest([Event(f"iv.{next(SEQ)}", "interviews", b) for b in batches])
+
+
+def count(store: Store, where: str = "TRUE") -> int:
+    return store.con.execute(f"SELECT count(*) FROM interviews WHERE {where}").fetchone()[0]
+
+
+def test_answers_are_stored_once_each_from_the_share_that_holds_the_agents(tmp_path):
+    store = Store(tmp_path / "x.duckdb")
+    start(store)
+    out = ingest(store, answers(range(10), usage=Usage(llm_calls=20, prompt_tokens=900)),
+                 answers(range(10, 20), host="b"))
+    assert out.answers == 40 and not out.refused
+    # a replacement asks again (another epoch) and a redelivery comes twice: the first answers stay
+    store.ingest([Event("r1.spawn-c", "spawn", SpawnBatch(run_id="r1", host_id="c", epoch=1, ranges=[(0, 10)],
+                                                          config=CONFIG, from_round=2))])
+    again = ingest(store, answers(range(10), host="c", epoch=1, answer="no"))
+    assert again.answers == 0 and not again.refused
+    assert count(store, "answer = 'no'") == 0 and count(store) == 40
+    assert store.interviews.owed("r1", 1) == (40, 40)
+    assert store.interviews.owed("r1", 3) == (40, 3 * 40 + 20 * 0 + respondents(20, seed=5, survey_id="half",
+                                                                                    sample=0.5).size)
+    assert store.con.execute("SELECT sum(llm_calls), sum(prompt_tokens) FROM interview_usage").fetchone() == (20, 900)
+    asked = store.con.execute("SELECT position, question, kind FROM interview_questions WHERE position >= 0 "
+                              "ORDER BY position").fetchall()
+    assert asked == [(0, "car", "options"), (1, "trust", "likert")]
+    store.close()
+    with duckdb.connect(str(tmp_path / "x.duckdb"), read_only=True) as con:
+        cols = [r[0] for r in con.execute("DESCRIBE interviews").fetchall()]
+    assert cols == ["run_id", "after_round", "survey", "question", "agent_id", "answer", "value", "raw", "valid",
+                    "error", "latency_ms", "request", "host_id"]
+
+
+def test_what_the_run_did_not_plan_is_refused(tmp_path):
+    store = Store(tmp_path / "x.duckdb")
+    start(store)
+    chosen = respondents(20, seed=5, survey_id="half", sample=0.5).tolist()
+    left = [a for a in range(10) if a not in chosen]
+    other = PlannedInterview(id="panel", after="every", questions=[CAR])  # the planned id, other questions
+    cases = {
+        "agent 12 is not one of a's agents": answers([3, 12]),
+        "share z@0 was never placed": answers([1], host="z"),
+        "is not planned after round 1": answers([1], plan=HALF),
+        "survey 'half' does not choose every agent": answers([left[0]], plan=HALF, round_=2),
+        "is not one the run plans": answers([1], plan=other),
+        "valid, but 'maybe' is not one of the options": answers([1], answer="maybe"),
+        "round 4: run r1 has 3 rounds": answers([1], round_=4),
+        "request 'q1' was never placed on a": answers([1], request="q1"),
+    }
+    out = ingest(store, *cases.values())
+    assert out.answers == 0 and len(out.refused) == len(cases)
+    for (_, why), says in zip(out.refused, cases):
+        assert says in why, (why, says)
+    assert ingest(store, answers([1], answer="maybe", valid=False)).answers == 2  # invalid, with its raw text
+    assert ingest(store, answers([c for c in chosen if c < 10], plan=HALF, round_=2)).answers > 0
+
+
+def test_a_resume_drops_the_planned_answers_of_the_rounds_played_again(tmp_path):
+    store = Store(tmp_path / "x.duckdb")
+    start(store)
+    ingest(store, answers(range(10), round_=1), answers(range(10), round_=2), answers(range(10), round_=3))
+    store.ingest([Event("r1.resumed", "resumed", RunResumed(run_id="r1", epoch=1, after_round=1, hosts=["a"],
+                                                            resumed_at=1e9)),
+                  Event("r1.spawn-a1", "spawn", SpawnBatch(run_id="r1", host_id="a", epoch=1, ranges=[(0, 20)],
+                                                           config=CONFIG, from_round=2))])
+    assert store.con.execute("SELECT DISTINCT after_round FROM interviews").fetchall() == [(1,)]
+    stale = ingest(store, answers(range(10), round_=2))  # the replaced share's, of a round played again
+    assert stale.answers == 0 and "share a@0 did not play round 2 (or was replaced before it)" in stale.refused[0][1]
+    assert ingest(store, answers(range(10), round_=2, epoch=1)).answers == 20  # asked again as round 2 is played again
+    # the new share asks round 1's again from its checkpoint: those stay as first answered
+    assert ingest(store, answers(range(10), round_=1, epoch=1, answer="no")).answers == 0
+
+
+def test_a_local_runs_planned_interviews_are_recorded_as_a_fleet_runs(tmp_path):
+    """`simulate(local=True)` records the run through the recorder's store: its planned answers
+    and their LLM calls go in too (table interviews, interview_usage), every answer once, and
+    the result's `interviews` is what was recorded."""
+    from populace.analysis.interviews import interview_usage
+    from populace.client import simulate
+
+    plans = [p.model_dump(mode="json", exclude_unset=True) for p in (PANEL, HALF)]
+    result = simulate({"simulation": "ratio-game", "agents": 20, "rounds": 3, "seed": 5, "interviews": plans,
+                       "model": {"backend": "dummy", "latency_s": 0.0}}, local=True, db=str(tmp_path / "p.duckdb"))
+    assert result.status == "completed", result.reason
+    keys = ("after_round", "survey", "question", "agent_id", "answer", "value", "raw", "valid", "error")
+    with duckdb.connect(result.db_path, read_only=True) as con:
+        got = con.execute(f"SELECT {', '.join(keys)} FROM interviews WHERE run_id = ? AND request IS NULL "
+                          "ORDER BY after_round, survey, agent_id, question", [result.run_id]).fetchall()
+        usage = interview_usage(con, result.run_id)
+    played = result.local.interviews
+    assert got == sorted(zip(*(played[k] for k in keys)), key=lambda r: (r[0], r[1], r[3], r[2]))
+    assert len(got) == 3 * 20 * 2 + len(respondents(20, seed=5, survey_id="half", sample=0.5)) == result.interviews.num_rows
+    assert usage["answers"] == len(got) and usage["llm_calls"] == result.local.interview_calls >= len(got)
