@@ -184,10 +184,17 @@ def simulate(scenario: Scenario, **kwargs: Any) -> SimulationResult:
 def local_failure(simulation: str, round_: int, err: BaseException) -> str:
     """A local run's reason to fail, as the fleet words it, with where the simulation's code
     raised (a local run prints no traceback)."""
+    from populace.sdk.engine import DecideFailed
     from populace.sdk.statecheck import UnsavedState
 
     if isinstance(err, UnsavedState):
         return str(err)
+    if isinstance(err, DecideFailed):
+        if err.__cause__ is None:  # a rule of the round broken (its size, its World): the message says it all
+            return f"simulation {simulation!r}: round {round_} failed: {err}"
+        # the round engine wraps what the environment raised: report that, where the simulation's
+        # code raised it (the engine's own frame tells its author nothing)
+        err = err.__cause__
     where = traceback.extract_tb(err.__traceback__)[-1] if err.__traceback__ else None
     at = f" (at {Path(where.filename).name}:{where.lineno} in {where.name})" if where else ""
     return f"simulation {simulation!r}: round {round_} failed: {type(err).__name__}: {err}{at}"
