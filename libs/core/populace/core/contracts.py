@@ -757,6 +757,7 @@ class RunRecorded(Wire):
     run_id: Token
     outcomes: int  # agent-rounds recorded
     db_path: str
+    epoch: Epoch = 0  # the RunDone's it follows: a resumed run's earlier stop may be recorded after it
 
 
 class Progress(Wire):

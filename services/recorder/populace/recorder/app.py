@@ -381,7 +381,7 @@ class Recorder:
             while len(self.recorded) > RECENTLY_RECORDED:
                 self.recorded.popitem(last=False)
             await bus.publish_js(self.svc.js, subjects.run_recorded(rid),
-                                 RunRecorded(run_id=rid, outcomes=got, db_path=self.store.path),
+                                 RunRecorded(run_id=rid, outcomes=got, db_path=self.store.path, epoch=epoch),
                                  msg_id=subjects.msg_id(rid, 0, "recorder", "recorded", epoch))
             self.svc.log.info("run_recorded", run_id=rid, outcomes=got, db=self.store.path,
                               events_purged=self.svc.settings.purge_recorded, checkpoints_pruned=pruned,
