@@ -198,7 +198,7 @@ def _compile(target: VllmCpu, say: Callable[[str], None]) -> None:
     """Every module of the environment compiled to bytecode, once. vLLM's API server and its
     engine core each import vllm, torch and transformers (thousands of modules): without .pyc
     files, as where PYTHONDONTWRITEBYTECODE is set, every start compiles them all again."""
-    say("compiling vLLM's environment to bytecode (once, a minute or two) …")
+    say("compiling vLLM's environment to bytecode (once, a few minutes) …")
     log = _log_file("compile")
     t0 = time.monotonic()
     # exit status 1: some file did not compile (packages ship sources for other Python
