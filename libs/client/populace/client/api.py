@@ -184,17 +184,10 @@ def simulate(scenario: Scenario, **kwargs: Any) -> SimulationResult:
 def local_failure(simulation: str, round_: int, err: BaseException) -> str:
     """A local run's reason to fail, as the fleet words it, with where the simulation's code
     raised (a local run prints no traceback)."""
-    from populace.sdk.engine import DecideFailed
     from populace.sdk.statecheck import UnsavedState
 
     if isinstance(err, UnsavedState):
         return str(err)
-    if isinstance(err, DecideFailed):
-        if err.__cause__ is None:  # a rule of the round broken (its size, its World): the message says it all
-            return f"simulation {simulation!r}: round {round_} failed: {err}"
-        # the round engine wraps what the environment raised: report that, where the simulation's
-        # code raised it (the engine's own frame tells its author nothing)
-        err = err.__cause__
     where = traceback.extract_tb(err.__traceback__)[-1] if err.__traceback__ else None
     at = f" (at {Path(where.filename).name}:{where.lineno} in {where.name})" if where else ""
     return f"simulation {simulation!r}: round {round_} failed: {type(err).__name__}: {err}{at}"
@@ -209,6 +202,17 @@ def local_recorder():
         raise RuntimeError("recording a local run needs the populace-recorder package (entry point "
                            "populace.recorders:local)")
     return found[0].load()
+
+
+def simulation_error(err: BaseException) -> BaseException:
+    """What the simulation's code raised, for its reason: the round engine wraps what an
+    environment raised in DecideFailed, whose own frame (engine.py) tells the author nothing.
+    A DecideFailed with no cause (a rule of the round broken: a size, a World) is the reason."""
+    from populace.sdk.engine import DecideFailed
+
+    if isinstance(err, DecideFailed) and err.__cause__ is not None:
+        return err.__cause__
+    return err
 
 
 async def _local(prepared: PreparedRun, run_id: str, hosts: int, db: str | None) -> SimulationResult:
@@ -244,7 +248,7 @@ async def _local(prepared: PreparedRun, run_id: str, hosts: int, db: str | None)
     except Exception as err:
         status = "failed"
         reason = local_failure(resolved.simulation.name if resolved else prepared.config.simulation,
-                               len(closed) + 1, err)
+                               len(closed) + 1, simulation_error(err))
     rounds = {k: [row.get(k) for row in closed] for k in (closed[0] if closed else {})}
     db_path = db or str(Path(tempfile.mkdtemp(prefix="populace-")) / "populace.duckdb")
     if tables is not None:
