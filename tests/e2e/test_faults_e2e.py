@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import threading
 import time
@@ -144,7 +145,12 @@ def test_a_process_killed_mid_round_and_restarted_leaves_the_run_exact(stack, re
     check_exact(stack, out, reference[0])
     report(f"{key} SIGKILL, restarted", seconds, reference)
     if key == "agent-host-1":  # its agents were placed again: the state says where, and why
-        assert state.epoch >= 1 and "agent-host host-1 restarted during round 2" in (state.reason or "")
+        # "restarted" when the new process heartbeats within POPULACE_HOST_LOST_S (4 s), else
+        # "stopped": which depends on how long its start takes on a loaded machine (both re-place
+        # the share; the restart's own reason is checked in tests/unit/test_orchestrator_logic.py)
+        assert state.epoch >= 1, state
+        assert re.match(r"agent-host host-1 (restarted|stopped \(no heartbeat for 4s\)) during round 2",
+                        state.reason or ""), state.reason
 
 
 def test_an_agent_host_stopped_by_sigterm_and_restarted_leaves_the_run_exact(stack, reference):

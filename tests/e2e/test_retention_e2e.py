@@ -12,6 +12,7 @@ from itertools import pairwise
 
 import duckdb
 import pytest
+from nats.js.api import DiscardPolicy
 
 from populace.client.prepare import prepare, prepare_fork
 from populace.client.run import play, run_state
@@ -26,6 +27,7 @@ BASE = {"agents": AGENTS, "rounds": ROUNDS, "seed": 3, "model": {"latency_s": 0.
 ON_SIM = {"agents": 50, "rounds": ROUNDS, "seed": 3, "model": {"backend": "sim", "seed": 21}}
 BULKY = ("outcomes", "calls")
 MAX_AGE_S = 3600.0
+DLQ_MAX_AGE_S = 7200.0  # its own limit, not RUN's (a dead letter is kept for inspection, not replayed)
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +36,8 @@ def stack(tmp_path_factory):
     # A simulated model replica: the gateway's call records go through RUN (the dummy model
     # makes none).
     s = Stack(hosts=2, db=str(db), env={"POPULACE_STORAGE": "memory", "POPULACE_CHECKPOINTS_KEEP": "last",
-                                        "POPULACE_RUN_MAX_AGE_S": str(MAX_AGE_S)},
+                                        "POPULACE_RUN_MAX_AGE_S": str(MAX_AGE_S),
+                                        "POPULACE_DLQ_MAX_AGE_S": str(DLQ_MAX_AGE_S)},
               extra={"replicas-sim": ["replicas", "sim", "--count", "1"]}, replicas=1)
     with s.up(timeout=90):
         yield s
@@ -135,7 +138,9 @@ def test_run_stream_gets_the_age_limit_and_the_dlq_keeps_its_own(stack):
 
     run, dlq = asyncio.run(go())
     assert run.max_age == MAX_AGE_S
-    assert dlq.max_msgs == 100_000 and not dlq.max_age
+    # the DLQ is bounded too (README "Streams"), by its own settings: oldest dead letters go first
+    assert (dlq.max_msgs, dlq.max_age, dlq.discard) == (100_000, DLQ_MAX_AGE_S, DiscardPolicy.OLD)
+    assert 0 < dlq.max_bytes <= bus.DLQ_MAX_BYTES
 
 
 def test_completed_runs_keep_only_their_last_rounds_checkpoint(played):

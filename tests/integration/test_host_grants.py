@@ -147,9 +147,12 @@ async def test_a_host_cannot_purge_or_wipe_the_checkpoints_nor_the_registries(ho
     env = await connect_as(hosts_server.url, "environment")
     try:
         js = nc.jetstream(timeout=1.0)
-        await checkpoints.save_agents(other.jetstream(), "r1", 1, 0, 2, {"memory": [[1], [2]]}, writer="host-b")
-        await checkpoints.save_env(env.jetstream(), "r1", 1, {"n": 1}, {})
-        await checkpoints.save_agents(js, "r1", 1, 2, 1, {"memory": [[3]]}, writer="host-a")
+        # a restore reads checkpoints only against the digests their writers reported
+        stored = [await checkpoints.save_agents(other.jetstream(), "r1", 1, 0, 2, {"memory": [[1], [2]]},
+                                                writer="host-b"),
+                  await checkpoints.save_env(env.jetstream(), "r1", 1, {"n": 1}, {}),
+                  await checkpoints.save_agents(js, "r1", 1, 2, 1, {"memory": [[3]]}, writer="host-a")]
+        digests = {s.name: s.digest for s in stored}
         await (await ajs.key_value(subjects.HOSTS_BUCKET)).put("host-b", b"{}")
         await (await ajs.key_value(subjects.SERVICES_BUCKET)).put("recorder.1", b"{}")
         await (await js.key_value(subjects.HOSTS_BUCKET)).put("host-a", b"{}")
@@ -172,9 +175,9 @@ async def test_a_host_cannot_purge_or_wipe_the_checkpoints_nor_the_registries(ho
 
         after = {s: (await ajs.stream_info(s)).state.messages for s in before}
         assert after == before
-        assert await checkpoints.load_agents(js, "r1", 1, [(0, 2), (2, 1)], [(0, 3)]) == {
+        assert await checkpoints.load_agents(js, "r1", 1, [(0, 2), (2, 1)], [(0, 3)], digests) == {
             0: {"memory": [1]}, 1: {"memory": [2]}, 2: {"memory": [3]}}
-        assert await checkpoints.load_env(js, "r1", 1) == ({"n": 1}, {})
+        assert await checkpoints.load_env(js, "r1", 1, digests) == ({"n": 1}, {}, None, None)
     finally:
         for c in (nc, other, env, admin):
             await c.close()

@@ -132,10 +132,13 @@ def fault(source: str, pause: bool = False, epoch: int | None = None, run_id: st
     ("h1", "h1", 3, "share h1@3 is not in run r1's placement"),  # an epoch never placed
     ("h1", "host-9", None, "a fault from host-9 on run.r1.fault.host-9 claims to come from 'h1'"),  # another sender
     ("environment", "host-9", None, "claims to come from 'environment'"),
-    ("recorder", "recorder", None, "agent-host recorder plays no share"),  # no service but the environment
+    ("recorder", "recorder", None, None),  # the recorder, pausing a run whose events its full disk cannot store
+    ("gateway", "gateway", None, "agent-host gateway plays no share"),  # no other service
+    ("recorder", "host-9", None, "claims to come from 'recorder'"),
 ])
-def test_a_fault_stops_a_run_only_from_its_placed_shares_or_the_environment(source, subject_of, epoch, refused):
-    """Issue 26, 4: one well-formed fault from a host placed in no run failed the run."""
+def test_a_fault_stops_a_run_only_from_its_placed_shares_or_its_entitled_services(source, subject_of, epoch, refused):
+    """Issue 26, 4: one well-formed fault from a host placed in no run failed the run. The
+    recorder's disk-full pause was refused as a host's once the environment alone was entitled."""
     why = fault_refusal(running(), fault(source, epoch=epoch), subjects.run_fault(RID, subject_of))
     if refused is None:
         assert why is None

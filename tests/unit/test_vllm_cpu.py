@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import pytest
 
@@ -64,9 +65,11 @@ def test_a_prepared_environment_is_not_prepared_again(monkeypatch, tmp_path):
     target.python.parent.mkdir(parents=True)
     target.python.write_text("")
     (target.home / "venv" / vllm_cpu.STAMP).write_text("")
+    (target.home / "venv" / vllm_cpu.BYTECODE_STAMP).write_text("")
     target.model.mkdir()
     (target.model / vllm_cpu.STAMP).write_text("")
     monkeypatch.setattr(vllm_cpu, "_install", lambda *_: pytest.fail("installed again"))
+    monkeypatch.setattr(vllm_cpu, "_compile", lambda *_: pytest.fail("compiled again"))
     monkeypatch.setattr(vllm_cpu, "_convert", lambda *_: pytest.fail("converted again"))
     assert vllm_cpu.ensure(say=lambda _: None) == target
 
@@ -86,3 +89,24 @@ def test_no_uv_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setattr(vllm_cpu.shutil, "which", lambda _: None)
     with pytest.raises(vllm_cpu.VllmUnavailable, match="needs uv"):
         vllm_cpu.ensure(say=lambda _: None)
+
+
+def test_a_prepared_environment_without_bytecode_is_compiled_once(tmp_path, monkeypatch):
+    """Where PYTHONDONTWRITEBYTECODE is set, vLLM's processes compile every module they import
+    at every start: ensure() compiles the environment once, also one prepared before it did."""
+    monkeypatch.setenv("POPULACE_CACHE", str(tmp_path))
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    target = vllm_cpu.location()
+    module = target.home / "venv" / "lib" / "python3" / "site-packages" / "vllm_like.py"
+    module.parent.mkdir(parents=True)
+    module.write_text("VALUE = 1\n")
+    target.python.parent.mkdir(parents=True)
+    target.python.symlink_to(sys.executable)
+    (target.home / "venv" / vllm_cpu.STAMP).write_text("")
+    target.model.mkdir(parents=True)
+    (target.model / vllm_cpu.STAMP).write_text("")
+    assert not target.ready()
+    said: list[str] = []
+    assert vllm_cpu.ensure(said.append) == target and target.ready()
+    assert list((module.parent / "__pycache__").glob("vllm_like.*.pyc"))
+    assert vllm_cpu.ensure(said.append) == target and len(said) == 2  # once: "compiling …", "compiled in …"

@@ -23,6 +23,17 @@ from populace.gateway.launch import LaunchError, ReplicaSet, start_vllm_cpu, wai
 
 START_TIMEOUT_S = 600.0
 MAX_NUM_SEQS = 8  # small, so a burst of direct requests makes vLLM queue (its `waiting` gauge)
+# pytest-timeout (300 s suite-wide) counts fixture set-up against the first test that needs it,
+# and preparing vLLM once (~2 min) then starting it (~1-3 min on a loaded CPU) does not fit: the
+# fixtures bound themselves (vllm_cpu's installs, wait_healthy's START_TIMEOUT_S), so the tier's
+# timeout covers test bodies only, which may start a replica of their own (the failover test).
+TEST_BODY_TIMEOUT_S = START_TIMEOUT_S + 300
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("vllm") is not None:
+            item.add_marker(pytest.mark.timeout(TEST_BODY_TIMEOUT_S, func_only=True))
 
 
 @pytest.fixture(scope="session")

@@ -226,6 +226,17 @@ def local_recorder():
     return found[0].load()
 
 
+def simulation_error(err: BaseException) -> BaseException:
+    """What the simulation's code raised, for its reason: the round engine wraps what an
+    environment raised in DecideFailed, whose own frame (engine.py) tells the author nothing.
+    A DecideFailed with no cause (a rule of the round broken: a size, a World) is the reason."""
+    from populace.sdk.engine import DecideFailed
+
+    if isinstance(err, DecideFailed) and err.__cause__ is not None:
+        return err.__cause__
+    return err
+
+
 async def _local(prepared: PreparedRun, run_id: str, hosts: int, db: str | None) -> SimulationResult:
     """Play in this process, checking between rounds that a checkpoint keeps every agent's
     state (populace.sdk.statecheck), and record the run to DuckDB like a fleet run. A failure
@@ -260,7 +271,7 @@ async def _local(prepared: PreparedRun, run_id: str, hosts: int, db: str | None)
     except Exception as err:
         status = "failed"
         reason = local_failure(resolved.simulation.name if resolved else prepared.config.simulation,
-                               len(closed) + 1, err)
+                               len(closed) + 1, simulation_error(err))
     rounds = {k: [row.get(k) for row in closed] for k in (closed[0] if closed else {})}
     db_path = db or str(Path(tempfile.mkdtemp(prefix="populace-")) / "populace.duckdb")
     if tables is not None:

@@ -87,6 +87,7 @@ class _Following:
         self.subs: list = []
         self.spawned: set[str] = set()
         self.hosts: set[str] = set()
+        self.epoch = 0  # the run's newest epoch seen (resumed, done): a record of an older stop is not its end
 
     async def __aenter__(self) -> _Following:
         async def on_msg(msg) -> None:
@@ -103,6 +104,14 @@ class _Following:
     async def __aexit__(self, *exc) -> None:
         for s in self.subs:
             await s.unsubscribe()
+
+    def newer_epoch(self, epoch: int) -> None:
+        """The run is at `epoch` or later: a record of an earlier stop, whichever subscription
+        delivered it first, is not its end."""
+        self.epoch = max(self.epoch, epoch)
+        if self.out.recorded is not None and self.out.recorded.epoch < self.epoch:
+            self.out.recorded = None
+            self.out.marks.pop("recorded", None)
 
     async def until_recorded(self) -> RunOutcome:
         out = self.out
@@ -129,6 +138,7 @@ class _Following:
                 self.hosts = set(model.hosts)
             elif isinstance(model, RunResumed):
                 out.marks["resumed"] = now
+                self.newer_epoch(model.epoch)
                 self.hosts, self.spawned = set(model.hosts), set()
             elif isinstance(model, HostSpawned):
                 self.spawned.add(model.host_id)
@@ -141,12 +151,17 @@ class _Following:
                 out.results = [r for r in out.results if r.round != model.round] + [model]
             elif isinstance(model, RunDone):
                 out.marks["done"] = now
+                self.newer_epoch(model.epoch)
                 out.status, out.reason = model.status, model.reason
                 if self.resuming and "resumed" not in out.marks:
                     if self.on_event:
                         self.on_event(kind, model)
                     return out  # refused: nothing was played, nothing more will be recorded
             elif isinstance(model, RunRecorded):
+                if model.epoch < self.epoch:
+                    # the stop before a resume, recorded only now (the recorder waited for room):
+                    # not what this run's end recorded
+                    continue
                 out.marks["recorded"] = now
                 out.recorded = model
             elif isinstance(model, RunFault):

@@ -1040,6 +1040,7 @@ class RunRecorded(Wire):
     db_path: str
     answers: int = 0  # planned interviews' answers recorded
     answers_missing: int = 0  # planned answers that did not come within POPULACE_INTERVIEW_WAIT_S (a host lost)
+    epoch: Epoch = 0  # the RunDone's it follows: a resumed run's earlier stop may be recorded after it
 
 
 class Progress(Wire):

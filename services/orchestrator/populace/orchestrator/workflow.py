@@ -353,8 +353,10 @@ def stall_deadline(config: RunConfig, infer_timeout_s: float, infer_attempts: in
 
 
 # Services that may report a run's fault, each on its own subject (run.<rid>.fault.<service>),
-# which only its NATS user may publish (deploy/nats/auth.conf). Any other source is a host.
-FAULT_SERVICES = frozenset({"environment"})
+# which only its NATS user may publish (deploy/nats/auth.conf; no host may be named after a
+# user). Any other source is a host. The environment fails a run whose simulation raised; the
+# recorder pauses one whose events it cannot store (its disk full).
+FAULT_SERVICES = frozenset({"environment", "recorder"})
 
 
 def fault_refusal(state: RunState | None, fault: RunFault, subject: str) -> str | None:

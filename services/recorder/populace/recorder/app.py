@@ -417,7 +417,7 @@ class Recorder:
                 self.recorded.popitem(last=False)
             await bus.publish_js(self.svc.js, subjects.run_recorded(rid),
                                  RunRecorded(run_id=rid, outcomes=got, db_path=self.store.path, answers=answers,
-                                             answers_missing=max(0, owed - answers)),
+                                             answers_missing=max(0, owed - answers), epoch=epoch),
                                  msg_id=subjects.msg_id(rid, 0, "recorder", "recorded", epoch))
             self.svc.log.info("run_recorded", run_id=rid, outcomes=got, db=self.store.path,
                               events_purged=self.svc.settings.purge_recorded, checkpoints_pruned=pruned,
