@@ -20,6 +20,7 @@ is never an agent's answer. The round stops there and the run pauses with the re
 
 from __future__ import annotations
 
+from asyncio import current_task
 from collections.abc import Awaitable
 from contextvars import ContextVar
 from typing import Protocol, runtime_checkable
@@ -27,10 +28,14 @@ from typing import Protocol, runtime_checkable
 # Who is asking: the agent whose turn (or act) runs in this task. The ports seed each call by the
 # caller's own count of calls with that key in the round, so the draws never depend on how other
 # agents' calls interleave with it — or on which host, or process, the agents are.
+# A scene's act sets CALLER; an agent's turn is registered in TURNS instead (task -> agent id, by
+# the round engine): a context variable set in each of a million turn tasks cost the hot path
+# two objects the cyclic GC tracks per task, for as long as the task lived.
 CALLER: ContextVar[int | None] = ContextVar("populace_caller", default=None)
 # An interview's question being answered in this task: its tag base (populace.sdk.interview,
 # bit 62 set plus the question's digest), which no call of a round can have.
 ASKING: ContextVar[int | None] = ContextVar("populace_asking", default=None)
+TURNS: dict = {}
 
 
 def call_tag(counts: dict, key: int) -> int:
@@ -45,6 +50,8 @@ def call_tag(counts: dict, key: int) -> int:
         counts[slot] = n + 1
         return asking | n
     caller = CALLER.get()
+    if caller is None:
+        caller = TURNS.get(current_task())
     if caller is None or caller == key:
         n = counts.get(key, 0)
         counts[key] = n + 1

@@ -79,7 +79,8 @@ class DummyLLM:
     async def ask(self, prompt: str, *, key: int, prefix_chars: int = 0, system: str | None = None,
                   schema: dict | None = None) -> str:
         self.calls += 1
-        seed = synth.call_seed(self.seed, call_tag(self._seqs, key))
+        tag = call_tag(self._seqs, key)
+        seed = self.seed if tag == 0 else synth.call_seed(self.seed, tag)
         if self.latency_s:
             await asyncio.sleep(self.latency_s)
         if schema is None:

@@ -34,7 +34,7 @@ from populace.sdk.agent import Agent
 from populace.sdk.edges import EdgeError
 from populace.sdk.env import Env, GroupEnv, Partial
 from populace.sdk.groups import Group, GroupLayout
-from populace.sdk.llm import CALLER, LLM, InferError, ModelUnavailable
+from populace.sdk.llm import LLM, TURNS, InferError, ModelUnavailable
 from populace.sdk.outcome import Outcome, columns_adapter
 from populace.sdk.process import AgentRaised
 from populace.sdk.scene import PLAYING, ActRecord, LineRecord, Member, Scene, SceneError
@@ -337,7 +337,7 @@ class RoundPlayer:
         self._failure = None
         if self.layout is None:
             units: Sequence = self.agents if selected is None else [self.agents[i] for i in selected]
-            await self._run(units, self._turn_task(obs, llm, sink.add, view), llm)
+            await self._run(units, self._turn_task(obs, llm, sink.add, view), llm, turns=True)
             return
         groups = self.groups(obs.round, selected)
         deliver = self._settlement(obs.round, groups, sink)
@@ -352,12 +352,14 @@ class RoundPlayer:
             group_of = {m: g for g in groups for m in g.members}
             members = [self.agents[self.index[m]] for g in groups for m in g.members]
             await self._run(members, self._turn_task(
-                obs, llm, lambda aid, out, lat, err: deliver(group_of[aid], [(aid, out, lat, err)]), view), llm)
+                obs, llm, lambda aid, out, lat, err: deliver(group_of[aid], [(aid, out, lat, err)]), view), llm,
+                turns=True)
         if self._failure is None and self._pending_groups:
             raise RoundFailed(f"round {obs.round}: groups {sorted(self._pending_groups)[:5]} never settled")  # a bug
 
     # -- one task per unit (an agent's turn, or a group's scene), bounded in flight ---------------
-    async def _run(self, units: Sequence, task_of: Callable[[Any], Any], llm: LLM) -> None:
+    async def _run(self, units: Sequence, task_of: Callable[[Any], Any], llm: LLM, turns: bool = False) -> None:
+        """`turns`: units are agents, each task its turn (registered in TURNS: its calls are its own)."""
         total = len(units)
         if total == 0:
             return
@@ -371,12 +373,17 @@ class RoundPlayer:
             i = state["next"]
             if i < total:
                 state["next"] = i + 1
-                task = loop.create_task(task_of(units[i]))
+                unit = units[i]
+                task = loop.create_task(task_of(unit))
+                if turns:
+                    TURNS[task] = unit.id
                 running.add(task)
                 task.add_done_callback(on_done)
 
         def on_done(task: asyncio.Task) -> None:
             running.discard(task)
+            if turns:
+                TURNS.pop(task, None)
             if finished.done():
                 return  # cancelled, or stopped (no model): launch nothing more
             state["left"] -= 1
@@ -399,6 +406,7 @@ class RoundPlayer:
             finished.cancel()
             for task in list(running):
                 task.cancel()
+                TURNS.pop(task, None)
             raise
         if self._failure is not None:
             for task in list(running):
@@ -419,7 +427,6 @@ class RoundPlayer:
         failed = self.failed_outcome
 
         async def play(agent: Agent) -> None:
-            CALLER.set(agent.id)  # this task's own context: its calls are seeded by its own count
             started = now()
             error = None
             try:
