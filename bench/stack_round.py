@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import statistics
 import time
@@ -51,16 +52,21 @@ def main() -> None:
     args = parser.parse_args()
     runs = []
     for i in range(args.repeat):
+        # the machine is shared: the load average beside each figure says what else ran
+        load_before = os.getloadavg()
         r = asyncio.run(once(args.nats, args.agents, args.rounds, args.latency))
+        r["load_avg_before"], r["load_avg_after"] = load_before, os.getloadavg()
         runs.append(r)
         print(f"{args.label} run {i + 1}: setup {r['setup_s']:.2f}s, round {statistics.mean(r['round_s']):.2f}s, "
-              f"recorded {r['recorded']:,} (+{r['record_lag_s']:.2f}s)", flush=True)
+              f"recorded {r['recorded']:,} (+{r['record_lag_s']:.2f}s), load {load_before[0]:.1f} -> "
+              f"{r['load_avg_after'][0]:.1f}", flush=True)
     rounds = [t for r in runs for t in r["round_s"]]
     result = {"label": args.label, "agents": args.agents, "rounds": args.rounds, "latency_s": args.latency,
               "repeat": args.repeat, "round_s_median": statistics.median(rounds), "round_s_min": min(rounds),
               "setup_s_median": statistics.median(r["setup_s"] for r in runs), "runs": runs,
               "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "machine": {"python": platform.python_version(), "platform": platform.platform()}}
+              "machine": {"python": platform.python_version(), "platform": platform.platform(),
+                          "cpus": os.cpu_count()}}
     print(json.dumps({k: v for k, v in result.items() if k != "runs"}))
     if args.out:
         with args.out.open("a") as f:

