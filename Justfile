@@ -52,7 +52,7 @@ asyncapi:
 
 # Where the documentation lives
 docs:
-    @echo "Docs: README.md (overview, simulations, CLI, populations, prompts, sweeps, reports), docs/simulations.md (write your own simulation), deploy/README.md (Docker image, compose, POPULACE_* settings), deploy/CLUSTER.md, deploy/AUTH.md; 'just asyncapi' writes every service's AsyncAPI document to docs/asyncapi/."
+    @echo "Docs: README.md (the front page and a map), docs/*.md (a manual per topic: simulations.md to write your own, built-in-simulations, graphs, worlds, models, scenarios, populations-and-reports, commands, recorded, failures, security, manager, compose-and-deployment, how-it-works, benchmarks, development, limits), deploy/README.md (Docker image, compose, POPULACE_* settings), deploy/CLUSTER.md, deploy/AUTH.md; 'just asyncapi' writes every service's AsyncAPI document to docs/asyncapi/."
 
 # Validate compose.yaml (needs Docker with the compose plugin)
 compose-config:
