@@ -1,4 +1,4 @@
-"""The ratio game on real vLLM: 20 agents × 2 rounds, every service its own process, the
+"""The ratio game on real vLLM: 10 agents × 2 rounds, every service its own process, the
 `openai` backend on the tier's vLLM replica. At least 95% of the answers are valid; an
 invalid one keeps the model's raw text; every `llm_calls` row names the vLLM replica."""
 
@@ -19,14 +19,14 @@ from populace.gateway.launch import register_forever
 pytestmark = pytest.mark.vllm
 
 
-def test_ratio_game_20_agents_2_rounds_on_vllm(vllm_replica, tmp_path):
+def test_ratio_game_10_agents_2_rounds_on_vllm(vllm_replica, tmp_path):
     db = str(tmp_path / "vllm.duckdb")
     replica = vllm_replica.replicas[0].info
     stack = Stack(hosts=1, db=db, env={"POPULACE_STORAGE": "memory"})
     stack.start()
     try:
         asyncio.run(stack.wait_ready(timeout=120))
-        config = RunConfig.model_validate({"agents": 20, "rounds": 2, "model": {"backend": "openai", "seed": 1}})
+        config = RunConfig.model_validate({"agents": 10, "rounds": 2, "model": {"backend": "openai", "seed": 1}})
 
         async def go():
             registrar = asyncio.create_task(register_forever(stack.url, vllm_replica, every_s=1.0))
@@ -47,12 +47,12 @@ def test_ratio_game_20_agents_2_rounds_on_vllm(vllm_replica, tmp_path):
     with duckdb.connect(db, read_only=True) as con:
         n, valid = con.execute("SELECT count(*), sum(valid::INT) FROM guesses WHERE run_id = ?",
                                [out.run_id]).fetchone()
-        assert n == 40
+        assert n == 20
         assert valid >= 0.95 * n
         assert con.execute("SELECT count(*) FROM guesses WHERE run_id = ? AND NOT valid AND "
                            "(value IS NOT NULL OR raw IS NULL OR raw = '')", [out.run_id]).fetchone() == (0,)
         rows = con.execute("SELECT count(*), count(DISTINCT (round, agent_id)), list(DISTINCT replica), "
                            "sum((prompt_tokens > 0 AND completion_tokens > 0)::INT) FROM llm_calls WHERE run_id = ?",
                            [out.run_id]).fetchone()
-    assert rows[0] == 40 and rows[1] == 40 and rows[3] == 40
+    assert rows[0] == 20 and rows[1] == 20 and rows[3] == 20
     assert rows[2] == [replica.replica_id]

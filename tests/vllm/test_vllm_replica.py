@@ -60,7 +60,7 @@ async def test_health_and_load_come_from_vllm_itself(vllm_replica):
         assert pool.replicas[info.replica_id].load.healthy
         assert pool.replicas[info.replica_id].load.waiting == 0
         burst = [asyncio.create_task(chat(http, info.url, f"Tell a story about player {i}.", schema=None,
-                                          max_tokens=64)) for i in range(24)]
+                                          max_tokens=32)) for i in range(16)]
         seen_waiting, seen_running = 0, 0.0
         while not all(t.done() for t in burst):
             await pool.refresh()

@@ -51,7 +51,10 @@ def call_tag(counts: dict, key: int) -> int:
         return asking | n
     caller = CALLER.get()
     if caller is None:
-        caller = TURNS.get(current_task())
+        try:
+            caller = TURNS.get(current_task())
+        except RuntimeError:  # no event loop: not inside a turn
+            caller = None
     if caller is None or caller == key:
         n = counts.get(key, 0)
         counts[key] = n + 1
