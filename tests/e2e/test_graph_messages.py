@@ -68,6 +68,20 @@ async def connect(stack: Stack, name: str, user: str = "cli"):
     return await bus.connect(stack.url, name, **stack.credentials(user))
 
 
+def play_on(stack: Stack, prepared, name: str):
+    """Play a prepared graph run on `stack`, as the CLI user; its outcome."""
+
+    async def go():
+        nc = await connect(stack, name)
+        try:
+            return await play(nc, prepared.config, graph=prepared.graph_blobs, manifest=prepared.manifest,
+                              stall_s=120)
+        finally:
+            await nc.close()
+
+    return asyncio.run(go())
+
+
 def no_violations(stack: Stack) -> None:
     """With users on, the server refused nothing any service or the client asked."""
     log = Path(stack.log_dir, "nats-server.log")
@@ -89,15 +103,7 @@ def test_inboxes_stay_exact_when_mail_between_hosts_is_lost(lossy):
     prepared = prepare(RunConfig.model_validate(SCENARIO))
     assert prepared.config.graph.digest is not None and prepared.graph is not None
 
-    async def go():
-        nc = await connect(lossy, "e2e-graph")
-        try:
-            return await play(nc, prepared.config, graph=prepared.graph_blobs, manifest=prepared.manifest,
-                              stall_s=120)
-        finally:
-            await nc.close()
-
-    outcome = asyncio.run(go())
+    outcome = play_on(lossy, prepared, "e2e-graph")
     assert outcome.status == "completed", outcome
     logs = "".join(Path(lossy.log_dir, f"agent-host-{i}.log").read_text() for i in range(2))
     assert logs.count("mail_dropped_for_fault_test") == 2, "each host should have lost one mail message"
@@ -125,15 +131,7 @@ def test_follows_and_unfollows_reach_the_mail_across_hosts_as_in_one_process(los
             "model": {"backend": "dummy", "latency_s": 0.01, "seed": 1}}
     prepared = prepare(RunConfig.model_validate(data))
 
-    async def go():
-        nc = await connect(lossy, "e2e-follow")
-        try:
-            return await play(nc, prepared.config, graph=prepared.graph_blobs, manifest=prepared.manifest,
-                              stall_s=120)
-        finally:
-            await nc.close()
-
-    outcome = asyncio.run(go())
+    outcome = play_on(lossy, prepared, "e2e-follow")
     assert outcome.status == "completed", outcome
     graph = loads(prepared.graph)
     local = asyncio.run(run_local(prepared.resolved, graph=graph))

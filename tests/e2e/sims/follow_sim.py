@@ -1,16 +1,14 @@
 """A rumour on a graph that changes, for the edge-edit mail tests: as gossip_sim, but each round
-an agent follows one agent it does not hear yet (drawn from its seeded rng) and unfollows the
+an agent follows one agent it does not hear yet (picked from its id and the round) and unfollows the
 lowest it hears every third round. Its level and what it heard depend on whom it follows, so a
 post lost or kept from an unfollowed author shows in the recorded levels and inbox digests."""
 
 from __future__ import annotations
 
-from populace.sdk import Agent, Env, Outcome, Partial, Post, Simulation, Summary
+from gossip_sim import GEnv, Rumour, Sum  # the same rumour, tally and summary, on a graph that changes
+
+from populace.sdk import Agent, Outcome, Simulation
 from populace.sdk.edges import follow, unfollow
-
-
-class Rumour(Post):
-    level: int = 0
 
 
 class Said(Outcome):
@@ -18,15 +16,6 @@ class Said(Outcome):
     heard: int = 0
     hears: int = 0  # obs.in_degree: whom it follows now
     authors: str = ""  # the authors of what it heard, as they came
-
-
-class Tot(Partial):
-    n: int = 0
-    s: int = 0
-
-
-class Sum(Summary):
-    total: int = 0
 
 
 class Follower(Agent):
@@ -49,23 +38,10 @@ class Follower(Agent):
                     post=Rumour(text=f"{self.id} says {lvl}", level=lvl), edits=edits)
 
 
-class FEnv(Env):
-    Partial = Tot
-
-    def reduce(self, ids, outs):
-        return Tot(n=len(ids), s=sum(o.level or 0 for o in outs))
-
-    def merge(self, ps):
-        return Tot(n=sum(p.n for p in ps), s=sum(p.s for p in ps))
-
-    def decide(self, state, r, t):
-        return state, Sum(total=t.s)
-
-
 class Follow(Simulation):
     name = "follow"
     Agent = Follower
-    Env = FEnv
+    Env = GEnv
     Outcome = Said
     Summary = Sum
     Post = Rumour
