@@ -389,3 +389,17 @@ def test_a_valid_value_outside_the_runs_declared_options_is_refused():
     with pytest.raises(BadColumns, match=r"columns.move\[2\]: 'maybe' is not one of the run's declared options"):
         check_outcomes(batch, tables)
     check_outcomes(batch.model_copy(update={"valid": [True, True, False]}), tables)  # an invalid row's value: kept
+
+
+def test_a_start_seen_again_does_not_open_its_run_again(tmp_path):
+    """The app keeps a run active (the file open) from its start to its recording; a start
+    redelivered after that (a re-created durable reads from its last ack) must not count as a
+    new one, or the file stays locked for readers for good (CI, fuzz durables test)."""
+    store = Store(tmp_path / "x.duckdb")
+    first = store.ingest(events())
+    assert first.opened == {"r1"}
+    again = store.ingest(events())
+    assert again.opened == set() and again.finished == []
+    resumed = RunResumed(run_id="r1", epoch=1, after_round=1, hosts=["a"], resumed_at=2e9)
+    assert store.ingest([Event("r1.resumed.1", "resumed", resumed)]).opened == {"r1"}
+    store.close()

@@ -147,6 +147,9 @@ class Recorder:
                 await self.wait_for_room(msgs, err)
             finally:
                 beat.cancel()
+            # A late message of a run already recorded (a redelivery, a call record) opened the
+            # file again: readers of the finished run must not find it locked.
+            self.release_if_idle()
 
     async def wait_for_room(self, msgs: list[Msg], err: DiskFull) -> None:
         """The database's disk is full, so nothing of this fetch was stored. The runs being
@@ -267,6 +270,7 @@ class Recorder:
         t0 = time.perf_counter()
         parsed = await self.parse(raws)
         first: dict[str, Msg] = {}  # each run's first message here: its trace context parents our span
+        was_active = set(self.active)
         for e, raw in parsed:
             first.setdefault(e.model.run_id, raw)
             if isinstance(e.model, RunResumed):
@@ -302,6 +306,11 @@ class Recorder:
         finally:
             for span in spans:
                 span.end()
+        # A start or resume seen again (a re-created durable redelivers from its last ack, or
+        # from the stream's start) does not make a recorded run active again: it would keep the
+        # file open (release_if_idle) for a run that never ends a second time.
+        self.active -= {e.model.run_id for e, _ in parsed if isinstance(e.model, (RunStarted, RunResumed))
+                        and e.model.run_id not in was_active and e.model.run_id not in result.opened}
         # Bulky events of a run already recorded (a call record published after its run ended):
         # purged as soon as they are acknowledged, like the rest of the run's.
         late = {e.model.run_id for e, _ in parsed if e.kind in ("outcomes", "calls", "interviews")

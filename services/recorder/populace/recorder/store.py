@@ -159,6 +159,7 @@ class IngestResult:
     answers: int = 0  # interview answers
     finished: list[RunDone] = field(default_factory=list)
     refused: list[tuple[str, str]] = field(default_factory=list)  # (msg_id, why): dead letters, stored nowhere
+    opened: set[str] = field(default_factory=set)  # runs whose start or resume was stored now (not a redelivery)
 
 
 @dataclass
@@ -409,6 +410,7 @@ class Store:
                         out.answers += answers
                 elif isinstance(m, RunResumed):
                     self._resume(m)
+                    out.opened.add(m.run_id)
                 elif isinstance(m, LlmCallBatch):
                     shape = self.shape_of(m.run_id)
                     if shape is None:
@@ -426,6 +428,7 @@ class Store:
                     )
                     out.calls += len(m.agent_ids)
                 elif isinstance(m, RunStarted):
+                    out.opened.add(m.run_id)
                     self._tables[m.run_id] = m.tables
                     self._shapes[m.run_id] = RunShape(m.config.agents, m.config.rounds)
                     self.interviews.started(m.run_id, m.config)
