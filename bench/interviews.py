@@ -8,6 +8,11 @@ dummy model with a latency per answer:
   to every answer recorded, beside that run's round time; and the stack's peak RSS during it.
 
     uv run python bench/interviews.py --agents 100000 --rounds 4 --latency 1.0 --out bench/results/interviews-100k.json
+    uv run python bench/interviews.py --agents 1000000 --rounds 1 --no-panel \
+        --out bench/results/interviews-1m-post-hoc.json
+
+With --no-panel the panel run is skipped: the post-hoc interview follows the plain run directly,
+so its peak memory is compared with that run's alone (the hosts keep what a run before it grew).
 """
 
 from __future__ import annotations
@@ -69,6 +74,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--latency", type=float, default=1.0)
     parser.add_argument("--hosts", type=int, default=2)
+    parser.add_argument("--no-panel", action="store_true", help="skip the panel run (post hoc only)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="populace-bench-interviews-")
@@ -82,11 +88,13 @@ def main() -> None:
         with RssSampler(stack) as plain_rss:
             plain = asyncio.run(run(stack.url, config(args.agents, args.rounds, args.latency, panel=False)))
         print(f"without interviews: rounds {[round(t, 2) for t in plain['round_s']]} s", flush=True)
-        with RssSampler(stack) as panel_rss:
-            panel = asyncio.run(run(stack.url, config(args.agents, args.rounds, args.latency, panel=True)))
-        print(f"with a panel question every round: rounds {[round(t, 2) for t in panel['round_s']]} s, "
-              f"{panel['answers']:,} answers (+{panel['record_lag_s']:.2f} s to record after the last round)",
-              flush=True)
+        panel, panel_rss = None, None
+        if not args.no_panel:
+            with RssSampler(stack) as panel_rss:
+                panel = asyncio.run(run(stack.url, config(args.agents, args.rounds, args.latency, panel=True)))
+            print(f"with a panel question every round: rounds {[round(t, 2) for t in panel['round_s']]} s, "
+                  f"{panel['answers']:,} answers (+{panel['record_lag_s']:.2f} s to record after the last round)",
+                  flush=True)
         with RssSampler(stack) as hoc_rss:
             hoc = asyncio.run(post_hoc(stack.url, plain["run_id"]))
         print(f"post hoc after round 1: {hoc['answers']:,} answers in {hoc['seconds']:.2f} s", flush=True)
@@ -96,16 +104,17 @@ def main() -> None:
     later = slice(1, None)
     result = {
         "agents": args.agents, "rounds": args.rounds, "latency_s": args.latency, "hosts": args.hosts,
-        "round_s_plain": plain["round_s"], "round_s_panel": panel["round_s"],
-        "mean_round_s_plain": statistics.mean(plain["round_s"][later]),
-        "mean_round_s_panel": statistics.mean(panel["round_s"][later]),
-        "panel_ratio": statistics.mean(panel["round_s"][later]) / statistics.mean(plain["round_s"][later]),
-        "panel_answers": panel["answers"], "panel_record_lag_s": panel["record_lag_s"],
-        "plain_record_lag_s": plain["record_lag_s"],
+        "round_s_plain": plain["round_s"], "plain_record_lag_s": plain["record_lag_s"],
         "post_hoc_s": hoc["seconds"], "post_hoc_answers": hoc["answers"],
         "post_hoc_ratio_to_round": hoc["seconds"] / plain["round_s"][0],
-        "peak_rss_bytes": {"run": plain_rss.peak, "panel_run": panel_rss.peak, "post_hoc": hoc_rss.peak,
-                           "baseline": baseline},
+        "peak_rss_bytes": {"run": plain_rss.peak, "panel_run": panel_rss.peak if panel_rss else None,
+                           "post_hoc": hoc_rss.peak, "baseline": baseline},
+        **({} if panel is None or args.rounds < 2 else {
+            "round_s_panel": panel["round_s"],
+            "mean_round_s_plain": statistics.mean(plain["round_s"][later]),
+            "mean_round_s_panel": statistics.mean(panel["round_s"][later]),
+            "panel_ratio": statistics.mean(panel["round_s"][later]) / statistics.mean(plain["round_s"][later]),
+            "panel_answers": panel["answers"], "panel_record_lag_s": panel["record_lag_s"]}),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
     }
     print(json.dumps(result, indent=1))

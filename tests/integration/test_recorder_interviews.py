@@ -9,8 +9,11 @@ from populace_ratio_game import RatioGame
 
 from populace.core.contracts import (
     InterviewBatch,
+    InterviewOrder,
+    LlmCallBatch,
     PlannedInterview,
     Question,
+    Restore,
     RunConfig,
     RunResumed,
     RunStarted,
@@ -142,3 +145,27 @@ def test_a_local_runs_planned_interviews_are_recorded_as_a_fleet_runs(tmp_path):
     assert got == sorted(zip(*(played[k] for k in keys)), key=lambda r: (r[0], r[1], r[3], r[2]))
     assert len(got) == 3 * 20 * 2 + len(respondents(20, seed=5, survey_id="half", sample=0.5)) == result.interviews.num_rows
     assert usage["answers"] == len(got) and usage["llm_calls"] == result.local.interview_calls >= len(got)
+
+
+def calls(requester: str, ids: list[int], round_: int = 1) -> LlmCallBatch:
+    n = len(ids)
+    return LlmCallBatch(run_id="r1", round=round_, batch_id=f"b{next(SEQ)}", agent_ids=ids, replicas=["x"] * n,
+                        prompt_tokens=[1] * n, completion_tokens=[1] * n, latency_ms=[1.0] * n, attempts=[1] * n,
+                        valid=[True] * n, requester=requester)
+
+
+def test_a_host_ordered_to_interview_may_record_the_calls_of_the_agents_it_was_ordered_to_ask(tmp_path):
+    """A post-hoc interview may be placed on a fleet member that holds no share of the run (its
+    own NATS user, `populace auth host`): its call records for the agents it was ordered to ask
+    are recorded, not dead-lettered; for any other agent they still are."""
+    store = Store(tmp_path / "x.duckdb")
+    start(store)
+    order = InterviewOrder(run_id="r1", host_id="c", request="iv-1", after_round=1, survey=PANEL.survey,
+                           ranges=[(0, 5)], restore=Restore(run_id="r1", round=1, ranges=[(0, 10), (10, 10)]),
+                           config=CONFIG)
+    out = store.ingest([Event("r1.order-c", "interview.order", order),
+                        Event("r1.calls-1", "calls", calls("c", [0, 1, 2, 3, 4])),
+                        Event("r1.calls-2", "calls", calls("c", [12]))])
+    assert [msg_id for msg_id, _ in out.refused] == ["r1.calls-2"]
+    assert out.calls == 5
+    assert store.con.execute("SELECT count(*) FROM llm_calls WHERE run_id = 'r1'").fetchone()[0] == 5

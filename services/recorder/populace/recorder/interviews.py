@@ -210,6 +210,13 @@ class InterviewStore:
             return None
         return [tuple(r) for row in rows for r in json.loads(row[0])]
 
+    def host_order_ranges(self, run_id: str, host_id: str) -> list[tuple[int, int]]:
+        """Every range of the run that post-hoc interviews ordered `host_id` to ask (any request):
+        the agents whose call records that host may send besides its shares'."""
+        rows = self.con.execute("SELECT ranges FROM _interview_orders WHERE run_id = ? AND host_id = ?",
+                                [run_id, host_id]).fetchall()
+        return [tuple(r) for row in rows for r in json.loads(row[0])]
+
     def complete_requests(self) -> list[tuple[str, str, int]]:
         """(run, request, answers) of the placed requests whose answers are all in, marked
         recorded (each is announced once)."""

@@ -294,15 +294,17 @@ class Store:
     # -- ingestion ------------------------------------------------------------------------
     def requester_ranges(self, run_id: str, requester: str) -> list[tuple[int, int]] | None:
         """The agents a call record's requester may have asked about: every range of every share
-        the run placed on the host of that name (none: it holds no share). None: not checked — a
-        record from before requesters were named, the shared agent-host user (which speaks for
-        every host), or a run recorded before shares existed."""
+        the run placed on the host of that name, and every range a post-hoc interview ordered it
+        to ask (none: neither). None: not checked — a record from before requesters were named,
+        the shared agent-host user (which speaks for every host), or a run recorded before
+        shares existed."""
         if not requester or requester == SHARED_HOST_USER:
             return None
         shares = self.shares_of(run_id)
         if not shares:
             return None
-        return [r for share in shares.values() if _share(share.key)[0] == requester for r in share.ranges]
+        return ([r for share in shares.values() if _share(share.key)[0] == requester for r in share.ranges]
+                + self.interviews.host_order_ranges(run_id, requester))
 
     def shares_of(self, run_id: str) -> dict[str, ShareRecord]:
         if run_id not in self._shares:
