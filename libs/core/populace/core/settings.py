@@ -32,6 +32,10 @@ class Settings(BaseSettings):
     # holds the whole world); 0: this machine's physical memory.
     host_memory_bytes: int = Field(0, ge=0)
     max_in_flight: int = Field(1_000_000, ge=1)  # concurrent agent turns per host
+    # Concurrent interview answers per host (each also bounded by max_in_flight). Answers are
+    # asked beside a round (a panel) or alone (post hoc): a burst of every agent's copy at once
+    # would hold a second population in memory for no gain once calls are CPU-bound.
+    interview_in_flight: int = Field(50_000, ge=1)
     # a scene waiting this long on neither an act nor a model call is stuck: the run pauses, naming it
     scene_idle_s: float = Field(60.0, gt=0, le=86_400)
     one_agent_per_process: bool = False  # host flag: run every agent in its own OS process
