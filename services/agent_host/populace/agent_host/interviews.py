@@ -172,7 +172,8 @@ class Interviewer:
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         try:
-            await interview.ask(run.sim, states, survey, session, rows, max_in_flight=min(s.max_in_flight, s.interview_in_flight))
+            await interview.ask(run.sim, states, survey, session, rows,
+                                max_in_flight=min(s.max_in_flight, s.interview_in_flight))
         finally:
             rows.flush()
             await session.drain()
