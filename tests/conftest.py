@@ -82,7 +82,7 @@ def small_disk(tmp_path):
         subprocess.run(["umount", "-l", str(path)], check=False)  # lazily: a process may still hold a file
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")  # stateless: a module's fixture may use it too
 def cli():
     """`populace ARGS` run in this process by typer's runner on the real app, answered as
     subprocess.run answers (returncode, stdout, stderr): for what a command refuses before it

@@ -5,9 +5,7 @@ named like the DuckDB tables; bad scenarios raise ScenarioError naming the field
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import duckdb
@@ -64,16 +62,23 @@ def test_overrides_and_bad_scenarios_name_the_field():
 SIMS = Path(__file__).with_name("sims")  # faulty_sims and stranger_sims, importable through PYTHONPATH
 
 
-def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(SIMS)}
-    return subprocess.run([sys.executable, "-m", "populace.cli", *args], capture_output=True, text=True,
-                          timeout=300, cwd=cwd, env=env)
+@pytest.fixture
+def populace(cli, monkeypatch):
+    """`populace ARGS` in `cwd`, in this process (typer's runner on the real app, tests/conftest.py):
+    a local run needs no process of its own, and each interpreter started cost seconds; the console
+    script itself is run as a process by tests/e2e/test_cli.py."""
+    monkeypatch.syspath_prepend(str(SIMS))  # what PYTHONPATH gave the process
+
+    def invoke(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+        return cli(*args, cwd=cwd)
+
+    return invoke
 
 
-def test_a_local_run_is_recorded_like_a_fleet_run_and_results_report_and_export_read_it(tmp_path):
+def test_a_local_run_is_recorded_like_a_fleet_run_and_results_report_and_export_read_it(tmp_path, populace):
     scenario = tmp_path / "vote.yaml"
     scenario.write_text("simulation: vote\nagents: 40\nrounds: 2\nballot: {options: [go, stay, wait]}\n")
-    res = cli("run", str(scenario), "--local", "--no-progress", cwd=tmp_path)
+    res = populace("run", str(scenario), "--local", "--no-progress", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert "recorded 80 outcomes (table votes) in populace.duckdb" in res.stdout
     run_id = res.stdout.split("run ", 1)[1].split(" ", 1)[0]
@@ -85,13 +90,13 @@ def test_a_local_run_is_recorded_like_a_fleet_run_and_results_report_and_export_
         assert con.execute("SELECT count(*) FROM agents WHERE run_id = ?", [run_id]).fetchone() == (40,)
         assert con.execute("SELECT list(round ORDER BY round) FROM vote_rounds WHERE run_id = ?",
                            [run_id]).fetchone() == ([1, 2],)
-    out = json.loads(cli("results", "last", "--json", cwd=tmp_path).stdout)["runs"][0]
+    out = json.loads(populace("results", "last", "--json", cwd=tmp_path).stdout)["runs"][0]
     assert out["run_id"] == run_id and out["status"] == "completed"
     assert out["usage"] == {"llm_calls": 80, "prompt_tokens": 0, "completion_tokens": 0, "infra_retries": 0,
                             "invalid_answers": 0, "simulation_errors": 0}
     assert [r["options"] for r in out["rounds"]] == [["go", "stay", "wait"]] * 2  # the ballot's order
-    assert cli("report", "last", "--out", "r.html", cwd=tmp_path).returncode == 0
-    assert cli("export", "last", "--out", "export", cwd=tmp_path).returncode == 0
+    assert populace("report", "last", "--out", "r.html", cwd=tmp_path).returncode == 0
+    assert populace("export", "last", "--out", "export", cwd=tmp_path).returncode == 0
     assert (tmp_path / "r.html").stat().st_size > 0 and (tmp_path / "export" / "votes.parquet").exists()
 
 
@@ -121,35 +126,35 @@ def test_local_and_fleet_runs_take_the_same_number_of_hosts_unless_told():
     assert inspect.signature(api.start).parameters["hosts"].default == api.DEFAULT_HOSTS
 
 
-def test_a_local_run_whose_environment_raises_fails_with_one_line_and_keeps_the_reason(tmp_path):
+def test_a_local_run_whose_environment_raises_fails_with_one_line_and_keeps_the_reason(tmp_path, populace):
     scenario = tmp_path / "boom.yaml"
     scenario.write_text("simulation: faulty_sims:EnvBoom\nagents: 20\nrounds: 3\n")
-    res = cli("run", str(scenario), "--local", "--no-progress", cwd=tmp_path)
+    res = populace("run", str(scenario), "--local", "--no-progress", cwd=tmp_path)
     assert res.returncode == 1 and "Traceback" not in res.stderr + res.stdout
     reason = ("simulation 'env-boom': round 2 failed: ZeroDivisionError: the environment's own bug "
               "(at faulty_sims.py:")
     assert [line for line in res.stderr.splitlines() if line.startswith("error:")] == [
         line for line in res.stderr.splitlines() if reason in line]
-    shown = cli("results", "last", cwd=tmp_path)
+    shown = populace("results", "last", cwd=tmp_path)
     assert shown.returncode == 0 and f"failed: {reason}" in shown.stdout  # results says why
-    out = json.loads(cli("results", "last", "--json", cwd=tmp_path).stdout)["runs"][0]
+    out = json.loads(populace("results", "last", "--json", cwd=tmp_path).stdout)["runs"][0]
     assert out["status"] == "failed" and out["reason"].startswith(reason)
     assert [r["round"] for r in out["rounds"]] == [1]  # the round it closed
 
 
-def test_a_local_run_refuses_agents_whose_state_a_resume_would_lose(tmp_path):
+def test_a_local_run_refuses_agents_whose_state_a_resume_would_lose(tmp_path, populace):
     scenario = tmp_path / "walk.yaml"
     scenario.write_text("simulation: stranger_sims:Forgetful\nagents: 20\nrounds: 3\n")
-    res = cli("run", str(scenario), "--local", "--no-progress", cwd=tmp_path)
+    res = populace("run", str(scenario), "--local", "--no-progress", cwd=tmp_path)
     assert res.returncode == 1 and "Traceback" not in res.stderr
     assert "a resume or fork of this run would not continue it exactly after round 1" in res.stderr
     assert "'streak' changed" in res.stderr and "state_fields = ('streak',)" in res.stderr
     walk = tmp_path / "ok.yaml"
     walk.write_text("simulation: stranger_sims:Walk\nagents: 20\nrounds: 3\n")  # state_fields = ("score",)
-    assert cli("run", str(walk), "--local", "--no-progress", cwd=tmp_path).returncode == 0
+    assert populace("run", str(walk), "--local", "--no-progress", cwd=tmp_path).returncode == 0
 
 
-def test_results_says_why_a_run_failed_or_paused(tmp_path):
+def test_results_says_why_a_run_failed_or_paused(tmp_path, populace):
     from populace.core.contracts import RunConfig
     from populace.recorder.local_runs import record_local
     from populace.sdk.registry import resolve
@@ -157,6 +162,6 @@ def test_results_says_why_a_run_failed_or_paused(tmp_path):
     resolved = resolve(RunConfig.model_validate({"agents": 5, "rounds": 3}))
     record_local(tmp_path / "populace.duckdb", run_id="r-paused", config=resolved.config, tables=resolved.tables(),
                  outcomes={}, rounds={}, status="paused", reason="budget: 4,000 of 4,500 LLM calls used")
-    res = cli("results", "r-paused", cwd=tmp_path)
+    res = populace("results", "r-paused", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert "paused: budget: 4,000 of 4,500 LLM calls used" in res.stdout

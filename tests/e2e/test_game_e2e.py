@@ -140,31 +140,24 @@ def test_malformed_messages_are_dead_lettered_and_services_keep_serving(stack):
     assert out.status == "completed" and out.recorded.outcomes == 50
 
 
-def test_every_service_stops_on_sigterm(tmp_path):
-    s = Stack(hosts=1, db=str(tmp_path / "x.duckdb"), env={"POPULACE_STORAGE": "memory"})
-    s.start()
-    try:
-        asyncio.run(s.wait_ready(timeout=90))
-        procs = dict(s.procs)
-    finally:
-        killed = s.stop(timeout=10)
-    assert killed == []
-    assert {k: p.returncode for k, p in procs.items() if p.returncode not in (0, -15)} == {}
-
-
-def test_every_service_exposes_prometheus_metrics(tmp_path):
+def test_every_service_exposes_prometheus_metrics_and_stops_on_sigterm(tmp_path):
+    """One stack for both (each used to start its own): its services export metrics while a game
+    plays, then every one of them stops on SIGTERM (none needs SIGKILL), having served a run."""
     import httpx
 
     s = Stack(hosts=1, db=str(tmp_path / "m.duckdb"), env={"POPULACE_STORAGE": "memory"}, metrics=True)
     s.start()
     try:
         asyncio.run(s.wait_ready(timeout=90))
+        procs = dict(s.procs)
         out = run_game(s, RunConfig.model_validate({"agents": 120, "rounds": 2, "model": {"latency_s": 0}}))
         assert out.status == "completed"
         scraped = {key: httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
                    for key, port in s.metrics_ports.items()}
     finally:
-        s.stop()
+        killed = s.stop(timeout=10)
+    assert killed == []
+    assert {k: p.returncode for k, p in procs.items() if p.returncode not in (0, -15)} == {}
 
     def value(text: str, series: str) -> float:
         for line in text.splitlines():

@@ -22,14 +22,16 @@ LEVELS = ["elementary school", "high school", "bachelor's", "master's", "Ph.D."]
 
 
 def populace(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    """The console script as a process: for the commands that start a stack (demo, sweep, rerun).
+    What only reads or writes files (personas, results, report, export) runs in process (`cli`)."""
     return subprocess.run([sys.executable, "-m", "populace.cli", *args], capture_output=True, text=True,
                           timeout=timeout)
 
 
 @pytest.fixture(scope="module")
-def played(tmp_path_factory):
+def played(tmp_path_factory, cli):
     tmp = tmp_path_factory.mktemp("pop")
-    res = populace("personas", "generate", str(ROOT / "examples/population/education.yaml"), "--count", "50",
+    res = cli("personas", "generate", str(ROOT / "examples/population/education.yaml"), "--count", "50",
                    "--model", "template", "--out", str(tmp / "personas.jsonl"))
     assert res.returncode == 0, res.stderr
     (tmp / "scenario.yaml").write_text(
@@ -62,9 +64,9 @@ def test_profiles_and_manifest_are_recorded(played):
     assert manifest["seeds"]["model"] == 3 and manifest["software"]["packages"]["populace"]
 
 
-def test_results_by_education_prints_cis(played):
+def test_results_by_education_prints_cis(played, cli):
     _, db, run_id = played
-    res = populace("results", run_id, "--by", "education", "--db", str(db), timeout=60)
+    res = cli("results", run_id, "--by", "education", "--db", str(db))
     assert res.returncode == 0, res.stderr
     assert "95% CI" in res.stdout
     for level in LEVELS:
@@ -72,10 +74,10 @@ def test_results_by_education_prints_cis(played):
     assert len(re.findall(r"\[\d+\.\d\d, \d+\.\d\d\]", res.stdout)) == 5
 
 
-def test_report_is_one_self_contained_html_with_the_three_figure_kinds(played):
+def test_report_is_one_self_contained_html_with_the_three_figure_kinds(played, cli):
     tmp, db, run_id = played
     out = tmp / "report.html"
-    res = populace("report", run_id, "--out", str(out), "--db", str(db), timeout=120)
+    res = cli("report", run_id, "--out", str(out), "--db", str(db))
     assert res.returncode == 0, res.stderr
     html = out.read_text()
     figures = [json.loads(markup.unescape(f)) for f in re.findall(r'<div class="plot"[^>]* data-figure="([^"]*)"', html)]
@@ -87,9 +89,9 @@ def test_report_is_one_self_contained_html_with_the_three_figure_kinds(played):
     assert not re.search(r"(src|href)=\"https?://", html[:start] + html[html.index("</script>", start):])
 
 
-def test_export_writes_parquet_of_every_table(played):
+def test_export_writes_parquet_of_every_table(played, cli):
     tmp, db, run_id = played
-    res = populace("export", run_id, "--out", str(tmp / "export"), "--db", str(db), timeout=60)
+    res = cli("export", run_id, "--out", str(tmp / "export"), "--db", str(db))
     assert res.returncode == 0, res.stderr
     with duckdb.connect() as con:
         n = con.execute(f"SELECT count(*) FROM read_parquet('{tmp / 'export' / 'guesses.parquet'}')").fetchone()[0]
@@ -99,7 +101,7 @@ def test_export_writes_parquet_of_every_table(played):
     assert {p.name for p in (tmp / "export").iterdir()} >= {"runs.parquet", "rounds.parquet", "llm_calls.parquet"}
 
 
-def test_sweep_runs_grid_times_seeds_and_compares_seeds(played, tmp_path):
+def test_sweep_runs_grid_times_seeds_and_compares_seeds(played, tmp_path, cli):
     tmp, _, _ = played
     (tmp_path / "sweep.yaml").write_text(
         f"name: answers\nscenario: {tmp / 'scenario.yaml'}\nbase: {{rounds: 2}}\n"
@@ -117,7 +119,7 @@ def test_sweep_runs_grid_times_seeds_and_compares_seeds(played, tmp_path):
         seeds = [r[0] for r in con.execute("SELECT run_id FROM runs WHERE manifest_json->>'$.config.prompt.answer' "
                                            "= 'cot' ORDER BY run_id").fetchall()]
     assert sweeps == [("answers", 4)]
-    res = populace("results", *seeds, "--by", "education", "--db", str(db), timeout=60)
+    res = cli("results", *seeds, "--by", "education", "--db", str(db))
     assert res.returncode == 0, res.stderr
     assert "95% CI (runs)" in res.stdout
 

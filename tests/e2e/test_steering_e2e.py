@@ -213,20 +213,22 @@ def populace(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
                           timeout=timeout, env={**os.environ, "COLUMNS": "200"})
 
 
-def test_cli_refuses_what_cannot_apply(stack, reference):
-    r = populace("cancel", "no-such-run", "--nats", stack.url)
+def test_cli_refuses_what_cannot_apply(stack, reference, cli):
+    """In process (the `cli` fixture): the refusals are the stack's answers; no process boundary is under test."""
+    wide = {"COLUMNS": "200"}
+    r = cli("cancel", "no-such-run", "--nats", stack.url, env=wide)
     assert r.returncode == 2 and "run 'no-such-run' is not known on this stack" in r.stderr
-    r = populace("cancel", reference, "--nats", stack.url)
+    r = cli("cancel", reference, "--nats", stack.url, env=wide)
     assert r.returncode == 2 and f"run {reference} is done (5 of 5 rounds completed): nothing to cancel" in r.stderr
-    r = populace("resume", reference, "--nats", stack.url)
+    r = cli("resume", reference, "--nats", stack.url, env=wide)
     assert r.returncode == 2 and "only a failed, cancelled or paused run resumes" in r.stderr
-    r = populace("fork", reference, "--from-round", "9", "--nats", stack.url)
+    r = cli("fork", reference, "--from-round", "9", "--nats", stack.url, env=wide)
     assert r.returncode == 2 and "--from-round: run" in r.stderr and "has completed 5 round(s)" in r.stderr
-    r = populace("fork", reference, "--from-round", "5", "--nats", stack.url)
+    r = cli("fork", reference, "--from-round", "5", "--nats", stack.url, env=wide)
     assert r.returncode == 2 and "rounds: the fork continues after round 5" in r.stderr
-    r = populace("fork", reference, "--from-round", "2", "--set", "agents=10", "--nats", stack.url)
+    r = cli("fork", reference, "--from-round", "2", "--set", "agents=10", "--nats", stack.url, env=wide)
     assert r.returncode == 2 and "agents: a fork keeps its parent's agents" in r.stderr
-    r = populace("fork", reference, "--from-round", "2", "--set", "game.ratio=lots", "--nats", stack.url)
+    r = cli("fork", reference, "--from-round", "2", "--set", "game.ratio=lots", "--nats", stack.url, env=wide)
     assert r.returncode == 2 and "game.ratio" in r.stderr
 
 

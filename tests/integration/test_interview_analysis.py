@@ -6,8 +6,6 @@ distance and its bootstrap interval, and bad reference files refused naming what
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import duckdb
@@ -139,15 +137,13 @@ def test_bad_reference_files_are_refused_naming_what_is_wrong(tmp_path, text, sa
         load_reference(path)
 
 
-def test_a_reference_that_does_not_fit_the_run_is_refused_by_the_cli(db, tmp_path):
+def test_a_reference_that_does_not_fit_the_run_is_refused_by_the_cli(db, tmp_path, cli):
+    """In process (the `cli` fixture): `results` only reads the file."""
     path = tmp_path / "ref.csv"
     path.write_text("# synthetic: test\nquestion,answer\nnever-asked,yes\n")
-    res = subprocess.run([sys.executable, "-m", "populace.cli", "results", "vote-1", "--db", str(db), "--reference",
-                          str(path)], capture_output=True, text=True, timeout=120)
+    res = cli("results", "vote-1", "--db", str(db), "--reference", str(path))
     assert res.returncode == 2 and "question: 'never-asked' was not asked in run(s) vote-1" in res.stderr
-    res = subprocess.run([sys.executable, "-m", "populace.cli", "results", "vote-1", "--db", str(db), "--reference",
-                          str(FIXTURES / "reference-turnout-synthetic.csv")], capture_output=True, text=True,
-                         timeout=120)
+    res = cli("results", "vote-1", "--db", str(db), "--reference", str(FIXTURES / "reference-turnout-synthetic.csv"))
     assert res.returncode == 0, res.stderr
     assert "SYNTHETIC" in res.stdout and "total variation" in res.stdout and "Wasserstein-1" in res.stdout
 

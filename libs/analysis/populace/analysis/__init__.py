@@ -17,39 +17,39 @@ Student-t CIs) or as categories (shares, Wilson CIs). Open the file read-only::
 Errors a user can cause (unknown run, attribute, round) raise ``AnalysisError`` (a ValueError).
 """
 
-from populace.analysis.calls import call_stats, model_of, total_calls
-from populace.analysis.export import PLATFORM_TABLES, TABLES, export_parquet
-from populace.analysis.queries import (
-    NONE_GROUP,
-    OTHER,
-    attributes,
-    convergence_table,
-    fork_of,
-    fork_table,
-    group_attributes,
-    group_spread,
-    group_table,
-    guesses,
-    histogram,
-    invalid_answers,
-    known_runs,
-    last_round,
-    measure_values,
-    round_table,
-    run_info,
-    run_usage,
-    tables_of,
-)
-from populace.analysis.report import describe, render_report, write_report
-from populace.analysis.stats import (
-    AnalysisError,
-    mean_ci,
-    share_ci,
-    summary,
-    t_interval,
-    wilson_interval,
-)
-from populace.analysis.tables import LEGACY_TABLES, RunTables
+from __future__ import annotations
+
+from importlib import import_module
+
+# Each name from the module that defines it, imported on first use (PEP 562): a process that
+# needs one light part (the recorder: the interviews' table schema) does not load scipy and
+# plotly with the rest, which took seconds at every service start.
+_HOMES = {
+    "populace.analysis.calls": ("call_stats", "model_of", "total_calls"),
+    "populace.analysis.export": ("PLATFORM_TABLES", "TABLES", "export_parquet"),
+    "populace.analysis.queries": (
+        "NONE_GROUP", "OTHER", "attributes", "convergence_table", "fork_of", "fork_table", "group_attributes",
+        "group_spread", "group_table", "guesses", "histogram", "invalid_answers", "known_runs", "last_round",
+        "measure_values", "round_table", "run_info", "run_usage", "tables_of",
+    ),
+    "populace.analysis.report": ("describe", "render_report", "write_report"),
+    "populace.analysis.stats": ("AnalysisError", "mean_ci", "share_ci", "summary", "t_interval", "wilson_interval"),
+    "populace.analysis.tables": ("LEGACY_TABLES", "RunTables"),
+}
+_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
+
+
+def __getattr__(name: str):
+    if name not in _HOME_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(_HOME_OF[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 __all__ = [
     "LEGACY_TABLES",

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 import duckdb
 
+from populace.analysis.interview_tables import SCHEMA
 from populace.analysis.queries import (
     LEVEL,
     NONE_GROUP,
@@ -38,28 +39,8 @@ from populace.analysis.queries import (
 from populace.analysis.stats import AnalysisError, mean_ci, share_ci, t_interval
 
 MAX_EXAMPLES = 3  # free-text answers shown per question and group
-# The tables, as the recorder creates them (and a local run's answers are loaded into).
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS interviews (
-    run_id VARCHAR, after_round INTEGER, survey VARCHAR, question VARCHAR, agent_id BIGINT, answer VARCHAR,
-    value DOUBLE, raw VARCHAR, valid BOOLEAN, error VARCHAR, latency_ms DOUBLE, request VARCHAR, host_id VARCHAR
-);
-CREATE TABLE IF NOT EXISTS interview_questions (
-    run_id VARCHAR, after_round INTEGER, survey VARCHAR, request VARCHAR, mode VARCHAR, position INTEGER,
-    question VARCHAR, kind VARCHAR, text VARCHAR, spec JSON
-);
-CREATE TABLE IF NOT EXISTS interview_usage (
-    run_id VARCHAR, after_round INTEGER, survey VARCHAR, request VARCHAR, host_id VARCHAR, llm_calls BIGINT,
-    prompt_tokens BIGINT, completion_tokens BIGINT, infra_retries BIGINT
-);
--- post-hoc interviews (populace interview): each request as the orchestrator placed or refused it,
--- and its orders (which host answers for which agent ranges)
-CREATE TABLE IF NOT EXISTS interview_requests (
-    run_id VARCHAR, request VARCHAR, after_round INTEGER, survey VARCHAR, expected BIGINT, error VARCHAR,
-    placed_at TIMESTAMP, recorded_at TIMESTAMP
-);
-CREATE TABLE IF NOT EXISTS _interview_orders (run_id VARCHAR, request VARCHAR, host_id VARCHAR, ranges JSON);
-"""
+# SCHEMA: the tables, as the recorder creates them (and a local run's answers are loaded into),
+# defined in populace.analysis.interview_tables so the recorder need not load scipy.
 
 
 def local_database(run_id: str, config_json: str, rows: dict[str, list], surveys: Sequence[tuple[int, object]],

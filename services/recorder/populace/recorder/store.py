@@ -22,7 +22,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from populace.analysis.interviews import SCHEMA as INTERVIEWS_SCHEMA
+from populace.analysis.interview_tables import SCHEMA as INTERVIEWS_SCHEMA
 from populace.core.contracts import (
     InterviewBatch,
     InterviewOrder,

@@ -1,0 +1,25 @@
+"""The interviews' tables as the recorder writes them (`interviews`, `interview_questions`,
+`interview_usage`, `interview_requests`, `_interview_orders`): DuckDB DDL and nothing else, so
+the recorder can create them without loading the analysis (scipy, plotly)."""
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS interviews (
+    run_id VARCHAR, after_round INTEGER, survey VARCHAR, question VARCHAR, agent_id BIGINT, answer VARCHAR,
+    value DOUBLE, raw VARCHAR, valid BOOLEAN, error VARCHAR, latency_ms DOUBLE, request VARCHAR, host_id VARCHAR
+);
+CREATE TABLE IF NOT EXISTS interview_questions (
+    run_id VARCHAR, after_round INTEGER, survey VARCHAR, request VARCHAR, mode VARCHAR, position INTEGER,
+    question VARCHAR, kind VARCHAR, text VARCHAR, spec JSON
+);
+CREATE TABLE IF NOT EXISTS interview_usage (
+    run_id VARCHAR, after_round INTEGER, survey VARCHAR, request VARCHAR, host_id VARCHAR, llm_calls BIGINT,
+    prompt_tokens BIGINT, completion_tokens BIGINT, infra_retries BIGINT
+);
+-- post-hoc interviews (populace interview): each request as the orchestrator placed or refused it,
+-- and its orders (which host answers for which agent ranges)
+CREATE TABLE IF NOT EXISTS interview_requests (
+    run_id VARCHAR, request VARCHAR, after_round INTEGER, survey VARCHAR, expected BIGINT, error VARCHAR,
+    placed_at TIMESTAMP, recorded_at TIMESTAMP
+);
+CREATE TABLE IF NOT EXISTS _interview_orders (run_id VARCHAR, request VARCHAR, host_id VARCHAR, ranges JSON);
+"""
