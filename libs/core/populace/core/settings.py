@@ -39,6 +39,12 @@ class Settings(BaseSettings):
     # Save the agents' declared state after every round (what resume, fork and a host's
     # replacement start from). Off only to measure what it costs.
     checkpoints: bool = True
+    # A range's checkpoint holds only the agents that acted since its previous one (a delta on
+    # it), so idle agents cost nothing; a full one again once the chain has this many links
+    # (1: every checkpoint full) or its deltas' bytes exceed this share of the full one's: a
+    # restore reads at most that many objects, about (1 + ratio) × one full checkpoint.
+    checkpoint_full_every: int = Field(32, ge=1, le=10_000)
+    checkpoint_delta_ratio: float = Field(0.5, gt=0, le=100)
     # A run with a graph: how long a host waits for the other shares' posts of the last round
     # (read again from the stream every second after the first) before the run pauses.
     mail_wait_s: float = Field(120.0, gt=0)
