@@ -79,3 +79,13 @@ def test_chain_settings_are_validated_naming_the_field():
         Settings(checkpoint_full_every=0)
     with pytest.raises(ValidationError, match="checkpoint_delta_ratio"):
         Settings(checkpoint_delta_ratio=0)
+
+
+def test_host_capacity_defaults_to_what_the_host_s_memory_holds_at_agent_bytes_each():
+    from populace.core.settings import AGENT_BYTES, machine_memory
+
+    assert Settings().host_capacity == machine_memory() // AGENT_BYTES
+    assert Settings(host_memory_bytes=8 * 2**30).host_capacity == 8 * 2**30 // AGENT_BYTES  # 8,388,608
+    assert Settings(host_capacity=5_000_000).host_capacity == 5_000_000
+    with pytest.raises(ValidationError, match="host_capacity"):
+        Settings(host_capacity=-1)
