@@ -89,3 +89,28 @@ def test_host_capacity_defaults_to_what_the_host_s_memory_holds_at_agent_bytes_e
     assert Settings(host_capacity=5_000_000).host_capacity == 5_000_000
     with pytest.raises(ValidationError, match="host_capacity"):
         Settings(host_capacity=-1)
+
+
+async def test_a_share_knows_which_agents_acted_since_its_last_checkpoint():
+    from populace.client.prepare import checked
+    from populace.core.contracts import RunConfig
+    from populace.sdk.hosting import host_run
+
+    resolved = checked(RunConfig.model_validate({"simulation": "vote", "agents": 10, "rounds": 2,
+                                                 "model": {"backend": "dummy", "latency_s": 0.0}}))
+    run = host_run(resolved, "r", [(0, 4), (6, 4)], freeze=False)
+    run.acted([1])
+    assert run.take_changed() is None  # nothing taken yet (the first checkpoint): everyone
+    run.acted([1, 5])
+    run.acted([5, 6])
+    assert run.take_changed() == {1, 5, 6}
+    assert run.take_changed() == set()  # an idle round: nobody
+    run.agents[5].remember((1, "x"))  # agent 7: index 5, offset 1 of range (6, 4)
+    parts = await run.snapshot_of({5})
+    assert [(first, count, offsets) for first, count, offsets, _ in parts] == [(0, 4, []), (6, 4, [1])]
+    assert [list(m) for m in parts[1][3]["memory"]] == [[(1, "x")]] and parts[0][3]["memory"] == []
+    run.acted(None)  # everyone played
+    assert run.take_changed() is None
+    run.take_changed()
+    run.restore({a.id: {"memory": []} for a in run.agents})
+    assert run.take_changed() is None  # restored: the next checkpoint is full

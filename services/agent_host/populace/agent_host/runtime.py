@@ -272,11 +272,19 @@ class HostRuntime:
         round_fields = (POST_TEXT, POST_FIELDS) if box is not None else ()
         full = changed is None or any(chains.setdefault(first, checkpoints.Chain()).full_due(
             s.checkpoint_full_every, s.checkpoint_delta_ratio) for first, _ in run.ranges)
+        try:
+            return await self._save(run, round_, chains, None if full else changed, box, round_fields)
+        except BaseException:
+            run.changed = None  # what this round changed may not be stored: the next checkpoint is full
+            raise
+
+    async def _save(self, run: HostedRun, round_: int, chains: dict[int, checkpoints.Chain],
+                    changed: set[int] | None, box, round_fields: tuple[str, ...]) -> list[checkpoints.Stored]:
         stored = []
-        if full:  # every range at once: their chains stay in step, so one full round restarts them all
+        if changed is None:  # every range at once: their chains stay in step, so one full round restarts them all
             parts = [(first, count, None, columns) for first, count, columns in await run.snapshot()]
         else:
-            parts = await run.snapshot_of(changed)  # type: ignore[arg-type]
+            parts = await run.snapshot_of(changed)
         for first, count, offsets, columns in parts:
             if box is not None:  # their posts: what a replacement or a resume gives the next round to read
                 if offsets is None:
