@@ -288,7 +288,7 @@ def test_spoofed_progress_does_not_keep_a_stalled_run_running(stack):
 
 # --- 5. a host's own capacity claim does not decide placement ---------------------------------------
 def test_a_host_claiming_a_huge_capacity_gets_an_even_share(stack, reference):
-    """host-1 restarts claiming a capacity of 10^8 (host-0 offers the default 2,000,000): it got
+    """host-1 restarts claiming a capacity of 10^8 (host-0 offers the default, from its memory): it got
     1,961 of 2,000 agents; now the run is spread evenly, and its results are the reference's."""
     args, env, service = stack.specs["agent-host-1"]
     stack.specs["agent-host-1"] = (args, {**env, "POPULACE_HOST_CAPACITY": "100000000"}, service)
@@ -306,7 +306,9 @@ def test_a_host_claiming_a_huge_capacity_gets_an_even_share(stack, reference):
         finally:
             await nc.close()
 
-    assert asyncio.run(claims()) == {"host-0": 2_000_000, "host-1": 100_000_000}
+    from populace.core.settings import Settings
+
+    assert asyncio.run(claims()) == {"host-0": Settings().host_capacity, "host-1": 100_000_000}
     out, state = play_run(stack)
     assert {sh.host_id: sh.count for sh in state.shares} == {"host-0": 200, "host-1": 200}
     check_exact(stack, out, reference)

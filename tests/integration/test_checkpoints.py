@@ -36,3 +36,51 @@ async def test_a_checkpoint_nobody_reported_a_digest_of_is_not_used(js):
     # an object that is not there is named as missing, not as changed
     with pytest.raises(checkpoints.CheckpointError, match="is not in the object store"):
         await checkpoints.load_env(js, "run-b", 2, {subjects.checkpoint_env("run-b", 2): "0" * 64})
+
+
+async def test_a_delta_chain_restores_every_agent_and_refuses_a_forged_or_missing_link(js):
+    """A base and two deltas (agents that acted only) restore to exactly the full state; a link
+    rewritten by another writer, or gone, stops the restore naming it."""
+    chain = checkpoints.Chain()
+    base = await checkpoints.save_agents(js, "run-c", 1, 0, 3, {"memory": [[1], [1], [1]]}, writer="h0")
+    chain.add(base, full=True)
+    d2 = await checkpoints.save_agents(js, "run-c", 2, 0, 3, {"memory": [[1, 2]]}, writer="h0", changed=[1],
+                                       chain=chain)
+    chain.add(d2, full=False)
+    d3 = await checkpoints.save_agents(js, "run-c", 3, 0, 3, {"memory": [[1, 3], [1, 2, 3]]}, writer="h0",
+                                       changed=[0, 1], chain=chain)
+    assert await checkpoints.load_agents(js, "run-c", 3, [(0, 3)], [(0, 3)], {d3.name: d3.digest}) == {
+        0: {"memory": [1, 3]}, 1: {"memory": [1, 2, 3]}, 2: {"memory": [1]}}
+    assert await checkpoints.load_agents(js, "run-c", 2, [(0, 3)], [(2, 1)], {d2.name: d2.digest}) == {
+        2: {"memory": [1]}}
+    await checkpoints.present(js, [d3.name])  # its links are there too
+
+    # the base rewritten by someone else: the delta's own digest still matches, its base does not
+    await checkpoints.save_agents(js, "run-c", 1, 0, 3, {"memory": [[7], [7], [7]]}, writer="h9")
+    with pytest.raises(checkpoints.CheckpointUnverified, match=r"checkpoint run-c\.1\.agents\.0 was changed"):
+        await checkpoints.load_agents(js, "run-c", 3, [(0, 3)], [(0, 3)], {d3.name: d3.digest})
+
+    # a link that is gone: named as missing, by the restore and by the check before a resume or fork
+    await js.purge_stream(f"OBJ_{subjects.CHECKPOINTS_BUCKET}",  # as a prune deletes it (the bucket refuses rollups)
+                          subject=f"$O.{subjects.CHECKPOINTS_BUCKET}.M.{checkpoints._b64(d2.name)}")
+    with pytest.raises(checkpoints.CheckpointError, match=r"checkpoint run-c\.2\.agents\.0 is not in the object store"):
+        await checkpoints.load_agents(js, "run-c", 3, [(0, 3)], [(0, 3)], {d3.name: d3.digest})
+    with pytest.raises(checkpoints.CheckpointError, match=r"checkpoint run-c\.2\.agents\.0 is not in the object store"):
+        await checkpoints.present(js, [d3.name])
+
+
+async def test_pruning_to_the_last_round_keeps_the_links_it_builds_on(js):
+    chain = checkpoints.Chain()
+    digests = {}
+    for round_ in (1, 2, 3):
+        full = round_ == 2  # round 1's base is left behind by round 2's full one
+        saved = await checkpoints.save_agents(js, "run-p", round_, 0, 2,
+                                              {"memory": [[round_], [round_]]} if full or round_ == 1
+                                              else {"memory": [[round_]]},
+                                              writer="h0", changed=None if full or round_ == 1 else [1], chain=chain)
+        chain.add(saved, full=full or round_ == 1)
+        digests[saved.name] = saved.digest
+    assert await checkpoints.prune(js, "run-p", "last") == 1  # round 1's; round 2's base stays for round 3
+    assert await checkpoints.load_agents(js, "run-p", 3, [(0, 2)], [(0, 2)], digests) == {
+        0: {"memory": [2]}, 1: {"memory": [3]}}
+    assert await checkpoints.prune(js, "run-p", "none") == 2

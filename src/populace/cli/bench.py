@@ -67,6 +67,8 @@ class DummyBenchResult:
     mail_bytes_per_round: float | None = None
     posts_heard_per_round: float | None = None
     heard_per_s: float | None = None
+    # what the agent-hosts' checkpoints wrote, summed over hosts, per round (their round_played lines)
+    checkpoint_bytes_by_round: list[int] = field(default_factory=list)
 
     def to_json(self, **kw) -> str:
         return json.dumps(asdict(self), **kw)
@@ -162,6 +164,17 @@ def graph_section(generator: str, degree: int) -> dict:
     return {"generator": "small-world", "degree": degree + degree % 2, "rewire": 0.1}
 
 
+def played_lines(log_dir: str, run_id: str, hosts: int) -> list[dict]:
+    """The agent-hosts' round_played log lines of a run."""
+    out = []
+    for i in range(hosts):
+        path = Path(log_dir) / f"agent-host-{i}.log"
+        for line in path.read_text().splitlines() if path.exists() else ():
+            if '"round_played"' in line and run_id in line:
+                out.append(json.loads(line))
+    return out
+
+
 def mail_per_round(log_dir: str, run_id: str, hosts: int) -> tuple[float, float, float]:
     """(messages, posts, bytes) the agent-hosts sent each other per round (their round_played
     log lines)."""
@@ -234,6 +247,9 @@ def run_dummy_bench(agents: int, latency: float, hosts: int, rounds: int = 1, fl
             outcome = asyncio.run(go())
         messages = received(monitor) - before
         mail = mail_per_round(stack.log_dir, outcome.run_id, hosts) if graph is not None else None
+        saved = [0] * rounds
+        for rec in played_lines(stack.log_dir, outcome.run_id, hosts):
+            saved[rec["round"] - 1] += rec.get("checkpoint_bytes", 0)
     finally:
         stack.stop()
     if outcome.status != "completed":
@@ -267,4 +283,5 @@ def run_dummy_bench(agents: int, latency: float, hosts: int, rounds: int = 1, fl
         graph=(manifest or {}).get("graph"),
         mail_messages_per_round=mail[0] if mail else None, mail_posts_per_round=mail[1] if mail else None,
         mail_bytes_per_round=mail[2] if mail else None, posts_heard_per_round=heard, heard_per_s=heard_rate,
+        checkpoint_bytes_by_round=saved,
     )

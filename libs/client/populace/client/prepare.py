@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import platform
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from pydantic import ValidationError
 from populace.core.contracts import DEFAULT_SIMULATION, RunConfig
 from populace.core.objects import digest_of
 from populace.core.scenario import ScenarioError, format_validation_error, load_scenario_data
-from populace.core.settings import Settings
+from populace.core.settings import Settings, machine_memory
 from populace.graph.prepare import PreparedGraph, prepare_graph
 from populace.population import PopulationError, load_population, template_records
 from populace.population.cast import cast_from_records
@@ -184,8 +183,7 @@ def checked(config: RunConfig) -> Resolved:
 
 def host_memory() -> int:
     """An agent-host's memory in bytes: POPULACE_HOST_MEMORY_BYTES, else this machine's."""
-    given = Settings().host_memory_bytes
-    return given or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return Settings().host_memory_bytes or machine_memory()
 
 
 def check_memory(resolved: Resolved, memory: int | None = None) -> None:

@@ -5,6 +5,13 @@ environment before it publishes the round's result). A round that closed is ther
 that can be continued from: resume, fork and a host's replacement all start there.
 
 The agents' state is columnar JSON: {"first": 0, "count": n, "fields": {"memory": [...]}}.
+A range's checkpoint is either full (every agent) or a delta: only the agents whose state may
+have changed since the range's previous checkpoint (those that acted), at offsets `changed`,
+and `builds_on`, the name and sha256 of that previous checkpoint. A restore resolves the chain
+back to its full base, verifying every link by the digest the next link carries (the head by
+the one its round recorded), so a delta is exactly as trustworthy as a full checkpoint. Fields
+named in `round_fields` (a round's posts) belong to the head's round only: an agent not in the
+head has none. The object's description lists the chain's names (`needs`): pruning keeps them.
 
 Every object is bound to its writer: a host reports the sha256 of each object it stored in its
 round partial, the environment carries those (and its own object's) in the round result, and
@@ -20,6 +27,7 @@ import hashlib
 import json
 import uuid
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal, NamedTuple
 
@@ -77,7 +85,8 @@ def chunks_of(writer: str, name: str) -> str:
     return f"$O.{subjects.CHECKPOINTS_BUCKET}.C.{writer}.{_b64(name)}"
 
 
-async def write_object(js: JetStreamContext, name: str, data: bytes, writer: str) -> None:
+async def write_object(js: JetStreamContext, name: str, data: bytes, writer: str,
+                       description: str | None = None) -> None:
     """nats-py's object-store put(), readable by its get(), without what makes it need a purge
     or a rollup: the chunks go to a subject of their own (chunks_of + a nuid), then the
     metadata, a plain message (the newest per name is the object). nats-py's put() rolls the
@@ -96,16 +105,17 @@ async def write_object(js: JetStreamContext, name: str, data: bytes, writer: str
     info = ObjectInfo(name=name, bucket=subjects.CHECKPOINTS_BUCKET, nuid=subject.split(".C.", 1)[1],
                       size=len(data), chunks=count, mtime=datetime.now(UTC).isoformat(),
                       digest=OBJ_DIGEST_TEMPLATE.format(digest=base64.urlsafe_b64encode(digest.digest()).decode()),
-                      options=ObjectMetaOptions(max_chunk_size=CHUNK_BYTES))
+                      options=ObjectMetaOptions(max_chunk_size=CHUNK_BYTES), description=description)
     meta = OBJ_META_PRE_TEMPLATE.format(bucket=subjects.CHECKPOINTS_BUCKET, obj=_b64(name))
     await js.publish(meta, json.dumps(info.as_dict()).encode())
 
 
-async def put(js: JetStreamContext, name: str, value: object, *, writer: str) -> Stored:
+async def put(js: JetStreamContext, name: str, value: object, *, writer: str, description: str | None = None) -> Stored:
     """Store a JSON value under `name`, written by `writer` (a host id, or `environment`);
     returns its size and digest (what the round's result records for it)."""
     data = to_json(value)
-    await until_ready(lambda: write_object(js, name, data, writer), f"checkpoint {name}", attempts=ATTEMPTS)
+    await until_ready(lambda: write_object(js, name, data, writer, description), f"checkpoint {name}",
+                      attempts=ATTEMPTS)
     return Stored(name, len(data), digest(data))
 
 
@@ -174,7 +184,12 @@ async def present(js: JetStreamContext, names: Iterable[str]) -> None:
     """CheckpointError naming the first of `names` the object store no longer holds (pruned,
     or never written), without reading the objects (their metadata only)."""
     store = await until_ready(lambda: js.object_store(subjects.CHECKPOINTS_BUCKET), "checkpoints bucket")
-    for name in names:
+    todo, seen = list(names), set()
+    while todo:  # with every checkpoint a delta among them builds on
+        name = todo.pop(0)
+        if name in seen:
+            continue
+        seen.add(name)
         try:
             info = await until_ready(lambda n=name: store.get_info(n), f"checkpoint {name}")
         except (NotFoundError, ObjectNotFoundError):
@@ -182,30 +197,148 @@ async def present(js: JetStreamContext, names: Iterable[str]) -> None:
         if info is None or info.deleted:
             raise CheckpointError(f"checkpoint {name} is not in the object store '{subjects.CHECKPOINTS_BUCKET}' "
                                   "(pruned: POPULACE_CHECKPOINTS_KEEP keeps all of a completed run's by default)")
+        todo.extend(needs_of(info.description))
+
+
+# A chain longer than this is not one a writer made (it starts a full checkpoint every
+# `checkpoint_full_every` rounds, at most 10,000): a loop of forged links stops here.
+MAX_LINKS = 10_000
+
+
+def needs_of(description: str | None) -> list[str]:
+    """The names of the checkpoints an object builds on, from its description (none: a full
+    one, or an object that is not an agents' checkpoint)."""
+    if not description:
+        return []
+    try:
+        value = from_json(description)
+    except ValueError:
+        return []
+    needs = value.get("needs") if isinstance(value, dict) else None
+    return [n for n in needs if isinstance(n, str)] if isinstance(needs, list) else []
+
+
+@dataclass
+class Chain:
+    """One range's checkpoints since its last full one, as their writer keeps them: what the
+    next checkpoint builds on, and whether a full one is due instead."""
+    links: list[Stored] = field(default_factory=list)  # the full base first, the head last
+
+    def full_due(self, full_every: int, delta_ratio: float) -> bool:
+        """Whether the next checkpoint must be full: no base yet, `full_every` links already (a
+        restore reads at most that many), or the deltas together over `delta_ratio` × the base's
+        bytes (a restore reads at most about 1 + delta_ratio bases)."""
+        if not self.links:
+            return True
+        deltas = sum(link.size for link in self.links[1:])
+        return len(self.links) >= full_every or deltas > delta_ratio * self.links[0].size
+
+    def add(self, stored: Stored, full: bool) -> None:
+        if full:
+            self.links = [stored]
+        else:
+            self.links.append(stored)
+
+
+def changed_offsets(first: int, count: int, changed_ids: Iterable[int]) -> list[int]:
+    """The offsets in range (first, count) of the agents whose state may have changed (sorted):
+    what a delta of that range holds."""
+    return sorted({aid - first for aid in changed_ids if first <= aid < first + count})
 
 
 async def save_agents(js: JetStreamContext, rid: str, round_: int, first: int, count: int,
-                      fields: dict[str, list], *, writer: str) -> Stored:
-    return await put(js, subjects.checkpoint_agents(rid, round_, first),
-                     {"first": first, "count": count, "fields": fields}, writer=writer)
+                      fields: dict[str, list], *, writer: str, changed: list[int] | None = None,
+                      chain: Chain | None = None, round_fields: Iterable[str] = ()) -> Stored:
+    """One range's checkpoint after `round_`: full (`changed` None: `fields` hold every agent),
+    or a delta on `chain`'s head (`fields` hold the agents at offsets `changed` only)."""
+    value: dict[str, object] = {"first": first, "count": count, "fields": fields}
+    round_fields = sorted(round_fields)
+    if round_fields:
+        value["round_fields"] = round_fields
+    description = None
+    if changed is not None:
+        if chain is None or not chain.links:
+            raise CheckpointError(f"a delta checkpoint of agents {first}.. after round {round_} needs the checkpoint "
+                                  "it builds on")
+        head = chain.links[-1]
+        value["changed"] = changed
+        value["builds_on"] = {"name": head.name, "digest": head.digest}
+        description = to_json({"needs": [link.name for link in chain.links]}).decode()
+    return await put(js, subjects.checkpoint_agents(rid, round_, first), value, writer=writer,
+                     description=description)
+
+
+def resolve_chain(links: list[dict], first: int, count: int) -> dict[str, list]:
+    """Every agent's fields (columnar) from a chain of one range's checkpoint values, the head
+    first and its full base last: the base, then each delta's agents over it in order; a field
+    the head names in `round_fields` only from the head (an agent the head lacks has None)."""
+    base = links[-1]
+    columns = {name: list(values) for name, values in base["fields"].items()}
+    for link in reversed(links[:-1]):
+        changed = link["changed"]
+        for name, values in link["fields"].items():
+            column = columns.setdefault(name, [None] * count)
+            if len(values) != len(changed):
+                raise CheckpointError(f"a checkpoint of agents {first}..{first + count - 1} has {len(values)} "
+                                      f"values of {name!r} for {len(changed)} agents")
+            for offset, value in zip(changed, values):
+                column[offset] = value
+    head = links[0]
+    for name in head.get("round_fields") or ():
+        if "changed" not in head:
+            continue  # a full head holds every agent's
+        column = [None] * count
+        for offset, value in zip(head["changed"], head["fields"].get(name, ())):
+            column[offset] = value
+        columns[name] = column
+    return columns
+
+
+async def read_chain(js: JetStreamContext, name: str, digests: Mapping[str, str], first: int,
+                     count: int) -> list[dict]:
+    """The chain of checkpoint values a range's checkpoint `name` resolves through, the head
+    first: each link verified against the digest the link after it carries (the head against
+    `digests`, as recorded when its round closed). A missing or changed link raises, naming it."""
+    links: list[dict] = []
+    expected = digests
+    while True:
+        value = await get(js, name, expected)
+        if not isinstance(value, dict) or value.get("first") != first or value.get("count") != count \
+                or not isinstance(value.get("fields"), dict):
+            raise CheckpointError(f"checkpoint {name} does not hold agents {first}..{first + count - 1}")
+        links.append(value)
+        below = value.get("builds_on")
+        if below is None:
+            return links
+        changed = value.get("changed")
+        if not isinstance(below, dict) or not isinstance(below.get("name"), str) \
+                or not isinstance(below.get("digest"), str) or not isinstance(changed, list) \
+                or not all(isinstance(o, int) and 0 <= o < count for o in changed):
+            raise CheckpointError(f"checkpoint {name} is a delta without a valid base reference or agent offsets")
+        if len(links) >= MAX_LINKS:
+            raise CheckpointError(f"checkpoint {name}'s chain is longer than {MAX_LINKS} links")
+        name, expected = below["name"], {below["name"]: below["digest"]}
 
 
 async def load_agents(js: JetStreamContext, rid: str, round_: int, layout: Iterable[tuple[int, int]],
                       wanted: Iterable[tuple[int, int]], digests: Mapping[str, str]) -> dict[int, dict[str, object]]:
     """The state of every agent in `wanted` ranges, by agent id, read from the checkpoint
     objects of `layout` (the ranges the checkpoint was written in) that overlap them, each
-    verified against `digests` (object name -> sha256, as recorded when the round closed)."""
+    verified against `digests` (object name -> sha256, as recorded when the round closed) and
+    resolved through the deltas it builds on (each verified by the digest its successor carries)."""
     wanted = [(f, f + c) for f, c in wanted]
     out: dict[int, dict[str, object]] = {}
     for first, count in layout:
         lo, hi = first, first + count
         if not any(a < hi and lo < b for a, b in wanted):
             continue
-        chunk = await get(js, subjects.checkpoint_agents(rid, round_, first), digests)
-        if not isinstance(chunk, dict) or chunk.get("first") != first or chunk.get("count") != count:
-            raise CheckpointError(f"checkpoint {subjects.checkpoint_agents(rid, round_, first)} does not hold "
-                                  f"agents {first}..{first + count - 1}")
-        fields: dict[str, list] = chunk["fields"]
+        links = await read_chain(js, subjects.checkpoint_agents(rid, round_, first), digests, first, count)
+        fields = resolve_chain(links, first, count)
+        del links
+        for name, values in fields.items():
+            if len(values) != count:
+                raise CheckpointError(f"checkpoint {subjects.checkpoint_agents(rid, round_, first)} has {len(values)} "
+                                      f"values of {name!r} for agents {first}..{first + count - 1}")
         for offset in range(count):
             aid = first + offset
             if any(a <= aid < b for a, b in wanted):
@@ -245,14 +378,22 @@ async def load_env(js: JetStreamContext, rid: str, round_: int, digests: Mapping
 Keep = Literal["all", "last", "none"]
 
 
-def to_prune(rid: str, names: Iterable[str], keep: Keep) -> list[str]:
+def to_prune(rid: str, names: Iterable[str], keep: Keep, needs: Mapping[str, Iterable[str]] | None = None) -> list[str]:
     """The names among `names` (any runs' objects) that run `rid` no longer needs, keeping
-    all of them, only its last round's (a fork from that round still works), or none."""
+    all of them, only its last round's (a fork from that round still works) with every
+    checkpoint they build on (`needs`: name -> the names of its chain), or none."""
     rounds = {name: n for name in names if (n := subjects.checkpoint_round(rid, name)) is not None}
     if keep == "all" or not rounds:
         return []
     last = max(rounds.values())
-    return sorted(name for name, n in rounds.items() if keep == "none" or n < last)
+    kept = {name for name, n in rounds.items() if keep != "none" and n >= last}
+    todo = list(kept)
+    while todo:  # a delta's chain: its description lists it all, but a link's own needs are kept too
+        for below in (needs or {}).get(todo.pop(), ()):
+            if below not in kept:
+                kept.add(below)
+                todo.append(below)
+    return sorted(name for name in rounds if name not in kept)
 
 
 async def prune(js: JetStreamContext, rid: str, keep: Keep) -> int:
@@ -268,7 +409,7 @@ async def prune(js: JetStreamContext, rid: str, keep: Keep) -> int:
     except NotFoundError:
         return 0
     objects = {info.name: info for info in listed}
-    names = to_prune(rid, objects, keep)
+    names = to_prune(rid, objects, keep, {name: needs_of(info.description) for name, info in objects.items()})
     stream = OBJ_STREAM_TEMPLATE.format(bucket=subjects.CHECKPOINTS_BUCKET)
     for name in names:
         # Chunks first (every write of the name, by any writer: replaced and unfinished ones

@@ -7,8 +7,17 @@ import os
 import socket
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+# What one hosted agent costs its host, assumed to size a host from its memory: its object, memory
+# and outcome (780 B measured at 10M agents on the dummy model, docs/benchmarks.md), rounded up.
+AGENT_BYTES = 1024
+
+
+def machine_memory() -> int:
+    """This machine's physical memory in bytes."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 class Settings(BaseSettings):
@@ -27,7 +36,9 @@ class Settings(BaseSettings):
 
     # agent-host
     host_id: str = Field(default_factory=lambda: f"{socket.gethostname().split('.')[0]}-{os.getpid()}")
-    host_capacity: int = Field(2_000_000, ge=1)
+    # The most agents this host takes; 0: as many as its memory holds at AGENT_BYTES each
+    # (host_memory_bytes, or this machine's memory: 24.5M agents on 24 GiB).
+    host_capacity: int = Field(0, ge=0)
     # An agent-host's memory, for the check before a run that its world and agents fit (each host
     # holds the whole world); 0: this machine's physical memory.
     host_memory_bytes: int = Field(0, ge=0)
@@ -43,6 +54,12 @@ class Settings(BaseSettings):
     # Save the agents' declared state after every round (what resume, fork and a host's
     # replacement start from). Off only to measure what it costs.
     checkpoints: bool = True
+    # A range's checkpoint holds only the agents that acted since its previous one (a delta on
+    # it), so idle agents cost nothing; a full one again once the chain has this many links
+    # (1: every checkpoint full) or its deltas' bytes exceed this share of the full one's: a
+    # restore reads at most that many objects, about (1 + ratio) × one full checkpoint.
+    checkpoint_full_every: int = Field(32, ge=1, le=10_000)
+    checkpoint_delta_ratio: float = Field(0.5, gt=0, le=100)
     # A run with a graph: how long a host waits for the other shares' posts of the last round
     # (read again from the stream every second after the first) before the run pauses.
     mail_wait_s: float = Field(120.0, gt=0)
@@ -149,3 +166,9 @@ class Settings(BaseSettings):
         if value and not os.path.isdir(os.path.dirname(os.path.abspath(value))):
             raise ValueError(f"{value}: its directory does not exist")
         return value
+
+    @model_validator(mode="after")
+    def _capacity_from_memory(self) -> Settings:
+        if self.host_capacity == 0:
+            self.host_capacity = max(1, (self.host_memory_bytes or machine_memory()) // AGENT_BYTES)
+        return self

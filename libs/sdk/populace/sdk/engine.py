@@ -197,7 +197,9 @@ class ShareEngine:
             if world is None:
                 raise RoundFailed(f"round {round_}: the simulation has a World but the round names none")
             view = self._viewer(world, round_)
-        await run.player.play(obs, llm, sink, self.selected(round_, selection, obs), view=view)
+        selected = self.selected(round_, selection, obs)
+        run.acted(selected)  # before they play: a round cut short may have changed some of them
+        await run.player.play(obs, llm, sink, selected, view=view)
         return sink.close()
 
     def _viewer(self, world: World, round_: int) -> Callable[[int], Any]:

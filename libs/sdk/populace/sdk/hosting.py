@@ -41,6 +41,10 @@ class HostedRun:
     # round -> (epoch, share key -> ranges) of the newest announcement of that round: where its posts go
     placements: dict[int, tuple[int, dict[str, list[tuple[int, int]]]]] = field(default_factory=dict)
     engine: ShareEngine = field(init=False, repr=False)  # plays this share's rounds
+    # Indices (into `agents`) of those whose state may have changed since the last checkpoint
+    # took them (the agents that acted; None: any of them, e.g. before the first, after a
+    # restore or a round everyone played): what an incremental checkpoint saves.
+    changed: set[int] | None = None
 
     def __post_init__(self) -> None:
         from populace.sdk.engine import ShareEngine  # the engine drives a HostedRun: it imports this module
@@ -78,8 +82,42 @@ class HostedRun:
             out.append((first, count, columns))
         return out
 
+    def acted(self, indices: list[int] | None) -> None:
+        """The agents at `indices` (None: all) play a round: their state may change."""
+        if indices is None or self.changed is None:
+            self.changed = None
+        else:
+            self.changed.update(indices)
+
+    def take_changed(self) -> set[int] | None:
+        """The agents whose state may have changed since the last call (None: any of them)."""
+        changed, self.changed = self.changed, set()
+        return changed
+
+    async def snapshot_of(self, indices: set[int]) -> list[tuple[int, int, list[int], dict[str, list]]]:
+        """The declared state of the agents at `indices` only, per range, columnar:
+        [(first, count, offsets in the range, {field: values})] (ranges with none of them too)."""
+        fields = type(self.sim).Agent.state_fields
+        book = self.sim.edges
+        out = []
+        i = 0
+        for first, count in self.ranges:
+            picked = sorted(j - i for j in indices if i <= j < i + count)
+            agents = [self.agents[i + o] for o in picked]
+            i += count
+            if agents and isinstance(agents[0], ProcessAgent):
+                states = [await a.fetch_state() for a in agents]  # type: ignore[attr-defined]
+                columns = {f: [s.get(f) for s in states] for f in fields}
+            else:
+                columns = {f: [getattr(a, f) for a in agents] for f in fields}
+            if book is not None:
+                columns[EDGES] = [book.state(a.id) for a in agents]
+            out.append((first, count, picked, columns))
+        return out
+
     def restore(self, states: dict[int, dict]) -> None:
         """Set every agent's declared state (by agent id) from a checkpoint."""
+        self.changed = None  # the next checkpoint is a full one
         missing = [a.id for a in self.agents if a.id not in states]
         if missing:
             raise ValueError(f"run {self.run_id}: the checkpoint has no state for agents {missing[:5]}"

@@ -28,15 +28,15 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
+from populace.core.settings import AGENT_BYTES  # noqa: F401  (an agent's bytes on its host: one assumption)
+
 # What a column may hold: numpy's fixed-width types, and text (Arrow strings).
 DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float32",
           "float64", "string")
 _MAGIC = b"POPWORLD1"
 # What memory checks count before a run (the values are not known yet): a text value's bytes (its
-# offset and a short text, e.g. a post), and an agent's on its host (its object, memory and outcome:
-# 780 B measured at 10M agents on the dummy model, README).
+# offset and a short text, e.g. a post), and an agent's on its host (AGENT_BYTES).
 STRING_BYTES = 64
-AGENT_BYTES = 1024
 
 
 class WorldError(ValueError):

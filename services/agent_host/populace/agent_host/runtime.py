@@ -55,6 +55,8 @@ class HostRuntime:
         self.mail = MailCarrier(nc, js, settings)
         self.interviews = Interviewer(nc, js, settings, self.host_id, report_fault)
         self._worlds: dict[str, tuple[WorldRef, World]] = {}  # run id -> the world its last round read
+        # (run id, epoch) -> first agent id of a range -> its checkpoints since its last full one
+        self._chains: dict[tuple[str, int], dict[int, checkpoints.Chain]] = {}
 
     @property
     def agent_count(self) -> int:
@@ -111,6 +113,7 @@ class HostRuntime:
             task.cancel()
         shares = self.runs.get(run_id, {})
         run = shares.pop(epoch, None)
+        self._chains.pop((run_id, epoch), None)
         self.mail.forget(run_id, epoch)
         if not shares:
             self.runs.pop(run_id, None)
@@ -259,14 +262,41 @@ class HostRuntime:
         return world
 
     async def checkpoint(self, run: HostedRun, round_: int) -> list[checkpoints.Stored]:
-        """The agents' declared state after `round_`, one object per range; returns each
-        object's name, size and digest."""
-        stored = []
+        """The agents' declared state after `round_`, one object per range: only the agents that
+        acted since the range's previous checkpoint (a delta on it), or every agent when a full
+        one is due (checkpoints.Chain.full_due). Returns each object's name, size and digest."""
+        s = self.settings
+        chains = self._chains.setdefault((run.run_id, run.epoch), {})
+        changed = run.take_changed()
         box = run.mailroom.box(round_) if run.mailroom is not None else None
-        for first, count, columns in await run.snapshot():
+        round_fields = (POST_TEXT, POST_FIELDS) if box is not None else ()
+        full = changed is None or any(chains.setdefault(first, checkpoints.Chain()).full_due(
+            s.checkpoint_full_every, s.checkpoint_delta_ratio) for first, _ in run.ranges)
+        try:
+            return await self._save(run, round_, chains, None if full else changed, box, round_fields)
+        except BaseException:
+            run.changed = None  # what this round changed may not be stored: the next checkpoint is full
+            raise
+
+    async def _save(self, run: HostedRun, round_: int, chains: dict[int, checkpoints.Chain],
+                    changed: set[int] | None, box, round_fields: tuple[str, ...]) -> list[checkpoints.Stored]:
+        stored = []
+        if changed is None:  # every range at once: their chains stay in step, so one full round restarts them all
+            parts = [(first, count, None, columns) for first, count, columns in await run.snapshot()]
+        else:
+            parts = await run.snapshot_of(changed)
+        for first, count, offsets, columns in parts:
             if box is not None:  # their posts: what a replacement or a resume gives the next round to read
-                columns[POST_TEXT] = box.texts[first:first + count]
-                columns[POST_FIELDS] = box.bodies[first:first + count]
-            stored.append(await checkpoints.save_agents(self.js, run.run_id, round_, first, count, columns,
-                                                        writer=self.host_id))
+                if offsets is None:
+                    columns[POST_TEXT] = box.texts[first:first + count]
+                    columns[POST_FIELDS] = box.bodies[first:first + count]
+                else:
+                    columns[POST_TEXT] = [box.texts[first + o] for o in offsets]
+                    columns[POST_FIELDS] = [box.bodies[first + o] for o in offsets]
+            chain = chains.setdefault(first, checkpoints.Chain())
+            saved = await checkpoints.save_agents(self.js, run.run_id, round_, first, count, columns,
+                                                  writer=self.host_id, changed=offsets, chain=chain,
+                                                  round_fields=round_fields)
+            chain.add(saved, full=offsets is None)
+            stored.append(saved)
         return stored

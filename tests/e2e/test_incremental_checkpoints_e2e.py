@@ -1,0 +1,117 @@
+"""End to end, incremental checkpoints: with 1% of the agents acting per round, each round's
+checkpoint holds only the agents that acted (a delta on the previous one), and everything that
+starts from a checkpoint still sees exactly the state it saw with full checkpoints: an agent-host
+killed mid-run has its agents placed on the survivor (restored through the chain), and a fork
+from a middle round plays the rest of the run exactly as the uninterrupted run did."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import duckdb
+import pytest
+from nats.js.errors import NoKeysError
+
+from populace.client.prepare import prepare, prepare_fork
+from populace.client.run import play, run_state
+from populace.client.stack import Stack
+from populace.core import bus, subjects
+from populace.core.contracts import Restore, RunConfig
+from populace.core.objects import read_object
+from populace.sdk.local import run_local
+
+pytestmark = pytest.mark.e2e
+
+AGENTS, ROUNDS, FORK_AFTER = 2000, 6, 3
+VOTE = {"simulation": "vote", "agents": AGENTS, "rounds": ROUNDS, "seed": 11, "model": {"latency_s": 1.0, "seed": 2},
+        "ballot": {"turnout": 0.01}}
+DROP = ("run_id", "latency_ms", "closed_at")
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    db = tmp_path_factory.mktemp("ckpt") / "populace.duckdb"
+    # a lost host is noticed within seconds, as in the fault matrix
+    s = Stack(hosts=2, db=str(db), env={"POPULACE_STORAGE": "memory", "POPULACE_HOST_LOST_S": "4",
+                                         "POPULACE_HEARTBEAT_S": "0.5", "POPULACE_REGISTRY_TTL_S": "4"})
+    with s.up(timeout=120):
+        yield s
+
+
+def outcomes(db: str, table: str, run_id: str, after: int = 0) -> list[tuple]:
+    with duckdb.connect(db, read_only=True) as con:
+        cur = con.execute(f'SELECT * FROM "{table}" WHERE run_id = ? AND round > ? ORDER BY round, agent_id',
+                          [run_id, after])
+        names = [d[0] for d in cur.description]
+        return [tuple(v for k, v in zip(names, row) if k not in DROP) for row in cur.fetchall()]
+
+
+def local_rows(columns: dict[str, list], after: int = 0) -> list[tuple]:
+    keys = [k for k in columns if k not in DROP]
+    rows = [tuple(r) for r in zip(*(columns[k] for k in keys))]
+    at = keys.index("round")
+    return sorted((r for r in rows if r[at] > after), key=lambda r: (r[at], r[keys.index("agent_id")]))
+
+
+async def checkpoint_values(nc, rid: str, round_: int) -> list[dict]:
+    store = await nc.jetstream().object_store(subjects.CHECKPOINTS_BUCKET)
+    prefix = subjects.checkpoint_agents_prefix(rid, round_)
+    names = sorted(i.name for i in await store.list(ignore_deletes=True) if i.name.startswith(prefix))
+    return [json.loads(await read_object(store, name)) for name in names]
+
+
+def test_a_one_percent_run_killed_mid_run_and_forked_from_a_middle_round_equals_the_uninterrupted_run(stack):
+    prepared = prepare(RunConfig.model_validate(VOTE))
+    local = asyncio.run(run_local(prepared.resolved))
+    table = prepared.resolved.simulation.tables().outcomes
+    assert 0 < sum(local.rounds["n"]) < AGENTS * ROUNDS / 20  # about 1% act per round
+
+    async def kill_in_round_4(nc):
+        kv = await nc.jetstream().key_value("runs")
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                keys = await kv.keys()
+            except NoKeysError:  # the run is not created yet
+                keys = []
+            for key in keys:
+                state = (await kv.get(key)).value
+                if b'"status":"running"' in state and b'"round":4' in state:
+                    await asyncio.sleep(0.3)  # inside the round: the voters wait on the model
+                    stack.kill("agent-host-1")
+                    return
+            await asyncio.sleep(0.2)
+        raise AssertionError("round 4 never started")
+
+    async def go():
+        nc = await bus.connect(stack.url, "e2e-ckpt")
+        try:
+            task = asyncio.create_task(play(nc, prepared.config, manifest=prepared.manifest, stall_s=180))
+            await kill_in_round_4(nc)
+            out = await task
+            middle = await checkpoint_values(nc, out.run_id, FORK_AFTER)
+            config = (await run_state(nc, out.run_id)).config
+            fork = prepare_fork(config, FORK_AFTER, {}, None, out.run_id)
+            forked = await play(nc, fork.config, manifest=fork.manifest, stall_s=180,
+                                fork=Restore(run_id=out.run_id, round=FORK_AFTER))
+            return out, middle, forked
+        finally:
+            await nc.close()
+
+    try:
+        out, middle, forked = asyncio.run(go())
+    finally:
+        stack.restart("agent-host-1")
+    assert out.status == "completed", out.reason
+    with duckdb.connect(stack.db, read_only=True) as con:
+        shares = con.execute("SELECT count(*) FROM _shares WHERE run_id = ?", [out.run_id]).fetchone()[0]
+    assert shares >= 3, "the lost host's agents should have been placed again, in a new share"
+    assert outcomes(stack.db, table, out.run_id) == local_rows(local.outcomes)
+
+    # the middle round's checkpoint holds the agents that acted, on the chain before it
+    assert middle and all("builds_on" in v and len(v["changed"]) < v["count"] / 10 for v in middle), \
+        [(v.get("count"), len(v.get("changed", ()))) for v in middle]
+    assert forked.status == "completed", forked.reason
+    assert outcomes(stack.db, table, forked.run_id) == local_rows(local.outcomes, after=FORK_AFTER)
