@@ -232,13 +232,6 @@ def _merged_into(out: dict, path: tuple[str, ...], value: object) -> None:
     out[path[-1]] = value
 
 
-def _merged(base: dict, extra: dict) -> dict:
-    out = dict(base)
-    for key, value in extra.items():
-        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
-
-
 SET_HELP = "set a scenario key, e.g. --set game.ratio=1/2 (repeatable)"
 
 
@@ -279,7 +272,9 @@ def demo(
              "to it, as --set does (--simulation and --model are refused with it)")] = None,
 ) -> None:
     """Start NATS and every service, play one run, print the rounds, leave the DuckDB file."""
-    from populace.client.prepare import parse_config, prepare, prepare_file
+    from populace.client.api import prepare_scenario
+    from populace.client.prepare import parse_config, prepare
+    from populace.core.scenario import merged
 
     if scenario is not None:
         for name, flag in (("simulation", "--simulation"), ("model", "--model")):
@@ -292,10 +287,10 @@ def demo(
         for name, path in DEMO_SCENARIO_KEYS.items():
             if _given(ctx, name):
                 _merged_into(options, path, values[name])
-        extra = _merged(options, _overrides(set_))  # --set has the last word
-        prepared = checked(lambda: prepare_file(scenario) if not extra else _prepare_with(scenario, extra))
+        extra = merged(options, _overrides(set_))  # --set has the last word
+        prepared = checked(lambda: prepare_scenario(scenario, extra))
     else:
-        prepared = checked(lambda: prepare(parse_config(_merged({
+        prepared = checked(lambda: prepare(parse_config(merged({
             "simulation": simulation, "agents": agents, "rounds": rounds,
             "model": {"backend": "openai" if model == "vllm" else model, "latency_s": latency, "seed": seed},
             "placement": {"agents_per_process": 1 if one_per_process else 0},
@@ -305,16 +300,6 @@ def demo(
     with _private_stack(starts, replicas, hosts, db) as url:
         outcome = asyncio.run(_follow(url, prepared, show_progress=True))
     _report(outcome, prepared)
-
-
-def _prepare_with(scenario: Path, extra: dict) -> PreparedRun:
-    from populace.client.prepare import parse_config, prepare
-    from populace.core.scenario import load_scenario_data
-
-    data, text = load_scenario_data(scenario)
-    data = _merged(data, extra)
-    return prepare(parse_config(data), base=scenario.parent, agents_given="agents" in data,
-                   scenario_path=str(scenario), scenario_text=text)
 
 
 # `populace up`'s JetStream store: runs' state, checkpoints and events. Kept across restarts (the
@@ -416,10 +401,10 @@ def run(
     """Validate a scenario, publish `ctl.run.start`, follow the run until it is recorded
     (or, with --local, play it in this process). Ctrl-C detaches: the run goes on, and the
     message says how to follow, cancel or resume it."""
-    from populace.client.prepare import prepare_file
+    from populace.client.api import prepare_scenario
 
     extra = _overrides(set_)
-    prepared = checked(lambda: prepare_file(scenario) if not extra else _prepare_with(scenario, extra))
+    prepared = checked(lambda: prepare_scenario(scenario, extra))
     if estimate:
         return _estimate(scenario, extra, prepared, nats, pilot, progress)
     if local:
@@ -475,11 +460,12 @@ def _run_local(prepared: PreparedRun, hosts: int, db: str) -> None:
 def _estimate(scenario: Path, extra: dict, prepared: PreparedRun, nats: str, share: float, progress: bool) -> None:
     """Play the pilot on the fleet (recorded like any run, named `<name>-pilot`) and scale its
     LLM work to the whole run."""
+    from populace.client.api import prepare_scenario
     from populace.client.estimate import extrapolate, pilot_agents
 
     config = prepared.config
     k = pilot_agents(config.agents, share)
-    pilot = checked(lambda: _prepare_with(scenario, {**extra, "agents": k, "rounds": 1,
+    pilot = checked(lambda: prepare_scenario(scenario, {**extra, "agents": k, "rounds": 1,
                                                      "name": f"{config.name}-pilot", "budget": None}))
     with _stack_url(nats) as url:
         outcome = asyncio.run(_follow(url, pilot, show_progress=progress))

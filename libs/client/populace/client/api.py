@@ -38,7 +38,7 @@ from populace.client.progress import RunProgress
 from populace.client.run import RunOutcome, new_run_id, play
 from populace.core import bus
 from populace.core.contracts import RoundResult, RunConfig, SimulationTables, Usage
-from populace.core.scenario import ScenarioError, format_validation_error
+from populace.core.scenario import ScenarioError, format_validation_error, merged
 
 Scenario = str | Path | dict | RunConfig | PreparedRun
 
@@ -66,7 +66,9 @@ class SimulationResult:
         return table.to_pandas()
 
 
-def _prepared(scenario: Scenario, overrides: dict[str, Any]) -> PreparedRun:
+def prepare_scenario(scenario: Scenario, overrides: dict[str, Any]) -> PreparedRun:
+    """A scenario (file, mapping, config or prepared run) with `overrides` merged in (deeply, as
+    `--set` merges), validated and prepared once; ScenarioError names the field."""
     if isinstance(scenario, PreparedRun) and not overrides:
         return scenario
     if isinstance(scenario, PreparedRun):
@@ -78,13 +80,13 @@ def _prepared(scenario: Scenario, overrides: dict[str, Any]) -> PreparedRun:
             from populace.core.scenario import load_scenario_data
 
             data, text = load_scenario_data(scenario)
-            data = {**data, **overrides}
+            data = merged(data, overrides)
             return prepare(parse_config(data), base=Path(scenario).parent,
                            agents_given="agents" in data, scenario_path=str(scenario), scenario_text=text)
         if isinstance(scenario, RunConfig):
-            data = {**scenario.model_dump(mode="json", exclude_unset=True), **overrides}
+            data = merged(scenario.model_dump(mode="json", exclude_unset=True), overrides)
         else:
-            data = {**scenario, **overrides}
+            data = merged(scenario, overrides)
         return prepare(parse_config(data), agents_given="agents" in data)
     except ScenarioError:
         raise
@@ -153,8 +155,9 @@ async def start(scenario: Scenario, *, nats: str | None = None, local: bool = Fa
     `local`: play in this process without NATS (dummy model); `hosts` then splits the agents
     as that many agent-hosts would hold them. `db`: the DuckDB file a private stack or a local
     run records to (default: a new temporary one; `result.db_path` says where).
-    `overrides`: scenario keys to replace, e.g. `agents=100`."""
-    prepared = _prepared(scenario, overrides)
+    `overrides`: scenario keys to replace, e.g. `agents=100`; a mapping merges into the scenario's
+    like `--set` (`game={"ratio": "1/2"}` keeps its other `game:` keys)."""
+    prepared = prepare_scenario(scenario, overrides)
     run_id = new_run_id()
     if local:
         coro = _local(prepared, run_id, hosts, db)
