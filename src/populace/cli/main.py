@@ -1135,7 +1135,7 @@ def bench_gateway(
 ) -> None:
     """Gateway overhead, routed throughput, prefix-affinity vs round-robin, share bound,
     tokens per decision (one structured call vs the paper's two calls)."""
-    from populace.cli.bench_gateway import run_gateway_bench
+    from populace.bench.gateway import run_gateway_bench
 
     result = run_gateway_bench(llm=llm, quiet=json_out)
     if out:
@@ -1162,8 +1162,8 @@ def bench_vllm(
 ) -> None:
     """On real vLLM (CPU build, two replicas started here): prefix-affinity vs round-robin by
     vLLM's own prefix-cache counters, the simulator calibrated against it, and one structured
-    call vs the paper's two calls (src/populace/cli/bench_vllm.py)."""
-    from populace.cli.bench_vllm import dumps, run_vllm_bench, table
+    call vs the paper's two calls (populace.bench.vllm)."""
+    from populace.bench.vllm import dumps, run_vllm_bench, table
 
     result = run_vllm_bench(personas_k=personas, chars=persona_chars, requests=requests, concurrency=concurrency,
                             people=people, affinity=affinity, two_call=two_call, replica_urls=replica)
@@ -1200,56 +1200,31 @@ def bench_dummy(
     """The paper's dummy benchmark through the whole pipeline: every agent's turn waits
     `latency` seconds for its answer; every outcome ends up in DuckDB. With --degree, agents talk
     on a graph: posts heard per second, cross-host mail and the edge cut are measured too."""
-    from populace.cli.bench import graph_section, run_dummy_bench
+    from populace.bench.dummy import graph_section, run_dummy_series
     from populace.client.prepare import parse_config, prepare
 
     params = _overrides(set_)
     checked(lambda: prepare(parse_config({"simulation": simulation, "agents": agents, **params})))
-    common = {"agents": agents, "latency": latency, "hosts": hosts or os.cpu_count() or 1, "rounds": rounds,
-              "floor": floor, "quiet": json_out, "storage": storage}
     section = graph_section(graph, degree) if degree is not None else None
     if section is not None:
         from populace.graph.config import parse_graph
 
         checked(lambda: parse_graph(section, agents))
-    runs: list = []
-    for how in (("partition", "ids") if placement == "both" else (placement,)) if section else ("partition",):
-        runs.append(run_dummy_bench(**common, simulation=simulation, params=params, graph=section, placement=how))
-        if not json_out:
-            display.out.print(runs[-1].table())
-    if compare:
-        runs.append(run_dummy_bench(**common, simulation=compare))
-        if not json_out:
-            display.out.print(runs[-1].table())
-    summary = _bench_summary(runs, placement == "both" and section is not None, compare is not None)
-    document = runs[0].to_json(indent=2) if len(runs) == 1 else json.dumps(
-        {"runs": [json.loads(r.to_json()) for r in runs], **summary}, indent=2)
+    series = run_dummy_series(agents=agents, latency=latency, hosts=hosts or os.cpu_count() or 1, rounds=rounds,
+                              floor=floor, quiet=json_out, storage=storage, simulation=simulation, params=params,
+                              graph=section, placement=placement, compare=compare,
+                              on_result=None if json_out else lambda r: display.out.print(r.table()))
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(document + "\n")
+        out.write_text(series.document() + "\n")
     if json_out:
-        print(document)
-    elif summary:
-        for key, value in summary.items():
+        print(series.document())
+    else:
+        for key, value in series.summary.items():
             display.out.print(f"{key.replace('_', ' ')}: {value}")
-    short = [r for r in runs if r.recorded != r.acted]
+    short = series.short()
     if short:
-        fail(f"{short[0].recorded} outcomes were recorded, but {short[0].acted} agents acted", code=1)
-
-
-def _bench_summary(runs: list, both: bool, compared: bool) -> dict:
-    """Ratios between a bench's runs: cross-host mail with the generator's ids over the graph's
-    numbering, and the graph run's round time over the compared simulation's."""
-    out: dict = {}
-    if both:
-        part, ids = runs[0], runs[1]
-        out["cross_host_bytes_ids_over_partition"] = round((ids.mail_bytes_per_round or 0)
-                                                           / max(1.0, part.mail_bytes_per_round or 0), 2)
-        out["cross_host_posts_ids_over_partition"] = round((ids.mail_posts_per_round or 0)
-                                                           / max(1.0, part.mail_posts_per_round or 0), 2)
-    if compared:
-        out["round_time_over_compared"] = round(runs[0].round_s / max(1e-9, runs[-1].round_s), 2)
-    return out
+        fail(f"{short.recorded} outcomes were recorded, but {short.acted} agents acted", code=1)
 
 
 @auth_app.command("host")
