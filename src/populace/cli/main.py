@@ -1035,7 +1035,7 @@ def personas_generate(
 ) -> None:
     """Sample profiles with exact quotas and turn each into a persona (an LLM meta-prompt
     through the gateway, or templates for very large N)."""
-    from populace.cli.personas import PersonaGenerationError, PopulationError, generate
+    from populace.client.personas import PersonaGenerationError, PopulationError, generate
 
     try:
         res = generate(config, out, count, model, unique, seed, nats, concurrency, show_progress=True)
