@@ -736,15 +736,15 @@ def sweep(
     progress: Annotated[bool, typer.Option(help="show progress bars")] = True,
 ) -> None:
     """Run every combination of a grid (× seeds) as separate runs; print and save one table."""
-    from populace.cli import sweep as sweeps
+    from populace.client import sweep as sweeps
 
     sp = checked(lambda: sweeps.plan(experiments))
-    display.out.print(sweeps.plan_table(sp))
+    display.out.print(display.sweep_plan_table(sp))
     if dry_run:
         return
     with _stack_url(nats, sp.backends, replicas, hosts, db) as url:
         rows = sweeps.run_sweep(url, sp, progress)
-    display.out.print(sweeps.summary_table(rows, f"{sp.spec.name} ({sp.sweep_id})"))
+    display.out.print(display.sweep_summary_table(rows, f"{sp.spec.name} ({sp.sweep_id})"))
     if out is not None:
         sweeps.write_rows(rows, out)
         display.out.print(f"wrote {len(rows)} rows to {out}")
