@@ -77,21 +77,15 @@ def service(
 
 
 async def _follow(url: str, prepared: PreparedRun, show_progress: bool, run_id: str | None = None):
-    from populace.client.run import new_run_id, play
-    from populace.core import bus
+    from populace.client.live import play_prepared
 
-    nc = await bus.connect_or_fail(url, "populace-cli")
-    run_id = run_id or new_run_id()
     c = prepared.config
-    # the id first: a long run can be followed, cancelled or looked up from another terminal at once
-    display.console.print(f"run {run_id}: {c.simulation}, {c.agents:,} agents × {c.rounds} rounds "
-                          f"(model {c.model.backend})", soft_wrap=True, highlight=False)
-    try:
-        with display.RunProgress(prepared.config, enabled=show_progress) as progress:
-            return await play(nc, prepared.config, run_id=run_id, personas=prepared.personas,
-                              graph=prepared.graph_blobs, manifest=prepared.manifest, on_event=progress.on_event)
-    finally:
-        await nc.close()
+
+    def announce(rid: str) -> None:
+        display.console.print(f"run {rid}: {c.simulation}, {c.agents:,} agents × {c.rounds} rounds "
+                              f"(model {c.model.backend})", soft_wrap=True, highlight=False)
+
+    return await play_prepared(url, prepared, show_progress, run_id, on_start=announce)
 
 
 def checked(build):
@@ -145,10 +139,6 @@ def _ensure_llama_cpp() -> None:
         fail(str(err), code=1)
 
 
-# vLLM's CPU build takes 60-80 s to start here (one replica on 2 cores), longer when several share the cores.
-VLLM_START_TIMEOUT_S = 900.0
-
-
 def _ensure_vllm_cpu():
     """Prepare vLLM's CPU environment and model on first use, saying so here (not in a log)."""
     from populace.gateway import vllm_cpu
@@ -164,16 +154,15 @@ def _ensure_vllm_cpu():
 def _private_stack(backends: set[str], replicas: int, hosts: int, db: str):
     """Embedded NATS, every service, and `replicas` LLM replicas per local/sim backend used;
     yields the NATS URL and stops everything on the way out."""
-    from populace.client.stack import Stack, StackError
+    from populace.client.live import private_stack, ready_timeout
+    from populace.client.stack import StackError
 
     if "local" in backends:
         _ensure_llama_cpp()
     if "vllm" in backends:
         _ensure_vllm_cpu()
-    extra = {f"replicas-{b}": ["replicas", b, *(["--cpu"] if b == "vllm" else []), "--count", str(replicas)]
-             for b in sorted(backends & {"local", "sim", "vllm"})}
-    stack = Stack(hosts=hosts, db=db, extra=extra, replicas=replicas * len(extra))
-    display.console.print(f"starting nats-server and {4 + hosts + len(extra)} services (logs: see below) …")
+    stack = private_stack(backends, replicas, hosts, db)
+    display.console.print(f"starting nats-server and {4 + hosts + len(stack.extra)} services (logs: see below) …")
     t0 = time.monotonic()
     try:
         stack.start()
@@ -181,7 +170,7 @@ def _private_stack(backends: set[str], replicas: int, hosts: int, db: str):
         _print_metrics_ports(stack.metrics_ports)
         if "vllm" in backends:
             display.console.print("starting vLLM (CPU build; about a minute) …")
-        asyncio.run(stack.wait_ready(timeout=VLLM_START_TIMEOUT_S if "vllm" in backends else 60.0))
+        asyncio.run(stack.wait_ready(timeout=ready_timeout(backends)))
         display.console.print(f"ready in {time.monotonic() - t0:.1f}s")
         yield stack.url
     except StackError as err:
@@ -492,7 +481,7 @@ def _detached(url: str, rid: str, cancel_on_exit: bool) -> None:
     """Ctrl-C in a command that follows a run: stop following; the run goes on unless asked."""
     nats = f" --nats {url}" if url != NATS_DEFAULT else ""
     if cancel_on_exit:
-        from populace.cli.steer import SteerError, cancel_run
+        from populace.client.live import SteerError, cancel_run
 
         try:
             state, _ = asyncio.run(cancel_run(url, rid, "cancelled by Ctrl-C (--cancel-on-exit)"))
@@ -514,7 +503,7 @@ NATS_HELP = "NATS URL of the stack the run lives on"
 
 def _steer(build):
     """Run a steering coroutine; its refusals exit 2, an unreachable stack exits 1."""
-    from populace.cli.steer import SteerError
+    from populace.client.live import SteerError
 
     try:
         return asyncio.run(build())
@@ -535,7 +524,7 @@ def cancel(
 ) -> None:
     """Stop a run at once: its round in play is dropped, what was recorded stays, and
     `populace resume` continues it from its last completed round."""
-    from populace.cli import steer
+    from populace.client import live as steer
 
     state, stopped = _steer(lambda: steer.cancel_run(nats, run_id, reason))
     if stopped is None:
@@ -557,7 +546,7 @@ def resume(
     agent-hosts up now; agents and environment start from that round's checkpoint, so the run
     ends as if it had never stopped. A run paused on its budget needs a larger one. Follows it
     until it is recorded."""
-    from populace.cli import steer
+    from populace.client import live as steer
     from populace.sdk.registry import resolve
 
     try:
@@ -576,7 +565,7 @@ def follow(
     progress: Annotated[bool, typer.Option(help="show progress bars")] = True,
 ) -> None:
     """Follow a run under way (e.g. after Ctrl-C in `populace run`) until it is recorded."""
-    from populace.cli import steer
+    from populace.client import live as steer
     from populace.sdk.registry import resolve
 
     try:
@@ -604,7 +593,7 @@ def fork(
     """Start a new run from a run's state after one of its rounds (its agents' memory, its
     environment), with some parameters changed: an intervention. The new run's manifest
     records the parent, the round and the change; it plays rounds from-round+1 .. rounds."""
-    from populace.cli import steer
+    from populace.client import live as steer
     from populace.client.run import new_run_id
 
     changes = _overrides(set_)
@@ -1121,6 +1110,8 @@ def replicas_vllm(
         _serve_replicas(lambda: start_vllm(model, gpu_list, base_port=base_port, max_concurrency=max_concurrency or 256,
                                            extra_args=vllm_args or [], bind=bind, advertise=advertise), nats)
         return
+    from populace.client.live import VLLM_START_TIMEOUT_S
+
     prepared = _ensure_vllm_cpu()
     _serve_replicas(lambda: start_vllm_cpu(count, model=model, max_concurrency=max_concurrency or 16,
                                            extra_args=vllm_args or [], bind=bind, advertise=advertise,

@@ -1,15 +1,17 @@
-"""Steering a run that lives on a stack: `populace cancel|resume|follow|fork RUN`. Each checks
-the run's state in KV `runs` first, so a command that cannot apply (cancel a finished run,
-resume a completed one, fork from a round not played) says why at once instead of waiting."""
+"""Runs on a stack, by its NATS URL: a private stack's processes, playing a prepared run, and
+steering a run that lives on a stack (`populace run|demo|cancel|resume|follow|fork`). Each
+steering call checks the run's state in KV `runs` first, so one that cannot apply (cancel a
+finished run, resume a completed one, fork from a round not played) says why at once instead
+of waiting. Progress bars go to stderr (`show_progress`)."""
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
 
-from populace.cli import display
 from populace.client.prepare import PreparedRun
-from populace.client.run import RunOutcome, cancel, follow, play, resume
+from populace.client.progress import RunProgress
+from populace.client.run import RunOutcome, cancel, follow, new_run_id, play, resume
 from populace.client.steer import (  # noqa: F401 (SteerError, last_completed, where: this module's API too)
     SteerError,
     cancel_refusal,
@@ -31,6 +33,42 @@ from populace.core.contracts import (
 
 ACTIVE = ACTIVE_STATUSES
 _state = known_state
+
+# vLLM's CPU build takes 60-80 s to start here (one replica on 2 cores), longer when several share the cores.
+VLLM_START_TIMEOUT_S = 900.0
+# The backends a private stack starts replicas for (dummy needs none; openai's are registered by the user).
+REPLICA_BACKENDS = frozenset({"local", "sim", "vllm"})
+
+
+def private_stack(backends: set[str] | frozenset[str], replicas: int, hosts: int, db: str):
+    """An unstarted private stack (embedded NATS, every service) with `replicas` LLM replicas per
+    local/sim/vllm backend used; `ready_timeout(backends)` is how long it may take to be ready."""
+    from populace.client.stack import Stack
+
+    extra = {f"replicas-{b}": ["replicas", b, *(["--cpu"] if b == "vllm" else []), "--count", str(replicas)]
+             for b in sorted(set(backends) & REPLICA_BACKENDS)}
+    return Stack(hosts=hosts, db=db, extra=extra, replicas=replicas * len(extra))
+
+
+def ready_timeout(backends: set[str] | frozenset[str]) -> float:
+    return VLLM_START_TIMEOUT_S if "vllm" in backends else 60.0
+
+
+async def play_prepared(url: str, prepared: PreparedRun, show_progress: bool, run_id: str | None = None,
+                        on_start=None, client_name: str = "populace-cli") -> RunOutcome:
+    """Submit a prepared run to the stack at `url` and follow it until it is recorded;
+    `on_start(run_id)` as soon as its id is known (a long run can be followed, cancelled or
+    looked up from another terminal at once)."""
+    nc = await bus.connect_or_fail(url, client_name)
+    run_id = run_id or new_run_id()
+    if on_start is not None:
+        on_start(run_id)
+    try:
+        with RunProgress(prepared.config, enabled=show_progress) as progress:
+            return await play(nc, prepared.config, run_id=run_id, personas=prepared.personas,
+                              graph=prepared.graph_blobs, manifest=prepared.manifest, on_event=progress.on_event)
+    finally:
+        await nc.close()
 
 
 async def cancel_run(url: str, rid: str, reason: str, wait_s: float = 30.0) -> tuple[RunState, RunDone | None]:
@@ -79,7 +117,7 @@ async def resume_run(url: str, rid: str, show_progress: bool, budget_tokens: int
         if why := await resume_refusal(nc, state):
             raise SteerError(why)
         budget = raised_budget(state, budget_tokens, budget_calls)
-        with display.RunProgress(state.config, enabled=show_progress) as progress:
+        with RunProgress(state.config, enabled=show_progress) as progress:
             outcome = await resume(nc, rid, on_event=progress.on_event, budget=budget)
         return state, outcome
     finally:
@@ -93,7 +131,7 @@ async def follow_run(url: str, rid: str, show_progress: bool) -> tuple[RunState,
         state = await _state(nc, rid)
         if state.status not in ACTIVE:
             return state, None
-        with display.RunProgress(state.config, enabled=show_progress) as progress:
+        with RunProgress(state.config, enabled=show_progress) as progress:
             return state, await follow(nc, rid, on_event=progress.on_event)
     finally:
         await nc.close()
@@ -111,7 +149,7 @@ async def fork_run(url: str, parent_id: str, after_round: int, changes: dict, sh
     nc = await bus.connect_or_fail(url, "populace-cli")
     try:
         parent, prepared = await prepare_fork_of(nc, parent_id, after_round, changes)
-        with display.RunProgress(prepared.config, enabled=show_progress) as progress:
+        with RunProgress(prepared.config, enabled=show_progress) as progress:
             outcome = await play(nc, prepared.config, run_id=run_id, manifest=prepared.manifest,
                                  on_event=progress.on_event,
                                  fork=fork_restore(parent_id, after_round))
