@@ -296,28 +296,6 @@ def demo(
 UP_STORE = "populace-nats"
 
 
-def _lock_store(store: Path):
-    """Hold `store` for this process: nats-server takes no lock of its own, and two servers on
-    one store directory corrupt it. Returns the open lock file (closing it releases the lock)."""
-    import fcntl
-
-    store.mkdir(parents=True, exist_ok=True)
-    lock = open(store / "populace-up.lock", "a+")  # noqa: SIM115 - held until `up` exits
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock.seek(0)
-        holder = lock.read().strip() or "another process"
-        lock.close()
-        fail(f"--store: {store} is in use by another `populace up` ({holder}); stop it, or give this one "
-             "its own --store DIR")
-    lock.seek(0)
-    lock.truncate()
-    lock.write(f"pid {os.getpid()}\n")
-    lock.flush()
-    return lock
-
-
 @app.command()
 def up(
     hosts: Annotated[int, typer.Option(min=1, help="agent-host processes")] = 2,
@@ -331,41 +309,27 @@ def up(
                                   "forked after a restart")] = False,
 ) -> None:
     """Run embedded NATS and every service in the foreground, for `populace run` to talk to."""
-    from populace.client.stack import Stack, StackError
-    from populace.core.natsserver import EmbeddedNats
+    from populace.client.live import StoreInUse, served_stack
+    from populace.client.stack import StackError
 
-    lock = None if temporary_store else _lock_store(Path(store))
-    nats = EmbeddedNats(port=port, store_dir=None if temporary_store else str(Path(store).resolve()))
-    stack = Stack(hosts=hosts, db=db)
     kept = ("temporary, deleted at stop" if temporary_store else
-            f"{nats.store_dir}, kept at stop: `populace resume` works after a restart")
+            "{}, kept at stop: `populace resume` works after a restart")
     try:
-        nats.log_file = None
-        nats.start()
-        stack.nats_url = nats.url
-        stack.start()
-        asyncio.run(stack.wait_ready())
-        display.console.print(f"[green]ready[/green]: NATS at {nats.url}, {hosts} agent-hosts, "
-                              f"DuckDB {db}, JetStream store {kept}, logs {stack.log_dir}. Ctrl-C stops.",
-                              soft_wrap=True)
-        _print_metrics_ports(stack.metrics_ports)
-        while True:  # SIGTERM and Ctrl-C both end this loop with KeyboardInterrupt
-            time.sleep(0.5)
-            stack.check_alive()
+        with served_stack(hosts, port, db, None if temporary_store else Path(store)) as (stack, nats):
+            asyncio.run(stack.wait_ready())
+            display.console.print(f"[green]ready[/green]: NATS at {nats.url}, {hosts} agent-hosts, "
+                                  f"DuckDB {db}, JetStream store {kept.format(nats.store_dir)}, logs {stack.log_dir}. "
+                                  "Ctrl-C stops.", soft_wrap=True)
+            _print_metrics_ports(stack.metrics_ports)
+            while True:  # SIGTERM and Ctrl-C both end this loop with KeyboardInterrupt
+                time.sleep(0.5)
+                stack.check_alive()
     except KeyboardInterrupt:
         pass
+    except StoreInUse as err:
+        fail(str(err))
     except StackError as err:
         fail(str(err), code=1)
-    finally:
-        from populace.core.processes import uninterrupted
-
-        with uninterrupted():
-            try:
-                stack.stop()
-            finally:
-                nats.stop()
-                if lock is not None:
-                    lock.close()
 
 
 @app.command()

@@ -7,7 +7,10 @@ of waiting. Progress bars go to stderr (`show_progress`)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from populace.client.prepare import PreparedRun
 from populace.client.progress import RunProgress
@@ -48,6 +51,61 @@ def private_stack(backends: set[str] | frozenset[str], replicas: int, hosts: int
     extra = {f"replicas-{b}": ["replicas", b, *(["--cpu"] if b == "vllm" else []), "--count", str(replicas)]
              for b in sorted(set(backends) & REPLICA_BACKENDS)}
     return Stack(hosts=hosts, db=db, extra=extra, replicas=replicas * len(extra))
+
+
+class StoreInUse(RuntimeError):
+    """Another `populace up` holds the JetStream store directory (the message names it and the holder)."""
+
+
+def lock_store(store: Path):
+    """Hold `store` for this process: nats-server takes no lock of its own, and two servers on
+    one store directory corrupt it. Returns the open lock file (closing it releases the lock)."""
+    import fcntl
+
+    store.mkdir(parents=True, exist_ok=True)
+    lock = open(store / "populace-up.lock", "a+")  # noqa: SIM115 - held until the stack stops
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "another process"
+        lock.close()
+        raise StoreInUse(f"--store: {store} is in use by another `populace up` ({holder}); stop it, or give this "
+                         "one its own --store DIR") from None
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"pid {os.getpid()}\n")
+    lock.flush()
+    return lock
+
+
+@contextlib.contextmanager
+def served_stack(hosts: int, port: int, db: str, store: Path | None):
+    """`populace up`: embedded NATS on `port` with its JetStream store in `store` (locked; kept
+    at stop, so runs can be resumed and forked after a restart; None: a temporary one) and every
+    service; yields (stack, nats server) once started, and stops both on the way out, even when
+    interrupted. Raises StoreInUse before starting anything."""
+    from populace.client.stack import Stack
+    from populace.core.natsserver import EmbeddedNats
+    from populace.core.processes import uninterrupted
+
+    lock = None if store is None else lock_store(store)
+    nats = EmbeddedNats(port=port, store_dir=None if store is None else str(store.resolve()))
+    stack = Stack(hosts=hosts, db=db)
+    try:
+        nats.log_file = None
+        nats.start()
+        stack.nats_url = nats.url
+        stack.start()
+        yield stack, nats
+    finally:
+        with uninterrupted():
+            try:
+                stack.stop()
+            finally:
+                nats.stop()
+                if lock is not None:
+                    lock.close()
 
 
 def ready_timeout(backends: set[str] | frozenset[str]) -> float:
