@@ -215,12 +215,6 @@ def _overrides(pairs: list[str] | None) -> dict:
     raise AssertionError  # unreachable
 
 
-def _merged_into(out: dict, path: tuple[str, ...], value: object) -> None:
-    for key in path[:-1]:
-        out = out.setdefault(key, {})
-    out[path[-1]] = value
-
-
 SET_HELP = "set a scenario key, e.g. --set game.ratio=1/2 (repeatable)"
 
 
@@ -272,11 +266,14 @@ def demo(
                      f"(--set {'simulation=…' if name == 'simulation' else 'model.backend=…'})")
         values = {"agents": agents, "rounds": rounds, "seed": seed, "latency": latency,
                   "one_per_process": 1 if one_per_process else 0}
-        options: dict = {}
+        extra: dict = {}
         for name, path in DEMO_SCENARIO_KEYS.items():
             if _given(ctx, name):
-                _merged_into(options, path, values[name])
-        extra = merged(options, _overrides(set_))  # --set has the last word
+                value = values[name]
+                for key in reversed(path):  # ("model", "seed") -> {"model": {"seed": value}}
+                    value = {key: value}
+                extra = merged(extra, value)
+        extra = merged(extra, _overrides(set_))  # --set has the last word
         prepared = checked(lambda: prepare_scenario(scenario, extra))
     else:
         prepared = checked(lambda: prepare(parse_config(merged({
