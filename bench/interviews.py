@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from populace.cli.bench import RssSampler
+from populace.bench.dummy import RssSampler
 from populace.client.interviews import ask
 from populace.client.run import play
 from populace.client.stack import Stack

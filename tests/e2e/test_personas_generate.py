@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from populace.cli.personas import generate
+from populace.client.personas import generate
 from populace.population.generation import age_bounds
 
 pytestmark = pytest.mark.e2e

@@ -31,7 +31,7 @@ import nats
 import nats.errors
 import pytest
 
-from populace.cli import steer
+from populace.client import live as steer
 from populace.client.prepare import prepare
 from populace.client.run import RunOutcome, new_run_id, play, run_state
 from populace.core import bus, checkpoints, replies, subjects
@@ -403,7 +403,7 @@ async def cancel_in_round(cli, url: str, round_: int) -> tuple[str, RunOutcome]:
 
 
 async def test_game_with_one_user_per_service(server, tmp_path, monkeypatch):
-    # `populace resume|fork` (populace.cli.steer) connect with the settings' credentials.
+    # `populace resume|fork` (populace.client.live) connect with the settings' credentials.
     monkeypatch.setenv("POPULACE_NATS_USER", "cli")
     monkeypatch.setenv("POPULACE_NATS_PASSWORD", PASSWORDS["cli"])
     procs: dict[str, subprocess.Popen] = {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from populace.cli.bench_vllm import Counters, calibrate, kv_capacity, parse_counters, sim_args, within
+from populace.bench.vllm import Counters, calibrate, kv_capacity, parse_counters, sim_args, within
 from populace.gateway.sim import SimConfig, SimModel, render_metrics
 
 VLLM_METRICS = """\

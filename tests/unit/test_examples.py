@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from populace.cli.sweep import plan
 from populace.client.prepare import prepare_file
+from populace.client.sweep import plan
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

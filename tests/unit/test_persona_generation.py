@@ -1,7 +1,8 @@
 """Persona generation: the pure parts (`populace.population.generation`: meta-prompt and
 schema, answer parsing, consistency checks, the de-duplication key, `--unique K` assignment)
-and, from `populace personas generate` (`populace.cli.personas`), the template path and the
-regenerate / de-duplicate / fall back loop against a scripted gateway (no NATS)."""
+and, from `populace personas generate` (`populace.client.personas`), the template path and, from
+`populace.population.over_nats`, the regenerate / de-duplicate / fall back loop against a
+scripted gateway (no NATS)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from populace.cli import personas as P
+from populace.client import personas as P
 from populace.core import replies, subjects
 from populace.core.contracts import InferBatch, InferReply
 from populace.gateway import answers
-from populace.population import PopulationError, load_population, read_jsonl, sample_profiles
+from populace.population import PopulationError, load_population, over_nats, read_jsonl, sample_profiles
 from populace.population import generation as G
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "population"
@@ -355,7 +356,7 @@ class ScriptedGateway:
 def _run(profiles, answer, concurrency=4):
     gw = ScriptedGateway(answer)
     done = []
-    gen = P._LlmGenerator(gw, profiles, "local", 7, "personas-test", concurrency, lambda: done.append(1))
+    gen = over_nats.LlmGenerator(gw, profiles, "local", 7, "personas-test", concurrency, lambda: done.append(1))
     outcomes = asyncio.run(gen.run())
     assert len(done) == len(profiles)  # the progress bar reaches the total
     return outcomes, gen, gw
@@ -445,7 +446,7 @@ def test_gateway_errors_are_retried_then_fall_back():
             return _Msg(InferReply(batch_id=batch.batch_id, error="no replica").model_dump_json().encode())
 
     gw = Failing(None)
-    gen = P._LlmGenerator(gw, profiles, "local", 0, "personas-test", 4, lambda: None)
+    gen = over_nats.LlmGenerator(gw, profiles, "local", 0, "personas-test", 4, lambda: None)
     outcomes = asyncio.run(gen.run())
     assert len(gw.batches) == G.MAX_TRIES
     assert outcomes[0].persona is None and outcomes[0].reason == "gateway error: no replica"
@@ -458,6 +459,6 @@ def test_no_gateway_is_a_clear_error():
         async def request(self, subject, data, timeout):
             raise NoRespondersError
 
-    gen = P._LlmGenerator(Nobody(None), [{"age": 30}], "local", 0, "personas-test", 4, lambda: None)
+    gen = over_nats.LlmGenerator(Nobody(None), [{"age": 30}], "local", 0, "personas-test", 4, lambda: None)
     with pytest.raises(P.PersonaGenerationError, match="no inference gateway"):
         asyncio.run(gen.run())

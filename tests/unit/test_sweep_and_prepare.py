@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from populace_ratio_game.params import COT_MAX_TOKENS
 
-from populace.cli.sweep import plan
 from populace.client.prepare import prepare, prepare_file
+from populace.client.sweep import plan
 from populace.core.contracts import RunConfig
 from populace.core.objects import digest_of
 from populace.core.scenario import ScenarioError, parse_scenario

@@ -327,4 +327,27 @@ def rerun_table(before: list[dict], after: dict[int, RoundResult], labels: dict[
     return t
 
 
+def sweep_plan_table(sp) -> Table:
+    """The runs a sweep will play (populace.client.sweep.SweepPlan), one row each."""
+    t = Table(title=f"sweep {sp.spec.name}: {len(sp.cells)} runs")
+    for col in ("#", "cell", "seed", "agents", "rounds", "backend"):
+        t.add_column(col)
+    for cell, prep in zip(sp.cells, sp.prepared):
+        c = prep.config
+        t.add_row(str(cell.index), cell.label, str(cell.seed), str(c.agents), str(c.rounds), c.model.backend)
+    return t
 
+
+def sweep_summary_table(rows: list[dict], title: str) -> Table:
+    """Per cell: the last round's key column across seeds (populace.client.sweep.summary)."""
+    from populace.client.sweep import key_column, summary
+
+    t = Table(title=title)
+    key = (key_column(rows) or "value").replace("_", " ")
+    for col in ("cell", "runs", "round", f"{key} of last round", "95% CI across seeds", "valid"):
+        t.add_column(col, justify="left" if col == "cell" else "right")
+    for s in summary(rows):
+        ci = "—" if s["ci_low"] is None else f"[{fmt(s['ci_low'])}, {fmt(s['ci_high'])}]"
+        t.add_row(s["cell"], str(s["runs"]), str(s["last_round"]), fmt(s["mean"]), ci,
+                  f"{100 * s['valid']:.0f}%")
+    return t

@@ -77,21 +77,15 @@ def service(
 
 
 async def _follow(url: str, prepared: PreparedRun, show_progress: bool, run_id: str | None = None):
-    from populace.client.run import new_run_id, play
-    from populace.core import bus
+    from populace.client.live import play_prepared
 
-    nc = await bus.connect_or_fail(url, "populace-cli")
-    run_id = run_id or new_run_id()
     c = prepared.config
-    # the id first: a long run can be followed, cancelled or looked up from another terminal at once
-    display.console.print(f"run {run_id}: {c.simulation}, {c.agents:,} agents × {c.rounds} rounds "
-                          f"(model {c.model.backend})", soft_wrap=True, highlight=False)
-    try:
-        with display.RunProgress(prepared.config, enabled=show_progress) as progress:
-            return await play(nc, prepared.config, run_id=run_id, personas=prepared.personas,
-                              graph=prepared.graph_blobs, manifest=prepared.manifest, on_event=progress.on_event)
-    finally:
-        await nc.close()
+
+    def announce(rid: str) -> None:
+        display.console.print(f"run {rid}: {c.simulation}, {c.agents:,} agents × {c.rounds} rounds "
+                              f"(model {c.model.backend})", soft_wrap=True, highlight=False)
+
+    return await play_prepared(url, prepared, show_progress, run_id, on_start=announce)
 
 
 def checked(build):
@@ -145,10 +139,6 @@ def _ensure_llama_cpp() -> None:
         fail(str(err), code=1)
 
 
-# vLLM's CPU build takes 60-80 s to start here (one replica on 2 cores), longer when several share the cores.
-VLLM_START_TIMEOUT_S = 900.0
-
-
 def _ensure_vllm_cpu():
     """Prepare vLLM's CPU environment and model on first use, saying so here (not in a log)."""
     from populace.gateway import vllm_cpu
@@ -164,16 +154,15 @@ def _ensure_vllm_cpu():
 def _private_stack(backends: set[str], replicas: int, hosts: int, db: str):
     """Embedded NATS, every service, and `replicas` LLM replicas per local/sim backend used;
     yields the NATS URL and stops everything on the way out."""
-    from populace.client.stack import Stack, StackError
+    from populace.client.live import private_stack, ready_timeout
+    from populace.client.stack import StackError
 
     if "local" in backends:
         _ensure_llama_cpp()
     if "vllm" in backends:
         _ensure_vllm_cpu()
-    extra = {f"replicas-{b}": ["replicas", b, *(["--cpu"] if b == "vllm" else []), "--count", str(replicas)]
-             for b in sorted(backends & {"local", "sim", "vllm"})}
-    stack = Stack(hosts=hosts, db=db, extra=extra, replicas=replicas * len(extra))
-    display.console.print(f"starting nats-server and {4 + hosts + len(extra)} services (logs: see below) …")
+    stack = private_stack(backends, replicas, hosts, db)
+    display.console.print(f"starting nats-server and {4 + hosts + len(stack.extra)} services (logs: see below) …")
     t0 = time.monotonic()
     try:
         stack.start()
@@ -181,7 +170,7 @@ def _private_stack(backends: set[str], replicas: int, hosts: int, db: str):
         _print_metrics_ports(stack.metrics_ports)
         if "vllm" in backends:
             display.console.print("starting vLLM (CPU build; about a minute) …")
-        asyncio.run(stack.wait_ready(timeout=VLLM_START_TIMEOUT_S if "vllm" in backends else 60.0))
+        asyncio.run(stack.wait_ready(timeout=ready_timeout(backends)))
         display.console.print(f"ready in {time.monotonic() - t0:.1f}s")
         yield stack.url
     except StackError as err:
@@ -226,19 +215,6 @@ def _overrides(pairs: list[str] | None) -> dict:
     raise AssertionError  # unreachable
 
 
-def _merged_into(out: dict, path: tuple[str, ...], value: object) -> None:
-    for key in path[:-1]:
-        out = out.setdefault(key, {})
-    out[path[-1]] = value
-
-
-def _merged(base: dict, extra: dict) -> dict:
-    out = dict(base)
-    for key, value in extra.items():
-        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
-
-
 SET_HELP = "set a scenario key, e.g. --set game.ratio=1/2 (repeatable)"
 
 
@@ -279,7 +255,9 @@ def demo(
              "to it, as --set does (--simulation and --model are refused with it)")] = None,
 ) -> None:
     """Start NATS and every service, play one run, print the rounds, leave the DuckDB file."""
-    from populace.client.prepare import parse_config, prepare, prepare_file
+    from populace.client.api import prepare_scenario
+    from populace.client.prepare import parse_config, prepare
+    from populace.core.scenario import merged
 
     if scenario is not None:
         for name, flag in (("simulation", "--simulation"), ("model", "--model")):
@@ -288,14 +266,17 @@ def demo(
                      f"(--set {'simulation=…' if name == 'simulation' else 'model.backend=…'})")
         values = {"agents": agents, "rounds": rounds, "seed": seed, "latency": latency,
                   "one_per_process": 1 if one_per_process else 0}
-        options: dict = {}
+        extra: dict = {}
         for name, path in DEMO_SCENARIO_KEYS.items():
             if _given(ctx, name):
-                _merged_into(options, path, values[name])
-        extra = _merged(options, _overrides(set_))  # --set has the last word
-        prepared = checked(lambda: prepare_file(scenario) if not extra else _prepare_with(scenario, extra))
+                value = values[name]
+                for key in reversed(path):  # ("model", "seed") -> {"model": {"seed": value}}
+                    value = {key: value}
+                extra = merged(extra, value)
+        extra = merged(extra, _overrides(set_))  # --set has the last word
+        prepared = checked(lambda: prepare_scenario(scenario, extra))
     else:
-        prepared = checked(lambda: prepare(parse_config(_merged({
+        prepared = checked(lambda: prepare(parse_config(merged({
             "simulation": simulation, "agents": agents, "rounds": rounds,
             "model": {"backend": "openai" if model == "vllm" else model, "latency_s": latency, "seed": seed},
             "placement": {"agents_per_process": 1 if one_per_process else 0},
@@ -307,41 +288,9 @@ def demo(
     _report(outcome, prepared)
 
 
-def _prepare_with(scenario: Path, extra: dict) -> PreparedRun:
-    from populace.client.prepare import parse_config, prepare
-    from populace.core.scenario import load_scenario_data
-
-    data, text = load_scenario_data(scenario)
-    data = _merged(data, extra)
-    return prepare(parse_config(data), base=scenario.parent, agents_given="agents" in data,
-                   scenario_path=str(scenario), scenario_text=text)
-
-
 # `populace up`'s JetStream store: runs' state, checkpoints and events. Kept across restarts (the
 # guide restarts `up` after a code change), so `populace resume` and `fork` still know its runs.
 UP_STORE = "populace-nats"
-
-
-def _lock_store(store: Path):
-    """Hold `store` for this process: nats-server takes no lock of its own, and two servers on
-    one store directory corrupt it. Returns the open lock file (closing it releases the lock)."""
-    import fcntl
-
-    store.mkdir(parents=True, exist_ok=True)
-    lock = open(store / "populace-up.lock", "a+")  # noqa: SIM115 - held until `up` exits
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock.seek(0)
-        holder = lock.read().strip() or "another process"
-        lock.close()
-        fail(f"--store: {store} is in use by another `populace up` ({holder}); stop it, or give this one "
-             "its own --store DIR")
-    lock.seek(0)
-    lock.truncate()
-    lock.write(f"pid {os.getpid()}\n")
-    lock.flush()
-    return lock
 
 
 @app.command()
@@ -357,41 +306,27 @@ def up(
                                   "forked after a restart")] = False,
 ) -> None:
     """Run embedded NATS and every service in the foreground, for `populace run` to talk to."""
-    from populace.client.stack import Stack, StackError
-    from populace.core.natsserver import EmbeddedNats
+    from populace.client.live import StoreInUse, served_stack
+    from populace.client.stack import StackError
 
-    lock = None if temporary_store else _lock_store(Path(store))
-    nats = EmbeddedNats(port=port, store_dir=None if temporary_store else str(Path(store).resolve()))
-    stack = Stack(hosts=hosts, db=db)
     kept = ("temporary, deleted at stop" if temporary_store else
-            f"{nats.store_dir}, kept at stop: `populace resume` works after a restart")
+            "{}, kept at stop: `populace resume` works after a restart")
     try:
-        nats.log_file = None
-        nats.start()
-        stack.nats_url = nats.url
-        stack.start()
-        asyncio.run(stack.wait_ready())
-        display.console.print(f"[green]ready[/green]: NATS at {nats.url}, {hosts} agent-hosts, "
-                              f"DuckDB {db}, JetStream store {kept}, logs {stack.log_dir}. Ctrl-C stops.",
-                              soft_wrap=True)
-        _print_metrics_ports(stack.metrics_ports)
-        while True:  # SIGTERM and Ctrl-C both end this loop with KeyboardInterrupt
-            time.sleep(0.5)
-            stack.check_alive()
+        with served_stack(hosts, port, db, None if temporary_store else Path(store)) as (stack, nats):
+            asyncio.run(stack.wait_ready())
+            display.console.print(f"[green]ready[/green]: NATS at {nats.url}, {hosts} agent-hosts, "
+                                  f"DuckDB {db}, JetStream store {kept.format(nats.store_dir)}, logs {stack.log_dir}. "
+                                  "Ctrl-C stops.", soft_wrap=True)
+            _print_metrics_ports(stack.metrics_ports)
+            while True:  # SIGTERM and Ctrl-C both end this loop with KeyboardInterrupt
+                time.sleep(0.5)
+                stack.check_alive()
     except KeyboardInterrupt:
         pass
+    except StoreInUse as err:
+        fail(str(err))
     except StackError as err:
         fail(str(err), code=1)
-    finally:
-        from populace.core.processes import uninterrupted
-
-        with uninterrupted():
-            try:
-                stack.stop()
-            finally:
-                nats.stop()
-                if lock is not None:
-                    lock.close()
 
 
 @app.command()
@@ -416,10 +351,10 @@ def run(
     """Validate a scenario, publish `ctl.run.start`, follow the run until it is recorded
     (or, with --local, play it in this process). Ctrl-C detaches: the run goes on, and the
     message says how to follow, cancel or resume it."""
-    from populace.client.prepare import prepare_file
+    from populace.client.api import prepare_scenario
 
     extra = _overrides(set_)
-    prepared = checked(lambda: prepare_file(scenario) if not extra else _prepare_with(scenario, extra))
+    prepared = checked(lambda: prepare_scenario(scenario, extra))
     if estimate:
         return _estimate(scenario, extra, prepared, nats, pilot, progress)
     if local:
@@ -475,11 +410,12 @@ def _run_local(prepared: PreparedRun, hosts: int, db: str) -> None:
 def _estimate(scenario: Path, extra: dict, prepared: PreparedRun, nats: str, share: float, progress: bool) -> None:
     """Play the pilot on the fleet (recorded like any run, named `<name>-pilot`) and scale its
     LLM work to the whole run."""
+    from populace.client.api import prepare_scenario
     from populace.client.estimate import extrapolate, pilot_agents
 
     config = prepared.config
     k = pilot_agents(config.agents, share)
-    pilot = checked(lambda: _prepare_with(scenario, {**extra, "agents": k, "rounds": 1,
+    pilot = checked(lambda: prepare_scenario(scenario, {**extra, "agents": k, "rounds": 1,
                                                      "name": f"{config.name}-pilot", "budget": None}))
     with _stack_url(nats) as url:
         outcome = asyncio.run(_follow(url, pilot, show_progress=progress))
@@ -506,7 +442,7 @@ def _detached(url: str, rid: str, cancel_on_exit: bool) -> None:
     """Ctrl-C in a command that follows a run: stop following; the run goes on unless asked."""
     nats = f" --nats {url}" if url != NATS_DEFAULT else ""
     if cancel_on_exit:
-        from populace.cli.steer import SteerError, cancel_run
+        from populace.client.live import SteerError, cancel_run
 
         try:
             state, _ = asyncio.run(cancel_run(url, rid, "cancelled by Ctrl-C (--cancel-on-exit)"))
@@ -528,7 +464,7 @@ NATS_HELP = "NATS URL of the stack the run lives on"
 
 def _steer(build):
     """Run a steering coroutine; its refusals exit 2, an unreachable stack exits 1."""
-    from populace.cli.steer import SteerError
+    from populace.client.live import SteerError
 
     try:
         return asyncio.run(build())
@@ -549,7 +485,7 @@ def cancel(
 ) -> None:
     """Stop a run at once: its round in play is dropped, what was recorded stays, and
     `populace resume` continues it from its last completed round."""
-    from populace.cli import steer
+    from populace.client import live as steer
 
     state, stopped = _steer(lambda: steer.cancel_run(nats, run_id, reason))
     if stopped is None:
@@ -571,7 +507,7 @@ def resume(
     agent-hosts up now; agents and environment start from that round's checkpoint, so the run
     ends as if it had never stopped. A run paused on its budget needs a larger one. Follows it
     until it is recorded."""
-    from populace.cli import steer
+    from populace.client import live as steer
     from populace.sdk.registry import resolve
 
     try:
@@ -590,7 +526,7 @@ def follow(
     progress: Annotated[bool, typer.Option(help="show progress bars")] = True,
 ) -> None:
     """Follow a run under way (e.g. after Ctrl-C in `populace run`) until it is recorded."""
-    from populace.cli import steer
+    from populace.client import live as steer
     from populace.sdk.registry import resolve
 
     try:
@@ -618,7 +554,7 @@ def fork(
     """Start a new run from a run's state after one of its rounds (its agents' memory, its
     environment), with some parameters changed: an intervention. The new run's manifest
     records the parent, the round and the change; it plays rounds from-round+1 .. rounds."""
-    from populace.cli import steer
+    from populace.client import live as steer
     from populace.client.run import new_run_id
 
     changes = _overrides(set_)
@@ -750,15 +686,15 @@ def sweep(
     progress: Annotated[bool, typer.Option(help="show progress bars")] = True,
 ) -> None:
     """Run every combination of a grid (× seeds) as separate runs; print and save one table."""
-    from populace.cli import sweep as sweeps
+    from populace.client import sweep as sweeps
 
     sp = checked(lambda: sweeps.plan(experiments))
-    display.out.print(sweeps.plan_table(sp))
+    display.out.print(display.sweep_plan_table(sp))
     if dry_run:
         return
     with _stack_url(nats, sp.backends, replicas, hosts, db) as url:
         rows = sweeps.run_sweep(url, sp, progress)
-    display.out.print(sweeps.summary_table(rows, f"{sp.spec.name} ({sp.sweep_id})"))
+    display.out.print(display.sweep_summary_table(rows, f"{sp.spec.name} ({sp.sweep_id})"))
     if out is not None:
         sweeps.write_rows(rows, out)
         display.out.print(f"wrote {len(rows)} rows to {out}")
@@ -1049,7 +985,7 @@ def personas_generate(
 ) -> None:
     """Sample profiles with exact quotas and turn each into a persona (an LLM meta-prompt
     through the gateway, or templates for very large N)."""
-    from populace.cli.personas import PersonaGenerationError, PopulationError, generate
+    from populace.client.personas import PersonaGenerationError, PopulationError, generate
 
     try:
         res = generate(config, out, count, model, unique, seed, nats, concurrency, show_progress=True)
@@ -1135,6 +1071,8 @@ def replicas_vllm(
         _serve_replicas(lambda: start_vllm(model, gpu_list, base_port=base_port, max_concurrency=max_concurrency or 256,
                                            extra_args=vllm_args or [], bind=bind, advertise=advertise), nats)
         return
+    from populace.client.live import VLLM_START_TIMEOUT_S
+
     prepared = _ensure_vllm_cpu()
     _serve_replicas(lambda: start_vllm_cpu(count, model=model, max_concurrency=max_concurrency or 16,
                                            extra_args=vllm_args or [], bind=bind, advertise=advertise,
@@ -1149,7 +1087,7 @@ def bench_gateway(
 ) -> None:
     """Gateway overhead, routed throughput, prefix-affinity vs round-robin, share bound,
     tokens per decision (one structured call vs the paper's two calls)."""
-    from populace.cli.bench_gateway import run_gateway_bench
+    from populace.bench.gateway import run_gateway_bench
 
     result = run_gateway_bench(llm=llm, quiet=json_out)
     if out:
@@ -1176,8 +1114,8 @@ def bench_vllm(
 ) -> None:
     """On real vLLM (CPU build, two replicas started here): prefix-affinity vs round-robin by
     vLLM's own prefix-cache counters, the simulator calibrated against it, and one structured
-    call vs the paper's two calls (src/populace/cli/bench_vllm.py)."""
-    from populace.cli.bench_vllm import dumps, run_vllm_bench, table
+    call vs the paper's two calls (populace.bench.vllm)."""
+    from populace.bench.vllm import dumps, run_vllm_bench, table
 
     result = run_vllm_bench(personas_k=personas, chars=persona_chars, requests=requests, concurrency=concurrency,
                             people=people, affinity=affinity, two_call=two_call, replica_urls=replica)
@@ -1214,56 +1152,31 @@ def bench_dummy(
     """The paper's dummy benchmark through the whole pipeline: every agent's turn waits
     `latency` seconds for its answer; every outcome ends up in DuckDB. With --degree, agents talk
     on a graph: posts heard per second, cross-host mail and the edge cut are measured too."""
-    from populace.cli.bench import graph_section, run_dummy_bench
+    from populace.bench.dummy import graph_section, run_dummy_series
     from populace.client.prepare import parse_config, prepare
 
     params = _overrides(set_)
     checked(lambda: prepare(parse_config({"simulation": simulation, "agents": agents, **params})))
-    common = {"agents": agents, "latency": latency, "hosts": hosts or os.cpu_count() or 1, "rounds": rounds,
-              "floor": floor, "quiet": json_out, "storage": storage}
     section = graph_section(graph, degree) if degree is not None else None
     if section is not None:
         from populace.graph.config import parse_graph
 
         checked(lambda: parse_graph(section, agents))
-    runs: list = []
-    for how in (("partition", "ids") if placement == "both" else (placement,)) if section else ("partition",):
-        runs.append(run_dummy_bench(**common, simulation=simulation, params=params, graph=section, placement=how))
-        if not json_out:
-            display.out.print(runs[-1].table())
-    if compare:
-        runs.append(run_dummy_bench(**common, simulation=compare))
-        if not json_out:
-            display.out.print(runs[-1].table())
-    summary = _bench_summary(runs, placement == "both" and section is not None, compare is not None)
-    document = runs[0].to_json(indent=2) if len(runs) == 1 else json.dumps(
-        {"runs": [json.loads(r.to_json()) for r in runs], **summary}, indent=2)
+    series = run_dummy_series(agents=agents, latency=latency, hosts=hosts or os.cpu_count() or 1, rounds=rounds,
+                              floor=floor, quiet=json_out, storage=storage, simulation=simulation, params=params,
+                              graph=section, placement=placement, compare=compare,
+                              on_result=None if json_out else lambda r: display.out.print(r.table()))
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(document + "\n")
+        out.write_text(series.document() + "\n")
     if json_out:
-        print(document)
-    elif summary:
-        for key, value in summary.items():
+        print(series.document())
+    else:
+        for key, value in series.summary.items():
             display.out.print(f"{key.replace('_', ' ')}: {value}")
-    short = [r for r in runs if r.recorded != r.acted]
+    short = series.short()
     if short:
-        fail(f"{short[0].recorded} outcomes were recorded, but {short[0].acted} agents acted", code=1)
-
-
-def _bench_summary(runs: list, both: bool, compared: bool) -> dict:
-    """Ratios between a bench's runs: cross-host mail with the generator's ids over the graph's
-    numbering, and the graph run's round time over the compared simulation's."""
-    out: dict = {}
-    if both:
-        part, ids = runs[0], runs[1]
-        out["cross_host_bytes_ids_over_partition"] = round((ids.mail_bytes_per_round or 0)
-                                                           / max(1.0, part.mail_bytes_per_round or 0), 2)
-        out["cross_host_posts_ids_over_partition"] = round((ids.mail_posts_per_round or 0)
-                                                           / max(1.0, part.mail_posts_per_round or 0), 2)
-    if compared:
-        out["round_time_over_compared"] = round(runs[0].round_s / max(1e-9, runs[-1].round_s), 2)
-    return out
+        fail(f"{short.recorded} outcomes were recorded, but {short.acted} agents acted", code=1)
 
 
 @auth_app.command("host")

@@ -34,11 +34,9 @@ from typing import Any
 import pyarrow as pa
 
 from populace.client.prepare import PreparedRun, parse_config, prepare, prepare_file
-from populace.client.progress import RunProgress
-from populace.client.run import RunOutcome, new_run_id, play
-from populace.core import bus
+from populace.client.run import RunOutcome, new_run_id
 from populace.core.contracts import RoundResult, RunConfig, SimulationTables, Usage
-from populace.core.scenario import ScenarioError, format_validation_error
+from populace.core.scenario import ScenarioError, format_validation_error, merged
 
 Scenario = str | Path | dict | RunConfig | PreparedRun
 
@@ -66,7 +64,9 @@ class SimulationResult:
         return table.to_pandas()
 
 
-def _prepared(scenario: Scenario, overrides: dict[str, Any]) -> PreparedRun:
+def prepare_scenario(scenario: Scenario, overrides: dict[str, Any]) -> PreparedRun:
+    """A scenario (file, mapping, config or prepared run) with `overrides` merged in (deeply, as
+    `--set` merges), validated and prepared once; ScenarioError names the field."""
     if isinstance(scenario, PreparedRun) and not overrides:
         return scenario
     if isinstance(scenario, PreparedRun):
@@ -78,13 +78,13 @@ def _prepared(scenario: Scenario, overrides: dict[str, Any]) -> PreparedRun:
             from populace.core.scenario import load_scenario_data
 
             data, text = load_scenario_data(scenario)
-            data = {**data, **overrides}
+            data = merged(data, overrides)
             return prepare(parse_config(data), base=Path(scenario).parent,
                            agents_given="agents" in data, scenario_path=str(scenario), scenario_text=text)
         if isinstance(scenario, RunConfig):
-            data = {**scenario.model_dump(mode="json", exclude_unset=True), **overrides}
+            data = merged(scenario.model_dump(mode="json", exclude_unset=True), overrides)
         else:
-            data = {**scenario, **overrides}
+            data = merged(scenario, overrides)
         return prepare(parse_config(data), agents_given="agents" in data)
     except ScenarioError:
         raise
@@ -153,8 +153,9 @@ async def start(scenario: Scenario, *, nats: str | None = None, local: bool = Fa
     `local`: play in this process without NATS (dummy model); `hosts` then splits the agents
     as that many agent-hosts would hold them. `db`: the DuckDB file a private stack or a local
     run records to (default: a new temporary one; `result.db_path` says where).
-    `overrides`: scenario keys to replace, e.g. `agents=100`."""
-    prepared = _prepared(scenario, overrides)
+    `overrides`: scenario keys to replace, e.g. `agents=100`; a mapping merges into the scenario's
+    like `--set` (`game={"ratio": "1/2"}` keeps its other `game:` keys)."""
+    prepared = prepare_scenario(scenario, overrides)
     run_id = new_run_id()
     if local:
         coro = _local(prepared, run_id, hosts, db)
@@ -308,14 +309,13 @@ async def _stack(nats: str | None, backend: str, hosts: int, db: str | None):
     if nats is not None:
         yield nats, db
         return
-    from populace.client.stack import Stack
+    from populace.client.live import private_stack, ready_timeout
 
     db = db or str(Path(tempfile.mkdtemp(prefix="populace-")) / "populace.duckdb")
-    extra = {f"replicas-{backend}": ["replicas", backend, "--count", "1"]} if backend in ("local", "sim") else {}
-    stack = Stack(hosts=hosts, db=db, extra=extra, replicas=len(extra))
+    stack = private_stack({backend}, 1, hosts, db)
     await asyncio.to_thread(stack.start)
     try:
-        await stack.wait_ready()
+        await stack.wait_ready(timeout=ready_timeout({backend}))
         yield stack.url, db
     finally:
         await asyncio.to_thread(stack.stop)
@@ -324,15 +324,10 @@ async def _stack(nats: str | None, backend: str, hosts: int, db: str | None):
 async def _fleet(prepared: PreparedRun, run_id: str, nats: str | None, hosts: int, db: str | None,
                  progress: bool) -> SimulationResult:
     config = prepared.config
+    from populace.client.live import play_prepared
+
     async with _stack(nats, config.model.backend, hosts, db) as (url, db_path):
-        nc = await bus.connect_or_fail(url, "populace-client")
-        try:
-            with RunProgress(config, enabled=progress) as bars:
-                outcome: RunOutcome = await play(nc, config, run_id=run_id, personas=prepared.personas,
-                                                 graph=prepared.graph_blobs, manifest=prepared.manifest,
-                                                 on_event=bars.on_event)
-        finally:
-            await nc.close()
+        outcome: RunOutcome = await play_prepared(url, prepared, progress, run_id, client_name="populace-client")
     tables = prepared.resolved.tables() if prepared.resolved else None
     recorded_at = outcome.recorded.db_path if outcome.recorded else db_path
     read = _read_db(recorded_at, run_id, tables) if recorded_at and tables else None

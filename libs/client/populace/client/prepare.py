@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from populace.core.contracts import DEFAULT_SIMULATION, RunConfig
 from populace.core.objects import digest_of
-from populace.core.scenario import ScenarioError, format_validation_error, load_scenario_data
+from populace.core.scenario import ScenarioError, format_validation_error, load_scenario_data, merged
 from populace.core.settings import Settings, machine_memory
 from populace.graph.prepare import PreparedGraph, prepare_graph
 from populace.population import PopulationError, load_population, template_records
@@ -401,8 +401,7 @@ def prepare_fork(parent: RunConfig, after_round: int, changes: dict, parent_mani
     for key in ("agents", "simulation", "population", "graph"):
         if key in changes:
             raise ScenarioError(f"{key}: a fork keeps its parent's {key} (it continues the same agents)")
-    data = parent.model_dump(mode="json")
-    _merge_into(data, changes)
+    data = merged(parent.model_dump(mode="json"), changes)
     data["name"] = changes.get("name", f"{parent.name}-fork")
     resolved = checked(parse_config(data))
     manifest = build_manifest(resolved, [], None, None)
@@ -413,11 +412,3 @@ def prepare_fork(parent: RunConfig, after_round: int, changes: dict, parent_mani
             manifest["graph"] = parent_manifest["graph"]
     manifest["fork"] = {"parent": parent_id, "after_round": after_round, "changes": changes}
     return PreparedRun(resolved.config, None, manifest, resolved)
-
-
-def _merge_into(into: dict, extra: dict) -> None:
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(into.get(key), dict):
-            _merge_into(into[key], value)
-        else:
-            into[key] = value

@@ -1,5 +1,5 @@
 """What steering a run checks before it asks anything of the stack, shared by the CLI
-(`populace cancel|resume|fork`, populace.cli.steer) and the manager's run page, so both refuse the
+(`populace cancel|resume|fork`, populace.client.live) and the manager's run page, so both refuse the
 same things with the same words.
 
     cancel_refusal(state)                   # None, or why `populace cancel` would refuse

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import TypeVar
 
@@ -74,6 +75,19 @@ def yaml_mapping(text: str, where: str, what: str = "scenario") -> dict:
     if not isinstance(data, dict):
         raise ScenarioError(f"({what}): the file must hold a mapping of keys to values")
     return data
+
+
+def merged(base: dict, extra: dict) -> dict:
+    """`base` with `extra` merged in, mapping into mapping (`{"game": {"ratio": "1/2"}}` changes the
+    ratio and keeps the scenario's other `game:` keys); any other value replaces. Neither input is
+    changed. The one merge of overrides: `--set`, `simulate(..., game={...})`, sweeps, forks."""
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)  # the caller's value is not shared with the config built from it
+    return out
 
 
 def load_scenario_data(path: str | Path) -> tuple[dict, str]:

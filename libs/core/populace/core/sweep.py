@@ -27,6 +27,7 @@ from populace.core.scenario import (
     format_validation_error,
     load_scenario_data,
     load_yaml_mapping,
+    merged,
     validated,
 )
 
@@ -76,15 +77,6 @@ def _short(value: Any) -> str:
     return str(value)
 
 
-def _merge(into: dict, extra: dict) -> dict:
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(into.get(key), dict):
-            _merge(into[key], value)
-        else:
-            into[key] = copy.deepcopy(value)
-    return into
-
-
 def _set(data: dict, dotted: str, value: Any) -> None:
     parts = dotted.split(".")
     node = data
@@ -114,7 +106,7 @@ def load_sweep(path: str | Path) -> tuple[SweepSpec, dict]:
         except ScenarioError as err:
             raise ScenarioError(f"scenario: {err}") from None
         _rebase_population(base, scenario.parent)
-    return spec, _merge(base, spec.base)
+    return spec, merged(base, spec.base)
 
 
 def _rebase_population(data: dict, scenario_dir: Path) -> None:

@@ -37,12 +37,9 @@ from dataclasses import asdict, dataclass, field
 
 import httpx
 from nats.errors import NoRespondersError
-
-# The bench measures the gateway on the paper's game (its prompts and answer schema).
-from populace_ratio_game.params import GameConfig
-from populace_ratio_game.prompts import answer_schema, system_prompt
 from rich.table import Table
 
+from populace.bench.game import BenchGame
 from populace.core import bus, replies, subjects
 from populace.core.contracts import InferBatch, InferReply, ModelConfig, ReplicaInfo, ServiceInfo
 from populace.core.natsserver import EmbeddedNats
@@ -54,9 +51,9 @@ from populace.gateway.replicas import ReplicaPool
 from populace.gateway.routing import make_router
 from populace.gateway.sim import SimConfig, SimModel
 
-GAME = GameConfig()
-SYSTEM = system_prompt(GAME)
-SCHEMA = answer_schema(GAME)
+GAME = BenchGame()  # the gateway is measured on the paper's game: its prompts and answer schema
+SYSTEM = GAME.system
+SCHEMA = GAME.schema
 CANNED = json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": '{"guess": 33}'},
                                   "finish_reason": "stop"}],
                      "usage": {"prompt_tokens": 90, "completion_tokens": 6, "total_tokens": 96}}).encode()
@@ -405,8 +402,6 @@ async def tokens_per_decision(log_dir: str, n: int = 12) -> dict:
         await wait_healthy(rs, timeout=180)
         url, model = rs.replicas[0].info.url, rs.replicas[0].info.model
         one, two, valid_one, valid_two = [], [], 0, 0
-        from populace_ratio_game.parsing import parse_guess
-
         async with httpx.AsyncClient(timeout=120) as http:
             async def call(messages, **extra):
                 r = await http.post(url + "/v1/chat/completions",
@@ -414,13 +409,13 @@ async def tokens_per_decision(log_dir: str, n: int = 12) -> dict:
                 d = r.json()
                 return d["choices"][0]["message"]["content"] or "", d["usage"]["total_tokens"]
 
-            basic_system = SYSTEM.replace(' Answer with JSON only, in the form {"guess": <number>}.', "")
+            basic_system = GAME.free_system
             for k in range(n):
                 user = f"You are player {k}. Report your number."
                 text, tok = await call([{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
                                        max_tokens=24, response_format={"type": "json_object", "schema": SCHEMA})
                 one.append(tok)
-                valid_one += parse_guess(text, 100) is not None
+                valid_one += GAME.valid(text)
                 # the paper's way: a free answer, then a second call to extract the number
                 answer, tok1 = await call([{"role": "system", "content": basic_system},
                                            {"role": "user", "content": user}], max_tokens=128)
@@ -430,7 +425,7 @@ async def tokens_per_decision(log_dir: str, n: int = 12) -> dict:
                 two.append(tok1 + tok2)
                 # lenient, as the paper's extraction was: the first number in the reply
                 found = re.search(r"-?[0-9]+(?:\.[0-9]+)?", extracted)
-                valid_two += found is not None and parse_guess(found.group(), 100) is not None
+                valid_two += found is not None and GAME.valid(found.group())
     finally:
         rs.stop()
     return {"one": statistics.mean(one), "two": statistics.mean(two),

@@ -1,5 +1,5 @@
-"""`populace sweep EXPERIMENTS.yaml`: every cell of a grid × every seed, as separate runs on
-one stack (its own, or the one at --nats), collected into one results table.
+"""Sweeps (`populace sweep EXPERIMENTS.yaml`): every cell of a grid × every seed, as separate
+runs on one stack (a private one, or a running one), collected into one results table.
 
 Every scenario is validated and its population resolved before anything starts, so a typo in
 the last cell fails in a second, not after an hour of runs."""
@@ -12,10 +12,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from populace.cli import display
 from populace.client.prepare import PreparedRun, prepare
 from populace.core import bus
 from populace.core.scenario import ScenarioError
@@ -56,16 +55,6 @@ def plan(path: str | Path) -> SweepPlan:
     return SweepPlan(spec, cells, prepared, sweep_id)
 
 
-def plan_table(sp: SweepPlan) -> Table:
-    t = Table(title=f"sweep {sp.spec.name}: {len(sp.cells)} runs")
-    for col in ("#", "cell", "seed", "agents", "rounds", "backend"):
-        t.add_column(col)
-    for cell, prep in zip(sp.cells, sp.prepared):
-        c = prep.config
-        t.add_row(str(cell.index), cell.label, str(cell.seed), str(c.agents), str(c.rounds), c.model.backend)
-    return t
-
-
 async def run_all(url: str, sp: SweepPlan, show_progress: bool = True) -> list[dict]:
     """Play every run in order; one row per run and round (a failed run gets one row)."""
     from populace.client.run import RunStalled, new_run_id, play
@@ -73,7 +62,7 @@ async def run_all(url: str, sp: SweepPlan, show_progress: bool = True) -> list[d
     rows: list[dict] = []
     nc = await bus.connect_or_fail(url, "populace-sweep")
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), console=display.console, disable=not show_progress)
+                        TimeElapsedColumn(), console=Console(stderr=True), disable=not show_progress)
     try:
         with progress:
             task = progress.add_task("runs", total=len(sp.cells))
@@ -133,18 +122,6 @@ def summary(rows: list[dict]) -> list[dict]:
                     "mean": ci["mean"], "ci_low": ci["low"], "ci_high": ci["high"],
                     "valid": sum(r["n_valid"] for r in runs) / max(1, sum(r["n"] for r in runs))})
     return out
-
-
-def summary_table(rows: list[dict], title: str) -> Table:
-    t = Table(title=title)
-    key = (key_column(rows) or "value").replace("_", " ")
-    for col in ("cell", "runs", "round", f"{key} of last round", "95% CI across seeds", "valid"):
-        t.add_column(col, justify="left" if col == "cell" else "right")
-    for s in summary(rows):
-        ci = "—" if s["ci_low"] is None else f"[{display.fmt(s['ci_low'])}, {display.fmt(s['ci_high'])}]"
-        t.add_row(s["cell"], str(s["runs"]), str(s["last_round"]), display.fmt(s["mean"]), ci,
-                  f"{100 * s['valid']:.0f}%")
-    return t
 
 
 def write_rows(rows: list[dict], out: Path) -> None:

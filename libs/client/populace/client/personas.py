@@ -1,27 +1,17 @@
-"""`populace personas generate`: turn a population config into a personas JSONL file.
+"""`populace personas generate` as a library: a population config → a personas JSONL file.
 
 Two ways to build a persona from a sampled profile:
 
 * **template** — fixed rules, no LLM (:func:`populace.population.template_records`); 100,000
   personas take about two seconds.
 * **LLM** (``local``: SmolLM2 on llama.cpp; ``sim`` / ``openai``: whatever replicas of that
-  backend the stack at ``--nats`` has) — a meta-prompt asks the model for a persona
-  consistent with the profile, as JSON matching a per-profile schema, through the inference
-  gateway (``llm.infer.<user>`` request/reply carrying an :class:`~populace.core.contracts.InferBatch`).
-  Without ``--nats`` a private stack (embedded NATS, the services, ``replicas`` llama.cpp or
-  sim replicas; logs and DuckDB file in a temporary directory) is started and stopped around
-  the run.
+  backend the stack at ``nats`` has) — through the inference gateway
+  (:mod:`populace.population.over_nats`). Without ``nats`` a private stack (embedded NATS, the
+  services, ``replicas`` llama.cpp or sim replicas; logs and DuckDB file in a temporary
+  directory) is started and stopped around the run.
 
-This module is the wiring: options, the stack, the NATS requests and the progress bars.
-What to ask and what to keep — the meta-prompt, the schema and its grammar, the consistency
-checks, de-duplication, regeneration with a new seed and temperature, the template fallback
-and the ``--unique K`` assignment — is decided in :mod:`populace.population.generation`.
-Here, all personas are generated concurrently: prompts sharing a schema are sent together,
-at most ``concurrency`` per InferBatch (``batch_id`` unique, ``run_id`` ``personas-<hash>``,
-``keys`` the persona indexes), and ``InferReply.valid[i]`` says whether answer *i*
-satisfied the schema. A persona whose :data:`~populace.population.generation.MAX_TRIES`
-tries all failed is marked ``provenance.mode = "template-fallback"`` with the ``reason`` of
-the last failure.
+A persona whose :data:`~populace.population.generation.MAX_TRIES` tries all failed is marked
+``provenance.mode = "template-fallback"`` with the ``reason`` of the last failure.
 
 Output: one JSON object per line, ``{"profile", "persona", "provenance"}`` (see
 :mod:`populace.population.personas`). LLM provenance: ``mode`` ("llm"), ``prompt_version``
@@ -41,9 +31,7 @@ import os
 import shutil
 import tempfile
 import time
-import uuid
 from collections import Counter
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,23 +48,14 @@ from populace.population import (
     write_jsonl,
 )
 from populace.population.generation import (
-    MAX_TOKENS,
-    MAX_TRIES,
     PROMPT_VERSION,
-    SYSTEM_PROMPT,
-    TEMPERATURES,
     assign_unique,
     attribute_kinds,
     category_counts,
-    consistency_problem,
-    dedupe_key,
     fallback_persona,
-    model_seed,
-    parse_persona,
-    persona_schema,
     reason_kind,
-    user_prompt,
 )
+from populace.population.over_nats import PersonaGenerationError, generate_over_nats
 
 __all__ = [
     "LLM_MODELS",
@@ -89,13 +68,6 @@ __all__ = [
 
 MODELS = ("template", "local", "sim", "openai")
 LLM_MODELS = ("local", "sim", "openai")
-REQUEST_TIMEOUT_S = 900.0  # one InferBatch; the gateway bounds each call itself
-MAX_INFLIGHT_BATCHES = 64
-
-
-
-class PersonaGenerationError(RuntimeError):
-    """The LLM path could not run at all (no gateway, no replica, stack failed to start)."""
 
 
 @dataclass
@@ -121,172 +93,6 @@ class GenerateResult:
     def llm_share(self) -> float:
         """Share of generated personas that came from the LLM (0 for template mode)."""
         return self.llm / self.unique if self.unique else 0.0
-
-
-# --------------------------------------------------------------------------- the LLM path
-
-@dataclass
-class _Outcome:
-    persona: dict | None = None
-    attempts: int = 0
-    first_try: bool = False
-    sampling_seed: int | None = None
-    temperature: float | None = None
-    reason: str | None = None
-    rejected: list[str] = field(default_factory=list)  # why each earlier try was not kept
-
-
-class _LlmGenerator:
-    """Generates personas for ``profiles`` through the gateway on ``nc``."""
-
-    def __init__(self, nc, profiles: Sequence[dict], backend: str, seed: int, run_id: str,
-                 concurrency: int, on_done: Callable[[], None]) -> None:
-        self.nc, self.profiles, self.backend, self.seed = nc, profiles, backend, seed
-        self.run_id, self.concurrency, self.on_done = run_id, concurrency, on_done
-        self.outcomes = [_Outcome() for _ in profiles]
-        self.seen: dict[tuple[str, str], int] = {}
-        self.regenerated = 0
-        self.duplicates_removed = 0
-        self.session = uuid.uuid4().hex[:8]
-        self.batches = 0
-        self.sem = asyncio.Semaphore(MAX_INFLIGHT_BATCHES)
-        self.tasks: set[asyncio.Task] = set()
-        self.fatal: BaseException | None = None
-
-    async def run(self) -> list[_Outcome]:
-        self._submit(list(range(len(self.profiles))), 0)
-        while self.tasks:
-            done, _ = await asyncio.wait(self.tasks, return_when=asyncio.FIRST_COMPLETED)
-            for t in done:
-                self.tasks.discard(t)
-                if (err := t.exception()) is not None and self.fatal is None:
-                    self.fatal = err
-            if self.fatal is not None:
-                for t in self.tasks:
-                    t.cancel()
-                await asyncio.gather(*self.tasks, return_exceptions=True)
-                raise self.fatal
-        return self.outcomes
-
-    def _submit(self, indexes: list[int], attempt: int) -> None:
-        """One batch per (schema, chunk of `concurrency`): prompts sharing a schema together."""
-        by_schema: dict[str, list[int]] = {}
-        for i in indexes:
-            key = json.dumps(persona_schema(self.profiles[i]), sort_keys=True)
-            by_schema.setdefault(key, []).append(i)
-        for group in by_schema.values():
-            for start in range(0, len(group), self.concurrency):
-                chunk = group[start:start + self.concurrency]
-                self.tasks.add(asyncio.create_task(self._batch(chunk, attempt)))
-
-    async def _batch(self, indexes: list[int], attempt: int) -> None:
-        from nats.errors import NoRespondersError
-        from nats.errors import TimeoutError as NatsTimeout
-
-        from populace.core import bus, replies, subjects
-        from populace.core.contracts import InferBatch, InferReply, ModelConfig
-
-        self.batches += 1
-        model = ModelConfig(backend=self.backend, seed=model_seed(self.seed, attempt),
-                            temperature=TEMPERATURES[min(attempt, len(TEMPERATURES) - 1)],
-                            max_tokens=MAX_TOKENS)
-        batch = InferBatch(
-            batch_id=f"{self.run_id}-{self.session}-{self.batches}", run_id=self.run_id,
-            round=attempt + 1, model=model, system=SYSTEM_PROMPT,
-            keys=indexes, prompts=[user_prompt(self.profiles[i]) for i in indexes],
-            response_schema=persona_schema(self.profiles[indexes[0]]),
-        )
-        texts: list[str] = [""] * len(indexes)
-        valid = [False] * len(indexes)
-        error: str | None = None
-        async with self.sem:
-            try:
-                msg = await replies.request(self.nc, "gateway", subjects.llm_infer(replies.requester(self.nc)),
-                                            bus.encode(batch), timeout=REQUEST_TIMEOUT_S)
-            except NoRespondersError:
-                raise PersonaGenerationError(
-                    "no inference gateway answers llm.infer on this NATS server "
-                    "(start a stack with `populace up`, or leave out --nats)") from None
-            except (TimeoutError, NatsTimeout):
-                error = f"timeout: no reply in {REQUEST_TIMEOUT_S:.0f}s"
-            else:
-                reply = InferReply.model_validate_json(msg.data)
-                if reply.error is not None:
-                    error = f"gateway error: {reply.error}"
-                elif len(reply.texts) != len(indexes):
-                    error = f"gateway error: {len(reply.texts)} answers for {len(indexes)} prompts"
-                else:
-                    texts = reply.texts
-                    valid = reply.valid or [False] * len(indexes)
-        retry: list[int] = []
-        for pos, i in enumerate(indexes):
-            out = self.outcomes[i]
-            out.attempts = attempt + 1
-            reason = error
-            persona = None
-            if reason is None:
-                persona = parse_persona(texts[pos]) if valid[pos] else None
-                if persona is None:
-                    reason = f"invalid answer: {texts[pos][:120]!r}"
-                else:
-                    reason = consistency_problem(persona, self.profiles[i])
-            if reason is None:
-                key = dedupe_key(persona)  # type: ignore[arg-type]
-                if key in self.seen and self.seen[key] != i:
-                    self.duplicates_removed += 1
-                    reason = f"duplicate of persona {self.seen[key]}"
-                else:
-                    self.seen[key] = i
-            if reason is None:
-                out.persona, out.reason = persona, None
-                out.first_try = attempt == 0
-                out.sampling_seed = model.seed * 1_000_003 + i
-                out.temperature = model.temperature
-                self.on_done()
-            else:
-                out.reason = reason
-                out.rejected.append(reason)
-                if attempt + 1 < MAX_TRIES:
-                    retry.append(i)
-                else:
-                    self.on_done()
-        if retry:
-            self.regenerated += len(retry)
-            self._submit(retry, attempt + 1)
-
-
-async def _replica_models(nc, backend: str) -> list[str]:
-    from populace.core import bus, subjects
-    from populace.core.contracts import ReplicaInfo
-
-    try:
-        entries = await bus.registry_entries(nc.jetstream(), subjects.REPLICAS_BUCKET, ReplicaInfo)
-    except Exception:
-        return []
-    return sorted({e.model for e in entries if e.backend == backend})
-
-
-async def _generate_llm(url: str, profiles: Sequence[dict], backend: str, seed: int, run_id: str,
-                        concurrency: int, progress) -> tuple[list[_Outcome], _LlmGenerator, str]:
-    from populace.core import bus
-
-    try:
-        nc = await bus.connect_or_fail(url, "populace-personas")
-    except ConnectionError as err:
-        raise PersonaGenerationError(str(err)) from None
-    try:
-        models = await _replica_models(nc, backend)
-        if not models:
-            raise PersonaGenerationError(
-                f"no {backend!r} LLM replica is registered on {url} "
-                f"(start one with `populace replicas {backend} --nats {url}`, or leave out --nats)")
-        task = progress.add_task(f"personas ({backend})", total=len(profiles))
-        gen = _LlmGenerator(nc, profiles, backend, seed, run_id, concurrency,
-                            on_done=lambda: progress.advance(task))
-        outcomes = await gen.run()
-        return outcomes, gen, "+".join(models)
-    finally:
-        await nc.close()
 
 
 def _stop_stack(stack) -> None:
@@ -325,8 +131,6 @@ def _default_replicas() -> int:
     return max(1, min(os.cpu_count() or 1, 4))
 
 
-# --------------------------------------------------------------------------- entry point
-
 def generate(config_path: Path, out: Path, count: int | None, model: str, unique: int | None,
              seed: int | None, nats: str | None, concurrency: int, show_progress: bool,
              *, replicas: int | None = None) -> GenerateResult:
@@ -363,9 +167,10 @@ def generate(config_path: Path, out: Path, count: int | None, model: str, unique
     profiles = sample_profiles(cfg, n, seed=s)
     out = Path(out)
 
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from populace.cli.display import console
+    console = Console(stderr=True)  # progress on stderr, as the CLI's: stdout stays the command's result
 
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=console, disable=not show_progress)
@@ -451,7 +256,7 @@ def _llm_personas(cfg: PopulationConfig, backend: str, gen_profiles: list[dict],
                 progress.update(starting, total=1, completed=1)
                 url = stack.url
             outcomes, gen, model_id = asyncio.run(
-                _generate_llm(url, gen_profiles, backend, seed, run_id, concurrency, progress))  # type: ignore[arg-type]
+                generate_over_nats(url, gen_profiles, backend, seed, run_id, concurrency, progress))  # type: ignore[arg-type]
         ok = True
     finally:
         if stack is not None:

@@ -16,15 +16,19 @@ from pathlib import Path
 
 import duckdb
 import httpx
+from rich.console import Console
 from rich.table import Table
 
-from populace.cli import display
 from populace.client.prepare import checked
+from populace.client.progress import RunProgress
 from populace.client.run import play
 from populace.client.stack import Stack
 from populace.core import bus
 from populace.core.contracts import RunConfig
 from populace.core.natsserver import free_port
+
+# progress and notes go to stderr, like the CLI's: stdout stays the bench's table or JSON
+console = Console(stderr=True)
 
 FLOOR_SCRIPT = """
 import asyncio, sys, time
@@ -216,7 +220,7 @@ def run_dummy_bench(agents: int, latency: float, hosts: int, rounds: int = 1, fl
         resolved, personas, blobs, manifest = (prepared.resolved, prepared.personas, prepared.graph_blobs,
                                                prepared.manifest)
         if not quiet:
-            display.console.print(f"graph built and numbered in {time.perf_counter() - t:.1f} s: "
+            console.print(f"graph built and numbered in {time.perf_counter() - t:.1f} s: "
                                   f"{prepared.manifest['graph']}", highlight=False)
     config, tables = resolved.config, resolved.simulation.tables()
     table = tables.outcomes
@@ -225,7 +229,7 @@ def run_dummy_bench(agents: int, latency: float, hosts: int, rounds: int = 1, fl
     # Memory storage (the default) keeps the benchmark about the pipeline, not this disk.
     stack = Stack(hosts=hosts, db=db, log_dir=str(Path(workdir) / "logs"), nats_args=["-m", str(monitor)],
                   env={"POPULACE_STORAGE": storage, "POPULACE_LOG_LEVEL": "INFO"})
-    log = display.console.print if not quiet else (lambda *a, **k: None)
+    log = console.print if not quiet else (lambda *a, **k: None)
     try:
         stack.start()
         asyncio.run(stack.wait_ready(timeout=120))
@@ -236,7 +240,7 @@ def run_dummy_bench(agents: int, latency: float, hosts: int, rounds: int = 1, fl
         async def go():
             nc = await bus.connect(stack.url, "populace-bench")
             try:
-                with display.RunProgress(config, enabled=not quiet) as progress:
+                with RunProgress(config, enabled=not quiet) as progress:
                     return await play(nc, config, on_event=progress.on_event, stall_s=600, personas=personas,
                                       graph=blobs, manifest=manifest)
             finally:
@@ -285,3 +289,56 @@ def run_dummy_bench(agents: int, latency: float, hosts: int, rounds: int = 1, fl
         mail_bytes_per_round=mail[2] if mail else None, posts_heard_per_round=heard, heard_per_s=heard_rate,
         checkpoint_bytes_by_round=saved,
     )
+
+
+@dataclass
+class DummyBenchSeries:
+    """A `populace bench dummy` invocation: its runs (a graph's numbering and the generator's ids
+    when both placements are compared, then the compared simulation) and the ratios between them."""
+
+    runs: list[DummyBenchResult]
+    summary: dict
+
+    def document(self) -> str:
+        """The JSON written to --out and printed with --json: one run's result, or all of them."""
+        if len(self.runs) == 1:
+            return self.runs[0].to_json(indent=2)
+        return json.dumps({"runs": [json.loads(r.to_json()) for r in self.runs], **self.summary}, indent=2)
+
+    def short(self) -> DummyBenchResult | None:
+        """The first run that recorded fewer outcomes than its agents played (None: all complete)."""
+        return next((r for r in self.runs if r.recorded != r.acted), None)
+
+
+def run_dummy_series(*, agents: int, latency: float, hosts: int, rounds: int, floor: bool, quiet: bool, storage: str,
+                     simulation: str, params: dict, graph: dict | None, placement: str, compare: str | None,
+                     on_result=None) -> DummyBenchSeries:
+    """Every run a `populace bench dummy` asks for, in order; `on_result(result)` after each."""
+    common = {"agents": agents, "latency": latency, "hosts": hosts, "rounds": rounds, "floor": floor,
+              "quiet": quiet, "storage": storage}
+    runs: list[DummyBenchResult] = []
+    placements = (("partition", "ids") if placement == "both" else (placement,)) if graph else ("partition",)
+    for how in placements:
+        runs.append(run_dummy_bench(**common, simulation=simulation, params=params, graph=graph, placement=how))
+        if on_result:
+            on_result(runs[-1])
+    if compare:
+        runs.append(run_dummy_bench(**common, simulation=compare))
+        if on_result:
+            on_result(runs[-1])
+    return DummyBenchSeries(runs, series_summary(runs, placement == "both" and graph is not None, compare is not None))
+
+
+def series_summary(runs: list[DummyBenchResult], both: bool, compared: bool) -> dict:
+    """Ratios between a bench's runs: cross-host mail with the generator's ids over the graph's
+    numbering, and the graph run's round time over the compared simulation's."""
+    out: dict = {}
+    if both:
+        part, ids = runs[0], runs[1]
+        out["cross_host_bytes_ids_over_partition"] = round((ids.mail_bytes_per_round or 0)
+                                                           / max(1.0, part.mail_bytes_per_round or 0), 2)
+        out["cross_host_posts_ids_over_partition"] = round((ids.mail_posts_per_round or 0)
+                                                           / max(1.0, part.mail_posts_per_round or 0), 2)
+    if compared:
+        out["round_time_over_compared"] = round(runs[0].round_s / max(1e-9, runs[-1].round_s), 2)
+    return out

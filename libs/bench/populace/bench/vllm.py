@@ -37,17 +37,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import httpx
-from populace_ratio_game.params import GameConfig, PromptConfig
-from populace_ratio_game.parsing import parse_guess
-from populace_ratio_game.prompts import answer_schema, rules, system_prompt, user_prompt
 from rich.table import Table
 
-from populace.cli.bench_gateway import batch, personas, pool_of, settings
+from populace.bench.game import BenchGame
+from populace.bench.gateway import batch, personas, pool_of, settings
 from populace.gateway.dispatcher import Dispatcher
 from populace.gateway.openai_api import ChatClient
 from populace.gateway.routing import make_router
 
-GAME = GameConfig()
+GAME = BenchGame()  # the paper's game (the ratio game), through the registry
 KV_GIB = 1  # VLLM_CPU_KVCACHE_SPACE per replica (vLLM reads whole GiB)
 ROUTERS = ("prefix-affinity", "round-robin")
 
@@ -226,14 +224,14 @@ async def calibration_probes(infos: list, concurrency: int, chars: int, n: int =
     per replica, summed over the replicas. Prefill: `n` prompts of never-seen personas per
     replica (nothing cached but the game's first blocks), max_tokens 1. Decode: 4`n` requests
     per replica with the game's short system prompt, answering its schema as the workload does."""
-    schema = answer_schema(GAME)
+    schema = GAME.schema
     async with httpx.AsyncClient(timeout=60) as http:
         await reset_prefix_caches(http, [i.url for i in infos])
     fresh = personas(1000 + n * len(infos), chars)[1000:]  # not among the workload's personas
     pre = await asyncio.gather(*(probe(info.url, info.model, [(p, "Report your number.")
                                                               for p in fresh[j * n:(j + 1) * n]],
                                        concurrency, max_tokens=1) for j, info in enumerate(infos)))
-    short = system_prompt(GAME)
+    short = GAME.system
     rf = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
     dec = await asyncio.gather(*(probe(info.url, info.model, [(short, f"You are player {i}. Report your number.")
                                                               for i in range(4 * n)],
@@ -255,19 +253,13 @@ def hundred_personas(n: int = 100, seed: int = 1) -> list[str]:
     return [persona_text({"persona": template_persona({}, i, seed), "profile": {}}) for i in range(n)]
 
 
-FREE_INSTRUCTIONS = {  # the answer instructions without the JSON form: the paper's free answer
-    "direct": "Report your number directly.",
-    "cot": "Think step by step about what the other players will do before you decide.",
-}
-
-
 async def decisions(infos: list, answer: str, two_calls: bool, people: list[str], concurrency: int,
                     max_tokens: int) -> dict:
     """One decision per persona, spread over the replicas in turn."""
-    system = system_prompt(GAME, PromptConfig(system="basic", answer=answer))
-    if two_calls:  # the rules and the instruction, without the JSON form
-        system = f"{rules(GAME)} {FREE_INSTRUCTIONS[answer]}"
-    schema = answer_schema(GAME, answer)
+    game = BenchGame({"system": "basic", "answer": answer})
+    # two calls: the rules and the instruction, without the JSON form (the paper's free answer)
+    system = game.free_system if two_calls else game.system
+    schema = game.schema
     tokens: list[int] = []
     valid = 0
     truncated = 0
@@ -287,12 +279,12 @@ async def decisions(infos: list, answer: str, two_calls: bool, people: list[str]
             nonlocal valid, truncated
             while queue:
                 k, persona = queue.pop(0)
-                user = user_prompt(k, "", (), persona, answer)
+                user = game.user_prompt(k, persona)
                 msgs = [{"role": "system", "content": system}, {"role": "user", "content": user}]
                 if not two_calls:
                     text, tok, finish = await call(k, msgs, max_tokens=max_tokens, response_format={
                         "type": "json_schema", "json_schema": {"name": "answer", "schema": schema}})
-                    guess = parse_guess(text, GAME.max_value)
+                    guess = game.value(text)
                 else:
                     answer_text, tok1, finish = await call(k, msgs, max_tokens=max_tokens)
                     text, tok2, _ = await call(k, [{"role": "user", "content":
@@ -300,7 +292,7 @@ async def decisions(infos: list, answer: str, two_calls: bool, people: list[str]
                                                     f"Reply with the number only.\n\n{answer_text}"}], max_tokens=8)
                     tok = tok1 + tok2
                     found = re.search(r"-?[0-9]+(?:\.[0-9]+)?", text)  # lenient, as the paper's extraction
-                    guess = parse_guess(found.group(), GAME.max_value) if found else None
+                    guess = game.value(found.group()) if found else None
                 tokens.append(tok)
                 valid += guess is not None
                 truncated += finish == "length"

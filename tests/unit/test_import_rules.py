@@ -1,0 +1,156 @@
+"""Imports point down (docs/development.md, "Package map"): services → libs, simulations → sdk.
+
+The platform (services/, libs/, the CLI) loads a simulation by name through the registry
+(entry points), never by import, so a user's own package runs on it exactly like a built-in one.
+A service never imports another service (each runs as its own process and talks over NATS), and
+`populace.core`, the protocol, imports no other part of Populace.
+
+Pure: every file is parsed with `ast`, nothing is imported. Lazy imports inside functions count
+too, and so does `importlib.import_module("…")` with a literal name.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _top_level_packages(parent: Path) -> set[str]:
+    """The importable package names a folder of projects (simulations/, examples/…) provides."""
+    names = set()
+    for init in parent.rglob("__init__.py"):
+        if ".venv" in init.parts:
+            continue
+        package = init.parent
+        if not (package.parent / "__init__.py").exists():  # the top of a package, not a subpackage
+            names.add(package.name)
+    return names
+
+
+SIMULATION_PACKAGES = _top_level_packages(ROOT / "simulations") | _top_level_packages(ROOT / "examples")
+SERVICES = {p.name for p in (ROOT / "services").glob("*/populace/*") if (p / "__init__.py").exists()}
+LIBS = {p.name for p in (ROOT / "libs").glob("*/populace/*") if (p / "__init__.py").exists()}
+
+# (importing file relative to the root, imported module prefix): why the rule bends there.
+# Keep this short: every entry is a debt, not a licence.
+GATEWAY_BENCH = ("the gateway and vLLM benches measure the gateway's own dispatcher and routers in process and "
+                 "start replicas with its launchers (the replica launchers leaving the gateway service for a "
+                 "package of their own would end the launcher part of this)")
+EXCEPTIONS: dict[tuple[str, str], str] = {
+    ("libs/bench/populace/bench/gateway.py", "populace.gateway"): GATEWAY_BENCH,
+    ("libs/bench/populace/bench/vllm.py", "populace.gateway"): GATEWAY_BENCH,
+    ("libs/client/populace/client/personas.py", "populace.gateway"): (  # its llamacpp module
+        "a private persona stack with llama.cpp replicas installs llama.cpp first (minutes), before the stack "
+        "waits on it; the install-on-first-use lives with the gateway's replica launchers until they get a "
+        "package of their own"),
+}
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) for every import in `path`, including lazy ones and import_module("literal")."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module))
+            if node.module == "populace":  # `from populace import gateway` names the package in the alias
+                found.extend((node.lineno, f"populace.{alias.name}") for alias in node.names)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute | ast.Name)
+              and (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id) == "import_module"
+              and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            found.append((node.lineno, node.args[0].value))
+    return found
+
+
+def _sources(*folders: str) -> list[Path]:
+    files = []
+    for folder in folders:
+        files.extend(p for p in (ROOT / folder).rglob("*.py") if ".venv" not in p.parts)
+    return sorted(files)
+
+
+def _part(module: str) -> str | None:
+    """`populace.gateway.sim` -> `gateway`; None for anything outside the populace namespace."""
+    head, _, rest = module.partition(".")
+    return rest.split(".")[0] if head == "populace" and rest else None
+
+
+def _violations(files: list[Path], forbidden) -> list[str]:
+    out = []
+    for path in files:
+        rel = path.relative_to(ROOT).as_posix()
+        for line, module in _imports(path):
+            why = forbidden(path, module)
+            if why and not any(rel == f and (module == m or module.startswith(m + "."))
+                               for f, m in EXCEPTIONS):
+                out.append(f"{rel}:{line} imports {module}: {why}")
+    return out
+
+
+def _is_simulation(module: str) -> bool:
+    return module.split(".")[0] in SIMULATION_PACKAGES
+
+
+def test_the_rules_see_the_packages_they_guard():
+    # a rule over an empty set passes for nothing: the layout it reads must be the real one
+    assert {"populace_ratio_game", "dictator_game"} <= SIMULATION_PACKAGES
+    assert {"gateway", "orchestrator", "agent_host", "recorder"} <= SERVICES
+    assert {"core", "sdk", "client"} <= LIBS
+    assert any(m == "populace.core.contracts" for _, m in _imports(ROOT / "libs/sdk/populace/sdk/registry.py"))
+
+
+def test_the_platform_imports_no_simulation():
+    files = _sources("services", "libs", "src/populace/cli")
+
+    def forbidden(path: Path, module: str) -> str | None:
+        if _is_simulation(module):
+            return "the platform loads simulations by name (populace.sdk.registry), never by import"
+        return None
+
+    assert _violations(files, forbidden) == []
+
+
+def test_no_service_imports_another_service():
+    problems = []
+    for service in sorted(SERVICES):
+        def forbidden(path: Path, module: str, me=service) -> str | None:
+            part = _part(module)
+            if part in SERVICES and part != me:
+                return f"service {me} must talk to {part} over NATS, not import it"
+            return None
+
+        files = [p for p in _sources("services") if f"populace/{service}/" in p.as_posix()]
+        assert files, service
+        problems += _violations(files, forbidden)
+    assert problems == []
+
+
+def test_core_imports_nothing_above_it():
+    def forbidden(path: Path, module: str) -> str | None:
+        part = _part(module)
+        if part is not None and part != "core":
+            return "populace.core is the protocol: it imports no other part of Populace"
+        return "populace.core imports no simulation" if _is_simulation(module) else None
+
+    assert _violations(_sources("libs/core"), forbidden) == []
+
+
+def test_libs_import_no_service():
+    def forbidden(path: Path, module: str) -> str | None:
+        part = _part(module)
+        if part in SERVICES:
+            return "libs are below services: a lib never imports one"
+        return None
+
+    assert _violations(_sources("libs"), forbidden) == []
+
+
+def test_exceptions_are_still_needed():
+    # an exception whose import is gone must be removed, so the list stays the true debt
+    for rel, module in EXCEPTIONS:
+        modules = [m for _, m in _imports(ROOT / rel)]
+        assert any(m == module or m.startswith(module + ".") for m in modules), (rel, module)
