@@ -361,11 +361,18 @@ class RunConfig(BaseModel):
     broadcasts: list[Broadcast] = []  # messages the platform puts in inboxes (needs a graph)
     interviews: list[PlannedInterview] = []  # surveys asked after rounds (populace.sdk.interview)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _counted(cls, data: Any) -> Any:
+        # every validation of a run's config passes here, nested ones too (inside a message or
+        # a run state): counted, so a path that validates a config it already has shows up. An
+        # instance taken as it is (pydantic does not validate it again) is not counted.
+        if not isinstance(data, RunConfig):
+            metrics.RUN_CONFIGS_VALIDATED.inc()
+        return data
+
     @model_validator(mode="after")
     def _named(self) -> RunConfig:
-        # every validation of a run's config passes here, nested ones too (inside a message or
-        # a run state): counted, so a path that validates a config it already has shows up
-        metrics.RUN_CONFIGS_VALIDATED.inc()
         if not self.name:
             object.__setattr__(self, "name", self.simulation)  # frozen: once, during validation
         return self

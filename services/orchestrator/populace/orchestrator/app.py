@@ -228,6 +228,7 @@ class Orchestrator:
         except Exception:
             self.svc.log.info("run_start_replayed", run_id=rid)
             return
+        runconfigs.CACHE.put(rid, state.config_ref.digest, state.config)  # type: ignore[union-attr]  # validated
         run_span = self.spans[rid] = tracer.start_span(
             "orchestrator.run", context=telemetry.extract(msg.headers),
             attributes={"populace.run_id": rid, "populace.agents": cfg.agents, "populace.rounds": cfg.rounds,
