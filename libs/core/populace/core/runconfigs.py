@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from pydantic_core import from_json
 
 from populace.core import subjects
-from populace.core.contracts import ConfigRef, RunConfig, RunState, config_json
+from populace.core.contracts import ConfigRef, RoundOpen, RunConfig, RunState, config_json
 
 WRITER = "orchestrator"  # its token in the chunk subjects of `checkpoints` (deploy/nats/auth.conf)
 MAX_RUNS = 1000  # configs kept per process: a run's is dropped when it ends, or the oldest beyond this
@@ -62,6 +62,22 @@ async def fetch(js: JetStreamContext, rid: str, ref: ConfigRef) -> RunConfig:
                                 f"{err.error_count()} error(s), first: {err.errors()[0]['msg']}") from None
     CACHE.put(rid, ref.digest, config)
     return config
+
+
+async def announced(js: JetStreamContext, opened: RoundOpen) -> RunConfig | None:
+    """The config an admitted round open names: the one kept for its digest, or read by it if
+    it is the run's current config (KV `runs`). None: the open names another (an older
+    announcement, which admission lets through and its receivers drop), so nothing is read by
+    a digest nobody vouches for."""
+    from populace.core import bus  # it imports this module
+
+    kept = CACHE.get(opened.run_id, opened.config_ref.digest)
+    if kept is not None:
+        return kept
+    head = await bus.run_head(js, opened.run_id)
+    if head is None or head.config_ref != opened.config_ref:
+        return None
+    return await fetch(js, opened.run_id, opened.config_ref)
 
 
 class ConfigCache:

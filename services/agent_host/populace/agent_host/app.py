@@ -167,7 +167,9 @@ class AgentHost:
         the run, like a world that cannot: an infrastructure fault, never the agents' answer."""
         rid = opened.run_id
         try:
-            config = await runconfigs.fetch(self.svc.js, rid, opened.config_ref)
+            config = await runconfigs.announced(self.svc.js, opened)
+            if config is None:
+                return True  # an older announcement: its rounds are played, or not this host's to play
             for run in self.runtime.runs.get(rid, {}).values():  # type: ignore[union-attr]
                 if run.resolved.config is not config and run.resolved.config != config:
                     run.resolved = resolve(config)

@@ -60,24 +60,29 @@ class Environment:
 
     async def tally_for(self, opened: RoundOpen) -> RunTally | None:
         tally = self.runs.get(opened.run_id)
-        if tally is not None and runconfigs.CACHE.get(opened.run_id, opened.config_ref.digest) is None:
-            # its config changed from this round on (a resume with a new budget): read and resolved once
-            try:
-                tally.resolved = resolve(await runconfigs.fetch(self.svc.js, opened.run_id, opened.config_ref))
-            except (runconfigs.ConfigUnavailable, SimulationError, ValidationError) as err:
-                self.runs.pop(opened.run_id, None)
-                await self.fault(opened.run_id, opened.round, f"the environment cannot read the run's config: {err}",
-                                 opened.epoch)
-                return None
-        if tally is not None or self.failed.get(opened.run_id, -1) >= opened.epoch:
-            return tally  # known, or failed in this epoch (a resume is a new chance)
-        self.failed.pop(opened.run_id, None)
-        try:
-            config = await runconfigs.fetch(self.svc.js, opened.run_id, opened.config_ref)
+        if tally is None and self.failed.get(opened.run_id, -1) >= opened.epoch:
+            return None  # failed in this epoch (a resume is a new chance)
+        if tally is not None and runconfigs.CACHE.get(opened.run_id, opened.config_ref.digest) is not None:
+            return tally
+        try:  # the config the open names, read once by its digest (the first open, or a new config)
+            config = await runconfigs.announced(self.svc.js, opened)
         except runconfigs.ConfigUnavailable as err:  # like a world that cannot be read: the run stops, naming it
+            self.runs.pop(opened.run_id, None)
             await self.fault(opened.run_id, opened.round, f"the environment cannot read the run's config: {err}",
                              opened.epoch)
             return None
+        if config is None:  # an older announcement naming an older config: it decides nothing
+            return tally
+        if tally is not None:  # its config changed from this round on (a resume with a new budget)
+            try:
+                tally.resolved = resolve(config)
+            except (SimulationError, ValidationError) as err:
+                self.runs.pop(opened.run_id, None)
+                await self.fault(opened.run_id, opened.round, f"the environment cannot resolve the run's config: "
+                                                              f"{err}", opened.epoch)
+                return None
+            return tally
+        self.failed.pop(opened.run_id, None)
         try:
             resolved = resolve(config)
             env = resolved.simulation.Env(resolved.instance(opened.run_id))
