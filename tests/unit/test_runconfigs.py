@@ -83,3 +83,12 @@ def test_the_cache_is_bounded():
     for i in range(3):
         cache.put(f"r{i}", "d", config())
     assert cache.get("r0", "d") is None and cache.get("r2", "d") is not None
+
+
+def test_a_configs_object_is_a_checkpoint_of_its_round_pruned_with_the_run():
+    from populace.core import checkpoints, subjects
+
+    name = runconfigs.object_name("r1", ConfigRef(digest="a" * 64, from_round=3))
+    assert name == "r1.3.config." + "a" * 64 and subjects.checkpoint_round("r1", name) == 3
+    assert checkpoints.to_prune("r1", [name, "r1.4.env"], "none") == [name, "r1.4.env"]
+    assert checkpoints.to_prune("r1", [name, "r1.4.env"], "last") == [name]
