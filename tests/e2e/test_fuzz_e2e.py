@@ -194,7 +194,11 @@ def forgeries(rid: str, requester: str) -> list[tuple[str, bytes, dict | None]]:
     out.append((subjects.run_round_result("no-such-run", 1), json.dumps({
         "run_id": "no-such-run", "round": 1, "n": 1, "n_valid": 1, "summary": {}, "observation": {}, "state": {},
         "closed_at": 0.0}).encode(), None))
-    # a round open for a later round (a stalled run, before)
+    # a round open for a later round (a stalled run, before), naming a config nobody stored
+    out.append((subjects.run_round_open(rid, 4), json.dumps({
+        "run_id": rid, "round": 4, "expected": AGENTS, "config_ref": {"digest": "f" * 64, "from_round": 1},
+        "opened_at": 0.0, "epoch": 0, "shares": {"host-0@0": 1000, "host-1@0": 1000}}).encode(), None))
+    # the same in the shape round opens had before they named the config by digest: refused as malformed
     out.append((subjects.run_round_open(rid, 4), json.dumps({
         "run_id": rid, "round": 4, "expected": AGENTS, "config": CONFIG, "opened_at": 0.0, "epoch": 0,
         "shares": {"host-0@0": 1000, "host-1@0": 1000}}).encode(), None))

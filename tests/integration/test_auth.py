@@ -268,9 +268,10 @@ async def test_checkpoints_are_replaced_by_their_writers_only(server):
         assert await checkpoints.load_env(orch, "r1", 3, digests) == ({"history": [2]}, {"round": 2}, None, None)
         assert server_violations(server) == []
 
-        # The orchestrator reads checkpoints but may not write one …
+        # The orchestrator reads checkpoints but writes only under its own token (a run's config,
+        # populace.core.runconfigs), never as another writer …
         with pytest.raises(nats.errors.TimeoutError):
-            await checkpoints.write_object(orch, "r1.3.env", b"{}", "orchestrator")
+            await checkpoints.write_object(orch, "r1.3.env", b"{}", "h0")
         await eventually(lambda: any('permissions violation for publish to "$o.checkpoints.c.' in e
                                      for e in errors), what="chunk publish violation")
         # … nor purge them; the `cli` may not even look at them.

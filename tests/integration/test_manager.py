@@ -17,6 +17,7 @@ from starlette.testclient import TestClient
 
 from populace.core import bus, subjects
 from populace.core.contracts import (
+    ConfigRef,
     NodeInfo,
     Progress,
     RoundOpen,
@@ -168,7 +169,8 @@ async def test_the_run_stream_sums_ticks_per_round_from_the_round_it_saw_open(ur
         assert (first["status"], first["current_round"]) == ("spawning", None)
         cfg = RunConfig(agents=300, rounds=3)
         await js.publish(subjects.run_round_open(run_id, 1),
-                         bus.encode(RoundOpen(run_id=run_id, round=1, expected=250, config=cfg, opened_at=time.time())))
+                         bus.encode(RoundOpen(run_id=run_id, round=1, expected=250, config_ref=ConfigRef.of(cfg),
+                                              opened_at=time.time())))
         await kv.put(run_id, bus.encode(a_state(run_id, "running", 1)))
         for answered in (100, 50):
             await nc.publish(subjects.progress(run_id, 1, "h1"),

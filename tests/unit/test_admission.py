@@ -4,7 +4,7 @@ it: a forged or corrupted announcement is refused, an older one passes (receiver
 from __future__ import annotations
 
 from populace.core.admission import may_lag, open_refusal
-from populace.core.contracts import RoundOpen, RunConfig
+from populace.core.contracts import ConfigRef, RoundOpen, RunConfig
 from populace.orchestrator.workflow import new_run, on_spawned
 
 CONFIG = RunConfig(agents=10, rounds=3)
@@ -18,7 +18,7 @@ def running():
 
 
 def opened(state, **change) -> RoundOpen:
-    fields = dict(run_id="r1", round=state.round, expected=10, config=state.config,  # noqa: C408 — merged below
+    fields = dict(run_id="r1", round=state.round, expected=10, config_ref=state.config_ref,  # noqa: C408 — merged below
                   observation=state.observation,
                   env_state=state.env_state, opened_at=0.0, epoch=state.epoch,
                   shares={sh.key: sh.count for sh in state.shares})
@@ -39,7 +39,10 @@ def test_a_forged_announcement_is_refused_with_the_reason():
     assert open_refusal(s, opened(s, shares={"h1@0": 6, "h9@0": 4})) == "round 1 of run r1: its shares is not the run's"
     assert open_refusal(s, opened(s, observation={"history": [0]})) == (
         "round 1 of run r1: its observation is not the run's")
-    assert open_refusal(s, opened(s, config=RunConfig(agents=10, rounds=9))) == (
+    assert open_refusal(s, opened(s, config_ref=ConfigRef.of(RunConfig(agents=10, rounds=9)))) == (
+        "round 1 of run r1: its config is not the run's")
+    # the run's config, but said to apply from another round: not the run's either
+    assert open_refusal(s, opened(s, config_ref=ConfigRef.of(CONFIG, 2))) == (
         "round 1 of run r1: its config is not the run's")
     assert open_refusal(None, opened(s)) == "run r1 is not known"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from populace_ratio_game.rules import partial_of
 
-from populace.core.contracts import RoundOpen, RoundPartial, RunConfig
+from populace.core.contracts import ConfigRef, RoundOpen, RoundPartial, RunConfig
 from populace.environment.tally import BadPartial, EnvironmentFailed, RunTally
 from populace.sdk.registry import resolve
 
@@ -28,8 +28,8 @@ SHARES = {"h1@0": 4, "h2@0": 3}
 
 def opened(round_: int = 1, expected: int = 7, state: dict | None = None, shares: dict | None = None,
            epoch: int = 0) -> RoundOpen:
-    return RoundOpen(run_id="r1", round=round_, expected=expected, config=CONFIG, env_state=state, opened_at=0.0,
-                     shares=SHARES if shares is None else shares, epoch=epoch)
+    return RoundOpen(run_id="r1", round=round_, expected=expected, config_ref=ConfigRef.of(CONFIG), env_state=state,
+                     opened_at=0.0, shares=SHARES if shares is None else shares, epoch=epoch)
 
 
 def partial(host: str, guesses, round_: int = 1, epoch: int = 0) -> RoundPartial:

@@ -5,10 +5,10 @@ it can neither stall a run nor make hosts play a round nobody opened."""
 
 from __future__ import annotations
 
-from populace.core.contracts import RoundOpen, RunState
+from populace.core.contracts import RoundOpen, RunHead, RunState
 
 
-def open_refusal(state: RunState | None, opened: RoundOpen) -> str | None:
+def open_refusal(state: RunState | RunHead | None, opened: RoundOpen) -> str | None:
     """Why `opened` is not an announcement of `state`'s run (None: it is, or it is an older
     one, which receivers drop on their own). `stale`: the state may lag the announcement (a
     KV replica behind its leader): then the caller reads it again before refusing."""
@@ -22,7 +22,7 @@ def open_refusal(state: RunState | None, opened: RoundOpen) -> str | None:
     if state.status != "running":
         return f"run {opened.run_id} is {state.status}, not running"
     shares = {sh.key: sh.count for sh in state.shares}
-    for what, mine, theirs in (("shares", opened.shares, shares), ("config", opened.config, state.config),
+    for what, mine, theirs in (("shares", opened.shares, shares), ("config", opened.config_ref, state.config_ref),
                                ("observation", opened.observation, state.observation),
                                ("env_state", opened.env_state, state.env_state)):
         if mine != theirs:
@@ -30,7 +30,7 @@ def open_refusal(state: RunState | None, opened: RoundOpen) -> str | None:
     return None
 
 
-def may_lag(state: RunState | None, opened: RoundOpen) -> bool:
+def may_lag(state: RunState | RunHead | None, opened: RoundOpen) -> bool:
     """Whether the state read may simply be older than the announcement (read it again)."""
     return state is None or (opened.epoch, opened.round) > (state.epoch, state.round) or (
         (opened.epoch, opened.round) == (state.epoch, state.round) and state.status == "spawning")

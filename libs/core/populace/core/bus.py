@@ -34,8 +34,8 @@ from nats.js.object_store import ObjectStore
 from pydantic import BaseModel, ValidationError
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from populace.core import admission, logs, subjects, telemetry
-from populace.core.contracts import RoundOpen, RunState
+from populace.core import admission, logs, runconfigs, subjects, telemetry
+from populace.core.contracts import RoundOpen, RunHead, RunState
 
 M = TypeVar("M", bound=BaseModel)
 log = logs.get("populace.bus")
@@ -552,7 +552,16 @@ async def run_state(js: JetStreamContext, run_id: str) -> RunState | None:
     """The run's state in KV `runs` (None: not a run of this stack)."""
     kv = await js.key_value(subjects.RUNS_BUCKET)
     try:
-        return RunState.model_validate_json((await kv.get(run_id)).value)
+        return runconfigs.CACHE.state((await kv.get(run_id)).value)  # its config validated once per process
+    except KeyNotFoundError:
+        return None
+
+
+async def run_head(js: JetStreamContext, run_id: str) -> RunHead | None:
+    """The run's state in KV `runs` without its config (None: not a run of this stack)."""
+    kv = await js.key_value(subjects.RUNS_BUCKET)
+    try:
+        return RunHead.model_validate_json((await kv.get(run_id)).value)
     except KeyNotFoundError:
         return None
 
@@ -563,7 +572,7 @@ async def open_refusal(js: JetStreamContext, opened: RoundOpen) -> str | None:
     # A poll for KV to catch up, not a retry of a failing call: plainer than tenacity's retry_if_result.
     deadline = time.monotonic() + STATE_LAG_S
     while True:
-        state = await run_state(js, opened.run_id)
+        state = await run_head(js, opened.run_id)  # every round: the config is not validated again
         why = admission.open_refusal(state, opened)
         if why is None or not admission.may_lag(state, opened) or time.monotonic() > deadline:
             return why

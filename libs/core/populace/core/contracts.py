@@ -10,6 +10,8 @@ so one message carries ~1,000 agents and validates in pydantic-core, not per age
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import time
 import unicodedata
@@ -17,6 +19,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
+from populace.core import metrics
 from populace.core.subjects import valid_token
 
 SCHEMA_VERSION = 1
@@ -358,6 +361,16 @@ class RunConfig(BaseModel):
     broadcasts: list[Broadcast] = []  # messages the platform puts in inboxes (needs a graph)
     interviews: list[PlannedInterview] = []  # surveys asked after rounds (populace.sdk.interview)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _counted(cls, data: Any) -> Any:
+        # every validation of a run's config passes here, nested ones too (inside a message or
+        # a run state): counted, so a path that validates a config it already has shows up. An
+        # instance taken as it is (pydantic does not validate it again) is not counted.
+        if not isinstance(data, RunConfig):
+            metrics.RUN_CONFIGS_VALIDATED.inc()
+        return data
+
     @model_validator(mode="after")
     def _named(self) -> RunConfig:
         if not self.name:
@@ -408,6 +421,29 @@ class RunConfig(BaseModel):
     def params(self) -> dict:
         """The simulation's own sections, as written (validated by the simulation)."""
         return dict(self.model_extra or {})
+
+
+def config_json(config: RunConfig) -> bytes:
+    """A run config's canonical bytes (sorted keys, compact): what its digest is taken over and
+    what the object store holds, the same after any number of JSON round trips."""
+    return json.dumps(config.model_dump(mode="json"), sort_keys=True, separators=(",", ":"),
+                      ensure_ascii=False, allow_nan=False).encode()
+
+
+class ConfigRef(BaseModel):
+    """A run's config by reference: the sha256 of its canonical bytes (`config_json`) and the
+    first round it applies to (a resume with a new budget changes it from its next round). Round
+    opens carry this, never the config: a receiver fetches the config (populace.core.runconfigs)
+    only when the digest is new to it, and uses it only if its bytes have that digest."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    digest: SHA256
+    from_round: int = Field(1, ge=1, le=10_000)
+
+    @classmethod
+    def of(cls, config: RunConfig, from_round: int = 1) -> ConfigRef:
+        return cls(digest=hashlib.sha256(config_json(config)).hexdigest(), from_round=from_round)
 
 
 def _check_token(v: str) -> str:
@@ -639,6 +675,9 @@ class RunState(Strict):
     run_id: str
     status: Literal["spawning", "running", "done", "failed", "cancelled", "paused"]
     config: RunConfig
+    # `config` by digest, as round opens name it (default: `config` from round 1); the
+    # orchestrator sets it with every change of `config`
+    config_ref: ConfigRef | None = None
     shares: list[Share]  # the placement: which host plays which agent ids, since which epoch
     spawned: list[str] = []  # keys of the shares whose agents exist
     # While running: the round being played; otherwise the last completed one (0: none yet).
@@ -663,6 +702,12 @@ class RunState(Strict):
     checkpoints: dict[str, SHA256] = {}
     updated_at: float = Field(default_factory=time.time)
 
+    @model_validator(mode="after")
+    def _config_referenced(self) -> RunState:
+        if self.config_ref is None:
+            object.__setattr__(self, "config_ref", ConfigRef.of(self.config))  # frozen: once, during validation
+        return self
+
     @property
     def placement(self) -> dict[str, list[tuple[int, int]]]:
         """host_id -> its ranges (every share of the host)."""
@@ -673,6 +718,22 @@ class RunState(Strict):
 
     def share(self, key: str) -> Share | None:
         return next((sh for sh in self.shares if sh.key == key), None)
+
+
+class RunHead(BaseModel):
+    """What a round open is checked against in a run state (KV `runs`), read without its
+    config: a receiver validates a run's config once (populace.core.runconfigs), not per round."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    run_id: str
+    status: Literal["spawning", "running", "done", "failed", "cancelled", "paused"]
+    config_ref: ConfigRef | None = None
+    shares: list[Share]
+    round: int = 0
+    epoch: int = 0
+    env_state: dict | None = None
+    observation: dict | None = None
 
 
 # --- run events ----------------------------------------------------------------------
@@ -718,7 +779,7 @@ class RoundOpen(Wire):
     run_id: Token
     round: RoundNo
     expected: int = Field(ge=1)  # agents that must answer before the round closes
-    config: RunConfig
+    config_ref: ConfigRef  # the run's config by digest: it does not travel with every round
     observation: JsonDoc | None = None
     env_state: JsonDoc | None = None
     opened_at: float

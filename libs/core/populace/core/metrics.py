@@ -52,6 +52,9 @@ RETRIES = Counter("populace_retries_total", "Infrastructure retries: agent-host,
 INVALID = Counter("populace_invalid_answers_total", "Invalid answers: gateway, answers still invalid after the "
                   "re-asks; agent-host, outcome rows recorded invalid (the model's answer or the agent's error)",
                   ["service"])
+RUN_CONFIGS_VALIDATED = Counter("populace_run_configs_validated_total", "Run configs this process validated (a "
+                                "message's or a run state's too): one per run per service; more means a path "
+                                "validates again a config it already has")
 DEAD_LETTERS = Counter("populace_dead_letters_total", "Messages dead-lettered (malformed, refused, or failing "
                        "every delivery)", ["service"])
 

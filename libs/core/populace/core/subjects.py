@@ -52,12 +52,17 @@ def checkpoint_partial(rid: str, n: int, share: str) -> str:
     return f"{rid}.{n}.partial.{share.replace('@', '-')}"
 
 
+def checkpoint_config(rid: str, n: int, digest: str) -> str:
+    """A run's config from round n on (its canonical JSON), named by its sha256."""
+    return f"{rid}.{n}.config.{digest}"
+
+
 def checkpoint_round(rid: str, name: str) -> int | None:
     """The round of one of run `rid`'s checkpoint objects (None: another run's, or not a
     checkpoint name). Run ids have no dots, so `rid.` never matches another run's names."""
     head, _, rest = name.partition(".")
     round_, _, kind = rest.partition(".")
-    named = kind in ("env", "world") or kind.startswith(("agents.", "partial."))
+    named = kind in ("env", "world") or kind.startswith(("agents.", "partial.", "config."))
     if head != rid or not round_.isdigit() or not named:
         return None
     return int(round_)

@@ -113,6 +113,8 @@ def resolve(config: RunConfig, simulation: type[Simulation] | None = None) -> Re
     if defaults:
         given = config.model.model_fields_set
         data["model"] = {**data["model"], **{k: v for k, v in defaults.items() if k not in given}}
+    if data == config.model_dump(mode="json"):
+        return Resolved(config, sim, params)  # resolved already (the orchestrator's): not validated again
     return Resolved(RunConfig.model_validate(data), sim, params)
 
 

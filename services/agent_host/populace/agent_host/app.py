@@ -15,8 +15,9 @@ from faststream.nats.annotations import NatsMessage
 from pydantic import ValidationError
 
 from populace.agent_host.runtime import HostRuntime
-from populace.core import bus, checkpoints, objects, subjects, telemetry
+from populace.core import bus, checkpoints, objects, runconfigs, subjects, telemetry
 from populace.core.contracts import (
+    ConfigRef,
     HostInfo,
     HostSpawned,
     InferBatch,
@@ -39,6 +40,7 @@ from populace.graph.csr import Graph
 from populace.graph.store import get_graph
 from populace.population.cast import Cast, cast_from_jsonl
 from populace.population.errors import PopulationError
+from populace.sdk.registry import resolve
 from populace.sdk.simulation import SimulationError
 
 DESCRIPTION = ("Hosts many agents per process (or one agent per OS process) for any simulation and "
@@ -134,6 +136,8 @@ class AgentHost:
             await self.report_fault(batch.run_id, None, reason, batch.epoch,
                                     pause=isinstance(err, checkpoints.CheckpointError))
             return
+        # the spawn's config, kept by its digest: round opens that name it need nothing more
+        runconfigs.CACHE.put(batch.run_id, ConfigRef.of(batch.config).digest, batch.config)
         seconds = time.perf_counter() - t0
         self.svc.log.info("agents_spawned", run_id=batch.run_id, agents=len(run.agents),
                           simulation=batch.config.simulation, seconds=round(seconds, 3),
@@ -153,7 +157,29 @@ class AgentHost:
         why = await bus.open_refusal(self.svc.js, opened)
         if why is not None:
             raise Refused(why)  # dead-lettered once by the service
+        if not await self.configure(opened):
+            return
         self.runtime.start_round(opened, telemetry.extract(msg.headers))  # type: ignore[union-attr]
+
+    async def configure(self, opened: RoundOpen) -> bool:
+        """The run's config as the announced round names it: the spawn's, or (a config changed
+        from this round on) read by its digest and resolved once. One that cannot be read pauses
+        the run, like a world that cannot: an infrastructure fault, never the agents' answer."""
+        rid = opened.run_id
+        try:
+            config = await runconfigs.announced(self.svc.js, opened)
+            if config is None:
+                return True  # an older announcement: its rounds are played, or not this host's to play
+            for run in self.runtime.runs.get(rid, {}).values():  # type: ignore[union-attr]
+                if run.resolved.config is not config and run.resolved.config != config:
+                    run.resolved = resolve(config)
+        except (runconfigs.ConfigUnavailable, SimulationError, ValidationError) as err:
+            detail = format_validation_error(err) if isinstance(err, ValidationError) else str(err)
+            reason = f"agent-host {self.host_id} cannot play round {opened.round} of run {rid}: {detail}"
+            self.svc.log.error("config_unavailable", run_id=rid, round=opened.round, error=reason)
+            await self.report_fault(rid, opened.round, reason, opened.epoch, pause=True)
+            return False
+        return True
 
     async def on_mail(self, batch: MailBatch, msg: NatsMessage) -> None:
         """Another share's posts for one of this host's shares (a forged sender: dead-lettered)."""
@@ -170,6 +196,8 @@ class AgentHost:
         """A run stopped (completed, failed, cancelled, paused): its round in play stops, its
         agents go (not those of a resume that already placed them again)."""
         self.runtime.forget(done.run_id, up_to_epoch=done.epoch)  # type: ignore[union-attr]
+        if not self.runtime.runs.get(done.run_id):  # type: ignore[union-attr]
+            runconfigs.CACHE.forget(done.run_id)
         if done.status != "completed":  # a completed run's interviews go on: the recorder waits for them
             self.runtime.interviews.cancel(done.run_id)  # type: ignore[union-attr]
 

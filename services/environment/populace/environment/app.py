@@ -1,7 +1,8 @@
 """environment service: round opens and host partials in (durable JetStream consumers), round
 results out as triggers. Each run's simulation environment is loaded by name (from the
-config its round opens carry) and decides the rounds; its state travels with the round
-opens, so this service keeps nothing between rounds but the partials of open rounds.
+config its round opens name by digest, read once per run and config) and decides the rounds;
+its state travels with the round opens, so this service keeps nothing between rounds but the
+partials of open rounds.
 
 Run with `populace service environment` or
 `faststream run populace.environment.app:faststream_app --factory`."""
@@ -19,7 +20,7 @@ from nats.js.api import DeliverPolicy
 from opentelemetry.context import Context
 from pydantic import ValidationError
 
-from populace.core import bus, checkpoints, metrics, subjects, telemetry
+from populace.core import bus, checkpoints, metrics, runconfigs, subjects, telemetry
 from populace.core.contracts import RoundOpen, RoundPartial, RoundResult, RunFault, RunState, share_key
 from populace.core.scenario import format_validation_error
 from populace.core.service import Refused, Service, control_pull
@@ -59,11 +60,31 @@ class Environment:
 
     async def tally_for(self, opened: RoundOpen) -> RunTally | None:
         tally = self.runs.get(opened.run_id)
-        if tally is not None or self.failed.get(opened.run_id, -1) >= opened.epoch:
-            return tally  # known, or failed in this epoch (a resume is a new chance)
+        if tally is None and self.failed.get(opened.run_id, -1) >= opened.epoch:
+            return None  # failed in this epoch (a resume is a new chance)
+        if tally is not None and runconfigs.CACHE.get(opened.run_id, opened.config_ref.digest) is not None:
+            return tally
+        try:  # the config the open names, read once by its digest (the first open, or a new config)
+            config = await runconfigs.announced(self.svc.js, opened)
+        except runconfigs.ConfigUnavailable as err:  # like a world that cannot be read: the run stops, naming it
+            self.runs.pop(opened.run_id, None)
+            await self.fault(opened.run_id, opened.round, f"the environment cannot read the run's config: {err}",
+                             opened.epoch)
+            return None
+        if config is None:  # an older announcement naming an older config: it decides nothing
+            return tally
+        if tally is not None:  # its config changed from this round on (a resume with a new budget)
+            try:
+                tally.resolved = resolve(config)
+            except (SimulationError, ValidationError) as err:
+                self.runs.pop(opened.run_id, None)
+                await self.fault(opened.run_id, opened.round, f"the environment cannot resolve the run's config: "
+                                                              f"{err}", opened.epoch)
+                return None
+            return tally
         self.failed.pop(opened.run_id, None)
         try:
-            resolved = resolve(opened.config)
+            resolved = resolve(config)
             env = resolved.simulation.Env(resolved.instance(opened.run_id))
         except (SimulationError, ValidationError) as err:
             detail = format_validation_error(err) if isinstance(err, ValidationError) else str(err)
@@ -72,7 +93,7 @@ class Environment:
             return None
         tally = self.runs[opened.run_id] = RunTally(opened.run_id, resolved, env)
         while len(self.runs) > MAX_RUNS:
-            self.runs.popitem(last=False)
+            runconfigs.CACHE.forget(self.runs.popitem(last=False)[0])
         return tally
 
     async def on_round_open(self, opened: RoundOpen, msg: NatsMessage | None) -> None:

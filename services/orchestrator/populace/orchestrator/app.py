@@ -23,8 +23,9 @@ from opentelemetry import trace
 from opentelemetry.trace import Span
 from pydantic import ValidationError
 
-from populace.core import bus, checkpoints, metrics, subjects, telemetry
+from populace.core import bus, checkpoints, metrics, runconfigs, subjects, telemetry
 from populace.core.contracts import (
+    ConfigRef,
     HostInfo,
     HostSpawned,
     InterviewOrder,
@@ -72,6 +73,7 @@ class Orchestrator:
         self.units: dict[str, int] = {}  # run id -> agents that must stay on one host (a group)
         # run id -> (round in play, time.monotonic() of its first announcement): the round's time
         self.round_opened: dict[str, tuple[int, float]] = {}
+        self.stored_configs: set[tuple[str, ConfigRef]] = set()  # (run id, config) in the object store
         self.progress_sub = None
         metrics.RUNS_ACTIVE.set_function(lambda: len(self.watched))  # read at scrape time only
 
@@ -226,6 +228,7 @@ class Orchestrator:
         except Exception:
             self.svc.log.info("run_start_replayed", run_id=rid)
             return
+        runconfigs.CACHE.put(rid, state.config_ref.digest, state.config)  # type: ignore[union-attr]  # validated
         run_span = self.spans[rid] = tracer.start_span(
             "orchestrator.run", context=telemetry.extract(msg.headers),
             attributes={"populace.run_id": rid, "populace.agents": cfg.agents, "populace.rounds": cfg.rounds,
@@ -277,6 +280,7 @@ class Orchestrator:
     async def spawn(self, state: RunState, keys: tuple[str, ...] | None = None) -> None:
         """Publish the spawn of the shares named (all of them by default), restored from the
         run's last completed round (a fork: its parent's)."""
+        await self.store_config(state)
         restore = workflow.restore_point(state)
         live = [sh.key for sh in state.shares]
         for sh in state.shares:
@@ -287,6 +291,14 @@ class Orchestrator:
                                             config=state.config, epoch=sh.epoch, restore=restore,
                                             from_round=sh.from_round, live=live),
                                  msg_id=subjects.msg_id(state.run_id, state.nudged, sh.host_id, "spawn", sh.epoch))
+
+    async def store_config(self, state: RunState) -> None:
+        """The run's config where its round opens name it (once per config: its digest is in the
+        name), before anything that plays the run is told of it."""
+        ref = state.config_ref
+        if (state.run_id, ref) not in self.stored_configs:  # type: ignore[comparison-overlap]
+            await runconfigs.store(self.svc.js, state.run_id, ref, state.config)  # type: ignore[arg-type]
+            self.stored_configs.add((state.run_id, ref))  # type: ignore[arg-type]
 
     async def on_spawned(self, spawned: HostSpawned) -> None:
         """A host created its agents; the last one opens the first round to play."""
@@ -332,7 +344,7 @@ class Orchestrator:
         rid = resume.run_id
         kv = await self.runs_kv()
         try:
-            state = RunState.model_validate_json((await kv.get(rid)).value)
+            state = runconfigs.CACHE.state((await kv.get(rid)).value)
         except KeyNotFoundError:
             raise Refused(f"run {rid} is not known: nothing to resume") from None
         why = workflow.resume_refusal(state, resume.budget)
@@ -415,7 +427,7 @@ class Orchestrator:
                 entry = await bus.until_ready(lambda: kv.get(rid), f"run state {rid}")
             except KeyNotFoundError:  # not a run this stack knows: a dead letter, never a retry loop
                 raise Refused(f"run {rid} is not known") from None
-            state = RunState.model_validate_json(entry.value)
+            state = runconfigs.CACHE.state(entry.value)  # its config validated once per run
             new, actions = decide(state)
             if new is state:
                 return
@@ -426,7 +438,7 @@ class Orchestrator:
             except bus.TRANSIENT:
                 # No answer (e.g. a leader election): the write may have landed. If it did, the
                 # actions are still ours to do (they are idempotent publishes); if not, decide again.
-                now = RunState.model_validate_json(
+                now = runconfigs.CACHE.state(
                     (await bus.until_ready(lambda: kv.get(rid), f"run state {rid}")).value)
                 if not same_state(now, new):
                     continue
@@ -479,14 +491,7 @@ class Orchestrator:
         with trace.use_span(round_span, end_on_exit=False):
             await bus.publish_js(
                 self.svc.js, subjects.run_round_open(rid, action.round),
-                RoundOpen(run_id=rid, round=action.round, expected=action.expected, config=state.config,
-                          observation=state.observation, env_state=state.env_state, selection=state.selection,
-                          world=state.world,
-                          opened_at=time.time(),
-                          epoch=state.epoch, shares={sh.key: sh.count for sh in state.shares},
-                          nudge=state.nudged,
-                          # where posts go: only a run with a graph needs every share's ranges
-                          ranges={sh.key: sh.ranges for sh in state.shares} if state.config.graph else {}),
+                workflow.round_open(state, action, time.time()),
                 msg_id=subjects.msg_id(rid, action.round, f"orch{state.nudged}", "open", state.epoch),
             )
         if not action.again:
@@ -497,6 +502,8 @@ class Orchestrator:
 
     async def finish(self, rid: str, action: workflow.FinishRun, epoch: int = 0) -> None:
         self.watched.pop(rid, None)
+        runconfigs.CACHE.forget(rid)
+        self.stored_configs = {k for k in self.stored_configs if k[0] != rid}
         self.units.pop(rid, None)
         self.progress_at.pop(rid, None)
         self.ticks.pop(rid, None)

@@ -18,10 +18,12 @@ from populace.core.contracts import (
     ACTIVE_STATUSES,
     RESUMABLE_STATUSES,
     Budget,
+    ConfigRef,
     HostInfo,
     Layout,
     Progress,
     Restore,
+    RoundOpen,
     RoundResult,
     RunConfig,
     RunFault,
@@ -100,6 +102,17 @@ def shares_for(placement: Placement, epoch: int, from_round: int,
             for h, r in sorted(placement.items())]
 
 
+def round_open(state: RunState, action: OpenRound, opened_at: float) -> RoundOpen:
+    """The announcement of the round `action` opens: the config by digest (hosts and the
+    environment fetch it once), never the config itself."""
+    return RoundOpen(run_id=state.run_id, round=action.round, expected=action.expected, config_ref=state.config_ref,
+                     observation=state.observation, env_state=state.env_state, selection=state.selection,
+                     world=state.world, opened_at=opened_at, epoch=state.epoch,
+                     shares={sh.key: sh.count for sh in state.shares}, nudge=state.nudged,
+                     # where posts go: only a run with a graph needs every share's ranges
+                     ranges={sh.key: sh.ranges for sh in state.shares} if state.config.graph else {})
+
+
 def new_run(run_id: str, config: RunConfig, placement: Placement,
             incarnations: dict[str, float] | None = None) -> RunState:
     shares = shares_for(placement, 0, 1, incarnations)
@@ -115,6 +128,7 @@ def fork_run(run_id: str, config: RunConfig, placement: Placement, parent: RunSt
     checkpoint objects of that round, as recorded when it closed (`fork_digests`)."""
     shares = shares_for(placement, 0, after_round + 1, incarnations)
     return RunState(run_id=run_id, status="spawning", config=config, shares=shares, round=after_round,
+                    config_ref=ConfigRef.of(config, after_round + 1),
                     restore=Restore(run_id=parent.run_id, round=after_round,
                                     ranges=layout_for(parent, after_round), digests=digests or {}),
                     layouts=[layout(after_round + 1, shares)],
@@ -277,9 +291,12 @@ def on_resume(state: RunState, placement: Placement, incarnations: dict[str, flo
         return state, []
     epoch, after = state.epoch + 1, state.round
     shares = shares_for(placement, epoch, after + 1, incarnations)
-    config = state.config if budget is None else state.config.model_copy(update={"budget": budget})
-    resumed = _now(state, status="spawning", config=config, shares=shares, spawned=[], epoch=epoch, reason=None,
-                   phase_at=time.time(), nudged=0, layouts=[*state.layouts, layout(after + 1, shares)])
+    config, ref = state.config, state.config_ref
+    if budget is not None:  # a new config from the first round the resume plays: hosts fetch it by its digest
+        config = state.config.model_copy(update={"budget": budget})
+        ref = ConfigRef.of(config, after + 1)
+    resumed = _now(state, status="spawning", config=config, config_ref=ref, shares=shares, spawned=[], epoch=epoch,
+                   reason=None, phase_at=time.time(), nudged=0, layouts=[*state.layouts, layout(after + 1, shares)])
     return resumed, [SpawnShares(tuple(sh.key for sh in shares), resumed=True)]
 
 
