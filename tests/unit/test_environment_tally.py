@@ -178,3 +178,33 @@ def test_the_simulations_own_errors_are_summed_apart_from_the_models_invalid_ans
 def test_a_partial_counting_more_errors_than_invalid_rows_is_refused():
     with pytest.raises(ValueError, match=r"n_simulation_errors \(2\) cannot exceed the invalid rows \(1\)"):
         RoundPartial(run_id="r1", round=1, host_id="h1", n=3, n_valid=2, payload={}, n_simulation_errors=2)
+
+
+def test_a_partial_whose_run_is_looked_up_while_its_round_opens_is_counted_not_kept_early():
+    """The environment service's race (CI, bad-input e2e): a partial comes before its round's
+    announcement, and while the service looks the run up (KV), the announcement is handled and
+    takes the early partials. The partial must then count toward the round: kept as early, it
+    waited for good and the round never closed."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from populace.environment.app import Environment
+
+    env = Environment(SimpleNamespace(js=None, log=None))
+    t = tally()
+    counted: list[RoundPartial] = []
+
+    async def known_run(run_id: str) -> bool:
+        env.runs[run_id] = t  # the round opened meanwhile (on_round_open took `early`, empty then)
+        env.early.pop(run_id, None)
+        return True
+
+    async def count(tally_, partial_, msg, reject=False) -> None:
+        counted.append(partial_)
+
+    env.known_run = known_run  # type: ignore[method-assign]
+    env.count = count  # type: ignore[method-assign]
+    p = partial("h1", H1)
+    msg = SimpleNamespace(raw_message=SimpleNamespace(subject="run.r1.partial.1.h1.0"))
+    asyncio.run(env.on_partial(p, msg))  # type: ignore[arg-type]
+    assert counted == [p] and env.early == {}

@@ -174,9 +174,14 @@ class Environment:
                 return
             if msg is not None and not await self.known_run(partial.run_id):
                 raise Refused(f"run {partial.run_id} is not known")
-            if sum(map(len, self.early.values())) < EARLY_LIMIT:
-                self.early.setdefault(partial.run_id, []).append((partial, msg))
-            return
+            # The round's announcement may have been handled while the run was looked up: its
+            # early partials are taken already, so one kept now would wait for good (a round
+            # that never closes).
+            tally = self.runs.get(partial.run_id)
+            if tally is None:
+                if sum(map(len, self.early.values())) < EARLY_LIMIT:
+                    self.early.setdefault(partial.run_id, []).append((partial, msg))
+                return
         if msg is not None and partial.epoch > tally.epoch and not await self.placed(partial):
             raise Refused(f"share {share_key(partial.host_id, partial.epoch)} was never placed in run "
                           f"{partial.run_id}")
