@@ -242,7 +242,8 @@ def test_cli_fork_plays_and_says_what_changed(stack, reference):
 
 def test_ctrl_c_in_run_detaches_and_follow_sees_the_run_to_its_end(stack, tmp_path):
     scenario = tmp_path / "s.yaml"
-    scenario.write_text("agents: 500\nrounds: 3\nmodel:\n  latency_s: 1.5\n")
+    # long enough (4 rounds of 3 s) that a loaded machine still finds it running when Ctrl-C comes
+    scenario.write_text("agents: 500\nrounds: 4\nmodel:\n  latency_s: 3.0\n")
     proc = subprocess.Popen([sys.executable, "-m", "populace.cli", "run", str(scenario), "--nats", stack.url,
                              "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -274,9 +275,9 @@ def test_ctrl_c_in_run_detaches_and_follow_sees_the_run_to_its_end(stack, tmp_pa
     assert f"populace follow {rid} --nats {stack.url}" in err
     r = populace("follow", rid, "--nats", stack.url, "--no-progress")
     assert r.returncode == 0, r.stderr
-    assert f"run {rid} (completed)" in r.stdout or f"run {rid} is done (3 of 3 rounds completed)" in r.stdout
+    assert f"run {rid} (completed)" in r.stdout or f"run {rid} is done (4 of 4 rounds completed)" in r.stdout
     r = populace("follow", rid, "--nats", stack.url)
-    assert r.returncode == 0 and f"run {rid} is done (3 of 3 rounds completed)" in r.stdout
+    assert r.returncode == 0 and f"run {rid} is done (4 of 4 rounds completed)" in r.stdout
 
 
 def test_a_run_pauses_on_its_budget_and_resume_with_a_larger_one_ends_as_if_never_stopped(stack, reference,
