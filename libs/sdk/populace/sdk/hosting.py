@@ -5,6 +5,7 @@ service and by the local runner, so both play the very same code."""
 from __future__ import annotations
 
 import gc
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -63,23 +64,26 @@ class HostedRun:
             return self.env.observe(self.env.start(), round_).model_copy(update={"round": round_})
         return cls.model_validate({**payload, "round": round_})
 
+    async def _columns(self, agents: Sequence[Agent]) -> dict[str, list]:
+        """`agents`' declared state, columnar ({field: values}), with their edge edits."""
+        fields = type(self.sim).Agent.state_fields
+        if agents and isinstance(agents[0], ProcessAgent):
+            states = [await a.fetch_state() for a in agents]  # type: ignore[attr-defined]
+            columns = {f: [s.get(f) for s in states] for f in fields}
+        else:
+            columns = {f: [getattr(a, f) for a in agents] for f in fields}
+        book = self.sim.edges
+        if book is not None:  # the agents' edits: their in-edges are theirs, saved with them
+            columns[EDGES] = [book.state(a.id) for a in agents]
+        return columns
+
     async def snapshot(self) -> list[tuple[int, int, dict[str, list]]]:
         """Each range's agents' declared state, columnar: [(first, count, {field: values})]."""
-        fields = type(self.sim).Agent.state_fields
         out = []
         i = 0
         for first, count in self.ranges:
-            agents = self.agents[i:i + count]
+            out.append((first, count, await self._columns(self.agents[i:i + count])))
             i += count
-            if agents and isinstance(agents[0], ProcessAgent):
-                states = [await a.fetch_state() for a in agents]  # type: ignore[attr-defined]
-                columns = {f: [s.get(f) for s in states] for f in fields}
-            else:
-                columns = {f: [getattr(a, f) for a in agents] for f in fields}
-            book = self.sim.edges
-            if book is not None:  # the agents' edits: their in-edges are theirs, saved with them
-                columns[EDGES] = [book.state(a.id) for a in agents]
-            out.append((first, count, columns))
         return out
 
     def acted(self, indices: list[int] | None) -> None:
@@ -97,22 +101,12 @@ class HostedRun:
     async def snapshot_of(self, indices: set[int]) -> list[tuple[int, int, list[int], dict[str, list]]]:
         """The declared state of the agents at `indices` only, per range, columnar:
         [(first, count, offsets in the range, {field: values})] (ranges with none of them too)."""
-        fields = type(self.sim).Agent.state_fields
-        book = self.sim.edges
         out = []
         i = 0
         for first, count in self.ranges:
             picked = sorted(j - i for j in indices if i <= j < i + count)
-            agents = [self.agents[i + o] for o in picked]
+            out.append((first, count, picked, await self._columns([self.agents[i + o] for o in picked])))
             i += count
-            if agents and isinstance(agents[0], ProcessAgent):
-                states = [await a.fetch_state() for a in agents]  # type: ignore[attr-defined]
-                columns = {f: [s.get(f) for s in states] for f in fields}
-            else:
-                columns = {f: [getattr(a, f) for a in agents] for f in fields}
-            if book is not None:
-                columns[EDGES] = [book.state(a.id) for a in agents]
-            out.append((first, count, picked, columns))
         return out
 
     def restore(self, states: dict[int, dict]) -> None:
