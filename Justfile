@@ -28,7 +28,7 @@ bench-gateway:
 
 # Test suite; extra arguments go to pytest (e.g. `just test tests/unit -x`)
 test *args:
-    uv run --extra local pytest {{ args }}
+    uv run --extra local pytest --durations=30 {{ args }}
 
 # Dummy benchmark: 100k agents, 1 s per answer
 bench:

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -30,7 +28,7 @@ def recorder_events(stack: Stack) -> list[dict]:
     return [json.loads(line) for line in lines if line.startswith("{")]
 
 
-def test_a_full_disk_pauses_the_run_and_once_space_returns_every_outcome_is_recorded_once(small_disk):
+def test_a_full_disk_pauses_the_run_and_once_space_returns_every_outcome_is_recorded_once(small_disk, cli):
     db = small_disk.path / "populace.duckdb"
     with Stack(hosts=2, db=str(db), env={"POPULACE_STORAGE": "file"}).up(timeout=90) as stack:
         reference, _, _ = play_with(stack, config=CONFIG)
@@ -40,8 +38,7 @@ def test_a_full_disk_pauses_the_run_and_once_space_returns_every_outcome_is_reco
         assert out.status == "paused", (out.status, out.reason)
         assert out.reason.startswith(f"disk full at {db}: the recorder cannot store"), out.reason
         assert state.status == "paused"
-        followed = subprocess.run([sys.executable, "-m", "populace.cli", "follow", out.run_id, "--nats", stack.url,
-                                   "--no-progress"], capture_output=True, text=True, timeout=120)
+        followed = cli("follow", out.run_id, "--nats", stack.url, "--no-progress")  # in process: the stack answers
         assert followed.returncode == 1 and f"disk full at {db}" in followed.stdout, followed.stdout + followed.stderr
         assert any(e.get("event") == "disk_full" and e.get("db") == str(db) for e in recorder_events(stack))
 

@@ -5,10 +5,7 @@ covers what the whole run then uses."""
 from __future__ import annotations
 
 import asyncio
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 import yaml
@@ -31,19 +28,19 @@ def stack(tmp_path_factory):
         yield s
 
 
-def populace(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "populace.cli", *args], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "COLUMNS": "250"})
+def populace(cli, *args: str):
+    """In process (the `cli` fixture): the pilot and the run are the stack's; no process boundary is under test."""
+    return cli(*args, env={"COLUMNS": "250"})
 
 
 def number(text: str) -> float:
     return float(text.replace(",", ""))
 
 
-def test_the_estimate_from_a_pilot_covers_what_the_run_uses(stack, tmp_path):
+def test_the_estimate_from_a_pilot_covers_what_the_run_uses(stack, tmp_path, cli):
     scenario = tmp_path / "s.yaml"
     scenario.write_text(yaml.safe_dump(SCENARIO))
-    r = populace("run", str(scenario), "--estimate", "--pilot", "0.1", "--nats", stack.url, "--no-progress")
+    r = populace(cli, "run", str(scenario), "--estimate", "--pilot", "0.1", "--nats", stack.url, "--no-progress")
     assert r.returncode == 0, r.stderr
     out = " ".join(r.stdout.split())
     assert re.search(r"pilot run \S+: 40 of 400 agents, round 1, model sim: 40 LLM calls", out), out
@@ -53,7 +50,7 @@ def test_the_estimate_from_a_pilot_covers_what_the_run_uses(stack, tmp_path):
     expected, low, high = (number(x) for x in m.groups())
     assert 0 < low <= expected <= high
 
-    r = populace("run", str(scenario), "--nats", stack.url, "--no-progress")  # the run itself
+    r = populace(cli, "run", str(scenario), "--nats", stack.url, "--no-progress")  # the run itself
     assert r.returncode == 0, r.stderr
     rid = re.search(r"run (\S+) \(completed\)", r.stdout).group(1)
 

@@ -10,12 +10,11 @@ import asyncio
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import duckdb
 import pytest
-from nats.js.errors import NoKeysError
+from in_round import kill_in_round
 
 from populace.client.prepare import prepare, prepare_file
 from populace.client.run import play, run_state
@@ -140,26 +139,8 @@ def test_the_environment_and_an_agent_host_killed_in_a_round_restart_and_every_t
     data = {**FEED, "agents": 1200, "rounds": 4, "model": {"latency_s": 1.0, "seed": 2}, "population": POPULATION,
             "graph": {"generator": "scale-free", "m": 3, "directed": True}}
 
-    async def kill_in_round_2(nc):
-        kv = await nc.jetstream().key_value("runs")
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                keys = await kv.keys()
-            except NoKeysError:  # the run is not in KV yet (this test alone on a new stack)
-                keys = []
-            for key in keys:
-                state = (await kv.get(key)).value
-                if b'"status":"running"' in state and b'"round":2' in state:
-                    await asyncio.sleep(0.5)  # inside the round: the agents wait on their answers
-                    stack.kill("environment")
-                    stack.kill("agent-host-1")
-                    await asyncio.sleep(0.5)
-                    stack.restart("environment")
-                    stack.restart("agent-host-1")
-                    return
-            await asyncio.sleep(0.2)
-        raise AssertionError("round 2 never started")
+    async def kill_in_round_2(nc):  # inside the round: the agents wait on their answers
+        await kill_in_round(nc, stack, 2, "environment", "agent-host-1", settle_s=0.5, restart_after_s=0.5)
 
     prepared, out, state = fleet(stack, data, during=kill_in_round_2)
     assert out.status == "completed", out.reason

@@ -187,7 +187,7 @@ def test_a_host_lost_mid_round_leaves_every_inbox_exact(tmp_path, with_users):
         no_violations(stack)
 
 
-def test_the_opinion_demo_records_every_post_and_stance_and_every_inbox_is_exact(tmp_path):
+def test_the_opinion_demo_records_every_post_and_stance_and_every_inbox_is_exact(tmp_path, cli):
     """`populace demo --scenario examples/opinion.yaml`: a private stack with 2 agent-hosts."""
     import json
     import subprocess
@@ -215,8 +215,7 @@ def test_the_opinion_demo_records_every_post_and_stance_and_every_inbox_is_exact
                            [run_id]).fetchone() == (0,)
         check = check_inboxes(con, run_id, loads(prepared.graph), rounds=rounds)
     assert check.exact, check
-    shown = subprocess.run([sys.executable, "-m", "populace.cli", "results", run_id, "--db", str(db)],
-                           capture_output=True, text=True, timeout=60)
+    shown = cli("results", run_id, "--db", str(db))  # in process: it only reads the file
     assert "graph: homophily" in shown.stdout and "edges cut on 2 hosts" in shown.stdout, shown.stdout
 
 

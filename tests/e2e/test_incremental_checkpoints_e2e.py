@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import duckdb
 import pytest
-from nats.js.errors import NoKeysError
+from in_round import kill_in_round
 
 from populace.client.prepare import prepare, prepare_fork
 from populace.client.run import play, run_state
@@ -68,28 +67,11 @@ def test_a_one_percent_run_killed_mid_run_and_forked_from_a_middle_round_equals_
     table = prepared.resolved.simulation.tables().outcomes
     assert 0 < sum(local.rounds["n"]) < AGENTS * ROUNDS / 20  # about 1% act per round
 
-    async def kill_in_round_4(nc):
-        kv = await nc.jetstream().key_value("runs")
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                keys = await kv.keys()
-            except NoKeysError:  # the run is not created yet
-                keys = []
-            for key in keys:
-                state = (await kv.get(key)).value
-                if b'"status":"running"' in state and b'"round":4' in state:
-                    await asyncio.sleep(0.3)  # inside the round: the voters wait on the model
-                    stack.kill("agent-host-1")
-                    return
-            await asyncio.sleep(0.2)
-        raise AssertionError("round 4 never started")
-
     async def go():
         nc = await bus.connect(stack.url, "e2e-ckpt")
         try:
             task = asyncio.create_task(play(nc, prepared.config, manifest=prepared.manifest, stall_s=180))
-            await kill_in_round_4(nc)
+            await kill_in_round(nc, stack, 4, "agent-host-1", settle_s=0.3)  # the voters wait on the model
             out = await task
             middle = await checkpoint_values(nc, out.run_id, FORK_AFTER)
             config = (await run_state(nc, out.run_id)).config

@@ -9,12 +9,11 @@ import asyncio
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import duckdb
 import pytest
-from nats.js.errors import NoKeysError
+from in_round import kill_in_round
 
 from populace.client.prepare import prepare, prepare_file
 from populace.client.run import play
@@ -152,22 +151,8 @@ def test_an_agent_host_killed_in_a_round_of_scenes_is_replaced_and_every_table_i
     and replay their whole scenes; every table equals an undisturbed run's."""
     data = {**ULTIMATUM, "agents": 600, "rounds": 3, "model": {"latency_s": 1.0, "seed": 4}, "game": {"block": 50}}
 
-    async def kill_in_round_2(nc):
-        kv = await nc.jetstream().key_value("runs")
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                keys = await kv.keys()
-            except NoKeysError:  # the run is not created yet
-                keys = []
-            for key in keys:
-                state = (await kv.get(key)).value
-                if b'"status":"running"' in state and b'"round":2' in state:
-                    await asyncio.sleep(0.5)  # inside the round: proposers are waiting on their offers
-                    stack.kill("agent-host-1")
-                    return
-            await asyncio.sleep(0.2)
-        raise AssertionError("round 2 never started")
+    async def kill_in_round_2(nc):  # inside the round: proposers are waiting on their offers
+        await kill_in_round(nc, stack, 2, "agent-host-1", settle_s=0.5)
 
     prepared, out = fleet(stack, data, during=kill_in_round_2)
     try:

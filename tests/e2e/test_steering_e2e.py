@@ -8,7 +8,6 @@ with a message and detaches on Ctrl-C, telling how to follow the run."""
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import signal
 import subprocess
@@ -160,7 +159,7 @@ def test_a_fork_unchanged_replays_its_parents_later_rounds(stack, reference):
     assert guesses(stack.db, out.run_id) == [g for g in guesses(stack.db, reference) if g["round"] > 2]
 
 
-def test_a_fork_with_a_change_records_its_parent_and_plays_differently(stack, reference):
+def test_a_fork_with_a_change_records_its_parent_and_plays_differently(stack, reference, cli):
     async def parent_config(nc):
         return (await run_state(nc, reference)).config
 
@@ -189,7 +188,7 @@ def test_a_fork_with_a_change_records_its_parent_and_plays_differently(stack, re
     assert [(r["round"], r["shared"]) for r in side["rounds"]] == [(n, n <= 3) for n in range(1, ROUNDS + 1)]
     assert all(r["difference"] == 0 for r in side["rounds"])  # the same answers, judged differently
     assert "Fork beside its parent" in page and 'aria-label="The fork and its parent per round"' in page
-    r = populace("results", out.run_id, "--db", stack.db)
+    r = cli("results", out.run_id, "--db", stack.db, env=WIDE)
     assert r.returncode == 0, r.stderr
     assert f"of {reference} after round 3, changed: game.ratio=1/2" in r.stdout
     assert r.stdout.count("(shared)") == 3 * 2  # the mean and the target, rounds 1-3
@@ -207,40 +206,38 @@ def test_a_fork_of_a_round_not_played_fails_with_the_reason(stack, reference):
 
 
 # -- the CLI ---------------------------------------------------------------------------------
-
-def populace(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "populace.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "COLUMNS": "200"})
+# In process (the `cli` fixture, typer's runner on the real app) unless the process boundary is
+# the point (Ctrl-C): the commands' answers come from the stack, not from a console script.
+WIDE = {"COLUMNS": "200"}
 
 
 def test_cli_refuses_what_cannot_apply(stack, reference, cli):
     """In process (the `cli` fixture): the refusals are the stack's answers; no process boundary is under test."""
-    wide = {"COLUMNS": "200"}
-    r = cli("cancel", "no-such-run", "--nats", stack.url, env=wide)
+    r = cli("cancel", "no-such-run", "--nats", stack.url, env=WIDE)
     assert r.returncode == 2 and "run 'no-such-run' is not known on this stack" in r.stderr
-    r = cli("cancel", reference, "--nats", stack.url, env=wide)
+    r = cli("cancel", reference, "--nats", stack.url, env=WIDE)
     assert r.returncode == 2 and f"run {reference} is done (5 of 5 rounds completed): nothing to cancel" in r.stderr
-    r = cli("resume", reference, "--nats", stack.url, env=wide)
+    r = cli("resume", reference, "--nats", stack.url, env=WIDE)
     assert r.returncode == 2 and "only a failed, cancelled or paused run resumes" in r.stderr
-    r = cli("fork", reference, "--from-round", "9", "--nats", stack.url, env=wide)
+    r = cli("fork", reference, "--from-round", "9", "--nats", stack.url, env=WIDE)
     assert r.returncode == 2 and "--from-round: run" in r.stderr and "has completed 5 round(s)" in r.stderr
-    r = cli("fork", reference, "--from-round", "5", "--nats", stack.url, env=wide)
+    r = cli("fork", reference, "--from-round", "5", "--nats", stack.url, env=WIDE)
     assert r.returncode == 2 and "rounds: the fork continues after round 5" in r.stderr
-    r = cli("fork", reference, "--from-round", "2", "--set", "agents=10", "--nats", stack.url, env=wide)
+    r = cli("fork", reference, "--from-round", "2", "--set", "agents=10", "--nats", stack.url, env=WIDE)
     assert r.returncode == 2 and "agents: a fork keeps its parent's agents" in r.stderr
-    r = cli("fork", reference, "--from-round", "2", "--set", "game.ratio=lots", "--nats", stack.url, env=wide)
+    r = cli("fork", reference, "--from-round", "2", "--set", "game.ratio=lots", "--nats", stack.url, env=WIDE)
     assert r.returncode == 2 and "game.ratio" in r.stderr
 
 
-def test_cli_fork_plays_and_says_what_changed(stack, reference):
-    r = populace("fork", reference, "--from-round", "4", "--set", "game.offset=5", "--nats", stack.url,
-                 "--no-progress")
+def test_cli_fork_plays_and_says_what_changed(stack, reference, cli):
+    r = cli("fork", reference, "--from-round", "4", "--set", "game.offset=5", "--nats", stack.url,
+            "--no-progress", env=WIDE)
     assert r.returncode == 0, r.stderr
     assert f"of {reference} after round 4, changed: " in r.stderr and '"offset": 5' in r.stderr
     assert "(completed)" in r.stdout
 
 
-def test_ctrl_c_in_run_detaches_and_follow_sees_the_run_to_its_end(stack, tmp_path):
+def test_ctrl_c_in_run_detaches_and_follow_sees_the_run_to_its_end(stack, tmp_path, cli):
     scenario = tmp_path / "s.yaml"
     # long enough (4 rounds of 3 s) that a loaded machine still finds it running when Ctrl-C comes
     scenario.write_text("agents: 500\nrounds: 4\nmodel:\n  latency_s: 3.0\n")
@@ -273,20 +270,20 @@ def test_ctrl_c_in_run_detaches_and_follow_sees_the_run_to_its_end(stack, tmp_pa
     assert proc.returncode == 130, err
     assert re.search(rf"detached: run {rid} goes on", err), err
     assert f"populace follow {rid} --nats {stack.url}" in err
-    r = populace("follow", rid, "--nats", stack.url, "--no-progress")
+    r = cli("follow", rid, "--nats", stack.url, "--no-progress", env=WIDE)
     assert r.returncode == 0, r.stderr
     assert f"run {rid} (completed)" in r.stdout or f"run {rid} is done (4 of 4 rounds completed)" in r.stdout
-    r = populace("follow", rid, "--nats", stack.url)
+    r = cli("follow", rid, "--nats", stack.url, env=WIDE)
     assert r.returncode == 0 and f"run {rid} is done (4 of 4 rounds completed)" in r.stdout
 
 
 def test_a_run_pauses_on_its_budget_and_resume_with_a_larger_one_ends_as_if_never_stopped(stack, reference,
-                                                                                           tmp_path):
+                                                                                           tmp_path, cli):
     # 2,000 answered calls a round: after round 2, 4,000 of 4,500 are used and round 3 would
     # need about 2,000 more, so the run pauses there
     scenario = tmp_path / "budget.yaml"
     scenario.write_text(yaml.safe_dump({**BASE, "budget": {"llm_calls": 4500}}))
-    r = populace("run", str(scenario), "--nats", stack.url, "--no-progress")
+    r = cli("run", str(scenario), "--nats", stack.url, "--no-progress", env=WIDE)
     assert r.returncode == 1, r.stderr
     rid = re.search(r"run (\S+) paused: budget: 4,000 of 4,500 LLM calls used, and the next round needs "
                     r"about 2,000 more", r.stderr.replace("\n", " ")).group(1)
@@ -295,9 +292,9 @@ def test_a_run_pauses_on_its_budget_and_resume_with_a_larger_one_ends_as_if_neve
     assert (state.status, state.round, state.used.llm_calls) == ("paused", 2, 4000)
     assert [s["round"] for s in summaries(stack.db, rid)] == [1, 2]
 
-    r = populace("resume", rid, "--nats", stack.url, "--no-progress")  # the same budget: refused
+    r = cli("resume", rid, "--nats", stack.url, "--no-progress", env=WIDE)  # the same budget: refused
     assert r.returncode != 0 and "give a larger budget" in r.stderr.replace("\n", " ")
-    r = populace("resume", rid, "--budget-calls", "20000", "--nats", stack.url, "--no-progress")
+    r = cli("resume", rid, "--budget-calls", "20000", "--nats", stack.url, "--no-progress", env=WIDE)
     assert r.returncode == 0, r.stderr
     assert f"run {rid} (completed)" in r.stdout
     state = asyncio.run(_connected(stack, lambda nc: run_state(nc, rid)))

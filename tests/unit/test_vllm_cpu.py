@@ -93,3 +93,6 @@ def test_vllm_keeps_the_bytecode_of_what_it_imports_where_this_process_writes_no
     torch and transformers from source at every start: its servers may write their bytecode."""
     monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
     assert "PYTHONDONTWRITEBYTECODE" not in vllm_cpu.serve_env(None)
+    # beside its own sources, where the first start wrote it (not under the suite's prefix)
+    monkeypatch.setenv("PYTHONPYCACHEPREFIX", "/tmp/elsewhere")
+    assert "PYTHONPYCACHEPREFIX" not in vllm_cpu.serve_env(None)

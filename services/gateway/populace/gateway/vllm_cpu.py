@@ -253,8 +253,11 @@ def serve_env(cores: str | None) -> dict[str, str]:
     # vLLM's API server, engine core and worker each import vllm, torch and transformers
     # (thousands of modules): where PYTHONDONTWRITEBYTECODE is set (as here and in CI) every
     # start compiled them all from source again (483 s to healthy, 188 s with bytecode). Its
-    # own environment may keep the bytecode of what it imports, written at the first start.
+    # own environment may keep the bytecode of what it imports, written at the first start,
+    # beside its sources (a PYTHONPYCACHEPREFIX, as the test suite sets for its own processes,
+    # would make it compile them all again once, elsewhere).
     env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env.pop("PYTHONPYCACHEPREFIX", None)
     for key in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME"):  # the project's, not vLLM's
         env.pop(key, None)
     return env
