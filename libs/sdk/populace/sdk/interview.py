@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
 import json
 import math
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -297,6 +298,13 @@ def memory_text(memory: Iterable[Any]) -> str:
                      for item in memory)
 
 
+def default_call(agent: Agent, asked: Asked, llm: LLM) -> Awaitable[str]:
+    """The call of the default `Agent.answer`: the agent's prompt (`prompt`) under the question's
+    schema, keyed by the agent."""
+    text, prefix = prompt(agent, asked)
+    return llm.ask(text, key=agent.id, prefix_chars=prefix, system=SYSTEM, schema=schema(asked))
+
+
 def prompt(agent: Agent, asked: Asked) -> tuple[str, int]:
     """The default interview prompt of `agent` (its persona, its context, the question) and how
     many leading characters stay the same between questions (the persona: cached by replicas)."""
@@ -343,9 +351,7 @@ class _Copy:
         return Agent.context(self)  # type: ignore[arg-type]
 
     async def answer(self, asked: Asked, llm: LLM) -> str:
-        from populace.sdk.agent import Agent
-
-        return await Agent.answer(self, asked, llm)  # type: ignore[arg-type]
+        return await default_call(self, asked, llm)  # type: ignore[arg-type]
 
 
 def copy_maker(sim: Simulation) -> Callable[[int, dict[str, Any]], Any]:
@@ -548,8 +554,12 @@ async def ask(sim: Simulation, respondents: Respondents | Sequence[tuple[int, di
     total = len(people)
     if total == 0:
         return
-    loop = asyncio.get_running_loop()
     make = copy_maker(sim)
+    if answers_by_default(type(sim).Agent) and not inspect.iscoroutinefunction(llm.ask):
+        await _ask_by_default(people, survey, llm, rows, make, max_in_flight=max_in_flight, reasks=reasks,
+                              gate=gate)
+        return
+    loop = asyncio.get_running_loop()
     running: set[asyncio.Task] = set()
     failure: list[BaseException] = []
     room = asyncio.Event()  # set when an answer is done (room for one more, or the end)
@@ -601,6 +611,128 @@ async def ask(sim: Simulation, respondents: Respondents | Sequence[tuple[int, di
     finally:
         for task in list(running):
             task.cancel()
+
+
+async def _ask_by_default(people: Respondents, survey: Survey, llm: LLM, rows: Rows,
+                          make: Callable[[int, dict[str, Any]], Any], *, max_in_flight: int, reasks: int,
+                          gate: Callable[[], Awaitable[None]] | None) -> None:
+    """`ask` for an agent class that answers by default, on a port whose `ask` returns a future
+    (the fleet's InferSession): what `answer_one` does for each agent (its questions in turn,
+    the same calls, re-asks and rows), driven by the calls' callbacks rather than a task per
+    agent, which cost more than the rest of an answer. (A port whose `ask` is a coroutine
+    answers within its caller's task: there, a task per agent keeps the order of its calls.)"""
+    loop = asyncio.get_running_loop()
+    now = loop.time
+    units: list[Asked] = list(survey.questions) if survey.mode == "each" else [survey]
+    total = len(people)
+    failure: list[BaseException] = []
+    pending: set[asyncio.Future] = set()  # calls out
+    room = asyncio.Event()  # set when an agent is done (room for one more, or the end)
+    answering = 0  # agents with a call out
+
+    def fail(err: BaseException) -> None:
+        if not failure:
+            failure.append(err)
+        room.set()
+
+    def done_one() -> None:
+        nonlocal answering
+        answering -= 1
+        room.set()
+
+    def call(agent: _Copy, k: int, asked: Asked, started: float, before: list[Answer] | None, n: int) -> None:
+        """Agent `agent` is asked unit `k` (or its re-ask `asked`, the `n`-th)."""
+        asking, caller = ASKING.set(tag_base(units[k])), CALLER.set(agent.id)
+        try:
+            fut = asyncio.ensure_future(default_call(agent, asked, llm))  # type: ignore[arg-type]
+        except Exception as err:  # a call that failed before it left: as if it had failed on its way
+            fut = loop.create_future()
+            fut.set_exception(err)
+        finally:
+            ASKING.reset(asking)
+            CALLER.reset(caller)
+        pending.add(fut)
+        fut.add_done_callback(lambda f: answered(agent, k, started, before, n, f))
+
+    def answered(agent: _Copy, k: int, started: float, before: list[Answer] | None, n: int,
+                 fut: asyncio.Future) -> None:
+        pending.discard(fut)
+        if failure or fut.cancelled():
+            return
+        try:
+            unit = units[k]
+            questions = unit.questions if isinstance(unit, Survey) else [unit]
+            try:
+                err = fut.exception()
+                if err is not None:
+                    raise err
+                raw = fut.result()
+                if not isinstance(raw, str):
+                    raise TypeError(f"answer returned {type(raw).__name__}, not the model's text (str)")
+                answers = parsed(unit, raw)
+                if before is not None:  # a re-ask: its answers fill in what was invalid
+                    answers = [b if not a.valid else a for a, b in zip(before, answers, strict=True)]
+                if n < reasks and not all(a.valid for a in answers):
+                    again = reasked(unit, raw, [a.error or "" for a in answers if not a.valid])
+                    call(agent, k, again, started, answers, n + 1)
+                    return
+            except InferError as err:
+                fail(err if isinstance(err, ModelUnavailable) else ModelUnavailable(str(err)))
+                return
+            except Exception as err:  # the agent's own answer failed: its answers are invalid, with why
+                text = f"{type(err).__name__}: {err}"
+                raw, answers = f"<agent error: {text}>", [Answer(False, None, None, f"agent: {text}")] * len(questions)
+            latency = (now() - started) * 1000.0
+            for q, a in zip(questions, answers, strict=True):
+                rows.add(agent.id, q.id, a, raw, latency)
+            if k + 1 < len(units):
+                call(agent, k + 1, units[k + 1], now(), None, 0)
+            else:
+                done_one()
+        except BaseException as err:  # never lost in a callback: the interview stops, saying why
+            fail(err)
+
+    def begin(i: int) -> None:
+        nonlocal answering
+        aid = people.ids[i]
+        try:
+            agent = make(aid, people.state(i))
+        except Exception as err:  # a state the agent class cannot take: this agent's answers are invalid
+            text = f"{type(err).__name__}: {err}"
+            for q in survey.questions:
+                rows.add(aid, q.id, Answer(False, None, None, f"agent: restore raised {text}"),
+                         f"<agent error: {text}>", 0.0)
+            return
+        finally:
+            people.release(i)
+        answering += 1
+        call(agent, 0, units[0], now(), None, 0)
+
+    flush = getattr(llm, "flush", None)
+    try:
+        i = 0
+        while i < total and not failure:
+            if gate is not None:
+                await gate()
+            n = min(LAUNCH_SLICE, total - i, max_in_flight - answering)
+            if n <= 0:
+                room.clear()
+                await room.wait()
+                continue
+            for k in range(i, i + n):
+                begin(k)
+            i += n
+            if flush is not None:
+                flush()  # the slice's calls leave now rather than after the flush timer
+            await asyncio.sleep(0)
+        while answering and not failure:
+            room.clear()
+            await room.wait()
+        if failure:
+            raise failure[0]
+    finally:
+        for fut in list(pending):
+            fut.cancel()
 
 
 def choose(states: Sequence[tuple[int, dict[str, Any]]], *, seed: int, survey_id: str,
