@@ -543,13 +543,14 @@ LAUNCH_SLICE = 2000
 
 async def ask(sim: Simulation, respondents: Respondents | Sequence[tuple[int, dict[str, Any]]], survey: Survey,
               llm: LLM, rows: Rows, *, max_in_flight: int = 100_000, reasks: int = REASKS,
-              gate: Callable[[], Awaitable[None]] | None = None) -> None:
+              gate: Callable[[], Awaitable[int]] | None = None) -> None:
     """Every respondent (agent id, its state) answers `survey`, each from its own copy
     (`copy_of`; a lighter one with the same answers when its class answers by default), as its
     own task, at most `max_in_flight` at once; each agent's state is let go once it has
-    answered. `gate`, when given, is awaited before each slice of answers starts (the host
-    holds new answers back while a round is in play). Raises ModelUnavailable when no model
-    answers; what was answered before is in `rows`."""
+    answered. `gate`, when given, is awaited before each slice of answers starts and says how
+    many may be answering now (at least 1: the host holds answers back while a round is in
+    play, and keeps few out between rounds). Raises ModelUnavailable when no model answers;
+    what was answered before is in `rows`."""
     people = respondents if isinstance(respondents, Respondents) else Respondents.of(respondents)
     total = len(people)
     if total == 0:
@@ -588,9 +589,8 @@ async def ask(sim: Simulation, respondents: Respondents | Sequence[tuple[int, di
     try:
         i = 0
         while i < total and not failure:
-            if gate is not None:
-                await gate()
-            n = min(LAUNCH_SLICE, total - i, max_in_flight - len(running))
+            limit = max_in_flight if gate is None else min(max_in_flight, await gate())
+            n = min(LAUNCH_SLICE, total - i, limit - len(running))
             if n <= 0:
                 room.clear()
                 await room.wait()
@@ -615,7 +615,7 @@ async def ask(sim: Simulation, respondents: Respondents | Sequence[tuple[int, di
 
 async def _ask_by_default(people: Respondents, survey: Survey, llm: LLM, rows: Rows,
                           make: Callable[[int, dict[str, Any]], Any], *, max_in_flight: int, reasks: int,
-                          gate: Callable[[], Awaitable[None]] | None) -> None:
+                          gate: Callable[[], Awaitable[int]] | None) -> None:
     """`ask` for an agent class that answers by default, on a port whose `ask` returns a future
     (the fleet's InferSession): what `answer_one` does for each agent (its questions in turn,
     the same calls, re-asks and rows), driven by the calls' callbacks rather than a task per
@@ -712,9 +712,8 @@ async def _ask_by_default(people: Respondents, survey: Survey, llm: LLM, rows: R
     try:
         i = 0
         while i < total and not failure:
-            if gate is not None:
-                await gate()
-            n = min(LAUNCH_SLICE, total - i, max_in_flight - answering)
+            limit = max_in_flight if gate is None else min(max_in_flight, await gate())
+            n = min(LAUNCH_SLICE, total - i, limit - answering)
             if n <= 0:
                 room.clear()
                 await room.wait()

@@ -2,9 +2,11 @@
 their state at the round's end (frozen before the host's partial goes out, so before the next
 round can start), each on a copy; the answers leave in batches (`run.<rid>.interviews.<n>.<host>`)
 for the recorder. They run beside the next round: nothing of the run waits on them. Nor do
-they compete with it: while one of the host's rounds is in play, they start no new answers
-(the round has the CPU; the calls already out go on), unless the round-end states they wait
-to answer from pass `interview_backlog_mb` — a long run's panel then answers as it goes.
+they compete with it: while one of the host's rounds is in play they start no new answers
+(the round has the CPU; the calls already out go on), and between two rounds of a run they
+keep few out (`BETWEEN_ROUNDS`: what is out when the next round opens competes with it); once
+the run has played its last round they go at full speed. Unless the round-end states they
+wait to answer from pass `interview_backlog_mb`: a long run's panel then answers as it goes.
 
 A share restored from a round's checkpoint (a lost host's agents placed again, a resume) asks
 that round's planned interviews again of its agents: the answers of a host lost before it sent
@@ -32,6 +34,9 @@ from populace.sdk.play import RoundPlayer
 from populace.sdk.registry import resolve
 
 log = logs.get("populace.agent_host")
+
+# Planned answers a host keeps out between two rounds of their run (a round's first batches)
+BETWEEN_ROUNDS = 2000
 
 States = Sequence[tuple[int, dict[str, Any]]]
 # a share's agents' state at a round's end: frozen_states' JSON (answered later), or restored pairs
@@ -93,6 +98,7 @@ class Interviewer:
         self._waiting = 0  # bytes of frozen states whose planned interviews have not finished
         self._backlog_limit = settings.interview_backlog_mb * 1024 * 1024
         self._one_at_a_time = asyncio.Lock()  # planned interviews answer in turn: one thawed share at a time
+        self._ended: dict[str, None] = {}  # runs that play no more rounds (the latest thousand)
 
     @staticmethod
     def planned(run: HostedRun, round_: int) -> list[PlannedInterview]:
@@ -117,14 +123,30 @@ class Interviewer:
             if self._in_play == 0:
                 self._idle.set()
 
+    def ended(self, run_id: str) -> None:
+        """`run_id` plays no more rounds: its planned interviews go at full speed."""
+        self._ended[run_id] = None
+        if len(self._ended) > 1000:
+            del self._ended[next(iter(self._ended))]
+
     def _held_back(self) -> bool:
         return self._in_play > 0 and self._waiting <= self._backlog_limit
 
-    async def _gate(self) -> None:
-        """Wait while a round is in play (and the backlog is within its bound)."""
-        while self._held_back():
-            self._idle.clear()
-            await self._idle.wait()
+    def _gate(self, run: HostedRun, round_: int) -> Callable[[], Awaitable[int]]:
+        """How many of the answers after `round_` may be out now: none while a round is in play
+        (waited out), few between rounds, all once the run has played its last (or past the
+        backlog's bound)."""
+        last = round_ >= run.resolved.config.rounds
+
+        async def gate() -> int:
+            while self._held_back():
+                self._idle.clear()
+                await self._idle.wait()
+            if last or run.run_id in self._ended or self._waiting > self._backlog_limit:
+                return 1 << 62
+            return BETWEEN_ROUNDS
+
+        return gate
 
     def take(self, run: HostedRun) -> Usage:
         """The interviews' LLM work finished since the share's last partial (for the next one)."""
@@ -186,14 +208,15 @@ class Interviewer:
         seed = run.resolved.config.seed
         try:
             async with self._one_at_a_time:
-                await self._gate()
+                gate = self._gate(run, round_)
+                await gate()
                 people = (interview.Respondents.frozen(states) if isinstance(states, (bytes, bytearray))
                           else interview.Respondents.of(states))
                 del states
                 for plan in plans:
                     chosen = people.chosen(seed=seed, survey_id=plan.id, sample=plan.sample, agents=plan.agents)
                     try:
-                        await self.ask(run, round_, chosen, plan.survey, gate=self._gate)
+                        await self.ask(run, round_, chosen, plan.survey, gate=gate)
                     except asyncio.CancelledError:
                         raise
                     except Exception as err:
@@ -207,9 +230,9 @@ class Interviewer:
             self._waiting -= size
 
     async def ask(self, run: HostedRun, round_: int, states: interview.Respondents | States, survey: Survey,
-                  request: str | None = None, gate: Callable[[], Awaitable[None]] | None = None) -> AnswerPublisher:
+                  request: str | None = None, gate: Callable[[], Awaitable[int]] | None = None) -> AnswerPublisher:
         """`states`' agents answer `survey` (each from a copy); their answers are published.
-        `gate`: awaited before each slice of answers starts (planned interviews: no round in play)."""
+        `gate`: awaited before each slice of answers starts, how many may be out (`_gate`)."""
         s = self.settings
         model = run.resolved.config.model
         model = model.model_copy(update={"max_tokens": interview.max_tokens(survey, model.max_tokens)})
