@@ -123,6 +123,9 @@ class Interviewer:
             if self._in_play == 0:
                 self._idle.set()
 
+    def _answered(self, size: int) -> None:
+        self._waiting -= size
+
     def ended(self, run_id: str) -> None:
         """`run_id` plays no more rounds: its planned interviews go at full speed."""
         self._ended[run_id] = None
@@ -157,7 +160,8 @@ class Interviewer:
         self._waiting += size
         if not self._held_back():
             self._idle.set()  # past the bound: those waiting go on beside the round
-        task = asyncio.get_running_loop().create_task(self._planned(run, round_, states, plans, size))
+        task = asyncio.get_running_loop().create_task(self._planned(run, round_, states, plans))
+        task.add_done_callback(lambda _: self._answered(size))  # however it ends, even cancelled before it ran
         tasks = self._tasks.setdefault(run.run_id, set())
         tasks.add(task)
         task.add_done_callback(tasks.discard)
@@ -203,31 +207,27 @@ class Interviewer:
             log.error("interview_failed", run_id=order.run_id, request=order.request, after_round=order.after_round,
                       error=f"{type(err).__name__}: {err}")
 
-    async def _planned(self, run: HostedRun, round_: int, states: Frozen, plans: list[PlannedInterview],
-                       size: int) -> None:
+    async def _planned(self, run: HostedRun, round_: int, states: Frozen, plans: list[PlannedInterview]) -> None:
         seed = run.resolved.config.seed
-        try:
-            async with self._one_at_a_time:
-                gate = self._gate(run, round_)
-                await gate()
-                people = (interview.Respondents.frozen(states) if isinstance(states, (bytes, bytearray))
-                          else interview.Respondents.of(states))
-                del states
-                for plan in plans:
-                    chosen = people.chosen(seed=seed, survey_id=plan.id, sample=plan.sample, agents=plan.agents)
-                    try:
-                        await self.ask(run, round_, chosen, plan.survey, gate=gate)
-                    except asyncio.CancelledError:
-                        raise
-                    except Exception as err:
-                        reason = (f"interviews after round {round_} ({plan.id}) on {self.host_id}: "
-                                  f"{type(err).__name__}: {err}; `populace resume {run.run_id}` asks them again")
-                        log.error("interviews_failed", run_id=run.run_id, round=round_, survey=plan.id, error=reason)
-                        if self._report_fault is not None and isinstance(err, ModelUnavailable):
-                            await self._report_fault(run.run_id, round_, reason, run.epoch, True)
-                        return
-        finally:
-            self._waiting -= size
+        async with self._one_at_a_time:
+            gate = self._gate(run, round_)
+            await gate()
+            people = (interview.Respondents.frozen(states) if isinstance(states, (bytes, bytearray))
+                      else interview.Respondents.of(states))
+            del states
+            for plan in plans:
+                chosen = people.chosen(seed=seed, survey_id=plan.id, sample=plan.sample, agents=plan.agents)
+                try:
+                    await self.ask(run, round_, chosen, plan.survey, gate=gate)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as err:
+                    reason = (f"interviews after round {round_} ({plan.id}) on {self.host_id}: "
+                              f"{type(err).__name__}: {err}; `populace resume {run.run_id}` asks them again")
+                    log.error("interviews_failed", run_id=run.run_id, round=round_, survey=plan.id, error=reason)
+                    if self._report_fault is not None and isinstance(err, ModelUnavailable):
+                        await self._report_fault(run.run_id, round_, reason, run.epoch, True)
+                    return
 
     async def ask(self, run: HostedRun, round_: int, states: interview.Respondents | States, survey: Survey,
                   request: str | None = None, gate: Callable[[], Awaitable[int]] | None = None) -> AnswerPublisher:
