@@ -215,3 +215,40 @@ def test_a_sample_is_the_same_every_round_and_about_its_size():
     assert not (ids[:50] == respondents(10_000, seed=3, survey_id="other", sample=0.1)[:50]).all()
     assert respondents(10, seed=3, survey_id="p", agents=[7, 2]).tolist() == [2, 7]
     assert respondents(4, seed=3, survey_id="p").tolist() == [0, 1, 2, 3]
+
+
+class FuturePort:
+    """A port whose `ask` returns a future at once, as the fleet's InferSession does: agents
+    that answer by default are then asked without a task each (interview._ask_by_default)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def ask(self, prompt, **kw):
+        return asyncio.ensure_future(self.inner.ask(prompt, **kw))
+
+
+def by_agent(rows):
+    c = rows.columns
+    keep = ("valid", "answer", "value", "raw", "error")
+    return sorted(zip(c["agent_id"], c["question"], *(c[k] for k in keep), strict=True))
+
+
+@pytest.mark.parametrize("mode", ["each", "together"])
+def test_answers_without_a_task_per_agent_are_the_same(mode, monkeypatch):
+    taken = []
+    by_default = interview._ask_by_default
+    monkeypatch.setattr(interview, "_ask_by_default", lambda *a, **kw: taken.append(1) or by_default(*a, **kw))
+    survey = Survey(id="s", questions=[CAR, TRUST, COUNT, SHARE, WHY], mode=mode)
+    tasks = ask(survey, DummyLLM(seed=7, round_=2))
+    futures = ask(survey, FuturePort(DummyLLM(seed=7, round_=2)))
+    assert by_agent(futures) == by_agent(tasks) and len(tasks.columns["agent_id"]) == 100
+    assert taken == [1]  # the port's futures took the path without tasks; the coroutines did not
+    script = {0: ['{"answer": "maybe"}', '{"answer": "yes"}'], 1: ['{"answer": "maybe"}', "I walk"],
+              2: ['{"answer": "no"}'], 3: [TypeError("a bug")]}
+    one = Survey(id="s", questions=[CAR])
+    scripted, asked = ScriptedLLM(script), ScriptedLLM(script)
+    assert by_agent(ask(one, FuturePort(scripted), ids=[0, 1, 2, 3, 4])) == by_agent(ask(one, asked, ids=[0, 1, 2, 3, 4]))
+    assert sorted((a.key, a.prompt) for a in scripted.asked) == sorted((a.key, a.prompt) for a in asked.asked)
+    with pytest.raises(ModelUnavailable):
+        ask(one, FuturePort(ScriptedLLM(lambda key, prompt: InferError("down"))))

@@ -26,7 +26,7 @@ import base64
 import hashlib
 import json
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal, NamedTuple
@@ -326,8 +326,24 @@ async def load_agents(js: JetStreamContext, rid: str, round_: int, layout: Itera
     objects of `layout` (the ranges the checkpoint was written in) that overlap them, each
     verified against `digests` (object name -> sha256, as recorded when the round closed) and
     resolved through the deltas it builds on (each verified by the digest its successor carries)."""
-    wanted = [(f, f + c) for f, c in wanted]
+    wanted = list(wanted)
+    bounds = [(f, f + c) for f, c in wanted]
     out: dict[int, dict[str, object]] = {}
+    async for first, count, fields in agent_chunks(js, rid, round_, layout, wanted, digests):
+        for offset in range(count):
+            aid = first + offset
+            if any(a <= aid < b for a, b in bounds):
+                out[aid] = {name: values[offset] for name, values in fields.items()}
+    return out
+
+
+async def agent_chunks(js: JetStreamContext, rid: str, round_: int, layout: Iterable[tuple[int, int]],
+                       wanted: Iterable[tuple[int, int]], digests: Mapping[str, str]
+                       ) -> AsyncIterator[tuple[int, int, dict[str, list]]]:
+    """`load_agents`' checkpoint objects as they are stored, by columns: (first agent, count,
+    {field: values}) for each range of `layout` that overlaps a `wanted` range (a reader that
+    needs no dict per agent, e.g. a post-hoc interview of a million agents)."""
+    wanted = [(f, f + c) for f, c in wanted]
     for first, count in layout:
         lo, hi = first, first + count
         if not any(a < hi and lo < b for a, b in wanted):
@@ -339,11 +355,7 @@ async def load_agents(js: JetStreamContext, rid: str, round_: int, layout: Itera
             if len(values) != count:
                 raise CheckpointError(f"checkpoint {subjects.checkpoint_agents(rid, round_, first)} has {len(values)} "
                                       f"values of {name!r} for agents {first}..{first + count - 1}")
-        for offset in range(count):
-            aid = first + offset
-            if any(a <= aid < b for a, b in wanted):
-                out[aid] = {name: values[offset] for name, values in fields.items()}
-    return out
+        yield first, count, fields
 
 
 ENV_WRITER = "environment"  # the chunk token of the environment's checkpoints

@@ -47,6 +47,11 @@ class Settings(BaseSettings):
     # asked beside a round (a panel) or alone (post hoc): a burst of every agent's copy at once
     # would hold a second population in memory for no gain once calls are CPU-bound.
     interview_in_flight: int = Field(50_000, ge=1)
+    # Planned interviews (a panel) start no new answers while one of the host's rounds is in
+    # play, so the round has the CPU; unless the round-end states they wait to answer from pass
+    # this many MB (JSON), which bounds what a long run's panel may hold back (and so how long
+    # after the last round its answers keep the run from counting as recorded: interview_wait_s).
+    interview_backlog_mb: int = Field(64, ge=0)
     # a scene waiting this long on neither an act nor a model call is stuck: the run pauses, naming it
     scene_idle_s: float = Field(60.0, gt=0, le=86_400)
     one_agent_per_process: bool = False  # host flag: run every agent in its own OS process

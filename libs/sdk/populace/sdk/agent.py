@@ -93,9 +93,7 @@ class Agent:
         `context()` and the question, under the question's schema."""
         from populace.sdk import interview
 
-        text, prefix = interview.prompt(self, asked)
-        return await llm.ask(text, key=self.id, prefix_chars=prefix, system=interview.SYSTEM,
-                             schema=interview.schema(asked))
+        return await interview.default_call(self, asked, llm)
 
     def state(self) -> dict[str, Any]:
         """The agent's declared state, for a checkpoint."""

@@ -38,9 +38,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
 import json
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -233,6 +234,24 @@ def parse(asked: Asked, text: str) -> list[Answer]:
     return [judge(asked, answer_field(text, "answer"))]
 
 
+_PARSED: dict[tuple[int, str], tuple[Asked, list[Answer]]] = {}
+
+
+def parsed(asked: Asked, text: str) -> list[Answer]:
+    """`parse`, once per distinct (question object, raw text): many agents give the same raw
+    answer (an option, a point), and an Answer is immutable. Do not change the list returned."""
+    key = (id(asked), text)
+    hit = _PARSED.get(key)
+    if hit is not None and hit[0] is asked:
+        return hit[1]
+    answers = parse(asked, text)
+    if len(text) <= 256:  # free text is seldom repeated: not kept
+        if len(_PARSED) >= 16384:
+            _PARSED.clear()
+        _PARSED[key] = (asked, answers)
+    return answers
+
+
 def reasked(asked: Asked, raw: str, errors: Sequence[str]) -> Asked:
     """`asked` with a correction appended to its text: what a re-ask shows the agent."""
     why = "; ".join(dict.fromkeys(e for e in errors if e))
@@ -279,6 +298,13 @@ def memory_text(memory: Iterable[Any]) -> str:
                      for item in memory)
 
 
+def default_call(agent: Agent, asked: Asked, llm: LLM) -> Awaitable[str]:
+    """The call of the default `Agent.answer`: the agent's prompt (`prompt`) under the question's
+    schema, keyed by the agent."""
+    text, prefix = prompt(agent, asked)
+    return llm.ask(text, key=agent.id, prefix_chars=prefix, system=SYSTEM, schema=schema(asked))
+
+
 def prompt(agent: Agent, asked: Asked) -> tuple[str, int]:
     """The default interview prompt of `agent` (its persona, its context, the question) and how
     many leading characters stay the same between questions (the persona: cached by replicas)."""
@@ -300,10 +326,131 @@ def copy_of(sim: Simulation, agent_id: int, state: dict[str, Any]) -> Agent:
     return agent
 
 
+def answers_by_default(cls: type[Agent]) -> bool:
+    """Whether `cls` answers as `Agent` does (no `answer`, `context`, `restore` or `__init__` of
+    its own): then its copy's answer depends on its id, persona and memory alone."""
+    from populace.sdk.agent import Agent
+
+    return all(getattr(cls, name) is getattr(Agent, name) for name in ("__init__", "answer", "context", "restore"))
+
+
+class _Copy:
+    """What the default `Agent.answer` reads of a copy — its id, persona and memory — without
+    building the agent: `Agent.answer` and `Agent.context` themselves run on it, so the prompt
+    and the call are those of `copy_of`'s agent (`Agent.restore` turns the memory's lists into
+    tuples; `memory_text` writes both alike)."""
+
+    __slots__ = ("id", "memory", "persona")
+
+    def __init__(self, agent_id: int, persona: Any, memory: Any) -> None:
+        self.id, self.persona, self.memory = agent_id, persona, memory
+
+    def context(self) -> str:
+        from populace.sdk.agent import Agent
+
+        return Agent.context(self)  # type: ignore[arg-type]
+
+    async def answer(self, asked: Asked, llm: LLM) -> str:
+        return await default_call(self, asked, llm)  # type: ignore[arg-type]
+
+
+def copy_maker(sim: Simulation) -> Callable[[int, dict[str, Any]], Any]:
+    """`copy_of` for `sim`'s agent class, or the cheaper `_Copy` when the class answers by default."""
+    cls = type(sim).Agent
+    if not answers_by_default(cls):
+        return lambda agent_id, state: copy_of(sim, agent_id, state)
+    personas = sim.cast.personas if sim.cast is not None else None
+    has_memory = "memory" in cls.state_fields
+
+    def light(agent_id: int, state: dict[str, Any]) -> _Copy:
+        memory = (state.get("memory") or ()) if has_memory else ()
+        return _Copy(agent_id, personas[agent_id] if personas is not None else None, memory)
+
+    return light
+
+
 def frozen_states(snapshot: Sequence[tuple[int, int, dict[str, list]]]) -> bytes:
     """A share's agents' declared state (HostedRun.snapshot's columns) as a checkpoint stores
     it: JSON. Taken at a round's end, so answering later never sees the next round."""
     return to_json([{"first": first, "count": count, "fields": fields} for first, count, fields in snapshot])
+
+
+class Respondents:
+    """The agents who answer and their state as a checkpoint holds it, by columns: `ids` and
+    {field: values} (a share's frozen snapshot, a checkpoint's chunks), never a dict per
+    agent; an agent's dict is built as it starts answering, and its values are let go once
+    its answers are in (`release`). Made from (agent id, state) pairs too (`of`)."""
+
+    __slots__ = ("_dicts", "fields", "ids")
+
+    def __init__(self, ids: list[int], fields: dict[str, list] | None = None,
+                 dicts: list[dict[str, Any] | None] | None = None) -> None:
+        self.ids, self.fields, self._dicts = ids, fields if dicts is None else None, dicts
+
+    @classmethod
+    def of(cls, states: Sequence[tuple[int, dict[str, Any]]]) -> Respondents:
+        return cls([aid for aid, _ in states], dicts=[st for _, st in states])
+
+    @classmethod
+    def from_chunks(cls, chunks: Iterable[tuple[int, int, dict[str, list]]],
+                    wanted: Callable[[int], bool] | None = None) -> Respondents:
+        """From checkpoint chunks (first agent, count, {field: values}), those `wanted` only."""
+        ids: list[int] = []
+        fields: dict[str, list] = {}
+        for first, count, columns in chunks:
+            keep = list(range(count)) if wanted is None else [o for o in range(count) if wanted(first + o)]
+            whole = len(keep) == count
+            ids.extend(first + o for o in keep)
+            for name, values in columns.items():
+                # a field absent from an earlier chunk: those agents' states lack it, as thawed ones would
+                column = fields.setdefault(name, [_ABSENT] * (len(ids) - len(keep)))
+                column.extend(values if whole else [values[o] for o in keep])
+            for name, column in fields.items():
+                if name not in columns:
+                    column.extend([_ABSENT] * len(keep))
+        return cls(ids, fields)
+
+    @classmethod
+    def frozen(cls, *data: bytes | Sequence[dict]) -> Respondents:
+        """From `frozen_states`' bytes (or the chunk objects they hold), one share's after another."""
+        chunks = (c for one in data for c in (from_json(one) if isinstance(one, (bytes, bytearray)) else one))
+        return cls.from_chunks((c["first"], c["count"], c["fields"]) for c in chunks)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def state(self, i: int) -> dict[str, Any]:
+        """The `i`-th agent's state, as `thawed` gives it."""
+        if self._dicts is not None:
+            return self._dicts[i]  # type: ignore[return-value]
+        return {name: v for name, values in self.fields.items() if (v := values[i]) is not _ABSENT}
+
+    def release(self, i: int) -> None:
+        if self._dicts is not None:
+            self._dicts[i] = None
+        else:
+            for values in self.fields.values():
+                values[i] = None
+
+    def chosen(self, *, seed: int, survey_id: str, sample: float | None = None,
+               agents: Sequence[int] | None = None) -> Respondents:
+        """Those who answer a survey (see `choose`): a new Respondents (this one untouched)."""
+        import numpy as np
+
+        from populace.core.interviews import chosen
+
+        if sample is None and agents is None:
+            keep = list(range(len(self.ids)))
+        else:
+            ids = np.asarray(self.ids, dtype=np.int64)
+            keep = np.flatnonzero(chosen(ids, seed=seed, survey_id=survey_id, sample=sample, agents=agents)).tolist()
+        ids = [self.ids[i] for i in keep]
+        if self._dicts is not None:
+            return Respondents(ids, dicts=[self._dicts[i] for i in keep])
+        return Respondents(ids, {name: [values[i] for i in keep] for name, values in self.fields.items()})
+
+
+_ABSENT: Any = object()  # a field an agent's checkpointed state does not have
 
 
 def thawed(data: bytes | Sequence[dict], wanted: Callable[[int], bool] | None = None
@@ -371,14 +518,14 @@ async def answer_one(agent: Agent, survey: Survey, llm: LLM, rows: Rows, *, reas
             raw = await agent.answer(unit, llm)
             if not isinstance(raw, str):
                 raise TypeError(f"answer returned {type(raw).__name__}, not the model's text (str)")
-            answers = parse(unit, raw)
+            answers = parsed(unit, raw)
             for _ in range(reasks):
                 if all(a.valid for a in answers):
                     break
                 again = await agent.answer(reasked(unit, raw, [a.error or "" for a in answers if not a.valid]), llm)
                 if not isinstance(again, str):
                     raise TypeError(f"answer returned {type(again).__name__}, not the model's text (str)")
-                raw, second = again, parse(unit, again)
+                raw, second = again, parsed(unit, again)
                 answers = [b if not a.valid else a for a, b in zip(answers, second, strict=True)]
         except InferError as err:
             raise err if isinstance(err, ModelUnavailable) else ModelUnavailable(str(err)) from err
@@ -390,63 +537,201 @@ async def answer_one(agent: Agent, survey: Survey, llm: LLM, rows: Rows, *, reas
             rows.add(agent.id, q.id, a, raw, latency)
 
 
-async def ask(sim: Simulation, respondents: Sequence[tuple[int, dict[str, Any]]], survey: Survey, llm: LLM,
-              rows: Rows, *, max_in_flight: int = 100_000, reasks: int = REASKS) -> None:
+# answers started between two looks at the gate (and at the event loop: the first calls leave)
+LAUNCH_SLICE = 2000
+
+
+async def ask(sim: Simulation, respondents: Respondents | Sequence[tuple[int, dict[str, Any]]], survey: Survey,
+              llm: LLM, rows: Rows, *, max_in_flight: int = 100_000, reasks: int = REASKS,
+              gate: Callable[[], Awaitable[int]] | None = None) -> None:
     """Every respondent (agent id, its state) answers `survey`, each from its own copy
-    (`copy_of`), as its own task, at most `max_in_flight` at once. Raises ModelUnavailable
-    when no model answers; what was answered before is in `rows`."""
-    total = len(respondents)
+    (`copy_of`; a lighter one with the same answers when its class answers by default), as its
+    own task, at most `max_in_flight` at once; each agent's state is let go once it has
+    answered. `gate`, when given, is awaited before each slice of answers starts and says how
+    many may be answering now (at least 1: the host holds answers back while a round is in
+    play, and keeps few out between rounds). Raises ModelUnavailable when no model answers;
+    what was answered before is in `rows`."""
+    people = respondents if isinstance(respondents, Respondents) else Respondents.of(respondents)
+    total = len(people)
     if total == 0:
         return
+    make = copy_maker(sim)
+    if answers_by_default(type(sim).Agent) and not inspect.iscoroutinefunction(llm.ask):
+        await _ask_by_default(people, survey, llm, rows, make, max_in_flight=max_in_flight, reasks=reasks,
+                              gate=gate)
+        return
     loop = asyncio.get_running_loop()
-    done = loop.create_future()
-    state = {"next": 0, "left": total}
     running: set[asyncio.Task] = set()
+    failure: list[BaseException] = []
+    room = asyncio.Event()  # set when an answer is done (room for one more, or the end)
 
-    async def one(aid: int, st: dict[str, Any]) -> None:
+    async def one(i: int) -> None:
+        aid = people.ids[i]
         try:
-            agent = copy_of(sim, aid, st)
+            agent = make(aid, people.state(i))
         except Exception as err:  # a state the agent class cannot restore: this agent's answers are invalid
             text = f"{type(err).__name__}: {err}"
             for q in survey.questions:
                 rows.add(aid, q.id, Answer(False, None, None, f"agent: restore raised {text}"),
                          f"<agent error: {text}>", 0.0)
             return
+        finally:
+            people.release(i)
         await answer_one(agent, survey, llm, rows, reasks=reasks)
-
-    def launch() -> None:
-        i = state["next"]
-        if i < total:
-            state["next"] = i + 1
-            task = loop.create_task(one(*respondents[i]))
-            running.add(task)
-            task.add_done_callback(finished)
 
     def finished(task: asyncio.Task) -> None:
         running.discard(task)
-        if done.done():
-            return
-        if not task.cancelled() and task.exception() is not None:
-            done.set_exception(task.exception())
-            return
-        state["left"] -= 1
-        if state["left"] == 0:
-            done.set_result(None)
-        else:
-            launch()
+        if not task.cancelled() and task.exception() is not None and not failure:
+            failure.append(task.exception())  # type: ignore[arg-type]
+        room.set()
 
-    for k in range(min(max_in_flight, total)):
-        launch()
-        if k % 2000 == 1999:
-            await asyncio.sleep(0)  # let the first calls leave while the others start
     flush = getattr(llm, "flush", None)
-    if flush is not None:
-        flush()
     try:
-        await done
+        i = 0
+        while i < total and not failure:
+            limit = max_in_flight if gate is None else min(max_in_flight, await gate())
+            n = min(LAUNCH_SLICE, total - i, limit - len(running))
+            if n <= 0:
+                room.clear()
+                await room.wait()
+                continue
+            for k in range(i, i + n):
+                task = loop.create_task(one(k))
+                running.add(task)
+                task.add_done_callback(finished)
+            i += n
+            if flush is not None:
+                flush()  # the slice's calls leave now rather than after the flush timer
+            await asyncio.sleep(0)
+        while running and not failure:
+            room.clear()
+            await room.wait()
+        if failure:
+            raise failure[0]
     finally:
         for task in list(running):
             task.cancel()
+
+
+async def _ask_by_default(people: Respondents, survey: Survey, llm: LLM, rows: Rows,
+                          make: Callable[[int, dict[str, Any]], Any], *, max_in_flight: int, reasks: int,
+                          gate: Callable[[], Awaitable[int]] | None) -> None:
+    """`ask` for an agent class that answers by default, on a port whose `ask` returns a future
+    (the fleet's InferSession): what `answer_one` does for each agent (its questions in turn,
+    the same calls, re-asks and rows), driven by the calls' callbacks rather than a task per
+    agent, which cost more than the rest of an answer. (A port whose `ask` is a coroutine
+    answers within its caller's task: there, a task per agent keeps the order of its calls.)"""
+    loop = asyncio.get_running_loop()
+    now = loop.time
+    units: list[Asked] = list(survey.questions) if survey.mode == "each" else [survey]
+    total = len(people)
+    failure: list[BaseException] = []
+    pending: set[asyncio.Future] = set()  # calls out
+    room = asyncio.Event()  # set when an agent is done (room for one more, or the end)
+    answering = 0  # agents with a call out
+
+    def fail(err: BaseException) -> None:
+        if not failure:
+            failure.append(err)
+        room.set()
+
+    def done_one() -> None:
+        nonlocal answering
+        answering -= 1
+        room.set()
+
+    def call(agent: _Copy, k: int, asked: Asked, started: float, before: list[Answer] | None, n: int) -> None:
+        """Agent `agent` is asked unit `k` (or its re-ask `asked`, the `n`-th)."""
+        asking, caller = ASKING.set(tag_base(units[k])), CALLER.set(agent.id)
+        try:
+            fut = asyncio.ensure_future(default_call(agent, asked, llm))  # type: ignore[arg-type]
+        except Exception as err:  # a call that failed before it left: as if it had failed on its way
+            fut = loop.create_future()
+            fut.set_exception(err)
+        finally:
+            ASKING.reset(asking)
+            CALLER.reset(caller)
+        pending.add(fut)
+        fut.add_done_callback(lambda f: answered(agent, k, started, before, n, f))
+
+    def answered(agent: _Copy, k: int, started: float, before: list[Answer] | None, n: int,
+                 fut: asyncio.Future) -> None:
+        pending.discard(fut)
+        if failure or fut.cancelled():
+            return
+        try:
+            unit = units[k]
+            questions = unit.questions if isinstance(unit, Survey) else [unit]
+            try:
+                err = fut.exception()
+                if err is not None:
+                    raise err
+                raw = fut.result()
+                if not isinstance(raw, str):
+                    raise TypeError(f"answer returned {type(raw).__name__}, not the model's text (str)")
+                answers = parsed(unit, raw)
+                if before is not None:  # a re-ask: its answers fill in what was invalid
+                    answers = [b if not a.valid else a for a, b in zip(before, answers, strict=True)]
+                if n < reasks and not all(a.valid for a in answers):
+                    again = reasked(unit, raw, [a.error or "" for a in answers if not a.valid])
+                    call(agent, k, again, started, answers, n + 1)
+                    return
+            except InferError as err:
+                fail(err if isinstance(err, ModelUnavailable) else ModelUnavailable(str(err)))
+                return
+            except Exception as err:  # the agent's own answer failed: its answers are invalid, with why
+                text = f"{type(err).__name__}: {err}"
+                raw, answers = f"<agent error: {text}>", [Answer(False, None, None, f"agent: {text}")] * len(questions)
+            latency = (now() - started) * 1000.0
+            for q, a in zip(questions, answers, strict=True):
+                rows.add(agent.id, q.id, a, raw, latency)
+            if k + 1 < len(units):
+                call(agent, k + 1, units[k + 1], now(), None, 0)
+            else:
+                done_one()
+        except BaseException as err:  # never lost in a callback: the interview stops, saying why
+            fail(err)
+
+    def begin(i: int) -> None:
+        nonlocal answering
+        aid = people.ids[i]
+        try:
+            agent = make(aid, people.state(i))
+        except Exception as err:  # a state the agent class cannot take: this agent's answers are invalid
+            text = f"{type(err).__name__}: {err}"
+            for q in survey.questions:
+                rows.add(aid, q.id, Answer(False, None, None, f"agent: restore raised {text}"),
+                         f"<agent error: {text}>", 0.0)
+            return
+        finally:
+            people.release(i)
+        answering += 1
+        call(agent, 0, units[0], now(), None, 0)
+
+    flush = getattr(llm, "flush", None)
+    try:
+        i = 0
+        while i < total and not failure:
+            limit = max_in_flight if gate is None else min(max_in_flight, await gate())
+            n = min(LAUNCH_SLICE, total - i, limit - answering)
+            if n <= 0:
+                room.clear()
+                await room.wait()
+                continue
+            for k in range(i, i + n):
+                begin(k)
+            i += n
+            if flush is not None:
+                flush()  # the slice's calls leave now rather than after the flush timer
+            await asyncio.sleep(0)
+        while answering and not failure:
+            room.clear()
+            await room.wait()
+        if failure:
+            raise failure[0]
+    finally:
+        for fut in list(pending):
+            fut.cancel()
 
 
 def choose(states: Sequence[tuple[int, dict[str, Any]]], *, seed: int, survey_id: str,
@@ -470,5 +755,5 @@ def chosen_states(data: bytes | Sequence[dict], *, seed: int, survey_id: str, sa
     return choose(thawed(data), seed=seed, survey_id=survey_id, sample=sample, agents=agents)
 
 
-__all__ = ["SYSTEM", "Answer", "Question", "Rows", "Survey", "answer_one", "ask", "copy_of", "digest", "judge",
-           "parse", "prompt", "schema", "tag_base"]
+__all__ = ["SYSTEM", "Answer", "Question", "Respondents", "Rows", "Survey", "answer_one", "ask", "copy_of", "digest",
+           "judge", "parse", "prompt", "schema", "tag_base"]

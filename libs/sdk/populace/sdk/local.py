@@ -164,9 +164,9 @@ async def _interview(out: LocalResult, shares: list[tuple[HostedRun, list[bytes]
     for run, frozen in shares:
         port = llm(run, after_round)
         rows = interview.Rows()
-        states = [st for data in frozen for st in interview.chosen_states(
-            data, seed=c.seed, survey_id=survey.id, sample=sample, agents=agents)]
-        await interview.ask(run.sim, states, survey, port, rows)
+        people = interview.Respondents.frozen(*frozen)
+        await interview.ask(run.sim, people.chosen(seed=c.seed, survey_id=survey.id, sample=sample, agents=agents),
+                            survey, port, rows)
         made = getattr(port, "calls", 0)
         calls += made
         out.interview_usage[after_round, survey.id] = out.interview_usage.get((after_round, survey.id), 0) + made

@@ -200,6 +200,8 @@ class AgentHost:
             runconfigs.CACHE.forget(done.run_id)
         if done.status != "completed":  # a completed run's interviews go on: the recorder waits for them
             self.runtime.interviews.cancel(done.run_id)  # type: ignore[union-attr]
+        else:  # no more rounds: they go at full speed
+            self.runtime.interviews.ended(done.run_id)  # type: ignore[union-attr]
 
 
 def create(settings: Settings | None = None) -> Service:

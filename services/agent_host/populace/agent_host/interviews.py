@@ -1,7 +1,12 @@
 """Interviews on an agent-host: its agents answer the surveys a run plans after a round, from
 their state at the round's end (frozen before the host's partial goes out, so before the next
 round can start), each on a copy; the answers leave in batches (`run.<rid>.interviews.<n>.<host>`)
-for the recorder. They run beside the next round: nothing of the run waits on them.
+for the recorder. They run beside the next round: nothing of the run waits on them. Nor do
+they compete with it: while one of the host's rounds is in play they start no new answers
+(the round has the CPU; the calls already out go on), and between two rounds of a run they
+keep few out (`BETWEEN_ROUNDS`: what is out when the next round opens competes with it); once
+the run has played its last round they go at full speed. Unless the round-end states they
+wait to answer from pass `interview_backlog_mb`: a long run's panel then answers as it goes.
 
 A share restored from a round's checkpoint (a lost host's agents placed again, a resume) asks
 that round's planned interviews again of its agents: the answers of a host lost before it sent
@@ -10,7 +15,8 @@ them would otherwise be missing. The recorder keeps the first answer of each (ag
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+import contextlib
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 from nats.aio.client import Client
@@ -29,7 +35,12 @@ from populace.sdk.registry import resolve
 
 log = logs.get("populace.agent_host")
 
+# Planned answers a host keeps out between two rounds of their run (a round's first batches)
+BETWEEN_ROUNDS = 2000
+
 States = Sequence[tuple[int, dict[str, Any]]]
+# a share's agents' state at a round's end: frozen_states' JSON (answered later), or restored pairs
+Frozen = bytes | States
 # (run id, round or None, reason, epoch, pause)
 FaultReporter = Callable[[str, int | None, str, int, bool], Awaitable[None]]
 
@@ -81,6 +92,13 @@ class Interviewer:
         self._report_fault = report_fault
         self._tasks: dict[str, set[asyncio.Task]] = {}  # by run id
         self._done: dict[tuple[str, int], Usage] = {}  # (run, epoch) -> LLM work finished, not yet in a partial
+        self._in_play = 0  # the host's rounds in play now
+        self._idle = asyncio.Event()  # set when none is (or when the backlog must go on regardless)
+        self._idle.set()
+        self._waiting = 0  # bytes of frozen states whose planned interviews have not finished
+        self._backlog_limit = settings.interview_backlog_mb * 1024 * 1024
+        self._one_at_a_time = asyncio.Lock()  # planned interviews answer in turn: one thawed share at a time
+        self._ended: dict[str, None] = {}  # runs that play no more rounds (the latest thousand)
 
     @staticmethod
     def planned(run: HostedRun, round_: int) -> list[PlannedInterview]:
@@ -88,16 +106,62 @@ class Interviewer:
         return [plan for plan in c.interviews if round_ in plan.rounds(c.rounds)]
 
     @staticmethod
-    async def freeze(run: HostedRun) -> States:
-        """The share's agents' declared state now, as a checkpoint holds it (a deep copy)."""
-        return interview.thawed(interview.frozen_states(await run.snapshot()))
+    async def freeze(run: HostedRun) -> bytes:
+        """The share's agents' declared state now, as a checkpoint holds it (JSON: a deep copy,
+        read back into columns only when they answer, off the round's path)."""
+        return interview.frozen_states(await run.snapshot())
+
+    @contextlib.contextmanager
+    def round_in_play(self) -> Iterator[None]:
+        """A round of this host is in play: planned interviews start no new answers meanwhile."""
+        self._in_play += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self._in_play -= 1
+            if self._in_play == 0:
+                self._idle.set()
+
+    def _answered(self, size: int) -> None:
+        self._waiting -= size
+
+    def ended(self, run_id: str) -> None:
+        """`run_id` plays no more rounds: its planned interviews go at full speed."""
+        self._ended[run_id] = None
+        if len(self._ended) > 1000:
+            del self._ended[next(iter(self._ended))]
+
+    def _held_back(self) -> bool:
+        return self._in_play > 0 and self._waiting <= self._backlog_limit
+
+    def _gate(self, run: HostedRun, round_: int) -> Callable[[], Awaitable[int]]:
+        """How many of the answers after `round_` may be out now: none while a round is in play
+        (waited out), few between rounds, all once the run has played its last (or past the
+        backlog's bound)."""
+        last = round_ >= run.resolved.config.rounds
+
+        async def gate() -> int:
+            while self._held_back():
+                self._idle.clear()
+                await self._idle.wait()
+            if last or run.run_id in self._ended or self._waiting > self._backlog_limit:
+                return 1 << 62
+            return BETWEEN_ROUNDS
+
+        return gate
 
     def take(self, run: HostedRun) -> Usage:
         """The interviews' LLM work finished since the share's last partial (for the next one)."""
         return self._done.pop((run.run_id, run.epoch), Usage())
 
-    def start(self, run: HostedRun, round_: int, states: States, plans: list[PlannedInterview]) -> None:
+    def start(self, run: HostedRun, round_: int, states: Frozen, plans: list[PlannedInterview]) -> None:
+        size = len(states) if isinstance(states, (bytes, bytearray)) else 0
+        self._waiting += size
+        if not self._held_back():
+            self._idle.set()  # past the bound: those waiting go on beside the round
         task = asyncio.get_running_loop().create_task(self._planned(run, round_, states, plans))
+        task.add_done_callback(lambda _: self._answered(size))  # however it ends, even cancelled before it ran
         tasks = self._tasks.setdefault(run.run_id, set())
         tasks.add(task)
         task.add_done_callback(tasks.discard)
@@ -128,9 +192,13 @@ class Interviewer:
             sim = resolved.instance(order.run_id, await load_cast(order))
             run = HostedRun(order.run_id, resolved, sim, type(sim).Env(sim), [], RoundPlayer(sim, []),
                             ranges=list(order.ranges))
-            states = await checkpoints.load_agents(self.js, r.run_id, r.round, r.ranges, order.ranges, r.digests)
-            chosen = interview.choose(sorted(states.items()), seed=order.config.seed, survey_id=order.survey.id,
-                                      sample=order.sample, agents=order.agents)
+            bounds = [(first, first + count) for first, count in order.ranges]
+            states = interview.Respondents.from_chunks(
+                [chunk async for chunk in checkpoints.agent_chunks(self.js, r.run_id, r.round, r.ranges, order.ranges,
+                                                                   r.digests)],
+                wanted=lambda aid: any(a <= aid < b for a, b in bounds))
+            chosen = states.chosen(seed=order.config.seed, survey_id=order.survey.id, sample=order.sample,
+                                   agents=order.agents)
             del states
             await self.ask(run, order.after_round, chosen, order.survey, request=order.request)
         except asyncio.CancelledError:
@@ -139,25 +207,32 @@ class Interviewer:
             log.error("interview_failed", run_id=order.run_id, request=order.request, after_round=order.after_round,
                       error=f"{type(err).__name__}: {err}")
 
-    async def _planned(self, run: HostedRun, round_: int, states: States, plans: list[PlannedInterview]) -> None:
+    async def _planned(self, run: HostedRun, round_: int, states: Frozen, plans: list[PlannedInterview]) -> None:
         seed = run.resolved.config.seed
-        for plan in plans:
-            chosen = interview.choose(states, seed=seed, survey_id=plan.id, sample=plan.sample, agents=plan.agents)
-            try:
-                await self.ask(run, round_, chosen, plan.survey)
-            except asyncio.CancelledError:
-                raise
-            except Exception as err:
-                reason = (f"interviews after round {round_} ({plan.id}) on {self.host_id}: "
-                          f"{type(err).__name__}: {err}; `populace resume {run.run_id}` asks them again")
-                log.error("interviews_failed", run_id=run.run_id, round=round_, survey=plan.id, error=reason)
-                if self._report_fault is not None and isinstance(err, ModelUnavailable):
-                    await self._report_fault(run.run_id, round_, reason, run.epoch, True)
-                return
+        async with self._one_at_a_time:
+            gate = self._gate(run, round_)
+            await gate()
+            people = (interview.Respondents.frozen(states) if isinstance(states, (bytes, bytearray))
+                      else interview.Respondents.of(states))
+            del states
+            for plan in plans:
+                chosen = people.chosen(seed=seed, survey_id=plan.id, sample=plan.sample, agents=plan.agents)
+                try:
+                    await self.ask(run, round_, chosen, plan.survey, gate=gate)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as err:
+                    reason = (f"interviews after round {round_} ({plan.id}) on {self.host_id}: "
+                              f"{type(err).__name__}: {err}; `populace resume {run.run_id}` asks them again")
+                    log.error("interviews_failed", run_id=run.run_id, round=round_, survey=plan.id, error=reason)
+                    if self._report_fault is not None and isinstance(err, ModelUnavailable):
+                        await self._report_fault(run.run_id, round_, reason, run.epoch, True)
+                    return
 
-    async def ask(self, run: HostedRun, round_: int, states: States, survey: Survey,
-                  request: str | None = None) -> AnswerPublisher:
-        """`states`' agents answer `survey` (each from a copy); their answers are published."""
+    async def ask(self, run: HostedRun, round_: int, states: interview.Respondents | States, survey: Survey,
+                  request: str | None = None, gate: Callable[[], Awaitable[int]] | None = None) -> AnswerPublisher:
+        """`states`' agents answer `survey` (each from a copy); their answers are published.
+        `gate`: awaited before each slice of answers starts, how many may be out (`_gate`)."""
         s = self.settings
         model = run.resolved.config.model
         model = model.model_copy(update={"max_tokens": interview.max_tokens(survey, model.max_tokens)})
@@ -173,7 +248,7 @@ class Interviewer:
         t0 = loop.time()
         try:
             await interview.ask(run.sim, states, survey, session, rows,
-                                max_in_flight=min(s.max_in_flight, s.interview_in_flight))
+                                max_in_flight=min(s.max_in_flight, s.interview_in_flight), gate=gate)
         finally:
             rows.flush()
             await session.drain()

@@ -215,24 +215,26 @@ class HostRuntime:
             on_worked_on=publisher.worked_on,
         )
         room = run.mailroom
-        if room is not None:
-            await self.mail.ready(run, opened.round)
-        share = await run.engine.play(opened.round, opened.observation, opened.selection, session,
-                                      emit=publisher.emit, batch_size=s.outcome_batch_size,
-                                      world=await self.world_of(run, opened))
-        mails = (0, 0, 0)
-        if room is not None:
-            room.played.add(opened.round)
-            mails = await self.mail.send(run, opened.round)
-        played = time.perf_counter()
-        saved = await self.checkpoint(run, opened.round) if s.checkpoints else []
-        # interviews planned after the round answer from its end state, frozen before the partial lets the next start
-        plans = self.interviews.planned(run, opened.round)
-        frozen = await self.interviews.freeze(run) if plans else ()
-        # The partial goes out last: a round that closes is a round whose checkpoints exist
-        # (their digests ride in it, so a restore can tell them from a rewrite).
-        await publisher.close(share, session.usage(), checkpoints={c.name: c.digest for c in saved},
-                              interviews=self.interviews.take(run))
+        with self.interviews.round_in_play():  # no interview answer starts until the partial is out
+            if room is not None:
+                await self.mail.ready(run, opened.round)
+            share = await run.engine.play(opened.round, opened.observation, opened.selection, session,
+                                          emit=publisher.emit, batch_size=s.outcome_batch_size,
+                                          world=await self.world_of(run, opened))
+            mails = (0, 0, 0)
+            if room is not None:
+                room.played.add(opened.round)
+                mails = await self.mail.send(run, opened.round)
+            played = time.perf_counter()
+            saved = await self.checkpoint(run, opened.round) if s.checkpoints else []
+            # interviews planned after the round answer from its end state, frozen before the
+            # partial lets the next round start
+            plans = self.interviews.planned(run, opened.round)
+            frozen = await self.interviews.freeze(run) if plans else ()
+            # The partial goes out last: a round that closes is a round whose checkpoints exist
+            # (their digests ride in it, so a restore can tell them from a rewrite).
+            await publisher.close(share, session.usage(), checkpoints={c.name: c.digest for c in saved},
+                                  interviews=self.interviews.take(run))
         if plans:
             self.interviews.start(run, opened.round, frozen, plans)
         if room is not None:
