@@ -38,6 +38,7 @@ from populace.core.settings import Settings
 from populace.graph.config import GraphError
 from populace.graph.csr import Graph
 from populace.graph.store import get_graph
+from populace.population.by_digest import ByDigest
 from populace.population.cast import Cast, cast_from_jsonl
 from populace.population.errors import PopulationError
 from populace.sdk.registry import resolve
@@ -55,7 +56,9 @@ class AgentHost:
         self.host_id = svc.settings.host_id
         self.runtime: HostRuntime | None = None
         self.heartbeat: bus.Heartbeat | None = None
-        self.casts: dict[str, Cast] = {}  # by personas digest: one population kept in memory
+        # by personas digest: one population kept in memory, fetched and parsed once however
+        # many spawns and interviews ask for it (at once too)
+        self.casts: ByDigest[Cast] = ByDigest(limit=1)
         self.graphs: dict[str, Graph] = {}  # by graph digest: one graph kept in memory
 
     async def start(self) -> None:
@@ -99,11 +102,13 @@ class AgentHost:
         pop = config.population
         if pop is None or pop.digest is None:
             return None
-        if pop.digest not in self.casts:
-            data = await objects.get_personas(self.svc.js, pop.digest)
-            self.casts.clear()
-            self.casts[pop.digest] = await asyncio.to_thread(cast_from_jsonl, data, f"personas {pop.digest[:12]}")
-        return self.casts[pop.digest]
+        digest = pop.digest
+
+        async def parsed() -> Cast:
+            data = await objects.get_personas(self.svc.js, digest)
+            return await asyncio.to_thread(cast_from_jsonl, data, f"personas {digest[:12]}")
+
+        return await self.casts.get(digest, parsed)
 
     async def load_graph(self, config: RunConfig) -> Graph | None:
         """The run's graph, read once per digest from the object store (checked against it)."""
