@@ -108,3 +108,16 @@ def test_kept_values_are_bounded_by_count_and_bytes_and_a_failure_is_not_kept():
         return made
 
     assert asyncio.run(go()) == ["x" * 10, "y" * 10, "z" * 10, "w" * 95, "v" * 101, "f", "f"]
+
+
+def test_a_prepared_run_holds_its_personas_parsed_once_for_a_local_run():
+    from pathlib import Path
+
+    from populace.client.prepare import prepare_file
+    from populace.population import cast as casts
+
+    prepared = prepare_file(Path(__file__).resolve().parents[2] / "examples" / "opinion.yaml")  # graph-ordered
+    parsed = casts.cast_from_jsonl(prepared.personas)  # what a local run parsed from the bytes before
+    assert prepared.cast is not None and len(prepared.cast) == prepared.config.agents
+    assert [(p.text, dict(p.profile)) for p in prepared.cast.personas] == \
+        [(p.text, dict(p.profile)) for p in parsed.personas]

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
@@ -24,7 +24,7 @@ from populace.core.scenario import ScenarioError, format_validation_error, load_
 from populace.core.settings import Settings, machine_memory
 from populace.graph.prepare import PreparedGraph, prepare_graph
 from populace.population import PopulationError, load_population, template_records
-from populace.population.cast import cast_from_records
+from populace.population.cast import Cast, cast_from_records
 from populace.population.jsonl import read_personas
 from populace.sdk.registry import Resolved, distribution, load_simulation, resolve, resolved_data
 from populace.sdk.simulation import Simulation, SimulationError
@@ -44,6 +44,7 @@ class PreparedRun:
     resolved: Resolved | None = None
     graph: bytes | None = None  # the run's graph (populace.graph.serial) to upload, by config.graph.digest
     graph_order: bytes | None = None  # agent id -> node id (int32 LE) when the graph renumbered the agents
+    cast: Cast | None = field(default=None, repr=False)  # the personas as agents hold them: parsed once, here
 
     @property
     def graph_blobs(self) -> tuple[bytes | None, bytes | None] | None:
@@ -254,14 +255,15 @@ def prepare(config: RunConfig, *, base: Path = Path("."), agents_given: bool | N
     if fill:
         config = _filled(config, sim, fill)
     resolved = checked(config)
-    manifest = build_manifest(resolved, records, scenario_path, scenario_text)
+    cast = cast_from_records(records) if records else None
+    manifest = build_manifest(resolved, records, scenario_path, scenario_text, cast)
     if graph is not None:
         manifest["graph"] = {**graph.stats, "digest": graph.digest, "order": graph.order_digest}
     if extra:
         manifest.update(extra)
     order = graph.order.astype("<i4").tobytes() if graph is not None and graph.order is not None else None
     return PreparedRun(resolved.config, personas, manifest, resolved,
-                       graph=graph.data if graph is not None else None, graph_order=order)
+                       graph=graph.data if graph is not None else None, graph_order=order, cast=cast)
 
 
 def _filled(config: RunConfig, sim: type[Simulation], fill: dict) -> RunConfig:
@@ -333,13 +335,13 @@ def _git_commit() -> str | None:
 
 
 def build_manifest(resolved: Resolved, records: list[dict], scenario_path: str | None,
-                   scenario_text: str | None) -> dict:
+                   scenario_text: str | None, cast: Cast | None = None) -> dict:
     """Everything needed to rerun: the resolved config and its hash, seeds, the simulation and
     its package version, the exact prompt texts and their version, the population's identity,
     the model and package versions."""
     config = resolved.config
     sim_cls = resolved.simulation
-    sim = resolved.instance(cast=cast_from_records(records) if records else None)
+    sim = resolved.instance(cast=cast if cast is not None else cast_from_records(records) if records else None)
     dist, dist_version = distribution(sim_cls) or (None, None)
     first = records[0] if records else {}
     prov = first.get("provenance") or {}
