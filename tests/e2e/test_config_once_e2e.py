@@ -1,6 +1,6 @@
 """A run's config is validated once per run by each service that needs it, not once per round
 or per message (populace_run_configs_validated_total counts every validation, nested ones
-too), and round opens name it by digest instead of carrying it."""
+too), and spawns and round opens name it by digest instead of carrying it."""
 
 from __future__ import annotations
 
@@ -50,8 +50,8 @@ def test_each_service_validates_a_runs_config_once_and_round_opens_name_it_by_di
     assert counted["orchestrator"] == 1  # its start (resolved as it came: not validated again)
     assert counted["environment"] == 1  # read once by digest, for the first round it decides
     for i in range(HOSTS):
-        assert counted[f"agent-host-{i}"] == 1  # its spawn; no round open carries or re-reads it
-    assert counted["recorder"] == 1 + HOSTS  # the run's start, and each host's spawn it records
+        assert counted[f"agent-host-{i}"] == 1  # read by the digest its spawn names; no round open re-reads it
+    assert counted["recorder"] == 1  # the run's start: a spawn names the config by digest, never carries it
     assert counted["gateway"] == 0
     refs = {json.dumps(o["config_ref"], sort_keys=True) for o in opens}
     assert len(refs) == 1 and all("config" not in o for o in opens)

@@ -29,7 +29,7 @@ import pytest
 from populace_ratio_game import RatioGame
 
 from populace.client.prepare import prepare_file
-from populace.core.contracts import OutcomeBatch, RoundResult, RunDone, RunStarted, SpawnBatch
+from populace.core.contracts import ConfigRef, OutcomeBatch, RoundResult, RunDone, RunStarted, SpawnBatch
 from populace.recorder.store import Event, Store
 
 pytestmark = pytest.mark.e2e
@@ -60,7 +60,7 @@ def _record_invalid_run(db: Path) -> None:
                                tables=RatioGame.tables(), manifest=prepared.manifest),
                     blob=prepared.personas),
               Event(f"{INVALID_RUN}.spawn", "spawn", SpawnBatch(run_id=INVALID_RUN, host_id="h1",
-                                                                 ranges=[(0, AGENTS)], config=cfg))]
+                                                                 ranges=[(0, AGENTS)], config_ref=ConfigRef.of(cfg)))]
     for r in range(1, ROUNDS + 1):
         valid = [a >= INVALID_PER_ROUND for a in ids]
         values = [float(10 + a % 7) if ok else None for a, ok in zip(ids, valid)]

@@ -11,6 +11,7 @@ from pathlib import Path
 from populace.client.prepare import PreparedRun
 from populace.core.contracts import (
     PLATFORM_SUMMARY_COLUMNS,
+    ConfigRef,
     InterviewBatch,
     OutcomeBatch,
     RoundResult,
@@ -37,7 +38,7 @@ def record(db: Path, prepared: PreparedRun, result: LocalResult, run_id: str) ->
                                                                hosts=["local"], tables=tables,
                                                                manifest=prepared.manifest), blob=prepared.personas),
               Event(f"{run_id}.spawn", "spawn", SpawnBatch(run_id=run_id, host_id="local",
-                                                           ranges=[(0, cfg.agents)], config=cfg))]
+                                                           ranges=[(0, cfg.agents)], config_ref=ConfigRef.of(cfg)))]
     o = result.outcomes
     for n in range(1, cfg.rounds + 1):
         rows = [i for i, r in enumerate(o["round"]) if r == n]

@@ -33,6 +33,7 @@ from populace.analysis import (
 )
 from populace.analysis.report import runs_named
 from populace.core.contracts import (
+    ConfigRef,
     LlmCallBatch,
     OutcomeBatch,
     RoundResult,
@@ -88,7 +89,7 @@ def _write_run(store: Store, run_id: str, seed: int, population: bool = True, ag
                                tables=RatioGame.tables(), manifest=manifest),
                     blob=_personas(run_id, edu, ages) if population else None),
               Event(f"{run_id}.spawn", "spawn", SpawnBatch(run_id=run_id, host_id="h1", ranges=[(0, agents)],
-                                                           config=cfg))]
+                                                           config_ref=ConfigRef.of(cfg)))]
     ids = list(range(agents))
     for r in range(first_round, rounds + 1):
         vals: list[float | None] = []

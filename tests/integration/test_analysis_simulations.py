@@ -40,6 +40,7 @@ from populace.analysis import (
 from populace.analysis.queries import MAX_GROUP_LINES, MAX_OPTIONS
 from populace.core.contracts import (
     Column,
+    ConfigRef,
     OutcomeBatch,
     RoundResult,
     RunConfig,
@@ -173,9 +174,9 @@ def _ingest(store: Store, run_id: str, tables: SimulationTables, simulation: str
                     RunStarted(run_id=run_id, config=cfg, started_at=1.7e9 + seed, hosts=["a", "b"], tables=tables),
                     blob=_personas(agents, seed) if population else None),
               Event(f"{run_id}.spawn.a", "spawn", SpawnBatch(run_id=run_id, host_id="a", ranges=[(0, half)],
-                                                             config=cfg)),
+                                                             config_ref=ConfigRef.of(cfg))),
               Event(f"{run_id}.spawn.b", "spawn", SpawnBatch(run_id=run_id, host_id="b",
-                                                             ranges=[(half, agents - half)], config=cfg))]
+                                                             ranges=[(half, agents - half)], config_ref=ConfigRef.of(cfg)))]
     rng = np.random.default_rng(seed)
     for r in range(1, rounds + 1):
         columns, valid, summary, group_ids = play(r, rng)

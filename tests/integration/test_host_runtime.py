@@ -11,7 +11,7 @@ from populace_ratio_game import Player
 from populace_ratio_game.parsing import parse_guess
 
 from populace.agent_host.runtime import HostRuntime
-from populace.core.contracts import RunConfig, SpawnBatch
+from populace.core.contracts import ConfigRef, RunConfig, SpawnBatch
 from populace.core.settings import Settings
 from populace.population.cast import cast_from_records
 from populace.sdk import ScriptedLLM
@@ -25,7 +25,8 @@ def answers(key: int, prompt: str) -> str:
 
 def spawn(settings: Settings, config: RunConfig, ranges=((10, 3),), cast=None):
     rt = HostRuntime(None, None, settings)  # type: ignore[arg-type] - spawn touches no bus
-    return rt, rt.spawn(SpawnBatch(run_id="r", host_id="h", ranges=list(ranges), config=config), cast)
+    return rt, rt.spawn(SpawnBatch(run_id="r", host_id="h", ranges=list(ranges), config_ref=ConfigRef.of(config)),
+                        config, cast)
 
 
 def test_host_flag_forces_one_agent_per_process():
@@ -47,7 +48,8 @@ def test_many_agents_per_process_by_default():
 
 def test_a_replayed_spawn_is_a_no_op():
     rt, run = spawn(Settings(host_id="h"), RunConfig(agents=13))
-    again = rt.spawn(SpawnBatch(run_id="r", host_id="h", ranges=[(10, 3)], config=RunConfig(agents=13)))
+    config = RunConfig(agents=13)
+    again = rt.spawn(SpawnBatch(run_id="r", host_id="h", ranges=[(10, 3)], config_ref=ConfigRef.of(config)), config)
     assert again is run and rt.agent_count == 3
     rt.forget("r")
 

@@ -8,6 +8,7 @@ import duckdb
 from populace_ratio_game import RatioGame
 
 from populace.core.contracts import (
+    ConfigRef,
     InterviewBatch,
     InterviewOrder,
     LlmCallBatch,
@@ -35,8 +36,8 @@ def start(store: Store, run_id: str = "r1") -> None:
     store.ingest([
         Event(f"{run_id}.started", "started", RunStarted(run_id=run_id, config=CONFIG, started_at=1e9,
                                                          hosts=["a", "b"], tables=RatioGame.tables())),
-        Event(f"{run_id}.spawn-a", "spawn", SpawnBatch(run_id=run_id, host_id="a", ranges=[(0, 10)], config=CONFIG)),
-        Event(f"{run_id}.spawn-b", "spawn", SpawnBatch(run_id=run_id, host_id="b", ranges=[(10, 10)], config=CONFIG)),
+        Event(f"{run_id}.spawn-a", "spawn", SpawnBatch(run_id=run_id, host_id="a", ranges=[(0, 10)], config_ref=ConfigRef.of(CONFIG))),
+        Event(f"{run_id}.spawn-b", "spawn", SpawnBatch(run_id=run_id, host_id="b", ranges=[(10, 10)], config_ref=ConfigRef.of(CONFIG))),
     ])
 
 
@@ -67,7 +68,7 @@ def test_answers_are_stored_once_each_from_the_share_that_holds_the_agents(tmp_p
     assert out.answers == 40 and not out.refused
     # a replacement asks again (another epoch) and a redelivery comes twice: the first answers stay
     store.ingest([Event("r1.spawn-c", "spawn", SpawnBatch(run_id="r1", host_id="c", epoch=1, ranges=[(0, 10)],
-                                                          config=CONFIG, from_round=2))])
+                                                          config_ref=ConfigRef.of(CONFIG), from_round=2))])
     again = ingest(store, answers(range(10), host="c", epoch=1, answer="no"))
     assert again.answers == 0 and not again.refused
     assert count(store, "answer = 'no'") == 0 and count(store) == 40
@@ -116,7 +117,7 @@ def test_a_resume_drops_the_planned_answers_of_the_rounds_played_again(tmp_path)
     store.ingest([Event("r1.resumed", "resumed", RunResumed(run_id="r1", epoch=1, after_round=1, hosts=["a"],
                                                             resumed_at=1e9)),
                   Event("r1.spawn-a1", "spawn", SpawnBatch(run_id="r1", host_id="a", epoch=1, ranges=[(0, 20)],
-                                                           config=CONFIG, from_round=2))])
+                                                           config_ref=ConfigRef.of(CONFIG), from_round=2))])
     assert store.con.execute("SELECT DISTINCT after_round FROM interviews").fetchall() == [(1,)]
     stale = ingest(store, answers(range(10), round_=2))  # the replaced share's, of a round played again
     assert stale.answers == 0 and "share a@0 did not play round 2 (or was replaced before it)" in stale.refused[0][1]

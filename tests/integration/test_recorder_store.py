@@ -8,6 +8,7 @@ from populace_ratio_game import RatioGame
 
 from populace.core.contracts import (
     Column,
+    ConfigRef,
     LlmCallBatch,
     OutcomeBatch,
     RoundResult,
@@ -35,8 +36,8 @@ def events(run_id="r1", rounds: int = 1) -> list[Event]:
     evs = [
         Event("started", "started", RunStarted(run_id=run_id, config=cfg, started_at=1e9, hosts=["a", "b"],
                                                tables=TABLES)),
-        Event("spawn-a", "spawn", SpawnBatch(run_id=run_id, host_id="a", ranges=[(0, 10)], config=cfg)),
-        Event("spawn-b", "spawn", SpawnBatch(run_id=run_id, host_id="b", ranges=[(10, 10)], config=cfg)),
+        Event("spawn-a", "spawn", SpawnBatch(run_id=run_id, host_id="a", ranges=[(0, 10)], config_ref=ConfigRef.of(cfg))),
+        Event("spawn-b", "spawn", SpawnBatch(run_id=run_id, host_id="b", ranges=[(10, 10)], config_ref=ConfigRef.of(cfg))),
         Event("g-a-0", "outcomes", guess_batch(run_id, 1, "a", 0, list(range(10)))),
         Event("g-b-0", "outcomes", guess_batch(run_id, 1, "b", 0, list(range(10, 20)))),
         Event("partial", "partial", None),
@@ -234,7 +235,7 @@ def test_a_resume_replaces_the_rounds_it_replays_and_stale_epochs_never_count(tm
     late_old = Event("r1.g2b", "outcomes", guess_batch("r1", 2, "b", 1, ids_b))  # epoch 0, arrives after the resume
     store.ingest([
         Event("r1.resumed", "resumed", RunResumed(run_id="r1", epoch=1, after_round=1, hosts=["c"], resumed_at=1e9)),
-        Event("r1.spawn-c", "spawn", SpawnBatch(run_id="r1", host_id="c", ranges=[(0, 20)], config=cfg, epoch=1,
+        Event("r1.spawn-c", "spawn", SpawnBatch(run_id="r1", host_id="c", ranges=[(0, 20)], config_ref=ConfigRef.of(cfg), epoch=1,
                                                     from_round=2)),
         late_old,
         Event("r1.g2c", "outcomes", _epoch(guess_batch("r1", 2, "c", 0, ids_a + ids_b), 1)),
@@ -272,7 +273,7 @@ def test_a_lost_hosts_share_placed_again_replaces_only_its_agents_rows_from_the_
         Event("r1.g2b-part", "outcomes", guess_batch("r1", 2, "b", 1, ids_b[:4])),
     ])
     store.ingest([
-        Event("r1.spawn-a1", "spawn", SpawnBatch(run_id="r1", host_id="a", ranges=[(10, 10)], config=cfg, epoch=1,
+        Event("r1.spawn-a1", "spawn", SpawnBatch(run_id="r1", host_id="a", ranges=[(10, 10)], config_ref=ConfigRef.of(cfg), epoch=1,
                                                  from_round=2)),
         Event("r1.g2b-late", "outcomes", guess_batch("r1", 2, "b", 2, ids_b[4:])),  # the lost host's straggler
         Event("r1.res2-b", "round.result", _result("r1", 2, 99.0)),  # decided with b before the re-placement
@@ -356,8 +357,8 @@ def test_a_full_disk_stores_nothing_marks_nothing_and_everything_once_space_retu
     store = Store(path)
     store.ingest([Event("started", "started", RunStarted(run_id="r1", config=cfg, started_at=1e9, hosts=["a", "b"],
                                                          tables=TABLES)),
-                  Event("spawn-a", "spawn", SpawnBatch(run_id="r1", host_id="a", ranges=[(0, half)], config=cfg)),
-                  Event("spawn-b", "spawn", SpawnBatch(run_id="r1", host_id="b", ranges=[(half, half)], config=cfg))])
+                  Event("spawn-a", "spawn", SpawnBatch(run_id="r1", host_id="a", ranges=[(0, half)], config_ref=ConfigRef.of(cfg))),
+                  Event("spawn-b", "spawn", SpawnBatch(run_id="r1", host_id="b", ranges=[(half, half)], config_ref=ConfigRef.of(cfg)))])
     later = [Event("g-a", "outcomes", guess_batch("r1", 1, "a", 0, list(range(half)))),
              Event("g-b", "outcomes", guess_batch("r1", 1, "b", 0, list(range(half, agents)))),
              Event("result", "round.result", result),

@@ -61,7 +61,7 @@ INSTANCES: dict[str, BaseModel] = {
     "Column": c.Column(name="group_id", type="BIGINT"),
     "SimulationTables": TABLES,
     "RunStarted": c.RunStarted(run_id="r1", config=CONFIG, started_at=1.5, hosts=["h1", "h2"], tables=TABLES),
-    "SpawnBatch": c.SpawnBatch(run_id="r1", host_id="h2", ranges=[(1250, 1000), (3000, 250)], config=CONFIG),
+    "SpawnBatch": c.SpawnBatch(run_id="r1", host_id="h2", ranges=[(1250, 1000), (3000, 250)], config_ref=c.ConfigRef.of(CONFIG)),
     "HostSpawned": c.HostSpawned(run_id="r1", host_id="h2", agents=1250, seconds=0.75),
     "RoundOpen": c.RoundOpen(run_id="r1", round=2, expected=2500, config_ref=c.ConfigRef.of(CONFIG),
                              observation={"history": [33.0]}, env_state={"winners": [33.0]}, opened_at=2.0),

@@ -248,7 +248,9 @@ async def _local(prepared: PreparedRun, run_id: str, hosts: int, db: str | None)
     from populace.sdk.local import dummy_llm, run_local
     from populace.sdk.statecheck import StateCheck
 
-    cast = cast_from_jsonl(prepared.personas) if prepared.personas is not None else None
+    cast = prepared.cast  # parsed once, when the run was prepared
+    if cast is None and prepared.personas is not None:
+        cast = cast_from_jsonl(prepared.personas)
     graph = loads(prepared.graph) if prepared.graph is not None else None
     resolved = prepared.resolved
     tables = resolved.tables() if resolved else None

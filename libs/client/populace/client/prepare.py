@@ -12,7 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
@@ -24,9 +24,9 @@ from populace.core.scenario import ScenarioError, format_validation_error, load_
 from populace.core.settings import Settings, machine_memory
 from populace.graph.prepare import PreparedGraph, prepare_graph
 from populace.population import PopulationError, load_population, template_records
-from populace.population.cast import cast_from_records
+from populace.population.cast import Cast, cast_from_records
 from populace.population.jsonl import read_personas
-from populace.sdk.registry import Resolved, distribution, load_simulation, resolve
+from populace.sdk.registry import Resolved, distribution, load_simulation, resolve, resolved_data
 from populace.sdk.simulation import Simulation, SimulationError
 
 # The packages whose versions decide what a run does (plus the simulation's own).
@@ -44,6 +44,7 @@ class PreparedRun:
     resolved: Resolved | None = None
     graph: bytes | None = None  # the run's graph (populace.graph.serial) to upload, by config.graph.digest
     graph_order: bytes | None = None  # agent id -> node id (int32 LE) when the graph renumbered the agents
+    cast: Cast | None = field(default=None, repr=False)  # the personas as agents hold them: parsed once, here
 
     @property
     def graph_blobs(self) -> tuple[bytes | None, bytes | None] | None:
@@ -119,26 +120,33 @@ def population_records(config: RunConfig, base: Path, agents_given: bool) -> tup
 
 def parse_config(data: object) -> RunConfig:
     """A scenario mapping as a RunConfig, checked against its simulation: the platform's keys
-    and the simulation's own sections are both checked, and every bad field is named at once."""
+    and the simulation's own sections are both checked, and every bad field is named at once.
+    Validated once, resolved as it is (`resolved_data`): `resolve` does not validate it again."""
     if not isinstance(data, dict):
         raise ScenarioError("(scenario): the file must hold a mapping of keys to values")
-    problems: list[str] = []
-    config = None
-    try:
-        config = RunConfig.model_validate(data)
-    except ValidationError as err:
-        problems.append(format_validation_error(err))
     name = data.get("simulation", DEFAULT_SIMULATION)
+    sim = failed = params = None
     try:
         sim = load_simulation(name) if isinstance(name, str) else None
     except SimulationError as err:
-        raise ScenarioError("\n".join([*problems, _named(err)])) from None
+        failed = err
+    params_problem = None
     if sim is not None:
         own = {k: v for k, v in data.items() if k not in RunConfig.model_fields}
         try:
-            sim.Params.model_validate(own)
+            params = sim.Params.model_validate(own)
         except ValidationError as err:
-            problems.append(format_validation_error(err) + _default_hint("simulation" in data, err))
+            params_problem = format_validation_error(err) + _default_hint("simulation" in data, err)
+    problems: list[str] = []
+    config = None
+    try:
+        config = RunConfig.model_validate(data if params is None else resolved_data(sim, params, data))
+    except ValidationError as err:
+        problems.append(format_validation_error(err))
+    if failed is not None:
+        raise ScenarioError("\n".join([*problems, _named(failed)])) from None
+    if params_problem is not None:
+        problems.append(params_problem)
     if problems:
         raise ScenarioError("\n".join(problems))
     assert config is not None
@@ -225,58 +233,73 @@ def _bytes(n: int) -> str:
 def prepare(config: RunConfig, *, base: Path = Path("."), agents_given: bool | None = None,
             scenario_path: str | None = None, scenario_text: str | None = None,
             extra: dict | None = None) -> PreparedRun:
-    """`agents_given`: whether the scenario set `agents` (default: whether the config did)."""
+    """`agents_given`: whether the scenario set `agents` (default: whether the config did).
+    What the client fills in (the personas' count and digest, the graph's digests) is gathered
+    and the config validated once more with all of it (not once per part), resolved as it is."""
     if agents_given is None:
         agents_given = "agents" in config.model_fields_set
-    simulation_of(config)  # an unknown simulation is named before any file is read
+    sim = simulation_of(config)  # an unknown simulation is named before any file is read
     records: list[dict] = []
     personas: bytes | None = None
+    fill: dict = {}
+    agents = config.agents
     if config.population is not None:
         records, personas, agents = population_records(config, base, agents_given)
-        # only what the scenario set: a key dumped with its default would count as set, and
-        # then the simulation's model defaults (e.g. max_tokens for chain of thought) never apply
-        data = config.model_dump(mode="json", exclude_unset=True)
-        data["agents"] = agents
-        data["population"]["digest"] = digest_of(personas)
-        try:
-            config = RunConfig.model_validate(data)
-        except ValidationError as err:
-            raise ScenarioError(format_validation_error(err)) from None
+        fill = {"agents": agents, "population": {"digest": digest_of(personas)}}
     graph = None
     if config.graph is not None:
-        config, records, personas, graph = _with_graph(config, records, personas, base)
+        records, personas, graph = _with_graph(config, agents, records, personas, base)
+        fill["graph"] = {"digest": graph.digest, "order": graph.order_digest}
+        if personas is not None:
+            fill["population"] = {"digest": digest_of(personas)}
+    if fill:
+        config = _filled(config, sim, fill)
     resolved = checked(config)
-    manifest = build_manifest(resolved, records, scenario_path, scenario_text)
+    cast = cast_from_records(records) if records else None
+    manifest = build_manifest(resolved, records, scenario_path, scenario_text, cast)
     if graph is not None:
         manifest["graph"] = {**graph.stats, "digest": graph.digest, "order": graph.order_digest}
     if extra:
         manifest.update(extra)
     order = graph.order.astype("<i4").tobytes() if graph is not None and graph.order is not None else None
     return PreparedRun(resolved.config, personas, manifest, resolved,
-                       graph=graph.data if graph is not None else None, graph_order=order)
+                       graph=graph.data if graph is not None else None, graph_order=order, cast=cast)
 
 
-def _with_graph(config: RunConfig, records: list[dict], personas: bytes | None,
-                base: Path) -> tuple[RunConfig, list[dict], bytes | None, PreparedGraph]:
-    """Build the run's graph (checked first: GraphError names the field, a bad edge-list row
-    is refused here, before anything starts) and number the agents along it: the personas
-    follow their agents, so the personas file is written again in the new order."""
+def _filled(config: RunConfig, sim: type[Simulation], fill: dict) -> RunConfig:
+    """The config with what the client filled in, validated (and resolved) once; the same
+    config when nothing changes (a rerun's digests are the ones it recorded)."""
+    # only what the scenario set: a key dumped with its default would count as set, and
+    # then the simulation's model defaults (e.g. max_tokens for chain of thought) never apply
+    data = config.model_dump(mode="json", exclude_unset=True)
+    new = merged(data, fill)
+    if new == data:
+        return config
+    try:
+        params = sim.Params.model_validate(config.params)
+    except ValidationError:
+        params = None  # checked() names the fields
+    try:
+        return RunConfig.model_validate(new if params is None else resolved_data(sim, params, new))
+    except ValidationError as err:
+        raise ScenarioError(format_validation_error(err)) from None
+
+
+def _with_graph(config: RunConfig, agents: int, records: list[dict],
+                personas: bytes | None, base: Path) -> tuple[list[dict], bytes | None, PreparedGraph]:
+    """Build the run's graph for its `agents` (checked first: GraphError names the field, a bad
+    edge-list row is refused here, before anything starts) and number the agents along it: the
+    personas follow their agents, so the personas file is written again in the new order."""
     assert config.graph is not None
     if config.placement.agents_per_process == 1:
         raise ScenarioError("graph: agents talk through in-process inboxes; placement.agents_per_process: 1 "
                             "runs each agent in its own process and cannot have a graph")
-    graph = prepare_graph(config.graph.spec, config.agents, seed=config.seed, placement=config.graph.placement,
+    graph = prepare_graph(config.graph.spec, agents, seed=config.seed, placement=config.graph.placement,
                           records=records or None, base=base)
-    data = config.model_dump(mode="json", exclude_unset=True)  # see prepare: what was set stays set
     if graph.order is not None and records:
         records = [records[i] for i in graph.order.tolist()]
         personas = _jsonl(records)
-        data["population"]["digest"] = digest_of(personas)
-    data["graph"] = {**data["graph"], "digest": graph.digest, "order": graph.order_digest}
-    try:
-        return RunConfig.model_validate(data), records, personas, graph
-    except ValidationError as err:
-        raise ScenarioError(format_validation_error(err)) from None
+    return records, personas, graph
 
 
 def prepare_file(path: str | Path, extra: dict | None = None) -> PreparedRun:
@@ -312,13 +335,13 @@ def _git_commit() -> str | None:
 
 
 def build_manifest(resolved: Resolved, records: list[dict], scenario_path: str | None,
-                   scenario_text: str | None) -> dict:
+                   scenario_text: str | None, cast: Cast | None = None) -> dict:
     """Everything needed to rerun: the resolved config and its hash, seeds, the simulation and
     its package version, the exact prompt texts and their version, the population's identity,
     the model and package versions."""
     config = resolved.config
     sim_cls = resolved.simulation
-    sim = resolved.instance(cast=cast_from_records(records) if records else None)
+    sim = resolved.instance(cast=cast if cast is not None else cast_from_records(records) if records else None)
     dist, dist_version = distribution(sim_cls) or (None, None)
     first = records[0] if records else {}
     prov = first.get("provenance") or {}

@@ -747,12 +747,12 @@ class RunStarted(Wire):
 
 
 class SpawnBatch(Wire):
-    """Agents for one host, as id ranges: persona by reference, never copied per agent."""
+    """Agents for one host, as id ranges: personas and the run's config by reference, never copied."""
 
     run_id: Token
     host_id: Token
     ranges: list[tuple[AgentId, Amount]]  # (first_agent_id, count)
-    config: RunConfig
+    config_ref: ConfigRef  # the run's config by digest, as round opens name it (populace.core.runconfigs)
     epoch: Epoch = 0  # the share's epoch: with host_id, its key
     restore: Restore | None = None  # restore the agents' declared state from this checkpoint
     from_round: int = Field(1, ge=1)  # the first round this share plays (a replacement: the one in play)

@@ -27,7 +27,7 @@ from populace.sdk.edges import EdgeBook, EdgeError
 from populace.sdk.env import Env, Partial
 from populace.sdk.hosting import HostedRun
 from populace.sdk.llm import LLM
-from populace.sdk.play import OutcomeBatch, OutcomeSink, RoundFailed, RoundPaused, RoundShare
+from populace.sdk.play import OutcomeRows, OutcomeSink, RoundFailed, RoundPaused, RoundShare
 from populace.sdk.process import AgentRaised
 from populace.sdk.registry import Resolved
 from populace.sdk.world import World, WorldError
@@ -171,7 +171,7 @@ class ShareEngine:
         return [i for i in candidates if _wakes(agents[i], obs)]
 
     async def play(self, round_: int, observation: dict | None, selection: dict | None, llm: LLM, *,
-                   emit: Callable[[OutcomeBatch], None], batch_size: int = 1000,
+                   emit: Callable[[OutcomeRows], None], batch_size: int = 1000,
                    world: World | None = None) -> RoundShare:
         """Play round `round_` (its announcement's observation and selection, and the world it
         names; observation None: the run's first round, derived here from the environment's

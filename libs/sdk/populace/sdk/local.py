@@ -25,7 +25,7 @@ from populace.sdk.engine import RoundDecider
 from populace.sdk.hosting import HostedRun, host_run
 from populace.sdk.llm import LLM
 from populace.sdk.mock import DummyLLM
-from populace.sdk.play import OutcomeBatch, RoundPlayer, RoundShare
+from populace.sdk.play import OutcomeRows, RoundPlayer, RoundShare
 from populace.sdk.registry import Resolved, resolve
 
 LLMFactory = Callable[[HostedRun, int], LLM]  # (the host's share, round) -> the port for that round
@@ -232,7 +232,7 @@ class _Rows:
                                                        "fields")}
         self.edges: dict[str, list] = {k: [] for k in ("run_id", "round", "follower", "author", "kind", "op")}
 
-    def add(self, n: int, batch: OutcomeBatch) -> None:
+    def add(self, n: int, batch: OutcomeRows) -> None:
         cols = self.columns
         k = len(batch.agent_ids)
         cols["run_id"].extend([self.run_id] * k)

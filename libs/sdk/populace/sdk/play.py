@@ -62,8 +62,10 @@ class SceneFailed(RoundPaused):
 
 
 @dataclass(slots=True)
-class OutcomeBatch:
-    """One batch of a round's outcomes, columnar and validated."""
+class OutcomeRows:
+    """One batch of a round's outcomes, columnar and validated: what the sink emits. A host
+    sends it as the wire's `populace.core.contracts.OutcomeBatch` (its lists as they are, its
+    run, round, host and epoch added); the local runner keeps the rows."""
 
     seq: int
     agent_ids: list[int]
@@ -157,7 +159,7 @@ class _Columns:
 
 class OutcomeSink:
     def __init__(self, sim: type[Simulation], env: Env, *, batch_size: int = 1000,
-                 emit: Callable[[OutcomeBatch], None] | None = None, grouped: bool = False,
+                 emit: Callable[[OutcomeRows], None] | None = None, grouped: bool = False,
                  posts: PostRecorder | None = None, levels: Sequence[str] = (),
                  edits: EditRecorder | None = None) -> None:
         # A valid numeric measure outside the simulation's declared range for the run is not
@@ -239,7 +241,7 @@ class OutcomeSink:
                 self.failure = RoundFailed(f"{type(self._env).__name__}.reduce raised: {type(err).__name__}: {err}")
         levels = ({name: [o[i] for o in outer] for i, name in enumerate(self._levels)}
                   if self._grouped and self._levels else None)
-        batch = OutcomeBatch(self.seq, ids, columns, valid, raws, lat, errs, groups if self._grouped else None,
+        batch = OutcomeRows(self.seq, ids, columns, valid, raws, lat, errs, groups if self._grouped else None,
                              posts=posts, levels=levels, acts=self._act_rows(acts), lines=self._line_rows(lines),
                              edits=edits)
         self.seq += 1

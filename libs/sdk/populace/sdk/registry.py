@@ -118,6 +118,20 @@ def resolve(config: RunConfig, simulation: type[Simulation] | None = None) -> Re
     return Resolved(RunConfig.model_validate(data), sim, params)
 
 
+def resolved_data(sim: type[Simulation], params: Params, data: dict) -> dict:
+    """A config as written (`data`: the platform's keys and the simulation's sections, `params`
+    those sections validated) as `resolve` makes it: the sections as the parameters model dumps
+    them, the simulation's model defaults for what `model:` does not set. A config validated
+    from this is one `resolve` takes as it is, so a client validates its config once."""
+    out = {k: v for k, v in data.items() if k in RunConfig.model_fields}
+    out.update(params.model_dump(mode="json"))
+    defaults = sim.model_defaults(params)
+    model = out.get("model", {})
+    if defaults and isinstance(model, dict):
+        out["model"] = {**model, **{k: v for k, v in defaults.items() if k not in model}}
+    return out
+
+
 def _check_broadcasts(sim: type[Simulation], config: RunConfig) -> None:
     """A broadcast's fields are the simulation's post fields: a typo is named, not dropped."""
     from populace.sdk.post import post_fields

@@ -17,7 +17,6 @@ from pydantic import ValidationError
 from populace.agent_host.runtime import HostRuntime
 from populace.core import bus, checkpoints, objects, runconfigs, subjects, telemetry
 from populace.core.contracts import (
-    ConfigRef,
     HostInfo,
     HostSpawned,
     InferBatch,
@@ -28,6 +27,7 @@ from populace.core.contracts import (
     Progress,
     RoundOpen,
     RoundPartial,
+    RunConfig,
     RunDone,
     RunFault,
     SpawnBatch,
@@ -38,6 +38,7 @@ from populace.core.settings import Settings
 from populace.graph.config import GraphError
 from populace.graph.csr import Graph
 from populace.graph.store import get_graph
+from populace.population.by_digest import ByDigest
 from populace.population.cast import Cast, cast_from_jsonl
 from populace.population.errors import PopulationError
 from populace.sdk.registry import resolve
@@ -55,7 +56,9 @@ class AgentHost:
         self.host_id = svc.settings.host_id
         self.runtime: HostRuntime | None = None
         self.heartbeat: bus.Heartbeat | None = None
-        self.casts: dict[str, Cast] = {}  # by personas digest: one population kept in memory
+        # by personas digest: one population kept in memory, fetched and parsed once however
+        # many spawns and interviews ask for it (at once too)
+        self.casts: ByDigest[Cast] = ByDigest(limit=1)
         self.graphs: dict[str, Graph] = {}  # by graph digest: one graph kept in memory
 
     async def start(self) -> None:
@@ -93,21 +96,23 @@ class AgentHost:
                                       epoch=epoch),
                              msg_id=subjects.msg_id(run_id, round_ or 0, self.host_id, "fault", epoch))
 
-    async def load_cast(self, batch: SpawnBatch) -> Cast | None:
+    async def load_cast(self, config: RunConfig) -> Cast | None:
         """The run's personas, read once per file from the object store (cached by digest: a
         sweep reuses one population across many runs)."""
-        pop = batch.config.population
+        pop = config.population
         if pop is None or pop.digest is None:
             return None
-        if pop.digest not in self.casts:
-            data = await objects.get_personas(self.svc.js, pop.digest)
-            self.casts.clear()
-            self.casts[pop.digest] = await asyncio.to_thread(cast_from_jsonl, data, f"personas {pop.digest[:12]}")
-        return self.casts[pop.digest]
+        digest = pop.digest
 
-    async def load_graph(self, batch: SpawnBatch) -> Graph | None:
+        async def parsed() -> Cast:
+            data = await objects.get_personas(self.svc.js, digest)
+            return await asyncio.to_thread(cast_from_jsonl, data, f"personas {digest[:12]}")
+
+        return await self.casts.get(digest, parsed)
+
+    async def load_graph(self, config: RunConfig) -> Graph | None:
         """The run's graph, read once per digest from the object store (checked against it)."""
-        ref = batch.config.graph
+        ref = config.graph
         if ref is None:
             return None
         if ref.digest is None:
@@ -119,29 +124,29 @@ class AgentHost:
         return self.graphs[ref.digest]
 
     async def on_spawn(self, batch: SpawnBatch) -> None:
-        """This host's agents of a run, as id ranges (personas by reference)."""
+        """This host's agents of a run, as id ranges (personas and config by reference: the
+        config read by its digest once per run, and kept for the round opens that name it)."""
         t0 = time.perf_counter()
         try:
-            cast = await self.load_cast(batch)
-            graph = await self.load_graph(batch)
-            run = self.runtime.spawn(batch, cast, graph)  # type: ignore[union-attr]
+            config = await runconfigs.fetch(self.svc.js, batch.run_id, batch.config_ref)
+            cast = await self.load_cast(config)
+            graph = await self.load_graph(config)
+            run = self.runtime.spawn(batch, config, cast, graph)  # type: ignore[union-attr]
             await self.runtime.restore(run, batch)  # type: ignore[union-attr]
         except (objects.BlobError, PopulationError, SimulationError, ValueError, checkpoints.CheckpointError,
-                GraphError) as err:
+                GraphError, runconfigs.ConfigUnavailable) as err:
             detail = format_validation_error(err) if isinstance(err, ValidationError) else str(err)
             reason = f"agent-host {self.host_id} cannot host run {batch.run_id}: {detail}"
             self.svc.log.error("spawn_failed", run_id=batch.run_id, error=reason)
             self.runtime.drop(batch.run_id, batch.epoch)  # type: ignore[union-attr]
-            # A checkpoint that cannot be used is not the run's fault: it pauses, naming the object.
+            # A checkpoint or config that cannot be read is not the run's fault: it pauses, naming it.
             await self.report_fault(batch.run_id, None, reason, batch.epoch,
-                                    pause=isinstance(err, checkpoints.CheckpointError))
+                                    pause=isinstance(err, (checkpoints.CheckpointError, runconfigs.ConfigUnavailable)))
             return
-        # the spawn's config, kept by its digest: round opens that name it need nothing more
-        runconfigs.CACHE.put(batch.run_id, ConfigRef.of(batch.config).digest, batch.config)
         seconds = time.perf_counter() - t0
         self.svc.log.info("agents_spawned", run_id=batch.run_id, agents=len(run.agents),
-                          simulation=batch.config.simulation, seconds=round(seconds, 3),
-                          one_per_process=batch.config.placement.agents_per_process == 1)
+                          simulation=config.simulation, seconds=round(seconds, 3),
+                          one_per_process=config.placement.agents_per_process == 1)
         await bus.publish_js(
             self.svc.js, subjects.run_spawned(batch.run_id, self.host_id),
             HostSpawned(run_id=batch.run_id, host_id=self.host_id, agents=len(run.agents), seconds=seconds,

@@ -23,7 +23,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from populace.core import bus, checkpoints, logs, subjects
-from populace.core.contracts import InterviewBatch, InterviewOrder, PlannedInterview, Survey, Usage
+from populace.core.contracts import InterviewBatch, InterviewOrder, PlannedInterview, RunConfig, Survey, Usage
 from populace.core.settings import Settings
 from populace.population.cast import Cast
 from populace.sdk import interview
@@ -176,20 +176,20 @@ class Interviewer:
         for run_id in list(self._tasks):
             self.cancel(run_id)
 
-    def order(self, order: InterviewOrder, load_cast: Callable[[Any], Awaitable[Cast | None]]) -> None:
+    def order(self, order: InterviewOrder, load_cast: Callable[[RunConfig], Awaitable[Cast | None]]) -> None:
         """Answer a post-hoc interview's order, in a task of its own."""
         task = asyncio.get_running_loop().create_task(self._ordered(order, load_cast))
         tasks = self._tasks.setdefault(f"ask:{order.run_id}", set())
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
-    async def _ordered(self, order: InterviewOrder, load_cast: Callable[[Any], Awaitable[Cast | None]]) -> None:
+    async def _ordered(self, order: InterviewOrder, load_cast: Callable[[RunConfig], Awaitable[Cast | None]]) -> None:
         """No agent of the run is built: each chosen agent answers from a copy made from its
         state in the checkpoint (verified against the digests the order carries)."""
         r = order.restore
         try:
             resolved = resolve(order.config)
-            sim = resolved.instance(order.run_id, await load_cast(order))
+            sim = resolved.instance(order.run_id, await load_cast(order.config))
             run = HostedRun(order.run_id, resolved, sim, type(sim).Env(sim), [], RoundPlayer(sim, []),
                             ranges=list(order.ranges))
             bounds = [(first, first + count) for first, count in order.ranges]

@@ -24,8 +24,7 @@ from populace.core.contracts import (
     Usage,
     share_key,
 )
-from populace.sdk.play import OutcomeBatch as Batch
-from populace.sdk.play import RoundShare
+from populace.sdk.play import OutcomeRows, RoundShare
 
 log = logs.get("populace.agent_host")
 
@@ -57,8 +56,9 @@ class OutcomePublisher:
         self._last_worked_on_tick = 0.0
         self._ticks: set[asyncio.Task] = set()  # held until done (the loop keeps only weak references)
 
-    def emit(self, batch: Batch) -> None:
-        """Called by the OutcomeSink for every full batch (synchronously, on the hot path)."""
+    def emit(self, batch: OutcomeRows) -> None:
+        """Called by the OutcomeSink for every full batch (synchronously, on the hot path): the
+        wire batch is made once, around the sink's own lists (validated by it: not again)."""
         envelope = OutcomeBatch.model_construct(
             v=1, run_id=self.run_id, round=self.round, host_id=self.host_id, seq=batch.seq,
             agent_ids=batch.agent_ids, columns=batch.columns, valid=batch.valid, raws=batch.raws,

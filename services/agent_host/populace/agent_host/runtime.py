@@ -19,7 +19,7 @@ from populace.agent_host.interviews import Interviewer
 from populace.agent_host.mail import MailCarrier, MailMissing
 from populace.agent_host.publisher import OutcomePublisher
 from populace.core import checkpoints, logs, metrics
-from populace.core.contracts import MailBatch, RoundOpen, SpawnBatch, WorldRef, share_key
+from populace.core.contracts import MailBatch, RoundOpen, RunConfig, SpawnBatch, WorldRef, share_key
 from populace.core.settings import Settings
 from populace.core.telemetry import tracer
 from populace.graph.csr import Graph
@@ -65,8 +65,10 @@ class HostRuntime:
     def key(self, epoch: int) -> str:
         return share_key(self.host_id, epoch)
 
-    def spawn(self, batch: SpawnBatch, cast: Cast | None = None, graph: Graph | None = None) -> HostedRun:
-        """Create this host's share of a run (idempotent: a replayed spawn is a no-op). The
+    def spawn(self, batch: SpawnBatch, config: RunConfig, cast: Cast | None = None,
+              graph: Graph | None = None) -> HostedRun:
+        """Create this host's share of a run (idempotent: a replayed spawn is a no-op) with the
+        run's `config` (the one `batch.config_ref` names). The
         host's shares of the run that the new placement no longer lists (a resume replaced
         them) go first. Raises SimulationError / ValidationError / ValueError when the run
         cannot be hosted."""
@@ -75,7 +77,7 @@ class HostRuntime:
             return shares[batch.epoch]
         for epoch in [e for e in shares if batch.live and self.key(e) not in batch.live]:
             self.drop(batch.run_id, epoch)
-        resolved = resolve(batch.config)
+        resolved = resolve(config)
         one_per_process = resolved.config.placement.agents_per_process == 1 or self.settings.one_agent_per_process
         run = host_run(resolved, batch.run_id, batch.ranges, cast, one_per_process=one_per_process,
                        max_in_flight=self.settings.max_in_flight, epoch=batch.epoch, graph=graph,

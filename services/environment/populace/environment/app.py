@@ -188,15 +188,18 @@ class Environment:
         await self.count(tally, partial, msg, reject=msg is not None)
 
     async def known_run(self, run_id: str) -> bool:
-        """Whether the run exists (KV `runs`): a partial may come before its round's announcement."""
-        return await bus.run_state(self.svc.js, run_id) is not None
+        """Whether the run exists (KV `runs`): a partial may come before its round's announcement.
+        Read without its config (RunHead): one validated here while the announcement's read of it
+        by digest was under way was a second validation of the run's config."""
+        return await bus.run_head(self.svc.js, run_id) is not None
 
     async def placed(self, partial: RoundPartial) -> bool:
         """Whether a share of an epoch newer than the rounds announced here is in the run's
         placement (KV `runs`, written before the orchestrator spawns it): a re-placement in
         flight, not an epoch made up."""
-        state = await bus.run_state(self.svc.js, partial.run_id)
-        return state is not None and state.share(share_key(partial.host_id, partial.epoch)) is not None
+        head = await bus.run_head(self.svc.js, partial.run_id)  # its config is not needed: not validated
+        key = share_key(partial.host_id, partial.epoch)
+        return head is not None and any(sh.key == key for sh in head.shares)
 
     async def count(self, tally: RunTally, partial: RoundPartial, msg: NatsMessage | None,
                     reject: bool = False) -> None:

@@ -288,7 +288,7 @@ class Orchestrator:
                 continue
             await bus.publish_js(self.svc.js, subjects.run_spawn(state.run_id, sh.host_id),
                                  SpawnBatch(run_id=state.run_id, host_id=sh.host_id, ranges=sh.ranges,
-                                            config=state.config, epoch=sh.epoch, restore=restore,
+                                            config_ref=state.config_ref, epoch=sh.epoch, restore=restore,
                                             from_round=sh.from_round, live=live),
                                  msg_id=subjects.msg_id(state.run_id, state.nudged, sh.host_id, "spawn", sh.epoch))
 

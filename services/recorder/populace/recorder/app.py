@@ -17,6 +17,7 @@ import time
 from collections import OrderedDict
 
 import nats.errors
+import pyarrow as pa
 from faststream import FastStream
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
@@ -42,9 +43,10 @@ from populace.core.contracts import (
 from populace.core.service import MAX_DELIVERIES, Service
 from populace.core.settings import Settings
 from populace.core.telemetry import tracer
+from populace.population.by_digest import ByDigest
 from populace.recorder.columns import BadColumns, check_outcomes
 from populace.recorder.reads import Reads, serve_reads
-from populace.recorder.store import DiskFull, Event, Store, StoreError
+from populace.recorder.store import DiskFull, Event, Store, StoreError, profile_rows
 
 DESCRIPTION = ("Writes every run event to DuckDB exactly once (each simulation's own outcome and "
                "summary tables) and announces a run recorded when every outcome is in.")
@@ -54,6 +56,8 @@ RECORDED: dict[str, type[BaseModel]] = {
     "round.result": RoundResult, "done": RunDone, "calls": LlmCallBatch, "resumed": RunResumed,
     "interviews": InterviewBatch, "ask": InterviewOrder, "asked": InterviewPlaced,
 }
+# Profile rows kept between runs of the same personas (beyond it: parsed again for each run).
+PROFILES_KEPT_BYTES = 64 * 2**20
 # Short, so that what a killed recorder had fetched and not acknowledged is redelivered to
 # its successor within seconds; a long ingest says "in progress" meanwhile.
 ACK_WAIT_S = 15.0
@@ -90,6 +94,16 @@ class Recorder:
         self.stopping = False
         self.stopped = asyncio.Event()  # wakes a wait for disk space at once on stop
         self.paused_for_room: set[str] = set()  # runs paused because the disk is full (said once per episode)
+        # personas digest -> its agent_profiles rows: a sweep's runs share one population, read once
+        self.profiles: ByDigest[pa.Table | None] = ByDigest(
+            limit=4, max_bytes=PROFILES_KEPT_BYTES, size=lambda rows: 0 if rows is None else rows.nbytes)
+
+    async def profiles_of(self, digest: str) -> pa.Table | None:
+        """A personas file's profile rows, fetched and parsed once per process (kept by digest)."""
+        async def parsed() -> pa.Table | None:
+            return await asyncio.to_thread(profile_rows, await objects.get_personas(self.svc.js, digest))
+
+        return await self.profiles.get(digest, parsed)
 
     async def start(self) -> None:
         s = self.svc.settings
@@ -281,7 +295,7 @@ class Recorder:
                 pop = e.model.config.population
                 if pop is not None and pop.digest is not None:
                     try:  # who the agents are, for per-group analysis (table agent_profiles)
-                        e.blob = await objects.get_personas(self.svc.js, pop.digest)
+                        e.blob = await self.profiles_of(pop.digest)
                     except objects.BlobError as err:
                         self.svc.log.error("personas_missing", run_id=e.model.run_id, error=str(err))
         spans = [tracer.start_span("recorder.ingest", context=telemetry.extract(raw.headers),

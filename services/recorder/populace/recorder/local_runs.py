@@ -17,6 +17,7 @@ import duckdb
 from populace.core.contracts import (
     PLATFORM_SUMMARY_COLUMNS,
     ActColumns,
+    ConfigRef,
     EdgeColumns,
     InterviewBatch,
     LineColumns,
@@ -147,7 +148,7 @@ def record_local(db: str | Path, *, run_id: str, config: RunConfig, tables: Simu
                     RunStarted(run_id=run_id, config=config, started_at=started_at, hosts=[LOCAL_HOST], tables=tables,
                                manifest=manifest), blob=personas),
               Event(f"local.{run_id}.spawn", "spawn",
-                    SpawnBatch(run_id=run_id, host_id=LOCAL_HOST, ranges=ranges, config=config))]
+                    SpawnBatch(run_id=run_id, host_id=LOCAL_HOST, ranges=ranges, config_ref=ConfigRef.of(config)))]
     for b in _batches(run_id, tables, outcomes, posts or None, acts or None, transcripts or None, edges or None):
         events.append(Event(f"local.{run_id}.{b.round}.{b.seq}", "outcomes", check_outcomes(b, tables)))
     errors: dict[int, int] = {}

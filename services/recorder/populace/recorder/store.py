@@ -87,6 +87,25 @@ ARROW = {"DOUBLE": pa.float64(), "BIGINT": pa.int64(), "VARCHAR": pa.string(), "
          "JSON": pa.string()}
 
 
+def profile_rows(blob: bytes) -> pa.Table | None:
+    """A personas file as the rows of `agent_profiles` (without the run id), in agent order;
+    None when it cannot be read. Parsed once per file: the recorder keeps them by digest."""
+    # one record at a time (iter_personas): 1M whole records at once took the recorder 3 GB
+    index: list[int] = []
+    profiles: list[str] = []
+    personas: list[str] = []
+    try:
+        for i, r in enumerate(iter_personas(blob)):
+            j = (r.get("provenance") or {}).get("persona_index")
+            index.append(j if isinstance(j, int) and not isinstance(j, bool) else i)
+            profiles.append(json.dumps(r["profile"], ensure_ascii=False))
+            personas.append(json.dumps(r.get("persona"), ensure_ascii=False))
+    except PopulationError:
+        return None
+    return pa.Table.from_pydict({"agent_id": list(range(len(index))), "persona_index": index,
+                                 "profile": profiles, "persona": personas})
+
+
 class StoreError(RuntimeError):
     """A run's declared tables clash with what the database holds (or are unknown)."""
 
@@ -149,7 +168,8 @@ class Event:
     msg_id: str  # Nats-Msg-Id, unique per logical message
     kind: str  # subjects.kind_of(subject)
     model: object
-    blob: bytes | None = None  # RunStarted: the run's personas JSONL, when it has a population
+    # RunStarted: the run's personas (JSONL, or its rows parsed already: profile_rows), when it has a population
+    blob: bytes | pa.Table | None = None
 
 
 @dataclass
@@ -689,24 +709,11 @@ class Store:
         self.con.execute(f"INSERT INTO {_q(spec.rounds)} ({', '.join(map(_q, names))}) "
                          f"VALUES ({', '.join('?' * len(names))})", values)
 
-    def _insert_profiles(self, run_id: str, agents: int, blob: bytes) -> None:
-        # one record at a time (iter_personas): 1M whole records at once took the recorder 3 GB
-        index: list[int] = []
-        profiles: list[str] = []
-        personas: list[str] = []
-        try:
-            for i, r in enumerate(iter_personas(blob)):
-                if i >= agents:
-                    break
-                j = (r.get("provenance") or {}).get("persona_index")
-                index.append(j if isinstance(j, int) and not isinstance(j, bool) else i)
-                profiles.append(json.dumps(r["profile"], ensure_ascii=False))
-                personas.append(json.dumps(r.get("persona"), ensure_ascii=False))
-        except PopulationError:
+    def _insert_profiles(self, run_id: str, agents: int, blob: bytes | pa.Table) -> None:
+        rows = profile_rows(blob) if isinstance(blob, bytes) else blob
+        if rows is None:
             return  # the client checked the file before the run; a bad blob must not block ingestion
-        rows = pa.Table.from_pydict({"agent_id": list(range(len(index))), "persona_index": index,
-                                     "profile": profiles, "persona": personas})
-        self.con.register("profile_rows", rows)
+        self.con.register("profile_rows", rows.slice(0, agents))
         self.con.execute("DELETE FROM agent_profiles WHERE run_id = ?", [run_id])
         self.con.execute("INSERT INTO agent_profiles SELECT ?, agent_id, persona_index, profile, persona "
                          "FROM profile_rows", [run_id])
