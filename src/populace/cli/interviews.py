@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
 
 from populace.cli import display
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 # pydantic, the client and the core are imported where a command needs them: `populace
 # --version` does not load them (tests/unit/test_cli_imports.py)
@@ -278,8 +280,8 @@ def interview_tables(rows: list[dict], title: str, by: str | None, across_runs: 
     for key in keys:
         qrows = [r for r in rows if (r["survey"], r["question"], r["after_round"]) == key]
         first = qrows[0]
-        t = Table(title=Text(f"{first['survey']}/{first['question']} ({first['kind']}): {first['text']} — {title}"),
-                  title_justify="left")
+        heading = f"{first['survey']}/{first['question']} ({first['kind']}): {first['text']} — {title}"
+        t = display.table(title=Text(heading), title_justify="left")
         if by:
             t.add_column(Text(by))
         if first["kind"] == "text":
@@ -329,7 +331,7 @@ def reference_table(rows: list[dict], title: str) -> Table:
     answer's shares (or the means), the distance and its 95% bootstrap interval."""
     from rich.text import Text
 
-    t = Table(title=Text(title), title_justify="left")
+    t = display.table(title=Text(title), title_justify="left")
     for col in ("question", "group", "simulated", "reference", "shares or means (sim / ref)", "distance", "value",
                 "95% bootstrap CI"):
         t.add_column(col, justify="left" if col in ("question", "group", "distance") else "right")

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
 import signal
 import time
-from importlib.metadata import version as package_version
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
@@ -20,12 +18,16 @@ from populace.cli.choices import DemoModel, PersonaModel, Storage
 if TYPE_CHECKING:  # the rest is imported where a command needs it: `populace --version` starts fast
     from populace.client.prepare import PreparedRun
 
+# Help and usage errors in click's plain format (rich_markup_mode=None, on every sub-app too):
+# typer's rich format imports rich, markdown-it and pygments and lays out panels, which doubled
+# `populace --help`'s time. The text is the same; the boxes and colours are gone.
 app = typer.Typer(help="Populace: populations of LLM agents as event-driven microservices on NATS JetStream.",
-                  no_args_is_help=True, pretty_exceptions_enable=False)
-bench_app = typer.Typer(help="Benchmarks (results are printed and optionally saved as JSON).", no_args_is_help=True)
+                  no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None)
+bench_app = typer.Typer(help="Benchmarks (results are printed and optionally saved as JSON).", no_args_is_help=True,
+                        rich_markup_mode=None)
 app.add_typer(bench_app, name="bench")
 replicas_app = typer.Typer(help="Start LLM replicas and register them for the gateway (foreground).",
-                           no_args_is_help=True)
+                           no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(replicas_app, name="replicas")
 NATS_DEFAULT = "nats://127.0.0.1:4222"
 # read when the command runs (not when this module is imported), and shown in --help
@@ -34,9 +36,9 @@ NATS_ENV = "POPULACE_NATS_URL"
 NATS_LIVE_HELP = "NATS URL of the recorder's stack, to read a run it is still writing"
 GraphKind = Literal["homophily", "small-world", "scale-free"]
 GraphPlacement = Literal["partition", "ids", "both"]
-personas_app = typer.Typer(help="Populations and personas.", no_args_is_help=True)
+personas_app = typer.Typer(help="Populations and personas.", no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(personas_app, name="personas")
-auth_app = typer.Typer(help="NATS users (deploy/nats/auth.conf).", no_args_is_help=True)
+auth_app = typer.Typer(help="NATS users (deploy/nats/auth.conf).", no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(auth_app, name="auth")
 # `populace node` is the daemon (one per machine); `populace nodes …` asks nodes for things
 app.command("node")(nodes.node)
@@ -46,7 +48,9 @@ app.add_typer(nodes.nodes_app, name="nodes")
 
 def _version(show: bool) -> None:
     if show:
-        display.out.print(f"populace {package_version('populace')}")
+        from importlib.metadata import version
+
+        typer.echo(f"populace {version('populace')}")  # plain: rich is not imported for this
         raise typer.Exit()
 
 
@@ -56,6 +60,13 @@ def main(
                                           help="print the version and exit")] = False,
 ) -> None:
     """Populace: populations of LLM agents as event-driven microservices on NATS JetStream."""
+
+
+def run_async(coro):
+    """asyncio.run, asyncio imported by the commands that use it: not at every start (`populace --version`)."""
+    import asyncio
+
+    return asyncio.run(coro)
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -170,7 +181,7 @@ def _private_stack(backends: set[str], replicas: int, hosts: int, db: str):
         _print_metrics_ports(stack.metrics_ports)
         if "vllm" in backends:
             display.console.print("starting vLLM (CPU build; about a minute) …")
-        asyncio.run(stack.wait_ready(timeout=ready_timeout(backends)))
+        run_async(stack.wait_ready(timeout=ready_timeout(backends)))
         display.console.print(f"ready in {time.monotonic() - t0:.1f}s")
         yield stack.url
     except StackError as err:
@@ -284,7 +295,7 @@ def demo(
     config = prepared.config
     starts = {"vllm"} if model == "vllm" and scenario is None else {config.model.backend}
     with _private_stack(starts, replicas, hosts, db) as url:
-        outcome = asyncio.run(_follow(url, prepared, show_progress=True))
+        outcome = run_async(_follow(url, prepared, show_progress=True))
     _report(outcome, prepared)
 
 
@@ -313,7 +324,7 @@ def up(
             "{}, kept at stop: `populace resume` works after a restart")
     try:
         with served_stack(hosts, port, db, None if temporary_store else Path(store)) as (stack, nats):
-            asyncio.run(stack.wait_ready())
+            run_async(stack.wait_ready())
             display.console.print(f"[green]ready[/green]: NATS at {nats.url}, {hosts} agent-hosts, "
                                   f"DuckDB {db}, JetStream store {kept.format(nats.store_dir)}, logs {stack.log_dir}. "
                                   "Ctrl-C stops.", soft_wrap=True)
@@ -364,7 +375,7 @@ def run(
     rid = new_run_id()
     with _stack_url(nats) as url:
         try:
-            outcome = asyncio.run(_follow(url, prepared, show_progress=progress, run_id=rid))
+            outcome = run_async(_follow(url, prepared, show_progress=progress, run_id=rid))
         except KeyboardInterrupt:
             _detached(url, rid, cancel_on_exit)
             raise typer.Exit(130) from None
@@ -418,7 +429,7 @@ def _estimate(scenario: Path, extra: dict, prepared: PreparedRun, nats: str, sha
     pilot = checked(lambda: prepare_scenario(scenario, {**extra, "agents": k, "rounds": 1,
                                                      "name": f"{config.name}-pilot", "budget": None}))
     with _stack_url(nats) as url:
-        outcome = asyncio.run(_follow(url, pilot, show_progress=progress))
+        outcome = run_async(_follow(url, pilot, show_progress=progress))
     if outcome.status != "completed" or not outcome.results:
         fail(f"the pilot run {outcome.run_id} {outcome.status}: {outcome.reason}", code=1)
     used = outcome.results[0].usage
@@ -445,7 +456,7 @@ def _detached(url: str, rid: str, cancel_on_exit: bool) -> None:
         from populace.client.live import SteerError, cancel_run
 
         try:
-            state, _ = asyncio.run(cancel_run(url, rid, "cancelled by Ctrl-C (--cancel-on-exit)"))
+            state, _ = run_async(cancel_run(url, rid, "cancelled by Ctrl-C (--cancel-on-exit)"))
         except (SteerError, ConnectionError, OSError) as err:
             display.console.print(f"[red]could not cancel run {rid}:[/red] {err}", soft_wrap=True)
             return
@@ -467,7 +478,7 @@ def _steer(build):
     from populace.client.live import SteerError
 
     try:
-        return asyncio.run(build())
+        return run_async(build())
     except SteerError as err:
         fail(str(err))
     except ConnectionError as err:
@@ -525,7 +536,7 @@ def follow(
     nats: Annotated[str, typer.Option("--nats", envvar=NATS_ENV, help=NATS_HELP)] = NATS_DEFAULT,
     progress: Annotated[bool, typer.Option(help="show progress bars")] = True,
 ) -> None:
-    """Follow a run under way (e.g. after Ctrl-C in `populace run`) until it is recorded."""
+    """Follow a run under way until it is recorded (for example after Ctrl-C in `populace run`)."""
     from populace.client import live as steer
     from populace.sdk.registry import resolve
 
@@ -595,7 +606,7 @@ def rerun(
         cur = con.execute(f'SELECT * FROM "{table}" WHERE run_id = ? ORDER BY round', [rid])
         before = [dict(zip([d[0] for d in cur.description], r)) for r in cur.fetchall()]
     with _stack_url(nats, {prepared.config.model.backend}, replicas, hosts, db) as url:
-        outcome = asyncio.run(_follow(url, prepared, show_progress=True))
+        outcome = run_async(_follow(url, prepared, show_progress=True))
     after = {r.round: r for r in outcome.results}
     labels = display.summary_labels(prepared.resolved.simulation.Summary)
     display.out.print(display.rerun_table(before, after, labels, rid, outcome.run_id))
@@ -957,11 +968,11 @@ def _serve_replicas(start, nats: str, health_timeout: float = 120.0) -> None:
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     rs = start()
     try:
-        asyncio.run(wait_healthy(rs, timeout=health_timeout))
+        run_async(wait_healthy(rs, timeout=health_timeout))
         for r in rs.replicas:
             display.console.print(f"[green]replica[/green] {r.info.replica_id} at {r.info.url} "
                                   f"({r.info.kind}, {r.info.model})")
-        asyncio.run(register_forever(nats, rs))
+        run_async(register_forever(nats, rs))
     except KeyboardInterrupt:
         pass
     except LaunchError as err:

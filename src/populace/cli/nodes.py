@@ -3,18 +3,18 @@ nodes: list them, start and stop processes on them, tail a process's log, clean 
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
 
 from populace.cli import display
 from populace.cli.choices import ReplicaBackend, RestartMode, Router
 
 if TYPE_CHECKING:  # the contracts and the bus are imported where a command needs them: the CLI starts fast
+    from rich.table import Table
+
     from populace.core.contracts import NodeInfo, NodeReply, NodeRequest, ProcessInfo, ProcessSpec
 
 NATS_DEFAULT = "nats://127.0.0.1:4222"
@@ -28,7 +28,7 @@ KINDS_HELP = ("agent-host, gateway, replicas, or an installed service by name (o
 
 nodes_app = typer.Typer(help="Nodes (`populace node` daemons): list them, start and stop processes on them, "
                              "tail logs, clean up. With no command: the table of nodes and their processes.",
-                        invoke_without_command=True)
+                        invoke_without_command=True, rich_markup_mode=None)  # plain help: see populace.cli.main
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -81,6 +81,8 @@ async def _ask(nats: str, node_id: str, request: NodeRequest) -> NodeReply:
 
 def _run(coro_factory):
     """Run a client coroutine; a node's refusal exits 2, an unreachable node or NATS exits 1."""
+    import asyncio
+
     from populace.client.nodes import NodeError, NodeUnreachable
 
     try:
@@ -104,7 +106,7 @@ def _spec_text(p: ProcessInfo) -> str:
 
 
 def processes_table(processes: list[ProcessInfo], title: str) -> Table:
-    t = Table(title=title)
+    t = display.table(title=title)
     for col, justify in (("process", "left"), ("state", "left"), ("pid", "right"), ("exit", "right"),
                          ("restarts", "right"), ("cpu %", "right"), ("memory", "right"), ("settings", "left")):
         t.add_column(col, justify=justify)  # type: ignore[arg-type]
@@ -117,7 +119,7 @@ def processes_table(processes: list[ProcessInfo], title: str) -> Table:
 
 
 def nodes_table(nodes: list[NodeInfo]) -> Table:
-    t = Table(title="nodes")
+    t = display.table(title="nodes")
     for col in ("node", "host", "cpus", "memory (free)", "gpus", "processes", "version", "up"):
         t.add_column(col)
     for n in nodes:
