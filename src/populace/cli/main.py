@@ -1,7 +1,7 @@
 """`populace` — run populations of LLM agents on NATS JetStream."""
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: typer reads every command's annotations at each start,
+# and string ones cost it an eval (and a compile) each, most of building the command tree.
 import contextlib
 import json
 import os
@@ -20,7 +20,8 @@ if TYPE_CHECKING:  # the rest is imported where a command needs it: `populace --
 
 # Help and usage errors in click's plain format (rich_markup_mode=None, on every sub-app too):
 # typer's rich format imports rich, markdown-it and pygments and lays out panels, which doubled
-# `populace --help`'s time. The text is the same; the boxes and colours are gone.
+# `populace --help`'s time. Options and texts are the same; the boxes and colours are gone, and the
+# list of commands shows each one's first sentence, cut to fit the line.
 app = typer.Typer(help="Populace: populations of LLM agents as event-driven microservices on NATS JetStream.",
                   no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None)
 bench_app = typer.Typer(help="Benchmarks (results are printed and optionally saved as JSON).", no_args_is_help=True,
@@ -87,7 +88,7 @@ def service(
     serve.run(name)
 
 
-async def _follow(url: str, prepared: PreparedRun, show_progress: bool, run_id: str | None = None):
+async def _follow(url: str, prepared: "PreparedRun", show_progress: bool, run_id: str | None = None):
     from populace.client.live import play_prepared
 
     c = prepared.config
@@ -114,7 +115,7 @@ def checked(build):
     raise AssertionError  # unreachable
 
 
-def _report(outcome, prepared: PreparedRun) -> None:
+def _report(outcome, prepared: "PreparedRun") -> None:
     _report_outcome(outcome, prepared.resolved.simulation, prepared.config.agents)
 
 
@@ -382,7 +383,7 @@ def run(
     _report(outcome, prepared)
 
 
-def _run_local(prepared: PreparedRun, hosts: int, db: str) -> None:
+def _run_local(prepared: "PreparedRun", hosts: int, db: str) -> None:
     """`run --local`: play in this process, print the rounds, record the run to `db` as the
     recorder records a fleet run; a simulation that fails (its code raised, or its agents keep
     state a checkpoint would lose) exits 1 with the reason, never a traceback."""
@@ -418,7 +419,7 @@ def _run_local(prepared: PreparedRun, hosts: int, db: str) -> None:
         fail(f"run {result.run_id} {result.status}: {result.reason}", code=1)
 
 
-def _estimate(scenario: Path, extra: dict, prepared: PreparedRun, nats: str, share: float, progress: bool) -> None:
+def _estimate(scenario: Path, extra: dict, prepared: "PreparedRun", nats: str, share: float, progress: bool) -> None:
     """Play the pilot on the fleet (recorded like any run, named `<name>-pilot`) and scale its
     LLM work to the whole run."""
     from populace.client.api import prepare_scenario

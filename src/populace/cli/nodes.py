@@ -1,8 +1,7 @@
 """`populace node` (the daemon, one per machine) and `populace nodes …` (what a client asks of
 nodes: list them, start and stop processes on them, tail a process's log, clean a node up)."""
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` (typer evaluates string ones at each start: populace.cli.main)
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -67,7 +66,7 @@ def node(
 
 
 # --- the client verbs ---------------------------------------------------------------------
-async def _ask(nats: str, node_id: str, request: NodeRequest) -> NodeReply:
+async def _ask(nats: str, node_id: str, request: "NodeRequest") -> "NodeReply":
     from populace.client.nodes import node_request
     from populace.core import bus
 
@@ -100,12 +99,12 @@ def _mb(n: int) -> str:
     return f"{n / 2**20:,.0f} MB"
 
 
-def _spec_text(p: ProcessInfo) -> str:
+def _spec_text(p: "ProcessInfo") -> str:
     spec = p.spec.model_dump(exclude_defaults=True, exclude={"kind"})
     return ", ".join(f"{k}={v}" for k, v in spec.items())
 
 
-def processes_table(processes: list[ProcessInfo], title: str) -> Table:
+def processes_table(processes: "list[ProcessInfo]", title: str) -> "Table":
     t = display.table(title=title)
     for col, justify in (("process", "left"), ("state", "left"), ("pid", "right"), ("exit", "right"),
                          ("restarts", "right"), ("cpu %", "right"), ("memory", "right"), ("settings", "left")):
@@ -118,7 +117,7 @@ def processes_table(processes: list[ProcessInfo], title: str) -> Table:
     return t
 
 
-def nodes_table(nodes: list[NodeInfo]) -> Table:
+def nodes_table(nodes: "list[NodeInfo]") -> "Table":
     t = display.table(title="nodes")
     for col in ("node", "host", "cpus", "memory (free)", "gpus", "processes", "version", "up"):
         t.add_column(col)
@@ -144,7 +143,7 @@ def nodes_list(
     from populace.client.nodes import list_nodes
     from populace.core import bus
 
-    async def read() -> list[NodeInfo]:
+    async def read() -> "list[NodeInfo]":
         nc = await bus.connect_or_fail(nats, "populace-cli")
         try:
             return await list_nodes(nc.jetstream(), include_gone=include_gone)
@@ -164,7 +163,7 @@ def nodes_list(
             display.out.print(processes_table(n.processes, f"node {n.node_id}"))
 
 
-def _spec(kind: str, options: dict) -> ProcessSpec:
+def _spec(kind: str, options: dict) -> "ProcessSpec":
     """The typed spec of a process kind from the options given on the command line (an option
     that is not the kind's is refused, naming the option)."""
     from pydantic import TypeAdapter, ValidationError
