@@ -16,7 +16,7 @@ from populace_ratio_game.prompts import answer_schema, system_prompt
 
 from populace.core import bus, replies, subjects
 from populace.core.contracts import InferBatch, InferReply, LlmCallBatch, ModelConfig, ServiceInfo
-from populace.gateway.launch import register_forever, start_local, wait_healthy
+from populace.replicas.launch import register_forever, start_local, wait_healthy
 
 pytestmark = pytest.mark.e2e
 

@@ -497,7 +497,7 @@ async def test_replicas_user_registers_replicas(server, monkeypatch):
     """`populace replicas …` (register_forever) works as `replicas`: provision, heartbeat
     into KV `replicas`, delete on stop."""
     from populace.core.contracts import ReplicaInfo
-    from populace.gateway.launch import register_forever
+    from populace.replicas.launch import register_forever
 
     monkeypatch.setenv("POPULACE_NATS_USER", "replicas")
     monkeypatch.setenv("POPULACE_NATS_PASSWORD", PASSWORDS["replicas"])

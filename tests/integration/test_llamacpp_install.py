@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from populace.gateway import llamacpp
+from populace.replicas import llamacpp
 
 UV = shutil.which("uv")
 pytestmark = pytest.mark.skipif(UV is None, reason="uv is not on PATH")
@@ -138,7 +138,7 @@ def test_a_second_process_that_needs_it_says_who_holds_the_install(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f'''
         import os, sys, time
         from pathlib import Path
-        from populace.gateway import llamacpp
+        from populace.replicas import llamacpp
         with llamacpp._locked(Path({str(lock)!r}), Path("/tmp/build.log"), print):
             print("locked", flush=True)
             while os.path.exists({str(gate)!r}):

@@ -347,8 +347,8 @@ def test_the_nodes_page_shows_kv_nodes_and_a_missing_node_is_named(client, url):
 async def test_the_replicas_page_asks_each_replica_for_its_health_and_load(url):
     from populace.core.contracts import ReplicaInfo
     from populace.core.natsserver import free_port
-    from populace.gateway.sim import SimConfig, SimServer
     from populace.manager.app import probe_replicas
+    from populace.replicas.sim import SimConfig, SimServer
 
     srv = await SimServer(SimConfig(replica_id="sim-mgr", time_scale=0)).start()
     try:

@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from populace.gateway.sim import SimConfig, SimServer
+from populace.replicas.sim import SimConfig, SimServer
 
 SYSTEM = "You are one of many players in a number-guessing game. Answer in JSON. " * 30
 

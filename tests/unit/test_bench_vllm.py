@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from populace.bench.vllm import Counters, calibrate, kv_capacity, parse_counters, sim_args, within
-from populace.gateway.sim import SimConfig, SimModel, render_metrics
+from populace.replicas.sim import SimConfig, SimModel, render_metrics
 
 VLLM_METRICS = """\
 # HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
@@ -41,7 +41,7 @@ def test_simulator_metrics_parse_alike():
     msgs = [{"role": "system", "content": "x" * 400}, {"role": "user", "content": "hello"}]
     model.plan(msgs)
     model.plan(msgs)
-    from populace.gateway.sim import SimStats
+    from populace.replicas.sim import SimStats
 
     c = parse_counters(render_metrics(model, SimStats()))
     assert c.queries == model.prefix_cache_queries and c.hits == model.prefix_cache_hits > 0

@@ -13,7 +13,10 @@ import pytest
 
 # each takes tenths of a second to import (or pulls in what does); a command that needs one imports it
 HEAVY = ("duckdb", "pyarrow", "nats", "faststream", "opentelemetry", "plotly", "scipy", "numpy", "networkx",
-         "populace.core.contracts", "populace.core.settings", "populace.client", "populace.sdk")
+         "populace.core.contracts", "populace.core.settings", "populace.client", "populace.sdk",
+         # and the lighter ones that still cost a start hundredths of a second: rich (and what
+         # typer's rich help brings: markdown-it, pygments), asyncio, the replica launchers
+         "rich", "markdown_it", "pygments", "asyncio", "populace.replicas", "populace.gateway")
 
 
 def loaded_after(code: str) -> set[str]:

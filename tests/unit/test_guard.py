@@ -1,4 +1,4 @@
-"""populace.gateway.guard: a guarded command's whole process group goes when the guard is
+"""populace.replicas.guard: a guarded command's whole process group goes when the guard is
 stopped or when its starter dies, even a child that ignores SIGTERM."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def gone(pgid: int, timeout: float) -> bool:
 
 
 def test_stopping_the_guard_stops_its_whole_group():
-    guard = subprocess.Popen([sys.executable, "-m", "populace.gateway.guard", "1", "--", sys.executable, "-c",
+    guard = subprocess.Popen([sys.executable, "-m", "populace.replicas.guard", "1", "--", sys.executable, "-c",
                               STUBBORN], start_new_session=True)
     time.sleep(1.5)
     guard.send_signal(signal.SIGTERM)
@@ -45,7 +45,7 @@ def test_stopping_the_guard_stops_its_whole_group():
 def test_a_killed_starter_takes_the_guarded_group_with_it():
     starter = subprocess.Popen([sys.executable, "-c",
                                 "import subprocess, sys, time; from populace.core.processes import die_with_parent; "
-                                "p = subprocess.Popen([sys.executable, '-m', 'populace.gateway.guard', '1', '--', "
+                                "p = subprocess.Popen([sys.executable, '-m', 'populace.replicas.guard', '1', '--', "
                                 f"sys.executable, '-c', {STUBBORN!r}], start_new_session=True, "
                                 "preexec_fn=die_with_parent()); print(p.pid, flush=True); time.sleep(600)"],
                                stdout=subprocess.PIPE, text=True)

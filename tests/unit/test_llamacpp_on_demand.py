@@ -1,4 +1,4 @@
-"""llama.cpp installed on first use (populace.gateway.llamacpp): which installer runs where,
+"""llama.cpp installed on first use (populace.replicas.llamacpp): which installer runs where,
 that it runs once (a second caller finds it installed), and that a failed install is an error
 naming its log, never a traceback from the replica's start."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from populace.gateway import llamacpp
+from populace.replicas import llamacpp
 
 
 def test_in_the_projects_own_environment_the_build_runs_beside_it_then_syncs_from_the_cache():

@@ -221,7 +221,7 @@ def test_prefix_affinity_fills_sim_caches_like_a_perfect_partition():
     """64 personas, 4 simulated replicas whose caches hold ~1/4 of them each: prefix-affinity
     scores the hit rate of the best static partition (persona i -> replica i mod 4), which
     round-robin and least-loaded cannot approach (each cache sees every persona)."""
-    from populace.gateway.sim import SimConfig, SimModel
+    from populace.replicas.sim import SimConfig, SimModel
 
     rng = random.Random(5)
     words = ["curious", "careful", "bold", "patient", "analytical", "playful", "stubborn", "generous", "cautious", "witty"]

@@ -7,7 +7,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from populace.gateway.sim import (
+from populace.replicas.sim import (
     SimConfig,
     SimModel,
     SimStats,
@@ -200,7 +200,7 @@ def test_metrics_text_has_vllm_names_and_valid_lines():
 
 
 def test_cli_rejects_invalid_config():
-    from populace.gateway.sim import main
+    from populace.replicas.sim import main
 
     with pytest.raises(SystemExit) as exc:
         main(["--port", "0", "--decode-tokens-per-s", "0"])

@@ -1,4 +1,4 @@
-"""populace.gateway.vllm_cpu without vLLM: where the environment goes, how it is installed
+"""populace.replicas.vllm_cpu without vLLM: where the environment goes, how it is installed
 (excluding the CUDA builds), how a replica is served, and what a failure says."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from populace.gateway import vllm_cpu
+from populace.replicas import vllm_cpu
 
 
 def test_the_cache_directory_is_populace_cache_else_xdg_else_home(monkeypatch, tmp_path):

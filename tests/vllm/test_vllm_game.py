@@ -14,7 +14,7 @@ from populace.client.run import play
 from populace.client.stack import Stack
 from populace.core import bus
 from populace.core.contracts import RunConfig
-from populace.gateway.launch import register_forever
+from populace.replicas.launch import register_forever
 
 pytestmark = pytest.mark.vllm
 

@@ -29,7 +29,7 @@ from starlette.routing import Route
 from populace.core import bus, replies, subjects
 from populace.core.contracts import InferBatch, InferReply, LlmCallBatch, ModelConfig, ReplicaInfo, ServiceInfo
 from populace.core.natsserver import free_port
-from populace.gateway.launch import ReplicaSet, register_forever
+from populace.replicas.launch import ReplicaSet, register_forever
 
 pytestmark = pytest.mark.vllm
 

@@ -5,16 +5,19 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.table import Table
-
 if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
     from populace.client.progress import RunProgress, summary_text  # noqa: F401 - re-exported below
     from populace.core.contracts import RoundResult
 
 # populace.client.progress's, re-exported for the CLI and imported on first use (it brings the
 # contracts, which take longer to import than the rest of the CLI's start: `populace --version`)
 _PROGRESS = ("RunProgress", "summary_text")
+# `console` (stderr) and `out` (stdout) are made on first use too: rich takes a third of the
+# CLI's start to import, and `populace --version` prints without it
+_CONSOLES = ("console", "out")
 
 
 def __getattr__(name: str):
@@ -22,7 +25,25 @@ def __getattr__(name: str):
         from populace.client import progress
 
         return getattr(progress, name)
+    if name in _CONSOLES:
+        consoles = _consoles()
+        globals().update(consoles)  # made once: later reads find them without this hook
+        return consoles[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _consoles() -> dict[str, Console]:
+    from rich.console import Console
+
+    # Piped or captured output keeps whole tables (rich would squeeze them into 80 columns).
+    return {"console": Console(stderr=True), "out": Console(width=None if sys.stdout.isatty() else 200)}
+
+
+def table(*args, **kwargs) -> Table:
+    """A rich Table (rich imported on first use)."""
+    from rich.table import Table
+
+    return Table(*args, **kwargs)
 
 
 def fmt(x: object, digits: int = 2) -> str:
@@ -31,9 +52,6 @@ def fmt(x: object, digits: int = 2) -> str:
 
     return progress_fmt(x, digits)
 
-console = Console(stderr=True)
-# Piped or captured output keeps whole tables (rich would squeeze them into 80 columns).
-out = Console(width=None if sys.stdout.isatty() else 200)
 
 
 def summary_labels(summary_model) -> dict[str, str]:
@@ -62,7 +80,7 @@ def rounds_table(rows: list[dict], labels: dict[str, str], title: str, agents: i
     """A run's rounds as they closed: who acted (with activation), valid answers, the model's
     invalid answers and the simulation's own errors apart, the simulation's summary columns and
     the round's LLM work (infrastructure retries apart)."""
-    t = Table(title=title)
+    t = table(title=title)
     acted = acted_cells(rows, agents)
     # the infrastructure's retries (last of the usage columns), the model's invalid answers and the
     # simulation's own errors side by side: three classes, never one
@@ -136,7 +154,7 @@ def stats_table(rows: list[dict], title: str, info: dict | None = None) -> Table
         labels = {k: k.replace("_", " ") for k in ((rows[0].get("summary") or {}) if rows else {})}
     summary = _summary_shown(rows, labels, STATS if kind == "numeric" else ())
     options = (rows[0].get("options") or [])[:MAX_SHOWN_OPTIONS] if rows and kind == "categorical" else []
-    t = Table(title=title)
+    t = table(title=title)
     acted = acted_cells(rows, info.get("agents"))
     heads = ["round", *(("acted",) if acted else ()), "valid"]
     if kind == "numeric":
@@ -197,7 +215,7 @@ def llm_table(rows: list[dict], calls: dict[int, dict], title: str) -> Table | N
     with `usage`, `call_stats`). None without LLM work."""
     if not any(r.get("usage") for r in rows) and not calls:
         return None
-    t = Table(title=title)
+    t = table(title=title)
     for col in LLM_HEADS:
         t.add_column(col, justify="right")
     for r in rows:
@@ -230,7 +248,7 @@ def fork_table(fork: dict, info: dict) -> Table:
     reference columns (the ratio game's target) of each."""
     numeric = fork["measure_kind"] == "numeric"
     refs = [(c, (info.get("labels") or {}).get(c, c)) for c in info.get("reference_columns") or []]
-    t = Table(title="beside its parent")
+    t = table(title="beside its parent")
     what = "mean" if numeric else "most chosen"
     heads = ["round", f"parent {what}", f"fork {what}", *(("difference",) if numeric else ())]
     for _, label in refs:
@@ -269,7 +287,7 @@ def group_table(rows: list[dict], by: str, title: str, across_runs: bool) -> Tab
     for several runs, the same across runs (seeds)."""
     if rows and "option" in rows[0]:
         return _share_group_table(rows, by, title, across_runs)
-    t = Table(title=title)
+    t = table(title=title)
     t.add_column(_plain(by))
     for col in ("valid answers", "mean", "95% CI (agents)", "median", "std"):  # n counts valid answers only
         t.add_column(col, justify="right")
@@ -290,7 +308,7 @@ def _pct_ci(low: float | None, high: float | None) -> str:
 
 
 def _share_group_table(rows: list[dict], by: str, title: str, across_runs: bool) -> Table:
-    t = Table(title=title)
+    t = table(title=title)
     t.add_column(_plain(by))
     t.add_column("option")
     for col in ("answers", "share", "95% CI (Wilson)"):
@@ -314,7 +332,7 @@ def rerun_table(before: list[dict], after: dict[int, RoundResult], labels: dict[
     """The original run's rounds next to the rerun's: valid answers and the first summary
     columns side by side, and whether every summary column is identical."""
     shown = list(labels)[:2]
-    t = Table(title=f"rerun {new_id} of {old_id}")
+    t = table(title=f"rerun {new_id} of {old_id}")
     for col in ("round", "valid (run)", "valid (rerun)",
                 *(f"{labels[k]} ({w})" for k in shown for w in ("run", "rerun")), "same"):
         t.add_column(col, justify="right")
@@ -329,7 +347,7 @@ def rerun_table(before: list[dict], after: dict[int, RoundResult], labels: dict[
 
 def sweep_plan_table(sp) -> Table:
     """The runs a sweep will play (populace.client.sweep.SweepPlan), one row each."""
-    t = Table(title=f"sweep {sp.spec.name}: {len(sp.cells)} runs")
+    t = table(title=f"sweep {sp.spec.name}: {len(sp.cells)} runs")
     for col in ("#", "cell", "seed", "agents", "rounds", "backend"):
         t.add_column(col)
     for cell, prep in zip(sp.cells, sp.prepared):
@@ -342,7 +360,7 @@ def sweep_summary_table(rows: list[dict], title: str) -> Table:
     """Per cell: the last round's key column across seeds (populace.client.sweep.summary)."""
     from populace.client.sweep import key_column, summary
 
-    t = Table(title=title)
+    t = table(title=title)
     key = (key_column(rows) or "value").replace("_", " ")
     for col in ("cell", "runs", "round", f"{key} of last round", "95% CI across seeds", "valid"):
         t.add_column(col, justify="left" if col == "cell" else "right")

@@ -9,16 +9,17 @@ request; nothing of the run changes). With --local, RUN is a scenario: it is pla
 process on the dummy model (what the fleet gives, exactly) and asked after the round from the
 state it kept."""
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` (typer evaluates string ones at each start: populace.cli.main)
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
 
 from populace.cli import display
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 # pydantic, the client and the core are imported where a command needs them: `populace
 # --version` does not load them (tests/unit/test_cli_imports.py)
@@ -267,7 +268,7 @@ def _ci(low: float | None, high: float | None, pct: bool) -> str:
     return f"[{_pct(low)}, {_pct(high)}]" if pct else f"[{fmt(low)}, {fmt(high)}]"
 
 
-def interview_tables(rows: list[dict], title: str, by: str | None, across_runs: bool = False) -> list[Table]:
+def interview_tables(rows: list[dict], title: str, by: str | None, across_runs: bool = False) -> "list[Table]":
     """One table per question: each option's share with its Wilson 95% CI, a Likert's or a
     number's mean with its Student-t 95% CI, or a free-text question's count and a few answers;
     per group with `by`; with several runs, the same across runs."""
@@ -278,8 +279,8 @@ def interview_tables(rows: list[dict], title: str, by: str | None, across_runs: 
     for key in keys:
         qrows = [r for r in rows if (r["survey"], r["question"], r["after_round"]) == key]
         first = qrows[0]
-        t = Table(title=Text(f"{first['survey']}/{first['question']} ({first['kind']}): {first['text']} — {title}"),
-                  title_justify="left")
+        heading = f"{first['survey']}/{first['question']} ({first['kind']}): {first['text']} — {title}"
+        t = display.table(title=Text(heading), title_justify="left")
         if by:
             t.add_column(Text(by))
         if first["kind"] == "text":
@@ -324,12 +325,12 @@ def usage_line(u: dict | None) -> str | None:
             f"{u['completion_tokens']:,} completion) — apart from the rounds' LLM work above")
 
 
-def reference_table(rows: list[dict], title: str) -> Table:
+def reference_table(rows: list[dict], title: str) -> "Table":
     """Simulated beside reference per question and group: the sample sizes, the most different
     answer's shares (or the means), the distance and its 95% bootstrap interval."""
     from rich.text import Text
 
-    t = Table(title=Text(title), title_justify="left")
+    t = display.table(title=Text(title), title_justify="left")
     for col in ("question", "group", "simulated", "reference", "shares or means (sim / ref)", "distance", "value",
                 "95% bootstrap CI"):
         t.add_column(col, justify="left" if col in ("question", "group", "distance") else "right")

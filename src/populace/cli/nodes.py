@@ -1,20 +1,19 @@
 """`populace node` (the daemon, one per machine) and `populace nodes …` (what a client asks of
 nodes: list them, start and stop processes on them, tail a process's log, clean a node up)."""
 
-from __future__ import annotations
-
-import asyncio
+# No `from __future__ import annotations` (typer evaluates string ones at each start: populace.cli.main)
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
 
 from populace.cli import display
 from populace.cli.choices import ReplicaBackend, RestartMode, Router
 
 if TYPE_CHECKING:  # the contracts and the bus are imported where a command needs them: the CLI starts fast
+    from rich.table import Table
+
     from populace.core.contracts import NodeInfo, NodeReply, NodeRequest, ProcessInfo, ProcessSpec
 
 NATS_DEFAULT = "nats://127.0.0.1:4222"
@@ -28,7 +27,7 @@ KINDS_HELP = ("agent-host, gateway, replicas, or an installed service by name (o
 
 nodes_app = typer.Typer(help="Nodes (`populace node` daemons): list them, start and stop processes on them, "
                              "tail logs, clean up. With no command: the table of nodes and their processes.",
-                        invoke_without_command=True)
+                        invoke_without_command=True, rich_markup_mode=None)  # plain help: see populace.cli.main
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -67,7 +66,7 @@ def node(
 
 
 # --- the client verbs ---------------------------------------------------------------------
-async def _ask(nats: str, node_id: str, request: NodeRequest) -> NodeReply:
+async def _ask(nats: str, node_id: str, request: "NodeRequest") -> "NodeReply":
     from populace.client.nodes import node_request
     from populace.core import bus
 
@@ -81,6 +80,8 @@ async def _ask(nats: str, node_id: str, request: NodeRequest) -> NodeReply:
 
 def _run(coro_factory):
     """Run a client coroutine; a node's refusal exits 2, an unreachable node or NATS exits 1."""
+    import asyncio
+
     from populace.client.nodes import NodeError, NodeUnreachable
 
     try:
@@ -98,13 +99,13 @@ def _mb(n: int) -> str:
     return f"{n / 2**20:,.0f} MB"
 
 
-def _spec_text(p: ProcessInfo) -> str:
+def _spec_text(p: "ProcessInfo") -> str:
     spec = p.spec.model_dump(exclude_defaults=True, exclude={"kind"})
     return ", ".join(f"{k}={v}" for k, v in spec.items())
 
 
-def processes_table(processes: list[ProcessInfo], title: str) -> Table:
-    t = Table(title=title)
+def processes_table(processes: "list[ProcessInfo]", title: str) -> "Table":
+    t = display.table(title=title)
     for col, justify in (("process", "left"), ("state", "left"), ("pid", "right"), ("exit", "right"),
                          ("restarts", "right"), ("cpu %", "right"), ("memory", "right"), ("settings", "left")):
         t.add_column(col, justify=justify)  # type: ignore[arg-type]
@@ -116,8 +117,8 @@ def processes_table(processes: list[ProcessInfo], title: str) -> Table:
     return t
 
 
-def nodes_table(nodes: list[NodeInfo]) -> Table:
-    t = Table(title="nodes")
+def nodes_table(nodes: "list[NodeInfo]") -> "Table":
+    t = display.table(title="nodes")
     for col in ("node", "host", "cpus", "memory (free)", "gpus", "processes", "version", "up"):
         t.add_column(col)
     for n in nodes:
@@ -142,7 +143,7 @@ def nodes_list(
     from populace.client.nodes import list_nodes
     from populace.core import bus
 
-    async def read() -> list[NodeInfo]:
+    async def read() -> "list[NodeInfo]":
         nc = await bus.connect_or_fail(nats, "populace-cli")
         try:
             return await list_nodes(nc.jetstream(), include_gone=include_gone)
@@ -162,7 +163,7 @@ def nodes_list(
             display.out.print(processes_table(n.processes, f"node {n.node_id}"))
 
 
-def _spec(kind: str, options: dict) -> ProcessSpec:
+def _spec(kind: str, options: dict) -> "ProcessSpec":
     """The typed spec of a process kind from the options given on the command line (an option
     that is not the kind's is refused, naming the option)."""
     from pydantic import TypeAdapter, ValidationError

@@ -45,11 +45,11 @@ from populace.core.contracts import InferBatch, InferReply, ModelConfig, Replica
 from populace.core.natsserver import EmbeddedNats
 from populace.core.settings import Settings
 from populace.gateway.dispatcher import Dispatcher
-from populace.gateway.launch import ReplicaSet, register_forever, start_local, start_sim, wait_healthy
 from populace.gateway.openai_api import ChatClient
 from populace.gateway.replicas import ReplicaPool
 from populace.gateway.routing import make_router
-from populace.gateway.sim import SimConfig, SimModel
+from populace.replicas.launch import ReplicaSet, register_forever, start_local, start_sim, wait_healthy
+from populace.replicas.sim import SimConfig, SimModel
 
 GAME = BenchGame()  # the gateway is measured on the paper's game: its prompts and answer schema
 SYSTEM = GAME.system
@@ -238,7 +238,7 @@ async def routing_run(router: str, sim_args: list[str], work: list[tuple[str, li
 
 
 def sim_config(sim_args: list[str]) -> SimConfig:
-    """The SimConfig the `populace.gateway.sim` command line `sim_args` gives a replica."""
+    """The SimConfig the `populace.replicas.sim` command line `sim_args` gives a replica."""
     opts = dict(zip(sim_args[::2], sim_args[1::2]))
     return SimConfig(**{k.removeprefix("--").replace("-", "_"): v for k, v in opts.items()})
 

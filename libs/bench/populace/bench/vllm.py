@@ -131,7 +131,7 @@ def calibrate(*, prefill_tokens: float, prefill_s: float, decode_prompt_tokens: 
 
 
 def sim_args(fields: dict, time_scale: float = 1.0) -> list[str]:
-    """`python -m populace.gateway.sim` flags for SimConfig `fields`."""
+    """`python -m populace.replicas.sim` flags for SimConfig `fields`."""
     args = [a for k, v in fields.items() for a in (f"--{k.replace('_', '-')}", str(v))]
     return [*args, "--time-scale", str(time_scale)]
 
@@ -316,7 +316,7 @@ def machine() -> dict:
             cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
     except OSError:
         pass
-    from populace.gateway import vllm_cpu
+    from populace.replicas import vllm_cpu
 
     return {"cpus": os.cpu_count(), "cpu": cpu, "python": platform.python_version(),
             "platform": platform.platform(), "vllm": f"vllm-cpu {vllm_cpu.VERSION}",
@@ -326,7 +326,7 @@ def machine() -> dict:
 
 
 def start_replicas(count: int, log_dir: str):
-    from populace.gateway.launch import start_vllm_cpu
+    from populace.replicas.launch import start_vllm_cpu
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(KV_GIB))
     os.environ["VLLM_SERVER_DEV_MODE"] = "1"  # /reset_prefix_cache between runs
@@ -335,7 +335,7 @@ def start_replicas(count: int, log_dir: str):
 
 def run_affinity(infos: list, *, personas_k: int, chars: int, requests: int, concurrency: int,
                  log, log_dir: str) -> dict:
-    from populace.gateway.launch import start_sim, wait_healthy
+    from populace.replicas.launch import start_sim, wait_healthy
 
     work = persona_work(personas_k, chars, requests)
 
@@ -356,7 +356,7 @@ def run_affinity(infos: list, *, personas_k: int, chars: int, requests: int, con
     probes = asyncio.run(calibration_probes(infos, per_replica, chars))
     # simulated tokens per real token, on this workload's prompts
     real_prompt = statistics.mean(real[r]["prompt_tokens"] / real[r]["requests"] for r in ROUTERS)
-    from populace.gateway.sim import count_tokens, prompt_text
+    from populace.replicas.sim import count_tokens, prompt_text
 
     sim_prompt = statistics.mean(count_tokens(prompt_text([{"role": "system", "content": s},
                                                            {"role": "user", "content": p[0]}])) for s, p in work)
@@ -437,8 +437,8 @@ def run_vllm_bench(*, personas_k: int, chars: int, requests: int, concurrency: i
                    quiet: bool = False) -> dict:
     """The whole bench: starts two vLLM replicas (or uses `replica_urls`, started with
     VLLM_SERVER_DEV_MODE=1), runs what is asked and stops what it started."""
-    from populace.gateway.launch import wait_healthy
-    from populace.gateway.vllm_cpu import MODEL_NAME
+    from populace.replicas.launch import wait_healthy
+    from populace.replicas.vllm_cpu import MODEL_NAME
 
     log = (lambda *a: None) if quiet else (lambda m: print(m, file=sys.stderr, flush=True))
     log_dir = tempfile.mkdtemp(prefix="populace-bench-vllm-")

@@ -230,7 +230,7 @@ def _llm_personas(cfg: PopulationConfig, backend: str, gen_profiles: list[dict],
         from populace.client.stack import Stack, StackError
 
         if backend == "local":  # before the stack: its replicas would wait on a build for minutes
-            from populace.gateway import llamacpp
+            from populace.replicas import llamacpp
 
             try:
                 llamacpp.ensure()

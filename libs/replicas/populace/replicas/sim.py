@@ -8,7 +8,7 @@ Layers (each usable on its own):
                counters, metrics text. No HTTP.
 - `make_app`   a Starlette ASGI app over a `SimReplica` (`app.state.replica`).
 - `SimServer`  runs uvicorn in the current event loop on a port it binds itself (port=0: any free one).
-- `main`       CLI: `python -m populace.gateway.sim --port 8100 --replica-id sim-0 ...`.
+- `main`       CLI: `python -m populace.replicas.sim --port 8100 --replica-id sim-0 ...`.
 """
 
 from __future__ import annotations
@@ -472,7 +472,7 @@ async def serve(cfg: SimConfig, host: str = "127.0.0.1", port: int = 0) -> SimSe
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m populace.gateway.sim", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m populace.replicas.sim", description=__doc__.splitlines()[0])
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8100)
     for name, field in SimConfig.model_fields.items():

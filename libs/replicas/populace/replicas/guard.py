@@ -1,6 +1,6 @@
 """Run a server so that it can never outlive whoever started it, children included:
 
-    python -m populace.gateway.guard GRACE_S -- COMMAND [ARG …]
+    python -m populace.replicas.guard GRACE_S -- COMMAND [ARG …]
 
 The guard leads a process group (its starter gives it a new session) and runs COMMAND in it.
 When the guard is told to stop (SIGTERM or SIGINT; die_with_parent sends SIGTERM when the
@@ -63,7 +63,7 @@ def stop_group(child: subprocess.Popen, grace_s: float) -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) < 3 or argv[1] != "--":
-        print("usage: python -m populace.gateway.guard GRACE_S -- COMMAND [ARG …]", file=sys.stderr)
+        print("usage: python -m populace.replicas.guard GRACE_S -- COMMAND [ARG …]", file=sys.stderr)
         return 2
     grace_s, command = float(argv[0]), argv[2:]
     stop = []

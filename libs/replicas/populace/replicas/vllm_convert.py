@@ -1,5 +1,5 @@
 """SmolLM2's GGUF → a Hugging Face safetensors directory vLLM can serve (vLLM 0.32 has no
-GGUF loader). Run by populace.gateway.vllm_cpu with the vLLM environment's Python (which has
+GGUF loader). Run by populace.replicas.vllm_cpu with the vLLM environment's Python (which has
 transformers, torch, gguf and accelerate), as a script: it imports nothing from populace.
 
     python vllm_convert.py GGUF_FILE OUT_DIR

