@@ -43,7 +43,7 @@ from populace.core.service import MAX_DELIVERIES, Service
 from populace.core.settings import Settings
 from populace.core.telemetry import tracer
 from populace.recorder.columns import BadColumns, check_outcomes
-from populace.recorder.reads import Reads, serve_reads
+from populace.recorder.read_server import Reads, serve_reads
 from populace.recorder.store import DiskFull, Event, Store, StoreError
 
 DESCRIPTION = ("Writes every run event to DuckDB exactly once (each simulation's own outcome and "
