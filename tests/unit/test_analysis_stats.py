@@ -7,7 +7,8 @@ import math
 import pytest
 
 from populace.analysis import AnalysisError, mean_ci, share_ci, summary, wilson_interval
-from populace.analysis.queries import NONE_GROUP, _labels_for, _leader
+from populace.analysis.queries.attribute_groups import NONE_GROUP, _labels_for
+from populace.analysis.queries.sql_parts import _leader
 from populace.analysis.report import describe, histogram_bins, params_text, shown_rounds
 from populace.analysis.tables import plural
 

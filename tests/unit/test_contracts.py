@@ -3,7 +3,9 @@ its invariants; subject helpers build bounded, well-formed subjects."""
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import pkgutil
 
 import pytest
 from pydantic import BaseModel, ValidationError
@@ -166,11 +168,27 @@ INSTANCES: dict[str, BaseModel] = {
 }
 
 
+def _family_modules():
+    """The package's modules, one per contract family (run_config, run_events, …)."""
+    return [importlib.import_module(f"{c.__name__}.{m.name}") for m in pkgutil.iter_modules(c.__path__)]
+
+
 def test_every_wire_model_is_covered():
-    defined = {name for name, obj in vars(c).items()
+    # every model any family module defines (a model re-exported from elsewhere is not its own)
+    defined = {name for module in _family_modules() for name, obj in vars(module).items()
                if inspect.isclass(obj) and issubclass(obj, BaseModel)
-               and obj.__module__ == c.__name__ and name not in ("Strict", "Wire")}
+               and obj.__module__ == module.__name__ and name not in ("Strict", "Wire")}
     assert defined == set(INSTANCES)
+
+
+def test_every_family_name_is_importable_from_the_package():
+    # users and services import `from populace.core.contracts import X`, whichever family X is in
+    for module in _family_modules():
+        public = {name for name, obj in vars(module).items() if not name.startswith("_")
+                  and getattr(obj, "__module__", module.__name__) == module.__name__ and not inspect.ismodule(obj)}
+        missing = {name for name in public if getattr(c, name, None) is not getattr(module, name)}
+        assert not missing, f"{module.__name__} defines {sorted(missing)}, not re-exported by {c.__name__}"
+        assert public <= set(c.__all__)
 
 
 @pytest.mark.parametrize("name", sorted(INSTANCES))

@@ -10,7 +10,7 @@ import pytest
 from populace_ratio_game.rules import partial_of
 
 from populace.core.contracts import ConfigRef, RoundOpen, RoundPartial, RunConfig
-from populace.environment.tally import BadPartial, EnvironmentFailed, RunTally
+from populace.environment.run_tally import BadPartial, EnvironmentFailed, RunTally
 from populace.sdk.registry import resolve
 
 CONFIG = RunConfig(agents=7, rounds=3)

@@ -85,7 +85,7 @@ async def test_without_a_snapshots_store_the_recorder_still_starts_and_says_why(
 
     from populace.core import bus
     from populace.core.contracts import SnapshotReply, SnapshotRequest
-    from populace.recorder.reads import Reads
+    from populace.recorder.read_server import Reads
 
     async def refused(*_a, **_k):
         raise PermissionError("Permissions Violation for $JS.API.STREAM.CREATE.OBJ_snapshots")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from populace.analysis.report.answers import page_count, profile_text, reasoning_of, shown_note
+from populace.analysis.report.answer_rows import page_count, profile_text, reasoning_of, shown_note
 from populace.analysis.report.comparison import comparison_params, comparison_rounds, share_series
 from populace.analysis.report.intervals import clip_interval, padded_range
 from populace.analysis.report.text import flat_params, manifest_model_names, model_text

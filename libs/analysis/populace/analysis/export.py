@@ -45,7 +45,7 @@ from pathlib import Path
 
 import duckdb
 
-from populace.analysis.queries import _check_runs
+from populace.analysis.queries.lookup import _check_runs
 from populace.analysis.tables import has_table, q, run_tables
 
 PLATFORM_TABLES = ("runs", "agents", "agent_profiles", "llm_calls")

@@ -26,16 +26,15 @@ from collections.abc import Sequence
 import duckdb
 
 from populace.analysis.interview_tables import SCHEMA
-from populace.analysis.queries import (
+from populace.analysis.queries.attribute_groups import (
     LEVEL,
     NONE_GROUP,
-    _check_runs,
-    _has_table,
     _json_path,
     _labels_for,
     _parse_attr,
     group_attributes,
 )
+from populace.analysis.queries.lookup import _check_runs, _has_table
 from populace.analysis.stats import AnalysisError, mean_ci, share_ci, t_interval
 
 MAX_EXAMPLES = 3  # free-text answers shown per question and group

@@ -36,7 +36,8 @@ import duckdb
 import numpy as np
 from scipy.stats import wasserstein_distance
 
-from populace.analysis.queries import NONE_GROUP, _check_runs, _json_path, _labels_for, _parse_attr, tables_of
+from populace.analysis.queries.attribute_groups import NONE_GROUP, _json_path, _labels_for, _parse_attr
+from populace.analysis.queries.lookup import _check_runs, tables_of
 from populace.analysis.stats import AnalysisError
 
 BOOTSTRAP = 1000

@@ -23,7 +23,8 @@ from itertools import pairwise
 import duckdb
 import numpy as np
 
-from populace.analysis.queries import NONE_GROUP, _json_path, _labels_for, _parse_attr, tables_of
+from populace.analysis.queries.attribute_groups import NONE_GROUP, _json_path, _labels_for, _parse_attr
+from populace.analysis.queries.lookup import tables_of
 from populace.analysis.stats import AnalysisError
 from populace.analysis.tables import has_table, q
 from populace.graph.csr import Graph

@@ -26,7 +26,7 @@ from populace.core.scenario import format_validation_error
 from populace.core.service import Refused, Service, control_pull
 from populace.core.settings import Settings
 from populace.core.telemetry import tracer
-from populace.environment.tally import BadPartial, EnvironmentFailed, RunTally
+from populace.environment.run_tally import BadPartial, EnvironmentFailed, RunTally
 from populace.sdk.play import RoundPaused
 from populace.sdk.registry import resolve
 from populace.sdk.simulation import SimulationError

@@ -45,7 +45,7 @@ from populace.core.settings import Settings
 from populace.core.telemetry import tracer
 from populace.population.by_digest import ByDigest
 from populace.recorder.columns import BadColumns, check_outcomes
-from populace.recorder.reads import Reads, serve_reads
+from populace.recorder.read_server import Reads, serve_reads
 from populace.recorder.store import DiskFull, Event, Store, StoreError, profile_rows
 
 DESCRIPTION = ("Writes every run event to DuckDB exactly once (each simulation's own outcome and "

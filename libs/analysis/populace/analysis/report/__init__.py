@@ -8,7 +8,7 @@ any simulation (``render_report``, ``write_report``).
 
 The package, one concern per module: ``sections`` (what one run's report shows, read from
 DuckDB), ``comparison`` (several runs), ``figures`` (Plotly figures from table rows),
-``intervals`` (CIs cut to the measure's range, padded axes), ``answers`` (invalid answers and
+``intervals`` (CIs cut to the measure's range, padded axes), ``answer_rows`` (invalid answers and
 reasoning, capped), ``text`` (wording and number formats), ``blocks`` (what a page is made
 of), ``page`` (Jinja2 templates in ``templates/``, plotly.js inlined once)."""
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import plotly.graph_objects as go
 
-from populace.analysis.report.answers import PAGE_SIZE, AnswerRows
+from populace.analysis.report.answer_rows import PAGE_SIZE, AnswerRows
 
 
 @dataclass

@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from populace.analysis.interviews import interview_questions, interview_table, interview_usage, panel_table
-from populace.analysis.report.answers import MAX_ANSWER_ROWS, PAGE_SIZE, AnswerRows, profile_text, shown_note
+from populace.analysis.report.answer_rows import MAX_ANSWER_ROWS, PAGE_SIZE, AnswerRows, profile_text, shown_note
 from populace.analysis.report.blocks import Heading, Note, Plot, Section, Table
 from populace.analysis.report.figures import (
     PANEL_HEIGHT,

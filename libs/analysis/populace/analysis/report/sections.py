@@ -41,7 +41,7 @@ from populace.analysis.queries import (
     last_round,
 )
 from populace.analysis.report import figures
-from populace.analysis.report.answers import AnswerRows, answer_rows, invalid_rows
+from populace.analysis.report.answer_rows import AnswerRows, answer_rows, invalid_rows
 from populace.analysis.report.blocks import (
     Details,
     Heading,

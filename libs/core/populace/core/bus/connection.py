@@ -1,0 +1,101 @@
+"""Connecting to NATS: the servers of a cluster, credentials from the settings (each user with
+its own inboxes), and the permission violations the server reports, named plainly."""
+
+from __future__ import annotations
+
+import asyncio
+
+import nats
+from nats.aio.client import Client
+
+from populace.core import logs
+
+log = logs.get("populace.bus")  # every part of the bus logs under one name
+
+
+def servers(url: str) -> list[str]:
+    """POPULACE_NATS_URL may list several servers of a cluster, comma-separated."""
+    return [u.strip() for u in url.split(",") if u.strip()]
+
+
+def credentials(settings=None) -> dict:
+    """nats-py connect() options from settings (POPULACE_NATS_USER / POPULACE_NATS_PASSWORD),
+    if set: the user, its password, and its own inbox prefix (deploy/nats/auth.conf lets each
+    user subscribe to `_INBOX_<user>.>` only, so no user reads another's replies)."""
+    from populace.core.settings import Settings
+
+    s = settings or Settings()
+    if not s.nats_user:
+        return {}
+    return {"user": s.nats_user, "password": s.nats_password, "inbox_prefix": inbox_prefix(s.nats_user)}
+
+
+def inbox_prefix(user: str) -> str:
+    return f"_INBOX_{user}"
+
+
+class PermissionDenied(ConnectionError):
+    """The NATS server refused this process's user something it asked (deploy/nats/auth.conf):
+    a publish it makes waits for an answer that never comes, so it is named at once instead."""
+
+
+class _Denials:
+    """Permission violations the server reported to connections made by `connect`: how many so
+    far and the last (user, error). `until_ready` turns a timeout that came with a new one into
+    PermissionDenied."""
+
+    count = 0
+    last = ("", "")
+
+
+denials = _Denials()
+
+
+def _recording(user: str, error_cb):
+    async def on_error(err: Exception) -> None:
+        if "permissions violation" in str(err).lower():
+            denials.count += 1
+            denials.last = (user, str(err))
+            log.error("nats_permission_denied", user=user, error=str(err))
+        if error_cb is not None:
+            await error_cb(err)
+
+    return on_error
+
+
+def refusal() -> str | None:
+    """The last permission NATS refused this process (connections made by `connect`), said
+    plainly: a command that timed out says this instead of "cannot reach NATS"."""
+    if not denials.count:
+        return None
+    user, error = denials.last
+    return (f"NATS refused user {user!r}: {error.removeprefix('nats: ')} — its grants are in "
+            "deploy/nats/auth.conf (deploy/AUTH.md)")
+
+
+async def connect(url: str, name: str, **kw) -> Client:
+    """A nats-py connection that reconnects forever; credentials default to the settings'."""
+    opts = {**credentials(), **kw}
+    if kw.get("user") and "inbox_prefix" not in kw:  # another user than the settings': its own inboxes
+        opts["inbox_prefix"] = inbox_prefix(kw["user"])
+    if opts.get("user"):
+        opts["error_cb"] = _recording(opts["user"], opts.get("error_cb"))
+    return await nats.connect(
+        servers(url), name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5, **opts
+    )
+
+
+async def connect_or_fail(url: str, name: str, timeout_s: float = 10.0, **kw) -> Client:
+    """For commands, not services: the first connection must succeed within `timeout_s`, else
+    ConnectionError naming the URL and nats-py's last error (instead of retrying forever with a
+    traceback per attempt). Once connected it reconnects like any service connection."""
+    errors: list[str] = []
+
+    async def remember(err: Exception) -> None:
+        errors.append(f"{type(err).__name__}: {err}")
+
+    try:
+        return await asyncio.wait_for(connect(url, name, error_cb=remember, **kw), timeout_s)
+    except Exception as err:
+        last = errors[-1] if errors else f"{type(err).__name__}: {err}"
+        raise ConnectionError(f"cannot connect to NATS at {url}: {last}") from None

@@ -1,0 +1,57 @@
+"""Asking JetStream again through what is transient (a new stream's leader election, a cluster
+whose routes are not up yet, a connection caught mid-reconnect), and only that."""
+
+from __future__ import annotations
+
+import asyncio
+
+import nats
+import nats.errors
+from nats.js.errors import BadRequestError, NoStreamResponseError, ServiceUnavailableError
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+from populace.core import logs
+from populace.core.bus.connection import PermissionDenied, denials, refusal
+
+log = logs.get("populace.bus")  # every part of the bus logs under one name
+
+
+# A replicated stream that was just created has no Raft leader for a moment: API calls then
+# time out or get "no response from stream". Those are transient; anything else is not.
+TRANSIENT = (nats.errors.TimeoutError, asyncio.TimeoutError, nats.errors.NoRespondersError,
+             NoStreamResponseError, ServiceUnavailableError)
+# A cluster whose servers have just started may not know its peers yet: placing a replicated
+# stream then fails with "no suitable peers for placement" until the routes are up.
+NO_PEERS_YET = 10005
+
+
+def _transient(err: Exception) -> bool:
+    return (isinstance(err, TRANSIENT) or (isinstance(err, BadRequestError) and err.err_code == NO_PEERS_YET)
+            or _closed_transport(err))
+
+
+def _closed_transport(err: Exception) -> bool:
+    """A write caught between a nats-server's death and the client noticing it: uvloop refuses
+    to write to the closed socket ("unable to perform operation on <TCPTransport closed=True …>;
+    the handler is closed"). The client reconnects on its own; asking again then succeeds."""
+    return isinstance(err, RuntimeError) and "TCPTransport closed=True" in str(err)
+
+
+async def until_ready(step, what: str, attempts: int = 12, delay_s: float = 0.25):
+    """Run `step()` until it succeeds, retrying transient JetStream errors (bounded: the last
+    error is raised as it is; so is any other error, at once). Waits double from `delay_s`, up to 2 s."""
+    refused = denials.count
+
+    def again(err: BaseException) -> bool:
+        if denials.count > refused and isinstance(err, TRANSIENT):
+            raise PermissionDenied(f"{what}: {refusal()}") from err
+        return _transient(err)
+
+    async for attempt in AsyncRetrying(
+        retry=retry_if_exception(again), stop=stop_after_attempt(attempts),
+        wait=wait_exponential(multiplier=delay_s, max=2.0), reraise=True,
+        before_sleep=lambda rs: log.info("jetstream_not_ready", what=what, attempt=rs.attempt_number,
+                                         error=type(rs.outcome.exception()).__name__),
+    ):
+        with attempt:  # `step` may be a lambda returning a coroutine: awaited here, not by tenacity
+            return await step()

@@ -1,0 +1,236 @@
+"""The control plane: commands (start, cancel, resume a run, interview it after the fact), the
+registry entries of hosts and services, and a run's state in KV `runs` with its placement
+(shares). Unknown fields are an error."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+from populace.core.contracts.questions import InterviewId, Survey
+from populace.core.contracts.run_config import Budget, ConfigRef, RunConfig, Usage
+from populace.core.contracts.wire_base import (
+    SCHEMA_VERSION,
+    SHA256,
+    FiniteFloat,
+    RunId,
+    Strict,
+    _check_token,
+    _not_bool,
+)
+
+
+class WorldRef(Strict):
+    """Where a simulation's world is (a checkpoint object, Arrow IPC) and the sha256 it must have:
+    a reader uses it only if its bytes still have it."""
+
+    name: Annotated[str, Field(min_length=1, max_length=200)]
+    digest: SHA256
+
+
+class Restore(Strict):
+    """Where a run's agents and environment start from: the checkpoint of `run_id` taken
+    after `round` (its own, on resume; its parent's, for a fork). `ranges` are the agent id
+    ranges the checkpoint was written in (one object per range), filled by the orchestrator."""
+
+    run_id: RunId
+    round: int = Field(ge=1)
+    ranges: list[tuple[int, int]] = []
+    # checkpoint object name -> the sha256 of its bytes, as its writer reported when the round
+    # closed (filled by the orchestrator from KV `runs`): a reader uses only what matches
+    digests: dict[str, SHA256] = {}
+
+    _tok = field_validator("run_id")(_check_token)
+
+
+class Layout(Strict):
+    """The agent id ranges a run's hosts played (and checkpointed) from `from_round` on."""
+
+    from_round: int = Field(ge=1)
+    ranges: list[tuple[int, int]]
+    shares: list[str] = []  # the key of the share that played each range (parallel to `ranges`)
+
+
+class RunStart(Strict):
+    v: Literal[1] = SCHEMA_VERSION
+    run_id: RunId
+    config: RunConfig
+    requested_at: float = Field(default_factory=time.time)
+    manifest: dict | None = None  # reproducibility manifest, stored with the run
+    fork: Restore | None = None  # start from another run's state after one of its rounds
+
+    _tok = field_validator("run_id")(_check_token)
+
+
+class RunCancel(Strict):
+    """Stop a run at once; what was recorded stays, and it can be resumed."""
+
+    v: Literal[1] = SCHEMA_VERSION
+    run_id: RunId
+    reason: str = Field("cancelled by the user", max_length=1000)
+    requested_at: float = Field(default_factory=time.time)
+
+    _tok = field_validator("run_id")(_check_token)
+
+
+class RunResume(Strict):
+    """Continue a failed, cancelled or paused run from its last completed round."""
+
+    v: Literal[1] = SCHEMA_VERSION
+    run_id: RunId
+    budget: Budget | None = None  # replaces the run's budget (e.g. to continue after it paused on it)
+    requested_at: float = Field(default_factory=time.time)
+
+    _tok = field_validator("run_id")(_check_token)
+
+
+class InterviewRequest(Strict):
+    """Ask a survey after the fact, of a run's agents as they were after `after_round`: every
+    agent, a seeded `sample` share of them, or `agents` (`populace interview`). It plays no
+    round and writes no checkpoint: agent-hosts answer from the round's verified checkpoint,
+    each agent on a copy. `request` names it (its answers' `request` column)."""
+
+    v: Literal[1] = SCHEMA_VERSION
+    run_id: RunId
+    request: InterviewId
+    after_round: int = Field(ge=1, le=10_000)
+    survey: Survey
+    sample: FiniteFloat | None = Field(None, gt=0, le=1)
+    agents: list[Annotated[int, BeforeValidator(_not_bool), Field(ge=0, lt=100_000_000)]] | None = Field(
+        None, min_length=1, max_length=1_000_000)
+    requested_at: float = Field(default_factory=time.time)
+
+    _tok = field_validator("run_id")(_check_token)
+
+    @model_validator(mode="after")
+    def _who(self) -> InterviewRequest:
+        if self.sample is not None and self.agents is not None:
+            raise ValueError("sample, agents: give one of them (or neither: every agent)")
+        return self
+
+
+class HostInfo(Strict):
+    """An agent-host's registry entry (KV `hosts`), refreshed by heartbeats."""
+
+    v: Literal[1] = SCHEMA_VERSION
+    host_id: str
+    capacity: int = Field(ge=1)
+    agents: int = Field(0, ge=0)  # a negative count would claim more room than `capacity`
+    pid: int
+    started_at: float
+    heartbeat_at: float
+
+    _tok = field_validator("host_id")(_check_token)
+
+
+class ServiceInfo(Strict):
+    v: Literal[1] = SCHEMA_VERSION
+    service: str
+    instance: str
+    pid: int
+    heartbeat_at: float
+
+
+def share_key(host_id: str, epoch: int) -> str:
+    """A share's name: the host that plays it and the epoch it was placed in."""
+    return f"{host_id}@{epoch}"
+
+
+class Share(Strict):
+    """Agents one host plays for a run, placed in one epoch: the unit of placement, recovery
+    and integrity. Its key `host@epoch` is what its outcome batches and partial carry (host_id
+    and epoch); once a re-placement or a resume replaces it, nothing of it counts from
+    `from_round` of its replacement on."""
+
+    host_id: str
+    epoch: int = Field(0, ge=0)
+    ranges: list[tuple[int, int]]  # (first_agent_id, count)
+    from_round: int = Field(1, ge=1)  # the first round it plays (a replacement replays the one in play)
+    incarnation: float | None = None  # the host process's start time when placed: a restart loses the share
+
+    _tok = field_validator("host_id")(_check_token)
+
+    @property
+    def key(self) -> str:
+        return share_key(self.host_id, self.epoch)
+
+    @property
+    def count(self) -> int:
+        return sum(c for _, c in self.ranges)
+
+
+# A run's status groups, shared by the orchestrator's decisions and the CLI's checks.
+ACTIVE_STATUSES = ("spawning", "running")
+RESUMABLE_STATUSES = ("failed", "cancelled", "paused")  # `populace resume` continues these
+
+
+class RunState(Strict):
+    """Run state in KV `runs`, advanced only by compare-and-swap. The environment's state and
+    the next round's observation are the simulation's (opaque here): they travel with each
+    round open, so the environment keeps no state between rounds that a restart could lose."""
+
+    v: Literal[1] = SCHEMA_VERSION
+    run_id: str
+    status: Literal["spawning", "running", "done", "failed", "cancelled", "paused"]
+    config: RunConfig
+    # `config` by digest, as round opens name it (default: `config` from round 1); the
+    # orchestrator sets it with every change of `config`
+    config_ref: ConfigRef | None = None
+    shares: list[Share]  # the placement: which host plays which agent ids, since which epoch
+    spawned: list[str] = []  # keys of the shares whose agents exist
+    # While running: the round being played; otherwise the last completed one (0: none yet).
+    round: int = 0
+    # Bumped by every placement after the first (a resume, a re-placement): the newest epoch.
+    epoch: int = 0
+    restore: Restore | None = None  # where the agents' state comes from when they spawn
+    layouts: list[Layout] = []  # the ranges of each placement, to find a round's checkpoints
+    env_state: dict | None = None  # after the last closed round; None before round 1
+    observation: dict | None = None  # what the agents see in the next round
+    selection: dict | None = None  # who acts in the next round (None: everyone)
+    world: WorldRef | None = None  # the world the next round plays in (a simulation with a World)
+    reason: str | None = None
+    phase_at: float = Field(default_factory=time.time)  # when spawning began or the round in play opened
+    nudged: int = 0  # times the round in play (or the spawn) was announced again for its deadline
+    used: Usage = Usage()  # LLM work of the completed rounds
+    last_round: Usage = Usage()  # the last completed round's: what the next one likely needs
+    interviews: Usage = Usage()  # LLM work of the planned interviews, as the hosts reported it (apart from `used`)
+    # The last completed round's checkpoint objects -> the sha256 of their bytes, as their
+    # writers reported them (each share its own ranges', the environment its own): a restore
+    # uses an object only if it still matches. Only the orchestrator writes KV `runs`.
+    checkpoints: dict[str, SHA256] = {}
+    updated_at: float = Field(default_factory=time.time)
+
+    @model_validator(mode="after")
+    def _config_referenced(self) -> RunState:
+        if self.config_ref is None:
+            object.__setattr__(self, "config_ref", ConfigRef.of(self.config))  # frozen: once, during validation
+        return self
+
+    @property
+    def placement(self) -> dict[str, list[tuple[int, int]]]:
+        """host_id -> its ranges (every share of the host)."""
+        out: dict[str, list[tuple[int, int]]] = {}
+        for sh in self.shares:
+            out.setdefault(sh.host_id, []).extend(sh.ranges)
+        return out
+
+    def share(self, key: str) -> Share | None:
+        return next((sh for sh in self.shares if sh.key == key), None)
+
+
+class RunHead(BaseModel):
+    """What a round open is checked against in a run state (KV `runs`), read without its
+    config: a receiver validates a run's config once (populace.core.runconfigs), not per round."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    run_id: str
+    status: Literal["spawning", "running", "done", "failed", "cancelled", "paused"]
+    config_ref: ConfigRef | None = None
+    shares: list[Share]
+    round: int = 0
+    epoch: int = 0
+    env_state: dict | None = None
+    observation: dict | None = None

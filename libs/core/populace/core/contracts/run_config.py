@@ -1,0 +1,251 @@
+"""The run configuration: a scenario file validated (`RunConfig`) with the platform's sections
+(model, placement, population, graph, broadcasts, budget, planned interviews), the LLM work a
+run spends (`Usage`), and a config by reference (`ConfigRef`)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from populace.core import metrics
+from populace.core.contracts.questions import PlannedInterview
+from populace.core.contracts.wire_base import SHA256, Count, FiniteFloat, Strict, _finite_json
+
+
+class ModelConfig(Strict):
+    """Which model answers. `dummy` is the paper's dummy benchmark (a seeded answer that
+    satisfies the request's JSON schema, after `latency_s`); `local` is SmolLM2 on llama.cpp
+    replicas on this machine; `sim` is simulated vLLM replicas; `openai` is any registered
+    OpenAI-compatible replica (vLLM)."""
+
+    backend: Literal["dummy", "local", "sim", "openai"] = "dummy"
+    latency_s: FiniteFloat = Field(0.05, ge=0, le=3600)  # dummy only
+    seed: Count = 0
+    name: str | None = None  # model name sent to replicas; default: the replica's own
+    max_tokens: Count = Field(48, ge=1, le=8192)
+    temperature: FiniteFloat = Field(0.7, ge=0, le=2)
+
+
+class PlacementConfig(Strict):
+    # 0 = many agents per process (time-share a core while they wait on the LLM);
+    # 1 = one agent per OS process (compute-heavy agents, no GIL contention).
+    agents_per_process: Literal[0, 1] = 0
+
+
+# The JSON-schema mark of a field that names a file the client reads before the run (the
+# personas, a population YAML, an edge list): a reader confined to one folder (the manager's
+# start form) finds every such field by it, a future one included.
+SCENARIO_FILE: dict[str, Any] = {"format": "scenario-file"}
+
+
+class PopulationRef(Strict):
+    """Who the agents are. Exactly one source: `personas`, a JSONL file written by
+    `populace personas generate` (one agent per line, in order), or `config`, a population
+    YAML from which template personas are built for this run (seeded by the run's seed).
+    Paths are relative to the scenario file. The client uploads the personas to the bus's
+    object store before the run and sets `digest`; hosts and the recorder read them from there."""
+
+    personas: str | None = Field(None, min_length=1, json_schema_extra=SCENARIO_FILE,
+                                 description="a personas JSONL (`populace personas generate`), one agent a line")
+    config: str | None = Field(None, min_length=1, json_schema_extra=SCENARIO_FILE,
+                               description="a population YAML: template personas built for this run")
+    digest: SHA256 | None = None  # sha256 of the uploaded personas JSONL (set by the client)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> PopulationRef:
+        if (self.personas is None) == (self.config is None):
+            raise ValueError("population: give exactly one of `personas` (a JSONL file) or "
+                             "`config` (a population YAML)")
+        return self
+
+
+# A simulation is named by its entry point (`ratio-game`) or an import path (`pkg.mod:Class`).
+SimulationName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:-]+$")]
+DEFAULT_SIMULATION = "ratio-game"
+
+
+class GraphRef(BaseModel):
+    """Who hears whom: the scenario's `graph:` section. Its generator's keys are validated by
+    `populace.graph.parse_graph` (errors name the field); the client builds the graph before
+    the run, uploads it to the `graphs` object store and sets `digest` (and `order`, the
+    relabelling `placement: partition` chose). Hosts read it from there."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    # partition: number agents so that each host's contiguous range is a part of the graph
+    # (most edges stay on one host); ids: keep the generator's or edge list's ids as agent ids
+    placement: Literal["partition", "ids"] = "partition"
+    digest: SHA256 | None = None  # sha256 of the stored graph (set by the client)
+    order: SHA256 | None = None  # sha256 of the agent → graph-node order, when relabelled
+
+    @property
+    def spec(self) -> dict:
+        """The generator's own keys, as written."""
+        return dict(self.model_extra or {})
+
+
+class Broadcast(Strict):
+    """A message the platform puts in chosen agents' inboxes at the start of `round` (a
+    campaign, a rumour): every agent, the `count` agents heard by the most others (the graph's
+    top out-degree), or the listed agent ids. Agents read it as a message from author -1."""
+
+    round: Count = Field(ge=1, le=10_000)
+    text: str = Field(min_length=1, max_length=10_000)
+    fields: dict[str, Any] = {}  # the simulation's post fields, e.g. {stance: 1.0}
+    to: Literal["all", "top-degree", "agents"] = "all"
+    count: Count | None = Field(None, ge=1)  # top-degree: how many
+    agents: list[Count] | None = None  # to: agents
+
+    @model_validator(mode="after")
+    def _target(self) -> Broadcast:
+        if self.to == "top-degree" and self.count is None:
+            raise ValueError("count: `to: top-degree` needs how many agents (count: N)")
+        if self.to == "agents" and not self.agents:
+            raise ValueError("agents: `to: agents` needs the list of agent ids")
+        if self.to != "agents" and self.agents is not None:
+            raise ValueError("agents: only with `to: agents`")
+        _finite_json(self.fields)
+        return self
+
+
+class Budget(Strict):
+    """What a run may spend on LLM work. Before a round that would go past it, the run pauses
+    with a reason; `populace resume RUN --budget-tokens N` raises it and continues."""
+
+    tokens: Count | None = Field(None, ge=1)  # prompt + completion tokens
+    llm_calls: Count | None = Field(None, ge=1)  # answered calls (an agent's `ask`)
+
+
+class Usage(Strict):
+    """LLM work done: in a share's round, a round, or a whole run (they add up)."""
+
+    # recorded in every round table, next to the simulation's summary
+    RECORDED: ClassVar[tuple[str, ...]] = ("llm_calls", "prompt_tokens", "completion_tokens", "infra_retries")
+
+    llm_calls: int = Field(0, ge=0)  # answered calls
+    prompt_tokens: int = Field(0, ge=0)
+    completion_tokens: int = Field(0, ge=0)
+    # sum over answered calls of (prompt + completion tokens)²: the spread, for estimates
+    tokens_sq: float = Field(0.0, ge=0, allow_inf_nan=False)
+    # prompts asked again because no model answered them: infrastructure, never an answer
+    infra_retries: int = Field(0, ge=0)
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(llm_calls=self.llm_calls + other.llm_calls,
+                     prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+                     completion_tokens=self.completion_tokens + other.completion_tokens,
+                     tokens_sq=self.tokens_sq + other.tokens_sq,
+                     infra_retries=self.infra_retries + other.infra_retries)
+
+
+class RunConfig(BaseModel):
+    """A scenario file, validated. The platform owns the keys declared here; every other
+    top-level key (e.g. the ratio game's `game:` and `prompt:`) belongs to the simulation
+    and is validated by its parameters model (`populace.sdk`), which names the field on error.
+    Those keys are kept as they were written, flat, so a scenario and its config read alike."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    simulation: SimulationName = DEFAULT_SIMULATION
+    name: str = Field("", max_length=200)  # default: the simulation's name
+    agents: Count = Field(1000, ge=1, le=100_000_000)
+    rounds: Count = Field(3, ge=1, le=10_000)
+    seed: Count = 0
+    model: ModelConfig = ModelConfig()
+    placement: PlacementConfig = PlacementConfig()
+    population: PopulationRef | None = None
+    budget: Budget | None = None
+    graph: GraphRef | None = None  # agents hear their in-neighbours' posts of the round before
+    broadcasts: list[Broadcast] = []  # messages the platform puts in inboxes (needs a graph)
+    interviews: list[PlannedInterview] = []  # surveys asked after rounds (populace.sdk.interview)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _counted(cls, data: Any) -> Any:
+        # every validation of a run's config passes here, nested ones too (inside a message or
+        # a run state): counted, so a path that validates a config it already has shows up. An
+        # instance taken as it is (pydantic does not validate it again) is not counted.
+        if not isinstance(data, RunConfig):
+            metrics.RUN_CONFIGS_VALIDATED.inc()
+        return data
+
+    @model_validator(mode="after")
+    def _named(self) -> RunConfig:
+        if not self.name:
+            object.__setattr__(self, "name", self.simulation)  # frozen: once, during validation
+        return self
+
+    @model_validator(mode="after")
+    def _one_per_process_is_bounded(self) -> RunConfig:
+        if self.placement.agents_per_process == 1 and self.agents > 10_000:
+            raise ValueError(
+                "placement.agents_per_process: 1 starts one OS process per agent; "
+                f"{self.agents} agents is too many (max 10000)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _broadcasts_fit(self) -> RunConfig:
+        for i, b in enumerate(self.broadcasts):
+            where = f"broadcasts.{i}"
+            if self.graph is None:
+                raise ValueError(f"{where}: broadcasts go to inboxes, which need a `graph:`")
+            if b.round > self.rounds:
+                raise ValueError(f"{where}.round: {b.round} is after the run's last round ({self.rounds})")
+            if b.count is not None and b.count > self.agents:
+                raise ValueError(f"{where}.count: {b.count} is more than the run's {self.agents} agents")
+            bad = [a for a in b.agents or () if a >= self.agents]
+            if bad:
+                raise ValueError(f"{where}.agents: agent {bad[0]} does not exist (ids are 0..{self.agents - 1})")
+        return self
+
+    @model_validator(mode="after")
+    def _interviews_fit(self) -> RunConfig:
+        seen: set[str] = set()
+        for i, plan in enumerate(self.interviews):
+            where = f"interviews.{i}"
+            if plan.id in seen:
+                raise ValueError(f"{where}.id: survey {plan.id!r} is planned twice (one entry per survey)")
+            seen.add(plan.id)
+            late = [r for r in plan.after if r > self.rounds] if plan.after != "every" else []
+            if late:
+                raise ValueError(f"{where}.after: round {late[0]} is after the run's last round ({self.rounds})")
+            bad = [a for a in plan.agents or () if a >= self.agents]
+            if bad:
+                raise ValueError(f"{where}.agents: agent {bad[0]} does not exist (ids are 0..{self.agents - 1})")
+        return self
+
+    @property
+    def params(self) -> dict:
+        """The simulation's own sections, as written (validated by the simulation)."""
+        return dict(self.model_extra or {})
+
+
+def config_json(config: RunConfig) -> bytes:
+    """A run config's canonical bytes (sorted keys, compact): what its digest is taken over and
+    what the object store holds, the same after any number of JSON round trips."""
+    return json.dumps(config.model_dump(mode="json"), sort_keys=True, separators=(",", ":"),
+                      ensure_ascii=False, allow_nan=False).encode()
+
+
+class ConfigRef(BaseModel):
+    """A run's config by reference: the sha256 of its canonical bytes (`config_json`) and the
+    first round it applies to (a resume with a new budget changes it from its next round). Round
+    opens carry this, never the config: a receiver fetches the config (populace.core.runconfigs)
+    only when the digest is new to it, and uses it only if its bytes have that digest."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    digest: SHA256
+    from_round: int = Field(1, ge=1, le=10_000)
+
+    @classmethod
+    def of(cls, config: RunConfig, from_round: int = 1) -> ConfigRef:
+        return cls(digest=hashlib.sha256(config_json(config)).hexdigest(), from_round=from_round)

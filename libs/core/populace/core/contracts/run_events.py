@@ -1,0 +1,401 @@
+"""Run events (stream RUN): a run's start and spawn, round opens, the hosts' outcome, interview and
+mail batches, partials, the environment's results, and the run's end. Hot-path batches are
+columnar (parallel lists), so one message carries ~1,000 agents."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from populace.core.contracts.control import Restore, WorldRef
+from populace.core.contracts.questions import MAX_ANSWER_CHARS, InterviewId, Survey
+from populace.core.contracts.recorded_tables import Identifier, SimulationTables
+from populace.core.contracts.run_config import ConfigRef, RunConfig, Usage
+from populace.core.contracts.wire_base import (
+    SHA256,
+    AgentId,
+    Amount,
+    CheckpointName,
+    Epoch,
+    FiniteFloat,
+    JsonDoc,
+    Millis,
+    RoundNo,
+    Token,
+    Wire,
+)
+
+
+class RunStarted(Wire):
+    run_id: Token
+    config: RunConfig
+    started_at: float
+    hosts: list[Token]
+    tables: SimulationTables
+    manifest: dict | None = None
+
+
+class SpawnBatch(Wire):
+    """Agents for one host, as id ranges: personas and the run's config by reference, never copied."""
+
+    run_id: Token
+    host_id: Token
+    ranges: list[tuple[AgentId, Amount]]  # (first_agent_id, count)
+    config_ref: ConfigRef  # the run's config by digest, as round opens name it (populace.core.runconfigs)
+    epoch: Epoch = 0  # the share's epoch: with host_id, its key
+    restore: Restore | None = None  # restore the agents' declared state from this checkpoint
+    from_round: int = Field(1, ge=1)  # the first round this share plays (a replacement: the one in play)
+    live: list[str] = []  # every live share's key after this placement: the host drops its others
+
+    @property
+    def count(self) -> int:
+        return sum(c for _, c in self.ranges)
+
+
+class HostSpawned(Wire):
+    run_id: Token
+    host_id: Token
+    agents: Amount
+    seconds: float = Field(ge=0)
+    epoch: Epoch = 0
+
+
+class RoundOpen(Wire):
+    """Once per round (not per agent). `observation` is what every agent sees this round and
+    `env_state` what the environment decided so far; both None in round 1 (the simulation's
+    environment starts them)."""
+
+    run_id: Token
+    round: RoundNo
+    expected: int = Field(ge=1)  # agents that must answer before the round closes
+    config_ref: ConfigRef  # the run's config by digest: it does not travel with every round
+    observation: JsonDoc | None = None
+    env_state: JsonDoc | None = None
+    opened_at: float
+    epoch: Epoch = 0  # the placement's: announced again (same round, newer epoch) after a re-placement
+    shares: dict[str, Amount] = {}  # live share key -> its agents: only their partials count
+    nudge: int = 0  # >0: announced again because the round missed its deadline
+    # live share key -> its agent id ranges: where posts go (runs with a graph)
+    ranges: dict[str, list[tuple[AgentId, Amount]]] = {}
+    # who acts this round (populace.sdk.select, as the environment decided it); None: everyone,
+    # or in a run's first round what the simulation's environment starts with
+    selection: JsonDoc | None = None
+    world: WorldRef | None = None  # the simulation's world this round (None: round 1's, or none)
+
+
+class PostColumns(Wire):
+    """The posts of an outcome batch's agents (a run with a graph), one per agent id, and what
+    each agent heard this round: how many posts, and the sum of their digests mod 2**63
+    (`populace.sdk.post.post_hash`), so the inbox can be checked against the graph."""
+
+    texts: list[str | None]  # None: the agent did not post
+    fields: list[JsonDoc | None]
+    heard: list[Amount]
+    heard_digest: list[Amount]
+
+
+class ActColumns(Wire):
+    """The acts of the scenes whose members' outcomes are in the batch (a simulation with scenes):
+    one row per act, in each group's order (`seq`, shared with its lines), with the simulation's
+    Act columns, its validity, raw text, latency and error, as outcomes have them."""
+
+    group_id: list[Amount]
+    seq: list[Amount]
+    agent_id: list[AgentId]
+    phase: list[Annotated[str, Field(max_length=200)]]
+    columns: dict[str, list]
+    valid: list[bool]
+    raw: list[str]
+    latency_ms: list[Millis]
+    error: list[str | None]
+
+    @model_validator(mode="after")
+    def _same_length(self) -> ActColumns:
+        n = len(self.agent_id)
+        lengths = [len(self.group_id), len(self.seq), len(self.phase), len(self.valid), len(self.raw),
+                   len(self.latency_ms), len(self.error), *(len(c) for c in self.columns.values())]
+        if any(k != n for k in lengths):
+            raise ValueError("every column of a batch's acts must have one value per act")
+        return self
+
+
+class LineColumns(Wire):
+    """What the batch's scenes' members said (`scene.say`): one row per line of a transcript."""
+
+    group_id: list[Amount]
+    seq: list[Amount]
+    speaker: list[Annotated[int, Field(ge=-1, lt=100_000_000)]]  # -1: the scene itself (a game master)
+    text: list[Annotated[str, Field(max_length=10_000)]]
+    fields: list[str | None]  # compact JSON
+
+    @model_validator(mode="after")
+    def _same_length(self) -> LineColumns:
+        n = len(self.seq)
+        if any(len(c) != n for c in (self.group_id, self.speaker, self.text, self.fields)):
+            raise ValueError("every column of a batch's lines must have one value per line")
+        return self
+
+
+class EdgeColumns(Wire):
+    """The edge edits of a batch's agents (a simulation with edge kinds), in the order they apply."""
+
+    follower: list[AgentId]
+    author: list[AgentId]
+    kind: list[Identifier]
+    op: list[Literal["add", "remove"]]
+
+    @model_validator(mode="after")
+    def _same_length(self) -> EdgeColumns:
+        n = len(self.follower)
+        if any(len(c) != n for c in (self.author, self.kind, self.op)):
+            raise ValueError("every column of a batch's edits must have one value per edit")
+        return self
+
+
+class OutcomeBatch(Wire):
+    """~1,000 agents' outcomes of one round from one host, columnar. `columns` holds the
+    simulation's outcome columns (name -> values); the rest is the platform's: whether the
+    answer was valid, the model's raw text (always kept), the turn's latency, and an error
+    when the turn failed (the agent raised, or no model answered)."""
+
+    run_id: Token
+    round: RoundNo
+    host_id: Token
+    seq: Amount
+    agent_ids: list[AgentId]
+    columns: dict[str, list]
+    valid: list[bool]
+    raws: list[str]
+    latency_ms: list[Millis]
+    errors: list[str | None]
+    group_ids: list[Amount] | None = None
+    epoch: Epoch = 0
+    posts: PostColumns | None = None  # a run with a graph: each agent's post and what it heard
+    levels: dict[Identifier, list[Amount]] | None = None  # nested groups: each outer level's group ids
+    acts: ActColumns | None = None  # scenes: the acts of these agents' groups
+    lines: LineColumns | None = None  # scenes: what these agents' groups said
+    edits: EdgeColumns | None = None  # graphs that change: these agents' edge edits
+
+    @model_validator(mode="after")
+    def _same_length(self) -> OutcomeBatch:
+        n = len(self.agent_ids)
+        lengths = [len(self.valid), len(self.raws), len(self.latency_ms), len(self.errors),
+                   *(len(c) for c in self.columns.values()), *(len(c) for c in (self.levels or {}).values())]
+        if self.posts is not None:
+            p = self.posts
+            lengths += [len(p.texts), len(p.fields), len(p.heard), len(p.heard_digest)]
+        if self.group_ids is not None:
+            lengths.append(len(self.group_ids))
+        if any(k != n for k in lengths):
+            raise ValueError("every column of an outcome batch must have one value per agent id")
+        return self
+
+
+class InterviewBatch(Wire):
+    """~1,000 answers to one survey asked after one round: one row per (agent, question), each
+    the answer (as text: the option, the point, the number, the text), its number (Likert and
+    number questions), the model's raw text (always kept), validity, error and latency. From a
+    share that played the round (planned in the scenario) or a host a post-hoc `request` was
+    placed on. `usage`: these answers' LLM work."""
+
+    run_id: Token
+    after_round: RoundNo
+    host_id: Token
+    epoch: Epoch = 0
+    seq: Amount
+    survey: Survey
+    request: InterviewId | None = None  # a post-hoc interview's id; None: planned in the scenario
+    agent_ids: list[AgentId]
+    questions: list[InterviewId]
+    answers: list[Annotated[str, Field(max_length=MAX_ANSWER_CHARS)] | None]
+    values: list[FiniteFloat | None]
+    raws: list[str]
+    valid: list[bool]
+    errors: list[str | None]
+    latency_ms: list[Millis]
+    usage: Usage = Usage()
+
+    @model_validator(mode="after")
+    def _rows(self) -> InterviewBatch:
+        n = len(self.agent_ids)
+        if any(len(c) != n for c in (self.questions, self.answers, self.values, self.raws, self.valid, self.errors,
+                                     self.latency_ms)):
+            raise ValueError("every column of an interview batch must have one value per row")
+        asked = {q.id for q in self.survey.questions}
+        strange = set(self.questions) - asked
+        if strange:
+            raise ValueError(f"questions: {min(strange)!r} is not a question of survey {self.survey.id!r}")
+        return self
+
+
+class InterviewOrder(Wire):
+    """The orchestrator's order to one agent-host: its agents of `ranges` (those the request
+    chooses) answer `request`'s survey from the checkpoint `restore` names (verified against
+    its digests), with the run's config (its simulation, model, personas)."""
+
+    run_id: Token
+    host_id: Token
+    request: InterviewId
+    after_round: RoundNo
+    survey: Survey
+    sample: FiniteFloat | None = None
+    agents: list[AgentId] | None = None
+    ranges: list[tuple[AgentId, Amount]]
+    restore: Restore
+    config: RunConfig
+
+
+class InterviewPlaced(Wire):
+    """A post-hoc interview placed (`hosts`: host id -> its ranges; `expected`: answers the
+    request will have), or refused with `error` (nothing is asked)."""
+
+    run_id: Token
+    request: InterviewId
+    after_round: int = Field(ge=0)
+    survey: Survey | None = None
+    hosts: dict[str, list[tuple[AgentId, Amount]]] = {}
+    expected: Amount = 0
+    error: str | None = Field(None, max_length=4000)
+    placed_at: float
+
+
+class InterviewsRecorded(Wire):
+    """Every answer of a post-hoc interview is in DuckDB (`populace interview` reads them)."""
+
+    run_id: Token
+    request: InterviewId
+    answers: Amount
+    db_path: str
+
+
+class MailBatch(Wire):
+    """Posts one share sends another: its authors' posts of `round` that the destination's
+    agents hear. One message per (round, source share, destination share), or `shards` of
+    them under the payload limit; every destination gets at least one (maybe empty), so it
+    knows when its mail is all in. Message ids make a retry or a redelivery count once."""
+
+    run_id: Token
+    round: RoundNo
+    host_id: Token  # the source share: host and epoch
+    epoch: Epoch = 0
+    to: Token  # the destination share's key (host@epoch)
+    shard: int = Field(ge=0, lt=100_000)
+    shards: int = Field(ge=1, le=100_000)
+    authors: list[AgentId]
+    texts: list[str]
+    fields: list[JsonDoc | None]
+
+    @model_validator(mode="after")
+    def _same_length(self) -> MailBatch:
+        if not (len(self.authors) == len(self.texts) == len(self.fields)):
+            raise ValueError("authors, texts and fields must have one value per post")
+        if self.shard >= self.shards:
+            raise ValueError(f"shard {self.shard} of {self.shards}")
+        return self
+
+
+class RoundPartial(Wire):
+    """One host's reduced round (its groups reduced first): the simulation's `payload`, plus
+    how many agents it covers. The environment merges partials; it never sees an agent."""
+
+    run_id: Token
+    round: RoundNo
+    host_id: Token
+    n: int = Field(ge=0)  # agents that answered (valid or not)
+    n_valid: int = Field(ge=0)
+    payload: JsonDoc
+    epoch: Epoch = 0
+    usage: Usage = Usage()
+    # interviews' LLM work the share finished since its last partial (planned ones run after a
+    # round, beside the next): counted apart from the rounds', against the same budget
+    interviews: Usage = Usage()
+    # the share's checkpoint objects of this round -> the sha256 of the bytes it stored
+    checkpoints: dict[CheckpointName, SHA256] = Field({}, max_length=100_000)
+    # invalid rows whose cause is the simulation's own code (error 'agent: …'), not the model
+    n_simulation_errors: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _valid_within_n(self) -> RoundPartial:
+        if self.n_valid > self.n:
+            raise ValueError(f"n_valid ({self.n_valid}) cannot exceed n ({self.n})")
+        if self.n_valid + self.n_simulation_errors > self.n:
+            raise ValueError(f"n_simulation_errors ({self.n_simulation_errors}) cannot exceed the invalid rows "
+                             f"({self.n - self.n_valid})")
+        return self
+
+
+class RoundResult(Wire):
+    """The environment's decision: the simulation's per-round `summary` (recorded), the
+    `observation` agents see next round and the environment's `state` after this round."""
+
+    run_id: Token
+    round: RoundNo
+    n: Amount
+    n_valid: Amount
+    summary: JsonDoc
+    observation: JsonDoc
+    state: JsonDoc
+    closed_at: float
+    epoch: Epoch = 0
+    shares: list[str] = []  # the share keys whose partials it folded: stale if one was replaced
+    usage: Usage = Usage()  # the folded shares' LLM work
+    interviews: Usage = Usage()  # the folded shares' interviews' LLM work, apart
+    selection: JsonDoc | None = None  # who acts next round (populace.sdk.select); None: everyone
+    world: WorldRef | None = None  # the simulation's world after the round (stored before this result)
+    # share key -> the checkpoint digests its partial reported (the orchestrator keeps each
+    # share's own ranges' only), and the sha256 of the environment's own checkpoint
+    checkpoints: dict[str, dict[CheckpointName, SHA256]] = {}
+    env_checkpoint: SHA256 | None = None
+    # of the n - n_valid invalid rows, those the simulation's own code caused (error 'agent: …');
+    # the rest are the model's invalid answers
+    n_simulation_errors: Amount = 0
+
+
+class RunResumed(Wire):
+    """A run continues (resume) in a new epoch: rounds after `after_round` are played again,
+    so what was recorded of them is dropped; outcomes of older epochs are stale."""
+
+    run_id: Token
+    epoch: int = Field(ge=1)
+    after_round: int = Field(ge=0)  # the last completed round: play continues with the next
+    hosts: list[str]
+    resumed_at: float
+
+
+class RunFault(Wire):
+    """A service cannot go on with a run (a simulation that does not import, an environment
+    that raised, personas missing): the orchestrator fails the run with this reason at once.
+    `pause`: not the run's fault (no model answers): the run pauses instead, to be resumed."""
+
+    run_id: Token
+    source: str  # the service or host that reports it: the last token of its subject
+    round: int | None = None
+    reason: str
+    pause: bool = False
+    epoch: Epoch | None = None  # a host's: the epoch of its share that cannot go on
+
+
+class RunDone(Wire):
+    run_id: Token
+    status: Literal["completed", "failed", "cancelled", "paused"]
+    rounds: Amount
+    finished_at: float
+    reason: str | None = None
+    epoch: Epoch = 0
+
+
+class RunRecorded(Wire):
+    run_id: Token
+    outcomes: int  # agent-rounds recorded
+    db_path: str
+    answers: int = 0  # planned interviews' answers recorded
+    answers_missing: int = 0  # planned answers that did not come within POPULACE_INTERVIEW_WAIT_S (a host lost)
+    epoch: Epoch = 0  # the RunDone's it follows: a resumed run's earlier stop may be recorded after it
+
+
+class Progress(Wire):
+    run_id: Token
+    round: RoundNo
+    host_id: Token
+    answered: int
