@@ -109,6 +109,7 @@ def main() -> None:
         "post_hoc_ratio_to_round": hoc["seconds"] / plain["round_s"][0],
         "peak_rss_bytes": {"run": plain_rss.peak, "panel_run": panel_rss.peak if panel_rss else None,
                            "post_hoc": hoc_rss.peak, "baseline": baseline},
+        "peak_rss_bytes_by_process": {"run": plain_rss.peak_by_process, "post_hoc": hoc_rss.peak_by_process},
         **({} if panel is None or args.rounds < 2 else {
             "round_s_panel": panel["round_s"],
             "mean_round_s_plain": statistics.mean(plain["round_s"][later]),

@@ -119,12 +119,19 @@ class RssSampler:
     def __init__(self, stack: Stack, every_s: float = 0.2) -> None:
         self.stack, self.every = stack, every_s
         self.peak = 0
+        self.peak_by_process: dict[str, int] = {}  # each process's own peak (not at the same instant)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
+    def _sample(self) -> None:
+        each = self.stack.rss_by_process()
+        self.peak = max(self.peak, sum(each.values()))
+        for key, rss in each.items():
+            self.peak_by_process[key] = max(self.peak_by_process.get(key, 0), rss)
+
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, self.stack.rss_bytes())
+            self._sample()
             self._stop.wait(self.every)
 
     def __enter__(self) -> RssSampler:
@@ -134,7 +141,7 @@ class RssSampler:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
-        self.peak = max(self.peak, self.stack.rss_bytes())
+        self._sample()
 
 
 def asyncio_floor(agents: int, latency: float) -> float:

@@ -242,15 +242,23 @@ class Stack:
 
     def rss_bytes(self) -> int:
         """Resident memory of every process of the stack, children included."""
-        total = 0
-        for pid in self.pids():
+        return sum(self.rss_by_process().values())
+
+    def rss_by_process(self) -> dict[str, int]:
+        """Resident memory of each process of the stack (its children included), by service key;
+        NATS as "nats"."""
+        named = {key: p.pid for key, p in self.procs.items() if p.poll() is None}
+        if self.nats and self.nats.pid:
+            named["nats"] = self.nats.pid
+        out: dict[str, int] = {}
+        for key, pid in named.items():
             try:
                 proc = psutil.Process(pid)
-                total += proc.memory_info().rss
-                total += sum(c.memory_info().rss for c in proc.children(recursive=True))
+                out[str(key)] = proc.memory_info().rss + sum(c.memory_info().rss
+                                                             for c in proc.children(recursive=True))
             except psutil.Error:
                 pass
-        return total
+        return out
 
     def stop(self, timeout: float = 15.0) -> list[str]:
         """SIGTERM every service, SIGKILL what is still running after `timeout`.
