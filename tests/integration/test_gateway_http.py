@@ -19,7 +19,7 @@ from populace.core.natsserver import free_port
 from populace.core.settings import Settings
 from populace.gateway.dispatcher import Dispatcher
 from populace.gateway.openai_api import ChatClient, HttpxPoster
-from populace.gateway.replicas import ReplicaPool
+from populace.gateway.replica_pool import ReplicaPool
 from populace.gateway.routing import make_router
 
 SCHEMA = {"type": "object", "properties": {"guess": {"type": "number", "minimum": 0, "maximum": 100}},

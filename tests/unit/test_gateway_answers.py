@@ -1,4 +1,4 @@
-"""The gateway's answer check (populace.gateway.answers): the JSON-schema keywords it checks
+"""The gateway's answer check (populace.gateway.schema_check): the JSON-schema keywords it checks
 (type, required, properties, minimum/maximum, enum) and finite numbers; pattern and
 additionalProperties are left to the replica's grammar and the simulation's parser."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from populace.gateway import answers
+from populace.gateway import schema_check as answers
 
 GUESS = {"type": "object", "properties": {"guess": {"type": "number", "minimum": 0, "maximum": 100}},
          "required": ["guess"]}

@@ -17,7 +17,7 @@ import pytest
 from populace.client import personas as P
 from populace.core import replies, subjects
 from populace.core.contracts import InferBatch, InferReply
-from populace.gateway import answers
+from populace.gateway import schema_check as answers
 from populace.population import PopulationError, load_population, over_nats, read_jsonl, sample_profiles
 from populace.population import generation as G
 

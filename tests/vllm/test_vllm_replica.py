@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from populace.gateway.openai_api import response_format
-from populace.gateway.replicas import WAITING_GAUGES, ReplicaPool, parse_gauges
+from populace.gateway.replica_pool import WAITING_GAUGES, ReplicaPool, parse_gauges
 
 pytestmark = pytest.mark.vllm
 

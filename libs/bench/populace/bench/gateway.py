@@ -46,7 +46,7 @@ from populace.core.natsserver import EmbeddedNats
 from populace.core.settings import Settings
 from populace.gateway.dispatcher import Dispatcher
 from populace.gateway.openai_api import ChatClient
-from populace.gateway.replicas import ReplicaPool
+from populace.gateway.replica_pool import ReplicaPool
 from populace.gateway.routing import make_router
 from populace.replicas.launch import ReplicaSet, register_forever, start_local, start_sim, wait_healthy
 from populace.replicas.sim import SimConfig, SimModel

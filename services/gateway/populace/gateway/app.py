@@ -27,7 +27,7 @@ from populace.gateway.backends.dummy import DummyBackend
 from populace.gateway.dispatcher import Dispatcher
 from populace.gateway.fairshare import FairShare
 from populace.gateway.openai_api import ChatClient, HttpxPoster
-from populace.gateway.replicas import ReplicaPool
+from populace.gateway.replica_pool import ReplicaPool
 from populace.gateway.routing import make_router
 
 DESCRIPTION = ("One structured call per decision: batches of prompts in, answers out, routed to "

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from populace.core import logs, metrics
 from populace.core.contracts import InferBatch, InferReply, LlmCallBatch
 from populace.core.settings import Settings
-from populace.gateway import answers
+from populace.gateway import schema_check
 from populace.gateway.openai_api import ChatResult, Poster, ReplicaError, RequestRejected, chat
-from populace.gateway.replicas import ReplicaPool
+from populace.gateway.replica_pool import ReplicaPool
 from populace.gateway.routing import ReplicaLoad, Router, affinity_keys
 
 log = logs.get("populace.gateway.dispatch")
@@ -115,11 +115,11 @@ class Dispatcher:
             ptok += res.prompt_tokens
             ctok += res.completion_tokens
             text = res.text
-            valid = answers.check(text, batch.response_schema)
+            valid = schema_check.check(text, batch.response_schema)
             if valid:
                 break
             messages = [*messages, {"role": "assistant", "content": text},
-                        {"role": "user", "content": answers.reask_message(batch.response_schema)}]
+                        {"role": "user", "content": schema_check.reask_message(batch.response_schema)}]
         return Decision(text, valid, attempts, replica, ptok, ctok, (time.perf_counter() - t0) * 1000, failed, reasks)
 
     # -- one call, with retries on other replicas -----------------------------------

@@ -17,7 +17,7 @@ from populace.core import bus, logs, metrics, subjects
 from populace.core.contracts import ReplicaInfo
 from populace.gateway.routing import ReplicaLoad
 
-log = logs.get("populace.gateway.replicas")
+log = logs.get("populace.gateway.replica_pool")
 
 # Queue-length gauges by replica kind (summed over label sets).
 WAITING_GAUGES = {
