@@ -433,17 +433,23 @@ class Respondents:
                 values[i] = None
 
     def chosen(self, *, seed: int, survey_id: str, sample: float | None = None,
-               agents: Sequence[int] | None = None) -> Respondents:
-        """Those who answer a survey (see `choose`): a new Respondents (this one untouched)."""
+               agents: Sequence[int] | None = None, last_use: bool = False) -> Respondents:
+        """Those who answer a survey (see `choose`): a new Respondents (this one untouched),
+        or, when everyone answers and the caller uses this one no more (`last_use`), this one:
+        a post-hoc interview of a whole share need not copy its columns (a million agents)."""
         import numpy as np
 
         from populace.core.interviews import chosen
 
         if sample is None and agents is None:
-            keep = list(range(len(self.ids)))
-        else:
-            ids = np.asarray(self.ids, dtype=np.int64)
-            keep = np.flatnonzero(chosen(ids, seed=seed, survey_id=survey_id, sample=sample, agents=agents)).tolist()
+            if last_use:
+                return self
+            # lists copied whole (no index list: at a million agents that is a million ints)
+            if self._dicts is not None:
+                return Respondents(list(self.ids), dicts=list(self._dicts))
+            return Respondents(list(self.ids), {name: list(values) for name, values in self.fields.items()})
+        ids = np.asarray(self.ids, dtype=np.int64)
+        keep = np.flatnonzero(chosen(ids, seed=seed, survey_id=survey_id, sample=sample, agents=agents)).tolist()
         ids = [self.ids[i] for i in keep]
         if self._dicts is not None:
             return Respondents(ids, dicts=[self._dicts[i] for i in keep])

@@ -165,7 +165,8 @@ async def _interview(out: LocalResult, shares: list[tuple[HostedRun, list[bytes]
         port = llm(run, after_round)
         rows = interview.Rows()
         people = interview.Respondents.frozen(*frozen)
-        await interview.ask(run.sim, people.chosen(seed=c.seed, survey_id=survey.id, sample=sample, agents=agents),
+        await interview.ask(run.sim, people.chosen(seed=c.seed, survey_id=survey.id, sample=sample, agents=agents,
+                                                   last_use=True),
                             survey, port, rows)
         made = getattr(port, "calls", 0)
         calls += made

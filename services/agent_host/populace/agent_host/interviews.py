@@ -198,7 +198,7 @@ class Interviewer:
                                                                    r.digests)],
                 wanted=lambda aid: any(a <= aid < b for a, b in bounds))
             chosen = states.chosen(seed=order.config.seed, survey_id=order.survey.id, sample=order.sample,
-                                   agents=order.agents)
+                                   agents=order.agents, last_use=True)
             del states
             await self.ask(run, order.after_round, chosen, order.survey, request=order.request)
         except asyncio.CancelledError:
@@ -215,8 +215,9 @@ class Interviewer:
             people = (interview.Respondents.frozen(states) if isinstance(states, (bytes, bytearray))
                       else interview.Respondents.of(states))
             del states
-            for plan in plans:
-                chosen = people.chosen(seed=seed, survey_id=plan.id, sample=plan.sample, agents=plan.agents)
+            for n, plan in enumerate(plans, 1):
+                chosen = people.chosen(seed=seed, survey_id=plan.id, sample=plan.sample, agents=plan.agents,
+                                       last_use=n == len(plans))
                 try:
                     await self.ask(run, round_, chosen, plan.survey, gate=gate)
                 except asyncio.CancelledError:
