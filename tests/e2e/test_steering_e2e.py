@@ -15,7 +15,6 @@ import sys
 import time
 
 import duckdb
-import nats.js.errors
 import pytest
 import yaml
 
@@ -241,29 +240,31 @@ def test_ctrl_c_in_run_detaches_and_follow_sees_the_run_to_its_end(stack, tmp_pa
     scenario = tmp_path / "s.yaml"
     # long enough (4 rounds of 3 s) that a loaded machine still finds it running when Ctrl-C comes
     scenario.write_text("agents: 500\nrounds: 4\nmodel:\n  latency_s: 3.0\n")
+    # SIGINT back to its default in the child: a suite started in a background job (`cmd &`, nohup)
+    # ignores SIGINT, the child would inherit the ignore, and Ctrl-C would never reach it
     proc = subprocess.Popen([sys.executable, "-m", "populace.cli", "run", str(scenario), "--nats", stack.url,
-                             "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
-        time.sleep(0.5)
+        # the run's id comes first, before any round: watch that one run (reading every run of
+        # the module's stack in turn could take the whole run under load, and miss it)
+        first = proc.stderr.readline()
+        named = re.match(r"run (\S+): ", first)
+        assert named, first + proc.stderr.read()
         deadline = time.monotonic() + 60
 
         async def started(nc):
-            kv = await nc.jetstream().key_value("runs")
             while time.monotonic() < deadline:
-                try:
-                    keys = await kv.keys()
-                except nats.js.errors.NoKeysError:  # nothing written yet
-                    keys = []
-                for key in keys:
-                    state = await run_state(nc, key)
-                    if state and state.status == "running" and state.config.agents == 500:
-                        return key
-                await asyncio.sleep(0.2)
+                state = await run_state(nc, named.group(1))
+                if state and state.status == "running" and state.config.agents == 500:
+                    return named.group(1)
+                await asyncio.sleep(0.1)
             raise AssertionError("the run did not start")
 
         rid = asyncio.run(_connected(stack, started))
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
+        err = first + err
     finally:
         if proc.poll() is None:
             proc.kill()
