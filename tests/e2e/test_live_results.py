@@ -24,10 +24,10 @@ from populace.core.contracts import ReadReply, RunConfig
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 AGENTS, ROUNDS = 2000, 5
-# Each round lasts at least 1.5 s (the dummy model's latency): rounds 3 to 5 outlast the three
-# CLI commands read while the run plays, also on a loaded machine (at 0.25 s the run ended first there).
-CONFIG = {"agents": AGENTS, "rounds": ROUNDS, "seed": 5, "model": {"latency_s": 1.5, "seed": 8}}
-# rounds of about 5 s (100 agents at a time, 0.25 s each), so the run is still going when read
+CONFIG = {"agents": AGENTS, "rounds": ROUNDS, "seed": 5, "model": {"latency_s": 0.5, "seed": 8}}
+# rounds of about 10 s (100 agents at a time, 0.5 s each), so the run is still going when read:
+# rounds 3 to 5 outlast the three CLI commands, also on a loaded machine (with rounds of 5 s,
+# 0.25 s each, the run had ended first there)
 SLOW = {"POPULACE_MAX_IN_FLIGHT": "100", "POPULACE_OUTCOME_BATCH_SIZE": "100"}
 
 
