@@ -375,6 +375,23 @@ def frozen_states(snapshot: Sequence[tuple[int, int, dict[str, list]]]) -> bytes
     return to_json([{"first": first, "count": count, "fields": fields} for first, count, fields in snapshot])
 
 
+def _respondent(people: Respondents, i: int, make: Callable[[int, dict[str, Any]], Any], survey: Survey,
+                rows: Rows) -> Any:
+    """The `i`-th agent made from its state (which is then let go), or None when the agent class
+    cannot take that state: its answers are then recorded invalid, an agent error."""
+    aid = people.ids[i]
+    try:
+        return make(aid, people.state(i))
+    except Exception as err:
+        text = f"{type(err).__name__}: {err}"
+        for q in survey.questions:
+            rows.add(aid, q.id, Answer(False, None, None, f"agent: restore raised {text}"),
+                     f"<agent error: {text}>", 0.0)
+        return None
+    finally:
+        people.release(i)
+
+
 class Respondents:
     """The agents who answer and their state as a checkpoint holds it, by columns: `ids` and
     {field: values} (a share's frozen snapshot, a checkpoint's chunks), never a dict per
@@ -572,18 +589,9 @@ async def ask(sim: Simulation, respondents: Respondents | Sequence[tuple[int, di
     room = asyncio.Event()  # set when an answer is done (room for one more, or the end)
 
     async def one(i: int) -> None:
-        aid = people.ids[i]
-        try:
-            agent = make(aid, people.state(i))
-        except Exception as err:  # a state the agent class cannot restore: this agent's answers are invalid
-            text = f"{type(err).__name__}: {err}"
-            for q in survey.questions:
-                rows.add(aid, q.id, Answer(False, None, None, f"agent: restore raised {text}"),
-                         f"<agent error: {text}>", 0.0)
-            return
-        finally:
-            people.release(i)
-        await answer_one(agent, survey, llm, rows, reasks=reasks)
+        agent = _respondent(people, i, make, survey, rows)
+        if agent is not None:
+            await answer_one(agent, survey, llm, rows, reasks=reasks)
 
     def finished(task: asyncio.Task) -> None:
         running.discard(task)
@@ -700,17 +708,9 @@ async def _ask_by_default(people: Respondents, survey: Survey, llm: LLM, rows: R
 
     def begin(i: int) -> None:
         nonlocal answering
-        aid = people.ids[i]
-        try:
-            agent = make(aid, people.state(i))
-        except Exception as err:  # a state the agent class cannot take: this agent's answers are invalid
-            text = f"{type(err).__name__}: {err}"
-            for q in survey.questions:
-                rows.add(aid, q.id, Answer(False, None, None, f"agent: restore raised {text}"),
-                         f"<agent error: {text}>", 0.0)
+        agent = _respondent(people, i, make, survey, rows)
+        if agent is None:
             return
-        finally:
-            people.release(i)
         answering += 1
         call(agent, 0, units[0], now(), None, 0)
 
