@@ -16,6 +16,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import nats
 import psutil
@@ -175,8 +176,11 @@ async def test_agent_hosts_start_register_stop_tail_and_clean_up(nc, js, daemon)
 
 async def _has_servers(nc, daemon: Daemon) -> bool:
     procs = await processes(nc, daemon)
-    return any(p.proc_id.startswith("replicas") and len(psutil.Process(p.pid).children()) >= 2
-               for p in procs.values() if p.pid)
+    found = any(p.proc_id.startswith("replicas") and len(psutil.Process(p.pid).children()) >= 2
+                for p in procs.values() if p.pid)
+    if found:  # `processes` noted the children before they all started: note them as seen now
+        daemon.remember(SimpleNamespace(processes=list(procs.values())))
+    return found
 
 
 async def raw_request(nc, node_id: str, verb: str, body: bytes, timeout: float = 20):
@@ -288,7 +292,10 @@ async def test_a_killed_node_takes_its_children_with_it(nc, js, daemon):
 
 async def _has_servers_1(nc, daemon: Daemon) -> bool:
     procs = await processes(nc, daemon)
-    return any(p.proc_id.startswith("replicas") and psutil.Process(p.pid).children() for p in procs.values() if p.pid)
+    found = any(p.proc_id.startswith("replicas") and psutil.Process(p.pid).children() for p in procs.values() if p.pid)
+    if found:  # as _has_servers: note the children seen now
+        daemon.remember(SimpleNamespace(processes=list(procs.values())))
+    return found
 
 
 async def test_a_terminated_node_stops_its_children_and_unregisters(nc, js, daemon):
