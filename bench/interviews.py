@@ -13,6 +13,10 @@ dummy model with a latency per answer:
 
 With --no-panel the panel run is skipped: the post-hoc interview follows the plain run directly,
 so its peak memory is compared with that run's alone (the hosts keep what a run before it grew).
+Each phase's peak is every process's own peak during it (`peak_rss_bytes_by_process`) beside
+what each process held when the phase began (`start_rss_bytes_by_process`): a phase begins
+with whatever the one before it left. --storage file keeps the streams on disk instead of in
+nats-server's memory (the bench's default, memory, holds every stored message in that process).
 """
 
 from __future__ import annotations
@@ -75,16 +79,19 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=1.0)
     parser.add_argument("--hosts", type=int, default=2)
     parser.add_argument("--no-panel", action="store_true", help="skip the panel run (post hoc only)")
+    parser.add_argument("--storage", choices=("memory", "file"), default="memory",
+                        help="where JetStream keeps the streams (POPULACE_STORAGE)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="populace-bench-interviews-")
     stack = Stack(hosts=args.hosts, db=str(Path(work) / "bench.duckdb"), log_dir=str(Path(work) / "logs"),
-                  env={"POPULACE_STORAGE": "memory", "POPULACE_LOG_LEVEL": "INFO"})
+                  env={"POPULACE_STORAGE": args.storage, "POPULACE_LOG_LEVEL": "INFO"})
     try:
         stack.start()
         asyncio.run(stack.wait_ready(timeout=120))
         time.sleep(1.0)
         baseline = stack.rss_bytes()
+        plain_start = stack.rss_by_process()
         with RssSampler(stack) as plain_rss:
             plain = asyncio.run(run(stack.url, config(args.agents, args.rounds, args.latency, panel=False)))
         print(f"without interviews: rounds {[round(t, 2) for t in plain['round_s']]} s", flush=True)
@@ -95,6 +102,7 @@ def main() -> None:
             print(f"with a panel question every round: rounds {[round(t, 2) for t in panel['round_s']]} s, "
                   f"{panel['answers']:,} answers (+{panel['record_lag_s']:.2f} s to record after the last round)",
                   flush=True)
+        hoc_start = stack.rss_by_process()
         with RssSampler(stack) as hoc_rss:
             hoc = asyncio.run(post_hoc(stack.url, plain["run_id"]))
         print(f"post hoc after round 1: {hoc['answers']:,} answers in {hoc['seconds']:.2f} s", flush=True)
@@ -104,12 +112,14 @@ def main() -> None:
     later = slice(1, None)
     result = {
         "agents": args.agents, "rounds": args.rounds, "latency_s": args.latency, "hosts": args.hosts,
+        "storage": args.storage,
         "round_s_plain": plain["round_s"], "plain_record_lag_s": plain["record_lag_s"],
         "post_hoc_s": hoc["seconds"], "post_hoc_answers": hoc["answers"],
         "post_hoc_ratio_to_round": hoc["seconds"] / plain["round_s"][0],
         "peak_rss_bytes": {"run": plain_rss.peak, "panel_run": panel_rss.peak if panel_rss else None,
                            "post_hoc": hoc_rss.peak, "baseline": baseline},
         "peak_rss_bytes_by_process": {"run": plain_rss.peak_by_process, "post_hoc": hoc_rss.peak_by_process},
+        "start_rss_bytes_by_process": {"run": plain_start, "post_hoc": hoc_start},
         **({} if panel is None or args.rounds < 2 else {
             "round_s_panel": panel["round_s"],
             "mean_round_s_plain": statistics.mean(plain["round_s"][later]),

@@ -99,3 +99,38 @@ async def test_a_round_being_worked_on_ticks_progress_now_and_then(nc):
     await asyncio.sleep(0.2)
     assert len(ticks) == 2
     await sub.unsubscribe()
+
+
+async def test_an_interview_sessions_shared_question_is_sent_once(nc):
+    """An interview's prompts end with its question, the same for everyone: the batch carries it
+    once (`suffix`), never into a prompt's routed prefix, and the gateway reads each prompt whole."""
+    batches: list[InferBatch] = []
+
+    async def take(msg):
+        batch = InferBatch.model_validate_json(msg.data)
+        batches.append(batch)
+        reply = InferReply(batch_id=batch.batch_id, texts=[batch.prompt(i) for i in range(len(batch.keys))])
+        await nc.publish(msg.reply, reply.model_dump_json().encode())
+
+    sub = await nc.subscribe(subjects.ANY_LLM_INFER, cb=take)
+    question = "\n\nQuestion: Would you play this game again?\nChoose one of: yes, no."
+    prompts = ["I am Ann.", "I am Bob, and I remember round 1.", ""]
+    try:
+        for shared, expected in ((True, question), (False, None)):
+            session = InferSession(nc, run_id="r1", round_=1, model=ModelConfig(backend="dummy"), system="s",
+                                   shared_suffix=shared)
+            futs = [session.ask(p + question, key=k, prefix_chars=len(p)) for k, p in enumerate(prompts)]
+            session.flush()
+            assert await asyncio.wait_for(asyncio.gather(*futs), 20) == [p + question for p in prompts]
+            assert batches[-1].suffix == expected
+        assert batches[0].prompts == prompts
+        # a suffix never reaches into a prompt's prefix, nor is a short one split off
+        session = InferSession(nc, run_id="r1", round_=1, model=ModelConfig(backend="dummy"), system="s",
+                               shared_suffix=True)
+        futs = [session.ask("persona A" + question, key=1, prefix_chars=len("persona A") + len(question) - 4),
+                session.ask("B. Short end", key=2), session.ask("C. Short end", key=3)]
+        session.flush()
+        await asyncio.wait_for(asyncio.gather(*futs), 20)
+        assert batches[-1].suffix is None
+    finally:
+        await sub.unsubscribe()

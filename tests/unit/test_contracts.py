@@ -423,3 +423,17 @@ def test_msg_id_is_deterministic_and_distinct():
 ])
 def test_doc_titles_name_the_wildcards(pattern, title):
     assert s.doc_title(pattern) == title
+
+
+def test_an_infer_batchs_shared_suffix_ends_every_prompt():
+    from populace.sdk.nats_llm import common_suffix
+
+    b = c.InferBatch(batch_id="b", run_id="r", round=1, model=c.ModelConfig(), system="s", keys=[1, 2],
+                     prompts=["a", "bb"], suffix=" - the question?")
+    assert [b.prompt(i) for i in range(2)] == ["a - the question?", "bb - the question?"]
+    assert c.InferBatch.model_validate_json(b.model_dump_json()).suffix == " - the question?"
+    end = " and then the same question for all"
+    assert common_suffix(["x" + end, "yy" + end, "zzz" + end], [0, 0, 0]) == len(end)
+    assert common_suffix(["ab" + end, "cb" + end], [0, 0]) == len("b" + end)
+    assert common_suffix(["x" + end, "y" + end], [1, 10]) == len(end) - 9  # never into a prefix
+    assert common_suffix(["x" + end, "nothing alike"], [0, 0]) == 0

@@ -7,7 +7,9 @@ interviews' calls. And what an agent does while it answers is never remembered."
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -63,8 +65,13 @@ def prepared(case: str, extra: dict):
     scenario, overrides, options = CASES[case]
     path = EXAMPLES / scenario
     data = {**yaml.safe_load(path.read_text()), **overrides, **extra}
-    scratch = path.parent / f".interview-{case}.yaml"  # beside the original: relative paths resolve the same
-    scratch.write_text(yaml.safe_dump(data))
+    # beside the original (relative paths resolve the same), under a name of its own: two runs of
+    # this test at once (two sessions on one tree, a loaded machine) shared one fixed name, and the
+    # first to finish deleted the other's file before it was read (FileNotFoundError on unlink)
+    fd, name = tempfile.mkstemp(prefix=f".interview-{case}-", suffix=".yaml", dir=path.parent)
+    scratch = Path(name)
+    with os.fdopen(fd, "w") as f:
+        f.write(yaml.safe_dump(data))
     try:
         return prepare_file(scratch), options
     finally:

@@ -45,8 +45,11 @@ class Settings(BaseSettings):
     max_in_flight: int = Field(1_000_000, ge=1)  # concurrent agent turns per host
     # Concurrent interview answers per host (each also bounded by max_in_flight). Answers are
     # asked beside a round (a panel) or alone (post hoc): a burst of every agent's copy at once
-    # would hold a second population in memory for no gain once calls are CPU-bound.
-    interview_in_flight: int = Field(50_000, ge=1)
+    # would hold a second population in memory for no gain once calls are CPU-bound. 25,000: a
+    # host answers ~21,000 a second post hoc on the dummy model (1 s latency), and what is out
+    # is held by the host, the gateway and nats-server alike (50,000 kept the gateway above the
+    # run's own peak during a post-hoc interview of 1M agents).
+    interview_in_flight: int = Field(25_000, ge=1)
     # Planned interviews (a panel) start no new answers while one of the host's rounds is in
     # play, so the round has the CPU; unless the round-end states they wait to answer from pass
     # this many MB (JSON), which bounds what a long run's panel may hold back (and so how long

@@ -37,10 +37,12 @@ question.
 from __future__ import annotations
 
 import asyncio
+import copy
 import hashlib
 import inspect
 import json
 import math
+from array import array
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -49,7 +51,7 @@ from pydantic_core import from_json, to_json
 
 from populace.core.contracts import Question, Survey, choice_key
 from populace.sdk.answers import answer_field
-from populace.sdk.llm import ASKING, CALLER, LLM, InferError, ModelUnavailable
+from populace.sdk.llm import ASKING, ASKING_CALLS, CALLER, LLM, InferError, ModelUnavailable
 
 if TYPE_CHECKING:
     from populace.sdk.agent import Agent
@@ -400,7 +402,7 @@ class Respondents:
 
     __slots__ = ("_dicts", "fields", "ids")
 
-    def __init__(self, ids: list[int], fields: dict[str, list] | None = None,
+    def __init__(self, ids: Sequence[int], fields: dict[str, list] | None = None,
                  dicts: list[dict[str, Any] | None] | None = None) -> None:
         self.ids, self.fields, self._dicts = ids, fields if dicts is None else None, dicts
 
@@ -410,21 +412,37 @@ class Respondents:
 
     @classmethod
     def from_chunks(cls, chunks: Iterable[tuple[int, int, dict[str, list]]],
-                    wanted: Callable[[int], bool] | None = None) -> Respondents:
-        """From checkpoint chunks (first agent, count, {field: values}), those `wanted` only."""
-        ids: list[int] = []
+                    wanted: Sequence[tuple[int, int]] | None = None) -> Respondents:
+        """From checkpoint chunks (first agent, count, {field: values}), the agents in `wanted`
+        ranges (first, count) only. The ids are kept as one array of int64, not an int object
+        each (a host's share of a million agents)."""
+        import numpy as np
+
+        ids = array("q")
         fields: dict[str, list] = {}
         for first, count, columns in chunks:
-            keep = list(range(count)) if wanted is None else [o for o in range(count) if wanted(first + o)]
-            whole = len(keep) == count
-            ids.extend(first + o for o in keep)
+            if wanted is None:
+                keep = None
+            else:
+                agents = np.arange(first, first + count, dtype=np.int64)
+                inside = np.zeros(count, dtype=bool)
+                for lo, n in wanted:
+                    inside |= (agents >= lo) & (agents < lo + n)
+                keep = None if inside.all() else np.flatnonzero(inside).tolist()
+                del agents, inside
+            before = len(ids)
+            if keep is None:
+                ids.extend(range(first, first + count))
+            else:
+                ids.extend(first + o for o in keep)
+            taken = len(ids) - before
             for name, values in columns.items():
                 # a field absent from an earlier chunk: those agents' states lack it, as thawed ones would
-                column = fields.setdefault(name, [_ABSENT] * (len(ids) - len(keep)))
-                column.extend(values if whole else [values[o] for o in keep])
+                column = fields.setdefault(name, [_ABSENT] * before)
+                column.extend(values if keep is None else [values[o] for o in keep])
             for name, column in fields.items():
                 if name not in columns:
-                    column.extend([_ABSENT] * len(keep))
+                    column.extend([_ABSENT] * taken)
         return cls(ids, fields)
 
     @classmethod
@@ -463,8 +481,8 @@ class Respondents:
                 return self
             # lists copied whole (no index list: at a million agents that is a million ints)
             if self._dicts is not None:
-                return Respondents(list(self.ids), dicts=list(self._dicts))
-            return Respondents(list(self.ids), {name: list(values) for name, values in self.fields.items()})
+                return Respondents(copy.copy(self.ids), dicts=list(self._dicts))
+            return Respondents(copy.copy(self.ids), {name: list(values) for name, values in self.fields.items()})
         ids = np.asarray(self.ids, dtype=np.int64)
         keep = np.flatnonzero(chosen(ids, seed=seed, survey_id=survey_id, sample=sample, agents=agents)).tolist()
         ids = [self.ids[i] for i in keep]
@@ -627,6 +645,22 @@ async def ask(sim: Simulation, respondents: Respondents | Sequence[tuple[int, di
             task.cancel()
 
 
+class _Call:
+    """A call out in `_ask_by_default`, as its answer's callback: `after(agent, k, started,
+    before, n, fut)`. An object of its own rather than a closure: tens of thousands are out at
+    once, and a closure costs a function and a cell per name it captures (a partial, its
+    arguments' tuple and a dict)."""
+
+    __slots__ = ("after", "agent", "before", "k", "n", "started")
+
+    def __init__(self, after: Callable[..., None], agent: _Copy, k: int, started: float,
+                 before: list[Answer] | None, n: int) -> None:
+        self.after, self.agent, self.k, self.started, self.before, self.n = after, agent, k, started, before, n
+
+    def __call__(self, fut: asyncio.Future) -> None:
+        self.after(self.agent, self.k, self.started, self.before, self.n, fut)
+
+
 async def _ask_by_default(people: Respondents, survey: Survey, llm: LLM, rows: Rows,
                           make: Callable[[int, dict[str, Any]], Any], *, max_in_flight: int, reasks: int,
                           gate: Callable[[], Awaitable[int]] | None) -> None:
@@ -654,19 +688,26 @@ async def _ask_by_default(people: Respondents, survey: Survey, llm: LLM, rows: R
         answering -= 1
         room.set()
 
+    # An agent's calls of a unit are its first and its re-asks: the `n`-th call's count is `n`,
+    # told to the port (ASKING_CALLS) rather than counted by it per agent and unit for the whole
+    # interview. Not when two units share a tag (the same question twice): the port counts on.
+    own_count = len({tag_base(u) for u in units}) == len(units)
+
     def call(agent: _Copy, k: int, asked: Asked, started: float, before: list[Answer] | None, n: int) -> None:
         """Agent `agent` is asked unit `k` (or its re-ask `asked`, the `n`-th)."""
         asking, caller = ASKING.set(tag_base(units[k])), CALLER.set(agent.id)
+        counted = ASKING_CALLS.set(n if own_count else None)
         try:
             fut = asyncio.ensure_future(default_call(agent, asked, llm))  # type: ignore[arg-type]
         except Exception as err:  # a call that failed before it left: as if it had failed on its way
             fut = loop.create_future()
             fut.set_exception(err)
         finally:
+            ASKING_CALLS.reset(counted)
             ASKING.reset(asking)
             CALLER.reset(caller)
         pending.add(fut)
-        fut.add_done_callback(lambda f: answered(agent, k, started, before, n, f))
+        fut.add_done_callback(_Call(answered, agent, k, started, before, n))
 
     def answered(agent: _Copy, k: int, started: float, before: list[Answer] | None, n: int,
                  fut: asyncio.Future) -> None:

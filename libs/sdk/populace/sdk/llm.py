@@ -35,6 +35,10 @@ CALLER: ContextVar[int | None] = ContextVar("populace_caller", default=None)
 # An interview's question being answered in this task: its tag base (populace.sdk.interview,
 # bit 62 set plus the question's digest), which no call of a round can have.
 ASKING: ContextVar[int | None] = ContextVar("populace_asking", default=None)
+# That question's calls so far by this agent, when the interview counts them itself: the port
+# then keeps no count of its own (one entry per agent and question, held by the port until the
+# interview ends: a million of them for a question asked of a million agents).
+ASKING_CALLS: ContextVar[int | None] = ContextVar("populace_asking_calls", default=None)
 TURNS: dict = {}
 
 
@@ -45,6 +49,9 @@ def call_tag(counts: dict, key: int) -> int:
     an interview's n-th call of a question: the question's tag base + n."""
     asking = ASKING.get()
     if asking is not None:
+        counted = ASKING_CALLS.get()
+        if counted is not None:
+            return asking | counted
         slot = ("asking", asking, key)
         n = counts.get(slot, 0)
         counts[slot] = n + 1

@@ -40,6 +40,34 @@ SECONDS_PER_TOKEN = 0.05
 MAX_WAIT_WHILE_WORKED_ON_S = 1800.0
 
 
+# A shared suffix shorter than this stays in the prompts (not worth a field).
+MIN_SUFFIX = 16
+
+
+def common_suffix(prompts: list[str], keep: list[int]) -> int:
+    """How many trailing characters all `prompts` share, never reaching into the first
+    `keep[i]` characters of prompt i (its prefix, which routes it)."""
+    first = prompts[0]
+    most = min(len(text) - k for text, k in zip(prompts, keep, strict=True))
+    if most <= 0:
+        return 0
+    tail = first[len(first) - most:]
+    for text in prompts[1:]:
+        if text.endswith(tail):
+            continue
+        lo, hi = 0, len(tail) - 1  # the longest end of `tail` that `text` ends with (monotone in length)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if text.endswith(tail[len(tail) - mid:]):
+                lo = mid
+            else:
+                hi = mid - 1
+        if lo < MIN_SUFFIX:
+            return 0
+        tail = tail[len(tail) - lo:]
+    return len(tail)
+
+
 class _Pending:
     """Requests waiting to leave in one batch: they share a system prompt and a schema."""
 
@@ -62,7 +90,8 @@ class InferSession:
     def __init__(self, nc: Client, *, run_id: str, round_: int, model: ModelConfig, system: str,
                  response_schema: dict | None = None, batch_size: int = 1000, flush_s: float = 0.005,
                  timeout_s: float = 60.0, attempts: int = 3, host_id: str = "", silence_s: float = 5.0,
-                 down_s: float = 120.0, on_worked_on: Callable[[], None] | None = None) -> None:
+                 down_s: float = 120.0, on_worked_on: Callable[[], None] | None = None,
+                 shared_suffix: bool = False) -> None:
         self._nc = nc
         self._loop = asyncio.get_running_loop()
         self._run_id, self._round, self._model = run_id, round_, model
@@ -81,6 +110,9 @@ class InferSession:
         # called on every keepalive of a gateway working on one of this session's batches: the
         # round is making progress even while no answer has come back yet
         self._on_worked_on = on_worked_on
+        # Whether the text every prompt of a batch ends with is sent once (InferBatch.suffix): an
+        # interview's prompts end with its question, the same for everyone asked it.
+        self._shared_suffix = shared_suffix
         self.infra_retries = 0  # prompts sent again because no model answered them
         self.llm_calls = self.prompt_tokens = self.completion_tokens = 0  # answered prompts, their tokens
         self.tokens_sq = 0.0
@@ -140,10 +172,17 @@ class InferSession:
             return
         keys, prompts, futs, prefix, seqs = p.keys, p.prompts, p.futs, p.prefix, p.seqs
         p.keys, p.prompts, p.futs, p.prefix, p.seqs, p.bytes = [], [], [], [], [], 0
+        suffix = None
+        if self._shared_suffix and len(prompts) > 1:
+            n = common_suffix(prompts, prefix)
+            if n >= MIN_SUFFIX:
+                suffix = prompts[0][len(prompts[0]) - n:]
+                prompts = [text[:len(text) - n] for text in prompts]
         batch = InferBatch(batch_id=f"{self._id_prefix}{next(_batch_ids)}", run_id=self._run_id,
                            round=self._round, model=self._model, system=p.system,
                            response_schema=p.schema, keys=keys, prompts=prompts,
-                           prefix_chars=prefix if any(prefix) else None, seqs=seqs if any(seqs) else None)
+                           prefix_chars=prefix if any(prefix) else None, seqs=seqs if any(seqs) else None,
+                           suffix=suffix)
         task = self._loop.create_task(self._send(batch, futs))
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)

@@ -37,6 +37,9 @@ log = logs.get("populace.agent_host")
 
 # Planned answers a host keeps out between two rounds of their run (a round's first batches)
 BETWEEN_ROUNDS = 2000
+# Answer batches (of `outcome_batch_size` rows) a survey keeps waiting to be stored; past it, no
+# new answers start until some are.
+PUBLISHING = 32
 
 States = Sequence[tuple[int, dict[str, Any]]]
 # a share's agents' state at a round's end: frozen_states' JSON (answered later), or restored pairs
@@ -56,7 +59,10 @@ class AnswerPublisher:
         self.survey, self.request = survey, request
         self._seq = 0
         self._reported = Usage()
-        self._publishing: list[asyncio.Task] = []
+        self._publishing: set[asyncio.Task] = set()  # batches not stored yet
+        self._failed: BaseException | None = None  # the first batch that could not be stored
+        self._room = asyncio.Event()  # set while fewer than PUBLISHING batches are out
+        self._room.set()
         self.rows = self.valid = 0
 
     def emit(self, columns: dict[str, list], usage: Usage) -> None:
@@ -72,15 +78,36 @@ class AnswerPublisher:
         self.rows += len(columns["agent_id"])
         self.valid += sum(columns["valid"])
         shard = f"{self.host_id}-{self.survey.id}-{self.request or 'planned'}-{batch.seq}"
-        self._publishing.append(asyncio.get_running_loop().create_task(bus.publish_js(
+        task = asyncio.get_running_loop().create_task(bus.publish_js(
             self._js, subjects.run_interviews(self.run_id, self.round, self.host_id), batch,
-            msg_id=subjects.msg_id(self.run_id, self.round, shard, "interviews", self.epoch))))
+            msg_id=subjects.msg_id(self.run_id, self.round, shard, "interviews", self.epoch)))
+        self._publishing.add(task)
+        task.add_done_callback(self._stored)
+        if len(self._publishing) >= PUBLISHING:
+            self._room.clear()
+
+    def _stored(self, task: asyncio.Task) -> None:
+        self._publishing.discard(task)
+        if not task.cancelled() and task.exception() is not None and self._failed is None:
+            self._failed = task.exception()
+        if len(self._publishing) < PUBLISHING:
+            self._room.set()
+
+    async def room(self) -> None:
+        """Until fewer than PUBLISHING batches wait to be stored: answers start no faster than
+        JetStream stores them (a slow server would otherwise see every answer of the share
+        waiting in this host's memory)."""
+        while len(self._publishing) >= PUBLISHING and self._failed is None:
+            self._room.clear()
+            await self._room.wait()
 
     async def close(self, usage: Usage) -> None:
         """Every batch stored; the usage not yet reported rides in a last, empty batch."""
         if usage != self._reported or self._seq == 0:
             self.emit({k: [] for k in interview.ROW_KEYS}, usage)
-        await asyncio.gather(*self._publishing)
+        await asyncio.gather(*self._publishing, return_exceptions=True)
+        if self._failed is not None:
+            raise self._failed
 
 
 class Interviewer:
@@ -192,11 +219,10 @@ class Interviewer:
             sim = resolved.instance(order.run_id, await load_cast(order.config))
             run = HostedRun(order.run_id, resolved, sim, type(sim).Env(sim), [], RoundPlayer(sim, []),
                             ranges=list(order.ranges))
-            bounds = [(first, first + count) for first, count in order.ranges]
             states = interview.Respondents.from_chunks(
                 [chunk async for chunk in checkpoints.agent_chunks(self.js, r.run_id, r.round, r.ranges, order.ranges,
                                                                    r.digests)],
-                wanted=lambda aid: any(a <= aid < b for a, b in bounds))
+                wanted=order.ranges)
             chosen = states.chosen(seed=order.config.seed, survey_id=order.survey.id, sample=order.sample,
                                    agents=order.agents, last_use=True)
             del states
@@ -241,15 +267,20 @@ class Interviewer:
             self.nc, run_id=run.run_id, round_=round_, model=model, system=interview.SYSTEM,
             batch_size=s.infer_batch_size, flush_s=s.infer_flush_ms / 1000,
             timeout_s=max(s.infer_timeout_s, model.latency_s * 4 + 10), attempts=s.infer_attempts,
-            host_id=self.host_id, silence_s=s.infer_silence_s, down_s=s.infer_down_s)
+            host_id=self.host_id, silence_s=s.infer_silence_s, down_s=s.infer_down_s, shared_suffix=True)
         out = AnswerPublisher(self.js, run_id=run.run_id, round_=round_, host_id=self.host_id, epoch=run.epoch,
                               survey=survey, request=request)
         rows = interview.Rows(emit=lambda columns: out.emit(columns, session.usage()), size=s.outcome_batch_size)
         loop = asyncio.get_running_loop()
         t0 = loop.time()
+
+        async def paced() -> int:
+            await out.room()
+            return 1 << 62 if gate is None else await gate()
+
         try:
             await interview.ask(run.sim, states, survey, session, rows,
-                                max_in_flight=min(s.max_in_flight, s.interview_in_flight), gate=gate)
+                                max_in_flight=min(s.max_in_flight, s.interview_in_flight), gate=paced)
         finally:
             rows.flush()
             await session.drain()

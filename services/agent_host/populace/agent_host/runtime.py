@@ -124,6 +124,13 @@ class HostRuntime:
         metrics.AGENTS.set(self.agent_count)
         if run:
             run.stop()
+            del run
+            # The share's agents and what its rounds left are held in reference cycles, which
+            # only a full collection frees; at this host's thresholds (app.py) that may come much
+            # later, so whatever the host does next (a post-hoc interview, the next run) would
+            # grow it on top of a run it no longer holds. Measured on 200,000 agents: 419 MB
+            # resident after the share went, 137 MB after this collection.
+            gc.collect()
 
     def forget(self, run_id: str, up_to_epoch: int | None = None) -> None:
         """A run stopped: every share of it (up to `up_to_epoch`: a newer one is a resume's)."""

@@ -94,7 +94,7 @@ class Dispatcher:
     async def decide(self, batch: InferBatch, i: int, key: str) -> Decision:
         """One decision: one call, plus at most `gateway_reasks` corrective re-asks."""
         t0 = time.perf_counter()
-        messages = [{"role": "system", "content": batch.system}, {"role": "user", "content": batch.prompts[i]}]
+        messages = [{"role": "system", "content": batch.system}, {"role": "user", "content": batch.prompt(i)}]
         seed = batch.model.seed * 1_000_003 + batch.keys[i] if batch.model.seed else None
         if seed is not None and batch.seqs is not None and batch.seqs[i]:
             # an agent's second call in a round (or one on another's behalf) samples apart

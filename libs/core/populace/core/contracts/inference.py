@@ -40,6 +40,13 @@ class InferBatch(Wire):
     # persona): the gateway routes on system prompt + this prefix, so an agent's persona
     # stays in one replica's prefix cache across rounds. None: route on the system prompt.
     prefix_chars: list[int] | None = None
+    # Text that ends every prompt of the batch, sent once rather than in each (an interview's
+    # question, the same for every agent asked it): prompt i is `prompts[i] + suffix`.
+    suffix: str | None = None
+
+    def prompt(self, i: int) -> str:
+        """Prompt `i` as the model reads it (its shared suffix put back)."""
+        return self.prompts[i] + self.suffix if self.suffix else self.prompts[i]
 
     @model_validator(mode="after")
     def _same_length(self) -> InferBatch:
