@@ -30,10 +30,15 @@ class Up:
 
     def __init__(self, cwd: Path, port: int, *args: str) -> None:
         self.log = cwd / f"up-{time.monotonic_ns()}.log"
+        self.killed = False
         self.out = open(self.log, "wb")
+        # SIGINT back to its default in the child: a suite started in a background job (`cmd &`,
+        # nohup, CI) ignores SIGINT, the child would inherit the ignore, and Ctrl-C in stop() would
+        # only reach it as the SIGKILL a minute later (two minutes of this test, before)
         self.proc = subprocess.Popen([sys.executable, "-m", "populace.cli", "up", "--port", str(port), "--hosts", "1",
                                       *args], cwd=cwd, stdout=self.out, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                     start_new_session=True,
+                                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")
@@ -47,11 +52,12 @@ class Up:
         return self.text()
 
     def stop(self) -> None:
-        """Ctrl-C, then SIGKILL to its process group if it did not stop."""
+        """Ctrl-C, then SIGKILL to its process group if it did not stop (`killed` says so)."""
         try:
             os.kill(self.proc.pid, signal.SIGINT)
             self.proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
+            self.killed = True
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
         except ProcessLookupError:
