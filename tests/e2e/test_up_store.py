@@ -103,7 +103,7 @@ def known(url: str, rid: str):
     return asyncio.run(go())
 
 
-def test_a_restarted_up_still_knows_the_runs_it_can_resume(tmp_path):
+def test_a_restarted_up_still_knows_the_runs_it_can_resume(tmp_path, cli):
     port = free_port()
     url = f"nats://127.0.0.1:{port}"
     first = Up(tmp_path, port)
@@ -111,9 +111,9 @@ def test_a_restarted_up_still_knows_the_runs_it_can_resume(tmp_path):
         said = first.wait_ready()
         assert f"JetStream store {tmp_path / 'populace-nats'}, kept at stop" in said.replace("\n", "")
         rid = cancelled_run(url)
-        # a second `up` on the same store is refused before it starts anything
-        again = subprocess.run([sys.executable, "-m", "populace.cli", "up", "--port", str(free_port())], cwd=tmp_path,
-                               capture_output=True, text=True, timeout=120)
+        # a second `up` on the same store is refused before it starts anything: in this process
+        # (the `cli` fixture), which holds no lock of its own, so the lock it meets is the first's
+        again = cli("up", "--port", str(free_port()), cwd=tmp_path)
         assert again.returncode == 2 and "--store: " in again.stderr and "is in use by another `populace up` (pid" \
             in again.stderr.replace("\n", "")
     finally:
@@ -125,3 +125,4 @@ def test_a_restarted_up_still_knows_the_runs_it_can_resume(tmp_path):
         assert state is not None and state.status == "cancelled" and state.round == 1
     finally:
         second.stop()
+    assert not first.killed and not second.killed, "Ctrl-C did not stop `populace up` within a minute"
