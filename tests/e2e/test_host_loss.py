@@ -1,7 +1,10 @@
 """A worker dying mid-run (the paper's runs just hang): when the lost host's agents fit on no
 other host, the run pauses with a reason naming the host and the round, the rounds that
 closed stay recorded, and `resume` continues it once a host is back — to the same results as
-an undisturbed run. An orchestrator restarted before the loss still watches the run."""
+an undisturbed run. An orchestrator restarted before the loss still watches the run.
+
+One stack serves both tests (each leaves every process of it running again): hosts of 400
+agents, so an 800-agent run fills both and a 200-agent run's lost half fits on the survivor."""
 
 from __future__ import annotations
 
@@ -15,13 +18,49 @@ import pytest
 
 from populace.client.run import play, resume
 from populace.client.stack import Stack
-from populace.core import bus
-from populace.core.contracts import RoundOpen, RunConfig
+from populace.core import bus, subjects
+from populace.core.contracts import HostInfo, RoundOpen, RunConfig
 
 pytestmark = pytest.mark.e2e
 
 ENV = {"POPULACE_STORAGE": "memory", "POPULACE_HOST_LOST_S": "4", "POPULACE_HEARTBEAT_S": "0.5",
        "POPULACE_REGISTRY_TTL_S": "4"}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    db = tmp_path_factory.mktemp("host-loss") / "populace.duckdb"
+    with Stack(hosts=2, db=str(db), env=ENV, host_env={"POPULACE_HOST_CAPACITY": "400"}).up(timeout=90) as s:
+        yield s
+
+
+def all_up(stack: Stack) -> None:
+    """Start every killed process of the stack again and wait until each registered."""
+    for key, proc in stack.procs.items():
+        if proc.poll() is not None:
+            stack.restart(key)
+    asyncio.run(stack.wait_ready(timeout=90))
+
+
+def hosts_idle(stack: Stack, timeout: float = 30) -> None:
+    """Until every live host's heartbeat reports no agents (a finished run's agents are gone,
+    its room is free again for a run that needs all of it)."""
+    async def poll():
+        nc = await bus.connect(stack.url, "e2e-host-loss-idle")
+        try:
+            deadline = time.monotonic() + timeout
+            live = {p.pid for k, p in stack.procs.items() if k.startswith("agent-host") and p.poll() is None}
+            while True:
+                hosts = await bus.registry_entries(nc.jetstream(), subjects.HOSTS_BUCKET, HostInfo)
+                busy = {h.host_id: h.agents for h in hosts if h.pid in live and h.agents}
+                if not busy and len({h.pid for h in hosts} & live) == len(live):
+                    return
+                assert time.monotonic() < deadline, f"hosts still report agents: {busy}"
+                await asyncio.sleep(0.1)
+        finally:
+            await nc.close()
+
+    asyncio.run(poll())
 
 
 def play_following(stack: Stack, config: RunConfig, on_event=None):
@@ -42,16 +81,14 @@ def values(db: str, run_id: str) -> list[tuple]:
                            "ORDER BY round, agent_id", [run_id]).fetchall()
 
 
-def test_a_lost_host_whose_agents_fit_nowhere_pauses_the_run_and_resume_finishes_it(tmp_path):
-    db = tmp_path / "populace.duckdb"
-    stack = Stack(hosts=2, db=str(db), env=ENV, host_env={"POPULACE_HOST_CAPACITY": "400"})
-    stack.start()
+def test_a_lost_host_whose_agents_fit_nowhere_pauses_the_run_and_resume_finishes_it(stack):
+    db = stack.db
     config = RunConfig.model_validate({"agents": 800, "rounds": 4, "model": {"latency_s": 1.0, "seed": 2}})
     try:
-        asyncio.run(stack.wait_ready(timeout=90))
+        hosts_idle(stack)  # the room of both hosts, whatever ran before
         reference = play_following(stack, config)
         assert reference.status == "completed", reference.reason
-        time.sleep(1.5)  # the hosts' heartbeats report their room again (the reference run's agents are gone)
+        hosts_idle(stack)  # the hosts' heartbeats report their room again (the reference run's agents are gone)
 
         def on_event(kind: str, model: object) -> None:
             if isinstance(model, RoundOpen) and model.round == 2 and stack.procs["agent-host-1"].poll() is None:
@@ -67,8 +104,7 @@ def test_a_lost_host_whose_agents_fit_nowhere_pauses_the_run_and_resume_finishes
             assert con.execute("SELECT count(*) FROM guesses WHERE run_id = ? AND round = 1",
                                [out.run_id]).fetchone() == (800,)
 
-        stack.restart("agent-host-1")
-        asyncio.run(stack.wait_ready(timeout=60))
+        all_up(stack)
 
         async def go():
             nc = await bus.connect(stack.url, "e2e-host-loss")
@@ -81,15 +117,11 @@ def test_a_lost_host_whose_agents_fit_nowhere_pauses_the_run_and_resume_finishes
         assert done.status == "completed", done.reason
         assert values(str(db), out.run_id) == values(str(db), reference.run_id)
     finally:
-        stack.stop()
+        all_up(stack)
 
 
-def test_a_restarted_orchestrator_still_watches_the_running_run(tmp_path):
-    db = tmp_path / "populace.duckdb"
-    stack = Stack(hosts=2, db=str(db), env=ENV)
-    stack.start()
+def test_a_restarted_orchestrator_still_watches_the_running_run(stack):
     try:
-        asyncio.run(stack.wait_ready(timeout=90))
         config = RunConfig.model_validate({"agents": 200, "rounds": 4, "model": {"latency_s": 1.5, "seed": 2}})
 
         def on_event(kind: str, model: object) -> None:
@@ -100,6 +132,6 @@ def test_a_restarted_orchestrator_still_watches_the_running_run(tmp_path):
 
         out = play_following(stack, config, on_event)
     finally:
-        stack.stop()
+        all_up(stack)
     assert out.status == "completed", out.reason
     assert out.recorded is not None and out.recorded.outcomes == 800

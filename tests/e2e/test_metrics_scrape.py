@@ -168,14 +168,17 @@ def test_populace_up_runs_with_every_service_exporting(tmp_path):
     assert not any(_port_taken(p) for p in ports.values())  # every service stopped with it
 
 
-def test_populace_up_with_a_taken_metrics_port_exits_naming_the_variable(tmp_path):
+def test_populace_up_with_a_taken_metrics_port_exits_naming_the_variable(tmp_path, cli):
+    """In process (the `cli` fixture): `up` refuses before it starts any service; the process
+    boundary of `populace up` is the test above's."""
     first = free_ports_from(len(CORE_SERVICES) + 2)
     with socket.socket() as holder:
         holder.bind(("0.0.0.0", first))
         holder.listen()
-        proc, out = populace_up(tmp_path, first, free_port())
-        code = proc.wait(60)
-    text = " ".join(out.read_text().split())
+        done = cli("up", "--hosts", "2", "--port", str(free_port()), "--db", str(tmp_path / "up.duckdb"), cwd=tmp_path,
+                   env={"POPULACE_METRICS_PORT": str(first), "POPULACE_STORAGE": "memory", "COLUMNS": "250"})
+    code = done.returncode
+    text = " ".join((done.stdout + done.stderr).split())
     assert code == 1, text
     assert f"POPULACE_METRICS_PORT={first}: port {first} (orchestrator) already in use" in text
     assert "Traceback" not in text

@@ -43,6 +43,7 @@ AGENTS, ROUNDS = 400, 4
 CONFIG = {"simulation": "memory_sim:Memory", "agents": AGENTS, "rounds": ROUNDS, "seed": 4,
           "model": {"latency_s": 2.0, "seed": 9}}
 STALL_S = 20  # the orchestrator's round deadline here (POPULACE_ROUND_STALL_S)
+SPOOF_STALL_S = 8  # its deadline for the last test, which waits out two of them
 
 
 @pytest.fixture(scope="module")
@@ -252,40 +253,6 @@ def test_faults_and_pauses_from_a_host_placed_in_no_run_change_nothing_and_are_d
     assert "claims to come from 'host-0'" in reasons and "claims to come from 'environment'" in reasons
 
 
-def test_spoofed_progress_does_not_keep_a_stalled_run_running(stack):
-    """The environment dies as round 2 opens: the round can never close. host-9 ticks progress
-    for it every half second (it kept such a run "running" with no reason for 230 s); the round
-    is announced again once past its deadline, then the run pauses with the reason."""
-    ticking: list[asyncio.Task] = []
-
-    async def spoof(evil, rid) -> None:
-        subject = subjects.progress(rid, 2, "host-9")
-        while True:
-            await evil.publish(subject, bus.encode(Progress(run_id=rid, round=2, host_id="host-9", answered=1)))
-            await evil.publish(subject, bus.encode(Progress(run_id=rid, round=2, host_id="host-9", answered=0)))
-            await asyncio.sleep(0.5)
-
-    async def on_open(evil, rid, n) -> None:
-        if n == 2 and not ticking:
-            stack.kill("environment")
-            ticking.append(asyncio.get_running_loop().create_task(spoof(evil, rid)))
-
-    before = len(asyncio.run(dead_letters(stack)))
-    try:
-        out, state = play_run(stack, on_open=on_open, attacker="host-9", timeout=8 * STALL_S)
-    finally:
-        for t in ticking:
-            t.cancel()
-        stack.restart("environment")
-        asyncio.run(stack.wait_ready(timeout=90))
-    assert out.status == "paused", (out.status, out.reason)
-    assert f"round 2 made no progress for {STALL_S}s (announced again once)" in out.reason, out.reason
-    assert state.round == 1
-    refused = refused_on(stack, before, subjects.progress(out.run_id, 2, "host-9"), 1)
-    assert refused and all(d[2] == f"progress refused from host-9: agent-host host-9 plays no share of run "
-                                   f"{out.run_id} (epoch 0)" for d in refused), refused[:3]
-
-
 # --- 5. a host's own capacity claim does not decide placement ---------------------------------------
 def test_a_host_claiming_a_huge_capacity_gets_an_even_share(stack, reference):
     """host-1 restarts claiming a capacity of 10^8 (host-0 offers the default, from its memory): it got
@@ -312,3 +279,47 @@ def test_a_host_claiming_a_huge_capacity_gets_an_even_share(stack, reference):
     out, state = play_run(stack)
     assert {sh.host_id: sh.count for sh in state.shares} == {"host-0": 200, "host-1": 200}
     check_exact(stack, out, reference)
+
+
+# --- 4. (continued, last: it shortens the orchestrator's round deadline) ------------------------------
+def test_spoofed_progress_does_not_keep_a_stalled_run_running(stack):
+    """The environment dies as round 2 opens: the round can never close. host-9 ticks progress
+    for it every half second (it kept such a run "running" with no reason for 230 s); the round
+    is announced again once past its deadline, then the run pauses with the reason.
+
+    Last in the module: its orchestrator is started again with a deadline of SPOOF_STALL_S
+    instead of STALL_S (the run waits out two deadlines: 16 s instead of 40); the ticks come 16
+    times a deadline still, and the module's other runs keep the margin of the longer one."""
+    args, env, service = stack.specs["orchestrator"]
+    stack.specs["orchestrator"] = (args, {**env, "POPULACE_ROUND_STALL_S": str(SPOOF_STALL_S)}, service)
+    stack.kill("orchestrator", signal.SIGTERM)
+    stack.restart("orchestrator")
+    asyncio.run(stack.wait_ready(timeout=90))
+    ticking: list[asyncio.Task] = []
+
+    async def spoof(evil, rid) -> None:
+        subject = subjects.progress(rid, 2, "host-9")
+        while True:
+            await evil.publish(subject, bus.encode(Progress(run_id=rid, round=2, host_id="host-9", answered=1)))
+            await evil.publish(subject, bus.encode(Progress(run_id=rid, round=2, host_id="host-9", answered=0)))
+            await asyncio.sleep(0.5)
+
+    async def on_open(evil, rid, n) -> None:
+        if n == 2 and not ticking:
+            stack.kill("environment")
+            ticking.append(asyncio.get_running_loop().create_task(spoof(evil, rid)))
+
+    before = len(asyncio.run(dead_letters(stack)))
+    try:
+        out, state = play_run(stack, on_open=on_open, attacker="host-9", timeout=8 * STALL_S)
+    finally:
+        for t in ticking:
+            t.cancel()
+        stack.restart("environment")
+        asyncio.run(stack.wait_ready(timeout=90))
+    assert out.status == "paused", (out.status, out.reason)
+    assert f"round 2 made no progress for {SPOOF_STALL_S}s (announced again once)" in out.reason, out.reason
+    assert state.round == 1
+    refused = refused_on(stack, before, subjects.progress(out.run_id, 2, "host-9"), 1)
+    assert refused and all(d[2] == f"progress refused from host-9: agent-host host-9 plays no share of run "
+                                   f"{out.run_id} (epoch 0)" for d in refused), refused[:3]

@@ -30,10 +30,15 @@ class Up:
 
     def __init__(self, cwd: Path, port: int, *args: str) -> None:
         self.log = cwd / f"up-{time.monotonic_ns()}.log"
+        self.killed = False
         self.out = open(self.log, "wb")
+        # SIGINT back to its default in the child: a suite started in a background job (`cmd &`,
+        # nohup, CI) ignores SIGINT, the child would inherit the ignore, and Ctrl-C in stop() would
+        # only reach it as the SIGKILL a minute later (two minutes of this test, before)
         self.proc = subprocess.Popen([sys.executable, "-m", "populace.cli", "up", "--port", str(port), "--hosts", "1",
                                       *args], cwd=cwd, stdout=self.out, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                     start_new_session=True,
+                                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")
@@ -47,11 +52,12 @@ class Up:
         return self.text()
 
     def stop(self) -> None:
-        """Ctrl-C, then SIGKILL to its process group if it did not stop."""
+        """Ctrl-C, then SIGKILL to its process group if it did not stop (`killed` says so)."""
         try:
             os.kill(self.proc.pid, signal.SIGINT)
             self.proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
+            self.killed = True
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
         except ProcessLookupError:
@@ -97,7 +103,7 @@ def known(url: str, rid: str):
     return asyncio.run(go())
 
 
-def test_a_restarted_up_still_knows_the_runs_it_can_resume(tmp_path):
+def test_a_restarted_up_still_knows_the_runs_it_can_resume(tmp_path, cli):
     port = free_port()
     url = f"nats://127.0.0.1:{port}"
     first = Up(tmp_path, port)
@@ -105,9 +111,9 @@ def test_a_restarted_up_still_knows_the_runs_it_can_resume(tmp_path):
         said = first.wait_ready()
         assert f"JetStream store {tmp_path / 'populace-nats'}, kept at stop" in said.replace("\n", "")
         rid = cancelled_run(url)
-        # a second `up` on the same store is refused before it starts anything
-        again = subprocess.run([sys.executable, "-m", "populace.cli", "up", "--port", str(free_port())], cwd=tmp_path,
-                               capture_output=True, text=True, timeout=120)
+        # a second `up` on the same store is refused before it starts anything: in this process
+        # (the `cli` fixture), which holds no lock of its own, so the lock it meets is the first's
+        again = cli("up", "--port", str(free_port()), cwd=tmp_path)
         assert again.returncode == 2 and "--store: " in again.stderr and "is in use by another `populace up` (pid" \
             in again.stderr.replace("\n", "")
     finally:
@@ -119,3 +125,4 @@ def test_a_restarted_up_still_knows_the_runs_it_can_resume(tmp_path):
         assert state is not None and state.status == "cancelled" and state.round == 1
     finally:
         second.stop()
+    assert not first.killed and not second.killed, "Ctrl-C did not stop `populace up` within a minute"
