@@ -222,7 +222,10 @@ async def register_forever(nats_url: str, rs: ReplicaSet, every_s: float = 2.0) 
             for r in rs.replicas:
                 if r.alive():
                     info = r.info.model_copy(update={"heartbeat_at": time.time()})
-                    await kv.put(r.info.replica_id, bus.encode(info))
+                    try:
+                        await kv.put(r.info.replica_id, bus.encode(info))
+                    except Exception as err:  # NATS restarting or a leader being elected: beat again next time
+                        log.warning("heartbeat_failed", replica=r.info.replica_id, error=str(err))
             await asyncio.sleep(every_s)
     finally:
         for r in rs.replicas:  # best effort and quick: the TTL removes what is left
