@@ -22,7 +22,6 @@ import yaml
 
 from populace.client.prepare import prepare_file
 from populace.client.run import play
-from populace.client.stack import Stack
 from populace.core import bus
 from populace.core.natsserver import free_port
 from populace.core.processes import terminate
@@ -33,12 +32,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory, chromium):
+def site(tmp_path_factory, chromium, stacks):
     tmp = tmp_path_factory.mktemp("interview-page")
     (tmp / "logs").mkdir()
-    stack = Stack(hosts=2, db=str(tmp / "populace.duckdb"), log_dir=str(tmp / "logs"),
-                  env={"POPULACE_STORAGE": "memory"})
-    stack.up(timeout=180)
+    # the services share one process: the page reads through the manager and the bus
+    stack = stacks(hosts=2, db=str(tmp / "populace.duckdb"), log_dir=str(tmp / "logs"),
+                   env={"POPULACE_STORAGE": "memory"}, one_process=True, timeout=180)
     manager = None
     try:
         port = free_port()
@@ -60,7 +59,6 @@ def site(tmp_path_factory, chromium):
     finally:
         if manager is not None:
             terminate(manager)
-        stack.stop()
 
 
 def test_an_interview_from_the_run_page(site, browser):
