@@ -32,10 +32,11 @@ SLOW = {"POPULACE_MAX_IN_FLIGHT": "100", "POPULACE_OUTCOME_BATCH_SIZE": "100"}
 
 
 @pytest.fixture(scope="module")
-def stack(stacks):
-    """The services in one process: the recorder still holds the DuckDB file, and the CLI (its own
-    process) still reads through the bus."""
-    return stacks(hosts=1, env={"POPULACE_STORAGE": "memory", **SLOW}, one_process=True)
+def stack(tmp_path_factory):
+    db = tmp_path_factory.mktemp("live") / "populace.duckdb"
+    s = Stack(hosts=1, db=str(db), env={"POPULACE_STORAGE": "memory", **SLOW})
+    with s.up(timeout=90):
+        yield s
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

@@ -22,6 +22,7 @@ import yaml
 
 from populace.client.prepare import prepare_file
 from populace.client.run import play
+from populace.client.stack import Stack
 from populace.core import bus
 from populace.core.natsserver import free_port
 from populace.core.processes import terminate
@@ -32,12 +33,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory, chromium, stacks):
+def site(tmp_path_factory, chromium):
     tmp = tmp_path_factory.mktemp("interview-page")
     (tmp / "logs").mkdir()
-    # the services share one process: the page reads through the manager and the bus
-    stack = stacks(hosts=2, db=str(tmp / "populace.duckdb"), log_dir=str(tmp / "logs"),
-                   env={"POPULACE_STORAGE": "memory"}, one_process=True, timeout=180)
+    stack = Stack(hosts=2, db=str(tmp / "populace.duckdb"), log_dir=str(tmp / "logs"),
+                  env={"POPULACE_STORAGE": "memory"})
+    stack.up(timeout=180)
     manager = None
     try:
         port = free_port()
@@ -59,6 +60,7 @@ def site(tmp_path_factory, chromium, stacks):
     finally:
         if manager is not None:
             terminate(manager)
+        stack.stop()
 
 
 def test_an_interview_from_the_run_page(site, browser):
