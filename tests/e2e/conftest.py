@@ -1,11 +1,15 @@
-"""What the browser tests share: the system's Chromium, or a clear skip (a failure in CI)."""
+"""What the end-to-end tests share: a module's stacks (`stacks`), and for the browser tests the
+system's Chromium, or a clear skip (a failure in CI)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+from populace.client.stack import Stack
 
 # Debian's chromium: `playwright install` would download one from a CDN this machine cannot reach
 CHROMIUM = Path("/usr/bin/chromium")
@@ -33,3 +37,23 @@ def browser(chromium):
         b = p.chromium.launch(executable_path=str(chromium), args=["--headless", "--no-sandbox", "--disable-gpu"])
         yield b
         b.close()
+
+
+@pytest.fixture(scope="module")
+def stacks(tmp_path_factory) -> Iterator[Callable[..., Stack]]:
+    """A factory of ready stacks, each stopped when the module ends: `stacks(hosts=2, env={…},
+    one_process=True, timeout=90)` takes Stack's settings (db defaults to a new temporary file)
+    and returns the stack once every service has registered. A module whose tests need no
+    process per service (none kills, restarts or measures one, or reads its own log or metrics
+    port) asks for `one_process=True`: the world is imported once, not once per service."""
+    started: list[Stack] = []
+
+    def start(*, timeout: float = 90, **settings) -> Stack:
+        settings.setdefault("db", str(tmp_path_factory.mktemp("stack") / "populace.duckdb"))
+        stack = Stack(**settings).up(timeout=timeout)  # stopped again if it never gets ready
+        started.append(stack)
+        return stack
+
+    yield start
+    for stack in reversed(started):
+        stack.stop()

@@ -16,7 +16,6 @@ import pytest
 
 from populace.client.prepare import prepare
 from populace.client.run import play, resume, run_state
-from populace.client.stack import Stack
 from populace.core import bus
 from populace.core.contracts import RunConfig
 from populace.sdk.local import run_local
@@ -35,12 +34,10 @@ def bug_file(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory, bug_file):
-    db = tmp_path_factory.mktemp("bad-input-db") / "populace.duckdb"
-    s = Stack(hosts=2, db=str(db), env={"POPULACE_STORAGE": "memory", "PYTHONPATH": str(SIMS),
-                                         "BAD_INPUT_BUG_FILE": str(bug_file)})
-    with s.up(timeout=120):
-        yield s
+def stack(stacks, bug_file):
+    """Two hosts in one process with the other services: no service is killed or measured alone."""
+    return stacks(hosts=2, env={"POPULACE_STORAGE": "memory", "PYTHONPATH": str(SIMS),
+                                "BAD_INPUT_BUG_FILE": str(bug_file)}, one_process=True, timeout=120)
 
 
 @pytest.fixture(scope="module")

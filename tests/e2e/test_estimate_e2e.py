@@ -11,7 +11,6 @@ import pytest
 import yaml
 
 from populace.client.run import run_state
-from populace.client.stack import Stack
 from populace.core import bus
 
 pytestmark = pytest.mark.e2e
@@ -20,12 +19,10 @@ SCENARIO = {"agents": 400, "rounds": 1, "seed": 5, "model": {"backend": "sim", "
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    db = tmp_path_factory.mktemp("estimate") / "populace.duckdb"
-    s = Stack(hosts=1, db=str(db), env={"POPULACE_STORAGE": "memory"},
-              extra={"replicas-sim": ["replicas", "sim", "--count", "1"]}, replicas=1)
-    with s.up(timeout=120):
-        yield s
+def stack(stacks):
+    """No service is killed or measured alone: the services share one process (the replica has its own)."""
+    return stacks(hosts=1, env={"POPULACE_STORAGE": "memory"}, one_process=True, timeout=120,
+                  extra={"replicas-sim": ["replicas", "sim", "--count", "1"]}, replicas=1)
 
 
 def populace(cli, *args: str):

@@ -1,5 +1,8 @@
-"""End to end: nats-server and every service as its own OS process (the same stack
-`populace demo` uses); a game is played over the bus and the DuckDB file is checked exactly."""
+"""End to end: nats-server and the services, a game played over the bus and the DuckDB file
+checked exactly. The module's stack runs the services in one process (`one_process=True`: no
+test here kills or measures one service); the stack `populace demo` uses, every service its own
+OS process, exports each service's metrics, stops on SIGTERM, and records the same rows as the
+one-process stack for the same seeded game (the last test)."""
 
 from __future__ import annotations
 
@@ -18,11 +21,8 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    db = tmp_path_factory.mktemp("e2e") / "populace.duckdb"
-    s = Stack(hosts=2, db=str(db), env={"POPULACE_STORAGE": "memory"})
-    with s.up(timeout=90):
-        yield s
+def stack(stacks):
+    return stacks(hosts=2, env={"POPULACE_STORAGE": "memory"}, one_process=True)
 
 
 def run_game(stack: Stack, config: RunConfig):
@@ -140,17 +140,31 @@ def test_malformed_messages_are_dead_lettered_and_services_keep_serving(stack):
     assert out.status == "completed" and out.recorded.outcomes == 50
 
 
-def test_every_service_exposes_prometheus_metrics_and_stops_on_sigterm(tmp_path):
-    """One stack for both (each used to start its own): its services export metrics while a game
-    plays, then every one of them stops on SIGTERM (none needs SIGKILL), having served a run."""
+def rows(db: str, run_id: str) -> dict[str, list[tuple]]:
+    """A run's recorded guesses and rounds, without what differs from run to run (its id, times)."""
+    with duckdb.connect(db, read_only=True) as con:
+        return {"guesses": con.execute("SELECT round, agent_id, value, valid, raw FROM guesses WHERE run_id = ? "
+                                       "ORDER BY round, agent_id", [run_id]).fetchall(),
+                "rounds": con.execute("SELECT round, n_valid, mean, target, winner_agent_id, winner_value FROM rounds "
+                                      "WHERE run_id = ? ORDER BY round", [run_id]).fetchall()}
+
+
+def test_a_process_per_service_stack_exports_metrics_stops_on_sigterm_and_records_what_one_process_does(
+        tmp_path, stack):
+    """One process-per-service stack for three checks (each used to start its own): its services
+    export metrics while a game plays, then every one of them stops on SIGTERM (none needs
+    SIGKILL), having served a run; and the same seeded game on the module's one-process stack
+    records exactly the same rows (so what the one-process stacks of the other tests record is
+    what the product's stack records)."""
     import httpx
 
+    game = RunConfig.model_validate({"agents": 120, "rounds": 2, "seed": 4, "model": {"latency_s": 0, "seed": 9}})
     s = Stack(hosts=1, db=str(tmp_path / "m.duckdb"), env={"POPULACE_STORAGE": "memory"}, metrics=True)
     s.start()
     try:
         asyncio.run(s.wait_ready(timeout=90))
         procs = dict(s.procs)
-        out = run_game(s, RunConfig.model_validate({"agents": 120, "rounds": 2, "model": {"latency_s": 0}}))
+        out = run_game(s, game)
         assert out.status == "completed"
         scraped = {key: httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
                    for key, port in s.metrics_ports.items()}
@@ -177,3 +191,8 @@ def test_every_service_exposes_prometheus_metrics_and_stops_on_sigterm(tmp_path)
     assert value(scraped["recorder"], 'populace_items_total{kind="outcomes",service="recorder"}') == 240
     for key in ("orchestrator", "environment", "gateway", "recorder", "agent-host-0"):
         assert "populace_dead_letters_total" in scraped[key]
+
+    together = run_game(stack, game)  # two hosts in one process: the split does not change a row either
+    assert together.status == "completed", together.reason
+    assert rows(stack.db, together.run_id) == rows(s.db, out.run_id)
+    assert len(rows(s.db, out.run_id)["guesses"]) == 240

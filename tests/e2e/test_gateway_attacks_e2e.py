@@ -50,7 +50,10 @@ JUNK, JUNK_BYTES = 40, 256 * 1024
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
+def stack(tmp_path_factory, stacks):
+    """Every service and host connects as its own NATS user, with its own permissions, though they
+    share one process (the attacks are about what a user may do, which the server enforces per
+    connection); the replica registrar has a process of its own."""
     tmp = tmp_path_factory.mktemp("gateway-attacks")
     users = {u: f"attacks-{u}-{os.getpid()}" for u in (*USERS, *HOSTS)}
     conf = tmp / "auth.conf"
@@ -61,10 +64,9 @@ def stack(tmp_path_factory):
     # so a stalled run shows as one in this test's time.
     env = {"POPULACE_NATS_USER": "replicas", "POPULACE_NATS_PASSWORD": users["replicas"],
            "POPULACE_INFER_DOWN_S": "30", "POPULACE_STORAGE": "memory"}
-    s = Stack(hosts=2, db=str(tmp / "populace.duckdb"), users=users, nats_args=["-c", str(conf)], env=env,
-              extra={"replicas-sim": ["replicas", "sim", "--count", "1"]}, replicas=1)
-    with s.up(timeout=120):
-        yield s
+    return stacks(hosts=2, db=str(tmp / "populace.duckdb"), users=users, nats_args=["-c", str(conf)], env=env,
+                  extra={"replicas-sim": ["replicas", "sim", "--count", "1"]}, replicas=1, one_process=True,
+                  timeout=120)
 
 
 def run(stack: Stack, scenario: dict, before=None, at_round_1=None):

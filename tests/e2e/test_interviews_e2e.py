@@ -36,11 +36,10 @@ DROP = ("run_id", "latency_ms", "host_id", "request")
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    db = tmp_path_factory.mktemp("interviews") / "populace.duckdb"
-    s = Stack(hosts=2, db=str(db), env={"POPULACE_STORAGE": "memory"})
-    with s.up(timeout=90):
-        yield s
+def stack(stacks):
+    """Two agent-hosts, each with its own host id and share, in one process: no service is killed
+    or measured alone."""
+    return stacks(hosts=2, env={"POPULACE_STORAGE": "memory"}, one_process=True)
 
 
 def scenario(tmp_path: Path, name: str, **changes):

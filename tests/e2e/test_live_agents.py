@@ -31,11 +31,9 @@ SLOW = {"POPULACE_MAX_IN_FLIGHT": "5", "POPULACE_OUTCOME_BATCH_SIZE": "5"}
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    db = tmp_path_factory.mktemp("live-agents") / "populace.duckdb"
-    s = Stack(hosts=1, db=str(db), env={"POPULACE_STORAGE": "memory", **SLOW})
-    with s.up(timeout=90):
-        yield s
+def stack(stacks):
+    """The services in one process: the reads go to the recorder over the bus, as across processes."""
+    return stacks(hosts=1, env={"POPULACE_STORAGE": "memory", **SLOW}, one_process=True)
 
 
 def ask(stack: Stack, fn):

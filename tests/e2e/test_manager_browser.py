@@ -36,7 +36,6 @@ from pathlib import Path
 import psutil
 import pytest
 
-from populace.client.stack import Stack
 from populace.core import bus, subjects
 from populace.core.contracts import HostInfo
 from populace.core.natsserver import free_port
@@ -96,15 +95,15 @@ def _hosts(url: str) -> list[HostInfo]:
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory, chromium):
+def fleet(tmp_path_factory, chromium, stacks):
     """(manager URL, [(node id, node daemon process)] of nodes A and B, stack URL, screenshot dir)."""
     tmp = tmp_path_factory.mktemp("manager")
     shots = tmp / "screenshots"
     shots.mkdir()
-    # no agent-host of its own: the runs play on the two that node A is asked for
-    stack = Stack(hosts=0, db=str(tmp / "populace.duckdb"), log_dir=str(tmp / "logs"),
-                  env={"POPULACE_STORAGE": "memory"})
-    stack.up(timeout=180)
+    # no agent-host of its own: the runs play on the two that node A is asked for (their own
+    # processes, which the test stops and counts); the core services share one process
+    stack = stacks(hosts=0, db=str(tmp / "populace.duckdb"), log_dir=str(tmp / "logs"),
+                   env={"POPULACE_STORAGE": "memory"}, one_process=True, timeout=180)
     procs: list[subprocess.Popen] = []
     try:
         env = {**os.environ, "POPULACE_HEARTBEAT_S": "0.5", **SLOW}  # the node's children inherit SLOW
@@ -140,7 +139,6 @@ def fleet(tmp_path_factory, chromium):
     finally:
         for p in reversed(procs):
             terminate(p)
-        stack.stop()
 
 
 

@@ -31,7 +31,6 @@ import pytest
 
 from populace.client.prepare import prepare
 from populace.client.run import play
-from populace.client.stack import Stack
 from populace.core import bus
 from populace.core.contracts import RunConfig
 from populace.core.natsserver import free_port
@@ -48,13 +47,13 @@ SLOW = {"POPULACE_MAX_IN_FLIGHT": "5", "POPULACE_OUTCOME_BATCH_SIZE": "5"}
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory, chromium):
+def site(tmp_path_factory, chromium, stacks):
     """(manager URL, stack URL, tmp dir)."""
     tmp = tmp_path_factory.mktemp("run-page")
     (tmp / "logs").mkdir()
-    stack = Stack(hosts=1, db=str(tmp / "populace.duckdb"), log_dir=str(tmp / "logs"),
-                  env={"POPULACE_STORAGE": "memory", **SLOW})
-    stack.up(timeout=180)
+    # the services share one process: the page reads through the manager and the bus
+    stack = stacks(hosts=1, db=str(tmp / "populace.duckdb"), log_dir=str(tmp / "logs"),
+                   env={"POPULACE_STORAGE": "memory", **SLOW}, one_process=True, timeout=180)
     manager = None
     try:
         port = free_port()
@@ -77,7 +76,6 @@ def site(tmp_path_factory, chromium):
     finally:
         if manager is not None:
             terminate(manager)
-        stack.stop()
 
 
 def start_run(url: str, rid: str) -> threading.Thread:

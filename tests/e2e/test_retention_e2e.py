@@ -31,16 +31,12 @@ DLQ_MAX_AGE_S = 7200.0  # its own limit, not RUN's (a dead letter is kept for in
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    db = tmp_path_factory.mktemp("retention") / "populace.duckdb"
+def stack(stacks):
     # A simulated model replica: the gateway's call records go through RUN (the dummy model
-    # makes none).
-    s = Stack(hosts=2, db=str(db), env={"POPULACE_STORAGE": "memory", "POPULACE_CHECKPOINTS_KEEP": "last",
-                                        "POPULACE_RUN_MAX_AGE_S": str(MAX_AGE_S),
-                                        "POPULACE_DLQ_MAX_AGE_S": str(DLQ_MAX_AGE_S)},
-              extra={"replicas-sim": ["replicas", "sim", "--count", "1"]}, replicas=1)
-    with s.up(timeout=90):
-        yield s
+    # makes none). The services share one process: what is checked is in the streams and DuckDB.
+    return stacks(hosts=2, env={"POPULACE_STORAGE": "memory", "POPULACE_CHECKPOINTS_KEEP": "last",
+                                "POPULACE_RUN_MAX_AGE_S": str(MAX_AGE_S), "POPULACE_DLQ_MAX_AGE_S": str(DLQ_MAX_AGE_S)},
+                  extra={"replicas-sim": ["replicas", "sim", "--count", "1"]}, replicas=1, one_process=True)
 
 
 def outcomes_recorded(db: str, run_id: str) -> list[tuple[int, int]]:

@@ -28,11 +28,11 @@ sys.path.insert(0, str(SIMS))  # … and by this process, which prepares the run
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    db = tmp_path_factory.mktemp("sims") / "populace.duckdb"
-    s = Stack(hosts=2, db=str(db), env={"POPULACE_STORAGE": "memory", "PYTHONPATH": str(SIMS)})
-    with s.up(timeout=90):
-        yield s
+def stack(stacks):
+    """Two hosts in one process with the other services (the one-agent-per-process test's agents
+    still get their own processes): what the fleet gives is compared, not how it is split into
+    processes."""
+    return stacks(hosts=2, env={"POPULACE_STORAGE": "memory", "PYTHONPATH": str(SIMS)}, one_process=True)
 
 
 def fleet(stack: Stack, data: dict, fork: Restore | None = None):

@@ -32,11 +32,10 @@ BASE = {"agents": AGENTS, "rounds": ROUNDS, "seed": 3, "model": {"latency_s": 0.
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    db = tmp_path_factory.mktemp("steer") / "populace.duckdb"
-    s = Stack(hosts=2, db=str(db), env={"POPULACE_STORAGE": "memory"})
-    with s.up(timeout=90):
-        yield s
+def stack(stacks):
+    """The services in one process: what is steered is the run, over the bus (the process killed
+    in a test is the CLI's, never a service's)."""
+    return stacks(hosts=2, env={"POPULACE_STORAGE": "memory"}, one_process=True)
 
 
 def rows(db: str, table: str, run_id: str, order: str, drop: tuple[str, ...]) -> list[dict]:

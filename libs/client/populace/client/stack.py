@@ -6,11 +6,18 @@ processes (LLM replicas) are `populace …` commands.
 Metrics: with POPULACE_METRICS_PORT=P (in `env` or the environment) every service process
 gets its own /metrics port, in this order: orchestrator P, environment P+1, gateway P+2,
 recorder P+3, agent-host-i P+4+i (`metrics_layout`); `metrics=True` without P picks free
-ports. `metrics_ports` says which is which."""
+ports. `metrics_ports` says which is which.
+
+`one_process=True` (tests): the services run together in one child process and one event
+loop (`python -m populace.core.serve --together`, key ONE_PROCESS), each with the settings its
+own process would have had (host id, NATS user), so the world is imported once instead of once
+per service. What needs a process per service (kill or restart one, its own log file, its rss,
+per-service metrics) is a StackError there, never done to the whole process."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -30,6 +37,8 @@ from populace.core.processes import guarded, stop_all, uninterrupted
 
 CORE_SERVICES = ["orchestrator", "environment", "gateway", "recorder"]
 METRICS_PORT_VARIABLE = "POPULACE_METRICS_PORT"
+ONE_PROCESS = "services"  # the key (and log file name) of a one-process stack's services' process
+SETTINGS_PREFIX = "POPULACE_"
 
 
 class StackError(RuntimeError):
@@ -56,6 +65,17 @@ def _port_taken(port: int) -> bool:
         except OSError:
             return True
     return False
+
+
+def settings_of(env: dict[str, str], what: str) -> dict[str, str]:
+    """Environment variables meant for one service as its Settings' init arguments
+    (POPULACE_HOST_ID -> host_id): in a process shared with other services, the environment is
+    everyone's. A variable that is no setting cannot be given to one service alone there."""
+    foreign = sorted(k for k in env if not k.startswith(SETTINGS_PREFIX))
+    if foreign:
+        raise StackError(f"{what}: {', '.join(foreign)} cannot be set for one service of a one-process stack "
+                         f"(only {SETTINGS_PREFIX}* settings can): start it with one_process=False")
+    return {k[len(SETTINGS_PREFIX):].lower(): v for k, v in env.items()}
 
 
 def _raise_interrupt(*_) -> None:
@@ -87,6 +107,8 @@ class Stack:
     # user (an agent-host as its host id if listed, else `agent-host`), the stack itself as
     # `admin`. None: no users.
     users: dict[str, str] | None = None
+    # every service in one process and event loop (tests that need no process per service)
+    one_process: bool = False
     nats: EmbeddedNats | None = None
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     specs: dict[str, tuple[list[str], dict[str, str], bool]] = field(default_factory=dict)  # to restart one
@@ -99,6 +121,7 @@ class Stack:
         _sigterm_stops_us()
         keys = service_keys(self.hosts)
         self.metrics_ports = self._metrics_ports(keys)  # before anything starts: a taken port stops here
+        together = self._together(keys) if self.one_process else None  # so does what one process cannot do
         self.log_dir = self.log_dir or tempfile.mkdtemp(prefix="populace-logs-")
         Path(self.log_dir).mkdir(parents=True, exist_ok=True)
         if not self.nats_url:
@@ -108,6 +131,23 @@ class Stack:
                 "POPULACE_LOG_FORMAT": "json", "POPULACE_PARENT_PID": str(os.getpid()), **self.env}
         # One port per process: none inherits the stack's base port (they would all bind it).
         base[METRICS_PORT_VARIABLE] = "0"
+        if together is not None:
+            from populace.core.serve import TOGETHER_VARIABLE  # only here: it imports the service frame
+
+            self._spawn(ONE_PROCESS, ["-m", "populace.core.serve", "--together"],
+                        {**base, TOGETHER_VARIABLE: json.dumps(together)}, service=True)
+        else:
+            self._spawn_each(keys, base)
+        for key, args in self.extra.items():
+            # --nats goes before a `--` (what follows it is passed through to another program)
+            cut = args.index("--") if "--" in args else len(args)
+            # `populace replicas …` registers as the `replicas` user (deploy/nats/auth.conf)
+            user = self._user("replicas") if args[:1] == ["replicas"] else {}
+            self._spawn(key, ["-m", "populace.cli", *args[:cut], "--nats", self.url, *args[cut:]], {**base, **user})
+        return self
+
+    def _spawn_each(self, keys: list[str], base: dict[str, str]) -> None:
+        """A process per service, each with its own environment."""
         for name in CORE_SERVICES:
             self._spawn(name, ["-m", "populace.core.serve", name],
                         {**base, **self._user(name), **self._metrics_env(name)}, service=True)
@@ -116,13 +156,28 @@ class Stack:
                         {**base, "POPULACE_HOST_ID": f"host-{i}", **self._host_user(f"host-{i}"), **self.host_env,
                          **self._metrics_env(key)},
                         service=True)
-        for key, args in self.extra.items():
-            # --nats goes before a `--` (what follows it is passed through to another program)
-            cut = args.index("--") if "--" in args else len(args)
-            # `populace replicas …` registers as the `replicas` user (deploy/nats/auth.conf)
-            user = self._user("replicas") if args[:1] == ["replicas"] else {}
-            self._spawn(key, ["-m", "populace.cli", *args[:cut], "--nats", self.url, *args[cut:]], {**base, **user})
-        return self
+
+    def _together(self, keys: list[str]) -> list[tuple[str, dict[str, str]]]:
+        """Every service of a one-process stack, each with the settings its own process would
+        have had (`populace.core.serve --together`)."""
+        if self.metrics_ports:
+            raise StackError("a one-process stack has no per-service /metrics (its services share one Prometheus "
+                             f"registry): start it with one_process=False, or set {METRICS_PORT_VARIABLE}=0")
+        specs: list[tuple[str, dict[str, str]]] = [(name, settings_of(self._user(name), name))
+                                                   for name in CORE_SERVICES]
+        host_settings = settings_of(self.host_env, "host_env")
+        for i in range(len(keys) - len(CORE_SERVICES)):
+            specs.append(("agent-host", {"host_id": f"host-{i}", **settings_of(self._host_user(f"host-{i}"), "host"),
+                                         **host_settings}))
+        return specs
+
+    def _process(self, key: str) -> subprocess.Popen:
+        """The process `key` names; in a one-process stack a service's name is a StackError."""
+        if key not in self.procs and self.one_process and key in service_keys(self.hosts):
+            raise StackError(f"{key} shares the one process of this stack with every service "
+                             f"(one_process=True): it cannot be killed, restarted or measured alone; "
+                             f"start the stack with one_process=False")
+        return self.procs[key]
 
     def _metrics_ports(self, keys: list[str]) -> dict[str, int]:
         """The metrics port of each service (none: metrics off). A base port that is not a
@@ -209,16 +264,16 @@ class Stack:
 
     def kill(self, key: str, sig: int = signal.SIGKILL, timeout: float = 30.0) -> None:
         """Send `sig` to one process of the stack and wait until it is gone (fault tests)."""
-        proc = self.procs[key]
+        proc = self._process(key)
         if proc.poll() is None:
             os.kill(proc.pid, sig)
         proc.wait(timeout)
 
     def restart(self, key: str) -> None:
         """Start a process of the stack again, as it was started (a supervisor's restart)."""
-        args, env, service = self.specs[key]
-        if self.procs[key].poll() is None:
+        if self._process(key).poll() is None:
             raise StackError(f"{key} is still running")
+        args, env, service = self.specs[key]
         self._spawn(key, args, env, service)
 
     def check_alive(self) -> None:
@@ -229,6 +284,7 @@ class Stack:
                                  f"log {self.log_dir}/{key}.log:\n{tail}")
 
     def log_tail(self, key: str, lines: int = 15) -> str:
+        self._process(key)  # a service of a one-process stack has no log of its own
         try:
             return "\n".join((Path(self.log_dir) / f"{key}.log").read_text().splitlines()[-lines:])  # type: ignore[arg-type]
         except OSError:
@@ -242,11 +298,17 @@ class Stack:
 
     def rss_bytes(self) -> int:
         """Resident memory of every process of the stack, children included."""
-        return sum(self.rss_by_process().values())
+        return sum(self._rss_by_key().values())
 
     def rss_by_process(self) -> dict[str, int]:
         """Resident memory of each process of the stack (its children included), by service key;
-        NATS as "nats"."""
+        NATS as "nats". A one-process stack has no rss per service: StackError."""
+        if self.one_process:
+            raise StackError("a one-process stack's services share one process: no rss per service; start it "
+                             "with one_process=False")
+        return self._rss_by_key()
+
+    def _rss_by_key(self) -> dict[str, int]:
         named = {key: p.pid for key, p in self.procs.items() if p.poll() is None}
         if self.nats and self.nats.pid:
             named["nats"] = self.nats.pid

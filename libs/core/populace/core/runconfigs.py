@@ -13,6 +13,7 @@ validating the config inside again.
 from __future__ import annotations
 
 from collections import OrderedDict
+from contextvars import ContextVar
 
 from nats.js import JetStreamContext
 from pydantic import ValidationError
@@ -122,4 +123,39 @@ class ConfigCache:
         return RunState.model_validate({**raw, "config": kept})
 
 
-CACHE = ConfigCache()  # one per process: a service's every reader shares it
+class ServiceCache:
+    """The run configs of the service running in this context: one cache per process, unless
+    several services share the process (populace.core.serve's `--together`), where each has its
+    own (`own_cache`). Shared, one service's `forget` would make another read a config again,
+    and another's `put` of a resumed run's new config would hide from the environment that the
+    config changed (it resolves a run again only for a config it has not seen)."""
+
+    def __init__(self) -> None:
+        self._process = ConfigCache()
+        self._own: ContextVar[ConfigCache | None] = ContextVar("populace_run_configs", default=None)
+
+    def current(self) -> ConfigCache:
+        return self._own.get() or self._process
+
+    def own(self) -> None:
+        self._own.set(ConfigCache())
+
+    def get(self, rid: str, digest: str) -> RunConfig | None:
+        return self.current().get(rid, digest)
+
+    def put(self, rid: str, digest: str, config: RunConfig) -> None:
+        self.current().put(rid, digest, config)
+
+    def forget(self, rid: str) -> None:
+        self.current().forget(rid)
+
+    def state(self, data: bytes | str) -> RunState:
+        return self.current().state(data)
+
+
+CACHE = ServiceCache()  # a service's every reader shares its cache
+
+
+def own_cache() -> None:
+    """From now on, in this context (and the tasks started from it), a cache of its own."""
+    CACHE.own()

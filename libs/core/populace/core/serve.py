@@ -2,19 +2,38 @@
 `python -m populace.core.serve orchestrator`, or `populace service orchestrator`.
 
 Services are found by entry point (group `populace.services`, name -> `module:create`), so
-the launcher imports none of them: each service package declares itself."""
+the launcher imports none of them: each service package declares itself.
+
+Several services in one process and one event loop (`python -m populace.core.serve
+--together`, the services and each one's own settings in TOGETHER_VARIABLE as JSON: a list of
+[name, {setting: value}]): what a test's one-process stack runs (populace.client.stack), so the
+world is imported once, not once per service. Each service is built and run in its own context
+(`own_context`), which gives it what a process of its own gave it: its `service` on every log
+line and its own cache of run configs. One SIGTERM/SIGINT stops them all."""
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import json
+import os
+import signal
 import sys
 from importlib.metadata import entry_points
+from typing import Any
 
+import structlog
+
+from populace.core import runconfigs
 from populace.core.metrics import MetricsPortUnavailable
 from populace.core.service import Service
 from populace.core.settings import Settings
 
 ENTRY_POINT_GROUP = "populace.services"
+# `--together`'s services: JSON, a list of [name, {setting: value}] (the settings override the
+# environment's, as pydantic-settings init arguments do). In the environment, not on the command
+# line: the settings hold NATS passwords.
+TOGETHER_VARIABLE = "POPULACE_TOGETHER"
 
 
 def names() -> list[str]:
@@ -48,7 +67,88 @@ def run(name: str) -> None:
             sys.exit(f"error: {err}")
 
 
+def own_context(name: str) -> contextvars.Context:
+    """A context for one of several services in a process: what is per process when each
+    service has its own (its name on log lines, its cache of run configs) is its own. Build the
+    service and run it in this context: every task it starts inherits it."""
+    ctx = contextvars.copy_context()
+
+    def separate() -> None:
+        structlog.contextvars.bind_contextvars(service=name)
+        runconfigs.own_cache()
+
+    ctx.run(separate)
+    return ctx
+
+
+def metrics_owner(specs: list[tuple[str, dict[str, Any]]]) -> None:
+    """Refuse several metrics ports in one process: there is one Prometheus registry per process,
+    so every port would serve every service's series (and `populace_agents_hosted` would be
+    whichever host set it last), which is not what a scrape of a service's port means."""
+    ported = [name for name, overrides in specs if int(overrides.get("metrics_port") or 0)]
+    if len(ported) > 1:
+        raise MetricsPortUnavailable(f"{', '.join(ported)} each have a metrics port, but services in one process "
+                                     "share one registry: give one a port (it serves all), or run each in its own "
+                                     "process")
+
+
+async def run_together(specs: list[tuple[str, dict[str, Any]]]) -> None:
+    """Run the services `specs` names (each with its own settings: `Settings(**overrides)` over
+    the environment) in this event loop until SIGTERM or SIGINT, or until one of them fails."""
+    metrics_owner(specs)
+    apps = []
+    for name, overrides in specs:
+        ctx = own_context(name)
+        service = ctx.run(build, name, Settings(**overrides))
+        apps.append((ctx, service.app))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    started = []
+    try:
+        for ctx, app in apps:  # in order, as a stack starts its processes
+            await asyncio.create_task(app.start(), context=ctx)
+            started.append((ctx, app))
+        await stop.wait()
+    finally:
+        for ctx, app in reversed(started):
+            try:
+                await asyncio.create_task(app.stop(), context=ctx)
+            except Exception as err:  # the others still stop
+                print(f"error stopping a service: {type(err).__name__}: {err}", file=sys.stderr)
+
+
+def together_specs(raw: str) -> list[tuple[str, dict[str, Any]]]:
+    """TOGETHER_VARIABLE's services: [name, {setting: value}] pairs, each name installed."""
+    try:
+        specs = [(str(name), dict(overrides)) for name, overrides in json.loads(raw)]
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"{TOGETHER_VARIABLE} is not a JSON list of [name, {{setting: value}}]: {err}") from None
+    unknown = sorted({name for name, _ in specs} - set(names()))
+    if unknown or not specs:
+        raise ValueError(f"{TOGETHER_VARIABLE}: unknown services {unknown or '(none given)'}; installed: "
+                         f"{', '.join(names())}")
+    return specs
+
+
+def run_all(raw: str) -> None:
+    try:
+        specs = together_specs(raw)
+    except ValueError as err:
+        sys.exit(f"error: {err}")
+    with event_loop_runner() as runner:
+        try:
+            runner.run(run_together(specs))
+        except MetricsPortUnavailable as err:
+            sys.exit(f"error: {err}")
+
+
 if __name__ == "__main__":  # pragma: no cover
-    if len(sys.argv) != 2:
-        sys.exit(f"usage: python -m populace.core.serve NAME  (one of: {', '.join(names())})")
-    run(sys.argv[1])
+    if sys.argv[1:] == ["--together"]:
+        run_all(os.environ.get(TOGETHER_VARIABLE, ""))
+    elif len(sys.argv) != 2:
+        sys.exit(f"usage: python -m populace.core.serve NAME  (one of: {', '.join(names())}), "
+                 f"or --together with {TOGETHER_VARIABLE} set")
+    else:
+        run(sys.argv[1])

@@ -17,11 +17,16 @@ from opentelemetry.trace import Span
 
 tracer = trace.get_tracer("populace")  # a proxy: picks up the provider set by setup() or a test
 _provider = None
+# Services in this process that set tracing up and have not shut it down: the provider is
+# flushed and shut down when the last one stops (several share a process in a one-process stack:
+# the first to stop must not end the others' spans). Its resource names the first service.
+_services = 0
 
 
 def setup(service: str) -> None:
     """Install a tracer provider from the OTEL_* environment (once per process)."""
-    global _provider
+    global _provider, _services
+    _services += 1
     if _provider is not None or isinstance(trace.get_tracer_provider(), _sdk_provider_type()):
         return  # already configured (a second service in the process, or a test's provider)
     has_endpoint = any(os.environ.get(k) for k in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
@@ -49,8 +54,10 @@ def setup(service: str) -> None:
 
 
 def shutdown() -> None:
-    """Flush spans before the process exits."""
-    if _provider is not None:
+    """Flush spans before the process exits (once its last service stops)."""
+    global _services
+    _services = max(0, _services - 1)
+    if _provider is not None and _services == 0:
         _provider.shutdown()
 
 

@@ -16,6 +16,7 @@ malformed request is dead-lettered and answered (`malformed`)."""
 from __future__ import annotations
 
 import asyncio
+import importlib
 import tempfile
 import time
 import uuid
@@ -39,6 +40,14 @@ from populace.core.contracts import (
 from populace.core.service import Service
 from populace.recorder.snapshot import write_snapshot
 from populace.recorder.store import Store
+
+
+async def analysis(module: str, *names: str) -> tuple:
+    """Names of a `populace.analysis` module, imported in a worker thread: the first read's import
+    (the analysis library and its dependencies, seconds of CPU) would otherwise stop the event
+    loop, so ingestion (and in a one-process stack, every service) with it."""
+    found = await asyncio.to_thread(importlib.import_module, f"populace.analysis.{module}")
+    return tuple(getattr(found, name) for name in names)
 
 
 class Reads:
@@ -113,22 +122,22 @@ class Reads:
         return bus.encode(reply_model(ok=True, **found))
 
     async def agents(self, req: AgentsRequest, msg: NatsMessage) -> bytes:
-        from populace.analysis.live import agents_page
+        (agents_page,) = await analysis("live", "agents_page")
 
         return await self._query("agents", lambda cur: agents_page(cur, req.run_id, search=req.search,
                                                                    offset=req.offset, limit=req.limit),
                                  AgentsReply, {"run_id": req.run_id})
 
     async def distribution(self, req: DistributionRequest, msg: NatsMessage) -> bytes:
-        from populace.analysis.live import round_distribution
+        (round_distribution,) = await analysis("live", "round_distribution")
 
         return await self._query("distribution", lambda cur: round_distribution(cur, req.run_id, req.round, req.bins),
                                  DistributionReply, {"run_id": req.run_id})
 
 
     async def interviews(self, req: InterviewsRequest, msg: NatsMessage) -> bytes:
-        from populace.analysis.interviews import interview_questions, interview_table
-        from populace.analysis.queries import group_attributes
+        interview_questions, interview_table = await analysis("interviews", "interview_questions", "interview_table")
+        (group_attributes,) = await analysis("queries", "group_attributes")
 
         def run(cur):
             return {"request": req.request, "by": req.by,
