@@ -155,7 +155,7 @@ def test_every_service_exposes_prometheus_metrics_and_stops_on_sigterm(tmp_path)
         scraped = {key: httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
                    for key, port in s.metrics_ports.items()}
     finally:
-        killed = s.stop(timeout=10)
+        killed = s.stop(timeout=30)  # SIGTERM is what is proven, not how fast on a loaded machine
     assert killed == []
     assert {k: p.returncode for k, p in procs.items() if p.returncode not in (0, -15)} == {}
 
