@@ -19,12 +19,24 @@ def pytest_configure(config):
     their bytecode under POPULACE_CACHE/pycache (default ~/.cache/populace/pycache) where
     PYTHONDONTWRITEBYTECODE is set (as here and in CI): otherwise each compiled every module it
     imports from source again, about half of a stack's start (22 s of CPU for a 2-host stack, 11 s
-    with bytecode). Nothing is written into the tree; this process itself is left as it started."""
+    with bytecode). Nothing is written into the tree; this process itself is left as it started
+    (xdist's workers, started after this, use the cache too). Bytecode is written under a temporary
+    name and renamed, so processes compiling the same module at once do not clash."""
     if os.environ.get("PYTHONDONTWRITEBYTECODE") and not os.environ.get("PYTHONPYCACHEPREFIX"):
         cache = Path(os.environ.get("POPULACE_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
                      / "populace").expanduser()
         os.environ["PYTHONPYCACHEPREFIX"] = str(cache / "pycache")
         del os.environ["PYTHONDONTWRITEBYTECODE"]
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadgroup` shares the suite by the groups tests/xdist_groups.py names."""
+    if config.getoption("dist") == "loadgroup":
+        from xdist_groups import GroupScheduling
+
+        return GroupScheduling(config, log)
+    return None
 
 
 @pytest.fixture(scope="session")

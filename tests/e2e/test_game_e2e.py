@@ -169,7 +169,7 @@ def test_a_process_per_service_stack_exports_metrics_stops_on_sigterm_and_record
         scraped = {key: httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
                    for key, port in s.metrics_ports.items()}
     finally:
-        killed = s.stop(timeout=10)
+        killed = s.stop(timeout=30)  # SIGTERM is what is proven, not how fast on a loaded machine
     assert killed == []
     assert {k: p.returncode for k, p in procs.items() if p.returncode not in (0, -15)} == {}
 

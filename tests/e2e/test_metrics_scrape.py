@@ -141,7 +141,7 @@ def populace_up(tmp_path: Path, first: int, nats_port: int) -> tuple[subprocess.
              "--db", str(tmp_path / "up.duckdb")],
             env={**os.environ, "POPULACE_METRICS_PORT": str(first), "POPULACE_STORAGE": "memory",
                  "COLUMNS": "250"},
-            stdout=log, stderr=log)
+            stdout=log, stderr=log, cwd=tmp_path)  # its JetStream store (./populace-nats) outside the tree
     return proc, out
 
 

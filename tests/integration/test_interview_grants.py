@@ -83,7 +83,7 @@ async def test_every_other_role_is_refused_each_interview_subject(server, subjec
         await admin.close()
 
 
-@pytest.mark.parametrize(("subject", "user"), [(s, u) for s, allowed in PUBLISHERS.items() for u in allowed])
+@pytest.mark.parametrize(("subject", "user"), [(s, u) for s, allowed in PUBLISHERS.items() for u in sorted(allowed)])
 async def test_the_roles_allowed_publish_them(server, subject, user):
     admin, _ = await admin_js(server.url)
     try:

@@ -1,0 +1,32 @@
+"""The groups the test command's xdist workers take whole (tests/xdist_groups.py): shared groups
+stay whole across modules, every other test goes with its module, and the names the rules list
+are still real paths (a renamed module would silently leave its group)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import xdist_groups as g  # tests/ is on the path: tests/conftest.py's directory
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_shared_groups_span_modules_and_other_tests_go_with_their_module():
+    assert {g.group_of("tests/vllm/test_vllm_game.py::t"), g.group_of("tests/vllm/test_vllm_replica.py::t[x]")} == {"vllm"}
+    assert g.group_of("tests/compose/test_compose_stack.py::t") == "compose"
+    assert {g.group_of(f"{m}::t") for m in g.REAL_MODEL_MODULES} == {g.REAL_MODEL}
+    assert g.group_of("tests/e2e/test_cli.py::test_x[a::b]") == "tests/e2e/test_cli.py"
+    assert g.group_of("simulations/vote/tests/test_vote.py::t") == "simulations/vote/tests/test_vote.py"
+
+
+def test_the_longest_groups_come_first_and_every_group_has_a_rank():
+    ranks = [g.rank(g.group_of(f"{p}::t")) for p in ("tests/e2e/test_report_browser.py", "tests/e2e/test_faults_e2e.py",
+                                                     "tests/e2e/test_cli.py", "tests/integration/test_bus.py",
+                                                     "tests/unit/test_guard.py")]
+    assert ranks == sorted(ranks) and len(set(ranks)) == len(ranks)
+
+
+def test_every_module_the_rules_name_exists():
+    named = set(g.REAL_MODEL_MODULES) | {f for f in g.FIRST if f.endswith(".py")}
+    assert [p for p in sorted(named) if not (ROOT / p).is_file()] == []
+    assert all((ROOT / prefix).is_dir() for prefix in g.SHARED_GROUPS)

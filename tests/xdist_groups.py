@@ -1,0 +1,73 @@
+"""How the test command's `-n N --dist loadgroup` shares the suite between pytest-xdist's workers
+(tests/conftest.py hands xdist this scheduler). A worker takes a group of tests whole; every test is
+in one: its module by default (a module-scoped stack starts once, as in a serial run), or one of
+the groups below, shared across modules by tests that must not run beside each other.
+
+The groups are worked out here from each test's path, not from `xdist_group` marks: with pytest
+9.2 the marks no longer reach xdist's scheduler (pytest-xdist#1386: it renames node ids, which
+pytest 9.2 ignores), so loadgroup would silently run every test on its own."""
+
+from __future__ import annotations
+
+from xdist.scheduler import LoadScopeScheduling
+
+SHARED_GROUPS = {
+    "tests/vllm/": "vllm",  # one vLLM replica (~5 GB, 1-3 min to start) is the tier's session fixture
+    "tests/compose/": "compose",  # one Docker engine; the `images` session fixture builds the images
+}
+# SmolLM2 on llama.cpp replicas, each taking every core it is given: two such tests at once starve
+# each other's generation past their liveness deadlines.
+REAL_MODEL = "real-model"
+REAL_MODEL_MODULES = frozenset({
+    "tests/e2e/test_local_model_e2e.py",
+    "tests/e2e/test_personas_generate.py",
+    "tests/e2e/test_replica_failover.py",
+    "tests/e2e/test_report_browser.py",
+})
+# The order the groups are handed out in: the longest first, so that no long group starts last
+# while the other workers are idle (unit modules are many and short: they fill the gaps). The
+# longest groups by name (seconds in a serial run, 2026-12-02, `--durations=0`), then the rest
+# of the end-to-end tier, then the integration tier, then everything else; within one rank,
+# collection order. Only an order: a group missing here is still run.
+FIRST = (
+    REAL_MODEL,  # 400 s
+    "tests/e2e/test_faults_e2e.py",  # 257 s
+    "vllm",  # 147 s (more where vLLM's environment is prepared first)
+    "tests/e2e/test_up_store.py",  # 135 s
+    "tests/e2e/test_guide.py",  # 116 s
+    "compose",  # 94 s (more where the images are built first)
+    "tests/e2e/test_state_integrity_e2e.py",  # 91 s
+    "tests/e2e/test_graph_messages.py",  # 87 s
+    "tests/integration/test_cluster.py",  # 82 s
+    "tests/e2e/test_live_results.py",  # 77 s
+    "tests/e2e/",
+    "tests/integration/",
+)
+
+
+def group_of(nodeid: str) -> str:
+    """The group of the test `nodeid` (its path is relative to the repository root)."""
+    path = nodeid.split("::", 1)[0]
+    for prefix, group in SHARED_GROUPS.items():
+        if path.startswith(prefix):
+            return group
+    return REAL_MODEL if path in REAL_MODEL_MODULES else path
+
+
+def rank(group: str) -> int:
+    return next((i for i, first in enumerate(FIRST) if group.startswith(first)), len(FIRST))
+
+
+class GroupScheduling(LoadScopeScheduling):
+    """xdist's loadscope scheduling with a scope per group (above), handed out in rank order."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return group_of(nodeid)
+
+    def _assign_work_unit(self, node) -> None:
+        position = {}
+        for i, nodeid in enumerate(self.collection or ()):
+            position.setdefault(group_of(nodeid), i)
+        first = min(self.workqueue, key=lambda group: (rank(group), position.get(group, 0)))
+        self.workqueue.move_to_end(first, last=False)  # the base class takes the queue's first unit
+        super()._assign_work_unit(node)
