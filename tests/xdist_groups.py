@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from xdist.scheduler import LoadScopeScheduling
 
+# Real models, SmolLM2 on llama.cpp and vLLM's CPU build, each take every core they are given: two
+# such tests at once starve each other's generation past their liveness deadlines, so they share
+# one worker (the vllm tier's replica, ~5 GB and 1-3 min to start, is its session fixture).
+REAL_MODEL = "real-model"
 SHARED_GROUPS = {
-    "tests/vllm/": "vllm",  # one vLLM replica (~5 GB, 1-3 min to start) is the tier's session fixture
+    "tests/vllm/": REAL_MODEL,
     "tests/compose/": "compose",  # one Docker engine; the `images` session fixture builds the images
 }
-# SmolLM2 on llama.cpp replicas, each taking every core it is given: two such tests at once starve
-# each other's generation past their liveness deadlines.
-REAL_MODEL = "real-model"
 REAL_MODEL_MODULES = frozenset({
     "tests/e2e/test_local_model_e2e.py",
     "tests/e2e/test_personas_generate.py",
@@ -30,9 +31,8 @@ REAL_MODEL_MODULES = frozenset({
 # of the end-to-end tier, then the integration tier, then everything else; within one rank,
 # collection order. Only an order: a group missing here is still run.
 FIRST = (
-    REAL_MODEL,  # 400 s
+    REAL_MODEL,  # 400 s, and the vllm tier's 147 s (more where vLLM's environment is prepared first)
     "tests/e2e/test_faults_e2e.py",  # 257 s
-    "vllm",  # 147 s (more where vLLM's environment is prepared first)
     "tests/e2e/test_up_store.py",  # 135 s
     "tests/e2e/test_guide.py",  # 116 s
     "compose",  # 94 s (more where the images are built first)

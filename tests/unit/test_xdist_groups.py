@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_shared_groups_span_modules_and_other_tests_go_with_their_module():
-    assert {g.group_of("tests/vllm/test_vllm_game.py::t"), g.group_of("tests/vllm/test_vllm_replica.py::t[x]")} == {"vllm"}
+    assert {g.group_of("tests/vllm/test_vllm_game.py::t"), g.group_of("tests/vllm/test_vllm_replica.py::t[x]")} == {g.REAL_MODEL}
     assert g.group_of("tests/compose/test_compose_stack.py::t") == "compose"
     assert {g.group_of(f"{m}::t") for m in g.REAL_MODEL_MODULES} == {g.REAL_MODEL}
     assert g.group_of("tests/e2e/test_cli.py::test_x[a::b]") == "tests/e2e/test_cli.py"
