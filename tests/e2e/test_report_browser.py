@@ -6,9 +6,9 @@ by agent id.
 The run is examples/education-cot.yaml (chain of thought, SmolLM2 on llama.cpp) played by
 `populace demo`, for one round of its three (`--set rounds=1`) and with 10 of its 50
 SmolLM2-written personas, the first two of each education level (`--set population.personas=`
-a file of those lines): about 20 s of model time on 2 cores instead of about 2 minutes. What the
-report is checked on needs no more: real reasoning to browse and filter (by agent id, by a word),
-every education level as a group of the mean figure (two agents each, so a CI to hover), and
+a file of those lines): a fifth of the model time of the 50 (the set-up took 186 s with them in
+a profile of the suite). What the report is checked on needs no more: real reasoning to browse
+and filter (by agent id, by a word), every education level a group of the mean figure, and
 usually some answers the model got wrong (the reasoning table shows at most 50 rows on a page,
 so 50 agents did not page it either). How many are invalid is the model's to say, so the paging
 of invalid answers is checked exactly on a second run of the same scenario recorded straight
