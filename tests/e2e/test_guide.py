@@ -4,9 +4,13 @@ written, in a copy of this working tree, so the page and the platform cannot dri
 
 What the test changes, and only that:
 - it runs in a temporary copy of the tree (the files git tracks or would track) with a copy
-  of the environment running this test as its `.venv`. A fresh `uv sync` would build
-  llama-cpp-python for minutes; the guide's own `uv sync` then re-points the copy at the
-  copied tree. Nothing is installed into this environment or written into this tree;
+  of the environment running this test as its `.venv`, relocated to the copied tree (its
+  scripts and the project's editable installs point there), so the guide's own `uv sync`
+  finds a synced clone and only drops what the guide does not install (the `local` extra).
+  A fresh `uv sync` would build llama-cpp-python for minutes, and the project's 24 packages
+  (over 120 s on a loaded machine); CI's sync of its clean clone builds those. The installed packages'
+  files are hard links (nothing here writes one in place). Nothing is installed into this
+  environment or written into this tree;
 - `populace up`, in the foreground in the guide, starts in the background on a free port
   (`--port N` added; `nats://127.0.0.1:4222` becomes that port elsewhere). At the end it
   gets a Ctrl-C (SIGINT to its pid), then SIGTERM, then SIGKILL if need be. Every process
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -122,11 +127,34 @@ def copy_tree(dst: Path) -> None:
             shutil.copy2(src, dst / rel)
 
 
+def _shared(rel: Path) -> bool:
+    """Whether a file of the environment (its path inside it) belongs to an installed package's
+    own directory (lib/pythonX.Y/site-packages/<package>/…): nothing the guide runs writes such a
+    file in place (uv removes and adds files, Python replaces bytecode atomically), so the copy
+    may share it. Scripts, .pth files, metadata and the environment's own files are copied."""
+    parts = rel.parts
+    return (len(parts) >= 5 and parts[0] == "lib" and parts[2] == "site-packages"
+            and not parts[3].endswith((".dist-info", ".data", ".pth")))
+
+
 def copy_venv(dst: Path) -> None:
     """This test's environment, relocated: scripts whose shebang names the old interpreter get
-    the new one (the guide's `uv sync` reinstalls the project's own packages from the copy)."""
+    the new one, the project's editable installs point at the copied tree. The installed
+    packages' files (~900 MB, 13k files) are hard links where the filesystem allows: copying
+    them took about 10 s on a quiet machine and 50-90 s on a loaded one (10-16 s linked)."""
     src = Path(sys.prefix)
-    shutil.copytree(src, dst, symlinks=True)
+
+    def link_or_copy(s: str, d: str) -> None:
+        if _shared(Path(s).relative_to(src)):
+            try:
+                os.link(s, d)
+                return
+            except OSError:  # another filesystem, or links refused: a copy
+                pass
+        shutil.copy2(s, d)
+
+    shutil.copytree(src, dst, symlinks=True, copy_function=link_or_copy)
+    relocate_editables(dst, ROOT, dst.parent)
     old, new = f"#!{src}/bin/", f"#!{dst}/bin/"
     for script in (dst / "bin").iterdir():
         if script.is_file() and not script.is_symlink():
@@ -134,6 +162,39 @@ def copy_venv(dst: Path) -> None:
                 head = f.read(len(old))
             if head == old.encode():
                 script.write_bytes(new.encode() + script.read_bytes()[len(old):])
+
+
+def relocate_editables(venv: Path, old: Path, new: Path) -> None:
+    """The project's own packages, installed editable from `old`, pointed at the copy `new`
+    (their .pth and direct_url.json), with the freshness uv recorded for them (uv_cache.json:
+    the ctime of each package's pyproject.toml and of the directories it watches) taken from the
+    copy. The guide's `uv sync` then finds them installed, as in a user's synced clone, instead
+    of building all 24 again (over 120 s on a loaded machine; building them is what CI's own
+    sync of its clean clone does). Should uv record freshness differently, it rebuilds them:
+    slower, never wrong. Every file written here is the copy's own (none is a hard link)."""
+    site = next((venv / "lib").glob("python*/site-packages"))
+    here = re.compile(re.escape(str(old)) + r"(?=[/\"\n]|$)")
+    for pth in site.glob("_editable_impl_*.pth"):
+        pth.write_text(here.sub(str(new), pth.read_text()))
+    for url in site.glob("*.dist-info/direct_url.json"):
+        text = url.read_text()
+        if not here.search(text):
+            continue
+        url.write_text(here.sub(str(new), text))
+        source = Path(here.sub(str(new), json.loads(text)["url"]).removeprefix("file://"))
+        cache = url.with_name("uv_cache.json")
+        if not cache.exists():
+            continue
+        info = json.loads(cache.read_text())
+        keys = [source / name for name in ("pyproject.toml", "setup.py", "setup.cfg") if (source / name).exists()]
+        info["timestamp"] = _uv_timestamp(max(os.stat(k).st_ctime_ns for k in keys))
+        info["directories"] = {d: _uv_timestamp(os.stat(source / d).st_ctime_ns) if t is not None else None
+                               for d, t in info.get("directories", {}).items()}
+        cache.write_text(json.dumps(info))
+
+
+def _uv_timestamp(ns: int) -> dict[str, int]:
+    return {"secs_since_epoch": ns // 10**9, "nanos_since_epoch": ns % 10**9}
 
 
 def clean_env(tmp: Path) -> dict[str, str]:
@@ -223,8 +284,11 @@ def workspace(tmp_path):
     if shutil.which("uv") is None or shutil.which("git") is None or not (ROOT / ".git").exists():
         pytest.skip("the guide uses uv, and the copy is made from a git work tree")
     clone = tmp_path / "populace"
+    t0 = time.monotonic()
     copy_tree(clone)
+    t1 = time.monotonic()
     copy_venv(clone / ".venv")
+    print(f"\n{t1 - t0:6.1f} s  (copy of the tree)\n{time.monotonic() - t1:6.1f} s  (copy of the environment)")
     (tmp_path / "tmp").mkdir()
     yield clone
     shutil.rmtree(clone / ".venv", ignore_errors=True)  # ~750 MB; the logs and outputs stay
@@ -243,10 +307,12 @@ def test_the_guide_works_as_written(workspace, tmp_path):
     scenario = None
     try:
         for step in steps:
+            started = time.monotonic()
             if step.kind == "background":
                 assert "populace up" in step.text
                 fleet = Background(f"{step.text} --port {port}", clone, env, tmp_path / "up.log")
                 fleet.wait_ready()
+                print(f"{time.monotonic() - started:6.1f} s  {step.text} (until ready)")
                 continue
             text = step.text.replace(FLEET_URL, url)
             if step.kind == "python":
@@ -264,6 +330,7 @@ def test_the_guide_works_as_written(workspace, tmp_path):
                 pytest.fail(f"`{step.text}` took more than {COMMAND_TIMEOUT}s (a `uv sync` that builds "
                             "llama-cpp-python: this environment was built from another lock or build settings)")
             assert res.returncode == 0, f"`{step.text}` exited {res.returncode}:\n{res.stdout}\n{res.stderr}"
+            print(f"{time.monotonic() - started:6.1f} s  {step.text.splitlines()[0]}")  # where the time goes
             outputs.append((step, res.stdout))
             if step.text == "uv sync":  # from here on, nothing may touch the project's lock or manifest
                 locked = {name: hashlib.sha256((clone / name).read_bytes()).digest()
@@ -278,7 +345,9 @@ def test_the_guide_works_as_written(workspace, tmp_path):
                                    f"FROM '{clone}/export/dictator_rounds.parquet' ORDER BY round").fetchall()
     finally:
         if fleet is not None:
+            started = time.monotonic()
             fleet.stop()
+            print(f"{time.monotonic() - started:6.1f} s  (Ctrl-C to populace up, until its processes are gone)")
     assert locked is not None, "the guide starts with `uv sync`"
     assert {name: hashlib.sha256((clone / name).read_bytes()).digest() for name in locked} == locked
     assert not {d for d in dist_infos() - before if d.startswith("dictator")}, "installed into the test's env"

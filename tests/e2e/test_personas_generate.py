@@ -1,6 +1,12 @@
 """`populace personas generate` end to end: 100,000 template personas in seconds with exact
-quotas, and 20 personas from SmolLM2 on llama.cpp through a real stack (NATS, gateway,
-replicas, each its own process) with exact quotas and consistent ages."""
+quotas, and 10 personas from SmolLM2 on llama.cpp through a real stack (NATS, gateway,
+replicas, each its own process) with exact quotas and consistent ages.
+
+10 personas (two per education level) prove what 20 did: every level's quota met exactly, each
+persona consistent with its profile, the provenance, de-duplication, the LLM's share (at least
+90%: one fallback in 10 allowed, as two in 20 were; examples/personas/education-50.jsonl, 50
+written by the same model, has one) — for half of the model time, which was most of the test's
+(81 s with 20 in a clean-clone CI run)."""
 
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ pytestmark = pytest.mark.e2e
 
 EDUCATION = Path(__file__).resolve().parents[2] / "examples" / "population" / "education.yaml"
 LEVELS = ["elementary school", "high school", "bachelor's", "master's", "Ph.D."]
+LLM_PERSONAS = 10  # two per level
 
 
 def test_template_mode_100k_takes_seconds_and_meets_the_quotas(tmp_path):
@@ -39,16 +46,16 @@ def test_template_mode_100k_takes_seconds_and_meets_the_quotas(tmp_path):
     assert seconds < 30
 
 
-def test_local_mode_20_personas_through_smollm2(tmp_path):
+def test_local_mode_10_personas_through_smollm2(tmp_path):
     out = tmp_path / "p.jsonl"
     t0 = time.perf_counter()
     # nats=None: a private stack (embedded NATS, the services, 2 llama.cpp replicas) is
     # started and stopped by generate() itself.
-    res = generate(EDUCATION, out, 20, "local", None, None, None, 16, False, replicas=2)
+    res = generate(EDUCATION, out, LLM_PERSONAS, "local", None, None, None, 16, False, replicas=2)
     seconds = time.perf_counter() - t0
     rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
-    assert len(rows) == res.count == 20
-    assert Counter(r["profile"]["education"] for r in rows) == dict.fromkeys(LEVELS, 4)
+    assert len(rows) == res.count == LLM_PERSONAS
+    assert Counter(r["profile"]["education"] for r in rows) == dict.fromkeys(LEVELS, LLM_PERSONAS // len(LEVELS))
     modes = Counter(r["provenance"]["mode"] for r in rows)
     for r in rows:
         persona, prov = r["persona"], r["provenance"]
@@ -68,7 +75,8 @@ def test_local_mode_20_personas_through_smollm2(tmp_path):
     names = Counter((r["persona"]["name"].lower(), r["persona"]["description"].lower())
                     for r in rows if r["provenance"]["mode"] == "llm")
     assert max(names.values()) == 1  # de-duplicated
-    print(f"\nlocal: 20 personas in {seconds:.1f}s; llm {res.llm}/20 ({res.llm / 20:.0%}), "
-          f"valid on the first try {res.llm_valid_first_try}/20, regenerated {res.regenerated}, "
+    print(f"\nlocal: {LLM_PERSONAS} personas in {seconds:.1f}s; llm {res.llm}/{LLM_PERSONAS} "
+          f"({res.llm / LLM_PERSONAS:.0%}), valid on the first try {res.llm_valid_first_try}/{LLM_PERSONAS}, "
+          f"regenerated {res.regenerated}, "
           f"fallbacks {res.fallbacks} {res.fallback_reasons}, duplicates removed {res.duplicates_removed}")
-    assert res.llm >= 0.9 * 20
+    assert res.llm >= 0.9 * LLM_PERSONAS

@@ -3,13 +3,17 @@ Chromium (Playwright) with no console error, no page error and no network reques
 itself; every figure is drawn, answers hover, the invalid answers page and the reasoning filters
 by agent id.
 
-The run is examples/education-cot.yaml as it is written (its 50 SmolLM2-written personas, chain
-of thought, SmolLM2 on llama.cpp) played by `populace demo`, for one round of its three
-(`--set rounds=1`: about 2 minutes on 2 cores; the three take about 5): real reasoning to
-browse, and usually some answers the model got wrong. How many is the model's to say, so the
-paging of invalid answers is checked exactly on a second run of the same scenario recorded
-straight into the file by the recorder's Store (as tests/integration/test_analysis_report.py
-records its runs), with 120 invalid answers.
+The run is examples/education-cot.yaml (chain of thought, SmolLM2 on llama.cpp) played by
+`populace demo`, for one round of its three (`--set rounds=1`) and with 10 of its 50
+SmolLM2-written personas, the first two of each education level (`--set population.personas=`
+a file of those lines): a fifth of the model time of the 50 (the set-up took 186 s with them in
+a profile of the suite). What the report is checked on needs no more: real reasoning to browse
+and filter (by agent id, by a word), every education level a group of the mean figure, and
+usually some answers the model got wrong (the reasoning table shows at most 50 rows on a page,
+so 50 agents did not page it either). How many are invalid is the model's to say, so the paging
+of invalid answers is checked exactly on a second run of the same scenario recorded straight
+into the file by the recorder's Store (as tests/integration/test_analysis_report.py records its
+runs), with 50 agents and 120 invalid answers.
 
 Chromium is the system's (/usr/bin/chromium; `playwright install` would download one from a CDN
 this machine cannot reach). Without it the test skips, unless POPULACE_REQUIRE_BROWSER=1 (CI),
@@ -38,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = ROOT / "examples" / "education-cot.yaml"
 AGENTS, ROUNDS = 50, 3  # the invalid answers' run
 PLAYED_ROUNDS = 1  # the example's run on SmolLM2
+PER_LEVEL = 2  # its personas: the first two of each education level
 INVALID_RUN = "edu-cot-invalid"
 INVALID_PER_ROUND = 40  # 120 invalid answers: three pages of 50
 
@@ -47,6 +52,19 @@ def populace(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """The CLI as a user runs it (`uv run populace …`), else this interpreter's."""
     head = ["uv", "run", "populace"] if shutil.which("uv") else [sys.executable, "-m", "populace.cli"]
     return subprocess.run([*head, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def _played_personas(out: Path) -> int:
+    """The example's personas file cut to the first PER_LEVEL personas of each education level,
+    in the file's order (agent ids follow it); how many that is."""
+    kept, seen = [], {}
+    for line in (SCENARIO.parent / "personas" / "education-50.jsonl").read_text(encoding="utf-8").splitlines():
+        level = json.loads(line)["profile"]["education"]
+        if seen.get(level, 0) < PER_LEVEL:
+            seen[level] = seen.get(level, 0) + 1
+            kept.append(line)
+    out.write_text("\n".join(kept) + "\n", encoding="utf-8")
+    return len(kept)
 
 
 def _record_invalid_run(db: Path) -> None:
@@ -86,23 +104,26 @@ def _record_invalid_run(db: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def reports(tmp_path_factory, chromium):
-    """(the education CoT report, the invalid answers' report, the DuckDB file), written by
-    `populace report`."""
+def reports(tmp_path_factory, chromium, cli):
+    """(the education CoT report, the invalid answers' report, the DuckDB file, the agents played),
+    written by `populace report` (in this process: what it writes is the point here, not its
+    process; tests/e2e/test_cli.py starts the console script)."""
     tmp = tmp_path_factory.mktemp("browser")
     db = tmp / "edu.duckdb"
-    res = populace("demo", "--scenario", str(SCENARIO), "--set", f"rounds={PLAYED_ROUNDS}", "--db", str(db),
-                   timeout=900)
+    personas = tmp / "education-10.jsonl"
+    agents = _played_personas(personas)
+    res = populace("demo", "--scenario", str(SCENARIO), "--set", f"rounds={PLAYED_ROUNDS}",
+                   "--set", f"population.personas={personas}", "--db", str(db), timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     with duckdb.connect(str(db), read_only=True) as con:
         [(run_id,)] = con.execute("SELECT run_id FROM runs").fetchall()
     _record_invalid_run(db)
     out = []
     for rid, name in ((run_id, "r.html"), (INVALID_RUN, "invalid.html")):
-        res = populace("report", rid, "--db", str(db), "--out", str(tmp / name), timeout=180)
+        res = cli("report", rid, "--db", str(db), "--out", str(tmp / name))
         assert res.returncode == 0, res.stderr[-3000:]
         out.append(tmp / name)
-    return (*out, db)
+    return (*out, db, agents)
 
 
 
@@ -145,7 +166,7 @@ def _hover_shows_a_label(page, plot: str, mark: str, wanted: str = "") -> str:
 
 
 def test_the_education_cot_report_in_a_browser(reports, browser):
-    report, _, db = reports
+    report, _, db, agents = reports
     with duckdb.connect(str(db), read_only=True) as con:
         run_id = con.execute("SELECT run_id FROM runs WHERE run_id <> ?", [INVALID_RUN]).fetchone()[0]
         n_valid, n_invalid = con.execute("SELECT count(*) FILTER (WHERE valid), count(*) FILTER (WHERE NOT valid) "
@@ -154,7 +175,8 @@ def test_the_education_cot_report_in_a_browser(reports, browser):
                                        "ORDER BY agent_id DESC LIMIT 1", [run_id]).fetchone()
         phd = con.execute("SELECT count(*) FROM guesses g JOIN agent_profiles p USING (run_id, agent_id) "
                           "WHERE run_id = ? AND g.valid AND p.profile->>'education' = 'Ph.D.'", [run_id]).fetchone()[0]
-    assert n_valid + n_invalid == AGENTS * PLAYED_ROUNDS and n_valid > 0
+    assert agents == 5 * PER_LEVEL
+    assert n_valid + n_invalid == agents * PLAYED_ROUNDS and n_valid > 0
     page, requests, errors = _open(browser, report)
     assert errors == []
     assert requests == [report.as_uri()]  # the file itself and nothing else: no CDN, font or MathJax
@@ -195,7 +217,7 @@ def test_the_education_cot_report_in_a_browser(reports, browser):
 
 
 def test_invalid_answers_are_all_there_and_paged(reports, browser):
-    _, report, _ = reports
+    _, report, _, _ = reports
     page, requests, errors = _open(browser, report)
     assert errors == [] and requests == [report.as_uri()]
     total = INVALID_PER_ROUND * ROUNDS
