@@ -94,10 +94,12 @@ def play_with(stack: Stack, fault=None, at_round: int = 2, after_answers: int = 
     rid = new_run_id()
     fired = threading.Event()
     answered = 0
+    faults: list[threading.Thread] = []
 
     def fire() -> None:
         fired.set()
-        threading.Thread(target=fault, daemon=True).start()
+        faults.append(threading.Thread(target=fault, daemon=True))
+        faults[-1].start()
 
     def on_event(kind, model) -> None:
         nonlocal answered
@@ -121,8 +123,12 @@ def play_with(stack: Stack, fault=None, at_round: int = 2, after_answers: int = 
 
     t0 = time.monotonic()
     out, state = asyncio.run(go())
+    seconds = time.monotonic() - t0
     assert fault is None or fired.is_set(), f"the fault never fired (run {out.status}: {out.reason})"
-    return out, state, time.monotonic() - t0
+    for thread in faults:  # the run may end before the fault's restart does (a SIGTERM'd host
+        thread.join(90)    # stopping gracefully): the next row must not find it half done
+        assert not thread.is_alive(), "the fault's kill and restart did not finish in 90 s"
+    return out, state, seconds
 
 
 @pytest.fixture(scope="module")

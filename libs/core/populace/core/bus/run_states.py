@@ -10,6 +10,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError
 
 from populace.core import admission, runconfigs, subjects
+from populace.core.bus.retries import until_ready
 from populace.core.contracts import RoundOpen, RunHead, RunState
 
 # How long a receiver waits for KV `runs` to catch up with an announcement it got first (a KV
@@ -17,22 +18,29 @@ from populace.core.contracts import RoundOpen, RunHead, RunState
 STATE_LAG_S = 2.0
 
 
+async def _stored(js: JetStreamContext, run_id: str) -> bytes | None:
+    """The run's entry in KV `runs` (None: none), read again through what is transient: a
+    round open read while the bucket's leader is being elected (a NATS node lost) timed out,
+    and a host that dropped that open never played the round (the run stalled)."""
+    async def read() -> bytes | None:
+        kv = await js.key_value(subjects.RUNS_BUCKET)
+        try:
+            return (await kv.get(run_id)).value
+        except KeyNotFoundError:
+            return None
+    return await until_ready(read, f"run {run_id}'s state")
+
+
 async def run_state(js: JetStreamContext, run_id: str) -> RunState | None:
     """The run's state in KV `runs` (None: not a run of this stack)."""
-    kv = await js.key_value(subjects.RUNS_BUCKET)
-    try:
-        return runconfigs.CACHE.state((await kv.get(run_id)).value)  # its config validated once per process
-    except KeyNotFoundError:
-        return None
+    raw = await _stored(js, run_id)
+    return None if raw is None else runconfigs.CACHE.state(raw)  # its config validated once per process
 
 
 async def run_head(js: JetStreamContext, run_id: str) -> RunHead | None:
     """The run's state in KV `runs` without its config (None: not a run of this stack)."""
-    kv = await js.key_value(subjects.RUNS_BUCKET)
-    try:
-        return RunHead.model_validate_json((await kv.get(run_id)).value)
-    except KeyNotFoundError:
-        return None
+    raw = await _stored(js, run_id)
+    return None if raw is None else RunHead.model_validate_json(raw)
 
 
 async def open_refusal(js: JetStreamContext, opened: RoundOpen) -> str | None:
