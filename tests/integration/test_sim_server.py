@@ -168,3 +168,28 @@ async def test_stop_frees_the_port(start_sim):
     async with httpx.AsyncClient(base_url=srv.url, timeout=2) as client:
         with pytest.raises(httpx.ConnectError):
             await client.get("/health")
+
+
+async def test_launched_replicas_own_their_port_from_the_moment_they_are_started():
+    """`populace replicas sim` hands each replica a socket already bound: no other process can take
+    its port while the replica starts (one that did answered the lost replica's health check, and
+    that replica was never registered: a CI stack waited 90 s for 1 of 2 replicas)."""
+    import errno
+    import socket
+
+    from populace.replicas.launch import start_sim, wait_healthy
+
+    rs = start_sim(2, extra_args=["--time-scale", "0"])
+    try:
+        for r in rs.replicas:  # at once, before the child has even imported its server
+            port = int(r.info.url.rsplit(":", 1)[1])
+            with socket.socket() as s, pytest.raises(OSError) as taken:
+                s.bind(("127.0.0.1", port))
+            assert taken.value.errno == errno.EADDRINUSE
+        await wait_healthy(rs, timeout=60)
+        async with httpx.AsyncClient() as http:
+            for r in rs.replicas:
+                assert r.alive()
+                assert (await http.get(r.info.url + "/v1/models")).status_code == 200
+    finally:
+        rs.stop()

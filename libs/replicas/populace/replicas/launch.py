@@ -10,6 +10,7 @@ import contextlib
 import importlib.util
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -76,17 +77,30 @@ def _local(bind: str) -> str:
     return "127.0.0.1" if bind in ("0.0.0.0", "::") else bind
 
 
-def _spawn(args: list[str], env: dict | None, log_dir: str | None, name: str) -> tuple[subprocess.Popen, str | None]:
+def _spawn(args: list[str], env: dict | None, log_dir: str | None, name: str,
+           pass_fds: tuple[int, ...] = ()) -> tuple[subprocess.Popen, str | None]:
     # A server dies with the process that started it (`populace replicas`, killed even by
     # SIGKILL — e.g. with the `populace node` that started that): never an orphan holding a port.
     if not log_dir:
         return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-                                start_new_session=True, preexec_fn=die_with_parent()), None
+                                start_new_session=True, preexec_fn=die_with_parent(), pass_fds=pass_fds), None
     Path(log_dir).mkdir(parents=True, exist_ok=True)
     path = str(Path(log_dir) / f"{name}.log")
     with open(path, "ab") as out:  # the child keeps its own copy of the descriptor
         return subprocess.Popen(args, stdout=out, stderr=out, env=env, start_new_session=True,
-                                preexec_fn=die_with_parent()), path
+                                preexec_fn=die_with_parent(), pass_fds=pass_fds), path
+
+
+def _bound_socket(host: str) -> socket.socket:
+    """A TCP socket bound to a free port of `host`, handed to the child that serves on it: a port
+    picked by `free_port` and bound later by the child can be taken meanwhile by any process
+    (seen in CI: a sim replica lost its port, another server answered its health check, and
+    the replica was never registered)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, 0))
+    sock.set_inheritable(True)
+    return sock
 
 
 # vLLM's servers run under populace.replicas.guard, which stops their whole process group
@@ -129,10 +143,12 @@ def start_sim(count: int = 4, *, extra_args: list[str] | None = None, max_concur
     """`count` simulated vLLM replicas (populace.replicas.sim)."""
     rs = ReplicaSet()
     for i in range(count):
-        port = free_port()
-        rid = f"{prefix}-{i}-{port}"
-        proc, path = _spawn([sys.executable, "-m", "populace.replicas.sim", "--host", bind, "--port", str(port),
-                             "--replica-id", rid, *(extra_args or [])], None, log_dir, rid)
+        with _bound_socket(bind) as sock:  # the child holds its own copy
+            port = sock.getsockname()[1]
+            rid = f"{prefix}-{i}-{port}"
+            proc, path = _spawn([sys.executable, "-m", "populace.replicas.sim", "--fd", str(sock.fileno()),
+                                 "--replica-id", rid, *(extra_args or [])], None, log_dir, rid,
+                                pass_fds=(sock.fileno(),))
         info = ReplicaInfo(replica_id=rid, url=f"http://{advertise or _local(bind)}:{port}", backend="sim", kind="sim",
                            model="sim", max_concurrency=max_concurrency, pid=proc.pid, heartbeat_at=time.time())
         rs.replicas.append(ReplicaProcess(info, proc, path))
@@ -217,10 +233,15 @@ async def register_forever(nats_url: str, rs: ReplicaSet, every_s: float = 2.0) 
     s = Settings()
     await bus.provision(js, storage=s.storage, replicas=s.stream_replicas, **bus.stream_limits(s))
     kv = await js.key_value(subjects.REPLICAS_BUCKET)
+    exited: set[str] = set()
     try:
         while True:
             for r in rs.replicas:
-                if r.alive():
+                if not r.alive() and r.info.replica_id not in exited:  # said once: it drops out of the registry
+                    exited.add(r.info.replica_id)
+                    log.warning("replica_exited", replica=r.info.replica_id, code=r.proc.returncode,
+                                log_path=r.log_path)
+                elif r.alive():
                     info = r.info.model_copy(update={"heartbeat_at": time.time()})
                     try:
                         await kv.put(r.info.replica_id, bus.encode(info))

@@ -475,6 +475,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m populace.replicas.sim", description=__doc__.splitlines()[0])
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8100)
+    p.add_argument("--fd", type=int, default=None,
+                   help="serve on this inherited, bound socket instead of --host/--port (populace replicas sim)")
     for name, field in SimConfig.model_fields.items():
         p.add_argument("--" + name.replace("_", "-"), dest=name, type=field.annotation, default=None,
                        help=f"default {field.default}")
@@ -490,10 +492,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(str(exc))
     import uvicorn
 
-    uvicorn.Server(
+    server = uvicorn.Server(
         uvicorn.Config(make_app(cfg), host=args.host, port=args.port, log_level="warning", access_log=False,
                        lifespan="off")
-    ).run()
+    )
+    if args.fd is None:
+        server.run()
+    else:
+        server.run(sockets=[socket.socket(fileno=args.fd)])
 
 
 if __name__ == "__main__":
