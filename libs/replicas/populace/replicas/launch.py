@@ -125,11 +125,12 @@ def start_local(count: int = 1, *, threads: int | None = None, ctx: int = 2048,
     threads = threads or max(1, (os.cpu_count() or 1) // count)
     rs = ReplicaSet()
     for i in range(count):
-        port = free_port()
-        rid = f"{prefix}-{i}-{port}"
-        proc, path = _spawn([sys.executable, "-m", "llama_cpp.server", "--model", gguf, "--host", bind,
-                             "--port", str(port), "--n_ctx", str(ctx), "--n_threads", str(threads),
-                             "--model_alias", SMOLLM2_NAME], None, log_dir, rid)
+        with _bound_socket(bind) as sock:  # the child holds its own copy
+            port = sock.getsockname()[1]
+            rid = f"{prefix}-{i}-{port}"
+            proc, path = _spawn([sys.executable, "-m", "populace.replicas.llama_serve", str(sock.fileno()), gguf,
+                                 str(ctx), str(threads), SMOLLM2_NAME], None, log_dir, rid,
+                                pass_fds=(sock.fileno(),))
         info = ReplicaInfo(replica_id=rid, url=f"http://{advertise or _local(bind)}:{port}", backend="local",
                            kind="llamacpp", model=SMOLLM2_NAME, max_concurrency=max_concurrency, pid=proc.pid,
                            heartbeat_at=time.time())

@@ -1,0 +1,27 @@
+"""`python -m populace.replicas.llama_serve FD GGUF N_CTX N_THREADS ALIAS`: llama-cpp-python's
+OpenAI-compatible server on an inherited, already bound socket.
+
+`python -m llama_cpp.server` only binds a --port of its own, which another process can take
+between our picking it and the server binding it; the launcher binds the port first and hands
+the socket over (as for the simulated replicas)."""
+
+from __future__ import annotations
+
+import socket
+import sys
+
+
+def main(argv: list[str]) -> None:
+    fd, gguf, n_ctx, n_threads, alias = argv
+    import uvicorn
+    from llama_cpp.server.app import create_app
+    from llama_cpp.server.settings import ModelSettings, ServerSettings
+
+    app = create_app(server_settings=ServerSettings(),
+                     model_settings=[ModelSettings(model=gguf, n_ctx=int(n_ctx), n_threads=int(n_threads),
+                                                   model_alias=alias)])
+    uvicorn.Server(uvicorn.Config(app)).run(sockets=[socket.socket(fileno=int(fd))])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
