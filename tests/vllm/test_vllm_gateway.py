@@ -12,8 +12,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import httpx
@@ -140,11 +138,6 @@ class _Registered:
         pass
 
 
-def last_core() -> str:
-    """The tier's replica computes on the first core (vLLM's `auto`): the victim gets the last."""
-    return str(max(os.sched_getaffinity(0)))
-
-
 async def wait_registered(nc, replica_prefix: str, timeout: float) -> ReplicaInfo:
     js = nc.jetstream()
     deadline = time.monotonic() + timeout
@@ -157,24 +150,14 @@ async def wait_registered(nc, replica_prefix: str, timeout: float) -> ReplicaInf
     raise AssertionError(f"no replica {replica_prefix}* registered after {timeout}s")
 
 
-@pytest.fixture
-def victim_cli(nats_server, vllm_replica, tmp_path):
-    """The victim: `populace replicas vllm`, its own vLLM server registered in KV replicas by it."""
-    log = open(tmp_path / "replicas-vllm.log", "wb")
-    cli = subprocess.Popen([sys.executable, "-m", "populace.cli", "replicas", "vllm", "--cpu", "--nats",
-                            nats_server.url, "--", "--max-num-seqs", "8"], stdout=log, stderr=log,
-                           start_new_session=True, env={**os.environ, "VLLM_CPU_OMP_THREADS_BIND": last_core()})
-    yield cli
-    if cli.poll() is None:
-        cli.kill()
-    cli.wait(30)
-    log.close()
-
-
-async def test_a_vllm_replica_whose_parent_is_killed_mid_burst_loses_no_request(nats_server, gateway, vllm_replica,
-                                                                                victim_cli, group_gone):
+async def test_a_vllm_replica_whose_parent_is_killed_mid_burst_loses_no_request(victim_nats, victim_gateway,
+                                                                                vllm_replica, victim_cli, group_gone):
+    """The victim was started with the tier's replica (conftest: victim_cli), on a nats-server of
+    its own; it has served part of the burst when its parent is SIGKILLed. What it had in flight
+    is retried on the tier's replica, and its process group (vLLM's server, engine core, worker)
+    is gone within 60 s."""
     cli = victim_cli
-    nc = await bus.connect(nats_server.url, "vllm-failover-test")
+    nc = await bus.connect(victim_nats.url, "vllm-failover-test")
     calls: list[LlmCallBatch] = []
 
     async def on_calls(msg) -> None:
@@ -184,7 +167,7 @@ async def test_a_vllm_replica_whose_parent_is_killed_mid_burst_loses_no_request(
     try:
         victim = await wait_registered(nc, "vllm-cpu-", START_TIMEOUT_S)
         await gateway_registered(nc)
-        registrar = asyncio.create_task(register_forever(nats_server.url, vllm_replica, every_s=0.5))
+        registrar = asyncio.create_task(register_forever(victim_nats.url, vllm_replica, every_s=0.5))
         await nc.subscribe("run.failover.calls.>", cb=on_calls)
         await asyncio.sleep(1.5)  # the gateway finds both healthy
         tasks = [asyncio.create_task(ask(nc, b, 4, "failover")) for b in range(10)]
