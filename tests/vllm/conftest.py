@@ -22,6 +22,8 @@ import time
 
 import pytest
 
+from populace.core import bus, subjects
+from populace.core.contracts import ReplicaInfo
 from populace.core.natsserver import EmbeddedNats
 from populace.replicas import vllm_cpu
 from populace.replicas.launch import LaunchError, ReplicaSet, start_vllm_cpu, wait_healthy
@@ -59,13 +61,21 @@ def vllm_replica(vllm_prepared, tmp_path_factory, request) -> ReplicaSet:
     logs = tmp_path_factory.mktemp("vllm-logs")
     rs = start_vllm_cpu(1, prepared=vllm_prepared, extra_args=["--max-num-seqs", str(MAX_NUM_SEQS)],
                         log_dir=str(logs), prefix="vllm-tier")
+    victim = None
     if any("victim_cli" in getattr(item, "fixturenames", ()) for item in request.session.items):
-        request.getfixturevalue("victim_cli")  # started now, waited for by its test
+        victim = request.getfixturevalue("victim_cli")  # started now, beside the tier's replica
     try:
         asyncio.run(wait_healthy(rs, timeout=START_TIMEOUT_S))
     except LaunchError as err:
         rs.stop()
         pytest.fail(f"vLLM did not start: {err}")
+    if victim is not None:
+        # Its start overlaps the tier's replica's, not the first tests: a vLLM start takes every
+        # core it can, and the tests beside it have deadlines (the gateway's 120 s a call).
+        try:
+            asyncio.run(registered(request.getfixturevalue("victim_nats").url, victim, START_TIMEOUT_S))
+        except LaunchError as err:
+            victim.start_error = str(err)  # the failover test fails with it; the others run
     yield rs
     rs.stop()
     assert _group_gone(rs.replicas[0].proc.pid, 30), "vLLM left processes behind"
@@ -89,6 +99,27 @@ def _group_gone(pgid: int, timeout: float) -> bool:
     return False
 
 
+async def registered(nats_url: str, cli: subprocess.Popen, timeout: float) -> None:
+    """Until `populace replicas vllm` (`cli`) has registered its replica on `nats_url`; LaunchError
+    if it exits first or takes longer than `timeout`."""
+    nc = await bus.connect(nats_url, "vllm-tier-victim")
+    try:
+        js = nc.jetstream()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if cli.poll() is not None:
+                raise LaunchError(f"`populace replicas vllm` exited ({cli.returncode}) before registering its "
+                                  f"replica; its log: {getattr(cli, 'log_path', '?')}")
+            with contextlib.suppress(Exception):
+                if await bus.registry_entries(js, subjects.REPLICAS_BUCKET, ReplicaInfo):
+                    return
+            await asyncio.sleep(0.5)
+        raise LaunchError(f"`populace replicas vllm` registered no replica within {timeout:g}s; its log: "
+                          f"{getattr(cli, 'log_path', '?')}")
+    finally:
+        await nc.close()
+
+
 def last_core() -> str:
     """The tier's replica computes on the first core (vLLM's `auto`): the victim gets the last."""
     return str(max(os.sched_getaffinity(0)))
@@ -106,15 +137,21 @@ def victim_cli(victim_nats, vllm_prepared, tmp_path_factory):
     """The failover test's victim: `populace replicas vllm`, its own vLLM server registered in KV
     replicas (on victim_nats) by it. Started, not waited for: its test waits for the
     registration. Session-scoped so that the tier's replica can start it alongside itself."""
-    log = open(tmp_path_factory.mktemp("victim") / "replicas-vllm.log", "wb")
+    log_path = tmp_path_factory.mktemp("victim") / "replicas-vllm.log"
+    log = open(log_path, "wb")
     cli = subprocess.Popen([sys.executable, "-m", "populace.cli", "replicas", "vllm", "--cpu", "--nats",
                             victim_nats.url, "--", "--max-num-seqs", str(MAX_NUM_SEQS)], stdout=log, stderr=log,
                            start_new_session=True, env={**os.environ, "VLLM_CPU_OMP_THREADS_BIND": last_core()})
+    cli.log_path = log_path
     yield cli
     if cli.poll() is None:
         cli.kill()
-    cli.wait(30)
-    log.close()
+    try:
+        cli.wait(30)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"`populace replicas vllm` (pid {cli.pid}) still runs 30 s after SIGKILL") from None
+    finally:
+        log.close()
 
 
 @contextlib.contextmanager
@@ -129,8 +166,14 @@ def gateway_process(nats_url: str, log_path):
         yield proc
     finally:
         proc.send_signal(signal.SIGTERM)
-        proc.wait(15)
-        log.close()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+            raise AssertionError(f"the gateway did not stop within 15 s of SIGTERM (killed it); log: {log_path}") from None
+        finally:
+            log.close()
 
 
 @pytest.fixture
