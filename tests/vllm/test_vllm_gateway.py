@@ -12,11 +12,11 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
-import sys
+import socket
 import time
 
 import httpx
+import nats.errors
 import pytest
 import uvicorn
 from populace_ratio_game.params import GameConfig
@@ -28,7 +28,6 @@ from starlette.routing import Route
 
 from populace.core import bus, replies, subjects
 from populace.core.contracts import InferBatch, InferReply, LlmCallBatch, ModelConfig, ReplicaInfo, ServiceInfo
-from populace.core.natsserver import free_port
 from populace.replicas.launch import ReplicaSet, register_forever
 
 pytestmark = pytest.mark.vllm
@@ -36,6 +35,14 @@ pytestmark = pytest.mark.vllm
 START_TIMEOUT_S = 600.0
 GAME = GameConfig()
 MODEL = ModelConfig(backend="openai", max_tokens=24, temperature=0.7)
+# A batch's reply: the gateway answers every batch, an error included, once each of its calls is
+# answered or has failed (its own limits: 120 s a try, 3 tries, its retry budget).
+ASK_TIMEOUT_S = 600.0
+# The flaky proxy's calls to the real replica: the gateway gives up on a call after 120 s
+# (gateway_request_timeout_s), so the proxy does too (it waited 300 s, so that after asks that
+# timed out at 600 s its shutdown still waited for them: 900 s, the tier's test timeout).
+UPSTREAM_TIMEOUT_S = 120.0
+PROXY_SHUTDOWN_S = 10.0  # how long a stopping proxy lets what it forwards finish
 
 
 def batch(b: int, per: int, run: str) -> InferBatch:
@@ -46,21 +53,61 @@ def batch(b: int, per: int, run: str) -> InferBatch:
 
 
 async def ask(nc, b: int, per: int, run: str) -> InferReply:
-    msg = await replies.request(nc, "gateway", subjects.llm_infer(replies.requester(nc)), bus.encode(batch(b, per, run)),
-                                timeout=600)
+    try:
+        msg = await replies.request(nc, "gateway", subjects.llm_infer(replies.requester(nc)),
+                                    bus.encode(batch(b, per, run)), timeout=ASK_TIMEOUT_S)
+    except nats.errors.TimeoutError:
+        raise AssertionError(f"no reply from the gateway to batch {run}-{b} after {ASK_TIMEOUT_S:g}s") from None
     return InferReply.model_validate_json(msg.data)
+
+
+async def within(aw, seconds: float, what: str):
+    """`aw`, bounded: an AssertionError naming `what` if it takes longer than `seconds`."""
+    try:
+        return await asyncio.wait_for(aw, seconds)
+    except TimeoutError:
+        raise AssertionError(f"{what}: not done after {seconds:g}s") from None
 
 
 class Flaky:
     """A replica in front of the real vLLM one that answers its first `fail` chat calls with
-    429 and 503 in turn, and forwards everything else (/health, /metrics, later calls)."""
+    429 and 503 in turn, and forwards everything else (/health, /metrics, later calls).
+
+    It serves on a socket bound here (no port picked now and bound later, which another
+    process may take meanwhile); `start()` and `stop()` bound its life, and `stop()` says what
+    was still in flight if the server did not finish in time."""
 
     def __init__(self, upstream: str, fail: int) -> None:
         self.upstream, self.fail, self.calls, self.failed = upstream, fail, 0, 0
-        self.port = free_port()
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
         app = Starlette(routes=[Route("/{path:path}", self.handle, methods=["GET", "POST"])])
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self.http = httpx.AsyncClient(timeout=300)
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.http = httpx.AsyncClient(timeout=UPSTREAM_TIMEOUT_S)
+        self.in_flight: dict[int, tuple[str, float]] = {}  # what it is serving: path, since when
+        self.serving: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self.serving = asyncio.create_task(self.server.serve(sockets=[self.sock]))
+
+    async def stop(self) -> None:
+        """Stops serving: what is in flight (calls forwarded to the real replica) may finish for
+        PROXY_SHUTDOWN_S; anything still waiting for the real replica then fails the test, named."""
+        self.server.should_exit = True
+        try:
+            if self.serving is not None:
+                await asyncio.wait_for(asyncio.shield(self.serving), PROXY_SHUTDOWN_S)
+        except TimeoutError:
+            now = time.monotonic()
+            waiting = [(path, round(now - t0, 1)) for path, t0 in self.in_flight.values()]
+            self.server.force_exit = True  # stop waiting for them
+            await asyncio.wait_for(self.serving, 5)
+            raise AssertionError(f"the flaky proxy's calls to the real replica were still unanswered "
+                                 f"{PROXY_SHUTDOWN_S:g}s after the test (path, seconds waited): {waiting}") from None
+        finally:
+            self.sock.close()
+            await self.http.aclose()
 
     async def handle(self, request: Request) -> Response:
         path = request.url.path
@@ -70,15 +117,30 @@ class Flaky:
                 self.failed += 1
                 return Response(json.dumps({"error": "busy"}), status_code=429 if self.failed % 2 else 503,
                                 media_type="application/json")
-        r = await self.http.request(request.method, self.upstream + path, content=await request.body(),
-                                    headers={"content-type": request.headers.get("content-type", "application/json")})
+        self.in_flight[id(request)] = (path, time.monotonic())
+        upstream = asyncio.ensure_future(self.http.request(
+            request.method, self.upstream + path, content=await request.body(),
+            headers={"content-type": request.headers.get("content-type", "application/json")}))
+        try:
+            # A caller that gives up (the gateway after its request timeout) closes its connection: the
+            # proxy then drops its own call, so that vLLM aborts the request as it does when its
+            # client goes (it went on generating for nobody, beside the gateway's retry).
+            while not (await asyncio.wait({upstream}, timeout=0.5))[0]:
+                if await request.is_disconnected():
+                    upstream.cancel()
+                    await asyncio.gather(upstream, return_exceptions=True)
+                    return Response(status_code=499)
+            r = upstream.result()
+        finally:
+            upstream.cancel()
+            del self.in_flight[id(request)]
         return Response(r.content, status_code=r.status_code, media_type=r.headers.get("content-type"))
 
 
 async def test_429_and_5xx_from_a_replica_are_retried_on_real_vllm(nats_server, gateway, vllm_replica):
     real = vllm_replica.replicas[0]
     flaky = Flaky(real.info.url, fail=6)
-    serving = asyncio.create_task(flaky.server.serve())
+    flaky.start()
     proxy = ReplicaSet([_Registered(ReplicaInfo(replica_id="vllm-flaky", url=f"http://127.0.0.1:{flaky.port}",
                                                 backend="openai", kind="vllm", model=real.info.model,
                                                 max_concurrency=8, heartbeat_at=time.time()))])
@@ -100,11 +162,9 @@ async def test_429_and_5xx_from_a_replica_are_retried_on_real_vllm(nats_server, 
     finally:
         for t in registrars:
             t.cancel()
-        await asyncio.gather(*registrars, return_exceptions=True)
-        await nc.close()
-        flaky.server.should_exit = True
-        await serving
-        await flaky.http.aclose()
+        await within(asyncio.gather(*registrars, return_exceptions=True), 15, "stopping the registrations")
+        await within(nc.close(), 15, "closing the test's NATS connection")
+        await flaky.stop()
     assert flaky.failed == 6, "the flaky replica was not asked often enough to fail"
     for reply in replies:
         assert reply.error is None and reply.failed == []
@@ -140,15 +200,15 @@ class _Registered:
         pass
 
 
-def last_core() -> str:
-    """The tier's replica computes on the first core (vLLM's `auto`): the victim gets the last."""
-    return str(max(os.sched_getaffinity(0)))
-
-
-async def wait_registered(nc, replica_prefix: str, timeout: float) -> ReplicaInfo:
+async def wait_registered(nc, replica_prefix: str, timeout: float, starter=None) -> ReplicaInfo:
+    """The first replica `replica_prefix`* in KV replicas; fails at once, saying so, if `starter`
+    (the process that registers it) has exited."""
     js = nc.jetstream()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if starter is not None and starter.poll() is not None:
+            raise AssertionError(f"`populace replicas vllm` exited ({starter.returncode}) before registering "
+                                 f"{replica_prefix}*; its log: {getattr(starter, 'log_path', '?')}")
         with contextlib.suppress(Exception):
             for r in await bus.registry_entries(js, subjects.REPLICAS_BUCKET, ReplicaInfo):
                 if r.replica_id.startswith(replica_prefix):
@@ -157,24 +217,15 @@ async def wait_registered(nc, replica_prefix: str, timeout: float) -> ReplicaInf
     raise AssertionError(f"no replica {replica_prefix}* registered after {timeout}s")
 
 
-@pytest.fixture
-def victim_cli(nats_server, vllm_replica, tmp_path):
-    """The victim: `populace replicas vllm`, its own vLLM server registered in KV replicas by it."""
-    log = open(tmp_path / "replicas-vllm.log", "wb")
-    cli = subprocess.Popen([sys.executable, "-m", "populace.cli", "replicas", "vllm", "--cpu", "--nats",
-                            nats_server.url, "--", "--max-num-seqs", "8"], stdout=log, stderr=log,
-                           start_new_session=True, env={**os.environ, "VLLM_CPU_OMP_THREADS_BIND": last_core()})
-    yield cli
-    if cli.poll() is None:
-        cli.kill()
-    cli.wait(30)
-    log.close()
-
-
-async def test_a_vllm_replica_whose_parent_is_killed_mid_burst_loses_no_request(nats_server, gateway, vllm_replica,
-                                                                                victim_cli, group_gone):
+async def test_a_vllm_replica_whose_parent_is_killed_mid_burst_loses_no_request(victim_nats, victim_gateway,
+                                                                                vllm_replica, victim_cli, group_gone):
+    """The victim was started with the tier's replica (conftest: victim_cli), on a nats-server of
+    its own; it has served part of the burst when its parent is SIGKILLed. What it had in flight
+    is retried on the tier's replica, and its process group (vLLM's server, engine core, worker)
+    is gone within 60 s."""
     cli = victim_cli
-    nc = await bus.connect(nats_server.url, "vllm-failover-test")
+    assert not getattr(cli, "start_error", None), cli.start_error
+    nc = await bus.connect(victim_nats.url, "vllm-failover-test")
     calls: list[LlmCallBatch] = []
 
     async def on_calls(msg) -> None:
@@ -182,9 +233,9 @@ async def test_a_vllm_replica_whose_parent_is_killed_mid_burst_loses_no_request(
 
     registrar = None
     try:
-        victim = await wait_registered(nc, "vllm-cpu-", START_TIMEOUT_S)
+        victim = await wait_registered(nc, "vllm-cpu-", START_TIMEOUT_S, starter=cli)
         await gateway_registered(nc)
-        registrar = asyncio.create_task(register_forever(nats_server.url, vllm_replica, every_s=0.5))
+        registrar = asyncio.create_task(register_forever(victim_nats.url, vllm_replica, every_s=0.5))
         await nc.subscribe("run.failover.calls.>", cb=on_calls)
         await asyncio.sleep(1.5)  # the gateway finds both healthy
         tasks = [asyncio.create_task(ask(nc, b, 4, "failover")) for b in range(10)]
@@ -199,8 +250,8 @@ async def test_a_vllm_replica_whose_parent_is_killed_mid_burst_loses_no_request(
     finally:
         if registrar:
             registrar.cancel()
-            await asyncio.gather(registrar, return_exceptions=True)
-        await nc.close()
+            await within(asyncio.gather(registrar, return_exceptions=True), 15, "stopping the registration")
+        await within(nc.close(), 15, "closing the test's NATS connection")
     gone = group_gone(victim.pid, 60)
     if not gone:  # clean up before failing
         with contextlib.suppress(ProcessLookupError):

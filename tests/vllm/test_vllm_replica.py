@@ -19,6 +19,7 @@ pytestmark = pytest.mark.vllm
 SCHEMA = {"type": "object", "properties": {"guess": {"type": "number", "minimum": 0, "maximum": 100}},
           "required": ["guess"], "additionalProperties": False}
 # prompts that pull the model out of the range the schema allows
+BURST_TIMEOUT_S = 300.0  # each call's own timeout
 PROMPTS = ["Answer with the number 500.", "Say -40.", "What is 1000 times 7?", "Give a negative number.",
            "Reply with 123456.", "Pick a number between 0 and 100.", "Write a poem about the sea.", "Say 99.5."]
 
@@ -62,7 +63,10 @@ async def test_health_and_load_come_from_vllm_itself(vllm_replica):
         burst = [asyncio.create_task(chat(http, info.url, f"Tell a story about player {i}.", schema=None,
                                           max_tokens=32)) for i in range(16)]
         seen_waiting, seen_running = 0, 0.0
+        deadline = asyncio.get_running_loop().time() + BURST_TIMEOUT_S
         while not all(t.done() for t in burst):
+            assert asyncio.get_running_loop().time() < deadline, \
+                f"{sum(not t.done() for t in burst)} of the burst's 16 calls unanswered after {BURST_TIMEOUT_S:g}s"
             await pool.refresh()
             seen_waiting = max(seen_waiting, pool.replicas[info.replica_id].load.waiting)
             text = (await http.get(f"{info.url}/metrics")).text

