@@ -73,7 +73,8 @@ def vllm_replica(vllm_prepared, tmp_path_factory, request) -> ReplicaSet:
         # Its start overlaps the tier's replica's, not the first tests: a vLLM start takes every
         # core it can, and the tests beside it have deadlines (the gateway's 120 s a call).
         try:
-            asyncio.run(registered(request.getfixturevalue("victim_nats").url, victim, START_TIMEOUT_S))
+            victim.replica = asyncio.run(registered(request.getfixturevalue("victim_nats").url, victim,
+                                                    START_TIMEOUT_S))
         except LaunchError as err:
             victim.start_error = str(err)  # the failover test fails with it; the others run
     yield rs
@@ -99,8 +100,8 @@ def _group_gone(pgid: int, timeout: float) -> bool:
     return False
 
 
-async def registered(nats_url: str, cli: subprocess.Popen, timeout: float) -> None:
-    """Until `populace replicas vllm` (`cli`) has registered its replica on `nats_url`; LaunchError
+async def registered(nats_url: str, cli: subprocess.Popen, timeout: float) -> ReplicaInfo:
+    """The replica `populace replicas vllm` (`cli`) registered on `nats_url`, once it has; LaunchError
     if it exits first or takes longer than `timeout`."""
     nc = await bus.connect(nats_url, "vllm-tier-victim")
     try:
@@ -111,8 +112,8 @@ async def registered(nats_url: str, cli: subprocess.Popen, timeout: float) -> No
                 raise LaunchError(f"`populace replicas vllm` exited ({cli.returncode}) before registering its "
                                   f"replica; its log: {getattr(cli, 'log_path', '?')}")
             with contextlib.suppress(Exception):
-                if await bus.registry_entries(js, subjects.REPLICAS_BUCKET, ReplicaInfo):
-                    return
+                for replica in await bus.registry_entries(js, subjects.REPLICAS_BUCKET, ReplicaInfo):
+                    return replica
             await asyncio.sleep(0.5)
         raise LaunchError(f"`populace replicas vllm` registered no replica within {timeout:g}s; its log: "
                           f"{getattr(cli, 'log_path', '?')}")
@@ -135,8 +136,8 @@ def victim_nats():
 @pytest.fixture(scope="session")
 def victim_cli(victim_nats, vllm_prepared, tmp_path_factory):
     """The failover test's victim: `populace replicas vllm`, its own vLLM server registered in KV
-    replicas (on victim_nats) by it. Started, not waited for: its test waits for the
-    registration. Session-scoped so that the tier's replica can start it alongside itself."""
+    replicas (on victim_nats) by it. Started here; vllm_replica waits for its registration
+    (`cli.replica`, or `cli.start_error`). Session-scoped so that the tier's replica can start it alongside itself."""
     log_path = tmp_path_factory.mktemp("victim") / "replicas-vllm.log"
     log = open(log_path, "wb")
     cli = subprocess.Popen([sys.executable, "-m", "populace.cli", "replicas", "vllm", "--cpu", "--nats",

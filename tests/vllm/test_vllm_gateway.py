@@ -32,7 +32,6 @@ from populace.replicas.launch import ReplicaSet, register_forever
 
 pytestmark = pytest.mark.vllm
 
-START_TIMEOUT_S = 600.0
 GAME = GameConfig()
 MODEL = ModelConfig(backend="openai", max_tokens=24, temperature=0.7)
 # A batch's reply: the gateway answers every batch, an error included, once each of its calls is
@@ -200,23 +199,6 @@ class _Registered:
         pass
 
 
-async def wait_registered(nc, replica_prefix: str, timeout: float, starter=None) -> ReplicaInfo:
-    """The first replica `replica_prefix`* in KV replicas; fails at once, saying so, if `starter`
-    (the process that registers it) has exited."""
-    js = nc.jetstream()
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if starter is not None and starter.poll() is not None:
-            raise AssertionError(f"`populace replicas vllm` exited ({starter.returncode}) before registering "
-                                 f"{replica_prefix}*; its log: {getattr(starter, 'log_path', '?')}")
-        with contextlib.suppress(Exception):
-            for r in await bus.registry_entries(js, subjects.REPLICAS_BUCKET, ReplicaInfo):
-                if r.replica_id.startswith(replica_prefix):
-                    return r
-        await asyncio.sleep(0.5)
-    raise AssertionError(f"no replica {replica_prefix}* registered after {timeout}s")
-
-
 async def test_a_vllm_replica_whose_parent_is_killed_mid_burst_loses_no_request(victim_nats, victim_gateway,
                                                                                 vllm_replica, victim_cli, group_gone):
     """The victim was started with the tier's replica (conftest: victim_cli), on a nats-server of
@@ -233,7 +215,7 @@ async def test_a_vllm_replica_whose_parent_is_killed_mid_burst_loses_no_request(
 
     registrar = None
     try:
-        victim = await wait_registered(nc, "vllm-cpu-", START_TIMEOUT_S, starter=cli)
+        victim = cli.replica  # registered on victim_nats before the tier's first test (conftest)
         await gateway_registered(nc)
         registrar = asyncio.create_task(register_forever(victim_nats.url, vllm_replica, every_s=0.5))
         await nc.subscribe("run.failover.calls.>", cb=on_calls)
