@@ -40,6 +40,20 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def bound_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
+    """A TCP socket bound to `port` of `host` (0: a free one), to serve on or to hand to a child
+    process: unlike a number from `free_port`, which a process binds later, no other process can
+    take the port meanwhile."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 class EmbeddedNats:
     """`with EmbeddedNats() as ns: ns.url` — a private JetStream server for one session."""
 

@@ -21,7 +21,7 @@ import httpx
 
 from populace.core import bus, logs, subjects
 from populace.core.contracts import ReplicaInfo
-from populace.core.natsserver import free_port
+from populace.core.natsserver import bound_socket, free_port
 from populace.core.processes import die_with_parent, terminate
 from populace.core.settings import Settings
 from populace.replicas import llamacpp, vllm_cpu
@@ -91,14 +91,12 @@ def _spawn(args: list[str], env: dict | None, log_dir: str | None, name: str,
                                 preexec_fn=die_with_parent(), pass_fds=pass_fds), path
 
 
-def _bound_socket(host: str) -> socket.socket:
-    """A TCP socket bound to a free port of `host`, handed to the child that serves on it: a port
-    picked by `free_port` and bound later by the child can be taken meanwhile by any process
-    (seen in CI: a sim replica lost its port, another server answered its health check, and
-    the replica was never registered)."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, 0))
+def _inherited_socket(host: str) -> socket.socket:
+    """A socket bound to a free port of `host`, for the child that serves on it: a port picked by
+    `free_port` and bound later by the child can be taken meanwhile by any process (seen in CI: a
+    sim replica lost its port, another server answered its health check, and the replica was
+    never registered)."""
+    sock = bound_socket(host)
     sock.set_inheritable(True)
     return sock
 
@@ -125,7 +123,7 @@ def start_local(count: int = 1, *, threads: int | None = None, ctx: int = 2048,
     threads = threads or max(1, (os.cpu_count() or 1) // count)
     rs = ReplicaSet()
     for i in range(count):
-        with _bound_socket(bind) as sock:  # the child holds its own copy
+        with _inherited_socket(bind) as sock:  # the child holds its own copy
             port = sock.getsockname()[1]
             rid = f"{prefix}-{i}-{port}"
             proc, path = _spawn([sys.executable, "-m", "populace.replicas.llama_serve", str(sock.fileno()), gguf,
@@ -144,7 +142,7 @@ def start_sim(count: int = 4, *, extra_args: list[str] | None = None, max_concur
     """`count` simulated vLLM replicas (populace.replicas.sim)."""
     rs = ReplicaSet()
     for i in range(count):
-        with _bound_socket(bind) as sock:  # the child holds its own copy
+        with _inherited_socket(bind) as sock:  # the child holds its own copy
             port = sock.getsockname()[1]
             rid = f"{prefix}-{i}-{port}"
             proc, path = _spawn([sys.executable, "-m", "populace.replicas.sim", "--fd", str(sock.fileno()),

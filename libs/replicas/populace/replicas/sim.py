@@ -29,6 +29,7 @@ from typing import Any, Self
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from populace.core import synth
+from populace.core.natsserver import bound_socket
 
 CHARS_PER_TOKEN = 4
 """The tokenizer approximation: one token per 4 characters (a prompt's block boundaries too)."""
@@ -429,14 +430,7 @@ class SimServer:
         return f"http://{host}:{self.port}"
 
     async def start(self) -> Self:
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((self.host, self.port))
-        except OSError:
-            sock.close()
-            raise
+        sock = bound_socket(self.host, self.port)
         self.port = sock.getsockname()[1]
         self._server = _uvicorn_server(self.app, timeout_graceful_shutdown=5)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name=f"sim-{self.cfg.replica_id}")
