@@ -142,6 +142,10 @@ class Settings(BaseSettings):
     # recorder
     db: str = "populace.duckdb"
     recorder_fetch: int = Field(256, ge=1)
+    # How long JetStream waits for the recorder to acknowledge a fetched event before it gives
+    # the event to a recorder again: what a killed recorder had fetched reaches its successor
+    # after this long (a long ingest says "in progress" every third of it meanwhile).
+    recorder_ack_wait_s: float = Field(15.0, ge=1, le=600)
     # A completed run counts as recorded once its planned interviews' answers are in too, or
     # after this long without them (a host lost after its last round took them with it: said so)
     interview_wait_s: float = Field(600.0, gt=0)

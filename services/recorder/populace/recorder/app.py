@@ -58,9 +58,6 @@ RECORDED: dict[str, type[BaseModel]] = {
 }
 # Profile rows kept between runs of the same personas (beyond it: parsed again for each run).
 PROFILES_KEPT_BYTES = 64 * 2**20
-# Short, so that what a killed recorder had fetched and not acknowledged is redelivered to
-# its successor within seconds; a long ingest says "in progress" meanwhile.
-ACK_WAIT_S = 15.0
 # Runs recorded lately, whose late outcome or call records are purged as they come in.
 RECENTLY_RECORDED = 1000
 # A full disk: the first retry of the held fetch after this long, then twice as long each time up to the last
@@ -108,7 +105,7 @@ class Recorder:
     async def start(self) -> None:
         s = self.svc.settings
         config = ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL,
-                                ack_wait=ACK_WAIT_S, max_ack_pending=max(1000, 4 * s.recorder_fetch),
+                                ack_wait=s.recorder_ack_wait_s, max_ack_pending=max(1000, 4 * s.recorder_fetch),
                                 max_deliver=MAX_DELIVERIES + 2)  # the server's bound, past ours
         self.sub = await self.svc.js.pull_subscribe(subjects.ANY_RUN_EVENT, durable="recorder",
                                                     stream=subjects.RUN_STREAM, config=config)
@@ -239,7 +236,7 @@ class Recorder:
     async def keep_in_progress(self, msgs: list[Msg]) -> None:
         """While a fetch is being ingested, tell JetStream it is (no redelivery meanwhile)."""
         while True:
-            await asyncio.sleep(ACK_WAIT_S / 3)
+            await asyncio.sleep(self.svc.settings.recorder_ack_wait_s / 3)
             await asyncio.gather(*(m.in_progress() for m in msgs), return_exceptions=True)
 
     async def tables_for(self, run_id: str, seen: dict[str, SimulationTables]) -> SimulationTables | None:
