@@ -91,3 +91,32 @@ def test_embedded_server_starts_on_a_free_port_and_cleans_up():
     assert not os.path.exists(store)
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=0.5)
+
+
+def closed_port() -> int:
+    with socket.socket() as s:  # bound, never listening: a connection to it is refused
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_a_command_gives_up_soon_where_nothing_listens_naming_the_url():
+    """Every try refused (a URL with a typo, a server that is down): the command's connection
+    gives up after `refused_s`, not after `timeout_s` (the outer bound fails the test if not)."""
+    urls = [f"nats://127.0.0.1:{closed_port()}", f"nats://127.0.0.1:{closed_port()},nats://127.0.0.1:{closed_port()}"]
+    for url in urls:  # one server, and a cluster of which none listens
+        with pytest.raises(ConnectionError) as err:
+            await asyncio.wait_for(bus.connect_or_fail(url, "test-refused", timeout_s=120, refused_s=0.3), 20)
+        assert f"cannot connect to NATS at {url}: ConnectionRefusedError" in str(err.value)
+
+
+async def test_a_command_waits_for_a_server_that_starts_listening_within_the_refused_window():
+    server = EmbeddedNats()
+    connecting = asyncio.ensure_future(bus.connect_or_fail(server.url, "test-late", timeout_s=60, refused_s=30))
+    await asyncio.sleep(1.0)  # refused meanwhile
+    await asyncio.to_thread(server.start)
+    try:
+        nc = await asyncio.wait_for(connecting, 40)
+        assert nc.is_connected
+        await nc.close()
+    finally:
+        server.stop()

@@ -4,6 +4,7 @@ its own inboxes), and the permission violations the server reports, named plainl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import nats
 from nats.aio.client import Client
@@ -85,17 +86,38 @@ async def connect(url: str, name: str, **kw) -> Client:
     )
 
 
-async def connect_or_fail(url: str, name: str, timeout_s: float = 10.0, **kw) -> Client:
+async def connect_or_fail(url: str, name: str, timeout_s: float = 10.0, refused_s: float = 3.0, **kw) -> Client:
     """For commands, not services: the first connection must succeed within `timeout_s`, else
     ConnectionError naming the URL and nats-py's last error (instead of retrying forever with a
-    traceback per attempt). Once connected it reconnects like any service connection."""
-    errors: list[str] = []
+    traceback per attempt). When every try so far was refused (nothing listens at the URL) it
+    gives up after `refused_s`: long enough for a server that is starting to listen, not 10 s
+    for a URL with a typo. Once connected it reconnects like any service connection."""
+    errors: list[Exception] = []
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    nothing_listens = asyncio.Event()
 
     async def remember(err: Exception) -> None:
-        errors.append(f"{type(err).__name__}: {err}")
+        errors.append(err)
+        if loop.time() - started >= refused_s and all(isinstance(e, ConnectionRefusedError) for e in errors):
+            nothing_listens.set()
 
+    connecting = asyncio.ensure_future(connect(url, name, error_cb=remember, **kw))
+    refused = asyncio.ensure_future(nothing_listens.wait())
     try:
-        return await asyncio.wait_for(connect(url, name, error_cb=remember, **kw), timeout_s)
-    except Exception as err:
-        last = errors[-1] if errors else f"{type(err).__name__}: {err}"
-        raise ConnectionError(f"cannot connect to NATS at {url}: {last}") from None
+        await asyncio.wait({connecting, refused}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        refused.cancel()
+    if connecting.done() and connecting.exception() is None:
+        return connecting.result()
+    err = None if not connecting.done() or connecting.cancelled() else connecting.exception()
+    # Cancelled until it is: on Python 3.11 a cancellation that meets nats-py's connect just as
+    # one of its attempts fails is lost (asyncio.wait_for's race), and the connect goes on trying.
+    while not connecting.done():
+        connecting.cancel()
+        await asyncio.wait({connecting}, timeout=0.1)
+    if not connecting.cancelled() and connecting.exception() is None:  # came up as we gave up
+        with contextlib.suppress(Exception):
+            await connecting.result().close()
+    last = errors[-1] if errors else err or TimeoutError(f"no answer in {timeout_s:g}s")
+    raise ConnectionError(f"cannot connect to NATS at {url}: {type(last).__name__}: {last}") from None
