@@ -57,3 +57,44 @@ def test_a_killed_starter_takes_the_guarded_group_with_it():
     if not ok:
         os.killpg(pgid, signal.SIGKILL)
     assert ok
+
+
+def test_the_guard_reads_its_grace_the_descriptors_to_pass_and_the_command():
+    from populace.replicas.guard import parse
+
+    assert parse(["8", "--", "vllm", "--", "x"]) == (8.0, [], ["vllm", "--", "x"])
+    assert parse(["8", "--pass-fd", "5", "--pass-fd", "7", "--", "srv"]) == (8.0, [5, 7], ["srv"])
+    for bad in (["8"], ["8", "--"], ["8", "--pass-fd", "--", "srv"], ["8", "--pass-fd", "x", "--", "srv"],
+                ["8", "--other", "5", "--", "srv"], ["soon", "--", "srv"]):
+        assert parse(bad) is None, bad
+
+
+def test_the_guarded_command_serves_on_the_socket_its_starter_bound():
+    """`--pass-fd N`: the command gets descriptor N (the port bound before it started: no other
+    process can take it meanwhile), and only that one."""
+    from populace.core.natsserver import bound_socket
+
+    with bound_socket() as sock:
+        sock.set_inheritable(True)
+        fd = sock.fileno()
+        serve = (f"import socket; s = socket.socket(fileno={fd}); s.listen(); c, _ = s.accept(); "
+                 "c.sendall(b'served'); c.close()")
+        guard = subprocess.Popen([sys.executable, "-m", "populace.replicas.guard", "1", "--pass-fd", str(fd), "--",
+                                  sys.executable, "-c", serve], pass_fds=(fd,), start_new_session=True)
+        port = sock.getsockname()[1]
+    try:
+        import socket
+
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=5) as c:
+                    assert c.recv(16) == b"served"
+                    break
+            except ConnectionRefusedError:  # not listening yet
+                assert time.monotonic() < deadline, "the guarded command never served on the passed socket"
+                time.sleep(0.1)
+        assert guard.wait(10) == 0
+    finally:
+        if guard.poll() is None:
+            os.killpg(guard.pid, signal.SIGKILL)

@@ -54,6 +54,11 @@ def test_a_replica_is_served_eager_offline_and_on_its_cores(monkeypatch, tmp_pat
     assert json.loads(cmd[cmd.index("--structured-outputs-config") + 1]) == {"backend": "xgrammar",
                                                                                "disable_any_whitespace": True}
     assert cmd[cmd.index("--port") + 1] == "8123" and cmd[cmd.index("--max-model-len") + 1] == "2048"
+    assert "--populace-fd" not in cmd
+    # on a socket its starter bound: the descriptor first, for SERVER_BOOT to take before vLLM's parser
+    on_fd = vllm_cpu.serve_command(target, 8123, fd=7)
+    assert on_fd[3:5] == ["--populace-fd", "7"] and on_fd[5:] == cmd[3:]
+    assert "launcher.create_server_socket = " in vllm_cpu.SERVER_BOOT
     env = vllm_cpu.serve_env("1")
     assert env["HF_HUB_OFFLINE"] == "1" and env["VLLM_CPU_KVCACHE_SPACE"] == "1"
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "1"

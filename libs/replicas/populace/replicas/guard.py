@@ -1,12 +1,13 @@
 """Run a server so that it can never outlive whoever started it, children included:
 
-    python -m populace.replicas.guard GRACE_S -- COMMAND [ARG …]
+    python -m populace.replicas.guard GRACE_S [--pass-fd N …] -- COMMAND [ARG …]
 
 The guard leads a process group (its starter gives it a new session) and runs COMMAND in it.
 When the guard is told to stop (SIGTERM or SIGINT; die_with_parent sends SIGTERM when the
 starter dies, even by SIGKILL) or COMMAND exits, it sends SIGTERM to every other process of
 its group, and SIGKILL to those still there after GRACE_S seconds; then it exits with
-COMMAND's status.
+COMMAND's status. `--pass-fd N` hands COMMAND the guard's descriptor N (a socket its starter
+bound for it: populace.replicas.launch); every other descriptor is closed, as usual.
 
 Why: vLLM's server runs its engine in a child process (`VLLM::EngineCore`), and on SIGTERM
 with requests in flight its web server waited for them for ever after the engine had gone
@@ -61,15 +62,33 @@ def stop_group(child: subprocess.Popen, grace_s: float) -> None:
             pass
 
 
+USAGE = "usage: python -m populace.replicas.guard GRACE_S [--pass-fd N …] -- COMMAND [ARG …]"
+
+
+def parse(argv: list[str]) -> tuple[float, list[int], list[str]] | None:
+    """(GRACE_S, the descriptors to pass, COMMAND), or None when `argv` is not of that form."""
+    if "--" not in argv or len(argv) < 3:
+        return None
+    cut = argv.index("--")
+    head, command = argv[:cut], argv[cut + 1:]
+    if not command or len(head) % 2 != 1 or any(flag != "--pass-fd" for flag in head[1::2]):
+        return None
+    try:
+        return float(head[0]), [int(fd) for fd in head[2::2]], command
+    except ValueError:
+        return None
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) < 3 or argv[1] != "--":
-        print("usage: python -m populace.replicas.guard GRACE_S -- COMMAND [ARG …]", file=sys.stderr)
+    parsed = parse(argv)
+    if parsed is None:
+        print(USAGE, file=sys.stderr)
         return 2
-    grace_s, command = float(argv[0]), argv[2:]
+    grace_s, fds, command = parsed
     stop = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.append(True))
-    child = subprocess.Popen(command, preexec_fn=die_with_parent())
+    child = subprocess.Popen(command, preexec_fn=die_with_parent(), pass_fds=fds)
     while not stop and child.poll() is None:
         time.sleep(0.2)
     for sig in (signal.SIGTERM, signal.SIGINT):

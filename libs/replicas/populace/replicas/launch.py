@@ -21,7 +21,7 @@ import httpx
 
 from populace.core import bus, logs, subjects
 from populace.core.contracts import ReplicaInfo
-from populace.core.natsserver import bound_socket, free_port
+from populace.core.natsserver import bound_socket
 from populace.core.processes import die_with_parent, terminate
 from populace.core.settings import Settings
 from populace.replicas import llamacpp, vllm_cpu
@@ -106,8 +106,9 @@ def _inherited_socket(host: str) -> socket.socket:
 VLLM_GRACE_S = 8.0
 
 
-def _guarded(args: list[str], grace_s: float = VLLM_GRACE_S) -> list[str]:
-    return [sys.executable, "-m", "populace.replicas.guard", str(grace_s), "--", *args]
+def _guarded(args: list[str], grace_s: float = VLLM_GRACE_S, pass_fds: tuple[int, ...] = ()) -> list[str]:
+    passed = [arg for fd in pass_fds for arg in ("--pass-fd", str(fd))]
+    return [sys.executable, "-m", "populace.replicas.guard", str(grace_s), *passed, "--", *args]
 
 
 def start_local(count: int = 1, *, threads: int | None = None, ctx: int = 2048,
@@ -188,11 +189,13 @@ def start_vllm_cpu(count: int = 1, *, model: str | None = None, max_concurrency:
     served = vllm_cpu.MODEL_NAME if model is None else Path(model).name
     rs = ReplicaSet()
     for i, cores in enumerate(vllm_cpu.cpu_sets(count)):
-        port = free_port()
-        rid = f"{prefix}-{i}-{port}"
-        proc, path = _spawn(_guarded(vllm_cpu.serve_command(prepared, port, bind=bind, model=model,
-                                                            max_model_len=max_model_len, extra_args=extra_args)),
-                            vllm_cpu.serve_env(cores), log_dir, rid)
+        with _inherited_socket(bind) as sock:  # the server (under its guard) holds its own copy
+            port, fd = sock.getsockname()[1], sock.fileno()
+            rid = f"{prefix}-{i}-{port}"
+            command = vllm_cpu.serve_command(prepared, port, bind=bind, model=model, max_model_len=max_model_len,
+                                             extra_args=extra_args, fd=fd)
+            proc, path = _spawn(_guarded(command, pass_fds=(fd,)), vllm_cpu.serve_env(cores), log_dir, rid,
+                                pass_fds=(fd,))
         info = ReplicaInfo(replica_id=rid, url=f"http://{advertise or _local(bind)}:{port}", backend="openai",
                            kind="vllm", model=served, max_concurrency=max_concurrency, pid=proc.pid,
                            heartbeat_at=time.time())

@@ -235,15 +235,31 @@ def cpu_sets(count: int) -> list[str | None]:
 # not): on CPU, vLLM starts its engine core and its worker by multiprocessing's `spawn`, which
 # imports the parent's main module again in each child, so with `-m` both imported the whole web
 # server; from `-c` there is no main module to import.
-SERVER_BOOT = ("import sys; from vllm.entrypoints.launchers.api_server.entry import main; "
-               "sys.argv[0] = 'vllm'; main()")
+# `--populace-fd N` first: serve on descriptor N, a socket the starter bound (vLLM has no option
+# for it: its `create_server_socket`, which binds --host/--port, is replaced by one that returns
+# it), so that no other process can take the port between its choice and the server's start.
+SERVER_BOOT = """import sys
+if sys.argv[1:2] == ["--populace-fd"]:
+    import socket
+    import vllm.entrypoints.launchers.launcher as launcher
+    assert callable(getattr(launcher, "create_server_socket", None)), "this vLLM binds its socket elsewhere"
+    inherited = socket.socket(fileno=int(sys.argv[2]))
+    del sys.argv[1:3]
+    launcher.create_server_socket = lambda addr, *, reuse_port: inherited
+from vllm.entrypoints.launchers.api_server.entry import main
+sys.argv[0] = "vllm"
+main()
+"""
 
 
 def serve_command(target: VllmCpu, port: int, *, bind: str = "127.0.0.1", model: str | None = None,
-                  max_model_len: int = 2048, extra_args: list[str] | None = None) -> list[str]:
+                  max_model_len: int = 2048, extra_args: list[str] | None = None,
+                  fd: int | None = None) -> list[str]:
     """vLLM's OpenAI server (SERVER_BOOT), eager (torch.compile adds 1-2 minutes at every
-    start), with prefix caching, and structured outputs without free whitespace."""
-    return [str(target.python), "-c", SERVER_BOOT, "--model", model or str(target.model),
+    start), with prefix caching, and structured outputs without free whitespace; on the socket
+    `fd` (bound to `bind`:`port` by the caller, and passed to the child) when given."""
+    on_fd = ["--populace-fd", str(fd)] if fd is not None else []
+    return [str(target.python), "-c", SERVER_BOOT, *on_fd, "--model", model or str(target.model),
             "--served-model-name", MODEL_NAME if model is None else Path(model).name, "--host", bind,
             "--port", str(port), "--enforce-eager", "--max-model-len", str(max_model_len),
             "--enable-prefix-caching", "--disable-uvicorn-access-log",
