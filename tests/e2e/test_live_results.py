@@ -23,20 +23,21 @@ from populace.core.contracts import ReadReply, RunConfig
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
-AGENTS, ROUNDS = 2000, 4
+AGENTS, ROUNDS = 2000, 5
 CONFIG = {"agents": AGENTS, "rounds": ROUNDS, "seed": 5, "model": {"latency_s": 0.4, "seed": 8}}
 # rounds of about 8 s (100 agents at a time, 0.4 s each), so the run is still going when read:
-# rounds 3 and 4 outlast the first CLI command, the one that must find the run running, also on a
-# loaded machine; `report` and `export` read the file itself once the run is over. (When all
-# three had to find it running, rounds of 5 s over 5 rounds were too short there.)
+# rounds 3 to 5 outlast the first CLI command, the one that must find the run running, also on a
+# loaded machine; `report` and `export` read the file itself if the run is over by then. (When
+# all three had to find it running, rounds of 5 s were too short there.)
 SLOW = {"POPULACE_MAX_IN_FLIGHT": "100", "POPULACE_OUTCOME_BATCH_SIZE": "100"}
 
 
 @pytest.fixture(scope="module")
-def stack(stacks):
-    """The services in one process (none is killed or measured here): the recorder holds the
-    DuckDB file in a process other than the test's and the CLI's all the same."""
-    return stacks(hosts=1, env={"POPULACE_STORAGE": "memory", **SLOW}, one_process=True)
+def stack(tmp_path_factory):
+    db = tmp_path_factory.mktemp("live") / "populace.duckdb"
+    s = Stack(hosts=1, db=str(db), env={"POPULACE_STORAGE": "memory", **SLOW})
+    with s.up(timeout=90):
+        yield s
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
