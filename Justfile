@@ -28,7 +28,7 @@ bench-gateway:
 
 # Test suite on 2 workers; extra arguments go to pytest (e.g. `just test tests/unit -x`, `-n 0` for one process)
 test *args:
-    uv run --extra local pytest -n 2 --dist loadgroup --durations=30 {{ args }}
+    uv run --extra local pytest -n 3 --dist loadgroup --durations=30 {{ args }}
 
 # Dummy benchmark: 100k agents, 1 s per answer
 bench:

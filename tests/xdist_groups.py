@@ -45,6 +45,35 @@ FIRST = (
 )
 
 
+# Groups that start stacks, browsers, models or containers and wait on heartbeats and deadlines
+# (every end-to-end module, the real models, compose, the NATS cluster): at most HEAVY_AT_ONCE
+# workers hold such groups at a time. A third worker takes the light groups (unit, integration,
+# the simulations' own tests) beside them: alone, two workers left the 2 cores about a third idle;
+# three with no such bound starved the fast-heartbeat and SmolLM2 tests (80fd232).
+HEAVY_AT_ONCE = 2
+HEAVY_MODULES = frozenset({"tests/integration/test_cluster.py"})
+
+
+def is_heavy(group: str) -> bool:
+    return group in (REAL_MODEL, "compose") or group.startswith("tests/e2e/") or group in HEAVY_MODULES
+
+
+def may_take(group: str, others: list[set[str]]) -> bool:
+    """Whether a worker may take `group` while the other workers hold `others` (each the groups
+    of which a worker still has tests to run). A heavy group: while fewer than HEAVY_AT_ONCE
+    others hold one. A light group: at any time, except beside the real models (which take every
+    core) when two workers are busy already, as on two workers."""
+    busy = [held for held in others if held]
+    if is_heavy(group):
+        return sum(any(is_heavy(h) for h in held) for held in busy) < HEAVY_AT_ONCE
+    return not any(REAL_MODEL in held for held in busy) or len(busy) < 2
+
+
+def held(workload: dict[str, dict[str, bool]]) -> set[str]:
+    """The groups of a worker's workload (group -> {test: done}) with tests still to run."""
+    return {group for group, tests in workload.items() if not all(tests.values())}
+
+
 def group_of(nodeid: str) -> str:
     """The group of the test `nodeid` (its path is relative to the repository root)."""
     path = nodeid.split("::", 1)[0]
@@ -59,15 +88,27 @@ def rank(group: str) -> int:
 
 
 class GroupScheduling(LoadScopeScheduling):
-    """xdist's loadscope scheduling with a scope per group (above), handed out in rank order."""
+    """xdist's loadscope scheduling with a scope per group (above), handed out in rank order, a
+    group only to a worker that `may_take` it (a worker left without one waits, and is offered
+    work again whenever any test ends)."""
 
     def _split_scope(self, nodeid: str) -> str:
         return group_of(nodeid)
 
     def _assign_work_unit(self, node) -> None:
+        others = [held(self.assigned_work[other]) for other in self.nodes if other is not node]
+        allowed = [group for group in self.workqueue if may_take(group, others)]
+        if not allowed:
+            return
         position = {}
         for i, nodeid in enumerate(self.collection or ()):
             position.setdefault(group_of(nodeid), i)
-        first = min(self.workqueue, key=lambda group: (rank(group), position.get(group, 0)))
+        first = min(allowed, key=lambda group: (rank(group), position.get(group, 0)))
         self.workqueue.move_to_end(first, last=False)  # the base class takes the queue's first unit
         super()._assign_work_unit(node)
+
+    def mark_test_complete(self, node, item_index: int, duration: float = 0) -> None:
+        super().mark_test_complete(node, item_index, duration)
+        for other in self.nodes:  # a worker that waited may take a group now (or stop: none left)
+            if other is not node and not other.shutting_down and not held(self.assigned_work[other]):
+                self._reschedule(other)

@@ -30,3 +30,22 @@ def test_every_module_the_rules_name_exists():
     named = set(g.REAL_MODEL_MODULES) | {f for f in g.FIRST if f.endswith(".py")}
     assert [p for p in sorted(named) if not (ROOT / p).is_file()] == []
     assert all((ROOT / prefix).is_dir() for prefix in g.SHARED_GROUPS)
+
+
+def test_at_most_two_workers_hold_heavy_groups_and_light_ones_fill_the_third():
+    e2e, other_e2e, unit = "tests/e2e/test_cli.py", "tests/e2e/test_guide.py", "tests/unit/test_guard.py"
+    assert g.is_heavy(e2e) and g.is_heavy(g.REAL_MODEL) and g.is_heavy("compose")
+    assert g.is_heavy("tests/integration/test_cluster.py") and not g.is_heavy(unit)
+    assert not g.is_heavy("tests/integration/test_bus.py") and not g.is_heavy("simulations/vote/tests/test_vote.py")
+    assert g.may_take(e2e, [set(), set()]) and g.may_take(e2e, [{other_e2e}, set()])
+    assert not g.may_take(e2e, [{other_e2e}, {"compose"}])  # two hold heavy groups already
+    assert g.may_take(unit, [{other_e2e}, {"compose"}])  # a light group beside them
+    assert g.may_take(e2e, [{other_e2e}, {unit}])
+    # beside the real models, two workers at most, as on two workers
+    assert g.may_take(e2e, [{g.REAL_MODEL}, set()]) and g.may_take(unit, [{g.REAL_MODEL}, set()])
+    assert not g.may_take(unit, [{g.REAL_MODEL}, {other_e2e}]) and not g.may_take(e2e, [{g.REAL_MODEL}, {other_e2e}])
+    assert not g.may_take(unit, [{g.REAL_MODEL}, {unit}])
+
+
+def test_a_worker_holds_the_groups_it_has_tests_of_left():
+    assert g.held({"a": {"t1": True, "t2": False}, "b": {"t3": True}, "c": {}}) == {"a"}
