@@ -89,6 +89,8 @@ def main(argv: list[str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.append(True))
     child = subprocess.Popen(command, preexec_fn=die_with_parent(), pass_fds=fds)
+    for fd in fds:  # the command's now: a port is not held by the guard once its server is gone
+        os.close(fd)
     while not stop and child.poll() is None:
         time.sleep(0.2)
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -106,6 +106,9 @@ async def connect_or_fail(url: str, name: str, timeout_s: float = 10.0, refused_
     refused = asyncio.ensure_future(nothing_listens.wait())
     try:
         await asyncio.wait({connecting, refused}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # the command itself was cancelled: so is its connect
+        connecting.cancel()
+        raise
     finally:
         refused.cancel()
     if connecting.done() and connecting.exception() is None:
