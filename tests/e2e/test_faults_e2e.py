@@ -172,9 +172,12 @@ def test_a_process_killed_mid_round_and_restarted_leaves_the_run_exact(stack, re
     if key == "agent-host-1":  # its agents were placed again: the state says where, and why
         # "restarted" when the new process heartbeats within POPULACE_HOST_LOST_S (4 s), else
         # "stopped": which depends on how long its start takes on a loaded machine (both re-place
-        # the share; the restart's own reason is checked in tests/unit/test_orchestrator_logic.py)
+        # the share; the restart's own reason is checked in tests/unit/test_orchestrator_logic.py).
+        # Round 2, or round 3 when host-1 had sent its whole share of round 2 before the kill
+        # landed: the first answer fires the fault, and a host's answers all come back within the
+        # same second, so on a loaded CI machine the kill once came after host-1 was done.
         assert state.epoch >= 1, state
-        assert re.match(r"agent-host host-1 (restarted|stopped \(no heartbeat for 4s\)) during round 2",
+        assert re.match(r"agent-host host-1 (restarted|stopped \(no heartbeat for 4s\)) during round [23]:",
                         state.reason or ""), state.reason
 
 
