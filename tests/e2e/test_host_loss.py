@@ -135,3 +135,15 @@ def test_a_restarted_orchestrator_still_watches_the_running_run(stack):
         all_up(stack)
     assert out.status == "completed", out.reason
     assert out.recorded is not None and out.recorded.outcomes == 800
+
+
+def test_a_run_started_as_the_last_one_ends_finds_the_room_it_freed(stack):
+    """Both hosts full with one run, the next started the moment it ends (as a script or a sweep
+    does): its hosts say at once that the agents left, and the orchestrator waits for that."""
+    config = RunConfig.model_validate({"agents": 800, "rounds": 1, "model": {"latency_s": 0.2, "seed": 2}})
+    try:
+        hosts_idle(stack)
+        outs = [play_following(stack, config) for _ in range(3)]
+    finally:
+        all_up(stack)
+    assert [o.status for o in outs] == ["completed"] * 3, [o.reason for o in outs]

@@ -199,8 +199,12 @@ class AgentHost:
 
     async def on_done(self, done: RunDone) -> None:
         """A run stopped (completed, failed, cancelled, paused): its round in play stops, its
-        agents go (not those of a resume that already placed them again)."""
+        agents go (not those of a resume that already placed them again), and the registry hears
+        of the room they leave at once: a run started as this one ends is placed on it."""
+        held = self.runtime.agent_count  # type: ignore[union-attr]
         self.runtime.forget(done.run_id, up_to_epoch=done.epoch)  # type: ignore[union-attr]
+        if self.heartbeat and self.runtime.agent_count != held:  # type: ignore[union-attr]
+            await self.heartbeat.beat_now()
         if not self.runtime.runs.get(done.run_id):  # type: ignore[union-attr]
             runconfigs.CACHE.forget(done.run_id)
         if done.status != "completed":  # a completed run's interviews go on: the recorder waits for them

@@ -50,7 +50,7 @@ from populace.core.scenario import format_validation_error
 from populace.core.service import Refused, Service, control_pull
 from populace.core.settings import Settings
 from populace.core.telemetry import tracer
-from populace.orchestrator import interviews, workflow
+from populace.orchestrator import interviews, placing, workflow
 from populace.sdk.registry import Resolved, resolve
 from populace.sdk.simulation import SimulationError
 
@@ -193,6 +193,14 @@ class Orchestrator:
     def place(self, agents: int, hosts: list[HostInfo], unit: int) -> dict[str, list[tuple[int, int]]]:
         return place(agents, hosts, unit=unit, policy=self.svc.settings.placement_policy)
 
+    async def place_when_possible(self, agents: int,
+                                  unit: int) -> tuple[list[HostInfo], dict[str, list[tuple[int, int]]]]:
+        """A new or resumed run's hosts and placement, waiting up to HOST_WAIT_S for a first host
+        and two heartbeats for room a run that just ended frees (placing.py)."""
+        return await placing.place_when_possible(
+            self.fresh_hosts, lambda hosts: self.place(agents, hosts, unit),
+            hosts_wait_s=HOST_WAIT_S, room_wait_s=2 * self.svc.settings.heartbeat_s)
+
     # -- handlers -----------------------------------------------------------------------
     async def on_run_start(self, start: RunStart, msg: NatsMessage) -> None:
         """A client asks for a run: check its simulation, place its agents, spawn them."""
@@ -205,13 +213,8 @@ class Orchestrator:
             return await self.reject(rid, f"the orchestrator cannot run it: {detail}")
         cfg = resolved.config
         kv = await self.runs_kv()
-        hosts = await self.fresh_hosts()
-        deadline = time.monotonic() + HOST_WAIT_S
-        while not hosts and time.monotonic() < deadline:
-            await asyncio.sleep(0.25)
-            hosts = await self.fresh_hosts()
         try:
-            placement = self.place(cfg.agents, hosts, unit)
+            hosts, placement = await self.place_when_possible(cfg.agents, unit)
         except PlacementError as err:
             return await self.reject(rid, str(err))
         self.units[rid] = unit
@@ -350,8 +353,7 @@ class Orchestrator:
         why = workflow.resume_refusal(state, resume.budget)
         if why is None:
             try:
-                hosts = await self.fresh_hosts()
-                placement = self.place(state.config.agents, hosts, self.unit_of(state))
+                hosts, placement = await self.place_when_possible(state.config.agents, self.unit_of(state))
             except PlacementError as err:
                 why = str(err)
         if why is not None:

@@ -35,6 +35,7 @@ class Heartbeat:
         self._kv, self._key, self._payload, self._every = kv, key, payload, every_s
         self._alive_file = alive_file
         self._task: asyncio.Task | None = None
+        self._stopped = False  # a beat after stop() would bring back the entry it deleted
 
     async def start(self) -> None:
         await until_ready(self._beat, f"first heartbeat of {self._key}")
@@ -48,12 +49,20 @@ class Heartbeat:
     async def _loop(self) -> None:
         while True:
             await asyncio.sleep(self._every)
-            try:
-                await self._beat()
-            except Exception as err:
-                log.warning("heartbeat_failed", key=self._key, error=str(err))
+            await self.beat_now()
+
+    async def beat_now(self) -> None:
+        """One heartbeat now, between the regular ones: what it says changed (a host's agents
+        went, so its room is free) and should not wait for the next."""
+        if self._stopped:
+            return
+        try:
+            await self._beat()
+        except Exception as err:
+            log.warning("heartbeat_failed", key=self._key, error=str(err))
 
     async def stop(self, delete: bool = True) -> None:
+        self._stopped = True
         if self._task:
             self._task.cancel()
         if delete:
