@@ -34,8 +34,9 @@ AGENTS, ROUNDS = 3000, 3
 CONFIG = {"agents": AGENTS, "rounds": ROUNDS, "seed": 8, "model": {"latency_s": 1.0, "seed": 31}}
 ENV = {"POPULACE_STORAGE": "file", "POPULACE_HEARTBEAT_S": "0.5", "POPULACE_HOST_LOST_S": "4",
        "POPULACE_REGISTRY_TTL_S": "4", "POPULACE_INFER_TIMEOUT_S": "5", "POPULACE_INFER_DOWN_S": "10",
-       # what a killed recorder had fetched comes to its successor after 3 s, not 15
-       "POPULACE_RECORDER_ACK_WAIT_S": "3"}
+       # what a killed recorder had fetched comes to its successor after 3 s, not 15; what a killed
+       # orchestrator or environment held, after 3 s, not 10 (once it took NATS's 30 s: a 33 s row)
+       "POPULACE_RECORDER_ACK_WAIT_S": "3", "POPULACE_ACK_WAIT_S": "3"}
 
 
 @pytest.fixture(scope="module", params=["open-bus", "users"])

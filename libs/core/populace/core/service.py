@@ -13,6 +13,7 @@ work as for any FastStream app; the AsyncAPI document shows every subject with i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import os
@@ -206,8 +207,11 @@ class Service:
                         await self.answer(raw, reply_on_error(bus.short_error(err)))
                     raise RejectMessage() from None
 
+            durable = bool(subscriber.get("durable"))
+
             async def handler(event: M, msg: NatsMessage) -> Any:
                 token = otel_context.attach(telemetry.extract(msg.headers))
+                beat = asyncio.create_task(self._keep_in_progress(msg.raw_message)) if durable else None
                 try:
                     result = await (fn(event, msg) if with_msg else fn(event))
                     if answers:
@@ -222,22 +226,26 @@ class Service:
                 except Exception as err:
                     raise await self.failed(msg.raw_message, err) from err
                 finally:
+                    if beat is not None:
+                        beat.cancel()
                     otel_context.detach(token)
 
             handler.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
                 inspect.Parameter("event", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=model),
                 inspect.Parameter("msg", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=NatsMessage)])
             handler.__name__, handler.__doc__ = fn.__name__, fn.__doc__
-            if subscriber.get("durable"):
+            if durable:
                 # The server's own bound, past ours: a message that kills the process before its
-                # handler can settle it (so our count never acts) still stops coming.
+                # handler can settle it (so our count never acts) still stops coming. Its ack wait
+                # is how soon a killed process's message reaches its successor (settings.ack_wait_s).
                 subscriber.setdefault("config", ConsumerConfig(filter_subjects=[],
-                                                               max_deliver=self.max_deliveries + 2))
+                                                               max_deliver=self.max_deliveries + 2,
+                                                               ack_wait=self.settings.ack_wait_s))
                 stream = subscriber.get("stream")
                 self.durables.keep(getattr(stream, "name", stream), ConsumerConfig(
                     durable_name=subscriber["durable"], filter_subject=subject, ack_policy=AckPolicy.EXPLICIT,
                     deliver_policy=subscriber.get("deliver_policy") or DeliverPolicy.ALL,
-                    max_deliver=subscriber["config"].max_deliver))
+                    max_deliver=subscriber["config"].max_deliver, ack_wait=subscriber["config"].ack_wait))
             if self.inbox_prefix and subscriber.get("stream") is not None:
                 # FastStream gives JetStream subscriptions nats-py's default `_INBOX.`, not the
                 # connection's: the user's own prefix, the only inboxes it may read
@@ -254,6 +262,14 @@ class Service:
             return fn
 
         return decorate
+
+    async def _keep_in_progress(self, raw: Msg) -> None:
+        """While a durable's message is being handled, tell JetStream every third of the ack wait
+        that it is (no redelivery to another process meanwhile)."""
+        while True:
+            await asyncio.sleep(self.settings.ack_wait_s / 3)
+            with contextlib.suppress(Exception):  # settled meanwhile, or the connection is going
+                await raw.in_progress()
 
     async def answer(self, raw: Msg, reply: bytes | BaseModel | None) -> None:
         """Publish the answer to a request on its reply subject, which `handle(answers=True)`

@@ -139,6 +139,13 @@ class Settings(BaseSettings):
     # most 256 KiB: a prompt must fit one inference batch message (512 KiB, under NATS' 1 MB).
     persona_max_bytes: int = Field(65_536, ge=256, le=262_144)
 
+    # How long JetStream waits for a service to acknowledge a message of one of its durable
+    # consumers (the orchestrator's control events, the environment's round opens and partials)
+    # before it hands the message out again: what a killed orchestrator or environment had in hand
+    # reaches its successor after this long (NATS's own default, 30 s, stalled a run that long). A
+    # handler that takes longer says "in progress" every third of it meanwhile.
+    ack_wait_s: float = Field(10.0, ge=1, le=600)
+
     # recorder
     db: str = "populace.duckdb"
     recorder_fetch: int = Field(256, ge=1)
