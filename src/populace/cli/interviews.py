@@ -230,15 +230,12 @@ def _fleet(run: str, after_round: int, survey, sample, ids, db: str, nats: str, 
 
 
 async def _last_run(nc) -> str:
-    from populace.core import subjects
-
-    kv = await nc.jetstream().key_value(subjects.RUNS_BUCKET)
-    keys = await kv.keys()
-    if not keys:
-        _fail("RUN: no run on this stack")
+    from populace.core import bus, subjects
     from populace.core.contracts import RunState
 
-    states = [RunState.model_validate_json((await kv.get(k)).value) for k in keys]
+    states = await bus.registry_entries(nc.jetstream(), subjects.RUNS_BUCKET, RunState, strict=True)
+    if not states:
+        _fail("RUN: no run on this stack")
     return max(states, key=lambda s: s.updated_at).run_id
 
 

@@ -55,6 +55,7 @@ from populace.core.bus.publishing import (
 )
 from populace.core.bus.registries import (
     Heartbeat,
+    bucket_keys,
     last_on,
     registry_entries,
 )
@@ -87,6 +88,7 @@ __all__ = [
     "Heartbeat",
     "PermissionDenied",
     "StreamLimitError",
+    "bucket_keys",
     "connect",
     "connect_or_fail",
     "credentials",

@@ -72,6 +72,26 @@ class Heartbeat:
                 pass
 
 
+# The most subjects a stream-info answer lists (nats-server's JSMaxSubjectDetails); past it the
+# answer is paged, which nats-py's stream_info cannot ask for.
+SUBJECTS_LISTED = 100_000
+
+
+async def bucket_keys(js: JetStreamContext, kv: KeyValue, bucket: str) -> list[str]:
+    """The keys of a KV bucket as the server holds them now, from one stream-info request (the
+    bucket's subjects). Not nats-py's kv.keys() (unless the bucket has more keys than one answer
+    lists): its watcher ends the listing at the first entry that reports nothing pending, which
+    under concurrent writes (every host heartbeating) comes before the listing is complete
+    (nats-io/nats.py#995). A run was placed on two of three live hosts that way. A deleted key's
+    subject is still listed; reading its value says it is gone."""
+    prefix = f"$KV.{bucket}."
+    info = await js.stream_info(f"KV_{bucket}", subjects_filter=f"{prefix}>")
+    subjects = info.state.subjects or {}
+    if len(subjects) >= SUBJECTS_LISTED:
+        return await kv.keys()
+    return [subject[len(prefix):] for subject in subjects]
+
+
 async def registry_entries(js: JetStreamContext, bucket: str, model: type[M],
                            fresh_within_s: float | None = None, strict: bool = False) -> list[M]:
     """Current entries of a registry bucket, skipping stale or malformed ones (entries without
@@ -81,7 +101,7 @@ async def registry_entries(js: JetStreamContext, bucket: str, model: type[M],
     empty registry. A caller that acts on *absence* (declaring a host lost) must use it."""
     kv = await js.key_value(bucket)
     try:
-        keys = await kv.keys()
+        keys = await bucket_keys(js, kv, bucket)
     except NoKeysError:
         return []
     except Exception:
