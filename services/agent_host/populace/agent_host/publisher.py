@@ -29,6 +29,7 @@ from populace.sdk.play import OutcomeRows, RoundShare
 log = logs.get("populace.agent_host")
 
 PUBACK_WAIT_S = 10.0
+RECONNECT_CHECK_S = 0.25  # how often a PubAck still awaited checks whether the connection was renewed
 # A partial larger than this (a partial's columns: the agents that move …) travels as an object of
 # the checkpoints store, which the message names with its digest: a message stays under 1 MB.
 PARTIAL_INLINE_BYTES = 256 * 1024
@@ -50,8 +51,9 @@ class OutcomePublisher:
                  epoch: int = 0) -> None:
         self._nc, self._js = nc, js
         self.run_id, self.round, self.host_id, self.epoch = run_id, round_, host_id, epoch
-        # (subject, data, headers, PubAck future) of every batch, until the round closes
-        self._sent: list[tuple[str, bytes, dict, asyncio.Future]] = []
+        # (subject, data, headers, PubAck future, the connection's reconnects when it was sent) of
+        # every batch, until the round closes
+        self._sent: list[tuple[str, bytes, dict, asyncio.Future, int]] = []
         self._publishing: list[asyncio.Task] = []
         self._last_worked_on_tick = 0.0
         self._ticks: set[asyncio.Task] = set()  # held until done (the loop keeps only weak references)
@@ -89,8 +91,9 @@ class OutcomePublisher:
         subject = subjects.run_outcomes(self.run_id, self.round, self.host_id)
         msg_id = subjects.msg_id(self.run_id, self.round, shard, "outcomes", self.epoch)
         headers = telemetry.inject({"Nats-Msg-Id": bus.seal(self._js, msg_id)})
+        reconnects = self._reconnects()
         ack = await self._js.publish_async(subject, data, headers=headers)
-        self._sent.append((subject, data, headers, ack))
+        self._sent.append((subject, data, headers, ack, reconnects))
         await self._tick(len(batch.agent_ids))
 
     async def _tick(self, answered: int) -> None:
@@ -102,14 +105,37 @@ class OutcomePublisher:
         except Exception as err:  # a closed or reconnecting connection, in any of its forms
             log.debug("progress_tick_lost", error=f"{type(err).__name__}: {err}")
 
-    async def _confirm(self, subject: str, data: bytes, headers: dict, ack: asyncio.Future) -> None:
+    def _reconnects(self) -> int:
+        return int(getattr(self._nc, "stats", {}).get("reconnects", 0))
+
+    async def _await_ack(self, ack: asyncio.Future, reconnects: int) -> None:
+        """The PubAck, within PUBACK_WAIT_S. A PubAck future has no timeout of its own, and one
+        lost with the connection (a restarting nats-server) would wait for ever: once the client
+        has reconnected since the batch was sent, its PubAck cannot come any more, and waiting
+        out the bound cost a round 10 s after every nats-server restart."""
+        if ack.done():
+            ack.result()
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + PUBACK_WAIT_S
+        while self._reconnects() == reconnects:
+            left = deadline - loop.time()
+            if left <= 0:
+                raise TimeoutError
+            try:
+                await asyncio.wait_for(asyncio.shield(ack), min(left, RECONNECT_CHECK_S))
+                return
+            except TimeoutError:
+                continue
+        raise ConnectionError("reconnected since the batch was sent: its PubAck is lost")
+
+    async def _confirm(self, subject: str, data: bytes, headers: dict, ack: asyncio.Future, reconnects: int) -> None:
         """Wait for a batch's PubAck; republish it if JetStream did not store it (e.g. during a
-        leader election). The same Nats-Msg-Id makes the republish a no-op if it was stored."""
+        leader election, or a nats-server restart). The same Nats-Msg-Id makes the republish a
+        no-op if it was stored."""
         try:
-            # A PubAck future has no timeout of its own: one lost with the connection (a
-            # restarting nats-server) would wait for ever, so it is bounded here.
-            await asyncio.wait_for(ack, PUBACK_WAIT_S)
-        except bus.TRANSIENT as err:
+            await self._await_ack(ack, reconnects)
+        except (*bus.TRANSIENT, ConnectionError) as err:
             log.warning("puback_missing", run_id=self.run_id, round=self.round, subject=subject,
                         error=type(err).__name__)
             await bus.until_ready(lambda: self._js.publish(subject, data, headers=headers, timeout=5.0),
