@@ -1,5 +1,5 @@
 """Placing a run as hosts register and free their room (populace.orchestrator.placing): the
-registry is a list of reads, the clock asyncio's, no broker."""
+registry is a list of reads, the waits real and short, no broker."""
 
 from __future__ import annotations
 
