@@ -13,7 +13,6 @@ work as for any FastStream app; the AsyncAPI document shows every subject with i
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
 import os
@@ -54,6 +53,16 @@ def control_pull() -> PullSub:
 
 
 RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
+
+
+async def keep_in_progress(msgs: list[Msg], ack_wait_s: float) -> None:
+    """While JetStream messages are being handled (a durable's message, the recorder's fetch),
+    tell JetStream every third of their ack wait that they are: no redelivery to another process
+    meanwhile. Run it as a task; cancel it once they are settled."""
+    while True:
+        await asyncio.sleep(ack_wait_s / 3)
+        # one settled meanwhile, or the connection going: nothing to keep
+        await asyncio.gather(*(m.in_progress() for m in msgs), return_exceptions=True)
 
 
 class Refused(Exception):
@@ -211,7 +220,8 @@ class Service:
 
             async def handler(event: M, msg: NatsMessage) -> Any:
                 token = otel_context.attach(telemetry.extract(msg.headers))
-                beat = asyncio.create_task(self._keep_in_progress(msg.raw_message)) if durable else None
+                beat = (asyncio.create_task(keep_in_progress([msg.raw_message], self.settings.ack_wait_s))
+                        if durable else None)
                 try:
                     result = await (fn(event, msg) if with_msg else fn(event))
                     if answers:
@@ -262,14 +272,6 @@ class Service:
             return fn
 
         return decorate
-
-    async def _keep_in_progress(self, raw: Msg) -> None:
-        """While a durable's message is being handled, tell JetStream every third of the ack wait
-        that it is (no redelivery to another process meanwhile)."""
-        while True:
-            await asyncio.sleep(self.settings.ack_wait_s / 3)
-            with contextlib.suppress(Exception):  # settled meanwhile, or the connection is going
-                await raw.in_progress()
 
     async def answer(self, raw: Msg, reply: bytes | BaseModel | None) -> None:
         """Publish the answer to a request on its reply subject, which `handle(answers=True)`

@@ -106,7 +106,7 @@ class OutcomePublisher:
             log.debug("progress_tick_lost", error=f"{type(err).__name__}: {err}")
 
     def _reconnects(self) -> int:
-        return int(getattr(self._nc, "stats", {}).get("reconnects", 0))
+        return self._nc.stats["reconnects"]
 
     async def _await_ack(self, ack: asyncio.Future, reconnects: int) -> None:
         """The PubAck, within PUBACK_WAIT_S. A PubAck future has no timeout of its own, and one

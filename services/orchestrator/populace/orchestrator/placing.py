@@ -34,6 +34,7 @@ async def place_when_possible(read_hosts: Callable[[], Awaitable[list[HostInfo]]
             now = time.monotonic()
             if hosts and found is None:
                 found = now
-            if now - (start if found is None else found) >= (hosts_wait_s if found is None else room_wait_s):
+            since, wait_s = (start, hosts_wait_s) if found is None else (found, room_wait_s)
+            if now - since >= wait_s:
                 raise
         await asyncio.sleep(poll_s)

@@ -40,7 +40,7 @@ from populace.core.contracts import (
     SimulationTables,
     SpawnBatch,
 )
-from populace.core.service import MAX_DELIVERIES, Service
+from populace.core.service import MAX_DELIVERIES, Service, keep_in_progress
 from populace.core.settings import Settings
 from populace.core.telemetry import tracer
 from populace.population.by_digest import ByDigest
@@ -145,7 +145,7 @@ class Recorder:
                 self.svc.log.warning("fetch_failed", error=str(err))
                 await asyncio.sleep(0.5)
                 continue
-            beat = asyncio.create_task(self.keep_in_progress(msgs))
+            beat = asyncio.create_task(keep_in_progress(msgs, self.svc.settings.recorder_ack_wait_s))
             try:
                 try:
                     await self.handle(msgs)
@@ -232,12 +232,6 @@ class Recorder:
                         await raw.nak(delay=delay)
                     except Exception as nak_err:
                         self.svc.log.warning("nak_failed", error=str(nak_err))
-
-    async def keep_in_progress(self, msgs: list[Msg]) -> None:
-        """While a fetch is being ingested, tell JetStream it is (no redelivery meanwhile)."""
-        while True:
-            await asyncio.sleep(self.svc.settings.recorder_ack_wait_s / 3)
-            await asyncio.gather(*(m.in_progress() for m in msgs), return_exceptions=True)
 
     async def tables_for(self, run_id: str, seen: dict[str, SimulationTables]) -> SimulationTables | None:
         known = seen.get(run_id) or self.store.known_tables(run_id)
