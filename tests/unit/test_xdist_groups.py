@@ -20,14 +20,14 @@ def test_shared_groups_span_modules_and_other_tests_go_with_their_module():
 
 
 def test_the_longest_groups_come_first_and_every_group_has_a_rank():
-    ranks = [g.rank(g.group_of(f"{p}::t")) for p in ("tests/e2e/test_report_browser.py", "tests/e2e/test_faults_e2e.py",
+    ranks = [g.rank(g.group_of(f"{p}::t")) for p in ("tests/e2e/test_faults_e2e.py", "tests/e2e/test_report_browser.py",
                                                      "tests/e2e/test_cli.py", "tests/integration/test_bus.py",
                                                      "tests/unit/test_guard.py")]
     assert ranks == sorted(ranks) and len(set(ranks)) == len(ranks)
 
 
 def test_every_module_the_rules_name_exists():
-    named = set(g.REAL_MODEL_MODULES) | {f for f in g.FIRST if f.endswith(".py")}
+    named = set(g.REAL_MODEL_MODULES) | {f for f in g.FIRST if f.endswith(".py")} | g.WAITING_MODULES
     assert [p for p in sorted(named) if not (ROOT / p).is_file()] == []
     assert all((ROOT / prefix).is_dir() for prefix in g.SHARED_GROUPS)
 
@@ -45,6 +45,19 @@ def test_at_most_two_workers_hold_heavy_groups_and_light_ones_fill_the_third():
     assert g.may_take(e2e, [{g.REAL_MODEL}, set()]) and g.may_take(unit, [{g.REAL_MODEL}, set()])
     assert not g.may_take(unit, [{g.REAL_MODEL}, {other_e2e}]) and not g.may_take(e2e, [{g.REAL_MODEL}, {other_e2e}])
     assert not g.may_take(unit, [{g.REAL_MODEL}, {unit}])
+
+
+def test_a_group_that_mostly_waits_may_be_a_third_heavy_one_but_never_beside_the_real_models():
+    waits, also_waits = "tests/e2e/test_faults_e2e.py", "tests/e2e/test_live_agents.py"
+    works, also_works = "tests/e2e/test_cli.py", "tests/e2e/test_guide.py"
+    assert {waits, also_waits} <= g.WAITING_MODULES and not {works, also_works} & g.WAITING_MODULES
+    assert all(g.is_heavy(m) for m in g.WAITING_MODULES)
+    assert g.may_take(waits, [{works}, {also_works}]) and g.may_take(waits, [{works}, {"compose"}])
+    assert g.may_take(works, [{waits}, {also_works}])  # the same three, taken in another order
+    assert g.may_take(waits, [{also_waits}, {works}]) and g.may_take(waits, [{also_waits}, {also_works, "tests/unit/x.py"}])
+    assert not g.may_take(works, [{works}, {also_works}])  # no third that works
+    assert not g.may_take(waits, [{g.REAL_MODEL}, {works}]) and not g.may_take(waits, [{g.REAL_MODEL}, {also_waits}])
+    assert not g.may_take(waits, [{works}, {also_works}, {also_waits}])  # never a fourth (-n 4)
 
 
 def test_a_worker_holds_the_groups_it_has_tests_of_left():
