@@ -486,6 +486,30 @@ def test_resume_plays_on_in_a_new_epoch_from_the_last_checkpoint_on_the_hosts_up
     assert acts == [OpenRound(3, 10)] and done.round == 3
 
 
+def test_a_control_request_delivered_again_or_overtaken_changes_nothing():
+    """A cancel or resume is handled at least once: its handler may die between the state's
+    write and the ack, and the request comes again, maybe after a newer one changed the run."""
+    from populace.orchestrator.workflow import Request, on_cancel, on_resume, stale
+
+    s = running_state()
+    s, _ = on_result(s, result(1))
+    cancel, resume = Request(seq=7, at=1000.0), Request(seq=8, at=1001.0)
+    c, acts = on_cancel(s, "x", cancel)
+    assert acts and (c.request_seq, c.request_at) == (7, 1000.0)
+    r, acts = on_resume(c, PLACEMENT, request=resume)
+    assert acts and r.status == "spawning" and (r.request_seq, r.request_at) == (8, 1001.0)
+    assert on_cancel(r, "x", cancel) == (r, [])  # the first cancel again, after the resume it preceded
+    again, _ = on_cancel(r, "y", Request(seq=9, at=1002.0))  # a newer cancel still stops it
+    assert again.status == "cancelled" and again.request_seq == 9
+    assert on_resume(again, PLACEMENT, request=resume) == (again, [])  # the resume again: not a second one
+    assert on_resume(again, PLACEMENT, request=Request(seq=10, at=1003.0))[0].epoch == 2
+    # a CTL stream made anew counts from 1 again: its requests are later in time, so they count
+    assert not stale(again, Request(seq=1, at=1005.0)) and on_cancel(r, "z", Request(seq=1, at=1005.0))[1]
+    assert stale(again, Request(seq=9, at=1002.0)) and not stale(again, None)
+    # a request that changes nothing (the run is stopped already) leaves no mark
+    assert on_cancel(c, "again", Request(seq=11, at=1004.0)) == (c, [])
+
+
 def test_only_a_failed_or_cancelled_run_with_rounds_left_resumes():
     from populace.orchestrator.workflow import on_resume
 

@@ -337,19 +337,23 @@ class Orchestrator:
         stop = workflow.on_pause if fault.pause else workflow.on_failure
         await self.advance(fault.run_id, lambda s: stop(s, fault.reason))
 
-    async def on_cancel(self, cancel: RunCancel) -> None:
+    async def on_cancel(self, cancel: RunCancel, msg: NatsMessage) -> None:
         """Stop a run at once (its hosts drop the round in play); it can be resumed."""
-        await self.advance(cancel.run_id, lambda s: workflow.on_cancel(s, cancel.reason))
+        request = ctl_request(msg)
+        await self.advance(cancel.run_id, lambda s: workflow.on_cancel(s, cancel.reason, request))
 
-    async def on_resume(self, resume: RunResume) -> None:
+    async def on_resume(self, resume: RunResume, msg: NatsMessage) -> None:
         """Continue a failed, cancelled or paused run after its last completed round, on the
         hosts up now."""
-        rid = resume.run_id
+        rid, request = resume.run_id, ctl_request(msg)
         kv = await self.runs_kv()
         try:
             state = runconfigs.CACHE.state((await kv.get(rid)).value)
         except KeyNotFoundError:
             raise Refused(f"run {rid} is not known: nothing to resume") from None
+        if workflow.stale(state, request):  # its asker had its answer when it was first handled
+            self.svc.log.info("resume_stale", run_id=rid, request_seq=request.seq, applied_seq=state.request_seq)
+            return
         why = workflow.resume_refusal(state, resume.budget)
         if why is None:
             try:
@@ -359,7 +363,7 @@ class Orchestrator:
         if why is not None:
             return await self.refuse_resume(state, why)
         incarnations = {h.host_id: h.started_at for h in hosts}
-        await self.advance(rid, lambda s: workflow.on_resume(s, placement, incarnations, resume.budget))
+        await self.advance(rid, lambda s: workflow.on_resume(s, placement, incarnations, resume.budget, request))
 
     async def on_interview(self, req: InterviewRequest) -> None:
         """A post-hoc interview: checked against the run's state and its round's checkpoint
@@ -527,6 +531,12 @@ class Orchestrator:
                              msg_id=subjects.msg_id(rid, 0, "orch", "done", epoch))
         self.svc.log.info("run_finished", run_id=rid, status=action.status, rounds=action.rounds,
                           reason=action.reason)
+
+
+def ctl_request(msg: NatsMessage) -> workflow.Request:
+    """The control request `msg` carries, by its place in the CTL stream."""
+    meta = msg.raw_message.metadata
+    return workflow.Request(meta.sequence.stream, meta.timestamp.timestamp())
 
 
 def same_state(a: RunState, b: RunState) -> bool:

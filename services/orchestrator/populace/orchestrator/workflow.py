@@ -41,6 +41,27 @@ RESUMABLE = RESUMABLE_STATUSES
 
 
 @dataclass(frozen=True)
+class Request:
+    """A control request (cancel, resume) as the CTL stream stored it: its sequence there and the
+    server's time of storing it (seconds since the epoch)."""
+
+    seq: int
+    at: float
+
+
+def stale(state: RunState, request: Request | None) -> bool:
+    """Whether `request` is no newer than the last one that changed the run: delivered again, or
+    overtaken. Both marks must be no newer, so a CTL stream made again (its sequence from 1) still
+    takes new requests."""
+    return request is not None and request.seq <= state.request_seq and request.at <= state.request_at
+
+
+def _requested(state: RunState, request: Request | None) -> RunState:
+    return state if request is None else state.model_copy(update={"request_seq": request.seq,
+                                                                  "request_at": request.at})
+
+
+@dataclass(frozen=True)
 class OpenRound:
     """Announce `round` with the new state's observation, environment state and shares;
     `again`: the same round once more (for replacement shares, or after its deadline)."""
@@ -258,9 +279,13 @@ def on_failure(state: RunState, reason: str) -> tuple[RunState, list[Action]]:
     return _stop(state, "failed", reason)
 
 
-def on_cancel(state: RunState, reason: str) -> tuple[RunState, list[Action]]:
-    """Stop at once; the round in play is dropped (it is played again on resume)."""
-    return _stop(state, "cancelled", reason)
+def on_cancel(state: RunState, reason: str, request: Request | None = None) -> tuple[RunState, list[Action]]:
+    """Stop at once; the round in play is dropped (it is played again on resume). A stale
+    `request` (see `stale`) changes nothing."""
+    if stale(state, request):
+        return state, []
+    stopped, actions = _stop(state, "cancelled", reason)
+    return (_requested(stopped, request) if actions else stopped), actions
 
 
 def on_pause(state: RunState, reason: str) -> tuple[RunState, list[Action]]:
@@ -283,11 +308,11 @@ def resume_refusal(state: RunState, budget: Budget | None = None) -> str | None:
 
 
 def on_resume(state: RunState, placement: Placement, incarnations: dict[str, float] | None = None,
-              budget: Budget | None = None) -> tuple[RunState, list[Action]]:
+              budget: Budget | None = None, request: Request | None = None) -> tuple[RunState, list[Action]]:
     """A failed, cancelled or paused run continues after its last completed round, in a new
     epoch, on `placement` (whatever hosts are up now), its agents restored from the checkpoint;
-    `budget`, when given, replaces the run's."""
-    if resume_refusal(state, budget) is not None:
+    `budget`, when given, replaces the run's. A stale `request` (see `stale`) changes nothing."""
+    if stale(state, request) or resume_refusal(state, budget) is not None:
         return state, []
     epoch, after = state.epoch + 1, state.round
     shares = shares_for(placement, epoch, after + 1, incarnations)
@@ -297,7 +322,7 @@ def on_resume(state: RunState, placement: Placement, incarnations: dict[str, flo
         ref = ConfigRef.of(config, after + 1)
     resumed = _now(state, status="spawning", config=config, config_ref=ref, shares=shares, spawned=[], epoch=epoch,
                    reason=None, phase_at=time.time(), nudged=0, layouts=[*state.layouts, layout(after + 1, shares)])
-    return resumed, [SpawnShares(tuple(sh.key for sh in shares), resumed=True)]
+    return _requested(resumed, request), [SpawnShares(tuple(sh.key for sh in shares), resumed=True)]
 
 
 def lost_shares(state: RunState, hosts: list[HostInfo], live: set[str]) -> list[Share]:

@@ -200,6 +200,12 @@ class RunState(Strict):
     # writers reported them (each share its own ranges', the environment its own): a restore
     # uses an object only if it still matches. Only the orchestrator writes KV `runs`.
     checkpoints: dict[str, SHA256] = {}
+    # The newest control request (a cancel or a resume) that changed the run, by its message in
+    # the CTL stream: sequence and the server's time. One no newer in both changes nothing: the
+    # same request delivered again (its handler died between this write and its ack) or an older
+    # one that reached the other request's consumer late.
+    request_seq: int = Field(default=0, ge=0)
+    request_at: float = 0.0
     updated_at: float = Field(default_factory=time.time)
 
     @model_validator(mode="after")

@@ -1,0 +1,132 @@
+"""The orchestrator's control requests delivered again by a real nats-server: a handler that dies
+after writing the run's state but before its ack (here: raises, so the message is NACKed; a
+SIGKILL gives the same redelivery after the ack wait) gets the same message again, maybe after a
+newer request changed the run. The redelivery must change nothing: a cancel that comes back after
+the resume that followed it does not stop the resumed run, and a resume that comes back after the
+run was cancelled again does not start a second epoch."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import pytest
+
+from populace.core import bus, subjects
+from populace.core.contracts import HostInfo, RunCancel, RunConfig, RunResume, RunStart, RunState
+from populace.core.natsserver import EmbeddedNats
+from populace.core.settings import Settings
+from populace.orchestrator import app
+
+pytestmark = pytest.mark.integration
+
+
+async def state(js, rid: str) -> RunState:
+    return RunState.model_validate_json((await (await js.key_value(subjects.RUNS_BUCKET)).get(rid)).value)
+
+
+async def until(js, rid: str, cond, what: str, timeout: float = 20) -> RunState:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            s = await state(js, rid)
+            if cond(s):
+                return s
+        except Exception:
+            pass
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"run {rid}: never {what}")
+
+
+async def publish(js, subject: str, model) -> None:
+    await js.publish(subject, model.model_dump_json().encode(), stream=subjects.CTL_STREAM)
+
+
+@pytest.fixture
+async def orchestrator(monkeypatch):
+    """A real nats-server of its own, a registered host, and the orchestrator built by its factory
+    with its handlers wrapped: `dies[name]` set makes the next call of that handler do its work,
+    wait for `dies[name]` to be set again... (an Event), then raise before its ack."""
+    dies: dict[str, asyncio.Event] = {}
+    handled: list[tuple[str, int]] = []  # (handler, delivery) once each call has returned or raised
+
+    def wrap(name: str):
+        original = getattr(app.Orchestrator, name)
+
+        async def handler(self, request, msg):
+            try:
+                await original(self, request, msg)
+                if (release := dies.pop(name, None)) is not None:
+                    await release.wait()
+                    raise RuntimeError(f"{name}: died after the state's write, before the ack")
+            finally:
+                handled.append((name, msg.raw_message.metadata.num_delivered))
+
+        monkeypatch.setattr(app.Orchestrator, name, handler)
+
+    wrap("on_cancel")
+    wrap("on_resume")
+    with EmbeddedNats() as server:
+        nc = await bus.connect(server.url, "ctl-redelivery-test")
+        js = nc.jetstream()
+        await bus.provision(js, storage="memory")
+        now = time.time()
+        hosts = await js.key_value(subjects.HOSTS_BUCKET)
+        heartbeat = bus.Heartbeat(hosts, "h1", lambda: HostInfo(host_id="h1", capacity=1000, pid=os.getpid(),
+                                                                   started_at=now, heartbeat_at=time.time()), 0.5)
+        await heartbeat.start()
+        svc = app.create(Settings(nats_url=server.url, storage="memory", ack_wait_s=2.0))
+        await svc._connect_and_provision()
+        await svc.broker.start()
+        try:
+            yield js, dies, handled
+        finally:
+            await svc.broker.stop()
+            await heartbeat.stop()
+            await nc.close()
+
+
+async def started(js, rid: str) -> RunState:
+    await publish(js, subjects.RUN_START, RunStart(run_id=rid, config=RunConfig(agents=10, rounds=3)))
+    return await until(js, rid, lambda s: s.status == "spawning", "placed")
+
+
+async def test_a_cancel_delivered_again_after_the_resume_that_followed_it_leaves_the_run_going(orchestrator):
+    js, dies, handled = orchestrator
+    await started(js, "redo-cancel")
+    release = dies["on_cancel"] = asyncio.Event()
+    await publish(js, subjects.RUN_CANCEL, RunCancel(run_id="redo-cancel"))
+    await until(js, "redo-cancel", lambda s: s.status == "cancelled", "cancelled")
+    await publish(js, subjects.RUN_RESUME, RunResume(run_id="redo-cancel"))
+    resumed = await until(js, "redo-cancel", lambda s: s.epoch == 1 and s.status == "spawning", "resumed")
+    release.set()  # the cancel's handler dies now: the server hands the cancel out again
+    for _ in range(400):
+        if ("on_cancel", 2) in handled:
+            break
+        await asyncio.sleep(0.05)
+    assert ("on_cancel", 2) in handled, handled
+    after = await state(js, "redo-cancel")
+    assert (after.status, after.epoch, after.request_seq) == ("spawning", 1, resumed.request_seq)
+
+
+async def test_a_resume_delivered_again_after_the_run_was_cancelled_again_leaves_it_stopped(orchestrator):
+    js, dies, handled = orchestrator
+    await started(js, "redo-resume")
+    await publish(js, subjects.RUN_CANCEL, RunCancel(run_id="redo-resume", reason="first"))
+    await until(js, "redo-resume", lambda s: s.status == "cancelled", "cancelled")
+    release = dies["on_resume"] = asyncio.Event()
+    await publish(js, subjects.RUN_RESUME, RunResume(run_id="redo-resume"))
+    await until(js, "redo-resume", lambda s: s.epoch == 1, "resumed")
+    await publish(js, subjects.RUN_CANCEL, RunCancel(run_id="redo-resume", reason="second"))
+    cancelled = await until(js, "redo-resume", lambda s: s.status == "cancelled" and s.reason == "second",
+                            "cancelled again")
+    release.set()
+    for _ in range(400):
+        if ("on_resume", 2) in handled:
+            break
+        await asyncio.sleep(0.05)
+    assert ("on_resume", 2) in handled, handled
+    after = await state(js, "redo-resume")
+    assert (after.status, after.epoch, after.reason) == ("cancelled", 1, "second")
+    assert after.request_seq == cancelled.request_seq
