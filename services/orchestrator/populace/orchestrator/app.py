@@ -351,7 +351,7 @@ class Orchestrator:
             state = runconfigs.CACHE.state((await kv.get(rid)).value)
         except KeyNotFoundError:
             raise Refused(f"run {rid} is not known: nothing to resume") from None
-        if workflow.stale(state, request):  # its asker had its answer when it was first handled
+        if request is not None and workflow.stale(state, request):  # its asker was answered the first time
             self.svc.log.info("resume_stale", run_id=rid, request_seq=request.seq, applied_seq=state.request_seq)
             return
         why = workflow.resume_refusal(state, resume.budget)
@@ -533,8 +533,11 @@ class Orchestrator:
                           reason=action.reason)
 
 
-def ctl_request(msg: NatsMessage) -> workflow.Request:
-    """The control request `msg` carries, by its place in the CTL stream."""
+def ctl_request(msg: NatsMessage) -> workflow.Request | None:
+    """The control request `msg` carries, by its place in the CTL stream (None: not from a stream,
+    as in FastStream's in-memory test broker: nothing to tell a delivery again by)."""
+    if not bus.is_jetstream(msg.raw_message):
+        return None
     meta = msg.raw_message.metadata
     return workflow.Request(meta.sequence.stream, meta.timestamp.timestamp())
 
