@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from xdist.scheduler import LoadScopeScheduling
 
-# Real models, SmolLM2 on llama.cpp and vLLM's CPU build, each take every core they are given: two
-# such tests at once starve each other's generation past their liveness deadlines, so they share
-# one worker (the vllm tier's replica, ~5 GB and 1-3 min to start, is its session fixture).
+# Real models, SmolLM2 on llama.cpp and vLLM's CPU build, each take every core while they generate:
+# two such tests at once starve each other's generation past their liveness deadlines, so they
+# share one worker (the vllm tier's replica, ~5 GB and 1-3 min to start, is its session fixture).
+# Over the whole group they use about one core (167 s of wall, 180 s of CPU alone, 2026-12-03).
 REAL_MODEL = "real-model"
 SHARED_GROUPS = {
     "tests/vllm/": REAL_MODEL,
@@ -61,7 +62,8 @@ HEAVY_AT_ONCE = 2
 HEAVY_MODULES = frozenset({"tests/integration/test_cluster.py"})
 # Heavy groups that mostly wait (on heartbeats, deadlines, a paced model, a browser): each used
 # under half a core for its wall time when run alone (bench/results/stop33/suite-cpu-per-module.md).
-# One of them may make a third heavy group at once, where no worker holds the real models.
+# One of them may make a third heavy group at once; beside the real models, only if the other is
+# one too (about 1 + 0.4 + 0.4 cores of the 2).
 WAITING_MODULES = frozenset({
     "tests/e2e/test_faults_e2e.py",  # 0.41 of a core
     "tests/e2e/test_state_integrity_e2e.py",  # 0.27
@@ -83,18 +85,22 @@ def is_heavy(group: str) -> bool:
 def may_take(group: str, others: list[set[str]]) -> bool:
     """Whether a worker may take `group` while the other workers hold `others` (each the groups
     of which a worker still has tests to run). A heavy group: while fewer than HEAVY_AT_ONCE
-    others hold one; or as one more, if no other holds the real models (which take every core) and
-    no more than HEAVY_AT_ONCE of the heavy groups then held would be ones that do not mostly wait.
-    A light group: at any time, except beside the real models when two workers are busy already,
-    as on two workers."""
+    others hold one; or as one more heavy group at once, if one of the three mostly waits (two,
+    where the real models are one of them). A light group: at any time, except beside the real
+    models when two workers are busy already, as on two workers."""
     busy = [held for held in others if held]
     if is_heavy(group):
         heavy = [held for held in busy if any(is_heavy(h) for h in held)]
         if len(heavy) < HEAVY_AT_ONCE:
             return True
-        working = [held for held in heavy if any(is_heavy(h) and h not in WAITING_MODULES for h in held)]
-        return (len(heavy) == HEAVY_AT_ONCE and not any(REAL_MODEL in held for held in heavy)
-                and len(working) + (group not in WAITING_MODULES) <= HEAVY_AT_ONCE)
+        if len(heavy) > HEAVY_AT_ONCE:
+            return False
+        # the heavy groups at once if it takes this one, one per worker: a worker that holds two
+        # (it took its next as its last tests ran) counts as working if either does
+        kinds = [*("real" if REAL_MODEL in held else "works" if held - WAITING_MODULES else "waits"
+                   for held in ({h for h in held if is_heavy(h)} for held in heavy)),
+                 "real" if group == REAL_MODEL else "waits" if group in WAITING_MODULES else "works"]
+        return kinds.count("waits") >= (len(kinds) - 1 if "real" in kinds else len(kinds) - HEAVY_AT_ONCE)
     return not any(REAL_MODEL in held for held in busy) or len(busy) < 2
 
 

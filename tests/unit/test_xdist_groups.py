@@ -47,7 +47,7 @@ def test_at_most_two_workers_hold_heavy_groups_and_light_ones_fill_the_third():
     assert not g.may_take(unit, [{g.REAL_MODEL}, {unit}])
 
 
-def test_a_group_that_mostly_waits_may_be_a_third_heavy_one_but_never_beside_the_real_models():
+def test_a_group_that_mostly_waits_may_be_a_third_heavy_one_and_beside_the_real_models_only_with_another():
     waits, also_waits = "tests/e2e/test_faults_e2e.py", "tests/e2e/test_live_agents.py"
     works, also_works = "tests/e2e/test_cli.py", "tests/e2e/test_guide.py"
     assert {waits, also_waits} <= g.WAITING_MODULES and not {works, also_works} & g.WAITING_MODULES
@@ -56,7 +56,12 @@ def test_a_group_that_mostly_waits_may_be_a_third_heavy_one_but_never_beside_the
     assert g.may_take(works, [{waits}, {also_works}])  # the same three, taken in another order
     assert g.may_take(waits, [{also_waits}, {works}]) and g.may_take(waits, [{also_waits}, {also_works, "tests/unit/x.py"}])
     assert not g.may_take(works, [{works}, {also_works}])  # no third that works
-    assert not g.may_take(waits, [{g.REAL_MODEL}, {works}]) and not g.may_take(waits, [{g.REAL_MODEL}, {also_waits}])
+    # beside the real models (about a core), two that wait (under half a core each), nothing more
+    assert g.may_take(waits, [{g.REAL_MODEL}, {also_waits}]) and g.may_take(waits, [{also_waits}, {g.REAL_MODEL}])
+    assert not g.may_take(waits, [{g.REAL_MODEL}, {works}]) and not g.may_take(works, [{g.REAL_MODEL}, {also_waits}])
+    assert g.may_take(g.REAL_MODEL, [{waits}, {also_waits}])  # the same three, the other way round
+    assert not g.may_take(g.REAL_MODEL, [{waits}, {works}])
+    assert not g.may_take("tests/unit/test_guard.py", [{g.REAL_MODEL}, {also_waits}])
     assert not g.may_take(waits, [{works}, {also_works}, {also_waits}])  # never a fourth (-n 4)
 
 
