@@ -3,7 +3,8 @@ after writing the run's state but before its ack (here: raises, so the message i
 SIGKILL gives the same redelivery after the ack wait) gets the same message again, maybe after a
 newer request changed the run. The redelivery must change nothing: a cancel that comes back after
 the resume that followed it does not stop the resumed run, and a resume that comes back after the
-run was cancelled again does not start a second epoch."""
+run was cancelled again does not start a second epoch. And a stop decided but never said (the
+orchestrator died between the state's write and the RunDone) is said by the next one."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import time
 import pytest
 
 from populace.core import bus, subjects
-from populace.core.contracts import HostInfo, RunCancel, RunConfig, RunResume, RunStart, RunState
+from populace.core.contracts import HostInfo, RunCancel, RunConfig, RunDone, RunResume, RunStart, RunState
 from populace.core.natsserver import EmbeddedNats
 from populace.core.settings import Settings
 from populace.orchestrator import app
@@ -80,7 +81,7 @@ async def orchestrator(monkeypatch):
         await svc._connect_and_provision()
         await svc.broker.start()
         try:
-            yield js, dies, handled
+            yield js, dies, handled, server.url
         finally:
             await svc.broker.stop()
             await heartbeat.stop()
@@ -93,7 +94,7 @@ async def started(js, rid: str) -> RunState:
 
 
 async def test_a_cancel_delivered_again_after_the_resume_that_followed_it_leaves_the_run_going(orchestrator):
-    js, dies, handled = orchestrator
+    js, dies, handled, _ = orchestrator
     await started(js, "redo-cancel")
     release = dies["on_cancel"] = asyncio.Event()
     await publish(js, subjects.RUN_CANCEL, RunCancel(run_id="redo-cancel"))
@@ -111,7 +112,7 @@ async def test_a_cancel_delivered_again_after_the_resume_that_followed_it_leaves
 
 
 async def test_a_resume_delivered_again_after_the_run_was_cancelled_again_leaves_it_stopped(orchestrator):
-    js, dies, handled = orchestrator
+    js, dies, handled, _ = orchestrator
     await started(js, "redo-resume")
     await publish(js, subjects.RUN_CANCEL, RunCancel(run_id="redo-resume", reason="first"))
     await until(js, "redo-resume", lambda s: s.status == "cancelled", "cancelled")
@@ -130,3 +131,51 @@ async def test_a_resume_delivered_again_after_the_run_was_cancelled_again_leaves
     after = await state(js, "redo-resume")
     assert (after.status, after.epoch, after.reason) == ("cancelled", 1, "second")
     assert after.request_seq == cancelled.request_seq
+
+
+async def done_of(js, rid: str) -> RunDone | None:
+    return await bus.last_on(js, subjects.RUN_STREAM, subjects.run_done(rid), RunDone)
+
+
+async def test_a_stop_whose_run_done_was_never_published_is_published_by_the_next_orchestrator(orchestrator):
+    js, _, _, url = orchestrator
+    placed = await started(js, "unsaid")
+    # what an orchestrator that died right after writing the stop leaves: the state, no RunDone
+    kv = await js.key_value(subjects.RUNS_BUCKET)
+    entry = await kv.get("unsaid")
+    stopped = placed.model_copy(update={"status": "cancelled", "reason": "by a dead orchestrator",
+                                        "stop_announced": False})
+    await kv.update("unsaid", bus.encode(stopped), last=entry.revision)
+    assert await done_of(js, "unsaid") is None
+    successor = app.create(Settings(nats_url=url, storage="memory", ack_wait_s=2.0, heartbeat_s=0.2))
+    await successor._connect_and_provision()
+    for hook in successor._startup_hooks:  # adopts the runs in KV, as after a restart
+        await hook()
+    try:
+        said = await until(js, "unsaid", lambda s: s.stop_announced, "said")
+        done = await done_of(js, "unsaid")
+        assert done is not None and (done.status, done.reason, done.epoch) == ("cancelled", "by a dead orchestrator", 0)
+        assert said.status == "cancelled"
+    finally:
+        for hook in successor._shutdown_hooks:
+            await hook()
+        await successor.broker.stop()
+
+
+async def test_a_stop_whose_publish_failed_is_said_when_its_request_comes_again(orchestrator, monkeypatch):
+    js, _, handled, _ = orchestrator
+    await started(js, "retold")
+    original, calls = app.Orchestrator.publish_done, []
+
+    async def publish_done(self, rid, action, epoch=0):
+        calls.append(rid)
+        if len(calls) == 1:
+            raise RuntimeError("no answer from JetStream")
+        await original(self, rid, action, epoch)
+
+    monkeypatch.setattr(app.Orchestrator, "publish_done", publish_done)
+    await publish(js, subjects.RUN_CANCEL, RunCancel(run_id="retold"))
+    said = await until(js, "retold", lambda s: s.stop_announced and s.status == "cancelled", "said")
+    assert len(calls) == 2 and ("on_cancel", 2) in handled
+    done = await done_of(js, "retold")
+    assert done is not None and done.status == "cancelled" and said.epoch == done.epoch == 0

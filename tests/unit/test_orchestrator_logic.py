@@ -510,6 +510,31 @@ def test_a_control_request_delivered_again_or_overtaken_changes_nothing():
     assert on_cancel(c, "again", Request(seq=11, at=1004.0)) == (c, [])
 
 
+def test_a_stop_is_said_until_published_so_a_restarted_orchestrator_says_it_again():
+    """Between a stop's state write and its RunDone the orchestrator may die (or the publish fail):
+    the state says the stop is unannounced, and whoever reads it next publishes it."""
+    from populace.orchestrator.workflow import on_cancel, on_resume, on_stop_announced, unannounced_stop
+
+    s = running_state()
+    assert s.stop_announced and unannounced_stop(s) is None  # running: nothing to say
+    s, _ = on_result(s, result(1))
+    c, acts = on_cancel(s, "enough")
+    assert not c.stop_announced and unannounced_stop(c) == acts[0] == FinishRun("cancelled", 1, "enough")
+    said, acts = on_stop_announced(c, c.epoch)
+    assert said.stop_announced and acts == [] and unannounced_stop(said) is None
+    assert on_stop_announced(said, said.epoch) == (said, [])
+    r, _ = on_resume(c, PLACEMENT)  # resumed before it was said: the old stop is not said any more
+    assert unannounced_stop(r) is None and on_stop_announced(r, c.epoch) == (r, [])
+    for n in range(1, CONFIG.rounds + 1):
+        s, acts = on_result(s, result(n))
+    assert s.status == "done" and unannounced_stop(s) == acts[0] == FinishRun("completed", CONFIG.rounds)
+    f, acts = on_failure(running_state(), "broken")
+    assert unannounced_stop(f) == acts[0] == FinishRun("failed", 0, "broken")
+    # a state written before the field existed: its stop was said (its orchestrator had no other way)
+    old = RunState.model_validate({k: v for k, v in f.model_dump().items() if k != "stop_announced"})
+    assert unannounced_stop(old) is None
+
+
 def test_only_a_failed_or_cancelled_run_with_rounds_left_resumes():
     from populace.orchestrator.workflow import on_resume
 

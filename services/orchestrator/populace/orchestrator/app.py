@@ -109,8 +109,11 @@ class Orchestrator:
             await self.progress_sub.unsubscribe()
 
     async def adopt_unfinished_runs(self) -> None:
-        """After a restart: watch the runs KV says are still spawning or running."""
+        """After a restart: watch the runs KV says are still spawning or running, and publish the
+        stops decided but not said (the orchestrator before died between the two)."""
         for state in await bus.registry_entries(self.svc.js, subjects.RUNS_BUCKET, RunState):
+            if workflow.unannounced_stop(state) is not None:
+                await self.announce_stop(state)
             if state.status in ("spawning", "running"):
                 self.watched[state.run_id] = set(state.placement)
             if state.status == "running":
@@ -436,6 +439,8 @@ class Orchestrator:
             state = runconfigs.CACHE.state(entry.value)  # its config validated once per run
             new, actions = decide(state)
             if new is state:
+                if workflow.unannounced_stop(state) is not None:  # an event again after a failed publish
+                    await self.announce_stop(state)
                 return
             try:
                 await kv.update(rid, bus.encode(new), last=entry.revision)
@@ -455,8 +460,19 @@ class Orchestrator:
                     await self.place_again(new, action)
                 else:
                     await self.finish(rid, action, new.epoch)
+                    await self.advance(rid, lambda s, epoch=new.epoch: workflow.on_stop_announced(s, epoch))
             return
         raise RuntimeError(f"run {rid}: could not update state (contention)")
+
+    async def announce_stop(self, state: RunState) -> None:
+        """Publish the RunDone of a stop decided but not said (workflow.unannounced_stop), once
+        per epoch by its message id, and mark it said."""
+        action = workflow.unannounced_stop(state)
+        if action is None:
+            return
+        self.svc.log.info("stop_announced_late", run_id=state.run_id, status=action.status, epoch=state.epoch)
+        await self.finish(state.run_id, action, state.epoch)
+        await self.advance(state.run_id, lambda s: workflow.on_stop_announced(s, state.epoch))
 
     async def place_again(self, state: RunState, action: workflow.SpawnShares) -> None:
         """A resume (every share), a lost host's shares, or a spawn past its deadline."""

@@ -220,14 +220,14 @@ def on_result(state: RunState, result: RoundResult) -> tuple[RunState, list[Acti
                "used": state.used + result.usage, "last_round": result.usage, "checkpoints": digests,
                "interviews": state.interviews + result.interviews}
     if state.round >= state.config.rounds:
-        return _now(state, status="done", **carried), [FinishRun("completed", state.round)]
+        return _now(state, status="done", stop_announced=False, **carried), [FinishRun("completed", state.round)]
     # the next round, and the interviews planned after it (they start as its shares finish)
     asked = planned_interviews(state.config, state.round + 1, carried["interviews"], result.usage)
     over = over_budget(state.config.budget, carried["used"] + carried["interviews"], result.usage + asked,
                        interviews=asked)
     if over is not None:
         reason = f"{over}; `populace resume {state.run_id} --budget-… N` raises it and continues"
-        return (_now(state, status="paused", reason=reason, **carried),
+        return (_now(state, status="paused", reason=reason, stop_announced=False, **carried),
                 [FinishRun("paused", state.round, reason)])
     n = state.round + 1
     return _now(state, round=n, **carried), [OpenRound(n, state.config.agents)]
@@ -271,8 +271,23 @@ def planned_interviews(config: RunConfig, round_: int, asked: Usage, last_round:
 def _stop(state: RunState, status: str, reason: str) -> tuple[RunState, list[Action]]:
     if state.status not in ACTIVE:
         return state, []
-    stopped = _now(state, status=status, round=completed(state), reason=reason)
+    stopped = _now(state, status=status, round=completed(state), reason=reason, stop_announced=False)
     return stopped, [FinishRun("completed" if status == "done" else status, stopped.round, reason)]
+
+
+def unannounced_stop(state: RunState) -> FinishRun | None:
+    """The stop of a run decided but not yet published (its decider died between the state's
+    write and the RunDone, or the publish failed): what to publish now. None: nothing pending."""
+    if state.status in ACTIVE or state.stop_announced:
+        return None
+    return FinishRun("completed" if state.status == "done" else state.status, state.round, state.reason)
+
+
+def on_stop_announced(state: RunState, epoch: int) -> tuple[RunState, list[Action]]:
+    """The RunDone of the stop in epoch `epoch` is published (nothing, if the run moved on)."""
+    if state.stop_announced or state.status in ACTIVE or state.epoch != epoch:
+        return state, []
+    return state.model_copy(update={"stop_announced": True}), []
 
 
 def on_failure(state: RunState, reason: str) -> tuple[RunState, list[Action]]:

@@ -206,6 +206,9 @@ class RunState(Strict):
     # one that reached the other request's consumer late.
     request_seq: int = Field(default=0, ge=0)
     request_at: float = 0.0
+    # False from a stop's decision (done, failed, cancelled, paused) until its RunDone is published:
+    # an orchestrator that died between the two (or whose publish failed) publishes it then.
+    stop_announced: bool = True
     updated_at: float = Field(default_factory=time.time)
 
     @model_validator(mode="after")
