@@ -212,6 +212,41 @@ async def test_the_runs_stream_watches_kv_and_sends_only_changes(url):
         await nc.close()
 
 
+async def test_the_runs_streams_first_payload_is_whole_while_runs_change(url):
+    """The watcher's "initial values are in" comes early under concurrent writes (nats-io/nats.py
+    #995): the first payload (all a `?once=1` page or script gets) once missed runs."""
+    ids = [rid() for _ in range(6)]
+    nc = await bus.connect(url, "manager-test")
+    kv = await nc.jetstream().key_value(subjects.RUNS_BUCKET)
+    writing = True
+
+    async def write(run_id: str) -> None:
+        n = 0
+        while writing:
+            n += 1
+            await kv.put(run_id, bus.encode(a_state(run_id, "running", 1 + n % 2)))
+            await asyncio.sleep(0.002)
+
+    for run_id in ids:
+        await kv.put(run_id, bus.encode(a_state(run_id, "running", 1)))
+    writers = [asyncio.create_task(write(run_id)) for run_id in ids]
+    try:
+        missed = []
+        for _ in range(300):
+            stream = _runs_stream(nc, 0.05, once=True)
+            chunk = (await anext(stream)).decode()
+            await stream.aclose()
+            listed = {r["run_id"] for r in json.loads(chunk.removeprefix("data: "))["runs"]}
+            missed += [sorted(set(ids) - listed)] if not set(ids) <= listed else []
+        assert missed == []
+    finally:
+        writing = False
+        await asyncio.gather(*writers)
+        for run_id in ids:
+            await kv.delete(run_id)
+        await nc.close()
+
+
 # --- the start form ----------------------------------------------------------------------
 @pytest.mark.parametrize(("scenario", "field", "says"), [
     ("agents: 0\nrounds: 3\n", "agents", "agents: Input should be greater than or equal to 1"),

@@ -15,7 +15,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 
-from nats.js.errors import BucketNotFoundError
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError
 from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
@@ -109,11 +109,13 @@ async def _kv_stream(nc, bucket: str, model, payload, sample_s: float, once: boo
             if ready.is_set():
                 changed.set()
 
-    watcher = task = None
+    watcher = task = kv = None
+    js = nc.jetstream()
     try:
         while watcher is None:
             try:
-                watcher = await (await nc.jetstream().key_value(bucket)).watchall()
+                kv = await js.key_value(bucket)
+                watcher = await kv.watchall()
             except BucketNotFoundError:
                 yield views.sse(payload({}))
                 if once:
@@ -122,6 +124,11 @@ async def _kv_stream(nc, bucket: str, model, payload, sample_s: float, once: boo
         task = asyncio.get_running_loop().create_task(drain(watcher))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(ready.wait(), 10.0)
+        # The watcher says its initial values are in at the first entry with nothing pending,
+        # which under concurrent writes comes before every key was delivered (nats-io/nats.py#995,
+        # as for registry reads): the keys it has not delivered yet are read, so the first payload
+        # is whole (the watcher's later deliveries are newer, and win).
+        await _read_missing(js, kv, bucket, model, entries)
         quiet_since = time.monotonic()
         yield views.sse(payload(entries))
         while not once:
@@ -139,6 +146,23 @@ async def _kv_stream(nc, bucket: str, model, payload, sample_s: float, once: boo
         if watcher is not None:
             with contextlib.suppress(Exception):
                 await watcher.stop()
+
+
+async def _read_missing(js, kv, bucket: str, model, entries: dict[str, object]) -> None:
+    """The bucket's entries the watcher has not delivered yet, read into `entries` (a key gone
+    meanwhile, or malformed, is skipped, as the watcher skips it)."""
+    try:
+        keys = await bus.bucket_keys(js, kv, bucket)
+    except Exception:
+        return  # the watcher's view stands; its next deliveries complete it
+    for key in keys:
+        if key in entries:
+            continue
+        try:
+            entry = await kv.get(key)
+            entries.setdefault(key, model.model_validate_json(entry.value))
+        except (KeyNotFoundError, ValidationError):
+            continue
 
 
 async def _run_stream(nc, rid: str, sample_s: float, once: bool) -> AsyncIterator[bytes]:
