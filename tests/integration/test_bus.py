@@ -99,7 +99,7 @@ async def test_a_registry_read_while_its_entries_beat_lists_every_one(js):
         await asyncio.gather(*beats)
     assert [got for got in listed if got != ids] == []
     await kv.delete("beat-0")  # a deleted key's subject is still in the stream: it is not an entry
-    assert set(ids) <= set(await bus.bucket_keys(js, kv, subjects.HOSTS_BUCKET))
+    assert set(ids) <= set(await bus.bucket_keys(js, subjects.HOSTS_BUCKET))
     live = [h.host_id for h in await bus.registry_entries(js, subjects.HOSTS_BUCKET, HostInfo)]
     assert sorted(live) == ids[1:]
     for host_id in ids[1:]:
@@ -160,3 +160,26 @@ async def test_a_command_waits_for_a_server_that_starts_listening_within_the_ref
         await nc.close()
     finally:
         server.stop()
+
+
+async def test_a_bucket_of_more_keys_than_one_answer_lists_is_read_page_by_page(js, nc):
+    """nats-server lists at most 100,000 subjects in one stream-info answer; the rest come by
+    offset. (Written as plain publishes to a KV-shaped stream: a put per key would take long.)"""
+    from nats.js.api import StreamConfig
+
+    await js.add_stream(StreamConfig(name="KV_paged", subjects=["$KV.paged.>"], storage="memory",
+                                     max_msgs_per_subject=1))
+    n = bus.SUBJECTS_LISTED + 1234
+    try:
+        for i in range(n):
+            await nc.publish(f"$KV.paged.k{i}", b"x")
+        await nc.flush()
+        for _ in range(200):
+            if (await js.stream_info("KV_paged")).state.messages == n:
+                break
+            await asyncio.sleep(0.05)
+        keys = await bus.bucket_keys(js, "paged")
+        assert len(keys) == n and set(keys) == {f"k{i}" for i in range(n)}
+        assert await bus.bucket_keys(js, subjects.HOSTS_BUCKET) is not None  # a small one: one answer
+    finally:
+        await js.delete_stream("KV_paged")

@@ -75,3 +75,13 @@ def test_each_service_writes_only_its_own_liveness_entry():
         if u.name in ("admin",):
             continue
         assert keys in ([], [f"$KV.services.{u.name}.*"]), (u.name, keys)
+
+
+def test_only_the_managers_live_pages_keep_a_consumer_on_a_kv_bucket():
+    """A registry or run-state list is one stream-info request (bus.bucket_keys): only a watcher
+    (the manager's live runs and nodes pages) needs a consumer on a bucket."""
+    watching = {u.name: sorted({s.split(".")[4] for s in u.publish
+                                if re.match(r"\$JS\.API\.CONSUMER\.(CREATE|INFO)\.KV_", s)} |
+                               {s.split(".")[2] for s in u.publish if s.startswith("$JS.FC.KV_")})
+                for u in USERS.values() if u.name != "admin"}
+    assert {name: kv for name, kv in watching.items() if kv} == {"manager": ["KV_nodes", "KV_runs"]}

@@ -152,7 +152,7 @@ async def _read_missing(js, kv, bucket: str, model, entries: dict[str, object]) 
     """The bucket's entries the watcher has not delivered yet, read into `entries` (a key gone
     meanwhile, or malformed, is skipped, as the watcher skips it)."""
     try:
-        keys = await bus.bucket_keys(js, kv, bucket)
+        keys = await bus.bucket_keys(js, bucket)
     except Exception:
         return  # the watcher's view stands; its next deliveries complete it
     for key in keys:

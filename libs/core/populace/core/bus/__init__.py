@@ -54,6 +54,7 @@ from populace.core.bus.publishing import (
     seal,
 )
 from populace.core.bus.registries import (
+    SUBJECTS_LISTED,
     Heartbeat,
     bucket_keys,
     last_on,
@@ -84,6 +85,7 @@ __all__ = [
     "RUN_MAX_BYTES",
     "SNAPSHOTS_TTL_S",
     "STATE_LAG_S",
+    "SUBJECTS_LISTED",
     "TRANSIENT",
     "Heartbeat",
     "PermissionDenied",

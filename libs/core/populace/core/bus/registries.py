@@ -4,12 +4,13 @@ reading the live ones; and the newest message stored on a subject."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 from typing import TypeVar
 
 from nats.js import JetStreamContext
-from nats.js.errors import KeyNotFoundError, NoKeysError, NotFoundError
+from nats.js.errors import KeyNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 from pydantic import BaseModel, ValidationError
 
@@ -72,24 +73,31 @@ class Heartbeat:
                 pass
 
 
-# The most subjects a stream-info answer lists (nats-server's JSMaxSubjectDetails); past it the
-# answer is paged, which nats-py's stream_info cannot ask for.
+# The most subjects one stream-info answer lists (nats-server's JSMaxSubjectDetails); past it the
+# answer is paged by an offset into the sorted subjects.
 SUBJECTS_LISTED = 100_000
 
 
-async def bucket_keys(js: JetStreamContext, kv: KeyValue, bucket: str) -> list[str]:
-    """The keys of a KV bucket as the server holds them now, from one stream-info request (the
-    bucket's subjects). Not nats-py's kv.keys() (unless the bucket has more keys than one answer
-    lists): its watcher ends the listing at the first entry that reports nothing pending, which
-    under concurrent writes (every host heartbeating) comes before the listing is complete
-    (nats-io/nats.py#995). A run was placed on two of three live hosts that way. A deleted key's
-    subject is still listed; reading its value says it is gone."""
+async def bucket_keys(js: JetStreamContext, bucket: str) -> list[str]:
+    """The keys of a KV bucket as the server holds them now, from stream-info requests (the
+    bucket's subjects, one request per 100,000). Not nats-py's kv.keys(): its watcher ends the
+    listing at the first entry that reports nothing pending, which under concurrent writes
+    (every host heartbeating) comes before the listing is complete (nats-io/nats.py#995); a run
+    was placed on two of three live hosts that way. And a reader needs no consumer on the bucket,
+    only the stream-info grant that binding it takes. A deleted key's subject is still listed;
+    reading its value says it is gone."""
     prefix = f"$KV.{bucket}."
-    info = await js.stream_info(f"KV_{bucket}", subjects_filter=f"{prefix}>")
-    subjects = info.state.subjects or {}
-    if len(subjects) >= SUBJECTS_LISTED:
-        return await kv.keys()
-    return [subject[len(prefix):] for subject in subjects]
+    keys: list[str] = []
+    while True:
+        # nats-py's stream_info cannot ask for an offset: the JetStream API request it makes,
+        # with one (JSApiStreamInfoRequest's `offset`), through its own request helper
+        answer = await js._api_request(f"{js._prefix}.STREAM.INFO.KV_{bucket}",
+                                       json.dumps({"subjects_filter": f"{prefix}>", "offset": len(keys)}).encode(),
+                                       timeout=js._timeout)
+        subjects = (answer.get("state") or {}).get("subjects") or {}
+        keys += [subject[len(prefix):] for subject in subjects]
+        if not subjects or len(keys) >= answer.get("total", 0):
+            return keys
 
 
 async def registry_entries(js: JetStreamContext, bucket: str, model: type[M],
@@ -101,9 +109,7 @@ async def registry_entries(js: JetStreamContext, bucket: str, model: type[M],
     empty registry. A caller that acts on *absence* (declaring a host lost) must use it."""
     kv = await js.key_value(bucket)
     try:
-        keys = await bucket_keys(js, kv, bucket)
-    except NoKeysError:
-        return []
+        keys = await bucket_keys(js, bucket)
     except Exception:
         if strict:
             raise
