@@ -74,6 +74,7 @@ class Orchestrator:
         # run id -> (round in play, time.monotonic() of its first announcement): the round's time
         self.round_opened: dict[str, tuple[int, float]] = {}
         self.stored_configs: set[tuple[str, ConfigRef]] = set()  # (run id, config) in the object store
+        self.stopping: set[tuple[str, int]] = set()  # (run id, epoch) whose RunDone is being published
         self.progress_sub = None
         metrics.RUNS_ACTIVE.set_function(lambda: len(self.watched))  # read at scrape time only
 
@@ -459,8 +460,7 @@ class Orchestrator:
                 elif isinstance(action, workflow.SpawnShares):
                     await self.place_again(new, action)
                 else:
-                    await self.finish(rid, action, new.epoch)
-                    await self.advance(rid, lambda s, epoch=new.epoch: workflow.on_stop_announced(s, epoch))
+                    await self.say_stop(rid, action, new.epoch)
             return
         raise RuntimeError(f"run {rid}: could not update state (contention)")
 
@@ -468,11 +468,18 @@ class Orchestrator:
         """Publish the RunDone of a stop decided but not said (workflow.unannounced_stop), once
         per epoch by its message id, and mark it said."""
         action = workflow.unannounced_stop(state)
-        if action is None:
+        if action is None or (state.run_id, state.epoch) in self.stopping:  # being said here already
             return
         self.svc.log.info("stop_announced_late", run_id=state.run_id, status=action.status, epoch=state.epoch)
-        await self.finish(state.run_id, action, state.epoch)
-        await self.advance(state.run_id, lambda s: workflow.on_stop_announced(s, state.epoch))
+        await self.say_stop(state.run_id, action, state.epoch)
+
+    async def say_stop(self, rid: str, action: workflow.FinishRun, epoch: int) -> None:
+        self.stopping.add((rid, epoch))
+        try:
+            await self.finish(rid, action, epoch)
+            await self.advance(rid, lambda s: workflow.on_stop_announced(s, epoch))
+        finally:
+            self.stopping.discard((rid, epoch))
 
     async def place_again(self, state: RunState, action: workflow.SpawnShares) -> None:
         """A resume (every share), a lost host's shares, or a spawn past its deadline."""
