@@ -114,7 +114,10 @@ class Orchestrator:
         stops decided but not said (the orchestrator before died between the two)."""
         for state in await bus.registry_entries(self.svc.js, subjects.RUNS_BUCKET, RunState):
             if workflow.unannounced_stop(state) is not None:
-                await self.announce_stop(state)
+                try:
+                    await self.announce_stop(state)
+                except Exception as err:  # the run's next event says it again; the others are adopted
+                    self.svc.log.warning("stop_announce_failed", run_id=state.run_id, error=str(err))
             if state.status in ("spawning", "running"):
                 self.watched[state.run_id] = set(state.placement)
             if state.status == "running":
