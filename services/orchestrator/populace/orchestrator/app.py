@@ -116,7 +116,7 @@ class Orchestrator:
             if workflow.unannounced_stop(state) is not None:
                 try:
                     await self.announce_stop(state)
-                except Exception as err:  # the run's next event says it again; the others are adopted
+                except Exception as err:  # said again by its next event or the next start; the others are adopted
                     self.svc.log.warning("stop_announce_failed", run_id=state.run_id, error=str(err))
             if state.status in ("spawning", "running"):
                 self.watched[state.run_id] = set(state.placement)
