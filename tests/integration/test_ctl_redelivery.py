@@ -88,6 +88,15 @@ async def orchestrator(monkeypatch):
             await nc.close()
 
 
+async def handled_again(handled: list, name: str) -> None:
+    """Until the handler `name` has returned (or raised) on a second delivery."""
+    for _ in range(400):
+        if (name, 2) in handled:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{name} never got its request again: {handled}")
+
+
 async def started(js, rid: str) -> RunState:
     await publish(js, subjects.RUN_START, RunStart(run_id=rid, config=RunConfig(agents=10, rounds=3)))
     return await until(js, rid, lambda s: s.status == "spawning", "placed")
@@ -102,11 +111,7 @@ async def test_a_cancel_delivered_again_after_the_resume_that_followed_it_leaves
     await publish(js, subjects.RUN_RESUME, RunResume(run_id="redo-cancel"))
     resumed = await until(js, "redo-cancel", lambda s: s.epoch == 1 and s.status == "spawning", "resumed")
     release.set()  # the cancel's handler dies now: the server hands the cancel out again
-    for _ in range(400):
-        if ("on_cancel", 2) in handled:
-            break
-        await asyncio.sleep(0.05)
-    assert ("on_cancel", 2) in handled, handled
+    await handled_again(handled, "on_cancel")
     after = await state(js, "redo-cancel")
     assert (after.status, after.epoch, after.request_seq) == ("spawning", 1, resumed.request_seq)
 
@@ -123,11 +128,7 @@ async def test_a_resume_delivered_again_after_the_run_was_cancelled_again_leaves
     cancelled = await until(js, "redo-resume", lambda s: s.status == "cancelled" and s.reason == "second",
                             "cancelled again")
     release.set()
-    for _ in range(400):
-        if ("on_resume", 2) in handled:
-            break
-        await asyncio.sleep(0.05)
-    assert ("on_resume", 2) in handled, handled
+    await handled_again(handled, "on_resume")
     after = await state(js, "redo-resume")
     assert (after.status, after.epoch, after.reason) == ("cancelled", 1, "second")
     assert after.request_seq == cancelled.request_seq
