@@ -45,10 +45,13 @@ def outcomes_recorded(db: str, run_id: str) -> list[tuple[int, int]]:
                            "GROUP BY round ORDER BY round", [run_id]).fetchall()
 
 
-async def checkpoint_rounds(js, rid: str) -> set[int]:
+async def checkpoint_rounds(js, rid: str) -> tuple[set[int], int]:
+    """The rounds of the run's checkpoints left, and how many of its configs are left."""
     store = await js.object_store(subjects.CHECKPOINTS_BUCKET)
-    listed = await store.list(ignore_deletes=True)
-    return {n for info in listed if (n := subjects.checkpoint_round(rid, info.name)) is not None}
+    listed = [info.name for info in await store.list(ignore_deletes=True)
+              if subjects.checkpoint_round(rid, info.name) is not None]
+    return ({subjects.checkpoint_round(rid, name) for name in listed if not subjects.is_checkpoint_config(name)},
+            sum(subjects.is_checkpoint_config(name) for name in listed))
 
 
 async def play_runs(stack: Stack) -> dict:
@@ -62,7 +65,7 @@ async def play_runs(stack: Stack) -> dict:
 
     for kind in BULKY:
         await nc.subscribe(f"run.*.{kind}.>", cb=count)
-    report: dict = {"runs": [], "bytes": [], "left": [], "checkpoints": []}
+    report: dict = {"runs": [], "bytes": [], "left": [], "checkpoints": [], "configs": []}
     try:
         for _ in range(RUNS):
             out = await play(nc, prepare(RunConfig.model_validate(BASE)).config, stall_s=120)
@@ -72,7 +75,9 @@ async def play_runs(stack: Stack) -> dict:
             report["runs"].append(out.run_id)
             report["left"].append(info.state.subjects or {})
             report["bytes"].append((await js.stream_info(subjects.RUN_STREAM)).state.bytes)
-            report["checkpoints"].append(await checkpoint_rounds(js, out.run_id))
+            rounds, configs = await checkpoint_rounds(js, out.run_id)
+            report["checkpoints"].append(rounds)
+            report["configs"].append(configs)
         report["bulky_bytes"] = bulky_bytes
         return report
     finally:
@@ -141,6 +146,10 @@ def test_run_stream_gets_the_age_limit_and_the_dlq_keeps_its_own(stack):
 
 def test_completed_runs_keep_only_their_last_rounds_checkpoint(played):
     assert played["checkpoints"] == [{ROUNDS}] * RUNS
+
+
+def test_completed_runs_keep_their_config_which_an_interview_order_names(played):
+    assert played["configs"] == [1] * RUNS
 
 
 def test_a_fork_from_the_kept_round_plays_and_one_from_a_pruned_round_is_refused(stack, played):

@@ -163,7 +163,7 @@ def test_a_host_ordered_to_interview_may_record_the_calls_of_the_agents_it_was_o
     start(store)
     order = InterviewOrder(run_id="r1", host_id="c", request="iv-1", after_round=1, survey=PANEL.survey,
                            ranges=[(0, 5)], restore=Restore(run_id="r1", round=1, ranges=[(0, 10), (10, 10)]),
-                           config=CONFIG)
+                           config_ref=ConfigRef.of(CONFIG))
     out = store.ingest([Event("r1.order-c", "interview.order", order),
                         Event("r1.calls-1", "calls", calls("c", [0, 1, 2, 3, 4])),
                         Event("r1.calls-2", "calls", calls("c", [12]))])

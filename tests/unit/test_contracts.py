@@ -151,7 +151,8 @@ INSTANCES: dict[str, BaseModel] = {
     "InterviewOrder": c.InterviewOrder(
         run_id="r1", host_id="h1", request="q1", after_round=2, agents=[4, 5], ranges=[(0, 1250)],
         survey=c.Survey(id="s1", questions=[c.Question(id="car", text="A car?", options=["yes", "no"])]),
-        restore=c.Restore(run_id="r1", round=2, ranges=[(0, 1250)], digests={"r1.2.0": "ab" * 32}), config=CONFIG),
+        restore=c.Restore(run_id="r1", round=2, ranges=[(0, 1250)], digests={"r1.2.0": "ab" * 32}),
+        config_ref=c.ConfigRef.of(CONFIG)),
     "InterviewPlaced": c.InterviewPlaced(run_id="r1", request="q1", after_round=2, survey=c.Survey(
         id="s1", questions=[c.Question(id="car", text="A car?", options=["yes", "no"])]),
         hosts={"h1": [(0, 1250)]}, expected=625, placed_at=1.0),

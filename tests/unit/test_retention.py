@@ -62,6 +62,14 @@ def test_keep_last_prunes_every_round_but_the_last_of_that_run():
     assert subjects.checkpoint_env("r1", 3) not in pruned
 
 
+def test_keep_last_keeps_the_runs_configs_which_an_interview_order_names():
+    configs = [subjects.checkpoint_config("r1", 1, "ab" * 32), subjects.checkpoint_config("r1", 3, "cd" * 32)]
+    assert all(subjects.is_checkpoint_config(c) for c in configs)
+    assert not any(subjects.is_checkpoint_config(n) for n in NAMES)
+    assert not set(configs) & set(to_prune("r1", NAMES + configs, "last"))
+    assert set(configs) <= set(to_prune("r1", NAMES + configs, "none"))
+
+
 def test_keep_none_prunes_every_object_of_that_run_only():
     assert to_prune("r1", NAMES, "none") == sorted(n for n in NAMES if n.startswith("r1."))
     assert to_prune("r3", NAMES, "none") == []

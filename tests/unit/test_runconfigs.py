@@ -85,10 +85,17 @@ def test_the_cache_is_bounded():
     assert cache.get("r0", "d") is None and cache.get("r2", "d") is not None
 
 
-def test_a_configs_object_is_a_checkpoint_of_its_round_pruned_with_the_run():
+def test_a_configs_object_is_a_checkpoint_of_its_round_kept_with_the_last_round_and_pruned_with_all():
     from populace.core import checkpoints, subjects
 
     name = runconfigs.object_name("r1", ConfigRef(digest="a" * 64, from_round=3))
     assert name == "r1.3.config." + "a" * 64 and subjects.checkpoint_round("r1", name) == 3
     assert checkpoints.to_prune("r1", [name, "r1.4.env"], "none") == [name, "r1.4.env"]
-    assert checkpoints.to_prune("r1", [name, "r1.4.env"], "last") == [name]
+    # kept with the last round: a post-hoc interview of it names the config by digest
+    assert checkpoints.to_prune("r1", [name, "r1.4.env"], "last") == []
+
+
+def test_an_interview_order_names_the_config_by_digest_and_does_not_carry_it():
+    from populace.core.contracts import InterviewOrder
+
+    assert "config" not in InterviewOrder.model_fields and "config_ref" in InterviewOrder.model_fields

@@ -393,12 +393,13 @@ Keep = Literal["all", "last", "none"]
 def to_prune(rid: str, names: Iterable[str], keep: Keep, needs: Mapping[str, Iterable[str]] | None = None) -> list[str]:
     """The names among `names` (any runs' objects) that run `rid` no longer needs, keeping
     all of them, only its last round's (a fork from that round still works) with every
-    checkpoint they build on (`needs`: name -> the names of its chain), or none."""
+    checkpoint they build on (`needs`: name -> the names of its chain) and its configs (a few KB
+    each: a post-hoc interview's order names the run's config by digest), or none."""
     rounds = {name: n for name in names if (n := subjects.checkpoint_round(rid, name)) is not None}
     if keep == "all" or not rounds:
         return []
     last = max(rounds.values())
-    kept = {name for name, n in rounds.items() if keep != "none" and n >= last}
+    kept = {name for name, n in rounds.items() if keep != "none" and (n >= last or subjects.is_checkpoint_config(name))}
     todo = list(kept)
     while todo:  # a delta's chain: its description lists it all, but a link's own needs are kept too
         for below in (needs or {}).get(todo.pop(), ()):

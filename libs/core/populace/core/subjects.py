@@ -57,6 +57,11 @@ def checkpoint_config(rid: str, n: int, digest: str) -> str:
     return f"{rid}.{n}.config.{digest}"
 
 
+def is_checkpoint_config(name: str) -> bool:
+    """Whether a checkpoint object's name is a run's config (checkpoint_config)."""
+    return name.split(".")[2:3] == ["config"]
+
+
 def checkpoint_round(rid: str, name: str) -> int | None:
     """The round of one of run `rid`'s checkpoint objects (None: another run's, or not a
     checkpoint name). Run ids have no dots, so `rid.` never matches another run's names."""

@@ -22,7 +22,7 @@ from typing import Any
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from populace.core import bus, checkpoints, logs, subjects
+from populace.core import bus, checkpoints, logs, runconfigs, subjects
 from populace.core.contracts import InterviewBatch, InterviewOrder, PlannedInterview, RunConfig, Survey, Usage
 from populace.core.settings import Settings
 from populace.population.cast import Cast
@@ -215,15 +215,16 @@ class Interviewer:
         state in the checkpoint (verified against the digests the order carries)."""
         r = order.restore
         try:
-            resolved = resolve(order.config)
-            sim = resolved.instance(order.run_id, await load_cast(order.config))
+            config = await runconfigs.fetch(self.js, order.run_id, order.config_ref)
+            resolved = resolve(config)
+            sim = resolved.instance(order.run_id, await load_cast(config))
             run = HostedRun(order.run_id, resolved, sim, type(sim).Env(sim), [], RoundPlayer(sim, []),
                             ranges=list(order.ranges))
             states = interview.Respondents.from_chunks(
                 [chunk async for chunk in checkpoints.agent_chunks(self.js, r.run_id, r.round, r.ranges, order.ranges,
                                                                    r.digests)],
                 wanted=order.ranges)
-            chosen = states.chosen(seed=order.config.seed, survey_id=order.survey.id, sample=order.sample,
+            chosen = states.chosen(seed=config.seed, survey_id=order.survey.id, sample=order.sample,
                                    agents=order.agents, last_use=True)
             del states
             await self.ask(run, order.after_round, chosen, order.survey, request=order.request)

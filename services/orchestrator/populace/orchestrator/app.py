@@ -404,12 +404,13 @@ class Orchestrator:
                                  expected=interviews.expected(req, state.config.agents, state.config.seed)
                                  if why is None else 0)
         if why is None:
+            await self.store_config(state)  # where the order names it (a recorded run's may be pruned)
             for host, ranges in hosts.items():
                 await bus.publish_js(self.svc.js, subjects.run_ask(rid, host),
                                      InterviewOrder(run_id=rid, host_id=host, request=req.request,
                                                     after_round=req.after_round, survey=req.survey,
                                                     sample=req.sample, agents=req.agents, ranges=ranges,
-                                                    restore=restore, config=state.config),
+                                                    restore=restore, config_ref=state.config_ref),
                                      msg_id=f"{rid}.ask.{req.request}.{host}")
         await bus.publish_js(self.svc.js, subjects.run_asked(rid, req.request), placed,
                              msg_id=f"{rid}.asked.{req.request}")

@@ -232,7 +232,8 @@ class InterviewBatch(Wire):
 class InterviewOrder(Wire):
     """The orchestrator's order to one agent-host: its agents of `ranges` (those the request
     chooses) answer `request`'s survey from the checkpoint `restore` names (verified against
-    its digests), with the run's config (its simulation, model, personas)."""
+    its digests), with the run's config (its simulation, model, personas) named by digest, as
+    spawns and round opens name it (populace.core.runconfigs): it never travels with an order."""
 
     run_id: Token
     host_id: Token
@@ -243,7 +244,7 @@ class InterviewOrder(Wire):
     agents: list[AgentId] | None = None
     ranges: list[tuple[AgentId, Amount]]
     restore: Restore
-    config: RunConfig
+    config_ref: ConfigRef
 
 
 class InterviewPlaced(Wire):
