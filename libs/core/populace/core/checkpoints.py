@@ -43,7 +43,7 @@ from nats.js.object_store import (
 from pydantic_core import from_json, to_json
 
 from populace.core import subjects
-from populace.core.bus import until_ready
+from populace.core.bus import unless_reconnected, until_ready
 from populace.core.contracts import WorldRef
 from populace.core.objects import read_object
 
@@ -114,15 +114,17 @@ async def put(js: JetStreamContext, name: str, value: object, *, writer: str, de
     """Store a JSON value under `name`, written by `writer` (a host id, or `environment`);
     returns its size and digest (what the round's result records for it)."""
     data = to_json(value)
-    await until_ready(lambda: write_object(js, name, data, writer, description), f"checkpoint {name}",
-                      attempts=ATTEMPTS)
+    # js._nc: the connection a JetStreamContext is made on (nats-py keeps no public name for it)
+    await until_ready(lambda: unless_reconnected(js._nc, write_object(js, name, data, writer, description)),
+                      f"checkpoint {name}", attempts=ATTEMPTS)
     return Stored(name, len(data), digest(data))
 
 
 async def put_bytes(js: JetStreamContext, name: str, data: bytes, *, writer: str) -> str:
     """Store raw bytes (a world's Arrow IPC, a partial too large for a message), written by
     `writer`; returns their sha256 (a reader uses the bytes only if they still have it)."""
-    await until_ready(lambda: write_object(js, name, data, writer), f"checkpoint {name}", attempts=ATTEMPTS)
+    await until_ready(lambda: unless_reconnected(js._nc, write_object(js, name, data, writer)), f"checkpoint {name}",
+                      attempts=ATTEMPTS)
     return digest(data)
 
 

@@ -63,6 +63,7 @@ from populace.core.bus.registries import (
 from populace.core.bus.retries import (
     NO_PEERS_YET,
     TRANSIENT,
+    unless_reconnected,
     until_ready,
 )
 from populace.core.bus.run_states import (
@@ -116,5 +117,6 @@ __all__ = [
     "servers",
     "short_error",
     "stream_limits",
+    "unless_reconnected",
     "until_ready",
 ]

@@ -4,6 +4,9 @@ whose routes are not up yet, a connection caught mid-reconnect), and only that."
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Awaitable
+from typing import TypeVar
 
 import nats
 import nats.errors
@@ -55,3 +58,28 @@ async def until_ready(step, what: str, attempts: int = 12, delay_s: float = 0.25
     ):
         with attempt:  # `step` may be a lambda returning a coroutine: awaited here, not by tenacity
             return await step()
+
+
+T = TypeVar("T")
+RECONNECT_POLL_S = 0.1  # how often a wait looks at the connection's reconnect count
+
+
+async def unless_reconnected(nc, awaitable: Awaitable[T]) -> T:
+    """`awaitable` (requests on `nc`: publishes awaiting their PubAcks), given up as soon as `nc`
+    reconnects meanwhile: their replies went with the old connection, so waiting out the request
+    timeout (5 s) only delays the retry. Raised as a TimeoutError, which until_ready asks again.
+    The count is nats-py's own (`stats["reconnects"]`), read every RECONNECT_POLL_S: no callback
+    to register on a connection the caller does not own."""
+    before = nc.stats["reconnects"]
+    task = asyncio.ensure_future(awaitable)
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=RECONNECT_POLL_S)
+            if not task.done() and nc.stats["reconnects"] != before:
+                raise nats.errors.TimeoutError  # from the `finally`: the request is cancelled
+        return task.result()
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
