@@ -4,7 +4,6 @@ whose routes are not up yet, a connection caught mid-reconnect), and only that."
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable
 from typing import TypeVar
 
@@ -79,7 +78,6 @@ async def unless_reconnected(nc, awaitable: Awaitable[T]) -> T:
                 raise nats.errors.TimeoutError  # from the `finally`: the request is cancelled
         return task.result()
     finally:
-        if not task.done():
+        if not task.done():  # given up (or this wait was cancelled): not awaited, so no cancel is swallowed
             task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # its error is no one's now
