@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from populace.core import bus, subjects
+from populace.core import bus, metrics, subjects
 from populace.core.contracts import HostInfo, RunCancel, RunConfig, RunDone, RunResume, RunStart, RunState
 from populace.core.natsserver import EmbeddedNats
 from populace.core.settings import Settings
@@ -175,8 +175,10 @@ async def test_a_stop_whose_publish_failed_is_said_when_its_request_comes_again(
         await original(self, rid, action, epoch)
 
     monkeypatch.setattr(app.Orchestrator, "publish_done", publish_done)
+    counted = metrics.RUNS.labels("cancelled")._value.get()
     await publish(js, subjects.RUN_CANCEL, RunCancel(run_id="retold"))
     said = await until(js, "retold", lambda s: s.stop_announced and s.status == "cancelled", "said")
     assert len(calls) == 2 and ("on_cancel", 2) in handled
+    assert metrics.RUNS.labels("cancelled")._value.get() == counted + 1  # counted once, when said
     done = await done_of(js, "retold")
     assert done is not None and done.status == "cancelled" and said.epoch == done.epoch == 0

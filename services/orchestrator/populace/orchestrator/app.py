@@ -543,7 +543,6 @@ class Orchestrator:
         self.progress_at.pop(rid, None)
         self.ticks.pop(rid, None)
         self.round_opened.pop(rid, None)
-        metrics.RUNS.labels(action.status).inc()
         run_span = self.spans.pop(rid, None)
         if run_span is None:  # a run rejected before it started: no trace to continue
             await self.publish_done(rid, action, epoch)
@@ -558,6 +557,7 @@ class Orchestrator:
                              RunDone(run_id=rid, status=action.status, rounds=action.rounds,
                                      finished_at=time.time(), reason=action.reason, epoch=epoch),
                              msg_id=subjects.msg_id(rid, 0, "orch", "done", epoch))
+        metrics.RUNS.labels(action.status).inc()  # counted once said: a publish that failed is said again
         self.svc.log.info("run_finished", run_id=rid, status=action.status, rounds=action.rounds,
                           reason=action.reason)
 
