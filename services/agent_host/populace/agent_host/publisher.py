@@ -29,7 +29,6 @@ from populace.sdk.play import OutcomeRows, RoundShare
 log = logs.get("populace.agent_host")
 
 PUBACK_WAIT_S = 10.0
-RECONNECT_CHECK_S = 0.25  # how often a PubAck still awaited checks whether the connection was renewed
 # A partial larger than this (a partial's columns: the agents that move …) travels as an object of
 # the checkpoints store, which the message names with its digest: a message stays under 1 MB.
 PARTIAL_INLINE_BYTES = 256 * 1024
@@ -111,23 +110,9 @@ class OutcomePublisher:
     async def _await_ack(self, ack: asyncio.Future, reconnects: int) -> None:
         """The PubAck, within PUBACK_WAIT_S. A PubAck future has no timeout of its own, and one
         lost with the connection (a restarting nats-server) would wait for ever: once the client
-        has reconnected since the batch was sent, its PubAck cannot come any more, and waiting
-        out the bound cost a round 10 s after every nats-server restart."""
-        if ack.done():
-            ack.result()
-            return
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + PUBACK_WAIT_S
-        while self._reconnects() == reconnects:
-            left = deadline - loop.time()
-            if left <= 0:
-                raise TimeoutError
-            try:
-                await asyncio.wait_for(asyncio.shield(ack), min(left, RECONNECT_CHECK_S))
-                return
-            except TimeoutError:
-                continue
-        raise ConnectionError("reconnected since the batch was sent: its PubAck is lost")
+        has reconnected since the batch was sent (`reconnects`: its count then), its PubAck cannot
+        come any more, and waiting out the bound cost a round 10 s after every nats-server restart."""
+        await asyncio.wait_for(bus.unless_reconnected(self._nc, asyncio.shield(ack), since=reconnects), PUBACK_WAIT_S)
 
     async def _confirm(self, subject: str, data: bytes, headers: dict, ack: asyncio.Future, reconnects: int) -> None:
         """Wait for a batch's PubAck; republish it if JetStream did not store it (e.g. during a
@@ -135,7 +120,7 @@ class OutcomePublisher:
         no-op if it was stored."""
         try:
             await self._await_ack(ack, reconnects)
-        except (*bus.TRANSIENT, ConnectionError) as err:
+        except bus.TRANSIENT as err:  # Reconnected among them
             log.warning("puback_missing", run_id=self.run_id, round=self.round, subject=subject,
                         error=type(err).__name__)
             await bus.until_ready(lambda: self._js.publish(subject, data, headers=headers, timeout=5.0),

@@ -63,6 +63,7 @@ from populace.core.bus.registries import (
 from populace.core.bus.retries import (
     NO_PEERS_YET,
     TRANSIENT,
+    Reconnected,
     unless_reconnected,
     until_ready,
 )
@@ -90,6 +91,7 @@ __all__ = [
     "TRANSIENT",
     "Heartbeat",
     "PermissionDenied",
+    "Reconnected",
     "StreamLimitError",
     "bucket_keys",
     "connect",

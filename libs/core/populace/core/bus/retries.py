@@ -63,19 +63,28 @@ T = TypeVar("T")
 RECONNECT_POLL_S = 0.1  # how often a wait looks at the connection's reconnect count
 
 
-async def unless_reconnected(nc, awaitable: Awaitable[T]) -> T:
+class Reconnected(nats.errors.TimeoutError):
+    """A wait given up: the connection was renewed since its requests were sent, so their replies
+    cannot come (transient: asked again, they are answered)."""
+
+    def __str__(self) -> str:
+        return "nats: reconnected since the request was sent: its reply is lost"
+
+
+async def unless_reconnected(nc, awaitable: Awaitable[T], since: int | None = None) -> T:
     """`awaitable` (requests on `nc`: publishes awaiting their PubAcks), given up as soon as `nc`
-    reconnects meanwhile: their replies went with the old connection, so waiting out the request
-    timeout (5 s) only delays the retry. Raised as a TimeoutError, which until_ready asks again.
-    The count is nats-py's own (`stats["reconnects"]`), read every RECONNECT_POLL_S: no callback
-    to register on a connection the caller does not own."""
-    before = nc.stats["reconnects"]
+    has reconnected since they were sent (`since`: its reconnect count then; by default, now):
+    their replies went with the old connection, so waiting out a request timeout only delays the
+    retry. Raised as Reconnected, a TimeoutError, which until_ready asks again. The count is
+    nats-py's own (`stats["reconnects"]`), read every RECONNECT_POLL_S: no callback to register on
+    a connection the caller does not own."""
+    before = nc.stats["reconnects"] if since is None else since
     task = asyncio.ensure_future(awaitable)
     try:
         while not task.done():
+            if nc.stats["reconnects"] != before:
+                raise Reconnected  # from the `finally`: the request is cancelled
             await asyncio.wait({task}, timeout=RECONNECT_POLL_S)
-            if not task.done() and nc.stats["reconnects"] != before:
-                raise nats.errors.TimeoutError  # from the `finally`: the request is cancelled
         return task.result()
     finally:
         if not task.done():  # given up (or this wait was cancelled): not awaited, so no cancel is swallowed
