@@ -480,7 +480,7 @@ class Orchestrator:
     async def say_stop(self, rid: str, action: workflow.FinishRun, epoch: int) -> None:
         self.stopping.add((rid, epoch))
         try:
-            await self.finish(rid, action, epoch, forget_config=False)
+            await self.finish(rid, action, epoch)
             await self.advance(rid, lambda s: workflow.on_stop_announced(s, epoch))
         finally:
             self.stopping.discard((rid, epoch))
@@ -534,10 +534,8 @@ class Orchestrator:
         self.svc.log.info("round_opened", run_id=rid, round=action.round, expected=action.expected,
                           again=action.again, epoch=state.epoch)
 
-    async def finish(self, rid: str, action: workflow.FinishRun, epoch: int = 0, forget_config: bool = True) -> None:
+    async def finish(self, rid: str, action: workflow.FinishRun, epoch: int = 0) -> None:
         self.watched.pop(rid, None)
-        if forget_config:
-            runconfigs.CACHE.forget(rid)
         self.stored_configs = {k for k in self.stored_configs if k[0] != rid}
         self.units.pop(rid, None)
         self.progress_at.pop(rid, None)
