@@ -74,14 +74,16 @@ async def orchestrator(monkeypatch):
         await bus.provision(js, storage="memory")
         now = time.time()
         hosts = await js.key_value(subjects.HOSTS_BUCKET)
-        heartbeat = bus.Heartbeat(hosts, "h1", lambda: HostInfo(host_id="h1", capacity=1000, pid=os.getpid(),
-                                                                   started_at=now, heartbeat_at=time.time()), 0.5)
+        held = {"agents": 0}  # what h1 says it holds: a test may fill it
+        heartbeat = bus.Heartbeat(hosts, "h1", lambda: HostInfo(host_id="h1", capacity=1000, agents=held["agents"],
+                                                                   pid=os.getpid(), started_at=now,
+                                                                   heartbeat_at=time.time()), 0.5)
         await heartbeat.start()
         svc = app.create(Settings(nats_url=server.url, storage="memory", ack_wait_s=2.0))
         await svc._connect_and_provision()
         await svc.broker.start()
         try:
-            yield js, dies, handled, server.url
+            yield js, dies, handled, server.url, held
         finally:
             await svc.broker.stop()
             await heartbeat.stop()
@@ -103,7 +105,7 @@ async def started(js, rid: str) -> RunState:
 
 
 async def test_a_cancel_delivered_again_after_the_resume_that_followed_it_leaves_the_run_going(orchestrator):
-    js, dies, handled, _ = orchestrator
+    js, dies, handled, *_ = orchestrator
     await started(js, "redo-cancel")
     release = dies["on_cancel"] = asyncio.Event()
     await publish(js, subjects.RUN_CANCEL, RunCancel(run_id="redo-cancel"))
@@ -117,7 +119,7 @@ async def test_a_cancel_delivered_again_after_the_resume_that_followed_it_leaves
 
 
 async def test_a_resume_delivered_again_after_the_run_was_cancelled_again_leaves_it_stopped(orchestrator):
-    js, dies, handled, _ = orchestrator
+    js, dies, handled, *_ = orchestrator
     await started(js, "redo-resume")
     await publish(js, subjects.RUN_CANCEL, RunCancel(run_id="redo-resume", reason="first"))
     await until(js, "redo-resume", lambda s: s.status == "cancelled", "cancelled")
@@ -139,7 +141,7 @@ async def done_of(js, rid: str) -> RunDone | None:
 
 
 async def test_a_stop_whose_run_done_was_never_published_is_published_by_the_next_orchestrator(orchestrator):
-    js, _, _, url = orchestrator
+    js, _, _, url, _ = orchestrator
     placed = await started(js, "unsaid")
     # what an orchestrator that died right after writing the stop leaves: the state, no RunDone
     kv = await js.key_value(subjects.RUNS_BUCKET)
@@ -164,7 +166,7 @@ async def test_a_stop_whose_run_done_was_never_published_is_published_by_the_nex
 
 
 async def test_a_stop_whose_publish_failed_is_said_when_its_request_comes_again(orchestrator, monkeypatch):
-    js, _, handled, _ = orchestrator
+    js, _, handled, *_ = orchestrator
     await started(js, "retold")
     original, calls = app.Orchestrator.publish_done, []
 
@@ -182,3 +184,19 @@ async def test_a_stop_whose_publish_failed_is_said_when_its_request_comes_again(
     assert metrics.RUNS.labels("cancelled")._value.get() == counted + 1  # counted once, when said
     done = await done_of(js, "retold")
     assert done is not None and done.status == "cancelled" and said.epoch == done.epoch == 0
+
+
+async def test_a_start_delivered_again_while_its_run_fills_the_hosts_does_not_fail_the_run(orchestrator):
+    """The orchestrator may die between the run's creation and the start's ack: the start comes
+    again, now with the hosts full of the run's own agents. It must be seen as the same run's start
+    (before any placement), not refused for want of room, which said `failed` of a running run."""
+    js, *_, held = orchestrator
+    start = RunStart(run_id="again", config=RunConfig(agents=1000, rounds=3))  # all of h1's room
+    await publish(js, subjects.RUN_START, start)
+    placed = await until(js, "again", lambda s: s.status == "spawning", "placed")
+    held["agents"] = 1000  # h1 holds them now, and says so from its next beat
+    await asyncio.sleep(1.0)
+    await publish(js, subjects.RUN_START, start)  # the same start again (past the dedupe window)
+    await asyncio.sleep(6)  # beyond the orchestrator's wait for room (two heartbeats of 2 s)
+    assert await done_of(js, "again") is None
+    assert (await state(js, "again")).model_dump(exclude={"updated_at"}) == placed.model_dump(exclude={"updated_at"})

@@ -210,8 +210,17 @@ class Orchestrator:
 
     # -- handlers -----------------------------------------------------------------------
     async def on_run_start(self, start: RunStart, msg: NatsMessage) -> None:
-        """A client asks for a run: check its simulation, place its agents, spawn them."""
+        """A client asks for a run: check its simulation, place its agents, spawn them. A start
+        of a run that exists is one delivered again (its handler died before the ack): nothing
+        is decided again, least of all a refusal, which would say `failed` of a running run."""
         rid = start.run_id
+        kv = await self.runs_kv()
+        try:
+            await kv.get(rid)
+            self.svc.log.info("run_start_replayed", run_id=rid)
+            return
+        except KeyNotFoundError:
+            pass
         try:
             resolved = resolve(start.config)
             unit = resolved.instance(rid).placement_unit()
@@ -219,7 +228,6 @@ class Orchestrator:
             detail = format_validation_error(err) if isinstance(err, ValidationError) else str(err)
             return await self.reject(rid, f"the orchestrator cannot run it: {detail}")
         cfg = resolved.config
-        kv = await self.runs_kv()
         try:
             hosts, placement = await self.place_when_possible(cfg.agents, unit)
         except PlacementError as err:
@@ -235,7 +243,7 @@ class Orchestrator:
                 return await self.reject(rid, f"cannot fork: {err}")
         try:
             await kv.create(rid, bus.encode(state))
-        except Exception:
+        except Exception:  # created meanwhile by the same start, handled twice at once
             self.svc.log.info("run_start_replayed", run_id=rid)
             return
         runconfigs.CACHE.put(rid, state.config_ref.digest, state.config)  # type: ignore[union-attr]  # validated
