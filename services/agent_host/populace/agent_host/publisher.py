@@ -112,6 +112,9 @@ class OutcomePublisher:
         lost with the connection (a restarting nats-server) would wait for ever: once the client
         has reconnected since the batch was sent (`reconnects`: its count then), its PubAck cannot
         come any more, and waiting out the bound cost a round 10 s after every nats-server restart."""
+        if ack.done():  # the common case, at no cost: no task, no wait
+            ack.result()
+            return
         await asyncio.wait_for(bus.unless_reconnected(self._nc, asyncio.shield(ack), since=reconnects), PUBACK_WAIT_S)
 
     async def _confirm(self, subject: str, data: bytes, headers: dict, ack: asyncio.Future, reconnects: int) -> None:
