@@ -48,6 +48,9 @@ if ! has "$BASE"; then
 fi
 
 wheel() {  # wheel NAME VERSION -> the path of that wheel, downloaded from PyPI into $work
+  # pip is in the project's dev group (pyproject.toml): under `uv run`, python3 is that environment's
+  python3 -m pip --version >/dev/null 2>&1 \
+    || { say "$(command -v python3) has no pip: run this under \`uv run\` (pip is a dev dependency) or install pip"; exit 1; }
   python3 -m pip download --quiet --no-deps --only-binary :all: -d "$work/wheels" "$1==$2" >&2
   ls "$work"/wheels/"${1//-/_}"-"$2"-*.whl
 }

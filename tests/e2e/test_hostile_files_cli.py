@@ -27,28 +27,40 @@ def alias_bomb() -> str:
     return "[" + ", ".join(levels) + "]"
 
 
+# The peak is the command's own: a fresh, small interpreter runs it and reports its child's
+# RUSAGE_CHILDREN. The pytest worker's own child would not do: on Linux a child's ru_maxrss starts
+# from its parent's resident size at the fork (the exec does not reset it), so a worker that had
+# grown to 600 MB made every command "peak" at 604 MB whatever it did (a fresh clone's CI failed so).
+MEASURE = """
+import resource, subprocess, sys
+code = subprocess.call(sys.argv[2:])
+with open(sys.argv[1], "w") as out:
+    out.write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024))
+sys.exit(code)
+"""
+
+
 def validate(path: Path, tmp_path: Path) -> tuple[int, str, int]:
     """(exit code, output, peak resident bytes) of `populace validate PATH`."""
-    out = tmp_path / "out.txt"
+    out, peak_file = tmp_path / "out.txt", tmp_path / "peak.txt"
     with out.open("wb") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "populace.cli", "validate", str(path)], stdout=sink,
-                                stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "400"})
-    ps, peak, status, usage = psutil.Process(proc.pid), 0, None, None
-    while status is None:
-        pid, raw, rusage = os.wait4(proc.pid, os.WNOHANG)
-        if pid:
-            status, usage = os.waitstatus_to_exitcode(raw), rusage
-            break
+        proc = subprocess.Popen([sys.executable, "-c", MEASURE, str(peak_file), sys.executable, "-m", "populace.cli",
+                                 "validate", str(path)], stdout=sink, stderr=subprocess.STDOUT,
+                                env={**os.environ, "COLUMNS": "400"})
+    measurer, peak = psutil.Process(proc.pid), 0
+    while proc.poll() is None:  # also sampled while it runs: past the cap it is killed, not waited for
         try:
-            peak = max(peak, ps.memory_info().rss)
+            rss = sum(child.memory_info().rss for child in measurer.children())
         except psutil.Error:
-            continue
+            rss = 0
+        peak = max(peak, rss)
         if peak > CAP:
-            proc.kill()
+            for child in measurer.children():
+                child.kill()
         time.sleep(0.05)
-    proc.returncode = status  # reaped by wait4 above
-    peak = max(peak, usage.ru_maxrss * 1024)
-    return status, out.read_text(errors="replace"), peak
+    if peak_file.exists() and peak_file.read_text():
+        peak = max(peak, int(peak_file.read_text()))
+    return proc.returncode, out.read_text(errors="replace"), peak
 
 
 def check_one_line(code: int, output: str, peak: int, *needles: str) -> None:
