@@ -11,6 +11,10 @@ import pytest
 
 from populace.client.stack import Stack
 
+# what a service logs for an exception nobody retrieved: asyncio's own line, and populace.core.logs'
+# (watch_unobserved) that replaces it; no stack of the suite may log either
+UNOBSERVED = ("Task exception was never retrieved", "task_exception_unobserved")
+
 # Debian's chromium: `playwright install` would download one from a CDN this machine cannot reach
 CHROMIUM = Path("/usr/bin/chromium")
 
@@ -57,3 +61,6 @@ def stacks(tmp_path_factory) -> Iterator[Callable[..., Stack]]:
     yield start
     for stack in reversed(started):
         stack.stop()
+    unobserved = [f"{log.name}: {line[:400]}" for stack in started for log in sorted(Path(stack.log_dir).glob("*.log"))
+                  for line in log.read_text(errors="replace").splitlines() if any(m in line for m in UNOBSERVED)]
+    assert not unobserved, "an exception no code waited for, in a service log:\n" + "\n".join(unobserved[:10])

@@ -7,10 +7,14 @@ again at once."""
 from __future__ import annotations
 
 import asyncio
+import time
+
+from nats import errors as nats_errors
 
 from populace.agent_host.publisher import WORKED_ON_TICK_S, OutcomePublisher
 from populace.core import subjects
 from populace.core.contracts import InferBatch, InferReply, ModelConfig, Progress
+from populace.sdk.llm import InferError
 from populace.sdk.nats_llm import InferSession
 
 
@@ -134,3 +138,60 @@ async def test_an_interview_sessions_shared_question_is_sent_once(nc):
         assert batches[-1].suffix is None
     finally:
         await sub.unsubscribe()
+
+
+async def test_a_host_held_longer_than_the_silence_does_not_take_it_for_the_gateways(nc):
+    """Seconds this process could not read its socket (a million turns woken at once, an author's
+    slow view) are not the gateway's silence: the keepalives that came meanwhile are read first."""
+    seen: list[str] = []
+    sub = await _gateway(nc, answer_after_s=2.0, keepalive=True, seen=seen)
+    try:
+        session = _session(nc)
+        futs = [session.ask("p", key=k) for k in (1, 2)]
+        session.flush()
+        await asyncio.sleep(0.3)  # the gateway has it
+        time.sleep(2.5)  # noqa: ASYNC251 — the point: this loop is held for longer than the 1 s silence
+        assert await asyncio.wait_for(asyncio.gather(*futs), 20) == ["42", "42"]
+        assert len(seen) == 1 and session.infra_retries == 0
+    finally:
+        await sub.unsubscribe()
+
+
+async def test_a_connection_that_cannot_take_a_batch_for_a_while_has_it_sent_again(nc, monkeypatch):
+    """nats-py refuses a publish while it reconnects with a full buffer (OutboundBufferLimitError):
+    the batch is sent again once it can be, never an exception in a task nobody reads."""
+    seen: list[str] = []
+    sub = await _gateway(nc, answer_after_s=0.0, keepalive=False, seen=seen)
+    real, refused = nc.publish, []
+
+    async def publish(subject, payload=b"", reply="", headers=None):
+        if subject.startswith("llm.infer.") and not refused:
+            refused.append(subject)
+            raise nats_errors.OutboundBufferLimitError
+        await real(subject, payload, reply=reply, headers=headers)
+
+    monkeypatch.setattr(nc, "publish", publish)
+    try:
+        session = _session(nc)
+        futs = [session.ask("p", key=k) for k in (1, 2)]
+        session.flush()
+        assert await asyncio.wait_for(asyncio.gather(*futs), 20) == ["42", "42"]
+        assert len(refused) == 1 and len(seen) == 1 and session.infra_retries == 2
+    finally:
+        await sub.unsubscribe()
+
+
+async def test_a_send_that_fails_for_a_reason_of_its_own_fails_its_turns_with_the_cause(nc, monkeypatch):
+    """Anything else the send raises ends its turns as "no model answered", naming the cause (the
+    round pauses on it), and is logged: no turn waits for ever."""
+
+    async def publish(*args, **kwargs):
+        raise RuntimeError("a bug in the transport")
+
+    monkeypatch.setattr(nc, "publish", publish)
+    session = _session(nc)
+    futs = [session.ask("p", key=k) for k in (1, 2)]
+    session.flush()
+    done = await asyncio.wait_for(asyncio.gather(*futs, return_exceptions=True), 10)
+    assert all(isinstance(e, InferError) and "RuntimeError: a bug in the transport" in str(e) for e in done)
+    await session.drain()

@@ -4,8 +4,10 @@ One line per batch, never per agent."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
+from collections.abc import Callable
 
 import structlog
 
@@ -60,3 +62,31 @@ def configure(level: str = "INFO", fmt: str = "auto", service: str | None = None
 
 def get(name: str | None = None) -> structlog.stdlib.BoundLogger:
     return structlog.get_logger(name)
+
+
+# What asyncio's default handler would have printed through stdlib logging, e.g. "Task exception
+# was never retrieved": an e2e test greps service logs for both spellings.
+UNOBSERVED_EVENT = "task_exception_unobserved"
+
+
+def watch_unobserved(on_error: Callable[[], None] | None = None) -> None:
+    """Route the running loop's unhandled errors (a task whose exception nobody retrieved, a
+    callback that raised) to one structured error line each, with the exception's type, text and
+    traceback, instead of asyncio's stdlib line that said nothing of the service or the run.
+    `on_error` counts it (the service's metric). Idempotent: several services sharing one loop
+    (`serve --together`) install it once."""
+    loop = asyncio.get_running_loop()
+    if getattr(loop.get_exception_handler(), "populace_watch", False):
+        return
+    log = get("populace.unobserved")
+
+    def handle(_loop: asyncio.AbstractEventLoop, context: dict) -> None:
+        exc = context.get("exception")
+        where = context.get("task") or context.get("future") or context.get("handle")
+        log.error(UNOBSERVED_EVENT, message=context.get("message", ""), where=repr(where)[:300] if where else None,
+                  error=f"{type(exc).__name__}: {exc}" if exc is not None else None, exc_info=exc)
+        if on_error is not None:
+            on_error()
+
+    handle.populace_watch = True  # type: ignore[attr-defined]
+    loop.set_exception_handler(handle)

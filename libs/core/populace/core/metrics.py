@@ -57,6 +57,9 @@ RUN_CONFIGS_VALIDATED = Counter("populace_run_configs_validated_total", "Run con
                                 "validates again a config it already has")
 DEAD_LETTERS = Counter("populace_dead_letters_total", "Messages dead-lettered (malformed, refused, or failing "
                        "every delivery)", ["service"])
+UNOBSERVED = Counter("populace_unobserved_errors_total", "Errors no code was waiting for: a task's exception never "
+                     "retrieved, a callback that raised (each logged once as task_exception_unobserved); 0 in a "
+                     "healthy process", ["service"])
 
 # -- now ------------------------------------------------------------------------------------------
 AGENTS = Gauge("populace_agents_hosted", "Agents hosted by this agent-host")
@@ -71,7 +74,8 @@ REPLICA_WAITING = Gauge("populace_replica_waiting", "Requests waiting inside a r
 
 EXPORTED: tuple[MetricWrapperBase, ...] = (
     ROUNDS, BATCHES, ITEMS, RUNS, ROUND_SECONDS, BATCH_SECONDS, LLM_SECONDS, LLM_CALLS, LLM_TOKENS, REASKS, RETRIES,
-    INVALID, DEAD_LETTERS, AGENTS, RUNS_ACTIVE, LLM_IN_FLIGHT, REPLICA_UP, REPLICA_IN_FLIGHT, REPLICA_WAITING,
+    INVALID, DEAD_LETTERS, UNOBSERVED, AGENTS, RUNS_ACTIVE, LLM_IN_FLIGHT, REPLICA_UP, REPLICA_IN_FLIGHT,
+    REPLICA_WAITING,
 )
 
 # The series each service exports from its start, at 0 until it works (a scrape shows the
@@ -92,8 +96,9 @@ BY_SERVICE: dict[str, tuple[tuple[MetricWrapperBase, tuple[str, ...]], ...]] = {
 
 
 def declare(service: str) -> None:
-    """Create the service's series (at 0): its own, and its dead letters."""
+    """Create the service's series (at 0): its own, its dead letters and its unobserved errors."""
     DEAD_LETTERS.labels(service)
+    UNOBSERVED.labels(service)
     for metric, labels in BY_SERVICE.get(service, ()):
         metric.labels(*labels)
 

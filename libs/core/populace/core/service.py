@@ -133,6 +133,8 @@ class Service:
         return self.broker.connection
 
     async def _connect_and_provision(self) -> None:
+        # an exception no code waits for is still one error line with its cause, and counted
+        logs.watch_unobserved(metrics.UNOBSERVED.labels(self.name).inc)
         await self.broker.connect()
         self.js = self.nc.jetstream(publish_async_max_pending=self.settings.publish_async_max_pending)
         await bus.provision(self.js, storage=self.settings.storage, replicas=self.settings.stream_replicas,

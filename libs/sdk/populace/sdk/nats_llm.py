@@ -7,18 +7,21 @@ never in the agents."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import random
 import secrets
 import time
+from collections import deque
 from collections.abc import Callable
 
+from nats import errors as nats_errors
 from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
-from populace.core import logs, metrics, replies, subjects, telemetry
+from populace.core import logs, looptime, metrics, replies, subjects, telemetry
 from populace.core.contracts import InferBatch, InferReply, ModelConfig, Usage
 from populace.core.telemetry import tracer
 from populace.sdk.llm import InferError, ModelUnavailable, call_tag
@@ -42,6 +45,15 @@ MAX_WAIT_WHILE_WORKED_ON_S = 1800.0
 
 # A shared suffix shorter than this stays in the prompts (not worth a field).
 MIN_SUFFIX = 16
+# Answers handed to their turns per turn of the event loop. A gateway's reply wakes up to 1,000
+# turns; hundreds of replies read at once woke hundreds of thousands of turns in one loop turn,
+# whose prompts and next acts then held the loop for seconds: no socket was read meanwhile, so
+# nats-server cut the host off as a slow consumer, and every publish of the reconnecting client
+# overflowed its buffer (a 4-member scene at 1M agents, 888 × OutboundBufferLimitError).
+ANSWERS_PER_LOOP_TURN = 2000
+# What the connection may fail with for a while (a reconnect, a full buffer while reconnecting): the
+# batch is sent again once it is back. Anything else nats-py raises is a bug of ours, not a transient.
+_NOT_TRANSIENT = (nats_errors.MaxPayloadError, nats_errors.BadSubjectError, nats_errors.BadHeaderError)
 
 
 def common_suffix(prompts: list[str], keep: list[int]) -> int:
@@ -122,6 +134,10 @@ class InferSession:
         self._seqs: dict = {}  # key (or caller, key) -> its calls so far this round: each call seeded apart
         self._sending: set[asyncio.Task] = set()
         self.batches_sent = 0
+        # answers waiting to be handed to their turns, ANSWERS_PER_LOOP_TURN per loop turn
+        self._answers: deque[tuple[asyncio.Future, str | BaseException]] = deque()
+        self._handing = False
+        self._clock = looptime.of(self._loop)
 
     def _pending_for(self, system: str | None, schema: dict | None) -> _Pending:
         # a simulation passes the same objects call after call: found by identity first (a
@@ -196,9 +212,40 @@ class InferSession:
         try:
             with tracer.start_as_current_span("agent-host.infer", attributes={"populace.prompts": n}):
                 await self._until_answered(batch, futs, tracing=telemetry.inject())
+        except Exception as err:
+            # Never a task's exception nobody reads, never a turn waiting for ever: the batch's turns
+            # fail as "no model answered", naming the cause, and the round pauses on it (play.py).
+            log.error("infer_send_failed", batch=batch.batch_id, prompts=n, error=f"{type(err).__name__}: {err}",
+                      exc_info=err)
+            failure = InferError(f"the request to the gateway failed: {type(err).__name__}: {err}")
+            for fut in futs:
+                if not fut.done():
+                    fut.set_exception(failure)
         finally:
             in_flight.dec(n)
             metrics.batch("agent-host", "infer", n, time.perf_counter() - t0)
+
+    def _hand(self, fut: asyncio.Future, answer: str | BaseException) -> None:
+        """Give a turn its answer (or failure), at most ANSWERS_PER_LOOP_TURN per loop turn."""
+        self._answers.append((fut, answer))
+        if not self._handing:
+            self._handing = True
+            self._loop.call_soon(self._hand_some)
+
+    def _hand_some(self) -> None:
+        answers = self._answers
+        for _ in range(min(len(answers), ANSWERS_PER_LOOP_TURN)):
+            fut, answer = answers.popleft()
+            if fut.done():
+                continue
+            if isinstance(answer, BaseException):
+                fut.set_exception(answer)
+            else:
+                fut.set_result(answer)
+        if answers:  # the rest after the turns woken now ran and the sockets were read
+            self._loop.call_soon(self._hand_some)
+        else:
+            self._handing = False
 
     async def _until_answered(self, batch: InferBatch, futs: list[asyncio.Future], tracing: dict) -> None:
         """Send the batch, then again what no model answered (the whole batch when its gateway
@@ -230,7 +277,7 @@ class InferSession:
                         still.append(i)
                         error = why
                     elif not futs[i].done():
-                        futs[i].set_result(text)
+                        self._hand(futs[i], text)
                         self.llm_calls += 1
                         if counted:
                             p, c = reply.prompt_tokens[j], reply.completion_tokens[j]
@@ -243,6 +290,10 @@ class InferSession:
                 if not pending:
                     return
             except (TimeoutError, NatsTimeout, NoRespondersError, InferError) as err:
+                error = f"{type(err).__name__}: {err}"
+            except nats_errors.Error as err:  # the connection is away: sent again once it is back
+                if isinstance(err, _NOT_TRANSIENT):
+                    raise
                 error = f"{type(err).__name__}: {err}"
             now = loop.time()
             failing_since = now if failing_since is None else failing_since
@@ -257,13 +308,15 @@ class InferSession:
         exc = ModelUnavailable(f"no model answered for {self._down_s:g}s: {error or 'gateway unavailable'}")
         for i in pending:
             if not futs[i].done():
-                futs[i].set_exception(exc)
+                self._hand(futs[i], exc)
 
     async def _ask(self, batch: InferBatch, tracing: dict) -> InferReply:
         """One request to the gateways' queue group. The gateway that takes it says so at once
         and every few seconds while it works: silence for `silence_s` means it is gone (or no
-        gateway took it), and the batch is sent again without waiting for its timeout."""
-        nc, loop = self._nc, self._loop
+        gateway took it), and the batch is sent again without waiting for its timeout. Silence is
+        counted on the loop's responsive clock (populace.core.looptime): seconds this process
+        spent unable to read its socket are not the gateway's silence."""
+        nc, loop, clock = self._nc, self._loop, self._clock
         inbox = replies.new_reply("gateway", self._requester)
         sub = await nc.subscribe(inbox)
         try:
@@ -271,16 +324,21 @@ class InferSession:
                              headers={**(tracing or {}), subjects.INFER_KEEPALIVE_HEADER: "1"})
             start = loop.time()
             deadline = start + self._timeout + len(batch.keys) * self._per_prompt_s
+            heard = clock.now()
             while True:
                 left = deadline - loop.time()
                 if left <= 0:
                     raise TimeoutError(f"no answer within {self._timeout:g}s")
+                quiet = clock.now() - heard
                 try:
-                    msg = await sub.next_msg(timeout=min(self._silence_s, left))
+                    msg = await sub.next_msg(timeout=max(0.05, min(self._silence_s - quiet, left)))
                 except NatsTimeout:
                     if deadline - loop.time() <= 0:
                         raise TimeoutError(f"no answer within {self._timeout:g}s") from None
+                    if clock.now() - heard < self._silence_s:
+                        continue  # this process was held part of that wait: not the gateway's silence
                     raise InferError(f"no gateway has the batch (silent for {self._silence_s:g}s)") from None
+                heard = clock.now()
                 headers = msg.headers or {}
                 if headers.get("Status") == "503":
                     raise NoRespondersError
@@ -294,7 +352,8 @@ class InferSession:
                 except ValueError as err:
                     raise InferError(f"malformed reply from the gateway: {err}") from None
         finally:
-            await sub.unsubscribe()
+            with contextlib.suppress(nats_errors.Error):  # a connection going away has dropped it anyway
+                await sub.unsubscribe()
 
     def usage(self) -> Usage:
         """The LLM work of this round so far (what the budget and the estimate count)."""

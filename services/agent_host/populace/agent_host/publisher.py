@@ -91,8 +91,15 @@ class OutcomePublisher:
         msg_id = subjects.msg_id(self.run_id, self.round, shard, "outcomes", self.epoch)
         headers = telemetry.inject({"Nats-Msg-Id": bus.seal(self._js, msg_id)})
         reconnects = self._reconnects()
-        ack = await self._js.publish_async(subject, data, headers=headers)
-        self._sent.append((subject, data, headers, ack, reconnects))
+        try:
+            ack = await self._js.publish_async(subject, data, headers=headers)
+        except bus.TRANSIENT as err:  # the connection is away (its buffer full while it reconnects)
+            log.warning("outcomes_publish_waiting", run_id=self.run_id, round=self.round, subject=subject,
+                        error=type(err).__name__)
+            await bus.until_ready(lambda: self._js.publish(subject, data, headers=headers, timeout=5.0),
+                                  f"publish {subject}", attempts=30)
+        else:
+            self._sent.append((subject, data, headers, ack, reconnects))
         await self._tick(len(batch.agent_ids))
 
     async def _tick(self, answered: int) -> None:

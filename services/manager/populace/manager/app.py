@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from populace.core import bus
+from populace.core import bus, logs, metrics
 from populace.manager import interviews, nodes, replicas, runs, start, streams
 from populace.manager.access import TokenAccess
 from populace.manager.nodes import start_request
@@ -53,6 +53,7 @@ async def home(request: Request) -> Response:
 def create_app(settings: ManagerSettings) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        logs.watch_unobserved(metrics.UNOBSERVED.labels("manager").inc)  # no exception goes unsaid
         nc = await bus.connect_or_fail(settings.nats_url, "populace-manager")
         app.state.nc = nc
         try:

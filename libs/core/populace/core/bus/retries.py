@@ -20,8 +20,11 @@ log = logs.get("populace.bus")  # every part of the bus logs under one name
 
 # A replicated stream that was just created has no Raft leader for a moment: API calls then
 # time out or get "no response from stream". Those are transient; anything else is not.
+# A connection that is reconnecting refuses publishes once its buffer is full, or at once where it
+# buffers none: transient too, the same publish goes through once it is back.
 TRANSIENT = (nats.errors.TimeoutError, asyncio.TimeoutError, nats.errors.NoRespondersError,
-             NoStreamResponseError, ServiceUnavailableError)
+             NoStreamResponseError, ServiceUnavailableError, nats.errors.OutboundBufferLimitError,
+             nats.errors.ConnectionReconnectingError, nats.errors.StaleConnectionError)
 # A cluster whose servers have just started may not know its peers yet: placing a replicated
 # stream then fails with "no suitable peers for placement" until the routes are up.
 NO_PEERS_YET = 10005
