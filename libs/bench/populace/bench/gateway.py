@@ -305,8 +305,8 @@ async def gateway_latency(log_dir: str, n: int = 300, pairs: int = 3) -> dict:
             try:
                 for i in range(n + 20):
                     t0 = time.perf_counter()
-                    status, _ = await http.post(url + "/v1/chat/completions", json.dumps(body).encode(),
-                                                {"Content-Type": "application/json"}, 30.0)
+                    status = (await http.post(url + "/v1/chat/completions", json.dumps(body).encode(),
+                                              {"Content-Type": "application/json"}, 30.0))[0]
                     assert status == 200, status
                     t1 = time.perf_counter()
                     msg = await infer(nc, one, timeout=30)

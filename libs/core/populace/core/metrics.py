@@ -49,6 +49,8 @@ REASKS = Counter("populace_reasks_total", "Corrective re-asks after an answer th
 RETRIES = Counter("populace_retries_total", "Infrastructure retries: agent-host, prompts sent again because no "
                   "model answered them; gateway, calls sent again to another replica after one failed",
                   ["service"])
+RATE_LIMITED = Counter("populace_rate_limited_total", "Calls a provider answered 429 (rate limited): waited out "
+                       "as its Retry-After asked and sent again, never counted as failures", ["model"])
 INVALID = Counter("populace_invalid_answers_total", "Invalid answers: gateway, answers still invalid after the "
                   "re-asks; agent-host, outcome rows recorded invalid (the model's answer or the agent's error)",
                   ["service"])
@@ -74,7 +76,7 @@ REPLICA_WAITING = Gauge("populace_replica_waiting", "Requests waiting inside a r
 
 EXPORTED: tuple[MetricWrapperBase, ...] = (
     ROUNDS, BATCHES, ITEMS, RUNS, ROUND_SECONDS, BATCH_SECONDS, LLM_SECONDS, LLM_CALLS, LLM_TOKENS, REASKS, RETRIES,
-    INVALID, DEAD_LETTERS, UNOBSERVED, AGENTS, RUNS_ACTIVE, LLM_IN_FLIGHT, REPLICA_UP, REPLICA_IN_FLIGHT,
+    RATE_LIMITED, INVALID, DEAD_LETTERS, UNOBSERVED, AGENTS, RUNS_ACTIVE, LLM_IN_FLIGHT, REPLICA_UP, REPLICA_IN_FLIGHT,
     REPLICA_WAITING,
 )
 

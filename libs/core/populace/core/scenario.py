@@ -19,6 +19,11 @@ class ScenarioError(ValueError):
     """A scenario could not be loaded; the message names the offending field."""
 
 
+# Fields whose value an error never repeats: where a key's source is named, a user may paste the
+# key itself; and a URL may hold credentials (refused, not printed).
+NEVER_ECHOED = frozenset({"api_key_env", "api_key_file", "base_url"})
+
+
 def format_validation_error(err: ValidationError) -> str:
     """One line per problem, each starting with the dotted field name."""
     lines = []
@@ -30,6 +35,8 @@ def format_validation_error(err: ValidationError) -> str:
         field = ".".join(str(p) for p in e["loc"])
         if e["type"] == "extra_forbidden":
             lines.append(f"{field}: unknown key")
+        elif e["loc"][-1] in NEVER_ECHOED:  # a key pasted where its source's name belongs is not repeated
+            lines.append(f"{field}: {msg}")
         else:
             lines.append(f"{field}: {msg} (got {yamlload.short_repr(e.get('input'))})")
     return "\n".join(lines)

@@ -132,6 +132,13 @@ class Settings(BaseSettings):
     # the one before it, 10x the CPU per call, kept to compare in `populace bench gateway`.
     gateway_http_client: Literal["aiohttp", "httpx"] = "aiohttp"
     replicas: str = ""  # static replicas: "id=http://host:port,…" (backend openai)
+    # A run's `models:` name where a model's key comes from (api_key_env, api_key_file), never the
+    # key: this gateway reads it, and sends it only to the hosts its source is bound to here,
+    # "env:NAME@host[:port],file:PATH@host[:port],…" (populace.gateway.keys): a run or a forged
+    # request cannot have it sent anywhere else. `populace demo/run` bind their scenario's own.
+    gateway_keys: str = ""
+    # The hosts a run model's base_url may name ("*": any); the hosts of gateway_keys are allowed too.
+    gateway_model_hosts: str = "127.0.0.1,localhost,::1"
 
     # A population's personas: the most bytes one record (one line of the personas JSONL) may
     # take. Its text goes into every prompt of its agent; a larger one is refused by `validate`,

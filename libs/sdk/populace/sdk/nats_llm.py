@@ -14,15 +14,16 @@ import random
 import secrets
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
+import numpy as np
 from nats import errors as nats_errors
 from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
 from populace.core import logs, looptime, metrics, replies, subjects, telemetry
-from populace.core.contracts import InferBatch, InferReply, ModelConfig, Usage
+from populace.core.contracts import InferBatch, InferReply, ModelConfig, ModelEndpoint, ModelUse, Usage
 from populace.core.telemetry import tracer
 from populace.sdk.llm import InferError, ModelUnavailable, call_tag
 
@@ -81,12 +82,12 @@ def common_suffix(prompts: list[str], keep: list[int]) -> int:
 
 
 class _Pending:
-    """Requests waiting to leave in one batch: they share a system prompt and a schema."""
+    """Requests waiting to leave in one batch: they share a system prompt, a schema and a model."""
 
-    __slots__ = ("bytes", "futs", "keys", "prefix", "prompts", "schema", "seqs", "system", "timer")
+    __slots__ = ("bytes", "futs", "keys", "model", "prefix", "prompts", "schema", "seqs", "system", "timer")
 
-    def __init__(self, system: str, schema: dict | None) -> None:
-        self.system, self.schema = system, schema
+    def __init__(self, system: str, schema: dict | None, model: int = 0) -> None:
+        self.system, self.schema, self.model = system, schema, model
         self.keys: list[int] = []
         self.seqs: list[int] = []
         self.prompts: list[str] = []
@@ -103,7 +104,11 @@ class InferSession:
                  response_schema: dict | None = None, batch_size: int = 1000, flush_s: float = 0.005,
                  timeout_s: float = 60.0, attempts: int = 3, host_id: str = "", silence_s: float = 5.0,
                  down_s: float = 120.0, on_worked_on: Callable[[], None] | None = None,
-                 shared_suffix: bool = False) -> None:
+                 shared_suffix: bool = False, models: Sequence[ModelEndpoint] = (),
+                 model_of: np.ndarray | None = None) -> None:
+        """`models`: the run's `models:` (none: `model.backend` answers every call); `model_of`:
+        per agent id, the index of its model there (populace.sdk.model_assignment). A call is
+        answered by the model of the agent it is keyed to."""
         self._nc = nc
         self._loop = asyncio.get_running_loop()
         self._run_id, self._round, self._model = run_id, round_, model
@@ -128,9 +133,16 @@ class InferSession:
         self.infra_retries = 0  # prompts sent again because no model answered them
         self.llm_calls = self.prompt_tokens = self.completion_tokens = 0  # answered prompts, their tokens
         self.tokens_sq = 0.0
-        self._default = _Pending(system, response_schema)
-        self._other: dict[tuple[str, str], _Pending] = {}  # calls that brought their own system/schema
-        self._by_identity: dict[tuple[int, int], tuple[str | None, dict | None, _Pending]] = {}
+        self._models = tuple(models)
+        self._model_of = model_of if self._models and len(self._models) > 1 else None
+        # one line of requests per model (its batches name it); calls that bring their own system
+        # prompt or schema get lines of their own
+        self._defaults = [_Pending(system, response_schema, m) for m in range(max(1, len(self._models)))]
+        self._default = self._defaults[0]
+        self._other: dict[tuple[str, str, int], _Pending] = {}
+        self._by_identity: dict[tuple[int, int, int], tuple[str | None, dict | None, _Pending]] = {}
+        # per model index: answered calls, prompt, cached and completion tokens (the usage, in dollars)
+        self._use = [[0, 0, 0, 0] for _ in range(max(1, len(self._models)))]
         self._seqs: dict = {}  # key (or caller, key) -> its calls so far this round: each call seeded apart
         self._sending: set[asyncio.Task] = set()
         self.batches_sent = 0
@@ -139,29 +151,38 @@ class InferSession:
         self._handing = False
         self._clock = looptime.of(self._loop)
 
-    def _pending_for(self, system: str | None, schema: dict | None) -> _Pending:
+    def _pending_for(self, system: str | None, schema: dict | None, model: int) -> _Pending:
         # a simulation passes the same objects call after call: found by identity first (a
         # json.dumps per call cost more than the rest of the ask)
-        same = self._by_identity.get((id(system), id(schema)))
+        same = self._by_identity.get((id(system), id(schema), model))
         if same is not None and same[0] is system and same[1] is schema:
             return same[2]
-        pending = self._pending_by_value(system, schema)
-        self._by_identity[(id(system), id(schema))] = (system, schema, pending)
+        pending = self._pending_by_value(system, schema, model)
+        self._by_identity[(id(system), id(schema), model)] = (system, schema, pending)
         return pending
 
-    def _pending_by_value(self, system: str | None, schema: dict | None) -> _Pending:
+    def _pending_by_value(self, system: str | None, schema: dict | None, model: int) -> _Pending:
         system = self._default.system if system is None else system
         schema = self._default.schema if schema is None else schema
-        key = (system, json.dumps(schema, sort_keys=True))
+        key = (system, json.dumps(schema, sort_keys=True), model)
         pending = self._other.get(key)
         if pending is None:
-            pending = self._other[key] = _Pending(system, schema)
+            pending = self._other[key] = _Pending(system, schema, model)
         return pending
+
+    def _model_for(self, key: int) -> int:
+        if self._model_of is None:
+            return 0
+        if not 0 <= key < len(self._model_of):
+            raise ValueError(f"llm.ask: key {key} is not an agent of this run (a call is keyed to the agent it is "
+                             "for, and answered by that agent's model)")
+        return int(self._model_of[key])
 
     def ask(self, prompt: str, *, key: int, prefix_chars: int = 0, system: str | None = None,
             schema: dict | None = None) -> asyncio.Future:
         fut = self._loop.create_future()
-        p = self._default if system is None and schema is None else self._pending_for(system, schema)
+        model = self._model_for(key)
+        p = self._defaults[model] if system is None and schema is None else self._pending_for(system, schema, model)
         p.keys.append(key)
         p.seqs.append(call_tag(self._seqs, key))
         p.prompts.append(prompt)
@@ -176,7 +197,8 @@ class InferSession:
 
     def flush(self) -> None:
         """Send everything queued now rather than after the flush timer."""
-        self._flush(self._default)
+        for p in self._defaults:
+            self._flush(p)
         for p in self._other.values():
             self._flush(p)
 
@@ -198,12 +220,13 @@ class InferSession:
                            round=self._round, model=self._model, system=p.system,
                            response_schema=p.schema, keys=keys, prompts=prompts,
                            prefix_chars=prefix if any(prefix) else None, seqs=seqs if any(seqs) else None,
+                           endpoint=self._models[p.model] if self._models else None,
                            suffix=suffix)
-        task = self._loop.create_task(self._send(batch, futs))
+        task = self._loop.create_task(self._send(batch, futs, p.model))
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
 
-    async def _send(self, batch: InferBatch, futs: list[asyncio.Future]) -> None:
+    async def _send(self, batch: InferBatch, futs: list[asyncio.Future], model: int = 0) -> None:
         n = len(batch.keys)
         self.batches_sent += 1
         in_flight = metrics.LLM_IN_FLIGHT.labels("agent-host")
@@ -211,7 +234,7 @@ class InferSession:
         t0 = time.perf_counter()
         try:
             with tracer.start_as_current_span("agent-host.infer", attributes={"populace.prompts": n}):
-                await self._until_answered(batch, futs, tracing=telemetry.inject())
+                await self._until_answered(batch, futs, tracing=telemetry.inject(), model=model)
         except Exception as err:
             # Never a task's exception nobody reads, never a turn waiting for ever: the batch's turns
             # fail as "no model answered", naming the cause, and the round pauses on it (play.py).
@@ -247,13 +270,14 @@ class InferSession:
         else:
             self._handing = False
 
-    async def _until_answered(self, batch: InferBatch, futs: list[asyncio.Future], tracing: dict) -> None:
+    async def _until_answered(self, batch: InferBatch, futs: list[asyncio.Future], tracing: dict,
+                              model: int = 0) -> None:
         """Send the batch, then again what no model answered (the whole batch when its gateway
         went silent or none took it), with backoff, until every prompt has its answer — or no
         model answered anything for `down_s`: then ModelUnavailable, never a made-up answer."""
         pending = list(range(len(futs)))
         failing_since: float | None = None
-        attempt, error = 0, ""
+        attempt, error, refused = 0, "", None
         loop = self._loop
         # Hand-written, not tenacity: each pass re-sends only the prompts still unanswered, and the deadline
         # restarts whenever a model answers some; tenacity retries one call until it succeeds.
@@ -265,12 +289,17 @@ class InferSession:
                 "batch_id": f"{batch.batch_id}.r{attempt}"})
             try:
                 reply = await self._ask(part, tracing)
+                if reply.refused:  # the model will not answer this run (its key refused): no retry helps
+                    refused = reply.refused
+                    break
                 if reply.error:
                     raise InferError(reply.error)
                 if len(reply.texts) != len(pending):
                     raise InferError(f"gateway answered {len(reply.texts)} of {len(pending)} prompts")
                 failed = reply.failed or [None] * len(pending)
                 counted = len(reply.prompt_tokens) == len(pending) == len(reply.completion_tokens)
+                cached = reply.cached_tokens if len(reply.cached_tokens) == len(pending) else None
+                use = self._use[model]
                 still = []
                 for j, (i, text, why) in enumerate(zip(pending, reply.texts, failed)):
                     if why:
@@ -279,11 +308,16 @@ class InferSession:
                     elif not futs[i].done():
                         self._hand(futs[i], text)
                         self.llm_calls += 1
+                        use[0] += 1
                         if counted:
                             p, c = reply.prompt_tokens[j], reply.completion_tokens[j]
                             self.prompt_tokens += p
                             self.completion_tokens += c
                             self.tokens_sq += (p + c) ** 2
+                            use[1] += p
+                            use[3] += c
+                            if cached is not None:
+                                use[2] += cached[j]
                 if len(still) < len(pending):
                     failing_since = None  # a model answered: the path is up
                 pending = still
@@ -305,7 +339,7 @@ class InferSession:
             # Jittered backoff: the gateway may be momentarily full, or restarting.
             await asyncio.sleep(min(5.0, 0.1 * 2**attempt) * (0.5 + random.random()))
             attempt += 1
-        exc = ModelUnavailable(f"no model answered for {self._down_s:g}s: {error or 'gateway unavailable'}")
+        exc = ModelUnavailable(refused or f"no model answered for {self._down_s:g}s: {error or 'gateway unavailable'}")
         for i in pending:
             if not futs[i].done():
                 self._hand(futs[i], exc)
@@ -356,10 +390,17 @@ class InferSession:
                 await sub.unsubscribe()
 
     def usage(self) -> Usage:
-        """The LLM work of this round so far (what the budget and the estimate count)."""
+        """The LLM work of this round so far (what the budget and the estimate count), in
+        dollars at the models' prices, and per model when the run has several."""
+        by_model = {}
+        for m, (calls, prompt, cached, completion) in zip(self._models, self._use, strict=False):
+            by_model[m.name] = ModelUse(llm_calls=calls, prompt_tokens=prompt, cached_tokens=cached,
+                                        completion_tokens=completion,
+                                        dollars=m.prices.dollars(prompt, cached, completion))
         return Usage(llm_calls=self.llm_calls, prompt_tokens=self.prompt_tokens,
                      completion_tokens=self.completion_tokens, tokens_sq=self.tokens_sq,
-                     infra_retries=self.infra_retries)
+                     infra_retries=self.infra_retries, cached_tokens=sum(u[2] for u in self._use),
+                     dollars=sum(u.dollars for u in by_model.values()), by_model=by_model)
 
     async def drain(self) -> None:
         self.flush()

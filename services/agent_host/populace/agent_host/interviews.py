@@ -67,7 +67,7 @@ class AnswerPublisher:
 
     def emit(self, columns: dict[str, list], usage: Usage) -> None:
         """A full batch of rows (synchronously, from interview.Rows), with the session's usage so far."""
-        delta = Usage(**{k: getattr(usage, k) - getattr(self._reported, k) for k in Usage.model_fields})
+        delta = usage - self._reported
         self._reported = usage
         batch = InterviewBatch.model_construct(
             v=1, run_id=self.run_id, after_round=self.round, host_id=self.host_id, epoch=self.epoch, seq=self._seq,

@@ -26,6 +26,7 @@ from populace.gateway.backends import Backend
 from populace.gateway.backends.dummy import DummyBackend
 from populace.gateway.dispatcher import Dispatcher
 from populace.gateway.fairshare import FairShare
+from populace.gateway.keys import KeyRing
 from populace.gateway.openai_api import ChatClient, HttpxPoster
 from populace.gateway.replica_pool import ReplicaPool
 from populace.gateway.routing import make_router
@@ -35,6 +36,11 @@ DESCRIPTION = ("One structured call per decision: batches of prompts in, answers
 
 
 STARTING_WAIT_S = 60.0
+
+
+def dummy(batch: InferBatch) -> bool:
+    """The batch is the dummy model's: answered here, no replica (a run model of kind dummy too)."""
+    return batch.endpoint.kind == "dummy" if batch.endpoint is not None else batch.model.backend == "dummy"
 
 
 class Gateway:
@@ -63,7 +69,8 @@ class Gateway:
         self.pool = ReplicaPool(self.svc.js, self.http, static=s.replicas, ttl_s=s.registry_ttl_s,
                                 poll_s=s.gateway_poll_s)
         await self.pool.start()
-        self.replicas = Dispatcher(self.pool, make_router(s.gateway_router), self.chat, s)
+        self.replicas = Dispatcher(self.pool, make_router(s.gateway_router), self.chat, s,
+                                   keys=KeyRing(s.gateway_keys, s.gateway_model_hosts))
         self.ready.set()
 
     async def stop(self) -> None:
@@ -77,8 +84,8 @@ class Gateway:
         if self.chat:
             await self.chat.aclose()
 
-    async def backend_for(self, name: str) -> Backend:
-        if name == "dummy":
+    async def backend_for(self, batch: InferBatch) -> Backend:
+        if dummy(batch):
             return self.dummy
         # The subscription may deliver a batch while the pool is still starting (a loaded
         # machine): wait for it rather than answer with an error.
@@ -124,7 +131,7 @@ class Gateway:
             self.svc.log.warning("infer_refused", batch=batch.batch_id, run_id=batch.run_id, requester=requester,
                                  error=why)
             return InferReply(batch_id=batch.batch_id, error=why).model_dump_json().encode()
-        prompts = 0 if batch.model.backend == "dummy" else len(batch.keys)
+        prompts = 0 if dummy(batch) else len(batch.keys)
         wants_beat = subjects.INFER_KEEPALIVE_HEADER in (raw.headers or {})
         taken = self.fair.submit(requester, prompts, len(raw.data),
                                  lambda: self.serve(batch, requester, reply_to, wants_beat))
@@ -163,8 +170,9 @@ class Gateway:
         """Why this gateway will not take a batch: it asks more than the gateway's caps (a
         forged request must not hold its workers for an hour)."""
         s, model = self.svc.settings, batch.model
-        if model.backend == "dummy" and model.latency_s > s.gateway_max_latency_s:
-            return (f"model.latency_s: {model.latency_s:g}s is above this gateway's limit of "
+        latency = batch.endpoint.latency_s if batch.endpoint is not None else model.latency_s
+        if dummy(batch) and latency > s.gateway_max_latency_s:
+            return (f"model.latency_s: {latency:g}s is above this gateway's limit of "
                     f"{s.gateway_max_latency_s:g}s (POPULACE_GATEWAY_MAX_LATENCY_S)")
         if model.max_tokens > s.gateway_max_tokens:
             return (f"model.max_tokens: {model.max_tokens} is above this gateway's limit of "
@@ -178,8 +186,9 @@ class Gateway:
             with tracer.start_as_current_span(
                     "gateway.batch",
                     attributes={"populace.run_id": batch.run_id, "populace.round": batch.round,
-                                "populace.backend": batch.model.backend, "populace.prompts": len(batch.keys)}):
-                reply, calls = await (await self.backend_for(batch.model.backend)).serve(batch)
+                                "populace.backend": batch.endpoint.name if batch.endpoint else batch.model.backend,
+                                "populace.prompts": len(batch.keys)}):
+                reply, calls = await (await self.backend_for(batch)).serve(batch)
         except Exception as err:
             stats["errors"] += 1
             self.svc.log.warning("infer_failed", batch=batch.batch_id, error=str(err))

@@ -16,8 +16,18 @@ from populace.core import logs, metrics
 from populace.core.contracts import InferBatch, InferReply, LlmCallBatch
 from populace.core.settings import Settings
 from populace.gateway import schema_check
-from populace.gateway.openai_api import ChatResult, Poster, ReplicaError, RequestRejected, chat
-from populace.gateway.replica_pool import ReplicaPool
+from populace.gateway.keys import KeyRing, KeyUnavailable
+from populace.gateway.openai_api import (
+    ChatResult,
+    KeyRefused,
+    Poster,
+    RateLimited,
+    ReplicaError,
+    RequestRejected,
+    chat,
+)
+from populace.gateway.pacing import LocalPacer, Pacer
+from populace.gateway.replica_pool import ReplicaPool, pool_of
 from populace.gateway.routing import ReplicaLoad, Router, affinity_keys
 
 log = logs.get("populace.gateway.dispatch")
@@ -34,6 +44,20 @@ class CallFailed(RuntimeError):
         self.infrastructure = infrastructure
 
 
+class ModelRefused(RuntimeError):
+    """The model will not answer this run, whatever is retried: its key was refused (401/403), or
+    cannot be read or sent where its URL points. The batch's reply says so (`refused`) and the run
+    pauses naming the model."""
+
+
+# A refused key is remembered this long: batches for the model are refused at once meanwhile
+# (no storm of calls the provider refuses), then it is tried again (a key file may be fixed).
+REFUSED_MEMORY_S = 30.0
+# How long one call may wait on a provider's 429s (Retry-After) in all before it is an
+# infrastructure failure like any other (the host asks again later).
+RATE_LIMITED_WAIT_S = 600.0
+
+
 @dataclass(slots=True)
 class Decision:
     text: str
@@ -45,11 +69,17 @@ class Decision:
     latency_ms: float
     failed: str | None = None  # no model answered (infrastructure): the agent-host asks again
     reasks: int = 0  # corrective re-asks after an invalid answer (their calls are in `attempts`)
+    cached_tokens: int = 0
 
 
 class Dispatcher:
-    def __init__(self, pool: ReplicaPool, router: Router, http: Poster, settings: Settings) -> None:
+    def __init__(self, pool: ReplicaPool, router: Router, http: Poster, settings: Settings,
+                 keys: KeyRing | None = None, pacer: Pacer | None = None) -> None:
         self.pool, self.router, self.http, self.s = pool, router, http, settings
+        self.keys = keys or KeyRing(settings.gateway_keys, settings.gateway_model_hosts)
+        self.pacer = pacer or LocalPacer()
+        self.refused: dict[str, tuple[float, str]] = {}  # pool -> (when, why) of a model that refused its key
+        pool.auth = lambda r: self.keys.headers(r.endpoint) if r.endpoint is not None else {}
         self.admitted = 0  # prompts being served now
         self.calls = 0
         self.retries = 0
@@ -61,8 +91,33 @@ class Dispatcher:
         pool.on_refresh = lambda: self._wake(everyone=True)
 
     # -- one batch --------------------------------------------------------------------
+    def pool_for(self, batch: InferBatch) -> str:
+        """The pool of the batch's model; raises ModelRefused when this gateway will not call it."""
+        endpoint = batch.endpoint
+        if endpoint is None:
+            return batch.model.backend
+        why = self.keys.refusal(endpoint)
+        if why is None:
+            try:
+                self.keys.key(endpoint)  # readable now, or said so now (not once per call)
+            except KeyUnavailable as err:
+                why = str(err)
+        if why is not None:
+            raise ModelRefused(why)
+        pool = self.pool.add_endpoint(endpoint) if endpoint.base_url is not None else pool_of(endpoint, "")
+        refused = self.refused.get(pool)
+        if refused is not None:
+            if time.monotonic() - refused[0] < REFUSED_MEMORY_S:
+                raise ModelRefused(refused[1])
+            del self.refused[pool]
+        return pool
+
     async def serve(self, batch: InferBatch) -> tuple[InferReply, LlmCallBatch | None]:
         n = len(batch.prompts)
+        try:
+            pool = self.pool_for(batch)
+        except ModelRefused as err:
+            return InferReply(batch_id=batch.batch_id, refused=str(err)), None
         if self.admitted + n > self.s.gateway_max_queue:
             return InferReply(batch_id=batch.batch_id,
                               error=f"gateway overloaded: {self.admitted} prompts in service, limit "
@@ -70,41 +125,58 @@ class Dispatcher:
         self.admitted += n
         metrics.LLM_IN_FLIGHT.labels("gateway").set(self.admitted)
         keys = affinity_keys(batch.system, batch.prompts, batch.prefix_chars)
+        why = None
         try:
-            decisions = await asyncio.gather(*(self.decide(batch, i, keys[i]) for i in range(n)))
+            async with asyncio.TaskGroup() as group:  # a refused key stops the batch's other calls
+                tasks = [group.create_task(self.decide(batch, i, keys[i], pool)) for i in range(n)]
+            decisions = [task.result() for task in tasks]
+        except* ModelRefused as refusal:
+            why = str(refusal.exceptions[0])
         finally:
             self.admitted -= n
             metrics.LLM_IN_FLIGHT.labels("gateway").set(self.admitted)
+        if why is not None:
+            self.refused[pool] = (time.monotonic(), why)
+            log.error("model_refused", pool=pool, batch=batch.batch_id, error=why)
+            return InferReply(batch_id=batch.batch_id, refused=why), None
         export_metrics(decisions)
         failed = [d.failed for d in decisions]
+        endpoint = batch.endpoint
+        cached = [d.cached_tokens for d in decisions]
+        dollars = ([endpoint.prices.dollars(d.prompt_tokens, d.cached_tokens, d.completion_tokens) for d in decisions]
+                   if endpoint is not None and not endpoint.prices.free else [])
         reply = InferReply(batch_id=batch.batch_id, texts=[d.text for d in decisions],
                            valid=[d.valid for d in decisions], attempts=[d.attempts for d in decisions],
                            failed=failed if any(failed) else [],
                            prompt_tokens=[d.prompt_tokens for d in decisions],
-                           completion_tokens=[d.completion_tokens for d in decisions])
+                           completion_tokens=[d.completion_tokens for d in decisions],
+                           cached_tokens=cached if any(cached) else [])
         calls = LlmCallBatch(
             run_id=batch.run_id, round=batch.round, batch_id=batch.batch_id, agent_ids=batch.keys,
             replicas=[d.replica for d in decisions], prompt_tokens=[d.prompt_tokens for d in decisions],
             completion_tokens=[d.completion_tokens for d in decisions],
             latency_ms=[d.latency_ms for d in decisions], attempts=[d.attempts for d in decisions],
             valid=[d.valid for d in decisions], reasks=[d.reasks for d in decisions],
+            model=endpoint.name if endpoint is not None else "", cached_tokens=cached if any(cached) else [],
+            dollars=dollars,
         )
         return reply, calls
 
-    async def decide(self, batch: InferBatch, i: int, key: str) -> Decision:
+    async def decide(self, batch: InferBatch, i: int, key: str, pool: str | None = None) -> Decision:
         """One decision: one call, plus at most `gateway_reasks` corrective re-asks."""
+        pool = pool or batch.model.backend
         t0 = time.perf_counter()
         messages = [{"role": "system", "content": batch.system}, {"role": "user", "content": batch.prompt(i)}]
         seed = batch.model.seed * 1_000_003 + batch.keys[i] if batch.model.seed else None
         if seed is not None and batch.seqs is not None and batch.seqs[i]:
             # an agent's second call in a round (or one on another's behalf) samples apart
             seed = (seed + batch.seqs[i] * 1_000_000_007) % 2**31
-        attempts = ptok = ctok = reasks = 0
+        attempts = ptok = ctok = cached = reasks = 0
         text, replica, valid, failed = "", "", False, None
         for asked in range(1 + self.s.gateway_reasks):
             reasks = asked
             try:
-                replica, res, tries = await self.call(batch, messages, key, seed)
+                replica, res, tries = await self.call(batch, messages, key, seed, pool)
             except CallFailed as err:
                 attempts += err.attempts
                 if not text and err.infrastructure:
@@ -114,37 +186,69 @@ class Dispatcher:
             attempts += tries
             ptok += res.prompt_tokens
             ctok += res.completion_tokens
+            cached += res.cached_tokens
             text = res.text
             valid = schema_check.check(text, batch.response_schema)
             if valid:
                 break
             messages = [*messages, {"role": "assistant", "content": text},
                         {"role": "user", "content": schema_check.reask_message(batch.response_schema)}]
-        return Decision(text, valid, attempts, replica, ptok, ctok, (time.perf_counter() - t0) * 1000, failed, reasks)
+        return Decision(text, valid, attempts, replica, ptok, ctok, (time.perf_counter() - t0) * 1000, failed, reasks,
+                        cached)
 
     # -- one call, with retries on other replicas -----------------------------------
     async def call(self, batch: InferBatch, messages: list[dict], key: str,
-                   seed: int | None) -> tuple[str, ChatResult, int]:
-        """(replica id, result, HTTP attempts) — retried on other replicas when one fails."""
+                   seed: int | None, pool: str | None = None) -> tuple[str, ChatResult, int]:
+        """(replica id, result, HTTP attempts) — retried on other replicas when one fails; paced
+        to the model's limits, and waiting out its 429s (Retry-After) without counting them as
+        failures."""
+        pool = pool or batch.model.backend
         self.calls += 1
         tried: set[str] = set()
         error = "no attempt made"
+        endpoint = batch.endpoint
+        max_tokens = batch.model.max_tokens
+        estimate = sum(len(m["content"]) for m in messages) // 4 + max_tokens  # tokens, before the provider counts
+        limited_until = asyncio.get_running_loop().time() + RATE_LIMITED_WAIT_S
         # Hand-written, not tenacity: the retry budget is shared by every call and each retry avoids the replicas
         # already tried; with tenacity that state would move into custom stop/wait/hook callables.
-        for attempt in range(self.s.gateway_attempts):
+        attempt = 0
+        while attempt < self.s.gateway_attempts:
             if attempt:
                 if self.retries >= self.s.gateway_retry_budget * self.calls + 10:
                     raise CallFailed(f"retry budget exhausted; last error: {error}", attempt)
                 self.retries += 1
                 metrics.RETRIES.labels("gateway").inc()
                 await asyncio.sleep(min(2.0, 0.05 * 2**attempt) * (0.5 + self._rng.random()))
-            load = await self.acquire(batch.model.backend, key, tried)
-            info = self.pool.info(load.replica_id)
+            if endpoint is not None:
+                await self.pacer.acquire(pool, endpoint.limits, estimate)
+            load = await self.acquire(pool, key, tried)
+            replica = self.pool.replica(load.replica_id)
+            info = replica.info
             try:
+                auth = self.keys.headers(replica.endpoint) if replica.endpoint is not None else None
+                served = (endpoint.model if endpoint is not None else None) or batch.model.name
                 res = await chat(self.http, info, messages, schema=batch.response_schema,
-                                 max_tokens=batch.model.max_tokens, temperature=batch.model.temperature,
-                                 seed=seed, model=batch.model.name, timeout=self.s.gateway_request_timeout_s)
+                                 max_tokens=max_tokens, temperature=batch.model.temperature, seed=seed, model=served,
+                                 timeout=self.s.gateway_request_timeout_s, auth=auth,
+                                 url=f"{replica.endpoint.api_base}/chat/completions" if replica.endpoint else None,
+                                 redact=self.keys.redact)
+                if endpoint is not None:
+                    self.pacer.settle(pool, endpoint.limits, estimate, res.prompt_tokens + res.completion_tokens)
                 return info.replica_id, res, attempt + 1
+            except KeyUnavailable as err:
+                raise ModelRefused(str(err)) from None
+            except KeyRefused as err:
+                raise ModelRefused(f"model {endpoint.name if endpoint else pool!r}: {err}") from None
+            except RateLimited as err:
+                # the provider's limit, not a failure: wait as it asks, then the same call again
+                wait = err.retry_after if err.retry_after is not None else 1.0
+                self.pacer.backoff(pool, wait)
+                metrics.RATE_LIMITED.labels(pool if endpoint is None else endpoint.name).inc()
+                if asyncio.get_running_loop().time() + wait > limited_until:
+                    raise CallFailed(f"{err} (rate limited for {RATE_LIMITED_WAIT_S:.0f}s)", attempt + 1) from None
+                await asyncio.sleep(wait)
+                continue
             except ReplicaError as err:
                 error = str(err)
                 tried.add(info.replica_id)
@@ -154,15 +258,16 @@ class Dispatcher:
             finally:
                 load.in_flight -= 1
                 self._wake()
+            attempt += 1
         raise CallFailed(f"failed on {len(tried)} replica(s): {error}", self.s.gateway_attempts)
 
-    async def acquire(self, backend: str, key: str, tried: set[str]) -> ReplicaLoad:
+    async def acquire(self, pool: str, key: str, tried: set[str]) -> ReplicaLoad:
         """A replica slot for this call: routed by policy, preferring replicas not tried yet.
         Waits (bounded, in FIFO order) while every replica is at its cap or still loading."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(REGISTRATION_WAIT_S, self.s.gateway_request_timeout_s)
         while True:
-            loads = self.pool.loads(backend)
+            loads = self.pool.loads(pool)
             choice = self.router.choose(key, loads, tried) or self.router.choose(key, loads)
             if choice is not None:
                 choice.in_flight += 1
@@ -170,7 +275,7 @@ class Dispatcher:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 what = "registered" if not loads else "healthy with a free slot"
-                raise CallFailed(f"no {backend!r} replica {what} (waited {REGISTRATION_WAIT_S:.0f}s)")
+                raise CallFailed(f"no {pool!r} replica {what} (waited {REGISTRATION_WAIT_S:.0f}s)")
             fut = loop.create_future()
             self._waiters.append(fut)
             try:

@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
 from nats.js import JetStreamContext
 
 from populace.core import bus, logs, metrics, subjects
-from populace.core.contracts import ReplicaInfo
+from populace.core.contracts import ModelEndpoint, ReplicaInfo
 from populace.gateway.routing import ReplicaLoad
 
 log = logs.get("populace.gateway.replica_pool")
@@ -54,6 +56,22 @@ def static_replicas(spec: str) -> list[ReplicaInfo]:
     return out
 
 
+def pool_of(endpoint: ModelEndpoint | None, backend: str) -> str:
+    """The pool a batch's calls go to: a run model's (by its name, and for a model at a URL its
+    identity: two runs may give one name different URLs), or the backend's (a run without `models:`)."""
+    if endpoint is None:
+        return backend
+    if endpoint.base_url is None:
+        return f"model:{endpoint.name}"
+    return f"model:{endpoint.name}@{endpoint_digest(endpoint)}"
+
+
+def endpoint_digest(endpoint: ModelEndpoint) -> str:
+    ident = "\n".join(str(x) for x in (endpoint.kind, endpoint.base_url, endpoint.model, endpoint.api_key_env,
+                                       endpoint.api_key_file))
+    return hashlib.sha256(ident.encode()).hexdigest()[:12]
+
+
 @dataclass
 class Replica:
     info: ReplicaInfo
@@ -61,12 +79,17 @@ class Replica:
     static: bool = False
     last_error: str | None = None
     slow_probes: int = 0  # consecutive health checks that timed out
+    pool: str = ""  # populace.gateway.replica_pool.pool_of
+    endpoint: ModelEndpoint | None = None  # a run model at its URL: how to call it
+    probed: bool = True  # False: a hosted API, never polled (its health costs requests against its limit)
+    failed_at: float = 0.0  # when an unprobed replica last failed (healthy again after UNPROBED_RETRY_S)
 
 
 # A replica busy generating on a starved CPU can miss a health check's deadline: only this
 # many timeouts in a row mark it unhealthy. A refused connection or an error status does at once.
 SLOW_PROBES_TOLERATED = 3
 PROBE_TIMEOUT_S = 5.0
+UNPROBED_RETRY_S = 5.0  # a hosted API that failed is tried again after this long
 
 
 class ReplicaPool:
@@ -75,25 +98,62 @@ class ReplicaPool:
         self._js, self._http, self._ttl, self._poll = js, http, ttl_s, poll_s
         self.replicas: dict[str, Replica] = {}
         self.on_refresh = lambda: None  # called after each refresh: capacity may have appeared
+        # a replica's Authorization header for its probes (a keyed model's server checks it on
+        # /v1/models): set by the gateway from its key ring; raises when the key cannot be read
+        self.auth: Callable[[Replica], dict[str, str]] = lambda r: {}
         for info in static_replicas(static):
             self._add(info, static=True)
         self._task: asyncio.Task | None = None
 
     def _add(self, info: ReplicaInfo, static: bool = False) -> None:
         cur = self.replicas.get(info.replica_id)
+        pool = f"model:{info.serves}" if info.serves else info.backend
         if cur is None:
             self.replicas[info.replica_id] = Replica(
-                info, ReplicaLoad(info.replica_id, max_concurrency=info.max_concurrency, healthy=False), static)
-            log.info("replica_added", replica=info.replica_id, url=info.url, backend=info.backend)
+                info, ReplicaLoad(info.replica_id, max_concurrency=info.max_concurrency, healthy=False), static,
+                pool=pool)
+            log.info("replica_added", replica=info.replica_id, url=info.url, backend=info.backend, pool=pool)
         else:
             cur.info = info
+            cur.pool = pool
             cur.load.max_concurrency = info.max_concurrency
 
-    def loads(self, backend: str) -> list[ReplicaLoad]:
-        return [r.load for r in self.replicas.values() if r.info.backend == backend]
+    def add_endpoint(self, endpoint: ModelEndpoint) -> str:
+        """A run model at its URL, as a replica of its own pool (once; its pool's name is returned).
+        A hosted API (kind openai) is never polled: it is healthy until a call fails, and tried
+        again UNPROBED_RETRY_S later."""
+        pool = pool_of(endpoint, "")
+        rid = f"{endpoint.name}@{endpoint_digest(endpoint)}"
+        if rid in self.replicas:
+            return pool
+        assert endpoint.base_url is not None
+        base = endpoint.base_url.removesuffix("/v1")
+        kind = endpoint.kind if endpoint.kind != "dummy" else "openai"
+        info = ReplicaInfo(replica_id=rid, url=base, backend="openai", kind=kind, model=endpoint.model or "default",
+                           max_concurrency=endpoint.limits.concurrency, heartbeat_at=time.time())
+        probed = endpoint.kind != "openai"
+        self.replicas[rid] = Replica(info, ReplicaLoad(rid, max_concurrency=endpoint.limits.concurrency,
+                                                       healthy=not probed),
+                                     static=True, pool=pool, endpoint=endpoint, probed=probed)
+        log.info("replica_added", replica=rid, url=base, backend=endpoint.kind, pool=pool)
+        return pool
+
+    def loads(self, pool: str) -> list[ReplicaLoad]:
+        now = time.monotonic()
+        out = []
+        for r in self.replicas.values():
+            if r.pool != pool:
+                continue
+            if not r.probed and not r.load.healthy and now - r.failed_at >= UNPROBED_RETRY_S:
+                r.load.healthy = True  # a hosted API's failure is not forever: try it again
+            out.append(r.load)
+        return out
 
     def has_backend(self, backend: str) -> bool:
-        return any(r.info.backend == backend for r in self.replicas.values())
+        return any(r.pool == backend for r in self.replicas.values())
+
+    def replica(self, replica_id: str) -> Replica:
+        return self.replicas[replica_id]
 
     def info(self, replica_id: str) -> ReplicaInfo:
         return self.replicas[replica_id].info
@@ -103,6 +163,7 @@ class ReplicaPool:
         if r and r.load.healthy:
             r.load.healthy = False
             r.last_error = error
+            r.failed_at = time.monotonic()
             log.warning("replica_unhealthy", replica=replica_id, error=error)
 
     async def refresh(self) -> None:
@@ -118,7 +179,7 @@ class ReplicaPool:
                 for gauge in (metrics.REPLICA_UP, metrics.REPLICA_IN_FLIGHT, metrics.REPLICA_WAITING):
                     with contextlib.suppress(KeyError):  # never exported: it went before a poll
                         gauge.remove(rid)
-        await asyncio.gather(*(self._probe(r) for r in list(self.replicas.values())))
+        await asyncio.gather(*(self._probe(r) for r in list(self.replicas.values()) if r.probed))
         self.export_metrics()
         self.on_refresh()
 
@@ -131,7 +192,11 @@ class ReplicaPool:
 
     async def _probe(self, r: Replica) -> None:
         try:
-            healthy = await self._healthy(r.info.url)
+            headers = self.auth(r)
+        except Exception as err:  # the key cannot be read: the model cannot be called
+            headers, r.last_error = None, str(err)
+        try:
+            healthy = headers is not None and await self._healthy(r.info.url, headers)
             r.slow_probes = 0
         except httpx.TimeoutException:
             r.slow_probes += 1
@@ -141,21 +206,21 @@ class ReplicaPool:
         r.load.healthy = healthy
         if healthy:
             try:
-                resp = await self._http.get(f"{r.info.url}/metrics", timeout=PROBE_TIMEOUT_S)
+                resp = await self._http.get(f"{r.info.url}/metrics", timeout=PROBE_TIMEOUT_S, headers=headers)
                 if resp.status_code == 200:
                     waiting = parse_gauges(resp.text, WAITING_GAUGES.get(r.info.kind, ()))
                     r.load.waiting = int(waiting or 0)
             except httpx.HTTPError:
                 pass
 
-    async def _healthy(self, url: str) -> bool:
+    async def _healthy(self, url: str, headers: dict[str, str] | None = None) -> bool:
         """Raises httpx.TimeoutException when the replica is too slow to say."""
         try:
-            resp = await self._http.get(f"{url}/health", timeout=PROBE_TIMEOUT_S)
+            resp = await self._http.get(f"{url}/health", timeout=PROBE_TIMEOUT_S, headers=headers)
             if resp.status_code == 200:
                 return True
             if resp.status_code == 404:  # servers without /health (llama-cpp-python)
-                resp = await self._http.get(f"{url}/v1/models", timeout=PROBE_TIMEOUT_S)
+                resp = await self._http.get(f"{url}/v1/models", timeout=PROBE_TIMEOUT_S, headers=headers)
                 return resp.status_code == 200
             return False  # llama.cpp answers 503 while loading
         except httpx.TimeoutException:

@@ -11,7 +11,8 @@ One module per family, every name re-exported here (import from `populace.core.c
 `wire_base` (the model bases, bounded field types), `run_config` (the scenario, validated),
 `questions` (interviews' questions and surveys), `recorded_tables` (what a simulation records),
 `control` (commands, registries, a run's state), `run_events` (stream RUN), `inference` (the
-gateway's batches, replicas), `node_messages` (`populace node`), `recorder_reads`
+gateway's batches, replicas), `models` (a run's models: endpoints, where keys come from,
+limits, prices), `node_messages` (`populace node`), `recorder_reads`
 (`recorder.read.<verb>`)."""
 
 from __future__ import annotations
@@ -38,6 +39,16 @@ from populace.core.contracts.inference import (
     InferReply,
     LlmCallBatch,
     ReplicaInfo,
+)
+from populace.core.contracts.models import (
+    MAX_MODELS,
+    SELF_REGISTERING,
+    ModelAssign,
+    ModelEndpoint,
+    ModelKind,
+    ModelLimits,
+    ModelPrices,
+    check_models,
 )
 from populace.core.contracts.node_messages import (
     GONE_AFTER_BEATS,
@@ -102,6 +113,7 @@ from populace.core.contracts.run_config import (
     ConfigRef,
     GraphRef,
     ModelConfig,
+    ModelUse,
     PlacementConfig,
     PopulationRef,
     RunConfig,
@@ -157,12 +169,14 @@ __all__ = [
     "MAX_ANSWER_CHARS",
     "MAX_CHOICES",
     "MAX_LIKERT_POINTS",
+    "MAX_MODELS",
     "MAX_QUESTION_CHARS",
     "NODE_REQUESTS",
     "PLATFORM_SUMMARY_COLUMNS",
     "RESUMABLE_STATUSES",
     "SCENARIO_FILE",
     "SCHEMA_VERSION",
+    "SELF_REGISTERING",
     "SHA256",
     "ActColumns",
     "AgentHostSpec",
@@ -209,7 +223,13 @@ __all__ = [
     "LlmCallBatch",
     "MailBatch",
     "Millis",
+    "ModelAssign",
     "ModelConfig",
+    "ModelEndpoint",
+    "ModelKind",
+    "ModelLimits",
+    "ModelPrices",
+    "ModelUse",
     "NodeInfo",
     "NodeReply",
     "NodeRequest",
@@ -263,6 +283,7 @@ __all__ = [
     "Usage",
     "Wire",
     "WorldRef",
+    "check_models",
     "choice_key",
     "config_json",
     "share_key",

@@ -4,10 +4,11 @@ registry entry."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from populace.core.contracts.models import ModelEndpoint
 from populace.core.contracts.run_config import ModelConfig
 from populace.core.contracts.wire_base import (
     SCHEMA_VERSION,
@@ -43,6 +44,9 @@ class InferBatch(Wire):
     # Text that ends every prompt of the batch, sent once rather than in each (an interview's
     # question, the same for every agent asked it): prompt i is `prompts[i] + suffix`.
     suffix: str | None = None
+    # The model of the run's `models:` that answers this batch (its agents' model); None: the
+    # `model.backend` of a run without `models:`. Where its key comes from, never the key.
+    endpoint: ModelEndpoint | None = None
 
     def prompt(self, i: int) -> str:
         """Prompt `i` as the model reads it (its shared suffix put back)."""
@@ -73,6 +77,10 @@ class InferReply(Wire):
     failed: list[str | None] = []
     prompt_tokens: list[int] = []  # per prompt, for real model backends (empty: not counted)
     completion_tokens: list[int] = []
+    cached_tokens: list[int] = []  # per prompt, of its prompt tokens those the provider had cached
+    # The model will not answer this batch, and asking again will not help (its key refused):
+    # the run pauses at once, naming the model and why, instead of retrying for minutes.
+    refused: str | None = None
 
 
 class LlmCallBatch(Wire):
@@ -89,6 +97,9 @@ class LlmCallBatch(Wire):
     attempts: list[Amount]  # HTTP calls made for the decision: re-asks and retries on other replicas included
     valid: list[bool]
     reasks: list[Amount] = []  # of those, corrective re-asks after an invalid answer (empty: not counted)
+    model: str = ""  # the model's name in the run's `models:` ("": the run's one model.backend)
+    cached_tokens: list[Amount] = []  # per call, of its prompt tokens those the provider had cached (empty: none)
+    dollars: list[Annotated[float, Field(ge=0, allow_inf_nan=False)]] = []  # per call, at the model's prices
     # Who asked: the NATS user its request subject named (llm.infer.<requester>), which only that
     # user may publish; "" from a gateway before requesters were named.
     requester: str = ""
@@ -97,7 +108,8 @@ class LlmCallBatch(Wire):
     def _same_length(self) -> LlmCallBatch:
         n = len(self.agent_ids)
         if any(len(c) != n for c in (self.replicas, self.prompt_tokens, self.completion_tokens, self.latency_ms,
-                                     self.attempts, self.valid)) or len(self.reasks) not in (0, n):
+                                     self.attempts, self.valid)) or any(
+                len(c) not in (0, n) for c in (self.reasks, self.cached_tokens, self.dollars)):
             raise ValueError("every column of a call batch must have one value per agent id")
         return self
 
@@ -114,5 +126,8 @@ class ReplicaInfo(Strict):
     max_concurrency: int = Field(4, ge=1)
     pid: int | None = None
     heartbeat_at: float
+    # the name of the run model (a `models:` entry without base_url) this replica answers for;
+    # None: it answers for its `backend` (a run without `models:`)
+    serves: Token | None = None
 
     _tok = field_validator("replica_id")(_check_token)

@@ -11,15 +11,18 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from populace.core import metrics
+from populace.core.contracts.models import ModelAssign, ModelEndpoint, check_models
 from populace.core.contracts.questions import PlannedInterview
 from populace.core.contracts.wire_base import SHA256, Count, FiniteFloat, Strict, _finite_json
 
 
 class ModelConfig(Strict):
-    """Which model answers. `dummy` is the paper's dummy benchmark (a seeded answer that
-    satisfies the request's JSON schema, after `latency_s`); `local` is SmolLM2 on llama.cpp
-    replicas on this machine; `sim` is simulated vLLM replicas; `openai` is any registered
-    OpenAI-compatible replica (vLLM)."""
+    """Which model answers, and how it is asked. `dummy` is the paper's dummy benchmark (a seeded
+    answer that satisfies the request's JSON schema, after `latency_s`); `local` is SmolLM2 on
+    llama.cpp replicas on this machine; `sim` is simulated vLLM replicas; `openai` is any
+    registered OpenAI-compatible replica (vLLM). A run with a `models:` section (several models,
+    hosted APIs with keys, limits and prices: populace.core.contracts.models) takes its models from
+    there, and only the generation settings here (max_tokens, temperature, seed)."""
 
     backend: Literal["dummy", "local", "sim", "openai"] = "dummy"
     latency_s: FiniteFloat = Field(0.05, ge=0, le=3600)  # dummy only
@@ -117,6 +120,31 @@ class Budget(Strict):
 
     tokens: Count | None = Field(None, ge=1)  # prompt + completion tokens
     llm_calls: Count | None = Field(None, ge=1)  # answered calls (an agent's `ask`)
+    dollars: FiniteFloat | None = Field(None, gt=0, le=10_000_000)  # at the models' prices (`models:`)
+
+
+class ModelUse(Strict):
+    """One model's share of some LLM work (Usage.by_model)."""
+
+    llm_calls: int = Field(0, ge=0)
+    prompt_tokens: int = Field(0, ge=0)
+    cached_tokens: int = Field(0, ge=0)  # of the prompt tokens, those the provider served from its cache
+    completion_tokens: int = Field(0, ge=0)
+    dollars: float = Field(0.0, ge=0, allow_inf_nan=False)
+
+    def __add__(self, other: ModelUse) -> ModelUse:
+        return ModelUse(llm_calls=self.llm_calls + other.llm_calls,
+                        prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+                        cached_tokens=self.cached_tokens + other.cached_tokens,
+                        completion_tokens=self.completion_tokens + other.completion_tokens,
+                        dollars=self.dollars + other.dollars)
+
+    def __sub__(self, other: ModelUse) -> ModelUse:
+        return ModelUse(llm_calls=self.llm_calls - other.llm_calls,
+                        prompt_tokens=self.prompt_tokens - other.prompt_tokens,
+                        cached_tokens=self.cached_tokens - other.cached_tokens,
+                        completion_tokens=self.completion_tokens - other.completion_tokens,
+                        dollars=max(0.0, self.dollars - other.dollars))
 
 
 class Usage(Strict):
@@ -132,17 +160,37 @@ class Usage(Strict):
     tokens_sq: float = Field(0.0, ge=0, allow_inf_nan=False)
     # prompts asked again because no model answered them: infrastructure, never an answer
     infra_retries: int = Field(0, ge=0)
+    cached_tokens: int = Field(0, ge=0)  # of the prompt tokens, those served from a provider's cache
+    dollars: float = Field(0.0, ge=0, allow_inf_nan=False)  # at the run's models' prices (`models:`)
+    by_model: dict[str, ModelUse] = {}  # a run with `models:`: the same, per model
 
     @property
     def tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
     def __add__(self, other: Usage) -> Usage:
+        by_model = dict(self.by_model)
+        for name, use in other.by_model.items():
+            by_model[name] = by_model[name] + use if name in by_model else use
         return Usage(llm_calls=self.llm_calls + other.llm_calls,
                      prompt_tokens=self.prompt_tokens + other.prompt_tokens,
                      completion_tokens=self.completion_tokens + other.completion_tokens,
                      tokens_sq=self.tokens_sq + other.tokens_sq,
-                     infra_retries=self.infra_retries + other.infra_retries)
+                     infra_retries=self.infra_retries + other.infra_retries,
+                     cached_tokens=self.cached_tokens + other.cached_tokens,
+                     dollars=self.dollars + other.dollars, by_model=by_model)
+
+    def __sub__(self, other: Usage) -> Usage:
+        """What was added to `other` to make this (a running total minus what was reported)."""
+        by_model = {name: use - other.by_model[name] if name in other.by_model else use
+                    for name, use in self.by_model.items()}
+        return Usage(llm_calls=self.llm_calls - other.llm_calls,
+                     prompt_tokens=self.prompt_tokens - other.prompt_tokens,
+                     completion_tokens=self.completion_tokens - other.completion_tokens,
+                     tokens_sq=max(0.0, self.tokens_sq - other.tokens_sq),
+                     infra_retries=self.infra_retries - other.infra_retries,
+                     cached_tokens=self.cached_tokens - other.cached_tokens,
+                     dollars=max(0.0, self.dollars - other.dollars), by_model=by_model)
 
 
 class RunConfig(BaseModel):
@@ -165,6 +213,8 @@ class RunConfig(BaseModel):
     graph: GraphRef | None = None  # agents hear their in-neighbours' posts of the round before
     broadcasts: list[Broadcast] = []  # messages the platform puts in inboxes (needs a graph)
     interviews: list[PlannedInterview] = []  # surveys asked after rounds (populace.sdk.interview)
+    models: list[ModelEndpoint] = []  # the run's models (none: `model.backend` answers for everyone)
+    assign: ModelAssign | None = None  # which agents each model answers for (none: by `share`)
 
     @model_validator(mode="before")
     @classmethod
@@ -189,6 +239,25 @@ class RunConfig(BaseModel):
                 "placement.agents_per_process: 1 starts one OS process per agent; "
                 f"{self.agents} agents is too many (max 10000)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _models_fit(self) -> RunConfig:
+        if not self.models:
+            if self.assign is not None:
+                raise ValueError("assign: needs a `models:` section to assign agents to")
+            if self.budget is not None and self.budget.dollars is not None:
+                raise ValueError("budget.dollars: needs `models:` with their prices (the dummy and the "
+                                 "single `model:` backends have none)")
+            return self
+        set_here = self.model.model_fields_set & {"backend", "name", "latency_s"}
+        if set_here:
+            field = sorted(set_here)[0]
+            raise ValueError(f"model.{field}: with a `models:` section each model has its own "
+                             "(kind, model, latency_s); `model:` keeps max_tokens, temperature and seed")
+        check_models(self.models, self.assign, self.agents)
+        if self.assign is not None and self.assign.attribute is not None and self.population is None:
+            raise ValueError("assign.attribute: assigning models by a persona attribute needs a `population`")
         return self
 
     @model_validator(mode="after")

@@ -20,8 +20,9 @@ class DummyBackend:
         return InferReply(batch_id=batch.batch_id, texts=await self.complete(batch)), None
 
     async def complete(self, batch: InferBatch) -> list[str]:
-        if batch.model.latency_s > 0:
-            await asyncio.sleep(batch.model.latency_s)
+        latency = batch.endpoint.latency_s if batch.endpoint is not None else batch.model.latency_s
+        if latency > 0:
+            await asyncio.sleep(latency)
         seed, rnd, render = batch.model.seed, batch.round, synth.renderer(batch.response_schema)
         if batch.seqs is None:
             return [render(seed, rnd, k) for k in batch.keys]
