@@ -26,6 +26,8 @@ from populace.graph.prepare import PreparedGraph, prepare_graph
 from populace.population import PopulationError, load_population, template_records
 from populace.population.cast import Cast, cast_from_records
 from populace.population.jsonl import read_personas
+from populace.population.model_assignment import AssignmentError, assignment
+from populace.population.model_assignment import counts as model_counts
 from populace.sdk.registry import Resolved, distribution, load_simulation, resolve, resolved_data
 from populace.sdk.simulation import Simulation, SimulationError
 
@@ -257,6 +259,8 @@ def prepare(config: RunConfig, *, base: Path = Path("."), agents_given: bool | N
     resolved = checked(config)
     cast = cast_from_records(records) if records else None
     manifest = build_manifest(resolved, records, scenario_path, scenario_text, cast)
+    if config.models:
+        manifest["models"] = assigned_models(resolved.config, cast)
     if graph is not None:
         manifest["graph"] = {**graph.stats, "digest": graph.digest, "order": graph.order_digest}
     if extra:
@@ -264,6 +268,15 @@ def prepare(config: RunConfig, *, base: Path = Path("."), agents_given: bool | N
     order = graph.order.astype("<i4").tobytes() if graph is not None and graph.order is not None else None
     return PreparedRun(resolved.config, personas, manifest, resolved,
                        graph=graph.data if graph is not None else None, graph_order=order, cast=cast)
+
+
+def assigned_models(config: RunConfig, cast: Cast | None) -> dict[str, int]:
+    """How many agents each of the run's models answers for (ScenarioError naming the field when
+    `assign:` cannot place every agent): checked here, before anything starts."""
+    try:
+        return model_counts(config, assignment(config, cast))
+    except AssignmentError as err:
+        raise ScenarioError(str(err)) from None
 
 
 def _filled(config: RunConfig, sim: type[Simulation], fill: dict) -> RunConfig:

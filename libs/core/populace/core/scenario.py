@@ -38,7 +38,10 @@ def format_validation_error(err: ValidationError) -> str:
         elif e["loc"][-1] in NEVER_ECHOED:  # a key pasted where its source's name belongs is not repeated
             lines.append(f"{field}: {msg}")
         else:
-            lines.append(f"{field}: {msg} (got {yamlload.short_repr(e.get('input'))})")
+            got = e.get("input")
+            if isinstance(got, dict) and NEVER_ECHOED & set(got):  # a section holding one: not that one
+                got = {k: ("…" if k in NEVER_ECHOED else v) for k, v in got.items()}
+            lines.append(f"{field}: {msg} (got {yamlload.short_repr(got)})")
     return "\n".join(lines)
 
 

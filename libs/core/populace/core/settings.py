@@ -138,7 +138,7 @@ class Settings(BaseSettings):
     # request cannot have it sent anywhere else. `populace demo/run` bind their scenario's own.
     gateway_keys: str = ""
     # The hosts a run model's base_url may name ("*": any); the hosts of gateway_keys are allowed too.
-    gateway_model_hosts: str = "127.0.0.1,localhost,::1"
+    gateway_model_hosts: str = "127.0.0.1,localhost,[::1]"
 
     # A population's personas: the most bytes one record (one line of the personas JSONL) may
     # take. Its text goes into every prompt of its agent; a larger one is refused by `validate`,

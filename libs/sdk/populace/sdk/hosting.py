@@ -9,8 +9,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from populace.graph.csr import Graph
 from populace.population.cast import Cast
+from populace.population.model_assignment import assignment
 from populace.sdk.agent import Agent
 from populace.sdk.edges import EdgeBook
 from populace.sdk.env import Env
@@ -46,6 +49,10 @@ class HostedRun:
     # took them (the agents that acted; None: any of them, e.g. before the first, after a
     # restore or a round everyone played): what an incremental checkpoint saves.
     changed: set[int] | None = None
+    # Per agent id, the index of its model in the run's `models:` (populace.population.model_assignment);
+    # None: the run has one model. Computed for every agent (pure, seeded), so a call keyed to any
+    # agent of the run finds its model.
+    models: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         from populace.sdk.engine import ShareEngine  # the engine drives a HostedRun: it imports this module
@@ -157,7 +164,7 @@ def host_run(resolved: Resolved, run_id: str, ranges: list[tuple[int, int]], cas
     run = HostedRun(run_id, resolved, sim, type(sim).Env(sim), agents,
                     RoundPlayer(sim, agents, max_in_flight=max_in_flight, scene_idle_s=scene_idle_s),
                     ranges=list(ranges), epoch=epoch,
-                    mailroom=room)
+                    mailroom=room, models=assignment(c, cast))
     if freeze:
         # Agents live for the whole run: move them out of the cyclic GC's generations so
         # each collection during a round does not walk a million long-lived objects.

@@ -107,7 +107,7 @@ class InferSession:
                  shared_suffix: bool = False, models: Sequence[ModelEndpoint] = (),
                  model_of: np.ndarray | None = None) -> None:
         """`models`: the run's `models:` (none: `model.backend` answers every call); `model_of`:
-        per agent id, the index of its model there (populace.sdk.model_assignment). A call is
+        per agent id, the index of its model there (populace.population.model_assignment). A call is
         answered by the model of the agent it is keyed to."""
         self._nc = nc
         self._loop = asyncio.get_running_loop()

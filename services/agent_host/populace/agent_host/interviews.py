@@ -268,7 +268,8 @@ class Interviewer:
             self.nc, run_id=run.run_id, round_=round_, model=model, system=interview.SYSTEM,
             batch_size=s.infer_batch_size, flush_s=s.infer_flush_ms / 1000,
             timeout_s=max(s.infer_timeout_s, model.latency_s * 4 + 10), attempts=s.infer_attempts,
-            host_id=self.host_id, silence_s=s.infer_silence_s, down_s=s.infer_down_s, shared_suffix=True)
+            host_id=self.host_id, silence_s=s.infer_silence_s, down_s=s.infer_down_s, shared_suffix=True,
+            models=run.resolved.config.models, model_of=run.models)
         out = AnswerPublisher(self.js, run_id=run.run_id, round_=round_, host_id=self.host_id, epoch=run.epoch,
                               survey=survey, request=request)
         rows = interview.Rows(emit=lambda columns: out.emit(columns, session.usage()), size=s.outcome_batch_size)

@@ -221,7 +221,7 @@ class HostRuntime:
             response_schema=run.sim.answer_schema(), batch_size=s.infer_batch_size,
             flush_s=s.infer_flush_ms / 1000, timeout_s=max(s.infer_timeout_s, model.latency_s * 4 + 10),
             attempts=s.infer_attempts, host_id=self.host_id, silence_s=s.infer_silence_s, down_s=s.infer_down_s,
-            on_worked_on=publisher.worked_on,
+            on_worked_on=publisher.worked_on, models=run.resolved.config.models, model_of=run.models,
         )
         room = run.mailroom
         with self.interviews.round_in_play():  # no interview answer starts until the partial is out

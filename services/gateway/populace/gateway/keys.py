@@ -23,7 +23,7 @@ from populace.core.contracts import ModelEndpoint
 
 MAX_KEY_FILE_BYTES = 16 * 1024
 KEY_FILE_RECHECK_S = 5.0  # a rotated key file is read again after this long
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
+LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
 
 
 class KeyUnavailable(RuntimeError):

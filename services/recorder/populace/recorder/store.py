@@ -30,6 +30,7 @@ from populace.core.contracts import (
     LlmCallBatch,
     OutcomeBatch,
     RoundResult,
+    RunConfig,
     RunDone,
     RunResumed,
     RunStarted,
@@ -41,6 +42,7 @@ from populace.core.contracts import (
 from populace.core.hostauth import SHARED_HOST_USER
 from populace.population.errors import PopulationError
 from populace.population.jsonl import iter_personas
+from populace.population.model_assignment import AssignmentError, assignment
 from populace.recorder.expected import RunShape, calls_refusal, outcome_refusal
 from populace.recorder.interviews import InterviewStore
 
@@ -76,6 +78,13 @@ CREATE TABLE IF NOT EXISTS transcripts (
 );
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS manifest_json JSON;
 ALTER TABLE llm_calls ADD COLUMN IF NOT EXISTS reasks INTEGER;
+-- a run with `models:`: which model answered the call, the prompt tokens its provider had cached,
+-- and what the call cost at the model's prices (US dollars)
+ALTER TABLE llm_calls ADD COLUMN IF NOT EXISTS model VARCHAR;
+ALTER TABLE llm_calls ADD COLUMN IF NOT EXISTS cached_tokens INTEGER;
+ALTER TABLE llm_calls ADD COLUMN IF NOT EXISTS dollars DOUBLE;
+-- a run with `models:`: each agent's model for the whole run (populace.population.model_assignment)
+CREATE TABLE IF NOT EXISTS agent_models (run_id VARCHAR, agent_id BIGINT, model VARCHAR);
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS simulation VARCHAR;
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS tables_json JSON;
 CREATE TABLE IF NOT EXISTS _resumes (run_id VARCHAR, epoch INTEGER, after_round INTEGER, resumed_at TIMESTAMP);
@@ -444,9 +453,11 @@ class Store:
                         "INSERT INTO llm_calls BY NAME SELECT ? AS run_id, ? AS round, unnest(?) AS agent_id, "
                         "unnest(?) AS replica, unnest(?) AS prompt_tokens, unnest(?) AS completion_tokens, "
                         "unnest(?) AS latency_ms, unnest(?) AS attempts, unnest(?) AS valid, ? AS batch_id, "
-                        "unnest(?) AS reasks",
+                        "unnest(?) AS reasks, ? AS model, unnest(?) AS cached_tokens, unnest(?) AS dollars",
                         [m.run_id, m.round, m.agent_ids, m.replicas, m.prompt_tokens, m.completion_tokens,
-                         m.latency_ms, m.attempts, m.valid, m.batch_id, m.reasks or [None] * len(m.agent_ids)],
+                         m.latency_ms, m.attempts, m.valid, m.batch_id, m.reasks or [None] * len(m.agent_ids),
+                         m.model or None, m.cached_tokens or [0] * len(m.agent_ids),
+                         m.dollars or [None] * len(m.agent_ids)],
                     )
                     out.calls += len(m.agent_ids)
                 elif isinstance(m, RunStarted):
@@ -464,6 +475,8 @@ class Store:
                     )
                     if e.blob is not None:
                         self._insert_profiles(m.run_id, m.config.agents, e.blob)
+                    if m.config.models:
+                        self._insert_models(m.run_id, m.config, e.blob)
                 elif isinstance(m, SpawnBatch):
                     if share_key(m.host_id, m.epoch) in self.shares_of(m.run_id):
                         continue  # a spawn announced again (its deadline): placed already
@@ -718,6 +731,28 @@ class Store:
         self.con.execute("INSERT INTO agent_profiles SELECT ?, agent_id, persona_index, profile, persona "
                          "FROM profile_rows", [run_id])
         self.con.unregister("profile_rows")
+
+    def _insert_models(self, run_id: str, config: RunConfig, blob: bytes | pa.Table | None) -> None:
+        """Each agent's model (agent_models), assigned as the hosts assign it (pure, seeded)."""
+        rows = profile_rows(blob) if isinstance(blob, bytes) else blob
+        profiles = None
+        if config.assign is not None and config.assign.attribute is not None:
+            if rows is None:
+                return  # the client checked the assignment before the run; a bad blob must not block ingestion
+            profiles = [json.loads(p) for p in rows.column("profile").to_pylist()]
+        try:
+            assigned = assignment(config, profiles=profiles)
+        except AssignmentError:
+            return  # likewise
+        assert assigned is not None
+        names = pa.array([m.name for m in config.models])
+        table = pa.table({"agent_id": pa.array(np.arange(config.agents, dtype=np.int64)),
+                          "model": pa.DictionaryArray.from_arrays(pa.array(assigned.astype(np.int32)),
+                                                                  names).dictionary_decode()})
+        self.con.register("model_rows", table)
+        self.con.execute("DELETE FROM agent_models WHERE run_id = ?", [run_id])
+        self.con.execute("INSERT INTO agent_models SELECT ?, agent_id, model FROM model_rows", [run_id])
+        self.con.unregister("model_rows")
 
     def count_outcomes(self, run_id: str) -> int:
         spec = self.tables_of(run_id)

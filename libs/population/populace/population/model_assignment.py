@@ -22,6 +22,7 @@ import numpy as np
 
 from populace.core.contracts import ModelAssign, ModelEndpoint, RunConfig
 from populace.population.allocation import largest_remainder
+from populace.population.cast import Cast
 
 # salt of the share permutation's generator: never the same stream as any other seeded draw
 _SALT = 0x6D6F64656C73  # "models"
@@ -31,9 +32,10 @@ class AssignmentError(ValueError):
     """The run's `assign:` cannot place every agent (the message names the field and an agent)."""
 
 
-def assignment(config: RunConfig, profiles: Sequence[Mapping[str, Any]] | None = None) -> np.ndarray | None:
+def assignment(config: RunConfig, cast: Cast | None = None,
+               profiles: Sequence[Mapping[str, Any]] | None = None) -> np.ndarray | None:
     """Per agent id, the index of its model in `config.models` (int8); None without `models:`.
-    `profiles`: the agents' persona profiles, in agent order (needed by `assign.attribute`)."""
+    `cast` (or `profiles`, in agent order): who the agents are, read by `assign.attribute` only."""
     models = config.models
     if not models:
         return None
@@ -41,6 +43,8 @@ def assignment(config: RunConfig, profiles: Sequence[Mapping[str, Any]] | None =
         return by_share(models, config.agents, config.seed)
     names = {m.name: i for i, m in enumerate(models)}
     if config.assign.attribute is not None:
+        if profiles is None and cast is not None:
+            profiles = cast.profiles
         return by_attribute(config.assign, names, profiles, config.agents)
     return by_ranges(config.assign, names, config.agents)
 
