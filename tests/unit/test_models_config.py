@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from populace.core.contracts import ModelEndpoint, ModelPrices, RunConfig
+from populace.core.contracts import ModelEndpoint, ModelPrices, RunConfig, gateway_bindings
 from populace.core.scenario import ScenarioError, format_validation_error, parse_scenario
-from populace.gateway.keys import KeyRing, KeyUnavailable, bindings_for, parse_bindings
+from populace.gateway.keys import KeyRing, KeyUnavailable, parse_bindings
 from populace.population.cast import Persona, cast_from_records
 from populace.population.model_assignment import AssignmentError, assignment, counts
 
@@ -148,7 +148,7 @@ def test_a_key_is_read_from_the_environment_or_a_file_and_sent_only_where_its_so
 def test_a_private_stack_binds_exactly_its_scenarios_keys_to_their_hosts():
     models = [ModelEndpoint(**HOSTED), ModelEndpoint(name="v", kind="vllm", base_url="http://127.0.0.1:8000"),
               ModelEndpoint(name="s", kind="sim")]
-    keys, hosts = bindings_for(models)
+    keys, hosts = gateway_bindings(models)
     assert keys == "env:EXAMPLE_API_KEY@api.example.com"
     assert "api.example.com" in hosts.split(",") and "127.0.0.1:8000" in hosts.split(",")
     ring = KeyRing(keys, hosts, environ={"EXAMPLE_API_KEY": "k" * 20})

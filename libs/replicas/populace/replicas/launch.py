@@ -51,6 +51,11 @@ class ReplicaProcess:
     info: ReplicaInfo
     proc: subprocess.Popen
     log_path: str | None = None
+    key_env: str | None = None  # the environment variable holding the key it asks for (None: none)
+
+    def auth(self) -> dict[str, str]:
+        key = os.environ.get(self.key_env, "") if self.key_env else ""
+        return {"Authorization": f"Bearer {key}"} if key else {}
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -113,9 +118,12 @@ def _guarded(args: list[str], grace_s: float = VLLM_GRACE_S, pass_fds: tuple[int
 
 def start_local(count: int = 1, *, threads: int | None = None, ctx: int = 2048,
                 max_concurrency: int = 2, log_dir: str | None = None, prefix: str = "llama",
-                bind: str = "127.0.0.1", advertise: str | None = None) -> ReplicaSet:
+                bind: str = "127.0.0.1", advertise: str | None = None, serves: str | None = None,
+                api_key_env: str | None = None) -> ReplicaSet:
     """`count` llama.cpp servers (llama-cpp-python, installed here on first use) on
-    SmolLM2-135M-Instruct."""
+    SmolLM2-135M-Instruct. `serves`: the run model (`models:` entry) they answer for;
+    `api_key_env`: the environment variable whose key they require (Bearer), as a provider would."""
+    _check_key_variable(api_key_env)
     try:
         llamacpp.ensure()
     except llamacpp.LlamaCppUnavailable as err:
@@ -128,18 +136,18 @@ def start_local(count: int = 1, *, threads: int | None = None, ctx: int = 2048,
             port = sock.getsockname()[1]
             rid = f"{prefix}-{i}-{port}"
             proc, path = _spawn([sys.executable, "-m", "populace.replicas.llama_serve", str(sock.fileno()), gguf,
-                                 str(ctx), str(threads), SMOLLM2_NAME], None, log_dir, rid,
-                                pass_fds=(sock.fileno(),))
+                                 str(ctx), str(threads), SMOLLM2_NAME, *([api_key_env] if api_key_env else [])],
+                                None, log_dir, rid, pass_fds=(sock.fileno(),))
         info = ReplicaInfo(replica_id=rid, url=f"http://{advertise or _local(bind)}:{port}", backend="local",
                            kind="llamacpp", model=SMOLLM2_NAME, max_concurrency=max_concurrency, pid=proc.pid,
-                           heartbeat_at=time.time())
-        rs.replicas.append(ReplicaProcess(info, proc, path))
+                           heartbeat_at=time.time(), serves=serves)
+        rs.replicas.append(ReplicaProcess(info, proc, path, api_key_env))
     return rs
 
 
 def start_sim(count: int = 4, *, extra_args: list[str] | None = None, max_concurrency: int = 64,
               log_dir: str | None = None, prefix: str = "sim", bind: str = "127.0.0.1",
-              advertise: str | None = None) -> ReplicaSet:
+              advertise: str | None = None, serves: str | None = None) -> ReplicaSet:
     """`count` simulated vLLM replicas (populace.replicas.sim)."""
     rs = ReplicaSet()
     for i in range(count):
@@ -150,7 +158,8 @@ def start_sim(count: int = 4, *, extra_args: list[str] | None = None, max_concur
                                  "--replica-id", rid, *(extra_args or [])], None, log_dir, rid,
                                 pass_fds=(sock.fileno(),))
         info = ReplicaInfo(replica_id=rid, url=f"http://{advertise or _local(bind)}:{port}", backend="sim", kind="sim",
-                           model="sim", max_concurrency=max_concurrency, pid=proc.pid, heartbeat_at=time.time())
+                           model="sim", max_concurrency=max_concurrency, pid=proc.pid, heartbeat_at=time.time(),
+                           serves=serves)
         rs.replicas.append(ReplicaProcess(info, proc, path))
     return rs
 
@@ -176,7 +185,8 @@ def start_vllm(model: str, gpus: list[str], *, base_port: int = 8000, max_concur
 def start_vllm_cpu(count: int = 1, *, model: str | None = None, max_concurrency: int = 16,
                    max_model_len: int = 2048, extra_args: list[str] | None = None, log_dir: str | None = None,
                    prefix: str = "vllm-cpu", bind: str = "127.0.0.1", advertise: str | None = None,
-                   prepared: vllm_cpu.VllmCpu | None = None) -> ReplicaSet:
+                   prepared: vllm_cpu.VllmCpu | None = None, serves: str | None = None,
+                   api_key_env: str | None = None) -> ReplicaSet:
     """`count` vLLM servers on this machine's CPU, from the isolated environment prepared on
     first use (populace.replicas.vllm_cpu), serving SmolLM2 converted from its GGUF (or
     `model`, a local Hugging Face directory): eager, HF hub offline, VLLM_CPU_KVCACHE_SPACE=1
@@ -186,6 +196,7 @@ def start_vllm_cpu(count: int = 1, *, model: str | None = None, max_concurrency:
             prepared = vllm_cpu.ensure()
         except vllm_cpu.VllmUnavailable as err:
             raise LaunchError(str(err)) from None
+    _check_key_variable(api_key_env)
     served = vllm_cpu.MODEL_NAME if model is None else Path(model).name
     rs = ReplicaSet()
     for i, cores in enumerate(vllm_cpu.cpu_sets(count)):
@@ -194,13 +205,20 @@ def start_vllm_cpu(count: int = 1, *, model: str | None = None, max_concurrency:
             rid = f"{prefix}-{i}-{port}"
             command = vllm_cpu.serve_command(prepared, port, bind=bind, model=model, max_model_len=max_model_len,
                                              extra_args=extra_args, fd=fd)
-            proc, path = _spawn(_guarded(command, pass_fds=(fd,)), vllm_cpu.serve_env(cores), log_dir, rid,
-                                pass_fds=(fd,))
+            env = vllm_cpu.serve_env(cores)
+            if api_key_env:  # vLLM's own variable for --api-key: the key stays off its command line
+                env["VLLM_API_KEY"] = os.environ[api_key_env]
+            proc, path = _spawn(_guarded(command, pass_fds=(fd,)), env, log_dir, rid, pass_fds=(fd,))
         info = ReplicaInfo(replica_id=rid, url=f"http://{advertise or _local(bind)}:{port}", backend="openai",
                            kind="vllm", model=served, max_concurrency=max_concurrency, pid=proc.pid,
-                           heartbeat_at=time.time())
-        rs.replicas.append(ReplicaProcess(info, proc, path))
+                           heartbeat_at=time.time(), serves=serves)
+        rs.replicas.append(ReplicaProcess(info, proc, path, api_key_env))
     return rs
+
+
+def _check_key_variable(name: str | None) -> None:
+    if name is not None and not os.environ.get(name):
+        raise LaunchError(f"--api-key-env: {name} is not set (the key the replica asks for is read from it)")
 
 
 async def wait_healthy(rs: ReplicaSet, timeout: float = 120.0) -> None:
@@ -215,7 +233,7 @@ async def wait_healthy(rs: ReplicaSet, timeout: float = 120.0) -> None:
                     raise LaunchError(f"replica {r.info.replica_id} exited ({r.proc.returncode}):\n{tail}")
                 for path in ("/health", "/v1/models"):
                     try:
-                        resp = await http.get(r.info.url + path, timeout=1.0)
+                        resp = await http.get(r.info.url + path, timeout=1.0, headers=r.auth())
                     except httpx.HTTPError:
                         break
                     if resp.status_code == 200:

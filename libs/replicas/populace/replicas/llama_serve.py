@@ -1,5 +1,7 @@
-"""`python -m populace.replicas.llama_serve FD GGUF N_CTX N_THREADS ALIAS`: llama-cpp-python's
-OpenAI-compatible server on an inherited, already bound socket.
+"""`python -m populace.replicas.llama_serve FD GGUF N_CTX N_THREADS ALIAS [KEY_VARIABLE]`:
+llama-cpp-python's OpenAI-compatible server on an inherited, already bound socket; with
+KEY_VARIABLE, it asks every request for the key that environment variable holds (Bearer), as a
+provider does (the key is never on its command line, where `ps` shows it).
 
 `python -m llama_cpp.server` only binds a --port of its own, which another process can take
 between our picking it and the server binding it; the launcher binds the port first and hands
@@ -12,12 +14,15 @@ import sys
 
 
 def main(argv: list[str]) -> None:
-    fd, gguf, n_ctx, n_threads, alias = argv
+    fd, gguf, n_ctx, n_threads, alias, *key_variable = argv
+    import os
+
     import uvicorn
     from llama_cpp.server.app import create_app
     from llama_cpp.server.settings import ModelSettings, ServerSettings
 
-    app = create_app(server_settings=ServerSettings(),
+    key = os.environ[key_variable[0]] if key_variable else None
+    app = create_app(server_settings=ServerSettings(api_key=key),
                      model_settings=[ModelSettings(model=gguf, n_ctx=int(n_ctx), n_threads=int(n_threads),
                                                    model_alias=alias)])
     uvicorn.Server(uvicorn.Config(app)).run(sockets=[socket.socket(fileno=int(fd))])

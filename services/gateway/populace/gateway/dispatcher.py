@@ -226,7 +226,8 @@ class Dispatcher:
             replica = self.pool.replica(load.replica_id)
             info = replica.info
             try:
-                auth = self.keys.headers(replica.endpoint) if replica.endpoint is not None else None
+                # a model at its URL, or a replica registered for a keyed model: its key, if it may go there
+                auth = self.keys.headers(replica.endpoint or endpoint, None if replica.endpoint else info.url)
                 served = (endpoint.model if endpoint is not None else None) or batch.model.name
                 res = await chat(self.http, info, messages, schema=batch.response_schema,
                                  max_tokens=max_tokens, temperature=batch.model.temperature, seed=seed, model=served,

@@ -19,11 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from populace.core.contracts import ModelEndpoint
+from populace.core.contracts import LOOPBACK_HOSTS, ModelEndpoint
 
 MAX_KEY_FILE_BYTES = 16 * 1024
 KEY_FILE_RECHECK_S = 5.0  # a rotated key file is read again after this long
-LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
 
 
 class KeyUnavailable(RuntimeError):
@@ -77,40 +76,24 @@ def parse_hosts(spec: str) -> tuple[bool, list[tuple[str, int | None]]]:
     return False, [_host_port(x, "POPULACE_GATEWAY_MODEL_HOSTS") for x in items]
 
 
-def bindings_for(models: list[ModelEndpoint]) -> tuple[str, str]:
-    """(POPULACE_GATEWAY_KEYS, POPULACE_GATEWAY_MODEL_HOSTS) that let a private stack's gateway
-    call exactly these models: what `populace demo/run` give the gateway they start."""
-    keys, hosts = [], list(LOOPBACK)
-    for m in models:
-        if m.base_url is None:
-            continue
-        parts = urlsplit(m.base_url)
-        target = parts.hostname + (f":{parts.port}" if parts.port else "")
-        if ":" in (parts.hostname or ""):  # an IPv6 literal
-            target = f"[{parts.hostname}]" + (f":{parts.port}" if parts.port else "")
-        hosts.append(target)
-        source = source_of(m)
-        if source is not None:
-            keys.append(f"{source}@{target}")
-    return ",".join(dict.fromkeys(keys)), ",".join(dict.fromkeys(hosts))
-
-
 class KeyRing:
     """The gateway's keys: read on first use, from the environment or a file (read again when it
     changes), and handed out only for a model whose URL is bound to the key's source."""
 
-    def __init__(self, keys_spec: str = "", hosts_spec: str = ",".join(LOOPBACK),
+    def __init__(self, keys_spec: str = "", hosts_spec: str = ",".join(LOOPBACK_HOSTS),
                  environ: dict[str, str] | None = None) -> None:
         self.bindings = parse_bindings(keys_spec)
         self.any_host, self.hosts = parse_hosts(hosts_spec)
         self._environ = os.environ if environ is None else environ
         self._files: dict[str, tuple[float, float, str]] = {}  # path -> (checked at, mtime, key)
 
-    def refusal(self, endpoint: ModelEndpoint) -> str | None:
-        """Why this gateway will not call `endpoint` (None: it may). Names no key."""
-        if endpoint.base_url is None:
+    def refusal(self, endpoint: ModelEndpoint, url: str | None = None) -> str | None:
+        """Why this gateway will not call `endpoint` at its base_url, or at `url` (a replica that
+        registered for it): None when it may. Names no key."""
+        url = url or endpoint.base_url
+        if url is None:
             return None
-        parts = urlsplit(endpoint.base_url)
+        parts = urlsplit(url)
         host, port = (parts.hostname or "").lower(), parts.port
         source = source_of(endpoint)
         if source is not None:
@@ -138,8 +121,14 @@ class KeyRing:
             return self._from_file(endpoint.name, endpoint.api_key_file)
         return None
 
-    def headers(self, endpoint: ModelEndpoint | None) -> dict[str, str]:
-        key = self.key(endpoint) if endpoint is not None else None
+    def headers(self, endpoint: ModelEndpoint | None, url: str | None = None) -> dict[str, str]:
+        """The Authorization header for a call of `endpoint` (at `url`, a replica that registered
+        for it; default its base_url). Raises KeyUnavailable when the key may not go there."""
+        if endpoint is None or not endpoint.keyed:
+            return {}
+        if url is not None and (why := self.refusal(endpoint, url)):
+            raise KeyUnavailable(why)
+        key = self.key(endpoint)
         return {"Authorization": f"Bearer {key}"} if key else {}
 
     def _from_file(self, model: str, path: str) -> str:

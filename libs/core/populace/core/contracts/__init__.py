@@ -41,6 +41,7 @@ from populace.core.contracts.inference import (
     ReplicaInfo,
 )
 from populace.core.contracts.models import (
+    LOOPBACK_HOSTS,
     MAX_MODELS,
     SELF_REGISTERING,
     ModelAssign,
@@ -49,6 +50,7 @@ from populace.core.contracts.models import (
     ModelLimits,
     ModelPrices,
     check_models,
+    gateway_bindings,
 )
 from populace.core.contracts.node_messages import (
     GONE_AFTER_BEATS,
@@ -166,6 +168,7 @@ __all__ = [
     "ACTIVE_STATUSES",
     "DEFAULT_SIMULATION",
     "GONE_AFTER_BEATS",
+    "LOOPBACK_HOSTS",
     "MAX_ANSWER_CHARS",
     "MAX_CHOICES",
     "MAX_LIKERT_POINTS",
@@ -286,5 +289,6 @@ __all__ = [
     "check_models",
     "choice_key",
     "config_json",
+    "gateway_bindings",
     "share_key",
 ]

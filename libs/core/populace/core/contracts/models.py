@@ -177,3 +177,27 @@ def check_models(models: list[ModelEndpoint], assign: ModelAssign | None, agents
         raise ValueError("models: with several models give each a `share` (summing to 1), or an `assign:` rule")
     if len(models) > 1 and abs(sum(s or 0 for s in shares) - 1) > 1e-9:
         raise ValueError(f"models: the shares sum to {sum(s or 0 for s in shares):g}, not 1")
+
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
+
+
+def gateway_bindings(models: list[ModelEndpoint]) -> tuple[str, str]:
+    """(POPULACE_GATEWAY_KEYS, POPULACE_GATEWAY_MODEL_HOSTS) that let a private stack's gateway
+    call exactly these models (populace.gateway.keys): each keyed model's key source bound to its
+    URL's host, or to this machine for replicas started here; what `populace demo/run` give the
+    gateway they start. Names and hosts only: never a key."""
+    keys, hosts = [], list(LOOPBACK_HOSTS)
+    for m in models:
+        source = (f"env:{m.api_key_env}" if m.api_key_env else f"file:{m.api_key_file}" if m.api_key_file
+                  else None)
+        if m.base_url is None:
+            targets = list(LOOPBACK_HOSTS)
+        else:
+            parts = urlsplit(m.base_url)
+            host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname
+            targets = [f"{host}:{parts.port}" if parts.port else str(host)]
+            hosts.extend(targets)
+        if source is not None:
+            keys.extend(f"{source}@{target}" for target in targets)
+    return ",".join(dict.fromkeys(keys)), ",".join(dict.fromkeys(hosts))

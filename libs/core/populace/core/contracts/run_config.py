@@ -250,9 +250,11 @@ class RunConfig(BaseModel):
                 raise ValueError("budget.dollars: needs `models:` with their prices (the dummy and the "
                                  "single `model:` backends have none)")
             return self
-        set_here = self.model.model_fields_set & {"backend", "name", "latency_s"}
+        # by value, not by what was written: a config read back from its JSON has every field set
+        default = ModelConfig()
+        set_here = [f for f in ("backend", "latency_s", "name") if getattr(self.model, f) != getattr(default, f)]
         if set_here:
-            field = sorted(set_here)[0]
+            field = set_here[0]
             raise ValueError(f"model.{field}: with a `models:` section each model has its own "
                              "(kind, model, latency_s); `model:` keeps max_tokens, temperature and seed")
         check_models(self.models, self.assign, self.agents)
