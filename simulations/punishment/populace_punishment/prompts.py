@@ -63,40 +63,66 @@ def history_text(memory: Sequence[tuple], terms: Terms, punishing: bool) -> str:
     return "Your last rounds:\n" + "\n".join(lines) + "\n"
 
 
-def size_note(size: int, group_size: int) -> str:
+def size_note(size: int, group_size: int, punishing: bool = True) -> str:
     if size == 1:
-        return "You are alone in your group this round: the whole multiplied pot is yours, and nobody can punish. "
+        return ("You are alone in your group this round: the whole multiplied pot is yours"
+                + (", and there is nobody to punish. " if punishing else ". "))
     if size < group_size:
         return f"Your group has only {size} players this round, so its pot is shared among {size}. "
     return ""
 
 
-def contribute_prompt(persona: str | None, history: str, endowment: int, note: str, cot: bool) -> str:
-    lead = f"{persona}\n" if persona else ""
-    ask = ('Think step by step, then answer {"reasoning": "...", "contribution": n}.' if cot
-           else 'Answer {"contribution": n}.')
-    return f"{lead}{history}{note}Stage 1: how many of your {endowment} tokens do you contribute to the pot? {ask}"
+def contribute_ask(endowment: int, cot: bool) -> str:
+    answer = ('Think step by step, then answer {"reasoning": "...", "contribution": n}.' if cot
+              else 'Answer {"contribution": n}.')
+    return f"Stage 1: how many of your {endowment} tokens do you contribute to the pot? {answer}"
 
 
-def punish_prompt(persona: str | None, history: str, terms: Terms, max_points: int, mine: int | None,
-                  others: Sequence[int | None], cot: bool) -> str:
-    """`others`: the other members' valid contributions (None: invalid), in the group's order,
-    which the letters A, B, … name."""
-    lead = f"{persona}\n" if persona else ""
-    labels = LABELS[:len(others)]
-    seen = ", ".join(f"{label} {'no valid answer (counted as 0)' if c is None else c}"
-                     for label, c in zip(labels, others))
-    total = (mine or 0) + sum(c or 0 for c in others)
-    size = len(others) + 1
-    share = float(terms.multiplier * total / size)
-    held = first_stage(terms, mine, total, size)
-    named = labels[0] if len(labels) == 1 else "each of " + ", ".join(labels[:-1]) + f" and {labels[-1]}"
+def punish_ask(others: int, terms: Terms, max_points: int, cot: bool) -> str:
+    """Stage 2's question to a member with `others` others (named A, B, …)."""
+    labels = LABELS[:others]
+    named = labels[0] if others == 1 else "each of " + ", ".join(labels[:-1]) + f" and {labels[-1]}"
     fields = ", ".join(f'"{label}": n' for label in labels)
-    ask = (f'Think step by step, then answer {{"reasoning": "...", {fields}}}.' if cot else f"Answer {{{fields}}}.")
-    return (f"{lead}{history}Stage 1 is over: you {_gave(mine)}; the others contributed: {seen}. The pot of "
-            f"{tokens(total)}, multiplied by {num(float(terms.multiplier))}, gives each player {num(share)}, so you "
-            f"hold {num(held)}.\nStage 2: how many punishment points (0 to {max_points}) do you assign to "
-            f"{named}? Each point costs you {tokens(terms.cost)} and its receiver {tokens(terms.fine)}. {ask}")
+    answer = f'Think step by step, then answer {{"reasoning": "...", {fields}}}.' if cot else f"Answer {{{fields}}}."
+    return (f"Stage 2: how many punishment points (0 to {max_points}) do you assign to {named}? Each point costs "
+            f"you {tokens(terms.cost)} and its receiver {tokens(terms.fine)}. {answer}")
+
+
+class Texts:
+    """A run's user prompts. What every call of a kind shares (the question, the prices) is
+    written once per run: a round asks it twice per agent, a million agents a round."""
+
+    def __init__(self, terms: Terms, group_size: int, max_points: int, cot: bool) -> None:
+        self.terms = terms
+        self.group_size = group_size
+        self.punishing = max_points > 0
+        self._multiplier = num(float(terms.multiplier))
+        self._contribute = contribute_ask(terms.endowment, cot)
+        self._notes = [size_note(k, group_size, self.punishing) for k in range(group_size + 1)]
+        self._punish = [punish_ask(n, terms, max_points, cot) if n else "" for n in range(group_size)]
+
+    def history(self, memory: Sequence[tuple]) -> str:
+        return history_text(memory, self.terms, self.punishing)
+
+    def contribute(self, persona: str | None, history: str, size: int) -> str:
+        """Stage 1's prompt to a member of a group of `size`."""
+        lead = f"{persona}\n" if persona else ""
+        return f"{lead}{history}{self._notes[size]}{self._contribute}"
+
+    def punish(self, persona: str | None, history: str, mine: int | None, others: Sequence[int | None]) -> str:
+        """Stage 2's prompt: `mine` the member's own valid contribution, `others` the other
+        members' (None: invalid, counted as 0), in the group's order, which the letters name."""
+        lead = f"{persona}\n" if persona else ""
+        seen = ", ".join(f"{label} {'no valid answer (counted as 0)' if c is None else c}"
+                         for label, c in zip(LABELS, others))
+        total = (mine or 0) + sum(c or 0 for c in others)
+        size = len(others) + 1
+        m = self.terms.multiplier
+        share = m.numerator * total / (m.denominator * size)  # correctly rounded, without a Fraction
+        held = first_stage(self.terms, mine, total, size)
+        return (f"{lead}{history}Stage 1 is over: you {_gave(mine)}; the others contributed: {seen}. The pot of "
+                f"{tokens(total)}, multiplied by {self._multiplier}, gives each player {num(share)}, so you hold "
+                f"{num(held)}.\n{self._punish[len(others)]}")
 
 
 def _schema(props: dict, cot: bool) -> dict:

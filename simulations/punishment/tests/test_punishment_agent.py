@@ -23,6 +23,7 @@ from populace.sdk.play import OutcomeSink
 from populace.sdk.registry import Resolved
 
 TERMS = Terms(20, Fraction(8, 5), 1, 3)
+TEXTS = text.Texts(TERMS, group_size=4, max_points=10, cot=False)
 STAGE_2 = "Stage 2:"
 LETTERS = re.compile(r'"([A-Z])": n')
 Answer = str | BaseException
@@ -105,11 +106,11 @@ async def test_every_member_contributes_then_punishes_seeing_the_others_contribu
     # stage 1 of every member before any stage 2, each stage in the group's order
     assert [(x.key, STAGE_2 in x.prompt) for x in llm.asked] == [(a, False), (b, False), (c, False), (d, False),
                                                                   (a, True), (b, True), (c, True), (d, True)]
-    assert llm.asked[0].prompt == text.contribute_prompt(None, "", 20, "", False)
+    assert llm.asked[0].prompt == TEXTS.contribute(None, "", 4)
     assert llm.asked[0].schema is run.sim.contribute_schema and llm.asked[4].schema is run.sim.punish_schemas[3]
     # each member sees the others, lettered in the group's order without itself
-    assert llm.asked[5].prompt == text.punish_prompt(None, "", TERMS, 10, 10, [20, 0, 10], False)
-    assert llm.asked[6].prompt == text.punish_prompt(None, "", TERMS, 10, 0, [20, 10, 10], False)
+    assert llm.asked[5].prompt == TEXTS.punish(None, "", 10, [20, 0, 10])
+    assert llm.asked[6].prompt == TEXTS.punish(None, "", 0, [20, 10, 10])
     assert all(x.system is None and x.prefix_chars == 0 for x in llm.asked)
     assert acts == [act(0, 0, a, "contribute", '{"contribution": 20}', contribution=20),
                     act(0, 1, b, "contribute", '{"contribution": 10}', contribution=10),
@@ -259,8 +260,7 @@ async def test_smaller_groups_share_among_their_members_and_a_lone_member_punish
     (_, (alone,)) = groups(run)
     llm = script('{"contribution": 10}', no_points)
     res, outcomes, acts = await play(run, llm)
-    assert [x.prompt for x in llm.asked if x.key == alone] == [text.contribute_prompt(
-        None, "", 20, text.size_note(1, 4), False)]
+    assert [x.prompt for x in llm.asked if x.key == alone] == [TEXTS.contribute(None, "", 1)]
     assert [x["phase"] for x in acts if x["agent_id"] == alone] == ["contribute"]
     assert outcomes[alone] == result(10, 10, 1, 0, 0, 0, 20 - 10 + 16.0, None, '{"contribution": 10}', group=1)
     assert res.partial.punish_answers == 4
@@ -347,7 +347,7 @@ async def test_the_persona_leads_each_prompt_and_is_its_cacheable_prefix():
     for x in llm.asked:
         persona = f"You are Person {x.key}, a farmer."
         assert x.prompt.startswith(persona + "\n") and x.prefix_chars == len(persona)
-    assert run.sim.user_example() == text.contribute_prompt("You are Person 0, a farmer.", "", 20, "", False)
+    assert run.sim.user_example() == TEXTS.contribute("You are Person 0, a farmer.", "", 4)
 
 
 async def test_chain_of_thought_asks_with_the_reasoning_schemas():

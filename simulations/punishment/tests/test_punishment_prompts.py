@@ -41,31 +41,39 @@ def test_without_punishment_and_with_fixed_groups_the_rules_say_so():
 
 
 def test_the_contribution_question_with_persona_history_and_a_smaller_group():
-    history = prompts.history_text(((1, 10, 42, 4, 3, 6),), TERMS, True)
-    assert prompts.contribute_prompt("You are Ann.", history, 20, prompts.size_note(3, 4), False) == (
+    texts = prompts.Texts(TERMS, group_size=4, max_points=10, cot=False)
+    history = texts.history(((1, 10, 42, 4, 3, 6),))
+    assert texts.contribute("You are Ann.", history, 3) == (
         "You are Ann.\nYour last rounds:\n"
         "- round 1: you contributed 10, your group of 4 put in 42 in all; you assigned 3 points and received 6; "
         "your payoff was 5.8.\n"
         "Your group has only 3 players this round, so its pot is shared among 3. "
         'Stage 1: how many of your 20 tokens do you contribute to the pot? Answer {"contribution": n}.')
-    assert prompts.size_note(4, 4) == ""
-    assert prompts.size_note(1, 4).startswith("You are alone in your group this round")
-    assert prompts.contribute_prompt(None, "", 20, "", True) == (
+    assert texts.contribute(None, "", 4) == (
+        'Stage 1: how many of your 20 tokens do you contribute to the pot? Answer {"contribution": n}.')
+    assert texts.contribute(None, "", 1).startswith(
+        "You are alone in your group this round: the whole multiplied pot is yours, and there is nobody to punish. ")
+    alone = prompts.Texts(TERMS, group_size=4, max_points=0, cot=False).contribute(None, "", 1)
+    assert alone.startswith("You are alone in your group this round: the whole multiplied pot is yours. Stage 1")
+    assert prompts.Texts(TERMS, group_size=4, max_points=10, cot=True).contribute(None, "", 4) == (
         'Stage 1: how many of your 20 tokens do you contribute to the pot? Think step by step, then answer '
         '{"reasoning": "...", "contribution": n}.')
 
 
 def test_the_punishment_question_shows_the_others_contributions_by_letter_and_what_the_member_holds():
-    assert prompts.punish_prompt(None, "", TERMS, 10, 10, [20, 0, None], False) == (
+    assert prompts.Texts(TERMS, 4, 10, False).punish(None, "", 10, [20, 0, None]) == (
         "Stage 1 is over: you contributed 10; the others contributed: A 20, B 0, C no valid answer (counted as 0). "
         "The pot of 30 tokens, multiplied by 1.6, gives each player 12, so you hold 22.\n"
         "Stage 2: how many punishment points (0 to 10) do you assign to each of A, B and C? Each point costs you "
         '1 token and its receiver 3 tokens. Answer {"A": n, "B": n, "C": n}.')
-    assert prompts.punish_prompt("You are Bo.", "", TERMS, 5, None, [7], True) == (
+    assert prompts.Texts(TERMS, 4, 5, True).punish("You are Bo.", "", None, [7]) == (
         "You are Bo.\nStage 1 is over: you gave no valid answer (counted as 0); the others contributed: A 7. "
         "The pot of 7 tokens, multiplied by 1.6, gives each player 5.6, so you hold 25.6.\n"
         "Stage 2: how many punishment points (0 to 5) do you assign to A? Each point costs you 1 token and its "
         'receiver 3 tokens. Think step by step, then answer {"reasoning": "...", "A": n}.')
+    # a third of a token: the share is the correctly rounded exact value, written as a person would
+    odd = prompts.Texts(Terms(20, Fraction(1), 1, 3), 3, 10, False).punish(None, "", 1, [0, 0])
+    assert "The pot of 1 token, multiplied by 1, gives each player 0.33, so you hold 19.33." in odd
 
 
 def test_remembered_rounds_say_the_payoff_the_rules_gave():
