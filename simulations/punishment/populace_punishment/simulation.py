@@ -93,8 +93,8 @@ class Player(Agent):
 
 async def together(acts: Sequence[Coroutine[Any, Any, Move]]) -> list[Move]:
     """A stage's acts, all at once, started in the group's order: the first in the scene's own
-    task, the others in tasks of their own (asyncio.gather's machinery cost a fifth of a round's
-    CPU). The first failure in that order (no model answered, a rule broken) cancels the acts
+    task, the others in tasks of their own (asyncio.gather's machinery cost about a fifth of a round's
+    CPU in one process). The first failure in that order (no model answered, a rule broken) cancels the acts
     still running and is raised: none is left running, and no failure goes unobserved."""
     loop = asyncio.get_running_loop()
     rest = [loop.create_task(a) for a in acts[1:]]
