@@ -42,6 +42,11 @@ bench-1m:
 bench-public-goods:
     uv run populace bench dummy --simulation public-goods --agents 1000000 --latency 1.0 --out bench/results/dummy-public-goods-1000000.json
 
+# Dummy benchmark of the public-goods game with punishment (a scene of 4 members, two ordered acts a
+# round, groups drawn again every round): 1M agents, and the ratio game at the same size in the same run
+bench-punishment:
+    uv run populace bench dummy --simulation punishment --agents 1000000 --latency 1.0 --compare ratio-game --out bench/results/dummy-punishment-1000000.json
+
 # Ruff (pinned in the dev group, configured in pyproject.toml; the test suite runs it too)
 lint:
     uv run ruff check .

@@ -1,6 +1,6 @@
 """End to end, the seam's promises on real processes: every built-in simulation plays on the
 fleet and records one outcome per agent per round; on the dummy model the fleet's rounds and
-outcomes equal a run in one process (the SDK's local runner), with agents many per process
+outcomes (and a scene's acts) equal a run in one process (the SDK's local runner), with agents many per process
 or one per process; group payoffs recomputed from the recorded contributions equal the
 recorded ones; an agent's bug is that agent's invalid outcome, an environment's bug and a
 simulation a service cannot import fail the run at once with a reason that names them."""
@@ -71,7 +71,10 @@ CASES = {
     "ratio-game": {"agents": 300, "rounds": 3},
     "public-goods": {"agents": 203, "rounds": 3, "game": {"group_size": 5}},  # the last group has 3
     "vote": {"agents": 150, "rounds": 3, "ballot": {"show_distribution": True}},
+    # a scene of 4 members and two ordered acts: 203 = 10 blocks of 20 and one of 3 (a group of 3)
+    "punishment": {"agents": 203, "rounds": 3, "game": {"block": 20}},
 }
+CALLS = {"punishment": 2}  # model calls per agent per round (default 1)
 
 
 @pytest.mark.parametrize("simulation", sorted(CASES))
@@ -90,11 +93,16 @@ def test_the_fleet_gives_exactly_what_one_process_gives(stack, simulation):
     # the fleet counts each round's LLM work: one call per agent, no retries, and no tokens on
     # the dummy model (it runs no model); the local run counts the same
     usage = [{k: r[k] for k in Usage.RECORDED} for r in summary]
-    assert usage == [{"llm_calls": agents, "prompt_tokens": 0, "completion_tokens": 0, "infra_retries": 0}] * rounds
+    calls = agents * CALLS.get(simulation, 1)
+    assert usage == [{"llm_calls": calls, "prompt_tokens": 0, "completion_tokens": 0, "infra_retries": 0}] * rounds
 
     local = asyncio.run(run_local(prepared.resolved))
     assert json_values(outcomes) == json_values(local_rows(local.outcomes, ("run_id", "latency_ms")))
     assert json_values(summary) == json_values(local_rows(local.rounds, ("run_id", "closed_at")))
+    if tables.acts is not None:  # scenes: every act too, one per model call here
+        acts = recorded(stack.db, tables.acts, out.run_id, ("run_id", "latency_ms"), order="round, group_id, seq")
+        assert len(acts) == calls * rounds
+        assert json_values(acts) == json_values(local_rows(local.acts, ("run_id", "latency_ms")))
 
 
 def test_one_agent_per_process_on_the_fleet_gives_the_same_groups_and_payoffs(stack):

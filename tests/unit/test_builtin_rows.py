@@ -39,6 +39,8 @@ CASES = {
     "opinion-3-hosts": ("opinion.yaml", {"agents": 120}, {"hosts": 3}),
     "ultimatum": ("ultimatum.yaml", {"agents": 90}, {}),
     "bargaining": ("bargaining.yaml", {"agents": 90}, {}),
+    # blocks of 40: the last block's 10 agents play two groups of 4 and a pair
+    "punishment": ("punishment.yaml", {"agents": 90, "game": {"block": 40}}, {"hosts": 2}),
     "public-goods-firms": ("public-goods.yaml", {"agents": 103, "rounds": 3, "simulation": "public-goods-firms",
                                                 "firm": {"size": 20, "match": 0.5}}, {"hosts": 3}),
     "dictator": ("simulations/dictator/scenario.yaml",

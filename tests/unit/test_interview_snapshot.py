@@ -33,6 +33,7 @@ CASES = {
     "opinion": ("opinion.yaml", {"agents": 60}, {"hosts": 3}),
     "ultimatum": ("ultimatum.yaml", {"agents": 40}, {}),
     "bargaining": ("bargaining.yaml", {"agents": 40}, {}),
+    "punishment": ("punishment.yaml", {"agents": 42, "game": {"block": 20}}, {"hosts": 2}),  # a pair in the last block
     "schelling": ("schelling.yaml", {"agents": 150, "rounds": 3, "grid": {"width": 15, "height": 15, "torus": True,
                                                                           "kinds": 2}}, {"hosts": 2}),
     "schelling-llm": ("schelling.yaml", {"agents": 100, "rounds": 2, "grid": {"width": 12, "height": 12, "torus": True,
