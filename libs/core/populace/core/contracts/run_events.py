@@ -391,7 +391,9 @@ class RunRecorded(Wire):
     outcomes: int  # agent-rounds recorded
     db_path: str
     answers: int = 0  # planned interviews' answers recorded
-    answers_missing: int = 0  # planned answers that did not come within POPULACE_INTERVIEW_WAIT_S (a host lost)
+    # planned answers owed (after the rounds the run played) that are not in: they did not come within
+    # POPULACE_INTERVIEW_WAIT_S (a host lost), or nothing asks them again (cut short before a resume)
+    answers_missing: int = 0
     epoch: Epoch = 0  # the RunDone's it follows: a resumed run's earlier stop may be recorded after it
 
 
