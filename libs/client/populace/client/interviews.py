@@ -76,14 +76,22 @@ def check_who(sample: float | None, agents: Sequence[int] | None, count: int | N
 
 def state_refusal(state: RunState | None, run_id: str, after_round: int) -> str | None:
     """What the run's state already says against asking after `after_round` (the orchestrator
-    checks again, and checks the checkpoint itself)."""
+    checks again, and checks the checkpoint itself): a round the run does not have, has not
+    completed, or (a fork) never played."""
     if state is None:
         return f"RUN: run {run_id} is not known on this stack"
+    if after_round < 1:
+        return f"--after-round: round {after_round} is not one of the run's rounds (1..{state.config.rounds})"
     if after_round > state.config.rounds:
         return f"--after-round: round {after_round} is beyond the run's last ({state.config.rounds})"
     done = max(0, state.round - 1) if state.status == "running" else state.round
     if after_round > done:
         return f"--after-round: run {run_id} has completed {done} round(s), so round {after_round} has no checkpoint"
+    fork = state.restore
+    if fork is not None and fork.run_id != run_id and after_round <= fork.round:
+        return (f"--after-round: this fork never played round {after_round}; its parent {fork.run_id} did (the fork "
+                f"starts from its state after round {fork.round}: `populace interview {fork.run_id} --after-round "
+                f"{after_round}`)")
     return None
 
 

@@ -92,7 +92,7 @@ async def run_interview(request: Request) -> Response:
         except ValueError as err:
             errors["sample"] = str(err) if isinstance(err, InterviewRefused) else f"--sample: not a number ({err})"
     state = await run_state(nc, rid)
-    if after and "after_round" not in errors and (why := state_refusal(state, rid, after)):
+    if "after_round" not in errors and (why := state_refusal(state, rid, after)):
         errors["after_round"] = why
     if errors or survey is None:
         ctx = await run_context(request, rid)

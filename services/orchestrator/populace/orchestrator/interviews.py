@@ -17,6 +17,17 @@ from populace.core.interviews import chosen
 from populace.orchestrator.workflow import completed
 
 
+def never_played(state: RunState, round_: int) -> str | None:
+    """Why a fork has no round `round_` of its own to be asked after (None: it played it): it
+    starts from its parent's state after its fork point, so that round and those before are
+    its parent's."""
+    fork = state.restore
+    if fork is None or fork.run_id == state.run_id or round_ > fork.round:
+        return None
+    return (f"this fork never played round {round_}; its parent {fork.run_id} did (the fork starts from its "
+            f"state after round {fork.round}: `populace interview {fork.run_id} --after-round {round_}`)")
+
+
 def refusal(state: RunState | None, req: InterviewRequest) -> str | None:
     """Why `req` cannot be asked of the run in `state` (None: it can, given its checkpoint)."""
     if state is None:
@@ -24,6 +35,8 @@ def refusal(state: RunState | None, req: InterviewRequest) -> str | None:
     c = state.config
     if req.after_round > c.rounds:
         return f"after_round: round {req.after_round} is beyond the run's last ({c.rounds})"
+    if why := never_played(state, req.after_round):
+        return f"after_round: {why}"
     done = completed(state)
     if req.after_round > done:
         return (f"after_round: run {req.run_id} has completed {done} round(s), so round {req.after_round} has no "
