@@ -203,3 +203,42 @@ def test_a_host_ordered_to_interview_may_record_the_calls_of_the_agents_it_was_o
     assert [msg_id for msg_id, _ in out.refused] == ["r1.calls-2"]
     assert out.calls == 5
     assert store.con.execute("SELECT count(*) FROM llm_calls WHERE run_id = 'r1'").fetchone()[0] == 5
+
+
+def test_a_lost_hosts_part_ordered_again_completes_the_request_with_each_answer_once(tmp_path):
+    """iv-1 placed on a and b (40 answers); b is lost after its first answers, its ranges are
+    ordered from a (placement 1): a's answers for them count, b's stay, the duplicates go, and
+    the request is complete once. iv-2 fails (InterviewPlaced.error): never announced."""
+    from populace.core.contracts import InterviewPlaced
+
+    store = Store(tmp_path / "x.duckdb")
+    start(store)
+    restore = Restore(run_id="r1", round=1, ranges=[(0, 10), (10, 10)])
+
+    def order(host, ranges, request="iv-1", placement=0):
+        return Event(f"r1.ask.{request}.{host}.{placement}", "ask", InterviewOrder(
+            run_id="r1", host_id=host, request=request, after_round=1, survey=PANEL.survey, ranges=ranges,
+            restore=restore, config_ref=ConfigRef.of(CONFIG), placement=placement))
+
+    def placed(request="iv-1", error=None, placement=0):
+        return Event(f"r1.asked.{request}.{placement}.{error is not None}", "asked", InterviewPlaced(
+            run_id="r1", request=request, after_round=1, survey=PANEL.survey, expected=40, placed_at=1e9,
+            hosts={"a": [(0, 10)], "b": [(10, 10)]}, error=error, placement=placement))
+
+    store.ingest([order("a", [(0, 10)]), order("b", [(10, 10)]), placed()])
+    assert ingest(store, answers(range(10), request="iv-1"), answers(range(10, 14), host="b", request="iv-1")
+                  ).answers == 28
+    assert store.interviews.complete_requests() == []
+    store.ingest([order("a", [(10, 10)], placement=1), placed(placement=1)])  # b lost: a answers its agents
+    again = ingest(store, answers(range(10, 20), request="iv-1", answer="no"))
+    assert again.answers == 12 and not again.refused  # 10..13 answered by b already
+    assert store.interviews.complete_requests() == [("r1", "iv-1", 40)]
+    assert store.interviews.complete_requests() == []  # announced once
+    assert count(store, "request = 'iv-1'") == 40 and count(store, "request = 'iv-1' AND host_id = 'b'") == 8
+
+    store.ingest([order("a", [(0, 20)], request="iv-2"), placed("iv-2"),
+                  placed("iv-2", error="agent-host a stopped (no heartbeat for 30s) …")])
+    ingest(store, answers(range(20), request="iv-2"))
+    assert store.interviews.complete_requests() == []  # failed: never announced, though its answers came
+    assert store.con.execute("SELECT error FROM interview_requests WHERE request = 'iv-2'").fetchone() == (
+        "agent-host a stopped (no heartbeat for 30s) …",)

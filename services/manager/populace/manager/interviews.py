@@ -133,8 +133,9 @@ async def run_interviews(request: Request) -> Response:
         recorded = await _last(js, subjects.run_interviewed(rid, req_id), InterviewsRecorded)
         if placed is None:
             return JSONResponse({"ok": True, "status": "pending"})
-        if placed.error:
-            return JSONResponse({"ok": True, "status": "refused", "error": placed.error})
+        if placed.error:  # refused before anything was asked, or failed once placed (a lost host, …)
+            return JSONResponse({"ok": True, "status": "failed" if placed.expected else "refused",
+                                 "error": placed.error})
         if recorded is None:
             return JSONResponse({"ok": True, "status": "placed", "expected": placed.expected,
                                  "hosts": sorted(placed.hosts)})

@@ -204,10 +204,15 @@ class InterviewStore:
         return n
 
     def placed(self, m: InterviewPlaced) -> None:
-        """A post-hoc request placed (or refused): what it will have, for its announcement."""
+        """A post-hoc request placed (or refused): what it will have, for its announcement. Said
+        again, it was placed again (nothing changes here: the new hosts' orders come as orders)
+        or it failed: its error is kept, and it is never announced."""
         con = self.con
         if con.execute("SELECT count(*) FROM interview_requests WHERE run_id = ? AND request = ?",
                        [m.run_id, m.request]).fetchone()[0]:
+            if m.error is not None:
+                con.execute("UPDATE interview_requests SET error = ? WHERE run_id = ? AND request = ? "
+                            "AND error IS NULL AND recorded_at IS NULL", [m.error, m.run_id, m.request])
             return
         con.execute("INSERT INTO interview_requests VALUES (?, ?, ?, ?, ?, ?, to_timestamp(?), NULL)",
                     [m.run_id, m.request, m.after_round, m.survey.id if m.survey else None, m.expected, m.error,

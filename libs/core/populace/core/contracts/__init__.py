@@ -19,6 +19,8 @@ from __future__ import annotations
 from populace.core.contracts.control import (
     ACTIVE_STATUSES,
     RESUMABLE_STATUSES,
+    AskedShare,
+    Asking,
     HostInfo,
     InterviewRequest,
     Layout,
@@ -172,6 +174,8 @@ __all__ = [
     "AgentsReply",
     "AgentsRequest",
     "Amount",
+    "AskedShare",
+    "Asking",
     "Broadcast",
     "Budget",
     "CheckpointName",
