@@ -1,9 +1,10 @@
 """A worker dying mid-run (the paper's runs just hang): when the lost host's agents fit on no
 other host, the run pauses with a reason naming the host and the round, the rounds that
 closed stay recorded, and `resume` continues it once a host is back — to the same results as
-an undisturbed run. An orchestrator restarted before the loss still watches the run.
+an undisturbed run. An orchestrator restarted before the loss still watches the run. A host
+killed during a post-hoc interview has its part answered by the other, each answer once.
 
-One stack serves both tests (each leaves every process of it running again): hosts of 400
+One stack serves every test (each leaves every process of it running again): hosts of 400
 agents, so an 800-agent run fills both and a 200-agent run's lost half fits on the survivor."""
 
 from __future__ import annotations
@@ -30,7 +31,10 @@ ENV = {"POPULACE_STORAGE": "memory", "POPULACE_HOST_LOST_S": "4", "POPULACE_HEAR
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     db = tmp_path_factory.mktemp("host-loss") / "populace.duckdb"
-    with Stack(hosts=2, db=str(db), env=ENV, host_env={"POPULACE_HOST_CAPACITY": "400"}).up(timeout=90) as s:
+    # 500 interview answers out at once per host: a post-hoc interview's 2,000 per host take a few
+    # waves of the model's latency, so a host is killed after it sent some of them
+    host_env = {"POPULACE_HOST_CAPACITY": "400", "POPULACE_INTERVIEW_IN_FLIGHT": "500"}
+    with Stack(hosts=2, db=str(db), env=ENV, host_env=host_env).up(timeout=90) as s:
         yield s
 
 
@@ -147,3 +151,65 @@ def test_a_run_started_as_the_last_one_ends_finds_the_room_it_freed(stack):
     finally:
         all_up(stack)
     assert [o.status for o in outs] == ["completed"] * 3, [o.reason for o in outs]
+
+
+def test_a_post_hoc_interview_whose_host_is_killed_is_answered_whole_by_the_other(stack):
+    """4,000 answers (800 agents, 5 questions) on 2 hosts; host-1 is SIGKILLed when its first
+    answers are stored. The orchestrator orders its 400 agents from host-0 (the client hears
+    why), the recorder keeps the first answer of each agent and question: exactly 4,000 answers,
+    the same as an undisturbed interview of the same round gives."""
+    from populace.client.interviews import ask
+    from populace.core.contracts import InterviewPlaced, Question, Survey
+
+    config = RunConfig.model_validate({"agents": 800, "rounds": 1, "model": {"latency_s": 1.0, "seed": 2}})
+    survey = Survey(id="after", questions=[Question(id=f"q{i}", text=f"Question {i}?", options=["yes", "no", "unsure"])
+                                           for i in range(5)])
+    placed_again: list[InterviewPlaced] = []
+    try:
+        hosts_idle(stack)
+        run = play_following(stack, config)
+        assert run.status == "completed", run.reason
+
+        async def interview(kill: bool):
+            nc = await bus.connect(stack.url, "e2e-host-loss-interview")
+            killed = asyncio.Event()
+
+            async def on_answers(msg) -> None:  # host-1's first answers stored: it dies
+                if not killed.is_set():
+                    killed.set()
+                    os.kill(stack.procs["agent-host-1"].pid, signal.SIGKILL)
+
+            sub = await nc.subscribe(subjects.run_interviews(run.run_id, 1, "host-1"), cb=on_answers) if kill else None
+            try:
+                done = await asyncio.wait_for(ask(nc, run.run_id, 1, survey, timeout_s=120,
+                                                  on_placed=placed_again.append), timeout=150)
+                return done, killed.is_set()
+            finally:
+                if sub is not None:
+                    await sub.unsubscribe()
+                await nc.close()
+
+        done, killed = asyncio.run(interview(kill=True))
+        assert killed and stack.procs["agent-host-1"].poll() is not None
+        assert done.recorded.answers == 4000
+        (again,) = placed_again
+        assert again.placement == 1 and again.reason == (
+            f"agent-host host-1 stopped (no heartbeat for 4s) while answering interview {done.placed.request} after "
+            "round 1: its 400 agents ordered again from host-0")
+        assert again.hosts == {"host-0": [(0, 400), (400, 400)]}
+        all_up(stack)
+        reference, _ = asyncio.run(interview(kill=False))
+    finally:
+        all_up(stack)
+    assert reference.recorded.answers == 4000 and not placed_again[1:]
+    with duckdb.connect(stack.db, read_only=True) as con:
+        def answers(request: str) -> list[tuple]:
+            return con.execute("SELECT agent_id, question, answer, raw, valid FROM interviews WHERE run_id = ? AND "
+                               "request = ? ORDER BY agent_id, question", [run.run_id, request]).fetchall()
+
+        got, want = answers(done.placed.request), answers(reference.placed.request)
+        by_host = dict(con.execute("SELECT host_id, count(*) FROM interviews WHERE request = ? GROUP BY 1",
+                                   [done.placed.request]).fetchall())
+    assert len(got) == 4000 and len({(a, q) for a, q, *_ in got}) == 4000
+    assert got == want  # each answer once, and the one an undisturbed interview gives
+    assert by_host["host-0"] >= 2000 and 0 < by_host.get("host-1", 0) < 2000 and sum(by_host.values()) == 4000

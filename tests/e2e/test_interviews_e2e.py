@@ -116,6 +116,40 @@ def test_a_planned_panel_on_the_fleet_answers_as_one_process(stack, tmp_path):
     assert round_calls[0] == 120 * 3
 
 
+def test_a_fork_of_a_panel_run_owes_only_its_own_rounds_answers(stack, tmp_path):
+    """A fork after round 2 of a 4-round run with a panel after every round plays rounds 3 and 4
+    and owes their panel waves alone: its parent answered rounds 1 and 2. It is recorded as soon
+    as those are in (it waited 10 minutes for waves it never plays, then said `completed`);
+    `play` would stall on it otherwise (no event for 60 s)."""
+    from populace.core.contracts import Restore
+    from populace.core.interviews import respondents
+
+    prepared = scenario(tmp_path, "vote.yaml", agents=60, rounds=4, interviews=PANEL[:1],
+                        model={"latency_s": 0.0, "seed": 4})
+    parent = fleet(stack, prepared)
+    assert parent.status == "completed", parent.reason
+
+    async def fork():
+        nc = await bus.connect(stack.url, "e2e-interviews-fork")
+        try:
+            return await play(nc, prepared.config, manifest=prepared.manifest, stall_s=60,
+                              fork=Restore(run_id=parent.run_id, round=2))
+        finally:
+            await nc.close()
+
+    out = asyncio.run(fork())
+    assert out.status == "completed", out.reason
+    half = respondents(60, seed=prepared.config.seed, survey_id="panel", sample=0.5).size
+    assert 15 < half < 45
+    assert (parent.recorded.answers, parent.recorded.answers_missing) == (4 * half * 2, 0)
+    assert (out.recorded.answers, out.recorded.answers_missing) == (2 * half * 2, 0)
+    with duckdb.connect(stack.db, read_only=True) as con:
+        waves = con.execute("SELECT after_round, count(*), count(DISTINCT agent_id) FROM interviews WHERE run_id = ? "
+                            "GROUP BY 1 ORDER BY 1", [out.run_id]).fetchall()
+        status = con.execute("SELECT status FROM runs WHERE run_id = ?", [out.run_id]).fetchone()
+    assert waves == [(3, half * 2, half), (4, half * 2, half)] and status == ("completed",)
+
+
 TRUST = {"id": "trust", "text": "How much do you trust the people you talk to?",
          "labels": ["not at all", "a little", "somewhat", "a lot"]}
 CARS = {"id": "cars", "text": "Should cars be banned from the centre?", "options": ["yes", "no", "unsure"]}

@@ -336,6 +336,25 @@ def test_cancel_and_resume_refuse_what_the_cli_refuses(client, url):
     assert 'id="flash-error"' in shown.text and "no agent-host is up" in shown.text
 
 
+def test_the_interview_form_refuses_a_round_the_run_never_played(client, url):
+    """Round 0 (it was a 500: the request itself refused it), and a fork's round before its fork
+    point, saying whose round it was: beside the field, nothing asked."""
+    from populace.core.contracts import Restore
+
+    done, fork = rid(), rid()
+    put_run(url, a_state(done, "done", 3))
+    put_run(url, a_state(fork, "done", 3).model_copy(update={"restore": Restore(run_id=done, round=2)}))
+    before = ctl_messages(url)
+    for run, after, says in ((done, "0", "--after-round: round 0 is not one of the run&#39;s rounds (1..3)"),
+                             (fork, "1", f"--after-round: this fork never played round 1; its parent {done} did")):
+        res = client.post(f"/runs/{run}/interview", data={"after_round": after, "question": "Why?", "kind": "text",
+                                                          "max_chars": "80"})
+        assert res.status_code == 422
+        shown = re.search(r'<span class="field-error" data-field="after_round"[^>]*>(.*?)</span>', res.text, re.S)
+        assert shown is not None and shown.group(1).startswith(says), res.text[-2000:]
+    assert ctl_messages(url) == before
+
+
 def test_cancel_of_a_running_run_is_sent(client, url):
     running = rid()
     put_run(url, a_state(running, "running", 1))

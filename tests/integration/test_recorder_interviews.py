@@ -22,6 +22,7 @@ from populace.core.contracts import (
     Usage,
 )
 from populace.core.interviews import respondents
+from populace.recorder.interviews import Owed
 from populace.recorder.store import Event, Store
 
 CAR = Question(id="car", text="A car?", options=["yes", "no"])
@@ -72,9 +73,9 @@ def test_answers_are_stored_once_each_from_the_share_that_holds_the_agents(tmp_p
     again = ingest(store, answers(range(10), host="c", epoch=1, answer="no"))
     assert again.answers == 0 and not again.refused
     assert count(store, "answer = 'no'") == 0 and count(store) == 40
-    assert store.interviews.owed("r1", 1) == (40, 40)
-    assert store.interviews.owed("r1", 3) == (40, 3 * 40 + 20 * 0 + respondents(20, seed=5, survey_id="half",
-                                                                                    sample=0.5).size)
+    assert store.interviews_owed("r1", 1) == Owed(answers=40, owed=40, pending=0)
+    half = respondents(20, seed=5, survey_id="half", sample=0.5).size
+    assert store.interviews_owed("r1", 3) == Owed(answers=40, owed=3 * 40 + half, pending=2 * 40 + half)
     assert store.con.execute("SELECT sum(llm_calls), sum(prompt_tokens) FROM interview_usage").fetchone() == (20, 900)
     asked = store.con.execute("SELECT position, question, kind FROM interview_questions WHERE position >= 0 "
                               "ORDER BY position").fetchall()
@@ -126,6 +127,38 @@ def test_a_resume_drops_the_planned_answers_of_the_rounds_played_again(tmp_path)
     assert ingest(store, answers(range(10), round_=1, epoch=1, answer="no")).answers == 0
 
 
+def test_a_fork_owes_the_answers_of_its_own_rounds_and_a_resume_awaits_only_what_it_asks_again(tmp_path):
+    """A fork after round 1 (its shares play from round 2) owes no answer after round 1: its
+    parent gave them. A resume after round 2 asks rounds 2 and 3 (its shares ask round 2's again
+    from its checkpoint), never round 1's: round 1's missing answers are missing at once, not
+    awaited."""
+    store = Store(tmp_path / "x.duckdb")
+    half = respondents(20, seed=5, survey_id="half", sample=0.5)
+    store.ingest([
+        Event("f1.started", "started", RunStarted(run_id="f1", config=CONFIG, started_at=1e9, hosts=["a"],
+                                                  tables=RatioGame.tables())),
+        Event("f1.spawn-a", "spawn", SpawnBatch(run_id="f1", host_id="a", ranges=[(0, 20)], from_round=2,
+                                                config_ref=ConfigRef.of(CONFIG, 2)))])
+    rows = [answers(range(20), round_=n) for n in (2, 3)]
+    for b in rows:
+        b.run_id = "f1"
+    assert store.interviews_owed("f1", 3) == Owed(answers=0, owed=2 * 40 + half.size, pending=2 * 40 + half.size)
+    assert ingest(store, *rows).answers == 2 * 40
+    got = store.interviews_owed("f1", 3)
+    assert got == Owed(answers=80, owed=80 + half.size, pending=half.size) and got.missing == half.size
+
+    start(store)  # r1: round 1's answers of agents 0..9 came, 10..19's were cut short by a pause
+    ingest(store, answers(range(10), round_=1))
+    store.ingest([Event("r1.resumed", "resumed", RunResumed(run_id="r1", epoch=1, after_round=2, hosts=["a"],
+                                                            resumed_at=1e9)),
+                  Event("r1.spawn-a1", "spawn", SpawnBatch(run_id="r1", host_id="a", epoch=1, ranges=[(0, 20)],
+                                                           config_ref=ConfigRef.of(CONFIG), from_round=3))])
+    ingest(store, answers(range(20), round_=2, epoch=1), answers(range(20), round_=3, epoch=1))
+    owed = store.interviews_owed("r1", 3)
+    assert owed == Owed(answers=20 + 40 + 40, owed=3 * 40 + half.size, pending=half.size)
+    assert owed.missing == 20 + half.size  # round 1's 10 agents × 2 questions, and `half` after round 2
+
+
 def test_a_local_runs_planned_interviews_are_recorded_as_a_fleet_runs(tmp_path):
     """`simulate(local=True)` records the run through the recorder's store: its planned answers
     and their LLM calls go in too (table interviews, interview_usage), every answer once, and
@@ -170,3 +203,42 @@ def test_a_host_ordered_to_interview_may_record_the_calls_of_the_agents_it_was_o
     assert [msg_id for msg_id, _ in out.refused] == ["r1.calls-2"]
     assert out.calls == 5
     assert store.con.execute("SELECT count(*) FROM llm_calls WHERE run_id = 'r1'").fetchone()[0] == 5
+
+
+def test_a_lost_hosts_part_ordered_again_completes_the_request_with_each_answer_once(tmp_path):
+    """iv-1 placed on a and b (40 answers); b is lost after its first answers, its ranges are
+    ordered from a (placement 1): a's answers for them count, b's stay, the duplicates go, and
+    the request is complete once. iv-2 fails (InterviewPlaced.error): never announced."""
+    from populace.core.contracts import InterviewPlaced
+
+    store = Store(tmp_path / "x.duckdb")
+    start(store)
+    restore = Restore(run_id="r1", round=1, ranges=[(0, 10), (10, 10)])
+
+    def order(host, ranges, request="iv-1", placement=0):
+        return Event(f"r1.ask.{request}.{host}.{placement}", "ask", InterviewOrder(
+            run_id="r1", host_id=host, request=request, after_round=1, survey=PANEL.survey, ranges=ranges,
+            restore=restore, config_ref=ConfigRef.of(CONFIG), placement=placement))
+
+    def placed(request="iv-1", error=None, placement=0):
+        return Event(f"r1.asked.{request}.{placement}.{error is not None}", "asked", InterviewPlaced(
+            run_id="r1", request=request, after_round=1, survey=PANEL.survey, expected=40, placed_at=1e9,
+            hosts={"a": [(0, 10)], "b": [(10, 10)]}, error=error, placement=placement))
+
+    store.ingest([order("a", [(0, 10)]), order("b", [(10, 10)]), placed()])
+    assert ingest(store, answers(range(10), request="iv-1"), answers(range(10, 14), host="b", request="iv-1")
+                  ).answers == 28
+    assert store.interviews.complete_requests() == []
+    store.ingest([order("a", [(10, 10)], placement=1), placed(placement=1)])  # b lost: a answers its agents
+    again = ingest(store, answers(range(10, 20), request="iv-1", answer="no"))
+    assert again.answers == 12 and not again.refused  # 10..13 answered by b already
+    assert store.interviews.complete_requests() == [("r1", "iv-1", 40)]
+    assert store.interviews.complete_requests() == []  # announced once
+    assert count(store, "request = 'iv-1'") == 40 and count(store, "request = 'iv-1' AND host_id = 'b'") == 8
+
+    store.ingest([order("a", [(0, 20)], request="iv-2"), placed("iv-2"),
+                  placed("iv-2", error="agent-host a stopped (no heartbeat for 30s) …")])
+    ingest(store, answers(range(20), request="iv-2"))
+    assert store.interviews.complete_requests() == []  # failed: never announced, though its answers came
+    assert store.con.execute("SELECT error FROM interview_requests WHERE request = 'iv-2'").fetchone() == (
+        "agent-host a stopped (no heartbeat for 30s) …",)

@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from populace.core.contracts import PlannedInterview, Question, RunConfig, Survey
-from populace.core.interviews import respondents
+from populace.core.interviews import expected, owed_rounds, respondents
 from populace.core.scenario import format_validation_error
 from populace.sdk import interview
 from populace.sdk.llm import ASKING, CALLER, InferError, ModelUnavailable, call_tag
@@ -215,6 +215,34 @@ def test_a_sample_is_the_same_every_round_and_about_its_size():
     assert not (ids[:50] == respondents(10_000, seed=3, survey_id="other", sample=0.1)[:50]).all()
     assert respondents(10, seed=3, survey_id="p", agents=[7, 2]).tolist() == [2, 7]
     assert respondents(4, seed=3, survey_id="p").tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize(("last", "first", "resumed", "owes", "awaits"), [
+    (4, 1, None, (1, 4), (1, 4)),  # a run: every round it played, all still to come
+    (4, 3, None, (3, 4), (3, 4)),  # a fork after round 2: its parent answered rounds 1 and 2
+    (5, 1, 3, (1, 5), (3, 5)),  # resumed after round 3: round 3 is asked again, rounds 1-2 never
+    (5, 3, 2, (3, 5), (3, 5)),  # a fork after round 2, resumed before it completed a round of its own
+    (5, 3, 4, (3, 5), (4, 5)),  # ... or after round 4
+    (2, 1, 0, (1, 2), (1, 2)),  # resumed before round 1 closed
+])
+def test_what_a_run_owes_and_awaits_after_its_last_round(last, first, resumed, owes, awaits):
+    got = owed_rounds(last, first, resumed)
+    assert (got[0].start, got[0].stop - 1) == owes and (got[1].start, got[1].stop - 1) == awaits
+
+
+def test_the_answers_a_fork_owes_start_at_its_first_round():
+    """A panel (every round, a seeded half) and an exit poll after round 3, on a 4-round run of
+    1,000 agents: the run owes 4 waves of the panel and the poll; its fork after round 2 two
+    waves and the poll; after round 3, one wave."""
+    panel = PlannedInterview(id="panel", after="every", sample=0.5, questions=[CAR, TRUST])
+    exit_poll = PlannedInterview(id="exit", after=[3], questions=[WHY])
+    half = respondents(1000, seed=9, survey_id="panel", sample=0.5).size
+    assert 450 < half < 550
+    plans = [panel, exit_poll]
+    assert expected(plans, 1000, 9, 4) == 4 * half * 2 + 1000
+    assert expected(plans, 1000, 9, 4, first_round=3) == 2 * half * 2 + 1000
+    assert expected(plans, 1000, 9, 4, first_round=4) == half * 2
+    assert expected(plans, 1000, 9, 2, first_round=3) == 0
 
 
 class FuturePort:

@@ -203,14 +203,18 @@ def _fleet(run: str, after_round: int, survey, sample, ids, db: str, nats: str, 
     import asyncio
 
     from populace.cli.main import _db
-    from populace.client.interviews import InterviewRefused, ask
+    from populace.client.interviews import InterviewFailed, InterviewRefused, ask
     from populace.core import bus
+
+    def placed_again(placed) -> None:
+        display.console.print(f"request {placed.request}: {placed.reason}", highlight=False, soft_wrap=True)
 
     async def go():
         nc = await bus.connect_or_fail(nats, "populace-interview")
         try:
             rid = await _last_run(nc) if run == "last" else run
-            return rid, await ask(nc, rid, after_round, survey, sample=sample, agents=ids, timeout_s=timeout)
+            return rid, await ask(nc, rid, after_round, survey, sample=sample, agents=ids, timeout_s=timeout,
+                                  on_placed=placed_again)
         finally:
             await nc.close()
 
@@ -218,7 +222,7 @@ def _fleet(run: str, after_round: int, survey, sample, ids, db: str, nats: str, 
         run_id, done = asyncio.run(go())
     except InterviewRefused as err:
         _fail(str(err))
-    except (ConnectionError, TimeoutError) as err:
+    except (ConnectionError, TimeoutError, InterviewFailed) as err:
         _fail(str(err), code=1)
     path = db if Path(db).exists() else done.recorded.db_path
     display.console.print(f"request {done.placed.request}: {done.recorded.answers:,} answers after round "

@@ -11,17 +11,17 @@ from populace.client.prepare import PreparedRun, prepare, prepare_file
 
 if TYPE_CHECKING:
     from populace.client.api import Run, SimulationResult, simulate, start
-    from populace.client.interviews import InterviewRefused, interview
+    from populace.client.interviews import InterviewFailed, InterviewRefused, interview
     from populace.client.run import RunOutcome, RunStalled, new_run_id, play
 
 # imported on first use: they bring NATS and Arrow, which preparing a scenario (`populace
 # validate`) or showing progress does not need
 _LAZY = {"Run": "api", "SimulationResult": "api", "simulate": "api", "start": "api",
-         "InterviewRefused": "interviews", "interview": "interviews",
+         "InterviewFailed": "interviews", "InterviewRefused": "interviews", "interview": "interviews",
          "RunOutcome": "run", "RunStalled": "run", "new_run_id": "run", "play": "run"}
 
-__all__ = ["InterviewRefused", "PreparedRun", "Run", "RunOutcome", "RunStalled", "SimulationResult", "interview",
-           "new_run_id", "play", "prepare", "prepare_file", "simulate", "start"]
+__all__ = ["InterviewFailed", "InterviewRefused", "PreparedRun", "Run", "RunOutcome", "RunStalled", "SimulationResult",
+           "interview", "new_run_id", "play", "prepare", "prepare_file", "simulate", "start"]
 
 
 def __getattr__(name: str):

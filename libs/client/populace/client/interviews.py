@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,12 @@ ASKED_TIMEOUT_S = 30.0  # the orchestrator places a request at once: longer mean
 
 class InterviewRefused(ValueError):
     """The interview cannot be asked; the message names the field or flag."""
+
+
+class InterviewFailed(RuntimeError):
+    """The interview was placed but cannot be answered whole (a host lost with no other up to
+    answer its part, a host that could not answer); the message says why. What was answered
+    stays recorded."""
 
 
 def as_survey(survey: Survey | Question | Sequence[Question] | dict, survey_id: str = "interview") -> Survey:
@@ -76,14 +82,22 @@ def check_who(sample: float | None, agents: Sequence[int] | None, count: int | N
 
 def state_refusal(state: RunState | None, run_id: str, after_round: int) -> str | None:
     """What the run's state already says against asking after `after_round` (the orchestrator
-    checks again, and checks the checkpoint itself)."""
+    checks again, and checks the checkpoint itself): a round the run does not have, has not
+    completed, or (a fork) never played."""
     if state is None:
         return f"RUN: run {run_id} is not known on this stack"
+    if after_round < 1:
+        return f"--after-round: round {after_round} is not one of the run's rounds (1..{state.config.rounds})"
     if after_round > state.config.rounds:
         return f"--after-round: round {after_round} is beyond the run's last ({state.config.rounds})"
     done = max(0, state.round - 1) if state.status == "running" else state.round
     if after_round > done:
         return f"--after-round: run {run_id} has completed {done} round(s), so round {after_round} has no checkpoint"
+    fork = state.restore
+    if fork is not None and fork.run_id != run_id and after_round <= fork.round:
+        return (f"--after-round: this fork never played round {after_round}; its parent {fork.run_id} did (the fork "
+                f"starts from its state after round {fork.round}: `populace interview {fork.run_id} --after-round "
+                f"{after_round}`)")
     return None
 
 
@@ -94,10 +108,14 @@ class Asked:
 
 
 async def ask(nc: Client, run_id: str, after_round: int, survey: Survey, *, sample: float | None = None,
-              agents: Sequence[int] | None = None, timeout_s: float = 600.0, request: str | None = None) -> Asked:
+              agents: Sequence[int] | None = None, timeout_s: float = 600.0, request: str | None = None,
+              on_placed: Callable[[InterviewPlaced], None] | None = None) -> Asked:
     """Ask on the fleet and wait until every answer is recorded. InterviewRefused (with the
-    field) before anything is asked, or when the orchestrator refuses; TimeoutError naming the
-    hosts when the answers do not all come within `timeout_s`."""
+    field) before anything is asked, or when the orchestrator refuses; InterviewFailed when it
+    cannot be answered whole (a lost host's part that no host up can take: within the host
+    heartbeat timeout, not at `timeout_s`); TimeoutError naming the hosts when the answers do
+    not all come within `timeout_s`. A lost host's part ordered from another host is said to
+    `on_placed` (the new placement), and the wait goes on."""
     from populace.client.run import run_state
 
     state = await run_state(nc, run_id)
@@ -107,26 +125,43 @@ async def ask(nc: Client, run_id: str, after_round: int, survey: Survey, *, samp
     request = request or f"iv-{uuid.uuid4().hex[:12]}"
     req = InterviewRequest(run_id=run_id, request=request, after_round=after_round, survey=survey, sample=sample,
                            agents=list(agents) if agents is not None else None)
-    placed_sub = await nc.subscribe(subjects.run_asked(run_id, request))
-    done_sub = await nc.subscribe(subjects.run_interviewed(run_id, request))
+    said: asyncio.Queue = asyncio.Queue()  # its placements and its announcement, in the order they come
+
+    async def hear(msg) -> None:
+        said.put_nowait(msg)
+
+    placed_sub = await nc.subscribe(subjects.run_asked(run_id, request), cb=hear)
+    done_sub = await nc.subscribe(subjects.run_interviewed(run_id, request), cb=hear)
     try:
         await bus.publish_js(nc.jetstream(), subjects.RUN_INTERVIEW, req, msg_id=f"interview.{run_id}.{request}")
-        try:
-            msg = await placed_sub.next_msg(timeout=ASKED_TIMEOUT_S)
-        except TimeoutError:
-            raise TimeoutError(f"the interview was not placed within {ASKED_TIMEOUT_S:g} s: is the orchestrator "
-                               "up?") from None
-        placed = InterviewPlaced.model_validate_json(msg.data)
-        if placed.error:
-            raise InterviewRefused(placed.error.replace("after_round:", "--after-round:", 1)
-                                   .replace("agents:", "--agents:", 1))
+        placed: InterviewPlaced | None = None
         t0 = time.monotonic()
-        try:
-            msg = await done_sub.next_msg(timeout=timeout_s)
-        except TimeoutError:
-            raise TimeoutError(f"request {request}: not every answer was recorded within {time.monotonic() - t0:.0f} "
-                               f"s; see the logs of agent-hosts {', '.join(sorted(placed.hosts))}") from None
-        return Asked(placed, InterviewsRecorded.model_validate_json(msg.data))
+        while True:
+            wait = ASKED_TIMEOUT_S if placed is None else timeout_s - (time.monotonic() - t0)
+            try:
+                msg = await asyncio.wait_for(said.get(), max(0.0, wait))
+            except TimeoutError:
+                if placed is None:
+                    raise TimeoutError(f"the interview was not placed within {ASKED_TIMEOUT_S:g} s: is the "
+                                       "orchestrator up?") from None
+                raise TimeoutError(f"request {request}: not every answer was recorded within "
+                                   f"{time.monotonic() - t0:.0f} s; see the logs of agent-hosts "
+                                   f"{', '.join(sorted(placed.hosts))}") from None
+            if msg.subject == done_sub.subject:  # recorded after it was placed: placed is known
+                placed = placed or InterviewPlaced(run_id=run_id, request=request, after_round=after_round,
+                                                   survey=survey, placed_at=time.time())
+                return Asked(placed, InterviewsRecorded.model_validate_json(msg.data))
+            news = InterviewPlaced.model_validate_json(msg.data)
+            if news.error and placed is None and news.placement == 0:
+                raise InterviewRefused(news.error.replace("after_round:", "--after-round:", 1)
+                                       .replace("agents:", "--agents:", 1))
+            if news.error:
+                raise InterviewFailed(f"request {request}: {news.error}")
+            if placed is None or news.placement > placed.placement:
+                if placed is not None and on_placed is not None:
+                    on_placed(news)
+                placed = news
+                t0 = t0 if news.placement else time.monotonic()
     finally:
         await placed_sub.unsubscribe()
         await done_sub.unsubscribe()
@@ -226,4 +261,4 @@ def answers_at(path: str, run_id: str, request: str, nats: str) -> pa.Table:
                 return read_answers(con, run_id, request)
 
 
-__all__ = ["Asked", "InterviewRefused", "as_survey", "ask", "interview", "read_answers"]
+__all__ = ["Asked", "InterviewFailed", "InterviewRefused", "as_survey", "ask", "interview", "read_answers"]

@@ -88,12 +88,25 @@ def fits(q: Question, answer: str | None, value: float | None) -> str | None:
     return None
 
 
-def expected(plans: Sequence, agents: int, seed: int, last_round: int) -> int:
-    """How many answers a run's planned interviews owe after rounds 1..`last_round`: each
-    plan's respondents × its questions × the rounds it is asked after."""
+def owed_rounds(last_round: int, first_played: int = 1, resumed_after: int | None = None) -> tuple[range, range]:
+    """(the rounds whose planned answers a run owes, those whose answers may still come).
+
+    A run owes the answers after the rounds it played: a fork's first round is the one after
+    its fork point (its parent answered the rounds before; the fork asks them of nobody). Of
+    those, answers still come after the rounds its last placement plays and after the round it
+    was restored from, which its shares ask again. A resume after round k (`resumed_after`)
+    asks none of the rounds before k again (their answers cut short by the stop never come):
+    what they lack is missing at once, not waited for."""
+    owed = range(max(1, first_played), last_round + 1)
+    return owed, range(max(owed.start, resumed_after or 1), last_round + 1)
+
+
+def expected(plans: Sequence, agents: int, seed: int, last_round: int, first_round: int = 1) -> int:
+    """How many answers a run's planned interviews owe after rounds `first_round`..`last_round`:
+    each plan's respondents × its questions × the rounds it is asked after."""
     total = 0
     for plan in plans:
-        rounds = len(plan.rounds(last_round))
+        rounds = sum(1 for r in plan.rounds(last_round) if r >= first_round)
         if rounds:
             who = respondent_count(agents, seed=seed, survey_id=plan.id, sample=plan.sample, agents=plan.agents)
             total += rounds * who * len(plan.questions)

@@ -69,7 +69,8 @@ class AgentHost:
         # the whole run and are frozen out of the collector (gc.freeze) once spawned.
         gc.set_threshold(100_000, 50, 100)
         svc = self.svc
-        runtime = self.runtime = HostRuntime(svc.nc, svc.js, svc.settings, report_fault=self.report_fault)
+        runtime = self.runtime = HostRuntime(svc.nc, svc.js, svc.settings, report_fault=self.report_fault,
+                                             report_interview_fault=self.report_interview_fault)
         started = time.time()
         kv = await svc.js.key_value(subjects.HOSTS_BUCKET)
         self.heartbeat = bus.Heartbeat(
@@ -95,6 +96,14 @@ class AgentHost:
                              RunFault(run_id=run_id, source=self.host_id, round=round_, reason=reason, pause=pause,
                                       epoch=epoch),
                              msg_id=subjects.msg_id(run_id, round_ or 0, self.host_id, "fault", epoch))
+
+    async def report_interview_fault(self, run_id: str, round_: int, request: str, reason: str) -> None:
+        """This host cannot answer its order of post-hoc interview `request`: the interview fails
+        (the orchestrator says so to whoever asked), not the run."""
+        await bus.publish_js(self.svc.js, subjects.run_fault(run_id, self.host_id),
+                             RunFault(run_id=run_id, source=self.host_id, round=round_, reason=reason,
+                                      request=request),
+                             msg_id=subjects.msg_id(run_id, round_, f"{self.host_id}-{request}", "fault"))
 
     async def load_cast(self, config: RunConfig) -> Cast | None:
         """The run's personas, read once per file from the object store (cached by digest: a

@@ -46,17 +46,20 @@ States = Sequence[tuple[int, dict[str, Any]]]
 Frozen = bytes | States
 # (run id, round or None, reason, epoch, pause)
 FaultReporter = Callable[[str, int | None, str, int, bool], Awaitable[None]]
+# (run id, round, request, reason): a post-hoc interview's order this host cannot answer
+InterviewFaultReporter = Callable[[str, int, str, str], Awaitable[None]]
 
 
 class AnswerPublisher:
     """One survey's answers from this host, in batches, each JetStream-stored once (its message
-    id names run, round, host, survey, request and batch)."""
+    id names run, round, host, survey, request, the request's placement and batch: a host
+    ordered again, for a lost host's ranges, sends new messages)."""
 
     def __init__(self, js: JetStreamContext, *, run_id: str, round_: int, host_id: str, epoch: int,
-                 survey: Survey, request: str | None = None) -> None:
+                 survey: Survey, request: str | None = None, placement: int = 0) -> None:
         self._js = js
         self.run_id, self.round, self.host_id, self.epoch = run_id, round_, host_id, epoch
-        self.survey, self.request = survey, request
+        self.survey, self.request, self.placement = survey, request, placement
         self._seq = 0
         self._reported = Usage()
         self._publishing: set[asyncio.Task] = set()  # batches not stored yet
@@ -77,7 +80,8 @@ class AnswerPublisher:
         self._seq += 1
         self.rows += len(columns["agent_id"])
         self.valid += sum(columns["valid"])
-        shard = f"{self.host_id}-{self.survey.id}-{self.request or 'planned'}-{batch.seq}"
+        placed = f"-p{self.placement}" if self.placement else ""
+        shard = f"{self.host_id}-{self.survey.id}-{self.request or 'planned'}{placed}-{batch.seq}"
         task = asyncio.get_running_loop().create_task(bus.publish_js(
             self._js, subjects.run_interviews(self.run_id, self.round, self.host_id), batch,
             msg_id=subjects.msg_id(self.run_id, self.round, shard, "interviews", self.epoch)))
@@ -114,9 +118,11 @@ class Interviewer:
     """The planned interviews of a host's runs: started after a round, counted for the partials."""
 
     def __init__(self, nc: Client, js: JetStreamContext, settings: Settings, host_id: str,
-                 report_fault: FaultReporter | None = None) -> None:
+                 report_fault: FaultReporter | None = None,
+                 report_interview_fault: InterviewFaultReporter | None = None) -> None:
         self.nc, self.js, self.settings, self.host_id = nc, js, settings, host_id
         self._report_fault = report_fault
+        self._report_interview_fault = report_interview_fault
         self._tasks: dict[str, set[asyncio.Task]] = {}  # by run id
         self._done: dict[tuple[str, int], Usage] = {}  # (run, epoch) -> LLM work finished, not yet in a partial
         self._in_play = 0  # the host's rounds in play now
@@ -227,12 +233,20 @@ class Interviewer:
             chosen = states.chosen(seed=config.seed, survey_id=order.survey.id, sample=order.sample,
                                    agents=order.agents, last_use=True)
             del states
-            await self.ask(run, order.after_round, chosen, order.survey, request=order.request)
+            await self.ask(run, order.after_round, chosen, order.survey, request=order.request,
+                           placement=order.placement)
         except asyncio.CancelledError:
             raise
-        except Exception as err:  # the asker waits for the answers: said in the log, where it looks
+        except Exception as err:  # the asker waits for the answers: the interview fails, saying why
+            error = f"{type(err).__name__}: {err}"
             log.error("interview_failed", run_id=order.run_id, request=order.request, after_round=order.after_round,
-                      error=f"{type(err).__name__}: {err}")
+                      error=error)
+            if self._report_interview_fault is not None:
+                try:
+                    await self._report_interview_fault(order.run_id, order.after_round, order.request, error)
+                except Exception as pub_err:
+                    log.error("interview_fault_unsaid", run_id=order.run_id, request=order.request,
+                              error=f"{type(pub_err).__name__}: {pub_err}")
 
     async def _planned(self, run: HostedRun, round_: int, states: Frozen, plans: list[PlannedInterview]) -> None:
         seed = run.resolved.config.seed
@@ -258,7 +272,8 @@ class Interviewer:
                     return
 
     async def ask(self, run: HostedRun, round_: int, states: interview.Respondents | States, survey: Survey,
-                  request: str | None = None, gate: Callable[[], Awaitable[int]] | None = None) -> AnswerPublisher:
+                  request: str | None = None, gate: Callable[[], Awaitable[int]] | None = None,
+                  placement: int = 0) -> AnswerPublisher:
         """`states`' agents answer `survey` (each from a copy); their answers are published.
         `gate`: awaited before each slice of answers starts, how many may be out (`_gate`)."""
         s = self.settings
@@ -271,7 +286,7 @@ class Interviewer:
             host_id=self.host_id, silence_s=s.infer_silence_s, down_s=s.infer_down_s, shared_suffix=True,
             models=run.resolved.config.models, model_of=run.models)
         out = AnswerPublisher(self.js, run_id=run.run_id, round_=round_, host_id=self.host_id, epoch=run.epoch,
-                              survey=survey, request=request)
+                              survey=survey, request=request, placement=placement)
         rows = interview.Rows(emit=lambda columns: out.emit(columns, session.usage()), size=s.outcome_batch_size)
         loop = asyncio.get_running_loop()
         t0 = loop.time()

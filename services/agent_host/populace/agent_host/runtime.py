@@ -15,7 +15,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from opentelemetry.context import Context
 
-from populace.agent_host.interviews import Interviewer
+from populace.agent_host.interviews import Interviewer, InterviewFaultReporter
 from populace.agent_host.mail import MailCarrier, MailMissing
 from populace.agent_host.publisher import OutcomePublisher
 from populace.core import checkpoints, logs, metrics
@@ -44,7 +44,8 @@ FaultReporter = Callable[[str, int | None, str, int, bool], Awaitable[None]]
 
 class HostRuntime:
     def __init__(self, nc: Client, js: JetStreamContext, settings: Settings,
-                 report_fault: FaultReporter | None = None) -> None:
+                 report_fault: FaultReporter | None = None,
+                 report_interview_fault: InterviewFaultReporter | None = None) -> None:
         self.nc, self.js, self.settings = nc, js, settings
         self.host_id = settings.host_id
         # run id -> share epoch -> its agents: a host can hold two shares of one run (its own,
@@ -53,7 +54,7 @@ class HostRuntime:
         self._rounds: dict[tuple[str, int], set[asyncio.Task]] = {}  # by share: cancelled with it
         self._report_fault = report_fault
         self.mail = MailCarrier(nc, js, settings)
-        self.interviews = Interviewer(nc, js, settings, self.host_id, report_fault)
+        self.interviews = Interviewer(nc, js, settings, self.host_id, report_fault, report_interview_fault)
         self._worlds: dict[str, tuple[WorldRef, World]] = {}  # run id -> the world its last round read
         # (run id, epoch) -> first agent id of a range -> its checkpoints since its last full one
         self._chains: dict[tuple[str, int], dict[int, checkpoints.Chain]] = {}

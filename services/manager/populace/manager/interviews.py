@@ -92,7 +92,7 @@ async def run_interview(request: Request) -> Response:
         except ValueError as err:
             errors["sample"] = str(err) if isinstance(err, InterviewRefused) else f"--sample: not a number ({err})"
     state = await run_state(nc, rid)
-    if after and "after_round" not in errors and (why := state_refusal(state, rid, after)):
+    if "after_round" not in errors and (why := state_refusal(state, rid, after)):
         errors["after_round"] = why
     if errors or survey is None:
         ctx = await run_context(request, rid)
@@ -133,8 +133,9 @@ async def run_interviews(request: Request) -> Response:
         recorded = await _last(js, subjects.run_interviewed(rid, req_id), InterviewsRecorded)
         if placed is None:
             return JSONResponse({"ok": True, "status": "pending"})
-        if placed.error:
-            return JSONResponse({"ok": True, "status": "refused", "error": placed.error})
+        if placed.error:  # refused before anything was asked, or failed once placed (a lost host, …)
+            return JSONResponse({"ok": True, "status": "failed" if placed.expected else "refused",
+                                 "error": placed.error})
         if recorded is None:
             return JSONResponse({"ok": True, "status": "placed", "expected": placed.expected,
                                  "hosts": sorted(placed.hosts)})

@@ -25,12 +25,15 @@ from pydantic import ValidationError
 
 from populace.core import bus, checkpoints, metrics, runconfigs, subjects, telemetry
 from populace.core.contracts import (
+    AskedShare,
+    Asking,
     ConfigRef,
     HostInfo,
     HostSpawned,
     InterviewOrder,
     InterviewPlaced,
     InterviewRequest,
+    InterviewsRecorded,
     Progress,
     Restore,
     RoundOpen,
@@ -75,6 +78,9 @@ class Orchestrator:
         self.round_opened: dict[str, tuple[int, float]] = {}
         self.stored_configs: set[tuple[str, ConfigRef]] = set()  # (run id, config) in the object store
         self.stopping: set[tuple[str, int]] = set()  # (run id, epoch) whose RunDone is being published
+        # Runs with post-hoc interviews in flight (RunState.asking), with those interviews' hosts:
+        # watched like a running run's, so a lost host's part is ordered from another.
+        self.asking: dict[str, set[str]] = {}
         self.progress_sub = None
         metrics.RUNS_ACTIVE.set_function(lambda: len(self.watched))  # read at scrape time only
 
@@ -122,8 +128,10 @@ class Orchestrator:
                 self.watched[state.run_id] = set(state.placement)
             if state.status == "running":
                 self.ticks[state.run_id] = workflow.RoundTicks.of(state)
-        if self.watched:
-            self.svc.log.info("runs_adopted", runs=sorted(self.watched))
+            if state.asking:
+                self.asking[state.run_id] = {sh.host_id for a in state.asking for sh in a.shares}
+        if self.watched or self.asking:
+            self.svc.log.info("runs_adopted", runs=sorted(self.watched), interviews=sorted(self.asking))
 
     async def watch_hosts(self) -> None:
         """Every heartbeat, for each watched run: place again the shares of hosts that stopped
@@ -140,7 +148,7 @@ class Orchestrator:
         missing: dict[str, int] = {}  # host id -> consecutive beats it was seen stale or absent
         while True:
             await asyncio.sleep(settings.heartbeat_s)
-            if not self.watched:
+            if not self.watched and not self.asking:
                 missing.clear()
                 continue
             try:
@@ -151,7 +159,7 @@ class Orchestrator:
                 self.svc.log.warning("host_watch_read_failed", error=str(err))
                 continue
             up = {h.host_id for h in fresh}
-            placed = set().union(*self.watched.values())
+            placed = set().union(*self.watched.values(), *self.asking.values())
             missing = {h: missing.get(h, 0) + 1 for h in placed if h not in up}
             live = up | {h for h, beats in missing.items() if beats < 2}
             for rid in list(self.watched):
@@ -161,6 +169,37 @@ class Orchestrator:
                     self.watched.pop(rid, None)
                 except Exception as err:
                     self.svc.log.warning("host_watch_failed", run_id=rid, error=str(err))
+            for rid in list(self.asking):
+                try:
+                    await self.watch_interviews(rid, fresh, live)
+                except Refused:
+                    self.asking.pop(rid, None)
+                except Exception as err:
+                    self.svc.log.warning("interview_watch_failed", run_id=rid, error=str(err))
+
+    async def watch_interviews(self, rid: str, fresh: list[HostInfo], live: set[str]) -> None:
+        """One beat over a run's post-hoc interviews in flight: those recorded are watched no
+        more, a lost host's part is ordered from a living host (interviews.on_beat)."""
+        state = await bus.run_state(self.svc.js, rid)
+        if state is None or not state.asking:
+            self.asking.pop(rid, None)
+            return
+        recorded = {a.request for a in state.asking
+                    if await bus.last_on(self.svc.js, subjects.RUN_STREAM, subjects.run_interviewed(rid, a.request),
+                                         InterviewsRecorded) is not None}
+        decided: list[RunState] = []
+
+        def decide(s: RunState) -> tuple[RunState, list]:
+            new, actions = interviews.on_beat(s, fresh, live, recorded, self.svc.settings.host_lost_s)
+            decided[:] = [new]
+            return new, actions
+
+        await self.advance(rid, decide)
+        hosts = {sh.host_id for a in decided[0].asking for sh in a.shares} if decided else set()
+        if decided and not decided[0].asking:
+            self.asking.pop(rid, None)
+        elif hosts:
+            self.asking[rid] = hosts
 
     def check(self, state: RunState, hosts: list[HostInfo], live: set[str]) -> tuple[RunState, list]:
         """One watch beat for one run: lost shares first, then the round's deadline."""
@@ -344,6 +383,8 @@ class Orchestrator:
         """A service or a placed share cannot go on with a run: fail (or pause) it now, with its
         reason. From anyone else, or claiming another sender: dead-lettered, naming the sender."""
         subject = msg.raw_message.subject
+        if fault.request is not None:
+            return await self.on_interview_fault(fault, subject)
         why = workflow.fault_refusal(await bus.run_state(self.svc.js, fault.run_id), fault, subject)
         if why is not None:
             raise Refused(f"fault refused from {subject.rsplit('.', 1)[-1]}: {why}")
@@ -351,6 +392,23 @@ class Orchestrator:
                              pause=fault.pause)
         stop = workflow.on_pause if fault.pause else workflow.on_failure
         await self.advance(fault.run_id, lambda s: stop(s, fault.reason))
+
+    async def on_interview_fault(self, fault: RunFault, subject: str) -> None:
+        """A host cannot answer its part of a post-hoc interview: the interview fails (not the
+        run), saying why. From a host not ordered to answer it: dead-lettered."""
+        sender = subject.rsplit(".", 1)[-1]
+        state = await bus.run_state(self.svc.js, fault.run_id)
+        why = interviews.fault_refusal(state, fault, subject)
+        if why is not None:
+            raise Refused(f"fault refused from {sender}: {why}")
+        asking = next((a for a in state.asking if a.request == fault.request), None)  # type: ignore[union-attr]
+        if asking is None:  # recorded, or failed already (another host's fault)
+            self.svc.log.info("interview_fault_late", run_id=fault.run_id, request=fault.request, source=sender,
+                              reason=fault.reason)
+            return
+        await self.give_up_interview(fault.run_id, asking,
+                                     f"agent-host {sender} cannot answer interview {asking.request}: {fault.reason}",
+                                     host_id=sender)
 
     async def on_cancel(self, cancel: RunCancel, msg: NatsMessage) -> None:
         """Stop a run at once (its hosts drop the round in play); it can be resumed."""
@@ -387,9 +445,12 @@ class Orchestrator:
         `run.<rid>.asked.<request>`; nothing is asked of a refused one."""
         rid = req.run_id
         state = await bus.run_state(self.svc.js, rid)
+        if state is not None and any(a.request == req.request for a in state.asking):
+            return  # delivered again once placed: its orders and placement were said before it was watched
         why = interviews.refusal(state, req)
         hosts: dict[str, list[tuple[int, int]]] = {}
         restore = None
+        up: list[HostInfo] = []
         if why is None:
             k = req.after_round
             try:
@@ -404,28 +465,91 @@ class Orchestrator:
             except checkpoints.CheckpointError as err:
                 why = f"after_round: round {k}'s checkpoint cannot be used: {err}"
         if why is None:
-            hosts = interviews.split(restore.ranges, await self.fresh_hosts())
+            up = await self.fresh_hosts()
+            hosts = interviews.split(restore.ranges, up)
             if not hosts:
                 why = "no agent-host is up to answer it"
         placed = InterviewPlaced(run_id=rid, request=req.request, after_round=req.after_round, survey=req.survey,
                                  hosts=hosts, error=why, placed_at=time.time(),
                                  expected=interviews.expected(req, state.config.agents, state.config.seed)
                                  if why is None else 0)
+        order_seq = 0
         if why is None:
             await self.store_config(state)  # where the order names it (a recorded run's may be pruned)
             for host, ranges in hosts.items():
-                await bus.publish_js(self.svc.js, subjects.run_ask(rid, host),
-                                     InterviewOrder(run_id=rid, host_id=host, request=req.request,
-                                                    after_round=req.after_round, survey=req.survey,
-                                                    sample=req.sample, agents=req.agents, ranges=ranges,
-                                                    restore=restore, config_ref=state.config_ref),
-                                     msg_id=f"{rid}.ask.{req.request}.{host}")
+                ack = await bus.publish_js(self.svc.js, subjects.run_ask(rid, host),
+                                           InterviewOrder(run_id=rid, host_id=host, request=req.request,
+                                                          after_round=req.after_round, survey=req.survey,
+                                                          sample=req.sample, agents=req.agents, ranges=ranges,
+                                                          restore=restore, config_ref=state.config_ref),
+                                           msg_id=f"{rid}.ask.{req.request}.{host}")
+                order_seq = order_seq or ack.seq
         await bus.publish_js(self.svc.js, subjects.run_asked(rid, req.request), placed,
                              msg_id=f"{rid}.asked.{req.request}")
+        if why is None:  # watched from now on (said first: a redelivery then finds it placed)
+            started = {h.host_id: h.started_at for h in up}
+            asking = Asking(request=req.request, after_round=req.after_round, expected=placed.expected,
+                            order_seq=order_seq, placed_at=placed.placed_at,
+                            shares=[AskedShare(host_id=h, ranges=r, incarnation=started.get(h))
+                                    for h, r in hosts.items()])
+            await self.advance(rid, lambda s: interviews.asked(s, asking))
+            self.asking.setdefault(rid, set()).update(hosts)
         self.svc.log.info("interview_placed" if why is None else "interview_refused", run_id=rid,
                           request=req.request, after_round=req.after_round, survey=req.survey.id,
                           hosts={h: sum(c for _, c in r) for h, r in hosts.items()}, expected=placed.expected,
                           reason=why)
+
+    async def order_again(self, state: RunState, action: interviews.OrderAgain) -> None:
+        """A lost host's part of a post-hoc interview, ordered from the hosts `action` names: each
+        order asks what the interview's first order asks (read back from RUN), of its own ranges."""
+        rid = state.run_id
+        asking = next(a for a in state.asking if a.request == action.request)
+        try:
+            first = await bus.until_ready(lambda: self.svc.js.get_msg(subjects.RUN_STREAM, seq=asking.order_seq),
+                                          f"interview {action.request}'s order")
+            order = InterviewOrder.model_validate_json(first.data or b"")
+            if order.run_id != rid or order.request != action.request:
+                raise ValueError(f"RUN message {asking.order_seq} is another's")
+            for host, ranges in action.hosts.items():
+                await bus.publish_js(self.svc.js, subjects.run_ask(rid, host),
+                                     order.model_copy(update={"host_id": host, "ranges": ranges,
+                                                              "placement": action.placement}),
+                                     msg_id=f"{rid}.ask.{action.request}.{host}.p{action.placement}")
+        except Exception as err:  # not ordered again: watching it on would wait for nobody
+            await self.give_up_interview(rid, asking, f"{action.lost}, and its part could not be ordered again "
+                                                     f"({type(err).__name__}: {err})")
+            return
+        await bus.publish_js(self.svc.js, subjects.run_asked(rid, action.request),
+                             InterviewPlaced(run_id=rid, request=action.request, after_round=order.after_round,
+                                             survey=order.survey, hosts=asking.hosts, expected=asking.expected,
+                                             placed_at=time.time(), placement=action.placement, reason=action.reason),
+                             msg_id=f"{rid}.asked.{action.request}.p{action.placement}")
+        self.svc.log.warning("interview_placed_again", run_id=rid, request=action.request, reason=action.reason,
+                             placement=action.placement,
+                             hosts={h: sum(c for _, c in r) for h, r in action.hosts.items()})
+
+    async def give_up_interview(self, rid: str, asking: Asking, reason: str, host_id: str | None = None) -> None:
+        """Watch `request` no more and say why it fails (a host's own fault, or an order that
+        could not go out)."""
+        removed: list[bool] = []
+
+        def decide(s: RunState) -> tuple[RunState, list]:
+            new, _ = interviews.failed(s, asking.request, host_id)
+            removed[:] = [new is not s]
+            return new, []
+
+        await self.advance(rid, decide)
+        if removed and removed[0]:
+            await self.interview_lost(rid, interviews.InterviewLost(asking.request, asking.after_round, asking.expected,
+                                                                    reason))
+
+    async def interview_lost(self, rid: str, action: interviews.InterviewLost) -> None:
+        """Say that a post-hoc interview cannot be answered whole (whoever asked stops waiting)."""
+        await bus.publish_js(self.svc.js, subjects.run_asked(rid, action.request),
+                             InterviewPlaced(run_id=rid, request=action.request, after_round=action.after_round,
+                                             expected=action.expected, error=action.reason, placed_at=time.time()),
+                             msg_id=f"{rid}.asked.{action.request}.failed")
+        self.svc.log.error("interview_failed", run_id=rid, request=action.request, reason=action.reason)
 
     async def refuse_resume(self, state: RunState, why: str) -> None:
         """Say so on the run's done subject (its state stays as it was): whoever asked stops
@@ -471,6 +595,10 @@ class Orchestrator:
                     await self.open_round(new, action)
                 elif isinstance(action, workflow.SpawnShares):
                     await self.place_again(new, action)
+                elif isinstance(action, interviews.OrderAgain):
+                    await self.order_again(new, action)
+                elif isinstance(action, interviews.InterviewLost):
+                    await self.interview_lost(rid, action)
                 else:
                     await self.say_stop(rid, action, new.epoch)
             return

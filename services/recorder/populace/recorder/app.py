@@ -62,6 +62,9 @@ PROFILES_KEPT_BYTES = 64 * 2**20
 RECENTLY_RECORDED = 1000
 # A full disk: the first retry of the held fetch after this long, then twice as long each time up to the last
 ROOM_RETRY_S = (1.0, 10.0)
+# How often a recorder that fetched nothing looks again at finished runs still waiting (for their
+# interviews' answers): a wait runs out this much late at most; each look opens the file (~40 ms)
+IDLE_LOOK_S = 2.0
 
 
 def misplaced(subject: str, event: BaseModel) -> str | None:
@@ -91,6 +94,7 @@ class Recorder:
         self.stopping = False
         self.stopped = asyncio.Event()  # wakes a wait for disk space at once on stop
         self.paused_for_room: set[str] = set()  # runs paused because the disk is full (said once per episode)
+        self.idle_look_at = 0.0  # when the idle loop may next look at the finished runs (time.monotonic)
         # personas digest -> its agent_profiles rows: a sweep's runs share one population, read once
         self.profiles: ByDigest[pa.Table | None] = ByDigest(
             limit=4, max_bytes=PROFILES_KEPT_BYTES, size=lambda rows: 0 if rows is None else rows.nbytes)
@@ -138,8 +142,12 @@ class Recorder:
             try:
                 msgs = await self.sub.fetch(batch=self.svc.settings.recorder_fetch, timeout=0.5)
             except (TimeoutError, nats.errors.TimeoutError):
-                if self.finished:  # a run waiting for its interviews' answers may be past its wait
+                # a run waiting for its interviews' answers may be past its wait (looked at now and
+                # then: each look opens the file, which a wait otherwise leaves to readers)
+                if self.finished and time.monotonic() >= self.idle_look_at:
+                    self.idle_look_at = time.monotonic() + IDLE_LOOK_S
                     await self.announce_complete()
+                self.release_if_idle(waiting=True)  # nothing came: no lock is held across a wait
                 continue
             except Exception as err:
                 self.svc.log.warning("fetch_failed", error=str(err))
@@ -385,20 +393,27 @@ class Recorder:
             self.svc.log.error("checkpoint_prune_failed", run_id=done.run_id, error=str(err))
             return 0
 
-    def release_if_idle(self) -> None:
-        """Close the file for readers between runs (no run being recorded, no read going on)."""
-        if not self.active and not self.finished and not self.reads.in_progress:
+    def release_if_idle(self, waiting: bool = False) -> None:
+        """Close the file for readers between runs (no run being recorded, no read going on).
+        `waiting` (a fetch found nothing): also while the runs being recorded have all finished
+        and only wait (for their interviews' answers, for a redelivery): a wait of minutes must
+        not lock readers out. The next message opens it again."""
+        recording = self.active - self.finished.keys() if waiting else self.active | self.finished.keys()
+        if not recording and not self.reads.in_progress:
             self.store.close()
 
     async def announce_interviews(self) -> None:
-        """Each post-hoc interview whose answers are all in: `run.<rid>.interviewed.<request>`."""
-        for rid, request, answers in await asyncio.to_thread(self.store.interviews.complete_requests):
+        """Each post-hoc interview whose answers are all in: `run.<rid>.interviewed.<request>`,
+        said once the file is released (when no run is being recorded): whoever hears it reads
+        the answers from the file at once."""
+        complete = await asyncio.to_thread(self.store.interviews.complete_requests)
+        self.release_if_idle()
+        for rid, request, answers in complete:
             await bus.publish_js(self.svc.js, subjects.run_interviewed(rid, request),
                                  InterviewsRecorded(run_id=rid, request=request, answers=answers,
                                                     db_path=self.store.path),
                                  msg_id=f"{rid}.interviewed.{request}")
             self.svc.log.info("interview_recorded", run_id=rid, request=request, answers=answers)
-        self.release_if_idle()
 
     async def announce_complete(self) -> None:
         for rid in list(self.finished):
@@ -407,13 +422,16 @@ class Recorder:
                 continue  # some round results or outcome batches are still on their way (redelivery)
             answers, owed = 0, 0
             if self.finished[rid].status == "completed":  # a run stopped short: its interviews stopped too
-                answers, owed = await asyncio.to_thread(self.store.interviews.owed, rid, self.finished[rid].rounds)
+                # owed after the rounds it played (a fork's after its fork point), awaited only
+                # while some may still come (store.interviews_owed)
+                due = await asyncio.to_thread(self.store.interviews_owed, rid, self.finished[rid].rounds)
+                answers, owed = due.answers, due.owed
                 waited = time.monotonic() - self.done_at.get(rid, time.monotonic())
-                if answers < owed and waited < self.svc.settings.interview_wait_s:
+                if due.pending and waited < self.svc.settings.interview_wait_s:
                     continue  # the last rounds' interviews are still being answered
-                if answers < owed:
+                if due.missing:
                     self.svc.log.error("interviews_missing", run_id=rid, answers=answers, owed=owed,
-                                       waited_s=round(waited, 1))
+                                       awaited=due.pending, waited_s=round(waited, 1))
             done = self.finished.pop(rid)
             self.done_at.pop(rid, None)
             epoch = done.epoch

@@ -25,7 +25,7 @@ from populace.core.contracts import (
     RunConfig,
     Survey,
 )
-from populace.core.interviews import chosen, expected, fits
+from populace.core.interviews import chosen, expected, fits, owed_rounds
 
 _SCHEMA = pa.schema([("run_id", pa.string()), ("after_round", pa.int32()), ("survey", pa.string()),
                      ("question", pa.string()), ("agent_id", pa.int64()), ("answer", pa.string()),
@@ -33,6 +33,20 @@ _SCHEMA = pa.schema([("run_id", pa.string()), ("after_round", pa.int32()), ("sur
                      ("latency_ms", pa.float64()), ("request", pa.string()), ("host_id", pa.string())])
 # Surveys whose answered (agent, question) pairs are kept in memory (agents × questions bits each)
 MAX_KEPT = 64
+
+
+@dataclass(frozen=True)
+class Owed:
+    """A finished run's planned answers: stored, owed (after the rounds it played), and of those
+    not stored, how many may still come (worth waiting for)."""
+
+    answers: int
+    owed: int
+    pending: int
+
+    @property
+    def missing(self) -> int:
+        return max(0, self.owed - self.answers)
 
 
 @dataclass
@@ -190,10 +204,15 @@ class InterviewStore:
         return n
 
     def placed(self, m: InterviewPlaced) -> None:
-        """A post-hoc request placed (or refused): what it will have, for its announcement."""
+        """A post-hoc request placed (or refused): what it will have, for its announcement. Said
+        again, it was placed again (nothing changes here: the new hosts' orders come as orders)
+        or it failed: its error is kept, and it is never announced."""
         con = self.con
         if con.execute("SELECT count(*) FROM interview_requests WHERE run_id = ? AND request = ?",
                        [m.run_id, m.request]).fetchone()[0]:
+            if m.error is not None:
+                con.execute("UPDATE interview_requests SET error = ? WHERE run_id = ? AND request = ? "
+                            "AND error IS NULL AND recorded_at IS NULL", [m.error, m.run_id, m.request])
             return
         con.execute("INSERT INTO interview_requests VALUES (?, ?, ?, ?, ?, ?, to_timestamp(?), NULL)",
                     [m.run_id, m.request, m.after_round, m.survey.id if m.survey else None, m.expected, m.error,
@@ -238,12 +257,18 @@ class InterviewStore:
             self.con.execute(f"DELETE FROM {table} WHERE run_id = ? AND after_round > ? AND request IS NULL",
                              [run_id, after_round])
 
-    def owed(self, run_id: str, last_round: int) -> tuple[int, int]:
-        """(planned answers stored, planned answers the run owes after rounds 1..last_round)."""
+    def owed(self, run_id: str, last_round: int, first_played: int = 1, resumed_after: int | None = None) -> Owed:
+        """What the run's planned interviews owe after its last round `last_round`, the rounds
+        from `first_played` on (a fork's: after its fork point), and how much of it may still
+        come (not what a resume after round `resumed_after` never asks again): owed_rounds."""
         config = self.config_of(run_id)
         if config is None or not config.interviews:
-            return 0, 0
-        want = expected(config.interviews, config.agents, config.seed, last_round)
-        (got,) = self.con.execute("SELECT count(*) FROM interviews WHERE run_id = ? AND request IS NULL "
-                                  "AND after_round <= ?", [run_id, last_round]).fetchone()
-        return int(got), want
+            return Owed(0, 0, 0)
+        owes, awaits = owed_rounds(last_round, first_played, resumed_after)
+        want = expected(config.interviews, config.agents, config.seed, last_round, owes.start)
+        awaited = expected(config.interviews, config.agents, config.seed, last_round, awaits.start)
+        got, got_awaited = self.con.execute(
+            "SELECT count(*), count(*) FILTER (WHERE after_round >= ?) FROM interviews WHERE run_id = ? "
+            "AND request IS NULL AND after_round BETWEEN ? AND ?",
+            [awaits.start, run_id, owes.start, last_round]).fetchone()
+        return Owed(int(got), want, max(0, awaited - int(got_awaited)))

@@ -44,7 +44,7 @@ from populace.population.errors import PopulationError
 from populace.population.jsonl import iter_personas
 from populace.population.model_assignment import AssignmentError, assignment
 from populace.recorder.expected import RunShape, calls_refusal, outcome_refusal
-from populace.recorder.interviews import InterviewStore
+from populace.recorder.interviews import InterviewStore, Owed
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -761,6 +761,15 @@ class Store:
         self.ensure_tables(run_id, spec)
         return self.con.execute(f"SELECT count(*) FROM {_q(spec.outcomes)} WHERE run_id = ?",
                                 [run_id]).fetchone()[0]
+
+    def interviews_owed(self, run_id: str, last_round: int) -> Owed:
+        """The run's planned answers after its last round `last_round` (InterviewStore.owed):
+        owed from the first round it played (a fork's after its parent's), still awaited from
+        the round its latest resume restored."""
+        first = min((sh.from_round for sh in self.shares_of(run_id).values()), default=1)
+        row = self.con.execute("SELECT after_round FROM _resumes WHERE run_id = ? ORDER BY epoch DESC LIMIT 1",
+                               [run_id]).fetchone()
+        return self.interviews.owed(run_id, last_round, first, row[0] if row else None)
 
     def completeness(self, run_id: str, last_round: int | None = None) -> tuple[int, int]:
         """(outcomes recorded, outcomes the environment counted in the run's round results).

@@ -7,6 +7,7 @@ import hashlib
 import hmac
 
 from nats.js import JetStreamContext
+from nats.js.api import PubAck
 from pydantic import BaseModel
 
 from populace.core import telemetry
@@ -33,14 +34,15 @@ def seal(conn, msg_id: str) -> str:
 
 
 async def publish_js(js: JetStreamContext, subject: str, model: BaseModel, msg_id: str | None = None,
-                     timeout: float = 5.0, attempts: int = 12) -> None:
-    """One JetStream publish awaiting its PubAck (control plane). De-duplicated by msg_id, so
+                     timeout: float = 5.0, attempts: int = 12) -> PubAck:
+    """One JetStream publish awaiting its PubAck (control plane), which it returns (a message
+    stored before under the same msg_id: that one's sequence). De-duplicated by msg_id, so
     it is retried through transient errors — e.g. the stream's leader being re-elected after a
     node died (~5–10 s), during which a lost publish would otherwise stall a run."""
     headers = telemetry.inject({"Nats-Msg-Id": seal(js, msg_id)} if msg_id else None)
     data = encode(model)
 
-    async def once() -> None:
-        await js.publish(subject, data, headers=headers, timeout=timeout)
+    async def once() -> PubAck:
+        return await js.publish(subject, data, headers=headers, timeout=timeout)
 
-    await until_ready(once, f"publish {subject}", attempts=attempts if msg_id else 1)
+    return await until_ready(once, f"publish {subject}", attempts=attempts if msg_id else 1)

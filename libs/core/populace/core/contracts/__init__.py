@@ -20,6 +20,8 @@ from __future__ import annotations
 from populace.core.contracts.control import (
     ACTIVE_STATUSES,
     RESUMABLE_STATUSES,
+    AskedShare,
+    Asking,
     HostInfo,
     InterviewRequest,
     Layout,
@@ -189,6 +191,8 @@ __all__ = [
     "AgentsReply",
     "AgentsRequest",
     "Amount",
+    "AskedShare",
+    "Asking",
     "Broadcast",
     "Budget",
     "CheckpointName",

@@ -161,6 +161,42 @@ class Share(Strict):
         return sum(c for _, c in self.ranges)
 
 
+class AskedShare(Strict):
+    """One host's part of a post-hoc interview in flight: the checkpoint ranges it answers, the
+    host process's start time when it was ordered (a restart loses the order) and the placement
+    that ordered it (0: the first; n: the n-th time a lost host's part was placed again)."""
+
+    host_id: str
+    ranges: list[tuple[int, int]]
+    incarnation: float | None = None
+    placement: int = Field(0, ge=0)
+
+    _tok = field_validator("host_id")(_check_token)
+
+
+class Asking(Strict):
+    """A post-hoc interview placed and not yet recorded (RunState.asking): the orchestrator
+    watches its hosts, orders a lost host's part from a living one, and says so when none is up
+    (InterviewPlaced.error). Its orders all ask what the first one asks (survey, sample, agents,
+    checkpoint): that order is read back from stream RUN by its sequence, since `agents` may be
+    too long for a run state."""
+
+    request: InterviewId
+    after_round: int = Field(ge=1)
+    expected: int = Field(ge=0)  # the answers it will have (InterviewPlaced.expected)
+    order_seq: int = Field(ge=1)  # its first order's sequence in stream RUN
+    shares: list[AskedShare]
+    placements: int = Field(0, ge=0)  # times a lost host's part was placed again
+    placed_at: float
+
+    @property
+    def hosts(self) -> dict[str, list[tuple[int, int]]]:
+        out: dict[str, list[tuple[int, int]]] = {}
+        for sh in self.shares:
+            out.setdefault(sh.host_id, []).extend(sh.ranges)
+        return {h: sorted(r) for h, r in out.items()}
+
+
 # A run's status groups, shared by the orchestrator's decisions and the CLI's checks.
 ACTIVE_STATUSES = ("spawning", "running")
 RESUMABLE_STATUSES = ("failed", "cancelled", "paused")  # `populace resume` continues these
@@ -200,6 +236,9 @@ class RunState(Strict):
     # writers reported them (each share its own ranges', the environment its own): a restore
     # uses an object only if it still matches. Only the orchestrator writes KV `runs`.
     checkpoints: dict[str, SHA256] = {}
+    # Post-hoc interviews placed and not yet recorded: their hosts are watched (a lost one's part
+    # is placed again). Changed without touching `updated_at`: asking is not running.
+    asking: list[Asking] = []
     # The newest control request (a cancel or a resume) that changed the run, by its message in
     # the CTL stream: sequence and the server's time. One no newer in both changes nothing: the
     # same request delivered again (its handler died between this write and its ack) or an older

@@ -245,11 +245,18 @@ class InterviewOrder(Wire):
     ranges: list[tuple[AgentId, Amount]]
     restore: Restore
     config_ref: ConfigRef
+    # 0: the request's first placement; n: its n-th, of a lost host's ranges (its answers are new
+    # messages, stored apart from another order's to the same host; the recorder keeps the first
+    # answer of each agent and question)
+    placement: int = Field(0, ge=0, le=10_000)
 
 
 class InterviewPlaced(Wire):
     """A post-hoc interview placed (`hosts`: host id -> its ranges; `expected`: answers the
-    request will have), or refused with `error` (nothing is asked)."""
+    request will have), or refused with `error` (nothing is asked). Said again when it changes:
+    a lost host's part placed again on living hosts (`placement` n > 0, `reason` says why), or
+    the interview failed (`error`: no host is up to answer a lost host's part, or a host could
+    not answer; what was answered stays recorded)."""
 
     run_id: Token
     request: InterviewId
@@ -259,6 +266,8 @@ class InterviewPlaced(Wire):
     expected: Amount = 0
     error: str | None = Field(None, max_length=4000)
     placed_at: float
+    placement: int = Field(0, ge=0, le=10_000)
+    reason: str | None = Field(None, max_length=4000)
 
 
 class InterviewsRecorded(Wire):
@@ -367,7 +376,8 @@ class RunResumed(Wire):
 class RunFault(Wire):
     """A service cannot go on with a run (a simulation that does not import, an environment
     that raised, personas missing): the orchestrator fails the run with this reason at once.
-    `pause`: not the run's fault (no model answers): the run pauses instead, to be resumed."""
+    `pause`: not the run's fault (no model answers): the run pauses instead, to be resumed.
+    `request`: a host cannot answer a post-hoc interview's order: that interview fails, not the run."""
 
     run_id: Token
     source: str  # the service or host that reports it: the last token of its subject
@@ -375,6 +385,7 @@ class RunFault(Wire):
     reason: str
     pause: bool = False
     epoch: Epoch | None = None  # a host's: the epoch of its share that cannot go on
+    request: InterviewId | None = None
 
 
 class RunDone(Wire):
@@ -391,7 +402,9 @@ class RunRecorded(Wire):
     outcomes: int  # agent-rounds recorded
     db_path: str
     answers: int = 0  # planned interviews' answers recorded
-    answers_missing: int = 0  # planned answers that did not come within POPULACE_INTERVIEW_WAIT_S (a host lost)
+    # planned answers owed (after the rounds the run played) that are not in: they did not come within
+    # POPULACE_INTERVIEW_WAIT_S (a host lost), or nothing asks them again (cut short before a resume)
+    answers_missing: int = 0
     epoch: Epoch = 0  # the RunDone's it follows: a resumed run's earlier stop may be recorded after it
 
 
