@@ -73,6 +73,11 @@ class DummyBenchResult:
     heard_per_s: float | None = None
     # what the agent-hosts' checkpoints wrote, summed over hosts, per round (their round_played lines)
     checkpoint_bytes_by_round: list[int] = field(default_factory=list)
+    # a simulation with scenes: acts found in DuckDB (its acts table), and the acts its rounds
+    # played (the hosts' LLM calls: one per act on the dummy model)
+    acts_recorded: int | None = None
+    # prompts the hosts sent again because no model answered them (the rounds tables' infra_retries)
+    infra_retries: int = 0
 
     def to_json(self, **kw) -> str:
         return json.dumps(asdict(self), **kw)
@@ -90,6 +95,8 @@ class DummyBenchResult:
             ("total (start → recorded)", f"{self.total_s:.2f} s"),
             ("agents that acted (all rounds)", f"{self.acted:,}"),
             ("outcomes recorded", f"{self.recorded:,}"),
+            *((("acts recorded", f"{self.acts_recorded:,}"),) if self.acts_recorded is not None else ()),
+            ("infra retries", f"{self.infra_retries:,}"),
             ("messages per round", f"{self.messages_per_round:,.0f}"),
             ("peak RSS, all processes", f"{self.peak_rss_bytes / gib:.2f} GiB"),
             ("bytes per agent", f"{self.bytes_per_agent:,.0f}"),
@@ -268,7 +275,10 @@ def run_dummy_bench(agents: int, latency: float, hosts: int, rounds: int = 1, fl
     with duckdb.connect(db, read_only=True) as con:
         recorded = con.execute(f'SELECT count(*) FROM "{table}" WHERE run_id = ?', [outcome.run_id]).fetchone()[0]
         # the agents that acted (all of them, unless the simulation selects who acts)
-        acted = con.execute(f'SELECT sum(n) FROM "{tables.rounds}" WHERE run_id = ?', [outcome.run_id]).fetchone()[0]
+        acted, retries = con.execute(f'SELECT sum(n), sum(infra_retries) FROM "{tables.rounds}" WHERE run_id = ?',
+                                     [outcome.run_id]).fetchone()
+        acts = (con.execute(f'SELECT count(*) FROM "{tables.acts}" WHERE run_id = ?', [outcome.run_id]).fetchone()[0]
+                if tables.acts else None)
         # rounds after the first: the first has nothing to hear
         heard_by_round = dict(con.execute("SELECT round, sum(heard) FROM posts WHERE run_id = ? AND round > 1 "
                                           "GROUP BY round", [outcome.run_id]).fetchall()) if graph is not None else {}
@@ -294,7 +304,7 @@ def run_dummy_bench(agents: int, latency: float, hosts: int, rounds: int = 1, fl
         graph=(manifest or {}).get("graph"),
         mail_messages_per_round=mail[0] if mail else None, mail_posts_per_round=mail[1] if mail else None,
         mail_bytes_per_round=mail[2] if mail else None, posts_heard_per_round=heard, heard_per_s=heard_rate,
-        checkpoint_bytes_by_round=saved,
+        checkpoint_bytes_by_round=saved, acts_recorded=acts, infra_retries=int(retries or 0),
     )
 
 

@@ -61,7 +61,18 @@ def group_attributes(con: duckdb.DuckDBPyConnection, run_id: str | Sequence[str]
     run_ids = _check_runs(con, [run_id] if isinstance(run_id, str) else run_id)
     out = dict.fromkeys(_keys_in(con, run_ids, "profile"))
     out.update(dict.fromkeys(_keys_in(con, run_ids, "persona")))
+    if MODEL not in out and _has_models(con, run_ids):
+        out[MODEL] = None  # a run with `models:`: each agent's model (table agent_models)
     return list(out)
+
+
+# `by` naming this groups agents by their model (a run with `models:`), not by a profile attribute
+MODEL = "model"
+
+
+def _has_models(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> bool:
+    return _has_table(con, "agent_models") and con.execute(
+        "SELECT count(*) > 0 FROM agent_models WHERE run_id IN (SELECT unnest($1))", [list(run_ids)]).fetchone()[0]
 
 
 def _json_path(key: str) -> str:
@@ -192,9 +203,17 @@ def _picks(con: duckdb.DuckDBPyConnection, rts: list[RunTables], round: int | No
     return picks
 
 
-def _grouped_base(rt: RunTables, value_expr: str) -> str:
+def _grouped_base(rt: RunTables, value_expr: str, by_model: bool = False) -> str:
     """SQL (a CTE body) of the valid answers of the picked (run, round)s with the attribute's
-    JSON text: columns run_id, attr, v. Binds $runs, $rounds, $path."""
+    JSON text (`by_model`: the agent's model): columns run_id, attr, v. Binds $runs, $rounds, $path."""
+    if by_model:
+        return f"""
+        SELECT o.run_id, CAST(to_json(m.model) AS VARCHAR) AS attr, {value_expr} AS v
+        FROM {q(rt.spec.outcomes)} o
+        JOIN (SELECT unnest($runs) AS run_id, unnest($rounds) AS round) k
+          ON o.run_id = k.run_id AND o.round = k.round
+        LEFT JOIN agent_models m ON m.run_id = o.run_id AND m.agent_id = o.agent_id
+        WHERE o.valid AND o.{q(rt.measure)} IS NOT NULL AND $path IS NOT NULL"""
     return f"""
         SELECT o.run_id,
                CAST(coalesce(json_extract(p.profile, $path), json_extract(p.persona, $path)) AS VARCHAR) AS attr,
@@ -218,7 +237,8 @@ def group_points(con: duckdb.DuckDBPyConnection, run_id: str, by: str, round_: i
     if round_ is None or rt.kind != "numeric":
         return {}
     params = {"runs": [run_id], "rounds": [round_], "path": _json_path(by)}
-    rows = _run(con, f"{_grouped_base(rt, 'o.' + q(rt.measure))} ORDER BY o.agent_id", params).fetchall()
+    by_model = by == MODEL and _has_models(con, [run_id])
+    rows = _run(con, f"{_grouped_base(rt, 'o.' + q(rt.measure), by_model)} ORDER BY o.agent_id", params).fetchall()
     texts = {attr for _, attr, _ in rows if attr is not None and attr != "null"}
     parsed = {t: _parse_attr(t) for t in texts}
     hashable = {t: (json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v) for t, v in parsed.items()}
@@ -287,7 +307,7 @@ def group_table(con: duckdb.DuckDBPyConnection, run_ids: str | Sequence[str], by
     else:
         options = []
         value = f"o.{q(rt.measure)}"
-    base = _grouped_base(rt, value)
+    base = _grouped_base(rt, value, by == MODEL and _has_models(con, run_ids))
     distinct = [r[0] for r in _run(con, f"WITH b AS ({base}) SELECT DISTINCT attr FROM b", params).fetchall()]
     present = [a for a in distinct if a is not None and a != "null"]  # JSON null: no attribute
     parsed = {t: _parse_attr(t) for t in present}
