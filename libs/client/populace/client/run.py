@@ -113,6 +113,13 @@ class _Following:
             self.out.recorded = None
             self.out.marks.pop("recorded", None)
 
+    def as_recorded(self) -> None:
+        """The recorder's word on the run's status is the last: a run that completed with rows
+        missing is `incomplete` (whichever of done and recorded came first)."""
+        rec = self.out.recorded
+        if rec is not None and rec.status is not None and rec.epoch >= self.epoch:
+            self.out.status, self.out.reason = rec.status, rec.reason
+
     async def until_recorded(self) -> RunOutcome:
         out = self.out
         while True:
@@ -153,6 +160,7 @@ class _Following:
                 out.marks["done"] = now
                 self.newer_epoch(model.epoch)
                 out.status, out.reason = model.status, model.reason
+                self.as_recorded()
                 if self.resuming and "resumed" not in out.marks:
                     if self.on_event:
                         self.on_event(kind, model)
@@ -164,6 +172,7 @@ class _Following:
                     continue
                 out.marks["recorded"] = now
                 out.recorded = model
+                self.as_recorded()
             elif isinstance(model, RunFault):
                 out.unrecorded = model.reason
             if self.on_event:

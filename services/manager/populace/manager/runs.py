@@ -35,7 +35,7 @@ from populace.client.steer import (
     submit_fork,
 )
 from populace.core import bus, subjects
-from populace.core.contracts import RunStarted, RunState
+from populace.core.contracts import RunRecorded, RunStarted, RunState
 from populace.manager import views
 from populace.manager.web import back, forbidden, nc_of, page, read_form, same_origin, settings_of, short
 
@@ -52,7 +52,8 @@ async def run_context(request: Request, rid: str) -> dict:
     trace_url = (f"{settings.jaeger_url.rstrip('/')}/trace/{trace_id}"
                  if settings.jaeger_url and trace_id else None)
     done = views.last_completed(state) if state else 0
-    return {"run_id": rid, "state": state, "row": views.run_row(state) if state else None,
+    recorded = await recorded_of(nc_of(request), rid) if state is not None and state.status == "done" else None
+    return {"run_id": rid, "state": state, "row": views.run_row(state, recorded) if state else None,
             "config": state.config.model_dump_json(indent=2) if state else "",
             "manifest": json.dumps(manifest, indent=2, default=str) if manifest else "",
             "trace_id": trace_id, "trace_url": trace_url, "sample_ms": int(settings.sample_s * 1000),
@@ -190,6 +191,14 @@ async def run_state(nc, rid: str) -> RunState | None:
     try:
         return await client_run_state(nc, rid)
     except BucketNotFoundError:
+        return None
+
+
+async def recorded_of(nc, rid: str) -> RunRecorded | None:
+    """The run's RunRecorded on the RUN stream (None: not recorded yet, or aged out)."""
+    try:
+        return await bus.last_on(nc.jetstream(), subjects.RUN_STREAM, subjects.run_recorded(rid), RunRecorded)
+    except Exception:  # RUN not there, the bus gone: the state's status stands
         return None
 
 

@@ -17,6 +17,7 @@ from populace.core.contracts import (
     Progress,
     ReplicaInfo,
     RoundResult,
+    RunRecorded,
     RunState,
 )
 
@@ -38,16 +39,27 @@ def can_resume(state: RunState) -> bool:
     return state.status in RESUMABLE_STATUSES and state.round < state.config.rounds
 
 
-def run_row(state: RunState) -> dict:
-    """One run as the runs list shows it (and its live updates send it)."""
+def recorded_status(state: RunState, recorded: RunRecorded | None) -> tuple[str, str | None]:
+    """The run's status and reason to show: its state's, or once it is done and recorded the
+    recorder's (a run that completed with rows missing is `incomplete`, saying what lacks)."""
+    if (state.status == "done" and recorded is not None and recorded.run_id == state.run_id
+            and recorded.status is not None and recorded.epoch >= state.epoch):
+        return recorded.status, recorded.reason
+    return state.status, state.reason
+
+
+def run_row(state: RunState, recorded: RunRecorded | None = None) -> dict:
+    """One run as the runs list shows it (and its live updates send it); `recorded`: its
+    RunRecorded, when the page read it (the run page does)."""
     c = state.config
     done = last_completed(state)
+    status, reason = recorded_status(state, recorded)
     return {
-        "run_id": state.run_id, "name": c.name, "status": state.status, "simulation": c.simulation,
+        "run_id": state.run_id, "name": c.name, "status": status, "simulation": c.simulation,
         "agents": c.agents, "rounds": c.rounds, "round": state.round if state.status == "running" else None,
         "completed": done, "progress": round(done / c.rounds, 4) if c.rounds else 0.0,
         "tokens": state.used.tokens, "llm_calls": state.used.llm_calls, "model": c.model.backend,
-        "reason": state.reason, "updated_at": state.updated_at,
+        "reason": reason, "updated_at": state.updated_at,
     }
 
 
@@ -118,12 +130,12 @@ class RoundTicks:
 
 
 def run_payload(rid: str, state: RunState | None, ticks: RoundTicks, expected: int | None,
-                new_results: list[RoundResult]) -> dict:
+                new_results: list[RoundResult], recorded: RunRecorded | None = None) -> dict:
     """The run page's live update: its state, the round in play's answers in / expected, and
     the rounds closed since the last update (the page keeps them by round number)."""
     if state is None:
         return {"run_id": rid, "status": "submitted", "known": False, "results": [], "at": time.time()}
-    row = run_row(state)
+    row = run_row(state, recorded)
     current = state.round if state.status == "running" else None
     answered = ticks.answered.get(current, 0) if current else None
     if current and expected:
