@@ -26,7 +26,7 @@ from in_round import kill_in_round
 from test_shapes_e2e import assert_as_in_one_process, table
 
 from populace.client.prepare import prepare
-from populace.client.run import new_run_id, play
+from populace.client.run import new_run_id, play, recorded_event, run_state, status_as_recorded
 from populace.client.stack import Stack
 from populace.core import bus, subjects
 from populace.core.contracts import ActColumns, LineColumns, OutcomeBatch, RunConfig, SpawnBatch
@@ -177,6 +177,15 @@ def test_a_bad_group_is_refused_alone_and_the_run_ends_incomplete_saying_why(sta
     assert_as_in_one_process(stack.db, rid, LocalResult(rid, local.config, local.tables, outcomes=drop(
         local.outcomes), rounds=local.rounds, acts=drop(local.acts), transcripts=drop(local.transcripts)))
     assert table(stack.db, "runs", rid, "run_id")[0]["status"] == "incomplete"
+
+    async def as_the_manager_reads_it():  # its run page: the state (KV runs) and the run's RunRecorded
+        nc = await bus.connect(stack.url, "e2e-scene-batches")
+        try:
+            return status_as_recorded(await run_state(nc, rid), await recorded_event(nc, rid))
+        finally:
+            await nc.close()
+
+    assert asyncio.run(as_the_manager_reads_it()) == ("incomplete", why)
     res = subprocess.run([sys.executable, "-m", "populace.cli", "results", rid, "--json", "--db", stack.db,
                           "--nats", stack.url], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr

@@ -225,6 +225,24 @@ async def submit(nc: Client, config: RunConfig, *, run_id: str, personas: bytes 
     return run_id
 
 
+def status_as_recorded(state: RunState, recorded: RunRecorded | None) -> tuple[str, str | None]:
+    """A run's status and reason to show from its state (KV `runs`) and its RunRecorded (None: not
+    read, or not recorded yet): a run done but recorded with rows missing is `incomplete`, with
+    the recorder's reason; otherwise the state's own."""
+    if (state.status == "done" and recorded is not None and recorded.run_id == state.run_id
+            and recorded.status == "incomplete" and recorded.epoch >= state.epoch):
+        return recorded.status, recorded.reason
+    return state.status, state.reason
+
+
+async def recorded_event(nc: Client, rid: str) -> RunRecorded | None:
+    """The run's RunRecorded in stream RUN (None: not recorded yet, aged out, or no stream)."""
+    try:
+        return await bus.last_on(nc.jetstream(), subjects.RUN_STREAM, subjects.run_recorded(rid), RunRecorded)
+    except Exception:  # the stream not there, the bus gone: nothing to add to the state
+        return None
+
+
 async def run_state(nc: Client, rid: str) -> RunState | None:
     """The run's state in KV `runs` (None: no such run on this stack)."""
     kv = await nc.jetstream().key_value(subjects.RUNS_BUCKET)

@@ -23,7 +23,7 @@ from starlette.routing import Route
 
 from populace.client.reads import ReadError, RecorderUnreachable, request_agents, request_distribution
 from populace.client.run import cancel as cancel_run
-from populace.client.run import new_run_id, request_resume
+from populace.client.run import new_run_id, recorded_event, request_resume
 from populace.client.run import run_state as client_run_state
 from populace.client.steer import (
     OverrideError,
@@ -35,7 +35,7 @@ from populace.client.steer import (
     submit_fork,
 )
 from populace.core import bus, subjects
-from populace.core.contracts import RunRecorded, RunStarted, RunState
+from populace.core.contracts import RunStarted, RunState
 from populace.manager import views
 from populace.manager.web import back, forbidden, nc_of, page, read_form, same_origin, settings_of, short
 
@@ -52,7 +52,7 @@ async def run_context(request: Request, rid: str) -> dict:
     trace_url = (f"{settings.jaeger_url.rstrip('/')}/trace/{trace_id}"
                  if settings.jaeger_url and trace_id else None)
     done = views.last_completed(state) if state else 0
-    recorded = await recorded_of(nc_of(request), rid) if state is not None and state.status == "done" else None
+    recorded = await recorded_event(nc_of(request), rid) if state is not None and state.status == "done" else None
     return {"run_id": rid, "state": state, "row": views.run_row(state, recorded) if state else None,
             "config": state.config.model_dump_json(indent=2) if state else "",
             "manifest": json.dumps(manifest, indent=2, default=str) if manifest else "",
@@ -191,14 +191,6 @@ async def run_state(nc, rid: str) -> RunState | None:
     try:
         return await client_run_state(nc, rid)
     except BucketNotFoundError:
-        return None
-
-
-async def recorded_of(nc, rid: str) -> RunRecorded | None:
-    """The run's RunRecorded on the RUN stream (None: not recorded yet, or aged out)."""
-    try:
-        return await bus.last_on(nc.jetstream(), subjects.RUN_STREAM, subjects.run_recorded(rid), RunRecorded)
-    except Exception:  # RUN not there, the bus gone: the state's status stands
         return None
 
 

@@ -21,11 +21,12 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
+from populace.client.run import recorded_event
 from populace.core import bus, subjects
 from populace.core.contracts import NodeInfo, RoundOpen, RoundResult, RunState
 from populace.manager import views
 from populace.manager.replicas import replica_rows
-from populace.manager.runs import recorded_of, run_state
+from populace.manager.runs import run_state
 from populace.manager.web import nc_of, settings_of, sse
 
 RESULTS_PER_UPDATE = 200  # round results fetched per live update (a long run's page catches up over a few)
@@ -202,7 +203,7 @@ async def _run_stream(nc, rid: str, sample_s: float, once: bool) -> AsyncIterato
                     expected[current] = opened.expected
             exp = expected.get(current) if current else None
             if state is not None and state.status == "done" and (recorded is None or recorded.epoch < state.epoch):
-                recorded = await recorded_of(nc, rid)  # its status as recorded (incomplete: rows missing)
+                recorded = await recorded_event(nc, rid)  # its status as recorded (incomplete: rows missing)
             yield views.sse(views.run_payload(rid, state, ticks, exp or (state.config.agents if current else None),
                                               new, recorded))
             if once:

@@ -8,6 +8,7 @@ import re
 import time
 from dataclasses import dataclass, field
 
+from populace.client.run import status_as_recorded
 from populace.client.steer import cancel_refusal
 from populace.client.steer import last_completed as last_completed  # the CLI's count, re-exported
 from populace.core.contracts import (
@@ -39,21 +40,12 @@ def can_resume(state: RunState) -> bool:
     return state.status in RESUMABLE_STATUSES and state.round < state.config.rounds
 
 
-def recorded_status(state: RunState, recorded: RunRecorded | None) -> tuple[str, str | None]:
-    """The run's status and reason to show: its state's, or once it is done and recorded the
-    recorder's (a run that completed with rows missing is `incomplete`, saying what lacks)."""
-    if (state.status == "done" and recorded is not None and recorded.run_id == state.run_id
-            and recorded.status is not None and recorded.epoch >= state.epoch):
-        return recorded.status, recorded.reason
-    return state.status, state.reason
-
-
 def run_row(state: RunState, recorded: RunRecorded | None = None) -> dict:
     """One run as the runs list shows it (and its live updates send it); `recorded`: its
     RunRecorded, when the page read it (the run page does)."""
     c = state.config
     done = last_completed(state)
-    status, reason = recorded_status(state, recorded)
+    status, reason = status_as_recorded(state, recorded)
     return {
         "run_id": state.run_id, "name": c.name, "status": status, "simulation": c.simulation,
         "agents": c.agents, "rounds": c.rounds, "round": state.round if state.status == "running" else None,
