@@ -8,7 +8,9 @@ And a batch carrying a bad group: on an open bus a forger that beats host-0 to i
 message id replaces the batch (with users, ids are sealed: populace.core.bus.seal). The forged
 batch is the genuine one with one act moved to another group: that group alone is refused, the
 rest recorded, and the run ends `incomplete`, saying which group of which host, why, and how many
-outcomes, acts and lines it lacks — in the follower (`populace run`), `runs` and `populace results`.
+outcomes, acts and lines it lacks — in the follower (`populace run`), `runs`, `populace results` and
+what the manager's run page reads. A batch refused whole (a column the run lacks) is waited for,
+then the run ends `incomplete` too: the recorder never waits for ever.
 
 One stack, hosts of the default capacity (a lost host's agents fit on the survivor). The module
 mostly waits: on the paced dummy model and, in the kill rows, on the 4 s host-loss window."""
@@ -39,7 +41,9 @@ pytestmark = pytest.mark.e2e
 def stack(tmp_path_factory):
     db = tmp_path_factory.mktemp("scene-batches") / "populace.duckdb"
     s = Stack(hosts=2, db=str(db), env={"POPULACE_STORAGE": "memory", "POPULACE_HOST_LOST_S": "4",
-                                         "POPULACE_HEARTBEAT_S": "0.5", "POPULACE_REGISTRY_TTL_S": "4"})
+                                         "POPULACE_HEARTBEAT_S": "0.5", "POPULACE_REGISTRY_TTL_S": "4",
+                                         # a batch refused whole is waited for this long (180 s by default)
+                                         "POPULACE_RECORDER_MISSING_WAIT_S": "5"})
     with s.up(timeout=120):
         yield s
 
@@ -138,15 +142,10 @@ def forged(rid: str, spawn: SpawnBatch, local: LocalResult) -> tuple[OutcomeBatc
     return batch, lost
 
 
-def test_a_bad_group_is_refused_alone_and_the_run_ends_incomplete_saying_why(stack):
-    data = bargaining(20, latency_s=0.5, rounds=1)
-    prepared = prepare(RunConfig.model_validate(data))
-    local = asyncio.run(run_local(prepared.resolved))
-    rid = new_run_id()
-    lost: dict = {}
-
+def forge_first(rid: str, local: LocalResult, spoil, lost: dict):
+    """What to do during the run: once host 0 is placed, publish its round-1 batch (spoiled by
+    `spoil(batch, spawn, lost)`) first, under the message id host 0 will use."""
     async def forge_host_0(nc):
-        """Once host 0 is placed, publish its round-1 batch first, under the id it will use."""
         seen: asyncio.Future = asyncio.get_running_loop().create_future()
 
         async def on_spawn(msg):
@@ -162,8 +161,19 @@ def test_a_bad_group_is_refused_alone_and_the_run_ends_incomplete_saying_why(sta
         batch, gone = forged(rid, spawn, local)
         lost.update(gone)
         msg_id = subjects.msg_id(rid, 1, f"{spawn.host_id}-0", "outcomes", spawn.epoch)
-        await bus.publish_js(nc.jetstream(), subjects.run_outcomes(rid, 1, spawn.host_id), batch, msg_id=msg_id)
+        await bus.publish_js(nc.jetstream(), subjects.run_outcomes(rid, 1, spawn.host_id), spoil(batch, spawn, lost),
+                             msg_id=msg_id)
 
+    return forge_host_0
+
+
+def test_a_bad_group_is_refused_alone_and_the_run_ends_incomplete_saying_why(stack):
+    data = bargaining(20, latency_s=0.5, rounds=1)
+    prepared = prepare(RunConfig.model_validate(data))
+    local = asyncio.run(run_local(prepared.resolved))
+    rid = new_run_id()
+    lost: dict = {}
+    forge_host_0 = forge_first(rid, local, lambda batch, spawn, lost: batch, lost)  # its act moved: one bad group
     _, out = fleet(stack, data, during=forge_host_0, run_id=rid)
     why = (f"round 1: {lost['outcomes']} of 20 outcomes, {lost['acts']} acts and {lost['lines']} lines missing "
            f"(group {lost['group']} of host-0@0 refused: acts.agent_id: agent {lost['intruder']} is in group "
@@ -191,3 +201,25 @@ def test_a_bad_group_is_refused_alone_and_the_run_ends_incomplete_saying_why(sta
     assert res.returncode == 0, res.stdout + res.stderr
     (run,) = json.loads(res.stdout)["runs"]
     assert (run["status"], run["reason"]) == ("incomplete", why)
+
+
+def test_a_batch_refused_whole_is_waited_for_then_the_run_ends_incomplete_saying_so(stack):
+    """Host 0's batch forged with a column the run does not have: refused whole (dead-lettered),
+    and the host's own is dropped as its duplicate. Its outcomes never come: the recorder stops
+    waiting once none came for POPULACE_RECORDER_MISSING_WAIT_S (5 s here) and says so."""
+    data = bargaining(20, latency_s=0.5, rounds=1)
+    local = asyncio.run(run_local(prepare(RunConfig.model_validate(data)).resolved))
+    rid = new_run_id()
+    lost: dict = {}
+
+    def extra_column(batch, spawn, lost):
+        lost["agents"] = spawn.ranges[0][1]
+        return batch.model_copy(update={"columns": {**batch.columns, "bonus": [1] * len(batch.agent_ids)}})
+
+    _, out = fleet(stack, data, during=forge_first(rid, local, extra_column, lost), run_id=rid)
+    n = lost["agents"]
+    assert (out.status, out.reason) == ("incomplete", (
+        f"round 1: {n} of 20 outcomes missing ({n} never arrived: none came in 5s); a batch of host-0, round 1, was "
+        "refused: columns ['bonus', 'deal', 'partner', 'role', 'share', 'turns'] are not the run's outcome columns "
+        "['deal', 'partner', 'role', 'share', 'turns']"))
+    assert (out.recorded.outcomes, out.recorded.outcomes_missing) == (20 - n, n)

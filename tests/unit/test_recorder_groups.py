@@ -120,15 +120,14 @@ def test_outcomes_neither_in_nor_refused_are_waited_for_while_outcomes_come_then
     rounds = [RoundTally(1, 4000, 4000), RoundTally(2, 4000, 3500)]
     assert verdict(rounds, quiet_s=179, wait_s=180).wait
     v = verdict(rounds, quiet_s=180, wait_s=180)
-    assert not v.wait and v.reason == "round 2: 500 of 4,000 outcomes missing (500 outcomes never arrived in 180s)"
+    assert not v.wait and v.reason == "round 2: 500 of 4,000 outcomes missing (500 never arrived: none came in 180s)"
     assert (v.outcomes_missing, v.unexplained) == (500, 500)
 
 
 def test_a_round_without_a_result_is_waited_for_then_said():
     rounds = [RoundTally(1, 100, 100), RoundTally(2, None, 40), RoundTally(3, None, 0), RoundTally(5, None, 0)]
     assert verdict(rounds, quiet_s=10, wait_s=180).wait
-    assert verdict(rounds, quiet_s=200, wait_s=180).reason == ("rounds 2-3, 5: no result recorded (waited 200s after "
-                                                               "the run ended)")
+    assert verdict(rounds, quiet_s=200, wait_s=180).reason == "rounds 2-3, 5: no result recorded (none came in 180s)"
 
 
 # -- the store -------------------------------------------------------------------------------------
@@ -222,4 +221,15 @@ def test_a_replaced_share_and_a_resume_take_their_refusals_with_them(tmp_path):
     store.ingest([Event("resumed", "resumed", RunResumed(run_id="r1", epoch=1, after_round=0, hosts=["c"],
                                                          resumed_at=3e9))])
     assert not store.has_refused_groups("r1")
+    store.close()
+
+
+def test_a_group_refused_from_a_forgers_batch_and_then_sent_whole_by_its_host_is_not_missing(tmp_path):
+    store = Store(tmp_path / "x.duckdb")
+    start(store)
+    store.ingest([outcomes("forged.1", on(with_bad_group("a", 0), "a", 1)),  # first: group 1 refused
+                  outcomes("a.1", on(batch({1: [2, 3]}, acts=[(1, 3)], lines=[]), "a", 1)),  # the host's own
+                  outcomes("b.1", on(whole("b", 4), "b", 1)), result(1)])
+    assert store.has_refused_groups("r1") and store.completeness("r1", 1) == (8, 8)
+    assert verdict(store.tallies("r1", 1), quiet_s=0, wait_s=180) == Verdict(False)
     store.close()

@@ -46,10 +46,10 @@ def verdict(rounds: list[RoundTally], quiet_s: float, wait_s: float) -> Verdict:
     unclosed = [r.round for r in rounds if r.n is None]
     if (unexplained or unclosed) and quiet_s < wait_s:
         return Verdict(wait=True)
-    parts = [line for r in rounds if (line := _round_line(r, quiet_s))]
+    parts = [line for r in rounds if (line := _round_line(r, wait_s))]
     if unclosed:
         parts.append(f"round{'s' if len(unclosed) > 1 else ''} {_spans(unclosed)}: no result recorded "
-                     f"(waited {quiet_s:.0f}s after the run ended)")
+                     f"(none came in {wait_s:g}s)")
     missing = sum(max(0, r.n - r.got) for r in rounds if r.n is not None)
     acts, lines = sum(r.acts for r in rounds), sum(r.lines for r in rounds)
     return Verdict(wait=False, reason="; ".join(parts) or None, outcomes_missing=missing, acts_missing=acts,
@@ -57,7 +57,7 @@ def verdict(rounds: list[RoundTally], quiet_s: float, wait_s: float) -> Verdict:
                    unexplained=unexplained + len(unclosed))
 
 
-def _round_line(r: RoundTally, quiet_s: float) -> str | None:
+def _round_line(r: RoundTally, wait_s: float) -> str | None:
     """One round's shortfall: "round 2: 24 of 4,000 outcomes, 30 acts and 26 lines missing (…)"."""
     if r.n is None:
         return None
@@ -72,7 +72,7 @@ def _round_line(r: RoundTally, quiet_s: float) -> str | None:
         why.append(r.first if r.groups == 1 else f"{r.groups:,} groups refused, the first {r.first}")
     lost = missing - r.refused
     if lost > 0:
-        why.append(f"{lost:,} outcomes never arrived in {quiet_s:.0f}s")
+        why.append(f"{lost:,} never arrived: none came in {wait_s:g}s")
     listed = what[0] if len(what) == 1 else ", ".join(what[:-1]) + " and " + what[-1]
     return f"round {r.round}: {listed} missing" + (f" ({'; '.join(why)})" if why else "")
 

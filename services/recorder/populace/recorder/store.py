@@ -794,16 +794,20 @@ class Store:
                                    [run_id, first]).fetchall())
         got = dict(con.execute(f"SELECT round, count(*) FROM {_q(spec.outcomes)} WHERE run_id = ? AND round >= ? "
                                "GROUP BY round", [run_id, first]).fetchall())
+        # a refused group is missing until its outcomes are recorded (sent again whole, e.g. the
+        # host's own batch after a forger's): its agents not recorded, or none of the group's rows
         refused = {r: rest for r, *rest in con.execute(
-            f"""WITH g AS (SELECT * FROM _refused_groups WHERE run_id = $1),
-                lost AS (SELECT m.round, count(*) AS n FROM (SELECT round, unnest(agents) AS agent_id FROM g) m
+            f"""WITH g AS (SELECT *, row_number() OVER () AS k FROM _refused_groups WHERE run_id = $1),
+                lost AS (SELECT m.k, count(*) AS n FROM (SELECT k, round, unnest(agents) AS agent_id FROM g) m
                          WHERE NOT EXISTS (SELECT 1 FROM {_q(spec.outcomes)} o WHERE o.run_id = $1
                                            AND o.round = m.round AND o.agent_id = m.agent_id)
-                         GROUP BY m.round)
-                SELECT g.round, count(*), sum(g.acts), sum(g.lines),
-                       arg_min('group ' || g.group_id || ' of ' || g.share || ' refused: ' || g.reason, g.group_id),
-                       any_value(coalesce(lost.n, 0))
-                FROM g LEFT JOIN lost USING (round) GROUP BY g.round""", [run_id]).fetchall()}
+                         GROUP BY m.k),
+                missing AS (SELECT g.*, coalesce(lost.n, 0) AS lost FROM g LEFT JOIN lost USING (k)
+                            WHERE lost.n > 0 OR NOT EXISTS (SELECT 1 FROM {_q(spec.outcomes)} o WHERE o.run_id = $1
+                                                            AND o.round = g.round AND o.group_id = g.group_id))
+                SELECT round, count(*), sum(acts), sum(lines),
+                       arg_min('group ' || group_id || ' of ' || share || ' refused: ' || reason, group_id), sum(lost)
+                FROM missing GROUP BY round""", [run_id]).fetchall()}
         last = max([last_round or 0, *counted])
         out = []
         for r in range(first, last + 1):
