@@ -166,7 +166,7 @@ class _Columns:
         raise RuntimeError("outcome defaults do not fit their own columns")  # pragma: no cover
 
 
-def _group_bytes(members: Sequence[tuple[int, Outcome, float, str | None]], acts: Sequence[ActRecord],
+def _group_bytes(members: Sequence[tuple[Agent, Outcome, float, str | None, Any]], acts: Sequence[ActRecord],
                  lines: Sequence[LineRecord]) -> int:
     """About how many bytes a scene's group takes in a batch: its text (UTF-8) and a row's cost
     beyond it, for its acts, lines and members' outcomes."""
@@ -175,7 +175,7 @@ def _group_bytes(members: Sequence[tuple[int, Outcome, float, str | None]], acts
 
     return (sum(text(a.act.raw) + text(a.error) + ROW_BYTES for a in acts)
             + sum(text(x.text) + text(x.fields) + ROW_BYTES for x in lines)
-            + sum(text(out.raw) + text(err) + ROW_BYTES for _, out, _, err in members))
+            + sum(text(out.raw) + text(err) + ROW_BYTES for _, out, _, err, _ in members))
 
 
 class OutcomeSink:
@@ -227,13 +227,14 @@ class OutcomeSink:
         if len(ids) >= self._batch_size:
             self.flush()
 
-    def add_group(self, group: int, members: Sequence[tuple[int, Outcome, float, str | None]],
+    def add_group(self, group: int, members: Sequence[tuple[Agent, Outcome, float, str | None, Any]],
                   outer: tuple[int, ...] = (), acts: Sequence[ActRecord] = (), lines: Sequence[LineRecord] = ()
                   ) -> bool:
-        """A settled group's members (agent id, outcome, latency, error) and its scene's acts and
-        lines, all in one batch: the batch before it leaves first when the group would take it
-        past SCENE_BYTES, and a batch leaves only after a whole group. False (and `failure` set):
-        the group's text alone is more than a message holds (GROUP_BYTES); nothing of it is kept."""
+        """A settled group's members (agent, outcome, latency, error, and what else the caller keeps)
+        and its scene's acts and lines, all in one batch: the batch before it leaves first when the
+        group would take it past SCENE_BYTES, and a batch leaves only after a whole group. False
+        (and `failure` set): the group's text alone is more than a message holds (GROUP_BYTES);
+        nothing of it is kept."""
         size = _group_bytes(members, acts, lines) if acts or lines else 0
         if size > GROUP_BYTES:
             if self.failure is None:
@@ -245,8 +246,8 @@ class OutcomeSink:
         if self._scene_bytes and self._scene_bytes + size > SCENE_BYTES:
             self.flush()  # the group would take the batch past its size: the batch leaves before it
         ids, outs, lat, errs, groups = self._ids, self._outs, self._lat, self._errs, self._groups
-        for agent_id, outcome, latency_ms, error in members:
-            ids.append(agent_id)
+        for agent, outcome, latency_ms, error, _ in members:
+            ids.append(agent.id)
             outs.append(outcome)
             lat.append(latency_ms)
             errs.append(error)
@@ -625,11 +626,11 @@ class RoundPlayer:
             # for nested groups, every inner group of the outer one that settled now.
             if group.outer:
                 by_group: dict[int, tuple[Group, list]] = {}
-                for member, outcome, lat, err, g in members:
-                    by_group.setdefault(g.id, (g, []))[1].append((member.id, outcome, lat, err))
+                for m in members:
+                    by_group.setdefault(m[4].id, (m[4], []))[1].append(m)
                 whole = list(by_group.values())
             else:
-                whole = [(group, [(member.id, outcome, lat, err) for member, outcome, lat, err, _ in members])]
+                whole = [(group, members)]
             for g, rows in whole:
                 acts, lines = scenes.pop(g.id, ((), ()))
                 if not sink.add_group(g.id, rows, g.outer, acts, lines):
