@@ -485,7 +485,7 @@ class Recorder:
             # as they will stay.
             t0 = time.perf_counter()
             await self.purge_run_events(rid)
-            pruned = await self.prune_checkpoints(done)
+            pruned = await self.prune_checkpoints(done) if not short.reason else 0  # incomplete: kept, to fork
             settle_s = time.perf_counter() - t0
             self.recorded[rid] = None
             self.recorded.move_to_end(rid)
