@@ -1,5 +1,6 @@
 """recorder service: a durable pull consumer on `run.>` → DuckDB, acked only after commit.
-Once a run is done *and* every outcome its round results counted is in DuckDB, it announces
+Once a run is done *and* every outcome its round results counted is in DuckDB (or known to be
+missing: populace.recorder.shortfall, then the run is `incomplete`), it announces
 `run.<rid>.recorded`. It records any simulation: the tables come from the run's declaration.
 
 The fetch loop is our own nats-py pull subscription rather than a FastStream subscriber:
@@ -51,7 +52,8 @@ from populace.recorder.shortfall import Verdict, verdict
 from populace.recorder.store import DiskFull, Event, Store, StoreError, profile_rows
 
 DESCRIPTION = ("Writes every run event to DuckDB exactly once (each simulation's own outcome and "
-               "summary tables) and announces a run recorded when every outcome is in.")
+               "summary tables) and announces a run recorded when every outcome is in, or incomplete "
+               "with what is missing.")
 # Events the recorder writes; everything else on `run.>` is acknowledged and skipped.
 RECORDED: dict[str, type[BaseModel]] = {
     "started": RunStarted, "spawn": SpawnBatch, "outcomes": OutcomeBatch,
@@ -290,6 +292,7 @@ class Recorder:
                 self.active.add(e.model.run_id)
                 self.finished.pop(e.model.run_id, None)
                 self.progress.pop(e.model.run_id, None)
+                self.batch_refusals.pop(e.model.run_id, None)
             if isinstance(e.model, RunStarted):
                 self.active.add(e.model.run_id)
                 pop = e.model.config.population
