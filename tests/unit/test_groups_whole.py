@@ -177,8 +177,8 @@ async def test_a_batch_leaves_before_a_group_that_would_take_it_past_its_size(mo
 def test_a_group_too_large_for_a_message_pauses_its_round_naming_it(monkeypatch):
     monkeypatch.setattr(play_mod, "GROUP_BYTES", 5_000)
     config = RunConfig(simulation=f"{HERE}:Talks", agents=6, rounds=1)
-    with pytest.raises(SceneFailed, match=r"group \d: its acts, lines and answers are [\d,]+ bytes, more than one "
-                                          r"message carries \(5,000\)"):
+    with pytest.raises(SceneFailed, match=r"^simulation 'talks', round 1, group \d: its acts, lines and answers are "
+                                          r"[\d,]+ bytes, more than one message carries \(5,000\)"):
         asyncio.run(run_local(config, llm=lambda run, n: long_answers(1_000)))
     asyncio.run(run_local(config, llm=lambda run, n: long_answers(100)))  # a small one travels
 

@@ -633,8 +633,8 @@ class RoundPlayer:
                 whole = [(group, members)]
             for g, rows in whole:
                 acts, lines = scenes.pop(g.id, ((), ()))
-                if not sink.add_group(g.id, rows, g.outer, acts, lines):
-                    self._stop(sink.failure)  # a group too large for a message: the round cannot close
+                if not sink.add_group(g.id, rows, g.outer, acts, lines):  # too large for a message
+                    self._stop(SceneFailed(f"simulation {type(self.sim).name!r}, round {round_}, {sink.failure}"))
                     return
 
         return deliver
