@@ -32,3 +32,18 @@ async def test_a_record_of_the_stop_before_a_resume_is_not_the_resumed_runs_end(
             await nc.publish(subject, bus.encode(model))
         out = await following.until_recorded()
     assert (out.status, out.recorded) == ("completed", events[3][1])
+
+
+@pytest.mark.parametrize("recorded_first", [False, True], ids=["done-first", "recorded-first"])
+async def test_a_run_recorded_with_rows_missing_is_incomplete_whichever_event_comes_first(nc, recorded_first):
+    why = "round 2: 24 of 4,000 outcomes missing (group 17 of host-1@0 refused: acts.agent_id: agent 9 has no outcome)"
+    events = [(subjects.run_done(RID), RunDone(run_id=RID, status="completed", rounds=2, finished_at=2.0)),
+              (subjects.run_recorded(RID), RunRecorded(run_id=RID, outcomes=7976, db_path="/db", status="incomplete",
+                                                       reason=why, outcomes_missing=24))]
+    if recorded_first:
+        events.reverse()
+    async with _Following(nc, RID, None, stall_s=30) as following:
+        for subject, model in events:
+            await nc.publish(subject, bus.encode(model))
+        out = await following.until_recorded()
+    assert (out.status, out.reason, out.recorded.outcomes_missing) == ("incomplete", why, 24)

@@ -335,7 +335,7 @@ def test_a_valid_value_outside_the_runs_declared_range_is_refused():
 
     tables = TABLES.model_copy(update={"measure_range": (0.0, 100.0)})
     fine = guess_batch("r1", 1, "a", 0, list(range(10)))
-    assert check_outcomes(fine, tables).columns["value"] == fine.columns["value"]
+    assert check_outcomes(fine, tables)[0].columns["value"] == fine.columns["value"]
     forged = fine.model_copy(update={"columns": {"value": [5.0] * 9 + [1e308]}})
     with pytest.raises(BadColumns, match=r"columns.value\[9\]: 1e\+308 is outside the run's declared range \[0, 100\]"):
         check_outcomes(forged, tables)

@@ -18,6 +18,7 @@ from populace.core.contracts import (
     ReplicasSpec,
     RoundResult,
     RunConfig,
+    RunRecorded,
     RunState,
     ServiceSpec,
     Share,
@@ -102,6 +103,20 @@ def test_the_run_payload_of_a_round_in_play():
     late.opened(3)  # the page opened during round 2
     late.add(tick(2, 10))
     assert views.run_payload("r1", state("running", rnd=2), late, 2000, [])["answered_lower_bound"] is True
+
+
+def test_a_done_run_shows_its_status_as_recorded_incomplete_with_what_lacks():
+    why = "round 2: 24 of 2,000 outcomes missing (group 17 of h1@0 refused: acts.agent_id: agent 9 has no outcome)"
+    recorded = RunRecorded(run_id="r1", outcomes=5976, db_path="/db", status="incomplete", reason=why,
+                           outcomes_missing=24)
+    p = views.run_payload("r1", state("done", rnd=3), views.RoundTicks("r1"), None, [], recorded)
+    assert (p["status"], p["reason"]) == ("incomplete", why)
+    assert views.run_row(state("done", rnd=3))["status"] == "done"  # not read: the state's
+    # a record of an earlier epoch (the stop before a resume), or of a run still going, is not its status
+    assert views.run_row(state("done", rnd=3, epoch=1), recorded)["status"] == "done"
+    assert views.run_row(state("running", rnd=2), recorded)["status"] == "running"
+    whole = RunRecorded(run_id="r1", outcomes=6000, db_path="/db", status="completed")
+    assert views.run_row(state("done", rnd=3), whole)["status"] == "done"
 
 
 def test_the_run_payload_before_the_orchestrator_knows_the_run():

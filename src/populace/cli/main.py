@@ -545,14 +545,17 @@ def follow(
     from populace.sdk.registry import resolve
 
     try:
-        state, outcome = _steer(lambda: steer.follow_run(nats, run_id, progress))
+        state, outcome, recorded = _steer(lambda: steer.follow_run(nats, run_id, progress))
     except KeyboardInterrupt:
         _detached(nats, run_id, False)
         raise typer.Exit(130) from None
     if outcome is None:
-        display.out.print(f"run {run_id} is {state.status} ({steer.where(state)})"
-                          + (f": {state.reason}" if state.reason else ""), soft_wrap=True)
-        if state.status != "done":
+        from populace.client.run import status_as_recorded
+
+        status, reason = status_as_recorded(state, recorded)  # done, or recorded incomplete
+        display.out.print(f"run {run_id} is {status} ({steer.where(state)})"
+                          + (f": {reason}" if reason else ""), soft_wrap=True)
+        if status != "done":
             raise typer.Exit(1)
         return
     _report_outcome(outcome, resolve(state.config).simulation, state.config.agents)

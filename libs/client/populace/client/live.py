@@ -15,7 +15,7 @@ from pathlib import Path
 
 from populace.client.prepare import PreparedRun
 from populace.client.progress import RunProgress
-from populace.client.run import RunOutcome, cancel, follow, new_run_id, play, resume
+from populace.client.run import RunOutcome, cancel, follow, new_run_id, play, recorded_event, resume
 from populace.client.steer import (  # noqa: F401 (SteerError, last_completed, where: this module's API too)
     SteerError,
     cancel_refusal,
@@ -33,6 +33,7 @@ from populace.core.contracts import (
     Budget,
     ModelEndpoint,
     RunDone,
+    RunRecorded,
     RunState,
     gateway_bindings,
 )
@@ -207,15 +208,16 @@ async def resume_run(url: str, rid: str, show_progress: bool, budget_tokens: int
         await nc.close()
 
 
-async def follow_run(url: str, rid: str, show_progress: bool) -> tuple[RunState, RunOutcome | None]:
-    """Follow until recorded; (state, None) when the run already stopped."""
+async def follow_run(url: str, rid: str, show_progress: bool
+                     ) -> tuple[RunState, RunOutcome | None, RunRecorded | None]:
+    """Follow until recorded; (state, None, its RunRecorded if any) when the run already stopped."""
     nc = await bus.connect_or_fail(url, "populace-cli")
     try:
         state = await _state(nc, rid)
         if state.status not in ACTIVE:
-            return state, None
+            return state, None, await recorded_event(nc, rid)
         with RunProgress(state.config, enabled=show_progress) as progress:
-            return state, await follow(nc, rid, on_event=progress.on_event)
+            return state, await follow(nc, rid, on_event=progress.on_event), None
     finally:
         await nc.close()
 

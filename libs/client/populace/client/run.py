@@ -113,6 +113,13 @@ class _Following:
             self.out.recorded = None
             self.out.marks.pop("recorded", None)
 
+    def as_recorded(self) -> None:
+        """The recorder's word on the run's status is the last: a run that completed with rows
+        missing is `incomplete` (whichever of done and recorded came first)."""
+        rec = self.out.recorded
+        if rec is not None and rec.status is not None and rec.epoch >= self.epoch:
+            self.out.status, self.out.reason = rec.status, rec.reason
+
     async def until_recorded(self) -> RunOutcome:
         out = self.out
         while True:
@@ -153,6 +160,7 @@ class _Following:
                 out.marks["done"] = now
                 self.newer_epoch(model.epoch)
                 out.status, out.reason = model.status, model.reason
+                self.as_recorded()
                 if self.resuming and "resumed" not in out.marks:
                     if self.on_event:
                         self.on_event(kind, model)
@@ -164,6 +172,7 @@ class _Following:
                     continue
                 out.marks["recorded"] = now
                 out.recorded = model
+                self.as_recorded()
             elif isinstance(model, RunFault):
                 out.unrecorded = model.reason
             if self.on_event:
@@ -214,6 +223,24 @@ async def submit(nc: Client, config: RunConfig, *, run_id: str, personas: bytes 
                                                           fork=fork),
                          msg_id=subjects.msg_id(run_id, 0, "cli", "start"))
     return run_id
+
+
+def status_as_recorded(state: RunState, recorded: RunRecorded | None) -> tuple[str, str | None]:
+    """A run's status and reason to show from its state (KV `runs`) and its RunRecorded (None: not
+    read, or not recorded yet): a run done but recorded with rows missing is `incomplete`, with
+    the recorder's reason; otherwise the state's own."""
+    if (state.status == "done" and recorded is not None and recorded.run_id == state.run_id
+            and recorded.status == "incomplete" and recorded.epoch >= state.epoch):
+        return recorded.status, recorded.reason
+    return state.status, state.reason
+
+
+async def recorded_event(nc: Client, rid: str) -> RunRecorded | None:
+    """The run's RunRecorded in stream RUN (None: not recorded yet, aged out, or no stream)."""
+    try:
+        return await bus.last_on(nc.jetstream(), subjects.RUN_STREAM, subjects.run_recorded(rid), RunRecorded)
+    except Exception:  # the stream not there, the bus gone: nothing to add to the state
+        return None
 
 
 async def run_state(nc: Client, rid: str) -> RunState | None:

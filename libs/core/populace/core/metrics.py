@@ -62,6 +62,8 @@ DEAD_LETTERS = Counter("populace_dead_letters_total", "Messages dead-lettered (m
 UNOBSERVED = Counter("populace_unobserved_errors_total", "Errors no code was waiting for: a task's exception never "
                      "retrieved, a callback that raised (each logged once as task_exception_unobserved); 0 in a "
                      "healthy process", ["service"])
+REFUSED_GROUPS = Counter("populace_refused_groups_total", "Groups the recorder took out of an outcome batch it "
+                         "recorded otherwise (their outcomes, acts and lines are missing)", ["service"])
 
 # -- now ------------------------------------------------------------------------------------------
 AGENTS = Gauge("populace_agents_hosted", "Agents hosted by this agent-host")
@@ -76,8 +78,8 @@ REPLICA_WAITING = Gauge("populace_replica_waiting", "Requests waiting inside a r
 
 EXPORTED: tuple[MetricWrapperBase, ...] = (
     ROUNDS, BATCHES, ITEMS, RUNS, ROUND_SECONDS, BATCH_SECONDS, LLM_SECONDS, LLM_CALLS, LLM_TOKENS, REASKS, RETRIES,
-    RATE_LIMITED, INVALID, DEAD_LETTERS, UNOBSERVED, AGENTS, RUNS_ACTIVE, LLM_IN_FLIGHT, REPLICA_UP, REPLICA_IN_FLIGHT,
-    REPLICA_WAITING,
+    RATE_LIMITED, INVALID, DEAD_LETTERS, UNOBSERVED, REFUSED_GROUPS, AGENTS, RUNS_ACTIVE, LLM_IN_FLIGHT, REPLICA_UP,
+    REPLICA_IN_FLIGHT, REPLICA_WAITING,
 )
 
 # The series each service exports from its start, at 0 until it works (a scrape shows the
@@ -93,7 +95,8 @@ BY_SERVICE: dict[str, tuple[tuple[MetricWrapperBase, tuple[str, ...]], ...]] = {
     "gateway": ((BATCHES, ("gateway", "infer")), (ITEMS, ("gateway", "infer")), (BATCH_SECONDS, ("gateway", "infer")),
                 (RETRIES, ("gateway",)), (INVALID, ("gateway",)), (LLM_IN_FLIGHT, ("gateway",))),
     "recorder": ((BATCHES, ("recorder", "messages")), (ITEMS, ("recorder", "messages")),
-                 (BATCH_SECONDS, ("recorder", "messages")), (ITEMS, ("recorder", "outcomes"))),
+                 (BATCH_SECONDS, ("recorder", "messages")), (ITEMS, ("recorder", "outcomes")),
+                 (REFUSED_GROUPS, ("recorder",))),
 }
 
 

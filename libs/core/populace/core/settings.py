@@ -163,6 +163,11 @@ class Settings(BaseSettings):
     # A completed run counts as recorded once its planned interviews' answers are in too, or
     # after this long without them (a host lost after its last round took them with it: said so)
     interview_wait_s: float = Field(600.0, gt=0)
+    # A finished run short of outcomes its rounds counted, neither recorded nor refused (a batch
+    # dead-lettered, lost), is announced recorded, `incomplete` with the count, once none of its
+    # outcomes came for this long: past the redelivery of a batch whose ingest failed (its retries
+    # take about two minutes) and a killed recorder's successor's ack wait.
+    recorder_missing_wait_s: float = Field(180.0, gt=0)
     # Once a run is recorded, its outcome batches and LLM call records leave stream RUN (the
     # small control events stay: restart, fork and follow read them). Off: kept until max age.
     purge_recorded: bool = True

@@ -13,7 +13,9 @@ decides; this does.
   them (sorted by agent id), each member hears the news, then — level by level, for nested
   groups — the group of the level above settles once all its groups did.
 - `OutcomeSink` batches outcomes (~1,000), validates each batch's columns in pydantic-core,
-  reduces it with the root env, and hands it on: one message per batch, never per agent.
+  reduces it with the root env, and hands it on: one message per batch, never per agent. With
+  groups, a group enters a batch whole (its members' outcomes with its scene's acts and lines):
+  a batch leaves only between groups, so the recorder finds every act beside its member's outcome.
 """
 
 from __future__ import annotations
@@ -42,8 +44,15 @@ from populace.sdk.simulation import Observation, Simulation
 
 # Yield to the event loop every this many task launches so batches leave while agents start.
 LAUNCH_SLICE = 2000
-# A batch also leaves once its acts' and lines' text passes this (a message stays under 1 MB).
+# A batch also leaves once its groups' text (acts, lines, answers) passes this, between two
+# groups, so that with its other columns a message stays well under NATS' 1 MB max_payload.
 SCENE_BYTES = 256 * 1024
+# One group travels in one batch (its acts beside its members' outcomes); a group whose text alone
+# is larger than this cannot, and its round pauses naming it (as in a local run: local = fleet).
+# The agent-host checks the encoded message itself too (populace.agent_host.batch_fit).
+GROUP_BYTES = 768 * 1024
+# What a row costs beyond its text, roughly (its ids, numbers and keys on the wire)
+ROW_BYTES = 64
 _VALID = TypeAdapter(list[bool])
 _RAW = TypeAdapter(list[str])
 
@@ -157,6 +166,18 @@ class _Columns:
         raise RuntimeError("outcome defaults do not fit their own columns")  # pragma: no cover
 
 
+def _group_bytes(members: Sequence[tuple[Agent, Outcome, float, str | None, Any]], acts: Sequence[ActRecord],
+                 lines: Sequence[LineRecord]) -> int:
+    """About how many bytes a scene's group takes in a batch: its text (UTF-8) and a row's cost
+    beyond it, for its acts, lines and members' outcomes."""
+    def text(value: object) -> int:
+        return len(value.encode()) if isinstance(value, str) else 0
+
+    return (sum(text(a.act.raw) + text(a.error) + ROW_BYTES for a in acts)
+            + sum(text(x.text) + text(x.fields) + ROW_BYTES for x in lines)
+            + sum(text(out.raw) + text(err) + ROW_BYTES for _, out, _, err, _ in members))
+
+
 class OutcomeSink:
     def __init__(self, sim: type[Simulation], env: Env, *, batch_size: int = 1000,
                  emit: Callable[[OutcomeRows], None] | None = None, grouped: bool = False,
@@ -196,25 +217,51 @@ class OutcomeSink:
         self._lines: list[tuple[int, LineRecord]] = []
         self._scene_bytes = 0
 
-    def add(self, agent_id: int, outcome: Outcome, latency_ms: float, error: str | None = None,
-            group: int = -1, outer: tuple[int, ...] = ()) -> None:
+    def add(self, agent_id: int, outcome: Outcome, latency_ms: float, error: str | None = None) -> None:
+        """An agent's outcome (a simulation without groups: a batch may leave after any agent)."""
         ids = self._ids
         ids.append(agent_id)
         self._outs.append(outcome)
         self._lat.append(latency_ms)
         self._errs.append(error)
-        if self._grouped:
-            self._groups.append(group)
-            if self._levels:
-                self._outer.append(outer)
-        if len(ids) >= self._batch_size or self._scene_bytes >= SCENE_BYTES:
+        if len(ids) >= self._batch_size:
             self.flush()
 
-    def add_scene(self, group: int, acts: Sequence[ActRecord], lines: Sequence[LineRecord]) -> None:
-        """A scene's acts and lines: they leave in the batch of its members' outcomes (added next)."""
-        self._acts.extend((group, a) for a in acts)
-        self._lines.extend((group, line) for line in lines)
-        self._scene_bytes += sum(len(a.act.raw) + 64 for a in acts) + sum(len(x.text) + 64 for x in lines)
+    def add_group(self, group: int, members: Sequence[tuple[Agent, Outcome, float, str | None, Any]],
+                  outer: tuple[int, ...] = (), acts: Sequence[ActRecord] = (), lines: Sequence[LineRecord] = ()
+                  ) -> bool:
+        """A settled group's members (agent, outcome, latency, error, and what else the caller keeps)
+        and its scene's acts and lines, all in one batch: the batch before it leaves first when the
+        group would take it past SCENE_BYTES, and a batch leaves only after a whole group. False
+        (and `failure` set): the group's text alone is more than a message holds (GROUP_BYTES);
+        nothing of it is kept."""
+        size = _group_bytes(members, acts, lines) if acts or lines else 0
+        if size > GROUP_BYTES:
+            if self.failure is None:
+                self.failure = SceneFailed(
+                    f"group {group}: its acts, lines and answers are {size:,} bytes, more than one message "
+                    f"carries ({GROUP_BYTES:,}): a group's acts travel with its members' outcomes in one batch, "
+                    "so a scene must say less (shorter lines, fewer acts) or answer shorter")
+            return False
+        if self._scene_bytes and self._scene_bytes + size > SCENE_BYTES:
+            self.flush()  # the group would take the batch past its size: the batch leaves before it
+        ids, outs, lat, errs, groups = self._ids, self._outs, self._lat, self._errs, self._groups
+        for agent, outcome, latency_ms, error, _ in members:
+            ids.append(agent.id)
+            outs.append(outcome)
+            lat.append(latency_ms)
+            errs.append(error)
+            groups.append(group)
+        if self._levels:
+            self._outer.extend([outer] * len(members))
+        if acts:
+            self._acts.extend((group, a) for a in acts)
+        if lines:
+            self._lines.extend((group, line) for line in lines)
+        self._scene_bytes += size
+        if len(ids) >= self._batch_size or self._scene_bytes >= SCENE_BYTES:
+            self.flush()
+        return True
 
     def flush(self) -> None:
         if not self._ids:
@@ -501,7 +548,6 @@ class RoundPlayer:
                 return
             finally:
                 self._scenes.pop(group.id, None)
-            sink.add_scene(group.id, scene.acts, scene.transcript)
             latency: dict[int, float] = {}  # a member's acts, summed: its time in the round
             for a in scene.acts:
                 latency[a.agent_id] = latency.get(a.agent_id, 0.0) + a.latency_ms
@@ -510,7 +556,7 @@ class RoundPlayer:
                 if a.error and a.agent_id not in errors:
                     errors[a.agent_id] = a.error
             played = [(m.id, scene.outcomes[m.id], latency.get(m.id, 0.0), errors.get(m.id)) for m in scene.members]
-            deliver(group, played, news=news, settled_here=True)
+            deliver(group, played, news=news, settled_here=True, scene=scene)
 
         return play
 
@@ -528,6 +574,8 @@ class RoundPlayer:
             for level, gid in enumerate(g.outer):
                 outer[level].setdefault(gid, _Waiting(0)).size += len(g.members)
         self._pending_groups = set(inner)
+        # group -> its scene's acts and lines, until the group goes to the sink (nested: with its outer level)
+        scenes: dict[int, tuple[list[ActRecord], list[LineRecord]]] = {}
 
         def settle(level: int, gid: int, members: list) -> None:
             members.sort(key=lambda m: m[0].id)
@@ -551,9 +599,11 @@ class RoundPlayer:
             return members
 
         def deliver(group: Group, played: list[tuple[int, Outcome, float, str | None]], news: Any = None,
-                    settled_here: bool = False) -> None:
+                    settled_here: bool = False, scene: Scene | None = None) -> None:
             waiting = inner[group.id]
             waiting.members.extend((agents[index[aid]], out, lat, err, group) for aid, out, lat, err in played)
+            if scene is not None:  # its acts and lines leave with its members' outcomes
+                scenes[group.id] = (scene.acts, scene.transcript)
             if len(waiting.members) < waiting.size:
                 return
             del inner[group.id]
@@ -572,7 +622,19 @@ class RoundPlayer:
                 del outer[level][gid]
                 members = box.members
                 settle(level + 1, gid, members)
-            for member, outcome, lat, err, g in members:
-                sink.add(member.id, outcome, lat, err, g.id, g.outer)
+            # Each group whole into the sink (a batch leaves between groups, never inside one):
+            # for nested groups, every inner group of the outer one that settled now.
+            if group.outer:
+                by_group: dict[int, tuple[Group, list]] = {}
+                for m in members:
+                    by_group.setdefault(m[4].id, (m[4], []))[1].append(m)
+                whole = list(by_group.values())
+            else:
+                whole = [(group, members)]
+            for g, rows in whole:
+                acts, lines = scenes.pop(g.id, ((), ()))
+                if not sink.add_group(g.id, rows, g.outer, acts, lines):  # too large for a message
+                    self._stop(SceneFailed(f"simulation {type(self.sim).name!r}, round {round_}, {sink.failure}"))
+                    return
 
         return deliver

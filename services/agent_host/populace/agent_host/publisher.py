@@ -11,6 +11,7 @@ import json
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
+from populace.agent_host.batch_fit import fit
 from populace.core import bus, logs, metrics, subjects, telemetry
 from populace.core.checkpoints import put_bytes
 from populace.core.contracts import (
@@ -29,6 +30,8 @@ from populace.sdk.play import OutcomeRows, RoundShare
 log = logs.get("populace.agent_host")
 
 PUBACK_WAIT_S = 10.0
+# Of the server's max_payload, what a batch's headers (message id, trace context) may take
+HEADERS_ROOM = 4096
 # A partial larger than this (a partial's columns: the agents that move …) travels as an object of
 # the checkpoints store, which the message names with its digest: a message stays under 1 MB.
 PARTIAL_INLINE_BYTES = 256 * 1024
@@ -85,20 +88,22 @@ class OutcomePublisher:
         task.add_done_callback(self._ticks.discard)
 
     async def _publish(self, batch: OutcomeBatch) -> None:
-        shard = f"{self.host_id}-{batch.seq}"
-        data = batch.model_dump_json().encode()
         subject = subjects.run_outcomes(self.run_id, self.round, self.host_id)
-        msg_id = subjects.msg_id(self.run_id, self.round, shard, "outcomes", self.epoch)
-        headers = telemetry.inject({"Nats-Msg-Id": bus.seal(self._js, msg_id)})
-        reconnects = self._reconnects()
-        try:
-            ack = await self._js.publish_async(subject, data, headers=headers)
-        except bus.TRANSIENT as err:  # the connection is away (its buffer full while it reconnects)
-            log.warning("outcomes_publish_waiting", run_id=self.run_id, round=self.round, subject=subject,
-                        error=type(err).__name__)
-            await bus.until_ready(lambda: self._js.publish(subject, data, headers=headers, timeout=5.0),
-                                  f"publish {subject}", attempts=30)
-        else:
+        # one message, or (past the server's max_payload) its pieces cut between groups; a group
+        # that alone does not fit raises BatchTooLarge, which close() raises: the round pauses
+        for piece, data in fit(batch, self._nc.max_payload - HEADERS_ROOM):
+            shard = f"{self.host_id}-{batch.seq}{piece}"
+            msg_id = subjects.msg_id(self.run_id, self.round, shard, "outcomes", self.epoch)
+            headers = telemetry.inject({"Nats-Msg-Id": bus.seal(self._js, msg_id)})
+            reconnects = self._reconnects()
+            try:
+                ack = await self._js.publish_async(subject, data, headers=headers)
+            except bus.TRANSIENT as err:  # the connection is away (its buffer full while it reconnects)
+                log.warning("outcomes_publish_waiting", run_id=self.run_id, round=self.round, subject=subject,
+                            error=type(err).__name__)
+                await bus.until_ready(lambda d=data, h=headers: self._js.publish(subject, d, headers=h, timeout=5.0),
+                                      f"publish {subject}", attempts=30)
+                continue
             self._sent.append((subject, data, headers, ack, reconnects))
         await self._tick(len(batch.agent_ids))
 

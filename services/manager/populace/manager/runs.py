@@ -23,7 +23,7 @@ from starlette.routing import Route
 
 from populace.client.reads import ReadError, RecorderUnreachable, request_agents, request_distribution
 from populace.client.run import cancel as cancel_run
-from populace.client.run import new_run_id, request_resume
+from populace.client.run import new_run_id, recorded_event, request_resume
 from populace.client.run import run_state as client_run_state
 from populace.client.steer import (
     OverrideError,
@@ -52,7 +52,8 @@ async def run_context(request: Request, rid: str) -> dict:
     trace_url = (f"{settings.jaeger_url.rstrip('/')}/trace/{trace_id}"
                  if settings.jaeger_url and trace_id else None)
     done = views.last_completed(state) if state else 0
-    return {"run_id": rid, "state": state, "row": views.run_row(state) if state else None,
+    recorded = await recorded_event(nc_of(request), rid) if state is not None and state.status == "done" else None
+    return {"run_id": rid, "state": state, "row": views.run_row(state, recorded) if state else None,
             "config": state.config.model_dump_json(indent=2) if state else "",
             "manifest": json.dumps(manifest, indent=2, default=str) if manifest else "",
             "trace_id": trace_id, "trace_url": trace_url, "sample_ms": int(settings.sample_s * 1000),

@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
+from populace.client.run import recorded_event
 from populace.core import bus, subjects
 from populace.core.contracts import NodeInfo, RoundOpen, RoundResult, RunState
 from populace.manager import views
@@ -178,6 +179,7 @@ async def _run_stream(nc, rid: str, sample_s: float, once: bool) -> AsyncIterato
 
     sub = await nc.subscribe(subjects.progress_all(rid), cb=on_tick)
     sent = 0  # rounds whose results this stream has sent: 1..sent
+    recorded = None  # the run's RunRecorded, once it is done and recorded
     expected: dict[int, int] = {}
     try:
         while True:
@@ -200,8 +202,10 @@ async def _run_stream(nc, rid: str, sample_s: float, once: bool) -> AsyncIterato
                 if opened is not None:
                     expected[current] = opened.expected
             exp = expected.get(current) if current else None
+            if state is not None and state.status == "done" and (recorded is None or recorded.epoch < state.epoch):
+                recorded = await recorded_event(nc, rid)  # its status as recorded (incomplete: rows missing)
             yield views.sse(views.run_payload(rid, state, ticks, exp or (state.config.agents if current else None),
-                                              new))
+                                              new, recorded))
             if once:
                 return
             await asyncio.sleep(sample_s)

@@ -8,6 +8,7 @@ import re
 import time
 from dataclasses import dataclass, field
 
+from populace.client.run import status_as_recorded
 from populace.client.steer import cancel_refusal
 from populace.client.steer import last_completed as last_completed  # the CLI's count, re-exported
 from populace.core.contracts import (
@@ -17,6 +18,7 @@ from populace.core.contracts import (
     Progress,
     ReplicaInfo,
     RoundResult,
+    RunRecorded,
     RunState,
 )
 
@@ -38,16 +40,18 @@ def can_resume(state: RunState) -> bool:
     return state.status in RESUMABLE_STATUSES and state.round < state.config.rounds
 
 
-def run_row(state: RunState) -> dict:
-    """One run as the runs list shows it (and its live updates send it)."""
+def run_row(state: RunState, recorded: RunRecorded | None = None) -> dict:
+    """One run as the runs list shows it (and its live updates send it); `recorded`: its
+    RunRecorded, when the page read it (the run page does)."""
     c = state.config
     done = last_completed(state)
+    status, reason = status_as_recorded(state, recorded)
     return {
-        "run_id": state.run_id, "name": c.name, "status": state.status, "simulation": c.simulation,
+        "run_id": state.run_id, "name": c.name, "status": status, "simulation": c.simulation,
         "agents": c.agents, "rounds": c.rounds, "round": state.round if state.status == "running" else None,
         "completed": done, "progress": round(done / c.rounds, 4) if c.rounds else 0.0,
         "tokens": state.used.tokens, "llm_calls": state.used.llm_calls, "model": c.model.backend,
-        "reason": state.reason, "updated_at": state.updated_at,
+        "reason": reason, "updated_at": state.updated_at,
     }
 
 
@@ -118,12 +122,12 @@ class RoundTicks:
 
 
 def run_payload(rid: str, state: RunState | None, ticks: RoundTicks, expected: int | None,
-                new_results: list[RoundResult]) -> dict:
+                new_results: list[RoundResult], recorded: RunRecorded | None = None) -> dict:
     """The run page's live update: its state, the round in play's answers in / expected, and
     the rounds closed since the last update (the page keeps them by round number)."""
     if state is None:
         return {"run_id": rid, "status": "submitted", "known": False, "results": [], "at": time.time()}
-    row = run_row(state)
+    row = run_row(state, recorded)
     current = state.round if state.status == "running" else None
     answered = ticks.answered.get(current, 0) if current else None
     if current and expected:

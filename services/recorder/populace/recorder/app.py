@@ -1,5 +1,6 @@
 """recorder service: a durable pull consumer on `run.>` → DuckDB, acked only after commit.
-Once a run is done *and* every outcome its round results counted is in DuckDB, it announces
+Once a run is done *and* every outcome its round results counted is in DuckDB (or known to be
+missing: populace.recorder.shortfall, then the run is `incomplete`), it announces
 `run.<rid>.recorded`. It records any simulation: the tables come from the run's declaration.
 
 The fetch loop is our own nats-py pull subscription rather than a FastStream subscriber:
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections import OrderedDict
 
@@ -44,12 +46,14 @@ from populace.core.service import MAX_DELIVERIES, Service, keep_in_progress
 from populace.core.settings import Settings
 from populace.core.telemetry import tracer
 from populace.population.by_digest import ByDigest
-from populace.recorder.columns import BadColumns, check_outcomes
+from populace.recorder.columns import BadColumns, RefusedGroup, check_outcomes
 from populace.recorder.read_server import Reads, serve_reads
+from populace.recorder.shortfall import Verdict, verdict
 from populace.recorder.store import DiskFull, Event, Store, StoreError, profile_rows
 
 DESCRIPTION = ("Writes every run event to DuckDB exactly once (each simulation's own outcome and "
-               "summary tables) and announces a run recorded when every outcome is in.")
+               "summary tables) and announces a run recorded when every outcome is in, or incomplete "
+               "with what is missing.")
 # Events the recorder writes; everything else on `run.>` is acknowledged and skipped.
 RECORDED: dict[str, type[BaseModel]] = {
     "started": RunStarted, "spawn": SpawnBatch, "outcomes": OutcomeBatch,
@@ -88,6 +92,9 @@ class Recorder:
         self.active: set[str] = set()  # runs started and not yet announced as recorded
         self.finished: dict[str, RunDone] = {}  # done, waiting for every outcome to be committed
         self.done_at: dict[str, float] = {}  # when each finished run's done came (time.monotonic)
+        # a finished run short of outcomes: how many it had recorded, and since when (time.monotonic)
+        self.progress: dict[str, tuple[int, float]] = {}
+        self.batch_refusals: dict[str, str] = {}  # run -> why a whole outcome batch of it was refused (the first)
         self.recorded: OrderedDict[str, None] = OrderedDict()  # announced lately, oldest first
         self.sub = None
         self.task: asyncio.Task | None = None
@@ -272,10 +279,13 @@ class Recorder:
                     continue
                 if isinstance(event, OutcomeBatch):
                     try:
-                        event = check_outcomes(event, tables)
+                        event, refused = check_outcomes(event, tables)
                     except BadColumns as err:
+                        self.note_refusal(event, str(err))
                         await self.svc.dead_letter(raw, err)
                         continue
+                    parsed.append((Event(msg_id, "outcomes", event, refused_groups=refused), raw))
+                    continue
             parsed.append((Event(msg_id, subjects.kind_of(raw.subject), event), raw))
         return parsed
 
@@ -289,6 +299,8 @@ class Recorder:
             if isinstance(e.model, RunResumed):
                 self.active.add(e.model.run_id)
                 self.finished.pop(e.model.run_id, None)
+                self.progress.pop(e.model.run_id, None)
+                self.batch_refusals.pop(e.model.run_id, None)
             if isinstance(e.model, RunStarted):
                 self.active.add(e.model.run_id)
                 pop = e.model.config.population
@@ -332,6 +344,7 @@ class Recorder:
             by_id = {e.msg_id: raw for e, raw in parsed}
             for msg_id, why in result.refused:
                 await self.svc.dead_letter(by_id[msg_id], why, terminate=False)
+        self.log_refused_groups(result.refused_groups)
         await self.ack(raws, settle=bool(result.finished or self.finished or late))
         for rid in late:
             await self.purge_run_events(rid)
@@ -347,6 +360,27 @@ class Recorder:
         if result.answers or any(e.kind == "asked" for e, _ in parsed):
             await self.announce_interviews()
         await self.announce_complete()
+
+    def note_refusal(self, batch: OutcomeBatch, why: str) -> None:
+        """A whole outcome batch refused (dead-lettered): kept to say why, should the run be short."""
+        if batch.run_id in self.active and batch.run_id not in self.batch_refusals:
+            self.batch_refusals[batch.run_id] = (f"a batch of {batch.host_id}, round {batch.round}, was refused: "
+                                                 f"{bus.short_error(why)}")
+
+    def log_refused_groups(self, refused: list[tuple[str, int, str, RefusedGroup]]) -> None:
+        """Groups taken out of batches that were recorded: one line per batch's share and round
+        (its groups and why), and counted. Their rows are missing: the run will be incomplete."""
+        if not refused:
+            return
+        metrics.REFUSED_GROUPS.labels("recorder").inc(len(refused))
+        by_batch: dict[tuple[str, int, str], list[RefusedGroup]] = {}
+        for rid, round_, share, group in refused:
+            by_batch.setdefault((rid, round_, share), []).append(group)
+        for (rid, round_, share), groups in by_batch.items():
+            self.svc.log.error("groups_refused", run_id=rid, round=round_, share=share, groups=len(groups),
+                               outcomes=sum(len(g.agents) for g in groups), acts=sum(g.acts for g in groups),
+                               lines=sum(g.lines for g in groups),
+                               refused=[{"group": g.group_id, "reason": g.reason} for g in groups[:10]])
 
     async def ack(self, raws: list[Msg], settle: bool) -> None:
         """Acknowledge a fetch. `settle`: a run may be purged next, below the consumer's ack
@@ -415,10 +449,31 @@ class Recorder:
                                  msg_id=f"{rid}.interviewed.{request}")
             self.svc.log.info("interview_recorded", run_id=rid, request=request, answers=answers)
 
+    async def shortfall(self, rid: str, got: int, expected: int) -> Verdict:
+        """Whether the finished run `rid` can be announced now, and what it lacks: outcomes of
+        refused groups are known to be missing at once; others are waited for while its outcomes
+        keep coming, and missing once none came for recorder_missing_wait_s (populace.recorder.shortfall)."""
+        if got >= expected and not await asyncio.to_thread(self.store.has_refused_groups, rid):
+            self.progress.pop(rid, None)
+            return Verdict(wait=False)
+        now = time.monotonic()
+        last, since = self.progress.get(rid, (got, self.done_at.get(rid, now)))
+        if got != last:
+            since = now  # outcomes still coming in: wait on
+        self.progress[rid] = (got, since)
+        tallies = await asyncio.to_thread(self.store.tallies, rid, self.finished[rid].rounds)
+        v = verdict(tallies, now - since, self.svc.settings.recorder_missing_wait_s)
+        if not v.wait:
+            self.progress.pop(rid, None)
+            if v.unexplained and (why := self.batch_refusals.get(rid)):
+                v = dataclasses.replace(v, reason=f"{v.reason}; {why}")
+        return v
+
     async def announce_complete(self) -> None:
         for rid in list(self.finished):
             got, expected = await asyncio.to_thread(self.store.completeness, rid, self.finished[rid].rounds)
-            if got < expected:
+            short = await self.shortfall(rid, got, expected)
+            if short.wait:
                 continue  # some round results or outcome batches are still on their way (redelivery)
             answers, owed = 0, 0
             if self.finished[rid].status == "completed":  # a run stopped short: its interviews stopped too
@@ -434,14 +489,27 @@ class Recorder:
                                        awaited=due.pending, waited_s=round(waited, 1))
             done = self.finished.pop(rid)
             self.done_at.pop(rid, None)
+            self.batch_refusals.pop(rid, None)
             epoch = done.epoch
+            status, reason = done.status, done.reason
+            if owed > answers and done.status == "completed":  # nor with a promised answer missing
+                said = f"{owed - answers:,} of {owed:,} planned interview answers missing"
+                short = dataclasses.replace(short, reason=f"{short.reason}; {said}" if short.reason else said)
+            if short.reason:  # never `completed` with an outcome, act or line missing
+                status = "incomplete" if done.status == "completed" else done.status
+                reason = short.reason if done.status == "completed" or not done.reason \
+                    else f"{done.reason}; {short.reason}"
+                await asyncio.to_thread(self.store.mark_incomplete, rid, status, reason)
+                self.svc.log.error("run_incomplete", run_id=rid, status=status, reason=reason,
+                                   outcomes_missing=short.outcomes_missing, acts_missing=short.acts_missing,
+                                   lines_missing=short.lines_missing, refused_groups=short.refused_groups)
             self.active.discard(rid)
             self.release_if_idle()
             # Before the announcement, so whoever sees `recorded` finds RUN and the checkpoints
             # as they will stay.
             t0 = time.perf_counter()
             await self.purge_run_events(rid)
-            pruned = await self.prune_checkpoints(done)
+            pruned = await self.prune_checkpoints(done) if not short.reason else 0  # incomplete: kept, to fork
             settle_s = time.perf_counter() - t0
             self.recorded[rid] = None
             self.recorded.move_to_end(rid)
@@ -449,7 +517,9 @@ class Recorder:
                 self.recorded.popitem(last=False)
             await bus.publish_js(self.svc.js, subjects.run_recorded(rid),
                                  RunRecorded(run_id=rid, outcomes=got, db_path=self.store.path, answers=answers,
-                                             answers_missing=max(0, owed - answers), epoch=epoch),
+                                             answers_missing=max(0, owed - answers), epoch=epoch, status=status,
+                                             reason=reason, outcomes_missing=short.outcomes_missing,
+                                             acts_missing=short.acts_missing, lines_missing=short.lines_missing),
                                  msg_id=subjects.msg_id(rid, 0, "recorder", "recorded", epoch))
             self.svc.log.info("run_recorded", run_id=rid, outcomes=got, db=self.store.path,
                               events_purged=self.svc.settings.purge_recorded, checkpoints_pruned=pruned,

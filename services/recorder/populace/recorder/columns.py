@@ -1,9 +1,16 @@
 """Checking an outcome batch's columns against the run's declared tables, in pydantic-core:
-a batch whose columns are not exactly the declared ones, or whose values do not fit their
-types (NaN, infinities, out-of-range integers included), is refused whole."""
+a batch whose columns are not exactly the declared ones, or whose outcome values do not fit
+their types (NaN, infinities, out-of-range integers included), is refused whole.
+
+A simulation with scenes sends each group whole in one batch: its members' outcomes with its
+acts and lines. A group whose acts or lines do not belong (an act by an agent whose outcome is
+not in the batch, or is in another group; a line of a group with no member here; an act value
+that does not fit its column) is refused alone: its outcomes, acts and lines are taken out of
+the batch together, so none of them is half-recorded, and the rest of the batch goes on."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
@@ -29,8 +36,20 @@ class BadColumns(ValueError):
     pass
 
 
-def check_outcomes(batch: OutcomeBatch, tables: SimulationTables) -> OutcomeBatch:
-    """The batch with its columns validated (and coerced) by their declared types."""
+@dataclass(frozen=True)
+class RefusedGroup:
+    """A group taken out of a batch: its members' outcomes, acts and lines are not recorded."""
+
+    group_id: int
+    agents: list[int]  # its members whose outcomes the batch carried
+    acts: int
+    lines: int
+    reason: str
+
+
+def check_outcomes(batch: OutcomeBatch, tables: SimulationTables) -> tuple[OutcomeBatch, list[RefusedGroup]]:
+    """The batch with its columns validated (and coerced) by their declared types, without the
+    groups refused (returned apart, with why). Raises BadColumns to refuse the whole batch."""
     declared = {c.name: c.type for c in tables.outcome_columns}
     if set(batch.columns) != set(declared):
         raise BadColumns(f"columns {sorted(batch.columns)} are not the run's outcome columns {sorted(declared)}")
@@ -38,23 +57,13 @@ def check_outcomes(batch: OutcomeBatch, tables: SimulationTables) -> OutcomeBatc
         raise BadColumns("group_ids must be given exactly when the simulation has groups")
     if sorted(batch.levels or {}) != sorted(tables.levels):
         raise BadColumns(f"levels {sorted(batch.levels or {})} are not the run's outer group levels {tables.levels}")
-    if (batch.acts is not None or batch.lines is not None) and tables.acts is None:
+    if (batch.acts is not None or batch.lines is not None) and (tables.acts is None or batch.group_ids is None):
         raise BadColumns("acts and lines belong to a simulation with scenes")
-    members = set(batch.agent_ids)
     if batch.acts is not None:
         declared_acts = {c.name: c.type for c in tables.act_columns}
         if set(batch.acts.columns) != set(declared_acts):
             raise BadColumns(f"act columns {sorted(batch.acts.columns)} are not the run's {sorted(declared_acts)}")
-        strangers = set(batch.acts.agent_id) - members
-        if strangers:  # an act is recorded with its member's outcome, never for another agent
-            raise BadColumns(f"acts.agent_id: agent {min(strangers)} has no outcome in this batch")
-        for name, values in batch.acts.columns.items():
-            try:
-                ADAPTERS[declared_acts[name]].validate_python(values)
-            except ValidationError as err:
-                first = err.errors()[0]
-                raise BadColumns(f"acts.columns.{name}[{first['loc'][0] if first['loc'] else ''}]: "
-                                 f"{first['msg']}") from None
+    members = set(batch.agent_ids)
     if batch.edits is not None:
         if not tables.edge_kinds:
             raise BadColumns("edits belong to a simulation with edge kinds")
@@ -64,10 +73,10 @@ def check_outcomes(batch: OutcomeBatch, tables: SimulationTables) -> OutcomeBatc
         unknown = set(batch.edits.kind) - set(tables.edge_kinds)
         if unknown:
             raise BadColumns(f"edits.kind: {min(unknown)!r} is not one of the run's edge kinds {tables.edge_kinds}")
-    if batch.lines is not None:
-        strangers = set(batch.lines.speaker) - members - {-1}
-        if strangers:
-            raise BadColumns(f"lines.speaker: agent {min(strangers)} has no outcome in this batch")
+    refused: list[RefusedGroup] = []
+    if bad_by_group := bad_groups(batch, tables):
+        refused = refused_groups(batch, bad_by_group)
+        batch = without_groups(batch, set(bad_by_group))
     columns = {}
     checks = [(f"columns.{name}", ADAPTERS[declared[name]], values) for name, values in batch.columns.items()]
     checks += [("agent_ids", _IDS, batch.agent_ids), ("latency_ms", _LATENCY, batch.latency_ms)]
@@ -93,4 +102,71 @@ def check_outcomes(batch: OutcomeBatch, tables: SimulationTables) -> OutcomeBatc
         if bad:
             raise BadColumns(f"columns.{tables.measure}[{bad[0]}]: {columns[tables.measure][bad[0]]!r} is not one "
                              "of the run's declared options")
-    return batch.model_copy(update={"columns": columns})
+    return batch.model_copy(update={"columns": columns}), refused
+
+
+def bad_groups(batch: OutcomeBatch, tables: SimulationTables) -> dict[int, str]:
+    """The groups of the batch's acts and lines that cannot be recorded, each with why (the
+    first reason found): every act's agent must have its outcome in the batch, in the act's
+    group; every line's speaker too (the scene itself, -1, speaks in a group with a member
+    here); an act's values must fit their columns. A batch without agents carries none."""
+    if batch.acts is None and batch.lines is None:
+        return {}
+    group_of = dict(zip(batch.agent_ids, batch.group_ids or ()))
+    present = set(group_of.values())
+    bad: dict[int, str] = {}
+
+    def belongs(group: int, agent: int, where: str) -> None:
+        if group in bad:
+            return
+        if agent == -1 and where == "lines.speaker":
+            if group not in present:
+                bad[group] = f"lines.group_id: group {group} has no member in this batch"
+        elif agent not in group_of:
+            bad[group] = f"{where}: agent {agent} has no outcome in this batch"
+        elif group_of[agent] != group:
+            bad[group] = f"{where}: agent {agent} is in group {group_of[agent]}, not group {group}"
+
+    if (a := batch.acts) is not None:
+        for group, agent in zip(a.group_id, a.agent_id):
+            belongs(group, agent, "acts.agent_id")
+        declared = {c.name: c.type for c in tables.act_columns}
+        for name, values in a.columns.items():
+            try:
+                ADAPTERS[declared[name]].validate_python(values)
+            except ValidationError as err:
+                for e in err.errors():
+                    i = e["loc"][0] if e["loc"] and isinstance(e["loc"][0], int) else None
+                    if i is None:  # not one value: the column itself (not a list)
+                        raise BadColumns(f"acts.columns.{name}: {e['msg']}") from None
+                    bad.setdefault(a.group_id[i], f"acts.columns.{name}[{i}]: {e['msg']} "
+                                                  f"(got {short_repr(e.get('input'))})")
+    if (x := batch.lines) is not None:
+        for group, speaker in zip(x.group_id, x.speaker):
+            belongs(group, speaker, "lines.speaker")
+    return bad
+
+
+def refused_groups(batch: OutcomeBatch, bad: dict[int, str]) -> list[RefusedGroup]:
+    """What refusing `bad` (group -> why) takes out of the batch, group by group, in group order."""
+    agents: dict[int, list[int]] = {g: [] for g in bad}
+    for agent, group in zip(batch.agent_ids, batch.group_ids or ()):
+        if group in agents:
+            agents[group].append(agent)
+    acts = _count(batch.acts.group_id if batch.acts is not None else [], bad)
+    lines = _count(batch.lines.group_id if batch.lines is not None else [], bad)
+    return [RefusedGroup(g, agents[g], acts.get(g, 0), lines.get(g, 0), bad[g]) for g in sorted(bad)]
+
+
+def _count(groups: list[int], of: dict[int, str]) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for g in groups:
+        if g in of:
+            counts[g] = counts.get(g, 0) + 1
+    return counts
+
+
+def without_groups(batch: OutcomeBatch, groups: set[int]) -> OutcomeBatch:
+    """The batch with every row of `groups` taken out: their members' outcomes (and what rides
+    with an outcome: its post, its levels, its edge edits), their acts and their lines."""
+    return batch.take([i for i, g in enumerate(batch.group_ids or ()) if g not in groups])

@@ -21,10 +21,12 @@ class RunShape:
 
 
 def outcome_refusal(batch: OutcomeBatch, ranges: list[tuple[int, int]] | None, from_round: int,
-                    shape: RunShape, recorded: np.ndarray) -> str | None:
+                    shape: RunShape, recorded: np.ndarray, ids: list[int] | None = None) -> str | None:
     """Why `batch` is refused (None: it is expected). `ranges`: its share's (first, count)
     ranges, None if the run never placed that share; `from_round`: the first round the share
-    plays; `recorded`: per agent, whether the batch's round already has its outcome."""
+    plays; `recorded`: per agent, whether the batch's round already has its outcome; `ids`: the
+    agents the batch came with (None: its own), those of groups taken out of it included, so
+    a batch is judged as it was sent, whatever was taken out."""
     key = share_key(batch.host_id, batch.epoch)
     if ranges is None:
         return f"share {key} was never placed in run {batch.run_id}"
@@ -32,7 +34,7 @@ def outcome_refusal(batch: OutcomeBatch, ranges: list[tuple[int, int]] | None, f
         return f"round {batch.round}: run {batch.run_id} has {shape.rounds} rounds"
     if batch.round < from_round:
         return f"share {key} plays from round {from_round}, not round {batch.round}"
-    ids = np.asarray(batch.agent_ids, dtype=np.int64)
+    ids = np.asarray(batch.agent_ids if ids is None else ids, dtype=np.int64)
     if ids.size == 0:
         return None
     inside = np.zeros(ids.size, dtype=bool)

@@ -150,7 +150,11 @@ def record_local(db: str | Path, *, run_id: str, config: RunConfig, tables: Simu
               Event(f"local.{run_id}.spawn", "spawn",
                     SpawnBatch(run_id=run_id, host_id=LOCAL_HOST, ranges=ranges, config_ref=ConfigRef.of(config)))]
     for b in _batches(run_id, tables, outcomes, posts or None, acts or None, transcripts or None, edges or None):
-        events.append(Event(f"local.{run_id}.{b.round}.{b.seq}", "outcomes", check_outcomes(b, tables)))
+        checked, refused = check_outcomes(b, tables)
+        if refused:  # the engine's own rows: a bug, never a local run recorded with groups missing
+            g = refused[0]
+            raise LocalRecordError(f"{db}: round {b.round}, group {g.group_id} refused: {g.reason}")
+        events.append(Event(f"local.{run_id}.{b.round}.{b.seq}", "outcomes", checked))
     errors: dict[int, int] = {}
     for r, ok, err in zip(outcomes.get("round", []), outcomes.get("valid", []), outcomes.get("error", []),
                           strict=True):

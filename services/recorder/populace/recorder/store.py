@@ -43,8 +43,10 @@ from populace.core.hostauth import SHARED_HOST_USER
 from populace.population.errors import PopulationError
 from populace.population.jsonl import iter_personas
 from populace.population.model_assignment import AssignmentError, assignment
+from populace.recorder.columns import RefusedGroup
 from populace.recorder.expected import RunShape, calls_refusal, outcome_refusal
 from populace.recorder.interviews import InterviewStore, Owed
+from populace.recorder.shortfall import RoundTally
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -90,6 +92,10 @@ ALTER TABLE runs ADD COLUMN IF NOT EXISTS tables_json JSON;
 CREATE TABLE IF NOT EXISTS _resumes (run_id VARCHAR, epoch INTEGER, after_round INTEGER, resumed_at TIMESTAMP);
 CREATE TABLE IF NOT EXISTS _shares (run_id VARCHAR, share VARCHAR, ranges JSON, from_round INTEGER,
                                     replaced_from INTEGER);
+-- groups taken out of an outcome batch otherwise recorded (populace.recorder.columns): their
+-- members' outcomes, acts and lines are missing, and the run cannot be `completed`
+CREATE TABLE IF NOT EXISTS _refused_groups (run_id VARCHAR, round INTEGER, share VARCHAR, group_id BIGINT,
+                                            agents BIGINT[], acts INTEGER, lines INTEGER, reason VARCHAR);
 """
 
 ARROW = {"DOUBLE": pa.float64(), "BIGINT": pa.int64(), "VARCHAR": pa.string(), "BOOLEAN": pa.bool_(),
@@ -179,6 +185,8 @@ class Event:
     model: object
     # RunStarted: the run's personas (JSONL, or its rows parsed already: profile_rows), when it has a population
     blob: bytes | pa.Table | None = None
+    # OutcomeBatch: the groups taken out of it (columns.check_outcomes), recorded as missing if the batch counts
+    refused_groups: list[RefusedGroup] = field(default_factory=list)
 
 
 @dataclass
@@ -188,6 +196,8 @@ class IngestResult:
     answers: int = 0  # interview answers
     finished: list[RunDone] = field(default_factory=list)
     refused: list[tuple[str, str]] = field(default_factory=list)  # (msg_id, why): dead letters, stored nowhere
+    # groups taken out of batches that were recorded: (run, round, share, group), missing for good
+    refused_groups: list[tuple[str, int, str, RefusedGroup]] = field(default_factory=list)
     opened: set[str] = field(default_factory=set)  # runs whose start or resume was stored now (not a redelivery)
 
 
@@ -368,6 +378,9 @@ class Store:
                 old.replaced_from = m.from_round
                 con.execute("UPDATE _shares SET replaced_from = ? WHERE run_id = ? AND share = ?",
                             [m.from_round, m.run_id, old.key])
+                # what it sent from then on no longer counts: the new share plays those rounds again
+                con.execute("DELETE FROM _refused_groups WHERE run_id = ? AND share = ? AND round >= ?",
+                            [m.run_id, old.key, m.from_round])
         shares[key] = ShareRecord(key, list(m.ranges), None, m.from_round)
         con.execute("INSERT INTO _shares VALUES (?, ?, ?, ?, NULL)",
                     [m.run_id, key, json.dumps(m.ranges), m.from_round])
@@ -422,13 +435,13 @@ class Store:
         fresh = self._unseen(events)
         if not fresh:
             return out
-        outcomes: dict[str, list[tuple[str, OutcomeBatch]]] = defaultdict(list)  # by run: (msg id, batch)
+        outcomes: dict[str, list[Event]] = defaultdict(list)  # by run
         con.execute("BEGIN TRANSACTION")
         try:
             for e in fresh:
                 m = e.model
                 if isinstance(m, OutcomeBatch):
-                    outcomes[m.run_id].append((e.msg_id, m))
+                    outcomes[m.run_id].append(e)
                 elif isinstance(m, InterviewPlaced):
                     self.interviews.placed(m)
                 elif isinstance(m, InterviewOrder):
@@ -497,7 +510,7 @@ class Store:
                     out.finished.append(m)
             for run_id, batches in outcomes.items():
                 # checked here, after every placement of this fetch: its batches wait to the end
-                kept = self._expected(run_id, batches, out.refused)
+                kept = self._expected(run_id, batches, out)
                 if kept:
                     out.outcomes += self._insert_outcomes(run_id, kept)
             con.execute("INSERT INTO _ingested SELECT unnest(?)", [[e.msg_id for e in fresh]])
@@ -544,7 +557,7 @@ class Store:
         self._forget_recorded(m.run_id)
         spec = self._spec(m.run_id)
         con = self.con
-        for table in (*self.per_round_tables(spec), spec.rounds):
+        for table in (*self.per_round_tables(spec), spec.rounds, "_refused_groups"):
             con.execute(f"DELETE FROM {_q(table)} WHERE run_id = ? AND round > ?", [m.run_id, m.after_round])
         con.execute("UPDATE runs SET status = 'running', finished_at = NULL, reason = NULL, hosts = ? "
                     "WHERE run_id = ?", [m.hosts, m.run_id])
@@ -571,27 +584,43 @@ class Store:
             return why
         return self.interviews.insert(b, config.agents)
 
-    def _expected(self, run_id: str, batches: list[tuple[str, OutcomeBatch]],
-                  refused: list[tuple[str, str]]) -> list[OutcomeBatch]:
+    def _expected(self, run_id: str, batches: list[Event], out: IngestResult) -> list[OutcomeBatch]:
         """The batches the run expects, marked as recorded; the others refused (with why) or,
-        from a share replaced since (recovery's stragglers), dropped quietly."""
+        from a share replaced since (recovery's stragglers), dropped quietly. A batch is checked
+        with the agents of the groups taken out of it: a forged batch is refused whole, and the
+        groups of a batch that counts are recorded as missing (_refused_groups)."""
         shares, shape = self.shares_of(run_id), self.shape_of(run_id)
         kept = []
-        for msg_id, b in batches:
+        for e in batches:
+            b: OutcomeBatch = e.model
+            groups = e.refused_groups
             if not shares or shape is None:  # a run recorded before shares existed: as it was
                 kept.append(b)
+                self._refuse_groups(b, groups, out)
                 continue
             share = shares.get(share_key(b.host_id, b.epoch))
             if share is not None and not share.counts_in(b.round):
                 continue
             seen = self.recorded(run_id, b.round)
-            why = outcome_refusal(b, share.ranges if share else None, share.from_round if share else 1, shape, seen)
+            ids = [*b.agent_ids, *(a for g in groups for a in g.agents)] if groups else None
+            why = outcome_refusal(b, share.ranges if share else None, share.from_round if share else 1, shape, seen,
+                                  ids=ids)
             if why is not None:
-                refused.append((msg_id, why))
+                out.refused.append((e.msg_id, why))
                 continue
             seen[b.agent_ids] = True
             kept.append(b)
+            self._refuse_groups(b, groups, out)
         return kept
+
+    def _refuse_groups(self, b: OutcomeBatch, groups: list[RefusedGroup], out: IngestResult) -> None:
+        if not groups:
+            return
+        key = share_key(b.host_id, b.epoch)
+        self.con.executemany("INSERT INTO _refused_groups VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                             [[b.run_id, b.round, key, g.group_id, g.agents, g.acts, g.lines, g.reason]
+                              for g in groups])
+        out.refused_groups += [(b.run_id, b.round, key, g) for g in groups]
 
     def _insert_outcomes(self, run_id: str, batches: list[OutcomeBatch]) -> int:
         spec = self._spec(run_id)
@@ -794,3 +823,46 @@ class Store:
             if closed < last_round - first + 1:
                 return got, got + 1
         return got, int(expected)
+
+    def tallies(self, run_id: str, last_round: int) -> list[RoundTally]:
+        """Each round of the run, from the first it plays (a fork's after its parent's) to the
+        last its result or `last_round` names: the outcomes its result counted, those recorded,
+        and those of its refused groups not recorded since (populace.recorder.shortfall)."""
+        spec = self.tables_of(run_id)
+        if spec is None:
+            return []
+        self.ensure_tables(run_id, spec)
+        con = self.con
+        first = min((sh.from_round for sh in self.shares_of(run_id).values()), default=1)
+        counted = dict(con.execute(f"SELECT round, n FROM {_q(spec.rounds)} WHERE run_id = ? AND round >= ?",
+                                   [run_id, first]).fetchall())
+        got = dict(con.execute(f"SELECT round, count(*) FROM {_q(spec.outcomes)} WHERE run_id = ? AND round >= ? "
+                               "GROUP BY round", [run_id, first]).fetchall())
+        # a refused group is missing until its outcomes are recorded (sent again whole, e.g. the
+        # host's own batch after a forger's): its agents not recorded, or none of the group's rows
+        refused = {r: rest for r, *rest in con.execute(
+            f"""WITH g AS (SELECT *, row_number() OVER () AS k FROM _refused_groups WHERE run_id = $1),
+                lost AS (SELECT m.k, count(*) AS n FROM (SELECT k, round, unnest(agents) AS agent_id FROM g) m
+                         WHERE NOT EXISTS (SELECT 1 FROM {_q(spec.outcomes)} o WHERE o.run_id = $1
+                                           AND o.round = m.round AND o.agent_id = m.agent_id)
+                         GROUP BY m.k),
+                missing AS (SELECT g.*, coalesce(lost.n, 0) AS lost FROM g LEFT JOIN lost USING (k)
+                            WHERE lost.n > 0 OR NOT EXISTS (SELECT 1 FROM {_q(spec.outcomes)} o WHERE o.run_id = $1
+                                                            AND o.round = g.round AND o.group_id = g.group_id))
+                SELECT round, count(*), sum(acts), sum(lines),
+                       arg_min('group ' || group_id || ' of ' || share || ' refused: ' || reason, group_id), sum(lost)
+                FROM missing GROUP BY round""", [run_id]).fetchall()}
+        last = max([last_round or 0, *counted])
+        out = []
+        for r in range(first, last + 1):
+            groups, acts, lines, why, missing = refused.get(r, (0, 0, 0, None, 0))
+            out.append(RoundTally(r, counted.get(r), got.get(r, 0), int(missing or 0), int(acts or 0),
+                                  int(lines or 0), int(groups), why))
+        return out
+
+    def has_refused_groups(self, run_id: str) -> bool:
+        return self.con.execute("SELECT count(*) FROM _refused_groups WHERE run_id = ?", [run_id]).fetchone()[0] > 0
+
+    def mark_incomplete(self, run_id: str, status: str, reason: str) -> None:
+        """The run's status and reason once it is recorded with something missing."""
+        self.con.execute("UPDATE runs SET status = ?, reason = ? WHERE run_id = ?", [status, reason, run_id])

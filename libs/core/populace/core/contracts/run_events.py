@@ -4,6 +4,7 @@ columnar (parallel lists), so one message carries ~1,000 agents."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
@@ -190,6 +191,41 @@ class OutcomeBatch(Wire):
         if any(k != n for k in lengths):
             raise ValueError("every column of an outcome batch must have one value per agent id")
         return self
+
+    def take(self, rows: Sequence[int]) -> OutcomeBatch:
+        """The batch of these rows only (indices, in order), with what rides with them: their
+        posts and levels, their agents' edge edits, and the acts and lines of their groups (a
+        group not among them loses its acts and lines too). Not validated again."""
+        def pick(values: list) -> list:
+            return [values[i] for i in rows]
+
+        def keep(model, keys: tuple[str, ...], kept: list[int], **extra):
+            if not kept:
+                return None
+            return model.model_construct(v=model.v, **{k: [getattr(model, k)[i] for i in kept] for k in keys}, **extra)
+
+        ids = pick(self.agent_ids)
+        groups = set(pick(self.group_ids)) if self.group_ids is not None else set()
+        update: dict = {"agent_ids": ids, "columns": {k: pick(v) for k, v in self.columns.items()},
+                        "valid": pick(self.valid), "raws": pick(self.raws), "latency_ms": pick(self.latency_ms),
+                        "errors": pick(self.errors),
+                        "group_ids": None if self.group_ids is None else pick(self.group_ids),
+                        "levels": None if self.levels is None else {k: pick(v) for k, v in self.levels.items()}}
+        if (p := self.posts) is not None:
+            update["posts"] = PostColumns.model_construct(v=p.v, texts=pick(p.texts), fields=pick(p.fields),
+                                                          heard=pick(p.heard), heard_digest=pick(p.heard_digest))
+        if (e := self.edits) is not None:
+            mine = set(ids)
+            update["edits"] = keep(e, ("follower", "author", "kind", "op"),
+                                   [i for i, f in enumerate(e.follower) if f in mine])
+        if (a := self.acts) is not None:
+            kept = [i for i, g in enumerate(a.group_id) if g in groups]
+            update["acts"] = keep(a, ("group_id", "seq", "agent_id", "phase", "valid", "raw", "latency_ms", "error"),
+                                  kept, columns={k: [v[i] for i in kept] for k, v in a.columns.items()})
+        if (x := self.lines) is not None:
+            update["lines"] = keep(x, ("group_id", "seq", "speaker", "text", "fields"),
+                                   [i for i, g in enumerate(x.group_id) if g in groups])
+        return self.model_copy(update=update)
 
 
 class InterviewBatch(Wire):
@@ -398,6 +434,11 @@ class RunDone(Wire):
 
 
 class RunRecorded(Wire):
+    """Everything of a finished run the recorder will ever have is in DuckDB. `status` is the
+    run's as recorded: its RunDone's, except that a run that completed with an outcome, act or
+    line missing (a group refused, a batch that never came) is `incomplete`, `reason` saying
+    which rounds lack what and why (None: as its RunDone said, from a recorder before statuses)."""
+
     run_id: Token
     outcomes: int  # agent-rounds recorded
     db_path: str
@@ -406,6 +447,11 @@ class RunRecorded(Wire):
     # POPULACE_INTERVIEW_WAIT_S (a host lost), or nothing asks them again (cut short before a resume)
     answers_missing: int = 0
     epoch: Epoch = 0  # the RunDone's it follows: a resumed run's earlier stop may be recorded after it
+    status: Literal["completed", "incomplete", "failed", "cancelled", "paused"] | None = None
+    reason: str | None = None
+    outcomes_missing: Amount = 0  # outcomes its round results counted that are not recorded
+    acts_missing: Amount = 0  # acts of refused groups
+    lines_missing: Amount = 0  # transcript lines of refused groups
 
 
 class Progress(Wire):
