@@ -78,6 +78,8 @@ class DummyBenchResult:
     acts_recorded: int | None = None
     # prompts the hosts sent again because no model answered them (the rounds tables' infra_retries)
     infra_retries: int = 0
+    # CPU seconds each process used from the run's start to its end (where a round's time goes)
+    cpu_by_process: dict[str, float] = field(default_factory=dict)
 
     def to_json(self, **kw) -> str:
         return json.dumps(asdict(self), **kw)
@@ -122,11 +124,32 @@ class DummyBenchResult:
         return t
 
 
+def cpu_seconds(stack: Stack) -> dict[str, float]:
+    """CPU seconds (user + system) each process of the stack used so far, NATS as "nats"."""
+    import psutil
+
+    named = {key: p.pid for key, p in stack.procs.items() if p.poll() is None}
+    if stack.nats and stack.nats.pid:
+        named["nats"] = stack.nats.pid
+    out = {}
+    for key, pid in named.items():
+        try:
+            t = psutil.Process(pid).cpu_times()
+            out[str(key)] = t.user + t.system
+        except psutil.Error:
+            pass
+    return out
+
+
 class RssSampler:
+    """Peak memory while the run plays (sampled), and each process's CPU seconds over it."""
+
     def __init__(self, stack: Stack, every_s: float = 0.2) -> None:
         self.stack, self.every = stack, every_s
         self.peak = 0
         self.peak_by_process: dict[str, int] = {}  # each process's own peak (not at the same instant)
+        self.cpu_by_process: dict[str, float] = {}  # CPU seconds over the run, by service key
+        self._cpu_start: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -142,6 +165,7 @@ class RssSampler:
             self._stop.wait(self.every)
 
     def __enter__(self) -> RssSampler:
+        self._cpu_start = cpu_seconds(self.stack)
         self._thread.start()
         return self
 
@@ -149,6 +173,7 @@ class RssSampler:
         self._stop.set()
         self._thread.join()
         self._sample()
+        self.cpu_by_process = {k: round(v - self._cpu_start.get(k, 0.0), 2) for k, v in cpu_seconds(self.stack).items()}
 
 
 def asyncio_floor(agents: int, latency: float) -> float:
@@ -305,6 +330,7 @@ def run_dummy_bench(agents: int, latency: float, hosts: int, rounds: int = 1, fl
         mail_messages_per_round=mail[0] if mail else None, mail_posts_per_round=mail[1] if mail else None,
         mail_bytes_per_round=mail[2] if mail else None, posts_heard_per_round=heard, heard_per_s=heard_rate,
         checkpoint_bytes_by_round=saved, acts_recorded=acts, infra_retries=int(retries or 0),
+        cpu_by_process=sampler.cpu_by_process,
     )
 
 
