@@ -76,7 +76,8 @@ def private_stack(backends: set[str] | frozenset[str], replicas: int, hosts: int
                                            *keyed]
     keys, model_hosts = gateway_bindings(list(models))
     env = {"POPULACE_GATEWAY_KEYS": keys, "POPULACE_GATEWAY_MODEL_HOSTS": model_hosts} if models else {}
-    return Stack(hosts=hosts, db=db, extra=extra, replicas=replicas * len(extra), env=env)
+    secrets = tuple(m.api_key_env for m in models if m.api_key_env)
+    return Stack(hosts=hosts, db=db, extra=extra, replicas=replicas * len(extra), env=env, secrets=secrets)
 
 
 class StoreInUse(RuntimeError):

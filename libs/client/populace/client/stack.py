@@ -109,6 +109,11 @@ class Stack:
     users: dict[str, str] | None = None
     # every service in one process and event loop (tests that need no process per service)
     one_process: bool = False
+    # Environment variables that hold models' keys (a run's `models:` api_key_env): kept only in the
+    # gateway's environment (which calls the models) and the replicas' (which ask for the key), taken
+    # out of every other process's, so no host or recorder even holds a key. (A one-process stack
+    # shares one environment.)
+    secrets: tuple[str, ...] = ()
     nats: EmbeddedNats | None = None
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     specs: dict[str, tuple[list[str], dict[str, str], bool]] = field(default_factory=dict)  # to restart one
@@ -220,6 +225,8 @@ class Stack:
                                               "inbox_prefix": bus.inbox_prefix(user)}
 
     def _spawn(self, key: str, args: list[str], env: dict[str, str], service: bool = False) -> None:
+        if self.secrets and key != "gateway" and not key.startswith("replicas") and key != ONE_PROCESS:
+            env = {k: v for k, v in env.items() if k not in self.secrets}
         self.specs[key] = (args, env, service)
         with open(Path(self.log_dir) / f"{key}.log", "ab") as log:  # type: ignore[arg-type]  # the child keeps its copy
             # guarded: a child gets SIGTERM when we die, even by SIGKILL (started on the main thread)

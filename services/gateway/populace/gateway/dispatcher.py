@@ -273,6 +273,8 @@ class Dispatcher:
             if choice is not None:
                 choice.in_flight += 1
                 return choice
+            if (refused := self.pool.key_refused(pool)) is not None:
+                raise ModelRefused(f"model {pool.removeprefix('model:').split('@')[0]!r}: {refused}")
             remaining = deadline - loop.time()
             if remaining <= 0:
                 what = "registered" if not loads else "healthy with a free slot"

@@ -72,6 +72,10 @@ def endpoint_digest(endpoint: ModelEndpoint) -> str:
     return hashlib.sha256(ident.encode()).hexdigest()[:12]
 
 
+class KeyProbeRefused(RuntimeError):
+    """A replica's probe was answered 401/403: the model's key is refused there."""
+
+
 @dataclass
 class Replica:
     info: ReplicaInfo
@@ -83,6 +87,7 @@ class Replica:
     endpoint: ModelEndpoint | None = None  # a run model at its URL: how to call it
     probed: bool = True  # False: a hosted API, never polled (its health costs requests against its limit)
     failed_at: float = 0.0  # when an unprobed replica last failed (healthy again after UNPROBED_RETRY_S)
+    key_refused: str | None = None  # its last probe: the server refused the model's key (401/403)
 
 
 # A replica busy generating on a starved CPU can miss a health check's deadline: only this
@@ -155,6 +160,14 @@ class ReplicaPool:
     def replica(self, replica_id: str) -> Replica:
         return self.replicas[replica_id]
 
+    def key_refused(self, pool: str) -> str | None:
+        """Why no replica of `pool` will answer: every one of them refused the model's key at its
+        last probe (None: not so)."""
+        members = [r for r in self.replicas.values() if r.pool == pool]
+        if members and all(r.key_refused for r in members):
+            return members[0].key_refused
+        return None
+
     def info(self, replica_id: str) -> ReplicaInfo:
         return self.replicas[replica_id].info
 
@@ -198,6 +211,9 @@ class ReplicaPool:
         try:
             healthy = headers is not None and await self._healthy(r.info.url, headers)
             r.slow_probes = 0
+            r.key_refused = None
+        except KeyProbeRefused as err:
+            healthy, r.key_refused, r.slow_probes = False, str(err), 0
         except httpx.TimeoutException:
             r.slow_probes += 1
             healthy = r.load.healthy and r.slow_probes < SLOW_PROBES_TOLERATED
@@ -219,8 +235,12 @@ class ReplicaPool:
             resp = await self._http.get(f"{url}/health", timeout=PROBE_TIMEOUT_S, headers=headers)
             if resp.status_code == 200:
                 return True
+            if resp.status_code in (401, 403):
+                raise KeyProbeRefused(f"HTTP {resp.status_code} on /health: the key was refused")
             if resp.status_code == 404:  # servers without /health (llama-cpp-python)
                 resp = await self._http.get(f"{url}/v1/models", timeout=PROBE_TIMEOUT_S, headers=headers)
+                if resp.status_code in (401, 403):
+                    raise KeyProbeRefused(f"HTTP {resp.status_code} on /v1/models: the key was refused")
                 return resp.status_code == 200
             return False  # llama.cpp answers 503 while loading
         except httpx.TimeoutException:
