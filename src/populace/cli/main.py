@@ -93,9 +93,13 @@ async def _follow(url: str, prepared: "PreparedRun", show_progress: bool, run_id
 
     c = prepared.config
 
+    models = prepared.manifest.get("models") if prepared.manifest else None
+    which = (f"models {', '.join(f'{name} ({n:,} agents)' for name, n in models.items())}" if models
+             else f"model {c.model.backend}")
+
     def announce(rid: str) -> None:
-        display.console.print(f"run {rid}: {c.simulation}, {c.agents:,} agents × {c.rounds} rounds "
-                              f"(model {c.model.backend})", soft_wrap=True, highlight=False)
+        display.console.print(f"run {rid}: {c.simulation}, {c.agents:,} agents × {c.rounds} rounds ({which})",
+                              soft_wrap=True, highlight=False)
 
     return await play_prepared(url, prepared, show_progress, run_id, on_start=announce)
 
