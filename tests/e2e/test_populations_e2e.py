@@ -112,6 +112,20 @@ def test_report_is_one_self_contained_html_with_the_three_figure_kinds(played, c
     assert html.count('<script id="plotly-js">') == 1
     for title in ("Guesses per round", "Mean guess per group", "Convergence over rounds"):
         assert title in html
+    # the tables' numbers, computed here from the recorded guesses and profiles
+    with duckdb.connect(str(db), read_only=True) as con:
+        guesses = con.execute("SELECT g.round, p.profile->>'education', g.value FROM guesses g JOIN agent_profiles p "
+                              "USING (run_id, agent_id) WHERE g.run_id = ? AND g.valid", [run_id]).fetchall()
+    per_round = html[html.index("<h2>Per round</h2>"):html.index('<section id="figure-1">')]
+    for rnd in (1, 2, 3):
+        v = [x for r, _, x in guesses if r == rnd]
+        assert (f"<tr><td>{rnd}</td><td>50</td><td>{len(v)}</td><td>0</td><td>0</td><td>{statistics.mean(v):.2f}</td>"
+                f"<td>{statistics.median(v):.2f}</td><td>{statistics.stdev(v):.2f}</td>") in per_round, rnd
+    by_level = html[html.index("By education (round 3)"):]
+    for level in LEVELS:
+        n, mean, low, high = mean_ci([x for r, lv, x in guesses if r == 3 and lv == level])
+        assert (f'<td class="l">{level.replace(chr(39), "&#39;")}</td><td>{n}</td><td>{mean:.2f}</td>'
+                f"<td>[{low:.2f}, {high:.2f}]</td>") in by_level, level
     start = html.index('<script id="plotly-js">')  # plotly.js's own source names URLs it never loads
     assert not re.search(r"(src|href)=\"https?://", html[:start] + html[html.index("</script>", start):])
 
