@@ -5,13 +5,14 @@ Python t quantile it uses, against scipy's."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 from rich.console import Console
 from scipy import stats
 
-from populace.cli.display import sweep_summary_table
-from populace.client.sweep import summary
+from populace.cli.display import sweep_plan_table, sweep_summary_table
+from populace.client.sweep import plan, summary
 from populace.client.t_interval import mean_ci, t_quantile
 
 
@@ -63,11 +64,16 @@ def test_no_numeric_column_gives_dashes_not_an_error():
     assert (a["key"], a["mean"], a["ci_low"]) == (None, None, None)
 
 
-def test_the_printed_table_carries_the_numbers():
+def rendered(table) -> dict[str, list[str]]:
+    """A rich table's body rows as {first cell: the other cells}."""
     console = Console(width=200, record=True)
-    console.print(sweep_summary_table(ROWS, "s"))
-    lines = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]
-             for line in console.export_text().splitlines() if line.count("│") > 4}
+    console.print(table)
+    return {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]
+            for line in console.export_text().splitlines() if line.count("│") > 4}
+
+
+def test_the_printed_table_carries_the_numbers():
+    lines = rendered(sweep_summary_table(ROWS, "s"))
     assert lines["a"] == ["3", "3", "40.00", "[15.16, 64.84]", "93%"]
     assert lines["b"] == ["2", "2", "12.00", "[-13.41, 37.41]", "100%"]
     assert lines["c"] == ["1", "1", "7.00", "—", "100%"]
@@ -93,3 +99,10 @@ def test_mean_ci_matches_the_analysis_library():
 def test_t_quantile_refuses_what_has_no_answer(level, df):
     with pytest.raises(ValueError):
         t_quantile(level, df)
+
+
+def test_the_plan_lists_every_run_with_its_cell_seed_and_size():
+    sp = plan(Path(__file__).resolve().parents[2] / "examples" / "sweeps" / "ratios.yaml")
+    cells = ["game={ratio: 2/3}", "game={ratio: 1/2, offset: 5}"]
+    assert rendered(sweep_plan_table(sp)) == {
+        str(i): [cells[i // 3], str(1 + i % 3), "50", "3", "dummy"] for i in range(6)}
