@@ -2,8 +2,8 @@
 exit 2: a file the command will write (a report, an export, a results table, a DuckDB file a
 private stack's recorder will write), a port to serve on, and an attribute a `--by` names.
 
-A path is checked by doing what the writer will do (create the folder, create a file in it), so
-the answer is right for root and for read-only mounts alike, where permission bits are not."""
+A path is checked by creating (and deleting) a file where the writer will write, so the answer is
+right for root and for read-only mounts alike, where permission bits are not."""
 
 # No `from __future__ import annotations` (typer evaluates string ones at each start: populace.cli.main)
 import os
@@ -30,19 +30,17 @@ def _reason(err: OSError) -> str:
 
 
 def _folder(folder: Path, flag: str) -> None:
-    """`folder` exists (created if needed) and a file can be created in it."""
-    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
-    if existing is not None and not existing.is_dir():
+    """`folder` can be made and written in: its nearest existing ancestor is a folder where a file
+    can be created (and deleted again). Nothing is left behind: the writer makes the folder."""
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), Path.cwd())
+    if not existing.is_dir():
         refuse(f"{flag}: {existing} is a file, not a folder")
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        refuse(f"{flag}: cannot create the folder {folder} ({_reason(err)})")
-    try:
-        with tempfile.TemporaryFile(dir=folder):
+        with tempfile.TemporaryFile(dir=existing):
             pass
     except OSError as err:
-        refuse(f"{flag}: cannot write in {folder} ({_reason(err)})")
+        where = folder if existing == folder else f"{existing} (to make {folder})"
+        refuse(f"{flag}: cannot write in {where} ({_reason(err)})")
 
 
 def output_file(path: str | Path, flag: str, suffixes: Sequence[str] = ()) -> Path:

@@ -1122,6 +1122,7 @@ def bench_gateway(
     result = run_gateway_bench(llm=llm, quiet=json_out)
     if out:
         with checks.writing(out, "--out"):
+            out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(result.to_json(indent=2) + "\n")
     if json_out:
         print(result.to_json())
@@ -1159,6 +1160,7 @@ def bench_vllm(
              f"{type(err).__name__}: {err}", code=1)
     if out:
         with checks.writing(out, "--out"):
+            out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(dumps(result) + "\n")
     display.out.print(table(result))
 
@@ -1215,6 +1217,7 @@ def bench_dummy(
                               on_result=None if json_out else lambda r: display.out.print(r.table()))
     if out:
         with checks.writing(out, "--out"):
+            out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(series.document() + "\n")
     if json_out:
         print(series.document())
