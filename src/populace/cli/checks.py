@@ -93,6 +93,13 @@ def writing(path: str | Path, flag: str) -> Iterator[None]:
         refuse(f"{flag}: cannot write {path} ({_reason(err)})")
 
 
+def write_text(path: Path, text: str, flag: str = "--out") -> None:
+    """`text` into `path` (its folder made), or refused by `flag` (a bench's JSON result)."""
+    with writing(path, flag):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
 def attribute(con, run_ids: list[str], by: str | None, flag: str = "--by") -> None:
     """`by` is a profile or persona attribute of the runs (what `--by` groups by), or refused
     with the ones there are."""

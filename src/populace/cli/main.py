@@ -1121,9 +1121,7 @@ def bench_gateway(
         checks.output_file(out, "--out")
     result = run_gateway_bench(llm=llm, quiet=json_out)
     if out:
-        with checks.writing(out, "--out"):
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(result.to_json(indent=2) + "\n")
+        checks.write_text(out, result.to_json(indent=2) + "\n")
     if json_out:
         print(result.to_json())
     else:
@@ -1159,9 +1157,7 @@ def bench_vllm(
         fail(f"a vLLM replica did not answer{' (--replica ' + ', '.join(replica) + ')' if replica else ''}: "
              f"{type(err).__name__}: {err}", code=1)
     if out:
-        with checks.writing(out, "--out"):
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(dumps(result) + "\n")
+        checks.write_text(out, dumps(result) + "\n")
     display.out.print(table(result))
 
 
@@ -1216,9 +1212,7 @@ def bench_dummy(
                               graph=section, placement=placement, compare=compare,
                               on_result=None if json_out else lambda r: display.out.print(r.table()))
     if out:
-        with checks.writing(out, "--out"):
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(series.document() + "\n")
+        checks.write_text(out, series.document() + "\n")
     if json_out:
         print(series.document())
     else:
