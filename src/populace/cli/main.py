@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 
-from populace.cli import display, interviews, nodes
+from populace.cli import checks, display, interviews, nodes
 from populace.cli.choices import DemoModel, PersonaModel, Storage
 
 if TYPE_CHECKING:  # the rest is imported where a command needs it: `populace --version` starts fast
@@ -174,6 +174,7 @@ def _private_stack(backends: set[str], replicas: int, hosts: int, db: str, model
     from populace.client.live import model_backends, private_stack, ready_timeout
     from populace.client.stack import StackError
 
+    checks.duckdb_file(db)  # refused now, not retried by the recorder for ever
     if models:
         backends = model_backends(models)
     if "local" in backends:
@@ -315,7 +316,7 @@ UP_STORE = "populace-nats"
 @app.command()
 def up(
     hosts: Annotated[int, typer.Option(min=1, help="agent-host processes")] = 2,
-    port: Annotated[int, typer.Option(help="NATS port")] = 4222,
+    port: Annotated[int, typer.Option(min=1, max=65535, help="NATS port")] = 4222,
     db: Annotated[str, typer.Option(help="DuckDB file the recorder writes")] = "populace.duckdb",
     store: Annotated[str, typer.Option(help="JetStream store dir: runs' state, checkpoints and events, kept "
                                             "across restarts so `populace resume` and `fork` still know them")
@@ -327,7 +328,10 @@ def up(
     """Run embedded NATS and every service in the foreground, for `populace run` to talk to."""
     from populace.client.live import StoreInUse, served_stack
     from populace.client.stack import StackError
+    from populace.core.natsserver import NatsServerError
 
+    checks.duckdb_file(db)
+    checks.free_port(port)
     kept = ("temporary, deleted at stop" if temporary_store else
             "{}, kept at stop: `populace resume` works after a restart")
     try:
@@ -344,7 +348,7 @@ def up(
         pass
     except StoreInUse as err:
         fail(str(err))
-    except StackError as err:
+    except (StackError, NatsServerError) as err:
         fail(str(err), code=1)
 
 
@@ -400,6 +404,7 @@ def _run_local(prepared: "PreparedRun", hosts: int, db: str) -> None:
     if prepared.config.model.backend != "dummy":
         fail(f"model.backend: --local plays on the dummy model; {prepared.config.model.backend!r} needs "
              "the fleet (drop --local)")
+    checks.duckdb_file(db)
     try:
         result = simulate(prepared, local=True, hosts=hosts, db=db)
     except LocalRecordError as err:
@@ -647,6 +652,7 @@ def manager(
     token = (token or "").strip() or None
     if refusal := bind_refusal(host, token):
         fail(refusal)
+    checks.free_port(port, "--host, --port", host)
 
     def serve_on(url: str) -> None:
         shown = f"[{host}]" if ":" in host else host
@@ -710,6 +716,8 @@ def sweep(
     """Run every combination of a grid (× seeds) as separate runs; print and save one table."""
     from populace.client import sweep as sweeps
 
+    if out is not None:  # before an hour of runs, not after
+        checks.output_file(out, "--out", (".csv", ".parquet"))
     sp = checked(lambda: sweeps.plan(experiments))
     display.out.print(display.sweep_plan_table(sp))
     if dry_run:
@@ -718,7 +726,8 @@ def sweep(
         rows = sweeps.run_sweep(url, sp, progress)
     display.out.print(display.sweep_summary_table(rows, f"{sp.spec.name} ({sp.sweep_id})"))
     if out is not None:
-        sweeps.write_rows(rows, out)
+        with checks.writing(out, "--out"):
+            sweeps.write_rows(rows, out)
         display.out.print(f"wrote {len(rows)} rows to {out}")
     if bad := sweeps.failed(rows):
         fail(f"{len(bad)} of {len(sp.cells)} runs did not complete: {', '.join(bad)}", code=1)
@@ -737,6 +746,8 @@ def _db(db: str, runs: list[str] | None = None, nats: str = NATS_DEFAULT):
 
     if not Path(db).exists():
         fail(f"--db: {db} does not exist")
+    if not Path(db).is_file() or not checks.is_duckdb(Path(db)):
+        fail(f"--db: {db} is not a DuckDB database file")
     with contextlib.ExitStack() as stack:
         try:
             con = stack.enter_context(duckdb.connect(db, read_only=True))
@@ -783,7 +794,7 @@ def _run_ids(con, run_ids: list[str]) -> list[str]:
     known = known_runs(con)
     if "last" in run_ids and not known:
         fail("no runs recorded in this DuckDB file")
-    return [known[0] if r == "last" else r for r in run_ids]
+    return list(dict.fromkeys(known[0] if r == "last" else r for r in run_ids))  # a run named twice counts once
 
 
 @app.command()
@@ -825,6 +836,7 @@ def results(
             runs = [({**run_info(con, rid), "interviews": interview_usage(con, rid)}, round_table(con, rid),
                      fork_table(con, rid), call_stats(con, rid)) for rid in ids]
         else:
+            checks.attribute(con, ids, by)
             rows = group_table(con, ids, by, round=round_)
             info = run_info(con, ids[0])
     if by is None:
@@ -901,10 +913,8 @@ def _interview_results(run_ids: list[str], by: str | None, round_: int | None, j
         if not has_interviews(con, ids):
             fail(f"--interviews: run(s) {', '.join(ids)} have no interview answers (plan them in the scenario's "
                  "`interviews:`, or ask with `populace interview`)")
-        try:
-            rows = interview_table(con, ids, by=by, after_round=round_)
-        except Exception as err:  # AnalysisError: an attribute no agent has
-            fail(f"--by: {err}")
+        checks.attribute(con, ids, by)
+        rows = interview_table(con, ids, by=by, after_round=round_)  # an AnalysisError left exits 2 (_db)
         usage = {rid: interview_usage(con, rid) for rid in ids}
     if json_out:
         print(json.dumps({"runs": ids, "by": by, "round": round_, "interviews": rows, "usage": usage}, default=str,
@@ -942,13 +952,17 @@ def report(
     from populace.analysis.reference import ReferenceError
     from populace.analysis.report import runs_named
 
+    checks.output_file(out, "--out")
     ref = _load_reference(reference) if reference is not None else None
     with _db(db, run_ids, nats) as con:
         ids = runs_named(con, _run_ids(con, run_ids))
         if by and len(ids) > 1:
             fail(f"--by: for one run's report (these are {len(ids)} runs: {', '.join(ids)})")
+        for attribute in by or []:
+            checks.attribute(con, ids, attribute)
         try:
-            path = write_report(con, ids, out, by=by or None, reference=ref)
+            with checks.writing(out, "--out"):
+                path = write_report(con, ids, out, by=by or None, reference=ref)
         except ReferenceError as err:
             fail(f"--reference {reference}: {err}")
     what = f"{len(ids)} runs" if len(ids) > 1 else ids[0]
@@ -966,7 +980,8 @@ def export(
     agents, agent_profiles, llm_calls) and each run's own outcome and round tables."""
     from populace.analysis import export_parquet
 
-    with _db(db, run_ids, nats) as con:
+    checks.output_folder(out, "--out")
+    with _db(db, run_ids, nats) as con, checks.writing(out, "--out"):
         paths = export_parquet(con, _run_ids(con, run_ids), out)
     for p in paths:
         display.out.print(str(p))
@@ -1012,6 +1027,7 @@ def personas_generate(
     through the gateway, or templates for very large N)."""
     from populace.client.personas import PersonaGenerationError, PopulationError, generate
 
+    checks.output_file(out, "--out")
     try:
         res = generate(config, out, count, model, unique, seed, nats, concurrency, show_progress=True)
     except PopulationError as err:
@@ -1126,10 +1142,11 @@ def bench_gateway(
     tokens per decision (one structured call vs the paper's two calls)."""
     from populace.bench.gateway import run_gateway_bench
 
+    if out:
+        checks.output_file(out, "--out")
     result = run_gateway_bench(llm=llm, quiet=json_out)
     if out:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(result.to_json(indent=2) + "\n")
+        checks.write_text(out, result.to_json(indent=2) + "\n")
     if json_out:
         print(result.to_json())
     else:
@@ -1138,11 +1155,11 @@ def bench_gateway(
 
 @bench_app.command("vllm")
 def bench_vllm(
-    personas: Annotated[int, typer.Option(help="distinct persona prefixes in the routing workload")] = 64,
-    persona_chars: Annotated[int, typer.Option(help="characters per persona prefix")] = 8000,
-    requests: Annotated[int, typer.Option(help="requests in the routing workload (per router)")] = 384,
-    concurrency: Annotated[int, typer.Option(help="requests in flight at once")] = 16,
-    people: Annotated[int, typer.Option(help="ratio-game personas for one call vs two calls")] = 100,
+    personas: Annotated[int, typer.Option(min=1, help="distinct persona prefixes in the routing workload")] = 64,
+    persona_chars: Annotated[int, typer.Option(min=1, help="characters per persona prefix")] = 8000,
+    requests: Annotated[int, typer.Option(min=1, help="requests in the routing workload (per router)")] = 384,
+    concurrency: Annotated[int, typer.Option(min=1, help="requests in flight at once")] = 16,
+    people: Annotated[int, typer.Option(min=1, help="ratio-game personas for one call vs two calls")] = 100,
     affinity: Annotated[bool, typer.Option(help="prefix-affinity vs round-robin, and the calibration")] = True,
     two_call: Annotated[bool, typer.Option(help="one structured call vs the paper's two calls")] = True,
     replica: Annotated[list[str] | None, typer.Option(help="use these vLLM replicas (started with "
@@ -1154,11 +1171,18 @@ def bench_vllm(
     call vs the paper's two calls (populace.bench.vllm)."""
     from populace.bench.vllm import dumps, run_vllm_bench, table
 
-    result = run_vllm_bench(personas_k=personas, chars=persona_chars, requests=requests, concurrency=concurrency,
-                            people=people, affinity=affinity, two_call=two_call, replica_urls=replica)
     if out:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(dumps(result) + "\n")
+        checks.output_file(out, "--out")
+    import httpx
+
+    try:
+        result = run_vllm_bench(personas_k=personas, chars=persona_chars, requests=requests, concurrency=concurrency,
+                                people=people, affinity=affinity, two_call=two_call, replica_urls=replica)
+    except httpx.TransportError as err:  # a replica (given by --replica, or started here) stopped answering
+        fail(f"a vLLM replica did not answer{' (--replica ' + ', '.join(replica) + ')' if replica else ''}: "
+             f"{type(err).__name__}: {err}", code=1)
+    if out:
+        checks.write_text(out, dumps(result) + "\n")
     display.out.print(table(result))
 
 
@@ -1194,6 +1218,15 @@ def bench_dummy(
 
     params = _overrides(set_)
     checked(lambda: prepare(parse_config({"simulation": simulation, "agents": agents, **params})))
+    if compare is not None:  # played after the first bench, on its defaults: its name is checked before it
+        from populace.core.scenario import ScenarioError
+
+        try:
+            prepare(parse_config({"simulation": compare, "agents": agents}))
+        except ScenarioError as err:
+            fail(f"--compare: {err}")
+    if out:
+        checks.output_file(out, "--out")
     section = graph_section(graph, degree) if degree is not None else None
     if section is not None:
         from populace.graph.config import parse_graph
@@ -1204,8 +1237,7 @@ def bench_dummy(
                               graph=section, placement=placement, compare=compare,
                               on_result=None if json_out else lambda r: display.out.print(r.table()))
     if out:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(series.document() + "\n")
+        checks.write_text(out, series.document() + "\n")
     if json_out:
         print(series.document())
     else:

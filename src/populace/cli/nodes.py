@@ -57,6 +57,10 @@ def node(
     node_id = node_id or default_node_id()
     if not subjects.valid_token(node_id) or len(node_id) > 64:
         _fail(f"--node-id {node_id!r}: one subject token of at most 64 characters (no '.', ' ', '*', '>')")
+    if log_dir is not None:
+        from populace.cli import checks
+
+        checks.output_folder(log_dir, "--log-dir")
     svc = create(Settings(nats_url=nats), NodeConfig(node_id=node_id, log_dir=log_dir, stop_grace_s=stop_grace))
     with serve.event_loop_runner() as runner:
         try:
