@@ -28,8 +28,10 @@ def test_the_table_shows_each_measure():
         "setup (spawn agents)": "3.46 s", "round (open → result)": "4.50 s", "record lag (result → in DuckDB)": "0.25 s",
         "total (start → recorded)": "14.00 s", "agents that acted (all rounds)": "200,000",
         "outcomes recorded": "200,000", "messages per round": "1,235", "peak RSS, all processes": "1.50 GiB",
-        "bytes per agent": "2,890", "plain asyncio floor": "1.87 s"}
+        "bytes per agent": "2,890", "plain asyncio floor": "1.87 s", "infra retries": "0"}
     assert rows(result(asyncio_floor_s=None))["plain asyncio floor"] == "—"
+    scene = rows(result(acts_recorded=400_000, infra_retries=12))
+    assert (scene["acts recorded"], scene["infra retries"]) == ("400,000", "12")
 
 
 def test_a_graph_run_adds_its_cut_and_mail():
