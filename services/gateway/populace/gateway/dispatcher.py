@@ -58,6 +58,16 @@ REFUSED_MEMORY_S = 30.0
 RATE_LIMITED_WAIT_S = 600.0
 
 
+def call_seed(model_seed: int, key: int, seq: int = 0) -> int | None:
+    """The sampling seed sent with a call: the run's model seed spread by the agent (`key`), and by
+    its call tag in the round (`seq`, populace.sdk.llm.call_tag) so that an agent's second call (or
+    one on another's behalf) samples apart; None for an unseeded model (seed 0)."""
+    if not model_seed:
+        return None
+    seed = model_seed * 1_000_003 + key
+    return (seed + seq * 1_000_000_007) % 2**31 if seq else seed
+
+
 @dataclass(slots=True)
 class Decision:
     text: str
@@ -167,10 +177,7 @@ class Dispatcher:
         pool = pool or batch.model.backend
         t0 = time.perf_counter()
         messages = [{"role": "system", "content": batch.system}, {"role": "user", "content": batch.prompt(i)}]
-        seed = batch.model.seed * 1_000_003 + batch.keys[i] if batch.model.seed else None
-        if seed is not None and batch.seqs is not None and batch.seqs[i]:
-            # an agent's second call in a round (or one on another's behalf) samples apart
-            seed = (seed + batch.seqs[i] * 1_000_000_007) % 2**31
+        seed = call_seed(batch.model.seed, batch.keys[i], batch.seqs[i] if batch.seqs is not None else 0)
         attempts = ptok = ctok = cached = reasks = 0
         text, replica, valid, failed = "", "", False, None
         for asked in range(1 + self.s.gateway_reasks):
