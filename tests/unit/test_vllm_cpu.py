@@ -50,7 +50,9 @@ def test_a_replica_is_served_eager_offline_and_on_its_cores(monkeypatch, tmp_pat
     assert "from vllm.entrypoints.launchers.api_server.entry import main" in vllm_cpu.SERVER_BOOT
     assert cmd[cmd.index("--model") + 1] == str(target.model)
     assert cmd[cmd.index("--served-model-name") + 1] == vllm_cpu.MODEL_NAME
-    assert {"--enforce-eager", "--enable-prefix-caching"} <= set(cmd)
+    assert {"--enforce-eager", "--enable-prefix-caching", "--no-enable-chunked-prefill",
+            "--enable-prompt-tokens-details"} <= set(cmd)
+    assert cmd[cmd.index("--block-size") + 1] == "32"  # a ~130-token prompt has whole blocks to cache
     assert json.loads(cmd[cmd.index("--structured-outputs-config") + 1]) == {"backend": "xgrammar",
                                                                                "disable_any_whitespace": True}
     assert cmd[cmd.index("--port") + 1] == "8123" and cmd[cmd.index("--max-model-len") + 1] == "2048"

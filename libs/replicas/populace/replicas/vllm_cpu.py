@@ -252,6 +252,9 @@ main()
 """
 
 
+BLOCK_SIZE = 32  # tokens per KV block (prefix caching keeps whole blocks)
+
+
 def serve_command(target: VllmCpu, port: int, *, bind: str = "127.0.0.1", model: str | None = None,
                   max_model_len: int = 2048, extra_args: list[str] | None = None,
                   fd: int | None = None) -> list[str]:
@@ -263,6 +266,17 @@ def serve_command(target: VllmCpu, port: int, *, bind: str = "127.0.0.1", model:
             "--served-model-name", MODEL_NAME if model is None else Path(model).name, "--host", bind,
             "--port", str(port), "--enforce-eager", "--max-model-len", str(max_model_len),
             "--enable-prefix-caching", "--disable-uvicorn-access-log",
+            # Blocks of 32 tokens (the CPU build's default is 128, its kernels take multiples of 32):
+            # the prefix cache keeps whole blocks only, and a decision's prompt is ~130 tokens, so
+            # with 128 nothing was ever cached (hit rate 0; 32: 0.60, the game's rules and the
+            # persona, and 1.5x the decisions/s on this machine, populace bench llm)
+            "--block-size", str(BLOCK_SIZE),
+            # No chunked prefill: vLLM 0.32's CPU build kills its engine ("CPU Generator does not
+            # use offset") when a step's token budget (2,048) cuts a seeded request's prompt, and
+            # every call of a seeded run has a seed (16 prompts of 230 tokens at once did it)
+            "--no-enable-chunked-prefill",
+            # each answer's usage says how many of its prompt tokens were cached (llm_calls.cached_tokens)
+            "--enable-prompt-tokens-details",
             # JSON without free whitespace: SmolLM2 under a schema otherwise pads with newlines
             # until max_tokens cuts the answer off ('{\n  "guess"\n\n\n:\n\n1.1\n\n…')
             "--structured-outputs-config", json.dumps(STRUCTURED_OUTPUTS), *(extra_args or [])]
