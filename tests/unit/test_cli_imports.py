@@ -40,7 +40,7 @@ def test_the_cli_starts_without_the_heavy_libraries(code):
 
 def test_the_choices_are_the_ones_the_models_validate():
     from populace.cli import choices
-    from populace.core.contracts import GatewaySpec, ModelConfig, ReplicasSpec, RestartPolicy
+    from populace.core.contracts import GatewaySpec, ModelConfig, ModelEndpoint, ReplicasSpec, RestartPolicy
     from populace.core.settings import Settings
 
     backends = get_args(ModelConfig.model_fields["backend"].annotation)
@@ -51,3 +51,7 @@ def test_the_choices_are_the_ones_the_models_validate():
     assert get_args(choices.RestartMode) == get_args(RestartPolicy.model_fields["mode"].annotation)
     assert get_args(GatewaySpec.model_fields["router"].annotation) == (choices.Router, type(None))
     assert get_args(choices.ReplicaBackend) == get_args(ReplicasSpec.model_fields["backend"].annotation)
+    assert set(get_args(choices.EndpointKind)) <= set(get_args(ModelEndpoint.model_fields["kind"].annotation))
+    from populace.bench.llm import SERVERS
+
+    assert get_args(choices.LlmServer) == SERVERS

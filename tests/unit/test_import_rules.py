@@ -38,7 +38,10 @@ LIBS = {p.name for p in (ROOT / "libs").glob("*/populace/*") if (p / "__init__.p
 GATEWAY_BENCH = ("the gateway and vLLM benches measure the gateway's own dispatcher, routers and HTTP client in "
                  "process (the figure is the gateway's cost without NATS); the replicas they start come from "
                  "populace.replicas")
+LLM_BENCH = ("the real-model bench's direct path sends each call as the gateway would (its request builder, seed and "
+             "answer check), so that it measures the replicas on the very requests a round sends")
 EXCEPTIONS: dict[tuple[str, str], str] = {
+    ("libs/bench/populace/bench/llm.py", "populace.gateway"): LLM_BENCH,
     ("libs/bench/populace/bench/gateway.py", "populace.gateway"): GATEWAY_BENCH,
     ("libs/bench/populace/bench/vllm.py", "populace.gateway"): GATEWAY_BENCH,
 }

@@ -14,3 +14,5 @@ Storage = Literal["file", "memory"]  # Settings.storage
 RestartMode = Literal["never", "on-failure"]  # RestartPolicy.mode
 Router = Literal["prefix-affinity", "least-loaded", "round-robin"]  # GatewaySpec.router (or None)
 ReplicaBackend = Literal["local", "sim", "vllm"]  # ReplicasSpec.backend
+LlmServer = Literal["vllm", "llamacpp"]  # populace.bench.llm.SERVERS: the replicas `bench llm` starts
+EndpointKind = Literal["openai", "vllm", "llamacpp"]  # ModelEndpoint.kind, of an endpoint at a URL

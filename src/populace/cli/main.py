@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 import typer
 
 from populace.cli import checks, display, interviews, nodes
-from populace.cli.choices import DemoModel, PersonaModel, Storage
+from populace.cli.choices import DemoModel, EndpointKind, LlmServer, PersonaModel, Storage
 
 if TYPE_CHECKING:  # the rest is imported where a command needs it: `populace --version` starts fast
     from populace.client.prepare import PreparedRun
@@ -1184,6 +1184,72 @@ def bench_vllm(
     if out:
         checks.write_text(out, dumps(result) + "\n")
     display.out.print(table(result))
+
+
+@bench_app.command("llm")
+def bench_llm(
+    server: Annotated[LlmServer, typer.Option(help="the replicas of SmolLM2 the bench starts: vLLM's CPU build or "
+                                                    "llama.cpp")] = "vllm",
+    count: Annotated[int, typer.Option(min=1, help="replicas to start")] = 1,
+    url: Annotated[str | None, typer.Option(help="an OpenAI-compatible endpoint to measure instead "
+                                                 "(e.g. http://host:8000/v1); nothing is started")] = None,
+    model: Annotated[str | None, typer.Option(help="with --url: the served model id")] = None,
+    kind: Annotated[EndpointKind, typer.Option(help="with --url: its dialect (openai: json_schema answers, as vLLM; "
+                                                    "llamacpp: json_object + schema)")] = "openai",
+    api_key_env: Annotated[str | None, typer.Option(help="with --url: the environment variable holding its "
+                                                         "key")] = None,
+    agents: Annotated[int, typer.Option(min=1, help="agents (template personas of the education population)")] = 100,
+    rounds: Annotated[int, typer.Option(min=1, help="rounds (from the second on, each persona is in the prefix "
+                                                    "cache)")] = 3,
+    personas: Annotated[Path | None, typer.Option(help="a personas JSONL instead (one agent a line), e.g. "
+                                                       "examples/personas/education-50.jsonl")] = None,
+    simulation: Annotated[str, typer.Option(help="simulation to play (any installed one)")] = "ratio-game",
+    set_: Annotated[list[str] | None, typer.Option("--set", help=SET_HELP)] = None,
+    sweep: Annotated[str, typer.Option(help="calls in flight per replica the direct path tries (comma-separated); "
+                                            "default: 1,2,4,8,16,32 (llama.cpp: 1,2,4)")] = "",
+    concurrency: Annotated[int | None, typer.Option(min=1, help="the gateway's cap of calls in flight per replica "
+                                                               "(default: what `populace replicas` registers: 16 "
+                                                               "vLLM CPU, 2 llama.cpp; a URL's limits.concurrency, "
+                                                               "16)")] = None,
+    repeat: Annotated[int, typer.Option(min=1, help="pairs of runs (direct, through Populace), alternated; the "
+                                                    "medians are reported")] = 3,
+    hosts: Annotated[int, typer.Option(min=1, help="agent-host processes of the Populace stack")] = 2,
+    json_out: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+    out: Annotated[Path | None, typer.Option(help="also write the JSON result to this file")] = None,
+) -> None:
+    """The real path against its replicas' own peak: the same replicas answer the same agents'
+    calls directly (at the best of a sweep of calls in flight) and through a private Populace
+    stack; decisions per second of each, their ratio, uncached prompt tokens per decision, the
+    prefix-cache hit rate and the valid share (populace.bench.llm)."""
+    from populace.bench import llm
+
+    if url is None and (model or api_key_env or kind != "openai"):
+        fail("--model, --kind, --api-key-env: only with --url (the replicas the bench starts are SmolLM2's)")
+    if api_key_env and not os.environ.get(api_key_env):
+        fail(f"--api-key-env: {api_key_env} is not set")
+    if personas is not None and not personas.is_file():
+        fail(f"--personas: {personas} is not a file")
+    try:
+        levels = llm.parse_sweep(sweep, server if url is None else kind)
+    except ValueError as err:
+        fail(f"--sweep: {err}")
+    params = _overrides(set_)
+    options = {"server": server, "count": count, "url": url, "model": model, "kind": kind, "api_key_env": api_key_env,
+               "agents": agents, "rounds": rounds, "simulation": simulation, "params": params,
+               "personas": str(personas) if personas is not None else None, "concurrency": concurrency}
+    checked(lambda: llm.check(**options))
+    if out:
+        checks.output_file(out, "--out")
+    try:
+        result = llm.run_llm_bench(**options, sweep=levels, repeat=repeat, hosts=hosts, quiet=json_out)
+    except llm.BenchFailed as err:
+        fail(str(err), code=1)
+    if out:
+        checks.write_text(out, result.to_json(indent=1) + "\n")
+    if json_out:
+        print(result.to_json())
+    else:
+        display.out.print(result.table())
 
 
 @bench_app.command("dummy")
