@@ -373,6 +373,20 @@ class DirectPort:
         pass
 
 
+async def warm_up(prepared, endpoint: Endpoint, calls: int = 4) -> None:
+    """A few calls with the run's system prompt and answer schema, not measured: what a fresh server
+    does once (vLLM compiles the schema's grammar and caches it, llama.cpp faults its weights in)
+    is not the first measured run's."""
+    sim = prepared.resolved.instance("bench-warm-up", prepared.cast)
+    client = DirectClient(endpoint, prepared.resolved.config.model, min(calls, 4))
+    await client.start()
+    try:
+        await asyncio.gather(*(client.ask(sim.system_prompt(), sim.answer_schema(), "Report your number.", key, 0)
+                               for key in range(calls)))
+    finally:
+        await client.stop()
+
+
 async def direct_run(prepared, endpoint: Endpoint, concurrency: int, reasks: int = 1) -> PathRun:
     """The run's agents in this process, their calls straight to the replicas."""
     from populace.sdk.local import run_local
@@ -679,6 +693,7 @@ def _measure(endpoint: Endpoint, *, workdir: str, agents: int, rounds: int, simu
     c = prepared.config
     log(f"workload: {c.agents} agents × {c.rounds} rounds of {c.simulation}, max_tokens {c.model.max_tokens}, "
         f"{len(endpoint.infos)} replica(s) of {endpoint.served} ({endpoint.kind})")
+    asyncio.run(warm_up(prepared, endpoint))
     swept: list[PathRun] = []
     for n in sweep:
         asyncio.run(reset_caches(endpoint))
