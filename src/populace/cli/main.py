@@ -101,7 +101,12 @@ async def _follow(url: str, prepared: "PreparedRun", show_progress: bool, run_id
         display.console.print(f"run {rid}: {c.simulation}, {c.agents:,} agents × {c.rounds} rounds ({which})",
                               soft_wrap=True, highlight=False)
 
-    return await play_prepared(url, prepared, show_progress, run_id, on_start=announce)
+    from populace.core.scenario import ScenarioError
+
+    try:
+        return await play_prepared(url, prepared, show_progress, run_id, on_start=announce)
+    except ScenarioError as err:  # what the stack cannot serve, said before the run
+        fail(str(err))
 
 
 def checked(build):
@@ -302,6 +307,11 @@ def demo(
             "placement": {"agents_per_process": 1 if one_per_process else 0},
         }, _overrides(set_)))))
     config = prepared.config
+    if config.models:  # a variable not set, a key file not readable, a URL that does not answer: before anything
+        from populace.client.model_checks import check_local
+
+        if why := check_local(list(config.models)):
+            fail(why)
     starts = {"vllm"} if model == "vllm" and scenario is None else {config.model.backend}
     with _private_stack(starts, replicas, hosts, db, tuple(config.models)) as url:
         outcome = run_async(_follow(url, prepared, show_progress=True))

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from populace.client.model_checks import fleet_refusal
 from populace.client.prepare import PreparedRun
 from populace.client.progress import RunProgress
 from populace.client.run import RunOutcome, cancel, follow, new_run_id, play, recorded_event, resume
@@ -37,6 +38,7 @@ from populace.core.contracts import (
     RunState,
     gateway_bindings,
 )
+from populace.core.scenario import ScenarioError
 
 ACTIVE = ACTIVE_STATUSES
 _state = known_state
@@ -145,6 +147,12 @@ async def play_prepared(url: str, prepared: PreparedRun, show_progress: bool, ru
     `on_start(run_id)` as soon as its id is known (a long run can be followed, cancelled or
     looked up from another terminal at once)."""
     nc = await bus.connect_or_fail(url, client_name)
+    try:
+        if prepared.config.models and (why := await fleet_refusal(nc, prepared.config.models)):
+            raise ScenarioError(why)  # before the run: a model nobody serves would only pause it
+    except BaseException:
+        await nc.close()
+        raise
     run_id = run_id or new_run_id()
     if on_start is not None:
         on_start(run_id)
