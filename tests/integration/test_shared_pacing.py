@@ -1,0 +1,144 @@
+"""Limits shared by every gateway, on a real nats-server: two pacers leasing from one KV `pacing`
+entry never hand out more together than one bucket allows, a 429's pause reaches the other, and
+only the gateway's NATS user may touch the bucket (deploy/nats/auth.conf)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from pathlib import Path
+
+import nats
+import pytest
+
+from populace.core import bus, subjects
+from populace.core.contracts import ModelLimits
+from populace.core.natsserver import EmbeddedNats
+from populace.gateway.pacing import HEADROOM
+from populace.gateway.shared_pacing import LEASE_S, SharedPacer
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+DEPLOY_CONF = Path(__file__).resolve().parents[2] / "deploy" / "nats" / "auth.conf"
+N = 600  # requests per minute: 9.5 a second paced, a shared bucket of 19
+
+
+def most_in_window(times: list[float], window: float) -> int:
+    best, left = 0, 0
+    for right, t in enumerate(times):
+        while times[left] <= t - window:
+            left += 1
+        best = max(best, right - left + 1)
+    return best
+
+
+async def test_two_pacers_on_one_kv_entry_send_no_more_than_one_limit_together(nc):
+    js = nc.jetstream()
+    kv = await bus.provision_pacing(js, storage="memory")
+    other = await nats.connect(nc.connected_url.geturl())
+    try:
+        a, b = SharedPacer(kv), SharedPacer(await bus.provision_pacing(other.jetstream(), storage="memory"))
+        limits = ModelLimits(requests_per_min=N)
+        sent: dict[str, list[float]] = {"a": [], "b": []}
+        stop = time.monotonic() + 3.0
+
+        async def caller(pacer: SharedPacer, name: str) -> None:
+            while time.monotonic() < stop:
+                await pacer.acquire("provider", limits, 1)
+                sent[name].append(time.monotonic())
+
+        tasks = [asyncio.create_task(caller(p, n)) for p, n in ((a, "a"), (b, "b")) for _ in range(20)]
+        await asyncio.sleep(3.0)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    finally:
+        await other.close()
+    times = sorted(sent["a"] + sent["b"])
+    rate, capacity = N * HEADROOM / 60, 2.0 * N * HEADROOM / 60
+    assert sent["a"] and sent["b"]  # both called
+    for window in (0.5, 1.0, 2.0, 3.0):
+        # what left the shared bucket in the window and the LEASE_S before it (a lease is spent within it)
+        assert most_in_window(times, window) <= capacity + rate * (window + LEASE_S) + 1, window
+    assert len(times) > capacity + rate  # not vacuous: 40 callers wanted far more than the limit gave
+    assert a.leases + b.leases < len(times)  # leases, not a KV round trip per call
+
+
+async def test_a_providers_pause_reaches_the_other_gateway(nc):
+    kv = await bus.provision_pacing(nc.jetstream(), storage="memory")
+    a, b = SharedPacer(kv), SharedPacer(kv)
+    limits = ModelLimits(requests_per_min=N)
+    await a.acquire("paused-provider", limits, 1)
+    a.backoff("paused-provider", 20.0)
+    await asyncio.gather(*a._pausing)
+    waiting = asyncio.create_task(b.acquire("paused-provider", limits, 1))
+    await asyncio.sleep(0.3)
+    assert not waiting.done()
+    assert b._pools["paused-provider"].paused_until - time.monotonic() > 19.0
+    waiting.cancel()
+    await asyncio.gather(waiting, return_exceptions=True)
+    # a model with no declared limits reads the pause too
+    unlimited = asyncio.create_task(SharedPacer(kv).acquire("paused-provider", ModelLimits(), 1))
+    await asyncio.sleep(0.3)
+    assert not unlimited.done()
+    unlimited.cancel()
+    await asyncio.gather(unlimited, return_exceptions=True)
+
+
+USERS = ("orchestrator", "environment", "gateway", "recorder", "agent-host", "replicas", "node", "cli", "manager",
+         "admin")
+
+
+async def test_only_the_gateways_user_may_use_the_pacing_bucket(tmp_path):
+    text = DEPLOY_CONF.read_text()
+    assert set(re.findall(r"\$([A-Z_]+)_PASSWORD\b", text)) == {u.upper().replace("-", "_") for u in USERS}
+    conf = tmp_path / "auth.conf"
+    conf.write_text("".join(f'{u.upper().replace("-", "_")}_PASSWORD: "pw-{u}"\n' for u in USERS) + text)
+    with EmbeddedNats(extra_args=["-c", str(conf)]) as ns:
+        admin = await nats.connect(ns.url, user="admin", password="pw-admin")
+        await bus.provision(admin.jetstream(), storage="memory")
+        gateway = await nats.connect(ns.url, user="gateway", password="pw-gateway",
+                                     inbox_prefix=bus.inbox_prefix("gateway"), allow_reconnect=False)
+        try:
+            js = gateway.jetstream(timeout=5)
+            kv = await bus.provision_pacing(js, storage="memory")  # the gateway creates it …
+            pacer = SharedPacer(kv)
+            limits = ModelLimits(requests_per_min=N)
+            await pacer.acquire("provider", limits, 1)  # … reads and writes it
+            pacer.backoff("provider", 0.1)
+            await asyncio.gather(*pacer._pausing)
+            assert (await kv.get("provider")).revision == 2
+            errors: dict[str, list[str]] = {}
+            others = []
+            for user in USERS:
+                if user in ("gateway", "admin"):
+                    continue
+                seen = errors.setdefault(user, [])
+
+                async def on_error(err, seen=seen) -> None:
+                    seen.append(str(err).lower())
+
+                nc = await nats.connect(ns.url, user=user, password=f"pw-{user}", error_cb=on_error,
+                                        inbox_prefix=bus.inbox_prefix(user), allow_reconnect=False)
+                others.append(nc)
+                for subject in ("$JS.API.STREAM.INFO.KV_pacing", "$JS.API.STREAM.CREATE.KV_pacing",
+                                "$JS.API.STREAM.MSG.GET.KV_pacing", "$JS.API.DIRECT.GET.KV_pacing.provider",
+                                "$KV.pacing.provider"):
+                    await nc.publish(subject, b"{}")
+                await nc.flush()
+            deadline = time.monotonic() + 10
+            while any(len(e) < 5 for e in errors.values()) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            for user, seen in errors.items():
+                for subject in ("$js.api.stream.info.kv_pacing", "$js.api.stream.create.kv_pacing",
+                                "$js.api.stream.msg.get.kv_pacing", "$js.api.direct.get.kv_pacing.provider",
+                                "$kv.pacing.provider"):
+                    assert f'permissions violation for publish to "{subject}"' in " ".join(seen), (user, subject)
+            assert (await kv.get("provider")).revision == 2  # nobody else wrote
+            for nc in others:
+                await nc.close()
+        finally:
+            await gateway.close()
+            await admin.close()
+    assert subjects.PACING_BUCKET == "pacing"
