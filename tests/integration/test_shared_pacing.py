@@ -16,7 +16,7 @@ from populace.core import bus, subjects
 from populace.core.contracts import ModelLimits
 from populace.core.natsserver import EmbeddedNats
 from populace.gateway.pacing import HEADROOM
-from populace.gateway.shared_pacing import LEASE_S, SharedPacer
+from populace.gateway.shared_pacing import LEASE_S, Shared, SharedPacer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -84,6 +84,20 @@ async def test_a_providers_pause_reaches_the_other_gateway(nc):
     assert not unlimited.done()
     unlimited.cancel()
     await asyncio.gather(unlimited, return_exceptions=True)
+
+
+async def test_an_entry_deleted_or_dropped_is_made_again(nc):
+    kv = await bus.provision_pacing(nc.jetstream(), storage="memory")
+    pacer = SharedPacer(kv)
+    limits = ModelLimits(requests_per_min=N)
+    await pacer.acquire("deleted", limits, 1)
+    first = (await kv.get("deleted")).revision
+    await kv.delete("deleted")  # by hand (`nats kv del`): a delete marker, not a missing key
+    pacer._pools["deleted"].expires = 0.0  # the lease is spent: the next call leases again
+    await pacer.acquire("deleted", limits, 1)
+    entry = await kv.get("deleted")
+    assert entry.revision > first + 1 and Shared.from_bytes(entry.value).requests is not None  # made again
+    assert pacer._pools["deleted"].local_until == 0.0  # never paced alone
 
 
 USERS = ("orchestrator", "environment", "gateway", "recorder", "agent-host", "replicas", "node", "cli", "manager",

@@ -106,6 +106,7 @@ def test_a_pause_stops_every_lease_until_it_ends():
     assert new is None and not grant.granted and grant.wait_s == pytest.approx(18.0)
     _, grant = lease(paused, RPM, 30.0, 1, 0, 1)
     assert grant.granted
+    assert lease(pause(state, 1e12), RPM, 0.0, 1, 0, 1)[1].wait_s == 3600.0  # never longer than a provider may ask
     # a model without declared limits reads the pause too, and writes nothing
     assert lease(pause(None, 5.0), ModelLimits(), 1.0, 1, 0, 1)[1].wait_s == pytest.approx(4.0)
     assert lease(None, ModelLimits(), 1.0, 1, 0, 1) == (None, Grant(math.inf, math.inf))

@@ -27,7 +27,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import KeyDeletedError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from populace.core import logs
@@ -41,6 +41,7 @@ LEASE_SHARE = 0.25  # at most this share of a bucket's capacity in one lease
 CAS_ATTEMPTS = 16  # compare-and-swap rounds before a lease is given up for now (asked again at once)
 KV_RETRY_S = 1.0  # after KV failed, pace alone this long before asking it again
 CLOCK_SKEW_WARN_S = 2.0
+MAX_PAUSE_S = 3600.0  # the longest Retry-After read (populace.gateway.openai_api.retry_after)
 LOG_EVERY_S = 30.0  # one line per pool and kind of trouble this often, not one per call
 
 
@@ -143,8 +144,9 @@ def lease(state: Shared | None, limits: ModelLimits, now: float, want_requests: 
         tok.charge(debt)
         changed = True
     capacity = tok.capacity if tok is not None else math.inf
-    if state.paused_until > now:
-        return (state if changed else None), Grant(wait_s=state.paused_until - now, token_capacity=capacity)
+    if state.paused_until > now:  # never longer than a provider may ask (Retry-After is read up to an hour)
+        wait = min(state.paused_until - now, MAX_PAUSE_S)
+        return (state if changed else None), Grant(wait_s=wait, token_capacity=capacity)
     need = min(need_tokens, capacity)
     wait = 0.0
     for bucket, amount in ((req, 1.0), (tok, need)):
@@ -269,8 +271,8 @@ class SharedPacer:
             entry, state = await self._read(key, pool)
             # as many calls as wait now (counted after the read: more came meanwhile), or as the last lease served
             want = max(1, pool.waiting, pool.spent, pool.spent_last)
-            wall = self._wall()
-            new, grant = lease(state, limits, wall, want, want * tokens, tokens, pool.debt)
+            wall, debt = self._wall(), pool.debt  # calls may settle more debt while the write is out
+            new, grant = lease(state, limits, wall, want, want * tokens, tokens, debt)
             if new is not None:
                 try:
                     if entry is None:
@@ -279,7 +281,7 @@ class SharedPacer:
                         await self.kv.update(key, new.to_bytes(), last=entry.revision)
                 except KeyWrongLastSequenceError:
                     continue  # another gateway moved it first
-                pool.debt = 0.0
+                pool.debt -= debt
             self.leases += grant.granted
             return grant
         return None
@@ -287,7 +289,7 @@ class SharedPacer:
     async def _read(self, key: str, pool: _Pool):
         try:
             entry = await self.kv.get(key)
-        except KeyNotFoundError:
+        except (KeyNotFoundError, KeyDeletedError):  # never written, dropped by its TTL, or deleted by hand
             return None, None
         try:
             state = Shared.from_bytes(entry.value or b"")
