@@ -1,6 +1,7 @@
 """Limits shared by every gateway, on a real nats-server: two pacers leasing from one KV `pacing`
 entry never hand out more together than one bucket allows, a 429's pause reaches the other, and
-only the gateway's NATS user may touch the bucket (deploy/nats/auth.conf)."""
+only the gateway's NATS user may touch the bucket (deploy/nats/auth.conf). And how the dispatcher
+paces a call against a real simulated provider."""
 
 from __future__ import annotations
 
@@ -9,14 +10,22 @@ import re
 import time
 from pathlib import Path
 
+import httpx
 import nats
 import pytest
 
 from populace.core import bus, subjects
-from populace.core.contracts import ModelLimits
+from populace.core.contracts import InferBatch, ModelConfig, ModelEndpoint, ModelLimits
 from populace.core.natsserver import EmbeddedNats
-from populace.gateway.pacing import HEADROOM
+from populace.core.settings import Settings
+from populace.gateway.dispatcher import Dispatcher
+from populace.gateway.keys import KeyRing
+from populace.gateway.openai_api import ChatClient
+from populace.gateway.pacing import HEADROOM, LocalPacer, limit_key
+from populace.gateway.replica_pool import ReplicaPool
+from populace.gateway.routing import make_router
 from populace.gateway.shared_pacing import LEASE_S, Shared, SharedPacer
+from populace.replicas.sim import SimConfig, SimServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -156,3 +165,49 @@ async def test_only_the_gateways_user_may_use_the_pacing_bucket(tmp_path):
             await gateway.close()
             await admin.close()
     assert subjects.PACING_BUCKET == "pacing"
+
+
+class RecordingPacer(LocalPacer):
+    """The local pacer, noting what the dispatcher asks of it and how many calls held a replica
+    slot at each acquire."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pool: ReplicaPool | None = None
+        self.events: list[tuple] = []
+
+    async def acquire(self, pool, limits, tokens):
+        self.events.append(("acquire", pool, sum(r.load.in_flight for r in self.pool.replicas.values())))
+        await super().acquire(pool, limits, tokens)
+
+    def settle(self, pool, limits, estimated, used):
+        self.events.append(("settle", pool, estimated, used))
+        super().settle(pool, limits, estimated, used)
+
+
+async def test_the_dispatcher_paces_with_its_slot_held_and_settles_as_providers_count():
+    async with SimServer(SimConfig(time_scale=0)) as sim, httpx.AsyncClient() as probes:
+        endpoint = ModelEndpoint(name="provider", kind="sim", base_url=sim.url, model="sim",
+                                 limits=ModelLimits(requests_per_min=6000, tokens_per_min=10**6))
+        batch = InferBatch(batch_id="b", run_id="pacing", round=1, model=ModelConfig(backend="sim", max_tokens=16),
+                           system="You are a player.", keys=[1, 2, 3], prompts=["guess", "guess again", "and again"],
+                           endpoint=endpoint)
+        pacer, http = RecordingPacer(), ChatClient(8)
+        pacer.pool = ReplicaPool(None, probes)
+        dispatcher = Dispatcher(pacer.pool, make_router("round-robin"), http, Settings(gateway_poll_s=3600),
+                                keys=KeyRing("", "127.0.0.1"), pacer=pacer)
+        try:
+            dispatcher.pool_for(batch)
+            for replica in pacer.pool.replicas.values():
+                replica.load.healthy = True
+            reply, _ = await dispatcher.serve(batch)
+        finally:
+            await http.aclose()
+    assert reply.error is None and reply.attempts == [1, 1, 1]
+    key = limit_key(endpoint, "")
+    acquires = [e for e in pacer.events if e[0] == "acquire"]
+    settles = [e for e in pacer.events if e[0] == "settle"]
+    assert len(acquires) == len(settles) == 3 and {e[1] for e in pacer.events} == {key}
+    assert all(held >= 1 for _, _, held in acquires)  # each call held its replica slot while it was paced
+    # as providers count: the prompt tokens the provider reported, plus all of max_tokens
+    assert sorted(used for *_, used in settles) == sorted(p + 16 for p in reply.prompt_tokens)

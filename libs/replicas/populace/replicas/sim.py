@@ -429,7 +429,10 @@ class SimReplica:
         stats = self.stats
         stats.requests_received_total += 1
         self.arrivals.append(now - self.started)
-        cost = count_tokens(prompt_text(messages)) + (self.cfg.max_tokens_default if max_tokens is None else max_tokens)
+        cost = 0  # tokens are counted only against a tokens-per-minute limit (the prompt's text is built again)
+        if self.cfg.tokens_per_min is not None:
+            cost = count_tokens(prompt_text(messages)) + (self.cfg.max_tokens_default if max_tokens is None
+                                                          else max_tokens)
         refusal = self.window.admit(now, cost)
         stats.max_requests_in_minute = self.window.max_received
         if refusal is None:
