@@ -225,10 +225,10 @@ class Dispatcher:
             replica = self.pool.replica(load.replica_id)
             info = replica.info
             try:
-                if endpoint is not None:  # paced last: a call leaves as soon as its pacing share is taken
-                    await self.pacer.acquire(paced, endpoint.limits, estimate)
                 auth = self.keys.headers(replica.endpoint) if replica.endpoint is not None else None
                 served = (endpoint.model if endpoint is not None else None) or batch.model.name
+                if endpoint is not None:  # paced last: a call leaves as soon as its pacing share is taken
+                    await self.pacer.acquire(paced, endpoint.limits, estimate)
                 res = await chat(self.http, info, messages, schema=batch.response_schema,
                                  max_tokens=max_tokens, temperature=batch.model.temperature, seed=seed, model=served,
                                  timeout=self.s.gateway_request_timeout_s, auth=auth,
