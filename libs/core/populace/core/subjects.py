@@ -19,6 +19,9 @@ HOSTS_BUCKET = "hosts"
 SERVICES_BUCKET = "services"
 REPLICAS_BUCKET = "replicas"
 NODES_BUCKET = "nodes"  # machines running `populace node`: resources, processes (TTL'd)
+# the gateways' shared pacing: one entry per provider limit (populace.gateway.pacing.limit_key),
+# its token buckets and any pause its provider asked for (TTL'd); the gateways' alone
+PACING_BUCKET = "pacing"
 
 # --- object store: content-addressed blobs (personas files), named by their sha256 ----
 PERSONAS_BUCKET = "personas"

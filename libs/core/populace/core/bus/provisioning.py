@@ -118,6 +118,20 @@ async def provision_nodes(js: JetStreamContext, storage: str = "file", replicas:
                              PROVISION_ATTEMPTS)
 
 
+# KV `pacing` is provisioned by the gateways alone (no other user may read or write it). An entry is
+# rewritten at every lease while its model is called; one untouched this long is dropped, which
+# loses nothing (its buckets would be full again by then) but a pause longer than it (Retry-After
+# is read up to an hour: populace.gateway.openai_api.retry_after).
+PACING_TTL_S = 3600.0
+
+
+async def provision_pacing(js: JetStreamContext, storage: str = "file", replicas: int = 1) -> KeyValue:
+    """Create KV `pacing` if missing (the gateways' shared limits) and return it."""
+    return await until_ready(lambda: ensure_kv(js, subjects.PACING_BUCKET, ttl=PACING_TTL_S,
+                                               storage=_storage(storage), replicas=replicas),
+                             f"bucket {subjects.PACING_BUCKET}", PROVISION_ATTEMPTS)
+
+
 # Snapshots (a DuckDB file per reader of a live run) are fetched at once; the TTL only
 # clears what a reader that died never fetched.
 SNAPSHOTS_TTL_S = 600.0
