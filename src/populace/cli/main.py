@@ -1087,13 +1087,17 @@ def replicas_sim(
     advertise: Annotated[str | None, typer.Option(help="host name gateways should use (default: bind)")] = None,
     serves: Annotated[str | None, typer.Option(help="the run model (a `models:` entry without base_url) they answer "
                                                     "for")] = None,
+    api_key_env: Annotated[str | None, typer.Option(help="environment variable holding a key the servers ask "
+                                                          "every request for (Bearer), as a provider does")] = None,
     sim_args: Annotated[list[str] | None, typer.Argument(help="passed to populace.replicas.sim, after --")] = None,
 ) -> None:
-    """Simulated vLLM replicas (timing, max sequences, prefix cache, vLLM metrics)."""
+    """Simulated vLLM replicas (timing, max sequences, prefix cache, vLLM metrics; a provider's key,
+    limits and latency: `-- --requests-per-min N …`, docs/models.md)."""
     from populace.replicas.launch import start_sim
 
     _serve_replicas(lambda: start_sim(count, extra_args=sim_args or [], max_concurrency=max_concurrency,
-                                      bind=bind, advertise=advertise, serves=serves), nats)
+                                      bind=bind, advertise=advertise, serves=serves, api_key_env=api_key_env),
+                    nats)
 
 
 @replicas_app.command("vllm")

@@ -73,7 +73,7 @@ def private_stack(backends: set[str] | frozenset[str], replicas: int, hosts: int
              for b in sorted(set(backends) & REPLICA_BACKENDS)} if not models else {}
     for m in models:
         if m.base_url is None and m.kind in MODEL_REPLICAS:
-            keyed = ["--api-key-env", m.api_key_env] if m.api_key_env and m.kind != "sim" else []
+            keyed = ["--api-key-env", m.api_key_env] if m.api_key_env else []
             extra[f"replicas-{m.name}"] = [*MODEL_REPLICAS[m.kind][1], "--count", str(replicas), "--serves", m.name,
                                            *keyed]
     keys, model_hosts = gateway_bindings(list(models))

@@ -147,20 +147,24 @@ def start_local(count: int = 1, *, threads: int | None = None, ctx: int = 2048,
 
 def start_sim(count: int = 4, *, extra_args: list[str] | None = None, max_concurrency: int = 64,
               log_dir: str | None = None, prefix: str = "sim", bind: str = "127.0.0.1",
-              advertise: str | None = None, serves: str | None = None) -> ReplicaSet:
-    """`count` simulated vLLM replicas (populace.replicas.sim)."""
+              advertise: str | None = None, serves: str | None = None,
+              api_key_env: str | None = None) -> ReplicaSet:
+    """`count` simulated vLLM replicas (populace.replicas.sim); with `api_key_env`, asking every
+    request for the key that variable holds, as a hosted provider does."""
+    _check_key_variable(api_key_env)
+    env = {**os.environ, "POPULACE_SIM_API_KEY": os.environ[api_key_env]} if api_key_env else None
     rs = ReplicaSet()
     for i in range(count):
         with _inherited_socket(bind) as sock:  # the child holds its own copy
             port = sock.getsockname()[1]
             rid = f"{prefix}-{i}-{port}"
             proc, path = _spawn([sys.executable, "-m", "populace.replicas.sim", "--fd", str(sock.fileno()),
-                                 "--replica-id", rid, *(extra_args or [])], None, log_dir, rid,
+                                 "--replica-id", rid, *(extra_args or [])], env, log_dir, rid,
                                 pass_fds=(sock.fileno(),))
         info = ReplicaInfo(replica_id=rid, url=f"http://{advertise or _local(bind)}:{port}", backend="sim", kind="sim",
                            model="sim", max_concurrency=max_concurrency, pid=proc.pid, heartbeat_at=time.time(),
                            serves=serves)
-        rs.replicas.append(ReplicaProcess(info, proc, path))
+        rs.replicas.append(ReplicaProcess(info, proc, path, api_key_env))
     return rs
 
 
