@@ -517,16 +517,20 @@ def resume(
     progress: Annotated[bool, typer.Option(help="show progress bars")] = True,
     budget_tokens: Annotated[int | None, typer.Option(min=1, help="the run's new token budget (total)")] = None,
     budget_calls: Annotated[int | None, typer.Option(min=1, help="the run's new LLM-call budget (total)")] = None,
+    budget_dollars: Annotated[float | None, typer.Option(min=0.000001, max=10_000_000,
+                                                         help="the run's new dollar budget (total, US dollars at "
+                                                              "its models' prices)")] = None,
 ) -> None:
     """Continue a failed, cancelled or paused run after its last completed round, on the
     agent-hosts up now; agents and environment start from that round's checkpoint, so the run
-    ends as if it had never stopped. A run paused on its budget needs a larger one. Follows it
-    until it is recorded."""
+    ends as if it had never stopped. A run paused on its budget needs a larger one (the budget
+    counts from the run's start: give the new total). Follows it until it is recorded."""
     from populace.client import live as steer
     from populace.sdk.registry import resolve
 
     try:
-        state, outcome = _steer(lambda: steer.resume_run(nats, run_id, progress, budget_tokens, budget_calls))
+        state, outcome = _steer(lambda: steer.resume_run(nats, run_id, progress, budget_tokens, budget_calls,
+                                                         budget_dollars))
     except KeyboardInterrupt:
         _detached(nats, run_id, False)
         raise typer.Exit(130) from None
@@ -799,7 +803,16 @@ def results(
     simulation's round summary and its LLM work: answers in, valid, the model's invalid answers
     and infrastructure retries apart, calls, re-asks, tokens, latency, the model and replicas (a
     fork: beside its parent's); or (--by) the mean, or each option's share, per group with 95% CIs."""
-    from populace.analysis import call_stats, fork_table, group_table, model_of, round_table, run_info, total_calls
+    from populace.analysis import (
+        call_stats,
+        fork_table,
+        group_table,
+        model_of,
+        model_stats,
+        round_table,
+        run_info,
+        total_calls,
+    )
 
     if reference is not None:
         return _reference_results(run_ids, reference, json_out, db, nats)
@@ -815,15 +828,15 @@ def results(
         if by is None:
             from populace.analysis.interviews import interview_usage
 
-            runs = [({**run_info(con, rid), "interviews": interview_usage(con, rid)}, round_table(con, rid),
-                     fork_table(con, rid), call_stats(con, rid)) for rid in ids]
+            runs = [({**run_info(con, rid), "interviews": interview_usage(con, rid), "models": model_stats(con, rid)},
+                     round_table(con, rid), fork_table(con, rid), call_stats(con, rid)) for rid in ids]
         else:
             rows = group_table(con, ids, by, round=round_)
             info = run_info(con, ids[0])
     if by is None:
-        if json_out:  # per round `calls` (the gateway's llm_calls rows); per run the model and the totals
+        if json_out:  # per round `calls` (the gateway's llm_calls rows); per run the model(s) and the totals
             print(json.dumps({"runs": [{**{k: info.get(k) for k in head}, "model": model_of(info, calls),
-                                        "calls": total_calls(calls),
+                                        "models": info["models"], "calls": total_calls(calls),
                                         "rounds": [{**r, "calls": calls.get(r["round"])} for r in rows],
                                         "fork": fork}
                                        for info, rows, fork, calls in runs]}, default=str, indent=1))
@@ -840,6 +853,8 @@ def results(
             llm = display.llm_table(rows, calls, f"LLM work — {display.model_line(model_of(info, calls))}")
             if llm is not None:
                 display.out.print(llm)
+            if (by_model := display.models_table(info["models"], "LLM work by model")) is not None:
+                display.out.print(by_model)
             if line := interviews.usage_line(info.get("interviews")):
                 display.out.print(line, markup=False, highlight=False)
             if fork is not None:  # a fork is read against its parent: the intervention's effect
