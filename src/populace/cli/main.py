@@ -424,7 +424,9 @@ def _run_local(prepared: "PreparedRun", hosts: int, db: str) -> None:
 
 def _estimate(scenario: Path, extra: dict, prepared: "PreparedRun", nats: str, share: float, progress: bool) -> None:
     """Play the pilot on the fleet (recorded like any run, named `<name>-pilot`) and scale its
-    LLM work to the whole run."""
+    LLM work to the whole run: calls, tokens, cached tokens, dollars per model, and the wall time
+    under the models' declared limits."""
+    from populace.cli import estimates
     from populace.client.api import prepare_scenario
     from populace.client.estimate import extrapolate, pilot_agents
 
@@ -434,23 +436,42 @@ def _estimate(scenario: Path, extra: dict, prepared: "PreparedRun", nats: str, s
                                                      "name": f"{config.name}-pilot", "budget": None}))
     with _stack_url(nats) as url:
         outcome = run_async(_follow(url, pilot, show_progress=progress))
-    if outcome.status != "completed" or not outcome.results:
-        fail(f"the pilot run {outcome.run_id} {outcome.status}: {outcome.reason}", code=1)
+        if outcome.status != "completed" or not outcome.results:
+            fail(f"the pilot run {outcome.run_id} {outcome.status}: {outcome.reason}", code=1)
+        latency, unmeasured = _pilot_latency(url, outcome.run_id) if config.models else ({}, None)
     used = outcome.results[0].usage
-    est = extrapolate(config.agents, config.rounds, k, used)
+    est = extrapolate(config.agents, config.rounds, k, used, config.models, prepared.manifest.get("models"),
+                      pilot.manifest.get("models"), latency)
     out = display.out
-    out.print(f"pilot run {outcome.run_id}: {k:,} of {config.agents:,} agents, round 1, model "
-              f"{config.model.backend}: {used.llm_calls:,} LLM calls, {used.tokens:,} tokens "
-              f"({used.prompt_tokens:,} prompt, {used.completion_tokens:,} completion)")
-    line = f"expected for {config.agents:,} agents × {config.rounds} rounds: {est.calls:,.0f} LLM calls"
-    if est.counted_tokens:
-        line += (f", {est.tokens:,.0f} tokens (95% interval {est.tokens_low:,.0f}–{est.tokens_high:,.0f}; "
-                 f"{est.tokens_per_call:,.1f} ± {est.tokens_per_call_sd:,.1f} tokens per call)")
-    else:
-        line += f"; the {config.model.backend} model reports no tokens"
-    out.print(line)
-    out.print("from round 1's prompts only: later rounds' prompts carry history and are usually longer. "
-              "`budget: {tokens: N}` in the scenario pauses the run before it goes past N.")
+    out.print(estimates.pilot_line(outcome.run_id, config, k, used), markup=False, highlight=False)
+    out.print(estimates.expected_line(est, config), markup=False, highlight=False)
+    if est.models:
+        out.print(estimates.models_table(est))
+    for line in estimates.time_lines(est):
+        out.print(line, markup=False, highlight=False)
+    if unmeasured:
+        out.print(f"concurrency: not estimated ({unmeasured})", markup=False, highlight=False)
+    out.print(estimates.caveats(est), markup=False, highlight=False)
+
+
+def _pilot_latency(url: str, run_id: str) -> tuple[dict[str, float], str | None]:
+    """The pilot's mean seconds per call by model, from the gateway's records of its calls (a copy
+    of the pilot's rows from the recorder); ({}, why) when they cannot be read."""
+    import tempfile
+
+    import duckdb
+
+    from populace.analysis import model_stats
+    from populace.client.reads import ReadError, live_copy
+
+    try:
+        with tempfile.TemporaryDirectory(prefix="populace-pilot-") as directory:
+            path = live_copy(url, Path(directory), lambda _index: [run_id])
+            with duckdb.connect(str(path), read_only=True) as con:
+                stats = model_stats(con, run_id)
+    except (ReadError, ConnectionError, OSError, TimeoutError) as err:
+        return {}, f"the pilot's calls could not be read from the recorder: {err}"
+    return {name: m["latency_ms_mean"] / 1000 for name, m in stats.items() if m["latency_ms_mean"]}, None
 
 
 def _detached(url: str, rid: str, cancel_on_exit: bool) -> None:
