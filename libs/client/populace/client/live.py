@@ -208,7 +208,7 @@ async def resume_run(url: str, rid: str, show_progress: bool, budget_tokens: int
             raise SteerError(why)
         budget = raised_budget(state, budget_tokens, budget_calls, budget_dollars)
         with RunProgress(state.config, enabled=show_progress, spent=state.used + state.interviews,
-                         rounds_done=state.round) as progress:
+                         rounds_done=last_completed(state)) as progress:
             outcome = await resume(nc, rid, on_event=progress.on_event, budget=budget)
         return state, outcome
     finally:
@@ -222,7 +222,8 @@ async def follow_run(url: str, rid: str, show_progress: bool) -> tuple[RunState,
         state = await _state(nc, rid)
         if state.status not in ACTIVE:
             return state, None
-        with RunProgress(state.config, enabled=show_progress) as progress:
+        with RunProgress(state.config, enabled=show_progress, spent=state.used + state.interviews,
+                         rounds_done=last_completed(state)) as progress:
             return state, await follow(nc, rid, on_event=progress.on_event)
     finally:
         await nc.close()
