@@ -311,6 +311,8 @@ def test_report_is_self_contained_with_all_figures(con, tmp_path):
                   "By education", "By age", "Invalid answers", "Raw answers per agent"):
         assert title in page
     assert "Figure 4" not in page  # the ratio game has no groups of players
+    # what the rounds cost: the header's LLM work line and the per-round table's cost columns
+    assert "$1.50 at the models&#39; prices" in page and "<th>cached tokens</th><th>dollars</th>" in page
     # the target is drawn in every histogram, target and winning number over rounds
     assert 'aria-label="Histogram of guesses per round with the target"' in page
     assert 'aria-label="Mean, median, target, winning number per round"' in page
