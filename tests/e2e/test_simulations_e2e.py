@@ -94,7 +94,8 @@ def test_the_fleet_gives_exactly_what_one_process_gives(stack, simulation):
     # the dummy model (it runs no model); the local run counts the same
     usage = [{k: r[k] for k in Usage.RECORDED} for r in summary]
     calls = agents * CALLS.get(simulation, 1)
-    assert usage == [{"llm_calls": calls, "prompt_tokens": 0, "completion_tokens": 0, "infra_retries": 0}] * rounds
+    assert usage == [{"llm_calls": calls, "prompt_tokens": 0, "completion_tokens": 0, "infra_retries": 0,
+                      "cached_tokens": 0, "dollars": 0.0}] * rounds
 
     local = asyncio.run(run_local(prepared.resolved))
     assert json_values(outcomes) == json_values(local_rows(local.outcomes, ("run_id", "latency_ms")))

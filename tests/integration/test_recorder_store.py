@@ -195,6 +195,39 @@ def test_a_database_from_before_the_seam_gains_the_new_columns(tmp_path):
     store.close()
 
 
+def test_rounds_record_cached_tokens_and_dollars_and_an_older_rounds_table_gains_them(tmp_path):
+    from populace.analysis import round_table, run_usage
+    from populace.core.contracts import Usage
+
+    path = str(tmp_path / "old.duckdb")
+    evs = events("r8")
+    result = next(e for e in evs if e.kind == "round.result")
+    result.model = result.model.model_copy(update={"usage": Usage(llm_calls=20, prompt_tokens=2000, cached_tokens=800,
+                                                                  completion_tokens=300, dollars=0.0123)})
+    store = Store(path)
+    store.ingest(events("r7"))  # a run on the old columns only, then the table loses the new ones
+    store.con.execute("ALTER TABLE rounds DROP COLUMN cached_tokens")
+    store.con.execute("ALTER TABLE rounds DROP COLUMN dollars")
+    store.close()
+    with duckdb.connect(path, read_only=True) as con:  # a file from before: usage without its cost
+        assert run_usage(con, "r7")["llm_calls"] == 0 and "dollars" not in run_usage(con, "r7")
+        assert round_table(con, "r7")[0]["usage"] == {"llm_calls": 0, "prompt_tokens": 0, "completion_tokens": 0,
+                                                      "infra_retries": 0}
+    store = Store(path)  # a new recorder adds the columns to the old table (ALTER TABLE … ADD COLUMN)
+    store.ingest(evs)
+    assert store.con.execute("SELECT cached_tokens, dollars FROM rounds WHERE run_id = 'r8'").fetchone() == (800, 0.0123)
+    assert store.con.execute("SELECT cached_tokens, dollars FROM rounds WHERE run_id = 'r7'").fetchone() == (None, None)
+    types = dict(store.con.execute("SELECT column_name, data_type FROM duckdb_columns() WHERE table_name = 'rounds'")
+                 .fetchall())
+    assert (types["cached_tokens"], types["dollars"]) == ("BIGINT", "DOUBLE")
+    store.close()
+    with duckdb.connect(path, read_only=True) as con:
+        used = run_usage(con, "r8")
+        assert (used["cached_tokens"], used["dollars"], used["prompt_tokens"]) == (800, 0.0123, 2000)
+        assert round_table(con, "r8")[0]["usage"]["dollars"] == 0.0123
+        assert round_table(con, "r7")[0]["usage"]["dollars"] == 0.0  # NULL in a row from before: nothing recorded
+
+
 def test_a_table_another_simulation_declared_differently_is_refused(tmp_path):
     store = Store(tmp_path / "x.duckdb")
     store.ingest(events("r1"))

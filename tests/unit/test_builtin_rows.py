@@ -47,10 +47,13 @@ CASES = {
                  {"agents": 90, "simulation": "dictator_game:DictatorGame"}, {"hosts": 2}),
 }
 DROPPED = ("run_id", "latency_ms", "closed_at")
+# the rounds' cost columns, added after these digests were taken: always 0 on the dummy model,
+# left out while they are (a value there would change the digest)
+COST = ("cached_tokens", "dollars")
 
 
 def digest(columns: dict[str, list]) -> str:
-    kept = {k: v for k, v in sorted(columns.items()) if k not in DROPPED}
+    kept = {k: v for k, v in sorted(columns.items()) if k not in DROPPED and not (k in COST and not any(v))}
     return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()
 
 

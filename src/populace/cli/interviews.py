@@ -321,9 +321,10 @@ def usage_line(u: dict | None) -> str | None:
     """The interviews' LLM work, apart from the rounds' (a line under `populace results`)."""
     if not u:
         return None
+    cost = f", {display.money(u['dollars'])}" if u.get("dollars") else ""
     return (f"interviews: {u['answers']:,} answers ({u['valid']:,} valid), {u['llm_calls']:,} LLM calls, "
             f"{u['prompt_tokens'] + u['completion_tokens']:,} tokens ({u['prompt_tokens']:,} prompt, "
-            f"{u['completion_tokens']:,} completion) — apart from the rounds' LLM work above")
+            f"{u['completion_tokens']:,} completion){cost} — apart from the rounds' LLM work above")
 
 
 def reference_table(rows: list[dict], title: str) -> "Table":

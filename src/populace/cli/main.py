@@ -443,7 +443,9 @@ def _run_local(prepared: "PreparedRun", hosts: int, db: str) -> None:
 
 def _estimate(scenario: Path, extra: dict, prepared: "PreparedRun", nats: str, share: float, progress: bool) -> None:
     """Play the pilot on the fleet (recorded like any run, named `<name>-pilot`) and scale its
-    LLM work to the whole run."""
+    LLM work to the whole run: calls, tokens, cached tokens, dollars per model, and the wall time
+    under the models' declared limits."""
+    from populace.cli import estimates
     from populace.client.api import prepare_scenario
     from populace.client.estimate import extrapolate, pilot_agents
 
@@ -453,23 +455,42 @@ def _estimate(scenario: Path, extra: dict, prepared: "PreparedRun", nats: str, s
                                                      "name": f"{config.name}-pilot", "budget": None}))
     with _stack_url(nats) as url:
         outcome = run_async(_follow(url, pilot, show_progress=progress))
-    if outcome.status != "completed" or not outcome.results:
-        fail(f"the pilot run {outcome.run_id} {outcome.status}: {outcome.reason}", code=1)
+        if outcome.status != "completed" or not outcome.results:
+            fail(f"the pilot run {outcome.run_id} {outcome.status}: {outcome.reason}", code=1)
+        latency, unmeasured = _pilot_latency(url, outcome.run_id) if config.models else ({}, None)
     used = outcome.results[0].usage
-    est = extrapolate(config.agents, config.rounds, k, used)
+    est = extrapolate(config.agents, config.rounds, k, used, config.models, prepared.manifest.get("models"),
+                      pilot.manifest.get("models"), latency)
     out = display.out
-    out.print(f"pilot run {outcome.run_id}: {k:,} of {config.agents:,} agents, round 1, model "
-              f"{config.model.backend}: {used.llm_calls:,} LLM calls, {used.tokens:,} tokens "
-              f"({used.prompt_tokens:,} prompt, {used.completion_tokens:,} completion)")
-    line = f"expected for {config.agents:,} agents × {config.rounds} rounds: {est.calls:,.0f} LLM calls"
-    if est.counted_tokens:
-        line += (f", {est.tokens:,.0f} tokens (95% interval {est.tokens_low:,.0f}–{est.tokens_high:,.0f}; "
-                 f"{est.tokens_per_call:,.1f} ± {est.tokens_per_call_sd:,.1f} tokens per call)")
-    else:
-        line += f"; the {config.model.backend} model reports no tokens"
-    out.print(line)
-    out.print("from round 1's prompts only: later rounds' prompts carry history and are usually longer. "
-              "`budget: {tokens: N}` in the scenario pauses the run before it goes past N.")
+    out.print(estimates.pilot_line(outcome.run_id, config, k, used), markup=False, highlight=False)
+    out.print(estimates.expected_line(est, config), markup=False, highlight=False)
+    if est.models:
+        out.print(estimates.models_table(est))
+    for line in estimates.time_lines(est):
+        out.print(line, markup=False, highlight=False)
+    if unmeasured:
+        out.print(f"concurrency: not estimated ({unmeasured})", markup=False, highlight=False)
+    out.print(estimates.caveats(est), markup=False, highlight=False)
+
+
+def _pilot_latency(url: str, run_id: str) -> tuple[dict[str, float], str | None]:
+    """The pilot's mean seconds per call by model, from the gateway's records of its calls (a copy
+    of the pilot's rows from the recorder); ({}, why) when they cannot be read."""
+    import tempfile
+
+    import duckdb
+
+    from populace.analysis import model_stats
+    from populace.client.reads import ReadError, live_copy
+
+    try:
+        with tempfile.TemporaryDirectory(prefix="populace-pilot-") as directory:
+            path = live_copy(url, Path(directory), lambda _index: [run_id])
+            with duckdb.connect(str(path), read_only=True) as con:
+                stats = model_stats(con, run_id)
+    except (ReadError, ConnectionError, OSError, TimeoutError) as err:
+        return {}, f"the pilot's calls could not be read from the recorder: {err}"
+    return {name: m["latency_ms_mean"] / 1000 for name, m in stats.items() if m["latency_ms_mean"]}, None
 
 
 def _detached(url: str, rid: str, cancel_on_exit: bool) -> None:
@@ -536,16 +557,20 @@ def resume(
     progress: Annotated[bool, typer.Option(help="show progress bars")] = True,
     budget_tokens: Annotated[int | None, typer.Option(min=1, help="the run's new token budget (total)")] = None,
     budget_calls: Annotated[int | None, typer.Option(min=1, help="the run's new LLM-call budget (total)")] = None,
+    budget_dollars: Annotated[float | None, typer.Option(min=0.000001, max=10_000_000,
+                                                         help="the run's new dollar budget (total, US dollars at "
+                                                              "its models' prices)")] = None,
 ) -> None:
     """Continue a failed, cancelled or paused run after its last completed round, on the
     agent-hosts up now; agents and environment start from that round's checkpoint, so the run
-    ends as if it had never stopped. A run paused on its budget needs a larger one. Follows it
-    until it is recorded."""
+    ends as if it had never stopped. A run paused on its budget needs a larger one (the budget
+    counts from the run's start: give the new total). Follows it until it is recorded."""
     from populace.client import live as steer
     from populace.sdk.registry import resolve
 
     try:
-        state, outcome = _steer(lambda: steer.resume_run(nats, run_id, progress, budget_tokens, budget_calls))
+        state, outcome = _steer(lambda: steer.resume_run(nats, run_id, progress, budget_tokens, budget_calls,
+                                                         budget_dollars))
     except KeyboardInterrupt:
         _detached(nats, run_id, False)
         raise typer.Exit(130) from None
@@ -827,7 +852,16 @@ def results(
     simulation's round summary and its LLM work: answers in, valid, the model's invalid answers
     and infrastructure retries apart, calls, re-asks, tokens, latency, the model and replicas (a
     fork: beside its parent's); or (--by) the mean, or each option's share, per group with 95% CIs."""
-    from populace.analysis import call_stats, fork_table, group_table, model_of, round_table, run_info, total_calls
+    from populace.analysis import (
+        call_stats,
+        fork_table,
+        group_table,
+        model_of,
+        model_stats,
+        round_table,
+        run_info,
+        total_calls,
+    )
 
     if reference is not None:
         return _reference_results(run_ids, reference, json_out, db, nats)
@@ -843,16 +877,16 @@ def results(
         if by is None:
             from populace.analysis.interviews import interview_usage
 
-            runs = [({**run_info(con, rid), "interviews": interview_usage(con, rid)}, round_table(con, rid),
-                     fork_table(con, rid), call_stats(con, rid)) for rid in ids]
+            runs = [({**run_info(con, rid), "interviews": interview_usage(con, rid), "models": model_stats(con, rid)},
+                     round_table(con, rid), fork_table(con, rid), call_stats(con, rid)) for rid in ids]
         else:
             checks.attribute(con, ids, by)
             rows = group_table(con, ids, by, round=round_)
             info = run_info(con, ids[0])
     if by is None:
-        if json_out:  # per round `calls` (the gateway's llm_calls rows); per run the model and the totals
+        if json_out:  # per round `calls` (the gateway's llm_calls rows); per run the model(s) and the totals
             print(json.dumps({"runs": [{**{k: info.get(k) for k in head}, "model": model_of(info, calls),
-                                        "calls": total_calls(calls),
+                                        "models": info["models"], "calls": total_calls(calls),
                                         "rounds": [{**r, "calls": calls.get(r["round"])} for r in rows],
                                         "fork": fork}
                                        for info, rows, fork, calls in runs]}, default=str, indent=1))
@@ -869,6 +903,8 @@ def results(
             llm = display.llm_table(rows, calls, f"LLM work — {display.model_line(model_of(info, calls))}")
             if llm is not None:
                 display.out.print(llm)
+            if (by_model := display.models_table(info["models"], "LLM work by model")) is not None:
+                display.out.print(by_model)
             if line := interviews.usage_line(info.get("interviews")):
                 display.out.print(line, markup=False, highlight=False)
             if fork is not None:  # a fork is read against its parent: the intervention's effect

@@ -25,7 +25,7 @@ from importlib import import_module
 # needs one light part (the recorder: the interviews' table schema) does not load scipy and
 # plotly with the rest, which took seconds at every service start.
 _HOMES = {
-    "populace.analysis.calls": ("call_stats", "model_of", "total_calls"),
+    "populace.analysis.calls": ("call_stats", "model_of", "model_stats", "total_calls"),
     "populace.analysis.export": ("PLATFORM_TABLES", "TABLES", "export_parquet"),
     "populace.analysis.queries": (
         "NONE_GROUP", "OTHER", "attributes", "convergence_table", "fork_of", "fork_table", "group_attributes",
@@ -77,6 +77,7 @@ __all__ = [
     "mean_ci",
     "measure_values",
     "model_of",
+    "model_stats",
     "render_report",
     "round_table",
     "run_info",

@@ -15,6 +15,9 @@ CREATE TABLE IF NOT EXISTS interview_usage (
     run_id VARCHAR, after_round INTEGER, survey VARCHAR, request VARCHAR, host_id VARCHAR, llm_calls BIGINT,
     prompt_tokens BIGINT, completion_tokens BIGINT, infra_retries BIGINT
 );
+-- a run with `models:`: the prompt tokens the providers served from cache, and the dollars at the prices
+ALTER TABLE interview_usage ADD COLUMN IF NOT EXISTS cached_tokens BIGINT;
+ALTER TABLE interview_usage ADD COLUMN IF NOT EXISTS dollars DOUBLE;
 -- post-hoc interviews (populace interview): each request as the orchestrator placed or refused it,
 -- and its orders (which host answers for which agent ranges)
 CREATE TABLE IF NOT EXISTS interview_requests (

@@ -125,6 +125,7 @@ async def run_local(config: RunConfig | Resolved, *, run_id: str = "local", cast
             row = {"run_id": run_id, "round": n, "n": sum(s.n for s in shares),
                    "n_valid": sum(s.n_valid for s in shares),
                    "llm_calls": calls, "prompt_tokens": 0, "completion_tokens": 0, "infra_retries": 0,
+                   "cached_tokens": 0, "dollars": 0.0,
                    **decision.summary, "closed_at": time.time()}
             for key, value in row.items():
                 out.rounds.setdefault(key, []).append(value)

@@ -31,6 +31,7 @@ from populace.core.contracts import (
     Share,
     Usage,
     WorldRef,
+    money,
     share_key,
 )
 from populace.core.placement import PlacementError, Policy, place_ranges
@@ -238,22 +239,27 @@ def over_budget(budget: Budget | None, used: Usage, next_round: Usage, interview
     `interviews`: those planned after it, counted in `next_round` too), or None."""
     if budget is None:
         return None
-    for what, flag, limit, spent, step, asked in (
-            ("tokens", "tokens", budget.tokens, used.tokens, next_round.tokens,
-             interviews.tokens if interviews else 0),
-            ("LLM calls", "calls", budget.llm_calls, used.llm_calls, next_round.llm_calls,
-             interviews.llm_calls if interviews else 0)):
+    asked = interviews or Usage()
+    for used_text, flag, limit, spent, step, of_them, show in (
+            ("tokens used", "tokens", budget.tokens, used.tokens, next_round.tokens, asked.tokens, _count),
+            ("LLM calls used", "calls", budget.llm_calls, used.llm_calls, next_round.llm_calls, asked.llm_calls,
+             _count),
+            ("spent", "dollars", budget.dollars, used.dollars, next_round.dollars, asked.dollars, money)):
         if limit is not None and spent + step > limit:
-            of_which = f", {asked:,} of them for the interviews planned after it" if asked else ""
-            return (f"budget: {spent:,} of {limit:,} {what} used, and the next round needs about {step:,} "
-                    f"more{of_which} (--budget-{flag})")
+            of_which = f", {show(of_them)} of them for the interviews planned after it" if of_them else ""
+            return (f"budget: {show(spent)} of {show(limit)} {used_text}, and the next round needs about "
+                    f"{show(step)} more{of_which} (--budget-{flag})")
     return None
+
+
+def _count(n: float) -> str:
+    return f"{n:,}"
 
 
 def planned_interviews(config: RunConfig, round_: int, asked: Usage, last_round: Usage) -> Usage:
     """What the interviews the scenario plans after `round_` likely need: their calls (each
     respondent once per question, or once per survey asked together) and, per call, the tokens
-    interviews took so far (before any: a round's per call)."""
+    interviews took so far (before any: a round's per call), and so their dollars."""
     calls = 0.0
     for plan in config.interviews:
         if round_ in plan.rounds(config.rounds):
@@ -262,10 +268,11 @@ def planned_interviews(config: RunConfig, round_: int, asked: Usage, last_round:
     if not calls:
         return Usage()
     per = asked if asked.llm_calls else last_round
-    per_call = per.tokens / per.llm_calls if per.llm_calls else 0.0
-    completion = per.completion_tokens / per.llm_calls if per.llm_calls else 0.0
+    scale = math.ceil(calls) / per.llm_calls if per.llm_calls else 0.0
     n = math.ceil(calls)
-    return Usage(llm_calls=n, prompt_tokens=round(n * (per_call - completion)), completion_tokens=round(n * completion))
+    return Usage(llm_calls=n, prompt_tokens=round(per.prompt_tokens * scale),
+                 completion_tokens=round(per.completion_tokens * scale),
+                 cached_tokens=round(per.cached_tokens * scale), dollars=per.dollars * scale)
 
 
 def _stop(state: RunState, status: str, reason: str) -> tuple[RunState, list[Action]]:

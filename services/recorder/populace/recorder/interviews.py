@@ -171,9 +171,11 @@ class InterviewStore:
         con = self.con
         u = b.usage
         if u.llm_calls or u.prompt_tokens or u.completion_tokens or u.infra_retries:
-            con.execute("INSERT INTO interview_usage VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            con.execute("INSERT INTO interview_usage (run_id, after_round, survey, request, host_id, llm_calls, "
+                        "prompt_tokens, completion_tokens, infra_retries, cached_tokens, dollars) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         [b.run_id, b.after_round, b.survey.id, b.request, b.host_id, u.llm_calls, u.prompt_tokens,
-                         u.completion_tokens, u.infra_retries])
+                         u.completion_tokens, u.infra_retries, u.cached_tokens, u.dollars])
         if not b.agent_ids:
             return 0
         ids = np.asarray(b.agent_ids, dtype=np.int64)

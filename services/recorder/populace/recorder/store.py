@@ -170,7 +170,8 @@ def act_columns(t: SimulationTables) -> list[tuple[str, str]]:
 
 def summary_columns(t: SimulationTables) -> list[tuple[str, str]]:
     return [("run_id", "VARCHAR"), ("round", "INTEGER"), ("n", "BIGINT"), ("n_valid", "BIGINT"),
-            *((name, "BIGINT") for name in Usage.RECORDED),  # the round's LLM work, infra retries apart
+            # the round's LLM work, infra retries apart, and its dollars at the models' prices
+            *((name, "DOUBLE" if name == "dollars" else "BIGINT") for name in Usage.RECORDED),
             *((c.name, c.type) for c in t.summary_columns), ("closed_at", "TIMESTAMP")]
 
 

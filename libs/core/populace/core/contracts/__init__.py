@@ -53,6 +53,7 @@ from populace.core.contracts.models import (
     ModelPrices,
     check_models,
     gateway_bindings,
+    money,
 )
 from populace.core.contracts.node_messages import (
     GONE_AFTER_BEATS,
@@ -294,5 +295,6 @@ __all__ = [
     "choice_key",
     "config_json",
     "gateway_bindings",
+    "money",
     "share_key",
 ]
