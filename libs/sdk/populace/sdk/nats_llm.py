@@ -22,6 +22,7 @@ from populace.core import logs, metrics, replies, subjects, telemetry
 from populace.core.contracts import InferBatch, InferReply, ModelConfig, Usage
 from populace.core.telemetry import tracer
 from populace.sdk.llm import InferError, ModelUnavailable, call_tag
+from populace.sdk.profile import Outstanding
 
 log = logs.get("populace.llm")
 _batch_ids = itertools.count()
@@ -122,6 +123,7 @@ class InferSession:
         self._seqs: dict = {}  # key (or caller, key) -> its calls so far this round: each call seeded apart
         self._sending: set[asyncio.Task] = set()
         self.batches_sent = 0
+        self._out = Outstanding()  # the seconds a batch of this session was out (table round_profile)
 
     def _pending_for(self, system: str | None, schema: dict | None) -> _Pending:
         # a simulation passes the same objects call after call: found by identity first (a
@@ -193,10 +195,12 @@ class InferSession:
         in_flight = metrics.LLM_IN_FLIGHT.labels("agent-host")
         in_flight.inc(n)
         t0 = time.perf_counter()
+        self._out.begin()
         try:
             with tracer.start_as_current_span("agent-host.infer", attributes={"populace.prompts": n}):
                 await self._until_answered(batch, futs, tracing=telemetry.inject())
         finally:
+            self._out.end()
             in_flight.dec(n)
             metrics.batch("agent-host", "infer", n, time.perf_counter() - t0)
 
@@ -295,6 +299,11 @@ class InferSession:
                     raise InferError(f"malformed reply from the gateway: {err}") from None
         finally:
             await sub.unsubscribe()
+
+    @property
+    def model_wait_s(self) -> float:
+        """Seconds so far during which at least one of this session's batches was out."""
+        return self._out.now()
 
     def usage(self) -> Usage:
         """The LLM work of this round so far (what the budget and the estimate count)."""

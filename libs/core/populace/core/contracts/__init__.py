@@ -111,6 +111,7 @@ from populace.core.contracts.run_config import (
 )
 from populace.core.contracts.run_events import (
     ActColumns,
+    DecideProfile,
     EdgeColumns,
     HostSpawned,
     InterviewBatch,
@@ -130,6 +131,7 @@ from populace.core.contracts.run_events import (
     RunRecorded,
     RunResumed,
     RunStarted,
+    ShareProfile,
     SpawnBatch,
 )
 from populace.core.contracts.wire_base import (
@@ -180,6 +182,7 @@ __all__ = [
     "ColumnType",
     "ConfigRef",
     "Count",
+    "DecideProfile",
     "DistributionReply",
     "DistributionRequest",
     "EdgeColumns",
@@ -249,6 +252,7 @@ __all__ = [
     "ServiceInfo",
     "ServiceSpec",
     "Share",
+    "ShareProfile",
     "SimulationName",
     "SimulationTables",
     "SnapshotReply",
