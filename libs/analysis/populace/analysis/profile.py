@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import duckdb
 
+from populace.analysis.queries.lookup import _check_runs
 from populace.analysis.tables import has_table
 
 # seconds columns, in the order a round goes: what the hosts' code did, the model, then the
@@ -25,13 +26,22 @@ ROLE_ORDER = {"host": 0, "environment": 1, "recorder": 2}
 
 def round_profile(con: duckdb.DuckDBPyConnection, run_id: str) -> list[dict]:
     """The run's rows, by round, then hosts (by share), the environment, the recorder. Empty
-    for a run recorded before profiles were (or a database without the table)."""
+    for a run recorded before profiles were (or a database without the table); AnalysisError
+    for a run the database does not have."""
+    _check_runs(con, [run_id])
     if not has_table(con, "round_profile"):
         return []
     rows = con.execute(f"SELECT {', '.join(COLUMNS)} FROM round_profile WHERE run_id = ?", [run_id]).fetchall()
     out = [dict(zip(COLUMNS, r)) for r in rows]
     out.sort(key=lambda r: (r["round"], ROLE_ORDER.get(r["role"], 9), r["host_id"] or "", r["epoch"] or 0))
     return out
+
+
+def last_rounds(rows: list[dict], rounds: int) -> list[dict]:
+    """The rows of the last `rounds` rounds (a page of a long run's profile)."""
+    numbers = sorted({r["round"] for r in rows})[-rounds:] if rounds > 0 else []
+    keep = set(numbers)
+    return [r for r in rows if r["round"] in keep]
 
 
 def profile_totals(rows: list[dict]) -> dict:

@@ -400,23 +400,25 @@ class RoundPlayer:
             state["left"] -= 1
             if state["left"] == 0:
                 finished.set_result(None)
-            else:
-                launch()
+            elif not launching:
+                launch()  # the launcher is done: one starts as one finishes (at most max_in_flight)
 
         slicer = slicer_for(loop, self.slice_s)
         held = slicer.held
-        first, started = min(self.max_in_flight, total), 0
+        launching = True
         try:
-            while not finished.done():  # done early: cancelled, or stopped (no model, the simulation failed)
+            # done early: cancelled, or stopped (no model, the simulation failed)
+            while not finished.done() and state["next"] < total:
+                free = self.max_in_flight - len(running)
+                if free <= 0:
+                    break  # the rest start as turns finish (on_done)
                 # as many as a slice of the loop holds at what the simulation's code costs: thousands
-                # of cheap turns per turn of the loop, a few slow ones (the rest start as those finish)
-                n = slicer.room(min(LAUNCH_SLICE, first - started))
-                for _ in range(n):
+                # of cheap turns per turn of the loop, a few slow ones
+                for _ in range(slicer.room(min(LAUNCH_SLICE, free, total - state["next"]))):
                     launch()
-                started += n
-                if started >= first:
-                    break
-                await asyncio.sleep(0)
+                if state["next"] < total:
+                    await asyncio.sleep(0)
+            launching = False
             flush = getattr(llm, "flush", None)
             if flush is not None:
                 flush()  # send what is queued now rather than after the flush timer

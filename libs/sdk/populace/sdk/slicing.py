@@ -87,6 +87,8 @@ class Slicer:
         start thousands at a time and slow ones a few."""
         if self._waiting or self._again:
             return 0
+        if self._cost <= 0.0:
+            return most  # nothing measured yet (this loop's first turns): the gate holds what is too slow
         return let_through(self.slice_s, self._cost, most)
 
     # -- the rest ------------------------------------------------------------------------------
