@@ -6,6 +6,7 @@ round and its size — not once per agent or round. (Fleet: tests/e2e/test_slow_
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from pathlib import Path
 
@@ -139,3 +140,27 @@ def test_a_timed_turn_counts_its_steps_not_its_waits():
     asyncio.run(main())
     assert cost.turns_timed == 2
     assert 0.01 <= cost.turn_timed_s < 0.2
+
+
+def test_results_profile_reads_a_local_runs_rows_and_refuses_what_it_cannot_show(cli, tmp_path):
+    """`populace run --local` records round_profile (its one process as host `local`, the
+    environment, the recorder); `populace results RUN --profile` shows it, and refuses, in one
+    line with exit 2, a flag it cannot show beside it or a run the file does not have."""
+    scenario = tmp_path / "slow.yaml"
+    scenario.write_text("simulation: slow_sims:SlowView\nagents: 40\nrounds: 2\nslow:\n  view_ms: 2\n")
+    db = str(tmp_path / "p.duckdb")
+    assert cli("run", scenario, "--local", "--db", db).returncode == 0
+    res = cli("results", "last", "--profile", "--json", "--db", db)
+    assert res.returncode == 0, res.stdout + res.stderr
+    (run,) = json.loads(res.stdout)["runs"]
+    assert [(r["round"], r["role"], r["host_id"]) for r in run["rows"]] == [
+        (n, role, host) for n in (1, 2) for role, host in (("host", "local"), ("environment", "environment"),
+                                                            ("recorder", "recorder"))]
+    assert all(r["view_s"] >= 40 * 0.002 and r["agents"] == 40 for r in run["rows"] if r["role"] == "host")
+    assert run["top"][0] == "view_s"
+    for args, says in ((("--by", "education"), "--profile: not with --by"),
+                       (("--round", "1"), "--profile: not with --round")):
+        refused = cli("results", "last", "--profile", *args, "--db", db)
+        assert refused.returncode == 2 and says in refused.stdout + refused.stderr
+    unknown = cli("results", "no-such-run", "--profile", "--db", db)
+    assert unknown.returncode == 2 and "run 'no-such-run' is not in" in unknown.stdout + unknown.stderr
