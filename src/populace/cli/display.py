@@ -273,6 +273,54 @@ def _count(x: int | None) -> str:
     return "—" if x is None else f"{x:,}"
 
 
+PROFILE_HEADS = ("round", "who", "agents", "wall s", "view s", "turn s", "merge s", "model wait s", "decide s",
+                 "record s", "views (bytes)", "largest view", "observation", "waited for the loop")
+
+
+def _seconds(x: float | None) -> str:
+    return "—" if x is None else f"{x:.3f}"
+
+
+def _bytes(x: int | None) -> str:
+    if x is None:
+        return "—"
+    n = int(x)
+    return f"{n / 2**20:.1f} MB" if n >= 2**20 else f"{n / 1024:.0f} KB" if n >= 1024 else f"{n} B"
+
+
+def profile_table(rows: list[dict], title: str) -> Table:
+    """Where each round went (`populace.analysis.round_profile` rows): per share (role `host`: the
+    seconds the simulation's code held its loop in views, turns and folds, its model wait, its
+    views' bytes), the environment's merge and decide, the recorder's record."""
+    t = table(title=title)
+    for col in PROFILE_HEADS:
+        t.add_column(col, justify="left" if col == "who" else "right")
+    for r in rows:
+        who = f"{r['host_id']}@{r['epoch']}" if r["role"] == "host" else r["role"]
+        t.add_row(str(r["round"]), who, _count(r["agents"]), _seconds(r["wall_s"]), _seconds(r["view_s"]),
+                  _seconds(r["turn_s"]), _seconds(r["merge_s"]), _seconds(r["model_wait_s"]),
+                  _seconds(r["decide_s"]), _seconds(r["record_s"]), _bytes(r["view_bytes"]),
+                  _bytes(r["view_max_bytes"]), _bytes(r["observation_bytes"]), _count(r["held"]))
+    return t
+
+
+def profile_lines(totals: dict) -> list[str]:
+    """What a profile says in words (`populace.analysis.profile_totals`): the largest share of the
+    time, then each note (a view or observation over its budget), once."""
+    from populace.analysis.profile import SECONDS
+
+    names = {"view_s": "views (Env.view)", "turn_s": "turns, acts and scenes", "merge_s": "settle, reduce, merge",
+             "model_wait_s": "waiting for the model", "decide_s": "the environment's decide",
+             "record_s": "recording"}
+    out = []
+    if totals["top"] is not None:
+        column, seconds = totals["top"]
+        spent = ", ".join(f"{names[c]} {totals['seconds'][c]:.2f} s" for c in SECONDS if totals["seconds"][c] > 0)
+        out.append(f"most of the time: {names[column]} ({seconds:.2f} s); in all: {spent}")
+    out += [f"note: {n}" for n in totals["notes"]]
+    return out
+
+
 def fork_heading(fork: dict) -> str:
     from populace.analysis.report import params_text  # the change flattened as `--set` wrote it
 

@@ -847,6 +847,11 @@ def results(
     reference: Annotated[Path | None, typer.Option(help="human reference data (CSV or Parquet, with its citation): "
                                                         "the runs beside it per group, with a distance and its "
                                                         "95% bootstrap interval")] = None,
+    profile: Annotated[bool, typer.Option("--profile", help="where each round went instead (table round_profile): "
+                                                            "per host the seconds in views, turns, settle/reduce/"
+                                                            "merge and model wait, the views' bytes; the "
+                                                            "environment's merge and decide; the recorder's "
+                                                            "record")] = False,
 ) -> None:
     """Per-round statistics of each run's measure (mean … max, or each option's share), its
     simulation's round summary and its LLM work: answers in, valid, the model's invalid answers
@@ -863,6 +868,12 @@ def results(
         total_calls,
     )
 
+    if profile:
+        other = [flag for flag, given in (("--by", by), ("--round", round_), ("--interviews", interviews_),
+                                          ("--reference", reference)) if given]
+        if other:
+            fail(f"--profile: not with {other[0]} (the profile shows every round of each run)")
+        return _profile_results(run_ids, json_out, db, nats)
     if reference is not None:
         return _reference_results(run_ids, reference, json_out, db, nats)
     if interviews_:
@@ -919,6 +930,27 @@ def results(
     what = f"share of each {noun}" if info["measure_kind"] == "categorical" else f"mean {noun}"
     title = f"{what} by {by}" + (f", round {round_}" if round_ else ", last round") + f" — {', '.join(ids)}"
     display.out.print(display.group_table(rows, by, title, across_runs=len(ids) > 1))
+
+
+def _profile_results(run_ids: list[str], json_out: bool, db: str, nats: str) -> None:
+    """`results --profile`: each run's `round_profile` rows, and in words where the time went."""
+    from populace.analysis import profile_totals, round_profile
+
+    with _db(db, run_ids, nats) as con:
+        ids = _run_ids(con, run_ids)
+        runs = [(rid, round_profile(con, rid)) for rid in ids]
+    if json_out:
+        print(json.dumps({"runs": [{"run_id": rid, "rows": rows, **profile_totals(rows)} for rid, rows in runs]},
+                         default=str, indent=1))
+        return
+    for rid, rows in runs:
+        if not rows:
+            display.out.print(f"run {rid}: no round profile recorded (no round closed, or it was recorded by a "
+                              "release before round profiles)", markup=False, highlight=False)
+            continue
+        display.out.print(display.profile_table(rows, f"run {rid}: where each round went"))
+        for line in display.profile_lines(profile_totals(rows)):
+            display.out.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def _load_reference(path: Path):

@@ -43,6 +43,12 @@ class Settings(BaseSettings):
     # holds the whole world); 0: this machine's physical memory.
     host_memory_bytes: int = Field(0, ge=0)
     max_in_flight: int = Field(1_000_000, ge=1)  # concurrent agent turns per host
+    # The most the simulation's code (its views, turns, scenes) holds a host's event loop before
+    # heartbeats, control messages and model answers go first (populace.sdk.slicing).
+    loop_slice_ms: float = Field(50.0, gt=0, le=10_000)
+    # The largest view (or shared observation) an agent should see, as JSON: one larger is said
+    # once per run, naming the hook, the agent and its size (table round_profile, column note).
+    view_budget_bytes: int = Field(65_536, ge=1)
     # Concurrent interview answers per host (each also bounded by max_in_flight). Answers are
     # asked beside a round (a panel) or alone (post hoc): a burst of every agent's copy at once
     # would hold a second population in memory for no gain once calls are CPU-bound. 25,000: a

@@ -15,12 +15,14 @@ from __future__ import annotations
 import functools
 import json
 import operator
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from populace.core.contracts import DecideProfile
 from populace.sdk import select
 from populace.sdk.agent import Agent
 from populace.sdk.edges import EdgeBook, EdgeError
@@ -29,6 +31,7 @@ from populace.sdk.hosting import HostedRun
 from populace.sdk.llm import LLM
 from populace.sdk.play import OutcomeRows, OutcomeSink, RoundFailed, RoundPaused, RoundShare
 from populace.sdk.process import AgentRaised
+from populace.sdk.profile import VIEW_BUDGET_BYTES, Budget, RoundCost, decide_profile, sampled, size_of, wire_size
 from populace.sdk.registry import Resolved
 from populace.sdk.world import World, WorldError
 
@@ -57,9 +60,11 @@ class Decision:
     observation: dict
     selection: dict | None  # who acts next round (None: everyone)
     world: World | None = None  # the simulation's bulk state after the round (a World's)
+    profile: DecideProfile | None = None  # where deciding it went (table round_profile)
 
 
-def _size_check(sim_name: str, round_: int, what: str, value: Any) -> None:
+def _size_check(sim_name: str, round_: int, what: str, value: Any) -> int:
+    """The value's bytes as a round's messages carry it; DecideFailed past its limit."""
     size = len(json.dumps(value, separators=(",", ":")))
     if size > LIMITS[what]:
         hint = {"state": "keep aggregates in the State; bulk data belongs in a World (docs/worlds.md), "
@@ -70,16 +75,19 @@ def _size_check(sim_name: str, round_: int, what: str, value: Any) -> None:
                 "summary": "a summary holds a round's figures, not per-agent data"}[what]
         raise DecideFailed(f"simulation {sim_name!r}: its environment's {what} after round {round_} is {size:,} "
                            f"bytes as JSON, over the {LIMITS[what]:,} a round can carry ({hint})")
+    return size
 
 
 class RoundDecider:
     """Decides a run's rounds (pure: no I/O). One per run, wherever the run is decided."""
 
-    def __init__(self, resolved: Resolved, env: Env | None = None, run_id: str = "") -> None:
+    def __init__(self, resolved: Resolved, env: Env | None = None, run_id: str = "",
+                 budget_bytes: int = VIEW_BUDGET_BYTES) -> None:
         self.resolved = resolved
         self.env = env if env is not None else resolved.simulation.Env(resolved.instance(run_id))
         self.name = resolved.simulation.name
         self.agents = resolved.config.agents
+        self.budget = Budget(budget_bytes)  # the observation every agent sees: said once per run when over
 
     def selection(self, state: Any, round_: int) -> dict | None:
         sel = select.checked(self.env.select(state, round_), self.agents,
@@ -122,9 +130,12 @@ class RoundDecider:
         before left (None: the start) and, for a simulation with a World, the round's world."""
         env = self.env
         sim = type(env.sim)
+        clock = time.perf_counter
         try:
             state = env.start() if env_state is None else env.State.model_validate(env_state)
+            t0 = clock()
             total = env.merge(list(partials))
+            t1 = clock()
             if env.World is not None:
                 state, summary, world = env.decide(state, round_, total, world)
                 world = self._world(world, f"decide(…) after round {round_}")
@@ -134,6 +145,7 @@ class RoundDecider:
             summary = sim.Summary.model_validate(summary.model_dump()).model_dump(mode="json")
             selection = self.selection(state, round_ + 1)
             state = state.model_dump(mode="json")
+            t2 = clock()
         except DecideFailed:
             raise
         except WorldError as err:  # e.g. world.replace(cell=floats): the column and why are in its message
@@ -141,21 +153,27 @@ class RoundDecider:
         except Exception as err:
             raise DecideFailed(f"simulation {self.name!r}: its environment failed to decide round {round_}: "
                                f"{type(err).__name__}: {err}") from err
-        for what, value in (("state", state), ("observation", observation), ("selection", selection),
-                            ("summary", summary)):
-            _size_check(self.name, round_, what, value)
-        return Decision(state, summary, observation, selection, world)
+        sizes = {what: _size_check(self.name, round_, what, value)
+                 for what, value in (("state", state), ("observation", observation), ("selection", selection),
+                                     ("summary", summary))}
+        note = self.budget.over(f"{type(env).__name__}.observe", sizes["observation"],
+                                f"for round {round_ + 1} (every agent sees it)")
+        return Decision(state, summary, observation, selection, world,
+                        decide_profile(t1 - t0, t2 - t1, sizes["observation"], note))
 
 
 class ShareEngine:
     """Plays one share's part of each round (see the module's docstring)."""
 
-    def __init__(self, run: HostedRun) -> None:
+    def __init__(self, run: HostedRun, budget_bytes: int = VIEW_BUDGET_BYTES) -> None:
         self.run = run
         self._ids = np.fromiter((a.id for a in run.agents), dtype=np.int64, count=len(run.agents))
         self._profiles = [p.profile for p in run.sim.cast.personas] if run.sim.cast is not None else None
         cls = type(run.sim).Agent
         self._wakes = cls.wakes is not Agent.wakes
+        self.budget = Budget(budget_bytes)  # its views: said once per run when one is over
+        self.cost: RoundCost | None = None  # the round in play's
+        _time_folds(run.env, self)
 
     def selected(self, round_: int, selection: dict | None, obs: Any) -> list[int] | None:
         """Indices (into the share's agents) of those who act this round; None: all of them."""
@@ -177,9 +195,12 @@ class ShareEngine:
         names; observation None: the run's first round, derived here from the environment's
         start, as every share does)."""
         run = self.run
+        t0 = time.perf_counter()
+        cost = self.cost = RoundCost()
         if observation is None:
             opening = RoundDecider(run.resolved, run.env).opening()
             observation, selection, world = opening.observation, opening.selection, opening.world
+        cost.observation_bytes = wire_size(observation)
         obs = run.observation(round_, observation)
         record_posts = None
         room = run.mailroom
@@ -196,24 +217,72 @@ class ShareEngine:
         if run.env.World is not None and type(run.env).view is not Env.view:
             if world is None:
                 raise RoundFailed(f"round {round_}: the simulation has a World but the round names none")
-            view = self._viewer(world, round_)
+            view = self._viewer(world, round_, cost)
         selected = self.selected(round_, selection, obs)
         run.acted(selected)  # before they play: a round cut short may have changed some of them
-        await run.player.play(obs, llm, sink, selected, view=view)
-        return sink.close()
+        try:
+            await run.player.play(obs, llm, sink, selected, view=view, cost=cost)
+            share = sink.close()
+        finally:
+            self.cost = None
+        cost.agents = share.n
+        cost.model_wait_s = getattr(llm, "model_wait_s", 0.0)  # the ports that count it (the fleet's, the dummy's)
+        cost.wall_s = time.perf_counter() - t0
+        share.cost = cost
+        return share
 
-    def _viewer(self, world: World, round_: int) -> Callable[[int], Any]:
-        """agent id -> its own observation (the environment's view), made on this host."""
+    def _viewer(self, world: World, round_: int, cost: RoundCost) -> Callable[[int], Any]:
+        """agent id -> its own observation (the environment's view), made on this host: timed
+        whole, its bytes measured on a sample (said once per run when over the budget)."""
         env = self.run.env
+        clock = time.perf_counter
+        hook = f"{type(env).__name__}.view"
 
         def view(agent_id: int) -> Any:
+            i = cost.views
+            cost.views = i + 1
+            t = clock()
             try:
-                return env.view(world, round_, agent_id)
+                seen = env.view(world, round_, agent_id)
             except Exception as err:  # the simulation's view: the round cannot go on; a fix resumes it
                 raise RoundPaused(f"simulation {type(env.sim).name!r}: {type(env).__name__}.view raised in round "
                                   f"{round_} for agent {agent_id}: {type(err).__name__}: {err}") from err
+            finally:
+                cost.view_s += clock() - t
+            if sampled(i):
+                size = size_of(seen)
+                if size is not None:
+                    cost.views_sized += 1
+                    cost.view_bytes_sized += size
+                    cost.view_max_bytes = max(cost.view_max_bytes, size)
+                    note = self.budget.over(hook, size, f"for agent {agent_id} in round {round_}")
+                    if note is not None:
+                        cost.note = note
+            return seen
 
         return view
+
+
+def _time_folds(env: Env, engine: ShareEngine) -> None:
+    """The share's env reduces each outcome batch and merges them (OutcomeSink): their seconds
+    go to the round in play's `merge_s`. Its own methods, wrapped on the instance (its class, and
+    so every message naming it, stays the simulation's); outside a round (a local run decides
+    with the same env) they are not counted."""
+    clock = time.perf_counter
+    for name in ("reduce", "merge"):
+        method = getattr(env, name)
+
+        def timed(*args: Any, _method: Callable = method) -> Any:
+            cost = engine.cost
+            if cost is None:
+                return _method(*args)
+            t = clock()
+            try:
+                return _method(*args)
+            finally:
+                cost.merge_s += clock() - t
+
+        setattr(env, name, timed)
 
 
 def _record_edits(book: EdgeBook, round_: int, name: str, ids: list[int], outs: list) -> dict[str, list] | None:

@@ -20,8 +20,10 @@ from populace.sdk.env import Env
 from populace.sdk.mailroom import Mailroom
 from populace.sdk.play import RoundPlayer
 from populace.sdk.process import ProcessAgent
+from populace.sdk.profile import VIEW_BUDGET_BYTES
 from populace.sdk.registry import Resolved
 from populace.sdk.simulation import Observation, Simulation
+from populace.sdk.slicing import SLICE_S
 
 if TYPE_CHECKING:
     from populace.sdk.engine import ShareEngine
@@ -138,10 +140,12 @@ class HostedRun:
 
 def host_run(resolved: Resolved, run_id: str, ranges: list[tuple[int, int]], cast: Cast | None = None, *,
              one_per_process: bool = False, max_in_flight: int = 1_000_000, freeze: bool = True,
-             scene_idle_s: float = 60.0,
-             epoch: int = 0, graph: Graph | None = None) -> HostedRun:
+             scene_idle_s: float = 60.0, epoch: int = 0, graph: Graph | None = None, slice_s: float = SLICE_S,
+             view_budget_bytes: int = VIEW_BUDGET_BYTES) -> HostedRun:
     """Create this process's agents for a run (persona i is agent i's, by reference). A run
-    with a `graph:` needs its graph (over the run's agent ids)."""
+    with a `graph:` needs its graph (over the run's agent ids). `slice_s`: the most its code holds
+    the event loop at a time (populace.sdk.slicing); `view_budget_bytes`: a view larger is said
+    once per run (populace.sdk.profile)."""
     c = resolved.config
     if c.graph is not None and graph is None:
         raise ValueError(f"run {run_id}: its scenario has a graph, but no graph was given to host it")
@@ -162,9 +166,10 @@ def host_run(resolved: Resolved, run_id: str, ranges: list[tuple[int, int]], cas
         agents = [ProcessAgent(a) for a in agents]
     room = Mailroom(graph, type(sim).Post, ranges, c.broadcasts, sim.edges) if graph is not None else None
     run = HostedRun(run_id, resolved, sim, type(sim).Env(sim), agents,
-                    RoundPlayer(sim, agents, max_in_flight=max_in_flight, scene_idle_s=scene_idle_s),
+                    RoundPlayer(sim, agents, max_in_flight=max_in_flight, scene_idle_s=scene_idle_s, slice_s=slice_s),
                     ranges=list(ranges), epoch=epoch,
                     mailroom=room, models=assignment(c, cast))
+    run.engine.budget.limit = view_budget_bytes
     if freeze:
         # Agents live for the whole run: move them out of the cyclic GC's generations so
         # each collection during a round does not walk a million long-lived objects.

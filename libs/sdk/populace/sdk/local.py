@@ -26,6 +26,7 @@ from populace.sdk.hosting import HostedRun, host_run
 from populace.sdk.llm import LLM
 from populace.sdk.mock import DummyLLM
 from populace.sdk.play import OutcomeRows, RoundPlayer, RoundShare
+from populace.sdk.profile import PROFILE_KEYS, RoundCost, budget_bytes
 from populace.sdk.registry import Resolved, resolve
 
 LLMFactory = Callable[[HostedRun, int], LLM]  # (the host's share, round) -> the port for that round
@@ -44,6 +45,9 @@ class LocalResult:
     acts: dict[str, list] = field(default_factory=dict)  # scenes: table `tables.acts`
     transcripts: dict[str, list] = field(default_factory=dict)  # scenes: table `transcripts`
     edges: dict[str, list] = field(default_factory=dict)  # graphs that change: table `edges`
+    # where each round went (table `round_profile`): the process's row (role 'host') and the
+    # environment's; the recorder adds its own when the run is recorded
+    profile: dict[str, list] = field(default_factory=dict)
     status: str = "completed"
     interviews: dict[str, list] = field(default_factory=dict)  # the scenario's `interviews:`: table `interviews`
     interview_calls: int = 0  # the interviews' LLM calls (the rounds' are in `rounds.llm_calls`)
@@ -86,19 +90,23 @@ def local_graph(config: RunConfig, cast: Cast | None) -> Graph:
 async def run_local(config: RunConfig | Resolved, *, run_id: str = "local", cast: Cast | None = None,
                     hosts: int = 1, llm: LLMFactory = dummy_llm, one_per_process: bool = False,
                     on_round: Callable[[int, dict], None] | None = None, graph: Graph | None = None,
-                    keep_states: bool = True) -> LocalResult:
+                    keep_states: bool = True, view_budget_bytes: int | None = None) -> LocalResult:
     """`graph`: the run's graph (a run with a `graph:`; default: built from the section).
     `keep_states`: keep each round's agents' state (as checkpoints do on the fleet) for
-    post-hoc interviews (`interview_local`)."""
+    post-hoc interviews (`interview_local`). `view_budget_bytes`: a view or observation larger
+    is said once (default: POPULACE_VIEW_BUDGET_BYTES, else 64 KiB)."""
+    budget = budget_bytes() if view_budget_bytes is None else view_budget_bytes
     resolved = config if isinstance(config, Resolved) else resolve(config)
     c = resolved.config
     tables = resolved.tables()
     if c.graph is not None and graph is None:
         graph = local_graph(c, cast)
     whole = _shares(resolved, hosts)
-    runs = [host_run(resolved, run_id, ranges, cast, one_per_process=one_per_process, freeze=False, graph=graph)
-            for ranges in whole]
-    decider = RoundDecider(resolved, runs[0].env)
+    runs = [host_run(resolved, run_id, ranges, cast, one_per_process=one_per_process, freeze=False, graph=graph,
+                     view_budget_bytes=budget) for ranges in whole]
+    for run in runs[1:]:  # one process: a view over its budget is said once, whichever share made it
+        run.engine.budget = runs[0].engine.budget
+    decider = RoundDecider(resolved, runs[0].env, budget_bytes=budget)
     state: dict | None = None  # the environment's, as the fleet carries it between rounds
     observation: dict | None = None
     selection: dict | None = None
@@ -119,6 +127,7 @@ async def run_local(config: RunConfig | Resolved, *, run_id: str = "local", cast
             if n == 1 and decider.env.World is not None:
                 world = decider.opening().world
             decision = decider.decide(n, state, [s.partial for s in shares if s.partial is not None], world)
+            _profile_rows(out.profile, run_id, n, [s.cost for s in shares if s.cost is not None], decision)
             state, observation, selection, world = (decision.state, decision.observation, decision.selection,
                                                     decision.world)
             # the platform's round columns, as the recorder writes them (no tokens: no model runs here)
@@ -209,6 +218,27 @@ async def interview_local(result: LocalResult, after_round: int, survey: intervi
     result.interview_calls += await _interview(out, [(share, result.states[after_round])], after_round, survey, llm,
                                                sample, agents)
     return out.interviews or {k: [] for k in interview.TABLE_KEYS}
+
+
+def _profile_rows(table: dict[str, list], run_id: str, round_: int, costs: list[RoundCost], decision) -> None:
+    """The round's rows of `round_profile`: this process's (its shares summed: one process is one
+    host) and the environment's."""
+    host = {"role": "host", "host_id": "local", "agents": sum(c.agents for c in costs),
+            "wall_s": sum(c.wall_s for c in costs), "view_s": sum(c.view_s for c in costs),
+            "turn_s": sum(c.turn_s for c in costs), "merge_s": sum(c.merge_s for c in costs),
+            "model_wait_s": sum(c.model_wait_s for c in costs), "view_bytes": sum(c.view_bytes for c in costs),
+            "view_max_bytes": max((c.view_max_bytes for c in costs), default=0),
+            "observation_bytes": max((c.observation_bytes for c in costs), default=0),
+            "held": sum(c.held for c in costs), "note": next((c.note for c in costs if c.note), None)}
+    d = decision.profile
+    env = {"role": "environment", "host_id": "environment", "merge_s": d.merge_s, "decide_s": d.decide_s,
+           "observation_bytes": d.observation_bytes, "note": d.note} if d is not None else None
+    for row in (host, env):
+        if row is None:
+            continue
+        full = {"run_id": run_id, "round": round_, "epoch": 0, **row}
+        for key in PROFILE_KEYS:
+            table.setdefault(key, []).append(full.get(key))
 
 
 def _sorted(columns: dict[str, list], by: tuple[str, ...]) -> dict[str, list]:

@@ -39,10 +39,13 @@ from populace.sdk.groups import Group, GroupLayout
 from populace.sdk.llm import LLM, TURNS, InferError, ModelUnavailable
 from populace.sdk.outcome import Outcome, columns_adapter
 from populace.sdk.process import AgentRaised
+from populace.sdk.profile import RoundCost, Timed, sampled
 from populace.sdk.scene import PLAYING, ActRecord, LineRecord, Member, Scene, SceneError
 from populace.sdk.simulation import Observation, Simulation
+from populace.sdk.slicing import SLICE_S, slicer_for
 
-# Yield to the event loop every this many task launches so batches leave while agents start.
+# Yield to the event loop every this many task launches (at most: fewer when the simulation's
+# code is slow, populace.sdk.slicing) so batches leave while agents start.
 LAUNCH_SLICE = 2000
 # A batch also leaves once its groups' text (acts, lines, answers) passes this, between two
 # groups, so that with its other columns a message stays well under NATS' 1 MB max_payload.
@@ -100,6 +103,7 @@ class RoundShare:
     partial: Partial | None  # None when the share had no agents
     batches: int = 0
     n_simulation_errors: int = 0  # invalid rows the simulation's own code caused ('agent: …')
+    cost: RoundCost | None = None  # where the share's round went (populace.sdk.profile)
 
 
 # (agent ids, outcomes, errors, valid) of a batch -> its post columns (populace.sdk.mailroom):
@@ -338,10 +342,13 @@ class RoundPlayer:
     """Plays rounds for one run's agents on one process."""
 
     def __init__(self, sim: Simulation, agents: Sequence[Agent], *, max_in_flight: int = 1_000_000,
-                 scene_idle_s: float = 60.0) -> None:
+                 scene_idle_s: float = 60.0, slice_s: float = SLICE_S) -> None:
         self.sim = sim
         self.agents = agents
         self.max_in_flight = max_in_flight
+        # the most the simulation's code holds the loop before heartbeats and messages go first
+        self.slice_s = slice_s
+        self.cost = RoundCost()  # the round in play's (a share's engine hands each round its own)
         # a scene that for this long waits on neither an act nor a model call is stuck: it fails
         self.scene_idle_s = scene_idle_s
         self._scenes: dict[int, Scene] = {}  # the scenes playing now, by group
@@ -380,10 +387,12 @@ class RoundPlayer:
         return self.layout.groups(round_, ids)
 
     async def play(self, obs: Observation, llm: LLM, sink: OutcomeSink, selected: Sequence[int] | None = None,
-                   view: Callable[[int], Any] | None = None) -> None:
+                   view: Callable[[int], Any] | None = None, cost: RoundCost | None = None) -> None:
         """Play round `obs.round` for the agents at `selected` (indices into `agents`; None: all);
-        `view`: agent id -> its own observation (the environment's view), else everyone sees `obs`."""
+        `view`: agent id -> its own observation (the environment's view), else everyone sees `obs`;
+        `cost`: where the round's time goes is added to it."""
         self._failure = None
+        self.cost = cost if cost is not None else RoundCost()
         if self.layout is None:
             units: Sequence = self.agents if selected is None else [self.agents[i] for i in selected]
             await self._run(units, self._turn_task(obs, llm, sink.add, view), llm, turns=True)
@@ -438,17 +447,28 @@ class RoundPlayer:
             state["left"] -= 1
             if state["left"] == 0:
                 finished.set_result(None)
-            else:
-                launch()
+            elif not launching:
+                launch()  # the launcher is done: one starts as one finishes (at most max_in_flight)
 
-        for k in range(min(self.max_in_flight, total)):
-            launch()
-            if k % LAUNCH_SLICE == LAUNCH_SLICE - 1:
-                await asyncio.sleep(0)
-        flush = getattr(llm, "flush", None)
-        if flush is not None:
-            flush()  # send what is queued now rather than after the flush timer
+        slicer = slicer_for(loop, self.slice_s)
+        held = slicer.held
+        launching = True
         try:
+            # done early: cancelled, or stopped (no model, the simulation failed)
+            while not finished.done() and state["next"] < total:
+                free = self.max_in_flight - len(running)
+                if free <= 0:
+                    break  # the rest start as turns finish (on_done)
+                # as many as a slice of the loop holds at what the simulation's code costs: thousands
+                # of cheap turns per turn of the loop, a few slow ones
+                for _ in range(slicer.room(min(LAUNCH_SLICE, free, total - state["next"]))):
+                    launch()
+                if state["next"] < total:
+                    await asyncio.sleep(0)
+            launching = False
+            flush = getattr(llm, "flush", None)
+            if flush is not None:
+                flush()  # send what is queued now rather than after the flush timer
             await finished
         except asyncio.CancelledError:
             # the run was cancelled (or replaced): its agents' turns stop with it
@@ -457,6 +477,8 @@ class RoundPlayer:
                 task.cancel()
                 TURNS.pop(task, None)
             raise
+        finally:
+            self.cost.held += slicer.held - held
         if self._failure is not None:
             for task in list(running):
                 task.cancel()
@@ -471,13 +493,23 @@ class RoundPlayer:
 
     def _turn_task(self, obs: Observation, llm: LLM, deliver: Callable[[int, Outcome, float, str | None], None],
                    view: Callable[[int], Any] | None = None):
-        now = asyncio.get_running_loop().time
+        loop = asyncio.get_running_loop()
+        now = loop.time
         cls = self.outcome_cls
         failed = self.failed_outcome
+        gate = slicer_for(loop, self.slice_s).enter
+        cost = self.cost
+        count = 0
 
         async def play(agent: Agent) -> None:
+            nonlocal count
+            wait = gate()  # the simulation's code starts here: after the loop turned, if it held it a slice
+            if wait is not None:
+                await wait
             started = now()
             error = None
+            i = count
+            count = cost.turns = i + 1
             try:
                 seen = obs
                 if view is not None:
@@ -486,7 +518,7 @@ class RoundPlayer:
                     except RoundFailed as err:  # the simulation's view, not this agent: stop the round
                         self._stop(err)
                         return
-                out = await agent.turn(seen, llm)
+                out = await (Timed(agent.turn(seen, llm), cost) if sampled(i) else agent.turn(seen, llm))
                 if out.__class__ is not cls and not isinstance(out, cls):
                     raise TypeError(f"turn returned {type(out).__name__}, not {cls.__name__}")
             except InferError as err:
@@ -518,15 +550,24 @@ class RoundPlayer:
         sim = self.sim
         env = self.group_envs[0]
         act_cls = type(sim).Act
+        gate = slicer_for(asyncio.get_running_loop(), self.slice_s).enter
+        cost = self.cost
+        count = 0
 
         async def play(group: Group) -> None:
-            scene = Scene(round_, group.id, sim, llm, act_cls, self.failed_act)
+            nonlocal count
+            wait = gate()
+            if wait is not None:
+                await wait
+            i = count
+            count = cost.turns = i + 1
+            scene = Scene(round_, group.id, sim, llm, act_cls, self.failed_act, gate=gate)
             scene.members = tuple(Member(self.agents[self.index[m]], scene) for m in group.members)
             scene.last_active = scene._clock()
             self._scenes[group.id] = scene
             PLAYING.set(scene)  # this task's own context: what its acts are checked against
             try:
-                news = await env.scene(scene)
+                news = await (Timed(env.scene(scene), cost) if sampled(i) else env.scene(scene))
                 if scene.broken is not None:  # a rule broken, even if the scene caught the error
                     raise SceneError(scene.broken)
                 missing = [m.id for m in scene.members if m.id not in scene.outcomes]
@@ -577,17 +618,22 @@ class RoundPlayer:
         # group -> its scene's acts and lines, until the group goes to the sink (nested: with its outer level)
         scenes: dict[int, tuple[list[ActRecord], list[LineRecord]]] = {}
 
+        cost = self.cost
+
         def settle(level: int, gid: int, members: list) -> None:
             members.sort(key=lambda m: m[0].id)
             news: Any = None
             if self._failure is None:
                 env = envs[level]
+                t = time.perf_counter()
                 try:
                     news = env.settle(round_, gid, [m[0].id for m in members], [m[1] for m in members])
                 except Exception as err:
                     self._stop(RoundFailed(f"{type(env).__name__}.settle raised in round {round_} "
                                            f"({'group' if level == 0 else type(env).level} {gid}): "
                                            f"{type(err).__name__}: {err}"))
+                finally:
+                    cost.merge_s += time.perf_counter() - t
             hear(members, news)
 
         def hear(members: list, news: Any) -> list:

@@ -99,12 +99,12 @@ class Scene:
     """One group's round (see the module's docstring). One per group per round, so a small
     object: the platform's bookkeeping lives in slots, created empty."""
 
-    __slots__ = ("_act_cls", "_clock", "_failed_act", "_llm", "_seq", "acts", "broken", "group", "in_flight",
-                 "last_active", "members", "outcomes", "round", "sim", "transcript")
+    __slots__ = ("_act_cls", "_clock", "_failed_act", "_gate", "_llm", "_seq", "acts", "broken", "group",
+                 "in_flight", "last_active", "members", "outcomes", "round", "sim", "transcript")
 
     def __init__(self, round: int, group: int, sim: Any, llm: LLM, act_cls: type,
                  failed_act: Callable[[BaseException], tuple[Outcome, str]],
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter, gate: Callable[[], Any] | None = None) -> None:
         self.round = round
         self.group = group
         self.sim = sim
@@ -112,6 +112,8 @@ class Scene:
         self._act_cls = act_cls
         self._failed_act = failed_act
         self._clock = clock
+        # before each act (the member's code): the loop's slicer (populace.sdk.slicing), or None
+        self._gate = gate
         self.members: tuple[Member, ...] = ()
         self.transcript: list[LineRecord] = []
         self.acts: list[ActRecord] = []
@@ -188,7 +190,10 @@ class Scene:
             raise self._break(f"an act's phase is a string, not {type(phase).__name__}")
         seq = self._next()
         member._busy = True
-        self.in_flight += 1
+        self.in_flight += 1  # waiting for the loop to turn is not a stuck scene
+        wait = self._gate() if self._gate is not None else None
+        if wait is not None:
+            await wait
         started = self._clock()
         error = None
         caller = CALLER.set(member.id)  # the act's calls are the member's own

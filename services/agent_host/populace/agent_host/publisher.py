@@ -158,7 +158,8 @@ class OutcomePublisher:
         partial = RoundPartial(run_id=self.run_id, round=self.round, host_id=self.host_id, n=share.n,
                                n_valid=share.n_valid, payload=payload, epoch=self.epoch, usage=usage or Usage(),
                                checkpoints=checkpoints or {}, interviews=interviews or Usage(),
-                               n_simulation_errors=share.n_simulation_errors)
+                               n_simulation_errors=share.n_simulation_errors,
+                               profile=share.cost.wire() if share.cost is not None else None)
         await bus.publish_js(self._js, subjects.run_partial(self.run_id, self.round, self.host_id, self.epoch),
                              partial, msg_id=subjects.msg_id(self.run_id, self.round, self.host_id, "partial",
                                                              self.epoch))

@@ -51,6 +51,7 @@ class HostRuntime:
         # run id -> share epoch -> its agents: a host can hold two shares of one run (its own,
         # and a lost host's agents placed on it in a later epoch)
         self.runs: dict[str, dict[int, HostedRun]] = {}
+        self.held = 0  # agent_count as of the last spawn or drop: what the heartbeat's thread reads
         self._rounds: dict[tuple[str, int], set[asyncio.Task]] = {}  # by share: cancelled with it
         self._report_fault = report_fault
         self.mail = MailCarrier(nc, js, settings)
@@ -82,9 +83,11 @@ class HostRuntime:
         one_per_process = resolved.config.placement.agents_per_process == 1 or self.settings.one_agent_per_process
         run = host_run(resolved, batch.run_id, batch.ranges, cast, one_per_process=one_per_process,
                        max_in_flight=self.settings.max_in_flight, epoch=batch.epoch, graph=graph,
-                       scene_idle_s=self.settings.scene_idle_s)
+                       scene_idle_s=self.settings.scene_idle_s, slice_s=self.settings.loop_slice_ms / 1000,
+                       view_budget_bytes=self.settings.view_budget_bytes)
         self.runs.setdefault(batch.run_id, {})[batch.epoch] = run
-        metrics.AGENTS.set(self.agent_count)
+        self.held = self.agent_count
+        metrics.AGENTS.set(self.held)
         return run
 
     async def restore(self, run: HostedRun, batch: SpawnBatch) -> None:
@@ -122,7 +125,8 @@ class HostRuntime:
             self.runs.pop(run_id, None)
             self._worlds.pop(run_id, None)
         gc.unfreeze()  # let the share's agents be collected
-        metrics.AGENTS.set(self.agent_count)
+        self.held = self.agent_count
+        metrics.AGENTS.set(self.held)
         if run:
             run.stop()
             del run

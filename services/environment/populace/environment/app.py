@@ -9,6 +9,7 @@ Run with `populace service environment` or
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections import OrderedDict
 
@@ -91,7 +92,8 @@ class Environment:
             await self.fault(opened.run_id, opened.round, f"the environment service cannot load the run's "
                                                           f"simulation: {detail}", opened.epoch)
             return None
-        tally = self.runs[opened.run_id] = RunTally(opened.run_id, resolved, env)
+        tally = self.runs[opened.run_id] = RunTally(opened.run_id, resolved, env,
+                                                    budget_bytes=self.svc.settings.view_budget_bytes)
         while len(self.runs) > MAX_RUNS:
             runconfigs.CACHE.forget(self.runs.popitem(last=False)[0])
         return tally
@@ -112,9 +114,10 @@ class Environment:
         tally = await self.tally_for(opened)
         if tally is None:
             return
-        if not await self.load_world(tally, opened):
-            return
-        await self.settle(tally, lambda: tally.open(opened), opened.round)
+        async with tally.steps:  # not while the run's last round is being decided
+            if not await self.load_world(tally, opened):
+                return
+            await self.settle(tally, lambda: tally.open(opened), opened.round)
         await self.drain_refused(tally)
         for partial, raw in self.early.pop(opened.run_id, []):
             await self.count(tally, partial, raw)
@@ -204,7 +207,8 @@ class Environment:
     async def count(self, tally: RunTally, partial: RoundPartial, msg: NatsMessage | None,
                     reject: bool = False) -> None:
         try:
-            await self.settle(tally, lambda: tally.add(partial, msg), partial.round)
+            async with tally.steps:
+                await self.settle(tally, lambda: tally.add(partial, msg), partial.round)
         except BadPartial as err:
             if msg is None:  # read again from the stream: dead-lettered when it first came
                 self.svc.log.warning("bad_partial_skipped", run_id=partial.run_id, error=str(err))
@@ -248,8 +252,11 @@ class Environment:
             self.svc.log.info("rounds_rebuilt", rounds=rebuilt)
 
     async def settle(self, tally: RunTally, step, round_: int) -> None:
+        """One step of a run's tally (held by `tally.steps`), in a worker thread: a decision runs the
+        simulation's merge and decide, which may take seconds, while this loop goes on (the
+        service's heartbeat, other runs' partials, keeping its messages in progress)."""
         try:
-            result = step()
+            result = await asyncio.to_thread(step)
         except EnvironmentFailed as err:
             self.runs.pop(tally.run_id, None)
             await self.fault(tally.run_id, round_, str(err), tally.epoch, cause=err.__cause__)

@@ -18,6 +18,7 @@ it is recovery at work, not an attack.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import time
@@ -30,6 +31,7 @@ from populace.core.contracts import RoundOpen, RoundPartial, RoundResult, Usage,
 from populace.sdk.agent import Agent
 from populace.sdk.engine import DecideFailed, RoundDecider
 from populace.sdk.env import Env, Partial
+from populace.sdk.profile import VIEW_BUDGET_BYTES
 from populace.sdk.registry import Resolved
 from populace.sdk.world import World
 
@@ -76,6 +78,9 @@ class RunTally:
     world_ref: WorldRef | None = None
     # round -> (the result's world reference, its bytes): stored by the service before the result
     worlds_out: dict[int, tuple[WorldRef, bytes]] = field(default_factory=dict)
+    budget_bytes: int = VIEW_BUDGET_BYTES  # the observation every agent sees: said once per run when over
+    # the service runs a run's steps (open, add: a decision) in a worker thread, one at a time
+    steps: asyncio.Lock = field(default_factory=asyncio.Lock, compare=False, repr=False)
 
     def needs_world(self, opened: RoundOpen) -> WorldRef | None:
         """The world reference the service must load before `opened` can be decided (None: the
@@ -122,7 +127,7 @@ class RunTally:
 
     @functools.cached_property
     def decider(self) -> RoundDecider:
-        return RoundDecider(self.resolved, self.env, self.run_id)
+        return RoundDecider(self.resolved, self.env, self.run_id, budget_bytes=self.budget_bytes)
 
     def everyone_acts(self, opened: RoundOpen) -> bool:
         """Whether every agent acts in the announced round (else a share counts those it selected)."""
@@ -206,4 +211,5 @@ class RunTally:
             usage=sum((p.usage for p, _ in parts), Usage()),
             interviews=sum((p.interviews for p, _ in parts), Usage()),
             n_simulation_errors=sum(p.n_simulation_errors for p, _ in parts),
+            profile=decision.profile,
         )

@@ -210,7 +210,10 @@ class Orchestrator:
             return new, actions
         since = max(time.monotonic() - (time.time() - state.phase_at), self.progress_at.get(state.run_id, 0.0))
         deadline = workflow.stall_deadline(state.config, s.infer_timeout_s, s.infer_attempts, s.round_stall_s)
-        return workflow.on_stalled(state, time.monotonic() - since, deadline)
+        stalled = time.monotonic() - since
+        placed = {sh.host_id for sh in state.shares}
+        busy = {h.host_id: h.loop_busy_s for h in hosts if h.host_id in placed and h.loop_busy_s >= deadline / 2}
+        return workflow.on_stalled(state, stalled, deadline, busy)
 
     def unit_of(self, state: RunState) -> int:
         """A simulation's group size (its groups stay whole on one host); 1 without groups."""

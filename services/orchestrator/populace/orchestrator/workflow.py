@@ -390,9 +390,12 @@ def on_hosts_lost(state: RunState, hosts: list[HostInfo], live: set[str], silent
     return replaced, [SpawnShares(tuple(sh.key for sh in new))]
 
 
-def on_stalled(state: RunState, stalled_s: float, deadline_s: float) -> tuple[RunState, list[Action]]:
+def on_stalled(state: RunState, stalled_s: float, deadline_s: float,
+               busy: dict[str, float] | None = None) -> tuple[RunState, list[Action]]:
     """No progress for `stalled_s`: past the deadline, announce the round (or the spawn) once
-    more — a host that missed it plays it, one that played it ignores it — then pause."""
+    more — a host that missed it plays it, one that played it ignores it — then pause. `busy`:
+    the run's hosts whose event loop has not turned for that long (their heartbeats say so): the
+    pause names them, for the simulation's code is holding them."""
     if state.status not in ACTIVE or stalled_s < deadline_s:
         return state, []
     if state.nudged == 0:
@@ -401,9 +404,13 @@ def on_stalled(state: RunState, stalled_s: float, deadline_s: float) -> tuple[Ru
             return nudged, [OpenRound(state.round, state.config.agents, again=True)]
         return nudged, [SpawnShares(tuple(sh.key for sh in state.shares if sh.key not in state.spawned))]
     what = f"round {state.round}" if state.status == "running" else "spawning"
-    return on_pause(state, f"{what} made no progress for {deadline_s:g}s (announced again once): a service is "
-                           f"down or stuck; `populace resume {state.run_id}` continues from round "
-                           f"{completed(state)}")
+    held = sorted((busy or {}).items())
+    why = ("a service is down or stuck" if not held else
+           "the simulation's code holds the event loop of " + ", ".join(f"agent-host {h} ({s:.0f}s without a turn)"
+                                                                       for h, s in held)
+           + " (a view, turn, settle or scene that does not return; fix it first)")
+    return on_pause(state, f"{what} made no progress for {deadline_s:g}s (announced again once): {why}; "
+                           f"`populace resume {state.run_id}` continues from round {completed(state)}")
 
 
 def stall_deadline(config: RunConfig, infer_timeout_s: float, infer_attempts: int,

@@ -18,15 +18,18 @@ from populace.core.contracts import (
     PLATFORM_SUMMARY_COLUMNS,
     ActColumns,
     ConfigRef,
+    DecideProfile,
     EdgeColumns,
     InterviewBatch,
     LineColumns,
     OutcomeBatch,
     PostColumns,
+    RoundPartial,
     RoundResult,
     RunConfig,
     RunDone,
     RunStarted,
+    ShareProfile,
     SimulationTables,
     SpawnBatch,
     Usage,
@@ -130,17 +133,36 @@ def _interview_batches(run_id: str, config: RunConfig, rows: dict[str, list],
     return out
 
 
+def _profiles(run_id: str, profile: dict[str, list] | None) -> tuple[list[Event], dict[int, DecideProfile]]:
+    """run_local's `round_profile` rows as the recorder gets them on the fleet: the process's in a
+    partial of its share per round, the environment's with the round's result (by round)."""
+    partials: list[Event] = []
+    decided: dict[int, DecideProfile] = {}
+    rows = [dict(zip(profile, r)) for r in zip(*profile.values())] if profile else []
+    for row in rows:
+        if row["role"] == "host":
+            p = ShareProfile(**{k: row[k] for k in ShareProfile.model_fields if k != "v" and row.get(k) is not None})
+            partials.append(Event(f"local.{run_id}.{row['round']}.partial", "partial", RoundPartial(
+                run_id=run_id, round=row["round"], host_id=LOCAL_HOST, n=p.agents, n_valid=0, payload={}, profile=p)))
+        elif row["role"] == "environment":
+            decided[row["round"]] = DecideProfile(**{k: row[k] for k in DecideProfile.model_fields
+                                                     if k != "v" and row.get(k) is not None})
+    return partials, decided
+
+
 def record_local(db: str | Path, *, run_id: str, config: RunConfig, tables: SimulationTables,
                  outcomes: dict[str, list], rounds: dict[str, list], posts: dict[str, list] | None = None,
                  acts: dict[str, list] | None = None, transcripts: dict[str, list] | None = None,
                  edges: dict[str, list] | None = None, status: str = "completed", reason: str | None = None,
                  started_at: float | None = None, manifest: dict | None = None, personas: bytes | None = None,
                  interviews: dict[str, list] | None = None, interview_calls: dict[tuple[int, str], int] | None = None,
-                 ) -> int:
+                 profile: dict[str, list] | None = None) -> int:
     """Write a local run (run_local's columnar `outcomes`, `rounds`, `posts`, and its scenes'
     `acts` and `transcripts`, its `edges`, and the answers to its planned `interviews` with
-    their LLM calls by (after round, survey)) to `db`;
-    returns the outcomes recorded. A failed run keeps the rounds it closed."""
+    their LLM calls by (after round, survey), and where its rounds went (`profile`: run_local's
+    `round_profile` rows)) to `db`; returns the outcomes recorded. A failed run keeps the rounds
+    it closed."""
+    partials, decided = _profiles(run_id, profile)
     now = time.time()
     started_at = started_at or now
     ranges = [(0, config.agents)]
@@ -166,7 +188,9 @@ def record_local(db: str | Path, *, run_id: str, config: RunConfig, tables: Simu
         events.append(Event(f"local.{run_id}.{r}.result", "round.result", RoundResult(
             run_id=run_id, round=r, n=row["n"], n_valid=row["n_valid"], summary={k: row.get(k) for k in summary_names},
             observation={}, state={}, closed_at=row.get("closed_at") or now, shares=[f"{LOCAL_HOST}@0"],
-            usage=Usage(**{k: row.get(k) or 0 for k in Usage.RECORDED}), n_simulation_errors=errors.get(r, 0))))
+            usage=Usage(**{k: row.get(k) or 0 for k in Usage.RECORDED}), n_simulation_errors=errors.get(r, 0),
+            profile=decided.get(r))))
+    events += partials
     events += [Event(f"local.{run_id}.interviews.{b.after_round}.{b.survey.id}.{b.seq}", "interviews", b)
                for b in _interview_batches(run_id, config, interviews or {}, interview_calls or {})]
     events.append(Event(f"local.{run_id}.done", "done", RunDone(

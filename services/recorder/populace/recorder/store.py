@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import json
 import threading
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -29,6 +30,7 @@ from populace.core.contracts import (
     InterviewPlaced,
     LlmCallBatch,
     OutcomeBatch,
+    RoundPartial,
     RoundResult,
     RunConfig,
     RunDone,
@@ -89,6 +91,13 @@ ALTER TABLE llm_calls ADD COLUMN IF NOT EXISTS dollars DOUBLE;
 CREATE TABLE IF NOT EXISTS agent_models (run_id VARCHAR, agent_id BIGINT, model VARCHAR);
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS simulation VARCHAR;
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS tables_json JSON;
+-- where each round went: a row per share (role 'host': its views, turns, settles and folds, its
+-- model wait, its views' bytes), the environment's (merge, decide) and the recorder's (record)
+CREATE TABLE IF NOT EXISTS round_profile (
+    run_id VARCHAR, round INTEGER, role VARCHAR, host_id VARCHAR, epoch INTEGER, agents BIGINT, wall_s DOUBLE,
+    view_s DOUBLE, turn_s DOUBLE, merge_s DOUBLE, model_wait_s DOUBLE, decide_s DOUBLE, record_s DOUBLE,
+    view_bytes BIGINT, view_max_bytes BIGINT, observation_bytes BIGINT, held BIGINT, note VARCHAR
+);
 CREATE TABLE IF NOT EXISTS _resumes (run_id VARCHAR, epoch INTEGER, after_round INTEGER, resumed_at TIMESTAMP);
 CREATE TABLE IF NOT EXISTS _shares (run_id VARCHAR, share VARCHAR, ranges JSON, from_round INTEGER,
                                     replaced_from INTEGER);
@@ -428,6 +437,7 @@ class Store:
             raise
 
     def _ingest(self, events: list[Event]) -> IngestResult:
+        t0 = time.perf_counter()
         out = IngestResult()
         events = [e for e in events if e.model is not None]
         if not events:
@@ -503,17 +513,28 @@ class Store:
                 elif isinstance(m, RoundResult):
                     if all(self.counts(m.run_id, m.round, *_share(k)) for k in m.shares):
                         self._insert_round(m)  # decided from live shares only (again, after a re-placement)
+                        if m.profile is not None:
+                            self._insert_profile(m)
+                elif isinstance(m, RoundPartial):
+                    # a share's round profile; a partial of a share not placed (or replaced) counts
+                    # nowhere (the environment dead-letters a forged one)
+                    if m.profile is not None and self.shape_of(m.run_id) is not None \
+                            and self.counts(m.run_id, m.round, m.host_id, m.epoch):
+                        self._insert_profile(m)
                 elif isinstance(m, RunDone):
                     con.execute(
                         "UPDATE runs SET finished_at = ?, status = ?, reason = ? WHERE run_id = ?",
                         [ts(m.finished_at), m.status, m.reason, m.run_id],
                     )
                     out.finished.append(m)
+            stored: list[OutcomeBatch] = []
             for run_id, batches in outcomes.items():
                 # checked here, after every placement of this fetch: its batches wait to the end
                 kept = self._expected(run_id, batches, out)
                 if kept:
                     out.outcomes += self._insert_outcomes(run_id, kept)
+                    stored += kept
+            self._add_record_time(stored, time.perf_counter() - t0)
             con.execute("INSERT INTO _ingested SELECT unnest(?)", [[e.msg_id for e in fresh]])
             con.execute("COMMIT")
         except Exception:
@@ -558,7 +579,7 @@ class Store:
         self._forget_recorded(m.run_id)
         spec = self._spec(m.run_id)
         con = self.con
-        for table in (*self.per_round_tables(spec), spec.rounds, "_refused_groups"):
+        for table in (*self.per_round_tables(spec), spec.rounds, "_refused_groups", "round_profile"):
             con.execute(f"DELETE FROM {_q(table)} WHERE run_id = ? AND round > ?", [m.run_id, m.after_round])
         con.execute("UPDATE runs SET status = 'running', finished_at = NULL, reason = NULL, hosts = ? "
                     "WHERE run_id = ?", [m.hosts, m.run_id])
@@ -751,6 +772,43 @@ class Store:
         self.con.execute(f"DELETE FROM {_q(spec.rounds)} WHERE run_id = ? AND round = ?", [m.run_id, m.round])
         self.con.execute(f"INSERT INTO {_q(spec.rounds)} ({', '.join(map(_q, names))}) "
                          f"VALUES ({', '.join('?' * len(names))})", values)
+
+    def _insert_profile(self, m: RoundPartial | RoundResult) -> None:
+        """A share's round profile (from its partial), or the environment's (from the round's
+        result); the same share's or a round decided again replaces the row it had."""
+        if isinstance(m, RoundPartial):
+            p = m.profile
+            assert p is not None
+            row = {"role": "host", "host_id": m.host_id, "epoch": m.epoch, "agents": p.agents, "wall_s": p.wall_s,
+                   "view_s": p.view_s, "turn_s": p.turn_s, "merge_s": p.merge_s, "model_wait_s": p.model_wait_s,
+                   "view_bytes": p.view_bytes, "view_max_bytes": p.view_max_bytes,
+                   "observation_bytes": p.observation_bytes, "held": p.held, "note": p.note}
+        else:
+            d = m.profile
+            assert d is not None
+            row = {"role": "environment", "host_id": "environment", "epoch": m.epoch, "merge_s": d.merge_s,
+                   "decide_s": d.decide_s, "observation_bytes": d.observation_bytes, "note": d.note}
+        self.con.execute("DELETE FROM round_profile WHERE run_id = ? AND round = ? AND role = ? AND host_id = ? "
+                         "AND epoch = ?", [m.run_id, m.round, row["role"], row["host_id"], row["epoch"]])
+        names = ["run_id", "round", *row]
+        self.con.execute(f"INSERT INTO round_profile ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
+                         [m.run_id, m.round, *row.values()])
+
+    def _add_record_time(self, batches: list[OutcomeBatch], seconds: float) -> None:
+        """The recorder's row of each round whose outcomes this transaction stored: its seconds,
+        shared among those rounds by the rows each had in it."""
+        rows: dict[tuple[str, int], int] = defaultdict(int)
+        for b in batches:
+            rows[b.run_id, b.round] += len(b.agent_ids)
+        total = sum(rows.values())
+        for (run_id, round_), n in rows.items():
+            share = seconds * n / total
+            (updated,) = self.con.execute(
+                "UPDATE round_profile SET record_s = record_s + ? WHERE run_id = ? AND round = ? AND role = 'recorder'",
+                [share, run_id, round_]).fetchone()
+            if not updated:
+                self.con.execute("INSERT INTO round_profile (run_id, round, role, host_id, epoch, record_s) "
+                                 "VALUES (?, ?, 'recorder', 'recorder', 0, ?)", [run_id, round_, share])
 
     def _insert_profiles(self, run_id: str, agents: int, blob: bytes | pa.Table) -> None:
         rows = profile_rows(blob) if isinstance(blob, bytes) else blob

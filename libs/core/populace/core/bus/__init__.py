@@ -58,6 +58,7 @@ from populace.core.bus.publishing import (
 from populace.core.bus.registries import (
     SUBJECTS_LISTED,
     Heartbeat,
+    ThreadHeartbeat,
     bucket_keys,
     last_on,
     registry_entries,
@@ -96,6 +97,7 @@ __all__ = [
     "PermissionDenied",
     "Reconnected",
     "StreamLimitError",
+    "ThreadHeartbeat",
     "bucket_keys",
     "connect",
     "connect_or_fail",

@@ -105,6 +105,8 @@ from populace.core.contracts.recorder_reads import (
     DistributionRequest,
     InterviewsReply,
     InterviewsRequest,
+    ProfileReply,
+    ProfileRequest,
     ReadReply,
     ReadRequest,
     SnapshotReply,
@@ -128,6 +130,7 @@ from populace.core.contracts.run_config import (
 )
 from populace.core.contracts.run_events import (
     ActColumns,
+    DecideProfile,
     EdgeColumns,
     HostSpawned,
     InterviewBatch,
@@ -147,6 +150,7 @@ from populace.core.contracts.run_events import (
     RunRecorded,
     RunResumed,
     RunStarted,
+    ShareProfile,
     SpawnBatch,
 )
 from populace.core.contracts.wire_base import (
@@ -202,6 +206,7 @@ __all__ = [
     "ColumnType",
     "ConfigRef",
     "Count",
+    "DecideProfile",
     "DistributionReply",
     "DistributionRequest",
     "EdgeColumns",
@@ -249,6 +254,8 @@ __all__ = [
     "ProcessInfo",
     "ProcessSpec",
     "ProcessState",
+    "ProfileReply",
+    "ProfileRequest",
     "Progress",
     "Question",
     "ReadReply",
@@ -277,6 +284,7 @@ __all__ = [
     "ServiceInfo",
     "ServiceSpec",
     "Share",
+    "ShareProfile",
     "SimulationName",
     "SimulationTables",
     "SnapshotReply",

@@ -121,6 +121,9 @@ class HostInfo(Strict):
     pid: int
     started_at: float
     heartbeat_at: float
+    # how long the host's event loop had not turned at this heartbeat (beaten from a thread of its
+    # own: a simulation's code holding the loop keeps the host registered, and says so here)
+    loop_busy_s: float = Field(0.0, ge=0, allow_inf_nan=False)
 
     _tok = field_validator("host_id")(_check_token)
 

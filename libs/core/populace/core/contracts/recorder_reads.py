@@ -114,6 +114,29 @@ class InterviewsReply(ReadReply):
     attributes: list[str] = []
 
 
+class ProfileRequest(ReadRequest):
+    """Where a run's rounds went (table round_profile): the rows of its last `rounds` rounds, and
+    the whole run's seconds per column."""
+
+    VERB: ClassVar[str] = "profile"
+    run_id: RunId
+    rounds: int = Field(50, ge=1, le=200)
+
+    _tok = field_validator("run_id")(_check_token)
+
+
+class ProfileReply(ReadReply):
+    """`profile`: the rows (populace.analysis.round_profile), the rounds recorded in all, the run's
+    seconds per column (`seconds`), the largest (`top`: [column, seconds]) and the notes said."""
+
+    run_id: str | None = None
+    rows: list[dict[str, Any]] = []
+    rounds_total: int = 0
+    seconds: dict[str, float] = {}
+    top: tuple[str, float] | None = None
+    notes: list[str] = []
+
+
 class DistributionRequest(ReadRequest):
     """The run's measure in one round (None: the last closed round), in `bins` bins when numeric."""
 

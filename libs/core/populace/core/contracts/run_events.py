@@ -341,6 +341,42 @@ class MailBatch(Wire):
         return self
 
 
+Seconds = Annotated[float, Field(ge=0, le=10_000_000, allow_inf_nan=False)]
+ProfileNote = Annotated[str, Field(max_length=1000)]
+
+
+class ShareProfile(Wire):
+    """Where one share's round went (table `round_profile`, one row per round and share): seconds
+    the simulation's code held this host's loop, in `Env.view` (exact), in its turns, acts and
+    scenes (estimated from timed samples), in its group envs' settle and its env's reduce and
+    merge; the seconds the share had a model call out; the bytes of its agents' views
+    (estimated from sized samples) and of the round's shared observation. Accumulated per host
+    and round, never per agent."""
+
+    agents: Amount = 0  # agents that played
+    wall_s: Seconds = 0.0  # the share's round, its first turn to its last outcome
+    view_s: Seconds = 0.0
+    turn_s: Seconds = 0.0
+    merge_s: Seconds = 0.0
+    model_wait_s: Seconds = 0.0
+    view_bytes: Amount = 0  # all views together (sampled, scaled to the views made)
+    view_max_bytes: Amount = 0  # the largest view sized
+    observation_bytes: Amount = 0  # the round's shared observation, once
+    held: Amount = 0  # turns that waited for the loop to turn (author code had filled a slice)
+    note: ProfileNote | None = None  # a view or observation over its budget, said once per run
+
+
+class DecideProfile(Wire):
+    """Where the environment's part of a round went: the seconds its `merge` of the shares'
+    partials and its `decide` (with the next round's observation and selection) took, and the
+    bytes of the observation it announced."""
+
+    merge_s: Seconds = 0.0
+    decide_s: Seconds = 0.0
+    observation_bytes: Amount = 0
+    note: ProfileNote | None = None
+
+
 class RoundPartial(Wire):
     """One host's reduced round (its groups reduced first): the simulation's `payload`, plus
     how many agents it covers. The environment merges partials; it never sees an agent."""
@@ -360,6 +396,7 @@ class RoundPartial(Wire):
     checkpoints: dict[CheckpointName, SHA256] = Field({}, max_length=100_000)
     # invalid rows whose cause is the simulation's own code (error 'agent: …'), not the model
     n_simulation_errors: int = Field(0, ge=0)
+    profile: ShareProfile | None = None  # where the share's round went (None: a host that measures none)
 
     @model_validator(mode="after")
     def _valid_within_n(self) -> RoundPartial:
@@ -396,6 +433,7 @@ class RoundResult(Wire):
     # of the n - n_valid invalid rows, those the simulation's own code caused (error 'agent: …');
     # the rest are the model's invalid answers
     n_simulation_errors: Amount = 0
+    profile: DecideProfile | None = None  # where the environment's part of the round went
 
 
 class RunResumed(Wire):
