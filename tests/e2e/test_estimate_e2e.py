@@ -142,6 +142,22 @@ def test_the_estimate_on_two_priced_models_is_within_a_fifth_of_the_runs_tokens_
     r = populace(cli, "results", rid, "--db", stack.db, "--nats", stack.url)
     assert r.returncode == 0, r.stderr
     assert "cached tokens" in r.stdout and "LLM work by model" in r.stdout and "$" in r.stdout
+    # the measure per model, as `results --by model` and the manager's run page read it from the recorder
+    groups = asyncio.run(_groups(stack.url, rid))
+    assert groups.ok and "model" in groups.attributes, groups
+    assert {g["group"]: g["n"] for g in groups.rows} == {"cheap": 100, "dear": 100}
+    assert all(g["ci_low"] <= g["mean"] <= g["ci_high"] for g in groups.rows)
+
+
+async def _groups(url: str, rid: str):
+    from populace.client.reads import request_groups
+    from populace.core import bus
+
+    nc = await bus.connect(url, "e2e-groups")
+    try:
+        return await request_groups(nc, rid, "model")
+    finally:
+        await nc.close()
 
 
 def stack_models():

@@ -23,6 +23,8 @@ from populace.core.contracts import (
     AgentsRequest,
     DistributionReply,
     DistributionRequest,
+    GroupsReply,
+    GroupsRequest,
     ProfileReply,
     ProfileRequest,
     RunConfig,
@@ -125,7 +127,16 @@ class StandIn:
                                                       seconds={"view_s": 8.75, "decide_s": 0.5},
                                                       top=("view_s", 8.75), notes=["Env.view returned 98 KB"])))
 
+        async def groups(msg):
+            req = GroupsRequest.model_validate_json(msg.data)
+            self.requests.append(req)
+            rows = [{"group": "smol-llamacpp", "n": 20, "mean": 14.55, "ci_low": 11.88, "ci_high": 17.22},
+                    {"group": "smol-vllm", "n": 20, "mean": 23.0, "ci_low": 13.69, "ci_high": 32.31}]
+            await msg.respond(bus.encode(GroupsReply(ok=True, run_id=req.run_id, by=req.by, rows=rows,
+                                                     attributes=["model"])))
+
         await nc.subscribe(subjects.recorder_read("agents"), cb=agents)
+        await nc.subscribe(subjects.recorder_read("groups"), cb=groups)
         await nc.subscribe(subjects.recorder_read("profile"), cb=profile)
         await nc.subscribe(subjects.recorder_read("distribution"), cb=distribution)
         await nc.flush()
@@ -178,6 +189,12 @@ def test_the_run_page_reads_agents_and_the_distribution_from_the_recorder(client
         assert [(r["role"], r.get("view_s"), r.get("decide_s")) for r in prof["rows"]] == [("host", 8.75, None),
                                                                                        ("environment", None, 0.5)]
         assert isinstance(recorder.requests[-1], ProfileRequest) and recorder.requests[-1].rounds == 20
+        # a run with several models: its measure per model, from the recorder's group table
+        assert 'id="groups-table"' in page.text
+        groups = client.get(f"/runs/{run_id}/groups.json").json()
+        assert [(r["group"], r["n"], r["mean"]) for r in groups["rows"]] == [("smol-llamacpp", 20, 14.55),
+                                                                             ("smol-vllm", 20, 23.0)]
+        assert isinstance(recorder.requests[-1], GroupsRequest) and recorder.requests[-1].by == "model"
 
 
 def test_with_no_recorder_the_page_renders_and_its_reads_say_so(client, url):

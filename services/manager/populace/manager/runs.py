@@ -9,6 +9,7 @@ the run page's reads of the recorder.
     GET  /runs/{run}/agents.json a page of the run's agents (search, offset, limit), asked of the recorder
     GET  /runs/{run}/distribution.json   a round's histogram or shares (round, bins), asked of the recorder
     GET  /runs/{run}/profile.json        where its last rounds went (table round_profile), asked of the recorder
+    GET  /runs/{run}/groups.json?by=X    its measure per group of X (an attribute, or `model`), asked of the recorder
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from populace.client.reads import (
     RecorderUnreachable,
     request_agents,
     request_distribution,
+    request_groups,
     request_profile,
 )
 from populace.client.run import cancel as cancel_run
@@ -162,6 +164,12 @@ async def run_profile(request: Request) -> Response:
                                                                    timeout=timeout))
 
 
+async def run_groups(request: Request) -> Response:
+    timeout = settings_of(request).read_timeout_s
+    return await _read(request, lambda nc, rid, q: request_groups(
+        nc, rid, (q.get("by") or "model")[:100], int(q["round"]) if q.get("round") else None, timeout=timeout))
+
+
 async def run_cancel(request: Request) -> Response:
     if not same_origin(request):
         return forbidden()
@@ -232,4 +240,5 @@ routes = [
     Route("/runs/{run}/agents.json", run_agents),
     Route("/runs/{run}/distribution.json", run_distribution),
     Route("/runs/{run}/profile.json", run_profile),
+    Route("/runs/{run}/groups.json", run_groups),
 ]

@@ -32,6 +32,8 @@ from populace.core.contracts import (
     AgentsRequest,
     DistributionReply,
     DistributionRequest,
+    GroupsReply,
+    GroupsRequest,
     InterviewsReply,
     InterviewsRequest,
     ProfileReply,
@@ -151,6 +153,15 @@ class Reads:
         return await self._query("interviews", run, InterviewsReply, {"run_id": req.run_id})
 
 
+    async def groups(self, req: GroupsRequest, msg: NatsMessage) -> bytes:
+        group_table, group_attributes = await analysis("queries", "group_table", "group_attributes")
+
+        def run(cur):
+            return {"run_id": req.run_id, "by": req.by, "attributes": group_attributes(cur, [req.run_id]),
+                    "rows": group_table(cur, [req.run_id], req.by, round=req.round)}
+
+        return await self._query("groups", run, GroupsReply, {"run_id": req.run_id})
+
     async def profile(self, req: ProfileRequest, msg: NatsMessage) -> bytes:
         round_profile, last_rounds, profile_totals = await analysis("profile", "round_profile", "last_rounds",
                                                                     "profile_totals")
@@ -171,5 +182,5 @@ def serve_reads(svc: Service, reads: Reads) -> None:
     """Register the read verbs on `svc`."""
     for model, handler in ((SnapshotRequest, reads.snapshot), (AgentsRequest, reads.agents),
                            (DistributionRequest, reads.distribution), (InterviewsRequest, reads.interviews),
-                           (ProfileRequest, reads.profile)):
+                           (ProfileRequest, reads.profile), (GroupsRequest, reads.groups)):
         svc.handle(subjects.recorder_read(model.VERB), model, reply_on_error=malformed, answers=True)(handler)

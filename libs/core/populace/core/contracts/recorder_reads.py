@@ -137,6 +137,28 @@ class ProfileReply(ReadReply):
     notes: list[str] = []
 
 
+class GroupsRequest(ReadRequest):
+    """The run's measure per group of `by` (a persona attribute, or `model` in a run with several
+    models) in one round (None: the last), with 95% CIs (populace.analysis.group_table)."""
+
+    VERB: ClassVar[str] = "groups"
+    run_id: RunId
+    by: str = Field(min_length=1, max_length=100)
+    round: int | None = Field(None, ge=1)
+
+    _tok = field_validator("run_id")(_check_token)
+
+
+class GroupsReply(ReadReply):
+    """`groups`: one row per group (numeric measure) or per group and option (categorical), and
+    what one can group by (`attributes`)."""
+
+    run_id: str | None = None
+    by: str | None = None
+    rows: list[dict[str, Any]] = []
+    attributes: list[str] = []
+
+
 class DistributionRequest(ReadRequest):
     """The run's measure in one round (None: the last closed round), in `bins` bins when numeric."""
 
