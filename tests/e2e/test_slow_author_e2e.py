@@ -102,14 +102,15 @@ def test_a_host_held_by_its_views_is_not_lost_and_the_profile_says_where_the_tim
     for (n, host), r in hosts.items():
         burnt = per_host + (FIRST_MS / 1000 if (n, host) == (1, "host-0") else 0.0)
         assert r["agents"] == AGENTS // 2
-        assert burnt <= r["view_s"] < burnt + 2.0  # the burnt seconds, and little else
+        # the burnt seconds at least (more on a loaded machine, which preempts the burn: no upper
+        # bound on time in a test); and the views, not the turns, are where the time went
+        assert burnt <= r["view_s"]
         assert r["turn_s"] < r["view_s"] / 10  # the ratio game's turns are cheap
         assert r["wall_s"] >= r["view_s"]
         assert r["model_wait_s"] > 0  # the dummy model's 50 ms latency, through the gateway
         assert r["observation_bytes"] > 0 and r["view_max_bytes"] > 0 and r["note"] is None
         # turns held at the gate, or paced by the launcher before they start (timing decides which
         # one slows slow author code): both keep the loop turning, which the heartbeat proved above
-        assert r["held"] >= 0
     assert all(r["decide_s"] > 0 and r["merge_s"] >= 0 for r in profile if r["role"] == "environment")
     assert all(r["record_s"] > 0 for r in profile if r["role"] == "recorder")
 
