@@ -14,7 +14,7 @@ from nats.aio.client import Client
 from nats.js.errors import KeyNotFoundError
 from pydantic import ValidationError
 
-from populace.core import bus, objects, subjects
+from populace.core import bus, objects, replica_hosts, subjects
 from populace.core.contracts import (
     Budget,
     HostSpawned,
@@ -69,7 +69,7 @@ async def replica_identities(js, backend: str) -> list[dict]:
     """Which replicas (and model ids) serve `backend` right now: the manifest's model identity."""
     if backend == "dummy":
         return []
-    entries = await bus.registry_entries(js, subjects.REPLICAS_BUCKET, ReplicaInfo)
+    entries = replica_hosts.bound(await bus.registry_items(js, subjects.REPLICAS_BUCKET, ReplicaInfo))
     return sorted(({"replica_id": r.replica_id, "kind": r.kind, "model": r.model}
                    for r in entries if r.backend == backend), key=lambda r: r["replica_id"])
 
