@@ -19,6 +19,7 @@ import httpx
 
 from populace.core import bus, replica_hosts, subjects
 from populace.core.contracts import SELF_REGISTERING, ModelEndpoint, ReplicaInfo
+from populace.core.settings import Settings
 
 PROBE_TIMEOUT_S = 10.0
 
@@ -68,7 +69,8 @@ async def fleet_refusal(nc, models: list[ModelEndpoint]) -> str | None:
     if not waiting:
         return None
     entries = replica_hosts.bound(await bus.registry_items(nc.jetstream(), subjects.REPLICAS_BUCKET, ReplicaInfo,
-                                                           fresh_within_s=30.0))
+                                                           fresh_within_s=30.0),
+                                  replica_hosts.parse(Settings().replica_hosts))
     served = {e.serves for e in entries if e.serves}
     for i, m in waiting:
         if m.name not in served:

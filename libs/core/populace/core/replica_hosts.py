@@ -167,9 +167,10 @@ def named_by_key(key: str, info: ReplicaInfo) -> ReplicaInfo:
     return info.model_copy(update={"replica_id": key})
 
 
-def bound(items: list[tuple[str, ReplicaInfo]]) -> list[ReplicaInfo]:
+def bound(items: list[tuple[str, ReplicaInfo]], hosts: ReplicaHosts | None = None) -> list[ReplicaInfo]:
     """The entries of KV `replicas` (bus.registry_items) whose key names their writer and their
-    replica, each named by its key: what a reader that calls no replica (a manifest, a check that
-    a model is served, a stack waiting for its replicas) counts."""
+    replica, each named by its key; with `hosts`, only those it admits too (what a gateway with
+    that allow-list calls: a run's manifest, a check that a model is served)."""
     return [named_by_key(key, info) for key, info in items
-            if (parts := subjects.replica_key_parts(key)) is not None and parts[1] == info.replica_id]
+            if (parts := subjects.replica_key_parts(key)) is not None and parts[1] == info.replica_id
+            and (hosts is None or hosts.refusal(info.url, parts[0]) is None)]
