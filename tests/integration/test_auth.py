@@ -193,10 +193,10 @@ async def test_user_without_permission_cannot_start_a_run(server):
         await nc.flush()
         await eventually(lambda: denied(errors, "publish", subjects.RUN_START), what="publish violation")
         assert await messages(ajs, subjects.CTL_STREAM) == 0
-        # The same connection does its own job: a replica entry in KV `replicas` …
+        # The same connection does its own job: a replica entry in KV `replicas`, under its own name …
         kv = await js.key_value(subjects.REPLICAS_BUCKET)
-        await kv.put("r-1", b"{}")
-        assert (await (await ajs.key_value(subjects.REPLICAS_BUCKET)).get("r-1")).value == b"{}"
+        await kv.put("replicas.r-1", b"{}")
+        assert (await (await ajs.key_value(subjects.REPLICAS_BUCKET)).get("replicas.r-1")).value == b"{}"
         # … and nothing else: not the hosts registry.
         hosts = await js.key_value(subjects.HOSTS_BUCKET)  # binding (STREAM.INFO) is allowed
         with pytest.raises(nats.errors.TimeoutError):
@@ -520,7 +520,7 @@ async def test_replicas_user_registers_replicas(server, monkeypatch):
 
         async def registered() -> bool:
             try:
-                return (await kv.get("rep-0")).value is not None
+                return (await kv.get("replicas.rep-0")).value is not None  # under its writer's name
             except Exception:
                 return False
 

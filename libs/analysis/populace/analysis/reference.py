@@ -15,7 +15,8 @@ listed as the file's groups) and for a given round (`round`). It says where the 
 (Parquet: the same as key-value metadata `citation`, `groups`, `synthetic`.) A file with no
 citation is refused; a test fixture says `# synthetic: <why>` instead, and every output names it
 synthetic. Populace ships no reference of its own: none whose primary source could be checked
-here.
+here. Reading a file (streamed, within limits: populace.analysis.reference_file) is apart from
+comparing it.
 
 `compare(con, run_id, reference)` puts the run beside it per question and group: the two
 distributions, a distance — total variation (½ Σ |p − q|) for options, Wasserstein-1 (the mean
@@ -24,13 +25,8 @@ bootstrap interval of that distance (both samples resampled, `BOOTSTRAP` times, 
 
 from __future__ import annotations
 
-import csv
-import io
 import json
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import duckdb
 import numpy as np
@@ -38,132 +34,12 @@ from scipy.stats import wasserstein_distance
 
 from populace.analysis.queries.attribute_groups import NONE_GROUP, _json_path, _labels_for, _parse_attr
 from populace.analysis.queries.lookup import _check_runs, tables_of
-from populace.analysis.stats import AnalysisError
+from populace.analysis.reference_file import Reference, ReferenceError, answer_text, load_reference
+
+__all__ = ["BOOTSTRAP", "Reference", "ReferenceError", "bootstrap", "compare", "distance", "load_reference"]
 
 BOOTSTRAP = 1000
 LEVEL = 0.95
-KNOWN = ("question", "measure", "survey", "round", "answer", "count")
-MAX_ROWS = 5_000_000
-
-
-class ReferenceError(AnalysisError):
-    """A reference file that cannot be used; the message names the file and the column or key."""
-
-
-@dataclass
-class Reference:
-    path: str
-    citation: str | None
-    synthetic: str | None  # why a fixture is synthetic (None: real data, cited)
-    groups: list[str]
-    # (target kind "question"/"measure", target, survey or None, round or None, group values) -> answer -> count
-    counts: dict[tuple, dict[str, float]] = field(default_factory=dict)
-
-    @property
-    def label(self) -> str:
-        return f"SYNTHETIC ({self.synthetic})" if self.synthetic else (self.citation or "")
-
-
-def _meta_csv(text: str) -> tuple[dict[str, str], str, int]:
-    """The leading `# key: value` lines, the CSV after them, and how many lines they took."""
-    meta: dict[str, str] = {}
-    lines = text.splitlines(keepends=True)
-    i = 0
-    while i < len(lines) and (lines[i].startswith("#") or not lines[i].strip()):
-        line = lines[i].lstrip("#").strip()
-        if ":" in line:
-            key, _, value = line.partition(":")
-            meta[key.strip().lower()] = value.strip()
-        i += 1
-    return meta, "".join(lines[i:]), i
-
-
-def load_reference(path: str | Path) -> Reference:
-    """Read and check a reference file (see the module). ReferenceError naming what is wrong."""
-    p = Path(path)
-    where = f"--reference {p}"
-    if not p.exists():
-        raise ReferenceError(f"{where}: no such file")
-    if p.suffix.lower() == ".parquet":
-        import pyarrow.parquet as pq
-
-        try:
-            table = pq.read_table(p)
-        except Exception as err:
-            raise ReferenceError(f"{where}: not a Parquet file ({err})") from None
-        meta = {k.decode().lower(): v.decode() for k, v in (table.schema.metadata or {}).items()
-                if not k.startswith(b"ARROW") and not k.startswith(b"pandas")}
-        columns = table.column_names
-        rows = [dict(zip(columns, r)) for r in zip(*(table.column(c).to_pylist() for c in columns))]
-        first = 1  # rows are numbered from 1
-    elif p.suffix.lower() == ".csv":
-        try:
-            meta, body, skipped = _meta_csv(p.read_text(encoding="utf-8"))
-        except UnicodeDecodeError as err:
-            raise ReferenceError(f"{where}: not UTF-8 text (byte {err.start})") from None
-        reader = csv.DictReader(io.StringIO(body))
-        columns = [c.strip() for c in reader.fieldnames or []]
-        rows = [{k.strip(): v for k, v in r.items() if k is not None} for r in reader]
-        first = skipped + 2  # the file's line of the first data row (after the header)
-    else:
-        raise ReferenceError(f"{where}: a reference is a .csv or .parquet file")
-    if len(rows) > MAX_ROWS:
-        raise ReferenceError(f"{where}: {len(rows):,} rows, over {MAX_ROWS:,} (give a histogram: answer, count)")
-    citation, synthetic = meta.get("citation") or None, meta.get("synthetic") or None
-    if citation is None and synthetic is None:
-        raise ReferenceError(f"{where}: citation: the file names no source of its data (a first line "
-                             "`# citation: …`, or Parquet metadata `citation`); a made-up fixture says "
-                             "`# synthetic: why` instead")
-    groups = [g.strip() for g in (meta.get("groups") or "").split(",") if g.strip()]
-    unknown = [c for c in columns if c not in KNOWN and c not in groups]
-    if unknown:
-        raise ReferenceError(f"{where}: column {unknown[0]!r} is not one of {', '.join(KNOWN)} nor a group the file "
-                             f"lists (`# groups: {unknown[0]}`)")
-    missing = [g for g in groups if g not in columns]
-    if missing:
-        raise ReferenceError(f"{where}: groups: {missing[0]!r} is listed but is not a column")
-    if ("question" in columns) == ("measure" in columns):
-        raise ReferenceError(f"{where}: give one of the columns `question` (an interview's) or `measure` (the "
-                             "run's outcome measure)")
-    if "answer" not in columns:
-        raise ReferenceError(f"{where}: column `answer` is missing (each person's answer, or a histogram's value)")
-    target = "question" if "question" in columns else "measure"
-    ref = Reference(str(p), citation, synthetic, groups)
-    for i, r in enumerate(rows, start=first):
-        at = f"{where}, {'line' if p.suffix.lower() == '.csv' else 'row'} {i}"
-        name, answer = r.get(target), r.get("answer")
-        if name in (None, "") or answer in (None, ""):
-            raise ReferenceError(f"{at}: `{target}` and `answer` must not be empty")
-        count = 1.0
-        if "count" in columns:
-            try:
-                count = float(r["count"])
-            except (TypeError, ValueError):
-                raise ReferenceError(f"{at}: count: {r['count']!r} is not a number") from None
-            if not math.isfinite(count) or count < 0:
-                raise ReferenceError(f"{at}: count: {r['count']!r} is negative (or not finite); counts are >= 0")
-        rnd = r.get("round")
-        if rnd not in (None, ""):
-            try:
-                rnd = int(rnd)
-            except (TypeError, ValueError):
-                raise ReferenceError(f"{at}: round: {r['round']!r} is not a round number") from None
-        else:
-            rnd = None
-        key = (target, str(name), (r.get("survey") or None), rnd,
-               tuple(str(r[g]) if r.get(g) not in (None, "") else NONE_GROUP for g in groups))
-        cell = ref.counts.setdefault(key, {})
-        text = _answer_text(answer)
-        cell[text] = cell.get(text, 0.0) + count
-    if not ref.counts:
-        raise ReferenceError(f"{where}: no rows")
-    return ref
-
-
-def _answer_text(x: object) -> str:
-    if isinstance(x, float) and x.is_integer():
-        return str(int(x))
-    return str(x).strip()
 
 
 def _numeric(values: Sequence[str]) -> np.ndarray | None:
@@ -265,7 +141,7 @@ def _simulated(con: duckdb.DuckDBPyConnection, run_ids: list[str], key: tuple, g
         labelers.append(lambda t, m=mapping, h=hashable: m[h[t]] if t in h else NONE_GROUP)
     for r in rows:
         label = tuple(labelers[i](r[i]) for i in range(len(groups)))
-        value = _answer_text(r[len(groups)])
+        value = answer_text(r[len(groups)])
         cell = out.setdefault(label, {})
         cell[value] = cell.get(value, 0.0) + float(r[-1])
     return kind, out, rnd

@@ -145,6 +145,14 @@ class Settings(BaseSettings):
     gateway_keys: str = ""
     # The hosts a run model's base_url may name ("*": any); the hosts of gateway_keys are allowed too.
     gateway_model_hosts: str = "127.0.0.1,localhost,[::1]"
+    # Where a replica registered in KV `replicas` may be: "[writer@]host[:port]" or
+    # "[writer@]network/prefix", comma-separated ("*": anywhere; populace.core.replica_hosts).
+    # The gateway calls no replica elsewhere (it logs it once), the manager probes none, and
+    # `populace node` starts none that would advertise an address elsewhere. Default: loopback.
+    replica_hosts: str = "127.0.0.0/8,::1,localhost"
+    # The folders under which `populace node` serves a vLLM replica's model given as a local path
+    # (`model: /models/x`), comma-separated; none: only model ids (`org/name`) are served.
+    node_model_roots: str = ""
 
     # A population's personas: the most bytes one record (one line of the personas JSONL) may
     # take. Its text goes into every prompt of its agent; a larger one is refused by `validate`,
@@ -196,6 +204,22 @@ class Settings(BaseSettings):
     dlq_max_age_s: float = Field(7 * 86400.0, gt=0)
     dlq_max_bytes: int | None = Field(None, ge=1024 * 1024)
     publish_async_max_pending: int = Field(4000, ge=1)
+
+    @field_validator("replica_hosts")
+    @classmethod
+    def _replica_hosts_parse(cls, value: str) -> str:
+        from populace.core.replica_hosts import parse
+
+        parse(value)  # ValueError naming the item
+        return value
+
+    @field_validator("node_model_roots")
+    @classmethod
+    def _model_roots_absolute(cls, value: str) -> str:
+        for root in (r.strip() for r in value.split(",") if r.strip()):
+            if not os.path.isabs(root):
+                raise ValueError(f"{root!r} is not an absolute path")
+        return value
 
     @field_validator("health_file")
     @classmethod

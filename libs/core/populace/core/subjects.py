@@ -18,6 +18,10 @@ RUNS_BUCKET = "runs"
 HOSTS_BUCKET = "hosts"
 SERVICES_BUCKET = "services"
 REPLICAS_BUCKET = "replicas"
+# A replica's key in KV `replicas` is `<writer>.<replica id>`: each replica set's NATS user may
+# write only keys under its own name (`$KV.replicas.<user>.>`), so the key says who wrote it
+# (populace.core.replica_hosts); without NATS users the writer is REPLICAS_WRITER.
+REPLICAS_WRITER = "replicas"
 NODES_BUCKET = "nodes"  # machines running `populace node`: resources, processes (TTL'd)
 # the gateways' shared pacing: one entry per provider limit (populace.gateway.pacing.limit_key),
 # its token buckets and any pause its provider asked for (TTL'd); the gateways' alone
@@ -29,6 +33,17 @@ PERSONAS_BUCKET = "personas"
 CHECKPOINTS_BUCKET = "checkpoints"
 # --- object store: social graphs (and their agent orders), named by their sha256 ----------
 GRAPHS_BUCKET = "graphs"
+
+
+def replica_key(writer: str, replica_id: str) -> str:
+    """A replica's key in KV `replicas`: under its writer's (its NATS user's) name."""
+    return f"{writer}.{replica_id}"
+
+
+def replica_key_parts(key: str) -> tuple[str, str] | None:
+    """(writer, replica id) of a key in KV `replicas`; None when it is under no writer's name."""
+    writer, dot, replica_id = key.partition(".")
+    return (writer, replica_id) if dot and writer and valid_token(replica_id) else None
 
 
 def checkpoint_agents(rid: str, n: int, first: int) -> str:

@@ -62,6 +62,7 @@ from populace.core.bus.registries import (
     bucket_keys,
     last_on,
     registry_entries,
+    registry_items,
 )
 from populace.core.bus.retries import (
     NO_PEERS_YET,
@@ -119,6 +120,7 @@ __all__ = [
     "publish_js",
     "refusal",
     "registry_entries",
+    "registry_items",
     "run_head",
     "run_state",
     "seal",

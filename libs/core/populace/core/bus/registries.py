@@ -220,6 +220,14 @@ async def registry_entries(js: JetStreamContext, bucket: str, model: type[M],
 
     `strict`: a failed read (e.g. during a leader election) raises instead of looking like an
     empty registry. A caller that acts on *absence* (declaring a host lost) must use it."""
+    return [item for _, item in await registry_items(js, bucket, model, fresh_within_s, strict)]
+
+
+async def registry_items(js: JetStreamContext, bucket: str, model: type[M],
+                         fresh_within_s: float | None = None, strict: bool = False) -> list[tuple[str, M]]:
+    """(key, entry) of each current entry, as registry_entries reads them: for a reader that
+    needs to know under which key (and so by whom: populace.core.replica_hosts) an entry was
+    written."""
     kv = await js.key_value(bucket)
     try:
         keys = await bucket_keys(js, bucket)
@@ -228,7 +236,7 @@ async def registry_entries(js: JetStreamContext, bucket: str, model: type[M],
             raise
         return []
     now = time.time()
-    out: list[M] = []
+    out: list[tuple[str, M]] = []
     for key in keys:
         try:
             entry = await kv.get(key)
@@ -244,7 +252,7 @@ async def registry_entries(js: JetStreamContext, bucket: str, model: type[M],
             continue  # malformed: not a live entry
         hb = getattr(item, "heartbeat_at", now)
         if fresh_within_s is None or now - hb <= fresh_within_s:
-            out.append(item)
+            out.append((key, item))
     return out
 
 
