@@ -345,13 +345,13 @@ class Store:
         """The agents a call record's requester may have asked about: every range of every share
         the run placed on the host of that name, and every range a post-hoc interview ordered it
         to ask (none: neither). None: not checked — a record from before requesters were named,
-        the shared agent-host user (which speaks for every host), or a run recorded before
-        shares existed."""
+        or the shared agent-host user (which speaks for every host). A run not placed yet has no
+        share, so no host may have asked about any of its agents: a record that comes before the
+        run's spawn is refused, never stored unchecked (an attacker's records sent as a run starts
+        were kept when they reached the recorder ahead of its placement)."""
         if not requester or requester == SHARED_HOST_USER:
             return None
         shares = self.shares_of(run_id)
-        if not shares:
-            return None
         return ([r for share in shares.values() if _share(share.key)[0] == requester for r in share.ranges]
                 + self.interviews.host_order_ranges(run_id, requester))
 
