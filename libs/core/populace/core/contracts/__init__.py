@@ -126,6 +126,7 @@ from populace.core.contracts.run_config import (
     config_json,
 )
 from populace.core.contracts.run_events import (
+    PARTIAL_INLINE_BYTES,
     ActColumns,
     EdgeColumns,
     HostSpawned,
@@ -136,6 +137,7 @@ from populace.core.contracts.run_events import (
     LineColumns,
     MailBatch,
     OutcomeBatch,
+    PartialRef,
     PostColumns,
     Progress,
     RoundOpen,
@@ -147,6 +149,7 @@ from populace.core.contracts.run_events import (
     RunResumed,
     RunStarted,
     SpawnBatch,
+    partial_object_limit,
 )
 from populace.core.contracts.wire_base import (
     SCHEMA_VERSION,
@@ -177,6 +180,7 @@ __all__ = [
     "MAX_MODELS",
     "MAX_QUESTION_CHARS",
     "NODE_REQUESTS",
+    "PARTIAL_INLINE_BYTES",
     "PLATFORM_SUMMARY_COLUMNS",
     "RESUMABLE_STATUSES",
     "SCENARIO_FILE",
@@ -241,6 +245,7 @@ __all__ = [
     "NodeReply",
     "NodeRequest",
     "OutcomeBatch",
+    "PartialRef",
     "PlacementConfig",
     "PlannedInterview",
     "PopulationRef",
@@ -294,5 +299,6 @@ __all__ = [
     "choice_key",
     "config_json",
     "gateway_bindings",
+    "partial_object_limit",
     "share_key",
 ]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from populace.core.contracts.control import Restore, WorldRef
 from populace.core.contracts.questions import MAX_ANSWER_CHARS, InterviewId, Survey
@@ -23,6 +23,7 @@ from populace.core.contracts.wire_base import (
     JsonDoc,
     Millis,
     RoundNo,
+    Strict,
     Token,
     Wire,
 )
@@ -339,6 +340,38 @@ class MailBatch(Wire):
         if self.shard >= self.shards:
             raise ValueError(f"shard {self.shard} of {self.shards}")
         return self
+
+
+# A partial larger than this (its columns: the agents that move …) travels as an object of the
+# checkpoints store, which the message names (PartialRef): a message stays under 1 MB.
+PARTIAL_INLINE_BYTES = 256 * 1024
+# What a partial's object may hold: this much, plus PARTIAL_BYTES_PER_AGENT per agent of its share
+# (room for a few int or float columns of every agent as JSON). The environment refuses a larger
+# one before reading a byte of it; a host never stores one (the round pauses naming it).
+PARTIAL_OBJECT_BASE_BYTES = 1 << 20
+PARTIAL_BYTES_PER_AGENT = 256
+
+
+def partial_object_limit(agents: int) -> int:
+    """The most bytes a partial's object of a share of `agents` agents may hold."""
+    return PARTIAL_OBJECT_BASE_BYTES + PARTIAL_BYTES_PER_AGENT * max(0, agents)
+
+
+class PartialRef(Strict):
+    """A partial's payload when it travels by reference: the object of its own share that holds
+    it (subjects.checkpoint_partial), its sha256 and its size, which the object's metadata must
+    say too. The environment reads it only once the sender's share is known to be placed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    ref: CheckpointName = Field(alias="$ref")
+    sha256: SHA256
+    size: int = Field(ge=0, lt=2**63)
+
+    @staticmethod
+    def of(payload: object) -> bool:
+        """Whether a partial's payload is a reference (a simulation's partial has no `$ref` field)."""
+        return isinstance(payload, dict) and "$ref" in payload
 
 
 class RoundPartial(Wire):
