@@ -126,6 +126,8 @@ from populace.core.contracts.run_config import (
     config_json,
 )
 from populace.core.contracts.run_events import (
+    MAX_ACTS_PER_MEMBER,
+    MAX_LINES_PER_MEMBER,
     PARTIAL_INLINE_BYTES,
     ActColumns,
     EdgeColumns,
@@ -174,9 +176,11 @@ __all__ = [
     "DEFAULT_SIMULATION",
     "GONE_AFTER_BEATS",
     "LOOPBACK_HOSTS",
+    "MAX_ACTS_PER_MEMBER",
     "MAX_ANSWER_CHARS",
     "MAX_CHOICES",
     "MAX_LIKERT_POINTS",
+    "MAX_LINES_PER_MEMBER",
     "MAX_MODELS",
     "MAX_QUESTION_CHARS",
     "NODE_REQUESTS",

@@ -97,6 +97,14 @@ class PostColumns(Wire):
     heard_digest: list[Amount]
 
 
+# A scene's acts and lines per round, per member of its group: a group of k members acts at most
+# MAX_ACTS_PER_MEMBER × k times and says at most MAX_LINES_PER_MEMBER × k lines (its members' and
+# the scene's own, speaker -1) in a round. A scene that would do more stops (its round pauses
+# naming it); the recorder refuses a group whose batch carries more.
+MAX_ACTS_PER_MEMBER = 100
+MAX_LINES_PER_MEMBER = 100
+
+
 class ActColumns(Wire):
     """The acts of the scenes whose members' outcomes are in the batch (a simulation with scenes):
     one row per act, in each group's order (`seq`, shared with its lines), with the simulation's
