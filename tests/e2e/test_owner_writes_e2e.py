@@ -154,7 +154,7 @@ def attacked(stack):
                     name = subjects.checkpoint_partial(rid, 1, "host-9@0")
                     data = b"[" + b"0," * (BOMB_BYTES // 2) + b"0]"
                     digest = await checkpoints.put_bytes(bomber.jetstream(), name, data, writer="host-9")
-                    ref = PartialRef(ref=name, sha256=digest, size=len(data)).model_dump(by_alias=True)
+                    ref = PartialRef(ref=name, sha256=digest, size=len(data)).model_dump()
                     for k in range(BOMB_PARTIALS):
                         await bus.publish_js(bomber.jetstream(), subjects.run_partial(rid, 1, "host-9", 0),
                                              RoundPartial(run_id=rid, round=1, host_id="host-9", n=80, n_valid=80,

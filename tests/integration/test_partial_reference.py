@@ -88,7 +88,7 @@ def environment(js, head: RunHead, monkeypatch) -> tuple[Environment, RunTally, 
 
 def by_reference(host: str, ref: PartialRef, n: int = 4) -> RoundPartial:
     return RoundPartial(run_id="r1", round=1, host_id=host, n=n, n_valid=n,
-                        payload=ref.model_dump(by_alias=True))
+                        payload=ref.model_dump())
 
 
 async def test_a_partial_from_a_share_never_placed_is_refused_before_its_object_is_read(js, monkeypatch):

@@ -101,6 +101,7 @@ INSTANCES: dict[str, BaseModel] = {
                                    columns={"value": [12.0, None, 99.5]}, valid=[True, False, True],
                                    raws=['{"guess": 12}', "no idea", "99.5"], latency_ms=[50.1, 51.0, 49.9],
                                    errors=[None, None, None]),
+    "PartialRef": c.PartialRef(ref="r1.2.partial.h1-0", sha256="ab" * 32, size=300_000),
     "RoundPartial": c.RoundPartial(run_id="r1", round=2, host_id="h1", n=3, n_valid=2,
                                    payload={"n_valid": 2, "total": 111.5, "by_value": [[12.0, 1, 0], [99.5, 1, 2]]}),
     "RoundResult": c.RoundResult(run_id="r1", round=2, n=3, n_valid=2,

@@ -234,6 +234,6 @@ def test_a_partial_reference_and_its_size_limit():
     from populace.core.contracts import PartialRef, partial_object_limit
 
     ref = PartialRef.model_validate({"$ref": "r1.1.partial.h1-0", "sha256": "a" * 64, "size": 300_000})
-    assert ref.model_dump(by_alias=True) == {"$ref": "r1.1.partial.h1-0", "sha256": "a" * 64, "size": 300_000}
-    assert PartialRef.of(ref.model_dump(by_alias=True)) and not PartialRef.of({"sum": 1}) and not PartialRef.of([])
+    assert ref.model_dump() == {"$ref": "r1.1.partial.h1-0", "sha256": "a" * 64, "size": 300_000}
+    assert PartialRef.of(ref.model_dump()) and not PartialRef.of({"sum": 1}) and not PartialRef.of([])
     assert partial_object_limit(0) == 1 << 20 and partial_object_limit(100_000) == (1 << 20) + 25_600_000

@@ -15,7 +15,9 @@ from populace.agent_host.batch_fit import fit
 from populace.core import bus, logs, metrics, subjects, telemetry
 from populace.core.checkpoints import put_bytes
 from populace.core.contracts import (
+    PARTIAL_BYTES_PER_AGENT,
     PARTIAL_INLINE_BYTES,
+    PARTIAL_OBJECT_BASE_BYTES,
     ActColumns,
     EdgeColumns,
     LineColumns,
@@ -160,12 +162,12 @@ class OutcomePublisher:
             if len(data) > limit:
                 raise PartialTooLarge(
                     f"round {self.round}: the partial of {self.host_id}'s {share.n:,} agents takes {len(data):,} "
-                    f"bytes, more than the environment takes ({limit:,}: "
-                    f"{partial_object_limit(0):,} and {partial_object_limit(1) - partial_object_limit(0)} per "
-                    "agent); its Partial must carry less (counts and sums, or fewer columns)")
+                    f"bytes, more than the environment takes ({limit:,}: {PARTIAL_OBJECT_BASE_BYTES:,} and "
+                    f"{PARTIAL_BYTES_PER_AGENT} per agent); its Partial must carry less (counts and sums, or fewer "
+                    "columns)")
             name = subjects.checkpoint_partial(self.run_id, self.round, share_key(self.host_id, self.epoch))
             digest = await put_bytes(self._js, name, data, writer=self.host_id)
-            payload = PartialRef(ref=name, sha256=digest, size=len(data)).model_dump(by_alias=True)
+            payload = PartialRef(ref=name, sha256=digest, size=len(data)).model_dump()
         partial = RoundPartial(run_id=self.run_id, round=self.round, host_id=self.host_id, n=share.n,
                                n_valid=share.n_valid, payload=payload, epoch=self.epoch, usage=usage or Usage(),
                                checkpoints=checkpoints or {}, interviews=interviews or Usage(),

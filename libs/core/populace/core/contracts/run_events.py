@@ -370,7 +370,7 @@ class PartialRef(Strict):
     it (subjects.checkpoint_partial), its sha256 and its size, which the object's metadata must
     say too. The environment reads it only once the sender's share is known to be placed."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, serialize_by_alias=True)
 
     ref: CheckpointName = Field(alias="$ref")
     sha256: SHA256
