@@ -111,6 +111,7 @@ INSTANCES: dict[str, BaseModel] = {
                                  rows=[{"group": "a", "n": 3, "mean": 40.0, "ci_low": 30.0, "ci_high": 50.0}]),
     "ProfileReply": c.ProfileReply(ok=True, run_id="r1", rows=[{"round": 1, "role": "host", "view_s": 0.5}],
                                    rounds_total=1, seconds={"view_s": 0.5}, top=("view_s", 0.5), notes=["a note"]),
+    "PartialRef": c.PartialRef(ref="r1.2.partial.h1-0", sha256="ab" * 32, size=300_000),
     "RoundPartial": c.RoundPartial(run_id="r1", round=2, host_id="h1", n=3, n_valid=2,
                                    payload={"n_valid": 2, "total": 111.5, "by_value": [[12.0, 1, 0], [99.5, 1, 2]]},
                                    profile=c.ShareProfile(agents=3, view_s=0.5)),

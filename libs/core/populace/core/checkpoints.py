@@ -45,7 +45,7 @@ from pydantic_core import from_json, to_json
 from populace.core import subjects
 from populace.core.bus import unless_reconnected, until_ready
 from populace.core.contracts import WorldRef
-from populace.core.objects import read_object
+from populace.core.objects import ObjectRefused, read_object, read_sized
 
 
 class CheckpointError(RuntimeError):
@@ -128,10 +128,13 @@ async def put_bytes(js: JetStreamContext, name: str, data: bytes, *, writer: str
     return digest(data)
 
 
-async def get_bytes(js: JetStreamContext, name: str, expected: str) -> bytes:
+async def get_bytes(js: JetStreamContext, name: str, expected: str, size: int | None = None) -> bytes:
     """The bytes stored under `name`, only if they still have `digest` (CheckpointError otherwise:
-    anyone who may write the bucket could have replaced them)."""
+    anyone who may write the bucket could have replaced them). `size`: what its writer said it
+    holds; then the read is bounded by it (objects.read_sized), and refused past it."""
     async def step():
+        if size is not None:
+            return await read_sized(js, subjects.CHECKPOINTS_BUCKET, name, size)
         store = await js.object_store(subjects.CHECKPOINTS_BUCKET)
         return await read_object(store, name)
 
@@ -139,6 +142,8 @@ async def get_bytes(js: JetStreamContext, name: str, expected: str) -> bytes:
         data = await until_ready(step, f"checkpoint {name}", attempts=ATTEMPTS)
     except (NotFoundError, ObjectNotFoundError):
         raise CheckpointError(f"checkpoint {name} is not in the object store '{subjects.CHECKPOINTS_BUCKET}'") from None
+    except ObjectRefused as err:
+        raise CheckpointError(str(err)) from None
     found = hashlib.sha256(data).hexdigest()
     if found != expected:
         raise CheckpointUnverified(f"checkpoint {name} is not what was stored (sha256 {found[:12]}…, expected "

@@ -77,8 +77,15 @@ class Resolved:
     params: Params
 
     def tables(self) -> SimulationTables:
-        """The simulation's tables for this run: with its measure's declared range."""
-        return self.simulation.tables_for(self.params)
+        """The simulation's tables for this run: with its measure's declared range, and who may
+        be in which group (its group layout, which the recorder checks each group id against)."""
+        tables = self.simulation.tables_for(self.params)
+        if self.simulation.GroupEnv is None:
+            return tables
+        layout = self.simulation(self.params, agents=self.config.agents, seed=self.config.seed).group_layout()
+        if layout is None:
+            return tables
+        return tables.model_copy(update={"group_sizes": list(layout.sizes), "group_block": layout.block})
 
     def instance(self, run_id: str = "", cast=None) -> Simulation:
         c = self.config

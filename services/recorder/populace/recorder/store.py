@@ -592,9 +592,11 @@ class Store:
         if config is None:
             return f"run {b.run_id} was never started here"
         if b.request is not None:
-            ranges = self.interviews.order_ranges(b.run_id, b.request, b.host_id)
-            why = self.interviews.refusal(b, None, [], config, order_ranges=ranges)
-            return why if why is not None else self.interviews.insert(b, config.agents)
+            order = self.interviews.order_of(b.run_id, b.request, b.host_id)
+            why = self.interviews.refusal(b, None, [], config, order=order)
+            if why is not None:
+                return why
+            return self.interviews.insert(b, order.survey or b.survey, config.agents)
         share = self.shares_of(b.run_id).get(share_key(b.host_id, b.epoch))
         if b.request is None and share is not None and not (share.from_round - 1 <= b.after_round
                                                              and share.counts_in(b.after_round)):
@@ -604,7 +606,8 @@ class Store:
                                       config)
         if why is not None:
             return why
-        return self.interviews.insert(b, config.agents)
+        plan = next(p for p in config.interviews if p.id == b.survey.id)  # refusal() found it
+        return self.interviews.insert(b, plan.survey, config.agents)
 
     def _expected(self, run_id: str, batches: list[Event], out: IngestResult) -> list[OutcomeBatch]:
         """The batches the run expects, marked as recorded; the others refused (with why) or,
