@@ -141,3 +141,25 @@ def test_a_claim_that_is_not_a_whole_number_pauses_the_round_naming_the_agent():
     with pytest.raises(RoundPaused, match=r"^simulation 'grazing', round 2: MeadowEnv\.reduce: claims: agent 7 claims "
                                           r"2\.5: a target is a whole number$"):
         asyncio.run(run_local(resolve(CONFIG, sim), hosts=2))
+
+
+def test_the_claims_example_of_docs_worlds_md_runs_as_written_the_same_on_one_host_and_three():
+    import re
+    import types
+
+    text = (Path(__file__).parents[2] / "docs" / "worlds.md").read_text()
+    code = re.search(r"## Exclusive claims.*?```python\n(.*?)```", text, re.S).group(1)
+    module = types.ModuleType("worlds_md_claims")
+    sys.modules[module.__name__] = module
+    try:
+        exec(compile(code, "docs/worlds.md", "exec"), module.__dict__)
+        sim = module.SugarSketch
+        config = RunConfig(simulation="worlds_md_claims:SugarSketch", agents=300, rounds=4, seed=2)
+        one = asyncio.run(run_local(resolve(config, sim)))
+        three = asyncio.run(run_local(resolve(config, sim), hosts=3))
+    finally:
+        del sys.modules[module.__name__]
+    assert sum(one.rounds["moved"]) > 0 and sum(one.rounds["blocked"]) == 0  # each may stay: none left with nothing
+    firsts = [(r, c[0]) for r, c in zip(one.outcomes["round"], one.outcomes["choices"]) if c]
+    assert len(set(firsts)) < len(firsts)  # some wanted the same cell first: one got it, the others their next
+    assert kept(three.outcomes) == kept(one.outcomes) and three.rounds["moved"] == one.rounds["moved"]

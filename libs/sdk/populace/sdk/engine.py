@@ -79,7 +79,8 @@ def _size_check(sim_name: str, round_: int, what: str, value: Any) -> int:
                          "per-agent data to agents (declared state)",
                 "observation": "what every agent sees must be small; put bulk data in a World and give each "
                                "agent its own view of it (docs/worlds.md)",
-                "selection": "select by rate, ids or where(…) rather than a mask this large",
+                "selection": "select by rate, ids, where(…) or a world column (select.column(name)) rather than "
+                             "a mask this large",
                 "summary": "a summary holds a round's figures, not per-agent data"}[what]
         raise DecideFailed(f"simulation {sim_name!r}: its environment's {what} after round {round_} is {size:,} "
                            f"bytes as JSON, over the {LIMITS[what]:,} a round can carry ({hint})")
