@@ -163,3 +163,19 @@ def test_the_claims_example_of_docs_worlds_md_runs_as_written_the_same_on_one_ho
     firsts = [(r, c[0]) for r, c in zip(one.outcomes["round"], one.outcomes["choices"]) if c]
     assert len(set(firsts)) < len(firsts)  # some wanted the same cell first: one got it, the others their next
     assert kept(three.outcomes) == kept(one.outcomes) and three.rounds["moved"] == one.rounds["moved"]
+
+
+def test_a_world_that_breaks_an_invariant_from_the_start_stops_the_run_before_round_1():
+    from populace.sdk.engine import RuleBroken
+
+    class Crowded(MeadowEnv):
+        def start_world(self, state):
+            world = super().start_world(state)
+            grazing = np.full(world.sizes["agents"], -1, dtype=np.int32)
+            grazing[[3, 8]] = 5
+            return world.replace(grazing=grazing)
+
+    sim = type("Crowded", (Grazing,), {"Env": Crowded})
+    with pytest.raises(RuleBroken, match=r"^simulation 'grazing': invariant 'no two grazers on one patch' is broken "
+                                         r"before round 1 \(start_world\): patch 5 is held by agents 3, 8$"):
+        asyncio.run(run_local(resolve(CONFIG, sim)))
