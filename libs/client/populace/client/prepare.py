@@ -28,7 +28,14 @@ from populace.population.cast import Cast, cast_from_records
 from populace.population.jsonl import read_personas
 from populace.population.model_assignment import AssignmentError, assignment
 from populace.population.model_assignment import counts as model_counts
-from populace.sdk.registry import Resolved, distribution, load_simulation, resolve, resolved_data
+from populace.sdk.registry import (
+    Resolved,
+    check_world_selection,
+    distribution,
+    load_simulation,
+    resolve,
+    resolved_data,
+)
 from populace.sdk.simulation import Simulation, SimulationError
 
 # The packages whose versions decide what a run does (plus the simulation's own).
@@ -188,6 +195,10 @@ def checked(config: RunConfig) -> Resolved:
     except SimulationError as err:
         raise ScenarioError(_named(err)) from None
     check_memory(resolved)
+    try:  # a selection that reads the world: round 1's world is built, once it is known to fit
+        check_world_selection(resolved)
+    except ValueError as err:
+        raise ScenarioError(str(err)) from None
     return resolved
 
 

@@ -70,7 +70,13 @@ class Agent:
     def wakes(self, obs: Observation) -> bool:
         """Whether this agent acts this round, among those the environment selected (activation
         decided by the agent itself, e.g. from its memory). Everyone by default; pure and seeded
-        (use `self.sim.rng(...)`), so every placement decides the same."""
+        (use `self.sim.rng(...)`), so every placement decides the same.
+
+        Two forms, told apart by how many arguments the override takes:
+        - `wakes(self, obs)`: `obs` is the round's shared observation (`Env.observe`);
+        - `wakes(self, obs, view)`: the same, and `view` is this agent's own view of the round's
+          world (`Env.view(world, round, agent_id)`, exactly what its turn would get; None when
+          the environment gives no view). The view is made again for the turn: keep it cheap."""
         return True
 
     def settled(self, outcome: Outcome, news: Any) -> None:
@@ -111,3 +117,10 @@ class Agent:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.id})"
+
+
+def wakes_with_view(cls: type[Agent]) -> bool:
+    """Whether an Agent class's `wakes` takes the agent's view too: `wakes(self, obs, view)`."""
+    from populace.sdk.select import takes
+
+    return takes(cls.wakes, 2)

@@ -113,14 +113,18 @@ class Env(Generic[StateT, PartialT]):
 
     def view(self, world: World, round: int, agent_id: int) -> Observation | None:
         """One agent's own observation this round, from the world (a personal feed, its
-        neighbourhood), made on the agent's host just before its turn. None (the default): every
-        agent sees the round's shared observation."""
+        neighbourhood), made on the agent's host just before its turn (and for `wakes(obs, view)`,
+        before selection). None (the default): every agent sees the round's shared observation."""
         return None
 
     def select(self, state: StateT, round: int) -> Any:
-        """Who acts in `round` (activation): a selector of `populace.sdk.select` (rate, ids, mask,
-        where), or None for everyone. Pure: it runs where the round is decided, and only the
-        agents it picks play, are reduced and are recorded."""
+        """Who acts in `round` (activation): a selector of `populace.sdk.select` (rate, rate_by,
+        ids, mask, where, column), or None for everyone. Pure: it runs where the round is decided,
+        and only the agents it picks play, are reduced and are recorded.
+
+        Declared with a third argument, `select(self, state, round, world)`, it also gets the
+        world `round` is played in (the one `decide` of the round before returned, or
+        `start_world`'s for round 1; None for a simulation without a World)."""
         return None
 
     def reduce(self, agent_ids: Sequence[int], outcomes: Sequence[Outcome]) -> PartialT:  # pragma: no cover

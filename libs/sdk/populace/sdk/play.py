@@ -33,6 +33,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from populace.core.ranges import not_in, outside
 from populace.sdk.agent import Agent
+from populace.sdk.claims import ClaimError
 from populace.sdk.edges import EdgeError
 from populace.sdk.env import Env, GroupEnv, Partial
 from populace.sdk.groups import Group, GroupLayout
@@ -186,7 +187,7 @@ class OutcomeSink:
     def __init__(self, sim: type[Simulation], env: Env, *, batch_size: int = 1000,
                  emit: Callable[[OutcomeRows], None] | None = None, grouped: bool = False,
                  posts: PostRecorder | None = None, levels: Sequence[str] = (),
-                 edits: EditRecorder | None = None) -> None:
+                 edits: EditRecorder | None = None, round_: int | None = None) -> None:
         # A valid numeric measure outside the simulation's declared range for the run is not
         # possible: the row is invalid (named), as the recorder would refuse the batch.
         instance = getattr(env, "sim", None)
@@ -198,6 +199,7 @@ class OutcomeSink:
         self._columns = _Columns(sim.Outcome, bounds, choices)
         self._act_columns = _Columns(sim.Act) if sim.Act is not None else None
         self._env = env
+        self._where = f"simulation {sim.name!r}" + (f", round {round_}" if round_ is not None else "")
         self._batch_size = batch_size
         self._emit = emit
         self._grouped = grouped
@@ -288,6 +290,8 @@ class OutcomeSink:
         if self.failure is None:
             try:
                 self._partials.append(self._env.reduce(ids, outs))
+            except ClaimError as err:  # a claim that is not a target (e.g. 2.5): the simulation's bug, named
+                self.failure = RoundPaused(f"{self._where}: {type(self._env).__name__}.reduce: claims: {err}")
             except Exception as err:
                 self.failure = RoundFailed(f"{type(self._env).__name__}.reduce raised: {type(err).__name__}: {err}")
         levels = ({name: [o[i] for o in outer] for i, name in enumerate(self._levels)}
