@@ -61,6 +61,7 @@ from populace.core.bus.registries import (
     bucket_keys,
     last_on,
     registry_entries,
+    stream_subjects,
 )
 from populace.core.bus.retries import (
     NO_PEERS_YET,
@@ -74,6 +75,7 @@ from populace.core.bus.run_states import (
     open_refusal,
     run_head,
     run_state,
+    run_writers,
 )
 
 __all__ = [
@@ -119,10 +121,12 @@ __all__ = [
     "registry_entries",
     "run_head",
     "run_state",
+    "run_writers",
     "seal",
     "servers",
     "short_error",
     "stream_limits",
+    "stream_subjects",
     "unless_reconnected",
     "until_ready",
 ]
