@@ -32,9 +32,20 @@ async def test_a_checkpoint_is_read_only_if_it_still_has_the_digest_its_writer_r
         0: {"memory": [1]}, 1: {"memory": [2]}}
     assert await checkpoints.load_env(js, "run-a", 1, digests) == ({"winners": [3.0]}, {"history": [3.0]}, None, None)
 
-    # the writer itself replaces both objects: the newest is read, and refused by its digest
+    # the writer itself writes both names again (a round played again, or a placed host spoiling
+    # its own): the version with the recorded digest is read while it is there …
     await checkpoints.save_agents(js, "run-a", 1, 0, 2, {"memory": [[99], [99]]}, writer="h0")
     await checkpoints.save_env(js, "run-a", 1, {"winners": [0.0]}, {"history": [0.0]})
+    spoiled = await owned_objects.read_meta(js, stored.name, "h0")
+    await forge_meta(js, stored.name, "h0", spoiled.model_copy(update={"sha256": stored.digest}))  # says it, is not
+    assert await checkpoints.load_agents(js, "run-a", 1, [(0, 2)], [(1, 1)], digests, writers) == {
+        1: {"memory": [2]}}
+    assert (await checkpoints.load_env(js, "run-a", 1, digests)).state == {"winners": [3.0]}
+    # … and once only the newest is left, it is refused by its digest, naming the object
+    for name, writer in ((stored.name, "h0"), (env.name, checkpoints.ENV_WRITER)):
+        await js.purge_stream(subjects.CHECKPOINTS_STREAM, subject=owned_objects.meta_subject(writer, name), keep=1)
+    await owned_objects.write_object(js, stored.name, to_json({"first": 0, "count": 2, "fields": {"memory": [[9], [9]]}}),
+                                     "h0")
     with pytest.raises(checkpoints.CheckpointUnverified,
                        match=r"checkpoint run-a\.1\.agents\.0 was changed after its writer stored it"):
         await checkpoints.load_agents(js, "run-a", 1, [(0, 2)], [(1, 1)], digests, writers)
@@ -120,8 +131,10 @@ async def test_a_delta_chain_restores_every_agent_and_refuses_a_forged_or_missin
     await checkpoints.save_agents(js, "run-c", 1, 0, 3, {"memory": [[7], [7], [7]]}, writer="h9")
     assert (await checkpoints.load_agents(js, "run-c", 3, [(0, 3)], [(0, 3)], {d3.name: d3.digest}, writers))[2] == {
         "memory": [1]}
-    # the base rewritten by its writer: the delta's own digest still matches, its base does not
+    # the base rewritten by its writer, its first version gone: the delta's own digest still
+    # matches, its base does not
     await checkpoints.save_agents(js, "run-c", 1, 0, 3, {"memory": [[7], [7], [7]]}, writer="h0")
+    await js.purge_stream(subjects.CHECKPOINTS_STREAM, subject=owned_objects.meta_subject("h0", base.name), keep=1)
     with pytest.raises(checkpoints.CheckpointUnverified, match=r"checkpoint run-c\.1\.agents\.0 was changed"):
         await checkpoints.load_agents(js, "run-c", 3, [(0, 3)], [(0, 3)], {d3.name: d3.digest}, writers)
 

@@ -111,12 +111,12 @@ async def put_bytes(js: JetStreamContext, name: str, data: bytes, *, writer: str
     return digest(data)
 
 
-async def _read(js: JetStreamContext, name: str, writer: str | None, max_bytes: int | None) -> bytes:
+async def _read(js: JetStreamContext, name: str, writer: str | None, max_bytes: int | None, expected: str) -> bytes:
     writer = writer or writer_of(name)
     if writer is None:
         raise CheckpointUnverified(f"checkpoint {name} has no writer recorded for it: it cannot be told from a "
                                    "forgery and is not used")
-    return await read_object(js, name, writer, max_bytes)
+    return await read_object(js, name, writer, max_bytes, sha256=expected)
 
 
 async def get_bytes(js: JetStreamContext, name: str, expected: str, *, writer: str | None = None,
@@ -124,7 +124,7 @@ async def get_bytes(js: JetStreamContext, name: str, expected: str, *, writer: s
     """The bytes `writer` (by default, whoever the name says writes it: `writer_of`) stored under
     `name`, at most `max_bytes`, only if they still have the digest `expected`
     (CheckpointUnverified otherwise)."""
-    data = await _read(js, name, writer, max_bytes)
+    data = await _read(js, name, writer, max_bytes, expected)
     found = digest(data)
     if found != expected:
         raise CheckpointUnverified(f"checkpoint {name} is not what was stored (sha256 {found[:12]}…, expected "
@@ -150,7 +150,7 @@ async def get(js: JetStreamContext, name: str, digests: Mapping[str, str], write
     if expected is None:
         raise CheckpointUnverified(f"checkpoint {name} has no digest recorded for it (its writer reported none "
                                    "when the round closed): it cannot be verified and is not used")
-    data = await _read(js, name, writer, None)
+    data = await _read(js, name, writer, None, expected)
     found = digest(data)
     if found != expected:
         raise CheckpointUnverified(f"checkpoint {name} was changed after its writer stored it (sha256 {found[:12]}…, "

@@ -181,16 +181,76 @@ async def read_meta(js: JetStreamContext, name: str, writer: str) -> StoredObjec
     return meta
 
 
-async def read_object(js: JetStreamContext, name: str, writer: str, max_bytes: int | None = None) -> bytes:
-    """Object `name` as `writer` stored it last: its bytes, at most `max_bytes` (CheckpointError
-    when it says it has more), within its deadline (CheckpointUnavailable when its chunks are
-    not all there, more than it says, or too slow). Its digest is the caller's to check."""
+# Versions of one object by its writer looked at when its newest is not the one recorded: a writer
+# writes a name again when a round is played again, and a placed writer may spoil its own newest.
+MAX_VERSIONS = 32
+
+
+async def read_object(js: JetStreamContext, name: str, writer: str, max_bytes: int | None = None,
+                      sha256: str | None = None) -> bytes:
+    """Object `name` as `writer` stored it: its bytes, at most `max_bytes` (CheckpointError when
+    it says it has more), within its deadline (CheckpointUnavailable when its chunks are not all
+    there, more than it says, or too slow). With `sha256` (the digest its record names), the
+    newest of the writer's versions of it that has that digest and reads whole; if none does, the
+    newest's bytes (the caller's digest check refuses them, naming the object)."""
     meta = await read_meta(js, name, writer)
+    if sha256 is None:
+        return await _bounded(js, meta, max_bytes)
+    failed: CheckpointError | None = None
+    if meta.sha256 == sha256:
+        data, failed = await _verified(js, meta, max_bytes, sha256)
+        if data is not None:
+            return data
+    for version in await _versions(js, name, writer):  # the newest is not the one recorded: the ones before it
+        if version != meta and version.sha256 == sha256:
+            data, err = await _verified(js, version, max_bytes, sha256)
+            if data is not None:
+                return data
+            failed = failed or err
+    if failed is not None:
+        raise failed
+    return await _bounded(js, meta, max_bytes)
+
+
+async def _verified(js: JetStreamContext, meta: StoredObject, max_bytes: int | None,
+                    sha256: str) -> tuple[bytes | None, CheckpointError | None]:
+    """A version's bytes if they have `sha256`; else None, and why it could not be read (None: it
+    was, and its bytes are others)."""
+    try:
+        data = await _bounded(js, meta, max_bytes)
+    except CheckpointUnavailable as err:
+        return None, err
+    return (data if hashlib.sha256(data).hexdigest() == sha256 else None), None
+
+
+async def _bounded(js: JetStreamContext, meta: StoredObject, max_bytes: int | None) -> bytes:
     bound = MAX_OBJECT_BYTES if max_bytes is None else max_bytes
     if meta.size > bound:
-        raise CheckpointError(f"checkpoint {name} by {writer} holds {meta.size:,} bytes, more than the "
+        raise CheckpointError(f"checkpoint {meta.name} by {meta.writer} holds {meta.size:,} bytes, more than the "
                               f"{bound:,} its reader takes")
     return await read_chunks(js, meta)
+
+
+async def _versions(js: JetStreamContext, name: str, writer: str) -> list[StoredObject]:
+    """The writer's versions of `name` still in the store, the newest first (at most MAX_VERSIONS:
+    the newest ones; malformed ones left out)."""
+    subject = meta_subject(writer, name)
+    deadline = asyncio.get_running_loop().time() + READ_BASE_S
+    found: list[StoredObject] = []
+    seq = 1
+    while True:
+        batch = await _batch(js, subject, seq, WINDOW_CHUNKS, deadline, f"checkpoint {name} by {writer}")
+        for _, data in batch:
+            try:
+                meta = StoredObject.model_validate_json(data)
+            except ValidationError:
+                continue
+            if meta.name == name and meta.writer == writer:
+                found.append(meta)
+        if len(batch) < WINDOW_CHUNKS:
+            return found[::-1][:MAX_VERSIONS]
+        seq = batch[-1][0] + 1
+        found = found[-MAX_VERSIONS:]
 
 
 async def read_chunks(js: JetStreamContext, meta: StoredObject) -> bytes:
