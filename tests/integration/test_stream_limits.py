@@ -42,7 +42,8 @@ async def test_every_stream_and_bucket_is_created_bounded_by_bytes():
         n: c.max_bytes for n, c in configs.items()}
     ckpt = configs[subjects.CHECKPOINTS_STREAM]
     assert ckpt.max_bytes == 2**30 and not ckpt.allow_rollup_hdrs and ckpt.discard_new_per_subject
-    assert ckpt.max_msgs_per_subject == 2**30 // 4 // owned_objects.CHUNK_BYTES  # a quarter per writer and run
+    # a quarter per writer and run, counted in messages, never fewer than a 10,000-round run writes
+    assert ckpt.max_msgs_per_subject == max(bus.MIN_WRITER_RUN_MESSAGES, 2**30 // 4 // owned_objects.CHUNK_BYTES)
     assert ckpt.max_msg_size == owned_objects.MAX_MESSAGE_BYTES
 
 
@@ -65,5 +66,5 @@ async def test_a_default_limit_the_server_cannot_reserve_is_lowered_a_set_one_is
     assert limits["RUN"].max_bytes == bus.RUN_MAX_BYTES["memory"] // 4
     ckpt = limits[subjects.CHECKPOINTS_STREAM]
     assert ckpt.max_bytes == 128 * MiB
-    assert ckpt.max_msgs_per_subject == 128 * MiB // 4 // owned_objects.CHUNK_BYTES  # lowered with it
+    assert ckpt.max_msgs_per_subject == bus.MIN_WRITER_RUN_MESSAGES
     assert (limits["OBJ_personas"].max_bytes, limits["OBJ_graphs"].max_bytes) == (32 * MiB, 16 * MiB)

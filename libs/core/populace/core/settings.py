@@ -199,8 +199,9 @@ class Settings(BaseSettings):
     # that write pause, naming it; starting a run is never blocked (every stream's room is reserved).
     checkpoints_max_bytes: int | None = Field(None, ge=1024 * 1024)
     # What one writer (a host, the environment, the orchestrator) may store for one run in it,
-    # enforced by the server (default: a quarter of the store's limit; counted in messages of up
-    # to 128 KiB: an object takes its size over 128 KiB, rounded up).
+    # enforced by the server, counted in messages of up to 128 KiB (an object takes its size over
+    # 128 KiB, rounded up, at least one). Default: a quarter of the store's limit, and never fewer
+    # than 32,768 messages (what a 10,000-round run's writer writes, with room).
     checkpoints_writer_run_max_bytes: int | None = Field(None, ge=128 * 1024)
     # Byte limit of each of the object stores `personas` and `graphs` (default: 16 GiB on file
     # storage, 1 GiB in memory, halved while the server cannot reserve it).

@@ -51,10 +51,13 @@ RUNS_MAX_BYTES = {"file": 1 * 2**30, "memory": 32 * 2**20}
 REGISTRY_MAX_BYTES = {"file": 64 * 2**20, "memory": 4 * 2**20}
 # The checkpoints of the runs kept (POPULACE_CHECKPOINTS_MAX_BYTES): a run's are about agents ×
 # declared state bytes × (1 + POPULACE_CHECKPOINT_DELTA_RATIO) per POPULACE_CHECKPOINT_FULL_EVERY
-# rounds, plus its worlds (docs/limits.md). What one writer may store for one run is a quarter of
-# it by default (POPULACE_CHECKPOINTS_WRITER_RUN_MAX_BYTES).
+# rounds, plus its worlds (docs/limits.md). What one writer may store for one run
+# (POPULACE_CHECKPOINTS_WRITER_RUN_MAX_BYTES) is bounded in messages of up to 128 KiB, and a small
+# object takes a message too: by default a quarter of the store, and never fewer messages than a
+# 10,000-round run's writer writes (its objects each round, one to three, some of several chunks).
 CHECKPOINTS_MAX_BYTES = {"file": 16 * 2**30, "memory": 1 * 2**30}
 WRITER_RUN_SHARE = 4
+MIN_WRITER_RUN_MESSAGES = 32_768
 # Content-addressed personas files and graphs (POPULACE_BLOBS_MAX_BYTES, each store): a 1M-agent
 # personas file is ~400 MB; the recorder's snapshots live 10 minutes.
 BLOBS_MAX_BYTES = {"file": 16 * 2**30, "memory": 1 * 2**30}
@@ -79,10 +82,10 @@ def _kind(st: StorageType) -> str:
 
 
 async def _reserve(js: JetStreamContext, cfg: StreamConfig, setting: str | None, by_default: bool,
-                   create, per_subject_share: bool = False) -> StreamConfig:
+                   create, resize=None) -> StreamConfig:
     """Create `cfg`'s stream (by `create(cfg)`, if missing), its byte limit halved while the
-    server cannot reserve a default one (and its per-subject bound with it, when that is a share
-    of the byte limit); a limit the operator set is kept (StreamLimitError)."""
+    server cannot reserve a default one (`resize(cfg, max_bytes)`: what else follows from it); a
+    limit the operator set is kept (StreamLimitError)."""
     while True:
         try:
             await until_ready(lambda cfg=cfg: create(cfg), f"stream {cfg.name}", PROVISION_ATTEMPTS)
@@ -97,10 +100,7 @@ async def _reserve(js: JetStreamContext, cfg: StreamConfig, setting: str | None,
                     f"{cfg.storage.value} storage") from None
             log.warning("stream_limit_lowered", stream=cfg.name, refused_bytes=cfg.max_bytes,
                         trying_bytes=cfg.max_bytes // 2, setting=setting)
-            halved = dataclasses.replace(cfg, max_bytes=cfg.max_bytes // 2)
-            if per_subject_share and cfg.max_msgs_per_subject:
-                halved = dataclasses.replace(halved, max_msgs_per_subject=max(1, cfg.max_msgs_per_subject // 2))
-            cfg = halved
+            cfg = resize(cfg, cfg.max_bytes // 2) if resize else dataclasses.replace(cfg, max_bytes=cfg.max_bytes // 2)
 
 
 async def provision(js: JetStreamContext, storage: str = "file", replicas: int = 1,
@@ -226,30 +226,33 @@ def _object_stream(bucket: str, ttl: float | None, storage: StorageType, replica
                         max_bytes=max_bytes, num_replicas=replicas, storage=storage)
 
 
-def checkpoints_stream(storage: StorageType, replicas: int, max_bytes: int, writer_run_max_bytes: int) -> StreamConfig:
+def checkpoints_stream(storage: StorageType, replicas: int, max_bytes: int,
+                       writer_run_max_bytes: int | None = None) -> StreamConfig:
     """The `checkpoints` store's stream (populace.core.owned_objects): no rollups; every message at
-    most a chunk; each subject (all one writer stores for one run, or one object's metadata) at
-    most `writer_run_max_bytes` of chunks, past which a publish is refused."""
+    most a chunk; each subject (all one writer stores for one run, or one object's versions) at
+    most `writer_run_max_bytes` of chunks (default: WRITER_RUN_SHARE of the store, at least
+    MIN_WRITER_RUN_MESSAGES messages), past which a publish is refused."""
     from populace.core.owned_objects import CHUNK_BYTES, MAX_MESSAGE_BYTES  # it imports the bus
 
+    per_subject = (max(1, writer_run_max_bytes // CHUNK_BYTES) if writer_run_max_bytes is not None
+                   else max(MIN_WRITER_RUN_MESSAGES, max_bytes // WRITER_RUN_SHARE // CHUNK_BYTES))
     return dataclasses.replace(_object_stream(subjects.CHECKPOINTS_BUCKET, None, storage, replicas, max_bytes, False),
                                max_msg_size=MAX_MESSAGE_BYTES, discard_new_per_subject=True,
-                               max_msgs_per_subject=max(1, writer_run_max_bytes // CHUNK_BYTES))
+                               max_msgs_per_subject=per_subject)
 
 
 async def ensure_checkpoints(js: JetStreamContext, storage: StorageType, replicas: int, max_bytes: int | None,
                              writer_run_max_bytes: int | None) -> None:
     """Create the `checkpoints` store if missing (checkpoints_stream), with its limits."""
-    limit = max_bytes or CHECKPOINTS_MAX_BYTES[_kind(storage)]
-    cfg = checkpoints_stream(storage, replicas, limit, writer_run_max_bytes or limit // WRITER_RUN_SHARE)
+    cfg = checkpoints_stream(storage, replicas, max_bytes or CHECKPOINTS_MAX_BYTES[_kind(storage)],
+                             writer_run_max_bytes)
 
     async def create(c: StreamConfig) -> None:
         await _ensure_stream(js, c, "POPULACE_CHECKPOINTS_MAX_BYTES")
         await _has_leader(js, c.name, replicas)
 
-    # a bound per writer and run the operator set is kept as it is when the store's limit is lowered
     await _reserve(js, cfg, "POPULACE_CHECKPOINTS_MAX_BYTES", max_bytes is None, create,
-                   per_subject_share=writer_run_max_bytes is None)
+                   resize=lambda c, limit: checkpoints_stream(storage, replicas, limit, writer_run_max_bytes))
 
 
 def _warn_rollups(info, stream: str) -> None:
