@@ -29,7 +29,7 @@ from pydantic_core import to_json
 from populace.client.prepare import prepare
 from populace.client.run import new_run_id, play, run_state
 from populace.client.stack import Stack
-from populace.core import bus, checkpoints, owned_objects, subjects
+from populace.core import bus, checkpoints, owned_objects, runconfigs, subjects
 from populace.core.contracts import Progress, Restore, RoundOpen, RunConfig
 from populace.core.hostauth import with_hosts
 
@@ -191,10 +191,11 @@ async def stored_under(stack: Stack, pattern: str) -> dict[str, int]:
 
 
 def test_a_lost_hosts_replacement_restores_its_genuine_checkpoint_under_forged_metadata(stack, reference):
-    """host-1 stores its own bytes under host-0's round-1 checkpoint name (and metadata pointing at
-    nothing); host-0 then dies as round 2 opens. Its agents' replacement restored the forged
-    object (an issue 26 run "completed" with other numbers), then refused it and paused, and every
-    resume paused again (issue 41); now it restores host-0's own, and the run completes exactly."""
+    """host-1 stores its own bytes under host-0's round-1 checkpoint name and the run's config's
+    (and metadata pointing at nothing); host-0 then dies as round 2 opens. Its agents'
+    replacement restored the forged object (an issue 26 run "completed" with other numbers), then
+    refused it and paused, and every resume paused again; a restarted host read a forged config
+    and paused (issue 41). Now it restores host-0's own, and the run completes exactly."""
     victim = None
 
     async def on_open(evil, rid, n) -> None:
@@ -203,6 +204,8 @@ def test_a_lost_hosts_replacement_restores_its_genuine_checkpoint_under_forged_m
             victim = subjects.checkpoint_agents(rid, 1, 0)
             stack.kill("agent-host-0")  # before it could send its share of round 2
             await forge(evil, victim, forged_agents(0, 200))
+            head = await bus.run_head(evil.jetstream(), rid)  # a host may read any run's state
+            await forge(evil, runconfigs.object_name(rid, head.config_ref), {"agents": 1})
             threading.Thread(target=stack.restart, args=("agent-host-0",), daemon=True).start()
 
     try:

@@ -193,7 +193,7 @@ class Settings(BaseSettings):
     # oldest go first. Default bytes: 256 MiB, halved while the server cannot reserve it.
     dlq_max_age_s: float = Field(7 * 86400.0, gt=0)
     dlq_max_bytes: int | None = Field(None, ge=1024 * 1024)
-    # Byte limit of the object store `checkpoints`, set when it is created (default: 16 GiB on file
+    # Byte limit of the object store `checkpoints`, set when it is created (default: 8 GiB on file
     # storage, 1 GiB in memory, halved while the server cannot reserve it): the checkpoints of the
     # runs kept (docs/limits.md says how to size it). Once full, a write is refused and the runs
     # that write pause, naming it; starting a run is never blocked (every stream's room is reserved).
@@ -203,7 +203,7 @@ class Settings(BaseSettings):
     # 128 KiB, rounded up, at least one). Default: a quarter of the store's limit, and never fewer
     # than 32,768 messages (what a 10,000-round run's writer writes, with room).
     checkpoints_writer_run_max_bytes: int | None = Field(None, ge=128 * 1024)
-    # Byte limit of each of the object stores `personas` and `graphs` (default: 16 GiB on file
+    # Byte limit of each of the object stores `personas` and `graphs` (default: 4 GiB on file
     # storage, 1 GiB in memory, halved while the server cannot reserve it).
     blobs_max_bytes: int | None = Field(None, ge=1024 * 1024)
     publish_async_max_pending: int = Field(4000, ge=1)

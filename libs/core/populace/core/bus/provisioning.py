@@ -32,8 +32,10 @@ def _storage(kind: str) -> StorageType:
     return StorageType.MEMORY if kind == "memory" else StorageType.FILE
 
 
-# Every stream and bucket has a byte limit, set when a service creates it (services may not update
-# streams: an existing stream keeps its limits; `nats stream edit` as `admin` changes them). A
+# Every stream and bucket has a byte limit (together about 35 GiB on file storage, 5.6 GiB in
+# memory: nats-server's default storage is 75% of the free disk or RAM), set when a service creates
+# it (services may not update streams: an existing stream keeps its limits; `nats stream edit` as
+# `admin` changes them). A
 # limit is reserved by nats-server when the stream is created, so no stream can take another's
 # room: a full object store never keeps `ctl.run.start` out (measured: with the checkpoints
 # unbounded, one host's 1.5 GB filled the server's storage and every publish, CTL's too, failed
@@ -44,24 +46,24 @@ RUN_MAX_AGE_S = 30 * 86400.0
 RUN_MAX_BYTES = {"file": 16 * 2**30, "memory": 2 * 2**30}  # a memory stream's bytes are reserved in RAM
 DLQ_MAX_AGE_S = 7 * 86400.0
 DLQ_MAX_BYTES = 256 * 2**20
-CTL_MAX_BYTES = {"file": 1 * 2**30, "memory": 32 * 2**20}
+CTL_MAX_BYTES = {"file": 256 * 2**20, "memory": 32 * 2**20}
 # KV `runs`: one entry per run ever started (a few KB to a few hundred; only the orchestrator writes
 # it); the registries (hosts, services, replicas, nodes, pacing) hold live entries only (TTL'd).
-RUNS_MAX_BYTES = {"file": 1 * 2**30, "memory": 32 * 2**20}
-REGISTRY_MAX_BYTES = {"file": 64 * 2**20, "memory": 4 * 2**20}
+RUNS_MAX_BYTES = {"file": 256 * 2**20, "memory": 32 * 2**20}
+REGISTRY_MAX_BYTES = {"file": 16 * 2**20, "memory": 4 * 2**20}
 # The checkpoints of the runs kept (POPULACE_CHECKPOINTS_MAX_BYTES): a run's are about agents ×
 # declared state bytes × (1 + POPULACE_CHECKPOINT_DELTA_RATIO) per POPULACE_CHECKPOINT_FULL_EVERY
 # rounds, plus its worlds (docs/limits.md). What one writer may store for one run
 # (POPULACE_CHECKPOINTS_WRITER_RUN_MAX_BYTES) is bounded in messages of up to 128 KiB, and a small
 # object takes a message too: by default a quarter of the store, and never fewer messages than a
 # 10,000-round run's writer writes (its objects each round, one to three, some of several chunks).
-CHECKPOINTS_MAX_BYTES = {"file": 16 * 2**30, "memory": 1 * 2**30}
+CHECKPOINTS_MAX_BYTES = {"file": 8 * 2**30, "memory": 1 * 2**30}
 WRITER_RUN_SHARE = 4
 MIN_WRITER_RUN_MESSAGES = 32_768
 # Content-addressed personas files and graphs (POPULACE_BLOBS_MAX_BYTES, each store): a 1M-agent
 # personas file is ~400 MB; the recorder's snapshots live 10 minutes.
-BLOBS_MAX_BYTES = {"file": 16 * 2**30, "memory": 1 * 2**30}
-SNAPSHOTS_MAX_BYTES = {"file": 8 * 2**30, "memory": 256 * 2**20}
+BLOBS_MAX_BYTES = {"file": 4 * 2**30, "memory": 1 * 2**30}
+SNAPSHOTS_MAX_BYTES = {"file": 2 * 2**30, "memory": 256 * 2**20}
 # nats-server refuses a stream whose byte limit it cannot reserve (its default JetStream storage
 # is 75% of the free disk or RAM): a default limit is then halved until it fits, down to this.
 INSUFFICIENT_RESOURCES = (10028, 10047)  # memory, storage
