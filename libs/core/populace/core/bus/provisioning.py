@@ -35,11 +35,10 @@ def _storage(kind: str) -> StorageType:
 # Every stream and bucket has a byte limit (together about 35 GiB on file storage, 5.6 GiB in
 # memory: nats-server's default storage is 75% of the free disk or RAM), set when a service creates
 # it (services may not update streams: an existing stream keeps its limits; `nats stream edit` as
-# `admin` changes them). A
-# limit is reserved by nats-server when the stream is created, so no stream can take another's
-# room: a full object store never keeps `ctl.run.start` out (measured: with the checkpoints
-# unbounded, one host's 1.5 GB filled the server's storage and every publish, CTL's too, failed
-# "insufficient resources"). RUN refuses new events once full (DiscardPolicy.NEW: a publish fails
+# `admin` changes them). nats-server reserves a stream's limit when it creates the stream, so no
+# stream can take another's room: a full object store never keeps `ctl.run.start` out (with the
+# checkpoints unbounded, one host's 1.5 GB filled the server's storage and every publish, CTL's
+# too, failed "insufficient resources": issue 41). RUN refuses new events once full (DiscardPolicy.NEW: a publish fails
 # loudly, never an unrecorded event dropped in silence); CTL and DLQ drop their oldest (each
 # control request was handled long before, each dead letter logged when it was refused).
 RUN_MAX_AGE_S = 30 * 86400.0
