@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 from populace_ratio_game.rules import partial_of
 
-from populace.core import checkpoints, objects, subjects
+from populace.core import checkpoints, subjects
 from populace.core.contracts import (
     PARTIAL_INLINE_BYTES,
     ConfigRef,
@@ -44,25 +44,12 @@ async def store(js, name: str, data: bytes, writer: str) -> PartialRef:
     return PartialRef(ref=name, sha256=digest, size=len(data))
 
 
-async def test_a_sized_read_returns_the_object_and_refuses_another_size_or_more_chunks(js):
+async def test_a_bounded_read_returns_the_object_and_refuses_one_larger_than_its_bound(js):
     data = bytes(range(256)) * 2048  # 512 KB: four chunks
     ref = await store(js, name("h1"), data, "h1")
-    got = await objects.read_sized(js, subjects.CHECKPOINTS_BUCKET, ref.ref, ref.size)
-    assert bytes(got) == data
-    with pytest.raises(objects.ObjectRefused, match=r"has 524,288 bytes by its metadata, not the 1,000 its writer"):
-        await objects.read_sized(js, subjects.CHECKPOINTS_BUCKET, ref.ref, 1000)
-    # the metadata says 4 chunks' size, its chunk subject holds 9: the read stops past the size
-    big = bytes(9 * checkpoints.CHUNK_BYTES)
-    await checkpoints.put_bytes(js, name("h1"), big, writer="h1")
-    store_ = await js.object_store(subjects.CHECKPOINTS_BUCKET)
-    info = await store_.get_info(name("h1"))
-    meta = {**info.as_dict(), "size": len(data)}
-    await js.publish(f"$O.{subjects.CHECKPOINTS_BUCKET}.M.{checkpoints._b64(name('h1'))}",
-                     json.dumps(meta).encode())
-    with pytest.raises(objects.ObjectRefused, match="holds more than the 524,288 bytes its metadata says"):
-        await objects.read_sized(js, subjects.CHECKPOINTS_BUCKET, name("h1"), len(data))
-    with pytest.raises(checkpoints.CheckpointError, match="holds more than"):
-        await checkpoints.get_bytes(js, name("h1"), ref.sha256, size=len(data))
+    assert await checkpoints.get_bytes(js, ref.ref, ref.sha256, max_bytes=ref.size) == data
+    with pytest.raises(checkpoints.CheckpointError):  # its metadata says more than the bound: nothing read
+        await checkpoints.get_bytes(js, ref.ref, ref.sha256, max_bytes=1000)
 
 
 def environment(js, head: RunHead, monkeypatch) -> tuple[Environment, RunTally, list[str]]:
@@ -74,9 +61,9 @@ def environment(js, head: RunHead, monkeypatch) -> tuple[Environment, RunTally, 
     reads: list[str] = []
     real = checkpoints.get_bytes
 
-    async def get_bytes(js_, name, expected, size=None):
+    async def get_bytes(js_, name, expected, *, writer=None, max_bytes=None):
         reads.append(name)
-        return await real(js_, name, expected, size=size)
+        return await real(js_, name, expected, writer=writer, max_bytes=max_bytes)
 
     async def head_of(run_id: str) -> RunHead | None:
         return head
@@ -118,8 +105,8 @@ async def test_a_placed_share_s_partial_is_read_within_its_size_and_refused_past
     ref = await store(js, name("h1"), json.dumps(payload).encode(), "h1")
     read = await env.read_reference(tally, by_reference("h1", ref))
     assert read is not None and read.payload == payload and reads == [name("h1")]
-    # a size the object's metadata does not say: refused, named
-    with pytest.raises(BadPartial, match=r"cannot be used: .* bytes by its metadata, not the"):
+    # a size the object does not have: refused, named
+    with pytest.raises(BadPartial, match=r"cannot be used: it holds [\d,]+ bytes, not the [\d,]+ its partial says"):
         await env.read_reference(tally, by_reference("h1", ref.model_copy(update={"size": ref.size + 1})))
     # more than a share of 4 agents may send: refused before any read
     reads.clear()

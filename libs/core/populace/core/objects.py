@@ -4,24 +4,21 @@ reference, the file never travels inside run messages."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import io
 
-from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError, ObjectNotFoundError
-from nats.js.object_store import OBJ_CHUNKS_PRE_TEMPLATE, ObjectStore
+from nats.js.object_store import ObjectStore
 
 from populace.core import subjects
 from populace.core.bus import until_ready
+from populace.core.owned_objects import READ_BASE_S, READ_MIN_BYTES_PER_S
 
 
 class BlobError(RuntimeError):
     """A blob is missing from the object store or does not match its digest."""
-
-
-class ObjectRefused(BlobError):
-    """An object is not the size its reader was told, or holds more bytes than its metadata says."""
 
 
 # A bounded read waits this long for each chunk: chunks that never come (metadata naming chunks
@@ -34,50 +31,25 @@ def digest_of(data: bytes) -> str:
 
 
 async def read_object(store: ObjectStore, key: str) -> bytes:
-    """An object's bytes. Not `store.get(key).data`: nats-py builds that with `data += chunk`,
-    which copies everything read so far for every 128 KB chunk — quadratic: a 400 MB personas
-    file (1M agents) took minutes per reader. Written into a buffer, it is linear."""
-    buf = io.BytesIO()
-    await store.get(key, writeinto=buf)
-    return buf.getvalue()
-
-
-async def read_sized(js: JetStreamContext, bucket: str, key: str, size: int,
-                     chunk_wait_s: float = CHUNK_WAIT_S) -> bytearray:
-    """An object's bytes, only if it holds exactly `size` (what its writer said elsewhere): its
-    metadata must say `size`, and the read stops as soon as its chunks hold more (ObjectRefused)
-    — nats-py's get() reads every chunk on the metadata's subject, however many. Its digest is
-    the caller's to check. NotFoundError when there is no such object. A bytearray, filled in
-    place: the bytes are held once."""
-    store = await js.object_store(bucket)
+    """An object's bytes, within a deadline from its size (nats-py's get() waits for its chunks
+    without end: metadata whose chunks hold nothing would hang its reader). Not
+    `store.get(key).data`: nats-py builds that with `data += chunk`, which copies everything read
+    so far for every 128 KB chunk — quadratic: a 400 MB personas file (1M agents) took minutes per
+    reader. Written into a buffer, it is linear."""
     info = await store.get_info(key)
-    if info.size != size:
-        raise ObjectRefused(f"object {key} of '{bucket}' has {info.size:,} bytes by its metadata, not the {size:,} "
-                            "its writer said")
-    if size == 0:
-        return bytearray()
-    buf = bytearray(size)
-    got = 0
-    sub = await js.subscribe(OBJ_CHUNKS_PRE_TEMPLATE.format(bucket=bucket, obj=info.nuid), ordered_consumer=True)
+    deadline = READ_BASE_S + (info.size or 0) / READ_MIN_BYTES_PER_S
+    buf = io.BytesIO()
     try:
-        while True:
-            try:
-                msg = await sub.next_msg(timeout=chunk_wait_s)
-            except (TimeoutError, NatsTimeoutError):
-                raise ObjectRefused(f"object {key} of '{bucket}': no chunk came for {chunk_wait_s:g}s after "
-                                    f"{got:,} of its {size:,} bytes") from None
-            end = got + len(msg.data)
-            if end > size:
-                raise ObjectRefused(f"object {key} of '{bucket}' holds more than the {size:,} bytes its metadata says")
-            buf[got:end] = msg.data
-            got = end
-            if msg.metadata.num_pending == 0:
-                break
-    finally:
-        await sub.unsubscribe()
-    if got != size:
-        raise ObjectRefused(f"object {key} of '{bucket}' holds {got:,} bytes, not the {size:,} its metadata says")
-    return buf
+        async with asyncio.timeout(deadline) as scope:
+            await store.get(key, writeinto=buf)
+    except TimeoutError:
+        if not scope.expired():
+            raise  # the client's own request timeout: transient, asked again
+        raise BlobError(f"{key[:12]}…: its {info.size:,} bytes did not come within {deadline:.0f} s") from None
+    data = buf.getvalue()
+    if len(data) != (info.size or 0):
+        raise BlobError(f"{key[:12]}…: {len(data):,} bytes read, its metadata says {info.size:,}")
+    return data
 
 
 async def put_once(store: ObjectStore, key: str, data: bytes, what: str) -> None:

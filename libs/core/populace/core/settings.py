@@ -188,6 +188,10 @@ class Settings(BaseSettings):
     # Checkpoints of a completed run, once recorded: all (fork from any round), last (only the
     # last round's: fork from it), none. Failed, cancelled and paused runs keep theirs: resume.
     checkpoints_keep: Literal["all", "last", "none"] = "all"
+    # How often the recorder purges what belongs to no run from the object store `checkpoints`
+    # (objects of a run KV `runs` does not know, or written by a user that is none of the run's
+    # writers: a host never placed in it); 0: never.
+    checkpoints_sweep_s: float = Field(300.0, ge=0)
 
     # JetStream
     storage: Literal["file", "memory"] = "file"
@@ -203,6 +207,19 @@ class Settings(BaseSettings):
     # oldest go first. Default bytes: 256 MiB, halved while the server cannot reserve it.
     dlq_max_age_s: float = Field(7 * 86400.0, gt=0)
     dlq_max_bytes: int | None = Field(None, ge=1024 * 1024)
+    # Byte limit of the object store `checkpoints`, set when it is created (default: 8 GiB on file
+    # storage, 1 GiB in memory, halved while the server cannot reserve it): the checkpoints of the
+    # runs kept (docs/limits.md says how to size it). Once full, a write is refused and the runs
+    # that write pause, naming it; starting a run is never blocked (every stream's room is reserved).
+    checkpoints_max_bytes: int | None = Field(None, ge=1024 * 1024)
+    # What one writer (a host, the environment, the orchestrator) may store for one run in it,
+    # enforced by the server, counted in messages of up to 128 KiB (an object takes its size over
+    # 128 KiB, rounded up, at least one). Default: a quarter of the store's limit, and never fewer
+    # than 32,768 messages (what a 10,000-round run's writer writes, with room).
+    checkpoints_writer_run_max_bytes: int | None = Field(None, ge=128 * 1024)
+    # Byte limit of each of the object stores `personas` and `graphs` (default: 4 GiB on file
+    # storage, 1 GiB in memory, halved while the server cannot reserve it).
+    blobs_max_bytes: int | None = Field(None, ge=1024 * 1024)
     publish_async_max_pending: int = Field(4000, ge=1)
 
     @field_validator("replica_hosts")

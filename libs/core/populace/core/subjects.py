@@ -75,6 +75,41 @@ def checkpoint_config(rid: str, n: int, digest: str) -> str:
     return f"{rid}.{n}.config.{digest}"
 
 
+# How the `checkpoints` bucket is laid out (populace.core.owned_objects): every byte one writer
+# stores for one run goes on one chunk subject, which the stream bounds (max messages per
+# subject), and each object's metadata on a subject of its writer, which only that writer may
+# publish: a reader looks for an object under its expected writer only.
+CHECKPOINTS_STREAM = f"OBJ_{CHECKPOINTS_BUCKET}"
+CHECKPOINTS_ALL = f"$O.{CHECKPOINTS_BUCKET}.>"
+CHECKPOINT_CHUNKS_ROOT = f"$O.{CHECKPOINTS_BUCKET}.C"
+CHECKPOINT_META_ROOT = f"$O.{CHECKPOINTS_BUCKET}.M"
+
+
+def checkpoint_run_of(name: str) -> str:
+    """The run a checkpoint object belongs to: its name's first token (every name starts with it)."""
+    return name.split(".", 1)[0]
+
+
+def checkpoint_chunks(writer: str, rid: str) -> str:
+    """The chunks of every object `writer` stores for run `rid`, in the order written."""
+    return f"{CHECKPOINT_CHUNKS_ROOT}.{writer}.{rid}"
+
+
+def checkpoint_meta(writer: str, rid: str, name_b64: str) -> str:
+    """The metadata of one object (its name base64url-encoded: names have dots), by its writer."""
+    return f"{CHECKPOINT_META_ROOT}.{writer}.{rid}.{name_b64}"
+
+
+def checkpoint_run_chunks(rid: str, writer: str = "*") -> str:
+    """Every chunk subject of run `rid` (of one writer, or of any)."""
+    return checkpoint_chunks(writer, rid)
+
+
+def checkpoint_run_meta(rid: str, writer: str = "*") -> str:
+    """Every metadata subject of run `rid` (of one writer, or of any)."""
+    return f"{CHECKPOINT_META_ROOT}.{writer}.{rid}.*"
+
+
 def is_checkpoint_config(name: str) -> bool:
     """Whether a checkpoint object's name is a run's config (checkpoint_config)."""
     return name.split(".")[2:3] == ["config"]

@@ -97,7 +97,7 @@ class HostRuntime:
         if batch.restore is None:
             return
         r = batch.restore
-        states = await checkpoints.load_agents(self.js, r.run_id, r.round, r.ranges, run.ranges, r.digests)
+        states = await checkpoints.load_agents(self.js, r.run_id, r.round, r.ranges, run.ranges, r.digests, r.writers)
         run.restore(states)
         plans = self.interviews.planned(run, r.round) if r.run_id == run.run_id else []
         if plans:  # their answers may have been lost with the host that played the round: asked again
@@ -105,7 +105,8 @@ class HostRuntime:
         if run.mailroom is not None:
             # what the agents read next: every agent's post of that round (the checkpoint of
             # every range holds its agents' posts), not only this share's
-            everyone = await checkpoints.load_agents(self.js, r.run_id, r.round, r.ranges, r.ranges, r.digests)
+            everyone = await checkpoints.load_agents(self.js, r.run_id, r.round, r.ranges, r.ranges, r.digests,
+                                                     r.writers)
             box = run.mailroom.box(r.round)
             for aid, state in everyone.items():
                 text = state.get(POST_TEXT)
@@ -201,6 +202,12 @@ class HostRuntime:
             except RoundPaused as err:  # the simulation broke a rule (a scene, an edit): pause, resumable once fixed
                 reason = f"{err}; fix the simulation, then `populace resume {run.run_id}`"
                 log.error("scene_failed", error=reason)
+                if self._report_fault is not None:
+                    await self._report_fault(run.run_id, opened.round, reason, run.epoch, True)
+            except checkpoints.CheckpointError as err:  # a checkpoint, world or partial object the store
+                # refused (full) or that cannot be read: the store's fault, never the simulation's
+                reason = f"round {opened.round}: {err}; `populace resume {run.run_id}` continues"
+                log.error("checkpoint_unusable", error=reason)
                 if self._report_fault is not None:
                     await self._report_fault(run.run_id, opened.round, reason, run.epoch, True)
             except ModelUnavailable as err:  # the model path is down: pause, record nothing as answers

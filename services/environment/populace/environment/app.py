@@ -60,10 +60,13 @@ class Environment:
     async def fault(self, run_id: str, round_: int | None, reason: str, epoch: int = 0,
                     cause: BaseException | None = None) -> None:
         """`cause`: what the simulation raised; its bug that a fix resumes from (a world its
-        declaration refuses) pauses the run rather than failing it."""
-        pause = isinstance(cause, RoundPaused)
-        if pause:
+        declaration refuses) pauses the run rather than failing it, and so does an object the
+        store refused or cannot give back (it is full, a world is unreadable): not the run's fault."""
+        pause = isinstance(cause, (RoundPaused, checkpoints.CheckpointError))
+        if isinstance(cause, RoundPaused):
             reason = f"{reason}; fix the simulation, then `populace resume {run_id}`"
+        elif pause:
+            reason = f"{reason}; `populace resume {run_id}` continues"
         self.failed[run_id] = epoch
         self.svc.log.error("run_fault", run_id=run_id, round=round_, reason=reason, pause=pause)
         await bus.publish_js(self.svc.js, subjects.run_fault(run_id, "environment"),
@@ -147,7 +150,7 @@ class Environment:
         except Exception as err:  # unreadable, changed, or not the simulation's World
             self.runs.pop(tally.run_id, None)
             await self.fault(tally.run_id, opened.round, f"the environment cannot read the round's world: {err}",
-                             tally.epoch)
+                             tally.epoch, cause=err)
             return False
         return True
 
@@ -219,7 +222,9 @@ class Environment:
             raise BadPartial(f"the partial's object {name} has {ref.size:,} bytes; a partial of {agents:,} agents "
                              f"may have {limit:,}")
         try:
-            data = await checkpoints.get_bytes(self.svc.js, name, ref.sha256, size=ref.size)
+            data = await checkpoints.get_bytes(self.svc.js, name, ref.sha256, max_bytes=ref.size)
+            if len(data) != ref.size:
+                raise ValueError(f"it holds {len(data):,} bytes, not the {ref.size:,} its partial says")
             payload = await asyncio.to_thread(from_json, data, allow_inf_nan=False)
         except (checkpoints.CheckpointError, ValueError) as err:
             raise BadPartial(f"the partial's object {name} cannot be used: {err}") from None
@@ -303,7 +308,12 @@ class Environment:
             await self.fault(tally.run_id, round_, str(err), tally.epoch, cause=err.__cause__)
             return
         if result is not None:
-            await self.publish(result, tally)
+            try:
+                await self.publish(result, tally)
+            except checkpoints.CheckpointError as err:  # its checkpoint refused (the store is full)
+                self.runs.pop(tally.run_id, None)
+                await self.fault(tally.run_id, round_, f"the environment cannot store round {round_}'s checkpoint: "
+                                 f"{err}", tally.epoch, cause=err)
 
     async def publish(self, result: RoundResult, tally: RunTally) -> None:
         with tracer.start_as_current_span(

@@ -111,6 +111,13 @@ def owners(state: RunState, round_: int) -> dict[str, list[tuple[int, int]]]:
     return out
 
 
+def writers_for(state: RunState, round_: int) -> dict[str, str]:
+    """Who wrote each agents' checkpoint object of `round_`: the host of the share that played
+    its range then (a reader takes an object only from its writer)."""
+    return {subjects.checkpoint_agents(state.run_id, round_, first): key.rpartition("@")[0]
+            for key, ranges in owners(state, round_).items() for first, _ in ranges}
+
+
 def layout_for(state: RunState, round_: int) -> list[tuple[int, int]]:
     """The ranges the run's hosts played (and checkpointed) `round_` in."""
     chosen = [lay for lay in state.layouts if lay.from_round <= round_]
@@ -152,7 +159,8 @@ def fork_run(run_id: str, config: RunConfig, placement: Placement, parent: RunSt
     return RunState(run_id=run_id, status="spawning", config=config, shares=shares, round=after_round,
                     config_ref=ConfigRef.of(config, after_round + 1),
                     restore=Restore(run_id=parent.run_id, round=after_round,
-                                    ranges=layout_for(parent, after_round), digests=digests or {}),
+                                    ranges=layout_for(parent, after_round), digests=digests or {},
+                                    writers=writers_for(parent, after_round)),
                     layouts=[layout(after_round + 1, shares)],
                     env_state=env_state, observation=observation, selection=selection, world=world)
 
@@ -186,7 +194,7 @@ def restore_point(state: RunState) -> Restore | None:
         return state.restore
     if after:
         return Restore(run_id=state.run_id, round=after, ranges=layout_for(state, after),
-                       digests=dict(state.checkpoints))
+                       digests=dict(state.checkpoints), writers=writers_for(state, after))
     return None
 
 
