@@ -148,8 +148,21 @@ def attacked(stack):
         async def attack() -> None:
             while (n := await queue.get()) is not None:
                 state = await run_state(nc, rid)
+                # running: its hosts spawned (the recorder has its placement), its first round opening,
+                # none of its outcomes played yet (the model takes 0.3 s an act, a scene several acts)
+                while state is None or state.status != "running":
+                    await asyncio.sleep(0.01)
+                    state = await run_state(nc, rid)
                 ranges = {sh.host_id: sh.ranges[0] for sh in state.shares}
-                if n == 1:  # the bomb: stored under host-9's own token, named by 4 partials
+                if n == "placed":
+                    # every round's forgeries as round 1 opens: none can come after host-1's own
+                    # batches (which would refuse them whole, as duplicates, not group by group)
+                    for r in range(1, ROUNDS + 1):
+                        for b in forged_batches(rid, r, local, ranges["host-1"], ranges["host-0"]):
+                            await bus.publish_js(evil.jetstream(), subjects.run_outcomes(rid, r, "host-1"), b,
+                                                 msg_id=f"forged-{uuid.uuid4().hex}")
+                            seen["forged"] += 1
+                elif n == 1:  # the bomb: stored under host-9's own token, named by 4 partials
                     seen["rss_before"] = rss(stack, "environment")
                     name = subjects.checkpoint_partial(rid, 1, "host-9@0")
                     data = b"[" + b"0," * (BOMB_BYTES // 2) + b"0]"
@@ -159,10 +172,8 @@ def attacked(stack):
                         await bus.publish_js(bomber.jetstream(), subjects.run_partial(rid, 1, "host-9", 0),
                                              RoundPartial(run_id=rid, round=1, host_id="host-9", n=80, n_valid=80,
                                                           payload=ref), msg_id=f"bomb-{rid}-{k}")
-                for b in forged_batches(rid, n, local, ranges["host-1"], ranges["host-0"]):
-                    await bus.publish_js(evil.jetstream(), subjects.run_outcomes(rid, n, "host-1"), b,
-                                         msg_id=f"forged-{uuid.uuid4().hex}")
-                    seen["forged"] += 1
+
+        queue.put_nowait("placed")
 
         def on_event(kind, model) -> None:
             if isinstance(model, RoundOpen) and model.nudge == 0:

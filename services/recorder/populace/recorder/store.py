@@ -804,6 +804,8 @@ class Store:
         for b in batches:
             rows[b.run_id, b.round] += len(b.agent_ids)
         total = sum(rows.values())
+        if total == 0:  # batches with no rows (a forged one, refused group by group): no round's time
+            return
         for (run_id, round_), n in rows.items():
             share = seconds * n / total
             (updated,) = self.con.execute(
