@@ -77,8 +77,9 @@ class Resolved:
     params: Params
 
     def tables(self) -> SimulationTables:
-        """The simulation's tables for this run: with its measure's declared range."""
-        return self.simulation.tables_for(self.params)
+        """The simulation's tables for this run: with its measure's declared range or options
+        (those of its answer schema's `enum` too)."""
+        return self.simulation.tables_for(self.params, self.instance().answer_schema())
 
     def instance(self, run_id: str = "", cast=None) -> Simulation:
         c = self.config

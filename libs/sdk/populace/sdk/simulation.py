@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 from populace.core.contracts import PLATFORM_SUMMARY_COLUMNS, Column, RunConfig, SimulationTables
 from populace.sdk.agent import Agent
+from populace.sdk.answers import schema_options
 from populace.sdk.edges import EdgeBook
 from populace.sdk.env import Env, GroupEnv
 from populace.sdk.groups import GroupError, GroupLayout
@@ -257,9 +258,10 @@ class Simulation:
     @classmethod
     def measure_options(cls, params: Params) -> tuple[str, ...] | None:
         """A categorical measure's possible answers, in the order results and reports list them
-        (None: any text). Default: the values of a `Literal["go", "stay"]` measure column. A
-        valid answer outside them is recorded as invalid with the error named (the recorder
-        refuses a batch that carries one), as a numeric measure outside `measure_range` is."""
+        (None: any text). Default: the values of a `Literal["go", "stay"]` measure column; else
+        (for a run) the `enum` of the answer schema's property named as the measure. A valid
+        answer outside them is recorded as the model's invalid answer with the error named (the
+        recorder refuses a batch that carries one), as a numeric measure outside `measure_range` is."""
         fields = dict(outcome_fields(cls.Outcome))
         measure = cls.Outcome.measure or next(iter(fields), None)
         values = literal_values(fields[measure]) if measure in fields else None
@@ -297,15 +299,21 @@ class Simulation:
         )
 
     @classmethod
-    def tables_for(cls, params: Params) -> SimulationTables:
+    def tables_for(cls, params: Params, answer_schema: dict | None = None) -> SimulationTables:
         """The tables of a run with these parameters: with its numeric measure's declared range,
-        or its categorical measure's declared options."""
+        or its categorical measure's declared options (`measure_options`, else the `enum` the
+        run's `answer_schema` gives the measure's property: options that live only in the schema
+        are options too)."""
         tables = cls.tables()
         if tables.measure_kind == "numeric":
             return tables.model_copy(update={"measure_range": cls.measure_range(params)})
         if tables.measure_kind != "categorical":
             return tables
         options = cls.measure_options(params)
+        if options is None:
+            found = schema_options(answer_schema)
+            enum = found.get(tables.measure or "") or found.get("")
+            options = enum if enum and all(isinstance(o, str) for o in enum) else None
         if options is None:
             return tables
         if not (isinstance(options, (tuple, list)) and options and all(isinstance(o, str) for o in options)
