@@ -278,24 +278,25 @@ class Simulation:
         measure = cls.Outcome.measure or (fields[0][0] if fields else None)
         if measure is not None and measure not in dict(fields):
             raise OutcomeError(f"{cls.Outcome.__name__}.measure: {measure!r} is not one of its columns")
+        columns = _columns(cls.Outcome, fields)
         kind = None
         if measure is not None:
-            kind = "numeric" if column_type(dict(fields)[measure]) in ("DOUBLE", "BIGINT") else "categorical"
+            kind = "numeric" if {c.name: c.type for c in columns}[measure] in ("DOUBLE", "BIGINT") else "categorical"
         levels = [g.level for g in cls.group_levels()[1:]] if cls.GroupEnv is not None else []
         scenes = cls.GroupEnv is not None and cls.GroupEnv.plays_scenes() and cls.Act is not None
         return SimulationTables(
             simulation=cls.name,
             outcomes=cls.outcome_table or f"{cls.slug()}_outcomes",
-            outcome_columns=[Column(name=n, type=column_type(a)) for n, a in fields],
+            outcome_columns=columns,
             rounds=cls.summary_table or f"{cls.slug()}_rounds",
-            summary_columns=[Column(name=n, type=column_type(a)) for n, a in summary_fields(cls.Summary)],
+            summary_columns=_columns(cls.Summary, summary_fields(cls.Summary)),
             grouped=cls.GroupEnv is not None,
             measure=measure,
             measure_kind=kind,
             levels=levels,
             edge_kinds=list(cls.edge_kinds),
             acts=(cls.acts_table or f"{cls.slug()}_acts") if scenes else None,
-            act_columns=[Column(name=n, type=column_type(a)) for n, a in outcome_fields(cls.Act)] if scenes else [],
+            act_columns=_columns(cls.Act, outcome_fields(cls.Act)) if scenes else [],
         )
 
     @classmethod
@@ -352,6 +353,7 @@ class Simulation:
                                                                  for n in names)):
                     problems.append(f"`Agent.{attr}` must be a tuple of attribute names, e.g. (\"score\",) "
                                     f"(note the comma: (\"score\") is a string), not {names!r}")
+            problems += _state_problems(cls.Agent)
         if cls.Env is Env or cls.Env.reduce is Env.reduce:
             problems.append("`Env` must be your Env subclass with reduce, merge and decide")
         if cls.GroupEnv is not None and not (isinstance(cls.GroupEnv, type) and issubclass(cls.GroupEnv, GroupEnv)):
@@ -393,6 +395,43 @@ class Simulation:
         if problems:
             raise SimulationError(f"{where} ({cls.__module__}.{cls.__qualname__}) is not valid:\n  - "
                                   + "\n  - ".join(problems))
+
+
+def _columns(owner: type, fields: list[tuple[str, Any]]) -> list[Column]:
+    """The recorded columns of an outcome class's fields; OutcomeError naming the field whose type
+    is not a column type (a tuple, a set, a class of the simulation's …)."""
+    out = []
+    for name, annotation in fields:
+        try:
+            out.append(Column(name=name, type=column_type(annotation)))
+        except OutcomeError as err:
+            raise OutcomeError(f"{owner.__name__}.{name}: {err}") from None
+    return out
+
+
+def _state_problems(agent: type[Agent]) -> list[str]:
+    """A declared state field whose annotation names a type a checkpoint cannot keep (a
+    random.Random, a numpy array, an Enum …): named now, not when a resume loses it."""
+    from populace.sdk.statejson import unkept
+
+    try:
+        hints = typing.get_type_hints(agent)
+    except Exception:  # an annotation only a type checker can resolve: its values are checked when kept
+        return []
+    names = agent.state_fields if isinstance(agent.state_fields, (tuple, list)) else ()
+    out = []
+    for name in names:
+        bad = unkept(hints[name]) if isinstance(name, str) and name in hints else None
+        if bad is not None:
+            out.append(f"`{agent.__name__}.{name}` is declared {_type_name(hints[name])}, and a checkpoint cannot keep "
+                       f"a {_type_name(bad)}: a state field holds numbers, text, booleans, None, and lists, tuples, "
+                       "dicts, sets, frozensets, deques and Fractions of them (keep a seed, not a random.Random; "
+                       "a list, not a numpy array)")
+    return out
+
+
+def _type_name(annotation: object) -> str:
+    return annotation.__qualname__ if isinstance(annotation, type) else str(annotation).replace("typing.", "")
 
 
 def _grid_problems(cls: type[Simulation]) -> list[str]:

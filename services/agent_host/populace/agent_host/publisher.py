@@ -26,6 +26,7 @@ from populace.core.contracts import (
     share_key,
 )
 from populace.sdk.play import OutcomeRows, RoundShare
+from populace.sdk.statejson import to_wire
 
 log = logs.get("populace.agent_host")
 
@@ -149,7 +150,7 @@ class OutcomePublisher:
         await asyncio.gather(*self._publishing)
         await asyncio.gather(*(self._confirm(*sent) for sent in self._sent))
         self._sent.clear()
-        payload = share.partial.model_dump(mode="json") if share.partial is not None else {}
+        payload = to_wire(share.partial, strict=False) if share.partial is not None else {}
         data = json.dumps(payload, separators=(",", ":")).encode()
         if len(data) > PARTIAL_INLINE_BYTES:  # e.g. a partial's columns: stored, and the message names it
             name = subjects.checkpoint_partial(self.run_id, self.round, share_key(self.host_id, self.epoch))
