@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from populace.core.contracts import HostInfo, RunConfig, SimulationTables
+from populace.core.contracts import GRAPH_ONE_PER_PROCESS, HostInfo, RunConfig, SimulationTables
 from populace.core.placement import place
 from populace.graph.csr import Graph
 from populace.population.cast import Cast
@@ -99,6 +99,8 @@ async def run_local(config: RunConfig | Resolved, *, run_id: str = "local", cast
     budget = budget_bytes() if view_budget_bytes is None else view_budget_bytes
     resolved = config if isinstance(config, Resolved) else resolve(config)
     c = resolved.config
+    if one_per_process and c.graph is not None:  # refused as the CLI and the fleet refuse it
+        raise ValueError(GRAPH_ONE_PER_PROCESS)
     tables = resolved.tables()
     if c.graph is not None and graph is None:
         graph = local_graph(c, cast)
