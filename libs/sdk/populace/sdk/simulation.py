@@ -120,6 +120,9 @@ class Simulation:
     # over rounds; `trend_columns` are drawn over rounds only.
     reference_columns: ClassVar[tuple[str, ...]] = ()
     trend_columns: ClassVar[tuple[str, ...]] = ()
+    # Human reference data the simulation ships (populace.analysis.reference): files beside its
+    # module, each with its citation; a report compares a run with the rows about its parameters.
+    references: ClassVar[tuple[str, ...]] = ()
     # Spaces, for reports: (the outcome column holding each agent's cell on `grid(params)`, the
     # outcome column its picture is coloured by); reports draw the grid per round from them.
     grid_columns: ClassVar[tuple[str, str] | None] = None
