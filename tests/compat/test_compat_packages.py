@@ -1,7 +1,8 @@
 """Packages written against earlier SDK releases keep running (issue 37, item 6). Two of six
 packages written a month before (a negotiation and a feed pool) failed after round 1: a tuple in
 their state came back from JSON as a list. The packages in `packages/` are written the way those
-were — one per shape: turns, a world with views, groups, scenes, a graph, interviews — and keep
+were — one per shape: turns, a world with views, groups, scenes (in turn, and acts at once), a
+graph, interviews — and keep
 what Python authors keep: tuples, frozensets, sets, deques, dicts with int or tuple keys,
 Fractions, tuples inside memory items, loose `Any` fields of a State and a Partial.
 
@@ -42,6 +43,7 @@ CASES = {
     "feedpool": ("compat_feedpool:FeedPool", {"agents": 20, "rounds": 4, "seed": 4}, {"hosts": 2}),
     "teams": ("compat_teams:Teams", {"agents": 22, "rounds": 4, "seed": 5}, {"hosts": 2}),  # 5 groups of 4, one of 2
     "haggle": ("compat_haggle:Haggle", {"agents": 21, "rounds": 3, "seed": 6}, {"hosts": 2}),  # one agent alone
+    "auction": ("compat_auction:Auction", {"agents": 20, "rounds": 3, "seed": 9}, {"hosts": 2}),  # bids at once
     "gossip": ("compat_gossip:Gossip", {"agents": 30, "rounds": 4, "seed": 7,
                                         "graph": {"generator": "small-world", "degree": 4}}, {"hosts": 2}),
     "panel": ("compat_panel:Panel", {"agents": 24, "rounds": 3, "seed": 8, "interviews": INTERVIEWS}, {"hosts": 2}),
@@ -142,3 +144,18 @@ async def interview_local_of(result, survey):
     from populace.sdk.local import interview_local
 
     return await interview_local(result, 2, survey, sample=INTERVIEWS[0]["sample"], llm=prompt_seeded)
+
+
+def test_acts_started_together_are_numbered_as_started_and_play_alike_one_per_process():
+    """The auction's bids are `asyncio.gather`ed (docs/simulations.md, scenes): each group's acts
+    are numbered 0, 1, 2 in the members' order, whatever order they finished in, and the rows are
+    the same with the agents in their own processes."""
+    here = played("auction")
+    acts = list(zip(here.acts["round"], here.acts["group_id"], here.acts["seq"], here.acts["agent_id"], strict=True))
+    groups = {(r, g) for r, g, _, _ in acts}
+    for r, g in groups:
+        mine = sorted((seq, a) for rr, gg, seq, a in acts if (rr, gg) == (r, g))
+        assert mine == [(i, a) for i, a in enumerate(sorted(a for _, a in mine))]
+    apart = asyncio.run(run_local(resolve(config("auction")), llm=prompt_seeded, hosts=2, one_per_process=True))
+    for table in ("outcomes", "rounds", "acts"):
+        assert digest(getattr(apart, table)) == digest(getattr(here, table)), table

@@ -235,3 +235,15 @@ def test_a_package_written_against_an_earlier_sdk_plays_and_forks_exactly_on_the
     out = asyncio.run(go())
     assert out.status == "completed", out.reason
     assert recorded(stack.db, table, out.run_id, ("run_id", "latency_ms")) == [r for r in whole if r["round"] > 2]
+
+
+def test_state_no_checkpoint_can_keep_pauses_the_run_naming_the_field_and_agent(stack):
+    """Issue 37: a value no checkpoint rebuilds (a random.Random in `state_fields`) used to fail the
+    run with pydantic's 'Unable to serialize unknown type'; it now pauses it at the first checkpoint,
+    naming the class, the field and an agent, resumable once the simulation is fixed."""
+    data = {"simulation": "stranger_sims:Rolling", "agents": 30, "rounds": 3, "seed": 2,
+            "model": {"latency_s": 0.0, "seed": 1}}
+    _, out = fleet(stack, data)
+    assert out.status == "paused", (out.status, out.reason)
+    assert "round 1: its agents' state cannot be checkpointed: RollingWalker.rng: agent " in out.reason
+    assert "'s value: a random.Random" in out.reason
