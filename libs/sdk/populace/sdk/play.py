@@ -191,11 +191,11 @@ def declared_options(sim: type[Simulation], measure: str | None, measure_options
     out: dict[str, tuple] = {}
     if measure is not None and measure_options:
         out[measure] = tuple(measure_options)
-    adapters = columns_adapter(sim.Outcome)
-    literal = {name for name, annotation in outcome_fields(sim.Outcome) if literal_values(annotation)}
-    for name, enum in schema_options(answer_schema).items():
-        if name in out or name not in adapters or name in literal:
-            continue
+    fields = dict(outcome_fields(sim.Outcome))
+    enums = {name: enum for name, enum in schema_options(answer_schema).items()
+             if name in fields and name not in out and not literal_values(fields[name])}
+    adapters = columns_adapter(sim.Outcome) if enums else {}
+    for name, enum in enums.items():
         try:
             out[name] = tuple(dict.fromkeys(adapters[name].validate_python(list(enum))))
         except ValidationError:
