@@ -43,7 +43,7 @@ def test_counts_are_finite_non_negative_and_bounded(tmp_path, count, says):
 
 def test_a_count_at_the_limit_is_kept(tmp_path):
     ref = load_reference(csv_file(tmp_path, f"{HEAD}q,1,1e9,2\nq,1,0.5,2\nq,2,3,2\n"))
-    assert ref.counts == {("question", "q", None, 2, ()): {"1": 1e9 + 0.5, "2": 3.0}}
+    assert ref.counts == {("question", "q", None, 2, (), ()): {"1": 1e9 + 0.5, "2": 3.0}}
 
 
 @pytest.mark.parametrize("rnd", ["0", "10001", "2.5", "99999999999999999999", "two"])
@@ -59,7 +59,7 @@ def test_a_value_longer_than_the_limit_is_refused_even_quoted_over_lines(tmp_pat
     spanning = '"' + ("y" * 1000 + "\n") * 100 + '"'
     refused(csv_file(tmp_path, f"{HEAD}q,{spanning},1,1\n"), "a value longer than 4,096 characters (the limit)")
     assert load_reference(csv_file(tmp_path, f'{HEAD}q,"a, b\nc",1,1\n')).counts == {
-        ("question", "q", None, 1, ()): {"a, b\nc": 1.0}}
+        ("question", "q", None, 1, (), ()): {"a, b\nc": 1.0}}
 
 
 def test_a_line_longer_than_the_limit_is_refused_after_the_limit(tmp_path):
@@ -108,8 +108,8 @@ def test_crlf_blank_lines_and_missing_trailing_fields_read_as_before(tmp_path):
     ref = load_reference(csv_file(tmp_path, "# synthetic: t\r\n# groups: edu\r\n\r\nquestion,edu,answer\r\n"
                                              "q,phd,1\r\n\r\nq,,1\r\nq,phd,2.0\r\n"))
     assert ref.groups == ["edu"] and ref.synthetic == "t"
-    assert ref.counts == {("question", "q", None, None, ("phd",)): {"1": 1.0, "2.0": 1.0},
-                          ("question", "q", None, None, ("(none)",)): {"1": 1.0}}
+    assert ref.counts == {("question", "q", None, None, ("phd",), ()): {"1": 1.0, "2.0": 1.0},
+                          ("question", "q", None, None, ("(none)",), ()): {"1": 1.0}}
 
 
 def test_what_is_not_a_regular_file_is_refused(tmp_path):
@@ -133,7 +133,7 @@ def parquet(tmp_path, columns: dict, meta: dict | None = None, name: str = "ref.
 def test_parquet_reads_as_the_same_histograms_as_csv(tmp_path):
     path = parquet(tmp_path, {"question": ["q", "q", "q"], "answer": [1.0, 2.0, 1.0], "count": [2, 3, 1],
                               "round": [2, 2, 2]})
-    assert load_reference(path).counts == {("question", "q", None, 2, ()): {"1": 3.0, "2": 3.0}}
+    assert load_reference(path).counts == {("question", "q", None, 2, (), ()): {"1": 3.0, "2": 3.0}}
 
 
 def test_parquet_rows_are_counted_from_its_metadata_before_its_data(tmp_path, monkeypatch):
@@ -163,3 +163,44 @@ def test_a_file_that_is_not_parquet_or_claims_a_huge_footer_is_refused_unread(tm
     refused(path, "its metadata is 2,147,483,648 bytes, over 16,777,216 (the limit)")
     path.write_bytes(b"PAR1" + b"\1" * 100 + (50).to_bytes(4, "little") + b"PAR1")
     refused(path, "not a Parquet file (")
+
+
+SUMMARY = "# synthetic: a test\nmeasure,round,param.game.ratio,n,mean,median,sd\n"
+
+
+def test_a_file_of_summaries_reads_each_rows_figures_and_parameters(tmp_path):
+    ref = load_reference(csv_file(tmp_path, SUMMARY + "value,1,2/3,67,36.73,33,\nvalue,1,1/2,48,27.05,,20.5\n"))
+    assert ref.kind == "summaries" and ref.params == ["game.ratio"] and not ref.counts
+    assert ref.summaries == {
+        ("measure", "value", None, 1, (), (("game.ratio", "2/3"),)): {"n": 67, "mean": 36.73, "median": 33, "sd": None},
+        ("measure", "value", None, 1, (), (("game.ratio", "1/2"),)): {"n": 48, "mean": 27.05, "median": None,
+                                                                         "sd": 20.5}}
+
+
+@pytest.mark.parametrize("row,says", [
+    ("value,1,2/3,67,1e13,33,", "line 3: mean: '1e13' is not finite or is over 1,000,000,000,000"),
+    ("value,1,2/3,67,36,-1e300,", "line 3: median: '-1e300' is not finite or is over"),
+    ("value,1,2/3,67,36,inf,", "line 3: median: 'inf' is not finite"),
+    ("value,1,2/3,67,36,33,-2", "line 3: sd: '-2' is negative"),
+    ("value,1,2/3,0,36,33,", "line 3: n: '0' is not a whole number of people from 1 to 1,000,000,000"),
+    ("value,1,2/3,1e10,36,33,", "line 3: n: '1e10' is not a whole number"),
+    ("value,1,2/3,,36,33,", "line 3: n: empty"),
+    ("value,1,2/3,67,,,", "line 3: neither mean nor median is given"),
+    ("value,1,,67,36,33,", "line 3: param.game.ratio: empty"),
+    ("value,1,2/3,67,36,33,\nvalue,1,2/3,60,30,30,", "line 4: a second summary of measure 'value' for the same round"),
+])
+def test_a_summarys_figures_are_bounded_and_each_row_is_one_treatment(tmp_path, row, says):
+    refused(csv_file(tmp_path, SUMMARY + row + "\n"), says)
+
+
+@pytest.mark.parametrize("header,says", [
+    ("measure,n,mean,answer", "one kind of row per file"),
+    ("measure,n,count,mean", "column `count` belongs to a file of answers"),
+    ("measure,n,sd", "a file of summaries has the columns `n` and `mean` or `median`"),
+    ("measure,mean", "a file of summaries has the columns `n`"),
+    ("measure,param.,n,mean", "column 'param.': a parameter column is param.<path>"),
+    ("measure,param.game ratio,n,mean", "column 'param.game ratio': a parameter column is param.<path>"),
+    ("measure," + ",".join(f"param.p{i}" for i in range(9)) + ",n,mean", "9 param.<path> columns, over 8"),
+])
+def test_a_summary_files_header_says_one_kind(tmp_path, header, says):
+    refused(csv_file(tmp_path, f"# synthetic: a test\n{header}\n"), says)

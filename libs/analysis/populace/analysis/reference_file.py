@@ -9,10 +9,16 @@ of distinct answers, not by the file. Whatever the file, a refusal is one Refere
 the file, the line (or row) and the limit; the limits are below, and in
 docs/populations-and-reports.md.
 
-The reader is in three parts, so another kind of row (e.g. summary statistics) adds a column
-check and a fold, not a reader: a source (`_csv_table`, `_parquet_table`) yields a Table —
-metadata, column names, rows as (line or row number, values in column order); `_columns` checks
-the header; `_fold` checks and counts each row."""
+A file holds one kind of row, told by its header: *answers* (`answer`, optionally `count`: one
+row per person, or a histogram) or *summaries* (`n` and at least one of `mean`, `median`, and
+optionally `sd`: a published table's figures, e.g. Nagel 1995's first period). Either kind may
+name the run parameters a row is about in `param.<path>` columns (`param.game.ratio`: 2/3), so
+one file holds a study's several treatments and a run meets the rows of its own.
+
+The reader is in three parts, so another kind of row adds a column check and a fold, not a
+reader: a source (`_csv_table`, `_parquet_table`) yields a Table — metadata, column names, rows as
+(line or row number, values in column order); `_columns` checks the header; `_fold` checks and
+counts (or keeps) each row."""
 
 from __future__ import annotations
 
@@ -27,7 +33,9 @@ from pathlib import Path
 from populace.analysis.queries.attribute_groups import NONE_GROUP
 from populace.analysis.stats import AnalysisError
 
-KNOWN = ("question", "measure", "survey", "round", "answer", "count")
+KNOWN = ("question", "measure", "survey", "round", "answer", "count", "n", "mean", "median", "sd")
+STATISTICS = ("mean", "median", "sd")  # a summary row's figures, besides its `n`
+PARAM = "param."  # a column naming a run parameter the row is about: param.<path>, e.g. param.game.ratio
 
 # The limits (docs/populations-and-reports.md, "Reference files: limits")
 MAX_FIELD_CHARS = 4_096  # a value: a question's id, an answer, a group's value, a metadata value
@@ -38,6 +46,9 @@ MAX_ROWS = 1_000_000  # one row per person; more people: a histogram (answer, co
 MAX_COUNT = 1e9  # one row's count: finite, >= 0, at most this
 MAX_ANSWERS = 100_000  # distinct answers, summed over every question, round and group
 MAX_ROUND = 10_000  # a run's last possible round (populace.core.contracts.RoundNo)
+MAX_STATISTIC = 1e12  # a summary's mean, median or sd: finite, at most this far from 0
+MAX_PARAMS = 8  # param.<path> columns
+MAX_SUMMARIES = 100_000  # summary rows (each kept: a published table's, not a person's)
 MAX_PARQUET_FOOTER_BYTES = 16 * 1024 * 1024  # a Parquet file's metadata
 MAX_ROW_GROUP_BYTES = 64 * 1024 * 1024  # a Parquet row group, uncompressed
 PARQUET_BATCH_ROWS = 16_384
@@ -53,8 +64,16 @@ class Reference:
     citation: str | None
     synthetic: str | None  # why a fixture is synthetic (None: real data, cited)
     groups: list[str]
-    # (target kind "question"/"measure", target, survey or None, round or None, group values) -> answer -> count
+    # (target kind "question"/"measure", target, survey or None, round or None, group values, params)
+    # -> answer -> count; params: ((path, value as written), …) the row is about, () for any run
     counts: dict[tuple, dict[str, float]] = field(default_factory=dict)
+    # the same keys -> {"n": …, "mean": …, "median": …, "sd": …} (a summaries file; absent figures None)
+    summaries: dict[tuple, dict[str, float | None]] = field(default_factory=dict)
+    params: list[str] = field(default_factory=list)  # the param.<path> columns' paths
+
+    @property
+    def kind(self) -> str:
+        return "summaries" if self.summaries else "answers"
 
     @property
     def label(self) -> str:
@@ -88,7 +107,7 @@ def load_reference(path: str | Path) -> Reference:
     with (_parquet_table if suffix == ".parquet" else _csv_table)(p, where) as table:
         ref, cols = _columns(table, str(p), where)
         _fold(ref, table, cols, where)
-    if not ref.counts:
+    if not ref.counts and not ref.summaries:
         raise ReferenceError(f"{where}: no rows")
     return ref
 
@@ -101,11 +120,13 @@ class Columns:
 
     target: str  # "question" or "measure"
     name: int
-    answer: int
+    answer: int | None  # an answers file's
     count: int | None
     survey: int | None
     round: int | None
     groups: tuple[int, ...]
+    params: tuple[tuple[str, int], ...] = ()  # (path, index) of each param.<path> column
+    statistics: tuple[tuple[str, int], ...] = ()  # a summaries file's: ("n" | "mean" | "median" | "sd", index)
 
 
 def _columns(table: Table, path: str, where: str) -> tuple[Reference, Columns]:
@@ -119,26 +140,47 @@ def _columns(table: Table, path: str, where: str) -> tuple[Reference, Columns]:
     dup = next((c for c in columns if columns.count(c) > 1), None)
     if dup is not None:
         raise ReferenceError(f"{where}: column {dup!r} is named twice")
-    unknown = [c for c in columns if c not in KNOWN and c not in groups]
+    params = [c for c in columns if c.startswith(PARAM)]
+    for c in params:
+        path = c[len(PARAM):]
+        if not path or not all(part.isidentifier() for part in path.split(".")):
+            raise ReferenceError(f"{where}: column {c!r}: a parameter column is param.<path>, e.g. param.game.ratio")
+    if len(params) > MAX_PARAMS:
+        raise ReferenceError(f"{where}: {len(params)} param.<path> columns, over {MAX_PARAMS} (the limit)")
+    unknown = [c for c in columns if c not in KNOWN and c not in groups and c not in params]
     if unknown:
-        raise ReferenceError(f"{where}: column {unknown[0]!r} is not one of {', '.join(KNOWN)} nor a group the file "
-                             f"lists (`# groups: {unknown[0]}`)")
+        raise ReferenceError(f"{where}: column {unknown[0]!r} is not one of {', '.join(KNOWN)}, a param.<path> nor a "
+                             f"group the file lists (`# groups: {unknown[0]}`)")
     missing = [g for g in groups if g not in columns]
     if missing:
         raise ReferenceError(f"{where}: groups: {missing[0]!r} is listed but is not a column")
     if ("question" in columns) == ("measure" in columns):
         raise ReferenceError(f"{where}: give one of the columns `question` (an interview's) or `measure` (the "
                              "run's outcome measure)")
-    if "answer" not in columns:
-        raise ReferenceError(f"{where}: column `answer` is missing (each person's answer, or a histogram's value)")
+    summaries = [c for c in ("n", *STATISTICS) if c in columns]
+    if "answer" in columns and summaries:
+        raise ReferenceError(f"{where}: column {summaries[0]!r} belongs to a file of summaries (n, mean, median, sd), "
+                             "column `answer` to a file of answers: one kind of row per file")
+    if summaries:
+        if "n" not in columns or not ({"mean", "median"} & set(columns)):
+            raise ReferenceError(f"{where}: a file of summaries has the columns `n` and `mean` or `median` (or both; "
+                                 "`sd` optional)")
+        if "count" in columns:
+            raise ReferenceError(f"{where}: column `count` belongs to a file of answers (a histogram); a summary "
+                                 "row's size is its `n`")
+    elif "answer" not in columns:
+        raise ReferenceError(f"{where}: column `answer` is missing (each person's answer, or a histogram's value), "
+                             "or give summaries: `n` with `mean` and/or `median`")
     target = "question" if "question" in columns else "measure"
 
     def at(name: str) -> int | None:
         return columns.index(name) if name in columns else None
 
-    cols = Columns(target, columns.index(target), columns.index("answer"), at("count"), at("survey"), at("round"),
-                   tuple(columns.index(g) for g in groups))
-    return Reference(path, citation, synthetic, groups), cols
+    cols = Columns(target, columns.index(target), at("answer"), at("count"), at("survey"), at("round"),
+                   tuple(columns.index(g) for g in groups),
+                   params=tuple((c[len(PARAM):], columns.index(c)) for c in params),
+                   statistics=tuple((c, columns.index(c)) for c in summaries))
+    return Reference(path, citation, synthetic, groups, params=[p for p, _ in cols.params]), cols
 
 
 # --- checking and counting each row ---------------------------------------------------------
@@ -152,14 +194,27 @@ def _fold(ref: Reference, table: Table, cols: Columns, where: str) -> None:
             raise ReferenceError(f"{where}: more than {MAX_ROWS:,} rows (the limit; for more people give a "
                                  "histogram: answer, count)")
         at = f"{where}, {table.unit} {number}"
-        name, answer = row[cols.name], row[cols.answer]
-        if name in (None, "") or answer in (None, ""):
-            raise ReferenceError(f"{at}: `{cols.target}` and `answer` must not be empty")
-        count = 1.0 if cols.count is None else _count(row[cols.count], at)
+        name = row[cols.name]
+        if name in (None, ""):
+            raise ReferenceError(f"{at}: `{cols.target}` must not be empty")
         rnd = None if cols.round is None else _round(row[cols.round], at)
         survey = None if cols.survey is None else (row[cols.survey] or None)
         group = tuple(str(row[g]) if row[g] not in (None, "") else NONE_GROUP for g in cols.groups)
-        cell = counts.setdefault((cols.target, str(name), survey, rnd, group), {})
+        params = tuple((path, _param(row[i], path, at)) for path, i in cols.params)
+        key = (cols.target, str(name), survey, rnd, group, params)
+        if cols.answer is None:
+            if key in ref.summaries:
+                raise ReferenceError(f"{at}: a second summary of {cols.target} {name!r} for the same round, group and "
+                                     "parameters")
+            if len(ref.summaries) >= MAX_SUMMARIES:
+                raise ReferenceError(f"{at}: more than {MAX_SUMMARIES:,} summary rows (the limit)")
+            ref.summaries[key] = _summary(row, cols.statistics, at)
+            continue
+        answer = row[cols.answer]
+        if answer in (None, ""):
+            raise ReferenceError(f"{at}: `{cols.target}` and `answer` must not be empty")
+        count = 1.0 if cols.count is None else _count(row[cols.count], at)
+        cell = counts.setdefault(key, {})
         text = answer_text(answer)
         if text not in cell:
             answers += 1
@@ -181,6 +236,40 @@ def _count(raw: object, at: str) -> float:
     if count > MAX_COUNT:
         raise ReferenceError(f"{at}: count: {raw!r} is over {MAX_COUNT:,.0f} (the limit of one row's count)")
     return count
+
+
+def _summary(row: Sequence[object], statistics: tuple[tuple[str, int], ...], at: str) -> dict[str, float | None]:
+    """A summary row's figures: `n` a whole number from 1 to MAX_COUNT, the others finite and
+    within MAX_STATISTIC of 0 (`sd` not negative); an empty figure is None, but not all of them."""
+    out: dict[str, float | None] = dict.fromkeys(("n", *STATISTICS))
+    for name, i in statistics:
+        raw = row[i]
+        if raw in (None, ""):
+            if name == "n":
+                raise ReferenceError(f"{at}: n: empty; a summary says how many people it summarises")
+            continue
+        try:
+            value = float(raw)  # type: ignore[arg-type]
+        except (TypeError, ValueError, OverflowError):
+            raise ReferenceError(f"{at}: {name}: {raw!r} is not a number") from None
+        if name == "n":
+            if not (math.isfinite(value) and value.is_integer() and 1 <= value <= MAX_COUNT):
+                raise ReferenceError(f"{at}: n: {raw!r} is not a whole number of people from 1 to {MAX_COUNT:,.0f}")
+        elif not math.isfinite(value) or abs(value) > MAX_STATISTIC:
+            raise ReferenceError(f"{at}: {name}: {raw!r} is not finite or is over {MAX_STATISTIC:,.0f} in size (the "
+                                 "limit of a summary's figure)")
+        elif name == "sd" and value < 0:
+            raise ReferenceError(f"{at}: sd: {raw!r} is negative")
+        out[name] = value
+    if out["mean"] is None and out["median"] is None:
+        raise ReferenceError(f"{at}: neither mean nor median is given")
+    return out
+
+
+def _param(raw: object, path: str, at: str) -> str:
+    if raw in (None, ""):
+        raise ReferenceError(f"{at}: param.{path}: empty; the run parameter's value this row is about")
+    return answer_text(raw)
 
 
 def _round(raw: object, at: str) -> int | None:

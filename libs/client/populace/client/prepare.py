@@ -314,10 +314,7 @@ def _with_graph(config: RunConfig, agents: int, records: list[dict],
     """Build the run's graph for its `agents` (checked first: GraphError names the field, a bad
     edge-list row is refused here, before anything starts) and number the agents along it: the
     personas follow their agents, so the personas file is written again in the new order."""
-    assert config.graph is not None
-    if config.placement.agents_per_process == 1:
-        raise ScenarioError("graph: agents talk through in-process inboxes; placement.agents_per_process: 1 "
-                            "runs each agent in its own process and cannot have a graph")
+    assert config.graph is not None  # and not one agent per process: RunConfig refuses that (GRAPH_ONE_PER_PROCESS)
     graph = prepare_graph(config.graph.spec, agents, seed=config.seed, placement=config.graph.placement,
                           records=records or None, base=base)
     if graph.order is not None and records:

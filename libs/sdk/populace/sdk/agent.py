@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from populace.sdk.statejson import DEEP_MEMORY, PLAIN
+
 if TYPE_CHECKING:
     from populace.core.contracts import Question, Survey
     from populace.population.cast import Persona
@@ -52,6 +54,16 @@ class Agent:
         size = self.memory_size
         if size <= 0:
             return
+        # an item deeper than a checkpoint's memory rule keeps (populace.sdk.statejson): this class's
+        # memories are saved typed from then on (~70 ns a call: a loop, not a set, for a short tuple)
+        kind = type(item)
+        if kind is tuple:
+            for x in item:
+                if type(x) not in PLAIN:
+                    DEEP_MEMORY.add(type(self))
+                    break
+        elif kind not in PLAIN:
+            DEEP_MEMORY.add(type(self))
         mem = self.memory + (item,)
         self.memory = mem[-size:] if len(mem) > size else mem
 
@@ -106,13 +118,14 @@ class Agent:
         return {name: getattr(self, name) for name in self.state_fields}
 
     def restore(self, state: dict[str, Any]) -> None:
-        """Set the declared state from a checkpoint (JSON: the memory's items come back as
-        tuples, as `remember` keeps them)."""
+        """Set the declared state from a checkpoint: each field as it was saved (the platform
+        rebuilds tuples, sets and the like first: populace.sdk.statejson). A memory given as a
+        JSON list still comes back as `remember` keeps it (tuples)."""
         for name in self.state_fields:
             if name in state:
                 value = state[name]
-                if name == "memory":
-                    value = tuple(tuple(v) if isinstance(v, list) else v for v in value or ())
+                if name == "memory" and (value is None or type(value) is list):
+                    value = tuple(tuple(v) if type(v) is list else v for v in value or ())
                 setattr(self, name, value)
 
     def __repr__(self) -> str:

@@ -34,6 +34,7 @@ from populace.sdk.play import OutcomeRows, OutcomeSink, RoundFailed, RoundPaused
 from populace.sdk.process import AgentRaised
 from populace.sdk.profile import VIEW_BUDGET_BYTES, Budget, RoundCost, decide_profile, sampled, size_of, wire_size
 from populace.sdk.registry import Resolved
+from populace.sdk.statejson import StateTypeError, from_wire, to_wire
 from populace.sdk.world import World, WorldError
 
 # What one round's messages may carry of the environment (a round open and a round result hold
@@ -125,7 +126,7 @@ class RoundDecider:
         env = self.env
         try:
             state = env.start()
-            observation = env.observe(state, 1).model_dump(mode="json")
+            observation = to_wire(env.observe(state, 1), strict=False)
             world = self._world(env.start_world(state), "start_world()") if env.World is not None else None
             self._rules(state, world, 0)
             selection = self.selection(state, 1, world)
@@ -137,7 +138,17 @@ class RoundDecider:
             raise DecideFailed(f"simulation {self.name!r}: its environment failed to start: "
                                f"{type(err).__name__}: {err}") from err
         _size_check(self.name, 0, "observation", observation)
-        return Decision(state.model_dump(mode="json"), {}, observation, selection, world)
+        return Decision(self._state_wire(state, 0), {}, observation, selection, world)
+
+    def _state_wire(self, state: Any, round_: int) -> dict:
+        """The environment's state as it travels and is checkpointed: given back exactly by
+        `from_wire` (a tuple in a field typed `Any` stays a tuple), or refused naming the field."""
+        try:
+            return to_wire(state)
+        except StateTypeError as err:
+            after = f"after round {round_}" if round_ else "before round 1"
+            raise DecideFailed(f"simulation {self.name!r}: its environment's state {after} cannot be kept: "
+                               f"{err}") from None
 
     def _world(self, world: Any, where: str) -> World:
         cls = self.env.World
@@ -158,7 +169,7 @@ class RoundDecider:
         sim = type(env.sim)
         clock = time.perf_counter
         try:
-            state = env.start() if env_state is None else env.State.model_validate(env_state)
+            state = env.start() if env_state is None else from_wire(env.State, env_state)
             t0 = clock()
             total = env.merge(list(partials))
             t1 = clock()
@@ -168,10 +179,10 @@ class RoundDecider:
             else:
                 state, summary = env.decide(state, round_, total)
             self._rules(state, world, round_)
-            observation = env.observe(state, round_ + 1).model_dump(mode="json")
+            observation = to_wire(env.observe(state, round_ + 1), strict=False)
             summary = sim.Summary.model_validate(summary.model_dump()).model_dump(mode="json")
             selection = self.selection(state, round_ + 1, world)
-            state = state.model_dump(mode="json")
+            state = self._state_wire(state, round_)
             t2 = clock()
         except DecideFailed:
             raise

@@ -68,8 +68,9 @@ class State(BaseModel):
 class Partial(BaseModel):
     """What a host's (or group's) reduction of outcomes tells the root env. Besides counts and
     integer sums, a partial may carry columns (`Ints`, `Floats`: numpy arrays, e.g. the agents
-    that want to move); `merge` concatenates them, in no particular order, so `decide` sorts
-    what it uses (by agent id)."""
+    that want to move); `merge` concatenates them in the order it gets them (on a host, batches
+    as they left; in the environment, shares by key: docs/simulations.md says exactly), which
+    another placement changes, so `decide` sorts what it uses (by agent id)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -133,7 +134,10 @@ class Env(Generic[StateT, PartialT]):
 
     def merge(self, partials: Sequence[PartialT]) -> PartialT:  # pragma: no cover
         """Fold partials (of batches, hosts or groups) into one: associative and commutative.
-        `partials` may be empty (a round in which no agent answered): return the empty partial."""
+        `partials` may be empty (a round in which no agent answered): return the empty partial.
+        On a host they come in the order the batches left (turns finish as the model answers);
+        in the environment one per share, in the text order of the share keys (`host@epoch`):
+        the same on one placement, different on another."""
         raise NotImplementedError
 
     def decide(self, state: StateT, round: int, total: PartialT) -> tuple[StateT, Summary]:  # pragma: no cover

@@ -77,9 +77,10 @@ class Resolved:
     params: Params
 
     def tables(self) -> SimulationTables:
-        """The simulation's tables for this run: with its measure's declared range, and who may
-        be in which group (its group layout, which the recorder checks each group id against)."""
-        tables = self.simulation.tables_for(self.params)
+        """The simulation's tables for this run: with its measure's declared range or options
+        (those of its answer schema's `enum` too), and who may be in which group (its group
+        layout, which the recorder checks each group id against)."""
+        tables = self.simulation.tables_for(self.params, self.instance().answer_schema())
         if self.simulation.GroupEnv is None:
             return tables
         layout = self.simulation(self.params, agents=self.config.agents, seed=self.config.seed).group_layout()

@@ -27,6 +27,8 @@ import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from pydantic_core import from_json, to_json
+
 from populace.core import synth
 from populace.core.contracts import RunConfig
 from populace.sdk.hosting import HostedRun
@@ -35,6 +37,7 @@ from populace.sdk.local import LocalResult, run_local
 from populace.sdk.registry import Resolved, resolve
 from populace.sdk.simulation import Simulation
 from populace.sdk.statecheck import StateCheck, checkpointed
+from populace.sdk.statejson import from_wire, to_wire
 
 LLMFactory = Callable[[HostedRun, int], LLM]
 # Columns that measure wall time, not what was played.
@@ -120,7 +123,7 @@ class _ResumeAfter:
         def decide_then_checkpoint(state, round_, total, *world):
             state, *rest = decide(state, round_, total, *world)  # with a World: (state, summary, world)
             if round_ == after:
-                state = type(state).model_validate_json(state.model_dump_json())
+                state = from_wire(type(state), from_json(to_json(to_wire(state))))
             return (state, *rest)
 
         env.decide = decide_then_checkpoint  # type: ignore[method-assign]

@@ -31,6 +31,7 @@ from populace.core.contracts import (
     share_key,
 )
 from populace.sdk.play import OutcomeRows, RoundPaused, RoundShare
+from populace.sdk.statejson import to_wire
 
 log = logs.get("populace.agent_host")
 
@@ -155,7 +156,7 @@ class OutcomePublisher:
         await asyncio.gather(*self._publishing)
         await asyncio.gather(*(self._confirm(*sent) for sent in self._sent))
         self._sent.clear()
-        payload = share.partial.model_dump(mode="json") if share.partial is not None else {}
+        payload = to_wire(share.partial, strict=False) if share.partial is not None else {}
         data = json.dumps(payload, separators=(",", ":")).encode()
         if len(data) > PARTIAL_INLINE_BYTES:  # e.g. a partial's columns: stored, and the message names it
             limit = partial_object_limit(share.n)

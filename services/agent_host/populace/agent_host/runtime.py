@@ -29,6 +29,7 @@ from populace.sdk.llm import ModelUnavailable
 from populace.sdk.nats_llm import InferSession
 from populace.sdk.play import RoundPaused
 from populace.sdk.registry import resolve
+from populace.sdk.statejson import StateTypeError
 from populace.sdk.world import World
 
 log = logs.get("populace.agent_host")
@@ -297,6 +298,10 @@ class HostRuntime:
             s.checkpoint_full_every, s.checkpoint_delta_ratio) for first, _ in run.ranges)
         try:
             return await self._save(run, round_, chains, None if full else changed, box, round_fields)
+        except StateTypeError as err:  # the simulation's agents hold what no checkpoint keeps: resumable once fixed
+            run.changed = None
+            raise RoundPaused(f"simulation {run.resolved.config.simulation!r}: round {round_}: its agents' state "
+                              f"cannot be checkpointed: {err}") from err
         except BaseException:
             run.changed = None  # what this round changed may not be stored: the next checkpoint is full
             raise

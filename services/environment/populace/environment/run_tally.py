@@ -33,6 +33,7 @@ from populace.sdk.engine import DecideFailed, RoundDecider
 from populace.sdk.env import Env, Partial
 from populace.sdk.profile import VIEW_BUDGET_BYTES
 from populace.sdk.registry import Resolved
+from populace.sdk.statejson import StateTypeError, from_wire
 from populace.sdk.world import World
 
 
@@ -175,9 +176,11 @@ class RunTally:
             return None
         r, key = partial.round, share_key(partial.host_id, partial.epoch)
         try:
-            payload = self.env.Partial.model_validate(partial.payload) if partial.n else None
+            payload = from_wire(self.env.Partial, partial.payload) if partial.n else None
         except ValidationError as err:
             raise BadPartial(f"payload is not a {self.env.Partial.__name__}: {err.errors()[0]['msg']}") from None
+        except StateTypeError as err:
+            raise BadPartial(f"payload is not a {self.env.Partial.__name__}: {err}") from None
         self.partials.setdefault(r, {})[key] = Counted(partial, payload, source)
         return self._maybe_close(r)
 

@@ -118,6 +118,7 @@ from populace.core.contracts.recorder_reads import (
 )
 from populace.core.contracts.run_config import (
     DEFAULT_SIMULATION,
+    GRAPH_ONE_PER_PROCESS,
     SCENARIO_FILE,
     Broadcast,
     Budget,
@@ -186,6 +187,7 @@ __all__ = [
     "ACTIVE_STATUSES",
     "DEFAULT_SIMULATION",
     "GONE_AFTER_BEATS",
+    "GRAPH_ONE_PER_PROCESS",
     "LOOPBACK_HOSTS",
     "MAX_ACTS_PER_MEMBER",
     "MAX_ANSWER_CHARS",
