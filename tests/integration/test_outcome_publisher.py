@@ -127,7 +127,7 @@ async def test_a_large_partial_travels_by_reference_with_its_size_and_one_past_t
     ref = PartialRef.model_validate(RoundPartial.model_validate_json(stored.data).payload)
     data = big.model_dump_json().encode()
     assert ref.ref == subjects.checkpoint_partial("r7", 1, "h1@0") and ref.size == len(data) > 256 * 1024
-    assert await checkpoints.get_bytes(js, ref.ref, ref.sha256, size=ref.size) == data
+    assert await checkpoints.get_bytes(js, ref.ref, ref.sha256, max_bytes=ref.size) == data
     out = OutcomePublisher(nc, js, run_id="r7", round_=2, host_id="h1")
     bigger = Movers(movers=list(range(200_000)))  # ~1.3 MB: more than one agent's share may send
     size = len(bigger.model_dump_json())
