@@ -73,6 +73,7 @@ def local_rows(columns: dict[str, list]) -> list[dict]:
                   "(follow)"),
     ("world_type", "simulation 'ledger': its world after round 2 is refused: Board.score: float64 values do not fit "
                    "a int32 column"),  # refused in the environment service, which pauses the run (not fails it)
+    ("shown_item", "simulation 'ledger', round 2, agent 7: shown.items: 9999 is not in the round's Board.cells"),
 ])
 def test_bad_input_pauses_the_fleet_run_and_a_resume_after_the_fix_is_exact(stack, bug_file, undisturbed, bug, named):
     prepared = prepare(RunConfig.model_validate(CONFIG))
@@ -109,3 +110,5 @@ def test_bad_input_pauses_the_fleet_run_and_a_resume_after_the_fix_is_exact(stac
     assert table(stack.db, t.rounds, out.run_id, "round") == local_rows(undisturbed.rounds)
     assert table(stack.db, "edges", out.run_id, "round, follower, author") == local_rows(undisturbed.edges)
     assert len(undisturbed.edges["follower"]) == 60 * 4  # every agent follows another each round
+    assert table(stack.db, "shown", out.run_id, "round, agent_id") == local_rows(undisturbed.shown)
+    assert len(undisturbed.shown["agent_id"]) == 60 * 4  # what each agent was shown, each round

@@ -44,6 +44,10 @@ CASES = {
                                r"not declared \(follow\)"),
     "edge_agent": (RoundPaused, r"simulation 'ledger', round 2, agent 7: outcome\.edits\[0\]: agent 23 does not "
                                 r"exist \(the run has 20 agents\)"),
+    "shown_item": (RoundPaused, r"simulation 'ledger', round 2, agent 7: shown\.items: 9999 is not in the round's "
+                                r"Board\.cells"),
+    "shown_twice": (RoundPaused, r"simulation 'ledger': BoardEnv\.view raised in round 2 for agent 7: ShownError: "
+                                 r"shown\.items: item 109 is shown twice"),
 }
 
 

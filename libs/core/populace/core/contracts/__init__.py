@@ -131,6 +131,7 @@ from populace.core.contracts.run_config import (
     config_json,
 )
 from populace.core.contracts.run_events import (
+    MAX_SHOWN,
     ActColumns,
     DecideProfile,
     EdgeColumns,
@@ -153,6 +154,7 @@ from populace.core.contracts.run_events import (
     RunResumed,
     RunStarted,
     ShareProfile,
+    ShownColumns,
     SpawnBatch,
 )
 from populace.core.contracts.wire_base import (
@@ -183,6 +185,7 @@ __all__ = [
     "MAX_LIKERT_POINTS",
     "MAX_MODELS",
     "MAX_QUESTION_CHARS",
+    "MAX_SHOWN",
     "NODE_REQUESTS",
     "PLATFORM_SUMMARY_COLUMNS",
     "RESUMABLE_STATUSES",
@@ -289,6 +292,7 @@ __all__ = [
     "ServiceSpec",
     "Share",
     "ShareProfile",
+    "ShownColumns",
     "SimulationName",
     "SimulationTables",
     "SnapshotReply",
