@@ -25,6 +25,7 @@ pool and has no post in that list gets its stance's feed, one object shared by a
 
 from __future__ import annotations
 
+import operator
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -202,10 +203,11 @@ class Ranker:
         return self._timeline(stance, best, [bool(boosted[i]) for i in best])
 
     def _timeline(self, stance: int, idx: list[int], followed: list[bool]) -> Timeline:
-        ids, authors, stances, likes, reposts, texts = self._columns
-        return Timeline(self.round, stance, tuple(ids[i] for i in idx), tuple(authors[i] for i in idx),
-                        tuple(stances[i] for i in idx), tuple(likes[i] for i in idx),
-                        tuple(reposts[i] for i in idx), tuple(texts[i] for i in idx), tuple(followed))
+        if len(idx) >= 2:
+            take = operator.itemgetter(*idx)  # each column's posts in one C call
+            return Timeline(self.round, stance, *map(take, self._columns), tuple(followed))
+        # (itemgetter of one index gives the item, not a tuple)
+        return Timeline(self.round, stance, *(tuple(c[i] for i in idx) for c in self._columns), tuple(followed))
 
 
 def rank_whole(ranker: Ranker, agent: int, stance: int, following: Sequence[int] = ()) -> tuple[int, ...]:

@@ -102,12 +102,16 @@ def _denominators(item_norms: np.ndarray) -> np.ndarray:
 
 
 def _cosines(r: np.ndarray, floats: np.ndarray, denominators: np.ndarray) -> np.ndarray:
-    """One reader's cosines: dot / (|r|·|v|), the one formula `similarity_rows` uses too."""
+    """One reader's cosines, (dot / |v|) / |r| — the one formula `similarity_rows` uses too —
+    as a new array (the caller may change it in place)."""
     r64 = r.astype(np.int64)
     rn = float(np.sqrt(float(r64 @ r64)))
     if rn == 0.0:
         return np.zeros(floats.shape[0], dtype=np.float64)
-    return (floats @ r.astype(floats.dtype)).astype(np.float64) / (rn * denominators)
+    out = (floats @ r.astype(floats.dtype)).astype(np.float64)
+    out /= denominators
+    out /= rn
+    return out
 
 
 def similarity(vector: np.ndarray, vectors: np.ndarray) -> np.ndarray:
@@ -130,8 +134,9 @@ def similarity_rows(readers: np.ndarray, vectors: np.ndarray) -> np.ndarray:
     floats = _float(m)
     rn = norms(r)
     dots = (r.astype(floats.dtype) @ floats.T).astype(np.float64)
-    with np.errstate(invalid="ignore"):  # a zero reader's row (0 · inf): set to 0 below
-        out = dots / (rn[:, None] * _denominators(norms(m))[None, :])
+    out = dots / _denominators(norms(m))[None, :]
+    with np.errstate(invalid="ignore", divide="ignore"):  # a zero reader's row (0 / 0): set to 0 below
+        out /= rn[:, None]
     out[rn == 0.0] = 0.0
     return out
 
@@ -259,6 +264,7 @@ class Ranker:
             total += mix.hot * hot(per_item("likes", likes, np.float64), posted, mix.period,
                                    per_item("dislikes", dislikes, np.float64))
         self.base = total
+        self._no_base = base is None and not mix.recency and not mix.hot  # every item's own part is 0
         self.vectors = _int8("vectors", vectors, 2) if vectors is not None else None
         if self.vectors is not None and self.vectors.shape[0] != n:
             raise RecommendError(f"vectors: {self.vectors.shape[0]} vectors for {n} items")
@@ -283,33 +289,53 @@ class Ranker:
     def scores(self, reader: int, *, vector: np.ndarray | None = None, following: Iterable[int] = (),
                extra: np.ndarray | None = None) -> np.ndarray:
         """Every item's score for `reader` (its interest `vector`, the authors it follows, and any
-        per-reader `extra` of the caller's, added first)."""
+        per-reader `extra` of the caller's, added first). Do not change it in place: it may be
+        the ranker's own array, or `extra`."""
+        return self._scores(reader, vector, following, extra)[0]
+
+    def _scores(self, reader: int, vector: np.ndarray | None, following: Iterable[int],
+                extra: np.ndarray | None) -> tuple[np.ndarray, bool]:
+        """(the scores, whether they are a new array). Each part is added as `s + w·part`, in this
+        order, computed in place on the part's own new array (IEEE addition commutes exactly)."""
         mix = self.mix
-        s = self.base if extra is None else self.base + extra
+        if extra is None:
+            s, fresh = self.base, False
+        elif self._no_base:
+            s, fresh = extra, False  # 0 + extra is extra
+        else:
+            s, fresh = self.base + extra, True
         if mix.random:
-            s = s + mix.random * random_scores(self.seed, self.round, reader, self.ids)
+            part = random_scores(self.seed, self.round, reader, self.ids)
+            part *= mix.random
+            part += s
+            s, fresh = part, True
         if mix.interest:
             if vector is None:
                 raise RecommendError("vector: the mix weighs interest, which needs the reader's vector")
             r = _int8("vector", vector, 1)
             if r.size != self._floats.shape[1]:
                 raise RecommendError(f"vector: {r.size} dimensions, but the items have {self._floats.shape[1]}")
-            s = s + mix.interest * _cosines(r, self._floats, self._denominators)
+            part = _cosines(r, self._floats, self._denominators)
+            part *= mix.interest
+            part += s
+            s, fresh = part, True
         if mix.follow:
             at = self.of_authors(following)
             if at:
-                s = s.copy() if s is self.base else s
+                if not fresh:
+                    s, fresh = s.copy(), True
                 s[at] += mix.follow
-        return s
+        return s, fresh
 
     def top(self, reader: int, k: int, *, vector: np.ndarray | None = None, following: Iterable[int] = (),
             extra: np.ndarray | None = None, own: bool = False) -> np.ndarray:
         """Indices of the `k` best items for `reader`, best first (equal scores: the higher id);
         its own items left out unless `own`."""
-        s = self.scores(reader, vector=vector, following=following, extra=extra)
+        s, fresh = self._scores(reader, vector, following, extra)
         if not own and self.authors is not None:
             mine = self.of_authors((reader,))
             if mine:
-                s = s.copy() if s is self.base else s
+                if not fresh:
+                    s = s.copy()
                 s[mine] = -np.inf
         return top_k(s, self.ids, k)
