@@ -83,7 +83,7 @@ def best_first(scores: np.ndarray, post_ids: np.ndarray, m: int) -> np.ndarray:
     return recommend.top_k(scores, post_ids, m)
 
 
-@lru_cache(maxsize=4)
+@lru_cache(maxsize=2)  # a host plays a run at a time, mostly: two runs' tables at most (dims bytes an agent each)
 def interest_table(seed: int, agents: int, dims: int) -> np.ndarray:
     """Every agent's seeded interest vector (agents × dims, int8), once per process: a reader's
     own and, for a post, its author's (16 bytes an agent at 16 dimensions)."""
