@@ -106,6 +106,31 @@ def test_a_rankers_feed_is_the_best_k_of_every_item_scored_by_hand(mix):
         assert ranker.top(reader, 500, vector=vector, following=following, extra=extra, own=True).size == 400
 
 
+@pytest.mark.parametrize("spread", [0.0, 0.5, 3.0, 50.0])  # items' own parts from all equal to far apart
+@pytest.mark.parametrize("mix", [Mix(hot=1.0, interest=1.0, follow=1.0), Mix(recency=1.0, random=0.7, follow=0.2),
+                                 Mix(interest=3.0), Mix(hot=1.0, follow=5.0)])
+def test_scoring_only_the_items_that_can_make_the_top_k_gives_the_same_feed(spread, mix):
+    rng = np.random.default_rng(int(spread * 10) + int(mix.follow * 7))
+    n = 3000
+    items = _items(n, 5)
+    items["authors"] = rng.integers(0, 60, n)  # authors with many items each: own items fill the head
+    base = np.round(rng.standard_normal(n) * spread, 1)  # rounded: many equal own parts
+    base[rng.integers(0, n, 20)] = -np.inf  # left out whatever the reader
+    ranker = Ranker(items["ids"], round=4, mix=mix, seed=2, base=base,
+                    **{k: v for k, v in items.items() if k != "ids"})
+    for reader in range(40):
+        vector = rng.integers(-127, 128, 8).astype(np.int8)
+        following = rng.integers(0, 60, int(rng.integers(0, 12))).tolist()
+        for k in (1, 10, 50):
+            s = ranker.scores(reader, vector=vector, following=following).copy()
+            s[items["authors"] == reader] = -np.inf
+            assert ranker.top(reader, k, vector=vector, following=following).tolist() == \
+                rec.top_k(s, items["ids"], k).tolist(), (reader, k)
+        everything = ranker.scores(reader, vector=vector, following=following)
+        assert ranker.top(reader, 7, vector=vector, following=following, own=True).tolist() == \
+            rec.top_k(everything, items["ids"], 7).tolist()
+
+
 def test_a_mix_names_what_it_needs():
     with pytest.raises(RecommendError, match=r"likes: the mix weighs hot, which needs it"):
         Ranker([1, 2], round=1, mix=Mix.of("hot"), posted_in=[0, 1])

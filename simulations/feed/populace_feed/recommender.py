@@ -129,14 +129,14 @@ class Ranker:
             self.by_author.setdefault(a, []).append(i)
         self._ranked: dict[int, _Stance] = {}
         self.interests = interests
-        self._personal: recommend.Ranker | None = None  # with interest: every reader ranked on its own
+        # with interest, every reader is ranked on its own: by the toolkit's Ranker of its stance
+        # (the stance's scores its items' own part, the interest similarity and follow boost its own)
+        self._personal: dict[int, recommend.Ranker] | None = None
         if weights.interest > 0:
             if interests is None:
                 raise ValueError("interest > 0: the agents' interest vectors are needed (interest_table)")
-            self._personal = recommend.Ranker(self.post_ids, round=round_, authors=self.authors,
-                                              vectors=interests[self.authors],
-                                              mix=recommend.Mix(interest=weights.interest, follow=weights.follow_boost))
-            self._stance_scores: dict[int, np.ndarray] = {}
+            self._personal = {}
+            self._post_vectors = interests[self.authors]  # a post carries its author's interests
 
     def scores(self, stance: int) -> np.ndarray:
         """Every post's score for an agent of this stance that follows none of their authors."""
@@ -182,13 +182,17 @@ class Ranker:
         return self._timeline(stance, best, [i in lifted for i in best])
 
     def _ranked_for(self, agent: int, stance: int, following: Sequence[int]) -> Timeline:
-        """The feed of a reader with its own interests: the whole pool, ranked by the toolkit."""
-        extra = self._stance_scores.get(stance)
-        if extra is None:
-            extra = self._stance_scores[stance] = self.scores(stance)
+        """The feed of a reader with its own interests: the whole pool, ranked by the toolkit (which
+        scores only the posts that can make the feed: those near the top of its stance's ranking,
+        and those of the authors it follows)."""
         assert self._personal is not None and self.interests is not None
-        best = self._personal.top(agent, self.w.k, vector=self.interests[agent], following=following,
-                                  extra=extra).tolist()
+        ranker = self._personal.get(stance)
+        if ranker is None:
+            w = self.w
+            ranker = self._personal[stance] = recommend.Ranker(
+                self.post_ids, round=self.round, authors=self.authors, vectors=self._post_vectors,
+                base=self.scores(stance), mix=recommend.Mix(interest=w.interest, follow=w.follow_boost))
+        best = ranker.top(agent, self.w.k, vector=self.interests[agent], following=following).tolist()
         follows = set(following)
         authors = self._authors
         return self._timeline(stance, best, [authors[i] in follows for i in best])
