@@ -21,9 +21,10 @@ identical feeds on one host or many:
 - `Ranker.top`: the `k` best items, best first, equal scores to the higher id, never the reader's
   own items (by default).
 
-Cost: a reader's ranking is a few vector operations over the round's items (~50 µs for 10,000
-items of 16 dimensions): 100,000 readers a round take a few seconds of the hosts' CPU, spread over
-the hosts. Compute what depends only on the items once per round (the `Ranker`), never per reader.
+Cost: a reader's ranking is a few vector operations over the items that can make its top k
+(`Ranker.top`: those whose own part is near the best, and those of authors it follows; every
+item at worst, ~50 µs for 10,000 items of 16 dimensions). Compute what depends only on the items
+once per round (the `Ranker`), never per reader.
 """
 
 from __future__ import annotations
