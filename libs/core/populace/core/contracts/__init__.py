@@ -136,6 +136,7 @@ from populace.core.contracts.run_config import (
 from populace.core.contracts.run_events import (
     MAX_ACTS_PER_MEMBER,
     MAX_LINES_PER_MEMBER,
+    MAX_SHOWN,
     PARTIAL_BYTES_PER_AGENT,
     PARTIAL_INLINE_BYTES,
     PARTIAL_OBJECT_BASE_BYTES,
@@ -162,6 +163,7 @@ from populace.core.contracts.run_events import (
     RunResumed,
     RunStarted,
     ShareProfile,
+    ShownColumns,
     SpawnBatch,
     partial_object_limit,
 )
@@ -196,6 +198,7 @@ __all__ = [
     "MAX_LINES_PER_MEMBER",
     "MAX_MODELS",
     "MAX_QUESTION_CHARS",
+    "MAX_SHOWN",
     "NODE_REQUESTS",
     "PARTIAL_BYTES_PER_AGENT",
     "PARTIAL_INLINE_BYTES",
@@ -307,6 +310,7 @@ __all__ = [
     "ServiceSpec",
     "Share",
     "ShareProfile",
+    "ShownColumns",
     "SimulationName",
     "SimulationTables",
     "SnapshotReply",
