@@ -77,6 +77,8 @@ WAITING_MODULES = frozenset({
     "tests/e2e/test_live_agents.py",  # 0.20
     "tests/e2e/test_incremental_checkpoints_e2e.py",  # 0.46
     "tests/e2e/test_children_die_with_up.py",  # 0.19
+    "tests/e2e/test_shared_limits_e2e.py",  # waits on a paced provider (~30 s wall, light CPU)
+    "tests/e2e/test_scene_batches_e2e.py",  # 0.3 (15.6 s CPU over 57 s wall, services included)
 })
 
 

@@ -97,5 +97,5 @@ def test_demo_plays_and_results_reads_the_db(tmp_path):
     res3 = populace("results", "last", "--json", "--db", str(db))
     run = json.loads(res3.stdout)["runs"][0]
     assert run["usage"] == {"llm_calls": 400, "prompt_tokens": 0, "completion_tokens": 0, "infra_retries": 0,
-                            "invalid_answers": 0, "simulation_errors": 0}
+                            "cached_tokens": 0, "dollars": 0.0, "invalid_answers": 0, "simulation_errors": 0}
     assert [r["usage"]["llm_calls"] for r in run["rounds"]] == [200, 200]

@@ -119,7 +119,7 @@ def _write_run(store: Store, run_id: str, seed: int, population: bool = True, ag
                      "n_winners": 1},
             observation={}, state={}, closed_at=T0 + 1800,
             usage=Usage(llm_calls=agents, prompt_tokens=100 * agents, completion_tokens=20 * agents,
-                        infra_retries=r - 1))))
+                        infra_retries=r - 1, cached_tokens=40 * agents, dollars=0.25 * r))))
     events.append(Event(f"{run_id}.done", "done", RunDone(run_id=run_id, status="completed", rounds=rounds,
                                                           finished_at=T0 + 3600)))
     store.ingest(events)
@@ -187,7 +187,8 @@ def test_round_table_matches_numpy(con):
         assert "options" not in row  # a numeric measure has no shares
         # the round's LLM work, infrastructure retries apart from the model's invalid answers
         assert row["usage"] == {"llm_calls": N_AGENTS, "prompt_tokens": 100 * N_AGENTS,
-                                "completion_tokens": 20 * N_AGENTS, "infra_retries": row["round"] - 1}
+                                "completion_tokens": 20 * N_AGENTS, "infra_retries": row["round"] - 1,
+                                "cached_tokens": 40 * N_AGENTS, "dollars": 0.25 * row["round"]}
     # the data get lower over rounds, as built
     assert table[0]["mean"] > table[-1]["mean"]
 
@@ -205,6 +206,7 @@ def test_run_info_reads_the_ratio_game_from_its_tables_and_class(con):
     invalid = sum(1 for r in range(1, N_ROUNDS + 1) for a in range(N_AGENTS) if (a * 7 + r) % 23 == 0)
     assert info["usage"] == {"llm_calls": N_AGENTS * N_ROUNDS, "prompt_tokens": 100 * N_AGENTS * N_ROUNDS,
                              "completion_tokens": 20 * N_AGENTS * N_ROUNDS, "infra_retries": 0 + 1 + 2,
+                             "cached_tokens": 40 * N_AGENTS * N_ROUNDS, "dollars": 0.25 * (1 + 2 + 3),
                              "invalid_answers": sum(_invalid(r, False) for r in range(1, N_ROUNDS + 1)),
                              "simulation_errors": sum(_invalid(r, True) for r in range(1, N_ROUNDS + 1))}
     assert info["usage"]["invalid_answers"] + info["usage"]["simulation_errors"] == invalid
@@ -309,6 +311,8 @@ def test_report_is_self_contained_with_all_figures(con, tmp_path):
                   "By education", "By age", "Invalid answers", "Raw answers per agent"):
         assert title in page
     assert "Figure 4" not in page  # the ratio game has no groups of players
+    # what the rounds cost: the header's LLM work line and the per-round table's cost columns
+    assert "$1.50 at the models&#39; prices" in page and "<th>cached tokens</th><th>dollars</th>" in page
     # the target is drawn in every histogram, target and winning number over rounds
     assert 'aria-label="Histogram of guesses per round with the target"' in page
     assert 'aria-label="Mean, median, target, winning number per round"' in page

@@ -101,7 +101,12 @@ async def _follow(url: str, prepared: "PreparedRun", show_progress: bool, run_id
         display.console.print(f"run {rid}: {c.simulation}, {c.agents:,} agents × {c.rounds} rounds ({which})",
                               soft_wrap=True, highlight=False)
 
-    return await play_prepared(url, prepared, show_progress, run_id, on_start=announce)
+    from populace.core.scenario import ScenarioError
+
+    try:
+        return await play_prepared(url, prepared, show_progress, run_id, on_start=announce)
+    except ScenarioError as err:  # what the stack cannot serve, said before the run
+        fail(str(err))
 
 
 def checked(build):
@@ -302,6 +307,11 @@ def demo(
             "placement": {"agents_per_process": 1 if one_per_process else 0},
         }, _overrides(set_)))))
     config = prepared.config
+    if config.models:  # a variable not set, a key file not readable, a URL that does not answer: before anything
+        from populace.client.model_checks import check_local
+
+        if why := check_local(list(config.models)):
+            fail(why)
     starts = {"vllm"} if model == "vllm" and scenario is None else {config.model.backend}
     with _private_stack(starts, replicas, hosts, db, tuple(config.models)) as url:
         outcome = run_async(_follow(url, prepared, show_progress=True))
@@ -433,7 +443,9 @@ def _run_local(prepared: "PreparedRun", hosts: int, db: str) -> None:
 
 def _estimate(scenario: Path, extra: dict, prepared: "PreparedRun", nats: str, share: float, progress: bool) -> None:
     """Play the pilot on the fleet (recorded like any run, named `<name>-pilot`) and scale its
-    LLM work to the whole run."""
+    LLM work to the whole run: calls, tokens, cached tokens, dollars per model, and the wall time
+    under the models' declared limits."""
+    from populace.cli import estimates
     from populace.client.api import prepare_scenario
     from populace.client.estimate import extrapolate, pilot_agents
 
@@ -443,23 +455,42 @@ def _estimate(scenario: Path, extra: dict, prepared: "PreparedRun", nats: str, s
                                                      "name": f"{config.name}-pilot", "budget": None}))
     with _stack_url(nats) as url:
         outcome = run_async(_follow(url, pilot, show_progress=progress))
-    if outcome.status != "completed" or not outcome.results:
-        fail(f"the pilot run {outcome.run_id} {outcome.status}: {outcome.reason}", code=1)
+        if outcome.status != "completed" or not outcome.results:
+            fail(f"the pilot run {outcome.run_id} {outcome.status}: {outcome.reason}", code=1)
+        latency, unmeasured = _pilot_latency(url, outcome.run_id) if config.models else ({}, None)
     used = outcome.results[0].usage
-    est = extrapolate(config.agents, config.rounds, k, used)
+    est = extrapolate(config.agents, config.rounds, k, used, config.models, prepared.manifest.get("models"),
+                      pilot.manifest.get("models"), latency)
     out = display.out
-    out.print(f"pilot run {outcome.run_id}: {k:,} of {config.agents:,} agents, round 1, model "
-              f"{config.model.backend}: {used.llm_calls:,} LLM calls, {used.tokens:,} tokens "
-              f"({used.prompt_tokens:,} prompt, {used.completion_tokens:,} completion)")
-    line = f"expected for {config.agents:,} agents × {config.rounds} rounds: {est.calls:,.0f} LLM calls"
-    if est.counted_tokens:
-        line += (f", {est.tokens:,.0f} tokens (95% interval {est.tokens_low:,.0f}–{est.tokens_high:,.0f}; "
-                 f"{est.tokens_per_call:,.1f} ± {est.tokens_per_call_sd:,.1f} tokens per call)")
-    else:
-        line += f"; the {config.model.backend} model reports no tokens"
-    out.print(line)
-    out.print("from round 1's prompts only: later rounds' prompts carry history and are usually longer. "
-              "`budget: {tokens: N}` in the scenario pauses the run before it goes past N.")
+    out.print(estimates.pilot_line(outcome.run_id, config, k, used), markup=False, highlight=False)
+    out.print(estimates.expected_line(est, config), markup=False, highlight=False)
+    if est.models:
+        out.print(estimates.models_table(est))
+    for line in estimates.time_lines(est):
+        out.print(line, markup=False, highlight=False)
+    if unmeasured:
+        out.print(f"concurrency: not estimated ({unmeasured})", markup=False, highlight=False)
+    out.print(estimates.caveats(est), markup=False, highlight=False)
+
+
+def _pilot_latency(url: str, run_id: str) -> tuple[dict[str, float], str | None]:
+    """The pilot's mean seconds per call by model, from the gateway's records of its calls (a copy
+    of the pilot's rows from the recorder); ({}, why) when they cannot be read."""
+    import tempfile
+
+    import duckdb
+
+    from populace.analysis import model_stats
+    from populace.client.reads import ReadError, live_copy
+
+    try:
+        with tempfile.TemporaryDirectory(prefix="populace-pilot-") as directory:
+            path = live_copy(url, Path(directory), lambda _index: [run_id])
+            with duckdb.connect(str(path), read_only=True) as con:
+                stats = model_stats(con, run_id)
+    except (ReadError, ConnectionError, OSError, TimeoutError) as err:
+        return {}, f"the pilot's calls could not be read from the recorder: {err}"
+    return {name: m["latency_ms_mean"] / 1000 for name, m in stats.items() if m["latency_ms_mean"]}, None
 
 
 def _detached(url: str, rid: str, cancel_on_exit: bool) -> None:
@@ -526,16 +557,20 @@ def resume(
     progress: Annotated[bool, typer.Option(help="show progress bars")] = True,
     budget_tokens: Annotated[int | None, typer.Option(min=1, help="the run's new token budget (total)")] = None,
     budget_calls: Annotated[int | None, typer.Option(min=1, help="the run's new LLM-call budget (total)")] = None,
+    budget_dollars: Annotated[float | None, typer.Option(min=0.000001, max=10_000_000,
+                                                         help="the run's new dollar budget (total, US dollars at "
+                                                              "its models' prices)")] = None,
 ) -> None:
     """Continue a failed, cancelled or paused run after its last completed round, on the
     agent-hosts up now; agents and environment start from that round's checkpoint, so the run
-    ends as if it had never stopped. A run paused on its budget needs a larger one. Follows it
-    until it is recorded."""
+    ends as if it had never stopped. A run paused on its budget needs a larger one (the budget
+    counts from the run's start: give the new total). Follows it until it is recorded."""
     from populace.client import live as steer
     from populace.sdk.registry import resolve
 
     try:
-        state, outcome = _steer(lambda: steer.resume_run(nats, run_id, progress, budget_tokens, budget_calls))
+        state, outcome = _steer(lambda: steer.resume_run(nats, run_id, progress, budget_tokens, budget_calls,
+                                                         budget_dollars))
     except KeyboardInterrupt:
         _detached(nats, run_id, False)
         raise typer.Exit(130) from None
@@ -812,13 +847,33 @@ def results(
     reference: Annotated[Path | None, typer.Option(help="human reference data (CSV or Parquet, with its citation): "
                                                         "the runs beside it per group, with a distance and its "
                                                         "95% bootstrap interval")] = None,
+    profile: Annotated[bool, typer.Option("--profile", help="where each round went instead (table round_profile): "
+                                                            "per host the seconds in views, turns, settle/reduce/"
+                                                            "merge and model wait, the views' bytes; the "
+                                                            "environment's merge and decide; the recorder's "
+                                                            "record")] = False,
 ) -> None:
     """Per-round statistics of each run's measure (mean … max, or each option's share), its
     simulation's round summary and its LLM work: answers in, valid, the model's invalid answers
     and infrastructure retries apart, calls, re-asks, tokens, latency, the model and replicas (a
     fork: beside its parent's); or (--by) the mean, or each option's share, per group with 95% CIs."""
-    from populace.analysis import call_stats, fork_table, group_table, model_of, round_table, run_info, total_calls
+    from populace.analysis import (
+        call_stats,
+        fork_table,
+        group_table,
+        model_of,
+        model_stats,
+        round_table,
+        run_info,
+        total_calls,
+    )
 
+    if profile:
+        other = [flag for flag, given in (("--by", by), ("--round", round_), ("--interviews", interviews_),
+                                          ("--reference", reference)) if given]
+        if other:
+            fail(f"--profile: not with {other[0]} (the profile shows every round of each run)")
+        return _profile_results(run_ids, json_out, db, nats)
     if reference is not None:
         return _reference_results(run_ids, reference, json_out, db, nats)
     if interviews_:
@@ -833,16 +888,16 @@ def results(
         if by is None:
             from populace.analysis.interviews import interview_usage
 
-            runs = [({**run_info(con, rid), "interviews": interview_usage(con, rid)}, round_table(con, rid),
-                     fork_table(con, rid), call_stats(con, rid)) for rid in ids]
+            runs = [({**run_info(con, rid), "interviews": interview_usage(con, rid), "models": model_stats(con, rid)},
+                     round_table(con, rid), fork_table(con, rid), call_stats(con, rid)) for rid in ids]
         else:
             checks.attribute(con, ids, by)
             rows = group_table(con, ids, by, round=round_)
             info = run_info(con, ids[0])
     if by is None:
-        if json_out:  # per round `calls` (the gateway's llm_calls rows); per run the model and the totals
+        if json_out:  # per round `calls` (the gateway's llm_calls rows); per run the model(s) and the totals
             print(json.dumps({"runs": [{**{k: info.get(k) for k in head}, "model": model_of(info, calls),
-                                        "calls": total_calls(calls),
+                                        "models": info["models"], "calls": total_calls(calls),
                                         "rounds": [{**r, "calls": calls.get(r["round"])} for r in rows],
                                         "fork": fork}
                                        for info, rows, fork, calls in runs]}, default=str, indent=1))
@@ -859,6 +914,8 @@ def results(
             llm = display.llm_table(rows, calls, f"LLM work — {display.model_line(model_of(info, calls))}")
             if llm is not None:
                 display.out.print(llm)
+            if (by_model := display.models_table(info["models"], "LLM work by model")) is not None:
+                display.out.print(by_model)
             if line := interviews.usage_line(info.get("interviews")):
                 display.out.print(line, markup=False, highlight=False)
             if fork is not None:  # a fork is read against its parent: the intervention's effect
@@ -873,6 +930,27 @@ def results(
     what = f"share of each {noun}" if info["measure_kind"] == "categorical" else f"mean {noun}"
     title = f"{what} by {by}" + (f", round {round_}" if round_ else ", last round") + f" — {', '.join(ids)}"
     display.out.print(display.group_table(rows, by, title, across_runs=len(ids) > 1))
+
+
+def _profile_results(run_ids: list[str], json_out: bool, db: str, nats: str) -> None:
+    """`results --profile`: each run's `round_profile` rows, and in words where the time went."""
+    from populace.analysis import profile_totals, round_profile
+
+    with _db(db, run_ids, nats) as con:
+        ids = _run_ids(con, run_ids)
+        runs = [(rid, round_profile(con, rid)) for rid in ids]
+    if json_out:
+        print(json.dumps({"runs": [{"run_id": rid, "rows": rows, **profile_totals(rows)} for rid, rows in runs]},
+                         default=str, indent=1))
+        return
+    for rid, rows in runs:
+        if not rows:
+            display.out.print(f"run {rid}: no round profile recorded (no round closed, or it was recorded by a "
+                              "release before round profiles)", markup=False, highlight=False)
+            continue
+        display.out.print(display.profile_table(rows, f"run {rid}: where each round went"))
+        for line in display.profile_lines(profile_totals(rows)):
+            display.out.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def _load_reference(path: Path):
@@ -1077,13 +1155,17 @@ def replicas_sim(
     advertise: Annotated[str | None, typer.Option(help="host name gateways should use (default: bind)")] = None,
     serves: Annotated[str | None, typer.Option(help="the run model (a `models:` entry without base_url) they answer "
                                                     "for")] = None,
+    api_key_env: Annotated[str | None, typer.Option(help="environment variable holding a key the servers ask "
+                                                          "every request for (Bearer), as a provider does")] = None,
     sim_args: Annotated[list[str] | None, typer.Argument(help="passed to populace.replicas.sim, after --")] = None,
 ) -> None:
-    """Simulated vLLM replicas (timing, max sequences, prefix cache, vLLM metrics)."""
+    """Simulated vLLM replicas (timing, max sequences, prefix cache, vLLM metrics; a provider's key,
+    limits and latency: `-- --requests-per-min N …`, docs/models.md)."""
     from populace.replicas.launch import start_sim
 
     _serve_replicas(lambda: start_sim(count, extra_args=sim_args or [], max_concurrency=max_concurrency,
-                                      bind=bind, advertise=advertise, serves=serves), nats)
+                                      bind=bind, advertise=advertise, serves=serves, api_key_env=api_key_env),
+                    nats)
 
 
 @replicas_app.command("vllm")
@@ -1275,6 +1357,10 @@ def bench_dummy(
              "what crosses hosts")] = "partition",
     compare: Annotated[str | None, typer.Option(help="also play this simulation at the same size (e.g. ratio-game) "
                                                      "and report the round-time ratio")] = None,
+    compare_set: Annotated[list[str] | None, typer.Option(
+        "--compare-set", help="also play the same study (or --compare's) with this scenario key changed, e.g. "
+                              "--compare-set recommender.record_shown=false, and report the round-time ratio "
+                              "(repeatable)")] = None,
 ) -> None:
     """The paper's dummy benchmark through the whole pipeline: every agent's turn waits
     `latency` seconds for its answer; every outcome ends up in DuckDB. With --degree, agents talk
@@ -1284,13 +1370,17 @@ def bench_dummy(
 
     params = _overrides(set_)
     checked(lambda: prepare(parse_config({"simulation": simulation, "agents": agents, **params})))
-    if compare is not None:  # played after the first bench, on its defaults: its name is checked before it
-        from populace.core.scenario import ScenarioError
+    compare_params = _overrides(compare_set) if compare_set else None
+    if compare is not None or compare_params is not None:  # played after the first bench: checked before it
+        from populace.core.scenario import ScenarioError, merged
 
+        other = compare or simulation
+        same = compare_params is not None and other == simulation  # the same study with one key changed
         try:
-            prepare(parse_config({"simulation": compare, "agents": agents}))
+            prepare(parse_config({"simulation": other, "agents": agents,
+                                  **merged(params if same else {}, compare_params or {})}))
         except ScenarioError as err:
-            fail(f"--compare: {err}")
+            fail(f"--compare{'-set' if compare_params is not None else ''}: {err}")
     if out:
         checks.output_file(out, "--out")
     section = graph_section(graph, degree) if degree is not None else None
@@ -1300,7 +1390,7 @@ def bench_dummy(
         checked(lambda: parse_graph(section, agents))
     series = run_dummy_series(agents=agents, latency=latency, hosts=hosts or os.cpu_count() or 1, rounds=rounds,
                               floor=floor, quiet=json_out, storage=storage, simulation=simulation, params=params,
-                              graph=section, placement=placement, compare=compare,
+                              graph=section, placement=placement, compare=compare, compare_params=compare_params,
                               on_result=None if json_out else lambda r: display.out.print(r.table()))
     if out:
         checks.write_text(out, series.document() + "\n")
@@ -1337,6 +1427,33 @@ def auth_host(
         fail(str(err))
     print(block)
     display.console.print(f"# on the host: POPULACE_HOST_ID={host_id} POPULACE_NATS_USER={host_id} "
+                          f"POPULACE_NATS_PASSWORD={pw}", markup=False, highlight=False)
+
+
+@auth_app.command("replicas")
+def auth_replicas(
+    set_name: Annotated[str, typer.Argument(metavar="SET", help="the replica set's name; its NATS user is "
+                                                                "replicas-SET")],
+    conf: Annotated[Path, typer.Option(help="the NATS authorization file whose replicas user is narrowed")] = Path(
+        "deploy/nats/auth.conf"),
+    password: Annotated[str | None, typer.Option(help="default: a new random one")] = None,
+) -> None:
+    """Print a NATS user for one replica set, `replicas-SET`, allowed to write only its own keys
+    in KV `replicas` (which no other user may write, overwrite or delete), then the settings
+    `populace replicas …` runs with. Add the block to the file's `users` and reload the server."""
+    import secrets
+
+    from populace.core.replicaauth import ReplicaAuthError, set_user, user_of
+
+    if not conf.is_file():
+        fail(f"--conf: {conf} is not a file")
+    pw = password or secrets.token_urlsafe(24)
+    try:
+        block = set_user(conf.read_text(), set_name, pw)
+    except ReplicaAuthError as err:
+        fail(str(err))
+    print(block)
+    display.console.print(f"# for `populace replicas …`: POPULACE_NATS_USER={user_of(set_name)} "
                           f"POPULACE_NATS_PASSWORD={pw}", markup=False, highlight=False)
 
 
