@@ -1178,7 +1178,7 @@ def replicas_vllm(
     cpu: Annotated[bool, typer.Option("--cpu", help="vLLM's CPU build even where there is a GPU")] = False,
     base_port: Annotated[int, typer.Option(help="GPUs: first port; replica i uses base_port + i")] = 8000,
     max_concurrency: Annotated[int | None, typer.Option(min=1, help="gateway's cap of calls in flight per "
-                                                                    "replica (default: 256 GPU, 16 CPU)")] = None,
+                                                                    "replica (default: 256 GPU, 32 CPU)")] = None,
     nats: Annotated[str, typer.Option("--nats", envvar=NATS_ENV, help="NATS URL")] = NATS_DEFAULT,
     bind: Annotated[str, typer.Option(help="address the servers listen on")] = "127.0.0.1",
     advertise: Annotated[str | None, typer.Option(help="host name gateways should use (default: bind)")] = None,
@@ -1194,7 +1194,7 @@ def replicas_vllm(
     import shutil
 
     from populace.replicas import vllm_cpu
-    from populace.replicas.launch import start_vllm, start_vllm_cpu
+    from populace.replicas.launch import VLLM_CPU_CONCURRENCY, start_vllm, start_vllm_cpu
 
     if not cpu and (gpus is not None or vllm_cpu.gpu_present()):
         if model is None:
@@ -1208,7 +1208,7 @@ def replicas_vllm(
     from populace.client.live import VLLM_START_TIMEOUT_S
 
     prepared = _ensure_vllm_cpu()
-    _serve_replicas(lambda: start_vllm_cpu(count, model=model, max_concurrency=max_concurrency or 16,
+    _serve_replicas(lambda: start_vllm_cpu(count, model=model, max_concurrency=max_concurrency or VLLM_CPU_CONCURRENCY,
                                            extra_args=vllm_args or [], bind=bind, advertise=advertise,
                                            prepared=prepared, serves=serves, api_key_env=api_key_env),
                     nats, health_timeout=VLLM_START_TIMEOUT_S)
@@ -1290,7 +1290,7 @@ def bench_llm(
     sweep: Annotated[str, typer.Option(help="calls in flight per replica the direct path tries (comma-separated); "
                                             "default: 1,2,4,8,16,32 (llama.cpp: 1,2,4)")] = "",
     concurrency: Annotated[int | None, typer.Option(min=1, help="the gateway's cap of calls in flight per replica "
-                                                               "(default: what `populace replicas` registers: 16 "
+                                                               "(default: what `populace replicas` registers: 32 "
                                                                "vLLM CPU, 2 llama.cpp; a URL's limits.concurrency, "
                                                                "16)")] = None,
     repeat: Annotated[int, typer.Option(min=1, help="pairs of runs (direct, through Populace), alternated; the "

@@ -186,7 +186,15 @@ def start_vllm(model: str, gpus: list[str], *, base_port: int = 8000, max_concur
     return rs
 
 
-def start_vllm_cpu(count: int = 1, *, model: str | None = None, max_concurrency: int = 16,
+# The gateway's cap of calls in flight per vLLM CPU replica. vLLM batches what it is sent (up to
+# 128 sequences on CPU) and a batch's tokens cost less each: SmolLM2 on this 2-core machine used
+# 23 s of CPU for 300 decisions at 16 in flight, 18 s at 32, 16.5 s at 64, and made 1.3-1.5x the
+# decisions/s at 32 (`populace bench llm`, bench/results/stop35/llm). 32, not 64: a call queued
+# inside vLLM counts against the gateway's request timeout, one queued in the gateway does not.
+VLLM_CPU_CONCURRENCY = 32
+
+
+def start_vllm_cpu(count: int = 1, *, model: str | None = None, max_concurrency: int = VLLM_CPU_CONCURRENCY,
                    max_model_len: int = 2048, extra_args: list[str] | None = None, log_dir: str | None = None,
                    prefix: str = "vllm-cpu", bind: str = "127.0.0.1", advertise: str | None = None,
                    prepared: vllm_cpu.VllmCpu | None = None, serves: str | None = None,

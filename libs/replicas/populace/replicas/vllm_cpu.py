@@ -286,8 +286,9 @@ def serve_env(cores: str | None) -> dict[str, str]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
            "DO_NOT_TRACK": "1"}
     # GiB of KV cache per replica, allocated (and zeroed) at every start: 1 GiB holds 46k tokens of
-    # SmolLM2, 22 requests of the full 2,048 (the gateway sends a CPU replica 16 at a time); 2 GiB
-    # made the engine's start slower, and the replica 1 GiB larger, for nothing
+    # SmolLM2, 22 requests of the full 2,048 or the 32 decisions of ~180 a gateway sends a CPU
+    # replica at once many times over (vLLM queues what does not fit); 2 GiB made the engine's
+    # start slower, and the replica 1 GiB larger, for nothing
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     if cores is not None and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
         env["VLLM_CPU_OMP_THREADS_BIND"] = cores
