@@ -166,16 +166,27 @@ class _Columns:
         raise RuntimeError("outcome defaults do not fit their own columns")  # pragma: no cover
 
 
+def _text_bytes(values: list) -> int:
+    """The UTF-8 bytes of the strings among `values` (anything else counts 0)."""
+    try:
+        return len("".join(values).encode())  # one join, one encode: a group's few texts at once
+    except TypeError:  # a None (no error), or an author's raw that is not text
+        return sum(len(v.encode()) for v in values if isinstance(v, str))
+
+
 def _group_bytes(members: Sequence[tuple[Agent, Outcome, float, str | None, Any]], acts: Sequence[ActRecord],
                  lines: Sequence[LineRecord]) -> int:
     """About how many bytes a scene's group takes in a batch: its text (UTF-8) and a row's cost
     beyond it, for its acts, lines and members' outcomes."""
-    def text(value: object) -> int:
-        return len(value.encode()) if isinstance(value, str) else 0
-
-    return (sum(text(a.act.raw) + text(a.error) + ROW_BYTES for a in acts)
-            + sum(text(x.text) + text(x.fields) + ROW_BYTES for x in lines)
-            + sum(text(out.raw) + text(err) + ROW_BYTES for _, out, _, err, _ in members))
+    texts = [a[4].raw for a in acts]
+    texts += [a[6] for a in acts if a[6] is not None]
+    texts += [m[1].raw for m in members]
+    texts += [m[3] for m in members if m[3] is not None]
+    for x in lines:
+        texts.append(x[3])
+        if x[4] is not None:
+            texts.append(x[4])
+    return _text_bytes(texts) + ROW_BYTES * (len(acts) + len(lines) + len(members))
 
 
 class OutcomeSink:
@@ -213,8 +224,8 @@ class OutcomeSink:
         self._errs: list[str | None] = []
         self._groups: list[int] = []
         self._outer: list[tuple[int, ...]] = []
-        self._acts: list[tuple[int, ActRecord]] = []
-        self._lines: list[tuple[int, LineRecord]] = []
+        self._acts: list[ActRecord] = []
+        self._lines: list[LineRecord] = []
         self._scene_bytes = 0
 
     def add(self, agent_id: int, outcome: Outcome, latency_ms: float, error: str | None = None) -> None:
@@ -255,9 +266,9 @@ class OutcomeSink:
         if self._levels:
             self._outer.extend([outer] * len(members))
         if acts:
-            self._acts.extend((group, a) for a in acts)
+            self._acts.extend(acts)
         if lines:
-            self._lines.extend((group, line) for line in lines)
+            self._lines.extend(lines)
         self._scene_bytes += size
         if len(ids) >= self._batch_size or self._scene_bytes >= SCENE_BYTES:
             self.flush()
@@ -295,23 +306,20 @@ class OutcomeSink:
         if self._emit is not None:
             self._emit(batch)
 
-    def _act_rows(self, acts: list[tuple[int, ActRecord]]) -> dict[str, list] | None:
+    def _act_rows(self, acts: list[ActRecord]) -> dict[str, list] | None:
         if self._act_columns is None or not acts:
             return None
-        errs = [a.error for _, a in acts]
-        columns, valid, raws = self._act_columns([a.act for _, a in acts], errs)
-        return {"group_id": [g for g, _ in acts], "seq": [a.seq for _, a in acts],
-                "agent_id": [a.agent_id for _, a in acts], "phase": [a.phase for _, a in acts],
-                **columns, "valid": valid, "raw": raws, "latency_ms": [a.latency_ms for _, a in acts],
-                "error": errs}
+        groups, seqs, agents, phases, outs, latency, errs = map(list, zip(*acts, strict=True))
+        columns, valid, raws = self._act_columns(outs, errs)
+        return {"group_id": groups, "seq": seqs, "agent_id": agents, "phase": phases,
+                **columns, "valid": valid, "raw": raws, "latency_ms": latency, "error": errs}
 
     @staticmethod
-    def _line_rows(lines: list[tuple[int, LineRecord]]) -> dict[str, list] | None:
+    def _line_rows(lines: list[LineRecord]) -> dict[str, list] | None:
         if not lines:
             return None
-        return {"group_id": [g for g, _ in lines], "seq": [x.seq for _, x in lines],
-                "speaker": [x.speaker for _, x in lines], "text": [x.text for _, x in lines],
-                "fields": [x.fields for _, x in lines]}
+        groups, seqs, speakers, texts, fields = map(list, zip(*lines, strict=True))
+        return {"group_id": groups, "seq": seqs, "speaker": speakers, "text": texts, "fields": fields}
 
     def close(self) -> RoundShare:
         """Flush the last batch and merge the batches' partials. Raises RoundFailed when the
@@ -518,25 +526,28 @@ class RoundPlayer:
         sim = self.sim
         env = self.group_envs[0]
         act_cls = type(sim).Act
+        outcome_cls = self.outcome_cls
+        agents, index, scenes, failed_act = self.agents, self.index, self._scenes, self.failed_act
 
         async def play(group: Group) -> None:
-            scene = Scene(round_, group.id, sim, llm, act_cls, self.failed_act)
-            scene.members = tuple(Member(self.agents[self.index[m]], scene) for m in group.members)
+            scene = Scene(round_, group.id, sim, llm, act_cls, failed_act)
+            scene.members = members = tuple([Member(agents[index[m]], scene) for m in group.members])
             scene.last_active = scene._clock()
-            self._scenes[group.id] = scene
+            scenes[group.id] = scene
             PLAYING.set(scene)  # this task's own context: what its acts are checked against
             try:
                 news = await env.scene(scene)
                 if scene.broken is not None:  # a rule broken, even if the scene caught the error
                     raise SceneError(scene.broken)
-                missing = [m.id for m in scene.members if m.id not in scene.outcomes]
+                outcomes = scene.outcomes
+                missing = [m.agent.id for m in members if m.agent.id not in outcomes]
                 if missing:
                     raise SceneError(f"the scene gave no outcome to agent(s) {missing[:5]} (scene.outcome(member, …) "
                                      "for every member)")
-                wrong = [aid for aid, o in scene.outcomes.items() if not isinstance(o, self.outcome_cls)]
-                if wrong:
-                    raise SceneError(f"the outcome of agent {wrong[0]} is a "
-                                     f"{type(scene.outcomes[wrong[0]]).__name__}, not a {self.outcome_cls.__name__}")
+                for aid, o in outcomes.items():
+                    if o.__class__ is not outcome_cls and not isinstance(o, outcome_cls):
+                        raise SceneError(f"the outcome of agent {aid} is a {type(o).__name__}, not a "
+                                         f"{outcome_cls.__name__}")
             except InferError as err:
                 self._stop(err if isinstance(err, ModelUnavailable) else ModelUnavailable(str(err)))
                 return
@@ -547,15 +558,17 @@ class RoundPlayer:
                 self._stop(SceneFailed(f"{where}: {type(env).__name__}.scene failed: {why}"))
                 return
             finally:
-                self._scenes.pop(group.id, None)
-            latency: dict[int, float] = {}  # a member's acts, summed: its time in the round
-            for a in scene.acts:
-                latency[a.agent_id] = latency.get(a.agent_id, 0.0) + a.latency_ms
+                scenes.pop(group.id, None)
+            # a member's time in the round: its acts' summed; its error: its first act's
+            latency: dict[int, float] = {}
             errors: dict[int, str] = {}
             for a in scene.acts:
-                if a.error and a.agent_id not in errors:
-                    errors[a.agent_id] = a.error
-            played = [(m.id, scene.outcomes[m.id], latency.get(m.id, 0.0), errors.get(m.id)) for m in scene.members]
+                aid = a[2]
+                latency[aid] = latency.get(aid, 0.0) + a[5]
+                if a[6] and aid not in errors:
+                    errors[aid] = a[6]
+            played = [(m.agent, outcomes[m.agent.id], latency.get(m.agent.id, 0.0), errors.get(m.agent.id), group)
+                      for m in members]
             deliver(group, played, news=news, settled_here=True, scene=scene)
 
         return play
@@ -598,17 +611,22 @@ class RoundPlayer:
                     members[i] = (member, outcome, lat, err or f"agent: settled raised {type(exc).__name__}: {exc}", g)
             return members
 
-        def deliver(group: Group, played: list[tuple[int, Outcome, float, str | None]], news: Any = None,
-                    settled_here: bool = False, scene: Scene | None = None) -> None:
-            waiting = inner[group.id]
-            waiting.members.extend((agents[index[aid]], out, lat, err, group) for aid, out, lat, err in played)
-            if scene is not None:  # its acts and lines leave with its members' outcomes
+        def deliver(group: Group, played: list, news: Any = None, settled_here: bool = False,
+                    scene: Scene | None = None) -> None:
+            """`played`: (agent id, outcome, latency, error) of some of the group's members; a
+            scene's: (agent, outcome, latency, error, group) of all of them."""
+            if scene is not None:  # a scene's group, whole: its acts and lines leave with its members' outcomes
+                del inner[group.id]
                 scenes[group.id] = (scene.acts, scene.transcript)
-            if len(waiting.members) < waiting.size:
-                return
-            del inner[group.id]
+                members = played
+            else:
+                waiting = inner[group.id]
+                waiting.members.extend((agents[index[aid]], out, lat, err, group) for aid, out, lat, err in played)
+                if len(waiting.members) < waiting.size:
+                    return
+                del inner[group.id]
+                members = waiting.members
             self._pending_groups.discard(group.id)
-            members = waiting.members
             if settled_here:
                 members.sort(key=lambda m: m[0].id)
                 hear(members, news)

@@ -17,18 +17,25 @@ simulation's acts table: one row per act, its `Act` columns), every line said to
 (`transcripts`), and a scene finishes inside its round, so a checkpoint, a re-placement, a
 resume and a fork replay whole scenes.
 
+Members whose acts are simultaneous (a stage: every member contributes at once) act together
+with `scene.all`, which starts their acts in order and awaits them together, so a stage waits on
+one model latency, not one per member:
+
+    contributions = await scene.all("contribute", [view] * len(scene.members))
+
 A scene must give every member its round's outcome (`scene.outcome`), act for its own members
 only, and never await one member's act while another act of that member is running."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
-from collections.abc import Callable
-from contextvars import ContextVar
-from dataclasses import dataclass
+from collections.abc import Callable, Coroutine, Sequence
+from contextvars import ContextVar, copy_context
 from typing import TYPE_CHECKING, Any
 
+import populace.sdk.llm as ports
 from populace.sdk.llm import CALLER, InferError
 from populace.sdk.rng import seeded
 
@@ -49,22 +56,12 @@ class SceneError(RuntimeError):
     """The simulation's scene broke a rule or raised: the round cannot close."""
 
 
-@dataclass(slots=True)
-class ActRecord:
-    seq: int
-    agent_id: int
-    phase: str
-    act: Outcome
-    latency_ms: float
-    error: str | None
-
-
-@dataclass(slots=True)
-class LineRecord:
-    seq: int
-    speaker: int
-    text: str
-    fields: str | None  # compact JSON
+# A scene's records are plain tuples (a million members act twice a round), appended as they
+# happen and sent columnar (populace.sdk.play.OutcomeSink):
+# an act: (group, seq, agent id, phase, the act, latency in ms, error or None)
+ActRecord = tuple[int, int, int, str, Any, float, "str | None"]
+# a line: (group, seq, speaker, text, fields as compact JSON or None)
+LineRecord = tuple[int, int, int, str, "str | None"]
 
 
 class Member:
@@ -85,11 +82,12 @@ class Member:
     def persona(self) -> Persona | None:
         return self.agent.persona
 
-    async def act(self, phase: str, view: Any = None) -> Any:
+    def act(self, phase: str, view: Any = None) -> Coroutine[Any, Any, Any]:
         """This member acts (`Agent.act(phase, view, llm)` in its own agent) and the act is
-        recorded. Its bug is its act's invalid outcome (the scene goes on); no model answering
-        stops the round, as in a turn."""
-        return await self._scene._act(self, phase, view)
+        recorded; await it. Its bug is its act's invalid outcome (the scene goes on); no model
+        answering stops the round, as in a turn. (The scene's own coroutine, not one around it:
+        a million members act twice a round.)"""
+        return self._scene._act(self, phase, view)
 
     def __repr__(self) -> str:
         return f"Member({self.agent.id})"
@@ -153,7 +151,7 @@ class Scene:
             body = json.dumps(fields, sort_keys=True, separators=(",", ":"), allow_nan=False) if fields else None
         except (TypeError, ValueError) as err:
             raise self._break(f"a line's fields must be JSON: {err}") from None
-        self.transcript.append(LineRecord(self._next(), who, text[:MAX_LINE_CHARS], body))
+        self.transcript.append((self.group, self._next(), who, text[:MAX_LINE_CHARS], body))
 
     def outcome(self, member: Member | int, outcome: Outcome) -> None:
         """A member's round outcome (its row in the simulation's outcomes table)."""
@@ -172,6 +170,54 @@ class Scene:
             self.in_flight -= 1
             self.last_active = self._clock()
 
+    async def all(self, phase: str, views: Sequence[Any] | None = None, *,
+                  members: Sequence[Member] | None = None) -> list[Any]:
+        """A stage whose acts are simultaneous: `members` (default: the group's, in order) act at
+        once, member i seeing `views[i]` (None: every member sees None), and their acts come back
+        in that order; each is recorded as `member.act` records it, its `seq` in that order. The
+        stage waits on one model latency, not one per member.
+
+        The acts run without a task each (a million members act twice a round): the platform
+        drives each act's coroutine itself, in a context of its own, as a task would, but
+        `asyncio.current_task()` is None inside them. Code in an act that needs a task of its
+        own (`asyncio.timeout`, a TaskGroup, a library that looks for its task) runs in one
+        (`await asyncio.create_task(...)`), or the scene awaits such acts with `member.act`.
+        The first act to fail (no model answered, a rule broken) stops the stage: the others
+        are cancelled, and its failure is raised."""
+        who = self.members if members is None else tuple(members)
+        n = len(who)
+        if views is None:
+            views = (None,) * n
+        else:
+            views = tuple(views)
+            if len(views) != n:
+                raise self._break(f"all({phase!r}) got {len(views)} views for {n} members (one per member, "
+                                  "in the members' order)")
+        if phase.__class__ is not str and not isinstance(phase, str):
+            raise self._break(f"an act's phase is a string, not {type(phase).__name__}")
+        playing = PLAYING.get()
+        for i, member in enumerate(who):
+            why = None
+            if member._scene is not self or (playing is not None and playing is not self):
+                where = playing if playing is not None else self
+                why = where._break(f"agent {member.id} is not a member of group {where.group}")
+            elif member._busy:  # acting now, or listed twice
+                why = self._break(f"agent {member.id} was asked to act while its previous act was still running "
+                                  "(await each act before the next of the same member)")
+            if why is not None:
+                for m in who[:i]:
+                    m._busy = False
+                raise why
+            member._busy = True
+        if n == 0:
+            return []
+        stage = _Stage(self, phase, who, views)
+        try:
+            return await stage.done
+        except BaseException:
+            stage.cancel()  # the scene was cancelled, or an act failed: none is left running
+            raise
+
     def _next(self) -> int:
         self._seq += 1
         return self._seq - 1
@@ -184,16 +230,19 @@ class Scene:
         if member._busy:
             raise self._break(f"agent {member.id} was asked to act while its previous act was still running "
                               "(await each act before the next of the same member)")
-        if not isinstance(phase, str):
+        if phase.__class__ is not str and not isinstance(phase, str):
             raise self._break(f"an act's phase is a string, not {type(phase).__name__}")
-        seq = self._next()
+        seq = self._seq
+        self._seq = seq + 1
+        agent = member.agent
         member._busy = True
         self.in_flight += 1
-        started = self._clock()
+        clock = self._clock
+        started = clock()
         error = None
-        caller = CALLER.set(member.id)  # the act's calls are the member's own
+        caller = CALLER.set(agent.id)  # the act's calls are the member's own
         try:
-            act = await member.agent.act(phase, view, self._llm)
+            act = await agent.act(phase, view, self._llm)
             if act.__class__ is not self._act_cls and not isinstance(act, self._act_cls):
                 raise TypeError(f"act returned {type(act).__name__}, not {self._act_cls.__name__}")
         except InferError:
@@ -204,6 +253,122 @@ class Scene:
             CALLER.reset(caller)
             member._busy = False
             self.in_flight -= 1
-            self.last_active = self._clock()
-        self.acts.append(ActRecord(seq, member.id, phase, act, (self.last_active - started) * 1000.0, error))
+            self.last_active = ended = clock()
+        self.acts.append((self.group, seq, agent.id, phase, act, (ended - started) * 1000.0, error))
         return act
+
+
+class _Stage:
+    """The acts of one `Scene.all`, each driven as an asyncio Task drives its coroutine (a step
+    on each wake-up of the future it awaits, a bare yield resumed on the loop's next turn),
+    without the Task: no task object, registry entry, context copy or wake-up of the scene's own
+    task per act. The stage's acts share one context, a copy of the scene's; `llm.ACTING` names the
+    member whose step runs (a task an act starts does not inherit it, as a turn's does not)."""
+
+    __slots__ = ("acts", "ctx", "done", "first_seq", "left", "loop", "members", "phase", "results", "scene",
+                 "started")
+
+    def __init__(self, scene: Scene, phase: str, members: tuple[Member, ...], views: tuple) -> None:
+        self.scene, self.phase, self.members = scene, phase, members
+        self.loop = loop = asyncio.get_running_loop()
+        self.done: asyncio.Future = loop.create_future()
+        self.ctx = ctx = copy_context()
+        ctx.run(CALLER.set, None)  # no caller but the stepping member's (a stage started inside an act)
+        n = len(members)
+        self.results: list[Any] = [None] * n
+        self.left = n
+        self.first_seq = scene._seq
+        scene._seq += n
+        scene.in_flight += n
+        self.started = scene._clock()
+        llm = scene._llm
+        self.acts = [_Acting(self, i, members[i].agent.act(phase, views[i], llm)) for i in range(n)]
+        loop.call_soon(self._start, context=self.ctx)  # on the loop, as a task starts: not inside the scene's task
+
+    def _start(self) -> None:
+        for acting in self.acts:
+            acting.step()
+
+    def finished(self, acting: _Acting, act: Any, failure: BaseException | None) -> None:
+        scene = self.scene
+        member = self.members[acting.i]
+        member._busy = False
+        scene.in_flight -= 1
+        scene.last_active = ended = scene._clock()
+        self.left -= 1
+        error = None
+        if failure is None:
+            cls = scene._act_cls
+            if act.__class__ is not cls and not isinstance(act, cls):
+                act, error = scene._failed_act(TypeError(f"act returned {type(act).__name__}, not {cls.__name__}"))
+        elif isinstance(failure, InferError) or not isinstance(failure, Exception):
+            # no model answered, or the act was cancelled: the stage stops here
+            if not self.done.done():
+                self.done.set_exception(failure)
+                self.cancel()
+            return
+        else:
+            act, error = scene._failed_act(failure)
+        scene.acts.append((scene.group, self.first_seq + acting.i, member.agent.id, self.phase, act,
+                           (ended - self.started) * 1000.0, error))
+        self.results[acting.i] = act
+        if self.left == 0 and not self.done.done():
+            self.done.set_result(self.results)
+
+    def cancel(self) -> None:
+        for acting in self.acts:
+            acting.cancel()
+
+
+class _Acting:
+    """One member's act in a stage, driven by its _Stage."""
+
+    __slots__ = ("coro", "i", "stage", "throw", "waiter")
+
+    def __init__(self, stage: _Stage, i: int, coro: Coroutine) -> None:
+        self.stage, self.i = stage, i
+        self.coro: Coroutine | None = coro
+        self.waiter: asyncio.Future | None = None
+        self.throw: BaseException | None = None  # thrown into the act at its next step (a cancel …)
+
+    def step(self, _woken: object = None) -> None:
+        """Run the act to its next suspension (in the stage's context: a callback registered with it)."""
+        coro = self.coro
+        if coro is None:
+            return
+        self.waiter = None
+        throw, self.throw = self.throw, None
+        stage = self.stage
+        ports.ACTING = stage.members[self.i].agent.id  # the act's calls are the member's own
+        try:
+            out = coro.send(None) if throw is None else coro.throw(throw)
+        except StopIteration as stop:
+            ports.ACTING = None
+            self.coro = None
+            stage.finished(self, stop.value, None)
+            return
+        except BaseException as err:  # an Exception is the act's bug; anything else stops the stage
+            ports.ACTING = None
+            self.coro = None
+            stage.finished(self, None, err)
+            return
+        ports.ACTING = None
+        if getattr(out, "_asyncio_future_blocking", None):  # awaiting a future (an LLM answer …)
+            out._asyncio_future_blocking = False
+            self.waiter = out
+            out.add_done_callback(self.step, context=stage.ctx)
+            if isinstance(self.throw, asyncio.CancelledError) and out.cancel():  # cancelled meanwhile
+                self.throw = None
+            return
+        if out is not None:  # what a Task refuses too: thrown into the act, whose bug it is
+            self.throw = RuntimeError(f"an act awaited {out!r}, which is not an asyncio future")
+        stage.loop.call_soon(self.step, context=stage.ctx)  # a bare yield (asyncio.sleep(0)): the next turn
+
+    def cancel(self) -> None:
+        """As Task.cancel: the future it awaits is cancelled (its wake-up throws CancelledError into
+        it), or else its next step throws it."""
+        if self.coro is None:
+            return
+        waiter = self.waiter
+        if waiter is None or not waiter.cancel():
+            self.throw = asyncio.CancelledError()
