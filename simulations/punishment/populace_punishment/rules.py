@@ -18,6 +18,7 @@ capped at what a member earned), as in Fehr & Gächter's linear-cost designs.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from fractions import Fraction
 from typing import NamedTuple
@@ -51,7 +52,14 @@ def first_stage(terms: Terms, contribution: int | None, total: int, size: int) -
 
 def others(me: int, size: int) -> list[int]:
     """The seats (positions in the group) of the members `me` may punish, in the group's order."""
-    return [j for j in range(size) if j != me]
+    return list(other_seats(size)[me]) if 0 <= me < size else list(range(size))
+
+
+@functools.cache
+def other_seats(size: int) -> tuple[tuple[int, ...], ...]:
+    """For each seat of a group of `size`, the seats of the others (`others`), made once per size:
+    read for every member twice a round."""
+    return tuple(tuple(j for j in range(size) if j != me) for me in range(size))
 
 
 class Punish(NamedTuple):
@@ -68,7 +76,8 @@ class Punish(NamedTuple):
     @property
     def targets(self) -> list[int]:
         """The agent ids this member may punish, in the order of its answer's letters."""
-        return [self.members[j] for j in others(self.seat, len(self.members))]
+        members = self.members
+        return [members[j] for j in other_seats(len(members))[self.seat]]
 
 
 class Settlement(NamedTuple):
@@ -90,11 +99,12 @@ def settle_group(terms: Terms, contributions: Sequence[int | None],
     counted = [c or 0 for c in contributions]
     total = sum(counted)
     given, antisocial, received = [0] * k, [0] * k, [0] * k
+    seats = other_seats(k)
     for i, row in enumerate(points):
         if row is None:
             continue
         mine = counted[i]
-        for target, p in zip(others(i, k), row):
+        for target, p in zip(seats[i], row):
             given[i] += p
             received[target] += p
             if counted[target] >= mine:

@@ -13,8 +13,7 @@ of them went to members who contributed as much as it or more) and received, and
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from populace.sdk import LLM, Agent, Env, GroupEnv, Outcome, RunConfig, Simulation, State
@@ -67,16 +66,17 @@ class Player(Agent):
         sim: Punishment = self.sim  # type: ignore[assignment]
         persona = self.persona.text if sim.use_persona and self.persona is not None else None
         prefix = len(persona) if persona else 0
-        history = sim.texts.history(self.memory) if sim.show_history else ""
+        history = sim.texts.history(self.memory) if sim.show_history and self.memory else ""
         if phase == "contribute":
             raw = await llm.ask(sim.texts.contribute(persona, history, view), key=self.id,
                                 schema=sim.contribute_schema, prefix_chars=prefix)
             value = parsing.parse_contribution(raw, sim.terms.endowment)
             return Move(contribution=value, raw=raw, valid=value is not None)
         if phase == "punish":
-            seats = rules.others(view.seat, len(view.members))
-            others = [view.contributions[j] for j in seats]
-            raw = await llm.ask(sim.texts.punish(persona, history, view.contributions[view.seat], others),
+            contributions, seat = view.contributions, view.seat
+            seats = rules.other_seats(len(view.members))[seat]
+            others = tuple([contributions[j] for j in seats])
+            raw = await llm.ask(sim.texts.punish(persona, history, contributions[seat], others),
                                 key=self.id, schema=sim.punish_schemas[len(seats)], prefix_chars=prefix)
             points = parsing.parse_points(raw, LABELS[:len(seats)], sim.max_points)
             return Move(targets=view.targets, points=points, raw=raw, valid=points is not None)
@@ -91,35 +91,15 @@ class Player(Agent):
         return self.sim.texts.history(self.memory).rstrip("\n")  # type: ignore[attr-defined]
 
 
-async def together(acts: Sequence[Coroutine[Any, Any, Move]]) -> list[Move]:
-    """A stage's acts, all at once, started in the group's order: the first in the scene's own
-    task, the others in tasks of their own (asyncio.gather's machinery cost about a fifth of a round's
-    CPU in one process). The first failure in that order (no model answered, a rule broken) cancels the acts
-    still running and is raised: none is left running, and no failure goes unobserved."""
-    loop = asyncio.get_running_loop()
-    rest = [loop.create_task(a) for a in acts[1:]]
-    try:
-        done = [await acts[0]]
-        for task in rest:
-            done.append(await task)
-    except BaseException:
-        for task in rest:
-            if not task.done():
-                task.cancel()
-            task.add_done_callback(_observed)
-        raise
-    return done
-
-
-def _observed(task: asyncio.Task) -> None:
-    if not task.cancelled():
-        task.exception()  # a sibling's failure, after the one raised: retrieved, never logged as lost
-
-
 def contribution_of(move: Move, endowment: int) -> int | None:
     """The contribution as the game reads it: a valid act's whole number from 0 to the
     endowment, else None (an author's Agent subclass could return anything)."""
-    return parsing.whole(move.contribution, endowment) if move.valid else None
+    if not move.valid:
+        return None
+    c = move.contribution
+    if c.__class__ is int and 0 <= c <= endowment:  # the common case, without a call
+        return c
+    return parsing.whole(c, endowment)
 
 
 def points_of(move: Move, targets: Sequence[int], max_points: int) -> list[int] | None:
@@ -128,8 +108,11 @@ def points_of(move: Move, targets: Sequence[int], max_points: int) -> list[int] 
     if not move.valid or move.targets != list(targets) or not isinstance(move.points, list) \
             or len(move.points) != len(targets):
         return None
-    points = [parsing.whole(p, max_points) for p in move.points]
-    return None if None in points else points  # type: ignore[return-value]
+    points = move.points
+    if all(p.__class__ is int and 0 <= p <= max_points for p in points):  # the common case
+        return list(points)
+    checked = [parsing.whole(p, max_points) for p in points]
+    return None if None in checked else checked  # type: ignore[return-value]
 
 
 class Group(GroupEnv):
@@ -139,22 +122,25 @@ class Group(GroupEnv):
         sim: Punishment = self.sim  # type: ignore[assignment]
         members = scene.members
         k = len(members)
-        moves = await together([m.act("contribute", k) for m in members])
-        contributions = tuple(contribution_of(m, sim.terms.endowment) for m in moves)
+        endowment = sim.terms.endowment
+        moves = await scene.all("contribute", (k,) * k)  # every member at once, seeing its group's size
+        contributions = tuple([contribution_of(m, endowment) for m in moves])
         points: list[list[int] | None] = [None] * k
         asked = sim.punishing and k > 1
         if asked:
-            ids = tuple(m.id for m in members)
+            ids = tuple([m.agent.id for m in members])
             views = [Punish(i, ids, contributions) for i in range(k)]
-            acts = await together([m.act("punish", v) for m, v in zip(members, views)])
-            points = [points_of(a, v.targets, sim.max_points) for a, v in zip(acts, views)]
+            acts = await scene.all("punish", views)
+            seats = rules.other_seats(k)
+            points = [points_of(a, [ids[j] for j in seats[i]], sim.max_points) for i, a in enumerate(acts)]
         s = rules.settle_group(sim.terms, contributions, points)
         for i, m in enumerate(members):
-            scene.outcome(m, Result(contribution=contributions[i], group_total=s.total, group_size=k,
+            c = contributions[i]
+            scene.outcome(m, Result(contribution=c, group_total=s.total, group_size=k,
                                     points_given=s.given[i], points_antisocial=s.antisocial[i],
                                     points_received=s.received[i], payoff=s.payoffs[i],
                                     punish_valid=points[i] is not None if asked else None,
-                                    raw=moves[i].raw, valid=contributions[i] is not None))
+                                    raw=moves[i].raw, valid=c is not None))
         return scene.round  # what the members hear: the round, for their memory
 
 
