@@ -77,7 +77,7 @@ class Punish(NamedTuple):
     def targets(self) -> list[int]:
         """The agent ids this member may punish, in the order of its answer's letters."""
         members = self.members
-        return [members[j] for j in other_seats(len(members))[self.seat]]
+        return list(map(members.__getitem__, other_seats(len(members))[self.seat]))
 
 
 class Settlement(NamedTuple):
@@ -109,7 +109,9 @@ def settle_group(terms: Terms, contributions: Sequence[int | None],
             received[target] += p
             if counted[target] >= mine:
                 antisocial[i] += p
-    payoffs = [payoff(terms, counted[i], total, k, given[i], received[i]) for i in range(k)]
+    payoffs = []
+    for i in range(k):  # a loop: a comprehension's closure would cost objects per group
+        payoffs.append(payoff(terms, counted[i], total, k, given[i], received[i]))
     return Settlement(total, given, antisocial, received, payoffs)
 
 

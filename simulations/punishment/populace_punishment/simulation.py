@@ -75,7 +75,7 @@ class Player(Agent):
         if phase == "punish":
             contributions, seat = view.contributions, view.seat
             seats = rules.other_seats(len(view.members))[seat]
-            others = tuple([contributions[j] for j in seats])
+            others = tuple(map(contributions.__getitem__, seats))
             raw = await llm.ask(sim.texts.punish(persona, history, contributions[seat], others),
                                 key=self.id, schema=sim.punish_schemas[len(seats)], prefix_chars=prefix)
             points = parsing.parse_points(raw, LABELS[:len(seats)], sim.max_points)
@@ -119,28 +119,36 @@ class Group(GroupEnv):
     """One group's round: every member contributes, then every member punishes, then payoffs."""
 
     async def scene(self, scene: Scene) -> int:
+        # loops, not comprehensions: a comprehension's closure costs objects per group, and a round
+        # plays a group for every 4 agents
         sim: Punishment = self.sim  # type: ignore[assignment]
         members = scene.members
         k = len(members)
         endowment = sim.terms.endowment
         moves = await scene.all("contribute", (k,) * k)  # every member at once, seeing its group's size
-        contributions = tuple([contribution_of(m, endowment) for m in moves])
+        given: list[int | None] = []
+        for move in moves:
+            given.append(contribution_of(move, endowment))
+        contributions = tuple(given)
         points: list[list[int] | None] = [None] * k
         asked = sim.punishing and k > 1
         if asked:
             ids = tuple([m.agent.id for m in members])
-            views = [Punish(i, ids, contributions) for i in range(k)]
+            views = []
+            for i in range(k):
+                views.append(Punish(i, ids, contributions))
             acts = await scene.all("punish", views)
             seats = rules.other_seats(k)
-            points = [points_of(a, [ids[j] for j in seats[i]], sim.max_points) for i, a in enumerate(acts)]
+            for i in range(k):
+                points[i] = points_of(acts[i], list(map(ids.__getitem__, seats[i])), sim.max_points)
         s = rules.settle_group(sim.terms, contributions, points)
-        for i, m in enumerate(members):
+        for i in range(k):
             c = contributions[i]
-            scene.outcome(m, Result(contribution=c, group_total=s.total, group_size=k,
-                                    points_given=s.given[i], points_antisocial=s.antisocial[i],
-                                    points_received=s.received[i], payoff=s.payoffs[i],
-                                    punish_valid=points[i] is not None if asked else None,
-                                    raw=moves[i].raw, valid=c is not None))
+            scene.outcome(members[i], Result(contribution=c, group_total=s.total, group_size=k,
+                                             points_given=s.given[i], points_antisocial=s.antisocial[i],
+                                             points_received=s.received[i], payoff=s.payoffs[i],
+                                             punish_valid=points[i] is not None if asked else None,
+                                             raw=moves[i].raw, valid=c is not None))
         return scene.round  # what the members hear: the round, for their memory
 
 

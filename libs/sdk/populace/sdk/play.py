@@ -529,9 +529,13 @@ class RoundPlayer:
         outcome_cls = self.outcome_cls
         agents, index, scenes, failed_act = self.agents, self.index, self._scenes, self.failed_act
 
+        # (loops here, not comprehensions: a comprehension's closure costs objects per group)
         async def play(group: Group) -> None:
             scene = Scene(round_, group.id, sim, llm, act_cls, failed_act)
-            scene.members = members = tuple([Member(agents[index[m]], scene) for m in group.members])
+            members_: list[Member] = []
+            for aid in group.members:
+                members_.append(Member(agents[index[aid]], scene))
+            scene.members = members = tuple(members_)
             scene.last_active = scene._clock()
             scenes[group.id] = scene
             PLAYING.set(scene)  # this task's own context: what its acts are checked against
@@ -540,7 +544,10 @@ class RoundPlayer:
                 if scene.broken is not None:  # a rule broken, even if the scene caught the error
                     raise SceneError(scene.broken)
                 outcomes = scene.outcomes
-                missing = [m.agent.id for m in members if m.agent.id not in outcomes]
+                missing = []
+                for m in members:
+                    if m.agent.id not in outcomes:
+                        missing.append(m.agent.id)
                 if missing:
                     raise SceneError(f"the scene gave no outcome to agent(s) {missing[:5]} (scene.outcome(member, …) "
                                      "for every member)")
@@ -559,6 +566,7 @@ class RoundPlayer:
                 return
             finally:
                 scenes.pop(group.id, None)
+                scene.end()
             # a member's time in the round: its acts' summed; its error: its first act's
             latency: dict[int, float] = {}
             errors: dict[int, str] = {}
@@ -567,8 +575,11 @@ class RoundPlayer:
                 latency[aid] = latency.get(aid, 0.0) + a[5]
                 if a[6] and aid not in errors:
                     errors[aid] = a[6]
-            played = [(m.agent, outcomes[m.agent.id], latency.get(m.agent.id, 0.0), errors.get(m.agent.id), group)
-                      for m in members]
+            played = []
+            for m in members:
+                agent = m.agent
+                aid = agent.id
+                played.append((agent, outcomes[aid], latency.get(aid, 0.0), errors.get(aid), group))
             deliver(group, played, news=news, settled_here=True, scene=scene)
 
         return play
@@ -581,7 +592,9 @@ class RoundPlayer:
         envs = self.group_envs
         agents, index = self.agents, self.index
         # innermost: each group's members; outer levels: how many members each of their groups has
-        inner: dict[int, _Waiting] = {g.id: _Waiting(len(g.members)) for g in groups}
+        # (a scene's group comes whole: nothing to wait for)
+        inner: dict[int, _Waiting | None] = dict.fromkeys([g.id for g in groups]) if self.scenes \
+            else {g.id: _Waiting(len(g.members)) for g in groups}
         outer: list[dict[int, _Waiting]] = [{} for _ in envs[1:]]
         for g in groups:
             for level, gid in enumerate(g.outer):
@@ -621,6 +634,7 @@ class RoundPlayer:
                 members = played
             else:
                 waiting = inner[group.id]
+                assert waiting is not None
                 waiting.members.extend((agents[index[aid]], out, lat, err, group) for aid, out, lat, err in played)
                 if len(waiting.members) < waiting.size:
                     return

@@ -32,7 +32,7 @@ import asyncio
 import json
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from contextvars import ContextVar, copy_context
+from contextvars import Context, ContextVar, copy_context
 from typing import TYPE_CHECKING, Any
 
 import populace.sdk.llm as ports
@@ -87,18 +87,29 @@ class Member:
         recorded; await it. Its bug is its act's invalid outcome (the scene goes on); no model
         answering stops the round, as in a turn. (The scene's own coroutine, not one around it:
         a million members act twice a round.)"""
-        return self._scene._act(self, phase, view)
+        scene = self._scene
+        if scene is None:
+            return _ended(self)
+        return scene._act(self, phase, view)
 
     def __repr__(self) -> str:
         return f"Member({self.agent.id})"
+
+
+async def _ended(member: Member) -> Any:
+    """A member of a scene that has ended (kept by a scene of another group) was asked to act."""
+    playing = PLAYING.get()
+    if playing is not None:
+        raise playing._break(f"agent {member.id} is not a member of group {playing.group}")
+    raise SceneError(f"agent {member.id} was asked to act after its scene ended")
 
 
 class Scene:
     """One group's round (see the module's docstring). One per group per round, so a small
     object: the platform's bookkeeping lives in slots, created empty."""
 
-    __slots__ = ("_act_cls", "_clock", "_failed_act", "_llm", "_seq", "acts", "broken", "group", "in_flight",
-                 "last_active", "members", "outcomes", "round", "sim", "transcript")
+    __slots__ = ("_act_cls", "_clock", "_ctx", "_failed_act", "_llm", "_seq", "acts", "broken", "group",
+                 "in_flight", "last_active", "members", "outcomes", "round", "sim", "transcript")
 
     def __init__(self, round: int, group: int, sim: Any, llm: LLM, act_cls: type,
                  failed_act: Callable[[BaseException], tuple[Outcome, str]],
@@ -118,6 +129,14 @@ class Scene:
         self.in_flight = 0  # acts and model calls running now: a scene with none for long is stuck
         self.last_active = 0.0
         self.broken: str | None = None  # the first rule it broke (the round fails even if the scene caught it)
+        self._ctx: Context | None = None  # where its stages' acts run (Scene.all), made on its first stage
+
+    def end(self) -> None:
+        """The scene is over: its members can no longer act (and hold it no more: a scene and
+        its members would otherwise wait for the cyclic collector, a million members a round)."""
+        for m in self.members:
+            m._scene = None
+        self._ctx = None  # it names the scene (PLAYING)
 
     @property
     def _where(self) -> str:
@@ -272,8 +291,12 @@ class _Stage:
         self.scene, self.phase, self.members = scene, phase, members
         self.loop = loop = asyncio.get_running_loop()
         self.done: asyncio.Future = loop.create_future()
-        self.ctx = ctx = copy_context()
-        ctx.run(CALLER.set, None)  # no caller but the stepping member's (a stage started inside an act)
+        ctx = scene._ctx
+        if ctx is None:  # one per scene, a copy of its task's: its stages run one after another
+            ctx = scene._ctx = copy_context()
+            if ctx.get(CALLER) is not None:  # a stage started inside an act: no caller but the stepping member
+                ctx.run(CALLER.set, None)
+        self.ctx = ctx
         n = len(members)
         self.results: list[Any] = [None] * n
         self.left = n
@@ -282,8 +305,10 @@ class _Stage:
         scene.in_flight += n
         self.started = scene._clock()
         llm = scene._llm
-        self.acts = [_Acting(self, i, members[i].agent.act(phase, views[i], llm)) for i in range(n)]
-        loop.call_soon(self._start, context=self.ctx)  # on the loop, as a task starts: not inside the scene's task
+        acts = self.acts = []
+        for i in range(n):  # a loop, not a comprehension: its closure would cost objects per stage
+            acts.append(_Acting(self, i, members[i].agent.act(phase, views[i], llm)))
+        loop.call_soon(self._start, context=ctx)  # on the loop, as a task starts: not inside the scene's task
 
     def _start(self) -> None:
         for acting in self.acts:
@@ -327,7 +352,7 @@ class _Acting:
 
     def __init__(self, stage: _Stage, i: int, coro: Coroutine) -> None:
         self.stage, self.i = stage, i
-        self.coro: Coroutine | None = coro
+        self.coro: Coroutine | None = coro  # None once it finished (and `stage` with it)
         self.waiter: asyncio.Future | None = None
         self.throw: BaseException | None = None  # thrown into the act at its next step (a cancel …)
 
@@ -344,12 +369,12 @@ class _Acting:
             out = coro.send(None) if throw is None else coro.throw(throw)
         except StopIteration as stop:
             ports.ACTING = None
-            self.coro = None
+            self.coro = self.stage = None  # no cycle left for the collector
             stage.finished(self, stop.value, None)
             return
         except BaseException as err:  # an Exception is the act's bug; anything else stops the stage
             ports.ACTING = None
-            self.coro = None
+            self.coro = self.stage = None
             stage.finished(self, None, err)
             return
         ports.ACTING = None

@@ -148,6 +148,21 @@ def is_disk_full(err: BaseException) -> bool:
     return any(text in str(err) for text in _NO_ROOM)
 
 
+def json_texts(values: list) -> list[str | None]:
+    """A JSON column's values as the text json.dumps writes (None stays NULL). A list of whole
+    numbers, the commonest (a scene's targets and points, two per act), is written directly:
+    json.dumps cost a scene's recorder a quarter of its time."""
+    out: list[str | None] = []
+    for v in values:
+        if v is None:
+            out.append(None)
+        elif v.__class__ is list and all(x.__class__ is int for x in v):
+            out.append(f"[{', '.join(map(str, v))}]")
+        else:
+            out.append(json.dumps(v))
+    return out
+
+
 def ts(epoch: float) -> datetime:
     return datetime.fromtimestamp(epoch, UTC).replace(tzinfo=None)
 
@@ -637,7 +652,7 @@ class Store:
                 cols[f"{level}_id"].extend((m.levels or {}).get(level) or [None] * n)
             for c in spec.outcome_columns:
                 values = m.columns[c.name]
-                cols[c.name].extend(json.dumps(v) if c.type == "JSON" and v is not None else v for v in values)
+                cols[c.name].extend(json_texts(values) if c.type == "JSON" else values)
             cols["valid"].extend(m.valid)
             cols["raw"].extend(m.raws)
             cols["latency_ms"].extend(m.latency_ms)
@@ -689,8 +704,8 @@ class Store:
                 for key in ("group_id", "seq", "agent_id", "phase", "valid", "raw", "latency_ms", "error"):
                     acts[key].extend(getattr(a, key))
                 for c in spec.act_columns:
-                    acts[c.name].extend(json.dumps(v) if c.type == "JSON" and v is not None else v
-                                        for v in a.columns[c.name])
+                    values = a.columns[c.name]
+                    acts[c.name].extend(json_texts(values) if c.type == "JSON" else values)
             if (x := m.lines) is not None:
                 n = len(x.seq)
                 lines["run_id"].extend([m.run_id] * n)
