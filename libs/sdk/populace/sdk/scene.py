@@ -29,6 +29,7 @@ only, and never await one member's act while another act of that member is runni
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -189,8 +190,8 @@ class Scene:
             self.in_flight -= 1
             self.last_active = self._clock()
 
-    async def all(self, phase: str, views: Sequence[Any] | None = None, *,
-                  members: Sequence[Member] | None = None) -> list[Any]:
+    def all(self, phase: str, views: Sequence[Any] | None = None, *,
+            members: Sequence[Member] | None = None) -> asyncio.Future[list[Any]]:
         """A stage whose acts are simultaneous: `members` (default: the group's, in order) act at
         once, member i seeing `views[i]` (None: every member sees None), and their acts come back
         in that order; each is recorded as `member.act` records it, its `seq` in that order. The
@@ -202,7 +203,8 @@ class Scene:
         own (`asyncio.timeout`, a TaskGroup, a library that looks for its task) runs in one
         (`await asyncio.create_task(...)`), or the scene awaits such acts with `member.act`.
         The first act to fail (no model answered, a rule broken) stops the stage: the others
-        are cancelled, and its failure is raised."""
+        are cancelled, and its failure is raised; the scene cancelled while it waits cancels them
+        too. (Await what it returns: a future, not a coroutine, one object fewer per stage.)"""
         who = self.members if members is None else tuple(members)
         n = len(who)
         if views is None:
@@ -229,13 +231,10 @@ class Scene:
                 raise why
             member._busy = True
         if n == 0:
-            return []
-        stage = _Stage(self, phase, who, views)
-        try:
-            return await stage.done
-        except BaseException:
-            stage.cancel()  # the scene was cancelled, or an act failed: none is left running
-            raise
+            done = asyncio.get_running_loop().create_future()
+            done.set_result([])
+            return done
+        return _Stage(self, phase, who, views).done
 
     def _next(self) -> int:
         self._seq += 1
@@ -281,11 +280,13 @@ class _Stage:
     """The acts of one `Scene.all`, each driven as an asyncio Task drives its coroutine (a step
     on each wake-up of the future it awaits, a bare yield resumed on the loop's next turn),
     without the Task: no task object, registry entry, context copy or wake-up of the scene's own
-    task per act. The stage's acts share one context, a copy of the scene's; `llm.ACTING` names the
-    member whose step runs (a task an act starts does not inherit it, as a turn's does not)."""
+    task per act, and no object per act but its coroutine (the futures it awaits map to it in
+    `waiting`; one wake-up method serves them all). The stage's acts share one context, a copy
+    of the scene's; `llm.ACTING` names the member whose step runs (a task an act starts does not
+    inherit it, as a turn's does not)."""
 
-    __slots__ = ("acts", "ctx", "done", "first_seq", "left", "loop", "members", "phase", "results", "scene",
-                 "started")
+    __slots__ = ("coros", "ctx", "done", "first_seq", "left", "loop", "members", "phase", "results", "scene",
+                 "started", "throws", "waiting", "wake")
 
     def __init__(self, scene: Scene, phase: str, members: tuple[Member, ...], views: tuple) -> None:
         self.scene, self.phase, self.members = scene, phase, members
@@ -305,22 +306,76 @@ class _Stage:
         scene.in_flight += n
         self.started = scene._clock()
         llm = scene._llm
-        acts = self.acts = []
+        coros: list[Coroutine | None] = []  # None once its act finished
         for i in range(n):  # a loop, not a comprehension: its closure would cost objects per stage
-            acts.append(_Acting(self, i, members[i].agent.act(phase, views[i], llm)))
+            coros.append(members[i].agent.act(phase, views[i], llm))
+        self.coros = coros
+        self.waiting: dict[asyncio.Future, int] = {}  # a future an act awaits -> that act
+        self.throws: dict[int, BaseException] | None = None  # thrown into an act at its next step (a cancel …)
+        self.wake: Callable | None = self._wake  # made once: the wake-up of every act of the stage
+        self.done.add_done_callback(self._cancelled, context=ctx)
         loop.call_soon(self._start, context=ctx)  # on the loop, as a task starts: not inside the scene's task
 
     def _start(self) -> None:
-        for acting in self.acts:
-            acting.step()
+        for i in range(len(self.coros)):
+            self.step(i)
 
-    def finished(self, acting: _Acting, act: Any, failure: BaseException | None) -> None:
+    def _wake(self, future: asyncio.Future) -> None:
+        i = self.waiting.pop(future, None)
+        if i is not None:
+            self.step(i)
+
+    def _woken(self, i: int, _future: asyncio.Future) -> None:
+        self.step(i)
+
+    def step(self, i: int) -> None:
+        """Run act i to its next suspension (in the stage's context: a callback registered with it)."""
+        coro = self.coros[i]
+        if coro is None:
+            return
+        throw = self.throws.pop(i, None) if self.throws else None
+        ports.ACTING = self.members[i].agent.id  # the act's calls are the member's own
+        try:
+            out = coro.send(None) if throw is None else coro.throw(throw)
+        except StopIteration as stop:
+            ports.ACTING = None
+            self.coros[i] = None
+            self.finished(i, stop.value, None)
+            return
+        except BaseException as err:  # an Exception is the act's bug; anything else stops the stage
+            ports.ACTING = None
+            self.coros[i] = None
+            self.finished(i, None, err)
+            return
+        ports.ACTING = None
+        if getattr(out, "_asyncio_future_blocking", None):  # awaiting a future (an LLM answer …)
+            out._asyncio_future_blocking = False
+            if out in self.waiting:  # two acts await one future: this one wakes apart
+                out.add_done_callback(functools.partial(self._woken, i), context=self.ctx)
+            else:
+                self.waiting[out] = i
+                out.add_done_callback(self.wake, context=self.ctx)
+            if self.throws and isinstance(self.throws.get(i), asyncio.CancelledError) and out.cancel():
+                del self.throws[i]  # cancelled during its step: the future it now awaits is
+            return
+        if out is not None:  # what a Task refuses too: thrown into the act, whose bug it is
+            self._throw(i, RuntimeError(f"an act awaited {out!r}, which is not an asyncio future"))
+        self.loop.call_soon(self.step, i, context=self.ctx)  # a bare yield (asyncio.sleep(0)): the next turn
+
+    def _throw(self, i: int, exc: BaseException) -> None:
+        if self.throws is None:
+            self.throws = {}
+        self.throws[i] = exc
+
+    def finished(self, i: int, act: Any, failure: BaseException | None) -> None:
         scene = self.scene
-        member = self.members[acting.i]
+        member = self.members[i]
         member._busy = False
         scene.in_flight -= 1
         scene.last_active = ended = scene._clock()
         self.left -= 1
+        if self.left == 0:
+            self.wake = None  # it holds the stage: no cycle left for the collector
         error = None
         if failure is None:
             cls = scene._act_cls
@@ -334,66 +389,24 @@ class _Stage:
             return
         else:
             act, error = scene._failed_act(failure)
-        scene.acts.append((scene.group, self.first_seq + acting.i, member.agent.id, self.phase, act,
+        scene.acts.append((scene.group, self.first_seq + i, member.agent.id, self.phase, act,
                            (ended - self.started) * 1000.0, error))
-        self.results[acting.i] = act
+        self.results[i] = act
         if self.left == 0 and not self.done.done():
             self.done.set_result(self.results)
 
-    def cancel(self) -> None:
-        for acting in self.acts:
-            acting.cancel()
-
-
-class _Acting:
-    """One member's act in a stage, driven by its _Stage."""
-
-    __slots__ = ("coro", "i", "stage", "throw", "waiter")
-
-    def __init__(self, stage: _Stage, i: int, coro: Coroutine) -> None:
-        self.stage, self.i = stage, i
-        self.coro: Coroutine | None = coro  # None once it finished (and `stage` with it)
-        self.waiter: asyncio.Future | None = None
-        self.throw: BaseException | None = None  # thrown into the act at its next step (a cancel …)
-
-    def step(self, _woken: object = None) -> None:
-        """Run the act to its next suspension (in the stage's context: a callback registered with it)."""
-        coro = self.coro
-        if coro is None:
-            return
-        self.waiter = None
-        throw, self.throw = self.throw, None
-        stage = self.stage
-        ports.ACTING = stage.members[self.i].agent.id  # the act's calls are the member's own
-        try:
-            out = coro.send(None) if throw is None else coro.throw(throw)
-        except StopIteration as stop:
-            ports.ACTING = None
-            self.coro = self.stage = None  # no cycle left for the collector
-            stage.finished(self, stop.value, None)
-            return
-        except BaseException as err:  # an Exception is the act's bug; anything else stops the stage
-            ports.ACTING = None
-            self.coro = self.stage = None
-            stage.finished(self, None, err)
-            return
-        ports.ACTING = None
-        if getattr(out, "_asyncio_future_blocking", None):  # awaiting a future (an LLM answer …)
-            out._asyncio_future_blocking = False
-            self.waiter = out
-            out.add_done_callback(self.step, context=stage.ctx)
-            if isinstance(self.throw, asyncio.CancelledError) and out.cancel():  # cancelled meanwhile
-                self.throw = None
-            return
-        if out is not None:  # what a Task refuses too: thrown into the act, whose bug it is
-            self.throw = RuntimeError(f"an act awaited {out!r}, which is not an asyncio future")
-        stage.loop.call_soon(self.step, context=stage.ctx)  # a bare yield (asyncio.sleep(0)): the next turn
+    def _cancelled(self, done: asyncio.Future) -> None:
+        if done.cancelled():  # the scene was cancelled while it waited: its acts stop too
+            self.cancel()
 
     def cancel(self) -> None:
-        """As Task.cancel: the future it awaits is cancelled (its wake-up throws CancelledError into
-        it), or else its next step throws it."""
-        if self.coro is None:
-            return
-        waiter = self.waiter
-        if waiter is None or not waiter.cancel():
-            self.throw = asyncio.CancelledError()
+        """As Task.cancel, for each act still running: the future it awaits is cancelled (its
+        wake-up throws CancelledError into it), or else its next step throws it."""
+        waiting = dict(self.waiting)
+        for future, i in waiting.items():
+            if not future.cancel():  # done already, its wake-up on its way: that step throws instead
+                self._throw(i, asyncio.CancelledError())
+        awaiting = set(waiting.values())
+        for i, coro in enumerate(self.coros):
+            if coro is not None and i not in awaiting:
+                self._throw(i, asyncio.CancelledError())
