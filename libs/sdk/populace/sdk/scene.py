@@ -281,11 +281,11 @@ class _Stage:
     on each wake-up of the future it awaits, a bare yield resumed on the loop's next turn),
     without the Task: no task object, registry entry, context copy or wake-up of the scene's own
     task per act, and no object per act but its coroutine (the futures it awaits map to it in
-    `waiting`; one wake-up method serves them all). The stage's acts share one context, a copy
-    of the scene's; `llm.ACTING` names the member whose step runs (a task an act starts does not
-    inherit it, as a turn's does not)."""
+    `waiting`; one wake-up method serves them all, the stage's start and cancellation too). The
+    stage's acts share one context, a copy of the scene's; `llm.ACTING` names the member whose
+    step runs (a task an act starts does not inherit it, as a turn's does not)."""
 
-    __slots__ = ("coros", "ctx", "done", "first_seq", "left", "loop", "members", "phase", "results", "scene",
+    __slots__ = ("acts", "ctx", "done", "first_seq", "left", "loop", "members", "phase", "running", "scene",
                  "started", "throws", "waiting", "wake")
 
     def __init__(self, scene: Scene, phase: str, members: tuple[Member, ...], views: tuple) -> None:
@@ -299,52 +299,56 @@ class _Stage:
                 ctx.run(CALLER.set, None)
         self.ctx = ctx
         n = len(members)
-        self.results: list[Any] = [None] * n
         self.left = n
         self.first_seq = scene._seq
         scene._seq += n
         scene.in_flight += n
         self.started = scene._clock()
         llm = scene._llm
-        coros: list[Coroutine | None] = []  # None once its act finished
+        # act i's coroutine while it runs (running[i]), then what it returned: the stage's result
+        acts: list[Any] = []
         for i in range(n):  # a loop, not a comprehension: its closure would cost objects per stage
-            coros.append(members[i].agent.act(phase, views[i], llm))
-        self.coros = coros
+            acts.append(members[i].agent.act(phase, views[i], llm))
+        self.acts = acts
+        self.running = bytearray(b"\x01") * n  # not a container: nothing for the collector
         self.waiting: dict[asyncio.Future, int] = {}  # a future an act awaits -> that act
         self.throws: dict[int, BaseException] | None = None  # thrown into an act at its next step (a cancel …)
-        self.wake: Callable | None = self._wake  # made once: the wake-up of every act of the stage
-        self.done.add_done_callback(self._cancelled, context=ctx)
-        loop.call_soon(self._start, context=ctx)  # on the loop, as a task starts: not inside the scene's task
+        self.wake: Callable | None = self._wake  # made once: every wake-up of the stage
+        self.done.add_done_callback(self.wake, context=ctx)  # (the scene cancelled while it waits)
+        loop.call_soon(self.wake, None, context=ctx)  # the start, on the loop as a task's: not inside the scene's task
 
-    def _start(self) -> None:
-        for i in range(len(self.coros)):
-            self.step(i)
-
-    def _wake(self, future: asyncio.Future) -> None:
-        i = self.waiting.pop(future, None)
-        if i is not None:
-            self.step(i)
+    def _wake(self, future: asyncio.Future | None) -> None:
+        if future is None:  # the start
+            for i in range(len(self.acts)):
+                self.step(i)
+        elif future is self.done:
+            if future.cancelled():  # the scene was cancelled while it waited: its acts stop too
+                self.cancel()
+        else:
+            i = self.waiting.pop(future, None)
+            if i is not None:
+                self.step(i)
 
     def _woken(self, i: int, _future: asyncio.Future) -> None:
         self.step(i)
 
     def step(self, i: int) -> None:
         """Run act i to its next suspension (in the stage's context: a callback registered with it)."""
-        coro = self.coros[i]
-        if coro is None:
+        if not self.running[i]:
             return
+        coro = self.acts[i]
         throw = self.throws.pop(i, None) if self.throws else None
         ports.ACTING = self.members[i].agent.id  # the act's calls are the member's own
         try:
             out = coro.send(None) if throw is None else coro.throw(throw)
         except StopIteration as stop:
             ports.ACTING = None
-            self.coros[i] = None
+            self.running[i] = 0
             self.finished(i, stop.value, None)
             return
         except BaseException as err:  # an Exception is the act's bug; anything else stops the stage
             ports.ACTING = None
-            self.coros[i] = None
+            self.running[i] = 0
             self.finished(i, None, err)
             return
         ports.ACTING = None
@@ -373,6 +377,7 @@ class _Stage:
         member._busy = False
         scene.in_flight -= 1
         scene.last_active = ended = scene._clock()
+        self.acts[i] = None  # its coroutine: done with
         self.left -= 1
         if self.left == 0:
             self.wake = None  # it holds the stage: no cycle left for the collector
@@ -391,13 +396,9 @@ class _Stage:
             act, error = scene._failed_act(failure)
         scene.acts.append((scene.group, self.first_seq + i, member.agent.id, self.phase, act,
                            (ended - self.started) * 1000.0, error))
-        self.results[i] = act
+        self.acts[i] = act
         if self.left == 0 and not self.done.done():
-            self.done.set_result(self.results)
-
-    def _cancelled(self, done: asyncio.Future) -> None:
-        if done.cancelled():  # the scene was cancelled while it waited: its acts stop too
-            self.cancel()
+            self.done.set_result(self.acts)
 
     def cancel(self) -> None:
         """As Task.cancel, for each act still running: the future it awaits is cancelled (its
@@ -407,6 +408,6 @@ class _Stage:
             if not future.cancel():  # done already, its wake-up on its way: that step throws instead
                 self._throw(i, asyncio.CancelledError())
         awaiting = set(waiting.values())
-        for i, coro in enumerate(self.coros):
-            if coro is not None and i not in awaiting:
+        for i in range(len(self.acts)):
+            if self.running[i] and i not in awaiting:
                 self._throw(i, asyncio.CancelledError())
