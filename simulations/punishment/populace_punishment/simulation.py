@@ -63,22 +63,20 @@ class Player(Agent):
     memory_size = MEMORY_ROUNDS  # (round, contribution or None, group total, group size, given, received)
 
     async def act(self, phase: str, view: Any, llm: LLM) -> Move:
+        # what the prompt needs is not kept in locals: they would live through the model's wait
         sim: Punishment = self.sim  # type: ignore[assignment]
         persona = self.persona.text if sim.use_persona and self.persona is not None else None
-        prefix = len(persona) if persona else 0
-        history = sim.texts.history(self.memory) if sim.show_history and self.memory else ""
         if phase == "contribute":
-            raw = await llm.ask(sim.texts.contribute(persona, history, view), key=self.id,
-                                schema=sim.contribute_schema, prefix_chars=prefix)
+            raw = await llm.ask(sim.texts.contribute(persona, sim.texts.history(self.memory) if sim.show_history and
+                                                     self.memory else "", view),
+                                key=self.id, schema=sim.contribute_schema, prefix_chars=len(persona) if persona else 0)
             value = parsing.parse_contribution(raw, sim.terms.endowment)
             return Move(contribution=value, raw=raw, valid=value is not None)
         if phase == "punish":
-            contributions, seat = view.contributions, view.seat
-            seats = rules.other_seats(len(view.members))[seat]
-            others = tuple(map(contributions.__getitem__, seats))
-            raw = await llm.ask(sim.texts.punish(persona, history, contributions[seat], others),
-                                key=self.id, schema=sim.punish_schemas[len(seats)], prefix_chars=prefix)
-            points = parsing.parse_points(raw, LABELS[:len(seats)], sim.max_points)
+            others = len(view.members) - 1
+            raw = await llm.ask(_punish_prompt(sim, persona, self.memory, view), key=self.id,
+                                schema=sim.punish_schemas[others], prefix_chars=len(persona) if persona else 0)
+            points = parsing.parse_points(raw, LABELS[:others], sim.max_points)
             return Move(targets=view.targets, points=points, raw=raw, valid=points is not None)
         raise ValueError(f"unknown phase {phase!r}")
 
@@ -89,6 +87,13 @@ class Player(Agent):
 
     def context(self) -> str:
         return self.sim.texts.history(self.memory).rstrip("\n")  # type: ignore[attr-defined]
+
+
+def _punish_prompt(sim: Punishment, persona: str | None, memory: tuple, view: Punish) -> str:
+    contributions, seat = view.contributions, view.seat
+    history = sim.texts.history(memory) if sim.show_history and memory else ""
+    others = tuple(map(contributions.__getitem__, rules.other_seats(len(view.members))[seat]))
+    return sim.texts.punish(persona, history, contributions[seat], others)
 
 
 def contribution_of(move: Move, endowment: int) -> int | None:
