@@ -100,18 +100,25 @@ def settle_group(terms: Terms, contributions: Sequence[int | None],
     total = sum(counted)
     given, antisocial, received = [0] * k, [0] * k, [0] * k
     seats = other_seats(k)
-    for i, row in enumerate(points):
+    for i in range(k):
+        row = points[i]
         if row is None:
             continue
         mine = counted[i]
+        g = a = 0
         for target, p in zip(seats[i], row):
-            given[i] += p
+            g += p
             received[target] += p
             if counted[target] >= mine:
-                antisocial[i] += p
+                a += p
+        given[i], antisocial[i] = g, a
+    # payoff() for each member, its terms read once per group (a Fraction's parts are properties)
+    den = terms.multiplier.denominator * k
+    pot = terms.multiplier.numerator * total
+    endowment, cost, fine = terms.endowment, terms.cost, terms.fine
     payoffs = []
     for i in range(k):  # a loop: a comprehension's closure would cost objects per group
-        payoffs.append(payoff(terms, counted[i], total, k, given[i], received[i]))
+        payoffs.append(((endowment - counted[i] - cost * given[i] - fine * received[i]) * den + pot) / den)
     return Settlement(total, given, antisocial, received, payoffs)
 
 

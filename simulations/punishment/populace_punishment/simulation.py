@@ -76,7 +76,7 @@ class Player(Agent):
             others = len(view.members) - 1
             raw = await llm.ask(_punish_prompt(sim, persona, self.memory, view), key=self.id,
                                 schema=sim.punish_schemas[others], prefix_chars=len(persona) if persona else 0)
-            points = parsing.parse_points(raw, LABELS[:others], sim.max_points)
+            points = parsing.parse_points(raw, sim.labels[others], sim.max_points)
             return Move(targets=view.targets, points=points, raw=raw, valid=points is not None)
         raise ValueError(f"unknown phase {phase!r}")
 
@@ -87,6 +87,9 @@ class Player(Agent):
 
     def context(self) -> str:
         return self.sim.texts.history(self.memory).rstrip("\n")  # type: ignore[attr-defined]
+
+
+_view = tuple.__new__  # a NamedTuple made without its Python __new__: four per group, a million members
 
 
 def _punish_prompt(sim: Punishment, persona: str | None, memory: tuple, view: Punish) -> str:
@@ -141,7 +144,7 @@ class Group(GroupEnv):
             ids = tuple([m.agent.id for m in members])
             views = []
             for i in range(k):
-                views.append(Punish(i, ids, contributions))
+                views.append(_view(Punish, (i, ids, contributions)))  # Punish(i, ids, contributions)
             acts = await scene.all("punish", views)
             seats = rules.other_seats(k)
             for i in range(k):
@@ -217,6 +220,7 @@ class Punishment(Simulation):
         self.contribute_schema = prompts.contribute_schema(game.endowment, self.cot)
         self.punish_schemas = tuple(prompts.punish_schema(n, game.max_points, self.cot)
                                     for n in range(game.group_size))
+        self.labels = tuple(LABELS[:n] for n in range(game.group_size))  # an answer's fields, by number of others
 
     def group_size(self) -> int:
         return self.params.game.group_size
