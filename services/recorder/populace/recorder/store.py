@@ -163,6 +163,49 @@ def json_texts(values: list) -> list[str | None]:
     return out
 
 
+# A JSON column of whole-number lists or nulls (a scene's targets and points, two per act) goes to
+# DuckDB as a list<int64> column and is written there as json.dumps writes it ("[1, 2, 3]"): the
+# same text, without a json.dumps (or a Python format) per value. Anything else (a bool, a float,
+# a string, a dict …) is written here, value by value.
+_WHOLE_LISTS_TYPE = pa.list_(pa.int64())
+
+
+def _whole_lists(values: list) -> pa.Array | None:
+    """The column as a list<int64> array, or None when it is anything else. Arrow's own reading
+    of the Python values decides, in one pass and no Python object: it reads a list of ints (and
+    nothing else: not a bool, not a float) as list<int64>; an inner null would be written "null".
+    """
+    try:
+        column = pa.array(values)
+    except (pa.ArrowException, OverflowError, TypeError, ValueError):  # mixed values, or past int64
+        return None
+    if column.type != _WHOLE_LISTS_TYPE or column.values.null_count:
+        return None
+    return column
+
+
+def arrow_rows(columns: dict[str, list], types: dict[str, str]) -> tuple[pa.Table, str]:
+    """A batch of rows for DuckDB (columns in `types`' order, DuckDB type names) and the select
+    list that inserts them: JSON columns become their text (see _whole_lists)."""
+    fields: list[tuple[str, pa.DataType]] = []
+    arrays: dict[str, list | pa.Array] = {}
+    as_text: list[str] = []
+    for name, type_ in types.items():
+        values = columns[name]
+        if type_ == "JSON":
+            wholes = _whole_lists(values)
+            if wholes is not None:
+                arrays[name] = wholes
+                fields.append((name, _WHOLE_LISTS_TYPE))
+                as_text.append(f"'[' || array_to_string({_q(name)}, ', ') || ']' AS {_q(name)}")
+                continue
+            values = json_texts(values)
+        arrays[name] = values
+        fields.append((name, pa.int32() if type_ == "INTEGER" else ARROW[type_]))
+    table = pa.Table.from_pydict(arrays, schema=pa.schema(fields))
+    return table, f"* REPLACE ({', '.join(as_text)})" if as_text else "*"
+
+
 def ts(epoch: float) -> datetime:
     return datetime.fromtimestamp(epoch, UTC).replace(tzinfo=None)
 
@@ -651,16 +694,15 @@ class Store:
             for level in spec.levels:
                 cols[f"{level}_id"].extend((m.levels or {}).get(level) or [None] * n)
             for c in spec.outcome_columns:
-                values = m.columns[c.name]
-                cols[c.name].extend(json_texts(values) if c.type == "JSON" else values)
+                cols[c.name].extend(m.columns[c.name])
             cols["valid"].extend(m.valid)
             cols["raw"].extend(m.raws)
             cols["latency_ms"].extend(m.latency_ms)
             cols["error"].extend(m.errors)
-        schema = pa.schema([(n, pa.int32() if t == "INTEGER" else ARROW[t]) for n, t in types.items()])
-        self.con.register("outcome_rows", pa.Table.from_pydict(cols, schema=schema))
+        rows, select = arrow_rows(cols, types)
+        self.con.register("outcome_rows", rows)
         try:
-            self.con.execute(f"INSERT INTO {_q(spec.outcomes)} BY NAME SELECT * FROM outcome_rows")
+            self.con.execute(f"INSERT INTO {_q(spec.outcomes)} BY NAME SELECT {select} FROM outcome_rows")
         finally:
             self.con.unregister("outcome_rows")
         self._insert_posts([m for m in batches if m.posts is not None])
@@ -704,25 +746,23 @@ class Store:
                 for key in ("group_id", "seq", "agent_id", "phase", "valid", "raw", "latency_ms", "error"):
                     acts[key].extend(getattr(a, key))
                 for c in spec.act_columns:
-                    values = a.columns[c.name]
-                    acts[c.name].extend(json_texts(values) if c.type == "JSON" else values)
+                    acts[c.name].extend(a.columns[c.name])
             if (x := m.lines) is not None:
                 n = len(x.seq)
                 lines["run_id"].extend([m.run_id] * n)
                 lines["round"].extend([m.round] * n)
                 for key in ("group_id", "seq", "speaker", "text", "fields"):
                     lines[key].extend(getattr(x, key))
-        schema = pa.schema([(n, pa.int32() if t == "INTEGER" else ARROW[t]) for n, t in types.items()])
-        line_schema = pa.schema([("run_id", pa.string()), ("round", pa.int32()), ("group_id", pa.int64()),
-                                 ("seq", pa.int32()), ("speaker", pa.int64()), ("text", pa.string()),
-                                 ("fields", pa.string())])
-        for view, table, columns, sch in (("act_rows", spec.acts, acts, schema),
-                                          ("line_rows", "transcripts", lines, line_schema)):
+        line_types = {"run_id": "VARCHAR", "round": "INTEGER", "group_id": "BIGINT", "seq": "INTEGER",
+                      "speaker": "BIGINT", "text": "VARCHAR", "fields": "VARCHAR"}
+        for view, table, columns, sch in (("act_rows", spec.acts, acts, types),
+                                          ("line_rows", "transcripts", lines, line_types)):
             if not columns["run_id"]:
                 continue
-            self.con.register(view, pa.Table.from_pydict(columns, schema=sch))
+            rows, select = arrow_rows(columns, sch)
+            self.con.register(view, rows)
             try:
-                self.con.execute(f"INSERT INTO {_q(table)} BY NAME SELECT * FROM {view}")
+                self.con.execute(f"INSERT INTO {_q(table)} BY NAME SELECT {select} FROM {view}")
             finally:
                 self.con.unregister(view)
 
