@@ -70,6 +70,12 @@ ROOM_RETRY_S = (1.0, 10.0)
 # How often a recorder that fetched nothing looks again at finished runs still waiting (for their
 # interviews' answers): a wait runs out this much late at most; each look opens the file (~40 ms)
 IDLE_LOOK_S = 2.0
+# A fetch of fewer messages than this waits up to COALESCE_S for more, so that a round's outcomes
+# trickling in (one or two batches a fetch) are stored in one transaction rather than one each: a
+# transaction's fixed cost (its statements, its commit) is 3-6 ms, as much as a thousand agents'
+# rows. Measured: 12 µs per agent of a scene round one batch at a time, 6 µs sixteen at a time.
+COALESCE_BELOW = 32
+COALESCE_S = 0.05
 
 
 def misplaced(subject: str, event: BaseModel) -> str | None:
@@ -166,6 +172,8 @@ class Recorder:
                 self.svc.log.warning("fetch_failed", error=str(err))
                 await asyncio.sleep(0.5)
                 continue
+            if len(msgs) < COALESCE_BELOW:
+                msgs += await self.more(self.svc.settings.recorder_fetch - len(msgs))
             beat = asyncio.create_task(keep_in_progress(msgs, self.svc.settings.recorder_ack_wait_s))
             try:
                 try:
@@ -182,6 +190,24 @@ class Recorder:
             # A late message of a run already recorded (a redelivery, a call record) opened the
             # file again: readers of the finished run must not find it locked.
             self.release_if_idle()
+
+    async def more(self, room: int) -> list[Msg]:
+        """What else comes within COALESCE_S (at most `room` messages): the rest of a trickle."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + COALESCE_S
+        got: list[Msg] = []
+        while len(got) < room and not self.stopping:
+            left = deadline - loop.time()
+            if left <= 0:
+                break
+            try:
+                got += await self.sub.fetch(batch=room - len(got), timeout=left)
+            except (TimeoutError, nats.errors.TimeoutError):
+                break
+            except Exception as err:  # what the next fetch will say again; these are stored now
+                self.svc.log.warning("fetch_failed", error=str(err))
+                break
+        return got
 
     async def wait_for_room(self, msgs: list[Msg], err: DiskFull) -> None:
         """The database's disk is full, so nothing of this fetch was stored. The runs being
