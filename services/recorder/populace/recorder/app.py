@@ -313,7 +313,7 @@ class Recorder:
                     try:
                         event, refused = check_outcomes(event, tables)
                     except BadColumns as err:
-                        self.note_refusal(event, str(err))
+                        self.note_refusal(event, str(err), started=event.run_id in started)
                         await self.svc.dead_letter(raw, err)
                         continue
                     parsed.append((Event(msg_id, "outcomes", event, refused_groups=refused), raw))
@@ -393,9 +393,10 @@ class Recorder:
             await self.announce_interviews()
         await self.announce_complete()
 
-    def note_refusal(self, batch: OutcomeBatch, why: str) -> None:
-        """A whole outcome batch refused (dead-lettered): kept to say why, should the run be short."""
-        if batch.run_id in self.active and batch.run_id not in self.batch_refusals:
+    def note_refusal(self, batch: OutcomeBatch, why: str, started: bool = False) -> None:
+        """A whole outcome batch refused (dead-lettered): kept to say why, should the run be short.
+        `started`: its run started in the same fetch (not yet among the active runs)."""
+        if (started or batch.run_id in self.active) and batch.run_id not in self.batch_refusals:
             self.batch_refusals[batch.run_id] = (f"a batch of {batch.host_id}, round {batch.round}, was refused: "
                                                  f"{bus.short_error(why)}")
 
