@@ -135,9 +135,13 @@ def play(mode: str, agents: int = 7, **kw):
 @pytest.mark.parametrize("mode", ["all", "behalf"])
 def test_a_stage_records_exactly_what_acts_one_after_another_record(mode):
     """Same acts, seqs in the members' order, same model draws (each call tagged as its member's own,
-    a call on another's behalf too), same outcomes: on one process and on several."""
+    a call on another's behalf too), same outcomes: on one process, on several, and with every agent
+    in its own process."""
     together = play(mode)
-    for other in (play(f"{mode}-sequential"), play(mode, hosts=3)):
+    others = [play(f"{mode}-sequential"), play(mode, hosts=3)]
+    if mode == "all":  # each agent in its own OS process, its calls relayed through the stage's steps
+        others.append(play(mode, hosts=2, one_per_process=True))
+    for other in others:
         assert rows(together.acts) == rows(other.acts) and rows(together.outcomes) == rows(other.outcomes)
     first = [a for a in rows(together.acts) if a["round"] == 1 and a["group_id"] == 0]
     assert [a["seq"] for a in first] == [0, 1, 2] and all(a["valid"] and a["error"] is None for a in first)
