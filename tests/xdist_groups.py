@@ -21,6 +21,7 @@ SHARED_GROUPS = {
     "tests/compose/": "compose",  # one Docker engine; the `images` session fixture builds the images
 }
 REAL_MODEL_MODULES = frozenset({
+    "tests/e2e/test_keyed_model_e2e.py",
     "tests/e2e/test_local_model_e2e.py",
     "tests/e2e/test_personas_generate.py",
     "tests/e2e/test_replica_failover.py",
@@ -75,6 +76,8 @@ WAITING_MODULES = frozenset({
     "tests/e2e/test_live_agents.py",  # 0.20
     "tests/e2e/test_incremental_checkpoints_e2e.py",  # 0.46
     "tests/e2e/test_children_die_with_up.py",  # 0.19
+    "tests/e2e/test_shared_limits_e2e.py",  # waits on a paced provider (~30 s wall, light CPU)
+    "tests/e2e/test_scene_batches_e2e.py",  # 0.3 (15.6 s CPU over 57 s wall, services included)
 })
 
 

@@ -7,10 +7,13 @@ tests/integration/test_cli_run_refusals.py."""
 from __future__ import annotations
 
 import json
+import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
 
+import duckdb
 import pytest
 
 pytestmark = pytest.mark.e2e
@@ -20,9 +23,9 @@ CONSOLE_SCRIPT = Path(sys.executable).with_name("populace")
 BAD_POPULATION = "name: bad\ntotal: 10\nattributes:\n  education:\n    weights: {a: 1.5, b: -0.5}\n"
 
 
-def populace(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def populace(*args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "populace.cli", *args], capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env=None if env is None else {**os.environ, **env})
 
 
 def console_script(*args: str) -> subprocess.CompletedProcess:
@@ -72,12 +75,27 @@ def test_demo_plays_and_results_reads_the_db(tmp_path):
     run_id = res.stdout.split("run ", 1)[1].split(" ", 1)[0]
     # the id comes first, before any round: a long run can be followed or cancelled from elsewhere
     assert res.stderr.index(f"run {run_id}: ratio-game, 200 agents × 2 rounds (model dummy)") < res.stderr.index("round 1")
-    res2 = populace("results", "last", "--db", str(db))
+    res2 = populace("results", "last", "--db", str(db), env={"COLUMNS": "250"})
     assert res2.returncode == 0, res2.stderr
-    assert "completed" in res2.stdout and "200/200" in res2.stdout
-    assert "LLM calls" in res2.stdout and "infra retries" in res2.stdout
+    assert f"run {run_id} (completed; ratio-game, value)" in res2.stdout
+    # each round's statistics, computed here from the recorded guesses, and its LLM work
+    with duckdb.connect(str(db), read_only=True) as con:
+        guesses = con.execute("SELECT round, value FROM guesses WHERE valid ORDER BY round").fetchall()
+    stats, llm = [], []
+    for line in res2.stdout.splitlines():
+        cells = [c.strip() for c in line.strip("│").split("│")] if line.startswith("│") else []
+        (stats if len(cells) == 11 else llm if len(cells) == 12 else []).append(cells)
+    assert [c[0] for c in stats] == ["1", "2"] and [c[0] for c in llm] == ["1", "2"], res2.stdout
+    for cells in stats:
+        values = [v for r, v in guesses if r == int(cells[0])]
+        assert cells[1] == f"{len(values)}/200" == "200/200"
+        assert cells[2:7] == [f"{statistics.mean(values):.2f}", f"{statistics.median(values):.2f}",
+                              f"{statistics.stdev(values):.2f}", f"{min(values):.1f}", f"{max(values):.1f}"]
+        assert cells[7] == f"{2 / 3 * statistics.mean(values):.2f}"  # target: 2/3 of the mean
+    # answers in, valid, invalid, simulation errors, infra retries, LLM calls: one dummy call per agent
+    assert all(cells[1:7] == ["200", "200", "0", "0", "0", "200"] for cells in llm), llm
     res3 = populace("results", "last", "--json", "--db", str(db))
     run = json.loads(res3.stdout)["runs"][0]
     assert run["usage"] == {"llm_calls": 400, "prompt_tokens": 0, "completion_tokens": 0, "infra_retries": 0,
-                            "invalid_answers": 0, "simulation_errors": 0}
+                            "cached_tokens": 0, "dollars": 0.0, "invalid_answers": 0, "simulation_errors": 0}
     assert [r["usage"]["llm_calls"] for r in run["rounds"]] == [200, 200]

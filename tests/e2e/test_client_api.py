@@ -93,7 +93,7 @@ def test_a_local_run_is_recorded_like_a_fleet_run_and_results_report_and_export_
     out = json.loads(populace("results", "last", "--json", cwd=tmp_path).stdout)["runs"][0]
     assert out["run_id"] == run_id and out["status"] == "completed"
     assert out["usage"] == {"llm_calls": 80, "prompt_tokens": 0, "completion_tokens": 0, "infra_retries": 0,
-                            "invalid_answers": 0, "simulation_errors": 0}
+                            "cached_tokens": 0, "dollars": 0.0, "invalid_answers": 0, "simulation_errors": 0}
     assert [r["options"] for r in out["rounds"]] == [["go", "stay", "wait"]] * 2  # the ballot's order
     assert populace("report", "last", "--out", "r.html", cwd=tmp_path).returncode == 0
     assert populace("export", "last", "--out", "export", cwd=tmp_path).returncode == 0

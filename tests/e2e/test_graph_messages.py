@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import pytest
 
 from populace.analysis.inboxes import check_inboxes
@@ -180,8 +181,16 @@ def test_the_opinion_demo_records_every_post_and_stance_and_every_inbox_is_exact
                            [run_id]).fetchone() == (0,)
         check = check_inboxes(con, run_id, loads(prepared.graph), rounds=rounds)
     assert check.exact, check
-    shown = cli("results", run_id, "--db", str(db))  # in process: it only reads the file
-    assert "graph: homophily" in shown.stdout and "edges cut on 2 hosts" in shown.stdout, shown.stdout
+    shown = cli("results", run_id, "--db", str(db), env={"COLUMNS": "300"})  # in process: it only reads the file
+    # the share of edges an even split over the 2 hosts cuts, computed here from the graph, and the posts stored
+    g = loads(prepared.graph)
+    part = np.arange(g.n) // -(-g.n // 2)
+    cut = np.count_nonzero(part[g.sources] != part[g.targets()]) / g.entries
+    with duckdb.connect(str(db), read_only=True) as con:
+        (stored,) = con.execute("SELECT count(text) FROM posts WHERE run_id = ?", [run_id]).fetchone()
+    line = next(x for x in shown.stdout.splitlines() if x.startswith("graph: "))
+    assert line.startswith("graph: homophily, ") and f"; edges cut on 2 hosts: {cut:.1%}" in line, line
+    assert f"; {stored:,} posts stored, an agent heard " in line, line
 
 
 def test_a_cancelled_run_resumed_hears_exactly_what_it_would_have(lossy):

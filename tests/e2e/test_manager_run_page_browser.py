@@ -7,6 +7,8 @@ examples/personas/education-50.jsonl plays slowed rounds; its page, opened as it
 - shows the agents table (profile, persona, each round's value and raw answer), 25 a page:
   next and previous, a search by words of the persona/profile (any case) and by an agent id;
 - shows every number of the round summary in the rounds table;
+- shows where each round went (table round_profile, asked of the recorder): the host's row and
+  the environment's, and in words what took most of the time;
 - forks: a round not completed is refused beside the field in `populace fork`'s words, a valid
   fork goes to the fork's page.
 A screenshot of the page with its agents table is saved to the test's tmp dir (printed).
@@ -125,6 +127,15 @@ def test_agents_table_distribution_and_fork_on_the_run_page(site, browser):
     drawn = [int(r) for r in page.evaluate("window.__dist")]
     assert drawn == sorted(drawn) and len(set(drawn)) >= 2  # no reload in between
     assert page.locator("#dist-caption").inner_text().startswith(f"(round {drawn[-1]}, 50 valid")
+
+    # where each round went (round_profile, asked of the recorder as each round closes): the host's
+    # row, the environment's and the recorder's per closed round, the model's wait the largest
+    page.wait_for_function("() => document.querySelectorAll('#profile-table tbody tr[data-role=host]').length >= 1",
+                           timeout=30_000)
+    assert page.locator("#profile-table tbody tr[data-role=environment]").count() >= 1
+    host_row = page.locator("#profile-table tbody tr[data-role=host]").first.locator("td")
+    assert host_row.nth(1).inner_text() == "host-0@0" and host_row.nth(2).inner_text() == "50"
+    assert page.locator("#profile-note").inner_text().startswith("Most of the time: ")
 
     # the agents table: 25 a page, profile, persona, each round's value and raw answer
     page.wait_for_function("() => document.getElementById('agents-table').dataset.total === '50'", timeout=30_000)

@@ -7,13 +7,16 @@ from __future__ import annotations
 import csv
 import html as markup
 import json
+import os
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 import duckdb
 import pytest
+from scipy import stats
 
 pytestmark = pytest.mark.e2e
 
@@ -21,11 +24,27 @@ ROOT = Path(__file__).resolve().parents[2]
 LEVELS = ["elementary school", "high school", "bachelor's", "master's", "Ph.D."]
 
 
+WIDE = {"COLUMNS": "300"}  # rich tables: one line per row
+
+
+def table_rows(stdout: str) -> dict[str, list[str]]:
+    """A rich table's body rows as {first cell: the other cells}."""
+    return {cells[0]: cells[1:] for line in stdout.splitlines() if line.startswith("│")
+            for cells in [[c.strip() for c in line.strip("│").split("│")]]}
+
+
+def mean_ci(values: list[float]) -> tuple[int, float, float, float]:
+    """n, mean and its two-sided 95% Student-t interval, computed here (not by the code under test)."""
+    n, mean = len(values), statistics.mean(values)
+    half = stats.t.ppf(0.975, n - 1) * statistics.stdev(values) / n ** 0.5
+    return n, mean, mean - half, mean + half
+
+
 def populace(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     """The console script as a process: for the commands that start a stack (demo, sweep, rerun).
     What only reads or writes files (personas, results, report, export) runs in process (`cli`)."""
     return subprocess.run([sys.executable, "-m", "populace.cli", *args], capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env={**os.environ, **WIDE})
 
 
 @pytest.fixture(scope="module")
@@ -66,12 +85,20 @@ def test_profiles_and_manifest_are_recorded(played):
 
 def test_results_by_education_prints_cis(played, cli):
     _, db, run_id = played
-    res = cli("results", run_id, "--by", "education", "--db", str(db))
+    res = cli("results", run_id, "--by", "education", "--db", str(db), env=WIDE)
     assert res.returncode == 0, res.stderr
-    assert "95% CI" in res.stdout
+    # each level's row: valid answers, mean and its 95% CI across agents of the last round, computed
+    # here from the recorded guesses and profiles
+    with duckdb.connect(str(db), read_only=True) as con:
+        guesses = con.execute("SELECT p.profile->>'education', g.value FROM guesses g JOIN agent_profiles p "
+                              "USING (run_id, agent_id) WHERE g.run_id = ? AND g.round = 3 AND g.valid",
+                              [run_id]).fetchall()
+    printed = table_rows(res.stdout)
+    assert set(printed) == set(LEVELS)
     for level in LEVELS:
-        assert level in res.stdout
-    assert len(re.findall(r"\[\d+\.\d\d, \d+\.\d\d\]", res.stdout)) == 5
+        n, mean, low, high = mean_ci([v for lv, v in guesses if lv == level])
+        assert printed[level][0] == str(n)
+        assert printed[level][1] == f"{mean:.2f}" and printed[level][2] == f"[{low:.2f}, {high:.2f}]", level
 
 
 def test_report_is_one_self_contained_html_with_the_three_figure_kinds(played, cli):
@@ -85,6 +112,20 @@ def test_report_is_one_self_contained_html_with_the_three_figure_kinds(played, c
     assert html.count('<script id="plotly-js">') == 1
     for title in ("Guesses per round", "Mean guess per group", "Convergence over rounds"):
         assert title in html
+    # the tables' numbers, computed here from the recorded guesses and profiles
+    with duckdb.connect(str(db), read_only=True) as con:
+        guesses = con.execute("SELECT g.round, p.profile->>'education', g.value FROM guesses g JOIN agent_profiles p "
+                              "USING (run_id, agent_id) WHERE g.run_id = ? AND g.valid", [run_id]).fetchall()
+    per_round = html[html.index("<h2>Per round</h2>"):html.index('<section id="figure-1">')]
+    for rnd in (1, 2, 3):
+        v = [x for r, _, x in guesses if r == rnd]
+        assert (f"<tr><td>{rnd}</td><td>50</td><td>{len(v)}</td><td>0</td><td>0</td><td>{statistics.mean(v):.2f}</td>"
+                f"<td>{statistics.median(v):.2f}</td><td>{statistics.stdev(v):.2f}</td>") in per_round, rnd
+    by_level = html[html.index("By education (round 3)"):]
+    for level in LEVELS:
+        n, mean, low, high = mean_ci([x for r, lv, x in guesses if r == 3 and lv == level])
+        assert (f'<td class="l">{level.replace(chr(39), "&#39;")}</td><td>{n}</td><td>{mean:.2f}</td>'
+                f"<td>[{low:.2f}, {high:.2f}]</td>") in by_level, level
     start = html.index('<script id="plotly-js">')  # plotly.js's own source names URLs it never loads
     assert not re.search(r"(src|href)=\"https?://", html[:start] + html[html.index("</script>", start):])
 
@@ -113,15 +154,37 @@ def test_sweep_runs_grid_times_seeds_and_compares_seeds(played, tmp_path, cli):
     assert len(rows) == 8 and {r["status"] for r in rows} == {"completed"}
     assert {(r["cell"], r["seed"]) for r in rows} == {(f"prompt.answer={a}", s) for a in ("direct", "cot")
                                                      for s in ("1", "2")}
-    assert "95% CI across" in res.stdout
     with duckdb.connect(str(db), read_only=True) as con:
         sweeps = con.execute("SELECT manifest_json->>'$.sweep.name', count(*) FROM runs GROUP BY 1").fetchall()
         seeds = [r[0] for r in con.execute("SELECT run_id FROM runs WHERE manifest_json->>'$.config.prompt.answer' "
                                            "= 'cot' ORDER BY run_id").fetchall()]
+        # each run's last-round mean guess, as the recorder stored it (table rounds)
+        last = con.execute("SELECT r.manifest_json->>'$.config.prompt.answer', s.mean FROM rounds s JOIN runs r "
+                           "USING (run_id) WHERE s.round = 2").fetchall()
+        guesses = con.execute("SELECT run_id, p.profile->>'education', g.value FROM guesses g JOIN agent_profiles p "
+                              "USING (run_id, agent_id) WHERE g.round = 2 AND g.valid AND list_contains(?, run_id)",
+                              [seeds]).fetchall()
     assert sweeps == [("answers", 4)]
-    res = cli("results", *seeds, "--by", "education", "--db", str(db))
+    # the summary: per cell the mean of the two seeds' last-round means and its 95% CI across them
+    summary = table_rows(res.stdout)
+    for answer in ("direct", "cot"):
+        values = [m for a, m in last if a == answer]
+        assert len(values) == 2 and all(isinstance(v, float) for v in values)
+        _, mean, low, high = mean_ci(values)
+        runs, rnd, shown, ci, _ = summary[f"prompt.answer={answer}"]
+        assert (runs, rnd) == ("2", "2")
+        assert float(shown) == pytest.approx(mean, abs=0.005)
+        lo, hi = (float(x) for x in ci.strip("[]").split(","))
+        assert (lo, hi) == (pytest.approx(low, abs=0.005), pytest.approx(high, abs=0.005))
+    res = cli("results", *seeds, "--by", "education", "--db", str(db), env=WIDE)
     assert res.returncode == 0, res.stderr
-    assert "95% CI (runs)" in res.stdout
+    # across runs: per level, the mean of the two runs' level means and its 95% CI across them
+    by_level = table_rows(res.stdout)
+    for level in LEVELS:
+        run_means = [statistics.mean(v for rid, lv, v in guesses if rid == run and lv == level) for run in seeds]
+        _, mean, low, high = mean_ci(run_means)
+        runs, seed_mean, seed_ci = by_level[level][-3:]
+        assert (runs, seed_mean, seed_ci) == ("2", f"{mean:.2f}", f"[{low:.2f}, {high:.2f}]"), level
 
 
 def test_rerun_from_the_manifest_reproduces_the_rounds(played):

@@ -190,7 +190,13 @@ def test_a_fork_with_a_change_records_its_parent_and_plays_differently(stack, re
     assert r.returncode == 0, r.stderr
     assert f"of {reference} after round 3, changed: game.ratio=1/2" in r.stdout
     assert r.stdout.count("(shared)") == 3 * 2  # the mean and the target, rounds 1-3
-    assert "parent target" in r.stdout and "fork target" in r.stdout
+    # rounds 4-5: round, parent mean, fork mean, difference, parent target, fork target (the recorded rounds)
+    played = [[c.strip() for c in line.strip("│").split("│")] for line in r.stdout.splitlines()
+              if line.startswith("│") and "(shared)" not in line and line.count("│") == 7]
+    parent_rounds = summaries(stack.db, reference)
+    assert [row[0] for row in played[-2:]] == ["4", "5"], r.stdout
+    for row, p, f in zip(played[-2:], parent_rounds[3:], forked, strict=True):
+        assert row[1:] == [f"{p['mean']:.2f}", f"{f['mean']:.2f}", "0.00", f"{p['target']:.2f}", f"{f['target']:.2f}"]
 
 
 def test_a_fork_of_a_round_not_played_fails_with_the_reason(stack, reference):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import duckdb
 import pytest
 
-from populace.analysis.calls import call_stats, model_of, total_calls
+from populace.analysis.calls import call_stats, model_of, model_stats, total_calls
 
 # round, agent, replica, prompt tokens, completion tokens, latency, attempts, valid, reasks
 ROWS = [
@@ -64,3 +64,43 @@ def test_model_names_come_from_the_manifest_and_the_replicas_that_answered():
     stats = {1: {"replicas": {"r-a": 3, "r-b": 1}}}
     assert model_of(info, stats) == {"backend": "local", "name": "SmolLM2", "replicas": ["r-a", "r-b"]}
     assert model_of({"model": {"backend": "dummy"}}) == {"backend": "dummy", "name": None, "replicas": []}
+
+
+def priced(con) -> None:
+    """make()'s rows as a run with `models:` records them: each call's model, cached tokens and dollars."""
+    make(con)
+    for name, kind in (("model", "VARCHAR"), ("cached_tokens", "INTEGER"), ("dollars", "DOUBLE")):
+        con.execute(f"ALTER TABLE llm_calls ADD COLUMN {name} {kind}")
+    con.execute("UPDATE llm_calls SET model = CASE WHEN agent_id % 2 = 0 THEN 'a' ELSE 'b' END, "
+                "cached_tokens = prompt_tokens // 2, dollars = CASE WHEN agent_id % 2 = 0 THEN prompt_tokens / 1e6 END "
+                "WHERE run_id = 'run'")
+    con.execute("CREATE TABLE agent_models (run_id VARCHAR, agent_id BIGINT, model VARCHAR)")
+    con.execute("INSERT INTO agent_models VALUES ('run', 0, 'a'), ('run', 1, 'b'), ('run', 2, 'a'), ('run', 3, 'b'), "
+                "('run', 4, 'c')")
+
+
+def test_cached_tokens_and_dollars_per_round_and_per_model():
+    con = duckdb.connect()
+    priced(con)
+    stats = call_stats(con, "run")
+    assert stats[1]["cached_tokens"] == 50 + 55 + 60 + 65
+    assert stats[1]["dollars"] == pytest.approx((100 + 120) / 1e6) and stats[2]["dollars"] == pytest.approx(2e-4)
+    total = total_calls(stats)
+    assert total["cached_tokens"] == 330 and total["dollars"] == pytest.approx(4.2e-4)
+    by_model = model_stats(con, "run")
+    assert list(by_model) == ["a", "b", "c"]
+    a, b, c = by_model.values()
+    assert (a["agents"], a["calls"], a["prompt_tokens"], a["cached_tokens"], a["completion_tokens"]) == (
+        2, 3, 420, 210, 44)
+    assert a["dollars"] == pytest.approx(4.2e-4) and a["latency_ms_mean"] == pytest.approx(150.0)
+    assert (b["agents"], b["calls"], b["dollars"]) == (2, 2, None)  # a model without prices: no dollars, not $0
+    assert (c["agents"], c["calls"], c["latency_ms_mean"]) == (1, 0, None)  # assigned, never called
+
+
+def test_files_from_before_models_have_no_cost_and_no_models():
+    con = duckdb.connect()
+    make(con)
+    one = call_stats(con, "run")[1]
+    assert one["cached_tokens"] == 0 and one["dollars"] is None
+    assert total_calls(call_stats(con, "run"))["dollars"] is None
+    assert model_stats(con, "run") == {} and model_stats(duckdb.connect(), "run") == {}

@@ -119,7 +119,7 @@ def _write_run(store: Store, run_id: str, seed: int, population: bool = True, ag
                      "n_winners": 1},
             observation={}, state={}, closed_at=T0 + 1800,
             usage=Usage(llm_calls=agents, prompt_tokens=100 * agents, completion_tokens=20 * agents,
-                        infra_retries=r - 1))))
+                        infra_retries=r - 1, cached_tokens=40 * agents, dollars=0.25 * r))))
     events.append(Event(f"{run_id}.done", "done", RunDone(run_id=run_id, status="completed", rounds=rounds,
                                                           finished_at=T0 + 3600)))
     store.ingest(events)
@@ -187,7 +187,8 @@ def test_round_table_matches_numpy(con):
         assert "options" not in row  # a numeric measure has no shares
         # the round's LLM work, infrastructure retries apart from the model's invalid answers
         assert row["usage"] == {"llm_calls": N_AGENTS, "prompt_tokens": 100 * N_AGENTS,
-                                "completion_tokens": 20 * N_AGENTS, "infra_retries": row["round"] - 1}
+                                "completion_tokens": 20 * N_AGENTS, "infra_retries": row["round"] - 1,
+                                "cached_tokens": 40 * N_AGENTS, "dollars": 0.25 * row["round"]}
     # the data get lower over rounds, as built
     assert table[0]["mean"] > table[-1]["mean"]
 
@@ -205,6 +206,7 @@ def test_run_info_reads_the_ratio_game_from_its_tables_and_class(con):
     invalid = sum(1 for r in range(1, N_ROUNDS + 1) for a in range(N_AGENTS) if (a * 7 + r) % 23 == 0)
     assert info["usage"] == {"llm_calls": N_AGENTS * N_ROUNDS, "prompt_tokens": 100 * N_AGENTS * N_ROUNDS,
                              "completion_tokens": 20 * N_AGENTS * N_ROUNDS, "infra_retries": 0 + 1 + 2,
+                             "cached_tokens": 40 * N_AGENTS * N_ROUNDS, "dollars": 0.25 * (1 + 2 + 3),
                              "invalid_answers": sum(_invalid(r, False) for r in range(1, N_ROUNDS + 1)),
                              "simulation_errors": sum(_invalid(r, True) for r in range(1, N_ROUNDS + 1))}
     assert info["usage"]["invalid_answers"] + info["usage"]["simulation_errors"] == invalid
@@ -309,6 +311,8 @@ def test_report_is_self_contained_with_all_figures(con, tmp_path):
                   "By education", "By age", "Invalid answers", "Raw answers per agent"):
         assert title in page
     assert "Figure 4" not in page  # the ratio game has no groups of players
+    # what the rounds cost: the header's LLM work line and the per-round table's cost columns
+    assert "$1.50 at the models&#39; prices" in page and "<th>cached tokens</th><th>dollars</th>" in page
     # the target is drawn in every histogram, target and winning number over rounds
     assert 'aria-label="Histogram of guesses per round with the target"' in page
     assert 'aria-label="Mean, median, target, winning number per round"' in page
@@ -320,6 +324,18 @@ def test_report_is_self_contained_with_all_figures(con, tmp_path):
     assert groups["layout"]["legend"]["y"] > 1  # legends sit above the plots, over no bar
     assert "<th>winning number</th>" in page and "<th>target</th>" in page
     assert "<td>equilibrium</td><td>0</td>" in page
+    # the per-round tables' numbers, from the recorded guesses (numpy here) and the fixture's usage
+    rounds = page[page.index("<h2>Per round</h2>"):page.index('<section id="figure-1">')]
+    for r in range(1, N_ROUNDS + 1):
+        v = np.array([x[1] for x in _valid(con, "edu-s1", r)])
+        model, bugs = _invalid(r, False), _invalid(r, True)
+        assert (f"<tr><td>{r}</td><td>{N_AGENTS}</td><td>{len(v)}</td><td>{model}</td><td>{bugs}</td>"
+                f"<td>{v.mean():.2f}</td><td>{np.median(v):.2f}</td><td>{v.std(ddof=1):.2f}</td>"
+                f"<td>{v.min():.2f}</td><td>{v.max():.2f}</td><td>{2 / 3 * v.mean():.2f}</td>") in rounds, r
+        # invalid answers (model), infra retries (r - 1 in the fixture), LLM calls, re-asks and replica retries
+        # (not counted by this fixture's calls), prompt and completion tokens, latency p50 / p95 / max
+        assert (f"<tr><td>{r}</td><td>{model}</td><td>{r - 1}</td><td>{N_AGENTS}</td><td>—</td><td>—</td>"
+                f"<td>{100 * N_AGENTS:,}</td><td>{20 * N_AGENTS:,}</td>" + "<td>30.00</td>" * 3) in rounds, r
     # the model's invalid answers and the infrastructure's retries are counted apart
     errors = sum(_invalid(r, True) for r in range(1, N_ROUNDS + 1))
     answers_invalid = sum(_invalid(r, False) for r in range(1, N_ROUNDS + 1))
@@ -410,6 +426,17 @@ def test_a_fork_is_read_beside_its_parent(con):
     assert fork_table(con, "edu-s1") is None  # not a fork
     page = render_report(con, "edu-s1-fork")
     assert "Fork beside its parent" in page and "<th>parent: target</th>" in page
+    # per round: each one's mean (numpy here, from the recorded guesses), the difference, each one's target
+    means = {(run, r): np.mean([x[1] for x in _valid(con, run, r)]) for run in ("edu-s1", "edu-s1-fork")
+             for r in (1, 2, 3) if (run, r) != ("edu-s1-fork", 1)}
+    fork = page[page.index('<section id="fork">'):]
+    p1 = means["edu-s1", 1]
+    assert (f'<tr><td class="l">1</td><td>{p1:.2f}</td><td>(shared)</td><td></td><td>{2 / 3 * p1:.2f}</td>'
+            "<td>(shared)</td>") in fork
+    for r in (2, 3):
+        p, f = means["edu-s1", r], means["edu-s1-fork", r]
+        assert (f'<tr><td class="l">{r}</td><td>{p:.2f}</td><td>{f:.2f}</td><td>{f - p:.2f}</td>'
+                f"<td>{2 / 3 * p:.2f}</td><td>{2 / 3 * f:.2f}</td></tr>") in fork, r
     assert 'aria-label="The fork and its parent per round"' in page and len(_figures(page)) == 4
     assert "Fork beside its parent" not in render_report(con, "edu-s2")
 
@@ -494,3 +521,4 @@ def test_a_database_without_tables_json_is_read_as_the_ratio_game(old_db, tmp_pa
         paths = export_parquet(c, "old-1", tmp_path / "pq")
         assert {p.name for p in paths} == {"runs.parquet", "agents.parquet", "agent_profiles.parquet",
                                            "llm_calls.parquet", "guesses.parquet", "rounds.parquet"}
+

@@ -569,20 +569,50 @@ def test_export_writes_each_simulations_own_tables(con, tmp_path):
 def _cli(*args: str):
     from populace.cli.main import app
 
-    return CliRunner().invoke(app, list(args))
+    return CliRunner().invoke(app, list(args), env={"COLUMNS": "250"})
 
 
-def test_cli_results_for_a_categorical_run(db):
+def _table_rows(output: str) -> list[list[str]]:
+    """A rich table's body rows, cell by cell."""
+    return [[c.strip() for c in line.strip("│").split("│")] for line in output.splitlines() if line.startswith("│")]
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def test_cli_results_for_a_categorical_run(db, con):
     res = _cli("results", "vote-1", "--db", str(db))
     assert res.exit_code == 0, res.output
-    assert "most chosen" in res.output and "abstain" in res.output and "%" in res.output
+    # per round: valid answers, the leading option and each option's share, counted here from the votes
+    rounds = [r for r in _table_rows(res.output) if len(r) == 3 + len(OPTIONS) + 2]  # … and the summary's leader
+    assert [r[0] for r in rounds] == ["1", "2", "3"], res.output
+    for r in rounds:
+        votes = Counter(v for _, _, v, _ in _rows(con, VOTE.outcomes, "vote-1", int(r[0]), "choice"))
+        n = sum(votes.values())
+        (leader, top), *_ = sorted(votes.items(), key=lambda kv: -kv[1])
+        shares = {o: votes[o] / n for o in OPTIONS}
+        assert r[1] == f"{n}/60" and r[2] == f"{leader} ({_pct(top / n)})", r
+        shown = dict(zip(res.output.split("most chosen", 1)[1].split("┃")[1:1 + len(OPTIONS)], r[3:3 + len(OPTIONS)], strict=True))
+        assert {o.strip(): v for o, v in shown.items()} == {o: _pct(shares[o]) for o in OPTIONS}, r
+        assert r[-2:] == [leader, f"{top / n:.2f}"]  # the environment's summary: the same leader
     res = _cli("results", "vote-1", "vote-2", "--by", "education", "--db", str(db))
     assert res.exit_code == 0, res.output
-    assert "95% CI (Wilson)" in res.output and "95% CI (runs)" in res.output
-    # one Wilson CI and one CI across runs per group and option, all within [0%, 100%]
-    cis = re.findall(r"\[(-?\d+\.\d)%, (-?\d+\.\d)%\]", res.output)
-    assert len(cis) == 2 * len(EDU) * len(OPTIONS)
-    assert all(0 <= float(lo) <= float(hi) <= 100 for lo, hi in cis)
+    # per group and option: answers pooled over both runs and their share, with a Wilson CI and a CI
+    # across the two runs inside [0%, 100%]
+    rows = [r for r in _table_rows(res.output) if len(r) == 8]
+    assert len(rows) == len(EDU) * len(OPTIONS), res.output
+    group = ""
+    for r in rows:
+        group = r[0] or group  # a group's name is on its first option's row
+        votes = Counter(v for run in ("vote-1", "vote-2") for _, _, v, edu in _rows(con, VOTE.outcomes, run, 3, "choice")
+                        if edu == group)
+        n = sum(votes.values())
+        assert r[2:4] == [f"{votes[r[1]]}/{n}", _pct(votes[r[1]] / n)], r
+        assert r[5] == "2"
+        for ci in (r[4], r[7]):
+            lo, hi = (float(x.rstrip("%")) for x in ci.strip("[]").split(", "))
+            assert 0 <= lo <= hi <= 100, r
 
 
 def test_cli_results_json_and_errors(db):

@@ -68,6 +68,33 @@ async def test_heartbeat_keeps_entry_fresh_and_removes_it_on_stop(js):
     assert await bus.registry_entries(js, subjects.HOSTS_BUCKET, HostInfo) == []
 
 
+async def test_a_heartbeat_from_its_own_thread_beats_while_the_main_loop_is_held(js, nats_server):
+    """An agent-host's heartbeat (bus.ThreadHeartbeat): the process's event loop held for longer
+    than the host-lost timeout (the simulation's code) does not stop it; each beat says how long
+    the loop has gone without a turn, and once the loop turns again that is 0."""
+    seen: list[float] = []
+
+    def payload(busy_s: float) -> HostInfo:
+        seen.append(busy_s)
+        return HostInfo(host_id="thb", capacity=1, pid=os.getpid(), started_at=0, heartbeat_at=time.time(),
+                        loop_busy_s=busy_s)
+
+    hb = bus.ThreadHeartbeat(nats_server.url, subjects.HOSTS_BUCKET, "thb", payload, every_s=0.1,
+                             name="populace-test-heartbeat")
+    await hb.start()
+    kv = await js.key_value(subjects.HOSTS_BUCKET)
+    before = len(seen)
+    time.sleep(1.5)  # noqa: ASYNC251 - the point: this loop is held, as a simulation's slow view holds it
+    # beats went on meanwhile (every 0.1 s), the last ones saying the loop had not turned for over a second
+    assert len(seen) - before >= 8
+    assert max(seen) >= 1.0
+    await asyncio.sleep(0.5)  # the loop turns again: so say the next beats
+    assert HostInfo.model_validate_json((await kv.get("thb")).value).loop_busy_s == 0.0
+    await hb.beat_now()
+    await hb.stop()
+    assert await bus.registry_entries(js, subjects.HOSTS_BUCKET, HostInfo) == []
+
+
 async def test_a_registry_read_while_its_entries_beat_lists_every_one(js):
     """nats-py's kv.keys() ends its listing at the first entry that reports nothing pending, which
     under concurrent writes comes early (nats-io/nats.py#995): here it missed hosts in about one

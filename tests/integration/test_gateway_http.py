@@ -1,6 +1,6 @@
 """The gateway's calls over real HTTP (its aiohttp ChatClient, and the httpx client it
-replaced, against small servers in this event loop): retries on another replica after 429, 5xx, a refused connection, a timeout or a
-malformed answer; a 4xx refusal not retried; the structured-output field each replica kind
+replaced, against small servers in this event loop): a 429 waited out as its Retry-After asks;
+retries on another replica after a 5xx, a refused connection, a timeout or a malformed answer; a 4xx refusal not retried; the structured-output field each replica kind
 gets; keep-alive connections reused; the trace context sent along."""
 
 from __future__ import annotations
@@ -33,8 +33,10 @@ class Replica:
     """An OpenAI-shaped replica that answers with `status` (and `body`), after `delay_s`, and
     remembers every request: its JSON body, headers and client port (one per connection)."""
 
-    def __init__(self, status: int = 200, body: bytes | None = None, delay_s: float = 0.0) -> None:
+    def __init__(self, status: int = 200, body: bytes | None = None, delay_s: float = 0.0,
+                 first: list[tuple[int, dict]] | None = None) -> None:
         self.status, self.body, self.delay_s = status, body, delay_s
+        self.first = list(first or [])  # (status, headers) of the first requests, before `status`
         self.requests: list[dict] = []
         self.headers: list[dict] = []
         self.client_ports: set[int] = set()
@@ -48,6 +50,10 @@ class Replica:
         self.client_ports.add(request.transport.get_extra_info("peername")[1])
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
+        if self.first:
+            status, headers = self.first.pop(0)
+            return web.Response(status=status, body=b'{"error": {"message": "Rate limit reached"}}',
+                                content_type="application/json", headers=headers)
         body = self.body if self.body is not None else json.dumps(ANSWER).encode()
         return web.Response(status=self.status, body=body, content_type="application/json")
 
@@ -101,8 +107,19 @@ def one(prompts: int = 1) -> InferBatch:
                       prompts=[f"player {k}" for k in range(prompts)])
 
 
-@pytest.mark.parametrize("status", [429, 500, 503])
-async def test_a_429_or_5xx_is_retried_on_another_replica(replicas, gateway, status):
+async def test_a_429_is_waited_out_as_its_retry_after_asks_never_a_failure(replicas, gateway):
+    """A provider's rate limit is not a broken replica: the same call goes again once the provider's
+    Retry-After has passed, without an attempt counted, a retry spent or the replica marked down."""
+    limited = await replicas(first=[(429, {"Retry-After": "0"}), (429, {"Retry-After": "0"})])
+    d = gateway([("limited", limited.url, "sim")])
+    reply, calls = await d.serve(one())
+    assert reply.texts == ['{"guess": 33}'] and reply.valid == [True] and reply.failed == []
+    assert calls.attempts == [1] and len(limited.requests) == 3
+    assert d.pool.replicas["limited"].load.healthy and d.retries == 0
+
+
+@pytest.mark.parametrize("status", [500, 503])
+async def test_a_5xx_is_retried_on_another_replica(replicas, gateway, status):
     bad, good = await replicas(status=status, body=b'{"error": "busy"}'), await replicas()
     d = gateway([("bad", bad.url, "sim"), ("good", good.url, "sim")])
     reply, calls = await d.serve(one())

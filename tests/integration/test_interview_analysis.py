@@ -6,6 +6,8 @@ distance and its bootstrap interval, and bad reference files refused naming what
 from __future__ import annotations
 
 import math
+import statistics
+from collections import Counter
 from pathlib import Path
 
 import duckdb
@@ -22,6 +24,7 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
+WIDE = {"COLUMNS": "250"}  # rich tables: one line per row
 PANEL = [
     {"id": "panel", "after": "every", "questions": [
         {"id": "trust", "text": "How much do you trust the other voters?", "labels": ["none", "some", "a lot"]},
@@ -30,6 +33,23 @@ PANEL = [
         {"id": "sure", "text": "How sure are you of your vote, from 0 to 100?", "min": 0, "max": 100},
         {"id": "why", "text": "Why did you vote as you did?", "max_chars": 120}]},
 ]
+
+
+def table_rows(stdout: str) -> list[list[str]]:
+    """A rich table's body rows, cell by cell."""
+    return [[c.strip() for c in line.strip("│").split("│")] for line in stdout.splitlines() if line.startswith("│")]
+
+
+def answers_by_group(db: Path, run_id: str, after_round: int) -> dict[tuple[str, str], Counter]:
+    """(question, education) → the valid answers after that round, counted from table interviews."""
+    with duckdb.connect(str(db), read_only=True) as con:
+        rows = con.execute("SELECT i.question, p.profile->>'education', i.answer FROM interviews i JOIN agent_profiles p "
+                           "USING (run_id, agent_id) WHERE i.run_id = ? AND i.after_round = ? AND i.valid",
+                           [run_id, after_round]).fetchall()
+    out: dict[tuple[str, str], Counter] = {}
+    for question, group, answer in rows:
+        out.setdefault((question, group), Counter())[answer] += 1
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +114,25 @@ def test_the_report_shows_interviews_and_a_reference(db):
                   "SYNTHETIC (made up for Populace&#39;s tests"):
         assert title in html, title
     assert "Interview 2. panel/turnout" in two and "across the runs (each one replicate)" in two
+    # the numbers: each group's answers to turnout after round 3, counted here, and the reference's
+    # total variation from them
+    counts = answers_by_group(db, "vote-1", 3)
+    turnout = html[html.index('<section id="interview-2">'):html.index('<section id="interview-3">')]
+    reference = html[html.index("<h3>turnout, after round 3</h3>"):]
+    wanted = {g: {a: int(c) for q, gg, a, c in (line.split(",") for line in (
+        FIXTURES / "reference-turnout-synthetic.csv").read_text().splitlines()[3:]) if q == "turnout" and gg == g}
+        for g in ("elementary school", "Ph.D.")}
+    for group in ("elementary school", "high school", "bachelor's", "master's", "Ph.D."):
+        got = counts["turnout", group]
+        n, cell = sum(got.values()), group.replace("'", "&#39;")
+        for answer in ("yes", "no", "maybe"):
+            assert (f'<td class="l">{cell}</td><td class="l">{answer}</td><td>{got[answer]}/{n}</td>'
+                    f"<td>{100 * got[answer] / n:.1f}%</td>") in turnout, (group, answer)
+        if group in wanted:
+            ref = wanted[group]
+            tv = 0.5 * sum(abs(got[a] / n - ref[a] / sum(ref.values())) for a in ("yes", "no", "maybe"))
+            assert (f'<td class="l">{cell}</td><td>{n}</td><td>{sum(ref.values())}</td><td></td>'
+                    f'<td class="l">total variation</td><td>{tv:.3f}</td>') in reference, group
 
 
 def test_a_reference_beside_a_run(db):
@@ -143,9 +182,63 @@ def test_a_reference_that_does_not_fit_the_run_is_refused_by_the_cli(db, tmp_pat
     path.write_text("# synthetic: test\nquestion,answer\nnever-asked,yes\n")
     res = cli("results", "vote-1", "--db", str(db), "--reference", str(path))
     assert res.returncode == 2 and "question: 'never-asked' was not asked in run(s) vote-1" in res.stderr
-    res = cli("results", "vote-1", "--db", str(db), "--reference", str(FIXTURES / "reference-turnout-synthetic.csv"))
+    res = cli("results", "vote-1", "--db", str(db), "--reference", str(FIXTURES / "reference-turnout-synthetic.csv"),
+              env=WIDE)
     assert res.returncode == 0, res.stderr
-    assert "SYNTHETIC" in res.stdout and "total variation" in res.stdout and "Wasserstein-1" in res.stdout
+    assert res.stdout.startswith("reference: SYNTHETIC (made up for Populace's tests")
+    # per question and group: the answers on both sides and the distance, computed here from the
+    # recorded answers and the reference file (its bootstrap interval around it)
+    ref: dict[tuple[str, str], Counter] = {}
+    for line in (FIXTURES / "reference-turnout-synthetic.csv").read_text().splitlines()[3:]:
+        question, group, answer, count = line.split(",")
+        ref.setdefault((question, group), Counter())[answer] = int(count)
+    sim = answers_by_group(db, "vote-1", 3)
+    rows = table_rows(res.stdout)
+    assert {(r[0], r[1]) for r in rows} == {(f"{q} (after round 3)", g) for q, g in ref}, res.stdout
+    for question, group, n_sim, n_ref, _, kind, value, ci in rows:
+        q = question.split(" ")[0]
+        got, want = sim[q, group], ref[q, group]
+        shares = [{k: c[k] / sum(c.values()) for k in set(got) | set(want)} for c in (got, want)]
+        if q == "turnout":  # total variation: half the sum of the share differences
+            expected, label = 0.5 * sum(abs(shares[0][k] - shares[1][k]) for k in shares[0]), "total variation"
+        else:  # Wasserstein-1 on the scale's points, one unit apart: the area between the CDFs
+            cdf = [[sum(s.get(str(v), 0) for v in range(1, x + 1)) for x in (1, 2)] for s in shares]
+            expected, label = sum(abs(a - b) for a, b in zip(*cdf, strict=True)), "Wasserstein-1"
+        assert (n_sim, n_ref, kind) == (str(sum(got.values())), str(sum(want.values())), label)
+        assert value == f"{expected:.2f}", (question, group, value, expected)
+        lo, hi = (float(x) for x in ci.strip("[]").split(", "))
+        assert lo <= round(expected, 2) <= hi
+
+
+def test_the_cli_prints_each_questions_answers_per_group(db, cli):
+    """`results --interviews --by`: the shares and means it prints are those of the recorded answers
+    (counted here; Student-t CIs of the means computed here)."""
+    from scipy import stats
+
+    res = cli("results", "vote-1", "--interviews", "--by", "education", "--db", str(db), env=WIDE)
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    turnout = table_rows(out[out.index("panel/turnout (options)"):out.index("exit/sure (number)")])
+    counts = answers_by_group(db, "vote-1", 3)
+    group = ""
+    for row in turnout:
+        group = row[0] or group  # a group's name is on its first answer's row
+        got = counts["turnout", group]
+        n = sum(got.values())
+        assert row[2:4] == [f"{got[row[1]]}/{n}", f"{100 * got[row[1]] / n:.1f}%"], row
+    assert len(turnout) == 5 * 3
+    with duckdb.connect(str(db), read_only=True) as con:
+        sure = con.execute("SELECT p.profile->>'education', i.value FROM interviews i JOIN agent_profiles p "
+                           "USING (run_id, agent_id) WHERE i.run_id = 'vote-1' AND i.question = 'sure' AND i.valid"
+                           ).fetchall()
+    rows = table_rows(out[out.index("exit/sure (number)"):out.index("exit/why (text)")])
+    assert len(rows) == 5
+    for group, point, answers, mean, ci in rows:
+        values = [v for g, v in sure if g == group]
+        half = stats.t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / len(values) ** 0.5
+        m = statistics.mean(values)
+        assert (point, answers, mean, ci) == ("mean", f"{len(values)}/{len(values)}", f"{m:.2f}",
+                                              f"[{m - half:.2f}, {m + half:.2f}]"), group
 
 
 def test_a_parquet_reference_carries_its_citation_in_its_metadata(db, tmp_path):
@@ -162,3 +255,5 @@ def test_a_parquet_reference_carries_its_citation_in_its_metadata(db, tmp_path):
     pq.write_table(table, path)
     with pytest.raises(ReferenceError, match="citation: the file names no source"):
         load_reference(path)
+
+

@@ -19,6 +19,7 @@ from populace.core import bus, subjects
 from populace.core.contracts import (
     ConfigRef,
     NodeInfo,
+    ProcessInfo,
     Progress,
     RoundOpen,
     RoundResult,
@@ -29,6 +30,7 @@ from populace.core.contracts import (
     Share,
     Usage,
 )
+from populace.core.contracts.node_messages import AgentHostSpec, RestartPolicy
 from populace.manager import ManagerSettings, create_app
 from populace.manager.app import _run_stream, _runs_stream
 
@@ -377,9 +379,12 @@ def test_a_cross_site_post_is_refused(client, url):
 def test_the_nodes_page_shows_kv_nodes_and_a_missing_node_is_named(client, url):
     node_id = f"n-{uuid.uuid4().hex[:6]}"
     now = time.time()
+    proc = ProcessInfo(proc_id="agent-host-1", spec=AgentHostSpec(max_in_flight=5000),
+                       restart=RestartPolicy(mode="on-failure", max_restarts=3), state="running", pid=4321, restarts=1,
+                       started_at=now - 5, cpu_percent=87.4, rss_bytes=300 * 2**20, log_path="/tmp/a.log")
     info = NodeInfo(node_id=node_id, hostname="box", pid=1, version="0.1.0", cpus=2, memory_bytes=2**32,
                     memory_available_bytes=2**31, log_dir="/tmp", started_at=now - 5, heartbeat_at=now,
-                    heartbeat_s=2.0)
+                    heartbeat_s=2.0, processes=[proc])
 
     async def put(nc):
         kv = await nc.jetstream().key_value(subjects.NODES_BUCKET)
@@ -387,7 +392,13 @@ def test_the_nodes_page_shows_kv_nodes_and_a_missing_node_is_named(client, url):
 
     arun(put, url)
     page = client.get("/nodes")
-    assert page.status_code == 200 and f'id="node-{node_id}"' in page.text and "2 CPUs" in page.text
+    assert page.status_code == 200 and f'id="node-{node_id}"' in page.text
+    text = " ".join(page.text.split())
+    assert "host box · 2 CPUs · memory 4,096 MB (2,048 MB free) · GPUs: none · populace 0.1.0 · up 5 s" in text
+    assert '<span class="running-count">1</span> running / 1' in text
+    row = text[text.index('<tr data-proc="agent-host-1" data-state="running" data-pid="4321">'):]
+    assert ('<td class="num restarts">1/3</td> <td class="num cpu">87</td><td class="num memory">300 MB</td>'
+            "<td>max_in_flight=5000</td>") in row[:row.index("</tr>")]
     assert node_id in [n["node_id"] for n in events(client, "/events/nodes")["nodes"]]
     # KV says it is there, but no daemon answers: the error comes back to the page
     res = client.post(f"/nodes/{node_id}/start", data={"kind": "agent-host", "count": "2"})
@@ -416,7 +427,10 @@ async def test_the_replicas_page_asks_each_replica_for_its_health_and_load(url):
         nc = await bus.connect(url, "manager-test")
         try:
             kv = await nc.jetstream().key_value(subjects.REPLICAS_BUCKET)
-            await kv.put("sim-mgr", bus.encode(live))
+            await kv.put("replicas.sim-mgr", bus.encode(live))
+            # outside POPULACE_REPLICA_HOSTS (loopback by default): listed as refused, never asked
+            away = live.model_copy(update={"replica_id": "sim-away", "url": "http://203.0.113.7:8000"})
+            await kv.put("replicas.sim-away", bus.encode(away))
         finally:
             await nc.close()
 
@@ -426,10 +440,14 @@ async def test_the_replicas_page_asks_each_replica_for_its_health_and_load(url):
                         c.get("/replicas.json?backend=sim").json())
 
         text, events, summary = await asyncio.to_thread(pages)
-        assert '<tr data-replica="sim-mgr" data-healthy="yes">' in text
+        assert '<tr data-replica="replicas.sim-mgr" data-healthy="yes">' in text  # named by its key
+        assert ("refused: 203.0.113.7:8000 registered by replicas is not in POPULACE_REPLICA_HOSTS "
+                "(127.0.0.0/8,::1,localhost)") in text
         # the page's live update probes again; the run page's line sums the backend's replicas
         update = json.loads(events.removeprefix("data: ").strip())
-        assert [(r["replica_id"], r["healthy"]) for r in update["replicas"]] == [("sim-mgr", True)]
+        assert [(r["replica_id"], r["healthy"], r["refused"] is not None) for r in update["replicas"]
+                if r["replica_id"].startswith("replicas.sim-")] == [  # the server may hold other tests' entries
+            ("replicas.sim-away", None, True), ("replicas.sim-mgr", True, False)]
         assert (summary["backend"], summary["replicas"], summary["healthy"]) == ("sim", 1, 1)
     finally:
         await srv.stop()

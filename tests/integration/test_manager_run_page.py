@@ -23,6 +23,10 @@ from populace.core.contracts import (
     AgentsRequest,
     DistributionReply,
     DistributionRequest,
+    GroupsReply,
+    GroupsRequest,
+    ProfileReply,
+    ProfileRequest,
     RunConfig,
     RunStart,
     RunState,
@@ -111,7 +115,29 @@ class StandIn:
                                                            measure="value", kind="numeric", n=3, edges=[0, 50, 100],
                                                            counts=[2, 1], mean=40.0, summary={"target": 26.0})))
 
+        async def profile(msg):
+            req = ProfileRequest.model_validate_json(msg.data)
+            self.requests.append(req)
+            rows = [{"round": 1, "role": "host", "host_id": "h1", "epoch": 0, "agents": 300, "wall_s": 9.5,
+                     "view_s": 8.75, "turn_s": 0.25, "merge_s": 0.01, "model_wait_s": 1.0, "decide_s": None,
+                     "record_s": None, "view_bytes": 3_000_000, "view_max_bytes": 10_000, "observation_bytes": 40,
+                     "held": 280, "note": None},
+                    {"round": 1, "role": "environment", "host_id": "environment", "epoch": 0, "decide_s": 0.5}]
+            await msg.respond(bus.encode(ProfileReply(ok=True, run_id=req.run_id, rows=rows, rounds_total=1,
+                                                      seconds={"view_s": 8.75, "decide_s": 0.5},
+                                                      top=("view_s", 8.75), notes=["Env.view returned 98 KB"])))
+
+        async def groups(msg):
+            req = GroupsRequest.model_validate_json(msg.data)
+            self.requests.append(req)
+            rows = [{"group": "smol-llamacpp", "n": 20, "mean": 14.55, "ci_low": 11.88, "ci_high": 17.22},
+                    {"group": "smol-vllm", "n": 20, "mean": 23.0, "ci_low": 13.69, "ci_high": 32.31}]
+            await msg.respond(bus.encode(GroupsReply(ok=True, run_id=req.run_id, by=req.by, rows=rows,
+                                                     attributes=["model"])))
+
         await nc.subscribe(subjects.recorder_read("agents"), cb=agents)
+        await nc.subscribe(subjects.recorder_read("groups"), cb=groups)
+        await nc.subscribe(subjects.recorder_read("profile"), cb=profile)
         await nc.subscribe(subjects.recorder_read("distribution"), cb=distribution)
         await nc.flush()
         self.loop = asyncio.get_running_loop()
@@ -154,14 +180,28 @@ def test_the_run_page_reads_agents_and_the_distribution_from_the_recorder(client
         assert bad.status_code == 400 and "limit" in bad.json()["error"]
         assert client.get(f"/runs/{run_id}/agents.json", params={"search": "x" * 201}).status_code == 400
         assert client.get(f"/runs/{run_id}/distribution.json", params={"bins": "0"}).status_code == 400
+        assert client.get(f"/runs/{run_id}/profile.json", params={"rounds": "0"}).status_code == 400
         assert len(recorder.requests) == n
+        # where each round went: the page's table, from the recorder's round_profile rows
+        assert 'id="profile-table"' in page.text
+        prof = client.get(f"/runs/{run_id}/profile.json", params={"rounds": "20"}).json()
+        assert prof["ok"] and prof["top"] == ["view_s", 8.75] and prof["notes"] == ["Env.view returned 98 KB"]
+        assert [(r["role"], r.get("view_s"), r.get("decide_s")) for r in prof["rows"]] == [("host", 8.75, None),
+                                                                                       ("environment", None, 0.5)]
+        assert isinstance(recorder.requests[-1], ProfileRequest) and recorder.requests[-1].rounds == 20
+        # a run with several models: its measure per model, from the recorder's group table
+        assert 'id="groups-table"' in page.text
+        groups = client.get(f"/runs/{run_id}/groups.json").json()
+        assert [(r["group"], r["n"], r["mean"]) for r in groups["rows"]] == [("smol-llamacpp", 20, 14.55),
+                                                                             ("smol-vllm", 20, 23.0)]
+        assert isinstance(recorder.requests[-1], GroupsRequest) and recorder.requests[-1].by == "model"
 
 
 def test_with_no_recorder_the_page_renders_and_its_reads_say_so(client, url):
     run_id = rid()
     put_run(url, a_state(run_id))
     assert client.get(f"/runs/{run_id}").status_code == 200
-    for path in ("agents.json", "distribution.json"):
+    for path in ("agents.json", "distribution.json", "profile.json"):
         res = client.get(f"/runs/{run_id}/{path}")
         assert res.status_code == 503
         body = res.json()

@@ -9,13 +9,16 @@ from populace_ratio_game import RatioGame
 from populace.core.contracts import (
     Column,
     ConfigRef,
+    DecideProfile,
     LlmCallBatch,
     OutcomeBatch,
+    RoundPartial,
     RoundResult,
     RunConfig,
     RunDone,
     RunResumed,
     RunStarted,
+    ShareProfile,
     SimulationTables,
     SpawnBatch,
 )
@@ -193,6 +196,39 @@ def test_a_database_from_before_the_seam_gains_the_new_columns(tmp_path):
     assert store.con.execute("SELECT count(*), count(error) FROM guesses").fetchone() == (21, 0)
     assert store.con.execute("SELECT n, n_valid, mean FROM rounds WHERE run_id = 'r9'").fetchone() == (20, 17, 1.0)
     store.close()
+
+
+def test_rounds_record_cached_tokens_and_dollars_and_an_older_rounds_table_gains_them(tmp_path):
+    from populace.analysis import round_table, run_usage
+    from populace.core.contracts import Usage
+
+    path = str(tmp_path / "old.duckdb")
+    evs = events("r8")
+    result = next(e for e in evs if e.kind == "round.result")
+    result.model = result.model.model_copy(update={"usage": Usage(llm_calls=20, prompt_tokens=2000, cached_tokens=800,
+                                                                  completion_tokens=300, dollars=0.0123)})
+    store = Store(path)
+    store.ingest(events("r7"))  # a run on the old columns only, then the table loses the new ones
+    store.con.execute("ALTER TABLE rounds DROP COLUMN cached_tokens")
+    store.con.execute("ALTER TABLE rounds DROP COLUMN dollars")
+    store.close()
+    with duckdb.connect(path, read_only=True) as con:  # a file from before: usage without its cost
+        assert run_usage(con, "r7")["llm_calls"] == 0 and "dollars" not in run_usage(con, "r7")
+        assert round_table(con, "r7")[0]["usage"] == {"llm_calls": 0, "prompt_tokens": 0, "completion_tokens": 0,
+                                                      "infra_retries": 0}
+    store = Store(path)  # a new recorder adds the columns to the old table (ALTER TABLE … ADD COLUMN)
+    store.ingest(evs)
+    assert store.con.execute("SELECT cached_tokens, dollars FROM rounds WHERE run_id = 'r8'").fetchone() == (800, 0.0123)
+    assert store.con.execute("SELECT cached_tokens, dollars FROM rounds WHERE run_id = 'r7'").fetchone() == (None, None)
+    types = dict(store.con.execute("SELECT column_name, data_type FROM duckdb_columns() WHERE table_name = 'rounds'")
+                 .fetchall())
+    assert (types["cached_tokens"], types["dollars"]) == ("BIGINT", "DOUBLE")
+    store.close()
+    with duckdb.connect(path, read_only=True) as con:
+        used = run_usage(con, "r8")
+        assert (used["cached_tokens"], used["dollars"], used["prompt_tokens"]) == (800, 0.0123, 2000)
+        assert round_table(con, "r8")[0]["usage"]["dollars"] == 0.0123
+        assert round_table(con, "r7")[0]["usage"]["dollars"] == 0.0  # NULL in a row from before: nothing recorded
 
 
 def test_a_table_another_simulation_declared_differently_is_refused(tmp_path):
@@ -403,4 +439,48 @@ def test_a_start_seen_again_does_not_open_its_run_again(tmp_path):
     assert again.opened == set() and again.finished == []
     resumed = RunResumed(run_id="r1", epoch=1, after_round=1, hosts=["a"], resumed_at=2e9)
     assert store.ingest([Event("r1.resumed.1", "resumed", resumed)]).opened == {"r1"}
+    store.close()
+
+
+def _partial(run_id: str, round_: int, host: str, view_s: float, epoch: int = 0) -> RoundPartial:
+    return RoundPartial(run_id=run_id, round=round_, host_id=host, n=10, n_valid=10, payload={}, epoch=epoch,
+                        profile=ShareProfile(agents=10, wall_s=view_s + 1.0, view_s=view_s, turn_s=0.5,
+                                             merge_s=0.01, model_wait_s=1.0, view_bytes=4000, view_max_bytes=400,
+                                             observation_bytes=30, held=3))
+
+
+def test_round_profile_rows_come_from_placed_shares_the_result_and_the_recorders_own_time(tmp_path):
+    """Table round_profile: a row per round and placed share (from its partial's profile; a
+    partial of a share the run never placed counts nowhere, a share's partial delivered again
+    replaces its row), the environment's (from the round's result), the recorder's record seconds
+    (its transactions', shared among the rounds they stored by rows); a resume drops the rows of
+    the rounds it plays again."""
+    store = Store(tmp_path / "x.duckdb")
+    first = events(rounds=2)[:3]  # started, spawn a, spawn b
+    ids_a, ids_b = list(range(10)), list(range(10, 20))
+    result = _result("r1", 1, 1.0).model_copy(update={"profile": DecideProfile(merge_s=0.02, decide_s=0.25,
+                                                                               observation_bytes=30)})
+    store.ingest(first + [
+        Event("r1.g1a", "outcomes", guess_batch("r1", 1, "a", 0, ids_a)),
+        Event("r1.g1b", "outcomes", guess_batch("r1", 1, "b", 0, ids_b)),
+        Event("r1.p1a", "partial", _partial("r1", 1, "a", 8.0)),
+        Event("r1.p1b", "partial", _partial("r1", 1, "b", 2.0)),
+        Event("r1.p1z", "partial", _partial("r1", 1, "z", 99.0)),  # never placed
+        Event("r1.res1", "round.result", result),
+        Event("r1.g2a", "outcomes", guess_batch("r1", 2, "a", 1, ids_a)),
+    ])
+    store.ingest([Event("r1.p1a-again", "partial", _partial("r1", 1, "a", 7.5))])  # its row, replaced
+    rows = store.con.execute("SELECT round, role, host_id, epoch, agents, view_s, decide_s, record_s > 0 "
+                             "FROM round_profile ORDER BY round, role, host_id").fetchall()
+    assert rows == [(1, "environment", "environment", 0, None, None, 0.25, None),
+                    (1, "host", "a", 0, 10, 7.5, None, None), (1, "host", "b", 0, 10, 2.0, None, None),
+                    (1, "recorder", "recorder", 0, None, None, None, True),
+                    (2, "recorder", "recorder", 0, None, None, None, True)]
+    # the first transaction's seconds, shared 2:1 between round 1's 20 rows and round 2's 10
+    (r1, r2) = [r[0] for r in store.con.execute("SELECT record_s FROM round_profile WHERE role = 'recorder' "
+                                                "ORDER BY round").fetchall()]
+    assert r1 == pytest.approx(2 * r2)
+    store.ingest([Event("r1.resumed", "resumed", RunResumed(run_id="r1", epoch=1, after_round=0, hosts=["c"],
+                                                            resumed_at=1e9))])
+    assert store.con.execute("SELECT count(*) FROM round_profile").fetchone() == (0,)
     store.close()

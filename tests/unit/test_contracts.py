@@ -52,7 +52,8 @@ INSTANCES: dict[str, BaseModel] = {
     "RunConfig": CONFIG,
     "RunStart": c.RunStart(run_id="run-20240101_abc", config=CONFIG, requested_at=1700000000.5,
                            manifest={"config_hash": "x", "seeds": {"run": 11}}),
-    "Restore": c.Restore(run_id="run-parent", round=3, ranges=[(0, 1250), (1250, 1250)]),
+    "Restore": c.Restore(run_id="run-parent", round=3, ranges=[(0, 1250), (1250, 1250)],
+                         digests={"run-parent.3.agents.0": "e" * 64}, writers={"run-parent.3.agents.0": "h1"}),
     "Share": c.Share(host_id="h2", epoch=1, ranges=[(1250, 1250)], from_round=2, incarnation=17.5),
     "Layout": c.Layout(from_round=4, ranges=[(0, 2500)]),
     "AskedShare": c.AskedShare(host_id="h2", ranges=[(1250, 1250)], incarnation=17.5, placement=1),
@@ -89,10 +90,15 @@ INSTANCES: dict[str, BaseModel] = {
                                columns={"amount": [4, None], "accept": [None, True]}, valid=[True, True],
                                raw=['{"amount": 4}', '{"accept": true}'], latency_ms=[3.0, 2.5], error=[None, None]),
     "WorldRef": c.WorldRef(name="r1.3.world", digest="b" * 64),
+    "StoredObject": c.StoredObject(name="r1.3.agents.0", writer="h1", size=300_000, sha256="d" * 64, chunks=3,
+                                   first_seq=7, last_seq=12, needs=["r1.2.agents.0"]),
+    "RunWriters": c.RunWriters(run_id="r1", shares=[c.Share(host_id="h1", ranges=[(0, 10)])],
+                               layouts=[c.Layout(from_round=1, ranges=[(0, 10)], shares=["h0@0"])]),
     "ConfigRef": c.ConfigRef(digest="c" * 64, from_round=3),
     "RunHead": c.RunHead(run_id="r1", status="running", config_ref=c.ConfigRef.of(CONFIG),
                          shares=[c.Share(host_id="h1", ranges=[(0, 10)])], round=2),
     "EdgeColumns": c.EdgeColumns(follower=[3, 3], author=[8, 2], kind=["follow", "follow"], op=["add", "remove"]),
+    "ShownColumns": c.ShownColumns(agent_id=[3, 9], items=[[41, 7, 12], []], ranks=[[1, 2, 3], []]),
     "LineColumns": c.LineColumns(group_id=[3, 3], seq=[2, 3], speaker=[6, -1], text=["4 for you", "deal"],
                                  fields=['{"amount":4}', None]),
     "MailBatch": c.MailBatch(run_id="r1", round=2, host_id="h1", epoch=0, to="h2@0", shard=0, shards=1,
@@ -101,11 +107,24 @@ INSTANCES: dict[str, BaseModel] = {
                                    columns={"value": [12.0, None, 99.5]}, valid=[True, False, True],
                                    raws=['{"guess": 12}', "no idea", "99.5"], latency_ms=[50.1, 51.0, 49.9],
                                    errors=[None, None, None]),
+    "ShareProfile": c.ShareProfile(agents=3, wall_s=1.5, view_s=0.75, turn_s=0.25, merge_s=0.01, model_wait_s=1.0,
+                                   view_bytes=3000, view_max_bytes=1200, observation_bytes=40, held=2,
+                                   note="Env.view returned 1.2 MB for agent 1 in round 2"),
+    "DecideProfile": c.DecideProfile(merge_s=0.01, decide_s=0.5, observation_bytes=40),
+    "ProfileRequest": c.ProfileRequest(run_id="r1", rounds=20),
+    "GroupsRequest": c.GroupsRequest(run_id="r1", by="model", round=2),
+    "GroupsReply": c.GroupsReply(ok=True, run_id="r1", by="model", attributes=["education", "model"],
+                                 rows=[{"group": "a", "n": 3, "mean": 40.0, "ci_low": 30.0, "ci_high": 50.0}]),
+    "ProfileReply": c.ProfileReply(ok=True, run_id="r1", rows=[{"round": 1, "role": "host", "view_s": 0.5}],
+                                   rounds_total=1, seconds={"view_s": 0.5}, top=("view_s", 0.5), notes=["a note"]),
+    "PartialRef": c.PartialRef(ref="r1.2.partial.h1-0", sha256="ab" * 32, size=300_000),
     "RoundPartial": c.RoundPartial(run_id="r1", round=2, host_id="h1", n=3, n_valid=2,
-                                   payload={"n_valid": 2, "total": 111.5, "by_value": [[12.0, 1, 0], [99.5, 1, 2]]}),
+                                   payload={"n_valid": 2, "total": 111.5, "by_value": [[12.0, 1, 0], [99.5, 1, 2]]},
+                                   profile=c.ShareProfile(agents=3, view_s=0.5)),
     "RoundResult": c.RoundResult(run_id="r1", round=2, n=3, n_valid=2,
                                  summary={"mean": 55.75, "target": 32.875, "winner_agent_id": 0},
-                                 observation={"history": [12.0]}, state={"winners": [12.0]}, closed_at=3.0),
+                                 observation={"history": [12.0]}, state={"winners": [12.0]}, closed_at=3.0,
+                                 profile=c.DecideProfile(decide_s=0.5)),
     "RunFault": c.RunFault(run_id="r1", source="host-1", round=None, reason="no such simulation"),
     "RunDone": c.RunDone(run_id="r1", status="failed", rounds=2, finished_at=4.0, reason="host lost"),
     "RunRecorded": c.RunRecorded(run_id="r1", outcomes=10000, db_path="/tmp/populace.duckdb"),
@@ -220,8 +239,8 @@ def test_json_round_trip(name):
 
 # A scenario's own sections (RunConfig) and a graph generator's keys (GraphRef) are open here:
 # the simulation's Params and populace.graph.parse_graph check them, naming the field. A RunHead
-# is a run state read in part (the rest, its config first, is left unread).
-@pytest.mark.parametrize("name", sorted(set(INSTANCES) - {"RunConfig", "GraphRef", "RunHead"}))
+# (or RunWriters) is a run state read in part (the rest, its config first, is left unread).
+@pytest.mark.parametrize("name", sorted(set(INSTANCES) - {"RunConfig", "GraphRef", "RunHead", "RunWriters"}))
 def test_unknown_field_rejected(name):
     obj = INSTANCES[name]
     data = obj.model_dump(mode="json")
@@ -278,6 +297,24 @@ def test_outcome_batch_group_ids_must_match_too():
         c.OutcomeBatch.model_validate(data)
     data["group_ids"] = [0, 0, 1]
     assert c.OutcomeBatch.model_validate(data).group_ids == [0, 0, 1]
+
+
+@pytest.mark.parametrize("shown", [{"agent_id": [3], "items": [[1, 2]], "ranks": [[1]]},  # a rank per item
+                                   {"agent_id": [3, 4], "items": [[1]], "ranks": [[1]]},  # a record per agent
+                                   {"agent_id": [3], "items": [[1]], "ranks": [[0]]},  # ranks count from 1
+                                   {"agent_id": [3], "items": [list(range(1001))], "ranks": [list(range(1, 1002))]}])
+def test_shown_records_are_one_rank_per_item_and_bounded(shown):
+    with pytest.raises(ValidationError):
+        c.ShownColumns.model_validate(shown)
+
+
+def test_an_outcome_batch_cut_keeps_each_agents_shown_record_with_it():
+    batch = c.OutcomeBatch(run_id="r", round=1, host_id="h", seq=0, agent_ids=[3, 9, 11], columns={},
+                           valid=[True] * 3, raws=[""] * 3, latency_ms=[0.0] * 3, errors=[None] * 3,
+                           shown=INSTANCES["ShownColumns"])
+    assert batch.take([0]).shown.agent_id == [3] and batch.take([0]).shown.items == [[41, 7, 12]]
+    assert batch.take([1, 2]).shown.agent_id == [9] and batch.take([1, 2]).shown.ranks == [[]]
+    assert batch.take([2]).shown is None
 
 
 def test_outcome_batch_empty_is_fine():

@@ -55,6 +55,21 @@ def test_a_running_run_counts_the_rounds_before_the_one_in_play():
     assert (done["round"], done["completed"], done["progress"]) == (None, 3, 1.0)
 
 
+def test_a_run_on_priced_models_shows_its_dollars_and_their_projection_to_the_last_round():
+    priced = RunConfig(agents=2000, rounds=10, models=[{"name": "m", "kind": "sim", "prices": {"input": 1.0}}])
+    s = state("running", rnd=5, used=Usage(dollars=0.3), interviews=Usage(dollars=0.1)).model_copy(
+        update={"config": priced})
+    row = views.run_row(s)  # 4 rounds done, $0.40 spent with the interviews': $1.00 by round 10
+    assert (row["priced"], row["dollars"], row["dollars_text"]) == (True, pytest.approx(0.4), "$0.40")
+    assert (row["dollars_projected"], row["dollars_projected_text"]) == (pytest.approx(1.0), "$1.00")
+    first = views.run_row(state("running", rnd=1).model_copy(update={"config": priced}))
+    assert (first["dollars_text"], first["dollars_projected"]) == ("$0", None)  # nothing to project from yet
+    assert views.run_row(state("running"))["priced"] is False
+    closed = views.result_row(result(1).model_copy(update={"usage": Usage(llm_calls=2000, prompt_tokens=100,
+                                                                          cached_tokens=40, dollars=0.05)}))
+    assert (closed["cached_tokens"], closed["dollars"]) == (40, 0.05)
+
+
 def test_the_runs_payload_is_newest_first_and_bounded():
     states = [state(rid=f"r{i}", updated=float(i)) for i in range(5)]
     payload = views.runs_payload(states, limit=3)

@@ -447,6 +447,21 @@ def test_a_round_without_progress_is_announced_again_once_then_the_run_pauses():
     assert "round 2 made no progress for 60s (announced again once)" in paused.reason
     assert workflow.stall_deadline(RunConfig(agents=1), 60.0, 3) == 210.0
     assert workflow.stall_deadline(RunConfig(agents=1), 60.0, 3, override=5.0) == 5.0
+    assert "a service is down or stuck" in paused.reason
+
+
+def test_a_round_stalled_by_a_host_whose_loop_is_held_pauses_naming_it_not_as_a_lost_host():
+    """A host beats from its own thread: its loop held by the simulation's code for good keeps it
+    registered; the round's deadline pauses the run naming the host and how long its loop has not
+    turned (from its heartbeat), and its agents are not placed on another host."""
+    from populace.orchestrator import workflow
+
+    nudged, _ = workflow.on_stalled(_running({"h1": [(0, 10)]}), 61.0, 60.0)
+    paused, acts = workflow.on_stalled(nudged, 61.0, 60.0, busy={"h1": 212.4})
+    assert paused.status == "paused" and acts[0].status == "paused"
+    assert ("the simulation's code holds the event loop of agent-host h1 (212s without a turn) (a view, turn, "
+            "settle or scene that does not return; fix it first)") in paused.reason
+    assert paused.epoch == nudged.epoch  # placed nowhere else
 
 
 # --- steering: cancel, resume, fork ----------------------------------------------------------

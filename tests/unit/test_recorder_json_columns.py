@@ -1,6 +1,7 @@
 """A JSON column is stored as the text json.dumps writes, whatever its values: a column of
-whole-number lists (a scene's targets and points) is written by DuckDB, anything else value by
-value (populace.recorder.store.arrow_rows) — the same text either way."""
+whole-number lists (an untyped `list` of ids, or an older file's list[int] column) is written by
+DuckDB, anything else value by value (populace.recorder.store.arrow_rows) — the same text either
+way."""
 
 from __future__ import annotations
 

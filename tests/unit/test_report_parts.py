@@ -92,3 +92,22 @@ def test_the_rounds_table_puts_runs_side_by_side():
                                              ["2", "20.00", "50 of 50", "yes (50.0%)", "9 of 10"]]
     series, panels = share_series([({"run_id": "v"}, categorical)])
     assert panels == ["share of yes", "share of no"] and series["v\tshare of yes"] == [(2, 0.5)]
+
+
+def test_the_llm_table_adds_cached_tokens_and_dollars_where_a_round_has_them_and_models_get_a_table():
+    from populace.analysis.report.cost import models_table
+    from populace.analysis.report.sections import llm_table
+
+    usage = {"llm_calls": 10, "prompt_tokens": 900, "completion_tokens": 100, "infra_retries": 0}
+    rounds = [{"round": 1, "n_invalid_answers": 0, "usage": {**usage, "cached_tokens": 300, "dollars": 0.0216}},
+              {"round": 2, "n_invalid_answers": 0, "usage": {**usage, "cached_tokens": 0, "dollars": 0.0}}]
+    t = llm_table(rounds, {})
+    assert t.headers[-2:] == ["cached tokens", "dollars"]
+    assert [r[-2:] for r in t.rows] == [["300", "$0.022"], ["0", "$0"]]
+    plain = llm_table([{**rounds[0], "usage": usage}], {})  # a file from before, or a run without prices
+    assert "dollars" not in plain.headers
+    assert models_table({}) == []
+    table, note = models_table({"a": {"agents": 5, "calls": 10, "valid": 9, "prompt_tokens": 900, "cached_tokens": 300,
+                                      "completion_tokens": 100, "dollars": None, "latency_ms_mean": 12.5,
+                                      "latency_ms_p50": 11.0}})
+    assert table.rows[0][:3] == ["a", "5", "10"] and table.rows[0][7] == "—" and "llm_calls" in note.text

@@ -169,7 +169,8 @@ async def test_429_and_5xx_from_a_replica_are_retried_on_real_vllm(nats_server, 
         assert reply.error is None and reply.failed == []
         assert all(reply.valid), reply.texts
     assert sum(len(c.agent_ids) for c in calls) == 24
-    assert sum(a for c in calls for a in c.attempts) >= 24 + 6  # each 429/503 cost one more attempt
+    # each 503 costs one more attempt; a 429 is waited out (Retry-After) and is not an attempt
+    assert sum(a for c in calls for a in c.attempts) >= 24 + 3
 
 
 async def gateway_registered(nc, timeout: float = 120.0) -> None:
@@ -244,5 +245,6 @@ async def test_a_vllm_replica_whose_parent_is_killed_mid_burst_loses_no_request(
         assert reply.error is None and reply.failed == []
         assert len(reply.texts) == 4 and all(t and not t.startswith("<gateway error") for t in reply.texts)
     assert sum(len(c.agent_ids) for c in calls) == 40
-    assert vllm_replica.replicas[0].info.replica_id in {r for c in calls for r in c.replicas}
+    tier = subjects.replica_key(subjects.REPLICAS_WRITER, vllm_replica.replicas[0].info.replica_id)
+    assert tier in {r for c in calls for r in c.replicas}
     assert sum(v for c in calls for v in c.valid) >= 0.95 * 40

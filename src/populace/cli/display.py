@@ -82,24 +82,37 @@ def rounds_table(rows: list[dict], labels: dict[str, str], title: str, agents: i
     the round's LLM work (infrastructure retries apart)."""
     t = table(title=title)
     acted = acted_cells(rows, agents)
+    usages = [r.get("usage") or _flat_usage(r) for r in rows]
+    priced = any((u or {}).get("dollars") for u in usages)  # a run on priced models: its dollars too
     # the infrastructure's retries (last of the usage columns), the model's invalid answers and the
     # simulation's own errors side by side: three classes, never one
     for col in ("round", *(("acted",) if acted else ()), "valid", *labels.values(), *USAGE_HEADS,
-                "invalid answers", "simulation errors"):
+                *(("dollars",) if priced else ()), "invalid answers", "simulation errors"):
         t.add_column(col, justify="right")
     for i, r in enumerate(rows):
         errors = r.get("n_simulation_errors") or 0
+        u = usages[i]
         t.add_row(str(r["round"]), *((acted[i],) if acted else ()), f"{r['n_valid']}/{r['n']}",
-                  *(fmt(r.get(k)) for k in labels),
-                  *usage_cells(r.get("usage") or _flat_usage(r)), f"{r['n'] - r['n_valid'] - errors:,}", f"{errors:,}")
+                  *(fmt(r.get(k)) for k in labels), *usage_cells(u),
+                  *((money(u["dollars"]) if u else "—",) if priced else ()),
+                  f"{r['n'] - r['n_valid'] - errors:,}", f"{errors:,}")
     return t
+
+
+def money(dollars: float | None) -> str:
+    """Dollars as populace.core.contracts.money writes them; a dash for none."""
+    from populace.core.contracts import money as text
+
+    return "—" if dollars is None else text(dollars)
 
 
 def _flat_usage(row: dict) -> dict | None:
     """Usage from a row that carries its columns flat (a `RunResult.rounds` table's)."""
     from populace.core.contracts import Usage
 
-    return {k: row[k] for k in Usage.RECORDED} if all(row.get(k) is not None for k in Usage.RECORDED) else None
+    if not all(row.get(k) is not None for k in Usage.RECORDED_CORE):
+        return None
+    return {k: row[k] for k in Usage.RECORDED if row.get(k) is not None}
 
 
 STATS = ("mean", "median", "std", "min", "max")
@@ -205,6 +218,7 @@ def graph_line(g: dict) -> str:
 LLM_HEADS = ("round", "answers in", "valid", "invalid answers (model)", "simulation errors", "infra retries",
              "LLM calls", "re-asks",
              "replica retries", "prompt tokens", "completion tokens", "latency p50 / p95 / max (ms)")
+COST_HEADS = ("cached tokens", "dollars")
 
 
 def llm_table(rows: list[dict], calls: dict[int, dict], title: str) -> Table | None:
@@ -212,13 +226,18 @@ def llm_table(rows: list[dict], calls: dict[int, dict], title: str) -> Table | N
     invalid ones, the simulation's own errors (error 'agent: …'), the infrastructure retries
     (prompts asked again because no model answered; never an answer), LLM calls, the gateway's
     re-asks and retries on another replica, tokens and latency percentiles (`round_table` rows
-    with `usage`, `call_stats`). None without LLM work."""
+    with `usage`, `call_stats`), and where any round has them, cached tokens and dollars. None
+    without LLM work."""
     if not any(r.get("usage") for r in rows) and not calls:
         return None
+    from populace.analysis.calls import round_cost
+
+    costs = [round_cost(r.get("usage") or {}, calls.get(r["round"]) or {}) for r in rows]
+    cost = any(cached or dollars for cached, dollars in costs)
     t = table(title=title)
-    for col in LLM_HEADS:
+    for col in (*LLM_HEADS, *(COST_HEADS if cost else ())):
         t.add_column(col, justify="right")
-    for r in rows:
+    for r, (cached, dollars) in zip(rows, costs, strict=True):
         u, c = r.get("usage") or {}, calls.get(r["round"]) or {}
         ptok = c.get("prompt_tokens", u.get("prompt_tokens"))
         ctok = c.get("completion_tokens", u.get("completion_tokens"))
@@ -227,12 +246,79 @@ def llm_table(rows: list[dict], calls: dict[int, dict], title: str) -> Table | N
                   f"{r['n_simulation_errors']:,}", _count(u.get("infra_retries")),
                   _count(u.get("llm_calls", c.get("calls"))),
                   _count(c.get("reasks")), _count(c.get("replica_retries")), _count(ptok), _count(ctok),
-                  lat if c else "—")
+                  lat if c else "—", *((_count(cached), money(dollars)) if cost else ()))
+    return t
+
+
+MODEL_HEADS = ("model", "agents", "LLM calls", "valid", "prompt tokens", "cached tokens", "completion tokens",
+               "dollars", "latency mean / p50 (ms)")
+
+
+def models_table(models: dict[str, dict], title: str) -> Table | None:
+    """Per model of a run with `models:`, its agents and what their calls cost
+    (`populace.analysis.model_stats`); None for a run without models."""
+    if not models:
+        return None
+    t = table(title=title)
+    for i, col in enumerate(MODEL_HEADS):
+        t.add_column(col, justify="left" if i == 0 else "right")
+    for name, m in models.items():
+        t.add_row(_plain(name), _count(m["agents"]), _count(m["calls"]), _count(m["valid"]),
+                  _count(m["prompt_tokens"]), _count(m["cached_tokens"]), _count(m["completion_tokens"]),
+                  money(m["dollars"]), f"{fmt(m['latency_ms_mean'], 0)} / {fmt(m['latency_ms_p50'], 0)}")
     return t
 
 
 def _count(x: int | None) -> str:
     return "—" if x is None else f"{x:,}"
+
+
+PROFILE_HEADS = ("round", "who", "agents", "wall s", "view s", "turn s", "merge s", "model wait s", "decide s",
+                 "record s", "views (bytes)", "largest view", "observation", "waited for the loop")
+
+
+def _seconds(x: float | None) -> str:
+    return "—" if x is None else f"{x:.3f}"
+
+
+def _bytes(x: int | None) -> str:
+    if x is None:
+        return "—"
+    n = int(x)
+    return f"{n / 2**20:.1f} MB" if n >= 2**20 else f"{n / 1024:.0f} KB" if n >= 1024 else f"{n} B"
+
+
+def profile_table(rows: list[dict], title: str) -> Table:
+    """Where each round went (`populace.analysis.round_profile` rows): per share (role `host`: the
+    seconds the simulation's code held its loop in views, turns and folds, its model wait, its
+    views' bytes), the environment's merge and decide, the recorder's record."""
+    t = table(title=title)
+    for col in PROFILE_HEADS:
+        t.add_column(col, justify="left" if col == "who" else "right")
+    for r in rows:
+        who = f"{r['host_id']}@{r['epoch']}" if r["role"] == "host" else r["role"]
+        t.add_row(str(r["round"]), who, _count(r["agents"]), _seconds(r["wall_s"]), _seconds(r["view_s"]),
+                  _seconds(r["turn_s"]), _seconds(r["merge_s"]), _seconds(r["model_wait_s"]),
+                  _seconds(r["decide_s"]), _seconds(r["record_s"]), _bytes(r["view_bytes"]),
+                  _bytes(r["view_max_bytes"]), _bytes(r["observation_bytes"]), _count(r["held"]))
+    return t
+
+
+def profile_lines(totals: dict) -> list[str]:
+    """What a profile says in words (`populace.analysis.profile_totals`): the largest share of the
+    time, then each note (a view or observation over its budget), once."""
+    from populace.analysis.profile import SECONDS
+
+    names = {"view_s": "views (Env.view)", "turn_s": "turns, acts and scenes", "merge_s": "settle, reduce, merge",
+             "model_wait_s": "waiting for the model", "decide_s": "the environment's decide",
+             "record_s": "recording"}
+    out = []
+    if totals["top"] is not None:
+        column, seconds = totals["top"]
+        spent = ", ".join(f"{names[c]} {totals['seconds'][c]:.2f} s" for c in SECONDS if totals["seconds"][c] > 0)
+        out.append(f"most of the time: {names[column]} ({seconds:.2f} s); in all: {spent}")
+    out += [f"note: {n}" for n in totals["notes"]]
+    return out
 
 
 def fork_heading(fork: dict) -> str:

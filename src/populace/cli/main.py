@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 
-from populace.cli import display, interviews, nodes
+from populace.cli import checks, display, interviews, nodes
 from populace.cli.choices import DemoModel, PersonaModel, Storage
 
 if TYPE_CHECKING:  # the rest is imported where a command needs it: `populace --version` starts fast
@@ -93,11 +93,20 @@ async def _follow(url: str, prepared: "PreparedRun", show_progress: bool, run_id
 
     c = prepared.config
 
-    def announce(rid: str) -> None:
-        display.console.print(f"run {rid}: {c.simulation}, {c.agents:,} agents × {c.rounds} rounds "
-                              f"(model {c.model.backend})", soft_wrap=True, highlight=False)
+    models = prepared.manifest.get("models") if prepared.manifest else None
+    which = (f"models {', '.join(f'{name} ({n:,} agents)' for name, n in models.items())}" if models
+             else f"model {c.model.backend}")
 
-    return await play_prepared(url, prepared, show_progress, run_id, on_start=announce)
+    def announce(rid: str) -> None:
+        display.console.print(f"run {rid}: {c.simulation}, {c.agents:,} agents × {c.rounds} rounds ({which})",
+                              soft_wrap=True, highlight=False)
+
+    from populace.core.scenario import ScenarioError
+
+    try:
+        return await play_prepared(url, prepared, show_progress, run_id, on_start=announce)
+    except ScenarioError as err:  # what the stack cannot serve, said before the run
+        fail(str(err))
 
 
 def checked(build):
@@ -170,6 +179,7 @@ def _private_stack(backends: set[str], replicas: int, hosts: int, db: str, model
     from populace.client.live import model_backends, private_stack, ready_timeout
     from populace.client.stack import StackError
 
+    checks.duckdb_file(db)  # refused now, not retried by the recorder for ever
     if models:
         backends = model_backends(models)
     if "local" in backends:
@@ -297,6 +307,11 @@ def demo(
             "placement": {"agents_per_process": 1 if one_per_process else 0},
         }, _overrides(set_)))))
     config = prepared.config
+    if config.models:  # a variable not set, a key file not readable, a URL that does not answer: before anything
+        from populace.client.model_checks import check_local
+
+        if why := check_local(list(config.models)):
+            fail(why)
     starts = {"vllm"} if model == "vllm" and scenario is None else {config.model.backend}
     with _private_stack(starts, replicas, hosts, db, tuple(config.models)) as url:
         outcome = run_async(_follow(url, prepared, show_progress=True))
@@ -311,7 +326,7 @@ UP_STORE = "populace-nats"
 @app.command()
 def up(
     hosts: Annotated[int, typer.Option(min=1, help="agent-host processes")] = 2,
-    port: Annotated[int, typer.Option(help="NATS port")] = 4222,
+    port: Annotated[int, typer.Option(min=1, max=65535, help="NATS port")] = 4222,
     db: Annotated[str, typer.Option(help="DuckDB file the recorder writes")] = "populace.duckdb",
     store: Annotated[str, typer.Option(help="JetStream store dir: runs' state, checkpoints and events, kept "
                                             "across restarts so `populace resume` and `fork` still know them")
@@ -323,7 +338,10 @@ def up(
     """Run embedded NATS and every service in the foreground, for `populace run` to talk to."""
     from populace.client.live import StoreInUse, served_stack
     from populace.client.stack import StackError
+    from populace.core.natsserver import NatsServerError
 
+    checks.duckdb_file(db)
+    checks.free_port(port)
     kept = ("temporary, deleted at stop" if temporary_store else
             "{}, kept at stop: `populace resume` works after a restart")
     try:
@@ -340,7 +358,7 @@ def up(
         pass
     except StoreInUse as err:
         fail(str(err))
-    except StackError as err:
+    except (StackError, NatsServerError) as err:
         fail(str(err), code=1)
 
 
@@ -396,6 +414,7 @@ def _run_local(prepared: "PreparedRun", hosts: int, db: str) -> None:
     if prepared.config.model.backend != "dummy":
         fail(f"model.backend: --local plays on the dummy model; {prepared.config.model.backend!r} needs "
              "the fleet (drop --local)")
+    checks.duckdb_file(db)
     try:
         result = simulate(prepared, local=True, hosts=hosts, db=db)
     except LocalRecordError as err:
@@ -424,7 +443,9 @@ def _run_local(prepared: "PreparedRun", hosts: int, db: str) -> None:
 
 def _estimate(scenario: Path, extra: dict, prepared: "PreparedRun", nats: str, share: float, progress: bool) -> None:
     """Play the pilot on the fleet (recorded like any run, named `<name>-pilot`) and scale its
-    LLM work to the whole run."""
+    LLM work to the whole run: calls, tokens, cached tokens, dollars per model, and the wall time
+    under the models' declared limits."""
+    from populace.cli import estimates
     from populace.client.api import prepare_scenario
     from populace.client.estimate import extrapolate, pilot_agents
 
@@ -434,23 +455,42 @@ def _estimate(scenario: Path, extra: dict, prepared: "PreparedRun", nats: str, s
                                                      "name": f"{config.name}-pilot", "budget": None}))
     with _stack_url(nats) as url:
         outcome = run_async(_follow(url, pilot, show_progress=progress))
-    if outcome.status != "completed" or not outcome.results:
-        fail(f"the pilot run {outcome.run_id} {outcome.status}: {outcome.reason}", code=1)
+        if outcome.status != "completed" or not outcome.results:
+            fail(f"the pilot run {outcome.run_id} {outcome.status}: {outcome.reason}", code=1)
+        latency, unmeasured = _pilot_latency(url, outcome.run_id) if config.models else ({}, None)
     used = outcome.results[0].usage
-    est = extrapolate(config.agents, config.rounds, k, used)
+    est = extrapolate(config.agents, config.rounds, k, used, config.models, prepared.manifest.get("models"),
+                      pilot.manifest.get("models"), latency)
     out = display.out
-    out.print(f"pilot run {outcome.run_id}: {k:,} of {config.agents:,} agents, round 1, model "
-              f"{config.model.backend}: {used.llm_calls:,} LLM calls, {used.tokens:,} tokens "
-              f"({used.prompt_tokens:,} prompt, {used.completion_tokens:,} completion)")
-    line = f"expected for {config.agents:,} agents × {config.rounds} rounds: {est.calls:,.0f} LLM calls"
-    if est.counted_tokens:
-        line += (f", {est.tokens:,.0f} tokens (95% interval {est.tokens_low:,.0f}–{est.tokens_high:,.0f}; "
-                 f"{est.tokens_per_call:,.1f} ± {est.tokens_per_call_sd:,.1f} tokens per call)")
-    else:
-        line += f"; the {config.model.backend} model reports no tokens"
-    out.print(line)
-    out.print("from round 1's prompts only: later rounds' prompts carry history and are usually longer. "
-              "`budget: {tokens: N}` in the scenario pauses the run before it goes past N.")
+    out.print(estimates.pilot_line(outcome.run_id, config, k, used), markup=False, highlight=False)
+    out.print(estimates.expected_line(est, config), markup=False, highlight=False)
+    if est.models:
+        out.print(estimates.models_table(est))
+    for line in estimates.time_lines(est):
+        out.print(line, markup=False, highlight=False)
+    if unmeasured:
+        out.print(f"concurrency: not estimated ({unmeasured})", markup=False, highlight=False)
+    out.print(estimates.caveats(est), markup=False, highlight=False)
+
+
+def _pilot_latency(url: str, run_id: str) -> tuple[dict[str, float], str | None]:
+    """The pilot's mean seconds per call by model, from the gateway's records of its calls (a copy
+    of the pilot's rows from the recorder); ({}, why) when they cannot be read."""
+    import tempfile
+
+    import duckdb
+
+    from populace.analysis import model_stats
+    from populace.client.reads import ReadError, live_copy
+
+    try:
+        with tempfile.TemporaryDirectory(prefix="populace-pilot-") as directory:
+            path = live_copy(url, Path(directory), lambda _index: [run_id])
+            with duckdb.connect(str(path), read_only=True) as con:
+                stats = model_stats(con, run_id)
+    except (ReadError, ConnectionError, OSError, TimeoutError) as err:
+        return {}, f"the pilot's calls could not be read from the recorder: {err}"
+    return {name: m["latency_ms_mean"] / 1000 for name, m in stats.items() if m["latency_ms_mean"]}, None
 
 
 def _detached(url: str, rid: str, cancel_on_exit: bool) -> None:
@@ -517,16 +557,20 @@ def resume(
     progress: Annotated[bool, typer.Option(help="show progress bars")] = True,
     budget_tokens: Annotated[int | None, typer.Option(min=1, help="the run's new token budget (total)")] = None,
     budget_calls: Annotated[int | None, typer.Option(min=1, help="the run's new LLM-call budget (total)")] = None,
+    budget_dollars: Annotated[float | None, typer.Option(min=0.000001, max=10_000_000,
+                                                         help="the run's new dollar budget (total, US dollars at "
+                                                              "its models' prices)")] = None,
 ) -> None:
     """Continue a failed, cancelled or paused run after its last completed round, on the
     agent-hosts up now; agents and environment start from that round's checkpoint, so the run
-    ends as if it had never stopped. A run paused on its budget needs a larger one. Follows it
-    until it is recorded."""
+    ends as if it had never stopped. A run paused on its budget needs a larger one (the budget
+    counts from the run's start: give the new total). Follows it until it is recorded."""
     from populace.client import live as steer
     from populace.sdk.registry import resolve
 
     try:
-        state, outcome = _steer(lambda: steer.resume_run(nats, run_id, progress, budget_tokens, budget_calls))
+        state, outcome = _steer(lambda: steer.resume_run(nats, run_id, progress, budget_tokens, budget_calls,
+                                                         budget_dollars))
     except KeyboardInterrupt:
         _detached(nats, run_id, False)
         raise typer.Exit(130) from None
@@ -643,6 +687,7 @@ def manager(
     token = (token or "").strip() or None
     if refusal := bind_refusal(host, token):
         fail(refusal)
+    checks.free_port(port, "--host, --port", host)
 
     def serve_on(url: str) -> None:
         shown = f"[{host}]" if ":" in host else host
@@ -706,6 +751,8 @@ def sweep(
     """Run every combination of a grid (× seeds) as separate runs; print and save one table."""
     from populace.client import sweep as sweeps
 
+    if out is not None:  # before an hour of runs, not after
+        checks.output_file(out, "--out", (".csv", ".parquet"))
     sp = checked(lambda: sweeps.plan(experiments))
     display.out.print(display.sweep_plan_table(sp))
     if dry_run:
@@ -714,7 +761,8 @@ def sweep(
         rows = sweeps.run_sweep(url, sp, progress)
     display.out.print(display.sweep_summary_table(rows, f"{sp.spec.name} ({sp.sweep_id})"))
     if out is not None:
-        sweeps.write_rows(rows, out)
+        with checks.writing(out, "--out"):
+            sweeps.write_rows(rows, out)
         display.out.print(f"wrote {len(rows)} rows to {out}")
     if bad := sweeps.failed(rows):
         fail(f"{len(bad)} of {len(sp.cells)} runs did not complete: {', '.join(bad)}", code=1)
@@ -733,6 +781,8 @@ def _db(db: str, runs: list[str] | None = None, nats: str = NATS_DEFAULT):
 
     if not Path(db).exists():
         fail(f"--db: {db} does not exist")
+    if not Path(db).is_file() or not checks.is_duckdb(Path(db)):
+        fail(f"--db: {db} is not a DuckDB database file")
     with contextlib.ExitStack() as stack:
         try:
             con = stack.enter_context(duckdb.connect(db, read_only=True))
@@ -779,7 +829,7 @@ def _run_ids(con, run_ids: list[str]) -> list[str]:
     known = known_runs(con)
     if "last" in run_ids and not known:
         fail("no runs recorded in this DuckDB file")
-    return [known[0] if r == "last" else r for r in run_ids]
+    return list(dict.fromkeys(known[0] if r == "last" else r for r in run_ids))  # a run named twice counts once
 
 
 @app.command()
@@ -797,13 +847,33 @@ def results(
     reference: Annotated[Path | None, typer.Option(help="human reference data (CSV or Parquet, with its citation): "
                                                         "the runs beside it per group, with a distance and its "
                                                         "95% bootstrap interval")] = None,
+    profile: Annotated[bool, typer.Option("--profile", help="where each round went instead (table round_profile): "
+                                                            "per host the seconds in views, turns, settle/reduce/"
+                                                            "merge and model wait, the views' bytes; the "
+                                                            "environment's merge and decide; the recorder's "
+                                                            "record")] = False,
 ) -> None:
     """Per-round statistics of each run's measure (mean … max, or each option's share), its
     simulation's round summary and its LLM work: answers in, valid, the model's invalid answers
     and infrastructure retries apart, calls, re-asks, tokens, latency, the model and replicas (a
     fork: beside its parent's); or (--by) the mean, or each option's share, per group with 95% CIs."""
-    from populace.analysis import call_stats, fork_table, group_table, model_of, round_table, run_info, total_calls
+    from populace.analysis import (
+        call_stats,
+        fork_table,
+        group_table,
+        model_of,
+        model_stats,
+        round_table,
+        run_info,
+        total_calls,
+    )
 
+    if profile:
+        other = [flag for flag, given in (("--by", by), ("--round", round_), ("--interviews", interviews_),
+                                          ("--reference", reference)) if given]
+        if other:
+            fail(f"--profile: not with {other[0]} (the profile shows every round of each run)")
+        return _profile_results(run_ids, json_out, db, nats)
     if reference is not None:
         return _reference_results(run_ids, reference, json_out, db, nats)
     if interviews_:
@@ -818,15 +888,16 @@ def results(
         if by is None:
             from populace.analysis.interviews import interview_usage
 
-            runs = [({**run_info(con, rid), "interviews": interview_usage(con, rid)}, round_table(con, rid),
-                     fork_table(con, rid), call_stats(con, rid)) for rid in ids]
+            runs = [({**run_info(con, rid), "interviews": interview_usage(con, rid), "models": model_stats(con, rid)},
+                     round_table(con, rid), fork_table(con, rid), call_stats(con, rid)) for rid in ids]
         else:
+            checks.attribute(con, ids, by)
             rows = group_table(con, ids, by, round=round_)
             info = run_info(con, ids[0])
     if by is None:
-        if json_out:  # per round `calls` (the gateway's llm_calls rows); per run the model and the totals
+        if json_out:  # per round `calls` (the gateway's llm_calls rows); per run the model(s) and the totals
             print(json.dumps({"runs": [{**{k: info.get(k) for k in head}, "model": model_of(info, calls),
-                                        "calls": total_calls(calls),
+                                        "models": info["models"], "calls": total_calls(calls),
                                         "rounds": [{**r, "calls": calls.get(r["round"])} for r in rows],
                                         "fork": fork}
                                        for info, rows, fork, calls in runs]}, default=str, indent=1))
@@ -843,6 +914,8 @@ def results(
             llm = display.llm_table(rows, calls, f"LLM work — {display.model_line(model_of(info, calls))}")
             if llm is not None:
                 display.out.print(llm)
+            if (by_model := display.models_table(info["models"], "LLM work by model")) is not None:
+                display.out.print(by_model)
             if line := interviews.usage_line(info.get("interviews")):
                 display.out.print(line, markup=False, highlight=False)
             if fork is not None:  # a fork is read against its parent: the intervention's effect
@@ -857,6 +930,27 @@ def results(
     what = f"share of each {noun}" if info["measure_kind"] == "categorical" else f"mean {noun}"
     title = f"{what} by {by}" + (f", round {round_}" if round_ else ", last round") + f" — {', '.join(ids)}"
     display.out.print(display.group_table(rows, by, title, across_runs=len(ids) > 1))
+
+
+def _profile_results(run_ids: list[str], json_out: bool, db: str, nats: str) -> None:
+    """`results --profile`: each run's `round_profile` rows, and in words where the time went."""
+    from populace.analysis import profile_totals, round_profile
+
+    with _db(db, run_ids, nats) as con:
+        ids = _run_ids(con, run_ids)
+        runs = [(rid, round_profile(con, rid)) for rid in ids]
+    if json_out:
+        print(json.dumps({"runs": [{"run_id": rid, "rows": rows, **profile_totals(rows)} for rid, rows in runs]},
+                         default=str, indent=1))
+        return
+    for rid, rows in runs:
+        if not rows:
+            display.out.print(f"run {rid}: no round profile recorded (no round closed, or it was recorded by a "
+                              "release before round profiles)", markup=False, highlight=False)
+            continue
+        display.out.print(display.profile_table(rows, f"run {rid}: where each round went"))
+        for line in display.profile_lines(profile_totals(rows)):
+            display.out.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def _load_reference(path: Path):
@@ -897,10 +991,8 @@ def _interview_results(run_ids: list[str], by: str | None, round_: int | None, j
         if not has_interviews(con, ids):
             fail(f"--interviews: run(s) {', '.join(ids)} have no interview answers (plan them in the scenario's "
                  "`interviews:`, or ask with `populace interview`)")
-        try:
-            rows = interview_table(con, ids, by=by, after_round=round_)
-        except Exception as err:  # AnalysisError: an attribute no agent has
-            fail(f"--by: {err}")
+        checks.attribute(con, ids, by)
+        rows = interview_table(con, ids, by=by, after_round=round_)  # an AnalysisError left exits 2 (_db)
         usage = {rid: interview_usage(con, rid) for rid in ids}
     if json_out:
         print(json.dumps({"runs": ids, "by": by, "round": round_, "interviews": rows, "usage": usage}, default=str,
@@ -938,13 +1030,17 @@ def report(
     from populace.analysis.reference import ReferenceError
     from populace.analysis.report import runs_named
 
+    checks.output_file(out, "--out")
     ref = _load_reference(reference) if reference is not None else None
     with _db(db, run_ids, nats) as con:
         ids = runs_named(con, _run_ids(con, run_ids))
         if by and len(ids) > 1:
             fail(f"--by: for one run's report (these are {len(ids)} runs: {', '.join(ids)})")
+        for attribute in by or []:
+            checks.attribute(con, ids, attribute)
         try:
-            path = write_report(con, ids, out, by=by or None, reference=ref)
+            with checks.writing(out, "--out"):
+                path = write_report(con, ids, out, by=by or None, reference=ref)
         except ReferenceError as err:
             fail(f"--reference {reference}: {err}")
     what = f"{len(ids)} runs" if len(ids) > 1 else ids[0]
@@ -962,7 +1058,8 @@ def export(
     agents, agent_profiles, llm_calls) and each run's own outcome and round tables."""
     from populace.analysis import export_parquet
 
-    with _db(db, run_ids, nats) as con:
+    checks.output_folder(out, "--out")
+    with _db(db, run_ids, nats) as con, checks.writing(out, "--out"):
         paths = export_parquet(con, _run_ids(con, run_ids), out)
     for p in paths:
         display.out.print(str(p))
@@ -1008,6 +1105,7 @@ def personas_generate(
     through the gateway, or templates for very large N)."""
     from populace.client.personas import PersonaGenerationError, PopulationError, generate
 
+    checks.output_file(out, "--out")
     try:
         res = generate(config, out, count, model, unique, seed, nats, concurrency, show_progress=True)
     except PopulationError as err:
@@ -1057,13 +1155,17 @@ def replicas_sim(
     advertise: Annotated[str | None, typer.Option(help="host name gateways should use (default: bind)")] = None,
     serves: Annotated[str | None, typer.Option(help="the run model (a `models:` entry without base_url) they answer "
                                                     "for")] = None,
+    api_key_env: Annotated[str | None, typer.Option(help="environment variable holding a key the servers ask "
+                                                          "every request for (Bearer), as a provider does")] = None,
     sim_args: Annotated[list[str] | None, typer.Argument(help="passed to populace.replicas.sim, after --")] = None,
 ) -> None:
-    """Simulated vLLM replicas (timing, max sequences, prefix cache, vLLM metrics)."""
+    """Simulated vLLM replicas (timing, max sequences, prefix cache, vLLM metrics; a provider's key,
+    limits and latency: `-- --requests-per-min N …`, docs/models.md)."""
     from populace.replicas.launch import start_sim
 
     _serve_replicas(lambda: start_sim(count, extra_args=sim_args or [], max_concurrency=max_concurrency,
-                                      bind=bind, advertise=advertise, serves=serves), nats)
+                                      bind=bind, advertise=advertise, serves=serves, api_key_env=api_key_env),
+                    nats)
 
 
 @replicas_app.command("vllm")
@@ -1122,10 +1224,11 @@ def bench_gateway(
     tokens per decision (one structured call vs the paper's two calls)."""
     from populace.bench.gateway import run_gateway_bench
 
+    if out:
+        checks.output_file(out, "--out")
     result = run_gateway_bench(llm=llm, quiet=json_out)
     if out:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(result.to_json(indent=2) + "\n")
+        checks.write_text(out, result.to_json(indent=2) + "\n")
     if json_out:
         print(result.to_json())
     else:
@@ -1134,11 +1237,11 @@ def bench_gateway(
 
 @bench_app.command("vllm")
 def bench_vllm(
-    personas: Annotated[int, typer.Option(help="distinct persona prefixes in the routing workload")] = 64,
-    persona_chars: Annotated[int, typer.Option(help="characters per persona prefix")] = 8000,
-    requests: Annotated[int, typer.Option(help="requests in the routing workload (per router)")] = 384,
-    concurrency: Annotated[int, typer.Option(help="requests in flight at once")] = 16,
-    people: Annotated[int, typer.Option(help="ratio-game personas for one call vs two calls")] = 100,
+    personas: Annotated[int, typer.Option(min=1, help="distinct persona prefixes in the routing workload")] = 64,
+    persona_chars: Annotated[int, typer.Option(min=1, help="characters per persona prefix")] = 8000,
+    requests: Annotated[int, typer.Option(min=1, help="requests in the routing workload (per router)")] = 384,
+    concurrency: Annotated[int, typer.Option(min=1, help="requests in flight at once")] = 16,
+    people: Annotated[int, typer.Option(min=1, help="ratio-game personas for one call vs two calls")] = 100,
     affinity: Annotated[bool, typer.Option(help="prefix-affinity vs round-robin, and the calibration")] = True,
     two_call: Annotated[bool, typer.Option(help="one structured call vs the paper's two calls")] = True,
     replica: Annotated[list[str] | None, typer.Option(help="use these vLLM replicas (started with "
@@ -1150,11 +1253,18 @@ def bench_vllm(
     call vs the paper's two calls (populace.bench.vllm)."""
     from populace.bench.vllm import dumps, run_vllm_bench, table
 
-    result = run_vllm_bench(personas_k=personas, chars=persona_chars, requests=requests, concurrency=concurrency,
-                            people=people, affinity=affinity, two_call=two_call, replica_urls=replica)
     if out:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(dumps(result) + "\n")
+        checks.output_file(out, "--out")
+    import httpx
+
+    try:
+        result = run_vllm_bench(personas_k=personas, chars=persona_chars, requests=requests, concurrency=concurrency,
+                                people=people, affinity=affinity, two_call=two_call, replica_urls=replica)
+    except httpx.TransportError as err:  # a replica (given by --replica, or started here) stopped answering
+        fail(f"a vLLM replica did not answer{' (--replica ' + ', '.join(replica) + ')' if replica else ''}: "
+             f"{type(err).__name__}: {err}", code=1)
+    if out:
+        checks.write_text(out, dumps(result) + "\n")
     display.out.print(table(result))
 
 
@@ -1181,6 +1291,10 @@ def bench_dummy(
              "what crosses hosts")] = "partition",
     compare: Annotated[str | None, typer.Option(help="also play this simulation at the same size (e.g. ratio-game) "
                                                      "and report the round-time ratio")] = None,
+    compare_set: Annotated[list[str] | None, typer.Option(
+        "--compare-set", help="also play the same study (or --compare's) with this scenario key changed, e.g. "
+                              "--compare-set recommender.record_shown=false, and report the round-time ratio "
+                              "(repeatable)")] = None,
 ) -> None:
     """The paper's dummy benchmark through the whole pipeline: every agent's turn waits
     `latency` seconds for its answer; every outcome ends up in DuckDB. With --degree, agents talk
@@ -1190,6 +1304,19 @@ def bench_dummy(
 
     params = _overrides(set_)
     checked(lambda: prepare(parse_config({"simulation": simulation, "agents": agents, **params})))
+    compare_params = _overrides(compare_set) if compare_set else None
+    if compare is not None or compare_params is not None:  # played after the first bench: checked before it
+        from populace.core.scenario import ScenarioError, merged
+
+        other = compare or simulation
+        same = compare_params is not None and other == simulation  # the same study with one key changed
+        try:
+            prepare(parse_config({"simulation": other, "agents": agents,
+                                  **merged(params if same else {}, compare_params or {})}))
+        except ScenarioError as err:
+            fail(f"--compare{'-set' if compare_params is not None else ''}: {err}")
+    if out:
+        checks.output_file(out, "--out")
     section = graph_section(graph, degree) if degree is not None else None
     if section is not None:
         from populace.graph.config import parse_graph
@@ -1197,11 +1324,10 @@ def bench_dummy(
         checked(lambda: parse_graph(section, agents))
     series = run_dummy_series(agents=agents, latency=latency, hosts=hosts or os.cpu_count() or 1, rounds=rounds,
                               floor=floor, quiet=json_out, storage=storage, simulation=simulation, params=params,
-                              graph=section, placement=placement, compare=compare,
+                              graph=section, placement=placement, compare=compare, compare_params=compare_params,
                               on_result=None if json_out else lambda r: display.out.print(r.table()))
     if out:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(series.document() + "\n")
+        checks.write_text(out, series.document() + "\n")
     if json_out:
         print(series.document())
     else:
@@ -1235,6 +1361,33 @@ def auth_host(
         fail(str(err))
     print(block)
     display.console.print(f"# on the host: POPULACE_HOST_ID={host_id} POPULACE_NATS_USER={host_id} "
+                          f"POPULACE_NATS_PASSWORD={pw}", markup=False, highlight=False)
+
+
+@auth_app.command("replicas")
+def auth_replicas(
+    set_name: Annotated[str, typer.Argument(metavar="SET", help="the replica set's name; its NATS user is "
+                                                                "replicas-SET")],
+    conf: Annotated[Path, typer.Option(help="the NATS authorization file whose replicas user is narrowed")] = Path(
+        "deploy/nats/auth.conf"),
+    password: Annotated[str | None, typer.Option(help="default: a new random one")] = None,
+) -> None:
+    """Print a NATS user for one replica set, `replicas-SET`, allowed to write only its own keys
+    in KV `replicas` (which no other user may write, overwrite or delete), then the settings
+    `populace replicas …` runs with. Add the block to the file's `users` and reload the server."""
+    import secrets
+
+    from populace.core.replicaauth import ReplicaAuthError, set_user, user_of
+
+    if not conf.is_file():
+        fail(f"--conf: {conf} is not a file")
+    pw = password or secrets.token_urlsafe(24)
+    try:
+        block = set_user(conf.read_text(), set_name, pw)
+    except ReplicaAuthError as err:
+        fail(str(err))
+    print(block)
+    display.console.print(f"# for `populace replicas …`: POPULACE_NATS_USER={user_of(set_name)} "
                           f"POPULACE_NATS_PASSWORD={pw}", markup=False, highlight=False)
 
 

@@ -25,8 +25,9 @@ from importlib import import_module
 # needs one light part (the recorder: the interviews' table schema) does not load scipy and
 # plotly with the rest, which took seconds at every service start.
 _HOMES = {
-    "populace.analysis.calls": ("call_stats", "model_of", "total_calls"),
+    "populace.analysis.calls": ("call_stats", "model_of", "model_stats", "total_calls"),
     "populace.analysis.export": ("PLATFORM_TABLES", "TABLES", "export_parquet"),
+    "populace.analysis.profile": ("profile_totals", "round_profile"),
     "populace.analysis.queries": (
         "NONE_GROUP", "OTHER", "attributes", "convergence_table", "fork_of", "fork_table", "group_attributes",
         "group_spread", "group_table", "guesses", "histogram", "invalid_answers", "known_runs", "last_round",
@@ -77,7 +78,10 @@ __all__ = [
     "mean_ci",
     "measure_values",
     "model_of",
+    "model_stats",
+    "profile_totals",
     "render_report",
+    "round_profile",
     "round_table",
     "run_info",
     "run_usage",

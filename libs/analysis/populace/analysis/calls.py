@@ -1,6 +1,7 @@
 """What the model did in a run, from the gateway's `llm_calls` rows and the run's manifest: per
-round the calls, HTTP attempts, corrective re-asks, retries on other replicas, tokens, latency
-percentiles and replicas; per run the model and replica names. (The round table's `usage`
+round the calls, HTTP attempts, corrective re-asks, retries on other replicas, tokens (cached
+ones too), dollars, latency percentiles and replicas; per model (a run with `models:`) its
+agents, calls, tokens, dollars and latency; per run the model and replica names. (The round table's `usage`
 counts what the agent-hosts saw: calls, tokens and the infrastructure retries the gateway never
 answered; these rows say how the gateway got each answer.)"""
 
@@ -24,29 +25,35 @@ def call_stats(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[int, dict]:
                                    after one failed (None when reasks is)
         valid                      answers the gateway's schema check accepted
         prompt_tokens, completion_tokens
+        cached_tokens              of the prompt tokens, those the provider served from its cache
+        dollars                    at the run's models' prices (None: no priced model answered,
+                                   or recorded before prices were)
         latency_ms_p50, latency_ms_p95, latency_ms_max   per decision, re-asks included
         replicas                   {replica: calls}
 
     Empty for a run whose model never went through the gateway (the dummy model)."""
     if not has_table(con, "llm_calls"):
         return {}
-    reasks = "sum(reasks)" if "reasks" in table_columns(con, "llm_calls") else "NULL"
+    have = set(table_columns(con, "llm_calls"))
+    reasks = "sum(reasks)" if "reasks" in have else "NULL"
+    cached, dollars = _cost_sql(have)
     rows = con.execute(
         f"""
         SELECT round, count(*), sum(attempts), {reasks}, count(*) FILTER (WHERE valid),
-               sum(prompt_tokens), sum(completion_tokens),
+               sum(prompt_tokens), sum(completion_tokens), {cached}, {dollars},
                quantile_cont(latency_ms, {LATENCY_QUANTILES[0]}), quantile_cont(latency_ms, {LATENCY_QUANTILES[1]}),
                max(latency_ms), histogram(replica)
         FROM llm_calls WHERE run_id = ? GROUP BY round ORDER BY round
         """, [run_id]).fetchall()
     out: dict[int, dict] = {}
-    for rnd, calls, attempts, n_reasks, valid, ptok, ctok, p50, p95, top, replicas in rows:
+    for rnd, calls, attempts, n_reasks, valid, ptok, ctok, ctok_cached, cost, p50, p95, top, replicas in rows:
         attempts = int(attempts or 0)
         n_reasks = None if n_reasks is None else int(n_reasks)
         out[int(rnd)] = {
             "calls": int(calls), "attempts": attempts, "reasks": n_reasks,
             "replica_retries": None if n_reasks is None else max(attempts - int(calls) - n_reasks, 0),
             "valid": int(valid), "prompt_tokens": int(ptok or 0), "completion_tokens": int(ctok or 0),
+            "cached_tokens": int(ctok_cached or 0), "dollars": None if cost is None else float(cost),
             "latency_ms_p50": _ms(p50), "latency_ms_p95": _ms(p95), "latency_ms_max": _ms(top),
             "replicas": {str(k): int(v) for k, v in sorted((replicas or {}).items(), key=lambda kv: str(kv[0]))},
         }
@@ -59,7 +66,9 @@ def total_calls(per_round: dict[int, dict]) -> dict | None:
         return None
     rounds = list(per_round.values())
     out = {k: sum(r[k] for r in rounds)
-           for k in ("calls", "attempts", "valid", "prompt_tokens", "completion_tokens")}
+           for k in ("calls", "attempts", "valid", "prompt_tokens", "completion_tokens", "cached_tokens")}
+    cost = [r["dollars"] for r in rounds if r["dollars"] is not None]
+    out["dollars"] = sum(cost) if cost else None
     for k in ("reasks", "replica_retries"):
         out[k] = None if any(r[k] is None for r in rounds) else sum(r[k] for r in rounds)
     for k in ("latency_ms_p95", "latency_ms_max"):
@@ -70,6 +79,57 @@ def total_calls(per_round: dict[int, dict]) -> dict | None:
             replicas[name] = replicas.get(name, 0) + n
     out["replicas"] = dict(sorted(replicas.items()))
     return out
+
+
+def round_cost(usage: dict, calls: dict) -> tuple[int | None, float | None]:
+    """A round's cached tokens and dollars: the agent-hosts' count (`round_table`'s usage), else
+    the gateway's (`call_stats`); None where neither recorded them."""
+    cached = usage["cached_tokens"] if "cached_tokens" in usage else calls.get("cached_tokens")
+    dollars = usage["dollars"] if "dollars" in usage else calls.get("dollars")
+    return cached, dollars
+
+
+def _cost_sql(have: set[str]) -> tuple[str, str]:
+    """SQL sums of cached tokens and dollars (NULL where the rows predate them)."""
+    return ("sum(cached_tokens)" if "cached_tokens" in have else "NULL",
+            "sum(dollars)" if "dollars" in have else "NULL")
+
+
+def model_stats(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, dict]:
+    """{model: stats} over the run's `llm_calls` rows, for a run with `models:` (empty without,
+    or for a file from before calls recorded their model)::
+
+        agents                     the run's agents on the model (agent_models; None: not recorded)
+        calls, valid               decisions the gateway answered, and of them those its schema check accepted
+        prompt_tokens, cached_tokens, completion_tokens
+        dollars                    at the model's prices (None: it has none)
+        latency_ms_mean, latency_ms_p50   per decision, re-asks included
+
+    Models in the run's agent_models that answered no call are listed with zeros."""
+    if not has_table(con, "llm_calls") or "model" not in (have := set(table_columns(con, "llm_calls"))):
+        return {}
+    cached, dollars = _cost_sql(have)
+    rows = con.execute(
+        f"""
+        SELECT model, count(*), count(*) FILTER (WHERE valid), sum(prompt_tokens), {cached}, sum(completion_tokens),
+               {dollars}, avg(latency_ms), quantile_cont(latency_ms, 0.5)
+        FROM llm_calls WHERE run_id = ? AND model IS NOT NULL GROUP BY model ORDER BY model
+        """, [run_id]).fetchall()
+    agents: dict[str, int] = {}
+    if has_table(con, "agent_models"):
+        agents = {str(m): int(n) for m, n in con.execute(
+            "SELECT model, count(*) FROM agent_models WHERE run_id = ? GROUP BY model", [run_id]).fetchall()}
+    out: dict[str, dict] = {}
+    for model, calls, valid, ptok, ctok_cached, ctok, cost, mean, p50 in rows:
+        out[str(model)] = {"agents": agents.get(str(model)), "calls": int(calls), "valid": int(valid),
+                           "prompt_tokens": int(ptok or 0), "cached_tokens": int(ctok_cached or 0),
+                           "completion_tokens": int(ctok or 0), "dollars": None if cost is None else float(cost),
+                           "latency_ms_mean": _ms(mean), "latency_ms_p50": _ms(p50)}
+    for model, n in agents.items():
+        out.setdefault(model, {"agents": n, "calls": 0, "valid": 0, "prompt_tokens": 0, "cached_tokens": 0,
+                               "completion_tokens": 0, "dollars": None, "latency_ms_mean": None,
+                               "latency_ms_p50": None})
+    return dict(sorted(out.items()))
 
 
 def model_of(info: dict, per_round: dict[int, dict] | None = None) -> dict:

@@ -15,6 +15,9 @@ CREATE TABLE IF NOT EXISTS interview_usage (
     run_id VARCHAR, after_round INTEGER, survey VARCHAR, request VARCHAR, host_id VARCHAR, llm_calls BIGINT,
     prompt_tokens BIGINT, completion_tokens BIGINT, infra_retries BIGINT
 );
+-- a run with `models:`: the prompt tokens the providers served from cache, and the dollars at the prices
+ALTER TABLE interview_usage ADD COLUMN IF NOT EXISTS cached_tokens BIGINT;
+ALTER TABLE interview_usage ADD COLUMN IF NOT EXISTS dollars DOUBLE;
 -- post-hoc interviews (populace interview): each request as the orchestrator placed or refused it,
 -- and its orders (which host answers for which agent ranges)
 CREATE TABLE IF NOT EXISTS interview_requests (
@@ -22,4 +25,10 @@ CREATE TABLE IF NOT EXISTS interview_requests (
     placed_at TIMESTAMP, recorded_at TIMESTAMP
 );
 CREATE TABLE IF NOT EXISTS _interview_orders (run_id VARCHAR, request VARCHAR, host_id VARCHAR, ranges JSON);
+-- what each order asks (its survey, the round after which, whom of its ranges): an answer batch is
+-- checked against it, never against the first batch that came
+ALTER TABLE _interview_orders ADD COLUMN IF NOT EXISTS after_round INTEGER;
+ALTER TABLE _interview_orders ADD COLUMN IF NOT EXISTS survey JSON;
+ALTER TABLE _interview_orders ADD COLUMN IF NOT EXISTS sample DOUBLE;
+ALTER TABLE _interview_orders ADD COLUMN IF NOT EXISTS agents JSON;
 """

@@ -268,17 +268,22 @@ def search_answers(con: duckdb.DuckDBPyConnection, run_id: str, words: Sequence[
 
 def interview_usage(con: duckdb.DuckDBPyConnection, run_id: str) -> dict | None:
     """The interviews' LLM work in a run, apart from its rounds': ``answers, valid, llm_calls,
-    prompt_tokens, completion_tokens, infra_retries`` (None: no interview)."""
+    prompt_tokens, completion_tokens, infra_retries, cached_tokens, dollars`` (None: no interview)."""
     if not _has_table(con, "interviews"):
         return None
     answers, valid = con.execute("SELECT count(*), count(*) FILTER (WHERE valid) FROM interviews WHERE run_id = ?",
                                  [run_id]).fetchone()
     if not answers:
         return None
-    used = (0, 0, 0, 0)
+    used = (0, 0, 0, 0, 0, 0.0)
     if _has_table(con, "interview_usage"):
+        # a file from before interviews' cached tokens and dollars were recorded has no such columns
+        have = {r[0] for r in con.execute("SELECT column_name FROM duckdb_columns() WHERE table_name = "
+                                          "'interview_usage' AND database_name = current_database()").fetchall()}
+        cost = ", ".join(f"coalesce(sum({c}), 0)" if c in have else "0" for c in ("cached_tokens", "dollars"))
         used = con.execute("SELECT coalesce(sum(llm_calls), 0), coalesce(sum(prompt_tokens), 0), "
-                           "coalesce(sum(completion_tokens), 0), coalesce(sum(infra_retries), 0) "
+                           f"coalesce(sum(completion_tokens), 0), coalesce(sum(infra_retries), 0), {cost} "
                            "FROM interview_usage WHERE run_id = ?", [run_id]).fetchone()
     return {"answers": int(answers), "valid": int(valid), "llm_calls": int(used[0]), "prompt_tokens": int(used[1]),
-            "completion_tokens": int(used[2]), "infra_retries": int(used[3])}
+            "completion_tokens": int(used[2]), "infra_retries": int(used[3]), "cached_tokens": int(used[4]),
+            "dollars": float(used[5])}

@@ -54,19 +54,88 @@ from populace.replicas.sim import SimConfig, SimModel
 GAME = BenchGame()  # the gateway is measured on the paper's game: its prompts and answer schema
 SYSTEM = GAME.system
 SCHEMA = GAME.schema
+# A request that got no reply: counted (ReplyCount.add_lost), not raised
+LOST = (TimeoutError, NoRespondersError)
 CANNED = json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": '{"guess": 33}'},
                                   "finish_reason": "stop"}],
                      "usage": {"prompt_tokens": 90, "completion_tokens": 6, "total_tokens": 96}}).encode()
 
 
 @dataclass
+class ReplyCount:
+    """What came back for one measured path's prompts, told apart: valid answers, the model's
+    invalid answers, prompts no model answered (infrastructure: `failed`), and prompts of replies
+    refused whole or unreadable (`refused`: the gateway's error, a reply that does not decode or
+    carries the wrong number of answers). A bench under load reports these; it does not stop at
+    the first one. `errors` keeps the first few distinct messages."""
+
+    prompts: int = 0
+    valid: int = 0
+    invalid: int = 0
+    failed: int = 0
+    refused: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def _note(self, message: str) -> None:
+        if len(self.errors) < 5 and message not in self.errors:
+            self.errors.append(message)
+
+    def add(self, reply: InferReply | bytes, prompts: int) -> bool:
+        """Count one reply to `prompts` prompts (an InferReply, or its bytes off the wire); True
+        when every prompt got a valid answer."""
+        self.prompts += prompts
+        if isinstance(reply, bytes):
+            try:
+                reply = InferReply.model_validate_json(reply)
+            except ValueError as err:
+                self.refused += prompts
+                self._note(f"unreadable reply: {str(err).splitlines()[0]}")
+                return False
+        if reply.error is not None or len(reply.valid) != prompts:
+            self.refused += prompts
+            self._note(reply.error or f"reply carries {len(reply.valid)} answers for {prompts} prompts")
+            return False
+        failed = reply.failed or [None] * prompts
+        for ok, why in zip(reply.valid, failed, strict=False):
+            if ok:
+                self.valid += 1
+            elif why:
+                self.failed += 1
+                self._note(why)
+            else:
+                self.invalid += 1
+        return all(reply.valid)
+
+    def add_lost(self, prompts: int, err: BaseException) -> bool:
+        """Count a request that got no reply at all (timed out, or nobody listening) as `failed`."""
+        self.prompts += prompts
+        self.failed += prompts
+        self._note(f"no reply: {type(err).__name__} {err}".rstrip())
+        return False
+
+    def add_http(self, status: int) -> bool:
+        """Count one direct HTTP call to a replica (no gateway): 200 is an answer, else a failure."""
+        self.prompts += 1
+        if status == 200:
+            self.valid += 1
+            return True
+        self.failed += 1
+        self._note(f"HTTP {status}")
+        return False
+
+    @property
+    def not_valid(self) -> int:
+        return self.invalid + self.failed + self.refused
+
+
+@dataclass
 class GatewayBenchResult:
-    added_latency_p50_ms: float
-    added_latency_p99_ms: float
-    direct_p50_ms: float
-    direct_p99_ms: float
-    gateway_p50_ms: float
-    gateway_p99_ms: float
+    added_latency_p50_ms: float | None  # None: no call answered on both paths
+    added_latency_p99_ms: float | None
+    direct_p50_ms: float | None
+    direct_p99_ms: float | None
+    gateway_p50_ms: float | None
+    gateway_p99_ms: float | None
     routed_rps: float  # one dispatcher, zero-latency mock transport, 4 replicas
     routed_rps_e2e: float  # NATS + gateway process + HTTP to a zero-latency simulated replica (median)
     routed_rps_e2e_httpx: float  # the same with the gateway's previous HTTP client, same run (median)
@@ -81,6 +150,8 @@ class GatewayBenchResult:
     tokens_two_calls: float | None
     valid_one_call: float | None
     valid_two_calls: float | None
+    # per measured path (ReplyCount as a dict): prompts, valid, invalid, failed, refused, errors
+    replies: dict = field(default_factory=dict)
     details: dict = field(default_factory=dict)
     machine: dict = field(default_factory=dict)
 
@@ -115,12 +186,19 @@ class GatewayBenchResult:
             ("tokens per decision, two calls (answer + extract)", f(self.tokens_two_calls), ""),
             ("valid answers, one call / two calls", f"{f(self.valid_one_call)} / {f(self.valid_two_calls)}", ""),
         ]
+        for path, c in self.replies.items():  # what the figures above were measured on
+            bad = c["invalid"] + c["failed"] + c["refused"]
+            rows.append((f"prompts without a valid answer, {path}",
+                         f"{bad:,} of {c['prompts']:,}" + (f" (invalid {c['invalid']:,}, no model {c['failed']:,}, "
+                                                          f"refused {c['refused']:,})" if bad else ""), "0"))
         for r in rows:
             t.add_row(*r)
         return t
 
 
-def pct(values: list[float], q: float) -> float:
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
     s = sorted(values)
     return s[min(len(s) - 1, int(q * len(s)))]
 
@@ -154,7 +232,7 @@ class CannedPoster:
         return 200, CANNED
 
 
-async def routed_rps_mock(total: int = 20_000, batch_size: int = 1000) -> float:
+async def routed_rps_mock(total: int = 20_000, batch_size: int = 1000) -> tuple[float, ReplyCount]:
     async with httpx.AsyncClient() as http:
         infos = [ReplicaInfo(replica_id=f"mock-{i}", url=f"http://mock-{i}", backend="sim", kind="sim",
                              model="mock", max_concurrency=10_000, heartbeat_at=time.time()) for i in range(4)]
@@ -165,8 +243,10 @@ async def routed_rps_mock(total: int = 20_000, batch_size: int = 1000) -> float:
         replies = await asyncio.gather(*(d.serve(batch(SYSTEM, prompts, batch_id=f"b{i}"))
                                          for i in range(total // batch_size)))
         dt = time.perf_counter() - t0
-    assert all(all(r.valid) for r, _ in replies)
-    return total / dt
+    count = ReplyCount()
+    for r, _ in replies:
+        count.add(r, batch_size)
+    return total / dt, count
 
 
 # -- 3./4. routing on simulated replicas ---------------------------------------------
@@ -205,13 +285,16 @@ async def routing_run(router: str, sim_args: list[str], work: list[tuple[str, li
         async with httpx.AsyncClient() as http:
             d = Dispatcher(pool_of(http, [r.info for r in rs.replicas]), make_router(router), chat, settings())
             counts: Counter[str] = Counter()
+            replies = ReplyCount()
 
             async def run(queue: list[tuple[int, tuple[str, list[str]]]]) -> None:
                 async def worker() -> None:
                     while queue:
                         i, (system, prompts) = queue.pop(0)
-                        _, calls = await d.serve(batch(system, prompts, batch_id=f"{router}-{i}"))
-                        counts.update(calls.replicas)
+                        reply, calls = await d.serve(batch(system, prompts, batch_id=f"{router}-{i}"))
+                        replies.add(reply, len(prompts))
+                        if calls is not None:  # None: refused whole (overloaded), counted above
+                            counts.update(calls.replicas)
 
                 await asyncio.gather(*(worker() for _ in range(concurrency)))
 
@@ -233,7 +316,7 @@ async def routing_run(router: str, sim_args: list[str], work: list[tuple[str, li
     return {"router": router, "requests": n, "seconds": dt, "rps": n / dt,
             "hit_rate": hits / queries if queries else 0.0,
             "warm_hit_rate": (hits - hits0) / (queries - queries0) if queries > queries0 else 0.0,
-            "per_replica": shares, "max_share_over_mean": max(shares) / (n / len(shares)),
+            "per_replica": shares, "max_share_over_mean": max(shares) / (n / len(shares)), "replies": replies,
             **({"routing": asdict(stats)} if stats is not None else {})}
 
 
@@ -297,6 +380,7 @@ async def gateway_latency(log_dir: str, n: int = 300, pairs: int = 3) -> dict:
                     "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}}}
             one = bus.encode(batch(SYSTEM, ["You are player 1. Report your number."]))
             direct, via = [], []
+            counts = {"direct": ReplyCount(), "gateway": ReplyCount()}
             # Alternate direct and gateway calls, so the VM's drifting speed (run-to-run p50s
             # of one path vary 2x here) hits both samples alike.
             # The direct calls use the gateway's own HTTP client, so the difference is NATS and
@@ -307,13 +391,16 @@ async def gateway_latency(log_dir: str, n: int = 300, pairs: int = 3) -> dict:
                     t0 = time.perf_counter()
                     status = (await http.post(url + "/v1/chat/completions", json.dumps(body).encode(),
                                               {"Content-Type": "application/json"}, 30.0))[0]
-                    assert status == 200, status
                     t1 = time.perf_counter()
-                    msg = await infer(nc, one, timeout=30)
+                    try:
+                        msg = await infer(nc, one, timeout=30)
+                    except LOST as err:
+                        via_ok = counts["gateway"].add_lost(1, err)
+                    else:
+                        via_ok = counts["gateway"].add(msg.data, 1)
                     t2 = time.perf_counter()
-                    reply = InferReply.model_validate_json(msg.data)
-                    assert reply.error is None and reply.valid == [True], reply
-                    if i >= 20:
+                    # a pair is timed only when both paths answered (a failure's latency is no answer's)
+                    if counts["direct"].add_http(status) and via_ok and i >= 20:
                         direct.append((t1 - t0) * 1000)
                         via.append((t2 - t1) * 1000)
             finally:
@@ -323,18 +410,20 @@ async def gateway_latency(log_dir: str, n: int = 300, pairs: int = 3) -> dict:
             # gateway with each HTTP client in turn (aiohttp, then httpx, the client before it),
             # `pairs` times, so the VM's drift hits both alike.
             e2e: dict[str, list[float]] = {"aiohttp": [], "httpx": []}
+            for client in e2e:
+                counts[f"e2e {client}"] = ReplyCount()
             for pair in range(pairs):
                 for client in e2e:
                     gw = start_gateway(env, log_dir, client)
                     await wait_for_gateway(nc, gw.pid)
-                    e2e[client].append(await e2e_throughput(nc, f"{client}{pair}"))
+                    e2e[client].append(await e2e_throughput(nc, f"{client}{pair}", counts[f"e2e {client}"]))
                     stop_gateway(gw)
             registrar.cancel()
         finally:
             await nc.close()
             rs.stop()
             stop_gateway(gw)
-    return {"direct": direct, "via": via, "e2e": e2e,
+    return {"direct": direct, "via": via, "e2e": e2e, "counts": counts,
             "e2e_ratios": [a / b for a, b in zip(e2e["aiohttp"], e2e["httpx"], strict=True)]}
 
 
@@ -356,9 +445,10 @@ def stop_gateway(gw: subprocess.Popen) -> None:
     gw.wait(15)
 
 
-async def e2e_throughput(nc, tag: str, batches: int = 10, size: int = 1000) -> float:
+async def e2e_throughput(nc, tag: str, count: ReplyCount, batches: int = 10, size: int = 1000) -> float:
     """Requests per second of `batches` batches of `size` prompts sent at once through NATS,
-    the gateway process and HTTP to the replica (after a warm-up of 50 one-prompt batches)."""
+    the gateway process and HTTP to the replica (after a warm-up of 50 one-prompt batches);
+    what came back is added to `count` (the warm-up's replies are not counted)."""
     one = bus.encode(batch(SYSTEM, ["You are player 1. Report your number."]))
     deadline = time.monotonic() + 30
     for _ in range(50):
@@ -373,11 +463,15 @@ async def e2e_throughput(nc, tag: str, batches: int = 10, size: int = 1000) -> f
     prompts = [f"You are player {k}. Report your number." for k in range(size)]
     t0 = time.perf_counter()
     msgs = await asyncio.gather(*(infer(nc, bus.encode(
-        batch(SYSTEM, prompts, batch_id=f"t{tag}-{i}")), timeout=300) for i in range(batches)))
+        batch(SYSTEM, prompts, batch_id=f"t{tag}-{i}")), timeout=300) for i in range(batches)), return_exceptions=True)
     rps = batches * size / (time.perf_counter() - t0)
     for m in msgs:
-        reply = InferReply.model_validate_json(m.data)
-        assert reply.error is None and all(reply.valid), reply.error
+        if isinstance(m, LOST):
+            count.add_lost(size, m)
+        elif isinstance(m, BaseException):
+            raise m  # not a lost reply: the bench's own failure
+        else:
+            count.add(m.data, size)
     return rps
 
 
@@ -438,7 +532,7 @@ def run_gateway_bench(llm: bool = True, quiet: bool = False) -> GatewayBenchResu
     log("1/5 added latency and end-to-end throughput through the gateway process …")
     lat = asyncio.run(gateway_latency(log_dir))
     log("2/5 routed requests per second of one dispatcher …")
-    rps = asyncio.run(routed_rps_mock())
+    rps, mock_count = asyncio.run(routed_rps_mock())
     log("3/5 prefix-affinity vs round-robin on 4 simulated replicas …")
     # Every agent carries one of K=128 personas (a population generated with --unique K);
     # requests arrive interleaved across personas. One replica's cache holds about 36
@@ -463,9 +557,13 @@ def run_gateway_bench(llm: bool = True, quiet: bool = False) -> GatewayBenchResu
     if llm:
         log("5/5 tokens per decision on SmolLM2: one structured call vs answer + extract …")
         tokens = asyncio.run(tokens_per_decision(log_dir))
+    replies = {**lat["counts"], "mock dispatcher": mock_count, "prefix-affinity": pa.pop("replies"),
+               "round-robin": rr.pop("replies"), "shared prefix": share.pop("replies")}
     d50, d99, v50, v99 = pct(lat["direct"], .5), pct(lat["direct"], .99), pct(lat["via"], .5), pct(lat["via"], .99)
+    minus = lambda a, b: None if a is None or b is None else a - b  # noqa: E731  (None: no pair answered)
     return GatewayBenchResult(
-        added_latency_p50_ms=v50 - d50, added_latency_p99_ms=v99 - d99, direct_p50_ms=d50, direct_p99_ms=d99,
+        added_latency_p50_ms=minus(v50, d50), added_latency_p99_ms=minus(v99, d99), direct_p50_ms=d50,
+        direct_p99_ms=d99,
         gateway_p50_ms=v50, gateway_p99_ms=v99, routed_rps=rps, routed_rps_e2e=statistics.median(lat["e2e"]["aiohttp"]),
         routed_rps_e2e_httpx=statistics.median(lat["e2e"]["httpx"]), e2e_speedup=statistics.median(lat["e2e_ratios"]),
         prefix_hit_rate=pa["hit_rate"], round_robin_hit_rate=rr["hit_rate"],
@@ -473,6 +571,7 @@ def run_gateway_bench(llm: bool = True, quiet: bool = False) -> GatewayBenchResu
         prefix_rps=pa["rps"], round_robin_rps=rr["rps"], max_share_over_mean=share["max_share_over_mean"],
         tokens_one_call=tokens and tokens["one"], tokens_two_calls=tokens and tokens["two"],
         valid_one_call=tokens and tokens["valid_one"], valid_two_calls=tokens and tokens["valid_two"],
+        replies={path: asdict(c) for path, c in replies.items()},
         details={"e2e_rps": lat["e2e"], "e2e_ratios": lat["e2e_ratios"],
                  "prefix_affinity": pa, "round_robin": rr, "ceiling": ceiling, "shared_prefix": share,
                  "logs": log_dir},

@@ -266,7 +266,7 @@ async def _local(prepared: PreparedRun, run_id: str, hosts: int, db: str | None)
         res = await run_local(resolved or prepared.config, run_id=run_id, cast=cast, hosts=hosts, graph=graph,
                               llm=check, on_round=lambda n, row: closed.append(row))
         outcomes, posts = res.outcomes, res.posts
-        scenes = {"acts": res.acts, "transcripts": res.transcripts, "edges": res.edges}
+        scenes = {"acts": res.acts, "transcripts": res.transcripts, "edges": res.edges, "shown": res.shown}
         tables = res.tables
         check.finish()
     except ModelUnavailable:
@@ -282,7 +282,8 @@ async def _local(prepared: PreparedRun, run_id: str, hosts: int, db: str | None)
                          rounds=rounds, posts=posts, **scenes, status=status, reason=reason, started_at=started_at,
                          manifest={**prepared.manifest, "run_id": run_id} if prepared.manifest else None,
                          personas=prepared.personas, interviews=res.interviews if res is not None else None,
-                         interview_calls=res.interview_usage if res is not None else None)
+                         interview_calls=res.interview_usage if res is not None else None,
+                         profile=res.profile if res is not None else None)
         read = _read_db(db_path, run_id, tables)
     else:
         read = None

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from populace.client.model_checks import fleet_refusal
 from populace.client.prepare import PreparedRun
 from populace.client.progress import RunProgress
 from populace.client.run import RunOutcome, cancel, follow, new_run_id, play, recorded_event, resume
@@ -37,6 +38,7 @@ from populace.core.contracts import (
     RunState,
     gateway_bindings,
 )
+from populace.core.scenario import ScenarioError
 
 ACTIVE = ACTIVE_STATUSES
 _state = known_state
@@ -71,12 +73,13 @@ def private_stack(backends: set[str] | frozenset[str], replicas: int, hosts: int
              for b in sorted(set(backends) & REPLICA_BACKENDS)} if not models else {}
     for m in models:
         if m.base_url is None and m.kind in MODEL_REPLICAS:
-            keyed = ["--api-key-env", m.api_key_env] if m.api_key_env and m.kind != "sim" else []
+            keyed = ["--api-key-env", m.api_key_env] if m.api_key_env else []
             extra[f"replicas-{m.name}"] = [*MODEL_REPLICAS[m.kind][1], "--count", str(replicas), "--serves", m.name,
                                            *keyed]
     keys, model_hosts = gateway_bindings(list(models))
     env = {"POPULACE_GATEWAY_KEYS": keys, "POPULACE_GATEWAY_MODEL_HOSTS": model_hosts} if models else {}
-    return Stack(hosts=hosts, db=db, extra=extra, replicas=replicas * len(extra), env=env)
+    secrets = tuple(m.api_key_env for m in models if m.api_key_env)
+    return Stack(hosts=hosts, db=db, extra=extra, replicas=replicas * len(extra), env=env, secrets=secrets)
 
 
 class StoreInUse(RuntimeError):
@@ -144,6 +147,12 @@ async def play_prepared(url: str, prepared: PreparedRun, show_progress: bool, ru
     `on_start(run_id)` as soon as its id is known (a long run can be followed, cancelled or
     looked up from another terminal at once)."""
     nc = await bus.connect_or_fail(url, client_name)
+    try:
+        if prepared.config.models and (why := await fleet_refusal(nc, prepared.config.models)):
+            raise ScenarioError(why)  # before the run: a model nobody serves would only pause it
+    except BaseException:
+        await nc.close()
+        raise
     run_id = run_id or new_run_id()
     if on_start is not None:
         on_start(run_id)
@@ -184,24 +193,32 @@ async def cancel_run(url: str, rid: str, reason: str, wait_s: float = 30.0) -> t
         await nc.close()
 
 
-def raised_budget(state: RunState, tokens: int | None, calls: int | None) -> Budget | None:
-    """The run's budget with the limits given on the command line replaced (None: unchanged)."""
-    if tokens is None and calls is None:
+def raised_budget(state: RunState, tokens: int | None, calls: int | None,
+                  dollars: float | None = None) -> Budget | None:
+    """The run's budget with the limits given on the command line replaced (None: unchanged).
+    SteerError when a dollar budget is given to a run whose models have no prices."""
+    if tokens is None and calls is None and dollars is None:
         return None
+    if dollars is not None and not any(not m.prices.free for m in state.config.models):
+        raise SteerError(f"--budget-dollars: run {state.run_id}'s models have no prices (`models:` with `prices:`), "
+                         "so it spends no dollars; give --budget-tokens or --budget-calls")
     old = state.config.budget or Budget()
     return Budget(tokens=tokens if tokens is not None else old.tokens,
-                  llm_calls=calls if calls is not None else old.llm_calls)
+                  llm_calls=calls if calls is not None else old.llm_calls,
+                  dollars=dollars if dollars is not None else old.dollars)
 
 
 async def resume_run(url: str, rid: str, show_progress: bool, budget_tokens: int | None = None,
-                     budget_calls: int | None = None) -> tuple[RunState, RunOutcome]:
+                     budget_calls: int | None = None, budget_dollars: float | None = None,
+                     ) -> tuple[RunState, RunOutcome]:
     nc = await bus.connect_or_fail(url, "populace-cli")
     try:
         state = await _state(nc, rid)
         if why := await resume_refusal(nc, state):
             raise SteerError(why)
-        budget = raised_budget(state, budget_tokens, budget_calls)
-        with RunProgress(state.config, enabled=show_progress) as progress:
+        budget = raised_budget(state, budget_tokens, budget_calls, budget_dollars)
+        with RunProgress(state.config, enabled=show_progress, spent=state.used + state.interviews,
+                         rounds_done=last_completed(state)) as progress:
             outcome = await resume(nc, rid, on_event=progress.on_event, budget=budget)
         return state, outcome
     finally:
@@ -216,7 +233,8 @@ async def follow_run(url: str, rid: str, show_progress: bool
         state = await _state(nc, rid)
         if state.status not in ACTIVE:
             return state, None, await recorded_event(nc, rid)
-        with RunProgress(state.config, enabled=show_progress) as progress:
+        with RunProgress(state.config, enabled=show_progress, spent=state.used + state.interviews,
+                         rounds_done=last_completed(state)) as progress:
             return state, await follow(nc, rid, on_event=progress.on_event), None
     finally:
         await nc.close()

@@ -30,8 +30,12 @@ from populace.core.contracts import (
     AgentsRequest,
     DistributionReply,
     DistributionRequest,
+    GroupsReply,
+    GroupsRequest,
     InterviewsReply,
     InterviewsRequest,
+    ProfileReply,
+    ProfileRequest,
     ReadReply,
     ReadRequest,
     SnapshotReply,
@@ -88,6 +92,18 @@ async def request_distribution(nc: Client, run_id: str, round_: int | None = Non
                                timeout: float = QUERY_TIMEOUT_S) -> DistributionReply:
     """The run's measure in `round_` (None: the last closed round)."""
     return await _request(nc, DistributionRequest(run_id=run_id, round=round_, bins=bins), DistributionReply, timeout)
+
+
+async def request_profile(nc: Client, run_id: str, rounds: int = 50,
+                          timeout: float = QUERY_TIMEOUT_S) -> ProfileReply:
+    """Where the run's last `rounds` rounds went (table round_profile), and its totals."""
+    return await _request(nc, ProfileRequest(run_id=run_id, rounds=rounds), ProfileReply, timeout)
+
+
+async def request_groups(nc: Client, run_id: str, by: str, round_: int | None = None,
+                         timeout: float = QUERY_TIMEOUT_S) -> GroupsReply:
+    """The run's measure per group of `by` (an attribute, or `model`), with CIs."""
+    return await _request(nc, GroupsRequest(run_id=run_id, by=by, round=round_), GroupsReply, timeout)
 
 
 async def request_interviews(nc: Client, run_id: str, *, request: str | None = None, by: str | None = None,

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import psutil
 
-from populace.core import bus, subjects
+from populace.core import bus, replica_hosts, subjects
 from populace.core.contracts import HostInfo, ReplicaInfo, ServiceInfo
 from populace.core.natsserver import EmbeddedNats, free_port
 from populace.core.processes import guarded, stop_all, uninterrupted
@@ -109,6 +109,11 @@ class Stack:
     users: dict[str, str] | None = None
     # every service in one process and event loop (tests that need no process per service)
     one_process: bool = False
+    # Environment variables that hold models' keys (a run's `models:` api_key_env): kept only in the
+    # gateway's environment (which calls the models) and the replicas' (which ask for the key), taken
+    # out of every other process's, so no host or recorder even holds a key. (A one-process stack
+    # shares one environment.)
+    secrets: tuple[str, ...] = ()
     nats: EmbeddedNats | None = None
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     specs: dict[str, tuple[list[str], dict[str, str], bool]] = field(default_factory=dict)  # to restart one
@@ -141,8 +146,10 @@ class Stack:
         for key, args in self.extra.items():
             # --nats goes before a `--` (what follows it is passed through to another program)
             cut = args.index("--") if "--" in args else len(args)
-            # `populace replicas …` registers as the `replicas` user (deploy/nats/auth.conf)
-            user = self._user("replicas") if args[:1] == ["replicas"] else {}
+            # `populace replicas …` registers as the `replicas` user (deploy/nats/auth.conf), or as a
+            # replica set's own user named like the process (`replicas-<set>`) if the stack has one
+            user = (self._user(key if self.users and key in self.users else "replicas") if args[:1] == ["replicas"]
+                    else {})
             self._spawn(key, ["-m", "populace.cli", *args[:cut], "--nats", self.url, *args[cut:]], {**base, **user})
         return self
 
@@ -220,6 +227,8 @@ class Stack:
                                               "inbox_prefix": bus.inbox_prefix(user)}
 
     def _spawn(self, key: str, args: list[str], env: dict[str, str], service: bool = False) -> None:
+        if self.secrets and key != "gateway" and not key.startswith("replicas") and key != ONE_PROCESS:
+            env = {k: v for k, v in env.items() if k not in self.secrets}
         self.specs[key] = (args, env, service)
         with open(Path(self.log_dir) / f"{key}.log", "ab") as log:  # type: ignore[arg-type]  # the child keeps its copy
             # guarded: a child gets SIGTERM when we die, even by SIGKILL (started on the main thread)
@@ -247,7 +256,7 @@ class Stack:
                             if counted(s.pid)}
                     hosts = [h for h in await bus.registry_entries(js, subjects.HOSTS_BUCKET, HostInfo)
                              if counted(h.pid)]
-                    reps = (await bus.registry_entries(js, subjects.REPLICAS_BUCKET, ReplicaInfo)
+                    reps = (replica_hosts.bound(await bus.registry_items(js, subjects.REPLICAS_BUCKET, ReplicaInfo))
                             if self.replicas else [])
                 except Exception:
                     svcs, hosts, reps = set(), [], []

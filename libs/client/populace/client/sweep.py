@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from populace.client.prepare import PreparedRun, prepare
+from populace.client.t_interval import mean_ci
 from populace.core import bus
 from populace.core.scenario import ScenarioError
 from populace.core.sweep import Cell, SweepSpec, cell_label, expand, load_sweep
@@ -101,17 +102,17 @@ def key_column(rows: list[dict]) -> str | None:
 
 
 def summary(rows: list[dict]) -> list[dict]:
-    """Per cell: the last round's key column across seeds, with a 95% CI across seeds."""
-    from populace.analysis.stats import mean_ci
-
+    """Per cell: the key column (`key_column`) of each run's last round, its mean across the
+    cell's seeds and a 95% Student-t CI across them (None for one seed); `valid` is the share of
+    valid answers in those rounds. Rows without a round (a run that stalled or failed) are left out."""
     key = key_column(rows)
     last: dict[tuple[str, str, int], dict] = {}
     for r in rows:
         if r.get("round") is None:
             continue
-        key = (r["cell"], r["run_id"], r["seed"])
-        if key not in last or r["round"] > last[key]["round"]:
-            last[key] = r
+        run = (r["cell"], r["run_id"], r["seed"])
+        if run not in last or r["round"] > last[run]["round"]:
+            last[run] = r
     by_cell: dict[str, list[dict]] = {}
     for (cell, _, _), r in last.items():
         by_cell.setdefault(cell, []).append(r)

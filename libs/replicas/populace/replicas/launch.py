@@ -147,20 +147,24 @@ def start_local(count: int = 1, *, threads: int | None = None, ctx: int = 2048,
 
 def start_sim(count: int = 4, *, extra_args: list[str] | None = None, max_concurrency: int = 64,
               log_dir: str | None = None, prefix: str = "sim", bind: str = "127.0.0.1",
-              advertise: str | None = None, serves: str | None = None) -> ReplicaSet:
-    """`count` simulated vLLM replicas (populace.replicas.sim)."""
+              advertise: str | None = None, serves: str | None = None,
+              api_key_env: str | None = None) -> ReplicaSet:
+    """`count` simulated vLLM replicas (populace.replicas.sim); with `api_key_env`, asking every
+    request for the key that variable holds, as a hosted provider does."""
+    _check_key_variable(api_key_env)
+    env = {**os.environ, "POPULACE_SIM_API_KEY": os.environ[api_key_env]} if api_key_env else None
     rs = ReplicaSet()
     for i in range(count):
         with _inherited_socket(bind) as sock:  # the child holds its own copy
             port = sock.getsockname()[1]
             rid = f"{prefix}-{i}-{port}"
             proc, path = _spawn([sys.executable, "-m", "populace.replicas.sim", "--fd", str(sock.fileno()),
-                                 "--replica-id", rid, *(extra_args or [])], None, log_dir, rid,
+                                 "--replica-id", rid, *(extra_args or [])], env, log_dir, rid,
                                 pass_fds=(sock.fileno(),))
         info = ReplicaInfo(replica_id=rid, url=f"http://{advertise or _local(bind)}:{port}", backend="sim", kind="sim",
                            model="sim", max_concurrency=max_concurrency, pid=proc.pid, heartbeat_at=time.time(),
                            serves=serves)
-        rs.replicas.append(ReplicaProcess(info, proc, path))
+        rs.replicas.append(ReplicaProcess(info, proc, path, api_key_env))
     return rs
 
 
@@ -247,10 +251,13 @@ async def wait_healthy(rs: ReplicaSet, timeout: float = 120.0) -> None:
 
 
 async def register_forever(nats_url: str, rs: ReplicaSet, every_s: float = 2.0) -> None:
-    """Heartbeat every live replica into KV `replicas` until cancelled; a dead one drops out."""
+    """Heartbeat every live replica into KV `replicas` until cancelled; a dead one drops out. Each
+    key is under this process's NATS user (`<user>.<replica id>`, subjects.replica_key): a
+    replica set's own user may write nothing else (deploy/AUTH.md, "Replica sets")."""
+    s = Settings()
+    writer = s.nats_user or subjects.REPLICAS_WRITER
     nc = await bus.connect(nats_url, "populace-replicas")
     js = nc.jetstream()
-    s = Settings()
     await bus.provision(js, storage=s.storage, replicas=s.stream_replicas, **bus.stream_limits(s))
     kv = await js.key_value(subjects.REPLICAS_BUCKET)
     exited: set[str] = set()
@@ -264,14 +271,14 @@ async def register_forever(nats_url: str, rs: ReplicaSet, every_s: float = 2.0) 
                 elif r.alive():
                     info = r.info.model_copy(update={"heartbeat_at": time.time()})
                     try:
-                        await kv.put(r.info.replica_id, bus.encode(info))
+                        await kv.put(subjects.replica_key(writer, r.info.replica_id), bus.encode(info))
                     except Exception as err:  # NATS restarting or a leader being elected: beat again next time
                         log.warning("heartbeat_failed", replica=r.info.replica_id, error=str(err))
             await asyncio.sleep(every_s)
     finally:
         for r in rs.replicas:  # best effort and quick: the TTL removes what is left
             try:
-                await asyncio.wait_for(kv.delete(r.info.replica_id), 1.0)
+                await asyncio.wait_for(kv.delete(subjects.replica_key(writer, r.info.replica_id)), 1.0)
             except BaseException:
                 pass
         await nc.close()

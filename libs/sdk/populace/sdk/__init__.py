@@ -13,15 +13,17 @@ from populace.population.cast import Cast, Persona
 from populace.sdk import select
 from populace.sdk.agent import Agent
 from populace.sdk.answers import answer_field
+from populace.sdk.claims import Claims
 from populace.sdk.env import Env, GroupEnv, Listeners, Partial, State
 from populace.sdk.llm import LLM, InferError, ModelUnavailable
 from populace.sdk.local import LocalResult, run_local
 from populace.sdk.mailroom import BROADCAST_AUTHOR
 from populace.sdk.mock import DummyLLM, ScriptedLLM
-from populace.sdk.outcome import Outcome
+from populace.sdk.outcome import Ids, Outcome
 from populace.sdk.post import Message, Post
 from populace.sdk.registry import available, load_simulation, resolve
 from populace.sdk.rng import stable_seed
+from populace.sdk.rules import invariant
 from populace.sdk.scene import Member, Scene, SceneError
 from populace.sdk.simulation import Observation, Params, Simulation, SimulationError, Summary
 
@@ -30,11 +32,13 @@ __all__ = [
     "LLM",
     "Agent",
     "Cast",
+    "Claims",
     "Count",
     "DummyLLM",
     "Env",
     "FiniteFloat",
     "GroupEnv",
+    "Ids",
     "InferError",
     "Listeners",
     "LocalResult",
@@ -57,6 +61,7 @@ __all__ = [
     "Summary",
     "answer_field",
     "available",
+    "invariant",
     "load_simulation",
     "resolve",
     "run_local",

@@ -15,21 +15,27 @@ from __future__ import annotations
 import functools
 import json
 import operator
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from populace.sdk import select
-from populace.sdk.agent import Agent
+from populace.core.contracts import DecideProfile
+from populace.sdk import rules, select
+from populace.sdk.agent import Agent, wakes_with_view
+from populace.sdk.claims import ClaimError
 from populace.sdk.edges import EdgeBook, EdgeError
 from populace.sdk.env import Env, Partial
 from populace.sdk.hosting import HostedRun
 from populace.sdk.llm import LLM
 from populace.sdk.play import OutcomeRows, OutcomeSink, RoundFailed, RoundPaused, RoundShare
 from populace.sdk.process import AgentRaised
+from populace.sdk.profile import VIEW_BUDGET_BYTES, Budget, RoundCost, decide_profile, sampled, size_of, wire_size
 from populace.sdk.registry import Resolved
+from populace.sdk.shown import ShownBook
+from populace.sdk.statejson import StateTypeError, from_wire, to_wire
 from populace.sdk.world import World, WorldError
 
 # What one round's messages may carry of the environment (a round open and a round result hold
@@ -48,6 +54,13 @@ class WorldRefused(DecideFailed, RoundPaused):
     resumes from its last round once the simulation is fixed."""
 
 
+class RuleBroken(DecideFailed, RoundPaused):
+    """One of the world's rules did not hold where the round was decided: an invariant the
+    environment declares broke (or raised), or a claim named a target that does not exist. The
+    simulation's bug, named with the round and a witness; the run pauses, and a resume after the
+    fix replays the round."""
+
+
 @dataclass(frozen=True)
 class Decision:
     """A decided round, as JSON: what the recorder stores and the next round is announced with."""
@@ -57,34 +70,56 @@ class Decision:
     observation: dict
     selection: dict | None  # who acts next round (None: everyone)
     world: World | None = None  # the simulation's bulk state after the round (a World's)
+    profile: DecideProfile | None = None  # where deciding it went (table round_profile)
 
 
-def _size_check(sim_name: str, round_: int, what: str, value: Any) -> None:
+def _size_check(sim_name: str, round_: int, what: str, value: Any) -> int:
+    """The value's bytes as a round's messages carry it; DecideFailed past its limit."""
     size = len(json.dumps(value, separators=(",", ":")))
     if size > LIMITS[what]:
         hint = {"state": "keep aggregates in the State; bulk data belongs in a World (docs/worlds.md), "
                          "per-agent data to agents (declared state)",
                 "observation": "what every agent sees must be small; put bulk data in a World and give each "
                                "agent its own view of it (docs/worlds.md)",
-                "selection": "select by rate, ids or where(…) rather than a mask this large",
+                "selection": "select by rate, ids, where(…) or a world column (select.column(name)) rather than "
+                             "a mask this large",
                 "summary": "a summary holds a round's figures, not per-agent data"}[what]
         raise DecideFailed(f"simulation {sim_name!r}: its environment's {what} after round {round_} is {size:,} "
                            f"bytes as JSON, over the {LIMITS[what]:,} a round can carry ({hint})")
+    return size
 
 
 class RoundDecider:
     """Decides a run's rounds (pure: no I/O). One per run, wherever the run is decided."""
 
-    def __init__(self, resolved: Resolved, env: Env | None = None, run_id: str = "") -> None:
+    def __init__(self, resolved: Resolved, env: Env | None = None, run_id: str = "",
+                 budget_bytes: int = VIEW_BUDGET_BYTES) -> None:
         self.resolved = resolved
         self.env = env if env is not None else resolved.simulation.Env(resolved.instance(run_id))
         self.name = resolved.simulation.name
         self.agents = resolved.config.agents
+        self.budget = Budget(budget_bytes)  # the observation every agent sees: said once per run when over
+        # `select(state, round, world)` sees the round's world; `select(state, round)` (older packages) does not
+        self._select_world = select.takes(self.env.select, 3)
 
-    def selection(self, state: Any, round_: int) -> dict | None:
-        sel = select.checked(self.env.select(state, round_), self.agents,
-                             f"{type(self.env).__name__}.select(state, {round_})")
-        return select.to_wire(sel)
+    def selection(self, state: Any, round_: int, world: World | None = None) -> dict | None:
+        """Who acts in `round_`, from the state before it and the world it is played in."""
+        env = self.env
+        if self._select_world:
+            where = f"{type(env).__name__}.select(state, {round_}, world)"
+            sel = env.select(state, round_, world)
+        else:
+            where = f"{type(env).__name__}.select(state, {round_})"
+            sel = env.select(state, round_)
+        return select.to_wire(select.checked(sel, self.agents, where, world))
+
+    def _rules(self, state: Any, world: World | None, round_: int) -> None:
+        """The environment's invariants on the state and world after `round_` (0: as it starts)."""
+        when = f"after round {round_}" if round_ else "before round 1 (start_world)"
+        try:
+            rules.check(self.env, state, world, when)
+        except rules.InvariantError as err:
+            raise RuleBroken(f"simulation {self.name!r}: {err}") from err
 
     def opening(self) -> Decision:
         """Before round 1: the state the environment starts with, round 1's observation and
@@ -92,9 +127,10 @@ class RoundDecider:
         env = self.env
         try:
             state = env.start()
-            observation = env.observe(state, 1).model_dump(mode="json")
-            selection = self.selection(state, 1)
+            observation = to_wire(env.observe(state, 1), strict=False)
             world = self._world(env.start_world(state), "start_world()") if env.World is not None else None
+            self._rules(state, world, 0)
+            selection = self.selection(state, 1, world)
         except DecideFailed:
             raise
         except WorldError as err:
@@ -103,7 +139,17 @@ class RoundDecider:
             raise DecideFailed(f"simulation {self.name!r}: its environment failed to start: "
                                f"{type(err).__name__}: {err}") from err
         _size_check(self.name, 0, "observation", observation)
-        return Decision(state.model_dump(mode="json"), {}, observation, selection, world)
+        return Decision(self._state_wire(state, 0), {}, observation, selection, world)
+
+    def _state_wire(self, state: Any, round_: int) -> dict:
+        """The environment's state as it travels and is checkpointed: given back exactly by
+        `from_wire` (a tuple in a field typed `Any` stays a tuple), or refused naming the field."""
+        try:
+            return to_wire(state)
+        except StateTypeError as err:
+            after = f"after round {round_}" if round_ else "before round 1"
+            raise DecideFailed(f"simulation {self.name!r}: its environment's state {after} cannot be kept: "
+                               f"{err}") from None
 
     def _world(self, world: Any, where: str) -> World:
         cls = self.env.World
@@ -122,52 +168,72 @@ class RoundDecider:
         before left (None: the start) and, for a simulation with a World, the round's world."""
         env = self.env
         sim = type(env.sim)
+        clock = time.perf_counter
         try:
-            state = env.start() if env_state is None else env.State.model_validate(env_state)
+            state = env.start() if env_state is None else from_wire(env.State, env_state)
+            t0 = clock()
             total = env.merge(list(partials))
+            t1 = clock()
             if env.World is not None:
                 state, summary, world = env.decide(state, round_, total, world)
                 world = self._world(world, f"decide(…) after round {round_}")
             else:
                 state, summary = env.decide(state, round_, total)
-            observation = env.observe(state, round_ + 1).model_dump(mode="json")
+            self._rules(state, world, round_)
+            observation = to_wire(env.observe(state, round_ + 1), strict=False)
             summary = sim.Summary.model_validate(summary.model_dump()).model_dump(mode="json")
-            selection = self.selection(state, round_ + 1)
-            state = state.model_dump(mode="json")
+            selection = self.selection(state, round_ + 1, world)
+            state = self._state_wire(state, round_)
+            t2 = clock()
         except DecideFailed:
             raise
+        except ClaimError as err:  # a claim on a target that does not exist: the agent and target are named
+            raise RuleBroken(f"simulation {self.name!r}: round {round_}: claims: {err}") from err
         except WorldError as err:  # e.g. world.replace(cell=floats): the column and why are in its message
             raise WorldRefused(f"simulation {self.name!r}: its world after round {round_} is refused: {err}") from err
         except Exception as err:
             raise DecideFailed(f"simulation {self.name!r}: its environment failed to decide round {round_}: "
                                f"{type(err).__name__}: {err}") from err
-        for what, value in (("state", state), ("observation", observation), ("selection", selection),
-                            ("summary", summary)):
-            _size_check(self.name, round_, what, value)
-        return Decision(state, summary, observation, selection, world)
+        sizes = {what: _size_check(self.name, round_, what, value)
+                 for what, value in (("state", state), ("observation", observation), ("selection", selection),
+                                     ("summary", summary))}
+        note = self.budget.over(f"{type(env).__name__}.observe", sizes["observation"],
+                                f"for round {round_ + 1} (every agent sees it)")
+        return Decision(state, summary, observation, selection, world,
+                        decide_profile(t1 - t0, t2 - t1, sizes["observation"], note))
 
 
 class ShareEngine:
     """Plays one share's part of each round (see the module's docstring)."""
 
-    def __init__(self, run: HostedRun) -> None:
+    def __init__(self, run: HostedRun, budget_bytes: int = VIEW_BUDGET_BYTES) -> None:
         self.run = run
         self._ids = np.fromiter((a.id for a in run.agents), dtype=np.int64, count=len(run.agents))
         self._profiles = [p.profile for p in run.sim.cast.personas] if run.sim.cast is not None else None
         cls = type(run.sim).Agent
         self._wakes = cls.wakes is not Agent.wakes
+        self._wakes_view = self._wakes and wakes_with_view(cls)  # wakes(obs, view): sees its own view
+        self.budget = Budget(budget_bytes)  # its views: said once per run when one is over
+        self.cost: RoundCost | None = None  # the round in play's
+        _time_folds(run.env, self)
 
-    def selected(self, round_: int, selection: dict | None, obs: Any) -> list[int] | None:
-        """Indices (into the share's agents) of those who act this round; None: all of them."""
+    def selected(self, round_: int, selection: dict | None, obs: Any, world: World | None = None,
+                 view: Callable[[int], Any] | None = None) -> list[int] | None:
+        """Indices (into the share's agents) of those who act this round; None: all of them.
+        `world`: the round's (a selector may read its columns); `view`: agent id -> its own view
+        (what `wakes(obs, view)` sees; None: the environment gives none)."""
         sel = select.from_wire(selection)
         picked: np.ndarray | None = None
         if sel is not None:
-            mask = sel.pick(self._ids, seed=self.run.sim.seed, round_=round_, profiles=self._profiles)
+            mask = sel.pick(self._ids, seed=self.run.sim.seed, round_=round_, profiles=self._profiles, world=world)
             picked = np.flatnonzero(mask)
         if not self._wakes:
             return None if picked is None else picked.tolist()
         agents = self.run.agents
         candidates = range(len(agents)) if picked is None else picked.tolist()
+        if self._wakes_view:
+            return [i for i in candidates if _wakes(agents[i], obs, view(agents[i].id) if view is not None else None,
+                                                     with_view=True)]
         return [i for i in candidates if _wakes(agents[i], obs)]
 
     async def play(self, round_: int, observation: dict | None, selection: dict | None, llm: LLM, *,
@@ -177,9 +243,12 @@ class ShareEngine:
         names; observation None: the run's first round, derived here from the environment's
         start, as every share does)."""
         run = self.run
+        t0 = time.perf_counter()
+        cost = self.cost = RoundCost()
         if observation is None:
             opening = RoundDecider(run.resolved, run.env).opening()
             observation, selection, world = opening.observation, opening.selection, opening.world
+        cost.observation_bytes = wire_size(observation)
         obs = run.observation(round_, observation)
         record_posts = None
         room = run.mailroom
@@ -190,30 +259,96 @@ class ShareEngine:
         book = run.sim.edges
         edits = functools.partial(_record_edits, book, round_, type(run.sim).name) if book is not None \
             else functools.partial(_refuse_edits, round_, type(run.sim).name)
-        sink = OutcomeSink(type(run.sim), run.env, batch_size=batch_size, emit=emit, grouped=run.tables.grouped,
-                           posts=record_posts, levels=run.player.level_names, edits=edits)
-        view = None
+        view = shown = None
         if run.env.World is not None and type(run.env).view is not Env.view:
             if world is None:
                 raise RoundFailed(f"round {round_}: the simulation has a World but the round names none")
-            view = self._viewer(world, round_)
-        selected = self.selected(round_, selection, obs)
+            shown = self._shown_book(world, round_)
+            view = self._viewer(world, round_, cost, shown)
+        sink = OutcomeSink(type(run.sim), run.env, batch_size=batch_size, emit=emit, grouped=run.tables.grouped,
+                           round_=round_, posts=record_posts, levels=run.player.level_names, edits=edits,
+                           shown=shown.take if shown is not None else None)
+        selected = self.selected(round_, selection, obs, world, view)
         run.acted(selected)  # before they play: a round cut short may have changed some of them
-        await run.player.play(obs, llm, sink, selected, view=view)
-        return sink.close()
+        run.env._shown_book = shown  # what its views `show` this round
+        try:
+            await run.player.play(obs, llm, sink, selected, view=view, cost=cost)
+            share = sink.close()
+        finally:
+            self.cost = None
+            run.env._shown_book = None
+        cost.agents = share.n
+        cost.model_wait_s = getattr(llm, "model_wait_s", 0.0)  # the ports that count it (the fleet's, the dummy's)
+        cost.wall_s = time.perf_counter() - t0
+        share.cost = cost
+        return share
 
-    def _viewer(self, world: World, round_: int) -> Callable[[int], Any]:
-        """agent id -> its own observation (the environment's view), made on this host."""
+    def _shown_book(self, world: World, round_: int) -> ShownBook | None:
+        """The round's records of what views show (a simulation that declares `shown_items`)."""
         env = self.run.env
+        column = type(env).shown_items
+        if column is None:
+            return None
+        return ShownBook(type(env.sim).name, round_, f"{type(world).__name__}.{column}", getattr(world, column))
+
+    def _viewer(self, world: World, round_: int, cost: RoundCost,
+                shown: ShownBook | None = None) -> Callable[[int], Any]:
+        """agent id -> its own observation (the environment's view), made on this host: timed
+        whole, its bytes measured on a sample (said once per run when over the budget); what it
+        `show`s the agent goes to `shown`."""
+        env = self.run.env
+        clock = time.perf_counter
+        hook = f"{type(env).__name__}.view"
 
         def view(agent_id: int) -> Any:
+            i = cost.views
+            cost.views = i + 1
+            t = clock()
+            if shown is not None:
+                shown.viewing = agent_id
             try:
-                return env.view(world, round_, agent_id)
+                seen = env.view(world, round_, agent_id)
             except Exception as err:  # the simulation's view: the round cannot go on; a fix resumes it
                 raise RoundPaused(f"simulation {type(env.sim).name!r}: {type(env).__name__}.view raised in round "
                                   f"{round_} for agent {agent_id}: {type(err).__name__}: {err}") from err
+            finally:
+                cost.view_s += clock() - t
+                if shown is not None:
+                    shown.viewing = None
+            if sampled(i):
+                size = size_of(seen)
+                if size is not None:
+                    cost.views_sized += 1
+                    cost.view_bytes_sized += size
+                    cost.view_max_bytes = max(cost.view_max_bytes, size)
+                    note = self.budget.over(hook, size, f"for agent {agent_id} in round {round_}")
+                    if note is not None:
+                        cost.note = note
+            return seen
 
         return view
+
+
+def _time_folds(env: Env, engine: ShareEngine) -> None:
+    """The share's env reduces each outcome batch and merges them (OutcomeSink): their seconds
+    go to the round in play's `merge_s`. Its own methods, wrapped on the instance (its class, and
+    so every message naming it, stays the simulation's); outside a round (a local run decides
+    with the same env) they are not counted."""
+    clock = time.perf_counter
+    for name in ("reduce", "merge"):
+        method = getattr(env, name)
+
+        def timed(*args: Any, _method: Callable = method) -> Any:
+            cost = engine.cost
+            if cost is None:
+                return _method(*args)
+            t = clock()
+            try:
+                return _method(*args)
+            finally:
+                cost.merge_s += clock() - t
+
+        setattr(env, name, timed)
 
 
 def _record_edits(book: EdgeBook, round_: int, name: str, ids: list[int], outs: list) -> dict[str, list] | None:
@@ -248,10 +383,11 @@ def _refuse_edits(round_: int, name: str, ids: list[int], outs: list) -> None:
     return None
 
 
-def _wakes(agent: Agent, obs: Any) -> bool:
-    """The agent's own say in whether it acts (a ProcessAgent asks its process)."""
+def _wakes(agent: Agent, obs: Any, view: Any = None, with_view: bool = False) -> bool:
+    """The agent's own say in whether it acts (a ProcessAgent asks its process): `wakes(obs)`,
+    or `wakes(obs, view)` for a class whose hook takes its view too."""
     try:
-        return bool(agent.wakes(obs))
+        return bool(agent.wakes(obs, view) if with_view else agent.wakes(obs))
     except Exception as err:
         raise RoundFailed(f"{type(agent).__name__}.wakes raised for agent {agent.id} in round {obs.round}: "
                           f"{err if isinstance(err, AgentRaised) else f'{type(err).__name__}: {err}'}") from err

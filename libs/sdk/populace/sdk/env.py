@@ -27,6 +27,9 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Generic, TypeVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, PlainSerializer, PlainValidator
 
+from populace.sdk.shown import ShownBook, ShownError
+from populace.sdk.shown import checked as checked_shown
+
 if TYPE_CHECKING:
     from populace.sdk.outcome import Outcome
     from populace.sdk.scene import Scene
@@ -68,8 +71,9 @@ class State(BaseModel):
 class Partial(BaseModel):
     """What a host's (or group's) reduction of outcomes tells the root env. Besides counts and
     integer sums, a partial may carry columns (`Ints`, `Floats`: numpy arrays, e.g. the agents
-    that want to move); `merge` concatenates them, in no particular order, so `decide` sorts
-    what it uses (by agent id)."""
+    that want to move); `merge` concatenates them in the order it gets them (on a host, batches
+    as they left; in the environment, shares by key: docs/simulations.md says exactly), which
+    another placement changes, so `decide` sorts what it uses (by agent id)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -93,6 +97,10 @@ class Env(Generic[StateT, PartialT]):
     Partial: ClassVar[type[Partial]] = Partial
     # bulk state as typed columns (populace.sdk.world): with a World, decide takes and returns it
     World: ClassVar[type[World] | None] = None
+    # who saw what (populace.sdk.shown): the World's column whose values `show` records a view showing
+    shown_items: ClassVar[str | None] = None
+    _shown_book: ShownBook | None = None  # the round's records on this host (set by the round engine)
+    last_shown: tuple[int, list[int], list[int]] | None = None  # outside a round: the last `show`, for tests
 
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
@@ -113,14 +121,33 @@ class Env(Generic[StateT, PartialT]):
 
     def view(self, world: World, round: int, agent_id: int) -> Observation | None:
         """One agent's own observation this round, from the world (a personal feed, its
-        neighbourhood), made on the agent's host just before its turn. None (the default): every
-        agent sees the round's shared observation."""
+        neighbourhood), made on the agent's host just before its turn (and for `wakes(obs, view)`,
+        before selection). None (the default): every agent sees the round's shared observation."""
         return None
 
+    def show(self, agent_id: int, items: Sequence[int] | np.ndarray, ranks: Sequence[int] | None = None) -> None:
+        """Record, from `view`, what agent `agent_id` is shown this round: `items` (values of the
+        world column `shown_items`, in the order shown) and their `ranks` (1 = the best; default:
+        the order shown). One row of table `shown` per acting agent (populace.sdk.shown); a
+        second call for the same agent replaces the first. Outside a round (a unit test of the
+        view) the record is checked and kept in `last_shown`."""
+        if self.shown_items is None:
+            raise ShownError(f"{type(self).__name__}.show: declare `shown_items` (the World column whose "
+                             "values a view shows) to record what agents are shown")
+        book = self._shown_book
+        if book is None:
+            self.last_shown = (agent_id, *checked_shown(items, ranks))
+            return
+        book.add(agent_id, items, ranks)
+
     def select(self, state: StateT, round: int) -> Any:
-        """Who acts in `round` (activation): a selector of `populace.sdk.select` (rate, ids, mask,
-        where), or None for everyone. Pure: it runs where the round is decided, and only the
-        agents it picks play, are reduced and are recorded."""
+        """Who acts in `round` (activation): a selector of `populace.sdk.select` (rate, rate_by,
+        ids, mask, where, column), or None for everyone. Pure: it runs where the round is decided,
+        and only the agents it picks play, are reduced and are recorded.
+
+        Declared with a third argument, `select(self, state, round, world)`, it also gets the
+        world `round` is played in (the one `decide` of the round before returned, or
+        `start_world`'s for round 1; None for a simulation without a World)."""
         return None
 
     def reduce(self, agent_ids: Sequence[int], outcomes: Sequence[Outcome]) -> PartialT:  # pragma: no cover
@@ -129,7 +156,10 @@ class Env(Generic[StateT, PartialT]):
 
     def merge(self, partials: Sequence[PartialT]) -> PartialT:  # pragma: no cover
         """Fold partials (of batches, hosts or groups) into one: associative and commutative.
-        `partials` may be empty (a round in which no agent answered): return the empty partial."""
+        `partials` may be empty (a round in which no agent answered): return the empty partial.
+        On a host they come in the order the batches left (turns finish as the model answers);
+        in the environment one per share, in the text order of the share keys (`host@epoch`):
+        the same on one placement, different on another."""
         raise NotImplementedError
 
     def decide(self, state: StateT, round: int, total: PartialT) -> tuple[StateT, Summary]:  # pragma: no cover

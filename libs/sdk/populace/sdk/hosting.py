@@ -20,8 +20,11 @@ from populace.sdk.env import Env
 from populace.sdk.mailroom import Mailroom
 from populace.sdk.play import RoundPlayer
 from populace.sdk.process import ProcessAgent
+from populace.sdk.profile import VIEW_BUDGET_BYTES
 from populace.sdk.registry import Resolved
 from populace.sdk.simulation import Observation, Simulation
+from populace.sdk.slicing import SLICE_S
+from populace.sdk.statejson import decode_state, encode_column, from_wire
 
 if TYPE_CHECKING:
     from populace.sdk.engine import ShareEngine
@@ -69,16 +72,21 @@ class HostedRun:
         cls = type(self.sim).Observation
         if payload is None:
             return self.env.observe(self.env.start(), round_).model_copy(update={"round": round_})
-        return cls.model_validate({**payload, "round": round_})
+        return from_wire(cls, {**payload, "round": round_})
 
     async def _columns(self, agents: Sequence[Agent]) -> dict[str, list]:
-        """`agents`' declared state, columnar ({field: values}), with their edge edits."""
-        fields = type(self.sim).Agent.state_fields
-        if agents and isinstance(agents[0], ProcessAgent):
+        """`agents`' declared state, columnar ({field: values}) as JSON gives it back exactly
+        (populace.sdk.statejson: a tuple stays a tuple), with their edge edits."""
+        cls = type(self.sim).Agent
+        fields = cls.state_fields
+        apart = bool(agents) and isinstance(agents[0], ProcessAgent)
+        if apart:
             states = [await a.fetch_state() for a in agents]  # type: ignore[attr-defined]
             columns = {f: [s.get(f) for s in states] for f in fields}
         else:
             columns = {f: [getattr(a, f) for a in agents] for f in fields}
+        columns = {f: encode_column(f, values, lambda i: agents[i].id, cls, every=apart)
+                   for f, values in columns.items()}
         book = self.sim.edges
         if book is not None:  # the agents' edits: their in-edges are theirs, saved with them
             columns[EDGES] = [book.state(a.id) for a in agents]
@@ -123,8 +131,9 @@ class HostedRun:
         if missing:
             raise ValueError(f"run {self.run_id}: the checkpoint has no state for agents {missing[:5]}"
                              f"{' …' if len(missing) > 5 else ''}")
+        cls = type(self.sim).Agent
         for a in self.agents:
-            a.restore(states[a.id])
+            a.restore(decode_state(states[a.id], cls))
         book = self.sim.edges
         if book is not None:
             for a in self.agents:
@@ -138,10 +147,12 @@ class HostedRun:
 
 def host_run(resolved: Resolved, run_id: str, ranges: list[tuple[int, int]], cast: Cast | None = None, *,
              one_per_process: bool = False, max_in_flight: int = 1_000_000, freeze: bool = True,
-             scene_idle_s: float = 60.0,
-             epoch: int = 0, graph: Graph | None = None) -> HostedRun:
+             scene_idle_s: float = 60.0, epoch: int = 0, graph: Graph | None = None, slice_s: float = SLICE_S,
+             view_budget_bytes: int = VIEW_BUDGET_BYTES) -> HostedRun:
     """Create this process's agents for a run (persona i is agent i's, by reference). A run
-    with a `graph:` needs its graph (over the run's agent ids)."""
+    with a `graph:` needs its graph (over the run's agent ids). `slice_s`: the most its code holds
+    the event loop at a time (populace.sdk.slicing); `view_budget_bytes`: a view larger is said
+    once per run (populace.sdk.profile)."""
     c = resolved.config
     if c.graph is not None and graph is None:
         raise ValueError(f"run {run_id}: its scenario has a graph, but no graph was given to host it")
@@ -162,9 +173,10 @@ def host_run(resolved: Resolved, run_id: str, ranges: list[tuple[int, int]], cas
         agents = [ProcessAgent(a) for a in agents]
     room = Mailroom(graph, type(sim).Post, ranges, c.broadcasts, sim.edges) if graph is not None else None
     run = HostedRun(run_id, resolved, sim, type(sim).Env(sim), agents,
-                    RoundPlayer(sim, agents, max_in_flight=max_in_flight, scene_idle_s=scene_idle_s),
+                    RoundPlayer(sim, agents, max_in_flight=max_in_flight, scene_idle_s=scene_idle_s, slice_s=slice_s),
                     ranges=list(ranges), epoch=epoch,
                     mailroom=room, models=assignment(c, cast))
+    run.engine.budget.limit = view_budget_bytes
     if freeze:
         # Agents live for the whole run: move them out of the cyclic GC's generations so
         # each collection during a round does not walk a million long-lived objects.

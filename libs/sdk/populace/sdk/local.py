@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from populace.core.contracts import HostInfo, RunConfig, SimulationTables
+from populace.core.contracts import GRAPH_ONE_PER_PROCESS, HostInfo, RunConfig, SimulationTables
 from populace.core.placement import place
 from populace.graph.csr import Graph
 from populace.population.cast import Cast
@@ -26,7 +26,9 @@ from populace.sdk.hosting import HostedRun, host_run
 from populace.sdk.llm import LLM
 from populace.sdk.mock import DummyLLM
 from populace.sdk.play import OutcomeRows, RoundPlayer, RoundShare
+from populace.sdk.profile import PROFILE_KEYS, RoundCost, budget_bytes
 from populace.sdk.registry import Resolved, resolve
+from populace.sdk.statejson import from_wire, to_wire
 
 LLMFactory = Callable[[HostedRun, int], LLM]  # (the host's share, round) -> the port for that round
 
@@ -44,6 +46,10 @@ class LocalResult:
     acts: dict[str, list] = field(default_factory=dict)  # scenes: table `tables.acts`
     transcripts: dict[str, list] = field(default_factory=dict)  # scenes: table `transcripts`
     edges: dict[str, list] = field(default_factory=dict)  # graphs that change: table `edges`
+    shown: dict[str, list] = field(default_factory=dict)  # who saw what: table `shown`
+    # where each round went (table `round_profile`): the process's row (role 'host') and the
+    # environment's; the recorder adds its own when the run is recorded
+    profile: dict[str, list] = field(default_factory=dict)
     status: str = "completed"
     interviews: dict[str, list] = field(default_factory=dict)  # the scenario's `interviews:`: table `interviews`
     interview_calls: int = 0  # the interviews' LLM calls (the rounds' are in `rounds.llm_calls`)
@@ -86,19 +92,25 @@ def local_graph(config: RunConfig, cast: Cast | None) -> Graph:
 async def run_local(config: RunConfig | Resolved, *, run_id: str = "local", cast: Cast | None = None,
                     hosts: int = 1, llm: LLMFactory = dummy_llm, one_per_process: bool = False,
                     on_round: Callable[[int, dict], None] | None = None, graph: Graph | None = None,
-                    keep_states: bool = True) -> LocalResult:
+                    keep_states: bool = True, view_budget_bytes: int | None = None) -> LocalResult:
     """`graph`: the run's graph (a run with a `graph:`; default: built from the section).
     `keep_states`: keep each round's agents' state (as checkpoints do on the fleet) for
-    post-hoc interviews (`interview_local`)."""
+    post-hoc interviews (`interview_local`). `view_budget_bytes`: a view or observation larger
+    is said once (default: POPULACE_VIEW_BUDGET_BYTES, else 64 KiB)."""
+    budget = budget_bytes() if view_budget_bytes is None else view_budget_bytes
     resolved = config if isinstance(config, Resolved) else resolve(config)
     c = resolved.config
+    if one_per_process and c.graph is not None:  # refused as the CLI and the fleet refuse it
+        raise ValueError(GRAPH_ONE_PER_PROCESS)
     tables = resolved.tables()
     if c.graph is not None and graph is None:
         graph = local_graph(c, cast)
     whole = _shares(resolved, hosts)
-    runs = [host_run(resolved, run_id, ranges, cast, one_per_process=one_per_process, freeze=False, graph=graph)
-            for ranges in whole]
-    decider = RoundDecider(resolved, runs[0].env)
+    runs = [host_run(resolved, run_id, ranges, cast, one_per_process=one_per_process, freeze=False, graph=graph,
+                     view_budget_bytes=budget) for ranges in whole]
+    for run in runs[1:]:  # one process: a view over its budget is said once, whichever share made it
+        run.engine.budget = runs[0].engine.budget
+    decider = RoundDecider(resolved, runs[0].env, budget_bytes=budget)
     state: dict | None = None  # the environment's, as the fleet carries it between rounds
     observation: dict | None = None
     selection: dict | None = None
@@ -118,13 +130,18 @@ async def run_local(config: RunConfig | Resolved, *, run_id: str = "local", cast
             _exchange(runs, placement, n)
             if n == 1 and decider.env.World is not None:
                 world = decider.opening().world
-            decision = decider.decide(n, state, [s.partial for s in shares if s.partial is not None], world)
+            # each share's partial as the environment service reads it off the wire (local = fleet)
+            partials = [from_wire(type(s.partial), to_wire(s.partial, strict=False)) for s in shares
+                        if s.partial is not None]
+            decision = decider.decide(n, state, partials, world)
+            _profile_rows(out.profile, run_id, n, [s.cost for s in shares if s.cost is not None], decision)
             state, observation, selection, world = (decision.state, decision.observation, decision.selection,
                                                     decision.world)
             # the platform's round columns, as the recorder writes them (no tokens: no model runs here)
             row = {"run_id": run_id, "round": n, "n": sum(s.n for s in shares),
                    "n_valid": sum(s.n_valid for s in shares),
                    "llm_calls": calls, "prompt_tokens": 0, "completion_tokens": 0, "infra_retries": 0,
+                   "cached_tokens": 0, "dollars": 0.0,
                    **decision.summary, "closed_at": time.time()}
             for key, value in row.items():
                 out.rounds.setdefault(key, []).append(value)
@@ -147,6 +164,8 @@ async def run_local(config: RunConfig | Resolved, *, run_id: str = "local", cast
         out.posts = _sorted(rows.posts, ("round", "agent_id"))
     if resolved.simulation.edge_kinds:  # in the order they apply: by round, agent, then as listed
         out.edges = _sorted(rows.edges, ("round", "follower"))
+    if tables.shown_items is not None:
+        out.shown = _sorted(rows.shown, ("round", "agent_id"))
     if tables.acts is not None:
         out.acts = _sorted(rows.acts, ("round", "group_id", "seq"))
         out.transcripts = _sorted(rows.lines, ("round", "group_id", "seq"))
@@ -210,6 +229,27 @@ async def interview_local(result: LocalResult, after_round: int, survey: intervi
     return out.interviews or {k: [] for k in interview.TABLE_KEYS}
 
 
+def _profile_rows(table: dict[str, list], run_id: str, round_: int, costs: list[RoundCost], decision) -> None:
+    """The round's rows of `round_profile`: this process's (its shares summed: one process is one
+    host) and the environment's."""
+    host = {"role": "host", "host_id": "local", "agents": sum(c.agents for c in costs),
+            "wall_s": sum(c.wall_s for c in costs), "view_s": sum(c.view_s for c in costs),
+            "turn_s": sum(c.turn_s for c in costs), "merge_s": sum(c.merge_s for c in costs),
+            "model_wait_s": sum(c.model_wait_s for c in costs), "view_bytes": sum(c.view_bytes for c in costs),
+            "view_max_bytes": max((c.view_max_bytes for c in costs), default=0),
+            "observation_bytes": max((c.observation_bytes for c in costs), default=0),
+            "held": sum(c.held for c in costs), "note": next((c.note for c in costs if c.note), None)}
+    d = decision.profile
+    env = {"role": "environment", "host_id": "environment", "merge_s": d.merge_s, "decide_s": d.decide_s,
+           "observation_bytes": d.observation_bytes, "note": d.note} if d is not None else None
+    for row in (host, env):
+        if row is None:
+            continue
+        full = {"run_id": run_id, "round": round_, "epoch": 0, **row}
+        for key in PROFILE_KEYS:
+            table.setdefault(key, []).append(full.get(key))
+
+
 def _sorted(columns: dict[str, list], by: tuple[str, ...]) -> dict[str, list]:
     order = sorted(range(len(columns[by[0]])), key=lambda i: tuple(columns[k][i] for k in by))
     return {k: [v[i] for i in order] for k, v in columns.items()}
@@ -232,6 +272,7 @@ class _Rows:
         self.lines: dict[str, list] = {k: [] for k in ("run_id", "round", "group_id", "seq", "speaker", "text",
                                                        "fields")}
         self.edges: dict[str, list] = {k: [] for k in ("run_id", "round", "follower", "author", "kind", "op")}
+        self.shown: dict[str, list] = {k: [] for k in ("run_id", "round", "agent_id", "items", "ranks")}
 
     def add(self, n: int, batch: OutcomeRows) -> None:
         cols = self.columns
@@ -256,7 +297,8 @@ class _Rows:
             posts["agent_id"].extend(batch.agent_ids)
             for key in ("text", "fields", "heard", "heard_digest"):
                 posts[key].extend(batch.posts["texts" if key == "text" else key])
-        for table, part in ((self.acts, batch.acts), (self.lines, batch.lines), (self.edges, batch.edits)):
+        for table, part in ((self.acts, batch.acts), (self.lines, batch.lines), (self.edges, batch.edits),
+                            (self.shown, batch.shown)):
             if part:
                 m = len(next(iter(part.values())))
                 table["run_id"].extend([self.run_id] * m)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from populace.core import synth
 from populace.sdk.llm import InferError, call_tag
+from populace.sdk.profile import Outstanding
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +76,11 @@ class DummyLLM:
         self._render = synth.renderer(schema)
         self._renders: dict[int, tuple[dict, Callable]] = {}  # id(schema) -> (schema, its renderer)
         self._seqs: dict = {}  # key (or caller, key) -> its calls so far this round: each call seeded apart
+        self._out = Outstanding()  # with a latency: the seconds a call was out
+
+    @property
+    def model_wait_s(self) -> float:
+        return self._out.now()
 
     async def ask(self, prompt: str, *, key: int, prefix_chars: int = 0, system: str | None = None,
                   schema: dict | None = None) -> str:
@@ -82,7 +88,11 @@ class DummyLLM:
         tag = call_tag(self._seqs, key)
         seed = self.seed if tag == 0 else synth.call_seed(self.seed, tag)
         if self.latency_s:
-            await asyncio.sleep(self.latency_s)
+            self._out.begin()
+            try:
+                await asyncio.sleep(self.latency_s)
+            finally:
+                self._out.end()
         if schema is None:
             return self._render(seed, self.round, key)
         # a simulation passes the same schema object call after call: compiled once per object

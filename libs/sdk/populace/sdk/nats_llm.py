@@ -26,6 +26,7 @@ from populace.core import logs, looptime, metrics, replies, subjects, telemetry
 from populace.core.contracts import InferBatch, InferReply, ModelConfig, ModelEndpoint, ModelUse, Usage
 from populace.core.telemetry import tracer
 from populace.sdk.llm import InferError, ModelUnavailable, call_tag
+from populace.sdk.profile import Outstanding
 
 log = logs.get("populace.llm")
 _batch_ids = itertools.count()
@@ -151,6 +152,7 @@ class InferSession:
         self._answers: deque[tuple[asyncio.Future, str | BaseException]] = deque()
         self._handing = False
         self._clock = looptime.of(self._loop)
+        self._out = Outstanding()  # the seconds a batch of this session was out (table round_profile)
 
     def _pending_for(self, system: str | None, schema: dict | None, model: int) -> _Pending:
         # a simulation passes the same objects call after call: found by identity first (a
@@ -239,6 +241,7 @@ class InferSession:
         in_flight = metrics.LLM_IN_FLIGHT.labels("agent-host")
         in_flight.inc(n)
         t0 = time.perf_counter()
+        self._out.begin()
         try:
             with tracer.start_as_current_span("agent-host.infer", attributes={"populace.prompts": n}):
                 await self._until_answered(batch, futs, tracing=telemetry.inject(), model=model)
@@ -252,6 +255,7 @@ class InferSession:
                 if not fut.done():
                     fut.set_exception(failure)
         finally:
+            self._out.end()
             in_flight.dec(n)
             metrics.batch("agent-host", "infer", n, time.perf_counter() - t0)
 
@@ -395,6 +399,11 @@ class InferSession:
         finally:
             with contextlib.suppress(nats_errors.Error):  # a connection going away has dropped it anyway
                 await sub.unsubscribe()
+
+    @property
+    def model_wait_s(self) -> float:
+        """Seconds so far during which at least one of this session's batches was out."""
+        return self._out.now()
 
     def usage(self) -> Usage:
         """The LLM work of this round so far (what the budget and the estimate count), in

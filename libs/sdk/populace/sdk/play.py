@@ -33,16 +33,22 @@ from pydantic import TypeAdapter, ValidationError
 
 from populace.core.ranges import not_in, outside
 from populace.sdk.agent import Agent
+from populace.sdk.answers import schema_options
+from populace.sdk.claims import ClaimError
 from populace.sdk.edges import EdgeError
 from populace.sdk.env import Env, GroupEnv, Partial
 from populace.sdk.groups import Group, GroupLayout
 from populace.sdk.llm import LLM, TURNS, InferError, ModelUnavailable
-from populace.sdk.outcome import Outcome, columns_adapter
+from populace.sdk.outcome import Outcome, columns_adapter, literal_values, outcome_fields
 from populace.sdk.process import AgentRaised
+from populace.sdk.profile import RoundCost, Timed, sampled
 from populace.sdk.scene import PLAYING, ActRecord, LineRecord, Member, Scene, SceneError
+from populace.sdk.shown import ShownError
 from populace.sdk.simulation import Observation, Simulation
+from populace.sdk.slicing import SLICE_S, slicer_for
 
-# Yield to the event loop every this many task launches so batches leave while agents start.
+# Yield to the event loop every this many task launches (at most: fewer when the simulation's
+# code is slow, populace.sdk.slicing) so batches leave while agents start.
 LAUNCH_SLICE = 2000
 # A batch also leaves once its groups' text (acts, lines, answers) passes this, between two
 # groups, so that with its other columns a message stays well under NATS' 1 MB max_payload.
@@ -89,6 +95,7 @@ class OutcomeRows:
     edits: dict[str, list] | None = None  # graphs that change: the batch's edge edits, in order
     acts: dict[str, list] | None = None  # scenes: the acts of the groups whose members are here
     lines: dict[str, list] | None = None  # scenes: what those groups' members said
+    shown: dict[str, list] | None = None  # who saw what: the batch's agents' records (populace.sdk.shown)
 
 
 @dataclass(slots=True)
@@ -100,6 +107,7 @@ class RoundShare:
     partial: Partial | None  # None when the share had no agents
     batches: int = 0
     n_simulation_errors: int = 0  # invalid rows the simulation's own code caused ('agent: …')
+    cost: RoundCost | None = None  # where the share's round went (populace.sdk.profile)
 
 
 # (agent ids, outcomes, errors, valid) of a batch -> its post columns (populace.sdk.mailroom):
@@ -108,25 +116,32 @@ PostRecorder = Callable[[list[int], list[Outcome], list, list[bool]], dict[str, 
 # (agent ids, outcomes) of a batch -> its edge edits' columns (None: none), applied to the host's
 # edge book; raises EdgeError for an edit the run cannot have
 EditRecorder = Callable[[list[int], list[Outcome]], dict[str, list] | None]
+# agent ids of a batch -> their shown records' columns (None: none); raises ShownError for an item
+# the round's world does not have (populace.sdk.shown.ShownBook.take)
+ShownRecorder = Callable[[list[int]], dict[str, list] | None]
 
 
 class _Columns:
     """Validates a batch of outcome objects (a simulation's Outcome or Act class) into columns."""
 
     def __init__(self, cls: type[Outcome], bounds: tuple[str, tuple[float, float]] | None = None,
-                 choices: tuple[str, frozenset[str]] | None = None) -> None:
+                 options: dict[str, tuple] | None = None) -> None:
         self.adapters = columns_adapter(cls)
         self.getters = {name: operator.attrgetter(name) for name in ("valid", "raw", *self.adapters)}
         self.defaults = {f.name: (f.default_factory if f.default is dataclasses.MISSING
                                   else (lambda v=f.default: v)) for f in dataclasses.fields(cls)}
         self.bounds = bounds  # (measure, its declared range): a valid value outside is invalid
-        self.choices = choices  # (measure, its declared options): a valid value not one of them is invalid
+        # column -> its declared options, in order (the measure's, an answer schema's enum): a
+        # valid value not one of them is invalid
+        self.options = {name: (tuple(opts), frozenset(opts)) for name, opts in (options or {}).items()}
 
     def __call__(self, outs: list[Outcome], errs: list[str | None]) -> tuple[dict[str, list], list[bool], list[str]]:
         """Validated columns. A value that does not fit its column is reset to the column's
         default and its row marked invalid (error named); the row's other values stay — a
         group env may already have filled them — and one agent's bad value never poisons
-        the batch."""
+        the batch. A value outside what the model was offered (a Literal's values, the declared
+        options or range) is the model's invalid answer ('answer: …', however the simulation's
+        parser let it through); any other misfit is the simulation's own error ('agent: …')."""
         for _ in range(2):
             bad: dict[int, list[str]] = {}
             columns: dict[str, list] = {}
@@ -139,20 +154,21 @@ class _Columns:
                         if e["loc"] and isinstance(e["loc"][0], int):
                             bad.setdefault(e["loc"][0], []).append(name)
                             reason = f"outcome.{name}: {e['msg']} (got {e.get('input')!r})"
-                            errs[e["loc"][0]] = errs[e["loc"][0]] or f"agent: {reason}"
+                            whose = "answer" if e["type"] == "literal_error" else "agent"
+                            errs[e["loc"][0]] = errs[e["loc"][0]] or f"{whose}: {reason}"
             if self.bounds is not None and not bad:
                 measure, (lo, hi) = self.bounds
                 for i in outside(columns[measure], columns["valid"], (lo, hi)):
                     bad.setdefault(i, []).append(measure)
                     v = columns[measure][i]
-                    errs[i] = errs[i] or f"agent: outcome.{measure}: {v!r} is outside the simulation's range " \
+                    errs[i] = errs[i] or f"answer: outcome.{measure}: {v!r} is outside the simulation's range " \
                                          f"[{lo:g}, {hi:g}]"
-            if self.choices is not None and not bad:
-                measure, options = self.choices
-                for i in not_in(columns[measure], columns["valid"], options):
-                    bad.setdefault(i, []).append(measure)
-                    errs[i] = errs[i] or f"agent: outcome.{measure}: {columns[measure][i]!r} is not one " \
-                                         "of the simulation's options"
+            if self.options and not bad:
+                for name, (listed, allowed) in self.options.items():
+                    for i in not_in(columns[name], columns["valid"], allowed):
+                        bad.setdefault(i, []).append(name)
+                        errs[i] = errs[i] or f"answer: outcome.{name}: {columns[name][i]!r} is not one of the " \
+                                             f"options ({_listed(listed)})"
             if not bad:
                 return columns, columns.pop("valid"), columns.pop("raw")
             for i, names in bad.items():
@@ -174,6 +190,33 @@ def _text_bytes(values: list) -> int:
         return sum(len(v.encode()) for v in values if isinstance(v, str))
 
 
+def _listed(options: Sequence[object], most: int = 12) -> str:
+    shown = ", ".join(map(repr, options[:most]))
+    return shown + (f", … ({len(options)} in all)" if len(options) > most else "")
+
+
+def declared_options(sim: type[Simulation], measure: str | None, measure_options: Sequence[str] | None,
+                     answer_schema: dict | None) -> dict[str, tuple]:
+    """Each outcome column's declared options: the measure's (`measure_options`, as the run's
+    tables carry them), and for any other column named as a property of the answer schema with
+    an `enum`, that enum in the column's type (an enum the column's type cannot hold is the
+    simulation's translation of the answer: left alone). A Literal column's values are checked
+    by its type already."""
+    out: dict[str, tuple] = {}
+    if measure is not None and measure_options:
+        out[measure] = tuple(measure_options)
+    fields = dict(outcome_fields(sim.Outcome))
+    enums = {name: enum for name, enum in schema_options(answer_schema).items()
+             if name in fields and name not in out and not literal_values(fields[name])}
+    adapters = columns_adapter(sim.Outcome) if enums else {}
+    for name, enum in enums.items():
+        try:
+            out[name] = tuple(dict.fromkeys(adapters[name].validate_python(list(enum))))
+        except ValidationError:
+            continue
+    return out
+
+
 def _group_bytes(members: Sequence[tuple[Agent, Outcome, float, str | None, Any]], acts: Sequence[ActRecord],
                  lines: Sequence[LineRecord]) -> int:
     """About how many bytes a scene's group takes in a batch: its text (UTF-8) and a row's cost
@@ -193,24 +236,29 @@ class OutcomeSink:
     def __init__(self, sim: type[Simulation], env: Env, *, batch_size: int = 1000,
                  emit: Callable[[OutcomeRows], None] | None = None, grouped: bool = False,
                  posts: PostRecorder | None = None, levels: Sequence[str] = (),
-                 edits: EditRecorder | None = None) -> None:
+                 edits: EditRecorder | None = None, round_: int | None = None,
+                 shown: ShownRecorder | None = None) -> None:
         # A valid numeric measure outside the simulation's declared range for the run is not
         # possible: the row is invalid (named), as the recorder would refuse the batch.
         instance = getattr(env, "sim", None)
-        run_tables = sim.tables_for(instance.params) if instance is not None else None
+        schema = instance.answer_schema() if instance is not None else None
+        run_tables = sim.tables_for(instance.params, schema) if instance is not None else None
         bounds = (run_tables.measure, run_tables.measure_range) if run_tables and run_tables.measure_range else None
-        # likewise a valid categorical measure that is not one of its declared options
-        options = run_tables.measure_options if run_tables else None
-        choices = (run_tables.measure, frozenset(options)) if run_tables and options else None
-        self._columns = _Columns(sim.Outcome, bounds, choices)
+        # likewise a valid value that is not one of its declared options: the categorical measure's,
+        # and any column's that the answer schema gives an `enum`
+        options = declared_options(sim, run_tables.measure if run_tables else None,
+                                   run_tables.measure_options if run_tables else None, schema)
+        self._columns = _Columns(sim.Outcome, bounds, options)
         self._act_columns = _Columns(sim.Act) if sim.Act is not None else None
         self._env = env
+        self._where = f"simulation {sim.name!r}" + (f", round {round_}" if round_ is not None else "")
         self._batch_size = batch_size
         self._emit = emit
         self._grouped = grouped
         self._levels = tuple(levels)  # outer levels' names (nested groups), inner to outer
         self._posts = posts
         self._edits = edits
+        self._shown = shown
         self._partials: list[Partial] = []
         self.n = self.n_valid = self.n_simulation_errors = 0
         self.seq = 0
@@ -289,19 +337,28 @@ class OutcomeSink:
             except EdgeError as err:  # the simulation's bug: the round stops, the run pauses naming it
                 if self.failure is None:
                     self.failure = RoundPaused(str(err))
+        shown = None
+        if self._shown is not None:
+            try:
+                shown = self._shown(ids)
+            except ShownError as err:  # likewise: an item the round's world does not have
+                if self.failure is None:
+                    self.failure = RoundPaused(str(err))
         self.n += len(ids)
         self.n_valid += sum(valid)
         self.n_simulation_errors += sum(1 for ok, e in zip(valid, errs) if not ok and e and e.startswith("agent:"))
         if self.failure is None:
             try:
                 self._partials.append(self._env.reduce(ids, outs))
+            except ClaimError as err:  # a claim that is not a target (e.g. 2.5): the simulation's bug, named
+                self.failure = RoundPaused(f"{self._where}: {type(self._env).__name__}.reduce: claims: {err}")
             except Exception as err:
                 self.failure = RoundFailed(f"{type(self._env).__name__}.reduce raised: {type(err).__name__}: {err}")
         levels = ({name: [o[i] for o in outer] for i, name in enumerate(self._levels)}
                   if self._grouped and self._levels else None)
         batch = OutcomeRows(self.seq, ids, columns, valid, raws, lat, errs, groups if self._grouped else None,
                              posts=posts, levels=levels, acts=self._act_rows(acts), lines=self._line_rows(lines),
-                             edits=edits)
+                             edits=edits, shown=shown)
         self.seq += 1
         if self._emit is not None:
             self._emit(batch)
@@ -346,10 +403,13 @@ class RoundPlayer:
     """Plays rounds for one run's agents on one process."""
 
     def __init__(self, sim: Simulation, agents: Sequence[Agent], *, max_in_flight: int = 1_000_000,
-                 scene_idle_s: float = 60.0) -> None:
+                 scene_idle_s: float = 60.0, slice_s: float = SLICE_S) -> None:
         self.sim = sim
         self.agents = agents
         self.max_in_flight = max_in_flight
+        # the most the simulation's code holds the loop before heartbeats and messages go first
+        self.slice_s = slice_s
+        self.cost = RoundCost()  # the round in play's (a share's engine hands each round its own)
         # a scene that for this long waits on neither an act nor a model call is stuck: it fails
         self.scene_idle_s = scene_idle_s
         self._scenes: dict[int, Scene] = {}  # the scenes playing now, by group
@@ -388,10 +448,12 @@ class RoundPlayer:
         return self.layout.groups(round_, ids)
 
     async def play(self, obs: Observation, llm: LLM, sink: OutcomeSink, selected: Sequence[int] | None = None,
-                   view: Callable[[int], Any] | None = None) -> None:
+                   view: Callable[[int], Any] | None = None, cost: RoundCost | None = None) -> None:
         """Play round `obs.round` for the agents at `selected` (indices into `agents`; None: all);
-        `view`: agent id -> its own observation (the environment's view), else everyone sees `obs`."""
+        `view`: agent id -> its own observation (the environment's view), else everyone sees `obs`;
+        `cost`: where the round's time goes is added to it."""
         self._failure = None
+        self.cost = cost if cost is not None else RoundCost()
         if self.layout is None:
             units: Sequence = self.agents if selected is None else [self.agents[i] for i in selected]
             await self._run(units, self._turn_task(obs, llm, sink.add, view), llm, turns=True)
@@ -446,17 +508,28 @@ class RoundPlayer:
             state["left"] -= 1
             if state["left"] == 0:
                 finished.set_result(None)
-            else:
-                launch()
+            elif not launching:
+                launch()  # the launcher is done: one starts as one finishes (at most max_in_flight)
 
-        for k in range(min(self.max_in_flight, total)):
-            launch()
-            if k % LAUNCH_SLICE == LAUNCH_SLICE - 1:
-                await asyncio.sleep(0)
-        flush = getattr(llm, "flush", None)
-        if flush is not None:
-            flush()  # send what is queued now rather than after the flush timer
+        slicer = slicer_for(loop, self.slice_s)
+        held = slicer.held
+        launching = True
         try:
+            # done early: cancelled, or stopped (no model, the simulation failed)
+            while not finished.done() and state["next"] < total:
+                free = self.max_in_flight - len(running)
+                if free <= 0:
+                    break  # the rest start as turns finish (on_done)
+                # as many as a slice of the loop holds at what the simulation's code costs: thousands
+                # of cheap turns per turn of the loop, a few slow ones
+                for _ in range(slicer.room(min(LAUNCH_SLICE, free, total - state["next"]))):
+                    launch()
+                if state["next"] < total:
+                    await asyncio.sleep(0)
+            launching = False
+            flush = getattr(llm, "flush", None)
+            if flush is not None:
+                flush()  # send what is queued now rather than after the flush timer
             await finished
         except asyncio.CancelledError:
             # the run was cancelled (or replaced): its agents' turns stop with it
@@ -465,6 +538,8 @@ class RoundPlayer:
                 task.cancel()
                 TURNS.pop(task, None)
             raise
+        finally:
+            self.cost.held += slicer.held - held
         if self._failure is not None:
             for task in list(running):
                 task.cancel()
@@ -479,13 +554,23 @@ class RoundPlayer:
 
     def _turn_task(self, obs: Observation, llm: LLM, deliver: Callable[[int, Outcome, float, str | None], None],
                    view: Callable[[int], Any] | None = None):
-        now = asyncio.get_running_loop().time
+        loop = asyncio.get_running_loop()
+        now = loop.time
         cls = self.outcome_cls
         failed = self.failed_outcome
+        gate = slicer_for(loop, self.slice_s).enter
+        cost = self.cost
+        count = 0
 
         async def play(agent: Agent) -> None:
+            nonlocal count
+            wait = gate()  # the simulation's code starts here: after the loop turned, if it held it a slice
+            if wait is not None:
+                await wait
             started = now()
             error = None
+            i = count
+            count = cost.turns = i + 1
             try:
                 seen = obs
                 if view is not None:
@@ -494,7 +579,7 @@ class RoundPlayer:
                     except RoundFailed as err:  # the simulation's view, not this agent: stop the round
                         self._stop(err)
                         return
-                out = await agent.turn(seen, llm)
+                out = await (Timed(agent.turn(seen, llm), cost) if sampled(i) else agent.turn(seen, llm))
                 if out.__class__ is not cls and not isinstance(out, cls):
                     raise TypeError(f"turn returned {type(out).__name__}, not {cls.__name__}")
             except InferError as err:
@@ -530,10 +615,19 @@ class RoundPlayer:
         act_cls = type(sim).Act
         outcome_cls = self.outcome_cls
         agents, index, scenes, failed_act = self.agents, self.index, self._scenes, self.failed_act
+        gate = slicer_for(asyncio.get_running_loop(), self.slice_s).enter
+        cost = self.cost
+        count = 0
 
         # (loops here, not comprehensions: a comprehension's closure costs objects per group)
         async def play(group: Group) -> None:
-            scene = Scene(round_, group.id, sim, llm, act_cls, failed_act)
+            nonlocal count
+            wait = gate()
+            if wait is not None:
+                await wait
+            i = count
+            count = cost.turns = i + 1
+            scene = Scene(round_, group.id, sim, llm, act_cls, failed_act, gate=gate)
             members_: list[Member] = []
             for aid in group.members:
                 members_.append(Member(agents[index[aid]], scene))
@@ -542,7 +636,7 @@ class RoundPlayer:
             scenes[group.id] = scene
             PLAYING.set(scene)  # this task's own context: what its acts are checked against
             try:
-                news = await env.scene(scene)
+                news = await (Timed(env.scene(scene), cost) if sampled(i) else env.scene(scene))
                 if scene.broken is not None:  # a rule broken, even if the scene caught the error
                     raise SceneError(scene.broken)
                 outcomes = scene.outcomes
@@ -605,17 +699,22 @@ class RoundPlayer:
         # group -> its scene's acts and lines, until the group goes to the sink (nested: with its outer level)
         scenes: dict[int, tuple[list[ActRecord], list[LineRecord]]] = {}
 
+        cost = self.cost
+
         def settle(level: int, gid: int, members: list) -> None:
             members.sort(key=lambda m: m[0].id)
             news: Any = None
             if self._failure is None:
                 env = envs[level]
+                t = time.perf_counter()
                 try:
                     news = env.settle(round_, gid, [m[0].id for m in members], [m[1] for m in members])
                 except Exception as err:
                     self._stop(RoundFailed(f"{type(env).__name__}.settle raised in round {round_} "
                                            f"({'group' if level == 0 else type(env).level} {gid}): "
                                            f"{type(err).__name__}: {err}"))
+                finally:
+                    cost.merge_s += time.perf_counter() - t
             hear(members, news)
 
         def hear(members: list, news: Any) -> list:

@@ -27,6 +27,8 @@ import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from pydantic_core import from_json, to_json
+
 from populace.core import synth
 from populace.core.contracts import RunConfig
 from populace.sdk.hosting import HostedRun
@@ -35,6 +37,7 @@ from populace.sdk.local import LocalResult, run_local
 from populace.sdk.registry import Resolved, resolve
 from populace.sdk.simulation import Simulation
 from populace.sdk.statecheck import StateCheck, checkpointed
+from populace.sdk.statejson import from_wire, to_wire
 
 LLMFactory = Callable[[HostedRun, int], LLM]
 # Columns that measure wall time, not what was played.
@@ -120,7 +123,7 @@ class _ResumeAfter:
         def decide_then_checkpoint(state, round_, total, *world):
             state, *rest = decide(state, round_, total, *world)  # with a World: (state, summary, world)
             if round_ == after:
-                state = type(state).model_validate_json(state.model_dump_json())
+                state = from_wire(type(state), from_json(to_json(to_wire(state))))
             return (state, *rest)
 
         env.decide = decide_then_checkpoint  # type: ignore[method-assign]
@@ -145,11 +148,12 @@ def _first_difference(a: list[dict], b: list[dict]) -> tuple[int, str]:
 
 
 def compare(uninterrupted: LocalResult, resumed: LocalResult, after: int) -> None:
-    """Raise ResumeMismatch naming how many outcome and round rows differ, and the first of each."""
+    """Raise ResumeMismatch naming how many outcome, round, post and shown rows differ, and the first of each."""
     problems = []
     for table, a, b in (("outcome", uninterrupted.outcomes, resumed.outcomes),
                         ("round", uninterrupted.rounds, resumed.rounds),
-                        ("post", uninterrupted.posts, resumed.posts)):
+                        ("post", uninterrupted.posts, resumed.posts),
+                        ("shown", uninterrupted.shown, resumed.shown)):
         rows_a, rows_b = _rows(a), _rows(b)
         n, first = _first_difference(rows_a, rows_b)
         if n:

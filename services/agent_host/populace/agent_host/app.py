@@ -55,7 +55,7 @@ class AgentHost:
         self.svc = svc
         self.host_id = svc.settings.host_id
         self.runtime: HostRuntime | None = None
-        self.heartbeat: bus.Heartbeat | None = None
+        self.heartbeat: bus.ThreadHeartbeat | None = None
         # by personas digest: one population kept in memory, fetched and parsed once however
         # many spawns and interviews ask for it (at once too)
         self.casts: ByDigest[Cast] = ByDigest(limit=1)
@@ -76,13 +76,16 @@ class AgentHost:
         runtime = self.runtime = HostRuntime(svc.nc, svc.js, svc.settings, report_fault=self.report_fault,
                                              report_interview_fault=self.report_interview_fault)
         started = time.time()
-        kv = await svc.js.key_value(subjects.HOSTS_BUCKET)
-        self.heartbeat = bus.Heartbeat(
-            kv, self.host_id,
-            lambda: HostInfo(host_id=self.host_id, capacity=svc.settings.host_capacity,
-                             agents=runtime.agent_count, pid=os.getpid(), started_at=started,
-                             heartbeat_at=time.time()),
-            svc.settings.heartbeat_s,
+        # From a thread of its own (its own loop and connection): the simulation's code can hold
+        # this process's loop for as long as it likes, the host stays registered, and its entry
+        # says how long the loop has been held (a host is lost only when it is).
+        self.heartbeat = bus.ThreadHeartbeat(
+            svc.settings.nats_url, subjects.HOSTS_BUCKET, self.host_id,
+            lambda busy_s: HostInfo(host_id=self.host_id, capacity=svc.settings.host_capacity,
+                                    agents=runtime.held, pid=os.getpid(), started_at=started,
+                                    heartbeat_at=time.time(), loop_busy_s=busy_s),
+            svc.settings.heartbeat_s, name=f"populace-agent-host-{self.host_id}-heartbeat",
+            connect_kw=bus.credentials(svc.settings),
         )
         await self.heartbeat.start()
 

@@ -29,6 +29,7 @@ from populace.sdk.llm import ModelUnavailable
 from populace.sdk.nats_llm import InferSession
 from populace.sdk.play import RoundPaused
 from populace.sdk.registry import resolve
+from populace.sdk.statejson import StateTypeError
 from populace.sdk.world import World
 
 log = logs.get("populace.agent_host")
@@ -51,6 +52,7 @@ class HostRuntime:
         # run id -> share epoch -> its agents: a host can hold two shares of one run (its own,
         # and a lost host's agents placed on it in a later epoch)
         self.runs: dict[str, dict[int, HostedRun]] = {}
+        self.held = 0  # agent_count as of the last spawn or drop: what the heartbeat's thread reads
         self._rounds: dict[tuple[str, int], set[asyncio.Task]] = {}  # by share: cancelled with it
         self._report_fault = report_fault
         self.mail = MailCarrier(nc, js, settings)
@@ -82,9 +84,11 @@ class HostRuntime:
         one_per_process = resolved.config.placement.agents_per_process == 1 or self.settings.one_agent_per_process
         run = host_run(resolved, batch.run_id, batch.ranges, cast, one_per_process=one_per_process,
                        max_in_flight=self.settings.max_in_flight, epoch=batch.epoch, graph=graph,
-                       scene_idle_s=self.settings.scene_idle_s)
+                       scene_idle_s=self.settings.scene_idle_s, slice_s=self.settings.loop_slice_ms / 1000,
+                       view_budget_bytes=self.settings.view_budget_bytes)
         self.runs.setdefault(batch.run_id, {})[batch.epoch] = run
-        metrics.AGENTS.set(self.agent_count)
+        self.held = self.agent_count
+        metrics.AGENTS.set(self.held)
         return run
 
     async def restore(self, run: HostedRun, batch: SpawnBatch) -> None:
@@ -94,7 +98,7 @@ class HostRuntime:
         if batch.restore is None:
             return
         r = batch.restore
-        states = await checkpoints.load_agents(self.js, r.run_id, r.round, r.ranges, run.ranges, r.digests)
+        states = await checkpoints.load_agents(self.js, r.run_id, r.round, r.ranges, run.ranges, r.digests, r.writers)
         run.restore(states)
         plans = self.interviews.planned(run, r.round) if r.run_id == run.run_id else []
         if plans:  # their answers may have been lost with the host that played the round: asked again
@@ -102,7 +106,8 @@ class HostRuntime:
         if run.mailroom is not None:
             # what the agents read next: every agent's post of that round (the checkpoint of
             # every range holds its agents' posts), not only this share's
-            everyone = await checkpoints.load_agents(self.js, r.run_id, r.round, r.ranges, r.ranges, r.digests)
+            everyone = await checkpoints.load_agents(self.js, r.run_id, r.round, r.ranges, r.ranges, r.digests,
+                                                     r.writers)
             box = run.mailroom.box(r.round)
             for aid, state in everyone.items():
                 text = state.get(POST_TEXT)
@@ -122,7 +127,8 @@ class HostRuntime:
             self.runs.pop(run_id, None)
             self._worlds.pop(run_id, None)
         gc.unfreeze()  # let the share's agents be collected
-        metrics.AGENTS.set(self.agent_count)
+        self.held = self.agent_count
+        metrics.AGENTS.set(self.held)
         if run:
             run.stop()
             del run
@@ -197,6 +203,12 @@ class HostRuntime:
             except RoundPaused as err:  # the simulation broke a rule (a scene, an edit): pause, resumable once fixed
                 reason = f"{err}; fix the simulation, then `populace resume {run.run_id}`"
                 log.error("scene_failed", error=reason)
+                if self._report_fault is not None:
+                    await self._report_fault(run.run_id, opened.round, reason, run.epoch, True)
+            except checkpoints.CheckpointError as err:  # a checkpoint, world or partial object the store
+                # refused (full) or that cannot be read: the store's fault, never the simulation's
+                reason = f"round {opened.round}: {err}; `populace resume {run.run_id}` continues"
+                log.error("checkpoint_unusable", error=reason)
                 if self._report_fault is not None:
                     await self._report_fault(run.run_id, opened.round, reason, run.epoch, True)
             except ModelUnavailable as err:  # the model path is down: pause, record nothing as answers
@@ -289,6 +301,10 @@ class HostRuntime:
             s.checkpoint_full_every, s.checkpoint_delta_ratio) for first, _ in run.ranges)
         try:
             return await self._save(run, round_, chains, None if full else changed, box, round_fields)
+        except StateTypeError as err:  # the simulation's agents hold what no checkpoint keeps: resumable once fixed
+            run.changed = None
+            raise RoundPaused(f"simulation {run.resolved.config.simulation!r}: round {round_}: its agents' state "
+                              f"cannot be checkpointed: {err}") from err
         except BaseException:
             run.changed = None  # what this round changed may not be stored: the next checkpoint is full
             raise

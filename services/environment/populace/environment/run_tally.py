@@ -18,6 +18,7 @@ it is recovery at work, not an attack.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import time
@@ -30,7 +31,9 @@ from populace.core.contracts import RoundOpen, RoundPartial, RoundResult, Usage,
 from populace.sdk.agent import Agent
 from populace.sdk.engine import DecideFailed, RoundDecider
 from populace.sdk.env import Env, Partial
+from populace.sdk.profile import VIEW_BUDGET_BYTES
 from populace.sdk.registry import Resolved
+from populace.sdk.statejson import StateTypeError, from_wire
 from populace.sdk.world import World
 
 
@@ -76,6 +79,9 @@ class RunTally:
     world_ref: WorldRef | None = None
     # round -> (the result's world reference, its bytes): stored by the service before the result
     worlds_out: dict[int, tuple[WorldRef, bytes]] = field(default_factory=dict)
+    budget_bytes: int = VIEW_BUDGET_BYTES  # the observation every agent sees: said once per run when over
+    # the service runs a run's steps (open, add: a decision) in a worker thread, one at a time
+    steps: asyncio.Lock = field(default_factory=asyncio.Lock, compare=False, repr=False)
 
     def needs_world(self, opened: RoundOpen) -> WorldRef | None:
         """The world reference the service must load before `opened` can be decided (None: the
@@ -122,7 +128,7 @@ class RunTally:
 
     @functools.cached_property
     def decider(self) -> RoundDecider:
-        return RoundDecider(self.resolved, self.env, self.run_id)
+        return RoundDecider(self.resolved, self.env, self.run_id, budget_bytes=self.budget_bytes)
 
     def everyone_acts(self, opened: RoundOpen) -> bool:
         """Whether every agent acts in the announced round (else a share counts those it selected)."""
@@ -146,26 +152,35 @@ class RunTally:
             return f"share {key} was never placed in run {opened.run_id} (round {opened.round}, epoch {opened.epoch})"
         return None
 
-    def add(self, partial: RoundPartial, source: object = None) -> RoundResult | None:
-        """Count a share's partial (once); raises BadPartial when the round's placement or
-        the simulation refuses it (see the module's docstring)."""
+    def screen(self, partial: RoundPartial) -> bool | None:
+        """What the rounds announced here say of a partial, before its payload is looked at:
+        True, it counts; False, a straggler (a replaced share's, a decided round's), dropped
+        quietly; None, its round is not announced here yet (the announcement checks it). Raises
+        BadPartial when the round's placement refuses it."""
         r, key = partial.round, share_key(partial.host_id, partial.epoch)
         newest = max(self.opened, default=0)
         if newest and r > newest + 1:
             raise BadPartial(f"round {r} is not open in run {self.run_id} (round {newest} is in play)")
         opened = self.opened.get(r)
-        if opened is None and r < newest:
-            return None  # a straggler of a round long decided
-        if opened is not None:
-            why = self._refusal(opened, key, partial)
-            if why is not None:
-                raise BadPartial(why)
-            if key not in opened.shares and partial.epoch < opened.epoch:
-                return None  # a replaced share's straggler
+        if opened is None:
+            return False if r < newest else None  # a straggler of a round long decided, or one to come
+        why = self._refusal(opened, key, partial)
+        if why is not None:
+            raise BadPartial(why)
+        return not (key not in opened.shares and partial.epoch < opened.epoch)  # a replaced share's straggler
+
+    def add(self, partial: RoundPartial, source: object = None) -> RoundResult | None:
+        """Count a share's partial (once); raises BadPartial when the round's placement or
+        the simulation refuses it (see the module's docstring)."""
+        if self.screen(partial) is False:
+            return None
+        r, key = partial.round, share_key(partial.host_id, partial.epoch)
         try:
-            payload = self.env.Partial.model_validate(partial.payload) if partial.n else None
+            payload = from_wire(self.env.Partial, partial.payload) if partial.n else None
         except ValidationError as err:
             raise BadPartial(f"payload is not a {self.env.Partial.__name__}: {err.errors()[0]['msg']}") from None
+        except StateTypeError as err:
+            raise BadPartial(f"payload is not a {self.env.Partial.__name__}: {err}") from None
         self.partials.setdefault(r, {})[key] = Counted(partial, payload, source)
         return self._maybe_close(r)
 
@@ -206,4 +221,5 @@ class RunTally:
             usage=sum((p.usage for p, _ in parts), Usage()),
             interviews=sum((p.interviews for p, _ in parts), Usage()),
             n_simulation_errors=sum(p.n_simulation_errors for p, _ in parts),
+            profile=decision.profile,
         )

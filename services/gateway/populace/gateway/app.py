@@ -17,7 +17,7 @@ import httpx
 from faststream import FastStream
 from faststream.nats.annotations import NatsMessage
 
-from populace.core import bus, metrics, subjects
+from populace.core import bus, metrics, replica_hosts, subjects
 from populace.core.contracts import InferBatch, InferReply, LlmCallBatch
 from populace.core.service import Service
 from populace.core.settings import Settings
@@ -28,8 +28,10 @@ from populace.gateway.dispatcher import Dispatcher
 from populace.gateway.fairshare import FairShare
 from populace.gateway.keys import KeyRing
 from populace.gateway.openai_api import ChatClient, HttpxPoster
+from populace.gateway.pacing import LocalPacer, Pacer
 from populace.gateway.replica_pool import ReplicaPool
 from populace.gateway.routing import make_router
+from populace.gateway.shared_pacing import SharedPacer
 
 DESCRIPTION = ("One structured call per decision: batches of prompts in, answers out, routed to "
                "LLM replicas (llama.cpp, vLLM, simulated) or answered by the dummy model.")
@@ -48,6 +50,7 @@ class Gateway:
         self.svc = svc
         self.dummy = DummyBackend()
         self.replicas: Dispatcher | None = None
+        self.pacer: Pacer | None = None
         self.pool: ReplicaPool | None = None
         self.http: httpx.AsyncClient | None = None  # health and load probes
         self.chat: ChatClient | HttpxPoster | None = None  # the calls themselves (ChatClient says why two)
@@ -67,11 +70,26 @@ class Gateway:
         self.http = httpx.AsyncClient()
         self.chat = (ChatClient if s.gateway_http_client == "aiohttp" else HttpxPoster)(s.gateway_http_connections)
         self.pool = ReplicaPool(self.svc.js, self.http, static=s.replicas, ttl_s=s.registry_ttl_s,
-                                poll_s=s.gateway_poll_s)
+                                poll_s=s.gateway_poll_s, allowed=replica_hosts.parse(s.replica_hosts))
         await self.pool.start()
+        self.pacer = await self.shared_pacer()
         self.replicas = Dispatcher(self.pool, make_router(s.gateway_router), self.chat, s,
-                                   keys=KeyRing(s.gateway_keys, s.gateway_model_hosts))
+                                   keys=KeyRing(s.gateway_keys, s.gateway_model_hosts), pacer=self.pacer)
         self.ready.set()
+
+    async def shared_pacer(self) -> Pacer:
+        """Limits shared with every other gateway through KV `pacing`; alone (LocalPacer) when the
+        bucket cannot be had, said once: two gateways may then exceed a provider's limit together
+        (its 429s are waited out, never failures)."""
+        s = self.svc.settings
+        try:
+            return SharedPacer(await bus.provision_pacing(self.svc.js, storage=s.storage, replicas=s.stream_replicas))
+        except Exception as err:
+            self.svc.log.error("pacing_not_shared", error=f"{type(err).__name__}: {err}",
+                               effect="this gateway paces each model's declared limits alone",
+                               fix=f"let the gateway's NATS user use KV `{subjects.PACING_BUCKET}` "
+                                   "(deploy/nats/auth.conf)")
+            return LocalPacer()
 
     async def stop(self) -> None:
         self.fair.cancel()
@@ -79,6 +97,8 @@ class Gateway:
             self.beat.cancel()
         if self.pool:
             await self.pool.stop()
+        if isinstance(self.pacer, SharedPacer):
+            await self.pacer.close()
         if self.http:
             await self.http.aclose()
         if self.chat:

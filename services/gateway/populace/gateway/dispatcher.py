@@ -26,7 +26,7 @@ from populace.gateway.openai_api import (
     RequestRejected,
     chat,
 )
-from populace.gateway.pacing import LocalPacer, Pacer
+from populace.gateway.pacing import LocalPacer, Pacer, limit_key
 from populace.gateway.replica_pool import ReplicaPool, pool_of
 from populace.gateway.routing import ReplicaLoad, Router, affinity_keys
 
@@ -209,6 +209,7 @@ class Dispatcher:
         endpoint = batch.endpoint
         max_tokens = batch.model.max_tokens
         estimate = sum(len(m["content"]) for m in messages) // 4 + max_tokens  # tokens, before the provider counts
+        paced = limit_key(endpoint, pool)  # whose limit: shared by every gateway that calls this provider
         limited_until = asyncio.get_running_loop().time() + RATE_LIMITED_WAIT_S
         # Hand-written, not tenacity: the retry budget is shared by every call and each retry avoids the replicas
         # already tried; with tenacity that state would move into custom stop/wait/hook callables.
@@ -220,8 +221,6 @@ class Dispatcher:
                 self.retries += 1
                 metrics.RETRIES.labels("gateway").inc()
                 await asyncio.sleep(min(2.0, 0.05 * 2**attempt) * (0.5 + self._rng.random()))
-            if endpoint is not None:
-                await self.pacer.acquire(pool, endpoint.limits, estimate)
             load = await self.acquire(pool, key, tried)
             replica = self.pool.replica(load.replica_id)
             info = replica.info
@@ -229,13 +228,16 @@ class Dispatcher:
                 # a model at its URL, or a replica registered for a keyed model: its key, if it may go there
                 auth = self.keys.headers(replica.endpoint or endpoint, None if replica.endpoint else info.url)
                 served = (endpoint.model if endpoint is not None else None) or batch.model.name
+                if endpoint is not None:  # paced last: a call leaves as soon as its pacing share is taken
+                    await self.pacer.acquire(paced, endpoint.limits, estimate)
                 res = await chat(self.http, info, messages, schema=batch.response_schema,
                                  max_tokens=max_tokens, temperature=batch.model.temperature, seed=seed, model=served,
                                  timeout=self.s.gateway_request_timeout_s, auth=auth,
                                  url=f"{replica.endpoint.api_base}/chat/completions" if replica.endpoint else None,
                                  redact=self.keys.redact)
-                if endpoint is not None:
-                    self.pacer.settle(pool, endpoint.limits, estimate, res.prompt_tokens + res.completion_tokens)
+                if endpoint is not None and res.prompt_tokens:  # as providers count a call: its prompt and
+                    # all the output it may have (OpenAI counts max_tokens); no usage reported: the estimate stands
+                    self.pacer.settle(paced, endpoint.limits, estimate, res.prompt_tokens + max_tokens)
                 return info.replica_id, res, attempt + 1
             except KeyUnavailable as err:
                 raise ModelRefused(str(err)) from None
@@ -244,7 +246,7 @@ class Dispatcher:
             except RateLimited as err:
                 # the provider's limit, not a failure: wait as it asks, then the same call again
                 wait = err.retry_after if err.retry_after is not None else 1.0
-                self.pacer.backoff(pool, wait)
+                self.pacer.backoff(paced, wait)
                 metrics.RATE_LIMITED.labels(pool if endpoint is None else endpoint.name).inc()
                 if asyncio.get_running_loop().time() + wait > limited_until:
                     raise CallFailed(f"{err} (rate limited for {RATE_LIMITED_WAIT_S:.0f}s)", attempt + 1) from None
@@ -273,6 +275,8 @@ class Dispatcher:
             if choice is not None:
                 choice.in_flight += 1
                 return choice
+            if (refused := self.pool.key_refused(pool)) is not None:
+                raise ModelRefused(f"model {pool.removeprefix('model:').split('@')[0]!r}: {refused}")
             remaining = deadline - loop.time()
             if remaining <= 0:
                 what = "registered" if not loads else "healthy with a free slot"

@@ -9,11 +9,12 @@ their limit through `populace.gateway.shared_pacing` (a bucket in KV)."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from populace.core.contracts import ModelLimits
+from populace.core.contracts import ModelEndpoint, ModelLimits
 
 # Refill at this share of the declared rate, and allow a burst of this many seconds of it: in any
 # 60 s the bucket hands out at most (BURST_S + 60 * HEADROOM) / 60 = 0.983 of the limit.
@@ -58,6 +59,21 @@ class Bucket:
     def charge(self, amount: float) -> None:
         """A call used more than it took: the bucket goes into debt, which later calls wait out."""
         self.tokens -= amount
+
+
+def limit_key(endpoint: ModelEndpoint | None, pool: str) -> str:
+    """Whose limit a call counts against, as a name fit for a KV key: a model at a URL by what its
+    provider limits (its URL, the served model and where the key comes from: providers limit per
+    key and model), so two runs that name it differently share one limit; a model whose replicas
+    register under its name, by that name; a run without `models:` by its backend's pool."""
+    if endpoint is None:
+        ident = f"pool\n{pool}"
+    elif endpoint.base_url is None:
+        ident = f"name\n{endpoint.name}"
+    else:
+        ident = "\n".join(("url", endpoint.base_url, endpoint.model or "", endpoint.api_key_env or "",
+                           endpoint.api_key_file or ""))
+    return hashlib.sha256(ident.encode()).hexdigest()[:32]
 
 
 class Pacer(Protocol):

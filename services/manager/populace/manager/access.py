@@ -11,9 +11,12 @@ browser's GET without a token goes to the login page. The token is compared in c
 (hmac.compare_digest over digests, so its length does not show either) and never logged.
 Guessing is slow and bounded (`LoginLimits`): every wrong token (a sign-in, a bearer token, a
 forged cookie) is answered `delay_s` late, and a client (an address; IPv6 by its /64) with
-`failures` wrong tokens in `window_s` gets a 429 with Retry-After, its tokens not even compared,
-until the oldest of them leaves the window. `/healthz` stays open: it says only whether the
-manager's NATS connection is up, for a container's healthcheck.
+`failures` wrong tokens in `window_s` has its next wrong ones answered 429 with Retry-After
+until the oldest of them leaves the window. The right token and a valid session cookie always
+pass, so the limit cannot keep the operator out (every user behind a proxy shares its address);
+a token has at least MIN_TOKEN_CHARS characters, so guessing it a second at a time is hopeless.
+`/healthz` stays open: it says only whether the manager's NATS connection is up, for a
+container's healthcheck.
 
 Without a token the manager must listen on a loopback address (`bind_refusal`), and it
 answers only requests whose Host header is a loopback name or address (`loopback_host`): a
@@ -77,9 +80,17 @@ def loopback_host(header: str) -> bool:
     return is_loopback(m.group("v6") or m.group("name"))
 
 
+# A token must take longer to guess than anyone can try: a right one always passes (the limit on
+# wrong ones never locks its operator out), so the token's own length is what bounds guessing.
+MIN_TOKEN_CHARS = 16
+
+
 def bind_refusal(host: str, token: str | None) -> str | None:
-    """Why the manager must not listen on `host` (None: it may). Without a token only a loopback
-    address is allowed; with one, any address."""
+    """Why the manager must not listen on `host` with `token` (None: it may). Without a token only
+    a loopback address is allowed; with one, any address, if the token is long enough."""
+    if token and len(token) < MIN_TOKEN_CHARS:
+        return (f"--token: {len(token)} characters is too easy to guess; give at least {MIN_TOKEN_CHARS} "
+                "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)")
     if token or is_loopback(host):
         return None
     return (f"--host {host}: without an access token the manager listens on a loopback address only "
@@ -271,17 +282,21 @@ class TokenAccess:
         return await self._try(request, cookie, self.cookie)
 
     async def _try(self, request: Request, given: str, expected: str) -> bool | Response:
-        """One guess: compared unless its client must wait; a wrong one is counted, logged and
-        answered `delay_s` late (concurrent guesses are each counted before the delay)."""
-        client = request.client.host if request.client else None
-        wait = self.failed_logins.retry_after(client)
-        if wait is not None:
-            return self._too_many(request, wait)
+        """One try. The right token (or session cookie) always passes, whatever its address did:
+        behind a reverse proxy or Docker's published ports every user shares one address, and a
+        limit that held back right tokens let ten wrong ones keep everyone out. A wrong one is
+        counted, logged and answered `delay_s` late; past the client's limit, with a 429 that says
+        how long to wait (guessing stays slow, and a token is long: MIN_TOKEN_CHARS)."""
         if _same(given, expected):
             return True
+        client = request.client.host if request.client else None
+        wait = self.failed_logins.retry_after(client)
         last = self.failed_logins.failed(client)
-        log.warning("manager.wrong_token", client=client, path=request.url.path, last_try=last)
+        log.warning("manager.wrong_token", client=client, path=request.url.path, last_try=last,
+                    held=wait is not None)
         await self.sleep(self.failed_logins.limits.delay_s)
+        if wait is not None:
+            return self._too_many(request, wait)
         return False
 
     def _too_many(self, request: Request, wait: float) -> Response:

@@ -8,6 +8,8 @@ the run page's reads of the recorder.
     POST /runs/{run}/fork        as `populace fork RUN --from-round K --set …`, then to the fork's page
     GET  /runs/{run}/agents.json a page of the run's agents (search, offset, limit), asked of the recorder
     GET  /runs/{run}/distribution.json   a round's histogram or shares (round, bins), asked of the recorder
+    GET  /runs/{run}/profile.json        where its last rounds went (table round_profile), asked of the recorder
+    GET  /runs/{run}/groups.json?by=X    its measure per group of X (an attribute, or `model`), asked of the recorder
 """
 
 from __future__ import annotations
@@ -21,7 +23,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from populace.client.reads import ReadError, RecorderUnreachable, request_agents, request_distribution
+from populace.client.reads import (
+    ReadError,
+    RecorderUnreachable,
+    request_agents,
+    request_distribution,
+    request_groups,
+    request_profile,
+)
 from populace.client.run import cancel as cancel_run
 from populace.client.run import new_run_id, recorded_event, request_resume
 from populace.client.run import run_state as client_run_state
@@ -149,6 +158,18 @@ async def run_distribution(request: Request) -> Response:
         nc, rid, int(q["round"]) if q.get("round") else None, int(q.get("bins") or 30), timeout=timeout))
 
 
+async def run_profile(request: Request) -> Response:
+    timeout = settings_of(request).read_timeout_s
+    return await _read(request, lambda nc, rid, q: request_profile(nc, rid, int(q.get("rounds") or 50),
+                                                                   timeout=timeout))
+
+
+async def run_groups(request: Request) -> Response:
+    timeout = settings_of(request).read_timeout_s
+    return await _read(request, lambda nc, rid, q: request_groups(
+        nc, rid, (q.get("by") or "model")[:100], int(q["round"]) if q.get("round") else None, timeout=timeout))
+
+
 async def run_cancel(request: Request) -> Response:
     if not same_origin(request):
         return forbidden()
@@ -218,4 +239,6 @@ routes = [
     Route("/runs/{run}/fork", run_fork, methods=["POST"]),
     Route("/runs/{run}/agents.json", run_agents),
     Route("/runs/{run}/distribution.json", run_distribution),
+    Route("/runs/{run}/profile.json", run_profile),
+    Route("/runs/{run}/groups.json", run_groups),
 ]

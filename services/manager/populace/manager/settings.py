@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from populace.manager.access import LoginLimits
+from populace.manager.access import MIN_TOKEN_CHARS, LoginLimits
 
 
 @dataclass(frozen=True)
@@ -17,3 +17,8 @@ class ManagerSettings:
     token: str | None = field(default=None, repr=False)  # every route asks for it (populace.manager.access)
     read_timeout_s: float = 10.0  # the run page's reads of the recorder (agents, distribution)
     login_limits: LoginLimits = field(default_factory=LoginLimits)  # wrong tokens: how late, how many
+
+    def __post_init__(self) -> None:
+        if self.token and len(self.token) < MIN_TOKEN_CHARS:
+            raise ValueError(f"token: at least {MIN_TOKEN_CHARS} characters (a right token always passes: its "
+                             "length is what keeps guessing hopeless)")

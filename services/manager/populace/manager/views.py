@@ -8,6 +8,7 @@ import re
 import time
 from dataclasses import dataclass, field
 
+from populace.client.estimate import projected
 from populace.client.run import status_as_recorded
 from populace.client.steer import cancel_refusal
 from populace.client.steer import last_completed as last_completed  # the CLI's count, re-exported
@@ -20,6 +21,7 @@ from populace.core.contracts import (
     RoundResult,
     RunRecorded,
     RunState,
+    money,
 )
 
 # numeric summary fields charted per round (the first few, as the CLI's progress line shows them)
@@ -51,8 +53,18 @@ def run_row(state: RunState, recorded: RunRecorded | None = None) -> dict:
         "agents": c.agents, "rounds": c.rounds, "round": state.round if state.status == "running" else None,
         "completed": done, "progress": round(done / c.rounds, 4) if c.rounds else 0.0,
         "tokens": state.used.tokens, "llm_calls": state.used.llm_calls, "model": c.model.backend,
-        "reason": reason, "updated_at": state.updated_at,
+        "reason": reason, "updated_at": state.updated_at, **spending(state),
     }
+
+
+def spending(state: RunState) -> dict:
+    """A run's dollars (its rounds' and interviews'), the projection to its last round (spent /
+    rounds done × rounds) and both as text; `priced`: whether its models have prices at all."""
+    c = state.config
+    spent = state.used.dollars + state.interviews.dollars
+    ahead = projected(spent, last_completed(state), c.rounds)
+    return {"priced": any(not m.prices.free for m in c.models), "dollars": spent, "dollars_projected": ahead,
+            "dollars_text": money(spent), "dollars_projected_text": None if ahead is None else money(ahead)}
 
 
 def runs_payload(states: list[RunState], limit: int = MAX_RUNS) -> dict:
@@ -83,7 +95,8 @@ def result_row(result: RoundResult) -> dict:
             "series": numeric_summary(result.summary), "numbers": numeric_summary(result.summary, None),
             "summary": _jsonable(result.summary),
             "llm_calls": u.llm_calls, "tokens": u.tokens, "prompt_tokens": u.prompt_tokens,
-            "completion_tokens": u.completion_tokens, "closed_at": result.closed_at}
+            "completion_tokens": u.completion_tokens, "cached_tokens": u.cached_tokens,
+            "dollars": u.dollars, "closed_at": result.closed_at}
 
 
 def _jsonable(doc: dict) -> dict:
@@ -260,9 +273,10 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 
 def replica_row(info: ReplicaInfo, healthy: bool | None, metrics: dict[str, float] | None,
-                now: float | None = None) -> dict:
+                now: float | None = None, refused: str | None = None) -> dict:
     """A replica as the replicas page shows it: its registry entry, whether it answered its
-    health check (None: not checked), and its load and prefix-cache hit rate from /metrics."""
+    health check (None: not checked), and its load and prefix-cache hit rate from /metrics;
+    `refused`: why no gateway calls it (then it is not checked either)."""
     m = metrics or {}
 
     def first(names: tuple[str, ...]) -> float | None:
@@ -275,14 +289,15 @@ def replica_row(info: ReplicaInfo, healthy: bool | None, metrics: dict[str, floa
             "heartbeat_age_s": round((now if now is not None else time.time()) - info.heartbeat_at, 1),
             "running": first(RUNNING), "waiting": first(WAITING), "kv_cache": m.get(KV_USAGE),
             "prefix_hit_rate": hit_rate, "prefix_hits": m.get(PREFIX_HITS), "prefix_queries": queries,
-            "metrics": metrics is not None}
+            "metrics": metrics is not None, "refused": refused}
 
 
 def replicas_summary(rows: list[dict], backend: str | None = None) -> dict:
     """The replicas serving one backend (all: None) in one line: how many, how many healthy,
     requests running and waiting, and the prefix-cache hit rate over all of them (hits over
-    queries summed, so a busy replica weighs more; None where no replica counts them)."""
-    mine = [r for r in rows if backend is None or r["backend"] == backend]
+    queries summed, so a busy replica weighs more; None where no replica counts them). A refused
+    one serves nothing."""
+    mine = [r for r in rows if (backend is None or r["backend"] == backend) and not r.get("refused")]
     counted = [r for r in mine if r["prefix_queries"]]
     queries = sum(r["prefix_queries"] for r in counted)
     return {"backend": backend, "replicas": len(mine), "healthy": sum(1 for r in mine if r["healthy"]),

@@ -210,7 +210,10 @@ class Orchestrator:
             return new, actions
         since = max(time.monotonic() - (time.time() - state.phase_at), self.progress_at.get(state.run_id, 0.0))
         deadline = workflow.stall_deadline(state.config, s.infer_timeout_s, s.infer_attempts, s.round_stall_s)
-        return workflow.on_stalled(state, time.monotonic() - since, deadline)
+        stalled = time.monotonic() - since
+        placed = {sh.host_id for sh in state.shares}
+        busy = {h.host_id: h.loop_busy_s for h in hosts if h.host_id in placed and h.loop_busy_s >= deadline / 2}
+        return workflow.on_stalled(state, stalled, deadline, busy)
 
     def unit_of(self, state: RunState) -> int:
         """A simulation's group size (its groups stay whole on one host); 1 without groups."""
@@ -336,8 +339,16 @@ class Orchestrator:
 
     async def spawn(self, state: RunState, keys: tuple[str, ...] | None = None) -> None:
         """Publish the spawn of the shares named (all of them by default), restored from the
-        run's last completed round (a fork: its parent's)."""
-        await self.store_config(state)
+        run's last completed round (a fork: its parent's). A config that cannot be stored (the
+        object store is full) pauses the run, naming the store: a resume stores it then."""
+        try:
+            await self.store_config(state)
+        except checkpoints.CheckpointError as err:
+            reason = (f"the orchestrator cannot store the run's config: {err}; `populace resume {state.run_id}` "
+                      "continues")
+            self.svc.log.error("config_not_stored", run_id=state.run_id, error=reason)
+            await self.advance(state.run_id, lambda s: workflow.on_pause(s, reason))
+            return
         restore = workflow.restore_point(state)
         live = [sh.key for sh in state.shares]
         for sh in state.shares:
@@ -460,10 +471,17 @@ class Orchestrator:
                                                RoundResult)
                 digests = workflow.fork_digests(state, k, result)
                 ranges = workflow.layout_for(state, k)
-                await checkpoints.present(self.svc.js, [subjects.checkpoint_agents(rid, k, f) for f, _ in ranges])
-                restore = Restore(run_id=rid, round=k, ranges=ranges, digests=digests)
+                writers = workflow.writers_for(state, k)
+                await checkpoints.present(self.svc.js, [subjects.checkpoint_agents(rid, k, f) for f, _ in ranges],
+                                          writers)
+                restore = Restore(run_id=rid, round=k, ranges=ranges, digests=digests, writers=writers)
             except checkpoints.CheckpointError as err:
                 why = f"after_round: round {k}'s checkpoint cannot be used: {err}"
+        if why is None:
+            try:  # where the order names it (a recorded run's may be pruned)
+                await self.store_config(state)
+            except checkpoints.CheckpointError as err:
+                why = f"the run's config cannot be stored: {err}"
         if why is None:
             up = await self.fresh_hosts()
             hosts = interviews.split(restore.ranges, up)
@@ -475,7 +493,6 @@ class Orchestrator:
                                  if why is None else 0)
         order_seq = 0
         if why is None:
-            await self.store_config(state)  # where the order names it (a recorded run's may be pruned)
             for host, ranges in hosts.items():
                 ack = await bus.publish_js(self.svc.js, subjects.run_ask(rid, host),
                                            InterviewOrder(run_id=rid, host_id=host, request=req.request,

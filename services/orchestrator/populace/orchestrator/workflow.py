@@ -31,6 +31,7 @@ from populace.core.contracts import (
     Share,
     Usage,
     WorldRef,
+    money,
     share_key,
 )
 from populace.core.placement import PlacementError, Policy, place_ranges
@@ -110,6 +111,13 @@ def owners(state: RunState, round_: int) -> dict[str, list[tuple[int, int]]]:
     return out
 
 
+def writers_for(state: RunState, round_: int) -> dict[str, str]:
+    """Who wrote each agents' checkpoint object of `round_`: the host of the share that played
+    its range then (a reader takes an object only from its writer)."""
+    return {subjects.checkpoint_agents(state.run_id, round_, first): key.rpartition("@")[0]
+            for key, ranges in owners(state, round_).items() for first, _ in ranges}
+
+
 def layout_for(state: RunState, round_: int) -> list[tuple[int, int]]:
     """The ranges the run's hosts played (and checkpointed) `round_` in."""
     chosen = [lay for lay in state.layouts if lay.from_round <= round_]
@@ -151,7 +159,8 @@ def fork_run(run_id: str, config: RunConfig, placement: Placement, parent: RunSt
     return RunState(run_id=run_id, status="spawning", config=config, shares=shares, round=after_round,
                     config_ref=ConfigRef.of(config, after_round + 1),
                     restore=Restore(run_id=parent.run_id, round=after_round,
-                                    ranges=layout_for(parent, after_round), digests=digests or {}),
+                                    ranges=layout_for(parent, after_round), digests=digests or {},
+                                    writers=writers_for(parent, after_round)),
                     layouts=[layout(after_round + 1, shares)],
                     env_state=env_state, observation=observation, selection=selection, world=world)
 
@@ -185,7 +194,7 @@ def restore_point(state: RunState) -> Restore | None:
         return state.restore
     if after:
         return Restore(run_id=state.run_id, round=after, ranges=layout_for(state, after),
-                       digests=dict(state.checkpoints))
+                       digests=dict(state.checkpoints), writers=writers_for(state, after))
     return None
 
 
@@ -238,22 +247,27 @@ def over_budget(budget: Budget | None, used: Usage, next_round: Usage, interview
     `interviews`: those planned after it, counted in `next_round` too), or None."""
     if budget is None:
         return None
-    for what, flag, limit, spent, step, asked in (
-            ("tokens", "tokens", budget.tokens, used.tokens, next_round.tokens,
-             interviews.tokens if interviews else 0),
-            ("LLM calls", "calls", budget.llm_calls, used.llm_calls, next_round.llm_calls,
-             interviews.llm_calls if interviews else 0)):
+    asked = interviews or Usage()
+    for used_text, flag, limit, spent, step, of_them, show in (
+            ("tokens used", "tokens", budget.tokens, used.tokens, next_round.tokens, asked.tokens, _count),
+            ("LLM calls used", "calls", budget.llm_calls, used.llm_calls, next_round.llm_calls, asked.llm_calls,
+             _count),
+            ("spent", "dollars", budget.dollars, used.dollars, next_round.dollars, asked.dollars, money)):
         if limit is not None and spent + step > limit:
-            of_which = f", {asked:,} of them for the interviews planned after it" if asked else ""
-            return (f"budget: {spent:,} of {limit:,} {what} used, and the next round needs about {step:,} "
-                    f"more{of_which} (--budget-{flag})")
+            of_which = f", {show(of_them)} of them for the interviews planned after it" if of_them else ""
+            return (f"budget: {show(spent)} of {show(limit)} {used_text}, and the next round needs about "
+                    f"{show(step)} more{of_which} (--budget-{flag})")
     return None
+
+
+def _count(n: float) -> str:
+    return f"{n:,}"
 
 
 def planned_interviews(config: RunConfig, round_: int, asked: Usage, last_round: Usage) -> Usage:
     """What the interviews the scenario plans after `round_` likely need: their calls (each
     respondent once per question, or once per survey asked together) and, per call, the tokens
-    interviews took so far (before any: a round's per call)."""
+    interviews took so far (before any: a round's per call), and so their dollars."""
     calls = 0.0
     for plan in config.interviews:
         if round_ in plan.rounds(config.rounds):
@@ -262,10 +276,11 @@ def planned_interviews(config: RunConfig, round_: int, asked: Usage, last_round:
     if not calls:
         return Usage()
     per = asked if asked.llm_calls else last_round
-    per_call = per.tokens / per.llm_calls if per.llm_calls else 0.0
-    completion = per.completion_tokens / per.llm_calls if per.llm_calls else 0.0
+    scale = math.ceil(calls) / per.llm_calls if per.llm_calls else 0.0
     n = math.ceil(calls)
-    return Usage(llm_calls=n, prompt_tokens=round(n * (per_call - completion)), completion_tokens=round(n * completion))
+    return Usage(llm_calls=n, prompt_tokens=round(per.prompt_tokens * scale),
+                 completion_tokens=round(per.completion_tokens * scale),
+                 cached_tokens=round(per.cached_tokens * scale), dollars=per.dollars * scale)
 
 
 def _stop(state: RunState, status: str, reason: str) -> tuple[RunState, list[Action]]:
@@ -383,9 +398,12 @@ def on_hosts_lost(state: RunState, hosts: list[HostInfo], live: set[str], silent
     return replaced, [SpawnShares(tuple(sh.key for sh in new))]
 
 
-def on_stalled(state: RunState, stalled_s: float, deadline_s: float) -> tuple[RunState, list[Action]]:
+def on_stalled(state: RunState, stalled_s: float, deadline_s: float,
+               busy: dict[str, float] | None = None) -> tuple[RunState, list[Action]]:
     """No progress for `stalled_s`: past the deadline, announce the round (or the spawn) once
-    more — a host that missed it plays it, one that played it ignores it — then pause."""
+    more — a host that missed it plays it, one that played it ignores it — then pause. `busy`:
+    the run's hosts whose event loop has not turned for that long (their heartbeats say so): the
+    pause names them, for the simulation's code is holding them."""
     if state.status not in ACTIVE or stalled_s < deadline_s:
         return state, []
     if state.nudged == 0:
@@ -394,9 +412,13 @@ def on_stalled(state: RunState, stalled_s: float, deadline_s: float) -> tuple[Ru
             return nudged, [OpenRound(state.round, state.config.agents, again=True)]
         return nudged, [SpawnShares(tuple(sh.key for sh in state.shares if sh.key not in state.spawned))]
     what = f"round {state.round}" if state.status == "running" else "spawning"
-    return on_pause(state, f"{what} made no progress for {deadline_s:g}s (announced again once): a service is "
-                           f"down or stuck; `populace resume {state.run_id}` continues from round "
-                           f"{completed(state)}")
+    held = sorted((busy or {}).items())
+    why = ("a service is down or stuck" if not held else
+           "the simulation's code holds the event loop of " + ", ".join(f"agent-host {h} ({s:.0f}s without a turn)"
+                                                                       for h, s in held)
+           + " (a view, turn, settle or scene that does not return; fix it first)")
+    return on_pause(state, f"{what} made no progress for {deadline_s:g}s (announced again once): {why}; "
+                           f"`populace resume {state.run_id}` continues from round {completed(state)}")
 
 
 def stall_deadline(config: RunConfig, infer_timeout_s: float, infer_attempts: int,

@@ -34,6 +34,7 @@ from populace.core.contracts import (
     InterviewsRecorded,
     LlmCallBatch,
     OutcomeBatch,
+    RoundPartial,
     RoundResult,
     RunDone,
     RunFault,
@@ -51,6 +52,7 @@ from populace.recorder.columns import BadColumns, RefusedGroup, check_outcomes
 from populace.recorder.read_server import Reads, serve_reads
 from populace.recorder.shortfall import Verdict, verdict
 from populace.recorder.store import DiskFull, Event, Store, StoreError, profile_rows
+from populace.recorder.sweeper import Sweeper
 
 DESCRIPTION = ("Writes every run event to DuckDB exactly once (each simulation's own outcome and "
                "summary tables) and announces a run recorded when every outcome is in, or incomplete "
@@ -60,6 +62,7 @@ RECORDED: dict[str, type[BaseModel]] = {
     "started": RunStarted, "spawn": SpawnBatch, "outcomes": OutcomeBatch,
     "round.result": RoundResult, "done": RunDone, "calls": LlmCallBatch, "resumed": RunResumed,
     "interviews": InterviewBatch, "ask": InterviewOrder, "asked": InterviewPlaced,
+    "partial": RoundPartial,  # its profile only (table round_profile): the environment folds the payload
 }
 # Profile rows kept between runs of the same personas (beyond it: parsed again for each run).
 PROFILES_KEPT_BYTES = 64 * 2**20
@@ -88,6 +91,9 @@ def misplaced(subject: str, event: BaseModel) -> str | None:
     if isinstance(event, InterviewBatch) and subject != subjects.run_interviews(event.run_id, event.after_round,
                                                                                 event.host_id):
         return f"answers of {event.host_id}, after round {event.after_round} do not belong on {subject}"
+    if isinstance(event, RoundPartial) and subject != subjects.run_partial(event.run_id, event.round, event.host_id,
+                                                                           event.epoch):
+        return f"a partial of {event.host_id}@{event.epoch}, round {event.round} does not belong on {subject}"
     return None
 
 
@@ -105,6 +111,7 @@ class Recorder:
         self.recorded: OrderedDict[str, None] = OrderedDict()  # announced lately, oldest first
         self.sub = None
         self.task: asyncio.Task | None = None
+        self.sweeper = Sweeper(None, svc.settings.checkpoints_sweep_s)  # its stream: once connected (start)
         self.stopping = False
         self.stopped = asyncio.Event()  # wakes a wait for disk space at once on stop
         self.paused_for_room: set[str] = set()  # runs paused because the disk is full (said once per episode)
@@ -127,6 +134,7 @@ class Recorder:
         # (as the agent-hosts, populace.agent_host.app).
         gc.set_threshold(100_000, 50, 100)
         s = self.svc.settings
+        self.sweeper.js = self.svc.js
         config = ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL,
                                 ack_wait=s.recorder_ack_wait_s, max_ack_pending=max(1000, 4 * s.recorder_fetch),
                                 max_deliver=MAX_DELIVERIES + 2)  # the server's bound, past ours
@@ -136,12 +144,14 @@ class Recorder:
         self.svc.durables.keep(subjects.RUN_STREAM, config.evolve(durable_name="recorder",
                                                                   filter_subject=subjects.ANY_RUN_EVENT))
         self.task = asyncio.create_task(self.consume())
+        self.sweeper.start()
 
     async def stop(self) -> None:
         # A flag, not only cancel(): nats-py's fetch can turn a cancellation into a timeout,
         # which the loop would otherwise treat as "no messages yet" and carry on.
         self.stopping = True
         self.stopped.set()
+        await self.sweeper.stop()
         if self.task:
             try:
                 await asyncio.wait_for(self.task, timeout=5.0)
@@ -280,45 +290,60 @@ class Recorder:
                     except Exception as nak_err:
                         self.svc.log.warning("nak_failed", error=str(nak_err))
 
-    async def tables_for(self, run_id: str, seen: dict[str, SimulationTables]) -> SimulationTables | None:
-        known = seen.get(run_id) or self.store.known_tables(run_id)
-        return known or await asyncio.to_thread(self.store.tables_of, run_id)
-
-    async def parse(self, raws: list[Msg]) -> list[tuple[Event, Msg]]:
-        """Each recorded event validated; malformed ones (and outcome batches whose columns do
-        not match their run's declared tables) are dead-lettered, never stored."""
-        parsed: list[tuple[Event, Msg]] = []
+    def checked(self, raws: list[Msg]) -> list[tuple[Msg, Event | OutcomeBatch | None, object]]:
+        """Each recorded event validated: (message, its event, None), or (message, None or the
+        batch refused whole, why it is refused: dead-letter it), or (message, None, None): skipped
+        (a partial the environment refuses, once). Runs in a worker thread: a fetch of 256 outcome
+        batches of 1,000 rows is up to a second of CPU, and the service's heartbeat, reads and acks
+        go on meanwhile."""
+        out: list[tuple[Msg, Event | OutcomeBatch | None, object]] = []
         started: dict[str, SimulationTables] = {}
         for raw in raws:
             model = RECORDED.get(subjects.kind_of(raw.subject))
             if model is None:
-                continue  # partials, round opens, our own announcements: acked, not stored
+                continue  # round opens, our own announcements: acked, not stored
             msg_id = (raw.headers or {}).get("Nats-Msg-Id") or f"seq:{raw.metadata.sequence.stream}"
             try:
                 event = model.model_validate_json(raw.data)
             except ValidationError as err:
-                await self.svc.dead_letter(raw, err)
+                out.append((raw, None, None if model is RoundPartial else err))  # a bad partial: the environment's
                 continue
             if why := misplaced(raw.subject, event):
-                await self.svc.dead_letter(raw, why)
+                out.append((raw, None, None if model is RoundPartial else why))
                 continue
             if isinstance(event, RunStarted):
                 started[event.run_id] = event.tables
             elif isinstance(event, (OutcomeBatch, RoundResult)):
-                tables = await self.tables_for(event.run_id, started)
+                rid = event.run_id
+                tables = started.get(rid) or self.store.known_tables(rid) or self.store.tables_of(rid)
                 if tables is None:
-                    await self.svc.dead_letter(raw, f"run {event.run_id} was never started here")
+                    out.append((raw, None, f"run {rid} was never started here"))
                     continue
                 if isinstance(event, OutcomeBatch):
                     try:
                         event, refused = check_outcomes(event, tables)
                     except BadColumns as err:
-                        self.note_refusal(event, str(err), started=event.run_id in started)
-                        await self.svc.dead_letter(raw, err)
+                        out.append((raw, event, err))  # refused whole: parse() notes why, then dead-letters it
                         continue
-                    parsed.append((Event(msg_id, "outcomes", event, refused_groups=refused), raw))
+                    out.append((raw, Event(msg_id, "outcomes", event, refused_groups=refused), None))
                     continue
-            parsed.append((Event(msg_id, subjects.kind_of(raw.subject), event), raw))
+            out.append((raw, Event(msg_id, subjects.kind_of(raw.subject), event), None))
+        return out
+
+    async def parse(self, raws: list[Msg]) -> list[tuple[Event, Msg]]:
+        """Each recorded event validated; malformed ones (and outcome batches whose columns do
+        not match their run's declared tables) are dead-lettered, never stored."""
+        parsed: list[tuple[Event, Msg]] = []
+        started: set[str] = set()  # runs started in this fetch (not yet among the active runs)
+        for raw, event, why in await asyncio.to_thread(self.checked, raws):
+            if isinstance(event, Event):
+                parsed.append((event, raw))
+                if event.kind == "started":
+                    started.add(event.model.run_id)  # type: ignore[attr-defined]
+            elif why is not None:
+                if isinstance(event, OutcomeBatch):  # a whole batch refused: kept to say why, should the run be short
+                    self.note_refusal(event, str(why), started=event.run_id in started)
+                await self.svc.dead_letter(raw, why)  # type: ignore[arg-type]
         return parsed
 
     async def handle(self, raws: list[Msg]) -> None:
@@ -571,6 +596,7 @@ def create(settings: Settings | None = None) -> Service:
                            (subjects.ANY_RUN_DONE, RunDone), (subjects.ANY_CALLS, LlmCallBatch),
                            (subjects.ANY_INTERVIEWS, InterviewBatch)):
         svc.consumes(subject, model, "durable pull consumer `recorder` on the RUN stream, acked after commit")
+    svc.consumes(subjects.ANY_PARTIAL, RoundPartial, "its profile only (table round_profile), from the same consumer")
     svc.publishes(subjects.ANY_RECORDED, RunRecorded, "every outcome of a finished run is in DuckDB")
     svc.publishes(subjects.ANY_INTERVIEWED, InterviewsRecorded, "every answer of a post-hoc interview is in DuckDB")
     svc.publishes(subjects.ANY_FAULT, RunFault, "the database's disk is full: the runs being recorded pause")

@@ -9,6 +9,7 @@ thread; ingestion goes on meanwhile.
   (`populace.analysis.live.agents_page`; the manager's agents table).
 - `distribution`: one round's histogram or options' shares (`round_distribution`).
 - `interviews`: a run's interviews, per question and group (`populace.analysis.interviews`).
+- `profile`: where a run's rounds went (`populace.analysis.round_profile`; the manager's run page).
 
 A refusal (an unknown run, a failed query) is answered with `ok` False and its reason; a
 malformed request is dead-lettered and answered (`malformed`)."""
@@ -31,8 +32,12 @@ from populace.core.contracts import (
     AgentsRequest,
     DistributionReply,
     DistributionRequest,
+    GroupsReply,
+    GroupsRequest,
     InterviewsReply,
     InterviewsRequest,
+    ProfileReply,
+    ProfileRequest,
     ReadReply,
     SnapshotReply,
     SnapshotRequest,
@@ -148,6 +153,27 @@ class Reads:
         return await self._query("interviews", run, InterviewsReply, {"run_id": req.run_id})
 
 
+    async def groups(self, req: GroupsRequest, msg: NatsMessage) -> bytes:
+        group_table, group_attributes = await analysis("queries", "group_table", "group_attributes")
+
+        def run(cur):
+            return {"run_id": req.run_id, "by": req.by, "attributes": group_attributes(cur, [req.run_id]),
+                    "rows": group_table(cur, [req.run_id], req.by, round=req.round)}
+
+        return await self._query("groups", run, GroupsReply, {"run_id": req.run_id})
+
+    async def profile(self, req: ProfileRequest, msg: NatsMessage) -> bytes:
+        round_profile, last_rounds, profile_totals = await analysis("profile", "round_profile", "last_rounds",
+                                                                    "profile_totals")
+
+        def run(cur):
+            rows = round_profile(cur, req.run_id)
+            return {"run_id": req.run_id, "rows": last_rounds(rows, req.rounds),
+                    "rounds_total": len({r["round"] for r in rows}), **profile_totals(rows)}
+
+        return await self._query("profile", run, ProfileReply, {"run_id": req.run_id})
+
+
 def malformed(reason: str) -> ReadReply:
     return ReadReply(ok=False, error=f"malformed request (dead-lettered): {reason}")
 
@@ -155,5 +181,6 @@ def malformed(reason: str) -> ReadReply:
 def serve_reads(svc: Service, reads: Reads) -> None:
     """Register the read verbs on `svc`."""
     for model, handler in ((SnapshotRequest, reads.snapshot), (AgentsRequest, reads.agents),
-                           (DistributionRequest, reads.distribution), (InterviewsRequest, reads.interviews)):
+                           (DistributionRequest, reads.distribution), (InterviewsRequest, reads.interviews),
+                           (ProfileRequest, reads.profile), (GroupsRequest, reads.groups)):
         svc.handle(subjects.recorder_read(model.VERB), model, reply_on_error=malformed, answers=True)(handler)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import json
 import threading
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -29,6 +30,7 @@ from populace.core.contracts import (
     InterviewPlaced,
     LlmCallBatch,
     OutcomeBatch,
+    RoundPartial,
     RoundResult,
     RunConfig,
     RunDone,
@@ -69,12 +71,17 @@ CREATE TABLE IF NOT EXISTS _ingested (msg_id VARCHAR PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS posts (
     run_id VARCHAR, round INTEGER, agent_id BIGINT, text VARCHAR, fields JSON, heard INTEGER, heard_digest BIGINT
 );
--- a simulation with scenes: what each group's members said, in order (seq is shared with its acts;
--- speaker -1: the scene itself)
 -- graphs that change: every edge edit, in the order it applied (follower's edges after the round)
 CREATE TABLE IF NOT EXISTS edges (
     run_id VARCHAR, round INTEGER, follower BIGINT, author BIGINT, kind VARCHAR, op VARCHAR
 );
+-- who saw what (a simulation that declares shown_items): each acting agent's items in the order
+-- shown, and the recommender's rank of each (1: its best)
+CREATE TABLE IF NOT EXISTS shown (
+    run_id VARCHAR, round INTEGER, agent_id BIGINT, items BIGINT[], ranks INTEGER[]
+);
+-- a simulation with scenes: what each group's members said, in order (seq is shared with its acts;
+-- speaker -1: the scene itself)
 CREATE TABLE IF NOT EXISTS transcripts (
     run_id VARCHAR, round INTEGER, group_id BIGINT, seq INTEGER, speaker BIGINT, text VARCHAR, fields JSON
 );
@@ -89,6 +96,13 @@ ALTER TABLE llm_calls ADD COLUMN IF NOT EXISTS dollars DOUBLE;
 CREATE TABLE IF NOT EXISTS agent_models (run_id VARCHAR, agent_id BIGINT, model VARCHAR);
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS simulation VARCHAR;
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS tables_json JSON;
+-- where each round went: a row per share (role 'host': its views, turns, settles and folds, its
+-- model wait, its views' bytes), the environment's (merge, decide) and the recorder's (record)
+CREATE TABLE IF NOT EXISTS round_profile (
+    run_id VARCHAR, round INTEGER, role VARCHAR, host_id VARCHAR, epoch INTEGER, agents BIGINT, wall_s DOUBLE,
+    view_s DOUBLE, turn_s DOUBLE, merge_s DOUBLE, model_wait_s DOUBLE, decide_s DOUBLE, record_s DOUBLE,
+    view_bytes BIGINT, view_max_bytes BIGINT, observation_bytes BIGINT, held BIGINT, note VARCHAR
+);
 CREATE TABLE IF NOT EXISTS _resumes (run_id VARCHAR, epoch INTEGER, after_round INTEGER, resumed_at TIMESTAMP);
 CREATE TABLE IF NOT EXISTS _shares (run_id VARCHAR, share VARCHAR, ranges JSON, from_round INTEGER,
                                     replaced_from INTEGER);
@@ -99,7 +113,8 @@ CREATE TABLE IF NOT EXISTS _refused_groups (run_id VARCHAR, round INTEGER, share
 """
 
 ARROW = {"DOUBLE": pa.float64(), "BIGINT": pa.int64(), "VARCHAR": pa.string(), "BOOLEAN": pa.bool_(),
-         "JSON": pa.string()}
+         "JSON": pa.string(), "DOUBLE[]": pa.list_(pa.float64()), "BIGINT[]": pa.list_(pa.int64()),
+         "VARCHAR[]": pa.list_(pa.string()), "BOOLEAN[]": pa.list_(pa.bool_())}
 
 
 def profile_rows(blob: bytes) -> pa.Table | None:
@@ -150,8 +165,8 @@ def is_disk_full(err: BaseException) -> bool:
 
 def json_texts(values: list) -> list[str | None]:
     """A JSON column's values as the text json.dumps writes (None stays NULL). A list of whole
-    numbers, the commonest (a scene's targets and points, two per act), is written directly:
-    json.dumps cost a scene's recorder a quarter of its time."""
+    numbers, the commonest (an untyped `list` of ids; an older file's list[int] column), is
+    written directly: json.dumps cost a scene's recorder a quarter of its time."""
     out: list[str | None] = []
     for v in values:
         if v is None:
@@ -163,10 +178,12 @@ def json_texts(values: list) -> list[str | None]:
     return out
 
 
-# A JSON column of whole-number lists or nulls (a scene's targets and points, two per act) goes to
-# DuckDB as a list<int64> column and is written there as json.dumps writes it ("[1, 2, 3]"): the
-# same text, without a json.dumps (or a Python format) per value. Anything else (a bool, a float,
-# a string, a dict …) is written here, value by value.
+# A JSON column of whole-number lists or nulls goes to DuckDB as a list<int64> column and is
+# written there as json.dumps writes it ("[1, 2, 3]"): the same text, without a json.dumps (or a
+# Python format) per value. Such a column is an untyped `list` field, or a list[int] field in a
+# file written before lists were LIST columns (Store._stored: a resumed run keeps that file's
+# JSON); a list[int] field is a BIGINT[] column and never comes here. Anything else (a bool, a
+# float, a string, a dict …) is written here, value by value.
 _WHOLE_LISTS_TYPE = pa.list_(pa.int64())
 
 
@@ -228,7 +245,8 @@ def act_columns(t: SimulationTables) -> list[tuple[str, str]]:
 
 def summary_columns(t: SimulationTables) -> list[tuple[str, str]]:
     return [("run_id", "VARCHAR"), ("round", "INTEGER"), ("n", "BIGINT"), ("n_valid", "BIGINT"),
-            *((name, "BIGINT") for name in Usage.RECORDED),  # the round's LLM work, infra retries apart
+            # the round's LLM work, infra retries apart, and its dollars at the models' prices
+            *((name, "DOUBLE" if name == "dollars" else "BIGINT") for name in Usage.RECORDED),
             *((c.name, c.type) for c in t.summary_columns), ("closed_at", "TIMESTAMP")]
 
 
@@ -289,6 +307,9 @@ class Store:
         self._tables: dict[str, SimulationTables] = {}  # by run id
         self._shares: dict[str, dict[str, ShareRecord]] = {}  # by run id, then share key
         self._ready: set[tuple[str, str]] = set()  # (table, spec) pairs created this connection
+        # (table, column) declared a LIST but JSON in this file (written before lists were LIST columns):
+        # its values go on as JSON text, so an older database keeps recording the same simulation
+        self._as_json: set[tuple[str, str]] = set()
         self._shapes: dict[str, RunShape] = {}  # by run id: agents and rounds, from its config
         # (run, round) -> per agent, whether its outcome is recorded: what makes a duplicate
         self._recorded: dict[tuple[str, int], np.ndarray] = {}
@@ -304,6 +325,7 @@ class Store:
                     con.execute(SCHEMA)
                     con.execute(INTERVIEWS_SCHEMA)
                     self._ready.clear()
+                    self._as_json.clear()
                     self._con = con
         return self._con
 
@@ -371,10 +393,17 @@ class Store:
             for name, type_ in columns:
                 if name not in have:
                     con.execute(f"ALTER TABLE {_q(table)} ADD COLUMN {_q(name)} {type_}")
+                elif have[name] == "JSON" and type_.endswith("[]"):
+                    self._as_json.add((table, name))
                 elif have[name] != type_ and {have[name], type_} != {"VARCHAR", "JSON"}:
                     raise StoreError(run_id, f"table {table}: column {name} is {have[name]} in {self.path}, "
                                              f"but this run declares {type_} (another simulation uses the name?)")
         self._ready.add(key)
+
+    def _stored(self, table: str, name: str, type_: str) -> str:
+        """The type a declared column's values are written as in this file ("JSON" for a LIST
+        column an older release made JSON)."""
+        return "JSON" if (table, name) in self._as_json else type_
 
     def ensure_tables(self, run_id: str, spec: SimulationTables) -> None:
         self._ensure(run_id, spec.outcomes, outcome_columns(spec))
@@ -386,6 +415,7 @@ class Store:
     def per_round_tables(spec: SimulationTables) -> list[str]:
         """The tables with rows per round that a resume or a re-placement plays again."""
         return [spec.outcomes, "llm_calls", "posts", *(("edges",) if spec.edge_kinds else ()),
+                *(("shown",) if spec.shown_items else ()),
                 *(("transcripts", spec.acts) if spec.acts else ())]
 
     # -- ingestion ------------------------------------------------------------------------
@@ -393,13 +423,13 @@ class Store:
         """The agents a call record's requester may have asked about: every range of every share
         the run placed on the host of that name, and every range a post-hoc interview ordered it
         to ask (none: neither). None: not checked — a record from before requesters were named,
-        the shared agent-host user (which speaks for every host), or a run recorded before
-        shares existed."""
+        or the shared agent-host user (which speaks for every host). A run not placed yet has no
+        share, so no host may have asked about any of its agents: a record that comes before the
+        run's spawn is refused, never stored unchecked (an attacker's records sent as a run starts
+        were kept when they reached the recorder ahead of its placement)."""
         if not requester or requester == SHARED_HOST_USER:
             return None
         shares = self.shares_of(run_id)
-        if not shares:
-            return None
         return ([r for share in shares.values() if _share(share.key)[0] == requester for r in share.ranges]
                 + self.interviews.host_order_ranges(run_id, requester))
 
@@ -485,6 +515,7 @@ class Store:
             raise
 
     def _ingest(self, events: list[Event]) -> IngestResult:
+        t0 = time.perf_counter()
         out = IngestResult()
         events = [e for e in events if e.model is not None]
         if not events:
@@ -560,17 +591,28 @@ class Store:
                 elif isinstance(m, RoundResult):
                     if all(self.counts(m.run_id, m.round, *_share(k)) for k in m.shares):
                         self._insert_round(m)  # decided from live shares only (again, after a re-placement)
+                        if m.profile is not None:
+                            self._insert_profile(m)
+                elif isinstance(m, RoundPartial):
+                    # a share's round profile; a partial of a share not placed (or replaced) counts
+                    # nowhere (the environment dead-letters a forged one)
+                    if m.profile is not None and self.shape_of(m.run_id) is not None \
+                            and self.counts(m.run_id, m.round, m.host_id, m.epoch):
+                        self._insert_profile(m)
                 elif isinstance(m, RunDone):
                     con.execute(
                         "UPDATE runs SET finished_at = ?, status = ?, reason = ? WHERE run_id = ?",
                         [ts(m.finished_at), m.status, m.reason, m.run_id],
                     )
                     out.finished.append(m)
+            stored: list[OutcomeBatch] = []
             for run_id, batches in outcomes.items():
                 # checked here, after every placement of this fetch: its batches wait to the end
                 kept = self._expected(run_id, batches, out)
                 if kept:
                     out.outcomes += self._insert_outcomes(run_id, kept)
+                    stored += kept
+            self._add_record_time(stored, time.perf_counter() - t0)
             con.execute("INSERT INTO _ingested SELECT unnest(?)", [[e.msg_id for e in fresh]])
             con.execute("COMMIT")
         except Exception:
@@ -590,6 +632,7 @@ class Store:
         except duckdb.Error:
             self._drop_connection()  # in no state to go on: the next use opens the file again
         self._ready.clear()  # tables created in the rolled-back transaction are gone again
+        self._as_json.clear()
         self._shares.clear()  # and placements recorded in it: read them again
         self._recorded.clear()  # and the outcomes it marked
         self.interviews.forget()  # and the answers
@@ -615,7 +658,7 @@ class Store:
         self._forget_recorded(m.run_id)
         spec = self._spec(m.run_id)
         con = self.con
-        for table in (*self.per_round_tables(spec), spec.rounds, "_refused_groups"):
+        for table in (*self.per_round_tables(spec), spec.rounds, "_refused_groups", "round_profile"):
             con.execute(f"DELETE FROM {_q(table)} WHERE run_id = ? AND round > ?", [m.run_id, m.after_round])
         con.execute("UPDATE runs SET status = 'running', finished_at = NULL, reason = NULL, hosts = ? "
                     "WHERE run_id = ?", [m.hosts, m.run_id])
@@ -628,9 +671,11 @@ class Store:
         if config is None:
             return f"run {b.run_id} was never started here"
         if b.request is not None:
-            ranges = self.interviews.order_ranges(b.run_id, b.request, b.host_id)
-            why = self.interviews.refusal(b, None, [], config, order_ranges=ranges)
-            return why if why is not None else self.interviews.insert(b, config.agents)
+            order = self.interviews.order_of(b.run_id, b.request, b.host_id)
+            why = self.interviews.refusal(b, None, [], config, order=order)
+            if why is not None:
+                return why
+            return self.interviews.insert(b, order.survey or b.survey, config.agents)
         share = self.shares_of(b.run_id).get(share_key(b.host_id, b.epoch))
         if b.request is None and share is not None and not (share.from_round - 1 <= b.after_round
                                                              and share.counts_in(b.after_round)):
@@ -640,7 +685,8 @@ class Store:
                                       config)
         if why is not None:
             return why
-        return self.interviews.insert(b, config.agents)
+        plan = next(p for p in config.interviews if p.id == b.survey.id)  # refusal() found it
+        return self.interviews.insert(b, plan.survey, config.agents)
 
     def _expected(self, run_id: str, batches: list[Event], out: IngestResult) -> list[OutcomeBatch]:
         """The batches the run expects, marked as recorded; the others refused (with why) or,
@@ -682,7 +728,7 @@ class Store:
 
     def _insert_outcomes(self, run_id: str, batches: list[OutcomeBatch]) -> int:
         spec = self._spec(run_id)
-        types = dict(outcome_columns(spec))
+        types = {n: self._stored(spec.outcomes, n, t) for n, t in outcome_columns(spec)}
         cols: dict[str, list] = {name: [] for name in types}
         for m in batches:
             n = len(m.agent_ids)
@@ -709,7 +755,28 @@ class Store:
         if spec.acts is not None:
             self._insert_scenes(spec, [m for m in batches if m.acts is not None or m.lines is not None])
         self._insert_edges([m for m in batches if m.edits is not None])
+        self._insert_shown([m for m in batches if m.shown is not None])
         return len(cols["agent_id"])
+
+    def _insert_shown(self, batches: list[OutcomeBatch]) -> None:
+        """What each of the batches' agents was shown (one row per agent that has a record)."""
+        if not batches:
+            return
+        cols: dict[str, list] = {k: [] for k in ("run_id", "round", "agent_id", "items", "ranks")}
+        for m in batches:
+            x = m.shown
+            assert x is not None
+            cols["run_id"].extend([m.run_id] * len(x.agent_id))
+            cols["round"].extend([m.round] * len(x.agent_id))
+            for key in ("agent_id", "items", "ranks"):
+                cols[key].extend(getattr(x, key))
+        schema = pa.schema([("run_id", pa.string()), ("round", pa.int32()), ("agent_id", pa.int64()),
+                            ("items", pa.list_(pa.int64())), ("ranks", pa.list_(pa.int32()))])
+        self.con.register("shown_rows", pa.Table.from_pydict(cols, schema=schema))
+        try:
+            self.con.execute("INSERT INTO shown BY NAME SELECT * FROM shown_rows")
+        finally:
+            self.con.unregister("shown_rows")
 
     def _insert_edges(self, batches: list[OutcomeBatch]) -> None:
         """Every edge edit, in the order each batch lists them (the order they applied)."""
@@ -735,7 +802,7 @@ class Store:
         """The acts and lines of the scenes whose members' outcomes these batches carry."""
         if not batches:
             return
-        types = dict(act_columns(spec))
+        types = {n: self._stored(spec.acts, n, t) for n, t in act_columns(spec)}
         acts: dict[str, list] = {name: [] for name in types}
         lines: dict[str, list] = {k: [] for k in ("run_id", "round", "group_id", "seq", "speaker", "text", "fields")}
         for m in batches:
@@ -798,13 +865,53 @@ class Store:
         names = ["run_id", "round", "n", "n_valid", *Usage.RECORDED, *(c.name for c in spec.summary_columns),
                  "closed_at"]
         values = [m.run_id, m.round, m.n, m.n_valid, *(getattr(m.usage, u) for u in Usage.RECORDED),
-                  *(json.dumps(m.summary.get(c.name)) if c.type == "JSON" else m.summary.get(c.name)
+                  *(json.dumps(m.summary.get(c.name)) if self._stored(spec.rounds, c.name, c.type) == "JSON"
+                    else m.summary.get(c.name)
                     for c in spec.summary_columns),
                   ts(m.closed_at)]
         # a round decided again (after a re-placement) replaces its earlier decision
         self.con.execute(f"DELETE FROM {_q(spec.rounds)} WHERE run_id = ? AND round = ?", [m.run_id, m.round])
         self.con.execute(f"INSERT INTO {_q(spec.rounds)} ({', '.join(map(_q, names))}) "
                          f"VALUES ({', '.join('?' * len(names))})", values)
+
+    def _insert_profile(self, m: RoundPartial | RoundResult) -> None:
+        """A share's round profile (from its partial), or the environment's (from the round's
+        result); the same share's or a round decided again replaces the row it had."""
+        if isinstance(m, RoundPartial):
+            p = m.profile
+            assert p is not None
+            row = {"role": "host", "host_id": m.host_id, "epoch": m.epoch, "agents": p.agents, "wall_s": p.wall_s,
+                   "view_s": p.view_s, "turn_s": p.turn_s, "merge_s": p.merge_s, "model_wait_s": p.model_wait_s,
+                   "view_bytes": p.view_bytes, "view_max_bytes": p.view_max_bytes,
+                   "observation_bytes": p.observation_bytes, "held": p.held, "note": p.note}
+        else:
+            d = m.profile
+            assert d is not None
+            row = {"role": "environment", "host_id": "environment", "epoch": m.epoch, "merge_s": d.merge_s,
+                   "decide_s": d.decide_s, "observation_bytes": d.observation_bytes, "note": d.note}
+        self.con.execute("DELETE FROM round_profile WHERE run_id = ? AND round = ? AND role = ? AND host_id = ? "
+                         "AND epoch = ?", [m.run_id, m.round, row["role"], row["host_id"], row["epoch"]])
+        names = ["run_id", "round", *row]
+        self.con.execute(f"INSERT INTO round_profile ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
+                         [m.run_id, m.round, *row.values()])
+
+    def _add_record_time(self, batches: list[OutcomeBatch], seconds: float) -> None:
+        """The recorder's row of each round whose outcomes this transaction stored: its seconds,
+        shared among those rounds by the rows each had in it."""
+        rows: dict[tuple[str, int], int] = defaultdict(int)
+        for b in batches:
+            rows[b.run_id, b.round] += len(b.agent_ids)
+        total = sum(rows.values())
+        if total == 0:  # batches with no rows (a forged one, refused group by group): no round's time
+            return
+        for (run_id, round_), n in rows.items():
+            share = seconds * n / total
+            (updated,) = self.con.execute(
+                "UPDATE round_profile SET record_s = record_s + ? WHERE run_id = ? AND round = ? AND role = 'recorder'",
+                [share, run_id, round_]).fetchone()
+            if not updated:
+                self.con.execute("INSERT INTO round_profile (run_id, round, role, host_id, epoch, record_s) "
+                                 "VALUES (?, ?, 'recorder', 'recorder', 0, ?)", [run_id, round_, share])
 
     def _insert_profiles(self, run_id: str, agents: int, blob: bytes | pa.Table) -> None:
         rows = profile_rows(blob) if isinstance(blob, bytes) else blob

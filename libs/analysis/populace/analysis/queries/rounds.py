@@ -10,7 +10,7 @@ import duckdb
 import numpy as np
 
 from populace.analysis.queries.lookup import tables_of
-from populace.analysis.queries.run_header import _simulation_error, _usage_columns
+from populace.analysis.queries.run_header import _simulation_error, _usage_columns, usage_value
 from populace.analysis.queries.sql_parts import (
     _answers,
     _leader,
@@ -42,8 +42,10 @@ def round_table(con: duckdb.DuckDBPyConnection, run_id: str) -> list[dict]:
         summary                           {column: value} of the simulation's round summary
                                           (None while a round is not closed; JSON parsed)
         usage                             {llm_calls, prompt_tokens, completion_tokens,
-                                          infra_retries} of the closed round (None while open,
-                                          or when the run was recorded before usage was)
+                                          infra_retries, cached_tokens, dollars} of the closed
+                                          round (None while open, or when the run was recorded
+                                          before usage was; the last two absent in a file from
+                                          before they were recorded)
 
     A round with a result but no recorded outcomes takes n and n_valid from the result."""
     rt = tables_of(con, run_id)
@@ -84,7 +86,7 @@ def round_table(con: duckdb.DuckDBPyConnection, run_id: str) -> list[dict]:
         if rt.kind == "numeric":
             d.update({k: _num(row[k]) for k in ("mean", "median", "std", "min", "max")})
         d["summary"] = ({c: _value(row["s_" + c], t) for c, t in types.items()} if row["closed_"] else None)
-        d["usage"] = ({c: int(row["u_" + c] or 0) for c in usage} if row["closed_"] and usage else None)
+        d["usage"] = ({c: usage_value(c, row["u_" + c]) for c in usage} if row["closed_"] and usage else None)
         out.append(d)
     if rt.kind == "categorical":
         _add_shares(con, rt, out)

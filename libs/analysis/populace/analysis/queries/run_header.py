@@ -91,9 +91,16 @@ def graph_info(con: duckdb.DuckDBPyConnection, run_id: str, manifest: dict | Non
 
 
 def _usage_columns(con: duckdb.DuckDBPyConnection, rt: RunTables) -> tuple[str, ...]:
-    """The round table's usage columns: all of them, or none in a file from before they existed."""
+    """The round table's usage columns: all of them; in a file from before cached tokens and
+    dollars were recorded, the others; none in a file from before usage was."""
     have = set(table_columns(con, rt.spec.rounds))
-    return Usage.RECORDED if have.issuperset(Usage.RECORDED) else ()
+    return tuple(c for c in Usage.RECORDED if c in have) if have.issuperset(Usage.RECORDED_CORE) else ()
+
+
+def usage_value(column: str, value: object) -> int | float:
+    """A usage column's value as its type: dollars a float, the counts ints (NULL: 0, a row
+    written before the column existed)."""
+    return float(value or 0.0) if column == "dollars" else int(value or 0)
 
 
 def _simulation_error(con: duckdb.DuckDBPyConnection, rt: RunTables) -> str:
@@ -104,7 +111,8 @@ def _simulation_error(con: duckdb.DuckDBPyConnection, rt: RunTables) -> str:
 
 def run_usage(con: duckdb.DuckDBPyConnection, run_id: str) -> dict | None:
     """The run's LLM work over its closed rounds and what went wrong, in three classes:
-    ``llm_calls, prompt_tokens, completion_tokens``; ``infra_retries`` (prompts asked again
+    ``llm_calls, prompt_tokens, completion_tokens``, ``cached_tokens`` and ``dollars`` (at the
+    models' prices; absent in a file from before they were recorded); ``infra_retries`` (prompts asked again
     because no model answered: the infrastructure's failures, never recorded as answers);
     ``invalid_answers`` (recorded rows the model answered and the simulation could not read:
     the model's failures); ``simulation_errors`` (rows the simulation's own code failed on,
@@ -117,7 +125,7 @@ def run_usage(con: duckdb.DuckDBPyConnection, run_id: str) -> dict | None:
         return None
     sums = con.execute(f"SELECT {', '.join(f'coalesce(sum({q(c)}), 0)' for c in usage)} FROM {q(rt.spec.rounds)} "
                        "WHERE run_id = ?", [run_id]).fetchone()
-    out = {c: int(v) for c, v in zip(usage, sums, strict=True)}
+    out = {c: usage_value(c, v) for c, v in zip(usage, sums, strict=True)}
     ours = _simulation_error(con, rt)
     invalid, errors = con.execute(f"SELECT count(*) FILTER (WHERE NOT valid AND NOT {ours}), "
                                   f"count(*) FILTER (WHERE NOT valid AND {ours}) FROM {q(rt.spec.outcomes)} "

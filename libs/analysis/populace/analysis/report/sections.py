@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 import duckdb
 
-from populace.analysis.calls import call_stats
+from populace.analysis.calls import call_stats, model_stats
 from populace.analysis.queries import (
     convergence_table,
     group_points,
@@ -53,6 +53,7 @@ from populace.analysis.report.blocks import (
     Section,
     Table,
 )
+from populace.analysis.report.cost import COST_HEADERS, cost_cells, has_cost, models_table, round_cost
 from populace.analysis.report.interviews import interview_sections
 from populace.analysis.report.shapes import shape_sections
 from populace.analysis.report.text import (
@@ -168,23 +169,27 @@ LLM_HEADERS = ["round", "invalid answers (model)", "infra retries", "LLM calls",
 def llm_table(rounds: list[dict], calls: dict[int, dict]) -> Table | None:
     """Per round what the answers cost and how they came: the model's invalid answers apart from
     the infrastructure's retries (never answers), calls, the gateway's re-asks and retries on
-    another replica, tokens and latency (`round_table`'s usage, `call_stats`). None without any."""
+    another replica, tokens and latency (`round_table`'s usage, `call_stats`), and where any
+    round has them, cached tokens and dollars. None without any."""
     if not any(r.get("usage") for r in rounds) and not calls:
         return None
+    costs = [round_cost(r.get("usage") or {}, calls.get(r["round"]) or {}) for r in rounds]
+    priced = has_cost(costs)
     rows = []
-    for r in rounds:
+    for r, cost in zip(rounds, costs, strict=True):
         u, c = r.get("usage") or {}, calls.get(r["round"]) or {}
         rows.append([number(r["round"]), number(r["n_invalid_answers"]), number(u.get("infra_retries")),
                      number(u.get("llm_calls", c.get("calls"))), number(c.get("reasks")),
                      number(c.get("replica_retries")),
                      number(c.get("prompt_tokens", u.get("prompt_tokens"))),
                      number(c.get("completion_tokens", u.get("completion_tokens"))),
-                     *(number(c.get(k)) for k in ("latency_ms_p50", "latency_ms_p95", "latency_ms_max"))])
-    return Table(LLM_HEADERS, rows, left=())
+                     *(number(c.get(k)) for k in ("latency_ms_p50", "latency_ms_p95", "latency_ms_max")),
+                     *(cost_cells(*cost) if priced else ())])
+    return Table([*LLM_HEADERS, *(COST_HEADERS if priced else ())], rows, left=())
 
 
 def per_round_section(info: dict, rounds: list[dict], types: dict[str, str],
-                      calls: dict[int, dict] | None = None) -> Section:
+                      calls: dict[int, dict] | None = None, models: dict[str, dict] | None = None) -> Section:
     section = Section("Per round", anchor="rounds")
     if not rounds:
         section.blocks.append(Note("No round was recorded for this run."))
@@ -203,7 +208,11 @@ def per_round_section(info: dict, rounds: list[dict], types: dict[str, str],
                                    "above). Infra retries: prompts asked again because no model answered "
                                    "(never recorded as answers). Re-asks: the gateway's corrective asks after an "
                                    "invalid answer; replica retries: calls again on another replica after one "
-                                   "failed; latency per decision, re-asks included (table llm_calls)."))
+                                   "failed; latency per decision, re-asks included (table llm_calls)."
+                                   + (" Cached tokens: prompt tokens the provider served from its prompt cache; "
+                                      "dollars: at the prices in the run's `models:`." if COST_HEADERS[-1]
+                                      in llm.headers else "")))
+    section.blocks.extend(models_table(models or {}))
     return section
 
 
@@ -466,7 +475,7 @@ def run_sections(con: duckdb.DuckDBPyConnection, run_id: str, info: dict, rounds
                  ) -> tuple[KeyValues, list[Section]]:
     """The header and every section of one run's report, in order."""
     invalid = invalid_rows(con, run_id)
-    sections = [per_round_section(info, rounds, types, call_stats(con, run_id))]
+    sections = [per_round_section(info, rounds, types, call_stats(con, run_id), model_stats(con, run_id))]
     if info["measure_kind"] == "numeric":
         sections += numeric_sections(con, run_id, info, rounds, attrs)
     elif info["measure_kind"] == "categorical":

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from populace.core.contracts import money
+
 JSON_MAX_CHARS = 120  # a JSON summary cell (the vote's counts) is shortened past this
 MAX_TABLE_ROUNDS = 200  # per-round tables: all rounds up to this, else the first and last halves
 
@@ -130,9 +132,11 @@ def usage_text(usage: dict | None) -> str | None:
     answered was asked again, and is never recorded as an answer."""
     if usage is None:
         return None
+    cached = f" ({usage['cached_tokens']:,} of the prompt tokens cached)" if usage.get("cached_tokens") else ""
+    cost = f", {money(usage['dollars'])} at the models' prices" if usage.get("dollars") else ""
     return (f"{usage['llm_calls']:,} calls, {usage['prompt_tokens']:,} prompt + {usage['completion_tokens']:,} "
-            f"completion tokens; {usage['infra_retries']:,} infrastructure retries (prompts asked again because "
-            "no model answered; never recorded as answers)")
+            f"completion tokens{cached}{cost}; {usage['infra_retries']:,} infrastructure retries (prompts asked "
+            "again because no model answered; never recorded as answers)")
 
 
 def most_chosen(row: dict) -> str:
@@ -146,7 +150,7 @@ def summary_cell(name: str, value: object, type_: str) -> str:
     """A summary cell: ids plain, JSON compact and shortened, numbers formatted."""
     if value is None:
         return "—"
-    if type_ == "JSON":
+    if type_ == "JSON" or type_.endswith("[]"):  # a LIST column's value is a list, shown like JSON
         text = json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
         return text if len(text) <= JSON_MAX_CHARS else text[:JSON_MAX_CHARS] + "…"
     if name.endswith("_id") or type_ in ("VARCHAR", "BOOLEAN"):

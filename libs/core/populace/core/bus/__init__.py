@@ -35,7 +35,9 @@ from populace.core.bus.provisioning import (
     DLQ_MAX_BYTES,
     INSUFFICIENT_RESOURCES,
     MIN_DEFAULT_BYTES,
+    MIN_WRITER_RUN_MESSAGES,
     NODES_TTL_S,
+    PACING_TTL_S,
     PROVISION_ATTEMPTS,
     RUN_MAX_AGE_S,
     RUN_MAX_BYTES,
@@ -45,6 +47,7 @@ from populace.core.bus.provisioning import (
     ensure_object_store,
     provision,
     provision_nodes,
+    provision_pacing,
     provision_snapshots,
     stream_limits,
 )
@@ -56,9 +59,12 @@ from populace.core.bus.publishing import (
 from populace.core.bus.registries import (
     SUBJECTS_LISTED,
     Heartbeat,
+    ThreadHeartbeat,
     bucket_keys,
     last_on,
     registry_entries,
+    registry_items,
+    stream_subjects,
 )
 from populace.core.bus.retries import (
     NO_PEERS_YET,
@@ -72,6 +78,7 @@ from populace.core.bus.run_states import (
     open_refusal,
     run_head,
     run_state,
+    run_writers,
 )
 
 __all__ = [
@@ -80,8 +87,10 @@ __all__ = [
     "DLQ_MAX_BYTES",
     "INSUFFICIENT_RESOURCES",
     "MIN_DEFAULT_BYTES",
+    "MIN_WRITER_RUN_MESSAGES",
     "NODES_TTL_S",
     "NO_PEERS_YET",
+    "PACING_TTL_S",
     "PROVISION_ATTEMPTS",
     "RUN_MAX_AGE_S",
     "RUN_MAX_BYTES",
@@ -93,6 +102,7 @@ __all__ = [
     "PermissionDenied",
     "Reconnected",
     "StreamLimitError",
+    "ThreadHeartbeat",
     "bucket_keys",
     "connect",
     "connect_or_fail",
@@ -109,16 +119,20 @@ __all__ = [
     "open_refusal",
     "provision",
     "provision_nodes",
+    "provision_pacing",
     "provision_snapshots",
     "publish_js",
     "refusal",
     "registry_entries",
+    "registry_items",
     "run_head",
     "run_state",
+    "run_writers",
     "seal",
     "servers",
     "short_error",
     "stream_limits",
+    "stream_subjects",
     "unless_reconnected",
     "until_ready",
 ]

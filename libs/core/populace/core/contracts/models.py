@@ -10,6 +10,7 @@ carry every field of a `ModelEndpoint`.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Literal
 from urllib.parse import urlsplit
@@ -55,6 +56,23 @@ class ModelPrices(Strict):
         cached_price = self.input if self.cached_input is None else self.cached_input
         return ((prompt_tokens - cached) * self.input + cached * cached_price
                 + completion_tokens * self.output) / _MILLION
+
+
+def money(dollars: float) -> str:
+    """US dollars as people read them: '$1,234', '$12.35', and below a dollar two significant
+    digits ('$0.50', '$0.0065'), so a small cost is never rounded to '$0.00'."""
+    if dollars <= 0:
+        return "$0"
+    if dollars >= 1000:
+        return f"${dollars:,.0f}"
+    if dollars >= 1:
+        return f"${dollars:,.2f}"
+    if dollars < 1e-9:
+        return "<$0.000000001"
+    digits = max(2, 1 - math.floor(math.log10(dollars)))
+    if digits > 2 and float(f"{dollars:.{digits}f}") >= 10.0 ** (2 - digits):  # 0.009999 rounds up a place
+        digits -= 1
+    return f"${dollars:.{digits}f}"
 
 
 class ModelEndpoint(Strict):

@@ -114,6 +114,51 @@ class InterviewsReply(ReadReply):
     attributes: list[str] = []
 
 
+class ProfileRequest(ReadRequest):
+    """Where a run's rounds went (table round_profile): the rows of its last `rounds` rounds, and
+    the whole run's seconds per column."""
+
+    VERB: ClassVar[str] = "profile"
+    run_id: RunId
+    rounds: int = Field(50, ge=1, le=200)
+
+    _tok = field_validator("run_id")(_check_token)
+
+
+class ProfileReply(ReadReply):
+    """`profile`: the rows (populace.analysis.round_profile), the rounds recorded in all, the run's
+    seconds per column (`seconds`), the largest (`top`: [column, seconds]) and the notes said."""
+
+    run_id: str | None = None
+    rows: list[dict[str, Any]] = []
+    rounds_total: int = 0
+    seconds: dict[str, float] = {}
+    top: tuple[str, float] | None = None
+    notes: list[str] = []
+
+
+class GroupsRequest(ReadRequest):
+    """The run's measure per group of `by` (a persona attribute, or `model` in a run with several
+    models) in one round (None: the last), with 95% CIs (populace.analysis.group_table)."""
+
+    VERB: ClassVar[str] = "groups"
+    run_id: RunId
+    by: str = Field(min_length=1, max_length=100)
+    round: int | None = Field(None, ge=1)
+
+    _tok = field_validator("run_id")(_check_token)
+
+
+class GroupsReply(ReadReply):
+    """`groups`: one row per group (numeric measure) or per group and option (categorical), and
+    what one can group by (`attributes`)."""
+
+    run_id: str | None = None
+    by: str | None = None
+    rows: list[dict[str, Any]] = []
+    attributes: list[str] = []
+
+
 class DistributionRequest(ReadRequest):
     """The run's measure in one round (None: the last closed round), in `bins` bins when numeric."""
 

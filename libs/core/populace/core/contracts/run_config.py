@@ -15,6 +15,14 @@ from populace.core.contracts.models import ModelAssign, ModelEndpoint, check_mod
 from populace.core.contracts.questions import PlannedInterview
 from populace.core.contracts.wire_base import SHA256, Count, FiniteFloat, Strict, _finite_json
 
+# A run with a graph and one agent per process: refused alike by every path (the CLI, notebooks,
+# the orchestrator, `run_local(one_per_process=True)`): a host delivers posts into its agents'
+# observations in process, which a child process cannot read.
+GRAPH_ONE_PER_PROCESS = ("graph: a run with a graph cannot place one agent per process (placement.agents_per_process: "
+                         "1): its agents read their posts from their host's in-process inboxes; keep "
+                         "agents_per_process: 0, or drop the graph (edge kinds without a graph work one per "
+                         "process: read whom an agent follows in the environment's view)")
+
 
 class ModelConfig(Strict):
     """Which model answers, and how it is asked. `dummy` is the paper's dummy benchmark (a seeded
@@ -115,8 +123,9 @@ class Broadcast(Strict):
 
 
 class Budget(Strict):
-    """What a run may spend on LLM work. Before a round that would go past it, the run pauses
-    with a reason; `populace resume RUN --budget-tokens N` raises it and continues."""
+    """What a run may spend on LLM work, its interviews' included. Before a round that would go
+    past it, the run pauses with a reason; `populace resume RUN --budget-tokens N` (or
+    `--budget-calls`, `--budget-dollars`) raises it and continues."""
 
     tokens: Count | None = Field(None, ge=1)  # prompt + completion tokens
     llm_calls: Count | None = Field(None, ge=1)  # answered calls (an agent's `ask`)
@@ -150,8 +159,11 @@ class ModelUse(Strict):
 class Usage(Strict):
     """LLM work done: in a share's round, a round, or a whole run (they add up)."""
 
-    # recorded in every round table, next to the simulation's summary
-    RECORDED: ClassVar[tuple[str, ...]] = ("llm_calls", "prompt_tokens", "completion_tokens", "infra_retries")
+    # recorded in every round table, next to the simulation's summary (dollars as a DOUBLE, the rest
+    # as BIGINT); a table written before models had prices lacks the last two (CORE: the rest)
+    RECORDED: ClassVar[tuple[str, ...]] = ("llm_calls", "prompt_tokens", "completion_tokens", "infra_retries",
+                                           "cached_tokens", "dollars")
+    RECORDED_CORE: ClassVar[tuple[str, ...]] = RECORDED[:4]
 
     llm_calls: int = Field(0, ge=0)  # answered calls
     prompt_tokens: int = Field(0, ge=0)
@@ -239,6 +251,8 @@ class RunConfig(BaseModel):
                 "placement.agents_per_process: 1 starts one OS process per agent; "
                 f"{self.agents} agents is too many (max 10000)"
             )
+        if self.placement.agents_per_process == 1 and self.graph is not None:
+            raise ValueError(GRAPH_ONE_PER_PROCESS)
         return self
 
     @model_validator(mode="after")
@@ -258,6 +272,9 @@ class RunConfig(BaseModel):
             raise ValueError(f"model.{field}: with a `models:` section each model has its own "
                              "(kind, model, latency_s); `model:` keeps max_tokens, temperature and seed")
         check_models(self.models, self.assign, self.agents)
+        if self.budget is not None and self.budget.dollars is not None and all(m.prices.free for m in self.models):
+            raise ValueError("budget.dollars: no model has prices (models.N.prices: input, output dollars per "
+                             "million tokens), so the run would never spend a dollar of it")
         if self.assign is not None and self.assign.attribute is not None and self.population is None:
             raise ValueError("assign.attribute: assigning models by a persona attribute needs a `population`")
         return self

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from populace.core.contracts.control import Restore, WorldRef
 from populace.core.contracts.questions import MAX_ANSWER_CHARS, InterviewId, Survey
@@ -23,6 +23,7 @@ from populace.core.contracts.wire_base import (
     JsonDoc,
     Millis,
     RoundNo,
+    Strict,
     Token,
     Wire,
 )
@@ -96,6 +97,14 @@ class PostColumns(Wire):
     heard_digest: list[Amount]
 
 
+# A scene's acts and lines per round, per member of its group: a group of k members acts at most
+# MAX_ACTS_PER_MEMBER × k times and says at most MAX_LINES_PER_MEMBER × k lines (its members' and
+# the scene's own, speaker -1) in a round. A scene that would do more stops (its round pauses
+# naming it); the recorder refuses a group whose batch carries more.
+MAX_ACTS_PER_MEMBER = 100
+MAX_LINES_PER_MEMBER = 100
+
+
 class ActColumns(Wire):
     """The acts of the scenes whose members' outcomes are in the batch (a simulation with scenes):
     one row per act, in each group's order (`seq`, shared with its lines), with the simulation's
@@ -154,6 +163,29 @@ class EdgeColumns(Wire):
         return self
 
 
+# The most items one shown record holds (populace.sdk.shown.MAX_SHOWN)
+MAX_SHOWN = 1_000
+_ShownList = Annotated[list[Annotated[int, Field(ge=-(2**63), lt=2**63)]], Field(max_length=MAX_SHOWN)]
+
+
+class ShownColumns(Wire):
+    """Who saw what: what each of a batch's agents was shown this round (a simulation that declares
+    `shown_items`), at most one record per agent: the items in the order shown and each item's rank."""
+
+    agent_id: list[AgentId]
+    items: list[_ShownList]
+    ranks: list[Annotated[list[Annotated[int, Field(ge=1, lt=2**31)]], Field(max_length=MAX_SHOWN)]]
+
+    @model_validator(mode="after")
+    def _same_length(self) -> ShownColumns:
+        n = len(self.agent_id)
+        if len(self.items) != n or len(self.ranks) != n:
+            raise ValueError("every column of a batch's shown records must have one value per record")
+        if any(len(i) != len(r) for i, r in zip(self.items, self.ranks)):
+            raise ValueError("a shown record must have one rank per item")
+        return self
+
+
 class OutcomeBatch(Wire):
     """~1,000 agents' outcomes of one round from one host, columnar. `columns` holds the
     simulation's outcome columns (name -> values); the rest is the platform's: whether the
@@ -177,6 +209,7 @@ class OutcomeBatch(Wire):
     acts: ActColumns | None = None  # scenes: the acts of these agents' groups
     lines: LineColumns | None = None  # scenes: what these agents' groups said
     edits: EdgeColumns | None = None  # graphs that change: these agents' edge edits
+    shown: ShownColumns | None = None  # who saw what: these agents' records
 
     @model_validator(mode="after")
     def _same_length(self) -> OutcomeBatch:
@@ -194,7 +227,7 @@ class OutcomeBatch(Wire):
 
     def take(self, rows: Sequence[int]) -> OutcomeBatch:
         """The batch of these rows only (indices, in order), with what rides with them: their
-        posts and levels, their agents' edge edits, and the acts and lines of their groups (a
+        posts and levels, their agents' edge edits and shown records, and the acts and lines of their groups (a
         group not among them loses its acts and lines too). Not validated again."""
         def pick(values: list) -> list:
             return [values[i] for i in rows]
@@ -218,6 +251,10 @@ class OutcomeBatch(Wire):
             mine = set(ids)
             update["edits"] = keep(e, ("follower", "author", "kind", "op"),
                                    [i for i, f in enumerate(e.follower) if f in mine])
+        if (x := self.shown) is not None:
+            mine = set(ids)
+            update["shown"] = keep(x, ("agent_id", "items", "ranks"),
+                                   [i for i, a in enumerate(x.agent_id) if a in mine])
         if (a := self.acts) is not None:
             kept = [i for i, g in enumerate(a.group_id) if g in groups]
             update["acts"] = keep(a, ("group_id", "seq", "agent_id", "phase", "valid", "raw", "latency_ms", "error"),
@@ -341,6 +378,74 @@ class MailBatch(Wire):
         return self
 
 
+Seconds = Annotated[float, Field(ge=0, le=10_000_000, allow_inf_nan=False)]
+ProfileNote = Annotated[str, Field(max_length=1000)]
+
+
+class ShareProfile(Wire):
+    """Where one share's round went (table `round_profile`, one row per round and share): seconds
+    the simulation's code held this host's loop, in `Env.view` (exact), in its turns, acts and
+    scenes (estimated from timed samples), in its group envs' settle and its env's reduce and
+    merge; the seconds the share had a model call out; the bytes of its agents' views
+    (estimated from sized samples) and of the round's shared observation. Accumulated per host
+    and round, never per agent."""
+
+    agents: Amount = 0  # agents that played
+    wall_s: Seconds = 0.0  # the share's round, its first turn to its last outcome
+    view_s: Seconds = 0.0
+    turn_s: Seconds = 0.0
+    merge_s: Seconds = 0.0
+    model_wait_s: Seconds = 0.0
+    view_bytes: Amount = 0  # all views together (sampled, scaled to the views made)
+    view_max_bytes: Amount = 0  # the largest view sized
+    observation_bytes: Amount = 0  # the round's shared observation, once
+    held: Amount = 0  # turns that waited for the loop to turn (author code had filled a slice)
+    note: ProfileNote | None = None  # a view or observation over its budget, said once per run
+
+
+class DecideProfile(Wire):
+    """Where the environment's part of a round went: the seconds its `merge` of the shares'
+    partials and its `decide` (with the next round's observation and selection) took, and the
+    bytes of the observation it announced."""
+
+    merge_s: Seconds = 0.0
+    decide_s: Seconds = 0.0
+    observation_bytes: Amount = 0
+    note: ProfileNote | None = None
+
+
+# A partial larger than this (its columns: the agents that move …) travels as an object of the
+# checkpoints store, which the message names (PartialRef): a message stays under 1 MB.
+PARTIAL_INLINE_BYTES = 256 * 1024
+# What a partial's object may hold: this much, plus PARTIAL_BYTES_PER_AGENT per agent of its share
+# (room for a few int or float columns of every agent as JSON). The environment refuses a larger
+# one before reading a byte of it; a host never stores one (the round pauses naming it).
+PARTIAL_OBJECT_BASE_BYTES = 1 << 20
+PARTIAL_BYTES_PER_AGENT = 256
+
+
+def partial_object_limit(agents: int) -> int:
+    """The most bytes a partial's object of a share of `agents` agents may hold."""
+    return PARTIAL_OBJECT_BASE_BYTES + PARTIAL_BYTES_PER_AGENT * max(0, agents)
+
+
+class PartialRef(Strict):
+    """A partial's payload when it travels by reference: the object of its own share that holds
+    it (subjects.checkpoint_partial), its sha256 and its size, which the object's metadata must
+    say too. The environment reads it only once the sender's share is known to be placed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, serialize_by_alias=True)
+
+    ref: CheckpointName = Field(alias="$ref")
+    sha256: SHA256
+    size: int = Field(ge=0, lt=2**63)
+
+    @staticmethod
+    def of(payload: object) -> bool:
+        """Whether a partial's payload is a reference (a simulation's partial has no `$ref` field)."""
+        return isinstance(payload, dict) and "$ref" in payload
+
+
 class RoundPartial(Wire):
     """One host's reduced round (its groups reduced first): the simulation's `payload`, plus
     how many agents it covers. The environment merges partials; it never sees an agent."""
@@ -360,6 +465,7 @@ class RoundPartial(Wire):
     checkpoints: dict[CheckpointName, SHA256] = Field({}, max_length=100_000)
     # invalid rows whose cause is the simulation's own code (error 'agent: …'), not the model
     n_simulation_errors: int = Field(0, ge=0)
+    profile: ShareProfile | None = None  # where the share's round went (None: a host that measures none)
 
     @model_validator(mode="after")
     def _valid_within_n(self) -> RoundPartial:
@@ -396,6 +502,7 @@ class RoundResult(Wire):
     # of the n - n_valid invalid rows, those the simulation's own code caused (error 'agent: …');
     # the rest are the model's invalid answers
     n_simulation_errors: Amount = 0
+    profile: DecideProfile | None = None  # where the environment's part of the round went
 
 
 class RunResumed(Wire):
