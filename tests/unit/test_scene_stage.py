@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from populace.core.contracts import RunConfig
+from populace.core.contracts import MAX_ACTS_PER_MEMBER, RunConfig
 from populace.sdk import (
     Agent,
     DummyLLM,
@@ -96,6 +96,9 @@ class Stage(GroupEnv):
             await scene.all("speak", views + [0], members=[*members, members[0]])
         if mode == "phase":
             await scene.all(7, views)
+        if mode == "busy":  # every act a round allows, in stages: the next stage is one too many
+            for _ in range(MAX_ACTS_PER_MEMBER):
+                await scene.all("speak", views)
         if mode.endswith("sequential"):  # the same acts, one after another, each in the scene's task
             acts = [await m.act("speak", v) for m, v in zip(members, views)]
         else:
@@ -203,6 +206,7 @@ def test_no_model_answering_one_act_stops_the_round_and_leaves_no_act_running():
     ("short", r"all\('speak'\) got 2 views for 3 members"),
     ("twice", r"agent \d+ was asked to act while its previous act was still running"),
     ("phase", r"an act's phase is a string, not int"),
+    ("busy", r"more than 100 acts per member \(3\) in a round"),
 ])
 def test_a_stage_that_breaks_a_rule_fails_the_round_naming_it(mode, message):
     with pytest.raises(SceneFailed, match=rf"simulation 'stages', round 1, group \d+: .*{message}"):
@@ -237,6 +241,95 @@ def test_a_scene_cancelled_mid_stage_cancels_its_acts():
         for _ in range(3):
             await asyncio.sleep(0)
         assert all(f.cancelled() for f in port.futures)
+        assert scene.in_flight == 0 and not any(m._busy for m in scene.members) and scene.acts == []
+
+    asyncio.run(main())
+
+
+class HeldGate:
+    """A slicer's gate (populace.sdk.slicing) that holds the second entry until `release`."""
+
+    def __init__(self):
+        self.entries = 0
+        self.release: asyncio.Future | None = None
+
+    def __call__(self):
+        self.entries += 1
+        if self.entries != 2:
+            return None
+        self.release = asyncio.get_running_loop().create_future()
+        return self._wait(self.release)
+
+    @staticmethod
+    async def _wait(fut):
+        await fut
+
+
+class Asked:
+    def __init__(self):
+        self.futures: dict[int, asyncio.Future] = {}
+
+    def ask(self, prompt, *, key, **kw):
+        self.futures[key] = asyncio.get_running_loop().create_future()
+        return self.futures[key]
+
+
+def gated_scene(port, gate):
+    scene = Scene(1, 0, Stages(Stages.Params(), agents=3), port, Said, lambda err: (Said(valid=False), str(err)),
+                  gate=gate)
+    scene.members = tuple(Member(Speaker(i, None, scene.sim), scene) for i in range(3))
+    return scene
+
+
+async def turns(n: int = 3) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+def test_a_stages_acts_pass_the_loops_gate_in_order_as_member_act_does():
+    """An act held at the gate (author code held the loop a slice) and those after it start once
+    it lets them through; the stage's acts and seqs are as without the gate."""
+    async def main():
+        port, gate = Asked(), HeldGate()
+        scene = gated_scene(port, gate)
+
+        async def run_scene():
+            PLAYING.set(scene)
+            return await scene.all("speak", [1, 2, 3])
+
+        task = asyncio.create_task(run_scene())
+        await turns()
+        assert list(port.futures) == [0] and gate.entries == 2 and scene.in_flight == 3  # 1 and 2 held
+        gate.release.set_result(None)
+        await turns()
+        assert list(port.futures) == [0, 1, 2] and gate.entries == 3
+        for key, fut in port.futures.items():
+            fut.set_result(str(key))
+        acts = await task
+        assert [a.value for a in acts] == [0, 1, 2]
+        assert [(a[1], a[2]) for a in sorted(scene.acts)] == [(0, 0), (1, 1), (2, 2)] and scene.in_flight == 0
+
+    asyncio.run(main())
+
+
+def test_a_scene_cancelled_while_its_acts_wait_at_the_gate_cancels_them_all():
+    async def main():
+        port, gate = Asked(), HeldGate()
+        scene = gated_scene(port, gate)
+
+        async def run_scene():
+            PLAYING.set(scene)
+            await scene.all("speak", [1, 2, 3])
+
+        task = asyncio.create_task(run_scene())
+        await turns()
+        assert list(port.futures) == [0]
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await turns()
+        assert port.futures[0].cancelled() and list(port.futures) == [0]  # the held acts never asked
+        assert gate.release.cancelled()
         assert scene.in_flight == 0 and not any(m._busy for m in scene.members) and scene.acts == []
 
     asyncio.run(main())

@@ -224,6 +224,8 @@ class Scene:
                                   "in the members' order)")
         if phase.__class__ is not str and not isinstance(phase, str):
             raise self._break(f"an act's phase is a string, not {type(phase).__name__}")
+        if self._acts_begun + n > MAX_ACTS_PER_MEMBER * len(self.members):
+            raise self._break(f"more than {MAX_ACTS_PER_MEMBER} acts per member ({len(self.members)}) in a round")
         playing = PLAYING.get()
         for i, member in enumerate(who):
             why = None
@@ -238,6 +240,7 @@ class Scene:
                     m._busy = False
                 raise why
             member._busy = True
+        self._acts_begun += n
         if n == 0:
             done = asyncio.get_running_loop().create_future()
             done.set_result([])
@@ -301,8 +304,8 @@ class _Stage:
     stage's acts share one context, a copy of the scene's; `llm.ACTING` names the member whose
     step runs (a task an act starts does not inherit it, as a turn's does not)."""
 
-    __slots__ = ("acts", "ctx", "done", "first_seq", "left", "loop", "members", "phase", "running", "scene",
-                 "started", "throws", "waiting", "wake")
+    __slots__ = ("acts", "ctx", "done", "first_seq", "gating", "left", "loop", "members", "phase", "running",
+                 "scene", "started", "throws", "waiting", "wake")
 
     def __init__(self, scene: Scene, phase: str, members: tuple[Member, ...], views: tuple) -> None:
         self.scene, self.phase, self.members = scene, phase, members
@@ -329,14 +332,14 @@ class _Stage:
         self.running = bytearray(b"\x01") * n  # not a container: nothing for the collector
         self.waiting: dict[asyncio.Future, int] = {}  # a future an act awaits -> that act
         self.throws: dict[int, BaseException] | None = None  # thrown into an act at its next step (a cancel …)
+        self.gating: asyncio.Task | None = None  # an act waiting at the loop's slicer, and the rest behind it
         self.wake: Callable | None = self._wake  # made once: every wake-up of the stage
         self.done.add_done_callback(self.wake, context=ctx)  # (the scene cancelled while it waits)
         loop.call_soon(self.wake, None, context=ctx)  # the start, on the loop as a task's: not inside the scene's task
 
     def _wake(self, future: asyncio.Future | None) -> None:
         if future is None:  # the start
-            for i in range(len(self.acts)):
-                self.step(i)
+            self._start(0)
         elif future is self.done:
             if future.cancelled():  # the scene was cancelled while it waited: its acts stop too
                 self.cancel()
@@ -344,6 +347,29 @@ class _Stage:
             i = self.waiting.pop(future, None)
             if i is not None:
                 self.step(i)
+
+    def _start(self, first: int) -> None:
+        """Start acts `first`, … in order, each through the scene's gate (populace.sdk.slicing) as
+        `member.act` passes it: when author code has held the loop a slice, the act that comes
+        next and those after it wait in a task (only then) until the gate lets it through."""
+        gate = self.scene._gate
+        for i in range(first, len(self.acts)):
+            if gate is not None and not self.done.done():
+                wait = gate()
+                if wait is not None:
+                    self.gating = self.loop.create_task(wait, context=self.ctx)
+                    self.gating.add_done_callback(functools.partial(self._gated, i), context=self.ctx)
+                    return
+            self.step(i)
+
+    def _gated(self, i: int, held: asyncio.Task) -> None:
+        self.gating = None
+        if held.cancelled() or self.done.done():  # the stage stopped meanwhile: each act left gets its cancel
+            for j in range(i, len(self.acts)):
+                self.step(j)
+            return
+        self.step(i)
+        self._start(i + 1)
 
     def _woken(self, i: int, _future: asyncio.Future) -> None:
         self.step(i)
@@ -427,3 +453,5 @@ class _Stage:
         for i in range(len(self.acts)):
             if self.running[i] and i not in awaiting:
                 self._throw(i, asyncio.CancelledError())
+        if self.gating is not None:  # acts not started yet, waiting at the gate: started now, to be cancelled
+            self.gating.cancel()
