@@ -44,7 +44,7 @@ from pydantic_core import from_json, to_json
 
 from populace.core import subjects
 from populace.core.bus import unless_reconnected, until_ready
-from populace.core.contracts import WorldRef
+from populace.core.contracts import LivingRef, WorldRef
 from populace.core.objects import read_object
 
 
@@ -273,9 +273,12 @@ async def save_agents(js: JetStreamContext, rid: str, round_: int, first: int, c
 def resolve_chain(links: list[dict], first: int, count: int) -> dict[str, list]:
     """Every agent's fields (columnar) from a chain of one range's checkpoint values, the head
     first and its full base last: the base, then each delta's agents over it in order; a field
-    the head names in `round_fields` only from the head (an agent the head lacks has None)."""
+    the head names in `round_fields` only from the head (an agent the head lacks has None). A
+    link may hold fewer agents than the head (the range grew by newcomers since): the agents it
+    does not hold have None until a later link gives theirs."""
     base = links[-1]
-    columns = {name: list(values) for name, values in base["fields"].items()}
+    pad = [None] * (count - base["count"])
+    columns = {name: [*values, *pad] for name, values in base["fields"].items()}
     for link in reversed(links[:-1]):
         changed = link["changed"]
         for name, values in link["fields"].items():
@@ -305,7 +308,11 @@ async def read_chain(js: JetStreamContext, name: str, digests: Mapping[str, str]
     expected = digests
     while True:
         value = await get(js, name, expected)
-        if not isinstance(value, dict) or value.get("first") != first or value.get("count") != count \
+        # the head holds the range; a link below may hold fewer agents (the range grew since, by newcomers)
+        most = links[-1]["count"] if links else count
+        held = value.get("count") if isinstance(value, dict) else None
+        if not isinstance(value, dict) or value.get("first") != first or not isinstance(held, int) \
+                or isinstance(held, bool) or not (0 < held <= most) or (not links and held != count) \
                 or not isinstance(value.get("fields"), dict):
             raise CheckpointError(f"checkpoint {name} does not hold agents {first}..{first + count - 1}")
         links.append(value)
@@ -315,7 +322,7 @@ async def read_chain(js: JetStreamContext, name: str, digests: Mapping[str, str]
         changed = value.get("changed")
         if not isinstance(below, dict) or not isinstance(below.get("name"), str) \
                 or not isinstance(below.get("digest"), str) or not isinstance(changed, list) \
-                or not all(isinstance(o, int) and 0 <= o < count for o in changed):
+                or not all(isinstance(o, int) and 0 <= o < held for o in changed):
             raise CheckpointError(f"checkpoint {name} is a delta without a valid base reference or agent offsets")
         if len(links) >= MAX_LINKS:
             raise CheckpointError(f"checkpoint {name}'s chain is longer than {MAX_LINKS} links")
@@ -364,10 +371,15 @@ ENV_WRITER = "environment"  # the chunk token of the environment's checkpoints
 
 
 async def save_env(js: JetStreamContext, rid: str, round_: int, state: dict, observation: dict,
-                   selection: dict | None = None, world: WorldRef | None = None) -> Stored:
+                   selection: dict | None = None, world: WorldRef | None = None,
+                   population: LivingRef | None = None) -> Stored:
+    # the objects it names may be an earlier round's (unchanged since): pruning keeps them with it
+    needs = [ref.name for ref in (world, population) if ref is not None]
     return await put(js, subjects.checkpoint_env(rid, round_),
                      {"state": state, "observation": observation, "selection": selection,
-                      "world": world.model_dump() if world is not None else None}, writer=ENV_WRITER)
+                      "world": world.model_dump() if world is not None else None,
+                      "population": population.model_dump() if population is not None else None},
+                     writer=ENV_WRITER, description=to_json({"needs": needs}).decode() if needs else None)
 
 
 class EnvCheckpoint(NamedTuple):
@@ -375,6 +387,7 @@ class EnvCheckpoint(NamedTuple):
     observation: dict
     selection: dict | None  # who acts in the next round (None: everyone)
     world: WorldRef | None  # the world after the round (a simulation with one)
+    population: LivingRef | None = None  # who is alive after the round (a run whose population changed)
 
 
 async def load_env(js: JetStreamContext, rid: str, round_: int, digests: Mapping[str, str]) -> EnvCheckpoint:
@@ -383,10 +396,20 @@ async def load_env(js: JetStreamContext, rid: str, round_: int, digests: Mapping
     value = await get(js, subjects.checkpoint_env(rid, round_), digests)
     if not isinstance(value, dict) or not isinstance(value.get("state"), dict):
         raise CheckpointError(f"checkpoint {subjects.checkpoint_env(rid, round_)} is not an environment's state")
-    selection, world = value.get("selection"), value.get("world")
+    selection, world, population = value.get("selection"), value.get("world"), value.get("population")
     return EnvCheckpoint(value["state"], value.get("observation") or {},
                          selection if isinstance(selection, dict) else None,
-                         WorldRef.model_validate(world) if isinstance(world, dict) else None)
+                         WorldRef.model_validate(world) if isinstance(world, dict) else None,
+                         LivingRef.model_validate(population) if isinstance(population, dict) else None)
+
+
+async def save_population(js: JetStreamContext, rid: str, round_: int, data: bytes) -> str:
+    """Who is alive after round `round_` (populace.sdk.population's bytes); returns their sha256."""
+    return await put_bytes(js, subjects.checkpoint_population(rid, round_), data, writer=ENV_WRITER)
+
+
+async def load_population(js: JetStreamContext, ref: LivingRef) -> bytes:
+    return await get_bytes(js, ref.name, ref.digest)
 
 
 Keep = Literal["all", "last", "none"]

@@ -18,7 +18,8 @@ from populace.sdk.agent import Agent
 from populace.sdk.edges import EdgeBook
 from populace.sdk.env import Env
 from populace.sdk.mailroom import Mailroom
-from populace.sdk.play import RoundPlayer
+from populace.sdk.play import RoundFailed, RoundPlayer
+from populace.sdk.population import GONE, Population
 from populace.sdk.process import ProcessAgent
 from populace.sdk.profile import VIEW_BUDGET_BYTES
 from populace.sdk.registry import Resolved
@@ -55,15 +56,104 @@ class HostedRun:
     # None: the run has one model. Computed for every agent (pure, seeded), so a call keyed to any
     # agent of the run finds its model.
     models: np.ndarray | None = None
+    # Populations that change (populace.sdk.population): the agent id at each position of `agents`
+    # (its ranges in order); which of them are alive (None: all), a departed agent's place in
+    # `agents` being None; and who is alive as of the last population this share applied.
+    ids: np.ndarray = field(init=False, repr=False)
+    living: np.ndarray | None = None
+    population: Population | None = None
+    cast: Cast | None = None  # the run's personas (newcomers' too), as its agents hold them
 
     def __post_init__(self) -> None:
         from populace.sdk.engine import ShareEngine  # the engine drives a HostedRun: it imports this module
 
+        self.ids = _ids_of(self.ranges) if self.ranges else np.fromiter(
+            (a.id for a in self.agents), dtype=np.int64, count=len(self.agents))
         self.engine = ShareEngine(self)
 
     @property
     def tables(self):
         return type(self.sim).tables()
+
+    @property
+    def count(self) -> int:
+        """The living agents this share holds."""
+        return len(self.agents) if self.living is None else int(np.count_nonzero(self.living))
+
+    def positions(self, agent_ids: np.ndarray) -> np.ndarray:
+        """Each id's position in `agents` (-1: not one of this share's)."""
+        ids = np.asarray(agent_ids, dtype=np.int64)
+        if not self.ranges or ids.size == 0:
+            return np.full(ids.size, -1, dtype=np.int64)
+        firsts = np.fromiter((f for f, _ in self.ranges), dtype=np.int64, count=len(self.ranges))
+        counts = np.fromiter((c for _, c in self.ranges), dtype=np.int64, count=len(self.ranges))
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        at = np.searchsorted(firsts, ids, side="right") - 1
+        ok = at >= 0
+        at = np.where(ok, at, 0)
+        ok &= ids < firsts[at] + counts[at]
+        return np.where(ok, starts[at] + ids - firsts[at], -1)
+
+    def apply(self, population: Population, ranges: list[tuple[int, int]]) -> None:
+        """Who is alive now (the population after the round before) and the ranges this share
+        holds now (the orchestrator's placement, newcomers included): the departed go (their
+        place kept, their agent let go), the newcomers placed here are made with the state they
+        were born with. Once per population: applied again, it changes nothing."""
+        if self.population is not None and population.round <= self.population.round:
+            return
+        d = population.delta
+        if d is not None:
+            gone = self.positions(d.departed)
+            gone = gone[gone >= 0]
+            if gone.size:
+                self._depart(gone)
+        held = sum(c for _, c in self.ranges)
+        new = _grown(self.ranges, ranges)
+        for first, count in new:
+            self._arrive(first, count, population)
+        if new and self.changed is not None:
+            self.changed.update(range(held, len(self.agents)))  # newcomers' state: in the next checkpoint
+        self.population = population
+        self.env.population = population
+
+    def _depart(self, gone: np.ndarray) -> None:
+        agents = self.agents
+        for p in gone.tolist():
+            a = agents[p]
+            if isinstance(a, ProcessAgent):
+                a.stop()
+            agents[p] = None  # type: ignore[call-overload]
+        if self.living is None:
+            self.living = np.ones(len(agents), dtype=bool)
+        self.living[gone] = False
+        if self.changed is not None:
+            self.changed.update(gone.tolist())  # their checkpoint says they are gone
+
+    def _arrive(self, first: int, count: int, population: Population) -> None:
+        """Agents first..first+count-1 join this share: made as the run's agents are, with the
+        state the population gives them (born in its round) or, restored, `restore` sets."""
+        d = population.delta
+        if d is None or first < d.born_first or first + count > population.size:
+            raise RoundFailed(f"run {self.run_id}: agents {first}..{first + count - 1} are placed here, but the "
+                              f"population of round {population.round} has no newcomers with those ids")
+        make = type(self.sim).Agent
+        personas = self.cast.personas if self.cast is not None else None
+        made = []
+        for aid in range(first, first + count):
+            agent = make(aid, personas[aid] if personas is not None and aid < len(personas) else None, self.sim)
+            state = d.born_state(aid)
+            if state:
+                agent.restore(state)
+            made.append(ProcessAgent(agent) if self.agents and isinstance(self.agents[0], ProcessAgent) else agent)
+        self.agents.extend(made)
+        if self.ranges and self.ranges[-1][0] + self.ranges[-1][1] == first:
+            last = self.ranges[-1]
+            self.ranges[-1] = (last[0], last[1] + count)
+        else:
+            self.ranges.append((first, count))
+        self.ids = np.concatenate([self.ids, np.arange(first, first + count, dtype=np.int64)])
+        if self.living is not None:
+            self.living = np.concatenate([self.living, np.ones(count, dtype=bool)])
 
     def observation(self, round_: int, payload: dict | None) -> Observation:
         """The round's observation: the environment's (from the round open), or for round 1,
@@ -73,17 +163,25 @@ class HostedRun:
             return self.env.observe(self.env.start(), round_).model_copy(update={"round": round_})
         return cls.model_validate({**payload, "round": round_})
 
-    async def _columns(self, agents: Sequence[Agent]) -> dict[str, list]:
-        """`agents`' declared state, columnar ({field: values}), with their edge edits."""
+    async def _columns(self, agents: Sequence[Agent | None]) -> dict[str, list]:
+        """`agents`' declared state, columnar ({field: values}), with their edge edits; a departed
+        agent (None) has every field None and GONE True."""
         fields = type(self.sim).Agent.state_fields
+        if None in agents:
+            living = [a for a in agents if a is not None]
+            columns = await self._columns(living)
+            it = {f: iter(values) for f, values in columns.items()}
+            out = {f: [None if a is None else next(it[f]) for a in agents] for f in columns}
+            out[GONE] = [True if a is None else None for a in agents]
+            return out
         if agents and isinstance(agents[0], ProcessAgent):
-            states = [await a.fetch_state() for a in agents]  # type: ignore[attr-defined]
+            states = [await a.fetch_state() for a in agents]  # type: ignore[union-attr]
             columns = {f: [s.get(f) for s in states] for f in fields}
         else:
             columns = {f: [getattr(a, f) for a in agents] for f in fields}
         book = self.sim.edges
         if book is not None:  # the agents' edits: their in-edges are theirs, saved with them
-            columns[EDGES] = [book.state(a.id) for a in agents]
+            columns[EDGES] = [book.state(a.id) for a in agents]  # type: ignore[union-attr]
         return columns
 
     async def snapshot(self) -> list[tuple[int, int, dict[str, list]]]:
@@ -107,35 +205,80 @@ class HostedRun:
         changed, self.changed = self.changed, set()
         return changed
 
-    async def snapshot_of(self, indices: set[int]) -> list[tuple[int, int, list[int], dict[str, list]]]:
+    async def snapshot_of(self, indices: set[int], full: set[int] | frozenset[int] = frozenset()
+                          ) -> list[tuple[int, int, list[int] | None, dict[str, list]]]:
         """The declared state of the agents at `indices` only, per range, columnar:
-        [(first, count, offsets in the range, {field: values})] (ranges with none of them too)."""
-        out = []
+        [(first, count, offsets in the range, {field: values})] (ranges with none of them too);
+        the ranges whose first agent is in `full`, whole (offsets None)."""
+        out: list[tuple[int, int, list[int] | None, dict[str, list]]] = []
         i = 0
+        ordered = np.fromiter(indices, dtype=np.int64, count=len(indices))
+        ordered.sort()
         for first, count in self.ranges:
-            picked = sorted(j - i for j in indices if i <= j < i + count)
-            out.append((first, count, picked, await self._columns([self.agents[i + o] for o in picked])))
+            if first in full:
+                out.append((first, count, None, await self._columns(self.agents[i:i + count])))
+            else:
+                lo, hi = np.searchsorted(ordered, [i, i + count])
+                picked = (ordered[lo:hi] - i).tolist()
+                out.append((first, count, picked, await self._columns([self.agents[i + o] for o in picked])))
             i += count
         return out
 
-    def restore(self, states: dict[int, dict]) -> None:
-        """Set every agent's declared state (by agent id) from a checkpoint."""
+    def restore(self, states: dict[int, dict], population: Population | None = None, after: int = 0) -> None:
+        """Set every agent's declared state (by agent id) from a checkpoint; with `population`
+        (who is alive after the checkpoint's round `after`, when the run's population changed),
+        the departed go and the agents born at that round's end take the state they were born
+        with (its checkpoint was taken before they were)."""
         self.changed = None  # the next checkpoint is a full one
-        missing = [a.id for a in self.agents if a.id not in states]
+        d = population.delta if population is not None else None
+        born = None
+        if population is not None:
+            born = d.born_first if d is not None and d.round == after else population.size
+            ids = self.ids
+            if ids.size and int(ids.max()) >= population.size:
+                raise ValueError(f"run {self.run_id}: agents up to {int(ids.max())} are placed here, but the "
+                                 f"population after round {after} has ids up to {population.size - 1}")
+            dead = np.flatnonzero(~population.alive[ids])
+            if dead.size:
+                self._depart(dead)
+            self.population = population
+            self.env.population = population
+        agents = [a for a in self.agents if a is not None]
+        missing = [a.id for a in agents if a.id not in states and (born is None or a.id < born)]
         if missing:
             raise ValueError(f"run {self.run_id}: the checkpoint has no state for agents {missing[:5]}"
                              f"{' …' if len(missing) > 5 else ''}")
-        for a in self.agents:
-            a.restore(states[a.id])
+        for a in agents:
+            state = states.get(a.id) if born is None or a.id < born else d.born_state(a.id)  # type: ignore[union-attr]
+            if state:
+                a.restore(state)
         book = self.sim.edges
         if book is not None:
-            for a in self.agents:
+            for a in agents:
                 book.restore(a.id, states[a.id].get(EDGES))
 
     def stop(self) -> None:
         for a in self.agents:
             if isinstance(a, ProcessAgent):
                 a.stop()
+
+
+def _ids_of(ranges: Sequence[tuple[int, int]]) -> np.ndarray:
+    return np.concatenate([np.arange(f, f + c, dtype=np.int64) for f, c in ranges]) if ranges \
+        else np.empty(0, dtype=np.int64)
+
+
+def _grown(held: Sequence[tuple[int, int]], placed: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The ids in `placed` (a share's ranges now) beyond `held` (its ranges so far: a share only
+    grows, by newcomers, whose ids come after every id before them)."""
+    top = max((f + c for f, c in held), default=0)
+    out = []
+    for first, count in sorted(placed):
+        end = first + count
+        if end > top:
+            start = max(first, top)
+            out.append((start, end - start))
+    return out
 
 
 def host_run(resolved: Resolved, run_id: str, ranges: list[tuple[int, int]], cast: Cast | None = None, *,
@@ -167,8 +310,8 @@ def host_run(resolved: Resolved, run_id: str, ranges: list[tuple[int, int]], cas
     room = Mailroom(graph, type(sim).Post, ranges, c.broadcasts, sim.edges) if graph is not None else None
     run = HostedRun(run_id, resolved, sim, type(sim).Env(sim), agents,
                     RoundPlayer(sim, agents, max_in_flight=max_in_flight, scene_idle_s=scene_idle_s, slice_s=slice_s),
-                    ranges=list(ranges), epoch=epoch,
-                    mailroom=room, models=assignment(c, cast))
+                    ranges=[tuple(r) for r in ranges], epoch=epoch,  # type: ignore[misc]
+                    mailroom=room, models=assignment(c, cast), cast=cast)
     run.engine.budget.limit = view_budget_bytes
     if freeze:
         # Agents live for the whole run: move them out of the cyclic GC's generations so

@@ -52,6 +52,7 @@ from pydantic_core import from_json, to_json
 from populace.core.contracts import Question, Survey, choice_key
 from populace.sdk.answers import answer_field
 from populace.sdk.llm import ASKING, ASKING_CALLS, CALLER, LLM, InferError, ModelUnavailable
+from populace.sdk.population import GONE
 
 if TYPE_CHECKING:
     from populace.sdk.agent import Agent
@@ -421,13 +422,20 @@ class Respondents:
         ids = array("q")
         fields: dict[str, list] = {}
         for first, count, columns in chunks:
-            if wanted is None:
+            gone = columns.get(GONE)
+            if gone is not None:  # departed before the round: not one who answers after it
+                columns = {k: v for k, v in columns.items() if k != GONE}
+            if wanted is None and gone is None:
                 keep = None
             else:
                 agents = np.arange(first, first + count, dtype=np.int64)
                 inside = np.zeros(count, dtype=bool)
-                for lo, n in wanted:
+                if wanted is None:
+                    inside[:] = True
+                for lo, n in wanted or ():
                     inside |= (agents >= lo) & (agents < lo + n)
+                if gone is not None:
+                    inside &= np.fromiter((g is not True for g in gone), dtype=bool, count=count)
                 keep = None if inside.all() else np.flatnonzero(inside).tolist()
                 del agents, inside
             before = len(ids)
@@ -502,9 +510,12 @@ def thawed(data: bytes | Sequence[dict], wanted: Callable[[int], bool] | None = 
     out = []
     for chunk in chunks:
         first, fields = chunk["first"], chunk["fields"]
-        names = list(fields)
+        gone = fields.get(GONE) or ()
+        names = [name for name in fields if name != GONE]
         for offset in range(chunk["count"]):
             aid = first + offset
+            if gone and gone[offset] is True:
+                continue  # departed before the round
             if wanted is None or wanted(aid):
                 out.append((aid, {name: fields[name][offset] for name in names}))
     return out

@@ -32,6 +32,7 @@ from populace.core.contracts import RunConfig
 from populace.sdk.hosting import HostedRun
 from populace.sdk.llm import LLM
 from populace.sdk.local import LocalResult, run_local
+from populace.sdk.population import Population
 from populace.sdk.registry import Resolved, resolve
 from populace.sdk.simulation import Simulation
 from populace.sdk.statecheck import StateCheck, checkpointed
@@ -96,7 +97,11 @@ class _ResumeAfter:
             self._roundtrip_state(run)
         if round_ == self.after + 1:
             sim = run.resolved.instance(run.run_id, run.sim.cast)
+            if run.population is not None:  # a population that changed: who is alive comes back from its bytes
+                self._restore_population(run, sim)
             for i, agent in enumerate(run.agents):
+                if agent is None:
+                    continue  # departed
                 fresh = type(agent)(agent.id, agent.persona, sim)
                 fresh.restore(checkpointed(agent))
                 run.agents[i] = fresh  # the round player holds this very list
@@ -111,6 +116,20 @@ class _ResumeAfter:
                     book.restore(aid, edits)
                 sim.edges = book
         return self.factory(run, round_)
+
+    def _restore_population(self, run: HostedRun, sim: Simulation) -> None:
+        """As a host spawned after round `after` makes its share: every agent of its ranges made
+        anew, the departed let go and the newcomers of that round given their birth state by
+        the population's bytes, the others restored from their checkpointed state."""
+        states = {a.id: checkpointed(a) for a in run.agents if a is not None}
+        personas = run.cast.personas if run.cast is not None else None
+        make = type(sim).Agent
+        run.agents[:] = [make(aid, personas[aid] if personas is not None and aid < len(personas) else None, sim)
+                         for aid in run.ids.tolist()]
+        run.living = None
+        population = Population.from_bytes(run.population.to_bytes())  # type: ignore[union-attr]
+        run.population = None
+        run.restore(states, population, self.after)
 
     def _roundtrip_state(self, run: HostedRun) -> None:
         """The environment's state after round `after` as its checkpoint gives it back (JSON)."""
@@ -149,7 +168,8 @@ def compare(uninterrupted: LocalResult, resumed: LocalResult, after: int) -> Non
     problems = []
     for table, a, b in (("outcome", uninterrupted.outcomes, resumed.outcomes),
                         ("round", uninterrupted.rounds, resumed.rounds),
-                        ("post", uninterrupted.posts, resumed.posts)):
+                        ("post", uninterrupted.posts, resumed.posts),
+                        ("population", uninterrupted.population, resumed.population)):
         rows_a, rows_b = _rows(a), _rows(b)
         n, first = _first_difference(rows_a, rows_b)
         if n:
