@@ -298,8 +298,10 @@ class Store:
                                    [run_id, run_id]).fetchone()
             if not row or row[0] is None:
                 return None
-            self._shapes[run_id] = RunShape(max(int(row[0]), int(row[2]) + 1 if row[2] is not None else 0),
-                                            int(row[1]))
+            placed = self.con.execute("SELECT max(agent_id) FROM agents WHERE run_id = ?", [run_id]).fetchone()
+            most = max(int(row[2]) if row[2] is not None else -1, int(placed[0]) if placed and placed[0] is not None
+                       else -1)
+            self._shapes[run_id] = RunShape(max(int(row[0]), most + 1), int(row[1]))
         return self._shapes[run_id]
 
     def departed(self, run_id: str) -> np.ndarray | None:
@@ -533,6 +535,11 @@ class Store:
                     if share_key(m.host_id, m.epoch) in self.shares_of(m.run_id):
                         continue  # a spawn announced again (its deadline): placed already
                     self._place(m)
+                    shape = self.shape_of(m.run_id)
+                    top = max((f + c for f, c in m.ranges), default=0)
+                    if shape is not None and top > shape.agents:  # a fork of a population that had newcomers
+                        self._shapes[m.run_id] = RunShape(top, shape.rounds)
+                        self._forget_recorded(m.run_id)
                     for first, count in m.ranges:
                         con.execute(
                             "INSERT INTO agents SELECT ?, range, ?, NULL FROM range(?, ?)",
