@@ -17,7 +17,8 @@ async def test_a_checkpoint_is_read_only_if_it_still_has_the_digest_its_writer_r
     digests = {stored.name: stored.digest, env.name: env.digest}
     assert await checkpoints.load_agents(js, "run-a", 1, [(0, 2)], [(0, 2)], digests) == {
         0: {"memory": [1]}, 1: {"memory": [2]}}
-    assert await checkpoints.load_env(js, "run-a", 1, digests) == ({"winners": [3.0]}, {"history": [3.0]}, None, None)
+    assert await checkpoints.load_env(js, "run-a", 1, digests) == ({"winners": [3.0]}, {"history": [3.0]}, None, None,
+                                                                   None)
 
     # another writer replaces both objects with well-formed state of its own
     await checkpoints.save_agents(js, "run-a", 1, 0, 2, {"memory": [[99], [99]]}, writer="h9")

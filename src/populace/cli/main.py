@@ -1291,15 +1291,19 @@ def bench_dummy(
              "what crosses hosts")] = "partition",
     compare: Annotated[str | None, typer.Option(help="also play this simulation at the same size (e.g. ratio-game) "
                                                      "and report the round-time ratio")] = None,
+    turnover: Annotated[float | None, typer.Option(
+        min=0, max=1, help="a population that changes: after every round this share of the living leaves and as "
+                           "many newcomers arrive (e.g. 0.01)")] = None,
 ) -> None:
     """The paper's dummy benchmark through the whole pipeline: every agent's turn waits
     `latency` seconds for its answer; every outcome ends up in DuckDB. With --degree, agents talk
     on a graph: posts heard per second, cross-host mail and the edge cut are measured too."""
-    from populace.bench.dummy import graph_section, run_dummy_series
+    from populace.bench.dummy import graph_section, run_dummy_series, turnover_section
     from populace.client.prepare import parse_config, prepare
 
     params = _overrides(set_)
-    checked(lambda: prepare(parse_config({"simulation": simulation, "agents": agents, **params})))
+    changing = {"population": turnover_section(agents, turnover)} if turnover else {}
+    checked(lambda: prepare(parse_config({"simulation": simulation, "agents": agents, **params, **changing})))
     if compare is not None:  # played after the first bench, on its defaults: its name is checked before it
         from populace.core.scenario import ScenarioError
 
@@ -1316,7 +1320,7 @@ def bench_dummy(
         checked(lambda: parse_graph(section, agents))
     series = run_dummy_series(agents=agents, latency=latency, hosts=hosts or os.cpu_count() or 1, rounds=rounds,
                               floor=floor, quiet=json_out, storage=storage, simulation=simulation, params=params,
-                              graph=section, placement=placement, compare=compare,
+                              graph=section, placement=placement, compare=compare, turnover=turnover or None,
                               on_result=None if json_out else lambda r: display.out.print(r.table()))
     if out:
         checks.write_text(out, series.document() + "\n")

@@ -63,6 +63,7 @@ class HostedRun:
     living: np.ndarray | None = None
     population: Population | None = None
     cast: Cast | None = None  # the run's personas (newcomers' too), as its agents hold them
+    one_per_process: bool = False  # each agent in its own process (ProcessAgent): its newcomers too
 
     def __post_init__(self) -> None:
         from populace.sdk.engine import ShareEngine  # the engine drives a HostedRun: it imports this module
@@ -144,7 +145,7 @@ class HostedRun:
             state = d.born_state(aid)
             if state:
                 agent.restore(state)
-            made.append(ProcessAgent(agent) if self.agents and isinstance(self.agents[0], ProcessAgent) else agent)
+            made.append(ProcessAgent(agent) if self.one_per_process else agent)
         self.agents.extend(made)
         if self.ranges and self.ranges[-1][0] + self.ranges[-1][1] == first:
             last = self.ranges[-1]
@@ -311,7 +312,7 @@ def host_run(resolved: Resolved, run_id: str, ranges: list[tuple[int, int]], cas
     run = HostedRun(run_id, resolved, sim, type(sim).Env(sim), agents,
                     RoundPlayer(sim, agents, max_in_flight=max_in_flight, scene_idle_s=scene_idle_s, slice_s=slice_s),
                     ranges=[tuple(r) for r in ranges], epoch=epoch,  # type: ignore[misc]
-                    mailroom=room, models=assignment(c, cast), cast=cast)
+                    mailroom=room, models=assignment(c, cast), cast=cast, one_per_process=one_per_process)
     run.engine.budget.limit = view_budget_bytes
     if freeze:
         # Agents live for the whole run: move them out of the cyclic GC's generations so

@@ -28,7 +28,7 @@ from populace.sdk.hosting import HostedRun, host_run
 from populace.sdk.llm import ModelUnavailable
 from populace.sdk.nats_llm import InferSession
 from populace.sdk.play import RoundPaused
-from populace.sdk.population import Population
+from populace.sdk.population import GONE, Population
 from populace.sdk.registry import resolve
 from populace.sdk.world import World
 
@@ -104,7 +104,9 @@ class HostRuntime:
         run.restore(states, population, r.round)
         plans = self.interviews.planned(run, r.round) if r.run_id == run.run_id else []
         if plans:  # their answers may have been lost with the host that played the round: asked again
-            self.interviews.start(run, r.round, sorted(states.items()), plans)
+            # those who played the round answer (not those departed before it)
+            self.interviews.start(run, r.round, sorted((a, st) for a, st in states.items() if st.get(GONE) is not True),
+                                  plans)
         if run.mailroom is not None:
             # what the agents read next: every agent's post of that round (the checkpoint of
             # every range holds its agents' posts), not only this share's
