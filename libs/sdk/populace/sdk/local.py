@@ -224,9 +224,10 @@ async def interview_local(result: LocalResult, after_round: int, survey: intervi
                          "(it was played with keep_states=False, or stopped before it)")
     if sample is not None and not 0 < sample <= 1:
         raise ValueError(f"sample: {sample:g} is outside (0, 1]")
-    bad = [a for a in agents or () if not 0 <= a < c.agents]
+    ids = max([c.agents, *(a + 1 for a in result.population.get("agent_id", ()))])  # newcomers' ids too
+    bad = [a for a in agents or () if not 0 <= a < ids]
     if bad:
-        raise ValueError(f"agents: agent {bad[0]} is not in the run (ids are 0..{c.agents - 1})")
+        raise ValueError(f"agents: agent {bad[0]} is not in the run (ids are 0..{ids - 1})")
     resolved = result.resolved if result.resolved is not None else resolve(c)
     sim = resolved.instance(result.run_id, result.cast)
     # no agents are built for the run: each respondent answers from a copy made from its state

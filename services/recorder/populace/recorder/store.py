@@ -812,15 +812,18 @@ class Store:
         replaces its rows."""
         ref = m.population
         assert ref is not None
-        if not isinstance(blob, bytes):  # not this result's fault alone: retried, then dead-lettered (logged)
+        if isinstance(blob, pa.Table):  # a local run's rows (populace.recorder.local_runs)
+            table = blob
+        elif isinstance(blob, bytes):
+            d = Population.from_bytes(blob).delta
+            if d is None or d.round != m.round:
+                raise RuntimeError(f"run {m.run_id}: {ref.name} holds no changes of round {m.round}")
+            table = pa.table(d.rows())
+        else:  # not this result's fault alone: retried, then dead-lettered (logged)
             raise RuntimeError(f"run {m.run_id}: round {m.round}'s population ({ref.name}) could not be read")
-        d = Population.from_bytes(blob).delta
-        if d is None or d.round != m.round:
-            raise RuntimeError(f"run {m.run_id}: {ref.name} holds no changes of round {m.round}")
-        rows = d.rows()
-        n = len(rows["agent_id"])
+        n = table.num_rows
         self.con.execute("DELETE FROM population WHERE run_id = ? AND round = ?", [m.run_id, m.round])
-        self.con.register("population_rows", pa.table({"run_id": [m.run_id] * n, **rows}))
+        self.con.register("population_rows", table.append_column("run_id", pa.array([m.run_id] * n, pa.string())))
         try:
             self.con.execute("INSERT INTO population BY NAME SELECT * FROM population_rows")
         finally:
