@@ -313,8 +313,8 @@ class Store:
             shape = self.shape_of(run_id)
             if not rows["agent_id"].size or shape is None:
                 self._departed[run_id] = None
-            else:
-                gone = np.zeros(shape.agents, dtype=np.int32)
+            else:  # room for the ids a run may still give (newcomers): grown again only past them
+                gone = np.zeros(max(shape.agents, 2 * shape.agents), dtype=np.int32)
                 gone[rows["agent_id"]] = rows["round"]
                 self._departed[run_id] = gone
         return self._departed[run_id]
@@ -832,7 +832,13 @@ class Store:
         if shape is not None and ref.size > shape.agents:
             self._shapes[m.run_id] = RunShape(ref.size, shape.rounds)
             self._forget_recorded(m.run_id)  # its ledgers are as long as the agents were
-        self._departed.pop(m.run_id, None)
+        gone = self._departed.get(m.run_id)
+        if m.run_id in self._departed and gone is not None and gone.size >= ref.size:
+            events = table.column("event").to_numpy(zero_copy_only=False)
+            ids = table.column("agent_id").to_numpy()[(events == "died") | (events == "left")]
+            gone[ids] = m.round  # kept up to date: read again from the table only after a restart
+        else:
+            self._departed.pop(m.run_id, None)
 
     def _grow(self, m: RoundOpen) -> None:
         """A round's announcement places newcomers (its shares' ranges grew): the shares own them
