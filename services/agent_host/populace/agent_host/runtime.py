@@ -305,13 +305,14 @@ class HostRuntime:
         changed = run.take_changed()
         box = run.mailroom.box(round_) if run.mailroom is not None else None
         round_fields = (POST_TEXT, POST_FIELDS) if box is not None else ()
-        # a range of newcomers starts its own chain with a full checkpoint; the others go on
-        new = {first for first, _ in run.ranges if not chains.setdefault(first, checkpoints.Chain()).links}
-        full = changed is None or any(chains[first].full_due(s.checkpoint_full_every, s.checkpoint_delta_ratio)
-                                      for first, _ in run.ranges if first not in new)
+        # each range's chain on its own: one whose deltas outgrew its base (or with no base yet: a
+        # range of newcomers) is written whole, the others as deltas
+        due = {first for first, _ in run.ranges if chains.setdefault(first, checkpoints.Chain()).full_due(
+            s.checkpoint_full_every, s.checkpoint_delta_ratio)}
+        full = changed is None or len(due) == len(run.ranges)
         try:
             return await self._save(run, round_, chains, None if full else changed, box, round_fields,
-                                    full_ranges=new)
+                                    full_ranges=due)
         except BaseException:
             run.changed = None  # what this round changed may not be stored: the next checkpoint is full
             raise
@@ -320,7 +321,7 @@ class HostRuntime:
                     changed: set[int] | None, box, round_fields: tuple[str, ...],
                     full_ranges: set[int] = frozenset()) -> list[checkpoints.Stored]:  # type: ignore[assignment]
         stored = []
-        if changed is None:  # every range at once: their chains stay in step, so one full round restarts them all
+        if changed is None:  # every range at once (after a restore, or every chain due)
             parts = [(first, count, None, columns) for first, count, columns in await run.snapshot()]
         else:
             parts = await run.snapshot_of(changed, full=full_ranges)
