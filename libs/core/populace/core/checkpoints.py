@@ -288,6 +288,10 @@ def resolve_chain(links: list[dict], first: int, count: int) -> dict[str, list]:
                                       f"values of {name!r} for {len(changed)} agents")
             for offset, value in zip(changed, values):
                 column[offset] = value
+        for name, column in columns.items():  # a field a link does not hold is none of its agents'
+            if name not in link["fields"]:
+                for offset in changed:
+                    column[offset] = None
     head = links[0]
     for name in head.get("round_fields") or ():
         if "changed" not in head:

@@ -43,6 +43,9 @@ MAX_IDS = 100_000_000  # an agent id is below this on every wire (populace.core.
 # In a checkpoint, True for an agent that departed before its round (its other fields None): the
 # agents it keeps are those that played the round, who answer an interview after it
 GONE = "__gone__"
+# In a checkpoint, True for a newcomer that has not acted yet, born as its agent class makes one
+# (its other fields None): it is made again as its class makes it, never from those Nones
+FRESH = "__fresh__"
 
 
 class ChangeError(ValueError):

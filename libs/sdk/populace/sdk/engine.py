@@ -232,6 +232,7 @@ class ShareEngine:
             picked = np.flatnonzero(mask if living is None else mask & living)
         elif living is not None:
             picked = np.flatnonzero(living)
+        self.run.made(picked)  # newcomers not made yet, made now they act (None: every one)
         if not self._wakes:
             return None if picked is None else picked.tolist()
         agents = self.run.agents

@@ -5,9 +5,9 @@ service and by the local runner, so both play the very same code."""
 from __future__ import annotations
 
 import gc
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -19,7 +19,7 @@ from populace.sdk.edges import EdgeBook
 from populace.sdk.env import Env
 from populace.sdk.mailroom import Mailroom
 from populace.sdk.play import RoundFailed, RoundPlayer
-from populace.sdk.population import GONE, Population
+from populace.sdk.population import FRESH, GONE, Population
 from populace.sdk.process import ProcessAgent
 from populace.sdk.profile import VIEW_BUDGET_BYTES
 from populace.sdk.registry import Resolved
@@ -31,6 +31,20 @@ if TYPE_CHECKING:
 
 
 EDGES = "__edges__"  # an agent's edge edits in its checkpoint (no state field starts with "__")
+
+
+class _Unmade:
+    """In a share's `agents`, a newcomer not made yet: it was born as its agent class makes one
+    and has not acted; it is made when it is first selected (a million newcomers cost a million
+    references to this object, not a million agents, until they act)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "UNMADE"
+
+
+UNMADE = _Unmade()
 
 
 @dataclass
@@ -64,6 +78,8 @@ class HostedRun:
     population: Population | None = None
     cast: Cast | None = None  # the run's personas (newcomers' too), as its agents hold them
     one_per_process: bool = False  # each agent in its own process (ProcessAgent): its newcomers too
+    unmade: int = 0  # newcomers not made yet (UNMADE in `agents`), and where (a bool per place, once any was)
+    _unmade: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool), repr=False)
 
     def __post_init__(self) -> None:
         from populace.sdk.engine import ShareEngine  # the engine drives a HostedRun: it imports this module
@@ -119,16 +135,41 @@ class HostedRun:
 
     def _depart(self, gone: np.ndarray) -> None:
         agents = self.agents
-        for p in gone.tolist():
-            a = agents[p]
-            if isinstance(a, ProcessAgent):
-                a.stop()
+        places = gone.tolist()
+        if self.one_per_process:
+            for p in places:
+                if isinstance(agents[p], ProcessAgent):
+                    agents[p].stop()  # type: ignore[union-attr]
+        if self.unmade:
+            self.unmade -= int(np.count_nonzero(self._unmade[gone]))
+            self._unmade[gone] = False
+        for p in places:
             agents[p] = None  # type: ignore[call-overload]
         if self.living is None:
             self.living = np.ones(len(agents), dtype=bool)
         self.living[gone] = False
         if self.changed is not None:
-            self.changed.update(gone.tolist())  # their checkpoint says they are gone
+            self.changed.update(places)  # their checkpoint says they are gone
+
+    def made(self, indices: Sequence[int] | np.ndarray | None = None) -> None:
+        """Make the newcomers not made yet at `indices` (None: all of them): before they act."""
+        if not self.unmade:
+            return
+        at = np.flatnonzero(self._unmade) if indices is None else np.asarray(indices, dtype=np.int64)
+        at = at[self._unmade[at]]
+        agents, ids = self.agents, self.ids
+        for i in at.tolist():
+            agents[i] = self._make(int(ids[i]), None)
+        self._unmade[at] = False
+        self.unmade -= int(at.size)
+
+    def _make(self, agent_id: int, state: Mapping[str, Any] | None) -> Agent:
+        personas = self.cast.personas if self.cast is not None else None
+        agent = type(self.sim).Agent(agent_id, personas[agent_id] if personas is not None and agent_id < len(personas)
+                                     else None, self.sim)
+        if state:
+            agent.restore(dict(state))
+        return ProcessAgent(agent) if self.one_per_process else agent
 
     def _arrive(self, first: int, count: int, population: Population) -> None:
         """Agents first..first+count-1 join this share: made as the run's agents are, with the
@@ -137,16 +178,17 @@ class HostedRun:
         if d is None or first < d.born_first or first + count > population.size:
             raise RoundFailed(f"run {self.run_id}: agents {first}..{first + count - 1} are placed here, but the "
                               f"population of round {population.round} has no newcomers with those ids")
-        make = type(self.sim).Agent
-        personas = self.cast.personas if self.cast is not None else None
-        made = []
-        for aid in range(first, first + count):
-            agent = make(aid, personas[aid] if personas is not None and aid < len(personas) else None, self.sim)
-            state = d.born_state(aid)
-            if state:
-                agent.restore(state)
-            made.append(ProcessAgent(agent) if self.one_per_process else agent)
-        self.agents.extend(made)
+        held = len(self.agents)
+        if d.birth_states is None:  # every one as its class makes it: made when first selected
+            self.agents.extend([UNMADE] * count)
+            if self._unmade.size < held:
+                self._unmade = np.concatenate([self._unmade, np.zeros(held - self._unmade.size, dtype=bool)])
+            self._unmade = np.concatenate([self._unmade, np.ones(count, dtype=bool)])
+            self.unmade += count
+        else:
+            self.agents.extend([self._make(aid, d.born_state(aid)) for aid in range(first, first + count)])
+            if self._unmade.size:
+                self._unmade = np.concatenate([self._unmade, np.zeros(count, dtype=bool)])
         if self.ranges and self.ranges[-1][0] + self.ranges[-1][1] == first:
             last = self.ranges[-1]
             self.ranges[-1] = (last[0], last[1] + count)
@@ -166,14 +208,18 @@ class HostedRun:
 
     async def _columns(self, agents: Sequence[Agent | None]) -> dict[str, list]:
         """`agents`' declared state, columnar ({field: values}), with their edge edits; a departed
-        agent (None) has every field None and GONE True."""
+        agent (None) has every field None and GONE True, a newcomer not made yet FRESH True."""
         fields = type(self.sim).Agent.state_fields
-        if None in agents:
-            living = [a for a in agents if a is not None]
-            columns = await self._columns(living)
+        gone, fresh = None in agents, self.unmade and UNMADE in agents
+        if gone or fresh:
+            made = [a for a in agents if a is not None and a is not UNMADE]
+            columns = await self._columns(made)
             it = {f: iter(values) for f, values in columns.items()}
-            out = {f: [None if a is None else next(it[f]) for a in agents] for f in columns}
-            out[GONE] = [True if a is None else None for a in agents]
+            out = {f: [None if a is None or a is UNMADE else next(it[f]) for a in agents] for f in columns}
+            if gone:
+                out[GONE] = [True if a is None else None for a in agents]
+            if fresh:
+                out[FRESH] = [True if a is UNMADE else None for a in agents]
             return out
         if agents and isinstance(agents[0], ProcessAgent):
             states = [await a.fetch_state() for a in agents]  # type: ignore[union-attr]
@@ -244,14 +290,14 @@ class HostedRun:
                 self._depart(dead)
             self.population = population
             self.env.population = population
-        agents = [a for a in self.agents if a is not None]
+        agents = [a for a in self.agents if isinstance(a, Agent)]
         missing = [a.id for a in agents if a.id not in states and (born is None or a.id < born)]
         if missing:
             raise ValueError(f"run {self.run_id}: the checkpoint has no state for agents {missing[:5]}"
                              f"{' …' if len(missing) > 5 else ''}")
         for a in agents:
             state = states.get(a.id) if born is None or a.id < born else d.born_state(a.id)  # type: ignore[union-attr]
-            if state:
+            if state and not state.get(FRESH):  # a newcomer that never acted: as its class made it
                 a.restore(state)
         book = self.sim.edges
         if book is not None:
@@ -262,6 +308,10 @@ class HostedRun:
         for a in self.agents:
             if isinstance(a, ProcessAgent):
                 a.stop()
+
+    def made_agents(self) -> list[Agent]:
+        """The agents made (not departed, and not newcomers still unmade)."""
+        return [a for a in self.agents if isinstance(a, Agent)]
 
 
 def _ids_of(ranges: Sequence[tuple[int, int]]) -> np.ndarray:

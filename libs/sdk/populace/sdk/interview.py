@@ -52,7 +52,7 @@ from pydantic_core import from_json, to_json
 from populace.core.contracts import Question, Survey, choice_key
 from populace.sdk.answers import answer_field
 from populace.sdk.llm import ASKING, ASKING_CALLS, CALLER, LLM, InferError, ModelUnavailable
-from populace.sdk.population import GONE
+from populace.sdk.population import FRESH, GONE
 
 if TYPE_CHECKING:
     from populace.sdk.agent import Agent
@@ -425,6 +425,10 @@ class Respondents:
             gone = columns.get(GONE)
             if gone is not None:  # departed before the round: not one who answers after it
                 columns = {k: v for k, v in columns.items() if k != GONE}
+            fresh = columns.get(FRESH)
+            if fresh is not None:  # a newcomer that never acted answers as its class makes one
+                columns = {k: [_ABSENT if f is True else v for v, f in zip(values, fresh)]
+                           for k, values in columns.items() if k != FRESH}
             if wanted is None and gone is None:
                 keep = None
             else:
@@ -510,14 +514,16 @@ def thawed(data: bytes | Sequence[dict], wanted: Callable[[int], bool] | None = 
     out = []
     for chunk in chunks:
         first, fields = chunk["first"], chunk["fields"]
-        gone = fields.get(GONE) or ()
-        names = [name for name in fields if name != GONE]
+        gone, fresh = fields.get(GONE) or (), fields.get(FRESH) or ()
+        names = [name for name in fields if name not in (GONE, FRESH)]
         for offset in range(chunk["count"]):
             aid = first + offset
             if gone and gone[offset] is True:
                 continue  # departed before the round
             if wanted is None or wanted(aid):
-                out.append((aid, {name: fields[name][offset] for name in names}))
+                # a newcomer that never acted: as its class makes one
+                out.append((aid, {} if fresh and fresh[offset] is True else
+                            {name: fields[name][offset] for name in names}))
     return out
 
 

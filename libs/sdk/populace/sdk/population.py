@@ -9,6 +9,7 @@ from populace.population.living import (
     BORN,
     DIED,
     EVENTS,
+    FRESH,
     GONE,
     LEFT,
     Birth,
@@ -20,5 +21,5 @@ from populace.population.living import (
     scheduled,
 )
 
-__all__ = ["ARRIVED", "BORN", "DIED", "EVENTS", "GONE", "LEFT", "Birth", "ChangeError", "Changes", "Delta",
+__all__ = ["ARRIVED", "BORN", "DIED", "EVENTS", "FRESH", "GONE", "LEFT", "Birth", "ChangeError", "Changes", "Delta",
            "Population", "combined_rows", "scheduled"]

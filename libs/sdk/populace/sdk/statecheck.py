@@ -136,8 +136,8 @@ def check_agents(agents: Sequence[Agent], *, size: int | None = DEFAULT_SAMPLE, 
     and are skipped."""
     found: dict[str, tuple[Agent, str]] = {}
     for agent in sample(agents, size):
-        if agent is None:
-            continue  # departed (populace.sdk.population)
+        if not isinstance(agent, Agent):
+            continue  # departed, or a newcomer not made yet (populace.sdk.population)
         if isinstance(agent, ProcessAgent):
             return
         for name, text in problems(agent):

@@ -27,12 +27,15 @@ import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+import numpy as np
+
 from populace.core import synth
 from populace.core.contracts import RunConfig
-from populace.sdk.hosting import HostedRun
+from populace.sdk.agent import Agent
+from populace.sdk.hosting import UNMADE, HostedRun
 from populace.sdk.llm import LLM
 from populace.sdk.local import LocalResult, run_local
-from populace.sdk.population import Population
+from populace.sdk.population import FRESH, Population
 from populace.sdk.registry import Resolved, resolve
 from populace.sdk.simulation import Simulation
 from populace.sdk.statecheck import StateCheck, checkpointed
@@ -100,8 +103,8 @@ class _ResumeAfter:
             if run.population is not None:  # a population that changed: who is alive comes back from its bytes
                 self._restore_population(run, sim)
             for i, agent in enumerate(run.agents):
-                if agent is None:
-                    continue  # departed
+                if not isinstance(agent, Agent):
+                    continue  # departed, or a newcomer not made yet (made as its class makes it)
                 fresh = type(agent)(agent.id, agent.persona, sim)
                 fresh.restore(checkpointed(agent))
                 run.agents[i] = fresh  # the round player holds this very list
@@ -121,12 +124,14 @@ class _ResumeAfter:
         """As a host spawned after round `after` makes its share: every agent of its ranges made
         anew, the departed let go and the newcomers of that round given their birth state by
         the population's bytes, the others restored from their checkpointed state."""
-        states = {a.id: checkpointed(a) for a in run.agents if a is not None}
+        states: dict[int, dict] = {int(aid): {FRESH: True} for aid, a in zip(run.ids.tolist(), run.agents)
+                                   if a is UNMADE}  # as a checkpoint keeps a newcomer not made yet
+        states.update({a.id: checkpointed(a) for a in run.made_agents()})
         personas = run.cast.personas if run.cast is not None else None
         make = type(sim).Agent
         run.agents[:] = [make(aid, personas[aid] if personas is not None and aid < len(personas) else None, sim)
                          for aid in run.ids.tolist()]
-        run.living = None
+        run.living, run.unmade, run._unmade = None, 0, np.zeros(0, dtype=bool)
         population = Population.from_bytes(run.population.to_bytes())  # type: ignore[union-attr]
         run.population = None
         run.restore(states, population, self.after)

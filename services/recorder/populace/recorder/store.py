@@ -15,6 +15,7 @@ import json
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -45,7 +46,7 @@ from populace.core.contracts import (
 from populace.core.hostauth import SHARED_HOST_USER
 from populace.population.errors import PopulationError
 from populace.population.jsonl import iter_personas
-from populace.population.living import Population
+from populace.population.living import EVENTS, Delta, Population
 from populace.population.model_assignment import AssignmentError, assignment
 from populace.recorder.columns import RefusedGroup
 from populace.recorder.expected import RunShape, calls_refusal, outcome_refusal
@@ -229,6 +230,20 @@ class ShareRecord:
     def counts_in(self, round_: int) -> bool:
         """Whether what it sends about `round_` counts: not once it was replaced."""
         return self.replaced_from is None or round_ < self.replaced_from
+
+
+def _population_table(d: Delta) -> pa.Table:
+    """A round's changes as table population's rows (departures, then newcomers), built from
+    their arrays (a 1% turnover of 10M agents is 200,000 rows a round)."""
+    ids = np.concatenate([d.departed, np.arange(d.born_first, d.born_first + d.births, dtype=np.int64)])
+    events = np.concatenate([d.departed_events, d.birth_events]).astype(np.int32)
+    reasons = np.concatenate([d.departed_reasons, d.birth_reasons]).astype(np.int32)
+
+    def text(codes: np.ndarray, names: Sequence[str]) -> pa.Array:  # DuckDB stores it as VARCHAR
+        return pa.DictionaryArray.from_arrays(pa.array(codes), pa.array(list(names), pa.string()))
+
+    return pa.table({"round": pa.array(np.full(ids.size, d.round, dtype=np.int32)), "agent_id": pa.array(ids),
+                     "event": text(events, EVENTS), "reason": text(reasons, d.reasons or ("",))})
 
 
 def _share(key: str) -> tuple[str, int]:
@@ -818,12 +833,13 @@ class Store:
             d = Population.from_bytes(blob).delta
             if d is None or d.round != m.round:
                 raise RuntimeError(f"run {m.run_id}: {ref.name} holds no changes of round {m.round}")
-            table = pa.table(d.rows())
+            table = _population_table(d)
         else:  # not this result's fault alone: retried, then dead-lettered (logged)
             raise RuntimeError(f"run {m.run_id}: round {m.round}'s population ({ref.name}) could not be read")
         n = table.num_rows
         self.con.execute("DELETE FROM population WHERE run_id = ? AND round = ?", [m.run_id, m.round])
-        self.con.register("population_rows", table.append_column("run_id", pa.array([m.run_id] * n, pa.string())))
+        run = pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int32)), pa.array([m.run_id], pa.string()))
+        self.con.register("population_rows", table.append_column("run_id", run))
         try:
             self.con.execute("INSERT INTO population BY NAME SELECT * FROM population_rows")
         finally:
