@@ -108,6 +108,24 @@ def test_a_range_s_checkpoint_chain_may_grow_by_newcomers():
     assert resolve_chain([grown, base], 10, 4) == {"memory": [["a"], None, [], ["c"]], GONE: [None, True, None, None]}
 
 
+def test_the_departed_and_unmade_newcomers_are_stored_as_offsets_not_rows():
+    from populace.core.checkpoints import FRESH, compacted
+
+    full = {"memory": [["a"], None, ["c"], None], GONE: [None, True, None, None], FRESH: [None, None, None, True]}
+    rows, held, marks = compacted(dict(full), 4, None)
+    assert rows == {"memory": [["a"], ["c"]]} and held == [0, 2] and marks == {"gone": [1], "fresh": [3]}
+    base = {"first": 0, "count": 4, "fields": rows, "held": held, **marks}
+    delta_rows, changed, delta_marks = compacted({"memory": [["d"], None], GONE: [None, True]}, 6, [3, 4])
+    assert changed == [3] and delta_marks == {"gone": [4]}
+    delta = {"first": 0, "count": 6, "fields": delta_rows, "changed": changed, **delta_marks}
+    assert resolve_chain([base], 0, 4) == full
+    assert resolve_chain([delta, base], 0, 6) == {"memory": [["a"], None, ["c"], ["d"], None, None],
+                                                  GONE: [None, True, None, None, True, None],
+                                                  FRESH: [None, None, None, None, None, None]}
+    plain = {"memory": [["a"], ["b"]]}
+    assert compacted(plain, 2, None) == (plain, None, {})
+
+
 def test_the_recorder_refuses_an_outcome_of_an_agent_that_departed_before_its_round():
     def batch(round_: int, ids: list[int]) -> OutcomeBatch:
         n = len(ids)

@@ -242,6 +242,38 @@ class Chain:
             self.links.append(stored)
 
 
+# Marks of agents that have no state of their own in a checkpoint (populace.population.living): one
+# that departed before its round (GONE), a newcomer that has not acted yet and is made as its
+# class makes one (FRESH). Stored as offset lists beside the rows ("gone", "fresh"), not as a
+# row each; a resolved chain gives them as columns (True for the marked agents, None otherwise).
+GONE = "__gone__"
+FRESH = "__fresh__"
+MARKS = {"gone": GONE, "fresh": FRESH}
+
+
+def compacted(fields: dict[str, list], count: int, changed: list[int] | None
+              ) -> tuple[dict[str, list], list[int] | None, dict[str, list[int]]]:
+    """`fields` (a row per agent of the range, or per offset of `changed`, with GONE and FRESH
+    columns for the marked ones) as a checkpoint stores them: the rows of the unmarked agents
+    only, the offsets those rows are at (a delta's `changed`; for a full checkpoint, None when
+    every agent has its row), and the marked agents' offsets ({"gone": […], "fresh": […]})."""
+    marks = {key: fields.get(name) for key, name in MARKS.items()}
+    if all(m is None for m in marks.values()):
+        return fields, changed, {}
+    offsets = changed if changed is not None else range(count)
+    marked: dict[str, list[int]] = {}
+    skip: set[int] = set()
+    for key, column in marks.items():
+        if column is not None:
+            at = [i for i, v in enumerate(column) if v is True]
+            if at:
+                marked[key] = [offsets[i] for i in at]
+                skip.update(at)
+    keep = [i for i in range(len(offsets)) if i not in skip]
+    rows = {name: [values[i] for i in keep] for name, values in fields.items() if name not in MARKS.values()}
+    return rows, [offsets[i] for i in keep] if changed is not None or skip else None, marked
+
+
 def changed_offsets(first: int, count: int, changed_ids: Iterable[int]) -> list[int]:
     """The offsets in range (first, count) of the agents whose state may have changed (sorted):
     what a delta of that range holds."""
@@ -252,22 +284,46 @@ async def save_agents(js: JetStreamContext, rid: str, round_: int, first: int, c
                       fields: dict[str, list], *, writer: str, changed: list[int] | None = None,
                       chain: Chain | None = None, round_fields: Iterable[str] = ()) -> Stored:
     """One range's checkpoint after `round_`: full (`changed` None: `fields` hold every agent),
-    or a delta on `chain`'s head (`fields` hold the agents at offsets `changed` only)."""
-    value: dict[str, object] = {"first": first, "count": count, "fields": fields}
+    or a delta on `chain`'s head (`fields` hold the agents at offsets `changed` only). The
+    agents marked GONE or FRESH are stored as offsets (`compacted`), not rows."""
+    delta = changed is not None
+    fields, rows, marks = compacted(fields, count, changed)
+    value: dict[str, object] = {"first": first, "count": count, "fields": fields, **marks}
+    if not delta and rows is not None:
+        value["held"] = rows  # a full checkpoint whose marked agents have no rows: the offsets that do
     round_fields = sorted(round_fields)
     if round_fields:
         value["round_fields"] = round_fields
     description = None
-    if changed is not None:
+    if delta:
         if chain is None or not chain.links:
             raise CheckpointError(f"a delta checkpoint of agents {first}.. after round {round_} needs the checkpoint "
                                   "it builds on")
         head = chain.links[-1]
-        value["changed"] = changed
+        value["changed"] = rows
         value["builds_on"] = {"name": head.name, "digest": head.digest}
         description = to_json({"needs": [link.name for link in chain.links]}).decode()
     return await put(js, subjects.checkpoint_agents(rid, round_, first), value, writer=writer,
                      description=description)
+
+
+def _overlay(columns: dict[str, list], offsets: list[int], fields: dict[str, list], first: int, count: int) -> None:
+    for name, values in fields.items():
+        column = columns.setdefault(name, [None] * count)
+        if len(values) != len(offsets):
+            raise CheckpointError(f"a checkpoint of agents {first}..{first + count - 1} has {len(values)} "
+                                  f"values of {name!r} for {len(offsets)} agents")
+        for offset, value in zip(offsets, values):
+            column[offset] = value
+
+
+def _mark(columns: dict[str, list], link: dict, count: int) -> None:
+    """A link's marked agents: every field of theirs None, their mark True (and no other)."""
+    for key, name in MARKS.items():
+        for offset in link.get(key) or ():
+            for column in columns.values():
+                column[offset] = None
+            columns.setdefault(name, [None] * count)[offset] = True
 
 
 def resolve_chain(links: list[dict], first: int, count: int) -> dict[str, list]:
@@ -277,21 +333,22 @@ def resolve_chain(links: list[dict], first: int, count: int) -> dict[str, list]:
     link may hold fewer agents than the head (the range grew by newcomers since): the agents it
     does not hold have None until a later link gives theirs."""
     base = links[-1]
-    pad = [None] * (count - base["count"])
-    columns = {name: [*values, *pad] for name, values in base["fields"].items()}
+    held = base.get("held")
+    if held is None:
+        pad = [None] * (count - base["count"])
+        columns = {name: [*values, *pad] for name, values in base["fields"].items()}
+    else:  # its marked agents have no rows
+        columns = {}
+        _overlay(columns, held, base["fields"], first, count)
+    _mark(columns, base, count)
     for link in reversed(links[:-1]):
         changed = link["changed"]
-        for name, values in link["fields"].items():
-            column = columns.setdefault(name, [None] * count)
-            if len(values) != len(changed):
-                raise CheckpointError(f"a checkpoint of agents {first}..{first + count - 1} has {len(values)} "
-                                      f"values of {name!r} for {len(changed)} agents")
-            for offset, value in zip(changed, values):
-                column[offset] = value
+        _overlay(columns, changed, link["fields"], first, count)
         for name, column in columns.items():  # a field a link does not hold is none of its agents'
             if name not in link["fields"]:
                 for offset in changed:
                     column[offset] = None
+        _mark(columns, link, count)
     head = links[0]
     for name in head.get("round_fields") or ():
         if "changed" not in head:
@@ -301,6 +358,12 @@ def resolve_chain(links: list[dict], first: int, count: int) -> dict[str, list]:
             column[offset] = value
         columns[name] = column
     return columns
+
+
+def _offsets(value: object, count: int) -> bool:
+    """Whether `value` is absent or a list of offsets into a range of `count` agents."""
+    return value is None or (isinstance(value, list) and all(isinstance(o, int) and not isinstance(o, bool)
+                                                             and 0 <= o < count for o in value))
 
 
 async def read_chain(js: JetStreamContext, name: str, digests: Mapping[str, str], first: int,
@@ -317,7 +380,8 @@ async def read_chain(js: JetStreamContext, name: str, digests: Mapping[str, str]
         held = value.get("count") if isinstance(value, dict) else None
         if not isinstance(value, dict) or value.get("first") != first or not isinstance(held, int) \
                 or isinstance(held, bool) or not (0 < held <= most) or (not links and held != count) \
-                or not isinstance(value.get("fields"), dict):
+                or not isinstance(value.get("fields"), dict) \
+                or not all(_offsets(value.get(key), held) for key in ("held", *MARKS)):
             raise CheckpointError(f"checkpoint {name} does not hold agents {first}..{first + count - 1}")
         links.append(value)
         below = value.get("builds_on")

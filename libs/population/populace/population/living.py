@@ -35,17 +35,19 @@ from typing import Any
 import numpy as np
 from pydantic_core import from_json, to_json
 
+from populace.core.checkpoints import FRESH as FRESH_MARK
+from populace.core.checkpoints import GONE as GONE_MARK
+
 # The events of table `population`, in the order their codes are stored.
 EVENTS = ("born", "arrived", "died", "left")
 BORN, ARRIVED, DIED, LEFT = range(4)
 REASON_CHARS = 200
 MAX_IDS = 100_000_000  # an agent id is below this on every wire (populace.core.contracts.AgentId)
 # In a checkpoint, True for an agent that departed before its round (its other fields None): the
-# agents it keeps are those that played the round, who answer an interview after it
-GONE = "__gone__"
-# In a checkpoint, True for a newcomer that has not acted yet, born as its agent class makes one
-# (its other fields None): it is made again as its class makes it, never from those Nones
-FRESH = "__fresh__"
+# agents it keeps are those that played the round, who answer an interview after it; and for a
+# newcomer that has not acted yet, born as its agent class makes one (its other fields None): it
+# is made again as its class makes it, never from those Nones
+GONE, FRESH = GONE_MARK, FRESH_MARK
 
 
 class ChangeError(ValueError):
