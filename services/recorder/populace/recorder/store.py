@@ -348,6 +348,12 @@ class Store:
             self._recorded[key] = seen
         return self._recorded[key]
 
+    def _grow_recorded(self, run_id: str, agents: int) -> None:
+        """The run gave newcomers ids up to `agents`: its rounds' ledgers reach them too."""
+        for key, seen in self._recorded.items():
+            if key[0] == run_id and seen.size < agents:
+                self._recorded[key] = np.concatenate([seen, np.zeros(agents - seen.size, dtype=bool)])
+
     def _forget_recorded(self, run_id: str) -> None:
         for key in [k for k in self._recorded if k[0] == run_id]:
             self._recorded.pop(key)
@@ -554,7 +560,7 @@ class Store:
                     top = max((f + c for f, c in m.ranges), default=0)
                     if shape is not None and top > shape.agents:  # a fork of a population that had newcomers
                         self._shapes[m.run_id] = RunShape(top, shape.rounds)
-                        self._forget_recorded(m.run_id)
+                        self._grow_recorded(m.run_id, top)
                     for first, count in m.ranges:
                         con.execute(
                             "INSERT INTO agents SELECT ?, range, ?, NULL FROM range(?, ?)",
@@ -847,7 +853,7 @@ class Store:
         shape = self.shape_of(m.run_id)
         if shape is not None and ref.size > shape.agents:
             self._shapes[m.run_id] = RunShape(ref.size, shape.rounds)
-            self._forget_recorded(m.run_id)  # its ledgers are as long as the agents were
+            self._grow_recorded(m.run_id, ref.size)  # its ledgers are as long as the agents were
         gone = self._departed.get(m.run_id)
         if m.run_id in self._departed and gone is not None and gone.size >= ref.size:
             events = table.column("event").to_numpy(zero_copy_only=False)
