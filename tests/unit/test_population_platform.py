@@ -96,8 +96,10 @@ def test_a_host_lets_the_departed_go_and_makes_the_newcomers_placed_on_it():
     assert run.take_changed() == {1, 5, 6}  # the departed (gone in the next checkpoint), the newcomers
     run.apply(p, [(5, 5), (10, 2)])  # the same population again: nothing changes
     assert run.count == 6
-    cols = asyncio.run(run.snapshot())
-    assert cols[0][:2] == (5, 7) and cols[0][2][GONE] == [None, True, None, None, None, None, None]
+    part, = asyncio.run(run.snapshot())
+    assert (part.first, part.count, part.full, part.rows, part.marks) == (5, 7, True, [0, 2, 3, 4], {"gone": [1],
+                                                                                                  "fresh": [5, 6]})
+    assert resolve_chain([part.value()], 5, 7)[GONE] == [None, True, None, None, None, None, None]
     assert run.engine.selected(2, None, None) == [0, 2, 3, 4, 5, 6]  # the departed never act
 
 

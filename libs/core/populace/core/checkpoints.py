@@ -282,12 +282,18 @@ def changed_offsets(first: int, count: int, changed_ids: Iterable[int]) -> list[
 
 async def save_agents(js: JetStreamContext, rid: str, round_: int, first: int, count: int,
                       fields: dict[str, list], *, writer: str, changed: list[int] | None = None,
-                      chain: Chain | None = None, round_fields: Iterable[str] = ()) -> Stored:
-    """One range's checkpoint after `round_`: full (`changed` None: `fields` hold every agent),
-    or a delta on `chain`'s head (`fields` hold the agents at offsets `changed` only). The
-    agents marked GONE or FRESH are stored as offsets (`compacted`), not rows."""
+                      chain: Chain | None = None, round_fields: Iterable[str] = (),
+                      held: list[int] | None = None, marks: dict[str, list[int]] | None = None) -> Stored:
+    """One range's checkpoint after `round_`: full (`changed` None: `fields` hold every agent,
+    or those at offsets `held`), or a delta on `chain`'s head (`fields` hold the agents at
+    offsets `changed` only). The agents without a state of their own are offsets, not rows:
+    `marks` ({"gone": […], "fresh": […]}), or, not given, the GONE and FRESH columns of `fields`
+    (`compacted`)."""
     delta = changed is not None
-    fields, rows, marks = compacted(fields, count, changed)
+    if marks is None:
+        fields, rows, marks = compacted(fields, count, changed)
+    else:
+        rows = changed if delta else held
     value: dict[str, object] = {"first": first, "count": count, "fields": fields, **marks}
     if not delta and rows is not None:
         value["held"] = rows  # a full checkpoint whose marked agents have no rows: the offsets that do

@@ -130,7 +130,9 @@ class Changes:
                 states.append(dict(b.state) if b.state else None)
         self.birth_events = np.asarray(b_events, dtype=np.uint8)
         self.birth_reasons = np.asarray(b_reasons, dtype=np.int32)
-        self.birth_states: list[Mapping[str, Any] | None] = states
+        # None: every newcomer as its class makes it (a count, or Births without a state)
+        self.birth_states: list[Mapping[str, Any] | None] | None = \
+            states if any(st is not None for st in states) else None
         self.reasons: tuple[str, ...] = tuple(reasons)
 
     @property
@@ -152,7 +154,11 @@ class Changes:
         out.departed_reasons = np.concatenate([self.departed_reasons, remap[other.departed_reasons]])
         out.birth_events = np.concatenate([self.birth_events, other.birth_events])
         out.birth_reasons = np.concatenate([self.birth_reasons, remap[other.birth_reasons]])
-        out.birth_states = [*self.birth_states, *other.birth_states]
+        if self.birth_states is None and other.birth_states is None:
+            out.birth_states = None
+        else:
+            out.birth_states = [*(self.birth_states or [None] * self.births),
+                                *(other.birth_states or [None] * other.births)]
         return out
 
     def __repr__(self) -> str:
@@ -293,7 +299,7 @@ class Population:
         size = self.size + born
         if size > MAX_IDS:
             raise ChangeError(f"{where}: {born:,} newcomers would take agent ids past {MAX_IDS - 1:,}")
-        states = changes.birth_states if any(s is not None for s in changes.birth_states) else None
+        states = changes.birth_states
         if states is not None:
             _check_states(states, self.size, where, state_fields)
         if personas is not None and size > personas:

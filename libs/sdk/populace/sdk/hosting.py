@@ -7,7 +7,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -19,7 +19,7 @@ from populace.sdk.edges import EdgeBook
 from populace.sdk.env import Env
 from populace.sdk.mailroom import Mailroom
 from populace.sdk.play import RoundFailed, RoundPlayer
-from populace.sdk.population import FRESH, GONE, Population
+from populace.sdk.population import FRESH, Population
 from populace.sdk.process import ProcessAgent
 from populace.sdk.profile import VIEW_BUDGET_BYTES
 from populace.sdk.registry import Resolved
@@ -45,6 +45,26 @@ class _Unmade:
 
 
 UNMADE = _Unmade()
+
+
+class RangeState(NamedTuple):
+    """One range's agents' declared state, as a checkpoint stores it (populace.core.checkpoints
+    .save_agents): `full`, every agent of the range (else those that changed only); `rows`, the
+    offsets of the agents whose state is in `columns`, in order (None: every agent of the range);
+    `marks`, the offsets of those without a state of their own: "gone" (departed before the
+    round), "fresh" (newcomers not made yet)."""
+
+    first: int
+    count: int
+    full: bool
+    rows: list[int] | None
+    columns: dict[str, list]
+    marks: dict[str, list[int]]
+
+    def value(self) -> dict:
+        """As a checkpoint object holds it (a full one; see save_agents for a delta)."""
+        held = {"held": self.rows} if self.rows is not None else {}
+        return {"first": self.first, "count": self.count, "fields": self.columns, **held, **self.marks}
 
 
 @dataclass
@@ -206,37 +226,45 @@ class HostedRun:
             return self.env.observe(self.env.start(), round_).model_copy(update={"round": round_})
         return cls.model_validate({**payload, "round": round_})
 
-    async def _columns(self, agents: Sequence[Agent | None]) -> dict[str, list]:
-        """`agents`' declared state, columnar ({field: values}), with their edge edits; a departed
-        agent (None) has every field None and GONE True, a newcomer not made yet FRESH True."""
+    async def _columns(self, agents: Sequence[Agent]) -> dict[str, list]:
+        """`agents`' declared state, columnar ({field: values}), with their edge edits."""
         fields = type(self.sim).Agent.state_fields
-        gone, fresh = None in agents, self.unmade and UNMADE in agents
-        if gone or fresh:
-            made = [a for a in agents if a is not None and a is not UNMADE]
-            columns = await self._columns(made)
-            it = {f: iter(values) for f, values in columns.items()}
-            out = {f: [None if a is None or a is UNMADE else next(it[f]) for a in agents] for f in columns}
-            if gone:
-                out[GONE] = [True if a is None else None for a in agents]
-            if fresh:
-                out[FRESH] = [True if a is UNMADE else None for a in agents]
-            return out
         if agents and isinstance(agents[0], ProcessAgent):
-            states = [await a.fetch_state() for a in agents]  # type: ignore[union-attr]
+            states = [await a.fetch_state() for a in agents]  # type: ignore[attr-defined]
             columns = {f: [s.get(f) for s in states] for f in fields}
         else:
             columns = {f: [getattr(a, f) for a in agents] for f in fields}
         book = self.sim.edges
         if book is not None:  # the agents' edits: their in-edges are theirs, saved with them
-            columns[EDGES] = [book.state(a.id) for a in agents]  # type: ignore[union-attr]
+            columns[EDGES] = [book.state(a.id) for a in agents]
         return columns
 
-    async def snapshot(self) -> list[tuple[int, int, dict[str, list]]]:
-        """Each range's agents' declared state, columnar: [(first, count, {field: values})]."""
+    async def _part(self, first: int, count: int, at: int, offsets: np.ndarray | None, full: bool) -> RangeState:
+        """The range (first, count) at place `at` of `agents`: the agents at `offsets` (None:
+        all), their rows, and the offsets of those without one (departed, newcomers not made)."""
+        places = np.arange(at, at + count, dtype=np.int64) if offsets is None else at + offsets
+        marks: dict[str, list[int]] = {}
+        keep = None
+        for key, mask in (("gone", None if self.living is None else ~self.living),
+                          ("fresh", self._unmade if self.unmade else None)):
+            if mask is None:
+                continue
+            hit = mask[places]
+            if hit.any():
+                marks[key] = (places[hit] - at).tolist()
+                keep = ~hit if keep is None else keep & ~hit
+        if keep is not None:
+            places = places[keep]
+        rows = None if offsets is None and keep is None else (places - at).tolist()
+        agents = self.agents[at:at + count] if rows is None else [self.agents[p] for p in places.tolist()]
+        return RangeState(first, count, full, rows, await self._columns(agents), marks)
+
+    async def snapshot(self) -> list[RangeState]:
+        """Each range's agents' declared state, whole."""
         out = []
         i = 0
         for first, count in self.ranges:
-            out.append((first, count, await self._columns(self.agents[i:i + count])))
+            out.append(await self._part(first, count, i, None, True))
             i += count
         return out
 
@@ -253,21 +281,19 @@ class HostedRun:
         return changed
 
     async def snapshot_of(self, indices: set[int], full: set[int] | frozenset[int] = frozenset()
-                          ) -> list[tuple[int, int, list[int] | None, dict[str, list]]]:
-        """The declared state of the agents at `indices` only, per range, columnar:
-        [(first, count, offsets in the range, {field: values})] (ranges with none of them too);
-        the ranges whose first agent is in `full`, whole (offsets None)."""
-        out: list[tuple[int, int, list[int] | None, dict[str, list]]] = []
+                          ) -> list[RangeState]:
+        """The declared state of the agents at `indices` only, per range (ranges with none of
+        them too); the ranges whose first agent is in `full`, whole."""
+        out: list[RangeState] = []
         i = 0
         ordered = np.fromiter(indices, dtype=np.int64, count=len(indices))
         ordered.sort()
         for first, count in self.ranges:
             if first in full:
-                out.append((first, count, None, await self._columns(self.agents[i:i + count])))
+                out.append(await self._part(first, count, i, None, True))
             else:
                 lo, hi = np.searchsorted(ordered, [i, i + count])
-                picked = (ordered[lo:hi] - i).tolist()
-                out.append((first, count, picked, await self._columns([self.agents[i + o] for o in picked])))
+                out.append(await self._part(first, count, i, ordered[lo:hi] - i, False))
             i += count
         return out
 

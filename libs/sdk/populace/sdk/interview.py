@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic_core import from_json, to_json
 
+from populace.core.checkpoints import MARKS, resolve_chain
 from populace.core.contracts import Question, Survey, choice_key
 from populace.sdk.answers import answer_field
 from populace.sdk.llm import ASKING, ASKING_CALLS, CALLER, LLM, InferError, ModelUnavailable
@@ -372,10 +373,17 @@ def copy_maker(sim: Simulation) -> Callable[[int, dict[str, Any]], Any]:
     return light
 
 
-def frozen_states(snapshot: Sequence[tuple[int, int, dict[str, list]]]) -> bytes:
-    """A share's agents' declared state (HostedRun.snapshot's columns) as a checkpoint stores
+def frozen_states(snapshot: Sequence[Any]) -> bytes:
+    """A share's agents' declared state (HostedRun.snapshot's ranges) as a checkpoint stores
     it: JSON. Taken at a round's end, so answering later never sees the next round."""
-    return to_json([{"first": first, "count": count, "fields": fields} for first, count, fields in snapshot])
+    return to_json([part.value() for part in snapshot])
+
+
+def _expanded(chunk: dict) -> dict[str, list]:
+    """A stored range's fields, a value per agent (its departed and unmade newcomers marked)."""
+    if any(key in chunk for key in ("held", *MARKS)):
+        return resolve_chain([chunk], chunk["first"], chunk["count"])
+    return chunk["fields"]
 
 
 def _respondent(people: Respondents, i: int, make: Callable[[int, dict[str, Any]], Any], survey: Survey,
@@ -461,7 +469,7 @@ class Respondents:
     def frozen(cls, *data: bytes | Sequence[dict]) -> Respondents:
         """From `frozen_states`' bytes (or the chunk objects they hold), one share's after another."""
         chunks = (c for one in data for c in (from_json(one) if isinstance(one, (bytes, bytearray)) else one))
-        return cls.from_chunks((c["first"], c["count"], c["fields"]) for c in chunks)
+        return cls.from_chunks((c["first"], c["count"], _expanded(c)) for c in chunks)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -513,7 +521,7 @@ def thawed(data: bytes | Sequence[dict], wanted: Callable[[int], bool] | None = 
     chunks = from_json(data) if isinstance(data, (bytes, bytearray)) else data
     out = []
     for chunk in chunks:
-        first, fields = chunk["first"], chunk["fields"]
+        first, fields = chunk["first"], _expanded(chunk)
         gone, fresh = fields.get(GONE) or (), fields.get(FRESH) or ()
         names = [name for name in fields if name not in (GONE, FRESH)]
         for offset in range(chunk["count"]):

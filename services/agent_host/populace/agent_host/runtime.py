@@ -322,21 +322,22 @@ class HostRuntime:
                     full_ranges: set[int] = frozenset()) -> list[checkpoints.Stored]:  # type: ignore[assignment]
         stored = []
         if changed is None:  # every range at once (after a restore, or every chain due)
-            parts = [(first, count, None, columns) for first, count, columns in await run.snapshot()]
+            parts = await run.snapshot()
         else:
             parts = await run.snapshot_of(changed, full=full_ranges)
-        for first, count, offsets, columns in parts:
+        for first, count, full, rows, columns, marks in parts:
             if box is not None:  # their posts: what a replacement or a resume gives the next round to read
-                if offsets is None:
+                if rows is None:
                     columns[POST_TEXT] = box.texts[first:first + count]
                     columns[POST_FIELDS] = box.bodies[first:first + count]
                 else:
-                    columns[POST_TEXT] = [box.texts[first + o] for o in offsets]
-                    columns[POST_FIELDS] = [box.bodies[first + o] for o in offsets]
+                    columns[POST_TEXT] = [box.texts[first + o] for o in rows]
+                    columns[POST_FIELDS] = [box.bodies[first + o] for o in rows]
             chain = chains.setdefault(first, checkpoints.Chain())
             saved = await checkpoints.save_agents(self.js, run.run_id, round_, first, count, columns,
-                                                  writer=self.host_id, changed=offsets, chain=chain,
-                                                  round_fields=round_fields)
-            chain.add(saved, full=offsets is None)
+                                                  writer=self.host_id, changed=None if full else rows, chain=chain,
+                                                  round_fields=round_fields, held=rows if full else None,
+                                                  marks=marks)
+            chain.add(saved, full=full)
             stored.append(saved)
         return stored
