@@ -126,6 +126,13 @@ def test_the_departed_and_unmade_newcomers_are_stored_as_offsets_not_rows():
                                                   FRESH: [None, None, None, None, None, None]}
     plain = {"memory": [["a"], ["b"]]}
     assert compacted(plain, 2, None) == (plain, None, {})
+    # stored as runs when they come in runs (a range of newcomers none of which acted)
+    from populace.core.checkpoints import as_runs, offsets_of
+
+    assert as_runs(list(range(10, 1000))) == {"runs": [[10, 990]]} and as_runs([1, 5, 9]) == [1, 5, 9]
+    assert offsets_of(as_runs(list(range(10, 1000)))) == list(range(10, 1000))
+    runs = {"first": 0, "count": 6, "fields": {"memory": [["a"]]}, "held": [0], "fresh": {"runs": [[1, 5]]}}
+    assert resolve_chain([runs], 0, 6)[FRESH] == [None, True, True, True, True, True]
 
 
 def test_the_recorder_refuses_an_outcome_of_an_agent_that_departed_before_its_round():

@@ -283,15 +283,16 @@ def changed_offsets(first: int, count: int, changed_ids: Iterable[int]) -> list[
 async def save_agents(js: JetStreamContext, rid: str, round_: int, first: int, count: int,
                       fields: dict[str, list], *, writer: str, changed: list[int] | None = None,
                       chain: Chain | None = None, round_fields: Iterable[str] = (),
-                      held: list[int] | None = None, marks: dict[str, list[int]] | None = None) -> Stored:
+                      held: list[int] | None = None, marks: dict[str, object] | None = None) -> Stored:
     """One range's checkpoint after `round_`: full (`changed` None: `fields` hold every agent,
     or those at offsets `held`), or a delta on `chain`'s head (`fields` hold the agents at
     offsets `changed` only). The agents without a state of their own are offsets, not rows:
-    `marks` ({"gone": […], "fresh": […]}), or, not given, the GONE and FRESH columns of `fields`
-    (`compacted`)."""
+    `marks` ({"gone": …, "fresh": …}, each a list or its runs: `as_runs`), or, not given, the GONE
+    and FRESH columns of `fields` (`compacted`)."""
     delta = changed is not None
     if marks is None:
-        fields, rows, marks = compacted(fields, count, changed)
+        fields, rows, offsets = compacted(fields, count, changed)
+        marks = {key: as_runs(at) for key, at in offsets.items()}
     else:
         rows = changed if delta else held
     value: dict[str, object] = {"first": first, "count": count, "fields": fields, **marks}
@@ -323,10 +324,33 @@ def _overlay(columns: dict[str, list], offsets: list[int], fields: dict[str, lis
             column[offset] = value
 
 
+def as_runs(offsets: list[int]) -> list[int] | dict[str, list[list[int]]]:
+    """Marked offsets as stored: a list, or {"runs": [[first, count], …]} when they come in runs
+    (a range of newcomers none of which acted: one run)."""
+    runs: list[list[int]] = []
+    for o in offsets:
+        if runs and runs[-1][0] + runs[-1][1] == o:
+            runs[-1][1] += 1
+        else:
+            runs.append([o, 1])
+    return {"runs": runs} if 2 * len(runs) < len(offsets) else offsets
+
+
+def offsets_of(value: object) -> list[int] | None:
+    """The offsets a stored mark holds (None: not offsets)."""
+    if isinstance(value, dict):
+        runs = value.get("runs")
+        if not isinstance(runs, list) or not all(isinstance(r, list) and len(r) == 2 and all(
+                isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in r) for r in runs):
+            return None
+        return [o for start, n in runs for o in range(start, start + n)]
+    return value if isinstance(value, list) else None
+
+
 def _mark(columns: dict[str, list], link: dict, count: int) -> None:
     """A link's marked agents: every field of theirs None, their mark True (and no other)."""
     for key, name in MARKS.items():
-        for offset in link.get(key) or ():
+        for offset in offsets_of(link.get(key)) or ():
             for column in columns.values():
                 column[offset] = None
             columns.setdefault(name, [None] * count)[offset] = True
@@ -387,7 +411,8 @@ async def read_chain(js: JetStreamContext, name: str, digests: Mapping[str, str]
         if not isinstance(value, dict) or value.get("first") != first or not isinstance(held, int) \
                 or isinstance(held, bool) or not (0 < held <= most) or (not links and held != count) \
                 or not isinstance(value.get("fields"), dict) \
-                or not all(_offsets(value.get(key), held) for key in ("held", *MARKS)):
+                or not _offsets(value.get("held"), held) \
+                or not all(key not in value or _offsets(offsets_of(value[key]), held) for key in MARKS):
             raise CheckpointError(f"checkpoint {name} does not hold agents {first}..{first + count - 1}")
         links.append(value)
         below = value.get("builds_on")

@@ -59,7 +59,7 @@ class RangeState(NamedTuple):
     full: bool
     rows: list[int] | None
     columns: dict[str, list]
-    marks: dict[str, list[int]]
+    marks: dict[str, list[int] | dict[str, list[list[int]]]]  # as stored: a list, or its runs
 
     def value(self) -> dict:
         """As a checkpoint object holds it (a full one; see save_agents for a delta)."""
@@ -243,7 +243,7 @@ class HostedRun:
         """The range (first, count) at place `at` of `agents`: the agents at `offsets` (None:
         all), their rows, and the offsets of those without one (departed, newcomers not made)."""
         places = np.arange(at, at + count, dtype=np.int64) if offsets is None else at + offsets
-        marks: dict[str, list[int]] = {}
+        marks: dict[str, list[int] | dict[str, list[list[int]]]] = {}
         keep = None
         for key, mask in (("gone", None if self.living is None else ~self.living),
                           ("fresh", self._unmade if self.unmade else None)):
@@ -251,7 +251,7 @@ class HostedRun:
                 continue
             hit = mask[places]
             if hit.any():
-                marks[key] = (places[hit] - at).tolist()
+                marks[key] = _stored(places[hit] - at)
                 keep = ~hit if keep is None else keep & ~hit
         if keep is not None:
             places = places[keep]
@@ -338,6 +338,17 @@ class HostedRun:
     def made_agents(self) -> list[Agent]:
         """The agents made (not departed, and not newcomers still unmade)."""
         return [a for a in self.agents if isinstance(a, Agent)]
+
+
+def _stored(offsets: np.ndarray) -> list[int] | dict[str, list[list[int]]]:
+    """Sorted offsets as a checkpoint stores a mark (populace.core.checkpoints.as_runs): a list,
+    or {"runs": [[first, count], …]} when they come in runs (newcomers none of which acted)."""
+    cuts = np.flatnonzero(np.diff(offsets) != 1) + 1
+    if 2 * (cuts.size + 1) >= offsets.size:
+        return offsets.tolist()
+    starts = offsets[np.concatenate([[0], cuts])]
+    counts = np.diff(np.concatenate([[0], cuts, [offsets.size]]))
+    return {"runs": np.stack([starts, counts], axis=1).tolist()}
 
 
 def _ids_of(ranges: Sequence[tuple[int, int]]) -> np.ndarray:
