@@ -226,7 +226,7 @@ def test_a_bad_birth_stops_the_run_naming_the_field_round_and_agent():
 def test_decide_may_end_with_changes_only():
     class Odd(ForageEnv):
         def decide(self, state, round, total, world):
-            s, summary, w, changes = super().decide(state, round, total, world)
+            s, summary, w, _ = super().decide(state, round, total, world)
             return s, summary, w, "changes"
 
     class OddSim(Foragers):
