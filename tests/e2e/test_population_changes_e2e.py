@@ -4,8 +4,9 @@ placed on the hosts between rounds), and a panel loses and gains respondents by 
 schedule with a planned interview. Each run records what one process records — every outcome and
 round row, table `population` — no departed agent appears in a later round, every newcomer is in
 table `agents` and plays; a fork after round k with nothing changed plays the parent's rounds
-after k exactly (who was alive comes back with the checkpoint); a newcomer born with a state its
-class does not declare pauses the run naming the field, round and agent."""
+after k exactly (who was alive comes back with the checkpoint), and so does a cancelled run
+resumed; a newcomer born with a state its class does not declare pauses the run naming the
+field, round and agent."""
 
 from __future__ import annotations
 
@@ -17,10 +18,10 @@ import duckdb
 import pytest
 
 from populace.client.prepare import prepare, prepare_fork
-from populace.client.run import play
+from populace.client.run import cancel, new_run_id, play, resume
 from populace.client.stack import Stack
 from populace.core import bus
-from populace.core.contracts import Restore, RunConfig
+from populace.core.contracts import Restore, RoundOpen, RunConfig
 from populace.sdk.local import run_local
 
 pytestmark = pytest.mark.e2e
@@ -112,6 +113,32 @@ def test_a_scheduled_panel_asks_only_those_who_played_each_round(stack):
     for k in (2, 4):
         who = {r["agent_id"] for r in asked if r["after_round"] == k}
         assert who and not {a for a in who if a in gone and gone[a] < k}
+
+
+def test_a_cancelled_run_resumes_with_the_living_of_its_last_round(stack):
+    """Cancelled in round 3 (its agents wait on the model), resumed: rounds 3 and 4 are played by
+    the living after round 2, newcomers included, as if it never stopped."""
+    prepared = prepare(RunConfig.model_validate({**PANEL, "interviews": [], "model": {"latency_s": 0.5}}))
+    rid = new_run_id()
+
+    async def go():
+        nc = await bus.connect(stack.url, "e2e-population-resume")
+        try:
+            async def on_event(kind, model):
+                if isinstance(model, RoundOpen) and model.round == 3:
+                    await cancel(nc, rid, "a pause")
+
+            pending: list[asyncio.Task] = []
+            first = await play(nc, prepared.config, run_id=rid, manifest=prepared.manifest, stall_s=120,
+                               on_event=lambda k, m: pending.append(asyncio.ensure_future(on_event(k, m))))
+            await asyncio.gather(*pending)
+            return first, await resume(nc, rid, stall_s=120)
+        finally:
+            await nc.close()
+
+    first, out = asyncio.run(go())
+    assert first.status == "cancelled" and out.status == "completed", out.reason
+    check_as_in_one_process(stack.db, rid, prepared)
 
 
 def test_a_newcomer_with_a_state_its_class_does_not_declare_pauses_the_run_naming_it(stack):

@@ -212,6 +212,17 @@ def test_a_schedule_changes_any_simulation_and_resumes_exactly():
     check_resume(Wanderers, {"agents": 40, "rounds": 4, **data}, hosts=2)
 
 
+def test_one_agent_per_process_plays_the_same_changes():
+    """Each newcomer gets a process of its own when it first acts; the departed's stop."""
+    data = {"population": {"changes": [{"after": "every", "died": 0.2, "arrived": 2}]}}
+    config = resolve(RunConfig.model_validate({"agents": 10, "rounds": 3, **data}), Wanderers)
+    many, alone = asyncio.run(run_local(config)), asyncio.run(run_local(config, one_per_process=True, hosts=2))
+    drop = ("latency_ms",)
+    assert {k: v for k, v in many.outcomes.items() if k not in drop} == \
+           {k: v for k, v in alone.outcomes.items() if k not in drop}
+    assert many.population == alone.population and max(many.outcomes["agent_id"]) >= 10
+
+
 def departures_in(result, round_: int) -> int:
     p = result.population
     return sum(1 for r, e in zip(p["round"], p["event"]) if r == round_ and e in ("died", "left"))
