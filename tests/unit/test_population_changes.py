@@ -272,3 +272,34 @@ def _survey():
     from populace.core.contracts import Survey
 
     return Survey.model_validate({**SURVEY, "id": "later"})
+
+
+# -- newcomers' personas ------------------------------------------------------------------------
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_newcomers_take_the_personas_kept_for_them_and_one_past_them_stops_the_run():
+    from populace.client.prepare import prepare
+    from populace.core.scenario import ScenarioError
+
+    def prepared(newcomers: int, arrived: int):
+        pop = {"config": "examples/population/education.yaml", "newcomers": newcomers,
+               "changes": [{"after": "every", "arrived": arrived}]}
+        return prepare(RunConfig.model_validate({"simulation": "vote", "agents": 20, "rounds": 3,
+                                                 "population": pop}), base=ROOT, agents_given=True)
+
+    p = prepared(6, 2)
+    assert len(p.cast) == 26 and p.config.agents == 20  # the first agents' personas, then the newcomers'
+    # drawn apart: the first 20 are who they are without newcomers
+    alone = prepare(RunConfig.model_validate({"simulation": "vote", "agents": 20, "rounds": 3,
+                                              "population": {"config": "examples/population/education.yaml"}}),
+                    base=ROOT, agents_given=True)
+    assert [x.profile for x in p.cast.personas[:20]] == [x.profile for x in alone.cast.personas]
+    run = asyncio.run(run_local(p.resolved, cast=p.cast))
+    assert run.population["agent_id"] == [20, 21, 22, 23, 24, 25]  # after rounds 1, 2, 3
+    with pytest.raises(PopulationRefused, match=r"simulation 'vote': population.changes: round 2, agent 24: born "
+                                                r"without a persona: population.newcomers: the run has 24 personas"):
+        asyncio.run(run_local(prepared(4, 3).resolved, cast=prepared(4, 3).cast))
+    with pytest.raises(ScenarioError, match=r"population.changes.0.arrived: the agents have personas, and the "
+                                            r"newcomers would have none: declare population.newcomers"):
+        prepared(0, 2)

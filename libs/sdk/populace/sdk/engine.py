@@ -197,8 +197,12 @@ class RoundDecider:
                                f" ({', '.join(type(v).__name__ for v in changed)}); only a populace.sdk.Changes may "
                                "follow them")
         changes = changed[0] if changed and changed[0] is not None else Changes()
+        where = hook if changes else "population.changes"  # whose changes these are, for a refusal
         if self.schedule:
-            changes = changes + scheduled(self.schedule, before, round_, self.env.sim.seed, changes.departed)
+            planned = scheduled(self.schedule, before, round_, self.env.sim.seed, changes.departed)
+            if changes and planned:
+                where = f"{hook} and population.changes"
+            changes = changes + planned
         if changes.births and self.no_births:
             raise PopulationRefused(f"simulation {self.name!r}, round {round_}: {changes.births} newcomer(s): "
                                     f"{self.no_births}")
@@ -206,7 +210,7 @@ class RoundDecider:
             return before.after(changes, round_, state_fields=self.env.sim.Agent.state_fields,
                                 personas=self.personas)
         except ChangeError as err:
-            raise PopulationRefused(f"simulation {self.name!r}: {hook}: {err}") from None
+            raise PopulationRefused(f"simulation {self.name!r}: {where}: {err}") from None
 
 
 class ShareEngine:
