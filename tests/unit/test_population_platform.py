@@ -101,6 +101,14 @@ def test_a_host_lets_the_departed_go_and_makes_the_newcomers_placed_on_it():
                                                                                                   "fresh": [5, 6]})
     assert resolve_chain([part.value()], 5, 7)[GONE] == [None, True, None, None, None, None, None]
     assert run.engine.selected(2, None, None) == [0, 2, 3, 4, 5, 6]  # the departed never act
+    assert run.unmade == 0 and all(a is not None for a in (run.agents[5], run.agents[6]))  # made now they act
+    # changes of two rounds at once (never in sequence): whoever is no longer alive goes
+    later = host_run(resolve(RunConfig.model_validate({"agents": 10, "rounds": 3}), Wanderers), "r", [(5, 5)],
+                     freeze=False)
+    p2 = p.after(Changes(left=[9]), 2)
+    assert p2.delta.prior == 1
+    later.apply(p2, [(5, 5)])
+    assert later.living.tolist() == [1, 0, 1, 1, 0] and later.count == 3
 
 
 def test_a_range_s_checkpoint_chain_may_grow_by_newcomers():

@@ -197,6 +197,7 @@ class Delta:
     birth_reasons: np.ndarray
     birth_states: list[Mapping[str, Any] | None] | None  # None: every newcomer as its class makes it
     reasons: tuple[str, ...]
+    prior: int = 0  # the round of the population these changes were made to (0: the run's first agents)
 
     @property
     def births(self) -> int:
@@ -309,7 +310,7 @@ class Population:
         alive = np.concatenate([self._alive, np.ones(born, dtype=bool)]) if born else self._alive.copy()
         alive[ids] = False
         delta = Delta(round_, ids, events, reasons, self.size, changes.birth_events, changes.birth_reasons, states,
-                      changes.reasons)
+                      changes.reasons, self.round)
         return Population(self.initial, alive, delta, count=self.count - int(ids.size) + born)
 
     # -- as a checkpoint object holds it ----------------------------------------------------------
@@ -318,7 +319,7 @@ class Population:
         parts = [("alive", zlib.compress(np.packbits(self._alive).tobytes(), 1))]
         header: dict[str, Any] = {"initial": self.initial, "size": self.size}
         if d is not None:
-            header.update(round=d.round, born_first=d.born_first, reasons=list(d.reasons))
+            header.update(round=d.round, born_first=d.born_first, reasons=list(d.reasons), prior=d.prior)
             # sorted ids as their steps, and codes that repeat: a few bytes per departure once compressed
             steps = np.diff(d.departed, prepend=np.int64(0)).astype("<i8")
             parts += [(name, zlib.compress(data, 1)) for name, data in (
@@ -360,7 +361,7 @@ class Population:
                               arr("departed_events", "u1").astype(np.uint8),
                               arr("departed_reasons", "<i4").astype(np.int32), int(header["born_first"]),
                               arr("birth_events", "u1").astype(np.uint8), arr("birth_reasons", "<i4").astype(np.int32),
-                              states, tuple(header["reasons"]))
+                              states, tuple(header["reasons"]), int(header.get("prior", 0)))
             return cls(int(header["initial"]), alive, delta)
         except (ValueError, KeyError, TypeError, struct.error, zlib.error) as err:
             raise ChangeError(f"not a population object: {err}") from None

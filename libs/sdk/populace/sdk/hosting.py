@@ -136,14 +136,20 @@ class HostedRun:
         holds now (the orchestrator's placement, newcomers included): the departed go (their
         place kept, their agent let go), the newcomers placed here are made with the state they
         were born with. Once per population: applied again, it changes nothing."""
-        if self.population is not None and population.round <= self.population.round:
+        held = self.population.round if self.population is not None else 0
+        if population.round <= held:
             return
         d = population.delta
-        if d is not None:
+        if d is not None and d.prior == held:  # the next changes: its departures, where they are here
             gone = self.positions(d.departed)
             gone = gone[gone >= 0]
-            if gone.size:
-                self._depart(gone)
+        else:  # changes since more rounds than one (never in sequence): whoever is no longer alive
+            known = self.ids < population.size
+            alive = np.ones(self.ids.size, dtype=bool)
+            alive[known] = population.alive[self.ids[known]]
+            gone = np.flatnonzero(~alive & (self.living if self.living is not None else True))
+        if gone.size:
+            self._depart(gone)
         held = sum(c for _, c in self.ranges)
         new = _grown(self.ranges, ranges)
         for first, count in new:
