@@ -1,5 +1,6 @@
-"""Issue 23, bad input, on real processes (2 agent-hosts): a view that raises, an edge edit of a
-kind the simulation does not declare and a world column of the wrong type each pause the run in round 2 with the simulation, the field
+"""Issues 23 and 37, bad input, on real processes (2 agent-hosts): a view that raises, an edge edit of
+a kind the simulation does not declare, a world column of the wrong type, a claim on a cell that does
+not exist and a broken invariant each pause the run in round 2 with the simulation, the field
 and the round named, as the simulation's bug; round 1 stays recorded; once the simulation is fixed
 (here: the file naming the bug is deleted, as every service reads it at each call) `populace
 resume` plays on, and every table equals an undisturbed run's in one process."""
@@ -73,7 +74,10 @@ def local_rows(columns: dict[str, list]) -> list[dict]:
                   "(follow)"),
     ("world_type", "simulation 'ledger': its world after round 2 is refused: Board.score: float64 values do not fit "
                    "a int32 column"),  # refused in the environment service, which pauses the run (not fails it)
-])
+    # the world's rules, enforced where the round is decided (issue 37)
+    ("claim", "simulation 'ledger': round 2: claims: agent 7 claims cell 21, which does not exist (cells are 0..15)"),
+    ("invariant", "simulation 'ledger': invariant 'no score below zero' is broken after round 2: [7, 11]"),
+], ids=["view", "edge_kind", "world_type", "claim", "invariant"])
 def test_bad_input_pauses_the_fleet_run_and_a_resume_after_the_fix_is_exact(stack, bug_file, undisturbed, bug, named):
     prepared = prepare(RunConfig.model_validate(CONFIG))
     bug_file.write_text(bug)

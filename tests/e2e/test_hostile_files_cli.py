@@ -1,7 +1,9 @@
-"""`populace validate` on hostile files, as a real process: an alias bomb, 100,000-deep nesting
-and a personas file whose first line is 1 GiB each end with exit 2 and one line naming the key
-and the limit — no traceback — and the process never holds 600 MB (measured while it runs,
-and killed past it, so a regression fails here instead of taking the machine's memory)."""
+"""`populace validate` and `populace results --reference` on hostile files, as real processes: an
+alias bomb, 100,000-deep nesting and a personas file whose first line is 1 GiB; reference files
+with a 300 MB field, 6,000,000 rows (CSV and Parquet), counts of 1e19 and 1e300, and a sparse
+1 TiB file. Each ends with exit 2 and one line naming the key or line and the limit — no
+traceback — and the process never holds 600 MB (measured while it runs, and killed past it, so
+a regression fails here instead of taking the machine's memory)."""
 
 from __future__ import annotations
 
@@ -42,10 +44,15 @@ sys.exit(code)
 
 def validate(path: Path, tmp_path: Path) -> tuple[int, str, int]:
     """(exit code, output, peak resident bytes) of `populace validate PATH`."""
+    return measured(tmp_path, "validate", str(path))
+
+
+def measured(tmp_path: Path, *args: str) -> tuple[int, str, int]:
+    """(exit code, output, peak resident bytes) of `populace ARGS`."""
     out, peak_file = tmp_path / "out.txt", tmp_path / "peak.txt"
     with out.open("wb") as sink:
         proc = subprocess.Popen([sys.executable, "-c", MEASURE, str(peak_file), sys.executable, "-m", "populace.cli",
-                                 "validate", str(path)], stdout=sink, stderr=subprocess.STDOUT,
+                                 *args], stdout=sink, stderr=subprocess.STDOUT,
                                 env={**os.environ, "COLUMNS": "400"})
     measurer, peak = psutil.Process(proc.pid), 0
     while proc.poll() is None:  # also sampled while it runs: past the cap it is killed, not waited for
@@ -90,3 +97,59 @@ def test_validate_refuses_a_personas_file_with_a_1_gib_line_without_reading_it(t
     scenario.write_text("simulation: ratio-game\npopulation: {personas: p.jsonl}\n")
     check_one_line(*validate(scenario, tmp_path), "p.jsonl:1: a persona of more than 65,536 bytes",
                    "POPULACE_PERSONA_MAX_BYTES")
+
+
+# --- reference files (`results/report --reference`): refused while streamed, never read whole ---
+
+def field_of_300_mb(path: Path) -> None:
+    with path.open("w") as f:
+        f.write("# synthetic: a hostile file\nquestion,answer\nq,")
+        block = "a" * (1 << 20)
+        for _ in range(300):
+            f.write(block)
+        f.write("\n")
+
+
+def rows_6m(path: Path) -> None:
+    with path.open("w") as f:
+        f.write("# synthetic: a hostile file\nquestion,answer\n")
+        for _ in range(60):
+            f.write("q,1\n" * 100_000)
+
+
+def rows_6m_parquet(path: Path) -> None:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({"question": pa.array(["q"] * 6).take(np.zeros(6_000_000, dtype=np.int32)),
+                      "answer": pa.array(np.arange(6_000_000) % 7)})
+    pq.write_table(table.replace_schema_metadata({"synthetic": "a hostile file"}), path)
+
+
+def count_of(text: str):
+    return lambda path: path.write_text(f"# synthetic: a hostile file\nquestion,answer,count\nq,1,{text}\n")
+
+
+def sparse_1_tib(path: Path) -> None:
+    with path.open("wb") as f:  # a header and a row, then 1 TiB of nothing (no disk)
+        f.write(b"# synthetic: a hostile file\nquestion,answer\nq,1\n")
+        f.truncate(1 << 40)
+
+
+@pytest.mark.parametrize("name,make,needles", [
+    ("field.csv", field_of_300_mb, ("field.csv, line 3: longer than 65,536 bytes (the limit)",)),
+    ("rows.csv", rows_6m, ("rows.csv: more than 1,000,000 rows (the limit",)),
+    ("rows.parquet", rows_6m_parquet, ("rows.parquet: 6,000,000 rows, over 1,000,000 (the limit",)),
+    ("e19.csv", count_of("1e19"), ("e19.csv, line 3: count: '1e19' is over 1,000,000,000",)),
+    ("e300.csv", count_of("1e300"), ("e300.csv, line 3: count: '1e300' is over 1,000,000,000",)),
+    ("sparse.csv", sparse_1_tib, ("sparse.csv, line 4: longer than 65,536 bytes (the limit)",)),
+])
+def test_results_refuses_a_hostile_reference_file_in_one_line_within_the_memory_cap(tmp_path, name, make, needles):
+    """Before, 1e19 and 1e300 raised OverflowError, the 300 MB field _csv.Error at 1.86 GB, and the
+    6,000,000 rows were refused after 12.8 s and 1.9 GB. The reference is read before the database
+    is opened, so none is needed."""
+    path = tmp_path / name
+    make(path)
+    check_one_line(*measured(tmp_path, "results", "last", "--db", str(tmp_path / "none.duckdb"), "--reference",
+                             str(path)), *needles)

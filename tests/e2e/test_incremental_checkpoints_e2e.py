@@ -18,9 +18,8 @@ from in_round import kill_in_round
 from populace.client.prepare import prepare, prepare_fork
 from populace.client.run import play, run_state
 from populace.client.stack import Stack
-from populace.core import bus, subjects
+from populace.core import bus, checkpoints, owned_objects, subjects
 from populace.core.contracts import Restore, RunConfig
-from populace.core.objects import read_object
 from populace.sdk.local import run_local
 
 pytestmark = pytest.mark.e2e
@@ -58,10 +57,11 @@ def local_rows(columns: dict[str, list], after: int = 0) -> list[tuple]:
 
 
 async def checkpoint_values(nc, rid: str, round_: int) -> list[dict]:
-    store = await nc.jetstream().object_store(subjects.CHECKPOINTS_BUCKET)
+    js = nc.jetstream()
     prefix = subjects.checkpoint_agents_prefix(rid, round_)
-    names = sorted(i.name for i in await store.list(ignore_deletes=True) if i.name.startswith(prefix))
-    return [json.loads(await read_object(store, name)) for name in names]
+    objects = sorted((name, writer) for writer, name in await checkpoints.run_objects(js, rid)
+                     if name.startswith(prefix))
+    return [json.loads(await owned_objects.read_object(js, name, writer)) for name, writer in objects]
 
 
 def test_a_one_percent_run_killed_mid_run_and_forked_from_a_middle_round_equals_the_uninterrupted_run(stack):

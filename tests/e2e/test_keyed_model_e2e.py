@@ -3,9 +3,10 @@ request for its key (Bearer, llama-cpp-python's --api_key), called through the f
 whose `models:` names only where the key comes from.
 
 - The run completes, every decision recorded under the model's name.
-- The key is found in no artefact: the DuckDB file, every service's log, the JetStream store's
-  files (every message the run sent), the report, the manager's run page; and no process but the
-  gateway (and the server) had it in its environment.
+- The key is found in no artefact: the DuckDB file, every service's log and every span it made
+  (written to its log by OpenTelemetry's console exporter), the JetStream store's files (every
+  message the run sent), the report, the manager's run page; and no process but the gateway (and
+  the server) had it in its environment.
 - A wrong key pauses the run at once, naming the model and that its key was refused, with no storm
   of retries; the run's hosts never held the key."""
 
@@ -82,7 +83,9 @@ def _stack(tmp: Path, config: RunConfig, gateway_key: str) -> Stack:
     keys, hosts = gateway_bindings(config.models)
     return Stack(hosts=1, db=str(tmp / "keyed.duckdb"), log_dir=str(tmp / "logs"),
                  env={"POPULACE_GATEWAY_KEYS": keys, "POPULACE_GATEWAY_MODEL_HOSTS": hosts,
-                      KEY_VARIABLE: gateway_key},
+                      KEY_VARIABLE: gateway_key,
+                      # every span each service makes, written to its log: the traces are greped too
+                      "OTEL_TRACES_EXPORTER": "console"},
                  secrets=(KEY_VARIABLE,))
 
 
@@ -122,7 +125,8 @@ def test_a_keyed_model_answers_and_its_key_is_in_no_artefact(keyed_server, tmp_p
     assert res.returncode == 0, res.stdout + res.stderr
     assert key.encode() not in report.read_bytes()
     assert key not in page
-    assert _files_holding(tmp_path, key.encode()) == []  # the database, every log, the report
+    assert _files_holding(tmp_path, key.encode()) == []  # the database, every log and trace, the report
+    assert '"name": "gateway.http"' in (tmp_path / "logs" / "gateway.log").read_text()  # (the calls' spans are there)
 
 
 def test_a_refused_key_pauses_the_run_naming_the_model_without_a_storm(keyed_server, tmp_path):

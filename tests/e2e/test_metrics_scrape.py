@@ -112,8 +112,9 @@ def test_every_service_of_the_stack_exports_on_its_own_port_and_the_counters_mov
     assert total(gw, "populace_llm_tokens_total", kind="completion") > 0
     assert total(gw, "populace_reasks_total") >= 0  # the simulated replica answers to the schema
     assert total(gw, "populace_invalid_answers_total", service="gateway") == 0
-    (replica,) = {labels["replica"] for labels, _ in gw["populace_llm_calls_total"]}  # one replica: sim-0-<port>
-    assert replica.startswith("sim-0")
+    # one replica, named by its registry key: replicas.sim-0-<port>
+    (replica,) = {labels["replica"] for labels, _ in gw["populace_llm_calls_total"]}
+    assert replica.startswith("replicas.sim-0")
     assert total(gw, "populace_replica_up", replica=replica) == 1
     assert total(rec, "populace_batch_seconds_count", service="recorder", kind="messages") >= 1
     assert total(rec, "populace_items_total", service="recorder", kind="outcomes") == decisions

@@ -97,7 +97,7 @@ async def test_killing_one_of_two_replicas_mid_burst_loses_no_request(nats_serve
         assert len(reply.texts) == PER_BATCH
         assert all(t and not t.startswith("<gateway error") for t in reply.texts), reply.texts
     served_by = {r for c in calls for r in c.replicas}
-    assert survivor.info.replica_id in served_by
+    assert subjects.replica_key(subjects.REPLICAS_WRITER, survivor.info.replica_id) in served_by  # named by its key
     assert sum(len(c.agent_ids) for c in calls) == BATCHES * PER_BATCH
     valid = sum(v for c in calls for v in c.valid)
     assert valid >= 0.9 * BATCHES * PER_BATCH

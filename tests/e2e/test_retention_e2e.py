@@ -17,7 +17,7 @@ from nats.js.api import DiscardPolicy
 from populace.client.prepare import prepare, prepare_fork
 from populace.client.run import play, run_state
 from populace.client.stack import Stack
-from populace.core import bus, subjects
+from populace.core import bus, checkpoints, subjects
 from populace.core.contracts import Restore, RunConfig
 
 pytestmark = pytest.mark.e2e
@@ -47,9 +47,8 @@ def outcomes_recorded(db: str, run_id: str) -> list[tuple[int, int]]:
 
 async def checkpoint_rounds(js, rid: str) -> tuple[set[int], int]:
     """The rounds of the run's checkpoints left, and how many of its configs are left."""
-    store = await js.object_store(subjects.CHECKPOINTS_BUCKET)
-    listed = [info.name for info in await store.list(ignore_deletes=True)
-              if subjects.checkpoint_round(rid, info.name) is not None]
+    listed = sorted({name for _, name in await checkpoints.run_objects(js, rid)
+                     if subjects.checkpoint_round(rid, name) is not None})
     return ({subjects.checkpoint_round(rid, name) for name in listed if not subjects.is_checkpoint_config(name)},
             sum(subjects.is_checkpoint_config(name) for name in listed))
 
@@ -172,5 +171,5 @@ def test_a_fork_from_the_kept_round_plays_and_one_from_a_pruned_round_is_refused
     assert [r.round for r in kept.results] == [ROUNDS + 1]
     assert outcomes_recorded(stack.db, kept.run_id) == [(ROUNDS + 1, AGENTS)]
     assert pruned.status == "failed"
-    assert pruned.reason == (f"cannot fork: checkpoint {subjects.checkpoint_env(parent, 1)} is not in the "
-                             f"object store '{subjects.CHECKPOINTS_BUCKET}'")
+    assert pruned.reason == (f"cannot fork: checkpoint {subjects.checkpoint_env(parent, 1)} by environment is not "
+                             f"in the object store '{subjects.CHECKPOINTS_BUCKET}'")

@@ -25,6 +25,8 @@ from populace.sdk.local import LocalResult, run_local
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
+SIMS = Path(__file__).with_name("sims")  # meadow_sim: importable by the services through PYTHONPATH
+sys.path.insert(0, str(SIMS))  # … and by this process, which prepares the runs and plays the reference
 DROP = ("run_id", "latency_ms", "closed_at")
 
 
@@ -33,7 +35,8 @@ def stack(tmp_path_factory):
     db = tmp_path_factory.mktemp("shapes") / "populace.duckdb"
     # a lost host is noticed within seconds (the kill test), as in the fault matrix
     s = Stack(hosts=3, db=str(db), env={"POPULACE_STORAGE": "memory", "POPULACE_HOST_LOST_S": "4",
-                                         "POPULACE_HEARTBEAT_S": "0.5", "POPULACE_REGISTRY_TTL_S": "4"})
+                                         "POPULACE_HEARTBEAT_S": "0.5", "POPULACE_REGISTRY_TTL_S": "4",
+                                         "PYTHONPATH": str(SIMS)})
     with s.up(timeout=120):
         yield s
 
@@ -170,15 +173,37 @@ SCHELLING = {"simulation": "schelling", "agents": 600, "rounds": 4, "seed": 7, "
              "grid": {"width": 30, "height": 30}, "rule": {"threshold": 0.5}}
 
 
-@pytest.mark.parametrize("per_process", [False, True], ids=["3-hosts", "one-agent-per-process"])
-def test_a_world_and_its_views_on_three_hosts_and_one_agent_per_process_equal_one_process(stack, per_process):
-    data = {**SCHELLING, **({"agents": 40, "grid": {"width": 8, "height": 8},
-                             "placement": {"agents_per_process": 1}} if per_process else {})}
+# nearby moves by claims, and only the unhappy take a turn (selected from the world)
+CLAIMED = {"move": "nearby", "radius": 2, "ask": "unhappy"}
+
+
+@pytest.mark.parametrize(("per_process", "rule"), [(False, {}), (False, CLAIMED), (True, CLAIMED)],
+                         ids=["3-hosts", "3-hosts-claims", "one-agent-per-process-claims"])
+def test_a_world_and_its_views_on_three_hosts_and_one_agent_per_process_equal_one_process(stack, per_process, rule):
+    data = {**SCHELLING, "rule": {**SCHELLING["rule"], **rule},
+            **({"agents": 40, "grid": {"width": 8, "height": 8}, "placement": {"agents_per_process": 1}}
+               if per_process else {})}
     prepared, out = fleet(stack, data)
     assert out.status == "completed", out.reason
     local = asyncio.run(run_local(prepared.resolved))
     assert sum(local.rounds["moved"]) > 0  # the world changed between rounds
+    if rule:  # only the unhappy acted, and movers claimed cells (granted or not)
+        assert sum(local.rounds["n"]) < data["agents"] * data["rounds"]
+        assert any(t is not None for t in local.outcomes["target"])
     assert_as_in_one_process(stack.db, out.run_id, local)
+
+
+def test_the_living_that_wake_claim_patches_on_three_hosts_and_one_agent_per_process_as_in_one_process(stack):
+    """`select(state, round, world)` (the living), `wakes(obs, view)`, ranked claims and invariants
+    (tests/e2e/sims/meadow_sim.py), on the fleet."""
+    for extra in ({}, {"agents": 24, "placement": {"agents_per_process": 1}}):
+        data = {"simulation": "meadow_sim:Grazing", "agents": 90, "rounds": 5, "seed": 3,
+                "model": {"latency_s": 0.0}, **extra}
+        prepared, out = fleet(stack, data)
+        assert out.status == "completed", out.reason
+        local = asyncio.run(run_local(prepared.resolved))
+        assert local.rounds["alive"][-1] < data["agents"] and sum(local.rounds["hungry"]) > 0
+        assert_as_in_one_process(stack.db, out.run_id, local)
 
 
 def test_a_grid_of_800_by_800_cells_with_per_cell_state_completes_on_the_fleet(tmp_path):

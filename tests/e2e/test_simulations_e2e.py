@@ -8,6 +8,7 @@ simulation a service cannot import fail the run at once with a reason that names
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from pathlib import Path
 
@@ -24,7 +25,8 @@ from populace.sdk.local import run_local
 pytestmark = pytest.mark.e2e
 
 SIMS = Path(__file__).with_name("sims")  # faulty_sims: importable by the services through PYTHONPATH
-sys.path.insert(0, str(SIMS))  # … and by this process, which prepares the runs
+COMPAT = Path(__file__).parents[1] / "compat" / "packages"  # packages written against an earlier SDK
+sys.path[:0] = [str(SIMS), str(COMPAT)]  # … and by this process, which prepares the runs
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +34,8 @@ def stack(stacks):
     """Two hosts in one process with the other services (the one-agent-per-process test's agents
     still get their own processes): what the fleet gives is compared, not how it is split into
     processes."""
-    return stacks(hosts=2, env={"POPULACE_STORAGE": "memory", "PYTHONPATH": str(SIMS)}, one_process=True)
+    return stacks(hosts=2, env={"POPULACE_STORAGE": "memory", "PYTHONPATH": os.pathsep.join((str(SIMS), str(COMPAT)))},
+                  one_process=True)
 
 
 def fleet(stack: Stack, data: dict, fork: Restore | None = None):
@@ -202,3 +205,45 @@ def test_the_strangers_package_forks_and_resumes_exactly_on_the_fleet(stack):
         assert out.status == "completed", out.reason
         assert recorded(stack.db, table, out.run_id, ("run_id", "latency_ms")) == \
             [r for r in whole if r["round"] > after]
+
+
+@pytest.mark.parametrize("package", ["compat_negotiation:Negotiation", "compat_feedpool:FeedPool"])
+def test_a_package_written_against_an_earlier_sdk_plays_and_forks_exactly_on_the_fleet(stack, package):
+    """Issue 37: a negotiation and a feed pool written a month before failed after round 1 — a
+    tuple in the environment's partial came back from JSON as a list (unhashable in `decide`), a
+    frozenset in an agent's state as a list (`seen | …` raised on a restored agent). On the
+    fleet they play what one process plays, and a fork after round 2 (every agent and the
+    environment restored from their checkpoints) plays the parent's rows again."""
+    data = {"simulation": package, "agents": 24, "rounds": 4, "seed": 3, "model": {"latency_s": 0.0, "seed": 5}}
+    prepared, parent = fleet(stack, data)
+    assert parent.status == "completed", parent.reason
+    table = prepared.resolved.simulation.tables().outcomes
+    whole = recorded(stack.db, table, parent.run_id, ("run_id", "latency_ms"))
+    assert len(whole) == 24 * 4 and not any(r["error"] for r in whole)
+    local = asyncio.run(run_local(prepared.resolved))
+    assert json_values(whole) == json_values(local_rows(local.outcomes, ("run_id", "latency_ms")))
+    forked = prepare_fork(prepared.config, 2, {}, prepared.manifest, parent.run_id)
+
+    async def go():
+        nc = await bus.connect(stack.url, "e2e-compat-fork")
+        try:
+            return await play(nc, forked.config, manifest=forked.manifest, stall_s=120,
+                              fork=Restore(run_id=parent.run_id, round=2))
+        finally:
+            await nc.close()
+
+    out = asyncio.run(go())
+    assert out.status == "completed", out.reason
+    assert recorded(stack.db, table, out.run_id, ("run_id", "latency_ms")) == [r for r in whole if r["round"] > 2]
+
+
+def test_state_no_checkpoint_can_keep_pauses_the_run_naming_the_field_and_agent(stack):
+    """Issue 37: a value no checkpoint rebuilds (a random.Random in `state_fields`) used to fail the
+    run with pydantic's 'Unable to serialize unknown type'; it now pauses it at the first checkpoint,
+    naming the class, the field and an agent, resumable once the simulation is fixed."""
+    data = {"simulation": "stranger_sims:Rolling", "agents": 30, "rounds": 3, "seed": 2,
+            "model": {"latency_s": 0.0, "seed": 1}}
+    _, out = fleet(stack, data)
+    assert out.status == "paused", (out.status, out.reason)
+    assert "round 1: its agents' state cannot be checkpointed: RollingWalker.rng: agent " in out.reason
+    assert "'s value: a random.Random" in out.reason

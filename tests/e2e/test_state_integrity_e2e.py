@@ -1,9 +1,12 @@
-"""Issue 26, items 3–5, attacked on real processes with users on: one NATS user per service and
-per host (deploy/nats/auth.conf, populace.core.hostauth). The attacker holds the credentials of
-host-1 (placed in the runs) or of host-9 (a fleet member placed in none: credentials only, no
-process). Each test fails without the fix it covers; with it, the attack changes no result:
-- a checkpoint another host rewrote is never restored: the run pauses naming it (a lost host's
-  replacement, a fork from an agents' object, a fork from the environment's);
+"""Issue 26, items 3–5, and issue 41, attack 1, attacked on real processes with users on: one NATS
+user per service and per host (deploy/nats/auth.conf, populace.core.hostauth). The attacker holds
+the credentials of host-1 (placed in the runs) or of host-9 (a fleet member placed in none:
+credentials only, no process). Each test fails without the fix it covers; with it, the attack
+changes no result:
+- checkpoint objects another host stores under the names of a run's objects (its own metadata
+  pointing at its own bytes, or at nothing) are never looked at: a lost host's replacement
+  restores the genuine state and the run completes exactly, and so does a fork from them (both
+  paused or failed before, and every resume paused again);
 - faults and pauses from a host placed in no run, or claiming another sender, are dead-lettered
   once naming the sender, and the run is exact; spoofed progress ticks do not keep a stalled
   run running;
@@ -26,7 +29,7 @@ from pydantic_core import to_json
 from populace.client.prepare import prepare
 from populace.client.run import new_run_id, play, run_state
 from populace.client.stack import Stack
-from populace.core import bus, checkpoints, subjects
+from populace.core import bus, checkpoints, owned_objects, runconfigs, subjects
 from populace.core.contracts import Progress, Restore, RoundOpen, RunConfig
 from populace.core.hostauth import with_hosts
 
@@ -139,10 +142,23 @@ def refused_on(stack: Stack, before: int, subject: str, at_least: int) -> list[t
     return asyncio.run(poll())
 
 
-async def rewrite(nc, name: str, value: object, writer: str = "host-1") -> None:
-    """What any host's credentials may do: replace an object of the checkpoints bucket (chunks
-    under its own token, then the object's metadata: no purge is granted to a host)."""
-    await checkpoints.write_object(nc.jetstream(), name, to_json(value), writer)
+async def forge(nc, name: str, value: object, writer: str = "host-1") -> None:
+    """What a host's credentials may do to an object of the checkpoints bucket: store its own
+    bytes under the object's name (its metadata on its own token, the newest of the name), and
+    metadata of its own pointing at chunks that hold nothing. Its user may not publish the
+    metadata of the layout before (any writer's, on `$O.checkpoints.M.<name>`) nor under another
+    writer's token: those publishes are refused by the server, and nothing is stored."""
+    js = nc.jetstream()
+    meta = await owned_objects.write_object(js, name, to_json(value), writer)
+    await js.publish(owned_objects.meta_subject(writer, name),
+                     to_json(meta.model_copy(update={"first_seq": meta.last_seq + 10**6,
+                                                     "last_seq": meta.last_seq + 10**6 + 5})))
+    rid = subjects.checkpoint_run_of(name)
+    for subject in (f"$O.checkpoints.M.{owned_objects.encode_name(name)}",
+                    owned_objects.meta_subject(checkpoints.ENV_WRITER, name),
+                    owned_objects.meta_subject("host-0", name), subjects.checkpoint_chunks("host-0", rid)):
+        await nc.publish(subject, to_json(meta))  # core publishes: the server drops them (a violation)
+    await nc.flush()
 
 
 def forged_agents(first: int, count: int) -> dict:
@@ -165,11 +181,21 @@ def check_exact(stack: Stack, out, reference: str) -> None:
     assert summaries(stack.db, out.run_id) == summaries(stack.db, reference)
 
 
-# --- 3. checkpoints carry integrity, and recovery trusts only what matches -----------------------
-def test_a_checkpoint_rewritten_by_another_host_is_never_restored_the_run_pauses_naming_it(stack, reference):
-    """host-1 rewrites host-0's round-1 checkpoint; host-0 then dies as round 2 opens. Its
-    agents' replacement would restore the forged memory (and record other numbers, the run
-    "completed"); now the restore refuses it and the run pauses naming the object."""
+# --- 3. (issue 41) recovery reads each object as its own writer stored it ---------------------------
+async def stored_under(stack: Stack, pattern: str) -> dict[str, int]:
+    nc = await nats.connect(stack.url, **stack.credentials("admin"))
+    try:
+        return await bus.stream_subjects(nc.jetstream(), subjects.CHECKPOINTS_STREAM, pattern)
+    finally:
+        await nc.close()
+
+
+def test_a_lost_hosts_replacement_restores_its_genuine_checkpoint_under_forged_metadata(stack, reference):
+    """host-1 stores its own bytes under host-0's round-1 checkpoint name and the run's config's
+    (and metadata pointing at nothing); host-0 then dies as round 2 opens. Its agents'
+    replacement restored the forged object (an issue 26 run "completed" with other numbers), then
+    refused it and paused, and every resume paused again; a restarted host read a forged config
+    and paused (issue 41). Now it restores host-0's own, and the run completes exactly."""
     victim = None
 
     async def on_open(evil, rid, n) -> None:
@@ -177,7 +203,9 @@ def test_a_checkpoint_rewritten_by_another_host_is_never_restored_the_run_pauses
         if n == 2 and victim is None:
             victim = subjects.checkpoint_agents(rid, 1, 0)
             stack.kill("agent-host-0")  # before it could send its share of round 2
-            await rewrite(evil, victim, forged_agents(0, 200))
+            await forge(evil, victim, forged_agents(0, 200))
+            head = await bus.run_head(evil.jetstream(), rid)  # a host may read any run's state
+            await forge(evil, runconfigs.object_name(rid, head.config_ref), {"agents": 1})
             threading.Thread(target=stack.restart, args=("agent-host-0",), daemon=True).start()
 
     try:
@@ -185,40 +213,33 @@ def test_a_checkpoint_rewritten_by_another_host_is_never_restored_the_run_pauses
     finally:
         asyncio.run(stack.wait_ready(timeout=90))
     assert victim is not None
-    assert out.status == "paused", (out.status, out.reason)
-    assert f"checkpoint {victim} was changed after its writer stored it" in out.reason, out.reason
-    assert state.status == "paused" and state.round == 1
-    # nothing the forged memory would have said was recorded: every row is the reference's
-    reference_rows = {(r[0], r[1]): r for r in rows(stack.db, reference)}
-    got = rows(stack.db, out.run_id)
-    assert [r for r in got if r[0] == 1] == [r for r in reference_rows.values() if r[0] == 1]
-    assert all(reference_rows[(r[0], r[1])] == r for r in got)
+    check_exact(stack, out, reference)
+    assert len(state.layouts) == 2, "host-0's agents should have been placed again, restored from round 1"
+    # the forgery was there all along (host-1 is one of the run's writers: no sweep takes it)
+    forged = asyncio.run(stored_under(stack, owned_objects.meta_subject("host-1", victim)))
+    assert forged == {owned_objects.meta_subject("host-1", victim): 2}
+    assert asyncio.run(stored_under(stack, f"$O.checkpoints.M.{owned_objects.encode_name(victim)}")) == {}
 
 
-def test_a_fork_never_starts_from_a_rewritten_checkpoint(stack, reference):
-    """A fork from round 1 of the reference run: with one of its agents' objects rewritten,
-    the fork's host refuses it and the fork pauses naming it; with its environment's object
-    rewritten, the orchestrator refuses the fork."""
-    async def forge(name: str, value: dict) -> None:
+def test_a_fork_starts_from_the_genuine_checkpoint_under_forged_metadata(stack, reference):
+    """A fork from round 1 of the reference run, after host-1 stored its own bytes under the
+    names of host-0's agents' object, of the environment's and of its own agents' object (its
+    newest version of it spoiled: a fork paused on the first and failed on the second): the
+    fork plays rounds 2-4 exactly as the reference did."""
+    async def attack() -> None:
         nc = await nats.connect(stack.url, **stack.credentials("host-1"))
         try:
-            await rewrite(nc, name, value)
+            await forge(nc, subjects.checkpoint_agents(reference, 1, 0), forged_agents(0, 200))
+            await forge(nc, subjects.checkpoint_agents(reference, 1, 200), forged_agents(200, 200))
+            await forge(nc, subjects.checkpoint_env(reference, 1), {"state": {}, "observation": {"round": 3}})
         finally:
             await nc.close()
 
-    agents = subjects.checkpoint_agents(reference, 1, 200)
-    asyncio.run(forge(agents, forged_agents(200, 200)))
+    asyncio.run(attack())
     out, _ = play_run(stack, fork=Restore(run_id=reference, round=1))
-    assert out.status == "paused", (out.status, out.reason)
-    assert f"checkpoint {agents} was changed after its writer stored it" in out.reason, out.reason
-    assert rows(stack.db, out.run_id) == []  # round 2 opens once every share spawned: it never did
-
-    env = subjects.checkpoint_env(reference, 1)
-    asyncio.run(forge(env, {"state": {}, "observation": {"round": 3}}))  # round 1's own says round 2
-    out, _ = play_run(stack, fork=Restore(run_id=reference, round=1))
-    assert out.status == "failed"
-    assert f"cannot fork: checkpoint {env} was changed after its writer stored it" in out.reason, out.reason
-    assert rows(stack.db, out.run_id) == []
+    assert out.status == "completed", (out.status, out.reason)
+    assert rows(stack.db, out.run_id) == [r for r in rows(stack.db, reference) if r[0] > 1]
+    assert summaries(stack.db, out.run_id) == [r for r in summaries(stack.db, reference) if r[0] > 1]
 
 
 # --- 4. only a run's placed shares (and its services) may fail, pause or pace it -------------------

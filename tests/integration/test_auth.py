@@ -34,7 +34,7 @@ import pytest
 from populace.client import live as steer
 from populace.client.prepare import prepare
 from populace.client.run import RunOutcome, new_run_id, play, run_state
-from populace.core import bus, checkpoints, replies, subjects
+from populace.core import bus, checkpoints, owned_objects, replies, subjects
 from populace.core.contracts import HostInfo, RoundOpen, RunConfig, RunStart, ServiceInfo
 from populace.core.hostauth import with_hosts
 from populace.core.natsserver import EmbeddedNats
@@ -193,10 +193,10 @@ async def test_user_without_permission_cannot_start_a_run(server):
         await nc.flush()
         await eventually(lambda: denied(errors, "publish", subjects.RUN_START), what="publish violation")
         assert await messages(ajs, subjects.CTL_STREAM) == 0
-        # The same connection does its own job: a replica entry in KV `replicas` …
+        # The same connection does its own job: a replica entry in KV `replicas`, under its own name …
         kv = await js.key_value(subjects.REPLICAS_BUCKET)
-        await kv.put("r-1", b"{}")
-        assert (await (await ajs.key_value(subjects.REPLICAS_BUCKET)).get("r-1")).value == b"{}"
+        await kv.put("replicas.r-1", b"{}")
+        assert (await (await ajs.key_value(subjects.REPLICAS_BUCKET)).get("replicas.r-1")).value == b"{}"
         # … and nothing else: not the hosts registry.
         hosts = await js.key_value(subjects.HOSTS_BUCKET)  # binding (STREAM.INFO) is allowed
         with pytest.raises(nats.errors.TimeoutError):
@@ -249,11 +249,12 @@ async def test_service_cannot_act_outside_its_permissions(server):
 
 async def test_checkpoints_are_replaced_by_their_writers_only(server):
     """A round played again (after a resume) writes the same checkpoint names: the newest
-    write is the object (checkpoints.write_object, which needs no purge; the replaced chunks
-    stay until the recorder prunes the run). Readers read; nobody else writes or purges."""
+    write of a name by its writer is the object (populace.core.owned_objects: no purge; the
+    replaced chunks stay until the recorder prunes the run). Readers read; nobody writes under
+    another writer's token, and nobody else purges."""
     admin, ajs = await admin_js(server.url)
     errors: list[str] = []
-    conns = {u: await connect_as(server.url, u, errors if u == "orchestrator" else None)
+    conns = {u: await connect_as(server.url, u, errors if u in ("orchestrator", "agent-host") else None)
              for u in ("agent-host", "environment", "orchestrator")}
     try:
         host, env, orch = (conns[u].jetstream(timeout=2.0) for u in ("agent-host", "environment", "orchestrator"))
@@ -263,15 +264,25 @@ async def test_checkpoints_are_replaced_by_their_writers_only(server):
         digests = {agents.name: agents.digest, envs.name: envs.digest}
         # One chunk and one metadata message per write: nothing purged
         assert await messages(ajs, f"OBJ_{subjects.CHECKPOINTS_BUCKET}") == 8
-        assert await checkpoints.load_agents(host, "r1", 3, [(0, 2)], [(0, 2)], digests) == {
+        assert await checkpoints.load_agents(host, "r1", 3, [(0, 2)], [(0, 2)], digests, {agents.name: "h0"}) == {
             0: {"memory": [2]}, 1: {"memory": [2]}}
-        assert await checkpoints.load_env(orch, "r1", 3, digests) == ({"history": [2]}, {"round": 2}, None, None)
+        assert await checkpoints.load_env(orch, "r1", 3, digests) == ({"history": [2]}, {"round": 2}, None, None, None)
         assert server_violations(server) == []
 
         # The orchestrator reads checkpoints but writes only under its own token (a run's config,
-        # populace.core.runconfigs), never as another writer …
+        # populace.core.runconfigs), never as another writer; the shared agent-host user writes
+        # as any host, never as the environment or the orchestrator …
         with pytest.raises(nats.errors.TimeoutError):
-            await checkpoints.write_object(orch, "r1.3.env", b"{}", "h0")
+            await owned_objects.write_object(orch, "r1.3.env", b"{}", "h0")
+        with pytest.raises(nats.errors.TimeoutError):
+            await owned_objects.write_object(host, "r1.3.env", b"{}", checkpoints.ENV_WRITER)
+        with pytest.raises(nats.errors.TimeoutError):
+            await host.publish(owned_objects.meta_subject(checkpoints.CONFIG_WRITER, "r1.1.config.x"), b"{}")
+        # … nor one more token than its bound covers, nor the layout before it (metadata of any writer)
+        with pytest.raises(nats.errors.TimeoutError):
+            await host.publish(f"{subjects.checkpoint_chunks('h0', 'r1')}.more", b"x")
+        with pytest.raises(nats.errors.TimeoutError):
+            await host.publish(f"$O.checkpoints.M.{owned_objects.encode_name('r1.3.env')}", b"{}")
         await eventually(lambda: any('permissions violation for publish to "$o.checkpoints.c.' in e
                                      for e in errors), what="chunk publish violation")
         # … nor purge them; the `cli` may not even look at them.
@@ -282,11 +293,11 @@ async def test_checkpoints_are_replaced_by_their_writers_only(server):
         with pytest.raises(nats.errors.TimeoutError):
             await cli.jetstream(timeout=1.0).object_store(subjects.CHECKPOINTS_BUCKET)
         assert await messages(ajs, f"OBJ_{subjects.CHECKPOINTS_BUCKET}") == 8
-        assert await checkpoints.load_env(orch, "r1", 3, digests) == ({"history": [2]}, {"round": 2}, None, None)
-        refused = {re.sub(r'\$O\.checkpoints\.C\.[\w.=-]+', '$O.checkpoints.C.<nuid>', line.split("Subject ")[-1])
+        assert await checkpoints.load_env(orch, "r1", 3, digests) == ({"history": [2]}, {"round": 2}, None, None, None)
+        refused = {re.sub(r'\$O\.checkpoints\.([CM])\.[\w.=-]+', r'$O.checkpoints.\1.<object>', line.split("Subject ")[-1])
                    for line in server_violations(server)}
-        assert refused == {'"$O.checkpoints.C.<nuid>"', '"$JS.API.STREAM.PURGE.OBJ_checkpoints"',
-                           '"$JS.API.STREAM.INFO.OBJ_checkpoints"'}, refused
+        assert refused == {'"$O.checkpoints.C.<object>"', '"$O.checkpoints.M.<object>"',
+                           '"$JS.API.STREAM.PURGE.OBJ_checkpoints"', '"$JS.API.STREAM.INFO.OBJ_checkpoints"'}, refused
     finally:
         for c in (*conns.values(), admin):
             await c.close()
@@ -294,8 +305,8 @@ async def test_checkpoints_are_replaced_by_their_writers_only(server):
 
 async def test_recorder_purges_run_events_and_prunes_checkpoints(server):
     """Bounded storage: the recorder may purge a recorded run's events from RUN and delete a
-    completed run's checkpoints (list them, purge every write of each: chunks and metadata);
-    an agent-host may not purge RUN."""
+    completed run's checkpoints (list them, purge the chunks none of the kept needs and the
+    metadata of the rest); an agent-host may not purge RUN."""
     admin, ajs = await admin_js(server.url)
     errors: list[str] = []
     conns = {u: await connect_as(server.url, u, errors if u == "agent-host" else None)
@@ -311,13 +322,18 @@ async def test_recorder_purges_run_events_and_prunes_checkpoints(server):
         digests[again.name] = again.digest
         await checkpoints.save_env(env, "r2", 1, {}, {})
         assert await checkpoints.prune(rec, "r1", "last") == 2
-        assert await checkpoints.load_env(host, "r1", 2, digests) == ({"history": [2]}, {"round": 2}, None, None)
+        assert await checkpoints.load_env(host, "r1", 2, digests) == ({"history": [2]}, {"round": 2}, None, None, None)
         with pytest.raises(checkpoints.CheckpointError):
             await checkpoints.load_env(host, "r1", 1, digests)
-        # What is left: 3 objects (chunk and metadata each), no marker of the pruned ones.
-        assert await messages(ajs, f"OBJ_{subjects.CHECKPOINTS_BUCKET}") == 6
+        # What is left: round 2's 2 objects (chunk and metadata each), r2's, and the chunk of round 1's
+        # environment written again after round 2's (a writer's chunks go below its oldest kept one's)
+        assert await messages(ajs, f"OBJ_{subjects.CHECKPOINTS_BUCKET}") == 7
         assert await checkpoints.prune(rec, "r1", "none") == 2
         assert await messages(ajs, f"OBJ_{subjects.CHECKPOINTS_BUCKET}") == 2  # r2's
+        # the recorder sweeps what belongs to no run (KV `runs` knows none of these)
+        swept = await checkpoints.sweep(rec)
+        assert (swept.subjects, swept.runs) == (2, ["r2"])
+        assert await messages(ajs, f"OBJ_{subjects.CHECKPOINTS_BUCKET}") == 0
 
         await host.publish(subjects.run_outcomes("r1", 1, HOST_ID), b"{}")
         await host.publish(subjects.run_partial("r1", 1, HOST_ID), b"{}")
@@ -520,7 +536,7 @@ async def test_replicas_user_registers_replicas(server, monkeypatch):
 
         async def registered() -> bool:
             try:
-                return (await kv.get("rep-0")).value is not None
+                return (await kv.get("replicas.rep-0")).value is not None  # under its writer's name
             except Exception:
                 return False
 

@@ -24,7 +24,7 @@ async def test_a_checkpoint_write_whose_pubacks_were_lost_in_a_restart_is_writte
         js = nc.jetstream(timeout=600.0)  # only the reconnect can end the wait within this test's bound
         data = bytes(range(256)) * 2048  # 512 KB: several chunks
         server.proc.send_signal(signal.SIGSTOP)  # frozen: what is sent now is never acknowledged
-        writing = asyncio.create_task(checkpoints.put_bytes(js, "r1.1.partial.h1", data, writer="h1"))
+        writing = asyncio.create_task(checkpoints.put_bytes(js, "r1.1.partial.h1-0", data, writer="h1"))
         await asyncio.sleep(0.3)
         assert not writing.done()
         server.proc.send_signal(signal.SIGKILL)
@@ -32,7 +32,7 @@ async def test_a_checkpoint_write_whose_pubacks_were_lost_in_a_restart_is_writte
         server.start()
         digest = await asyncio.wait_for(writing, 60)
         assert nc.stats["reconnects"] >= 1
-        assert await checkpoints.get_bytes(nc.jetstream(), "r1.1.partial.h1", digest) == data
+        assert await checkpoints.get_bytes(nc.jetstream(), "r1.1.partial.h1-0", digest) == data
     finally:
         if nc is not None:
             await nc.close()

@@ -138,7 +138,7 @@ async def test_a_host_cannot_purge_or_wipe_the_checkpoints_nor_the_registries(ho
     checkpoint metadata, its chunks, its KV `hosts` entry and its KV `services` entry. Before,
     each emptied the store or the bucket; now the purge is refused by the server's
     permissions, the rollups by the streams, and everything is still there."""
-    from populace.core import checkpoints
+    from populace.core import checkpoints, owned_objects
 
     admin, ajs = await admin_js(hosts_server.url)
     errors: list[str] = []
@@ -162,22 +162,24 @@ async def test_a_host_cannot_purge_or_wipe_the_checkpoints_nor_the_registries(ho
         with pytest.raises(nats.errors.TimeoutError):
             await js.purge_stream(stream)
         await eventually(lambda: denied(errors, "publish", f"$JS.API.STREAM.PURGE.{stream}"), what="purge violation")
-        for subject in (f"$O.{subjects.CHECKPOINTS_BUCKET}.M.{checkpoints._b64('r1.1.agents.2')}",
-                        f"{checkpoints.chunks_of('host-a', 'r1.1.agents.2')}.x", "$KV.hosts.host-a"):
+        for subject in (owned_objects.meta_subject("host-a", "r1.1.agents.2"),
+                        subjects.checkpoint_chunks("host-a", "r1"), "$KV.hosts.host-a"):
             with pytest.raises(nats.js.errors.APIError, match="rollup not permitted"):
                 await js.publish(subject, b"", headers={"Nats-Rollup": "all"})
-        # its own user may not write another's chunks, nor anything in the services registry
-        # but an agent-host's entry
-        for subject in (f"{checkpoints.chunks_of('host-b', 'r1.1.agents.0')}.x", "$KV.services.recorder.1"):
+        # its own user may not write another's chunks or metadata, nor anything in the services
+        # registry but an agent-host's entry
+        for subject in (subjects.checkpoint_chunks("host-b", "r1"), owned_objects.meta_subject("host-b", "r1.1.agents.0"),
+                        "$KV.services.recorder.1"):
             with pytest.raises(nats.errors.TimeoutError):
                 await js.publish(subject, b"junk", timeout=0.5)
             await eventually(lambda s=subject: denied(errors, "publish", s), what=f"violation on {subject}")
 
         after = {s: (await ajs.stream_info(s)).state.messages for s in before}
         assert after == before
-        assert await checkpoints.load_agents(js, "r1", 1, [(0, 2), (2, 1)], [(0, 3)], digests) == {
+        writers = {subjects.checkpoint_agents("r1", 1, 0): "host-b", subjects.checkpoint_agents("r1", 1, 2): "host-a"}
+        assert await checkpoints.load_agents(js, "r1", 1, [(0, 2), (2, 1)], [(0, 3)], digests, writers) == {
             0: {"memory": [1]}, 1: {"memory": [2]}, 2: {"memory": [3]}}
-        assert await checkpoints.load_env(js, "r1", 1, digests) == ({"n": 1}, {}, None, None)
+        assert await checkpoints.load_env(js, "r1", 1, digests) == ({"n": 1}, {}, None, None, None)
     finally:
         for c in (nc, other, env, admin):
             await c.close()

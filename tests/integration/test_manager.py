@@ -427,7 +427,10 @@ async def test_the_replicas_page_asks_each_replica_for_its_health_and_load(url):
         nc = await bus.connect(url, "manager-test")
         try:
             kv = await nc.jetstream().key_value(subjects.REPLICAS_BUCKET)
-            await kv.put("sim-mgr", bus.encode(live))
+            await kv.put("replicas.sim-mgr", bus.encode(live))
+            # outside POPULACE_REPLICA_HOSTS (loopback by default): listed as refused, never asked
+            away = live.model_copy(update={"replica_id": "sim-away", "url": "http://203.0.113.7:8000"})
+            await kv.put("replicas.sim-away", bus.encode(away))
         finally:
             await nc.close()
 
@@ -437,10 +440,14 @@ async def test_the_replicas_page_asks_each_replica_for_its_health_and_load(url):
                         c.get("/replicas.json?backend=sim").json())
 
         text, events, summary = await asyncio.to_thread(pages)
-        assert '<tr data-replica="sim-mgr" data-healthy="yes">' in text
+        assert '<tr data-replica="replicas.sim-mgr" data-healthy="yes">' in text  # named by its key
+        assert ("refused: 203.0.113.7:8000 registered by replicas is not in POPULACE_REPLICA_HOSTS "
+                "(127.0.0.0/8,::1,localhost)") in text
         # the page's live update probes again; the run page's line sums the backend's replicas
         update = json.loads(events.removeprefix("data: ").strip())
-        assert [(r["replica_id"], r["healthy"]) for r in update["replicas"]] == [("sim-mgr", True)]
+        assert [(r["replica_id"], r["healthy"], r["refused"] is not None) for r in update["replicas"]
+                if r["replica_id"].startswith("replicas.sim-")] == [  # the server may hold other tests' entries
+            ("replicas.sim-away", None, True), ("replicas.sim-mgr", True, False)]
         assert (summary["backend"], summary["replicas"], summary["healthy"]) == ("sim", 1, 1)
     finally:
         await srv.stop()

@@ -163,7 +163,7 @@ def test_the_manager_app_works_as_its_own_user(server, monkeypatch):
         await (await fakes.ajs.key_value(subjects.HOSTS_BUCKET)).put(
             "h1", bus.encode(HostInfo(host_id="h1", capacity=100, pid=1, started_at=now, heartbeat_at=now)))
         await (await fakes.ajs.key_value(subjects.REPLICAS_BUCKET)).put(
-            "r1", bus.encode(ReplicaInfo(replica_id="r1", url="http://127.0.0.1:9", backend="sim", kind="sim",
+            "replicas.r1", bus.encode(ReplicaInfo(replica_id="r1", url="http://127.0.0.1:9", backend="sim", kind="sim",
                                          model="m", heartbeat_at=now)))
 
     async def main() -> None:

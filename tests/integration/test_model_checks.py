@@ -42,7 +42,7 @@ async def test_a_model_no_replica_serves_is_refused_on_a_fleet(nc, js):
     served = ModelEndpoint(name="smol", kind="llamacpp")
     nobody = ModelEndpoint(name="other", kind="vllm")
     kv = await js.key_value(subjects.REPLICAS_BUCKET)
-    await kv.put("llama-0", bus.encode(ReplicaInfo(replica_id="llama-0", url="http://127.0.0.1:9", backend="local",
+    await kv.put("replicas.llama-0", bus.encode(ReplicaInfo(replica_id="llama-0", url="http://127.0.0.1:9", backend="local",
                                                    kind="llamacpp", model="SmolLM2", heartbeat_at=time.time(),
                                                    serves="smol")))
     assert await fleet_refusal(nc, [served]) is None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import signal
@@ -274,6 +275,28 @@ async def test_garbage_gets_an_error_reply_and_a_dead_letter_and_the_node_lives_
     assert (await ask(nc, daemon, ListProcesses())).node.processes == []
     with pytest.raises(NodeUnreachable, match="not running"):
         await node_request(nc, "no-such-node", ListProcesses())
+
+
+async def test_a_node_refuses_replicas_that_could_be_hijacked_before_starting_any(nc, js, daemon):
+    """Issue 41, attack 7: a `model:` that is an option or climbs directories is a malformed request
+    (dead-lettered, never passed to vLLM); an `advertise:` name outside the node's
+    POPULACE_REPLICA_HOSTS (default loopback) is refused naming the setting; nothing starts."""
+    await registered(js, daemon)
+    for model, says in [("--help", "'--help' is an option, not a model"),
+                        ("--trust-remote-code", "is an option, not a model"),
+                        ("../../../../etc", "climbs directories ('..')")]:
+        body = json.dumps({"spec": {"kind": "replicas", "backend": "vllm", "model": model}}).encode()
+        reply = NodeReply.model_validate_json((await raw_request(nc, daemon.node_id, "start", body)).data)
+        assert not reply.ok and "malformed request (dead-lettered)" in reply.error and says in reply.error, reply.error
+    for spec, says in [
+        (ReplicasSpec(backend="sim", bind="0.0.0.0", advertise="evil.example"),
+         "advertise: evil.example (on ports picked when they start) registered by replicas is not in "
+         "POPULACE_REPLICA_HOSTS (127.0.0.0/8,::1,localhost)"),
+        (ReplicasSpec(backend="vllm", model="/etc"), "model: '/etc' is not under this node's model folders "
+                                                     "(POPULACE_NODE_MODEL_ROOTS: none)")]:
+        refused = await ask(nc, daemon, StartProcess(spec=spec), check=False)
+        assert not refused.ok and says in refused.error, refused.error
+    assert (await ask(nc, daemon, ListProcesses())).node.processes == []
 
 
 async def test_a_killed_node_takes_its_children_with_it(nc, js, daemon):

@@ -106,3 +106,33 @@ async def test_a_batch_past_the_servers_max_payload_is_cut_between_groups_and_a_
         if nc is not None:
             await nc.close()
         server.stop()
+
+
+async def test_a_large_partial_travels_by_reference_with_its_size_and_one_past_the_limit_pauses(js, nc):
+    """Issue 41: the partial names its object's size (the environment reads no more); a partial
+    larger than a share of its agents may send is never stored: the round pauses naming it."""
+    from pydantic import BaseModel
+
+    from populace.agent_host.publisher import PartialTooLarge
+    from populace.core import checkpoints
+    from populace.core.contracts import PartialRef, RoundPartial, partial_object_limit
+
+    class Movers(BaseModel):
+        movers: list[int]
+
+    out = OutcomePublisher(nc, js, run_id="r7", round_=1, host_id="h1")
+    big = Movers(movers=list(range(100_000)))  # ~590 KB of JSON: over the inline limit, under 100 agents' limit
+    await out.close(RoundShare(n=100, n_valid=100, partial=big))
+    stored = await js.get_last_msg(subjects.RUN_STREAM, subjects.run_partial("r7", 1, "h1", 0))
+    ref = PartialRef.model_validate(RoundPartial.model_validate_json(stored.data).payload)
+    data = big.model_dump_json().encode()
+    assert ref.ref == subjects.checkpoint_partial("r7", 1, "h1@0") and ref.size == len(data) > 256 * 1024
+    assert await checkpoints.get_bytes(js, ref.ref, ref.sha256, max_bytes=ref.size) == data
+    out = OutcomePublisher(nc, js, run_id="r7", round_=2, host_id="h1")
+    bigger = Movers(movers=list(range(200_000)))  # ~1.3 MB: more than one agent's share may send
+    size = len(bigger.model_dump_json())
+    with pytest.raises(PartialTooLarge, match=rf"round 2: the partial of h1's 1 agents takes {size:,} bytes, more "
+                                              rf"than the environment takes \({partial_object_limit(1):,}"):
+        await out.close(RoundShare(n=1, n_valid=1, partial=bigger))
+    info = await js.stream_info(subjects.RUN_STREAM, subjects_filter="run.r7.>")
+    assert info.state.subjects == {subjects.run_partial("r7", 1, "h1", 0): 1}

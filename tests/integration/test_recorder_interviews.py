@@ -242,3 +242,51 @@ def test_a_lost_hosts_part_ordered_again_completes_the_request_with_each_answer_
     assert store.interviews.complete_requests() == []  # failed: never announced, though its answers came
     assert store.con.execute("SELECT error FROM interview_requests WHERE request = 'iv-2'").fetchone() == (
         "agent-host a stopped (no heartbeat for 30s) …",)
+
+
+def test_a_post_hoc_request_is_answered_only_as_its_orders_ask(tmp_path):
+    """Issue 41, attacks 4 and 6: host a, ordered to answer iv-1 (survey `panel` after round 2),
+    sends first a batch with no answers and other questions under `panel`: it once became the
+    survey, and every real batch was refused ("asked with other questions"); then answers for
+    its own agents after round 1: once kept (60 rows for a 40-answer request), and the request
+    announced complete before b answered. Now each is refused against the order, and the
+    request completes with exactly its answers."""
+    from populace.core.contracts import InterviewPlaced
+
+    store = Store(tmp_path / "x.duckdb")
+    start(store)
+    restore = Restore(run_id="r1", round=2, ranges=[(0, 10), (10, 10)])
+    half = PlannedInterview(id="iv-half", after=[2], sample=0.5, questions=[CAR])
+
+    def order(host, ranges, request="iv-1", survey=PANEL.survey, sample=None):
+        return Event(f"r1.ask.{request}.{host}", "ask", InterviewOrder(
+            run_id="r1", host_id=host, request=request, after_round=2, survey=survey, ranges=ranges, sample=sample,
+            restore=restore, config_ref=ConfigRef.of(CONFIG)))
+
+    store.ingest([order("a", [(0, 10)]), order("b", [(10, 10)]),
+                  Event("r1.asked.iv-1", "asked", InterviewPlaced(
+                      run_id="r1", request="iv-1", after_round=2, survey=PANEL.survey, expected=40, placed_at=1e9,
+                      hosts={"a": [(0, 10)], "b": [(10, 10)]}))])
+    swap = answers([], round_=2, plan=PlannedInterview(id="panel", after="every", questions=[TRUST]), request="iv-1")
+    early = answers(range(10), round_=1, request="iv-1")
+    out = ingest(store, swap, early)
+    assert out.answers == 0 and [why for _, why in out.refused] == [
+        "request 'iv-1' asks survey 'panel' with its own questions; this batch answers 'panel' with other ones",
+        "request 'iv-1' asks after round 2, not after round 1"]
+    assert store.con.execute("SELECT count(*) FROM interview_questions").fetchone() == (0,)
+    assert ingest(store, answers(range(10), round_=2, request="iv-1")).answers == 20
+    assert store.interviews.complete_requests() == []  # b has not answered
+    assert ingest(store, answers(range(10, 20), host="b", round_=2, request="iv-1")).answers == 20
+    assert store.interviews.complete_requests() == [("r1", "iv-1", 40)]
+    assert count(store, "request = 'iv-1' AND after_round = 2") == 40 and count(store, "request = 'iv-1'") == 40
+    asked = store.con.execute("SELECT question FROM interview_questions WHERE request = 'iv-1' AND position >= 0 "
+                              "ORDER BY position").fetchall()
+    assert asked == [("car",), ("trust",)]  # the order's questions
+    # a sample of the host's ranges: answers only for the agents it chooses
+    store.ingest([order("a", [(0, 10)], request="iv-half", survey=half.survey, sample=0.5)])
+    chosen = set(respondents(20, seed=5, survey_id="iv-half", sample=0.5).tolist())
+    unchosen = answers([next(a for a in range(10) if a not in chosen)], round_=2, plan=half, request="iv-half")
+    out = ingest(store, unchosen)
+    assert [why for _, why in out.refused] == ["request 'iv-half' does not choose every agent of the batch"]
+    assert ingest(store, answers(sorted(a for a in chosen if a < 10), round_=2, plan=half,
+                                 request="iv-half")).answers == len([a for a in chosen if a < 10])

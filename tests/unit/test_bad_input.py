@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from populace.core.contracts import RunConfig
-from populace.sdk.engine import DecideFailed, WorldRefused
+from populace.sdk.engine import DecideFailed, RuleBroken, WorldRefused
 from populace.sdk.llm import InferError
 from populace.sdk.local import run_local
 from populace.sdk.play import RoundPaused
@@ -44,6 +44,12 @@ CASES = {
                                r"not declared \(follow\)"),
     "edge_agent": (RoundPaused, r"simulation 'ledger', round 2, agent 7: outcome\.edits\[0\]: agent 23 does not "
                                 r"exist \(the run has 20 agents\)"),
+    "claim": (RuleBroken, r"^simulation 'ledger': round 2: claims: agent 7 claims cell 21, which does not exist "
+                          r"\(cells are 0\.\.15\)$"),
+    "invariant": (RuleBroken, r"^simulation 'ledger': invariant 'no score below zero' is broken after round 2: "
+                              r"\[7, 11\]$"),
+    "invariant_raises": (RuleBroken, r"^simulation 'ledger': invariant 'no score below zero' raised after round 2: "
+                                     r"ZeroDivisionError: division by zero$"),
 }
 
 

@@ -43,6 +43,11 @@ CASES = {
     "punishment": ("punishment.yaml", {"agents": 90, "game": {"block": 40}}, {"hosts": 2}),
     "public-goods-firms": ("public-goods.yaml", {"agents": 103, "rounds": 3, "simulation": "public-goods-firms",
                                                 "firm": {"size": 20, "match": 0.5}}, {"hosts": 3}),
+    # a world with views (moves anywhere), and its world rules: nearby moves by claims, only the
+    # unhappy selected from the world (issue 37; a change of the claims' rule changes these)
+    "schelling": ("schelling.yaml", {"rounds": 4}, {}),
+    "schelling-claims-3-hosts": ("schelling.yaml", {"rounds": 4, "rule": {"threshold": 0.5, "move": "nearby",
+                                                                          "ask": "unhappy"}}, {"hosts": 3}),
     "dictator": ("simulations/dictator/scenario.yaml",
                  {"agents": 90, "simulation": "dictator_game:DictatorGame"}, {"hosts": 2}),
 }

@@ -75,3 +75,26 @@ def test_demo_refuses_a_bad_edge_list_before_anything_starts(cli, tmp_path):
     assert "graph.path" in res.stderr and "row 3" in res.stderr and "50 is not an agent id" in res.stderr, res.stderr
     assert "starting nats-server" not in res.stdout + res.stderr
     assert not (tmp_path / "x.duckdb").exists()
+
+
+def test_a_graph_with_one_agent_per_process_is_refused_alike_by_the_cli_a_config_and_run_local(cli, tmp_path):
+    """Issue 37: `run_local(cfg, one_per_process=True)` accepted a run with a graph (its agents read
+    the inboxes through a pickled copy of the host's mailbox) while the CLI refused it. Every path
+    now refuses it with the same line: the CLI, a RunConfig built in a notebook (what the
+    orchestrator validates too) and the local runner."""
+    import asyncio
+
+    from pydantic import ValidationError
+
+    from populace.core.contracts import GRAPH_ONE_PER_PROCESS, RunConfig
+    from populace.sdk.local import run_local
+
+    (tmp_path / "scenario.yaml").write_text(BAD["a graph with one process per agent"][0])
+    res = cli("validate", "scenario.yaml", cwd=tmp_path)
+    assert res.returncode == 2 and GRAPH_ONE_PER_PROCESS in " ".join(res.stderr.split()), res.stderr
+    data = {"simulation": "gossip_sim:Gossip", "agents": 20, "rounds": 2, "graph": {"generator": "small-world",
+                                                                                  "degree": 4}}
+    with pytest.raises(ValidationError, match="graph: a run with a graph cannot place one agent per process"):
+        RunConfig.model_validate({**data, "placement": {"agents_per_process": 1}})
+    with pytest.raises(ValueError, match="graph: a run with a graph cannot place one agent per process"):
+        asyncio.run(run_local(RunConfig.model_validate(data), one_per_process=True, hosts=2))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from populace_ratio_game.rules import partial_of
 
-from populace.core.contracts import ConfigRef, RoundOpen, RoundPartial, RunConfig
+from populace.core.contracts import ConfigRef, RoundOpen, RoundPartial, RunConfig, RunHead, Share
 from populace.environment.run_tally import BadPartial, EnvironmentFailed, RunTally
 from populace.sdk.registry import resolve
 
@@ -194,17 +194,46 @@ def test_a_partial_whose_run_is_looked_up_while_its_round_opens_is_counted_not_k
     t = tally()
     counted: list[RoundPartial] = []
 
-    async def known_run(run_id: str) -> bool:
+    async def head_of(run_id: str) -> RunHead:
         env.runs[run_id] = t  # the round opened meanwhile (on_round_open took `early`, empty then)
         env.early.pop(run_id, None)
-        return True
+        return RunHead(run_id=run_id, status="running", shares=[Share(host_id="h1", ranges=[(0, 4)])])
 
     async def count(tally_, partial_, msg, reject=False) -> None:
         counted.append(partial_)
 
-    env.known_run = known_run  # type: ignore[method-assign]
+    env.head_of = head_of  # type: ignore[method-assign]
     env.count = count  # type: ignore[method-assign]
     p = partial("h1", H1)
     msg = SimpleNamespace(raw_message=SimpleNamespace(subject="run.r1.partial.1.h1.0"))
     asyncio.run(env.on_partial(p, msg))  # type: ignore[arg-type]
     assert counted == [p] and env.early == {}
+
+
+def test_screen_says_what_the_placement_says_before_a_payload_is_looked_at():
+    """Issue 41, item 3: a partial by reference is read only once screen() says it counts (True),
+    or, its round not announced yet (None), the run's placement in KV lists its share."""
+    t = tally()
+    unread = {"$ref": "never read", "sha256": "0" * 64, "size": 1 << 30}
+    assert t.screen(partial("h1", H1).model_copy(update={"payload": unread})) is None  # nothing announced yet
+    t.open(opened(1))
+    assert t.screen(partial("h1", H1).model_copy(update={"payload": unread})) is True
+    with pytest.raises(BadPartial, match=r"share h9@0 was never placed in run r1 \(round 1, epoch 0\)"):
+        t.screen(partial("h9", H1).model_copy(update={"payload": unread}))
+    with pytest.raises(BadPartial, match="share h1@0 has 4 agents, the partial counts 5"):
+        t.screen(partial("h1", [*H1, (9, 1.0)]))
+    assert t.screen(partial("h1", H1, round_=2)) is None  # the next round: its announcement decides
+    with pytest.raises(BadPartial, match=r"round 3 is not open in run r1 \(round 1 is in play\)"):
+        t.screen(partial("h1", H1, round_=3))
+    t.open(opened(2, epoch=1, shares={"h3@1": 7}))
+    assert t.screen(partial("h1", H1, round_=2)) is False  # a replaced share's straggler
+    assert t.screen(partial("h1", H1, round_=1)) is False  # a decided round's
+
+
+def test_a_partial_reference_and_its_size_limit():
+    from populace.core.contracts import PartialRef, partial_object_limit
+
+    ref = PartialRef.model_validate({"$ref": "r1.1.partial.h1-0", "sha256": "a" * 64, "size": 300_000})
+    assert ref.model_dump() == {"$ref": "r1.1.partial.h1-0", "sha256": "a" * 64, "size": 300_000}
+    assert PartialRef.of(ref.model_dump()) and not PartialRef.of({"sum": 1}) and not PartialRef.of([])
+    assert partial_object_limit(0) == 1 << 20 and partial_object_limit(100_000) == (1 << 20) + 25_600_000

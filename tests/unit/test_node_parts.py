@@ -3,10 +3,13 @@ process is launched, and the request envelopes' validation."""
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from populace.core import subjects
+from populace.core import replica_hosts, subjects
 from populace.core.contracts import (
     GONE_AFTER_BEATS,
     NODE_REQUESTS,
@@ -97,9 +100,10 @@ ENV = {"PATH": "/bin", "POPULACE_NATS_USER": "node", "POPULACE_NATS_PASSWORD": "
        "POPULACE_METRICS_PORT": "9100", "POPULACE_LOG_LEVEL": "DEBUG"}
 
 
-def launch(spec, with_users=False, environ=ENV):
+def launch(spec, with_users=False, environ=ENV, **kw):
     return commands.launch(spec, proc_id="agent-host-3", node_id="n1", nats_url="nats://x:4222", node_pid=42,
-                           services=["agent-host", "gateway", "recorder"], environ=environ, with_users=with_users)
+                           services=["agent-host", "gateway", "recorder"], environ=environ, with_users=with_users,
+                           **kw)
 
 
 def test_an_agent_host_gets_its_id_settings_and_the_node_as_parent():
@@ -134,11 +138,74 @@ def test_a_service_that_is_not_installed_is_refused_by_name():
 
 def test_replicas_run_the_replicas_command_with_their_options():
     sim = launch(ReplicasSpec(backend="sim", servers=3, max_concurrency=8)).argv
-    assert sim[1:] == ["-m", "populace.cli", "replicas", "sim", "--nats", "nats://x:4222", "--max-concurrency", "8",
-                       "--count", "3"]
+    assert sim[1:] == ["-m", "populace.cli", "replicas", "sim", "--nats=nats://x:4222", "--max-concurrency=8",
+                       "--count=3"]
     vllm = launch(ReplicasSpec(backend="vllm", model="Qwen/Qwen2.5-0.5B", gpus=[0, 1], base_port=8100)).argv
-    assert vllm[vllm.index("--gpus") + 1] == "0,1" and "--count" not in vllm
-    assert vllm[vllm.index("--model") + 1] == "Qwen/Qwen2.5-0.5B"
+    assert "--gpus=0,1" in vllm and not any(a.startswith("--count") for a in vllm)
+    assert "--model=Qwen/Qwen2.5-0.5B" in vllm  # flag and value one argument: a value is never an option
+
+
+@pytest.mark.parametrize("model,says", [
+    ("--help", "'--help' is an option, not a model"),
+    ("--trust-remote-code", "is an option, not a model"),
+    ("-x", "is an option, not a model"),
+    ("../../../../etc", "climbs directories ('..')"),
+    ("/models/../etc", "climbs directories ('..')"),
+    ("org/name/extra", "is neither a model id"),
+    ("name with space", "is neither a model id"),
+    ("hf://x", "is neither a model id"),
+])
+def test_a_replicas_model_is_a_model_id_or_an_absolute_path_never_an_option(model, says):
+    with pytest.raises(ValidationError, match=re.escape(says)):
+        ReplicasSpec(backend="vllm", model=model)
+    with pytest.raises(ValidationError):  # and a node's request naming it is malformed (dead-lettered)
+        StartProcess.model_validate_json(json.dumps({"spec": {"kind": "replicas", "backend": "vllm",
+                                                              "model": model}}))
+
+
+def test_a_model_path_is_served_only_under_the_nodes_model_roots(tmp_path):
+    root, outside = tmp_path / "models", tmp_path / "elsewhere"
+    (root / "smol").mkdir(parents=True)
+    outside.mkdir()
+    (root / "escape").symlink_to(outside)  # a link under the root that leads out of it
+    spec = ReplicasSpec(backend="vllm", model=str(root / "smol"))
+    with pytest.raises(commands.Refusal, match="not under this node's model folders .POPULACE_NODE_MODEL_ROOTS: none"):
+        launch(spec)
+    assert f"--model={root / 'smol'}" in launch(spec, model_roots=[str(root)]).argv
+    with pytest.raises(commands.Refusal, match="not under this node's model folders"):
+        launch(ReplicasSpec(backend="vllm", model=str(root / "escape")), model_roots=[str(root)])
+    with pytest.raises(commands.Refusal, match="not under"):
+        launch(ReplicasSpec(backend="vllm", model=str(outside)), model_roots=[str(root)])
+
+
+def test_replicas_advertised_outside_the_allow_list_are_refused_before_they_start():
+    with pytest.raises(commands.Refusal, match=r"advertise: 203\.0\.113\.7 \(on ports picked when they start\) "
+                                               r"registered by replicas is not in POPULACE_REPLICA_HOSTS"):
+        launch(ReplicasSpec(backend="sim", advertise="203.0.113.7"))
+    with pytest.raises(commands.Refusal, match="evil.example"):
+        launch(ReplicasSpec(backend="sim", bind="0.0.0.0", advertise="evil.example"))
+    assert launch(ReplicasSpec(backend="sim", bind="0.0.0.0")).argv  # advertised on loopback: allowed
+    fleet = replica_hosts.parse("10.0.0.0/24,replicas-gpu@10.0.1.5:8000")
+    assert launch(ReplicasSpec(backend="sim", bind="0.0.0.0", advertise="10.0.0.9"), hosts=fleet).argv
+    # a host allowed on given ports only: a sim's ports are picked when it starts, a vllm's are known
+    with pytest.raises(commands.Refusal, match="10.0.1.5"):
+        launch(ReplicasSpec(backend="sim", advertise="10.0.1.5", set="gpu"), hosts=fleet, with_users=True,
+               environ={**ENV, "POPULACE_PASSWORD_REPLICAS_GPU": "pw"})
+    vllm = ReplicasSpec(backend="vllm", model="org/m", advertise="10.0.1.5", base_port=8000, set="gpu")
+    assert launch(vllm, hosts=fleet, with_users=True, environ={**ENV, "POPULACE_PASSWORD_REPLICAS_GPU": "pw"}).argv
+    with pytest.raises(commands.Refusal, match="registered by replicas is not"):  # the item is the set's only
+        launch(vllm.model_copy(update={"set": None}), hosts=fleet, with_users=True,
+               environ={**ENV, "POPULACE_PASSWORD_REPLICAS": "pw"})
+    with pytest.raises(ValidationError):  # never an option
+        ReplicasSpec(backend="sim", advertise="--help")
+
+
+def test_a_replica_set_runs_as_its_own_user():
+    env = launch(ReplicasSpec(backend="sim", set="gpu"), with_users=True,
+                 environ={**ENV, "POPULACE_PASSWORD_REPLICAS_GPU": "set-pw", "POPULACE_PASSWORD_REPLICAS": "shared"}).env
+    assert (env["POPULACE_NATS_USER"], env["POPULACE_NATS_PASSWORD"]) == ("replicas-gpu", "set-pw")
+    with pytest.raises(commands.Refusal, match="POPULACE_PASSWORD_REPLICAS_GPU"):
+        launch(ReplicasSpec(backend="sim", set="gpu"), with_users=True, environ=ENV)
 
 
 # --- envelopes --------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from populace.sdk.registry import resolve
 from populace.sdk.testing import check_resume
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "e2e" / "sims"))
-from lifecycle_sims import BadBirths, ForageEnv, Foragers, Wanderers
+from lifecycle_sims import BadBirths, ForageEnv, Forager, Foragers, Wanderers
 
 SURVEY = {"id": "mood", "questions": [{"id": "mood", "kind": "likert", "text": "How are you?", "points": 5}]}
 
@@ -200,6 +200,45 @@ def test_decide_s_births_and_deaths_are_the_same_on_one_host_as_on_three():
 
 def test_a_resumed_or_forked_run_has_the_living_of_its_round():
     check_resume(Foragers, {"agents": 40, "rounds": 6}, hosts=2)
+
+
+class Heir(Forager):
+    """Keeps a tuple in its state: a newcomer's, given by its birth, must stay a tuple."""
+
+    __slots__ = ("lineage",)
+    state_fields = ("age", "lineage")
+
+    def __init__(self, agent_id, persona=None, sim=None) -> None:
+        super().__init__(agent_id, persona, sim)
+        self.lineage = ()
+
+    async def turn(self, obs, llm):
+        if type(self.lineage) is not tuple:
+            raise TypeError(f"lineage came back as a {type(self.lineage).__name__}")
+        return await super().turn(obs, llm)
+
+
+class HeirEnv(ForageEnv):
+    def births(self, parents):
+        return [Birth(state={"age": 0, "lineage": (p, "child")}) for p in parents.tolist()]
+
+
+class Heirs(Foragers):
+    name = "heirs"
+    Agent = Heir
+    Env = HeirEnv
+
+
+def test_a_newcomer_s_state_comes_back_as_it_was_born_locally_resumed_and_one_per_process():
+    """A birth state travels as a checkpoint keeps a state (populace.sdk.statejson): a tuple stays
+    a tuple for the newcomer made from it, in one process, after a resume and in a process of its own."""
+    run = play(Heirs, hosts=2)
+    assert sum(run.rounds["born"]) > 0
+    assert not [e for e in run.outcomes["error"] if e], "a newcomer's tuple came back as something else"
+    check_resume(Heirs, {"agents": 40, "rounds": 6}, hosts=2)
+    alone = asyncio.run(run_local(resolve(RunConfig.model_validate({"agents": 12, "rounds": 5}), Heirs),
+                                  one_per_process=True))
+    assert not [e for e in alone.outcomes["error"] if e]
 
 
 def test_a_schedule_changes_any_simulation_and_resumes_exactly():

@@ -90,6 +90,44 @@ def test_a_batch_without_agents_carries_no_acts_or_lines():
     assert refused == [RefusedGroup(1, [], 1, 1, "acts.agent_id: agent 0 has no outcome in this batch")]
 
 
+def test_a_group_none_of_the_batchs_agents_can_be_in_is_refused_with_what_it_carries():
+    """Issue 41, attack 5: a host put its own agent in another host's group (groups of 2: agent 2
+    is in group 1) and wrote the scene's lines (speaker -1) and acts there; the run's group
+    layout now refuses the group, whatever the batch claims."""
+    pairs = TABLES.model_copy(update={"group_sizes": [2]})
+    b = batch({0: [0, 1], 7: [2]}, acts=[(0, 0), (7, 2)], lines=[(0, -1), (7, -1), (7, 2)])
+    kept, refused = check_outcomes(b, pairs)
+    assert refused == [RefusedGroup(7, [2], 1, 2, "group_ids: agent 2 cannot be in group 7 (groups of 2 consecutive "
+                                                  "ids: its is 1)")]
+    assert kept.agent_ids == [0, 1] and kept.lines.group_id == [0] and kept.acts.group_id == [0]
+    assert check_outcomes(b, TABLES)[1] == []  # a run that declared no layout: as before
+    # groups drawn again each round within blocks of 4 (two groups each): any of its block's
+    blocks = TABLES.model_copy(update={"group_sizes": [2], "group_block": 4})
+    assert check_outcomes(batch({1: [0, 3], 0: [2, 1], 2: [4, 6]}, acts=[], lines=[]), blocks)[1] == []
+    _, refused = check_outcomes(batch({1: [0, 3], 2: [2, 1]}, acts=[], lines=[]), blocks)
+    assert [(g.group_id, g.reason) for g in refused] == [
+        (2, "group_ids: agent 2 cannot be in group 2 (groups are drawn within blocks of 4 agents: its block's are "
+            "0..1)")]
+    # nested groups: each outer level's id too
+    firms = TABLES.model_copy(update={"group_sizes": [2, 4], "levels": ["firm"]})
+    nested = batch({0: [0, 1], 2: [4, 5]}, acts=[], lines=[]).model_copy(update={"levels": {"firm": [0, 0, 1, 0]}})
+    _, refused = check_outcomes(nested, firms)
+    assert [(g.group_id, g.reason) for g in refused] == [(2, "levels.firm: agent 5 cannot be in firm 0 (its is 1)")]
+
+
+def test_a_group_with_more_acts_or_lines_than_its_members_may_have_in_a_round_is_refused():
+    """A host wrote 300 batches of forged lines (72 MB of DuckDB in 4.2 s): now a group of k members
+    here carries at most 100 × k acts and 100 × k lines; each member's outcome is recorded once a
+    round, so that bounds the group's round whatever the batches."""
+    ok = batch({1: [0, 1]}, acts=[(1, 0)] * 200, lines=[(1, -1)] * 200)
+    assert check_outcomes(ok, TABLES)[1] == []
+    kept, refused = check_outcomes(batch({1: [0, 1], 2: [2]}, acts=[(1, 0)] * 201, lines=[(2, -1)] * 101), TABLES)
+    assert [(g.group_id, g.acts, g.lines, g.reason) for g in refused] == [
+        (1, 201, 0, "acts.group_id: group 1 has 201 acts in round 2, more than 100 per member (2 here)"),
+        (2, 0, 101, "lines.group_id: group 2 has 101 lines in round 2, more than 100 per member (1 here)")]
+    assert kept.agent_ids == [] and kept.acts is None and kept.lines is None
+
+
 def test_what_is_wrong_with_the_whole_batch_still_refuses_it_whole():
     with pytest.raises(BadColumns, match=r"act columns \['m'\] are not the run's \['n'\]"):
         check_outcomes(batch({1: [0]}, acts=[(1, 0)], lines=[]).model_copy(update={"acts": ActColumns(
@@ -233,3 +271,14 @@ def test_a_group_refused_from_a_forgers_batch_and_then_sent_whole_by_its_host_is
     assert store.has_refused_groups("r1") and store.completeness("r1", 1) == (8, 8)
     assert verdict(store.tallies("r1", 1), quiet_s=0, wait_s=180) == Verdict(False)
     store.close()
+
+
+def test_a_runs_tables_carry_its_group_layout_for_the_recorder_to_check():
+    from populace.sdk.registry import resolve
+
+    pairs = resolve(RunConfig(simulation="ultimatum", agents=40, rounds=1)).tables()
+    assert (pairs.group_sizes, pairs.group_block) == ([2], 100)  # pairs drawn again each round in blocks
+    fives = resolve(RunConfig(simulation="public-goods", agents=40, rounds=1)).tables()
+    assert (fives.group_sizes, fives.group_block) == ([5], None)
+    plain = resolve(RunConfig(simulation="ratio-game", agents=40, rounds=1)).tables()
+    assert (plain.group_sizes, plain.group_block) == ([], None)

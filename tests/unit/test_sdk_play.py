@@ -186,8 +186,9 @@ async def test_a_reduce_that_raises_fails_the_round_with_its_name():
 
 
 def test_a_valid_value_outside_the_declared_range_is_an_invalid_row_before_it_counts():
-    """The ratio game declares guesses in [0, 100]: a valid 150 (a simulation's bug) becomes
-    invalid, named, before the partial counts it, as the recorder would refuse the batch."""
+    """The ratio game declares guesses in [0, 100]: a valid 150 (the model's answer, let through
+    by a parser) becomes the model's invalid answer, named, before the partial counts it, as the
+    recorder would refuse the batch."""
     run = share(3)
     batches = []
     sink = OutcomeSink(type(run.sim), run.env, batch_size=10, emit=batches.append)
@@ -197,8 +198,8 @@ def test_a_valid_value_outside_the_declared_range_is_an_invalid_row_before_it_co
     result = sink.close()
     [b] = batches
     assert b.valid == [True, False, True] and b.columns["value"] == [10.0, None, 100.0]
-    assert b.errors[1] == "agent: outcome.value: 150.0 is outside the simulation's range [0, 100]"
-    assert (result.n, result.n_valid) == (3, 2)
+    assert b.errors[1] == "answer: outcome.value: 150.0 is outside the simulation's range [0, 100]"
+    assert (result.n, result.n_valid, result.n_simulation_errors) == (3, 2, 0)
 
 
 def test_the_range_check_finds_exactly_the_valid_values_outside():
@@ -209,8 +210,9 @@ def test_the_range_check_finds_exactly_the_valid_values_outside():
 
 def test_a_valid_categorical_value_outside_the_declared_options_is_an_invalid_row_before_it_counts():
     """A vote declares its ballot's options: a valid "maybe" (a parser that let the model's text
-    through) becomes invalid, named as the simulation's error, before the partial counts it —
-    as the recorder would refuse the batch. Before issue 25 it counted as a new option."""
+    through) becomes the model's invalid answer, named, before the partial counts it — as the
+    recorder would refuse the batch. Before issue 25 it counted as a new option; before issue 37
+    as the simulation's error."""
     run = share(config=RunConfig.model_validate({"simulation": "vote", "agents": 3,
                                                  "ballot": {"options": ["go", "stay"]}}))
     batches = []
@@ -221,9 +223,9 @@ def test_a_valid_categorical_value_outside_the_declared_options_is_an_invalid_ro
     result = sink.close()
     [b] = batches
     assert b.valid == [True, False, True] and b.columns["choice"] == ["go", None, "stay"]
-    assert b.errors[1] == "agent: outcome.choice: 'maybe' is not one of the simulation's options"
+    assert b.errors[1] == "answer: outcome.choice: 'maybe' is not one of the options ('go', 'stay')"
     assert b.raws[1] == "maybe"  # the text stays
-    assert (result.n, result.n_valid) == (3, 2) and result.partial.counts == [1, 1]
+    assert (result.n, result.n_valid, result.n_simulation_errors) == (3, 2, 0) and result.partial.counts == [1, 1]
 
 
 def test_declared_options_are_a_literal_columns_values_or_the_simulations_own():

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from populace.core.contracts import RunConfig
+from populace.core.contracts import MAX_ACTS_PER_MEMBER, MAX_LINES_PER_MEMBER, RunConfig
 from populace.sdk import (
     LLM,
     Agent,
@@ -312,6 +312,12 @@ class Rules(GroupEnv):
             Rules.kept = scene
         if mode == "stuck" and scene.group == 0:
             await asyncio.Event().wait()
+        if mode == "chatty":  # one line more than a round allows
+            for _ in range(MAX_LINES_PER_MEMBER * len(scene.members) + 1):
+                scene.say(None, "and another thing")
+        if mode == "busy":  # one act more than a round allows
+            for i in range(MAX_ACTS_PER_MEMBER * len(scene.members) + 1):
+                await scene.members[i % len(scene.members)].act("speak", i)
         said = []
         for i, m in enumerate((*scene.members, *scene.members)):
             act = await m.act("bug" if mode == "bug" and i == 0 else "wrong" if mode == "wrong" and i == 1
@@ -386,6 +392,17 @@ def test_a_scene_that_breaks_a_rule_fails_the_round_naming_simulation_round_and_
     slow = lambda run, n: DummyLLM(seed=0, round_=n, latency_s=0.01)  # noqa: E731 - acts overlap in time
     with pytest.raises(SceneFailed, match=rf"simulation 'conversation', round 1, group \d+: .*{message}"):
         asyncio.run(run_local(RunConfig(simulation=conversation(mode), agents=6, rounds=1), llm=slow))
+
+
+@pytest.mark.parametrize("mode, message", [
+    ("chatty", r"more than 100 lines per member \(2\) in a round"),
+    ("busy", r"more than 100 acts per member \(2\) in a round"),
+])
+def test_a_scene_acts_and_says_at_most_so_much_per_member_in_a_round(mode, message):
+    """Issue 41: the recorder refuses a group with more acts or lines than its members may have
+    in a round; a scene that would have more stops at once, naming it."""
+    with pytest.raises(SceneFailed, match=rf"simulation 'conversation', round 1, group 0: .*{message}"):
+        asyncio.run(run_local(RunConfig(simulation=conversation(mode), agents=2, rounds=1)))
 
 
 def test_a_scene_that_never_finishes_fails_once_it_waits_on_nothing_it_was_given():

@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from populace.core import bus, subjects
+from populace.core import bus, replica_hosts, subjects
 from populace.core.contracts import ReplicaInfo
 from populace.core.natsserver import EmbeddedNats
 from populace.replicas import vllm_cpu
@@ -112,7 +112,9 @@ async def registered(nats_url: str, cli: subprocess.Popen, timeout: float) -> Re
                 raise LaunchError(f"`populace replicas vllm` exited ({cli.returncode}) before registering its "
                                   f"replica; its log: {getattr(cli, 'log_path', '?')}")
             with contextlib.suppress(Exception):
-                for replica in await bus.registry_entries(js, subjects.REPLICAS_BUCKET, ReplicaInfo):
+                # named by its key, as the gateway names it in llm_calls
+                for replica in replica_hosts.bound(await bus.registry_items(js, subjects.REPLICAS_BUCKET,
+                                                                            ReplicaInfo)):
                     return replica
             await asyncio.sleep(0.5)
         raise LaunchError(f"`populace replicas vllm` registered no replica within {timeout:g}s; its log: "

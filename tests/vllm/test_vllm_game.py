@@ -12,7 +12,7 @@ import pytest
 from populace.client.prepare import prepare
 from populace.client.run import play
 from populace.client.stack import Stack
-from populace.core import bus
+from populace.core import bus, subjects
 from populace.core.contracts import RunConfig
 from populace.replicas.launch import register_forever
 
@@ -55,4 +55,4 @@ def test_ratio_game_10_agents_2_rounds_on_vllm(vllm_replica, tmp_path):
                            "sum((prompt_tokens > 0 AND completion_tokens > 0)::INT) FROM llm_calls WHERE run_id = ?",
                            [out.run_id]).fetchone()
     assert rows[0] == 20 and rows[1] == 20 and rows[3] == 20
-    assert rows[2] == [replica.replica_id]
+    assert rows[2] == [subjects.replica_key(subjects.REPLICAS_WRITER, replica.replica_id)]  # named by its key

@@ -86,6 +86,8 @@ class RatioGame(Simulation):
     prompt_version = prompts.PROMPT_VERSION
     reference_columns = ("target",)
     trend_columns = ("winner_value",)
+    # humans in the same game: Nagel (1995), first period, p = 1/2, 2/3, 4/3 (n, mean, median)
+    references = ("references/nagel-1995.csv",)
 
     def __init__(self, params: RatioParams, **kw) -> None:
         super().__init__(params, **kw)

@@ -24,6 +24,14 @@ class RuleConfig(_Section):
     # an agent is content with at least this share of like neighbours among its occupied ones
     threshold: float = Field(0.3, ge=0.0, le=1.0, allow_inf_nan=False)
     decider: Literal["rule", "llm"] = "rule"  # rule: the classic model (no model call); llm: the agent decides
+    # where a mover goes. anywhere: an empty cell drawn at random (the classic model); nearby: it
+    # claims the empty cell within `radius` with the most neighbours of its kind, and the platform
+    # grants each cell to one claimant (populace.sdk.claims); one whose cell went to another stays
+    move: Literal["anywhere", "nearby"] = "anywhere"
+    radius: StrictInt = Field(2, ge=1, le=50)  # how far (Moore, in steps) a nearby mover looks
+    # who takes a turn. everyone: every resident, every round; unhappy: only those under the
+    # threshold in the town as it stands (selected from the world: select(state, round, world))
+    ask: Literal["everyone", "unhappy"] = "everyone"
 
 
 class PromptConfig(_Section):

@@ -329,9 +329,12 @@ def usage_line(u: dict | None) -> str | None:
 
 def reference_table(rows: list[dict], title: str) -> "Table":
     """Simulated beside reference per question and group: the sample sizes, the most different
-    answer's shares (or the means), the distance and its 95% bootstrap interval."""
+    answer's shares (or the means), the distance and its 95% bootstrap interval; a file of
+    summaries figure by figure (`summary_table`)."""
     from rich.text import Text
 
+    if rows and all(r["kind"] == "summary" for r in rows):
+        return summary_table(rows, title)
     t = display.table(title=Text(title), title_justify="left")
     for col in ("question", "group", "simulated", "reference", "shares or means (sim / ref)", "distance", "value",
                 "95% bootstrap CI"):
@@ -348,4 +351,29 @@ def reference_table(rows: list[dict], title: str) -> "Table":
         t.add_row(Text(f"{name} (after round {r['round']})"), Text(r["group"]), f"{r['n_sim']:,}",
                   f"{r['n_ref']:,.0f}", Text(shown), r["distance_kind"], fmt(r["distance"]),
                   "—" if r["ci_low"] is None else f"[{fmt(r['ci_low'])}, {fmt(r['ci_high'])}]")
+    return t
+
+
+def summary_table(rows: list[dict], title: str) -> "Table":
+    """The runs' mean and median, each with its 95% interval, beside the people's published
+    figures, per reference row (its round, group and parameters)."""
+    from rich.text import Text
+
+    t = display.table(title=Text(title), title_justify="left")
+    for col in ("measure or question", "group", "figure", "run", "run's 95% CI", "people", "run n", "people n",
+                "people − run", "people's figure"):
+        t.add_column(col, justify="left" if col in ("measure or question", "group", "figure", "people's figure")
+                     else "right")
+    for r in rows:
+        params = ", ".join(f"{k} = {v}" for k, v in r["params"].items())
+        name = r["question"] if r["target"] == "question" else f"measure {r['question']}"
+        what = f"{name} (round {r['round']}{'; ' + params if params else ''})"
+        for stat in ("mean", "median"):
+            if r.get(f"{stat}_ref") is None:
+                continue
+            low, high = r.get(f"{stat}_sim_low"), r.get(f"{stat}_sim_high")
+            inside = {True: "inside", False: "outside", None: "—"}[r.get(f"{stat}_inside")]
+            t.add_row(Text(what), Text(r["group"]), stat, fmt(r.get(f"{stat}_sim")),
+                      "—" if low is None or high is None else f"[{fmt(low)}, {fmt(high)}]", fmt(r[f"{stat}_ref"]),
+                      f"{r['n_sim']:,}", f"{r['n_ref']:,}", fmt(r.get(f"{stat}_diff")), inside)
     return t

@@ -1360,5 +1360,32 @@ def auth_host(
                           f"POPULACE_NATS_PASSWORD={pw}", markup=False, highlight=False)
 
 
+@auth_app.command("replicas")
+def auth_replicas(
+    set_name: Annotated[str, typer.Argument(metavar="SET", help="the replica set's name; its NATS user is "
+                                                                "replicas-SET")],
+    conf: Annotated[Path, typer.Option(help="the NATS authorization file whose replicas user is narrowed")] = Path(
+        "deploy/nats/auth.conf"),
+    password: Annotated[str | None, typer.Option(help="default: a new random one")] = None,
+) -> None:
+    """Print a NATS user for one replica set, `replicas-SET`, allowed to write only its own keys
+    in KV `replicas` (which no other user may write, overwrite or delete), then the settings
+    `populace replicas …` runs with. Add the block to the file's `users` and reload the server."""
+    import secrets
+
+    from populace.core.replicaauth import ReplicaAuthError, set_user, user_of
+
+    if not conf.is_file():
+        fail(f"--conf: {conf} is not a file")
+    pw = password or secrets.token_urlsafe(24)
+    try:
+        block = set_user(conf.read_text(), set_name, pw)
+    except ReplicaAuthError as err:
+        fail(str(err))
+    print(block)
+    display.console.print(f"# for `populace replicas …`: POPULACE_NATS_USER={user_of(set_name)} "
+                          f"POPULACE_NATS_PASSWORD={pw}", markup=False, highlight=False)
+
+
 if __name__ == "__main__":  # pragma: no cover
     app()

@@ -218,7 +218,10 @@ def nodes_start(
     gpus: Annotated[str | None, typer.Option(help="replicas (vllm): GPU indices, one server each, e.g. 0,1")] = None,
     base_port: Annotated[int | None, typer.Option(help="replicas (vllm): first port")] = None,
     bind: Annotated[str | None, typer.Option(help="replicas: address the servers listen on")] = None,
-    advertise: Annotated[str | None, typer.Option(help="replicas: host name gateways should use")] = None,
+    advertise: Annotated[str | None, typer.Option(help="replicas: host name gateways should use (in the node's "
+                                                       "POPULACE_REPLICA_HOSTS)")] = None,
+    replica_set: Annotated[str | None, typer.Option("--set", help="replicas: the replica set, registered as its own "
+                                                                  "NATS user replicas-SET")] = None,
 ) -> None:
     """Start processes on a node: `populace nodes start NODE agent-host --count 2`,
     `… gateway`, `… replicas --backend sim --servers 4`, `… recorder`."""
@@ -237,7 +240,8 @@ def nodes_start(
                         "one_agent_per_process": one_agent_per_process, "router": router,
                         "max_workers": max_workers, "backend": backend, "servers": servers,
                         "max_concurrency": max_concurrency, "threads": threads, "ctx": ctx, "model": model,
-                        "gpus": gpu_list, "base_port": base_port, "bind": bind, "advertise": advertise})
+                        "gpus": gpu_list, "base_port": base_port, "bind": bind, "advertise": advertise,
+                        "set": replica_set})
     try:
         policy = RestartPolicy(mode=restart, max_restarts=max_restarts, backoff_s=backoff)
     except ValidationError as err:

@@ -1,6 +1,8 @@
-"""A small simulation with a world, a view and edge edits, and one bug it can be switched to, for
-the bad-input tests (issue 23): a world column of the wrong type or length, a view that raises, an
-edit naming an agent that does not exist or an edge kind not declared. Each bug strikes in round 2.
+"""A small simulation with a world, a view, edge edits, claims and an invariant, and one bug it can
+be switched to, for the bad-input tests (issues 23 and 37): a world column of the wrong type or
+length, a view that raises, an edit naming an agent that does not exist or an edge kind not
+declared, a claim on a cell that does not exist, an invariant that breaks or that raises. Each bug
+strikes in round 2.
 
 A subclass sets `bug`; the end-to-end test leaves it None and names the bug in the file that
 `BAD_INPUT_BUG_FILE` points to (read at each call, by every service): deleting the file is the
@@ -14,8 +16,9 @@ from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
+from pydantic import Field
 
-from populace.sdk import Agent, Env, Outcome, Partial, Simulation, State, Summary
+from populace.sdk import Agent, Claims, Env, Outcome, Partial, Simulation, State, Summary, invariant
 from populace.sdk.edges import follow
 from populace.sdk.env import Ints
 from populace.sdk.world import World, column
@@ -39,17 +42,20 @@ class Seen:
 class Mark(Outcome):
     score: int = 0
     follows: int = 0  # whom it followed before this round (its in-edges, restored on resume)
+    cell: int | None = None  # the cell it claims
     measure = "score"
 
 
 class Gains(Partial):
     n: int = 0
     gainers: Ints = np.zeros(0, dtype=np.int64)
+    claims: Claims = Field(default_factory=Claims)
 
 
 class Total(Summary):
     total: int = 0
     gainers: int = 0
+    granted: int = 0  # cells claimed that went to one claimant each
 
 
 class Player(Agent):
@@ -65,7 +71,10 @@ class Player(Agent):
                 edits = [follow(author, kind="like")]
             elif sim.bug() == "edge_agent":
                 edits = [follow(n + 3)]
-        return Mark(score=obs.score, follows=obs.follows, raw=str(obs.score), edits=edits or None)
+        cell = (self.id * 3 + obs.round) % sim.params.cells
+        if obs.round == BUG_ROUND and self.id == BUGGY_AGENT and sim.bug() == "claim":
+            cell = sim.params.cells + 5
+        return Mark(score=obs.score, follows=obs.follows, cell=cell, raw=str(obs.score), edits=edits or None)
 
 
 class BoardEnv(Env[State, Gains]):
@@ -82,23 +91,37 @@ class BoardEnv(Env[State, Gains]):
             raise KeyError(f"no such post for agent {agent_id}")
         return Seen(round, int(world.score[agent_id]), len(self.sim.following(agent_id)))
 
+    @invariant("no score below zero")
+    def scores(self, state: State, world: Board):
+        if self.sim.bug() == "invariant_raises" and getattr(self, "decided", 0) == BUG_ROUND:
+            raise ZeroDivisionError("division by zero")
+        return np.flatnonzero(world.score < 0)
+
     def reduce(self, ids, outs) -> Gains:
         return Gains(n=len(ids), gainers=np.asarray([a for a, o in zip(ids, outs) if (o.score + a + o.follows) % 3 == 0],
-                                                    dtype=np.int64))
+                                                    dtype=np.int64),
+                     claims=Claims.of(ids, [o.cell for o in outs]))
 
     def merge(self, parts) -> Gains:
         return Gains(n=sum(p.n for p in parts),
-                     gainers=np.concatenate([p.gainers for p in parts]) if parts else np.zeros(0, dtype=np.int64))
+                     gainers=np.concatenate([p.gainers for p in parts]) if parts else np.zeros(0, dtype=np.int64),
+                     claims=Claims.merge(p.claims for p in parts))
 
     def decide(self, state: State, round: int, total: Gains, world: Board):
+        self.decided = round  # the invariant's bug strikes after this round
         gainers = np.sort(total.gainers)
         score = world.score.copy()
         score[gainers] += round
+        won = total.claims.grant(world.sizes["cells"], seed=self.sim.seed, round=round, what="cell")
+        score[won.agent] += 1
+        if round == BUG_ROUND and self.sim.bug() == "invariant":
+            score[[BUGGY_AGENT, 11]] = -1
         if round == BUG_ROUND and self.sim.bug() == "world_type":
             return state, Total(total=int(score.sum())), world.replace(score=score + 0.5)
         if round == BUG_ROUND and self.sim.bug() == "world_length":
             return state, Total(total=int(score.sum())), world.replace(score=score[:-1])
-        return state, Total(total=int(score.sum()), gainers=int(gainers.size)), world.replace(score=score)
+        return (state, Total(total=int(score.sum()), gainers=int(gainers.size), granted=len(won)),
+                world.replace(score=score))
 
 
 class LedgerParams(Simulation.Params):

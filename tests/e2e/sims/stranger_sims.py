@@ -119,3 +119,24 @@ class Forgetful(Walk):
     Agent = ForgetfulWalker
     outcome_table = "forgetful_walk_outcomes"
     summary_table = "forgetful_walk_rounds"
+
+
+class RollingWalker(Walker):
+    """Saves a random.Random (unannotated, so the class check cannot see it): no checkpoint can
+    rebuild one, so the fleet's first checkpoint pauses the run naming the field and agent."""
+
+    __slots__ = ("rng",)
+    state_fields = ("score", "rng")
+
+    def __init__(self, agent_id, persona=None, sim=None) -> None:
+        super().__init__(agent_id, persona, sim)
+        import random
+
+        self.rng = random.Random(agent_id)
+
+
+class Rolling(Walk):
+    name = "rolling-walk"
+    Agent = RollingWalker
+    outcome_table = "rolling_walk_outcomes"
+    summary_table = "rolling_walk_rounds"

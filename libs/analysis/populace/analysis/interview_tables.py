@@ -25,4 +25,10 @@ CREATE TABLE IF NOT EXISTS interview_requests (
     placed_at TIMESTAMP, recorded_at TIMESTAMP
 );
 CREATE TABLE IF NOT EXISTS _interview_orders (run_id VARCHAR, request VARCHAR, host_id VARCHAR, ranges JSON);
+-- what each order asks (its survey, the round after which, whom of its ranges): an answer batch is
+-- checked against it, never against the first batch that came
+ALTER TABLE _interview_orders ADD COLUMN IF NOT EXISTS after_round INTEGER;
+ALTER TABLE _interview_orders ADD COLUMN IF NOT EXISTS survey JSON;
+ALTER TABLE _interview_orders ADD COLUMN IF NOT EXISTS sample DOUBLE;
+ALTER TABLE _interview_orders ADD COLUMN IF NOT EXISTS agents JSON;
 """

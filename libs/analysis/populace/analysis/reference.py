@@ -6,7 +6,7 @@ asked (column `question`, and optionally `survey`), or the values of a run's out
 histogram (`answer` and `count`), optionally per group (columns named by persona attributes,
 listed as the file's groups) and for a given round (`round`). It says where the data come from:
 
-    # citation: Nagel, R. (1995). Unraveling in Guessing Games. AER 85(5), 1313-1326. Table 1.
+    # citation: a survey's own citation
     # groups: education
     question,education,answer,count
     trust,Ph.D.,3,41
@@ -14,22 +14,28 @@ listed as the file's groups) and for a given round (`round`). It says where the 
 
 (Parquet: the same as key-value metadata `citation`, `groups`, `synthetic`.) A file with no
 citation is refused; a test fixture says `# synthetic: <why>` instead, and every output names it
-synthetic. Populace ships no reference of its own: none whose primary source could be checked
-here.
+synthetic. Reading a file (streamed, within limits: populace.analysis.reference_file) is apart
+from comparing it; docs/populations-and-reports.md has the format with an example of each kind.
 
 `compare(con, run_id, reference)` puts the run beside it per question and group: the two
 distributions, a distance — total variation (½ Σ |p − q|) for options, Wasserstein-1 (the mean
 absolute difference of the quantile functions, in the answer's units) for numbers — and a 95%
-bootstrap interval of that distance (both samples resampled, `BOOTSTRAP` times, seeded)."""
+bootstrap interval of that distance (both samples resampled, `BOOTSTRAP` times, seeded). A file of
+summaries (a published table's n, mean, median, sd) is compared figure by figure: the run's mean
+with its Student-t interval and its median with a distribution-free interval, beside the
+people's (their mean's interval too when the file gives `sd`).
+
+A row about run parameters (`param.game.ratio` …) is compared with the runs whose parameters
+match it (numbers and fractions by value: 2/3 is 2/3), so one file holds a study's treatments.
+A simulation ships its own references (`Simulation.references`: files in its package, e.g. the
+ratio game's Nagel 1995 first-period summaries); `builtin_references` finds them for a run."""
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 
 import duckdb
@@ -38,132 +44,15 @@ from scipy.stats import wasserstein_distance
 
 from populace.analysis.queries.attribute_groups import NONE_GROUP, _json_path, _labels_for, _parse_attr
 from populace.analysis.queries.lookup import _check_runs, tables_of
-from populace.analysis.stats import AnalysisError
+from populace.analysis.reference_file import Reference, ReferenceError, answer_text, load_reference
+from populace.analysis.stats import histogram_summary
+from populace.analysis.tables import run_tables
+
+__all__ = ["BOOTSTRAP", "Reference", "ReferenceError", "bootstrap", "builtin_references", "compare", "distance",
+           "load_reference", "matching"]
 
 BOOTSTRAP = 1000
 LEVEL = 0.95
-KNOWN = ("question", "measure", "survey", "round", "answer", "count")
-MAX_ROWS = 5_000_000
-
-
-class ReferenceError(AnalysisError):
-    """A reference file that cannot be used; the message names the file and the column or key."""
-
-
-@dataclass
-class Reference:
-    path: str
-    citation: str | None
-    synthetic: str | None  # why a fixture is synthetic (None: real data, cited)
-    groups: list[str]
-    # (target kind "question"/"measure", target, survey or None, round or None, group values) -> answer -> count
-    counts: dict[tuple, dict[str, float]] = field(default_factory=dict)
-
-    @property
-    def label(self) -> str:
-        return f"SYNTHETIC ({self.synthetic})" if self.synthetic else (self.citation or "")
-
-
-def _meta_csv(text: str) -> tuple[dict[str, str], str, int]:
-    """The leading `# key: value` lines, the CSV after them, and how many lines they took."""
-    meta: dict[str, str] = {}
-    lines = text.splitlines(keepends=True)
-    i = 0
-    while i < len(lines) and (lines[i].startswith("#") or not lines[i].strip()):
-        line = lines[i].lstrip("#").strip()
-        if ":" in line:
-            key, _, value = line.partition(":")
-            meta[key.strip().lower()] = value.strip()
-        i += 1
-    return meta, "".join(lines[i:]), i
-
-
-def load_reference(path: str | Path) -> Reference:
-    """Read and check a reference file (see the module). ReferenceError naming what is wrong."""
-    p = Path(path)
-    where = f"--reference {p}"
-    if not p.exists():
-        raise ReferenceError(f"{where}: no such file")
-    if p.suffix.lower() == ".parquet":
-        import pyarrow.parquet as pq
-
-        try:
-            table = pq.read_table(p)
-        except Exception as err:
-            raise ReferenceError(f"{where}: not a Parquet file ({err})") from None
-        meta = {k.decode().lower(): v.decode() for k, v in (table.schema.metadata or {}).items()
-                if not k.startswith(b"ARROW") and not k.startswith(b"pandas")}
-        columns = table.column_names
-        rows = [dict(zip(columns, r)) for r in zip(*(table.column(c).to_pylist() for c in columns))]
-        first = 1  # rows are numbered from 1
-    elif p.suffix.lower() == ".csv":
-        try:
-            meta, body, skipped = _meta_csv(p.read_text(encoding="utf-8"))
-        except UnicodeDecodeError as err:
-            raise ReferenceError(f"{where}: not UTF-8 text (byte {err.start})") from None
-        reader = csv.DictReader(io.StringIO(body))
-        columns = [c.strip() for c in reader.fieldnames or []]
-        rows = [{k.strip(): v for k, v in r.items() if k is not None} for r in reader]
-        first = skipped + 2  # the file's line of the first data row (after the header)
-    else:
-        raise ReferenceError(f"{where}: a reference is a .csv or .parquet file")
-    if len(rows) > MAX_ROWS:
-        raise ReferenceError(f"{where}: {len(rows):,} rows, over {MAX_ROWS:,} (give a histogram: answer, count)")
-    citation, synthetic = meta.get("citation") or None, meta.get("synthetic") or None
-    if citation is None and synthetic is None:
-        raise ReferenceError(f"{where}: citation: the file names no source of its data (a first line "
-                             "`# citation: …`, or Parquet metadata `citation`); a made-up fixture says "
-                             "`# synthetic: why` instead")
-    groups = [g.strip() for g in (meta.get("groups") or "").split(",") if g.strip()]
-    unknown = [c for c in columns if c not in KNOWN and c not in groups]
-    if unknown:
-        raise ReferenceError(f"{where}: column {unknown[0]!r} is not one of {', '.join(KNOWN)} nor a group the file "
-                             f"lists (`# groups: {unknown[0]}`)")
-    missing = [g for g in groups if g not in columns]
-    if missing:
-        raise ReferenceError(f"{where}: groups: {missing[0]!r} is listed but is not a column")
-    if ("question" in columns) == ("measure" in columns):
-        raise ReferenceError(f"{where}: give one of the columns `question` (an interview's) or `measure` (the "
-                             "run's outcome measure)")
-    if "answer" not in columns:
-        raise ReferenceError(f"{where}: column `answer` is missing (each person's answer, or a histogram's value)")
-    target = "question" if "question" in columns else "measure"
-    ref = Reference(str(p), citation, synthetic, groups)
-    for i, r in enumerate(rows, start=first):
-        at = f"{where}, {'line' if p.suffix.lower() == '.csv' else 'row'} {i}"
-        name, answer = r.get(target), r.get("answer")
-        if name in (None, "") or answer in (None, ""):
-            raise ReferenceError(f"{at}: `{target}` and `answer` must not be empty")
-        count = 1.0
-        if "count" in columns:
-            try:
-                count = float(r["count"])
-            except (TypeError, ValueError):
-                raise ReferenceError(f"{at}: count: {r['count']!r} is not a number") from None
-            if not math.isfinite(count) or count < 0:
-                raise ReferenceError(f"{at}: count: {r['count']!r} is negative (or not finite); counts are >= 0")
-        rnd = r.get("round")
-        if rnd not in (None, ""):
-            try:
-                rnd = int(rnd)
-            except (TypeError, ValueError):
-                raise ReferenceError(f"{at}: round: {r['round']!r} is not a round number") from None
-        else:
-            rnd = None
-        key = (target, str(name), (r.get("survey") or None), rnd,
-               tuple(str(r[g]) if r.get(g) not in (None, "") else NONE_GROUP for g in groups))
-        cell = ref.counts.setdefault(key, {})
-        text = _answer_text(answer)
-        cell[text] = cell.get(text, 0.0) + count
-    if not ref.counts:
-        raise ReferenceError(f"{where}: no rows")
-    return ref
-
-
-def _answer_text(x: object) -> str:
-    if isinstance(x, float) and x.is_integer():
-        return str(int(x))
-    return str(x).strip()
 
 
 def _numeric(values: Sequence[str]) -> np.ndarray | None:
@@ -216,7 +105,7 @@ def bootstrap(kind: str, sim: dict[str, float], ref: dict[str, float], n: int = 
 def _simulated(con: duckdb.DuckDBPyConnection, run_ids: list[str], key: tuple, groups: list[str]
                ) -> tuple[str, dict[tuple, dict[str, float]], int | None]:
     """(kind, group values -> answer -> count, round) of the runs' answers the reference row names."""
-    target, name, survey, rnd, _ = key
+    target, name, survey, rnd = key[:4]
     if target == "question":
         where = "question = $name" + (" AND survey = $survey" if survey else "")
         params: dict = {"runs": run_ids, "name": name, **({"survey": survey} if survey else {})}
@@ -265,7 +154,7 @@ def _simulated(con: duckdb.DuckDBPyConnection, run_ids: list[str], key: tuple, g
         labelers.append(lambda t, m=mapping, h=hashable: m[h[t]] if t in h else NONE_GROUP)
     for r in rows:
         label = tuple(labelers[i](r[i]) for i in range(len(groups)))
-        value = _answer_text(r[len(groups)])
+        value = answer_text(r[len(groups)])
         cell = out.setdefault(label, {})
         cell[value] = cell.get(value, 0.0) + float(r[-1])
     return kind, out, rnd
@@ -275,23 +164,23 @@ def compare(con: duckdb.DuckDBPyConnection, run_ids: str | Sequence[str], refere
             n_boot: int = BOOTSTRAP) -> list[dict]:
     """One dict per reference question (or measure) and group: ``question, survey, round, group,
     kind, n_sim, n_ref, simulated, reference`` (answer -> share), ``mean_sim, mean_ref``
-    (numbers), ``distance_kind, distance, ci_low, ci_high`` and the reference's ``source``."""
+    (numbers), ``distance_kind, distance, ci_low, ci_high`` and the reference's ``source``. For a
+    file of summaries, ``kind`` "summary" and the figures (see `_summary_rows`). Only the rows
+    about the runs' parameters (`matching`); ReferenceError when none is."""
     run_ids = _check_runs(con, [run_ids] if isinstance(run_ids, str) else run_ids)
+    rows = matching(con, run_ids, reference)
+    if reference.summaries:
+        return _summary_rows(con, run_ids, reference, rows)
     out: list[dict] = []
     cache: dict[tuple, tuple] = {}
-    for key, ref_counts in sorted(reference.counts.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
-        target, name, survey, rnd, group = key
+    for key in rows:
+        ref_counts = reference.counts[key]
+        target, name, survey, rnd, group, params = key
         head = (target, name, survey, rnd)
         if head not in cache:
-            cache[head] = _simulated(con, run_ids, (*head, group), reference.groups)
+            cache[head] = _simulated(con, run_ids, key, reference.groups)
         kind, sim_by_group, used_round = cache[head]
-        if reference.groups:
-            sim = sim_by_group.get(group, {})
-        else:
-            sim = {}
-            for cell in sim_by_group.values():
-                for k, v in cell.items():
-                    sim[k] = sim.get(k, 0.0) + v
+        sim = _of_group(sim_by_group, group, reference.groups)
         ns, nr = sum(sim.values()), sum(ref_counts.values())
         d = distance(kind, sim, ref_counts)
         low, high = bootstrap(kind, sim, ref_counts, n_boot) if d is not None else (None, None)
@@ -300,10 +189,146 @@ def compare(con: duckdb.DuckDBPyConnection, run_ids: str | Sequence[str], refere
                "simulated": {k: v / ns for k, v in sim.items()} if ns else {},
                "reference": {k: v / nr for k, v in ref_counts.items()} if nr else {},
                "distance_kind": "total variation" if kind == "options" else "Wasserstein-1",
-               "distance": d, "ci_low": low, "ci_high": high, "source": reference.label}
+               "distance": d, "ci_low": low, "ci_high": high, "source": reference.label, "params": dict(params)}
         if kind == "number":
             for side, counts, n in (("mean_sim", sim, ns), ("mean_ref", ref_counts, nr)):
                 xs = _numeric(list(counts))
                 row[side] = float(np.dot(xs, list(counts.values())) / n) if xs is not None and n else None
         out.append(row)
     return out
+
+
+def _of_group(sim_by_group: dict[tuple, dict[str, float]], group: tuple, groups: list[str]) -> dict[str, float]:
+    if groups:
+        return sim_by_group.get(group, {})
+    sim: dict[str, float] = {}
+    for cell in sim_by_group.values():
+        for k, v in cell.items():
+            sim[k] = sim.get(k, 0.0) + v
+    return sim
+
+
+def _summary_rows(con: duckdb.DuckDBPyConnection, run_ids: list[str], reference: Reference,
+                  keys: list[tuple]) -> list[dict]:
+    """Per summary row: ``kind`` "summary", the runs' ``n_sim``, ``mean_sim`` with ``mean_sim_low``,
+    ``mean_sim_high`` (Student-t 95%), ``median_sim`` with ``median_sim_low``, ``median_sim_high``
+    (the order statistics that bound it with ≥ 95%), ``sd_sim``; the people's ``n_ref``,
+    ``mean_ref``, ``median_ref``, ``sd_ref`` (None where the file gives none) and their mean's
+    interval when it gives `sd`; ``mean_diff``, ``median_diff`` (people − run) and whether the
+    people's figure lies in the run's interval (``mean_inside``, ``median_inside``)."""
+    out: list[dict] = []
+    cache: dict[tuple, tuple] = {}
+    for key in keys:
+        figures = reference.summaries[key]
+        target, name, survey, rnd, group, params = key
+        head = (target, name, survey, rnd)
+        if head not in cache:
+            cache[head] = _simulated(con, run_ids, key, reference.groups)
+        kind, sim_by_group, used_round = cache[head]
+        what = f"{target} {name!r}"
+        if kind != "number":
+            raise ReferenceError(f"{what}: a summary (mean, median) compares numbers; the runs' answers are {kind}")
+        sim = _of_group(sim_by_group, group, reference.groups)
+        xs = _numeric(list(sim))
+        run = histogram_summary(xs if xs is not None else np.zeros(0), np.array(list(sim.values()), dtype=float))
+        n_ref, sd_ref = int(figures["n"] or 0), figures["sd"]
+        mean_ref, median_ref = figures["mean"], figures["median"]
+        ref_low = ref_high = None
+        if sd_ref is not None and mean_ref is not None and n_ref >= 2:
+            from populace.analysis.stats import t_interval
+
+            ref_low, ref_high = t_interval(mean_ref, sd_ref, n_ref)
+        row = {"target": target, "question": name, "survey": survey, "round": used_round,
+               "group": " · ".join(group) if group else "all", "kind": "summary", "params": dict(params),
+               "source": reference.label, "n_sim": run["n"], "n_ref": n_ref,
+               "mean_sim": run["mean"], "mean_sim_low": run["mean_low"], "mean_sim_high": run["mean_high"],
+               "median_sim": run["median"], "median_sim_low": run["median_low"],
+               "median_sim_high": run["median_high"], "sd_sim": run["sd"],
+               "mean_ref": mean_ref, "median_ref": median_ref, "sd_ref": sd_ref, "mean_ref_low": ref_low,
+               "mean_ref_high": ref_high}
+        for fig in ("mean", "median"):
+            ref_value, sim_value = row[f"{fig}_ref"], row[f"{fig}_sim"]
+            low, high = row[f"{fig}_sim_low"], row[f"{fig}_sim_high"]
+            row[f"{fig}_diff"] = ref_value - sim_value if ref_value is not None and sim_value is not None else None
+            row[f"{fig}_inside"] = (low <= ref_value <= high) if None not in (ref_value, low, high) else None
+        out.append(row)
+    return out
+
+
+# --- which rows are about these runs -------------------------------------------------------------
+
+def matching(con: duckdb.DuckDBPyConnection, run_ids: list[str], reference: Reference) -> list[tuple]:
+    """The reference's rows (keys, in a stable order) whose `param.<path>` values equal every run's
+    parameters; ReferenceError naming the parameters when none does."""
+    keys = sorted({*reference.counts, *reference.summaries}, key=lambda k: tuple(str(x) for x in k))
+    if not reference.params:
+        return keys
+    runs = [run_tables(con, rid).params for rid in run_ids]
+    kept = [k for k in keys if all(_same(_dig(p, path), text) for p in runs for path, text in k[5])]
+    if not kept:
+        theirs = "; ".join(f"{path} = {', '.join(_shown(_dig(p, path)) for p in runs)}" for path in reference.params)
+        offered = sorted({f"{path} {text}" for k in keys for path, text in k[5]})
+        raise ReferenceError(f"no row of {reference.label or reference.path} is about these runs' parameters "
+                             f"({theirs}); its rows are about {', '.join(offered)}")
+    return kept
+
+
+_MISSING = object()
+
+
+def _dig(params: dict, path: str) -> object:
+    value: object = params
+    for part in path.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return _MISSING
+        value = value[part]
+    return value
+
+
+def _shown(value: object) -> str:
+    return "(not set)" if value is _MISSING else str(value)
+
+
+def _number(value: object) -> Fraction | float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return Fraction(value)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, str):
+        try:
+            return Fraction(value.strip())
+        except (ValueError, ZeroDivisionError):
+            return None
+    return None
+
+
+def _same(value: object, text: str) -> bool:
+    """A run's parameter equals a row's: as numbers (fractions exactly, a float to 1e-9) or as text."""
+    if value is _MISSING:
+        return False
+    a, b = _number(value), _number(text)
+    if a is not None and b is not None:
+        if isinstance(a, Fraction) and isinstance(b, Fraction):
+            return a == b
+        return abs(float(a) - float(b)) <= 1e-9 * max(1.0, abs(float(b)))
+    return answer_text(value) == text
+
+
+# --- references a simulation ships ----------------------------------------------------------------
+
+def builtin_references(con: duckdb.DuckDBPyConnection, run_id: str) -> list[Reference]:
+    """The reference files the run's simulation ships (`Simulation.references`, paths beside its
+    module), read and checked like any other; none when its class cannot be loaded here."""
+    import inspect
+
+    from populace.sdk.registry import load_simulation
+
+    name = run_tables(con, run_id).spec.simulation
+    try:
+        sim = load_simulation(name)
+    except Exception:  # not installed here: the report says so elsewhere
+        return []
+    base = Path(inspect.getfile(sim)).parent
+    return [load_reference(base / path) for path in getattr(sim, "references", ())]

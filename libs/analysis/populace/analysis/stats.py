@@ -111,3 +111,54 @@ def share_ci(k: int, n: int, level: float = 0.95) -> dict:
     interval (see ``wilson_interval``); share, low and high are ``None`` for n == 0."""
     low, high = wilson_interval(k, n, level)
     return {"share": k / n if n else None, "low": low, "high": high, "k": int(k), "n": int(n), "level": level}
+
+
+def median_ranks(n: int, level: float = 0.95) -> tuple[int, int] | None:
+    """The 1-based ranks (j, k) of the order statistics that bound a distribution-free confidence
+    interval of a median, [x_(j), x_(k)], with coverage at least `level`: the number of values
+    below the true median is Binomial(n, ½), so P(j <= B < k) = P(x_(j) <= median < x_(k)). None
+    when n is too small for any such interval (n < 6 at 95%)."""
+    _check_level(level)
+    if n < 1:
+        return None
+    alpha = 1 - level
+    j = int(_st.binom.ppf(alpha / 2, n, 0.5))  # the largest j with P(B < j) <= α/2 …
+    while j > 0 and _st.binom.cdf(j - 1, n, 0.5) > alpha / 2:
+        j -= 1
+    while _st.binom.cdf(j, n, 0.5) <= alpha / 2:
+        j += 1
+    k = n - j + 1  # symmetric
+    if j < 1 or k > n or j >= k:
+        return None
+    return j, k
+
+
+def histogram_summary(values: np.ndarray, weights: np.ndarray, level: float = 0.95) -> dict:
+    """``{"n", "mean", "mean_low", "mean_high", "median", "median_low", "median_high", "sd"}`` of a
+    sample given as distinct values and their counts: the mean with its Student-t interval, the
+    median (the midpoint of the two middle values for an even n) with its distribution-free
+    order-statistic interval (`median_ranks`). Whole counts; None where n is too small."""
+    _check_level(level)
+    order = np.argsort(values, kind="stable")
+    xs, ws = np.asarray(values, dtype=float)[order], np.asarray(weights, dtype=float)[order]
+    keep = ws > 0
+    xs, ws = xs[keep], ws[keep]
+    n = round(float(ws.sum()))
+    out: dict = dict.fromkeys(("mean", "mean_low", "mean_high", "median", "median_low", "median_high", "sd"))
+    out["n"] = n
+    if n == 0:
+        return out
+    cum = np.cumsum(ws)
+
+    def at(rank: int) -> float:  # the rank-th smallest value, 1-based
+        return float(xs[int(np.searchsorted(cum, rank - 0.5))])
+
+    mean = float(np.dot(xs, ws) / n)
+    sd = float(math.sqrt(np.dot(ws, (xs - mean) ** 2) / (n - 1))) if n >= 2 else None
+    low, high = t_interval(mean, sd, n, level)
+    out.update(mean=mean, mean_low=low, mean_high=high, sd=sd,
+               median=(at((n + 1) // 2) + at(n // 2 + 1)) / 2)
+    ranks = median_ranks(n, level)
+    if ranks is not None:
+        out.update(median_low=at(ranks[0]), median_high=at(ranks[1]))
+    return out

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import httpx
 
-from populace.core import bus, subjects
+from populace.core import bus, replica_hosts, subjects
 from populace.core.contracts import SELF_REGISTERING, ModelEndpoint, ReplicaInfo
+from populace.core.settings import Settings
 
 PROBE_TIMEOUT_S = 10.0
 
@@ -67,7 +68,9 @@ async def fleet_refusal(nc, models: list[ModelEndpoint]) -> str | None:
     waiting = [(i, m) for i, m in enumerate(models) if m.base_url is None and m.kind in SELF_REGISTERING]
     if not waiting:
         return None
-    entries = await bus.registry_entries(nc.jetstream(), subjects.REPLICAS_BUCKET, ReplicaInfo, fresh_within_s=30.0)
+    entries = replica_hosts.bound(await bus.registry_items(nc.jetstream(), subjects.REPLICAS_BUCKET, ReplicaInfo,
+                                                           fresh_within_s=30.0),
+                                  replica_hosts.parse(Settings().replica_hosts))
     served = {e.serves for e in entries if e.serves}
     for i, m in waiting:
         if m.name not in served:

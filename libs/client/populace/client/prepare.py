@@ -28,7 +28,14 @@ from populace.population.cast import Cast, cast_from_records
 from populace.population.jsonl import read_personas
 from populace.population.model_assignment import AssignmentError, assignment
 from populace.population.model_assignment import counts as model_counts
-from populace.sdk.registry import Resolved, distribution, load_simulation, resolve, resolved_data
+from populace.sdk.registry import (
+    Resolved,
+    check_world_selection,
+    distribution,
+    load_simulation,
+    resolve,
+    resolved_data,
+)
 from populace.sdk.simulation import Simulation, SimulationError
 
 # The packages whose versions decide what a run does (plus the simulation's own).
@@ -196,6 +203,10 @@ def checked(config: RunConfig) -> Resolved:
     except SimulationError as err:
         raise ScenarioError(_named(err)) from None
     check_memory(resolved)
+    try:  # a selection that reads the world: round 1's world is built, once it is known to fit
+        check_world_selection(resolved)
+    except ValueError as err:
+        raise ScenarioError(str(err)) from None
     return resolved
 
 
@@ -311,10 +322,7 @@ def _with_graph(config: RunConfig, agents: int, records: list[dict],
     """Build the run's graph for its `agents` (checked first: GraphError names the field, a bad
     edge-list row is refused here, before anything starts) and number the agents along it: the
     personas follow their agents, so the personas file is written again in the new order."""
-    assert config.graph is not None
-    if config.placement.agents_per_process == 1:
-        raise ScenarioError("graph: agents talk through in-process inboxes; placement.agents_per_process: 1 "
-                            "runs each agent in its own process and cannot have a graph")
+    assert config.graph is not None  # and not one agent per process: RunConfig refuses that (GRAPH_ONE_PER_PROCESS)
     graph = prepare_graph(config.graph.spec, agents, seed=config.seed, placement=config.graph.placement,
                           records=records or None, base=base)
     if graph.order is not None and records:

@@ -14,7 +14,7 @@ from nats.aio.client import Client
 from nats.js.errors import KeyNotFoundError
 from pydantic import ValidationError
 
-from populace.core import bus, objects, subjects
+from populace.core import bus, objects, replica_hosts, subjects
 from populace.core.contracts import (
     Budget,
     HostSpawned,
@@ -34,6 +34,7 @@ from populace.core.contracts import (
     RunStarted,
     RunState,
 )
+from populace.core.settings import Settings
 
 EVENT_MODELS = {
     "started": RunStarted, "spawned": HostSpawned, "round.open": RoundOpen, "resumed": RunResumed,
@@ -69,7 +70,8 @@ async def replica_identities(js, backend: str) -> list[dict]:
     """Which replicas (and model ids) serve `backend` right now: the manifest's model identity."""
     if backend == "dummy":
         return []
-    entries = await bus.registry_entries(js, subjects.REPLICAS_BUCKET, ReplicaInfo)
+    entries = replica_hosts.bound(await bus.registry_items(js, subjects.REPLICAS_BUCKET, ReplicaInfo),
+                                  replica_hosts.parse(Settings().replica_hosts))  # those a gateway like it calls
     return sorted(({"replica_id": r.replica_id, "kind": r.kind, "model": r.model}
                    for r in entries if r.backend == backend), key=lambda r: r["replica_id"])
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import psutil
 
-from populace.core import bus, subjects
+from populace.core import bus, replica_hosts, subjects
 from populace.core.contracts import HostInfo, ReplicaInfo, ServiceInfo
 from populace.core.natsserver import EmbeddedNats, free_port
 from populace.core.processes import guarded, stop_all, uninterrupted
@@ -146,8 +146,10 @@ class Stack:
         for key, args in self.extra.items():
             # --nats goes before a `--` (what follows it is passed through to another program)
             cut = args.index("--") if "--" in args else len(args)
-            # `populace replicas …` registers as the `replicas` user (deploy/nats/auth.conf)
-            user = self._user("replicas") if args[:1] == ["replicas"] else {}
+            # `populace replicas …` registers as the `replicas` user (deploy/nats/auth.conf), or as a
+            # replica set's own user named like the process (`replicas-<set>`) if the stack has one
+            user = (self._user(key if self.users and key in self.users else "replicas") if args[:1] == ["replicas"]
+                    else {})
             self._spawn(key, ["-m", "populace.cli", *args[:cut], "--nats", self.url, *args[cut:]], {**base, **user})
         return self
 
@@ -254,7 +256,7 @@ class Stack:
                             if counted(s.pid)}
                     hosts = [h for h in await bus.registry_entries(js, subjects.HOSTS_BUCKET, HostInfo)
                              if counted(h.pid)]
-                    reps = (await bus.registry_entries(js, subjects.REPLICAS_BUCKET, ReplicaInfo)
+                    reps = (replica_hosts.bound(await bus.registry_items(js, subjects.REPLICAS_BUCKET, ReplicaInfo))
                             if self.replicas else [])
                 except Exception:
                     svcs, hosts, reps = set(), [], []

@@ -179,6 +179,7 @@ def table(text: str) -> str:
     """deploy/AUTH.md's table of what each user may publish, subscribe and call, every grant of
     the config once; and the row of a host's own user (`populace auth host <id>`)."""
     from populace.core.hostauth import host_user
+    from populace.core.replicaauth import set_user
 
     lines = [TABLE_BEGIN,
              "| User | Publishes | Subscribes | JetStream API, by stream | Writes (KV, object stores) | Denied "
@@ -190,6 +191,10 @@ def table(text: str) -> str:
             block = host_user(text, "HOSTID", "-").replace("HOSTID", "<id>")
             lines.append(row(users(f"authorization {{ users = [ {block} ] }}")["<id>"],
                              "a host's own user, `<id>` (`populace auth host <id>`)"))
+        if u.name == "replicas":
+            block = set_user(text, "SET", "-").replace("replicas-SET", "replicas-<set>")
+            lines.append(row(users(f"authorization {{ users = [ {block} ] }}")["replicas-<set>"],
+                             "a replica set's own user, `replicas-<set>` (`populace auth replicas <set>`)"))
     lines.append(TABLE_END)
     return "\n".join(lines)
 

@@ -11,45 +11,44 @@ and `builds_on`, the name and sha256 of that previous checkpoint. A restore reso
 back to its full base, verifying every link by the digest the next link carries (the head by
 the one its round recorded), so a delta is exactly as trustworthy as a full checkpoint. Fields
 named in `round_fields` (a round's posts) belong to the head's round only: an agent not in the
-head has none. The object's description lists the chain's names (`needs`): pruning keeps them.
+head has none. The object's metadata lists the chain's names (`needs`): pruning keeps them.
 
-Every object is bound to its writer: a host reports the sha256 of each object it stored in its
-round partial, the environment carries those (and its own object's) in the round result, and
-the orchestrator keeps each share's own ranges' in KV `runs`, which only it may write. Any
-host may write the bucket (object names cannot be narrowed per host), so a restore reads an
-object only against the digest recorded for it: one that was changed, or whose digest nobody
-recorded, is never used (`CheckpointUnverified`)."""
+Every object is bound to its writer (populace.core.owned_objects): its metadata is on a subject
+only its writer's NATS user may publish, and a reader looks for it under the writer it expects
+— the share's host for an agents' object (the restore names it: `Restore.writers`), the
+environment for its own state and worlds, the orchestrator for configs, a partial's host for a
+partial — so a newest version forged under another user's token is never looked at. And a
+host reports the sha256 of each object it stored in its round partial, the environment carries
+those (and its own object's) in the round result, and the orchestrator keeps each share's own
+ranges' in KV `runs`, which only it may write: a restore reads an object only against the digest
+recorded for it (`CheckpointUnverified` otherwise)."""
 
 from __future__ import annotations
 
-import base64
 import hashlib
-import json
-import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Literal, NamedTuple
 
 from nats.js import JetStreamContext
-from nats.js.api import ObjectInfo, ObjectMetaOptions
-from nats.js.errors import NotFoundError, ObjectNotFoundError
-from nats.js.object_store import (
-    OBJ_DEFAULT_CHUNK_SIZE,
-    OBJ_DIGEST_TEMPLATE,
-    OBJ_META_PRE_TEMPLATE,
-    OBJ_STREAM_TEMPLATE,
-)
 from pydantic_core import from_json, to_json
 
 from populace.core import subjects
-from populace.core.bus import unless_reconnected, until_ready
+from populace.core.bus import run_writers, stream_subjects, unless_reconnected, until_ready
 from populace.core.contracts import LivingRef, WorldRef
-from populace.core.objects import read_object
+from populace.core.owned_objects import (
+    CheckpointError,
+    CheckpointMissing,
+    CheckpointUnavailable,
+    StoreFull,
+    locate,
+    read_meta,
+    read_object,
+    strays,
+    write_object,
+)
 
-
-class CheckpointError(RuntimeError):
-    """A checkpoint is missing or unreadable."""
+__all__ = ["CheckpointError", "CheckpointMissing", "CheckpointUnavailable", "CheckpointUnverified", "StoreFull"]
 
 
 class CheckpointUnverified(CheckpointError):
@@ -70,76 +69,63 @@ def digest(data: bytes) -> str:
 # the round gives up on it.
 ATTEMPTS = 35
 
-
-CHUNK_BYTES = OBJ_DEFAULT_CHUNK_SIZE
-
-
-def _b64(name: str) -> str:
-    return base64.urlsafe_b64encode(name.encode()).decode()
+ENV_WRITER = "environment"  # the environment's token: its state, worlds
+CONFIG_WRITER = "orchestrator"  # the orchestrator's: a run's configs (populace.core.runconfigs)
 
 
-def chunks_of(writer: str, name: str) -> str:
-    """Where `writer` puts the chunks of object `name` (each write under a fresh last token).
-    The writer's NATS user may publish chunks under its own token only (deploy/nats/auth.conf:
-    a host under its host id), so an object's chunk subject says who wrote it."""
-    return f"$O.{subjects.CHECKPOINTS_BUCKET}.C.{writer}.{_b64(name)}"
+def writer_of(name: str) -> str | None:
+    """Who writes the object `name`, when its name says: the environment (its state, a world,
+    who is alive), the orchestrator (a config), a share's host (its partial). None: an agents'
+    object, whose writer is the host that played its range that round (the restore names it)."""
+    kind = name.split(".")[2:3]
+    if kind in (["env"], ["world"], ["population"]):
+        return ENV_WRITER
+    if kind == ["config"]:
+        return CONFIG_WRITER
+    if kind == ["partial"]:
+        share = name.split(".", 3)[3]  # subjects.checkpoint_partial: <host>-<epoch>
+        host, _, epoch = share.rpartition("-")
+        return host if host and epoch.isdigit() else None
+    return None
 
 
-async def write_object(js: JetStreamContext, name: str, data: bytes, writer: str,
-                       description: str | None = None) -> None:
-    """nats-py's object-store put(), readable by its get(), without what makes it need a purge
-    or a rollup: the chunks go to a subject of their own (chunks_of + a nuid), then the
-    metadata, a plain message (the newest per name is the object). nats-py's put() rolls the
-    metadata up (a header that, with `all`, purges the whole stream: the bucket refuses
-    rollups) and purges the chunks it replaces or failed to finish (a purge cannot be narrowed
-    to a subject: it would let every writer empty the bucket). Replaced and unfinished chunks
-    stay until the recorder prunes the run (prune purges every write of a name)."""
-    subject = f"{chunks_of(writer, name)}.{uuid.uuid4().hex}"
-    digest = hashlib.sha256()
-    count = 0
-    for at in range(0, len(data), CHUNK_BYTES):
-        chunk = data[at:at + CHUNK_BYTES]
-        digest.update(chunk)
-        await js.publish(subject, chunk)
-        count += 1
-    info = ObjectInfo(name=name, bucket=subjects.CHECKPOINTS_BUCKET, nuid=subject.split(".C.", 1)[1],
-                      size=len(data), chunks=count, mtime=datetime.now(UTC).isoformat(),
-                      digest=OBJ_DIGEST_TEMPLATE.format(digest=base64.urlsafe_b64encode(digest.digest()).decode()),
-                      options=ObjectMetaOptions(max_chunk_size=CHUNK_BYTES), description=description)
-    meta = OBJ_META_PRE_TEMPLATE.format(bucket=subjects.CHECKPOINTS_BUCKET, obj=_b64(name))
-    await js.publish(meta, json.dumps(info.as_dict()).encode())
-
-
-async def put(js: JetStreamContext, name: str, value: object, *, writer: str, description: str | None = None) -> Stored:
-    """Store a JSON value under `name`, written by `writer` (a host id, or `environment`);
-    returns its size and digest (what the round's result records for it)."""
-    data = to_json(value)
+async def _stored(js: JetStreamContext, name: str, data: bytes, writer: str, needs: Iterable[str] = ()) -> None:
     # js._nc: the connection a JetStreamContext is made on (nats-py keeps no public name for it)
-    await until_ready(lambda: unless_reconnected(js._nc, write_object(js, name, data, writer, description)),
+    await until_ready(lambda: unless_reconnected(js._nc, write_object(js, name, data, writer, needs)),
                       f"checkpoint {name}", attempts=ATTEMPTS)
+
+
+async def put(js: JetStreamContext, name: str, value: object, *, writer: str, needs: Iterable[str] = ()) -> Stored:
+    """Store a JSON value under `name`, written by `writer` (a host id, or `environment`);
+    returns its size and digest (what the round's result records for it). StoreFull when the
+    store refuses it."""
+    data = to_json(value)
+    await _stored(js, name, data, writer, needs)
     return Stored(name, len(data), digest(data))
 
 
 async def put_bytes(js: JetStreamContext, name: str, data: bytes, *, writer: str) -> str:
     """Store raw bytes (a world's Arrow IPC, a partial too large for a message), written by
     `writer`; returns their sha256 (a reader uses the bytes only if they still have it)."""
-    await until_ready(lambda: unless_reconnected(js._nc, write_object(js, name, data, writer)), f"checkpoint {name}",
-                      attempts=ATTEMPTS)
+    await _stored(js, name, data, writer)
     return digest(data)
 
 
-async def get_bytes(js: JetStreamContext, name: str, expected: str) -> bytes:
-    """The bytes stored under `name`, only if they still have `digest` (CheckpointError otherwise:
-    anyone who may write the bucket could have replaced them)."""
-    async def step():
-        store = await js.object_store(subjects.CHECKPOINTS_BUCKET)
-        return await read_object(store, name)
+async def _read(js: JetStreamContext, name: str, writer: str | None, max_bytes: int | None, expected: str) -> bytes:
+    writer = writer or writer_of(name)
+    if writer is None:
+        raise CheckpointUnverified(f"checkpoint {name} has no writer recorded for it: it cannot be told from a "
+                                   "forgery and is not used")
+    return await read_object(js, name, writer, max_bytes, sha256=expected)
 
-    try:
-        data = await until_ready(step, f"checkpoint {name}", attempts=ATTEMPTS)
-    except (NotFoundError, ObjectNotFoundError):
-        raise CheckpointError(f"checkpoint {name} is not in the object store '{subjects.CHECKPOINTS_BUCKET}'") from None
-    found = hashlib.sha256(data).hexdigest()
+
+async def get_bytes(js: JetStreamContext, name: str, expected: str, *, writer: str | None = None,
+                    max_bytes: int | None = None) -> bytes:
+    """The bytes `writer` (by default, whoever the name says writes it: `writer_of`) stored under
+    `name`, at most `max_bytes`, only if they still have the digest `expected`
+    (CheckpointUnverified otherwise)."""
+    data = await _read(js, name, writer, max_bytes, expected)
+    found = digest(data)
     if found != expected:
         raise CheckpointUnverified(f"checkpoint {name} is not what was stored (sha256 {found[:12]}…, expected "
                                    f"{expected[:12]}…): it is not used")
@@ -156,22 +142,15 @@ async def load_world(js: JetStreamContext, ref: WorldRef) -> bytes:
     return await get_bytes(js, ref.name, ref.digest)
 
 
-async def get(js: JetStreamContext, name: str, digests: Mapping[str, str]) -> object:
-    """The JSON value stored under `name`, if its bytes still have the digest `digests`
-    records for it (CheckpointUnverified otherwise: it is never used)."""
+async def get(js: JetStreamContext, name: str, digests: Mapping[str, str], writer: str | None = None) -> object:
+    """The JSON value `writer` (by default `writer_of(name)`) stored under `name`, if its bytes
+    still have the digest `digests` records for it (CheckpointUnverified otherwise: it is never
+    used)."""
     expected = digests.get(name)
     if expected is None:
         raise CheckpointUnverified(f"checkpoint {name} has no digest recorded for it (its writer reported none "
                                    "when the round closed): it cannot be verified and is not used")
-
-    async def step():
-        store = await js.object_store(subjects.CHECKPOINTS_BUCKET)
-        return await read_object(store, name)
-
-    try:
-        data = await until_ready(step, f"checkpoint {name}", attempts=ATTEMPTS)
-    except (NotFoundError, ObjectNotFoundError):
-        raise CheckpointError(f"checkpoint {name} is not in the object store '{subjects.CHECKPOINTS_BUCKET}'") from None
+    data = await _read(js, name, writer, None, expected)
     found = digest(data)
     if found != expected:
         raise CheckpointUnverified(f"checkpoint {name} was changed after its writer stored it (sha256 {found[:12]}…, "
@@ -182,42 +161,30 @@ async def get(js: JetStreamContext, name: str, digests: Mapping[str, str]) -> ob
         raise CheckpointError(f"checkpoint {name} is not valid JSON: {err}") from None
 
 
-async def present(js: JetStreamContext, names: Iterable[str]) -> None:
-    """CheckpointError naming the first of `names` the object store no longer holds (pruned,
-    or never written), without reading the objects (their metadata only)."""
-    store = await until_ready(lambda: js.object_store(subjects.CHECKPOINTS_BUCKET), "checkpoints bucket")
-    todo, seen = list(names), set()
-    while todo:  # with every checkpoint a delta among them builds on
-        name = todo.pop(0)
+async def present(js: JetStreamContext, names: Iterable[str], writers: Mapping[str, str]) -> None:
+    """CheckpointError naming the first of `names` (agents' objects, by the writers `writers`
+    names) the object store no longer holds (pruned, or never written), with every checkpoint
+    each builds on, without reading the objects (their metadata only)."""
+    todo, seen = [(name, writers.get(name)) for name in names], set()
+    while todo:  # with every checkpoint a delta among them builds on (its writer's own)
+        name, writer = todo.pop(0)
         if name in seen:
             continue
         seen.add(name)
+        if writer is None:
+            raise CheckpointUnverified(f"checkpoint {name} has no writer recorded for it: it is not used")
         try:
-            info = await until_ready(lambda n=name: store.get_info(n), f"checkpoint {name}")
-        except (NotFoundError, ObjectNotFoundError):
-            info = None
-        if info is None or info.deleted:
+            info = await read_meta(js, name, writer)
+        except CheckpointMissing:
             raise CheckpointError(f"checkpoint {name} is not in the object store '{subjects.CHECKPOINTS_BUCKET}' "
-                                  "(pruned: POPULACE_CHECKPOINTS_KEEP keeps all of a completed run's by default)")
-        todo.extend(needs_of(info.description))
+                                  "(pruned: POPULACE_CHECKPOINTS_KEEP keeps all of a completed run's by default)"
+                                  ) from None
+        todo.extend((below, writer) for below in info.needs)
 
 
 # A chain longer than this is not one a writer made (it starts a full checkpoint every
 # `checkpoint_full_every` rounds, at most 10,000): a loop of forged links stops here.
 MAX_LINKS = 10_000
-
-
-def needs_of(description: str | None) -> list[str]:
-    """The names of the checkpoints an object builds on, from its description (none: a full
-    one, or an object that is not an agents' checkpoint)."""
-    if not description:
-        return []
-    try:
-        value = from_json(description)
-    except ValueError:
-        return []
-    needs = value.get("needs") if isinstance(value, dict) else None
-    return [n for n in needs if isinstance(n, str)] if isinstance(needs, list) else []
 
 
 @dataclass
@@ -301,17 +268,16 @@ async def save_agents(js: JetStreamContext, rid: str, round_: int, first: int, c
     round_fields = sorted(round_fields)
     if round_fields:
         value["round_fields"] = round_fields
-    description = None
+    needs: list[str] = []
     if delta:
         if chain is None or not chain.links:
             raise CheckpointError(f"a delta checkpoint of agents {first}.. after round {round_} needs the checkpoint "
                                   "it builds on")
         head = chain.links[-1]
-        value["changed"] = rows
+        value["changed"] = changed
         value["builds_on"] = {"name": head.name, "digest": head.digest}
-        description = to_json({"needs": [link.name for link in chain.links]}).decode()
-    return await put(js, subjects.checkpoint_agents(rid, round_, first), value, writer=writer,
-                     description=description)
+        needs = [link.name for link in chain.links]
+    return await put(js, subjects.checkpoint_agents(rid, round_, first), value, writer=writer, needs=needs)
 
 
 def _overlay(columns: dict[str, list], offsets: list[int], fields: dict[str, list], first: int, count: int) -> None:
@@ -397,14 +363,19 @@ def _offsets(value: object, count: int) -> bool:
 
 
 async def read_chain(js: JetStreamContext, name: str, digests: Mapping[str, str], first: int,
-                     count: int) -> list[dict]:
+                     count: int, writer: str | None) -> list[dict]:
     """The chain of checkpoint values a range's checkpoint `name` resolves through, the head
     first: each link verified against the digest the link after it carries (the head against
-    `digests`, as recorded when its round closed). A missing or changed link raises, naming it."""
+    `digests`, as recorded when its round closed), all as `writer` stored them (a range's chain
+    is one host's: a share that starts anew writes a full checkpoint first). A missing or changed
+    link raises, naming it."""
     links: list[dict] = []
     expected = digests
     while True:
-        value = await get(js, name, expected)
+        if writer is None:
+            raise CheckpointUnverified(f"checkpoint {name} has no writer recorded for it: it cannot be told from a "
+                                       "forgery and is not used")
+        value = await get(js, name, expected, writer)
         # the head holds the range; a link below may hold fewer agents (the range grew since, by newcomers)
         most = links[-1]["count"] if links else count
         held = value.get("count") if isinstance(value, dict) else None
@@ -429,15 +400,17 @@ async def read_chain(js: JetStreamContext, name: str, digests: Mapping[str, str]
 
 
 async def load_agents(js: JetStreamContext, rid: str, round_: int, layout: Iterable[tuple[int, int]],
-                      wanted: Iterable[tuple[int, int]], digests: Mapping[str, str]) -> dict[int, dict[str, object]]:
+                      wanted: Iterable[tuple[int, int]], digests: Mapping[str, str],
+                      writers: Mapping[str, str]) -> dict[int, dict[str, object]]:
     """The state of every agent in `wanted` ranges, by agent id, read from the checkpoint
-    objects of `layout` (the ranges the checkpoint was written in) that overlap them, each
-    verified against `digests` (object name -> sha256, as recorded when the round closed) and
-    resolved through the deltas it builds on (each verified by the digest its successor carries)."""
+    objects of `layout` (the ranges the checkpoint was written in) that overlap them, each as
+    its writer (`writers`: object name -> the host that played its range) stored it, verified
+    against `digests` (object name -> sha256, as recorded when the round closed) and resolved
+    through the deltas it builds on (each verified by the digest its successor carries)."""
     wanted = list(wanted)
     bounds = [(f, f + c) for f, c in wanted]
     out: dict[int, dict[str, object]] = {}
-    async for first, count, fields in agent_chunks(js, rid, round_, layout, wanted, digests):
+    async for first, count, fields in agent_chunks(js, rid, round_, layout, wanted, digests, writers):
         for offset in range(count):
             aid = first + offset
             if any(a <= aid < b for a, b in bounds):
@@ -446,8 +419,8 @@ async def load_agents(js: JetStreamContext, rid: str, round_: int, layout: Itera
 
 
 async def agent_chunks(js: JetStreamContext, rid: str, round_: int, layout: Iterable[tuple[int, int]],
-                       wanted: Iterable[tuple[int, int]], digests: Mapping[str, str]
-                       ) -> AsyncIterator[tuple[int, int, dict[str, list]]]:
+                       wanted: Iterable[tuple[int, int]], digests: Mapping[str, str],
+                       writers: Mapping[str, str]) -> AsyncIterator[tuple[int, int, dict[str, list]]]:
     """`load_agents`' checkpoint objects as they are stored, by columns: (first agent, count,
     {field: values}) for each range of `layout` that overlaps a `wanted` range (a reader that
     needs no dict per agent, e.g. a post-hoc interview of a million agents)."""
@@ -456,7 +429,8 @@ async def agent_chunks(js: JetStreamContext, rid: str, round_: int, layout: Iter
         lo, hi = first, first + count
         if not any(a < hi and lo < b for a, b in wanted):
             continue
-        links = await read_chain(js, subjects.checkpoint_agents(rid, round_, first), digests, first, count)
+        name = subjects.checkpoint_agents(rid, round_, first)
+        links = await read_chain(js, name, digests, first, count, writers.get(name))
         fields = resolve_chain(links, first, count)
         del links
         for name, values in fields.items():
@@ -464,9 +438,6 @@ async def agent_chunks(js: JetStreamContext, rid: str, round_: int, layout: Iter
                 raise CheckpointError(f"checkpoint {subjects.checkpoint_agents(rid, round_, first)} has {len(values)} "
                                       f"values of {name!r} for agents {first}..{first + count - 1}")
         yield first, count, fields
-
-
-ENV_WRITER = "environment"  # the chunk token of the environment's checkpoints
 
 
 async def save_env(js: JetStreamContext, rid: str, round_: int, state: dict, observation: dict,
@@ -478,7 +449,7 @@ async def save_env(js: JetStreamContext, rid: str, round_: int, state: dict, obs
                      {"state": state, "observation": observation, "selection": selection,
                       "world": world.model_dump() if world is not None else None,
                       "population": population.model_dump() if population is not None else None},
-                     writer=ENV_WRITER, description=to_json({"needs": needs}).decode() if needs else None)
+                     writer=ENV_WRITER, needs=needs)
 
 
 class EnvCheckpoint(NamedTuple):
@@ -525,7 +496,7 @@ def to_prune(rid: str, names: Iterable[str], keep: Keep, needs: Mapping[str, Ite
     last = max(rounds.values())
     kept = {name for name, n in rounds.items() if keep != "none" and (n >= last or subjects.is_checkpoint_config(name))}
     todo = list(kept)
-    while todo:  # a delta's chain: its description lists it all, but a link's own needs are kept too
+    while todo:  # a delta's chain: its metadata lists it all, but a link's own needs are kept too
         for below in (needs or {}).get(todo.pop(), ()):
             if below not in kept:
                 kept.add(below)
@@ -533,31 +504,99 @@ def to_prune(rid: str, names: Iterable[str], keep: Keep, needs: Mapping[str, Ite
     return sorted(name for name in rounds if name not in kept)
 
 
+async def run_objects(js: JetStreamContext, rid: str) -> dict[tuple[str, str], str]:
+    """Run `rid`'s objects as the store holds them: (writer, name) -> its metadata subject."""
+    listed = await until_ready(lambda: stream_subjects(js, subjects.CHECKPOINTS_STREAM,
+                                                       subjects.checkpoint_run_meta(rid)), "checkpoints bucket")
+    out = {}
+    for subject in listed:
+        at = locate(subject)
+        if at.writer is not None and at.name is not None and at.rid == rid:
+            out[(at.writer, at.name)] = subject
+    return out
+
+
 async def prune(js: JetStreamContext, rid: str, keep: Keep) -> int:
-    """Delete run `rid`'s checkpoint objects that `keep` does not keep; returns how many.
-    Only for a run that will not be resumed: its last checkpoint is what a resume starts from."""
+    """Delete run `rid`'s checkpoint objects that `keep` does not keep; returns how many names.
+    Only for a run that will not be resumed: its last checkpoint is what a resume starts from.
+    Chunks go by writer: all of a writer's that none of its kept objects needs (those below the
+    first chunk of its oldest kept object: at most one chain's worth of older ones stays)."""
     if keep == "all":
         return 0
-    store = await until_ready(lambda: js.object_store(subjects.CHECKPOINTS_BUCKET), "checkpoints bucket")
-    try:
-        # Reads every object's metadata (one message per name): fine for the few objects a
-        # run writes per round (one per host's id range, one for the environment).
-        listed = await store.list(ignore_deletes=True)
-    except NotFoundError:
-        return 0
-    objects = {info.name: info for info in listed}
-    names = to_prune(rid, objects, keep, {name: needs_of(info.description) for name, info in objects.items()})
-    stream = OBJ_STREAM_TEMPLATE.format(bucket=subjects.CHECKPOINTS_BUCKET)
-    for name in names:
-        # Chunks first (every write of the name, by any writer: replaced and unfinished ones
-        # too), then the metadata: a prune cut short leaves a name a later prune finds again.
-        await js.purge_stream(stream, subject=f"{chunks_of('*', name)}.*")
-        nuid = objects[name].nuid or ""
-        if "." not in nuid:  # an object nats-py's own put() wrote (before write_object)
-            await js.purge_stream(stream, subject=f"$O.{subjects.CHECKPOINTS_BUCKET}.C.{nuid}")
-        await js.purge_stream(stream, subject=OBJ_META_PRE_TEMPLATE.format(bucket=subjects.CHECKPOINTS_BUCKET,
-                                                                           obj=_b64(name)))
-    return len(names)
+    stream = subjects.CHECKPOINTS_STREAM
+    listed = await run_objects(js, rid)
+    names = {name for _, name in listed}
+    if keep == "none":
+        await js.purge_stream(stream, subject=subjects.checkpoint_run_chunks(rid))
+        await js.purge_stream(stream, subject=subjects.checkpoint_run_meta(rid))
+        return len(names)
+    writers: dict[str, list[str]] = {}
+    for writer, name in listed:
+        writers.setdefault(name, []).append(writer)
+    rounds = {name: n for name in names if (n := subjects.checkpoint_round(rid, name)) is not None}
+    last = max(rounds.values(), default=0)
+    needs: dict[str, list[str]] = {}
+    lowest: dict[str, int] = {}  # writer -> the first chunk of its oldest kept object
+    todo = [name for name, n in rounds.items() if n >= last or subjects.is_checkpoint_config(name)]
+    while todo:  # the kept objects and every link they build on, read from their metadata
+        name = todo.pop()
+        if name in needs:
+            continue
+        needs[name] = []
+        for writer in writers.get(name, ()):
+            try:
+                meta = await read_meta(js, name, writer)
+            except CheckpointError:
+                continue
+            if meta.chunks:
+                lowest[writer] = min(lowest.get(writer, meta.first_seq), meta.first_seq)
+            needs[name] += meta.needs
+            todo += [below for below in meta.needs if below not in needs]
+    dropped = to_prune(rid, names, keep, needs)
+    # chunks first, then the metadata: a prune cut short leaves names a later prune finds again
+    for writer in sorted({w for w, _ in listed}):
+        await js.purge_stream(stream, subject=subjects.checkpoint_chunks(writer, rid), seq=lowest.get(writer))
+    gone = set(dropped)
+    for (_, name), subject in sorted(listed.items()):
+        if name in gone:
+            await js.purge_stream(stream, subject=subject)
+    return len(dropped)
+
+
+class Swept(NamedTuple):
+    subjects: int  # subjects purged
+    messages: int  # messages they held
+    runs: list[str]  # the runs (or made-up run ids) they named
+
+
+async def sweep(js: JetStreamContext) -> Swept:
+    """Purge what belongs to no run from the store: objects of a run KV `runs` does not know
+    (made up, or an attacker's), and objects of a run written by a user that is none of its
+    writers (a host never placed in it). What a run's own writers stored stays (pruning is
+    `prune`'s, by POPULACE_CHECKPOINTS_KEEP). A run's objects are written only after its state
+    is in KV `runs`, and that state is read here after the listing, so nothing of a run being
+    started is taken for a stray."""
+    listed = await until_ready(lambda: stream_subjects(js, subjects.CHECKPOINTS_STREAM, subjects.CHECKPOINTS_ALL),
+                               "checkpoints bucket")
+    located = [locate(subject) for subject in listed]
+    writers_of: dict[str, set[str] | None] = {}
+    for rid in sorted({at.rid for at in located if at.rid is not None}):
+        if not subjects.valid_token(rid):
+            continue
+        run = await run_writers(js, rid)
+        if run is not None:
+            writers_of[rid] = run.writers((ENV_WRITER, CONFIG_WRITER))
+    stray = set(strays(located, writers_of))
+    purges = set()
+    for at in located:  # one purge per stray writer of a run (its chunks, its metadata), else per subject
+        if at.subject in stray:
+            whole = at.writer is not None and at.rid is not None and not at.legacy
+            purges |= ({subjects.checkpoint_chunks(at.writer, at.rid), subjects.checkpoint_run_meta(at.rid, at.writer)}
+                       if whole else {at.subject})
+    for subject in sorted(purges):
+        await js.purge_stream(subjects.CHECKPOINTS_STREAM, subject=subject)
+    return Swept(len(stray), sum(listed[s] for s in stray),
+                 sorted({at.rid or "?" for at in located if at.subject in stray}))
 
 
 def recorded(rid: str, round_: int, claims: Mapping[str, Mapping[str, str]], env_digest: str | None,

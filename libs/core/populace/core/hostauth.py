@@ -4,11 +4,11 @@ deploy/nats/auth.conf gives every agent-host one shared user, which may publish 
 outcomes and partials. A host with a user of its own (named by its host id) may publish only
 its own: `run.*.outcomes.*.<id>`, `run.*.interviews.*.<id>`, `run.*.mail.*.*.*.<id>`,
 `run.*.partial.*.<id>.*`, `run.*.spawned.<id>`, `run.*.fault.<id>`, `progress.*.*.<id>`, `llm.infer.<id>`,
-its own KV `hosts` entry; it hears only its own spawn and interview orders and reads only its own
-inboxes (`_INBOX_<id>.>`) and gateway replies (`reply.gateway.<id>.>`); on RUN it may create, read and
-delete one consumer, `mail-<id>`, filtered to its own mail. The environment and the recorder
-refuse a body that claims another sender than its subject, so a host's credentials cannot
-speak for another host.
+its own KV `hosts` entry, its own objects in `checkpoints` (chunks and metadata under its id); it
+hears only its own spawn and interview orders and reads only its own inboxes (`_INBOX_<id>.>`) and
+gateway replies (`reply.gateway.<id>.>`); on RUN it may create, read and delete one consumer,
+`mail-<id>`, filtered to its own mail. The environment and the recorder refuse a body that claims
+another sender than its subject, so a host's credentials cannot speak for another host.
 
 The block is derived from the deploy file's text, not written out again here: each narrowing
 must match exactly once, so a change to the file that breaks one fails loudly."""
@@ -40,7 +40,8 @@ NARROWINGS = (
     ('"run.*.spawn.*"', '"run.*.spawn.{id}"'),
     ('"run.*.ask.*"', '"run.*.ask.{id}"'),  # post-hoc interview orders
     ('"$KV.services.agent-host.*"', '"$KV.services.agent-host.{id}"'),  # its liveness entry
-    ('"$O.checkpoints.C.*.>"', '"$O.checkpoints.C.{id}.>"'),  # its checkpoints' chunks
+    ('"$O.checkpoints.C.*.*"', '"$O.checkpoints.C.{id}.*"'),  # its checkpoints' chunks
+    ('"$O.checkpoints.M.*.*.*"', '"$O.checkpoints.M.{id}.*.*"'),  # … and their metadata
     # its mail read back from RUN: one consumer of its own name, its own mail only
     ('"$JS.API.CONSUMER.CREATE.RUN.*.run.*.mail.*.*.*.*"',
      f'"$JS.API.CONSUMER.CREATE.RUN.{_MAIL}.{subjects.any_mail_for("{id}")}"'),

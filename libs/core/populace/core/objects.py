@@ -4,6 +4,7 @@ reference, the file never travels inside run messages."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import io
 
@@ -13,10 +14,16 @@ from nats.js.object_store import ObjectStore
 
 from populace.core import subjects
 from populace.core.bus import until_ready
+from populace.core.owned_objects import READ_BASE_S, READ_MIN_BYTES_PER_S
 
 
 class BlobError(RuntimeError):
     """A blob is missing from the object store or does not match its digest."""
+
+
+# A bounded read waits this long for each chunk: chunks that never come (metadata naming chunks
+# that hold nothing) end the read instead of holding it for ever.
+CHUNK_WAIT_S = 10.0
 
 
 def digest_of(data: bytes) -> str:
@@ -24,12 +31,25 @@ def digest_of(data: bytes) -> str:
 
 
 async def read_object(store: ObjectStore, key: str) -> bytes:
-    """An object's bytes. Not `store.get(key).data`: nats-py builds that with `data += chunk`,
-    which copies everything read so far for every 128 KB chunk — quadratic: a 400 MB personas
-    file (1M agents) took minutes per reader. Written into a buffer, it is linear."""
+    """An object's bytes, within a deadline from its size (nats-py's get() waits for its chunks
+    without end: metadata whose chunks hold nothing would hang its reader). Not
+    `store.get(key).data`: nats-py builds that with `data += chunk`, which copies everything read
+    so far for every 128 KB chunk — quadratic: a 400 MB personas file (1M agents) took minutes per
+    reader. Written into a buffer, it is linear."""
+    info = await store.get_info(key)
+    deadline = READ_BASE_S + (info.size or 0) / READ_MIN_BYTES_PER_S
     buf = io.BytesIO()
-    await store.get(key, writeinto=buf)
-    return buf.getvalue()
+    try:
+        async with asyncio.timeout(deadline) as scope:
+            await store.get(key, writeinto=buf)
+    except TimeoutError:
+        if not scope.expired():
+            raise  # the client's own request timeout: transient, asked again
+        raise BlobError(f"{key[:12]}…: its {info.size:,} bytes did not come within {deadline:.0f} s") from None
+    data = buf.getvalue()
+    if len(data) != (info.size or 0):
+        raise BlobError(f"{key[:12]}…: {len(data):,} bytes read, its metadata says {info.size:,}")
+    return data
 
 
 async def put_once(store: ObjectStore, key: str, data: bytes, what: str) -> None:

@@ -145,6 +145,14 @@ class Settings(BaseSettings):
     gateway_keys: str = ""
     # The hosts a run model's base_url may name ("*": any); the hosts of gateway_keys are allowed too.
     gateway_model_hosts: str = "127.0.0.1,localhost,[::1]"
+    # Where a replica registered in KV `replicas` may be: "[writer@]host[:port]" or
+    # "[writer@]network/prefix", comma-separated ("*": anywhere; populace.core.replica_hosts).
+    # The gateway calls no replica elsewhere (it logs it once), the manager probes none, and
+    # `populace node` starts none that would advertise an address elsewhere. Default: loopback.
+    replica_hosts: str = "127.0.0.0/8,::1,localhost"
+    # The folders under which `populace node` serves a vLLM replica's model given as a local path
+    # (`model: /models/x`), comma-separated; none: only model ids (`org/name`) are served.
+    node_model_roots: str = ""
 
     # A population's personas: the most bytes one record (one line of the personas JSONL) may
     # take. Its text goes into every prompt of its agent; a larger one is refused by `validate`,
@@ -180,6 +188,10 @@ class Settings(BaseSettings):
     # Checkpoints of a completed run, once recorded: all (fork from any round), last (only the
     # last round's: fork from it), none. Failed, cancelled and paused runs keep theirs: resume.
     checkpoints_keep: Literal["all", "last", "none"] = "all"
+    # How often the recorder purges what belongs to no run from the object store `checkpoints`
+    # (objects of a run KV `runs` does not know, or written by a user that is none of the run's
+    # writers: a host never placed in it); 0: never.
+    checkpoints_sweep_s: float = Field(300.0, ge=0)
 
     # JetStream
     storage: Literal["file", "memory"] = "file"
@@ -195,7 +207,36 @@ class Settings(BaseSettings):
     # oldest go first. Default bytes: 256 MiB, halved while the server cannot reserve it.
     dlq_max_age_s: float = Field(7 * 86400.0, gt=0)
     dlq_max_bytes: int | None = Field(None, ge=1024 * 1024)
+    # Byte limit of the object store `checkpoints`, set when it is created (default: 8 GiB on file
+    # storage, 1 GiB in memory, halved while the server cannot reserve it): the checkpoints of the
+    # runs kept (docs/limits.md says how to size it). Once full, a write is refused and the runs
+    # that write pause, naming it; starting a run is never blocked (every stream's room is reserved).
+    checkpoints_max_bytes: int | None = Field(None, ge=1024 * 1024)
+    # What one writer (a host, the environment, the orchestrator) may store for one run in it,
+    # enforced by the server, counted in messages of up to 128 KiB (an object takes its size over
+    # 128 KiB, rounded up, at least one). Default: a quarter of the store's limit, and never fewer
+    # than 32,768 messages (what a 10,000-round run's writer writes, with room).
+    checkpoints_writer_run_max_bytes: int | None = Field(None, ge=128 * 1024)
+    # Byte limit of each of the object stores `personas` and `graphs` (default: 4 GiB on file
+    # storage, 1 GiB in memory, halved while the server cannot reserve it).
+    blobs_max_bytes: int | None = Field(None, ge=1024 * 1024)
     publish_async_max_pending: int = Field(4000, ge=1)
+
+    @field_validator("replica_hosts")
+    @classmethod
+    def _replica_hosts_parse(cls, value: str) -> str:
+        from populace.core.replica_hosts import parse
+
+        parse(value)  # ValueError naming the item
+        return value
+
+    @field_validator("node_model_roots")
+    @classmethod
+    def _model_roots_absolute(cls, value: str) -> str:
+        for root in (r.strip() for r in value.split(",") if r.strip()):
+            if not os.path.isabs(root):
+                raise ValueError(f"{root!r} is not an absolute path")
+        return value
 
     @field_validator("health_file")
     @classmethod

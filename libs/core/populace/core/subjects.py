@@ -18,6 +18,10 @@ RUNS_BUCKET = "runs"
 HOSTS_BUCKET = "hosts"
 SERVICES_BUCKET = "services"
 REPLICAS_BUCKET = "replicas"
+# A replica's key in KV `replicas` is `<writer>.<replica id>`: each replica set's NATS user may
+# write only keys under its own name (`$KV.replicas.<user>.>`), so the key says who wrote it
+# (populace.core.replica_hosts); without NATS users the writer is REPLICAS_WRITER.
+REPLICAS_WRITER = "replicas"
 NODES_BUCKET = "nodes"  # machines running `populace node`: resources, processes (TTL'd)
 # the gateways' shared pacing: one entry per provider limit (populace.gateway.pacing.limit_key),
 # its token buckets and any pause its provider asked for (TTL'd); the gateways' alone
@@ -29,6 +33,17 @@ PERSONAS_BUCKET = "personas"
 CHECKPOINTS_BUCKET = "checkpoints"
 # --- object store: social graphs (and their agent orders), named by their sha256 ----------
 GRAPHS_BUCKET = "graphs"
+
+
+def replica_key(writer: str, replica_id: str) -> str:
+    """A replica's key in KV `replicas`: under its writer's (its NATS user's) name."""
+    return f"{writer}.{replica_id}"
+
+
+def replica_key_parts(key: str) -> tuple[str, str] | None:
+    """(writer, replica id) of a key in KV `replicas`; None when it is under no writer's name."""
+    writer, dot, replica_id = key.partition(".")
+    return (writer, replica_id) if dot and writer and valid_token(replica_id) else None
 
 
 def checkpoint_agents(rid: str, n: int, first: int) -> str:
@@ -63,6 +78,41 @@ def checkpoint_partial(rid: str, n: int, share: str) -> str:
 def checkpoint_config(rid: str, n: int, digest: str) -> str:
     """A run's config from round n on (its canonical JSON), named by its sha256."""
     return f"{rid}.{n}.config.{digest}"
+
+
+# How the `checkpoints` bucket is laid out (populace.core.owned_objects): every byte one writer
+# stores for one run goes on one chunk subject, which the stream bounds (max messages per
+# subject), and each object's metadata on a subject of its writer, which only that writer may
+# publish: a reader looks for an object under its expected writer only.
+CHECKPOINTS_STREAM = f"OBJ_{CHECKPOINTS_BUCKET}"
+CHECKPOINTS_ALL = f"$O.{CHECKPOINTS_BUCKET}.>"
+CHECKPOINT_CHUNKS_ROOT = f"$O.{CHECKPOINTS_BUCKET}.C"
+CHECKPOINT_META_ROOT = f"$O.{CHECKPOINTS_BUCKET}.M"
+
+
+def checkpoint_run_of(name: str) -> str:
+    """The run a checkpoint object belongs to: its name's first token (every name starts with it)."""
+    return name.split(".", 1)[0]
+
+
+def checkpoint_chunks(writer: str, rid: str) -> str:
+    """The chunks of every object `writer` stores for run `rid`, in the order written."""
+    return f"{CHECKPOINT_CHUNKS_ROOT}.{writer}.{rid}"
+
+
+def checkpoint_meta(writer: str, rid: str, name_b64: str) -> str:
+    """The metadata of one object (its name base64url-encoded: names have dots), by its writer."""
+    return f"{CHECKPOINT_META_ROOT}.{writer}.{rid}.{name_b64}"
+
+
+def checkpoint_run_chunks(rid: str, writer: str = "*") -> str:
+    """Every chunk subject of run `rid` (of one writer, or of any)."""
+    return checkpoint_chunks(writer, rid)
+
+
+def checkpoint_run_meta(rid: str, writer: str = "*") -> str:
+    """Every metadata subject of run `rid` (of one writer, or of any)."""
+    return f"{CHECKPOINT_META_ROOT}.{writer}.{rid}.*"
 
 
 def is_checkpoint_config(name: str) -> bool:

@@ -170,11 +170,11 @@ class LlmGenerator:
 
 
 async def replica_models(nc, backend: str) -> list[str]:
-    from populace.core import bus, subjects
+    from populace.core import bus, replica_hosts, subjects
     from populace.core.contracts import ReplicaInfo
 
     try:
-        entries = await bus.registry_entries(nc.jetstream(), subjects.REPLICAS_BUCKET, ReplicaInfo)
+        entries = replica_hosts.bound(await bus.registry_items(nc.jetstream(), subjects.REPLICAS_BUCKET, ReplicaInfo))
     except Exception:
         return []
     return sorted({e.model for e in entries if e.backend == backend})

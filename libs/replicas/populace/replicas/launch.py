@@ -251,10 +251,13 @@ async def wait_healthy(rs: ReplicaSet, timeout: float = 120.0) -> None:
 
 
 async def register_forever(nats_url: str, rs: ReplicaSet, every_s: float = 2.0) -> None:
-    """Heartbeat every live replica into KV `replicas` until cancelled; a dead one drops out."""
+    """Heartbeat every live replica into KV `replicas` until cancelled; a dead one drops out. Each
+    key is under this process's NATS user (`<user>.<replica id>`, subjects.replica_key): a
+    replica set's own user may write nothing else (deploy/AUTH.md, "Replica sets")."""
+    s = Settings()
+    writer = s.nats_user or subjects.REPLICAS_WRITER
     nc = await bus.connect(nats_url, "populace-replicas")
     js = nc.jetstream()
-    s = Settings()
     await bus.provision(js, storage=s.storage, replicas=s.stream_replicas, **bus.stream_limits(s))
     kv = await js.key_value(subjects.REPLICAS_BUCKET)
     exited: set[str] = set()
@@ -268,14 +271,14 @@ async def register_forever(nats_url: str, rs: ReplicaSet, every_s: float = 2.0) 
                 elif r.alive():
                     info = r.info.model_copy(update={"heartbeat_at": time.time()})
                     try:
-                        await kv.put(r.info.replica_id, bus.encode(info))
+                        await kv.put(subjects.replica_key(writer, r.info.replica_id), bus.encode(info))
                     except Exception as err:  # NATS restarting or a leader being elected: beat again next time
                         log.warning("heartbeat_failed", replica=r.info.replica_id, error=str(err))
             await asyncio.sleep(every_s)
     finally:
         for r in rs.replicas:  # best effort and quick: the TTL removes what is left
             try:
-                await asyncio.wait_for(kv.delete(r.info.replica_id), 1.0)
+                await asyncio.wait_for(kv.delete(subjects.replica_key(writer, r.info.replica_id)), 1.0)
             except BaseException:
                 pass
         await nc.close()

@@ -13,6 +13,7 @@ from populace.population.cast import Cast, Persona
 from populace.sdk import select
 from populace.sdk.agent import Agent
 from populace.sdk.answers import answer_field
+from populace.sdk.claims import Claims
 from populace.sdk.env import Env, GroupEnv, Listeners, Partial, State
 from populace.sdk.llm import LLM, InferError, ModelUnavailable
 from populace.sdk.local import LocalResult, run_local
@@ -23,6 +24,7 @@ from populace.sdk.population import Birth, Changes, Population
 from populace.sdk.post import Message, Post
 from populace.sdk.registry import available, load_simulation, resolve
 from populace.sdk.rng import stable_seed
+from populace.sdk.rules import invariant
 from populace.sdk.scene import Member, Scene, SceneError
 from populace.sdk.simulation import Observation, Params, Simulation, SimulationError, Summary
 
@@ -33,6 +35,7 @@ __all__ = [
     "Birth",
     "Cast",
     "Changes",
+    "Claims",
     "Count",
     "DummyLLM",
     "Env",
@@ -61,6 +64,7 @@ __all__ = [
     "Summary",
     "answer_field",
     "available",
+    "invariant",
     "load_simulation",
     "resolve",
     "run_local",

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from populace.sdk.statejson import DEEP_MEMORY, PLAIN
+
 if TYPE_CHECKING:
     from populace.core.contracts import Question, Survey
     from populace.population.cast import Persona
@@ -52,6 +54,16 @@ class Agent:
         size = self.memory_size
         if size <= 0:
             return
+        # an item deeper than a checkpoint's memory rule keeps (populace.sdk.statejson): this class's
+        # memories are saved typed from then on (~70 ns a call: a loop, not a set, for a short tuple)
+        kind = type(item)
+        if kind is tuple:
+            for x in item:
+                if type(x) not in PLAIN:
+                    DEEP_MEMORY.add(type(self))
+                    break
+        elif kind not in PLAIN:
+            DEEP_MEMORY.add(type(self))
         mem = self.memory + (item,)
         self.memory = mem[-size:] if len(mem) > size else mem
 
@@ -70,7 +82,13 @@ class Agent:
     def wakes(self, obs: Observation) -> bool:
         """Whether this agent acts this round, among those the environment selected (activation
         decided by the agent itself, e.g. from its memory). Everyone by default; pure and seeded
-        (use `self.sim.rng(...)`), so every placement decides the same."""
+        (use `self.sim.rng(...)`), so every placement decides the same.
+
+        Two forms, told apart by how many arguments the override takes:
+        - `wakes(self, obs)`: `obs` is the round's shared observation (`Env.observe`);
+        - `wakes(self, obs, view)`: the same, and `view` is this agent's own view of the round's
+          world (`Env.view(world, round, agent_id)`, exactly what its turn would get; None when
+          the environment gives no view). The view is made again for the turn: keep it cheap."""
         return True
 
     def settled(self, outcome: Outcome, news: Any) -> None:
@@ -100,14 +118,22 @@ class Agent:
         return {name: getattr(self, name) for name in self.state_fields}
 
     def restore(self, state: dict[str, Any]) -> None:
-        """Set the declared state from a checkpoint (JSON: the memory's items come back as
-        tuples, as `remember` keeps them)."""
+        """Set the declared state from a checkpoint: each field as it was saved (the platform
+        rebuilds tuples, sets and the like first: populace.sdk.statejson). A memory given as a
+        JSON list still comes back as `remember` keeps it (tuples)."""
         for name in self.state_fields:
             if name in state:
                 value = state[name]
-                if name == "memory":
-                    value = tuple(tuple(v) if isinstance(v, list) else v for v in value or ())
+                if name == "memory" and (value is None or type(value) is list):
+                    value = tuple(tuple(v) if type(v) is list else v for v in value or ())
                 setattr(self, name, value)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.id})"
+
+
+def wakes_with_view(cls: type[Agent]) -> bool:
+    """Whether an Agent class's `wakes` takes the agent's view too: `wakes(self, obs, view)`."""
+    from populace.sdk.select import takes
+
+    return takes(cls.wakes, 2)

@@ -28,3 +28,26 @@ def answer_field(text: str, name: str) -> object:
             return s
         return obj.get(name) if isinstance(obj, dict) else None
     return s
+
+
+def schema_options(schema: object) -> dict[str, tuple]:
+    """The options an answer schema declares, by the answer's field: each property's `enum` (of
+    an object schema), e.g. {"move": ("go", "stay")}; a bare answer's own `enum` under "". What
+    the platform holds a same-named outcome column to (populace.sdk.play): a value outside them
+    is the model's invalid answer, however the simulation's parser let it through."""
+    if not isinstance(schema, dict):
+        return {}
+    out: dict[str, tuple] = {}
+    if _scalars(schema.get("enum")):
+        out[""] = tuple(dict.fromkeys(schema["enum"]))
+    props = schema.get("properties")
+    if isinstance(props, dict):
+        for name, sub in props.items():
+            if isinstance(name, str) and isinstance(sub, dict) and _scalars(sub.get("enum")):
+                out[name] = tuple(dict.fromkeys(sub["enum"]))
+    return out
+
+
+def _scalars(options: object) -> bool:
+    return isinstance(options, list) and bool(options) and all(
+        isinstance(o, (str, int, float)) for o in options)

@@ -23,8 +23,9 @@ from typing import Any
 import numpy as np
 
 from populace.core.contracts import DecideProfile
-from populace.sdk import select
-from populace.sdk.agent import Agent
+from populace.sdk import rules, select
+from populace.sdk.agent import Agent, wakes_with_view
+from populace.sdk.claims import ClaimError
 from populace.sdk.edges import EdgeBook, EdgeError
 from populace.sdk.env import Env, Partial
 from populace.sdk.hosting import HostedRun
@@ -34,6 +35,7 @@ from populace.sdk.population import ChangeError, Changes, Population, scheduled
 from populace.sdk.process import AgentRaised
 from populace.sdk.profile import VIEW_BUDGET_BYTES, Budget, RoundCost, decide_profile, sampled, size_of, wire_size
 from populace.sdk.registry import Resolved
+from populace.sdk.statejson import StateTypeError, encode, from_wire, to_wire
 from populace.sdk.world import World, WorldError
 
 # What one round's messages may carry of the environment (a round open and a round result hold
@@ -56,6 +58,13 @@ class PopulationRefused(DecideFailed, RoundPaused):
     """The round's population changes cannot apply (an agent departing that is not alive, a
     newcomer without a persona or with a state its class does not declare …): named, the run
     pauses, and resumes from its last round once the simulation (or the scenario) is fixed."""
+
+
+class RuleBroken(DecideFailed, RoundPaused):
+    """One of the world's rules did not hold where the round was decided: an invariant the
+    environment declares broke (or raised), or a claim named a target that does not exist. The
+    simulation's bug, named with the round and a witness; the run pauses, and a resume after the
+    fix replays the round."""
 
 
 @dataclass(frozen=True)
@@ -81,7 +90,8 @@ def _size_check(sim_name: str, round_: int, what: str, value: Any) -> int:
                          "per-agent data to agents (declared state)",
                 "observation": "what every agent sees must be small; put bulk data in a World and give each "
                                "agent its own view of it (docs/worlds.md)",
-                "selection": "select by rate, ids or where(…) rather than a mask this large",
+                "selection": "select by rate, ids, where(…) or a world column (select.column(name)) rather than "
+                             "a mask this large",
                 "summary": "a summary holds a round's figures, not per-agent data"}[what]
         raise DecideFailed(f"simulation {sim_name!r}: its environment's {what} after round {round_} is {size:,} "
                            f"bytes as JSON, over the {LIMITS[what]:,} a round can carry ({hint})")
@@ -103,11 +113,27 @@ class RoundDecider:
         # how many agents can have a persona (the first agents' and the newcomers'); None: none has one
         self.personas = c.agents + c.population.newcomers if c.has_personas else None  # type: ignore[union-attr]
         self.no_births = births_refused(resolved, self.env.sim)
+        # `select(state, round, world)` sees the round's world; `select(state, round)` (older packages) does not
+        self._select_world = select.takes(self.env.select, 3)
 
-    def selection(self, state: Any, round_: int) -> dict | None:
-        sel = select.checked(self.env.select(state, round_), self.env.population.size,
-                             f"{type(self.env).__name__}.select(state, {round_})")
-        return select.to_wire(sel)
+    def selection(self, state: Any, round_: int, world: World | None = None) -> dict | None:
+        """Who acts in `round_`, from the state before it and the world it is played in."""
+        env = self.env
+        if self._select_world:
+            where = f"{type(env).__name__}.select(state, {round_}, world)"
+            sel = env.select(state, round_, world)
+        else:
+            where = f"{type(env).__name__}.select(state, {round_})"
+            sel = env.select(state, round_)
+        return select.to_wire(select.checked(sel, env.population.size, where, world))
+
+    def _rules(self, state: Any, world: World | None, round_: int) -> None:
+        """The environment's invariants on the state and world after `round_` (0: as it starts)."""
+        when = f"after round {round_}" if round_ else "before round 1 (start_world)"
+        try:
+            rules.check(self.env, state, world, when)
+        except rules.InvariantError as err:
+            raise RuleBroken(f"simulation {self.name!r}: {err}") from err
 
     def opening(self) -> Decision:
         """Before round 1: the state the environment starts with, round 1's observation and
@@ -116,9 +142,10 @@ class RoundDecider:
         env.population = Population.start(self.agents)
         try:
             state = env.start()
-            observation = env.observe(state, 1).model_dump(mode="json")
-            selection = self.selection(state, 1)
+            observation = to_wire(env.observe(state, 1), strict=False)
             world = self._world(env.start_world(state), "start_world()") if env.World is not None else None
+            self._rules(state, world, 0)
+            selection = self.selection(state, 1, world)
         except DecideFailed:
             raise
         except WorldError as err:
@@ -127,7 +154,17 @@ class RoundDecider:
             raise DecideFailed(f"simulation {self.name!r}: its environment failed to start: "
                                f"{type(err).__name__}: {err}") from err
         _size_check(self.name, 0, "observation", observation)
-        return Decision(state.model_dump(mode="json"), {}, observation, selection, world)
+        return Decision(self._state_wire(state, 0), {}, observation, selection, world)
+
+    def _state_wire(self, state: Any, round_: int) -> dict:
+        """The environment's state as it travels and is checkpointed: given back exactly by
+        `from_wire` (a tuple in a field typed `Any` stays a tuple), or refused naming the field."""
+        try:
+            return to_wire(state)
+        except StateTypeError as err:
+            after = f"after round {round_}" if round_ else "before round 1"
+            raise DecideFailed(f"simulation {self.name!r}: its environment's state {after} cannot be kept: "
+                               f"{err}") from None
 
     def _world(self, world: Any, where: str) -> World:
         cls = self.env.World
@@ -154,7 +191,7 @@ class RoundDecider:
         before = population if population is not None else Population.start(self.agents)
         env.population = before
         try:
-            state = env.start() if env_state is None else env.State.model_validate(env_state)
+            state = env.start() if env_state is None else from_wire(env.State, env_state)
             t0 = clock()
             total = env.merge(list(partials))
             t1 = clock()
@@ -166,13 +203,16 @@ class RoundDecider:
             env.population = after
             if env.World is not None:
                 world = self._world(world, f"decide(…) after round {round_}")
-            observation = env.observe(state, round_ + 1).model_dump(mode="json")
+            self._rules(state, world, round_)
+            observation = to_wire(env.observe(state, round_ + 1), strict=False)
             summary = sim.Summary.model_validate(summary.model_dump()).model_dump(mode="json")
-            selection = self.selection(state, round_ + 1)
-            state = state.model_dump(mode="json")
+            selection = self.selection(state, round_ + 1, world)
+            state = self._state_wire(state, round_)
             t2 = clock()
         except DecideFailed:
             raise
+        except ClaimError as err:  # a claim on a target that does not exist: the agent and target are named
+            raise RuleBroken(f"simulation {self.name!r}: round {round_}: claims: {err}") from err
         except WorldError as err:  # e.g. world.replace(cell=floats): the column and why are in its message
             raise WorldRefused(f"simulation {self.name!r}: its world after round {round_} is refused: {err}") from err
         except Exception as err:
@@ -206,6 +246,12 @@ class RoundDecider:
         if changes.births and self.no_births:
             raise PopulationRefused(f"simulation {self.name!r}, round {round_}: {changes.births} newcomer(s): "
                                     f"{self.no_births}")
+        states = changes.birth_states
+        if states is not None:  # as a checkpoint holds a state (a tuple stays a tuple, local = fleet)
+            changes = changes + Changes()  # the author's object stays as it was
+            changes.birth_states = [_born_state(st, f"simulation {self.name!r}: {where}, round {round_}, agent "
+                                                    f"{before.size + i}: births.{i}.state")
+                                    for i, st in enumerate(states)]
         try:
             return before.after(changes, round_, state_fields=self.env.sim.Agent.state_fields,
                                 personas=self.personas)
@@ -221,18 +267,23 @@ class ShareEngine:
         self._profiles = [p.profile for p in run.sim.cast.personas] if run.sim.cast is not None else None
         cls = type(run.sim).Agent
         self._wakes = cls.wakes is not Agent.wakes
+        self._wakes_view = self._wakes and wakes_with_view(cls)  # wakes(obs, view): sees its own view
         self.budget = Budget(budget_bytes)  # its views: said once per run when one is over
         self.cost: RoundCost | None = None  # the round in play's
         _time_folds(run.env, self)
 
-    def selected(self, round_: int, selection: dict | None, obs: Any) -> list[int] | None:
+    def selected(self, round_: int, selection: dict | None, obs: Any, world: World | None = None,
+                 view: Callable[[int], Any] | None = None) -> list[int] | None:
         """Indices (into the share's agents) of those who act this round; None: all of them. The
-        departed never act (nor cost anything but a bit here)."""
+        departed never act (nor cost anything but a bit here).
+        `world`: the round's (a selector may read its columns); `view`: agent id -> its own view
+        (what `wakes(obs, view)` sees; None: the environment gives none)."""
         sel = select.from_wire(selection)
         picked: np.ndarray | None = None
         living = self.run.living
         if sel is not None:
-            mask = sel.pick(self.run.ids, seed=self.run.sim.seed, round_=round_, profiles=self._profiles)
+            mask = sel.pick(self.run.ids, seed=self.run.sim.seed, round_=round_, profiles=self._profiles,
+                            world=world)
             picked = np.flatnonzero(mask if living is None else mask & living)
         elif living is not None:
             picked = np.flatnonzero(living)
@@ -241,6 +292,9 @@ class ShareEngine:
             return None if picked is None else picked.tolist()
         agents = self.run.agents
         candidates = range(len(agents)) if picked is None else picked.tolist()
+        if self._wakes_view:
+            return [i for i in candidates if _wakes(agents[i], obs, view(agents[i].id) if view is not None else None,
+                                                     with_view=True)]
         return [i for i in candidates if _wakes(agents[i], obs)]
 
     async def play(self, round_: int, observation: dict | None, selection: dict | None, llm: LLM, *,
@@ -267,13 +321,14 @@ class ShareEngine:
         edits = functools.partial(_record_edits, book, round_, type(run.sim).name) if book is not None \
             else functools.partial(_refuse_edits, round_, type(run.sim).name)
         sink = OutcomeSink(type(run.sim), run.env, batch_size=batch_size, emit=emit, grouped=run.tables.grouped,
+                           round_=round_,
                            posts=record_posts, levels=run.player.level_names, edits=edits)
         view = None
         if run.env.World is not None and type(run.env).view is not Env.view:
             if world is None:
                 raise RoundFailed(f"round {round_}: the simulation has a World but the round names none")
             view = self._viewer(world, round_, cost)
-        selected = self.selected(round_, selection, obs)
+        selected = self.selected(round_, selection, obs, world, view)
         run.acted(selected)  # before they play: a round cut short may have changed some of them
         try:
             await run.player.play(obs, llm, sink, selected, view=view, cost=cost)
@@ -316,6 +371,20 @@ class ShareEngine:
             return seen
 
         return view
+
+
+def _born_state(state: Any, where: str) -> dict | None:
+    """A newcomer's state, each field encoded as an agent-host encodes a checkpoint's
+    (populace.sdk.statejson); one no checkpoint keeps is refused, naming it."""
+    if state is None or not hasattr(state, "items"):
+        return state  # none given; or not a mapping, which the population refuses by name
+    out = {}
+    for name, value in state.items():
+        try:
+            out[name] = encode(value)
+        except StateTypeError as err:
+            raise PopulationRefused(f"{where}.{name}: {err}") from None
+    return out
 
 
 def births_refused(resolved: Resolved, sim: Any) -> str | None:
@@ -382,10 +451,11 @@ def _refuse_edits(round_: int, name: str, ids: list[int], outs: list) -> None:
     return None
 
 
-def _wakes(agent: Agent, obs: Any) -> bool:
-    """The agent's own say in whether it acts (a ProcessAgent asks its process)."""
+def _wakes(agent: Agent, obs: Any, view: Any = None, with_view: bool = False) -> bool:
+    """The agent's own say in whether it acts (a ProcessAgent asks its process): `wakes(obs)`,
+    or `wakes(obs, view)` for a class whose hook takes its view too."""
     try:
-        return bool(agent.wakes(obs))
+        return bool(agent.wakes(obs, view) if with_view else agent.wakes(obs))
     except Exception as err:
         raise RoundFailed(f"{type(agent).__name__}.wakes raised for agent {agent.id} in round {obs.round}: "
                           f"{err if isinstance(err, AgentRaised) else f'{type(err).__name__}: {err}'}") from err

@@ -70,8 +70,9 @@ class State(BaseModel):
 class Partial(BaseModel):
     """What a host's (or group's) reduction of outcomes tells the root env. Besides counts and
     integer sums, a partial may carry columns (`Ints`, `Floats`: numpy arrays, e.g. the agents
-    that want to move); `merge` concatenates them, in no particular order, so `decide` sorts
-    what it uses (by agent id)."""
+    that want to move); `merge` concatenates them in the order it gets them (on a host, batches
+    as they left; in the environment, shares by key: docs/simulations.md says exactly), which
+    another placement changes, so `decide` sorts what it uses (by agent id)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -118,15 +119,19 @@ class Env(Generic[StateT, PartialT]):
 
     def view(self, world: World, round: int, agent_id: int) -> Observation | None:
         """One agent's own observation this round, from the world (a personal feed, its
-        neighbourhood), made on the agent's host just before its turn. None (the default): every
-        agent sees the round's shared observation."""
+        neighbourhood), made on the agent's host just before its turn (and for `wakes(obs, view)`,
+        before selection). None (the default): every agent sees the round's shared observation."""
         return None
 
     def select(self, state: StateT, round: int) -> Any:
-        """Who acts in `round` (activation): a selector of `populace.sdk.select` (rate, ids, mask,
-        where), or None for everyone. Pure: it runs where the round is decided, and only the
-        agents it picks play, are reduced and are recorded (of the living: a departed agent is
-        never picked; a mask covers every id given so far, `self.population.size`)."""
+        """Who acts in `round` (activation): a selector of `populace.sdk.select` (rate, rate_by,
+        ids, mask, where, column), or None for everyone. Pure: it runs where the round is decided,
+        and only the agents it picks play, are reduced and are recorded (of the living: a departed agent is
+        never picked; a mask covers every id given so far, `self.population.size`).
+
+        Declared with a third argument, `select(self, state, round, world)`, it also gets the
+        world `round` is played in (the one `decide` of the round before returned, or
+        `start_world`'s for round 1; None for a simulation without a World)."""
         return None
 
     def reduce(self, agent_ids: Sequence[int], outcomes: Sequence[Outcome]) -> PartialT:  # pragma: no cover
@@ -135,7 +140,10 @@ class Env(Generic[StateT, PartialT]):
 
     def merge(self, partials: Sequence[PartialT]) -> PartialT:  # pragma: no cover
         """Fold partials (of batches, hosts or groups) into one: associative and commutative.
-        `partials` may be empty (a round in which no agent answered): return the empty partial."""
+        `partials` may be empty (a round in which no agent answered): return the empty partial.
+        On a host they come in the order the batches left (turns finish as the model answers);
+        in the environment one per share, in the text order of the share keys (`host@epoch`):
+        the same on one placement, different on another."""
         raise NotImplementedError
 
     def decide(self, state: StateT, round: int, total: PartialT) -> tuple[StateT, Summary]:  # pragma: no cover

@@ -25,6 +25,7 @@ from populace.sdk.profile import VIEW_BUDGET_BYTES
 from populace.sdk.registry import Resolved
 from populace.sdk.simulation import Observation, Simulation
 from populace.sdk.slicing import SLICE_S
+from populace.sdk.statejson import decode_state, encode_column, from_wire
 
 if TYPE_CHECKING:
     from populace.sdk.engine import ShareEngine
@@ -193,8 +194,8 @@ class HostedRun:
         personas = self.cast.personas if self.cast is not None else None
         agent = type(self.sim).Agent(agent_id, personas[agent_id] if personas is not None and agent_id < len(personas)
                                      else None, self.sim)
-        if state:
-            agent.restore(dict(state))
+        if state:  # as a checkpoint holds it (populace.sdk.statejson), like a restored agent's
+            agent.restore(decode_state(dict(state), type(self.sim).Agent))
         return ProcessAgent(agent) if self.one_per_process else agent
 
     def _arrive(self, first: int, count: int, population: Population) -> None:
@@ -230,16 +231,21 @@ class HostedRun:
         cls = type(self.sim).Observation
         if payload is None:
             return self.env.observe(self.env.start(), round_).model_copy(update={"round": round_})
-        return cls.model_validate({**payload, "round": round_})
+        return from_wire(cls, {**payload, "round": round_})
 
     async def _columns(self, agents: Sequence[Agent]) -> dict[str, list]:
-        """`agents`' declared state, columnar ({field: values}), with their edge edits."""
-        fields = type(self.sim).Agent.state_fields
-        if agents and isinstance(agents[0], ProcessAgent):
+        """`agents`' declared state, columnar ({field: values}) as JSON gives it back exactly
+        (populace.sdk.statejson: a tuple stays a tuple), with their edge edits."""
+        cls = type(self.sim).Agent
+        fields = cls.state_fields
+        apart = bool(agents) and isinstance(agents[0], ProcessAgent)
+        if apart:
             states = [await a.fetch_state() for a in agents]  # type: ignore[attr-defined]
             columns = {f: [s.get(f) for s in states] for f in fields}
         else:
             columns = {f: [getattr(a, f) for a in agents] for f in fields}
+        columns = {f: encode_column(f, values, lambda i: agents[i].id, cls, every=apart)
+                   for f, values in columns.items()}
         book = self.sim.edges
         if book is not None:  # the agents' edits: their in-edges are theirs, saved with them
             columns[EDGES] = [book.state(a.id) for a in agents]
@@ -327,10 +333,11 @@ class HostedRun:
         if missing:
             raise ValueError(f"run {self.run_id}: the checkpoint has no state for agents {missing[:5]}"
                              f"{' …' if len(missing) > 5 else ''}")
+        cls = type(self.sim).Agent
         for a in agents:
             state = states.get(a.id) if born is None or a.id < born else d.born_state(a.id)  # type: ignore[union-attr]
             if state and not state.get(FRESH):  # a newcomer that never acted: as its class made it
-                a.restore(state)
+                a.restore(decode_state(state, cls))
         book = self.sim.edges
         if book is not None:
             for a in agents:

@@ -54,6 +54,7 @@ from populace.core.contracts import Question, Survey, choice_key
 from populace.sdk.answers import answer_field
 from populace.sdk.llm import ASKING, ASKING_CALLS, CALLER, LLM, InferError, ModelUnavailable
 from populace.sdk.population import FRESH, GONE
+from populace.sdk.statejson import decode, decode_state
 
 if TYPE_CHECKING:
     from populace.sdk.agent import Agent
@@ -325,8 +326,9 @@ def copy_of(sim: Simulation, agent_id: int, state: dict[str, Any]) -> Agent:
     state as a checkpoint holds it). Answering changes nothing of the run's own agent."""
     cast = sim.cast
     persona = cast.personas[agent_id] if cast is not None else None
-    agent = type(sim).Agent(agent_id, persona, sim)
-    agent.restore(state)
+    cls = type(sim).Agent
+    agent = cls(agent_id, persona, sim)
+    agent.restore(decode_state(state, cls))
     return agent
 
 
@@ -368,6 +370,8 @@ def copy_maker(sim: Simulation) -> Callable[[int, dict[str, Any]], Any]:
 
     def light(agent_id: int, state: dict[str, Any]) -> _Copy:
         memory = (state.get("memory") or ()) if has_memory else ()
+        if type(memory) is dict:  # a memory saved typed (populace.sdk.statejson); JSON lists read alike
+            memory = decode(memory)
         return _Copy(agent_id, personas[agent_id] if personas is not None else None, memory)
 
     return light

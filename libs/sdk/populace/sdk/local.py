@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from populace.core.contracts import HostInfo, RunConfig, SimulationTables
+from populace.core.contracts import GRAPH_ONE_PER_PROCESS, HostInfo, RunConfig, SimulationTables
 from populace.core.placement import birth_block, place, place_births
 from populace.graph.csr import Graph
 from populace.population.cast import Cast
@@ -29,6 +29,7 @@ from populace.sdk.play import OutcomeRows, RoundPlayer, RoundShare
 from populace.sdk.population import Delta, Population, combined_rows
 from populace.sdk.profile import PROFILE_KEYS, RoundCost, budget_bytes
 from populace.sdk.registry import Resolved, resolve
+from populace.sdk.statejson import from_wire, to_wire
 
 LLMFactory = Callable[[HostedRun, int], LLM]  # (the host's share, round) -> the port for that round
 
@@ -101,6 +102,8 @@ async def run_local(config: RunConfig | Resolved, *, run_id: str = "local", cast
     budget = budget_bytes() if view_budget_bytes is None else view_budget_bytes
     resolved = config if isinstance(config, Resolved) else resolve(config)
     c = resolved.config
+    if one_per_process and c.graph is not None:  # refused as the CLI and the fleet refuse it
+        raise ValueError(GRAPH_ONE_PER_PROCESS)
     tables = resolved.tables()
     if c.graph is not None and graph is None:
         graph = local_graph(c, cast)
@@ -134,8 +137,10 @@ async def run_local(config: RunConfig | Resolved, *, run_id: str = "local", cast
             _exchange(runs, placement, n)
             if n == 1 and decider.env.World is not None:
                 world = decider.opening().world
-            decision = decider.decide(n, state, [s.partial for s in shares if s.partial is not None], world,
-                                      population)
+            # each share's partial as the environment service reads it off the wire (local = fleet)
+            partials = [from_wire(type(s.partial), to_wire(s.partial, strict=False)) for s in shares
+                        if s.partial is not None]
+            decision = decider.decide(n, state, partials, world, population)
             _profile_rows(out.profile, run_id, n, [s.cost for s in shares if s.cost is not None], decision)
             state, observation, selection, world = (decision.state, decision.observation, decision.selection,
                                                     decision.world)

@@ -33,11 +33,13 @@ from pydantic import TypeAdapter, ValidationError
 
 from populace.core.ranges import not_in, outside
 from populace.sdk.agent import Agent
+from populace.sdk.answers import schema_options
+from populace.sdk.claims import ClaimError
 from populace.sdk.edges import EdgeError
 from populace.sdk.env import Env, GroupEnv, Partial
 from populace.sdk.groups import Group, GroupLayout
 from populace.sdk.llm import LLM, TURNS, InferError, ModelUnavailable
-from populace.sdk.outcome import Outcome, columns_adapter
+from populace.sdk.outcome import Outcome, columns_adapter, literal_values, outcome_fields
 from populace.sdk.process import AgentRaised
 from populace.sdk.profile import RoundCost, Timed, sampled
 from populace.sdk.scene import PLAYING, ActRecord, LineRecord, Member, Scene, SceneError
@@ -118,19 +120,23 @@ class _Columns:
     """Validates a batch of outcome objects (a simulation's Outcome or Act class) into columns."""
 
     def __init__(self, cls: type[Outcome], bounds: tuple[str, tuple[float, float]] | None = None,
-                 choices: tuple[str, frozenset[str]] | None = None) -> None:
+                 options: dict[str, tuple] | None = None) -> None:
         self.adapters = columns_adapter(cls)
         self.getters = {name: operator.attrgetter(name) for name in ("valid", "raw", *self.adapters)}
         self.defaults = {f.name: (f.default_factory if f.default is dataclasses.MISSING
                                   else (lambda v=f.default: v)) for f in dataclasses.fields(cls)}
         self.bounds = bounds  # (measure, its declared range): a valid value outside is invalid
-        self.choices = choices  # (measure, its declared options): a valid value not one of them is invalid
+        # column -> its declared options, in order (the measure's, an answer schema's enum): a
+        # valid value not one of them is invalid
+        self.options = {name: (tuple(opts), frozenset(opts)) for name, opts in (options or {}).items()}
 
     def __call__(self, outs: list[Outcome], errs: list[str | None]) -> tuple[dict[str, list], list[bool], list[str]]:
         """Validated columns. A value that does not fit its column is reset to the column's
         default and its row marked invalid (error named); the row's other values stay — a
         group env may already have filled them — and one agent's bad value never poisons
-        the batch."""
+        the batch. A value outside what the model was offered (a Literal's values, the declared
+        options or range) is the model's invalid answer ('answer: …', however the simulation's
+        parser let it through); any other misfit is the simulation's own error ('agent: …')."""
         for _ in range(2):
             bad: dict[int, list[str]] = {}
             columns: dict[str, list] = {}
@@ -143,20 +149,21 @@ class _Columns:
                         if e["loc"] and isinstance(e["loc"][0], int):
                             bad.setdefault(e["loc"][0], []).append(name)
                             reason = f"outcome.{name}: {e['msg']} (got {e.get('input')!r})"
-                            errs[e["loc"][0]] = errs[e["loc"][0]] or f"agent: {reason}"
+                            whose = "answer" if e["type"] == "literal_error" else "agent"
+                            errs[e["loc"][0]] = errs[e["loc"][0]] or f"{whose}: {reason}"
             if self.bounds is not None and not bad:
                 measure, (lo, hi) = self.bounds
                 for i in outside(columns[measure], columns["valid"], (lo, hi)):
                     bad.setdefault(i, []).append(measure)
                     v = columns[measure][i]
-                    errs[i] = errs[i] or f"agent: outcome.{measure}: {v!r} is outside the simulation's range " \
+                    errs[i] = errs[i] or f"answer: outcome.{measure}: {v!r} is outside the simulation's range " \
                                          f"[{lo:g}, {hi:g}]"
-            if self.choices is not None and not bad:
-                measure, options = self.choices
-                for i in not_in(columns[measure], columns["valid"], options):
-                    bad.setdefault(i, []).append(measure)
-                    errs[i] = errs[i] or f"agent: outcome.{measure}: {columns[measure][i]!r} is not one " \
-                                         "of the simulation's options"
+            if self.options and not bad:
+                for name, (listed, allowed) in self.options.items():
+                    for i in not_in(columns[name], columns["valid"], allowed):
+                        bad.setdefault(i, []).append(name)
+                        errs[i] = errs[i] or f"answer: outcome.{name}: {columns[name][i]!r} is not one of the " \
+                                             f"options ({_listed(listed)})"
             if not bad:
                 return columns, columns.pop("valid"), columns.pop("raw")
             for i, names in bad.items():
@@ -168,6 +175,33 @@ class _Columns:
                 if "raw" in names:  # the model's text must survive as text
                     out.raw = repr(raw)
         raise RuntimeError("outcome defaults do not fit their own columns")  # pragma: no cover
+
+
+def _listed(options: Sequence[object], most: int = 12) -> str:
+    shown = ", ".join(map(repr, options[:most]))
+    return shown + (f", … ({len(options)} in all)" if len(options) > most else "")
+
+
+def declared_options(sim: type[Simulation], measure: str | None, measure_options: Sequence[str] | None,
+                     answer_schema: dict | None) -> dict[str, tuple]:
+    """Each outcome column's declared options: the measure's (`measure_options`, as the run's
+    tables carry them), and for any other column named as a property of the answer schema with
+    an `enum`, that enum in the column's type (an enum the column's type cannot hold is the
+    simulation's translation of the answer: left alone). A Literal column's values are checked
+    by its type already."""
+    out: dict[str, tuple] = {}
+    if measure is not None and measure_options:
+        out[measure] = tuple(measure_options)
+    fields = dict(outcome_fields(sim.Outcome))
+    enums = {name: enum for name, enum in schema_options(answer_schema).items()
+             if name in fields and name not in out and not literal_values(fields[name])}
+    adapters = columns_adapter(sim.Outcome) if enums else {}
+    for name, enum in enums.items():
+        try:
+            out[name] = tuple(dict.fromkeys(adapters[name].validate_python(list(enum))))
+        except ValidationError:
+            continue
+    return out
 
 
 def _group_bytes(members: Sequence[tuple[Agent, Outcome, float, str | None, Any]], acts: Sequence[ActRecord],
@@ -186,18 +220,21 @@ class OutcomeSink:
     def __init__(self, sim: type[Simulation], env: Env, *, batch_size: int = 1000,
                  emit: Callable[[OutcomeRows], None] | None = None, grouped: bool = False,
                  posts: PostRecorder | None = None, levels: Sequence[str] = (),
-                 edits: EditRecorder | None = None) -> None:
+                 edits: EditRecorder | None = None, round_: int | None = None) -> None:
         # A valid numeric measure outside the simulation's declared range for the run is not
         # possible: the row is invalid (named), as the recorder would refuse the batch.
         instance = getattr(env, "sim", None)
-        run_tables = sim.tables_for(instance.params) if instance is not None else None
+        schema = instance.answer_schema() if instance is not None else None
+        run_tables = sim.tables_for(instance.params, schema) if instance is not None else None
         bounds = (run_tables.measure, run_tables.measure_range) if run_tables and run_tables.measure_range else None
-        # likewise a valid categorical measure that is not one of its declared options
-        options = run_tables.measure_options if run_tables else None
-        choices = (run_tables.measure, frozenset(options)) if run_tables and options else None
-        self._columns = _Columns(sim.Outcome, bounds, choices)
+        # likewise a valid value that is not one of its declared options: the categorical measure's,
+        # and any column's that the answer schema gives an `enum`
+        options = declared_options(sim, run_tables.measure if run_tables else None,
+                                   run_tables.measure_options if run_tables else None, schema)
+        self._columns = _Columns(sim.Outcome, bounds, options)
         self._act_columns = _Columns(sim.Act) if sim.Act is not None else None
         self._env = env
+        self._where = f"simulation {sim.name!r}" + (f", round {round_}" if round_ is not None else "")
         self._batch_size = batch_size
         self._emit = emit
         self._grouped = grouped
@@ -288,6 +325,8 @@ class OutcomeSink:
         if self.failure is None:
             try:
                 self._partials.append(self._env.reduce(ids, outs))
+            except ClaimError as err:  # a claim that is not a target (e.g. 2.5): the simulation's bug, named
+                self.failure = RoundPaused(f"{self._where}: {type(self._env).__name__}.reduce: claims: {err}")
             except Exception as err:
                 self.failure = RoundFailed(f"{type(self._env).__name__}.reduce raised: {type(err).__name__}: {err}")
         levels = ({name: [o[i] for o in outer] for i, name in enumerate(self._levels)}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
+import os
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -68,8 +69,8 @@ def _child_main(conn: Connection, agent: Agent) -> None:
             agent.restore(msg[1])
             continue
         if msg[0] == "wakes":
-            try:
-                conn.send(("wakes", bool(agent.wakes(msg[1])), None))
+            try:  # ("wakes", obs) or ("wakes", obs, view): the form the agent's class declares
+                conn.send(("wakes", bool(agent.wakes(*msg[1:])), None))
             except Exception as err:
                 conn.send(("wakes", False, f"{type(err).__name__}: {err}"))
             continue
@@ -124,10 +125,19 @@ class ProcessAgent(Agent):
         self.conn.send(("act", phase, view))
         return await self._relay(llm)
 
-    def wakes(self, obs: Observation) -> bool:
-        # between rounds: nothing else is on the pipe, and the child answers at once
-        self.conn.send(("wakes", obs))
-        _, wakes, error = self.conn.recv()
+    def wakes(self, obs: Observation, *view: Any) -> bool:
+        # Between rounds: nothing else is on the pipe, and the child answers at once. The exchange
+        # is synchronous (selection is), but an event loop that watched the pipe (uvloop's, on an
+        # agent-host, after a turn) left it non-blocking: a recv before the answer came would raise
+        # BlockingIOError, so the pipe blocks for this exchange only.
+        fd = self.conn.fileno()
+        was = os.get_blocking(fd)
+        os.set_blocking(fd, True)
+        try:
+            self.conn.send(("wakes", obs, *view))
+            _, wakes, error = self.conn.recv()
+        finally:
+            os.set_blocking(fd, was)
         if error is not None:
             raise AgentRaised(error)
         return wakes

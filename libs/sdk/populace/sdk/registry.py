@@ -77,8 +77,16 @@ class Resolved:
     params: Params
 
     def tables(self) -> SimulationTables:
-        """The simulation's tables for this run: with its measure's declared range."""
-        return self.simulation.tables_for(self.params)
+        """The simulation's tables for this run: with its measure's declared range or options
+        (those of its answer schema's `enum` too), and who may be in which group (its group
+        layout, which the recorder checks each group id against)."""
+        tables = self.simulation.tables_for(self.params, self.instance().answer_schema())
+        if self.simulation.GroupEnv is None:
+            return tables
+        layout = self.simulation(self.params, agents=self.config.agents, seed=self.config.seed).group_layout()
+        if layout is None:
+            return tables
+        return tables.model_copy(update={"group_sizes": list(layout.sizes), "group_block": layout.block})
 
     def instance(self, run_id: str = "", cast=None) -> Simulation:
         c = self.config
@@ -174,18 +182,29 @@ def _check_changes(sim: type[Simulation], params: Params, config: RunConfig) -> 
                              "population.newcomers (how many newcomers' personas to keep)")
 
 
-def _check_selection(sim: type[Simulation], params: Params, config: RunConfig) -> None:
+def _check_selection(sim: type[Simulation], params: Params, config: RunConfig, world: bool = False) -> None:
     """Who acts in round 1, as the simulation's environment selects it, before anything starts:
-    a rate outside [0, 1] or an agent the run does not have is named now, not on the fleet."""
+    a rate outside [0, 1] or an agent the run does not have is named now, not on the fleet.
+    A `select(state, round, world)` needs round 1's world, built only when `world` is set (by
+    `check_world_selection`, after the memory check: every service resolves a run, and none
+    should build its world for that)."""
     from populace.sdk.env import Env
-    from populace.sdk.select import SelectionError, checked
+    from populace.sdk.select import SelectionError, checked, takes
 
     if sim.Env.select is Env.select:
         return  # everyone acts
-    where = f"{sim.Env.__name__}.select(state, 1)"
+    sees_world = takes(sim.Env.select, 3)
+    if sees_world != world:
+        return
+    where = f"{sim.Env.__name__}.select(state, 1{', world' if sees_world else ''})"
     try:
         env = sim.Env(sim(params, agents=config.agents, rounds=config.rounds, seed=config.seed))
-        checked(env.select(env.start(), 1), config.agents, where)
+        state = env.start()
+        if sees_world:  # round 1's world, as the environment starts it (pure and seeded)
+            start = env.start_world(state) if sim.Env.World is not None else None
+            checked(env.select(state, 1, start), config.agents, where, start)
+        else:
+            checked(env.select(state, 1), config.agents, where)
     except SelectionError as err:
         raise ValueError(f"select: {err}") from None
     except ValidationError as err:  # a selector built with a bad value, e.g. rate(1.5)
@@ -195,6 +214,12 @@ def _check_selection(sim: type[Simulation], params: Params, config: RunConfig) -
                          f"{first['msg']}") from None
     except Exception as err:  # the simulation's own bug, named before the run starts
         raise ValueError(f"select: {where} raised {type(err).__name__}: {err}") from None
+
+
+def check_world_selection(resolved: Resolved) -> None:
+    """Round 1's selection of a `select(state, round, world)`, from the world the run starts with
+    (built here): ValueError naming it (`select: …`), before the run starts."""
+    _check_selection(resolved.simulation, resolved.params, resolved.config, world=True)
 
 
 def _error(message: str, data: dict) -> ValidationError:

@@ -18,7 +18,9 @@ simulation's acts table: one row per act, its `Act` columns), every line said to
 resume and a fork replay whole scenes.
 
 A scene must give every member its round's outcome (`scene.outcome`), act for its own members
-only, and never await one member's act while another act of that member is running."""
+only, and never await one member's act while another act of that member is running. A group of
+k members acts at most MAX_ACTS_PER_MEMBER × k times and says at most MAX_LINES_PER_MEMBER × k
+lines in a round (the recorder refuses more: a host writes a bounded transcript)."""
 
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from populace.core.contracts import MAX_ACTS_PER_MEMBER, MAX_LINES_PER_MEMBER
 from populace.sdk.llm import CALLER, InferError
 from populace.sdk.rng import seeded
 
@@ -99,7 +102,8 @@ class Scene:
     """One group's round (see the module's docstring). One per group per round, so a small
     object: the platform's bookkeeping lives in slots, created empty."""
 
-    __slots__ = ("_act_cls", "_clock", "_failed_act", "_gate", "_llm", "_seq", "acts", "broken", "group",
+    __slots__ = ("_act_cls", "_acts_begun", "_clock", "_failed_act", "_gate", "_llm", "_seq", "acts", "broken",
+                 "group",
                  "in_flight", "last_active", "members", "outcomes", "round", "sim", "transcript")
 
     def __init__(self, round: int, group: int, sim: Any, llm: LLM, act_cls: type,
@@ -119,6 +123,7 @@ class Scene:
         self.acts: list[ActRecord] = []
         self.outcomes: dict[int, Outcome] = {}
         self._seq = 0
+        self._acts_begun = 0
         self.in_flight = 0  # acts and model calls running now: a scene with none for long is stuck
         self.last_active = 0.0
         self.broken: str | None = None  # the first rule it broke (the round fails even if the scene caught it)
@@ -155,6 +160,8 @@ class Scene:
             body = json.dumps(fields, sort_keys=True, separators=(",", ":"), allow_nan=False) if fields else None
         except (TypeError, ValueError) as err:
             raise self._break(f"a line's fields must be JSON: {err}") from None
+        if len(self.transcript) >= MAX_LINES_PER_MEMBER * len(self.members):
+            raise self._break(f"more than {MAX_LINES_PER_MEMBER} lines per member ({len(self.members)}) in a round")
         self.transcript.append(LineRecord(self._next(), who, text[:MAX_LINE_CHARS], body))
 
     def outcome(self, member: Member | int, outcome: Outcome) -> None:
@@ -188,6 +195,9 @@ class Scene:
                               "(await each act before the next of the same member)")
         if not isinstance(phase, str):
             raise self._break(f"an act's phase is a string, not {type(phase).__name__}")
+        if self._acts_begun >= MAX_ACTS_PER_MEMBER * len(self.members):
+            raise self._break(f"more than {MAX_ACTS_PER_MEMBER} acts per member ({len(self.members)}) in a round")
+        self._acts_begun += 1
         seq = self._next()
         member._busy = True
         self.in_flight += 1  # waiting for the loop to turn is not a stuck scene

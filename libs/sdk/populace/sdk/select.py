@@ -1,26 +1,32 @@
-"""Activation: who acts in a round. An environment's `select(state, round)` returns one of these
-selectors (None: everyone); only the agents it picks play, are reduced and recorded, and the
-others keep their state and cost nothing.
+"""Activation: who acts in a round. An environment's `select(state, round)` — or, to see the
+round's world, `select(state, round, world)` — returns one of these selectors (None: everyone);
+only the agents it picks play, are reduced and recorded, and the others keep their state and
+cost nothing.
 
     from populace.sdk import select
     select.rate(0.1)                       # a seeded 10% of the agents, drawn again every round
     select.ids([3, 17, 42])                # exactly these agents
     select.mask(unhappy)                   # a boolean per agent (numpy array or list)
     select.where(activity=["high"])        # agents whose persona profile has one of these values
+    select.column("alive")                 # agents whose per-agent world column is true (non-zero)
 
 Selection is pure and seeded by (run seed, round, agent, salt) — never by arrival order or by
 placement — so every host picks the same agents, one process picks what the fleet picks, and a
 resumed run picks what it would have. Selectors are small pydantic models: they travel with the
-round (a mask of a million agents packs into 125 kB)."""
+round (a mask of a million agents packs into 125 kB; `column` names a column of the world every
+host reads anyway, so it is a few bytes for any number of agents)."""
 
 from __future__ import annotations
 
 import base64
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
+
+if TYPE_CHECKING:
+    from populace.sdk.world import World
 
 _MASK64 = np.uint64((1 << 64) - 1)
 
@@ -32,18 +38,20 @@ class SelectionError(ValueError):
 class _Selector(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    def pick(self, ids: np.ndarray, *, seed: int, round_: int, profiles: Sequence[Mapping] | None) -> np.ndarray:
-        """Of the agent ids `ids` (int64, sorted), the mask of those selected."""
+    def pick(self, ids: np.ndarray, *, seed: int, round_: int, profiles: Sequence[Mapping] | None,
+             world: World | None = None) -> np.ndarray:
+        """Of the agent ids `ids` (int64, sorted), the mask of those selected (`world`: the
+        round's, on the host that plays it)."""
         raise NotImplementedError  # pragma: no cover
 
-    def check(self, agents: int) -> None:
-        """Raise SelectionError when this selector names what the run does not have."""
+    def check(self, agents: int, world: World | None = None) -> None:
+        """Raise SelectionError when this selector names what the run (or its world) does not have."""
 
 
 class Everyone(_Selector):
     kind: Literal["all"] = "all"
 
-    def pick(self, ids, *, seed, round_, profiles):
+    def pick(self, ids, *, seed, round_, profiles, world=None):
         return np.ones(ids.size, dtype=bool)
 
 
@@ -54,7 +62,7 @@ class Rate(_Selector):
     p: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
     salt: int = 0  # another stream of draws (e.g. two rates in one run)
 
-    def pick(self, ids, *, seed, round_, profiles):
+    def pick(self, ids, *, seed, round_, profiles, world=None):
         return uniform(seed, round_, ids, self.salt) < self.p
 
 
@@ -69,10 +77,10 @@ class Ids(_Selector):
     def _sorted(cls, v: list[int]) -> list[int]:
         return sorted(set(v))
 
-    def pick(self, ids, *, seed, round_, profiles):
+    def pick(self, ids, *, seed, round_, profiles, world=None):
         return np.isin(ids, np.asarray(self.ids, dtype=np.int64))
 
-    def check(self, agents: int) -> None:
+    def check(self, agents: int, world: World | None = None) -> None:
         if self.ids and self.ids[-1] >= agents:
             raise SelectionError(f"ids: agent {self.ids[-1]} does not exist (the run has {agents} agents, "
                                  f"0..{agents - 1})")
@@ -89,14 +97,14 @@ class Mask(_Selector):
         packed = np.frombuffer(base64.b64decode(self.bits), dtype=np.uint8)
         return np.unpackbits(packed, count=self.size).astype(bool)
 
-    def pick(self, ids, *, seed, round_, profiles):
+    def pick(self, ids, *, seed, round_, profiles, world=None):
         full = self.array()
         out = np.zeros(ids.size, dtype=bool)
         inside = ids < full.size
         out[inside] = full[ids[inside]]
         return out
 
-    def check(self, agents: int) -> None:
+    def check(self, agents: int, world: World | None = None) -> None:
         if self.size != agents:
             raise SelectionError(f"mask: {self.size} values for the run's {agents} agents")
 
@@ -108,7 +116,7 @@ class Where(_Selector):
     kind: Literal["where"] = "where"
     attributes: dict[str, list[Any]] = Field(min_length=1)
 
-    def pick(self, ids, *, seed, round_, profiles):
+    def pick(self, ids, *, seed, round_, profiles, world=None):
         if profiles is None:
             return np.zeros(ids.size, dtype=bool)
         wanted = {k: set(map(_hashable, v)) for k, v in self.attributes.items()}
@@ -126,7 +134,7 @@ class RateBy(_Selector):
     default: float = Field(0.0, ge=0.0, le=1.0, allow_inf_nan=False)
     salt: int = 0
 
-    def pick(self, ids, *, seed, round_, profiles):
+    def pick(self, ids, *, seed, round_, profiles, world=None):
         if profiles is None:
             p = np.full(ids.size, self.default)
         else:
@@ -136,7 +144,33 @@ class RateBy(_Selector):
         return uniform(seed, round_, ids, self.salt) < p
 
 
-Selector = Annotated[Everyone | Rate | RateBy | Ids | Mask | Where, Field(discriminator="kind")]
+class Column(_Selector):
+    """Agents whose value in a per-agent column of the round's world is true (non-zero): read on
+    each host from the world it plays the round in, so it costs a few bytes on the wire for any
+    number of agents (a mask of 10 million would not fit a round's message)."""
+
+    kind: Literal["column"] = "column"
+    name: str = Field(min_length=1)
+
+    def pick(self, ids, *, seed, round_, profiles, world=None):
+        if world is None:  # refused by check() where the round is decided; a host never plays one
+            raise SelectionError(f"column {self.name!r}: the round has no world to read it from")
+        return np.asarray(getattr(world, self.name))[ids] != 0
+
+    def check(self, agents: int, world: World | None = None) -> None:
+        if world is None:
+            raise SelectionError(f"column {self.name!r}: the simulation has no World (declare one, or select "
+                                 "with mask(...))")
+        col = type(world).columns.get(self.name)
+        if col is None:
+            raise SelectionError(f"column {self.name!r} is not a column of {type(world).__name__} "
+                                 f"({', '.join(type(world).columns) or 'none'})")
+        if col.size != "agents" or col.dtype == "string":
+            raise SelectionError(f"column {self.name!r} is a {col.dtype} column of size {col.size!r}: select reads "
+                                 "a bool or number per agent (size 'agents')")
+
+
+Selector = Annotated[Everyone | Rate | RateBy | Ids | Mask | Where | Column, Field(discriminator="kind")]
 _ADAPTER: TypeAdapter = TypeAdapter(Selector)
 
 
@@ -180,6 +214,12 @@ def mask(values: Sequence[bool] | np.ndarray) -> Mask:
     return Mask(size=int(arr.size), bits=base64.b64encode(np.packbits(arr).tobytes()).decode())
 
 
+def column(name: str) -> Column:
+    """`column("alive")`: the agents whose value in the world's per-agent column `alive` is true
+    (non-zero) in the round they would play (from `select(state, round, world)`)."""
+    return Column(name=name)
+
+
 def where(**attributes: Any) -> Where:
     """`where(education=["PhD", "Master"], region="north")`: a single value or a list per attribute."""
     return Where(attributes={k: list(v) if isinstance(v, (list, tuple, set)) else [v] for k, v in attributes.items()})
@@ -197,16 +237,33 @@ def from_wire(data: dict | None) -> _Selector | None:
     return None if data is None else _ADAPTER.validate_python(data)
 
 
-def checked(selector: Any, agents: int, where_: str) -> _Selector | None:
+def checked(selector: Any, agents: int, where_: str, world: World | None = None) -> _Selector | None:
     """The environment's selector, refused with SelectionError (naming `where_`) when it is not
-    one or names what the run does not have."""
+    one or names what the run (or the round's world) does not have."""
     if selector is None:
         return None
     if not isinstance(selector, _Selector):
         raise SelectionError(f"{where_} returned {type(selector).__name__}, not a selector of populace.sdk.select "
-                             "(rate, ids, mask, where, everyone) or None")
+                             "(rate, rate_by, ids, mask, where, column, everyone) or None")
     try:
-        selector.check(agents)
+        selector.check(agents, world)
     except SelectionError as err:
         raise SelectionError(f"{where_}: {err}") from None
     return selector
+
+
+def takes(method: Any, n: int) -> bool:
+    """Whether a hook (a bound method, or a function with `self` first) accepts `n` positional
+    arguments: how the engine tells `select(state, round)` from `select(state, round, world)` and
+    `wakes(obs)` from `wakes(obs, view)`, so packages written for the older hook keep working."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(method).parameters.values())
+    except (TypeError, ValueError):  # a builtin or C callable: the older hook
+        return False
+    if not inspect.ismethod(method) and params and params[0].name == "self":
+        params = params[1:]
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return True
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params) >= n

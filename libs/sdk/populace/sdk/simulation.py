@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 from populace.core.contracts import PLATFORM_SUMMARY_COLUMNS, Column, RunConfig, SimulationTables
 from populace.sdk.agent import Agent
+from populace.sdk.answers import schema_options
 from populace.sdk.edges import EdgeBook
 from populace.sdk.env import Env, GroupEnv
 from populace.sdk.groups import GroupError, GroupLayout
@@ -119,6 +120,9 @@ class Simulation:
     # over rounds; `trend_columns` are drawn over rounds only.
     reference_columns: ClassVar[tuple[str, ...]] = ()
     trend_columns: ClassVar[tuple[str, ...]] = ()
+    # Human reference data the simulation ships (populace.analysis.reference): files beside its
+    # module, each with its citation; a report compares a run with the rows about its parameters.
+    references: ClassVar[tuple[str, ...]] = ()
     # Spaces, for reports: (the outcome column holding each agent's cell on `grid(params)`, the
     # outcome column its picture is coloured by); reports draw the grid per round from them.
     grid_columns: ClassVar[tuple[str, str] | None] = None
@@ -257,9 +261,10 @@ class Simulation:
     @classmethod
     def measure_options(cls, params: Params) -> tuple[str, ...] | None:
         """A categorical measure's possible answers, in the order results and reports list them
-        (None: any text). Default: the values of a `Literal["go", "stay"]` measure column. A
-        valid answer outside them is recorded as invalid with the error named (the recorder
-        refuses a batch that carries one), as a numeric measure outside `measure_range` is."""
+        (None: any text). Default: the values of a `Literal["go", "stay"]` measure column; else
+        (for a run) the `enum` of the answer schema's property named as the measure. A valid
+        answer outside them is recorded as the model's invalid answer with the error named (the
+        recorder refuses a batch that carries one), as a numeric measure outside `measure_range` is."""
         fields = dict(outcome_fields(cls.Outcome))
         measure = cls.Outcome.measure or next(iter(fields), None)
         values = literal_values(fields[measure]) if measure in fields else None
@@ -276,36 +281,43 @@ class Simulation:
         measure = cls.Outcome.measure or (fields[0][0] if fields else None)
         if measure is not None and measure not in dict(fields):
             raise OutcomeError(f"{cls.Outcome.__name__}.measure: {measure!r} is not one of its columns")
+        columns = _columns(cls.Outcome, fields)
         kind = None
         if measure is not None:
-            kind = "numeric" if column_type(dict(fields)[measure]) in ("DOUBLE", "BIGINT") else "categorical"
+            kind = "numeric" if {c.name: c.type for c in columns}[measure] in ("DOUBLE", "BIGINT") else "categorical"
         levels = [g.level for g in cls.group_levels()[1:]] if cls.GroupEnv is not None else []
         scenes = cls.GroupEnv is not None and cls.GroupEnv.plays_scenes() and cls.Act is not None
         return SimulationTables(
             simulation=cls.name,
             outcomes=cls.outcome_table or f"{cls.slug()}_outcomes",
-            outcome_columns=[Column(name=n, type=column_type(a)) for n, a in fields],
+            outcome_columns=columns,
             rounds=cls.summary_table or f"{cls.slug()}_rounds",
-            summary_columns=[Column(name=n, type=column_type(a)) for n, a in summary_fields(cls.Summary)],
+            summary_columns=_columns(cls.Summary, summary_fields(cls.Summary)),
             grouped=cls.GroupEnv is not None,
             measure=measure,
             measure_kind=kind,
             levels=levels,
             edge_kinds=list(cls.edge_kinds),
             acts=(cls.acts_table or f"{cls.slug()}_acts") if scenes else None,
-            act_columns=[Column(name=n, type=column_type(a)) for n, a in outcome_fields(cls.Act)] if scenes else [],
+            act_columns=_columns(cls.Act, outcome_fields(cls.Act)) if scenes else [],
         )
 
     @classmethod
-    def tables_for(cls, params: Params) -> SimulationTables:
+    def tables_for(cls, params: Params, answer_schema: dict | None = None) -> SimulationTables:
         """The tables of a run with these parameters: with its numeric measure's declared range,
-        or its categorical measure's declared options."""
+        or its categorical measure's declared options (`measure_options`, else the `enum` the
+        run's `answer_schema` gives the measure's property: options that live only in the schema
+        are options too)."""
         tables = cls.tables()
         if tables.measure_kind == "numeric":
             return tables.model_copy(update={"measure_range": cls.measure_range(params)})
         if tables.measure_kind != "categorical":
             return tables
         options = cls.measure_options(params)
+        if options is None:
+            found = schema_options(answer_schema)
+            enum = found.get(tables.measure or "") or found.get("")
+            options = enum if enum and all(isinstance(o, str) for o in enum) else None
         if options is None:
             return tables
         if not (isinstance(options, (tuple, list)) and options and all(isinstance(o, str) for o in options)
@@ -344,6 +356,7 @@ class Simulation:
                                                                  for n in names)):
                     problems.append(f"`Agent.{attr}` must be a tuple of attribute names, e.g. (\"score\",) "
                                     f"(note the comma: (\"score\") is a string), not {names!r}")
+            problems += _state_problems(cls.Agent)
         if cls.Env is Env or cls.Env.reduce is Env.reduce:
             problems.append("`Env` must be your Env subclass with reduce, merge and decide")
         if cls.GroupEnv is not None and not (isinstance(cls.GroupEnv, type) and issubclass(cls.GroupEnv, GroupEnv)):
@@ -385,6 +398,43 @@ class Simulation:
         if problems:
             raise SimulationError(f"{where} ({cls.__module__}.{cls.__qualname__}) is not valid:\n  - "
                                   + "\n  - ".join(problems))
+
+
+def _columns(owner: type, fields: list[tuple[str, Any]]) -> list[Column]:
+    """The recorded columns of an outcome class's fields; OutcomeError naming the field whose type
+    is not a column type (a tuple, a set, a class of the simulation's …)."""
+    out = []
+    for name, annotation in fields:
+        try:
+            out.append(Column(name=name, type=column_type(annotation)))
+        except OutcomeError as err:
+            raise OutcomeError(f"{owner.__name__}.{name}: {err}") from None
+    return out
+
+
+def _state_problems(agent: type[Agent]) -> list[str]:
+    """A declared state field whose annotation names a type a checkpoint cannot keep (a
+    random.Random, a numpy array, an Enum …): named now, not when a resume loses it."""
+    from populace.sdk.statejson import unkept
+
+    try:
+        hints = typing.get_type_hints(agent)
+    except Exception:  # an annotation only a type checker can resolve: its values are checked when kept
+        return []
+    names = agent.state_fields if isinstance(agent.state_fields, (tuple, list)) else ()
+    out = []
+    for name in names:
+        bad = unkept(hints[name]) if isinstance(name, str) and name in hints else None
+        if bad is not None:
+            out.append(f"`{agent.__name__}.{name}` is declared {_type_name(hints[name])}, and a checkpoint cannot keep "
+                       f"a {_type_name(bad)}: a state field holds numbers, text, booleans, None, and lists, tuples, "
+                       "dicts, sets, frozensets, deques and Fractions of them (keep a seed, not a random.Random; "
+                       "a list, not a numpy array)")
+    return out
+
+
+def _type_name(annotation: object) -> str:
+    return annotation.__qualname__ if isinstance(annotation, type) else str(annotation).replace("typing.", "")
 
 
 def _grid_problems(cls: type[Simulation]) -> list[str]:

@@ -22,6 +22,7 @@ from pydantic_core import PydanticSerializationError, from_json, to_json
 from populace.sdk.agent import Agent
 from populace.sdk.process import ProcessAgent
 from populace.sdk.simulation import SimulationError
+from populace.sdk.statejson import StateTypeError, decode_state, encode_column
 
 if TYPE_CHECKING:
     from populace.sdk.hosting import HostedRun
@@ -58,10 +59,18 @@ def attributes(agent: Agent) -> dict[str, Any]:
     return {k: v for k, v in out.items() if k not in PLATFORM_ATTRIBUTES}
 
 
+def stored(agent: Agent) -> dict[str, Any]:
+    """The agent's declared state as a checkpoint holds it: encoded as the agent-host encodes it
+    (populace.sdk.statejson), through JSON (pydantic-core, populace.core.checkpoints)."""
+    cls = type(agent)
+    saved = {name: encode_column(name, [value], lambda i: agent.id, cls)[0] for name, value in agent.state().items()}
+    return from_json(to_json(saved))
+
+
 def checkpointed(agent: Agent) -> dict[str, Any]:
-    """The agent's declared state as a checkpoint gives it back: through JSON, as the
-    agent-host stores it (pydantic-core, populace.core.checkpoints)."""
-    return from_json(to_json(agent.state()))
+    """The agent's declared state as a checkpoint gives it back: `stored`, decoded as a restore
+    decodes it."""
+    return decode_state(stored(agent), type(agent))
 
 
 def restored(agent: Agent, sim: Any = None) -> Agent:
@@ -102,6 +111,8 @@ def problems(agent: Agent) -> list[tuple[str, str]]:
     except AttributeError as err:
         return [("state_fields", f"{cls.__name__}.state_fields names an attribute agent {agent.id} does not have "
                                  f"({err})")]
+    except StateTypeError as err:  # names the field
+        return [("state_fields", f"its saved state cannot be kept: {err}")]
     except (PydanticSerializationError, TypeError, ValueError) as err:
         return [("state_fields", f"agent {agent.id}'s saved state ({', '.join(cls.state_fields)}) cannot be "
                                  f"stored as JSON: {err}")]
@@ -115,8 +126,7 @@ def problems(agent: Agent) -> list[tuple[str, str]]:
             continue
         if name in cls.state_fields:
             out.append((name, f"{name!r} is saved, but comes back from its checkpoint as {_short(then)} instead of "
-                              f"{_short(now)} (a checkpoint is JSON: tuples inside come back as lists, dict keys "
-                              "as text)"))
+                              f"{_short(now)} (see populace.sdk.statejson for what a state field may hold)"))
         else:
             out.append((name, f"{name!r} changed ({_short(then)} when built, {_short(now)} now) but is not saved"))
     return out
@@ -150,7 +160,8 @@ def check_agents(agents: Sequence[Agent], *, size: int | None = DEFAULT_SAMPLE, 
     unsaved = [n for n in found if n not in cls.state_fields and n != "state_fields"]
     fix = (f"add it to {cls.__name__}.state_fields (state_fields = {tuple(unsaved)!r}; memory is always saved), "
            "or to transient_fields if the agent rebuilds it from its saved state") if unsaved else \
-        "keep the saved state to JSON values (numbers, text, lists, dicts with text keys)"
+        "keep the saved state to what a checkpoint keeps (numbers, text, booleans, None, and lists, tuples, dicts, " \
+        "sets, frozensets, deques and Fractions of them)"
     sim = getattr(first.sim, "name", "") or cls.__module__
     raise UnsavedState(f"simulation {sim!r}: a resume or fork of this run would not continue it exactly"
                        f"{' ' + when if when else ''} — {details}. Fix: {fix}.")

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
+from pydantic_core import from_json, to_json
 
 from populace.core import synth
 from populace.core.contracts import RunConfig
@@ -38,7 +39,8 @@ from populace.sdk.local import LocalResult, run_local
 from populace.sdk.population import FRESH, Population
 from populace.sdk.registry import Resolved, resolve
 from populace.sdk.simulation import Simulation
-from populace.sdk.statecheck import StateCheck, checkpointed
+from populace.sdk.statecheck import StateCheck, checkpointed, stored
+from populace.sdk.statejson import from_wire, to_wire
 
 LLMFactory = Callable[[HostedRun, int], LLM]
 # Columns that measure wall time, not what was played.
@@ -126,7 +128,7 @@ class _ResumeAfter:
         the population's bytes, the others restored from their checkpointed state."""
         states: dict[int, dict] = {int(aid): {FRESH: True} for aid, a in zip(run.ids.tolist(), run.agents)
                                    if a is UNMADE}  # as a checkpoint keeps a newcomer not made yet
-        states.update({a.id: checkpointed(a) for a in run.made_agents()})
+        states.update({a.id: stored(a) for a in run.made_agents()})  # restore decodes them
         personas = run.cast.personas if run.cast is not None else None
         make = type(sim).Agent
         run.agents[:] = [make(aid, personas[aid] if personas is not None and aid < len(personas) else None, sim)
@@ -144,7 +146,7 @@ class _ResumeAfter:
         def decide_then_checkpoint(state, round_, total, *world):
             state, *rest = decide(state, round_, total, *world)  # with a World: (state, summary, world)
             if round_ == after:
-                state = type(state).model_validate_json(state.model_dump_json())
+                state = from_wire(type(state), from_json(to_json(to_wire(state))))
             return (state, *rest)
 
         env.decide = decide_then_checkpoint  # type: ignore[method-assign]

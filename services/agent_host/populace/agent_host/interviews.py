@@ -228,7 +228,7 @@ class Interviewer:
                             ranges=list(order.ranges))
             states = interview.Respondents.from_chunks(
                 [chunk async for chunk in checkpoints.agent_chunks(self.js, r.run_id, r.round, r.ranges, order.ranges,
-                                                                   r.digests)],
+                                                                   r.digests, r.writers)],
                 wanted=order.ranges)
             chosen = states.chosen(seed=config.seed, survey_id=order.survey.id, sample=order.sample,
                                    agents=order.agents, last_use=True)

@@ -15,26 +15,29 @@ from populace.agent_host.batch_fit import fit
 from populace.core import bus, logs, metrics, subjects, telemetry
 from populace.core.checkpoints import put_bytes
 from populace.core.contracts import (
+    PARTIAL_BYTES_PER_AGENT,
+    PARTIAL_INLINE_BYTES,
+    PARTIAL_OBJECT_BASE_BYTES,
     ActColumns,
     EdgeColumns,
     LineColumns,
     OutcomeBatch,
+    PartialRef,
     PostColumns,
     Progress,
     RoundPartial,
     Usage,
+    partial_object_limit,
     share_key,
 )
-from populace.sdk.play import OutcomeRows, RoundShare
+from populace.sdk.play import OutcomeRows, RoundPaused, RoundShare
+from populace.sdk.statejson import to_wire
 
 log = logs.get("populace.agent_host")
 
 PUBACK_WAIT_S = 10.0
 # Of the server's max_payload, what a batch's headers (message id, trace context) may take
 HEADERS_ROOM = 4096
-# A partial larger than this (a partial's columns: the agents that move …) travels as an object of
-# the checkpoints store, which the message names with its digest: a message stays under 1 MB.
-PARTIAL_INLINE_BYTES = 256 * 1024
 # A slow model answers a gateway batch (up to 1,000 prompts) all at once, minutes after it was
 # asked; meanwhile a tick this often tells the orchestrator the round is alive, not stalled.
 WORKED_ON_TICK_S = 5.0
@@ -46,6 +49,10 @@ _ACT_PLATFORM = ("group_id", "seq", "agent_id", "phase", "valid", "raw", "latenc
 def _act_columns(rows: dict[str, list]) -> dict:
     """The engine's act rows as the wire has them: the simulation's Act columns apart."""
     return {**{k: rows[k] for k in _ACT_PLATFORM}, "columns": {k: v for k, v in rows.items() if k not in _ACT_PLATFORM}}
+
+
+class PartialTooLarge(RoundPaused):
+    """A share's partial larger than the environment takes (partial_object_limit): never stored."""
 
 
 class OutcomePublisher:
@@ -149,12 +156,19 @@ class OutcomePublisher:
         await asyncio.gather(*self._publishing)
         await asyncio.gather(*(self._confirm(*sent) for sent in self._sent))
         self._sent.clear()
-        payload = share.partial.model_dump(mode="json") if share.partial is not None else {}
+        payload = to_wire(share.partial, strict=False) if share.partial is not None else {}
         data = json.dumps(payload, separators=(",", ":")).encode()
         if len(data) > PARTIAL_INLINE_BYTES:  # e.g. a partial's columns: stored, and the message names it
+            limit = partial_object_limit(share.n)
+            if len(data) > limit:
+                raise PartialTooLarge(
+                    f"round {self.round}: the partial of {self.host_id}'s {share.n:,} agents takes {len(data):,} "
+                    f"bytes, more than the environment takes ({limit:,}: {PARTIAL_OBJECT_BASE_BYTES:,} and "
+                    f"{PARTIAL_BYTES_PER_AGENT} per agent); its Partial must carry less (counts and sums, or fewer "
+                    "columns)")
             name = subjects.checkpoint_partial(self.run_id, self.round, share_key(self.host_id, self.epoch))
-            payload = {"$ref": name, "sha256": await put_bytes(self._js, name, data,
-                                                                            writer=self.host_id)}
+            digest = await put_bytes(self._js, name, data, writer=self.host_id)
+            payload = PartialRef(ref=name, sha256=digest, size=len(data)).model_dump()
         partial = RoundPartial(run_id=self.run_id, round=self.round, host_id=self.host_id, n=share.n,
                                n_valid=share.n_valid, payload=payload, epoch=self.epoch, usage=usage or Usage(),
                                checkpoints=checkpoints or {}, interviews=interviews or Usage(),

@@ -30,6 +30,7 @@ from populace.sdk.nats_llm import InferSession
 from populace.sdk.play import RoundPaused
 from populace.sdk.population import GONE, Population
 from populace.sdk.registry import resolve
+from populace.sdk.statejson import StateTypeError
 from populace.sdk.world import World
 
 log = logs.get("populace.agent_host")
@@ -99,7 +100,7 @@ class HostRuntime:
         if batch.restore is None:
             return
         r = batch.restore
-        states = await checkpoints.load_agents(self.js, r.run_id, r.round, r.ranges, run.ranges, r.digests)
+        states = await checkpoints.load_agents(self.js, r.run_id, r.round, r.ranges, run.ranges, r.digests, r.writers)
         population = await self.population(run.run_id, r.population) if r.population is not None else None
         run.restore(states, population, r.round)
         plans = self.interviews.planned(run, r.round) if r.run_id == run.run_id else []
@@ -110,7 +111,8 @@ class HostRuntime:
         if run.mailroom is not None:
             # what the agents read next: every agent's post of that round (the checkpoint of
             # every range holds its agents' posts), not only this share's
-            everyone = await checkpoints.load_agents(self.js, r.run_id, r.round, r.ranges, r.ranges, r.digests)
+            everyone = await checkpoints.load_agents(self.js, r.run_id, r.round, r.ranges, r.ranges, r.digests,
+                                                     r.writers)
             box = run.mailroom.box(r.round)
             for aid, state in everyone.items():
                 text = state.get(POST_TEXT)
@@ -207,6 +209,12 @@ class HostRuntime:
             except RoundPaused as err:  # the simulation broke a rule (a scene, an edit): pause, resumable once fixed
                 reason = f"{err}; fix the simulation, then `populace resume {run.run_id}`"
                 log.error("scene_failed", error=reason)
+                if self._report_fault is not None:
+                    await self._report_fault(run.run_id, opened.round, reason, run.epoch, True)
+            except checkpoints.CheckpointError as err:  # a checkpoint, world or partial object the store
+                # refused (full) or that cannot be read: the store's fault, never the simulation's
+                reason = f"round {opened.round}: {err}; `populace resume {run.run_id}` continues"
+                log.error("checkpoint_unusable", error=reason)
                 if self._report_fault is not None:
                     await self._report_fault(run.run_id, opened.round, reason, run.epoch, True)
             except ModelUnavailable as err:  # the model path is down: pause, record nothing as answers
@@ -313,6 +321,10 @@ class HostRuntime:
         try:
             return await self._save(run, round_, chains, None if full else changed, box, round_fields,
                                     full_ranges=due)
+        except StateTypeError as err:  # the simulation's agents hold what no checkpoint keeps: resumable once fixed
+            run.changed = None
+            raise RoundPaused(f"simulation {run.resolved.config.simulation!r}: round {round_}: its agents' state "
+                              f"cannot be checkpointed: {err}") from err
         except BaseException:
             run.changed = None  # what this round changed may not be stored: the next checkpoint is full
             raise

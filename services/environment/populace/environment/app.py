@@ -10,7 +10,6 @@ Run with `populace service environment` or
 from __future__ import annotations
 
 import asyncio
-import json
 from collections import OrderedDict
 
 from faststream import FastStream
@@ -20,9 +19,21 @@ from faststream.nats.annotations import NatsMessage
 from nats.js.api import DeliverPolicy
 from opentelemetry.context import Context
 from pydantic import ValidationError
+from pydantic_core import from_json
 
 from populace.core import bus, checkpoints, metrics, runconfigs, subjects, telemetry
-from populace.core.contracts import RoundOpen, RoundPartial, RoundResult, RunFault, RunState, share_key
+from populace.core.contracts import (
+    PartialRef,
+    RoundOpen,
+    RoundPartial,
+    RoundResult,
+    RunFault,
+    RunHead,
+    RunState,
+    Share,
+    partial_object_limit,
+    share_key,
+)
 from populace.core.scenario import format_validation_error
 from populace.core.service import Refused, Service, control_pull
 from populace.core.settings import Settings
@@ -49,10 +60,13 @@ class Environment:
     async def fault(self, run_id: str, round_: int | None, reason: str, epoch: int = 0,
                     cause: BaseException | None = None) -> None:
         """`cause`: what the simulation raised; its bug that a fix resumes from (a world its
-        declaration refuses) pauses the run rather than failing it."""
-        pause = isinstance(cause, RoundPaused)
-        if pause:
+        declaration refuses) pauses the run rather than failing it, and so does an object the
+        store refused or cannot give back (it is full, a world is unreadable): not the run's fault."""
+        pause = isinstance(cause, (RoundPaused, checkpoints.CheckpointError))
+        if isinstance(cause, RoundPaused):
             reason = f"{reason}; fix the simulation, then `populace resume {run_id}`"
+        elif pause:
+            reason = f"{reason}; `populace resume {run_id}` continues"
         self.failed[run_id] = epoch
         self.svc.log.error("run_fault", run_id=run_id, round=round_, reason=reason, pause=pause)
         await bus.publish_js(self.svc.js, subjects.run_fault(run_id, "environment"),
@@ -136,7 +150,7 @@ class Environment:
         except Exception as err:  # unreadable, changed, or not the simulation's World
             self.runs.pop(tally.run_id, None)
             await self.fault(tally.run_id, opened.round, f"the environment cannot read the round's world: {err}",
-                             tally.epoch)
+                             tally.epoch, cause=err)
             return False
         return True
 
@@ -154,43 +168,27 @@ class Environment:
             return False
         return True
 
-    async def partial_by_reference(self, partial: RoundPartial) -> RoundPartial:
-        """A partial too large for a message names an object of its own share (and its digest):
-        read it, checked, in place of the reference."""
-        ref = partial.payload.get("$ref") if isinstance(partial.payload, dict) else None
-        if ref is None:
-            return partial
-        name = subjects.checkpoint_partial(partial.run_id, partial.round, share_key(partial.host_id, partial.epoch))
-        if ref != name or not isinstance(partial.payload.get("sha256"), str):
-            raise Refused(f"a partial of {share_key(partial.host_id, partial.epoch)} names {ref!r}, not its own "
-                          f"object {name}")
-        try:
-            data = await checkpoints.get_bytes(self.svc.js, name, partial.payload["sha256"])
-            payload = json.loads(data)
-        except (checkpoints.CheckpointError, ValueError) as err:
-            raise Refused(f"the partial's object {name} cannot be used: {err}") from None
-        return partial.model_copy(update={"payload": payload})
-
     async def on_partial(self, partial: RoundPartial, msg: NatsMessage | None) -> None:
-        """A share's reduced part of a round."""
+        """A share's reduced part of a round. One that travels by reference is read only once
+        its sender is known to be placed (count)."""
         if msg is not None and msg.raw_message.subject != subjects.run_partial(
                 partial.run_id, partial.round, partial.host_id, partial.epoch):
             # the subject is what NATS permissions check: a body must not claim another sender
             raise Refused(f"a partial of {partial.host_id}@{partial.epoch}, round {partial.round} "
                           f"of run {partial.run_id} does not belong on {msg.raw_message.subject}")
-        try:
-            partial = await self.partial_by_reference(partial)
-        except Refused as err:
-            if msg is None:  # read again after a restart: dead-lettered when it first came
-                self.svc.log.warning("bad_partial_skipped", run_id=partial.run_id, error=str(err))
-                return
-            raise
         tally = self.runs.get(partial.run_id)
         if tally is None:
             if partial.run_id in self.failed:
                 return
-            if msg is not None and not await self.known_run(partial.run_id):
-                raise Refused(f"run {partial.run_id} is not known")
+            if msg is not None:
+                head = await self.head_of(partial.run_id)
+                if head is None:
+                    raise Refused(f"run {partial.run_id} is not known")
+                if not self.in_placement(head, partial):  # kept unread until its round's announcement
+                    if partial.epoch < head.epoch:
+                        return  # a replaced share's straggler
+                    raise Refused(f"share {share_key(partial.host_id, partial.epoch)} was never placed in run "
+                                  f"{partial.run_id}")
             # The round's announcement may have been handled while the run was looked up: its
             # early partials are taken already, so one kept now would wait for good (a round
             # that never closes).
@@ -199,28 +197,76 @@ class Environment:
                 if sum(map(len, self.early.values())) < EARLY_LIMIT:
                     self.early.setdefault(partial.run_id, []).append((partial, msg))
                 return
-        if msg is not None and partial.epoch > tally.epoch and not await self.placed(partial):
+        if msg is not None and partial.epoch > tally.epoch and await self.placed(partial) is None:
             raise Refused(f"share {share_key(partial.host_id, partial.epoch)} was never placed in run "
                           f"{partial.run_id}")
         await self.count(tally, partial, msg, reject=msg is not None)
 
-    async def known_run(self, run_id: str) -> bool:
-        """Whether the run exists (KV `runs`): a partial may come before its round's announcement.
-        Read without its config (RunHead): one validated here while the announcement's read of it
-        by digest was under way was a second validation of the run's config."""
-        return await bus.run_head(self.svc.js, run_id) is not None
-
-    async def placed(self, partial: RoundPartial) -> bool:
-        """Whether a share of an epoch newer than the rounds announced here is in the run's
-        placement (KV `runs`, written before the orchestrator spawns it): a re-placement in
-        flight, not an epoch made up."""
-        head = await bus.run_head(self.svc.js, partial.run_id)  # its config is not needed: not validated
+    @staticmethod
+    def in_placement(head: RunHead, partial: RoundPartial) -> Share | None:
         key = share_key(partial.host_id, partial.epoch)
-        return head is not None and any(sh.key == key for sh in head.shares)
+        return next((sh for sh in head.shares if sh.key == key), None)
+
+    async def read_reference(self, tally: RunTally, partial: RoundPartial) -> RoundPartial | None:
+        """A partial too large for a message names an object of its own share, its digest and
+        size: read it, checked, in place of the reference — only once the round's placement (or,
+        for a round not announced here yet, the run's in KV) says its sender counts, and only if
+        its size is what a share of its agents may send (partial_object_limit). Raises BadPartial
+        when refused; None: a straggler, never read."""
+        key = share_key(partial.host_id, partial.epoch)
+        name = subjects.checkpoint_partial(partial.run_id, partial.round, key)
+        try:
+            ref = PartialRef.model_validate(partial.payload)
+        except ValidationError as err:
+            raise BadPartial(f"a partial of {key} names its object wrongly: {format_validation_error(err)}") from None
+        if ref.ref != name:
+            raise BadPartial(f"a partial of {key} names {ref.ref!r}, not its own object {name}")
+        async with tally.steps:  # the round's state as decide leaves it, not mid-step
+            standing = tally.screen(partial)  # BadPartial: the round's placement refuses its sender
+        if standing is False:
+            return None
+        agents = partial.n
+        if standing is None:  # its round is not announced here yet: the run's placement decides
+            share = await self.placed(partial)
+            if share is None:
+                raise BadPartial(f"share {key} was never placed in run {partial.run_id}")
+            agents = min(agents, sum(c for _, c in share.ranges))
+        limit = partial_object_limit(agents)
+        if ref.size > limit:
+            raise BadPartial(f"the partial's object {name} has {ref.size:,} bytes; a partial of {agents:,} agents "
+                             f"may have {limit:,}")
+        try:
+            data = await checkpoints.get_bytes(self.svc.js, name, ref.sha256, max_bytes=ref.size)
+            if len(data) != ref.size:
+                raise ValueError(f"it holds {len(data):,} bytes, not the {ref.size:,} its partial says")
+            payload = await asyncio.to_thread(from_json, data, allow_inf_nan=False)
+        except (checkpoints.CheckpointError, ValueError) as err:
+            raise BadPartial(f"the partial's object {name} cannot be used: {err}") from None
+        if not isinstance(payload, dict):
+            raise BadPartial(f"the partial's object {name} holds {type(payload).__name__}, not a partial")
+        return partial.model_copy(update={"payload": payload})
+
+    async def head_of(self, run_id: str) -> RunHead | None:
+        """The run's state in KV `runs` (None: no such run), read without its config (RunHead):
+        one validated here while the announcement's read of it by digest was under way was a
+        second validation of the run's config. A partial may come before its round's announcement."""
+        return await bus.run_head(self.svc.js, run_id)
+
+    async def placed(self, partial: RoundPartial) -> Share | None:
+        """The partial's share in the run's placement (KV `runs`, written before the orchestrator
+        spawns it), if it is there: e.g. a share of an epoch newer than the rounds announced here
+        is a re-placement in flight, not an epoch made up."""
+        head = await self.head_of(partial.run_id)
+        return None if head is None else self.in_placement(head, partial)
 
     async def count(self, tally: RunTally, partial: RoundPartial, msg: NatsMessage | None,
                     reject: bool = False) -> None:
         try:
+            if PartialRef.of(partial.payload):  # screened under the run's lock, read without it
+                read = await self.read_reference(tally, partial)
+                if read is None:
+                    return
+                partial = read
             async with tally.steps:
                 await self.settle(tally, lambda: tally.add(partial, msg), partial.round)
         except BadPartial as err:
@@ -276,7 +322,12 @@ class Environment:
             await self.fault(tally.run_id, round_, str(err), tally.epoch, cause=err.__cause__)
             return
         if result is not None:
-            await self.publish(result, tally)
+            try:
+                await self.publish(result, tally)
+            except checkpoints.CheckpointError as err:  # its checkpoint refused (the store is full)
+                self.runs.pop(tally.run_id, None)
+                await self.fault(tally.run_id, round_, f"the environment cannot store round {round_}'s checkpoint: "
+                                 f"{err}", tally.epoch, cause=err)
 
     async def publish(self, result: RoundResult, tally: RunTally) -> None:
         with tracer.start_as_current_span(

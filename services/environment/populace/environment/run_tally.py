@@ -34,6 +34,7 @@ from populace.sdk.env import Env, Partial
 from populace.sdk.population import Population
 from populace.sdk.profile import VIEW_BUDGET_BYTES
 from populace.sdk.registry import Resolved
+from populace.sdk.statejson import StateTypeError, from_wire
 from populace.sdk.world import World
 
 
@@ -169,26 +170,35 @@ class RunTally:
             return f"share {key} was never placed in run {opened.run_id} (round {opened.round}, epoch {opened.epoch})"
         return None
 
-    def add(self, partial: RoundPartial, source: object = None) -> RoundResult | None:
-        """Count a share's partial (once); raises BadPartial when the round's placement or
-        the simulation refuses it (see the module's docstring)."""
+    def screen(self, partial: RoundPartial) -> bool | None:
+        """What the rounds announced here say of a partial, before its payload is looked at:
+        True, it counts; False, a straggler (a replaced share's, a decided round's), dropped
+        quietly; None, its round is not announced here yet (the announcement checks it). Raises
+        BadPartial when the round's placement refuses it."""
         r, key = partial.round, share_key(partial.host_id, partial.epoch)
         newest = max(self.opened, default=0)
         if newest and r > newest + 1:
             raise BadPartial(f"round {r} is not open in run {self.run_id} (round {newest} is in play)")
         opened = self.opened.get(r)
-        if opened is None and r < newest:
-            return None  # a straggler of a round long decided
-        if opened is not None:
-            why = self._refusal(opened, key, partial)
-            if why is not None:
-                raise BadPartial(why)
-            if key not in opened.shares and partial.epoch < opened.epoch:
-                return None  # a replaced share's straggler
+        if opened is None:
+            return False if r < newest else None  # a straggler of a round long decided, or one to come
+        why = self._refusal(opened, key, partial)
+        if why is not None:
+            raise BadPartial(why)
+        return not (key not in opened.shares and partial.epoch < opened.epoch)  # a replaced share's straggler
+
+    def add(self, partial: RoundPartial, source: object = None) -> RoundResult | None:
+        """Count a share's partial (once); raises BadPartial when the round's placement or
+        the simulation refuses it (see the module's docstring)."""
+        if self.screen(partial) is False:
+            return None
+        r, key = partial.round, share_key(partial.host_id, partial.epoch)
         try:
-            payload = self.env.Partial.model_validate(partial.payload) if partial.n else None
+            payload = from_wire(self.env.Partial, partial.payload) if partial.n else None
         except ValidationError as err:
             raise BadPartial(f"payload is not a {self.env.Partial.__name__}: {err.errors()[0]['msg']}") from None
+        except StateTypeError as err:
+            raise BadPartial(f"payload is not a {self.env.Partial.__name__}: {err}") from None
         self.partials.setdefault(r, {})[key] = Counted(partial, payload, source)
         return self._maybe_close(r)
 

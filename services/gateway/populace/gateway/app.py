@@ -17,7 +17,7 @@ import httpx
 from faststream import FastStream
 from faststream.nats.annotations import NatsMessage
 
-from populace.core import bus, metrics, subjects
+from populace.core import bus, metrics, replica_hosts, subjects
 from populace.core.contracts import InferBatch, InferReply, LlmCallBatch
 from populace.core.service import Service
 from populace.core.settings import Settings
@@ -70,7 +70,7 @@ class Gateway:
         self.http = httpx.AsyncClient()
         self.chat = (ChatClient if s.gateway_http_client == "aiohttp" else HttpxPoster)(s.gateway_http_connections)
         self.pool = ReplicaPool(self.svc.js, self.http, static=s.replicas, ttl_s=s.registry_ttl_s,
-                                poll_s=s.gateway_poll_s)
+                                poll_s=s.gateway_poll_s, allowed=replica_hosts.parse(s.replica_hosts))
         await self.pool.start()
         self.pacer = await self.shared_pacer()
         self.replicas = Dispatcher(self.pool, make_router(s.gateway_router), self.chat, s,

@@ -1,7 +1,11 @@
 """The gateway's view of its LLM replicas: who they are (KV `replicas` self-registrations
 plus static config), whether they are healthy (`/health`, else `/v1/models`), how loaded
 they are (`/metrics`: vLLM `num_requests_waiting`, llama.cpp `requests_deferred`) — and the
-gateway's own in-flight counts, which polling never resets."""
+gateway's own in-flight counts, which polling never resets.
+
+A self-registration is taken only if its key names its writer and its replica, and its URL is
+in the replica allow-list for that writer (POPULACE_REPLICA_HOSTS; populace.core.replica_hosts):
+anything else is never called, probed or routed to, and is logged once (`replica_refused`)."""
 
 from __future__ import annotations
 
@@ -15,8 +19,9 @@ from dataclasses import dataclass
 import httpx
 from nats.js import JetStreamContext
 
-from populace.core import bus, logs, metrics, subjects
+from populace.core import bus, logs, metrics, replica_hosts, subjects
 from populace.core.contracts import ModelEndpoint, ReplicaInfo
+from populace.core.replica_hosts import ReplicaHosts
 from populace.gateway.routing import ReplicaLoad
 
 log = logs.get("populace.gateway.replica_pool")
@@ -99,9 +104,11 @@ UNPROBED_RETRY_S = 5.0  # a hosted API that failed is tried again after this lon
 
 class ReplicaPool:
     def __init__(self, js: JetStreamContext | None, http: httpx.AsyncClient, *, static: str = "",
-                 ttl_s: float = 10.0, poll_s: float = 1.0) -> None:
+                 ttl_s: float = 10.0, poll_s: float = 1.0, allowed: ReplicaHosts | None = None) -> None:
         self._js, self._http, self._ttl, self._poll = js, http, ttl_s, poll_s
+        self.allowed = allowed or replica_hosts.parse(replica_hosts.LOOPBACK)
         self.replicas: dict[str, Replica] = {}
+        self.refused: dict[str, str] = {}  # registry key -> why it is not called (logged when it changes)
         self.on_refresh = lambda: None  # called after each refresh: capacity may have appeared
         # a replica's Authorization header for its probes (a keyed model's server checks it on
         # /v1/models): set by the gateway from its key ring; raises when the key cannot be read
@@ -181,11 +188,15 @@ class ReplicaPool:
 
     async def refresh(self) -> None:
         if self._js is not None:
-            entries = await bus.registry_entries(self._js, subjects.REPLICAS_BUCKET, ReplicaInfo,
-                                                 fresh_within_s=self._ttl)
-            fresh = {e.replica_id for e in entries}
-            for e in entries:
-                self._add(e)
+            items = await bus.registry_items(self._js, subjects.REPLICAS_BUCKET, ReplicaInfo,
+                                             fresh_within_s=self._ttl)
+            fresh = {key for key, info in items if self._admitted(key, info)}
+            for key, info in items:
+                if key in fresh:
+                    self._add(replica_hosts.named_by_key(key, info))
+            listed = {key for key, _ in items}
+            for key in [k for k in self.refused if k not in listed]:
+                del self.refused[key]  # gone from the registry: said again if it comes back
             for rid in [k for k, r in self.replicas.items() if not r.static and k not in fresh]:
                 log.info("replica_removed", replica=rid)
                 del self.replicas[rid]
@@ -195,6 +206,19 @@ class ReplicaPool:
         await asyncio.gather(*(self._probe(r) for r in list(self.replicas.values()) if r.probed))
         self.export_metrics()
         self.on_refresh()
+
+    def _admitted(self, key: str, info: ReplicaInfo) -> bool:
+        """May the replica registered under `key` be called? A refusal is logged when it is new
+        (or its reason changed), never at every poll."""
+        why = replica_hosts.entry_refusal(key, info.replica_id, info.url, self.allowed)
+        if why is None:
+            self.refused.pop(key, None)
+            return True
+        if self.refused.get(key) != why:
+            self.refused[key] = why
+            log.warning("replica_refused", key=key, url=info.url[:200], reason=why,
+                        effect="never called; its calls go to the replicas that are allowed")
+        return False
 
     def export_metrics(self) -> None:
         """Each replica's health and load, sampled once per poll (not at every call)."""

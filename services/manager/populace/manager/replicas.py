@@ -1,5 +1,8 @@
 """The Replicas page: every model server in KV `replicas`, asked over HTTP for its health and
-load while a page that shows them is open.
+load while a page that shows them is open. An entry the gateways would refuse (its key names no
+writer or another replica, or its URL is outside POPULACE_REPLICA_HOSTS: populace.core.replica_hosts)
+is listed as refused, with why, and never asked anything: a `replicas` credential cannot make the
+manager send requests where it likes.
 
     GET  /replicas               every replica, probed now (live from /events/replicas)
     GET  /replicas.json          one backend's replicas in one line, for a run's page
@@ -8,6 +11,7 @@ load while a page that shows them is open.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 
 from nats.js.errors import BucketNotFoundError
@@ -15,8 +19,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from populace.core import bus, subjects
+from populace.core import bus, replica_hosts, subjects
 from populace.core.contracts import ReplicaInfo
+from populace.core.settings import Settings
 from populace.manager import views
 from populace.manager.web import nc_of, page
 
@@ -33,15 +38,25 @@ async def replicas_json(request: Request) -> Response:
     return JSONResponse(views.replicas_summary(await replica_rows(nc_of(request)), backend))
 
 
+@functools.cache
+def allowed() -> replica_hosts.ReplicaHosts:
+    return replica_hosts.parse(Settings().replica_hosts)
+
+
 async def replica_rows(nc) -> list[dict]:
-    """Every replica in KV `replicas` as the replicas page shows it, probed now."""
+    """Every replica in KV `replicas` as the replicas page shows it (named by its key), probed
+    now unless refused."""
     try:
-        entries = await bus.registry_entries(nc.jetstream(), subjects.REPLICAS_BUCKET, ReplicaInfo)
+        items = await bus.registry_items(nc.jetstream(), subjects.REPLICAS_BUCKET, ReplicaInfo)
     except BucketNotFoundError:
-        entries = []
-    probed = await probe_replicas(sorted(entries, key=lambda r: r.replica_id))
+        items = []
+    named = sorted(((replica_hosts.named_by_key(key, info),
+                     replica_hosts.entry_refusal(key, info.replica_id, info.url, allowed())) for key, info in items),
+                   key=lambda pair: pair[0].replica_id)
+    probed = iter(await probe_replicas([info for info, why in named if why is None]))
     now = time.time()
-    return [views.replica_row(i, ok, m, now) for i, ok, m in probed]
+    return [views.replica_row(*next(probed), now) if why is None else views.replica_row(info, None, None, now, why)
+            for info, why in named]
 
 
 async def probe_replicas(entries: list[ReplicaInfo]) -> list[tuple[ReplicaInfo, bool | None, dict | None]]:

@@ -273,9 +273,10 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 
 def replica_row(info: ReplicaInfo, healthy: bool | None, metrics: dict[str, float] | None,
-                now: float | None = None) -> dict:
+                now: float | None = None, refused: str | None = None) -> dict:
     """A replica as the replicas page shows it: its registry entry, whether it answered its
-    health check (None: not checked), and its load and prefix-cache hit rate from /metrics."""
+    health check (None: not checked), and its load and prefix-cache hit rate from /metrics;
+    `refused`: why no gateway calls it (then it is not checked either)."""
     m = metrics or {}
 
     def first(names: tuple[str, ...]) -> float | None:
@@ -288,14 +289,15 @@ def replica_row(info: ReplicaInfo, healthy: bool | None, metrics: dict[str, floa
             "heartbeat_age_s": round((now if now is not None else time.time()) - info.heartbeat_at, 1),
             "running": first(RUNNING), "waiting": first(WAITING), "kv_cache": m.get(KV_USAGE),
             "prefix_hit_rate": hit_rate, "prefix_hits": m.get(PREFIX_HITS), "prefix_queries": queries,
-            "metrics": metrics is not None}
+            "metrics": metrics is not None, "refused": refused}
 
 
 def replicas_summary(rows: list[dict], backend: str | None = None) -> dict:
     """The replicas serving one backend (all: None) in one line: how many, how many healthy,
     requests running and waiting, and the prefix-cache hit rate over all of them (hits over
-    queries summed, so a busy replica weighs more; None where no replica counts them)."""
-    mine = [r for r in rows if backend is None or r["backend"] == backend]
+    queries summed, so a busy replica weighs more; None where no replica counts them). A refused
+    one serves nothing."""
+    mine = [r for r in rows if (backend is None or r["backend"] == backend) and not r.get("refused")]
     counted = [r for r in mine if r["prefix_queries"]]
     queries = sum(r["prefix_queries"] for r in counted)
     return {"backend": backend, "replicas": len(mine), "healthy": sum(1 for r in mine if r["healthy"]),

@@ -29,7 +29,7 @@ from faststream.nats.annotations import NatsMessage
 from nats.js.errors import KeyNotFoundError
 from pydantic import ValidationError
 
-from populace.core import bus, serve, subjects
+from populace.core import bus, replica_hosts, serve, subjects
 from populace.core.contracts import (
     Cleanup,
     ListProcesses,
@@ -86,6 +86,9 @@ class Node:
         self._heartbeat: bus.Heartbeat | None = None
         self._supervisor: asyncio.Task | None = None
         self.replies = Replies()  # by request id: a re-sent request is answered, not done, again
+        s = svc.settings  # where replicas may advertise, and the folders a model path may name
+        self._replica_hosts = replica_hosts.parse(s.replica_hosts)
+        self._model_roots = [r.strip() for r in s.node_model_roots.split(",") if r.strip()]
 
     # -- lifecycle --------------------------------------------------------------------
     async def start(self) -> None:
@@ -198,7 +201,8 @@ class Node:
             planned.append((proc_id, commands.launch(
                 req.spec, proc_id=proc_id, node_id=self.node_id, nats_url=self.svc.settings.nats_url,
                 node_pid=os.getpid(), services=self._services, environ=os.environ,
-                with_users=bool(self.svc.settings.nats_user))))
+                with_users=bool(self.svc.settings.nats_user), hosts=self._replica_hosts,
+                model_roots=self._model_roots)))
         started: list[ProcessInfo] = []
         for proc_id, how in planned:
             self._numbered += 1

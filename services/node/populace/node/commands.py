@@ -3,11 +3,15 @@ typed spec only (a request never passes raw arguments or environment variables t
 
 from __future__ import annotations
 
+import os
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from populace.core import replica_hosts, subjects
 from populace.core.contracts import AgentHostSpec, GatewaySpec, ReplicasSpec, ServiceSpec
+from populace.core.replica_hosts import ReplicaHosts
+from populace.core.replicaauth import user_of
 
 # The node's own settings that must not reach a child: each child connects as its own NATS
 # user, registers under its own id, serves metrics on its own port and watches the node.
@@ -36,7 +40,10 @@ Spec = AgentHostSpec | GatewaySpec | ReplicasSpec | ServiceSpec
 
 
 def nats_user(spec: Spec) -> str:
-    """The NATS user a child of `spec` connects as (deploy/nats/auth.conf's users)."""
+    """The NATS user a child of `spec` connects as (deploy/nats/auth.conf's users; a replica set's
+    own, `replicas-<set>`: populace.core.replicaauth)."""
+    if isinstance(spec, ReplicasSpec) and spec.set is not None:
+        return user_of(spec.set)
     return spec.name if isinstance(spec, ServiceSpec) else spec.kind
 
 
@@ -49,7 +56,7 @@ def _service(name: str) -> list[str]:
 
 
 def _replicas_args(spec: ReplicasSpec, nats_url: str) -> list[str]:
-    args = [sys.executable, "-m", "populace.cli", "replicas", spec.backend, "--nats", nats_url]
+    args = [sys.executable, "-m", "populace.cli", "replicas", spec.backend, f"--nats={nats_url}"]
     options = {"--max-concurrency": spec.max_concurrency, "--threads": spec.threads, "--ctx": spec.ctx,
                "--model": spec.model, "--base-port": spec.base_port, "--bind": spec.bind,
                "--advertise": spec.advertise}
@@ -58,15 +65,42 @@ def _replicas_args(spec: ReplicasSpec, nats_url: str) -> list[str]:
     elif spec.gpus:
         options["--gpus"] = ",".join(str(g) for g in spec.gpus)
     for flag, value in options.items():
-        if value is not None:
-            args += [flag, str(value)]
+        if value is not None:  # one argument each: a value is never read as an option
+            args.append(f"{flag}={value}")
     return args
 
 
+def _advertised(spec: ReplicasSpec) -> str:
+    """The host its replicas register at (populace.replicas.launch: advertise, else the bind
+    address, loopback for a wildcard one)."""
+    bind = spec.bind or "127.0.0.1"
+    return spec.advertise or ("127.0.0.1" if bind in ("0.0.0.0", "::", "[::]") else bind)
+
+
+def check_replicas(spec: ReplicasSpec, hosts: ReplicaHosts, model_roots: Sequence[str], with_users: bool) -> None:
+    """Refuse replicas the gateways would never call (advertised outside POPULACE_REPLICA_HOSTS)
+    and a model path outside the node's POPULACE_NODE_MODEL_ROOTS (the spec itself refuses options
+    and `..`: contracts.ReplicasSpec)."""
+    writer = nats_user(spec) if with_users else subjects.REPLICAS_WRITER
+    ports = ([(spec.base_port or 8000) + i for i in range(max(1, len(spec.gpus)))] if spec.backend == "vllm"
+             else None)
+    if why := hosts.advertise_refusal(_advertised(spec), writer, ports):
+        raise Refusal(f"advertise: {why}: the gateways would never call these replicas")
+    if spec.model is not None and spec.model.startswith("/"):
+        path = os.path.realpath(spec.model)  # a link under a root may lead out of it
+        roots = [os.path.realpath(r) for r in model_roots]
+        if not any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots):
+            raise Refusal(f"model: {spec.model!r} is not under this node's model folders (POPULACE_NODE_MODEL_ROOTS: "
+                          f"{', '.join(model_roots) or 'none'}); give a model id, or a path under one")
+
+
 def launch(spec: Spec, *, proc_id: str, node_id: str, nats_url: str, node_pid: int,
-           services: Iterable[str], environ: Mapping[str, str], with_users: bool) -> Launch:
+           services: Iterable[str], environ: Mapping[str, str], with_users: bool,
+           hosts: ReplicaHosts | None = None, model_roots: Sequence[str] = ()) -> Launch:
     """The command and environment of one child. `services`: the installed service names;
-    `with_users`: the node itself connects with a NATS user, so the child needs its own."""
+    `with_users`: the node itself connects with a NATS user, so the child needs its own;
+    `hosts`, `model_roots`: where replicas may advertise, and the folders a model path may name
+    (the node's POPULACE_REPLICA_HOSTS, default loopback, and POPULACE_NODE_MODEL_ROOTS)."""
     env = {k: v for k, v in environ.items() if k not in NOT_INHERITED and not k.startswith(PASSWORD_PREFIX)}
     env.update({"POPULACE_NATS_URL": nats_url, "POPULACE_PARENT_PID": str(node_pid), "POPULACE_LOG_FORMAT": "json",
                 "POPULACE_METRICS_PORT": "0"})
@@ -80,6 +114,7 @@ def launch(spec: Spec, *, proc_id: str, node_id: str, nats_url: str, node_pid: i
         env["POPULACE_GATEWAY_ID"] = f"{node_id}-{proc_id}"
         settings = {"POPULACE_GATEWAY_ROUTER": spec.router, "POPULACE_GATEWAY_MAX_WORKERS": spec.max_workers}
     elif isinstance(spec, ReplicasSpec):
+        check_replicas(spec, hosts or replica_hosts.parse(replica_hosts.LOOPBACK), model_roots, with_users)
         argv, settings = _replicas_args(spec, nats_url), {}
     else:
         if spec.name not in set(services):

@@ -349,8 +349,16 @@ class Orchestrator:
 
     async def spawn(self, state: RunState, keys: tuple[str, ...] | None = None) -> None:
         """Publish the spawn of the shares named (all of them by default), restored from the
-        run's last completed round (a fork: its parent's)."""
-        await self.store_config(state)
+        run's last completed round (a fork: its parent's). A config that cannot be stored (the
+        object store is full) pauses the run, naming the store: a resume stores it then."""
+        try:
+            await self.store_config(state)
+        except checkpoints.CheckpointError as err:
+            reason = (f"the orchestrator cannot store the run's config: {err}; `populace resume {state.run_id}` "
+                      "continues")
+            self.svc.log.error("config_not_stored", run_id=state.run_id, error=reason)
+            await self.advance(state.run_id, lambda s: workflow.on_pause(s, reason))
+            return
         restore = workflow.restore_point(state)
         live = [sh.key for sh in state.shares]
         for sh in state.shares:
@@ -494,11 +502,18 @@ class Orchestrator:
                 who = await self.played(state, k, digests)
                 played = who[0] if who is not None else None
                 ranges = workflow.layout_for(state, k, who[1] if who is not None else None)
-                await checkpoints.present(self.svc.js, [subjects.checkpoint_agents(rid, k, f) for f, _ in ranges])
-                restore = Restore(run_id=rid, round=k, ranges=ranges, digests=digests)
+                writers = workflow.writers_for(state, k)
+                await checkpoints.present(self.svc.js, [subjects.checkpoint_agents(rid, k, f) for f, _ in ranges],
+                                          writers)
+                restore = Restore(run_id=rid, round=k, ranges=ranges, digests=digests, writers=writers)
                 why = interviews.absent(req, played)
             except checkpoints.CheckpointError as err:
                 why = f"after_round: round {k}'s checkpoint cannot be used: {err}"
+        if why is None:
+            try:  # where the order names it (a recorded run's may be pruned)
+                await self.store_config(state)
+            except checkpoints.CheckpointError as err:
+                why = f"the run's config cannot be stored: {err}"
         if why is None:
             up = await self.fresh_hosts()
             hosts = interviews.split(restore.ranges, up)
@@ -510,7 +525,6 @@ class Orchestrator:
                                  if why is None else 0)
         order_seq = 0
         if why is None:
-            await self.store_config(state)  # where the order names it (a recorded run's may be pruned)
             for host, ranges in hosts.items():
                 ack = await bus.publish_js(self.svc.js, subjects.run_ask(rid, host),
                                            InterviewOrder(run_id=rid, host_id=host, request=req.request,

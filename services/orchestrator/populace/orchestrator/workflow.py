@@ -112,6 +112,13 @@ def owners(state: RunState, round_: int) -> dict[str, list[tuple[int, int]]]:
     return out
 
 
+def writers_for(state: RunState, round_: int) -> dict[str, str]:
+    """Who wrote each agents' checkpoint object of `round_`: the host of the share that played
+    its range then (a reader takes an object only from its writer)."""
+    return {subjects.checkpoint_agents(state.run_id, round_, first): key.rpartition("@")[0]
+            for key, ranges in owners(state, round_).items() for first, _ in ranges}
+
+
 def layout_for(state: RunState, round_: int, size: int | None = None) -> list[tuple[int, int]]:
     """The ranges the run's hosts played (and checkpointed) `round_` in; `size`: the agent ids
     given before that round's newcomers (a run whose population changed; LivingRef.size_in),
@@ -181,7 +188,7 @@ def fork_run(run_id: str, config: RunConfig, placement: Placement, parent: RunSt
                     config_ref=ConfigRef.of(config, after_round + 1),
                     restore=Restore(run_id=parent.run_id, round=after_round,
                                     ranges=layout_for(parent, after_round, size), digests=digests or {},
-                                    population=population),
+                                    writers=writers_for(parent, after_round), population=population),
                     layouts=[layout(after_round + 1, shares)],
                     env_state=env_state, observation=observation, selection=selection, world=world,
                     population=population)
@@ -218,7 +225,7 @@ def restore_point(state: RunState) -> Restore | None:
         living = state.population
         return Restore(run_id=state.run_id, round=after,
                        ranges=layout_for(state, after, living.size_in(after) if living is not None else None),
-                       digests=dict(state.checkpoints), population=living)
+                       digests=dict(state.checkpoints), writers=writers_for(state, after), population=living)
     return None
 
 

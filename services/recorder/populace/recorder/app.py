@@ -52,6 +52,7 @@ from populace.recorder.columns import BadColumns, RefusedGroup, check_outcomes
 from populace.recorder.read_server import Reads, serve_reads
 from populace.recorder.shortfall import Verdict, verdict
 from populace.recorder.store import DiskFull, Event, Store, StoreError, profile_rows
+from populace.recorder.sweeper import Sweeper
 
 DESCRIPTION = ("Writes every run event to DuckDB exactly once (each simulation's own outcome and "
                "summary tables) and announces a run recorded when every outcome is in, or incomplete "
@@ -105,6 +106,7 @@ class Recorder:
         self.recorded: OrderedDict[str, None] = OrderedDict()  # announced lately, oldest first
         self.sub = None
         self.task: asyncio.Task | None = None
+        self.sweeper = Sweeper(None, svc.settings.checkpoints_sweep_s)  # its stream: once connected (start)
         self.stopping = False
         self.stopped = asyncio.Event()  # wakes a wait for disk space at once on stop
         self.paused_for_room: set[str] = set()  # runs paused because the disk is full (said once per episode)
@@ -122,6 +124,7 @@ class Recorder:
 
     async def start(self) -> None:
         s = self.svc.settings
+        self.sweeper.js = self.svc.js
         config = ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL,
                                 ack_wait=s.recorder_ack_wait_s, max_ack_pending=max(1000, 4 * s.recorder_fetch),
                                 max_deliver=MAX_DELIVERIES + 2)  # the server's bound, past ours
@@ -131,12 +134,14 @@ class Recorder:
         self.svc.durables.keep(subjects.RUN_STREAM, config.evolve(durable_name="recorder",
                                                                   filter_subject=subjects.ANY_RUN_EVENT))
         self.task = asyncio.create_task(self.consume())
+        self.sweeper.start()
 
     async def stop(self) -> None:
         # A flag, not only cancel(): nats-py's fetch can turn a cancellation into a timeout,
         # which the loop would otherwise treat as "no messages yet" and carry on.
         self.stopping = True
         self.stopped.set()
+        await self.sweeper.stop()
         if self.task:
             try:
                 await asyncio.wait_for(self.task, timeout=5.0)

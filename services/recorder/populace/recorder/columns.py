@@ -5,17 +5,21 @@ their types (NaN, infinities, out-of-range integers included), is refused whole.
 A simulation with scenes sends each group whole in one batch: its members' outcomes with its
 acts and lines. A group whose acts or lines do not belong (an act by an agent whose outcome is
 not in the batch, or is in another group; a line of a group with no member here; an act value
-that does not fit its column) is refused alone: its outcomes, acts and lines are taken out of
-the batch together, so none of them is half-recorded, and the rest of the batch goes on."""
+that does not fit its column; more acts or lines than its members may have in a round) is
+refused alone: its outcomes, acts and lines are taken out of the batch together, so none of
+them is half-recorded, and the rest of the batch goes on. So is a group an agent of the batch
+cannot be in by the run's group layout: a host writes only its own agents' groups."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Annotated, Any
 
+import numpy as np
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 
-from populace.core.contracts import OutcomeBatch, SimulationTables
+from populace.core.contracts import MAX_ACTS_PER_MEMBER, MAX_LINES_PER_MEMBER, OutcomeBatch, SimulationTables
 from populace.core.ranges import not_in, outside
 from populace.core.yamlload import short_repr
 
@@ -105,16 +109,51 @@ def check_outcomes(batch: OutcomeBatch, tables: SimulationTables) -> tuple[Outco
     return batch.model_copy(update={"columns": columns}), refused
 
 
-def bad_groups(batch: OutcomeBatch, tables: SimulationTables) -> dict[int, str]:
-    """The groups of the batch's acts and lines that cannot be recorded, each with why (the
-    first reason found): every act's agent must have its outcome in the batch, in the act's
-    group; every line's speaker too (the scene itself, -1, speaks in a group with a member
-    here); an act's values must fit their columns. A batch without agents carries none."""
-    if batch.acts is None and batch.lines is None:
+def misgrouped(batch: OutcomeBatch, tables: SimulationTables) -> dict[int, str]:
+    """The groups the batch's agents claim but cannot be in by the run's group layout (its
+    `group_sizes` and `group_block`; none declared: nothing checked), each with why: fixed
+    groups of k consecutive ids (agent a is in group a // k, and in a // size at each outer
+    level), or groups drawn again each round within blocks (agent a is in one of its block's)."""
+    if not tables.group_sizes or batch.group_ids is None or not batch.agent_ids:
         return {}
+    ids = np.asarray(batch.agent_ids, dtype=np.int64)
+    gids = np.asarray(batch.group_ids, dtype=np.int64)
+    k, block = tables.group_sizes[0], tables.group_block
+    wrong = gids // (block // k) != ids // block if block else gids != ids // k
+    outer = list(zip(tables.levels, tables.group_sizes[1:])) if len(tables.levels) == len(tables.group_sizes) - 1 \
+        else []
+    for level, size in outer:
+        wrong |= np.asarray((batch.levels or {}).get(level, ()), dtype=np.int64) != ids // size
+    bad: dict[int, str] = {}
+    for i in np.flatnonzero(wrong).tolist():
+        a, g = int(ids[i]), int(gids[i])
+        if g in bad:
+            continue
+        if block:
+            first = a // block * (block // k)
+            bad[g] = (f"group_ids: agent {a} cannot be in group {g} (groups are drawn within blocks of {block} "
+                      f"agents: its block's are {first}..{first + block // k - 1})")
+        elif g != a // k:
+            bad[g] = f"group_ids: agent {a} cannot be in group {g} (groups of {k} consecutive ids: its is {a // k})"
+        else:
+            level, size = next((lv, sz) for lv, sz in outer if batch.levels[lv][i] != a // sz)
+            bad[g] = f"levels.{level}: agent {a} cannot be in {level} {batch.levels[level][i]} (its is {a // size})"
+    return bad
+
+
+def bad_groups(batch: OutcomeBatch, tables: SimulationTables) -> dict[int, str]:
+    """The groups of the batch that cannot be recorded, each with why (the first reason found):
+    a group one of its agents cannot be in (misgrouped); every act's agent must have its outcome
+    in the batch, in the act's group; every line's speaker too (the scene itself, -1, speaks in a
+    group with a member here); an act's values must fit their columns; a group of k members here
+    acts at most MAX_ACTS_PER_MEMBER × k times and says at most MAX_LINES_PER_MEMBER × k lines
+    (each member's outcome is recorded once a round, so that bounds its group's round). A batch
+    without agents carries none."""
+    bad = misgrouped(batch, tables)
+    if batch.acts is None and batch.lines is None:
+        return bad
     group_of = dict(zip(batch.agent_ids, batch.group_ids or ()))
     present = set(group_of.values())
-    bad: dict[int, str] = {}
 
     def belongs(group: int, agent: int, where: str) -> None:
         if group in bad:
@@ -144,6 +183,13 @@ def bad_groups(batch: OutcomeBatch, tables: SimulationTables) -> dict[int, str]:
     if (x := batch.lines) is not None:
         for group, speaker in zip(x.group_id, x.speaker):
             belongs(group, speaker, "lines.speaker")
+    members = Counter(batch.group_ids or [])
+    for what, rows, most in (("acts", a.group_id if a is not None else [], MAX_ACTS_PER_MEMBER),
+                             ("lines", x.group_id if x is not None else [], MAX_LINES_PER_MEMBER)):
+        for group, n in Counter(rows).items():
+            if group not in bad and n > most * members.get(group, 0):
+                bad[group] = (f"{what}.group_id: group {group} has {n:,} {what} in round {batch.round}, more than "
+                              f"{most} per member ({members.get(group, 0)} here)")
     return bad
 
 

@@ -5,8 +5,11 @@ and `interview_usage` (their LLM work, per host and batch, apart from the rounds
 Each (run, round, survey, question, agent) is kept once: a share restored from a checkpoint
 asks that round's planned interviews again, and the first answer stays. A batch is refused
 (a dead letter, stored nowhere) when it answers for agents its sender does not hold, for
-agents the plan does not choose, with a survey the run did not plan (or a request nobody
-placed), or with a valid answer its question does not allow."""
+agents the plan (or the post-hoc order) does not choose, with a survey the run did not plan
+(or a request nobody placed on its sender), after another round or with other questions than
+its plan or order says, or with a valid answer its question does not allow. What was asked
+(its questions, the round) is taken from the run's config or the orchestrator's order, never
+from a batch: a host's batch cannot redefine a survey the others then answer "wrongly"."""
 
 from __future__ import annotations
 
@@ -48,6 +51,19 @@ class Owed:
     @property
     def missing(self) -> int:
         return max(0, self.owed - self.answers)
+
+
+@dataclass(frozen=True)
+class Order:
+    """What the orchestrator ordered one host to ask for a post-hoc request: its survey, after
+    which round, whom (a `sample` share or the listed `agents`, of its `ranges`). `survey` is
+    None for orders stored before orders kept it (checked against the first batch, as then)."""
+
+    ranges: list[tuple[int, int]]
+    after_round: int | None
+    survey: Survey | None
+    sample: float | None
+    agents: list[int] | None
 
 
 @dataclass
@@ -93,8 +109,9 @@ class InterviewStore:
     def started(self, run_id: str, config: RunConfig) -> None:
         self._configs[run_id] = config
 
-    def _asked_of(self, b: InterviewBatch, agents: int) -> Asked | str:
-        """The survey as first asked (its questions stored), or why this one differs from it."""
+    def _asked_of(self, b: InterviewBatch, survey: Survey, agents: int) -> Asked | str:
+        """The survey as asked (`survey`: the plan's or the order's; its questions stored once),
+        or why the batch's differs from it."""
         key = (b.run_id, b.after_round, b.survey.id, b.request)
         known = self._asked.get(key)
         if known is not None:
@@ -108,13 +125,15 @@ class InterviewStore:
             if row[0] != survey_spec(b.survey):
                 return self._differs(b)
         else:
-            rows = [(b.run_id, b.after_round, b.survey.id, b.request, b.survey.mode, -1, None, None, None,
-                     survey_spec(b.survey))]
-            rows += [(b.run_id, b.after_round, b.survey.id, b.request, b.survey.mode, i, q.id, q.kind, q.text,
+            if survey != b.survey:
+                return self._differs(b)
+            rows = [(b.run_id, b.after_round, survey.id, b.request, survey.mode, -1, None, None, None,
+                     survey_spec(survey))]
+            rows += [(b.run_id, b.after_round, survey.id, b.request, survey.mode, i, q.id, q.kind, q.text,
                       json.dumps(q.model_dump(mode="json", exclude_none=True)))
-                     for i, q in enumerate(b.survey.questions)]
+                     for i, q in enumerate(survey.questions)]
             con.executemany("INSERT INTO interview_questions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
-        index = {q.id: i for i, q in enumerate(b.survey.questions)}
+        index = {q.id: i for i, q in enumerate(survey.questions)}
         answered = np.zeros((agents, len(index)), dtype=bool)
         got = con.execute(f"SELECT agent_id, question FROM interviews WHERE {where}", params).fetchall()
         for aid, qid in got:
@@ -122,7 +141,7 @@ class InterviewStore:
                 answered[aid, index[qid]] = True
         while len(self._asked) >= MAX_KEPT:
             self._asked.pop(next(iter(self._asked)))
-        asked = self._asked[key] = Asked(b.survey, answered, index)
+        asked = self._asked[key] = Asked(survey, answered, index)
         return asked
 
     @staticmethod
@@ -131,8 +150,9 @@ class InterviewStore:
                 f"({'request ' + b.request if b.request else 'planned'})")
 
     def refusal(self, b: InterviewBatch, ranges: list[tuple[int, int]] | None, plans: list[PlannedInterview],
-                config: RunConfig, order_ranges: list[tuple[int, int]] | None = None) -> str | None:
-        """Why a batch is refused (None: what it holds may be stored)."""
+                config: RunConfig, order: Order | None = None) -> str | None:
+        """Why a batch is refused (None: what it holds may be stored). `order`: for a post-hoc
+        request, what the orchestrator ordered its sender (None: nothing)."""
         if b.after_round > config.rounds:
             return f"round {b.after_round}: run {b.run_id} has {config.rounds} rounds"
         ids = np.asarray(b.agent_ids, dtype=np.int64)
@@ -149,9 +169,19 @@ class InterviewStore:
                                        agents=plan.agents).all():
                 return f"survey {plan.id!r} does not choose every agent of the batch"
         else:
-            if order_ranges is None:
+            if order is None:
                 return f"request {b.request!r} was never placed on {b.host_id}"
-            held = order_ranges
+            if order.after_round is not None and b.after_round != order.after_round:
+                return (f"request {b.request!r} asks after round {order.after_round}, not after round "
+                        f"{b.after_round}")
+            if order.survey is not None:
+                if b.survey != order.survey:
+                    return (f"request {b.request!r} asks survey {order.survey.id!r} with its own questions; this "
+                            f"batch answers {b.survey.id!r} with other ones")
+                if ids.size and not chosen(ids, seed=config.seed, survey_id=order.survey.id, sample=order.sample,
+                                           agents=order.agents).all():
+                    return f"request {b.request!r} does not choose every agent of the batch"
+            held = order.ranges
         inside = np.zeros(ids.size, dtype=bool)
         for first, count in held:
             inside |= (ids >= first) & (ids < first + count)
@@ -163,10 +193,10 @@ class InterviewStore:
                 return f"row {i} (agent {b.agent_ids[i]}, question {b.questions[i]!r}): valid, but {why}"
         return None
 
-    def insert(self, b: InterviewBatch, agents: int) -> int | str:
+    def insert(self, b: InterviewBatch, survey: Survey, agents: int) -> int | str:
         """Store the batch's rows not stored yet (and its LLM work); returns how many, or why the
-        batch differs from what was asked first."""
-        asked = self._asked_of(b, agents)
+        batch differs from what was asked (`survey`: the plan's or the order's)."""
+        asked = self._asked_of(b, survey, agents)
         if isinstance(asked, str):
             return asked
         if asked.answered.shape[0] < agents:  # newcomers since it was first asked (a population that changes)
@@ -225,15 +255,24 @@ class InterviewStore:
                      m.placed_at])
 
     def ordered(self, m: InterviewOrder) -> None:
-        self.con.execute("INSERT INTO _interview_orders VALUES (?, ?, ?, ?)",
-                         [m.run_id, m.request, m.host_id, json.dumps(m.ranges)])
+        self.con.execute("INSERT INTO _interview_orders (run_id, request, host_id, ranges, after_round, survey, "
+                         "sample, agents) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                         [m.run_id, m.request, m.host_id, json.dumps(m.ranges), m.after_round, survey_spec(m.survey),
+                          m.sample, None if m.agents is None else json.dumps(m.agents)])
 
-    def order_ranges(self, run_id: str, request: str, host_id: str) -> list[tuple[int, int]] | None:
-        rows = self.con.execute("SELECT ranges FROM _interview_orders WHERE run_id = ? AND request = ? AND host_id = ?",
+    def order_of(self, run_id: str, request: str, host_id: str) -> Order | None:
+        """What `request` ordered `host_id` to ask (its orders' ranges together: a lost host's part
+        is ordered again to the living), None if nothing. Every order of a request asks the same
+        survey after the same round (the orchestrator places one request); the first says it."""
+        rows = self.con.execute("SELECT ranges, after_round, survey, sample, agents FROM _interview_orders "
+                                "WHERE run_id = ? AND request = ? AND host_id = ?",
                                 [run_id, request, host_id]).fetchall()
         if not rows:
             return None
-        return [tuple(r) for row in rows for r in json.loads(row[0])]
+        _, after_round, spec, sample, agents = rows[0]
+        return Order(ranges=[tuple(r) for row in rows for r in json.loads(row[0])], after_round=after_round,
+                     survey=None if spec is None else Survey.model_validate_json(spec), sample=sample,
+                     agents=None if agents is None else json.loads(agents))
 
     def host_order_ranges(self, run_id: str, host_id: str) -> list[tuple[int, int]]:
         """Every range of the run that post-hoc interviews ordered `host_id` to ask (any request):
@@ -246,9 +285,10 @@ class InterviewStore:
         """(run, request, answers) of the placed requests whose answers are all in, marked
         recorded (each is announced once)."""
         con = self.con
-        done = con.execute(
+        done = con.execute(  # only the answers of the round and survey it asked count
             "SELECT q.run_id, q.request, count(i.agent_id) AS got FROM interview_requests q "
             "LEFT JOIN interviews i ON i.run_id = q.run_id AND i.request = q.request "
+            "AND i.after_round = q.after_round AND i.survey IS NOT DISTINCT FROM q.survey "
             "WHERE q.recorded_at IS NULL AND q.error IS NULL GROUP BY q.run_id, q.request, q.expected "
             "HAVING count(i.agent_id) >= q.expected").fetchall()
         for run_id, request, _ in done:

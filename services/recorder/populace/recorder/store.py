@@ -395,13 +395,13 @@ class Store:
         """The agents a call record's requester may have asked about: every range of every share
         the run placed on the host of that name, and every range a post-hoc interview ordered it
         to ask (none: neither). None: not checked — a record from before requesters were named,
-        the shared agent-host user (which speaks for every host), or a run recorded before
-        shares existed."""
+        or the shared agent-host user (which speaks for every host). A run not placed yet has no
+        share, so no host may have asked about any of its agents: a record that comes before the
+        run's spawn is refused, never stored unchecked (an attacker's records sent as a run starts
+        were kept when they reached the recorder ahead of its placement)."""
         if not requester or requester == SHARED_HOST_USER:
             return None
         shares = self.shares_of(run_id)
-        if not shares:
-            return None
         return ([r for share in shares.values() if _share(share.key)[0] == requester for r in share.ranges]
                 + self.interviews.host_order_ranges(run_id, requester))
 
@@ -654,9 +654,11 @@ class Store:
         if config is None:
             return f"run {b.run_id} was never started here"
         if b.request is not None:
-            ranges = self.interviews.order_ranges(b.run_id, b.request, b.host_id)
-            why = self.interviews.refusal(b, None, [], config, order_ranges=ranges)
-            return why if why is not None else self.interviews.insert(b, self._ids(b.run_id, config))
+            order = self.interviews.order_of(b.run_id, b.request, b.host_id)
+            why = self.interviews.refusal(b, None, [], config, order=order)
+            if why is not None:
+                return why
+            return self.interviews.insert(b, order.survey or b.survey, self._ids(b.run_id, config))
         share = self.shares_of(b.run_id).get(share_key(b.host_id, b.epoch))
         if b.request is None and share is not None and not (share.from_round - 1 <= b.after_round
                                                              and share.counts_in(b.after_round)):
@@ -666,7 +668,8 @@ class Store:
                                       config)
         if why is not None:
             return why
-        return self.interviews.insert(b, self._ids(b.run_id, config))
+        plan = next(p for p in config.interviews if p.id == b.survey.id)  # refusal() found it
+        return self.interviews.insert(b, plan.survey, self._ids(b.run_id, config))
 
     def _ids(self, run_id: str, config: RunConfig) -> int:
         """Every agent id the run has given so far (newcomers included)."""
@@ -923,6 +926,8 @@ class Store:
         for b in batches:
             rows[b.run_id, b.round] += len(b.agent_ids)
         total = sum(rows.values())
+        if total == 0:  # batches with no rows (a forged one, refused group by group): no round's time
+            return
         for (run_id, round_), n in rows.items():
             share = seconds * n / total
             (updated,) = self.con.execute(

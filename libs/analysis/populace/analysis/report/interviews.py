@@ -28,6 +28,7 @@ from populace.analysis.report.figures import (
     option_colors,
 )
 from populace.analysis.report.intervals import clip_interval, padded_range
+from populace.analysis.report.reference_summaries import blocks as summary_blocks
 from populace.analysis.report.text import number, percent, shortened
 
 MAX_LINE_GROUPS = 8  # a panel's lines: the groups, up to this many
@@ -302,11 +303,15 @@ def reference_figure(rows: list[dict]) -> go.Figure:
     return _layout(fig, (PANEL_HEIGHT + 20) * k + 60)
 
 
-def reference_sections(rows: list[dict], source: str, synthetic: bool) -> list[Section]:
+def reference_sections(rows: list[dict], source: str, synthetic: bool, anchor: str = "reference") -> list[Section]:
     """Simulated against the reference, per question and group, with the distance and its 95%
-    bootstrap interval."""
-    section = Section("Against reference data", anchor="reference")
+    bootstrap interval; a file of summaries figure by figure (report.reference_summaries)."""
+    section = Section("Against reference data", anchor=anchor)
     tone = "warn" if synthetic else "text"
+    if rows and all(r["kind"] == "summary" for r in rows):
+        section.blocks.append(Note(f"Reference: {source}.", tone))
+        section.blocks += summary_blocks(rows)
+        return [section]
     section.blocks.append(Note(f"Reference: {source}. Distance: total variation (½ Σ |p − q|, 0 = the same "
                                "shares, 1 = none in common) for options, Wasserstein-1 (in the answer's units) for "
                                "numbers, with a 95% bootstrap interval (both samples resampled).", tone))

@@ -26,8 +26,8 @@ from populace.analysis.queries import (
     run_info,
     tables_of,
 )
-from populace.analysis.reference import Reference, compare
-from populace.analysis.report.blocks import Plot, Section
+from populace.analysis.reference import Reference, ReferenceError, builtin_references, compare
+from populace.analysis.report.blocks import Note, Plot, Section
 from populace.analysis.report.comparison import comparison_sections
 from populace.analysis.report.interviews import interview_sections, reference_sections
 from populace.analysis.report.sections import run_sections
@@ -90,8 +90,33 @@ def _run_page(con: duckdb.DuckDBPyConnection, run_id: str, by: str | Sequence[st
     if reference is not None:
         sections[1:1] = reference_sections(compare(con, [run_id], reference), reference.label,
                                            reference.synthetic is not None)
+    # the human data the simulation ships: after the run's own figures, before its invalid answers
+    at = next((i for i, s in enumerate(sections) if s.anchor == "invalid"), len(sections))
+    sections[at:at] = builtin_sections(con, run_id)
     return _page("run.html.j2", sections, title=f"Populace run {run_id}",
                  subtitle=f"{info.get('name') or ''} — {describe(info)}", header=header, warning=info.get("note"))
+
+
+def builtin_sections(con: duckdb.DuckDBPyConnection, run_id: str) -> list[Section]:
+    """The run beside the human data its simulation ships (`Simulation.references`), the rows
+    about its parameters; a note when a shipped file has none for them or cannot be read."""
+    try:
+        shipped = builtin_references(con, run_id)
+    except ReferenceError as err:  # the simulation's own file: said, not fatal to the report
+        note = Note(f"The simulation's reference data cannot be read: {err}", "warn")
+        return [Section("Against human data", [note], anchor="reference-builtin")]
+    out: list[Section] = []
+    for i, ref in enumerate(shipped):
+        anchor = f"reference-builtin-{i + 1}"
+        try:
+            rows = compare(con, [run_id], ref)
+        except ReferenceError as err:
+            out.append(Section("Against human data", [Note(f"{ref.label}: {err}", "note")], anchor=anchor))
+            continue
+        out += reference_sections(rows, ref.label, ref.synthetic is not None, anchor=anchor)
+    for section in out:
+        section.title = "Against human data (shipped with the simulation)"
+    return out
 
 
 def _comparison_page(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str],

@@ -35,6 +35,7 @@ from populace.core.bus.provisioning import (
     DLQ_MAX_BYTES,
     INSUFFICIENT_RESOURCES,
     MIN_DEFAULT_BYTES,
+    MIN_WRITER_RUN_MESSAGES,
     NODES_TTL_S,
     PACING_TTL_S,
     PROVISION_ATTEMPTS,
@@ -62,6 +63,8 @@ from populace.core.bus.registries import (
     bucket_keys,
     last_on,
     registry_entries,
+    registry_items,
+    stream_subjects,
 )
 from populace.core.bus.retries import (
     NO_PEERS_YET,
@@ -75,6 +78,7 @@ from populace.core.bus.run_states import (
     open_refusal,
     run_head,
     run_state,
+    run_writers,
 )
 
 __all__ = [
@@ -83,6 +87,7 @@ __all__ = [
     "DLQ_MAX_BYTES",
     "INSUFFICIENT_RESOURCES",
     "MIN_DEFAULT_BYTES",
+    "MIN_WRITER_RUN_MESSAGES",
     "NODES_TTL_S",
     "NO_PEERS_YET",
     "PACING_TTL_S",
@@ -119,12 +124,15 @@ __all__ = [
     "publish_js",
     "refusal",
     "registry_entries",
+    "registry_items",
     "run_head",
     "run_state",
+    "run_writers",
     "seal",
     "servers",
     "short_error",
     "stream_limits",
+    "stream_subjects",
     "unless_reconnected",
     "until_ready",
 ]

@@ -8,8 +8,8 @@ import dataclasses
 import nats
 import nats.errors
 from nats.js import JetStreamContext
-from nats.js.api import DiscardPolicy, ObjectStoreConfig, StorageType, StreamConfig
-from nats.js.errors import APIError, BadRequestError, BucketNotFoundError, NotFoundError
+from nats.js.api import DiscardPolicy, StorageType, StreamConfig
+from nats.js.errors import APIError, BadRequestError, NotFoundError
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
@@ -32,14 +32,37 @@ def _storage(kind: str) -> StorageType:
     return StorageType.MEMORY if kind == "memory" else StorageType.FILE
 
 
-# Retention of RUN and DLQ, when a service creates them (services may not update streams: an
-# existing stream keeps its limits; `nats stream edit` as `admin` changes them). RUN refuses new
-# events once full (DiscardPolicy.NEW: a publish fails loudly, never an unrecorded event dropped
-# in silence); DLQ drops its oldest dead letters (each was logged when it was refused).
+# Every stream and bucket has a byte limit (together about 35 GiB on file storage, 5.6 GiB in
+# memory: nats-server's default storage is 75% of the free disk or RAM), set when a service creates
+# it (services may not update streams: an existing stream keeps its limits; `nats stream edit` as
+# `admin` changes them). nats-server reserves a stream's limit when it creates the stream, so no
+# stream can take another's room: a full object store never keeps `ctl.run.start` out (with the
+# checkpoints unbounded, one host's 1.5 GB filled the server's storage and every publish, CTL's
+# too, failed "insufficient resources": issue 41). RUN refuses new events once full (DiscardPolicy.NEW: a publish fails
+# loudly, never an unrecorded event dropped in silence); CTL and DLQ drop their oldest (each
+# control request was handled long before, each dead letter logged when it was refused).
 RUN_MAX_AGE_S = 30 * 86400.0
 RUN_MAX_BYTES = {"file": 16 * 2**30, "memory": 2 * 2**30}  # a memory stream's bytes are reserved in RAM
 DLQ_MAX_AGE_S = 7 * 86400.0
 DLQ_MAX_BYTES = 256 * 2**20
+CTL_MAX_BYTES = {"file": 256 * 2**20, "memory": 32 * 2**20}
+# KV `runs`: one entry per run ever started (a few KB to a few hundred; only the orchestrator writes
+# it); the registries (hosts, services, replicas, nodes, pacing) hold live entries only (TTL'd).
+RUNS_MAX_BYTES = {"file": 256 * 2**20, "memory": 32 * 2**20}
+REGISTRY_MAX_BYTES = {"file": 16 * 2**20, "memory": 4 * 2**20}
+# The checkpoints of the runs kept (POPULACE_CHECKPOINTS_MAX_BYTES): a run's are about agents ×
+# declared state bytes × (1 + POPULACE_CHECKPOINT_DELTA_RATIO) per POPULACE_CHECKPOINT_FULL_EVERY
+# rounds, plus its worlds (docs/limits.md). What one writer may store for one run
+# (POPULACE_CHECKPOINTS_WRITER_RUN_MAX_BYTES) is bounded in messages of up to 128 KiB, and a small
+# object takes a message too: by default a quarter of the store, and never fewer messages than a
+# 10,000-round run's writer writes (its objects each round, one to three, some of several chunks).
+CHECKPOINTS_MAX_BYTES = {"file": 8 * 2**30, "memory": 1 * 2**30}
+WRITER_RUN_SHARE = 4
+MIN_WRITER_RUN_MESSAGES = 32_768
+# Content-addressed personas files and graphs (POPULACE_BLOBS_MAX_BYTES, each store): a 1M-agent
+# personas file is ~400 MB; the recorder's snapshots live 10 minutes.
+BLOBS_MAX_BYTES = {"file": 4 * 2**30, "memory": 1 * 2**30}
+SNAPSHOTS_MAX_BYTES = {"file": 2 * 2**30, "memory": 256 * 2**20}
 # nats-server refuses a stream whose byte limit it cannot reserve (its default JetStream storage
 # is 75% of the free disk or RAM): a default limit is then halved until it fits, down to this.
 INSUFFICIENT_RESOURCES = (10028, 10047)  # memory, storage
@@ -49,61 +72,78 @@ MIN_DEFAULT_BYTES = 16 * 2**20
 def stream_limits(settings) -> dict:
     """provision()'s retention arguments from the settings (POPULACE_RUN_MAX_AGE_S …)."""
     return {"run_max_age_s": settings.run_max_age_s, "run_max_bytes": settings.run_max_bytes,
-            "dlq_max_age_s": settings.dlq_max_age_s, "dlq_max_bytes": settings.dlq_max_bytes}
+            "dlq_max_age_s": settings.dlq_max_age_s, "dlq_max_bytes": settings.dlq_max_bytes,
+            "checkpoints_max_bytes": settings.checkpoints_max_bytes,
+            "checkpoints_writer_run_max_bytes": settings.checkpoints_writer_run_max_bytes,
+            "blobs_max_bytes": settings.blobs_max_bytes}
+
+
+def _kind(st: StorageType) -> str:
+    return "memory" if st == StorageType.MEMORY else "file"
+
+
+async def _reserve(js: JetStreamContext, cfg: StreamConfig, setting: str | None, by_default: bool,
+                   create, resize=None) -> StreamConfig:
+    """Create `cfg`'s stream (by `create(cfg)`, if missing), its byte limit halved while the
+    server cannot reserve a default one (`resize(cfg, max_bytes)`: what else follows from it); a
+    limit the operator set is kept (StreamLimitError)."""
+    while True:
+        try:
+            await until_ready(lambda cfg=cfg: create(cfg), f"stream {cfg.name}", PROVISION_ATTEMPTS)
+            return cfg
+        except APIError as err:
+            if err.err_code not in INSUFFICIENT_RESOURCES or setting is None:
+                raise
+            if not by_default or cfg.max_bytes // 2 < MIN_DEFAULT_BYTES:
+                raise StreamLimitError(
+                    f"stream {cfg.name}: the NATS server cannot reserve its byte limit of {cfg.max_bytes} bytes "
+                    f"({err.description}); lower {setting}, or give the server more JetStream "
+                    f"{cfg.storage.value} storage") from None
+            log.warning("stream_limit_lowered", stream=cfg.name, refused_bytes=cfg.max_bytes,
+                        trying_bytes=cfg.max_bytes // 2, setting=setting)
+            cfg = resize(cfg, cfg.max_bytes // 2) if resize else dataclasses.replace(cfg, max_bytes=cfg.max_bytes // 2)
 
 
 async def provision(js: JetStreamContext, storage: str = "file", replicas: int = 1,
                     run_max_age_s: float = RUN_MAX_AGE_S, run_max_bytes: int | None = None,
-                    dlq_max_age_s: float = DLQ_MAX_AGE_S, dlq_max_bytes: int | None = None) -> None:
-    """Create the CTL/RUN/DLQ streams and the KV buckets if missing. Safe to call from
-    every service at start-up, concurrently. RUN and DLQ are bounded by age and bytes
-    (`run_max_age_s` 0: no age limit; a byte limit None: the default for the storage, lowered
-    if the server cannot reserve it); the limits are set only when a stream is created here
-    (services may not update streams)."""
+                    dlq_max_age_s: float = DLQ_MAX_AGE_S, dlq_max_bytes: int | None = None,
+                    checkpoints_max_bytes: int | None = None, checkpoints_writer_run_max_bytes: int | None = None,
+                    blobs_max_bytes: int | None = None) -> None:
+    """Create the CTL/RUN/DLQ streams, the KV buckets and the object stores if missing, each with
+    its byte limit (None: the default for the storage, lowered if the server cannot reserve it).
+    Safe to call from every service at start-up, concurrently. RUN and DLQ are bounded by age
+    too (`run_max_age_s` 0: no age limit); the limits are set only when a stream is created
+    here (services may not update streams)."""
     st = _storage(storage)
-    streams = [  # DLQ before RUN: the small one reserved first, RUN fits itself in the rest
+    kind = _kind(st)
+    streams = [  # the small ones reserved first: CTL's room before anything else's, RUN fits itself in the rest
         (StreamConfig(name=subjects.CTL_STREAM, subjects=subjects.CTL_SUBJECTS, storage=st,
-                      num_replicas=replicas, duplicate_window=120.0), None, False),
+                      num_replicas=replicas, duplicate_window=120.0, max_bytes=CTL_MAX_BYTES[kind],
+                      discard=DiscardPolicy.OLD), "CTL_MAX_BYTES (nats stream edit CTL)", True),
         (StreamConfig(name=subjects.DLQ_STREAM, subjects=subjects.DLQ_SUBJECTS, storage=st,
                       num_replicas=replicas, max_msgs=100_000, max_age=dlq_max_age_s,
                       max_bytes=dlq_max_bytes or DLQ_MAX_BYTES, discard=DiscardPolicy.OLD),
          "POPULACE_DLQ_MAX_BYTES", dlq_max_bytes is None),
-        (StreamConfig(name=subjects.RUN_STREAM, subjects=subjects.RUN_SUBJECTS, storage=st,
-                      num_replicas=replicas, duplicate_window=120.0,
-                      max_msg_size=8 * 1024 * 1024, max_age=run_max_age_s or None,
-                      max_bytes=run_max_bytes or RUN_MAX_BYTES["memory" if st == StorageType.MEMORY else "file"],
-                      discard=DiscardPolicy.NEW),
-         "POPULACE_RUN_MAX_BYTES", run_max_bytes is None),
     ]
     for cfg, setting, by_default in streams:
-        while True:
-            try:
-                await until_ready(lambda cfg=cfg: _ensure_stream(js, cfg), f"stream {cfg.name}", PROVISION_ATTEMPTS)
-                break
-            except APIError as err:
-                if err.err_code not in INSUFFICIENT_RESOURCES or setting is None:
-                    raise
-                if not by_default or cfg.max_bytes // 2 < MIN_DEFAULT_BYTES:
-                    raise StreamLimitError(
-                        f"stream {cfg.name}: the NATS server cannot reserve its byte limit of {cfg.max_bytes} bytes "
-                        f"({err.description}); lower {setting}, or give the server more JetStream "
-                        f"{cfg.storage.value} storage") from None
-                log.warning("stream_limit_lowered", stream=cfg.name, refused_bytes=cfg.max_bytes,
-                            trying_bytes=cfg.max_bytes // 2, setting=setting)
-                cfg = dataclasses.replace(cfg, max_bytes=cfg.max_bytes // 2)
-    for bucket, ttl in (
-        (subjects.RUNS_BUCKET, None),
-        (subjects.HOSTS_BUCKET, 30.0),
-        (subjects.SERVICES_BUCKET, 30.0),
-        (subjects.REPLICAS_BUCKET, 30.0),
+        await _reserve(js, cfg, setting, by_default, lambda c: _ensure_stream(js, c))
+    for bucket, ttl, limit in (
+        (subjects.RUNS_BUCKET, None, RUNS_MAX_BYTES[kind]),
+        (subjects.HOSTS_BUCKET, 30.0, REGISTRY_MAX_BYTES[kind]),
+        (subjects.SERVICES_BUCKET, 30.0, REGISTRY_MAX_BYTES[kind]),
+        (subjects.REPLICAS_BUCKET, 30.0, REGISTRY_MAX_BYTES[kind]),
     ):
-        await until_ready(lambda b=bucket, t=ttl: ensure_kv(js, b, ttl=t, storage=st, replicas=replicas),
-                          f"bucket {bucket}", PROVISION_ATTEMPTS)
-    for bucket, rollups in ((subjects.PERSONAS_BUCKET, True), (subjects.CHECKPOINTS_BUCKET, False),
-                            (subjects.GRAPHS_BUCKET, True)):
-        await until_ready(lambda b=bucket, r=rollups: ensure_object_store(js, b, storage=st, replicas=replicas,
-                                                                          rollups=r),
-                          f"object store {bucket}", PROVISION_ATTEMPTS)
+        await ensure_kv(js, bucket, ttl=ttl, storage=st, replicas=replicas, max_bytes=limit)
+    run = StreamConfig(name=subjects.RUN_STREAM, subjects=subjects.RUN_SUBJECTS, storage=st,
+                       num_replicas=replicas, duplicate_window=120.0,
+                       max_msg_size=8 * 1024 * 1024, max_age=run_max_age_s or None,
+                       max_bytes=run_max_bytes or RUN_MAX_BYTES[kind], discard=DiscardPolicy.NEW)
+    await _reserve(js, run, "POPULACE_RUN_MAX_BYTES", run_max_bytes is None, lambda c: _ensure_stream(js, c))
+    await ensure_checkpoints(js, st, replicas, checkpoints_max_bytes, checkpoints_writer_run_max_bytes)
+    for bucket in (subjects.PERSONAS_BUCKET, subjects.GRAPHS_BUCKET):
+        await ensure_object_store(js, bucket, storage=st, replicas=replicas,
+                                  max_bytes=blobs_max_bytes or BLOBS_MAX_BYTES[kind],
+                                  setting="POPULACE_BLOBS_MAX_BYTES", by_default=blobs_max_bytes is None)
 
 
 # KV `nodes` is provisioned by the nodes alone (readers treat a missing bucket as no nodes):
@@ -113,9 +153,9 @@ NODES_TTL_S = 30.0
 
 async def provision_nodes(js: JetStreamContext, storage: str = "file", replicas: int = 1) -> KeyValue:
     """Create KV `nodes` if missing (TTL'd like the other registries) and return it."""
-    return await until_ready(lambda: ensure_kv(js, subjects.NODES_BUCKET, ttl=NODES_TTL_S, storage=_storage(storage),
-                                               replicas=replicas), f"bucket {subjects.NODES_BUCKET}",
-                             PROVISION_ATTEMPTS)
+    st = _storage(storage)
+    return await ensure_kv(js, subjects.NODES_BUCKET, ttl=NODES_TTL_S, storage=st, replicas=replicas,
+                           max_bytes=REGISTRY_MAX_BYTES[_kind(st)])
 
 
 # KV `pacing` is provisioned by the gateways alone (no other user may read or write it). An entry is
@@ -127,9 +167,9 @@ PACING_TTL_S = 3600.0
 
 async def provision_pacing(js: JetStreamContext, storage: str = "file", replicas: int = 1) -> KeyValue:
     """Create KV `pacing` if missing (the gateways' shared limits) and return it."""
-    return await until_ready(lambda: ensure_kv(js, subjects.PACING_BUCKET, ttl=PACING_TTL_S,
-                                               storage=_storage(storage), replicas=replicas),
-                             f"bucket {subjects.PACING_BUCKET}", PROVISION_ATTEMPTS)
+    st = _storage(storage)
+    return await ensure_kv(js, subjects.PACING_BUCKET, ttl=PACING_TTL_S, storage=st, replicas=replicas,
+                           max_bytes=REGISTRY_MAX_BYTES[_kind(st)])
 
 
 # Snapshots (a DuckDB file per reader of a live run) are fetched at once; the TTL only
@@ -139,12 +179,14 @@ SNAPSHOTS_TTL_S = 600.0
 
 async def provision_snapshots(js: JetStreamContext, storage: str = "file", replicas: int = 1) -> ObjectStore:
     """Create the `snapshots` object store if missing (by the recorder, its only writer)."""
-    return await until_ready(lambda: ensure_object_store(js, subjects.SNAPSHOTS_BUCKET, _storage(storage), replicas,
-                                                         ttl=SNAPSHOTS_TTL_S),
-                             f"object store {subjects.SNAPSHOTS_BUCKET}", PROVISION_ATTEMPTS)
+    st = _storage(storage)
+    return await ensure_object_store(js, subjects.SNAPSHOTS_BUCKET, st, replicas, ttl=SNAPSHOTS_TTL_S,
+                                     max_bytes=SNAPSHOTS_MAX_BYTES[_kind(st)], setting="SNAPSHOTS_MAX_BYTES")
 
 
-async def _ensure_stream(js: JetStreamContext, cfg: StreamConfig) -> None:
+async def _ensure_stream(js: JetStreamContext, cfg: StreamConfig, setting: str | None = None):
+    """`cfg`'s stream, created if missing (by another service concurrently, too); an existing
+    one is kept as it is (services may not update streams), with a warning if it is unbounded."""
     try:
         info = await js.stream_info(cfg.name)
     except NotFoundError:
@@ -154,8 +196,11 @@ async def _ensure_stream(js: JetStreamContext, cfg: StreamConfig) -> None:
             if "already in use" not in str(err):
                 raise
             info = await js.stream_info(cfg.name)
+    else:
+        _warn_unbounded(info, cfg.name, setting)
     if (cfg.num_replicas or 1) > 1 and not (info.cluster and info.cluster.leader):
         raise nats.errors.TimeoutError  # no leader elected yet: until_ready asks again
+    return info
 
 
 # A message with `Nats-Rollup: all` on any subject of a stream that allows rollups purges the
@@ -165,19 +210,50 @@ async def _ensure_stream(js: JetStreamContext, cfg: StreamConfig) -> None:
 # (populace.core.checkpoints writes objects without it), so these streams refuse rollups.
 
 
-def _kv_stream(bucket: str, ttl: float | None, storage: StorageType, replicas: int) -> StreamConfig:
-    """What nats-py's create_key_value makes (history 1), without rollups."""
+def _kv_stream(bucket: str, ttl: float | None, storage: StorageType, replicas: int, max_bytes: int) -> StreamConfig:
+    """What nats-py's create_key_value makes (history 1), without rollups, bounded by bytes."""
     return StreamConfig(name=f"KV_{bucket}", subjects=[f"$KV.{bucket}.>"], allow_rollup_hdrs=False,
                         allow_msg_ttl=True, deny_delete=True, discard=DiscardPolicy.NEW,
                         duplicate_window=min(ttl, 120.0) if ttl else 120.0, max_age=ttl, max_consumers=-1,
-                        max_msgs=-1, max_msgs_per_subject=1, num_replicas=replicas, storage=storage)
+                        max_msgs=-1, max_msgs_per_subject=1, num_replicas=replicas, storage=storage,
+                        max_bytes=max_bytes)
 
 
-def _object_stream(bucket: str, ttl: float | None, storage: StorageType, replicas: int) -> StreamConfig:
-    """What nats-py's create_object_store makes, without rollups."""
+def _object_stream(bucket: str, ttl: float | None, storage: StorageType, replicas: int, max_bytes: int,
+                   rollups: bool) -> StreamConfig:
+    """What nats-py's create_object_store makes (with or without rollups), bounded by bytes."""
     return StreamConfig(name=f"OBJ_{bucket}", subjects=[f"$O.{bucket}.C.>", f"$O.{bucket}.M.>"],
-                        allow_rollup_hdrs=False, allow_direct=True, discard=DiscardPolicy.NEW, max_age=ttl,
-                        max_bytes=-1, num_replicas=replicas, storage=storage)
+                        allow_rollup_hdrs=rollups, allow_direct=True, discard=DiscardPolicy.NEW, max_age=ttl,
+                        max_bytes=max_bytes, num_replicas=replicas, storage=storage)
+
+
+def checkpoints_stream(storage: StorageType, replicas: int, max_bytes: int,
+                       writer_run_max_bytes: int | None = None) -> StreamConfig:
+    """The `checkpoints` store's stream (populace.core.owned_objects): no rollups; every message at
+    most a chunk; each subject (all one writer stores for one run, or one object's versions) at
+    most `writer_run_max_bytes` of chunks (default: WRITER_RUN_SHARE of the store, at least
+    MIN_WRITER_RUN_MESSAGES messages), past which a publish is refused."""
+    from populace.core.owned_objects import CHUNK_BYTES, MAX_MESSAGE_BYTES  # it imports the bus
+
+    per_subject = (max(1, writer_run_max_bytes // CHUNK_BYTES) if writer_run_max_bytes is not None
+                   else max(MIN_WRITER_RUN_MESSAGES, max_bytes // WRITER_RUN_SHARE // CHUNK_BYTES))
+    return dataclasses.replace(_object_stream(subjects.CHECKPOINTS_BUCKET, None, storage, replicas, max_bytes, False),
+                               max_msg_size=MAX_MESSAGE_BYTES, discard_new_per_subject=True,
+                               max_msgs_per_subject=per_subject)
+
+
+async def ensure_checkpoints(js: JetStreamContext, storage: StorageType, replicas: int, max_bytes: int | None,
+                             writer_run_max_bytes: int | None) -> None:
+    """Create the `checkpoints` store if missing (checkpoints_stream), with its limits."""
+    cfg = checkpoints_stream(storage, replicas, max_bytes or CHECKPOINTS_MAX_BYTES[_kind(storage)],
+                             writer_run_max_bytes)
+
+    async def create(c: StreamConfig) -> None:
+        await _ensure_stream(js, c, "POPULACE_CHECKPOINTS_MAX_BYTES")
+        await _has_leader(js, c.name, replicas)
+
+    await _reserve(js, cfg, "POPULACE_CHECKPOINTS_MAX_BYTES", max_bytes is None, create,
+                   resize=lambda c, limit: checkpoints_stream(storage, replicas, limit, writer_run_max_bytes))
 
 
 def _warn_rollups(info, stream: str) -> None:
@@ -189,48 +265,45 @@ def _warn_rollups(info, stream: str) -> None:
                     risk="any user that may write one of its subjects may purge it whole")
 
 
+def _warn_unbounded(info, stream: str, setting: str | None) -> None:
+    """A stream made before every stream had a byte limit: say so, with the fix."""
+    if (info.config.max_bytes or -1) < 0:
+        log.warning("stream_unbounded", stream=stream, setting=setting,
+                    fix=f"nats stream edit {stream} --max-bytes <bytes> (as an admin user)",
+                    risk="it can fill the server's storage, and then every stream refuses publishes")
+
+
 async def ensure_kv(js: JetStreamContext, bucket: str, ttl: float | None = None,
-                    storage: StorageType = StorageType.FILE, replicas: int = 1) -> KeyValue:
-    try:
-        kv = await js.key_value(bucket)
-    except BucketNotFoundError:
-        try:
-            await js.add_stream(_kv_stream(bucket, ttl, storage, replicas))
-            kv = await js.key_value(bucket)
-        except BadRequestError:  # created concurrently by another service
-            try:
-                kv = await js.key_value(bucket)
-            except BucketNotFoundError:  # just created elsewhere, not visible here yet
-                raise nats.errors.TimeoutError from None
-        except BucketNotFoundError:  # just created, not visible here yet
-            raise nats.errors.TimeoutError from None
-    else:
-        _warn_rollups(await js.stream_info(f"KV_{bucket}"), f"KV_{bucket}")
-    await _has_leader(js, f"KV_{bucket}", replicas)
-    return kv
+                    storage: StorageType = StorageType.FILE, replicas: int = 1,
+                    max_bytes: int | None = None) -> KeyValue:
+    """KV `bucket`, created if missing (history 1, no rollups, at most `max_bytes`: the
+    registries' default)."""
+    limit = max_bytes or REGISTRY_MAX_BYTES[_kind(storage)]
+    cfg = _kv_stream(bucket, ttl, storage, replicas, limit)
+
+    async def create(c: StreamConfig) -> None:
+        info = await _ensure_stream(js, c, None)
+        _warn_rollups(info, c.name)
+        await _has_leader(js, c.name, replicas)
+
+    await _reserve(js, cfg, f"the bucket {bucket}'s limit", True, create)
+    return await until_ready(lambda: js.key_value(bucket), f"bucket {bucket}", PROVISION_ATTEMPTS)
 
 
 async def ensure_object_store(js: JetStreamContext, bucket: str, storage: StorageType = StorageType.FILE,
-                              replicas: int = 1, ttl: float | None = None, rollups: bool = True) -> ObjectStore:
-    """`rollups=False`: a bucket written only with populace.core.checkpoints (nats-py's put()
-    rolls its metadata up), whose writers must not be able to purge it."""
-    try:
-        store = await js.object_store(bucket)
-    except BucketNotFoundError:
-        try:
-            if rollups:
-                store = await js.create_object_store(
-                    bucket, config=ObjectStoreConfig(storage=storage, replicas=replicas, ttl=ttl))
-            else:
-                await js.add_stream(_object_stream(bucket, ttl, storage, replicas))
-                store = await js.object_store(bucket)
-        except (BadRequestError, BucketNotFoundError):  # created concurrently by another service
-            raise nats.errors.TimeoutError from None  # until_ready looks again
-    else:
-        if not rollups:
-            _warn_rollups(await js.stream_info(f"OBJ_{bucket}"), f"OBJ_{bucket}")
-    await _has_leader(js, f"OBJ_{bucket}", replicas)
-    return store
+                              replicas: int = 1, ttl: float | None = None, max_bytes: int | None = None,
+                              setting: str | None = None, by_default: bool = True) -> ObjectStore:
+    """Object store `bucket` (nats-py's layout, rollups allowed: its put() rolls metadata up),
+    created if missing, at most `max_bytes` (halved while the server cannot reserve a default)."""
+    limit = max_bytes or BLOBS_MAX_BYTES[_kind(storage)]
+    cfg = _object_stream(bucket, ttl, storage, replicas, limit, rollups=True)
+
+    async def create(c: StreamConfig) -> None:
+        await _ensure_stream(js, c, setting)
+        await _has_leader(js, c.name, replicas)
+
+    await _reserve(js, cfg, setting or f"the object store {bucket}'s limit", by_default, create)
+    return await until_ready(lambda: js.object_store(bucket), f"object store {bucket}", PROVISION_ATTEMPTS)
 
 
 async def _has_leader(js: JetStreamContext, stream: str, replicas: int) -> None:

@@ -191,6 +191,23 @@ class ThreadHeartbeat:
 SUBJECTS_LISTED = 100_000
 
 
+async def stream_subjects(js: JetStreamContext, stream: str, subjects_filter: str) -> dict[str, int]:
+    """The subjects of `stream` that match `subjects_filter`, with how many messages each holds,
+    from stream-info requests (one per 100,000 subjects): a reader needs only the stream-info
+    grant that binding a bucket takes."""
+    found: dict[str, int] = {}
+    while True:
+        # nats-py's stream_info cannot ask for an offset: the JetStream API request it makes,
+        # with one (JSApiStreamInfoRequest's `offset`), through its own request helper
+        answer = await js._api_request(f"{js._prefix}.STREAM.INFO.{stream}",
+                                       json.dumps({"subjects_filter": subjects_filter, "offset": len(found)}).encode(),
+                                       timeout=js._timeout)
+        page = (answer.get("state") or {}).get("subjects") or {}
+        found.update(page)
+        if not page or len(found) >= answer.get("total", 0):
+            return found
+
+
 async def bucket_keys(js: JetStreamContext, bucket: str) -> list[str]:
     """The keys of a KV bucket as the server holds them now, from stream-info requests (the
     bucket's subjects, one request per 100,000). Not nats-py's kv.keys(): its watcher ends the
@@ -200,17 +217,7 @@ async def bucket_keys(js: JetStreamContext, bucket: str) -> list[str]:
     only the stream-info grant that binding it takes. A deleted key's subject is still listed;
     reading its value says it is gone."""
     prefix = f"$KV.{bucket}."
-    keys: list[str] = []
-    while True:
-        # nats-py's stream_info cannot ask for an offset: the JetStream API request it makes,
-        # with one (JSApiStreamInfoRequest's `offset`), through its own request helper
-        answer = await js._api_request(f"{js._prefix}.STREAM.INFO.KV_{bucket}",
-                                       json.dumps({"subjects_filter": f"{prefix}>", "offset": len(keys)}).encode(),
-                                       timeout=js._timeout)
-        subjects = (answer.get("state") or {}).get("subjects") or {}
-        keys += [subject[len(prefix):] for subject in subjects]
-        if not subjects or len(keys) >= answer.get("total", 0):
-            return keys
+    return [subject[len(prefix):] for subject in await stream_subjects(js, f"KV_{bucket}", f"{prefix}>")]
 
 
 async def registry_entries(js: JetStreamContext, bucket: str, model: type[M],
@@ -220,6 +227,14 @@ async def registry_entries(js: JetStreamContext, bucket: str, model: type[M],
 
     `strict`: a failed read (e.g. during a leader election) raises instead of looking like an
     empty registry. A caller that acts on *absence* (declaring a host lost) must use it."""
+    return [item for _, item in await registry_items(js, bucket, model, fresh_within_s, strict)]
+
+
+async def registry_items(js: JetStreamContext, bucket: str, model: type[M],
+                         fresh_within_s: float | None = None, strict: bool = False) -> list[tuple[str, M]]:
+    """(key, entry) of each current entry, as registry_entries reads them: for a reader that
+    needs to know under which key (and so by whom: populace.core.replica_hosts) an entry was
+    written."""
     kv = await js.key_value(bucket)
     try:
         keys = await bucket_keys(js, bucket)
@@ -228,7 +243,7 @@ async def registry_entries(js: JetStreamContext, bucket: str, model: type[M],
             raise
         return []
     now = time.time()
-    out: list[M] = []
+    out: list[tuple[str, M]] = []
     for key in keys:
         try:
             entry = await kv.get(key)
@@ -244,7 +259,7 @@ async def registry_entries(js: JetStreamContext, bucket: str, model: type[M],
             continue  # malformed: not a live entry
         hb = getattr(item, "heartbeat_at", now)
         if fresh_within_s is None or now - hb <= fresh_within_s:
-            out.append(item)
+            out.append((key, item))
     return out
 
 

@@ -11,7 +11,7 @@ from nats.js.errors import KeyNotFoundError
 
 from populace.core import admission, runconfigs, subjects
 from populace.core.bus.retries import until_ready
-from populace.core.contracts import RoundOpen, RunHead, RunState
+from populace.core.contracts import RoundOpen, RunHead, RunState, RunWriters
 
 # How long a receiver waits for KV `runs` to catch up with an announcement it got first (a KV
 # read from a replica behind its leader), before it refuses the announcement.
@@ -41,6 +41,12 @@ async def run_head(js: JetStreamContext, run_id: str) -> RunHead | None:
     """The run's state in KV `runs` without its config (None: not a run of this stack)."""
     raw = await _stored(js, run_id)
     return None if raw is None else RunHead.model_validate_json(raw)
+
+
+async def run_writers(js: JetStreamContext, run_id: str) -> RunWriters | None:
+    """Who may have written the run's checkpoint objects (None: not a run of this stack)."""
+    raw = await _stored(js, run_id)
+    return None if raw is None else RunWriters.model_validate_json(raw)
 
 
 async def open_refusal(js: JetStreamContext, opened: RoundOpen) -> str | None:

@@ -50,6 +50,33 @@ class LivingRef(Strict):
         return self.first if round_ == self.round else self.size
 
 
+class StoredObject(Strict):
+    """One object of the `checkpoints` bucket as its writer describes it (populace.core.owned_objects),
+    on the metadata subject only that writer may publish: its chunks are the `chunks` messages
+    on the writer's chunk subject of the run (subjects.checkpoint_chunks) from stream sequence
+    `first_seq` to `last_seq`; `needs`: the objects a delta builds on (pruning keeps them)."""
+
+    v: Literal[1] = SCHEMA_VERSION
+    name: Annotated[str, Field(min_length=1, max_length=200)]
+    writer: Annotated[str, Field(min_length=1, max_length=64)]
+    size: int = Field(ge=0)
+    sha256: SHA256
+    chunks: int = Field(ge=0)
+    first_seq: int = Field(0, ge=0)
+    last_seq: int = Field(0, ge=0)
+    needs: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field([], max_length=10_000)
+
+    _tok = field_validator("writer")(_check_token)
+
+    @model_validator(mode="after")
+    def _chunks_span(self) -> StoredObject:
+        if self.chunks and not (0 < self.first_seq <= self.last_seq
+                                and self.last_seq - self.first_seq + 1 >= self.chunks):
+            raise ValueError(f"{self.chunks} chunks cannot lie between sequences {self.first_seq} and "
+                             f"{self.last_seq}")
+        return self
+
+
 class Restore(Strict):
     """Where a run's agents and environment start from: the checkpoint of `run_id` taken
     after `round` (its own, on resume; its parent's, for a fork). `ranges` are the agent id
@@ -64,8 +91,18 @@ class Restore(Strict):
     # who is alive after `round` (a run whose population changed): the departed are not made
     # again, and the agents born at its end take the state they were born with
     population: LivingRef | None = None
+    # agents' checkpoint object name -> the host that wrote it (the share that played its range
+    # that round, from the run's layouts): a reader takes an object only from its writer
+    writers: dict[str, Annotated[str, Field(min_length=1, max_length=64)]] = {}
 
     _tok = field_validator("run_id")(_check_token)
+
+    @field_validator("writers")
+    @classmethod
+    def _writer_tokens(cls, value: dict[str, str]) -> dict[str, str]:
+        for writer in value.values():
+            _check_token(writer)
+        return value
 
 
 class Layout(Strict):
@@ -293,6 +330,26 @@ class RunState(Strict):
 
     def share(self, key: str) -> Share | None:
         return next((sh for sh in self.shares if sh.key == key), None)
+
+
+class RunWriters(BaseModel):
+    """Who may have written a run's checkpoint objects, from its state in KV `runs` (read without
+    its config): its placements' hosts, and the environment and orchestrator."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    run_id: str
+    shares: list[Share]
+    layouts: list[Layout] = []
+
+    def writers(self, services: tuple[str, ...]) -> set[str] | None:
+        """Every writer of the run's objects (None: a placement recorded before layouts named
+        their shares, so its hosts are not known)."""
+        if any(lay.ranges and not lay.shares for lay in self.layouts):
+            return None
+        hosts = {sh.host_id for sh in self.shares}
+        hosts |= {key.rpartition("@")[0] for lay in self.layouts for key in lay.shares}
+        return hosts | set(services)
 
 
 class RunHead(BaseModel):

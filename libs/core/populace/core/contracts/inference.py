@@ -115,7 +115,9 @@ class LlmCallBatch(Wire):
 
 
 class ReplicaInfo(Strict):
-    """An LLM replica's registry entry (KV `replicas`), refreshed by heartbeats."""
+    """An LLM replica's registry entry (KV `replicas`), refreshed by heartbeats, under the key
+    `<writer>.<replica_id>` (subjects.replica_key): readers take it only if the key names this
+    replica_id, and name it by the key from then on (populace.core.replica_hosts)."""
 
     v: Literal[1] = SCHEMA_VERSION
     replica_id: str

@@ -3,10 +3,11 @@ replies, and its registry entry (KV `nodes`)."""
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from populace.core.contracts.wire_base import SCHEMA_VERSION, Count, FiniteFloat, Strict, Token
 
@@ -31,7 +32,27 @@ class RestartPolicy(Strict):
 
 
 # A host name or address a server binds to or is reached at (no spaces, quotes or options).
-HostName = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9_.:\[\]-]+$")]
+HostName = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9_.:\[][A-Za-z0-9_.:\[\]-]*$")]
+# What a node's vLLM replica serves: a model id (`name` or `org/name`, as the Hugging Face hub
+# names them) or an absolute path, which the node serves only under its own
+# POPULACE_NODE_MODEL_ROOTS. Never an option (`--help`, `--trust-remote-code`), never `..`.
+_MODEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?|/[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*/?")
+
+
+def _model_name(value: str) -> str:
+    if value.startswith("-"):
+        raise ValueError(f"{value[:80]!r} is an option, not a model")
+    if ".." in value:
+        raise ValueError(f"{value[:80]!r} climbs directories ('..')")
+    if not _MODEL.fullmatch(value):
+        raise ValueError(f"{value[:80]!r} is neither a model id (name or org/name: letters, digits, '.', '_', '-') "
+                         "nor an absolute path")
+    return value
+
+
+ModelName = Annotated[str, Field(min_length=1, max_length=500), AfterValidator(_model_name)]
+# A replica set (`populace auth replicas SET`): its replicas register as the NATS user `replicas-<set>`
+ReplicaSetName = Annotated[str, Field(min_length=1, max_length=40, pattern=r"^[A-Za-z0-9_-]+$")]
 
 
 class AgentHostSpec(Strict):
@@ -62,11 +83,12 @@ class ReplicasSpec(Strict):
     max_concurrency: Count | None = Field(None, ge=1, le=100_000)
     threads: Count | None = Field(None, ge=1, le=1024)  # local only
     ctx: Count | None = Field(None, ge=256, le=1_048_576)  # local only
-    model: str | None = Field(None, min_length=1, max_length=500, pattern=r"^[A-Za-z0-9_./:@+-]+$")  # vllm only
+    model: ModelName | None = None  # vllm only
     gpus: list[Annotated[int, Field(ge=0, le=1023)]] = Field([], max_length=64)  # vllm only
     base_port: Count | None = Field(None, ge=1024, le=65535)  # vllm only
     bind: HostName | None = None
-    advertise: HostName | None = None
+    advertise: HostName | None = None  # must be in the node's POPULACE_REPLICA_HOSTS
+    set: ReplicaSetName | None = None  # None: registered as the shared `replicas` user
 
     @model_validator(mode="after")
     def _options_of_its_backend(self) -> ReplicasSpec:

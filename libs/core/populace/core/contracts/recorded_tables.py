@@ -46,3 +46,9 @@ class SimulationTables(Strict):
     # A run's declared answers of its categorical measure, in the order reports list them (the
     # simulation's measure_options): a valid value outside them is impossible, refused likewise.
     measure_options: list[Annotated[str, Field(max_length=1000)]] | None = Field(None, max_length=1000)
+    # Who may be in which group (populace.sdk.groups.GroupLayout, for the run's parameters): agents
+    # per group at each level, innermost first, and the block groups are drawn in again each round.
+    # The recorder refuses a group an agent cannot be in (a host claiming another host's group to
+    # write in its transcript). Empty: not declared (a run recorded before), nothing checked.
+    group_sizes: list[Annotated[int, Field(ge=1)]] = Field([], max_length=16)
+    group_block: int | None = Field(None, ge=1)

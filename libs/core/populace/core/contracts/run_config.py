@@ -15,6 +15,14 @@ from populace.core.contracts.models import ModelAssign, ModelEndpoint, check_mod
 from populace.core.contracts.questions import PlannedInterview
 from populace.core.contracts.wire_base import SHA256, Count, FiniteFloat, Strict, _finite_json
 
+# A run with a graph and one agent per process: refused alike by every path (the CLI, notebooks,
+# the orchestrator, `run_local(one_per_process=True)`): a host delivers posts into its agents'
+# observations in process, which a child process cannot read.
+GRAPH_ONE_PER_PROCESS = ("graph: a run with a graph cannot place one agent per process (placement.agents_per_process: "
+                         "1): its agents read their posts from their host's in-process inboxes; keep "
+                         "agents_per_process: 0, or drop the graph (edge kinds without a graph work one per "
+                         "process: read whom an agent follows in the environment's view)")
+
 
 class ModelConfig(Strict):
     """Which model answers, and how it is asked. `dummy` is the paper's dummy benchmark (a seeded
@@ -297,6 +305,8 @@ class RunConfig(BaseModel):
                 "placement.agents_per_process: 1 starts one OS process per agent; "
                 f"{self.agents} agents is too many (max 10000)"
             )
+        if self.placement.agents_per_process == 1 and self.graph is not None:
+            raise ValueError(GRAPH_ONE_PER_PROCESS)
         return self
 
     @model_validator(mode="after")

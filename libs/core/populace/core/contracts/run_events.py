@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from populace.core.contracts.control import LivingRef, Restore, WorldRef
 from populace.core.contracts.questions import MAX_ANSWER_CHARS, InterviewId, Survey
@@ -23,6 +23,7 @@ from populace.core.contracts.wire_base import (
     JsonDoc,
     Millis,
     RoundNo,
+    Strict,
     Token,
     Wire,
 )
@@ -95,6 +96,14 @@ class PostColumns(Wire):
     fields: list[JsonDoc | None]
     heard: list[Amount]
     heard_digest: list[Amount]
+
+
+# A scene's acts and lines per round, per member of its group: a group of k members acts at most
+# MAX_ACTS_PER_MEMBER × k times and says at most MAX_LINES_PER_MEMBER × k lines (its members' and
+# the scene's own, speaker -1) in a round. A scene that would do more stops (its round pauses
+# naming it); the recorder refuses a group whose batch carries more.
+MAX_ACTS_PER_MEMBER = 100
+MAX_LINES_PER_MEMBER = 100
 
 
 class ActColumns(Wire):
@@ -376,6 +385,38 @@ class DecideProfile(Wire):
     decide_s: Seconds = 0.0
     observation_bytes: Amount = 0
     note: ProfileNote | None = None
+
+
+# A partial larger than this (its columns: the agents that move …) travels as an object of the
+# checkpoints store, which the message names (PartialRef): a message stays under 1 MB.
+PARTIAL_INLINE_BYTES = 256 * 1024
+# What a partial's object may hold: this much, plus PARTIAL_BYTES_PER_AGENT per agent of its share
+# (room for a few int or float columns of every agent as JSON). The environment refuses a larger
+# one before reading a byte of it; a host never stores one (the round pauses naming it).
+PARTIAL_OBJECT_BASE_BYTES = 1 << 20
+PARTIAL_BYTES_PER_AGENT = 256
+
+
+def partial_object_limit(agents: int) -> int:
+    """The most bytes a partial's object of a share of `agents` agents may hold."""
+    return PARTIAL_OBJECT_BASE_BYTES + PARTIAL_BYTES_PER_AGENT * max(0, agents)
+
+
+class PartialRef(Strict):
+    """A partial's payload when it travels by reference: the object of its own share that holds
+    it (subjects.checkpoint_partial), its sha256 and its size, which the object's metadata must
+    say too. The environment reads it only once the sender's share is known to be placed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, serialize_by_alias=True)
+
+    ref: CheckpointName = Field(alias="$ref")
+    sha256: SHA256
+    size: int = Field(ge=0, lt=2**63)
+
+    @staticmethod
+    def of(payload: object) -> bool:
+        """Whether a partial's payload is a reference (a simulation's partial has no `$ref` field)."""
+        return isinstance(payload, dict) and "$ref" in payload
 
 
 class RoundPartial(Wire):
