@@ -332,14 +332,14 @@ class _Stage:
         self.running = bytearray(b"\x01") * n  # not a container: nothing for the collector
         self.waiting: dict[asyncio.Future, int] = {}  # a future an act awaits -> that act
         self.throws: dict[int, BaseException] | None = None  # thrown into an act at its next step (a cancel …)
-        self.gating: asyncio.Task | None = None  # an act waiting at the loop's slicer, and the rest behind it
+        self.gating: asyncio.Task | None = None  # the stage waiting at the loop's slicer
         self.wake: Callable | None = self._wake  # made once: every wake-up of the stage
         self.done.add_done_callback(self.wake, context=ctx)  # (the scene cancelled while it waits)
         loop.call_soon(self.wake, None, context=ctx)  # the start, on the loop as a task's: not inside the scene's task
 
     def _wake(self, future: asyncio.Future | None) -> None:
         if future is None:  # the start
-            self._start(0)
+            self._start()
         elif future is self.done:
             if future.cancelled():  # the scene was cancelled while it waited: its acts stop too
                 self.cancel()
@@ -348,28 +348,27 @@ class _Stage:
             if i is not None:
                 self.step(i)
 
-    def _start(self, first: int) -> None:
-        """Start acts `first`, … in order, each through the scene's gate (populace.sdk.slicing) as
-        `member.act` passes it: when author code has held the loop a slice, the act that comes
-        next and those after it wait in a task (only then) until the gate lets it through."""
+    def _start(self) -> None:
+        """Start the stage's acts, in order, once it passed the scene's gate (populace.sdk.slicing):
+        the stage is one entry, as a scene is (its acts' code up to their first await runs in this
+        one callback). When author code has held the loop a slice, the stage waits in a task (made
+        only then) until the gate lets it through: an entry per act cost a hold, a task and a turn
+        of the loop per act when the loop is busy, and took a stage's acts apart."""
         gate = self.scene._gate
-        for i in range(first, len(self.acts)):
-            if gate is not None and not self.done.done():
-                wait = gate()
-                if wait is not None:
-                    self.gating = self.loop.create_task(wait, context=self.ctx)
-                    self.gating.add_done_callback(functools.partial(self._gated, i), context=self.ctx)
-                    return
+        if gate is not None and self.gating is None:
+            wait = gate()
+            if wait is not None:
+                self.gating = self.loop.create_task(wait, context=self.ctx)
+                self.gating.add_done_callback(self._gated, context=self.ctx)
+                return
+        for i in range(len(self.acts)):
             self.step(i)
 
-    def _gated(self, i: int, held: asyncio.Task) -> None:
+    def _gated(self, _held: asyncio.Task) -> None:
+        """Let through (or cancelled with the stage: each act's step then throws its cancel)."""
+        for i in range(len(self.acts)):
+            self.step(i)
         self.gating = None
-        if held.cancelled() or self.done.done():  # the stage stopped meanwhile: each act left gets its cancel
-            for j in range(i, len(self.acts)):
-                self.step(j)
-            return
-        self.step(i)
-        self._start(i + 1)
 
     def _woken(self, i: int, _future: asyncio.Future) -> None:
         self.step(i)
@@ -453,5 +452,5 @@ class _Stage:
         for i in range(len(self.acts)):
             if self.running[i] and i not in awaiting:
                 self._throw(i, asyncio.CancelledError())
-        if self.gating is not None:  # acts not started yet, waiting at the gate: started now, to be cancelled
+        if self.gating is not None:  # not started yet, waiting at the gate: its acts start, to be cancelled
             self.gating.cancel()
