@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from populace.core.contracts.control import Restore, WorldRef
+from populace.core.contracts.control import LivingRef, Restore, WorldRef
 from populace.core.contracts.questions import MAX_ANSWER_CHARS, InterviewId, Survey
 from populace.core.contracts.recorded_tables import Identifier, SimulationTables
 from populace.core.contracts.run_config import ConfigRef, RunConfig, Usage
@@ -84,6 +84,7 @@ class RoundOpen(Wire):
     # or in a run's first round what the simulation's environment starts with
     selection: JsonDoc | None = None
     world: WorldRef | None = None  # the simulation's world this round (None: round 1's, or none)
+    population: LivingRef | None = None  # who is alive this round (None: the run's first agents)
 
 
 class PostColumns(Wire):
@@ -495,6 +496,8 @@ class RoundResult(Wire):
     interviews: Usage = Usage()  # the folded shares' interviews' LLM work, apart
     selection: JsonDoc | None = None  # who acts next round (populace.sdk.select); None: everyone
     world: WorldRef | None = None  # the simulation's world after the round (stored before this result)
+    # who is alive after the round (stored before this result); None: the run's first agents, as ever
+    population: LivingRef | None = None
     # share key -> the checkpoint digests its partial reported (the orchestrator keeps each
     # share's own ranges' only), and the sha256 of the environment's own checkpoint
     checkpoints: dict[str, dict[CheckpointName, SHA256]] = {}
