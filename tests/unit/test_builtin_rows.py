@@ -48,6 +48,14 @@ CASES = {
     "schelling": ("schelling.yaml", {"rounds": 4}, {}),
     "schelling-claims-3-hosts": ("schelling.yaml", {"rounds": 4, "rule": {"threshold": 0.5, "move": "nearby",
                                                                           "ask": "unhappy"}}, {"hosts": 3}),
+    # births and deaths (issue 37): the example as it ships (deaths only), and the model choosing
+    # among the cells in sight with the starved replaced, on 3 hosts (their table `population` too)
+    "sugarscape": ("sugarscape.yaml", {"rounds": 6}, {}),
+    "sugarscape-llm-replacement-3-hosts": ("sugarscape.yaml", {"agents": 150, "rounds": 4,
+                                                               "grid": {"width": 20, "height": 20},
+                                                               "traits": {"endowment": [1, 8]},
+                                                               "rule": {"decider": "llm", "replacement": True}},
+                                           {"hosts": 3}),
     "dictator": ("simulations/dictator/scenario.yaml",
                  {"agents": 90, "simulation": "dictator_game:DictatorGame"}, {"hosts": 2}),
 }
@@ -79,6 +87,8 @@ def play(case: str) -> dict[str, str]:
     graph = loads(prepared.graph) if prepared.graph is not None else None
     result = asyncio.run(run_local(prepared.resolved, cast=cast, graph=graph, **options))
     got = {"outcomes": digest(result.outcomes), "rounds": digest(result.rounds), "posts": digest(result.posts)}
+    if result.population:  # a population that changed: its births and deaths
+        got["population"] = digest(result.population)
     if result.acts:  # scenes
         got.update(acts=digest(result.acts), transcripts=digest(result.transcripts))
     return got
