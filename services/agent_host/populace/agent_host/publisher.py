@@ -26,6 +26,7 @@ from populace.core.contracts import (
     PostColumns,
     Progress,
     RoundPartial,
+    ShownColumns,
     Usage,
     partial_object_limit,
     share_key,
@@ -78,6 +79,7 @@ class OutcomePublisher:
             levels=batch.levels, lines=None if batch.lines is None else LineColumns.model_construct(v=1, **batch.lines),
             acts=None if batch.acts is None else ActColumns.model_construct(v=1, **_act_columns(batch.acts)),
             edits=None if batch.edits is None else EdgeColumns.model_construct(v=1, **batch.edits),
+            shown=None if batch.shown is None else ShownColumns.model_construct(v=1, **batch.shown),
         )
         metrics.batch("agent-host", "outcomes", len(batch.agent_ids))
         metrics.INVALID.labels("agent-host").inc(batch.valid.count(False))

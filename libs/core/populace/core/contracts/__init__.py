@@ -138,6 +138,7 @@ from populace.core.contracts.run_config import (
 from populace.core.contracts.run_events import (
     MAX_ACTS_PER_MEMBER,
     MAX_LINES_PER_MEMBER,
+    MAX_SHOWN,
     PARTIAL_BYTES_PER_AGENT,
     PARTIAL_INLINE_BYTES,
     PARTIAL_OBJECT_BASE_BYTES,
@@ -164,6 +165,7 @@ from populace.core.contracts.run_events import (
     RunResumed,
     RunStarted,
     ShareProfile,
+    ShownColumns,
     SpawnBatch,
     partial_object_limit,
 )
@@ -198,6 +200,7 @@ __all__ = [
     "MAX_LINES_PER_MEMBER",
     "MAX_MODELS",
     "MAX_QUESTION_CHARS",
+    "MAX_SHOWN",
     "NODE_REQUESTS",
     "PARTIAL_BYTES_PER_AGENT",
     "PARTIAL_INLINE_BYTES",
@@ -311,6 +314,7 @@ __all__ = [
     "ServiceSpec",
     "Share",
     "ShareProfile",
+    "ShownColumns",
     "SimulationName",
     "SimulationTables",
     "SnapshotReply",
