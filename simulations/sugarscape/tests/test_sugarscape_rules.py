@@ -138,6 +138,9 @@ def test_the_gini_coefficient_is_exact():
     ({"traits": {"vision": [4, 2]}}, r"traits.vision\n.*\[4, 2\] is not a range within \[1, 50\]"),
     ({"sugar": {"peaks": [[1.5, 0.5]]}}, r"sugar.peaks\n.*peak 0, \(1.5, 0.5\), is not on the grid"),
     ({"rule": {"choices": 0}}, "rule.choices"),
+    ({"grid": {"width": 0, "height": 5}}, r"grid.width\n.*greater than or equal to 2"),
+    ({"rule": {"decider": "rules"}}, r"rule.decider\n.*'rule' or 'llm'"),
+    ({"grid": {"width": 5, "height": 5, "depth": 2}}, r"grid.depth\n.*Extra inputs"),
     ({"agents": 30}, "agents: 30 agents do not fit the grid's 25 cells"),
     ({"grid": {"width": 5, "height": 5, "torus": True}}, "traits.vision: 6 is too far on a 5×5 torus"),
 ])
