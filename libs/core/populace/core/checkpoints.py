@@ -335,10 +335,13 @@ async def agent_chunks(js: JetStreamContext, rid: str, round_: int, layout: Iter
 
 
 async def save_env(js: JetStreamContext, rid: str, round_: int, state: dict, observation: dict,
-                   selection: dict | None = None, world: WorldRef | None = None) -> Stored:
-    return await put(js, subjects.checkpoint_env(rid, round_),
-                     {"state": state, "observation": observation, "selection": selection,
-                      "world": world.model_dump() if world is not None else None}, writer=ENV_WRITER)
+                   selection: dict | None = None, world: WorldRef | None = None,
+                   prototypes: dict[str, float] | None = None) -> Stored:
+    value = {"state": state, "observation": observation, "selection": selection,
+             "world": world.model_dump() if world is not None else None}
+    if prototypes:  # only a prototype run whose guard raised a share: older checkpoints read alike
+        value["prototypes"] = prototypes
+    return await put(js, subjects.checkpoint_env(rid, round_), value, writer=ENV_WRITER)
 
 
 class EnvCheckpoint(NamedTuple):
@@ -346,6 +349,7 @@ class EnvCheckpoint(NamedTuple):
     observation: dict
     selection: dict | None  # who acts in the next round (None: everyone)
     world: WorldRef | None  # the world after the round (a simulation with one)
+    prototypes: dict[str, float] | None = None  # a prototype run: the shares its guard raised
 
 
 async def load_env(js: JetStreamContext, rid: str, round_: int, digests: Mapping[str, str]) -> EnvCheckpoint:
@@ -355,9 +359,11 @@ async def load_env(js: JetStreamContext, rid: str, round_: int, digests: Mapping
     if not isinstance(value, dict) or not isinstance(value.get("state"), dict):
         raise CheckpointError(f"checkpoint {subjects.checkpoint_env(rid, round_)} is not an environment's state")
     selection, world = value.get("selection"), value.get("world")
+    raised = value.get("prototypes")
     return EnvCheckpoint(value["state"], value.get("observation") or {},
                          selection if isinstance(selection, dict) else None,
-                         WorldRef.model_validate(world) if isinstance(world, dict) else None)
+                         WorldRef.model_validate(world) if isinstance(world, dict) else None,
+                         {str(k): float(v) for k, v in raised.items()} if isinstance(raised, dict) else None)
 
 
 Keep = Literal["all", "last", "none"]

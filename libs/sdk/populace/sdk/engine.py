@@ -33,6 +33,7 @@ from populace.sdk.llm import LLM
 from populace.sdk.play import OutcomeRows, OutcomeSink, RoundFailed, RoundPaused, RoundShare
 from populace.sdk.process import AgentRaised
 from populace.sdk.profile import VIEW_BUDGET_BYTES, Budget, RoundCost, decide_profile, sampled, size_of, wire_size
+from populace.sdk.prototypes import HostRound
 from populace.sdk.registry import Resolved
 from populace.sdk.statejson import StateTypeError, from_wire, to_wire
 from populace.sdk.world import World, WorldError
@@ -237,10 +238,11 @@ class ShareEngine:
 
     async def play(self, round_: int, observation: dict | None, selection: dict | None, llm: LLM, *,
                    emit: Callable[[OutcomeRows], None], batch_size: int = 1000,
-                   world: World | None = None) -> RoundShare:
+                   world: World | None = None, prototypes: dict[str, float] | None = None) -> RoundShare:
         """Play round `round_` (its announcement's observation and selection, and the world it
         names; observation None: the run's first round, derived here from the environment's
-        start, as every share does)."""
+        start, as every share does). A prototype run: only the share's representatives play
+        (`prototypes`: the shares its guard raised), beside its audits (populace.sdk.prototypes)."""
         run = self.run
         t0 = time.perf_counter()
         cost = self.cost = RoundCost()
@@ -266,14 +268,36 @@ class ShareEngine:
             if world is None:
                 raise RoundFailed(f"round {round_}: the simulation has a World but the round names none")
             view = self._viewer(world, round_, cost)
-        selected = self.selected(round_, selection, obs, world, view)
+        drawn = None
+        if run.prototypes is not None:
+            if selection is not None:  # refused before the run (populace.sdk.prototypes.check): a bug if here
+                raise RoundPaused(f"round {round_}: a prototype run's environment selected who acts")
+            drawn = HostRound(run.prototypes, self._ids, round_, prototypes)
+            sink._emit = drawn.capture(emit)
+            selected = drawn.selected
+        else:
+            selected = self.selected(round_, selection, obs, world, view)
         run.acted(selected)  # before they play: a round cut short may have changed some of them
         try:
-            await run.player.play(obs, llm, sink, selected, view=view, cost=cost)
+            audits = drawn.start_audits(run, obs, llm) if drawn is not None else None
+            try:
+                await run.player.play(obs, llm, sink, selected, view=view, cost=cost)
+            except BaseException:
+                if audits is not None:
+                    audits.cancel()
+                raise
             share = sink.close()
+            if drawn is not None:
+                rows = await drawn.finish_audits(audits, sink, sink.seq)
+                if rows is not None:
+                    emit(rows)
+                played = share.n
+                share.prototypes = drawn.evidence(run.tables.measure or "")
+                share.n = len(run.agents)  # every agent of the share has a row: its own answer or a drawn one
+                cost.turns = played
         finally:
             self.cost = None
-        cost.agents = share.n
+        cost.agents = len(selected) if drawn is not None else share.n
         cost.model_wait_s = getattr(llm, "model_wait_s", 0.0)  # the ports that count it (the fleet's, the dummy's)
         cost.wall_s = time.perf_counter() - t0
         share.cost = cost

@@ -326,7 +326,8 @@ class Environment:
             if out is not None:
                 await checkpoints.put_bytes(self.svc.js, out[0].name, out[1], writer=checkpoints.ENV_WRITER)
             stored = await checkpoints.save_env(self.svc.js, result.run_id, result.round, result.state,
-                                                result.observation, result.selection, result.world)
+                                                result.observation, result.selection, result.world,
+                                                result.prototypes.shares if result.prototypes else None)
             # What each folded share says it checkpointed, and this one's own: the orchestrator
             # records them, and a restore reads only objects that still match.
             parts = tally.partials.get(result.round, {}) if tally is not None else {}

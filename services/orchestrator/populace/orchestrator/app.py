@@ -320,7 +320,7 @@ class Orchestrator:
         digests = workflow.fork_digests(parent, k, result)
         env = await checkpoints.load_env(self.svc.js, parent.run_id, k, digests)
         return workflow.fork_run(rid, start.config, placement, parent, k, env.state, env.observation, incarnations,
-                                 digests, selection=env.selection, world=env.world)
+                                 digests, selection=env.selection, world=env.world, prototypes=env.prototypes)
 
     async def reject(self, rid: str, reason: str) -> None:
         self.svc.log.warning("run_rejected", run_id=rid, reason=reason)

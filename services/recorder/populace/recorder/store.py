@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from populace.analysis.interview_tables import SCHEMA as INTERVIEWS_SCHEMA
 from populace.core.contracts import (
+    PROTOTYPE_COLUMNS,
     InterviewBatch,
     InterviewOrder,
     InterviewPlaced,
@@ -45,6 +46,8 @@ from populace.core.hostauth import SHARED_HOST_USER
 from populace.population.errors import PopulationError
 from populace.population.jsonl import iter_personas
 from populace.population.model_assignment import AssignmentError, assignment
+from populace.population.prototypes import Membership, PrototypeError, membership
+from populace.recorder import prototypes as prototype_rows
 from populace.recorder.columns import RefusedGroup
 from populace.recorder.expected import RunShape, calls_refusal, outcome_refusal
 from populace.recorder.interviews import InterviewStore, Owed
@@ -167,7 +170,8 @@ def outcome_columns(t: SimulationTables) -> list[tuple[str, str]]:
             *((("group_id", "BIGINT"),) if t.grouped else ()),
             *((f"{level}_id", "BIGINT") for level in t.levels),
             *((c.name, c.type) for c in t.outcome_columns),
-            ("valid", "BOOLEAN"), ("raw", "VARCHAR"), ("latency_ms", "DOUBLE"), ("error", "VARCHAR")]
+            ("valid", "BOOLEAN"), ("raw", "VARCHAR"), ("latency_ms", "DOUBLE"), ("error", "VARCHAR"),
+            *(PROTOTYPE_COLUMNS if t.prototypes else ())]
 
 
 def act_columns(t: SimulationTables) -> list[tuple[str, str]]:
@@ -223,6 +227,9 @@ class ShareRecord:
         return self.replaced_from is None or round_ < self.replaced_from
 
 
+_NONE = SimulationTables(simulation="", outcomes="none", outcome_columns=[], rounds="none", summary_columns=[])
+
+
 def _share(key: str) -> tuple[str, int]:
     host_id, _, epoch = key.rpartition("@")
     return host_id, int(epoch)
@@ -245,6 +252,7 @@ class Store:
         # (run, round) -> per agent, whether its outcome is recorded: what makes a duplicate
         self._recorded: dict[tuple[str, int], np.ndarray] = {}
         self.interviews = InterviewStore(lambda: self.con)
+        self._members: dict[str, Membership] = {}  # by run id: a prototype run's prototypes (its draws)
 
     @property
     def con(self) -> duckdb.DuckDBPyConnection:
@@ -255,6 +263,7 @@ class Store:
                     con = duckdb.connect(self.path)
                     con.execute(SCHEMA)
                     con.execute(INTERVIEWS_SCHEMA)
+                    con.execute(prototype_rows.SCHEMA)
                     self._ready.clear()
                     self._con = con
         return self._con
@@ -338,7 +347,7 @@ class Store:
     def per_round_tables(spec: SimulationTables) -> list[str]:
         """The tables with rows per round that a resume or a re-placement plays again."""
         return [spec.outcomes, "llm_calls", "posts", *(("edges",) if spec.edge_kinds else ()),
-                *(("transcripts", spec.acts) if spec.acts else ())]
+                *(("transcripts", spec.acts) if spec.acts else ()), *(("audits",) if spec.prototypes else ())]
 
     # -- ingestion ------------------------------------------------------------------------
     def requester_ranges(self, run_id: str, requester: str) -> list[tuple[int, int]] | None:
@@ -447,12 +456,14 @@ class Store:
         if not fresh:
             return out
         outcomes: dict[str, list[Event]] = defaultdict(list)  # by run
+        audits: dict[str, list[Event]] = defaultdict(list)  # by run: a prototype run's audits
+        decided: set[str] = set()  # prototype runs with a round decided here: their draws may be due
         con.execute("BEGIN TRANSACTION")
         try:
             for e in fresh:
                 m = e.model
                 if isinstance(m, OutcomeBatch):
-                    outcomes[m.run_id].append(e)
+                    (audits if m.audit else outcomes)[m.run_id].append(e)
                 elif isinstance(m, InterviewPlaced):
                     self.interviews.placed(m)
                 elif isinstance(m, InterviewOrder):
@@ -515,6 +526,10 @@ class Store:
                         self._insert_round(m)  # decided from live shares only (again, after a re-placement)
                         if m.profile is not None:
                             self._insert_profile(m)
+                        if m.prototypes is not None:
+                            prototype_rows.insert_round(con, self._spec(m.run_id), m.run_id, m.round, m.prototypes)
+                            self._recorded.pop((m.run_id, m.round), None)
+                            decided.add(m.run_id)
                 elif isinstance(m, RoundPartial):
                     # a share's round profile; a partial of a share not placed (or replaced) counts
                     # nowhere (the environment dead-letters a forged one)
@@ -534,6 +549,10 @@ class Store:
                 if kept:
                     out.outcomes += self._insert_outcomes(run_id, kept)
                     stored += kept
+            for run_id, batches in audits.items():
+                self._insert_audits(run_id, batches, out)
+            for run_id in decided | {r for r in outcomes if (self.tables_of(r) or _NONE).prototypes}:
+                out.outcomes += self._draw(run_id)
             self._add_record_time(stored, time.perf_counter() - t0)
             con.execute("INSERT INTO _ingested SELECT unnest(?)", [[e.msg_id for e in fresh]])
             con.execute("COMMIT")
@@ -579,7 +598,8 @@ class Store:
         self._forget_recorded(m.run_id)
         spec = self._spec(m.run_id)
         con = self.con
-        for table in (*self.per_round_tables(spec), spec.rounds, "_refused_groups", "round_profile"):
+        for table in (*self.per_round_tables(spec), spec.rounds, "_refused_groups", "round_profile",
+                      *(("prototype_rounds", "_drawn") if spec.prototypes else ())):
             con.execute(f"DELETE FROM {_q(table)} WHERE run_id = ? AND round > ?", [m.run_id, m.after_round])
         con.execute("UPDATE runs SET status = 'running', finished_at = NULL, reason = NULL, hosts = ? "
                     "WHERE run_id = ?", [m.hosts, m.run_id])
@@ -667,6 +687,10 @@ class Store:
             cols["raw"].extend(m.raws)
             cols["latency_ms"].extend(m.latency_ms)
             cols["error"].extend(m.errors)
+            if spec.prototypes:  # a representative's own answer (the others' rows are drawn: _draw)
+                cols["source"].extend(["llm"] * n)
+                cols["prototype"].extend(m.prototypes or [None] * n)
+                cols["drawn_from"].extend([None] * n)
         schema = pa.schema([(n, pa.int32() if t == "INTEGER" else ARROW[t]) for n, t in types.items()])
         self.con.register("outcome_rows", pa.Table.from_pydict(cols, schema=schema))
         try:
@@ -678,6 +702,63 @@ class Store:
             self._insert_scenes(spec, [m for m in batches if m.acts is not None or m.lines is not None])
         self._insert_edges([m for m in batches if m.edits is not None])
         return len(cols["agent_id"])
+
+    def _insert_audits(self, run_id: str, events: list[Event], out: IngestResult) -> None:
+        """A prototype run's audits: each from a share the run placed, about its own agents, once
+        per agent and round (a duplicate or a stranger's batch is refused whole)."""
+        spec, shape, shares = self._spec(run_id), self.shape_of(run_id), self.shares_of(run_id)
+        kept = []
+        for e in events:
+            b: OutcomeBatch = e.model
+            share = shares.get(share_key(b.host_id, b.epoch))
+            if shares and share is not None and not share.counts_in(b.round):
+                continue  # a replaced share's straggler
+            why = None if spec.prototypes else f"run {run_id} has no prototypes, so no audits"
+            if why is None and shape is not None:
+                seen = np.zeros(shape.agents, dtype=bool)
+                done = np.fromiter(prototype_rows.audited(self.con, run_id, b.round), dtype=np.int64)
+                seen[done[(done >= 0) & (done < shape.agents)]] = True
+                why = outcome_refusal(b, share.ranges if share else None, share.from_round if share else 1, shape,
+                                      seen)
+            if why is None and (b.prototypes is None or len(b.prototypes) != len(b.agent_ids)):
+                why = "an audit batch names each agent's prototype"
+            if why is not None:
+                out.refused.append((e.msg_id, why))
+                continue
+            kept.append(b)
+        if kept:
+            prototype_rows.insert_audits(self.con, spec, kept)
+
+    def _draw(self, run_id: str) -> int:
+        """The drawn rows of the run's rounds whose representatives are all recorded (populace.recorder.prototypes)."""
+        spec = self._spec(run_id)
+        config = self._config(run_id)
+        if config is None or config.prototypes is None:
+            return 0
+        added = 0
+        for round_, reps in prototype_rows.pending(self.con, run_id):
+            rows = prototype_rows.draw(self.con, spec, config, run_id, round_, reps,
+                                       lambda: self._membership(run_id, config))
+            if rows is None:
+                continue
+            self._recorded.pop((run_id, round_), None)
+            added += rows
+        return added
+
+    def _config(self, run_id: str) -> RunConfig | None:
+        row = self.con.execute("SELECT config_json FROM runs WHERE run_id = ?", [run_id]).fetchone()
+        return RunConfig.model_validate_json(row[0]) if row and row[0] else None
+
+    def _membership(self, run_id: str, config: RunConfig) -> Membership:
+        if run_id not in self._members:
+            p = config.prototypes
+            assert p is not None
+            try:
+                profiles = prototype_rows.profiles_of(self.con, run_id) if p.by else None
+                self._members[run_id] = membership(config.agents, p.by, profiles)
+            except PrototypeError as err:
+                raise StoreError(run_id, f"its prototypes cannot be drawn here: {err}") from None
+        return self._members[run_id]
 
     def _insert_edges(self, batches: list[OutcomeBatch]) -> None:
         """Every edge edit, in the order each batch lists them (the order they applied)."""

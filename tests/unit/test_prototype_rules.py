@@ -1,0 +1,109 @@
+"""Prototypes' pure rules (populace.population.prototypes): who is in which prototype, who
+represents it, who is audited, whom every other agent copies — the same from the same inputs,
+whichever process computes it — and the divergences the environment measures (populace.sdk.prototypes)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from populace.population import prototypes as rules
+from populace.sdk import prototypes
+
+PROFILES = [{"education": e, "age": a} for e, a in zip(["phd", "high school", "phd", "bachelor"] * 25,
+                                                        [30, 40, 50, 60, 70] * 20, strict=True)]
+
+
+def test_membership_groups_by_attributes_with_sorted_labels():
+    m = rules.membership(100, ["education"], PROFILES)
+    assert m.labels == ("education=bachelor", "education=high school", "education=phd")
+    assert m.sizes.tolist() == [25, 25, 50]
+    assert m.of[[0, 1, 3]].tolist() == [2, 1, 0]
+    assert m.of_prototype(0).tolist() == list(range(3, 100, 4))  # ascending ids within a prototype
+    everyone = rules.membership(7)
+    assert everyone.labels == ("all",) and everyone.sizes.tolist() == [7]
+
+
+def test_membership_refuses_a_missing_attribute_naming_the_field_and_agent():
+    with pytest.raises(rules.PrototypeError, match=r"^prototypes\.by: 'income' is not an attribute of agent 0's"):
+        rules.membership(100, ["income"], PROFILES)
+    with pytest.raises(rules.PrototypeError, match=r"^prototypes\.by: .*no population"):
+        rules.membership(100, ["education"], None)
+
+
+def test_representatives_per_prototype_share_and_minimum():
+    m = rules.membership(100, ["education"], PROFILES)
+    reps = rules.representatives(m, 0.1, minimum=3, seed=7)
+    # ceil(0.1 * 25) = 3, ceil(0.1 * 50) = 5
+    assert np.bincount(m.of[reps], minlength=3).tolist() == [3, 3, 5]
+    again = rules.representatives(m, 0.1, minimum=3, seed=7)
+    assert (reps == again).all()
+    assert (reps != rules.representatives(m, 0.1, minimum=3, seed=8)).any()
+    # a raised share keeps the representatives there were (a longer prefix of one order)
+    raised = rules.representatives(m, np.array([0.1, 0.4, 0.1]), minimum=3, seed=7)
+    assert (raised >= reps).all() and np.bincount(m.of[raised], minlength=3).tolist() == [3, 10, 5]
+    # drawn again every round: another set per round
+    r1 = rules.representatives(m, 0.1, 3, 7, round_=1)
+    assert (r1 != rules.representatives(m, 0.1, 3, 7, round_=2)).any()
+
+
+def test_sources_copy_a_valid_representative_of_the_same_prototype_never_an_invalid_one():
+    m = rules.membership(100, ["education"], PROFILES)
+    reps = rules.representatives(m, 0.2, minimum=2, seed=1)
+    valid = np.ones(100, dtype=bool)
+    bad = np.flatnonzero(reps)[:3]
+    valid[bad] = False
+    src = rules.sources(m, reps, valid, seed=1, round_=4)
+    assert (src[reps] == rules.REPRESENTATIVE).all()
+    drawn = np.flatnonzero(~reps)
+    assert (src[drawn] >= 0).all()
+    assert reps[src[drawn]].all() and valid[src[drawn]].all()  # a representative with a valid answer
+    assert (m.of[src[drawn]] == m.of[drawn]).all()  # of the agent's own prototype
+    assert not set(bad.tolist()) & set(src[drawn].tolist())
+    # a prototype whose representatives all answered invalidly has nothing to copy
+    valid[np.flatnonzero(reps & (m.of == 0))] = False
+    src = rules.sources(m, reps, valid, seed=1, round_=4)
+    assert (src[~reps & (m.of == 0)] == rules.NO_SOURCE).all()
+
+
+def test_draws_are_the_same_whichever_share_tallies_them():
+    m = rules.membership(100, ["education"], PROFILES)
+    reps = rules.representatives(m, 0.1, 2, 3)
+    pool = rules.pools(m, reps)
+    others = np.flatnonzero(~reps)
+    whole = rules.draw_positions(m, pool, others, 3, 2)
+    halves = np.concatenate([rules.draw_positions(m, pool, others[:40], 3, 2),
+                             rules.draw_positions(m, pool, others[40:], 3, 2)])
+    assert (whole == halves).all()
+    counts, first = rules.tally_draws(whole, others, pool.reps.size)
+    assert counts.sum() == others.size
+    hit = counts > 0
+    assert all(first[p] == others[whole == p].min() for p in np.flatnonzero(hit))
+
+
+def test_audits_are_non_representatives_per_prototype():
+    m = rules.membership(100, ["education"], PROFILES)
+    reps = rules.representatives(m, 0.1, 2, 3)
+    audited = rules.audited(m, reps, 4, seed=3, round_=1)
+    assert not (audited & reps).any()
+    assert np.bincount(m.of[audited], minlength=3).tolist() == [4, 4, 4]
+    assert (audited != rules.audited(m, reps, 4, seed=3, round_=2)).any()
+
+
+def test_stand_ins_wrap_round_to_the_next_valid_answer():
+    pool = rules.Pools(np.array([1, 5, 9, 2, 4]), np.array([0, 3, 5]))
+    assert rules.stand_ins(pool, np.array([False, True, False, False, False])).tolist() == [1, 1, 1, -1, -1]
+
+
+def test_w1_and_js_with_bootstrap_intervals():
+    assert prototypes.w1(np.array([0.0, 10.0]), np.array([1.0, 1.0]), np.array([0.0, 10.0]), np.ones(2)) == 0
+    assert prototypes.w1(np.array([0.0]), np.array([5.0]), np.array([3.0]), np.ones(1)) == pytest.approx(3.0)
+    js, tv = prototypes.js_tv(np.array([1.0, 0.0]), np.array([0.0, 1.0]))
+    assert js == pytest.approx(1.0) and tv == pytest.approx(1.0)
+    value, lo, hi, tv = prototypes.divergence("numeric", [10, 20], [5, 5], [40] * 30, 100, seed=[1])
+    assert value == pytest.approx(25.0) and lo <= value <= hi and tv is None
+    value, lo, hi, tv = prototypes.divergence("categorical", ["a", "b"], [9, 1], ["a"] * 20, 100, seed=[1])
+    assert 0 < value < 1 and tv == pytest.approx(0.1) and 0 <= lo <= hi
+    # the same seed, the same interval
+    assert prototypes.divergence("numeric", [1, 2], [1, 1], [1, 3, 4], 50, seed=[2]) == \
+        prototypes.divergence("numeric", [1, 2], [1, 1], [1, 3, 4], 50, seed=[2])
