@@ -55,15 +55,27 @@ def hashes(seed: int, salt: int, round_: int, ids: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore"):
         base = np.uint64((seed * 0x9E3779B97F4A7C15 + salt * 0xD6E8FEB86659FD93 + round_ * 0xA24BAED4963EE407
                           + 0x2545F4914F6CDD1D) & _MASK)
-        z = base + np.asarray(ids).astype(np.uint64) * np.uint64(0x94D049BB133111EB)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return z ^ (z >> np.uint64(31))
+        z = np.asarray(ids).astype(np.uint64)  # a copy, then every step in place: ten million at a time
+        z *= np.uint64(0x94D049BB133111EB)
+        z += base
+        t = z >> np.uint64(30)
+        z ^= t
+        z *= np.uint64(0xBF58476D1CE4E5B9)
+        np.right_shift(z, np.uint64(27), out=t)
+        z ^= t
+        z *= np.uint64(0x94D049BB133111EB)
+        np.right_shift(z, np.uint64(31), out=t)
+        z ^= t
+        return z
 
 
 def uniforms(seed: int, salt: int, round_: int, ids: np.ndarray) -> np.ndarray:
     """A uniform in [0, 1) per agent id (the top 53 bits of its hash)."""
-    return (hashes(seed, salt, round_, ids) >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+    z = hashes(seed, salt, round_, ids)
+    z >>= np.uint64(11)
+    u = z.astype(np.float64)
+    u *= 1.0 / float(1 << 53)
+    return u
 
 
 def _value_text(value: Any) -> str:
@@ -162,6 +174,9 @@ def representatives(m: Membership, shares: np.ndarray | float, minimum: int, see
     counts = representative_counts(m.sizes, shares, minimum)
     keys = hashes(seed, SALT_REPRESENTATIVES, -1 if round_ is None else round_, np.arange(m.agents))
     out = np.zeros(m.agents, dtype=bool)
+    if len(m.labels) == 1:  # one prototype: its ids are every agent's, in order
+        out[_smallest(m.members, keys, int(counts[0]))] = True
+        return out
     for p, k in enumerate(counts.tolist()):
         ids = m.of_prototype(p)
         out[_smallest(ids, keys[ids], k)] = True
@@ -175,10 +190,11 @@ def audited(m: Membership, is_rep: np.ndarray, per_prototype: int, seed: int, ro
     if per_prototype <= 0:
         return out
     keys = hashes(seed, SALT_AUDITS, round_, np.arange(m.agents))
+    keys[is_rep] = np.iinfo(np.uint64).max  # never audited: the last of any order
     for p in range(len(m.labels)):
         ids = m.of_prototype(p)
-        ids = ids[~is_rep[ids]]
-        out[_smallest(ids, keys[ids], per_prototype)] = True
+        k = min(per_prototype, int((~is_rep[ids]).sum()))
+        out[_smallest(ids, keys if len(m.labels) == 1 else keys[ids], k)] = True
     return out
 
 
@@ -210,13 +226,20 @@ def draw_positions(m: Membership, pool: Pools, ids: np.ndarray, seed: int, round
     """The pool position each (non-representative) agent of `ids` draws in `round_`; -1 for an
     agent whose prototype has no representative at all."""
     ids = np.asarray(ids, dtype=np.int64)
+    u = uniforms(seed, SALT_DRAWS, round_, ids)
+    if pool.sizes.size == 1:  # one prototype: no per-agent lookups
+        size = int(pool.sizes[0])
+        if size == 0:
+            return np.full(ids.size, -1, dtype=np.int64)
+        u *= size
+        return np.minimum(u.astype(np.int64), size - 1)
     protos = m.of[ids]
     size = pool.sizes[protos]
-    u = uniforms(seed, SALT_DRAWS, round_, ids)
-    j = np.minimum((u * size).astype(np.int64), np.maximum(size - 1, 0))
-    out = pool.starts[protos] + j
-    out[size == 0] = -1
-    return out
+    u *= size
+    j = np.minimum(u.astype(np.int64), np.maximum(size - 1, 0))
+    j += pool.starts[protos]
+    j[size == 0] = -1
+    return j
 
 
 def stand_ins(pool: Pools, valid: np.ndarray) -> np.ndarray:
