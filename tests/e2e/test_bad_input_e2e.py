@@ -77,7 +77,8 @@ def local_rows(columns: dict[str, list]) -> list[dict]:
     # the world's rules, enforced where the round is decided (issue 37)
     ("claim", "simulation 'ledger': round 2: claims: agent 7 claims cell 21, which does not exist (cells are 0..15)"),
     ("invariant", "simulation 'ledger': invariant 'no score below zero' is broken after round 2: [7, 11]"),
-], ids=["view", "edge_kind", "world_type", "claim", "invariant"])
+    ("shown_item", "simulation 'ledger', round 2, agent 7: shown.items: 9999 is not in the round's Board.cells"),
+], ids=["view", "edge_kind", "world_type", "claim", "invariant", "shown_item"])
 def test_bad_input_pauses_the_fleet_run_and_a_resume_after_the_fix_is_exact(stack, bug_file, undisturbed, bug, named):
     prepared = prepare(RunConfig.model_validate(CONFIG))
     bug_file.write_text(bug)
@@ -113,3 +114,5 @@ def test_bad_input_pauses_the_fleet_run_and_a_resume_after_the_fix_is_exact(stac
     assert table(stack.db, t.rounds, out.run_id, "round") == local_rows(undisturbed.rounds)
     assert table(stack.db, "edges", out.run_id, "round, follower, author") == local_rows(undisturbed.edges)
     assert len(undisturbed.edges["follower"]) == 60 * 4  # every agent follows another each round
+    assert table(stack.db, "shown", out.run_id, "round, agent_id") == local_rows(undisturbed.shown)
+    assert len(undisturbed.shown["agent_id"]) == 60 * 4  # what each agent was shown, each round

@@ -1,6 +1,6 @@
 """End to end, the feed — a world (the pool of posts), each agent's view made on its host, follows
 as edge edits, activation by persona: played on real processes and recorded exactly as the local
-runner records it (outcomes, rounds, edges, posts) — `populace demo --scenario examples/feed.yaml`
+runner records it (outcomes, rounds, edges, posts, shown) — `populace demo --scenario examples/feed.yaml`
 on 2 agent-hosts, on 3, with one agent per OS process, and with the environment service and an
 agent-host killed in the middle of a round and restarted."""
 
@@ -73,6 +73,10 @@ def assert_as_in_one_process(db: str, run_id: str, local: LocalResult) -> None:
     # edits apply by round and follower (each agent's in the order it made them)
     assert table(db, "edges", run_id, "round, follower, rowid") == rows(local.edges)
     assert table(db, "posts", run_id, "round, agent_id") == rows(local.posts)
+    # who saw what: every acting reader's feed, as one process ranked it
+    assert table(db, "shown", run_id, "round, agent_id") == rows(local.shown)
+    assert [(r["round"], r["agent_id"]) for r in rows(local.shown)] == \
+        [(r["round"], r["agent_id"]) for r in rows(local.outcomes)]
 
 
 def fleet(stack: Stack, data: dict, during=None):
@@ -119,7 +123,8 @@ def test_the_feed_on_three_hosts_and_one_agent_per_process_equals_one_process(st
     if shape == "one-agent-per-process":  # a run with a graph cannot place one agent per process (the client)
         data = {**FEED, "agents": 40, "placement": {"agents_per_process": 1}, "activity": {"default": 0.5}}
     else:
-        data = {**FEED, "population": POPULATION, "graph": {"generator": "scale-free", "m": 3, "directed": True}}
+        data = {**FEED, "population": POPULATION, "graph": {"generator": "scale-free", "m": 3, "directed": True},
+                "recommender": {"interest": 1.5}}  # the toolkit's interest recommender: each reader its own
     prepared, out, _ = fleet(stack, data)
     assert out.status == "completed", out.reason
     local = local_of(prepared)

@@ -136,8 +136,8 @@ def test_concurrent_wrong_tokens_are_counted_before_any_is_answered(manager):
     with concurrent.futures.ThreadPoolExecutor(20) as pool:
         codes = sorted(pool.map(guess, range(20)))
     assert codes == [401] * 10 + [429] * 10
-    # the right token from this address waits too: nothing more is compared
-    assert guess_with(port, TOKEN) == 429
+    # the right token from this address still gets in: guessing never locks the operator out
+    assert guess_with(port, TOKEN) == 200
 
 
 def guess_with(port: int, token: str) -> int:

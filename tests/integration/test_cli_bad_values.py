@@ -126,3 +126,7 @@ def test_a_simulation_to_compare_with_is_checked_before_the_first_bench(cli):
     res = cli("bench", "dummy", "--agents", "10", "--compare", "nosuch")
     refused(res, "--compare: simulation: unknown simulation 'nosuch'")
     assert "stack ready" not in res.stdout + res.stderr
+    # the same study with one key changed: that key is checked against the study's own before the first bench
+    res = cli("bench", "dummy", "--agents", "10", "--simulation", "feed", "--compare-set", "recommender.record_shown=3")
+    refused(res, "--compare-set: recommender.record_shown: Input should be a valid boolean")
+    assert "stack ready" not in res.stdout + res.stderr

@@ -50,6 +50,10 @@ CASES = {
                               r"\[7, 11\]$"),
     "invariant_raises": (RuleBroken, r"^simulation 'ledger': invariant 'no score below zero' raised after round 2: "
                                      r"ZeroDivisionError: division by zero$"),
+    "shown_item": (RoundPaused, r"simulation 'ledger', round 2, agent 7: shown\.items: 9999 is not in the round's "
+                                r"Board\.cells"),
+    "shown_twice": (RoundPaused, r"simulation 'ledger': BoardEnv\.view raised in round 2 for agent 7: ShownError: "
+                                 r"shown\.items: item 109 is shown twice"),
 }
 
 

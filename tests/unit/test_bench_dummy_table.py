@@ -32,6 +32,9 @@ def test_the_table_shows_each_measure():
     assert rows(result(asyncio_floor_s=None))["plain asyncio floor"] == "—"
     scene = rows(result(acts_recorded=400_000, infra_retries=12))
     assert (scene["acts recorded"], scene["infra retries"]) == ("400,000", "12")
+    feed = rows(result(shown_recorded=20_000, profile_s={"view_s": 1.234, "record_s": 0.5}))
+    assert (feed["shown rows recorded"], feed["view per round (round_profile)"],
+            feed["record per round (round_profile)"]) == ("20,000", "1.23 s", "0.50 s")
 
 
 def test_a_graph_run_adds_its_cut_and_mail():

@@ -1,5 +1,6 @@
 """Every built-in simulation and the dictator template give exactly the rows they gave before the
-round engine was rewritten: digests of their local runs (outcomes, rounds, posts) on the dummy
+round engine was rewritten: digests of their local runs (outcomes, rounds, posts; the feed's shown
+and edges) on the dummy
 model, stored in builtin_rows.json. A local run equals a fleet run (tests/e2e), so these pin the
 fleet's rows too. Regenerate only for an intended change of results:
 `POPULACE_WRITE_DIGESTS=1 uv run pytest tests/unit/test_builtin_rows.py`."""
@@ -48,6 +49,9 @@ CASES = {
     "schelling": ("schelling.yaml", {"rounds": 4}, {}),
     "schelling-claims-3-hosts": ("schelling.yaml", {"rounds": 4, "rule": {"threshold": 0.5, "move": "nearby",
                                                                           "ask": "unhappy"}}, {"hosts": 3}),
+    # a world, views, edge edits and who saw what (table shown); 2 hosts, its population and graph
+    "feed": ("feed.yaml", {"agents": 300, "rounds": 3}, {"hosts": 2}),
+    "feed-interest": ("feed.yaml", {"agents": 300, "rounds": 3, "recommender": {"interest": 1.5}}, {"hosts": 2}),
     "dictator": ("simulations/dictator/scenario.yaml",
                  {"agents": 90, "simulation": "dictator_game:DictatorGame"}, {"hosts": 2}),
 }
@@ -81,6 +85,8 @@ def play(case: str) -> dict[str, str]:
     got = {"outcomes": digest(result.outcomes), "rounds": digest(result.rounds), "posts": digest(result.posts)}
     if result.acts:  # scenes
         got.update(acts=digest(result.acts), transcripts=digest(result.transcripts))
+    if result.shown:  # who saw what
+        got.update(shown=digest(result.shown), edges=digest(result.edges))
     return got
 
 

@@ -98,6 +98,7 @@ INSTANCES: dict[str, BaseModel] = {
     "RunHead": c.RunHead(run_id="r1", status="running", config_ref=c.ConfigRef.of(CONFIG),
                          shares=[c.Share(host_id="h1", ranges=[(0, 10)])], round=2),
     "EdgeColumns": c.EdgeColumns(follower=[3, 3], author=[8, 2], kind=["follow", "follow"], op=["add", "remove"]),
+    "ShownColumns": c.ShownColumns(agent_id=[3, 9], items=[[41, 7, 12], []], ranks=[[1, 2, 3], []]),
     "LineColumns": c.LineColumns(group_id=[3, 3], seq=[2, 3], speaker=[6, -1], text=["4 for you", "deal"],
                                  fields=['{"amount":4}', None]),
     "MailBatch": c.MailBatch(run_id="r1", round=2, host_id="h1", epoch=0, to="h2@0", shard=0, shards=1,
@@ -313,6 +314,24 @@ def test_outcome_batch_group_ids_must_match_too():
         c.OutcomeBatch.model_validate(data)
     data["group_ids"] = [0, 0, 1]
     assert c.OutcomeBatch.model_validate(data).group_ids == [0, 0, 1]
+
+
+@pytest.mark.parametrize("shown", [{"agent_id": [3], "items": [[1, 2]], "ranks": [[1]]},  # a rank per item
+                                   {"agent_id": [3, 4], "items": [[1]], "ranks": [[1]]},  # a record per agent
+                                   {"agent_id": [3], "items": [[1]], "ranks": [[0]]},  # ranks count from 1
+                                   {"agent_id": [3], "items": [list(range(1001))], "ranks": [list(range(1, 1002))]}])
+def test_shown_records_are_one_rank_per_item_and_bounded(shown):
+    with pytest.raises(ValidationError):
+        c.ShownColumns.model_validate(shown)
+
+
+def test_an_outcome_batch_cut_keeps_each_agents_shown_record_with_it():
+    batch = c.OutcomeBatch(run_id="r", round=1, host_id="h", seq=0, agent_ids=[3, 9, 11], columns={},
+                           valid=[True] * 3, raws=[""] * 3, latency_ms=[0.0] * 3, errors=[None] * 3,
+                           shown=INSTANCES["ShownColumns"])
+    assert batch.take([0]).shown.agent_id == [3] and batch.take([0]).shown.items == [[41, 7, 12]]
+    assert batch.take([1, 2]).shown.agent_id == [9] and batch.take([1, 2]).shown.ranks == [[]]
+    assert batch.take([2]).shown is None
 
 
 def test_outcome_batch_empty_is_fine():

@@ -204,8 +204,8 @@ def test_outcome_fields_need_defaults_known_types_and_free_names():
         outcome_fields(Reserved)
     with pytest.raises(OutcomeError, match="is not a column type"):
         column_type(outcome_fields(Weird)[0][1])
-    assert [column_type(t) for t in (int, bool, str, float, dict, list[int], int | None)] == [
-        "BIGINT", "BOOLEAN", "VARCHAR", "DOUBLE", "JSON", "JSON", "BIGINT"]
+    assert [column_type(t) for t in (int, bool, str, float, dict, list[int], list, int | None)] == [
+        "BIGINT", "BOOLEAN", "VARCHAR", "DOUBLE", "JSON", "BIGINT[]", "JSON", "BIGINT"]  # list[int]: a LIST
 
 
 def test_outcomes_are_keyword_dataclasses_with_valid_and_raw():

@@ -169,7 +169,8 @@ async def test_429_and_5xx_from_a_replica_are_retried_on_real_vllm(nats_server, 
         assert reply.error is None and reply.failed == []
         assert all(reply.valid), reply.texts
     assert sum(len(c.agent_ids) for c in calls) == 24
-    assert sum(a for c in calls for a in c.attempts) >= 24 + 6  # each 429/503 cost one more attempt
+    # each 503 costs one more attempt; a 429 is waited out (Retry-After) and is not an attempt
+    assert sum(a for c in calls for a in c.attempts) >= 24 + 3
 
 
 async def gateway_registered(nc, timeout: float = 120.0) -> None:

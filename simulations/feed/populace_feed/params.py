@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationInfo, field_validator
 
 from populace.sdk import Params
 
@@ -45,7 +45,8 @@ class PoolConfig(_Section):
 
 class RecommenderConfig(_Section):
     """score = (popularity·ln(1 + likes + repost_weight·reposts) + recency)·2^(−age/half_life)
-    + similarity·(1 − |stance − post stance| / (2·scale)) + follow_boost·[follows the author]."""
+    + similarity·(1 − |stance − post stance| / (2·scale)) + interest·cos(reader's interests, author's)
+    + follow_boost·[follows the author]."""
 
     k: int = Field(10, ge=1, le=MAX_K)  # posts in a feed
     half_life: float = Field(2.0, gt=0, le=1_000_000, allow_inf_nan=False)  # rounds for a post's score to halve
@@ -54,9 +55,14 @@ class RecommenderConfig(_Section):
     recency: float = Field(1.0, ge=0, le=1_000, allow_inf_nan=False)
     similarity: float = Field(1.0, ge=0, le=1_000, allow_inf_nan=False)
     follow_boost: float = Field(1.0, ge=0, le=1_000, allow_inf_nan=False)
+    # interest similarity on vectors (populace.sdk.recommend): each agent has a seeded int8 interest
+    # vector of `interest_dims` dimensions; a post carries its author's. 0: left out (no per-reader ranking)
+    interest: float = Field(0.0, ge=0, le=1_000, allow_inf_nan=False)
+    interest_dims: int = Field(16, ge=1, le=256)
+    record_shown: StrictBool = True  # record each reader's feed in table `shown` (who saw what)
 
     @field_validator("k", "half_life", "popularity", "repost_weight", "recency", "similarity",
-                               "follow_boost", mode="before")
+                     "follow_boost", "interest", "interest_dims", mode="before")
     @classmethod
     def _numbers(cls, value: object) -> object:
         return _not_bool(value)

@@ -3,9 +3,15 @@ highest for it, best first:
 
     score = (popularity·ln(1 + likes + repost_weight·reposts) + recency) · 2^(−age / half_life)
           + similarity · (1 − |its stance − the post's stance| / (2·scale))
+          + interest · cos(its interest vector, the post author's)
           + follow_boost · [it follows the post's author]
 
 never its own posts; equal scores go to the newer post (the higher id). Pure numpy.
+
+With `interest` > 0 every reader's scores are its own (its interest vector): each feed is ranked
+over the whole pool with the SDK's toolkit (`populace.sdk.recommend.Ranker`, the stance part as
+its per-reader `extra`), a few vector operations per reader. Without it (the default) the rest
+of this docstring holds.
 
 A host ranks a round's pool once (`Ranker`) and every acting agent from it. The first two terms
 depend only on the post and on the agent's stance, which takes 2·scale + 1 values: each stance's
@@ -19,11 +25,15 @@ pool and has no post in that list gets its stance's feed, one object shared by a
 
 from __future__ import annotations
 
+import operator
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
+
+from populace.sdk import recommend
 
 EXTRA = 16  # posts kept per stance beyond k: room for an agent's own posts among them
 _NONE = np.zeros(0, dtype=np.int64)
@@ -39,6 +49,7 @@ class Weights:
     similarity: float
     follow_boost: float
     scale: int
+    interest: float = 0.0  # weight of the interest similarity (0: left out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,15 +80,16 @@ def base_scores(likes: np.ndarray, reposts: np.ndarray, post_round: np.ndarray, 
 
 def best_first(scores: np.ndarray, post_ids: np.ndarray, m: int) -> np.ndarray:
     """Indices of the `m` highest scores, best first, equal scores to the higher post id."""
-    n = scores.size
-    if m <= 0 or n == 0:
-        return _NONE
-    if m < n:
-        threshold = np.partition(scores, n - m)[n - m]  # the m-th highest
-        idx = np.flatnonzero(scores >= threshold)  # ties at the threshold all stay, then cut in order
-    else:
-        idx = np.arange(n)
-    return idx[np.lexsort((-post_ids[idx], -scores[idx]))][:m]
+    return recommend.top_k(scores, post_ids, m)
+
+
+@lru_cache(maxsize=2)  # a host plays a run at a time, mostly: two runs' tables at most (dims bytes an agent each)
+def interest_table(seed: int, agents: int, dims: int) -> np.ndarray:
+    """Every agent's seeded interest vector (agents × dims, int8), once per process: a reader's
+    own and, for a post, its author's (16 bytes an agent at 16 dimensions)."""
+    table = recommend.interests(seed, np.arange(agents), dims)
+    table.flags.writeable = False
+    return table
 
 
 class _Stance:
@@ -98,7 +110,8 @@ class Ranker:
 
     def __init__(self, round_: int, post_ids: np.ndarray, authors: np.ndarray, post_rounds: np.ndarray,
                  stances: np.ndarray, likes: np.ndarray, reposts: np.ndarray, texts: np.ndarray,
-                 weights: Weights) -> None:
+                 weights: Weights, interests: np.ndarray | None = None) -> None:
+        """`interests`: every agent's interest vector (`interest_table`), with `weights.interest` > 0."""
         self.round = round_
         self.w = weights
         self.post_ids = np.asarray(post_ids, dtype=np.int64)
@@ -115,6 +128,15 @@ class Ranker:
         for i, a in enumerate(self._authors):
             self.by_author.setdefault(a, []).append(i)
         self._ranked: dict[int, _Stance] = {}
+        self.interests = interests
+        # with interest, every reader is ranked on its own: by the toolkit's Ranker of its stance
+        # (the stance's scores its items' own part, the interest similarity and follow boost its own)
+        self._personal: dict[int, recommend.Ranker] | None = None
+        if weights.interest > 0:
+            if interests is None:
+                raise ValueError("interest > 0: the agents' interest vectors are needed (interest_table)")
+            self._personal = {}
+            self._post_vectors = interests[self.authors]  # a post carries its author's interests
 
     def scores(self, stance: int) -> np.ndarray:
         """Every post's score for an agent of this stance that follows none of their authors."""
@@ -132,6 +154,8 @@ class Ranker:
 
     def feed(self, agent: int, stance: int, following: Sequence[int] = ()) -> Timeline:
         """Agent `agent`'s feed: its stance, whom it follows (author ids)."""
+        if self._personal is not None:
+            return self._ranked_for(agent, stance, following)
         ranked = self._stance(stance)
         by_author = self.by_author
         followed = [i for a in following if a in by_author for i in by_author[a]] if following else ()
@@ -157,6 +181,22 @@ class Ranker:
             best = [i for _, _, i in keyed[:k]]
         return self._timeline(stance, best, [i in lifted for i in best])
 
+    def _ranked_for(self, agent: int, stance: int, following: Sequence[int]) -> Timeline:
+        """The feed of a reader with its own interests: the whole pool, ranked by the toolkit (which
+        scores only the posts that can make the feed: those near the top of its stance's ranking,
+        and those of the authors it follows)."""
+        assert self._personal is not None and self.interests is not None
+        ranker = self._personal.get(stance)
+        if ranker is None:
+            w = self.w
+            ranker = self._personal[stance] = recommend.Ranker(
+                self.post_ids, round=self.round, authors=self.authors, vectors=self._post_vectors,
+                base=self.scores(stance), mix=recommend.Mix(interest=w.interest, follow=w.follow_boost))
+        best = ranker.top(agent, self.w.k, vector=self.interests[agent], following=following).tolist()
+        follows = set(following)
+        authors = self._authors
+        return self._timeline(stance, best, [authors[i] in follows for i in best])
+
     def _whole(self, agent: int, stance: int, followed: Sequence[int]) -> Timeline:
         """The feed ranked over the whole pool (an agent with many posts of its own)."""
         boosted = np.zeros(self.post_ids.size, dtype=bool)
@@ -167,17 +207,23 @@ class Ranker:
         return self._timeline(stance, best, [bool(boosted[i]) for i in best])
 
     def _timeline(self, stance: int, idx: list[int], followed: list[bool]) -> Timeline:
-        ids, authors, stances, likes, reposts, texts = self._columns
-        return Timeline(self.round, stance, tuple(ids[i] for i in idx), tuple(authors[i] for i in idx),
-                        tuple(stances[i] for i in idx), tuple(likes[i] for i in idx),
-                        tuple(reposts[i] for i in idx), tuple(texts[i] for i in idx), tuple(followed))
+        if len(idx) >= 2:
+            take = operator.itemgetter(*idx)  # each column's posts in one C call
+            return Timeline(self.round, stance, *map(take, self._columns), tuple(followed))
+        # (itemgetter of one index gives the item, not a tuple)
+        return Timeline(self.round, stance, *(tuple(c[i] for i in idx) for c in self._columns), tuple(followed))
 
 
 def rank_whole(ranker: Ranker, agent: int, stance: int, following: Sequence[int] = ()) -> tuple[int, ...]:
     """The feed's post ids by scoring every post of the pool: the definition `Ranker.feed` keeps
     (slow: for tests)."""
     follows = np.isin(ranker.authors, np.asarray(following, dtype=np.int64))
-    scores = ranker.scores(stance) + ranker.w.follow_boost * follows
+    scores = ranker.scores(stance)
+    if ranker.w.interest > 0:
+        assert ranker.interests is not None
+        scores = scores + ranker.w.interest * recommend.similarity(ranker.interests[agent],
+                                                                   ranker.interests[ranker.authors])
+    scores = scores + ranker.w.follow_boost * follows
     mine = ranker.authors == agent
     idx = np.flatnonzero(~mine)
     order = np.lexsort((-ranker.post_ids[idx], -scores[idx]))[:ranker.w.k]

@@ -26,7 +26,7 @@ from populace.sdk.env import Ints, Partial
 from populace.sdk.world import World, column
 from populace_feed import parsing, prompts
 from populace_feed.params import ANSWER_TOKENS, CHARS_PER_TOKEN, FeedParams
-from populace_feed.recommender import Ranker, Timeline, Weights, base_scores, best_first
+from populace_feed.recommender import Ranker, Timeline, Weights, base_scores, best_first, interest_table
 
 POST_SALT = 0x706F7374  # the seeded order of a round's new posts, apart from activation's draws
 
@@ -148,6 +148,7 @@ class FeedEnv(Env[FeedState, Tally]):
     State = FeedState
     Partial = Tally
     World = Pool
+    shown_items = "post_id"  # each reader's feed is recorded in table `shown` (recommender.record_shown)
 
     def __init__(self, sim: Microblog) -> None:
         super().__init__(sim)
@@ -155,7 +156,8 @@ class FeedEnv(Env[FeedState, Tally]):
         r = p.recommender
         self.scale = p.stance.scale
         self.weights = Weights(r.k, r.half_life, r.popularity, r.repost_weight, r.recency, r.similarity,
-                               r.follow_boost, self.scale)
+                               r.follow_boost, self.scale, r.interest)
+        self.record_shown = r.record_shown
         self._ranker: tuple[Pool, int, Ranker] | None = None  # this host's ranking of the round's pool
 
     def start(self) -> FeedState:
@@ -181,13 +183,19 @@ class FeedEnv(Env[FeedState, Tally]):
         # the round's pool is ranked once per host (per stance, lazily); each agent from that
         cached = self._ranker
         if cached is None or cached[0] is not world or cached[1] != round:
+            w = self.weights
+            interests = interest_table(self.sim.seed, self.sim.agents, self.params.recommender.interest_dims) \
+                if w.interest > 0 else None
             ranker = Ranker(round, world.post_id, world.author, world.posted_in, world.stance, world.likes,
-                            world.reposts, world.text, self.weights)
+                            world.reposts, world.text, w, interests)
             cached = self._ranker = (world, round, ranker)
         sim = self.sim
         # whom it follows: the run's graph and its own edits, on its host (None: a unit test's bare env)
         following = sim.following(agent_id) if sim.edges is not None else ()
-        return cached[2].feed(agent_id, int(world.last_stance[agent_id]), following)
+        feed = cached[2].feed(agent_id, int(world.last_stance[agent_id]), following)
+        if self.record_shown:
+            self.show(agent_id, feed.post_ids)  # who saw what: its posts, best first (ranks 1..k)
+        return feed
 
     def reduce(self, agent_ids: Sequence[int], outcomes: Sequence[Action]) -> Tally:
         voters, votes, authors, stances, texts, liked, reposted = [], [], [], [], [], [], []

@@ -28,7 +28,8 @@ def test_defaults_resolve():
     assert (p.pool.size, p.pool.seed_posts) == (10_000, 1_000)
     rec = p.recommender
     assert (rec.k, rec.half_life, rec.popularity, rec.repost_weight, rec.recency, rec.similarity,
-            rec.follow_boost) == (10, 2.0, 1.0, 2.0, 1.0, 1.0, 1.0)
+            rec.follow_boost, rec.interest, rec.interest_dims, rec.record_shown) == (10, 2.0, 1.0, 2.0, 1.0, 1.0, 1.0,
+                                                                                    0.0, 16, True)
     assert (p.stance.scale, p.stance.topic) == (3, "Cities should ban private cars from their centres.")
     assert (p.activity.attribute, p.activity.rates, p.activity.default) == (
         "activity", {"high": 0.5, "medium": 0.2, "low": 0.05}, 0.1)
@@ -48,6 +49,11 @@ def test_defaults_resolve():
     ({"recommender": {"popularity": float("nan")}}, "recommender.popularity: Input should be a finite number"),
     ({"recommender": {"follow_boost": -1}}, "recommender.follow_boost: Input should be greater than or equal to 0"),
     ({"recommender": {"boost": 1}}, "recommender.boost: unknown key"),
+    ({"recommender": {"interest": -0.5}}, "recommender.interest: Input should be greater than or equal to 0"),
+    ({"recommender": {"interest": True}}, "recommender.interest: must be a number, not true/false"),
+    ({"recommender": {"interest_dims": 0}}, "recommender.interest_dims: Input should be greater than or equal to 1"),
+    ({"recommender": {"interest_dims": 257}}, "recommender.interest_dims: Input should be less than or equal to 256"),
+    ({"recommender": {"record_shown": "yes"}}, "recommender.record_shown: Input should be a valid boolean"),
     ({"stance": {"scale": 0}}, "stance.scale: Input should be greater than or equal to 1"),
     ({"stance": {"scale": 11}}, "stance.scale: Input should be less than or equal to 10"),
     ({"stance": {"topic": "   "}}, "stance.topic: must not be blank"),

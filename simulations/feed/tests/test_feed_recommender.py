@@ -9,7 +9,16 @@ import math
 
 import numpy as np
 import pytest
-from populace_feed.recommender import EXTRA, Ranker, Timeline, Weights, base_scores, best_first, rank_whole
+from populace_feed.recommender import (
+    EXTRA,
+    Ranker,
+    Timeline,
+    Weights,
+    base_scores,
+    best_first,
+    interest_table,
+    rank_whole,
+)
 
 W = Weights(k=5, half_life=2.0, popularity=1.0, repost_weight=2.0, recency=1.0, similarity=1.0, follow_boost=1.0,
             scale=3)
@@ -22,14 +31,20 @@ def pool(n: int, agents: int, rounds: int, seed: int, weights: Weights = W, roun
     # few distinct likes and stances: many exactly equal scores, so the tie-break is exercised
     return Ranker(rounds + 1 if round_ is None else round_, ids, rng.integers(0, agents, n), posted,
                   rng.integers(-weights.scale, weights.scale + 1, n), rng.integers(0, 3, n), rng.integers(0, 2, n),
-                  np.asarray([f"post {i}" for i in range(n)], dtype=object), weights)
+                  np.asarray([f"post {i}" for i in range(n)], dtype=object), weights,
+                  interest_table(seed, agents, 8) if weights.interest else None)
 
 
 # a boost of 0 ties followed posts with others; no similarity ties whole stances
 VARIANTS = [W, Weights(k=5, half_life=2.0, popularity=1.0, repost_weight=2.0, recency=1.0, similarity=0.0,
                        follow_boost=0.0, scale=3),
             Weights(k=12, half_life=0.5, popularity=0.0, repost_weight=0.0, recency=1.0, similarity=3.0,
-                    follow_boost=0.25, scale=3)]
+                    follow_boost=0.25, scale=3),
+            # interest similarity on vectors: every reader ranked over the whole pool (the SDK's toolkit)
+            Weights(k=5, half_life=2.0, popularity=1.0, repost_weight=2.0, recency=1.0, similarity=1.0,
+                    follow_boost=1.0, scale=3, interest=2.0),
+            Weights(k=8, half_life=2.0, popularity=0.0, repost_weight=0.0, recency=0.0, similarity=0.0,
+                    follow_boost=0.0, scale=3, interest=1.0)]
 
 
 @pytest.mark.parametrize("seed", range(8))

@@ -59,13 +59,14 @@ def rows(columns: dict) -> list[dict]:
 
 CASES = {"dummy": ({}, False, False), "remembering": ({"llm": remembering}, False, False),
          "remembering, graph and population": ({"llm": remembering}, True, True),
-         "dummy, graph": ({}, True, False)}
+         "dummy, graph": ({}, True, False),
+         "remembering, interests and graph": ({"llm": remembering}, True, True, {"interest": 2.0})}
 
 
 @pytest.mark.parametrize("case", list(CASES))
 async def test_a_run_is_identical_on_one_host_three_hosts_and_one_agent_per_process(case):
-    kw, graph, population = CASES[case]
-    c = config(graph=graph)
+    kw, graph, population, *recommender = CASES[case]
+    c = config(graph=graph, recommender={"k": 5, **(recommender[0] if recommender else {})})
     if population:
         kw = {**kw, "cast": cast()}
     one = await run_local(c, **kw)
@@ -80,6 +81,24 @@ async def test_a_run_is_identical_on_one_host_three_hosts_and_one_agent_per_proc
         assert without(other.rounds, "closed_at") == without(one.rounds, "closed_at")
         assert without(other.outcomes, "latency_ms") == without(one.outcomes, "latency_ms")
         assert other.edges == one.edges
+        assert other.shown == one.shown
+
+
+@pytest.mark.parametrize("interest", [0.0, 1.5])
+async def test_every_acting_reader_has_its_feed_recorded_and_acts_only_on_what_it_was_shown(interest):
+    c = config(rounds=4, graph=True, recommender={"k": 5, "interest": interest})
+    result = await run_local(c, llm=remembering, cast=cast())
+    shown = {(r, a): (items, ranks) for r, a, items, ranks in
+             zip(*(result.shown[k] for k in ("round", "agent_id", "items", "ranks")))}
+    acted = rows(result.outcomes)
+    assert sorted(shown) == [(x["round"], x["agent_id"]) for x in acted]  # one record per acting reader
+    for x in acted:
+        items, ranks = shown[x["round"], x["agent_id"]]
+        assert len(items) == 5 and ranks == [1, 2, 3, 4, 5]
+        for column in ("liked", "reposted"):
+            assert x[column] is None or x[column] in items
+    off = await run_local(config(rounds=2, recommender={"k": 5, "interest": interest, "record_shown": False}))
+    assert off.tables.shown_items == "post_id" and off.shown["agent_id"] == []
 
 
 async def test_only_the_agents_their_activity_selects_act():

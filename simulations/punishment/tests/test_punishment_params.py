@@ -93,8 +93,8 @@ def test_the_tables_are_declared_from_the_outcome_act_and_summary():
         ("contribution", "BIGINT"), ("group_total", "BIGINT"), ("group_size", "BIGINT"), ("points_given", "BIGINT"),
         ("points_antisocial", "BIGINT"), ("points_received", "BIGINT"), ("payoff", "DOUBLE"),
         ("punish_valid", "BOOLEAN")]
-    assert [(c.name, c.type) for c in t.act_columns] == [("contribution", "BIGINT"), ("targets", "JSON"),
-                                                         ("points", "JSON")]
+    assert [(c.name, c.type) for c in t.act_columns] == [("contribution", "BIGINT"), ("targets", "BIGINT[]"),
+                                                         ("points", "BIGINT[]")]
     assert [c.name for c in t.summary_columns] == ["mean_contribution", "mean_payoff", "free_riders", "punish_answers",
                                                    "share_punishing", "mean_points", "antisocial_share"]
     assert t.grouped and Punishment.equilibrium(PunishmentParams()) == 0.0

@@ -1325,6 +1325,10 @@ def bench_dummy(
              "what crosses hosts")] = "partition",
     compare: Annotated[str | None, typer.Option(help="also play this simulation at the same size (e.g. ratio-game) "
                                                      "and report the round-time ratio")] = None,
+    compare_set: Annotated[list[str] | None, typer.Option(
+        "--compare-set", help="also play the same study (or --compare's) with this scenario key changed, e.g. "
+                              "--compare-set recommender.record_shown=false, and report the round-time ratio "
+                              "(repeatable)")] = None,
 ) -> None:
     """The paper's dummy benchmark through the whole pipeline: every agent's turn waits
     `latency` seconds for its answer; every outcome ends up in DuckDB. With --degree, agents talk
@@ -1334,13 +1338,17 @@ def bench_dummy(
 
     params = _overrides(set_)
     checked(lambda: prepare(parse_config({"simulation": simulation, "agents": agents, **params})))
-    if compare is not None:  # played after the first bench, on its defaults: its name is checked before it
-        from populace.core.scenario import ScenarioError
+    compare_params = _overrides(compare_set) if compare_set else None
+    if compare is not None or compare_params is not None:  # played after the first bench: checked before it
+        from populace.core.scenario import ScenarioError, merged
 
+        other = compare or simulation
+        same = compare_params is not None and other == simulation  # the same study with one key changed
         try:
-            prepare(parse_config({"simulation": compare, "agents": agents}))
+            prepare(parse_config({"simulation": other, "agents": agents,
+                                  **merged(params if same else {}, compare_params or {})}))
         except ScenarioError as err:
-            fail(f"--compare: {err}")
+            fail(f"--compare{'-set' if compare_params is not None else ''}: {err}")
     if out:
         checks.output_file(out, "--out")
     section = graph_section(graph, degree) if degree is not None else None
@@ -1350,7 +1358,7 @@ def bench_dummy(
         checked(lambda: parse_graph(section, agents))
     series = run_dummy_series(agents=agents, latency=latency, hosts=hosts or os.cpu_count() or 1, rounds=rounds,
                               floor=floor, quiet=json_out, storage=storage, simulation=simulation, params=params,
-                              graph=section, placement=placement, compare=compare,
+                              graph=section, placement=placement, compare=compare, compare_params=compare_params,
                               on_result=None if json_out else lambda r: display.out.print(r.table()))
     if out:
         checks.write_text(out, series.document() + "\n")

@@ -1,8 +1,8 @@
 """A small simulation with a world, a view, edge edits, claims and an invariant, and one bug it can
 be switched to, for the bad-input tests (issues 23 and 37): a world column of the wrong type or
 length, a view that raises, an edit naming an agent that does not exist or an edge kind not
-declared, a claim on a cell that does not exist, an invariant that breaks or that raises. Each bug
-strikes in round 2.
+declared, a claim on a cell that does not exist, an invariant that breaks or that raises, a view
+that shows an item the world does not have or one item twice. Each bug strikes in round 2.
 
 A subclass sets `bug`; the end-to-end test leaves it None and names the bug in the file that
 `BAD_INPUT_BUG_FILE` points to (read at each call, by every service): deleting the file is the
@@ -29,7 +29,9 @@ BUGGY_AGENT = 7
 
 class Board(World):
     score = column("int32", "agents")
-    cells = column("int64", "cells")  # a size of its own (the memory estimate counts it)
+    # a size of its own (the memory estimate counts it); its values are what a view shows an agent
+    # (who saw what: table `shown`)
+    cells = column("int64", "cells")
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,15 +82,25 @@ class Player(Agent):
 class BoardEnv(Env[State, Gains]):
     Partial = Gains
     World = Board
+    shown_items = "cells"
 
     def start_world(self, state: State) -> Board:
         n = self.sim.agents
-        return Board({"agents": n, "cells": self.sim.params.cells}, score=np.arange(n, dtype=np.int32) % 5,
-                     cells=np.zeros(self.sim.params.cells, dtype=np.int64))
+        cells = self.sim.params.cells
+        return Board({"agents": n, "cells": cells}, score=np.arange(n, dtype=np.int32) % 5,
+                     cells=100 + np.arange(cells, dtype=np.int64))
 
     def view(self, world: Board, round: int, agent_id: int) -> Seen:
-        if round == BUG_ROUND and agent_id == BUGGY_AGENT and self.sim.bug() == "view":
+        bug = self.sim.bug() if round == BUG_ROUND and agent_id == BUGGY_AGENT else None
+        if bug == "view":
             raise KeyError(f"no such post for agent {agent_id}")
+        cells = world.cells.size
+        shown = [int(world.cells[(agent_id + round) % cells]), int(world.cells[(agent_id + 2 * round + 1) % cells])]
+        if bug == "shown_item":
+            shown[1] = 9999
+        elif bug == "shown_twice":
+            shown[1] = shown[0]
+        self.show(agent_id, shown, ranks=[2, 1])
         return Seen(round, int(world.score[agent_id]), len(self.sim.following(agent_id)))
 
     @invariant("no score below zero")

@@ -17,6 +17,8 @@ and each run's own tables, named as its simulation declared them::
                                 (the ratio game: guesses.parquet, its measure `value`)
     out/<rounds>.parquet        run_id, round, n, n_valid, the simulation's summary columns,
                                 closed_at  (the ratio game: rounds.parquet)
+    out/shown.parquet           run_id, round, agent_id, items, ranks: who saw what (runs whose
+                                simulation declares shown_items; items and ranks are lists)
 
 ``runs.tables_json`` says which file holds which run's outcomes and which column is its measure.
 
@@ -104,6 +106,8 @@ def export_tables(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> dic
         spec = run_tables(con, rid).spec
         out.setdefault(spec.outcomes, OUTCOME_ORDER)
         out.setdefault(spec.rounds, SUMMARY_ORDER)
+        if spec.shown_items is not None and has_table(con, "shown"):
+            out.setdefault("shown", OUTCOME_ORDER)
     return out
 
 

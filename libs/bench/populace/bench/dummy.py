@@ -26,6 +26,7 @@ from populace.client.stack import Stack
 from populace.core import bus
 from populace.core.contracts import RunConfig
 from populace.core.natsserver import free_port
+from populace.core.scenario import merged
 
 # progress and notes go to stderr, like the CLI's: stdout stays the bench's table or JSON
 console = Console(stderr=True)
@@ -80,6 +81,13 @@ class DummyBenchResult:
     infra_retries: int = 0
     # CPU seconds each process used from the run's start to its end (where a round's time goes)
     cpu_by_process: dict[str, float] = field(default_factory=dict)
+    # the scenario keys set for this run (--set, --compare-set), so two runs of one simulation are told apart
+    params: dict = field(default_factory=dict)
+    # who saw what: rows of table `shown` (a simulation that declares shown_items), to equal `acted`
+    shown_recorded: int | None = None
+    # where a round went (table round_profile), per round: the hosts' seconds summed (views, turns,
+    # folds) and the recorder's
+    profile_s: dict[str, float] = field(default_factory=dict)
 
     def to_json(self, **kw) -> str:
         return json.dumps(asdict(self), **kw)
@@ -98,6 +106,8 @@ class DummyBenchResult:
             ("agents that acted (all rounds)", f"{self.acted:,}"),
             ("outcomes recorded", f"{self.recorded:,}"),
             *((("acts recorded", f"{self.acts_recorded:,}"),) if self.acts_recorded is not None else ()),
+            *((("shown rows recorded", f"{self.shown_recorded:,}"),) if self.shown_recorded is not None else ()),
+            *((f"{k.removesuffix('_s')} per round (round_profile)", f"{v:.2f} s") for k, v in self.profile_s.items()),
             ("infra retries", f"{self.infra_retries:,}"),
             ("messages per round", f"{self.messages_per_round:,.0f}"),
             ("peak RSS, all processes", f"{self.peak_rss_bytes / gib:.2f} GiB"),
@@ -307,6 +317,11 @@ def run_dummy_bench(agents: int, latency: float, hosts: int, rounds: int = 1, fl
         # rounds after the first: the first has nothing to hear
         heard_by_round = dict(con.execute("SELECT round, sum(heard) FROM posts WHERE run_id = ? AND round > 1 "
                                           "GROUP BY round", [outcome.run_id]).fetchall()) if graph is not None else {}
+        shown = (con.execute("SELECT count(*) FROM shown WHERE run_id = ?", [outcome.run_id]).fetchone()[0]
+                 if tables.shown_items else None)
+        spent = con.execute("SELECT sum(view_s), sum(turn_s), sum(merge_s), sum(record_s) FROM round_profile "
+                            "WHERE run_id = ?", [outcome.run_id]).fetchone()
+        profile = {k: round((v or 0.0) / rounds, 3) for k, v in zip(("view_s", "turn_s", "merge_s", "record_s"), spent)}
     m = outcome.marks
     round_times = [m[f"result.{n}"] - m[f"open.{n}"] for n in range(1, rounds + 1)]
     heard = sum(heard_by_round.values()) / len(heard_by_round) if heard_by_round else None
@@ -330,7 +345,7 @@ def run_dummy_bench(agents: int, latency: float, hosts: int, rounds: int = 1, fl
         mail_messages_per_round=mail[0] if mail else None, mail_posts_per_round=mail[1] if mail else None,
         mail_bytes_per_round=mail[2] if mail else None, posts_heard_per_round=heard, heard_per_s=heard_rate,
         checkpoint_bytes_by_round=saved, acts_recorded=acts, infra_retries=int(retries or 0),
-        cpu_by_process=sampler.cpu_by_process,
+        cpu_by_process=sampler.cpu_by_process, params=params or {}, shown_recorded=shown, profile_s=profile,
     )
 
 
@@ -355,8 +370,11 @@ class DummyBenchSeries:
 
 def run_dummy_series(*, agents: int, latency: float, hosts: int, rounds: int, floor: bool, quiet: bool, storage: str,
                      simulation: str, params: dict, graph: dict | None, placement: str, compare: str | None,
-                     on_result=None) -> DummyBenchSeries:
-    """Every run a `populace bench dummy` asks for, in order; `on_result(result)` after each."""
+                     compare_params: dict | None = None, on_result=None) -> DummyBenchSeries:
+    """Every run a `populace bench dummy` asks for, in order; `on_result(result)` after each. The
+    compared run plays `compare` on its defaults; with `compare_params`, it plays `compare` (default:
+    the same simulation) with them — on top of `params` when it is the same simulation (the same
+    study with one thing changed)."""
     common = {"agents": agents, "latency": latency, "hosts": hosts, "rounds": rounds, "floor": floor,
               "quiet": quiet, "storage": storage}
     runs: list[DummyBenchResult] = []
@@ -365,8 +383,13 @@ def run_dummy_series(*, agents: int, latency: float, hosts: int, rounds: int, fl
         runs.append(run_dummy_bench(**common, simulation=simulation, params=params, graph=graph, placement=how))
         if on_result:
             on_result(runs[-1])
+    same = compare_params is not None and (compare or simulation) == simulation  # the study, one key changed
+    if compare_params is not None:
+        compare = compare or simulation
     if compare:
-        runs.append(run_dummy_bench(**common, simulation=compare))
+        runs.append(run_dummy_bench(**common, simulation=compare, params=merged(params if same else {},
+                                                                                compare_params or {}),
+                                    graph=graph if same else None))
         if on_result:
             on_result(runs[-1])
     return DummyBenchSeries(runs, series_summary(runs, placement == "both" and graph is not None, compare is not None))

@@ -266,7 +266,7 @@ async def _local(prepared: PreparedRun, run_id: str, hosts: int, db: str | None)
         res = await run_local(resolved or prepared.config, run_id=run_id, cast=cast, hosts=hosts, graph=graph,
                               llm=check, on_round=lambda n, row: closed.append(row))
         outcomes, posts = res.outcomes, res.posts
-        scenes = {"acts": res.acts, "transcripts": res.transcripts, "edges": res.edges}
+        scenes = {"acts": res.acts, "transcripts": res.transcripts, "edges": res.edges, "shown": res.shown}
         tables = res.tables
         check.finish()
     except ModelUnavailable:

@@ -19,7 +19,7 @@ from populace.sdk.llm import LLM, InferError, ModelUnavailable
 from populace.sdk.local import LocalResult, run_local
 from populace.sdk.mailroom import BROADCAST_AUTHOR
 from populace.sdk.mock import DummyLLM, ScriptedLLM
-from populace.sdk.outcome import Outcome
+from populace.sdk.outcome import Ids, Outcome
 from populace.sdk.post import Message, Post
 from populace.sdk.registry import available, load_simulation, resolve
 from populace.sdk.rng import stable_seed
@@ -38,6 +38,7 @@ __all__ = [
     "Env",
     "FiniteFloat",
     "GroupEnv",
+    "Ids",
     "InferError",
     "Listeners",
     "LocalResult",

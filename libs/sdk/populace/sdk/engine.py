@@ -35,6 +35,7 @@ from populace.sdk.process import AgentRaised
 from populace.sdk.profile import VIEW_BUDGET_BYTES, Budget, RoundCost, decide_profile, sampled, size_of, wire_size
 from populace.sdk.prototypes import HostRound
 from populace.sdk.registry import Resolved
+from populace.sdk.shown import ShownBook
 from populace.sdk.statejson import StateTypeError, from_wire, to_wire
 from populace.sdk.world import World, WorldError
 
@@ -260,14 +261,15 @@ class ShareEngine:
         book = run.sim.edges
         edits = functools.partial(_record_edits, book, round_, type(run.sim).name) if book is not None \
             else functools.partial(_refuse_edits, round_, type(run.sim).name)
-        sink = OutcomeSink(type(run.sim), run.env, batch_size=batch_size, emit=emit, grouped=run.tables.grouped,
-                           round_=round_,
-                           posts=record_posts, levels=run.player.level_names, edits=edits)
-        view = None
+        view = shown = None
         if run.env.World is not None and type(run.env).view is not Env.view:
             if world is None:
                 raise RoundFailed(f"round {round_}: the simulation has a World but the round names none")
-            view = self._viewer(world, round_, cost)
+            shown = self._shown_book(world, round_)
+            view = self._viewer(world, round_, cost, shown)
+        sink = OutcomeSink(type(run.sim), run.env, batch_size=batch_size, emit=emit, grouped=run.tables.grouped,
+                           round_=round_, posts=record_posts, levels=run.player.level_names, edits=edits,
+                           shown=shown.take if shown is not None else None)
         drawn = None
         if run.prototypes is not None:
             if selection is not None:  # refused before the run (populace.sdk.prototypes.check): a bug if here
@@ -278,6 +280,7 @@ class ShareEngine:
         else:
             selected = self.selected(round_, selection, obs, world, view)
         run.acted(selected)  # before they play: a round cut short may have changed some of them
+        run.env._shown_book = shown  # what its views `show` this round
         try:
             audits = drawn.start_audits(run, obs, llm) if drawn is not None else None
             try:
@@ -297,15 +300,26 @@ class ShareEngine:
                 cost.turns = played
         finally:
             self.cost = None
+            run.env._shown_book = None
         cost.agents = len(selected) if drawn is not None else share.n
         cost.model_wait_s = getattr(llm, "model_wait_s", 0.0)  # the ports that count it (the fleet's, the dummy's)
         cost.wall_s = time.perf_counter() - t0
         share.cost = cost
         return share
 
-    def _viewer(self, world: World, round_: int, cost: RoundCost) -> Callable[[int], Any]:
+    def _shown_book(self, world: World, round_: int) -> ShownBook | None:
+        """The round's records of what views show (a simulation that declares `shown_items`)."""
+        env = self.run.env
+        column = type(env).shown_items
+        if column is None:
+            return None
+        return ShownBook(type(env.sim).name, round_, f"{type(world).__name__}.{column}", getattr(world, column))
+
+    def _viewer(self, world: World, round_: int, cost: RoundCost,
+                shown: ShownBook | None = None) -> Callable[[int], Any]:
         """agent id -> its own observation (the environment's view), made on this host: timed
-        whole, its bytes measured on a sample (said once per run when over the budget)."""
+        whole, its bytes measured on a sample (said once per run when over the budget); what it
+        `show`s the agent goes to `shown`."""
         env = self.run.env
         clock = time.perf_counter
         hook = f"{type(env).__name__}.view"
@@ -314,6 +328,8 @@ class ShareEngine:
             i = cost.views
             cost.views = i + 1
             t = clock()
+            if shown is not None:
+                shown.viewing = agent_id
             try:
                 seen = env.view(world, round_, agent_id)
             except Exception as err:  # the simulation's view: the round cannot go on; a fix resumes it
@@ -321,6 +337,8 @@ class ShareEngine:
                                   f"{round_} for agent {agent_id}: {type(err).__name__}: {err}") from err
             finally:
                 cost.view_s += clock() - t
+                if shown is not None:
+                    shown.viewing = None
             if sampled(i):
                 size = size_of(seen)
                 if size is not None:

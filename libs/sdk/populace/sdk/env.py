@@ -27,6 +27,9 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Generic, TypeVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, PlainSerializer, PlainValidator
 
+from populace.sdk.shown import ShownBook, ShownError
+from populace.sdk.shown import checked as checked_shown
+
 if TYPE_CHECKING:
     from populace.sdk.outcome import Outcome
     from populace.sdk.scene import Scene
@@ -94,6 +97,10 @@ class Env(Generic[StateT, PartialT]):
     Partial: ClassVar[type[Partial]] = Partial
     # bulk state as typed columns (populace.sdk.world): with a World, decide takes and returns it
     World: ClassVar[type[World] | None] = None
+    # who saw what (populace.sdk.shown): the World's column whose values `show` records a view showing
+    shown_items: ClassVar[str | None] = None
+    _shown_book: ShownBook | None = None  # the round's records on this host (set by the round engine)
+    last_shown: tuple[int, list[int], list[int]] | None = None  # outside a round: the last `show`, for tests
 
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
@@ -117,6 +124,21 @@ class Env(Generic[StateT, PartialT]):
         neighbourhood), made on the agent's host just before its turn (and for `wakes(obs, view)`,
         before selection). None (the default): every agent sees the round's shared observation."""
         return None
+
+    def show(self, agent_id: int, items: Sequence[int] | np.ndarray, ranks: Sequence[int] | None = None) -> None:
+        """Record, from `view`, what agent `agent_id` is shown this round: `items` (values of the
+        world column `shown_items`, in the order shown) and their `ranks` (1 = the best; default:
+        the order shown). One row of table `shown` per acting agent (populace.sdk.shown); a
+        second call for the same agent replaces the first. Outside a round (a unit test of the
+        view) the record is checked and kept in `last_shown`."""
+        if self.shown_items is None:
+            raise ShownError(f"{type(self).__name__}.show: declare `shown_items` (the World column whose "
+                             "values a view shows) to record what agents are shown")
+        book = self._shown_book
+        if book is None:
+            self.last_shown = (agent_id, *checked_shown(items, ranks))
+            return
+        book.add(agent_id, items, ranks)
 
     def select(self, state: StateT, round: int) -> Any:
         """Who acts in `round` (activation): a selector of `populace.sdk.select` (rate, rate_by,

@@ -57,6 +57,7 @@ class LocalResult:
     acts: dict[str, list] = field(default_factory=dict)  # scenes: table `tables.acts`
     transcripts: dict[str, list] = field(default_factory=dict)  # scenes: table `transcripts`
     edges: dict[str, list] = field(default_factory=dict)  # graphs that change: table `edges`
+    shown: dict[str, list] = field(default_factory=dict)  # who saw what: table `shown`
     # where each round went (table `round_profile`): the process's row (role 'host') and the
     # environment's; the recorder adds its own when the run is recorded
     profile: dict[str, list] = field(default_factory=dict)
@@ -199,6 +200,8 @@ async def run_local(config: RunConfig | Resolved, *, run_id: str = "local", cast
         out.posts = _sorted(rows.posts, ("round", "agent_id"))
     if resolved.simulation.edge_kinds:  # in the order they apply: by round, agent, then as listed
         out.edges = _sorted(rows.edges, ("round", "follower"))
+    if tables.shown_items is not None:
+        out.shown = _sorted(rows.shown, ("round", "agent_id"))
     if tables.acts is not None:
         out.acts = _sorted(rows.acts, ("round", "group_id", "seq"))
         out.transcripts = _sorted(rows.lines, ("round", "group_id", "seq"))
@@ -310,6 +313,7 @@ class _Rows:
         self.lines: dict[str, list] = {k: [] for k in ("run_id", "round", "group_id", "seq", "speaker", "text",
                                                        "fields")}
         self.edges: dict[str, list] = {k: [] for k in ("run_id", "round", "follower", "author", "kind", "op")}
+        self.shown: dict[str, list] = {k: [] for k in ("run_id", "round", "agent_id", "items", "ranks")}
 
     def mark(self) -> int:
         return len(self.columns["agent_id"])
@@ -344,7 +348,8 @@ class _Rows:
             posts["agent_id"].extend(batch.agent_ids)
             for key in ("text", "fields", "heard", "heard_digest"):
                 posts[key].extend(batch.posts["texts" if key == "text" else key])
-        for table, part in ((self.acts, batch.acts), (self.lines, batch.lines), (self.edges, batch.edits)):
+        for table, part in ((self.acts, batch.acts), (self.lines, batch.lines), (self.edges, batch.edits),
+                            (self.shown, batch.shown)):
             if part:
                 m = len(next(iter(part.values())))
                 table["run_id"].extend([self.run_id] * m)

@@ -13,6 +13,11 @@ scale) and validates them per batch of ~1,000 instead (`columns_adapter`).
 model's text, kept even when it does not; `post` too, what the agent says to the agents that
 hear it in a run with a graph (see `populace.sdk.post`). The defaults of an outcome are what an agent whose
 turn failed records, so every field needs one.
+
+Column types: `float`, `int`, `str`, `bool`, a `Literal[...]` of texts or of whole numbers, a
+list of one of the four (`list[int]` is a DuckDB `BIGINT[]`, `list[float]` `DOUBLE[]`,
+`list[str]` `VARCHAR[]`, `list[bool]` `BOOLEAN[]`; `Ids` is `list[int]` of ids: each >= 0, at
+most MAX_IDS of them), and any other `dict` or `list` as JSON; each optionally `| None`.
 """
 
 from __future__ import annotations
@@ -20,13 +25,20 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from typing import Any, ClassVar, Literal, Union, dataclass_transform
+from typing import Annotated, Any, ClassVar, Literal, Union, dataclass_transform
 
-from pydantic import ConfigDict, TypeAdapter
+from pydantic import ConfigDict, Field, TypeAdapter
 
 # Columns the platform writes itself: a simulation may not declare these.
 PLATFORM_OUTCOME_COLUMNS = ("run_id", "round", "agent_id", "group_id", "valid", "raw", "latency_ms", "error")
 _COLUMN_TYPES = {float: "DOUBLE", int: "BIGINT", str: "VARCHAR", bool: "BOOLEAN", dict: "JSON", list: "JSON"}
+# a list of one scalar type is a DuckDB LIST column (queried with unnest, list_contains, len …)
+_LIST_TYPES = {int: "BIGINT[]", float: "DOUBLE[]", str: "VARCHAR[]", bool: "BOOLEAN[]"}
+# The most ids one value of an `Ids` field holds: a row travels in a batch of ~1,000 rows, in one
+# message under NATS' 1 MB (10,000 ids are ~100 KB as JSON).
+MAX_IDS = 10_000
+# An id-list field: the items an agent saw, the agents it named … (`list[int]` of ids >= 0)
+Ids = Annotated[list[Annotated[int, Field(ge=0, lt=2**63)]], Field(max_length=MAX_IDS)]
 
 
 @dataclass_transform(kw_only_default=True)
@@ -53,13 +65,21 @@ class OutcomeError(TypeError):
     """An outcome class that cannot be recorded (a field without a default, an unsupported type)."""
 
 
+def _bare(annotation: Any) -> Any:
+    """The type inside `Annotated[type, ...]` (constraints are the validator's, not the column's)."""
+    while typing.get_origin(annotation) is Annotated:
+        annotation = typing.get_args(annotation)[0]
+    return annotation
+
+
 def _base_type(annotation: Any) -> tuple[Any, bool]:
     """(the non-None type, nullable) of an annotation such as `float | None`."""
+    annotation = _bare(annotation)
     origin = typing.get_origin(annotation)
     if origin in (Union, types.UnionType):
         args = [a for a in typing.get_args(annotation) if a is not type(None)]
         if len(args) == 1:
-            return args[0], True
+            return _bare(args[0]), True
         return annotation, True
     return annotation, False
 
@@ -80,17 +100,20 @@ def column_type(annotation: Any) -> str:
         if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
             return "BIGINT"
         raise OutcomeError(f"Literal{list(values)}: only all-string or all-integer literals are columns")
-    if typing.get_origin(base) in (dict, list):
+    if typing.get_origin(base) is list:
+        items = typing.get_args(base)
+        return _LIST_TYPES.get(_bare(items[0]), "JSON") if len(items) == 1 else "JSON"
+    if typing.get_origin(base) is dict:
         return "JSON"
     if base in _COLUMN_TYPES:
         return _COLUMN_TYPES[base]
     raise OutcomeError(f"{annotation!r} is not a column type (use float, int, str, bool, a Literal, "
-                       "dict or list, optionally `| None`)")
+                       "a list of one of them, dict or list, optionally `| None`)")
 
 
 def outcome_fields(cls: type[Outcome]) -> list[tuple[str, Any]]:
     """The simulation's own columns of an outcome class: (name, annotation), in order."""
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)  # an `Ids` field keeps its constraints
     out = []
     for f in dataclasses.fields(cls):
         if f.name in ("valid", "raw", "post", "edits"):

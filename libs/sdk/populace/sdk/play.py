@@ -43,6 +43,7 @@ from populace.sdk.outcome import Outcome, columns_adapter, literal_values, outco
 from populace.sdk.process import AgentRaised
 from populace.sdk.profile import RoundCost, Timed, sampled
 from populace.sdk.scene import PLAYING, ActRecord, LineRecord, Member, Scene, SceneError
+from populace.sdk.shown import ShownError
 from populace.sdk.simulation import Observation, Simulation
 from populace.sdk.slicing import SLICE_S, slicer_for
 
@@ -96,6 +97,7 @@ class OutcomeRows:
     lines: dict[str, list] | None = None  # scenes: what those groups' members said
     audit: bool = False  # a prototype run's audits (table `audits`), never outcomes
     prototypes: list[str] | None = None  # audits: each agent's prototype
+    shown: dict[str, list] | None = None  # who saw what: the batch's agents' records (populace.sdk.shown)
 
 
 @dataclass(slots=True)
@@ -117,6 +119,9 @@ PostRecorder = Callable[[list[int], list[Outcome], list, list[bool]], dict[str, 
 # (agent ids, outcomes) of a batch -> its edge edits' columns (None: none), applied to the host's
 # edge book; raises EdgeError for an edit the run cannot have
 EditRecorder = Callable[[list[int], list[Outcome]], dict[str, list] | None]
+# agent ids of a batch -> their shown records' columns (None: none); raises ShownError for an item
+# the round's world does not have (populace.sdk.shown.ShownBook.take)
+ShownRecorder = Callable[[list[int]], dict[str, list] | None]
 
 
 class _Columns:
@@ -223,7 +228,8 @@ class OutcomeSink:
     def __init__(self, sim: type[Simulation], env: Env, *, batch_size: int = 1000,
                  emit: Callable[[OutcomeRows], None] | None = None, grouped: bool = False,
                  posts: PostRecorder | None = None, levels: Sequence[str] = (),
-                 edits: EditRecorder | None = None, round_: int | None = None) -> None:
+                 edits: EditRecorder | None = None, round_: int | None = None,
+                 shown: ShownRecorder | None = None) -> None:
         # A valid numeric measure outside the simulation's declared range for the run is not
         # possible: the row is invalid (named), as the recorder would refuse the batch.
         instance = getattr(env, "sim", None)
@@ -244,6 +250,7 @@ class OutcomeSink:
         self._levels = tuple(levels)  # outer levels' names (nested groups), inner to outer
         self._posts = posts
         self._edits = edits
+        self._shown = shown
         self._partials: list[Partial] = []
         self.n = self.n_valid = self.n_simulation_errors = 0
         self.seq = 0
@@ -326,6 +333,13 @@ class OutcomeSink:
             except EdgeError as err:  # the simulation's bug: the round stops, the run pauses naming it
                 if self.failure is None:
                     self.failure = RoundPaused(str(err))
+        shown = None
+        if self._shown is not None:
+            try:
+                shown = self._shown(ids)
+            except ShownError as err:  # likewise: an item the round's world does not have
+                if self.failure is None:
+                    self.failure = RoundPaused(str(err))
         self.n += len(ids)
         self.n_valid += sum(valid)
         self.n_simulation_errors += sum(1 for ok, e in zip(valid, errs) if not ok and e and e.startswith("agent:"))
@@ -340,7 +354,7 @@ class OutcomeSink:
                   if self._grouped and self._levels else None)
         batch = OutcomeRows(self.seq, ids, columns, valid, raws, lat, errs, groups if self._grouped else None,
                              posts=posts, levels=levels, acts=self._act_rows(acts), lines=self._line_rows(lines),
-                             edits=edits)
+                             edits=edits, shown=shown)
         self.seq += 1
         if self._emit is not None:
             self._emit(batch)

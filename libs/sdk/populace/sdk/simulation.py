@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from populace.sdk.space import Grid
 
 # Tables the platform owns; a simulation's tables take other names.
-RESERVED_TABLES = ("runs", "agents", "llm_calls", "agent_profiles", "posts", "transcripts", "_ingested")
+RESERVED_TABLES = ("runs", "agents", "llm_calls", "agent_profiles", "posts", "transcripts", "shown", "_ingested")
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
@@ -304,6 +304,7 @@ class Simulation:
             edge_kinds=list(cls.edge_kinds),
             acts=(cls.acts_table or f"{cls.slug()}_acts") if scenes else None,
             act_columns=_columns(cls.Act, outcome_fields(cls.Act)) if scenes else [],
+            shown_items=cls.Env.shown_items,
         )
 
     @classmethod
@@ -394,6 +395,8 @@ class Simulation:
                 problems.append("`outcome_table`, `summary_table` (and `acts_table`) must differ")
         if not problems and cls.grid_columns is not None:
             problems += _grid_problems(cls)
+        if not problems and cls.Env.shown_items is not None:
+            problems += _shown_problems(cls.Env)
         if not problems:
             try:
                 cls.tables()
@@ -456,6 +459,26 @@ def _grid_problems(cls: type[Simulation]) -> list[str]:
         problems.append(f"`grid_columns`: the cell column {cell!r} must be a whole number (int), not "
                         f"{column_type(fields[cell])}")
     return problems
+
+
+def _shown_problems(env: type[Env]) -> list[str]:
+    """What is wrong with an environment's `shown_items` (who saw what: populace.sdk.shown)."""
+    name = env.shown_items
+    where = f"`{env.__name__}.shown_items`"
+    if not isinstance(name, str) or not _IDENT.match(name):
+        return [f"{where} must name a column of its World (a lower-case identifier), not {name!r}"]
+    if env.World is None:
+        return [f"{where}: the environment declares no World (what a view shows are values of a world column)"]
+    col = env.World.columns.get(name)
+    if col is None:
+        return [f"{where}: {name!r} is not a column of {env.World.__name__} "
+                f"({', '.join(env.World.columns) or 'none'})"]
+    if not (col.dtype.startswith("int") or col.dtype.startswith("uint")):
+        return [f"{where}: {env.World.__name__}.{name} is {col.dtype}; the items a view shows are ids (an integer "
+                "column)"]
+    if env.view is Env.view:
+        return [f"{where}: the environment has no `view` (what an agent is shown is recorded from its view)"]
+    return []
 
 
 def summary_fields(cls: type[Summary]) -> list[tuple[str, Any]]:

@@ -148,11 +148,12 @@ def _first_difference(a: list[dict], b: list[dict]) -> tuple[int, str]:
 
 
 def compare(uninterrupted: LocalResult, resumed: LocalResult, after: int) -> None:
-    """Raise ResumeMismatch naming how many outcome and round rows differ, and the first of each."""
+    """Raise ResumeMismatch naming how many outcome, round, post and shown rows differ, and the first of each."""
     problems = []
     for table, a, b in (("outcome", uninterrupted.outcomes, resumed.outcomes),
                         ("round", uninterrupted.rounds, resumed.rounds),
-                        ("post", uninterrupted.posts, resumed.posts)):
+                        ("post", uninterrupted.posts, resumed.posts),
+                        ("shown", uninterrupted.shown, resumed.shown)):
         rows_a, rows_b = _rows(a), _rows(b)
         n, first = _first_difference(rows_a, rows_b)
         if n:

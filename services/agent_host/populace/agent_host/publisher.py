@@ -26,6 +26,7 @@ from populace.core.contracts import (
     PostColumns,
     Progress,
     RoundPartial,
+    ShownColumns,
     Usage,
     partial_object_limit,
     share_key,
@@ -80,6 +81,7 @@ class OutcomePublisher:
             acts=None if batch.acts is None else ActColumns.model_construct(v=1, **_act_columns(batch.acts)),
             edits=None if batch.edits is None else EdgeColumns.model_construct(v=1, **batch.edits),
             audit=batch.audit, prototypes=batch.prototypes,
+            shown=None if batch.shown is None else ShownColumns.model_construct(v=1, **batch.shown),
         )
         metrics.batch("agent-host", "outcomes", len(batch.agent_ids))
         metrics.INVALID.labels("agent-host").inc(batch.valid.count(False))

@@ -31,6 +31,11 @@ ADAPTERS: dict[str, TypeAdapter] = {
     "VARCHAR": TypeAdapter(list[str | None]),
     "BOOLEAN": TypeAdapter(list[bool | None]),
     "JSON": TypeAdapter(list[Any]),
+    # LIST columns (an outcome's `list[int]` …): a list per row, or NULL
+    "DOUBLE[]": TypeAdapter(list[list[float] | None], config=_STRICT_FLOATS),
+    "BIGINT[]": TypeAdapter(list[list[_INT64] | None]),
+    "VARCHAR[]": TypeAdapter(list[list[str] | None]),
+    "BOOLEAN[]": TypeAdapter(list[list[bool] | None]),
 }
 _IDS = TypeAdapter(list[_INT64])
 _LATENCY = TypeAdapter(list[float], config=_STRICT_FLOATS)
@@ -77,6 +82,14 @@ def check_outcomes(batch: OutcomeBatch, tables: SimulationTables) -> tuple[Outco
         unknown = set(batch.edits.kind) - set(tables.edge_kinds)
         if unknown:
             raise BadColumns(f"edits.kind: {min(unknown)!r} is not one of the run's edge kinds {tables.edge_kinds}")
+    if batch.shown is not None:
+        if tables.shown_items is None:
+            raise BadColumns("shown belongs to a simulation that declares shown_items")
+        strangers = set(batch.shown.agent_id) - members
+        if strangers:  # an agent's record rides with its own outcome
+            raise BadColumns(f"shown.agent_id: agent {min(strangers)} has no outcome in this batch")
+        if len(set(batch.shown.agent_id)) != len(batch.shown.agent_id):
+            raise BadColumns("shown.agent_id: an agent has two records in one round")
     refused: list[RefusedGroup] = []
     if bad_by_group := bad_groups(batch, tables):
         refused = refused_groups(batch, bad_by_group)

@@ -31,6 +31,7 @@ from populace.core.contracts import (
     RunDone,
     RunStarted,
     ShareProfile,
+    ShownColumns,
     SimulationTables,
     SpawnBatch,
     Usage,
@@ -61,16 +62,18 @@ def _rows(table: dict[str, list], idx: list[int], keys: tuple[str, ...]) -> dict
 ACT_KEYS = ("group_id", "seq", "agent_id", "phase", "valid", "raw", "latency_ms", "error")
 LINE_KEYS = ("group_id", "seq", "speaker", "text", "fields")
 EDIT_KEYS = ("follower", "author", "kind", "op")
+SHOWN_KEYS = ("agent_id", "items", "ranks")
 
 
 def _batches(run_id: str, tables: SimulationTables, outcomes: dict[str, list], posts: dict[str, list] | None,
              acts: dict[str, list] | None = None, lines: dict[str, list] | None = None,
-             edits: dict[str, list] | None = None) -> list[OutcomeBatch]:
+             edits: dict[str, list] | None = None, shown: dict[str, list] | None = None) -> list[OutcomeBatch]:
     """The rows (sorted by round, then agent, as run_local gives them) as outcome batches; a
-    scene's acts and lines, and an agent's edits, go in the batch of the agent they are about
+    scene's acts and lines, and an agent's edits and shown record, go in the batch of the agent they are about
     (the recorder refuses them anywhere else), a scene's own lines (speaker -1) with its acts."""
     rounds, n = outcomes.get("round", []), len(outcomes.get("agent_id", []))
     acts_of, edits_of = _by_agent(acts, "agent_id"), _by_agent(edits, "follower")
+    shown_of = _by_agent(shown, "agent_id")
     lines_of = _by_agent(lines, "speaker")
     # a scene's own lines go with the agent of its first act (the group is whole in one batch)
     first_actor = {}
@@ -91,6 +94,7 @@ def _batches(run_id: str, tables: SimulationTables, outcomes: dict[str, list], p
         a_idx = sorted(i for a in ids for i in acts_of.get((r, a), ()))
         l_idx = sorted(i for a in ids for i in lines_of.get((r, a), ()))
         e_idx = [i for a in ids for i in edits_of.get((r, a), ())]
+        s_idx = [i for a in ids for i in shown_of.get((r, a), ())]
         act_cols = {c.name for c in tables.act_columns}
         out.append(OutcomeBatch(
             run_id=run_id, round=r, host_id=LOCAL_HOST, seq=len(out), agent_ids=ids,
@@ -104,7 +108,8 @@ def _batches(run_id: str, tables: SimulationTables, outcomes: dict[str, list], p
                             columns=_rows(acts, a_idx, tuple(act_cols))) if a_idx else None,  # type: ignore[arg-type]
             lines=LineColumns(**_rows(lines, l_idx, LINE_KEYS)) if l_idx else None,  # type: ignore[arg-type]
             edits=EdgeColumns(**_rows(edits, e_idx, EDIT_KEYS)) if e_idx else None,  # type: ignore[arg-type]
-            prototypes=outcomes["prototype"][part] if tables.prototypes else None))
+            prototypes=outcomes["prototype"][part] if tables.prototypes else None,
+            shown=ShownColumns(**_rows(shown, s_idx, SHOWN_KEYS)) if s_idx else None))  # type: ignore[arg-type]
         start = end
     return out
 
@@ -174,13 +179,14 @@ def _profiles(run_id: str, profile: dict[str, list] | None) -> tuple[list[Event]
 def record_local(db: str | Path, *, run_id: str, config: RunConfig, tables: SimulationTables,
                  outcomes: dict[str, list], rounds: dict[str, list], posts: dict[str, list] | None = None,
                  acts: dict[str, list] | None = None, transcripts: dict[str, list] | None = None,
-                 edges: dict[str, list] | None = None, status: str = "completed", reason: str | None = None,
+                 edges: dict[str, list] | None = None, shown: dict[str, list] | None = None,
+                 status: str = "completed", reason: str | None = None,
                  started_at: float | None = None, manifest: dict | None = None, personas: bytes | None = None,
                  interviews: dict[str, list] | None = None, interview_calls: dict[tuple[int, str], int] | None = None,
                  profile: dict[str, list] | None = None, audits: dict[str, list] | None = None,
                  prototypes: dict[int, PrototypeRound] | None = None) -> int:
     """Write a local run (run_local's columnar `outcomes`, `rounds`, `posts`, and its scenes'
-    `acts` and `transcripts`, its `edges`, and the answers to its planned `interviews` with
+    `acts` and `transcripts`, its `edges` and `shown` records, and the answers to its planned `interviews` with
     their LLM calls by (after round, survey), and where its rounds went (`profile`: run_local's
     `round_profile` rows)) to `db`; returns the outcomes recorded. A failed run keeps the rounds
     it closed."""
@@ -196,7 +202,8 @@ def record_local(db: str | Path, *, run_id: str, config: RunConfig, tables: Simu
     if tables.prototypes:  # the representatives' own rows: the store draws the others' (as on the fleet)
         own = [i for i, source in enumerate(outcomes.get("source", [])) if source == "llm"]
         outcomes = {k: [v[i] for i in own] for k, v in outcomes.items()}
-    for b in _batches(run_id, tables, outcomes, posts or None, acts or None, transcripts or None, edges or None):
+    for b in _batches(run_id, tables, outcomes, posts or None, acts or None, transcripts or None, edges or None,
+                      shown or None):
         checked, refused = check_outcomes(b, tables)
         if refused:  # the engine's own rows: a bug, never a local run recorded with groups missing
             g = refused[0]

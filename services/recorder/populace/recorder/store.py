@@ -74,12 +74,17 @@ CREATE TABLE IF NOT EXISTS _ingested (msg_id VARCHAR PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS posts (
     run_id VARCHAR, round INTEGER, agent_id BIGINT, text VARCHAR, fields JSON, heard INTEGER, heard_digest BIGINT
 );
--- a simulation with scenes: what each group's members said, in order (seq is shared with its acts;
--- speaker -1: the scene itself)
 -- graphs that change: every edge edit, in the order it applied (follower's edges after the round)
 CREATE TABLE IF NOT EXISTS edges (
     run_id VARCHAR, round INTEGER, follower BIGINT, author BIGINT, kind VARCHAR, op VARCHAR
 );
+-- who saw what (a simulation that declares shown_items): each acting agent's items in the order
+-- shown, and the recommender's rank of each (1: its best)
+CREATE TABLE IF NOT EXISTS shown (
+    run_id VARCHAR, round INTEGER, agent_id BIGINT, items BIGINT[], ranks INTEGER[]
+);
+-- a simulation with scenes: what each group's members said, in order (seq is shared with its acts;
+-- speaker -1: the scene itself)
 CREATE TABLE IF NOT EXISTS transcripts (
     run_id VARCHAR, round INTEGER, group_id BIGINT, seq INTEGER, speaker BIGINT, text VARCHAR, fields JSON
 );
@@ -111,7 +116,8 @@ CREATE TABLE IF NOT EXISTS _refused_groups (run_id VARCHAR, round INTEGER, share
 """
 
 ARROW = {"DOUBLE": pa.float64(), "BIGINT": pa.int64(), "VARCHAR": pa.string(), "BOOLEAN": pa.bool_(),
-         "JSON": pa.string()}
+         "JSON": pa.string(), "DOUBLE[]": pa.list_(pa.float64()), "BIGINT[]": pa.list_(pa.int64()),
+         "VARCHAR[]": pa.list_(pa.string()), "BOOLEAN[]": pa.list_(pa.bool_())}
 
 
 def profile_rows(blob: bytes) -> pa.Table | None:
@@ -248,6 +254,9 @@ class Store:
         self._tables: dict[str, SimulationTables] = {}  # by run id
         self._shares: dict[str, dict[str, ShareRecord]] = {}  # by run id, then share key
         self._ready: set[tuple[str, str]] = set()  # (table, spec) pairs created this connection
+        # (table, column) declared a LIST but JSON in this file (written before lists were LIST columns):
+        # its values go on as JSON text, so an older database keeps recording the same simulation
+        self._as_json: set[tuple[str, str]] = set()
         self._shapes: dict[str, RunShape] = {}  # by run id: agents and rounds, from its config
         # (run, round) -> per agent, whether its outcome is recorded: what makes a duplicate
         self._recorded: dict[tuple[str, int], np.ndarray] = {}
@@ -265,6 +274,7 @@ class Store:
                     con.execute(INTERVIEWS_SCHEMA)
                     con.execute(prototype_rows.SCHEMA)
                     self._ready.clear()
+                    self._as_json.clear()
                     self._con = con
         return self._con
 
@@ -332,10 +342,17 @@ class Store:
             for name, type_ in columns:
                 if name not in have:
                     con.execute(f"ALTER TABLE {_q(table)} ADD COLUMN {_q(name)} {type_}")
+                elif have[name] == "JSON" and type_.endswith("[]"):
+                    self._as_json.add((table, name))
                 elif have[name] != type_ and {have[name], type_} != {"VARCHAR", "JSON"}:
                     raise StoreError(run_id, f"table {table}: column {name} is {have[name]} in {self.path}, "
                                              f"but this run declares {type_} (another simulation uses the name?)")
         self._ready.add(key)
+
+    def _stored(self, table: str, name: str, type_: str) -> str:
+        """The type a declared column's values are written as in this file ("JSON" for a LIST
+        column an older release made JSON)."""
+        return "JSON" if (table, name) in self._as_json else type_
 
     def ensure_tables(self, run_id: str, spec: SimulationTables) -> None:
         self._ensure(run_id, spec.outcomes, outcome_columns(spec))
@@ -347,6 +364,7 @@ class Store:
     def per_round_tables(spec: SimulationTables) -> list[str]:
         """The tables with rows per round that a resume or a re-placement plays again."""
         return [spec.outcomes, "llm_calls", "posts", *(("edges",) if spec.edge_kinds else ()),
+                *(("shown",) if spec.shown_items else ()),
                 *(("transcripts", spec.acts) if spec.acts else ()), *(("audits",) if spec.prototypes else ())]
 
     # -- ingestion ------------------------------------------------------------------------
@@ -573,6 +591,7 @@ class Store:
         except duckdb.Error:
             self._drop_connection()  # in no state to go on: the next use opens the file again
         self._ready.clear()  # tables created in the rolled-back transaction are gone again
+        self._as_json.clear()
         self._shares.clear()  # and placements recorded in it: read them again
         self._recorded.clear()  # and the outcomes it marked
         self.interviews.forget()  # and the answers
@@ -669,7 +688,7 @@ class Store:
 
     def _insert_outcomes(self, run_id: str, batches: list[OutcomeBatch]) -> int:
         spec = self._spec(run_id)
-        types = dict(outcome_columns(spec))
+        types = {n: self._stored(spec.outcomes, n, t) for n, t in outcome_columns(spec)}
         cols: dict[str, list] = {name: [] for name in types}
         for m in batches:
             n = len(m.agent_ids)
@@ -682,7 +701,8 @@ class Store:
                 cols[f"{level}_id"].extend((m.levels or {}).get(level) or [None] * n)
             for c in spec.outcome_columns:
                 values = m.columns[c.name]
-                cols[c.name].extend(json.dumps(v) if c.type == "JSON" and v is not None else v for v in values)
+                cols[c.name].extend(json.dumps(v) if types[c.name] == "JSON" and v is not None else v
+                                    for v in values)
             cols["valid"].extend(m.valid)
             cols["raw"].extend(m.raws)
             cols["latency_ms"].extend(m.latency_ms)
@@ -701,6 +721,7 @@ class Store:
         if spec.acts is not None:
             self._insert_scenes(spec, [m for m in batches if m.acts is not None or m.lines is not None])
         self._insert_edges([m for m in batches if m.edits is not None])
+        self._insert_shown([m for m in batches if m.shown is not None])
         return len(cols["agent_id"])
 
     def _insert_audits(self, run_id: str, events: list[Event], out: IngestResult) -> None:
@@ -760,6 +781,26 @@ class Store:
                 raise StoreError(run_id, f"its prototypes cannot be drawn here: {err}") from None
         return self._members[run_id]
 
+    def _insert_shown(self, batches: list[OutcomeBatch]) -> None:
+        """What each of the batches' agents was shown (one row per agent that has a record)."""
+        if not batches:
+            return
+        cols: dict[str, list] = {k: [] for k in ("run_id", "round", "agent_id", "items", "ranks")}
+        for m in batches:
+            x = m.shown
+            assert x is not None
+            cols["run_id"].extend([m.run_id] * len(x.agent_id))
+            cols["round"].extend([m.round] * len(x.agent_id))
+            for key in ("agent_id", "items", "ranks"):
+                cols[key].extend(getattr(x, key))
+        schema = pa.schema([("run_id", pa.string()), ("round", pa.int32()), ("agent_id", pa.int64()),
+                            ("items", pa.list_(pa.int64())), ("ranks", pa.list_(pa.int32()))])
+        self.con.register("shown_rows", pa.Table.from_pydict(cols, schema=schema))
+        try:
+            self.con.execute("INSERT INTO shown BY NAME SELECT * FROM shown_rows")
+        finally:
+            self.con.unregister("shown_rows")
+
     def _insert_edges(self, batches: list[OutcomeBatch]) -> None:
         """Every edge edit, in the order each batch lists them (the order they applied)."""
         if not batches:
@@ -784,7 +825,7 @@ class Store:
         """The acts and lines of the scenes whose members' outcomes these batches carry."""
         if not batches:
             return
-        types = dict(act_columns(spec))
+        types = {n: self._stored(spec.acts, n, t) for n, t in act_columns(spec)}
         acts: dict[str, list] = {name: [] for name in types}
         lines: dict[str, list] = {k: [] for k in ("run_id", "round", "group_id", "seq", "speaker", "text", "fields")}
         for m in batches:
@@ -795,7 +836,7 @@ class Store:
                 for key in ("group_id", "seq", "agent_id", "phase", "valid", "raw", "latency_ms", "error"):
                     acts[key].extend(getattr(a, key))
                 for c in spec.act_columns:
-                    acts[c.name].extend(json.dumps(v) if c.type == "JSON" and v is not None else v
+                    acts[c.name].extend(json.dumps(v) if types[c.name] == "JSON" and v is not None else v
                                         for v in a.columns[c.name])
             if (x := m.lines) is not None:
                 n = len(x.seq)
@@ -849,7 +890,8 @@ class Store:
         names = ["run_id", "round", "n", "n_valid", *Usage.RECORDED, *(c.name for c in spec.summary_columns),
                  "closed_at"]
         values = [m.run_id, m.round, m.n, m.n_valid, *(getattr(m.usage, u) for u in Usage.RECORDED),
-                  *(json.dumps(m.summary.get(c.name)) if c.type == "JSON" else m.summary.get(c.name)
+                  *(json.dumps(m.summary.get(c.name)) if self._stored(spec.rounds, c.name, c.type) == "JSON"
+                    else m.summary.get(c.name)
                     for c in spec.summary_columns),
                   ts(m.closed_at)]
         # a round decided again (after a re-placement) replaces its earlier decision

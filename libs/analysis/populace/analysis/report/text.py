@@ -150,7 +150,7 @@ def summary_cell(name: str, value: object, type_: str) -> str:
     """A summary cell: ids plain, JSON compact and shortened, numbers formatted."""
     if value is None:
         return "—"
-    if type_ == "JSON":
+    if type_ == "JSON" or type_.endswith("[]"):  # a LIST column's value is a list, shown like JSON
         text = json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
         return text if len(text) <= JSON_MAX_CHARS else text[:JSON_MAX_CHARS] + "…"
     if name.endswith("_id") or type_ in ("VARCHAR", "BOOLEAN"):

@@ -148,6 +148,7 @@ from populace.core.contracts.run_config import (
 from populace.core.contracts.run_events import (
     MAX_ACTS_PER_MEMBER,
     MAX_LINES_PER_MEMBER,
+    MAX_SHOWN,
     PARTIAL_BYTES_PER_AGENT,
     PARTIAL_INLINE_BYTES,
     PARTIAL_OBJECT_BASE_BYTES,
@@ -174,6 +175,7 @@ from populace.core.contracts.run_events import (
     RunResumed,
     RunStarted,
     ShareProfile,
+    ShownColumns,
     SpawnBatch,
     partial_object_limit,
 )
@@ -209,6 +211,7 @@ __all__ = [
     "MAX_MODELS",
     "MAX_PROTOTYPES",
     "MAX_QUESTION_CHARS",
+    "MAX_SHOWN",
     "NODE_REQUESTS",
     "PARTIAL_BYTES_PER_AGENT",
     "PARTIAL_INLINE_BYTES",
@@ -328,6 +331,7 @@ __all__ = [
     "ServiceSpec",
     "Share",
     "ShareProfile",
+    "ShownColumns",
     "SimulationName",
     "SimulationTables",
     "SnapshotReply",

@@ -14,7 +14,9 @@ from populace.core.contracts.wire_base import FiniteFloat, Strict
 PLATFORM_SUMMARY_COLUMNS = ("run_id", "round", "n", "n_valid", *Usage.RECORDED, "closed_at")
 # A DuckDB identifier we create tables and columns with (quoted, but kept plain on purpose).
 Identifier = Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_]{0,62}$")]
-ColumnType = Literal["DOUBLE", "BIGINT", "VARCHAR", "BOOLEAN", "JSON"]
+# `<type>[]`: a DuckDB LIST of that type (an outcome's `list[int]` …)
+ColumnType = Literal["DOUBLE", "BIGINT", "VARCHAR", "BOOLEAN", "JSON", "DOUBLE[]", "BIGINT[]", "VARCHAR[]",
+                     "BOOLEAN[]"]
 
 
 class Column(Strict):
@@ -55,3 +57,6 @@ class SimulationTables(Strict):
     # a prototype run (issue 39): its outcome rows say whose answer each is (populace.core.contracts.
     # PROTOTYPE_COLUMNS), and its audits are recorded apart (table `audits`)
     prototypes: bool = False
+    # who saw what: the world column whose values a view's `show(...)` names; each acting agent's
+    # shown items are recorded in table `shown` (None: the simulation records none)
+    shown_items: Identifier | None = None

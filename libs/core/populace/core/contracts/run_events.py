@@ -166,6 +166,29 @@ class EdgeColumns(Wire):
         return self
 
 
+# The most items one shown record holds (populace.sdk.shown.MAX_SHOWN)
+MAX_SHOWN = 1_000
+_ShownList = Annotated[list[Annotated[int, Field(ge=-(2**63), lt=2**63)]], Field(max_length=MAX_SHOWN)]
+
+
+class ShownColumns(Wire):
+    """Who saw what: what each of a batch's agents was shown this round (a simulation that declares
+    `shown_items`), at most one record per agent: the items in the order shown and each item's rank."""
+
+    agent_id: list[AgentId]
+    items: list[_ShownList]
+    ranks: list[Annotated[list[Annotated[int, Field(ge=1, lt=2**31)]], Field(max_length=MAX_SHOWN)]]
+
+    @model_validator(mode="after")
+    def _same_length(self) -> ShownColumns:
+        n = len(self.agent_id)
+        if len(self.items) != n or len(self.ranks) != n:
+            raise ValueError("every column of a batch's shown records must have one value per record")
+        if any(len(i) != len(r) for i, r in zip(self.items, self.ranks)):
+            raise ValueError("a shown record must have one rank per item")
+        return self
+
+
 class OutcomeBatch(Wire):
     """~1,000 agents' outcomes of one round from one host, columnar. `columns` holds the
     simulation's outcome columns (name -> values); the rest is the platform's: whether the
@@ -193,6 +216,7 @@ class OutcomeBatch(Wire):
     # `audits`), never their outcomes; `prototypes` names each one's prototype
     audit: bool = False
     prototypes: list[str] | None = None
+    shown: ShownColumns | None = None  # who saw what: these agents' records
 
     @model_validator(mode="after")
     def _same_length(self) -> OutcomeBatch:
@@ -212,7 +236,7 @@ class OutcomeBatch(Wire):
 
     def take(self, rows: Sequence[int]) -> OutcomeBatch:
         """The batch of these rows only (indices, in order), with what rides with them: their
-        posts and levels, their agents' edge edits, and the acts and lines of their groups (a
+        posts and levels, their agents' edge edits and shown records, and the acts and lines of their groups (a
         group not among them loses its acts and lines too). Not validated again."""
         def pick(values: list) -> list:
             return [values[i] for i in rows]
@@ -237,6 +261,10 @@ class OutcomeBatch(Wire):
             mine = set(ids)
             update["edits"] = keep(e, ("follower", "author", "kind", "op"),
                                    [i for i, f in enumerate(e.follower) if f in mine])
+        if (x := self.shown) is not None:
+            mine = set(ids)
+            update["shown"] = keep(x, ("agent_id", "items", "ranks"),
+                                   [i for i, a in enumerate(x.agent_id) if a in mine])
         if (a := self.acts) is not None:
             kept = [i for i, g in enumerate(a.group_id) if g in groups]
             update["acts"] = keep(a, ("group_id", "seq", "agent_id", "phase", "valid", "raw", "latency_ms", "error"),
