@@ -1329,15 +1329,19 @@ def bench_dummy(
         "--compare-set", help="also play the same study (or --compare's) with this scenario key changed, e.g. "
                               "--compare-set recommender.record_shown=false, and report the round-time ratio "
                               "(repeatable)")] = None,
+    turnover: Annotated[float | None, typer.Option(
+        min=0, max=1, help="a population that changes: after every round this share of the living leaves and as "
+                           "many newcomers arrive (e.g. 0.01)")] = None,
 ) -> None:
     """The paper's dummy benchmark through the whole pipeline: every agent's turn waits
     `latency` seconds for its answer; every outcome ends up in DuckDB. With --degree, agents talk
     on a graph: posts heard per second, cross-host mail and the edge cut are measured too."""
-    from populace.bench.dummy import graph_section, run_dummy_series
+    from populace.bench.dummy import graph_section, run_dummy_series, turnover_section
     from populace.client.prepare import parse_config, prepare
 
     params = _overrides(set_)
-    checked(lambda: prepare(parse_config({"simulation": simulation, "agents": agents, **params})))
+    changing = {"population": turnover_section(agents, turnover)} if turnover else {}
+    checked(lambda: prepare(parse_config({"simulation": simulation, "agents": agents, **params, **changing})))
     compare_params = _overrides(compare_set) if compare_set else None
     if compare is not None or compare_params is not None:  # played after the first bench: checked before it
         from populace.core.scenario import ScenarioError, merged
@@ -1359,6 +1363,7 @@ def bench_dummy(
     series = run_dummy_series(agents=agents, latency=latency, hosts=hosts or os.cpu_count() or 1, rounds=rounds,
                               floor=floor, quiet=json_out, storage=storage, simulation=simulation, params=params,
                               graph=section, placement=placement, compare=compare, compare_params=compare_params,
+                              turnover=turnover or None,
                               on_result=None if json_out else lambda r: display.out.print(r.table()))
     if out:
         checks.write_text(out, series.document() + "\n")

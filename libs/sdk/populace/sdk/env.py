@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Generic, TypeVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, PlainSerializer, PlainValidator
 
+from populace.sdk.population import Population
 from populace.sdk.shown import ShownBook, ShownError
 from populace.sdk.shown import checked as checked_shown
 
@@ -105,6 +106,9 @@ class Env(Generic[StateT, PartialT]):
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
         self.params = sim.params
+        # who is alive (populace.sdk.population), set by the platform before each hook runs: the
+        # run's first agents until a round changes them
+        self.population: Population = Population.start(sim.agents)
 
     def start(self) -> StateT:
         """The state before round 1."""
@@ -143,7 +147,8 @@ class Env(Generic[StateT, PartialT]):
     def select(self, state: StateT, round: int) -> Any:
         """Who acts in `round` (activation): a selector of `populace.sdk.select` (rate, rate_by,
         ids, mask, where, column), or None for everyone. Pure: it runs where the round is decided,
-        and only the agents it picks play, are reduced and are recorded.
+        and only the agents it picks play, are reduced and are recorded (of the living: a departed agent is
+        never picked; a mask covers every id given so far, `self.population.size`).
 
         Declared with a third argument, `select(self, state, round, world)`, it also gets the
         world `round` is played in (the one `decide` of the round before returned, or
@@ -185,7 +190,9 @@ class Env(Generic[StateT, PartialT]):
 
     def decide(self, state: StateT, round: int, total: PartialT) -> tuple[StateT, Summary]:  # pragma: no cover
         """Close a round: the state after it and the round's summary (its recorded columns).
-        With a `World`: `decide(state, round, total, world) -> (state, summary, world)`."""
+        With a `World`: `decide(state, round, total, world) -> (state, summary, world)`. Either
+        may end with the round's population changes (`populace.sdk.Changes`: who dies or leaves,
+        who is born or arrives; see populace.sdk.population)."""
         raise NotImplementedError
 
 

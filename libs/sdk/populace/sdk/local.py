@@ -27,7 +27,7 @@ from populace.core.contracts import (
     RunConfig,
     SimulationTables,
 )
-from populace.core.placement import place
+from populace.core.placement import birth_block, place, place_births
 from populace.graph.csr import Graph
 from populace.population import prototypes as pure
 from populace.population.cast import Cast
@@ -37,6 +37,7 @@ from populace.sdk.hosting import HostedRun, host_run
 from populace.sdk.llm import LLM
 from populace.sdk.mock import DummyLLM
 from populace.sdk.play import OutcomeRows, RoundPlayer, RoundShare
+from populace.sdk.population import Delta, Population, combined_rows
 from populace.sdk.profile import PROFILE_KEYS, RoundCost, budget_bytes
 from populace.sdk.registry import Resolved, resolve
 from populace.sdk.statejson import from_wire, to_wire
@@ -64,6 +65,8 @@ class LocalResult:
     status: str = "completed"
     reason: str | None = None
     interviews: dict[str, list] = field(default_factory=dict)  # the scenario's `interviews:`: table `interviews`
+    # every departure and newcomer (table `population`: run_id, round, agent_id, event, reason)
+    population: dict[str, list] = field(default_factory=dict)
     interview_calls: int = 0  # the interviews' LLM calls (the rounds' are in `rounds.llm_calls`)
     interview_usage: dict[tuple[int, str], int] = field(default_factory=dict)  # those calls by (after round, survey)
     # a prototype run: its audits (table `audits`'s rows) and each round's report (its result's)
@@ -130,12 +133,17 @@ async def run_local(config: RunConfig | Resolved, *, run_id: str = "local", cast
     observation: dict | None = None
     selection: dict | None = None
     world = None  # a simulation's World after the last round (round 1: each share starts it)
+    population: Population | None = None  # who is alive (None: the first agents, as ever)
+    deltas: list[Delta] = []
     out = LocalResult(run_id, c, tables, resolved=resolved, cast=cast)
     rows = _Rows(run_id, tables)
     placement = {f"local-{i}@0": ranges for i, ranges in enumerate(whole)}  # share keys, as on the fleet
     raised: dict[str, float] | None = None  # a prototype run: the shares its guard raised
     try:
         for n in range(1, c.rounds + 1):
+            if population is not None:  # as each host applies it when the round opens
+                for run, key in zip(runs, placement):
+                    run.apply(population, placement[key])
             shares: list[RoundShare] = []
             calls = 0
             start = rows.mark()
@@ -158,7 +166,7 @@ async def run_local(config: RunConfig | Resolved, *, run_id: str = "local", cast
                                           if s.prototypes is not None])
                 if folded.partial is not None:
                     partials.append(folded.partial)
-            decision = decider.decide(n, state, partials, world)
+            decision = decider.decide(n, state, partials, world, population)
             if folded is not None:
                 plan = runs[0].prototypes
                 assert plan is not None
@@ -168,6 +176,13 @@ async def run_local(config: RunConfig | Resolved, *, run_id: str = "local", cast
             _profile_rows(out.profile, run_id, n, [s.cost for s in shares if s.cost is not None], decision)
             state, observation, selection, world = (decision.state, decision.observation, decision.selection,
                                                     decision.world)
+            if decision.population is not None and decision.population.round == n:
+                d = decision.population.delta
+                deltas.append(d)  # type: ignore[arg-type]
+                if d.births:  # type: ignore[union-attr]
+                    placement = place_births(placement, d.born_first, d.births,  # type: ignore[union-attr]
+                                             base=c.agents, block=birth_block(c.agents))
+            population = decision.population
             # the platform's round columns, as the recorder writes them (no tokens: no model runs here)
             row = {"run_id": run_id, "round": n, "n": sum(s.n for s in shares),
                    "n_valid": sum(s.n_valid for s in shares) + (folded.n_valid if folded is not None else 0),
@@ -196,6 +211,7 @@ async def run_local(config: RunConfig | Resolved, *, run_id: str = "local", cast
             run.stop()
     out.outcomes = rows.outcomes()
     out.audits = _sorted(rows.audits, ("round", "agent_id")) if rows.audits["agent_id"] else {}
+    out.population = combined_rows(deltas, run_id) if deltas else {}
     if runs and runs[0].mailroom is not None:
         out.posts = _sorted(rows.posts, ("round", "agent_id"))
     if resolved.simulation.edge_kinds:  # in the order they apply: by round, agent, then as listed
@@ -252,9 +268,10 @@ async def interview_local(result: LocalResult, after_round: int, survey: intervi
                          "(it was played with keep_states=False, or stopped before it)")
     if sample is not None and not 0 < sample <= 1:
         raise ValueError(f"sample: {sample:g} is outside (0, 1]")
-    bad = [a for a in agents or () if not 0 <= a < c.agents]
+    ids = max([c.agents, *(a + 1 for a in result.population.get("agent_id", ()))])  # newcomers' ids too
+    bad = [a for a in agents or () if not 0 <= a < ids]
     if bad:
-        raise ValueError(f"agents: agent {bad[0]} is not in the run (ids are 0..{c.agents - 1})")
+        raise ValueError(f"agents: agent {bad[0]} is not in the run (ids are 0..{ids - 1})")
     resolved = result.resolved if result.resolved is not None else resolve(c)
     sim = resolved.instance(result.run_id, result.cast)
     # no agents are built for the run: each respondent answers from a copy made from its state

@@ -64,7 +64,8 @@ def check(sim: type[Simulation], config: RunConfig) -> None:
     """Refuse, before the run, prototypes for a simulation whose agents' answers cannot stand for
     each other's: groups and scenes (an outcome is settled with its group), graphs and edge edits
     (an agent's posts and follows are its own), worlds (an agent's cell is its own), activation
-    (only some agents act), or one that opts out (`Simulation.prototypes_allowed = False`)."""
+    (only some agents act), a population that changes (its representatives and draws range over
+    the first agents), or one that opts out (`Simulation.prototypes_allowed = False`)."""
     from populace.sdk.agent import Agent
     from populace.sdk.env import Env
 
@@ -72,6 +73,11 @@ def check(sim: type[Simulation], config: RunConfig) -> None:
         return
     name = sim.name
     why = None
+    if config.population is not None and config.population.changes:
+        # representatives, draws, audits and the recorder's expansion all range over the run's
+        # first agents: a population that changes is refused rather than drawn for the dead
+        raise PrototypesRefused("prototypes: a run whose population changes (population.changes) cannot have "
+                                "prototypes: drop one of the two sections")
     if not sim.prototypes_allowed:
         why = "the simulation opts out of prototypes (prototypes_allowed = False)"
     elif sim.GroupEnv is not None:

@@ -28,6 +28,7 @@ from pydantic import ValidationError
 
 from populace.core import subjects
 from populace.core.contracts import (
+    LivingRef,
     PrototypeEvidence,
     RoundOpen,
     RoundPartial,
@@ -41,6 +42,7 @@ from populace.sdk import prototypes
 from populace.sdk.agent import Agent
 from populace.sdk.engine import DecideFailed, RoundDecider
 from populace.sdk.env import Env, Partial
+from populace.sdk.population import Population
 from populace.sdk.profile import VIEW_BUDGET_BYTES
 from populace.sdk.registry import Resolved
 from populace.sdk.statejson import StateTypeError, from_wire
@@ -91,6 +93,12 @@ class RunTally:
     world_ref: WorldRef | None = None
     # round -> (the result's world reference, its bytes): stored by the service before the result
     worlds_out: dict[int, tuple[WorldRef, bytes]] = field(default_factory=dict)
+    # who is alive in the announced rounds (a run whose population changed: the service loads it by
+    # the reference each announcement carries) and what it was read as; None: the first agents
+    population: Population | None = None
+    population_ref: LivingRef | None = None
+    # round -> (the result's population reference, its bytes): stored by the service before the result
+    populations_out: dict[int, tuple[LivingRef, bytes]] = field(default_factory=dict)
     budget_bytes: int = VIEW_BUDGET_BYTES  # the observation every agent sees: said once per run when over
     # the service runs a run's steps (open, add: a decision) in a worker thread, one at a time
     steps: asyncio.Lock = field(default_factory=asyncio.Lock, compare=False, repr=False)
@@ -108,6 +116,17 @@ class RunTally:
 
     def set_world(self, ref: WorldRef, data: bytes) -> None:
         self.world, self.world_ref = self.env.World.from_bytes(data), ref  # type: ignore[union-attr]
+
+    def needs_population(self, opened: RoundOpen) -> LivingRef | None:
+        """The population reference the service must load before `opened` can be decided (None:
+        the one in hand is the round's, or the run's first agents play it)."""
+        if opened.population is None:
+            self.population, self.population_ref = None, None
+            return None
+        return None if self.population_ref == opened.population else opened.population
+
+    def set_population(self, ref: LivingRef, data: bytes) -> None:
+        self.population, self.population_ref = Population.from_bytes(data), ref
 
     @property
     def epoch(self) -> int:
@@ -144,8 +163,8 @@ class RunTally:
 
     def everyone_acts(self, opened: RoundOpen) -> bool:
         """Whether every agent acts in the announced round (else a share counts those it selected)."""
-        if type(self.env.sim).Agent.wakes is not Agent.wakes:
-            return False
+        if type(self.env.sim).Agent.wakes is not Agent.wakes or opened.population is not None:
+            return False  # the agent's say, or the departed: a share counts those who act
         if opened.observation is None:  # the first round: selected as the environment starts
             try:
                 return self.decider.opening().selection is None
@@ -226,9 +245,10 @@ class RunTally:
             if drawn.partial is not None:
                 payloads.append(drawn.partial)
         try:
-            decision = self.decider.decide(opened.round, opened.env_state, payloads, self.world)
+            decision = self.decider.decide(opened.round, opened.env_state, payloads, self.world, self.population)
         except DecideFailed as err:
             raise EnvironmentFailed(str(err)) from err
+        living_ref = self._population_out(opened.round, decision.population)
         world_ref = None
         if decision.world is not None:
             if decision.world is self.world and self.world_ref is not None:
@@ -245,6 +265,7 @@ class RunTally:
             n_valid=sum(p.n_valid for p, _ in parts) + (drawn.n_valid if drawn is not None else 0),
             summary=decision.summary,
             observation=decision.observation, state=decision.state, selection=decision.selection, world=world_ref,
+            population=living_ref,
             closed_at=time.time(), epoch=opened.epoch, shares=sorted(opened.shares),
             usage=sum((p.usage for p, _ in parts), Usage()),
             interviews=sum((p.interviews for p, _ in parts), Usage()),
@@ -268,3 +289,22 @@ class RunTally:
     @functools.cached_property
     def tables(self) -> SimulationTables:
         return self.resolved.tables()
+
+    def _population_out(self, round_: int, population: Population | None) -> LivingRef | None:
+        """The reference of who is alive after `round_`: the round's own object when it changed
+        anyone (stored by the service before the result), else the one the round was played with."""
+        if population is None:
+            return None
+        if population is self.population or population.round != round_:
+            return self.population_ref
+        data = population.to_bytes()
+        d = population.delta
+        first = d.born_first if d is not None else population.size
+        ref = LivingRef(name=subjects.checkpoint_population(self.run_id, round_),
+                        digest=hashlib.sha256(data).hexdigest(), round=round_, size=population.size, first=first,
+                        living=population.count)
+        self.populations_out[round_] = (ref, data)
+        # a round decided again (a re-placement) loads its own population by reference
+        self.population, self.population_ref = population, ref
+        return ref
+

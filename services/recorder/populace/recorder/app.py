@@ -33,6 +33,7 @@ from populace.core.contracts import (
     InterviewsRecorded,
     LlmCallBatch,
     OutcomeBatch,
+    RoundOpen,
     RoundPartial,
     RoundResult,
     RunDone,
@@ -62,6 +63,7 @@ RECORDED: dict[str, type[BaseModel]] = {
     "round.result": RoundResult, "done": RunDone, "calls": LlmCallBatch, "resumed": RunResumed,
     "interviews": InterviewBatch, "ask": InterviewOrder, "asked": InterviewPlaced,
     "partial": RoundPartial,  # its profile only (table round_profile): the environment folds the payload
+    "round.open": RoundOpen,  # a population that changed: where its newcomers are placed
 }
 # Profile rows kept between runs of the same personas (beyond it: parsed again for each run).
 PROFILES_KEPT_BYTES = 64 * 2**20
@@ -276,6 +278,8 @@ class Recorder:
             except ValidationError as err:
                 out.append((raw, None, None if model is RoundPartial else err))  # a bad partial: the environment's
                 continue
+            if isinstance(event, RoundOpen) and event.population is None:
+                continue  # nothing to record: a run's placement grows only by newcomers
             if why := misplaced(raw.subject, event):
                 out.append((raw, None, None if model is RoundPartial else why))
                 continue
@@ -331,6 +335,13 @@ class Recorder:
                         e.blob = await self.profiles_of(pop.digest)
                     except objects.BlobError as err:
                         self.svc.log.error("personas_missing", run_id=e.model.run_id, error=str(err))
+            living = e.model.population if isinstance(e.model, RoundResult) else None
+            if living is not None and living.round == e.model.round:
+                try:  # the round's departures and newcomers (table population), checked against its digest
+                    e.blob = await checkpoints.load_population(self.svc.js, living)
+                except checkpoints.CheckpointError as err:
+                    self.svc.log.error("population_missing", run_id=e.model.run_id, round=e.model.round,
+                                       error=str(err))
         spans = [tracer.start_span("recorder.ingest", context=telemetry.extract(raw.headers),
                                    attributes={"populace.run_id": rid, "populace.messages": len(raws)})
                  for rid, raw in first.items()]

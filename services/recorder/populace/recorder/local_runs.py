@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 
 from populace.core.contracts import (
     PLATFORM_SUMMARY_COLUMNS,
@@ -22,6 +23,7 @@ from populace.core.contracts import (
     EdgeColumns,
     InterviewBatch,
     LineColumns,
+    LivingRef,
     OutcomeBatch,
     PostColumns,
     PrototypeRound,
@@ -159,6 +161,25 @@ def _interview_batches(run_id: str, config: RunConfig, rows: dict[str, list],
     return out
 
 
+def _living(run_id: str, agents: int, population: dict[str, list]) -> dict[int, tuple[LivingRef, pa.Table]]:
+    """Per round that changed the population, who is alive after it (as a round result names
+    it) and its rows of table population."""
+    out: dict[int, tuple[LivingRef, pa.Table]] = {}
+    size = living = agents
+    rounds = population.get("round", [])
+    for r in sorted(set(rounds)):
+        idx = [i for i, x in enumerate(rounds) if x == r]
+        events = [population["event"][i] for i in idx]
+        came = sum(1 for e in events if e in ("born", "arrived"))
+        first, size = size, size + came
+        living += 2 * came - len(events)
+        ref = LivingRef(name=f"{run_id}.{r}.population", digest="0" * 64, round=r, size=size, first=first,
+                        living=living)
+        out[r] = (ref, pa.table({k: [population[k][i] for i in idx] for k in ("round", "agent_id", "event",
+                                                                               "reason")}))
+    return out
+
+
 def _profiles(run_id: str, profile: dict[str, list] | None) -> tuple[list[Event], dict[int, DecideProfile]]:
     """run_local's `round_profile` rows as the recorder gets them on the fleet: the process's in a
     partial of its share per round, the environment's with the round's result (by round)."""
@@ -184,16 +205,18 @@ def record_local(db: str | Path, *, run_id: str, config: RunConfig, tables: Simu
                  started_at: float | None = None, manifest: dict | None = None, personas: bytes | None = None,
                  interviews: dict[str, list] | None = None, interview_calls: dict[tuple[int, str], int] | None = None,
                  profile: dict[str, list] | None = None, audits: dict[str, list] | None = None,
-                 prototypes: dict[int, PrototypeRound] | None = None) -> int:
+                 prototypes: dict[int, PrototypeRound] | None = None, population: dict[str, list] | None = None) -> int:
     """Write a local run (run_local's columnar `outcomes`, `rounds`, `posts`, and its scenes'
     `acts` and `transcripts`, its `edges` and `shown` records, and the answers to its planned `interviews` with
     their LLM calls by (after round, survey), and where its rounds went (`profile`: run_local's
-    `round_profile` rows)) to `db`; returns the outcomes recorded. A failed run keeps the rounds
-    it closed."""
+    `round_profile` rows), and its population's changes (`population`: table population's rows))
+    to `db`; returns the outcomes recorded. A failed run keeps the rounds it closed."""
     partials, decided = _profiles(run_id, profile)
     now = time.time()
     started_at = started_at or now
-    ranges = [(0, config.agents)]
+    living = _living(run_id, config.agents, population or {})
+    # one share holds every agent id the run gave (newcomers' too)
+    ranges = [(0, max([config.agents, *(ref.size for ref, _ in living.values())]))]
     events = [Event(f"local.{run_id}.started", "started",
                     RunStarted(run_id=run_id, config=config, started_at=started_at, hosts=[LOCAL_HOST], tables=tables,
                                manifest=manifest), blob=personas),
@@ -221,7 +244,9 @@ def record_local(db: str | Path, *, run_id: str, config: RunConfig, tables: Simu
             run_id=run_id, round=r, n=row["n"], n_valid=row["n_valid"], summary={k: row.get(k) for k in summary_names},
             observation={}, state={}, closed_at=row.get("closed_at") or now, shares=[f"{LOCAL_HOST}@0"],
             usage=Usage(**{k: row.get(k) or 0 for k in Usage.RECORDED}), n_simulation_errors=errors.get(r, 0),
-            profile=decided.get(r), prototypes=(prototypes or {}).get(r))))
+            profile=decided.get(r), prototypes=(prototypes or {}).get(r),
+            population=living[r][0] if r in living else None),
+            blob=living[r][1] if r in living else None))
     events += [Event(f"local.{run_id}.{b.round}.audits.{b.seq}", "outcomes", check_outcomes(b, tables)[0])
                for b in _audit_batches(run_id, tables, audits or {})]
     events += partials

@@ -15,6 +15,7 @@ import json
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -31,6 +32,7 @@ from populace.core.contracts import (
     InterviewPlaced,
     LlmCallBatch,
     OutcomeBatch,
+    RoundOpen,
     RoundPartial,
     RoundResult,
     RunConfig,
@@ -45,6 +47,7 @@ from populace.core.contracts import (
 from populace.core.hostauth import SHARED_HOST_USER
 from populace.population.errors import PopulationError
 from populace.population.jsonl import iter_personas
+from populace.population.living import EVENTS, Delta, Population
 from populace.population.model_assignment import AssignmentError, assignment
 from populace.population.prototypes import Membership, PrototypeError, membership
 from populace.recorder import prototypes as prototype_rows
@@ -105,6 +108,11 @@ CREATE TABLE IF NOT EXISTS round_profile (
     run_id VARCHAR, round INTEGER, role VARCHAR, host_id VARCHAR, epoch INTEGER, agents BIGINT, wall_s DOUBLE,
     view_s DOUBLE, turn_s DOUBLE, merge_s DOUBLE, model_wait_s DOUBLE, decide_s DOUBLE, record_s DOUBLE,
     view_bytes BIGINT, view_max_bytes BIGINT, observation_bytes BIGINT, held BIGINT, note VARCHAR
+);
+-- a population that changes (populace.sdk.population): every departure and newcomer, after the
+-- round that decided it (event: born, arrived, died, left)
+CREATE TABLE IF NOT EXISTS population (
+    run_id VARCHAR, round INTEGER, agent_id BIGINT, event VARCHAR, reason VARCHAR
 );
 CREATE TABLE IF NOT EXISTS _resumes (run_id VARCHAR, epoch INTEGER, after_round INTEGER, resumed_at TIMESTAMP);
 CREATE TABLE IF NOT EXISTS _shares (run_id VARCHAR, share VARCHAR, ranges JSON, from_round INTEGER,
@@ -203,7 +211,8 @@ class Event:
     msg_id: str  # Nats-Msg-Id, unique per logical message
     kind: str  # subjects.kind_of(subject)
     model: object
-    # RunStarted: the run's personas (JSONL, or its rows parsed already: profile_rows), when it has a population
+    # RunStarted: the run's personas (JSONL, or its rows parsed already: profile_rows), when it has a population;
+    # RoundResult: who is alive after the round, when it changed anyone (populace.population.living's bytes)
     blob: bytes | pa.Table | None = None
     # OutcomeBatch: the groups taken out of it (columns.check_outcomes), recorded as missing if the batch counts
     refused_groups: list[RefusedGroup] = field(default_factory=list)
@@ -236,6 +245,20 @@ class ShareRecord:
 _NONE = SimulationTables(simulation="", outcomes="none", outcome_columns=[], rounds="none", summary_columns=[])
 
 
+def _population_table(d: Delta) -> pa.Table:
+    """A round's changes as table population's rows (departures, then newcomers), built from
+    their arrays (a 1% turnover of 10M agents is 200,000 rows a round)."""
+    ids = np.concatenate([d.departed, np.arange(d.born_first, d.born_first + d.births, dtype=np.int64)])
+    events = np.concatenate([d.departed_events, d.birth_events]).astype(np.int32)
+    reasons = np.concatenate([d.departed_reasons, d.birth_reasons]).astype(np.int32)
+
+    def text(codes: np.ndarray, names: Sequence[str]) -> pa.Array:  # DuckDB stores it as VARCHAR
+        return pa.DictionaryArray.from_arrays(pa.array(codes), pa.array(list(names), pa.string()))
+
+    return pa.table({"round": pa.array(np.full(ids.size, d.round, dtype=np.int32)), "agent_id": pa.array(ids),
+                     "event": text(events, EVENTS), "reason": text(reasons, d.reasons or ("",))})
+
+
 def _share(key: str) -> tuple[str, int]:
     host_id, _, epoch = key.rpartition("@")
     return host_id, int(epoch)
@@ -258,6 +281,7 @@ class Store:
         # its values go on as JSON text, so an older database keeps recording the same simulation
         self._as_json: set[tuple[str, str]] = set()
         self._shapes: dict[str, RunShape] = {}  # by run id: agents and rounds, from its config
+        self._departed: dict[str, np.ndarray | None] = {}  # by run id: Store.departed
         # (run, round) -> per agent, whether its outcome is recorded: what makes a duplicate
         self._recorded: dict[tuple[str, int], np.ndarray] = {}
         self.interviews = InterviewStore(lambda: self.con)
@@ -300,14 +324,34 @@ class Store:
         return spec
 
     def shape_of(self, run_id: str) -> RunShape | None:
-        """The run's agents and rounds (from its started event, or the runs table)."""
+        """The run's agents (every id given so far, newcomers included) and rounds (from its
+        started event, or the runs table, and its population's newcomers)."""
         if run_id not in self._shapes:
-            row = self.con.execute("SELECT config_json->>'$.agents', config_json->>'$.rounds' FROM runs "
-                                   "WHERE run_id = ?", [run_id]).fetchone()
+            row = self.con.execute("SELECT config_json->>'$.agents', config_json->>'$.rounds', (SELECT max(agent_id) "
+                                   "FROM population WHERE run_id = ?) FROM runs WHERE run_id = ?",
+                                   [run_id, run_id]).fetchone()
             if not row or row[0] is None:
                 return None
-            self._shapes[run_id] = RunShape(int(row[0]), int(row[1]))
+            placed = self.con.execute("SELECT max(agent_id) FROM agents WHERE run_id = ?", [run_id]).fetchone()
+            most = max(int(row[2]) if row[2] is not None else -1, int(placed[0]) if placed and placed[0] is not None
+                       else -1)
+            self._shapes[run_id] = RunShape(max(int(row[0]), most + 1), int(row[1]))
         return self._shapes[run_id]
+
+    def departed(self, run_id: str) -> np.ndarray | None:
+        """Per agent id, the round after which it departed (0: alive), in a run whose population
+        changed (None: none did)."""
+        if run_id not in self._departed:
+            rows = self.con.execute("SELECT agent_id, round FROM population WHERE run_id = ? AND event IN "
+                                    "('died', 'left')", [run_id]).fetchnumpy()
+            shape = self.shape_of(run_id)
+            if not rows["agent_id"].size or shape is None:
+                self._departed[run_id] = None
+            else:  # room for the ids a run may still give (newcomers): grown again only past them
+                gone = np.zeros(max(shape.agents, 2 * shape.agents), dtype=np.int32)
+                gone[rows["agent_id"]] = rows["round"]
+                self._departed[run_id] = gone
+        return self._departed[run_id]
 
     def recorded(self, run_id: str, round_: int) -> np.ndarray:
         """Per agent of the run, whether round `round_` has its outcome recorded."""
@@ -322,6 +366,12 @@ class Store:
                 self._recorded.pop(next(iter(self._recorded)))
             self._recorded[key] = seen
         return self._recorded[key]
+
+    def _grow_recorded(self, run_id: str, agents: int) -> None:
+        """The run gave newcomers ids up to `agents`: its rounds' ledgers reach them too."""
+        for key, seen in self._recorded.items():
+            if key[0] == run_id and seen.size < agents:
+                self._recorded[key] = np.concatenate([seen, np.zeros(agents - seen.size, dtype=bool)])
 
     def _forget_recorded(self, run_id: str) -> None:
         for key in [k for k in self._recorded if k[0] == run_id]:
@@ -526,14 +576,20 @@ class Store:
                          json.dumps(m.manifest) if m.manifest is not None else None,
                          m.config.simulation, m.tables.model_dump_json()],
                     )
-                    if e.blob is not None:
-                        self._insert_profiles(m.run_id, m.config.agents, e.blob)
+                    if e.blob is not None:  # the newcomers' personas too (agent_profiles: every persona of the run)
+                        pop = m.config.population
+                        self._insert_profiles(m.run_id, m.config.agents + (pop.newcomers if pop else 0), e.blob)
                     if m.config.models:
                         self._insert_models(m.run_id, m.config, e.blob)
                 elif isinstance(m, SpawnBatch):
                     if share_key(m.host_id, m.epoch) in self.shares_of(m.run_id):
                         continue  # a spawn announced again (its deadline): placed already
                     self._place(m)
+                    shape = self.shape_of(m.run_id)
+                    top = max((f + c for f, c in m.ranges), default=0)
+                    if shape is not None and top > shape.agents:  # a fork of a population that had newcomers
+                        self._shapes[m.run_id] = RunShape(top, shape.rounds)
+                        self._grow_recorded(m.run_id, top)
                     for first, count in m.ranges:
                         con.execute(
                             "INSERT INTO agents SELECT ?, range, ?, NULL FROM range(?, ?)",
@@ -548,6 +604,11 @@ class Store:
                             prototype_rows.insert_round(con, self._spec(m.run_id), m.run_id, m.round, m.prototypes)
                             self._recorded.pop((m.run_id, m.round), None)
                             decided.add(m.run_id)
+                        if m.population is not None and m.population.round == m.round:
+                            self._insert_population(m, e.blob)
+                elif isinstance(m, RoundOpen):
+                    if m.population is not None:
+                        self._grow(m)
                 elif isinstance(m, RoundPartial):
                     # a share's round profile; a partial of a share not placed (or replaced) counts
                     # nowhere (the environment dead-letters a forged one)
@@ -617,9 +678,10 @@ class Store:
         self._forget_recorded(m.run_id)
         spec = self._spec(m.run_id)
         con = self.con
-        for table in (*self.per_round_tables(spec), spec.rounds, "_refused_groups", "round_profile",
+        for table in (*self.per_round_tables(spec), spec.rounds, "_refused_groups", "round_profile", "population",
                       *(("prototype_rounds", "_drawn") if spec.prototypes else ())):
             con.execute(f"DELETE FROM {_q(table)} WHERE run_id = ? AND round > ?", [m.run_id, m.after_round])
+        self._departed.pop(m.run_id, None)
         con.execute("UPDATE runs SET status = 'running', finished_at = NULL, reason = NULL, hosts = ? "
                     "WHERE run_id = ?", [m.hosts, m.run_id])
         con.execute("INSERT INTO _resumes VALUES (?, ?, ?, ?)", [m.run_id, m.epoch, m.after_round, ts(m.resumed_at)])
@@ -635,7 +697,7 @@ class Store:
             why = self.interviews.refusal(b, None, [], config, order=order)
             if why is not None:
                 return why
-            return self.interviews.insert(b, order.survey or b.survey, config.agents)
+            return self.interviews.insert(b, order.survey or b.survey, self._ids(b.run_id, config))
         share = self.shares_of(b.run_id).get(share_key(b.host_id, b.epoch))
         if b.request is None and share is not None and not (share.from_round - 1 <= b.after_round
                                                              and share.counts_in(b.after_round)):
@@ -646,7 +708,12 @@ class Store:
         if why is not None:
             return why
         plan = next(p for p in config.interviews if p.id == b.survey.id)  # refusal() found it
-        return self.interviews.insert(b, plan.survey, config.agents)
+        return self.interviews.insert(b, plan.survey, self._ids(b.run_id, config))
+
+    def _ids(self, run_id: str, config: RunConfig) -> int:
+        """Every agent id the run has given so far (newcomers included)."""
+        shape = self.shape_of(run_id)
+        return max(config.agents, shape.agents if shape is not None else 0)
 
     def _expected(self, run_id: str, batches: list[Event], out: IngestResult) -> list[OutcomeBatch]:
         """The batches the run expects, marked as recorded; the others refused (with why) or,
@@ -668,7 +735,7 @@ class Store:
             seen = self.recorded(run_id, b.round)
             ids = [*b.agent_ids, *(a for g in groups for a in g.agents)] if groups else None
             why = outcome_refusal(b, share.ranges if share else None, share.from_round if share else 1, shape, seen,
-                                  ids=ids)
+                                  ids=ids, departed=self.departed(run_id))
             if why is not None:
                 out.refused.append((e.msg_id, why))
                 continue
@@ -884,6 +951,61 @@ class Store:
             self.con.execute("INSERT INTO posts BY NAME SELECT * FROM post_rows")
         finally:
             self.con.unregister("post_rows")
+
+    def _insert_population(self, m: RoundResult, blob: bytes | pa.Table | None) -> None:
+        """The round's departures and newcomers (table `population`), from who is alive after it
+        (its bytes, read by the service against the result's digest); a round decided again
+        replaces its rows."""
+        ref = m.population
+        assert ref is not None
+        if isinstance(blob, pa.Table):  # a local run's rows (populace.recorder.local_runs)
+            table = blob
+        elif isinstance(blob, bytes):
+            d = Population.from_bytes(blob).delta
+            if d is None or d.round != m.round:
+                raise RuntimeError(f"run {m.run_id}: {ref.name} holds no changes of round {m.round}")
+            table = _population_table(d)
+        else:  # not this result's fault alone: retried, then dead-lettered (logged)
+            raise RuntimeError(f"run {m.run_id}: round {m.round}'s population ({ref.name}) could not be read")
+        n = table.num_rows
+        self.con.execute("DELETE FROM population WHERE run_id = ? AND round = ?", [m.run_id, m.round])
+        run = pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int32)), pa.array([m.run_id], pa.string()))
+        self.con.register("population_rows", table.append_column("run_id", run))
+        try:
+            self.con.execute("INSERT INTO population BY NAME SELECT * FROM population_rows")
+        finally:
+            self.con.unregister("population_rows")
+        shape = self.shape_of(m.run_id)
+        if shape is not None and ref.size > shape.agents:
+            self._shapes[m.run_id] = RunShape(ref.size, shape.rounds)
+            self._grow_recorded(m.run_id, ref.size)  # its ledgers are as long as the agents were
+        gone = self._departed.get(m.run_id)
+        if m.run_id in self._departed and gone is not None and gone.size >= ref.size:
+            events = table.column("event").to_numpy(zero_copy_only=False)
+            ids = table.column("agent_id").to_numpy()[(events == "died") | (events == "left")]
+            gone[ids] = m.round  # kept up to date: read again from the table only after a restart
+        else:
+            self._departed.pop(m.run_id, None)
+
+    def _grow(self, m: RoundOpen) -> None:
+        """A round's announcement places newcomers (its shares' ranges grew): the shares own them
+        from now on, and table `agents` has them."""
+        shares = self.shares_of(m.run_id)
+        for key, ranges in m.ranges.items():
+            share = shares.get(key)
+            if share is None:
+                continue
+            top = max((f + c for f, c in share.ranges), default=0)
+            new = [(max(f, top), f + c - max(f, top)) for f, c in ranges if f + c > top]
+            if not new:
+                continue
+            share.ranges = [tuple(r) for r in ranges]  # type: ignore[misc]
+            self.con.execute("UPDATE _shares SET ranges = ? WHERE run_id = ? AND share = ?",
+                             [json.dumps(share.ranges), m.run_id, key])
+            host_id, _ = _share(key)
+            for first, count in new:
+                self.con.execute("INSERT INTO agents SELECT ?, range, ?, NULL FROM range(?, ?)",
+                                 [m.run_id, host_id, first, first + count])
 
     def _insert_round(self, m: RoundResult) -> None:
         spec = self._spec(m.run_id)

@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from populace.core.contracts.control import Restore, WorldRef
+from populace.core.contracts.control import LivingRef, Restore, WorldRef
 from populace.core.contracts.prototypes import PrototypeRound
 from populace.core.contracts.questions import MAX_ANSWER_CHARS, InterviewId, Survey
 from populace.core.contracts.recorded_tables import Identifier, SimulationTables
@@ -87,6 +87,7 @@ class RoundOpen(Wire):
     world: WorldRef | None = None  # the simulation's world this round (None: round 1's, or none)
     # a prototype run: the shares its guard raised (prototype label -> share); None: the config's
     prototypes: dict[str, float] | None = None
+    population: LivingRef | None = None  # who is alive this round (None: the run's first agents)
 
 
 class PostColumns(Wire):
@@ -505,6 +506,8 @@ class RoundResult(Wire):
     interviews: Usage = Usage()  # the folded shares' interviews' LLM work, apart
     selection: JsonDoc | None = None  # who acts next round (populace.sdk.select); None: everyone
     world: WorldRef | None = None  # the simulation's world after the round (stored before this result)
+    # who is alive after the round (stored before this result); None: the run's first agents, as ever
+    population: LivingRef | None = None
     # share key -> the checkpoint digests its partial reported (the orchestrator keeps each
     # share's own ranges' only), and the sha256 of the environment's own checkpoint
     checkpoints: dict[str, dict[CheckpointName, SHA256]] = {}
