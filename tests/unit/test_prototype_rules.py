@@ -107,3 +107,31 @@ def test_w1_and_js_with_bootstrap_intervals():
     # the same seed, the same interval
     assert prototypes.divergence("numeric", [1, 2], [1, 1], [1, 3, 4], 50, seed=[2]) == \
         prototypes.divergence("numeric", [1, 2], [1, 1], [1, 3, 4], 50, seed=[2])
+
+
+@pytest.mark.parametrize(("patch", "message"), [
+    ({"prototypes": {"share": 0}}, "prototypes.share: Input should be greater than 0"),
+    ({"prototypes": {"share": 1.5}}, "prototypes.share: Input should be less than or equal to 1"),
+    ({"prototypes": {"by": ["income"]}}, "prototypes.by: 'income' is not an attribute of agent 0's persona"),
+    ({"prototypes": {"tolerance": -1}}, "prototypes.tolerance: Input should be greater than or equal to 0"),
+    ({"prototypes": {"min_representatives": 500}},
+     "prototypes.min_representatives: prototype 'education=Ph.D.' has 400 agent(s), fewer than the 500"),
+    ({"population": {"changes": [{"after": "every", "left": 0.01}]}},
+     "prototypes: a run whose population changes (population.changes) cannot have prototypes"),
+])
+def test_bad_prototypes_are_refused_before_the_run_naming_the_field(patch, message):
+    from pathlib import Path
+
+    import yaml
+
+    from populace.client.prepare import parse_config, prepare
+    from populace.core.scenario import ScenarioError
+
+    root = Path(__file__).parents[2]
+    scenario = yaml.safe_load((root / "examples" / "prototypes.yaml").read_text())
+    scenario["population"]["config"] = str(root / "examples" / "population" / "education.yaml")
+    for section, values in patch.items():
+        scenario[section].update(values)
+    with pytest.raises(ScenarioError) as err:
+        prepare(parse_config(scenario))
+    assert str(err.value).splitlines()[0].startswith(message)
