@@ -3,7 +3,7 @@ of two agent-hosts with its representatives' own answers and everyone else's dra
 the outcome table (`source` llm / prototype), its audits in table `audits`, its model calls
 (audits included) at most 10% of its outcomes, and every row, audit and divergence equal to the
 run in one process; the guard's raised shares travel with the round opens; a fork after round 1
-plays the parent's rounds again exactly."""
+plays the parent's rounds again exactly; `run --estimate` counts the representatives and audits."""
 
 from __future__ import annotations
 
@@ -123,3 +123,14 @@ def test_the_guard_raises_a_shares_representatives_from_the_next_round_on_the_fl
     assert outcomes(stack.db, out.run_id) == local_rows(local.outcomes)
 
 
+
+
+def test_the_estimate_of_a_prototype_run_counts_its_representatives_and_audits(stack, cli):
+    # 5 levels of 400 agents: 16 representatives and 12 audits each call per round, 3 rounds; the
+    # pilot plays without prototypes (every pilot agent calls) to measure a call
+    r = cli("run", str(EXAMPLE), "--estimate", "--nats", stack.url, "--no-progress", env={"COLUMNS": "250"})
+    assert r.returncode == 0, r.stderr
+    out = " ".join(r.stdout.split())
+    assert "20 of 2,000 agents, round 1, model dummy: 20 LLM calls" in out, out
+    assert "prototypes: 80 representatives and 60 audits call the model each round (7.0% of the agents" in out, out
+    assert "expected for 2,000 agents × 3 rounds: 420 LLM calls" in out, out

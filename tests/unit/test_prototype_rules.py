@@ -135,3 +135,9 @@ def test_bad_prototypes_are_refused_before_the_run_naming_the_field(patch, messa
     with pytest.raises(ScenarioError) as err:
         prepare(parse_config(scenario))
     assert str(err.value).splitlines()[0].startswith(message)
+
+
+def test_calls_per_round_counts_representatives_and_audits_per_prototype():
+    # 400 agents at 4%: 16 representatives, 12 audits; 10 agents: the minimum 5, audits the 5 left
+    assert rules.calls_per_round([400, 400, 10], 0.04, 5, 12) == (16 + 16 + 5, 12 + 12 + 5)
+    assert rules.calls_per_round([3], 0.5, 5, 20) == (3, 0)

@@ -3,6 +3,7 @@
 # No `from __future__ import annotations`: typer reads every command's annotations at each start,
 # and string ones cost it an eval (and a compile) each, most of building the command tree.
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -451,18 +452,40 @@ def _estimate(scenario: Path, extra: dict, prepared: "PreparedRun", nats: str, s
 
     config = prepared.config
     k = pilot_agents(config.agents, share)
-    pilot = checked(lambda: prepare_scenario(scenario, {**extra, "agents": k, "rounds": 1,
-                                                     "name": f"{config.name}-pilot", "budget": None}))
+    overrides = {**extra, "agents": k, "rounds": 1, "name": f"{config.name}-pilot", "budget": None}
+    callers, proto_line = config.agents, None
+    if config.prototypes is not None:
+        # a prototype run calls for its representatives and audits only: the pilot measures the
+        # tokens of a call with every pilot agent calling, and the run's calls are counted from
+        # its prototypes' sizes (at the configured share: a guard that raises one calls more)
+        from populace.population.prototypes import calls_per_round
+
+        p = config.prototypes
+        sizes = (prepared.manifest.get("prototypes") or {}).values() or [config.agents]
+        reps, audits = calls_per_round(list(sizes), p.share, p.min_representatives, p.audits)
+        callers = reps + audits
+        overrides["prototypes"] = None
+        proto_line = (f"prototypes: {reps:,} representatives and {audits:,} audits call the model each round "
+                      f"({callers / config.agents:.1%} of the agents; more if the guard raises a share)")
+    pilot = checked(lambda: prepare_scenario(scenario, overrides))
     with _stack_url(nats) as url:
         outcome = run_async(_follow(url, pilot, show_progress=progress))
         if outcome.status != "completed" or not outcome.results:
             fail(f"the pilot run {outcome.run_id} {outcome.status}: {outcome.reason}", code=1)
         latency, unmeasured = _pilot_latency(url, outcome.run_id) if config.models else ({}, None)
     used = outcome.results[0].usage
-    est = extrapolate(config.agents, config.rounds, k, used, config.models, prepared.manifest.get("models"),
-                      pilot.manifest.get("models"), latency)
+    run_counts = prepared.manifest.get("models")
+    if callers != config.agents and run_counts:  # one model (a prototype run has one): its callers
+        run_counts = dict.fromkeys(run_counts, callers)
+    est = extrapolate(callers, config.rounds, k, used, config.models, run_counts, pilot.manifest.get("models"),
+                      latency)
+    if callers != config.agents:  # scaled by who calls; shown for the run's agents
+        est = dataclasses.replace(est, agents=config.agents,
+                                  models=tuple(dataclasses.replace(m, agents=config.agents) for m in est.models))
     out = display.out
     out.print(estimates.pilot_line(outcome.run_id, config, k, used), markup=False, highlight=False)
+    if proto_line:
+        out.print(proto_line, markup=False, highlight=False)
     out.print(estimates.expected_line(est, config), markup=False, highlight=False)
     if est.models:
         out.print(estimates.models_table(est))

@@ -306,6 +306,14 @@ def expected_calls(m: Membership, shares: np.ndarray, minimum: int, audits: int)
     return int(reps.sum()), int(np.minimum(audits, m.sizes - reps).sum())
 
 
+def calls_per_round(sizes: Sequence[int], share: float, minimum: int, audits: int) -> tuple[int, int]:
+    """(representatives, audits) a round asks the model for, given each prototype's agents, at
+    the configured share (before any guard raises one)."""
+    n = np.asarray(list(sizes), dtype=np.int64)
+    reps = representative_counts(n, np.full(n.size, float(share)), minimum)
+    return int(reps.sum()), int(np.minimum(audits, n - reps).sum())
+
+
 def share_needed(sizes: Sequence[int], share: float, minimum: int) -> float:
     """The overall share of agents calling the model (representatives only)."""
     n = int(sum(sizes))
@@ -313,5 +321,5 @@ def share_needed(sizes: Sequence[int], share: float, minimum: int) -> float:
 
 
 __all__ = ["ALL", "NO_SOURCE", "REPRESENTATIVE", "Membership", "Pools", "PrototypeError", "audited",
-           "draw_positions", "expected_calls", "hashes", "membership", "pools", "representative_counts",
-           "representatives", "shares_of", "sources", "stand_ins", "tally_draws", "uniforms"]
+           "calls_per_round", "draw_positions", "expected_calls", "hashes", "membership", "pools",
+           "representative_counts", "representatives", "shares_of", "sources", "stand_ins", "tally_draws", "uniforms"]
