@@ -141,3 +141,32 @@ def test_calls_per_round_counts_representatives_and_audits_per_prototype():
     # 400 agents at 4%: 16 representatives, 12 audits; 10 agents: the minimum 5, audits the 5 left
     assert rules.calls_per_round([400, 400, 10], 0.04, 5, 12) == (16 + 16 + 5, 12 + 12 + 5)
     assert rules.calls_per_round([3], 0.5, 5, 20) == (3, 0)
+
+
+def test_the_report_shows_each_round_and_prototype_of_a_recorded_prototype_run(cli, tmp_path):
+    import duckdb
+
+    from populace.analysis.report.prototypes import prototype_section
+    from populace.analysis.report.text import interval, number
+
+    scenario = tmp_path / "p.yaml"
+    scenario.write_text("simulation: ratio-game\nagents: 200\nrounds: 2\nseed: 4\n"
+                        "prototypes: {share: 0.05, audits: 6}\nmodel: {backend: dummy, latency_s: 0}\n")
+    db = tmp_path / "p.duckdb"
+    r = cli("run", str(scenario), "--local", "--db", str(db), "--no-progress")
+    assert r.returncode == 0, r.stderr
+    with duckdb.connect(str(db), read_only=True) as con:
+        (run_id,) = con.execute("SELECT run_id FROM runs").fetchone()
+        stats = con.execute("SELECT round, divergence, ci_low, ci_high FROM prototype_rounds ORDER BY round"
+                            ).fetchall()
+        section = prototype_section(con, run_id)
+        assert prototype_section(con, "no-such-run") is None
+    assert section is not None and section.anchor == "prototypes"
+    note, table = section.blocks[0], section.blocks[1]
+    # 10 of 200 agents call each round, 190 copy, 6 audited
+    assert note.text.startswith("20 of 400 outcomes are the agents' own calls, 380 copied from their prototype's "
+                                "representatives; 12 shadow audits; model calls 8.0% of the outcomes")
+    assert [row[:8] for row in table.rows] == [[str(n), "all", "200", "0.0500", "10 (10 valid)", "190", "0", "6/6"]
+                                              for n in (1, 2)]
+    assert [(row[8], row[9]) for row in table.rows] == [(f"W1 {number(d, 3)}", interval(lo, hi))
+                                                        for _, d, lo, hi in stats]
