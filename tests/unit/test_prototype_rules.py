@@ -170,3 +170,33 @@ def test_the_report_shows_each_round_and_prototype_of_a_recorded_prototype_run(c
                                               for n in (1, 2)]
     assert [(row[8], row[9]) for row in table.rows] == [(f"W1 {number(d, 3)}", interval(lo, hi))
                                                         for _, d, lo, hi in stats]
+
+
+def test_an_environment_that_changes_who_is_alive_in_a_prototype_run_fails_the_round_naming_prototypes():
+    import asyncio
+    import sys
+    from pathlib import Path
+
+    from populace.core.contracts import RunConfig
+    from populace.sdk import Changes
+    from populace.sdk.engine import DecideFailed
+    from populace.sdk.env import Env
+    from populace.sdk.local import run_local
+    from populace.sdk.registry import resolve
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "e2e" / "sims"))
+    from lifecycle_sims import TribeSummary, WanderEnv, Wanderers
+
+    class LeavingEnv(WanderEnv):
+        select = Env.select  # every agent acts, as a prototype run needs
+
+        def decide(self, state, round, total):
+            return state, TribeSummary(living=self.population.count), Changes(left=[0])
+
+    class Leavers(Wanderers):
+        name = "leavers"
+        Env = LeavingEnv
+
+    resolved = resolve(RunConfig.model_validate({"agents": 40, "rounds": 2, "prototypes": {"share": 0.1}}), Leavers)
+    with pytest.raises(DecideFailed, match=r"^prototypes: simulation 'leavers' changed who is alive after round 1"):
+        asyncio.run(run_local(resolved))
