@@ -24,7 +24,7 @@ def prototype_section(con: duckdb.DuckDBPyConnection, run_id: str) -> Section | 
               number(r["unanswered"]), f"{number(r['audited_valid'])}/{number(r['audited'])}",
               f"{(r['metric'] or '').upper()} {number(r['divergence'], 3)}" if r["divergence"] is not None else "—",
               interval(r["ci_low"], r["ci_high"]),
-              f"raised to {number(r['next_share'], 4)}" if r["breach"] else ""] for r in rows[:MAX_ROWS]]
+              _guard(r)] for r in rows[:MAX_ROWS]]
     worst = summary["worst"]
     blocks = [
         Note(f"{number(summary['representatives'])} of {number(summary['outcomes'])} outcomes are the agents' own "
@@ -45,6 +45,12 @@ def prototype_section(con: duckdb.DuckDBPyConnection, run_id: str) -> Section | 
         blocks.append(Note(f"The first {MAX_ROWS} of {len(rows)} rows; all are in table prototype_rounds.",
                            tone="warn"))
     return Section("Prototypes", blocks, anchor="prototypes")
+
+
+def _guard(r: dict) -> str:
+    if not r["breach"]:
+        return ""
+    return f"raised to {number(r['next_share'], 4)}" if r["next_share"] > r["share"] else "over the tolerance"
 
 
 __all__ = ["prototype_section"]
