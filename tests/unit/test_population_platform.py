@@ -119,7 +119,8 @@ def test_a_range_s_checkpoint_chain_may_grow_by_newcomers():
 
 
 def test_the_departed_and_unmade_newcomers_are_stored_as_offsets_not_rows():
-    from populace.core.checkpoints import FRESH, compacted
+    from populace.core.checkpoint_rows import FRESH
+    from populace.core.checkpoints import compacted
 
     full = {"memory": [["a"], None, ["c"], None], GONE: [None, True, None, None], FRESH: [None, None, None, True]}
     rows, held, marks = compacted(dict(full), 4, None)

@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 from pydantic_core import from_json, to_json
 
-from populace.core.checkpoints import FRESH as FRESH_MARK
-from populace.core.checkpoints import GONE as GONE_MARK
+from populace.core.checkpoint_rows import FRESH as FRESH_MARK
+from populace.core.checkpoint_rows import GONE as GONE_MARK
 
 # The events of table `population`, in the order their codes are stored.
 EVENTS = ("born", "arrived", "died", "left")

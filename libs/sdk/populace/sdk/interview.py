@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic_core import from_json, to_json
 
-from populace.core.checkpoints import MARKS, resolve_chain
+from populace.core.checkpoint_rows import MARKS, resolve_chain
 from populace.core.contracts import Question, Survey, choice_key
 from populace.sdk.answers import answer_field
 from populace.sdk.llm import ASKING, ASKING_CALLS, CALLER, LLM, InferError, ModelUnavailable
