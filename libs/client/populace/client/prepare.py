@@ -280,6 +280,8 @@ def prepare(config: RunConfig, *, base: Path = Path("."), agents_given: bool | N
     manifest = build_manifest(resolved, records, scenario_path, scenario_text, cast)
     if config.models:
         manifest["models"] = assigned_models(resolved.config, cast)
+    if config.prototypes is not None:
+        manifest["prototypes"] = prototype_sizes(resolved.config, cast)
     if graph is not None:
         manifest["graph"] = {**graph.stats, "digest": graph.digest, "order": graph.order_digest}
     if extra:
@@ -295,6 +297,18 @@ def assigned_models(config: RunConfig, cast: Cast | None) -> dict[str, int]:
     try:
         return model_counts(config, assignment(config, cast))
     except AssignmentError as err:
+        raise ScenarioError(str(err)) from None
+
+
+def prototype_sizes(config: RunConfig, cast: Cast | None) -> dict[str, int]:
+    """Each prototype's agents (ScenarioError naming the field when `prototypes:` cannot group the
+    run's agents): checked here, before anything starts."""
+    from populace.population.prototypes import PrototypeError
+    from populace.sdk.prototypes import check_population
+
+    try:
+        return check_population(config, cast)
+    except PrototypeError as err:
         raise ScenarioError(str(err)) from None
 
 

@@ -343,14 +343,15 @@ async def agent_chunks(js: JetStreamContext, rid: str, round_: int, layout: Iter
 
 async def save_env(js: JetStreamContext, rid: str, round_: int, state: dict, observation: dict,
                    selection: dict | None = None, world: WorldRef | None = None,
-                   population: LivingRef | None = None) -> Stored:
+                   population: LivingRef | None = None, prototypes: dict[str, float] | None = None) -> Stored:
     # the objects it names may be an earlier round's (unchanged since): pruning keeps them with it
     needs = [ref.name for ref in (world, population) if ref is not None]
-    return await put(js, subjects.checkpoint_env(rid, round_),
-                     {"state": state, "observation": observation, "selection": selection,
-                      "world": world.model_dump() if world is not None else None,
-                      "population": population.model_dump() if population is not None else None},
-                     writer=ENV_WRITER, needs=needs)
+    value = {"state": state, "observation": observation, "selection": selection,
+             "world": world.model_dump() if world is not None else None,
+             "population": population.model_dump() if population is not None else None}
+    if prototypes:  # only a prototype run whose guard raised a share: older checkpoints read alike
+        value["prototypes"] = prototypes
+    return await put(js, subjects.checkpoint_env(rid, round_), value, writer=ENV_WRITER, needs=needs)
 
 
 class EnvCheckpoint(NamedTuple):
@@ -359,6 +360,7 @@ class EnvCheckpoint(NamedTuple):
     selection: dict | None  # who acts in the next round (None: everyone)
     world: WorldRef | None  # the world after the round (a simulation with one)
     population: LivingRef | None = None  # who is alive after the round (a run whose population changed)
+    prototypes: dict[str, float] | None = None  # a prototype run: the shares its guard raised
 
 
 async def load_env(js: JetStreamContext, rid: str, round_: int, digests: Mapping[str, str]) -> EnvCheckpoint:
@@ -368,10 +370,12 @@ async def load_env(js: JetStreamContext, rid: str, round_: int, digests: Mapping
     if not isinstance(value, dict) or not isinstance(value.get("state"), dict):
         raise CheckpointError(f"checkpoint {subjects.checkpoint_env(rid, round_)} is not an environment's state")
     selection, world, population = value.get("selection"), value.get("world"), value.get("population")
+    raised = value.get("prototypes")
     return EnvCheckpoint(value["state"], value.get("observation") or {},
                          selection if isinstance(selection, dict) else None,
                          WorldRef.model_validate(world) if isinstance(world, dict) else None,
-                         LivingRef.model_validate(population) if isinstance(population, dict) else None)
+                         LivingRef.model_validate(population) if isinstance(population, dict) else None,
+                         {str(k): float(v) for k, v in raised.items()} if isinstance(raised, dict) else None)
 
 
 async def save_population(js: JetStreamContext, rid: str, round_: int, data: bytes) -> str:

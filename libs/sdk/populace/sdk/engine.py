@@ -34,6 +34,7 @@ from populace.sdk.play import OutcomeRows, OutcomeSink, RoundFailed, RoundPaused
 from populace.sdk.population import ChangeError, Changes, Population, scheduled
 from populace.sdk.process import AgentRaised
 from populace.sdk.profile import VIEW_BUDGET_BYTES, Budget, RoundCost, decide_profile, sampled, size_of, wire_size
+from populace.sdk.prototypes import HostRound
 from populace.sdk.registry import Resolved
 from populace.sdk.shown import ShownBook
 from populace.sdk.statejson import StateTypeError, encode, from_wire, to_wire
@@ -201,6 +202,10 @@ class RoundDecider:
             else:
                 state, summary, *changed = env.decide(state, round_, total)
             after = self._population(before, round_, changed)
+            if after.changed and self.resolved.config.prototypes is not None:
+                raise DecideFailed(f"prototypes: simulation {self.name!r} changed who is alive after round {round_} "
+                                   "(its decide returned Changes); a prototype run's agents are fixed: its "
+                                   "representatives and draws cover the run's first agents")
             env.population = after
             if env.World is not None:
                 world = self._world(world, f"decide(…) after round {round_}")
@@ -300,10 +305,11 @@ class ShareEngine:
 
     async def play(self, round_: int, observation: dict | None, selection: dict | None, llm: LLM, *,
                    emit: Callable[[OutcomeRows], None], batch_size: int = 1000,
-                   world: World | None = None) -> RoundShare:
+                   world: World | None = None, prototypes: dict[str, float] | None = None) -> RoundShare:
         """Play round `round_` (its announcement's observation and selection, and the world it
         names; observation None: the run's first round, derived here from the environment's
-        start, as every share does)."""
+        start, as every share does). A prototype run: only the share's representatives play
+        (`prototypes`: the shares its guard raised), beside its audits (populace.sdk.prototypes)."""
         run = self.run
         t0 = time.perf_counter()
         cost = self.cost = RoundCost()
@@ -330,16 +336,38 @@ class ShareEngine:
         sink = OutcomeSink(type(run.sim), run.env, batch_size=batch_size, emit=emit, grouped=run.tables.grouped,
                            round_=round_, posts=record_posts, levels=run.player.level_names, edits=edits,
                            shown=shown.take if shown is not None else None)
-        selected = self.selected(round_, selection, obs, world, view)
+        drawn = None
+        if run.prototypes is not None:
+            if selection is not None:  # refused before the run (populace.sdk.prototypes.check): a bug if here
+                raise RoundPaused(f"round {round_}: a prototype run's environment selected who acts")
+            drawn = HostRound(run.prototypes, run.ids, round_, prototypes)
+            sink._emit = drawn.capture(emit)
+            selected = drawn.selected
+        else:
+            selected = self.selected(round_, selection, obs, world, view)
         run.acted(selected)  # before they play: a round cut short may have changed some of them
         run.env._shown_book = shown  # what its views `show` this round
         try:
-            await run.player.play(obs, llm, sink, selected, view=view, cost=cost)
+            audits = drawn.start_audits(run, obs, llm) if drawn is not None else None
+            try:
+                await run.player.play(obs, llm, sink, selected, view=view, cost=cost)
+            except BaseException:
+                if audits is not None:
+                    audits.cancel()
+                raise
             share = sink.close()
+            if drawn is not None:
+                rows = await drawn.finish_audits(audits, sink, sink.seq)
+                if rows is not None:
+                    emit(rows)
+                played = share.n
+                share.prototypes = drawn.evidence(run.tables.measure or "")
+                share.n = len(run.agents)  # every agent of the share has a row: its own answer or a drawn one
+                cost.turns = played
         finally:
             self.cost = None
             run.env._shown_book = None
-        cost.agents = share.n
+        cost.agents = len(selected) if drawn is not None else share.n
         cost.model_wait_s = getattr(llm, "model_wait_s", 0.0)  # the ports that count it (the fleet's, the dummy's)
         cost.wall_s = time.perf_counter() - t0
         share.cost = cost

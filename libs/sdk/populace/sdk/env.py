@@ -159,6 +159,27 @@ class Env(Generic[StateT, PartialT]):
         """Fold a batch of outcomes (on the host that played them) into a partial."""
         raise NotImplementedError
 
+    def reduce_drawn(self, agent_ids: Sequence[int], outcomes: Sequence[Outcome], counts: Sequence[int]) -> PartialT:
+        """A prototype run (docs/prototypes.md): fold the answers agents drew instead of calling the
+        model. `outcomes[i]` stands for `counts[i]` agents, the smallest of whose ids is
+        `agent_ids[i]`; it runs in the environment, once per round. The default reduces each
+        outcome `counts[i]` times, every copy under that smallest id, in batches: exact for a
+        `reduce` that reads an agent's id only to break ties towards the smallest (or not at all),
+        and one Python call per drawn agent. Override it to fold a count per answer (the ratio
+        game does): exact, and as fast for ten million agents as for a thousand."""
+        parts = []
+        batch_ids: list[int] = []
+        batch: list[Outcome] = []
+        for aid, out, n in zip(agent_ids, outcomes, counts):
+            batch_ids.extend([aid] * n)
+            batch.extend([out] * n)
+            if len(batch) >= 100_000:
+                parts.append(self.reduce(batch_ids, batch))
+                batch_ids, batch = [], []
+        if batch:
+            parts.append(self.reduce(batch_ids, batch))
+        return self.merge(parts)
+
     def merge(self, partials: Sequence[PartialT]) -> PartialT:  # pragma: no cover
         """Fold partials (of batches, hosts or groups) into one: associative and commutative.
         `partials` may be empty (a round in which no agent answered): return the empty partial.

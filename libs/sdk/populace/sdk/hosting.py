@@ -29,6 +29,7 @@ from populace.sdk.statejson import decode_state, encode_column, from_wire
 
 if TYPE_CHECKING:
     from populace.sdk.engine import ShareEngine
+    from populace.sdk.prototypes import Plan
 
 
 EDGES = "__edges__"  # an agent's edge edits in its checkpoint (no state field starts with "__")
@@ -91,6 +92,8 @@ class HostedRun:
     # None: the run has one model. Computed for every agent (pure, seeded), so a call keyed to any
     # agent of the run finds its model.
     models: np.ndarray | None = None
+    # a prototype run: who stands for whom (populace.sdk.prototypes.Plan); None: every agent plays
+    prototypes: Plan | None = None
     # Populations that change (populace.sdk.population): the agent id at each position of `agents`
     # (its ranges in order); which of them are alive (None: all), a departed agent's place in
     # `agents` being None; and who is alive as of the last population this share applied.
@@ -413,6 +416,10 @@ def host_run(resolved: Resolved, run_id: str, ranges: list[tuple[int, int]], cas
                     RoundPlayer(sim, agents, max_in_flight=max_in_flight, scene_idle_s=scene_idle_s, slice_s=slice_s),
                     ranges=[tuple(r) for r in ranges], epoch=epoch,  # type: ignore[misc]
                     mailroom=room, models=assignment(c, cast), cast=cast, one_per_process=one_per_process)
+    if c.prototypes is not None:
+        from populace.sdk.prototypes import Plan
+
+        run.prototypes = Plan(c, cast)
     run.engine.budget.limit = view_budget_bytes
     if freeze:
         # Agents live for the whole run: move them out of the cyclic GC's generations so

@@ -95,6 +95,8 @@ class OutcomeRows:
     edits: dict[str, list] | None = None  # graphs that change: the batch's edge edits, in order
     acts: dict[str, list] | None = None  # scenes: the acts of the groups whose members are here
     lines: dict[str, list] | None = None  # scenes: what those groups' members said
+    audit: bool = False  # a prototype run's audits (table `audits`), never outcomes
+    prototypes: list[str] | None = None  # audits: each agent's prototype
     shown: dict[str, list] | None = None  # who saw what: the batch's agents' records (populace.sdk.shown)
 
 
@@ -108,6 +110,7 @@ class RoundShare:
     batches: int = 0
     n_simulation_errors: int = 0  # invalid rows the simulation's own code caused ('agent: …')
     cost: RoundCost | None = None  # where the share's round went (populace.sdk.profile)
+    prototypes: dict | None = None  # a prototype run: the share's evidence (populace.sdk.prototypes)
 
 
 # (agent ids, outcomes, errors, valid) of a batch -> its post columns (populace.sdk.mailroom):
@@ -275,6 +278,10 @@ class OutcomeSink:
         self._acts: list[ActRecord] = []
         self._lines: list[LineRecord] = []
         self._scene_bytes = 0
+
+    def validated(self, outs: list[Outcome], errs: list[str | None]) -> tuple[dict[str, list], list[bool], list[str]]:
+        """Outcomes' columns as a batch of them is checked (a prototype run's audits: not reduced, not emitted)."""
+        return self._columns(outs, errs)
 
     def add(self, agent_id: int, outcome: Outcome, latency_ms: float, error: str | None = None) -> None:
         """An agent's outcome (a simulation without groups: a batch may leave after any agent)."""

@@ -81,6 +81,8 @@ class Resolved:
         (those of its answer schema's `enum` too), and who may be in which group (its group
         layout, which the recorder checks each group id against)."""
         tables = self.simulation.tables_for(self.params, self.instance().answer_schema())
+        if self.config.prototypes is not None:
+            tables = tables.model_copy(update={"prototypes": True})
         if self.simulation.GroupEnv is None:
             return tables
         layout = self.simulation(self.params, agents=self.config.agents, seed=self.config.seed).group_layout()
@@ -106,6 +108,7 @@ def resolve(config: RunConfig, simulation: type[Simulation] | None = None) -> Re
         sim.check_run(params, config)
         _check_broadcasts(sim, config)
         _check_selection(sim, params, config)
+        _check_prototypes(sim, config)
         _check_changes(sim, params, config)
     except ValueError as err:
         raise _error(str(err), config.params) from None
@@ -180,6 +183,12 @@ def _check_changes(sim: type[Simulation], params: Params, config: RunConfig) -> 
         if config.has_personas and not pop.newcomers:
             raise ValueError(f"{what}: the agents have personas, and the newcomers would have none: declare "
                              "population.newcomers (how many newcomers' personas to keep)")
+
+
+def _check_prototypes(sim: type[Simulation], config: RunConfig) -> None:
+    from populace.sdk.prototypes import check
+
+    check(sim, config)
 
 
 def _check_selection(sim: type[Simulation], params: Params, config: RunConfig, world: bool = False) -> None:

@@ -254,7 +254,7 @@ class HostRuntime:
                           opened.ranges.get(self.key(run.epoch), run.ranges))
             share = await run.engine.play(opened.round, opened.observation, opened.selection, session,
                                           emit=publisher.emit, batch_size=s.outcome_batch_size,
-                                          world=await self.world_of(run, opened))
+                                          world=await self.world_of(run, opened), prototypes=opened.prototypes)
             mails = (0, 0, 0)
             if room is not None:
                 room.played.add(opened.round)

@@ -344,7 +344,8 @@ class Environment:
                 await checkpoints.save_population(self.svc.js, result.run_id, result.round, living[1])
             stored = await checkpoints.save_env(self.svc.js, result.run_id, result.round, result.state,
                                                 result.observation, result.selection, result.world,
-                                                result.population)
+                                                result.population,
+                                                result.prototypes.shares if result.prototypes else None)
             # What each folded share says it checkpointed, and this one's own: the orchestrator
             # records them, and a restore reads only objects that still match.
             parts = tally.partials.get(result.round, {}) if tally is not None else {}

@@ -292,7 +292,7 @@ class Orchestrator:
             parent, k, digests, env = source
             state = workflow.fork_run(rid, start.config, placement, parent, k, env.state, env.observation,
                                       incarnations, digests, selection=env.selection, world=env.world,
-                                      population=env.population)
+                                      population=env.population, prototypes=env.prototypes)
         try:
             await kv.create(rid, bus.encode(state))
         except Exception:  # created meanwhile by the same start, handled twice at once

@@ -160,7 +160,7 @@ def round_open(state: RunState, action: OpenRound, opened_at: float) -> RoundOpe
     environment fetch it once), never the config itself."""
     return RoundOpen(run_id=state.run_id, round=action.round, expected=action.expected, config_ref=state.config_ref,
                      observation=state.observation, env_state=state.env_state, selection=state.selection,
-                     world=state.world, opened_at=opened_at, epoch=state.epoch,
+                     world=state.world, prototypes=state.prototypes, opened_at=opened_at, epoch=state.epoch,
                      shares={sh.key: sh.count for sh in state.shares}, nudge=state.nudged,
                      # where posts go (a run with a graph), where newcomers are (a population that changed)
                      ranges={sh.key: sh.ranges for sh in state.shares}
@@ -177,7 +177,8 @@ def new_run(run_id: str, config: RunConfig, placement: Placement,
 def fork_run(run_id: str, config: RunConfig, placement: Placement, parent: RunState, after_round: int,
              env_state: dict, observation: dict, incarnations: dict[str, float] | None = None,
              digests: dict[str, str] | None = None, selection: dict | None = None,
-             world: WorldRef | None = None, population: LivingRef | None = None) -> RunState:
+             world: WorldRef | None = None, population: LivingRef | None = None,
+             prototypes: dict[str, float] | None = None) -> RunState:
     """A new run that starts where `parent` was after `after_round` (its agents' and
     environment's state, and who was alive), with its own config (the intervention); `digests`:
     the parent's checkpoint objects of that round, as recorded when it closed (`fork_digests`);
@@ -191,7 +192,7 @@ def fork_run(run_id: str, config: RunConfig, placement: Placement, parent: RunSt
                                     writers=writers_for(parent, after_round), population=population),
                     layouts=[layout(after_round + 1, shares)],
                     env_state=env_state, observation=observation, selection=selection, world=world,
-                    population=population)
+                    population=population, prototypes=prototypes)
 
 
 def fork_digests(parent: RunState, round_: int, result: RoundResult | None) -> dict[str, str]:
@@ -257,6 +258,7 @@ def on_result(state: RunState, result: RoundResult) -> tuple[RunState, list[Acti
                                       {sh.key: sh.ranges for sh in state.shares})
     carried = {"env_state": result.state, "observation": result.observation, "selection": result.selection,
                "world": result.world, "phase_at": time.time(), "nudged": 0,
+               "prototypes": (result.prototypes.shares or None) if result.prototypes else state.prototypes,
                "used": state.used + result.usage, "last_round": result.usage, "checkpoints": digests,
                "interviews": state.interviews + result.interviews, "population": result.population}
     living = result.population
@@ -271,6 +273,12 @@ def on_result(state: RunState, result: RoundResult) -> tuple[RunState, list[Acti
     asked = planned_interviews(state.config, state.round + 1, carried["interviews"], result.usage)
     over = over_budget(state.config.budget, carried["used"] + carried["interviews"], result.usage + asked,
                        interviews=asked)
+    guard = result.prototypes.pause if result.prototypes is not None else None
+    if guard is not None:  # the prototypes' guard was told to pause rather than raise a share
+        reason = (f"{guard}; the next round plays at the same shares: `populace resume {state.run_id}` continues, "
+                  "or fork it with a larger prototypes.share")
+        return (_now(state, status="paused", reason=reason, stop_announced=False, **carried),
+                [FinishRun("paused", state.round, reason)])
     if over is not None:
         reason = f"{over}; `populace resume {state.run_id} --budget-… N` raises it and continues"
         return (_now(state, status="paused", reason=reason, stop_announced=False, **carried),

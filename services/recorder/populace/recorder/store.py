@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from populace.analysis.interview_tables import SCHEMA as INTERVIEWS_SCHEMA
 from populace.core.contracts import (
+    PROTOTYPE_COLUMNS,
     InterviewBatch,
     InterviewOrder,
     InterviewPlaced,
@@ -48,6 +49,8 @@ from populace.population.errors import PopulationError
 from populace.population.jsonl import iter_personas
 from populace.population.living import EVENTS, Delta, Population
 from populace.population.model_assignment import AssignmentError, assignment
+from populace.population.prototypes import Membership, PrototypeError, membership
+from populace.recorder import prototypes as prototype_rows
 from populace.recorder.columns import RefusedGroup
 from populace.recorder.expected import RunShape, calls_refusal, outcome_refusal
 from populace.recorder.interviews import InterviewStore, Owed
@@ -241,7 +244,8 @@ def outcome_columns(t: SimulationTables) -> list[tuple[str, str]]:
             *((("group_id", "BIGINT"),) if t.grouped else ()),
             *((f"{level}_id", "BIGINT") for level in t.levels),
             *((c.name, c.type) for c in t.outcome_columns),
-            ("valid", "BOOLEAN"), ("raw", "VARCHAR"), ("latency_ms", "DOUBLE"), ("error", "VARCHAR")]
+            ("valid", "BOOLEAN"), ("raw", "VARCHAR"), ("latency_ms", "DOUBLE"), ("error", "VARCHAR"),
+            *(PROTOTYPE_COLUMNS if t.prototypes else ())]
 
 
 def act_columns(t: SimulationTables) -> list[tuple[str, str]]:
@@ -298,6 +302,9 @@ class ShareRecord:
         return self.replaced_from is None or round_ < self.replaced_from
 
 
+_NONE = SimulationTables(simulation="", outcomes="none", outcome_columns=[], rounds="none", summary_columns=[])
+
+
 def _population_table(d: Delta) -> pa.Table:
     """A round's changes as table population's rows (departures, then newcomers), built from
     their arrays (a 1% turnover of 10M agents is 200,000 rows a round)."""
@@ -338,6 +345,7 @@ class Store:
         # (run, round) -> per agent, whether its outcome is recorded: what makes a duplicate
         self._recorded: dict[tuple[str, int], np.ndarray] = {}
         self.interviews = InterviewStore(lambda: self.con)
+        self._members: dict[str, Membership] = {}  # by run id: a prototype run's prototypes (its draws)
 
     @property
     def con(self) -> duckdb.DuckDBPyConnection:
@@ -348,6 +356,7 @@ class Store:
                     con = duckdb.connect(self.path)
                     con.execute(SCHEMA)
                     con.execute(INTERVIEWS_SCHEMA)
+                    con.execute(prototype_rows.SCHEMA)
                     self._ready.clear()
                     self._as_json.clear()
                     self._con = con
@@ -466,7 +475,7 @@ class Store:
         """The tables with rows per round that a resume or a re-placement plays again."""
         return [spec.outcomes, "llm_calls", "posts", *(("edges",) if spec.edge_kinds else ()),
                 *(("shown",) if spec.shown_items else ()),
-                *(("transcripts", spec.acts) if spec.acts else ())]
+                *(("transcripts", spec.acts) if spec.acts else ()), *(("audits",) if spec.prototypes else ())]
 
     # -- ingestion ------------------------------------------------------------------------
     def requester_ranges(self, run_id: str, requester: str) -> list[tuple[int, int]] | None:
@@ -575,12 +584,14 @@ class Store:
         if not fresh:
             return out
         outcomes: dict[str, list[Event]] = defaultdict(list)  # by run
+        audits: dict[str, list[Event]] = defaultdict(list)  # by run: a prototype run's audits
+        decided: set[str] = set()  # prototype runs with a round decided here: their draws may be due
         con.execute("BEGIN TRANSACTION")
         try:
             for e in fresh:
                 m = e.model
                 if isinstance(m, OutcomeBatch):
-                    outcomes[m.run_id].append(e)
+                    (audits if m.audit else outcomes)[m.run_id].append(e)
                 elif isinstance(m, InterviewPlaced):
                     self.interviews.placed(m)
                 elif isinstance(m, InterviewOrder):
@@ -649,6 +660,10 @@ class Store:
                         self._insert_round(m)  # decided from live shares only (again, after a re-placement)
                         if m.profile is not None:
                             self._insert_profile(m)
+                        if m.prototypes is not None:
+                            prototype_rows.insert_round(con, self._spec(m.run_id), m.run_id, m.round, m.prototypes)
+                            self._recorded.pop((m.run_id, m.round), None)
+                            decided.add(m.run_id)
                         if m.population is not None and m.population.round == m.round:
                             self._insert_population(m, e.blob)
                 elif isinstance(m, RoundOpen):
@@ -673,6 +688,10 @@ class Store:
                 if kept:
                     out.outcomes += self._insert_outcomes(run_id, kept)
                     stored += kept
+            for run_id, batches in audits.items():
+                self._insert_audits(run_id, batches, out)
+            for run_id in decided | {r for r in outcomes if (self.tables_of(r) or _NONE).prototypes}:
+                out.outcomes += self._draw(run_id)
             self._add_record_time(stored, time.perf_counter() - t0)
             con.execute("INSERT INTO _ingested SELECT unnest(?)", [[e.msg_id for e in fresh]])
             con.execute("COMMIT")
@@ -719,7 +738,8 @@ class Store:
         self._forget_recorded(m.run_id)
         spec = self._spec(m.run_id)
         con = self.con
-        for table in (*self.per_round_tables(spec), spec.rounds, "_refused_groups", "round_profile", "population"):
+        for table in (*self.per_round_tables(spec), spec.rounds, "_refused_groups", "round_profile", "population",
+                      *(("prototype_rounds", "_drawn") if spec.prototypes else ())):
             con.execute(f"DELETE FROM {_q(table)} WHERE run_id = ? AND round > ?", [m.run_id, m.after_round])
         self._departed.pop(m.run_id, None)
         con.execute("UPDATE runs SET status = 'running', finished_at = NULL, reason = NULL, hosts = ? "
@@ -812,6 +832,10 @@ class Store:
             cols["raw"].extend(m.raws)
             cols["latency_ms"].extend(m.latency_ms)
             cols["error"].extend(m.errors)
+            if spec.prototypes:  # a representative's own answer (the others' rows are drawn: _draw)
+                cols["source"].extend(["llm"] * n)
+                cols["prototype"].extend(m.prototypes or [None] * n)
+                cols["drawn_from"].extend([None] * n)
         rows, select = arrow_rows(cols, types)
         self.con.register("outcome_rows", rows)
         try:
@@ -824,6 +848,63 @@ class Store:
         self._insert_edges([m for m in batches if m.edits is not None])
         self._insert_shown([m for m in batches if m.shown is not None])
         return len(cols["agent_id"])
+
+    def _insert_audits(self, run_id: str, events: list[Event], out: IngestResult) -> None:
+        """A prototype run's audits: each from a share the run placed, about its own agents, once
+        per agent and round (a duplicate or a stranger's batch is refused whole)."""
+        spec, shape, shares = self._spec(run_id), self.shape_of(run_id), self.shares_of(run_id)
+        kept = []
+        for e in events:
+            b: OutcomeBatch = e.model
+            share = shares.get(share_key(b.host_id, b.epoch))
+            if shares and share is not None and not share.counts_in(b.round):
+                continue  # a replaced share's straggler
+            why = None if spec.prototypes else f"run {run_id} has no prototypes, so no audits"
+            if why is None and shape is not None:
+                seen = np.zeros(shape.agents, dtype=bool)
+                done = np.fromiter(prototype_rows.audited(self.con, run_id, b.round), dtype=np.int64)
+                seen[done[(done >= 0) & (done < shape.agents)]] = True
+                why = outcome_refusal(b, share.ranges if share else None, share.from_round if share else 1, shape,
+                                      seen)
+            if why is None and (b.prototypes is None or len(b.prototypes) != len(b.agent_ids)):
+                why = "an audit batch names each agent's prototype"
+            if why is not None:
+                out.refused.append((e.msg_id, why))
+                continue
+            kept.append(b)
+        if kept:
+            prototype_rows.insert_audits(self.con, spec, kept)
+
+    def _draw(self, run_id: str) -> int:
+        """The drawn rows of the run's rounds whose representatives are all recorded (populace.recorder.prototypes)."""
+        spec = self._spec(run_id)
+        config = self._config(run_id)
+        if config is None or config.prototypes is None:
+            return 0
+        added = 0
+        for round_, reps in prototype_rows.pending(self.con, run_id):
+            rows = prototype_rows.draw(self.con, spec, config, run_id, round_, reps,
+                                       lambda: self._membership(run_id, config))
+            if rows is None:
+                continue
+            self._recorded.pop((run_id, round_), None)
+            added += rows
+        return added
+
+    def _config(self, run_id: str) -> RunConfig | None:
+        row = self.con.execute("SELECT config_json FROM runs WHERE run_id = ?", [run_id]).fetchone()
+        return RunConfig.model_validate_json(row[0]) if row and row[0] else None
+
+    def _membership(self, run_id: str, config: RunConfig) -> Membership:
+        if run_id not in self._members:
+            p = config.prototypes
+            assert p is not None
+            try:
+                profiles = prototype_rows.profiles_of(self.con, run_id) if p.by else None
+                self._members[run_id] = membership(config.agents, p.by, profiles)
+            except PrototypeError as err:
+                raise StoreError(run_id, f"its prototypes cannot be drawn here: {err}") from None
+        return self._members[run_id]
 
     def _insert_shown(self, batches: list[OutcomeBatch]) -> None:
         """What each of the batches' agents was shown (one row per agent that has a record)."""

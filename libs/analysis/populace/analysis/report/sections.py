@@ -56,6 +56,7 @@ from populace.analysis.report.blocks import (
 )
 from populace.analysis.report.cost import COST_HEADERS, cost_cells, has_cost, models_table, round_cost
 from populace.analysis.report.interviews import interview_sections
+from populace.analysis.report.prototypes import prototype_section
 from populace.analysis.report.shapes import shape_sections
 from populace.analysis.report.text import (
     capped_rounds,
@@ -499,6 +500,9 @@ def run_sections(con: duckdb.DuckDBPyConnection, run_id: str, info: dict, rounds
     changed = population_rounds(con, run_id, int(info.get("agents") or 0), len(rounds))
     if changed:
         sections.append(population_section(changed))
+    proto = prototype_section(con, run_id)
+    if proto is not None:
+        sections.append(proto)
     if spread is not None:
         sections.append(grouped_section(info, rounds, spread))
     if fork is not None:

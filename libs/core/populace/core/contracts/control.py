@@ -289,6 +289,7 @@ class RunState(Strict):
     observation: dict | None = None  # what the agents see in the next round
     selection: dict | None = None  # who acts in the next round (None: everyone)
     world: WorldRef | None = None  # the world the next round plays in (a simulation with a World)
+    prototypes: dict[str, float] | None = None  # a prototype run: the shares its guard raised so far
     population: LivingRef | None = None  # who is alive in the next round (None: the first agents, as ever)
     reason: str | None = None
     phase_at: float = Field(default_factory=time.time)  # when spawning began or the round in play opened
@@ -366,4 +367,5 @@ class RunHead(BaseModel):
     epoch: int = 0
     env_state: dict | None = None
     observation: dict | None = None
+    prototypes: dict[str, float] | None = None
     population: LivingRef | None = None

@@ -11,6 +11,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from populace.core.contracts.models import ModelAssign, ModelEndpoint, check_models
+from populace.core.contracts.prototypes import PrototypesConfig
 from populace.core.contracts.questions import PlannedInterview
 from populace.core.contracts.wire_base import SHA256, Count, FiniteFloat, Strict, _finite_json
 
@@ -280,6 +281,8 @@ class RunConfig(BaseModel):
     interviews: list[PlannedInterview] = []  # surveys asked after rounds (populace.sdk.interview)
     models: list[ModelEndpoint] = []  # the run's models (none: `model.backend` answers for everyone)
     assign: ModelAssign | None = None  # which agents each model answers for (none: by `share`)
+    # some agents call the model, the rest copy their prototype's answers, audited (issue 39)
+    prototypes: PrototypesConfig | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -363,6 +366,26 @@ class RunConfig(BaseModel):
             bad = [a for a in plan.agents or () if a >= self.agents]
             if bad:
                 raise ValueError(f"{where}.agents: agent {bad[0]} does not exist (ids are 0..{self.agents - 1})")
+        return self
+
+    @model_validator(mode="after")
+    def _prototypes_fit(self) -> RunConfig:
+        p = self.prototypes
+        if p is None:
+            return self
+        if self.graph is not None:
+            raise ValueError("prototypes: a run with a graph cannot draw answers (each agent's post and inbox "
+                             "are its own); drop `graph:` or `prototypes:`")
+        if self.placement.agents_per_process == 1:
+            raise ValueError("prototypes: not with one agent per process (placement.agents_per_process: 1)")
+        if len(self.models) > 1:
+            raise ValueError("prototypes: a run with several models would copy one model's answers for agents "
+                             "of another; give one model, or drop `prototypes:`")
+        if p.by and self.population is None:
+            raise ValueError(f"prototypes.by: {p.by} names persona attributes, but the run has no `population`")
+        if p.min_representatives > self.agents:
+            raise ValueError(f"prototypes.min_representatives: {p.min_representatives} is more than the run's "
+                             f"{self.agents} agents")
         return self
 
     @property
