@@ -2,7 +2,9 @@
 checkpoint holds only the agents that acted (a delta on the previous one), and everything that
 starts from a checkpoint still sees exactly the state it saw with full checkpoints: an agent-host
 killed mid-run has its agents placed on the survivor (restored through the chain), and a fork
-from a middle round plays the rest of the run exactly as the uninterrupted run did."""
+from a middle round plays the rest of the run exactly as the uninterrupted run did. The
+population turns over too (1% leave and 20 arrive after every round, issue 37): the killed host's
+newcomers and departed come back with its checkpoint and who was alive after the round."""
 
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ pytestmark = pytest.mark.e2e
 
 AGENTS, ROUNDS, FORK_AFTER = 2000, 6, 3
 VOTE = {"simulation": "vote", "agents": AGENTS, "rounds": ROUNDS, "seed": 11, "model": {"latency_s": 1.0, "seed": 2},
-        "ballot": {"turnout": 0.01}}
+        "ballot": {"turnout": 0.01},
+        "population": {"changes": [{"after": "every", "left": 0.01, "arrived": 20, "reason": "moved"}]}}
 DROP = ("run_id", "latency_ms", "closed_at")
 
 
@@ -91,9 +94,19 @@ def test_a_one_percent_run_killed_mid_run_and_forked_from_a_middle_round_equals_
         shares = con.execute("SELECT count(*) FROM _shares WHERE run_id = ?", [out.run_id]).fetchone()[0]
     assert shares >= 3, "the lost host's agents should have been placed again, in a new share"
     assert outcomes(stack.db, table, out.run_id) == local_rows(local.outcomes)
+    assert population(stack.db, out.run_id) == local_rows(local.population)
 
-    # the middle round's checkpoint holds the agents that acted, on the chain before it
-    assert middle and all("builds_on" in v and len(v["changed"]) < v["count"] / 10 for v in middle), \
-        [(v.get("count"), len(v.get("changed", ()))) for v in middle]
+    # the middle round's checkpoint holds the agents that acted (and came and went), on the chain
+    # before it; a range of newcomers has a chain of its own
+    first = [v for v in middle if v["first"] < AGENTS]
+    assert first and all("builds_on" in v and len(v["changed"]) < v["count"] / 10 for v in first), \
+        [(v.get("count"), len(v.get("changed", ()))) for v in first]
     assert forked.status == "completed", forked.reason
     assert outcomes(stack.db, table, forked.run_id) == local_rows(local.outcomes, after=FORK_AFTER)
+    assert population(stack.db, forked.run_id) == local_rows(local.population, after=FORK_AFTER)
+
+
+def population(db: str, run_id: str) -> list[tuple]:
+    with duckdb.connect(db, read_only=True) as con:
+        return con.execute("SELECT round, agent_id, event, reason FROM population WHERE run_id = ? "
+                           "ORDER BY round, agent_id", [run_id]).fetchall()

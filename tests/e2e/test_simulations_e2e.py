@@ -67,7 +67,8 @@ def json_values(rows: list[dict]) -> list[dict]:
     """DuckDB returns JSON columns as text; the local runner keeps Python values."""
     import json
 
-    return [{k: json.loads(v) if isinstance(v, str) and v[:1] in "{[" else v for k, v in r.items()} for r in rows]
+    return [{k: json.loads(v) if isinstance(v, str) and v[:1] in ("{", "[") else v for k, v in r.items()}
+            for r in rows]
 
 
 CASES = {
@@ -247,3 +248,40 @@ def test_state_no_checkpoint_can_keep_pauses_the_run_naming_the_field_and_agent(
     assert out.status == "paused", (out.status, out.reason)
     assert "round 1: its agents' state cannot be checkpointed: RollingWalker.rng: agent " in out.reason
     assert "'s value: a random.Random" in out.reason
+
+
+SUGARSCAPE = {"simulation": "sugarscape", "agents": 300, "rounds": 5, "seed": 4, "model": {"latency_s": 0.0, "seed": 9},
+              "grid": {"width": 30, "height": 30}, "traits": {"endowment": [1, 8]},
+              "rule": {"decider": "llm", "replacement": True}}
+
+
+def test_sugarscape_on_the_fleet_keeps_its_rules_and_gives_exactly_what_one_process_gives(stack):
+    """Issue 37's Done-when: the built-in Sugarscape (the model choosing among the cells in sight,
+    the starved replaced) records on 2 hosts the rows one process gives — outcomes, rounds and table
+    `population` — and in the fleet's DuckDB no two living agents share a cell in any round, no
+    departed agent appears in a later round, and every death is there, after the round whose row
+    shows the agent starving."""
+    prepared, out = fleet(stack, SUGARSCAPE)
+    assert out.status == "completed", out.reason
+    local = asyncio.run(run_local(prepared.resolved))
+    drop = ("run_id", "latency_ms")
+    outcomes = recorded(stack.db, "sugarscape_outcomes", out.run_id, drop)
+    assert json_values(outcomes) == json_values(local_rows(local.outcomes, drop))
+    summary = recorded(stack.db, "sugarscape_rounds", out.run_id, ("run_id", "closed_at"), order="round")
+    assert summary == local_rows(local.rounds, ("run_id", "closed_at"))
+    people = recorded(stack.db, "population", out.run_id, ("run_id",), order="round, agent_id")
+    assert people == sorted(local_rows(local.population, ("run_id",)), key=lambda r: (r["round"], r["agent_id"]))
+    with duckdb.connect(stack.db, read_only=True) as con:
+        def one(sql: str) -> int:
+            return con.execute(sql, [out.run_id]).fetchone()[0]
+
+        assert one("SELECT count(*) FROM (SELECT round, cell FROM sugarscape_outcomes WHERE run_id = ? "
+                   "GROUP BY 1, 2 HAVING count(*) > 1)") == 0
+        assert one("SELECT count(*) FROM sugarscape_outcomes o JOIN population p USING (run_id, agent_id) "
+                   "WHERE o.run_id = ? AND p.event IN ('died', 'left') AND o.round > p.round") == 0
+        died = one("SELECT count(*) FROM population WHERE run_id = ? AND event = 'died'")
+        assert died == sum(r["died"] for r in summary) > 0
+        assert one("SELECT count(*) FROM population p JOIN sugarscape_outcomes o USING (run_id, agent_id, round) "
+                   "WHERE p.run_id = ? AND p.event = 'died' AND o.sugar <= 0") == died
+        assert one("SELECT count(*) FROM population WHERE run_id = ? AND event = 'born'") == died  # replaced
+        assert one("SELECT count(DISTINCT round) FROM sugarscape_outcomes WHERE run_id = ? AND NOT valid") > 0

@@ -266,7 +266,7 @@ async def test_checkpoints_are_replaced_by_their_writers_only(server):
         assert await messages(ajs, f"OBJ_{subjects.CHECKPOINTS_BUCKET}") == 8
         assert await checkpoints.load_agents(host, "r1", 3, [(0, 2)], [(0, 2)], digests, {agents.name: "h0"}) == {
             0: {"memory": [2]}, 1: {"memory": [2]}}
-        assert await checkpoints.load_env(orch, "r1", 3, digests) == ({"history": [2]}, {"round": 2}, None, None)
+        assert await checkpoints.load_env(orch, "r1", 3, digests) == ({"history": [2]}, {"round": 2}, None, None, None, None)
         assert server_violations(server) == []
 
         # The orchestrator reads checkpoints but writes only under its own token (a run's config,
@@ -293,7 +293,7 @@ async def test_checkpoints_are_replaced_by_their_writers_only(server):
         with pytest.raises(nats.errors.TimeoutError):
             await cli.jetstream(timeout=1.0).object_store(subjects.CHECKPOINTS_BUCKET)
         assert await messages(ajs, f"OBJ_{subjects.CHECKPOINTS_BUCKET}") == 8
-        assert await checkpoints.load_env(orch, "r1", 3, digests) == ({"history": [2]}, {"round": 2}, None, None)
+        assert await checkpoints.load_env(orch, "r1", 3, digests) == ({"history": [2]}, {"round": 2}, None, None, None, None)
         refused = {re.sub(r'\$O\.checkpoints\.([CM])\.[\w.=-]+', r'$O.checkpoints.\1.<object>', line.split("Subject ")[-1])
                    for line in server_violations(server)}
         assert refused == {'"$O.checkpoints.C.<object>"', '"$O.checkpoints.M.<object>"',
@@ -322,7 +322,7 @@ async def test_recorder_purges_run_events_and_prunes_checkpoints(server):
         digests[again.name] = again.digest
         await checkpoints.save_env(env, "r2", 1, {}, {})
         assert await checkpoints.prune(rec, "r1", "last") == 2
-        assert await checkpoints.load_env(host, "r1", 2, digests) == ({"history": [2]}, {"round": 2}, None, None)
+        assert await checkpoints.load_env(host, "r1", 2, digests) == ({"history": [2]}, {"round": 2}, None, None, None, None)
         with pytest.raises(checkpoints.CheckpointError):
             await checkpoints.load_env(host, "r1", 1, digests)
         # What is left: round 2's 2 objects (chunk and metadata each), r2's, and the chunk of round 1's

@@ -30,7 +30,8 @@ async def test_a_checkpoint_is_read_only_if_it_still_has_the_digest_its_writer_r
     digests, writers = {stored.name: stored.digest, env.name: env.digest}, {stored.name: "h0"}
     assert await checkpoints.load_agents(js, "run-a", 1, [(0, 2)], [(0, 2)], digests, writers) == {
         0: {"memory": [1]}, 1: {"memory": [2]}}
-    assert await checkpoints.load_env(js, "run-a", 1, digests) == ({"winners": [3.0]}, {"history": [3.0]}, None, None)
+    assert await checkpoints.load_env(js, "run-a", 1, digests) == ({"winners": [3.0]}, {"history": [3.0]}, None, None,
+                                                                   None, None)
 
     # the writer itself writes both names again (a round played again, or a placed host spoiling
     # its own): the version with the recorded digest is read while it is there …

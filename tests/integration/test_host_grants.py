@@ -179,7 +179,7 @@ async def test_a_host_cannot_purge_or_wipe_the_checkpoints_nor_the_registries(ho
         writers = {subjects.checkpoint_agents("r1", 1, 0): "host-b", subjects.checkpoint_agents("r1", 1, 2): "host-a"}
         assert await checkpoints.load_agents(js, "r1", 1, [(0, 2), (2, 1)], [(0, 3)], digests, writers) == {
             0: {"memory": [1]}, 1: {"memory": [2]}, 2: {"memory": [3]}}
-        assert await checkpoints.load_env(js, "r1", 1, digests) == ({"n": 1}, {}, None, None)
+        assert await checkpoints.load_env(js, "r1", 1, digests) == ({"n": 1}, {}, None, None, None, None)
     finally:
         for c in (nc, other, env, admin):
             await c.close()

@@ -49,6 +49,14 @@ CASES = {
     "schelling": ("schelling.yaml", {"rounds": 4}, {}),
     "schelling-claims-3-hosts": ("schelling.yaml", {"rounds": 4, "rule": {"threshold": 0.5, "move": "nearby",
                                                                           "ask": "unhappy"}}, {"hosts": 3}),
+    # births and deaths (issue 37): the example as it ships (deaths only), and the model choosing
+    # among the cells in sight with the starved replaced, on 3 hosts (their table `population` too)
+    "sugarscape": ("sugarscape.yaml", {"rounds": 6}, {}),
+    "sugarscape-llm-replacement-3-hosts": ("sugarscape.yaml", {"agents": 150, "rounds": 4,
+                                                               "grid": {"width": 20, "height": 20},
+                                                               "traits": {"endowment": [1, 8]},
+                                                               "rule": {"decider": "llm", "replacement": True}},
+                                           {"hosts": 3}),
     # a world, views, edge edits and who saw what (table shown); 2 hosts, its population and graph
     "feed": ("feed.yaml", {"agents": 300, "rounds": 3}, {"hosts": 2}),
     "feed-interest": ("feed.yaml", {"agents": 300, "rounds": 3, "recommender": {"interest": 1.5}}, {"hosts": 2}),
@@ -83,6 +91,8 @@ def play(case: str) -> dict[str, str]:
     graph = loads(prepared.graph) if prepared.graph is not None else None
     result = asyncio.run(run_local(prepared.resolved, cast=cast, graph=graph, **options))
     got = {"outcomes": digest(result.outcomes), "rounds": digest(result.rounds), "posts": digest(result.posts)}
+    if result.population:  # a population that changed: its births and deaths
+        got["population"] = digest(result.population)
     if result.acts:  # scenes
         got.update(acts=digest(result.acts), transcripts=digest(result.transcripts))
     if result.shown:  # who saw what

@@ -107,8 +107,8 @@ async def test_a_share_knows_which_agents_acted_since_its_last_checkpoint():
     assert run.take_changed() == set()  # an idle round: nobody
     run.agents[5].remember((1, "x"))  # agent 7: index 5, offset 1 of range (6, 4)
     parts = await run.snapshot_of({5})
-    assert [(first, count, offsets) for first, count, offsets, _ in parts] == [(0, 4, []), (6, 4, [1])]
-    assert [list(m) for m in parts[1][3]["memory"]] == [[(1, "x")]] and parts[0][3]["memory"] == []
+    assert [(p.first, p.count, p.full, p.rows) for p in parts] == [(0, 4, False, []), (6, 4, False, [1])]
+    assert [list(m) for m in parts[1].columns["memory"]] == [[(1, "x")]] and parts[0].columns["memory"] == []
     run.acted(None)  # everyone played
     assert run.take_changed() is None
     run.take_changed()

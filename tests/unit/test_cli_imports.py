@@ -55,3 +55,17 @@ def test_the_choices_are_the_ones_the_models_validate():
     from populace.bench.llm import SERVERS
 
     assert get_args(choices.LlmServer) == SERVERS
+
+
+# what an author's `import populace.sdk` must not pull in: the bus, its transport, tracing,
+# metrics and Arrow are the fleet's (issue 40 wants pydantic and numpy only; structlog and
+# pydantic-settings still come with the SDK's logger and settings)
+FLEET = ("nats", "aiohttp", "faststream", "opentelemetry", "prometheus_client", "pyarrow", "duckdb")
+
+
+def test_an_authors_sdk_import_loads_none_of_the_fleets_libraries():
+    probe = ("import sys, json\nimport populace.sdk\n"
+             "print(json.dumps(sorted(sys.modules)), file=sys.__stderr__)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    modules = json.loads(done.stderr.strip().splitlines()[-1])
+    assert {h for h in FLEET if any(m == h or m.startswith(f"{h}.") for m in modules)} == set()

@@ -39,6 +39,11 @@ CASES = {
     "schelling-llm": ("schelling.yaml", {"agents": 100, "rounds": 2, "grid": {"width": 12, "height": 12, "torus": True,
                                                                               "kinds": 2},
                                          "rule": {"threshold": 0.3, "decider": "llm"}}, {}),
+    # endowments of 13 or more against a metabolism of at most 4: nobody starves in 3 rounds (the
+    # counts below take a fixed population); the model picks among the cells in sight
+    "sugarscape": ("sugarscape.yaml", {"agents": 60, "rounds": 3, "grid": {"width": 15, "height": 15},
+                                       "traits": {"endowment": [13, 25]}, "rule": {"decider": "llm"}},
+                   {"hosts": 2}),
     "feed": ("feed.yaml", {"agents": 40, "rounds": 3, "pool": {"size": 100, "seed_posts": 20}}, {"hosts": 2}),
     "dictator": ("simulations/dictator/scenario.yaml", {"agents": 30, "simulation": "dictator_game:DictatorGame"},
                  {"hosts": 2}),

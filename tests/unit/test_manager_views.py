@@ -95,6 +95,22 @@ def test_the_chart_takes_the_first_numbers_of_a_summary():
     assert (row["llm_calls"], row["tokens"], row["n_valid"]) == (2000, 120, 1990)
 
 
+def test_a_prototype_rounds_result_row_carries_each_prototypes_calls_copies_audits_and_divergence():
+    from populace.core.contracts import PrototypeRound, PrototypeStat
+
+    assert views.result_row(result(1))["prototypes"] == []
+    report = PrototypeRound(stats=[PrototypeStat(label="education=Ph.D.", agents=400, share=0.04, representatives=16,
+                                                 valid=15, drawn=384, audited=12, audited_valid=11, metric="w1",
+                                                 divergence=18.5, ci_low=4.7, ci_high=27.8, breach=False,
+                                                 next_share=0.04)], representatives=16, audited=12)
+    row = views.result_row(result(1).model_copy(update={"prototypes": report}))
+    assert row["prototypes"] == [{"prototype": "education=Ph.D.", "agents": 400, "share": 0.04, "representatives": 16,
+                                  "valid": 15, "drawn": 384, "unanswered": 0, "audited": 12, "audited_valid": 11,
+                                  "metric": "w1", "divergence": 18.5, "ci_low": 4.7, "ci_high": 27.8,
+                                  "breach": False, "next_share": 0.04}]
+    json.dumps(row)  # as the page's server-sent event carries it
+
+
 def test_ticks_are_summed_per_round_and_others_are_skipped():
     ticks = views.RoundTicks("r1")
     for data in (tick(1, 100), tick(1, 50), tick(2, 7), tick(1, 9, rid="other"), b"{not json"):

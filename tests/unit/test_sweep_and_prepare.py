@@ -39,11 +39,12 @@ def personas_file(tmp_path: Path, n: int) -> Path:
 
 
 # --- scenario keys ------------------------------------------------------------------
-def test_population_needs_exactly_one_source():
-    with pytest.raises(ScenarioError, match="population: give exactly one of"):
+def test_population_needs_one_source_or_a_schedule():
+    with pytest.raises(ScenarioError, match="population: give one of `personas`"):
         parse_scenario({"population": {}})
-    with pytest.raises(ScenarioError, match="population: give exactly one of"):
+    with pytest.raises(ScenarioError, match="population: give one of `personas`"):
         parse_scenario({"population": {"personas": "a.jsonl", "config": "b.yaml"}})
+    assert parse_scenario({"population": {"changes": [{"after": "every", "left": 0.1}]}}).population.changes
 
 
 @pytest.mark.parametrize("data, field", [

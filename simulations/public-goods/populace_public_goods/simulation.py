@@ -149,7 +149,7 @@ class PublicGoods(Simulation):
         if k > config.agents:
             raise ValueError(f"game.group_size: {k} is more than the run's {config.agents} agents "
                              "(a group needs that many players)")
-        if params.prompt.population_note and config.population is None:
+        if params.prompt.population_note and not config.has_personas:
             raise ValueError("prompt.population_note: needs a `population` to describe")
 
     @classmethod

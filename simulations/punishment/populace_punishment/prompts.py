@@ -7,11 +7,14 @@ group's order, the letters its answer uses."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeVar
 
 from populace_punishment.params import LABELS, GameConfig
 from populace_punishment.rules import Terms, first_stage, payoff
 
 PROMPT_VERSION = "punishment-1"
+CACHED_PARTS = 1 << 16  # prompt parts a process keeps (see Texts.punish)
+T = TypeVar("T")
 
 
 def num(x: float) -> str:
@@ -100,6 +103,8 @@ class Texts:
         self._contribute = contribute_ask(terms.endowment, cot)
         self._notes = [size_note(k, group_size, self.punishing) for k in range(group_size + 1)]
         self._punish = [punish_ask(n, terms, max_points, cot) if n else "" for n in range(group_size)]
+        self._seen: dict[tuple, tuple[str, int]] = {}  # others' contributions -> (their text, their sum)
+        self._pot: dict[tuple, str] = {}  # (own contribution, pot, size) -> the rest of the prompt
 
     def history(self, memory: Sequence[tuple]) -> str:
         return history_text(memory, self.terms, self.punishing)
@@ -111,18 +116,37 @@ class Texts:
 
     def punish(self, persona: str | None, history: str, mine: int | None, others: Sequence[int | None]) -> str:
         """Stage 2's prompt: `mine` the member's own valid contribution, `others` the other
-        members' (None: invalid, counted as 0), in the group's order, which the letters name."""
+        members' (None: invalid, counted as 0), in the group's order, which the letters name.
+        Made of parts a round repeats (what the others gave; the pot and what the member holds),
+        each written once per process and then looked up: a million members ask it every round."""
         lead = f"{persona}\n" if persona else ""
-        seen = ", ".join(f"{label} {'no valid answer (counted as 0)' if c is None else c}"
-                         for label, c in zip(LABELS, others))
-        total = (mine or 0) + sum(c or 0 for c in others)
+        key = others if others.__class__ is tuple else tuple(others)
+        seen = self._seen.get(key)
+        if seen is None:
+            seen = self._keep(self._seen, key, (
+                ", ".join(f"{label} {'no valid answer (counted as 0)' if c is None else c}"
+                          for label, c in zip(LABELS, others)),
+                sum(c or 0 for c in others)))
+        total = (mine or 0) + seen[1]
         size = len(others) + 1
+        pot = self._pot.get((mine, total, size))
+        if pot is None:
+            pot = self._keep(self._pot, (mine, total, size), self._pot_text(mine, total, size))
+        return f"{lead}{history}Stage 1 is over: you {_gave(mine)}; the others contributed: {seen[0]}{pot}"
+
+    def _pot_text(self, mine: int | None, total: int, size: int) -> str:
         m = self.terms.multiplier
         share = m.numerator * total / (m.denominator * size)  # correctly rounded, without a Fraction
         held = first_stage(self.terms, mine, total, size)
-        return (f"{lead}{history}Stage 1 is over: you {_gave(mine)}; the others contributed: {seen}. The pot of "
-                f"{tokens(total)}, multiplied by {self._multiplier}, gives each player {num(share)}, so you hold "
-                f"{num(held)}.\n{self._punish[len(others)]}")
+        return (f". The pot of {tokens(total)}, multiplied by {self._multiplier}, gives each player {num(share)}, "
+                f"so you hold {num(held)}.\n{self._punish[size - 1]}")
+
+    @staticmethod
+    def _keep(cache: dict, key: object, value: T) -> T:
+        if len(cache) >= CACHED_PARTS:  # bounded: a huge endowment or group cannot grow it for ever
+            cache.clear()
+        cache[key] = value
+        return value
 
 
 def _schema(props: dict, cot: bool) -> dict:

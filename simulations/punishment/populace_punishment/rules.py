@@ -18,6 +18,7 @@ capped at what a member earned), as in Fehr & Gächter's linear-cost designs.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from fractions import Fraction
 from typing import NamedTuple
@@ -51,7 +52,14 @@ def first_stage(terms: Terms, contribution: int | None, total: int, size: int) -
 
 def others(me: int, size: int) -> list[int]:
     """The seats (positions in the group) of the members `me` may punish, in the group's order."""
-    return [j for j in range(size) if j != me]
+    return list(other_seats(size)[me]) if 0 <= me < size else list(range(size))
+
+
+@functools.cache
+def other_seats(size: int) -> tuple[tuple[int, ...], ...]:
+    """For each seat of a group of `size`, the seats of the others (`others`), made once per size:
+    read for every member twice a round."""
+    return tuple(tuple(j for j in range(size) if j != me) for me in range(size))
 
 
 class Punish(NamedTuple):
@@ -68,7 +76,8 @@ class Punish(NamedTuple):
     @property
     def targets(self) -> list[int]:
         """The agent ids this member may punish, in the order of its answer's letters."""
-        return [self.members[j] for j in others(self.seat, len(self.members))]
+        members = self.members
+        return list(map(members.__getitem__, other_seats(len(members))[self.seat]))
 
 
 class Settlement(NamedTuple):
@@ -90,16 +99,26 @@ def settle_group(terms: Terms, contributions: Sequence[int | None],
     counted = [c or 0 for c in contributions]
     total = sum(counted)
     given, antisocial, received = [0] * k, [0] * k, [0] * k
-    for i, row in enumerate(points):
+    seats = other_seats(k)
+    for i in range(k):
+        row = points[i]
         if row is None:
             continue
         mine = counted[i]
-        for target, p in zip(others(i, k), row):
-            given[i] += p
+        g = a = 0
+        for target, p in zip(seats[i], row):
+            g += p
             received[target] += p
             if counted[target] >= mine:
-                antisocial[i] += p
-    payoffs = [payoff(terms, counted[i], total, k, given[i], received[i]) for i in range(k)]
+                a += p
+        given[i], antisocial[i] = g, a
+    # payoff() for each member, its terms read once per group (a Fraction's parts are properties)
+    den = terms.multiplier.denominator * k
+    pot = terms.multiplier.numerator * total
+    endowment, cost, fine = terms.endowment, terms.cost, terms.fine
+    payoffs = []
+    for i in range(k):  # a loop: a comprehension's closure would cost objects per group
+        payoffs.append(((endowment - counted[i] - cost * given[i] - fine * received[i]) * den + pot) / den)
     return Settlement(total, given, antisocial, received, payoffs)
 
 

@@ -13,8 +13,7 @@ of them went to members who contributed as much as it or more) and received, and
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from populace.sdk import LLM, Agent, Env, GroupEnv, Outcome, RunConfig, Simulation, State
@@ -64,21 +63,20 @@ class Player(Agent):
     memory_size = MEMORY_ROUNDS  # (round, contribution or None, group total, group size, given, received)
 
     async def act(self, phase: str, view: Any, llm: LLM) -> Move:
+        # what the prompt needs is not kept in locals: they would live through the model's wait
         sim: Punishment = self.sim  # type: ignore[assignment]
         persona = self.persona.text if sim.use_persona and self.persona is not None else None
-        prefix = len(persona) if persona else 0
-        history = sim.texts.history(self.memory) if sim.show_history else ""
         if phase == "contribute":
-            raw = await llm.ask(sim.texts.contribute(persona, history, view), key=self.id,
-                                schema=sim.contribute_schema, prefix_chars=prefix)
+            raw = await llm.ask(sim.texts.contribute(persona, sim.texts.history(self.memory) if sim.show_history and
+                                                     self.memory else "", view),
+                                key=self.id, schema=sim.contribute_schema, prefix_chars=len(persona) if persona else 0)
             value = parsing.parse_contribution(raw, sim.terms.endowment)
             return Move(contribution=value, raw=raw, valid=value is not None)
         if phase == "punish":
-            seats = rules.others(view.seat, len(view.members))
-            others = [view.contributions[j] for j in seats]
-            raw = await llm.ask(sim.texts.punish(persona, history, view.contributions[view.seat], others),
-                                key=self.id, schema=sim.punish_schemas[len(seats)], prefix_chars=prefix)
-            points = parsing.parse_points(raw, LABELS[:len(seats)], sim.max_points)
+            others = len(view.members) - 1
+            raw = await llm.ask(_punish_prompt(sim, persona, self.memory, view), key=self.id,
+                                schema=sim.punish_schemas[others], prefix_chars=len(persona) if persona else 0)
+            points = parsing.parse_points(raw, sim.labels[others], sim.max_points)
             return Move(targets=view.targets, points=points, raw=raw, valid=points is not None)
         raise ValueError(f"unknown phase {phase!r}")
 
@@ -91,35 +89,25 @@ class Player(Agent):
         return self.sim.texts.history(self.memory).rstrip("\n")  # type: ignore[attr-defined]
 
 
-async def together(acts: Sequence[Coroutine[Any, Any, Move]]) -> list[Move]:
-    """A stage's acts, all at once, started in the group's order: the first in the scene's own
-    task, the others in tasks of their own (asyncio.gather's machinery cost about a fifth of a round's
-    CPU in one process). The first failure in that order (no model answered, a rule broken) cancels the acts
-    still running and is raised: none is left running, and no failure goes unobserved."""
-    loop = asyncio.get_running_loop()
-    rest = [loop.create_task(a) for a in acts[1:]]
-    try:
-        done = [await acts[0]]
-        for task in rest:
-            done.append(await task)
-    except BaseException:
-        for task in rest:
-            if not task.done():
-                task.cancel()
-            task.add_done_callback(_observed)
-        raise
-    return done
+_view = tuple.__new__  # a NamedTuple made without its Python __new__: four per group, a million members
 
 
-def _observed(task: asyncio.Task) -> None:
-    if not task.cancelled():
-        task.exception()  # a sibling's failure, after the one raised: retrieved, never logged as lost
+def _punish_prompt(sim: Punishment, persona: str | None, memory: tuple, view: Punish) -> str:
+    contributions, seat = view.contributions, view.seat
+    history = sim.texts.history(memory) if sim.show_history and memory else ""
+    others = tuple(map(contributions.__getitem__, rules.other_seats(len(view.members))[seat]))
+    return sim.texts.punish(persona, history, contributions[seat], others)
 
 
 def contribution_of(move: Move, endowment: int) -> int | None:
     """The contribution as the game reads it: a valid act's whole number from 0 to the
     endowment, else None (an author's Agent subclass could return anything)."""
-    return parsing.whole(move.contribution, endowment) if move.valid else None
+    if not move.valid:
+        return None
+    c = move.contribution
+    if c.__class__ is int and 0 <= c <= endowment:  # the common case, without a call
+        return c
+    return parsing.whole(c, endowment)
 
 
 def points_of(move: Move, targets: Sequence[int], max_points: int) -> list[int] | None:
@@ -128,33 +116,47 @@ def points_of(move: Move, targets: Sequence[int], max_points: int) -> list[int] 
     if not move.valid or move.targets != list(targets) or not isinstance(move.points, list) \
             or len(move.points) != len(targets):
         return None
-    points = [parsing.whole(p, max_points) for p in move.points]
-    return None if None in points else points  # type: ignore[return-value]
+    points = move.points
+    if all(p.__class__ is int and 0 <= p <= max_points for p in points):  # the common case
+        return list(points)
+    checked = [parsing.whole(p, max_points) for p in points]
+    return None if None in checked else checked  # type: ignore[return-value]
 
 
 class Group(GroupEnv):
     """One group's round: every member contributes, then every member punishes, then payoffs."""
 
     async def scene(self, scene: Scene) -> int:
+        # loops, not comprehensions: a comprehension's closure costs objects per group, and a round
+        # plays a group for every 4 agents
         sim: Punishment = self.sim  # type: ignore[assignment]
         members = scene.members
         k = len(members)
-        moves = await together([m.act("contribute", k) for m in members])
-        contributions = tuple(contribution_of(m, sim.terms.endowment) for m in moves)
+        endowment = sim.terms.endowment
+        moves = await scene.all("contribute", (k,) * k)  # every member at once, seeing its group's size
+        given: list[int | None] = []
+        for move in moves:
+            given.append(contribution_of(move, endowment))
+        contributions = tuple(given)
         points: list[list[int] | None] = [None] * k
         asked = sim.punishing and k > 1
         if asked:
-            ids = tuple(m.id for m in members)
-            views = [Punish(i, ids, contributions) for i in range(k)]
-            acts = await together([m.act("punish", v) for m, v in zip(members, views)])
-            points = [points_of(a, v.targets, sim.max_points) for a, v in zip(acts, views)]
+            ids = tuple([m.agent.id for m in members])
+            views = []
+            for i in range(k):
+                views.append(_view(Punish, (i, ids, contributions)))  # Punish(i, ids, contributions)
+            acts = await scene.all("punish", views)
+            seats = rules.other_seats(k)
+            for i in range(k):
+                points[i] = points_of(acts[i], list(map(ids.__getitem__, seats[i])), sim.max_points)
         s = rules.settle_group(sim.terms, contributions, points)
-        for i, m in enumerate(members):
-            scene.outcome(m, Result(contribution=contributions[i], group_total=s.total, group_size=k,
-                                    points_given=s.given[i], points_antisocial=s.antisocial[i],
-                                    points_received=s.received[i], payoff=s.payoffs[i],
-                                    punish_valid=points[i] is not None if asked else None,
-                                    raw=moves[i].raw, valid=contributions[i] is not None))
+        for i in range(k):
+            c = contributions[i]
+            scene.outcome(members[i], Result(contribution=c, group_total=s.total, group_size=k,
+                                             points_given=s.given[i], points_antisocial=s.antisocial[i],
+                                             points_received=s.received[i], payoff=s.payoffs[i],
+                                             punish_valid=points[i] is not None if asked else None,
+                                             raw=moves[i].raw, valid=c is not None))
         return scene.round  # what the members hear: the round, for their memory
 
 
@@ -218,6 +220,7 @@ class Punishment(Simulation):
         self.contribute_schema = prompts.contribute_schema(game.endowment, self.cot)
         self.punish_schemas = tuple(prompts.punish_schema(n, game.max_points, self.cot)
                                     for n in range(game.group_size))
+        self.labels = tuple(LABELS[:n] for n in range(game.group_size))  # an answer's fields, by number of others
 
     def group_size(self) -> int:
         return self.params.game.group_size

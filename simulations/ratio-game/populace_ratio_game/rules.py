@@ -64,6 +64,29 @@ def partial_of(guesses: Iterable[tuple[int, float | None]]) -> GuessPartial:
                                         by_value=[(v, c, a) for v, (c, a) in sorted(by_value.items())])
 
 
+def partial_of_drawn(guesses: Iterable[tuple[int, float | None, int]]) -> GuessPartial:
+    """Fold (smallest agent id, valid value or None, how many agents) triples: the answers a
+    prototype run's agents drew, each once with its count (the same partial as folding every
+    agent's copy one by one)."""
+    n_valid = 0
+    total = 0.0
+    by_value: dict[float, list[int]] = {}
+    for agent_id, value, count in guesses:
+        if value is None or count <= 0:
+            continue
+        n_valid += count
+        total += value * count
+        slot = by_value.get(value)
+        if slot is None:
+            by_value[value] = [count, agent_id]
+        else:
+            slot[0] += count
+            if agent_id < slot[1]:
+                slot[1] = agent_id
+    return GuessPartial.model_construct(n_valid=n_valid, total=total,
+                                        by_value=[(v, c, a) for v, (c, a) in sorted(by_value.items())])
+
+
 def merge(partials: Iterable[GuessPartial]) -> GuessPartial:
     """Merge host (or group) partials; associative and commutative, so groups can nest."""
     n_valid = 0

@@ -64,6 +64,11 @@ class RatioEnv(Env[History, GuessPartial]):
     def reduce(self, agent_ids, outcomes) -> GuessPartial:
         return rules.partial_of((a, o.value if o.valid else None) for a, o in zip(agent_ids, outcomes))
 
+    def reduce_drawn(self, agent_ids, outcomes, counts) -> GuessPartial:
+        # a prototype run's drawn answers: one entry per answer with how many drew it
+        return rules.partial_of_drawn((a, o.value if o.valid else None, c)
+                                      for a, o, c in zip(agent_ids, outcomes, counts))
+
     def merge(self, partials) -> GuessPartial:
         return rules.merge(partials)
 
@@ -113,7 +118,7 @@ class RatioGame(Simulation):
 
     @classmethod
     def check_run(cls, params: RatioParams, config: RunConfig) -> None:
-        if params.prompt.population_note and config.population is None:
+        if params.prompt.population_note and not config.has_personas:
             raise ValueError("prompt.population_note: needs a `population` to describe")
 
     @classmethod

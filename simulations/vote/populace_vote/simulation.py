@@ -133,5 +133,5 @@ class Vote(Simulation):
 
     @classmethod
     def check_run(cls, params: VoteParams, config: RunConfig) -> None:
-        if params.prompt.population_note and config.population is None:
+        if params.prompt.population_note and not config.has_personas:
             raise ValueError("prompt.population_note: needs a `population` to describe")

@@ -3,6 +3,7 @@
 # No `from __future__ import annotations`: typer reads every command's annotations at each start,
 # and string ones cost it an eval (and a compile) each, most of building the command tree.
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 
-from populace.cli import checks, display, interviews, nodes
+from populace.cli import checks, display, interviews, nodes, prototypes
 from populace.cli.choices import DemoModel, EndpointKind, LlmServer, PersonaModel, Storage
 
 if TYPE_CHECKING:  # the rest is imported where a command needs it: `populace --version` starts fast
@@ -451,18 +452,40 @@ def _estimate(scenario: Path, extra: dict, prepared: "PreparedRun", nats: str, s
 
     config = prepared.config
     k = pilot_agents(config.agents, share)
-    pilot = checked(lambda: prepare_scenario(scenario, {**extra, "agents": k, "rounds": 1,
-                                                     "name": f"{config.name}-pilot", "budget": None}))
+    overrides = {**extra, "agents": k, "rounds": 1, "name": f"{config.name}-pilot", "budget": None}
+    callers, proto_line = config.agents, None
+    if config.prototypes is not None:
+        # a prototype run calls for its representatives and audits only: the pilot measures the
+        # tokens of a call with every pilot agent calling, and the run's calls are counted from
+        # its prototypes' sizes (at the configured share: a guard that raises one calls more)
+        from populace.population.prototypes import calls_per_round
+
+        p = config.prototypes
+        sizes = (prepared.manifest.get("prototypes") or {}).values() or [config.agents]
+        reps, audits = calls_per_round(list(sizes), p.share, p.min_representatives, p.audits)
+        callers = reps + audits
+        overrides["prototypes"] = None
+        proto_line = (f"prototypes: {reps:,} representatives and {audits:,} audits call the model each round "
+                      f"({callers / config.agents:.1%} of the agents; more if the guard raises a share)")
+    pilot = checked(lambda: prepare_scenario(scenario, overrides))
     with _stack_url(nats) as url:
         outcome = run_async(_follow(url, pilot, show_progress=progress))
         if outcome.status != "completed" or not outcome.results:
             fail(f"the pilot run {outcome.run_id} {outcome.status}: {outcome.reason}", code=1)
         latency, unmeasured = _pilot_latency(url, outcome.run_id) if config.models else ({}, None)
     used = outcome.results[0].usage
-    est = extrapolate(config.agents, config.rounds, k, used, config.models, prepared.manifest.get("models"),
-                      pilot.manifest.get("models"), latency)
+    run_counts = prepared.manifest.get("models")
+    if callers != config.agents and run_counts:  # one model (a prototype run has one): its callers
+        run_counts = dict.fromkeys(run_counts, callers)
+    est = extrapolate(callers, config.rounds, k, used, config.models, run_counts, pilot.manifest.get("models"),
+                      latency)
+    if callers != config.agents:  # scaled by who calls; shown for the run's agents
+        est = dataclasses.replace(est, agents=config.agents,
+                                  models=tuple(dataclasses.replace(m, agents=config.agents) for m in est.models))
     out = display.out
     out.print(estimates.pilot_line(outcome.run_id, config, k, used), markup=False, highlight=False)
+    if proto_line:
+        out.print(proto_line, markup=False, highlight=False)
     out.print(estimates.expected_line(est, config), markup=False, highlight=False)
     if est.models:
         out.print(estimates.models_table(est))
@@ -852,6 +875,10 @@ def results(
                                                             "merge and model wait, the views' bytes; the "
                                                             "environment's merge and decide; the recorder's "
                                                             "record")] = False,
+    prototypes_: Annotated[bool, typer.Option("--prototypes", help="a prototype run's approximation instead: per "
+                                                                  "round and prototype who called the model, who "
+                                                                  "copied, the audits, and the divergence with its "
+                                                                  "95% interval")] = False,
 ) -> None:
     """Per-round statistics of each run's measure (mean … max, or each option's share), its
     simulation's round summary and its LLM work: answers in, valid, the model's invalid answers
@@ -863,6 +890,7 @@ def results(
         group_table,
         model_of,
         model_stats,
+        prototype_summary,
         round_table,
         run_info,
         total_calls,
@@ -874,6 +902,12 @@ def results(
         if other:
             fail(f"--profile: not with {other[0]} (the profile shows every round of each run)")
         return _profile_results(run_ids, json_out, db, nats)
+    if prototypes_:
+        other = [flag for flag, given in (("--by", by), ("--round", round_), ("--interviews", interviews_),
+                                          ("--reference", reference)) if given]
+        if other:
+            fail(f"--prototypes: not with {other[0]} (it shows every round and prototype of each run)")
+        return _prototype_results(run_ids, json_out, db, nats)
     if reference is not None:
         return _reference_results(run_ids, reference, json_out, db, nats)
     if interviews_:
@@ -888,7 +922,8 @@ def results(
         if by is None:
             from populace.analysis.interviews import interview_usage
 
-            runs = [({**run_info(con, rid), "interviews": interview_usage(con, rid), "models": model_stats(con, rid)},
+            runs = [({**run_info(con, rid), "interviews": interview_usage(con, rid), "models": model_stats(con, rid),
+                      "prototypes": prototype_summary(con, rid)},
                      round_table(con, rid), fork_table(con, rid), call_stats(con, rid)) for rid in ids]
         else:
             checks.attribute(con, ids, by)
@@ -897,6 +932,7 @@ def results(
     if by is None:
         if json_out:  # per round `calls` (the gateway's llm_calls rows); per run the model(s) and the totals
             print(json.dumps({"runs": [{**{k: info.get(k) for k in head}, "model": model_of(info, calls),
+                                        "prototypes": info["prototypes"],
                                         "models": info["models"], "calls": total_calls(calls),
                                         "rounds": [{**r, "calls": calls.get(r["round"])} for r in rows],
                                         "fork": fork}
@@ -918,6 +954,8 @@ def results(
                 display.out.print(by_model)
             if line := interviews.usage_line(info.get("interviews")):
                 display.out.print(line, markup=False, highlight=False)
+            if line := prototypes.summary_line(info.get("prototypes")):
+                display.out.print(line, markup=False, highlight=False, soft_wrap=True)
             if fork is not None:  # a fork is read against its parent: the intervention's effect
                 display.out.print(display.fork_heading(fork), markup=False, highlight=False)
                 display.out.print(display.fork_table(fork, info))
@@ -930,6 +968,25 @@ def results(
     what = f"share of each {noun}" if info["measure_kind"] == "categorical" else f"mean {noun}"
     title = f"{what} by {by}" + (f", round {round_}" if round_ else ", last round") + f" — {', '.join(ids)}"
     display.out.print(display.group_table(rows, by, title, across_runs=len(ids) > 1))
+
+
+def _prototype_results(run_ids: list[str], json_out: bool, db: str, nats: str) -> None:
+    """`results --prototypes`: each prototype run's rounds, prototype by prototype."""
+    from populace.analysis import has_prototypes, prototype_summary, prototype_table
+
+    with _db(db, run_ids, nats) as con:
+        ids = _run_ids(con, run_ids)
+        missing = [rid for rid in ids if not has_prototypes(con, rid)]
+        if missing:
+            fail(f"--prototypes: run(s) {', '.join(missing)} have no prototypes (a scenario's `prototypes:` section)")
+        runs = [(rid, prototype_table(con, rid), prototype_summary(con, rid)) for rid in ids]
+    if json_out:
+        print(json.dumps({"runs": [{"run_id": rid, "rows": rows, "summary": summary} for rid, rows, summary in runs]},
+                         default=str, indent=1))
+        return
+    for rid, rows, summary in runs:
+        display.out.print(prototypes.prototype_table(rows, f"run {rid}: prototypes"))
+        display.out.print(prototypes.summary_line(summary), markup=False, highlight=False, soft_wrap=True)
 
 
 def _profile_results(run_ids: list[str], json_out: bool, db: str, nats: str) -> None:
@@ -1361,15 +1418,19 @@ def bench_dummy(
         "--compare-set", help="also play the same study (or --compare's) with this scenario key changed, e.g. "
                               "--compare-set recommender.record_shown=false, and report the round-time ratio "
                               "(repeatable)")] = None,
+    turnover: Annotated[float | None, typer.Option(
+        min=0, max=1, help="a population that changes: after every round this share of the living leaves and as "
+                           "many newcomers arrive (e.g. 0.01)")] = None,
 ) -> None:
     """The paper's dummy benchmark through the whole pipeline: every agent's turn waits
     `latency` seconds for its answer; every outcome ends up in DuckDB. With --degree, agents talk
     on a graph: posts heard per second, cross-host mail and the edge cut are measured too."""
-    from populace.bench.dummy import graph_section, run_dummy_series
+    from populace.bench.dummy import graph_section, run_dummy_series, turnover_section
     from populace.client.prepare import parse_config, prepare
 
     params = _overrides(set_)
-    checked(lambda: prepare(parse_config({"simulation": simulation, "agents": agents, **params})))
+    changing = {"population": turnover_section(agents, turnover)} if turnover else {}
+    checked(lambda: prepare(parse_config({"simulation": simulation, "agents": agents, **params, **changing})))
     compare_params = _overrides(compare_set) if compare_set else None
     if compare is not None or compare_params is not None:  # played after the first bench: checked before it
         from populace.core.scenario import ScenarioError, merged
@@ -1391,6 +1452,7 @@ def bench_dummy(
     series = run_dummy_series(agents=agents, latency=latency, hosts=hosts or os.cpu_count() or 1, rounds=rounds,
                               floor=floor, quiet=json_out, storage=storage, simulation=simulation, params=params,
                               graph=section, placement=placement, compare=compare, compare_params=compare_params,
+                              turnover=turnover or None,
                               on_result=None if json_out else lambda r: display.out.print(r.table()))
     if out:
         checks.write_text(out, series.document() + "\n")

@@ -88,6 +88,11 @@ class DummyBenchResult:
     # where a round went (table round_profile), per round: the hosts' seconds summed (views, turns,
     # folds) and the recorder's
     profile_s: dict[str, float] = field(default_factory=dict)
+    # a population that changes (--turnover): the share of the living that left after each round, as
+    # many newcomers arriving, and what table `population` recorded of them
+    turnover: float | None = None
+    departures_recorded: int | None = None
+    arrivals_recorded: int | None = None
 
     def to_json(self, **kw) -> str:
         return json.dumps(asdict(self), **kw)
@@ -109,6 +114,9 @@ class DummyBenchResult:
             *((("shown rows recorded", f"{self.shown_recorded:,}"),) if self.shown_recorded is not None else ()),
             *((f"{k.removesuffix('_s')} per round (round_profile)", f"{v:.2f} s") for k, v in self.profile_s.items()),
             ("infra retries", f"{self.infra_retries:,}"),
+            *((("turnover after each round", f"{self.turnover:.2%} left, as many arrived"),
+               ("departures, arrivals recorded", f"{self.departures_recorded:,}, {self.arrivals_recorded:,}"))
+              if self.turnover is not None else ()),
             ("messages per round", f"{self.messages_per_round:,.0f}"),
             ("peak RSS, all processes", f"{self.peak_rss_bytes / gib:.2f} GiB"),
             ("bytes per agent", f"{self.bytes_per_agent:,.0f}"),
@@ -248,12 +256,16 @@ def mail_per_round(log_dir: str, run_id: str, hosts: int) -> tuple[float, float,
 def run_dummy_bench(agents: int, latency: float, hosts: int, rounds: int = 1, floor: bool = True,
                     quiet: bool = False, storage: str = "memory", simulation: str = "ratio-game",
                     params: dict | None = None, graph: dict | None = None,
-                    placement: str = "partition") -> DummyBenchResult:
+                    placement: str = "partition", turnover: float | None = None) -> DummyBenchResult:
     """`graph`: a `graph:` section (the run is prepared like `populace run` does: the graph built,
-    numbered by `placement`, uploaded; a homophily graph gets a synthetic population)."""
+    numbered by `placement`, uploaded; a homophily graph gets a synthetic population). `turnover`:
+    after every round this share of the living leaves and as many newcomers (that share of
+    `agents`) arrive (a scheduled `population: changes:`)."""
     workdir = tempfile.mkdtemp(prefix="populace-bench-")
     data = {"name": f"bench-{simulation}", "simulation": simulation, "agents": agents, "rounds": rounds,
             "model": {"backend": "dummy", "latency_s": latency}, **(params or {})}
+    if turnover:
+        data["population"] = turnover_section(agents, turnover)
     personas = blobs = manifest = None
     if graph is None:
         resolved = checked(RunConfig.model_validate(data))
@@ -322,6 +334,8 @@ def run_dummy_bench(agents: int, latency: float, hosts: int, rounds: int = 1, fl
         spent = con.execute("SELECT sum(view_s), sum(turn_s), sum(merge_s), sum(record_s) FROM round_profile "
                             "WHERE run_id = ?", [outcome.run_id]).fetchone()
         profile = {k: round((v or 0.0) / rounds, 3) for k, v in zip(("view_s", "turn_s", "merge_s", "record_s"), spent)}
+        changes = dict(con.execute("SELECT event, count(*) FROM population WHERE run_id = ? GROUP BY event",
+                                   [outcome.run_id]).fetchall()) if turnover else {}
     m = outcome.marks
     round_times = [m[f"result.{n}"] - m[f"open.{n}"] for n in range(1, rounds + 1)]
     heard = sum(heard_by_round.values()) / len(heard_by_round) if heard_by_round else None
@@ -346,7 +360,17 @@ def run_dummy_bench(agents: int, latency: float, hosts: int, rounds: int = 1, fl
         mail_bytes_per_round=mail[2] if mail else None, posts_heard_per_round=heard, heard_per_s=heard_rate,
         checkpoint_bytes_by_round=saved, acts_recorded=acts, infra_retries=int(retries or 0),
         cpu_by_process=sampler.cpu_by_process, params=params or {}, shown_recorded=shown, profile_s=profile,
+        turnover=turnover or None,
+        departures_recorded=changes.get("left", 0) if turnover else None,
+        arrivals_recorded=changes.get("arrived", 0) if turnover else None,
     )
+
+
+def turnover_section(agents: int, share: float) -> dict:
+    """A `population:` section in which, after every round, `share` of the living leave and as
+    many newcomers arrive as `share` of the first agents."""
+    return {"changes": [{"after": "every", "left": share, "arrived": max(1, round(share * agents)),
+                         "reason": "turnover"}]}
 
 
 @dataclass
@@ -370,13 +394,14 @@ class DummyBenchSeries:
 
 def run_dummy_series(*, agents: int, latency: float, hosts: int, rounds: int, floor: bool, quiet: bool, storage: str,
                      simulation: str, params: dict, graph: dict | None, placement: str, compare: str | None,
-                     compare_params: dict | None = None, on_result=None) -> DummyBenchSeries:
+                     compare_params: dict | None = None, on_result=None,
+                     turnover: float | None = None) -> DummyBenchSeries:
     """Every run a `populace bench dummy` asks for, in order; `on_result(result)` after each. The
     compared run plays `compare` on its defaults; with `compare_params`, it plays `compare` (default:
     the same simulation) with them — on top of `params` when it is the same simulation (the same
     study with one thing changed)."""
     common = {"agents": agents, "latency": latency, "hosts": hosts, "rounds": rounds, "floor": floor,
-              "quiet": quiet, "storage": storage}
+              "quiet": quiet, "storage": storage, "turnover": turnover}
     runs: list[DummyBenchResult] = []
     placements = (("partition", "ids") if placement == "both" else (placement,)) if graph else ("partition",)
     for how in placements:

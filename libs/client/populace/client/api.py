@@ -283,7 +283,10 @@ async def _local(prepared: PreparedRun, run_id: str, hosts: int, db: str | None)
                          manifest={**prepared.manifest, "run_id": run_id} if prepared.manifest else None,
                          personas=prepared.personas, interviews=res.interviews if res is not None else None,
                          interview_calls=res.interview_usage if res is not None else None,
-                         profile=res.profile if res is not None else None)
+                         profile=res.profile if res is not None else None,
+                         audits=res.audits if res is not None else None,
+                         prototypes=res.prototype_reports if res is not None else None,
+                         population=res.population if res is not None else None)
         read = _read_db(db_path, run_id, tables)
     else:
         read = None

@@ -107,24 +107,32 @@ def population_records(config: RunConfig, base: Path, agents_given: bool) -> tup
             raise ScenarioError(f"population.personas: cannot read {path} ({err.strerror})") from None
         except PopulationError as err:
             raise ScenarioError(f"population.personas: {err}") from None
-        if not records:
-            raise ScenarioError(f"population.personas: {path} holds no personas")
-        if agents_given and config.agents != len(records):
+        extra = pop.newcomers
+        if len(records) <= extra:
+            raise ScenarioError(f"population.personas: {path} holds {len(records)} personas, not more than the "
+                                f"{extra} population.newcomers (the agents' come first)")
+        if agents_given and config.agents + extra != len(records):
+            more = f" and {extra} newcomers" if extra else ""
             raise ScenarioError(
-                f"agents: {config.agents}, but population.personas {path} has {len(records)} personas "
-                "(one per agent); drop `agents` or make them equal")
-        return records, data, len(records)
+                f"agents: {config.agents}{more}, but population.personas {path} has {len(records)} personas "
+                "(one per agent, then the newcomers'); drop `agents` or make them equal")
+        return records, data, len(records) - extra
     path = _resolve(base, pop.config)  # type: ignore[arg-type]
     try:
         cfg = load_population(path)
         count = config.agents if agents_given else cfg.total
         records = list(template_records(cfg, count=count))
+        if pop.newcomers:  # drawn apart (quotas of their own), so the first agents are who they would be without
+            records += list(template_records(cfg, count=pop.newcomers, seed=NEWCOMERS_SEED + cfg.seed))
     except PopulationError as err:
         raise ScenarioError(f"population.config: {path} is not a valid population:\n"
                             + textwrap.indent(str(err), "  ")) from None
     except OSError as err:
         raise ScenarioError(f"population.config: cannot read {path} ({err.strerror})") from None
     return records, _jsonl(records), count
+
+
+NEWCOMERS_SEED = 1_000_003  # added to a population config's seed for its newcomers' draw
 
 
 def parse_config(data: object) -> RunConfig:
@@ -256,7 +264,7 @@ def prepare(config: RunConfig, *, base: Path = Path("."), agents_given: bool | N
     personas: bytes | None = None
     fill: dict = {}
     agents = config.agents
-    if config.population is not None:
+    if config.has_personas:
         records, personas, agents = population_records(config, base, agents_given)
         fill = {"agents": agents, "population": {"digest": digest_of(personas)}}
     graph = None
@@ -272,6 +280,8 @@ def prepare(config: RunConfig, *, base: Path = Path("."), agents_given: bool | N
     manifest = build_manifest(resolved, records, scenario_path, scenario_text, cast)
     if config.models:
         manifest["models"] = assigned_models(resolved.config, cast)
+    if config.prototypes is not None:
+        manifest["prototypes"] = prototype_sizes(resolved.config, cast)
     if graph is not None:
         manifest["graph"] = {**graph.stats, "digest": graph.digest, "order": graph.order_digest}
     if extra:
@@ -287,6 +297,18 @@ def assigned_models(config: RunConfig, cast: Cast | None) -> dict[str, int]:
     try:
         return model_counts(config, assignment(config, cast))
     except AssignmentError as err:
+        raise ScenarioError(str(err)) from None
+
+
+def prototype_sizes(config: RunConfig, cast: Cast | None) -> dict[str, int]:
+    """Each prototype's agents (ScenarioError naming the field when `prototypes:` cannot group the
+    run's agents): checked here, before anything starts."""
+    from populace.population.prototypes import PrototypeError
+    from populace.sdk.prototypes import check_population
+
+    try:
+        return check_population(config, cast)
+    except PrototypeError as err:
         raise ScenarioError(str(err)) from None
 
 

@@ -24,7 +24,9 @@ def open_refusal(state: RunState | RunHead | None, opened: RoundOpen) -> str | N
     shares = {sh.key: sh.count for sh in state.shares}
     for what, mine, theirs in (("shares", opened.shares, shares), ("config", opened.config_ref, state.config_ref),
                                ("observation", opened.observation, state.observation),
-                               ("env_state", opened.env_state, state.env_state)):
+                               ("env_state", opened.env_state, state.env_state),
+                               ("prototypes", opened.prototypes, state.prototypes),
+                               ("population", opened.population, state.population)):
         if mine != theirs:
             return f"round {opened.round} of run {opened.run_id}: its {what} is not the run's"
     return None

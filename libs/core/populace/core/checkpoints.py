@@ -35,7 +35,16 @@ from pydantic_core import from_json, to_json
 
 from populace.core import subjects
 from populace.core.bus import run_writers, stream_subjects, unless_reconnected, until_ready
-from populace.core.contracts import WorldRef
+from populace.core.checkpoint_rows import (  # the rows' format: re-exported, its home is pure
+    MARKS,
+    as_runs,
+    changed_offsets,
+    compacted,
+    offsets_of,
+    resolve_chain,
+    valid_offsets,
+)
+from populace.core.contracts import LivingRef, WorldRef
 from populace.core.owned_objects import (
     CheckpointError,
     CheckpointMissing,
@@ -48,7 +57,19 @@ from populace.core.owned_objects import (
     write_object,
 )
 
-__all__ = ["CheckpointError", "CheckpointMissing", "CheckpointUnavailable", "CheckpointUnverified", "StoreFull"]
+__all__ = [
+    "MARKS",
+    "CheckpointError",
+    "CheckpointMissing",
+    "CheckpointUnavailable",
+    "CheckpointUnverified",
+    "StoreFull",
+    "as_runs",
+    "changed_offsets",
+    "compacted",
+    "offsets_of",
+    "resolve_chain",
+]
 
 
 class CheckpointUnverified(CheckpointError):
@@ -74,11 +95,11 @@ CONFIG_WRITER = "orchestrator"  # the orchestrator's: a run's configs (populace.
 
 
 def writer_of(name: str) -> str | None:
-    """Who writes the object `name`, when its name says: the environment (its state, a world),
-    the orchestrator (a config), a share's host (its partial). None: an agents' object, whose
-    writer is the host that played its range that round (the restore names it)."""
+    """Who writes the object `name`, when its name says: the environment (its state, a world,
+    who is alive), the orchestrator (a config), a share's host (its partial). None: an agents'
+    object, whose writer is the host that played its range that round (the restore names it)."""
     kind = name.split(".")[2:3]
-    if kind in (["env"], ["world"]):
+    if kind in (["env"], ["world"], ["population"]):
         return ENV_WRITER
     if kind == ["config"]:
         return CONFIG_WRITER
@@ -209,23 +230,29 @@ class Chain:
             self.links.append(stored)
 
 
-def changed_offsets(first: int, count: int, changed_ids: Iterable[int]) -> list[int]:
-    """The offsets in range (first, count) of the agents whose state may have changed (sorted):
-    what a delta of that range holds."""
-    return sorted({aid - first for aid in changed_ids if first <= aid < first + count})
-
-
 async def save_agents(js: JetStreamContext, rid: str, round_: int, first: int, count: int,
                       fields: dict[str, list], *, writer: str, changed: list[int] | None = None,
-                      chain: Chain | None = None, round_fields: Iterable[str] = ()) -> Stored:
-    """One range's checkpoint after `round_`: full (`changed` None: `fields` hold every agent),
-    or a delta on `chain`'s head (`fields` hold the agents at offsets `changed` only)."""
-    value: dict[str, object] = {"first": first, "count": count, "fields": fields}
+                      chain: Chain | None = None, round_fields: Iterable[str] = (),
+                      held: list[int] | None = None, marks: dict[str, object] | None = None) -> Stored:
+    """One range's checkpoint after `round_`: full (`changed` None: `fields` hold every agent,
+    or those at offsets `held`), or a delta on `chain`'s head (`fields` hold the agents at
+    offsets `changed` only). The agents without a state of their own are offsets, not rows:
+    `marks` ({"gone": …, "fresh": …}, each a list or its runs: `as_runs`), or, not given, the GONE
+    and FRESH columns of `fields` (`compacted`)."""
+    delta = changed is not None
+    if marks is None:
+        fields, rows, offsets = compacted(fields, count, changed)
+        marks = {key: as_runs(at) for key, at in offsets.items()}
+    else:
+        rows = changed if delta else held
+    value: dict[str, object] = {"first": first, "count": count, "fields": fields, **marks}
+    if not delta and rows is not None:
+        value["held"] = rows  # a full checkpoint whose marked agents have no rows: the offsets that do
     round_fields = sorted(round_fields)
     if round_fields:
         value["round_fields"] = round_fields
     needs: list[str] = []
-    if changed is not None:
+    if delta:
         if chain is None or not chain.links:
             raise CheckpointError(f"a delta checkpoint of agents {first}.. after round {round_} needs the checkpoint "
                                   "it builds on")
@@ -234,32 +261,6 @@ async def save_agents(js: JetStreamContext, rid: str, round_: int, first: int, c
         value["builds_on"] = {"name": head.name, "digest": head.digest}
         needs = [link.name for link in chain.links]
     return await put(js, subjects.checkpoint_agents(rid, round_, first), value, writer=writer, needs=needs)
-
-
-def resolve_chain(links: list[dict], first: int, count: int) -> dict[str, list]:
-    """Every agent's fields (columnar) from a chain of one range's checkpoint values, the head
-    first and its full base last: the base, then each delta's agents over it in order; a field
-    the head names in `round_fields` only from the head (an agent the head lacks has None)."""
-    base = links[-1]
-    columns = {name: list(values) for name, values in base["fields"].items()}
-    for link in reversed(links[:-1]):
-        changed = link["changed"]
-        for name, values in link["fields"].items():
-            column = columns.setdefault(name, [None] * count)
-            if len(values) != len(changed):
-                raise CheckpointError(f"a checkpoint of agents {first}..{first + count - 1} has {len(values)} "
-                                      f"values of {name!r} for {len(changed)} agents")
-            for offset, value in zip(changed, values):
-                column[offset] = value
-    head = links[0]
-    for name in head.get("round_fields") or ():
-        if "changed" not in head:
-            continue  # a full head holds every agent's
-        column = [None] * count
-        for offset, value in zip(head["changed"], head["fields"].get(name, ())):
-            column[offset] = value
-        columns[name] = column
-    return columns
 
 
 async def read_chain(js: JetStreamContext, name: str, digests: Mapping[str, str], first: int,
@@ -276,8 +277,14 @@ async def read_chain(js: JetStreamContext, name: str, digests: Mapping[str, str]
             raise CheckpointUnverified(f"checkpoint {name} has no writer recorded for it: it cannot be told from a "
                                        "forgery and is not used")
         value = await get(js, name, expected, writer)
-        if not isinstance(value, dict) or value.get("first") != first or value.get("count") != count \
-                or not isinstance(value.get("fields"), dict):
+        # the head holds the range; a link below may hold fewer agents (the range grew since, by newcomers)
+        most = links[-1]["count"] if links else count
+        held = value.get("count") if isinstance(value, dict) else None
+        if not isinstance(value, dict) or value.get("first") != first or not isinstance(held, int) \
+                or isinstance(held, bool) or not (0 < held <= most) or (not links and held != count) \
+                or not isinstance(value.get("fields"), dict) \
+                or not valid_offsets(value.get("held"), held) \
+                or not all(key not in value or valid_offsets(offsets_of(value[key]), held) for key in MARKS):
             raise CheckpointError(f"checkpoint {name} does not hold agents {first}..{first + count - 1}")
         links.append(value)
         below = value.get("builds_on")
@@ -286,7 +293,7 @@ async def read_chain(js: JetStreamContext, name: str, digests: Mapping[str, str]
         changed = value.get("changed")
         if not isinstance(below, dict) or not isinstance(below.get("name"), str) \
                 or not isinstance(below.get("digest"), str) or not isinstance(changed, list) \
-                or not all(isinstance(o, int) and 0 <= o < count for o in changed):
+                or not all(isinstance(o, int) and 0 <= o < held for o in changed):
             raise CheckpointError(f"checkpoint {name} is a delta without a valid base reference or agent offsets")
         if len(links) >= MAX_LINKS:
             raise CheckpointError(f"checkpoint {name}'s chain is longer than {MAX_LINKS} links")
@@ -335,10 +342,16 @@ async def agent_chunks(js: JetStreamContext, rid: str, round_: int, layout: Iter
 
 
 async def save_env(js: JetStreamContext, rid: str, round_: int, state: dict, observation: dict,
-                   selection: dict | None = None, world: WorldRef | None = None) -> Stored:
-    return await put(js, subjects.checkpoint_env(rid, round_),
-                     {"state": state, "observation": observation, "selection": selection,
-                      "world": world.model_dump() if world is not None else None}, writer=ENV_WRITER)
+                   selection: dict | None = None, world: WorldRef | None = None,
+                   population: LivingRef | None = None, prototypes: dict[str, float] | None = None) -> Stored:
+    # the objects it names may be an earlier round's (unchanged since): pruning keeps them with it
+    needs = [ref.name for ref in (world, population) if ref is not None]
+    value = {"state": state, "observation": observation, "selection": selection,
+             "world": world.model_dump() if world is not None else None,
+             "population": population.model_dump() if population is not None else None}
+    if prototypes:  # only a prototype run whose guard raised a share: older checkpoints read alike
+        value["prototypes"] = prototypes
+    return await put(js, subjects.checkpoint_env(rid, round_), value, writer=ENV_WRITER, needs=needs)
 
 
 class EnvCheckpoint(NamedTuple):
@@ -346,6 +359,8 @@ class EnvCheckpoint(NamedTuple):
     observation: dict
     selection: dict | None  # who acts in the next round (None: everyone)
     world: WorldRef | None  # the world after the round (a simulation with one)
+    population: LivingRef | None = None  # who is alive after the round (a run whose population changed)
+    prototypes: dict[str, float] | None = None  # a prototype run: the shares its guard raised
 
 
 async def load_env(js: JetStreamContext, rid: str, round_: int, digests: Mapping[str, str]) -> EnvCheckpoint:
@@ -354,10 +369,22 @@ async def load_env(js: JetStreamContext, rid: str, round_: int, digests: Mapping
     value = await get(js, subjects.checkpoint_env(rid, round_), digests)
     if not isinstance(value, dict) or not isinstance(value.get("state"), dict):
         raise CheckpointError(f"checkpoint {subjects.checkpoint_env(rid, round_)} is not an environment's state")
-    selection, world = value.get("selection"), value.get("world")
+    selection, world, population = value.get("selection"), value.get("world"), value.get("population")
+    raised = value.get("prototypes")
     return EnvCheckpoint(value["state"], value.get("observation") or {},
                          selection if isinstance(selection, dict) else None,
-                         WorldRef.model_validate(world) if isinstance(world, dict) else None)
+                         WorldRef.model_validate(world) if isinstance(world, dict) else None,
+                         LivingRef.model_validate(population) if isinstance(population, dict) else None,
+                         {str(k): float(v) for k, v in raised.items()} if isinstance(raised, dict) else None)
+
+
+async def save_population(js: JetStreamContext, rid: str, round_: int, data: bytes) -> str:
+    """Who is alive after round `round_` (populace.sdk.population's bytes); returns their sha256."""
+    return await put_bytes(js, subjects.checkpoint_population(rid, round_), data, writer=ENV_WRITER)
+
+
+async def load_population(js: JetStreamContext, ref: LivingRef) -> bytes:
+    return await get_bytes(js, ref.name, ref.digest)
 
 
 Keep = Literal["all", "last", "none"]

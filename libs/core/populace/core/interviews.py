@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -101,13 +101,22 @@ def owed_rounds(last_round: int, first_played: int = 1, resumed_after: int | Non
     return owed, range(max(owed.start, resumed_after or 1), last_round + 1)
 
 
-def expected(plans: Sequence, agents: int, seed: int, last_round: int, first_round: int = 1) -> int:
+def expected(plans: Sequence, agents: int, seed: int, last_round: int, first_round: int = 1,
+             played: Callable[[int], np.ndarray] | None = None) -> int:
     """How many answers a run's planned interviews owe after rounds `first_round`..`last_round`:
-    each plan's respondents × its questions × the rounds it is asked after."""
+    each plan's respondents × its questions × the rounds it is asked after. `played`: in a run
+    whose population changed, round -> the ids of the agents that played it (who answer after it)."""
     total = 0
     for plan in plans:
-        rounds = sum(1 for r in plan.rounds(last_round) if r >= first_round)
-        if rounds:
+        rounds = [r for r in plan.rounds(last_round) if r >= first_round]
+        if not rounds:
+            continue
+        if played is None:
             who = respondent_count(agents, seed=seed, survey_id=plan.id, sample=plan.sample, agents=plan.agents)
-            total += rounds * who * len(plan.questions)
+            total += len(rounds) * who * len(plan.questions)
+            continue
+        for r in rounds:
+            ids = played(r)
+            total += int(chosen(ids, seed=seed, survey_id=plan.id, sample=plan.sample, agents=plan.agents).sum()) \
+                * len(plan.questions)
     return total

@@ -35,6 +35,7 @@ from pydantic_core import to_json
 
 from populace.core import subjects
 from populace.core.bus import until_ready
+from populace.core.checkpoint_rows import CheckpointError
 from populace.core.contracts import StoredObject
 
 CHUNK_BYTES = 128 * 1024  # what nats-py's object store uses: well under NATS's 1 MB payload
@@ -55,10 +56,6 @@ IDLE_S = 5.0
 # What a refused write's JetStream error says (err_code 10077: "maximum bytes exceeded",
 # "maximum messages per subject exceeded"; 10023/10047: the server's storage is exhausted).
 FULL_CODES = (10077, 10023, 10047)
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint object is missing, unreadable or unusable."""
 
 
 class CheckpointMissing(CheckpointError):

@@ -7,6 +7,7 @@ whose entries are trusted), and `bounded` caps any claim at what the operator al
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 from populace.core.contracts import HostInfo
@@ -124,3 +125,47 @@ def place_ranges(ranges: list[tuple[int, int]], hosts: list[HostInfo],
             if offset == length:
                 i, offset = i + 1, 0
     return out
+
+
+def birth_block(agents: int) -> int:
+    """How many newcomers' ids one share takes before another takes its turn (a run of
+    `agents` first agents): a share grows by one range per block, and shares differ by at most
+    a block of newcomers."""
+    return max(256, -(-agents // 32))
+
+
+def place_births(placement: Mapping[str, Sequence[tuple[int, int]]], first: int, count: int, *, base: int,
+                 block: int) -> dict[str, list[tuple[int, int]]]:
+    """The shares' ranges (share key -> ranges) with newcomers' ids first..first+count-1 placed:
+    the ids from `base` (the run's first newcomer's) are cut into blocks of `block`; a block begun
+    goes on with the share that holds its ids so far, a new one goes to the share holding the
+    fewest ids (ties: the first key). Pure: the orchestrator places by it, and a local run the
+    same way. A share's ranges stay sorted, and a range grows while its share takes ids after it."""
+    if count < 0 or block < 1 or first < base:
+        raise PlacementError(f"newcomers {first}+{count} (block {block}, from {base}): not a placement")
+    out = {key: sorted((int(f), int(c)) for f, c in ranges) for key, ranges in sorted(placement.items())}
+    if not out:
+        raise PlacementError("no share to place newcomers on")
+    held = {key: sum(c for _, c in ranges) for key, ranges in out.items()}
+    at, end = first, first + count
+    while at < end:
+        b = (at - base) // block
+        stop = min(end, base + (b + 1) * block)
+        key = _holder(out, at - 1) if at > base + b * block else None
+        if key is None:
+            key = min(out, key=lambda k: (held[k], k))
+        ranges = out[key]
+        if ranges and ranges[-1][0] + ranges[-1][1] == at:
+            ranges[-1] = (ranges[-1][0], ranges[-1][1] + stop - at)
+        else:
+            ranges.append((at, stop - at))
+        held[key] += stop - at
+        at = stop
+    return out
+
+
+def _holder(placement: Mapping[str, Sequence[tuple[int, int]]], agent_id: int) -> str | None:
+    for key, ranges in placement.items():
+        if any(f <= agent_id < f + c for f, c in ranges):
+            return key
+    return None

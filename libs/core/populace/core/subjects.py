@@ -65,6 +65,11 @@ def checkpoint_world(rid: str, n: int) -> str:
     return f"{rid}.{n}.world"
 
 
+def checkpoint_population(rid: str, n: int) -> str:
+    """Who is alive after round n and its changes (populace.sdk.population's bytes)."""
+    return f"{rid}.{n}.population"
+
+
 def checkpoint_partial(rid: str, n: int, share: str) -> str:
     """A share's round-n partial too large for a message (the message names it and its digest)."""
     return f"{rid}.{n}.partial.{share.replace('@', '-')}"
@@ -120,7 +125,7 @@ def checkpoint_round(rid: str, name: str) -> int | None:
     checkpoint name). Run ids have no dots, so `rid.` never matches another run's names."""
     head, _, rest = name.partition(".")
     round_, _, kind = rest.partition(".")
-    named = kind in ("env", "world") or kind.startswith(("agents.", "partial.", "config."))
+    named = kind in ("env", "world", "population") or kind.startswith(("agents.", "partial.", "config."))
     if head != rid or not round_.isdigit() or not named:
         return None
     return int(round_)

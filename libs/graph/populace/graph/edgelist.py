@@ -6,13 +6,15 @@ row by row — vectorised — before anything starts. The first bad row is named
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from populace.graph.config import GraphError
 from populace.graph.csr import Graph, from_edges
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = ["load_edge_list", "read_edge_table"]
 
@@ -21,6 +23,8 @@ _COLUMNS = ("source", "target", "weight")
 
 def read_edge_table(path: Path) -> pa.Table:
     """The file's table, with its columns checked by name (GraphError otherwise)."""
+    import pyarrow as pa  # here: a run without an edge-list file (and an author's SDK) never loads Arrow
+
     where = f"graph.path: {path}"
     try:
         if path.suffix.lower() == ".csv":
@@ -48,6 +52,9 @@ def read_edge_table(path: Path) -> pa.Table:
 
 
 def _column(table: pa.Table, name: str, where: str, kind: str) -> np.ndarray:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     col = table.column(name)
     if col.null_count:
         row = int(pc.index(pc.is_null(col), True).as_py())

@@ -20,6 +20,7 @@ from populace.sdk.local import LocalResult, run_local
 from populace.sdk.mailroom import BROADCAST_AUTHOR
 from populace.sdk.mock import DummyLLM, ScriptedLLM
 from populace.sdk.outcome import Ids, Outcome
+from populace.sdk.population import Birth, Changes, Population
 from populace.sdk.post import Message, Post
 from populace.sdk.registry import available, load_simulation, resolve
 from populace.sdk.rng import stable_seed
@@ -31,7 +32,9 @@ __all__ = [
     "BROADCAST_AUTHOR",
     "LLM",
     "Agent",
+    "Birth",
     "Cast",
+    "Changes",
     "Claims",
     "Count",
     "DummyLLM",
@@ -50,6 +53,7 @@ __all__ = [
     "Params",
     "Partial",
     "Persona",
+    "Population",
     "Post",
     "RunConfig",
     "Scene",

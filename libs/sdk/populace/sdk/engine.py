@@ -31,11 +31,13 @@ from populace.sdk.env import Env, Partial
 from populace.sdk.hosting import HostedRun
 from populace.sdk.llm import LLM
 from populace.sdk.play import OutcomeRows, OutcomeSink, RoundFailed, RoundPaused, RoundShare
+from populace.sdk.population import ChangeError, Changes, Population, scheduled
 from populace.sdk.process import AgentRaised
 from populace.sdk.profile import VIEW_BUDGET_BYTES, Budget, RoundCost, decide_profile, sampled, size_of, wire_size
+from populace.sdk.prototypes import HostRound
 from populace.sdk.registry import Resolved
 from populace.sdk.shown import ShownBook
-from populace.sdk.statejson import StateTypeError, from_wire, to_wire
+from populace.sdk.statejson import StateTypeError, encode, from_wire, to_wire
 from populace.sdk.world import World, WorldError
 
 # What one round's messages may carry of the environment (a round open and a round result hold
@@ -52,6 +54,12 @@ class WorldRefused(DecideFailed, RoundPaused):
     """The environment built a world its declaration refuses (a column of the wrong type or
     length, a size that is not the run's): the simulation's bug, named; the run pauses, and
     resumes from its last round once the simulation is fixed."""
+
+
+class PopulationRefused(DecideFailed, RoundPaused):
+    """The round's population changes cannot apply (an agent departing that is not alive, a
+    newcomer without a persona or with a state its class does not declare …): named, the run
+    pauses, and resumes from its last round once the simulation (or the scenario) is fixed."""
 
 
 class RuleBroken(DecideFailed, RoundPaused):
@@ -71,6 +79,9 @@ class Decision:
     selection: dict | None  # who acts next round (None: everyone)
     world: World | None = None  # the simulation's bulk state after the round (a World's)
     profile: DecideProfile | None = None  # where deciding it went (table round_profile)
+    # who is alive after the round (None: the run's first agents, as ever); its `delta` is this
+    # round's changes when `population.round` is the round's
+    population: Population | None = None
 
 
 def _size_check(sim_name: str, round_: int, what: str, value: Any) -> int:
@@ -97,8 +108,13 @@ class RoundDecider:
         self.resolved = resolved
         self.env = env if env is not None else resolved.simulation.Env(resolved.instance(run_id))
         self.name = resolved.simulation.name
-        self.agents = resolved.config.agents
+        c = resolved.config
+        self.agents = c.agents
         self.budget = Budget(budget_bytes)  # the observation every agent sees: said once per run when over
+        self.schedule = c.population.changes if c.population is not None else []
+        # how many agents can have a persona (the first agents' and the newcomers'); None: none has one
+        self.personas = c.agents + c.population.newcomers if c.has_personas else None  # type: ignore[union-attr]
+        self.no_births = births_refused(resolved, self.env.sim)
         # `select(state, round, world)` sees the round's world; `select(state, round)` (older packages) does not
         self._select_world = select.takes(self.env.select, 3)
 
@@ -111,7 +127,7 @@ class RoundDecider:
         else:
             where = f"{type(env).__name__}.select(state, {round_})"
             sel = env.select(state, round_)
-        return select.to_wire(select.checked(sel, self.agents, where, world))
+        return select.to_wire(select.checked(sel, env.population.size, where, world))
 
     def _rules(self, state: Any, world: World | None, round_: int) -> None:
         """The environment's invariants on the state and world after `round_` (0: as it starts)."""
@@ -125,6 +141,7 @@ class RoundDecider:
         """Before round 1: the state the environment starts with, round 1's observation and
         selection, and its world (a simulation that declares one)."""
         env = self.env
+        env.population = Population.start(self.agents)
         try:
             state = env.start()
             observation = to_wire(env.observe(state, 1), strict=False)
@@ -157,28 +174,41 @@ class RoundDecider:
             raise WorldRefused(f"simulation {self.name!r}: {type(self.env).__name__}.{where} returned "
                                f"{type(world).__name__}, not its World {cls.__name__}")  # type: ignore[union-attr]
         agents = world.sizes.get("agents")
-        if agents is not None and agents != self.agents:  # a view would read past (or short of) the run's agents
+        ids = self.env.population.size
+        if agents is not None and agents != ids:  # a view would read past (or short of) the run's agents
+            given = f"{ids} agent ids (its first {self.agents} and the newcomers so far)" if ids != self.agents \
+                else f"{ids} agents"
             raise WorldRefused(f"simulation {self.name!r}: {type(self.env).__name__}.{where} gave a world whose size "
-                               f"'agents' is {agents}, but the run has {self.agents} agents")
+                               f"'agents' is {agents}, but the run has {given}")
         return world
 
     def decide(self, round_: int, env_state: dict | None, partials: Sequence[Partial],
-               world: World | None = None) -> Decision:
+               world: World | None = None, population: Population | None = None) -> Decision:
         """Round `round_` from its shares' partials (in share order), given the state the rounds
-        before left (None: the start) and, for a simulation with a World, the round's world."""
+        before left (None: the start), for a simulation with a World the round's world, and who
+        is alive in it (None: the run's first agents, as ever)."""
         env = self.env
         sim = type(env.sim)
         clock = time.perf_counter
+        before = population if population is not None else Population.start(self.agents)
+        env.population = before
         try:
             state = env.start() if env_state is None else from_wire(env.State, env_state)
             t0 = clock()
             total = env.merge(list(partials))
             t1 = clock()
             if env.World is not None:
-                state, summary, world = env.decide(state, round_, total, world)
-                world = self._world(world, f"decide(…) after round {round_}")
+                state, summary, world, *changed = env.decide(state, round_, total, world)
             else:
-                state, summary = env.decide(state, round_, total)
+                state, summary, *changed = env.decide(state, round_, total)
+            after = self._population(before, round_, changed)
+            if after.changed and self.resolved.config.prototypes is not None:
+                raise DecideFailed(f"prototypes: simulation {self.name!r} changed who is alive after round {round_} "
+                                   "(its decide returned Changes); a prototype run's agents are fixed: its "
+                                   "representatives and draws cover the run's first agents")
+            env.population = after
+            if env.World is not None:
+                world = self._world(world, f"decide(…) after round {round_}")
             self._rules(state, world, round_)
             observation = to_wire(env.observe(state, round_ + 1), strict=False)
             summary = sim.Summary.model_validate(summary.model_dump()).model_dump(mode="json")
@@ -200,7 +230,39 @@ class RoundDecider:
         note = self.budget.over(f"{type(env).__name__}.observe", sizes["observation"],
                                 f"for round {round_ + 1} (every agent sees it)")
         return Decision(state, summary, observation, selection, world,
-                        decide_profile(t1 - t0, t2 - t1, sizes["observation"], note))
+                        decide_profile(t1 - t0, t2 - t1, sizes["observation"], note),
+                        after if after.changed else None)
+
+    def _population(self, before: Population, round_: int, changed: list) -> Population:
+        """Who is alive after round `round_`: `before`, with what `decide` returned after its
+        other values (a Changes, or nothing) and then the scenario's scheduled changes."""
+        hook = f"{type(self.env).__name__}.decide"
+        if len(changed) > 1 or (changed and changed[0] is not None and not isinstance(changed[0], Changes)):
+            raise DecideFailed(f"simulation {self.name!r}: {hook} returned {len(changed)} value(s) after its "
+                               f"{'state, summary and world' if self.env.World is not None else 'state and summary'}"
+                               f" ({', '.join(type(v).__name__ for v in changed)}); only a populace.sdk.Changes may "
+                               "follow them")
+        changes = changed[0] if changed and changed[0] is not None else Changes()
+        where = hook if changes else "population.changes"  # whose changes these are, for a refusal
+        if self.schedule:
+            planned = scheduled(self.schedule, before, round_, self.env.sim.seed, changes.departed)
+            if changes and planned:
+                where = f"{hook} and population.changes"
+            changes = changes + planned
+        if changes.births and self.no_births:
+            raise PopulationRefused(f"simulation {self.name!r}, round {round_}: {changes.births} newcomer(s): "
+                                    f"{self.no_births}")
+        states = changes.birth_states
+        if states is not None:  # as a checkpoint holds a state (a tuple stays a tuple, local = fleet)
+            changes = changes + Changes()  # the author's object stays as it was
+            changes.birth_states = [_born_state(st, f"simulation {self.name!r}: {where}, round {round_}, agent "
+                                                    f"{before.size + i}: births.{i}.state")
+                                    for i, st in enumerate(states)]
+        try:
+            return before.after(changes, round_, state_fields=self.env.sim.Agent.state_fields,
+                                personas=self.personas)
+        except ChangeError as err:
+            raise PopulationRefused(f"simulation {self.name!r}: {where}: {err}") from None
 
 
 class ShareEngine:
@@ -208,7 +270,6 @@ class ShareEngine:
 
     def __init__(self, run: HostedRun, budget_bytes: int = VIEW_BUDGET_BYTES) -> None:
         self.run = run
-        self._ids = np.fromiter((a.id for a in run.agents), dtype=np.int64, count=len(run.agents))
         self._profiles = [p.profile for p in run.sim.cast.personas] if run.sim.cast is not None else None
         cls = type(run.sim).Agent
         self._wakes = cls.wakes is not Agent.wakes
@@ -219,14 +280,20 @@ class ShareEngine:
 
     def selected(self, round_: int, selection: dict | None, obs: Any, world: World | None = None,
                  view: Callable[[int], Any] | None = None) -> list[int] | None:
-        """Indices (into the share's agents) of those who act this round; None: all of them.
+        """Indices (into the share's agents) of those who act this round; None: all of them. The
+        departed never act (nor cost anything but a bit here).
         `world`: the round's (a selector may read its columns); `view`: agent id -> its own view
         (what `wakes(obs, view)` sees; None: the environment gives none)."""
         sel = select.from_wire(selection)
         picked: np.ndarray | None = None
+        living = self.run.living
         if sel is not None:
-            mask = sel.pick(self._ids, seed=self.run.sim.seed, round_=round_, profiles=self._profiles, world=world)
-            picked = np.flatnonzero(mask)
+            mask = sel.pick(self.run.ids, seed=self.run.sim.seed, round_=round_, profiles=self._profiles,
+                            world=world)
+            picked = np.flatnonzero(mask if living is None else mask & living)
+        elif living is not None:
+            picked = np.flatnonzero(living)
+        self.run.made(picked)  # newcomers not made yet, made now they act (None: every one)
         if not self._wakes:
             return None if picked is None else picked.tolist()
         agents = self.run.agents
@@ -238,10 +305,11 @@ class ShareEngine:
 
     async def play(self, round_: int, observation: dict | None, selection: dict | None, llm: LLM, *,
                    emit: Callable[[OutcomeRows], None], batch_size: int = 1000,
-                   world: World | None = None) -> RoundShare:
+                   world: World | None = None, prototypes: dict[str, float] | None = None) -> RoundShare:
         """Play round `round_` (its announcement's observation and selection, and the world it
         names; observation None: the run's first round, derived here from the environment's
-        start, as every share does)."""
+        start, as every share does). A prototype run: only the share's representatives play
+        (`prototypes`: the shares its guard raised), beside its audits (populace.sdk.prototypes)."""
         run = self.run
         t0 = time.perf_counter()
         cost = self.cost = RoundCost()
@@ -268,16 +336,38 @@ class ShareEngine:
         sink = OutcomeSink(type(run.sim), run.env, batch_size=batch_size, emit=emit, grouped=run.tables.grouped,
                            round_=round_, posts=record_posts, levels=run.player.level_names, edits=edits,
                            shown=shown.take if shown is not None else None)
-        selected = self.selected(round_, selection, obs, world, view)
+        drawn = None
+        if run.prototypes is not None:
+            if selection is not None:  # refused before the run (populace.sdk.prototypes.check): a bug if here
+                raise RoundPaused(f"round {round_}: a prototype run's environment selected who acts")
+            drawn = HostRound(run.prototypes, run.ids, round_, prototypes)
+            sink._emit = drawn.capture(emit)
+            selected = drawn.selected
+        else:
+            selected = self.selected(round_, selection, obs, world, view)
         run.acted(selected)  # before they play: a round cut short may have changed some of them
         run.env._shown_book = shown  # what its views `show` this round
         try:
-            await run.player.play(obs, llm, sink, selected, view=view, cost=cost)
+            audits = drawn.start_audits(run, obs, llm) if drawn is not None else None
+            try:
+                await run.player.play(obs, llm, sink, selected, view=view, cost=cost)
+            except BaseException:
+                if audits is not None:
+                    audits.cancel()
+                raise
             share = sink.close()
+            if drawn is not None:
+                rows = await drawn.finish_audits(audits, sink, sink.seq)
+                if rows is not None:
+                    emit(rows)
+                played = share.n
+                share.prototypes = drawn.evidence(run.tables.measure or "")
+                share.n = len(run.agents)  # every agent of the share has a row: its own answer or a drawn one
+                cost.turns = played
         finally:
             self.cost = None
             run.env._shown_book = None
-        cost.agents = share.n
+        cost.agents = len(selected) if drawn is not None else share.n
         cost.model_wait_s = getattr(llm, "model_wait_s", 0.0)  # the ports that count it (the fleet's, the dummy's)
         cost.wall_s = time.perf_counter() - t0
         share.cost = cost
@@ -327,6 +417,30 @@ class ShareEngine:
             return seen
 
         return view
+
+
+def _born_state(state: Any, where: str) -> dict | None:
+    """A newcomer's state, each field encoded as an agent-host encodes a checkpoint's
+    (populace.sdk.statejson); one no checkpoint keeps is refused, naming it."""
+    if state is None or not hasattr(state, "items"):
+        return state  # none given; or not a mapping, which the population refuses by name
+    out = {}
+    for name, value in state.items():
+        try:
+            out[name] = encode(value)
+        except StateTypeError as err:
+            raise PopulationRefused(f"{where}.{name}: {err}") from None
+    return out
+
+
+def births_refused(resolved: Resolved, sim: Any) -> str | None:
+    """Why a run cannot have newcomers (None: it can): their ids would be outside its groups'
+    layout or its graph, both fixed before the run."""
+    if sim.group_layout() is not None:
+        return "a simulation with groups cannot have newcomers (its groups are laid out over the first agents)"
+    if resolved.config.graph is not None or resolved.simulation.edge_kinds:
+        return "a run with a graph cannot have newcomers (its graph is built over the first agents)"
+    return None
 
 
 def _time_folds(env: Env, engine: ShareEngine) -> None:

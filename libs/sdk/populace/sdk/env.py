@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Generic, TypeVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, PlainSerializer, PlainValidator
 
+from populace.sdk.population import Population
 from populace.sdk.shown import ShownBook, ShownError
 from populace.sdk.shown import checked as checked_shown
 
@@ -105,6 +106,9 @@ class Env(Generic[StateT, PartialT]):
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
         self.params = sim.params
+        # who is alive (populace.sdk.population), set by the platform before each hook runs: the
+        # run's first agents until a round changes them
+        self.population: Population = Population.start(sim.agents)
 
     def start(self) -> StateT:
         """The state before round 1."""
@@ -143,7 +147,8 @@ class Env(Generic[StateT, PartialT]):
     def select(self, state: StateT, round: int) -> Any:
         """Who acts in `round` (activation): a selector of `populace.sdk.select` (rate, rate_by,
         ids, mask, where, column), or None for everyone. Pure: it runs where the round is decided,
-        and only the agents it picks play, are reduced and are recorded.
+        and only the agents it picks play, are reduced and are recorded (of the living: a departed agent is
+        never picked; a mask covers every id given so far, `self.population.size`).
 
         Declared with a third argument, `select(self, state, round, world)`, it also gets the
         world `round` is played in (the one `decide` of the round before returned, or
@@ -153,6 +158,27 @@ class Env(Generic[StateT, PartialT]):
     def reduce(self, agent_ids: Sequence[int], outcomes: Sequence[Outcome]) -> PartialT:  # pragma: no cover
         """Fold a batch of outcomes (on the host that played them) into a partial."""
         raise NotImplementedError
+
+    def reduce_drawn(self, agent_ids: Sequence[int], outcomes: Sequence[Outcome], counts: Sequence[int]) -> PartialT:
+        """A prototype run (docs/prototypes.md): fold the answers agents drew instead of calling the
+        model. `outcomes[i]` stands for `counts[i]` agents, the smallest of whose ids is
+        `agent_ids[i]`; it runs in the environment, once per round. The default reduces each
+        outcome `counts[i]` times, every copy under that smallest id, in batches: exact for a
+        `reduce` that reads an agent's id only to break ties towards the smallest (or not at all),
+        and one Python call per drawn agent. Override it to fold a count per answer (the ratio
+        game does): exact, and as fast for ten million agents as for a thousand."""
+        parts = []
+        batch_ids: list[int] = []
+        batch: list[Outcome] = []
+        for aid, out, n in zip(agent_ids, outcomes, counts):
+            batch_ids.extend([aid] * n)
+            batch.extend([out] * n)
+            if len(batch) >= 100_000:
+                parts.append(self.reduce(batch_ids, batch))
+                batch_ids, batch = [], []
+        if batch:
+            parts.append(self.reduce(batch_ids, batch))
+        return self.merge(parts)
 
     def merge(self, partials: Sequence[PartialT]) -> PartialT:  # pragma: no cover
         """Fold partials (of batches, hosts or groups) into one: associative and commutative.
@@ -164,7 +190,9 @@ class Env(Generic[StateT, PartialT]):
 
     def decide(self, state: StateT, round: int, total: PartialT) -> tuple[StateT, Summary]:  # pragma: no cover
         """Close a round: the state after it and the round's summary (its recorded columns).
-        With a `World`: `decide(state, round, total, world) -> (state, summary, world)`."""
+        With a `World`: `decide(state, round, total, world) -> (state, summary, world)`. Either
+        may end with the round's population changes (`populace.sdk.Changes`: who dies or leaves,
+        who is born or arrives; see populace.sdk.population)."""
         raise NotImplementedError
 
 

@@ -49,9 +49,11 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic_core import from_json, to_json
 
+from populace.core.checkpoint_rows import MARKS, resolve_chain
 from populace.core.contracts import Question, Survey, choice_key
 from populace.sdk.answers import answer_field
 from populace.sdk.llm import ASKING, ASKING_CALLS, CALLER, LLM, InferError, ModelUnavailable
+from populace.sdk.population import FRESH, GONE
 from populace.sdk.statejson import decode, decode_state
 
 if TYPE_CHECKING:
@@ -375,10 +377,17 @@ def copy_maker(sim: Simulation) -> Callable[[int, dict[str, Any]], Any]:
     return light
 
 
-def frozen_states(snapshot: Sequence[tuple[int, int, dict[str, list]]]) -> bytes:
-    """A share's agents' declared state (HostedRun.snapshot's columns) as a checkpoint stores
+def frozen_states(snapshot: Sequence[Any]) -> bytes:
+    """A share's agents' declared state (HostedRun.snapshot's ranges) as a checkpoint stores
     it: JSON. Taken at a round's end, so answering later never sees the next round."""
-    return to_json([{"first": first, "count": count, "fields": fields} for first, count, fields in snapshot])
+    return to_json([part.value() for part in snapshot])
+
+
+def _expanded(chunk: dict) -> dict[str, list]:
+    """A stored range's fields, a value per agent (its departed and unmade newcomers marked)."""
+    if any(key in chunk for key in ("held", *MARKS)):
+        return resolve_chain([chunk], chunk["first"], chunk["count"])
+    return chunk["fields"]
 
 
 def _respondent(people: Respondents, i: int, make: Callable[[int, dict[str, Any]], Any], survey: Survey,
@@ -425,13 +434,24 @@ class Respondents:
         ids = array("q")
         fields: dict[str, list] = {}
         for first, count, columns in chunks:
-            if wanted is None:
+            gone = columns.get(GONE)
+            if gone is not None:  # departed before the round: not one who answers after it
+                columns = {k: v for k, v in columns.items() if k != GONE}
+            fresh = columns.get(FRESH)
+            if fresh is not None:  # a newcomer that never acted answers as its class makes one
+                columns = {k: [_ABSENT if f is True else v for v, f in zip(values, fresh)]
+                           for k, values in columns.items() if k != FRESH}
+            if wanted is None and gone is None:
                 keep = None
             else:
                 agents = np.arange(first, first + count, dtype=np.int64)
                 inside = np.zeros(count, dtype=bool)
-                for lo, n in wanted:
+                if wanted is None:
+                    inside[:] = True
+                for lo, n in wanted or ():
                     inside |= (agents >= lo) & (agents < lo + n)
+                if gone is not None:
+                    inside &= np.fromiter((g is not True for g in gone), dtype=bool, count=count)
                 keep = None if inside.all() else np.flatnonzero(inside).tolist()
                 del agents, inside
             before = len(ids)
@@ -453,7 +473,7 @@ class Respondents:
     def frozen(cls, *data: bytes | Sequence[dict]) -> Respondents:
         """From `frozen_states`' bytes (or the chunk objects they hold), one share's after another."""
         chunks = (c for one in data for c in (from_json(one) if isinstance(one, (bytes, bytearray)) else one))
-        return cls.from_chunks((c["first"], c["count"], c["fields"]) for c in chunks)
+        return cls.from_chunks((c["first"], c["count"], _expanded(c)) for c in chunks)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -505,12 +525,17 @@ def thawed(data: bytes | Sequence[dict], wanted: Callable[[int], bool] | None = 
     chunks = from_json(data) if isinstance(data, (bytes, bytearray)) else data
     out = []
     for chunk in chunks:
-        first, fields = chunk["first"], chunk["fields"]
-        names = list(fields)
+        first, fields = chunk["first"], _expanded(chunk)
+        gone, fresh = fields.get(GONE) or (), fields.get(FRESH) or ()
+        names = [name for name in fields if name not in (GONE, FRESH)]
         for offset in range(chunk["count"]):
             aid = first + offset
+            if gone and gone[offset] is True:
+                continue  # departed before the round
             if wanted is None or wanted(aid):
-                out.append((aid, {name: fields[name][offset] for name in names}))
+                # a newcomer that never acted: as its class makes one
+                out.append((aid, {} if fresh and fresh[offset] is True else
+                            {name: fields[name][offset] for name in names}))
     return out
 
 

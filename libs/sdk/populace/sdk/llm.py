@@ -40,6 +40,10 @@ ASKING: ContextVar[int | None] = ContextVar("populace_asking", default=None)
 # interview ends: a million of them for a question asked of a million agents).
 ASKING_CALLS: ContextVar[int | None] = ContextVar("populace_asking_calls", default=None)
 TURNS: dict = {}
+# The member whose act `Scene.all` is stepping right now (populace.sdk.scene): it drives a stage's
+# acts without a task each, one synchronous step at a time, and names the stepping member here, a
+# plain global (a context variable set and reset per step cost more than the rest of the step).
+ACTING: int | None = None
 
 
 def call_tag(counts: dict, key: int) -> int:
@@ -57,6 +61,8 @@ def call_tag(counts: dict, key: int) -> int:
         counts[slot] = n + 1
         return asking | n
     caller = CALLER.get()
+    if caller is None:
+        caller = ACTING
     if caller is None:
         try:
             caller = TURNS.get(current_task())

@@ -16,16 +16,28 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from populace.core.contracts import GRAPH_ONE_PER_PROCESS, HostInfo, RunConfig, SimulationTables
-from populace.core.placement import place
+import numpy as np
+
+from populace.core.contracts import (
+    GRAPH_ONE_PER_PROCESS,
+    PROTOTYPE_COLUMNS,
+    HostInfo,
+    PrototypeEvidence,
+    PrototypeRound,
+    RunConfig,
+    SimulationTables,
+)
+from populace.core.placement import birth_block, place, place_births
 from populace.graph.csr import Graph
+from populace.population import prototypes as pure
 from populace.population.cast import Cast
-from populace.sdk import interview
+from populace.sdk import interview, prototypes
 from populace.sdk.engine import RoundDecider
 from populace.sdk.hosting import HostedRun, host_run
 from populace.sdk.llm import LLM
 from populace.sdk.mock import DummyLLM
 from populace.sdk.play import OutcomeRows, RoundPlayer, RoundShare
+from populace.sdk.population import Delta, Population, combined_rows
 from populace.sdk.profile import PROFILE_KEYS, RoundCost, budget_bytes
 from populace.sdk.registry import Resolved, resolve
 from populace.sdk.statejson import from_wire, to_wire
@@ -51,9 +63,15 @@ class LocalResult:
     # environment's; the recorder adds its own when the run is recorded
     profile: dict[str, list] = field(default_factory=dict)
     status: str = "completed"
+    reason: str | None = None
     interviews: dict[str, list] = field(default_factory=dict)  # the scenario's `interviews:`: table `interviews`
+    # every departure and newcomer (table `population`: run_id, round, agent_id, event, reason)
+    population: dict[str, list] = field(default_factory=dict)
     interview_calls: int = 0  # the interviews' LLM calls (the rounds' are in `rounds.llm_calls`)
     interview_usage: dict[tuple[int, str], int] = field(default_factory=dict)  # those calls by (after round, survey)
+    # a prototype run: its audits (table `audits`'s rows) and each round's report (its result's)
+    audits: dict[str, list] = field(default_factory=dict)
+    prototype_reports: dict[int, PrototypeRound] = field(default_factory=dict)
     # round -> each share's agents' declared state after it, as a checkpoint holds it: what a
     # post-hoc interview (populace.sdk.local.interview_local) answers from
     states: dict[int, list[bytes]] = field(default_factory=dict, repr=False)
@@ -115,17 +133,25 @@ async def run_local(config: RunConfig | Resolved, *, run_id: str = "local", cast
     observation: dict | None = None
     selection: dict | None = None
     world = None  # a simulation's World after the last round (round 1: each share starts it)
+    population: Population | None = None  # who is alive (None: the first agents, as ever)
+    deltas: list[Delta] = []
     out = LocalResult(run_id, c, tables, resolved=resolved, cast=cast)
     rows = _Rows(run_id, tables)
     placement = {f"local-{i}@0": ranges for i, ranges in enumerate(whole)}  # share keys, as on the fleet
+    raised: dict[str, float] | None = None  # a prototype run: the shares its guard raised
     try:
         for n in range(1, c.rounds + 1):
+            if population is not None:  # as each host applies it when the round opens
+                for run, key in zip(runs, placement):
+                    run.apply(population, placement[key])
             shares: list[RoundShare] = []
             calls = 0
+            start = rows.mark()
             for run in runs:
                 port = llm(run, n)
                 shares.append(await run.engine.play(n, observation, selection, port,
-                                                    emit=functools.partial(rows.add, n), world=world))
+                                                    emit=functools.partial(rows.add, n), world=world,
+                                                    prototypes=raised))
                 calls += getattr(port, "calls", 0)  # the in-process ports count their calls
             _exchange(runs, placement, n)
             if n == 1 and decider.env.World is not None:
@@ -133,13 +159,33 @@ async def run_local(config: RunConfig | Resolved, *, run_id: str = "local", cast
             # each share's partial as the environment service reads it off the wire (local = fleet)
             partials = [from_wire(type(s.partial), to_wire(s.partial, strict=False)) for s in shares
                         if s.partial is not None]
-            decision = decider.decide(n, state, partials, world)
+            folded = None
+            if c.prototypes is not None:  # the drawn agents' part, as the environment folds it
+                folded = prototypes.fold(decider.env, c, tables, n, raised,
+                                         [PrototypeEvidence.model_validate(s.prototypes) for s in shares
+                                          if s.prototypes is not None])
+                if folded.partial is not None:
+                    partials.append(folded.partial)
+            decision = decider.decide(n, state, partials, world, population)
+            if folded is not None:
+                plan = runs[0].prototypes
+                assert plan is not None
+                rows.draw(n, start, plan)
+                out.prototype_reports[n] = folded.report
+                raised = folded.report.shares or None
             _profile_rows(out.profile, run_id, n, [s.cost for s in shares if s.cost is not None], decision)
             state, observation, selection, world = (decision.state, decision.observation, decision.selection,
                                                     decision.world)
+            if decision.population is not None and decision.population.round == n:
+                d = decision.population.delta
+                deltas.append(d)  # type: ignore[arg-type]
+                if d.births:  # type: ignore[union-attr]
+                    placement = place_births(placement, d.born_first, d.births,  # type: ignore[union-attr]
+                                             base=c.agents, block=birth_block(c.agents))
+            population = decision.population
             # the platform's round columns, as the recorder writes them (no tokens: no model runs here)
             row = {"run_id": run_id, "round": n, "n": sum(s.n for s in shares),
-                   "n_valid": sum(s.n_valid for s in shares),
+                   "n_valid": sum(s.n_valid for s in shares) + (folded.n_valid if folded is not None else 0),
                    "llm_calls": calls, "prompt_tokens": 0, "completion_tokens": 0, "infra_retries": 0,
                    "cached_tokens": 0, "dollars": 0.0,
                    **decision.summary, "closed_at": time.time()}
@@ -156,10 +202,16 @@ async def run_local(config: RunConfig | Resolved, *, run_id: str = "local", cast
                                                             n, plan.survey, llm, plan.sample, plan.agents)
             if on_round is not None:
                 on_round(n, row)
+            if folded is not None and folded.report.pause is not None and n < c.rounds:
+                out.status = "paused"  # the guard was told to pause rather than raise a share
+                out.reason = folded.report.pause
+                break
     finally:
         for run in runs:
             run.stop()
     out.outcomes = rows.outcomes()
+    out.audits = _sorted(rows.audits, ("round", "agent_id")) if rows.audits["agent_id"] else {}
+    out.population = combined_rows(deltas, run_id) if deltas else {}
     if runs and runs[0].mailroom is not None:
         out.posts = _sorted(rows.posts, ("round", "agent_id"))
     if resolved.simulation.edge_kinds:  # in the order they apply: by round, agent, then as listed
@@ -216,9 +268,10 @@ async def interview_local(result: LocalResult, after_round: int, survey: intervi
                          "(it was played with keep_states=False, or stopped before it)")
     if sample is not None and not 0 < sample <= 1:
         raise ValueError(f"sample: {sample:g} is outside (0, 1]")
-    bad = [a for a in agents or () if not 0 <= a < c.agents]
+    ids = max([c.agents, *(a + 1 for a in result.population.get("agent_id", ()))])  # newcomers' ids too
+    bad = [a for a in agents or () if not 0 <= a < ids]
     if bad:
-        raise ValueError(f"agents: agent {bad[0]} is not in the run (ids are 0..{c.agents - 1})")
+        raise ValueError(f"agents: agent {bad[0]} is not in the run (ids are 0..{ids - 1})")
     resolved = result.resolved if result.resolved is not None else resolve(c)
     sim = resolved.instance(result.run_id, result.cast)
     # no agents are built for the run: each respondent answers from a copy made from its state
@@ -261,9 +314,14 @@ class _Rows:
     def __init__(self, run_id: str, tables: SimulationTables) -> None:
         self.run_id = run_id
         group_id = ("group_id", *(f"{level}_id" for level in tables.levels)) if tables.grouped else ()
+        self.prototypes = tables.prototypes
         self.columns: dict[str, list] = {k: [] for k in ("run_id", "round", "agent_id", *group_id,
                                                          *(col.name for col in tables.outcome_columns),
-                                                         "valid", "raw", "latency_ms", "error")}
+                                                         "valid", "raw", "latency_ms", "error",
+                                                         *(name for name, _ in PROTOTYPE_COLUMNS if self.prototypes))}
+        self.names = [col.name for col in tables.outcome_columns]
+        self.audits: dict[str, list] = {k: [] for k in ("run_id", "round", "agent_id", "prototype",
+                                                        *self.names, "valid", "raw", "latency_ms", "error")}
         self.posts: dict[str, list] = {k: [] for k in ("run_id", "round", "agent_id", "text", "fields", "heard",
                                                        "heard_digest")}
         self.acts: dict[str, list] = {k: [] for k in ("run_id", "round", "group_id", "seq", "agent_id", "phase",
@@ -274,9 +332,19 @@ class _Rows:
         self.edges: dict[str, list] = {k: [] for k in ("run_id", "round", "follower", "author", "kind", "op")}
         self.shown: dict[str, list] = {k: [] for k in ("run_id", "round", "agent_id", "items", "ranks")}
 
+    def mark(self) -> int:
+        return len(self.columns["agent_id"])
+
     def add(self, n: int, batch: OutcomeRows) -> None:
+        if batch.audit:
+            self._audit(n, batch)
+            return
         cols = self.columns
         k = len(batch.agent_ids)
+        if self.prototypes:  # a representative's own answer
+            cols["source"].extend(["llm"] * k)
+            cols["prototype"].extend(batch.prototypes or [None] * k)
+            cols["drawn_from"].extend([None] * k)
         cols["run_id"].extend([self.run_id] * k)
         cols["round"].extend([n] * k)
         cols["agent_id"].extend(batch.agent_ids)
@@ -305,6 +373,55 @@ class _Rows:
                 table["round"].extend([n] * m)
                 for key, values in part.items():
                     table[key].extend(values)
+
+    def _audit(self, n: int, batch: OutcomeRows) -> None:
+        a = self.audits
+        k = len(batch.agent_ids)
+        a["run_id"].extend([self.run_id] * k)
+        a["round"].extend([n] * k)
+        a["agent_id"].extend(batch.agent_ids)
+        a["prototype"].extend(batch.prototypes or [None] * k)
+        for name in self.names:
+            a[name].extend(batch.columns[name])
+        a["valid"].extend(batch.valid)
+        a["raw"].extend(batch.raws)
+        a["latency_ms"].extend(batch.latency_ms)
+        a["error"].extend(batch.errors)
+
+    def draw(self, n: int, start: int, plan: prototypes.Plan) -> None:
+        """Round `n`'s drawn rows (every agent that did not play copies the row of the representative
+        it drew: populace.population.prototypes.sources), after its representatives' rows from `start`."""
+        cols = self.columns
+        m = plan.members
+        reps = {aid: start + i for i, aid in enumerate(cols["agent_id"][start:])}
+        is_rep = np.zeros(m.agents, dtype=bool)
+        valid = np.zeros(m.agents, dtype=bool)
+        for aid, i in reps.items():
+            is_rep[aid] = True
+            valid[aid] = cols["valid"][i]
+        src = pure.sources(m, is_rep, valid, plan.seed, n)
+        copied = [k for k in cols if k not in ("run_id", "round", "agent_id", "latency_ms", "error", "source",
+                                               "prototype", "drawn_from")]
+        for aid in np.flatnonzero(~is_rep).tolist():
+            s = int(src[aid])
+            label = m.labels[int(m.of[aid])]
+            cols["run_id"].append(self.run_id)
+            cols["round"].append(n)
+            cols["agent_id"].append(aid)
+            if s >= 0:
+                i = reps[s]
+                for k in copied:
+                    cols[k].append(cols[k][i])
+                cols["error"].append(None)
+            else:
+                for k in copied:
+                    cols[k].append(None)
+                cols["valid"][-1], cols["raw"][-1] = False, ""
+                cols["error"].append(f"prototype: no representative of {label} gave a valid answer in round {n}")
+            cols["latency_ms"].append(0.0)
+            cols["source"].append("prototype")
+            cols["prototype"].append(label)
+            cols["drawn_from"].append(s if s >= 0 else None)
 
     def outcomes(self) -> dict[str, list]:
         return _sorted(self.columns, ("round", "agent_id"))

@@ -142,6 +142,7 @@ class InferSession:
         self._default = self._defaults[0]
         self._other: dict[tuple[str, str, int], _Pending] = {}
         self._by_identity: dict[tuple[int, int, int], tuple[str | None, dict | None, _Pending]] = {}
+        self._last: tuple[str | None, dict | None, int, _Pending] | None = None
         # per model index: answered calls, prompt, cached and completion tokens (the usage, in dollars)
         self._use = [[0, 0, 0, 0] for _ in range(max(1, len(self._models)))]
         self._seqs: dict = {}  # key (or caller, key) -> its calls so far this round: each call seeded apart
@@ -155,12 +156,18 @@ class InferSession:
 
     def _pending_for(self, system: str | None, schema: dict | None, model: int) -> _Pending:
         # a simulation passes the same objects call after call: found by identity first (a
-        # json.dumps per call cost more than the rest of the ask)
+        # json.dumps per call cost more than the rest of the ask), the last one found first of all
+        # (a scene's stage asks every member with its schema, one stage after another)
+        last = self._last
+        if last is not None and last[1] is schema and last[0] is system and last[2] == model:
+            return last[3]
         same = self._by_identity.get((id(system), id(schema), model))
         if same is not None and same[0] is system and same[1] is schema:
-            return same[2]
-        pending = self._pending_by_value(system, schema, model)
-        self._by_identity[(id(system), id(schema), model)] = (system, schema, pending)
+            pending = same[2]
+        else:
+            pending = self._pending_by_value(system, schema, model)
+            self._by_identity[(id(system), id(schema), model)] = (system, schema, pending)
+        self._last = (system, schema, model, pending)
         return pending
 
     def _pending_by_value(self, system: str | None, schema: dict | None, model: int) -> _Pending:

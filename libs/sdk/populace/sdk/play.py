@@ -95,6 +95,8 @@ class OutcomeRows:
     edits: dict[str, list] | None = None  # graphs that change: the batch's edge edits, in order
     acts: dict[str, list] | None = None  # scenes: the acts of the groups whose members are here
     lines: dict[str, list] | None = None  # scenes: what those groups' members said
+    audit: bool = False  # a prototype run's audits (table `audits`), never outcomes
+    prototypes: list[str] | None = None  # audits: each agent's prototype
     shown: dict[str, list] | None = None  # who saw what: the batch's agents' records (populace.sdk.shown)
 
 
@@ -108,6 +110,7 @@ class RoundShare:
     batches: int = 0
     n_simulation_errors: int = 0  # invalid rows the simulation's own code caused ('agent: …')
     cost: RoundCost | None = None  # where the share's round went (populace.sdk.profile)
+    prototypes: dict | None = None  # a prototype run: the share's evidence (populace.sdk.prototypes)
 
 
 # (agent ids, outcomes, errors, valid) of a batch -> its post columns (populace.sdk.mailroom):
@@ -182,6 +185,14 @@ class _Columns:
         raise RuntimeError("outcome defaults do not fit their own columns")  # pragma: no cover
 
 
+def _text_bytes(values: list) -> int:
+    """The UTF-8 bytes of the strings among `values` (anything else counts 0)."""
+    try:
+        return len("".join(values).encode())  # one join, one encode: a group's few texts at once
+    except TypeError:  # a None (no error), or an author's raw that is not text
+        return sum(len(v.encode()) for v in values if isinstance(v, str))
+
+
 def _listed(options: Sequence[object], most: int = 12) -> str:
     shown = ", ".join(map(repr, options[:most]))
     return shown + (f", … ({len(options)} in all)" if len(options) > most else "")
@@ -213,12 +224,15 @@ def _group_bytes(members: Sequence[tuple[Agent, Outcome, float, str | None, Any]
                  lines: Sequence[LineRecord]) -> int:
     """About how many bytes a scene's group takes in a batch: its text (UTF-8) and a row's cost
     beyond it, for its acts, lines and members' outcomes."""
-    def text(value: object) -> int:
-        return len(value.encode()) if isinstance(value, str) else 0
-
-    return (sum(text(a.act.raw) + text(a.error) + ROW_BYTES for a in acts)
-            + sum(text(x.text) + text(x.fields) + ROW_BYTES for x in lines)
-            + sum(text(out.raw) + text(err) + ROW_BYTES for _, out, _, err, _ in members))
+    texts = [a[4].raw for a in acts]
+    texts += [a[6] for a in acts if a[6] is not None]
+    texts += [m[1].raw for m in members]
+    texts += [m[3] for m in members if m[3] is not None]
+    for x in lines:
+        texts.append(x[3])
+        if x[4] is not None:
+            texts.append(x[4])
+    return _text_bytes(texts) + ROW_BYTES * (len(acts) + len(lines) + len(members))
 
 
 class OutcomeSink:
@@ -261,9 +275,13 @@ class OutcomeSink:
         self._errs: list[str | None] = []
         self._groups: list[int] = []
         self._outer: list[tuple[int, ...]] = []
-        self._acts: list[tuple[int, ActRecord]] = []
-        self._lines: list[tuple[int, LineRecord]] = []
+        self._acts: list[ActRecord] = []
+        self._lines: list[LineRecord] = []
         self._scene_bytes = 0
+
+    def validated(self, outs: list[Outcome], errs: list[str | None]) -> tuple[dict[str, list], list[bool], list[str]]:
+        """Outcomes' columns as a batch of them is checked (a prototype run's audits: not reduced, not emitted)."""
+        return self._columns(outs, errs)
 
     def add(self, agent_id: int, outcome: Outcome, latency_ms: float, error: str | None = None) -> None:
         """An agent's outcome (a simulation without groups: a batch may leave after any agent)."""
@@ -303,9 +321,9 @@ class OutcomeSink:
         if self._levels:
             self._outer.extend([outer] * len(members))
         if acts:
-            self._acts.extend((group, a) for a in acts)
+            self._acts.extend(acts)
         if lines:
-            self._lines.extend((group, line) for line in lines)
+            self._lines.extend(lines)
         self._scene_bytes += size
         if len(ids) >= self._batch_size or self._scene_bytes >= SCENE_BYTES:
             self.flush()
@@ -352,23 +370,20 @@ class OutcomeSink:
         if self._emit is not None:
             self._emit(batch)
 
-    def _act_rows(self, acts: list[tuple[int, ActRecord]]) -> dict[str, list] | None:
+    def _act_rows(self, acts: list[ActRecord]) -> dict[str, list] | None:
         if self._act_columns is None or not acts:
             return None
-        errs = [a.error for _, a in acts]
-        columns, valid, raws = self._act_columns([a.act for _, a in acts], errs)
-        return {"group_id": [g for g, _ in acts], "seq": [a.seq for _, a in acts],
-                "agent_id": [a.agent_id for _, a in acts], "phase": [a.phase for _, a in acts],
-                **columns, "valid": valid, "raw": raws, "latency_ms": [a.latency_ms for _, a in acts],
-                "error": errs}
+        groups, seqs, agents, phases, outs, latency, errs = map(list, zip(*acts, strict=True))
+        columns, valid, raws = self._act_columns(outs, errs)
+        return {"group_id": groups, "seq": seqs, "agent_id": agents, "phase": phases,
+                **columns, "valid": valid, "raw": raws, "latency_ms": latency, "error": errs}
 
     @staticmethod
-    def _line_rows(lines: list[tuple[int, LineRecord]]) -> dict[str, list] | None:
+    def _line_rows(lines: list[LineRecord]) -> dict[str, list] | None:
         if not lines:
             return None
-        return {"group_id": [g for g, _ in lines], "seq": [x.seq for _, x in lines],
-                "speaker": [x.speaker for _, x in lines], "text": [x.text for _, x in lines],
-                "fields": [x.fields for _, x in lines]}
+        groups, seqs, speakers, texts, fields = map(list, zip(*lines, strict=True))
+        return {"group_id": groups, "seq": seqs, "speaker": speakers, "text": texts, "fields": fields}
 
     def close(self) -> RoundShare:
         """Flush the last batch and merge the batches' partials. Raises RoundFailed when the
@@ -590,9 +605,11 @@ class RoundPlayer:
         model call (an author's bug: an event never set, a future never resolved) for too long."""
         clock = time.perf_counter
         while True:
-            await asyncio.sleep(min(1.0, self.scene_idle_s / 4))
+            # a look every quarter of the wait (at most 10 s): a look walks every scene playing, a
+            # quarter of a million on a host of a million agents' scenes
+            await asyncio.sleep(min(10.0, self.scene_idle_s / 4))
             now = clock()
-            for scene in list(self._scenes.values()):
+            for scene in self._scenes.values():  # (nothing else runs while it walks: no copy)
                 if scene.in_flight == 0 and now - scene.last_active > self.scene_idle_s:
                     self._stop(SceneFailed(f"{scene._where}: {type(self.group_envs[0]).__name__}.scene did not "
                                            f"finish: for {self.scene_idle_s:g}s it waited on neither an act nor a "
@@ -603,10 +620,13 @@ class RoundPlayer:
         sim = self.sim
         env = self.group_envs[0]
         act_cls = type(sim).Act
+        outcome_cls = self.outcome_cls
+        agents, index, scenes, failed_act = self.agents, self.index, self._scenes, self.failed_act
         gate = slicer_for(asyncio.get_running_loop(), self.slice_s).enter
         cost = self.cost
         count = 0
 
+        # (loops here, not comprehensions: a comprehension's closure costs objects per group)
         async def play(group: Group) -> None:
             nonlocal count
             wait = gate()
@@ -614,23 +634,30 @@ class RoundPlayer:
                 await wait
             i = count
             count = cost.turns = i + 1
-            scene = Scene(round_, group.id, sim, llm, act_cls, self.failed_act, gate=gate)
-            scene.members = tuple(Member(self.agents[self.index[m]], scene) for m in group.members)
+            scene = Scene(round_, group.id, sim, llm, act_cls, failed_act, gate=gate)
+            members_: list[Member] = []
+            for aid in group.members:
+                members_.append(Member(agents[index[aid]], scene))
+            scene.members = members = tuple(members_)
             scene.last_active = scene._clock()
-            self._scenes[group.id] = scene
+            scenes[group.id] = scene
             PLAYING.set(scene)  # this task's own context: what its acts are checked against
             try:
                 news = await (Timed(env.scene(scene), cost) if sampled(i) else env.scene(scene))
                 if scene.broken is not None:  # a rule broken, even if the scene caught the error
                     raise SceneError(scene.broken)
-                missing = [m.id for m in scene.members if m.id not in scene.outcomes]
+                outcomes = scene.outcomes
+                missing = []
+                for m in members:
+                    if m.agent.id not in outcomes:
+                        missing.append(m.agent.id)
                 if missing:
                     raise SceneError(f"the scene gave no outcome to agent(s) {missing[:5]} (scene.outcome(member, …) "
                                      "for every member)")
-                wrong = [aid for aid, o in scene.outcomes.items() if not isinstance(o, self.outcome_cls)]
-                if wrong:
-                    raise SceneError(f"the outcome of agent {wrong[0]} is a "
-                                     f"{type(scene.outcomes[wrong[0]]).__name__}, not a {self.outcome_cls.__name__}")
+                for aid, o in outcomes.items():
+                    if o.__class__ is not outcome_cls and not isinstance(o, outcome_cls):
+                        raise SceneError(f"the outcome of agent {aid} is a {type(o).__name__}, not a "
+                                         f"{outcome_cls.__name__}")
             except InferError as err:
                 self._stop(err if isinstance(err, ModelUnavailable) else ModelUnavailable(str(err)))
                 return
@@ -641,15 +668,21 @@ class RoundPlayer:
                 self._stop(SceneFailed(f"{where}: {type(env).__name__}.scene failed: {why}"))
                 return
             finally:
-                self._scenes.pop(group.id, None)
-            latency: dict[int, float] = {}  # a member's acts, summed: its time in the round
-            for a in scene.acts:
-                latency[a.agent_id] = latency.get(a.agent_id, 0.0) + a.latency_ms
+                scenes.pop(group.id, None)
+                scene.end()
+            # a member's time in the round: its acts' summed; its error: its first act's
+            latency: dict[int, float] = {}
             errors: dict[int, str] = {}
             for a in scene.acts:
-                if a.error and a.agent_id not in errors:
-                    errors[a.agent_id] = a.error
-            played = [(m.id, scene.outcomes[m.id], latency.get(m.id, 0.0), errors.get(m.id)) for m in scene.members]
+                aid = a[2]
+                latency[aid] = latency.get(aid, 0.0) + a[5]
+                if a[6] and aid not in errors:
+                    errors[aid] = a[6]
+            played = []
+            for m in members:
+                agent = m.agent
+                aid = agent.id
+                played.append((agent, outcomes[aid], latency.get(aid, 0.0), errors.get(aid), group))
             deliver(group, played, news=news, settled_here=True, scene=scene)
 
         return play
@@ -662,7 +695,9 @@ class RoundPlayer:
         envs = self.group_envs
         agents, index = self.agents, self.index
         # innermost: each group's members; outer levels: how many members each of their groups has
-        inner: dict[int, _Waiting] = {g.id: _Waiting(len(g.members)) for g in groups}
+        # (a scene's group comes whole: nothing to wait for)
+        inner: dict[int, _Waiting | None] = dict.fromkeys([g.id for g in groups]) if self.scenes \
+            else {g.id: _Waiting(len(g.members)) for g in groups}
         outer: list[dict[int, _Waiting]] = [{} for _ in envs[1:]]
         for g in groups:
             for level, gid in enumerate(g.outer):
@@ -697,17 +732,23 @@ class RoundPlayer:
                     members[i] = (member, outcome, lat, err or f"agent: settled raised {type(exc).__name__}: {exc}", g)
             return members
 
-        def deliver(group: Group, played: list[tuple[int, Outcome, float, str | None]], news: Any = None,
-                    settled_here: bool = False, scene: Scene | None = None) -> None:
-            waiting = inner[group.id]
-            waiting.members.extend((agents[index[aid]], out, lat, err, group) for aid, out, lat, err in played)
-            if scene is not None:  # its acts and lines leave with its members' outcomes
+        def deliver(group: Group, played: list, news: Any = None, settled_here: bool = False,
+                    scene: Scene | None = None) -> None:
+            """`played`: (agent id, outcome, latency, error) of some of the group's members; a
+            scene's: (agent, outcome, latency, error, group) of all of them."""
+            if scene is not None:  # a scene's group, whole: its acts and lines leave with its members' outcomes
+                del inner[group.id]
                 scenes[group.id] = (scene.acts, scene.transcript)
-            if len(waiting.members) < waiting.size:
-                return
-            del inner[group.id]
+                members = played
+            else:
+                waiting = inner[group.id]
+                assert waiting is not None
+                waiting.members.extend((agents[index[aid]], out, lat, err, group) for aid, out, lat, err in played)
+                if len(waiting.members) < waiting.size:
+                    return
+                del inner[group.id]
+                members = waiting.members
             self._pending_groups.discard(group.id)
-            members = waiting.members
             if settled_here:
                 members.sort(key=lambda m: m[0].id)
                 hear(members, news)

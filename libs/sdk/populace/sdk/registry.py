@@ -81,6 +81,8 @@ class Resolved:
         (those of its answer schema's `enum` too), and who may be in which group (its group
         layout, which the recorder checks each group id against)."""
         tables = self.simulation.tables_for(self.params, self.instance().answer_schema())
+        if self.config.prototypes is not None:
+            tables = tables.model_copy(update={"prototypes": True})
         if self.simulation.GroupEnv is None:
             return tables
         layout = self.simulation(self.params, agents=self.config.agents, seed=self.config.seed).group_layout()
@@ -106,6 +108,8 @@ def resolve(config: RunConfig, simulation: type[Simulation] | None = None) -> Re
         sim.check_run(params, config)
         _check_broadcasts(sim, config)
         _check_selection(sim, params, config)
+        _check_prototypes(sim, config)
+        _check_changes(sim, params, config)
     except ValueError as err:
         raise _error(str(err), config.params) from None
     if sim.GroupEnv is not None:
@@ -150,6 +154,41 @@ def _check_broadcasts(sim: type[Simulation], config: RunConfig) -> None:
             if key not in names:
                 known = ", ".join(names) or "none besides text"
                 raise ValueError(f"broadcasts.{i}.fields.{key}: not a field of {sim.name}'s post (it has: {known})")
+
+
+def _check_changes(sim: type[Simulation], params: Params, config: RunConfig) -> None:
+    """Newcomers the scenario schedules that the run cannot take, named before it starts: in a
+    simulation with groups or a graph (laid out over the first agents), or one whose World has a
+    column per agent (only its own decide can grow that world with them)."""
+    pop = config.population
+    if pop is None:
+        return
+    if pop.newcomers and (config.graph is not None or sim.edge_kinds):
+        raise ValueError("population.newcomers: a run with a graph cannot have newcomers (its graph is built "
+                         "over the first agents)")
+    for i, change in enumerate(pop.changes):
+        if not change.births:
+            continue
+        what = f"population.changes.{i}.{'born' if change.born else 'arrived'}"
+        if config.graph is not None or sim.edge_kinds:
+            raise ValueError(f"{what}: a run with a graph cannot have newcomers (its graph is built over the first "
+                             "agents)")
+        if sim.GroupEnv is not None:
+            raise ValueError(f"{what}: simulation {sim.name!r} has groups, laid out over the first agents: it "
+                             "cannot have newcomers")
+        world = sim.Env.World
+        if world is not None and any(c.size == "agents" for c in world.columns.values()):
+            raise ValueError(f"{what}: simulation {sim.name!r} keeps a world column per agent, which only its own "
+                             "decide can grow with newcomers (return Changes(born=…) with the world that holds them)")
+        if config.has_personas and not pop.newcomers:
+            raise ValueError(f"{what}: the agents have personas, and the newcomers would have none: declare "
+                             "population.newcomers (how many newcomers' personas to keep)")
+
+
+def _check_prototypes(sim: type[Simulation], config: RunConfig) -> None:
+    from populace.sdk.prototypes import check
+
+    check(sim, config)
 
 
 def _check_selection(sim: type[Simulation], params: Params, config: RunConfig, world: bool = False) -> None:

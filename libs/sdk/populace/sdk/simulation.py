@@ -126,6 +126,10 @@ class Simulation:
     # Spaces, for reports: (the outcome column holding each agent's cell on `grid(params)`, the
     # outcome column its picture is coloured by); reports draw the grid per round from them.
     grid_columns: ClassVar[tuple[str, str] | None] = None
+    # Prototypes (a scenario's `prototypes:`, docs/prototypes.md): False when this simulation's
+    # agents' answers must never be drawn from others' (the platform refuses it for groups, graphs,
+    # worlds and activation itself)
+    prototypes_allowed: ClassVar[bool] = True
 
     def __init__(self, params: Params, *, agents: int, rounds: int = 1, seed: int = 0,
                  run_id: str = "", cast: Cast | None = None) -> None:

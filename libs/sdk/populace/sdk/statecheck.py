@@ -59,13 +59,18 @@ def attributes(agent: Agent) -> dict[str, Any]:
     return {k: v for k, v in out.items() if k not in PLATFORM_ATTRIBUTES}
 
 
-def checkpointed(agent: Agent) -> dict[str, Any]:
-    """The agent's declared state as a checkpoint gives it back: encoded as the agent-host
-    encodes it (populace.sdk.statejson), through JSON (pydantic-core, populace.core.checkpoints),
-    and decoded as a restore decodes it."""
+def stored(agent: Agent) -> dict[str, Any]:
+    """The agent's declared state as a checkpoint holds it: encoded as the agent-host encodes it
+    (populace.sdk.statejson), through JSON (pydantic-core, populace.core.checkpoints)."""
     cls = type(agent)
     saved = {name: encode_column(name, [value], lambda i: agent.id, cls)[0] for name, value in agent.state().items()}
-    return decode_state(from_json(to_json(saved)), cls)
+    return from_json(to_json(saved))
+
+
+def checkpointed(agent: Agent) -> dict[str, Any]:
+    """The agent's declared state as a checkpoint gives it back: `stored`, decoded as a restore
+    decodes it."""
+    return decode_state(stored(agent), type(agent))
 
 
 def restored(agent: Agent, sim: Any = None) -> Agent:
@@ -141,6 +146,8 @@ def check_agents(agents: Sequence[Agent], *, size: int | None = DEFAULT_SAMPLE, 
     and are skipped."""
     found: dict[str, tuple[Agent, str]] = {}
     for agent in sample(agents, size):
+        if not isinstance(agent, Agent):
+            continue  # departed, or a newcomer not made yet (populace.sdk.population)
         if isinstance(agent, ProcessAgent):
             return
         for name, text in problems(agent):

@@ -27,16 +27,19 @@ import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+import numpy as np
 from pydantic_core import from_json, to_json
 
 from populace.core import synth
 from populace.core.contracts import RunConfig
-from populace.sdk.hosting import HostedRun
+from populace.sdk.agent import Agent
+from populace.sdk.hosting import UNMADE, HostedRun
 from populace.sdk.llm import LLM
 from populace.sdk.local import LocalResult, run_local
+from populace.sdk.population import FRESH, Population
 from populace.sdk.registry import Resolved, resolve
 from populace.sdk.simulation import Simulation
-from populace.sdk.statecheck import StateCheck, checkpointed
+from populace.sdk.statecheck import StateCheck, checkpointed, stored
 from populace.sdk.statejson import from_wire, to_wire
 
 LLMFactory = Callable[[HostedRun, int], LLM]
@@ -99,7 +102,11 @@ class _ResumeAfter:
             self._roundtrip_state(run)
         if round_ == self.after + 1:
             sim = run.resolved.instance(run.run_id, run.sim.cast)
+            if run.population is not None:  # a population that changed: who is alive comes back from its bytes
+                self._restore_population(run, sim)
             for i, agent in enumerate(run.agents):
+                if not isinstance(agent, Agent):
+                    continue  # departed, or a newcomer not made yet (made as its class makes it)
                 fresh = type(agent)(agent.id, agent.persona, sim)
                 fresh.restore(checkpointed(agent))
                 run.agents[i] = fresh  # the round player holds this very list
@@ -114,6 +121,22 @@ class _ResumeAfter:
                     book.restore(aid, edits)
                 sim.edges = book
         return self.factory(run, round_)
+
+    def _restore_population(self, run: HostedRun, sim: Simulation) -> None:
+        """As a host spawned after round `after` makes its share: every agent of its ranges made
+        anew, the departed let go and the newcomers of that round given their birth state by
+        the population's bytes, the others restored from their checkpointed state."""
+        states: dict[int, dict] = {int(aid): {FRESH: True} for aid, a in zip(run.ids.tolist(), run.agents)
+                                   if a is UNMADE}  # as a checkpoint keeps a newcomer not made yet
+        states.update({a.id: stored(a) for a in run.made_agents()})  # restore decodes them
+        personas = run.cast.personas if run.cast is not None else None
+        make = type(sim).Agent
+        run.agents[:] = [make(aid, personas[aid] if personas is not None and aid < len(personas) else None, sim)
+                         for aid in run.ids.tolist()]
+        run.living, run.unmade, run._unmade = None, 0, np.zeros(0, dtype=bool)
+        population = Population.from_bytes(run.population.to_bytes())  # type: ignore[union-attr]
+        run.population = None
+        run.restore(states, population, self.after)
 
     def _roundtrip_state(self, run: HostedRun) -> None:
         """The environment's state after round `after` as its checkpoint gives it back (JSON)."""
@@ -153,7 +176,8 @@ def compare(uninterrupted: LocalResult, resumed: LocalResult, after: int) -> Non
     for table, a, b in (("outcome", uninterrupted.outcomes, resumed.outcomes),
                         ("round", uninterrupted.rounds, resumed.rounds),
                         ("post", uninterrupted.posts, resumed.posts),
-                        ("shown", uninterrupted.shown, resumed.shown)):
+                        ("shown", uninterrupted.shown, resumed.shown),
+                        ("population", uninterrupted.population, resumed.population)):
         rows_a, rows_b = _rows(a), _rows(b)
         n, first = _first_difference(rows_a, rows_b)
         if n:

@@ -23,12 +23,14 @@ import hashlib
 import io
 import json
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-import pyarrow as pa
 
 from populace.core.settings import AGENT_BYTES  # noqa: F401  (an agent's bytes on its host: one assumption)
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 # What a column may hold: numpy's fixed-width types, and text (Arrow strings).
 DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float32",
@@ -131,6 +133,8 @@ class World:
     # -- the wire ----------------------------------------------------------------------------
     def to_bytes(self) -> bytes:
         """Arrow IPC, one record batch per size (in name order), after a small JSON header."""
+        import pyarrow as pa  # here: an author's SDK loads Arrow only when a world crosses a wire
+
         cls = type(self)
         groups: dict[str, list[str]] = {}
         for name, col in cls.columns.items():
@@ -152,6 +156,8 @@ class World:
     @classmethod
     def from_bytes(cls, data: bytes) -> World:
         """A world read back from `to_bytes` (WorldError naming what does not match)."""
+        import pyarrow as pa
+
         if not data.startswith(_MAGIC):
             raise WorldError(f"{cls.__name__}: not a world's bytes")
         view = memoryview(data)
@@ -223,6 +229,8 @@ def _checked(where: str, col: Column, value: Any, n: int) -> np.ndarray:
 
 
 def _to_arrow(arr: np.ndarray, dtype: str) -> pa.Array:
+    import pyarrow as pa
+
     return pa.array(arr.tolist(), type=pa.string()) if dtype == "string" else pa.array(arr)
 
 

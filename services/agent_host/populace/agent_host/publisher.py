@@ -32,6 +32,7 @@ from populace.core.contracts import (
     share_key,
 )
 from populace.sdk.play import OutcomeRows, RoundPaused, RoundShare
+from populace.sdk.prototypes import KEY as PROTOTYPES
 from populace.sdk.statejson import to_wire
 
 log = logs.get("populace.agent_host")
@@ -79,6 +80,7 @@ class OutcomePublisher:
             levels=batch.levels, lines=None if batch.lines is None else LineColumns.model_construct(v=1, **batch.lines),
             acts=None if batch.acts is None else ActColumns.model_construct(v=1, **_act_columns(batch.acts)),
             edits=None if batch.edits is None else EdgeColumns.model_construct(v=1, **batch.edits),
+            audit=batch.audit, prototypes=batch.prototypes,
             shown=None if batch.shown is None else ShownColumns.model_construct(v=1, **batch.shown),
         )
         metrics.batch("agent-host", "outcomes", len(batch.agent_ids))
@@ -101,7 +103,7 @@ class OutcomePublisher:
         # one message, or (past the server's max_payload) its pieces cut between groups; a group
         # that alone does not fit raises BatchTooLarge, which close() raises: the round pauses
         for piece, data in fit(batch, self._nc.max_payload - HEADERS_ROOM):
-            shard = f"{self.host_id}-{batch.seq}{piece}"
+            shard = f"{self.host_id}-{'audit-' if batch.audit else ''}{batch.seq}{piece}"
             msg_id = subjects.msg_id(self.run_id, self.round, shard, "outcomes", self.epoch)
             headers = telemetry.inject({"Nats-Msg-Id": bus.seal(self._js, msg_id)})
             reconnects = self._reconnects()
@@ -159,6 +161,8 @@ class OutcomePublisher:
         await asyncio.gather(*(self._confirm(*sent) for sent in self._sent))
         self._sent.clear()
         payload = to_wire(share.partial, strict=False) if share.partial is not None else {}
+        if share.prototypes is not None:  # a prototype run: its representatives' partial, and what its others drew
+            payload = {"partial": payload if share.partial is not None else None, PROTOTYPES: share.prototypes}
         data = json.dumps(payload, separators=(",", ":")).encode()
         if len(data) > PARTIAL_INLINE_BYTES:  # e.g. a partial's columns: stored, and the message names it
             limit = partial_object_limit(share.n)

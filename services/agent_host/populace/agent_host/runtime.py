@@ -19,7 +19,7 @@ from populace.agent_host.interviews import Interviewer, InterviewFaultReporter
 from populace.agent_host.mail import MailCarrier, MailMissing
 from populace.agent_host.publisher import OutcomePublisher
 from populace.core import checkpoints, logs, metrics
-from populace.core.contracts import MailBatch, RoundOpen, RunConfig, SpawnBatch, WorldRef, share_key
+from populace.core.contracts import LivingRef, MailBatch, RoundOpen, RunConfig, SpawnBatch, WorldRef, share_key
 from populace.core.settings import Settings
 from populace.core.telemetry import tracer
 from populace.graph.csr import Graph
@@ -28,6 +28,7 @@ from populace.sdk.hosting import HostedRun, host_run
 from populace.sdk.llm import ModelUnavailable
 from populace.sdk.nats_llm import InferSession
 from populace.sdk.play import RoundPaused
+from populace.sdk.population import GONE, Population
 from populace.sdk.registry import resolve
 from populace.sdk.statejson import StateTypeError
 from populace.sdk.world import World
@@ -58,12 +59,13 @@ class HostRuntime:
         self.mail = MailCarrier(nc, js, settings)
         self.interviews = Interviewer(nc, js, settings, self.host_id, report_fault, report_interview_fault)
         self._worlds: dict[str, tuple[WorldRef, World]] = {}  # run id -> the world its last round read
+        self._populations: dict[str, tuple[LivingRef, Population]] = {}  # run id -> who is alive, as last read
         # (run id, epoch) -> first agent id of a range -> its checkpoints since its last full one
         self._chains: dict[tuple[str, int], dict[int, checkpoints.Chain]] = {}
 
     @property
     def agent_count(self) -> int:
-        return sum(len(r.agents) for shares in self.runs.values() for r in shares.values())
+        return sum(r.count for shares in self.runs.values() for r in shares.values())
 
     def key(self, epoch: int) -> str:
         return share_key(self.host_id, epoch)
@@ -99,10 +101,13 @@ class HostRuntime:
             return
         r = batch.restore
         states = await checkpoints.load_agents(self.js, r.run_id, r.round, r.ranges, run.ranges, r.digests, r.writers)
-        run.restore(states)
+        population = await self.population(run.run_id, r.population) if r.population is not None else None
+        run.restore(states, population, r.round)
         plans = self.interviews.planned(run, r.round) if r.run_id == run.run_id else []
         if plans:  # their answers may have been lost with the host that played the round: asked again
-            self.interviews.start(run, r.round, sorted(states.items()), plans)
+            # those who played the round answer (not those departed before it)
+            self.interviews.start(run, r.round, sorted((a, st) for a, st in states.items() if st.get(GONE) is not True),
+                                  plans)
         if run.mailroom is not None:
             # what the agents read next: every agent's post of that round (the checkpoint of
             # every range holds its agents' posts), not only this share's
@@ -126,6 +131,7 @@ class HostRuntime:
         if not shares:
             self.runs.pop(run_id, None)
             self._worlds.pop(run_id, None)
+            self._populations.pop(run_id, None)
         gc.unfreeze()  # let the share's agents be collected
         self.held = self.agent_count
         metrics.AGENTS.set(self.held)
@@ -189,7 +195,7 @@ class HostRuntime:
         with tracer.start_as_current_span(
                 "agent-host.round", context=trace_context,
                 attributes={"populace.run_id": run.run_id, "populace.round": opened.round,
-                            "populace.host_id": self.host_id, "populace.agents": len(run.agents)}):
+                            "populace.host_id": self.host_id, "populace.agents": run.count}):
             try:
                 await self._play_round(run, opened)
             except asyncio.CancelledError:
@@ -235,14 +241,20 @@ class HostRuntime:
             flush_s=s.infer_flush_ms / 1000, timeout_s=max(s.infer_timeout_s, model.latency_s * 4 + 10),
             attempts=s.infer_attempts, host_id=self.host_id, silence_s=s.infer_silence_s, down_s=s.infer_down_s,
             on_worked_on=publisher.worked_on, models=run.resolved.config.models, model_of=run.models,
+            # a round's prompts often end alike (a scene's stage asks every member the same question
+            # after what each saw): that end travels once per batch, as an interview's question does
+            shared_suffix=True,
         )
         room = run.mailroom
         with self.interviews.round_in_play():  # no interview answer starts until the partial is out
             if room is not None:
                 await self.mail.ready(run, opened.round)
+            if opened.population is not None:  # the departed go, the newcomers placed here come
+                run.apply(await self.population(run.run_id, opened.population),
+                          opened.ranges.get(self.key(run.epoch), run.ranges))
             share = await run.engine.play(opened.round, opened.observation, opened.selection, session,
                                           emit=publisher.emit, batch_size=s.outcome_batch_size,
-                                          world=await self.world_of(run, opened))
+                                          world=await self.world_of(run, opened), prototypes=opened.prototypes)
             mails = (0, 0, 0)
             if room is not None:
                 room.played.add(opened.round)
@@ -285,6 +297,16 @@ class HostRuntime:
         self._worlds[run.run_id] = (ref, world)  # one per run: the previous round's goes
         return world
 
+    async def population(self, run_id: str, ref: LivingRef) -> Population:
+        """Who is alive, by the reference a round's announcement (or a restore) carries: read
+        once per reference, checked against its digest."""
+        kept = self._populations.get(run_id)
+        if kept is not None and kept[0] == ref:
+            return kept[1]
+        population = Population.from_bytes(await checkpoints.load_population(self.js, ref))
+        self._populations[run_id] = (ref, population)
+        return population
+
     async def checkpoint(self, run: HostedRun, round_: int) -> list[checkpoints.Stored]:
         """The agents' declared state after `round_`, one object per range: only the agents that
         acted since the range's previous checkpoint (a delta on it), or every agent when a full
@@ -294,10 +316,14 @@ class HostRuntime:
         changed = run.take_changed()
         box = run.mailroom.box(round_) if run.mailroom is not None else None
         round_fields = (POST_TEXT, POST_FIELDS) if box is not None else ()
-        full = changed is None or any(chains.setdefault(first, checkpoints.Chain()).full_due(
-            s.checkpoint_full_every, s.checkpoint_delta_ratio) for first, _ in run.ranges)
+        # each range's chain on its own: one whose deltas outgrew its base (or with no base yet: a
+        # range of newcomers) is written whole, the others as deltas
+        due = {first for first, _ in run.ranges if chains.setdefault(first, checkpoints.Chain()).full_due(
+            s.checkpoint_full_every, s.checkpoint_delta_ratio)}
+        full = changed is None or len(due) == len(run.ranges)
         try:
-            return await self._save(run, round_, chains, None if full else changed, box, round_fields)
+            return await self._save(run, round_, chains, None if full else changed, box, round_fields,
+                                    full_ranges=due)
         except StateTypeError as err:  # the simulation's agents hold what no checkpoint keeps: resumable once fixed
             run.changed = None
             raise RoundPaused(f"simulation {run.resolved.config.simulation!r}: round {round_}: its agents' state "
@@ -307,24 +333,26 @@ class HostRuntime:
             raise
 
     async def _save(self, run: HostedRun, round_: int, chains: dict[int, checkpoints.Chain],
-                    changed: set[int] | None, box, round_fields: tuple[str, ...]) -> list[checkpoints.Stored]:
+                    changed: set[int] | None, box, round_fields: tuple[str, ...],
+                    full_ranges: set[int] = frozenset()) -> list[checkpoints.Stored]:  # type: ignore[assignment]
         stored = []
-        if changed is None:  # every range at once: their chains stay in step, so one full round restarts them all
-            parts = [(first, count, None, columns) for first, count, columns in await run.snapshot()]
+        if changed is None:  # every range at once (after a restore, or every chain due)
+            parts = await run.snapshot()
         else:
-            parts = await run.snapshot_of(changed)
-        for first, count, offsets, columns in parts:
+            parts = await run.snapshot_of(changed, full=full_ranges)
+        for first, count, full, rows, columns, marks in parts:
             if box is not None:  # their posts: what a replacement or a resume gives the next round to read
-                if offsets is None:
+                if rows is None:
                     columns[POST_TEXT] = box.texts[first:first + count]
                     columns[POST_FIELDS] = box.bodies[first:first + count]
                 else:
-                    columns[POST_TEXT] = [box.texts[first + o] for o in offsets]
-                    columns[POST_FIELDS] = [box.bodies[first + o] for o in offsets]
+                    columns[POST_TEXT] = [box.texts[first + o] for o in rows]
+                    columns[POST_FIELDS] = [box.bodies[first + o] for o in rows]
             chain = chains.setdefault(first, checkpoints.Chain())
             saved = await checkpoints.save_agents(self.js, run.run_id, round_, first, count, columns,
-                                                  writer=self.host_id, changed=offsets, chain=chain,
-                                                  round_fields=round_fields)
-            chain.add(saved, full=offsets is None)
+                                                  writer=self.host_id, changed=None if full else rows, chain=chain,
+                                                  round_fields=round_fields, held=rows if full else None,
+                                                  marks=marks)
+            chain.add(saved, full=full)
             stored.append(saved)
         return stored

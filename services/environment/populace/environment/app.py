@@ -129,7 +129,7 @@ class Environment:
         if tally is None:
             return
         async with tally.steps:  # not while the run's last round is being decided
-            if not await self.load_world(tally, opened):
+            if not await self.load_world(tally, opened) or not await self.load_population(tally, opened):
                 return
             await self.settle(tally, lambda: tally.open(opened), opened.round)
         await self.drain_refused(tally)
@@ -151,6 +151,20 @@ class Environment:
             self.runs.pop(tally.run_id, None)
             await self.fault(tally.run_id, opened.round, f"the environment cannot read the round's world: {err}",
                              tally.epoch, cause=err)
+            return False
+        return True
+
+    async def load_population(self, tally: RunTally, opened: RoundOpen) -> bool:
+        """Who is alive in the announced round, read (once) by the reference it carries and
+        checked against its digest; one that cannot be read fails the run naming it."""
+        try:
+            ref = tally.needs_population(opened)
+            if ref is not None:
+                tally.set_population(ref, await checkpoints.load_population(self.svc.js, ref))
+        except Exception as err:  # unreadable, changed, or not a population's bytes
+            self.runs.pop(tally.run_id, None)
+            await self.fault(tally.run_id, opened.round, f"the environment cannot read who is alive in the round: "
+                                                         f"{err}", tally.epoch)
             return False
         return True
 
@@ -325,8 +339,13 @@ class Environment:
             out = tally.worlds_out.pop(result.round, None) if tally is not None else None
             if out is not None:
                 await checkpoints.put_bytes(self.svc.js, out[0].name, out[1], writer=checkpoints.ENV_WRITER)
+            living = tally.populations_out.pop(result.round, None) if tally is not None else None
+            if living is not None:  # who is alive after it: the next round's announcement names it
+                await checkpoints.save_population(self.svc.js, result.run_id, result.round, living[1])
             stored = await checkpoints.save_env(self.svc.js, result.run_id, result.round, result.state,
-                                                result.observation, result.selection, result.world)
+                                                result.observation, result.selection, result.world,
+                                                result.population,
+                                                result.prototypes.shares if result.prototypes else None)
             # What each folded share says it checkpointed, and this one's own: the orchestrator
             # records them, and a restore reads only objects that still match.
             parts = tally.partials.get(result.round, {}) if tally is not None else {}

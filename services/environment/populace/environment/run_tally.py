@@ -27,10 +27,22 @@ from dataclasses import dataclass, field
 from pydantic import ValidationError
 
 from populace.core import subjects
-from populace.core.contracts import RoundOpen, RoundPartial, RoundResult, Usage, WorldRef, share_key
+from populace.core.contracts import (
+    LivingRef,
+    PrototypeEvidence,
+    RoundOpen,
+    RoundPartial,
+    RoundResult,
+    SimulationTables,
+    Usage,
+    WorldRef,
+    share_key,
+)
+from populace.sdk import prototypes
 from populace.sdk.agent import Agent
 from populace.sdk.engine import DecideFailed, RoundDecider
 from populace.sdk.env import Env, Partial
+from populace.sdk.population import Population
 from populace.sdk.profile import VIEW_BUDGET_BYTES
 from populace.sdk.registry import Resolved
 from populace.sdk.statejson import StateTypeError, from_wire
@@ -48,11 +60,13 @@ class BadPartial(ValueError):
 @dataclass
 class Counted:
     """A share's partial as counted: the envelope, its validated payload, and where it came
-    from (opaque here: the service's message, to dead-letter it if its round refuses it)."""
+    from (opaque here: the service's message, to dead-letter it if its round refuses it); a
+    prototype run's share: its evidence too (populace.sdk.prototypes)."""
 
     partial: RoundPartial
     payload: Partial | None
     source: object = None
+    evidence: PrototypeEvidence | None = None
 
 
 @dataclass
@@ -79,6 +93,12 @@ class RunTally:
     world_ref: WorldRef | None = None
     # round -> (the result's world reference, its bytes): stored by the service before the result
     worlds_out: dict[int, tuple[WorldRef, bytes]] = field(default_factory=dict)
+    # who is alive in the announced rounds (a run whose population changed: the service loads it by
+    # the reference each announcement carries) and what it was read as; None: the first agents
+    population: Population | None = None
+    population_ref: LivingRef | None = None
+    # round -> (the result's population reference, its bytes): stored by the service before the result
+    populations_out: dict[int, tuple[LivingRef, bytes]] = field(default_factory=dict)
     budget_bytes: int = VIEW_BUDGET_BYTES  # the observation every agent sees: said once per run when over
     # the service runs a run's steps (open, add: a decision) in a worker thread, one at a time
     steps: asyncio.Lock = field(default_factory=asyncio.Lock, compare=False, repr=False)
@@ -96,6 +116,17 @@ class RunTally:
 
     def set_world(self, ref: WorldRef, data: bytes) -> None:
         self.world, self.world_ref = self.env.World.from_bytes(data), ref  # type: ignore[union-attr]
+
+    def needs_population(self, opened: RoundOpen) -> LivingRef | None:
+        """The population reference the service must load before `opened` can be decided (None:
+        the one in hand is the round's, or the run's first agents play it)."""
+        if opened.population is None:
+            self.population, self.population_ref = None, None
+            return None
+        return None if self.population_ref == opened.population else opened.population
+
+    def set_population(self, ref: LivingRef, data: bytes) -> None:
+        self.population, self.population_ref = Population.from_bytes(data), ref
 
     @property
     def epoch(self) -> int:
@@ -132,8 +163,8 @@ class RunTally:
 
     def everyone_acts(self, opened: RoundOpen) -> bool:
         """Whether every agent acts in the announced round (else a share counts those it selected)."""
-        if type(self.env.sim).Agent.wakes is not Agent.wakes:
-            return False
+        if type(self.env.sim).Agent.wakes is not Agent.wakes or opened.population is not None:
+            return False  # the agent's say, or the departed: a share counts those who act
         if opened.observation is None:  # the first round: selected as the environment starts
             try:
                 return self.decider.opening().selection is None
@@ -175,13 +206,21 @@ class RunTally:
         if self.screen(partial) is False:
             return None
         r, key = partial.round, share_key(partial.host_id, partial.epoch)
+        wire, evidence = partial.payload, None
+        if self.resolved.config.prototypes is not None and partial.n:
+            try:
+                wire, evidence = prototypes.evidence_of(partial.payload)
+            except ValidationError as err:
+                raise BadPartial(f"its prototypes' evidence is refused: {err.errors()[0]['msg']}") from None
+            except ValueError as err:
+                raise BadPartial(str(err)) from None
         try:
-            payload = from_wire(self.env.Partial, partial.payload) if partial.n else None
+            payload = from_wire(self.env.Partial, wire) if partial.n and wire is not None else None
         except ValidationError as err:
             raise BadPartial(f"payload is not a {self.env.Partial.__name__}: {err.errors()[0]['msg']}") from None
         except StateTypeError as err:
             raise BadPartial(f"payload is not a {self.env.Partial.__name__}: {err}") from None
-        self.partials.setdefault(r, {})[key] = Counted(partial, payload, source)
+        self.partials.setdefault(r, {})[key] = Counted(partial, payload, source, evidence)
         return self._maybe_close(r)
 
     def _maybe_close(self, r: int) -> RoundResult | None:
@@ -192,16 +231,24 @@ class RunTally:
         folded = frozenset(opened.shares)
         if self.decided.get(r) == folded:
             return None  # decided already, with exactly these shares
-        result = self.decide(opened, [(parts[k].partial, parts[k].payload) for k in sorted(folded)])
+        result = self.decide(opened, [(parts[k].partial, parts[k].payload) for k in sorted(folded)],
+                             [parts[k].evidence for k in sorted(folded) if parts[k].evidence is not None])
         self.decided[r] = folded
         return result
 
-    def decide(self, opened: RoundOpen, parts: list[tuple[RoundPartial, Partial | None]]) -> RoundResult:
+    def decide(self, opened: RoundOpen, parts: list[tuple[RoundPartial, Partial | None]],
+               evidence: list[PrototypeEvidence] | None = None) -> RoundResult:
+        payloads = [payload for _, payload in parts if payload is not None]
+        drawn = None
+        if self.resolved.config.prototypes is not None:
+            drawn = self.draws(opened, evidence or [])
+            if drawn.partial is not None:
+                payloads.append(drawn.partial)
         try:
-            decision = self.decider.decide(opened.round, opened.env_state,
-                                           [payload for _, payload in parts if payload is not None], self.world)
+            decision = self.decider.decide(opened.round, opened.env_state, payloads, self.world, self.population)
         except DecideFailed as err:
             raise EnvironmentFailed(str(err)) from err
+        living_ref = self._population_out(opened.round, decision.population)
         world_ref = None
         if decision.world is not None:
             if decision.world is self.world and self.world_ref is not None:
@@ -215,11 +262,49 @@ class RunTally:
             self.world, self.world_ref = decision.world, world_ref
         return RoundResult(
             run_id=self.run_id, round=opened.round, n=sum(p.n for p, _ in parts),
-            n_valid=sum(p.n_valid for p, _ in parts), summary=decision.summary,
+            n_valid=sum(p.n_valid for p, _ in parts) + (drawn.n_valid if drawn is not None else 0),
+            summary=decision.summary,
             observation=decision.observation, state=decision.state, selection=decision.selection, world=world_ref,
+            population=living_ref,
             closed_at=time.time(), epoch=opened.epoch, shares=sorted(opened.shares),
             usage=sum((p.usage for p, _ in parts), Usage()),
             interviews=sum((p.interviews for p, _ in parts), Usage()),
             n_simulation_errors=sum(p.n_simulation_errors for p, _ in parts),
-            profile=decision.profile,
+            profile=decision.profile, prototypes=drawn.report if drawn is not None else None,
         )
+
+    def draws(self, opened: RoundOpen, evidence: list[PrototypeEvidence]) -> prototypes.Folded:
+        """The drawn agents' part of the round (a prototype run): their partial, and each
+        prototype's draws measured against its audits."""
+        try:
+            return prototypes.fold(self.env, self.resolved.config, self.tables, opened.round, opened.prototypes,
+                                   evidence)
+        except ValueError as err:  # the shares' evidence does not add up: never decided on
+            raise EnvironmentFailed(f"round {opened.round}: the shares' prototype draws cannot be folded: {err}") \
+                from err
+        except Exception as err:  # the simulation's reduce_drawn
+            raise EnvironmentFailed(f"simulation {self.resolved.config.simulation!r}: its environment failed to fold "
+                                    f"round {opened.round}'s drawn answers: {type(err).__name__}: {err}") from err
+
+    @functools.cached_property
+    def tables(self) -> SimulationTables:
+        return self.resolved.tables()
+
+    def _population_out(self, round_: int, population: Population | None) -> LivingRef | None:
+        """The reference of who is alive after `round_`: the round's own object when it changed
+        anyone (stored by the service before the result), else the one the round was played with."""
+        if population is None:
+            return None
+        if population is self.population or population.round != round_:
+            return self.population_ref
+        data = population.to_bytes()
+        d = population.delta
+        first = d.born_first if d is not None else population.size
+        ref = LivingRef(name=subjects.checkpoint_population(self.run_id, round_),
+                        digest=hashlib.sha256(data).hexdigest(), round=round_, size=population.size, first=first,
+                        living=population.count)
+        self.populations_out[round_] = (ref, data)
+        # a round decided again (a re-placement) loads its own population by reference
+        self.population, self.population_ref = population, ref
+        return ref
+

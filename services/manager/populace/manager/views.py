@@ -96,7 +96,19 @@ def result_row(result: RoundResult) -> dict:
             "summary": _jsonable(result.summary),
             "llm_calls": u.llm_calls, "tokens": u.tokens, "prompt_tokens": u.prompt_tokens,
             "completion_tokens": u.completion_tokens, "cached_tokens": u.cached_tokens,
-            "dollars": u.dollars, "closed_at": result.closed_at}
+            "dollars": u.dollars, "closed_at": result.closed_at, "prototypes": prototype_rows(result)}
+
+
+def prototype_rows(result: RoundResult) -> list[dict]:
+    """A prototype run's round, per prototype (docs/prototypes.md): who called and copied, the
+    audits, the draws' divergence from them with its 95% interval, the guard's next share."""
+    report = result.prototypes
+    if report is None:
+        return []
+    return [{"prototype": s.label, "agents": s.agents, "share": s.share, "representatives": s.representatives,
+             "valid": s.valid, "drawn": s.drawn, "unanswered": s.unanswered, "audited": s.audited,
+             "audited_valid": s.audited_valid, "metric": s.metric, "divergence": s.divergence, "ci_low": s.ci_low,
+             "ci_high": s.ci_high, "breach": s.breach, "next_share": s.next_share} for s in report.stats]
 
 
 def _jsonable(doc: dict) -> dict:

@@ -13,6 +13,7 @@ import contextlib
 import time
 from collections.abc import Callable
 
+import numpy as np
 from faststream import FastStream
 from faststream.middlewares import AckPolicy
 from faststream.nats import JStream
@@ -54,6 +55,7 @@ from populace.core.service import Refused, Service, control_pull
 from populace.core.settings import Settings
 from populace.core.telemetry import tracer
 from populace.orchestrator import interviews, placing, workflow
+from populace.population.living import ChangeError, Population
 from populace.sdk.registry import Resolved, resolve
 from populace.sdk.simulation import SimulationError
 
@@ -270,19 +272,27 @@ class Orchestrator:
             detail = format_validation_error(err) if isinstance(err, ValidationError) else str(err)
             return await self.reject(rid, f"the orchestrator cannot run it: {detail}")
         cfg = resolved.config
+        source = None
+        if start.fork is not None:
+            try:
+                source = await self.fork_source(start)
+            except (ValueError, checkpoints.CheckpointError) as err:
+                return await self.reject(rid, f"cannot fork: {err}")
+        living = source[3].population if source is not None else None
         try:
-            hosts, placement = await self.place_when_possible(cfg.agents, unit)
+            # a fork of a population that changed: every id its parent had given by then
+            hosts, placement = await self.place_when_possible(living.size if living is not None else cfg.agents, unit)
         except PlacementError as err:
             return await self.reject(rid, str(err))
         self.units[rid] = unit
         incarnations = {h.host_id: h.started_at for h in hosts}
-        if start.fork is None:
+        if source is None:
             state = workflow.new_run(rid, cfg, placement, incarnations)
         else:
-            try:
-                state = await self.fork_state(rid, start, placement, incarnations)
-            except (ValueError, checkpoints.CheckpointError) as err:
-                return await self.reject(rid, f"cannot fork: {err}")
+            parent, k, digests, env = source
+            state = workflow.fork_run(rid, start.config, placement, parent, k, env.state, env.observation,
+                                      incarnations, digests, selection=env.selection, world=env.world,
+                                      population=env.population, prototypes=env.prototypes)
         try:
             await kv.create(rid, bus.encode(state))
         except Exception:  # created meanwhile by the same start, handled twice at once
@@ -298,8 +308,9 @@ class Orchestrator:
         with trace.use_span(run_span, end_on_exit=False):
             await self.announce(state, resolved, start.manifest)
 
-    async def fork_state(self, rid: str, start: RunStart, placement: dict, incarnations: dict) -> RunState:
-        """A fork's first state: its parent's agents and environment after the fork's round."""
+    async def fork_source(self, start: RunStart) -> tuple[RunState, int, dict[str, str], checkpoints.EnvCheckpoint]:
+        """Where a fork starts: its parent's state, the round, that round's checkpoint digests and
+        its environment's checkpoint (state, observation, selection, world, who was alive)."""
         kv = await self.runs_kv()
         try:
             entry = await kv.get(start.fork.run_id)
@@ -319,8 +330,7 @@ class Orchestrator:
                                        RoundResult)
         digests = workflow.fork_digests(parent, k, result)
         env = await checkpoints.load_env(self.svc.js, parent.run_id, k, digests)
-        return workflow.fork_run(rid, start.config, placement, parent, k, env.state, env.observation, incarnations,
-                                 digests, selection=env.selection, world=env.world)
+        return parent, k, digests, env
 
     async def reject(self, rid: str, reason: str) -> None:
         self.svc.log.warning("run_rejected", run_id=rid, reason=reason)
@@ -441,13 +451,31 @@ class Orchestrator:
         why = workflow.resume_refusal(state, resume.budget)
         if why is None:
             try:
-                hosts, placement = await self.place_when_possible(state.config.agents, self.unit_of(state))
+                # every agent id given so far (newcomers too, the departed's ranges kept: ids are never reused)
+                ids = state.population.size if state.population is not None else state.config.agents
+                hosts, placement = await self.place_when_possible(ids, self.unit_of(state))
             except PlacementError as err:
                 why = str(err)
         if why is not None:
             return await self.refuse_resume(state, why)
         incarnations = {h.host_id: h.started_at for h in hosts}
         await self.advance(rid, lambda s: workflow.on_resume(s, placement, incarnations, resume.budget, request))
+
+    async def played(self, state: RunState, round_: int, digests: dict[str, str]) -> tuple[np.ndarray, int] | None:
+        """In a run whose population changed, the mask of the agents that played round
+        `round_` (they answer after it: the living before its changes) and how many ids were
+        given by then, from who was alive after it (its environment checkpoint names that);
+        None: the run's first agents, all."""
+        if state.population is None:
+            return None
+        env = await checkpoints.load_env(self.svc.js, state.run_id, round_, digests)
+        if env.population is None:
+            return None
+        try:
+            population = Population.from_bytes(await checkpoints.load_population(self.svc.js, env.population))
+        except ChangeError as err:
+            raise checkpoints.CheckpointError(str(err)) from None
+        return population.played(round_), env.population.size_in(round_)
 
     async def on_interview(self, req: InterviewRequest) -> None:
         """A post-hoc interview: checked against the run's state and its round's checkpoint
@@ -462,6 +490,7 @@ class Orchestrator:
         hosts: dict[str, list[tuple[int, int]]] = {}
         restore = None
         up: list[HostInfo] = []
+        played: np.ndarray | None = None
         if why is None:
             k = req.after_round
             try:
@@ -470,11 +499,14 @@ class Orchestrator:
                     result = await bus.last_on(self.svc.js, subjects.RUN_STREAM, subjects.run_round_result(rid, k),
                                                RoundResult)
                 digests = workflow.fork_digests(state, k, result)
-                ranges = workflow.layout_for(state, k)
+                who = await self.played(state, k, digests)
+                played = who[0] if who is not None else None
+                ranges = workflow.layout_for(state, k, who[1] if who is not None else None)
                 writers = workflow.writers_for(state, k)
                 await checkpoints.present(self.svc.js, [subjects.checkpoint_agents(rid, k, f) for f, _ in ranges],
                                           writers)
                 restore = Restore(run_id=rid, round=k, ranges=ranges, digests=digests, writers=writers)
+                why = interviews.absent(req, played)
             except checkpoints.CheckpointError as err:
                 why = f"after_round: round {k}'s checkpoint cannot be used: {err}"
         if why is None:
@@ -489,7 +521,7 @@ class Orchestrator:
                 why = "no agent-host is up to answer it"
         placed = InterviewPlaced(run_id=rid, request=req.request, after_round=req.after_round, survey=req.survey,
                                  hosts=hosts, error=why, placed_at=time.time(),
-                                 expected=interviews.expected(req, state.config.agents, state.config.seed)
+                                 expected=interviews.expected(req, state.config.agents, state.config.seed, played)
                                  if why is None else 0)
         order_seq = 0
         if why is None:

@@ -44,9 +44,10 @@ def refusal(state: RunState | None, req: InterviewRequest) -> str | None:
     if req.after_round > done:
         return (f"after_round: run {req.run_id} has completed {done} round(s), so round {req.after_round} has no "
                 "checkpoint")
-    bad = [a for a in req.agents or () if a >= c.agents]
+    ids = state.population.size if state.population is not None else c.agents  # newcomers' ids too
+    bad = [a for a in req.agents or () if a >= ids]
     if bad:
-        return f"agents: agent {bad[0]} is not in the run (ids are 0..{c.agents - 1})"
+        return f"agents: agent {bad[0]} is not in the run (ids are 0..{ids - 1})"
     if any(plan.id == req.survey.id for plan in c.interviews):
         return f"survey.id: {req.survey.id!r} is a survey the scenario plans; give the interview another id"
     return None
@@ -68,11 +69,29 @@ def split(ranges: list[tuple[int, int]], hosts: list[HostInfo],
     return {h: sorted(rs) for h, rs in out.items()}
 
 
-def expected(req: InterviewRequest, agents: int, seed: int) -> int:
-    """How many answers the request will have: its respondents × its questions."""
+def absent(req: InterviewRequest, played: np.ndarray | None) -> str | None:
+    """Why an agent the request names cannot answer (None: each can): in a run whose population
+    changed (`played`: who played the round), one that had departed before it or came after it."""
+    if played is None or req.agents is None:
+        return None
+    missing = [a for a in req.agents if a >= played.size or not played[a]]
+    if missing:
+        return (f"agents: agent {missing[0]} did not play round {req.after_round} (it departed before it, or "
+                "came after it): it cannot be asked after it")
+    return None
+
+
+def expected(req: InterviewRequest, agents: int, seed: int, played: np.ndarray | None = None) -> int:
+    """How many answers the request will have: its respondents × its questions (`played`: in a
+    run whose population changed, who played the round, the only ones who answer after it)."""
     questions = len(req.survey.questions)
     if req.agents is not None:
         return len(set(req.agents)) * questions
+    if played is not None:
+        living = np.flatnonzero(played)
+        if req.sample is None:
+            return int(living.size) * questions
+        return int(chosen(living, seed=seed, survey_id=req.survey.id, sample=req.sample).sum()) * questions
     if req.sample is None:
         return agents * questions
     step, who = 1 << 20, 0

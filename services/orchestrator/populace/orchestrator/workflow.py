@@ -21,6 +21,7 @@ from populace.core.contracts import (
     ConfigRef,
     HostInfo,
     Layout,
+    LivingRef,
     Progress,
     Restore,
     RoundOpen,
@@ -34,7 +35,7 @@ from populace.core.contracts import (
     money,
     share_key,
 )
-from populace.core.placement import PlacementError, Policy, place_ranges
+from populace.core.placement import PlacementError, Policy, birth_block, place_births, place_ranges
 
 Placement = dict[str, list[tuple[int, int]]]
 ACTIVE = ACTIVE_STATUSES
@@ -118,10 +119,33 @@ def writers_for(state: RunState, round_: int) -> dict[str, str]:
             for key, ranges in owners(state, round_).items() for first, _ in ranges}
 
 
-def layout_for(state: RunState, round_: int) -> list[tuple[int, int]]:
-    """The ranges the run's hosts played (and checkpointed) `round_` in."""
+def layout_for(state: RunState, round_: int, size: int | None = None) -> list[tuple[int, int]]:
+    """The ranges the run's hosts played (and checkpointed) `round_` in; `size`: the agent ids
+    given before that round's newcomers (a run whose population changed; LivingRef.size_in),
+    for a placement has grown since by the newcomers of later rounds."""
     chosen = [lay for lay in state.layouts if lay.from_round <= round_]
-    return chosen[-1].ranges if chosen else layout_of(state.shares)
+    ranges = chosen[-1].ranges if chosen else layout_of(state.shares)
+    return ranges if size is None else clipped(ranges, size)
+
+
+def clipped(ranges: list[tuple[int, int]], size: int) -> list[tuple[int, int]]:
+    """`ranges` cut to the ids below `size`."""
+    return [(f, min(c, size - f)) for f, c in ranges if f < size]
+
+
+def grown(state: RunState, living: LivingRef) -> RunState:
+    """The run's placement with the newcomers of `living`'s round placed (populace.core.placement
+    .place_births): the shares' ranges, and the ranges of the placement in force, grow."""
+    if living.size <= living.first:
+        return state
+    c = state.config
+    placement = place_births({sh.key: sh.ranges for sh in state.shares}, living.first, living.size - living.first,
+                             base=c.agents, block=birth_block(c.agents))
+    shares = [sh.model_copy(update={"ranges": placement[sh.key]}) for sh in state.shares]
+    layouts = list(state.layouts)
+    if layouts:  # the placement in force holds the newcomers from now on; rounds before it see less (clipped)
+        layouts[-1] = layout(layouts[-1].from_round, shares)
+    return state.model_copy(update={"shares": shares, "layouts": layouts})
 
 
 def shares_for(placement: Placement, epoch: int, from_round: int,
@@ -136,10 +160,12 @@ def round_open(state: RunState, action: OpenRound, opened_at: float) -> RoundOpe
     environment fetch it once), never the config itself."""
     return RoundOpen(run_id=state.run_id, round=action.round, expected=action.expected, config_ref=state.config_ref,
                      observation=state.observation, env_state=state.env_state, selection=state.selection,
-                     world=state.world, opened_at=opened_at, epoch=state.epoch,
+                     world=state.world, prototypes=state.prototypes, opened_at=opened_at, epoch=state.epoch,
                      shares={sh.key: sh.count for sh in state.shares}, nudge=state.nudged,
-                     # where posts go: only a run with a graph needs every share's ranges
-                     ranges={sh.key: sh.ranges for sh in state.shares} if state.config.graph else {})
+                     # where posts go (a run with a graph), where newcomers are (a population that changed)
+                     ranges={sh.key: sh.ranges for sh in state.shares}
+                     if state.config.graph or state.population is not None else {},
+                     population=state.population)
 
 
 def new_run(run_id: str, config: RunConfig, placement: Placement,
@@ -151,18 +177,22 @@ def new_run(run_id: str, config: RunConfig, placement: Placement,
 def fork_run(run_id: str, config: RunConfig, placement: Placement, parent: RunState, after_round: int,
              env_state: dict, observation: dict, incarnations: dict[str, float] | None = None,
              digests: dict[str, str] | None = None, selection: dict | None = None,
-             world: WorldRef | None = None) -> RunState:
+             world: WorldRef | None = None, population: LivingRef | None = None,
+             prototypes: dict[str, float] | None = None) -> RunState:
     """A new run that starts where `parent` was after `after_round` (its agents' and
-    environment's state), with its own config (the intervention); `digests`: the parent's
-    checkpoint objects of that round, as recorded when it closed (`fork_digests`)."""
+    environment's state, and who was alive), with its own config (the intervention); `digests`:
+    the parent's checkpoint objects of that round, as recorded when it closed (`fork_digests`);
+    `placement`: every agent id given by then (`population.size`, newcomers included)."""
     shares = shares_for(placement, 0, after_round + 1, incarnations)
+    size = population.size_in(after_round) if population is not None else None
     return RunState(run_id=run_id, status="spawning", config=config, shares=shares, round=after_round,
                     config_ref=ConfigRef.of(config, after_round + 1),
                     restore=Restore(run_id=parent.run_id, round=after_round,
-                                    ranges=layout_for(parent, after_round), digests=digests or {},
-                                    writers=writers_for(parent, after_round)),
+                                    ranges=layout_for(parent, after_round, size), digests=digests or {},
+                                    writers=writers_for(parent, after_round), population=population),
                     layouts=[layout(after_round + 1, shares)],
-                    env_state=env_state, observation=observation, selection=selection, world=world)
+                    env_state=env_state, observation=observation, selection=selection, world=world,
+                    population=population, prototypes=prototypes)
 
 
 def fork_digests(parent: RunState, round_: int, result: RoundResult | None) -> dict[str, str]:
@@ -193,8 +223,10 @@ def restore_point(state: RunState) -> Restore | None:
     if state.restore is not None and after <= state.restore.round:
         return state.restore
     if after:
-        return Restore(run_id=state.run_id, round=after, ranges=layout_for(state, after),
-                       digests=dict(state.checkpoints), writers=writers_for(state, after))
+        living = state.population
+        return Restore(run_id=state.run_id, round=after,
+                       ranges=layout_for(state, after, living.size_in(after) if living is not None else None),
+                       digests=dict(state.checkpoints), writers=writers_for(state, after), population=living)
     return None
 
 
@@ -226,14 +258,27 @@ def on_result(state: RunState, result: RoundResult) -> tuple[RunState, list[Acti
                                       {sh.key: sh.ranges for sh in state.shares})
     carried = {"env_state": result.state, "observation": result.observation, "selection": result.selection,
                "world": result.world, "phase_at": time.time(), "nudged": 0,
+               "prototypes": (result.prototypes.shares or None) if result.prototypes else state.prototypes,
                "used": state.used + result.usage, "last_round": result.usage, "checkpoints": digests,
-               "interviews": state.interviews + result.interviews}
+               "interviews": state.interviews + result.interviews, "population": result.population}
+    living = result.population
+    if living is not None and living.round == result.round:
+        try:
+            state = grown(state, living)  # the round's newcomers, placed before the next round opens
+        except PlacementError as err:
+            return on_pause(state, f"round {result.round}'s newcomers cannot be placed: {err}")
     if state.round >= state.config.rounds:
         return _now(state, status="done", stop_announced=False, **carried), [FinishRun("completed", state.round)]
     # the next round, and the interviews planned after it (they start as its shares finish)
     asked = planned_interviews(state.config, state.round + 1, carried["interviews"], result.usage)
     over = over_budget(state.config.budget, carried["used"] + carried["interviews"], result.usage + asked,
                        interviews=asked)
+    guard = result.prototypes.pause if result.prototypes is not None else None
+    if guard is not None:  # the prototypes' guard was told to pause rather than raise a share
+        reason = (f"{guard}; the next round plays at the same shares: `populace resume {state.run_id}` continues, "
+                  "or fork it with a larger prototypes.share")
+        return (_now(state, status="paused", reason=reason, stop_announced=False, **carried),
+                [FinishRun("paused", state.round, reason)])
     if over is not None:
         reason = f"{over}; `populace resume {state.run_id} --budget-… N` raises it and continues"
         return (_now(state, status="paused", reason=reason, stop_announced=False, **carried),

@@ -21,12 +21,14 @@ class RunShape:
 
 
 def outcome_refusal(batch: OutcomeBatch, ranges: list[tuple[int, int]] | None, from_round: int,
-                    shape: RunShape, recorded: np.ndarray, ids: list[int] | None = None) -> str | None:
+                    shape: RunShape, recorded: np.ndarray, ids: list[int] | None = None,
+                    departed: np.ndarray | None = None) -> str | None:
     """Why `batch` is refused (None: it is expected). `ranges`: its share's (first, count)
     ranges, None if the run never placed that share; `from_round`: the first round the share
     plays; `recorded`: per agent, whether the batch's round already has its outcome; `ids`: the
     agents the batch came with (None: its own), those of groups taken out of it included, so
-    a batch is judged as it was sent, whatever was taken out."""
+    a batch is judged as it was sent, whatever was taken out; `departed`: per agent, the round
+    after which it departed (0: alive; None: nobody did): it has no outcome in a later round."""
     key = share_key(batch.host_id, batch.epoch)
     if ranges is None:
         return f"share {key} was never placed in run {batch.run_id}"
@@ -45,6 +47,14 @@ def outcome_refusal(batch: OutcomeBatch, ranges: list[tuple[int, int]] | None, f
     uniq, counts = np.unique(ids, return_counts=True)
     if uniq.size != ids.size:
         return f"agent {int(uniq[counts > 1][0])} appears twice in the batch"
+    if ids.max() >= recorded.size:
+        return f"agent {int(ids.max())} is not in run {batch.run_id} ({recorded.size} agent ids so far)"
+    if departed is not None:
+        gone = departed[np.minimum(ids, departed.size - 1)]
+        late = (ids < departed.size) & (gone > 0) & (gone < batch.round)
+        if late.any():
+            i = int(np.flatnonzero(late)[0])
+            return f"agent {int(ids[i])} departed after round {int(gone[i])}: it has no outcome in round {batch.round}"
     again = recorded[ids]
     if again.any():
         return f"agent {int(ids[again][0])} already has an outcome in round {batch.round}"

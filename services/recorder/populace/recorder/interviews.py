@@ -14,6 +14,7 @@ from a batch: a host's batch cannot redefine a survey the others then answer "wr
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import duckdb
@@ -198,6 +199,9 @@ class InterviewStore:
         asked = self._asked_of(b, survey, agents)
         if isinstance(asked, str):
             return asked
+        if asked.answered.shape[0] < agents:  # newcomers since it was first asked (a population that changes)
+            more = np.zeros((agents - asked.answered.shape[0], asked.answered.shape[1]), dtype=bool)
+            asked.answered = np.vstack([asked.answered, more])
         con = self.con
         u = b.usage
         if u.llm_calls or u.prompt_tokens or u.completion_tokens or u.infra_retries:
@@ -299,6 +303,23 @@ class InterviewStore:
             self.con.execute(f"DELETE FROM {table} WHERE run_id = ? AND after_round > ? AND request IS NULL",
                              [run_id, after_round])
 
+    def played(self, run_id: str, agents: int) -> Callable[[int], np.ndarray] | None:
+        """In a run whose population changed (table `population`), round -> the ids of the agents
+        that played it: its first `agents` and those born after an earlier round, but for those
+        departed after an earlier round. None: nobody came or went."""
+        rows = self.con.execute("SELECT agent_id, round, event FROM population WHERE run_id = ?",
+                                [run_id]).fetchnumpy()
+        if not rows["agent_id"].size:
+            return None
+        size = max(agents, int(rows["agent_id"].max()) + 1)
+        came = np.zeros(size, dtype=np.int64)  # the round after which it came (0: one of the first)
+        went = np.full(size, np.iinfo(np.int64).max)  # the round after which it departed
+        newcomer = np.isin(rows["event"], ["born", "arrived"])
+        came[rows["agent_id"][newcomer]] = rows["round"][newcomer]
+        went[rows["agent_id"][~newcomer]] = rows["round"][~newcomer]
+        came[agents:][came[agents:] == 0] = np.iinfo(np.int64).max  # ids given to nobody yet
+        return lambda r: np.flatnonzero((came < r) & (went >= r))
+
     def owed(self, run_id: str, last_round: int, first_played: int = 1, resumed_after: int | None = None) -> Owed:
         """What the run's planned interviews owe after its last round `last_round`, the rounds
         from `first_played` on (a fork's: after its fork point), and how much of it may still
@@ -307,8 +328,9 @@ class InterviewStore:
         if config is None or not config.interviews:
             return Owed(0, 0, 0)
         owes, awaits = owed_rounds(last_round, first_played, resumed_after)
-        want = expected(config.interviews, config.agents, config.seed, last_round, owes.start)
-        awaited = expected(config.interviews, config.agents, config.seed, last_round, awaits.start)
+        played = self.played(run_id, config.agents)
+        want = expected(config.interviews, config.agents, config.seed, last_round, owes.start, played)
+        awaited = expected(config.interviews, config.agents, config.seed, last_round, awaits.start, played)
         got, got_awaited = self.con.execute(
             "SELECT count(*), count(*) FILTER (WHERE after_round >= ?) FROM interviews WHERE run_id = ? "
             "AND request IS NULL AND after_round BETWEEN ? AND ?",

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 
 from populace.core.contracts import (
     PLATFORM_SUMMARY_COLUMNS,
@@ -22,8 +23,10 @@ from populace.core.contracts import (
     EdgeColumns,
     InterviewBatch,
     LineColumns,
+    LivingRef,
     OutcomeBatch,
     PostColumns,
+    PrototypeRound,
     RoundPartial,
     RoundResult,
     RunConfig,
@@ -107,7 +110,27 @@ def _batches(run_id: str, tables: SimulationTables, outcomes: dict[str, list], p
                             columns=_rows(acts, a_idx, tuple(act_cols))) if a_idx else None,  # type: ignore[arg-type]
             lines=LineColumns(**_rows(lines, l_idx, LINE_KEYS)) if l_idx else None,  # type: ignore[arg-type]
             edits=EdgeColumns(**_rows(edits, e_idx, EDIT_KEYS)) if e_idx else None,  # type: ignore[arg-type]
+            prototypes=outcomes["prototype"][part] if tables.prototypes else None,
             shown=ShownColumns(**_rows(shown, s_idx, SHOWN_KEYS)) if s_idx else None))  # type: ignore[arg-type]
+        start = end
+    return out
+
+
+def _audit_batches(run_id: str, tables: SimulationTables, rows: dict[str, list]) -> list[OutcomeBatch]:
+    """A prototype run's audits (run_local's rows, by round and agent) as an agent-host sends them."""
+    out: list[OutcomeBatch] = []
+    rounds = rows.get("round", [])
+    start = 0
+    while start < len(rounds):
+        end = start + 1
+        while end < len(rounds) and end - start < BATCH and rounds[end] == rounds[start]:
+            end += 1
+        part = slice(start, end)
+        out.append(OutcomeBatch(
+            run_id=run_id, round=rounds[start], host_id=LOCAL_HOST, seq=len(out), agent_ids=rows["agent_id"][part],
+            columns={c.name: rows[c.name][part] for c in tables.outcome_columns}, valid=rows["valid"][part],
+            raws=rows["raw"][part], latency_ms=rows["latency_ms"][part], errors=rows["error"][part], audit=True,
+            prototypes=rows["prototype"][part]))
         start = end
     return out
 
@@ -138,6 +161,25 @@ def _interview_batches(run_id: str, config: RunConfig, rows: dict[str, list],
     return out
 
 
+def _living(run_id: str, agents: int, population: dict[str, list]) -> dict[int, tuple[LivingRef, pa.Table]]:
+    """Per round that changed the population, who is alive after it (as a round result names
+    it) and its rows of table population."""
+    out: dict[int, tuple[LivingRef, pa.Table]] = {}
+    size = living = agents
+    rounds = population.get("round", [])
+    for r in sorted(set(rounds)):
+        idx = [i for i, x in enumerate(rounds) if x == r]
+        events = [population["event"][i] for i in idx]
+        came = sum(1 for e in events if e in ("born", "arrived"))
+        first, size = size, size + came
+        living += 2 * came - len(events)
+        ref = LivingRef(name=f"{run_id}.{r}.population", digest="0" * 64, round=r, size=size, first=first,
+                        living=living)
+        out[r] = (ref, pa.table({k: [population[k][i] for i in idx] for k in ("round", "agent_id", "event",
+                                                                               "reason")}))
+    return out
+
+
 def _profiles(run_id: str, profile: dict[str, list] | None) -> tuple[list[Event], dict[int, DecideProfile]]:
     """run_local's `round_profile` rows as the recorder gets them on the fleet: the process's in a
     partial of its share per round, the environment's with the round's result (by round)."""
@@ -162,21 +204,27 @@ def record_local(db: str | Path, *, run_id: str, config: RunConfig, tables: Simu
                  status: str = "completed", reason: str | None = None,
                  started_at: float | None = None, manifest: dict | None = None, personas: bytes | None = None,
                  interviews: dict[str, list] | None = None, interview_calls: dict[tuple[int, str], int] | None = None,
-                 profile: dict[str, list] | None = None) -> int:
+                 profile: dict[str, list] | None = None, audits: dict[str, list] | None = None,
+                 prototypes: dict[int, PrototypeRound] | None = None, population: dict[str, list] | None = None) -> int:
     """Write a local run (run_local's columnar `outcomes`, `rounds`, `posts`, and its scenes'
     `acts` and `transcripts`, its `edges` and `shown` records, and the answers to its planned `interviews` with
     their LLM calls by (after round, survey), and where its rounds went (`profile`: run_local's
-    `round_profile` rows)) to `db`; returns the outcomes recorded. A failed run keeps the rounds
-    it closed."""
+    `round_profile` rows), and its population's changes (`population`: table population's rows))
+    to `db`; returns the outcomes recorded. A failed run keeps the rounds it closed."""
     partials, decided = _profiles(run_id, profile)
     now = time.time()
     started_at = started_at or now
-    ranges = [(0, config.agents)]
+    living = _living(run_id, config.agents, population or {})
+    # one share holds every agent id the run gave (newcomers' too)
+    ranges = [(0, max([config.agents, *(ref.size for ref, _ in living.values())]))]
     events = [Event(f"local.{run_id}.started", "started",
                     RunStarted(run_id=run_id, config=config, started_at=started_at, hosts=[LOCAL_HOST], tables=tables,
                                manifest=manifest), blob=personas),
               Event(f"local.{run_id}.spawn", "spawn",
                     SpawnBatch(run_id=run_id, host_id=LOCAL_HOST, ranges=ranges, config_ref=ConfigRef.of(config)))]
+    if tables.prototypes:  # the representatives' own rows: the store draws the others' (as on the fleet)
+        own = [i for i, source in enumerate(outcomes.get("source", [])) if source == "llm"]
+        outcomes = {k: [v[i] for i in own] for k, v in outcomes.items()}
     for b in _batches(run_id, tables, outcomes, posts or None, acts or None, transcripts or None, edges or None,
                       shown or None):
         checked, refused = check_outcomes(b, tables)
@@ -196,7 +244,11 @@ def record_local(db: str | Path, *, run_id: str, config: RunConfig, tables: Simu
             run_id=run_id, round=r, n=row["n"], n_valid=row["n_valid"], summary={k: row.get(k) for k in summary_names},
             observation={}, state={}, closed_at=row.get("closed_at") or now, shares=[f"{LOCAL_HOST}@0"],
             usage=Usage(**{k: row.get(k) or 0 for k in Usage.RECORDED}), n_simulation_errors=errors.get(r, 0),
-            profile=decided.get(r))))
+            profile=decided.get(r), prototypes=(prototypes or {}).get(r),
+            population=living[r][0] if r in living else None),
+            blob=living[r][1] if r in living else None))
+    events += [Event(f"local.{run_id}.{b.round}.audits.{b.seq}", "outcomes", check_outcomes(b, tables)[0])
+               for b in _audit_batches(run_id, tables, audits or {})]
     events += partials
     events += [Event(f"local.{run_id}.interviews.{b.after_round}.{b.survey.id}.{b.seq}", "interviews", b)
                for b in _interview_batches(run_id, config, interviews or {}, interview_calls or {})]

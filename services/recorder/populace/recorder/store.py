@@ -15,6 +15,7 @@ import json
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,11 +26,13 @@ import pyarrow as pa
 
 from populace.analysis.interview_tables import SCHEMA as INTERVIEWS_SCHEMA
 from populace.core.contracts import (
+    PROTOTYPE_COLUMNS,
     InterviewBatch,
     InterviewOrder,
     InterviewPlaced,
     LlmCallBatch,
     OutcomeBatch,
+    RoundOpen,
     RoundPartial,
     RoundResult,
     RunConfig,
@@ -44,7 +47,10 @@ from populace.core.contracts import (
 from populace.core.hostauth import SHARED_HOST_USER
 from populace.population.errors import PopulationError
 from populace.population.jsonl import iter_personas
+from populace.population.living import EVENTS, Delta, Population
 from populace.population.model_assignment import AssignmentError, assignment
+from populace.population.prototypes import Membership, PrototypeError, membership
+from populace.recorder import prototypes as prototype_rows
 from populace.recorder.columns import RefusedGroup
 from populace.recorder.expected import RunShape, calls_refusal, outcome_refusal
 from populace.recorder.interviews import InterviewStore, Owed
@@ -102,6 +108,11 @@ CREATE TABLE IF NOT EXISTS round_profile (
     run_id VARCHAR, round INTEGER, role VARCHAR, host_id VARCHAR, epoch INTEGER, agents BIGINT, wall_s DOUBLE,
     view_s DOUBLE, turn_s DOUBLE, merge_s DOUBLE, model_wait_s DOUBLE, decide_s DOUBLE, record_s DOUBLE,
     view_bytes BIGINT, view_max_bytes BIGINT, observation_bytes BIGINT, held BIGINT, note VARCHAR
+);
+-- a population that changes (populace.sdk.population): every departure and newcomer, after the
+-- round that decided it (event: born, arrived, died, left)
+CREATE TABLE IF NOT EXISTS population (
+    run_id VARCHAR, round INTEGER, agent_id BIGINT, event VARCHAR, reason VARCHAR
 );
 CREATE TABLE IF NOT EXISTS _resumes (run_id VARCHAR, epoch INTEGER, after_round INTEGER, resumed_at TIMESTAMP);
 CREATE TABLE IF NOT EXISTS _shares (run_id VARCHAR, share VARCHAR, ranges JSON, from_round INTEGER,
@@ -163,6 +174,66 @@ def is_disk_full(err: BaseException) -> bool:
     return any(text in str(err) for text in _NO_ROOM)
 
 
+def json_texts(values: list) -> list[str | None]:
+    """A JSON column's values as the text json.dumps writes (None stays NULL). A list of whole
+    numbers, the commonest (an untyped `list` of ids; an older file's list[int] column), is
+    written directly: json.dumps cost a scene's recorder a quarter of its time."""
+    out: list[str | None] = []
+    for v in values:
+        if v is None:
+            out.append(None)
+        elif v.__class__ is list and all(x.__class__ is int for x in v):
+            out.append(f"[{', '.join(map(str, v))}]")
+        else:
+            out.append(json.dumps(v))
+    return out
+
+
+# A JSON column of whole-number lists or nulls goes to DuckDB as a list<int64> column and is
+# written there as json.dumps writes it ("[1, 2, 3]"): the same text, without a json.dumps (or a
+# Python format) per value. Such a column is an untyped `list` field, or a list[int] field in a
+# file written before lists were LIST columns (Store._stored: a resumed run keeps that file's
+# JSON); a list[int] field is a BIGINT[] column and never comes here. Anything else (a bool, a
+# float, a string, a dict …) is written here, value by value.
+_WHOLE_LISTS_TYPE = pa.list_(pa.int64())
+
+
+def _whole_lists(values: list) -> pa.Array | None:
+    """The column as a list<int64> array, or None when it is anything else. Arrow's own reading
+    of the Python values decides, in one pass and no Python object: it reads a list of ints (and
+    nothing else: not a bool, not a float) as list<int64>; an inner null would be written "null".
+    """
+    try:
+        column = pa.array(values)
+    except (pa.ArrowException, OverflowError, TypeError, ValueError):  # mixed values, or past int64
+        return None
+    if column.type != _WHOLE_LISTS_TYPE or column.values.null_count:
+        return None
+    return column
+
+
+def arrow_rows(columns: dict[str, list], types: dict[str, str]) -> tuple[pa.Table, str]:
+    """A batch of rows for DuckDB (columns in `types`' order, DuckDB type names) and the select
+    list that inserts them: JSON columns become their text (see _whole_lists)."""
+    fields: list[tuple[str, pa.DataType]] = []
+    arrays: dict[str, list | pa.Array] = {}
+    as_text: list[str] = []
+    for name, type_ in types.items():
+        values = columns[name]
+        if type_ == "JSON":
+            wholes = _whole_lists(values)
+            if wholes is not None:
+                arrays[name] = wholes
+                fields.append((name, _WHOLE_LISTS_TYPE))
+                as_text.append(f"'[' || array_to_string({_q(name)}, ', ') || ']' AS {_q(name)}")
+                continue
+            values = json_texts(values)
+        arrays[name] = values
+        fields.append((name, pa.int32() if type_ == "INTEGER" else ARROW[type_]))
+    table = pa.Table.from_pydict(arrays, schema=pa.schema(fields))
+    return table, f"* REPLACE ({', '.join(as_text)})" if as_text else "*"
+
+
 def ts(epoch: float) -> datetime:
     return datetime.fromtimestamp(epoch, UTC).replace(tzinfo=None)
 
@@ -173,7 +244,8 @@ def outcome_columns(t: SimulationTables) -> list[tuple[str, str]]:
             *((("group_id", "BIGINT"),) if t.grouped else ()),
             *((f"{level}_id", "BIGINT") for level in t.levels),
             *((c.name, c.type) for c in t.outcome_columns),
-            ("valid", "BOOLEAN"), ("raw", "VARCHAR"), ("latency_ms", "DOUBLE"), ("error", "VARCHAR")]
+            ("valid", "BOOLEAN"), ("raw", "VARCHAR"), ("latency_ms", "DOUBLE"), ("error", "VARCHAR"),
+            *(PROTOTYPE_COLUMNS if t.prototypes else ())]
 
 
 def act_columns(t: SimulationTables) -> list[tuple[str, str]]:
@@ -199,7 +271,8 @@ class Event:
     msg_id: str  # Nats-Msg-Id, unique per logical message
     kind: str  # subjects.kind_of(subject)
     model: object
-    # RunStarted: the run's personas (JSONL, or its rows parsed already: profile_rows), when it has a population
+    # RunStarted: the run's personas (JSONL, or its rows parsed already: profile_rows), when it has a population;
+    # RoundResult: who is alive after the round, when it changed anyone (populace.population.living's bytes)
     blob: bytes | pa.Table | None = None
     # OutcomeBatch: the groups taken out of it (columns.check_outcomes), recorded as missing if the batch counts
     refused_groups: list[RefusedGroup] = field(default_factory=list)
@@ -229,6 +302,23 @@ class ShareRecord:
         return self.replaced_from is None or round_ < self.replaced_from
 
 
+_NONE = SimulationTables(simulation="", outcomes="none", outcome_columns=[], rounds="none", summary_columns=[])
+
+
+def _population_table(d: Delta) -> pa.Table:
+    """A round's changes as table population's rows (departures, then newcomers), built from
+    their arrays (a 1% turnover of 10M agents is 200,000 rows a round)."""
+    ids = np.concatenate([d.departed, np.arange(d.born_first, d.born_first + d.births, dtype=np.int64)])
+    events = np.concatenate([d.departed_events, d.birth_events]).astype(np.int32)
+    reasons = np.concatenate([d.departed_reasons, d.birth_reasons]).astype(np.int32)
+
+    def text(codes: np.ndarray, names: Sequence[str]) -> pa.Array:  # DuckDB stores it as VARCHAR
+        return pa.DictionaryArray.from_arrays(pa.array(codes), pa.array(list(names), pa.string()))
+
+    return pa.table({"round": pa.array(np.full(ids.size, d.round, dtype=np.int32)), "agent_id": pa.array(ids),
+                     "event": text(events, EVENTS), "reason": text(reasons, d.reasons or ("",))})
+
+
 def _share(key: str) -> tuple[str, int]:
     host_id, _, epoch = key.rpartition("@")
     return host_id, int(epoch)
@@ -251,9 +341,11 @@ class Store:
         # its values go on as JSON text, so an older database keeps recording the same simulation
         self._as_json: set[tuple[str, str]] = set()
         self._shapes: dict[str, RunShape] = {}  # by run id: agents and rounds, from its config
+        self._departed: dict[str, np.ndarray | None] = {}  # by run id: Store.departed
         # (run, round) -> per agent, whether its outcome is recorded: what makes a duplicate
         self._recorded: dict[tuple[str, int], np.ndarray] = {}
         self.interviews = InterviewStore(lambda: self.con)
+        self._members: dict[str, Membership] = {}  # by run id: a prototype run's prototypes (its draws)
 
     @property
     def con(self) -> duckdb.DuckDBPyConnection:
@@ -264,6 +356,7 @@ class Store:
                     con = duckdb.connect(self.path)
                     con.execute(SCHEMA)
                     con.execute(INTERVIEWS_SCHEMA)
+                    con.execute(prototype_rows.SCHEMA)
                     self._ready.clear()
                     self._as_json.clear()
                     self._con = con
@@ -291,14 +384,34 @@ class Store:
         return spec
 
     def shape_of(self, run_id: str) -> RunShape | None:
-        """The run's agents and rounds (from its started event, or the runs table)."""
+        """The run's agents (every id given so far, newcomers included) and rounds (from its
+        started event, or the runs table, and its population's newcomers)."""
         if run_id not in self._shapes:
-            row = self.con.execute("SELECT config_json->>'$.agents', config_json->>'$.rounds' FROM runs "
-                                   "WHERE run_id = ?", [run_id]).fetchone()
+            row = self.con.execute("SELECT config_json->>'$.agents', config_json->>'$.rounds', (SELECT max(agent_id) "
+                                   "FROM population WHERE run_id = ?) FROM runs WHERE run_id = ?",
+                                   [run_id, run_id]).fetchone()
             if not row or row[0] is None:
                 return None
-            self._shapes[run_id] = RunShape(int(row[0]), int(row[1]))
+            placed = self.con.execute("SELECT max(agent_id) FROM agents WHERE run_id = ?", [run_id]).fetchone()
+            most = max(int(row[2]) if row[2] is not None else -1, int(placed[0]) if placed and placed[0] is not None
+                       else -1)
+            self._shapes[run_id] = RunShape(max(int(row[0]), most + 1), int(row[1]))
         return self._shapes[run_id]
+
+    def departed(self, run_id: str) -> np.ndarray | None:
+        """Per agent id, the round after which it departed (0: alive), in a run whose population
+        changed (None: none did)."""
+        if run_id not in self._departed:
+            rows = self.con.execute("SELECT agent_id, round FROM population WHERE run_id = ? AND event IN "
+                                    "('died', 'left')", [run_id]).fetchnumpy()
+            shape = self.shape_of(run_id)
+            if not rows["agent_id"].size or shape is None:
+                self._departed[run_id] = None
+            else:  # room for the ids a run may still give (newcomers): grown again only past them
+                gone = np.zeros(max(shape.agents, 2 * shape.agents), dtype=np.int32)
+                gone[rows["agent_id"]] = rows["round"]
+                self._departed[run_id] = gone
+        return self._departed[run_id]
 
     def recorded(self, run_id: str, round_: int) -> np.ndarray:
         """Per agent of the run, whether round `round_` has its outcome recorded."""
@@ -313,6 +426,12 @@ class Store:
                 self._recorded.pop(next(iter(self._recorded)))
             self._recorded[key] = seen
         return self._recorded[key]
+
+    def _grow_recorded(self, run_id: str, agents: int) -> None:
+        """The run gave newcomers ids up to `agents`: its rounds' ledgers reach them too."""
+        for key, seen in self._recorded.items():
+            if key[0] == run_id and seen.size < agents:
+                self._recorded[key] = np.concatenate([seen, np.zeros(agents - seen.size, dtype=bool)])
 
     def _forget_recorded(self, run_id: str) -> None:
         for key in [k for k in self._recorded if k[0] == run_id]:
@@ -356,7 +475,7 @@ class Store:
         """The tables with rows per round that a resume or a re-placement plays again."""
         return [spec.outcomes, "llm_calls", "posts", *(("edges",) if spec.edge_kinds else ()),
                 *(("shown",) if spec.shown_items else ()),
-                *(("transcripts", spec.acts) if spec.acts else ())]
+                *(("transcripts", spec.acts) if spec.acts else ()), *(("audits",) if spec.prototypes else ())]
 
     # -- ingestion ------------------------------------------------------------------------
     def requester_ranges(self, run_id: str, requester: str) -> list[tuple[int, int]] | None:
@@ -465,12 +584,14 @@ class Store:
         if not fresh:
             return out
         outcomes: dict[str, list[Event]] = defaultdict(list)  # by run
+        audits: dict[str, list[Event]] = defaultdict(list)  # by run: a prototype run's audits
+        decided: set[str] = set()  # prototype runs with a round decided here: their draws may be due
         con.execute("BEGIN TRANSACTION")
         try:
             for e in fresh:
                 m = e.model
                 if isinstance(m, OutcomeBatch):
-                    outcomes[m.run_id].append(e)
+                    (audits if m.audit else outcomes)[m.run_id].append(e)
                 elif isinstance(m, InterviewPlaced):
                     self.interviews.placed(m)
                 elif isinstance(m, InterviewOrder):
@@ -515,14 +636,20 @@ class Store:
                          json.dumps(m.manifest) if m.manifest is not None else None,
                          m.config.simulation, m.tables.model_dump_json()],
                     )
-                    if e.blob is not None:
-                        self._insert_profiles(m.run_id, m.config.agents, e.blob)
+                    if e.blob is not None:  # the newcomers' personas too (agent_profiles: every persona of the run)
+                        pop = m.config.population
+                        self._insert_profiles(m.run_id, m.config.agents + (pop.newcomers if pop else 0), e.blob)
                     if m.config.models:
                         self._insert_models(m.run_id, m.config, e.blob)
                 elif isinstance(m, SpawnBatch):
                     if share_key(m.host_id, m.epoch) in self.shares_of(m.run_id):
                         continue  # a spawn announced again (its deadline): placed already
                     self._place(m)
+                    shape = self.shape_of(m.run_id)
+                    top = max((f + c for f, c in m.ranges), default=0)
+                    if shape is not None and top > shape.agents:  # a fork of a population that had newcomers
+                        self._shapes[m.run_id] = RunShape(top, shape.rounds)
+                        self._grow_recorded(m.run_id, top)
                     for first, count in m.ranges:
                         con.execute(
                             "INSERT INTO agents SELECT ?, range, ?, NULL FROM range(?, ?)",
@@ -533,6 +660,15 @@ class Store:
                         self._insert_round(m)  # decided from live shares only (again, after a re-placement)
                         if m.profile is not None:
                             self._insert_profile(m)
+                        if m.prototypes is not None:
+                            prototype_rows.insert_round(con, self._spec(m.run_id), m.run_id, m.round, m.prototypes)
+                            self._recorded.pop((m.run_id, m.round), None)
+                            decided.add(m.run_id)
+                        if m.population is not None and m.population.round == m.round:
+                            self._insert_population(m, e.blob)
+                elif isinstance(m, RoundOpen):
+                    if m.population is not None:
+                        self._grow(m)
                 elif isinstance(m, RoundPartial):
                     # a share's round profile; a partial of a share not placed (or replaced) counts
                     # nowhere (the environment dead-letters a forged one)
@@ -552,6 +688,10 @@ class Store:
                 if kept:
                     out.outcomes += self._insert_outcomes(run_id, kept)
                     stored += kept
+            for run_id, batches in audits.items():
+                self._insert_audits(run_id, batches, out)
+            for run_id in decided | {r for r in outcomes if (self.tables_of(r) or _NONE).prototypes}:
+                out.outcomes += self._draw(run_id)
             self._add_record_time(stored, time.perf_counter() - t0)
             con.execute("INSERT INTO _ingested SELECT unnest(?)", [[e.msg_id for e in fresh]])
             con.execute("COMMIT")
@@ -598,8 +738,10 @@ class Store:
         self._forget_recorded(m.run_id)
         spec = self._spec(m.run_id)
         con = self.con
-        for table in (*self.per_round_tables(spec), spec.rounds, "_refused_groups", "round_profile"):
+        for table in (*self.per_round_tables(spec), spec.rounds, "_refused_groups", "round_profile", "population",
+                      *(("prototype_rounds", "_drawn") if spec.prototypes else ())):
             con.execute(f"DELETE FROM {_q(table)} WHERE run_id = ? AND round > ?", [m.run_id, m.after_round])
+        self._departed.pop(m.run_id, None)
         con.execute("UPDATE runs SET status = 'running', finished_at = NULL, reason = NULL, hosts = ? "
                     "WHERE run_id = ?", [m.hosts, m.run_id])
         con.execute("INSERT INTO _resumes VALUES (?, ?, ?, ?)", [m.run_id, m.epoch, m.after_round, ts(m.resumed_at)])
@@ -615,7 +757,7 @@ class Store:
             why = self.interviews.refusal(b, None, [], config, order=order)
             if why is not None:
                 return why
-            return self.interviews.insert(b, order.survey or b.survey, config.agents)
+            return self.interviews.insert(b, order.survey or b.survey, self._ids(b.run_id, config))
         share = self.shares_of(b.run_id).get(share_key(b.host_id, b.epoch))
         if b.request is None and share is not None and not (share.from_round - 1 <= b.after_round
                                                              and share.counts_in(b.after_round)):
@@ -626,7 +768,12 @@ class Store:
         if why is not None:
             return why
         plan = next(p for p in config.interviews if p.id == b.survey.id)  # refusal() found it
-        return self.interviews.insert(b, plan.survey, config.agents)
+        return self.interviews.insert(b, plan.survey, self._ids(b.run_id, config))
+
+    def _ids(self, run_id: str, config: RunConfig) -> int:
+        """Every agent id the run has given so far (newcomers included)."""
+        shape = self.shape_of(run_id)
+        return max(config.agents, shape.agents if shape is not None else 0)
 
     def _expected(self, run_id: str, batches: list[Event], out: IngestResult) -> list[OutcomeBatch]:
         """The batches the run expects, marked as recorded; the others refused (with why) or,
@@ -648,7 +795,7 @@ class Store:
             seen = self.recorded(run_id, b.round)
             ids = [*b.agent_ids, *(a for g in groups for a in g.agents)] if groups else None
             why = outcome_refusal(b, share.ranges if share else None, share.from_round if share else 1, shape, seen,
-                                  ids=ids)
+                                  ids=ids, departed=self.departed(run_id))
             if why is not None:
                 out.refused.append((e.msg_id, why))
                 continue
@@ -680,17 +827,19 @@ class Store:
             for level in spec.levels:
                 cols[f"{level}_id"].extend((m.levels or {}).get(level) or [None] * n)
             for c in spec.outcome_columns:
-                values = m.columns[c.name]
-                cols[c.name].extend(json.dumps(v) if types[c.name] == "JSON" and v is not None else v
-                                    for v in values)
+                cols[c.name].extend(m.columns[c.name])
             cols["valid"].extend(m.valid)
             cols["raw"].extend(m.raws)
             cols["latency_ms"].extend(m.latency_ms)
             cols["error"].extend(m.errors)
-        schema = pa.schema([(n, pa.int32() if t == "INTEGER" else ARROW[t]) for n, t in types.items()])
-        self.con.register("outcome_rows", pa.Table.from_pydict(cols, schema=schema))
+            if spec.prototypes:  # a representative's own answer (the others' rows are drawn: _draw)
+                cols["source"].extend(["llm"] * n)
+                cols["prototype"].extend(m.prototypes or [None] * n)
+                cols["drawn_from"].extend([None] * n)
+        rows, select = arrow_rows(cols, types)
+        self.con.register("outcome_rows", rows)
         try:
-            self.con.execute(f"INSERT INTO {_q(spec.outcomes)} BY NAME SELECT * FROM outcome_rows")
+            self.con.execute(f"INSERT INTO {_q(spec.outcomes)} BY NAME SELECT {select} FROM outcome_rows")
         finally:
             self.con.unregister("outcome_rows")
         self._insert_posts([m for m in batches if m.posts is not None])
@@ -699,6 +848,63 @@ class Store:
         self._insert_edges([m for m in batches if m.edits is not None])
         self._insert_shown([m for m in batches if m.shown is not None])
         return len(cols["agent_id"])
+
+    def _insert_audits(self, run_id: str, events: list[Event], out: IngestResult) -> None:
+        """A prototype run's audits: each from a share the run placed, about its own agents, once
+        per agent and round (a duplicate or a stranger's batch is refused whole)."""
+        spec, shape, shares = self._spec(run_id), self.shape_of(run_id), self.shares_of(run_id)
+        kept = []
+        for e in events:
+            b: OutcomeBatch = e.model
+            share = shares.get(share_key(b.host_id, b.epoch))
+            if shares and share is not None and not share.counts_in(b.round):
+                continue  # a replaced share's straggler
+            why = None if spec.prototypes else f"run {run_id} has no prototypes, so no audits"
+            if why is None and shape is not None:
+                seen = np.zeros(shape.agents, dtype=bool)
+                done = np.fromiter(prototype_rows.audited(self.con, run_id, b.round), dtype=np.int64)
+                seen[done[(done >= 0) & (done < shape.agents)]] = True
+                why = outcome_refusal(b, share.ranges if share else None, share.from_round if share else 1, shape,
+                                      seen)
+            if why is None and (b.prototypes is None or len(b.prototypes) != len(b.agent_ids)):
+                why = "an audit batch names each agent's prototype"
+            if why is not None:
+                out.refused.append((e.msg_id, why))
+                continue
+            kept.append(b)
+        if kept:
+            prototype_rows.insert_audits(self.con, spec, kept)
+
+    def _draw(self, run_id: str) -> int:
+        """The drawn rows of the run's rounds whose representatives are all recorded (populace.recorder.prototypes)."""
+        spec = self._spec(run_id)
+        config = self._config(run_id)
+        if config is None or config.prototypes is None:
+            return 0
+        added = 0
+        for round_, reps in prototype_rows.pending(self.con, run_id):
+            rows = prototype_rows.draw(self.con, spec, config, run_id, round_, reps,
+                                       lambda: self._membership(run_id, config))
+            if rows is None:
+                continue
+            self._recorded.pop((run_id, round_), None)
+            added += rows
+        return added
+
+    def _config(self, run_id: str) -> RunConfig | None:
+        row = self.con.execute("SELECT config_json FROM runs WHERE run_id = ?", [run_id]).fetchone()
+        return RunConfig.model_validate_json(row[0]) if row and row[0] else None
+
+    def _membership(self, run_id: str, config: RunConfig) -> Membership:
+        if run_id not in self._members:
+            p = config.prototypes
+            assert p is not None
+            try:
+                profiles = prototype_rows.profiles_of(self.con, run_id) if p.by else None
+                self._members[run_id] = membership(config.agents, p.by, profiles)
+            except PrototypeError as err:
+                raise StoreError(run_id, f"its prototypes cannot be drawn here: {err}") from None
+        return self._members[run_id]
 
     def _insert_shown(self, batches: list[OutcomeBatch]) -> None:
         """What each of the batches' agents was shown (one row per agent that has a record)."""
@@ -755,25 +961,23 @@ class Store:
                 for key in ("group_id", "seq", "agent_id", "phase", "valid", "raw", "latency_ms", "error"):
                     acts[key].extend(getattr(a, key))
                 for c in spec.act_columns:
-                    acts[c.name].extend(json.dumps(v) if types[c.name] == "JSON" and v is not None else v
-                                        for v in a.columns[c.name])
+                    acts[c.name].extend(a.columns[c.name])
             if (x := m.lines) is not None:
                 n = len(x.seq)
                 lines["run_id"].extend([m.run_id] * n)
                 lines["round"].extend([m.round] * n)
                 for key in ("group_id", "seq", "speaker", "text", "fields"):
                     lines[key].extend(getattr(x, key))
-        schema = pa.schema([(n, pa.int32() if t == "INTEGER" else ARROW[t]) for n, t in types.items()])
-        line_schema = pa.schema([("run_id", pa.string()), ("round", pa.int32()), ("group_id", pa.int64()),
-                                 ("seq", pa.int32()), ("speaker", pa.int64()), ("text", pa.string()),
-                                 ("fields", pa.string())])
-        for view, table, columns, sch in (("act_rows", spec.acts, acts, schema),
-                                          ("line_rows", "transcripts", lines, line_schema)):
+        line_types = {"run_id": "VARCHAR", "round": "INTEGER", "group_id": "BIGINT", "seq": "INTEGER",
+                      "speaker": "BIGINT", "text": "VARCHAR", "fields": "VARCHAR"}
+        for view, table, columns, sch in (("act_rows", spec.acts, acts, types),
+                                          ("line_rows", "transcripts", lines, line_types)):
             if not columns["run_id"]:
                 continue
-            self.con.register(view, pa.Table.from_pydict(columns, schema=sch))
+            rows, select = arrow_rows(columns, sch)
+            self.con.register(view, rows)
             try:
-                self.con.execute(f"INSERT INTO {_q(table)} BY NAME SELECT * FROM {view}")
+                self.con.execute(f"INSERT INTO {_q(table)} BY NAME SELECT {select} FROM {view}")
             finally:
                 self.con.unregister(view)
 
@@ -803,6 +1007,61 @@ class Store:
             self.con.execute("INSERT INTO posts BY NAME SELECT * FROM post_rows")
         finally:
             self.con.unregister("post_rows")
+
+    def _insert_population(self, m: RoundResult, blob: bytes | pa.Table | None) -> None:
+        """The round's departures and newcomers (table `population`), from who is alive after it
+        (its bytes, read by the service against the result's digest); a round decided again
+        replaces its rows."""
+        ref = m.population
+        assert ref is not None
+        if isinstance(blob, pa.Table):  # a local run's rows (populace.recorder.local_runs)
+            table = blob
+        elif isinstance(blob, bytes):
+            d = Population.from_bytes(blob).delta
+            if d is None or d.round != m.round:
+                raise RuntimeError(f"run {m.run_id}: {ref.name} holds no changes of round {m.round}")
+            table = _population_table(d)
+        else:  # not this result's fault alone: retried, then dead-lettered (logged)
+            raise RuntimeError(f"run {m.run_id}: round {m.round}'s population ({ref.name}) could not be read")
+        n = table.num_rows
+        self.con.execute("DELETE FROM population WHERE run_id = ? AND round = ?", [m.run_id, m.round])
+        run = pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int32)), pa.array([m.run_id], pa.string()))
+        self.con.register("population_rows", table.append_column("run_id", run))
+        try:
+            self.con.execute("INSERT INTO population BY NAME SELECT * FROM population_rows")
+        finally:
+            self.con.unregister("population_rows")
+        shape = self.shape_of(m.run_id)
+        if shape is not None and ref.size > shape.agents:
+            self._shapes[m.run_id] = RunShape(ref.size, shape.rounds)
+            self._grow_recorded(m.run_id, ref.size)  # its ledgers are as long as the agents were
+        gone = self._departed.get(m.run_id)
+        if m.run_id in self._departed and gone is not None and gone.size >= ref.size:
+            events = table.column("event").to_numpy(zero_copy_only=False)
+            ids = table.column("agent_id").to_numpy()[(events == "died") | (events == "left")]
+            gone[ids] = m.round  # kept up to date: read again from the table only after a restart
+        else:
+            self._departed.pop(m.run_id, None)
+
+    def _grow(self, m: RoundOpen) -> None:
+        """A round's announcement places newcomers (its shares' ranges grew): the shares own them
+        from now on, and table `agents` has them."""
+        shares = self.shares_of(m.run_id)
+        for key, ranges in m.ranges.items():
+            share = shares.get(key)
+            if share is None:
+                continue
+            top = max((f + c for f, c in share.ranges), default=0)
+            new = [(max(f, top), f + c - max(f, top)) for f, c in ranges if f + c > top]
+            if not new:
+                continue
+            share.ranges = [tuple(r) for r in ranges]  # type: ignore[misc]
+            self.con.execute("UPDATE _shares SET ranges = ? WHERE run_id = ? AND share = ?",
+                             [json.dumps(share.ranges), m.run_id, key])
+            host_id, _ = _share(key)
+            for first, count in new:
+                self.con.execute("INSERT INTO agents SELECT ?, range, ?, NULL FROM range(?, ?)",
+                                 [m.run_id, host_id, first, first + count])
 
     def _insert_round(self, m: RoundResult) -> None:
         spec = self._spec(m.run_id)

@@ -40,6 +40,7 @@ from populace.analysis.queries import (
     histogram,
     last_round,
 )
+from populace.analysis.queries.population import population_rounds
 from populace.analysis.report import figures
 from populace.analysis.report.answer_rows import AnswerRows, answer_rows, invalid_rows
 from populace.analysis.report.blocks import (
@@ -55,6 +56,7 @@ from populace.analysis.report.blocks import (
 )
 from populace.analysis.report.cost import COST_HEADERS, cost_cells, has_cost, models_table, round_cost
 from populace.analysis.report.interviews import interview_sections
+from populace.analysis.report.prototypes import prototype_section
 from populace.analysis.report.shapes import shape_sections
 from populace.analysis.report.text import (
     capped_rounds,
@@ -470,6 +472,18 @@ def reproducibility_section(info: dict) -> Section:
     return section
 
 
+def population_section(changed: list[dict]) -> Section:
+    """A population that changed: per round, how many lived in it and who came and went after it."""
+    rows = [[number(r["round"]), number(r["living"]), number(r["born"]), number(r["arrived"]), number(r["died"]),
+             number(r["left"])] for r in changed]
+    return Section("Population", [
+        Table(["round", "living agents", "born after", "arrived after", "died after", "left after"], rows, left=()),
+        Note("Living: the agents alive in the round (those who could act); born, arrived, died and left: the "
+             "changes after it, which the next round plays with (table population: one row per agent and event, "
+             "with its reason). A departed agent never acts, is recorded or interviewed again; ids are never reused.")],
+        anchor="population")
+
+
 def run_sections(con: duckdb.DuckDBPyConnection, run_id: str, info: dict, rounds: list[dict],
                  types: dict[str, str], attrs: list[str], spread: dict | None, fork: dict | None
                  ) -> tuple[KeyValues, list[Section]]:
@@ -483,6 +497,12 @@ def run_sections(con: duckdb.DuckDBPyConnection, run_id: str, info: dict, rounds
     else:
         sections.append(Section("Figures", [Note("The simulation declares no measure: no figures.")]))
     sections += shape_sections(con, run_id, info, rounds, types, attrs)  # activity, graphs, grids
+    changed = population_rounds(con, run_id, int(info.get("agents") or 0), len(rounds))
+    if changed:
+        sections.append(population_section(changed))
+    proto = prototype_section(con, run_id)
+    if proto is not None:
+        sections.append(proto)
     if spread is not None:
         sections.append(grouped_section(info, rounds, spread))
     if fork is not None:

@@ -10,7 +10,8 @@ so one message carries ~1,000 agents and validates in pydantic-core, not per age
 One module per family, every name re-exported here (import from `populace.core.contracts`):
 `wire_base` (the model bases, bounded field types), `run_config` (the scenario, validated),
 `questions` (interviews' questions and surveys), `recorded_tables` (what a simulation records),
-`control` (commands, registries, a run's state), `run_events` (stream RUN), `inference` (the
+`prototypes` (the approximation tier's section and round report), `control` (commands, registries, a
+run's state), `run_events` (stream RUN), `inference` (the
 gateway's batches, replicas), `models` (a run's models: endpoints, where keys come from,
 limits, prices), `node_messages` (`populace node`), `recorder_reads`
 (`recorder.read.<verb>`)."""
@@ -25,6 +26,7 @@ from populace.core.contracts.control import (
     HostInfo,
     InterviewRequest,
     Layout,
+    LivingRef,
     Restore,
     RunCancel,
     RunHead,
@@ -80,6 +82,17 @@ from populace.core.contracts.node_messages import (
     StopProcess,
     TailLog,
 )
+from populace.core.contracts.prototypes import (
+    MAX_PROTOTYPES,
+    PROTOTYPE_COLUMNS,
+    AuditValues,
+    DrawTally,
+    PrototypeEvidence,
+    PrototypeRound,
+    PrototypesConfig,
+    PrototypeStat,
+    RepresentativeRows,
+)
 from populace.core.contracts.questions import (
     MAX_ANSWER_CHARS,
     MAX_CHOICES,
@@ -127,6 +140,7 @@ from populace.core.contracts.run_config import (
     ModelConfig,
     ModelUse,
     PlacementConfig,
+    PopulationChange,
     PopulationRef,
     RunConfig,
     SimulationName,
@@ -197,6 +211,7 @@ __all__ = [
     "MAX_LIKERT_POINTS",
     "MAX_LINES_PER_MEMBER",
     "MAX_MODELS",
+    "MAX_PROTOTYPES",
     "MAX_QUESTION_CHARS",
     "MAX_SHOWN",
     "NODE_REQUESTS",
@@ -204,6 +219,7 @@ __all__ = [
     "PARTIAL_INLINE_BYTES",
     "PARTIAL_OBJECT_BASE_BYTES",
     "PLATFORM_SUMMARY_COLUMNS",
+    "PROTOTYPE_COLUMNS",
     "RESUMABLE_STATUSES",
     "SCENARIO_FILE",
     "SCHEMA_VERSION",
@@ -219,6 +235,7 @@ __all__ = [
     "Amount",
     "AskedShare",
     "Asking",
+    "AuditValues",
     "Broadcast",
     "Budget",
     "CheckpointName",
@@ -230,6 +247,7 @@ __all__ = [
     "DecideProfile",
     "DistributionReply",
     "DistributionRequest",
+    "DrawTally",
     "EdgeColumns",
     "Epoch",
     "FiniteFloat",
@@ -256,6 +274,7 @@ __all__ = [
     "Layout",
     "LineColumns",
     "ListProcesses",
+    "LivingRef",
     "LlmCallBatch",
     "MailBatch",
     "Millis",
@@ -273,6 +292,7 @@ __all__ = [
     "PartialRef",
     "PlacementConfig",
     "PlannedInterview",
+    "PopulationChange",
     "PopulationRef",
     "PostColumns",
     "ProcessInfo",
@@ -281,11 +301,16 @@ __all__ = [
     "ProfileReply",
     "ProfileRequest",
     "Progress",
+    "PrototypeEvidence",
+    "PrototypeRound",
+    "PrototypeStat",
+    "PrototypesConfig",
     "Question",
     "ReadReply",
     "ReadRequest",
     "ReplicaInfo",
     "ReplicasSpec",
+    "RepresentativeRows",
     "RequestId",
     "RestartPolicy",
     "Restore",

@@ -30,6 +30,26 @@ class WorldRef(Strict):
     digest: SHA256
 
 
+class LivingRef(Strict):
+    """Who is alive after a round, in a run whose population changed (populace.sdk.population):
+    a checkpoint object (its sha256: a reader uses it only if its bytes still have it) holding
+    the living, every id given so far and the changes of `round`, the last round that changed
+    anything. `first`: the first id born in `round` (= `size` when none was); `living`: how many
+    are alive."""
+
+    name: Annotated[str, Field(min_length=1, max_length=200)]
+    digest: SHA256
+    round: int = Field(ge=1, le=10_000)
+    size: int = Field(ge=1, le=100_000_000)
+    first: int = Field(ge=1, le=100_000_000)
+    living: int = Field(ge=0, le=100_000_000)
+
+    def size_in(self, round_: int) -> int:
+        """The ids given before the newcomers of round `round_` (this population's round, or a
+        later one): the agents that round was played with, and checkpointed."""
+        return self.first if round_ == self.round else self.size
+
+
 class StoredObject(Strict):
     """One object of the `checkpoints` bucket as its writer describes it (populace.core.owned_objects),
     on the metadata subject only that writer may publish: its chunks are the `chunks` messages
@@ -68,6 +88,9 @@ class Restore(Strict):
     # checkpoint object name -> the sha256 of its bytes, as its writer reported when the round
     # closed (filled by the orchestrator from KV `runs`): a reader uses only what matches
     digests: dict[str, SHA256] = {}
+    # who is alive after `round` (a run whose population changed): the departed are not made
+    # again, and the agents born at its end take the state they were born with
+    population: LivingRef | None = None
     # agents' checkpoint object name -> the host that wrote it (the share that played its range
     # that round, from the run's layouts): a reader takes an object only from its writer
     writers: dict[str, Annotated[str, Field(min_length=1, max_length=64)]] = {}
@@ -266,6 +289,8 @@ class RunState(Strict):
     observation: dict | None = None  # what the agents see in the next round
     selection: dict | None = None  # who acts in the next round (None: everyone)
     world: WorldRef | None = None  # the world the next round plays in (a simulation with a World)
+    prototypes: dict[str, float] | None = None  # a prototype run: the shares its guard raised so far
+    population: LivingRef | None = None  # who is alive in the next round (None: the first agents, as ever)
     reason: str | None = None
     phase_at: float = Field(default_factory=time.time)  # when spawning began or the round in play opened
     nudged: int = 0  # times the round in play (or the spawn) was announced again for its deadline
@@ -342,3 +367,5 @@ class RunHead(BaseModel):
     epoch: int = 0
     env_state: dict | None = None
     observation: dict | None = None
+    prototypes: dict[str, float] | None = None
+    population: LivingRef | None = None

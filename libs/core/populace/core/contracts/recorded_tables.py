@@ -54,6 +54,9 @@ class SimulationTables(Strict):
     # write in its transcript). Empty: not declared (a run recorded before), nothing checked.
     group_sizes: list[Annotated[int, Field(ge=1)]] = Field([], max_length=16)
     group_block: int | None = Field(None, ge=1)
+    # a prototype run (issue 39): its outcome rows say whose answer each is (populace.core.contracts.
+    # PROTOTYPE_COLUMNS), and its audits are recorded apart (table `audits`)
+    prototypes: bool = False
     # who saw what: the world column whose values a view's `show(...)` names; each acting agent's
     # shown items are recorded in table `shown` (None: the simulation records none)
     shown_items: Identifier | None = None

@@ -10,8 +10,8 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from populace.core import metrics
 from populace.core.contracts.models import ModelAssign, ModelEndpoint, check_models
+from populace.core.contracts.prototypes import PrototypesConfig
 from populace.core.contracts.questions import PlannedInterview
 from populace.core.contracts.wire_base import SHA256, Count, FiniteFloat, Strict, _finite_json
 
@@ -52,25 +52,79 @@ class PlacementConfig(Strict):
 SCENARIO_FILE: dict[str, Any] = {"format": "scenario-file"}
 
 
+class PopulationChange(Strict):
+    """A change the scenario schedules (`population: changes:`), after the given rounds (`after:
+    [3, 5]`) or every round (`after: every`), after the environment's own changes: a seeded
+    share of the living dies or leaves (`died: 0.01`, `left: 0.05`), or a number of newcomers is
+    born or arrives (`born: 10`, `arrived: 100`), each newcomer as its agent class starts one
+    (and with the next newcomer's persona, in a run with a population: `population.newcomers`)."""
+
+    after: list[Annotated[int, Field(ge=1, le=10_000)]] | Literal["every"]
+    died: FiniteFloat | None = Field(None, gt=0, le=1)
+    left: FiniteFloat | None = Field(None, gt=0, le=1)
+    born: Count | None = Field(None, ge=1, le=10_000_000)
+    arrived: Count | None = Field(None, ge=1, le=10_000_000)
+    reason: str = Field("scheduled", max_length=200)
+
+    @model_validator(mode="after")
+    def _something(self) -> PopulationChange:
+        if isinstance(self.after, list) and not self.after:
+            raise ValueError("after: the rounds after which the change happens (or `every`)")
+        if self.died is None and self.left is None and self.born is None and self.arrived is None:
+            raise ValueError("give what changes: `died` or `left` (a share of the living, e.g. 0.01), "
+                             "`born` or `arrived` (how many newcomers)")
+        return self
+
+    def rounds(self, last: int) -> list[int]:
+        """The rounds (up to `last`) after which it happens."""
+        return list(range(1, last + 1)) if self.after == "every" else sorted(r for r in set(self.after) if r <= last)
+
+    def applies(self, round_: int) -> bool:
+        return self.after == "every" or round_ in self.after
+
+    @property
+    def births(self) -> bool:
+        return bool(self.born or self.arrived)
+
+
 class PopulationRef(Strict):
-    """Who the agents are. Exactly one source: `personas`, a JSONL file written by
-    `populace personas generate` (one agent per line, in order), or `config`, a population
-    YAML from which template personas are built for this run (seeded by the run's seed).
-    Paths are relative to the scenario file. The client uploads the personas to the bus's
-    object store before the run and sets `digest`; hosts and the recorder read them from there."""
+    """Who the agents are, and how they change. At most one source of personas: `personas`, a
+    JSONL file written by `populace personas generate` (one agent per line, in order), or
+    `config`, a population YAML from which template personas are built for this run (seeded by
+    the run's seed). Paths are relative to the scenario file. The client uploads the personas to
+    the bus's object store before the run and sets `digest`; hosts and the recorder read them
+    from there. `newcomers`: personas kept for agents born or arriving during the run (after the
+    first `agents`: the personas file's next lines, or as many more drawn from the config with
+    its quotas); `changes`: the scenario's scheduled changes (PopulationChange)."""
 
     personas: str | None = Field(None, min_length=1, json_schema_extra=SCENARIO_FILE,
                                  description="a personas JSONL (`populace personas generate`), one agent a line")
     config: str | None = Field(None, min_length=1, json_schema_extra=SCENARIO_FILE,
                                description="a population YAML: template personas built for this run")
     digest: SHA256 | None = None  # sha256 of the uploaded personas JSONL (set by the client)
+    newcomers: Count = Field(0, ge=0, le=10_000_000)
+    changes: list[PopulationChange] = Field([], max_length=1000)
 
     @model_validator(mode="after")
     def _one_source(self) -> PopulationRef:
-        if (self.personas is None) == (self.config is None):
-            raise ValueError("population: give exactly one of `personas` (a JSONL file) or "
-                             "`config` (a population YAML)")
+        if self.personas is not None and self.config is not None:
+            raise ValueError("population: give one of `personas` (a JSONL file) or `config` (a population YAML)")
+        if not self.has_personas and not self.changes:
+            raise ValueError("population: give one of `personas` (a JSONL file) or "
+                             "`config` (a population YAML), or the scheduled `changes`")
+        if self.newcomers and not self.has_personas:
+            raise ValueError("population.newcomers: newcomers' personas come from the population's `personas` "
+                             "or `config`; a run without personas has newcomers without them")
         return self
+
+    @property
+    def has_personas(self) -> bool:
+        return self.personas is not None or self.config is not None
+
+    @property
+    def births(self) -> bool:
+        """Whether the schedule brings newcomers."""
+        return any(c.births for c in self.changes)
 
 
 # A simulation is named by its entry point (`ratio-game`) or an import path (`pkg.mod:Class`).
@@ -227,6 +281,8 @@ class RunConfig(BaseModel):
     interviews: list[PlannedInterview] = []  # surveys asked after rounds (populace.sdk.interview)
     models: list[ModelEndpoint] = []  # the run's models (none: `model.backend` answers for everyone)
     assign: ModelAssign | None = None  # which agents each model answers for (none: by `share`)
+    # some agents call the model, the rest copy their prototype's answers, audited (issue 39)
+    prototypes: PrototypesConfig | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -235,6 +291,8 @@ class RunConfig(BaseModel):
         # a run state): counted, so a path that validates a config it already has shows up. An
         # instance taken as it is (pydantic does not validate it again) is not counted.
         if not isinstance(data, RunConfig):
+            from populace.core import metrics  # here: the contracts (and an author's SDK) need no Prometheus
+
             metrics.RUN_CONFIGS_VALIDATED.inc()
         return data
 
@@ -275,7 +333,7 @@ class RunConfig(BaseModel):
         if self.budget is not None and self.budget.dollars is not None and all(m.prices.free for m in self.models):
             raise ValueError("budget.dollars: no model has prices (models.N.prices: input, output dollars per "
                              "million tokens), so the run would never spend a dollar of it")
-        if self.assign is not None and self.assign.attribute is not None and self.population is None:
+        if self.assign is not None and self.assign.attribute is not None and not self.has_personas:
             raise ValueError("assign.attribute: assigning models by a persona attribute needs a `population`")
         return self
 
@@ -308,6 +366,40 @@ class RunConfig(BaseModel):
             bad = [a for a in plan.agents or () if a >= self.agents]
             if bad:
                 raise ValueError(f"{where}.agents: agent {bad[0]} does not exist (ids are 0..{self.agents - 1})")
+        return self
+
+    @model_validator(mode="after")
+    def _prototypes_fit(self) -> RunConfig:
+        p = self.prototypes
+        if p is None:
+            return self
+        if self.graph is not None:
+            raise ValueError("prototypes: a run with a graph cannot draw answers (each agent's post and inbox "
+                             "are its own); drop `graph:` or `prototypes:`")
+        if self.placement.agents_per_process == 1:
+            raise ValueError("prototypes: not with one agent per process (placement.agents_per_process: 1)")
+        if len(self.models) > 1:
+            raise ValueError("prototypes: a run with several models would copy one model's answers for agents "
+                             "of another; give one model, or drop `prototypes:`")
+        if p.by and self.population is None:
+            raise ValueError(f"prototypes.by: {p.by} names persona attributes, but the run has no `population`")
+        if p.min_representatives > self.agents:
+            raise ValueError(f"prototypes.min_representatives: {p.min_representatives} is more than the run's "
+                             f"{self.agents} agents")
+        return self
+
+    @property
+    def has_personas(self) -> bool:
+        """Whether the agents have personas (a `population:` with `personas` or `config`)."""
+        return self.population is not None and self.population.has_personas
+
+    @model_validator(mode="after")
+    def _changes_fit(self) -> RunConfig:
+        for i, change in enumerate(self.population.changes if self.population is not None else ()):
+            late = [r for r in change.after if r > self.rounds] if change.after != "every" else []
+            if late:
+                raise ValueError(f"population.changes.{i}.after: round {late[0]} is after the run's last round "
+                                 f"({self.rounds})")
         return self
 
     @property

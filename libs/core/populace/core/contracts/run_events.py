@@ -9,7 +9,8 @@ from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from populace.core.contracts.control import Restore, WorldRef
+from populace.core.contracts.control import LivingRef, Restore, WorldRef
+from populace.core.contracts.prototypes import PrototypeRound
 from populace.core.contracts.questions import MAX_ANSWER_CHARS, InterviewId, Survey
 from populace.core.contracts.recorded_tables import Identifier, SimulationTables
 from populace.core.contracts.run_config import ConfigRef, RunConfig, Usage
@@ -84,6 +85,9 @@ class RoundOpen(Wire):
     # or in a run's first round what the simulation's environment starts with
     selection: JsonDoc | None = None
     world: WorldRef | None = None  # the simulation's world this round (None: round 1's, or none)
+    # a prototype run: the shares its guard raised (prototype label -> share); None: the config's
+    prototypes: dict[str, float] | None = None
+    population: LivingRef | None = None  # who is alive this round (None: the run's first agents)
 
 
 class PostColumns(Wire):
@@ -209,6 +213,10 @@ class OutcomeBatch(Wire):
     acts: ActColumns | None = None  # scenes: the acts of these agents' groups
     lines: LineColumns | None = None  # scenes: what these agents' groups said
     edits: EdgeColumns | None = None  # graphs that change: these agents' edge edits
+    # a prototype run's audits: these agents' real answers on copies of their state (table
+    # `audits`), never their outcomes; `prototypes` names each one's prototype
+    audit: bool = False
+    prototypes: list[str] | None = None
     shown: ShownColumns | None = None  # who saw what: these agents' records
 
     @model_validator(mode="after")
@@ -221,6 +229,8 @@ class OutcomeBatch(Wire):
             lengths += [len(p.texts), len(p.fields), len(p.heard), len(p.heard_digest)]
         if self.group_ids is not None:
             lengths.append(len(self.group_ids))
+        if self.prototypes is not None:
+            lengths.append(len(self.prototypes))
         if any(k != n for k in lengths):
             raise ValueError("every column of an outcome batch must have one value per agent id")
         return self
@@ -243,7 +253,8 @@ class OutcomeBatch(Wire):
                         "valid": pick(self.valid), "raws": pick(self.raws), "latency_ms": pick(self.latency_ms),
                         "errors": pick(self.errors),
                         "group_ids": None if self.group_ids is None else pick(self.group_ids),
-                        "levels": None if self.levels is None else {k: pick(v) for k, v in self.levels.items()}}
+                        "levels": None if self.levels is None else {k: pick(v) for k, v in self.levels.items()},
+                        "prototypes": None if self.prototypes is None else pick(self.prototypes)}
         if (p := self.posts) is not None:
             update["posts"] = PostColumns.model_construct(v=p.v, texts=pick(p.texts), fields=pick(p.fields),
                                                           heard=pick(p.heard), heard_digest=pick(p.heard_digest))
@@ -495,6 +506,8 @@ class RoundResult(Wire):
     interviews: Usage = Usage()  # the folded shares' interviews' LLM work, apart
     selection: JsonDoc | None = None  # who acts next round (populace.sdk.select); None: everyone
     world: WorldRef | None = None  # the simulation's world after the round (stored before this result)
+    # who is alive after the round (stored before this result); None: the run's first agents, as ever
+    population: LivingRef | None = None
     # share key -> the checkpoint digests its partial reported (the orchestrator keeps each
     # share's own ranges' only), and the sha256 of the environment's own checkpoint
     checkpoints: dict[str, dict[CheckpointName, SHA256]] = {}
@@ -503,6 +516,7 @@ class RoundResult(Wire):
     # the rest are the model's invalid answers
     n_simulation_errors: Amount = 0
     profile: DecideProfile | None = None  # where the environment's part of the round went
+    prototypes: PrototypeRound | None = None  # a prototype run: each prototype's draws, audits and guard
 
 
 class RunResumed(Wire):
