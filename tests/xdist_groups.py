@@ -21,7 +21,7 @@ SHARED_GROUPS = {
     "tests/compose/": "compose",  # one Docker engine; the `images` session fixture builds the images
 }
 REAL_MODEL_MODULES = frozenset({
-    "tests/e2e/test_bench_llm.py",
+    "tests/e2e/test_bench_llm_e2e.py",
     "tests/e2e/test_keyed_model_e2e.py",
     "tests/e2e/test_local_model_e2e.py",
     "tests/e2e/test_personas_generate.py",
