@@ -282,3 +282,21 @@ def test_a_runs_tables_carry_its_group_layout_for_the_recorder_to_check():
     assert (fives.group_sizes, fives.group_block) == ([5], None)
     plain = resolve(RunConfig(simulation="ratio-game", agents=40, rounds=1)).tables()
     assert (plain.group_sizes, plain.group_block) == ([], None)
+
+
+def test_an_ungrouped_runs_tallies_need_no_group_column(tmp_path):
+    """A simulation without groups has no group_id column: counting what is missing at a run's end
+    (after a recorder restart, say) must not refer to one (DuckDB refused the whole query)."""
+    flat = TABLES.model_copy(update={"simulation": "flat", "outcomes": "flat_outcomes", "rounds": "flat_rounds",
+                                     "grouped": False, "acts": None, "act_columns": [], "edge_kinds": []})
+    store = Store(tmp_path / "x.duckdb")
+    store.ingest([Event("started", "started", RunStarted(run_id="r1", config=CFG, started_at=1e9, hosts=["a"],
+                                                         tables=flat)),
+                  Event("spawn-a", "spawn", SpawnBatch(run_id="r1", host_id="a", ranges=[(0, 8)],
+                                                       config_ref=ConfigRef.of(CFG)))])
+    ids = list(range(8))
+    store.ingest([Event("a.1", "outcomes", OutcomeBatch(
+        run_id="r1", round=1, host_id="a", seq=0, agent_ids=ids, columns={"value": ids}, valid=[True] * 8,
+        raws=["x"] * 8, latency_ms=[1.0] * 8, errors=[None] * 8)), result(1)])
+    assert store.tallies("r1", 1) == [RoundTally(1, 8, 8)]
+    store.close()

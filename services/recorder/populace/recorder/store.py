@@ -1205,6 +1205,9 @@ class Store:
                                "GROUP BY round", [run_id, first]).fetchall())
         # a refused group is missing until its outcomes are recorded (sent again whole, e.g. the
         # host's own batch after a forger's): its agents not recorded, or none of the group's rows
+        # a group none of whose rows is recorded: only a grouped simulation's outcomes have group_id
+        no_rows = (f"""OR NOT EXISTS (SELECT 1 FROM {_q(spec.outcomes)} o WHERE o.run_id = $1
+                                      AND o.round = g.round AND o.group_id = g.group_id)""" if spec.grouped else "")
         refused = {r: rest for r, *rest in con.execute(
             f"""WITH g AS (SELECT *, row_number() OVER () AS k FROM _refused_groups WHERE run_id = $1),
                 lost AS (SELECT m.k, count(*) AS n FROM (SELECT k, round, unnest(agents) AS agent_id FROM g) m
@@ -1212,8 +1215,7 @@ class Store:
                                            AND o.round = m.round AND o.agent_id = m.agent_id)
                          GROUP BY m.k),
                 missing AS (SELECT g.*, coalesce(lost.n, 0) AS lost FROM g LEFT JOIN lost USING (k)
-                            WHERE lost.n > 0 OR NOT EXISTS (SELECT 1 FROM {_q(spec.outcomes)} o WHERE o.run_id = $1
-                                                            AND o.round = g.round AND o.group_id = g.group_id))
+                            WHERE lost.n > 0 {no_rows})
                 SELECT round, count(*), sum(acts), sum(lines),
                        arg_min('group ' || group_id || ' of ' || share || ' refused: ' || reason, group_id), sum(lost)
                 FROM missing GROUP BY round""", [run_id]).fetchall()}
