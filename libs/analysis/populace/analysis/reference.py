@@ -172,14 +172,11 @@ def compare(con: duckdb.DuckDBPyConnection, run_ids: str | Sequence[str], refere
     if reference.summaries:
         return _summary_rows(con, run_ids, reference, rows)
     out: list[dict] = []
-    cache: dict[tuple, tuple] = {}
+    simulated = _simulated_once(con, run_ids, reference.groups)
     for key in rows:
         ref_counts = reference.counts[key]
-        target, name, survey, rnd, group, params = key
-        head = (target, name, survey, rnd)
-        if head not in cache:
-            cache[head] = _simulated(con, run_ids, key, reference.groups)
-        kind, sim_by_group, used_round = cache[head]
+        target, name, survey, _round, group, params = key
+        kind, sim_by_group, used_round = simulated(key)
         sim = _of_group(sim_by_group, group, reference.groups)
         ns, nr = sum(sim.values()), sum(ref_counts.values())
         d = distance(kind, sim, ref_counts)
@@ -196,6 +193,20 @@ def compare(con: duckdb.DuckDBPyConnection, run_ids: str | Sequence[str], refere
                 row[side] = float(np.dot(xs, list(counts.values())) / n) if xs is not None and n else None
         out.append(row)
     return out
+
+
+def _simulated_once(con: duckdb.DuckDBPyConnection, run_ids: list[str], groups: list[str]):
+    """`_simulated` for a reference row's key, read once per question and round (the rows of its
+    groups and parameters share it)."""
+    cache: dict[tuple, tuple] = {}
+
+    def simulated(key: tuple) -> tuple:
+        head = key[:4]  # target, question, survey, round
+        if head not in cache:
+            cache[head] = _simulated(con, run_ids, key, groups)
+        return cache[head]
+
+    return simulated
 
 
 def _of_group(sim_by_group: dict[tuple, dict[str, float]], group: tuple, groups: list[str]) -> dict[str, float]:
@@ -217,14 +228,11 @@ def _summary_rows(con: duckdb.DuckDBPyConnection, run_ids: list[str], reference:
     interval when it gives `sd`; ``mean_diff``, ``median_diff`` (people − run) and whether the
     people's figure lies in the run's interval (``mean_inside``, ``median_inside``)."""
     out: list[dict] = []
-    cache: dict[tuple, tuple] = {}
+    simulated = _simulated_once(con, run_ids, reference.groups)
     for key in keys:
         figures = reference.summaries[key]
-        target, name, survey, rnd, group, params = key
-        head = (target, name, survey, rnd)
-        if head not in cache:
-            cache[head] = _simulated(con, run_ids, key, reference.groups)
-        kind, sim_by_group, used_round = cache[head]
+        target, name, survey, _round, group, params = key
+        kind, sim_by_group, used_round = simulated(key)
         what = f"{target} {name!r}"
         if kind != "number":
             raise ReferenceError(f"{what}: a summary (mean, median) compares numbers; the runs' answers are {kind}")
