@@ -23,9 +23,12 @@ _COLUMNS = ("source", "target", "weight")
 
 def read_edge_table(path: Path) -> pa.Table:
     """The file's table, with its columns checked by name (GraphError otherwise)."""
-    import pyarrow as pa  # here: a run without an edge-list file (and an author's SDK) never loads Arrow
-
     where = f"graph.path: {path}"
+    try:
+        import pyarrow as pa  # here: a run without an edge-list file (and an author's SDK) never loads Arrow
+    except ModuleNotFoundError:
+        raise GraphError(f"{where}: an edge-list file is read with pyarrow, which populace-sdk alone does not "
+                         "install: pip install 'populace-graph[fleet]' (or pyarrow)") from None
     try:
         if path.suffix.lower() == ".csv":
             import pyarrow.csv as pacsv

@@ -8,12 +8,19 @@ them (deploy/nats/auth.conf).
 
 from __future__ import annotations
 
-from nats.js import JetStreamContext
-from nats.js.errors import NotFoundError, ObjectNotFoundError
+from populace.core.extras import fleet_missing
+
+try:  # the fleet's libraries: an author's `populace-sdk` alone has none (populace.core.extras)
+    from nats.js import JetStreamContext
+    from nats.js.errors import NotFoundError, ObjectNotFoundError
+
+    from populace.core.bus import until_ready
+    from populace.core.objects import put_once, read_object
+except ModuleNotFoundError as missing:
+    raise fleet_missing("populace.graph.store (graphs in the fleet's object store)", missing,
+                        extra="populace-graph[fleet]") from missing
 
 from populace.core import subjects
-from populace.core.bus import until_ready
-from populace.core.objects import put_once, read_object
 from populace.graph.config import GraphError
 from populace.graph.csr import Graph
 from populace.graph.serial import digest, dumps, loads

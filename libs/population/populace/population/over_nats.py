@@ -182,8 +182,12 @@ async def replica_models(nc, backend: str) -> list[str]:
 
 async def generate_over_nats(url: str, profiles: Sequence[dict], backend: str, seed: int, run_id: str,
                         concurrency: int, progress) -> tuple[list[GeneratedPersona], LlmGenerator, str]:
-    from populace.core import bus
+    from populace.core.extras import fleet_missing
 
+    try:
+        from populace.core import bus
+    except ModuleNotFoundError as missing:
+        raise fleet_missing("generating personas over NATS", missing) from missing
     try:
         nc = await bus.connect_or_fail(url, "populace-personas")
     except ConnectionError as err:

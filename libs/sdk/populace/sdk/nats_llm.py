@@ -17,14 +17,22 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 import numpy as np
-from nats import errors as nats_errors
-from nats.aio.client import Client
-from nats.errors import NoRespondersError
-from nats.errors import TimeoutError as NatsTimeout
 
-from populace.core import logs, looptime, metrics, replies, subjects, telemetry
+from populace.core.extras import fleet_missing
+
+try:  # the fleet's libraries: an author's `populace-sdk` alone has none (populace.core.extras)
+    from nats import errors as nats_errors
+    from nats.aio.client import Client
+    from nats.errors import NoRespondersError
+    from nats.errors import TimeoutError as NatsTimeout
+
+    from populace.core import metrics, replies, telemetry
+    from populace.core.telemetry import tracer
+except ModuleNotFoundError as missing:
+    raise fleet_missing("populace.sdk.nats_llm (the LLM port on the fleet)", missing) from missing
+
+from populace.core import logs, looptime, subjects
 from populace.core.contracts import InferBatch, InferReply, ModelConfig, ModelEndpoint, ModelUse, Usage
-from populace.core.telemetry import tracer
 from populace.sdk.llm import InferError, ModelUnavailable, call_tag
 from populace.sdk.profile import Outstanding
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from populace.core.extras import fleet_missing
 from populace.core.settings import AGENT_BYTES  # noqa: F401  (an agent's bytes on its host: one assumption)
 
 if TYPE_CHECKING:
@@ -133,8 +134,7 @@ class World:
     # -- the wire ----------------------------------------------------------------------------
     def to_bytes(self) -> bytes:
         """Arrow IPC, one record batch per size (in name order), after a small JSON header."""
-        import pyarrow as pa  # here: an author's SDK loads Arrow only when a world crosses a wire
-
+        pa = _arrow()
         cls = type(self)
         groups: dict[str, list[str]] = {}
         for name, col in cls.columns.items():
@@ -156,8 +156,7 @@ class World:
     @classmethod
     def from_bytes(cls, data: bytes) -> World:
         """A world read back from `to_bytes` (WorldError naming what does not match)."""
-        import pyarrow as pa
-
+        pa = _arrow()
         if not data.startswith(_MAGIC):
             raise WorldError(f"{cls.__name__}: not a world's bytes")
         view = memoryview(data)
@@ -228,9 +227,18 @@ def _checked(where: str, col: Column, value: Any, n: int) -> np.ndarray:
     return arr
 
 
-def _to_arrow(arr: np.ndarray, dtype: str) -> pa.Array:
-    import pyarrow as pa
+def _arrow() -> Any:
+    """pyarrow, imported here: an author's SDK loads Arrow only when a world crosses a wire (its
+    bytes, digest, equality), and says which extra installs it where it is missing."""
+    try:
+        import pyarrow
+    except ModuleNotFoundError as missing:
+        raise fleet_missing("a world's bytes (World.to_bytes, from_bytes, digest, ==: Arrow IPC)", missing) from missing
+    return pyarrow
 
+
+def _to_arrow(arr: np.ndarray, dtype: str) -> pa.Array:
+    pa = _arrow()
     return pa.array(arr.tolist(), type=pa.string()) if dtype == "string" else pa.array(arr)
 
 

@@ -4,6 +4,7 @@ run spends (`Usage`), and a config by reference (`ConfigRef`)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from typing import Annotated, Any, ClassVar, Literal
@@ -14,6 +15,7 @@ from populace.core.contracts.models import ModelAssign, ModelEndpoint, check_mod
 from populace.core.contracts.prototypes import PrototypesConfig
 from populace.core.contracts.questions import PlannedInterview
 from populace.core.contracts.wire_base import SHA256, Count, FiniteFloat, Strict, _finite_json
+from populace.core.extras import is_fleet_library
 
 # A run with a graph and one agent per process: refused alike by every path (the CLI, notebooks,
 # the orchestrator, `run_local(one_per_process=True)`): a host delivers posts into its agents'
@@ -259,6 +261,20 @@ class Usage(Strict):
                      dollars=max(0.0, self.dollars - other.dollars), by_model=by_model)
 
 
+@functools.cache
+def _validations_counter() -> Any:
+    """This process's count of run-config validations (a Prometheus counter), or None without
+    Prometheus: an author's `populace-sdk` alone has no fleet libraries and exports no metrics
+    (populace.core.extras). Looked up once: validation is on hot paths."""
+    try:
+        from populace.core import metrics  # here: the contracts (and an author's SDK) need no Prometheus
+    except ModuleNotFoundError as missing:
+        if not is_fleet_library(missing):
+            raise
+        return None
+    return metrics.RUN_CONFIGS_VALIDATED
+
+
 class RunConfig(BaseModel):
     """A scenario file, validated. The platform owns the keys declared here; every other
     top-level key (e.g. the ratio game's `game:` and `prompt:`) belongs to the simulation
@@ -291,9 +307,9 @@ class RunConfig(BaseModel):
         # a run state): counted, so a path that validates a config it already has shows up. An
         # instance taken as it is (pydantic does not validate it again) is not counted.
         if not isinstance(data, RunConfig):
-            from populace.core import metrics  # here: the contracts (and an author's SDK) need no Prometheus
-
-            metrics.RUN_CONFIGS_VALIDATED.inc()
+            counter = _validations_counter()
+            if counter is not None:
+                counter.inc()
         return data
 
     @model_validator(mode="after")
