@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from populace.cli import display
-from populace.cli.common import read_db
+from populace.cli.common import NATS_DEFAULT, read_db
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -30,8 +30,6 @@ def fmt(x: object) -> str:
     from populace.client.progress import fmt as client_fmt
 
     return client_fmt(x)
-
-NATS_DEFAULT = "nats://127.0.0.1:4222"
 
 
 def _fail(message: str, code: int = 2) -> None:
