@@ -291,7 +291,8 @@ class RunConfig(BaseModel):
         # a run state): counted, so a path that validates a config it already has shows up. An
         # instance taken as it is (pydantic does not validate it again) is not counted.
         if not isinstance(data, RunConfig):
-            from populace.core import metrics  # here: the contracts (and an author's SDK) need no Prometheus
+            # lazy import: the contracts (and an author's SDK) load no Prometheus client
+            from populace.core import metrics
 
             metrics.RUN_CONFIGS_VALIDATED.inc()
         return data
