@@ -195,3 +195,122 @@ def test_a_facades_modules_import_each_other_not_the_facade():
                 elif isinstance(node, ast.Import) and any(a.name == package for a in node.names):
                     problems.append(f"{path.relative_to(ROOT).as_posix()}:{node.lineno} imports {package} itself")
     assert problems == []
+
+
+# --- populace.core in layers: protocol (contracts, subjects …), settings, the bus, then the stores
+# (runconfigs, checkpoints, objects …), each importing only what is below it, at the top of the file.
+# A function-level import of another core module hides a loop until the function runs; one is
+# allowed only to keep a start light (an optional heavy dependency), saying so with this marker.
+LAZY_MARKER = "# lazy import:"
+CORE = ROOT / "libs/core/populace/core"
+
+
+def _core_modules(root: Path = CORE) -> dict[str, Path]:
+    """Every module of the package at `root` by dotted name (`populace.core.bus.provisioning`)."""
+    base = root.parent.parent  # the folder holding `populace/`
+    modules = {}
+    for path in root.rglob("*.py"):
+        parts = list(path.relative_to(base).with_suffix("").parts)
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def _is_type_checking(node: ast.AST) -> bool:
+    test = node.test if isinstance(node, ast.If) else None
+    return ((isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
+            or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
+
+
+def _targets(node: ast.Import | ast.ImportFrom, here: str, is_package: bool, modules: dict[str, Path]) -> set[str]:
+    """The modules of `modules` an import statement in module `here` loads (a name imported from a
+    package that is a module of its own counts as that module)."""
+    if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+    else:
+        base = node.module or ""
+        if node.level:  # relative: from the package `here` is in (or is)
+            package = here.split(".") if is_package else here.split(".")[:-1]
+            package = package[:len(package) - (node.level - 1)]
+            base = ".".join(package) + (f".{base}" if base else "")
+        names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+    found = set()
+    for name in names:
+        while name and name not in modules:  # `import populace.core.bus.x` of a name: its module
+            name = name.rpartition(".")[0]
+        if name and name != here:
+            found.add(name)
+    return found
+
+
+def _core_imports(modules: dict[str, Path]) -> tuple[dict[str, set[str]], list[tuple[str, int, str, bool]]]:
+    """(module -> the core modules it imports when it is imported, [(file, line, module, marked)] of
+    every import of a core module inside a function). `if TYPE_CHECKING:` blocks import nothing."""
+    graph: dict[str, set[str]] = {}
+    lazy = []
+    for name, path in modules.items():
+        source = path.read_text(encoding="utf-8")
+        lines = source.splitlines()
+        graph[name] = set()
+
+        def visit(node: ast.AST, in_function: bool, name=name, path=path, lines=lines) -> None:
+            if isinstance(node, ast.If) and _is_type_checking(node):
+                for child in node.orelse:
+                    visit(child, in_function)
+                return
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                targets = _targets(node, name, path.name == "__init__.py", modules)
+                if in_function:
+                    marked = any(LAZY_MARKER in lines[i] for i in (node.lineno - 2, node.lineno - 1) if i >= 0)
+                    lazy.extend((path.as_posix().removeprefix(f"{ROOT.as_posix()}/"), node.lineno, t, marked) for t in sorted(targets))
+                else:
+                    graph[name] |= targets
+            inner = in_function or isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
+            for child in ast.iter_child_nodes(node):
+                visit(child, inner)
+
+        visit(ast.parse(source, filename=str(path)), False)
+    return graph, lazy
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    import graphlib
+
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as err:
+        return err.args[1]
+    return None
+
+
+def test_the_core_graph_sees_a_loop_and_an_unmarked_lazy_import(tmp_path):
+    # the rule over a made-up package: a loop through a package's `__init__`, and a lazy import
+    pkg = tmp_path / "populace" / "core"
+    (pkg / "bus").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "bus" / "__init__.py").write_text("from populace.core.bus.states import read\n")
+    (pkg / "bus" / "states.py").write_text("from populace.core import configs\n\ndef read():\n    pass\n")
+    (pkg / "configs.py").write_text("from populace.core.contracts import X\nfrom populace.core import bus\n")
+    (pkg / "contracts.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                      "    from populace.core import configs\n"
+                                      "def f():\n    from populace.core import bus\n"
+                                      "def g():\n    # lazy import: why\n    from populace.core import configs\n")
+    graph, lazy = _core_imports(_core_modules(pkg))
+    assert set(_cycle(graph)) == {"populace.core.bus", "populace.core.bus.states", "populace.core.configs"}
+    assert graph["populace.core.contracts"] == set()  # TYPE_CHECKING and function bodies: not at import
+    assert [(line, module, marked) for _, line, module, marked in lazy] == [
+        (5, "populace.core.bus", False), (8, "populace.core.configs", True)]
+
+
+def test_the_core_imports_form_no_loop():
+    graph, _ = _core_imports(_core_modules())
+    assert {"populace.core.bus", "populace.core.runconfigs", "populace.core.settings"} <= set(graph)
+    assert "populace.core.checkpoints" in graph["populace.core.runconfigs"]  # module-level imports are seen
+    assert _cycle(graph) is None, "populace.core's modules import each other in a loop"
+
+
+def test_the_core_hides_no_loop_in_a_function():
+    _, lazy = _core_imports(_core_modules())
+    unmarked = [f"{file}:{line} imports {module} inside a function" for file, line, module, marked in lazy
+                if not marked]
+    assert unmarked == [], (f"import it at the top (move what loops to the layer it belongs to), or, to keep a "
+                            f"start light, say why with `{LAZY_MARKER} …` on the line above")

@@ -300,3 +300,20 @@ def test_an_ungrouped_runs_tallies_need_no_group_column(tmp_path):
         raws=["x"] * 8, latency_ms=[1.0] * 8, errors=[None] * 8)), result(1)])
     assert store.tallies("r1", 1) == [RoundTally(1, 8, 8)]
     store.close()
+
+
+def test_the_store_folds_its_write_ahead_log_at_its_own_threshold_not_duckdbs_default(tmp_path):
+    import duckdb
+
+    from populace.recorder.store import CHECKPOINT_THRESHOLD
+
+    expected = duckdb.connect()
+    expected.execute(f"SET checkpoint_threshold = '{CHECKPOINT_THRESHOLD}'")
+    store = Store(tmp_path / "x.duckdb")
+    try:
+        got = store.con.execute("SELECT current_setting('checkpoint_threshold')").fetchone()[0]
+        assert got == expected.execute("SELECT current_setting('checkpoint_threshold')").fetchone()[0]
+        assert got != duckdb.connect().execute("SELECT current_setting('checkpoint_threshold')").fetchone()[0]
+    finally:
+        store.close()
+        expected.close()

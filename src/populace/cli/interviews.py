@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from populace.cli import display
+from populace.cli.common import NATS_DEFAULT, read_db
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -29,8 +30,6 @@ def fmt(x: object) -> str:
     from populace.client.progress import fmt as client_fmt
 
     return client_fmt(x)
-
-NATS_DEFAULT = "nats://127.0.0.1:4222"
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -202,7 +201,6 @@ def _fleet(run: str, after_round: int, survey, sample, ids, db: str, nats: str, 
            json_out: bool) -> None:
     import asyncio
 
-    from populace.cli.main import _db
     from populace.client.interviews import InterviewFailed, InterviewRefused, ask
     from populace.core import bus
 
@@ -228,7 +226,7 @@ def _fleet(run: str, after_round: int, survey, sample, ids, db: str, nats: str, 
     display.console.print(f"request {done.placed.request}: {done.recorded.answers:,} answers after round "
                           f"{after_round}, by agent-hosts {', '.join(sorted(done.placed.hosts))}; table interviews "
                           f"in {path}", highlight=False, soft_wrap=True)
-    with _db(path, [run_id], nats) as con:
+    with read_db(path, [run_id], nats) as con:
         _show(con, [run_id], by, json_out, title=f"after round {after_round} — run {run_id}",
               after_round=after_round, survey=survey.id, request=done.placed.request)
 

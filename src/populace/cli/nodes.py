@@ -10,14 +10,13 @@ import typer
 
 from populace.cli import display
 from populace.cli.choices import ReplicaBackend, RestartMode, Router
+from populace.cli.common import NATS_DEFAULT, NATS_ENV
 
 if TYPE_CHECKING:  # the contracts and the bus are imported where a command needs them: the CLI starts fast
     from rich.table import Table
 
     from populace.core.contracts import NodeInfo, NodeReply, NodeRequest, ProcessInfo, ProcessSpec
 
-NATS_DEFAULT = "nats://127.0.0.1:4222"
-NATS_ENV = "POPULACE_NATS_URL"
 NatsOption = Annotated[str, typer.Option("--nats", envvar=NATS_ENV, help="NATS URL of the stack the nodes serve")]
 NodeArg = Annotated[str, typer.Argument(help="node id (`populace nodes` lists them)")]
 ProcArg = Annotated[str, typer.Argument(help="process id on that node, e.g. agent-host-1")]

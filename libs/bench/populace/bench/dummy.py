@@ -81,6 +81,8 @@ class DummyBenchResult:
     infra_retries: int = 0
     # CPU seconds each process used from the run's start to its end (where a round's time goes)
     cpu_by_process: dict[str, float] = field(default_factory=dict)
+    # each process's own peak resident bytes over the run (not at the same instant): whose memory it is
+    peak_rss_by_process: dict[str, int] = field(default_factory=dict)
     # the scenario keys set for this run (--set, --compare-set), so two runs of one simulation are told apart
     params: dict = field(default_factory=dict)
     # who saw what: rows of table `shown` (a simulation that declares shown_items), to equal `acted`
@@ -359,7 +361,7 @@ def run_dummy_bench(agents: int, latency: float, hosts: int, rounds: int = 1, fl
         mail_messages_per_round=mail[0] if mail else None, mail_posts_per_round=mail[1] if mail else None,
         mail_bytes_per_round=mail[2] if mail else None, posts_heard_per_round=heard, heard_per_s=heard_rate,
         checkpoint_bytes_by_round=saved, acts_recorded=acts, infra_retries=int(retries or 0),
-        cpu_by_process=sampler.cpu_by_process, params=params or {}, shown_recorded=shown, profile_s=profile,
+        cpu_by_process=sampler.cpu_by_process, peak_rss_by_process=dict(sampler.peak_by_process), params=params or {}, shown_recorded=shown, profile_s=profile,
         turnover=turnover or None,
         departures_recorded=changes.get("left", 0) if turnover else None,
         arrivals_recorded=changes.get("arrived", 0) if turnover else None,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-from populace.core import authconf, subjects
+from populace.core import authfile, subjects
 from populace.core.subjects import valid_token
 
 _MAIL = subjects.mail_consumer("{id}")
@@ -82,7 +82,7 @@ def host_user(conf: str, host_id: str, password: str) -> str:
         raise HostAuthError("the password must be non-empty, without quotes or backslashes")
     # a second user of that name; and a host named `environment` would write checkpoint chunks
     # under the environment's token
-    if host_id in authconf.users(conf):
+    if host_id in authfile.users(conf):
         raise HostAuthError(f"host id {host_id!r} is the name of a user of the NATS config")
     start, end = shared_block(conf)
     block = conf[start:end]

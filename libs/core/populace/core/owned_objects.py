@@ -34,14 +34,13 @@ from pydantic import ValidationError
 from pydantic_core import to_json
 
 from populace.core import subjects
-from populace.core.bus import until_ready
+from populace.core.bus import CHUNK_BYTES, until_ready
+
+# the largest message is the stream's limit (the bus provisions it); the name stays importable from here
+from populace.core.bus import MAX_MESSAGE_BYTES as MAX_MESSAGE_BYTES
 from populace.core.checkpoint_rows import CheckpointError
 from populace.core.contracts import StoredObject
 
-CHUNK_BYTES = 128 * 1024  # what nats-py's object store uses: well under NATS's 1 MB payload
-# The largest message the stream takes (a chunk, or an object's metadata): an attacker's
-# message costs no more than a chunk of what its writer may store.
-MAX_MESSAGE_BYTES = CHUNK_BYTES + 4096
 # A read's bound when its caller gives none: no checkpoint object a run writes comes near it
 # (a 10M-agent run's full checkpoint is ~30 MB per host); what a writer may store per run is
 # bounded by the stream anyway.

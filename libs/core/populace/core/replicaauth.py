@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-from populace.core import authconf
+from populace.core import authfile
 
 SHARED_USER = "replicas"
 PREFIX = "replicas-"
@@ -58,7 +58,7 @@ def set_user(conf: str, set_name: str, password: str) -> str:
     if '"' in password or "\\" in password or not password:
         raise ReplicaAuthError("the password must be non-empty, without quotes or backslashes")
     user = user_of(set_name)
-    if user in authconf.users(conf):
+    if user in authfile.users(conf):
         raise ReplicaAuthError(f"{user!r} is the name of a user of the NATS config already")
     start, end = shared_block(conf)
     block = conf[start:end]

@@ -10,6 +10,8 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from populace.core import replica_hosts
+
 # What one hosted agent costs its host, assumed to size a host from its memory: its object, memory
 # and outcome (780 B measured at 10M agents on the dummy model, docs/benchmarks.md), rounded up.
 AGENT_BYTES = 1024
@@ -225,9 +227,7 @@ class Settings(BaseSettings):
     @field_validator("replica_hosts")
     @classmethod
     def _replica_hosts_parse(cls, value: str) -> str:
-        from populace.core.replica_hosts import parse
-
-        parse(value)  # ValueError naming the item
+        replica_hosts.parse(value)  # ValueError naming the item
         return value
 
     @field_validator("node_model_roots")

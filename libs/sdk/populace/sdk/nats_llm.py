@@ -156,8 +156,9 @@ class InferSession:
         self._seqs: dict = {}  # key (or caller, key) -> its calls so far this round: each call seeded apart
         self._sending: set[asyncio.Task] = set()
         self.batches_sent = 0
-        # answers waiting to be handed to their turns, ANSWERS_PER_LOOP_TURN per loop turn
-        self._answers: deque[tuple[asyncio.Future, str | BaseException]] = deque()
+        # answers waiting to be handed to their turns, ANSWERS_PER_LOOP_TURN per loop turn: one
+        # entry per reply (its turns' futures, their answers, how many were handed already)
+        self._answers: deque[list] = deque()
         self._handing = False
         self._clock = looptime.of(self._loop)
         self._out = Outstanding()  # the seconds a batch of this session was out (table round_profile)
@@ -267,24 +268,36 @@ class InferSession:
             in_flight.dec(n)
             metrics.batch("agent-host", "infer", n, time.perf_counter() - t0)
 
-    def _hand(self, fut: asyncio.Future, answer: str | BaseException) -> None:
-        """Give a turn its answer (or failure), at most ANSWERS_PER_LOOP_TURN per loop turn."""
-        self._answers.append((fut, answer))
+    def _hand(self, futs: list[asyncio.Future], answers: list[str] | list[BaseException]) -> None:
+        """Give turns their answers (or failures), at most ANSWERS_PER_LOOP_TURN per loop turn.
+        A reply's answers wait as one entry, not one per turn (a million per round)."""
+        if not futs:
+            return
+        self._answers.append([futs, answers, 0])
         if not self._handing:
             self._handing = True
             self._loop.call_soon(self._hand_some)
 
     def _hand_some(self) -> None:
-        answers = self._answers
-        for _ in range(min(len(answers), ANSWERS_PER_LOOP_TURN)):
-            fut, answer = answers.popleft()
-            if fut.done():
-                continue
-            if isinstance(answer, BaseException):
-                fut.set_exception(answer)
+        waiting = self._answers
+        left = ANSWERS_PER_LOOP_TURN
+        while waiting and left > 0:
+            entry = waiting[0]
+            futs, answers, start = entry
+            end = min(len(futs), start + left)
+            for fut, answer in zip(futs[start:end], answers[start:end]):
+                if fut.done():
+                    continue
+                if isinstance(answer, BaseException):
+                    fut.set_exception(answer)
+                else:
+                    fut.set_result(answer)
+            left -= end - start
+            if end == len(futs):
+                waiting.popleft()
             else:
-                fut.set_result(answer)
-        if answers:  # the rest after the turns woken now ran and the sockets were read
+                entry[2] = end
+        if waiting:  # the rest after the turns woken now ran and the sockets were read
             self._loop.call_soon(self._hand_some)
         else:
             self._handing = False
@@ -320,23 +333,32 @@ class InferSession:
                 cached = reply.cached_tokens if len(reply.cached_tokens) == len(pending) else None
                 use = self._use[model]
                 still = []
+                given: list[asyncio.Future] = []
+                texts: list[str] = []
+                prompt_t = completion_t = cached_t = squares = 0
                 for j, (i, text, why) in enumerate(zip(pending, reply.texts, failed)):
                     if why:
                         still.append(i)
                         error = why
                     elif not futs[i].done():
-                        self._hand(futs[i], text)
-                        self.llm_calls += 1
-                        use[0] += 1
+                        given.append(futs[i])
+                        texts.append(text)
                         if counted:
                             p, c = reply.prompt_tokens[j], reply.completion_tokens[j]
-                            self.prompt_tokens += p
-                            self.completion_tokens += c
-                            self.tokens_sq += (p + c) ** 2
-                            use[1] += p
-                            use[3] += c
+                            prompt_t += p
+                            completion_t += c
+                            squares += (p + c) ** 2
                             if cached is not None:
-                                use[2] += cached[j]
+                                cached_t += cached[j]
+                self._hand(given, texts)
+                self.llm_calls += len(given)
+                self.prompt_tokens += prompt_t
+                self.completion_tokens += completion_t
+                self.tokens_sq += squares
+                use[0] += len(given)
+                use[1] += prompt_t
+                use[2] += cached_t
+                use[3] += completion_t
                 if len(still) < len(pending):
                     failing_since = None  # a model answered: the path is up
                 pending = still
@@ -359,9 +381,8 @@ class InferSession:
             await asyncio.sleep(min(5.0, 0.1 * 2**attempt) * (0.5 + random.random()))
             attempt += 1
         exc = ModelUnavailable(refused or f"no model answered for {self._down_s:g}s: {error or 'gateway unavailable'}")
-        for i in pending:
-            if not futs[i].done():
-                self._hand(futs[i], exc)
+        failing = [futs[i] for i in pending if not futs[i].done()]
+        self._hand(failing, [exc] * len(failing))
 
     async def _ask(self, batch: InferBatch, tracing: dict) -> InferReply:
         """One request to the gateways' queue group. The gateway that takes it says so at once

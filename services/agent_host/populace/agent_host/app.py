@@ -6,7 +6,6 @@ Run with `populace service agent-host` or
 from __future__ import annotations
 
 import asyncio
-import gc
 import os
 import time
 
@@ -14,6 +13,7 @@ from faststream import FastStream
 from faststream.nats.annotations import NatsMessage
 from pydantic import ValidationError
 
+from populace.agent_host import collector
 from populace.agent_host.runtime import HostRuntime
 from populace.core import bus, checkpoints, objects, runconfigs, subjects, telemetry
 from populace.core.contracts import (
@@ -62,16 +62,7 @@ class AgentHost:
         self.graphs: dict[str, Graph] = {}  # by graph digest: one graph kept in memory
 
     async def start(self) -> None:
-        # A round allocates millions of short-lived objects (tasks, futures, prompts,
-        # outcomes); at CPython's default young-generation threshold (700) the collector runs
-        # thousands of times per round, walking every young object each time. Measured on
-        # 200,000 agents: 1.5 µs of CPU per agent per round saved. Agents themselves live for
-        # the whole run and are frozen out of the collector (gc.freeze) once spawned.
-        # 500,000 young objects, not 100,000: a 4-member scene keeps about 11 objects per agent
-        # alive through a model's wait, 5.5M on a host of 500,000 agents, and every 50th young
-        # collection walks all of them again (a middle-generation pass: 1.4 s of a 19.5 s round
-        # at 500,000 agents, measured in one process; none at 100,000, where nothing changes).
-        gc.set_threshold(500_000, 50, 100)
+        collector.fit_to(0)  # sized to the agents held on every spawn and drop (collector.py)
         svc = self.svc
         runtime = self.runtime = HostRuntime(svc.nc, svc.js, svc.settings, report_fault=self.report_fault,
                                              report_interview_fault=self.report_interview_fault)

@@ -15,6 +15,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from opentelemetry.context import Context
 
+from populace.agent_host import collector
 from populace.agent_host.interviews import Interviewer, InterviewFaultReporter
 from populace.agent_host.mail import MailCarrier, MailMissing
 from populace.agent_host.publisher import OutcomePublisher
@@ -67,6 +68,11 @@ class HostRuntime:
     def agent_count(self) -> int:
         return sum(r.count for shares in self.runs.values() for r in shares.values())
 
+    @property
+    def turn_agents(self) -> int:
+        """Agents of the runs whose rounds are single turns (no groups): what sizes the collector."""
+        return sum(r.count for shares in self.runs.values() for r in shares.values() if r.player.layout is None)
+
     def key(self, epoch: int) -> str:
         return share_key(self.host_id, epoch)
 
@@ -91,6 +97,7 @@ class HostRuntime:
         self.runs.setdefault(batch.run_id, {})[batch.epoch] = run
         self.held = self.agent_count
         metrics.AGENTS.set(self.held)
+        collector.fit_to(self.turn_agents)
         return run
 
     async def restore(self, run: HostedRun, batch: SpawnBatch) -> None:
@@ -135,6 +142,7 @@ class HostRuntime:
         gc.unfreeze()  # let the share's agents be collected
         self.held = self.agent_count
         metrics.AGENTS.set(self.held)
+        collector.fit_to(self.turn_agents)
         if run:
             run.stop()
             del run

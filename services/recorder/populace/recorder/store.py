@@ -147,6 +147,15 @@ def profile_rows(blob: bytes) -> pa.Table | None:
                                  "profile": profiles, "persona": personas})
 
 
+# The write-ahead log's size at which DuckDB folds it into the file. At its default (16 MB) a
+# round of a million outcomes and two million acts folded the log a dozen times, inside the
+# commits: a third of the recorder's commit time and about a sixth of its ingest CPU (measured:
+# 500 commits of 2,000 outcomes and 4,000 acts, commits 2.1 -> 1.1 s, ingest 4.9 -> 3.8 s). What
+# the log holds is durable either way (each commit writes it); the fold happens when the recorder
+# releases the file (close) or the log reaches this size, and a restarted recorder replays at most
+# this much.
+CHECKPOINT_THRESHOLD = "256MB"
+
 class StoreError(RuntimeError):
     """A run's declared tables clash with what the database holds (or are unknown)."""
 
@@ -354,6 +363,7 @@ class Store:
                 if self._con is None:
                     Path(self.path).parent.mkdir(parents=True, exist_ok=True)
                     con = duckdb.connect(self.path)
+                    con.execute(f"SET checkpoint_threshold = '{CHECKPOINT_THRESHOLD}'")
                     con.execute(SCHEMA)
                     con.execute(INTERVIEWS_SCHEMA)
                     con.execute(prototype_rows.SCHEMA)

@@ -31,9 +31,11 @@ from populace.core.bus.dead_letters import (
     short_error,
 )
 from populace.core.bus.provisioning import (
+    CHUNK_BYTES,
     DLQ_MAX_AGE_S,
     DLQ_MAX_BYTES,
     INSUFFICIENT_RESOURCES,
+    MAX_MESSAGE_BYTES,
     MIN_DEFAULT_BYTES,
     MIN_WRITER_RUN_MESSAGES,
     NODES_TTL_S,
@@ -82,10 +84,12 @@ from populace.core.bus.run_states import (
 )
 
 __all__ = [
+    "CHUNK_BYTES",
     "DLQ_EXCERPT_BYTES",
     "DLQ_MAX_AGE_S",
     "DLQ_MAX_BYTES",
     "INSUFFICIENT_RESOURCES",
+    "MAX_MESSAGE_BYTES",
     "MIN_DEFAULT_BYTES",
     "MIN_WRITER_RUN_MESSAGES",
     "NODES_TTL_S",

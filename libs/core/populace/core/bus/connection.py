@@ -10,6 +10,7 @@ import nats
 from nats.aio.client import Client
 
 from populace.core import logs
+from populace.core.settings import Settings
 
 log = logs.get("populace.bus")  # every part of the bus logs under one name
 
@@ -23,8 +24,6 @@ def credentials(settings=None) -> dict:
     """nats-py connect() options from settings (POPULACE_NATS_USER / POPULACE_NATS_PASSWORD),
     if set: the user, its password, and its own inbox prefix (deploy/nats/auth.conf lets each
     user subscribe to `_INBOX_<user>.>` only, so no user reads another's replies)."""
-    from populace.core.settings import Settings
-
     s = settings or Settings()
     if not s.nats_user:
         return {}

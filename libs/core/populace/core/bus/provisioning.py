@@ -57,6 +57,11 @@ REGISTRY_MAX_BYTES = {"file": 16 * 2**20, "memory": 4 * 2**20}
 # object takes a message too: by default a quarter of the store, and never fewer messages than a
 # 10,000-round run's writer writes (its objects each round, one to three, some of several chunks).
 CHECKPOINTS_MAX_BYTES = {"file": 8 * 2**30, "memory": 1 * 2**30}
+# Each chunk of a `checkpoints` object (populace.core.owned_objects), what nats-py's object store
+# uses: well under NATS's 1 MB payload. The largest message the stream takes (a chunk, or an
+# object's metadata): an attacker's message costs no more than a chunk of what its writer may store.
+CHUNK_BYTES = 128 * 1024
+MAX_MESSAGE_BYTES = CHUNK_BYTES + 4096
 WRITER_RUN_SHARE = 4
 MIN_WRITER_RUN_MESSAGES = 32_768
 # Content-addressed personas files and graphs (POPULACE_BLOBS_MAX_BYTES, each store): a 1M-agent
@@ -233,8 +238,6 @@ def checkpoints_stream(storage: StorageType, replicas: int, max_bytes: int,
     most a chunk; each subject (all one writer stores for one run, or one object's versions) at
     most `writer_run_max_bytes` of chunks (default: WRITER_RUN_SHARE of the store, at least
     MIN_WRITER_RUN_MESSAGES messages), past which a publish is refused."""
-    from populace.core.owned_objects import CHUNK_BYTES, MAX_MESSAGE_BYTES  # it imports the bus
-
     per_subject = (max(1, writer_run_max_bytes // CHUNK_BYTES) if writer_run_max_bytes is not None
                    else max(MIN_WRITER_RUN_MESSAGES, max_bytes // WRITER_RUN_SHARE // CHUNK_BYTES))
     return dataclasses.replace(_object_stream(subjects.CHECKPOINTS_BUCKET, None, storage, replicas, max_bytes, False),

@@ -9,7 +9,7 @@ import time
 from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError
 
-from populace.core import admission, runconfigs, subjects
+from populace.core import admission, runconfig_cache, subjects
 from populace.core.bus.retries import until_ready
 from populace.core.contracts import RoundOpen, RunHead, RunState, RunWriters
 
@@ -34,7 +34,7 @@ async def _stored(js: JetStreamContext, run_id: str) -> bytes | None:
 async def run_state(js: JetStreamContext, run_id: str) -> RunState | None:
     """The run's state in KV `runs` (None: not a run of this stack)."""
     raw = await _stored(js, run_id)
-    return None if raw is None else runconfigs.CACHE.state(raw)  # its config validated once per process
+    return None if raw is None else runconfig_cache.CACHE.state(raw)  # its config validated once per process
 
 
 async def run_head(js: JetStreamContext, run_id: str) -> RunHead | None:

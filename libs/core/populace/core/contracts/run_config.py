@@ -267,7 +267,8 @@ def _validations_counter() -> Any:
     Prometheus: an author's `populace-sdk` alone has no fleet libraries and exports no metrics
     (populace.core.extras). Looked up once: validation is on hot paths."""
     try:
-        from populace.core import metrics  # here: the contracts (and an author's SDK) need no Prometheus
+        # lazy import: the contracts (and an author's SDK) need no Prometheus
+        from populace.core import metrics
     except ModuleNotFoundError as missing:
         if not is_fleet_library(missing):
             raise
