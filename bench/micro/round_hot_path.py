@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=1,
                     help="rounds played, each by a share built anew; the median's CPU is quoted (default 1)")
     ap.add_argument("--host-gc", action="store_true",
-                    help="the collector's thresholds an agent-host sets (100000, 50, 100); default: CPython's")
+                    help="the collector's thresholds an agent-host holding these agents sets "
+                         "(populace.agent_host.collector); default: CPython's")
     ap.add_argument("--profile", help="write a cProfile of the round (not the set-up) to this file")
     args = ap.parse_args(argv)
     if args.agents < 1:
@@ -102,7 +103,12 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--batch-size: at least 1")
 
     if args.host_gc:
-        gc.set_threshold(100_000, 50, 100)  # as services/agent_host's app does
+        try:  # as an agent-host holding these agents sets them (older checkouts: their fixed thresholds)
+            from populace.agent_host.collector import fit_to
+        except ImportError:
+            gc.set_threshold(100_000, 50, 100)
+        else:
+            fit_to(args.agents)
     rounds = [play_once(args) for _ in range(args.repeat)]
     if any(r is None for r in rounds):
         return 1
