@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import time
 from pathlib import Path
 
 import duckdb
 import pytest
+from locked_reads import read_recorded
 
 from populace.client.prepare import prepare
 from populace.client.run import play, resume, run_state
@@ -48,19 +48,13 @@ def undisturbed():
 
 def table(db: str, name: str, run_id: str, order: str) -> list[dict]:
     """The run's rows. A host's outcome batch of the round the pause cut short can reach the
-    recorder after the run is recorded: it opens the file for that batch (milliseconds) and
-    closes it after, so a reader meeting its lock tries again."""
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            with duckdb.connect(db, read_only=True) as con:
-                cur = con.execute(f'SELECT * FROM "{name}" WHERE run_id = ? ORDER BY {order}', [run_id])
-                names = [d[0] for d in cur.description]
-                return [{k: v for k, v in zip(names, row) if k not in DROP} for row in cur.fetchall()]
-        except duckdb.IOException as err:
-            if "lock" not in str(err) or time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+    recorder after the run is recorded: a reader meeting its lock tries again (locked_reads)."""
+    def rows_of(con: duckdb.DuckDBPyConnection) -> list[dict]:
+        cur = con.execute(f'SELECT * FROM "{name}" WHERE run_id = ? ORDER BY {order}', [run_id])
+        names = [d[0] for d in cur.description]
+        return [{k: v for k, v in zip(names, row) if k not in DROP} for row in cur.fetchall()]
+
+    return read_recorded(db, rows_of)
 
 
 def local_rows(columns: dict[str, list]) -> list[dict]:

@@ -26,12 +26,11 @@ import json
 import os
 import random
 import re
-import time
 from pathlib import Path
 
-import duckdb
 import nats
 import pytest
+from locked_reads import read_recorded
 
 from populace.client.prepare import prepare
 from populace.client.run import new_run_id, play
@@ -110,18 +109,9 @@ def run_with(stack: Stack, attack=None) -> str:
 
 def read_db(db: str, sql: str, params: list) -> list[tuple]:
     """Rows of a recorded run. A re-created durable redelivers what the recorder had not
-    acknowledged, after the run is recorded: the recorder opens the file for each such late
-    batch and closes it after (Recorder.release_if_idle), so a reader may meet its lock for
-    a moment and tries again."""
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            with duckdb.connect(db, read_only=True) as con:
-                return con.execute(sql, params).fetchall()
-        except duckdb.IOException as err:
-            if "lock" not in str(err) or time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+    acknowledged, after the run is recorded: a reader meeting the recorder's lock on the file
+    tries again (locked_reads)."""
+    return read_recorded(db, lambda con: con.execute(sql, params).fetchall())
 
 
 def answers(db: str, rid: str) -> list[tuple]:

@@ -9,12 +9,12 @@ import asyncio
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import duckdb
 import pytest
 from in_round import kill_in_round
+from locked_reads import read_recorded
 
 from populace.client.prepare import prepare, prepare_file
 from populace.client.run import play
@@ -59,20 +59,14 @@ def fleet(stack: Stack, data: dict, during=None):
 
 
 def table(db: str, name: str, run_id: str, order: str) -> list[dict]:
-    """A recorded table's rows of one run. A batch that arrives after the run is recorded (a
-    redelivery, a forged late batch) makes the recorder open the file for a moment to refuse or
-    write it (Recorder.release_if_idle closes it after): a reader meeting that lock tries again."""
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            with duckdb.connect(db, read_only=True) as con:
-                cur = con.execute(f'SELECT * FROM "{name}" WHERE run_id = ? ORDER BY {order}', [run_id])
-                names = [d[0] for d in cur.description]
-                return [norm({k: v for k, v in zip(names, row) if k not in DROP}) for row in cur.fetchall()]
-        except duckdb.IOException as err:
-            if "lock" not in str(err) or time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+    """A recorded table's rows of one run (read again while the recorder holds the file for a
+    late batch: locked_reads)."""
+    def rows_of(con: duckdb.DuckDBPyConnection) -> list[dict]:
+        cur = con.execute(f'SELECT * FROM "{name}" WHERE run_id = ? ORDER BY {order}', [run_id])
+        names = [d[0] for d in cur.description]
+        return [norm({k: v for k, v in zip(names, row) if k not in DROP}) for row in cur.fetchall()]
+
+    return read_recorded(db, rows_of)
 
 
 def norm(row: dict) -> dict:
