@@ -9,10 +9,11 @@ collection a middle-generation pass over all of them).
 Agents that play single turns (no groups) keep about 4.6 tracked objects each in flight through
 the model's wait (measured: 2.3M young objects at most on a host of 500,000). At the floor, the
 young collections that run while they wait walk all of them and promote them to be walked again:
-0.7 s of each host's CPU in a 1M-agent ratio-game round. Sized to YOUNG_PER_TURN per such agent,
-no collection runs inside the round (0.02 s; round 10.5 -> 9.4-9.7 s). Rounds of groups keep the
-floor: ultimatum at 1M with a larger young generation peaked 190 bytes per agent higher (over its
-3 KiB) and was no faster, its scenes allocating more than any size that still collects in time.
+0.7 s of each host's CPU in the dummy benchmark's 1M-agent round of single turns. Sized to
+YOUNG_PER_TURN per such agent, no collection runs inside the round (0.02 s; round 10.5 -> 9.4-9.7
+s). Rounds of groups keep the floor: the 2-member scene benchmark at 1M with a larger young
+generation peaked 190 bytes per agent higher (over its 3 KiB) and was no faster, its scenes
+allocating more than any size that still collects in time.
 
 The agents' own objects are frozen out of the collector once spawned (populace.sdk.hosting)."""
 

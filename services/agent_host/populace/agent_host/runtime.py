@@ -252,7 +252,7 @@ class HostRuntime:
             # a scene's stage asks every member the same question after what each saw: that end
             # travels once per batch, as an interview's question does. Single turns keep their prompts
             # whole: finding and cutting the end cost the hosts 0.3-0.4 s of CPU each in a 1M-agent
-            # ratio-game round and saved the gateway and nats-server nothing measurable.
+            # round of single turns and saved the gateway and nats-server nothing measurable.
             shared_suffix=run.player.scenes,
         )
         room = run.mailroom
