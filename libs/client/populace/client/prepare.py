@@ -402,9 +402,9 @@ def build_manifest(resolved: Resolved, records: list[dict], scenario_path: str |
                        "tables": sim_cls.tables().model_dump(mode="json")},
         "prompt": {
             "version": sim_cls.prompt_version,
-            "system": sim.system_prompt(),
+            "system": sim.request_system_prompt(),
             "user_example": _clipped(sim.user_example()),
-            "answer_schema": sim.answer_schema(),
+            "answer_schema": sim.request_schema(),
         },
         "population": None if pop is None else {
             "personas": pop.personas, "config": pop.config, "digest": pop.digest, "count": len(records),

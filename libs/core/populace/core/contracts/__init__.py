@@ -130,6 +130,7 @@ from populace.core.contracts.recorder_reads import (
     SnapshotRequest,
 )
 from populace.core.contracts.run_config import (
+    COT_MAX_TOKENS,
     DEFAULT_SIMULATION,
     GRAPH_ONE_PER_PROCESS,
     SCENARIO_FILE,
@@ -201,6 +202,7 @@ from populace.core.contracts.wire_base import (
 
 __all__ = [
     "ACTIVE_STATUSES",
+    "COT_MAX_TOKENS",
     "DEFAULT_SIMULATION",
     "GONE_AFTER_BEATS",
     "GRAPH_ONE_PER_PROCESS",
