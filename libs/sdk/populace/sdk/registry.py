@@ -159,9 +159,13 @@ def resolved_data(sim: type[Simulation], params: Params, data: dict) -> dict:
 
 def model_defaults(sim: type[Simulation], params: Params, answer: str) -> dict[str, Any]:
     """The `model.*` values a run takes where its scenario sets none: the simulation's
-    `model_defaults`, over the platform's answer budget for chain of thought."""
-    platform = {"max_tokens": COT_MAX_TOKENS} if answer == "cot" else {}
-    return {**platform, **sim.model_defaults(params)}
+    `model_defaults`; with chain of thought, `max_tokens` at least the platform's answer budget
+    (a simulation's default written for direct answers leaves no room to think)."""
+    defaults = dict(sim.model_defaults(params))
+    if answer == "cot":
+        own = defaults.get("max_tokens")
+        defaults["max_tokens"] = max(own, COT_MAX_TOKENS) if isinstance(own, int) else COT_MAX_TOKENS
+    return defaults
 
 
 def _check_broadcasts(sim: type[Simulation], config: RunConfig) -> None:
