@@ -307,3 +307,69 @@ def test_a_built_in_that_never_heard_of_the_section_thinks_on_it():
                                             "prompt": {"answer": "cot"}})).instance()
     assert own.request_schema() == own.answer_schema()  # its own reasoning: nothing added
     assert COT_INSTRUCTION not in own.request_system_prompt()
+
+
+class Shared(Observation):
+    note: str = ""
+
+
+class Mine(Observation):
+    cell: int  # a view's own field, required: never the round's shared observation
+
+
+class Viewer(Agent):
+    async def turn(self, obs: Mine, llm: LLM) -> Said:
+        return Said()
+
+
+class ViewEnv(Small):
+    def view(self, world: Any, round: int, agent_id: int) -> Mine:
+        return Mine(round=round, cell=agent_id)
+
+
+class ObservingEnv(ViewEnv):
+    def observe(self, state: Kept, round: int) -> Shared:
+        return Shared(round=round)
+
+
+class ViewSim(Simulation):
+    name = "view-sim"
+    Agent = Viewer
+    Env = ViewEnv
+
+
+class ObservingSim(ViewSim):
+    name = "observing-sim"
+    Env = ObservingEnv
+
+
+def test_with_views_the_observation_is_what_observe_returns_never_the_turns_view():
+    assert ViewSim.Observation is Observation  # the view's type is not the round's observation
+    assert ObservingSim.Observation is Shared
+    assert ObservingSim.Outcome is Said
+
+
+class Louder(Outcome):
+    n: int | None = None
+    loud: bool = False
+
+
+class Shouter(Agent):
+    async def turn(self, obs: Seen, llm: LLM) -> Louder:
+        return Louder()
+
+
+class ShoutingSim(SmallSim):
+    name = "shouting-sim"
+    Agent = Shouter  # another agent: its own outcome is read, not the parent's
+
+
+class ShoutingByHand(ByHand):
+    name = "shouting-by-hand"
+    Agent = Shouter  # the parent set Outcome by hand: that stays
+
+
+def test_a_subclass_with_another_agent_reads_its_own_types_unless_a_parent_set_them_by_hand():
+    assert ShoutingSim.Outcome is Louder and SmallSim.Outcome is Said
+    assert ShoutingByHand.Outcome is Other
+    assert ShoutingSim._types_read >= {"Outcome", "Observation", "Summary"}

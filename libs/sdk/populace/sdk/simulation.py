@@ -517,34 +517,52 @@ def summary_fields(cls: type[Summary]) -> list[tuple[str, Any]]:
 
 
 # -- types declared once --------------------------------------------------------------------------
+_UNSET = object()
+
+
 def _infer_types(cls: type[Simulation]) -> None:
     """Fill in what the class does not say from what its parts say already: `Outcome` from its
-    Agent's `turn` return annotation, `Observation` from the type of turn's observation, `Act`
-    from `act`'s return annotation, `Summary` from the environment's `decide` (the Summary in the
-    tuple it returns). Only where the class (or a parent of its) left the SDK's default, so an
-    attribute set by hand always wins; a type that cannot be read (an annotation only a type
-    checker resolves) leaves the default, as before."""
-    agent = cls.__dict__.get("Agent", getattr(cls, "Agent", None))
+    Agent's `turn` return annotation, `Observation` from what the environment's `observe`
+    returns (else, in a simulation without views, the type of turn's observation), `Act` from
+    `act`'s return annotation, `Summary` from the environment's `decide` (the Summary in the
+    tuple it returns). Only where the class left the SDK's default or a parent's value that was
+    itself read (a subclass with another Agent reads its own), so an attribute set by hand always
+    wins; a type that cannot be read (an annotation only a type checker resolves) leaves what
+    was there, as before."""
+    parent_read = frozenset(getattr(cls, "_types_read", ()))
+    cls._types_read = frozenset()
+    agent = getattr(cls, "Agent", None)
     env = getattr(cls, "Env", None)
+    has_env = isinstance(env, type) and issubclass(env, Env)
+    if has_env and env.observe is not Env.observe:
+        # what the environment's observe returns is what every host parses the round's with
+        _fill(cls, "Observation", Observation, _annotation(env.observe, "return"), parent_read)
     if isinstance(agent, type) and issubclass(agent, Agent):
         if agent.turn is not Agent.turn:
-            _fill(cls, "Outcome", Outcome, _annotation(agent.turn, "return"))
-            _fill(cls, "Observation", Observation, _annotation(agent.turn, 1))
-        if agent.act is not Agent.act and cls.Act is None:
-            act = _annotation(agent.act, "return")
-            if isinstance(act, type) and issubclass(act, Outcome) and act is not Outcome:
-                cls.Act = act
-    if isinstance(env, type) and issubclass(env, Env) and env.decide is not Env.decide:
+            _fill(cls, "Outcome", Outcome, _annotation(agent.turn, "return"), parent_read)
+            if not (has_env and env.view is not Env.view):  # with views, a turn is given its own view
+                _fill(cls, "Observation", Observation, _annotation(agent.turn, 1), parent_read)
+        if agent.act is not Agent.act:
+            _fill(cls, "Act", Outcome, _annotation(agent.act, "return"), parent_read, default=None)
+    if has_env and env.decide is not Env.decide:
         decided = _annotation(env.decide, "return")
         for part in typing.get_args(decided) if typing.get_origin(decided) is tuple else (decided,):
             if isinstance(part, type) and issubclass(part, Summary) and part is not Summary:
-                _fill(cls, "Summary", Summary, part)
+                _fill(cls, "Summary", Summary, part, parent_read)
                 break
 
 
-def _fill(cls: type, attr: str, base: type, found: object) -> None:
-    if getattr(cls, attr) is base and isinstance(found, type) and issubclass(found, base) and found is not base:
+def _fill(cls: Any, attr: str, base: type, found: object, parent_read: frozenset[str],
+          default: object = _UNSET) -> None:
+    """Set `attr` to `found` (a proper subclass of `base`) where the class may take it: not set
+    by hand here, not already read here from a better source, and either the SDK's default or
+    a value a parent read."""
+    if attr in cls.__dict__ or not (isinstance(found, type) and issubclass(found, base) and found is not base):
+        return
+    current = getattr(cls, attr)
+    if current is (base if default is _UNSET else default) or attr in parent_read:
         setattr(cls, attr, found)
+        cls._types_read = cls._types_read | {attr}
 
 
 def _annotation(fn: Any, which: int | str) -> object:
