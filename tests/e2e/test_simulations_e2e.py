@@ -77,6 +77,10 @@ CASES = {
     "vote": {"agents": 150, "rounds": 3, "ballot": {"show_distribution": True}},
     # a scene of 4 members and two ordered acts: 203 = 10 blocks of 20 and one of 3 (a group of 3)
     "punishment": {"agents": 203, "rounds": 3, "game": {"block": 20}},
+    # chain of thought as the platform's section (model.answer), on a simulation that writes none
+    "public-goods, model.answer: cot": {"simulation": "public-goods", "agents": 53, "rounds": 2,
+                                        "game": {"group_size": 5},
+                                        "model": {"latency_s": 0.0, "seed": 9, "answer": "cot"}},
 }
 CALLS = {"punishment": 2}  # model calls per agent per round (default 1)
 
@@ -101,6 +105,8 @@ def test_the_fleet_gives_exactly_what_one_process_gives(stack, simulation):
     assert usage == [{"llm_calls": calls, "prompt_tokens": 0, "completion_tokens": 0, "infra_retries": 0,
                       "cached_tokens": 0, "dollars": 0.0}] * rounds
 
+    if data["model"].get("answer") == "cot":  # every answer thought first, and still parsed
+        assert all(r["raw"].startswith('{"reasoning": ') and r["valid"] for r in outcomes)
     local = asyncio.run(run_local(prepared.resolved))
     assert json_values(outcomes) == json_values(local_rows(local.outcomes, ("run_id", "latency_ms")))
     assert json_values(summary) == json_values(local_rows(local.rounds, ("run_id", "closed_at")))

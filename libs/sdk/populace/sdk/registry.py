@@ -231,7 +231,7 @@ def _check_selection(sim: type[Simulation], params: Params, config: RunConfig, w
         return
     where = f"{sim.Env.__name__}.select(state, 1{', world' if sees_world else ''})"
     try:
-        env = sim.Env(sim(params, agents=config.agents, rounds=config.rounds, seed=config.seed))
+        env = sim.Env(built(sim, params, config))
         state = env.start()
         if sees_world:  # round 1's world, as the environment starts it (pure and seeded)
             start = env.start_world(state) if sim.Env.World is not None else None
