@@ -99,9 +99,10 @@ class Resolved:
 def built(sim: type[Simulation], params: Params, config: RunConfig, **kw: Any) -> Simulation:
     """One run of `sim`, with the scenario's answer mode set before the simulation's own
     __init__ runs (which may read `self.answer_mode`); its __init__ takes what it always took."""
+    if config.model.answer == Simulation.answer_mode:  # direct: built exactly as it always was
+        return sim(params, agents=config.agents, rounds=config.rounds, seed=config.seed, **kw)
     instance = sim.__new__(sim)
-    if config.model.answer != Simulation.answer_mode:
-        instance.answer_mode = config.model.answer
+    instance.answer_mode = config.model.answer
     instance.__init__(params, agents=config.agents, rounds=config.rounds, seed=config.seed, **kw)
     return instance
 

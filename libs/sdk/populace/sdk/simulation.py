@@ -3,16 +3,17 @@
     class PublicGoods(Simulation):
         name = "public-goods"          # how scenarios name it (also its entry point)
         Params = GameParams            # the scenario's own sections, validated
-        Agent = Contributor            # an Agent subclass
-        Env = PublicGoodsEnv           # an Env subclass (reduce, merge, decide)
+        Agent = Contributor            # an Agent subclass: turn(self, obs: Seen, llm) -> Contribution
+        Env = PublicGoodsEnv           # an Env[State, Partial] subclass (reduce, decide; merge)
         GroupEnv = Group               # optional: settles each group on its host
-        Outcome = Contribution         # columns recorded per agent per round
-        Observation = Seen             # what every agent sees in a round
-        Summary = RoundSummary         # columns recorded per round
 
         def system_prompt(self) -> str: ...
         def answer_schema(self) -> dict | None: ...
         def group_size(self) -> int | None: ...
+
+`Outcome`, `Observation`, `Summary` (and `Act`) are read from the agent's and the environment's
+annotations where the class does not set them (`_infer_types`); chain of thought is the
+scenario's `model.answer`, which the platform applies (`request_system_prompt`, `request_schema`).
 
 The class declares; an instance is one run of it (its validated params, agent count, seed
 and cast), shared by reference by every agent of the run on a process (`agent.sim`).
