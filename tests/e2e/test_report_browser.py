@@ -34,7 +34,7 @@ from populace_ratio_game import RatioGame
 
 from populace.client.prepare import prepare_file
 from populace.core.contracts import ConfigRef, OutcomeBatch, RoundResult, RunDone, RunStarted, SpawnBatch
-from populace.recorder.store import Event, Store
+from populace.store.store import Event, Store
 
 pytestmark = pytest.mark.e2e
 

@@ -20,8 +20,8 @@ from populace.core.contracts import (
     SpawnBatch,
 )
 from populace.population.cast import cast_from_jsonl
-from populace.recorder.store import Event, Store
 from populace.sdk.local import LocalResult, run_local
+from populace.store.store import Event, Store
 
 
 def play(prepared: PreparedRun) -> LocalResult:

@@ -43,7 +43,7 @@ from populace.core.contracts import (
     SpawnBatch,
     Usage,
 )
-from populace.recorder.store import Event, Store
+from populace.store.store import Event, Store
 
 EDU = ["elementary school", "high school", "bachelor's", "master's", "Ph.D."]
 BASE = {"elementary school": 55.0, "high school": 48.0, "bachelor's": 40.0, "master's": 34.0, "Ph.D.": 25.0}

@@ -49,8 +49,8 @@ from populace.core.contracts import (
     SimulationTables,
     SpawnBatch,
 )
-from populace.recorder.store import Event, Store
 from populace.sdk import Agent, Env, GroupEnv, Outcome, Params, Partial, Simulation, Summary
+from populace.store.store import Event, Store
 
 EDU = ("high school", "Ph.D.")
 ENDOWMENT = 20

@@ -20,8 +20,8 @@ from populace.core.contracts import (
     SimulationTables,
     SpawnBatch,
 )
-from populace.recorder.columns import BadColumns, check_outcomes
-from populace.recorder.store import Event, Store
+from populace.store.columns import BadColumns, check_outcomes
+from populace.store.store import Event, Store
 
 TABLES = SimulationTables(
     simulation="reader", outcomes="reader_outcomes", rounds="reader_rounds",

@@ -22,7 +22,7 @@ from populace.core.contracts import (
     SimulationTables,
     SpawnBatch,
 )
-from populace.recorder.store import Event, Store, StoreError
+from populace.store.store import Event, Store, StoreError
 
 TABLES = RatioGame.tables()  # the ratio game keeps its historic tables: guesses, rounds
 
@@ -367,7 +367,7 @@ def test_only_the_outcomes_a_run_expects_are_stored_whatever_their_message_ids(t
 
 
 def test_a_valid_value_outside_the_runs_declared_range_is_refused():
-    from populace.recorder.columns import BadColumns, check_outcomes
+    from populace.store.columns import BadColumns, check_outcomes
 
     tables = TABLES.model_copy(update={"measure_range": (0.0, 100.0)})
     fine = guess_batch("r1", 1, "a", 0, list(range(10)))
@@ -383,7 +383,7 @@ def test_a_full_disk_stores_nothing_marks_nothing_and_everything_once_space_retu
     """The COMMIT fails on a full filesystem and DuckDB has already aborted the transaction, so
     ROLLBACK itself raises: the failure must still say "disk full at PATH", leave no agent
     marked as recorded, and the same events, ingested again once there is room, all count."""
-    from populace.recorder.store import DiskFull
+    from populace.store.store import DiskFull
 
     agents, half = 4000, 2000  # rows enough to need new pages of the filesystem
     cfg = RunConfig(agents=agents, rounds=1)
@@ -415,7 +415,7 @@ def test_a_full_disk_stores_nothing_marks_nothing_and_everything_once_space_retu
 
 
 def test_a_valid_value_outside_the_runs_declared_options_is_refused():
-    from populace.recorder.columns import BadColumns, check_outcomes
+    from populace.store.columns import BadColumns, check_outcomes
 
     tables = SimulationTables(simulation="walk", outcomes="walks", outcome_columns=[Column(name="move", type="VARCHAR")],
                               rounds="walk_rounds", summary_columns=[], measure="move", measure_kind="categorical",

@@ -27,9 +27,9 @@ from populace.orchestrator.workflow import (
     round_open,
 )
 from populace.population.living import GONE, Changes, Population
-from populace.recorder.expected import RunShape, outcome_refusal
 from populace.sdk.hosting import host_run
 from populace.sdk.registry import resolve
+from populace.store.expected import RunShape, outcome_refusal
 
 CONFIG = RunConfig(agents=1000, rounds=5)
 REF = {"name": "r1.2.population", "digest": "a" * 64}

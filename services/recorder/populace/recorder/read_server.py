@@ -4,15 +4,21 @@ process can open its DuckDB file, so readers ask it. Reads run on their own curs
 thread; ingestion goes on meanwhile.
 
 - `snapshot`: a consistent copy of some runs' rows, as a DuckDB file put in the `snapshots`
-  object store for the reader to fetch (`populace results`/`report`/`export` on a live run).
+  object store for the reader to fetch (`populace results`/`report`/`export` on a live run;
+  populace.store.snapshot).
 - `agents`: a page of a run's agents, searched and paged, each round's outcome and raw answer
   (`populace.analysis.live.agents_page`; the manager's agents table).
 - `distribution`: one round's histogram or options' shares (`round_distribution`).
 - `interviews`: a run's interviews, per question and group (`populace.analysis.interviews`).
 - `profile`: where a run's rounds went (`populace.analysis.round_profile`; the manager's run page).
 
-A refusal (an unknown run, a failed query) is answered with `ok` False and its reason; a
-malformed request is dead-lettered and answered (`malformed`)."""
+The recorder depends on the store, not on the analysis library: the five reads after `snapshot`
+are the analysis library's, loaded when first asked for where it is installed (the image, or
+`populace-recorder[reads]`); a recorder without it records every run and refuses those reads,
+naming the extra.
+
+A refusal (an unknown run, a failed query, the analysis not installed) is answered with `ok`
+False and its reason; a malformed request is dead-lettered and answered (`malformed`)."""
 
 from __future__ import annotations
 
@@ -43,15 +49,24 @@ from populace.core.contracts import (
     SnapshotRequest,
 )
 from populace.core.service import Service
-from populace.recorder.snapshot import write_snapshot
-from populace.recorder.store import Store
+from populace.store.snapshot import write_snapshot
+from populace.store.store import Store
+
+
+class AnalysisMissing(Exception):
+    """A read of the analysis library on a recorder installed without it."""
 
 
 async def analysis(module: str, *names: str) -> tuple:
     """Names of a `populace.analysis` module, imported in a worker thread: the first read's import
     (the analysis library and its dependencies, seconds of CPU) would otherwise stop the event
-    loop, so ingestion (and in a one-process stack, every service) with it."""
-    found = await asyncio.to_thread(importlib.import_module, f"populace.analysis.{module}")
+    loop, so ingestion (and in a one-process stack, every service) with it. AnalysisMissing where
+    the library (or one of its dependencies) is not installed."""
+    try:
+        found = await asyncio.to_thread(importlib.import_module, f"populace.analysis.{module}")
+    except ModuleNotFoundError as err:
+        raise AnalysisMissing(f"this recorder is installed without the analysis library this read needs "
+                              f"({err}); install populace-recorder[reads]") from None
     return tuple(getattr(found, name) for name in names)
 
 
@@ -178,9 +193,26 @@ def malformed(reason: str) -> ReadReply:
     return ReadReply(ok=False, error=f"malformed request (dead-lettered): {reason}")
 
 
+def refused_without_analysis(handler: Callable, reply_model) -> Callable:
+    """`handler`, answering a refusal that names the missing library where the analysis is not
+    installed (the recorder still records; only this read is unavailable)."""
+    async def read(req, msg: NatsMessage) -> bytes:
+        try:
+            return await handler(req, msg)
+        except AnalysisMissing as err:
+            return bus.encode(reply_model(ok=False, error=str(err), run_id=req.run_id))
+
+    return read
+
+
 def serve_reads(svc: Service, reads: Reads) -> None:
     """Register the read verbs on `svc`."""
-    for model, handler in ((SnapshotRequest, reads.snapshot), (AgentsRequest, reads.agents),
-                           (DistributionRequest, reads.distribution), (InterviewsRequest, reads.interviews),
-                           (ProfileRequest, reads.profile), (GroupsRequest, reads.groups)):
-        svc.handle(subjects.recorder_read(model.VERB), model, reply_on_error=malformed, answers=True)(handler)
+    svc.handle(subjects.recorder_read(SnapshotRequest.VERB), SnapshotRequest, reply_on_error=malformed,
+               answers=True)(reads.snapshot)
+    for model, handler, reply_model in ((AgentsRequest, reads.agents, AgentsReply),
+                                        (DistributionRequest, reads.distribution, DistributionReply),
+                                        (InterviewsRequest, reads.interviews, InterviewsReply),
+                                        (ProfileRequest, reads.profile, ProfileReply),
+                                        (GroupsRequest, reads.groups, GroupsReply)):
+        svc.handle(subjects.recorder_read(model.VERB), model, reply_on_error=malformed,
+                   answers=True)(refused_without_analysis(handler, reply_model))
