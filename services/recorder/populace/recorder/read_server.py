@@ -116,7 +116,7 @@ class Reads:
     async def _query(self, name: str, run: Callable, reply_model, fields: dict) -> bytes:
         """Run `run(cursor)` (a query of populace.analysis.live) on a cursor of its own in a
         worker thread, ingestion going on meanwhile; its dict is the reply, an error its refusal."""
-        from populace.analysis.stats import AnalysisError
+        (refusal,) = await analysis("stats", "AnalysisError")  # a question the analysis cannot answer
 
         def work():
             cur = self.store.con.cursor()
@@ -129,7 +129,7 @@ class Reads:
         t0 = time.perf_counter()
         try:
             found = await asyncio.to_thread(work)
-        except AnalysisError as err:
+        except refusal as err:
             return bus.encode(reply_model(ok=False, error=str(err), **fields))
         except Exception as err:
             self.svc.log.error(f"{name}_read_failed", error=f"{type(err).__name__}: {err}", **fields)
