@@ -88,18 +88,39 @@ def test_the_store_and_the_local_record_load_no_analysis():
     assert {"scipy", "plotly", "populace.analysis", "populace.sdk"} & loaded == set()
 
 
-async def test_a_recorder_without_the_analysis_refuses_its_reads_and_names_the_extra(monkeypatch):
-    from populace.core.contracts import AgentsReply, AgentsRequest, GroupsReply, GroupsRequest
+async def test_a_recorder_without_the_analysis_answers_the_stores_reads_and_refuses_the_statistics(
+        monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from populace.core.contracts import (
+        AgentsReply,
+        AgentsRequest,
+        GroupsReply,
+        GroupsRequest,
+        InterviewsReply,
+        InterviewsRequest,
+        ProfileReply,
+        ProfileRequest,
+    )
     from populace.recorder import read_server
+    from populace.store import Store
 
     def missing(name):
         raise ModuleNotFoundError("No module named 'scipy'", name="scipy")
 
     monkeypatch.setattr(read_server.importlib, "import_module", missing)
-    reads = read_server.Reads(svc=None, store=None)
-    for handler, request, reply in ((reads.agents, AgentsRequest(run_id="r1"), AgentsReply),
-                                    (reads.groups, GroupsRequest(run_id="r1", by="age"), GroupsReply)):
+    store = Store(tmp_path / "r.duckdb")
+    reads = read_server.Reads(SimpleNamespace(log=SimpleNamespace(debug=lambda *a, **k: None)), store)
+    # the store's reads run: an unknown run is their own refusal, not the missing library's
+    agents = AgentsReply.model_validate_json(await reads.agents(AgentsRequest(run_id="r1"), None))
+    assert (agents.ok, agents.error, agents.run_id) == (False, "run 'r1' is not recorded (yet)", "r1")
+    profile = ProfileReply.model_validate_json(await reads.profile(ProfileRequest(run_id="r1"), None))
+    assert (profile.ok, profile.error) == (False, f"run 'r1' is not in {tmp_path / 'r.duckdb'}; known runs: (none)")
+    # the statistics need the analysis: refused, naming what is missing and the extra
+    for handler, request, reply in ((reads.groups, GroupsRequest(run_id="r1", by="age"), GroupsReply),
+                                    (reads.interviews, InterviewsRequest(run_id="r1"), InterviewsReply)):
         answered = reply.model_validate_json(
             await read_server.refused_without_analysis(handler, reply)(request, None))
         assert (answered.ok, answered.run_id) == (False, "r1")
         assert "No module named 'scipy'" in answered.error and "populace-recorder[reads]" in answered.error
+    store.close()
