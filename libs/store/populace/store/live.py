@@ -33,7 +33,7 @@ import duckdb
 from populace.store.bins import histogram_bins
 from populace.store.lookup import known_runs
 from populace.store.measures import histogram_of, round_shares
-from populace.store.tables import ReadError, RunTables, has_table, loads, q, recorded_tables
+from populace.store.tables import QueryError, RunTables, has_table, loads, q, recorded_tables
 
 MEASURED = ("1,000,000 agents × 3 rounds, a file database, 2 cores: a page of 50 agents 12 ms (at agent "
             "500,000 too), an agent id 12 ms, two words searched in every profile and persona 0.37 s, the "
@@ -53,7 +53,7 @@ def _cut(text: str | None, n: int) -> str | None:
 
 def _check(con: duckdb.DuckDBPyConnection, run_id: str) -> RunTables:
     if run_id not in set(known_runs(con)):
-        raise ReadError(f"run {run_id!r} is not recorded (yet)")
+        raise QueryError(f"run {run_id!r} is not recorded (yet)")
     return recorded_tables(con, run_id)
 
 
@@ -125,7 +125,7 @@ def agents_page(con: duckdb.DuckDBPyConnection, run_id: str, *, search: str | No
         personas     whether the run has profiles and personas (else only an id is searchable)
         agents       [{agent_id, profile, persona, rounds: [{round, values, valid, raw, error}]}]
 
-    ReadError: the run is not recorded."""
+    QueryError: the run is not recorded."""
     rt = _check(con, run_id)
     offset, limit = max(0, int(offset)), max(1, int(limit))
     search = (search or "").strip()
@@ -213,7 +213,7 @@ def round_distribution(con: duckdb.DuckDBPyConnection, run_id: str, round: int |
         categorical: options, counts, shares (of the valid answers), leader, leader_share
 
     ``round`` None and no round closed yet: ``round`` is None and nothing else is filled.
-    ReadError: the run is not recorded."""
+    QueryError: the run is not recorded."""
     rt = _check(con, run_id)
     closed = _closed(con, rt)
     r = closed if round is None else int(round)

@@ -1,4 +1,4 @@
-"""Finding runs in the store's file: which runs it holds (an unknown one is a ReadError naming
+"""Finding runs in the store's file: which runs it holds (an unknown one is a QueryError naming
 the known ones)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import duckdb
 
-from populace.store.tables import ReadError, has_table
+from populace.store.tables import QueryError, has_table
 
 
 def db_name(con: duckdb.DuckDBPyConnection) -> str:
@@ -31,16 +31,16 @@ def known_runs(con: duckdb.DuckDBPyConnection) -> list[str]:
 
 
 def check_runs(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> list[str]:
-    """`run_ids` without repeats, each one the store holds (else a ReadError naming the known)."""
+    """`run_ids` without repeats, each one the store holds (else a QueryError naming the known)."""
     if isinstance(run_ids, str):
         run_ids = [run_ids]
     run_ids = list(dict.fromkeys(run_ids))
     if not run_ids:
-        raise ReadError("no run ids given")
+        raise QueryError("no run ids given")
     known = known_runs(con)
     known_set = set(known)
     for rid in run_ids:
         if rid not in known_set:
             shown = ", ".join(known[:10]) + (f", … ({len(known)} in all)" if len(known) > 10 else "")
-            raise ReadError(f"run {rid!r} is not in {db_name(con)}; known runs: {shown or '(none)'}")
+            raise QueryError(f"run {rid!r} is not in {db_name(con)}; known runs: {shown or '(none)'}")
     return run_ids

@@ -10,7 +10,7 @@ import duckdb
 import numpy as np
 
 from populace.store.sql_parts import _answers, _leader, _need_measure, _option_expr, _options, _run
-from populace.store.tables import ReadError, RunTables, q
+from populace.store.tables import QueryError, RunTables, q
 
 
 def add_shares(con: duckdb.DuckDBPyConnection, rt: RunTables, rows: list[dict]) -> None:
@@ -48,10 +48,10 @@ def histogram_of(con: duckdb.DuckDBPyConnection, rt: RunTables, rounds: Sequence
     _need_measure(rt)
     run_id = rt.run_id
     if rt.kind != "numeric":
-        raise ReadError(f"run {run_id!r}: measure {rt.measure!r} is categorical, it has no histogram")
+        raise QueryError(f"run {run_id!r}: measure {rt.measure!r} is categorical, it has no histogram")
     lo, hi, bins = float(lo), float(hi), int(bins)
     if not (math.isfinite(lo) and math.isfinite(hi) and hi > lo and bins >= 1):
-        raise ReadError(f"histogram: needs lo < hi and bins >= 1 (got {lo}, {hi}, {bins})")
+        raise QueryError(f"histogram: needs lo < hi and bins >= 1 (got {lo}, {hi}, {bins})")
     m = q(rt.measure)
     rows = con.execute(
         f"SELECT round, least(greatest(floor(({m} - $lo) / $width), 0), $last)::BIGINT AS bin, count(*) "

@@ -26,7 +26,7 @@ ROLE_ORDER = {"host": 0, "environment": 1, "recorder": 2}
 
 def round_profile(con: duckdb.DuckDBPyConnection, run_id: str) -> list[dict]:
     """The run's rows, by round, then hosts (by share), the environment, the recorder. Empty
-    for a run recorded before profiles were (or a database without the table); ReadError
+    for a run recorded before profiles were (or a database without the table); QueryError
     for a run the database does not have."""
     check_runs(con, [run_id])
     if not has_table(con, "round_profile"):

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import duckdb
 
-from populace.store.tables import ReadError, RunTables, q
+from populace.store.tables import QueryError, RunTables, q
 
 OTHER = "(other)"
 # A categorical measure with more distinct answers than this keeps the most frequent
@@ -63,8 +63,8 @@ def _measure_expr(rt: RunTables, alias: str = "") -> str:
 
 def _need_measure(rt: RunTables) -> None:
     if rt.measure is None:
-        raise ReadError(f"run {rt.run_id!r}: simulation {rt.spec.simulation!r} declares no measure "
-                            "(an outcome column) to summarise")
+        raise QueryError(f"run {rt.run_id!r}: simulation {rt.spec.simulation!r} declares no measure "
+                         "(an outcome column) to summarise")
 
 
 def _options(con: duckdb.DuckDBPyConnection, source: str, params: dict, declared: Sequence[str] | None = None

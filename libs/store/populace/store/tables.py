@@ -20,10 +20,11 @@ from pydantic import ValidationError
 from populace.core.contracts import Column, RunConfig, SimulationTables
 
 
-class ReadError(ValueError):
+class QueryError(ValueError):
     """A read the store cannot answer (unknown run, attribute or round, bad argument). The
     message says what was asked and what is available. (The analysis library's AnalysisError
     is this class.)"""
+
 
 RATIO_GAME = "ratio-game"
 
@@ -135,7 +136,7 @@ def _run_row(con: duckdb.DuckDBPyConnection, run_id: str) -> dict:
 def table_base(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple[dict, SimulationTables, dict]:
     """The run's declared tables, checked against the database, as RunTables' first fields
     (`base`), its SimulationTables and its config (the caller has checked the run exists). Raises
-    ReadError naming the run when its declared tables are unreadable or absent from the database."""
+    QueryError naming the run when its declared tables are unreadable or absent from the database."""
     row = _run_row(con, run_id)
     config = loads(row.get("config_json")) or {}
     legacy = not row.get("tables_json")
@@ -147,17 +148,17 @@ def table_base(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple[dict, Simul
         except ValidationError as err:
             first = err.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "(root)"
-            raise ReadError(f"run {run_id!r}: runs.tables_json is not a valid SimulationTables "
-                            f"({where}: {first['msg']})") from None
+            raise QueryError(f"run {run_id!r}: runs.tables_json is not a valid SimulationTables "
+                             f"({where}: {first['msg']})") from None
     for table in (spec.outcomes, spec.rounds):
         if not has_table(con, table):
-            raise ReadError(f"run {run_id!r}: its simulation {spec.simulation!r} records to table "
-                            f"{table!r}, which is not in the database")
+            raise QueryError(f"run {run_id!r}: its simulation {spec.simulation!r} records to table "
+                             f"{table!r}, which is not in the database")
     types = {c.name: c.type for c in spec.outcome_columns}
     measure = spec.measure
     if measure is not None and measure not in types:
-        raise ReadError(f"run {run_id!r}: measure {measure!r} is not one of its outcome columns "
-                        f"({', '.join(types) or 'none'})")
+        raise QueryError(f"run {run_id!r}: measure {measure!r} is not one of its outcome columns "
+                         f"({', '.join(types) or 'none'})")
     kind = spec.measure_kind
     if measure is not None and kind is None:
         kind = "numeric" if types[measure] in NUMERIC_TYPES else "categorical"

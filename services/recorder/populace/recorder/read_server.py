@@ -55,7 +55,7 @@ from populace.store.live import agents_page, round_distribution
 from populace.store.profile import last_rounds, profile_totals, round_profile
 from populace.store.snapshot import write_snapshot
 from populace.store.store import Store
-from populace.store.tables import ReadError
+from populace.store.tables import QueryError
 
 
 class AnalysisMissing(Exception):
@@ -121,7 +121,7 @@ class Reads:
     async def _query(self, name: str, run: Callable, reply_model, fields: dict) -> bytes:
         """Run `run(cursor)` (a read of the store or the analysis) on a cursor of its own in a
         worker thread, ingestion going on meanwhile; its dict is the reply, an error its refusal
-        (a ReadError, the analysis' AnalysisError too: a question the data cannot answer)."""
+        (a QueryError, the analysis' AnalysisError too: a question the data cannot answer)."""
 
         def work():
             cur = self.store.con.cursor()
@@ -134,7 +134,7 @@ class Reads:
         t0 = time.perf_counter()
         try:
             found = await asyncio.to_thread(work)
-        except ReadError as err:
+        except QueryError as err:
             return bus.encode(reply_model(ok=False, error=str(err), **fields))
         except Exception as err:
             self.svc.log.error(f"{name}_read_failed", error=f"{type(err).__name__}: {err}", **fields)
