@@ -367,8 +367,11 @@ class Environment:
                                                 result.observation, result.selection, result.world,
                                                 result.population,
                                                 result.prototypes.shares if result.prototypes else None)
-            # the next round's open names it by this reference: it starts from the state in hand
-            tally.keep_state(StateRef(name=stored.name, digest=stored.digest), state)
+            if result.round < tally.resolved.config.rounds:
+                # the next round's open names it by this reference: it starts from the state in hand
+                tally.keep_state(StateRef(name=stored.name, digest=stored.digest), state)
+            else:  # the run's last round: nothing starts from it here (a fork's environment reads the object)
+                tally.states.clear()
             # What each folded share says it checkpointed, and this one's own: the orchestrator
             # records them, and a restore reads only objects that still match.
             parts = tally.partials.get(result.round, {}) if tally is not None else {}
