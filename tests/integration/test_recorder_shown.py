@@ -42,7 +42,7 @@ def batch(round_: int, host: str, ids: list[int], epoch: int = 0, shown: bool = 
 
 
 def result(round_: int, epoch: int = 0, shares=("a@0", "b@0")) -> RoundResult:
-    return RoundResult(run_id="s1", round=round_, n=4, n_valid=4, summary={"top": [3, 1]}, observation={}, state={},
+    return RoundResult(run_id="s1", round=round_, n=4, n_valid=4, summary={"top": [3, 1]}, observation={},
                        closed_at=1e9, epoch=epoch, shares=list(shares))
 
 

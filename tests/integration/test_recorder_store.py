@@ -47,7 +47,7 @@ def events(run_id="r1", rounds: int = 1) -> list[Event]:
         Event("result", "round.result", RoundResult(
             run_id=run_id, round=1, n=20, n_valid=17, summary={"mean": 1.0, "target": 0.5, "winner_agent_id": 1,
                                                                "winner_value": 1.0, "n_winners": 1},
-            observation={}, state={}, closed_at=1e9)),
+            observation={}, closed_at=1e9)),
         Event("done", "done", RunDone(run_id=run_id, status="completed", rounds=1, finished_at=1e9 + 5)),
     ]
     for e in evs:  # message ids are unique per run, as subjects.msg_id makes them
@@ -161,7 +161,7 @@ def test_a_simulations_declared_tables_are_created_and_filled(tmp_path):
                          errors=[None, "agent: ValueError: x", None], group_ids=[0, 0, 1])
     result = RoundResult(run_id="g1", round=1, n=3, n_valid=2, summary={"mean_contribution": 12.5,
                                                                           "counts": {"a": 1}},
-                         observation={}, state={}, closed_at=1e9)
+                         observation={}, closed_at=1e9)
     store = Store(tmp_path / "x.duckdb")
     store.ingest([Event("g1.s", "started", RunStarted(run_id="g1", config=cfg, started_at=1e9, hosts=["a"],
                                                         tables=GROUPED)),
@@ -244,7 +244,7 @@ def test_a_table_another_simulation_declared_differently_is_refused(tmp_path):
 def _result(run_id: str, round_: int, mean: float, epoch: int = 0, shares=("a@0", "b@0")) -> RoundResult:
     return RoundResult(run_id=run_id, round=round_, n=20, n_valid=17, epoch=epoch, shares=list(shares),
                        summary={"mean": mean, "target": mean / 2, "winner_agent_id": 1, "winner_value": 1.0,
-                                "n_winners": 1}, observation={}, state={}, closed_at=1e9 + round_)
+                                "n_winners": 1}, observation={}, closed_at=1e9 + round_)
 
 
 def _epoch(batch: OutcomeBatch, epoch: int) -> OutcomeBatch:
@@ -388,7 +388,7 @@ def test_a_full_disk_stores_nothing_marks_nothing_and_everything_once_space_retu
     agents, half = 4000, 2000  # rows enough to need new pages of the filesystem
     cfg = RunConfig(agents=agents, rounds=1)
     result = RoundResult(run_id="r1", round=1, n=agents, n_valid=agents, summary={"mean": 1.0}, observation={},
-                         state={}, closed_at=1e9)
+                         closed_at=1e9)
     path = small_disk.path / "x.duckdb"
     store = Store(path)
     store.ingest([Event("started", "started", RunStarted(run_id="r1", config=cfg, started_at=1e9, hosts=["a", "b"],

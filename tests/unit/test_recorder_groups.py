@@ -183,7 +183,7 @@ def on(b, host: str, round_: int, epoch: int = 0):
 
 def result(round_: int, n: int = 8) -> Event:
     return Event(f"result.{round_}", "round.result", RoundResult(run_id="r1", round=round_, n=n, n_valid=n, summary={},
-                                                                  observation={}, state={}, closed_at=1e9))
+                                                                  observation={}, closed_at=1e9))
 
 
 def start(store: Store) -> None:

@@ -240,7 +240,7 @@ def record_local(db: str | Path, *, run_id: str, config: RunConfig, tables: Simu
         row = {k: v[i] for k, v in rounds.items()}
         events.append(Event(f"local.{run_id}.{r}.result", "round.result", RoundResult(
             run_id=run_id, round=r, n=row["n"], n_valid=row["n_valid"], summary={k: row.get(k) for k in summary_names},
-            observation={}, state={}, closed_at=row.get("closed_at") or now, shares=[f"{LOCAL_HOST}@0"],
+            observation={}, closed_at=row.get("closed_at") or now, shares=[f"{LOCAL_HOST}@0"],
             usage=Usage(**{k: row.get(k) or 0 for k in Usage.RECORDED}), n_simulation_errors=errors.get(r, 0),
             profile=decided.get(r), prototypes=(prototypes or {}).get(r),
             population=living[r][0] if r in living else None),
