@@ -13,12 +13,12 @@ from collections import Counter
 import pytest
 
 from populace.agent_host.batch_fit import BatchTooLarge, fit, halves
-from populace.agent_host.publisher import _act_columns
 from populace.core.contracts import ActColumns, LineColumns, OutcomeBatch, RunConfig
 from populace.sdk import Agent, Env, GroupEnv, Outcome, Partial, ScriptedLLM, Simulation, State, Summary
 from populace.sdk import play as play_mod
 from populace.sdk.hosting import host_run
 from populace.sdk.local import run_local
+from populace.sdk.outcome_wire import act_columns
 from populace.sdk.play import OutcomeRows, OutcomeSink, SceneFailed
 from populace.sdk.registry import resolve
 from populace.store.columns import check_outcomes
@@ -161,7 +161,7 @@ async def test_a_batch_leaves_only_between_groups_whatever_its_size_and_the_scen
     for b in batches:
         wire = OutcomeBatch(run_id="r", round=1, host_id="h", seq=b.seq, agent_ids=b.agent_ids, columns=b.columns,
                             valid=b.valid, raws=b.raws, latency_ms=b.latency_ms, errors=b.errors,
-                            group_ids=b.group_ids, levels=b.levels, acts=ActColumns(**_act_columns(b.acts)),
+                            group_ids=b.group_ids, levels=b.levels, acts=ActColumns(**act_columns(b.acts)),
                             lines=LineColumns(**b.lines))
         assert check_outcomes(wire, tables)[1] == []
 

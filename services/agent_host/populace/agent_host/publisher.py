@@ -18,19 +18,15 @@ from populace.core.contracts import (
     PARTIAL_BYTES_PER_AGENT,
     PARTIAL_INLINE_BYTES,
     PARTIAL_OBJECT_BASE_BYTES,
-    ActColumns,
-    EdgeColumns,
-    LineColumns,
     OutcomeBatch,
     PartialRef,
-    PostColumns,
     Progress,
     RoundPartial,
-    ShownColumns,
     Usage,
     partial_object_limit,
     share_key,
 )
+from populace.sdk.outcome_wire import outcome_batch
 from populace.sdk.play import OutcomeRows, RoundPaused, RoundShare
 from populace.sdk.prototypes import KEY as PROTOTYPES
 from populace.sdk.statejson import to_wire
@@ -43,14 +39,6 @@ HEADERS_ROOM = 4096
 # A slow model answers a gateway batch (up to 1,000 prompts) all at once, minutes after it was
 # asked; meanwhile a tick this often tells the orchestrator the round is alive, not stalled.
 WORKED_ON_TICK_S = 5.0
-
-
-_ACT_PLATFORM = ("group_id", "seq", "agent_id", "phase", "valid", "raw", "latency_ms", "error")
-
-
-def _act_columns(rows: dict[str, list]) -> dict:
-    """The engine's act rows as the wire has them: the simulation's Act columns apart."""
-    return {**{k: rows[k] for k in _ACT_PLATFORM}, "columns": {k: v for k, v in rows.items() if k not in _ACT_PLATFORM}}
 
 
 class PartialTooLarge(RoundPaused):
@@ -71,18 +59,9 @@ class OutcomePublisher:
 
     def emit(self, batch: OutcomeRows) -> None:
         """Called by the OutcomeSink for every full batch (synchronously, on the hot path): the
-        wire batch is made once, around the sink's own lists (validated by it: not again)."""
-        envelope = OutcomeBatch.model_construct(
-            v=1, run_id=self.run_id, round=self.round, host_id=self.host_id, seq=batch.seq,
-            agent_ids=batch.agent_ids, columns=batch.columns, valid=batch.valid, raws=batch.raws,
-            latency_ms=batch.latency_ms, errors=batch.errors, group_ids=batch.group_ids, epoch=self.epoch,
-            posts=None if batch.posts is None else PostColumns.model_construct(v=1, **batch.posts),
-            levels=batch.levels, lines=None if batch.lines is None else LineColumns.model_construct(v=1, **batch.lines),
-            acts=None if batch.acts is None else ActColumns.model_construct(v=1, **_act_columns(batch.acts)),
-            edits=None if batch.edits is None else EdgeColumns.model_construct(v=1, **batch.edits),
-            audit=batch.audit, prototypes=batch.prototypes,
-            shown=None if batch.shown is None else ShownColumns.model_construct(v=1, **batch.shown),
-        )
+        wire batch is made once, around the sink's own lists (populace.sdk.outcome_wire)."""
+        envelope = outcome_batch(batch, run_id=self.run_id, round_=self.round, host_id=self.host_id,
+                                 epoch=self.epoch)
         metrics.batch("agent-host", "outcomes", len(batch.agent_ids))
         metrics.INVALID.labels("agent-host").inc(batch.valid.count(False))
         self._publishing.append(asyncio.get_running_loop().create_task(self._publish(envelope)))
