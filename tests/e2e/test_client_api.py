@@ -161,7 +161,7 @@ def test_results_says_why_a_run_failed_or_paused(tmp_path, populace):
 
     resolved = resolve(RunConfig.model_validate({"agents": 5, "rounds": 3}))
     record_local(tmp_path / "populace.duckdb", run_id="r-paused", config=resolved.config, tables=resolved.tables(),
-                 outcomes={}, rounds={}, status="paused", reason="budget: 4,000 of 4,500 LLM calls used")
+                 batches=[], rounds={}, status="paused", reason="budget: 4,000 of 4,500 LLM calls used")
     res = populace("results", "r-paused", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert "paused: budget: 4,000 of 4,500 LLM calls used" in res.stdout

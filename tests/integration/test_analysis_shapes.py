@@ -21,7 +21,7 @@ from populace.analysis.queries import round_table, run_info, tables_of
 from populace.analysis.report.shapes import shape_sections
 from populace.analysis.shapes import degree_table, grid_frames, measure_distribution, starting_graph
 from populace.client import simulate
-from populace.core.contracts import Column, RunConfig, SimulationTables
+from populace.core.contracts import LOCAL_HOST, Column, EdgeColumns, OutcomeBatch, RunConfig, SimulationTables
 from populace.sdk.edges import rebuild
 from populace.store.local_runs import record_local
 
@@ -37,14 +37,17 @@ def _handmade(db) -> str:
                               outcome_columns=[Column(name="stance", type="BIGINT")], rounds="hand_rounds",
                               summary_columns=[], measure="stance", measure_kind="numeric", edge_kinds=["follow"])
     config = RunConfig(simulation="handmade", agents=5, rounds=3)
-    rows = [(r, a) for r in (1, 2, 3) for a in range(5)]
-    outcomes = {"round": [r for r, _ in rows], "agent_id": [a for _, a in rows], "stance": [a % 3 for _, a in rows],
-                "valid": [True] * len(rows), "raw": [""] * len(rows), "latency_ms": [1.0] * len(rows),
-                "error": [None] * len(rows)}
+    # each round's one batch, as an agent-host sends it: every agent's outcome and its edits, in order
+    batches = [OutcomeBatch(run_id="hand", round=r, host_id=LOCAL_HOST, seq=0, agent_ids=list(range(5)),
+                            columns={"stance": [a % 3 for a in range(5)]}, valid=[True] * 5, raws=[""] * 5,
+                            latency_ms=[1.0] * 5, errors=[None] * 5,
+                            edits=EdgeColumns(follower=[e[1] for e in EDITS if e[0] == r],
+                                              author=[e[2] for e in EDITS if e[0] == r],
+                                              kind=["follow"] * sum(1 for e in EDITS if e[0] == r),
+                                              op=[e[3] for e in EDITS if e[0] == r]))
+               for r in (1, 2, 3)]
     rounds = {"round": [1, 2, 3], "n": [5, 5, 5], "n_valid": [5, 5, 5]}
-    edges = {"round": [e[0] for e in EDITS], "follower": [e[1] for e in EDITS], "author": [e[2] for e in EDITS],
-             "kind": ["follow"] * len(EDITS), "op": [e[3] for e in EDITS]}
-    record_local(db, run_id="hand", config=config, tables=tables, outcomes=outcomes, rounds=rounds, edges=edges)
+    record_local(db, run_id="hand", config=config, tables=tables, batches=batches, rounds=rounds)
     return "hand"
 
 

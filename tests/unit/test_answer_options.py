@@ -118,9 +118,9 @@ def test_declared_options_win_over_the_schema_and_a_literal_is_checked_by_its_ty
 def played(tmp_path_factory):
     config = RunConfig.model_validate({"simulation": "go-stay", "agents": 600, "rounds": 1})
     resolved = resolve(config, GoStay)
-    result = asyncio.run(run_local(resolved, llm=lambda run, round_: ScriptedLLM(answer), hosts=2))
+    result = asyncio.run(run_local(resolved, run_id="opts", llm=lambda run, round_: ScriptedLLM(answer), hosts=2))
     db = str(tmp_path_factory.mktemp("options") / "options.duckdb")
-    record_local(db, run_id="opts", config=resolved.config, tables=result.tables, outcomes=result.outcomes,
+    record_local(db, run_id="opts", config=resolved.config, tables=result.tables, batches=result.batches,
                  rounds=result.rounds)
     return result, db
 

@@ -247,15 +247,12 @@ async def _local(prepared: PreparedRun, run_id: str, hosts: int, db: str | None)
     closed: list[dict] = []
     check = StateCheck(dummy_llm)
     outcomes: dict[str, list] = {}
-    posts: dict[str, list] = {}
-    scenes: dict[str, dict[str, list]] = {}
     res = None
     status, reason = "completed", None
     try:
         res = await run_local(resolved or prepared.config, run_id=run_id, cast=cast, hosts=hosts, graph=graph,
                               llm=check, on_round=lambda n, row: closed.append(row))
-        outcomes, posts = res.outcomes, res.posts
-        scenes = {"acts": res.acts, "transcripts": res.transcripts, "edges": res.edges, "shown": res.shown}
+        outcomes = res.outcomes
         tables = res.tables
         check.finish()
     except ModelUnavailable:
@@ -270,13 +267,14 @@ async def _local(prepared: PreparedRun, run_id: str, hosts: int, db: str | None)
         # lazy import: DuckDB and the store load when a local run is recorded, not with the client
         from populace.store.local_runs import record_local
 
-        record_local(db_path, run_id=run_id, config=prepared.config, tables=tables, outcomes=outcomes,
-                     rounds=rounds, posts=posts, **scenes, status=status, reason=reason, started_at=started_at,
+        # the batches the shares emitted, as an agent-host publishes them (none of a failed run)
+        record_local(db_path, run_id=run_id, config=prepared.config, tables=tables,
+                     batches=res.batches if res is not None else [], rounds=rounds, status=status, reason=reason,
+                     started_at=started_at,
                      manifest={**prepared.manifest, "run_id": run_id} if prepared.manifest else None,
                      personas=prepared.personas, interviews=res.interviews if res is not None else None,
                      interview_calls=res.interview_usage if res is not None else None,
                      profile=res.profile if res is not None else None,
-                     audits=res.audits if res is not None else None,
                      prototypes=res.prototype_reports if res is not None else None,
                      population=res.population if res is not None else None)
         read = _read_db(db_path, run_id, tables)

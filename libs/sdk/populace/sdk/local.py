@@ -20,8 +20,10 @@ import numpy as np
 
 from populace.core.contracts import (
     GRAPH_ONE_PER_PROCESS,
+    LOCAL_HOST,
     PROTOTYPE_COLUMNS,
     HostInfo,
+    OutcomeBatch,
     PrototypeEvidence,
     PrototypeRound,
     RunConfig,
@@ -36,6 +38,7 @@ from populace.sdk.engine import RoundDecider
 from populace.sdk.hosting import HostedRun, host_run
 from populace.sdk.llm import LLM
 from populace.sdk.mock import DummyLLM
+from populace.sdk.outcome_wire import outcome_batch
 from populace.sdk.play import OutcomeRows, RoundPlayer, RoundShare
 from populace.sdk.population import Delta, Population, combined_rows
 from populace.sdk.profile import PROFILE_KEYS, RoundCost, budget_bytes
@@ -72,6 +75,9 @@ class LocalResult:
     # a prototype run: its audits (table `audits`'s rows) and each round's report (its result's)
     audits: dict[str, list] = field(default_factory=dict)
     prototype_reports: dict[int, PrototypeRound] = field(default_factory=dict)
+    # every batch the shares emitted, as an agent-host publishes it (host LOCAL_HOST, numbered in
+    # each round): what the store ingests when the run is recorded (populace.store.local_runs)
+    batches: list[OutcomeBatch] = field(default_factory=list, repr=False)
     # round -> each share's agents' declared state after it, as a checkpoint holds it: what a
     # post-hoc interview (populace.sdk.local.interview_local) answers from
     states: dict[int, list[bytes]] = field(default_factory=dict, repr=False)
@@ -210,6 +216,7 @@ async def run_local(config: RunConfig | Resolved, *, run_id: str = "local", cast
         for run in runs:
             run.stop()
     out.outcomes = rows.outcomes()
+    out.batches = rows.batches
     out.audits = _sorted(rows.audits, ("round", "agent_id")) if rows.audits["agent_id"] else {}
     out.population = combined_rows(deltas, run_id) if deltas else {}
     if runs and runs[0].mailroom is not None:
@@ -285,7 +292,7 @@ async def interview_local(result: LocalResult, after_round: int, survey: intervi
 def _profile_rows(table: dict[str, list], run_id: str, round_: int, costs: list[RoundCost], decision) -> None:
     """The round's rows of `round_profile`: this process's (its shares summed: one process is one
     host) and the environment's."""
-    host = {"role": "host", "host_id": "local", "agents": sum(c.agents for c in costs),
+    host = {"role": "host", "host_id": LOCAL_HOST, "agents": sum(c.agents for c in costs),
             "wall_s": sum(c.wall_s for c in costs), "view_s": sum(c.view_s for c in costs),
             "turn_s": sum(c.turn_s for c in costs), "merge_s": sum(c.merge_s for c in costs),
             "model_wait_s": sum(c.model_wait_s for c in costs), "view_bytes": sum(c.view_bytes for c in costs),
@@ -309,10 +316,13 @@ def _sorted(columns: dict[str, list], by: tuple[str, ...]) -> dict[str, list]:
 
 
 class _Rows:
-    """A local run's rows as the recorder would store them, from the engine's batches."""
+    """A local run's rows from the engine's batches: as the recorder would store them (columns,
+    for LocalResult) and as the wire carries them (`batches`, for the store's ingest)."""
 
     def __init__(self, run_id: str, tables: SimulationTables) -> None:
         self.run_id = run_id
+        self.batches: list[OutcomeBatch] = []
+        self._round = self._seq = 0  # the round being played, its batches so far (every share's)
         group_id = ("group_id", *(f"{level}_id" for level in tables.levels)) if tables.grouped else ()
         self.prototypes = tables.prototypes
         self.columns: dict[str, list] = {k: [] for k in ("run_id", "round", "agent_id", *group_id,
@@ -336,6 +346,11 @@ class _Rows:
         return len(self.columns["agent_id"])
 
     def add(self, n: int, batch: OutcomeRows) -> None:
+        if n != self._round:
+            self._round, self._seq = n, 0
+        # one process is one host: its shares' batches numbered in the round as one host numbers them
+        self.batches.append(outcome_batch(batch, run_id=self.run_id, round_=n, host_id=LOCAL_HOST, seq=self._seq))
+        self._seq += 1
         if batch.audit:
             self._audit(n, batch)
             return

@@ -1,9 +1,10 @@
 """Recording a run played in one process (`populace run --local`, `simulate(local=True)`) in
-the same DuckDB tables as a fleet run: its rows become the events the recorder ingests from the
-bus — started, one share placed, outcome batches of ~1,000 rows, round results, done — and go
-through the recorder's own store (`Store.ingest`, `check_outcomes`), so `results`, `report`
-and `export` read a local run exactly as a fleet run; there is no second schema. The client
-calls it directly: the store is a library, not the recorder service's."""
+the same DuckDB tables as a fleet run: the events the recorder ingests from the bus — started,
+one share placed, the outcome batches the run's shares emitted (the very wire batches an
+agent-host publishes: populace.sdk.outcome_wire), round results, done — go through the
+recorder's own store (`Store.ingest`, `check_outcomes`), so `results`, `report` and `export`
+read a local run exactly as a fleet run; there is no second schema and no second cut of its
+rows. The client calls it directly: the store is a library, not the recorder service's."""
 
 from __future__ import annotations
 
@@ -12,18 +13,16 @@ from pathlib import Path
 
 import duckdb
 import pyarrow as pa
+from pydantic import ValidationError
 
 from populace.core.contracts import (
+    LOCAL_HOST,
     PLATFORM_SUMMARY_COLUMNS,
-    ActColumns,
     ConfigRef,
     DecideProfile,
-    EdgeColumns,
     InterviewBatch,
-    LineColumns,
     LivingRef,
     OutcomeBatch,
-    PostColumns,
     PrototypeRound,
     RoundPartial,
     RoundResult,
@@ -31,7 +30,6 @@ from populace.core.contracts import (
     RunDone,
     RunStarted,
     ShareProfile,
-    ShownColumns,
     SimulationTables,
     SpawnBatch,
     Usage,
@@ -39,98 +37,11 @@ from populace.core.contracts import (
 from populace.store.columns import check_outcomes
 from populace.store.store import Event, Store
 
-LOCAL_HOST = "local"  # the one share a local run is recorded as: every agent in this process
-BATCH = 1000  # rows per outcome batch, as an agent-host sends them
+BATCH = 1000  # rows per interview batch, as an agent-host sends them
 
 
 class LocalRecordError(RuntimeError):
     """The run could not be written (the file is held by another process, or a row is refused)."""
-
-
-def _by_agent(table: dict[str, list] | None, key: str) -> dict[tuple[int, int], list[int]]:
-    """Row indexes of `table` (acts, lines, edits) by (round, the agent they go with)."""
-    out: dict[tuple[int, int], list[int]] = {}
-    for i, (r, a) in enumerate(zip((table or {}).get("round", []), (table or {}).get(key, []))):
-        out.setdefault((r, a), []).append(i)
-    return out
-
-
-def _rows(table: dict[str, list], idx: list[int], keys: tuple[str, ...]) -> dict[str, list]:
-    return {k: [table[k][i] for i in idx] for k in keys}
-
-
-ACT_KEYS = ("group_id", "seq", "agent_id", "phase", "valid", "raw", "latency_ms", "error")
-LINE_KEYS = ("group_id", "seq", "speaker", "text", "fields")
-EDIT_KEYS = ("follower", "author", "kind", "op")
-SHOWN_KEYS = ("agent_id", "items", "ranks")
-
-
-def _batches(run_id: str, tables: SimulationTables, outcomes: dict[str, list], posts: dict[str, list] | None,
-             acts: dict[str, list] | None = None, lines: dict[str, list] | None = None,
-             edits: dict[str, list] | None = None, shown: dict[str, list] | None = None) -> list[OutcomeBatch]:
-    """The rows (sorted by round, then agent, as run_local gives them) as outcome batches; a
-    scene's acts and lines, and an agent's edits and shown record, go in the batch of the agent they are about
-    (the recorder refuses them anywhere else), a scene's own lines (speaker -1) with its acts."""
-    rounds, n = outcomes.get("round", []), len(outcomes.get("agent_id", []))
-    acts_of, edits_of = _by_agent(acts, "agent_id"), _by_agent(edits, "follower")
-    shown_of = _by_agent(shown, "agent_id")
-    lines_of = _by_agent(lines, "speaker")
-    # a scene's own lines go with the agent of its first act (the group is whole in one batch)
-    first_actor = {}
-    for i in range(len((acts or {}).get("round", []))):
-        first_actor.setdefault((acts["round"][i], acts["group_id"][i]), acts["agent_id"][i])  # type: ignore[index]
-    for i in range(len((lines or {}).get("round", []))):
-        if lines["speaker"][i] == -1:  # type: ignore[index]
-            who = first_actor.get((lines["round"][i], lines["group_id"][i]), -1)  # type: ignore[index]
-            lines_of.setdefault((lines["round"][i], who), []).append(i)  # type: ignore[index]
-    out: list[OutcomeBatch] = []
-    start = 0
-    while start < n:
-        end = start + 1
-        while end < n and end - start < BATCH and rounds[end] == rounds[start]:
-            end += 1
-        part = slice(start, end)
-        r, ids = rounds[start], outcomes["agent_id"][part]
-        a_idx = sorted(i for a in ids for i in acts_of.get((r, a), ()))
-        l_idx = sorted(i for a in ids for i in lines_of.get((r, a), ()))
-        e_idx = [i for a in ids for i in edits_of.get((r, a), ())]
-        s_idx = [i for a in ids for i in shown_of.get((r, a), ())]
-        act_cols = {c.name for c in tables.act_columns}
-        out.append(OutcomeBatch(
-            run_id=run_id, round=r, host_id=LOCAL_HOST, seq=len(out), agent_ids=ids,
-            columns={c.name: outcomes[c.name][part] for c in tables.outcome_columns},
-            valid=outcomes["valid"][part], raws=outcomes["raw"][part], latency_ms=outcomes["latency_ms"][part],
-            errors=outcomes["error"][part], group_ids=outcomes["group_id"][part] if tables.grouped else None,
-            levels={lv: outcomes[f"{lv}_id"][part] for lv in tables.levels} or None,
-            posts=PostColumns(texts=posts["text"][part], fields=posts["fields"][part], heard=posts["heard"][part],
-                              heard_digest=posts["heard_digest"][part]) if posts else None,
-            acts=ActColumns(**_rows(acts, a_idx, ACT_KEYS),  # type: ignore[arg-type]
-                            columns=_rows(acts, a_idx, tuple(act_cols))) if a_idx else None,  # type: ignore[arg-type]
-            lines=LineColumns(**_rows(lines, l_idx, LINE_KEYS)) if l_idx else None,  # type: ignore[arg-type]
-            edits=EdgeColumns(**_rows(edits, e_idx, EDIT_KEYS)) if e_idx else None,  # type: ignore[arg-type]
-            prototypes=outcomes["prototype"][part] if tables.prototypes else None,
-            shown=ShownColumns(**_rows(shown, s_idx, SHOWN_KEYS)) if s_idx else None))  # type: ignore[arg-type]
-        start = end
-    return out
-
-
-def _audit_batches(run_id: str, tables: SimulationTables, rows: dict[str, list]) -> list[OutcomeBatch]:
-    """A prototype run's audits (run_local's rows, by round and agent) as an agent-host sends them."""
-    out: list[OutcomeBatch] = []
-    rounds = rows.get("round", [])
-    start = 0
-    while start < len(rounds):
-        end = start + 1
-        while end < len(rounds) and end - start < BATCH and rounds[end] == rounds[start]:
-            end += 1
-        part = slice(start, end)
-        out.append(OutcomeBatch(
-            run_id=run_id, round=rounds[start], host_id=LOCAL_HOST, seq=len(out), agent_ids=rows["agent_id"][part],
-            columns={c.name: rows[c.name][part] for c in tables.outcome_columns}, valid=rows["valid"][part],
-            raws=rows["raw"][part], latency_ms=rows["latency_ms"][part], errors=rows["error"][part], audit=True,
-            prototypes=rows["prototype"][part]))
-        start = end
-    return out
 
 
 def _interview_batches(run_id: str, config: RunConfig, rows: dict[str, list],
@@ -196,19 +107,17 @@ def _profiles(run_id: str, profile: dict[str, list] | None) -> tuple[list[Event]
 
 
 def record_local(db: str | Path, *, run_id: str, config: RunConfig, tables: SimulationTables,
-                 outcomes: dict[str, list], rounds: dict[str, list], posts: dict[str, list] | None = None,
-                 acts: dict[str, list] | None = None, transcripts: dict[str, list] | None = None,
-                 edges: dict[str, list] | None = None, shown: dict[str, list] | None = None,
-                 status: str = "completed", reason: str | None = None,
-                 started_at: float | None = None, manifest: dict | None = None, personas: bytes | None = None,
-                 interviews: dict[str, list] | None = None, interview_calls: dict[tuple[int, str], int] | None = None,
-                 profile: dict[str, list] | None = None, audits: dict[str, list] | None = None,
+                 batches: list[OutcomeBatch], rounds: dict[str, list], status: str = "completed",
+                 reason: str | None = None, started_at: float | None = None, manifest: dict | None = None,
+                 personas: bytes | None = None, interviews: dict[str, list] | None = None,
+                 interview_calls: dict[tuple[int, str], int] | None = None, profile: dict[str, list] | None = None,
                  prototypes: dict[int, PrototypeRound] | None = None, population: dict[str, list] | None = None) -> int:
-    """Write a local run (run_local's columnar `outcomes`, `rounds`, `posts`, and its scenes'
-    `acts` and `transcripts`, its `edges` and `shown` records, and the answers to its planned `interviews` with
-    their LLM calls by (after round, survey), and where its rounds went (`profile`: run_local's
-    `round_profile` rows), and its population's changes (`population`: table population's rows))
-    to `db`; returns the outcomes recorded. A failed run keeps the rounds it closed."""
+    """Write a local run to `db`: the outcome and audit `batches` its shares emitted (run_local's
+    `batches`: host LOCAL_HOST, as an agent-host publishes them), its `rounds` (run_local's round
+    rows), the answers to its planned `interviews` with their LLM calls by (after round, survey),
+    where its rounds went (`profile`: run_local's `round_profile` rows), and its population's
+    changes (`population`: table population's rows); returns the outcomes recorded. A failed run
+    keeps the rounds it closed."""
     partials, decided = _profiles(run_id, profile)
     now = time.time()
     started_at = started_at or now
@@ -220,21 +129,23 @@ def record_local(db: str | Path, *, run_id: str, config: RunConfig, tables: Simu
                                manifest=manifest), blob=personas),
               Event(f"local.{run_id}.spawn", "spawn",
                     SpawnBatch(run_id=run_id, host_id=LOCAL_HOST, ranges=ranges, config_ref=ConfigRef.of(config)))]
-    if tables.prototypes:  # the representatives' own rows: the store draws the others' (as on the fleet)
-        own = [i for i, source in enumerate(outcomes.get("source", [])) if source == "llm"]
-        outcomes = {k: [v[i] for i in own] for k, v in outcomes.items()}
-    for b in _batches(run_id, tables, outcomes, posts or None, acts or None, transcripts or None, edges or None,
-                      shown or None):
-        checked, refused = check_outcomes(b, tables)
-        if refused:  # the engine's own rows: a bug, never a local run recorded with groups missing
+    errors: dict[int, int] = {}  # by round: invalid rows the simulation's own code caused
+    for b in batches:
+        if b.run_id != run_id or b.host_id != LOCAL_HOST:
+            raise ValueError(f"batches: round {b.round}'s batch {b.seq} is run {b.run_id!r}'s from host "
+                             f"{b.host_id!r}, not a local run {run_id!r}'s (host {LOCAL_HOST!r})")
+        try:  # validated as the recorder validates what it reads off the wire (its values shared, not copied)
+            wire = OutcomeBatch.model_validate(b.model_dump())
+        except ValidationError as err:  # the engine's own batch: a bug
+            raise LocalRecordError(f"{db}: round {b.round}, batch {b.seq} refused: {err}") from None
+        checked, refused = check_outcomes(wire, tables)
+        if refused and not b.audit:  # the engine's own rows: a bug, never a local run recorded with groups missing
             g = refused[0]
             raise LocalRecordError(f"{db}: round {b.round}, group {g.group_id} refused: {g.reason}")
-        events.append(Event(f"local.{run_id}.{b.round}.{b.seq}", "outcomes", checked))
-    errors: dict[int, int] = {}
-    for r, ok, err in zip(outcomes.get("round", []), outcomes.get("valid", []), outcomes.get("error", []),
-                          strict=True):
-        if not ok and err and err.startswith("agent:"):
-            errors[r] = errors.get(r, 0) + 1
+        events.append(Event(f"local.{run_id}.{b.round}.{'audit-' if b.audit else ''}{b.seq}", "outcomes", checked))
+        if not b.audit:
+            errors[b.round] = errors.get(b.round, 0) + sum(1 for ok, err in zip(b.valid, b.errors, strict=True)
+                                                           if not ok and err and err.startswith("agent:"))
     summary_names = [c.name for c in tables.summary_columns]
     for i, r in enumerate(rounds.get("round", [])):
         row = {k: v[i] for k, v in rounds.items()}
@@ -245,8 +156,6 @@ def record_local(db: str | Path, *, run_id: str, config: RunConfig, tables: Simu
             profile=decided.get(r), prototypes=(prototypes or {}).get(r),
             population=living[r][0] if r in living else None),
             blob=living[r][1] if r in living else None))
-    events += [Event(f"local.{run_id}.{b.round}.audits.{b.seq}", "outcomes", check_outcomes(b, tables)[0])
-               for b in _audit_batches(run_id, tables, audits or {})]
     events += partials
     events += [Event(f"local.{run_id}.interviews.{b.after_round}.{b.survey.id}.{b.seq}", "interviews", b)
                for b in _interview_batches(run_id, config, interviews or {}, interview_calls or {})]

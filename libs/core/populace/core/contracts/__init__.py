@@ -150,6 +150,7 @@ from populace.core.contracts.run_config import (
     config_json,
 )
 from populace.core.contracts.run_events import (
+    LOCAL_HOST,
     MAX_ACTS_PER_MEMBER,
     MAX_LINES_PER_MEMBER,
     MAX_SHOWN,
@@ -207,6 +208,7 @@ __all__ = [
     "DEFAULT_SIMULATION",
     "GONE_AFTER_BEATS",
     "GRAPH_ONE_PER_PROCESS",
+    "LOCAL_HOST",
     "LOOPBACK_HOSTS",
     "MAX_ACTS_PER_MEMBER",
     "MAX_ANSWER_CHARS",

@@ -190,6 +190,11 @@ class ShownColumns(Wire):
         return self
 
 
+# the one host a run played in one process (populace.sdk.local) sends its batches as and is
+# recorded as: its shares are that process's, one placement of every agent
+LOCAL_HOST = "local"
+
+
 class OutcomeBatch(Wire):
     """~1,000 agents' outcomes of one round from one host, columnar. `columns` holds the
     simulation's outcome columns (name -> values); the rest is the platform's: whether the
