@@ -277,6 +277,8 @@ async def _local(prepared: PreparedRun, run_id: str, hosts: int, db: str | None)
                      profile=res.profile if res is not None else None,
                      prototypes=res.prototype_reports if res is not None else None,
                      population=res.population if res is not None else None)
+        if res is not None:  # recorded: the result (its column tables) does not hold its rows twice
+            res.batches = []
         read = _read_db(db_path, run_id, tables)
     else:
         read = None

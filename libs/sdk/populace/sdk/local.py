@@ -76,7 +76,8 @@ class LocalResult:
     audits: dict[str, list] = field(default_factory=dict)
     prototype_reports: dict[int, PrototypeRound] = field(default_factory=dict)
     # every batch the shares emitted, as an agent-host publishes it (host LOCAL_HOST, numbered in
-    # each round): what the store ingests when the run is recorded (populace.store.local_runs)
+    # each round): what the store ingests when the run is recorded (populace.store.local_runs;
+    # the client empties it once it has recorded the run)
     batches: list[OutcomeBatch] = field(default_factory=list, repr=False)
     # round -> each share's agents' declared state after it, as a checkpoint holds it: what a
     # post-hoc interview (populace.sdk.local.interview_local) answers from
