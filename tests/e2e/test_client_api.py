@@ -156,8 +156,8 @@ def test_a_local_run_refuses_agents_whose_state_a_resume_would_lose(tmp_path, po
 
 def test_results_says_why_a_run_failed_or_paused(tmp_path, populace):
     from populace.core.contracts import RunConfig
-    from populace.recorder.local_runs import record_local
     from populace.sdk.registry import resolve
+    from populace.store.local_runs import record_local
 
     resolved = resolve(RunConfig.model_validate({"agents": 5, "rounds": 3}))
     record_local(tmp_path / "populace.duckdb", run_id="r-paused", config=resolved.config, tables=resolved.tables(),

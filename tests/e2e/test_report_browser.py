@@ -34,7 +34,7 @@ from populace_ratio_game import RatioGame
 
 from populace.client.prepare import prepare_file
 from populace.core.contracts import ConfigRef, OutcomeBatch, RoundResult, RunDone, RunStarted, SpawnBatch
-from populace.recorder.store import Event, Store
+from populace.store.store import Event, Store
 
 pytestmark = pytest.mark.e2e
 
@@ -93,7 +93,7 @@ def _record_invalid_run(db: Path) -> None:
             run_id=INVALID_RUN, round=r, n=AGENTS, n_valid=len(good),
             summary={"mean": mean, "target": 2 / 3 * mean, "winner_agent_id": INVALID_PER_ROUND,
                      "winner_value": good[0], "n_winners": 1},
-            observation={}, state={}, closed_at=t0 + 60 * r)))
+            observation={}, closed_at=t0 + 60 * r)))
     events.append(Event(f"{INVALID_RUN}.done", "done", RunDone(run_id=INVALID_RUN, status="completed", rounds=ROUNDS,
                                                                finished_at=t0 + 600)))
     store = Store(db)

@@ -77,6 +77,10 @@ CASES = {
     "vote": {"agents": 150, "rounds": 3, "ballot": {"show_distribution": True}},
     # a scene of 4 members and two ordered acts: 203 = 10 blocks of 20 and one of 3 (a group of 3)
     "punishment": {"agents": 203, "rounds": 3, "game": {"block": 20}},
+    # chain of thought as the platform's section (model.answer), on a simulation that writes none
+    "public-goods, model.answer: cot": {"simulation": "public-goods", "agents": 53, "rounds": 2,
+                                        "game": {"group_size": 5},
+                                        "model": {"latency_s": 0.0, "seed": 9, "answer": "cot"}},
 }
 CALLS = {"punishment": 2}  # model calls per agent per round (default 1)
 
@@ -101,6 +105,8 @@ def test_the_fleet_gives_exactly_what_one_process_gives(stack, simulation):
     assert usage == [{"llm_calls": calls, "prompt_tokens": 0, "completion_tokens": 0, "infra_retries": 0,
                       "cached_tokens": 0, "dollars": 0.0}] * rounds
 
+    if data["model"].get("answer") == "cot":  # every answer thought first, and still parsed
+        assert all(r["raw"].startswith('{"reasoning": ') and r["valid"] for r in outcomes)
     local = asyncio.run(run_local(prepared.resolved))
     assert json_values(outcomes) == json_values(local_rows(local.outcomes, ("run_id", "latency_ms")))
     assert json_values(summary) == json_values(local_rows(local.rounds, ("run_id", "closed_at")))
@@ -285,3 +291,40 @@ def test_sugarscape_on_the_fleet_keeps_its_rules_and_gives_exactly_what_one_proc
                    "WHERE p.run_id = ? AND p.event = 'died' AND o.sugar <= 0") == died
         assert one("SELECT count(*) FROM population WHERE run_id = ? AND event = 'born'") == died  # replaced
         assert one("SELECT count(DISTINCT round) FROM sugarscape_outcomes WHERE run_id = ? AND NOT valid") > 0
+
+
+def test_an_environment_keeping_5_mb_between_rounds_plays_and_forks_on_two_hosts_as_in_one_process(stack):
+    """Issue 40: the environment's state stays with the environment and its checkpoint object of
+    each round; round opens, KV `runs` and the hosts carry a reference. A ledger of 5 MB (20 times
+    what a round's messages could carry) plays what one process plays, every round's checksum of
+    the whole ledger included, and a fork after round 2, whose environment reads its parent's
+    state from the object store by reference, plays the parent's rows again."""
+    data = {"simulation": "archive_sim:Archive", "agents": 60, "rounds": 4, "seed": 8,
+            "model": {"latency_s": 0.0, "seed": 2}, "megabytes": 5}
+    prepared, parent = fleet(stack, data)
+    assert parent.status == "completed", parent.reason
+    tables = prepared.resolved.simulation.tables()
+    whole = recorded(stack.db, tables.outcomes, parent.run_id, ("run_id", "latency_ms"))
+    rounds = recorded(stack.db, tables.rounds, parent.run_id, ("run_id", "closed_at"), order="round")
+    local = asyncio.run(run_local(prepared.resolved))
+    assert len(whole) == 60 * 4 and json_values(whole) == json_values(local_rows(local.outcomes, ("run_id", "latency_ms")))
+    assert json_values(rounds) == json_values(local_rows(local.rounds, ("run_id", "closed_at")))
+    first = int(5 * 1024 * 1024 / 11)
+    assert [r["length"] for r in rounds] == [first + n for n in (1, 2, 3, 4)]
+    assert len({r["checksum"] for r in rounds}) == 4
+    forked = prepare_fork(prepared.config, 2, {}, prepared.manifest, parent.run_id)
+
+    async def go():
+        nc = await bus.connect(stack.url, "e2e-archive-fork")
+        try:
+            return await play(nc, forked.config, manifest=forked.manifest, stall_s=120,
+                              fork=Restore(run_id=parent.run_id, round=2))
+        finally:
+            await nc.close()
+
+    out = asyncio.run(go())
+    assert out.status == "completed", out.reason
+    assert recorded(stack.db, tables.outcomes, out.run_id, ("run_id", "latency_ms")) == \
+        [r for r in whole if r["round"] > 2]
+    assert recorded(stack.db, tables.rounds, out.run_id, ("run_id", "closed_at"), order="round") == \
+        [r for r in rounds if r["round"] > 2]

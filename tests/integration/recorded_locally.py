@@ -20,8 +20,8 @@ from populace.core.contracts import (
     SpawnBatch,
 )
 from populace.population.cast import cast_from_jsonl
-from populace.recorder.store import Event, Store
 from populace.sdk.local import LocalResult, run_local
+from populace.store.store import Event, Store
 
 
 def play(prepared: PreparedRun) -> LocalResult:
@@ -51,7 +51,7 @@ def record(db: Path, prepared: PreparedRun, result: LocalResult, run_id: str) ->
         summary = {c: result.rounds[c][k] for c in result.rounds if c not in PLATFORM_SUMMARY_COLUMNS}
         events.append(Event(f"{run_id}.{n}.result", "round.result", RoundResult(
             run_id=run_id, round=n, n=result.rounds["n"][k], n_valid=result.rounds["n_valid"][k], summary=summary,
-            observation={}, state={}, closed_at=t0 + 60 * n, shares=["local@0"])))
+            observation={}, closed_at=t0 + 60 * n, shares=["local@0"])))
     iv = result.interviews
     plans = {p.id: p for p in cfg.interviews}
     keys = sorted({(r, s) for r, s in zip(iv.get("after_round", []), iv.get("survey", []))})

@@ -43,7 +43,7 @@ from populace.core.contracts import (
     SpawnBatch,
     Usage,
 )
-from populace.recorder.store import Event, Store
+from populace.store.store import Event, Store
 
 EDU = ["elementary school", "high school", "bachelor's", "master's", "Ph.D."]
 BASE = {"elementary school": 55.0, "high school": 48.0, "bachelor's": 40.0, "master's": 34.0, "Ph.D.": 25.0}
@@ -117,7 +117,7 @@ def _write_run(store: Store, run_id: str, seed: int, population: bool = True, ag
             run_id=run_id, round=r, n=agents, n_valid=len(good),
             summary={"mean": mean, "target": target, "winner_agent_id": win, "winner_value": vals[win],
                      "n_winners": 1},
-            observation={}, state={}, closed_at=T0 + 1800,
+            observation={}, closed_at=T0 + 1800,
             usage=Usage(llm_calls=agents, prompt_tokens=100 * agents, completion_tokens=20 * agents,
                         infra_retries=r - 1, cached_tokens=40 * agents, dollars=0.25 * r))))
     events.append(Event(f"{run_id}.done", "done", RunDone(run_id=run_id, status="completed", rounds=rounds,

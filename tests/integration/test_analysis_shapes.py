@@ -22,8 +22,8 @@ from populace.analysis.report.shapes import shape_sections
 from populace.analysis.shapes import degree_table, grid_frames, measure_distribution, starting_graph
 from populace.client import simulate
 from populace.core.contracts import Column, RunConfig, SimulationTables
-from populace.recorder.local_runs import record_local
 from populace.sdk.edges import rebuild
+from populace.store.local_runs import record_local
 
 # a run of 5 agents over 3 rounds; (round, follower, author, op) in the order they applied (by
 # round, then follower, then the order the follower's outcome listed them)

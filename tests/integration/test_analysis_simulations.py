@@ -49,8 +49,8 @@ from populace.core.contracts import (
     SimulationTables,
     SpawnBatch,
 )
-from populace.recorder.store import Event, Store
 from populace.sdk import Agent, Env, GroupEnv, Outcome, Params, Partial, Simulation, Summary
+from populace.store.store import Event, Store
 
 EDU = ("high school", "Ph.D.")
 ENDOWMENT = 20
@@ -187,7 +187,7 @@ def _ingest(store: Store, run_id: str, tables: SimulationTables, simulation: str
                 raws=["<b>bad</b>" if not ok else "ok" for ok in valid[lo:hi]], latency_ms=[5.0] * (hi - lo),
                 errors=[None] * (hi - lo), group_ids=group_ids[lo:hi] if group_ids else None)))
         events.append(Event(f"{run_id}.{r}.result", "round.result", RoundResult(
-            run_id=run_id, round=r, n=agents, n_valid=sum(valid), summary=summary, observation={}, state={},
+            run_id=run_id, round=r, n=agents, n_valid=sum(valid), summary=summary, observation={},
             closed_at=1.7e9 + r)))
     events.append(Event(f"{run_id}.done", "done", RunDone(run_id=run_id, status="completed", rounds=rounds,
                                                           finished_at=1.7e9 + 99)))

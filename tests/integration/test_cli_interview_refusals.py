@@ -17,7 +17,7 @@ import pytest
 
 from populace.core import bus, subjects
 from populace.core.contracts import InterviewPlaced, InterviewRequest, RunConfig
-from populace.orchestrator.workflow import fork_run, new_run
+from populace.orchestrator.workflow import fork_run, new_run, state_ref
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +30,8 @@ def runs(nats_server):
     playing its round 2."""
     parent = new_run("parent-1", RunConfig(agents=40, rounds=3), {"h1": [(0, 40)]})
     parent = parent.model_copy(update={"status": "done", "round": 3})
-    fork = fork_run("fork-1", RunConfig(agents=40, rounds=5), {"h1": [(0, 40)]}, parent, 2, {}, {})
+    fork = fork_run("fork-1", RunConfig(agents=40, rounds=5), {"h1": [(0, 40)]}, parent, 2,
+                    state_ref("parent-1", 2, "e" * 64), {})
     fork = fork.model_copy(update={"status": "done", "round": 5})
     playing = new_run("playing-1", RunConfig(agents=40, rounds=4), {"h1": [(0, 40)]})
     playing = playing.model_copy(update={"status": "running", "round": 2})

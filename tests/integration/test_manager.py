@@ -81,7 +81,7 @@ def a_state(run_id: str, status: str = "running", rnd: int = 2) -> RunState:
 
 def a_result(run_id: str, n: int) -> RoundResult:
     return RoundResult(run_id=run_id, round=n, n=300, n_valid=299, summary={"mean": 40.0 - n, "target": 26.0 - n},
-                       observation={}, state={}, closed_at=time.time(), usage=Usage(llm_calls=300, prompt_tokens=900))
+                       observation={}, closed_at=time.time(), usage=Usage(llm_calls=300, prompt_tokens=900))
 
 
 def put_run(url: str, state: RunState, results: list[RoundResult] = ()) -> None:

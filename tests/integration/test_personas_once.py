@@ -14,8 +14,8 @@ from populace.agent_host import app as host_app
 from populace.core.contracts import PopulationRef, RunConfig, RunStarted
 from populace.population.by_digest import ByDigest
 from populace.recorder import app as recorder_app
-from populace.recorder.store import Event, Store
 from populace.sdk.registry import resolve
+from populace.store.store import Event, Store
 
 DIGEST = "a" * 64
 PERSONAS = "".join(json.dumps({"profile": {"age": 20 + i}, "persona": {"name": f"N{i}"}}) + "\n"

@@ -22,8 +22,8 @@ from populace.core.contracts import (
     Usage,
 )
 from populace.core.interviews import respondents
-from populace.recorder.interviews import Owed
-from populace.recorder.store import Event, Store
+from populace.store.interviews import Owed
+from populace.store.store import Event, Store
 
 CAR = Question(id="car", text="A car?", options=["yes", "no"])
 TRUST = Question(id="trust", text="Trust?", points=5)

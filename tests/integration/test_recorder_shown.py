@@ -20,8 +20,8 @@ from populace.core.contracts import (
     SimulationTables,
     SpawnBatch,
 )
-from populace.recorder.columns import BadColumns, check_outcomes
-from populace.recorder.store import Event, Store
+from populace.store.columns import BadColumns, check_outcomes
+from populace.store.store import Event, Store
 
 TABLES = SimulationTables(
     simulation="reader", outcomes="reader_outcomes", rounds="reader_rounds",
@@ -42,7 +42,7 @@ def batch(round_: int, host: str, ids: list[int], epoch: int = 0, shown: bool = 
 
 
 def result(round_: int, epoch: int = 0, shares=("a@0", "b@0")) -> RoundResult:
-    return RoundResult(run_id="s1", round=round_, n=4, n_valid=4, summary={"top": [3, 1]}, observation={}, state={},
+    return RoundResult(run_id="s1", round=round_, n=4, n_valid=4, summary={"top": [3, 1]}, observation={},
                        closed_at=1e9, epoch=epoch, shares=list(shares))
 
 

@@ -22,7 +22,7 @@ from populace.core.contracts import (
     SimulationTables,
     SpawnBatch,
 )
-from populace.recorder.store import Event, Store, StoreError
+from populace.store.store import Event, Store, StoreError
 
 TABLES = RatioGame.tables()  # the ratio game keeps its historic tables: guesses, rounds
 
@@ -47,7 +47,7 @@ def events(run_id="r1", rounds: int = 1) -> list[Event]:
         Event("result", "round.result", RoundResult(
             run_id=run_id, round=1, n=20, n_valid=17, summary={"mean": 1.0, "target": 0.5, "winner_agent_id": 1,
                                                                "winner_value": 1.0, "n_winners": 1},
-            observation={}, state={}, closed_at=1e9)),
+            observation={}, closed_at=1e9)),
         Event("done", "done", RunDone(run_id=run_id, status="completed", rounds=1, finished_at=1e9 + 5)),
     ]
     for e in evs:  # message ids are unique per run, as subjects.msg_id makes them
@@ -161,7 +161,7 @@ def test_a_simulations_declared_tables_are_created_and_filled(tmp_path):
                          errors=[None, "agent: ValueError: x", None], group_ids=[0, 0, 1])
     result = RoundResult(run_id="g1", round=1, n=3, n_valid=2, summary={"mean_contribution": 12.5,
                                                                           "counts": {"a": 1}},
-                         observation={}, state={}, closed_at=1e9)
+                         observation={}, closed_at=1e9)
     store = Store(tmp_path / "x.duckdb")
     store.ingest([Event("g1.s", "started", RunStarted(run_id="g1", config=cfg, started_at=1e9, hosts=["a"],
                                                         tables=GROUPED)),
@@ -244,7 +244,7 @@ def test_a_table_another_simulation_declared_differently_is_refused(tmp_path):
 def _result(run_id: str, round_: int, mean: float, epoch: int = 0, shares=("a@0", "b@0")) -> RoundResult:
     return RoundResult(run_id=run_id, round=round_, n=20, n_valid=17, epoch=epoch, shares=list(shares),
                        summary={"mean": mean, "target": mean / 2, "winner_agent_id": 1, "winner_value": 1.0,
-                                "n_winners": 1}, observation={}, state={}, closed_at=1e9 + round_)
+                                "n_winners": 1}, observation={}, closed_at=1e9 + round_)
 
 
 def _epoch(batch: OutcomeBatch, epoch: int) -> OutcomeBatch:
@@ -367,7 +367,7 @@ def test_only_the_outcomes_a_run_expects_are_stored_whatever_their_message_ids(t
 
 
 def test_a_valid_value_outside_the_runs_declared_range_is_refused():
-    from populace.recorder.columns import BadColumns, check_outcomes
+    from populace.store.columns import BadColumns, check_outcomes
 
     tables = TABLES.model_copy(update={"measure_range": (0.0, 100.0)})
     fine = guess_batch("r1", 1, "a", 0, list(range(10)))
@@ -383,12 +383,12 @@ def test_a_full_disk_stores_nothing_marks_nothing_and_everything_once_space_retu
     """The COMMIT fails on a full filesystem and DuckDB has already aborted the transaction, so
     ROLLBACK itself raises: the failure must still say "disk full at PATH", leave no agent
     marked as recorded, and the same events, ingested again once there is room, all count."""
-    from populace.recorder.store import DiskFull
+    from populace.store.store import DiskFull
 
     agents, half = 4000, 2000  # rows enough to need new pages of the filesystem
     cfg = RunConfig(agents=agents, rounds=1)
     result = RoundResult(run_id="r1", round=1, n=agents, n_valid=agents, summary={"mean": 1.0}, observation={},
-                         state={}, closed_at=1e9)
+                         closed_at=1e9)
     path = small_disk.path / "x.duckdb"
     store = Store(path)
     store.ingest([Event("started", "started", RunStarted(run_id="r1", config=cfg, started_at=1e9, hosts=["a", "b"],
@@ -415,7 +415,7 @@ def test_a_full_disk_stores_nothing_marks_nothing_and_everything_once_space_retu
 
 
 def test_a_valid_value_outside_the_runs_declared_options_is_refused():
-    from populace.recorder.columns import BadColumns, check_outcomes
+    from populace.store.columns import BadColumns, check_outcomes
 
     tables = SimulationTables(simulation="walk", outcomes="walks", outcome_columns=[Column(name="move", type="VARCHAR")],
                               rounds="walk_rounds", summary_columns=[], measure="move", measure_kind="categorical",

@@ -17,7 +17,7 @@ from populace.analysis.bins import histogram_bins
 from populace.analysis.live import RAW_CHARS, agents_page, round_distribution
 from populace.analysis.stats import AnalysisError
 from populace.core.contracts import Column, RunConfig, SimulationTables
-from populace.recorder.store import SCHEMA, outcome_columns, summary_columns
+from populace.store.store import SCHEMA, outcome_columns, summary_columns
 
 NUMERIC = SimulationTables(simulation="t-num", outcomes="picks", outcome_columns=[Column(name="value", type="DOUBLE")],
                            rounds="pick_rounds", summary_columns=[Column(name="mean", type="DOUBLE"),

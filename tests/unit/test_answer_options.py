@@ -15,12 +15,12 @@ import pytest
 
 from populace.analysis.queries import round_table, run_usage
 from populace.core.contracts import RunConfig
-from populace.recorder.local_runs import record_local
 from populace.sdk import LLM, Agent, Env, Outcome, Partial, ScriptedLLM, Simulation, State, Summary
 from populace.sdk.answers import answer_field, schema_options
 from populace.sdk.local import run_local
 from populace.sdk.play import declared_options
 from populace.sdk.registry import resolve
+from populace.store.local_runs import record_local
 
 
 class Step(Outcome):

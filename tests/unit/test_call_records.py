@@ -5,7 +5,7 @@ agents, so another host's calls can neither replace nor add to them."""
 from __future__ import annotations
 
 from populace.core.contracts import LlmCallBatch
-from populace.recorder.expected import RunShape, calls_refusal
+from populace.store.expected import RunShape, calls_refusal
 
 
 def _calls(agents: list[int], requester: str) -> LlmCallBatch:

@@ -37,7 +37,7 @@ def test_the_fork_forms_lines_and_fields():
 
 
 def test_every_number_of_a_summary_is_sent_the_first_two_charted():
-    r = RoundResult(run_id="r1", round=1, n=10, n_valid=10, observation={}, state={}, closed_at=0.0, usage=Usage(),
+    r = RoundResult(run_id="r1", round=1, n=10, n_valid=10, observation={}, closed_at=0.0, usage=Usage(),
                     summary={"mean": 30.0, "target": 20.0, "label": "x", "winner_agent_id": 7, "n_winners": 1})
     row = views.result_row(r)
     assert row["series"] == {"mean": 30.0, "target": 20.0}

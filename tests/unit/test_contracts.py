@@ -74,7 +74,8 @@ INSTANCES: dict[str, BaseModel] = {
     "RunState": c.RunState(run_id="r1", status="running", config=CONFIG,
                            shares=[c.Share(host_id="h1", ranges=[(0, 1250)], incarnation=1.5),
                                    c.Share(host_id="h2", epoch=1, ranges=[(1250, 1250)], from_round=2)],
-                           spawned=["h1@0", "h2@1"], round=2, env_state={"winners": [33.0, 22.5]},
+                           spawned=["h1@0", "h2@1"], round=2,
+                           env_state=c.StateRef(name="r1.1.env", digest="c" * 64),
                            observation={"history": [33.0, 22.5]}, reason=None, updated_at=1700000009.0,
                            asking=[c.Asking(request="q1", after_round=1, expected=10, order_seq=7, placed_at=1.0,
                                             shares=[c.AskedShare(host_id="h1", ranges=[(0, 1250)])])]),
@@ -84,7 +85,8 @@ INSTANCES: dict[str, BaseModel] = {
     "SpawnBatch": c.SpawnBatch(run_id="r1", host_id="h2", ranges=[(1250, 1000), (3000, 250)], config_ref=c.ConfigRef.of(CONFIG)),
     "HostSpawned": c.HostSpawned(run_id="r1", host_id="h2", agents=1250, seconds=0.75),
     "RoundOpen": c.RoundOpen(run_id="r1", round=2, expected=2500, config_ref=c.ConfigRef.of(CONFIG),
-                             observation={"history": [33.0]}, env_state={"winners": [33.0]}, opened_at=2.0),
+                             observation={"history": [33.0]},
+                             env_state=c.StateRef(name="r1.1.env", digest="c" * 64), opened_at=2.0),
     "GraphRef": c.GraphRef(generator="small-world", degree=6, digest="a" * 64),
     "Broadcast": c.Broadcast(round=2, text="a rumour", fields={"stance": 1.0}, to="top-degree", count=5),
     "PostColumns": c.PostColumns(texts=["hi", None], fields=[{"stance": 0.5}, None], heard=[3, 0],
@@ -93,6 +95,7 @@ INSTANCES: dict[str, BaseModel] = {
                                columns={"amount": [4, None], "accept": [None, True]}, valid=[True, True],
                                raw=['{"amount": 4}', '{"accept": true}'], latency_ms=[3.0, 2.5], error=[None, None]),
     "WorldRef": c.WorldRef(name="r1.3.world", digest="b" * 64),
+    "StateRef": c.StateRef(name="r1.3.env", digest="d" * 64),
     "StoredObject": c.StoredObject(name="r1.3.agents.0", writer="h1", size=300_000, sha256="d" * 64, chunks=3,
                                    first_seq=7, last_seq=12, needs=["r1.2.agents.0"]),
     "RunWriters": c.RunWriters(run_id="r1", shares=[c.Share(host_id="h1", ranges=[(0, 10)])],
@@ -126,7 +129,7 @@ INSTANCES: dict[str, BaseModel] = {
                                    profile=c.ShareProfile(agents=3, view_s=0.5)),
     "RoundResult": c.RoundResult(run_id="r1", round=2, n=3, n_valid=2,
                                  summary={"mean": 55.75, "target": 32.875, "winner_agent_id": 0},
-                                 observation={"history": [12.0]}, state={"winners": [12.0]}, closed_at=3.0,
+                                 observation={"history": [12.0]}, closed_at=3.0,
                                  profile=c.DecideProfile(decide_s=0.5)),
     "RunFault": c.RunFault(run_id="r1", source="host-1", round=None, reason="no such simulation"),
     "RunDone": c.RunDone(run_id="r1", status="failed", rounds=2, finished_at=4.0, reason="host lost"),
@@ -293,7 +296,7 @@ def test_spawn_batch_count():
 def test_round_trip_keeps_none_values():
     g = c.OutcomeBatch.model_validate_json(INSTANCES["OutcomeBatch"].model_dump_json())
     assert g.columns == {"value": [12.0, None, 99.5]}
-    r = c.RoundResult(run_id="r", round=1, n=4, n_valid=0, summary={"mean": None}, observation={}, state={},
+    r = c.RoundResult(run_id="r", round=1, n=4, n_valid=0, summary={"mean": None}, observation={},
                       closed_at=0.0)
     assert c.RoundResult.model_validate_json(r.model_dump_json()) == r
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from populace_ratio_game.rules import partial_of
 
-from populace.core.contracts import ConfigRef, RoundOpen, RoundPartial, RunConfig, RunHead, Share
+from populace.core.contracts import ConfigRef, RoundOpen, RoundPartial, RunConfig, RunHead, Share, StateRef
 from populace.environment.run_tally import BadPartial, EnvironmentFailed, RunTally
 from populace.sdk.registry import resolve
 
@@ -26,7 +26,7 @@ def tally(config: RunConfig = CONFIG) -> RunTally:
 SHARES = {"h1@0": 4, "h2@0": 3}
 
 
-def opened(round_: int = 1, expected: int = 7, state: dict | None = None, shares: dict | None = None,
+def opened(round_: int = 1, expected: int = 7, state: StateRef | None = None, shares: dict | None = None,
            epoch: int = 0) -> RoundOpen:
     return RoundOpen(run_id="r1", round=round_, expected=expected, config_ref=ConfigRef.of(CONFIG), env_state=state,
                      opened_at=0.0, shares=SHARES if shares is None else shares, epoch=epoch)
@@ -48,7 +48,7 @@ def test_round_closes_only_when_all_expected_reported():
     # mean 230/6, target 2/3 of it = 25.6: the closest guesses are the two 30s, agent 4 the smaller id
     assert res.summary["mean"] == pytest.approx(230 / 6) and res.summary["winner_agent_id"] == 4
     assert res.summary["n_winners"] == 2
-    assert res.state == {"winners": [30.0]} and res.observation == {"round": 2, "history": [30.0]}
+    assert t.states_out[1] == {"winners": [30.0]} and res.observation == {"round": 2, "history": [30.0]}
 
 
 def test_partials_before_the_open_wait_for_it_and_replays_count_once():
@@ -67,7 +67,7 @@ def test_the_decision_does_not_depend_on_arrival_order():
     ra = a.add(partial("h2", H2))
     b.add(partial("h2", H2)), b.add(partial("h1", H1))
     rb = b.open(opened())
-    assert ra.summary == rb.summary and ra.state == rb.state
+    assert ra.summary == rb.summary and a.states_out[1] == b.states_out[1]
 
 
 def test_state_carries_over_and_a_straggler_of_an_earlier_round_changes_nothing():
@@ -75,11 +75,25 @@ def test_state_carries_over_and_a_straggler_of_an_earlier_round_changes_nothing(
     t.open(opened(1))
     t.add(partial("h1", H1, round_=1))
     assert t.add(partial("h2", H2, round_=1)).round == 1
-    t.open(opened(2, state={"winners": [99.0]}))
+    decided = StateRef(name="r1.1.env", digest="a" * 64)  # as the service stores round 1's
+    t.keep_state(decided, t.states_out.pop(1))
+    read = StateRef(name="r1.1.env", digest="b" * 64)  # another state: e.g. read after a restart
+    assert t.needs_state(opened(2, state=decided)) is None and t.needs_state(opened(2, state=read)) == read
+    t.keep_state(read, {"winners": [99.0]})
+    t.open(opened(2, state=read))
+    assert list(t.states) == [read]  # the round starts from the one its open names: the other is let go
     assert t.add(partial("h2", H2, round_=1)) is None  # round 1 again: decided long ago
     t.add(partial("h1", H1, round_=2))
     r2 = t.add(partial("h2", H2, round_=2))
-    assert r2.round == 2 and r2.state == {"winners": [99.0, 30.0]}  # the state the round open carried
+    assert r2.round == 2 and t.states_out[2] == {"winners": [99.0, 30.0]}  # the state the round open named
+
+
+def test_a_round_whose_state_was_not_read_fails_naming_it():
+    t = tally()
+    t.open(opened(2, state=StateRef(name="r1.1.env", digest="a" * 64)))
+    t.add(partial("h1", H1, round_=2))
+    with pytest.raises(EnvironmentFailed, match=r"round 2's state r1.1.env was not read"):
+        t.add(partial("h2", H2, round_=2))
 
 
 def test_a_share_placed_again_replaces_the_lost_one_and_the_round_is_decided_again():
@@ -142,7 +156,7 @@ def test_a_round_with_only_invalid_answers_still_closes():
     t = tally()
     t.open(opened(expected=2, shares={"h1@0": 2}))
     res = t.add(partial("h1", [(0, None), (1, None)]))
-    assert res.n_valid == 0 and res.summary["winner_agent_id"] is None and res.state == {"winners": []}
+    assert res.n_valid == 0 and res.summary["winner_agent_id"] is None and t.states_out[1] == {"winners": []}
 
 
 def test_a_payload_that_is_not_the_simulations_partial_is_refused():

@@ -126,7 +126,7 @@ def test_the_projection_is_the_pace_so_far_times_the_rounds():
 
 def test_the_live_view_counts_each_rounds_dollars_once_and_projects_them():
     def closed(n: int, dollars: float, asked: float = 0.0) -> RoundResult:
-        return RoundResult(run_id="r", round=n, n=1, n_valid=1, summary={}, observation={}, state={}, closed_at=0.0,
+        return RoundResult(run_id="r", round=n, n=1, n_valid=1, summary={}, observation={}, closed_at=0.0,
                            usage=Usage(dollars=dollars), interviews=Usage(dollars=asked))
 
     s = Spending(rounds=4)

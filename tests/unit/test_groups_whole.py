@@ -2,7 +2,7 @@
 and lines with every one of its members' outcomes, whatever the batch size or the scene's text,
 for nested groups too — a group too large for any message pauses its round naming it, and the
 agent-host cuts a message past NATS' max_payload between groups only (populace.agent_host.batch_fit).
-The recorder refuses an act that is not beside its member's outcome (populace.recorder.columns):
+The recorder refuses an act that is not beside its member's outcome (populace.store.columns):
 these tests check each batch as it does."""
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ import pytest
 from populace.agent_host.batch_fit import BatchTooLarge, fit, halves
 from populace.agent_host.publisher import _act_columns
 from populace.core.contracts import ActColumns, LineColumns, OutcomeBatch, RunConfig
-from populace.recorder.columns import check_outcomes
 from populace.sdk import Agent, Env, GroupEnv, Outcome, Partial, ScriptedLLM, Simulation, State, Summary
 from populace.sdk import play as play_mod
 from populace.sdk.hosting import host_run
 from populace.sdk.local import run_local
 from populace.sdk.play import OutcomeRows, OutcomeSink, SceneFailed
 from populace.sdk.registry import resolve
+from populace.store.columns import check_outcomes
 
 HERE = __name__
 

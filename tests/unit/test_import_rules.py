@@ -148,6 +148,30 @@ def test_libs_import_no_service():
     assert _violations(_sources("libs"), forbidden) == []
 
 
+def test_the_store_imports_nothing_above_it():
+    # the store is below the recorder, the analysis and the client: it needs the protocol and the
+    # population's rules, never the statistics, the SDK or a service (docs/architecture.md)
+    def forbidden(path: Path, module: str) -> str | None:
+        part = _part(module)
+        if part is not None and part not in {"store", "core", "population"}:
+            return "populace.store is below the recorder and the analysis: it imports only core and population"
+        if module.split(".")[0] in {"scipy", "plotly"}:
+            return "populace.store keeps the recorder's install free of the analysis' scipy and plotly"
+        return None
+
+    assert _sources("libs/store")
+    assert _violations(_sources("libs/store"), forbidden) == []
+
+
+def test_the_recorder_does_not_import_the_analysis():
+    # its live reads load populace.analysis where installed (read_server.analysis, by a built name
+    # this rule cannot see); nothing else in the service names it
+    def forbidden(path: Path, module: str) -> str | None:
+        return "the recorder depends on populace.store, not on the analysis" if _part(module) == "analysis" else None
+
+    assert _violations([p for p in _sources("services") if "populace/recorder/" in p.as_posix()], forbidden) == []
+
+
 def test_exceptions_are_still_needed():
     # an exception whose import is gone must be removed, so the list stays the true debt
     for rel, module in EXCEPTIONS:

@@ -37,7 +37,7 @@ def state(status: str = "running", rnd: int = 2, rounds: int = 3, rid: str = "r1
 
 
 def result(n: int, rid: str = "r1") -> RoundResult:
-    return RoundResult(run_id=rid, round=n, n=2000, n_valid=1990, observation={}, state={}, closed_at=1.0 + n,
+    return RoundResult(run_id=rid, round=n, n=2000, n_valid=1990, observation={}, closed_at=1.0 + n,
                        summary={"mean": 30.5 + n, "target": 20.0 + n, "winner_agent_id": 7, "ok": True},
                        usage=Usage(llm_calls=2000, prompt_tokens=100, completion_tokens=20))
 

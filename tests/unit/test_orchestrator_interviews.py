@@ -18,7 +18,7 @@ from populace.core.contracts import (
     Survey,
 )
 from populace.orchestrator import interviews as iv
-from populace.orchestrator.workflow import fork_run, new_run
+from populace.orchestrator.workflow import fork_run, new_run, state_ref
 
 SURVEY = Survey(id="later", questions=[Question(id="car", text="A car?", options=["yes", "no"])])
 
@@ -103,7 +103,8 @@ def test_a_hosts_fault_counts_only_from_a_host_ordered_to_answer():
 
 def test_a_fork_is_not_asked_after_a_round_its_parent_played():
     parent = done_run()
-    fork = fork_run("f", RunConfig(agents=4000, rounds=5), {"h1": [(0, 4000)]}, parent, 2, {}, {})
+    fork = fork_run("f", RunConfig(agents=4000, rounds=5), {"h1": [(0, 4000)]}, parent, 2,
+                    state_ref(parent.run_id, 2, "e" * 64), {})
     fork = fork.model_copy(update={"status": "done", "round": 5})
     for k in (1, 2):
         req = InterviewRequest(run_id="f", request="iv-1", after_round=k, survey=SURVEY)

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from populace.core.contracts import HostInfo, RoundResult, RunConfig, RunState
+from populace.core.contracts import HostInfo, RoundResult, RunConfig, RunState, StateRef
 from populace.core.placement import PlacementError, place
 from populace.orchestrator.workflow import FinishRun, OpenRound, new_run, on_failure, on_result, on_spawned
 
@@ -218,8 +218,13 @@ def result(round_: int, winner_value: float | None = 20.0, run_id: str = "r1",
     winners = [winner_value] if valid else []
     return RoundResult(run_id=run_id, round=round_, n=10, n_valid=10 if valid else 0,
                        summary={"mean": 30.0 if valid else None, "winner_value": winner_value},
-                       observation={"history": winners, "tag": round_}, state={"winners": winners, "tag": round_},
-                       closed_at=float(round_), shares=list(shares))
+                       observation={"history": winners, "tag": round_}, closed_at=float(round_), shares=list(shares),
+                       env_checkpoint=env_ref(round_, run_id).digest)
+
+
+def env_ref(round_: int, run_id: str = "r1") -> StateRef:
+    """Where round `round_`'s environment state is, as `result(round_)` names it."""
+    return StateRef(name=f"{run_id}.{round_}.env", digest=format(round_, "064x"))
 
 
 def running_state() -> RunState:
@@ -271,12 +276,12 @@ def test_results_advance_rounds_and_carry_the_environments_state():
     s = running_state()
     s, acts = on_result(s, result(1, 20.0))
     assert acts == [OpenRound(2, 10)] and s.round == 2
-    assert s.env_state == {"winners": [20.0], "tag": 1} and s.observation == {"history": [20.0], "tag": 1}
+    assert s.env_state == env_ref(1) and s.observation == {"history": [20.0], "tag": 1}
     s, acts = on_result(s, result(2, 13.5))
-    assert acts == [OpenRound(3, 10)] and s.round == 3 and s.env_state["tag"] == 2
+    assert acts == [OpenRound(3, 10)] and s.round == 3 and s.env_state == env_ref(2)
     s, acts = on_result(s, result(3, 9.0))
     assert acts == [FinishRun("completed", 3)]
-    assert s.status == "done" and s.env_state == {"winners": [9.0], "tag": 3} and s.round == 3
+    assert s.status == "done" and s.env_state == env_ref(3) and s.round == 3
     # nothing happens after the run is done
     s2, acts = on_result(s, result(3, 9.0))
     assert s2 is s and acts == []
@@ -303,14 +308,14 @@ def test_result_before_running_is_ignored():
 def test_round_without_winner_still_opens_the_next():
     s = running_state()
     s, acts = on_result(s, result(1, None))
-    assert s.env_state == {"winners": [], "tag": 1} and acts == [OpenRound(2, 10)]
+    assert s.env_state == env_ref(1) and acts == [OpenRound(2, 10)]
 
 
 def test_one_round_run_finishes_on_first_result():
     s, _ = on_spawned(new_run("r1", RunConfig(agents=10, rounds=1), {"h": [(0, 10)]}), "h")
     assert on_result(s, result(1, 7.0)) == (s, [])  # folded shares the run does not have
     s, acts = on_result(s, result(1, 7.0, shares=("h@0",)))
-    assert acts == [FinishRun("completed", 1)] and s.status == "done" and s.env_state["winners"] == [7.0]
+    assert acts == [FinishRun("completed", 1)] and s.status == "done" and s.env_state == env_ref(1)
 
 
 def test_states_stay_valid_models():
@@ -572,9 +577,9 @@ def test_a_resume_before_any_round_restores_nothing_but_a_fork_keeps_its_parent(
     parent = running_state()
     for n in (1, 2):
         parent, _ = on_result(parent, result(n))
-    f = fork_run("f1", CONFIG, {"h9": [(0, 10)]}, parent, 2, {"winners": [1.0]}, {"history": [1.0]})
+    f = fork_run("f1", CONFIG, {"h9": [(0, 10)]}, parent, 2, env_ref(2), {"history": [1.0]})
     assert (f.status, f.round, f.restore.run_id, f.restore.round, f.env_state) == (
-        "spawning", 2, "r1", 2, {"winners": [1.0]})
+        "spawning", 2, "r1", 2, env_ref(2))
     _, acts = on_spawned(f, "h9")
     assert acts == [OpenRound(3, 10)]  # a fork plays on from the round after its parent's
     fc, _ = on_cancel(f, "x")
@@ -617,7 +622,7 @@ def test_a_run_pauses_before_the_round_that_would_go_past_its_budget_and_a_large
     assert s.status == "paused" and s.round == 2 and s.used.tokens == 2000 and s.last_round == spent
     assert acts == [FinishRun("paused", 2, s.reason)]
     assert "2,000 of 2,500 tokens used" in s.reason and "--budget-tokens" in s.reason
-    assert s.env_state == {"winners": [20.0], "tag": 2}  # what the next round starts from
+    assert s.env_state == env_ref(2)  # what the next round starts from
     # resuming on the same budget is refused (it would pause again at once); a larger one plays on
     assert "give a larger budget" in resume_refusal(s)
     assert on_resume(s, PLACEMENT) == (s, [])

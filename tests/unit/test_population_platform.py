@@ -25,19 +25,21 @@ from populace.orchestrator.workflow import (
     on_spawned,
     restore_point,
     round_open,
+    state_ref,
 )
 from populace.population.living import GONE, Changes, Population
-from populace.recorder.expected import RunShape, outcome_refusal
 from populace.sdk.hosting import host_run
 from populace.sdk.registry import resolve
+from populace.store.expected import RunShape, outcome_refusal
 
 CONFIG = RunConfig(agents=1000, rounds=5)
 REF = {"name": "r1.2.population", "digest": "a" * 64}
 
 
 def result(round_: int, living: LivingRef | None = None) -> RoundResult:
-    return RoundResult(run_id="r1", round=round_, n=10, n_valid=10, summary={}, observation={}, state={},
-                       closed_at=1.0, shares=["h1@0", "h2@0"], population=living)
+    return RoundResult(run_id="r1", round=round_, n=10, n_valid=10, summary={}, observation={},
+                       closed_at=1.0, shares=["h1@0", "h2@0"], population=living,
+                       env_checkpoint=format(round_, "064x"))
 
 
 def running():
@@ -73,7 +75,8 @@ def test_a_fork_places_every_id_its_parent_gave_and_restores_who_was_alive():
     parent = running()
     living = LivingRef(**REF, round=1, size=1040, first=1000, living=1020)
     parent, _ = on_result(parent, result(1, living))
-    f = fork_run("f1", CONFIG, {"h9": [(0, 1040)]}, parent, 1, {}, {}, population=living)
+    f = fork_run("f1", CONFIG, {"h9": [(0, 1040)]}, parent, 1, state_ref("r1", 1, "e" * 64), {},
+                 population=living)
     assert f.population == living and f.restore.population == living
     assert f.restore.ranges == [(0, 600), (600, 400)]  # what its parent checkpointed in round 1
 

@@ -1,9 +1,9 @@
-"""What the recorder refuses of a scene's batch, group by group (populace.recorder.columns); how
+"""What the recorder refuses of a scene's batch, group by group (populace.store.columns); how
 its store keeps a refused group — the rest of the batch recorded, none of the group's outcomes,
 acts and lines (none of them half), the group kept as missing unless its batch does not count (a
 forged share: refused whole, adding nothing; a share replaced since, or rounds played again
 after a resume: their refusals go with them); and when a finished run short of rows is
-announced, and how (populace.recorder.shortfall)."""
+announced, and how (populace.store.shortfall)."""
 
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ from populace.core.contracts import (
     SimulationTables,
     SpawnBatch,
 )
-from populace.recorder.columns import BadColumns, RefusedGroup, check_outcomes
-from populace.recorder.shortfall import RoundTally, Verdict, verdict
-from populace.recorder.store import Event, Store
+from populace.store.columns import BadColumns, RefusedGroup, check_outcomes
+from populace.store.shortfall import RoundTally, Verdict, verdict
+from populace.store.store import Event, Store
 
 TABLES = SimulationTables(simulation="talks", outcomes="talks_outcomes", outcome_columns=[Column(name="value",
                           type="BIGINT")], rounds="talks_rounds", summary_columns=[], grouped=True, acts="talks_acts",
@@ -183,7 +183,7 @@ def on(b, host: str, round_: int, epoch: int = 0):
 
 def result(round_: int, n: int = 8) -> Event:
     return Event(f"result.{round_}", "round.result", RoundResult(run_id="r1", round=round_, n=n, n_valid=n, summary={},
-                                                                  observation={}, state={}, closed_at=1e9))
+                                                                  observation={}, closed_at=1e9))
 
 
 def start(store: Store) -> None:
@@ -305,7 +305,7 @@ def test_an_ungrouped_runs_tallies_need_no_group_column(tmp_path):
 def test_the_store_folds_its_write_ahead_log_at_its_own_threshold_not_duckdbs_default(tmp_path):
     import duckdb
 
-    from populace.recorder.store import CHECKPOINT_THRESHOLD
+    from populace.store.store import CHECKPOINT_THRESHOLD
 
     expected = duckdb.connect()
     expected.execute(f"SET checkpoint_threshold = '{CHECKPOINT_THRESHOLD}'")

@@ -1,6 +1,6 @@
 """A JSON column is stored as the text json.dumps writes, whatever its values: a column of
 whole-number lists (an untyped `list` of ids, or an older file's list[int] column) is written by
-DuckDB, anything else value by value (populace.recorder.store.arrow_rows) — the same text either
+DuckDB, anything else value by value (populace.store.store.arrow_rows) — the same text either
 way."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from populace.core.contracts import (
     SimulationTables,
     SpawnBatch,
 )
-from populace.recorder.store import Event, Store
+from populace.store.store import Event, Store
 
 CFG = RunConfig(simulation="talks", agents=4, rounds=1)
 TABLES = SimulationTables(simulation="talks", outcomes="talks_outcomes", outcome_columns=[Column(name="seen", type="JSON")],

@@ -1,4 +1,4 @@
-"""The recorder's copy of some runs (populace.recorder.snapshot): the whole runs table, only the
+"""The recorder's copy of some runs (populace.store.snapshot): the whole runs table, only the
 asked runs' rows elsewhere, no ingestion ledger, every table present even when empty, and one
 consistent instant while another cursor keeps appending."""
 
@@ -9,7 +9,7 @@ import threading
 import duckdb
 import pytest
 
-from populace.recorder.snapshot import write_snapshot
+from populace.store.snapshot import write_snapshot
 
 
 @pytest.fixture

@@ -147,7 +147,7 @@ def test_results_profile_reads_a_local_runs_rows_and_refuses_what_it_cannot_show
     environment, the recorder); `populace results RUN --profile` shows it, and refuses, in one
     line with exit 2, a flag it cannot show beside it or a run the file does not have."""
     scenario = tmp_path / "slow.yaml"
-    scenario.write_text("simulation: slow_sims:SlowView\nagents: 40\nrounds: 2\nslow:\n  view_ms: 2\n")
+    scenario.write_text("simulation: slow_sims:SlowView\nagents: 40\nrounds: 2\nslow:\n  view_ms: 10\n")
     db = str(tmp_path / "p.duckdb")
     assert cli("run", scenario, "--local", "--db", db).returncode == 0
     res = cli("results", "last", "--profile", "--json", "--db", db)
@@ -156,8 +156,8 @@ def test_results_profile_reads_a_local_runs_rows_and_refuses_what_it_cannot_show
     assert [(r["round"], r["role"], r["host_id"]) for r in run["rows"]] == [
         (n, role, host) for n in (1, 2) for role, host in (("host", "local"), ("environment", "environment"),
                                                             ("recorder", "recorder"))]
-    assert all(r["view_s"] >= 40 * 0.002 and r["agents"] == 40 for r in run["rows"] if r["role"] == "host")
-    assert run["top"][0] == "view_s"
+    assert all(r["view_s"] >= 40 * 0.010 and r["agents"] == 40 for r in run["rows"] if r["role"] == "host")
+    assert run["top"][0] == "view_s"  # 0.4 s of views a round: the top even on a loaded machine (0.08 s was not)
     for args, says in ((("--by", "education"), "--profile: not with --by"),
                        (("--round", "1"), "--profile: not with --round")):
         refused = cli("results", "last", "--profile", *args, "--db", db)

@@ -41,7 +41,7 @@ def claims(round_: int, **extra: dict[str, str]) -> dict[str, dict[str, str]]:
 
 def result(round_: int, shares=("h1@0", "h2@0"), reported=None) -> RoundResult:
     return RoundResult(run_id=RID, round=round_, n=10, n_valid=10, summary={}, observation={"o": round_},
-                       state={"s": round_}, closed_at=0.0, shares=list(shares),
+                       closed_at=0.0, shares=list(shares),
                        checkpoints=claims(round_) if reported is None else reported,
                        env_checkpoint=sha(f"env-{round_}"))
 
@@ -106,7 +106,8 @@ def test_a_fork_from_an_older_round_takes_its_digests_from_that_rounds_result():
         fork_digests(s, 1, None)
     with pytest.raises(checkpoints.CheckpointUnverified, match="not the one the run counted"):
         fork_digests(s, 1, result(1, shares=("h1@0", "h9@0")))
-    f = workflow.fork_run("f1", s.config, {"h9": [(0, 10)]}, s, 1, {}, {}, digests=expected(1))
+    f = workflow.fork_run("f1", s.config, {"h9": [(0, 10)]}, s, 1, workflow.state_ref(RID, 1, sha("env-1")), {},
+                          digests=expected(1))
     assert restore_point(f).digests == expected(1) and restore_point(f).run_id == RID
 
 

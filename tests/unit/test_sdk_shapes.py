@@ -28,6 +28,7 @@ from populace.sdk import (
     Simulation,
     State,
     Summary,
+    engine,
     select,
 )
 from populace.sdk.engine import DecideFailed
@@ -491,9 +492,15 @@ class Hoarding(Simulation):
     Summary = Mean
 
 
-def test_an_environment_state_too_large_for_a_round_fails_the_run_naming_it():
+def test_a_state_over_what_messages_carry_plays_and_one_over_its_bound_fails_the_run_naming_it(monkeypatch):
+    """The state travels in no message (round opens name its checkpoint object): 3 rounds of 40,000
+    items each (about 0.6 MB, over the 256 KiB a message part may carry) play; over the state's own
+    bound (what a round keeps in memory and in the store) the run fails naming it."""
+    result = asyncio.run(run_local(RunConfig(simulation=f"{HERE}:Hoarding", agents=3, rounds=3)))
+    assert result.rounds["round"] == [1, 2, 3]
+    monkeypatch.setitem(engine.LIMITS, "state", 256 * 1024)
     with pytest.raises(DecideFailed, match=r"simulation 'hoarding': its environment's state after round 2 is "
-                                           r"[\d,]+ bytes as JSON, over the 262,144 a round can carry"):
+                                           r"[\d,]+ bytes as JSON, over the 262,144 a round can keep"):
         asyncio.run(run_local(RunConfig(simulation=f"{HERE}:Hoarding", agents=3, rounds=3)))
 
 

@@ -77,7 +77,7 @@ def _run_local(prepared: "PreparedRun", hosts: int, db: str) -> None:
     recorder records a fleet run; a simulation that fails (its code raised, or its agents keep
     state a checkpoint would lose) exits 1 with the reason, never a traceback."""
     from populace.client import simulate
-    from populace.recorder.local_runs import LocalRecordError
+    from populace.store.local_runs import LocalRecordError
 
     if prepared.config.model.backend != "dummy":
         fail(f"model.backend: --local plays on the dummy model; {prepared.config.model.backend!r} needs "

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from populace.sdk import LLM, Agent, Observation, Outcome, answer_field
+from populace.sdk import LLM, Agent, Observation, Outcome, answer_field, structured
 
 if TYPE_CHECKING:
     from dictator_game.simulation import DictatorGame
@@ -37,15 +37,12 @@ class Gift(Outcome):
     measure = "given"  # the column reports summarise
 
 
-def system_prompt(endowment: int, reasoning: bool) -> str:
-    """Shared by every agent of a run: replicas keep it in their prefix cache."""
-    rules = (f"You have been given {endowment} coins. You may give any whole number of them, from 0 to "
-             f"{endowment}, to another participant, an anonymous stranger you will never meet. You keep "
-             "the rest. The stranger has no say.")
-    if reasoning:
-        return rules + (' Think step by step, then answer with JSON only: {"reasoning": "<your thinking>", '
-                        '"give": <coins>}.')
-    return rules + ' Answer with JSON only: {"give": <coins>}.'
+def system_prompt(endowment: int) -> str:
+    """Shared by every agent of a run: replicas keep it in their prefix cache. (With `model:
+    {answer: cot}` the platform adds its own chain-of-thought sentence after it.)"""
+    return (f"You have been given {endowment} coins. You may give any whole number of them, from 0 to "
+            f"{endowment}, to another participant, an anonymous stranger you will never meet. You keep "
+            'the rest. The stranger has no say. Answer with JSON only: {"give": <coins>}.')
 
 
 def user_prompt(agent_id: int, persona: str | None, last_average: float | None, own: tuple) -> str:
@@ -61,15 +58,11 @@ def user_prompt(agent_id: int, persona: str | None, last_average: float | None, 
     return " ".join(parts)
 
 
-def answer_schema(endowment: int, reasoning: bool) -> dict:
-    """The answer every agent must give, one JSON object (reasoning first, so the model thinks
-    before it commits). Replicas that support structured output enforce it; the dummy model
-    draws from it."""
-    give = {"type": "integer", "minimum": 0, "maximum": endowment}
-    if reasoning:
-        return {"type": "object", "properties": {"reasoning": {"type": "string"}, "give": give},
-                "required": ["reasoning", "give"]}
-    return {"type": "object", "properties": {"give": give}, "required": ["give"]}
+def answer_schema(endowment: int) -> dict:
+    """The answer every agent must give, one JSON object. Replicas that support structured output
+    enforce it; the dummy model draws from it. (With `model: {answer: cot}` the platform puts a
+    "reasoning" field first, so the model thinks before it commits; `parse_gift` reads "give" only.)"""
+    return structured({"give": {"type": "integer", "minimum": 0, "maximum": endowment}})
 
 
 _INTEGER = re.compile(r"[0-9]+")

@@ -4,7 +4,8 @@ round what it needs to hear.
 It only decides; the platform does the I/O around it. On the fleet:
 - `reduce` runs on every agent-host, once per batch of ~1,000 outcomes;
 - `merge` folds batches into one partial per host, then hosts into the round (environment
-  service), in whatever order they arrive;
+  service), in whatever order they arrive (here the SDK's default: a partial of whole numbers
+  is summed field by field);
 - `decide` closes the round once, from the merged partial.
 
 So reduce + merge must be exact and merge commutative: integer counts and sums, never a
@@ -22,7 +23,8 @@ from populace.sdk import Env, Partial, State, Summary
 
 
 class Gifts(Partial):
-    """A batch's, a host's or the whole round's gifts: counts and integer sums only."""
+    """A batch's, a host's or the whole round's gifts: counts and integer sums only, so the
+    environment's default `merge` (the sum of each field) is exact in any order."""
 
     n: int = 0  # valid gifts
     total: int = 0  # coins given, summed over valid gifts
@@ -47,10 +49,7 @@ class RoundSummary(Summary):
     half_pct: float | None = Field(None, title="equal split %")  # % of valid gifts
 
 
-class DictatorEnv(Env[Past, Gifts]):
-    State = Past
-    Partial = Gifts
-
+class DictatorEnv(Env[Past, Gifts]):  # its State and Partial: Past and Gifts
     def observe(self, state: Past, round: int) -> Heard:
         shown = state.last_average if self.params.game.show_average else None
         return Heard(round=round, last_average=shown)
@@ -61,10 +60,6 @@ class DictatorEnv(Env[Past, Gifts]):
         gifts = [o.given for o in outcomes if o.valid and o.given is not None]
         return Gifts(n=len(gifts), total=sum(gifts), zero=sum(g == 0 for g in gifts),
                      half=sum(abs(2 * g - endowment) <= 1 for g in gifts))
-
-    def merge(self, partials: Sequence[Gifts]) -> Gifts:
-        return Gifts(n=sum(p.n for p in partials), total=sum(p.total for p in partials),
-                     zero=sum(p.zero for p in partials), half=sum(p.half for p in partials))
 
     def decide(self, state: Past, round: int, total: Gifts) -> tuple[Past, RoundSummary]:
         if total.n == 0:  # nobody gave a valid answer: nothing to average, nothing to tell

@@ -30,7 +30,7 @@ class PromptConfig(_Section):
     """`prompt:` — how the question is put."""
 
     persona: bool = True  # with a `population`, each agent's persona leads its prompt
-    reasoning: bool = False  # think step by step first: {"reasoning", "give"}, still one call
+    # chain of thought is the platform's, not a key of ours: `model: {answer: cot}` in a scenario
 
 
 class DictatorParams(Params):

@@ -5,7 +5,9 @@ anonymous stranger, in one structured call. From round 2 on it may hear last rou
 average gift, and it remembers its own last gifts. A self-interested dictator gives nothing;
 people typically give a fifth to a third, and many split equally.
 
-The class declares; an instance is one run (its validated params, agent count, seed and
+The class declares its name, params, agent and environment; the rest is read from them
+(what a turn returns is the outcome, what it is shown the observation, what `decide` returns
+the round's summary). An instance is one run (its validated params, agent count, seed and
 population), shared by reference by every agent of the run on a process (`agent.sim`).
 """
 
@@ -13,12 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from dictator_game.agent import PROMPT_VERSION, Dictator, Gift, Heard, answer_schema, system_prompt, user_prompt
-from dictator_game.env import DictatorEnv, RoundSummary
+from dictator_game.agent import PROMPT_VERSION, Dictator, answer_schema, system_prompt, user_prompt
+from dictator_game.env import DictatorEnv
 from dictator_game.params import DictatorParams
 from populace.sdk import Simulation
-
-REASONING_MAX_TOKENS = 256  # room to think when the scenario sets no model.max_tokens
 
 
 class DictatorGame(Simulation):
@@ -26,10 +26,6 @@ class DictatorGame(Simulation):
     Params = DictatorParams
     Agent = Dictator
     Env = DictatorEnv
-    Outcome = Gift
-    Observation = Heard
-    Summary = RoundSummary
-    # GroupEnv = ...  (none here: see the public-goods simulation for groups settled on their host)
     prompt_version = PROMPT_VERSION
 
     def __init__(self, params: DictatorParams, **kw: Any) -> None:
@@ -39,19 +35,15 @@ class DictatorGame(Simulation):
         self.use_persona = params.prompt.persona
 
     def system_prompt(self) -> str:
-        return system_prompt(self.endowment, self.params.prompt.reasoning)
+        return system_prompt(self.endowment)
 
     def answer_schema(self) -> dict:
-        return answer_schema(self.endowment, self.params.prompt.reasoning)
+        return answer_schema(self.endowment)
 
     def user_example(self) -> str:
         """Agent 0's prompt in round 1, recorded in the run's manifest."""
         persona = self.cast.personas[0].text if self.cast is not None and self.use_persona else None
         return user_prompt(0, persona, None, ())
-
-    @classmethod
-    def model_defaults(cls, params: DictatorParams) -> dict:
-        return {"max_tokens": REASONING_MAX_TOKENS} if params.prompt.reasoning else {}
 
     @classmethod
     def equilibrium(cls, params: DictatorParams) -> float:

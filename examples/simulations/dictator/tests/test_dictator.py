@@ -13,7 +13,18 @@ from pathlib import Path
 
 import pytest
 import yaml
-from dictator_game import Dictator, DictatorEnv, DictatorGame, DictatorParams, Gift, Gifts, Heard, Past, parse_gift
+from dictator_game import (
+    Dictator,
+    DictatorEnv,
+    DictatorGame,
+    DictatorParams,
+    Gift,
+    Gifts,
+    Heard,
+    Past,
+    RoundSummary,
+    parse_gift,
+)
 from pydantic import ValidationError
 
 from populace.sdk import Cast, InferError, ModelUnavailable, Persona, RunConfig, ScriptedLLM, load_simulation, resolve
@@ -38,6 +49,9 @@ def config(agents: int = 23, rounds: int = 3, **sections: dict) -> RunConfig:
 def test_the_entry_point_finds_this_class_and_the_declaration_is_valid():
     assert load_simulation(DictatorGame.name) is DictatorGame  # pyproject's entry point = name
     DictatorGame.check()  # raises SimulationError listing what is wrong
+    # declared once: the outcome, observation and summary are read from the agent's turn and decide
+    assert (DictatorGame.Outcome, DictatorGame.Observation, DictatorGame.Summary) == (Gift, Heard, RoundSummary)
+    assert (DictatorEnv.State, DictatorEnv.Partial) == (Past, Gifts)  # from Env[Past, Gifts]
     tables = DictatorGame.tables()
     assert (tables.outcomes, tables.rounds, tables.measure) == ("dictator_outcomes", "dictator_rounds", "given")
     assert [c.name for c in tables.summary_columns] == ["mean_given", "given_pct", "zero_pct", "half_pct"]
@@ -62,14 +76,21 @@ def test_bad_params_name_the_field(game, field):
     assert [".".join(map(str, e["loc"])) for e in err.value.errors()] == [field]
 
 
-def test_reasoning_asks_for_room_to_think_unless_the_scenario_says_otherwise():
+def test_chain_of_thought_is_the_platforms_with_room_to_think_unless_the_scenario_says_otherwise():
+    """`model: {answer: cot}` is the platform's: it puts "reasoning" first in the run's schema,
+    adds its sentence to the system prompt and asks for 256 tokens unless `model.max_tokens` is set."""
     plain = resolve(config())
-    thinking = resolve(config(prompt={"reasoning": True}))
-    told = resolve(config(prompt={"reasoning": True}, model={"max_tokens": 100}))
+    thinking = resolve(config(model={"seed": 4, "answer": "cot"}))
+    told = resolve(config(model={"seed": 4, "answer": "cot", "max_tokens": 100}))
     assert plain.config.model.max_tokens == RunConfig().model.max_tokens  # the platform's default
     assert thinking.config.model.max_tokens == 256
     assert told.config.model.max_tokens == 100
-    assert list(DictatorGame(thinking.params, agents=1).answer_schema()["properties"]) == ["reasoning", "give"]
+    direct, cot = plain.instance(), thinking.instance()
+    assert list(direct.request_schema()["properties"]) == ["give"]
+    assert list(cot.request_schema()["properties"]) == ["reasoning", "give"]
+    assert cot.request_schema()["required"] == ["reasoning", "give"]
+    assert cot.request_system_prompt().startswith(direct.request_system_prompt() + " Think step by step")
+    assert parse_gift('{"reasoning": "fair is fair", "give": 5}', 10) == 5  # the parser reads "give" only
 
 
 # -- parsing never invents an answer -----------------------------------------------------------

@@ -25,7 +25,6 @@ from collections.abc import Sequence
 
 import duckdb
 
-from populace.analysis.interview_tables import SCHEMA
 from populace.analysis.queries.attribute_groups import (
     LEVEL,
     NONE_GROUP,
@@ -36,10 +35,11 @@ from populace.analysis.queries.attribute_groups import (
 )
 from populace.analysis.queries.lookup import _check_runs, _has_table
 from populace.analysis.stats import AnalysisError, mean_ci, share_ci, t_interval
+from populace.store.interview_tables import SCHEMA
 
 MAX_EXAMPLES = 3  # free-text answers shown per question and group
 # SCHEMA: the tables, as the recorder creates them (and a local run's answers are loaded into),
-# defined in populace.analysis.interview_tables so the recorder need not load scipy.
+# defined in populace.store.interview_tables so the recorder need not load scipy.
 
 
 def local_database(run_id: str, config_json: str, rows: dict[str, list], surveys: Sequence[tuple[int, object]],

@@ -13,10 +13,11 @@ from collections.abc import Iterable
 import numpy as np
 from scipy import stats as _st
 
+from populace.store.tables import QueryError
 
-class AnalysisError(ValueError):
-    """A request the analysis cannot answer (unknown run, attribute or round, bad argument).
-    The message says what was asked and what is available."""
+# A request the analysis cannot answer (unknown run, attribute or round, bad argument): the
+# store's own read error, so that one `except` catches a refusal of either.
+AnalysisError = QueryError
 
 
 def clean(values: Iterable[float | None] | np.ndarray) -> np.ndarray:

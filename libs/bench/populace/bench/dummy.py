@@ -61,6 +61,9 @@ class DummyBenchResult:
     bytes_per_agent: float  # (peak - baseline) / agents
     asyncio_floor_s: float | None  # plain asyncio: gather(N × sleep(latency)), one process
     messages_per_round: float  # messages nats-server received during the run, per round
+    # bytes nats-server received from clients and delivered to them during the run, per round
+    bus_bytes_in_per_round: float | None = None
+    bus_bytes_out_per_round: float | None = None
     round_times_s: list[float] = field(default_factory=list)
     machine: dict = field(default_factory=dict)
     # a run with a graph: the manifest's graph (generator, edges, numbering, edge cuts) and
@@ -120,6 +123,9 @@ class DummyBenchResult:
                ("departures, arrivals recorded", f"{self.departures_recorded:,}, {self.arrivals_recorded:,}"))
               if self.turnover is not None else ()),
             ("messages per round", f"{self.messages_per_round:,.0f}"),
+            *((("bus bytes per round, in / out", f"{self.bus_bytes_in_per_round / 2**20:,.1f} / "
+                                                  f"{self.bus_bytes_out_per_round / 2**20:,.1f} MiB"),)
+              if self.bus_bytes_in_per_round is not None and self.bus_bytes_out_per_round is not None else ()),
             ("peak RSS, all processes", f"{self.peak_rss_bytes / gib:.2f} GiB"),
             ("bytes per agent", f"{self.bytes_per_agent:,.0f}"),
             ("plain asyncio floor", "—" if self.asyncio_floor_s is None else f"{self.asyncio_floor_s:.2f} s"),
@@ -202,9 +208,11 @@ def asyncio_floor(agents: int, latency: float) -> float:
     return float(res.stdout.strip())
 
 
-def received(monitor_port: int) -> int:
-    """Messages nats-server has received from clients so far (its /varz `in_msgs`)."""
-    return httpx.get(f"http://127.0.0.1:{monitor_port}/varz", timeout=5).json()["in_msgs"]
+def received(monitor_port: int) -> tuple[int, int, int]:
+    """What nats-server has received from clients so far, and delivered to them (its /varz
+    `in_msgs`, `in_bytes`, `out_bytes`): the bus's traffic, payloads and headers."""
+    varz = httpx.get(f"http://127.0.0.1:{monitor_port}/varz", timeout=5).json()
+    return varz["in_msgs"], varz["in_bytes"], varz["out_bytes"]
 
 
 # A population made for the graph benchmark: one attribute with five equally likely values (the
@@ -312,7 +320,7 @@ def run_dummy_bench(agents: int, latency: float, hosts: int, rounds: int = 1, fl
         before = received(monitor)
         with RssSampler(stack) as sampler:
             outcome = asyncio.run(go())
-        messages = received(monitor) - before
+        messages, bytes_in, bytes_out = (b - a for a, b in zip(before, received(monitor), strict=True))
         mail = mail_per_round(stack.log_dir, outcome.run_id, hosts) if graph is not None else None
         saved = [0] * rounds
         for rec in played_lines(stack.log_dir, outcome.run_id, hosts):
@@ -355,7 +363,8 @@ def run_dummy_bench(agents: int, latency: float, hosts: int, rounds: int = 1, fl
         total_s=m["recorded"] - m["submitted"],
         recorded=recorded, acted=int(acted or 0), peak_rss_bytes=sampler.peak, baseline_rss_bytes=baseline,
         bytes_per_agent=max(0, sampler.peak - baseline) / agents,
-        asyncio_floor_s=floor_s, messages_per_round=messages / rounds, round_times_s=round_times,
+        asyncio_floor_s=floor_s, messages_per_round=messages / rounds,
+        bus_bytes_in_per_round=bytes_in / rounds, bus_bytes_out_per_round=bytes_out / rounds, round_times_s=round_times,
         machine={"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
         graph=(manifest or {}).get("graph"),
         mail_messages_per_round=mail[0] if mail else None, mail_posts_per_round=mail[1] if mail else None,

@@ -381,8 +381,8 @@ async def warm_up(prepared, endpoint: Endpoint, calls: int = 4) -> None:
     client = DirectClient(endpoint, prepared.resolved.config.model, min(calls, 4))
     await client.start()
     try:
-        await asyncio.gather(*(client.ask(sim.system_prompt(), sim.answer_schema(), "Report your number.", key, 0)
-                               for key in range(calls)))
+        system, schema = sim.request_system_prompt(), sim.request_schema()
+        await asyncio.gather(*(client.ask(system, schema, "Report your number.", key, 0) for key in range(calls)))
     finally:
         await client.stop()
 
@@ -398,7 +398,7 @@ async def direct_run(prepared, endpoint: Endpoint, concurrency: int, reasks: int
 
     def port(run, n: int) -> DirectPort:
         starts.setdefault(n, time.perf_counter())
-        return DirectPort(client, run.sim.system_prompt(), run.sim.answer_schema())
+        return DirectPort(client, run.sim.request_system_prompt(), run.sim.request_schema())
 
     await client.start()
     try:

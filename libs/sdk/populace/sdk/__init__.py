@@ -12,7 +12,7 @@ from populace.core.contracts import Count, FiniteFloat, RunConfig
 from populace.population.cast import Cast, Persona
 from populace.sdk import select
 from populace.sdk.agent import Agent
-from populace.sdk.answers import answer_field
+from populace.sdk.answers import answer_field, structured
 from populace.sdk.claims import Claims
 from populace.sdk.env import Env, GroupEnv, Listeners, Partial, State
 from populace.sdk.llm import LLM, InferError, ModelUnavailable
@@ -71,4 +71,5 @@ __all__ = [
     "run_local",
     "select",
     "stable_seed",
+    "structured",
 ]

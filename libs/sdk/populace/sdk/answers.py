@@ -51,3 +51,49 @@ def schema_options(schema: object) -> dict[str, tuple]:
 def _scalars(options: object) -> bool:
     return isinstance(options, list) and bool(options) and all(
         isinstance(o, (str, int, float)) for o in options)
+
+
+# Chain of thought as the platform asks for it (a scenario's `model.answer: cot`): what the run's
+# system prompt gains, and the property its answer schema gains first, so the model thinks before
+# it commits to the fields the simulation reads (its parser never sees "reasoning").
+COT_INSTRUCTION = ('Think step by step first: write your thinking in the JSON answer\'s "reasoning" field, '
+                   "before the other fields.")
+REASONING = "reasoning"
+
+
+def structured(properties: dict, *, reasoning: bool = False) -> dict:
+    """An answer schema: one JSON object with these properties, all required, e.g.
+    `structured({"give": {"type": "integer", "minimum": 0}})`. `reasoning`: a "reasoning" text
+    first (what the platform adds itself in a chain-of-thought run)."""
+    props = {REASONING: {"type": "string"}, **properties} if reasoning else dict(properties)
+    return {"type": "object", "properties": props, "required": list(props)}
+
+
+def reasons_itself(schema: object) -> bool:
+    """Whether an answer schema already asks for its own "reasoning" (a simulation that writes
+    its chain of thought by hand): the platform then adds nothing."""
+    return isinstance(schema, dict) and isinstance(schema.get("properties"), dict) and REASONING in schema["properties"]
+
+
+def with_reasoning(schema: object) -> dict:
+    """An object answer schema with "reasoning" first (kept as it is when it has one). ValueError
+    for a schema that is not a JSON object with properties: a bare answer has nowhere to think."""
+    if reasons_itself(schema):
+        return schema  # type: ignore[return-value]
+    if not (isinstance(schema, dict) and schema.get("type") == "object" and isinstance(schema.get("properties"), dict)):
+        raise ValueError("model.answer: chain of thought (cot) puts a \"reasoning\" field first in the answer's JSON "
+                         f"object, but this simulation's answer_schema() is {_shown(schema)}, not an object with "
+                         "properties; use answer: direct, or give the simulation an object schema")
+    required = schema.get("required")
+    required = [REASONING, *(r for r in required if r != REASONING)] if isinstance(required, list) else [REASONING]
+    return {**schema, "properties": {REASONING: {"type": "string"}, **schema["properties"]}, "required": required}
+
+
+def with_cot_instruction(system: str) -> str:
+    """The run's system prompt with the chain-of-thought instruction after it."""
+    return f"{system} {COT_INSTRUCTION}" if system else COT_INSTRUCTION
+
+
+def _shown(schema: object) -> str:
+    text = json.dumps(schema) if schema is not None else "None"
+    return text if len(text) <= 80 else text[:77] + "..."

@@ -7,7 +7,8 @@ hand it what a round's announcement says and an LLM port, and move what it retur
   share's outcome batches and partial.
 - `RoundDecider` decides a round from the shares' partials: merge (in share order), decide,
   the next round's observation and selection, each checked against what a round's messages
-  can carry, so a state too large fails the run naming it instead of hanging the fleet.
+  can carry (and the state against what a round keeps), so one too large fails the run naming
+  it instead of hanging the fleet.
 """
 
 from __future__ import annotations
@@ -41,9 +42,11 @@ from populace.sdk.statejson import StateTypeError, encode, from_wire, to_wire
 from populace.sdk.world import World, WorldError
 
 # What one round's messages may carry of the environment (a round open and a round result hold
-# them together with the run's config, under NATS's 1 MB payload). Bulk state belongs to agents,
-# or to a world (issue: worlds and views).
-LIMITS = {"state": 256 * 1024, "observation": 256 * 1024, "selection": 200 * 1024, "summary": 64 * 1024}
+# them, under NATS's 1 MB payload): the observation, the selection and the summary. The state
+# travels in no message (round opens name its checkpoint object), so its bound is only what one
+# round's checkpoint of it may hold in memory and in the store; per-agent data still belongs to
+# agents (declared state) and columns to a world.
+LIMITS = {"state": 64 * 1024 * 1024, "observation": 256 * 1024, "selection": 200 * 1024, "summary": 64 * 1024}
 
 
 class DecideFailed(RuntimeError):
@@ -88,15 +91,15 @@ def _size_check(sim_name: str, round_: int, what: str, value: Any) -> int:
     """The value's bytes as a round's messages carry it; DecideFailed past its limit."""
     size = len(json.dumps(value, separators=(",", ":")))
     if size > LIMITS[what]:
-        hint = {"state": "keep aggregates in the State; bulk data belongs in a World (docs/worlds.md), "
-                         "per-agent data to agents (declared state)",
+        hint = {"state": "per-agent data belongs to agents (declared state), columns to a World (docs/worlds.md)",
                 "observation": "what every agent sees must be small; put bulk data in a World and give each "
                                "agent its own view of it (docs/worlds.md)",
                 "selection": "select by rate, ids, where(…) or a world column (select.column(name)) rather than "
                              "a mask this large",
                 "summary": "a summary holds a round's figures, not per-agent data"}[what]
+        verb = "keep" if what == "state" else "carry"
         raise DecideFailed(f"simulation {sim_name!r}: its environment's {what} after round {round_} is {size:,} "
-                           f"bytes as JSON, over the {LIMITS[what]:,} a round can carry ({hint})")
+                           f"bytes as JSON, over the {LIMITS[what]:,} a round can {verb} ({hint})")
     return size
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import typing
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Generic, TypeVar
@@ -91,8 +92,10 @@ PartialT = TypeVar("PartialT", bound=Partial)
 
 
 class Env(Generic[StateT, PartialT]):
-    """The root environment of a run. Subclasses set `State` and `Partial` and implement
-    `reduce`, `merge` and `decide`; `start` and `observe` have defaults."""
+    """The root environment of a run. Subclasses name their state and partial once, as the
+    generic's arguments (`class MyEnv(Env[Past, Counts])`; setting `State` and `Partial` as class
+    attributes works too, and wins), and implement `reduce` and `decide`; `merge` has a default
+    for a partial of whole numbers (their sums), `start` and `observe` have defaults."""
 
     State: ClassVar[type[State]] = State
     Partial: ClassVar[type[Partial]] = Partial
@@ -102,6 +105,17 @@ class Env(Generic[StateT, PartialT]):
     shown_items: ClassVar[str | None] = None
     _shown_book: ShownBook | None = None  # the round's records on this host (set by the round engine)
     last_shown: tuple[int, list[int], list[int]] | None = None  # outside a round: the last `show`, for tests
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # Env[Past, Counts]: State and Partial from the generic's arguments, where the class (or
+        # a parent of its) did not set them by hand
+        for base in cls.__dict__.get("__orig_bases__", ()):
+            if typing.get_origin(base) is not None and issubclass(typing.get_origin(base), Env):
+                for attr, default, arg in zip(("State", "Partial"), (State, Partial), typing.get_args(base)):
+                    if (getattr(cls, attr) is default and isinstance(arg, type) and issubclass(arg, default)
+                            and attr not in cls.__dict__):
+                        setattr(cls, attr, arg)
 
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
@@ -180,13 +194,21 @@ class Env(Generic[StateT, PartialT]):
             parts.append(self.reduce(batch_ids, batch))
         return self.merge(parts)
 
-    def merge(self, partials: Sequence[PartialT]) -> PartialT:  # pragma: no cover
+    def merge(self, partials: Sequence[PartialT]) -> PartialT:
         """Fold partials (of batches, hosts or groups) into one: associative and commutative.
         `partials` may be empty (a round in which no agent answered): return the empty partial.
         On a host they come in the order the batches left (turns finish as the model answers);
         in the environment one per share, in the text order of the share keys (`host@epoch`):
-        the same on one placement, different on another."""
-        raise NotImplementedError
+        the same on one placement, different on another.
+
+        The default, for a partial whose fields are all whole numbers (`int`: counts and
+        integer sums), adds them field by field: exact in any order. Any other partial (floats,
+        columns, Fractions, nested models) writes its own."""
+        summed = _int_fields(self.Partial)
+        if summed is None:
+            raise NotImplementedError(f"{type(self).__name__}.merge: the default adds a partial's whole-number "
+                                      f"fields; {self.Partial.__name__} has others, so write merge yourself")
+        return self.Partial(**{f: sum(getattr(p, f) for p in partials) for f in summed})  # type: ignore[return-value]
 
     def decide(self, state: StateT, round: int, total: PartialT) -> tuple[StateT, Summary]:  # pragma: no cover
         """Close a round: the state after it and the round's summary (its recorded columns).
@@ -194,6 +216,16 @@ class Env(Generic[StateT, PartialT]):
         may end with the round's population changes (`populace.sdk.Changes`: who dies or leaves,
         who is born or arrives; see populace.sdk.population)."""
         raise NotImplementedError
+
+
+def _int_fields(partial: type[Partial]) -> tuple[str, ...] | None:
+    """The fields of a partial whose every field is declared `int` (None when one is not)."""
+    try:
+        hints = typing.get_type_hints(partial)
+    except Exception:  # an annotation only a type checker resolves: not a plain partial
+        return None
+    names = tuple(partial.model_fields)
+    return names if all(hints.get(n) is int for n in names) else None
 
 
 class GroupEnv:

@@ -84,8 +84,8 @@ def dummy_llm(run: HostedRun, round_: int) -> LLM:
     if model.backend != "dummy":
         raise ValueError(f"model.backend: a local run answers on the dummy model (or an LLM you pass); "
                          f"{model.backend!r} needs the fleet (populace run / simulate(nats=…))")
-    return DummyLLM(seed=model.seed, round_=round_, system=run.sim.system_prompt(),
-                    schema=run.sim.answer_schema())
+    return DummyLLM(seed=model.seed, round_=round_, system=run.sim.request_system_prompt(),
+                    schema=run.sim.request_schema())
 
 
 def _shares(resolved: Resolved, hosts: int) -> list[list[tuple[int, int]]]:

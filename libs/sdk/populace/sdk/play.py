@@ -244,7 +244,7 @@ class OutcomeSink:
         # A valid numeric measure outside the simulation's declared range for the run is not
         # possible: the row is invalid (named), as the recorder would refuse the batch.
         instance = getattr(env, "sim", None)
-        schema = instance.answer_schema() if instance is not None else None
+        schema = instance.request_schema() if instance is not None else None
         run_tables = sim.tables_for(instance.params, schema) if instance is not None else None
         bounds = (run_tables.measure, run_tables.measure_range) if run_tables and run_tables.measure_range else None
         # likewise a valid value that is not one of its declared options: the categorical measure's,

@@ -13,10 +13,11 @@ import importlib
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib.metadata import entry_points
+from typing import Any
 
 from pydantic import ValidationError
 
-from populace.core.contracts import RunConfig, SimulationTables
+from populace.core.contracts import COT_MAX_TOKENS, RunConfig, SimulationTables
 from populace.sdk.simulation import Params, Simulation, SimulationError
 
 ENTRY_POINT_GROUP = "populace.simulations"
@@ -80,7 +81,7 @@ class Resolved:
         """The simulation's tables for this run: with its measure's declared range or options
         (those of its answer schema's `enum` too), and who may be in which group (its group
         layout, which the recorder checks each group id against)."""
-        tables = self.simulation.tables_for(self.params, self.instance().answer_schema())
+        tables = self.simulation.tables_for(self.params, self.instance().request_schema())
         if self.config.prototypes is not None:
             tables = tables.model_copy(update={"prototypes": True})
         if self.simulation.GroupEnv is None:
@@ -92,8 +93,18 @@ class Resolved:
 
     def instance(self, run_id: str = "", cast=None) -> Simulation:
         c = self.config
-        return self.simulation(self.params, agents=c.agents, rounds=c.rounds, seed=c.seed,
-                               run_id=run_id, cast=cast)
+        return built(self.simulation, self.params, c, run_id=run_id, cast=cast)
+
+
+def built(sim: type[Simulation], params: Params, config: RunConfig, **kw: Any) -> Simulation:
+    """One run of `sim`, with the scenario's answer mode set before the simulation's own
+    __init__ runs (which may read `self.answer_mode`); its __init__ takes what it always took."""
+    if config.model.answer == Simulation.answer_mode:  # direct: built exactly as it always was
+        return sim(params, agents=config.agents, rounds=config.rounds, seed=config.seed, **kw)
+    instance = sim.__new__(sim)
+    instance.answer_mode = config.model.answer
+    instance.__init__(params, agents=config.agents, rounds=config.rounds, seed=config.seed, **kw)
+    return instance
 
 
 def resolve(config: RunConfig, simulation: type[Simulation] | None = None) -> Resolved:
@@ -110,6 +121,9 @@ def resolve(config: RunConfig, simulation: type[Simulation] | None = None) -> Re
         _check_selection(sim, params, config)
         _check_prototypes(sim, config)
         _check_changes(sim, params, config)
+        if config.model.answer == "cot":
+            # an object answer schema to put "reasoning" in: named now, not on the first request
+            built(sim, params, config).request_schema()
     except ValueError as err:
         raise _error(str(err), config.params) from None
     if sim.GroupEnv is not None:
@@ -121,7 +135,7 @@ def resolve(config: RunConfig, simulation: type[Simulation] | None = None) -> Re
         instance.group_layout()  # SimulationError naming what cannot work
     data = config.model_dump(mode="json", exclude=set(config.params))
     data.update(params.model_dump(mode="json"))
-    defaults = sim.model_defaults(params)
+    defaults = model_defaults(sim, params, config.model.answer)
     if defaults:
         given = config.model.model_fields_set
         data["model"] = {**data["model"], **{k: v for k, v in defaults.items() if k not in given}}
@@ -137,11 +151,22 @@ def resolved_data(sim: type[Simulation], params: Params, data: dict) -> dict:
     from this is one `resolve` takes as it is, so a client validates its config once."""
     out = {k: v for k, v in data.items() if k in RunConfig.model_fields}
     out.update(params.model_dump(mode="json"))
-    defaults = sim.model_defaults(params)
     model = out.get("model", {})
+    defaults = model_defaults(sim, params, model.get("answer", "direct") if isinstance(model, dict) else "direct")
     if defaults and isinstance(model, dict):
         out["model"] = {**model, **{k: v for k, v in defaults.items() if k not in model}}
     return out
+
+
+def model_defaults(sim: type[Simulation], params: Params, answer: str) -> dict[str, Any]:
+    """The `model.*` values a run takes where its scenario sets none: the simulation's
+    `model_defaults`; with chain of thought, `max_tokens` at least the platform's answer budget
+    (a simulation's default written for direct answers leaves no room to think)."""
+    defaults = dict(sim.model_defaults(params))
+    if answer == "cot":
+        own = defaults.get("max_tokens")
+        defaults["max_tokens"] = max(own, COT_MAX_TOKENS) if isinstance(own, int) else COT_MAX_TOKENS
+    return defaults
 
 
 def _check_broadcasts(sim: type[Simulation], config: RunConfig) -> None:
@@ -207,7 +232,7 @@ def _check_selection(sim: type[Simulation], params: Params, config: RunConfig, w
         return
     where = f"{sim.Env.__name__}.select(state, 1{', world' if sees_world else ''})"
     try:
-        env = sim.Env(sim(params, agents=config.agents, rounds=config.rounds, seed=config.seed))
+        env = sim.Env(built(sim, params, config))
         state = env.start()
         if sees_world:  # round 1's world, as the environment starts it (pure and seeded)
             start = env.start_world(state) if sim.Env.World is not None else None

@@ -3,16 +3,17 @@
     class PublicGoods(Simulation):
         name = "public-goods"          # how scenarios name it (also its entry point)
         Params = GameParams            # the scenario's own sections, validated
-        Agent = Contributor            # an Agent subclass
-        Env = PublicGoodsEnv           # an Env subclass (reduce, merge, decide)
+        Agent = Contributor            # an Agent subclass: turn(self, obs: Seen, llm) -> Contribution
+        Env = PublicGoodsEnv           # an Env[State, Partial] subclass (reduce, decide; merge)
         GroupEnv = Group               # optional: settles each group on its host
-        Outcome = Contribution         # columns recorded per agent per round
-        Observation = Seen             # what every agent sees in a round
-        Summary = RoundSummary         # columns recorded per round
 
         def system_prompt(self) -> str: ...
         def answer_schema(self) -> dict | None: ...
         def group_size(self) -> int | None: ...
+
+`Outcome`, `Observation`, `Summary` (and `Act`) are read from the agent's and the environment's
+annotations where the class does not set them (`_infer_types`); chain of thought is the
+scenario's `model.answer`, which the platform applies (`request_system_prompt`, `request_schema`).
 
 The class declares; an instance is one run of it (its validated params, agent count, seed
 and cast), shared by reference by every agent of the run on a process (`agent.sim`).
@@ -20,6 +21,7 @@ and cast), shared by reference by every agent of the run on a process (`agent.si
 
 from __future__ import annotations
 
+import inspect
 import re
 import typing
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -28,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 from populace.core.contracts import PLATFORM_SUMMARY_COLUMNS, Column, RunConfig, SimulationTables
 from populace.sdk.agent import Agent
-from populace.sdk.answers import schema_options
+from populace.sdk.answers import reasons_itself, schema_options, with_cot_instruction, with_reasoning
 from populace.sdk.edges import EdgeBook
 from populace.sdk.env import Env, GroupEnv
 from populace.sdk.groups import GroupError, GroupLayout
@@ -130,6 +132,14 @@ class Simulation:
     # agents' answers must never be drawn from others' (the platform refuses it for groups, graphs,
     # worlds and activation itself)
     prototypes_allowed: ClassVar[bool] = True
+    # how the run's agents answer (a scenario's `model.answer`): "direct", or "cot" (chain of
+    # thought: the platform asks for a "reasoning" field first). Set by the platform before
+    # __init__ runs, so a simulation's own __init__ may read it; "direct" for an instance built by hand.
+    answer_mode: str = "direct"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _infer_types(cls)
 
     def __init__(self, params: Params, *, agents: int, rounds: int = 1, seed: int = 0,
                  run_id: str = "", cast: Cast | None = None) -> None:
@@ -275,6 +285,22 @@ class Simulation:
         return tuple(values) if values and all(isinstance(v, str) for v in values) else None
 
     # -- derived, for the platform -------------------------------------------------------
+    def request_system_prompt(self) -> str:
+        """The system prompt the run's requests carry: `system_prompt()`, with the platform's
+        chain-of-thought instruction after it in a `model.answer: cot` run (unless the
+        simulation's schema asks for its own "reasoning": then it wrote its own instruction)."""
+        system = self.system_prompt()
+        if self.answer_mode != "cot" or reasons_itself(self.answer_schema()):
+            return system
+        return with_cot_instruction(system)
+
+    def request_schema(self) -> dict | None:
+        """The answer schema the run's requests carry: `answer_schema()`, with a "reasoning"
+        property first in a `model.answer: cot` run (ValueError naming `model.answer` when the
+        schema is not a JSON object: `resolve` refuses such a run before it starts)."""
+        schema = self.answer_schema()
+        return with_reasoning(schema) if self.answer_mode == "cot" else schema
+
     @classmethod
     def slug(cls) -> str:
         return re.sub(r"[^a-z0-9_]", "_", cls.name.lower())
@@ -489,3 +515,72 @@ def summary_fields(cls: type[Summary]) -> list[tuple[str, Any]]:
             raise OutcomeError(f"{cls.__name__}.{name}: the platform records that summary column itself")
         out.append((name, hints[name]))
     return out
+
+
+# -- types declared once --------------------------------------------------------------------------
+_UNSET = object()
+
+
+def _infer_types(cls: type[Simulation]) -> None:
+    """Fill in what the class does not say from what its parts say already: `Outcome` from its
+    Agent's `turn` return annotation, `Observation` from what the environment's `observe`
+    returns (else, in a simulation without views, the type of turn's observation), `Act` from
+    `act`'s return annotation, `Summary` from the environment's `decide` (the Summary in the
+    tuple it returns). Only where the class left the SDK's default or a parent's value that was
+    itself read (a subclass with another Agent reads its own), so an attribute set by hand always
+    wins; a type that cannot be read (an annotation only a type checker resolves) leaves what
+    was there, as before."""
+    parent_read = frozenset(getattr(cls, "_types_read", ()))
+    cls._types_read = frozenset()
+    agent = getattr(cls, "Agent", None)
+    env = getattr(cls, "Env", None)
+    has_env = isinstance(env, type) and issubclass(env, Env)
+    if has_env and env.observe is not Env.observe:
+        # what the environment's observe returns is what every host parses the round's with
+        _fill(cls, "Observation", Observation, _annotation(env.observe, "return"), parent_read)
+    if isinstance(agent, type) and issubclass(agent, Agent):
+        if agent.turn is not Agent.turn:
+            _fill(cls, "Outcome", Outcome, _annotation(agent.turn, "return"), parent_read)
+            if not (has_env and env.view is not Env.view):  # with views, a turn is given its own view
+                _fill(cls, "Observation", Observation, _annotation(agent.turn, 1), parent_read)
+        if agent.act is not Agent.act:
+            _fill(cls, "Act", Outcome, _annotation(agent.act, "return"), parent_read, default=None)
+    if has_env and env.decide is not Env.decide:
+        decided = _annotation(env.decide, "return")
+        for part in typing.get_args(decided) if typing.get_origin(decided) is tuple else (decided,):
+            if isinstance(part, type) and issubclass(part, Summary) and part is not Summary:
+                _fill(cls, "Summary", Summary, part, parent_read)
+                break
+
+
+def _fill(cls: Any, attr: str, base: type, found: object, parent_read: frozenset[str],
+          default: object = _UNSET) -> None:
+    """Set `attr` to `found` (a proper subclass of `base`) where the class may take it: not set
+    by hand here, not already read here from a better source, and either the SDK's default or
+    a value a parent read."""
+    if attr in cls.__dict__ or not (isinstance(found, type) and issubclass(found, base) and found is not base):
+        return
+    current = getattr(cls, attr)
+    if current is (base if default is _UNSET else default) or attr in parent_read:
+        setattr(cls, attr, found)
+        cls._types_read = cls._types_read | {attr}
+
+
+def _annotation(fn: Any, which: int | str) -> object:
+    """One annotation of a function, evaluated: its return's ("return") or its n-th parameter's
+    (counting self as 0). None when there is none or it cannot be evaluated here."""
+    fn = getattr(fn, "__func__", fn)
+    raw = getattr(fn, "__annotations__", {})
+    if which != "return":
+        try:
+            names = list(inspect.signature(fn).parameters)
+        except (TypeError, ValueError):
+            return None
+        which = names[which] if isinstance(which, int) and which < len(names) else ""
+    value = raw.get(which)
+    if isinstance(value, str):
+        try:
+            value = eval(value, getattr(fn, "__globals__", {}), {})  # as typing.get_type_hints does, one at a time
+        except Exception:  # a name only a type checker sees (TYPE_CHECKING): not inferred
+            return None
+    return value

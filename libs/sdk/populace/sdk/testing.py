@@ -70,7 +70,7 @@ class PromptSeededLLM:
 
 
 def prompt_seeded(run: HostedRun, round_: int) -> LLM:
-    return PromptSeededLLM(seed=run.resolved.config.model.seed, round_=round_, schema=run.sim.answer_schema())
+    return PromptSeededLLM(seed=run.resolved.config.model.seed, round_=round_, schema=run.sim.request_schema())
 
 
 def _resolved(simulation: type[Simulation] | str, scenario: dict | RunConfig | str | Path | None) -> Resolved:

@@ -1,7 +1,7 @@
 """Fitting an outcome batch into NATS messages. The sink sizes batches by their text
 (populace.sdk.play.SCENE_BYTES), which is close enough for most; the wire is exact: a batch whose
 encoded size passes the server's max_payload is cut in two between groups (never inside one: a
-group's acts and lines travel with all its members' outcomes, populace.recorder.columns), again
+group's acts and lines travel with all its members' outcomes, populace.store.columns), again
 until every piece fits. A piece that is one group (or one agent) and still does not fit cannot
 travel: the round pauses naming it, rather than publish what the server would refuse. Pure."""
 

@@ -244,8 +244,8 @@ class HostRuntime:
         publisher = OutcomePublisher(self.nc, self.js, run_id=run.run_id, round_=opened.round, host_id=self.host_id,
                                      epoch=run.epoch)
         session = InferSession(
-            self.nc, run_id=run.run_id, round_=opened.round, model=model, system=run.sim.system_prompt(),
-            response_schema=run.sim.answer_schema(), batch_size=s.infer_batch_size,
+            self.nc, run_id=run.run_id, round_=opened.round, model=model, system=run.sim.request_system_prompt(),
+            response_schema=run.sim.request_schema(), batch_size=s.infer_batch_size,
             flush_s=s.infer_flush_ms / 1000, timeout_s=max(s.infer_timeout_s, model.latency_s * 4 + 10),
             attempts=s.infer_attempts, host_id=self.host_id, silence_s=s.infer_silence_s, down_s=s.infer_down_s,
             on_worked_on=publisher.worked_on, models=run.resolved.config.models, model_of=run.models,

@@ -1,8 +1,9 @@
 """environment service: round opens and host partials in (durable JetStream consumers), round
 results out as triggers. Each run's simulation environment is loaded by name (from the
-config its round opens name by digest, read once per run and config) and decides the rounds;
-its state travels with the round opens, so this service keeps nothing between rounds but the
-partials of open rounds.
+config its round opens name by digest, read once per run and config) and decides the rounds.
+The state it decides stays here and in its checkpoint object of the round (stored before the
+result); round opens name it by reference, and a restarted service (or a fork's) reads it back
+from that object, checked against the digest recorded when its round closed.
 
 Run with `populace service environment` or
 `faststream run populace.environment.app:faststream_app --factory`."""
@@ -31,6 +32,7 @@ from populace.core.contracts import (
     RunHead,
     RunState,
     Share,
+    StateRef,
     partial_object_limit,
     share_key,
 )
@@ -129,12 +131,30 @@ class Environment:
         if tally is None:
             return
         async with tally.steps:  # not while the run's last round is being decided
-            if not await self.load_world(tally, opened) or not await self.load_population(tally, opened):
+            if not (await self.load_state(tally, opened) and await self.load_world(tally, opened)
+                    and await self.load_population(tally, opened)):
                 return
             await self.settle(tally, lambda: tally.open(opened), opened.round)
         await self.drain_refused(tally)
         for partial, raw in self.early.pop(opened.run_id, []):
             await self.count(tally, partial, raw)
+
+    async def load_state(self, tally: RunTally, opened: RoundOpen) -> bool:
+        """The state the announced round starts from, when it is not the one in hand (after a
+        restart, on a fork, a resume here of a run decided elsewhere): read by the reference the
+        announcement carries and checked against its digest; one that cannot be read stops the
+        run naming it (paused: the store is not the run's fault)."""
+        ref = tally.needs_state(opened)
+        if ref is None:
+            return True
+        try:
+            tally.keep_state(ref, await checkpoints.load_state(self.svc.js, ref))
+        except Exception as err:  # unreadable, changed, or not an environment's state
+            self.runs.pop(tally.run_id, None)
+            await self.fault(tally.run_id, opened.round, f"the environment cannot read the state round "
+                                                         f"{opened.round} starts from: {err}", tally.epoch, cause=err)
+            return False
+        return True
 
     async def load_world(self, tally: RunTally, opened: RoundOpen) -> bool:
         """The world the announced round plays in, read (once) by the reference it carries and
@@ -342,10 +362,16 @@ class Environment:
             living = tally.populations_out.pop(result.round, None) if tally is not None else None
             if living is not None:  # who is alive after it: the next round's announcement names it
                 await checkpoints.save_population(self.svc.js, result.run_id, result.round, living[1])
-            stored = await checkpoints.save_env(self.svc.js, result.run_id, result.round, result.state,
+            state = tally.states_out.pop(result.round)
+            stored = await checkpoints.save_env(self.svc.js, result.run_id, result.round, state,
                                                 result.observation, result.selection, result.world,
                                                 result.population,
                                                 result.prototypes.shares if result.prototypes else None)
+            if result.round < tally.resolved.config.rounds:
+                # the next round's open names it by this reference: it starts from the state in hand
+                tally.keep_state(StateRef(name=stored.name, digest=stored.digest), state)
+            else:  # the run's last round: nothing starts from it here (a fork's environment reads the object)
+                tally.states.clear()
             # What each folded share says it checkpointed, and this one's own: the orchestrator
             # records them, and a restore reads only objects that still match.
             parts = tally.partials.get(result.round, {}) if tally is not None else {}

@@ -34,6 +34,7 @@ from populace.core.contracts import (
     RoundPartial,
     RoundResult,
     SimulationTables,
+    StateRef,
     Usage,
     WorldRef,
     share_key,
@@ -87,6 +88,12 @@ class RunTally:
     partials: dict[int, dict[str, Counted]] = field(default_factory=dict)
     decided: dict[int, frozenset[str]] = field(default_factory=dict)  # round -> the shares it folded
     refused: list[RefusedPartial] = field(default_factory=list)  # early partials an announcement refused: drain it
+    # the environment's states by reference: the one the round in play starts from (kept, or read
+    # by the service from its checkpoint object after a restart or on a fork) and the one it
+    # decided once the service stored it; a round decided again starts from the same one
+    states: dict[StateRef, dict] = field(default_factory=dict)
+    # round -> the state it decided (as JSON): stored by the service before the result
+    states_out: dict[int, dict] = field(default_factory=dict)
     # a simulation with a World: the world the announced rounds play in (the service loads it, by
     # the reference each announcement carries, before the round is decided) and what it was read as
     world: World | None = None
@@ -116,6 +123,15 @@ class RunTally:
 
     def set_world(self, ref: WorldRef, data: bytes) -> None:
         self.world, self.world_ref = self.env.World.from_bytes(data), ref  # type: ignore[union-attr]
+
+    def needs_state(self, opened: RoundOpen) -> StateRef | None:
+        """The state the service must read before `opened` can be decided (None: the round starts
+        from the state in hand, or from the simulation's start)."""
+        ref = opened.env_state
+        return None if ref is None or ref in self.states else ref
+
+    def keep_state(self, ref: StateRef, state: dict) -> None:
+        self.states[ref] = state
 
     def needs_population(self, opened: RoundOpen) -> LivingRef | None:
         """The population reference the service must load before `opened` can be decided (None:
@@ -148,6 +164,8 @@ class RunTally:
             self.decided.pop(old, None)
         for n in [n for n in self.partials if n < r]:
             self.partials.pop(n)  # stragglers that waited for a round that was decided elsewhere
+        for ref in [ref for ref in self.states if ref != opened.env_state]:
+            self.states.pop(ref)  # an earlier round's, or one this round decided before it was placed again
         parts = self.partials.get(r, {})
         for key, counted in list(parts.items()):
             why = self._refusal(opened, key, counted.partial)
@@ -244,10 +262,16 @@ class RunTally:
             drawn = self.draws(opened, evidence or [])
             if drawn.partial is not None:
                 payloads.append(drawn.partial)
+        start = None
+        if opened.env_state is not None:
+            start = self.states.get(opened.env_state)
+            if start is None:  # the service reads it before the round opens here (needs_state)
+                raise EnvironmentFailed(f"round {opened.round}'s state {opened.env_state.name} was not read")
         try:
-            decision = self.decider.decide(opened.round, opened.env_state, payloads, self.world, self.population)
+            decision = self.decider.decide(opened.round, start, payloads, self.world, self.population)
         except DecideFailed as err:
             raise EnvironmentFailed(str(err)) from err
+        self.states_out[opened.round] = decision.state
         living_ref = self._population_out(opened.round, decision.population)
         world_ref = None
         if decision.world is not None:
@@ -264,7 +288,7 @@ class RunTally:
             run_id=self.run_id, round=opened.round, n=sum(p.n for p, _ in parts),
             n_valid=sum(p.n_valid for p, _ in parts) + (drawn.n_valid if drawn is not None else 0),
             summary=decision.summary,
-            observation=decision.observation, state=decision.state, selection=decision.selection, world=world_ref,
+            observation=decision.observation, selection=decision.selection, world=world_ref,
             population=living_ref,
             closed_at=time.time(), epoch=opened.epoch, shares=sorted(opened.shares),
             usage=sum((p.usage for p, _ in parts), Usage()),

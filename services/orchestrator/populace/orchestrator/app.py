@@ -290,7 +290,9 @@ class Orchestrator:
             state = workflow.new_run(rid, cfg, placement, incarnations)
         else:
             parent, k, digests, env = source
-            state = workflow.fork_run(rid, start.config, placement, parent, k, env.state, env.observation,
+            # the parent's state stays in its checkpoint object: the fork's environment reads it there
+            env_state = workflow.state_ref(parent.run_id, k, digests[subjects.checkpoint_env(parent.run_id, k)])
+            state = workflow.fork_run(rid, start.config, placement, parent, k, env_state, env.observation,
                                       incarnations, digests, selection=env.selection, world=env.world,
                                       population=env.population, prototypes=env.prototypes)
         try:

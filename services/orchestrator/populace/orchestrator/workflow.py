@@ -30,6 +30,7 @@ from populace.core.contracts import (
     RunFault,
     RunState,
     Share,
+    StateRef,
     Usage,
     WorldRef,
     money,
@@ -174,8 +175,13 @@ def new_run(run_id: str, config: RunConfig, placement: Placement,
     return RunState(run_id=run_id, status="spawning", config=config, shares=shares, layouts=[layout(1, shares)])
 
 
+def state_ref(run_id: str, round_: int, digest: str) -> StateRef:
+    """Where the environment's state after `round_` is: its checkpoint of the round, by digest."""
+    return StateRef(name=subjects.checkpoint_env(run_id, round_), digest=digest)
+
+
 def fork_run(run_id: str, config: RunConfig, placement: Placement, parent: RunState, after_round: int,
-             env_state: dict, observation: dict, incarnations: dict[str, float] | None = None,
+             env_state: StateRef, observation: dict, incarnations: dict[str, float] | None = None,
              digests: dict[str, str] | None = None, selection: dict | None = None,
              world: WorldRef | None = None, population: LivingRef | None = None,
              prototypes: dict[str, float] | None = None) -> RunState:
@@ -254,9 +260,12 @@ def on_result(state: RunState, result: RoundResult) -> tuple[RunState, list[Acti
         return state, []  # stale or replayed result
     if sorted(result.shares) != sorted(sh.key for sh in state.shares):
         return state, []  # it folded a share since replaced (or misses a replacement's)
+    if result.env_checkpoint is None:  # the next round could not find the state it decided
+        return on_pause(state, f"round {result.round}'s result names no checkpoint of the environment's state")
     digests, _ = checkpoints.recorded(state.run_id, result.round, result.checkpoints, result.env_checkpoint,
                                       {sh.key: sh.ranges for sh in state.shares})
-    carried = {"env_state": result.state, "observation": result.observation, "selection": result.selection,
+    carried = {"env_state": state_ref(state.run_id, result.round, result.env_checkpoint),
+               "observation": result.observation, "selection": result.selection,
                "world": result.world, "phase_at": time.time(), "nudged": 0,
                "prototypes": (result.prototypes.shares or None) if result.prototypes else state.prototypes,
                "used": state.used + result.usage, "last_round": result.usage, "checkpoints": digests,

@@ -1,6 +1,6 @@
 """recorder service: a durable pull consumer on `run.>` → DuckDB, acked only after commit.
 Once a run is done *and* every outcome its round results counted is in DuckDB (or known to be
-missing: populace.recorder.shortfall, then the run is `incomplete`), it announces
+missing: populace.store.shortfall, then the run is `incomplete`), it announces
 `run.<rid>.recorded`. It records any simulation: the tables come from the run's declaration.
 
 The fetch loop is our own nats-py pull subscription rather than a FastStream subscriber:
@@ -49,11 +49,11 @@ from populace.core.service import MAX_DELIVERIES, Service, keep_in_progress
 from populace.core.settings import Settings
 from populace.core.telemetry import tracer
 from populace.population.by_digest import ByDigest
-from populace.recorder.columns import BadColumns, RefusedGroup, check_outcomes
 from populace.recorder.read_server import Reads, serve_reads
-from populace.recorder.shortfall import Verdict, verdict
-from populace.recorder.store import DiskFull, Event, Store, StoreError, profile_rows
 from populace.recorder.sweeper import Sweeper
+from populace.store.columns import BadColumns, RefusedGroup, check_outcomes
+from populace.store.shortfall import Verdict, verdict
+from populace.store.store import DiskFull, Event, Store, StoreError, profile_rows
 
 DESCRIPTION = ("Writes every run event to DuckDB exactly once (each simulation's own outcome and "
                "summary tables) and announces a run recorded when every outcome is in, or incomplete "
@@ -521,7 +521,7 @@ class Recorder:
     async def shortfall(self, rid: str, got: int, expected: int) -> Verdict:
         """Whether the finished run `rid` can be announced now, and what it lacks: outcomes of
         refused groups are known to be missing at once; others are waited for while its outcomes
-        keep coming, and missing once none came for recorder_missing_wait_s (populace.recorder.shortfall)."""
+        keep coming, and missing once none came for recorder_missing_wait_s (populace.store.shortfall)."""
         if got >= expected and not await asyncio.to_thread(self.store.has_refused_groups, rid):
             self.progress.pop(rid, None)
             return Verdict(wait=False)

@@ -4,15 +4,23 @@ process can open its DuckDB file, so readers ask it. Reads run on their own curs
 thread; ingestion goes on meanwhile.
 
 - `snapshot`: a consistent copy of some runs' rows, as a DuckDB file put in the `snapshots`
-  object store for the reader to fetch (`populace results`/`report`/`export` on a live run).
+  object store for the reader to fetch (`populace results`/`report`/`export` on a live run;
+  populace.store.snapshot).
 - `agents`: a page of a run's agents, searched and paged, each round's outcome and raw answer
-  (`populace.analysis.live.agents_page`; the manager's agents table).
-- `distribution`: one round's histogram or options' shares (`round_distribution`).
-- `interviews`: a run's interviews, per question and group (`populace.analysis.interviews`).
-- `profile`: where a run's rounds went (`populace.analysis.round_profile`; the manager's run page).
+  (`populace.store.live.agents_page`; the manager's agents table).
+- `distribution`: one round's histogram or options' shares (`populace.store.live.round_distribution`).
+- `profile`: where a run's rounds went (`populace.store.profile`; the manager's run page).
+- `groups`: the measure per persona group, with confidence intervals (`populace.analysis.group_table`).
+- `interviews`: a run's interviews, per question and group, with confidence intervals
+  (`populace.analysis.interviews`).
 
-A refusal (an unknown run, a failed query) is answered with `ok` False and its reason; a
-malformed request is dead-lettered and answered (`malformed`)."""
+The first four are the store's plain SQL reads. The last two are statistics: the recorder
+depends on the store, not on the analysis library, so it loads them where the library is
+installed (the image, or `populace-recorder[reads]`); a recorder without it records every run,
+answers the store's reads and refuses these two, naming the extra.
+
+A refusal (an unknown run, a failed query, the analysis not installed) is answered with `ok`
+False and its reason; a malformed request is dead-lettered and answered (`malformed`)."""
 
 from __future__ import annotations
 
@@ -43,15 +51,27 @@ from populace.core.contracts import (
     SnapshotRequest,
 )
 from populace.core.service import Service
-from populace.recorder.snapshot import write_snapshot
-from populace.recorder.store import Store
+from populace.store.live import agents_page, round_distribution
+from populace.store.profile import last_rounds, profile_totals, round_profile
+from populace.store.snapshot import write_snapshot
+from populace.store.store import Store
+from populace.store.tables import QueryError
+
+
+class AnalysisMissing(Exception):
+    """A read of the analysis library on a recorder installed without it."""
 
 
 async def analysis(module: str, *names: str) -> tuple:
     """Names of a `populace.analysis` module, imported in a worker thread: the first read's import
     (the analysis library and its dependencies, seconds of CPU) would otherwise stop the event
-    loop, so ingestion (and in a one-process stack, every service) with it."""
-    found = await asyncio.to_thread(importlib.import_module, f"populace.analysis.{module}")
+    loop, so ingestion (and in a one-process stack, every service) with it. AnalysisMissing where
+    the library (or one of its dependencies) is not installed."""
+    try:
+        found = await asyncio.to_thread(importlib.import_module, f"populace.analysis.{module}")
+    except ModuleNotFoundError as err:
+        raise AnalysisMissing(f"this recorder is installed without the analysis library this read needs "
+                              f"({err}); install populace-recorder[reads]") from None
     return tuple(getattr(found, name) for name in names)
 
 
@@ -99,9 +119,9 @@ class Reads:
         return bus.encode(SnapshotReply(ok=True, snapshot=name, size=size, runs=found))
 
     async def _query(self, name: str, run: Callable, reply_model, fields: dict) -> bytes:
-        """Run `run(cursor)` (a query of populace.analysis.live) on a cursor of its own in a
-        worker thread, ingestion going on meanwhile; its dict is the reply, an error its refusal."""
-        from populace.analysis.stats import AnalysisError
+        """Run `run(cursor)` (a read of the store or the analysis) on a cursor of its own in a
+        worker thread, ingestion going on meanwhile; its dict is the reply, an error its refusal
+        (a QueryError, the analysis' AnalysisError too: a question the data cannot answer)."""
 
         def work():
             cur = self.store.con.cursor()
@@ -114,7 +134,7 @@ class Reads:
         t0 = time.perf_counter()
         try:
             found = await asyncio.to_thread(work)
-        except AnalysisError as err:
+        except QueryError as err:
             return bus.encode(reply_model(ok=False, error=str(err), **fields))
         except Exception as err:
             self.svc.log.error(f"{name}_read_failed", error=f"{type(err).__name__}: {err}", **fields)
@@ -127,15 +147,11 @@ class Reads:
         return bus.encode(reply_model(ok=True, **found))
 
     async def agents(self, req: AgentsRequest, msg: NatsMessage) -> bytes:
-        (agents_page,) = await analysis("live", "agents_page")
-
         return await self._query("agents", lambda cur: agents_page(cur, req.run_id, search=req.search,
                                                                    offset=req.offset, limit=req.limit),
                                  AgentsReply, {"run_id": req.run_id})
 
     async def distribution(self, req: DistributionRequest, msg: NatsMessage) -> bytes:
-        (round_distribution,) = await analysis("live", "round_distribution")
-
         return await self._query("distribution", lambda cur: round_distribution(cur, req.run_id, req.round, req.bins),
                                  DistributionReply, {"run_id": req.run_id})
 
@@ -163,9 +179,6 @@ class Reads:
         return await self._query("groups", run, GroupsReply, {"run_id": req.run_id})
 
     async def profile(self, req: ProfileRequest, msg: NatsMessage) -> bytes:
-        round_profile, last_rounds, profile_totals = await analysis("profile", "round_profile", "last_rounds",
-                                                                    "profile_totals")
-
         def run(cur):
             rows = round_profile(cur, req.run_id)
             return {"run_id": req.run_id, "rows": last_rounds(rows, req.rounds),
@@ -178,9 +191,24 @@ def malformed(reason: str) -> ReadReply:
     return ReadReply(ok=False, error=f"malformed request (dead-lettered): {reason}")
 
 
+def refused_without_analysis(handler: Callable, reply_model) -> Callable:
+    """`handler`, answering a refusal that names the missing library where the analysis is not
+    installed (the recorder still records; only this read is unavailable)."""
+    async def read(req, msg: NatsMessage) -> bytes:
+        try:
+            return await handler(req, msg)
+        except AnalysisMissing as err:
+            return bus.encode(reply_model(ok=False, error=str(err), run_id=req.run_id))
+
+    return read
+
+
 def serve_reads(svc: Service, reads: Reads) -> None:
     """Register the read verbs on `svc`."""
     for model, handler in ((SnapshotRequest, reads.snapshot), (AgentsRequest, reads.agents),
-                           (DistributionRequest, reads.distribution), (InterviewsRequest, reads.interviews),
-                           (ProfileRequest, reads.profile), (GroupsRequest, reads.groups)):
+                           (DistributionRequest, reads.distribution), (ProfileRequest, reads.profile)):
         svc.handle(subjects.recorder_read(model.VERB), model, reply_on_error=malformed, answers=True)(handler)
+    for model, handler, reply_model in ((InterviewsRequest, reads.interviews, InterviewsReply),
+                                        (GroupsRequest, reads.groups, GroupsReply)):
+        svc.handle(subjects.recorder_read(model.VERB), model, reply_on_error=malformed,
+                   answers=True)(refused_without_analysis(handler, reply_model))

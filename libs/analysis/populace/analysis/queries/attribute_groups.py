@@ -12,9 +12,9 @@ import duckdb
 import numpy as np
 
 from populace.analysis.queries.lookup import _check_runs, _has_table, _last_round, last_round, tables_of
-from populace.analysis.queries.sql_parts import _measure_expr, _need_measure, _num, _option_expr, _options, _run
 from populace.analysis.stats import AnalysisError, mean_ci, share_ci, t_interval
 from populace.analysis.tables import RunTables, q, run_tables
+from populace.store.sql_parts import _measure_expr, _need_measure, _num, _option_expr, _options, _run
 
 NONE_GROUP = "(none)"
 LEVEL = 0.95

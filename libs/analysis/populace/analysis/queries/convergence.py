@@ -8,8 +8,8 @@ import duckdb
 
 from populace.analysis.queries.lookup import _check_runs
 from populace.analysis.queries.rounds import round_table
-from populace.analysis.queries.sql_parts import _num
 from populace.analysis.tables import run_tables
+from populace.store.sql_parts import _num
 
 
 def convergence_table(con: duckdb.DuckDBPyConnection, run_ids: str | Sequence[str]) -> list[dict]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import duckdb
 
 from populace.analysis.queries.lookup import tables_of
-from populace.analysis.queries.sql_parts import OTHER, _answers, _need_measure, _num, _options
 from populace.analysis.stats import AnalysisError
 from populace.analysis.tables import q
+from populace.store.sql_parts import OTHER, _answers, _need_measure, _num, _options
 
 # Grouped simulations: one line per group up to this many groups, else the spread of group means.
 MAX_GROUP_LINES = 8

@@ -1,53 +1,18 @@
 """Finding runs in the recorder's file: which runs it holds (an unknown one is an AnalysisError
-naming the known ones), the tables a run declared, and its last round."""
+naming the known ones: populace.store.lookup), the tables a run declared, and its last round."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import duckdb
 
-from populace.analysis.stats import AnalysisError
 from populace.analysis.tables import RunTables, has_table, q, run_tables
+from populace.store.lookup import check_runs as _check_runs
+from populace.store.lookup import db_name as _db_name  # noqa: F401 (kept importable)
+from populace.store.lookup import known_runs  # noqa: F401 (the queries package exports it from here)
 
 
 def _has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:
     return has_table(con, name)
-
-
-def _db_name(con: duckdb.DuckDBPyConnection) -> str:
-    row = con.execute(
-        "SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchone()
-    return str(row[0]) if row and row[0] else "the database"
-
-
-def known_runs(con: duckdb.DuckDBPyConnection) -> list[str]:
-    """Every run id recorded (runs table, plus any run with historic ratio-game round results),
-    newest first."""
-    if not _has_table(con, "runs"):
-        return []
-    parts = ["SELECT run_id, started_at FROM runs"]
-    if _has_table(con, "rounds"):
-        parts.append("SELECT DISTINCT run_id, NULL::TIMESTAMP FROM rounds")
-    rows = con.execute(
-        f"SELECT run_id, max(started_at) s FROM ({' UNION ALL '.join(parts)}) GROUP BY run_id "
-        "ORDER BY s DESC NULLS LAST, run_id").fetchall()
-    return [r[0] for r in rows]
-
-
-def _check_runs(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> list[str]:
-    if isinstance(run_ids, str):
-        run_ids = [run_ids]
-    run_ids = list(dict.fromkeys(run_ids))
-    if not run_ids:
-        raise AnalysisError("no run ids given")
-    known = known_runs(con)
-    known_set = set(known)
-    for rid in run_ids:
-        if rid not in known_set:
-            shown = ", ".join(known[:10]) + (f", … ({len(known)} in all)" if len(known) > 10 else "")
-            raise AnalysisError(f"run {rid!r} is not in {_db_name(con)}; known runs: {shown or '(none)'}")
-    return run_ids
 
 
 def tables_of(con: duckdb.DuckDBPyConnection, run_id: str) -> RunTables:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import duckdb
 
 from populace.analysis.queries.lookup import _check_runs, _has_table
-from populace.analysis.queries.sql_parts import _rows
 from populace.analysis.tables import RunTables, loads, q, run_tables, table_columns
 from populace.core.contracts import Usage
+from populace.store.sql_parts import _rows
 
 PLATFORM_KEYS = ("simulation", "name", "agents", "rounds", "seed", "model", "placement", "population", "budget",
                  "graph", "broadcasts")

@@ -36,6 +36,7 @@ from populace.core.contracts.control import (
     RunWriters,
     ServiceInfo,
     Share,
+    StateRef,
     StoredObject,
     WorldRef,
     share_key,
@@ -130,6 +131,7 @@ from populace.core.contracts.recorder_reads import (
     SnapshotRequest,
 )
 from populace.core.contracts.run_config import (
+    COT_MAX_TOKENS,
     DEFAULT_SIMULATION,
     GRAPH_ONE_PER_PROCESS,
     SCENARIO_FILE,
@@ -201,6 +203,7 @@ from populace.core.contracts.wire_base import (
 
 __all__ = [
     "ACTIVE_STATUSES",
+    "COT_MAX_TOKENS",
     "DEFAULT_SIMULATION",
     "GONE_AFTER_BEATS",
     "GRAPH_ONE_PER_PROCESS",
@@ -342,6 +345,7 @@ __all__ = [
     "SnapshotRequest",
     "SpawnBatch",
     "StartProcess",
+    "StateRef",
     "StopProcess",
     "StoredObject",
     "Strict",

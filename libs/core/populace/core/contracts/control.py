@@ -30,6 +30,17 @@ class WorldRef(Strict):
     digest: SHA256
 
 
+class StateRef(Strict):
+    """Where the environment's state after a round is: its checkpoint object of that round
+    (`populace.core.subjects.checkpoint_env`, JSON) and the sha256 recorded when the round
+    closed. Round opens, KV `runs` and the hosts' checks carry this, never the state: the
+    environment keeps the state it decided and reads the object only after a restart, a resume
+    on another process or a fork (and uses it only if its bytes still have the digest)."""
+
+    name: Annotated[str, Field(min_length=1, max_length=200)]
+    digest: SHA256
+
+
 class LivingRef(Strict):
     """Who is alive after a round, in a run whose population changed (populace.sdk.population):
     a checkpoint object (its sha256: a reader uses it only if its bytes still have it) holding
@@ -266,9 +277,10 @@ RESUMABLE_STATUSES = ("failed", "cancelled", "paused")  # `populace resume` cont
 
 
 class RunState(Strict):
-    """Run state in KV `runs`, advanced only by compare-and-swap. The environment's state and
-    the next round's observation are the simulation's (opaque here): they travel with each
-    round open, so the environment keeps no state between rounds that a restart could lose."""
+    """Run state in KV `runs`, advanced only by compare-and-swap. The next round's observation is
+    the simulation's (opaque here) and travels with each round open; the environment's state
+    stays with the environment and its checkpoint object, named here by reference (`env_state`),
+    so a restarted environment reads it back and no message carries it."""
 
     v: Literal[1] = SCHEMA_VERSION
     run_id: str
@@ -285,7 +297,7 @@ class RunState(Strict):
     epoch: int = 0
     restore: Restore | None = None  # where the agents' state comes from when they spawn
     layouts: list[Layout] = []  # the ranges of each placement, to find a round's checkpoints
-    env_state: dict | None = None  # after the last closed round; None before round 1
+    env_state: StateRef | None = None  # the state after the last closed round, by reference; None before round 1
     observation: dict | None = None  # what the agents see in the next round
     selection: dict | None = None  # who acts in the next round (None: everyone)
     world: WorldRef | None = None  # the world the next round plays in (a simulation with a World)
@@ -365,7 +377,7 @@ class RunHead(BaseModel):
     shares: list[Share]
     round: int = 0
     epoch: int = 0
-    env_state: dict | None = None
+    env_state: StateRef | None = None
     observation: dict | None = None
     prototypes: dict[str, float] | None = None
     population: LivingRef | None = None

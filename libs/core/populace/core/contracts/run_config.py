@@ -9,7 +9,7 @@ import hashlib
 import json
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from populace.core.contracts.models import ModelAssign, ModelEndpoint, check_models
 from populace.core.contracts.prototypes import PrototypesConfig
@@ -26,6 +26,11 @@ GRAPH_ONE_PER_PROCESS = ("graph: a run with a graph cannot place one agent per p
                          "process: read whom an agent follows in the environment's view)")
 
 
+# The answer budget a chain-of-thought run asks for when neither the scenario's `model.max_tokens`
+# nor the simulation's `model_defaults` sets one: room to think before the answer.
+COT_MAX_TOKENS = 256
+
+
 class ModelConfig(Strict):
     """Which model answers, and how it is asked. `dummy` is the paper's dummy benchmark (a seeded
     answer that satisfies the request's JSON schema, after `latency_s`); `local` is SmolLM2 on
@@ -40,6 +45,20 @@ class ModelConfig(Strict):
     name: str | None = None  # model name sent to replicas; default: the replica's own
     max_tokens: Count = Field(48, ge=1, le=8192)
     temperature: FiniteFloat = Field(0.7, ge=0, le=2)
+    # direct: answer at once; cot: think step by step first (chain of thought), still one structured
+    # call: the platform puts a "reasoning" property first in the run's answer schema, says so in
+    # its system prompt, and asks for COT_MAX_TOKENS when neither `max_tokens` nor the simulation
+    # sets a budget (populace.sdk.answers.with_reasoning)
+    answer: Literal["direct", "cot"] = "direct"
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # the default answer mode is left out of the dump, so a config's canonical bytes (and its
+        # digest) are what they were before the field existed: stored runs resume and fork as before
+        data = handler(self)
+        if data.get("answer") == "direct":
+            del data["answer"]
+        return data
 
 
 class PlacementConfig(Strict):

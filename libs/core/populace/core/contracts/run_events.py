@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from populace.core.contracts.control import LivingRef, Restore, WorldRef
+from populace.core.contracts.control import LivingRef, Restore, StateRef, WorldRef
 from populace.core.contracts.prototypes import PrototypeRound
 from populace.core.contracts.questions import MAX_ANSWER_CHARS, InterviewId, Survey
 from populace.core.contracts.recorded_tables import Identifier, SimulationTables
@@ -66,15 +66,15 @@ class HostSpawned(Wire):
 
 class RoundOpen(Wire):
     """Once per round (not per agent). `observation` is what every agent sees this round and
-    `env_state` what the environment decided so far; both None in round 1 (the simulation's
-    environment starts them)."""
+    `env_state` where the state the environment decided so far is (a reference to its checkpoint
+    object, never the state); both None in round 1 (the simulation's environment starts them)."""
 
     run_id: Token
     round: RoundNo
     expected: int = Field(ge=1)  # agents that must answer before the round closes
     config_ref: ConfigRef  # the run's config by digest: it does not travel with every round
     observation: JsonDoc | None = None
-    env_state: JsonDoc | None = None
+    env_state: StateRef | None = None
     opened_at: float
     epoch: Epoch = 0  # the placement's: announced again (same round, newer epoch) after a re-placement
     shares: dict[str, Amount] = {}  # live share key -> its agents: only their partials count
@@ -489,8 +489,10 @@ class RoundPartial(Wire):
 
 
 class RoundResult(Wire):
-    """The environment's decision: the simulation's per-round `summary` (recorded), the
-    `observation` agents see next round and the environment's `state` after this round."""
+    """The environment's decision: the simulation's per-round `summary` (recorded) and the
+    `observation` agents see next round. The environment's state after this round is not here:
+    it stays with the environment, stored (before this result) in its checkpoint object of the
+    round, whose sha256 is `env_checkpoint`; the next round's open names it (StateRef)."""
 
     run_id: Token
     round: RoundNo
@@ -498,7 +500,6 @@ class RoundResult(Wire):
     n_valid: Amount
     summary: JsonDoc
     observation: JsonDoc
-    state: JsonDoc
     closed_at: float
     epoch: Epoch = 0
     shares: list[str] = []  # the share keys whose partials it folded: stale if one was replaced
