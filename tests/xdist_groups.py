@@ -33,9 +33,11 @@ REAL_MODEL_MODULES = frozenset({
 # longest groups by name (seconds each took in the full suite on 3 workers, 2026-12-03, from the
 # junit XML of a clean-clone run), then the rest of the end-to-end tier, then the integration tier,
 # then everything else; within one rank, collection order. Only an order: a group missing here is
-# still run.
+# still run. bench/suite_replay.py replays a run's junit times through these rules: with the fault
+# matrix at half its time, this order still replays shortest (592 s against 616 s with it after
+# compose or beside state integrity, from 2026-12-04's junit times).
 FIRST = (
-    "tests/e2e/test_faults_e2e.py",  # 184 s
+    "tests/e2e/test_faults_e2e.py",  # 184 s; 87 s alone once it ran with users only (2026-12-04)
     REAL_MODEL,  # 171 s (more where llama.cpp is built and vLLM's environment prepared first)
     "compose",  # 107 s (more where the images are built first)
     "tests/e2e/test_state_integrity_e2e.py",  # 60 s
@@ -109,8 +111,15 @@ def may_take(group: str, others: list[set[str]]) -> bool:
 
 
 def held(workload: dict[str, dict[str, bool]]) -> set[str]:
-    """The groups of a worker's workload (group -> {test: done}) with tests still to run."""
-    return {group for group, tests in workload.items() if not all(tests.values())}
+    """The groups of a worker's workload (group -> {test: done}) with tests still to run; none
+    when one test is left. An xdist worker starts a test only once it holds the next one (pytest
+    tears fixtures down by what comes next), so its last test waits, not started, for more work
+    or the shutdown: that worker is idle. Counted as holding the group, it was never offered
+    work again (only workers holding nothing were), and the rules refused others beside it: in
+    a run at load 10 two workers sat idle for 440 s, each on the last test of its group, while
+    the third ran every group left."""
+    left = {group for group, tests in workload.items() if not all(tests.values())}
+    return left if sum(not done for tests in workload.values() for done in tests.values()) > 1 else set()
 
 
 def group_of(nodeid: str) -> str:
@@ -148,6 +157,6 @@ class GroupScheduling(LoadScopeScheduling):
 
     def mark_test_complete(self, node, item_index: int, duration: float = 0) -> None:
         super().mark_test_complete(node, item_index, duration)
-        for other in self.nodes:  # a worker that waited may take a group now (or stop: none left)
+        for other in self.nodes:  # an idle worker may take a group now (or stop: none left)
             if other is not node and not other.shutting_down and not held(self.assigned_work[other]):
                 self._reschedule(other)

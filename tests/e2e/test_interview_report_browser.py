@@ -13,10 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 from typer.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
+from example_copies import example_copy
 from recorded_locally import play, record
 
 from populace.cli.main import app
@@ -40,13 +40,7 @@ PANEL = [
 def report(tmp_path_factory, chromium):
     tmp = tmp_path_factory.mktemp("interview-browser")
     db = tmp / "populace.duckdb"
-    data = {**yaml.safe_load((ROOT / "examples" / "vote.yaml").read_text()), "agents": 60, "interviews": PANEL}
-    scratch = ROOT / "examples" / f".{tmp.name}-vote.yaml"
-    scratch.write_text(yaml.safe_dump(data))
-    try:
-        prepared = prepare_file(scratch)
-    finally:
-        scratch.unlink()
+    prepared = prepare_file(example_copy(tmp, "vote.yaml", agents=60, interviews=PANEL))
     record(db, prepared, play(prepared), "vote-panel")
     out = tmp / "report.html"
     # the CLI in this process: a fresh import of it costs tens of seconds on a loaded machine

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-import yaml
+from example_copies import example_copy
 
 from populace.client.prepare import prepare_file
 from populace.client.run import play
@@ -43,13 +43,7 @@ def stack(stacks):
 
 
 def scenario(tmp_path: Path, name: str, **changes):
-    data = {**yaml.safe_load((EXAMPLES / name).read_text()), **changes}
-    path = EXAMPLES / f".{tmp_path.name}-{name}"  # beside the original: its relative paths resolve the same
-    path.write_text(yaml.safe_dump(data))
-    try:
-        return prepare_file(path)
-    finally:
-        path.unlink()
+    return prepare_file(example_copy(tmp_path, name, **changes))
 
 
 def fleet(stack: Stack, prepared):
@@ -238,21 +232,15 @@ def test_the_cli_asks_on_the_fleet_and_locally_with_identical_answers(stack, tmp
     planned panel with the interviews' LLM work apart."""
     import json
 
-    data = {**yaml.safe_load((EXAMPLES / "opinion.yaml").read_text()), "agents": 50,
-            "model": {"latency_s": 0.0, "seed": 7}}
-    path = EXAMPLES / f".{tmp_path.name}-cli.yaml"
-    path.write_text(yaml.safe_dump(data))
-    try:
-        out = fleet(stack, prepare_file(path))
-        assert out.status == "completed", out.reason
-        ask = ("--after-round", "3", "--question", "Should cars be banned?", "--options", "yes,no,unsure",
-               "--by", "education", "--json")
-        on_fleet = populace("interview", out.run_id, *ask, "--nats", stack.url, "--db", stack.db)
-        assert on_fleet.returncode == 0, on_fleet.stderr
-        here = populace("interview", str(path), "--local", *ask)
-        assert here.returncode == 0, here.stderr
-    finally:
-        path.unlink()
+    path = example_copy(tmp_path, "opinion.yaml", agents=50, model={"latency_s": 0.0, "seed": 7})
+    out = fleet(stack, prepare_file(path))
+    assert out.status == "completed", out.reason
+    ask = ("--after-round", "3", "--question", "Should cars be banned?", "--options", "yes,no,unsure",
+           "--by", "education", "--json")
+    on_fleet = populace("interview", out.run_id, *ask, "--nats", stack.url, "--db", stack.db)
+    assert on_fleet.returncode == 0, on_fleet.stderr
+    here = populace("interview", str(path), "--local", *ask)
+    assert here.returncode == 0, here.stderr
     keys = ("group", "option", "n", "count", "share")
     rows = [{k: r[k] for k in keys} for r in json.loads(on_fleet.stdout)["rows"]]
     assert rows == [{k: r[k] for k in keys} for r in json.loads(here.stdout)["rows"]]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-import yaml
+from example_copies import example_copy
 
 from populace.client.prepare import prepare_file
 from populace.client.run import play
@@ -65,14 +65,7 @@ def site(tmp_path_factory, chromium):
 
 def test_an_interview_from_the_run_page(site, browser):
     base, stack, tmp = site
-    data = {**yaml.safe_load((ROOT / "examples" / "vote.yaml").read_text()), "agents": 50,
-            "model": {"latency_s": 0.0, "seed": 2}}
-    scratch = ROOT / "examples" / f".{tmp.name}-vote.yaml"
-    scratch.write_text(yaml.safe_dump(data))
-    try:
-        prepared = prepare_file(scratch)
-    finally:
-        scratch.unlink()
+    prepared = prepare_file(example_copy(tmp, "vote.yaml", agents=50, model={"latency_s": 0.0, "seed": 2}))
 
     async def run():
         nc = await bus.connect(stack.url, "e2e-interview-page")

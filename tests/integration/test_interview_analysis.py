@@ -12,7 +12,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-import yaml
+from example_copies import example_copy
 from recorded_locally import play, record
 
 from populace.analysis.interviews import interview_table, interview_usage, panel_table, search_answers
@@ -57,14 +57,8 @@ def db(tmp_path_factory):
     """Two replicate runs of the vote example with a panel (seeds 1 and 2), recorded."""
     path = tmp_path_factory.mktemp("analysis") / "populace.duckdb"
     for seed in (1, 2):
-        data = {**yaml.safe_load((ROOT / "examples" / "vote.yaml").read_text()), "agents": 100, "seed": seed,
-                "interviews": PANEL, "model": {"latency_s": 0.0, "seed": seed}}
-        scratch = ROOT / "examples" / f".analysis-{seed}.yaml"
-        scratch.write_text(yaml.safe_dump(data))
-        try:
-            prepared = prepare_file(scratch)
-        finally:
-            scratch.unlink()
+        prepared = prepare_file(example_copy(path.parent, "vote.yaml", agents=100, seed=seed, interviews=PANEL,
+                                             model={"latency_s": 0.0, "seed": seed}))
         record(path, prepared, play(prepared), f"vote-{seed}")
     return path
 

@@ -66,4 +66,56 @@ def test_a_group_that_mostly_waits_may_be_a_third_heavy_one_and_beside_the_real_
 
 
 def test_a_worker_holds_the_groups_it_has_tests_of_left():
-    assert g.held({"a": {"t1": True, "t2": False}, "b": {"t3": True}, "c": {}}) == {"a"}
+    assert g.held({"a": {"t1": True, "t2": False, "t4": False}, "b": {"t3": True}, "c": {}}) == {"a"}
+    assert g.held({"a": {"t1": True, "t2": False}, "b": {"t3": False}}) == {"a", "b"}
+
+
+def test_a_worker_with_one_test_left_holds_nothing():
+    """Its last test waits, not started, until it gets more work or the shutdown: it is idle,
+    so it is offered work again and the rules do not count it beside the others."""
+    assert g.held({"a": {"t1": True, "t2": False}, "b": {"t3": True}}) == set()
+    assert g.held({"a": {"t1": True}}) == set()
+
+
+class _Worker:
+    """What the scheduler asks of an xdist worker: the tests it is sent, its shutdown."""
+
+    def __init__(self) -> None:
+        self.shutting_down = False
+        self.sent: list[int] = []
+
+    def send_runtest_some(self, indices: list[int]) -> None:
+        self.sent.extend(indices)
+
+    def shutdown(self) -> None:
+        self.shutting_down = True
+
+
+def test_a_worker_left_on_its_last_test_is_offered_the_next_group_when_another_finishes_a_test():
+    """The stall of a run at load 10, replayed: w0 is left on the last test of the scene-batches
+    module (it waits for more work), w1 runs the real models, w2 a group that waits: nothing may
+    join them. The real models done, w1 takes the CLI module; at its next test's end w0 is
+    offered the feed module and takes it. Before, w0 counted as holding its module, was never
+    offered work again and sat idle."""
+    from collections import OrderedDict
+
+    scene, shared, cli, feed = ("tests/e2e/test_scene_batches_e2e.py", "tests/e2e/test_shared_limits_e2e.py",
+                                "tests/e2e/test_cli.py", "tests/e2e/test_feed_e2e.py")
+    collection = [f"{scene}::a", f"{scene}::b", "tests/vllm/test_vllm_game.py::a", "tests/vllm/test_vllm_game.py::b",
+                  f"{shared}::a", f"{shared}::b", f"{cli}::a", f"{cli}::b", f"{cli}::c", f"{feed}::a", f"{feed}::b"]
+    w0, w1, w2 = _Worker(), _Worker(), _Worker()
+    sched = g.GroupScheduling.__new__(g.GroupScheduling)  # no pytest config: only the work is replayed
+    sched.log, sched.collection = (lambda *_: None), collection
+    sched.registered_collections = dict.fromkeys((w0, w1, w2), collection)
+    sched.assigned_work = {w: {group: dict.fromkeys([t for t in collection if t.startswith(prefix)], False)}
+                           for w, group, prefix in ((w0, scene, scene), (w1, g.REAL_MODEL, "tests/vllm/"),
+                                                    (w2, shared, shared))}
+    sched.workqueue = OrderedDict((m, dict.fromkeys((t for t in collection if t.startswith(m)), False))
+                                  for m in (cli, feed))
+    assert shared in g.WAITING_MODULES and not {cli, feed} & g.WAITING_MODULES
+
+    sched.mark_test_complete(w0, 0)  # w0 is left on its last test: beside the real models, refused
+    sched.mark_test_complete(w1, 2)  # w1 is left on its last: it takes the CLI module; w0 is refused
+    assert (w0.sent, w1.sent) == ([], [6, 7, 8])
+    sched.mark_test_complete(w1, 3)  # the real models are done: w0 takes the feed
+    assert w0.sent == [9, 10] and not sched.workqueue
