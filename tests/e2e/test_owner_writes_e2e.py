@@ -168,10 +168,10 @@ def attacked(stack):
                     data = b"[" + b"0," * (BOMB_BYTES // 2) + b"0]"
                     digest = await checkpoints.put_bytes(bomber.jetstream(), name, data, writer="host-9")
                     ref = PartialRef(ref=name, sha256=digest, size=len(data)).model_dump()
+                    seen["bomb"] = RoundPartial(run_id=rid, round=1, host_id="host-9", n=80, n_valid=80, payload=ref)
                     for k in range(BOMB_PARTIALS):
                         await bus.publish_js(bomber.jetstream(), subjects.run_partial(rid, 1, "host-9", 0),
-                                             RoundPartial(run_id=rid, round=1, host_id="host-9", n=80, n_valid=80,
-                                                          payload=ref), msg_id=f"bomb-{rid}-{k}")
+                                             seen["bomb"], msg_id=f"bomb-{rid}-{k}")
 
         queue.put_nowait("placed")
 
@@ -185,6 +185,10 @@ def attacked(stack):
                                               on_event=on_event, stall_s=180), 240)
             queue.put_nowait(None)
             await attacking
+            # once more after the run: its round 1 long decided, the bomb is still a host's the
+            # run never placed (not a straggler to drop quietly), so it is refused as well
+            await bus.publish_js(bomber.jetstream(), subjects.run_partial(rid, 1, "host-9", 0), seen["bomb"],
+                                 msg_id=f"bomb-{rid}-late")
             return out, before_dlq
         finally:
             attacking.cancel()
@@ -192,14 +196,14 @@ def attacked(stack):
                 await c.close()
 
     out, before = asyncio.run(go())
-    bombs = refused_on(stack, before, subjects.run_partial(rid, 1, "host-9", 0), BOMB_PARTIALS)
+    bombs = refused_on(stack, before, subjects.run_partial(rid, 1, "host-9", 0), BOMB_PARTIALS + 1)
     seen["rss_after"] = rss(stack, "environment")
     return {"out": out, "local": local, "rid": rid, "bombs": bombs, "dlq_before": before, **seen}
 
 
 def test_a_partial_bomb_from_a_host_in_no_run_is_refused_before_it_is_read(stack, attacked):
     assert attacked["out"].status == "completed", attacked["out"].reason
-    assert len(attacked["bombs"]) == BOMB_PARTIALS
+    assert len(attacked["bombs"]) == BOMB_PARTIALS + 1  # during round 1, and one after the run
     assert all(d[0].startswith("environment.") and "share host-9@0 was never placed in run" in d[2]
                for d in attacked["bombs"]), attacked["bombs"]
     grew = attacked["rss_after"] - attacked["rss_before"]

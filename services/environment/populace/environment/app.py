@@ -279,9 +279,29 @@ class Environment:
         head = await self.head_of(partial.run_id)
         return None if head is None else self.in_placement(head, partial)
 
+    async def ever_placed(self, partial: RoundPartial) -> bool:
+        """Whether the partial's share was ever placed in its run: in the placement in force or
+        an earlier one (KV `runs`; True where the run's layouts do not name their shares)."""
+        run = await bus.run_writers(self.svc.js, partial.run_id)
+        if run is None:
+            return False
+        if any(lay.ranges and not lay.shares for lay in run.layouts):
+            return True
+        key = share_key(partial.host_id, partial.epoch)
+        return any(sh.key == key for sh in run.shares) or any(key in lay.shares for lay in run.layouts)
+
     async def count(self, tally: RunTally, partial: RoundPartial, msg: NatsMessage | None,
                     reject: bool = False) -> None:
         try:
+            if reject:
+                # A partial of a round decided already is a straggler, dropped quietly, only if
+                # its share was ever placed: one from a host the run never placed is refused
+                # whenever it comes (before its round closed, the round's placement refuses it).
+                async with tally.steps:
+                    decided = tally.screen(partial) is False
+                if decided and not await self.ever_placed(partial):
+                    raise BadPartial(f"share {share_key(partial.host_id, partial.epoch)} was never placed in run "
+                                     f"{partial.run_id}")
             if PartialRef.of(partial.payload):  # screened under the run's lock, read without it
                 read = await self.read_reference(tally, partial)
                 if read is None:

@@ -13,7 +13,8 @@ A partial is refused (BadPartial: the service dead-letters it, with the reason) 
 from a share of the round's epoch that the run never placed, counts other than its share's
 agents, is for a round that is not open nor next, or carries a payload that is not the
 simulation's partial. A straggler (a replaced share's, a decided round's) is dropped quietly:
-it is recovery at work, not an attack.
+it is recovery at work, not an attack; the service refuses a decided round's partial whose
+share the run never placed (a host's in no run), whenever it comes.
 """
 
 from __future__ import annotations
