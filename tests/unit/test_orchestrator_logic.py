@@ -305,6 +305,17 @@ def test_result_before_running_is_ignored():
     assert s2 is s and acts == []
 
 
+def test_a_result_naming_no_checkpoint_of_the_environments_state_pauses_the_run():
+    """The next round starts from the state the result's checkpoint holds (a reference in KV
+    runs): a result without one cannot be continued from, so the run pauses naming it, after
+    its last completed round, and keeps the state it had."""
+    s = running_state()
+    s, _ = on_result(s, result(1))
+    s, acts = on_result(s, result(2).model_copy(update={"env_checkpoint": None}))
+    assert s.status == "paused" and "round 2's result names no checkpoint of the environment's state" in s.reason
+    assert s.env_state == env_ref(1) and not any(isinstance(a, OpenRound) for a in acts)
+
+
 def test_round_without_winner_still_opens_the_next():
     s = running_state()
     s, acts = on_result(s, result(1, None))
