@@ -51,6 +51,21 @@ def fleet(stack: Stack, data: dict, fork: Restore | None = None):
     return prepared, asyncio.run(go())
 
 
+def fork_of(stack: Stack, prepared, parent_run_id: str, after: int):
+    """A fork of a run played here, after round `after`, with nothing changed: played on the stack."""
+    forked = prepare_fork(prepared.config, after, {}, prepared.manifest, parent_run_id)
+
+    async def go():
+        nc = await bus.connect(stack.url, "e2e-sims-fork")
+        try:
+            return await play(nc, forked.config, manifest=forked.manifest, stall_s=120,
+                              fork=Restore(run_id=parent_run_id, round=after))
+        finally:
+            await nc.close()
+
+    return asyncio.run(go())
+
+
 def recorded(db: str, table: str, run_id: str, drop: tuple[str, ...], order: str = "round, agent_id") -> list[dict]:
     with duckdb.connect(db, read_only=True) as con:
         cur = con.execute(f'SELECT * FROM "{table}" WHERE run_id = ? ORDER BY {order}', [run_id])
@@ -198,17 +213,7 @@ def test_the_strangers_package_forks_and_resumes_exactly_on_the_fleet(stack):
     whole = recorded(stack.db, table, parent.run_id, ("run_id", "latency_ms"))
     assert len(whole) == 300 * 4 and any(r["score"] != r["round"] for r in whole if r["move"] == "go")
     for after in (1, 2):
-        forked = prepare_fork(prepared.config, after, {}, prepared.manifest, parent.run_id)
-
-        async def go(forked=forked, after=after):
-            nc = await bus.connect(stack.url, "e2e-sims-fork")
-            try:
-                return await play(nc, forked.config, manifest=forked.manifest, stall_s=120,
-                                  fork=Restore(run_id=parent.run_id, round=after))
-            finally:
-                await nc.close()
-
-        out = asyncio.run(go())
+        out = fork_of(stack, prepared, parent.run_id, after)
         assert out.status == "completed", out.reason
         assert recorded(stack.db, table, out.run_id, ("run_id", "latency_ms")) == \
             [r for r in whole if r["round"] > after]
@@ -229,17 +234,7 @@ def test_a_package_written_against_an_earlier_sdk_plays_and_forks_exactly_on_the
     assert len(whole) == 24 * 4 and not any(r["error"] for r in whole)
     local = asyncio.run(run_local(prepared.resolved))
     assert json_values(whole) == json_values(local_rows(local.outcomes, ("run_id", "latency_ms")))
-    forked = prepare_fork(prepared.config, 2, {}, prepared.manifest, parent.run_id)
-
-    async def go():
-        nc = await bus.connect(stack.url, "e2e-compat-fork")
-        try:
-            return await play(nc, forked.config, manifest=forked.manifest, stall_s=120,
-                              fork=Restore(run_id=parent.run_id, round=2))
-        finally:
-            await nc.close()
-
-    out = asyncio.run(go())
+    out = fork_of(stack, prepared, parent.run_id, 2)
     assert out.status == "completed", out.reason
     assert recorded(stack.db, table, out.run_id, ("run_id", "latency_ms")) == [r for r in whole if r["round"] > 2]
 
@@ -312,17 +307,7 @@ def test_an_environment_keeping_5_mb_between_rounds_plays_and_forks_on_two_hosts
     first = int(5 * 1024 * 1024 / 11)
     assert [r["length"] for r in rounds] == [first + n for n in (1, 2, 3, 4)]
     assert len({r["checksum"] for r in rounds}) == 4
-    forked = prepare_fork(prepared.config, 2, {}, prepared.manifest, parent.run_id)
-
-    async def go():
-        nc = await bus.connect(stack.url, "e2e-archive-fork")
-        try:
-            return await play(nc, forked.config, manifest=forked.manifest, stall_s=120,
-                              fork=Restore(run_id=parent.run_id, round=2))
-        finally:
-            await nc.close()
-
-    out = asyncio.run(go())
+    out = fork_of(stack, prepared, parent.run_id, 2)
     assert out.status == "completed", out.reason
     assert recorded(stack.db, tables.outcomes, out.run_id, ("run_id", "latency_ms")) == \
         [r for r in whole if r["round"] > 2]
