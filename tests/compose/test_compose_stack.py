@@ -19,8 +19,8 @@ import yaml
 from compose_project import ROOT, Project, new_project, sh
 
 from populace.client.run import play, run_state
-from populace.core import bus
-from populace.core.contracts import Progress, RunConfig
+from populace.core import bus, subjects
+from populace.core.contracts import HostInfo, Progress, RunConfig
 from populace.sdk.local import run_local
 
 pytestmark = pytest.mark.compose
@@ -104,6 +104,27 @@ def host_pids(project: Project) -> dict[str, int]:
         top = sh(["docker", "top", cid, "-eo", "pid,args"]).stdout.splitlines()[1:]
         out[cid] = next(int(line.split()[0]) for line in top if "service agent-host" in line)
     return out
+
+
+def wait_for_hosts(project: Project, pids: set[int], timeout: float = 60) -> None:
+    """Until KV `hosts` holds a fresh entry of every agent-host process in `pids`: a container
+    is healthy once its heartbeat file is written, which may come before the orchestrator can
+    read the host's registration (a run placed then spreads over the hosts it sees)."""
+    async def seen() -> set[int]:
+        nc = await bus.connect(project.nats_url, "compose-tier")
+        try:
+            hosts = await bus.registry_entries(nc.jetstream(), subjects.HOSTS_BUCKET, HostInfo, fresh_within_s=10)
+            return {int(h.host_id.rsplit("-", 1)[1]) for h in hosts}
+        finally:
+            await nc.close()
+
+    deadline, found = time.monotonic() + timeout, set()
+    while time.monotonic() < deadline:
+        found = asyncio.run(seen())
+        if pids <= found:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"agent-hosts {sorted(pids - found)} never registered within {timeout:.0f} s (seen: {sorted(found)})")
 
 
 def test_a_10k_agent_game_played_from_the_host_is_recorded_exactly(stack, reference, tmp_path):
@@ -194,6 +215,7 @@ def test_the_worker_compose_file_joins_as_a_second_machine(stack, images, refere
         worker.compose("up", "-d", "--wait", "--wait-timeout", "180", "--scale", "agent-host=2", timeout=300)
         pids = host_pids(worker)
         assert len(pids) == 2
+        wait_for_hosts(stack, {*pids.values(), *host_pids(stack).values()})
         out, state = play_fleet(stack)
         assert out.status == "completed", out.reason
         placed = {int(sh.host_id.rsplit("-", 1)[1]) for sh in state.shares}
