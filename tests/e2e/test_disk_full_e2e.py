@@ -1,8 +1,9 @@
-"""The recorder's disk fills up in the middle of a run (a real tmpfs of a few MB under a real
-recorder process): the run pauses saying "disk full at PATH" (`populace follow` shows it), no
+"""The recorder's disk fills up in the middle of a run (a real tmpfs of a few MB under the
+recorder): the run pauses saying "disk full at PATH" (`populace follow` shows it), no
 outcome is dead-lettered or lost; once space is freed the recorder stores what it held, and
 `resume` finishes the run with every outcome recorded exactly once, equal to an undisturbed
-run's."""
+run's. Every service runs in one process (`one_process=True`): nothing here kills, restarts or
+measures one, and the recorder's log lines carry its name."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from test_faults_e2e import guesses, play_with, summaries
 
 from populace.client.run import resume
-from populace.client.stack import Stack
+from populace.client.stack import ONE_PROCESS, Stack
 from populace.core import bus
 
 pytestmark = pytest.mark.e2e
@@ -24,13 +25,15 @@ CONFIG = {"agents": AGENTS, "rounds": ROUNDS, "seed": 8, "model": {"latency_s": 
 
 
 def recorder_events(stack: Stack) -> list[dict]:
-    lines = (Path(stack.log_dir) / "recorder.log").read_text().splitlines()
-    return [json.loads(line) for line in lines if line.startswith("{")]
+    """The recorder's events, from the log its services share (each line names its service)."""
+    lines = (Path(stack.log_dir) / f"{ONE_PROCESS}.log").read_text().splitlines()
+    events = [json.loads(line) for line in lines if line.startswith("{")]
+    return [e for e in events if e.get("service") == "recorder"]
 
 
 def test_a_full_disk_pauses_the_run_and_once_space_returns_every_outcome_is_recorded_once(small_disk, cli):
     db = small_disk.path / "populace.duckdb"
-    with Stack(hosts=2, db=str(db), env={"POPULACE_STORAGE": "file"}).up(timeout=90) as stack:
+    with Stack(hosts=2, db=str(db), env={"POPULACE_STORAGE": "file"}, one_process=True).up(timeout=90) as stack:
         reference, _, _ = play_with(stack, config=CONFIG)
         assert reference.status == "completed", reference.reason
 
