@@ -33,11 +33,9 @@ SLOW = {"POPULACE_MAX_IN_FLIGHT": "100", "POPULACE_OUTCOME_BATCH_SIZE": "100"}
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    db = tmp_path_factory.mktemp("live") / "populace.duckdb"
-    s = Stack(hosts=1, db=str(db), env={"POPULACE_STORAGE": "memory", **SLOW})
-    with s.up(timeout=90):
-        yield s
+def stack(stacks):
+    # every service in one process: no test here kills, restarts or measures one of them
+    return stacks(hosts=1, env={"POPULACE_STORAGE": "memory", **SLOW}, one_process=True)
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
