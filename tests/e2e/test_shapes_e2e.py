@@ -214,10 +214,13 @@ def test_the_living_that_wake_claim_patches_on_three_hosts_and_one_agent_per_pro
 def test_a_grid_of_800_by_800_cells_with_per_cell_state_completes_on_the_fleet(tmp_path):
     """Per-cell state no longer travels in round messages: 640,000 cells and 200,000 agents,
     whose movers (a partial column over the message limit) travel by reference. Its own stack,
-    with the default host-loss window: a busy 2-core machine needs it for 100,000 agents a host."""
+    with the default host-loss window: a busy 2-core machine needs it for 100,000 agents a host;
+    its services in one process (nothing here kills or measures one: the module's stack, a
+    process per service, is for the kill test)."""
     data = {**SCHELLING, "agents": 200_000, "rounds": 2, "grid": {"width": 800, "height": 800},
             "rule": {"threshold": 0.6}}
-    stack = Stack(hosts=2, db=str(tmp_path / "populace.duckdb"), env={"POPULACE_STORAGE": "memory"})
+    stack = Stack(hosts=2, db=str(tmp_path / "populace.duckdb"), env={"POPULACE_STORAGE": "memory"},
+                  one_process=True)
     with stack.up(timeout=120):
         prepared, out = fleet(stack, data)
     assert out.status == "completed", out.reason
