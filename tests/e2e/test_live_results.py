@@ -38,10 +38,6 @@ def stack(stacks):
     return stacks(hosts=1, env={"POPULACE_STORAGE": "memory", **SLOW}, one_process=True)
 
 
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "populace.cli", *args], capture_output=True, text=True, timeout=120)
-
-
 def state(stack: Stack, rid: str):
     async def go():
         nc = await bus.connect(stack.url, "e2e-live")
@@ -53,7 +49,9 @@ def state(stack: Stack, rid: str):
     return asyncio.run(go())
 
 
-def test_results_report_and_export_of_a_live_run(stack, tmp_path):
+def test_results_report_and_export_of_a_live_run(stack, tmp_path, cli):
+    """The commands run in this process (the `cli` fixture): the recorder holds the file in
+    another, which is what sends them to it."""
     prepared = prepare(RunConfig.model_validate(CONFIG))
     outcome: dict = {}
 
