@@ -4,6 +4,8 @@ system's Chromium, or a clear skip (a failure in CI)."""
 from __future__ import annotations
 
 import os
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -64,3 +66,41 @@ def stacks(tmp_path_factory) -> Iterator[Callable[..., Stack]]:
     unobserved = [f"{log.name}: {line[:400]}" for stack in started for log in sorted(Path(stack.log_dir).glob("*.log"))
                   for line in log.read_text(errors="replace").splitlines() if any(m in line for m in UNOBSERVED)]
     assert not unobserved, "an exception no code waited for, in a service log:\n" + "\n".join(unobserved[:10])
+
+
+@pytest.fixture(scope="module")
+def managers() -> Iterator[Callable[[str], str]]:
+    """A factory of managers served in this process, each stopped when the module ends:
+    `managers(nats_url)` returns the base URL once it serves. The manager's app (create_app) as
+    `populace manager` serves it, uvicorn on a free port of 127.0.0.1, in a thread of its own (its
+    own event loop; Playwright's sync API holds this thread's): no interpreter to start for pages
+    that are the point. `populace manager` as a process is proved by test_manager_limits.py and
+    test_manager_browser.py."""
+    import uvicorn
+
+    from populace.core.natsserver import free_port
+    from populace.manager import ManagerSettings, create_app
+
+    served: list[tuple[uvicorn.Server, threading.Thread]] = []
+
+    def serve(nats_url: str) -> str:
+        port = free_port()
+        # as populace.manager.serve runs it: open pages hold event streams, shutdown waits briefly
+        server = uvicorn.Server(uvicorn.Config(create_app(ManagerSettings(nats_url=nats_url)), host="127.0.0.1",
+                                               port=port, log_level="warning", lifespan="on",
+                                               timeout_graceful_shutdown=2))
+        thread = threading.Thread(target=server.run, name=f"manager-{port}", daemon=True)
+        thread.start()
+        served.append((server, thread))
+        deadline = time.monotonic() + 60
+        while not server.started:
+            assert thread.is_alive(), "the manager stopped before it served (its error is in the captured log)"
+            assert time.monotonic() < deadline, "the manager did not serve within 60 s"
+            time.sleep(0.1)
+        return f"http://127.0.0.1:{port}"
+
+    yield serve
+    for server, thread in reversed(served):
+        server.should_exit = True
+        thread.join(30)
+    assert not any(thread.is_alive() for _, thread in served), "a manager did not stop within 30 s"

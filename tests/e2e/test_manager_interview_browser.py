@@ -1,5 +1,6 @@
 """An interview from a run's page in a real browser: a stack (2 agent-hosts, the recorder),
-`populace manager` on a free port, headless Chromium. A recorded vote run's page asks its agents
+the manager's app on a free port (served in the test's process: the `managers` fixture), headless
+Chromium. A recorded vote run's page asks its agents
 a question after round 2: a bad question is refused beside the field it names (nothing is
 asked); a good one is placed, answered by the agent-hosts from the checkpoint, and drawn as
 bars per education group, with no console error. Every process is ended by its PID."""
@@ -8,12 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import subprocess
-import sys
 import threading
-import time
-import urllib.request
 from pathlib import Path
 
 import duckdb
@@ -22,10 +18,7 @@ from example_copies import example_copy
 
 from populace.client.prepare import prepare_file
 from populace.client.run import play
-from populace.client.stack import Stack
 from populace.core import bus
-from populace.core.natsserver import free_port
-from populace.core.processes import terminate
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -33,34 +26,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory, chromium):
+def site(tmp_path_factory, chromium, stacks, managers):
     tmp = tmp_path_factory.mktemp("interview-page")
     (tmp / "logs").mkdir()
-    stack = Stack(hosts=2, db=str(tmp / "populace.duckdb"), log_dir=str(tmp / "logs"),
-                  env={"POPULACE_STORAGE": "memory"})
-    stack.up(timeout=180)
-    manager = None
-    try:
-        port = free_port()
-        env = {**os.environ}
-        env.pop("POPULACE_PARENT_PID", None)
-        with open(tmp / "logs" / "manager.log", "ab") as log:
-            manager = subprocess.Popen([sys.executable, "-m", "populace.cli", "manager", "--nats", stack.url,
-                                        "--port", str(port)], env=env, stdout=log, stderr=log, start_new_session=True)
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            assert manager.poll() is None, (tmp / "logs" / "manager.log").read_text()[-3000:]
-            with contextlib.suppress(OSError), urllib.request.urlopen(base + "/healthz", timeout=2) as res:
-                if res.status == 200:
-                    break
-            assert time.monotonic() < deadline, "the manager did not answer /healthz"
-            time.sleep(0.3)
-        yield base, stack, tmp
-    finally:
-        if manager is not None:
-            terminate(manager)
-        stack.stop()
+    # the services share one process (two agent-hosts in it), the manager is served in this one:
+    # the page asks through the manager and the bus, and no test here kills or measures a service
+    stack = stacks(hosts=2, db=str(tmp / "populace.duckdb"), log_dir=str(tmp / "logs"),
+                   env={"POPULACE_STORAGE": "memory"}, one_process=True, timeout=180)
+    return managers(stack.url), stack, tmp
 
 
 def test_an_interview_from_the_run_page(site, browser):

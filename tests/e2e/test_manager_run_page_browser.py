@@ -1,6 +1,7 @@
 """The run page's agents table, distribution and fork form in a real browser: a stack (one
-agent-host, the recorder) and `populace manager` (uvicorn on a free port of 127.0.0.1), driven
-by headless Chromium (Playwright). A ratio-game run of the 50 personas of
+agent-host, the recorder, in one process) and the manager's app served as `populace manager`
+serves it (uvicorn on a free port of 127.0.0.1, in the test's process: the `managers` fixture),
+driven by headless Chromium (Playwright). A ratio-game run of the 50 personas of
 examples/personas/education-50.jsonl plays slowed rounds; its page, opened as it starts:
 - draws the last closed round's histogram, and draws it again for the next round without a
   reload (the page asks the recorder once per round close);
@@ -19,14 +20,9 @@ POPULACE_REQUIRE_BROWSER=1 (CI). Every process is ended by its PID."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import re
-import subprocess
-import sys
 import threading
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -35,49 +31,29 @@ from populace.client.prepare import prepare
 from populace.client.run import play
 from populace.core import bus
 from populace.core.contracts import RunConfig
-from populace.core.natsserver import free_port
-from populace.core.processes import terminate
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parents[2]
-ROUNDS = 6
-# 50 agents, 5 at a time, 0.5 s each: rounds of ~5 s, so the page sees them close one by one
+ROUNDS = 5
+# 50 agents, 5 at a time, 0.5 s each: rounds of ~5 s, so the page sees them close one by one (it
+# needs two; the table, search and profile read the recorder, live or not; the fork comes after)
 CONFIG = {"rounds": ROUNDS, "seed": 4, "population": {"personas": "personas/education-50.jsonl"},
           "model": {"latency_s": 0.5, "seed": 6}}
 SLOW = {"POPULACE_MAX_IN_FLIGHT": "5", "POPULACE_OUTCOME_BATCH_SIZE": "5"}
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory, chromium, stacks):
+def site(tmp_path_factory, chromium, stacks, managers):
     """(manager URL, stack URL, tmp dir)."""
     tmp = tmp_path_factory.mktemp("run-page")
     (tmp / "logs").mkdir()
-    # the services share one process: the page reads through the manager and the bus
+    # the services share one process, the manager is served in this one: the page reads through
+    # the manager and the bus
     stack = stacks(hosts=1, db=str(tmp / "populace.duckdb"), log_dir=str(tmp / "logs"),
                    env={"POPULACE_STORAGE": "memory", **SLOW}, one_process=True, timeout=180)
-    manager = None
-    try:
-        port = free_port()
-        env = {**os.environ}
-        env.pop("POPULACE_PARENT_PID", None)
-        with open(tmp / "logs" / "manager.log", "ab") as log:
-            manager = subprocess.Popen([sys.executable, "-m", "populace.cli", "manager", "--nats", stack.url,
-                                        "--port", str(port)], env=env, stdout=log, stderr=log, start_new_session=True)
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            assert manager.poll() is None, (tmp / "logs" / "manager.log").read_text()[-3000:]
-            with contextlib.suppress(OSError), urllib.request.urlopen(base + "/healthz", timeout=2) as res:
-                if res.status == 200:
-                    break
-            assert time.monotonic() < deadline, "the manager did not answer /healthz"
-            time.sleep(0.3)
-        print(f"\nscreenshots: {tmp}")
-        yield base, stack.url, tmp
-    finally:
-        if manager is not None:
-            terminate(manager)
+    print(f"\nscreenshots: {tmp}")
+    return managers(stack.url), stack.url, tmp
 
 
 def start_run(url: str, rid: str) -> threading.Thread:
