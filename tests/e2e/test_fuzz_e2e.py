@@ -34,7 +34,7 @@ from locked_reads import read_recorded
 
 from populace.client.prepare import prepare
 from populace.client.run import new_run_id, play
-from populace.client.stack import Stack
+from populace.client.stack import ONE_PROCESS, Stack
 from populace.core import bus, replies, subjects
 from populace.core.contracts import RunConfig
 from populace.core.hostauth import with_hosts
@@ -71,8 +71,10 @@ def stack(request, tmp_path_factory):
     if request.param == "one-user-per-service":
         users = {u: f"fuzz-{u}-{os.getpid()}" for u in (*USERS, *HOSTS)}
         args = ["-c", str(auth_conf(tmp, users))]
+    # one process for every service (each built with its own NATS user, host id and identity):
+    # nothing here kills, restarts or measures one, and each log line names its service
     s = Stack(hosts=2, db=str(tmp / "populace.duckdb"), users=users, nats_args=args,
-              env={"POPULACE_LOG_LEVEL": "info"})
+              env={"POPULACE_LOG_LEVEL": "info"}, one_process=True)
     with s.up(timeout=90):
         yield s
 
@@ -344,12 +346,15 @@ def test_service_durables_changed_or_deleted_mid_run_are_recreated_and_the_run_s
         finally:
             await nc.close()
 
-    logs = {k: Path(stack.log_dir, f"{k}.log") for k in ("recorder", "environment", "orchestrator")}
-    seen = {k: p.read_text().count("durable_recreated") for k, p in logs.items()}
-    assert seen == {"recorder": 0, "environment": 0, "orchestrator": 0}, "a durable as its owner made it was re-created"
+    def recreated() -> dict[str, int]:  # per service, from the log the services share
+        events = [json.loads(line) for line in Path(stack.log_dir, f"{ONE_PROCESS}.log").read_text().splitlines()
+                  if line.startswith("{")]
+        return {k: sum(e.get("event") == "durable_recreated" and e.get("service") == k for e in events)
+                for k in ("recorder", "environment", "orchestrator")}
+
+    assert recreated() == {"recorder": 0, "environment": 0, "orchestrator": 0}, "a durable as its owner made it was re-created"
     tampered = run_with(stack, tamper)
     assert answers(stack.db, tampered) == answers(stack.db, reference)
     assert summaries(stack.db, tampered) == summaries(stack.db, reference)
-    assert {k: p.read_text().count("durable_recreated") for k, p in logs.items()} == {
-        "recorder": 1, "environment": 1, "orchestrator": 0}
+    assert recreated() == {"recorder": 1, "environment": 1, "orchestrator": 0}
     stack.check_alive()

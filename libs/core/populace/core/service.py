@@ -350,7 +350,7 @@ class Service:
                 self.log.warning("dead_letter_term_failed", error=str(err))
         try:
             await self.broker.publish(data[:bus.DLQ_EXCERPT_BYTES], subjects.dlq(self.name),
-                                      headers=bus.dlq_headers(msg, reason, f"{self.name}.{os.getpid()}"))
+                                      headers=bus.dlq_headers(msg, reason, self.instance))
         except Exception as err:
             self.log.error("dead_letter_publish_failed", error=str(err))
 
