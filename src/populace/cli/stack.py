@@ -1,6 +1,7 @@
 """`populace service`, `demo` and `up`: services and whole stacks in the foreground."""
 
 # No `from __future__ import annotations` (typer evaluates string ones at each start: populace.cli.main)
+import gc
 import time
 from pathlib import Path
 from typing import Annotated
@@ -20,9 +21,13 @@ def service(
     name: Annotated[str, typer.Argument(help="orchestrator, agent-host, environment, gateway or recorder")],
 ) -> None:
     """Run one service in the foreground (POPULACE_* environment variables configure it)."""
+    # a service process, as `python -m populace.core.serve` starts one: the collector stays off
+    # while the service's modules load, and serve.run turns it back on with them frozen out of it
+    gc.disable()
     from populace.core import serve
 
     if name not in serve.names():
+        gc.enable()
         fail(f"unknown service {name!r}; choose one of: {', '.join(serve.names())}")
     serve.run(name)
 

@@ -27,13 +27,15 @@ def setup(service: str) -> None:
     """Install a tracer provider from the OTEL_* environment (once per process)."""
     global _provider, _services
     _services += 1
-    if _provider is not None or isinstance(trace.get_tracer_provider(), _sdk_provider_type()):
-        return  # already configured (a second service in the process, or a test's provider)
     has_endpoint = any(os.environ.get(k) for k in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
     exporters = os.environ.get("OTEL_TRACES_EXPORTER", "otlp" if has_endpoint else "none")
     names = [e.strip() for e in exporters.split(",") if e.strip() and e.strip() != "none"]
+    # Tracing off: nothing to install, and the SDK (with psutil, which its resources import) is
+    # never imported: a service process starts without it unless tracing is configured.
     if not names:
         return
+    if _provider is not None or isinstance(trace.get_tracer_provider(), _sdk_provider_type()):
+        return  # already configured (a second service in the process, or a test's provider)
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
