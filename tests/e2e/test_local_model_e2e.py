@@ -1,6 +1,9 @@
-"""A game on a real LLM: SmolLM2-135M-Instruct on a llama.cpp replica, through the gateway,
-every service its own process. At least 90% of guesses must be valid; every invalid one
-keeps the model's raw text; every decision is in `llm_calls`.
+"""A game on a real LLM: SmolLM2-135M-Instruct on a llama.cpp replica (`populace replicas
+local`, its own process), through the gateway. At least 90% of guesses must be valid; every
+invalid one keeps the model's raw text; every decision is in `llm_calls`. The services share one
+process (one_process: what is checked is the model's answers and their accounting, not the
+process boundary; tests/e2e/test_bench_llm_e2e.py drives SmolLM2 through a stack with every
+service its own process, and tests/vllm/test_vllm_gateway.py a gateway process on real vLLM).
 
 10 agents for 2 rounds (20 decisions; it was 20 agents, 40 decisions): every row and count is
 still checked exactly against the run's own size, a second round still shows the per-round
@@ -31,7 +34,7 @@ DECISIONS = AGENTS * ROUNDS
 def test_smollm2_game_through_the_gateway(tmp_path, cli):
     db = str(tmp_path / "local.duckdb")
     stack = Stack(hosts=1, db=db, env={"POPULACE_STORAGE": "memory"},
-                  extra={"replicas-local": ["replicas", "local", "--count", "1"]}, replicas=1)
+                  extra={"replicas-local": ["replicas", "local", "--count", "1"]}, replicas=1, one_process=True)
     stack.start()
     try:
         asyncio.run(stack.wait_ready(timeout=180))

@@ -1,5 +1,7 @@
-"""The ratio game on real vLLM: 10 agents × 2 rounds, every service its own process, the
-`openai` backend on the tier's vLLM replica. At least 95% of the answers are valid; an
+"""The ratio game on real vLLM: 10 agents × 2 rounds, the `openai` backend on the tier's vLLM
+replica, the services in one process (one_process: the point is vLLM's answers; a gateway
+process on real vLLM is tests/vllm/test_vllm_gateway.py's, every service its own process on a
+real model tests/e2e/test_bench_llm_e2e.py's). At least 95% of the answers are valid; an
 invalid one keeps the model's raw text; every `llm_calls` row names the vLLM replica."""
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ pytestmark = pytest.mark.vllm
 def test_ratio_game_10_agents_2_rounds_on_vllm(vllm_replica, tmp_path):
     db = str(tmp_path / "vllm.duckdb")
     replica = vllm_replica.replicas[0].info
-    stack = Stack(hosts=1, db=db, env={"POPULACE_STORAGE": "memory"})
+    stack = Stack(hosts=1, db=db, env={"POPULACE_STORAGE": "memory"}, one_process=True)
     stack.start()
     try:
         asyncio.run(stack.wait_ready(timeout=120))

