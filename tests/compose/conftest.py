@@ -28,7 +28,7 @@ def images(engine) -> dict[str, str]:
     """The environment deploy/local-images.sh prints (base images, COMPOSE_FILE …), after it
     built whatever was missing, and the Populace image built once by compose."""
     if os.geteuid() != 0 and sh(["docker", "image", "inspect", "populace-base:bookworm"], check=False).returncode:
-        unavailable("deploy/local-images.sh needs root (debootstrap) to build the base image")
+        unavailable("deploy/local-images.sh needs root (mmdebstrap) to build the base image")
     out = sh(["bash", "deploy/local-images.sh"], timeout=900).stdout
     env = dict(line.removeprefix("export ").split("=", 1) for line in out.splitlines() if line.startswith("export "))
     env["COMPOSE_FILE"] += ":" + TEST_FILE
