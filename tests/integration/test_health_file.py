@@ -1,5 +1,6 @@
 """The health file a container's healthcheck reads (POPULACE_HEALTH_FILE, set by
-deploy/Dockerfile): touched after every heartbeat NATS took, and only then."""
+deploy/Dockerfile): touched after every heartbeat NATS took, and only then; gone once the
+heartbeat stops, and removed by a service that starts (a restarted container keeps its /tmp)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pydantic import ValidationError
 
 from populace.core import bus, subjects
 from populace.core.contracts import HostInfo
+from populace.core.service import Service
 from populace.core.settings import Settings
 
 pytestmark = pytest.mark.integration
@@ -58,3 +60,24 @@ def test_a_health_file_in_a_missing_directory_is_refused_naming_the_setting(tmp_
     with pytest.raises(ValidationError, match="health_file"):
         Settings(health_file=str(tmp_path / "missing" / "alive"))
     assert Settings(health_file=str(tmp_path / "alive")).health_file == str(tmp_path / "alive")
+
+
+async def test_the_health_file_goes_when_the_heartbeat_stops(js, tmp_path):
+    alive = tmp_path / "alive"
+    kv = await js.key_value(subjects.HOSTS_BUCKET)
+    hb = bus.Heartbeat(kv, "alive", payload, every_s=60, alive_file=str(alive))
+    await hb.start()
+    assert alive.exists()
+    await hb.stop()
+    assert not alive.exists()
+
+
+async def test_a_starting_service_removes_the_health_file_its_predecessor_left(nats_server, tmp_path):
+    alive = tmp_path / "alive"
+    alive.touch()  # what the container's previous process wrote, seconds ago: `healthy`
+    svc = Service("health-probe", Settings(nats_url=nats_server.url, storage="memory", health_file=str(alive)))
+    await svc._connect_and_provision()
+    try:
+        assert not alive.exists()  # connected, provisioned, no heartbeat yet: not healthy
+    finally:
+        await svc.broker.stop()

@@ -133,6 +133,9 @@ class Service:
         return self.broker.connection
 
     async def _connect_and_provision(self) -> None:
+        # A restarted container keeps its /tmp: the health file of the process before would say
+        # `healthy` while this one is not connected yet (compose up --wait returned early)
+        bus.forget_alive(self.settings.health_file)
         # an exception no code waits for is still one error line with its cause, and counted
         logs.watch_unobserved(metrics.UNOBSERVED.labels(self.name).inc)
         await self.broker.connect()

@@ -31,6 +31,13 @@ def _touch(path: str) -> None:
     Path(path).touch()
 
 
+def forget_alive(path: str | None) -> None:
+    """No health file at `path` (a process that does not beat, or not yet, is not healthy):
+    microseconds, on a local file."""
+    if path:
+        Path(path).unlink(missing_ok=True)
+
+
 class Heartbeat:
     """Keeps a registry entry alive in a TTL'd KV bucket until stopped. `alive_file`: a file
     touched after every heartbeat NATS took, for a container's healthcheck (its age says
@@ -70,6 +77,7 @@ class Heartbeat:
         self._stopped = True
         if self._task:
             self._task.cancel()
+        forget_alive(self._alive_file)  # a process that stopped beating is not healthy, whatever comes next
         if delete:
             try:
                 await self._kv.delete(self._key)
