@@ -29,11 +29,12 @@ def gone(p: psutil.Process) -> bool:
         return True
 
 
-def wait_until(condition, what: str, timeout: float) -> None:
+def wait_until(condition, what, timeout: float) -> None:
+    """Until `condition()`; else fails with `what` (a callable: said as things stand then)."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError(f"{what} after {timeout:.0f}s")
+            raise AssertionError(f"{what() if callable(what) else what} after {timeout:.0f}s")
         time.sleep(0.2)
 
 
@@ -62,7 +63,8 @@ def test_sigkill_of_the_launcher_leaves_no_process_and_no_temporary_store(tmp_pa
         launcher.send_signal(signal.SIGKILL)
         launcher.wait()
         wait_until(lambda: all(gone(c) for c in children),
-                   "still running: " + ", ".join(" ".join(c.cmdline()[:3]) for c in children if not gone(c)), 120)
+                   lambda: "still running: " + ", ".join(f"{c.pid} {' '.join(c.cmdline()[-2:])}"
+                                                         for c in children if not gone(c)), 120)
         said = out.read_text()
         if store.name.startswith("populace-nats-") and str(store.parent) == tempfile.gettempdir():
             wait_until(lambda: not store.exists(), f"temporary store {store} left behind", 60)

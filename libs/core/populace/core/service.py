@@ -13,10 +13,12 @@ work as for any FastStream app; the AsyncAPI document shows every subject with i
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import logging
 import os
 import signal
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from importlib import metadata
@@ -161,19 +163,27 @@ class Service:
             self.durables.js = self.js
             self.durables.start(self.settings.durable_check_s)
         if self.settings.parent_pid:
-            self._orphan_watch = asyncio.create_task(self._exit_when_orphaned(self.settings.parent_pid))
+            # in this context, so its log lines name the service (a one-process stack's contexts differ)
+            threading.Thread(target=contextvars.copy_context().run,
+                             args=(self._exit_when_orphaned, self.settings.parent_pid),
+                             name=f"{self.name}-orphan-watch", daemon=True).start()
         self.log.info("service_ready", nats=self.settings.nats_url)
 
-    async def _exit_when_orphaned(self, parent_pid: int) -> None:
+    def _exit_when_orphaned(self, parent_pid: int) -> None:
         """A service started by `populace demo/up/bench` stops when that command dies,
-        so a killed command never leaves services holding ports or the DuckDB file."""
-        while os.getppid() == parent_pid:  # noqa: ASYNC110 — nothing signals a parent's death; we poll it
-            await asyncio.sleep(1.0)
+        so a killed command never leaves services holding ports or the DuckDB file. A daemon
+        thread, not a task of the event loop: it must act when the loop cannot. A launcher's
+        SIGKILL also sends the services SIGTERM (PR_SET_PDEATHSIG) and takes nats-server down
+        with it, so their graceful shutdown may hang on a bus that is gone; a task cancelled or
+        starved by that shutdown, or an interpreter waiting at exit on a stuck thread, left a
+        service running on a loaded machine (a clean-clone CI run, 2026-12-05)."""
+        while os.getppid() == parent_pid:  # nothing signals a parent's death to a thread; we poll it
+            time.sleep(1.0)
         self.log.warning("parent_exited", parent_pid=parent_pid)
         os.kill(os.getpid(), signal.SIGTERM)
         # If graceful shutdown hangs (work in flight that nobody will ever read), leave anyway:
         # an orphan must never keep burning CPU or holding files.
-        await asyncio.sleep(ORPHAN_GRACE_S)
+        time.sleep(ORPHAN_GRACE_S)
         self.log.error("shutdown_hung_exiting", grace_s=ORPHAN_GRACE_S)
         os._exit(1)
 
