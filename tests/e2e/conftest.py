@@ -78,18 +78,17 @@ def managers() -> Iterator[Callable[[str], str]]:
     test_manager_browser.py."""
     import uvicorn
 
-    from populace.core.natsserver import free_port
     from populace.manager import ManagerSettings, create_app
 
     served: list[tuple[uvicorn.Server, threading.Thread]] = []
 
     def serve(nats_url: str) -> str:
-        port = free_port()
-        # as populace.manager.serve runs it: open pages hold event streams, shutdown waits briefly
+        # as populace.manager.serve runs it: open pages hold event streams, shutdown waits briefly;
+        # port 0: the kernel's free port, bound at once (a port picked first can be taken before)
         server = uvicorn.Server(uvicorn.Config(create_app(ManagerSettings(nats_url=nats_url)), host="127.0.0.1",
-                                               port=port, log_level="warning", lifespan="on",
+                                               port=0, log_level="warning", lifespan="on",
                                                timeout_graceful_shutdown=2))
-        thread = threading.Thread(target=server.run, name=f"manager-{port}", daemon=True)
+        thread = threading.Thread(target=server.run, name="manager", daemon=True)
         thread.start()
         served.append((server, thread))
         deadline = time.monotonic() + 60
@@ -97,6 +96,7 @@ def managers() -> Iterator[Callable[[str], str]]:
             assert thread.is_alive(), "the manager stopped before it served (its error is in the captured log)"
             assert time.monotonic() < deadline, "the manager did not serve within 60 s"
             time.sleep(0.1)
+        port = server.servers[0].sockets[0].getsockname()[1]
         return f"http://127.0.0.1:{port}"
 
     yield serve
