@@ -24,10 +24,10 @@ import os
 import uuid
 from pathlib import Path
 
-import duckdb
 import nats
 import psutil
 import pytest
+from locked_reads import read_recorded
 from test_shapes_e2e import assert_as_in_one_process
 from test_state_integrity_e2e import dead_letters, refused_on
 
@@ -217,11 +217,11 @@ def test_foreign_transcript_lines_and_acts_are_refused_and_the_run_is_exact(stac
     rec = out.recorded
     assert (rec.status, rec.outcomes, rec.acts_missing, rec.lines_missing) == ("completed", AGENTS * ROUNDS, 0, 0)
     assert_as_in_one_process(stack.db, rid, local)  # every outcome, act and line as one process plays them
-    with duckdb.connect(stack.db, read_only=True) as con:
-        refused = con.execute("SELECT round, share, group_id, agents, acts, lines, reason FROM _refused_groups "
-                              "WHERE run_id = ? ORDER BY round, reason", [rid]).fetchall()
-        forged_lines = con.execute("SELECT count(*) FROM transcripts WHERE run_id = ? AND text = 'forged'",
-                                   [rid]).fetchone()[0]
+    # the attacker's late batches may still reach the recorder, which holds the file to refuse them
+    refused, forged_lines = read_recorded(stack.db, lambda con: (
+        con.execute("SELECT round, share, group_id, agents, acts, lines, reason FROM _refused_groups "
+                    "WHERE run_id = ? ORDER BY round, reason", [rid]).fetchall(),
+        con.execute("SELECT count(*) FROM transcripts WHERE run_id = ? AND text = 'forged'", [rid]).fetchone()[0]))
     assert forged_lines == 0
     assert len(refused) == 3 * ROUNDS and {r[1] for r in refused} == {"host-1@0"}
     for n in range(1, ROUNDS + 1):
@@ -304,11 +304,11 @@ def test_a_post_hoc_interview_completes_with_exactly_its_answers_under_forged_ba
     assert n == AGENTS * len(SURVEY.questions)
     assert asked.placed.expected == n and asked.recorded.answers == n
     keys = ("agent_id", "question", "answer", "value", "raw", "valid")
-    with duckdb.connect(stack.db, read_only=True) as con:
-        got = con.execute(f"SELECT {', '.join(keys)}, after_round FROM interviews WHERE run_id = ? AND request = ? "
-                          "ORDER BY agent_id, question", [rid, request]).fetchall()
-        questions = con.execute("SELECT question FROM interview_questions WHERE run_id = ? AND request = ? "
-                                "AND position >= 0 ORDER BY position", [rid, request]).fetchall()
+    got, questions = read_recorded(stack.db, lambda con: (
+        con.execute(f"SELECT {', '.join(keys)}, after_round FROM interviews WHERE run_id = ? AND request = ? "
+                    "ORDER BY agent_id, question", [rid, request]).fetchall(),
+        con.execute("SELECT question FROM interview_questions WHERE run_id = ? AND request = ? "
+                    "AND position >= 0 ORDER BY position", [rid, request]).fetchall()))
     assert got == sorted((*(expected[k][i] for k in keys), 2) for i in range(n))
     assert questions == [("fair",), ("trust",)]
     assert len(sent) == 3
