@@ -285,10 +285,8 @@ class Environment:
         run = await bus.run_writers(self.svc.js, partial.run_id)
         if run is None:
             return False
-        if any(lay.ranges and not lay.shares for lay in run.layouts):
-            return True
-        key = share_key(partial.host_id, partial.epoch)
-        return any(sh.key == key for sh in run.shares) or any(key in lay.shares for lay in run.layouts)
+        keys = run.placed()
+        return keys is None or share_key(partial.host_id, partial.epoch) in keys
 
     async def count(self, tally: RunTally, partial: RoundPartial, msg: NatsMessage | None,
                     reject: bool = False) -> None:

@@ -355,14 +355,17 @@ class RunWriters(BaseModel):
     shares: list[Share]
     layouts: list[Layout] = []
 
-    def writers(self, services: tuple[str, ...]) -> set[str] | None:
-        """Every writer of the run's objects (None: a placement recorded before layouts named
-        their shares, so its hosts are not known)."""
+    def placed(self) -> set[str] | None:
+        """The key of every share the run ever placed: the placement in force and the earlier
+        layouts (None: a placement recorded before layouts named their shares, so not known)."""
         if any(lay.ranges and not lay.shares for lay in self.layouts):
             return None
-        hosts = {sh.host_id for sh in self.shares}
-        hosts |= {key.rpartition("@")[0] for lay in self.layouts for key in lay.shares}
-        return hosts | set(services)
+        return {sh.key for sh in self.shares} | {key for lay in self.layouts for key in lay.shares}
+
+    def writers(self, services: tuple[str, ...]) -> set[str] | None:
+        """Every writer of the run's objects (None: its shares are not known, `placed`)."""
+        keys = self.placed()
+        return None if keys is None else {key.rpartition("@")[0] for key in keys} | set(services)
 
 
 class RunHead(BaseModel):
