@@ -51,7 +51,9 @@ def stacks(tmp_path_factory) -> Iterator[Callable[..., Stack]]:
     one_process=True, timeout=90)` takes Stack's settings (db defaults to a new temporary file)
     and returns the stack once every service has registered. A module whose tests need no
     process per service (none kills, restarts or measures one, or reads its own log or metrics
-    port) asks for `one_process=True`: the world is imported once, not once per service."""
+    port) asks for `one_process=True`: the world is imported once, not once per service. A test
+that kills, restarts or reads the log of a few services names them in `apart=(…)`: those keep a
+process each, the rest still share one."""
     started: list[Stack] = []
 
     def start(*, timeout: float = 90, **settings) -> Stack:

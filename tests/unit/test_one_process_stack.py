@@ -65,6 +65,40 @@ def test_what_needs_a_process_per_service_is_a_stack_error_never_done_to_the_who
     assert stack.rss_bytes() == 0  # the whole stack's memory still adds up (nothing runs here)
 
 
+def test_services_named_apart_keep_their_own_process_and_leave_the_shared_one():
+    users = {u: f"pw-{u}" for u in ("orchestrator", "environment", "gateway", "recorder", "agent-host", "host-1")}
+    stack = Stack(hosts=2, users=users, one_process=True, apart=("environment", "agent-host-1"))
+    keys = service_keys(2)
+    own = stack._apart(keys)
+    assert own == ["environment", "agent-host-1"]
+    shared = stack._together([key for key in keys if key not in own])
+    assert [(name, settings.get("host_id")) for name, settings in shared] == [
+        ("orchestrator", None), ("gateway", None), ("recorder", None), ("agent-host", "host-0")]
+    # what it is spawned with: the settings its own process of a process-per-service stack gets
+    spawned = {}
+    stack._spawn = lambda key, args, env, service=False: spawned.setdefault(key, (args, env))  # no process here
+    stack._spawn_each(own, {"BASE": "1"})
+    assert spawned["environment"] == (["-m", "populace.core.serve", "environment"],
+                                      {"BASE": "1", "POPULACE_NATS_USER": "environment",
+                                       "POPULACE_NATS_PASSWORD": "pw-environment"})
+    assert spawned["agent-host-1"][1] == {"BASE": "1", "POPULACE_HOST_ID": "host-1", "POPULACE_NATS_USER": "host-1",
+                                          "POPULACE_NATS_PASSWORD": "pw-host-1"}
+    # a variable that is no setting may go to a host that has its own process, not to a shared one
+    Stack(hosts=1, one_process=True, apart=("agent-host-0",), host_env={"LD_PRELOAD": "x"})._together(
+        ["orchestrator", "environment", "gateway", "recorder"])
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"one_process": True, "apart": ("agent-host-2",)}, r"apart: agent-host-2 is no service of this stack"),
+    ({"apart": ("environment",)}, r"set one_process=True with it"),
+])
+def test_apart_names_services_of_a_one_process_stack_before_anything_starts(tmp_path, settings, message):
+    stack = Stack(hosts=2, db=str(tmp_path / "x.duckdb"), log_dir=str(tmp_path), **settings)
+    with pytest.raises(StackError, match=message):
+        stack.start()
+    assert stack.nats is None and stack.procs == {}
+
+
 def test_the_together_variable_is_checked():
     with pytest.raises(ValueError, match=r"POPULACE_TOGETHER is not a JSON list"):
         serve.together_specs("{oops")

@@ -12,7 +12,9 @@ ports. `metrics_ports` says which is which.
 loop (`python -m populace.core.serve --together`, key ONE_PROCESS), each with the settings its
 own process would have had (host id, NATS user), so the world is imported once instead of once
 per service. What needs a process per service (kill or restart one, its own log file, its rss,
-per-service metrics) is a StackError there, never done to the whole process."""
+per-service metrics) is a StackError there, never done to the whole process. `apart=("environment",
+"agent-host-1")` keeps a process each for the services a test kills, restarts or reads the log of,
+while the rest share one."""
 
 from __future__ import annotations
 
@@ -78,6 +80,11 @@ def settings_of(env: dict[str, str], what: str) -> dict[str, str]:
     return {k[len(SETTINGS_PREFIX):].lower(): v for k, v in env.items()}
 
 
+def _host_id(key: str) -> str:
+    """The host id of the agent-host `key` (agent-host-3 -> host-3)."""
+    return "host-" + key.removeprefix("agent-host-")
+
+
 def _raise_interrupt(*_) -> None:
     raise KeyboardInterrupt
 
@@ -109,6 +116,9 @@ class Stack:
     users: dict[str, str] | None = None
     # every service in one process and event loop (tests that need no process per service)
     one_process: bool = False
+    # service keys that keep a process each in a one-process stack: those a test kills, restarts
+    # or reads the log of (the rest still share one process and import the world once)
+    apart: tuple[str, ...] = ()
     # Environment variables that hold models' keys (a run's `models:` api_key_env): kept only in the
     # gateway's environment (which calls the models) and the replicas' (which ask for the key), taken
     # out of every other process's, so no host or recorder even holds a key. (A one-process stack
@@ -126,7 +136,8 @@ class Stack:
         _sigterm_stops_us()
         keys = service_keys(self.hosts)
         self.metrics_ports = self._metrics_ports(keys)  # before anything starts: a taken port stops here
-        together = self._together(keys) if self.one_process else None  # so does what one process cannot do
+        own = self._apart(keys)  # so does what one process cannot do
+        together = self._together([key for key in keys if key not in own]) if self.one_process else None
         self.log_dir = self.log_dir or tempfile.mkdtemp(prefix="populace-logs-")
         Path(self.log_dir).mkdir(parents=True, exist_ok=True)
         if not self.nats_url:
@@ -136,13 +147,12 @@ class Stack:
                 "POPULACE_LOG_FORMAT": "json", "POPULACE_PARENT_PID": str(os.getpid()), **self.env}
         # One port per process: none inherits the stack's base port (they would all bind it).
         base[METRICS_PORT_VARIABLE] = "0"
-        if together is not None:
+        if together:
             from populace.core.serve import TOGETHER_VARIABLE  # only here: it imports the service frame
 
             self._spawn(ONE_PROCESS, ["-m", "populace.core.serve", "--together"],
                         {**base, TOGETHER_VARIABLE: json.dumps(together)}, service=True)
-        else:
-            self._spawn_each(keys, base)
+        self._spawn_each(own, base)
         for key, args in self.extra.items():
             # --nats goes before a `--` (what follows it is passed through to another program)
             cut = args.index("--") if "--" in args else len(args)
@@ -153,28 +163,45 @@ class Stack:
             self._spawn(key, ["-m", "populace.cli", *args[:cut], "--nats", self.url, *args[cut:]], {**base, **user})
         return self
 
+    def _apart(self, keys: list[str]) -> list[str]:
+        """The services that get a process each, in start order: every one, or in a one-process
+        stack those named in `apart` (a name that is no service of this stack is a StackError)."""
+        if not self.one_process:
+            if self.apart:
+                raise StackError("apart names services that keep their own process in a one-process stack: "
+                                 "set one_process=True with it (here every service has a process anyway)")
+            return keys
+        unknown = sorted(set(self.apart) - set(keys))
+        if unknown:
+            raise StackError(f"apart: {', '.join(unknown)} is no service of this stack (its services: "
+                             f"{', '.join(keys)})")
+        return [key for key in keys if key in self.apart]
+
     def _spawn_each(self, keys: list[str], base: dict[str, str]) -> None:
-        """A process per service, each with its own environment."""
-        for name in CORE_SERVICES:
-            self._spawn(name, ["-m", "populace.core.serve", name],
-                        {**base, **self._user(name), **self._metrics_env(name)}, service=True)
-        for i, key in enumerate(keys[len(CORE_SERVICES):]):
-            self._spawn(key, ["-m", "populace.core.serve", "agent-host"],
-                        {**base, "POPULACE_HOST_ID": f"host-{i}", **self._host_user(f"host-{i}"), **self.host_env,
-                         **self._metrics_env(key)},
-                        service=True)
+        """A process for each service of `keys`, each with its own environment."""
+        for key in keys:
+            if key in CORE_SERVICES:
+                self._spawn(key, ["-m", "populace.core.serve", key],
+                            {**base, **self._user(key), **self._metrics_env(key)}, service=True)
+            else:
+                host_id = _host_id(key)
+                self._spawn(key, ["-m", "populace.core.serve", "agent-host"],
+                            {**base, "POPULACE_HOST_ID": host_id, **self._host_user(host_id), **self.host_env,
+                             **self._metrics_env(key)},
+                            service=True)
 
     def _together(self, keys: list[str]) -> list[tuple[str, dict[str, str]]]:
-        """Every service of a one-process stack, each with the settings its own process would
-        have had (`populace.core.serve --together`)."""
+        """The services of `keys` in a one-process stack, each with the settings its own process
+        would have had (`populace.core.serve --together`)."""
         if self.metrics_ports:
             raise StackError("a one-process stack has no per-service /metrics (its services share one Prometheus "
                              f"registry): start it with one_process=False, or set {METRICS_PORT_VARIABLE}=0")
-        specs: list[tuple[str, dict[str, str]]] = [(name, settings_of(self._user(name), name))
-                                                   for name in CORE_SERVICES]
-        host_settings = settings_of(self.host_env, "host_env")
-        for i in range(len(keys) - len(CORE_SERVICES)):
-            specs.append(("agent-host", {"host_id": f"host-{i}", **settings_of(self._host_user(f"host-{i}"), "host"),
+        specs: list[tuple[str, dict[str, str]]] = [(key, settings_of(self._user(key), key))
+                                                   for key in keys if key in CORE_SERVICES]
+        host_settings = settings_of(self.host_env, "host_env") if len(specs) < len(keys) else {}
+        for key in keys[len(specs):]:
+            host_id = _host_id(key)
+            specs.append(("agent-host", {"host_id": host_id, **settings_of(self._host_user(host_id), "host"),
                                          **host_settings}))
         return specs
 
@@ -183,7 +210,7 @@ class Stack:
         if key not in self.procs and self.one_process and key in service_keys(self.hosts):
             raise StackError(f"{key} shares the one process of this stack with every service "
                              f"(one_process=True): it cannot be killed, restarted or measured alone; "
-                             f"start the stack with one_process=False")
+                             f"name it in the stack's apart=(…), or start the stack with one_process=False")
         return self.procs[key]
 
     def _metrics_ports(self, keys: list[str]) -> dict[str, int]:
