@@ -156,7 +156,6 @@ def test_a_service_process_imports_with_the_collector_off():
 def test_a_service_runs_with_the_collector_on_and_its_imports_frozen(monkeypatch, together):
     # what the start imported is frozen out of the collector, which is on again before the
     # service's event loop runs (a service process that stayed without it would leak every cycle)
-    import asyncio
     import gc
     from types import SimpleNamespace
 
@@ -175,8 +174,7 @@ def test_a_service_runs_with_the_collector_on_and_its_imports_frozen(monkeypatch
             coro.close()
             seen.append((gc.isenabled(), gc.get_freeze_count() > 0))
 
-    monkeypatch.setattr(serve, "build", lambda name, settings=None: SimpleNamespace(app=SimpleNamespace(
-        run=lambda: asyncio.sleep(0))))
+    monkeypatch.setattr(serve, "build", lambda name, settings=None: SimpleNamespace(app=SimpleNamespace()))
     monkeypatch.setattr(serve, "factory", lambda name: None)
     monkeypatch.setattr(serve, "event_loop_runner", Runner)
     gc.disable()

@@ -88,7 +88,7 @@ def run(name: str) -> None:
     settled()
     with event_loop_runner() as runner:
         try:
-            runner.run(service.app.run())
+            runner.run(serve_until_stopped([(contextvars.copy_context(), service)]))
         except MetricsPortUnavailable as err:  # a setting to change, not a bug: no traceback
             sys.exit(f"error: {err}")
 
@@ -122,20 +122,27 @@ async def run_together(specs: list[tuple[str, dict[str, Any]]]) -> None:
     """Run the services `specs` names (each with its own settings: `Settings(**overrides)` over
     the environment) in this event loop until SIGTERM or SIGINT, or until one of them fails."""
     metrics_owner(specs)
-    apps = []
+    services = []
     for name, overrides in specs:
         ctx = own_context(name)
-        service = ctx.run(build, name, Settings(**overrides))
-        apps.append((ctx, service.app))
+        services.append((ctx, ctx.run(build, name, Settings(**overrides))))
+    await serve_until_stopped(services)
+
+
+async def serve_until_stopped(services: list[tuple[contextvars.Context, Service]]) -> None:
+    """Start each service's app in order (each in its context), serve until SIGTERM or SIGINT,
+    then stop the started ones in reverse order. Not FastStream's `app.run()`: it looks at its
+    exit flag ten times a second, about 2 ms of CPU a second per idle service; here an idle
+    service waits on nothing but its sockets and timers, and stops as soon as it is told."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     started = []
     try:
-        for ctx, app in apps:  # in order, as a stack starts its processes
-            await asyncio.create_task(app.start(), context=ctx)
-            started.append((ctx, app))
+        for ctx, service in services:  # in order, as a stack starts its processes
+            await asyncio.create_task(service.app.start(), context=ctx)
+            started.append((ctx, service.app))
         await stop.wait()
     finally:
         for ctx, app in reversed(started):

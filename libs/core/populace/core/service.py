@@ -366,6 +366,3 @@ class Service:
                                       headers=bus.dlq_headers(msg, reason, self.instance))
         except Exception as err:
             self.log.error("dead_letter_publish_failed", error=str(err))
-
-    async def run(self) -> None:
-        await self.app.run()
