@@ -147,10 +147,14 @@ def attacked(stack):
 
         async def attack() -> None:
             while (n := await queue.get()) is not None:
+                if n not in ("placed", 1):
+                    continue  # nothing to send as a later round opens
                 state = await run_state(nc, rid)
-                # running: its hosts spawned (the recorder has its placement), its first round opening,
-                # none of its outcomes played yet (the model takes 0.3 s an act, a scene several acts)
-                while state is None or state.status != "running":
+                # past spawning: its hosts spawned (the recorder has its placement); as a rule its
+                # first round opening, none of its outcomes played yet (the model takes 0.3 s an
+                # act, a scene several acts). On a loaded machine the run may be over by then:
+                # waiting for "running" would wait forever
+                while state is None or state.status == "spawning":
                     await asyncio.sleep(0.01)
                     state = await run_state(nc, rid)
                 ranges = {sh.host_id: sh.ranges[0] for sh in state.shares}
