@@ -69,17 +69,18 @@ SURVEY = Survey(id="after", questions=[
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
+def stack(tmp_path_factory, stacks):
+    """Each service and host connects as its own NATS user though they share one process (the
+    server enforces what a user may do per connection); the environment, whose RSS the bomb
+    test measures, keeps a process of its own."""
     tmp = tmp_path_factory.mktemp("owner-writes")
     users = {u: f"owners-{u}-{os.getpid()}" for u in (*USERS, *HOSTS)}
     defs = "".join(f'{u.upper().replace("-", "_")}_PASSWORD: "{users[u]}"\n' for u in USERS)
     conf = tmp / "auth.conf"
     conf.write_text(defs + with_hosts((ROOT / "deploy" / "nats" / "auth.conf").read_text(),
                                       {h: users[h] for h in HOSTS}))
-    s = Stack(hosts=2, db=str(tmp / "populace.duckdb"), users=users, nats_args=["-c", str(conf)],
-              env={"POPULACE_STORAGE": "memory"})
-    with s.up(timeout=120):
-        yield s
+    return stacks(hosts=2, db=str(tmp / "populace.duckdb"), users=users, nats_args=["-c", str(conf)],
+                  env={"POPULACE_STORAGE": "memory"}, one_process=True, apart=("environment",), timeout=120)
 
 
 def rss(stack: Stack, key: str) -> int:
