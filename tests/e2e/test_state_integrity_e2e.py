@@ -42,7 +42,7 @@ sys.path.insert(0, str(SIMS))  # memory_sim, for prepare() here; the services ge
 USERS = ("orchestrator", "environment", "gateway", "recorder", "agent-host", "replicas", "node", "cli", "manager",
          "admin")
 HOSTS = ("host-0", "host-1", "host-9")  # host-9: credentials only, no process: placed in no run
-AGENTS, ROUNDS = 400, 4
+AGENTS, ROUNDS = 200, 4
 CONFIG = {"simulation": "memory_sim:Memory", "agents": AGENTS, "rounds": ROUNDS, "seed": 4,
           "model": {"latency_s": 2.0, "seed": 9}}
 STALL_S = 20  # the orchestrator's round deadline here (POPULACE_ROUND_STALL_S)
@@ -172,7 +172,7 @@ def forged_agents(first: int, count: int) -> dict:
 def reference(stack) -> str:
     out, state = play_run(stack)
     assert out.status == "completed", out.reason
-    assert {sh.host_id: sh.count for sh in state.shares} == {"host-0": 200, "host-1": 200}
+    assert {sh.host_id: sh.count for sh in state.shares} == {"host-0": AGENTS // 2, "host-1": AGENTS // 2}
     assert len(rows(stack.db, out.run_id)) == AGENTS * ROUNDS
     return out.run_id
 
@@ -206,7 +206,7 @@ def test_a_lost_hosts_replacement_restores_its_genuine_checkpoint_under_forged_m
         if n == 2 and victim is None:
             victim = subjects.checkpoint_agents(rid, 1, 0)
             stack.kill("agent-host-0")  # before it could send its share of round 2
-            await forge(evil, victim, forged_agents(0, 200))
+            await forge(evil, victim, forged_agents(0, AGENTS // 2))
             head = await bus.run_head(evil.jetstream(), rid)  # a host may read any run's state
             await forge(evil, runconfigs.object_name(rid, head.config_ref), {"agents": 1})
             threading.Thread(target=stack.restart, args=("agent-host-0",), daemon=True).start()
@@ -232,8 +232,9 @@ def test_a_fork_starts_from_the_genuine_checkpoint_under_forged_metadata(stack, 
     async def attack() -> None:
         nc = await nats.connect(stack.url, **stack.credentials("host-1"))
         try:
-            await forge(nc, subjects.checkpoint_agents(reference, 1, 0), forged_agents(0, 200))
-            await forge(nc, subjects.checkpoint_agents(reference, 1, 200), forged_agents(200, 200))
+            await forge(nc, subjects.checkpoint_agents(reference, 1, 0), forged_agents(0, AGENTS // 2))
+            await forge(nc, subjects.checkpoint_agents(reference, 1, AGENTS // 2),
+                        forged_agents(AGENTS // 2, AGENTS // 2))
             await forge(nc, subjects.checkpoint_env(reference, 1), {"state": {}, "observation": {"round": 3}})
         finally:
             await nc.close()
@@ -301,7 +302,7 @@ def test_a_host_claiming_a_huge_capacity_gets_an_even_share(stack, reference):
 
     assert asyncio.run(claims()) == {"host-0": Settings().host_capacity, "host-1": 100_000_000}
     out, state = play_run(stack)
-    assert {sh.host_id: sh.count for sh in state.shares} == {"host-0": 200, "host-1": 200}
+    assert {sh.host_id: sh.count for sh in state.shares} == {"host-0": AGENTS // 2, "host-1": AGENTS // 2}
     check_exact(stack, out, reference)
 
 
