@@ -51,20 +51,22 @@ SURVEY = as_survey([Question(id="home", text="Do you like your street?", options
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
+def stack(tmp_path_factory, stacks):
+    """Each service and host connects as its own NATS user though they share one process (the
+    server enforces what a user may do per connection); the recorder, which the last test starts
+    again with its sweep on, keeps a process of its own."""
     tmp = tmp_path_factory.mktemp("checkpoint-attacks")
     users = {u: f"ckpt-{u}-{os.getpid()}" for u in (*USERS, *HOSTS)}
     defs = "".join(f'{u.upper().replace("-", "_")}_PASSWORD: "{users[u]}"\n' for u in USERS)
     conf = tmp / "auth.conf"
     conf.write_text(defs + with_hosts((ROOT / "deploy" / "nats" / "auth.conf").read_text(),
                                       {h: users[h] for h in HOSTS}))
-    s = Stack(hosts=2, db=str(tmp / "populace.duckdb"), users=users, nats_args=["-c", str(conf)],
-              env={"POPULACE_STORAGE": "memory", "POPULACE_HEARTBEAT_S": "0.5", "POPULACE_HOST_LOST_S": "4",
-                   "POPULACE_REGISTRY_TTL_S": "4", "POPULACE_CHECKPOINTS_MAX_BYTES": str(STORE_BYTES),
-                   "POPULACE_CHECKPOINTS_WRITER_RUN_MAX_BYTES": str(WRITER_RUN_BYTES),
-                   "POPULACE_CHECKPOINTS_SWEEP_S": "0"})  # off until the last test turns it on
-    with s.up(timeout=120):
-        yield s
+    return stacks(hosts=2, db=str(tmp / "populace.duckdb"), users=users, nats_args=["-c", str(conf)],
+                  env={"POPULACE_STORAGE": "memory", "POPULACE_HEARTBEAT_S": "0.5", "POPULACE_HOST_LOST_S": "4",
+                       "POPULACE_REGISTRY_TTL_S": "4", "POPULACE_CHECKPOINTS_MAX_BYTES": str(STORE_BYTES),
+                       "POPULACE_CHECKPOINTS_WRITER_RUN_MAX_BYTES": str(WRITER_RUN_BYTES),
+                       "POPULACE_CHECKPOINTS_SWEEP_S": "0"},  # off until the last test turns it on
+                  one_process=True, apart=("recorder",), timeout=120)
 
 
 def outcome_rows(db: str, rid: str, after: int = 0) -> list[tuple]:

@@ -18,7 +18,7 @@ from populace.core.contracts import ConfigRef, RunConfig
 
 pytestmark = pytest.mark.e2e
 
-AGENTS, ROUNDS, HOSTS = 40, 4, 2
+AGENTS, ROUNDS, HOSTS = 40, 4, 1  # one host: every host reads the config as its spawn names it
 VALIDATED = "populace_run_configs_validated_total"
 
 

@@ -4,8 +4,8 @@ queue (issue 26, items 6 and 7; item 1 is in test_fuzz_e2e and test_reply_subjec
 Users are on exactly as deploy/AUTH.md describes: one NATS user per service, and per agent-host
 (`populace auth host`). Two hosts play; the attacker holds the credentials of a third, `host-9`,
 a fleet member placed in no run. A simulated replica answers the `sim` runs, so the gateway
-records LLM calls. Each test plays an undisturbed run and an attacked one, and asserts that the
-attack changed no result and stalled nothing:
+records LLM calls. Each test plays an attacked run beside an undisturbed one (the two dummy
+attacks share theirs), and asserts that the attack changed no result and stalled nothing:
 - a flood of 4,500 inference requests, each within the gateway's caps (a dummy batch of 59 s),
   used to hold every gateway worker and paused the run; now the flooder gets its fair share;
 - batches sent first under the ids a host would use (`<host>.<run>.<round>.<k>`) used to make
@@ -129,10 +129,18 @@ async def ask_everywhere(nc, body: bytes, tag: str) -> None:
         await nc.publish(subject, body, reply=f"reply.gateway.{ATTACKER}.{tag}")
 
 
-def test_a_flood_within_the_gateways_caps_stalls_no_other_host(stack):
+@pytest.fixture(scope="module")
+def dummy_reference(stack) -> str:
+    """The undisturbed DUMMY run both of its attacked runs are compared with (the same config and
+    seeds play the same guesses on the same stack)."""
+    reference, _ = run(stack, DUMMY)
+    return reference
+
+
+def test_a_flood_within_the_gateways_caps_stalls_no_other_host(stack, dummy_reference):
     """Item 7: 4,500 requests from one host, each within the caps, held every worker of the
     gateway (4,096) for a minute: the other hosts' batches found none, and the run paused."""
-    reference, _ = run(stack, DUMMY)
+    reference = dummy_reference
 
     async def flood(nc, rid: str) -> None:
         model = {"backend": "dummy", "latency_s": 59.0}
@@ -146,12 +154,12 @@ def test_a_flood_within_the_gateways_caps_stalls_no_other_host(stack):
     stack.check_alive()
 
 
-def test_an_event_whose_reply_to_header_names_a_run_state_makes_no_service_write_it(stack):
+def test_an_event_whose_reply_to_header_names_a_run_state_makes_no_service_write_it(stack, dummy_reference):
     """Item 1, beyond the gateway: FastStream answers a JetStream message on its `reply_to`
     header with what the handler returned (None: an empty message), as the consuming service.
     A spawned report from host-9 (placed in no run: ignored) with `reply_to: $KV.runs.<rid>` had
     the orchestrator blank the run's state, and the run stalled for good."""
-    reference, _ = run(stack, DUMMY)
+    reference = dummy_reference
 
     async def deputy(nc, rid: str) -> None:
         js = nc.jetstream()

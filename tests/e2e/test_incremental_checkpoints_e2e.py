@@ -17,7 +17,6 @@ from in_round import kill_in_round
 
 from populace.client.prepare import prepare, prepare_fork
 from populace.client.run import play, run_state
-from populace.client.stack import Stack
 from populace.core import bus, checkpoints, owned_objects, subjects
 from populace.core.contracts import Restore, RunConfig
 from populace.sdk.local import run_local
@@ -32,13 +31,12 @@ DROP = ("run_id", "latency_ms", "closed_at")
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    db = tmp_path_factory.mktemp("ckpt") / "populace.duckdb"
-    # a lost host is noticed within seconds, as in the fault matrix
-    s = Stack(hosts=2, db=str(db), env={"POPULACE_STORAGE": "memory", "POPULACE_HOST_LOST_S": "4",
-                                         "POPULACE_HEARTBEAT_S": "0.5", "POPULACE_REGISTRY_TTL_S": "4"})
-    with s.up(timeout=120):
-        yield s
+def stack(stacks):
+    # a lost host is noticed within seconds, as in the fault matrix; the host the test kills has a
+    # process of its own, the other services share one
+    return stacks(hosts=2, env={"POPULACE_STORAGE": "memory", "POPULACE_HOST_LOST_S": "4",
+                                "POPULACE_HEARTBEAT_S": "0.5", "POPULACE_REGISTRY_TTL_S": "4"},
+                  one_process=True, apart=("agent-host-1",), timeout=120)
 
 
 def outcomes(db: str, table: str, run_id: str, after: int = 0) -> list[tuple]:

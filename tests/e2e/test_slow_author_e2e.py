@@ -6,7 +6,7 @@ re-placement, exactly as in one process; and `round_profile` says where each rou
 per round and host whose view seconds are the burnt ones, the environment's decide and the
 recorder's record — as `populace results --profile` shows it.
 
-Mostly CPU, not waiting: host-0 burns about 11 s of views, host-1 about 5 s."""
+Mostly CPU, not waiting: host-0 burns about 8.5 s of views, host-1 about 2.5 s."""
 
 from __future__ import annotations
 
@@ -31,22 +31,25 @@ SIMS = Path(__file__).with_name("sims")
 sys.path.insert(0, str(SIMS))  # slow_sims, for prepare() and the local run here; the services get it through PYTHONPATH
 
 LOST_S = 4.0  # POPULACE_HOST_LOST_S here: a host silent this long is lost
-AGENTS, ROUNDS, VIEW_MS, FIRST_MS = 200, 2, 25.0, 6000.0
+AGENTS, ROUNDS, VIEW_MS, FIRST_MS = 100, 2, 25.0, 6000.0
 CONFIG = {"simulation": "slow_sims:SlowView", "agents": AGENTS, "rounds": ROUNDS, "seed": 3,
           "model": {"latency_s": 0.05, "seed": 2},
           # agent 0's view in round 1 takes 6 s (one call, longer than LOST_S); every view 25 ms:
-          # 100 agents' views on a host hold its loop 2.5 s a round, and 8.5 s in host-0's round 1
+          # 50 agents' views on a host hold its loop 1.25 s a round (25 slices of the loop), and
+          # 7.25 s in host-0's round 1
           "slow": {"view_ms": VIEW_MS, "first_ms": FIRST_MS, "first_agent": 0}}
 DROP = ("run_id", "latency_ms", "closed_at", "prompt_tokens", "completion_tokens")
 
 
 @pytest.fixture(scope="module")
 def stack(stacks):
-    # a lost host is noticed within seconds, as in the fault matrix; one process per service:
-    # a stack in one process would hold the orchestrator's loop with the host's
+    # a lost host is noticed within seconds, as in the fault matrix; each host has a process of
+    # its own (sharing the orchestrator's would hold its loop with the host's), the other
+    # services share one
     return stacks(hosts=2, env={"PYTHONPATH": str(SIMS), "POPULACE_STORAGE": "memory",
                                 "POPULACE_HOST_LOST_S": str(LOST_S), "POPULACE_HEARTBEAT_S": "0.5",
-                                "POPULACE_REGISTRY_TTL_S": "4"}, timeout=120)
+                                "POPULACE_REGISTRY_TTL_S": "4"},
+                  one_process=True, apart=("agent-host-0", "agent-host-1"), timeout=120)
 
 
 def rows_of(db: str, sql: str, params: list) -> list[dict]:
@@ -98,7 +101,7 @@ def test_a_host_held_by_its_views_is_not_lost_and_the_profile_says_where_the_tim
                     for role, host in (("environment", "environment"), ("host", "host-0"), ("host", "host-1"),
                                        ("recorder", "recorder"))]
     hosts = {(r["round"], r["host_id"]): r for r in profile if r["role"] == "host"}
-    per_host = AGENTS // 2 * VIEW_MS / 1000  # 2.5 s of views a round
+    per_host = AGENTS // 2 * VIEW_MS / 1000  # 1.25 s of views a round
     for (n, host), r in hosts.items():
         burnt = per_host + (FIRST_MS / 1000 if (n, host) == (1, "host-0") else 0.0)
         assert r["agents"] == AGENTS // 2
