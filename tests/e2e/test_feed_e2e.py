@@ -1,22 +1,22 @@
 """End to end, the feed — a world (the pool of posts), each agent's view made on its host, follows
 as edge edits, activation by persona: played on real processes and recorded exactly as the local
-runner records it (outcomes, rounds, edges, posts, shown) — `populace demo --scenario examples/feed.yaml`
-on 2 agent-hosts, on 3, with one agent per OS process, and with the environment service and an
-agent-host killed in the middle of a round and restarted."""
+runner records it (outcomes, rounds, edges, posts, shown) — examples/feed.yaml and a smaller feed
+on 3 agent-hosts, with one agent per OS process, and with the environment service and an
+agent-host killed in the middle of a round and restarted. The module's stack runs its services in
+one process but those two (each has its own, to be killed): the world is imported three times,
+not seven."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import duckdb
 import pytest
 from in_round import kill_in_round
 
-from populace.client.prepare import prepare, prepare_file
+from populace.client.prepare import PreparedRun, prepare, prepare_file
 from populace.client.run import play, run_state
 from populace.client.stack import Stack
 from populace.core import bus
@@ -37,7 +37,9 @@ def stack(tmp_path_factory):
     db = tmp_path_factory.mktemp("feed") / "populace.duckdb"
     # a lost host is noticed within seconds (the kill test), as in the fault matrix
     s = Stack(hosts=3, db=str(db), env={"POPULACE_STORAGE": "memory", "POPULACE_HOST_LOST_S": "4",
-                                         "POPULACE_HEARTBEAT_S": "0.5", "POPULACE_REGISTRY_TTL_S": "4"})
+                                         "POPULACE_HEARTBEAT_S": "0.5", "POPULACE_REGISTRY_TTL_S": "4"},
+              # its services share one process but the two the kill test SIGKILLs and restarts
+              one_process=True, apart=("environment", "agent-host-1"))
     with s.up(timeout=120):
         yield s
 
@@ -79,8 +81,8 @@ def assert_as_in_one_process(db: str, run_id: str, local: LocalResult) -> None:
         [(r["round"], r["agent_id"]) for r in rows(local.outcomes)]
 
 
-def fleet(stack: Stack, data: dict, during=None):
-    prepared = prepare(RunConfig.model_validate(data))
+def fleet(stack: Stack, data: dict | PreparedRun, during=None):
+    prepared = data if isinstance(data, PreparedRun) else prepare(RunConfig.model_validate(data))
 
     async def go():
         nc = await bus.connect(stack.url, "e2e-feed")
@@ -98,20 +100,19 @@ def fleet(stack: Stack, data: dict, during=None):
     return prepared, out, state
 
 
-def test_the_feed_demo_on_two_hosts_records_what_one_process_records(tmp_path):
-    """`populace demo --scenario examples/feed.yaml`: a private stack with 2 agent-hosts."""
-    scenario = ROOT / "examples" / "feed.yaml"
-    db = tmp_path / "feed.duckdb"
-    res = subprocess.run([sys.executable, "-m", "populace.cli", "demo", "--scenario", str(scenario), "--db", str(db),
-                          "--hosts", "2"], capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stdout + res.stderr
-    with duckdb.connect(str(db), read_only=True) as con:
-        (run_id,) = con.execute("SELECT run_id FROM runs").fetchone()
-        hosts = con.execute("SELECT count(DISTINCT host_id) FROM agents WHERE run_id = ?", [run_id]).fetchone()[0]
-    assert hosts == 2
-    local = local_of(prepare_file(scenario))
+def test_the_feed_example_on_three_hosts_records_what_one_process_records(stack):
+    """examples/feed.yaml as `populace demo --scenario` prepares it (prepare_file), played on the
+    module's stack. The demo command itself (its private stack, its --scenario options) is proved
+    by tests/e2e/test_cli.py (test_demo_with_a_scenario_plays_the_agents_and_rounds_given,
+    test_demo_plays_and_results_reads_the_db)."""
+    prepared, out, _ = fleet(stack, prepare_file(ROOT / "examples" / "feed.yaml"))
+    assert out.status == "completed", out.reason
+    with duckdb.connect(stack.db, read_only=True) as con:
+        hosts = con.execute("SELECT count(DISTINCT host_id) FROM agents WHERE run_id = ?", [out.run_id]).fetchone()[0]
+    assert hosts == 3
+    local = local_of(prepared)
     assert sum(local.rounds["follows"]) > 0 and sum(local.rounds["unfollows"]) > 0
-    assert_as_in_one_process(str(db), run_id, local)
+    assert_as_in_one_process(stack.db, out.run_id, local)
 
 
 FEED = {"simulation": "feed", "agents": 400, "rounds": 3, "seed": 6, "model": {"latency_s": 0.02, "seed": 2},

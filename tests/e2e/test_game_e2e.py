@@ -1,8 +1,9 @@
 """End to end: nats-server and the services, a game played over the bus and the DuckDB file
 checked exactly. The module's stack runs the services in one process (`one_process=True`: no
 test here kills or measures one service); the stack `populace demo` uses, every service its own
-OS process, exports each service's metrics, stops on SIGTERM, and records the same rows as the
-one-process stack for the same seeded game (the last test)."""
+OS process, exports each service's metrics on its own port (their counters moved exactly by a
+game on a simulated vLLM replica), stops on SIGTERM, and records the same rows as the one-process
+stack for the same seeded game (the last test)."""
 
 from __future__ import annotations
 
@@ -151,46 +152,84 @@ def rows(db: str, run_id: str) -> dict[str, list[tuple]]:
 
 def test_a_process_per_service_stack_exports_metrics_stops_on_sigterm_and_records_what_one_process_does(
         tmp_path, stack):
-    """One process-per-service stack for three checks (each used to start its own): its services
-    export metrics while a game plays, then every one of them stops on SIGTERM (none needs
-    SIGKILL), having served a run; and the same seeded game on the module's one-process stack
-    records exactly the same rows (so what the one-process stacks of the other tests record is
-    what the product's stack records)."""
-    import httpx
+    """One process-per-service stack for four checks (each used to start its own; the first was
+    tests/e2e/test_metrics_scrape.py's): every service exports on its own port, in
+    POPULACE_METRICS_PORT's layout, every series from its start, and a small game on a simulated
+    vLLM replica moves the counters exactly; a seeded game on the dummy model moves them again;
+    then every service stops on SIGTERM (none needs SIGKILL), having served two runs; and the
+    same seeded game on the module's one-process stack records exactly the same rows (so what
+    the one-process stacks of the other tests record is what the product's stack records)."""
+    from test_metrics_scrape import expected_names, free_ports_from, scrape, total  # tests/e2e is on sys.path
 
-    game = RunConfig.model_validate({"agents": 120, "rounds": 2, "seed": 4, "model": {"latency_s": 0, "seed": 9}})
-    s = Stack(hosts=1, db=str(tmp_path / "m.duckdb"), env={"POPULACE_STORAGE": "memory"}, metrics=True)
+    from populace.client.stack import CORE_SERVICES, metrics_layout, service_keys
+
+    AGENTS, ROUNDS = 40, 2  # the run on the simulated replica
+    first = free_ports_from(len(CORE_SERVICES) + 1)
+    s = Stack(hosts=1, db=str(tmp_path / "m.duckdb"),
+              env={"POPULACE_STORAGE": "memory", "POPULACE_METRICS_PORT": str(first)},
+              extra={"replicas-sim": ["replicas", "sim", "--count", "1"]}, replicas=1)
     s.start()
     try:
-        asyncio.run(s.wait_ready(timeout=90))
-        procs = dict(s.procs)
+        asyncio.run(s.wait_ready(timeout=120))
+        assert s.metrics_ports == metrics_layout(service_keys(1), first)
+        procs = {key: p for key, p in s.procs.items() if key in service_keys(1)}
+        before = {key: scrape(port) for key, port in s.metrics_ports.items()}
+        on_sim = run_game(s, RunConfig.model_validate({"agents": AGENTS, "rounds": ROUNDS,
+                                                       "model": {"backend": "sim", "seed": 3}}))
+        assert on_sim.status == "completed", on_sim.reason
+        after = {key: scrape(port) for key, port in s.metrics_ports.items()}
+        game = RunConfig.model_validate({"agents": 120, "rounds": 2, "seed": 4, "model": {"latency_s": 0, "seed": 9}})
         out = run_game(s, game)
-        assert out.status == "completed"
-        scraped = {key: httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-                   for key, port in s.metrics_ports.items()}
+        assert out.status == "completed", out.reason
+        again = {key: scrape(port) for key, port in s.metrics_ports.items()}
     finally:
         killed = s.stop(timeout=30)  # SIGTERM is what is proven, not how fast on a loaded machine
     assert killed == []
     assert {k: p.returncode for k, p in procs.items() if p.returncode not in (0, -15)} == {}
 
-    def value(text: str, series: str) -> float:
-        for line in text.splitlines():
-            name, _, number = line.rpartition(" ")
-            if name == series:
-                return float(number)
-        raise KeyError(f"{series} not exposed")
+    for key, series in before.items():  # every name is there before the first run
+        assert expected_names(key) <= set(series), (key, expected_names(key) - set(series))
+    decisions = AGENTS * ROUNDS  # the run on the simulated replica, alone on the stack
+    orch, host, gw, rec = after["orchestrator"], after["agent-host-0"], after["gateway"], after["recorder"]
+    assert total(orch, "populace_round_seconds_count", service="orchestrator") == ROUNDS
+    assert total(orch, "populace_round_seconds_sum", service="orchestrator") > 0
+    assert total(orch, "populace_runs_total", status="started") == 1
+    assert total(orch, "populace_runs_total", status="completed") == 1
+    assert total(orch, "populace_runs_active") == 0
+    assert total(after["environment"], "populace_rounds_total", service="environment") == ROUNDS
+    assert total(host, "populace_round_seconds_count", service="agent-host") == ROUNDS
+    assert total(host, "populace_batch_seconds_count", service="agent-host", kind="infer") >= ROUNDS
+    assert total(host, "populace_items_total", service="agent-host", kind="infer") == decisions
+    assert total(host, "populace_invalid_answers_total", service="agent-host") == 0
+    assert total(host, "populace_retries_total", service="agent-host") == 0
+    assert total(gw, "populace_batch_seconds_count", service="gateway", kind="infer") >= ROUNDS
+    assert total(gw, "populace_llm_calls_total") == decisions
+    assert total(gw, "populace_llm_seconds_count") == decisions
+    assert total(gw, "populace_llm_tokens_total", kind="prompt") > 0
+    assert total(gw, "populace_llm_tokens_total", kind="completion") > 0
+    assert total(gw, "populace_reasks_total") >= 0  # the simulated replica answers to the schema
+    assert total(gw, "populace_invalid_answers_total", service="gateway") == 0
+    # one replica, named by its registry key: replicas.sim-0-<port>
+    (replica,) = {labels["replica"] for labels, _ in gw["populace_llm_calls_total"]}
+    assert replica.startswith("replicas.sim-0")
+    assert total(gw, "populace_replica_up", replica=replica) == 1
+    assert total(rec, "populace_batch_seconds_count", service="recorder", kind="messages") >= 1
+    assert total(rec, "populace_items_total", service="recorder", kind="outcomes") == decisions
 
-    assert value(scraped["orchestrator"], 'populace_rounds_total{service="orchestrator"}') == 2
-    assert value(scraped["environment"], 'populace_rounds_total{service="environment"}') == 2
-    host = scraped["agent-host-0"]
-    assert value(host, 'populace_rounds_total{service="agent-host"}') == 2
-    assert value(host, "populace_agents_hosted") == 0  # the run is over: agents released
-    assert value(host, 'populace_items_total{kind="outcomes",service="agent-host"}') == 240
-    assert value(host, 'populace_llm_in_flight{service="agent-host"}') == 0
-    assert value(scraped["gateway"], 'populace_items_total{kind="infer",service="gateway"}') == 240
-    assert value(scraped["recorder"], 'populace_items_total{kind="outcomes",service="recorder"}') == 240
-    for key in ("orchestrator", "environment", "gateway", "recorder", "agent-host-0"):
-        assert "populace_dead_letters_total" in scraped[key]
+    def moved(key: str, name: str, **labels: str) -> float:  # by the dummy game, the second run
+        return total(again[key], name, **labels) - total(after[key], name, **labels)
+
+    assert moved("orchestrator", "populace_rounds_total", service="orchestrator") == 2
+    assert moved("environment", "populace_rounds_total", service="environment") == 2
+    assert moved("agent-host-0", "populace_rounds_total", service="agent-host") == 2
+    assert total(again["agent-host-0"], "populace_agents_hosted") == 0  # the runs are over: agents released
+    assert moved("agent-host-0", "populace_items_total", kind="outcomes", service="agent-host") == 240
+    assert total(again["agent-host-0"], "populace_llm_in_flight", service="agent-host") == 0
+    assert moved("gateway", "populace_items_total", kind="infer", service="gateway") == 240
+    assert moved("recorder", "populace_items_total", kind="outcomes", service="recorder") == 240
+    assert total(again["orchestrator"], "populace_runs_total", status="completed") == 2
+    for key, series in again.items():
+        assert total(series, "populace_dead_letters_total") == 0, key
 
     together = run_game(stack, game)  # two hosts in one process: the split does not change a row either
     assert together.status == "completed", together.reason

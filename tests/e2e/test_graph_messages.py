@@ -73,8 +73,8 @@ def play_on(stack: Stack, prepared, name: str):
     async def go():
         nc = await connect(stack, name)
         try:
-            return await play(nc, prepared.config, graph=prepared.graph_blobs, manifest=prepared.manifest,
-                              stall_s=120)
+            return await play(nc, prepared.config, personas=prepared.personas, graph=prepared.graph_blobs,
+                              manifest=prepared.manifest, stall_s=120)
         finally:
             await nc.close()
 
@@ -94,12 +94,14 @@ def lossy(tmp_path_factory):
     noticed within seconds (the kill test), as in the fault matrix. With users on (one NATS user
     per service and per host), the stricter of the two bus modes: the server must refuse nothing
     the mail, its re-reads and a re-placed share ask for. (Each test ran on an open bus too
-    before; what that added, mail between hosts with no users, the opinion demo below plays.)"""
+    before; what that added, mail between hosts with no users, the opinion example below plays.)
+    Its services share one process but agent-host-1, which the kill test SIGKILLs: host 0, the
+    only host in the shared process, still drops its own first mail message."""
     tmp = tmp_path_factory.mktemp("graph")
     s = Stack(hosts=2, db=str(tmp / "populace.duckdb"),
               env={"PYTHONPATH": str(SIMS), "POPULACE_FAULT_DROP_MAIL": "1", "POPULACE_HOST_LOST_S": "4",
                    "POPULACE_HEARTBEAT_S": "0.5", "POPULACE_REGISTRY_TTL_S": "4"},
-              **users_on(tmp))
+              one_process=True, apart=("agent-host-1",), **users_on(tmp))  # host 1: the kill test's
     with s.up(timeout=90):
         yield s
 
@@ -110,7 +112,8 @@ def test_inboxes_stay_exact_when_mail_between_hosts_is_lost(lossy):
 
     outcome = play_on(lossy, prepared, "e2e-graph")
     assert outcome.status == "completed", outcome
-    logs = "".join(Path(lossy.log_dir, f"agent-host-{i}.log").read_text() for i in range(2))
+    # every service's log: host 0's lines are in the shared process's, host 1's in its own
+    logs = "".join(log.read_text() for log in Path(lossy.log_dir).glob("*.log") if log.name != "nats-server.log")
     assert logs.count("mail_dropped_for_fault_test") == 2, "each host should have lost one mail message"
     assert "mail_refetched" in logs
 
@@ -154,19 +157,21 @@ def test_follows_and_unfollows_reach_the_mail_across_hosts_as_in_one_process(los
     no_violations(lossy)
 
 
-def test_the_opinion_demo_records_every_post_and_stance_and_every_inbox_is_exact(tmp_path, cli):
-    """`populace demo --scenario examples/opinion.yaml`: a private stack with 2 agent-hosts."""
+def test_the_opinion_example_records_every_post_and_stance_and_every_inbox_is_exact(tmp_path, cli):
+    """examples/opinion.yaml as `populace demo --scenario` prepares it (prepare_file) and plays it:
+    on a stack of its own with 2 agent-hosts and an open bus (no users: the module's stack has
+    them), its services in one process, read once the stack stopped. The demo command itself is
+    proved by tests/e2e/test_cli.py (test_demo_with_a_scenario_plays_the_agents_and_rounds_given,
+    test_demo_plays_and_results_reads_the_db)."""
     import json
-    import subprocess
 
     from populace.client.prepare import prepare_file
 
-    scenario = Path(__file__).parents[2] / "examples" / "opinion.yaml"
+    prepared = prepare_file(Path(__file__).parents[2] / "examples" / "opinion.yaml")
     db = tmp_path / "opinion.duckdb"
-    res = subprocess.run([sys.executable, "-m", "populace.cli", "demo", "--scenario", str(scenario), "--db", str(db),
-                          "--hosts", "2"], capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stdout + res.stderr
-    prepared = prepare_file(scenario)  # the same graph, built again from the scenario (seeded)
+    with Stack(hosts=2, db=str(db), one_process=True).up(timeout=90) as stack:
+        outcome = play_on(stack, prepared, "e2e-opinion")
+    assert outcome.status == "completed", outcome.reason
     agents, rounds = prepared.config.agents, prepared.config.rounds
     with duckdb.connect(str(db), read_only=True) as con:
         run_id, config = con.execute("SELECT run_id, config_json FROM runs").fetchone()

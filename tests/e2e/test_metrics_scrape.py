@@ -1,12 +1,13 @@
 """Operator metrics of a running stack: every service process exports its own /metrics port
 when POPULACE_METRICS_PORT is set (as `populace up` sets it: orchestrator on the first port,
-then environment, gateway, recorder, agent-host-0 …). A small game on simulated vLLM replicas
-moves the counters; `populace up` itself comes up with every service exporting and stops on
-SIGTERM."""
+then environment, gateway, recorder, agent-host-0 …). `populace up` itself comes up with every
+service exporting and stops on SIGTERM; a taken port is refused before anything starts. That a
+stack's services export from their start and a small game on a simulated vLLM replica moves
+their counters exactly is tests/e2e/test_game_e2e.py's process-per-service test (one stack for
+that and its other checks; the helpers here are its own)."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import random
 import re
@@ -21,15 +22,12 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from populace.client.run import play
 from populace.client.stack import CORE_SERVICES, Stack, StackError, _port_taken, metrics_layout, service_keys
-from populace.core import bus, metrics
-from populace.core.contracts import RunConfig
+from populace.core import metrics
 from populace.core.natsserver import free_port
 
 pytestmark = pytest.mark.e2e
 
-AGENTS, ROUNDS = 40, 2
 
 
 def free_ports_from(count: int) -> int:
@@ -66,60 +64,6 @@ def expected_names(key: str) -> set[str]:
         (family,) = metric.describe()
         names.add(family.name + suffixes[family.type])
     return names
-
-
-def test_every_service_of_the_stack_exports_on_its_own_port_and_the_counters_move(tmp_path):
-    first = free_ports_from(len(CORE_SERVICES) + 1)
-    stack = Stack(hosts=1, db=str(tmp_path / "m.duckdb"),
-                  env={"POPULACE_STORAGE": "memory", "POPULACE_METRICS_PORT": str(first)},
-                  extra={"replicas-sim": ["replicas", "sim", "--count", "1"]}, replicas=1)
-    with stack.up(timeout=120):
-        assert stack.metrics_ports == metrics_layout(service_keys(1), first)
-        before = {key: scrape(port) for key, port in stack.metrics_ports.items()}
-
-        async def go():
-            nc = await bus.connect(stack.url, "metrics-e2e")
-            try:
-                config = RunConfig.model_validate({"agents": AGENTS, "rounds": ROUNDS,
-                                                   "model": {"backend": "sim", "seed": 3}})
-                return await play(nc, config, stall_s=120)
-            finally:
-                await nc.close()
-
-        out = asyncio.run(go())
-        assert out.status == "completed", out.reason
-        after = {key: scrape(port) for key, port in stack.metrics_ports.items()}
-
-    for key, series in before.items():  # every name is there before the first run
-        assert expected_names(key) <= set(series), (key, expected_names(key) - set(series))
-    decisions = AGENTS * ROUNDS
-    orch, host, gw, rec = after["orchestrator"], after["agent-host-0"], after["gateway"], after["recorder"]
-    assert total(orch, "populace_round_seconds_count", service="orchestrator") == ROUNDS
-    assert total(orch, "populace_round_seconds_sum", service="orchestrator") > 0
-    assert total(orch, "populace_runs_total", status="started") == 1
-    assert total(orch, "populace_runs_total", status="completed") == 1
-    assert total(orch, "populace_runs_active") == 0
-    assert total(after["environment"], "populace_rounds_total", service="environment") == ROUNDS
-    assert total(host, "populace_round_seconds_count", service="agent-host") == ROUNDS
-    assert total(host, "populace_batch_seconds_count", service="agent-host", kind="infer") >= ROUNDS
-    assert total(host, "populace_items_total", service="agent-host", kind="infer") == decisions
-    assert total(host, "populace_invalid_answers_total", service="agent-host") == 0
-    assert total(host, "populace_retries_total", service="agent-host") == 0
-    assert total(gw, "populace_batch_seconds_count", service="gateway", kind="infer") >= ROUNDS
-    assert total(gw, "populace_llm_calls_total") == decisions
-    assert total(gw, "populace_llm_seconds_count") == decisions
-    assert total(gw, "populace_llm_tokens_total", kind="prompt") > 0
-    assert total(gw, "populace_llm_tokens_total", kind="completion") > 0
-    assert total(gw, "populace_reasks_total") >= 0  # the simulated replica answers to the schema
-    assert total(gw, "populace_invalid_answers_total", service="gateway") == 0
-    # one replica, named by its registry key: replicas.sim-0-<port>
-    (replica,) = {labels["replica"] for labels, _ in gw["populace_llm_calls_total"]}
-    assert replica.startswith("replicas.sim-0")
-    assert total(gw, "populace_replica_up", replica=replica) == 1
-    assert total(rec, "populace_batch_seconds_count", service="recorder", kind="messages") >= 1
-    assert total(rec, "populace_items_total", service="recorder", kind="outcomes") == decisions
-    for key, series in after.items():
-        assert total(series, "populace_dead_letters_total") == 0, key
 
 
 def test_a_taken_metrics_port_is_a_clear_error_before_anything_starts(tmp_path):

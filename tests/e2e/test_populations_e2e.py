@@ -1,17 +1,17 @@
 """Issue #4 end to end with real processes (dummy model, so it is fast): a scenario with
 personas and the CoT prompt runs 3 rounds; the recorder keeps profiles and the manifest;
-`results --by`, `report` and `export` read it; a sweep runs a grid × seeds and compares seeds."""
+`results --by`, `report` and `export` read it; a sweep runs a grid × seeds and compares seeds.
+Every command runs in this process (the `cli` fixture): those that start a stack (demo, sweep,
+rerun) still start nats-server and a process per service, as the product does; the console
+script as a process is tests/e2e/test_cli.py's."""
 
 from __future__ import annotations
 
 import csv
 import html as markup
 import json
-import os
 import re
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import duckdb
@@ -40,13 +40,6 @@ def mean_ci(values: list[float]) -> tuple[int, float, float, float]:
     return n, mean, mean - half, mean + half
 
 
-def populace(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    """The console script as a process: for the commands that start a stack (demo, sweep, rerun).
-    What only reads or writes files (personas, results, report, export) runs in process (`cli`)."""
-    return subprocess.run([sys.executable, "-m", "populace.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **WIDE})
-
-
 @pytest.fixture(scope="module")
 def played(tmp_path_factory, cli):
     tmp = tmp_path_factory.mktemp("pop")
@@ -59,7 +52,7 @@ def played(tmp_path_factory, cli):
         "population: {personas: personas.jsonl}\n"
         "model: {backend: dummy, latency_s: 0.01, seed: 3}\n")
     db = tmp / "p.duckdb"
-    res = populace("demo", "--scenario", str(tmp / "scenario.yaml"), "--db", str(db))
+    res = cli("demo", "--scenario", str(tmp / "scenario.yaml"), "--db", str(db), env=WIDE)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "recorded 150 outcomes (table guesses)" in res.stdout
     with duckdb.connect(str(db), read_only=True) as con:
@@ -148,7 +141,7 @@ def test_sweep_runs_grid_times_seeds_and_compares_seeds(played, tmp_path, cli):
         f"name: answers\nscenario: {tmp / 'scenario.yaml'}\nbase: {{rounds: 2}}\n"
         "grid: {prompt.answer: [direct, cot]}\nseeds: [1, 2]\n")
     db, out = tmp_path / "s.duckdb", tmp_path / "s.csv"
-    res = populace("sweep", str(tmp_path / "sweep.yaml"), "--db", str(db), "--out", str(out), "--no-progress")
+    res = cli("sweep", str(tmp_path / "sweep.yaml"), "--db", str(db), "--out", str(out), "--no-progress", env=WIDE)
     assert res.returncode == 0, res.stderr[-3000:]
     rows = list(csv.DictReader(out.open()))
     assert len(rows) == 8 and {r["status"] for r in rows} == {"completed"}
@@ -187,9 +180,9 @@ def test_sweep_runs_grid_times_seeds_and_compares_seeds(played, tmp_path, cli):
         assert (runs, seed_mean, seed_ci) == ("2", f"{mean:.2f}", f"[{low:.2f}, {high:.2f}]"), level
 
 
-def test_rerun_from_the_manifest_reproduces_the_rounds(played):
+def test_rerun_from_the_manifest_reproduces_the_rounds(played, cli):
     _, db, run_id = played
-    res = populace("rerun", run_id, "--db", str(db))
+    res = cli("rerun", run_id, "--db", str(db), env=WIDE)
     assert res.returncode == 0, res.stderr[-3000:]
     assert f"of {run_id}" in res.stdout
     rows = [line for line in res.stdout.splitlines() if re.match(r"│\s+\d+ │", line)]

@@ -12,15 +12,14 @@ outcomes, acts and lines it lacks — in the follower (`populace run`), `runs`, 
 what the manager's run page reads. A batch refused whole (a column the run lacks) is waited for,
 then the run ends `incomplete` too: the recorder never waits for ever.
 
-One stack, hosts of the default capacity (a lost host's agents fit on the survivor). The module
+One stack, hosts of the default capacity (a lost host's agents fit on the survivor), its services
+in one process but agent-host-1 (the one the kill test SIGKILLs and restarts). The module
 mostly waits: on the paced dummy model and, in the kill rows, on the 4 s host-loss window."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 
 import duckdb
 import pytest
@@ -43,7 +42,8 @@ def stack(tmp_path_factory):
     s = Stack(hosts=2, db=str(db), env={"POPULACE_STORAGE": "memory", "POPULACE_HOST_LOST_S": "4",
                                          "POPULACE_HEARTBEAT_S": "0.5", "POPULACE_REGISTRY_TTL_S": "4",
                                          # a batch refused whole is waited for this long (180 s by default)
-                                         "POPULACE_RECORDER_MISSING_WAIT_S": "5"})
+                                         "POPULACE_RECORDER_MISSING_WAIT_S": "5"},
+              one_process=True, apart=("agent-host-1",))  # a process of its own: the one the kill test SIGKILLs
     with s.up(timeout=120):
         yield s
 
@@ -171,7 +171,7 @@ def forge_first(rid: str, local: LocalResult, spoil, lost: dict):
     return forge_host_0
 
 
-def test_a_bad_group_is_refused_alone_and_the_run_ends_incomplete_saying_why(stack):
+def test_a_bad_group_is_refused_alone_and_the_run_ends_incomplete_saying_why(stack, cli):
     data = bargaining(20, latency_s=0.5, rounds=1)
     prepared = prepare(RunConfig.model_validate(data))
     local = asyncio.run(run_local(prepared.resolved))
@@ -200,8 +200,7 @@ def test_a_bad_group_is_refused_alone_and_the_run_ends_incomplete_saying_why(sta
             await nc.close()
 
     assert asyncio.run(as_the_manager_reads_it()) == ("incomplete", why)
-    res = subprocess.run([sys.executable, "-m", "populace.cli", "results", rid, "--json", "--db", stack.db,
-                          "--nats", stack.url], capture_output=True, text=True, timeout=120)
+    res = cli("results", rid, "--json", "--db", stack.db, "--nats", stack.url)
     assert res.returncode == 0, res.stdout + res.stderr
     (run,) = json.loads(res.stdout)["runs"]
     assert (run["status"], run["reason"]) == ("incomplete", why)

@@ -1,13 +1,14 @@
 """End to end, the shapes of study beyond "everyone acts at once": scenes (ordered acts inside a
 round), activation (only some agents act) and nested groups, each played on real processes and
-recorded exactly as the local runner records it — on 2 agent-hosts (`populace demo`), on 3, with
-one agent per OS process, and after an agent-host is killed in the middle of a round of scenes."""
+recorded exactly as the local runner records it — on 3 agent-hosts, with one agent per OS process,
+and after an agent-host is killed in the middle of a round of scenes. The module's stack runs its
+services in one process but agent-host-1 (the one the kill test SIGKILLs): the world is imported
+twice, not seven times."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import pytest
 from in_round import kill_in_round
 from locked_reads import read_recorded
 
-from populace.client.prepare import prepare, prepare_file
+from populace.client.prepare import PreparedRun, prepare, prepare_file
 from populace.client.run import play
 from populace.client.stack import Stack
 from populace.core import bus
@@ -35,15 +36,16 @@ DROP = ("run_id", "latency_ms", "closed_at")
 def stack(tmp_path_factory):
     db = tmp_path_factory.mktemp("shapes") / "populace.duckdb"
     # a lost host is noticed within seconds (the kill test), as in the fault matrix
+    # its services share one process but agent-host-1, which the kill test SIGKILLs and restarts
     s = Stack(hosts=3, db=str(db), env={"POPULACE_STORAGE": "memory", "POPULACE_HOST_LOST_S": "4",
                                          "POPULACE_HEARTBEAT_S": "0.5", "POPULACE_REGISTRY_TTL_S": "4",
-                                         "PYTHONPATH": str(SIMS)})
+                                         "PYTHONPATH": str(SIMS)}, one_process=True, apart=("agent-host-1",))
     with s.up(timeout=120):
         yield s
 
 
-def fleet(stack: Stack, data: dict, during=None):
-    prepared = prepare(RunConfig.model_validate(data))
+def fleet(stack: Stack, data: dict | PreparedRun, during=None):
+    prepared = data if isinstance(data, PreparedRun) else prepare(RunConfig.model_validate(data))
 
     async def go():
         nc = await bus.connect(stack.url, "e2e-shapes")
@@ -97,21 +99,19 @@ ULTIMATUM = {"simulation": "ultimatum", "agents": 240, "rounds": 3, "seed": 2,
              "model": {"latency_s": 0.02, "seed": 4}, "game": {"block": 40}}
 
 
-def test_the_ultimatum_demo_on_two_hosts_records_what_one_process_records(tmp_path):
-    """`populace demo --scenario examples/ultimatum.yaml`: a private stack with 2 agent-hosts."""
-    scenario = ROOT / "examples" / "ultimatum.yaml"
-    db = tmp_path / "ultimatum.duckdb"
-    res = subprocess.run([sys.executable, "-m", "populace.cli", "demo", "--scenario", str(scenario), "--db", str(db),
-                          "--hosts", "2"], capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stdout + res.stderr
-    prepared = prepare_file(scenario)
-    with duckdb.connect(str(db), read_only=True) as con:
-        (run_id,) = con.execute("SELECT run_id FROM runs").fetchone()
-        hosts = con.execute("SELECT count(DISTINCT host_id) FROM agents WHERE run_id = ?", [run_id]).fetchone()[0]
-    assert hosts == 2
+def test_the_ultimatum_example_on_three_hosts_records_what_one_process_records(stack):
+    """examples/ultimatum.yaml as `populace demo --scenario` prepares it (prepare_file), played on
+    the module's stack: an offer and a reply per pair, every table as one process records it. The
+    demo command itself (its private stack, its --scenario options) is proved by tests/e2e/test_cli.py
+    (test_demo_with_a_scenario_plays_the_agents_and_rounds_given, test_demo_plays_and_results_reads_the_db)."""
+    prepared, out = fleet(stack, prepare_file(ROOT / "examples" / "ultimatum.yaml"))
+    assert out.status == "completed", out.reason
+    with duckdb.connect(stack.db, read_only=True) as con:
+        hosts = con.execute("SELECT count(DISTINCT host_id) FROM agents WHERE run_id = ?", [out.run_id]).fetchone()[0]
+    assert hosts == 3
     local = asyncio.run(run_local(prepared.resolved))
     assert len(local.acts["seq"]) == prepared.config.agents * prepared.config.rounds  # an offer and a reply per pair
-    assert_as_in_one_process(str(db), run_id, local)
+    assert_as_in_one_process(stack.db, out.run_id, local)
 
 
 BARGAINING = {"simulation": "bargaining", "agents": 160, "rounds": 2, "seed": 3,
@@ -215,8 +215,7 @@ def test_a_grid_of_800_by_800_cells_with_per_cell_state_completes_on_the_fleet(t
     """Per-cell state no longer travels in round messages: 640,000 cells and 200,000 agents,
     whose movers (a partial column over the message limit) travel by reference. Its own stack,
     with the default host-loss window: a busy 2-core machine needs it for 100,000 agents a host;
-    its services in one process (nothing here kills or measures one: the module's stack, a
-    process per service, is for the kill test)."""
+    its services in one process (nothing here kills or measures one)."""
     data = {**SCHELLING, "agents": 200_000, "rounds": 2, "grid": {"width": 800, "height": 800},
             "rule": {"threshold": 0.6}}
     stack = Stack(hosts=2, db=str(tmp_path / "populace.duckdb"), env={"POPULACE_STORAGE": "memory"},
