@@ -58,6 +58,9 @@ process each, the rest still share one."""
 
     def start(*, timeout: float = 90, **settings) -> Stack:
         settings.setdefault("db", str(tmp_path_factory.mktemp("stack") / "populace.duckdb"))
+        # under pytest's temporary root (kept for the last few sessions), not a /tmp directory of
+        # its own per stack that nothing ever removes
+        settings.setdefault("log_dir", str(tmp_path_factory.mktemp("logs")))
         stack = Stack(**settings).up(timeout=timeout)  # stopped again if it never gets ready
         started.append(stack)
         return stack
