@@ -169,13 +169,14 @@ def relocate_editables(venv: Path, old: Path, new: Path) -> None:
     (their .pth and direct_url.json), with the freshness uv recorded for them (uv_cache.json:
     the ctime of each package's pyproject.toml and of the directories it watches) taken from the
     copy. The guide's `uv sync` then finds them installed, as in a user's synced clone, instead
-    of building all 24 again (over 120 s on a loaded machine; building them is what CI's own
-    sync of its clean clone does). Should uv record freshness differently, it rebuilds them:
+    of building all 27 again. Should uv record freshness differently, it rebuilds them:
     slower, never wrong. Every file written here is the copy's own (none is a hard link)."""
     site = next((venv / "lib").glob("python*/site-packages"))
     here = re.compile(re.escape(str(old)) + r"(?=[/\"\n]|$)")
-    for pth in site.glob("_editable_impl_*.pth"):
-        pth.write_text(here.sub(str(new), pth.read_text()))
+    for pth in site.glob("*.pth"):  # uv_build's editables: <distribution>.pth, the member's directory
+        text = pth.read_text()
+        if here.search(text):
+            pth.write_text(here.sub(str(new), text))
     for url in site.glob("*.dist-info/direct_url.json"):
         text = url.read_text()
         if not here.search(text):
