@@ -83,6 +83,8 @@ WAITING_MODULES = frozenset({
     "tests/e2e/test_scene_batches_e2e.py",  # 0.3 (15.6 s CPU over 57 s wall, services included)
     "tests/e2e/test_fuzz_e2e.py",  # 0.43 on a one-process stack (20.3 s CPU over 47 s wall, 2026-12-05)
     "tests/e2e/test_disk_full_e2e.py",  # 0.27 on a one-process stack (8 s CPU over 25-35 s wall)
+    "tests/e2e/test_owner_writes_e2e.py",  # 0.38 with one process apart (8.9 s CPU over 23.7 s, 2026-12-05)
+    "tests/e2e/test_replica_hijack_e2e.py",  # 0.29 on a one-process stack (9.1 s CPU over 31.6 s)
 })
 
 
