@@ -46,7 +46,12 @@ def stack(stacks):
     async def serve() -> None:
         for rs in sets:
             await wait_healthy(rs)
-        await asyncio.gather(*(register_forever(s.url, rs) for rs in sets))
+        # return_exceptions: cancelled, this returns once every set has deleted its key and closed its
+        # connection (else the first one done would end the loop under the others' clean-up)
+        beats = await asyncio.gather(*(register_forever(s.url, rs) for rs in sets), return_exceptions=True)
+        for beat in beats:  # a heartbeat ends only on an error
+            if isinstance(beat, BaseException):
+                raise beat
 
     task = loop.create_task(serve())
 
