@@ -57,19 +57,24 @@ def test_the_console_script_refuses_with_exit_2_naming_the_field(tmp_path, args,
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written
 
 
-def test_demo_with_a_scenario_plays_the_agents_and_rounds_given(tmp_path):
-    """`demo --scenario X --agents 20` silently played the scenario's own 100 agents (issue 25)."""
+def test_demo_with_a_scenario_plays_the_agents_and_rounds_given(tmp_path, cli):
+    """`demo --scenario X --agents 20` silently played the scenario's own 100 agents (issue 25).
+    How the options merge with the scenario is the point, not the process: the command runs in this
+    one (its stack's services are processes still, one host is enough); the demo below is a process."""
     scenario = tmp_path / "vote.yaml"
     scenario.write_text("simulation: vote\nagents: 100\nrounds: 2\nmodel: {latency_s: 0.0}\n")
-    res = populace("demo", "--scenario", str(scenario), "--agents", "20", "--rounds", "1",
-                   "--db", str(tmp_path / "demo.duckdb"), timeout=600)
+    res = cli("demo", "--scenario", str(scenario), "--agents", "20", "--rounds", "1", "--hosts", "1",
+              "--db", str(tmp_path / "demo.duckdb"))
     assert res.returncode == 0, res.stderr
     assert "vote, 20 agents × 1 rounds" in res.stderr and "recorded 20 outcomes (table votes)" in res.stdout
 
 
-def test_demo_plays_and_results_reads_the_db(tmp_path):
+def test_demo_plays_and_results_reads_the_db(tmp_path, cli):
+    """The demo and `results` as processes; `results --json` reads the same file in this one (the
+    process boundary proved once). One agent-host: what is played and recorded is the same on two."""
     db = tmp_path / "p.duckdb"
-    res = populace("demo", "--agents", "200", "--rounds", "2", "--latency", "0.01", "--db", str(db), timeout=180)
+    res = populace("demo", "--agents", "200", "--rounds", "2", "--latency", "0.01", "--hosts", "1", "--db", str(db),
+                   timeout=180)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "recorded 400 outcomes (table guesses)" in res.stdout
     run_id = res.stdout.split("run ", 1)[1].split(" ", 1)[0]
@@ -94,7 +99,7 @@ def test_demo_plays_and_results_reads_the_db(tmp_path):
         assert cells[7] == f"{2 / 3 * statistics.mean(values):.2f}"  # target: 2/3 of the mean
     # answers in, valid, invalid, simulation errors, infra retries, LLM calls: one dummy call per agent
     assert all(cells[1:7] == ["200", "200", "0", "0", "0", "200"] for cells in llm), llm
-    res3 = populace("results", "last", "--json", "--db", str(db))
+    res3 = cli("results", "last", "--json", "--db", str(db))
     run = json.loads(res3.stdout)["runs"][0]
     assert run["usage"] == {"llm_calls": 400, "prompt_tokens": 0, "completion_tokens": 0, "infra_retries": 0,
                             "cached_tokens": 0, "dollars": 0.0, "invalid_answers": 0, "simulation_errors": 0}

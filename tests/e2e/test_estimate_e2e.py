@@ -9,19 +9,22 @@ The stack mostly waits on its replicas' emulated latency (one process for the se
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
+import threading
 
 import pytest
 import yaml
 
 from populace.client.run import run_state
 from populace.core import bus
+from populace.replicas.launch import register_forever, start_sim, wait_healthy
 
 pytestmark = pytest.mark.e2e
 
 SCENARIO = {"agents": 400, "rounds": 1, "seed": 5, "model": {"backend": "sim", "seed": 9}}
-# two simulated providers, their replicas registered for them (populace replicas sim --serves NAME);
+# two simulated providers, their replicas registered for them (as by populace replicas sim --serves NAME);
 # dollars per million tokens: cheap serves cached prompt tokens at a quarter of its input price
 CHEAP = {"name": "cheap", "kind": "sim", "share": 0.5, "prices": {"input": 0.5, "cached_input": 0.125, "output": 1.5},
          "limits": {"requests_per_min": 6000, "concurrency": 8}}
@@ -31,11 +34,51 @@ PRICED = {"agents": 200, "rounds": 3, "seed": 11, "model": {"seed": 9}, "models"
 
 @pytest.fixture(scope="module")
 def stack(stacks):
-    """No service is killed or measured alone: the services share one process (each replica set has its own)."""
-    return stacks(hosts=1, env={"POPULACE_STORAGE": "memory"}, one_process=True, timeout=120,
-                  extra={"replicas-sim": ["replicas", "sim", "--count", "1"],
-                         **{f"replicas-{m['name']}": ["replicas", "sim", "--count", "1", "--serves", m["name"]]
-                            for m in (CHEAP, DEAR)}}, replicas=3)
+    """No service is killed or measured alone: the services share one process. The three replica
+    sets' simulated servers (the default model's, cheap's and dear's) are processes of their own,
+    as `populace replicas sim --count 1 [--serves NAME]` starts them; what that command adds around
+    them (wait until healthy, heartbeat into KV `replicas`) runs in a thread here: no CLI
+    interpreter per set (the command as a process: test_faults_e2e, test_retention_e2e, …)."""
+    s = stacks(hosts=1, env={"POPULACE_STORAGE": "memory"}, one_process=True, timeout=120)
+    sets = []
+    loop = asyncio.new_event_loop()
+
+    async def serve() -> None:
+        for rs in sets:
+            await wait_healthy(rs)
+        # return_exceptions: cancelled, this returns once every set has deleted its key and closed its
+        # connection (else the first one done would end the loop under the others' clean-up)
+        beats = await asyncio.gather(*(register_forever(s.url, rs) for rs in sets), return_exceptions=True)
+        for beat in beats:  # a heartbeat ends only on an error
+            if isinstance(beat, BaseException):
+                raise beat
+
+    task = loop.create_task(serve())
+
+    def run() -> None:
+        with contextlib.suppress(asyncio.CancelledError):  # how it is stopped; any other error is raised below
+            loop.run_until_complete(task)
+
+    thread = threading.Thread(target=run, name="replica-sets", daemon=True)
+    try:
+        for serves in (None, CHEAP["name"], DEAR["name"]):  # started here, on the main thread: they die with it
+            sets.append(start_sim(1, serves=serves))
+        with pytest.MonkeyPatch.context() as env:  # the settings register_forever reads as it starts
+            env.setenv("POPULACE_STORAGE", "memory")
+            thread.start()
+            s.replicas = 3
+            asyncio.run(s.wait_ready(timeout=120))
+        yield s
+    finally:
+        if thread.is_alive():
+            loop.call_soon_threadsafe(task.cancel)
+            thread.join(30)
+        if not thread.is_alive():
+            loop.close()
+        for rs in sets:
+            rs.stop()
+        if task.done() and not task.cancelled() and task.exception():
+            raise task.exception()
 
 
 def populace(cli, *args: str):

@@ -7,10 +7,11 @@ a regression fails here instead of taking the machine's memory)."""
 
 from __future__ import annotations
 
+import json
 import os
+import select
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -29,33 +30,68 @@ def alias_bomb() -> str:
     return "[" + ", ".join(levels) + "]"
 
 
-# The peak is the command's own: a fresh, small interpreter runs it and reports its child's
-# RUSAGE_CHILDREN. The pytest worker's own child would not do: on Linux a child's ru_maxrss starts
-# from its parent's resident size at the fork (the exec does not reset it), so a worker that had
-# grown to 600 MB made every command "peak" at 604 MB whatever it did (a fresh clone's CI failed so).
-MEASURE = """
-import resource, subprocess, sys
-code = subprocess.call(sys.argv[2:])
-with open(sys.argv[1], "w") as out:
-    out.write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024))
-sys.exit(code)
+# Each command is a process of its own, forked by one small interpreter that imported the CLI once
+# (`python -m populace.cli` imports the same and calls the same app): its exit code, its output and
+# its peak resident size (wait4's, the child's own) are a real process's, without an interpreter
+# importing the world per case. The peak is measured on a child of that interpreter, never of the
+# pytest worker: on Linux a child's ru_maxrss starts from its parent's resident size at the fork, so
+# a worker that had grown to 600 MB made every command "peak" at 604 MB whatever it did (a fresh
+# clone's CI failed so); the forker's own size is what `python -m populace.cli` imports anyway.
+FORKER = r"""
+import json, os, sys, traceback
+from populace.cli.main import app
+
+print("ready", flush=True)
+for line in sys.stdin:
+    args, out = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        sys.argv = ["populace", *args]
+        code = 1
+        try:
+            app()
+            code = 0
+        except SystemExit as stop:  # as the interpreter ends on it
+            code = stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 1
+            if not isinstance(stop.code, (int, type(None))):
+                print(stop.code, file=sys.stderr)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    _, status, usage = os.wait4(pid, 0)
+    print(json.dumps([os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024]), flush=True)
 """
 
 
-def validate(path: Path, tmp_path: Path) -> tuple[int, str, int]:
+@pytest.fixture(scope="module")
+def forker():
+    proc = subprocess.Popen([sys.executable, "-c", FORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "COLUMNS": "400"})
+    assert proc.stdout.readline() == "ready\n", "the forker did not import the CLI"
+    yield proc
+    proc.stdin.close()
+    proc.wait(30)
+
+
+def validate(forker, path: Path, tmp_path: Path) -> tuple[int, str, int]:
     """(exit code, output, peak resident bytes) of `populace validate PATH`."""
-    return measured(tmp_path, "validate", str(path))
+    return measured(forker, tmp_path, "validate", str(path))
 
 
-def measured(tmp_path: Path, *args: str) -> tuple[int, str, int]:
-    """(exit code, output, peak resident bytes) of `populace ARGS`."""
-    out, peak_file = tmp_path / "out.txt", tmp_path / "peak.txt"
-    with out.open("wb") as sink:
-        proc = subprocess.Popen([sys.executable, "-c", MEASURE, str(peak_file), sys.executable, "-m", "populace.cli",
-                                 *args], stdout=sink, stderr=subprocess.STDOUT,
-                                env={**os.environ, "COLUMNS": "400"})
-    measurer, peak = psutil.Process(proc.pid), 0
-    while proc.poll() is None:  # also sampled while it runs: past the cap it is killed, not waited for
+def measured(forker, tmp_path: Path, *args: str) -> tuple[int, str, int]:
+    """(exit code, output, peak resident bytes) of `populace ARGS`, in a process forked for it."""
+    out = tmp_path / "out.txt"
+    forker.stdin.write(json.dumps([list(args), str(out)]) + "\n")
+    forker.stdin.flush()
+    measurer, peak = psutil.Process(forker.pid), 0
+    while not select.select([forker.stdout], [], [], 0.05)[0]:  # sampled while it runs: past the cap it
+        assert forker.poll() is None, "the forker died"        # is killed, not waited for
         try:
             rss = sum(child.memory_info().rss for child in measurer.children())
         except psutil.Error:
@@ -64,10 +100,8 @@ def measured(tmp_path: Path, *args: str) -> tuple[int, str, int]:
         if peak > CAP:
             for child in measurer.children():
                 child.kill()
-        time.sleep(0.05)
-    if peak_file.exists() and peak_file.read_text():
-        peak = max(peak, int(peak_file.read_text()))
-    return proc.returncode, out.read_text(errors="replace"), peak
+    code, own_peak = json.loads(forker.stdout.readline())
+    return code, out.read_text(errors="replace"), max(peak, own_peak)
 
 
 def check_one_line(code: int, output: str, peak: int, *needles: str) -> None:
@@ -82,20 +116,20 @@ def check_one_line(code: int, output: str, peak: int, *needles: str) -> None:
     ("bomb", "name: " + alias_bomb() + "\n", ("name.", "more than 100,000 values", "(the limit)")),
     ("deep", "name: " + "[" * 100_000 + "]" * 100_000 + "\n", ("name.0.0.0", "nested deeper than 64 levels")),
 ])
-def test_validate_refuses_a_hostile_scenario_in_one_line_within_the_memory_cap(tmp_path, name, text, needles):
+def test_validate_refuses_a_hostile_scenario_in_one_line_within_the_memory_cap(forker, tmp_path, name, text, needles):
     path = tmp_path / f"{name}.yaml"
     path.write_text(text)
-    check_one_line(*validate(path, tmp_path), *needles)
+    check_one_line(*validate(forker, path, tmp_path), *needles)
 
 
-def test_validate_refuses_a_personas_file_with_a_1_gib_line_without_reading_it(tmp_path):
+def test_validate_refuses_a_personas_file_with_a_1_gib_line_without_reading_it(forker, tmp_path):
     personas = tmp_path / "p.jsonl"
     with personas.open("wb") as f:  # sparse: the line is 1 GiB long and takes no disk
         f.write(b'{"profile": {"education": "phd"}, "persona": {"description": "')
         f.truncate(1 << 30)
     scenario = tmp_path / "s.yaml"
     scenario.write_text("simulation: ratio-game\npopulation: {personas: p.jsonl}\n")
-    check_one_line(*validate(scenario, tmp_path), "p.jsonl:1: a persona of more than 65,536 bytes",
+    check_one_line(*validate(forker, scenario, tmp_path), "p.jsonl:1: a persona of more than 65,536 bytes",
                    "POPULACE_PERSONA_MAX_BYTES")
 
 
@@ -145,11 +179,11 @@ def sparse_1_tib(path: Path) -> None:
     ("e300.csv", count_of("1e300"), ("e300.csv, line 3: count: '1e300' is over 1,000,000,000",)),
     ("sparse.csv", sparse_1_tib, ("sparse.csv, line 4: longer than 65,536 bytes (the limit)",)),
 ])
-def test_results_refuses_a_hostile_reference_file_in_one_line_within_the_memory_cap(tmp_path, name, make, needles):
+def test_results_refuses_a_hostile_reference_file_in_one_line_within_the_memory_cap(forker, tmp_path, name, make, needles):
     """Before, 1e19 and 1e300 raised OverflowError, the 300 MB field _csv.Error at 1.86 GB, and the
     6,000,000 rows were refused after 12.8 s and 1.9 GB. The reference is read before the database
     is opened, so none is needed."""
     path = tmp_path / name
     make(path)
-    check_one_line(*measured(tmp_path, "results", "last", "--db", str(tmp_path / "none.duckdb"), "--reference",
+    check_one_line(*measured(forker, tmp_path, "results", "last", "--db", str(tmp_path / "none.duckdb"), "--reference",
                              str(path)), *needles)

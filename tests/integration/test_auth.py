@@ -19,10 +19,7 @@ The server runs the deploy file itself, preceded by concrete values for its
 from __future__ import annotations
 
 import asyncio
-import os
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -34,11 +31,11 @@ import pytest
 from populace.client import live as steer
 from populace.client.prepare import prepare
 from populace.client.run import RunOutcome, new_run_id, play, run_state
+from populace.client.stack import Stack
 from populace.core import bus, checkpoints, owned_objects, replies, subjects
-from populace.core.contracts import HostInfo, RoundOpen, RunConfig, RunStart, ServiceInfo
+from populace.core.contracts import RoundOpen, RunConfig, RunStart
 from populace.core.hostauth import with_hosts
 from populace.core.natsserver import EmbeddedNats
-from populace.core.processes import stop_all
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -47,7 +44,7 @@ EDUCATION = Path(__file__).resolve().parents[2] / "examples" / "population" / "e
 SERVICES = ("orchestrator", "environment", "gateway", "recorder", "agent-host")
 USERS = (*SERVICES, "replicas", "node", "cli", "manager", "admin")
 PASSWORDS = {u: f"test-{u}-pw" for u in USERS}
-HOST_ID = "auth-host-0"
+HOST_ID = "host-0"  # the one agent-host of a Stack (populace.client.stack)
 
 
 def password_var(user: str) -> str:
@@ -352,48 +349,13 @@ async def test_recorder_purges_run_events_and_prunes_checkpoints(server):
 
 
 # --- c. the whole system, one user per service ----------------------------------------
-def start_service(name: str, url: str, tmp_path: Path) -> subprocess.Popen:
-    env = {
-        **os.environ,
-        "POPULACE_NATS_URL": url,
-        "POPULACE_NATS_USER": name,
-        "POPULACE_NATS_PASSWORD": PASSWORDS[name],
-        "POPULACE_DB": str(tmp_path / "populace.duckdb"),
-        "POPULACE_HOST_ID": HOST_ID,
-        "POPULACE_STORAGE": "memory",
-        "POPULACE_PARENT_PID": str(os.getpid()),
-        "POPULACE_LOG_FORMAT": "json",
-        "POPULACE_METRICS_PORT": "0",
-        "OTEL_TRACES_EXPORTER": "none",
-    }
-    with open(tmp_path / f"{name}.log", "ab") as log:  # the child keeps its own descriptor
-        return subprocess.Popen([sys.executable, "-m", "populace.cli", "service", name],
-                                env=env, stdout=log, stderr=log, start_new_session=True)
-
-
-def log_tail(tmp_path: Path, name: str, lines: int = 20) -> str:
-    return "\n".join((tmp_path / f"{name}.log").read_text(errors="replace").splitlines()[-lines:])
-
-
-async def wait_registered(nc, procs, tmp_path: Path, timeout: float = 40.0) -> None:
-    """As the `cli` user (KV read): every service in `services`, the host in `hosts`."""
-    js = nc.jetstream(timeout=2.0)
-    deadline = time.monotonic() + timeout
-    while True:
-        for name, p in procs.items():
-            if p.poll() is not None:
-                raise AssertionError(f"{name} exited with {p.returncode}:\n{log_tail(tmp_path, name)}")
-        try:
-            svcs = {s.service for s in await bus.registry_entries(js, subjects.SERVICES_BUCKET, ServiceInfo)}
-            hosts = {h.host_id for h in await bus.registry_entries(js, subjects.HOSTS_BUCKET, HostInfo)}
-        except Exception:
-            svcs, hosts = set(), set()
-        if set(SERVICES) <= svcs and HOST_ID in hosts:
-            return
-        if time.monotonic() > deadline:
-            tails = "\n".join(f"--- {n}\n{log_tail(tmp_path, n, 5)}" for n in procs)
-            raise AssertionError(f"not registered after {timeout}s: services {sorted(svcs)}, hosts {hosts}\n{tails}")
-        await asyncio.sleep(0.1)
+def service_stack(url: str, tmp_path: Path) -> Stack:
+    """Every service as its own NATS user (the host as the shared `agent-host`), all in one
+    process: each service connects with its own credentials there as in a process of its own, so
+    the permissions are what is proved, and the world is imported once, not once per service."""
+    return Stack(hosts=1, nats_url=url, db=str(tmp_path / "populace.duckdb"), log_dir=str(tmp_path),
+                 users=PASSWORDS, one_process=True,
+                 env={"POPULACE_STORAGE": "memory", "OTEL_TRACES_EXPORTER": "none"})
 
 
 # Steered runs: small, but each round lasts long enough (the dummy model's latency) for a
@@ -423,14 +385,12 @@ async def test_game_with_one_user_per_service(server, tmp_path, monkeypatch):
     # `populace resume|fork` (populace.client.live) connect with the settings' credentials.
     monkeypatch.setenv("POPULACE_NATS_USER", "cli")
     monkeypatch.setenv("POPULACE_NATS_PASSWORD", PASSWORDS["cli"])
-    procs: dict[str, subprocess.Popen] = {}
+    stack = service_stack(server.url, tmp_path).start()
     try:
-        for name in SERVICES:
-            procs[name] = start_service(name, server.url, tmp_path)
+        await stack.wait_ready(timeout=40)
         cli_errors: list[str] = []
         cli = await connect_as(server.url, "cli", cli_errors)
         try:
-            await wait_registered(cli, procs, tmp_path)
             # With a population: the cli uploads the personas to the object store, the host
             # and the recorder read them back (each step under its own user's permissions).
             prepared = prepare(RunConfig.model_validate({
@@ -479,7 +439,7 @@ async def test_game_with_one_user_per_service(server, tmp_path, monkeypatch):
                 "orchestrator": subjects.RUN_START,
                 "environment": "run.junk.partial.1.h.0",
                 "recorder": "run.junk.outcomes.1.h",
-                "agent-host": subjects.run_spawn("junk", HOST_ID),
+                "agent-host": subjects.run_spawn("junk", HOST_ID),  # the stack's one host
             }
             for subject in inputs.values():
                 await ajs.publish(subject, garbage, timeout=5.0)
@@ -496,7 +456,7 @@ async def test_game_with_one_user_per_service(server, tmp_path, monkeypatch):
         finally:
             await admin.close()
     finally:
-        killed = stop_all(procs)
+        killed = stack.stop()
     assert killed == [], f"had to kill {killed}"
     with duckdb.connect(str(tmp_path / "populace.duckdb"), read_only=True) as con:
         assert con.execute("SELECT count(*) FROM agent_profiles WHERE run_id = ?", [out.run_id]).fetchone() == (200,)

@@ -88,9 +88,28 @@ class Daemon:
 
 @pytest.fixture
 def daemon(nats_server, tmp_path):
+    """A node of the test's own: for tests that kill or stop it, or count the processes it numbers."""
     d = Daemon(nats_server.url, tmp_path / "node")
     yield d
     d.end()
+
+
+@pytest.fixture(scope="module")
+def shared_node(nats_server, tmp_path_factory):
+    """One node for the tests that leave it as they found it (no process of its own running, none
+    numbered by it asserted): a node interpreter started once, not once per test."""
+    d = Daemon(nats_server.url, tmp_path_factory.mktemp("node"))
+    yield d
+    d.end()
+
+
+@pytest.fixture
+async def node(shared_node, nc):
+    """The shared node, left with no process at the end of each test (as a test of its own would be)."""
+    yield shared_node
+    assert shared_node.proc.poll() is None, "the shared node died"
+    await ask(nc, shared_node, Cleanup(grace_s=10))
+    assert shared_node.alive() == []
 
 
 async def until(check, timeout: float = 30.0, every: float = 0.2, what: str = ""):
@@ -124,13 +143,13 @@ async def processes(nc, daemon: Daemon):
     return {p.proc_id: p for p in (await ask(nc, daemon, ListProcesses())).node.processes}
 
 
-async def test_a_node_registers_and_heartbeats(nc, js, daemon):
-    first = await registered(js, daemon)
-    assert first.cpus >= 1 and first.memory_bytes > 0 and first.gpus == [] and first.pid == daemon.proc.pid
+async def test_a_node_registers_and_heartbeats(nc, js, node):
+    first = await registered(js, node)
+    assert first.cpus >= 1 and first.memory_bytes > 0 and first.gpus == [] and first.pid == node.proc.pid
     assert len(first.free_ports) == 5 and first.processes == []
 
     async def beat_again():
-        n = next(n for n in await list_nodes(js) if n.node_id == daemon.node_id)
+        n = next(n for n in await list_nodes(js) if n.node_id == node.node_id)
         return n.heartbeat_at > first.heartbeat_at
 
     await until(beat_again, 5, what="a second heartbeat")
@@ -165,23 +184,15 @@ async def test_agent_hosts_start_register_stop_tail_and_clean_up(nc, js, daemon)
         await ask(nc, daemon, TailLog(proc_id="agent-host-2"))
 
     # a replica process has children of its own (the simulated servers): cleanup ends them too
-    await ask(nc, daemon, StartProcess(spec=ReplicasSpec(backend="sim", servers=2)))
-    await until(lambda: _has_servers(nc, daemon), 30, what="the replica servers")
-    assert len(daemon.alive()) >= 4
+    # (one server: a child's child, ended with it, as test_a_killed_node_takes_its_children_with_it's)
+    await ask(nc, daemon, StartProcess(spec=ReplicasSpec(backend="sim", servers=1)))
+    await until(lambda: _has_servers_1(nc, daemon), 30, what="the replica server")
+    assert len(daemon.alive()) >= 3
     cleaned = await ask(nc, daemon, Cleanup(grace_s=10))
     assert sorted(p.proc_id for p in cleaned.processes) == ["agent-host-1", "replicas-3"]
     assert daemon.alive() == []
     assert await processes(nc, daemon) == {}
     assert daemon.proc.poll() is None
-
-
-async def _has_servers(nc, daemon: Daemon) -> bool:
-    procs = await processes(nc, daemon)
-    found = any(p.proc_id.startswith("replicas") and len(psutil.Process(p.pid).children()) >= 2
-                for p in procs.values() if p.pid)
-    if found:  # `processes` noted the children before they all started: note them as seen now
-        daemon.remember(SimpleNamespace(processes=list(procs.values())))
-    return found
 
 
 async def raw_request(nc, node_id: str, verb: str, body: bytes, timeout: float = 20):
@@ -234,14 +245,14 @@ async def test_node_request_re_sends_a_timed_out_start_with_the_same_id(nc):
     assert len(mute) == 3 and len(set(mute)) == 1
 
 
-async def test_a_killed_child_is_restarted_by_its_policy(nc, js, daemon):
-    await registered(js, daemon)
+async def test_a_killed_child_is_restarted_by_its_policy(nc, js, node):
+    await registered(js, node)
     policy = RestartPolicy(mode="on-failure", max_restarts=1, backoff_s=0.2)
-    started = (await ask(nc, daemon, StartProcess(spec=ServiceSpec(name="recorder"), restart=policy))).processes[0]
+    started = (await ask(nc, node, StartProcess(spec=ServiceSpec(name="recorder"), restart=policy))).processes[0]
     os.kill(started.pid, signal.SIGKILL)
 
     async def restarted():
-        p = (await processes(nc, daemon))[started.proc_id]
+        p = (await processes(nc, node))[started.proc_id]
         return p if p.state == "running" and p.pid != started.pid else None
 
     again = await until(restarted, 20, what="the recorder restarted")
@@ -249,44 +260,44 @@ async def test_a_killed_child_is_restarted_by_its_policy(nc, js, daemon):
     os.kill(again.pid, signal.SIGKILL)  # its one restart is used: now it stays down
 
     async def exited():
-        p = (await processes(nc, daemon))[started.proc_id]
+        p = (await processes(nc, node))[started.proc_id]
         return p if p.state == "exited" else None
 
     down = await until(exited, 20, what="the recorder given up")
     assert (down.restarts, down.exit_code, down.pid) == (1, -signal.SIGKILL, None)
 
 
-async def test_garbage_gets_an_error_reply_and_a_dead_letter_and_the_node_lives_on(nc, js, daemon):
-    await registered(js, daemon)
+async def test_garbage_gets_an_error_reply_and_a_dead_letter_and_the_node_lives_on(nc, js, node):
+    await registered(js, node)
     for verb, body, says in [
         ("start", b"not json", "malformed request"),
         ("start", b'{"spec": {"kind": "shell", "cmd": "rm -rf /"}}', "'shell'"),
         ("stop", b'{"proc_id": "a.b"}', "proc_id"),
         ("logs", b'{"proc_id": "agent-host-1", "max_bytes": 1000000000}', "max_bytes"),
     ]:
-        msg = await raw_request(nc, daemon.node_id, verb, body)
+        msg = await raw_request(nc, node.node_id, verb, body)
         reply = NodeReply.model_validate_json(msg.data)
         assert not reply.ok and says in reply.error, reply.error
-    unknown = await ask(nc, daemon, StartProcess(spec=ServiceSpec(name="nosuch")), check=False)
+    unknown = await ask(nc, node, StartProcess(spec=ServiceSpec(name="nosuch")), check=False)
     assert not unknown.ok and "'nosuch' is not installed" in unknown.error
     last = await js.get_last_msg(subjects.DLQ_STREAM, subjects.dlq("node"))
     assert b"nosuch" in last.data and last.headers["Populace-Subject"] == subjects.node_request(
-        daemon.node_id, "start", replies.ANONYMOUS)
-    assert (await ask(nc, daemon, ListProcesses())).node.processes == []
+        node.node_id, "start", replies.ANONYMOUS)
+    assert (await ask(nc, node, ListProcesses())).node.processes == []
     with pytest.raises(NodeUnreachable, match="not running"):
         await node_request(nc, "no-such-node", ListProcesses())
 
 
-async def test_a_node_refuses_replicas_that_could_be_hijacked_before_starting_any(nc, js, daemon):
+async def test_a_node_refuses_replicas_that_could_be_hijacked_before_starting_any(nc, js, node):
     """Issue 41, attack 7: a `model:` that is an option or climbs directories is a malformed request
     (dead-lettered, never passed to vLLM); an `advertise:` name outside the node's
     POPULACE_REPLICA_HOSTS (default loopback) is refused naming the setting; nothing starts."""
-    await registered(js, daemon)
+    await registered(js, node)
     for model, says in [("--help", "'--help' is an option, not a model"),
                         ("--trust-remote-code", "is an option, not a model"),
                         ("../../../../etc", "climbs directories ('..')")]:
         body = json.dumps({"spec": {"kind": "replicas", "backend": "vllm", "model": model}}).encode()
-        reply = NodeReply.model_validate_json((await raw_request(nc, daemon.node_id, "start", body)).data)
+        reply = NodeReply.model_validate_json((await raw_request(nc, node.node_id, "start", body)).data)
         assert not reply.ok and "malformed request (dead-lettered)" in reply.error and says in reply.error, reply.error
     for spec, says in [
         (ReplicasSpec(backend="sim", bind="0.0.0.0", advertise="evil.example"),
@@ -294,9 +305,9 @@ async def test_a_node_refuses_replicas_that_could_be_hijacked_before_starting_an
          "POPULACE_REPLICA_HOSTS (127.0.0.0/8,::1,localhost)"),
         (ReplicasSpec(backend="vllm", model="/etc"), "model: '/etc' is not under this node's model folders "
                                                      "(POPULACE_NODE_MODEL_ROOTS: none)")]:
-        refused = await ask(nc, daemon, StartProcess(spec=spec), check=False)
+        refused = await ask(nc, node, StartProcess(spec=spec), check=False)
         assert not refused.ok and says in refused.error, refused.error
-    assert (await ask(nc, daemon, ListProcesses())).node.processes == []
+    assert (await ask(nc, node, ListProcesses())).node.processes == []
 
 
 async def test_a_killed_node_takes_its_children_with_it(nc, js, daemon):
@@ -317,7 +328,7 @@ async def test_a_killed_node_takes_its_children_with_it(nc, js, daemon):
 async def _has_servers_1(nc, daemon: Daemon) -> bool:
     procs = await processes(nc, daemon)
     found = any(p.proc_id.startswith("replicas") and psutil.Process(p.pid).children() for p in procs.values() if p.pid)
-    if found:  # as _has_servers: note the children seen now
+    if found:  # `processes` noted the children before they all started: note them as seen now
         daemon.remember(SimpleNamespace(processes=list(procs.values())))
     return found
 
