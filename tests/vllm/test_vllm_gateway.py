@@ -1,9 +1,10 @@
 """The gateway's `openai` backend against real vLLM, through the gateway process:
 - a replica answering 429 or 503 (a proxy in front of the real vLLM replica) has its calls
   retried on the other replica, and every answer is valid;
-- a vLLM replica started by `populace replicas vllm`, whose parent is SIGKILLed mid-burst,
-  loses no request (its calls are retried on the tier's replica) and leaves no process
-  behind (no `VLLM::` engine core)."""
+- the tier's vLLM replica, started by `populace replicas vllm`, whose parent is SIGKILLed
+  mid-burst, loses no request (its calls are retried on a simulated replica that took the
+  burst beside it) and leaves no process behind (no `VLLM::` engine core). It runs last in the
+  tier (conftest: replica_to_kill)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ from starlette.routing import Route
 
 from populace.core import bus, replies, subjects
 from populace.core.contracts import InferBatch, InferReply, LlmCallBatch, ModelConfig, ReplicaInfo, ServiceInfo
-from populace.replicas.launch import ReplicaSet, register_forever
+from populace.replicas.launch import VLLM_CPU_CONCURRENCY, ReplicaSet, register_forever
+from populace.replicas.sim import SimConfig, SimServer
 
 pytestmark = pytest.mark.vllm
 
@@ -200,51 +202,62 @@ class _Registered:
         pass
 
 
-async def test_a_vllm_replica_whose_parent_is_killed_mid_burst_loses_no_request(victim_nats, victim_gateway,
-                                                                                vllm_replica, victim_cli, group_gone):
-    """The victim was started with the tier's replica (conftest: victim_cli), on a nats-server of
-    its own; it has served part of the burst when its parent is SIGKILLed. What it had in flight
-    is retried on the tier's replica, and its process group (vLLM's server, engine core, worker)
-    is gone within 60 s."""
-    cli = victim_cli
-    assert not getattr(cli, "start_error", None), cli.start_error
-    nc = await bus.connect(victim_nats.url, "vllm-failover-test")
+# The survivor: a simulated replica in this process (no model to load: only where the victim's
+# calls go matters, and that real vLLM answers within the schema the tests above show). Capped and
+# queueing as the tier's replica (32 in flight, 8 sequences at once), so that the two take about
+# half the burst each (capped at 4, it left the victim 36 of the 40 calls to hold at the kill).
+SURVIVOR = SimConfig(replica_id="sim-survivor", decode_tokens_per_s=24.0, max_num_seqs=8, seed=1)
+
+
+async def test_a_vllm_replica_whose_parent_is_killed_mid_burst_loses_no_request(replica_to_kill, tier_nats,
+                                                                                tier_gateway, group_gone):
+    """The tier's replica (`populace replicas vllm`, conftest: vllm_tier, registered on tier_nats)
+    has served part of the burst, beside a simulated replica, when its parent is SIGKILLed. What
+    it had in flight is retried on the simulated one, and its process group (vLLM's server, engine
+    core, worker) is gone within 60 s."""
+    victim = replica_to_kill.replicas[0]
+    victim_key = subjects.replica_key(subjects.REPLICAS_WRITER, victim.info.replica_id)
+    nc = await bus.connect(tier_nats.url, "vllm-failover-test")
     calls: list[LlmCallBatch] = []
 
     async def on_calls(msg) -> None:
         calls.append(LlmCallBatch.model_validate_json(msg.data))
 
     registrar = None
-    try:
-        victim = cli.replica  # registered on victim_nats before the tier's first test (conftest)
-        await gateway_registered(nc)
-        registrar = asyncio.create_task(register_forever(victim_nats.url, vllm_replica, every_s=0.5))
-        await nc.subscribe("run.failover.calls.>", cb=on_calls)
-        await asyncio.sleep(1.5)  # the gateway finds both healthy
-        tasks = [asyncio.create_task(ask(nc, b, 4, "failover")) for b in range(10)]
-        deadline = time.monotonic() + 300
-        while not any(victim.replica_id in c.replicas for c in calls) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        assert any(victim.replica_id in c.replicas for c in calls), "the victim served nothing before the kill"
-        os.kill(cli.pid, signal.SIGKILL)  # the parent, as a crash would: vLLM must go with it
-        outstanding = sum(not t.done() for t in tasks)
-        replies = await asyncio.gather(*tasks)
-        await asyncio.sleep(0.5)
-    finally:
-        if registrar:
-            registrar.cancel()
-            await within(asyncio.gather(registrar, return_exceptions=True), 15, "stopping the registration")
-        await within(nc.close(), 15, "closing the test's NATS connection")
-    gone = group_gone(victim.pid, 60)
+    async with SimServer(SURVIVOR.model_copy(update={"model_name": victim.info.model})) as sim:
+        survivor = ReplicaSet([_Registered(ReplicaInfo(
+            replica_id=SURVIVOR.replica_id, url=sim.url, backend="openai", kind="sim", model=victim.info.model,
+            max_concurrency=VLLM_CPU_CONCURRENCY, heartbeat_at=time.time()))])
+        try:
+            await gateway_registered(nc)
+            registrar = asyncio.create_task(register_forever(tier_nats.url, survivor, every_s=0.5))
+            await nc.subscribe("run.failover.calls.>", cb=on_calls)
+            await asyncio.sleep(1.5)  # the gateway finds both healthy
+            tasks = [asyncio.create_task(ask(nc, b, 4, "failover")) for b in range(10)]
+            deadline = time.monotonic() + 300
+            while not any(victim_key in c.replicas for c in calls) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert any(victim_key in c.replicas for c in calls), "the victim served nothing before the kill"
+            os.kill(victim.proc.pid, signal.SIGKILL)  # the parent, as a crash would: vLLM must go with it
+            outstanding = sum(not t.done() for t in tasks)
+            replies = await asyncio.gather(*tasks)
+            await asyncio.sleep(0.5)
+        finally:
+            if registrar:
+                registrar.cancel()
+                await within(asyncio.gather(registrar, return_exceptions=True), 15, "stopping the registration")
+            await within(nc.close(), 15, "closing the test's NATS connection")
+    gone = group_gone(victim.info.pid, 60)
     if not gone:  # clean up before failing
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(victim.pid, signal.SIGKILL)
+            os.killpg(victim.info.pid, signal.SIGKILL)
     assert gone, "vLLM (or its engine core) outlived the SIGKILLed `populace replicas vllm`"
     assert outstanding > 0, "the kill came after the burst"
     for reply in replies:
         assert reply.error is None and reply.failed == []
         assert len(reply.texts) == 4 and all(t and not t.startswith("<gateway error") for t in reply.texts)
     assert sum(len(c.agent_ids) for c in calls) == 40
-    tier = subjects.replica_key(subjects.REPLICAS_WRITER, vllm_replica.replicas[0].info.replica_id)
-    assert tier in {r for c in calls for r in c.replicas}
+    assert sum(a for c in calls for a in c.attempts) > 40, "nothing was retried"
+    served = {r for c in calls for r in c.replicas}
+    assert subjects.replica_key(subjects.REPLICAS_WRITER, SURVIVOR.replica_id) in served, served
     assert sum(v for c in calls for v in c.valid) >= 0.95 * 40
