@@ -300,8 +300,12 @@ def orchestrator_with(stack: Stack, **env: str) -> None:
     on a loaded machine). Without `env`: as the stack started it, which the next row's
     `settled` does, so the row that changed it restarts it once, not twice when it is the last."""
     assert set(env) <= set(ENV), f"{sorted(set(env) - set(ENV))}: no setting of ENV, which could not be undone"
+    if "orchestrator" not in stack.specs and not env:  # another module's stack (one process): as it started
+        return
     args, own, service = stack.specs["orchestrator"]
-    wanted = {**own, **ENV, **env}
+    # as the stack started it: ENV's settings as the stack's env gave them (another module's stack
+    # that plays with play_with may give none of them), then `env` over those
+    wanted = {**own, **{key: stack.env[key] for key in ENV if key in stack.env}, **env}
     if wanted == own:
         return
     stack.specs["orchestrator"] = (args, wanted, service)
