@@ -100,6 +100,9 @@ async def test_killing_one_of_two_replicas_mid_burst_loses_no_request(nats_serve
     assert subjects.replica_key(subjects.REPLICAS_WRITER, survivor.info.replica_id) in served_by  # named by its key
     assert sum(len(c.agent_ids) for c in calls) == BATCHES * PER_BATCH
     valid = sum(v for c in calls for v in c.valid)
-    assert valid >= 0.9 * BATCHES * PER_BATCH
+    # SmolLM2 at temperature 0.7: a call's seed is fixed, but llama.cpp's batched decoding is not
+    # bit-exact across batch compositions, so which answers are valid varies (30-32 of 32 quiet,
+    # 28 once at load 15, 2026-12-05). Lost or failed requests are what the asserts above refuse.
+    assert valid >= 0.85 * BATCHES * PER_BATCH, f"{valid} of {BATCHES * PER_BATCH} answers valid"
     # the victim had calls in flight: they failed there and were retried on the survivor
     assert sum(a for c in calls for a in c.attempts) > BATCHES * PER_BATCH, calls
