@@ -83,12 +83,13 @@ async def gateway(request):
     goes to the first replica listed. Both HTTP clients (the httpx one is kept to compare)."""
     made: list[tuple[Dispatcher, ChatClient | HttpxPoster, httpx.AsyncClient]] = []
 
-    def _make(urls: list[tuple[str, str, str]], **settings) -> Dispatcher:
-        http, chat = httpx.AsyncClient(), (ChatClient if request.param == "aiohttp" else HttpxPoster)(8)
+    def _make(urls: list[tuple[str, str, str]], max_concurrency: int = 8, **settings) -> Dispatcher:
+        http = httpx.AsyncClient()
+        chat = (ChatClient if request.param == "aiohttp" else HttpxPoster)(max_concurrency)
         pool = ReplicaPool(None, http)
         for rid, url, kind in urls:
-            pool._add(ReplicaInfo(replica_id=rid, url=url, backend="sim", kind=kind, model="m", max_concurrency=8,
-                                  heartbeat_at=time.time()))
+            pool._add(ReplicaInfo(replica_id=rid, url=url, backend="sim", kind=kind, model="m",
+                                  max_concurrency=max_concurrency, heartbeat_at=time.time()))
             pool.replicas[rid].load.healthy = True
         d = Dispatcher(pool, make_router("round-robin"), chat,
                        Settings(gateway_poll_s=3600, **{"gateway_request_timeout_s": 5.0, **settings}))
@@ -135,6 +136,38 @@ async def test_a_refused_connection_is_retried_on_another_replica(replicas, gate
     reply, calls = await d.serve(one())
     assert reply.valid == [True] and calls.replicas == ["good"] and calls.attempts == [2]
     assert "Connect" in d.pool.replicas["gone"].last_error  # aiohttp's ClientConnectorError, httpx's ConnectError
+
+
+async def test_calls_a_replica_drops_move_to_another_without_spending_the_retry_budget(replicas, gateway):
+    """A replica that dies with a burst in flight (its connections dropped, no answer): every call
+    moves to a live replica, however young the gateway and its budget (here 0.0 × calls + 10
+    retries for a 24-call burst, about 12 of them on the dead one). A replica that answers badly
+    (503) still spends it: past the budget its calls fail."""
+    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(1)  # the request has started: the server dies before it answers, once the
+        await asyncio.sleep(0.3)  # burst's share of it is in flight (round-robin sends it every other call)
+        writer.transport.abort()
+
+    dead = await asyncio.start_server(hang_up, "127.0.0.1", 0)
+    try:
+        good = await replicas()
+        d = gateway([("dead", f"http://127.0.0.1:{dead.sockets[0].getsockname()[1]}", "sim"),
+                     ("good", good.url, "sim")], max_concurrency=24, gateway_retry_budget=0.0)
+        reply, calls = await d.serve(one(24))
+    finally:
+        dead.close()
+    assert reply.failed == [] and reply.valid == [True] * 24
+    assert set(calls.replicas) == {"good"} and sum(calls.attempts) == 24 + d.failovers
+    assert d.failovers >= 10 and d.retries == 0  # more moved than the budget's 10, none of them counted
+    assert "Disconnected" in d.pool.replicas["dead"].last_error or "Protocol" in d.pool.replicas["dead"].last_error
+
+    busy, live = await replicas(status=503, body=b'{"error": "busy"}'), await replicas()
+    d = gateway([("busy", busy.url, "sim"), ("live", live.url, "sim")], max_concurrency=24, gateway_retry_budget=0.0)
+    reply, calls = await d.serve(one(24))
+    assert d.retries == 10 and d.failovers == 0
+    failed = [f for f in reply.failed if f]  # the busy replica's calls past the budget
+    assert len(failed) == len(busy.requests) - 10 > 0
+    assert all(f.startswith("retry budget exhausted") for f in failed), failed
 
 
 async def test_a_replica_slower_than_the_request_timeout_is_given_up_and_retried(replicas, gateway):

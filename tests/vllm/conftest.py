@@ -175,9 +175,9 @@ def gateway(nats_server, tmp_path):
 
 @pytest.fixture
 def tier_gateway(tier_nats, tmp_path):
-    """The gateway on the nats-server the tier's replica registers itself on. Its retry budget is
-    one retry a call (default 0.2 + 10 in all): a fresh gateway's 40-call burst homes the shared
-    system prompt on one replica, which may then hold ~25 calls when it is killed, more than the
-    default's 18 retries (seen: 18), and the test is about every held call being retried."""
-    with gateway_process(tier_nats.url, tmp_path / "gateway.log", POPULACE_GATEWAY_RETRY_BUDGET="1.0") as proc:
+    """The gateway on the nats-server the tier's replica registers itself on, with its default
+    retry budget (0.2 × calls + 10): a fresh gateway's 40-call burst homes the shared system prompt
+    on one replica, which may hold ~25 calls when it is killed, more than that budget's 18; the
+    calls a dead replica dropped move to another without spending it (the dispatcher's failovers)."""
+    with gateway_process(tier_nats.url, tmp_path / "gateway.log") as proc:
         yield proc

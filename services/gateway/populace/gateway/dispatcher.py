@@ -92,7 +92,8 @@ class Dispatcher:
         pool.auth = lambda r: self.keys.headers(r.endpoint) if r.endpoint is not None else {}
         self.admitted = 0  # prompts being served now
         self.calls = 0
-        self.retries = 0
+        self.retries = 0  # retries the budget counts
+        self.failovers = 0  # calls moved off a replica that was gone (refused or dropped them): not counted
         self._rng = random.Random()
         # Calls waiting for a replica slot, first come first served: a released slot wakes
         # one waiter (not all of them, which made a burst quadratic); a pool refresh, which
@@ -220,12 +221,21 @@ class Dispatcher:
         limited_until = asyncio.get_running_loop().time() + RATE_LIMITED_WAIT_S
         # Hand-written, not tenacity: the retry budget is shared by every call and each retry avoids the replicas
         # already tried; with tenacity that state would move into custom stop/wait/hook callables.
-        attempt = 0
+        attempt, gone = 0, False
         while attempt < self.s.gateway_attempts:
             if attempt:
-                if self.retries >= self.s.gateway_retry_budget * self.calls + 10:
+                # The budget keeps retries from piling onto replicas that answer badly or slowly. A call
+                # whose replica was gone (refused or dropped it: the server died, maybe with a burst in
+                # flight) moves once to another without spending it: those calls are at most what the
+                # dead replica held, and on a young gateway (a small run's first round) the budget
+                # (a share of the calls so far) was smaller than that, so a lost replica failed calls
+                # a live one could have answered.
+                if gone:
+                    self.failovers += 1
+                elif self.retries >= self.s.gateway_retry_budget * self.calls + 10:
                     raise CallFailed(f"retry budget exhausted; last error: {error}", attempt)
-                self.retries += 1
+                else:
+                    self.retries += 1
                 metrics.RETRIES.labels("gateway").inc()
                 await asyncio.sleep(min(2.0, 0.05 * 2**attempt) * (0.5 + self._rng.random()))
             load = await self.acquire(pool, key, tried)
@@ -260,7 +270,7 @@ class Dispatcher:
                 await asyncio.sleep(wait)
                 continue
             except ReplicaError as err:
-                error = str(err)
+                error, gone = str(err), err.gone
                 tried.add(info.replica_id)
                 self.pool.mark_failed(info.replica_id, error)
             except RequestRejected as err:

@@ -22,7 +22,13 @@ from populace.core.telemetry import tracer
 
 
 class ReplicaError(RuntimeError):
-    """The replica failed (connection, 5xx, 429, timeout): retry on another replica."""
+    """The replica failed (connection, 5xx, 429, timeout): retry on another replica. `gone`: no
+    answer because its connection was refused or dropped (the server is not there, or died with
+    the call in flight), not a timeout or a bad answer from a server that is still up."""
+
+    def __init__(self, message: str, gone: bool = False) -> None:
+        super().__init__(message)
+        self.gone = gone
 
 
 class RequestRejected(RuntimeError):
@@ -106,7 +112,9 @@ class ChatClient:
                 retry = r.headers.get("Retry-After")
                 return r.status, await r.read(), ({"retry-after": retry} if retry is not None else {})
         except (aiohttp.ClientError, TimeoutError, OSError) as err:  # refused, dropped, timed out
-            raise ReplicaError(f"{type(err).__name__}: {err}") from None
+            gone = isinstance(err, aiohttp.ClientConnectionError | ConnectionError) and not isinstance(
+                err, TimeoutError)  # aiohttp's socket-read timeout is a connection error too
+            raise ReplicaError(f"{type(err).__name__}: {err}", gone=gone) from None
 
     async def aclose(self) -> None:
         if self._session is not None:
@@ -127,7 +135,8 @@ class HttpxPoster:
         try:
             r = await self.http.post(url, content=body, headers=headers, timeout=httpx.Timeout(timeout, pool=None))
         except httpx.HTTPError as err:  # connect/read errors, timeouts, dropped connections
-            raise ReplicaError(f"{type(err).__name__}: {err}") from None
+            gone = isinstance(err, httpx.NetworkError | httpx.RemoteProtocolError)  # not its timeouts
+            raise ReplicaError(f"{type(err).__name__}: {err}", gone=gone) from None
         retry = r.headers.get("retry-after")
         return r.status_code, r.content, ({"retry-after": retry} if retry is not None else {})
 
@@ -164,7 +173,7 @@ async def chat(http: Poster, replica: ReplicaInfo, messages: list[dict], *,
                                      {**headers, **auth} if auth else headers, timeout)
         except ReplicaError as err:
             span.set_status(StatusCode.ERROR, str(err).split(":", 1)[0])
-            raise ReplicaError(f"{replica.replica_id}: {redact(str(err))}") from None
+            raise ReplicaError(f"{replica.replica_id}: {redact(str(err))}", gone=err.gone) from None
         status, content = answer[0], answer[1]
         reply_headers = answer[2] if len(answer) > 2 else {}
         span.set_attribute("http.response.status_code", status)
