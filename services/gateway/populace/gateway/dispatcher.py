@@ -226,8 +226,8 @@ class Dispatcher:
             if attempt:
                 # The budget keeps retries from piling onto replicas that answer badly or slowly. A call
                 # whose replica was gone (refused or dropped it: the server died, maybe with a burst in
-                # flight) moves once to another without spending it: those calls are at most what the
-                # dead replica held, and on a young gateway (a small run's first round) the budget
+                # flight) moves to another without spending it (still within its attempts): those calls
+                # are at most what dead replicas held, and on a young gateway (a small run's first round) the budget
                 # (a share of the calls so far) was smaller than that, so a lost replica failed calls
                 # a live one could have answered.
                 if gone:
