@@ -1,7 +1,7 @@
 """A 3-node NATS cluster on loopback: three nats-server processes configured from the deploy
 configs (deploy/nats/cluster/node-<i>.conf, rewritten to 127.0.0.1, free ports and temporary
-stores), Populace streams and KV buckets with three replicas, and every service with its own
-connection to a different server of the cluster (all in one process), playing a game to the end."""
+stores), Populace streams and KV buckets with three replicas, and every service as its own
+process connected to a different server of the cluster, playing a game to the end."""
 
 from __future__ import annotations
 
@@ -28,7 +28,6 @@ from populace.core import bus, subjects
 from populace.core.contracts import HostInfo, RunConfig, ServiceInfo
 from populace.core.natsserver import find_binary
 from populace.core.processes import stop_all, terminate
-from populace.core.serve import TOGETHER_VARIABLE
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -161,7 +160,6 @@ def cluster(tmp_path_factory):
 
 # -- services, each on its own server --------------------------------------------------------------
 # orchestrator + recorder → nats-1, environment + gateway → nats-2, both agent-hosts → nats-3
-SERVICES = "services"  # the one process (and log) of them all
 PLACEMENT = {
     "orchestrator": ("orchestrator", 1),
     "recorder": ("recorder", 1),
@@ -174,28 +172,28 @@ PLACEMENT = {
 
 @pytest.fixture(scope="module")
 def services(cluster, tmp_path_factory):
-    """Every service with its own connection to the server PLACEMENT gives it, all in one process
-    (`populace.core.serve --together`, each with its own settings): the connections, the servers and
-    the failover are the point here, and the world is imported once, not once per service."""
     base = tmp_path_factory.mktemp("services")
     db = base / "populace.duckdb"
-    specs = [[service, {"nats_url": cluster[node].url,
-                        **({"host_id": key.replace("agent-", "")} if service == "agent-host" else {})}]  # host-0, host-1
-             for key, (service, node) in PLACEMENT.items()]
     env = {**os.environ, "POPULACE_DB": str(db), "POPULACE_STREAM_REPLICAS": "3", "POPULACE_STORAGE": "file",
-           "POPULACE_LOG_FORMAT": "json", "POPULACE_PARENT_PID": str(os.getpid()), TOGETHER_VARIABLE: json.dumps(specs)}
-    # No provisioning beforehand: the services create the R3 streams themselves, through three
-    # different servers, as they do on a fresh deployment (test_concurrent_provisioning_from_three_servers
-    # does it from three clients at once).
+           "POPULACE_LOG_FORMAT": "json", "POPULACE_PARENT_PID": str(os.getpid())}
+    # No provisioning beforehand: the services create the R3 streams themselves, concurrently,
+    # through three different servers, as they do on a fresh deployment.
     procs: dict[str, subprocess.Popen] = {}
-    with open(base / f"{SERVICES}.log", "ab") as log:  # the child keeps its own descriptor
-        procs[SERVICES] = subprocess.Popen([sys.executable, "-m", "populace.core.serve", "--together"],
-                                           env=env, stdout=log, stderr=log, start_new_session=True)
+    logs = []
     try:
+        for key, (service, node) in PLACEMENT.items():
+            penv = {**env, "POPULACE_NATS_URL": cluster[node].url}
+            if service == "agent-host":
+                penv["POPULACE_HOST_ID"] = key.replace("agent-", "")  # host-0, host-1
+            logs.append(log := open(base / f"{key}.log", "ab"))
+            procs[key] = subprocess.Popen([sys.executable, "-m", "populace.cli", "service", service],
+                                          env=penv, stdout=log, stderr=log, start_new_session=True)
         asyncio.run(wait_registered(cluster[1].url, procs, base))
         yield {"db": str(db), "procs": procs, "logs": base}
     finally:
         stop_all(procs)
+        for log in logs:
+            log.close()
 
 
 async def assert_r3(js, names: set[str]) -> None:
