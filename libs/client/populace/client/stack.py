@@ -180,15 +180,9 @@ class Stack:
     def _spawn_each(self, keys: list[str], base: dict[str, str]) -> None:
         """A process for each service of `keys`, each with its own environment."""
         for key in keys:
-            if key in CORE_SERVICES:
-                self._spawn(key, ["-m", "populace.core.serve", key],
-                            {**base, **self._user(key), **self._metrics_env(key)}, service=True)
-            else:
-                host_id = _host_id(key)
-                self._spawn(key, ["-m", "populace.core.serve", "agent-host"],
-                            {**base, "POPULACE_HOST_ID": host_id, **self._host_user(host_id), **self.host_env,
-                             **self._metrics_env(key)},
-                            service=True)
+            name = key if key in CORE_SERVICES else "agent-host"
+            self._spawn(key, ["-m", "populace.core.serve", name],
+                        {**base, **self._own_env(key), **self._metrics_env(key)}, service=True)
 
     def _together(self, keys: list[str]) -> list[tuple[str, dict[str, str]]]:
         """The services of `keys` in a one-process stack, each with the settings its own process
@@ -196,14 +190,17 @@ class Stack:
         if self.metrics_ports:
             raise StackError("a one-process stack has no per-service /metrics (its services share one Prometheus "
                              f"registry): start it with one_process=False, or set {METRICS_PORT_VARIABLE}=0")
-        specs: list[tuple[str, dict[str, str]]] = [(key, settings_of(self._user(key), key))
-                                                   for key in keys if key in CORE_SERVICES]
-        host_settings = settings_of(self.host_env, "host_env") if len(specs) < len(keys) else {}
-        for key in keys[len(specs):]:
-            host_id = _host_id(key)
-            specs.append(("agent-host", {"host_id": host_id, **settings_of(self._host_user(host_id), "host"),
-                                         **host_settings}))
-        return specs
+        return [(key, settings_of(self._own_env(key), key)) if key in CORE_SERVICES
+                else ("agent-host", settings_of(self._own_env(key), "host_env")) for key in keys]
+
+    def _own_env(self, key: str) -> dict[str, str]:
+        """The variables only the service `key` gets, over the stack's: its NATS user; a host's id
+        and `host_env` too. Its own process's environment, or (`settings_of`) its settings in a
+        shared one."""
+        if key in CORE_SERVICES:
+            return self._user(key)
+        host_id = _host_id(key)
+        return {"POPULACE_HOST_ID": host_id, **self._host_user(host_id), **self.host_env}
 
     def _process(self, key: str) -> subprocess.Popen:
         """The process `key` names; in a one-process stack a service's name is a StackError."""
