@@ -23,11 +23,17 @@ def payload() -> HostInfo:
     return HostInfo(host_id="alive", capacity=1, pid=os.getpid(), started_at=0, heartbeat_at=time.time())
 
 
+async def beating(js, alive, every_s: float = 60) -> bus.Heartbeat:
+    """A started heartbeat of KV `hosts` that touches the health file `alive`."""
+    hb = bus.Heartbeat(await js.key_value(subjects.HOSTS_BUCKET), "alive", payload, every_s=every_s,
+                       alive_file=str(alive))
+    await hb.start()
+    return hb
+
+
 async def test_every_heartbeat_nats_took_touches_the_health_file(js, tmp_path):
     alive = tmp_path / "alive"
-    kv = await js.key_value(subjects.HOSTS_BUCKET)
-    hb = bus.Heartbeat(kv, "alive", payload, every_s=0.05, alive_file=str(alive))
-    await hb.start()
+    hb = await beating(js, alive, every_s=0.05)
     try:
         assert alive.exists()  # the first heartbeat, before start() returns
         first = alive.stat().st_mtime_ns
@@ -42,9 +48,7 @@ async def test_every_heartbeat_nats_took_touches_the_health_file(js, tmp_path):
 
 async def test_a_heartbeat_nats_refused_leaves_the_health_file_alone(js, tmp_path):
     alive = tmp_path / "alive"
-    kv = await js.key_value(subjects.HOSTS_BUCKET)
-    hb = bus.Heartbeat(kv, "alive", payload, every_s=60, alive_file=str(alive))
-    await hb.start()
+    hb = await beating(js, alive)
     await hb.stop()
     assert not alive.exists()  # a stopped heartbeat takes its file with it
     await js.delete_key_value(subjects.HOSTS_BUCKET)  # the put of the next beat fails
@@ -64,9 +68,7 @@ def test_a_health_file_in_a_missing_directory_is_refused_naming_the_setting(tmp_
 
 async def test_the_health_file_goes_when_the_heartbeat_stops(js, tmp_path):
     alive = tmp_path / "alive"
-    kv = await js.key_value(subjects.HOSTS_BUCKET)
-    hb = bus.Heartbeat(kv, "alive", payload, every_s=60, alive_file=str(alive))
-    await hb.start()
+    hb = await beating(js, alive)
     assert alive.exists()
     await hb.stop()
     assert not alive.exists()
